@@ -1,0 +1,132 @@
+"""Teams, memberships, API tokens and the audit log."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+
+from django.conf import settings
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+
+slug_validator = RegexValidator(
+    r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$",
+    "Use 1-40 lower-case letters, digits or '-', starting and ending with a letter or digit "
+    "(it becomes part of Kubernetes names).",
+)
+
+
+class Team(models.Model):
+    slug = models.CharField(max_length=40, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=200)
+    weight = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.0001)],
+        help_text="Fair-share weight (> 0): the team's share is weight / sum of weights.",
+    )
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children",
+        help_text="Optional parent (a department) for hierarchical fair-share.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [models.CheckConstraint(condition=Q(weight__gt=0), name="team_weight_gt_0")]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Role(models.TextChoices):
+    MEMBER = "member", "Member"
+    TEAM_ADMIN = "team-admin", "Team admin"
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=20, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "team"], name="one_membership_per_user_team")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team} ({self.role})"
+
+
+class ServiceAccount(models.Model):
+    """A pipeline identity of one team: a user with no password, a member of the team."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="service_accounts")
+    name = models.CharField(max_length=40, validators=[slug_validator])
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="service_account"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team", "name"], name="one_service_account_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team.slug}/{self.name}"
+
+
+class ApiToken(models.Model):
+    """An API token. The secret is shown once; only its SHA-256 is stored.
+
+    A key reads `fq_<prefix>_<secret>`; the prefix finds the row, the hash proves it.
+    SHA-256 (not a slow password hash) is right for 190 random bits.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100, default="default")
+    prefix = models.CharField(max_length=12, unique=True)
+    key_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @staticmethod
+    def hash_key(key: str) -> str:
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    def is_active(self, now: datetime) -> bool:
+        if self.revoked_at is not None:
+            return False
+        return self.expires_at is None or self.expires_at > now
+
+
+class AuditEntry(models.Model):
+    """Who changed what configuration, when: old -> new values per field."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    action = models.CharField(max_length=20)  # create | update | delete
+    object_type = models.CharField(max_length=100)
+    object_id = models.CharField(max_length=64)
+    object_repr = models.CharField(max_length=200)
+    changes = models.JSONField(default=dict, help_text="field -> [old, new]")
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.object_repr}"

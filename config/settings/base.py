@@ -1,0 +1,182 @@
+"""Settings shared by every environment. Everything deployment-specific comes from the
+environment (django-environ); a bad value fails at start-up, not at first use."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+SECRET_KEY = env("DJANGO_SECRET_KEY", default="fairq-insecure-dev-key-change-me")
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "django_celery_beat",
+    "accounts",
+    "queueing",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# SQLite when DATABASE_URL is unset; PostgreSQL (psycopg 3) with postgres://...
+DATABASES = {
+    "default": env.db_url("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
+}
+DATABASES["default"].setdefault("ATOMIC_REQUESTS", False)  # services own transactions
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The in-process worker and the web threads share one file: wait for the writer
+    # instead of failing with "database is locked".
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("timeout", 20)
+    DATABASES["default"]["OPTIONS"].setdefault(
+        "init_command", "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
+    )
+    DATABASES["default"]["OPTIONS"].setdefault("transaction_mode", "IMMEDIATE")
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env("REDIS_URL", default="")
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                          "LOCATION": REDIS_URL}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+LOGIN_URL = "/accounts/login/"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("FAIRQ_LOG_LEVEL", default="INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "accounts.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "queueing.api.errors.exception_handler",
+    "DEFAULT_PAGINATION_CLASS": "queueing.api.pagination.JobCursorPagination",
+    "PAGE_SIZE": 50,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "fairq API",
+    "DESCRIPTION": "A multi-tenant fair-share queue for GPU jobs on Kubernetes.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- Celery -------------------------------------------------------------------------
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL or "memory://")
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SOFT_TIME_LIMIT = 60
+CELERY_TASK_TIME_LIMIT = 90
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULER = env(
+    "CELERY_BEAT_SCHEDULER", default="django_celery_beat.schedulers:DatabaseScheduler"
+)
+FAIRQ_CYCLE_INTERVAL_SECONDS = env.float("FAIRQ_CYCLE_INTERVAL_SECONDS", default=3.0)
+CELERY_BEAT_SCHEDULE = {
+    "scheduler-cycle": {
+        "task": "queueing.tasks.scheduler_cycle_task",
+        "schedule": timedelta(seconds=FAIRQ_CYCLE_INTERVAL_SECONDS),
+        # A late tick is worthless: the next one is seconds away.
+        "options": {"expires": FAIRQ_CYCLE_INTERVAL_SECONDS * 2},
+    },
+}
+
+# --- fairq ----------------------------------------------------------------------------
+# Fair-share (docs/scheduling.md, rules F1-F3).
+FAIRQ_DECAY_HALF_LIFE_HOURS = env.float("FAIRQ_DECAY_HALF_LIFE_HOURS", default=168.0)
+if FAIRQ_DECAY_HALF_LIFE_HOURS <= 0:
+    raise environ.ImproperlyConfigured("FAIRQ_DECAY_HALF_LIFE_HOURS must be > 0")
+
+# The cluster backend: "simulated" (in-process, the default) or "kubernetes".
+FAIRQ_CLUSTER_BACKEND = env("FAIRQ_CLUSTER_BACKEND", default="simulated")
+if FAIRQ_CLUSTER_BACKEND not in {"simulated", "kubernetes"}:
+    raise environ.ImproperlyConfigured(
+        f"FAIRQ_CLUSTER_BACKEND must be 'simulated' or 'kubernetes', not {FAIRQ_CLUSTER_BACKEND!r}"
+    )
+FAIRQ_KUBECONFIG = env("FAIRQ_KUBECONFIG", default="")
+FAIRQ_KUBE_CONTEXT = env("FAIRQ_KUBE_CONTEXT", default="")
+
+# The simulated cluster: node pools as "count x gpus x gpu_type" separated by commas.
+FAIRQ_SIM_NODES = env("FAIRQ_SIM_NODES", default="4x8xh100,4x8xa100,2x7xmig-1g-10gb")
+FAIRQ_SIM_DEFAULT_SECONDS = env.float("FAIRQ_SIM_DEFAULT_SECONDS", default=60.0)
+
+# Kick a scheduler cycle after a submit or a finish (debounced through the cache).
+FAIRQ_KICK_SCHEDULER = env.bool("FAIRQ_KICK_SCHEDULER", default=True)
+# Demo only: submit synthetic jobs so the standings move.
+FAIRQ_DEMO_LOAD = env.bool("FAIRQ_DEMO_LOAD", default=False)
+FAIRQ_DEFAULT_TIER = env("FAIRQ_DEFAULT_TIER", default="normal")
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/"

@@ -1,0 +1,9 @@
+"""Local development and `make demo`: debug on, SQLite unless DATABASE_URL says otherwise."""
+
+from __future__ import annotations
+
+from .base import *  # noqa: F403
+from .base import env
+
+DEBUG = env.bool("DJANGO_DEBUG", default=True)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["*"])

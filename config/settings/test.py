@@ -1,0 +1,18 @@
+"""pytest: fast hashing, eager Celery, no scheduler kicks; PostgreSQL/Redis when their URLs
+are set (CI), SQLite and local memory otherwise."""
+
+from __future__ import annotations
+
+from .base import *  # noqa: F403
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+CELERY_TASK_ALWAYS_EAGER = True
+CELERY_BROKER_URL = "memory://"
+FAIRQ_KICK_SCHEDULER = False
+FAIRQ_CLUSTER_BACKEND = "simulated"
+FAIRQ_SIM_NODES = "2x8xh100,2x8xa100,1x7xmig-1g-10gb"
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}

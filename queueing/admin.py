@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from django.contrib import admin
+
+from accounts.admin import AuditedAdmin
+
+from .models import GpuType, Job, JobEvent, Quota, Tier, UsageRecord
+
+
+@admin.register(GpuType)
+class GpuTypeAdmin(AuditedAdmin):
+    list_display = ["slug", "name", "resource_name", "billing_weight"]
+
+
+@admin.register(Tier)
+class TierAdmin(AuditedAdmin):
+    list_display = ["slug", "rank", "priority_class_name", "priority_value", "preemptible",
+                    "min_runtime_seconds"]
+
+
+@admin.register(Quota)
+class QuotaAdmin(AuditedAdmin):
+    list_display = ["team", "gpu_type", "nominal", "borrowing_limit", "lending_limit"]
+    list_filter = ["gpu_type", "team"]
+
+
+class JobEventInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = JobEvent
+    extra = 0
+    can_delete = False
+    readonly_fields = ["at", "kind", "from_status", "to_status", "actor_label", "reason", "attempt"]
+    fields = readonly_fields
+
+    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Read-only: jobs change state only through the services (cancel via the API)."""
+
+    list_display = ["id", "name", "team", "tier", "gpu_type", "gpus_per_replica", "replicas",
+                    "status", "attempt", "created_at"]
+    list_filter = ["status", "tier", "gpu_type", "team"]
+    search_fields = ["name"]
+    inlines = [JobEventInline]
+
+    def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return [f.name for f in Job._meta.fields]
+
+    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ["team", "gpu_type", "gpus", "start", "end", "gpu_seconds", "source"]
+    list_filter = ["team", "gpu_type", "source"]
+
+    def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return [f.name for f in UsageRecord._meta.fields]

@@ -1,0 +1,165 @@
+"""Request validation and response shapes of API v1. No state changes here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from rest_framework import serializers
+
+from accounts.models import Team
+from queueing import validation as v
+from queueing.cluster import largest_node_gpus
+from queueing.models import GpuType, Job, JobEvent, Tier
+from queueing.services.jobs import JobInput
+
+
+class JobCreateSerializer(serializers.Serializer[Any]):
+    """A job as pipelines post it; `gpus` is per replica."""
+
+    team = serializers.CharField(max_length=40)
+    name = serializers.CharField(max_length=63)
+    image = serializers.CharField(max_length=v.MAX_IMAGE_LEN)
+    command = serializers.ListField(
+        child=serializers.CharField(max_length=v.MAX_ARG_LEN, allow_blank=True, trim_whitespace=False),
+        max_length=v.MAX_ARGV_ITEMS, required=False, default=list,
+    )
+    args = serializers.ListField(
+        child=serializers.CharField(max_length=v.MAX_ARG_LEN, allow_blank=True, trim_whitespace=False),
+        max_length=v.MAX_ARGV_ITEMS, required=False, default=list,
+    )
+    env = serializers.DictField(
+        child=serializers.CharField(max_length=v.MAX_ENV_VALUE_LEN, allow_blank=True,
+                                    trim_whitespace=False),
+        required=False, default=dict,
+    )
+    gpu_type = serializers.CharField(max_length=40)
+    gpus = serializers.IntegerField(min_value=1, help_text="GPUs per replica.")
+    replicas = serializers.IntegerField(min_value=1, max_value=v.MAX_REPLICAS, default=1,
+                                        help_text="Gang size: all replicas start together.")
+    tier = serializers.CharField(max_length=40, required=False)
+    max_runtime_seconds = serializers.IntegerField(
+        min_value=1, max_value=v.MAX_RUNTIME_SECONDS, required=False, allow_null=True,
+        default=None,
+    )
+
+    def validate_team(self, value: str) -> Team:
+        user = self.context["request"].user
+        team = Team.objects.filter(slug=value).first()
+        if team is None or not (user.is_staff or team.memberships.filter(user=user).exists()):
+            # The same message whether the team exists or not: no disclosure.
+            raise serializers.ValidationError(f"Unknown team {value!r}, or you are not in it.")
+        return team
+
+    def validate_name(self, value: str) -> str:
+        if not v.JOB_NAME_RE.match(value):
+            raise serializers.ValidationError(
+                "Use at most 63 lower-case letters, digits and '-', starting and ending "
+                "with a letter or digit (a Kubernetes name)."
+            )
+        return value
+
+    def validate_image(self, value: str) -> str:
+        if not v.IMAGE_RE.match(value):
+            raise serializers.ValidationError("Not a valid container image reference.")
+        return value
+
+    def validate_env(self, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > v.MAX_ENV_ITEMS:
+            raise serializers.ValidationError(f"At most {v.MAX_ENV_ITEMS} variables.")
+        bad = [k for k in value if not v.ENV_NAME_RE.match(k) or len(k) > 253]
+        if bad:
+            raise serializers.ValidationError(f"Invalid variable names: {', '.join(sorted(bad))}.")
+        reserved = [k for k in value if k.startswith("FAIRQ_") and k not in v.ALLOWED_FAIRQ_ENV]
+        if reserved:
+            raise serializers.ValidationError(
+                f"Names starting with FAIRQ_ are reserved: {', '.join(sorted(reserved))}."
+            )
+        return value
+
+    def validate_gpu_type(self, value: str) -> GpuType:
+        gpu_type = GpuType.objects.filter(slug=value).first()
+        if gpu_type is None:
+            known = ", ".join(GpuType.objects.values_list("slug", flat=True))
+            raise serializers.ValidationError(f"Unknown GPU type {value!r}; known: {known}.")
+        return gpu_type
+
+    def validate_tier(self, value: str) -> Tier:
+        tier = Tier.objects.filter(slug=value).first()
+        if tier is None:
+            known = ", ".join(Tier.objects.values_list("slug", flat=True))
+            raise serializers.ValidationError(f"Unknown tier {value!r}; known: {known}.")
+        return tier
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "tier" not in attrs:
+            tier = Tier.objects.filter(slug=settings.FAIRQ_DEFAULT_TIER).first()
+            if tier is None:
+                raise serializers.ValidationError({"tier": ["This field is required."]})
+            attrs["tier"] = tier
+        largest = largest_node_gpus(attrs["gpu_type"].slug)
+        if attrs["gpus"] > largest:
+            raise serializers.ValidationError({"gpus": [
+                f"No {attrs['gpu_type'].slug} node holds {attrs['gpus']} GPUs "
+                f"(the largest has {largest})." if largest else
+                f"The cluster has no {attrs['gpu_type'].slug} nodes."
+            ]})
+        if v.spec_size(attrs["command"], attrs["args"], attrs["env"]) > v.MAX_SPEC_BYTES:
+            raise serializers.ValidationError({"non_field_errors": [
+                f"command, args and env together exceed {v.MAX_SPEC_BYTES // 1024} KiB."
+            ]})
+        return attrs
+
+    def to_input(self) -> JobInput:
+        d = self.validated_data
+        return JobInput(
+            team=d["team"], name=d["name"], image=d["image"], command=d["command"],
+            args=d["args"], env=d["env"], gpu_type=d["gpu_type"], gpus_per_replica=d["gpus"],
+            replicas=d["replicas"], tier=d["tier"], max_runtime_seconds=d["max_runtime_seconds"],
+        )
+
+
+class JobEventSerializer(serializers.ModelSerializer[JobEvent]):
+    actor = serializers.CharField(source="actor_label")
+
+    class Meta:
+        model = JobEvent
+        fields = ["at", "kind", "from_status", "to_status", "actor", "reason", "attempt", "data"]
+
+
+class JobSerializer(serializers.ModelSerializer[Job]):
+    team = serializers.CharField(source="team.slug")
+    gpu_type = serializers.CharField(source="gpu_type.slug")
+    tier = serializers.CharField(source="tier.slug")
+    gpus = serializers.IntegerField(source="gpus_per_replica")
+    total_gpus = serializers.IntegerField(read_only=True)
+    submitter = serializers.CharField(source="submitter.username", default=None)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id", "team", "name", "image", "command", "args", "env", "gpu_type", "gpus",
+            "replicas", "total_gpus", "tier", "max_runtime_seconds", "status", "attempt",
+            "submitter", "created_at", "updated_at", "admitted_at", "started_at",
+            "finished_at", "placement", "exit_code", "message",
+        ]
+        read_only_fields = fields
+
+
+class JobDetailSerializer(JobSerializer):
+    events = JobEventSerializer(many=True, read_only=True)
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "events"]
+        read_only_fields = fields
+
+
+class StandingSerializer(serializers.Serializer[Any]):
+    team = serializers.CharField()
+    parent = serializers.CharField(allow_null=True)
+    weight = serializers.FloatField()
+    share = serializers.FloatField(help_text="S: weight / sum of weights (rule F2)")
+    usage_gpu_hours = serializers.FloatField(
+        source="usage", help_text="Decayed weighted GPU-hours (rule F1)")
+    normalized_usage = serializers.FloatField(help_text="U (rule F2)")
+    fair_share_factor = serializers.FloatField(source="factor", help_text="F = 2^(-U/S) (rule F3)")

@@ -1,0 +1,97 @@
+"""The interface every cluster backend implements, and the records it exchanges."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """A schedulable node as the cluster reports it. `allocated` counts GPUs held by
+    workloads the cluster still runs (including ones being torn down)."""
+
+    name: str
+    gpu_type: str
+    capacity: int
+    allocated: int
+
+    @property
+    def free(self) -> int:
+        return max(0, self.capacity - self.allocated)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """What fairq asks a backend to run: built by fairq, never taken whole from a user."""
+
+    name: str  # deterministic: fq-<job id>-<attempt>
+    job_id: int
+    attempt: int
+    team: str
+    tier: str
+    priority_class_name: str
+    gpu_type: str
+    resource_name: str
+    node_labels: Mapping[str, str]
+    gpus_per_replica: int
+    replicas: int
+    image: str
+    command: Sequence[str]
+    args: Sequence[str]
+    env: Mapping[str, str]
+    max_runtime_seconds: int | None
+    placement: Sequence[str] = ()  # planned node per replica (a hint for the cluster)
+
+
+class SubmitRejected(Exception):
+    """The cluster refused a workload for good (an invalid spec): the job fails."""
+
+
+class Phase(StrEnum):
+    PENDING = "PENDING"  # accepted, not running yet
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadStatus:
+    """What the cluster says about one submitted workload (one job attempt)."""
+
+    name: str
+    job_id: int
+    attempt: int
+    phase: Phase
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    exit_code: int | None = None
+    reason: str = ""
+    nodes: tuple[str, ...] = field(default=())
+
+
+class ClusterBackend(Protocol):
+    """A cluster fairq submits to. Every call is idempotent by workload name."""
+
+    def nodes(self) -> list[NodeInfo]:
+        """Schedulable GPU nodes with their capacity and allocation."""
+        ...
+
+    def submit(self, spec: LaunchSpec, *, now: datetime) -> None:
+        """Start the workload; submitting a name that exists is a no-op."""
+        ...
+
+    def stop(self, name: str, *, now: datetime) -> None:
+        """End the workload (cancel or preempt); unknown names are a no-op."""
+        ...
+
+    def statuses(self, *, now: datetime) -> list[WorkloadStatus]:
+        """The status of every fairq workload the cluster knows about."""
+        ...
+
+    def logs(self, name: str, *, tail: int = 100) -> str:
+        """The last `tail` lines of the workload's logs."""
+        ...

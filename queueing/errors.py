@@ -1,0 +1,27 @@
+"""Domain errors: raised by services, mapped to HTTP once (queueing.api.errors)."""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    status_code = 400
+    code = "invalid"
+
+    def __init__(self, message: str, *, fields: dict[str, list[str]] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields or {}
+
+
+class NotFound(DomainError):
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(DomainError):
+    status_code = 409
+    code = "conflict"
+
+
+class InvalidTransition(Conflict):
+    code = "invalid_transition"

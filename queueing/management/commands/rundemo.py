@@ -1,0 +1,64 @@
+"""One process for `make demo`: the web app in a thread, a Celery worker with embedded
+beat on the in-memory broker in the main thread, the simulated cluster."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandParser
+from django.core.servers.basehttp import WSGIServer, get_internal_wsgi_application, run
+
+from accounts.models import ApiToken
+from accounts.services import token_issue
+from queueing.services.demo import DEMO_PASSWORD, TEAMS
+
+
+class Command(BaseCommand):
+    help = "Serve the demo: web app, in-process worker and beat, simulated cluster."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+        parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if not settings.CELERY_BROKER_URL.startswith("memory://"):
+            self.stderr.write("rundemo wants the demo settings (config.settings.demo).")
+        host, port = options["host"], options["port"]
+        alice = get_user_model().objects.get(username="alice")
+        ApiToken.objects.filter(user=alice, name="demo").delete()
+        key = token_issue(user=alice, name="demo").key
+
+        web = threading.Thread(
+            target=run, name="web", daemon=True,
+            kwargs={"addr": host, "port": port, "wsgi_handler": get_internal_wsgi_application(),
+                    "threading": True, "server_cls": WSGIServer},
+        )
+        web.start()
+        url = f"http://{host}:{port}/"
+        people = sorted({u for *_, ppl in TEAMS for u, _ in ppl})
+        self.stdout.write(self.style.SUCCESS(f"\nfairq demo is up: {url}\n"))
+        self.stdout.write(f"  logins (password '{DEMO_PASSWORD}'): admin (staff), "
+                          + ", ".join(people))
+        self.stdout.write(f"  API token for alice (team vision): {key}")
+        self.stdout.write(f"  try: curl -H 'Authorization: Token {key}' {url}api/v1/fairshare/")
+        self.stdout.write("  more tokens: .venv/bin/python manage.py issue_token USERNAME\n")
+
+        from celery import beat
+        from celery.signals import worker_ready
+
+        from config.celery import app
+
+        # Celery beat in this process, started once the worker consumes: beat embedded
+        # with `--beat` publishes to an in-memory queue the solo worker never reads.
+        def start_beat(**_: Any) -> None:
+            threading.Thread(target=beat.Service(app).start, name="beat", daemon=True).start()
+
+        worker_ready.connect(start_beat, weak=False)
+        app.worker_main([
+            "worker", "--pool=solo", "--loglevel=INFO", "--without-gossip",
+            "--without-mingle", "--without-heartbeat",
+        ])

@@ -1,0 +1,229 @@
+"""GPU types, tiers, quotas, jobs, their events, usage and fair-share accumulators."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from accounts.models import Team, slug_validator
+
+from .policy.states import FINAL_STATES, JobState
+
+
+class GpuType(models.Model):
+    slug = models.CharField(max_length=40, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=200)
+    resource_name = models.CharField(
+        max_length=100, default="nvidia.com/gpu",
+        help_text="Kubernetes extended resource, e.g. nvidia.com/gpu or nvidia.com/mig-1g.10gb",
+    )
+    node_labels = models.JSONField(
+        default=dict, blank=True, help_text="Node labels that select this GPU type."
+    )
+    billing_weight = models.FloatField(
+        default=1.0, validators=[MinValueValidator(0.0)],
+        help_text="Usage of one GPU-hour of this type counts as this many GPU-hours.",
+    )
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(condition=Q(billing_weight__gte=0), name="gpu_billing_weight_gte_0")
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Tier(models.Model):
+    slug = models.CharField(max_length=40, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=200)
+    rank = models.IntegerField(unique=True, help_text="Higher ranks are scheduled first.")
+    priority_class_name = models.CharField(max_length=100, unique=True)
+    priority_value = models.IntegerField(help_text="Value of the Kubernetes PriorityClass.")
+    preemptible = models.BooleanField(default=True)
+    min_runtime_seconds = models.PositiveIntegerField(
+        default=0, help_text="A job of this tier is not preempted before it has run this long."
+    )
+
+    class Meta:
+        ordering = ["-rank"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Quota(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="quotas")
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.CASCADE, related_name="quotas")
+    nominal = models.PositiveIntegerField(default=0, help_text="GPUs guaranteed to the team.")
+    borrowing_limit = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="GPUs the team may use beyond nominal while others leave them idle; "
+        "empty = unlimited.",
+    )
+    lending_limit = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="GPUs of the unused nominal others may borrow; empty = all of it.",
+    )
+
+    class Meta:
+        ordering = ["team__slug", "gpu_type__slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "gpu_type"], name="one_quota_per_team_gpu_type"),
+            models.CheckConstraint(condition=Q(nominal__gte=0), name="quota_nominal_gte_0"),
+            models.CheckConstraint(
+                condition=Q(borrowing_limit__isnull=True) | Q(borrowing_limit__gte=0),
+                name="quota_borrowing_gte_0",
+            ),
+            models.CheckConstraint(
+                condition=Q(lending_limit__isnull=True) | Q(lending_limit__gte=0),
+                name="quota_lending_gte_0",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team.slug}/{self.gpu_type.slug}: {self.nominal}"
+
+
+class Job(models.Model):
+    Status = models.TextChoices("Status", [(s.value, s.value.title()) for s in JobState])
+
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs")
+    submitter = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
+    name = models.CharField(max_length=63)
+    image = models.CharField(max_length=512)
+    command = models.JSONField(default=list, blank=True)
+    args = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="jobs")
+    gpus_per_replica = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    replicas = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="jobs")
+    max_runtime_seconds = models.PositiveIntegerField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=JobState.QUEUED)
+    attempt = models.PositiveIntegerField(default=1)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+
+    created_at = models.DateTimeField(db_index=True)  # submit time; kept across requeues
+    updated_at = models.DateTimeField(auto_now=True)
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)  # of the current attempt
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    # Where the current attempt runs and what the cluster said.
+    placement = models.JSONField(default=list, blank=True)
+    submitted_to_backend_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    message = models.CharField(max_length=500, blank=True, default="")
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="one_job_per_team_idempotency_key",
+            ),
+            models.CheckConstraint(condition=Q(gpus_per_replica__gte=1), name="job_gpus_gte_1"),
+            models.CheckConstraint(condition=Q(replicas__gte=1), name="job_replicas_gte_1"),
+        ]
+        indexes = [
+            models.Index(fields=["status", "tier", "created_at"], name="job_queue_idx"),
+            models.Index(fields=["team", "status"], name="job_team_status_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.name}"
+
+    @property
+    def state(self) -> JobState:
+        return JobState(self.status)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus_per_replica * self.replicas
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in FINAL_STATES
+
+    @property
+    def backend_name(self) -> str:
+        """The deterministic cluster name of the current attempt: fq-<id>-<attempt>."""
+        return f"fq-{self.pk}-{self.attempt}"
+
+    def runtime_seconds(self, now: datetime) -> float | None:
+        if self.started_at is None:
+            return None
+        end = self.finished_at or now
+        return max(0.0, (end - self.started_at).total_seconds())
+
+
+class JobEvent(models.Model):
+    """One thing that happened to a job: a transition, a preemption, a wait reason."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(db_index=True)
+    kind = models.CharField(max_length=40)  # transition | ...
+    from_status = models.CharField(max_length=16, blank=True, default="")
+    to_status = models.CharField(max_length=16, blank=True, default="")
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    actor_label = models.CharField(max_length=100, default="", blank=True)  # "scheduler", ...
+    reason = models.CharField(max_length=500, default="", blank=True)
+    attempt = models.PositiveIntegerField(default=1)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.from_status}->{self.to_status} {self.reason}"
+
+
+class UsageRecord(models.Model):
+    """GPU time of one attempt interval: the raw history fair-share is computed from."""
+
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="usage_records")
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="usage_records")
+    job = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="usage_records"
+    )
+    attempt = models.PositiveIntegerField(null=True, blank=True)
+    gpus = models.PositiveIntegerField()
+    billing_weight = models.FloatField(default=1.0)  # of the GPU type when recorded
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    gpu_seconds = models.FloatField()
+    source = models.CharField(max_length=20, default="scheduler")  # scheduler | import
+
+    class Meta:
+        ordering = ["start", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "attempt"], condition=Q(job__isnull=False),
+                name="one_usage_record_per_attempt",
+            ),
+            models.CheckConstraint(condition=Q(end__gte=models.F("start")), name="usage_end_gte_start"),
+        ]
+        indexes = [models.Index(fields=["team", "start"], name="usage_team_start_idx")]
+
+
+class FairShareAccumulator(models.Model):
+    """A team's decayed usage (weighted GPU-hours) as of `as_of` (rule F1).
+
+    Updated when usage is recorded; decayed analytically when read, so standings never
+    scan the usage history.
+    """
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="fairshare")
+    value = models.FloatField(default=0.0)
+    as_of = models.DateTimeField()

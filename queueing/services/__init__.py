@@ -1,0 +1,1 @@
+"""Services: every state change of fairq, each owning its transaction and its events."""

@@ -1,0 +1,118 @@
+"""Demo data and synthetic load for `make demo` (never used in production settings)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from accounts.models import Membership, Role, ServiceAccount, Team
+from accounts.services import service_account_create
+from queueing.models import GpuType, Job, Quota, Tier
+from queueing.policy.states import JobState
+
+from .jobs import JobInput, job_submit
+
+DEMO_PASSWORD = "fairq-demo"
+
+GPU_TYPES = [
+    # slug, name, resource, labels, billing weight
+    ("h100", "NVIDIA H100 80GB", "nvidia.com/gpu",
+     {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, 2.0),
+    ("a100", "NVIDIA A100 40GB", "nvidia.com/gpu",
+     {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}, 1.0),
+    ("mig-1g-10gb", "A100 MIG 1g.10gb slice", "nvidia.com/mig-1g.10gb",
+     {"nvidia.com/mig.config": "all-1g.10gb"}, 0.15),
+]
+TIERS = [
+    # slug, name, rank, priority class, value, preemptible, min runtime
+    ("critical", "Critical (never preempted)", 300, "fairq-critical", 100000, False, 0),
+    ("high", "High", 200, "fairq-high", 10000, True, 600),
+    ("normal", "Normal", 100, "fairq-normal", 1000, True, 300),
+    ("low", "Low (preemptible, scavenger)", 0, "fairq-low", 100, True, 0),
+]
+TEAMS = [
+    # slug, name, weight, quotas {gpu: (nominal, borrowing limit)}, people
+    ("vision", "Computer Vision", 3.0, {"h100": (12, 8), "a100": (8, 8)},
+     [("alice", Role.TEAM_ADMIN), ("dave", Role.MEMBER)]),
+    ("nlp", "Language Models", 2.0, {"h100": (12, 12), "a100": (12, 8)},
+     [("bob", Role.TEAM_ADMIN)]),
+    ("speech", "Speech", 1.0, {"h100": (4, 4), "a100": (8, None), "mig-1g-10gb": (7, 7)},
+     [("carol", Role.TEAM_ADMIN), ("dave", Role.MEMBER)]),
+    ("recsys", "Recommendations", 1.0, {"a100": (4, 12), "mig-1g-10gb": (7, None)},
+     [("erin", Role.TEAM_ADMIN)]),
+]
+
+
+@dataclass(frozen=True)
+class DemoLogin:
+    username: str
+    password: str
+    teams: str
+
+
+@transaction.atomic
+def demo_seed() -> list[DemoLogin]:
+    """Create (or bring back to shape) the demo teams, users, GPU types, tiers, quotas.
+    Running it twice changes nothing the second time."""
+    user_model = get_user_model()
+    for slug, name, resource, labels, weight in GPU_TYPES:
+        GpuType.objects.update_or_create(slug=slug, defaults={
+            "name": name, "resource_name": resource, "node_labels": labels,
+            "billing_weight": weight})
+    for slug, name, rank, pc, value, preemptible, min_rt in TIERS:
+        Tier.objects.update_or_create(slug=slug, defaults={
+            "name": name, "rank": rank, "priority_class_name": pc, "priority_value": value,
+            "preemptible": preemptible, "min_runtime_seconds": min_rt})
+    logins: dict[str, list[str]] = {}
+    admin, created = user_model.objects.get_or_create(
+        username="admin", defaults={"is_staff": True, "is_superuser": True})
+    if created:
+        admin.set_password(DEMO_PASSWORD)
+        admin.save()
+    logins["admin"] = ["staff"]
+    for slug, name, weight, quotas, people in TEAMS:
+        team, _ = Team.objects.update_or_create(slug=slug, defaults={"name": name,
+                                                                     "weight": weight})
+        for gpu, (nominal, borrow) in quotas.items():
+            Quota.objects.update_or_create(
+                team=team, gpu_type=GpuType.objects.get(slug=gpu),
+                defaults={"nominal": nominal, "borrowing_limit": borrow})
+        for username, role in people:
+            user, created = user_model.objects.get_or_create(username=username)
+            if created:
+                user.set_password(DEMO_PASSWORD)
+                user.save()
+            Membership.objects.update_or_create(user=user, team=team, defaults={"role": role})
+            logins.setdefault(username, []).append(f"{slug} ({role})")
+        if not ServiceAccount.objects.filter(team=team, name="pipeline").exists():
+            service_account_create(team=team, name="pipeline")
+    return [DemoLogin(u, DEMO_PASSWORD, ", ".join(t)) for u, t in logins.items()]
+
+
+def demo_submit_synthetic(*, rng: random.Random, per_team_queue: int = 4) -> int:
+    """Top up each demo team's queue to `per_team_queue` jobs of random shape."""
+    submitted = 0
+    tiers = {t.slug: t for t in Tier.objects.all()}
+    gpu_types = {g.slug: g for g in GpuType.objects.all()}
+    for sa in ServiceAccount.objects.select_related("team", "user").filter(name="pipeline"):
+        team = sa.team
+        waiting = Job.objects.filter(team=team, status=JobState.QUEUED).count()
+        quotas = list(Quota.objects.filter(team=team).values_list("gpu_type__slug", flat=True))
+        for _ in range(max(0, per_team_queue - waiting)):
+            gpu = rng.choice(quotas) if quotas else "a100"
+            size = 7 if gpu.startswith("mig") else 8
+            tier = rng.choices(["low", "normal", "high"], weights=[2, 6, 1])[0]
+            job_submit(actor=sa.user, data=JobInput(
+                team=team, name=f"{team.slug}-{rng.choice(['train', 'eval', 'sweep', 'ft'])}"
+                f"-{rng.randrange(10_000):04d}",
+                image="ghcr.io/acme/train:1.4", command=["python", "train.py"], args=[],
+                env={"FAIRQ_SIM_SECONDS": str(rng.randint(15, 90))},
+                gpu_type=gpu_types[gpu], gpus_per_replica=rng.choice([1, 2, 4, size]),
+                replicas=rng.choices([1, 2], weights=[5, 1])[0], tier=tiers[tier],
+                max_runtime_seconds=3600,
+            ))
+            submitted += 1
+    return submitted

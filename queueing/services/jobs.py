@@ -1,0 +1,146 @@
+"""Job lifecycle: submit, cancel and the one place a job's state changes (rule S1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from accounts.models import Team
+from queueing.errors import InvalidTransition
+from queueing.models import GpuType, Job, JobEvent, Tier
+from queueing.policy.states import (
+    HOLDING_STATES,
+    IllegalTransition,
+    JobState,
+    check_transition,
+)
+
+from .usage import usage_record_attempt
+
+
+def job_transition(
+    job: Job,
+    target: JobState,
+    *,
+    now: datetime,
+    actor: Any = None,
+    actor_label: str = "",
+    reason: str = "",
+    data: dict[str, Any] | None = None,
+    **fields: Any,
+) -> bool:
+    """Move `job` to `target` with a compare-and-swap on its current state and attempt,
+    writing the event in the same transaction. Must run inside `transaction.atomic`.
+
+    Raises IllegalTransition (nothing changed) when rule S1 forbids the move. Returns
+    False (nothing changed) when another worker moved the job first.
+    """
+    source = job.state
+    check_transition(source, target)
+    fields.setdefault("updated_at", now)
+    won = Job.objects.filter(pk=job.pk, status=source, attempt=job.attempt).update(
+        status=target, **fields
+    )
+    if won != 1:
+        return False
+    for name, value in fields.items():
+        setattr(job, name, value)
+    event_attempt = job.attempt
+    job.status = target
+    JobEvent.objects.create(
+        job=job, at=now, kind="transition", from_status=source, to_status=target,
+        actor=actor if actor is not None and getattr(actor, "is_authenticated", False) else None,
+        actor_label=actor_label or (str(actor) if actor is not None else "scheduler"),
+        reason=reason, attempt=event_attempt, data=data or {},
+    )
+    return True
+
+
+@dataclass(frozen=True)
+class JobInput:
+    team: Team
+    name: str
+    image: str
+    command: list[str]
+    args: list[str]
+    env: dict[str, str]
+    gpu_type: GpuType
+    gpus_per_replica: int
+    replicas: int
+    tier: Tier
+    max_runtime_seconds: int | None
+
+
+def job_submit(
+    *, actor: Any, data: JobInput, idempotency_key: str | None = None,
+    now: datetime | None = None,
+) -> tuple[Job, bool]:
+    """Queue a job. Returns (job, created); with an idempotency key already used by the
+    team, the first job and created=False, and nothing is written."""
+    now = now or timezone.now()
+    if idempotency_key:
+        existing = Job.objects.filter(team=data.team, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return existing, False
+    try:
+        with transaction.atomic():
+            job = Job.objects.create(
+                team=data.team, submitter=actor if actor.is_authenticated else None,
+                name=data.name, image=data.image, command=data.command, args=data.args,
+                env=data.env, gpu_type=data.gpu_type, gpus_per_replica=data.gpus_per_replica,
+                replicas=data.replicas, tier=data.tier,
+                max_runtime_seconds=data.max_runtime_seconds, status=JobState.QUEUED,
+                idempotency_key=idempotency_key or None, created_at=now, updated_at=now,
+            )
+            JobEvent.objects.create(
+                job=job, at=now, kind="transition", from_status="", to_status=JobState.QUEUED,
+                actor=actor if actor.is_authenticated else None, actor_label=str(actor),
+                reason="submitted", attempt=1,
+            )
+            transaction.on_commit(_kick)
+    except IntegrityError:
+        # A concurrent request with the same key won the unique constraint: return its job.
+        if idempotency_key:
+            existing = Job.objects.filter(team=data.team, idempotency_key=idempotency_key).first()
+            if existing is not None:
+                return existing, False
+        raise
+    return job, True
+
+
+@transaction.atomic
+def job_cancel(*, actor: Any, job: Job, reason: str = "", now: datetime | None = None) -> Job:
+    """Cancel a job that is not final. Its GPU time so far is charged; its cluster
+    workload is stopped after commit."""
+    now = now or timezone.now()
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    held = job.state in HOLDING_STATES
+    try:
+        job_transition(
+            job, JobState.CANCELLED, now=now, actor=actor,
+            reason=reason or f"cancelled by {actor}", finished_at=now,
+        )
+    except IllegalTransition as exc:
+        raise InvalidTransition(f"job {job.pk} is {job.status}; it cannot be cancelled") from exc
+    if held:
+        if job.started_at is not None:
+            usage_record_attempt(job=job, start=job.started_at, end=now)
+        name = job.backend_name
+        transaction.on_commit(lambda: _stop_workload(name))
+    return job
+
+
+def _kick() -> None:
+    from queueing.tasks import kick_scheduler
+
+    kick_scheduler()
+
+
+def _stop_workload(name: str) -> None:
+    from queueing.tasks import stop_workload_task
+
+    stop_workload_task.delay(name)

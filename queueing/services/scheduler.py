@@ -1,0 +1,288 @@
+"""The scheduler cycle (docs/scheduling.md, "The cycle").
+
+    1. reconcile  — read the cluster's workload statuses; move jobs ADMITTED → RUNNING →
+                    SUCCEEDED | FAILED; charge finished attempts; stop workloads no job
+                    owns; requeue admitted jobs whose workload vanished.
+    2. snapshot   — nodes and free GPUs, quotas, fair-share factors, the queue.
+    3. decide     — `queueing.policy.admission.plan_admissions` (pure).
+    4. apply      — QUEUED → ADMITTED with a compare-and-swap per job, in one transaction.
+    5. submit     — after commit, hand each admitted job to the cluster backend
+                    (idempotent by name `fq-<id>-<attempt>`), then mark it submitted.
+
+Only one cycle plans at a time (a PostgreSQL advisory lock; a process lock on SQLite,
+which is single-process only); the compare-and-swap in step 4 means that even a stale
+plan can never admit a job twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from queueing.backends import get_backend
+from queueing.backends.base import (
+    ClusterBackend,
+    LaunchSpec,
+    Phase,
+    SubmitRejected,
+    WorkloadStatus,
+)
+from queueing.models import Job, Quota
+from queueing.policy.admission import Plan, plan_admissions
+from queueing.policy.snapshot import NodeState, QueuedJob, QuotaLimit, RunningJob, Snapshot
+from queueing.policy.states import HOLDING_STATES, JobState
+
+from .jobs import job_transition
+from .usage import fairshare_standings, usage_record_attempt
+
+log = logging.getLogger(__name__)
+
+# An admitted job missing from the cluster's list is requeued only after this long, so a
+# cycle whose status list predates another cycle's submit does not requeue it.
+VANISHED_GRACE = timedelta(seconds=15)
+_ADVISORY_LOCK_KEY = 0x66616972  # "fair"
+_process_lock = threading.Lock()
+
+
+@dataclass
+class CycleResult:
+    ran: bool = True
+    admitted: list[int] = field(default_factory=list)
+    started: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    requeued: list[int] = field(default_factory=list)
+    orphans_stopped: list[str] = field(default_factory=list)
+    submit_errors: dict[int, str] = field(default_factory=dict)
+    plan: Plan | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def cycle_lock() -> Iterator[bool]:
+    """Yield True when this process holds the scheduler lock, False when another does."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(%s)", [_ADVISORY_LOCK_KEY])
+            got = bool(cur.fetchone()[0])
+        try:
+            yield got
+        finally:
+            if got:
+                with connection.cursor() as cur:
+                    cur.execute("SELECT pg_advisory_unlock(%s)", [_ADVISORY_LOCK_KEY])
+    else:
+        got = _process_lock.acquire(blocking=False)
+        try:
+            yield got
+        finally:
+            if got:
+                _process_lock.release()
+
+
+def scheduler_cycle(*, now: datetime | None = None,
+                    backend: ClusterBackend | None = None) -> CycleResult:
+    """Run steps 1-5 once. Returns what happened; does nothing if another cycle runs."""
+    backend = backend or get_backend()
+    with cycle_lock() as got:
+        if not got:
+            return CycleResult(ran=False)
+        result = CycleResult()
+        now = now or timezone.now()
+        t0 = time.perf_counter()
+        reconcile(backend=backend, now=now, result=result)
+        t1 = time.perf_counter()
+        snapshot = build_snapshot(backend=backend, now=now)
+        t2 = time.perf_counter()
+        plan = plan_admissions(snapshot)
+        result.plan = plan
+        t3 = time.perf_counter()
+        result.admitted = apply_plan(plan=plan, now=now)
+        t4 = time.perf_counter()
+        submit_admitted(backend=backend, now=now, result=result)
+        t5 = time.perf_counter()
+        result.timings = {"reconcile": t1 - t0, "snapshot": t2 - t1, "decide": t3 - t2,
+                          "apply": t4 - t3, "submit": t5 - t4, "total": t5 - t0}
+        return result
+
+
+# --- 1. reconcile -------------------------------------------------------------------------
+
+def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) -> None:
+    statuses = backend.statuses(now=now)
+    seen = {s.name for s in statuses}
+    jobs = Job.objects.select_related("gpu_type").in_bulk({s.job_id for s in statuses})
+    for status in statuses:
+        job = jobs.get(status.job_id)
+        if job is None or job.attempt != status.attempt or job.state not in HOLDING_STATES:
+            # No job owns this workload any more (cancelled, preempted, finished and
+            # recorded, or deleted): end it so its GPUs come back.
+            backend.stop(status.name, now=now)
+            result.orphans_stopped.append(status.name)
+            continue
+        _apply_status(job, status, now=now, result=result)
+
+    vanished = Job.objects.filter(
+        status=JobState.ADMITTED, submitted_to_backend_at__lt=now - VANISHED_GRACE
+    )
+    for job in vanished:
+        if job.backend_name in seen:
+            continue
+        with transaction.atomic():
+            if job_transition(
+                job, JobState.QUEUED, now=now, reason="its cluster workload vanished before "
+                "it ran; requeued", attempt=job.attempt + 1, placement=[], admitted_at=None,
+                submitted_to_backend_at=None,
+            ):
+                result.requeued.append(job.pk)
+
+
+def _apply_status(job: Job, status: WorkloadStatus, *, now: datetime,
+                  result: CycleResult) -> None:
+    with transaction.atomic():
+        if status.phase in (Phase.RUNNING, Phase.SUCCEEDED, Phase.FAILED) and \
+                job.state == JobState.ADMITTED:
+            started = status.started_at or now
+            if job_transition(job, JobState.RUNNING, now=now,
+                              reason=f"running on {', '.join(status.nodes) or 'the cluster'}",
+                              started_at=started, placement=list(status.nodes) or job.placement):
+                result.started.append(job.pk)
+        if status.phase in (Phase.SUCCEEDED, Phase.FAILED) and job.state == JobState.RUNNING:
+            target = JobState.SUCCEEDED if status.phase == Phase.SUCCEEDED else JobState.FAILED
+            end = status.finished_at or now
+            if job_transition(job, target, now=now,
+                              reason=status.reason or ("completed" if target ==
+                                                       JobState.SUCCEEDED else "failed"),
+                              finished_at=end, exit_code=status.exit_code,
+                              message=status.reason[:500]):
+                usage_record_attempt(job=job, start=job.started_at or end, end=end)
+                result.finished.append(job.pk)
+                transaction.on_commit(_kick)
+
+
+def _kick() -> None:
+    from queueing.tasks import kick_scheduler
+
+    kick_scheduler()
+
+
+# --- 2. snapshot --------------------------------------------------------------------------
+
+def build_snapshot(*, backend: ClusterBackend, now: datetime) -> Snapshot:
+    holding = list(
+        Job.objects.filter(status__in=list(HOLDING_STATES)).values(
+            "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
+            "tier__rank", "tier__preemptible", "tier__min_runtime_seconds", "started_at",
+            "placement", "submitted_to_backend_at",
+        )
+    )
+    # The cluster counts what it runs; jobs admitted but not yet submitted hold their
+    # planned placement on top of that.
+    pending_alloc: dict[str, int] = defaultdict(int)
+    for h in holding:
+        if h["submitted_to_backend_at"] is None:
+            for node in h["placement"] or []:
+                pending_alloc[node] += h["gpus_per_replica"]
+    nodes = tuple(
+        NodeState(n.name, n.gpu_type, n.capacity,
+                  max(0, n.capacity - n.allocated - pending_alloc[n.name]))
+        for n in backend.nodes()
+    )
+    running = tuple(
+        RunningJob(
+            id=h["id"], team=h["team__slug"], gpu_type=h["gpu_type__slug"],
+            gpus_per_replica=h["gpus_per_replica"], replicas=h["replicas"],
+            tier_rank=h["tier__rank"], preemptible=h["tier__preemptible"],
+            started_at=h["started_at"], min_runtime_seconds=h["tier__min_runtime_seconds"],
+            nodes=tuple(h["placement"] or ()),
+        )
+        for h in holding
+    )
+    queued = tuple(
+        QueuedJob(id=q["id"], team=q["team__slug"], gpu_type=q["gpu_type__slug"],
+                  gpus_per_replica=q["gpus_per_replica"], replicas=q["replicas"],
+                  tier_rank=q["tier__rank"], submitted_at=q["created_at"])
+        for q in Job.objects.filter(status=JobState.QUEUED).values(
+            "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
+            "tier__rank", "created_at")
+    )
+    quotas = {
+        (q["team__slug"], q["gpu_type__slug"]): QuotaLimit(
+            q["nominal"], q["borrowing_limit"], q["lending_limit"])
+        for q in Quota.objects.values("team__slug", "gpu_type__slug", "nominal",
+                                      "borrowing_limit", "lending_limit")
+    }
+    standings = fairshare_standings(now=now)
+    return Snapshot(
+        now=now, nodes=nodes, queued=queued, running=running, quotas=quotas,
+        fair_share={team: s.factor for team, s in standings.items()},
+    )
+
+
+# --- 4. apply -----------------------------------------------------------------------------
+
+def apply_plan(*, plan: Plan, now: datetime) -> list[int]:
+    """QUEUED → ADMITTED for each admission, compare-and-swap per job, one transaction.
+    A job another cycle already moved is skipped: it is never admitted twice."""
+    admitted: list[int] = []
+    if not plan.admissions:
+        return admitted
+    jobs = Job.objects.in_bulk([a.job_id for a in plan.admissions])
+    with transaction.atomic():
+        for a in plan.admissions:
+            job = jobs.get(a.job_id)
+            if job is None or job.state != JobState.QUEUED:
+                continue
+            if job_transition(job, JobState.ADMITTED, now=now,
+                              reason=f"admitted on {', '.join(sorted(set(a.placement)))}",
+                              admitted_at=now, placement=list(a.placement),
+                              data={"placement": list(a.placement)}):
+                admitted.append(job.pk)
+    return admitted
+
+
+# --- 5. submit ----------------------------------------------------------------------------
+
+def launch_spec(job: Job) -> LaunchSpec:
+    return LaunchSpec(
+        name=job.backend_name, job_id=job.pk, attempt=job.attempt, team=job.team.slug,
+        tier=job.tier.slug, priority_class_name=job.tier.priority_class_name,
+        gpu_type=job.gpu_type.slug, resource_name=job.gpu_type.resource_name,
+        node_labels=dict(job.gpu_type.node_labels or {}),
+        gpus_per_replica=job.gpus_per_replica, replicas=job.replicas, image=job.image,
+        command=list(job.command or []), args=list(job.args or []),
+        env={str(k): str(v) for k, v in (job.env or {}).items()},
+        max_runtime_seconds=job.max_runtime_seconds, placement=tuple(job.placement or ()),
+    )
+
+
+def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResult) -> None:
+    """Submit every admitted job not yet marked submitted (this cycle's and any a killed
+    worker left behind: the backend's create is idempotent by name)."""
+    pending = Job.objects.filter(
+        status=JobState.ADMITTED, submitted_to_backend_at__isnull=True
+    ).select_related("team", "tier", "gpu_type").order_by("admitted_at", "id")
+    for job in pending:
+        try:
+            backend.submit(launch_spec(job), now=now)
+        except SubmitRejected as exc:
+            with transaction.atomic():
+                job_transition(job, JobState.FAILED, now=now, reason=f"rejected: {exc}",
+                               finished_at=now, message=str(exc)[:500])
+            result.submit_errors[job.pk] = str(exc)
+            continue
+        except Exception as exc:  # noqa: BLE001 - transient: retried next cycle
+            log.warning("submit of %s failed, retrying next cycle: %s", job.backend_name, exc)
+            result.submit_errors[job.pk] = str(exc)
+            continue
+        Job.objects.filter(pk=job.pk, status=JobState.ADMITTED, attempt=job.attempt).update(
+            submitted_to_backend_at=now
+        )

@@ -1,0 +1,50 @@
+"""Celery tasks: thin wrappers that load ids and call one service."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from celery import shared_task
+from django.conf import settings
+from django.core.cache import cache
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(ignore_result=True, soft_time_limit=50, time_limit=60)
+def scheduler_cycle_task() -> dict[str, int]:
+    from queueing.services.scheduler import scheduler_cycle
+
+    result = scheduler_cycle()
+    if result.ran and (result.admitted or result.finished or result.requeued):
+        log.info("cycle: admitted=%d started=%d finished=%d requeued=%d in %.3fs",
+                 len(result.admitted), len(result.started), len(result.finished),
+                 len(result.requeued), result.timings.get("total", 0.0))
+    return {"admitted": len(result.admitted), "finished": len(result.finished)}
+
+
+def kick_scheduler() -> None:
+    """Ask for a cycle soon (after a submit or a finish); at most one request a second."""
+    if settings.FAIRQ_KICK_SCHEDULER and cache.add("fairq:kick", 1, timeout=1):
+        scheduler_cycle_task.apply_async(expires=10)
+
+
+@shared_task(ignore_result=True, autoretry_for=(Exception,), retry_backoff=True,
+             max_retries=5, soft_time_limit=30, time_limit=45)
+def stop_workload_task(name: str) -> None:
+    from django.utils import timezone
+
+    from queueing.backends import get_backend
+
+    get_backend().stop(name, now=timezone.now())
+
+
+@shared_task(ignore_result=True, soft_time_limit=20, time_limit=30)
+def demo_load_task() -> int:
+    """Demo only: keep a few jobs queued per demo team so the standings move."""
+    if not settings.FAIRQ_DEMO_LOAD:
+        return 0
+    from queueing.services.demo import demo_submit_synthetic
+
+    return demo_submit_synthetic(rng=random.Random())

@@ -1,0 +1,31 @@
+"""Limits on what a job may carry: everything here ends up in a Kubernetes pod spec."""
+
+from __future__ import annotations
+
+import json
+import re
+
+# DNS-1123 label: the name becomes part of labels and object names.
+JOB_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# An OCI image reference: [registry[:port]/]path[:tag][@digest], lower-case path.
+IMAGE_RE = re.compile(
+    r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._/-][a-z0-9]+)*"
+    r"(?::[\w][\w.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
+# Environment variable names Kubernetes accepts (C_IDENTIFIER-like, as kubectl does).
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+
+MAX_IMAGE_LEN = 512
+MAX_ARGV_ITEMS = 256
+MAX_ARG_LEN = 4096
+MAX_ENV_ITEMS = 128
+MAX_ENV_VALUE_LEN = 32 * 1024
+MAX_SPEC_BYTES = 128 * 1024  # command + args + env serialized
+MAX_REPLICAS = 1024
+MAX_RUNTIME_SECONDS = 30 * 24 * 3600
+# fairq reserves FAIRQ_* env names for itself, except the simulator's two knobs.
+ALLOWED_FAIRQ_ENV = frozenset({"FAIRQ_SIM_SECONDS", "FAIRQ_SIM_EXIT_CODE"})
+
+
+def spec_size(command: list[str], args: list[str], env: dict[str, str]) -> int:
+    return len(json.dumps([command, args, env]).encode())
