@@ -1,0 +1,64 @@
+# fairq — the two set-up commands are `make demo` and `make test` (see README.md).
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: help install demo test test-fast lint bench envtest browsers clean
+
+help:
+	@echo "make demo   - run fairq locally: SQLite, in-process worker, simulated cluster"
+	@echo "make test   - install what is needed and run the whole suite"
+	@echo "make lint   - ruff and mypy"
+	@echo "make bench  - run the benchmarks in bench/ (prints BENCH lines)"
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	DJANGO_SETTINGS_MODULE=config.settings.demo $(PY) manage.py migrate --noinput -v0
+	DJANGO_SETTINGS_MODULE=config.settings.demo $(PY) manage.py seed_demo
+	DJANGO_SETTINGS_MODULE=config.settings.demo PORT=$(PORT) $(PY) manage.py rundemo
+
+# The real Kubernetes control plane for tests marked k8s (built once into a cache).
+# Needs root and apt; elsewhere the k8s tests are skipped unless FAIRQ_REQUIRE_ENVTEST=1.
+envtest:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		bash tests/envtest/build.sh; \
+	else echo "envtest: not root or no apt-get: k8s tests will be skipped"; fi
+
+# Debian's Chromium for the browser tests (playwright drives it; no browser download).
+browsers:
+	@if command -v chromium >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		(apt-get install -y -q chromium >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)) && \
+		echo "browsers: installed Debian chromium"; \
+	else echo "browsers: no chromium and no apt-get: browser tests will be skipped"; fi
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy queueing accounts config
+
+test: install envtest browsers
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy queueing accounts config
+	$(PY) manage.py makemigrations --check --dry-run --settings=config.settings.test >/dev/null \
+		|| (echo "models changed without a migration: run makemigrations" && exit 1)
+	$(VENV)/bin/pytest
+
+test-fast: install
+	$(VENV)/bin/pytest -m "not k8s and not browser" -x -q
+
+bench: install
+	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) db.sqlite3 staticfiles .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,119 @@
+"""The shared test world: three teams, a team admin, a member, an outsider and staff,
+GPU types and tiers matching the test settings' simulated cluster
+(FAIRQ_SIM_NODES = 2x8xh100, 2x8xa100, 1x7xmig-1g-10gb)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from accounts.models import Role
+from accounts.services import token_issue
+from queueing.backends import reset_backends
+
+from .factories import (
+    GpuTypeFactory,
+    MembershipFactory,
+    QuotaFactory,
+    TeamFactory,
+    TierFactory,
+    UserFactory,
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `postgres` need row locks and concurrent transactions: skip them on
+    SQLite (CI sets DATABASE_URL, so they run there)."""
+    from django.conf import settings
+
+    if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        return
+    skip = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL)")
+    for item in items:
+        if "postgres" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_backend_and_cache() -> Iterator[None]:
+    """Each test gets an empty simulated cluster and an empty cache."""
+    from django.core.cache import cache
+
+    reset_backends()
+    cache.clear()
+    yield
+    reset_backends()
+
+
+@dataclass
+class World:
+    vision: Any
+    nlp: Any
+    speech: Any
+    h100: Any
+    a100: Any
+    mig: Any
+    low: Any
+    normal: Any
+    high: Any
+    critical: Any
+    admin: Any  # team-admin of vision
+    member: Any  # member of vision
+    outsider: Any  # member of nlp only
+    staff: Any
+
+    def client(self, user: Any) -> APIClient:
+        """An API client authenticated with a real token of `user`."""
+        c = APIClient()
+        c.credentials(HTTP_AUTHORIZATION=f"Token {token_issue(user=user).key}")
+        return c
+
+
+@pytest.fixture
+def world(db: None) -> World:
+    h100 = GpuTypeFactory(slug="h100", billing_weight=2.0,
+                          node_labels={"nvidia.com/gpu.product": "H100"})
+    a100 = GpuTypeFactory(slug="a100", billing_weight=1.0)
+    mig = GpuTypeFactory(slug="mig-1g-10gb", resource_name="nvidia.com/mig-1g.10gb",
+                         billing_weight=0.15)
+    low = TierFactory(slug="low", rank=0)
+    normal = TierFactory(slug="normal", rank=100, min_runtime_seconds=0)
+    high = TierFactory(slug="high", rank=200)
+    critical = TierFactory(slug="critical", rank=300, preemptible=False)
+    vision = TeamFactory(slug="vision", weight=3.0)
+    nlp = TeamFactory(slug="nlp", weight=2.0)
+    speech = TeamFactory(slug="speech", weight=1.0)
+    admin = UserFactory(username="alice")
+    member = UserFactory(username="dave")
+    outsider = UserFactory(username="bob")
+    staff = UserFactory(username="root", is_staff=True)
+    MembershipFactory(user=admin, team=vision, role=Role.TEAM_ADMIN)
+    MembershipFactory(user=member, team=vision, role=Role.MEMBER)
+    MembershipFactory(user=outsider, team=nlp, role=Role.TEAM_ADMIN)
+    for team in (vision, nlp, speech):
+        QuotaFactory(team=team, gpu_type=h100, nominal=8, borrowing_limit=8)
+        QuotaFactory(team=team, gpu_type=a100, nominal=8, borrowing_limit=None)
+    return World(vision, nlp, speech, h100, a100, mig, low, normal, high, critical,
+                 admin, member, outsider, staff)
+
+
+def job_body(**overrides: Any) -> dict[str, Any]:
+    """A valid job as pipelines post it."""
+    body: dict[str, Any] = {
+        "team": "vision", "name": "resnet-sweep-3", "image": "ghcr.io/acme/train:1.4",
+        "command": ["python", "train.py"], "args": ["--epochs", "10"], "env": {"SEED": "1"},
+        "gpu_type": "h100", "gpus": 2, "replicas": 1, "tier": "normal",
+        "max_runtime_seconds": 3600,
+    }
+    body.update(overrides)
+    return body
+
+
+@pytest.fixture
+def on_postgres() -> bool:
+    return connection.vendor == "postgresql"
