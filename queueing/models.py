@@ -109,7 +109,8 @@ class Job(models.Model):
     max_runtime_seconds = models.PositiveIntegerField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=JobState.QUEUED)
     attempt = models.PositiveIntegerField(default=1)
-    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    # NULL, not "", means "no key": the partial unique constraint skips NULLs.
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
 
     created_at = models.DateTimeField(db_index=True)  # submit time; kept across requeues
     updated_at = models.DateTimeField(auto_now=True)
@@ -216,6 +217,9 @@ class UsageRecord(models.Model):
         ]
         indexes = [models.Index(fields=["team", "start"], name="usage_team_start_idx")]
 
+    def __str__(self) -> str:
+        return f"{self.team_id}/{self.gpu_type_id}: {self.gpus} GPUs {self.start:%Y-%m-%d %H:%M}+"
+
 
 class FairShareAccumulator(models.Model):
     """A team's decayed usage (weighted GPU-hours) as of `as_of` (rule F1).
@@ -227,3 +231,6 @@ class FairShareAccumulator(models.Model):
     team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="fairshare")
     value = models.FloatField(default=0.0)
     as_of = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.team_id}: {self.value:.3f} GPU-h as of {self.as_of:%Y-%m-%d %H:%M}"

@@ -136,3 +136,39 @@ def compute_standings(
             factor=fair_share_factor(norm, share),
         )
     return out
+
+
+class FairShareState:
+    """The standings of one scheduling pass, for ordering (rules F3, F6).
+
+    `factor(team)` is always current: `charge(team, gpu_hours)` adds usage (the entry
+    penalty of rule F6) and every later `factor` call sees the new totals. Copy it per
+    pass; the snapshot's instance is never changed.
+    """
+
+    __slots__ = ("_share", "_total", "_usage")
+
+    def __init__(self, usage: Mapping[str, float], share: Mapping[str, float]) -> None:
+        self._usage = dict(usage)
+        self._share = dict(share)
+        self._total = sum(self._usage.values())
+
+    @classmethod
+    def from_standings(cls, standings: Mapping[str, Standing]) -> FairShareState:
+        return cls({t: s.usage for t, s in standings.items()},
+                   {t: s.share for t, s in standings.items()})
+
+    def copy(self) -> FairShareState:
+        return FairShareState(self._usage, self._share)
+
+    def factor(self, team: str) -> float:
+        """F of `team` now (1.0 for a team the standings do not know)."""
+        if team not in self._share:
+            return 1.0
+        norm = self._usage.get(team, 0.0) / self._total if self._total > 0 else 0.0
+        return fair_share_factor(norm, self._share[team])
+
+    def charge(self, team: str, gpu_hours: float) -> None:
+        """Rule F6: count `gpu_hours` of weighted usage for `team` at once."""
+        self._usage[team] = self._usage.get(team, 0.0) + gpu_hours
+        self._total += gpu_hours

@@ -279,7 +279,7 @@ def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResu
                                finished_at=now, message=str(exc)[:500])
             result.submit_errors[job.pk] = str(exc)
             continue
-        except Exception as exc:  # noqa: BLE001 - transient: retried next cycle
+        except Exception as exc:  # transient: retried next cycle
             log.warning("submit of %s failed, retrying next cycle: %s", job.backend_name, exc)
             result.submit_errors[job.pk] = str(exc)
             continue
