@@ -16,7 +16,7 @@ class AuditedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def save_model(self, request: HttpRequest, obj: models.Model, form: Any, change: bool) -> None:
         with transaction.atomic():
-            old = type(obj).objects.filter(pk=obj.pk).first() if change else None
+            old = type(obj)._default_manager.filter(pk=obj.pk).first() if change else None
             super().save_model(request, obj, form, change)
             changes = model_changes(old, obj)
             if changes:

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import models, transaction
 from django.utils import timezone
 
@@ -23,7 +23,7 @@ class IssuedToken:
 
 @transaction.atomic
 def token_issue(
-    *, user: AbstractBaseUser, name: str = "default", expires_at: datetime | None = None
+    *, user: User, name: str = "default", expires_at: datetime | None = None
 ) -> IssuedToken:
     """Create a token for `user`; the returned key is the only copy of the secret."""
     prefix = secrets.token_hex(4)
@@ -37,7 +37,7 @@ def token_issue(
 
 
 @transaction.atomic
-def token_revoke(*, token: ApiToken, actor: AbstractBaseUser | None) -> None:
+def token_revoke(*, token: ApiToken, actor: User | None) -> None:
     if token.revoked_at is None:
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])
@@ -47,7 +47,7 @@ def token_revoke(*, token: ApiToken, actor: AbstractBaseUser | None) -> None:
 
 @transaction.atomic
 def service_account_create(
-    *, team: Team, name: str, actor: AbstractBaseUser | None = None
+    *, team: Team, name: str, actor: User | None = None
 ) -> ServiceAccount:
     """A pipeline identity for `team`: a password-less user who is a member of the team."""
     user_model = get_user_model()
@@ -84,7 +84,7 @@ def model_changes(old: models.Model | None, new: models.Model) -> dict[str, list
 
 
 def audit_record(
-    *, actor: AbstractBaseUser | None, action: str, instance: models.Model,
+    *, actor: User | None, action: str, instance: models.Model,
     changes: dict[str, list[Any]],
 ) -> AuditEntry:
     return AuditEntry.objects.create(

@@ -28,7 +28,7 @@ class JobEventInline(admin.TabularInline):  # type: ignore[type-arg]
     model = JobEvent
     extra = 0
     can_delete = False
-    readonly_fields = ["at", "kind", "from_status", "to_status", "actor_label", "reason", "attempt"]
+    readonly_fields = ("at", "kind", "from_status", "to_status", "actor_label", "reason", "attempt")
     fields = readonly_fields
 
     def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]

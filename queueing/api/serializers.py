@@ -156,7 +156,8 @@ class JobDetailSerializer(JobSerializer):
 
 class StandingSerializer(serializers.Serializer[Any]):
     team = serializers.CharField()
-    parent = serializers.CharField(allow_null=True)
+    # DRF pops declared fields off the class, so shadowing Field.parent is safe here.
+    parent = serializers.CharField(allow_null=True)  # type: ignore[assignment]
     weight = serializers.FloatField()
     share = serializers.FloatField(help_text="S: weight / sum of weights (rule F2)")
     usage_gpu_hours = serializers.FloatField(

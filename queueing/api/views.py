@@ -14,7 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from queueing.models import Job
+from queueing.models import JOB_STATUS_CHOICES, Job
 from queueing.selectors import job_get_for_actor, jobs_visible_to
 from queueing.services.jobs import job_cancel, job_submit
 from queueing.services.usage import fairshare_standings
@@ -27,8 +27,8 @@ from .serializers import (
 )
 
 
-class JobFilter(django_filters.FilterSet):
-    status = django_filters.MultipleChoiceFilter(choices=Job.Status.choices)
+class JobFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filter ships no types
+    status = django_filters.MultipleChoiceFilter(choices=JOB_STATUS_CHOICES)
     team = django_filters.CharFilter(field_name="team__slug")
     tier = django_filters.CharFilter(field_name="tier__slug")
     gpu_type = django_filters.CharFilter(field_name="gpu_type__slug")

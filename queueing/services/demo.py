@@ -33,7 +33,7 @@ TIERS = [
     ("normal", "Normal", 100, "fairq-normal", 1000, True, 300),
     ("low", "Low (preemptible, scavenger)", 0, "fairq-low", 100, True, 0),
 ]
-TEAMS = [
+TEAMS: list[tuple[str, str, float, dict[str, tuple[int, int | None]], list[tuple[str, Role]]]] = [
     # slug, name, weight, quotas {gpu: (nominal, borrowing limit)}, people
     ("vision", "Computer Vision", 3.0, {"h100": (12, 8), "a100": (8, 8)},
      [("alice", Role.TEAM_ADMIN), ("dave", Role.MEMBER)]),

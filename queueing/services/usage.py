@@ -57,6 +57,8 @@ def fairshare_inputs(*, now: datetime) -> list[TeamUsageInput]:
         "team_id", "gpus_per_replica", "replicas", "gpu_type__billing_weight", "started_at"
     )
     for team_id, gpus, replicas, weight, started_at in rows:
+        if started_at is None:  # excluded by the filter; narrows the type
+            continue
         running.setdefault(team_id, []).append((gpus * replicas * weight, started_at))
     inputs = []
     for team in Team.objects.select_related("parent").all():
