@@ -109,7 +109,7 @@ class Job(models.Model):
     replicas = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
     tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="jobs")
     max_runtime_seconds = models.PositiveIntegerField(null=True, blank=True)
-    status = models.CharField(max_length=16, choices=JOB_STATUS_CHOICES, default=JobState.QUEUED)
+    status = models.CharField(max_length=16, choices=JOB_STATUS_CHOICES, default=JobState.QUEUED.value)
     attempt = models.PositiveIntegerField(default=1)
     # NULL, not "", means "no key": the partial unique constraint skips NULLs.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001

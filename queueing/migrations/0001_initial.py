@@ -69,7 +69,7 @@ class Migration(migrations.Migration):
                 ('gpus_per_replica', models.PositiveIntegerField(validators=[django.core.validators.MinValueValidator(1)])),
                 ('replicas', models.PositiveIntegerField(default=1, validators=[django.core.validators.MinValueValidator(1)])),
                 ('max_runtime_seconds', models.PositiveIntegerField(blank=True, null=True)),
-                ('status', models.CharField(choices=[('Queued', 'Queued'), ('Admitted', 'Admitted'), ('Running', 'Running'), ('Succeeded', 'Succeeded'), ('Failed', 'Failed'), ('Cancelled', 'Cancelled'), ('Preempted', 'Preempted')], default=queueing.policy.states.JobState['QUEUED'], max_length=16)),
+                ('status', models.CharField(choices=[('QUEUED', 'Queued'), ('ADMITTED', 'Admitted'), ('RUNNING', 'Running'), ('SUCCEEDED', 'Succeeded'), ('FAILED', 'Failed'), ('CANCELLED', 'Cancelled'), ('PREEMPTED', 'Preempted')], default='QUEUED', max_length=16)),
                 ('attempt', models.PositiveIntegerField(default=1)),
                 ('idempotency_key', models.CharField(blank=True, max_length=200, null=True)),
                 ('created_at', models.DateTimeField(db_index=True)),
