@@ -28,7 +28,7 @@ class TokenAuthentication(authentication.BaseAuthentication):
         return self.authenticate_key(key)
 
     def authenticate_key(self, key: str) -> tuple[Any, ApiToken]:
-        parts = key.split("_")
+        parts = key.split("_", 2)  # the secret itself may contain "_"
         if len(parts) != 3 or parts[0] != "fq":
             raise exceptions.AuthenticationFailed("Invalid token.")
         token = ApiToken.objects.select_related("user").filter(prefix=parts[1]).first()

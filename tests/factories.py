@@ -15,9 +15,15 @@ class UserFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = get_user_model()
         django_get_or_create = ("username",)
+        skip_postgeneration_save = True
 
     username = factory.Sequence(lambda n: f"user{n}")
     password = factory.PostGenerationMethodCall("set_password", "pw")
+
+    @factory.post_generation
+    def _save(self, create: bool, extracted: object, **kwargs: object) -> None:
+        if create:
+            self.save()
 
 
 class TeamFactory(factory.django.DjangoModelFactory):

@@ -7,3 +7,6 @@ from .base import env
 
 DEBUG = env.bool("DJANGO_DEBUG", default=True)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["*"])
+# Serve static files straight from the apps (no collectstatic needed to run locally).
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = True

@@ -7,6 +7,8 @@ from .base import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 CELERY_TASK_ALWAYS_EAGER = True
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = True
 CELERY_BROKER_URL = "memory://"
 FAIRQ_KICK_SCHEDULER = False
 FAIRQ_CLUSTER_BACKEND = "simulated"
