@@ -1,12 +1,14 @@
-"""Multifactor job priority (docs/scheduling.md, rule P1), like Slurm's priority/multifactor.
+"""Multifactor job priority (docs/scheduling.md, rules P1-P3), like Slurm's
+priority/multifactor.
 
 priority = Σ weight_i × factor_i, every factor in [0, 1]. The fair-share term is the only
 one that depends on the team's standing, so the sum is additive: ordering code may keep
-`total - weights.fair_share × fair_share` per job and add the team's current factor.
+`job_part` per job and add `weights.fair_share × F` with the team's current factor.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -15,10 +17,14 @@ from .snapshot import QueuedJob
 
 @dataclass(frozen=True, slots=True)
 class PriorityWeights:
+    """Rule P1: the weight of each factor, and the knobs of the age and size factors."""
+
     fair_share: float = 10_000.0
     age: float = 1_000.0
     size: float = 0.0
     max_age_seconds: float = 7 * 24 * 3600.0
+    # Rule P1, size: False favours large gangs (share of the cluster), True small jobs.
+    favor_small: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +46,36 @@ class PriorityBreakdown:
     def total(self) -> float:
         return self.weights.fair_share * self.fair_share + self.job_part
 
+    def as_dict(self) -> dict[str, object]:
+        """Factor, weight and weighted term per factor, and the total (rule P1)."""
+        w = self.weights
+        return {
+            "total": self.total,
+            "factors": {
+                "fair_share": {"factor": self.fair_share, "weight": w.fair_share,
+                               "value": w.fair_share * self.fair_share},
+                "age": {"factor": self.age, "weight": w.age, "value": w.age * self.age},
+                "size": {"factor": self.size, "weight": w.size, "value": w.size * self.size},
+            },
+        }
+
+
+def age_factor(*, submitted_at: datetime, now: datetime, max_age_seconds: float) -> float:
+    """Rule P1, age: time queued / max age, capped at 1 (0 when max age is 0)."""
+    if max_age_seconds <= 0:
+        return 0.0
+    waited = max(0.0, (now - submitted_at).total_seconds())
+    return min(1.0, waited / max_age_seconds)
+
+
+def size_factor(*, total_gpus: int, cluster_gpus: int, favor_small: bool = False) -> float:
+    """Rule P1, size: the job's share of the cluster's GPUs (capped at 1), or one minus
+    it when small jobs are favoured; 0 for an empty cluster."""
+    if cluster_gpus <= 0:
+        return 0.0
+    frac = min(1.0, max(0, total_gpus) / cluster_gpus)
+    return 1.0 - frac if favor_small else frac
+
 
 def job_priority(
     job: QueuedJob,
@@ -49,8 +85,42 @@ def job_priority(
     weights: PriorityWeights,
     cluster_gpus: int,
 ) -> PriorityBreakdown:
-    """Rule P1 for one queued job."""
-    waited = max(0.0, (now - job.submitted_at).total_seconds())
-    age = min(1.0, waited / weights.max_age_seconds) if weights.max_age_seconds > 0 else 0.0
-    size = min(1.0, job.total_gpus / cluster_gpus) if cluster_gpus > 0 else 0.0
-    return PriorityBreakdown(fair_share=fair_share_factor, age=age, size=size, weights=weights)
+    """Rule P1 for one queued job: each factor in [0, 1] (the fair-share factor F of the
+    job's team is clamped into it)."""
+    return PriorityBreakdown(
+        fair_share=min(1.0, max(0.0, fair_share_factor)),
+        age=age_factor(submitted_at=job.submitted_at, now=now,
+                       max_age_seconds=weights.max_age_seconds),
+        size=size_factor(total_gpus=job.total_gpus, cluster_gpus=cluster_gpus,
+                         favor_small=weights.favor_small),
+        weights=weights,
+    )
+
+
+def priority_order_key(job: QueuedJob, priority: float) -> tuple[object, ...]:
+    """Rule P2: higher tier first (always); within a tier higher priority; then earlier
+    submit time; then lower id, so the same input always gives the same order."""
+    return (-job.tier_rank, -priority, job.submitted_at, job.id)
+
+
+def rank_queue(
+    jobs: Iterable[QueuedJob],
+    *,
+    now: datetime,
+    factor: Callable[[str], float],
+    weights: PriorityWeights,
+    cluster_gpus: int,
+) -> list[tuple[QueuedJob, PriorityBreakdown]]:
+    """Rules P1-P2 on a fixed standing: every job with its breakdown, in queue order.
+
+    `factor(team)` is the team's fair-share factor (e.g. `FairShareState.factor`). This
+    is the order before any admission of the pass charges a team (rule F6); the
+    admission loop re-reads the factor after each charge.
+    """
+    ranked = [
+        (j, job_priority(j, now=now, fair_share_factor=factor(j.team), weights=weights,
+                         cluster_gpus=cluster_gpus))
+        for j in jobs
+    ]
+    ranked.sort(key=lambda jb: priority_order_key(jb[0], jb[1].total))
+    return ranked
