@@ -1,19 +1,35 @@
-"""Ordering and admission on a snapshot (docs/scheduling.md, rules O1, A1-A4)."""
+"""Ordering, admission and preemption on a snapshot (docs/scheduling.md, rules Q1, O1,
+A1-A5, R1-R6)."""
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
+from typing import Protocol
 
-from .snapshot import NodeState, QueuedJob, Snapshot
+from . import fairshare
+from .preemption import Preemption, find_victims
+from .priority import PriorityWeights, job_priority
+from .snapshot import QueuedJob, Snapshot
+from .workspace import Capacity, Workspace
+
+__all__ = [
+    "Admission", "Capacity", "Plan", "Preemption", "Wait", "WaitReason", "entry_penalty",
+    "order_queue", "plan_admissions", "queue_order_key",
+]
 
 
 class WaitReason(StrEnum):
     QUOTA = "quota"
     CAPACITY = "capacity"
     NO_FIT = "gang_does_not_fit"
+    LENDING = "lending_limit"
+    PREEMPTING = "preempting"
+    RATE_LIMITED = "preemption_rate_limited"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +52,46 @@ class Wait:
 class Plan:
     admissions: tuple[Admission, ...]
     waits: Mapping[int, Wait]
+    # Rules R1-R6: victims to preempt now; each preemptor is admitted in a later cycle.
+    preemptions: tuple[Preemption, ...] = ()
+    # Every queued job id in the order the pass considered it (rule O1): queue position.
+    order: tuple[int, ...] = ()
+    # Rule F6: the standings after every admission's entry penalty.
+    fair_share_after: Mapping[str, float] = field(default_factory=dict)
+
+
+class _Factors(Protocol):
+    def factor(self, team: str) -> float: ...
+    def charge(self, team: str, gpu_hours: float) -> None: ...
+
+
+class _StaticFactors:
+    """Fixed factors for a snapshot without live standings (no entry penalty)."""
+
+    def __init__(self, factors: Mapping[str, float]) -> None:
+        self._factors = factors
+
+    def factor(self, team: str) -> float:
+        return self._factors.get(team, 1.0)
+
+    def charge(self, team: str, gpu_hours: float) -> None:
+        return None
+
+
+_penalty_hook = getattr(fairshare, "entry_penalty_gpu_hours", None)
+
+
+def entry_penalty(gpus: int, billing_weight: float, interval_seconds: float) -> float:
+    """Rule F6: an admission counts at once as if it had run one recompute interval
+    (fairshare.entry_penalty_gpu_hours when it exists, else the same formula here)."""
+    if _penalty_hook is not None:
+        return float(_penalty_hook(gpus, billing_weight, interval_seconds))
+    return gpus * billing_weight * interval_seconds / fairshare.SECONDS_PER_HOUR
 
 
 def queue_order_key(job: QueuedJob, fair_share: Mapping[str, float]) -> tuple[object, ...]:
-    """Rule O1: higher tier first; within a tier the team with the higher fair-share
-    factor F first; then earlier submit time; then lower id (deterministic)."""
+    """Rule O1 with static factors and no job part (a quick sort for display): higher
+    tier first, higher fair-share factor, earlier submit time, lower id."""
     return (-job.tier_rank, -fair_share.get(job.team, 1.0), job.submitted_at, job.id)
 
 
@@ -48,91 +99,165 @@ def order_queue(jobs: Iterable[QueuedJob], fair_share: Mapping[str, float]) -> l
     return sorted(jobs, key=lambda j: queue_order_key(j, fair_share))
 
 
-class _Capacity:
-    """Free GPUs per node, grouped by GPU type, mutable for one planning pass."""
+class _QueueOrder:
+    """Rule O1 as an iterator whose keys follow the live standings.
 
-    def __init__(self, nodes: Iterable[NodeState]) -> None:
-        self.free: dict[str, int] = {}
-        self.by_type: dict[str, list[str]] = defaultdict(list)
-        self.largest_node: dict[str, int] = defaultdict(int)
-        for n in sorted(nodes, key=lambda n: n.name):
-            self.free[n.name] = n.free
-            self.by_type[n.gpu_type].append(n.name)
-            self.largest_node[n.gpu_type] = max(self.largest_node[n.gpu_type], n.capacity)
-        self.max_free: dict[str, int] = {
-            t: max((self.free[n] for n in names), default=0) for t, names in self.by_type.items()
-        }
+    Higher tier first; within a tier the higher priority (rule P1: weights.fair_share ×
+    the team's current F + the job part), then earlier submit time, then lower id.
+    A team's jobs share its F, so each (tier, team) list is sorted once by job part; a
+    heap over the teams of a tier holds each team's head. After the consumer charges a
+    team (rule F6) the team's next head is keyed with its new F. Other teams keep the key
+    they were pushed with: a charge raises every other team's F a little, never lowers
+    it, so a stale key can only under-rank a team by that much.
+    O(n log n) to build, O(log teams) per job.
+    """
 
-    def place(self, gpu_type: str, gpus: int, replicas: int) -> tuple[str, ...] | None:
-        """Rules A2-A3: one node per replica, all or none, best fit.
+    def __init__(self, jobs: Iterable[QueuedJob], *, factors: _Factors, weights: PriorityWeights,
+                 now: datetime, cluster_gpus: int, first: Iterable[int] = ()) -> None:
+        self._factors = factors
+        self._w = weights.fair_share
+        firsts = set(first)
+        self.first: list[QueuedJob] = []
+        lists: dict[int, dict[str, list[tuple[float, datetime, int, QueuedJob]]]] = \
+            defaultdict(lambda: defaultdict(list))
+        for job in jobs:
+            if job.id in firsts:
+                self.first.append(job)
+                continue
+            part = job_priority(job, now=now, fair_share_factor=0.0, weights=weights,
+                                cluster_gpus=cluster_gpus).job_part
+            lists[job.tier_rank][job.team].append((-part, job.submitted_at, job.id, job))
+        self.first.sort(key=lambda j: (-j.tier_rank, j.submitted_at, j.id))
+        self._tiers = [lists[t] for t in sorted(lists, reverse=True)]
+        for by_team in self._tiers:
+            for items in by_team.values():
+                items.sort(key=lambda x: (x[0], x[1], x[2]))
 
-        Each replica goes to the node of its type with the fewest free GPUs that still
-        holds it (ties by node name), which keeps whole nodes free for large gangs.
-        Returns None, changing nothing, when any replica does not fit.
-        """
-        if gpus > self.max_free.get(gpu_type, 0):
-            return None
-        names = self.by_type.get(gpu_type, [])
-        taken: list[str] = []
-        for _ in range(replicas):
-            best: str | None = None
-            for name in names:
-                f = self.free[name]
-                if f >= gpus and (best is None or f < self.free[best]):
-                    best = name
-                    if f == gpus:
-                        break
-            if best is None:
-                for name in taken:  # roll back the replicas already placed
-                    self.free[name] += gpus
-                return None
-            self.free[best] -= gpus
-            taken.append(best)
-        self.max_free[gpu_type] = max((self.free[n] for n in names), default=0)
-        return tuple(taken)
+    def __iter__(self) -> Iterator[QueuedJob]:
+        yield from self.first
+        for by_team in self._tiers:
+            heap: list[tuple[float, datetime, int, str, int]] = []
+            for team, items in by_team.items():
+                heap.append(self._key(team, items, 0))
+            heapq.heapify(heap)
+            while heap:
+                _, _, _, team, i = heapq.heappop(heap)
+                items = by_team[team]
+                yield items[i][3]
+                if i + 1 < len(items):
+                    heapq.heappush(heap, self._key(team, items, i + 1))
+
+    def _key(self, team: str, items: list[tuple[float, datetime, int, QueuedJob]],
+             i: int) -> tuple[float, datetime, int, str, int]:
+        neg_part, submitted, job_id, _ = items[i]
+        return (neg_part - self._w * self._factors.factor(team), submitted, job_id, team, i)
 
 
 def plan_admissions(snapshot: Snapshot) -> Plan:
-    """Admit, in queue order (rule O1), every job that fits its team's quota (rule A1)
-    and free node capacity as a whole gang (rules A2-A3).
+    """One planning pass over the queue (rules Q1, O1, A1-A5, R1-R6).
 
-    A job that does not fit waits with a reason and does not block smaller jobs behind it
-    (rule A4, best-effort order). The same snapshot always gives the same plan.
+    In queue order (O1; nominated preemptors first, A5) each job is admitted when it fits
+    its team's quota (Q1) and free node capacity as a whole gang (A1-A3); each admission
+    charges its team's entry penalty (F6) so the team's later jobs move down. A job that
+    does not fit may preempt (R1-R4, within the rate limit R5); otherwise it waits with a
+    reason and does not block smaller jobs behind it (A4). The same snapshot always gives
+    the same plan; the snapshot is not changed.
     """
-    cap = _Capacity(snapshot.nodes)
-    held: dict[tuple[str, str], int] = defaultdict(int)
-    for r in snapshot.running:
-        held[(r.team, r.gpu_type)] += r.total_gpus
+    now = snapshot.now
+    ws = Workspace(snapshot)
+    cap, ledger = ws.capacity, ws.ledger
+    factors: _Factors = (snapshot.fair_share_state.copy() if snapshot.fair_share_state is not None
+                         else _StaticFactors(snapshot.fair_share))
+    weights = snapshot.priority_weights or PriorityWeights()
+    cluster_gpus = sum(n.capacity for n in snapshot.nodes)
+    order = _QueueOrder(snapshot.queued, factors=factors, weights=weights, now=now,
+                        cluster_gpus=cluster_gpus, first=snapshot.nominated)
+    pre = snapshot.preemption
+    searches = 0
+    preempted_by_team: dict[str, int] = defaultdict(int)
+    search_failed: set[tuple[str, str, int, int, int]] = set()
 
     admissions: list[Admission] = []
+    preemptions: list[Preemption] = []
     waits: dict[int, Wait] = {}
-    for job in order_queue(snapshot.queued, snapshot.fair_share):
-        key = (job.team, job.gpu_type)
-        ceiling = snapshot.quota(job.team, job.gpu_type).ceiling
-        if ceiling is not None and held[key] + job.total_gpus > ceiling:
+    seen: list[int] = []
+    for job in order:
+        seen.append(job.id)
+        gt, team, total = job.gpu_type, job.team, job.total_gpus
+        ceiling = ledger.over_ceiling(team, gt, total)
+        if ceiling is not None:
             waits[job.id] = Wait(
-                job.id,
-                WaitReason.QUOTA,
-                f"team {job.team} holds {held[key]} {job.gpu_type} GPUs; "
-                f"{job.total_gpus} more would pass its limit of {ceiling}",
+                job.id, WaitReason.QUOTA,
+                f"team {team} holds {ledger.held[(team, gt)]} {gt} GPUs; "
+                f"{total} more would pass its limit of {ceiling}",
             )
             continue
-        if job.gpus_per_replica > cap.largest_node.get(job.gpu_type, 0):
+        if job.gpus_per_replica > cap.largest_node.get(gt, 0):
             waits[job.id] = Wait(
-                job.id,
-                WaitReason.NO_FIT,
-                f"no {job.gpu_type} node has {job.gpus_per_replica} GPUs for one replica",
+                job.id, WaitReason.NO_FIT,
+                f"no {gt} node has {job.gpus_per_replica} GPUs for one replica",
             )
             continue
-        placement = cap.place(job.gpu_type, job.gpus_per_replica, job.replicas)
-        if placement is None:
+        lending = ledger.lending_blocks(team, gt, total)
+        placement = None if lending else cap.place(gt, job.gpus_per_replica, job.replicas)
+        if placement is not None:
+            ledger.add(team, gt, total)
+            factors.charge(team, entry_penalty(total, snapshot.billing_weight(gt),
+                                               snapshot.interval_seconds))
+            admissions.append(Admission(job.id, team, gt, placement))
+            continue
+        terminating = snapshot.nominated.get(job.id, 0)
+        if terminating > 0:
             waits[job.id] = Wait(
-                job.id,
-                WaitReason.CAPACITY,
-                f"waiting for {job.replicas} × {job.gpus_per_replica} free "
-                f"{job.gpu_type} GPUs on nodes",
+                job.id, WaitReason.PREEMPTING,
+                f"waiting for {terminating} preempted job(s) to release their {gt} GPUs",
             )
             continue
-        held[key] += job.total_gpus
-        admissions.append(Admission(job.id, job.team, job.gpu_type, placement))
-    return Plan(admissions=tuple(admissions), waits=waits)
+        # Rules R1-R4: only when preempting is the only way it fits. A search that failed
+        # for a job of the same shape and tier fails again: skip it (same answer, faster).
+        shape = (team, gt, job.tier_rank, job.gpus_per_replica, job.replicas)
+        result = None
+        if pre.enabled and searches < pre.max_searches and shape not in search_failed:
+            searches += 1
+            result = find_victims(ws, job, now=now, factor=factors.factor)
+            if result is None:
+                search_failed.add(shape)
+        if result is not None:
+            found, undo = result
+            left = pre.left(team)
+            if left is not None and len(found.victims) > left - preempted_by_team[team]:
+                undo()
+                waits[job.id] = Wait(
+                    job.id, WaitReason.RATE_LIMITED,
+                    f"needs {len(found.victims)} preemption(s) but team {team} may preempt "
+                    f"{max(0, left - preempted_by_team[team])} more in the current window",
+                )
+                continue
+            # The victims stay removed and the job's placement stays reserved for the rest
+            # of this pass, so no later job takes the GPUs being freed for it (rule A5).
+            ledger.add(team, gt, total)
+            preempted_by_team[team] += len(found.victims)
+            preemptions.append(found)
+            waits[job.id] = Wait(
+                job.id, WaitReason.PREEMPTING,
+                f"preempting {len(found.victims)} job(s) "
+                f"({', '.join('#' + str(v.job_id) for v in found.victims)}; "
+                f"rule {', '.join(found.rules)}); admitted once their GPUs are free",
+            )
+            continue
+        if lending:
+            waits[job.id] = Wait(
+                job.id, WaitReason.LENDING,
+                f"the idle {gt} GPUs are other teams' nominal quota beyond their lending "
+                f"limits; team {team} may not borrow them",
+            )
+        else:
+            waits[job.id] = Wait(
+                job.id, WaitReason.CAPACITY,
+                f"waiting for {job.replicas} × {job.gpus_per_replica} free {gt} GPUs on nodes",
+            )
+    teams = sorted({j.team for j in snapshot.queued} | set(snapshot.fair_share))
+    standings = {t: factors.factor(t) for t in teams}
+    return Plan(admissions=tuple(admissions), waits=waits, preemptions=tuple(preemptions),
+                order=tuple(seen), fair_share_after=standings)
+

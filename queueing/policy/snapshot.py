@@ -5,6 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
+
+from .fairshare import FairShareState
+
+if TYPE_CHECKING:  # priority.py imports QueuedJob from here
+    from .priority import PriorityWeights
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +79,31 @@ class RunningJob:
         return self.gpus_per_replica * self.replicas
 
 
+    def ran_seconds(self, now: datetime) -> float:
+        """How long the current attempt has run (0 while admitted, not started)."""
+        if self.started_at is None:
+            return 0.0
+        return max(0.0, (now - self.started_at).total_seconds())
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionSettings:
+    """Rules R1-R6. `max_per_team` preemptions per preemptor team in the rate-limit window
+    (None = no limit); `used` counts the ones already made in the window. `max_searches`
+    bounds the victim searches of one plan so a long queue of jobs that cannot fit does
+    not make a cycle slow."""
+
+    enabled: bool = True
+    max_per_team: int | None = None
+    used: Mapping[str, int] = field(default_factory=dict)
+    max_searches: int = 32
+
+    def left(self, team: str) -> int | None:
+        if self.max_per_team is None:
+            return None
+        return max(0, self.max_per_team - self.used.get(team, 0))
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     now: datetime
@@ -80,8 +111,25 @@ class Snapshot:
     queued: tuple[QueuedJob, ...]
     running: tuple[RunningJob, ...] = ()
     quotas: Mapping[tuple[str, str], QuotaLimit] = field(default_factory=dict)
-    # Fair-share factor F per team (rule F3); teams absent count as 1.0 (no usage).
+    # Fair-share factor F per team (rule F3) at snapshot time; teams absent count as 1.0.
+    # Used for ordering only when `fair_share_state` is None (static factors, no F6).
     fair_share: Mapping[str, float] = field(default_factory=dict)
+    # The live standings (rules F3, F6): the plan works on a copy and charges each
+    # admission's entry penalty, so a team's later jobs see its new factor (rule O1).
+    fair_share_state: FairShareState | None = None
+    # Rule P1 weights; None = the defaults of `PriorityWeights`.
+    priority_weights: PriorityWeights | None = None
+    # Billing weight per GPU type (rule F1); absent types weigh 1.0.
+    billing_weights: Mapping[str, float] = field(default_factory=dict)
+    # The recompute interval of the entry penalty (rule F6), seconds; 0 = no penalty.
+    interval_seconds: float = 0.0
+    # Rule R5: queued jobs that preempted in an earlier cycle and are not admitted yet,
+    # with how many of their victims' workloads still hold GPUs in the cluster.
+    nominated: Mapping[int, int] = field(default_factory=dict)
+    preemption: PreemptionSettings = field(default_factory=PreemptionSettings)
 
     def quota(self, team: str, gpu_type: str) -> QuotaLimit:
         return self.quotas.get((team, gpu_type), NO_QUOTA)
+
+    def billing_weight(self, gpu_type: str) -> float:
+        return self.billing_weights.get(gpu_type, 1.0)

@@ -1,0 +1,218 @@
+"""The victim search (docs/scheduling.md, rules R1-R4), on the working copy only.
+
+`find_victims` is called by the admission pass for a queued job that does not fit. It
+removes candidate victims from the workspace with `simulate_removal` and puts back every
+one it turns out not to need; on success the victims stay removed and the job's placement
+reserved (the caller keeps them or calls the returned undo), on failure the workspace is
+exactly as before.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from .snapshot import QueuedJob, RunningJob
+from .workspace import Workspace
+
+
+class PreemptionRule(StrEnum):
+    PRIORITY = "R1-priority"
+    RECLAIM = "R2-reclaim"
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    job_id: int
+    team: str
+    tier_rank: int
+    gpus: int
+    rule: PreemptionRule
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """`preemptor_id` will fit once `victims` are gone (rule R5: admitted in a later
+    cycle). `placement` is where it fits on the snapshot after the removal."""
+
+    preemptor_id: int
+    team: str
+    gpu_type: str
+    victims: tuple[Victim, ...]
+    placement: tuple[str, ...]
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        return tuple(sorted({str(v.rule) for v in self.victims}))
+
+
+def is_protected(job: RunningJob, now: datetime) -> bool:
+    """Rule R3: a job of a non-preemptible tier, or one that has run less than its
+    tier's minimum runtime, is never a victim."""
+    return not job.preemptible or job.ran_seconds(now) < job.min_runtime_seconds
+
+
+def priority_rule_applies(preemptor: QueuedJob, job: RunningJob) -> bool:
+    """Rule R1: a queued job may preempt running jobs of strictly lower tiers."""
+    return job.tier_rank < preemptor.tier_rank
+
+
+def reclaim_rule_applies(preemptor: QueuedJob, job: RunningJob, ws: Workspace) -> bool:
+    """Rule R2: a team asking within its nominal quota may preempt jobs of the same or a
+    lower tier of other teams that borrow beyond their own nominal (checked when the
+    victim is taken, so a team is never pushed below its nominal by more than one job)."""
+    return (job.team != preemptor.team and job.tier_rank <= preemptor.tier_rank
+            and ws.ledger.borrowing(job.team, job.gpu_type))
+
+
+def victim_order_key(job: RunningJob, rule: PreemptionRule,
+                     factor: Callable[[str], float]) -> tuple[object, ...]:
+    """Rules R2 and R4: lowest tier first; among reclaim candidates the team furthest
+    over its fair share (lowest F) first; then least work lost (most recently started,
+    an admitted job that has not started first); then lower id."""
+    started = job.started_at.timestamp() if job.started_at is not None else float("inf")
+    f = factor(job.team) if rule is PreemptionRule.RECLAIM else 0.0
+    return (job.tier_rank, f, -started, job.id)
+
+
+def find_victims(
+    ws: Workspace, job: QueuedJob, *, now: datetime, factor: Callable[[str], float],
+) -> tuple[Preemption, Callable[[], None]] | None:
+    """Rules R1-R4: a minimal set of victims whose removal lets `job` fit, or None.
+
+    On success the victims are removed from the workspace and the job's placement is
+    reserved on it; the returned function undoes both. On None nothing changed.
+
+    1. Candidates: running jobs of the job's GPU type that rule R1 or (when the job's
+       team stays within its nominal) rule R2 allows, minus the protected ones (R3),
+       ordered by `victim_order_key` (R4).
+    2. Node-aware greedy: for each replica that has no room, pick the node that needs
+       the fewest victims (then the cheapest ones by R4, then node name) and take them.
+       While the quota pool (rule Q1) still refuses the job, take more in R4 order.
+    3. Minimize: put back each victim, most valuable first, whenever the job still fits
+       without it, so no victim in the result can be spared.
+    The same workspace always gives the same answer.
+    """
+    gt, g, reps, team = job.gpu_type, job.gpus_per_replica, job.replicas, job.team
+    if ws.ledger.over_ceiling(team, gt, job.total_gpus) is not None:
+        return None  # its own quota stops it; preempting others cannot help
+    within_nominal = ws.ledger.within_nominal(team, gt, job.total_gpus)
+    cands: list[tuple[tuple[object, ...], RunningJob, PreemptionRule]] = []
+    for r in ws.running_by_type.get(gt, ()):
+        if r.id in ws.removed or is_protected(r, now):
+            continue
+        if priority_rule_applies(job, r):
+            rule = PreemptionRule.PRIORITY
+        elif within_nominal and reclaim_rule_applies(job, r, ws):
+            rule = PreemptionRule.RECLAIM
+        else:
+            continue
+        cands.append((victim_order_key(r, rule, factor), r, rule))
+    if not cands:
+        return None
+    cands.sort(key=lambda c: c[0])
+    rule_of = {r.id: rule for _, r, rule in cands}
+    key_of = {r.id: k for k, r, _ in cands}
+
+    taken: list[RunningJob] = []
+    undos: list[Callable[[], None]] = []
+
+    def take(victims: list[RunningJob]) -> None:
+        taken.extend(victims)
+        undos.append(ws.simulate_removal(victims))
+
+    def undo_all() -> None:
+        for u in reversed(undos):
+            u()
+
+    def still_allowed(r: RunningJob) -> bool:
+        if r.id in ws.removed:
+            return False
+        # Rule R2 is re-checked as victims go: a team stops being reclaimable once it
+        # no longer borrows.
+        return rule_of[r.id] is PreemptionRule.PRIORITY or ws.ledger.borrowing(r.team, gt)
+
+    # 2. node-aware greedy, one replica at a time, reserving each placed replica.
+    on_node: dict[str, list[RunningJob]] = defaultdict(list)
+    for _, r, _ in cands:
+        for name in dict.fromkeys(r.nodes):
+            if ws.capacity.node_type.get(name) == gt:
+                on_node[name].append(r)
+    reserved: list[str] = []
+    ok = True
+    for _ in range(reps):
+        placed = ws.capacity.place(gt, g, 1)
+        if placed is not None:
+            reserved.extend(placed)
+            continue
+        best: tuple[tuple[object, ...], str, list[RunningJob]] | None = None
+        for name, jobs in on_node.items():
+            free = ws.capacity.free[name]
+            if ws.capacity.capacity[name] < g:
+                continue
+            need, chosen = g - free, []
+            for r in jobs:
+                if need <= 0:
+                    break
+                if still_allowed(r):
+                    chosen.append(r)
+                    need -= r.gpus_per_replica * r.nodes.count(name)
+            if need > 0:
+                continue
+            cost = (len(chosen), tuple(key_of[r.id] for r in chosen), name)
+            if best is None or cost < best[0]:
+                best = (cost, name, chosen)
+        if best is None:
+            ok = False
+            break
+        take(best[2])
+        placed = ws.capacity.place(gt, g, 1)
+        if placed is None:  # cannot happen: the chosen node now holds a replica
+            ok = False
+            break
+        reserved.extend(placed)
+    ws.capacity.release(reserved, g)
+    if ok:
+        for _, r, _ in cands:
+            if ws.fits(team, gt, g, reps):
+                break
+            if still_allowed(r):
+                take([r])
+        ok = ws.fits(team, gt, g, reps)
+    if not ok or not taken:
+        undo_all()
+        return None
+
+    undo_all()
+
+    # 3. minimize: try to spare each victim, the most valuable (last in R4 order) first.
+    # Sparing a victim only raises its team's holdings, so the kept reclaim victims'
+    # teams still borrow (rule R2 stays true).
+    victims = list(taken)
+    for r in sorted(taken, key=lambda r: key_of[r.id], reverse=True):
+        trial = [v for v in victims if v.id != r.id]
+        undo = ws.simulate_removal(trial)
+        spare = ws.fits(team, gt, g, reps)
+        undo()
+        if spare:
+            victims = trial
+    victims.sort(key=lambda r: key_of[r.id])
+    undo_victims = ws.simulate_removal(victims)
+    placement = ws.capacity.place(gt, g, reps)
+    if placement is None:  # pragma: no cover - fits() said it does
+        undo_victims()
+        return None
+    found = Preemption(
+        job.id, team, gt,
+        tuple(Victim(r.id, r.team, r.tier_rank, r.total_gpus, rule_of[r.id]) for r in victims),
+        placement,
+    )
+
+    def undo_found() -> None:
+        ws.capacity.release(placement, g)
+        undo_victims()
+
+    return found, undo_found
