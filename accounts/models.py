@@ -130,3 +130,28 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.object_repr}"
+
+
+class IdempotencyRecord(models.Model):
+    """The first response to a POST carrying an `Idempotency-Key`, replayed for retries.
+
+    Claimed (status_code NULL) before the view runs, so a concurrent retry with the same
+    key gets 409 instead of doing the work twice; filled in after the view answers.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="idempotency_records"
+    )
+    key = models.CharField(max_length=200)
+    fingerprint = models.CharField(max_length=64, help_text="SHA-256 of method, path and body")
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    body = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "key"], name="one_idempotency_record_per_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id}:{self.key} -> {self.status_code}"

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
-from django.db import models, transaction
+from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from .models import ApiToken, AuditEntry, Membership, Role, ServiceAccount, Team
@@ -95,3 +95,107 @@ def audit_record(
         object_repr=str(instance)[:200],
         changes=changes,
     )
+
+
+IDEMPOTENCY_TTL_SECONDS = 24 * 3600
+
+
+@dataclass(frozen=True)
+class IdempotencyClaim:
+    """The outcome of claiming a key: `record` is ours to fill when `replay` is None;
+    otherwise `replay` is the earlier record (finished, or still in progress)."""
+
+    record: Any
+    replay: Any = None
+
+
+def idempotency_claim(
+    *, user: User, key: str, fingerprint: str, now: datetime | None = None
+) -> IdempotencyClaim:
+    """Claim `key` for `user` before the request does its work. A record older than a day
+    is forgotten and claimed afresh. Two racing requests: the unique constraint lets one
+    win; the other sees its record (in progress) and must not do the work."""
+    from .models import IdempotencyRecord
+
+    now = now or timezone.now()
+    for _ in range(2):
+        existing = IdempotencyRecord.objects.filter(user=user, key=key).first()
+        if existing is not None:
+            if (now - existing.created_at).total_seconds() < IDEMPOTENCY_TTL_SECONDS:
+                return IdempotencyClaim(record=None, replay=existing)
+            existing.delete()
+        try:
+            with transaction.atomic():
+                record = IdempotencyRecord.objects.create(
+                    user=user, key=key, fingerprint=fingerprint, created_at=now
+                )
+            return IdempotencyClaim(record=record)
+        except IntegrityError:
+            continue  # a concurrent request claimed it first: read theirs
+    existing = IdempotencyRecord.objects.get(user=user, key=key)
+    return IdempotencyClaim(record=None, replay=existing)
+
+
+def idempotency_complete(*, record: Any, status_code: int, body: Any) -> None:
+    """Remember the response so retries get it back."""
+    type(record).objects.filter(pk=record.pk).update(status_code=status_code, body=body)
+
+
+def idempotency_release(*, record: Any) -> None:
+    """Forget a claim whose request failed for reasons worth retrying (5xx, throttled)."""
+    type(record).objects.filter(pk=record.pk).delete()
+
+
+@transaction.atomic
+def team_create(
+    *, actor: Any, slug: str, name: str, weight: float = 1.0,
+    parent: Team | None = None,
+) -> Team:
+    team = Team(slug=slug, name=name, weight=weight, parent=parent)
+    team.full_clean()
+    team.save()
+    audit_record(actor=actor, action="create", instance=team, changes=model_changes(None, team))
+    return team
+
+
+@transaction.atomic
+def team_update(*, actor: Any, team: Team, **fields: Any) -> Team:
+    """Change `name`, `weight` or `parent` of a team, audited field by field."""
+    before = Team.objects.select_for_update().get(pk=team.pk)
+    for name, value in fields.items():
+        if name not in {"name", "weight", "parent"}:
+            raise ValueError(f"team field {name!r} cannot be changed")
+        setattr(team, name, value)
+    team.full_clean()
+    team.save()
+    audit_record(actor=actor, action="update", instance=team, changes=model_changes(before, team))
+    return team
+
+
+@transaction.atomic
+def membership_set(
+    *, actor: Any, team: Team, user: User, role: str
+) -> tuple[Membership, bool]:
+    """Add `user` to `team` with `role`, or change the role of a member. (membership, created)."""
+    membership = Membership.objects.select_for_update().filter(team=team, user=user).first()
+    if membership is None:
+        membership = Membership.objects.create(team=team, user=user, role=role)
+        audit_record(actor=actor, action="create", instance=membership,
+                     changes={"team": [None, team.slug], "user": [None, str(user)],
+                              "role": [None, role]})
+        return membership, True
+    if membership.role != role:
+        old = membership.role
+        membership.role = role
+        membership.save(update_fields=["role"])
+        audit_record(actor=actor, action="update", instance=membership,
+                     changes={"role": [old, role]})
+    return membership, False
+
+
+@transaction.atomic
+def membership_remove(*, actor: Any, membership: Membership) -> None:
+    audit_record(actor=actor, action="delete", instance=membership,
+                 changes={"team": [membership.team.slug, None],
+                          "user": [str(membership.user), None]})
+    membership.delete()

@@ -4,11 +4,13 @@ from django.contrib import admin
 from django.urls import include, path
 
 from queueing import web
+from queueing.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include("queueing.api.urls")),
     path("healthz", web.healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path("", web.home, name="home"),
 ]

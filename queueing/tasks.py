@@ -14,9 +14,11 @@ log = logging.getLogger(__name__)
 
 @shared_task(ignore_result=True, soft_time_limit=50, time_limit=60)
 def scheduler_cycle_task() -> dict[str, int]:
+    from queueing.metrics import record_cycle
     from queueing.services.scheduler import scheduler_cycle
 
     result = scheduler_cycle()
+    record_cycle(result)
     if result.ran and (result.admitted or result.finished or result.requeued):
         log.info("cycle: admitted=%d started=%d finished=%d requeued=%d in %.3fs",
                  len(result.admitted), len(result.started), len(result.finished),

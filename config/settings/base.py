@@ -180,3 +180,32 @@ FAIRQ_DEMO_LOAD = env.bool("FAIRQ_DEMO_LOAD", default=False)
 FAIRQ_DEFAULT_TIER = env("FAIRQ_DEFAULT_TIER", default="normal")
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/"
+
+# --- API v1 (docs/api.md) ----------------------------------------------------------------
+# Rate limits: per API token (or session user), and per address without credentials.
+FAIRQ_API_RATE = env("FAIRQ_API_RATE", default="6000/min")
+FAIRQ_API_ANON_RATE = env("FAIRQ_API_ANON_RATE", default="120/min")
+for _rate in (FAIRQ_API_RATE, FAIRQ_API_ANON_RATE):
+    if _rate and (_rate.count("/") != 1 or not _rate.split("/")[0].isdigit()
+                  or _rate.split("/")[1][:1] not in {"s", "m", "h", "d"}):
+        raise environ.ImproperlyConfigured(f"API rate {_rate!r} must look like '6000/min'")
+REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"] = [
+    "queueing.api.throttling.TokenRateThrottle",
+    "queueing.api.throttling.AnonymousRateThrottle",
+]
+# ETag on every GET answer and 304 for a matching If-None-Match (polling clients).
+MIDDLEWARE.append("django.middleware.http.ConditionalGetMiddleware")
+# Swagger UI from the drf-spectacular-sidecar package: no CDN.
+INSTALLED_APPS.append("drf_spectacular_sidecar")
+SPECTACULAR_SETTINGS.update({
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "queueing.api.schema.add_errors_and_idempotency",
+    ],
+})
+# /metrics: open when unset (scrape from inside the cluster); else `Authorization: Bearer`.
+FAIRQ_METRICS_TOKEN = env("FAIRQ_METRICS_TOKEN", default="")

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
+from accounts import api as accounts_api
+
+from . import resources, schema  # noqa: F401 - schema registers the token auth scheme
 from .views import FairShareView, JobViewSet
 
 router = DefaultRouter()
@@ -13,4 +16,19 @@ urlpatterns = [
     path("", include(router.urls)),
     path("fairshare/", FairShareView.as_view(), name="fairshare"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("teams/", accounts_api.TeamListView.as_view(), name="team-list"),
+    path("teams/<slug:slug>/", accounts_api.TeamDetailView.as_view(), name="team-detail"),
+    path("teams/<slug:slug>/members/", accounts_api.MembershipListView.as_view(),
+         name="membership-list"),
+    path("teams/<slug:slug>/members/<str:username>/", accounts_api.MembershipDetailView.as_view(),
+         name="membership-detail"),
+    path("tokens/", accounts_api.TokenListView.as_view(), name="token-list"),
+    path("tokens/<int:token_id>/", accounts_api.TokenDetailView.as_view(), name="token-detail"),
+    path("quotas/", resources.QuotaListView.as_view(), name="quota-list"),
+    path("quotas/<int:quota_id>/", resources.QuotaDetailView.as_view(), name="quota-detail"),
+    path("tiers/", resources.TierListView.as_view(), name="tier-list"),
+    path("gpu-types/", resources.GpuTypeListView.as_view(), name="gputype-list"),
+    path("usage/", resources.UsageView.as_view(), name="usage"),
+    path("capacity/", resources.CapacityView.as_view(), name="capacity"),
 ]

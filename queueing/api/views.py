@@ -7,21 +7,25 @@ from typing import Any
 import django_filters
 from django.db.models import QuerySet
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import mixins, status, viewsets
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from queueing.models import JOB_STATUS_CHOICES, Job
 from queueing.selectors import job_get_for_actor, jobs_visible_to
-from queueing.services.jobs import job_cancel, job_submit
+from queueing.services.jobs import job_cancel, job_logs, job_submit, jobs_submit_bulk
 from queueing.services.usage import fairshare_standings
 
+from .bulk import BulkJobCreatedSerializer, BulkJobCreateSerializer
+from .idempotency import IdempotentPostMixin
 from .serializers import (
     JobCreateSerializer,
     JobDetailSerializer,
+    JobEventSerializer,
     JobSerializer,
     StandingSerializer,
 )
@@ -33,10 +37,14 @@ class JobFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filte
     tier = django_filters.CharFilter(field_name="tier__slug")
     gpu_type = django_filters.CharFilter(field_name="gpu_type__slug")
     name = django_filters.CharFilter(lookup_expr="icontains")
+    submitter = django_filters.CharFilter(field_name="submitter__username")
+    updated_after = django_filters.IsoDateTimeFilter(
+        field_name="updated_at", lookup_expr="gt",
+        help_text="Only jobs changed after this instant (for polling clients).")
 
     class Meta:
         model = Job
-        fields = ["status", "team", "tier", "gpu_type", "name"]
+        fields = ["status", "team", "tier", "gpu_type", "name", "submitter", "updated_after"]
 
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
@@ -45,10 +53,13 @@ IDEMPOTENCY_HEADER = OpenApiParameter(
 )
 
 
-class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[Job]):
+class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                 viewsets.GenericViewSet[Job]):
     filterset_class = JobFilter
 
     def get_queryset(self) -> QuerySet[Job]:
+        if getattr(self, "swagger_fake_view", False):  # schema generation: no user
+            return Job.objects.none()
         return jobs_visible_to(actor=self.request.user)
 
     def get_serializer_class(self) -> type[Any]:
@@ -90,6 +101,43 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job = job_cancel(actor=request.user, job=self.get_object())
         job = Job.objects.prefetch_related("events").get(pk=job.pk)
         return Response(JobDetailSerializer(job).data)
+
+    @extend_schema(request=BulkJobCreateSerializer, responses={201: BulkJobCreatedSerializer})
+    @action(detail=False, methods=["post"])
+    def bulk(self, request: Request) -> Response:
+        """Submit an array job: `count` copies of one job (up to 10,000) in one request."""
+        serializer = BulkJobCreateSerializer(data=request.data, context={"request": request})
+        serializer.is_valid(raise_exception=True)
+        ids = jobs_submit_bulk(actor=request.user, data=serializer.to_input(),
+                               count=serializer.validated_data["count"])
+        return Response({"count": len(ids), "ids": ids}, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses=JobEventSerializer(many=True))
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
+    def events(self, request: Request, pk: str) -> Response:
+        """Everything that happened to the job, oldest first."""
+        job = job_get_for_actor(actor=request.user, job_id=_int_or_404(pk))
+        return Response(JobEventSerializer(job.events.all(), many=True).data)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("tail", int, description="Last lines (1..10000, default 100).")],
+        responses=inline_serializer("JobLogs", {
+            "job": serializers.IntegerField(), "attempt": serializers.IntegerField(),
+            "workload": serializers.CharField(), "status": serializers.CharField(),
+            "lines": serializers.ListField(child=serializers.CharField()),
+        }),
+    )
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
+    def logs(self, request: Request, pk: str) -> Response:
+        """The last lines of the current attempt's logs, as the cluster has them."""
+        job = job_get_for_actor(actor=request.user, job_id=_int_or_404(pk))
+        try:
+            tail = min(10_000, max(1, int(request.query_params.get("tail", 100))))
+        except ValueError:
+            raise ValidationError({"tail": ["A whole number."]}) from None
+        text = job_logs(job=job, tail=tail)
+        return Response({"job": job.pk, "attempt": job.attempt, "workload": job.backend_name,
+                         "status": job.status, "lines": text.splitlines() if text else []})
 
 
 def _int_or_404(value: str) -> int:

@@ -144,3 +144,54 @@ def _stop_workload(name: str) -> None:
     from queueing.tasks import stop_workload_task
 
     stop_workload_task.delay(name)
+
+
+MAX_BULK_JOBS = 10_000
+
+
+@transaction.atomic
+def jobs_submit_bulk(
+    *, actor: Any, data: JobInput, count: int, now: datetime | None = None
+) -> list[int]:
+    """Queue an array job: `count` copies of `data`, job i named `<name>-<i>` with
+    `FAIRQ_ARRAY_INDEX=i` and `FAIRQ_ARRAY_SIZE=count` in its environment. All jobs and
+    their submit events are written in one transaction with two bulk inserts, so the
+    array is queued whole or not at all. Returns the job ids in index order."""
+    if not 1 <= count <= MAX_BULK_JOBS:
+        raise ValueError(f"count must be within 1..{MAX_BULK_JOBS}")
+    now = now or timezone.now()
+    submitter = actor if actor.is_authenticated else None
+    jobs = [
+        Job(
+            team=data.team, submitter=submitter, name=f"{data.name}-{i}", image=data.image,
+            command=data.command, args=data.args,
+            env={**data.env, "FAIRQ_ARRAY_INDEX": str(i), "FAIRQ_ARRAY_SIZE": str(count)},
+            gpu_type=data.gpu_type, gpus_per_replica=data.gpus_per_replica,
+            replicas=data.replicas, tier=data.tier, max_runtime_seconds=data.max_runtime_seconds,
+            status=JobState.QUEUED, created_at=now, updated_at=now,
+        )
+        for i in range(count)
+    ]
+    Job.objects.bulk_create(jobs, batch_size=2000)
+    label = str(actor)
+    JobEvent.objects.bulk_create(
+        [
+            JobEvent(job_id=job.pk, at=now, kind="transition", from_status="",
+                     to_status=JobState.QUEUED, actor=submitter, actor_label=label,
+                     reason="submitted (array job)", attempt=1)
+            for job in jobs
+        ],
+        batch_size=2000,
+    )
+    transaction.on_commit(_kick)
+    return [job.pk for job in jobs]
+
+
+def job_logs(*, job: Job, tail: int = 100) -> str:
+    """The last `tail` lines of the job's current attempt, as the cluster keeps them
+    ("" before it was submitted or once the cluster forgot it)."""
+    if job.state == JobState.QUEUED and job.started_at is None and job.attempt == 1:
+        return ""  # never reached the cluster
+    from queueing.backends import get_backend
+
+    return get_backend().logs(job.backend_name, tail=tail)

@@ -1,0 +1,275 @@
+"""API v1: teams, memberships (team admins manage them) and the caller's API tokens.
+
+Thin views: validate, call one service or selector, serialize. Teams another user cannot
+see answer 404 (accounts.selectors.team_get_for_user is the choke-point)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from queueing.api.idempotency import IdempotentPostMixin
+from queueing.errors import NotFound
+
+from .models import ApiToken, Membership, Role, Team
+from .selectors import (
+    is_team_admin,
+    memberships_of_team,
+    team_get_for_user,
+    teams_for_user,
+    tokens_of_user,
+)
+from .services import (
+    membership_remove,
+    membership_set,
+    team_create,
+    team_update,
+    token_issue,
+    token_revoke,
+)
+
+
+def _team_or_404(request: Request, slug: str) -> Team:
+    team = team_get_for_user(user=request.user, slug=slug)
+    if team is None:
+        raise NotFound(f"team {slug} not found")
+    return team
+
+
+def _require_team_admin(request: Request, team: Team) -> None:
+    from rest_framework.exceptions import PermissionDenied
+
+    if not is_team_admin(user=request.user, team=team):
+        raise PermissionDenied("Only a team admin of this team (or staff) may do this.")
+
+
+def _require_staff(request: Request) -> None:
+    from rest_framework.exceptions import PermissionDenied
+
+    if not request.user.is_staff:
+        raise PermissionDenied("Only staff may do this.")
+
+
+# --- teams ---------------------------------------------------------------------------
+
+
+class TeamSerializer(serializers.ModelSerializer[Team]):
+    parent = serializers.SlugRelatedField(  # type: ignore[assignment] # Field.parent, not ours
+        slug_field="slug", queryset=Team.objects.all(), required=False, allow_null=True)
+    role = serializers.SerializerMethodField(help_text="The caller's role in the team, if any.")
+
+    class Meta:
+        model = Team
+        fields = ["slug", "name", "weight", "parent", "role", "created_at"]
+        read_only_fields = ["created_at", "role"]
+
+    def get_role(self, team: Team) -> str | None:
+        roles: dict[int, str] = self.context.get("roles", {})
+        return roles.get(team.pk)
+
+
+class TeamUpdateSerializer(serializers.Serializer[Any]):
+    name = serializers.CharField(max_length=200, required=False)
+    weight = serializers.FloatField(min_value=0.0001, max_value=1e9, required=False)
+    parent = serializers.SlugRelatedField(  # type: ignore[assignment] # Field.parent, not ours
+        slug_field="slug", queryset=Team.objects.all(), required=False, allow_null=True)
+
+
+def _roles(request: Request) -> dict[int, str]:
+    user: Any = request.user
+    return dict(Membership.objects.filter(user=user).values_list("team_id", "role"))
+
+
+class TeamListView(IdempotentPostMixin, APIView):
+    """Teams the caller belongs to (every team for staff); staff create teams."""
+
+    @extend_schema(responses=TeamSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        teams = teams_for_user(user=request.user).select_related("parent")
+        return Response(TeamSerializer(teams, many=True, context={"roles": _roles(request)}).data)
+
+    @extend_schema(request=TeamSerializer, responses={201: TeamSerializer})
+    def post(self, request: Request) -> Response:
+        _require_staff(request)
+        s = TeamSerializer(data=request.data)
+        s.is_valid(raise_exception=True)
+        if Team.objects.filter(slug=s.validated_data["slug"]).exists():
+            raise serializers.ValidationError({"slug": ["A team with this slug exists."]})
+        team = team_create(actor=request.user, slug=s.validated_data["slug"],
+                           name=s.validated_data["name"],
+                           weight=s.validated_data.get("weight", 1.0),
+                           parent=s.validated_data.get("parent"))
+        return Response(TeamSerializer(team, context={"roles": {}}).data,
+                        status=status.HTTP_201_CREATED)
+
+
+class TeamDetailView(IdempotentPostMixin, APIView):
+    @extend_schema(responses=TeamSerializer)
+    def get(self, request: Request, slug: str) -> Response:
+        team = _team_or_404(request, slug)
+        return Response(TeamSerializer(team, context={"roles": _roles(request)}).data)
+
+    @extend_schema(request=TeamUpdateSerializer, responses=TeamSerializer)
+    def patch(self, request: Request, slug: str) -> Response:
+        team = _team_or_404(request, slug)
+        _require_staff(request)
+        s = TeamUpdateSerializer(data=request.data)
+        s.is_valid(raise_exception=True)
+        parent = s.validated_data.get("parent")
+        if parent is not None and parent.pk == team.pk:
+            raise serializers.ValidationError({"parent": ["A team cannot be its own parent."]})
+        team = team_update(actor=request.user, team=team, **s.validated_data)
+        return Response(TeamSerializer(team, context={"roles": _roles(request)}).data)
+
+
+# --- memberships ---------------------------------------------------------------------
+
+
+class MembershipSerializer(serializers.ModelSerializer[Membership]):
+    username = serializers.CharField(source="user.username")
+    role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
+
+    class Meta:
+        model = Membership
+        fields = ["username", "role", "created_at"]
+        read_only_fields = ["created_at"]
+
+
+class RoleSerializer(serializers.Serializer[Any]):
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+def _user_or_400(username: str) -> Any:
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise serializers.ValidationError({"username": [f"No active user {username!r}."]})
+    return user
+
+
+class MembershipListView(IdempotentPostMixin, APIView):
+    """Members of a team (visible to its members); team admins add members."""
+
+    @extend_schema(responses=MembershipSerializer(many=True))
+    def get(self, request: Request, slug: str) -> Response:
+        team = _team_or_404(request, slug)
+        return Response(MembershipSerializer(memberships_of_team(team=team), many=True).data)
+
+    @extend_schema(request=MembershipSerializer,
+                   responses={201: MembershipSerializer, 200: MembershipSerializer})
+    def post(self, request: Request, slug: str) -> Response:
+        team = _team_or_404(request, slug)
+        _require_team_admin(request, team)
+        s = MembershipSerializer(data=request.data)
+        s.is_valid(raise_exception=True)
+        user = _user_or_400(s.validated_data["user"]["username"])
+        membership, created = membership_set(actor=request.user, team=team, user=user,
+                                             role=s.validated_data["role"])
+        return Response(MembershipSerializer(membership).data,
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class MembershipDetailView(IdempotentPostMixin, APIView):
+    def _membership(self, request: Request, slug: str, username: str) -> Membership:
+        team = _team_or_404(request, slug)
+        membership = memberships_of_team(team=team).filter(user__username=username).first()
+        if membership is None:
+            raise NotFound(f"{username} is not a member of {slug}")
+        return membership
+
+    @extend_schema(responses=MembershipSerializer)
+    def get(self, request: Request, slug: str, username: str) -> Response:
+        return Response(MembershipSerializer(self._membership(request, slug, username)).data)
+
+    @extend_schema(request=RoleSerializer, responses=MembershipSerializer)
+    def patch(self, request: Request, slug: str, username: str) -> Response:
+        membership = self._membership(request, slug, username)
+        _require_team_admin(request, membership.team)
+        s = RoleSerializer(data=request.data)
+        s.is_valid(raise_exception=True)
+        membership, _ = membership_set(actor=request.user, team=membership.team,
+                                       user=membership.user, role=s.validated_data["role"])
+        return Response(MembershipSerializer(membership).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, slug: str, username: str) -> Response:
+        membership = self._membership(request, slug, username)
+        _require_team_admin(request, membership.team)
+        membership_remove(actor=request.user, membership=membership)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# --- tokens --------------------------------------------------------------------------
+
+
+class TokenSerializer(serializers.ModelSerializer[ApiToken]):
+    active = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "created_at", "expires_at", "revoked_at",
+                  "last_used_at", "active"]
+        read_only_fields = fields
+
+    def get_active(self, token: ApiToken) -> bool:
+        return token.is_active(timezone.now())
+
+
+class TokenCreateSerializer(serializers.Serializer[Any]):
+    name = serializers.CharField(max_length=100, default="default")
+    expires_in_days = serializers.IntegerField(min_value=1, max_value=3650, required=False,
+                                               allow_null=True, default=None)
+
+
+class IssuedTokenSerializer(TokenSerializer):
+    key = serializers.CharField(help_text="The secret: shown only in this response.")
+
+    class Meta(TokenSerializer.Meta):
+        fields = [*TokenSerializer.Meta.fields, "key"]
+        read_only_fields = fields
+
+
+class TokenListView(IdempotentPostMixin, APIView):
+    """The caller's own API tokens (never their secrets); issuing returns the key once."""
+
+    @extend_schema(responses=TokenSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(TokenSerializer(tokens_of_user(user=request.user), many=True).data)
+
+    @extend_schema(request=TokenCreateSerializer, responses={201: IssuedTokenSerializer})
+    def post(self, request: Request) -> Response:
+        s = TokenCreateSerializer(data=request.data)
+        s.is_valid(raise_exception=True)
+        days = s.validated_data["expires_in_days"]
+        user: Any = request.user
+        issued = token_issue(user=user, name=s.validated_data["name"],
+                             expires_at=timezone.now() + timedelta(days=days) if days else None)
+        data = dict(TokenSerializer(issued.token).data)
+        data["key"] = issued.key
+        return Response(data, status=status.HTTP_201_CREATED)
+
+
+class TokenDetailView(IdempotentPostMixin, APIView):
+    def _token(self, request: Request, token_id: int) -> ApiToken:
+        token = tokens_of_user(user=request.user).filter(pk=token_id).first()
+        if token is None:
+            raise NotFound(f"token {token_id} not found")
+        return token
+
+    @extend_schema(responses=TokenSerializer)
+    def get(self, request: Request, token_id: int) -> Response:
+        return Response(TokenSerializer(self._token(request, token_id)).data)
+
+    @extend_schema(responses=TokenSerializer, description="Revoke the token (it stays listed).")
+    def delete(self, request: Request, token_id: int) -> Response:
+        token = self._token(request, token_id)
+        actor: Any = request.user
+        token_revoke(token=token, actor=actor)
+        return Response(TokenSerializer(token).data)

@@ -1,0 +1,33 @@
+"""Array jobs: one validated template, up to 10,000 queued copies in one request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from queueing.services.jobs import MAX_BULK_JOBS
+
+from .serializers import JobCreateSerializer
+
+
+class BulkJobCreateSerializer(JobCreateSerializer):
+    """A job template and `count`: job i is named `<name>-<i>` and gets
+    `FAIRQ_ARRAY_INDEX=i`, `FAIRQ_ARRAY_SIZE=count` (like Slurm's `--array=0-<count-1>`)."""
+
+    count = serializers.IntegerField(min_value=1, max_value=MAX_BULK_JOBS,
+                                     help_text=f"Jobs in the array (1..{MAX_BULK_JOBS}).")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        longest = f"{attrs['name']}-{attrs['count'] - 1}"
+        if len(longest) > 63:
+            raise serializers.ValidationError({"name": [
+                f"{longest!r} is longer than 63 characters: shorten the name."]})
+        return attrs
+
+
+class BulkJobCreatedSerializer(serializers.Serializer[Any]):
+    count = serializers.IntegerField()
+    ids = serializers.ListField(child=serializers.IntegerField(),
+                                help_text="Job ids in index order.")

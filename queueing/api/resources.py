@@ -1,0 +1,216 @@
+"""API v1: quotas (read; staff write), tiers, GPU types, usage and cluster capacity."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.models import Team
+from accounts.selectors import team_get_for_user, teams_for_user
+from queueing.errors import NotFound
+from queueing.models import GpuType, Quota, Tier
+from queueing.reports import BUCKETS, MAX_BUCKETS, cluster_capacity, usage_buckets
+from queueing.services.quotas import quota_set
+
+from .idempotency import IdempotentPostMixin
+
+
+class QuotaSerializer(serializers.ModelSerializer[Quota]):
+    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
+    gpu_type = serializers.SlugRelatedField(slug_field="slug", queryset=GpuType.objects.all())
+    nominal = serializers.IntegerField(min_value=0, max_value=1_000_000)
+    borrowing_limit = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False,
+                                               allow_null=True)
+    lending_limit = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False,
+                                             allow_null=True)
+
+    class Meta:
+        model = Quota
+        fields = ["id", "team", "gpu_type", "nominal", "borrowing_limit", "lending_limit"]
+        read_only_fields = ["id"]
+        validators: list[Any] = []  # quota_set upserts: (team, gpu_type) may exist
+
+
+class QuotaUpdateSerializer(serializers.Serializer[Any]):
+    nominal = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False)
+    borrowing_limit = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False,
+                                               allow_null=True)
+    lending_limit = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False,
+                                             allow_null=True)
+
+
+def _require_staff(request: Request) -> None:
+    if not request.user.is_staff:
+        raise PermissionDenied("Only staff may change quotas.")
+
+
+TEAM_PARAM = OpenApiParameter("team", str, description="A team slug (one of yours).")
+
+
+class QuotaListView(IdempotentPostMixin, APIView):
+    """Quotas of the caller's teams (every team for staff). Staff POST to create or update
+    the quota of a (team, GPU type)."""
+
+    @extend_schema(parameters=[TEAM_PARAM], responses=QuotaSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        teams = teams_for_user(user=request.user)
+        slug = request.query_params.get("team")
+        if slug:
+            teams = teams.filter(slug=slug)
+        quotas = Quota.objects.filter(team__in=teams).select_related("team", "gpu_type")
+        return Response(QuotaSerializer(quotas, many=True).data)
+
+    @extend_schema(request=QuotaSerializer, responses={201: QuotaSerializer, 200: QuotaSerializer})
+    def post(self, request: Request) -> Response:
+        _require_staff(request)
+        s = QuotaSerializer(data=request.data)
+        s.is_valid(raise_exception=True)
+        d = s.validated_data
+        extra = {k: d[k] for k in ("borrowing_limit", "lending_limit") if k in d}
+        quota, created = quota_set(actor=request.user, team=d["team"], gpu_type=d["gpu_type"],
+                                   nominal=d["nominal"], **extra)
+        return Response(QuotaSerializer(quota).data,
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class QuotaDetailView(IdempotentPostMixin, APIView):
+    def _quota(self, request: Request, quota_id: int) -> Quota:
+        quota = (Quota.objects.filter(pk=quota_id, team__in=teams_for_user(user=request.user))
+                 .select_related("team", "gpu_type").first())
+        if quota is None:
+            raise NotFound(f"quota {quota_id} not found")
+        return quota
+
+    @extend_schema(responses=QuotaSerializer)
+    def get(self, request: Request, quota_id: int) -> Response:
+        return Response(QuotaSerializer(self._quota(request, quota_id)).data)
+
+    @extend_schema(request=QuotaUpdateSerializer, responses=QuotaSerializer)
+    def patch(self, request: Request, quota_id: int) -> Response:
+        quota = self._quota(request, quota_id)
+        _require_staff(request)
+        s = QuotaUpdateSerializer(data=request.data)
+        s.is_valid(raise_exception=True)
+        quota, _ = quota_set(actor=request.user, team=quota.team, gpu_type=quota.gpu_type,
+                             **s.validated_data)
+        return Response(QuotaSerializer(quota).data)
+
+
+class TierSerializer(serializers.ModelSerializer[Tier]):
+    class Meta:
+        model = Tier
+        fields = ["slug", "name", "rank", "priority_class_name", "priority_value",
+                  "preemptible", "min_runtime_seconds"]
+        read_only_fields = fields
+
+
+class GpuTypeSerializer(serializers.ModelSerializer[GpuType]):
+    class Meta:
+        model = GpuType
+        fields = ["slug", "name", "resource_name", "billing_weight"]
+        read_only_fields = fields
+
+
+class TierListView(APIView):
+    """Service tiers, highest rank (scheduled first) first."""
+
+    @extend_schema(responses=TierSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(TierSerializer(Tier.objects.all(), many=True).data)
+
+
+class GpuTypeListView(APIView):
+    @extend_schema(responses=GpuTypeSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(GpuTypeSerializer(GpuType.objects.all(), many=True).data)
+
+
+class UsageQuerySerializer(serializers.Serializer[Any]):
+    team = serializers.CharField(required=False, max_length=40)
+    from_ = serializers.DateTimeField(required=False)
+    to = serializers.DateTimeField(required=False)
+    bucket = serializers.ChoiceField(choices=sorted(BUCKETS), default="day")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["from"] = self.fields.pop("from_")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        step = BUCKETS[attrs["bucket"]]
+        end: datetime = attrs.get("to") or timezone.now()
+        start: datetime = attrs.get("from") or end - (step * 24 if step < timedelta(days=1)
+                                                      else step * 30)
+        if start >= end:
+            raise serializers.ValidationError({"from": ["Must be before 'to'."]})
+        if (end - start) / step > MAX_BUCKETS:
+            raise serializers.ValidationError(
+                {"from": [f"At most {MAX_BUCKETS} {attrs['bucket']} buckets per request."]})
+        attrs["from"], attrs["to"] = start, end
+        return attrs
+
+
+class UsageBucketSerializer(serializers.Serializer[Any]):
+    team = serializers.CharField()
+    gpu_type = serializers.CharField()
+    start = serializers.DateTimeField()
+    gpu_hours = serializers.FloatField()
+    weighted_gpu_hours = serializers.FloatField(help_text="GPU-hours × the type's billing weight")
+
+
+class UsageView(APIView):
+    """GPU-hours of finished attempt intervals per team, GPU type and hour or day (UTC)."""
+
+    @extend_schema(
+        parameters=[
+            TEAM_PARAM,
+            OpenApiParameter("from", datetime, description="Start (default: 24 buckets ago "
+                             "for hours, 30 for days)."),
+            OpenApiParameter("to", datetime, description="End, exclusive (default: now)."),
+            OpenApiParameter("bucket", str, enum=sorted(BUCKETS), default="day"),
+        ],
+        responses=inline_serializer("Usage", {
+            "from": serializers.DateTimeField(), "to": serializers.DateTimeField(),
+            "bucket": serializers.CharField(),
+            "buckets": UsageBucketSerializer(many=True),
+        }),
+    )
+    def get(self, request: Request) -> Response:
+        q = UsageQuerySerializer(data=request.query_params)
+        q.is_valid(raise_exception=True)
+        d = q.validated_data
+        if d.get("team"):
+            team = team_get_for_user(user=request.user, slug=d["team"])
+            if team is None:
+                raise NotFound(f"team {d['team']} not found")
+            teams: Any = [team]
+        else:
+            teams = teams_for_user(user=request.user)
+        rows = usage_buckets(teams=teams, start=d["from"], end=d["to"], bucket=d["bucket"])
+        return Response({"from": d["from"], "to": d["to"], "bucket": d["bucket"],
+                         "buckets": UsageBucketSerializer(rows, many=True).data})
+
+
+class CapacitySerializer(serializers.Serializer[Any]):
+    gpu_type = serializers.CharField()
+    nodes = serializers.IntegerField()
+    capacity = serializers.IntegerField()
+    allocated = serializers.IntegerField(help_text="GPUs in use as the cluster reports it")
+    free = serializers.IntegerField()
+    held_by_jobs = serializers.IntegerField(help_text="GPUs of admitted and running jobs")
+    queued_demand = serializers.IntegerField(help_text="GPUs asked for by queued jobs")
+
+
+class CapacityView(APIView):
+    """Cluster capacity per GPU type, as the cluster and fairq each see it."""
+
+    @extend_schema(responses=CapacitySerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(CapacitySerializer(cluster_capacity(), many=True).data)

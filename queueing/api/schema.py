@@ -1,0 +1,85 @@
+"""OpenAPI post-processing: the one error shape and the `Idempotency-Key` header, added to
+every operation once here instead of on every view."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "The one error shape of API v1 (queueing/api/errors.py).",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "status": {"type": "integer"},
+                "code": {"type": "string"},
+                "message": {"type": "string"},
+                "fields": {
+                    "type": "object",
+                    "additionalProperties": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+            "required": ["status", "code", "message"],
+        }
+    },
+    "required": ["error"],
+}
+
+_ERRORS: dict[str, str] = {
+    "400": "Invalid request (see error.fields).",
+    "401": "No or invalid credentials.",
+    "403": "Not allowed for this user.",
+    "404": "Not found, or not visible to this user.",
+    "429": "Rate limited; retry after the Retry-After header's seconds.",
+}
+_POST_ERRORS: dict[str, str] = {
+    "409": "Conflict with the current state (or the same Idempotency-Key still in progress).",
+    "422": "The Idempotency-Key was used before for a different request.",
+}
+IDEMPOTENCY_PARAMETER: dict[str, Any] = {
+    "in": "header",
+    "name": "Idempotency-Key",
+    "required": False,
+    "schema": {"type": "string", "maxLength": 200},
+    "description": "Retrying a POST with the same key returns the first response instead of "
+    "doing the work again (for a day; per user).",
+}
+
+
+def add_errors_and_idempotency(result: dict[str, Any], generator: Any, request: Any,
+                               public: bool) -> dict[str, Any]:
+    """drf-spectacular POSTPROCESSING_HOOK."""
+    result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+    ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    for path_item in result.get("paths", {}).values():
+        for method, operation in path_item.items():
+            if method not in {"get", "post", "put", "patch", "delete"}:
+                continue
+            responses = operation.setdefault("responses", {})
+            errors = dict(_ERRORS)
+            if method == "post":
+                errors.update(_POST_ERRORS)
+                params = operation.setdefault("parameters", [])
+                if not any(p.get("name") == "Idempotency-Key" for p in params):
+                    params.append(IDEMPOTENCY_PARAMETER)
+            if method == "delete":
+                errors["409"] = _POST_ERRORS["409"]
+            for code, description in errors.items():
+                responses.setdefault(code, {"description": description, **ref})
+            if method == "get":
+                responses.setdefault("304", {"description": "Not modified (If-None-Match)."})
+    return result
+
+
+class TokenAuthenticationScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    """`Authorization: Token fq_<prefix>_<secret>` in the schema and in Swagger UI."""
+
+    target_class = "accounts.authentication.TokenAuthentication"
+    name = "tokenAuth"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+        return {"type": "apiKey", "in": "header", "name": "Authorization",
+                "description": "`Token fq_<prefix>_<secret>` (see `fairq` CLI docs)."}
