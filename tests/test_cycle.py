@@ -76,8 +76,9 @@ def test_a_job_goes_queued_admitted_running_succeeded_and_is_charged(world: Worl
     expected = 2 * 2.0 * h / math.log(2) * (2 ** (-end_age / h) - 2 ** (-start_age / h))
     assert vision["usage_gpu_hours"] == pytest.approx(expected, rel=1e-9)
     assert vision["usage_gpu_hours"] == pytest.approx(4 * 60 / 3600, rel=1e-3)
-    assert vision["normalized_usage"] == 1.0
-    assert vision["fair_share_factor"] == pytest.approx(2 ** (-1 / 0.5))
+    # Vision is the only active team (rule F2: usage or queued work), so S = 1, U = 1.
+    assert vision["share"] == 1.0 and vision["normalized_usage"] == 1.0
+    assert vision["fair_share_factor"] == pytest.approx(0.5)
     nlp = next(t for t in body["teams"] if t["team"] == "nlp")
     assert nlp["usage_gpu_hours"] == 0 and nlp["fair_share_factor"] == 1.0
     # ...and the workload's record is gone from the cluster once the job is final.
