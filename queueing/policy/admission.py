@@ -11,7 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol
 
-from . import fairshare
+from .fairshare import entry_penalty_gpu_hours
 from .preemption import Preemption, find_victims
 from .priority import PriorityWeights, job_priority
 from .snapshot import QueuedJob, Snapshot
@@ -78,15 +78,9 @@ class _StaticFactors:
         return None
 
 
-_penalty_hook = getattr(fairshare, "entry_penalty_gpu_hours", None)
-
-
 def entry_penalty(gpus: int, billing_weight: float, interval_seconds: float) -> float:
-    """Rule F6: an admission counts at once as if it had run one recompute interval
-    (fairshare.entry_penalty_gpu_hours when it exists, else the same formula here)."""
-    if _penalty_hook is not None:
-        return float(_penalty_hook(gpus, billing_weight, interval_seconds))
-    return gpus * billing_weight * interval_seconds / fairshare.SECONDS_PER_HOUR
+    """Rule F6: an admission counts at once as if it had run one recompute interval."""
+    return entry_penalty_gpu_hours(gpus, billing_weight, interval_seconds)
 
 
 def queue_order_key(job: QueuedJob, fair_share: Mapping[str, float]) -> tuple[object, ...]:
@@ -99,6 +93,26 @@ def order_queue(jobs: Iterable[QueuedJob], fair_share: Mapping[str, float]) -> l
     return sorted(jobs, key=lambda j: queue_order_key(j, fair_share))
 
 
+class _Charges:
+    """The live factors with a running count of what was charged (rule F6)."""
+
+    def __init__(self, inner: _Factors) -> None:
+        self._inner = inner
+        self.charged = 0.0
+
+    def factor(self, team: str) -> float:
+        return self._inner.factor(team)
+
+    def charge(self, team: str, gpu_hours: float) -> None:
+        self._inner.charge(team, gpu_hours)
+        self.charged += gpu_hours
+
+
+# Rule O1: every team's key is recomputed once the usage charged since the last refresh
+# exceeds this fraction of the total, so a key is never staler than that.
+REFRESH_FRACTION = 0.01
+
+
 class _QueueOrder:
     """Rule O1 as an iterator whose keys follow the live standings.
 
@@ -106,16 +120,18 @@ class _QueueOrder:
     the team's current F + the job part), then earlier submit time, then lower id.
     A team's jobs share its F, so each (tier, team) list is sorted once by job part; a
     heap over the teams of a tier holds each team's head. After the consumer charges a
-    team (rule F6) the team's next head is keyed with its new F. Other teams keep the key
-    they were pushed with: a charge raises every other team's F a little, never lowers
-    it, so a stale key can only under-rank a team by that much.
-    O(n log n) to build, O(log teams) per job.
+    team (rule F6) that team's next head is keyed with its new F. A charge also moves the
+    total, and so every other team's F a little: all keys of the tier are recomputed once
+    the charges since the last refresh pass `REFRESH_FRACTION` of the total usage.
+    O(n log n) to build, O(log teams) per job plus the refreshes.
     """
 
-    def __init__(self, jobs: Iterable[QueuedJob], *, factors: _Factors, weights: PriorityWeights,
-                 now: datetime, cluster_gpus: int, first: Iterable[int] = ()) -> None:
+    def __init__(self, jobs: Iterable[QueuedJob], *, factors: _Charges, weights: PriorityWeights,
+                 now: datetime, cluster_gpus: int, first: Iterable[int] = (),
+                 usage_total: float = 0.0) -> None:
         self._factors = factors
         self._w = weights.fair_share
+        self._base = usage_total
         firsts = set(first)
         self.first: list[QueuedJob] = []
         lists: dict[int, dict[str, list[tuple[float, datetime, int, QueuedJob]]]] = \
@@ -136,13 +152,21 @@ class _QueueOrder:
     def __iter__(self) -> Iterator[QueuedJob]:
         yield from self.first
         for by_team in self._tiers:
-            heap: list[tuple[float, datetime, int, str, int]] = []
-            for team, items in by_team.items():
-                heap.append(self._key(team, items, 0))
+            head = dict.fromkeys(by_team, 0)
+            heap = [self._key(team, by_team[team], 0) for team in by_team]
             heapq.heapify(heap)
+            seen_charged = self._factors.charged
             while heap:
+                since = self._factors.charged - seen_charged
+                if since > 0 and since > REFRESH_FRACTION * self._base:
+                    self._base += since
+                    seen_charged = self._factors.charged
+                    heap = [self._key(t, by_team[t], i) for t, i in head.items()
+                            if i < len(by_team[t])]
+                    heapq.heapify(heap)
                 _, _, _, team, i = heapq.heappop(heap)
                 items = by_team[team]
+                head[team] = i + 1
                 yield items[i][3]
                 if i + 1 < len(items):
                     heapq.heappush(heap, self._key(team, items, i + 1))
@@ -166,12 +190,16 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     now = snapshot.now
     ws = Workspace(snapshot)
     cap, ledger = ws.capacity, ws.ledger
-    factors: _Factors = (snapshot.fair_share_state.copy() if snapshot.fair_share_state is not None
-                         else _StaticFactors(snapshot.fair_share))
+    state = snapshot.fair_share_state
+    factors = _Charges(state.copy() if state is not None
+                       else _StaticFactors(snapshot.fair_share))
+    usage_total = 0.0 if state is None else sum(
+        state.usage(t) for t in {j.team for j in snapshot.queued})
     weights = snapshot.priority_weights or PriorityWeights()
     cluster_gpus = sum(n.capacity for n in snapshot.nodes)
     order = _QueueOrder(snapshot.queued, factors=factors, weights=weights, now=now,
-                        cluster_gpus=cluster_gpus, first=snapshot.nominated)
+                        cluster_gpus=cluster_gpus, first=snapshot.nominated,
+                        usage_total=usage_total)
     pre = snapshot.preemption
     searches = 0
     preempted_by_team: dict[str, int] = defaultdict(int)

@@ -3,11 +3,19 @@
     1. reconcile  — read the cluster's workload statuses; move jobs ADMITTED → RUNNING →
                     SUCCEEDED | FAILED; charge finished attempts; stop workloads no job
                     owns; requeue admitted jobs whose workload vanished.
-    2. snapshot   — nodes and free GPUs, quotas, fair-share factors, the queue.
-    3. decide     — `queueing.policy.admission.plan_admissions` (pure).
-    4. apply      — QUEUED → ADMITTED with a compare-and-swap per job, in one transaction.
-    5. submit     — after commit, hand each admitted job to the cluster backend
-                    (idempotent by name `fq-<id>-<attempt>`), then mark it submitted.
+    2. snapshot   — nodes and free GPUs, quotas (Q1), the live fair-share standings and
+                    priority weights (O1, F6), jobs holding GPUs with their tier's
+                    protection (R3), the preemption rate limit (R5) and the preemptors
+                    whose victims may still hold GPUs (R8).
+    3. decide     — `queueing.policy.admission.plan_admissions` (pure): admissions,
+                    waits and preemptions.
+    4. apply      — in one transaction: QUEUED → ADMITTED with a compare-and-swap per
+                    job; each preemption's victims → PREEMPTED → QUEUED (R6) with
+                    events on both jobs (R7).
+    5. submit     — after commit, stop the victims' workloads, then hand each admitted
+                    job to the cluster backend (idempotent by name `fq-<id>-<attempt>`)
+                    and mark it submitted. A preemptor is admitted by a later cycle, once
+                    its victims' GPUs are free (R8).
 
 Only one cycle plans at a time (a PostgreSQL advisory lock; a process lock on SQLite,
 which is single-process only); the compare-and-swap in step 4 means that even a stale
@@ -25,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -36,12 +45,15 @@ from queueing.backends.base import (
     SubmitRejected,
     WorkloadStatus,
 )
-from queueing.models import Job, Quota
+from queueing.models import GpuType, Job, Quota
 from queueing.policy.admission import Plan, plan_admissions
+from queueing.policy.fairshare import FairShareState
+from queueing.policy.priority import PriorityWeights
 from queueing.policy.snapshot import NodeState, QueuedJob, QuotaLimit, RunningJob, Snapshot
 from queueing.policy.states import HOLDING_STATES, JobState
 
 from .jobs import job_transition
+from .preemption import nominated_preemptors, preemption_settings, preemptions_apply
 from .usage import fairshare_standings, usage_record_attempt
 
 log = logging.getLogger(__name__)
@@ -61,6 +73,9 @@ class CycleResult:
     finished: list[int] = field(default_factory=list)
     requeued: list[int] = field(default_factory=list)
     orphans_stopped: list[str] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    # Workload names the cluster listed in step 1 (rule R8 reads it).
+    workloads: set[str] = field(default_factory=set)
     submit_errors: dict[int, str] = field(default_factory=dict)
     plan: Plan | None = None
     timings: dict[str, float] = field(default_factory=dict)
@@ -100,12 +115,14 @@ def scheduler_cycle(*, now: datetime | None = None,
         t0 = time.perf_counter()
         reconcile(backend=backend, now=now, result=result)
         t1 = time.perf_counter()
-        snapshot = build_snapshot(backend=backend, now=now)
+        snapshot = build_snapshot(backend=backend, now=now, live_workloads=result.workloads)
         t2 = time.perf_counter()
         plan = plan_admissions(snapshot)
         result.plan = plan
         t3 = time.perf_counter()
-        result.admitted = apply_plan(plan=plan, now=now)
+        with transaction.atomic():
+            result.admitted = apply_plan(plan=plan, now=now)
+            result.preempted = preemptions_apply(plan=plan, now=now, backend=backend)
         t4 = time.perf_counter()
         submit_admitted(backend=backend, now=now, result=result)
         t5 = time.perf_counter()
@@ -119,6 +136,7 @@ def scheduler_cycle(*, now: datetime | None = None,
 def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) -> None:
     statuses = backend.statuses(now=now)
     seen = {s.name for s in statuses}
+    result.workloads = seen
     jobs = Job.objects.select_related("gpu_type").in_bulk({s.job_id for s in statuses})
     for status in statuses:
         job = jobs.get(status.job_id)
@@ -176,7 +194,22 @@ def _kick() -> None:
 
 # --- 2. snapshot --------------------------------------------------------------------------
 
-def build_snapshot(*, backend: ClusterBackend, now: datetime) -> Snapshot:
+def priority_weights() -> PriorityWeights:
+    """Rule P1 weights from settings (the defaults of `PriorityWeights` when unset)."""
+    d = PriorityWeights()
+    return PriorityWeights(
+        fair_share=float(getattr(settings, "FAIRQ_PRIORITY_WEIGHT_FAIRSHARE", d.fair_share)),
+        age=float(getattr(settings, "FAIRQ_PRIORITY_WEIGHT_AGE", d.age)),
+        size=float(getattr(settings, "FAIRQ_PRIORITY_WEIGHT_SIZE", d.size)),
+        max_age_seconds=float(getattr(settings, "FAIRQ_PRIORITY_MAX_AGE_HOURS",
+                                      d.max_age_seconds / 3600.0)) * 3600.0,
+        favor_small=bool(getattr(settings, "FAIRQ_PRIORITY_FAVOR_SMALL", d.favor_small)),
+    )
+
+
+def build_snapshot(*, backend: ClusterBackend, now: datetime,
+                   live_workloads: set[str] | None = None) -> Snapshot:
+    """Step 2: everything the policy needs, read once (a handful of queries)."""
     holding = list(
         Job.objects.filter(status__in=list(HOLDING_STATES)).values(
             "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
@@ -221,9 +254,17 @@ def build_snapshot(*, backend: ClusterBackend, now: datetime) -> Snapshot:
                                       "borrowing_limit", "lending_limit")
     }
     standings = fairshare_standings(now=now)
+    interval = float(getattr(settings, "FAIRQ_FAIRSHARE_RECOMPUTE_SECONDS",
+                             settings.FAIRQ_CYCLE_INTERVAL_SECONDS))
     return Snapshot(
         now=now, nodes=nodes, queued=queued, running=running, quotas=quotas,
         fair_share={team: s.factor for team, s in standings.items()},
+        fair_share_state=FairShareState.from_standings(standings),
+        priority_weights=priority_weights(),
+        billing_weights=dict(GpuType.objects.values_list("slug", "billing_weight")),
+        interval_seconds=interval,
+        nominated=nominated_preemptors(now=now, live_workloads=live_workloads or set()),
+        preemption=preemption_settings(now=now),
     )
 
 

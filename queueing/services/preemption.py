@@ -1,0 +1,173 @@
+"""Preemption, the shell around the pure victim search (docs/scheduling.md, R5-R8).
+
+    - `preemption_settings`  — rule R5: the rate limit, counted from the "preempted"
+                               events of the window (no extra table).
+    - `nominated_preemptors` — rule R8: queued jobs whose victims may still hold GPUs.
+    - `preemptions_apply`    — rules R6-R7: each victim RUNNING/ADMITTED → PREEMPTED →
+                               QUEUED (attempt + 1, submit time kept, its GPU time
+                               charged), events on both jobs, the workloads stopped after
+                               commit. All victims of one preemptor or none (a savepoint).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from queueing.backends.base import ClusterBackend
+from queueing.models import Job, JobEvent
+from queueing.policy.admission import Plan
+from queueing.policy.preemption import Preemption, Victim
+from queueing.policy.snapshot import PreemptionSettings
+from queueing.policy.states import HOLDING_STATES, JobState
+
+from .jobs import job_transition
+from .usage import usage_record_attempt
+
+log = logging.getLogger(__name__)
+
+EVENT_PREEMPTED = "preempted"  # on the victim, one per preemption (rule R5 counts these)
+EVENT_PREEMPTING = "preempting"  # on the preemptor: "preempted N jobs"
+
+
+def preemption_settings(*, now: datetime) -> PreemptionSettings:
+    """Rule R5: how many preemptions each team made in the current window."""
+    window = timedelta(seconds=settings.FAIRQ_PREEMPTION_WINDOW_SECONDS)
+    used: Counter[str] = Counter()
+    rows = JobEvent.objects.filter(kind=EVENT_PREEMPTED, at__gt=now - window).values_list(
+        "data", flat=True)
+    for data in rows:
+        team = (data or {}).get("preemptor_team")
+        if team:
+            used[str(team)] += 1
+    limit = settings.FAIRQ_PREEMPTION_MAX_PER_TEAM
+    return PreemptionSettings(
+        enabled=settings.FAIRQ_PREEMPTION_ENABLED,
+        max_per_team=limit if limit >= 0 else None,
+        used=dict(used),
+        max_searches=settings.FAIRQ_PREEMPTION_MAX_SEARCHES,
+    )
+
+
+def nominated_preemptors(*, now: datetime, live_workloads: Iterable[str]) -> dict[int, int]:
+    """Rule R8: queued jobs that preempted (for their current attempt, recently) mapped
+    to how many of their victims' workloads may still hold GPUs.
+
+    A victim's workload counts while the cluster still lists it, and, whatever the list
+    says, during the termination grace after the preemption (a Kubernetes pod releases
+    its GPUs only once it is gone, which the list may not show yet).
+    """
+    live = set(live_workloads)
+    since = now - timedelta(seconds=settings.FAIRQ_PREEMPTION_NOMINATION_SECONDS)
+    grace = timedelta(seconds=settings.FAIRQ_PREEMPTION_TERMINATION_GRACE_SECONDS)
+    out: dict[int, int] = {}
+    rows = JobEvent.objects.filter(
+        kind=EVENT_PREEMPTING, at__gte=since, job__status=JobState.QUEUED
+    ).values_list("job_id", "attempt", "job__attempt", "at", "data")
+    for job_id, attempt, current, at, data in rows:
+        if attempt != current:
+            continue
+        names = [str(n) for n in (data or {}).get("workloads", [])]
+        held = len(names) if now - at < grace else sum(1 for n in names if n in live)
+        out[job_id] = max(out.get(job_id, 0), held)
+    return out
+
+
+class _VictimMoved(Exception):
+    """A victim changed state since the snapshot: drop this preemption, keep the rest."""
+
+
+def preemptions_apply(*, plan: Plan, now: datetime, backend: ClusterBackend) -> list[int]:
+    """Rules R6-R7 for every preemption of the plan. Returns the preempted job ids.
+
+    Must run inside a transaction; the victims' workloads are stopped after it commits.
+    A preemption whose preemptor is no longer queued, or any of whose victims moved
+    (finished, cancelled, taken by another cycle), is dropped whole.
+    """
+    if not plan.preemptions:
+        return []
+    ids = {p.preemptor_id for p in plan.preemptions}
+    ids |= {v.job_id for p in plan.preemptions for v in p.victims}
+    jobs = Job.objects.select_related("team", "tier", "gpu_type").in_bulk(list(ids))
+    preempted: list[int] = []
+    for p in plan.preemptions:
+        preemptor = jobs.get(p.preemptor_id)
+        if preemptor is None or preemptor.state != JobState.QUEUED:
+            continue
+        try:
+            with transaction.atomic():
+                names = [
+                    _preempt_one(jobs.get(v.job_id), victim=v, preemptor=preemptor, now=now)
+                    for v in p.victims
+                ]
+                _record_preemptor(preemptor, p, names=names, now=now)
+                transaction.on_commit(_stopper(backend, names, now))
+        except _VictimMoved:
+            continue
+        preempted.extend(v.job_id for v in p.victims)
+    return preempted
+
+
+def _stopper(backend: ClusterBackend, names: list[str], now: datetime) -> Callable[[], None]:
+    def stop() -> None:
+        # A stop that fails here is retried by the next cycle's reconcile: the workload's
+        # attempt no longer matches its job, so it is an orphan and is stopped again.
+        for name in names:
+            try:
+                backend.stop(name, now=now)
+            except Exception:
+                log.warning("stopping preempted workload %s failed; the next cycle retries",
+                            name, exc_info=True)
+
+    return stop
+
+
+def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, now: datetime) -> str:
+    """Rules R6-R7 for one victim; returns the workload name to stop."""
+    if job is None or job.state not in HOLDING_STATES:
+        raise _VictimMoved
+    workload = job.backend_name
+    data: dict[str, Any] = {
+        "rule": str(victim.rule), "preemptor": preemptor.pk,
+        "preemptor_team": preemptor.team.slug, "preemptor_tier": preemptor.tier.slug,
+        "workload": workload,
+    }
+    reason = (f"preempted by job #{preemptor.pk} of team {preemptor.team.slug} "
+              f"(tier {preemptor.tier.slug}) under rule {victim.rule}")
+    if not job_transition(job, JobState.PREEMPTED, now=now, reason=reason, data=data):
+        raise _VictimMoved
+    if job.started_at is not None:
+        # Rule R6: the GPU time it used is charged, to the attempt that used it.
+        usage_record_attempt(job=job, start=job.started_at, end=now)
+    JobEvent.objects.create(job=job, at=now, kind=EVENT_PREEMPTED, actor_label="scheduler",
+                            reason=reason, attempt=job.attempt, data=data)
+    if not job_transition(
+        job, JobState.QUEUED, now=now, data=data,
+        reason="requeued after preemption; keeps its submit time",
+        attempt=job.attempt + 1, placement=[], admitted_at=None, started_at=None,
+        submitted_to_backend_at=None,
+    ):
+        raise _VictimMoved
+    return workload
+
+
+def _record_preemptor(preemptor: Job, p: Preemption, *, names: list[str],
+                      now: datetime) -> None:
+    """Rule R7 on the preemptor: which jobs it preempted, by which rules (and, for rule
+    R8, which workloads must go before it is admitted)."""
+    listing = ", ".join(f"#{v.job_id} ({v.team}, {v.rule})" for v in p.victims)
+    JobEvent.objects.create(
+        job=preemptor, at=now, kind=EVENT_PREEMPTING, actor_label="scheduler",
+        reason=f"preempted {len(p.victims)} job(s) to fit: {listing}; admitted once "
+               "their GPUs are free",
+        attempt=preemptor.attempt,
+        data={"victims": [v.job_id for v in p.victims],
+              "rules": {str(v.job_id): str(v.rule) for v in p.victims},
+              "workloads": names, "placement": list(p.placement)},
+    )

@@ -1,0 +1,217 @@
+"""Rules R1-R5 and R8: the victim search on a snapshot, without Django."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from queueing.policy.admission import WaitReason, plan_admissions
+from queueing.policy.preemption import PreemptionRule, is_protected
+from queueing.policy.snapshot import PreemptionSettings, QuotaLimit, Snapshot
+
+from .test_admission import NOW, nodes, q, run
+from .test_admission import snap as _snap
+
+ON = PreemptionSettings(enabled=True)
+
+
+def snap(**kw: Any) -> Snapshot:
+    kw.setdefault("preemption", ON)
+    return _snap(**kw)
+
+
+def victims(plan: Any, preemptor: int) -> list[int]:
+    (p,) = [p for p in plan.preemptions if p.preemptor_id == preemptor]
+    return [v.job_id for v in p.victims]
+
+
+FULL = nodes(("h100", 8, 0), ("h100", 8, 0))
+
+
+# --- R1: priority ------------------------------------------------------------------------
+
+def test_rule_r1_a_higher_tier_job_preempts_a_lower_tier_one() -> None:
+    plan = plan_admissions(snap(
+        nodes=FULL, queued=(q(100, "b", gpus=8, tier=200),),
+        running=(run(1, gpus=8, on=("h100-0",)), run(2, gpus=8, on=("h100-1",), started=10)),
+    ))
+    assert victims(plan, 100) == [2]  # the most recently started of the two
+    assert plan.preemptions[0].victims[0].rule is PreemptionRule.PRIORITY
+    assert plan.waits[100].reason is WaitReason.PREEMPTING
+    assert plan.admissions == ()  # rule R8: admitted by a later cycle
+
+
+@pytest.mark.parametrize("victim_tier", [200, 300])
+def test_rule_r1_never_the_same_or_a_higher_tier(victim_tier: int) -> None:
+    plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0)), queued=(q(100, "a", gpus=8, tier=200),),
+                                running=(run(1, "a", gpus=8, tier=victim_tier),)))
+    assert plan.preemptions == () and plan.waits[100].reason is WaitReason.CAPACITY
+
+
+def test_rule_r1_only_when_it_is_the_only_way_to_fit() -> None:
+    plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0), ("h100", 8)),
+                                queued=(q(100, gpus=8, tier=200),),
+                                running=(run(1, gpus=8, on=("h100-0",)),)))
+    assert [a.job_id for a in plan.admissions] == [100] and plan.preemptions == ()
+
+
+# --- R2: reclaim --------------------------------------------------------------------------
+
+def _reclaim_world(b_nominal: int = 8) -> dict[str, Any]:
+    # 16 GPUs; team b holds all 16 (nominal 8: it borrows 8); team a (nominal 8) asks 8.
+    return {
+        "nodes": FULL,
+        "running": (run(1, "b", gpus=8, on=("h100-0",), tier=100, started=100),
+                 run(2, "b", gpus=4, on=("h100-1",), tier=100, started=50),
+                 run(3, "b", gpus=4, on=("h100-1",), tier=100, started=40)),
+        "quotas": {("a", "h100"): QuotaLimit(8, 8), ("b", "h100"): QuotaLimit(b_nominal, 8)},
+    }
+
+
+def test_rule_r2_a_team_within_nominal_reclaims_from_a_borrowing_team() -> None:
+    plan = plan_admissions(snap(queued=(q(100, "a", gpus=8, tier=100),), **_reclaim_world()))
+    assert victims(plan, 100) == [1]  # one victim beats two (rule R4)
+    assert plan.preemptions[0].victims[0].rule is PreemptionRule.RECLAIM
+
+
+def test_rule_r2_no_reclaim_from_a_team_within_its_nominal() -> None:
+    plan = plan_admissions(snap(queued=(q(100, "a", gpus=8, tier=100),),
+                                **_reclaim_world(b_nominal=16)))
+    assert plan.preemptions == ()
+
+
+def test_rule_r2_no_reclaim_beyond_the_asking_teams_nominal() -> None:
+    world = _reclaim_world()
+    world["quotas"] = {("a", "h100"): QuotaLimit(4, 8), ("b", "h100"): QuotaLimit(8, 8)}
+    plan = plan_admissions(snap(queued=(q(100, "a", gpus=8, tier=100),), **world))
+    assert plan.preemptions == ()
+
+
+def test_rule_r2_never_a_higher_tier_job() -> None:
+    plan = plan_admissions(snap(queued=(q(100, "a", gpus=8, tier=50),), **_reclaim_world()))
+    assert plan.preemptions == ()
+
+
+def test_rule_r2_the_team_furthest_over_its_fair_share_first() -> None:
+    running = (run(1, "b", gpus=8, on=("h100-0",), tier=100),
+               run(2, "c", gpus=8, on=("h100-1",), tier=100))
+    quotas = {("a", "h100"): QuotaLimit(8, 0), ("b", "h100"): QuotaLimit(0, 16),
+              ("c", "h100"): QuotaLimit(0, 16)}
+    for factors, expected in (({"b": 0.1, "c": 0.4}, [1]), ({"b": 0.4, "c": 0.1}, [2])):
+        plan = plan_admissions(snap(nodes=FULL, running=running, quotas=quotas,
+                                    queued=(q(100, "a", gpus=8, tier=100),),
+                                    fair_share=factors))
+        assert victims(plan, 100) == expected
+
+
+# --- R3: protection ----------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("preemptible", "min_runtime", "ran", "protected"),
+    [(False, 0, 9999, True), (True, 600, 599, True), (True, 600, 600, False),
+     (True, 0, 0, False)],
+)
+def test_rule_r3_protection(preemptible: bool, min_runtime: int, ran: float,
+                            protected: bool) -> None:
+    job = run(1, gpus=8, started=ran, preemptible=preemptible, min_runtime=min_runtime)
+    assert is_protected(job, NOW) is protected
+    plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0)), queued=(q(100, gpus=8, tier=200),),
+                                running=(job,)))
+    assert (plan.preemptions == ()) is protected
+
+
+def test_rule_r3_an_admitted_job_that_has_not_started_has_run_zero_seconds() -> None:
+    job = run(1, gpus=8, min_runtime=60)
+    job = type(job)(**{**{f: getattr(job, f) for f in job.__slots__}, "started_at": None})
+    assert is_protected(job, NOW)
+
+
+# --- R4: the fewest victims, cheapest first ----------------------------------------------
+
+def test_rule_r4_the_smallest_set_wins_over_more_recent_small_jobs() -> None:
+    running = (run(1, gpus=8, on=("h100-0",), started=5000), *tuple(run(10 + i, gpus=2, on=("h100-1",), started=10 + i) for i in range(4)))
+    plan = plan_admissions(snap(nodes=FULL, queued=(q(100, gpus=8, tier=200),),
+                                running=running))
+    assert victims(plan, 100) == [1]
+
+
+def test_rule_r4_lowest_tier_first_then_most_recently_started_then_id() -> None:
+    running = (run(1, gpus=2, tier=50, started=10), run(2, gpus=2, tier=0, started=5000),
+               run(3, gpus=2, tier=0, started=100), run(4, gpus=2, tier=0, started=100))
+    plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0)), queued=(q(100, gpus=4, tier=200),),
+                                running=running))
+    assert victims(plan, 100) == [3, 4]
+
+
+def test_rule_r4_never_more_than_needed() -> None:
+    running = tuple(run(i, gpus=1, started=i) for i in range(1, 9))
+    plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0)), queued=(q(100, gpus=3, tier=200),),
+                                running=running))
+    assert victims(plan, 100) == [1, 2, 3]
+
+
+def test_rule_r4_a_gang_victim_frees_all_its_nodes() -> None:
+    running = (run(1, gpus=8, on=("h100-0", "h100-1"), started=10),
+               run(2, gpus=8, on=("h100-2",), started=5))
+    plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0), ("h100", 8, 0), ("h100", 8, 0)),
+                                queued=(q(100, gpus=8, replicas=2, tier=200),),
+                                running=running))
+    assert victims(plan, 100) == [1]
+
+
+def test_rule_r4_no_victims_when_even_all_would_not_do() -> None:
+    plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0)), queued=(q(100, gpus=8, tier=200),),
+                                running=(run(1, gpus=4), run(2, gpus=4, tier=300))))
+    assert plan.preemptions == () and plan.waits[100].reason is WaitReason.CAPACITY
+
+
+def test_rule_r4_gpus_freed_for_a_preemptor_are_not_given_to_others_in_the_pass() -> None:
+    plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0)),
+                                queued=(q(100, gpus=8, tier=200), q(101, gpus=1, tier=100)),
+                                running=(run(1, gpus=8),)))
+    assert victims(plan, 100) == [1] and plan.admissions == ()
+
+
+def test_two_preemptors_never_share_a_victim() -> None:
+    running = (run(1, gpus=8, on=("h100-0",)), run(2, gpus=8, on=("h100-1",)))
+    plan = plan_admissions(snap(nodes=FULL, running=running,
+                                queued=(q(100, gpus=8, tier=200), q(101, gpus=8, tier=200))))
+    assert sorted(victims(plan, 100) + victims(plan, 101)) == [1, 2]
+
+
+# --- R5: rate limit ----------------------------------------------------------------------
+
+@pytest.mark.parametrize(("limit", "used", "preempts"), [
+    (None, 0, True), (2, 0, True), (2, 1, True), (2, 2, False), (0, 0, False)])
+def test_rule_r5_at_most_n_preemptions_per_team_per_window(limit: int | None, used: int,
+                                                           preempts: bool) -> None:
+    settings = PreemptionSettings(max_per_team=limit, used={"b": used})
+    plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0)), running=(run(1, gpus=8),),
+                                queued=(q(100, "b", gpus=8, tier=200),), preemption=settings))
+    assert bool(plan.preemptions) is preempts
+    if not preempts:
+        assert plan.waits[100].reason is WaitReason.RATE_LIMITED
+
+
+def test_rule_r5_counts_victims_not_preemptors() -> None:
+    settings = PreemptionSettings(max_per_team=1)
+    plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0)),
+                                running=(run(1, gpus=4), run(2, gpus=4)),
+                                queued=(q(100, "b", gpus=8, tier=200),), preemption=settings))
+    assert plan.preemptions == () and plan.waits[100].reason is WaitReason.RATE_LIMITED
+
+
+def test_preemption_can_be_switched_off() -> None:
+    plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0)), running=(run(1, gpus=8),),
+                                queued=(q(100, gpus=8, tier=200),),
+                                preemption=PreemptionSettings(enabled=False)))
+    assert plan.preemptions == ()
+
+
+# --- R8: one preemption at a time per preemptor -------------------------------------------
+
+def test_rule_r8_a_preemptor_whose_victims_terminate_picks_no_new_victims() -> None:
+    plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0)), running=(run(1, gpus=8),),
+                                queued=(q(100, gpus=8, tier=200),), nominated={100: 1}))
+    assert plan.preemptions == () and plan.waits[100].reason is WaitReason.PREEMPTING
