@@ -130,7 +130,8 @@ def test_rule_r3_an_admitted_job_that_has_not_started_has_run_zero_seconds() -> 
 # --- R4: the fewest victims, cheapest first ----------------------------------------------
 
 def test_rule_r4_the_smallest_set_wins_over_more_recent_small_jobs() -> None:
-    running = (run(1, gpus=8, on=("h100-0",), started=5000), *tuple(run(10 + i, gpus=2, on=("h100-1",), started=10 + i) for i in range(4)))
+    small = (run(10 + i, gpus=2, on=("h100-1",), started=10 + i) for i in range(4))
+    running = (run(1, gpus=8, on=("h100-0",), started=5000), *small)
     plan = plan_admissions(snap(nodes=FULL, queued=(q(100, gpus=8, tier=200),),
                                 running=running))
     assert victims(plan, 100) == [1]
