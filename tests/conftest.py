@@ -42,12 +42,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _fresh_backend_and_cache() -> Iterator[None]:
     """Each test gets an empty simulated cluster and an empty cache."""
-    from django.core.cache import cache
-
     reset_backends()
-    cache.clear()
+    _clear_cache()
     yield
     reset_backends()
+
+
+def _clear_cache() -> None:
+    """Empty this test run's cache. On Redis only our prefixed keys go: Django's
+    `clear()` there is FLUSHDB, which would also drop Celery's queues and others' keys."""
+    from django.conf import settings
+    from django.core.cache import cache, caches
+
+    backend = caches["default"]
+    if "redis" not in type(backend).__module__:
+        cache.clear()
+        return
+    client = backend._cache.get_client(write=True)  # type: ignore[attr-defined]
+    prefix = settings.CACHES["default"].get("KEY_PREFIX", "")
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    if keys:
+        client.delete(*keys)
 
 
 @dataclass

@@ -223,8 +223,8 @@ def test_an_admitted_job_whose_workload_vanished_is_requeued(world: World) -> No
 
 
 def test_a_retried_submit_after_a_killed_worker_creates_no_second_workload(world: World) -> None:
-    from queueing.services.scheduler import apply_plan, build_snapshot, launch_spec
     from queueing.policy.admission import plan_admissions
+    from queueing.services.scheduler import apply_plan, build_snapshot, launch_spec
 
     t0 = timezone.now()
     job_id = submit(world, gpus=2)

@@ -13,7 +13,16 @@ CELERY_BROKER_URL = "memory://"
 FAIRQ_KICK_SCHEDULER = False
 FAIRQ_CLUSTER_BACKEND = "simulated"
 FAIRQ_SIM_NODES = "2x8xh100,2x8xa100,1x7xmig-1g-10gb"
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+# Redis when REDIS_URL is set (CI), with a per-process key prefix so parallel runs and
+# other users of the server never see each other's keys; local memory otherwise.
+if REDIS_URL:  # noqa: F405
+    import os as _os
+
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                          "LOCATION": REDIS_URL,  # noqa: F405
+                          "KEY_PREFIX": f"fairq-test-{_os.getpid()}"}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
