@@ -236,3 +236,21 @@ class FairShareAccumulator(models.Model):
 
     def __str__(self) -> str:
         return f"{self.team_id}: {self.value:.3f} GPU-h as of {self.as_of:%Y-%m-%d %H:%M}"
+
+
+class FairShareSnapshot(models.Model):
+    """The standings at one instant, for charts of usage over time.
+
+    One row per snapshot (not per team): `standings` maps each team slug to
+    [usage, normalized usage U, share S, factor F], rounded to 6 significant digits.
+    """
+
+    at = models.DateTimeField(unique=True)
+    half_life_hours = models.FloatField()
+    standings = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["at"]
+
+    def __str__(self) -> str:
+        return f"standings at {self.at:%Y-%m-%d %H:%M}"

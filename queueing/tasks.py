@@ -50,3 +50,13 @@ def demo_load_task() -> int:
     from queueing.services.demo import demo_submit_synthetic
 
     return demo_submit_synthetic(rng=random.Random())
+
+
+@shared_task(ignore_result=True, soft_time_limit=50, time_limit=60)
+def fairshare_snapshot_task() -> int:
+    """Store the fair-share standings for charts (beat: FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS)."""
+    from django.utils import timezone
+
+    from queueing.services.fairshare import fairshare_snapshot_take
+
+    return len(fairshare_snapshot_take(now=timezone.now()).standings)

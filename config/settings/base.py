@@ -159,6 +159,34 @@ CELERY_BEAT_SCHEDULE = {
 FAIRQ_DECAY_HALF_LIFE_HOURS = env.float("FAIRQ_DECAY_HALF_LIFE_HOURS", default=168.0)
 if FAIRQ_DECAY_HALF_LIFE_HOURS <= 0:
     raise environ.ImproperlyConfigured("FAIRQ_DECAY_HALF_LIFE_HOURS must be > 0")
+# Rule F6: an admission counts as this many seconds of usage at once (one recompute
+# interval: standings are recomputed every scheduler cycle).
+FAIRQ_FAIRSHARE_RECOMPUTE_SECONDS = env.float(
+    "FAIRQ_FAIRSHARE_RECOMPUTE_SECONDS", default=FAIRQ_CYCLE_INTERVAL_SECONDS
+)
+# Rule P1: multifactor priority weights; max age in hours caps the age factor.
+FAIRQ_PRIORITY_WEIGHT_FAIRSHARE = env.float("FAIRQ_PRIORITY_WEIGHT_FAIRSHARE", default=10000.0)
+FAIRQ_PRIORITY_WEIGHT_AGE = env.float("FAIRQ_PRIORITY_WEIGHT_AGE", default=1000.0)
+FAIRQ_PRIORITY_WEIGHT_SIZE = env.float("FAIRQ_PRIORITY_WEIGHT_SIZE", default=0.0)
+FAIRQ_PRIORITY_MAX_AGE_HOURS = env.float("FAIRQ_PRIORITY_MAX_AGE_HOURS", default=168.0)
+FAIRQ_PRIORITY_FAVOR_SMALL = env.bool("FAIRQ_PRIORITY_FAVOR_SMALL", default=False)
+# Standings snapshots for charts: one row per interval, kept this many days.
+FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS = env.float("FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS", default=900.0)
+FAIRQ_FAIRSHARE_SNAPSHOT_RETENTION_DAYS = env.float(
+    "FAIRQ_FAIRSHARE_SNAPSHOT_RETENTION_DAYS", default=90.0
+)
+for _name in ("FAIRQ_FAIRSHARE_RECOMPUTE_SECONDS", "FAIRQ_PRIORITY_WEIGHT_FAIRSHARE",
+              "FAIRQ_PRIORITY_WEIGHT_AGE", "FAIRQ_PRIORITY_WEIGHT_SIZE",
+              "FAIRQ_PRIORITY_MAX_AGE_HOURS", "FAIRQ_FAIRSHARE_SNAPSHOT_RETENTION_DAYS"):
+    if globals()[_name] < 0:
+        raise environ.ImproperlyConfigured(f"{_name} must be >= 0")
+if FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS <= 0:
+    raise environ.ImproperlyConfigured("FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS must be > 0")
+CELERY_BEAT_SCHEDULE["fairshare-snapshot"] = {
+    "task": "queueing.tasks.fairshare_snapshot_task",
+    "schedule": timedelta(seconds=FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS),
+    "options": {"expires": FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS},
+}
 
 # The cluster backend: "simulated" (in-process, the default) or "kubernetes".
 FAIRQ_CLUSTER_BACKEND = env("FAIRQ_CLUSTER_BACKEND", default="simulated")

@@ -148,19 +148,45 @@ class JobSerializer(serializers.ModelSerializer[Job]):
 
 class JobDetailSerializer(JobSerializer):
     events = JobEventSerializer(many=True, read_only=True)
+    priority = serializers.SerializerMethodField(
+        help_text="Priority per factor: factor in [0, 1], weight, weighted value, and the "
+                  "total (rule P1, like sprio).")
+    queue = serializers.SerializerMethodField(
+        help_text="For a queued job: position (rule P2), jobs ahead and why it waits "
+                  "(rule P3); null otherwise.")
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "events"]
+        fields = [*JobSerializer.Meta.fields, "events", "priority", "queue"]
         read_only_fields = fields
+
+    def _explain(self, job: Job) -> dict[str, Any]:
+        from django.utils import timezone
+
+        from queueing.services.fairshare import job_explain
+
+        cache: dict[int, dict[str, Any]] = self.__dict__.setdefault("_explained", {})
+        if job.pk not in cache:
+            cache[job.pk] = job_explain(job=job, now=timezone.now())
+        return cache[job.pk]
+
+    def get_priority(self, job: Job) -> dict[str, Any]:
+        return dict(self._explain(job)["priority"])
+
+    def get_queue(self, job: Job) -> dict[str, Any] | None:
+        queue = self._explain(job)["queue"]
+        return dict(queue) if queue is not None else None
 
 
 class StandingSerializer(serializers.Serializer[Any]):
+    """One team's standing; the same names as `manage.py fairshare --json`."""
+
     team = serializers.CharField()
-    # DRF pops declared fields off the class, so shadowing Field.parent is safe here.
-    parent = serializers.CharField(allow_null=True)  # type: ignore[assignment]
+    parent = serializers.CharField(allow_null=True)  # type: ignore[assignment]  # stubs: Field.parent
     weight = serializers.FloatField()
-    share = serializers.FloatField(help_text="S: weight / sum of weights (rule F2)")
-    usage_gpu_hours = serializers.FloatField(
-        source="usage", help_text="Decayed weighted GPU-hours (rule F1)")
-    normalized_usage = serializers.FloatField(help_text="U (rule F2)")
-    fair_share_factor = serializers.FloatField(source="factor", help_text="F = 2^(-U/S) (rule F3)")
+    share = serializers.FloatField(help_text="S: normalized share (rules F2, F4)")
+    level_share = serializers.FloatField(help_text="weight / sum of active siblings' (rule F4)")
+    usage_gpu_hours = serializers.FloatField(help_text="Decayed weighted GPU-hours (rule F1)")
+    usage_fraction = serializers.FloatField(help_text="usage / all teams' usage (rule F2)")
+    normalized_usage = serializers.FloatField(help_text="U (rule F2; effective, rule F4)")
+    fair_share_factor = serializers.FloatField(help_text="F = 2^(-U/S) (rule F3)")
+    active = serializers.BooleanField(help_text="Has usage or queued/running work (rule F2)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import django_filters
@@ -17,8 +18,13 @@ from rest_framework.views import APIView
 
 from queueing.models import JOB_STATUS_CHOICES, Job
 from queueing.selectors import job_get_for_actor, jobs_visible_to
+from queueing.services.fairshare import (
+    fairshare_standings_at,
+    standing_as_dict,
+    standings_sorted,
+)
 from queueing.services.jobs import job_cancel, job_logs, job_submit, jobs_submit_bulk
-from queueing.services.usage import fairshare_standings
+from queueing.services.usage import half_life_hours
 
 from .bulk import BulkJobCreatedSerializer, BulkJobCreateSerializer
 from .idempotency import IdempotentPostMixin
@@ -150,11 +156,35 @@ def _int_or_404(value: str) -> int:
 
 
 class FairShareView(APIView):
-    """Fair-share standings of every team (rules F1-F3), like Slurm's sshare."""
+    """Fair-share standings of every team (rules F1-F4), like Slurm's sshare; `?at=` an
+    ISO 8601 instant gives them as of then (the numbers of `manage.py fairshare`)."""
 
-    @extend_schema(responses=StandingSerializer(many=True))
+    @extend_schema(
+        responses=StandingSerializer(many=True),
+        parameters=[OpenApiParameter("at", str, description="ISO 8601 instant with offset")],
+    )
     def get(self, request: Request) -> Response:
         now = timezone.now()
-        standings = sorted(fairshare_standings(now=now).values(), key=lambda s: s.team)
-        return Response({"as_of": now.isoformat(),
-                         "teams": StandingSerializer(standings, many=True).data})
+        at = _instant_or_400(request.query_params.get("at")) or now
+        standings = standings_sorted(fairshare_standings_at(at=at, now=now))
+        return Response({
+            "as_of": at.isoformat(),
+            "half_life_hours": half_life_hours(),
+            "teams": StandingSerializer([standing_as_dict(s) for s in standings],
+                                        many=True).data,
+        })
+
+
+def _instant_or_400(value: str | None) -> datetime | None:
+    from queueing.errors import DomainError
+
+    if not value:
+        return None
+    try:
+        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None:
+        raise DomainError("at must be an ISO 8601 instant with an offset.",
+                          fields={"at": ["e.g. 2026-01-05T08:00:00+00:00"]})
+    return when

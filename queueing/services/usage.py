@@ -1,4 +1,4 @@
-"""Usage recording and fair-share standings (docs/scheduling.md, rules F1-F3)."""
+"""Usage recording and fair-share standings (docs/scheduling.md, rules F1-F6)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,32 @@ from django.conf import settings
 from django.db import transaction
 
 from accounts.models import Team
-from queueing.models import FairShareAccumulator, Job, UsageRecord
-from queueing.policy.fairshare import Accumulator, Standing, TeamUsageInput, compute_standings
+from queueing.models import FairShareAccumulator, Job, Quota, UsageRecord
+from queueing.policy.fairshare import (
+    Accumulator,
+    Standing,
+    TeamUsageInput,
+    compute_standings,
+    entry_penalty_gpu_hours,
+)
 from queueing.policy.states import JobState
+
+# Rule F2: a team with work in these states is active even before it has any usage.
+_ACTIVE_STATES = (JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING)
+
+
+def teams_with_quota() -> set[int]:
+    """Rule F2: teams with a guaranteed (nominal > 0) quota always take part."""
+    return set(Quota.objects.filter(nominal__gt=0).values_list("team_id", flat=True).distinct())
 
 
 def half_life_hours() -> float:
     return float(settings.FAIRQ_DECAY_HALF_LIFE_HOURS)
+
+
+def entry_penalty_interval_seconds() -> float:
+    """Rule F6: the recompute interval an admission is charged for (seconds)."""
+    return float(settings.FAIRQ_FAIRSHARE_RECOMPUTE_SECONDS)
 
 
 @transaction.atomic
@@ -49,29 +68,55 @@ def accumulator_add(*, team_id: int, rate: float, start: datetime, end: datetime
     acc.save(update_fields=["value", "as_of"])
 
 
-def fairshare_inputs(*, now: datetime) -> list[TeamUsageInput]:
-    """Each team's weight, accumulator and running attempts: O(teams + running jobs)."""
-    accs = {a.team_id: a for a in FairShareAccumulator.objects.all()}
+def fairshare_inputs(*, now: datetime) -> tuple[list[TeamUsageInput], dict[str, float]]:
+    """Each team's weight, parent, accumulator, running attempts and activity, and the
+    entry penalty (rule F6) of jobs admitted but not yet running, per team.
+
+    O(teams + jobs holding GPUs): a handful of queries, none over the usage history.
+    """
+    accs = {
+        team_id: Accumulator(value, as_of)
+        for team_id, value, as_of in FairShareAccumulator.objects.values_list(
+            "team_id", "value", "as_of")
+    }
     running: dict[int, list[tuple[float, datetime]]] = {}
-    rows = Job.objects.filter(status=JobState.RUNNING, started_at__isnull=False).values_list(
-        "team_id", "gpus_per_replica", "replicas", "gpu_type__billing_weight", "started_at"
+    penalty: dict[int, float] = {}
+    interval = entry_penalty_interval_seconds()
+    rows = Job.objects.filter(status__in=[JobState.RUNNING, JobState.ADMITTED]).values_list(
+        "team_id", "status", "gpus_per_replica", "replicas", "gpu_type__billing_weight",
+        "started_at",
     )
-    for team_id, gpus, replicas, weight, started_at in rows:
-        if started_at is None:  # excluded by the filter; narrows the type
-            continue
-        running.setdefault(team_id, []).append((gpus * replicas * weight, started_at))
+    for team_id, status, gpus, replicas, weight, started_at in rows:
+        if status == JobState.RUNNING and started_at is not None and started_at <= now:
+            running.setdefault(team_id, []).append((gpus * replicas * weight, started_at))
+        else:
+            # Rule F6 across cycles: an admitted job not yet running keeps its entry
+            # penalty until its real usage starts counting.
+            penalty[team_id] = penalty.get(team_id, 0.0) + entry_penalty_gpu_hours(
+                gpus * replicas, weight, interval)
+    active = teams_with_quota() | set(
+        Job.objects.filter(status__in=list(_ACTIVE_STATES))
+        .values_list("team_id", flat=True).distinct()
+    )
+    teams = list(Team.objects.values_list("pk", "slug", "weight", "parent_id"))
+    slug_of = {pk: slug for pk, slug, _, _ in teams}
     inputs = []
-    for team in Team.objects.select_related("parent").all():
-        acc = accs.get(team.pk)
+    for pk, slug, weight, parent_id in teams:
         inputs.append(TeamUsageInput(
-            team=team.slug,
-            weight=team.weight,
-            accumulator=Accumulator(acc.value, acc.as_of) if acc else Accumulator(0.0, now),
-            running=tuple(running.get(team.pk, ())),
-            parent=team.parent.slug if team.parent else None,
+            team=slug,
+            weight=weight,
+            accumulator=accs.get(pk) or Accumulator(0.0, now),
+            running=tuple(running.get(pk, ())),
+            parent=slug_of.get(parent_id) if parent_id is not None else None,
+            active=pk in active,
         ))
-    return inputs
+    extra = {slug_of[pk]: v for pk, v in penalty.items() if pk in slug_of}
+    return inputs, extra
 
 
 def fairshare_standings(*, now: datetime) -> dict[str, Standing]:
-    return compute_standings(fairshare_inputs(now=now), now=now, half_life_hours=half_life_hours())
+    """Rules F1-F6 for every team at `now`, from the accumulators: O(teams), whatever the
+    length of the usage history."""
+    inputs, extra = fairshare_inputs(now=now)
+    return compute_standings(inputs, now=now, half_life_hours=half_life_hours(),
+                             extra_usage=extra)

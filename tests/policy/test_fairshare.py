@@ -107,8 +107,23 @@ def test_rule_f3_factor_is_in_0_1(u: float, s: float) -> None:
 
 @given(u1=st.floats(0.0, 1.0), u2=st.floats(0.0, 1.0), s=st.floats(1e-3, 1.0))
 def test_rule_f3_factor_falls_as_usage_grows(u1: float, u2: float, s: float) -> None:
-    assume(u1 < u2)
-    assert fair_share_factor(u2, s) < fair_share_factor(u1, s)
+    assume(u1 <= u2)
+    assert fair_share_factor(u2, s) <= fair_share_factor(u1, s)
+    if (u2 - u1) / s > 1e-9:  # strictly, above the resolution of a float
+        assert fair_share_factor(u2, s) < fair_share_factor(u1, s)
+
+
+@given(others=st.lists(st.floats(0.0, 1e4), min_size=1, max_size=6),
+       mine=st.floats(0.0, 1e4), more=st.floats(1e-3, 1e4))
+def test_rule_f3_a_team_that_uses_more_gets_a_lower_factor(
+    others: list[float], mine: float, more: float
+) -> None:
+    def factor(u: float) -> float:
+        teams = [_team("me", 1.0, u)] + [_team(f"o{i}", 1.0, x) for i, x in enumerate(others)]
+        return compute_standings(teams, now=T0, half_life_hours=H)["me"].factor
+
+    assume(sum(others) > 0)
+    assert factor(mine + more) < factor(mine)
 
 
 @given(s=st.floats(1e-6, 1.0))
