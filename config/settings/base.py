@@ -237,3 +237,22 @@ SPECTACULAR_SETTINGS.update({
 })
 # /metrics: open when unset (scrape from inside the cluster); else `Authorization: Bearer`.
 FAIRQ_METRICS_TOKEN = env("FAIRQ_METRICS_TOKEN", default="")
+
+# Preemption (docs/scheduling.md, rules R1-R8).
+FAIRQ_PREEMPTION_ENABLED = env.bool("FAIRQ_PREEMPTION_ENABLED", default=True)
+# Rule R5: at most this many preemptions per preemptor team per window (-1 = no limit).
+FAIRQ_PREEMPTION_MAX_PER_TEAM = env.int("FAIRQ_PREEMPTION_MAX_PER_TEAM", default=20)
+FAIRQ_PREEMPTION_WINDOW_SECONDS = env.int("FAIRQ_PREEMPTION_WINDOW_SECONDS", default=600)
+# Rule R8: a preemptor waits for its victims (no new victims) while the cluster lists
+# their workloads, and at least this long after preempting; it is nominated this long.
+FAIRQ_PREEMPTION_TERMINATION_GRACE_SECONDS = env.int(
+    "FAIRQ_PREEMPTION_TERMINATION_GRACE_SECONDS", default=30)
+FAIRQ_PREEMPTION_NOMINATION_SECONDS = env.int("FAIRQ_PREEMPTION_NOMINATION_SECONDS", default=600)
+# Victim searches per cycle: bounds the cost of a long queue of jobs that cannot fit.
+FAIRQ_PREEMPTION_MAX_SEARCHES = env.int("FAIRQ_PREEMPTION_MAX_SEARCHES", default=32)
+if FAIRQ_PREEMPTION_MAX_PER_TEAM < -1:
+    raise environ.ImproperlyConfigured("FAIRQ_PREEMPTION_MAX_PER_TEAM must be >= -1")
+for _name in ("FAIRQ_PREEMPTION_WINDOW_SECONDS", "FAIRQ_PREEMPTION_TERMINATION_GRACE_SECONDS",
+              "FAIRQ_PREEMPTION_NOMINATION_SECONDS", "FAIRQ_PREEMPTION_MAX_SEARCHES"):
+    if globals()[_name] < 0:
+        raise environ.ImproperlyConfigured(f"{_name} must be >= 0")

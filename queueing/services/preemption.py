@@ -5,15 +5,17 @@
     - `nominated_preemptors` — rule R8: queued jobs whose victims may still hold GPUs.
     - `preemptions_apply`    — rules R6-R7: each victim RUNNING/ADMITTED → PREEMPTED →
                                QUEUED (attempt + 1, submit time kept, its GPU time
-                               charged), events on both jobs, the workloads stopped after
-                               commit. All victims of one preemptor or none (a savepoint).
+                               charged), events on both jobs. All victims of one
+                               preemptor or none (a savepoint).
+    - `preempted_workloads_stop` — after commit: the victims' workloads are stopped.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -83,19 +85,27 @@ class _VictimMoved(Exception):
     """A victim changed state since the snapshot: drop this preemption, keep the rest."""
 
 
-def preemptions_apply(*, plan: Plan, now: datetime, backend: ClusterBackend) -> list[int]:
-    """Rules R6-R7 for every preemption of the plan. Returns the preempted job ids.
+@dataclass
+class Applied:
+    preempted: list[int] = field(default_factory=list)
+    # The victims' workloads: the caller stops them once the transaction has committed.
+    workloads: list[str] = field(default_factory=list)
 
-    Must run inside a transaction; the victims' workloads are stopped after it commits.
+
+def preemptions_apply(*, plan: Plan, now: datetime) -> Applied:
+    """Rules R6-R7 for every preemption of the plan, inside the caller's transaction.
+
     A preemption whose preemptor is no longer queued, or any of whose victims moved
-    (finished, cancelled, taken by another cycle), is dropped whole.
+    (finished, cancelled, taken by another cycle), is dropped whole (a savepoint).
+    Returns the preempted job ids and the workloads to stop after commit
+    (`preempted_workloads_stop`).
     """
+    out = Applied()
     if not plan.preemptions:
-        return []
+        return out
     ids = {p.preemptor_id for p in plan.preemptions}
     ids |= {v.job_id for p in plan.preemptions for v in p.victims}
     jobs = Job.objects.select_related("team", "tier", "gpu_type").in_bulk(list(ids))
-    preempted: list[int] = []
     for p in plan.preemptions:
         preemptor = jobs.get(p.preemptor_id)
         if preemptor is None or preemptor.state != JobState.QUEUED:
@@ -107,25 +117,26 @@ def preemptions_apply(*, plan: Plan, now: datetime, backend: ClusterBackend) -> 
                     for v in p.victims
                 ]
                 _record_preemptor(preemptor, p, names=names, now=now)
-                transaction.on_commit(_stopper(backend, names, now))
         except _VictimMoved:
             continue
-        preempted.extend(v.job_id for v in p.victims)
-    return preempted
+        out.preempted.extend(v.job_id for v in p.victims)
+        out.workloads.extend(names)
+    return out
 
 
-def _stopper(backend: ClusterBackend, names: list[str], now: datetime) -> Callable[[], None]:
-    def stop() -> None:
-        # A stop that fails here is retried by the next cycle's reconcile: the workload's
-        # attempt no longer matches its job, so it is an orphan and is stopped again.
-        for name in names:
-            try:
-                backend.stop(name, now=now)
-            except Exception:
-                log.warning("stopping preempted workload %s failed; the next cycle retries",
-                            name, exc_info=True)
+def preempted_workloads_stop(*, backend: ClusterBackend, names: list[str],
+                             now: datetime) -> None:
+    """Stop the victims' workloads (after the commit that requeued their jobs).
 
-    return stop
+    A stop that fails is retried by the next cycle's reconcile: the workload's attempt no
+    longer matches its job's, so it is an orphan and is stopped again.
+    """
+    for name in names:
+        try:
+            backend.stop(name, now=now)
+        except Exception:
+            log.warning("stopping preempted workload %s failed; the next cycle retries",
+                        name, exc_info=True)
 
 
 def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, now: datetime) -> str:

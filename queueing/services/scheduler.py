@@ -53,7 +53,12 @@ from queueing.policy.snapshot import NodeState, QueuedJob, QuotaLimit, RunningJo
 from queueing.policy.states import HOLDING_STATES, JobState
 
 from .jobs import job_transition
-from .preemption import nominated_preemptors, preemption_settings, preemptions_apply
+from .preemption import (
+    nominated_preemptors,
+    preempted_workloads_stop,
+    preemption_settings,
+    preemptions_apply,
+)
 from .usage import fairshare_standings, usage_record_attempt
 
 log = logging.getLogger(__name__)
@@ -122,8 +127,12 @@ def scheduler_cycle(*, now: datetime | None = None,
         t3 = time.perf_counter()
         with transaction.atomic():
             result.admitted = apply_plan(plan=plan, now=now)
-            result.preempted = preemptions_apply(plan=plan, now=now, backend=backend)
+            applied = preemptions_apply(plan=plan, now=now)
+        result.preempted = applied.preempted
         t4 = time.perf_counter()
+        # After commit: the victims' GPUs come back (at once on the simulated cluster,
+        # when the pods are gone on Kubernetes); their preemptors wait for that (R8).
+        preempted_workloads_stop(backend=backend, names=applied.workloads, now=now)
         submit_admitted(backend=backend, now=now, result=result)
         t5 = time.perf_counter()
         result.timings = {"reconcile": t1 - t0, "snapshot": t2 - t1, "decide": t3 - t2,
