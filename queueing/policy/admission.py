@@ -262,7 +262,9 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 )
                 continue
             # The victims stay removed and the job's placement stays reserved for the rest
-            # of this pass, so no later job takes the GPUs being freed for it (rule A5).
+            # of this pass; what the victims free beyond it is held back too: they still
+            # run until stopped, so no job of this pass may be placed there (rule A5).
+            _hold_freed(ws, found, job.gpus_per_replica)
             ledger.add(team, gt, total)
             preempted_by_team[team] += len(found.victims)
             preemptions.append(found)
@@ -289,3 +291,17 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     return Plan(admissions=tuple(admissions), waits=waits, preemptions=tuple(preemptions),
                 order=tuple(seen), fair_share_after=standings)
 
+
+def _hold_freed(ws: Workspace, found: Preemption, gpus_per_replica: int) -> None:
+    """Rule A5: GPUs a preemption frees beyond its preemptor's placement are not free
+    during this pass (the victims are only stopped after it)."""
+    extra: dict[str, int] = defaultdict(int)
+    for v in found.victims:
+        r = ws.running_by_id[v.job_id]
+        for name in r.nodes:
+            extra[name] += r.gpus_per_replica
+    for name in found.placement:
+        extra[name] -= gpus_per_replica
+    for name, hold in sorted(extra.items()):
+        if hold > 0 and name in ws.capacity.free:
+            ws.capacity.set_free(name, max(0, ws.capacity.free[name] - hold))

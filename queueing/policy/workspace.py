@@ -169,8 +169,10 @@ class Workspace:
         self.capacity = Capacity(snapshot.nodes)
         self.ledger = Ledger(snapshot, self.capacity)
         self.running_by_type: dict[str, list[RunningJob]] = defaultdict(list)
+        self.running_by_id: dict[int, RunningJob] = {}
         for r in snapshot.running:
             self.running_by_type[r.gpu_type].append(r)
+            self.running_by_id[r.id] = r
         self.removed: set[int] = set()
 
     def _free_nodes_of(self, job: RunningJob) -> list[tuple[str, int]]:
