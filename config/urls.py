@@ -13,4 +13,5 @@ urlpatterns = [
     path("healthz", web.healthz, name="healthz"),
     path("metrics", metrics_view, name="metrics"),
     path("", web.home, name="home"),
+    path("", include("queueing.web.urls")),
 ]

@@ -256,3 +256,16 @@ for _name in ("FAIRQ_PREEMPTION_WINDOW_SECONDS", "FAIRQ_PREEMPTION_TERMINATION_G
               "FAIRQ_PREEMPTION_NOMINATION_SECONDS", "FAIRQ_PREEMPTION_MAX_SEARCHES"):
     if globals()[_name] < 0:
         raise environ.ImproperlyConfigured(f"{_name} must be >= 0")
+
+# --- Web dashboard (docs/dashboard.md) -------------------------------------------------------
+# HTMX for the live parts (request.htmx); htmx and uPlot are vendored under static/vendor/
+# and served by whitenoise: no CDN, no network at run time.
+INSTALLED_APPS.append("django_htmx")
+MIDDLEWARE.insert(MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
+                  "django_htmx.middleware.HtmxMiddleware")
+STATICFILES_DIRS = [BASE_DIR / "static"]
+_template_options = TEMPLATES[0]["OPTIONS"]
+assert isinstance(_template_options, dict)
+_template_options["context_processors"].append("queueing.web.views.nav")
+_template_options["libraries"] = {"fairq": "queueing.web.templatetags"}
+# Error pages (templates/403.html, 404.html, 500.html) replace Django's plain ones.

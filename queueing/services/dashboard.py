@@ -1,0 +1,371 @@
+"""Reads for the web dashboard (docs/dashboard.md): the team's queue with positions and
+wait reasons, running and recent jobs, capacity and allocation, standings over time, a
+submit preview, and the quota board grid. Reads only; every state change goes through
+the job, quota, membership and token services.
+
+Every function runs a small, constant number of queries whatever the number of jobs: the
+job lists are bounded and ride the `(team, status)` and `(status, tier, created_at)`
+indexes. The one expensive read — the admission plan that gives queue positions — is
+computed once for all queued jobs and cached for a few seconds (`QUEUE_PLAN_TTL`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db.models import Count, F, QuerySet, Sum
+
+from accounts.models import Team
+from queueing.backends import get_backend
+from queueing.backends.base import NodeInfo
+from queueing.models import FairShareSnapshot, GpuType, Job, Quota
+from queueing.policy.admission import plan_admissions
+from queueing.policy.explain import explain_queued
+from queueing.policy.fairshare import Standing
+from queueing.policy.snapshot import QueuedJob
+from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
+
+from .usage import fairshare_standings
+
+QUEUE_PLAN_TTL = 3.0  # seconds: about one scheduler cycle
+_PLAN_KEY = "fairq:web:queue-plan"
+DONE_STATES = [*sorted(FINAL_STATES), JobState.PREEMPTED]
+
+
+# --- queue positions and wait reasons -------------------------------------------------------
+
+@dataclass(frozen=True)
+class QueuePlan:
+    """Where every queued job stands in the next cycle's order (rule O1) and why it waits
+    (rule P3); computed from the same snapshot and policy the scheduler uses."""
+
+    position: dict[int, int]
+    reason: dict[int, str]
+    admitted_next: frozenset[int]
+    queued: int
+    error: str = ""
+
+
+def queue_plan(*, now: datetime, fresh: bool = False) -> QueuePlan:
+    """The admission plan of the queue as it is, cached for QUEUE_PLAN_TTL seconds so the
+    dashboard's polling does not plan on every request. A cluster that does not answer
+    gives an empty plan with `error` set rather than a failed page."""
+    if not fresh:
+        cached: QueuePlan | None = cache.get(_PLAN_KEY)
+        if cached is not None:
+            return cached
+    from .scheduler import build_snapshot
+
+    try:
+        snapshot = build_snapshot(backend=get_backend(), now=now)
+    except Exception as exc:  # an unreachable cluster must not break the dashboard
+        return QueuePlan({}, {}, frozenset(), 0, error=str(exc)[:200])
+    plan = plan_admissions(snapshot)
+    order = list(plan.order) if plan.order else [q.id for q in snapshot.queued]
+    seen = set(order)
+    order += [q.id for q in snapshot.queued if q.id not in seen]
+    position = {job_id: i + 1 for i, job_id in enumerate(order)}
+    admitted = frozenset(a.job_id for a in plan.admissions)
+    reason: dict[int, str] = {}
+    for job_id in order:
+        wait = plan.waits.get(job_id)
+        if job_id in admitted:
+            reason[job_id] = "fits now: the next scheduling cycle admits it"
+        elif wait is not None:
+            reason[job_id] = wait.message or str(wait.reason)
+        elif position[job_id] > 1:
+            reason[job_id] = f"{position[job_id] - 1} job(s) ahead of it"
+    result = QueuePlan(position, reason, admitted, len(order))
+    cache.set(_PLAN_KEY, result, timeout=QUEUE_PLAN_TTL)
+    return result
+
+
+def queue_plan_forget() -> None:
+    """Drop the cached plan (after a submit or cancel from the web)."""
+    cache.delete(_PLAN_KEY)
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    job: Job
+    position: int | None
+    reason: str
+
+
+def team_queue(*, team: Team, now: datetime, limit: int = 50) -> tuple[list[QueueRow], int]:
+    """The team's queued jobs in queue order with position and wait reason (the first
+    `limit`), and how many it has queued in all."""
+    plan = queue_plan(now=now)
+    qs = Job.objects.filter(team=team, status=JobState.QUEUED).select_related("gpu_type", "tier")
+    total = qs.count()
+    ids = sorted((i for i in plan.position if i is not None), key=plan.position.__getitem__)
+    jobs = list(qs.order_by("-tier__rank", "created_at", "id")[: max(limit * 4, 200)])
+    jobs.sort(key=lambda j: (plan.position.get(j.pk, len(ids) + 1), j.pk))
+    rows = [QueueRow(j, plan.position.get(j.pk), plan.reason.get(j.pk, "")) for j in jobs[:limit]]
+    return rows, total
+
+
+def job_queue_standing(*, job: Job, now: datetime) -> dict[str, Any]:
+    """Priority breakdown (rule P1) and, for a queued job, position and reasons (rule P3),
+    from the fair-share service."""
+    from .fairshare import job_explain
+
+    return job_explain(job=job, now=now)
+
+
+# --- jobs ------------------------------------------------------------------------------------
+
+def team_running(*, team: Team, limit: int = 50) -> list[Job]:
+    return list(
+        Job.objects.filter(team=team, status__in=sorted(HOLDING_STATES))
+        .select_related("gpu_type", "tier").order_by("started_at", "id")[:limit]
+    )
+
+
+def team_recent_done(*, team: Team, limit: int = 10) -> list[Job]:
+    """The team's latest finished, cancelled and preempted jobs (newest first)."""
+    return list(
+        Job.objects.filter(team=team, status__in=DONE_STATES)
+        .select_related("gpu_type", "tier").order_by("-id")[:limit]
+    )
+
+
+def team_counts(*, team: Team) -> dict[str, int]:
+    rows = Job.objects.filter(team=team).values("status").annotate(n=Count("id"))
+    counts = {s.value: 0 for s in JobState}
+    for r in rows:
+        counts[r["status"]] = r["n"]
+    return counts
+
+
+def job_page(*, jobs: QuerySet[Job], before: int | None, status: str | None,
+             size: int = 50) -> tuple[list[Job], int | None]:
+    """One page of `jobs`, newest first, keyset-paginated by id (no COUNT, no OFFSET):
+    the page and the id to pass as `before` for the next one (None on the last page)."""
+    if status:
+        jobs = jobs.filter(status=status)
+    if before is not None:
+        jobs = jobs.filter(pk__lt=before)
+    page = list(jobs.order_by("-id")[: size + 1])
+    more = len(page) > size
+    page = page[:size]
+    return page, (page[-1].pk if more and page else None)
+
+
+# --- capacity and standings ----------------------------------------------------------------
+
+@dataclass
+class CapacityRow:
+    gpu_type: str
+    capacity: int = 0
+    allocated: int = 0
+    nodes: int = 0
+    guaranteed: int = 0  # sum of nominal quotas
+    by_team: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def percent(self) -> int:
+        return round(100 * self.allocated / self.capacity) if self.capacity else 0
+
+    @property
+    def overcommitted(self) -> bool:
+        return self.guaranteed > self.capacity
+
+
+def cluster_nodes() -> tuple[list[NodeInfo], str]:
+    try:
+        return list(get_backend().nodes()), ""
+    except Exception as exc:  # the page shows the error instead of failing
+        return [], str(exc)[:200]
+
+
+def allocation_by_team() -> dict[tuple[str, str], int]:
+    """GPUs held (admitted or running) per (team slug, GPU type slug)."""
+    rows = (
+        Job.objects.filter(status__in=sorted(HOLDING_STATES))
+        .values("team__slug", "gpu_type__slug")
+        .annotate(gpus=Sum(models_total_gpus()))
+    )
+    return {(r["team__slug"], r["gpu_type__slug"]): int(r["gpus"] or 0) for r in rows}
+
+
+def models_total_gpus() -> Any:
+    return F("gpus_per_replica") * F("replicas")
+
+
+def capacity(*, nodes: list[NodeInfo] | None = None) -> tuple[list[CapacityRow], str]:
+    """Capacity, allocation and guaranteed (nominal) quota per GPU type, with each team's
+    allocation."""
+    error = ""
+    if nodes is None:
+        nodes, error = cluster_nodes()
+    rows: dict[str, CapacityRow] = {}
+    for slug in GpuType.objects.values_list("slug", flat=True):
+        rows[slug] = CapacityRow(slug)
+    for n in nodes:
+        row = rows.setdefault(n.gpu_type, CapacityRow(n.gpu_type))
+        row.capacity += n.capacity
+        row.allocated += n.allocated
+        row.nodes += 1
+    for (team, gpu), gpus in allocation_by_team().items():
+        rows.setdefault(gpu, CapacityRow(gpu)).by_team[team] = gpus
+    for r in Quota.objects.values("gpu_type__slug").annotate(n=Sum("nominal")):
+        rows.setdefault(r["gpu_type__slug"], CapacityRow(r["gpu_type__slug"])).guaranteed = int(
+            r["n"] or 0)
+    return sorted(rows.values(), key=lambda r: r.gpu_type), error
+
+
+def standings(*, now: datetime) -> list[Standing]:
+    """Every team's standing, highest factor first."""
+    return sorted(fairshare_standings(now=now).values(), key=lambda s: (-s.factor, s.team))
+
+
+def usage_history(*, now: datetime, days: float = 7.0,
+                  current: list[Standing] | None = None,
+                  max_points: int = 240) -> dict[str, Any]:
+    """Decayed GPU-hours per team over time, for the chart: the standings snapshots of the
+    last `days` (thinned to at most `max_points`) plus the current standings as the last
+    point. {"t": [unix seconds], "series": {team: [gpu-hours or None]}}."""
+    rows = list(
+        FairShareSnapshot.objects.filter(at__gte=now - timedelta(days=days), at__lt=now)
+        .order_by("-at").values_list("at", "standings")[: max_points * 4]
+    )
+    rows.reverse()
+    step = max(1, len(rows) // max_points)
+    rows = rows[::step][-max_points:]
+    current = current if current is not None else standings(now=now)
+    teams = sorted({t for _, data in rows for t in data} | {s.team for s in current})
+    series: dict[str, list[float | None]] = {t: [] for t in teams}
+    times: list[int] = []
+    for at, data in rows:
+        times.append(int(at.timestamp()))
+        for t in teams:
+            v = data.get(t)
+            series[t].append(float(v[0]) if v else None)
+    times.append(int(now.timestamp()))
+    now_usage = {s.team: s.usage for s in current}
+    for t in teams:
+        series[t].append(round(now_usage[t], 6) if t in now_usage else None)
+    return {"t": times, "series": series}
+
+
+# --- submit preview --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Preview:
+    position: int | None
+    queued: int  # queued jobs now, before this one
+    admitted_next: bool
+    reason: str
+    error: str = ""
+
+
+def submit_preview(*, team: Team, gpu_type: GpuType, gpus_per_replica: int, replicas: int,
+                   tier_rank: int, now: datetime) -> Preview:
+    """Where a job would stand if submitted now: the same snapshot and policy as the next
+    cycle, with the job added to the queue in memory (nothing is written)."""
+    from dataclasses import replace
+
+    from .scheduler import build_snapshot
+
+    try:
+        snapshot = build_snapshot(backend=get_backend(), now=now)
+    except Exception as exc:
+        return Preview(None, 0, False, "", error=str(exc)[:200])
+    probe_id = -1  # no real job has a negative id
+    probe = QueuedJob(id=probe_id, team=team.slug, gpu_type=gpu_type.slug,
+                      gpus_per_replica=gpus_per_replica, replicas=replicas,
+                      tier_rank=tier_rank, submitted_at=now)
+    snapshot = replace(snapshot, queued=(*snapshot.queued, probe))
+    plan = plan_admissions(snapshot)
+    by_id = {q.id: q for q in snapshot.queued}
+    order = [by_id[i] for i in plan.order if i in by_id] if plan.order else list(snapshot.queued)
+    seen = {q.id for q in order}
+    order += [q for q in snapshot.queued if q.id not in seen]
+    wait = plan.waits.get(probe_id)
+    admitted = any(a.job_id == probe_id for a in plan.admissions)
+    exp = explain_queued(probe_id, order, wait_code=str(wait.reason) if wait else None,
+                         wait_message=wait.message if wait else None, admitted_next=admitted)
+    if exp is None:
+        return Preview(None, len(snapshot.queued) - 1, admitted, "")
+    return Preview(exp.position, exp.queued - 1, admitted,
+                   "; ".join(r.message for r in exp.reasons))
+
+
+def team_submit_defaults(*, team: Team) -> dict[str, Any]:
+    """Initial values of the submit form: the team's last job's image, GPU type, size and
+    tier; otherwise the GPU type of its largest quota and the default tier."""
+    last = (Job.objects.filter(team=team).select_related("gpu_type", "tier")
+            .order_by("-id").first())
+    if last is not None:
+        return {"image": last.image, "gpu_type": last.gpu_type.slug,
+                "gpus": last.gpus_per_replica, "replicas": last.replicas,
+                "tier": last.tier.slug, "max_runtime_seconds": last.max_runtime_seconds}
+    quota = Quota.objects.filter(team=team).select_related("gpu_type").order_by(
+        "-nominal", "gpu_type__slug").first()
+    return {"gpu_type": quota.gpu_type.slug if quota else None, "gpus": 1, "replicas": 1,
+            "tier": settings.FAIRQ_DEFAULT_TIER}
+
+
+# --- quota board -----------------------------------------------------------------------------
+
+@dataclass
+class QuotaCell:
+    team: Team
+    gpu_type: GpuType
+    quota: Quota | None
+    allocated: int
+
+
+@dataclass
+class QuotaBoard:
+    gpu_types: list[GpuType]
+    rows: list[tuple[Team, list[QuotaCell], Standing | None]]
+    capacity: list[CapacityRow]  # one per GPU type, in the order of `gpu_types`
+    warnings: list[str]
+    error: str = ""
+
+
+def overcommit_warnings(rows: list[CapacityRow]) -> list[str]:
+    return [
+        f"Guaranteed {r.gpu_type} quotas ({r.guaranteed} GPUs) exceed the cluster's "
+        f"{r.capacity} {r.gpu_type} GPUs: not every team can get its nominal quota at once."
+        for r in rows if r.overcommitted
+    ]
+
+
+def quota_board(*, now: datetime) -> QuotaBoard:
+    """Teams × GPU types: each quota beside the team's allocation and decayed usage."""
+    gpu_types = list(GpuType.objects.order_by("slug"))
+    teams = list(Team.objects.order_by("slug"))
+    quotas = {(q.team_id, q.gpu_type_id): q for q in Quota.objects.all()}
+    alloc = allocation_by_team()
+    by_team = {s.team: s for s in fairshare_standings(now=now).values()}
+    cap, error = capacity()
+    rows = []
+    for team in teams:
+        cells = [QuotaCell(team, g, quotas.get((team.pk, g.pk)), alloc.get((team.slug, g.slug), 0))
+                 for g in gpu_types]
+        rows.append((team, cells, by_team.get(team.slug)))
+    by_type = {c.gpu_type: c for c in cap}
+    columns = [by_type.get(g.slug, CapacityRow(g.slug)) for g in gpu_types]
+    return QuotaBoard(gpu_types, rows, columns, overcommit_warnings(cap), error)
+
+
+def quota_cell(*, team: Team, gpu_type: GpuType) -> QuotaCell:
+    quota = Quota.objects.filter(team=team, gpu_type=gpu_type).first()
+    held = Job.objects.filter(team=team, gpu_type=gpu_type, status__in=sorted(HOLDING_STATES))
+    allocated = held.aggregate(n=Sum(models_total_gpus()))["n"] or 0
+    return QuotaCell(team, gpu_type, quota, int(allocated))
+
+
+def team_quotas(*, team: Team) -> list[QuotaCell]:
+    alloc = allocation_by_team()
+    quotas = {q.gpu_type_id: q for q in Quota.objects.filter(team=team)}
+    return [QuotaCell(team, g, quotas.get(g.pk), alloc.get((team.slug, g.slug), 0))
+            for g in GpuType.objects.order_by("slug")
+            if g.pk in quotas or alloc.get((team.slug, g.slug))]

@@ -1,0 +1,48 @@
+"""Small formatting filters of the web pages."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django import template
+
+register = template.Library()
+
+
+@register.filter
+def duration(seconds: float | int | None) -> str:
+    """1h 02m, 3m 05s, 12s."""
+    if seconds is None:
+        return "—"
+    s = int(seconds)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    if h:
+        return f"{h}h {m:02d}m"
+    if m:
+        return f"{m}m {sec:02d}s"
+    return f"{sec}s"
+
+
+@register.filter
+def runtime(job: Any, now: datetime) -> str:
+    return duration(job.runtime_seconds(now))
+
+
+@register.filter
+def pct(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{100 * value:.1f}%"
+
+
+@register.filter
+def field_errors_id(name: str) -> str:
+    return f"{name}-errors"
+
+
+@register.filter
+def factor_label(name: str) -> str:
+    """fair_share -> Fair share."""
+    return name.replace("_", " ").capitalize()

@@ -1,0 +1,29 @@
+"""Routes of the web pages (namespace `web`)."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from . import views
+
+app_name = "web"
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("team/switch/", views.team_switch, name="team-switch"),
+    path("jobs/", views.job_list, name="jobs"),
+    path("jobs/new/", views.job_new, name="job-new"),
+    path("jobs/new/check/", views.job_check, name="job-check"),
+    path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
+    path("jobs/<int:job_id>/cancel/", views.job_cancel_view, name="job-cancel"),
+    path("jobs/<int:job_id>/resubmit/", views.job_resubmit, name="job-resubmit"),
+    path("teams/<slug:slug>/", views.team_page, name="team"),
+    path("teams/<slug:slug>/members/", views.team_member_add, name="team-member-add"),
+    path("teams/<slug:slug>/members/<int:membership_id>/", views.team_member_change,
+         name="team-member-change"),
+    path("teams/<slug:slug>/tokens/", views.token_create, name="token-create"),
+    path("teams/<slug:slug>/tokens/<int:token_id>/revoke/", views.token_revoke_view,
+         name="token-revoke"),
+    path("quotas/", views.quota_board, name="quotas"),
+    path("quotas/<slug:team_slug>/<slug:gpu_slug>/", views.quota_cell, name="quota-cell"),
+]

@@ -1,0 +1,427 @@
+"""Server-rendered pages (docs/dashboard.md). Thin: each view resolves the tenant through
+the selectors (404 across teams), calls one service, and renders. HTMX requests get the
+fragment they swap; the same templates render the full page."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import connection
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from accounts.models import ApiToken, AuditEntry, Membership, Team
+from accounts.selectors import (
+    is_team_admin,
+    memberships_of_team,
+    team_get_for_user,
+    teams_for_user,
+    tokens_of_user,
+)
+from accounts.services import membership_remove, membership_set, token_issue, token_revoke
+from queueing.errors import DomainError, NotFound
+from queueing.models import GpuType, Job
+from queueing.policy.states import JobState
+from queueing.selectors import job_get_for_actor, jobs_visible_to
+from queueing.services import dashboard as dash
+from queueing.services.jobs import JobInput, job_cancel, job_logs, job_submit
+from queueing.services.quotas import quota_set
+
+from .forms import JobSubmitForm, MemberForm, QuotaForm, RoleForm, TokenForm
+
+TEAM_SESSION_KEY = "fairq_team"
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    with connection.cursor() as cur:
+        cur.execute("SELECT 1")
+    return JsonResponse({"status": "ok"})
+
+
+# --- the current team ------------------------------------------------------------------------
+
+def current_team(request: HttpRequest) -> Team | None:
+    """The team the user picked in the switcher (kept in the session), else their first."""
+    if not request.user.is_authenticated:
+        return None
+    if hasattr(request, "_fairq_team"):
+        cached: Team | None = request._fairq_team
+        return cached
+    slug = request.session.get(TEAM_SESSION_KEY)
+    team = team_get_for_user(user=request.user, slug=slug) if slug else None
+    if team is None:
+        team = teams_for_user(user=request.user).order_by("slug").first()
+    request._fairq_team = team  # type: ignore[attr-defined]
+    return team
+
+
+def nav(request: HttpRequest) -> dict[str, Any]:
+    """Context processor: the team switcher."""
+    if not request.user.is_authenticated:
+        return {}
+    teams = list(teams_for_user(user=request.user).order_by("slug").only("slug", "name"))
+    return {"nav_teams": teams, "nav_team": current_team(request)}
+
+
+@require_POST
+@login_required
+def team_switch(request: HttpRequest) -> HttpResponse:
+    team = team_get_for_user(user=request.user, slug=request.POST.get("team", ""))
+    if team is None:
+        raise Http404("no such team")
+    request.session[TEAM_SESSION_KEY] = team.slug
+    nxt = request.POST.get("next") or "/"
+    return redirect(nxt if nxt.startswith("/") and not nxt.startswith("//") else "/")
+
+
+def _user(request: HttpRequest) -> User:
+    """The logged-in user (views behind login_required)."""
+    assert isinstance(request.user, User)
+    return request.user
+
+
+def _team_or_404(request: HttpRequest, slug: str) -> Team:
+    team = team_get_for_user(user=request.user, slug=slug)
+    if team is None:
+        raise Http404("no such team")
+    return team
+
+
+def _job_or_404(request: HttpRequest, job_id: int) -> Job:
+    try:
+        return job_get_for_actor(actor=request.user, job_id=job_id)
+    except NotFound as exc:
+        raise Http404(str(exc)) from exc
+
+
+# --- dashboard -------------------------------------------------------------------------------
+
+def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
+    now = timezone.now()
+    team = current_team(request)
+    ctx: dict[str, Any] = {"now": now, "team": team}
+    standings = dash.standings(now=now)
+    ctx["standings"] = standings
+    ctx["history"] = dash.usage_history(now=now, current=standings)
+    ctx["capacity"], ctx["cluster_error"] = dash.capacity()
+    if team is not None:
+        ctx["queue"], ctx["queue_total"] = dash.team_queue(team=team, now=now)
+        ctx["running"] = dash.team_running(team=team)
+        ctx["recent"] = dash.team_recent_done(team=team)
+    return ctx
+
+
+@require_GET
+def home(request: HttpRequest) -> HttpResponse:
+    if not request.user.is_authenticated:
+        return render(request, "web/landing.html")
+    ctx = _dashboard_context(request)
+    if request.htmx:  # type: ignore[attr-defined]
+        return render(request, "web/_live.html", ctx)
+    return render(request, "web/dashboard.html", ctx)
+
+
+# --- jobs --------------------------------------------------------------------------------------
+
+@require_GET
+@login_required
+def job_list(request: HttpRequest) -> HttpResponse:
+    team = current_team(request)
+    status = request.GET.get("status") or None
+    if status not in {None, *(s.value for s in JobState)}:
+        status = None
+    try:
+        before = int(request.GET["before"]) if request.GET.get("before") else None
+    except ValueError:
+        before = None
+    jobs = jobs_visible_to(actor=request.user).filter(team=team) if team else Job.objects.none()
+    page, next_before = dash.job_page(jobs=jobs, before=before, status=status)
+    ctx = {"team": team, "jobs": page, "next_before": next_before, "status": status,
+           "statuses": [s.value for s in JobState], "before": before, "now": timezone.now()}
+    return render(request, "web/job_list.html", ctx)
+
+
+def _submit_form(request: HttpRequest, data: Any = None) -> JobSubmitForm:
+    teams = list(teams_for_user(user=request.user).order_by("slug"))
+    team = current_team(request)
+    initial: dict[str, Any] = {"team": team.slug if team else None}
+    if team is not None:
+        initial.update({k: v for k, v in dash.team_submit_defaults(team=team).items()
+                        if v is not None})
+    source = request.GET.get("from")
+    if source and source.isdigit():
+        try:
+            job = job_get_for_actor(actor=request.user, job_id=int(source))
+        except NotFound:
+            job = None
+        if job is not None:
+            initial.update(_job_initial(job))
+    return JobSubmitForm(data, request=request, teams=teams, initial=initial)
+
+
+def _job_initial(job: Job) -> dict[str, Any]:
+    import shlex
+
+    return {
+        "team": job.team.slug, "name": job.name, "image": job.image,
+        "command": shlex.join(job.command or []), "args": shlex.join(job.args or []),
+        "env": "\n".join(f"{k}={v}" for k, v in (job.env or {}).items()),
+        "gpu_type": job.gpu_type.slug, "gpus": job.gpus_per_replica, "replicas": job.replicas,
+        "tier": job.tier.slug, "max_runtime_seconds": job.max_runtime_seconds,
+    }
+
+
+def _preview(form: JobSubmitForm) -> dash.Preview | None:
+    inp = form.job_input
+    if inp is None:
+        return None
+    return dash.submit_preview(team=inp.team, gpu_type=inp.gpu_type,
+                               gpus_per_replica=inp.gpus_per_replica, replicas=inp.replicas,
+                               tier_rank=inp.tier.rank, now=timezone.now())
+
+
+@login_required
+def job_new(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        form = _submit_form(request, request.POST)
+        if form.is_valid() and form.job_input is not None:
+            key = request.POST.get("idempotency_key") or None
+            job, _ = job_submit(actor=request.user, data=form.job_input, idempotency_key=key)
+            dash.queue_plan_forget()
+            messages.success(request, f"Job #{job.pk} {job.name} queued.")
+            return redirect("web:job-detail", job_id=job.pk)
+        status = 400
+    else:
+        form = _submit_form(request)
+        status = 200
+    ctx = {"form": form, "idempotency_key": secrets.token_urlsafe(16), "preview": None}
+    return render(request, "web/job_new.html", ctx, status=status)
+
+
+@require_POST
+@login_required
+def job_check(request: HttpRequest) -> HttpResponse:
+    """HTMX: validate the form as typed and preview where the job would stand."""
+    form = _submit_form(request, request.POST)
+    valid = form.is_valid()
+    ctx = {"form": form, "preview": _preview(form) if valid else None, "checked": True,
+           "idempotency_key": request.POST.get("idempotency_key", "")}
+    return render(request, "web/_job_form.html", ctx)
+
+
+@require_GET
+@login_required
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = _job_or_404(request, job_id)
+    now = timezone.now()
+    events = list(job.events.select_related("actor").order_by("at", "id"))
+    try:
+        explain = dash.job_queue_standing(job=job, now=now)
+    except Exception as exc:  # the explanation is a convenience: never fail the page
+        explain = {"priority": None, "queue": None, "error": str(exc)[:200]}
+    try:
+        logs = job_logs(job=job, tail=100)
+    except Exception as exc:
+        logs = f"(logs unavailable: {exc})"
+    ctx = {"job": job, "events": events, "explain": explain, "logs": logs, "now": now,
+           "runtime": job.runtime_seconds(now),
+           "permalink": request.build_absolute_uri(reverse("web:job-detail", args=[job.pk]))}
+    if request.htmx:  # type: ignore[attr-defined]
+        return render(request, "web/_job_live.html", ctx)
+    return render(request, "web/job_detail.html", ctx)
+
+
+@require_POST
+@login_required
+def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = _job_or_404(request, job_id)
+    try:
+        job_cancel(actor=request.user, job=job, reason=f"cancelled by {request.user} (web)")
+        messages.success(request, f"Job #{job.pk} cancelled.")
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    dash.queue_plan_forget()
+    return redirect("web:job-detail", job_id=job.pk)
+
+
+@require_POST
+@login_required
+def job_resubmit(request: HttpRequest, job_id: int) -> HttpResponse:
+    """Queue a new job with the same spec (a fresh job, not a requeue of this one)."""
+    job = _job_or_404(request, job_id)
+    if team_get_for_user(user=request.user, slug=job.team.slug) is None:
+        raise Http404("no such team")
+    data = JobInput(team=job.team, name=job.name, image=job.image, command=list(job.command),
+                    args=list(job.args), env=dict(job.env), gpu_type=job.gpu_type,
+                    gpus_per_replica=job.gpus_per_replica, replicas=job.replicas, tier=job.tier,
+                    max_runtime_seconds=job.max_runtime_seconds)
+    new, _ = job_submit(actor=request.user, data=data,
+                        idempotency_key=request.POST.get("idempotency_key") or None)
+    dash.queue_plan_forget()
+    messages.success(request, f"Resubmitted as job #{new.pk}.")
+    return redirect("web:job-detail", job_id=new.pk)
+
+
+# --- team page ---------------------------------------------------------------------------------
+
+def _team_context(request: HttpRequest, team: Team, **extra: Any) -> dict[str, Any]:
+    now = timezone.now()
+    standing = next((s for s in dash.standings(now=now) if s.team == team.slug), None)
+    ctx = {
+        "team": team, "members": list(memberships_of_team(team=team)),
+        "can_manage": is_team_admin(user=request.user, team=team),
+        "tokens": list(tokens_of_user(user=request.user)[:50]), "now": now,
+        "quotas": dash.team_quotas(team=team), "standing": standing,
+        "member_form": MemberForm(), "token_form": TokenForm(),
+        "role_choices": RoleForm.base_fields["role"].choices,  # type: ignore[attr-defined]
+    }
+    ctx.update(extra)
+    return ctx
+
+
+@require_GET
+@login_required
+def team_page(request: HttpRequest, slug: str) -> HttpResponse:
+    team = _team_or_404(request, slug)
+    return render(request, "web/team.html", _team_context(request, team))
+
+
+@require_POST
+@login_required
+def team_member_add(request: HttpRequest, slug: str) -> HttpResponse:
+    team = _team_or_404(request, slug)
+    if not is_team_admin(user=request.user, team=team):
+        raise PermissionDenied("only team admins manage members")
+    form = MemberForm(request.POST)
+    if form.is_valid():
+        user = get_user_model().objects.filter(username=form.cleaned_data["username"]).first()
+        if user is None:
+            form.add_error("username", "No user with this name.")
+        else:
+            _, created = membership_set(actor=request.user, team=team, user=user,
+                                        role=form.cleaned_data["role"])
+            messages.success(request, f"{user} {'added' if created else 'updated'}.")
+            return redirect("web:team", slug=team.slug)
+    return render(request, "web/team.html", _team_context(request, team, member_form=form),
+                  status=400)
+
+
+@require_POST
+@login_required
+def team_member_change(request: HttpRequest, slug: str, membership_id: int) -> HttpResponse:
+    team = _team_or_404(request, slug)
+    if not is_team_admin(user=request.user, team=team):
+        raise PermissionDenied("only team admins manage members")
+    membership = Membership.objects.filter(team=team, pk=membership_id).select_related(
+        "user", "team").first()
+    if membership is None:
+        raise Http404("no such member")
+    if request.POST.get("action") == "remove":
+        if membership.user_id == request.user.pk:
+            messages.error(request, "You cannot remove yourself; ask another team admin.")
+        else:
+            membership_remove(actor=request.user, membership=membership)
+            messages.success(request, f"{membership.user} removed.")
+        return redirect("web:team", slug=team.slug)
+    form = RoleForm(request.POST)
+    if form.is_valid():
+        membership_set(actor=request.user, team=team, user=membership.user,
+                       role=form.cleaned_data["role"])
+        messages.success(request, f"{membership.user} is now {form.cleaned_data['role']}.")
+    else:
+        messages.error(request, "Pick a valid role.")
+    return redirect("web:team", slug=team.slug)
+
+
+@require_POST
+@login_required
+def token_create(request: HttpRequest, slug: str) -> HttpResponse:
+    team = _team_or_404(request, slug)
+    form = TokenForm(request.POST)
+    if not form.is_valid():
+        return render(request, "web/team.html", _team_context(request, team, token_form=form),
+                      status=400)
+    user = _user(request)
+    issued = token_issue(user=user, name=form.cleaned_data["name"])
+    # The secret is rendered in this response only; it is never stored or shown again.
+    return render(request, "web/team.html",
+                  _team_context(request, team, new_key=issued.key, new_token=issued.token))
+
+
+@require_POST
+@login_required
+def token_revoke_view(request: HttpRequest, slug: str, token_id: int) -> HttpResponse:
+    team = _team_or_404(request, slug)
+    user = _user(request)
+    token = ApiToken.objects.filter(pk=token_id, user=user).first()
+    if token is None:
+        raise Http404("no such token")
+    token_revoke(token=token, actor=user)
+    messages.success(request, f"Token {token.name} ({token.prefix}…) revoked.")
+    return redirect("web:team", slug=team.slug)
+
+
+# --- quota board (platform admins) ---------------------------------------------------------
+
+def _staff_or_404(request: HttpRequest) -> None:
+    if not request.user.is_staff:
+        raise Http404("no such page")
+
+
+def _quota_audit() -> list[AuditEntry]:
+    return list(AuditEntry.objects.filter(object_type="queueing.Quota")
+                .select_related("actor").order_by("-at", "-id")[:30])
+
+
+@require_GET
+@login_required
+def quota_board(request: HttpRequest) -> HttpResponse:
+    _staff_or_404(request)
+    board = dash.quota_board(now=timezone.now())
+    return render(request, "web/quotas.html", {"board": board, "audit": _quota_audit()})
+
+
+@require_POST
+@login_required
+def quota_cell(request: HttpRequest, team_slug: str, gpu_slug: str) -> HttpResponse:
+    """Edit one cell in place: validate, `quota_set` (audited), answer with the cell, the
+    capacity warnings and the audit list (out-of-band swaps)."""
+    _staff_or_404(request)
+    team = Team.objects.filter(slug=team_slug).first()
+    gpu_type = GpuType.objects.filter(slug=gpu_slug).first()
+    if team is None or gpu_type is None:
+        raise Http404("no such quota")
+    form = QuotaForm(request.POST)
+    saved = False
+    if form.is_valid():
+        d = form.cleaned_data
+        try:
+            quota_set(actor=request.user, team=team, gpu_type=gpu_type, nominal=d["nominal"],
+                      borrowing_limit=d["borrowing_limit"], lending_limit=d["lending_limit"])
+            saved = True
+        except ValidationError as exc:
+            for field, errs in exc.message_dict.items():
+                form.add_error(field if field in form.fields else None, errs)
+    cell = dash.quota_cell(team=team, gpu_type=gpu_type)
+    cap, _ = dash.capacity()
+    ctx = {"cell": cell, "form": form, "saved": saved, "warnings": dash.overcommit_warnings(cap),
+           "audit": _quota_audit(), "oob": True}
+    if not request.htmx:  # type: ignore[attr-defined]
+        if saved:
+            messages.success(request, f"Quota {team.slug}/{gpu_type.slug} saved.")
+            return redirect("web:quotas")
+        board = dash.quota_board(now=timezone.now())
+        return render(request, "web/quotas.html",
+                      {"board": board, "audit": _quota_audit(), "errors": form.errors},
+                      status=400)
+    # htmx swaps only 2xx answers: the errors come back in the cell itself.
+    return render(request, "web/_quota_cell_response.html", ctx)

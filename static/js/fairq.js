@@ -1,0 +1,57 @@
+/* fairq dashboard: the standings chart (uPlot) and CSRF for htmx. No network. */
+(function () {
+  "use strict";
+  document.addEventListener("htmx:configRequest", function (e) {
+    var m = document.querySelector('meta[name="csrf-token"]');
+    if (m) { e.detail.headers["X-CSRFToken"] = m.content; }
+  });
+
+  var palette = ["#2456c7", "#d0582c", "#2f9e55", "#9b3fc4", "#b08900", "#16899a", "#c43f6f", "#59627a"];
+  var chart = null;
+
+  function readHistory() {
+    var el = document.getElementById("usage-history");
+    if (!el) { return null; }
+    try { return JSON.parse(el.textContent); } catch (err) { return null; }
+  }
+
+  function toData(h) {
+    var teams = Object.keys(h.series).sort();
+    return { teams: teams, data: [h.t].concat(teams.map(function (t) { return h.series[t]; })) };
+  }
+
+  function draw() {
+    var box = document.getElementById("usage-chart");
+    var h = readHistory();
+    if (!box || !h || typeof uPlot === "undefined") { return; }
+    var d = toData(h);
+    var width = Math.max(260, box.clientWidth);
+    if (chart && chart.root.isConnected && chart.series.length === d.teams.length + 1) {
+      chart.setData(d.data);
+      return;
+    }
+    if (chart) { chart.destroy(); }
+    box.innerHTML = "";
+    chart = new uPlot({
+      width: width, height: 240,
+      series: [{}].concat(d.teams.map(function (t, i) {
+        return { label: t, stroke: palette[i % palette.length], width: 2, spanGaps: true,
+                 value: function (u, v) { return v == null ? "–" : v.toFixed(2) + " GPU-h"; } };
+      })),
+      axes: [{}, { label: "decayed GPU-hours", size: 60 }],
+      scales: { x: { time: true } },
+      legend: { live: true },
+    }, d.data, box);
+  }
+
+  document.addEventListener("DOMContentLoaded", draw);
+  document.addEventListener("htmx:afterSettle", draw);
+  var resizeTimer = null;
+  window.addEventListener("resize", function () {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(function () {
+      var box = document.getElementById("usage-chart");
+      if (chart && box) { chart.setSize({ width: Math.max(260, box.clientWidth), height: 240 }); }
+    }, 150);
+  });
+})();
