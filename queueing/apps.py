@@ -6,3 +6,8 @@ from django.apps import AppConfig
 class QueueingConfig(AppConfig):
     name = "queueing"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import signals
+
+        signals.connect()

@@ -60,3 +60,15 @@ def fairshare_snapshot_task() -> int:
     from queueing.services.fairshare import fairshare_snapshot_take
 
     return len(fairshare_snapshot_take(now=timezone.now()).standings)
+
+
+@shared_task(ignore_result=True, autoretry_for=(Exception,), retry_backoff=True,
+             max_retries=5, soft_time_limit=50, time_limit=60)
+def sync_cluster_task() -> None:
+    """PriorityClasses, namespaces and quotas on the Kubernetes cluster (after a tier or
+    quota change); nothing with another backend."""
+    if settings.FAIRQ_CLUSTER_BACKEND != "kubernetes":
+        return
+    from queueing.backends.k8s_sync import sync_cluster
+
+    log.info("cluster synced: %s", sync_cluster())

@@ -29,3 +29,36 @@ ALLOWED_FAIRQ_ENV = frozenset({"FAIRQ_SIM_SECONDS", "FAIRQ_SIM_EXIT_CODE"})
 
 def spec_size(command: list[str], args: list[str], env: dict[str, str]) -> int:
     return len(json.dumps([command, args, env]).encode())
+
+
+def image_registry_path(image: str) -> str:
+    """'ghcr.io/acme/train:1' → 'ghcr.io/acme/train'; 'ubuntu' → 'docker.io/library/ubuntu'
+    (Docker's defaults: a first part without '.' or ':' that is not 'localhost' is a path
+    on docker.io)."""
+    name = image.split("@", 1)[0]
+    first, sep, rest = name.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        registry, path = first.lower(), rest
+    else:
+        registry, path = "docker.io", name if sep else f"library/{name}"
+    last_slash = path.rfind("/")
+    colon = path.rfind(":")
+    if colon > last_slash:
+        path = path[:colon]  # the tag
+    return f"{registry}/{path}"
+
+
+def registry_problem(image: str, allowlist: list[str] | tuple[str, ...]) -> str | None:
+    """None when `image` comes from an allowed registry (or the allow-list is empty), else
+    why not. An entry is a registry ('ghcr.io') or a registry/path prefix ('ghcr.io/acme'),
+    matched on whole path segments: 'ghcr.io/acme' allows 'ghcr.io/acme/x', not
+    'ghcr.io/acme-evil/x'."""
+    if not allowlist:
+        return None
+    full = image_registry_path(image)
+    for entry in allowlist:
+        prefix = entry.strip().rstrip("/").lower()
+        if prefix and (full == prefix or full.startswith(prefix + "/")):
+            return None
+    return (f"Images must come from an allowed registry ({', '.join(allowlist)}); "
+            f"{image!r} resolves to {full!r}.")

@@ -269,3 +269,36 @@ assert isinstance(_template_options, dict)
 _template_options["context_processors"].append("queueing.web.views.nav")
 _template_options["libraries"] = {"fairq": "queueing.web.templatetags"}
 # Error pages (templates/403.html, 404.html, 500.html) replace Django's plain ones.
+
+# --- Kubernetes backend (docs/kubernetes.md) ---------------------------------------------
+# Team namespaces are <prefix><team slug>; fairq creates and labels them.
+FAIRQ_KUBE_NAMESPACE_PREFIX = env("FAIRQ_KUBE_NAMESPACE_PREFIX", default="fairq-")
+if FAIRQ_KUBE_NAMESPACE_PREFIX and not (
+    len(FAIRQ_KUBE_NAMESPACE_PREFIX) <= 22 and FAIRQ_KUBE_NAMESPACE_PREFIX[0].isalnum()
+    and FAIRQ_KUBE_NAMESPACE_PREFIX.endswith("-")
+    and all(c in "abcdefghijklmnopqrstuvwxyz0123456789-" for c in FAIRQ_KUBE_NAMESPACE_PREFIX)
+):
+    raise environ.ImproperlyConfigured(
+        "FAIRQ_KUBE_NAMESPACE_PREFIX must be a short DNS label prefix such as 'fairq-'")
+# Image registries jobs may pull from ("ghcr.io/acme", "registry.example.com"); empty = any.
+FAIRQ_REGISTRY_ALLOWLIST = env.list("FAIRQ_REGISTRY_ALLOWLIST", default=[])
+if any(not _r or "://" in _r or " " in _r for _r in FAIRQ_REGISTRY_ALLOWLIST):
+    raise environ.ImproperlyConfigured(
+        "FAIRQ_REGISTRY_ALLOWLIST entries are registries or registry/path prefixes, no scheme")
+# A failed pod fails the attempt (fairq requeues or not; Kubernetes does not retry).
+FAIRQ_K8S_BACKOFF_LIMIT = env.int("FAIRQ_K8S_BACKOFF_LIMIT", default=0)
+# Finished Jobs (and their pods' logs) are kept this long.
+FAIRQ_K8S_TTL_AFTER_FINISHED_SECONDS = env.int("FAIRQ_K8S_TTL_AFTER_FINISHED_SECONDS",
+                                               default=3600)
+# A pod that cannot pull its image for this long fails its job.
+FAIRQ_K8S_IMAGE_PULL_TIMEOUT_SECONDS = env.int("FAIRQ_K8S_IMAGE_PULL_TIMEOUT_SECONDS",
+                                               default=300)
+FAIRQ_K8S_TERMINATION_GRACE_SECONDS = env.int("FAIRQ_K8S_TERMINATION_GRACE_SECONDS", default=30)
+# Full relist of the watched objects, on top of the watches.
+FAIRQ_K8S_RESYNC_SECONDS = env.int("FAIRQ_K8S_RESYNC_SECONDS", default=300)
+for _name in ("FAIRQ_K8S_BACKOFF_LIMIT", "FAIRQ_K8S_TTL_AFTER_FINISHED_SECONDS",
+              "FAIRQ_K8S_IMAGE_PULL_TIMEOUT_SECONDS", "FAIRQ_K8S_TERMINATION_GRACE_SECONDS"):
+    if globals()[_name] < 0:
+        raise environ.ImproperlyConfigured(f"{_name} must be >= 0")
+if FAIRQ_K8S_RESYNC_SECONDS < 10:
+    raise environ.ImproperlyConfigured("FAIRQ_K8S_RESYNC_SECONDS must be >= 10")

@@ -62,6 +62,9 @@ class JobCreateSerializer(serializers.Serializer[Any]):
     def validate_image(self, value: str) -> str:
         if not v.IMAGE_RE.match(value):
             raise serializers.ValidationError("Not a valid container image reference.")
+        problem = v.registry_problem(value, settings.FAIRQ_REGISTRY_ALLOWLIST)
+        if problem:
+            raise serializers.ValidationError(problem)
         return value
 
     def validate_env(self, value: dict[str, str]) -> dict[str, str]:

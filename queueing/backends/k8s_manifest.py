@@ -1,0 +1,506 @@
+"""LaunchSpec → Kubernetes objects, and Kubernetes objects → what fairq needs. Pure.
+
+Nothing here talks to a cluster, reads settings or the database: the Kubernetes backend
+passes options in, and tests call these functions with plain dicts (the JSON form the
+API server speaks), so every field that reaches a pod spec is decided in this file.
+
+Safety (docs/kubernetes.md, "What reaches the pod spec"): of the user's input only the
+image, command, args and env reach the pod, each copied field by field into a container
+fairq builds; everything else (resources, selector, tolerations, priority, security
+context, no service-account token) is fairq's. A LaunchSpec has no field through which a
+user could smuggle `privileged`, `hostPath`, `hostNetwork` or a service account.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .base import LaunchSpec, NodeInfo, Phase, WorkloadStatus
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "fairq"
+SELECTOR = f"{MANAGED_BY}={MANAGED_BY_VALUE}"
+L_WORKLOAD = "fairq.io/workload"
+L_JOB_ID = "fairq.io/job-id"
+L_ATTEMPT = "fairq.io/attempt"
+L_TEAM = "fairq.io/team"
+L_TIER = "fairq.io/tier"
+L_GPU_TYPE = "fairq.io/gpu-type"
+A_PLACEMENT = "fairq.io/placement"
+A_GPUS_PER_REPLICA = "fairq.io/gpus-per-replica"
+A_REPLICAS = "fairq.io/replicas"
+CONTAINER = "main"
+GPU_TAINT_KEY = "nvidia.com/gpu"
+QUOTA_NAME = "fairq-gpus"
+
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+_NAME_RE = re.compile(r"^fq-(\d+)-(\d+)$")
+# Waiting reasons that mean the image will not start by itself: past the pull timeout
+# the attempt fails with this reason instead of sitting PENDING for ever.
+IMAGE_ERRORS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+                          "ErrImageNeverPull", "CreateContainerConfigError",
+                          "CreateContainerError"})
+
+
+class ManifestError(ValueError):
+    """The spec cannot become a valid Job (the job fails: it would fail every time)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestOptions:
+    namespace: str
+    backoff_limit: int = 0
+    ttl_seconds_after_finished: int | None = 3600
+    indexed: bool = False  # completionMode=Indexed: only where the server serves it
+    termination_grace_seconds: int = 30
+
+
+def namespace_for(team: str, prefix: str) -> str:
+    name = f"{prefix}{team}"
+    if len(name) > 63 or not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", name):
+        raise ManifestError(f"namespace {name!r} is not a valid DNS-1123 label")
+    return name
+
+
+def parse_name(name: str) -> tuple[int, int] | None:
+    """'fq-12-3' → (12, 3); anything else → None."""
+    m = _NAME_RE.match(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def labels_for(spec: LaunchSpec) -> dict[str, str]:
+    return {
+        MANAGED_BY: MANAGED_BY_VALUE,
+        L_WORKLOAD: spec.name,
+        L_JOB_ID: str(spec.job_id),
+        L_ATTEMPT: str(spec.attempt),
+        L_TEAM: spec.team,
+        L_TIER: spec.tier,
+        L_GPU_TYPE: spec.gpu_type,
+    }
+
+
+def _str_list(values: Iterable[Any], what: str) -> list[str]:
+    out = []
+    for v in values:
+        if not isinstance(v, str):
+            raise ManifestError(f"{what} must be strings")
+        out.append(v)
+    return out
+
+
+def _env(env: Mapping[str, str]) -> list[dict[str, str]]:
+    out = []
+    for name in sorted(env):
+        value = env[name]
+        if not isinstance(name, str) or not _ENV_NAME_RE.match(name) or len(name) > 253:
+            raise ManifestError(f"invalid environment variable name {name!r}")
+        if not isinstance(value, str):
+            raise ManifestError(f"environment variable {name} must be a string")
+        # Only `value`: never `valueFrom` (it could read Secrets of the namespace).
+        out.append({"name": name, "value": value})
+    return out
+
+
+def job_manifest(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, Any]:
+    """The batch/v1 Job for one attempt. Deterministic: the same spec gives the same body.
+
+    Guarantees: the pod runs one container `main` with the spec's image, command, args
+    and env (literal values only) and limits = requests = `gpus_per_replica` of the GPU
+    type's resource; no privilege, host namespace, host path or service-account token;
+    `parallelism = completions = replicas`; labels and annotations carry job id, attempt,
+    team, tier and GPU type.
+    """
+    if spec.gpus_per_replica < 1 or spec.replicas < 1:
+        raise ManifestError("a job needs at least one replica and one GPU per replica")
+    if not spec.image or not isinstance(spec.image, str):
+        raise ManifestError("a job needs an image")
+    labels = labels_for(spec)
+    annotations = {
+        L_JOB_ID: str(spec.job_id),
+        L_ATTEMPT: str(spec.attempt),
+        L_TEAM: spec.team,
+        L_TIER: spec.tier,
+        A_GPUS_PER_REPLICA: str(spec.gpus_per_replica),
+        A_REPLICAS: str(spec.replicas),
+        A_PLACEMENT: ",".join(spec.placement),
+    }
+    gpus = str(spec.gpus_per_replica)
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": spec.image,
+        "resources": {"limits": {spec.resource_name: gpus},
+                      "requests": {spec.resource_name: gpus}},
+        "securityContext": {"privileged": False, "allowPrivilegeEscalation": False},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    command = _str_list(spec.command, "command")
+    args = _str_list(spec.args, "args")
+    if command:
+        container["command"] = command
+    if args:
+        container["args"] = args
+    env = _env(spec.env)
+    if env:
+        container["env"] = env
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [container],
+        "priorityClassName": spec.priority_class_name,
+        # Tolerate the taint GPU nodes carry (any value, any effect) so the pod can land
+        # on them; nothing else is tolerated.
+        "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists"}],
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": opts.termination_grace_seconds,
+    }
+    if spec.node_labels:
+        pod_spec["nodeSelector"] = {str(k): str(v) for k, v in sorted(spec.node_labels.items())}
+    planned = sorted(set(spec.placement))
+    if planned:
+        # A hint, not a rule: the scheduler prefers the nodes fairq planned (best fit),
+        # but may use another node of the type if a planned one is gone.
+        pod_spec["affinity"] = {"nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{
+                "weight": 100,
+                "preference": {"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": planned}]},
+            }],
+        }}
+    job_spec: dict[str, Any] = {
+        "parallelism": spec.replicas,
+        "completions": spec.replicas,
+        "backoffLimit": opts.backoff_limit,
+        "template": {
+            "metadata": {"labels": dict(labels), "annotations": dict(annotations)},
+            "spec": pod_spec,
+        },
+    }
+    if opts.indexed:
+        job_spec["completionMode"] = "Indexed"
+    if spec.max_runtime_seconds:
+        job_spec["activeDeadlineSeconds"] = int(spec.max_runtime_seconds)
+    if opts.ttl_seconds_after_finished is not None:
+        job_spec["ttlSecondsAfterFinished"] = opts.ttl_seconds_after_finished
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": spec.name, "namespace": opts.namespace, "labels": labels,
+                     "annotations": annotations},
+        "spec": job_spec,
+    }
+
+
+def namespace_manifest(name: str, team: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": {MANAGED_BY: MANAGED_BY_VALUE, L_TEAM: team}}}
+
+
+def resource_quota_manifest(namespace: str, hard: Mapping[str, int]) -> dict[str, Any]:
+    """The team's GPU limits as a ResourceQuota (`requests.<resource>`: extended resources
+    are quota'd by their requests only)."""
+    return {
+        "apiVersion": "v1", "kind": "ResourceQuota",
+        "metadata": {"name": QUOTA_NAME, "namespace": namespace,
+                     "labels": {MANAGED_BY: MANAGED_BY_VALUE}},
+        "spec": {"hard": {f"requests.{r}": str(n) for r, n in sorted(hard.items())}},
+    }
+
+
+def priority_class_manifest(*, name: str, value: int, preemption_policy: str,
+                            tier: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+        "metadata": {"name": name, "labels": {MANAGED_BY: MANAGED_BY_VALUE, L_TIER: tier}},
+        "value": value,
+        "globalDefault": False,
+        "preemptionPolicy": preemption_policy,
+        "description": f"fairq tier {tier}",
+    }
+
+
+# --- reading objects back ---------------------------------------------------------------
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        return None
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _status(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("status") or {}
+
+
+def pod_is_terminal(pod: Mapping[str, Any]) -> bool:
+    return _status(pod).get("phase") in ("Succeeded", "Failed")
+
+
+def pod_started_at(pod: Mapping[str, Any]) -> datetime | None:
+    """When the pod's container started (the kubelet's word), else its startTime."""
+    starts = []
+    for cs in _status(pod).get("containerStatuses") or ():
+        state = cs.get("state") or {}
+        for key in ("running", "terminated"):
+            t = parse_time((state.get(key) or {}).get("startedAt"))
+            if t is not None:
+                starts.append(t)
+    if starts:
+        return min(starts)
+    if _status(pod).get("phase") in ("Running", "Succeeded", "Failed"):
+        return parse_time(_status(pod).get("startTime"))
+    return None
+
+
+def pod_finished_at(pod: Mapping[str, Any]) -> datetime | None:
+    ends = [parse_time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+            for cs in _status(pod).get("containerStatuses") or ()]
+    found = [e for e in ends if e is not None]
+    return max(found) if found else None
+
+
+def _terminated(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [(cs.get("state") or {}).get("terminated") or {}
+            for cs in _status(pod).get("containerStatuses") or ()
+            if (cs.get("state") or {}).get("terminated")]
+
+
+def _job_condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for c in _status(job).get("conditions") or ():
+        if c.get("type") == kind and c.get("status") == "True":
+            return c  # type: ignore[no-any-return]
+    return None
+
+
+def job_finished(job: Mapping[str, Any]) -> datetime | None:
+    """When the Job completed or failed, None while it has not."""
+    for kind in ("Complete", "Failed"):
+        c = _job_condition(job, kind)
+        if c is not None:
+            return (parse_time(_status(job).get("completionTime"))
+                    or parse_time(c.get("lastTransitionTime"))
+                    or parse_time(c.get("lastProbeTime"))
+                    or parse_time(_meta(job).get("creationTimestamp"))
+                    or datetime(1970, 1, 1, tzinfo=UTC))
+    return None
+
+
+def _image_error(pods: Sequence[Mapping[str, Any]], *, now: datetime, timeout_seconds: float,
+                 first_seen: Mapping[str, datetime]) -> str | None:
+    for pod in pods:
+        for cs in _status(pod).get("containerStatuses") or ():
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            reason = waiting.get("reason")
+            if reason not in IMAGE_ERRORS:
+                continue
+            since = first_seen.get(_meta(pod).get("uid", "")) or \
+                parse_time(_meta(pod).get("creationTimestamp")) or now
+            if (now - since).total_seconds() >= timeout_seconds:
+                msg = waiting.get("message") or ""
+                return f"{reason}: {msg}".strip().rstrip(":")[:400] + \
+                    f" (for {timeout_seconds:.0f} s)"
+    return None
+
+
+def workload_status(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *,
+                    now: datetime, image_pull_timeout_seconds: float = 300.0,
+                    image_error_since: Mapping[str, datetime] | None = None,
+                    ) -> WorkloadStatus | None:
+    """What fairq should believe about one fairq Job and its pods; None when the Job has
+    no fairq identity (not ours).
+
+    - SUCCEEDED / FAILED from the Job's conditions; FAILED also when a pod cannot pull
+      its image for `image_pull_timeout_seconds` (reason from the container's state).
+    - RUNNING once any pod has started; PENDING before.
+    - started_at = earliest container start; finished_at = latest container finish (the
+      Job's completion time when no pod says); so usage is the pods' real run time.
+    """
+    meta = _meta(job)
+    labels = meta.get("labels") or {}
+    name = meta.get("name", "")
+    try:
+        job_id = int(labels[L_JOB_ID])
+        attempt = int(labels[L_ATTEMPT])
+    except (KeyError, ValueError):
+        parsed = parse_name(name)
+        if parsed is None:
+            return None
+        job_id, attempt = parsed
+    starts = [t for t in (pod_started_at(p) for p in pods) if t is not None]
+    started_at = min(starts) if starts else None
+    ends = [t for t in (pod_finished_at(p) for p in pods) if t is not None]
+    nodes = tuple(sorted({str(p["spec"]["nodeName"]) for p in pods
+                          if (p.get("spec") or {}).get("nodeName")}))
+    complete = _job_condition(job, "Complete")
+    failed = _job_condition(job, "Failed")
+    phase = Phase.PENDING
+    reason = ""
+    exit_code: int | None = None
+    finished_at: datetime | None = None
+    if complete is not None:
+        phase, exit_code = Phase.SUCCEEDED, 0
+        finished_at = max(ends) if ends else job_finished(job)
+    elif failed is not None:
+        phase = Phase.FAILED
+        finished_at = max(ends) if ends else (job_finished(job) or now)
+        reason, exit_code = failure_reason(failed, pods)
+    else:
+        image_error = _image_error(pods, now=now, timeout_seconds=image_pull_timeout_seconds,
+                                   first_seen=image_error_since or {})
+        if image_error is not None:
+            phase, reason, finished_at = Phase.FAILED, image_error, now
+        elif started_at is not None:
+            phase = Phase.RUNNING
+    if phase in (Phase.SUCCEEDED, Phase.FAILED) and started_at is not None and \
+            finished_at is not None and finished_at < started_at:
+        finished_at = started_at
+    return WorkloadStatus(name=name, job_id=job_id, attempt=attempt, phase=phase,
+                          started_at=started_at, finished_at=finished_at,
+                          exit_code=exit_code, reason=reason, nodes=nodes)
+
+
+def failure_reason(condition: Mapping[str, Any],
+                   pods: Sequence[Mapping[str, Any]]) -> tuple[str, int | None]:
+    """A readable reason for a failed Job and the exit code of the container that failed."""
+    why = condition.get("reason") or "Failed"
+    if why == "DeadlineExceeded":
+        return "DeadlineExceeded: ran longer than its max runtime", None
+    terms = [t for p in pods for t in _terminated(p) if t.get("exitCode", 0) != 0]
+    terms.sort(key=lambda t: t.get("finishedAt") or "")
+    if terms:
+        t = terms[0]
+        code = int(t.get("exitCode", 1))
+        if t.get("reason") == "OOMKilled":
+            return f"OOMKilled: a container ran out of memory (exit code {code})", code
+        detail = f" ({t['reason']})" if t.get("reason") else ""
+        msg = f": {t['message'].strip()[:300]}" if t.get("message") else ""
+        return f"exit code {code}{detail}{msg}", code
+    msg = condition.get("message") or ""
+    return f"{why}: {msg}".strip().rstrip(":"), None
+
+
+# --- capacity ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class GpuTypeRef:
+    """The part of a fairq GpuType the backend needs to recognise nodes."""
+
+    slug: str
+    resource_name: str
+    node_labels: Mapping[str, str]
+
+
+def _quantity(value: Any) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def node_usable(node: Mapping[str, Any]) -> bool:
+    """Schedulable, Ready, and not tainted away (NoSchedule/NoExecute taints other than the
+    GPU taint fairq's pods tolerate)."""
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        return False
+    ready = [c for c in _status(node).get("conditions") or () if c.get("type") == "Ready"]
+    if not ready or ready[0].get("status") != "True":
+        return False
+    for taint in spec.get("taints") or ():
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and \
+                taint.get("key") != GPU_TAINT_KEY:
+            return False
+    return True
+
+
+def node_gpu_type(node: Mapping[str, Any], gpu_types: Sequence[GpuTypeRef]
+                  ) -> tuple[GpuTypeRef, int] | None:
+    """The most specific GPU type whose labels the node carries and whose resource it
+    offers (ties by slug), with the node's allocatable count of that resource."""
+    labels = _meta(node).get("labels") or {}
+    allocatable = _status(node).get("allocatable") or {}
+    matches = []
+    for g in gpu_types:
+        count = _quantity(allocatable.get(g.resource_name, 0))
+        if count > 0 and all(labels.get(k) == v for k, v in g.node_labels.items()):
+            matches.append((-len(g.node_labels), g.slug, g, count))
+    if not matches:
+        return None
+    _, _, g, count = min(matches, key=lambda m: (m[0], m[1]))
+    return g, count
+
+
+def pod_gpu_requests(pod: Mapping[str, Any], resource: str) -> int:
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or ():
+        res = c.get("resources") or {}
+        value = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource))
+        if value is not None:
+            total += _quantity(value)
+    return total
+
+
+def capacity(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
+             gpu_types: Sequence[GpuTypeRef], *,
+             unbound: Mapping[str, int] | None = None) -> list[NodeInfo]:
+    """NodeInfo per usable node of a known GPU type. `allocated` = GPUs requested by
+    non-terminal pods bound to the node, including pods being deleted (GPUs are free only
+    once the pods are gone), plus `unbound` GPUs fairq has submitted for the node but the
+    scheduler has not bound yet."""
+    typed: dict[str, tuple[GpuTypeRef, int]] = {}
+    for node in nodes:
+        if not node_usable(node):
+            continue
+        found = node_gpu_type(node, gpu_types)
+        if found is not None:
+            typed[_meta(node)["name"]] = found
+    allocated = dict.fromkeys(typed, 0)
+    for pod in pods:
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        if node_name not in typed or pod_is_terminal(pod):
+            continue
+        allocated[node_name] += pod_gpu_requests(pod, typed[node_name][0].resource_name)
+    for node_name, n in (unbound or {}).items():
+        if node_name in allocated:
+            allocated[node_name] += n
+    return [NodeInfo(name, g.slug, count, allocated[name])
+            for name, (g, count) in sorted(typed.items())]
+
+
+def unbound_demand(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """GPUs of a running Job's replicas not yet bound to a node, on the nodes fairq
+    planned for them: without this a cycle that runs between "Job created" and "pod
+    bound" would see the planned GPUs free and admit a second job onto them."""
+    if job_finished(job) is not None or _meta(job).get("deletionTimestamp"):
+        return {}
+    ann = _meta(job).get("annotations") or {}
+    try:
+        per = int(ann.get(A_GPUS_PER_REPLICA, "0"))
+        replicas = int(ann.get(A_REPLICAS, "0"))
+    except ValueError:
+        return {}
+    planned = [n for n in (ann.get(A_PLACEMENT) or "").split(",") if n]
+    placed = [str((p.get("spec") or {}).get("nodeName")) for p in pods
+              if (p.get("spec") or {}).get("nodeName") and
+              (_status(p).get("phase") != "Failed")]
+    missing = replicas - len(placed)
+    if per <= 0 or missing <= 0 or not planned:
+        return {}
+    remaining = list(planned)
+    for node in placed:
+        if node in remaining:
+            remaining.remove(node)
+    out: dict[str, int] = {}
+    for node in remaining[:missing]:
+        out[node] = out.get(node, 0) + per
+    return out

@@ -1,0 +1,670 @@
+"""The Kubernetes backend: one batch/v1 Job per job attempt (docs/kubernetes.md).
+
+- submit  — `fq-<job id>-<attempt>` in the team's namespace (`<prefix><team>`, created
+            and labelled on first use, with a ResourceQuota mirroring the team's quota);
+            creating a name that exists is adopted (409), an invalid spec (422) fails
+            the job (`SubmitRejected`), anything else is retried by the next cycle.
+- statuses, nodes — read an in-process cache fed by watches (fairq's Jobs and Pods,
+            other pods' GPU requests, Nodes), so the scheduler cycle costs no API call.
+- stop    — deletes the Job with `propagationPolicy=Foreground`: the Job stays listed
+            (with a deletionTimestamp) until its pods are gone, and `nodes()` counts the
+            GPUs of pods being deleted, so freed GPUs show as free only once they are.
+            A Job that already finished is not deleted but forgotten, so its pods' logs
+            stay readable until `ttlSecondsAfterFinished` removes it.
+- logs    — the pods' logs through the API server.
+
+The watch threads start on first use (a web process that only reads logs starts none)
+and kick a scheduler cycle when a fairq pod or Job changes phase.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+from .base import LaunchSpec, NodeInfo, Phase, SubmitRejected, WorkloadStatus
+from .k8s_cache import Informer, Obj
+from .k8s_manifest import (
+    L_WORKLOAD,
+    MANAGED_BY,
+    SELECTOR,
+    GpuTypeRef,
+    ManifestError,
+    ManifestOptions,
+    capacity,
+    job_finished,
+    job_manifest,
+    namespace_for,
+    namespace_manifest,
+    priority_class_manifest,
+    resource_quota_manifest,
+    unbound_demand,
+    workload_status,
+)
+
+log = logging.getLogger(__name__)
+
+# How long a Job deleted outside fairq after it ran is still reported (as FAILED), so
+# the job that owned it does not stay RUNNING for ever.
+TOMBSTONE_SECONDS = 600.0
+
+
+class KubernetesBackendError(Exception):
+    """The cluster cannot answer yet (caches not synced, API down): retry later."""
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityClassSpec:
+    name: str
+    value: int
+    preemption_policy: str
+    tier: str
+
+
+def _api_error(exc: Exception) -> tuple[int, str]:
+    status = int(getattr(exc, "status", 0) or 0)
+    body = getattr(exc, "body", None) or ""
+    message = str(getattr(exc, "reason", "") or exc)
+    try:
+        parsed = json.loads(body) if body else {}
+        message = parsed.get("message") or message
+    except (ValueError, AttributeError):
+        pass
+    return status, str(message)
+
+
+class _Debounced:
+    """Call `fn` at most once per `interval`, and once more after the interval when calls
+    arrived inside it (trailing edge), so the last change is never dropped."""
+
+    def __init__(self, fn: Callable[[], None], interval: float = 1.0) -> None:
+        self._fn = fn
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._last = 0.0
+        self._pending = False
+
+    def __call__(self) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if self._pending:
+                return
+            wait = self._last + self._interval - now
+            if wait <= 0:
+                self._last = now
+                fire = True
+            else:
+                self._pending = True
+                fire = False
+        if fire:
+            self._call()
+        else:
+            t = threading.Timer(wait + 0.05, self._trailing)
+            t.daemon = True
+            t.start()
+
+    def _trailing(self) -> None:
+        with self._lock:
+            self._pending = False
+            self._last = time.monotonic()
+        self._call()
+
+    def _call(self) -> None:
+        try:
+            self._fn()
+        except Exception:
+            log.exception("scheduler kick failed")
+
+
+class KubernetesBackend:
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        namespace_prefix: str = "fairq-",
+        backoff_limit: int = 0,
+        ttl_after_finished_seconds: int | None = 3600,
+        image_pull_timeout_seconds: float = 300.0,
+        termination_grace_seconds: int = 30,
+        registry_allowlist: Sequence[str] = (),
+        gpu_types: Sequence[GpuTypeRef] | Callable[[], Sequence[GpuTypeRef]] = (),
+        gpu_types_ttl_seconds: float = 30.0,
+        team_quota: Callable[[str], Mapping[str, int]] | None = None,
+        resync_seconds: float = 300.0,
+        watch_seconds: int = 60,
+        sync_timeout_seconds: float = 30.0,
+        kick: Callable[[], None] | None = None,
+    ) -> None:
+        from kubernetes import client
+
+        self.api = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
+        self.scheduling = client.SchedulingV1Api(api_client)
+        self.namespace_prefix = namespace_prefix
+        self.backoff_limit = backoff_limit
+        self.ttl_after_finished_seconds = ttl_after_finished_seconds
+        self.image_pull_timeout_seconds = image_pull_timeout_seconds
+        self.termination_grace_seconds = termination_grace_seconds
+        self.registry_allowlist = tuple(registry_allowlist)
+        self._gpu_types_source = gpu_types
+        self._gpu_types_ttl = gpu_types_ttl_seconds
+        self._gpu_types_cache: tuple[float, Sequence[GpuTypeRef]] | None = None
+        self.team_quota = team_quota
+        self.sync_timeout_seconds = sync_timeout_seconds
+        self._kick = _Debounced(kick) if kick is not None else None
+        self._lock = threading.Lock()
+        self._known_namespaces: set[str] = set()
+        self._where: dict[str, str] = {}  # workload name → namespace
+        self._stopping: set[str] = set()  # names fairq deleted
+        self._hidden: dict[str, datetime] = {}  # finished Jobs fairq forgot: name → finished
+        self._ran: dict[str, datetime] = {}  # names seen RUNNING → started_at
+        self._tombstones: dict[str, tuple[float, WorkloadStatus]] = {}
+        self._version: tuple[int, int] | None = None
+        self._last_housekeeping = 0.0
+        self._started = False
+        self.jobs = Informer("jobs", self.batch.list_job_for_all_namespaces,
+                             label_selector=SELECTOR, resync_seconds=resync_seconds,
+                             watch_seconds=watch_seconds, on_change=self._job_changed)
+        self.pods = Informer("pods", self.core.list_pod_for_all_namespaces,
+                             label_selector=SELECTOR, resync_seconds=resync_seconds,
+                             watch_seconds=watch_seconds, on_change=self._pod_changed)
+        # Everyone else's GPUs: non-terminal pods bound to a node, not fairq's.
+        self.other_pods = Informer(
+            "other-pods", self.core.list_pod_for_all_namespaces,
+            label_selector=f"{MANAGED_BY}!=fairq",
+            field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+            resync_seconds=resync_seconds, watch_seconds=watch_seconds)
+        self.nodes_informer = Informer("nodes", self.core.list_node,
+                                       resync_seconds=resync_seconds,
+                                       watch_seconds=watch_seconds,
+                                       on_change=self._node_changed)
+        self._informers = (self.jobs, self.pods, self.other_pods, self.nodes_informer)
+
+    # --- construction -----------------------------------------------------------------
+
+    @classmethod
+    def from_settings(cls) -> KubernetesBackend:
+        """A backend for the cluster in settings: FAIRQ_KUBECONFIG (and FAIRQ_KUBE_CONTEXT)
+        when set, else the in-cluster service account, else ~/.kube/config."""
+        from django.conf import settings
+
+        from . import k8s_sync
+
+        api = api_client_from_config(kubeconfig=settings.FAIRQ_KUBECONFIG,
+                                     context=settings.FAIRQ_KUBE_CONTEXT)
+
+        def kick() -> None:
+            from queueing.tasks import kick_scheduler
+
+            kick_scheduler()
+
+        return cls(
+            api,
+            namespace_prefix=settings.FAIRQ_KUBE_NAMESPACE_PREFIX,
+            backoff_limit=settings.FAIRQ_K8S_BACKOFF_LIMIT,
+            ttl_after_finished_seconds=settings.FAIRQ_K8S_TTL_AFTER_FINISHED_SECONDS,
+            image_pull_timeout_seconds=settings.FAIRQ_K8S_IMAGE_PULL_TIMEOUT_SECONDS,
+            termination_grace_seconds=settings.FAIRQ_K8S_TERMINATION_GRACE_SECONDS,
+            registry_allowlist=settings.FAIRQ_REGISTRY_ALLOWLIST,
+            gpu_types=k8s_sync.gpu_type_refs,
+            team_quota=k8s_sync.team_gpu_limits,
+            resync_seconds=settings.FAIRQ_K8S_RESYNC_SECONDS,
+            kick=kick,
+        )
+
+    def start(self) -> KubernetesBackend:
+        with self._lock:
+            if self._started:
+                return self
+            self._started = True
+        for informer in self._informers:
+            informer.start()
+        return self
+
+    def wait_synced(self, timeout: float | None = None) -> None:
+        """Start the watches and wait for their first list; raises when one does not
+        arrive in time (the cycle fails and is retried: an empty cache must never be
+        read as "no workloads", or every admitted job would look vanished)."""
+        self.start()
+        deadline = time.monotonic() + (self.sync_timeout_seconds if timeout is None else timeout)
+        for informer in self._informers:
+            if not informer.wait_synced(max(0.0, deadline - time.monotonic())):
+                raise KubernetesBackendError(
+                    f"the {informer.name} watch has not synced with the API server"
+                    + (f": {informer.last_error}" if informer.last_error else ""))
+
+    def close(self) -> None:
+        for informer in self._informers:
+            informer.stop()
+        try:
+            self.api.close()
+        except Exception:
+            log.debug("closing the API client failed", exc_info=True)
+
+    # --- server version -----------------------------------------------------------------
+
+    def server_version(self) -> tuple[int, int]:
+        if self._version is None:
+            from kubernetes import client
+
+            code = client.VersionApi(self.api).get_code()
+            self._version = (int(re.sub(r"\D", "", code.major) or 0),
+                             int(re.sub(r"\D", "", code.minor) or 0))
+        return self._version
+
+    def indexed_jobs_served(self) -> bool:
+        """completionMode=Indexed: alpha in 1.21 (off), beta in 1.22 (on), GA in 1.24.
+        Older servers drop the field silently, so it is only set where it means something."""
+        return self.server_version() >= (1, 22)
+
+    # --- submit -------------------------------------------------------------------------
+
+    def _options(self, namespace: str) -> ManifestOptions:
+        return ManifestOptions(
+            namespace=namespace, backoff_limit=self.backoff_limit,
+            ttl_seconds_after_finished=self.ttl_after_finished_seconds,
+            indexed=self.indexed_jobs_served(),
+            termination_grace_seconds=self.termination_grace_seconds,
+        )
+
+    def manifest(self, spec: LaunchSpec) -> dict[str, Any]:
+        """The Job `submit` would create (raises SubmitRejected when it cannot exist)."""
+        from queueing.validation import registry_problem
+
+        problem = registry_problem(spec.image, self.registry_allowlist)
+        if problem:
+            raise SubmitRejected(problem)
+        try:
+            namespace = namespace_for(spec.team, self.namespace_prefix)
+            return job_manifest(spec, self._options(namespace))
+        except ManifestError as exc:
+            raise SubmitRejected(str(exc)) from exc
+
+    def submit(self, spec: LaunchSpec, *, now: datetime) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        body = self.manifest(spec)
+        namespace = body["metadata"]["namespace"]
+        if self._started and self.jobs.get(f"{namespace}/{spec.name}") is not None:
+            return  # already there: the name is the identity
+        self.ensure_namespace(spec.team)
+        try:
+            self.batch.create_namespaced_job(namespace, cast(Any, body))
+        except ApiException as exc:
+            status, message = _api_error(exc)
+            if status == 409:
+                log.info("%s already exists: adopted", spec.name)
+            elif status in (400, 422):
+                raise SubmitRejected(f"Kubernetes refused the Job: {message}") from exc
+            else:
+                if status == 404:
+                    self._known_namespaces.discard(namespace)
+                raise KubernetesBackendError(
+                    f"creating {spec.name} failed ({status}): {message}") from exc
+        except ValueError as exc:  # the client's model validation: our body is malformed
+            raise SubmitRejected(f"invalid Job: {exc}") from exc
+        with self._lock:
+            self._where[spec.name] = namespace
+
+    def ensure_namespace(self, team: str, *, force: bool = False) -> str:
+        """The team's namespace, created and labelled on first use, with its quota."""
+        from kubernetes.client.exceptions import ApiException
+
+        namespace = namespace_for(team, self.namespace_prefix)
+        if namespace in self._known_namespaces and not force:
+            return namespace
+        try:
+            self.core.create_namespace(cast(Any, namespace_manifest(namespace, team)))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self.core.patch_namespace(namespace, {"metadata": {
+                "labels": namespace_manifest(namespace, team)["metadata"]["labels"]}})
+        if self.team_quota is not None:
+            self.apply_quota(namespace, self.team_quota(team))
+        self._known_namespaces.add(namespace)
+        return namespace
+
+    def apply_quota(self, namespace: str, hard: Mapping[str, int]) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        body = resource_quota_manifest(namespace, hard)
+        try:
+            self.core.create_namespaced_resource_quota(namespace, cast(Any, body))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self.core.replace_namespaced_resource_quota(
+                body["metadata"]["name"], namespace,
+                cast(Any, body))
+
+    # --- stop ---------------------------------------------------------------------------
+
+    def _namespace_of(self, name: str) -> str | None:
+        with self._lock:
+            ns = self._where.get(name)
+        if ns is not None:
+            return ns
+        for job in self.jobs.items():
+            if job["metadata"]["name"] == name:
+                return str(job["metadata"]["namespace"])
+        return None
+
+    def stop(self, name: str, *, now: datetime) -> None:
+        """Delete the Job (Foreground: its pods first). A finished Job is only forgotten
+        (its pods' logs stay readable until its TTL); unknown names are a no-op."""
+        from kubernetes.client.exceptions import ApiException
+
+        self.start()
+        with self._lock:
+            self._tombstones.pop(name, None)
+        namespace = self._namespace_of(name)
+        if namespace is None:
+            if not self.jobs.synced.is_set():
+                raise KubernetesBackendError("the Jobs watch has not synced yet")
+            namespace = self._find_namespace(name)
+            if namespace is None:
+                return
+        job = self.jobs.get(f"{namespace}/{name}")
+        if job is not None:
+            if job["metadata"].get("deletionTimestamp"):
+                return  # already going
+            finished = job_finished(job)
+            if finished is not None and not self._expired(finished, now):
+                with self._lock:
+                    self._hidden[name] = finished
+                return
+        with self._lock:
+            self._stopping.add(name)
+        try:
+            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Foreground")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def _find_namespace(self, name: str) -> str | None:
+        """A Job created moments ago may not be in the cache yet: ask the API server."""
+        items = _raw_list(self.batch.list_job_for_all_namespaces,
+                          label_selector=f"{L_WORKLOAD}={name}")
+        return str(items[0]["metadata"]["namespace"]) if items else None
+
+    def _expired(self, finished: datetime, now: datetime) -> bool:
+        if self.ttl_after_finished_seconds is None:
+            return True
+        return now - finished > timedelta(seconds=self.ttl_after_finished_seconds + 120)
+
+    # --- statuses -----------------------------------------------------------------------
+
+    def _pods_by_workload(self) -> dict[str, list[Obj]]:
+        by: dict[str, list[Obj]] = defaultdict(list)
+        for pod in self.pods.items():
+            workload = (pod["metadata"].get("labels") or {}).get(L_WORKLOAD)
+            if workload:
+                by[f"{pod['metadata'].get('namespace')}/{workload}"].append(pod)
+        return by
+
+    def statuses(self, *, now: datetime) -> list[WorkloadStatus]:
+        self.wait_synced()
+        pods = self._pods_by_workload()
+        out: list[WorkloadStatus] = []
+        housekeeping: list[tuple[str, str]] = []
+        with self._lock:
+            hidden = dict(self._hidden)
+        for job in self.jobs.items():
+            meta = job["metadata"]
+            name = meta["name"]
+            if name in hidden:
+                if self._expired(hidden[name], now) and not meta.get("deletionTimestamp"):
+                    housekeeping.append((name, meta["namespace"]))
+                continue
+            status = workload_status(job, pods.get(f"{meta['namespace']}/{name}", []), now=now,
+                                     image_pull_timeout_seconds=self.image_pull_timeout_seconds)
+            if status is None:
+                continue
+            if status.started_at is not None:
+                with self._lock:
+                    self._ran.setdefault(name, status.started_at)
+            out.append(status)
+        listed = {s.name for s in out}
+        with self._lock:
+            for name, (until, tomb) in list(self._tombstones.items()):
+                if until < time.monotonic():
+                    del self._tombstones[name]
+                elif name not in listed:
+                    out.append(tomb)
+        if housekeeping and time.monotonic() - self._last_housekeeping > 60:
+            self._last_housekeeping = time.monotonic()
+            for name, namespace in housekeeping:
+                # Finished, forgotten by fairq and past its TTL: the TTL controller is
+                # off (1.20 without the TTLAfterFinished gate), so clean up ourselves.
+                self._delete_quietly(name, namespace)
+        return out
+
+    def _delete_quietly(self, name: str, namespace: str) -> None:
+        try:
+            with self._lock:
+                self._stopping.add(name)
+            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+        except Exception as exc:
+            log.info("deleting finished Job %s/%s failed: %s", namespace, name, exc)
+
+    # --- nodes --------------------------------------------------------------------------
+
+    def gpu_types(self) -> Sequence[GpuTypeRef]:
+        source = self._gpu_types_source
+        if not callable(source):
+            return source
+        cached = self._gpu_types_cache
+        if cached is None or time.monotonic() - cached[0] > self._gpu_types_ttl:
+            cached = (time.monotonic(), tuple(source()))
+            self._gpu_types_cache = cached
+        return cached[1]
+
+    def nodes(self) -> list[NodeInfo]:
+        self.wait_synced()
+        fairq_pods = self.pods.items()
+        unbound: dict[str, int] = defaultdict(int)
+        by = self._pods_by_workload()
+        for job in self.jobs.items():
+            key = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
+            for node, n in unbound_demand(job, by.get(key, [])).items():
+                unbound[node] += n
+        return capacity(self.nodes_informer.items(), fairq_pods + self.other_pods.items(),
+                        self.gpu_types(), unbound=unbound)
+
+    # --- logs ---------------------------------------------------------------------------
+
+    def logs(self, name: str, *, tail: int = 100) -> str:
+        """The last `tail` lines of each pod of the workload (a header per pod when there
+        are several); a readable line instead of an error when a pod has no logs."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            pods = _raw_list(self.core.list_pod_for_all_namespaces,
+                             label_selector=f"{L_WORKLOAD}={name}")
+        except ApiException as exc:
+            status, message = _api_error(exc)
+            return f"[fairq] cannot list the pods of {name} ({status}): {message}"
+        if not pods:
+            return ""
+        pods.sort(key=lambda p: p["metadata"]["name"])
+        chunks: list[str] = []
+        for pod in pods:
+            pod_name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
+            try:
+                text = self.core.read_namespaced_pod_log(
+                    pod_name, namespace, container="main", tail_lines=tail,
+                    _request_timeout=(5, 30))
+            except ApiException as exc:
+                status, message = _api_error(exc)
+                if status == 404:
+                    text = f"[fairq] pod {pod_name} is gone; its logs with it"
+                else:
+                    text = f"[fairq] no logs from pod {pod_name} ({status}): {message}"
+            except Exception as exc:
+                text = f"[fairq] no logs from pod {pod_name}: {exc}"
+            lines = str(text or "").splitlines()
+            if len(pods) > 1:
+                chunks.append(f"==> {pod_name} <==")
+            chunks.extend(lines[-tail:])
+        return "\n".join(chunks)
+
+    # --- priority classes ---------------------------------------------------------------
+
+    def sync_priority_classes(self, classes: Sequence[PriorityClassSpec]) -> dict[str, list[str]]:
+        """Create, update (delete + create: value and preemptionPolicy are immutable) and
+        delete fairq's PriorityClasses so there is exactly one per tier. Classes fairq did
+        not create are never touched; a name clash is reported."""
+        from kubernetes.client.exceptions import ApiException
+
+        report: dict[str, list[str]] = {"created": [], "replaced": [], "unchanged": [],
+                                        "deleted": [], "conflicts": []}
+        existing = {p["metadata"]["name"]: p
+                    for p in _raw_list(self.scheduling.list_priority_class)}
+        wanted = {c.name: c for c in classes}
+        for c in classes:
+            body = priority_class_manifest(name=c.name, value=c.value,
+                                           preemption_policy=c.preemption_policy, tier=c.tier)
+            cur = existing.get(c.name)
+            if cur is not None:
+                if (cur["metadata"].get("labels") or {}).get(MANAGED_BY) != "fairq":
+                    report["conflicts"].append(c.name)
+                    continue
+                if cur.get("value") == c.value and \
+                        cur.get("preemptionPolicy", "PreemptLowerPriority") == c.preemption_policy:
+                    report["unchanged"].append(c.name)
+                    continue
+                # Pods keep the integer priority they were admitted with.
+                self.scheduling.delete_priority_class(c.name)
+                report["replaced"].append(c.name)
+            else:
+                report["created"].append(c.name)
+            try:
+                self.scheduling.create_priority_class(cast(Any, body))
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        for name, cur in existing.items():
+            if name not in wanted and (cur["metadata"].get("labels") or {}).get(MANAGED_BY) == "fairq":
+                try:
+                    self.scheduling.delete_priority_class(name)
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+                report["deleted"].append(name)
+        return report
+
+    # --- watch hooks (informer threads: quick, no DB) ------------------------------------
+
+    def _job_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        if new is not None:
+            with self._lock:
+                self._where[new["metadata"]["name"]] = new["metadata"]["namespace"]
+        if kind == "DELETED" and old is not None:
+            self._job_deleted(old)
+        old_c = _conditions(old)
+        if kind in ("ADDED", "DELETED") or old_c != _conditions(new):
+            self._poke()
+
+    def _job_deleted(self, job: Obj) -> None:
+        name = job["metadata"]["name"]
+        with self._lock:
+            self._where.pop(name, None)
+            self._hidden.pop(name, None)
+            stopped = name in self._stopping
+            self._stopping.discard(name)
+            started = self._ran.pop(name, None)
+        if stopped or started is None or job_finished(job) is not None:
+            return
+        status = workload_status(job, [], now=datetime.now(UTC))
+        if status is None:
+            return
+        # Deleted outside fairq after it ran (kubectl delete, a namespace removed): the
+        # owning job must not stay RUNNING for ever, so report it failed for a while.
+        tomb = WorkloadStatus(
+            name=name, job_id=status.job_id, attempt=status.attempt, phase=Phase.FAILED,
+            started_at=started, finished_at=datetime.now(UTC),
+            reason="its Kubernetes Job was deleted outside fairq")
+        with self._lock:
+            self._tombstones[name] = (time.monotonic() + TOMBSTONE_SECONDS, tomb)
+
+    def _pod_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        if kind in ("ADDED", "DELETED") or _phase(old) != _phase(new):
+            self._poke()
+
+    def _node_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        # Capacity is read from the cache each cycle; a node that appears, leaves or
+        # changes schedulability is worth a cycle now.
+        if kind != "MODIFIED" or _node_key(old) != _node_key(new):
+            self._poke()
+
+    def _poke(self) -> None:
+        if self._kick is not None and all(i.synced.is_set() for i in self._informers):
+            self._kick()
+
+
+def _conditions(job: Obj | None) -> list[tuple[str, str]]:
+    if job is None:
+        return []
+    return [(c.get("type", ""), c.get("status", ""))
+            for c in (job.get("status") or {}).get("conditions") or ()]
+
+
+def _phase(pod: Obj | None) -> tuple[str, bool]:
+    if pod is None:
+        return ("", False)
+    return ((pod.get("status") or {}).get("phase") or "",
+            bool(pod["metadata"].get("deletionTimestamp")))
+
+
+def _node_key(node: Obj | None) -> Any:
+    if node is None:
+        return None
+    spec = node.get("spec") or {}
+    ready = [c.get("status") for c in (node.get("status") or {}).get("conditions") or ()
+             if c.get("type") == "Ready"]
+    return (spec.get("unschedulable"), json.dumps(spec.get("taints"), sort_keys=True), ready,
+            json.dumps((node.get("status") or {}).get("allocatable"), sort_keys=True),
+            json.dumps(node["metadata"].get("labels"), sort_keys=True))
+
+
+def _raw_list(func: Callable[..., Any], **kwargs: Any) -> list[Obj]:
+    """The items of a list call as the API server's JSON (no model deserialization)."""
+    resp = func(_preload_content=False, _request_timeout=60, **kwargs)
+    try:
+        return list(json.loads(resp.data).get("items") or [])
+    finally:
+        resp.release_conn()
+
+
+def api_client_from_config(*, kubeconfig: str = "", context: str = "") -> Any:
+    """A new ApiClient (never the global default configuration): from `kubeconfig` when
+    given, else the in-cluster service account when running in a pod, else
+    ~/.kube/config."""
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, context=context or None,
+                                client_configuration=cfg, persist_config=False)
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(  # type: ignore[no-untyped-call]
+            client_configuration=cfg)
+    else:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            context=context or None, client_configuration=cfg,
+                                persist_config=False)
+    # Four long-lived watches plus the cycle's calls share the pool.
+    cfg.connection_pool_maxsize = max(getattr(cfg, "connection_pool_maxsize", 0) or 0, 16)
+    return client.ApiClient(cfg)

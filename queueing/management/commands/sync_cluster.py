@@ -1,0 +1,26 @@
+"""`manage.py sync_cluster`: PriorityClasses for the tiers, namespaces and ResourceQuotas
+for the teams, on the Kubernetes cluster fairq is configured for. Idempotent."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+
+class Command(BaseCommand):
+    help = "Create or update fairq's PriorityClasses, team namespaces and quotas."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if settings.FAIRQ_CLUSTER_BACKEND != "kubernetes":
+            raise CommandError("FAIRQ_CLUSTER_BACKEND is not 'kubernetes': nothing to sync")
+        from queueing.backends.k8s_sync import sync_cluster
+
+        report = sync_cluster()
+        self.stdout.write(json.dumps(report, indent=2, sort_keys=True))
+        if report.get("conflicts"):
+            raise CommandError(
+                "PriorityClasses not created by fairq already use these names: "
+                + ", ".join(report["conflicts"]))

@@ -1,0 +1,361 @@
+"""The Kubernetes backend's pure parts: LaunchSpec → Job manifest (and nothing else from
+the user), names and labels, the registry allow-list, Job/Pod → WorkloadStatus, and
+capacity from nodes and pods. No cluster; the API tests use the test database."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from queueing.backends.base import LaunchSpec, Phase
+from queueing.backends.k8s_manifest import (
+    GpuTypeRef,
+    ManifestError,
+    ManifestOptions,
+    capacity,
+    job_manifest,
+    namespace_for,
+    parse_name,
+    priority_class_manifest,
+    resource_quota_manifest,
+    unbound_demand,
+    workload_status,
+)
+from queueing.validation import image_registry_path, registry_problem
+
+from .conftest import job_body
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+# `privileged` appears once, as fairq's own `False`: checked separately.
+FORBIDDEN_KEYS = {"hostPath", "hostNetwork", "hostPID", "hostIPC",
+                  "serviceAccountName", "serviceAccount", "volumes", "volumeMounts",
+                  "capabilities", "runAsUser", "valueFrom", "envFrom", "hostPort",
+                  "initContainers", "nodeName", "imagePullSecrets", "dnsPolicy"}
+
+
+def spec(**overrides: Any) -> LaunchSpec:
+    values: dict[str, Any] = {
+        "name": "fq-12-1", "job_id": 12, "attempt": 1, "team": "vision", "tier": "normal",
+        "priority_class_name": "fairq-normal", "gpu_type": "h100", "resource_name": "nvidia.com/gpu",
+        "node_labels": {"fairq.io/gpu-type": "h100"}, "gpus_per_replica": 2, "replicas": 1,
+        "image": "ghcr.io/acme/train:1.4", "command": ["python", "train.py"], "args": ["--epochs", "3"],
+        "env": {"SEED": "1"}, "max_runtime_seconds": 3600, "placement": ("gpu-h100-0",),
+    }
+    values.update(overrides)
+    return LaunchSpec(**values)
+
+
+OPTS = ManifestOptions(namespace="fairq-vision", backoff_limit=0, ttl_seconds_after_finished=600)
+
+
+def all_keys(obj: Any) -> set[str]:
+    if isinstance(obj, dict):
+        return set(obj) | {k for v in obj.values() for k in all_keys(v)}
+    if isinstance(obj, list):
+        return {k for v in obj for k in all_keys(v)}
+    return set()
+
+
+def test_it_builds_a_job_with_priority_limits_selector_toleration_and_labels() -> None:
+    m = job_manifest(spec(), OPTS)
+    assert m["apiVersion"] == "batch/v1" and m["kind"] == "Job"
+    assert m["metadata"]["name"] == "fq-12-1"
+    assert m["metadata"]["namespace"] == "fairq-vision"
+    labels = m["metadata"]["labels"]
+    assert labels["app.kubernetes.io/managed-by"] == "fairq"
+    assert labels["fairq.io/job-id"] == "12" and labels["fairq.io/attempt"] == "1"
+    assert labels["fairq.io/team"] == "vision" and labels["fairq.io/tier"] == "normal"
+    assert m["metadata"]["annotations"]["fairq.io/job-id"] == "12"
+    js = m["spec"]
+    assert js["parallelism"] == js["completions"] == 1
+    assert js["activeDeadlineSeconds"] == 3600
+    assert js["backoffLimit"] == 0 and js["ttlSecondsAfterFinished"] == 600
+    assert "completionMode" not in js  # not served by the 1.20 default options
+    pod = js["template"]["spec"]
+    assert js["template"]["metadata"]["labels"] == labels
+    assert pod["priorityClassName"] == "fairq-normal"
+    assert pod["restartPolicy"] == "Never"
+    assert pod["nodeSelector"] == {"fairq.io/gpu-type": "h100"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert pod["automountServiceAccountToken"] is False
+    [c] = pod["containers"]
+    assert c["image"] == "ghcr.io/acme/train:1.4"
+    assert c["command"] == ["python", "train.py"] and c["args"] == ["--epochs", "3"]
+    assert c["env"] == [{"name": "SEED", "value": "1"}]
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": "2"},
+                              "requests": {"nvidia.com/gpu": "2"}}
+    assert c["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False}
+
+
+def test_a_gang_is_parallel_and_indexed_where_served() -> None:
+    m = job_manifest(spec(replicas=4, placement=("a", "a", "b", "b")),
+                     ManifestOptions(namespace="ns", indexed=True))
+    assert m["spec"]["parallelism"] == m["spec"]["completions"] == 4
+    assert m["spec"]["completionMode"] == "Indexed"
+    assert m["metadata"]["annotations"]["fairq.io/placement"] == "a,a,b,b"
+    pref = m["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"]
+    assert pref["matchFields"][0]["values"] == ["a", "b"]
+
+
+def test_a_mig_type_asks_for_its_own_resource_and_no_deadline_when_unlimited() -> None:
+    m = job_manifest(spec(resource_name="nvidia.com/mig-1g.10gb", node_labels={},
+                          gpus_per_replica=1, max_runtime_seconds=None, placement=()), OPTS)
+    pod = m["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
+    assert "nodeSelector" not in pod and "affinity" not in pod
+    assert "activeDeadlineSeconds" not in m["spec"]
+
+
+def test_the_manifest_is_deterministic() -> None:
+    assert json.dumps(job_manifest(spec(), OPTS), sort_keys=True) == \
+        json.dumps(job_manifest(spec(), OPTS), sort_keys=True)
+
+
+@pytest.mark.parametrize("env", [{"BAD NAME": "x"}, {"1X": "x"}, {"A=B": "x"}, {"": "x"}])
+def test_it_refuses_invalid_env_names(env: dict[str, str]) -> None:
+    with pytest.raises(ManifestError):
+        job_manifest(spec(env=env), OPTS)
+
+
+def test_env_values_are_literal_never_value_from() -> None:
+    m = job_manifest(spec(env={"TOKEN": '{"valueFrom": {"secretKeyRef": {"name": "x"}}}'}), OPTS)
+    [c] = m["spec"]["template"]["spec"]["containers"]
+    assert c["env"] == [{"name": "TOKEN",
+                         "value": '{"valueFrom": {"secretKeyRef": {"name": "x"}}}'}]
+
+
+def test_names_and_namespaces() -> None:
+    assert parse_name("fq-12-3") == (12, 3)
+    assert parse_name("fq-x-3") is None and parse_name("other") is None
+    assert namespace_for("vision", "fairq-") == "fairq-vision"
+    with pytest.raises(ManifestError):
+        namespace_for("x" * 70, "fairq-")
+
+
+def test_quota_and_priority_class_manifests() -> None:
+    q = resource_quota_manifest("fairq-vision", {"nvidia.com/gpu": 16})
+    assert q["spec"]["hard"] == {"requests.nvidia.com/gpu": "16"}
+    pc = priority_class_manifest(name="fairq-high", value=2000, preemption_policy="Never",
+                                 tier="high")
+    assert pc["value"] == 2000 and pc["preemptionPolicy"] == "Never"
+    assert pc["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "fairq"
+
+
+# --- hostile job bodies through the API --------------------------------------------------
+
+HOSTILE_EXTRAS: dict[str, Any] = {
+    "privileged": True, "hostPath": "/", "hostNetwork": True, "hostPID": True,
+    "serviceAccountName": "cluster-admin", "securityContext": {"privileged": True},
+    "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+    "spec": {"hostNetwork": True}, "nodeName": "gpu-h100-0", "tolerations": [{"operator": "Exists"}],
+    "initContainers": [{"name": "x", "image": "evil"}], "resources": {"limits": {"nvidia.com/gpu": "64"}},
+    "envFrom": [{"secretRef": {"name": "db"}}], "priorityClassName": "system-cluster-critical",
+}
+
+
+@pytest.mark.django_db
+def test_a_hostile_job_body_reaches_the_job_without_any_extra_field(world: Any) -> None:
+    from queueing.models import Job
+    from queueing.services.scheduler import launch_spec
+
+    body = job_body(**HOSTILE_EXTRAS)
+    r = world.client(world.member).post("/api/v1/jobs/", body, format="json")
+    if r.status_code == 400:
+        return  # refusing the body outright is as safe as ignoring the extras
+    assert r.status_code == 201, r.content
+    job = Job.objects.select_related("team", "tier", "gpu_type").get(pk=r.json()["id"])
+    m = job_manifest(launch_spec(job), OPTS)
+    assert not all_keys(m) & FORBIDDEN_KEYS, all_keys(m) & FORBIDDEN_KEYS
+    pod = m["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == job.tier.priority_class_name
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert pod["containers"][0]["securityContext"] == {"privileged": False,
+                                                       "allowPrivilegeEscalation": False}
+    assert json.dumps(m).count('"privileged"') == 1
+    assert "hostNetwork" not in json.dumps(m) and "cluster-admin" not in json.dumps(m)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("env", [{"BAD NAME": "1"}, {"LD_PRELOAD=x": "1"}, {"FAIRQ_TOKEN": "x"}])
+def test_the_api_refuses_bad_env_names(world: Any, env: dict[str, str]) -> None:
+    r = world.client(world.member).post("/api/v1/jobs/", job_body(env=env), format="json")
+    assert r.status_code == 400
+
+
+# --- registry allow-list -----------------------------------------------------------------
+
+@pytest.mark.parametrize(("image", "full"), [
+    ("ubuntu", "docker.io/library/ubuntu"),
+    ("ubuntu:22.04", "docker.io/library/ubuntu"),
+    ("acme/train:1", "docker.io/acme/train"),
+    ("ghcr.io/acme/train:1.4", "ghcr.io/acme/train"),
+    ("registry.example.com:5000/team/x@sha256:" + "a" * 64, "registry.example.com:5000/team/x"),
+    ("localhost/x", "localhost/x"),
+])
+def test_image_registry_path(image: str, full: str) -> None:
+    assert image_registry_path(image) == full
+
+
+@pytest.mark.parametrize(("image", "ok"), [
+    ("ghcr.io/acme/train:1", True),
+    ("ghcr.io/acme-evil/train:1", False),
+    ("ghcr.io/acmex", False),
+    ("registry.example.com/anything/here:2", True),
+    ("ubuntu", False),
+    ("evil.io/ghcr.io/acme/x", False),
+])
+def test_registry_allow_list(image: str, ok: bool) -> None:
+    allow = ["ghcr.io/acme", "registry.example.com"]
+    assert (registry_problem(image, allow) is None) is ok
+    assert registry_problem(image, []) is None
+
+
+@pytest.mark.django_db
+def test_the_api_enforces_the_registry_allow_list(world: Any, settings: Any) -> None:
+    settings.FAIRQ_REGISTRY_ALLOWLIST = ["registry.example.com/ml"]
+    c = world.client(world.member)
+    r = c.post("/api/v1/jobs/", job_body(image="ghcr.io/acme/train:1.4"), format="json")
+    assert r.status_code == 400 and "allowed registry" in json.dumps(r.json())
+    r = c.post("/api/v1/jobs/", job_body(image="registry.example.com/ml/train:2"), format="json")
+    assert r.status_code == 201, r.content
+
+
+# --- Job and pods → WorkloadStatus ------------------------------------------------------
+
+def iso(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def k8s_job(conditions: list[dict[str, str]] | None = None, **meta: Any) -> dict[str, Any]:
+    m = job_manifest(spec(), OPTS)
+    m["metadata"].update(meta)
+    m["status"] = {"conditions": conditions or []}
+    return m
+
+
+def pod(phase: str, *, start: datetime | None = None, end: datetime | None = None,
+        exit_code: int = 0, reason: str = "", waiting: str = "", node: str = "gpu-h100-0",
+        created: datetime = T0, gpus: int = 2, deleting: bool = False) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    if waiting:
+        state = {"waiting": {"reason": waiting, "message": "pull access denied"}}
+    elif end is not None:
+        state = {"terminated": {"startedAt": iso(start or T0), "finishedAt": iso(end),
+                                "exitCode": exit_code, "reason": reason}}
+    elif start is not None:
+        state = {"running": {"startedAt": iso(start)}}
+    meta: dict[str, Any] = {"name": f"p-{phase}", "namespace": "ns", "uid": f"u-{phase}",
+                            "creationTimestamp": iso(created)}
+    if deleting:
+        meta["deletionTimestamp"] = iso(T0)
+    return {
+        "metadata": meta,
+        "spec": {"nodeName": node, "containers": [
+            {"name": "main", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
+        "status": {"phase": phase, "containerStatuses": [{"name": "main", "state": state}]},
+    }
+
+
+def test_a_job_with_no_pod_running_is_pending() -> None:
+    s = workload_status(k8s_job(), [pod("Pending")], now=T0)
+    assert s is not None and s.phase == Phase.PENDING
+    assert (s.job_id, s.attempt, s.name) == (12, 1, "fq-12-1")
+
+
+def test_running_from_the_pods_with_their_start_time() -> None:
+    s = workload_status(k8s_job(), [pod("Running", start=T0 + timedelta(seconds=5))], now=T0)
+    assert s is not None and s.phase == Phase.RUNNING
+    assert s.started_at == T0 + timedelta(seconds=5) and s.nodes == ("gpu-h100-0",)
+
+
+def test_succeeded_uses_the_pods_real_start_and_end() -> None:
+    job = k8s_job([{"type": "Complete", "status": "True"}],)
+    s = workload_status(job, [pod("Succeeded", start=T0, end=T0 + timedelta(seconds=42))],
+                        now=T0 + timedelta(minutes=5))
+    assert s is not None and s.phase == Phase.SUCCEEDED and s.exit_code == 0
+    assert (s.finished_at - s.started_at) == timedelta(seconds=42)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(("term_reason", "code", "expect"), [
+    ("OOMKilled", 137, "OOMKilled"),
+    ("Error", 3, "exit code 3 (Error)"),
+])
+def test_failed_has_a_readable_reason(term_reason: str, code: int, expect: str) -> None:
+    job = k8s_job([{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}])
+    s = workload_status(job, [pod("Failed", start=T0, end=T0 + timedelta(seconds=1),
+                                  exit_code=code, reason=term_reason)], now=T0)
+    assert s is not None and s.phase == Phase.FAILED and s.exit_code == code
+    assert expect in s.reason
+
+
+def test_deadline_exceeded_is_named() -> None:
+    job = k8s_job([{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+                    "lastTransitionTime": iso(T0)}])
+    s = workload_status(job, [], now=T0)
+    assert s is not None and s.phase == Phase.FAILED and s.reason.startswith("DeadlineExceeded")
+
+
+def test_an_image_pull_error_fails_only_after_the_timeout() -> None:
+    p = pod("Pending", waiting="ImagePullBackOff", created=T0)
+    early = workload_status(k8s_job(), [p], now=T0 + timedelta(seconds=10),
+                            image_pull_timeout_seconds=60)
+    late = workload_status(k8s_job(), [p], now=T0 + timedelta(seconds=61),
+                           image_pull_timeout_seconds=60)
+    assert early is not None and early.phase == Phase.PENDING
+    assert late is not None and late.phase == Phase.FAILED
+    assert "ImagePullBackOff" in late.reason
+
+
+def test_a_job_without_fairq_identity_is_ignored() -> None:
+    job = {"metadata": {"name": "someone-else", "labels": {}}, "spec": {}, "status": {}}
+    assert workload_status(job, [], now=T0) is None
+
+
+# --- capacity ----------------------------------------------------------------------------
+
+H100 = GpuTypeRef("h100", "nvidia.com/gpu", {"fairq.io/gpu-type": "h100"})
+ANY_GPU = GpuTypeRef("a100", "nvidia.com/gpu", {})
+MIG = GpuTypeRef("mig-1g-10gb", "nvidia.com/mig-1g.10gb", {})
+
+
+def node(name: str, labels: dict[str, str], alloc: dict[str, str], *, ready: str = "True",
+         unschedulable: bool = False, taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": labels},
+            "spec": {"unschedulable": unschedulable, "taints": taints or []},
+            "status": {"allocatable": alloc, "conditions": [{"type": "Ready", "status": ready}]}}
+
+
+def test_capacity_matches_gpu_types_and_counts_pods_including_terminating() -> None:
+    nodes = [
+        node("h0", {"fairq.io/gpu-type": "h100"}, {"nvidia.com/gpu": "8"},
+             taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]),
+        node("a0", {"fairq.io/gpu-type": "a100"}, {"nvidia.com/gpu": "8"}),
+        node("m0", {}, {"nvidia.com/mig-1g.10gb": "7"}),
+        node("cpu", {}, {"cpu": "64"}),
+        node("down", {"fairq.io/gpu-type": "h100"}, {"nvidia.com/gpu": "8"}, ready="False"),
+        node("cordoned", {"fairq.io/gpu-type": "h100"}, {"nvidia.com/gpu": "8"},
+             unschedulable=True),
+        node("tainted", {"fairq.io/gpu-type": "h100"}, {"nvidia.com/gpu": "8"},
+             taints=[{"key": "maintenance", "effect": "NoSchedule"}]),
+    ]
+    pods = [pod("Running", node="h0", gpus=2), pod("Running", node="h0", gpus=1, deleting=True),
+            pod("Succeeded", node="h0", gpus=4), pod("Pending", node="a0", gpus=3)]
+    got = {n.name: n for n in capacity(nodes, pods, [H100, ANY_GPU, MIG])}
+    assert set(got) == {"h0", "a0", "m0"}
+    assert (got["h0"].gpu_type, got["h0"].capacity, got["h0"].allocated) == ("h100", 8, 3)
+    assert (got["a0"].gpu_type, got["a0"].allocated) == ("a100", 3)
+    assert (got["m0"].gpu_type, got["m0"].capacity) == ("mig-1g-10gb", 7)
+
+
+def test_unbound_replicas_hold_their_planned_nodes() -> None:
+    job = job_manifest(spec(replicas=3, placement=("h0", "h0", "h1")), OPTS)
+    job["status"] = {}
+    bound = [pod("Running", node="h0")]
+    assert unbound_demand(job, bound) == {"h0": 2, "h1": 2}
+    job["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    assert unbound_demand(job, bound) == {}
