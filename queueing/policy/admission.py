@@ -1,5 +1,5 @@
 """Ordering, admission and preemption on a snapshot (docs/scheduling.md, rules Q1, O1,
-A1-A5, R1-R6)."""
+A1-A5, R1-R8)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class Wait:
 class Plan:
     admissions: tuple[Admission, ...]
     waits: Mapping[int, Wait]
-    # Rules R1-R6: victims to preempt now; each preemptor is admitted in a later cycle.
+    # Rules R1-R8: victims to preempt now; each preemptor is admitted in a later cycle.
     preemptions: tuple[Preemption, ...] = ()
     # Every queued job id in the order the pass considered it (rule O1): queue position.
     order: tuple[int, ...] = ()
@@ -178,7 +178,7 @@ class _QueueOrder:
 
 
 def plan_admissions(snapshot: Snapshot) -> Plan:
-    """One planning pass over the queue (rules Q1, O1, A1-A5, R1-R6).
+    """One planning pass over the queue (rules Q1, O1, A1-A5, R1-R8).
 
     In queue order (O1; nominated preemptors first, A5) each job is admitted when it fits
     its team's quota (Q1) and free node capacity as a whole gang (A1-A3); each admission

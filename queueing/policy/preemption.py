@@ -35,7 +35,7 @@ class Victim:
 
 @dataclass(frozen=True, slots=True)
 class Preemption:
-    """`preemptor_id` will fit once `victims` are gone (rule R5: admitted in a later
+    """`preemptor_id` will fit once `victims` are gone (rule R8: admitted in a later
     cycle). `placement` is where it fits on the snapshot after the removal."""
 
     preemptor_id: int

@@ -88,7 +88,7 @@ class RunningJob:
 
 @dataclass(frozen=True, slots=True)
 class PreemptionSettings:
-    """Rules R1-R6. `max_per_team` preemptions per preemptor team in the rate-limit window
+    """Rules R1-R5. `max_per_team` preemptions per preemptor team in the rate-limit window
     (None = no limit); `used` counts the ones already made in the window. `max_searches`
     bounds the victim searches of one plan so a long queue of jobs that cannot fit does
     not make a cycle slow."""
@@ -123,7 +123,7 @@ class Snapshot:
     billing_weights: Mapping[str, float] = field(default_factory=dict)
     # The recompute interval of the entry penalty (rule F6), seconds; 0 = no penalty.
     interval_seconds: float = 0.0
-    # Rule R5: queued jobs that preempted in an earlier cycle and are not admitted yet,
+    # Rules A5, R8: queued jobs that preempted in an earlier cycle and are not admitted yet,
     # with how many of their victims' workloads still hold GPUs in the cluster.
     nominated: Mapping[int, int] = field(default_factory=dict)
     preemption: PreemptionSettings = field(default_factory=PreemptionSettings)
