@@ -157,7 +157,7 @@ class _Tree:
     team a top-level one (the standings never loop and never lose a team).
     """
 
-    __slots__ = ("active", "ancestors", "level_share", "share", "subtree", "total")
+    __slots__ = ("_ue", "active", "ancestors", "level_share", "share", "subtree", "total")
 
     def __init__(
         self,
@@ -205,25 +205,28 @@ class _Tree:
         for t in teams:
             level = siblings.get(par[t], 0.0) + (0.0 if is_active[t] else weight[t])
             self.level_share[t] = weight[t] / level if level > 0 else 0.0
-        self.share: dict[str, float] = {}
-        for t in teams:
-            s = self.level_share[t]
-            for a in self.ancestors[t]:
-                s *= self.level_share[a]
-            self.share[t] = s
         self.active = is_active
+        # Top-down (parents before children), so each team reads its parent's values.
+        self.share: dict[str, float] = {}
+        self._ue: dict[str, float] = {}
+        total = self.total
+        for t in sorted(teams, key=lambda t: len(self.ancestors[t])):
+            ua = self.subtree[t] / total if total > 0 else 0.0
+            p = par[t]
+            if p is None:
+                self.share[t] = self.level_share[t]
+                self._ue[t] = ua
+            else:
+                self.share[t] = self.level_share[t] * self.share[p]
+                self._ue[t] = ua + (self._ue[p] - ua) * self.level_share[t]
 
     def usage_fraction(self, team: str) -> float:
         return self.subtree.get(team, 0.0) / self.total if self.total > 0 else 0.0
 
     def effective_usage(self, team: str) -> float:
         """Rule F4 (Slurm's classic formula): U_E = U_A for a top-level team, else
-        U_E = U_A + (U_E(parent) - U_A) × S_level. Computed from the root down, O(depth)."""
-        ue = 0.0
-        for i, t in enumerate((*reversed(self.ancestors[team]), team)):
-            ua = self.usage_fraction(t)
-            ue = ua if i == 0 else ua + (ue - ua) * self.level_share[t]
-        return ue
+        U_E = U_A + (U_E(parent) - U_A) × s (s: the team's level share)."""
+        return self._ue[team]
 
     def factor(self, team: str) -> float:
         return fair_share_factor(self.effective_usage(team), self.share[team])

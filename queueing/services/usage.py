@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Exists, OuterRef
+from django.db.models.expressions import RawSQL
 
 from accounts.models import Team
 from queueing.models import FairShareAccumulator, Job, Quota, UsageRecord
@@ -68,17 +70,31 @@ def accumulator_add(*, team_id: int, rate: float, start: datetime, end: datetime
     acc.save(update_fields=["value", "as_of"])
 
 
-def fairshare_inputs(*, now: datetime) -> tuple[list[TeamUsageInput], dict[str, float]]:
-    """Each team's weight, parent, accumulator, running attempts and activity, and the
-    entry penalty (rule F6) of jobs admitted but not yet running, per team.
-
-    O(teams + jobs holding GPUs): a handful of queries, none over the usage history.
-    """
-    accs = {
-        team_id: Accumulator(value, as_of)
+def decayed_accumulators(*, now: datetime) -> dict[int, float]:
+    """Every team's banked usage decayed to `now` (rule F1), by team id. On PostgreSQL the
+    decay is computed in the query: no timestamps to parse, one float per team."""
+    h = half_life_hours()
+    if connection.vendor == "postgresql":
+        # The exponent is clamped: power() raises on underflow or overflow in PostgreSQL.
+        rows = FairShareAccumulator.objects.annotate(decayed=RawSQL(
+            "value * power(2.0::float8, LEAST(1000.0, GREATEST(-1000.0, "
+            "-date_part('epoch', %s::timestamptz - as_of) / %s)))", (now, h * 3600.0),
+        )).values_list("team_id", "decayed")
+        return {team_id: float(v) for team_id, v in rows}
+    return {
+        team_id: Accumulator(value, as_of).at(now, h)
         for team_id, value, as_of in FairShareAccumulator.objects.values_list(
             "team_id", "value", "as_of")
     }
+
+
+def fairshare_inputs(*, now: datetime) -> tuple[list[TeamUsageInput], dict[str, float]]:
+    """Each team's weight, parent, banked usage, running attempts and activity, and the
+    entry penalty (rule F6) of jobs admitted but not yet running, per team.
+
+    O(teams + jobs holding GPUs) in three queries, none over the usage history.
+    """
+    banked = decayed_accumulators(now=now)
     running: dict[int, list[tuple[float, datetime]]] = {}
     penalty: dict[int, float] = {}
     interval = entry_penalty_interval_seconds()
@@ -94,22 +110,25 @@ def fairshare_inputs(*, now: datetime) -> tuple[list[TeamUsageInput], dict[str, 
             # penalty until its real usage starts counting.
             penalty[team_id] = penalty.get(team_id, 0.0) + entry_penalty_gpu_hours(
                 gpus * replicas, weight, interval)
-    active = teams_with_quota() | set(
-        Job.objects.filter(status__in=list(_ACTIVE_STATES))
-        .values_list("team_id", flat=True).distinct()
+    teams = list(
+        Team.objects.annotate(
+            has_quota=Exists(Quota.objects.filter(team=OuterRef("pk"), nominal__gt=0)),
+            has_work=Exists(Job.objects.filter(team=OuterRef("pk"),
+                                               status__in=list(_ACTIVE_STATES))),
+        ).values_list("pk", "slug", "weight", "parent_id", "has_quota", "has_work")
     )
-    teams = list(Team.objects.values_list("pk", "slug", "weight", "parent_id"))
-    slug_of = {pk: slug for pk, slug, _, _ in teams}
-    inputs = []
-    for pk, slug, weight, parent_id in teams:
-        inputs.append(TeamUsageInput(
+    slug_of = {pk: slug for pk, slug, *_ in teams}
+    inputs = [
+        TeamUsageInput(
             team=slug,
             weight=weight,
-            accumulator=accs.get(pk) or Accumulator(0.0, now),
+            accumulator=Accumulator(banked.get(pk, 0.0), now),
             running=tuple(running.get(pk, ())),
             parent=slug_of.get(parent_id) if parent_id is not None else None,
-            active=pk in active,
-        ))
+            active=bool(has_quota or has_work),
+        )
+        for pk, slug, weight, parent_id, has_quota, has_work in teams
+    ]
     extra = {slug_of[pk]: v for pk, v in penalty.items() if pk in slug_of}
     return inputs, extra
 

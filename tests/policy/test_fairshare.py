@@ -113,7 +113,7 @@ def test_rule_f3_factor_falls_as_usage_grows(u1: float, u2: float, s: float) -> 
         assert fair_share_factor(u2, s) < fair_share_factor(u1, s)
 
 
-@given(others=st.lists(st.floats(0.0, 1e4), min_size=1, max_size=6),
+@given(others=st.lists(st.floats(1e-2, 1e4), min_size=1, max_size=6),
        mine=st.floats(0.0, 1e4), more=st.floats(1e-3, 1e4))
 def test_rule_f3_a_team_that_uses_more_gets_a_lower_factor(
     others: list[float], mine: float, more: float
