@@ -229,7 +229,8 @@ def usage_history(*, now: datetime, days: float = 7.0,
                   max_points: int = 240) -> dict[str, Any]:
     """Decayed GPU-hours per team over time, for the chart: the standings snapshots of the
     last `days` (thinned to at most `max_points`) plus the current standings as the last
-    point. {"t": [unix seconds], "series": {team: [gpu-hours or None]}}."""
+    point. {"t": [unix seconds], "series": {team: [gpu-hours or None]}, "start": the
+    left end of the x axis, "snapshots": how many snapshots are drawn}."""
     rows = list(
         FairShareSnapshot.objects.filter(at__gte=now - timedelta(days=days), at__lt=now)
         .order_by("-at").values_list("at", "standings")[: max_points * 4]
@@ -250,7 +251,9 @@ def usage_history(*, now: datetime, days: float = 7.0,
     now_usage = {s.team: s.usage for s in current}
     for t in teams:
         series[t].append(round(now_usage[t], 6) if t in now_usage else None)
-    return {"t": times, "series": series}
+    # The x axis starts at the first snapshot, or an hour back when there is none yet.
+    start = min(times[0], int(now.timestamp()) - 3600)
+    return {"t": times, "series": series, "start": start, "snapshots": len(rows)}
 
 
 # --- submit preview --------------------------------------------------------------------------

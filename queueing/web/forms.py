@@ -74,23 +74,24 @@ class JobSubmitForm(forms.Form):
         return env
 
     def clean(self) -> dict[str, Any]:
+        """Run the API's serializer on what parsed, even when other fields did not, so
+        every field's error shows at once; a field keeps its first error only."""
         data = super().clean() or {}
-        if self.errors:
-            return data
         body: dict[str, Any] = {
-            "team": data["team"], "name": data["name"], "image": data["image"],
             "command": self._split("command"), "args": self._split("args"), "env": self._env(),
-            "gpu_type": data["gpu_type"], "gpus": data["gpus"], "replicas": data["replicas"],
-            "tier": data["tier"], "max_runtime_seconds": data.get("max_runtime_seconds"),
+            "max_runtime_seconds": data.get("max_runtime_seconds"),
         }
-        if self.errors:
-            return data
+        for name in ("team", "name", "image", "gpu_type", "gpus", "replicas", "tier"):
+            if data.get(name) not in (None, ""):
+                body[name] = data[name]
         serializer = JobCreateSerializer(data=body, context={"request": self.request})
-        if serializer.is_valid():
+        if serializer.is_valid() and not self.errors:
             self.job_input = serializer.to_input()
             return data
         for field, messages in serializer.errors.items():
             target = field if field in self.fields else None
+            if target is not None and (target in self.errors or target not in body):
+                continue  # already reported by the form (missing or malformed)
             for message in messages if isinstance(messages, list) else [messages]:
                 self.add_error(target, str(message) if not isinstance(message, dict)
                                else "; ".join(f"{k}: {v}" for k, v in message.items()))

@@ -6,6 +6,8 @@ from datetime import datetime
 from typing import Any
 
 from django import template
+from django.utils import timezone
+from django.utils.timesince import timesince
 
 register = template.Library()
 
@@ -23,6 +25,17 @@ def duration(seconds: float | int | None) -> str:
     if m:
         return f"{m}m {sec:02d}s"
     return f"{sec}s"
+
+
+@register.filter
+def ago(when: datetime | None, now: datetime | None = None) -> str:
+    """"just now", "5 minutes ago", "2 hours, 3 minutes ago"."""
+    if when is None:
+        return "—"
+    now = now or timezone.now()
+    if (now - when).total_seconds() < 60:
+        return "just now"
+    return f"{timesince(when, now)} ago"
 
 
 @register.filter

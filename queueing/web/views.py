@@ -7,6 +7,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
@@ -112,6 +113,8 @@ def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
     standings = dash.standings(now=now)
     ctx["standings"] = standings
     ctx["history"] = dash.usage_history(now=now, current=standings)
+    ctx["snapshot_minutes"] = round(settings.FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS / 60)
+    ctx["half_life_hours"] = settings.FAIRQ_DECAY_HALF_LIFE_HOURS
     ctx["capacity"], ctx["cluster_error"] = dash.capacity()
     if team is not None:
         ctx["queue"], ctx["queue_total"] = dash.team_queue(team=team, now=now)

@@ -27,7 +27,8 @@
     var d = toData(h);
     var width = Math.max(260, box.clientWidth);
     if (chart && chart.root.isConnected && chart.series.length === d.teams.length + 1) {
-      chart.setData(d.data);
+      chart.setData(d.data, false);
+      chart.setScale("x", { min: h.start, max: h.t[h.t.length - 1] });
       return;
     }
     if (chart) { chart.destroy(); }
@@ -39,8 +40,9 @@
                  value: function (u, v) { return v == null ? "–" : v.toFixed(2) + " GPU-h"; } };
       })),
       axes: [{}, { label: "decayed GPU-hours", size: 60 }],
-      scales: { x: { time: true } },
-      legend: { live: true },
+      // Always the whole window (with a single point uPlot would invent years of range).
+      scales: { x: { time: true, range: function () { return [h.start, h.t[h.t.length - 1]]; } } },
+      legend: { live: false },
     }, d.data, box);
   }
 
