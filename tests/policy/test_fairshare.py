@@ -242,3 +242,61 @@ def test_rule_f6_entry_penalty_is_one_interval_of_weighted_gpu_time() -> None:
     assert entry_penalty_gpu_hours(0, 2.0, 300) == 0.0
     assert entry_penalty_gpu_hours(4, 1.0, 0) == 0.0
     assert math.isclose(entry_penalty_gpu_hours(1, 1.0, 3600), 1.0)
+
+
+trees = st.lists(
+    st.tuples(st.floats(0.1, 10.0), st.floats(0.0, 1e4), st.integers(-1, 30),
+              st.booleans()),
+    min_size=1, max_size=15,
+)
+
+
+@settings(max_examples=150)
+@given(teams=trees, charges=st.lists(st.tuples(st.integers(0, 14), st.floats(0, 50)),
+                                     max_size=8))
+def test_rule_f4_state_follows_any_tree_like_the_standings(
+    teams: list[tuple[float, float, int, bool]], charges: list[tuple[int, float]]
+) -> None:
+    # Parent index p < i keeps it a forest; p >= i (or -1) makes a top-level team.
+    inputs = [
+        _team(f"t{i}", w, u, parent=f"t{p}" if 0 <= p < i else None, active=a)
+        for i, (w, u, p, a) in enumerate(teams)
+    ]
+    standings = compute_standings(inputs, now=T0, half_life_hours=H)
+    for s in standings.values():
+        assert 0.0 < s.factor <= 1.0
+        assert 0.0 <= s.share <= 1.0
+    state = FairShareState.from_standings(standings)
+    extra: dict[str, float] = {}
+    for i, h in charges:
+        name = f"t{i % len(teams)}"
+        state.charge(name, h)
+        extra[name] = extra.get(name, 0.0) + h
+    want = compute_standings(inputs, now=T0, half_life_hours=H, extra_usage=extra)
+    for name, s in want.items():
+        assert state.factor(name) == pytest.approx(s.factor, rel=1e-9, abs=1e-300)
+
+
+@given(teams=flat_teams)
+def test_rule_f4_flat_teams_give_exactly_rules_f1_to_f3(teams: list[tuple[float, float]]) -> None:
+    inputs = [_team(f"t{i}", w, u) for i, (w, u) in enumerate(teams)]
+    got = compute_standings(inputs, now=T0, half_life_hours=H)
+    total_u = sum(u for _, u in teams)
+    total_w = sum(w for w, _ in teams)
+    for i, (w, u) in enumerate(teams):
+        s = got[f"t{i}"]
+        norm = u / total_u if total_u > 0 else 0.0
+        assert s.share == pytest.approx(w / total_w)
+        assert s.normalized_usage == pytest.approx(norm)
+        assert s.factor == pytest.approx(fair_share_factor(norm, w / total_w))
+
+
+def test_the_policy_imports_without_django() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; import queueing.policy.fairshare, queueing.policy.priority, "
+            "queueing.policy.explain; "
+            "assert not any(m == 'django' or m.startswith('django.') for m in sys.modules)")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": "."}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
