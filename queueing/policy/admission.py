@@ -60,6 +60,49 @@ class Plan:
     fair_share_after: Mapping[str, float] = field(default_factory=dict)
 
 
+_Raw = tuple[WaitReason, QueuedJob, int, int]
+
+
+class _Waits(Mapping[int, Wait]):
+    """`Plan.waits`, built lazily: most of a long queue waits, and a wait's message is
+    only formatted when someone reads it. Reads give equal `Wait` values every time."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self) -> None:
+        self._raw: dict[int, Wait | _Raw] = {}
+
+    def __getitem__(self, job_id: int) -> Wait:
+        raw = self._raw[job_id]
+        if isinstance(raw, Wait):
+            return raw
+        reason, job, held, ceiling = raw
+        gt = job.gpu_type
+        if reason is WaitReason.QUOTA:
+            msg = (f"team {job.team} holds {held} {gt} GPUs; {job.total_gpus} more would "
+                   f"pass its limit of {ceiling}")
+        elif reason is WaitReason.NO_FIT:
+            msg = f"no {gt} node has {job.gpus_per_replica} GPUs for one replica"
+        elif reason is WaitReason.LENDING:
+            msg = (f"the idle {gt} GPUs are other teams' nominal quota beyond their lending "
+                   f"limits; team {job.team} may not borrow them")
+        else:
+            msg = f"waiting for {job.replicas} × {job.gpus_per_replica} free {gt} GPUs on nodes"
+        return Wait(job_id, reason, msg)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._raw
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __repr__(self) -> str:
+        return f"_Waits({dict(self)!r})"
+
+
 class _Factors(Protocol):
     def factor(self, team: str) -> float: ...
     def charge(self, team: str, gpu_hours: float) -> None: ...
@@ -98,14 +141,28 @@ class _Charges:
 
     def __init__(self, inner: _Factors) -> None:
         self._inner = inner
+        self._cache: dict[str, float] = {}
         self.charged = 0.0
 
     def factor(self, team: str) -> float:
+        """The exact current factor."""
         return self._inner.factor(team)
 
+    def cached(self, team: str) -> float:
+        """The factor as of the team's last charge or the last `refresh` (rule O1)."""
+        f = self._cache.get(team)
+        if f is None:
+            f = self._cache[team] = self._inner.factor(team)
+        return f
+
+    def refresh(self) -> None:
+        self._cache.clear()
+
     def charge(self, team: str, gpu_hours: float) -> None:
-        self._inner.charge(team, gpu_hours)
-        self.charged += gpu_hours
+        if gpu_hours:
+            self._inner.charge(team, gpu_hours)
+            self._cache.pop(team, None)
+            self.charged += gpu_hours
 
 
 # Rule O1: every team's key is recomputed once the usage charged since the last refresh
@@ -147,34 +204,42 @@ class _QueueOrder:
         self._tiers = [lists[t] for t in sorted(lists, reverse=True)]
         for by_team in self._tiers:
             for items in by_team.values():
-                items.sort(key=lambda x: (x[0], x[1], x[2]))
+                items.sort()  # (−job part, submitted, id): ids are unique, jobs never compared
 
     def __iter__(self) -> Iterator[QueuedJob]:
         yield from self.first
+        charges, w = self._factors, self._w
         for by_team in self._tiers:
             head = dict.fromkeys(by_team, 0)
             heap = [self._key(team, by_team[team], 0) for team in by_team]
             heapq.heapify(heap)
-            seen_charged = self._factors.charged
+            seen_charged = charges.charged
             while heap:
-                since = self._factors.charged - seen_charged
+                since = charges.charged - seen_charged
                 if since > 0 and since > REFRESH_FRACTION * self._base:
                     self._base += since
-                    seen_charged = self._factors.charged
+                    seen_charged = charges.charged
+                    charges.refresh()
                     heap = [self._key(t, by_team[t], i) for t, i in head.items()
                             if i < len(by_team[t])]
                     heapq.heapify(heap)
-                _, _, _, team, i = heapq.heappop(heap)
+                _, _, _, team, i = heap[0]
                 items = by_team[team]
                 head[team] = i + 1
                 yield items[i][3]
+                # The consumer has charged the team by now (rule F6): key its next job
+                # with the new factor; one sift instead of a pop and a push.
                 if i + 1 < len(items):
-                    heapq.heappush(heap, self._key(team, items, i + 1))
+                    neg_part, submitted, job_id, _ = items[i + 1]
+                    heapq.heapreplace(heap, (neg_part - w * charges.cached(team), submitted,
+                                             job_id, team, i + 1))
+                else:
+                    heapq.heappop(heap)
 
     def _key(self, team: str, items: list[tuple[float, datetime, int, QueuedJob]],
              i: int) -> tuple[float, datetime, int, str, int]:
         neg_part, submitted, job_id, _ = items[i]
-        return (neg_part - self._w * self._factors.factor(team), submitted, job_id, team, i)
+        return (neg_part - self._w * self._factors.cached(team), submitted, job_id, team, i)
 
 
 def plan_admissions(snapshot: Snapshot) -> Plan:
@@ -204,59 +269,66 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     searches = 0
     preempted_by_team: dict[str, int] = defaultdict(int)
     search_failed: set[tuple[str, str, int, int, int]] = set()
+    # A gang shape that did not fit stays unfit until some node gains free GPUs.
+    unfit: dict[tuple[str, int, int], int] = {}
+    held, ceilings = ledger.held, ledger.ceiling
+    guarded_total, largest = ledger.guarded_total, cap.largest_node
+    billing, interval = snapshot.billing_weight, snapshot.interval_seconds
 
     admissions: list[Admission] = []
     preemptions: list[Preemption] = []
-    waits: dict[int, Wait] = {}
+    waits = _Waits()
+    raw = waits._raw
     seen: list[int] = []
     for job in order:
-        seen.append(job.id)
-        gt, team, total = job.gpu_type, job.team, job.total_gpus
-        ceiling = ledger.over_ceiling(team, gt, total)
-        if ceiling is not None:
-            waits[job.id] = Wait(
-                job.id, WaitReason.QUOTA,
-                f"team {team} holds {ledger.held[(team, gt)]} {gt} GPUs; "
-                f"{total} more would pass its limit of {ceiling}",
-            )
+        job_id = job.id
+        seen.append(job_id)
+        gt, team, g, reps = job.gpu_type, job.team, job.gpus_per_replica, job.replicas
+        total = g * reps
+        key = (team, gt)
+        ceiling = ceilings.get(key)
+        if ceiling is not None and held[key] + total > ceiling:
+            raw[job_id] = (WaitReason.QUOTA, job, held[key], ceiling)
             continue
-        if job.gpus_per_replica > cap.largest_node.get(gt, 0):
-            waits[job.id] = Wait(
-                job.id, WaitReason.NO_FIT,
-                f"no {gt} node has {job.gpus_per_replica} GPUs for one replica",
-            )
+        if g > largest.get(gt, 0):
+            raw[job_id] = (WaitReason.NO_FIT, job, 0, 0)
             continue
-        lending = ledger.lending_blocks(team, gt, total)
-        placement = None if lending else cap.place(gt, job.gpus_per_replica, job.replicas)
+        lending = guarded_total.get(gt, 0) > 0 and ledger.lending_blocks(team, gt, total)
+        placement = None
+        if not lending:
+            shape = (gt, g, reps)
+            if unfit.get(shape) != cap.grown:
+                placement = cap.place(gt, g, reps)
+                if placement is None:
+                    unfit[shape] = cap.grown
         if placement is not None:
             ledger.add(team, gt, total)
-            factors.charge(team, entry_penalty(total, snapshot.billing_weight(gt),
-                                               snapshot.interval_seconds))
-            admissions.append(Admission(job.id, team, gt, placement))
+            factors.charge(team, entry_penalty(total, billing(gt), interval))
+            admissions.append(Admission(job_id, team, gt, placement))
             continue
-        terminating = snapshot.nominated.get(job.id, 0)
+        terminating = snapshot.nominated.get(job_id, 0)
         if terminating > 0:
-            waits[job.id] = Wait(
-                job.id, WaitReason.PREEMPTING,
+            raw[job_id] = Wait(
+                job_id, WaitReason.PREEMPTING,
                 f"waiting for {terminating} preempted job(s) to release their {gt} GPUs",
             )
             continue
         # Rules R1-R4: only when preempting is the only way it fits. A search that failed
-        # for a job of the same shape and tier fails again: skip it (same answer, faster).
-        shape = (team, gt, job.tier_rank, job.gpus_per_replica, job.replicas)
+        # for a job of the same team, shape and tier fails again: skip it.
+        search_key = (team, gt, job.tier_rank, g, reps)
         result = None
-        if pre.enabled and searches < pre.max_searches and shape not in search_failed:
+        if pre.enabled and searches < pre.max_searches and search_key not in search_failed:
             searches += 1
             result = find_victims(ws, job, now=now, factor=factors.factor)
             if result is None:
-                search_failed.add(shape)
+                search_failed.add(search_key)
         if result is not None:
             found, undo = result
             left = pre.left(team)
             if left is not None and len(found.victims) > left - preempted_by_team[team]:
                 undo()
-                waits[job.id] = Wait(
-                    job.id, WaitReason.RATE_LIMITED,
+                raw[job_id] = Wait(
+                    job_id, WaitReason.RATE_LIMITED,
                     f"needs {len(found.victims)} preemption(s) but team {team} may preempt "
                     f"{max(0, left - preempted_by_team[team])} more in the current window",
                 )
@@ -264,28 +336,18 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             # The victims stay removed and the job's placement stays reserved for the rest
             # of this pass; what the victims free beyond it is held back too: they still
             # run until stopped, so no job of this pass may be placed there (rule A5).
-            _hold_freed(ws, found, job.gpus_per_replica)
+            _hold_freed(ws, found, g)
             ledger.add(team, gt, total)
             preempted_by_team[team] += len(found.victims)
             preemptions.append(found)
-            waits[job.id] = Wait(
-                job.id, WaitReason.PREEMPTING,
+            raw[job_id] = Wait(
+                job_id, WaitReason.PREEMPTING,
                 f"preempting {len(found.victims)} job(s) "
                 f"({', '.join('#' + str(v.job_id) for v in found.victims)}; "
                 f"rule {', '.join(found.rules)}); admitted once their GPUs are free",
             )
             continue
-        if lending:
-            waits[job.id] = Wait(
-                job.id, WaitReason.LENDING,
-                f"the idle {gt} GPUs are other teams' nominal quota beyond their lending "
-                f"limits; team {team} may not borrow them",
-            )
-        else:
-            waits[job.id] = Wait(
-                job.id, WaitReason.CAPACITY,
-                f"waiting for {job.replicas} × {job.gpus_per_replica} free {gt} GPUs on nodes",
-            )
+        raw[job_id] = (WaitReason.LENDING if lending else WaitReason.CAPACITY, job, 0, 0)
     teams = sorted({j.team for j in snapshot.queued} | set(snapshot.fair_share))
     standings = {t: factors.factor(t) for t in teams}
     return Plan(admissions=tuple(admissions), waits=waits, preemptions=tuple(preemptions),

@@ -28,6 +28,9 @@ class Capacity:
         self.node_type: dict[str, str] = {}
         self.largest_node: dict[str, int] = defaultdict(int)
         self.total: dict[str, int] = defaultdict(int)
+        # Bumped whenever a node gains free GPUs: a gang that did not fit before cannot
+        # fit now unless this changed.
+        self.grown = 0
         self._buckets: dict[str, list[list[str]]] = {}
         for n in sorted(nodes, key=lambda n: n.name):
             free = max(0, min(n.free, n.capacity))
@@ -66,6 +69,8 @@ class Capacity:
         old = self.free[name]
         if old == free:
             return
+        if free > old:
+            self.grown += 1
         lst = buckets[old]
         lst.pop(bisect.bisect_left(lst, name))
         bisect.insort(buckets[free], name)
@@ -111,8 +116,15 @@ class Ledger:
         self.held: dict[tuple[str, str], int] = defaultdict(int)
         self.used: dict[str, int] = defaultdict(int)
         self.guarded_total: dict[str, int] = defaultdict(int)
+        # Rule Q1: nominal + borrowing limit per (team, type); absent = no ceiling.
+        self.ceiling: dict[tuple[str, str], int | None] = {
+            k: q.ceiling for k, q in snapshot.quotas.items()}
+        # What running jobs alone hold (rule R2 looks only at these: a team is not made
+        # reclaimable by what this very pass admits for it).
+        self.running_held: dict[tuple[str, str], int] = defaultdict(int)
         for r in snapshot.running:
             self.held[(r.team, r.gpu_type)] += r.total_gpus
+            self.running_held[(r.team, r.gpu_type)] += r.total_gpus
             self.used[r.gpu_type] += r.total_gpus
         for (team, gpu_type), _q in snapshot.quotas.items():
             self.guarded_total[gpu_type] += self.guarded(team, gpu_type)
@@ -139,7 +151,7 @@ class Ledger:
     def over_ceiling(self, team: str, gpu_type: str, gpus: int) -> int | None:
         """Rule Q1: the team's ceiling (nominal + borrowing limit) when `gpus` more would
         pass it, else None."""
-        ceiling = self._snapshot.quota(team, gpu_type).ceiling
+        ceiling = self.ceiling.get((team, gpu_type))
         if ceiling is not None and self.held[(team, gpu_type)] + gpus > ceiling:
             return ceiling
         return None
@@ -158,7 +170,8 @@ class Ledger:
         return self.held[(team, gpu_type)] + gpus <= self._snapshot.quota(team, gpu_type).nominal
 
     def borrowing(self, team: str, gpu_type: str) -> bool:
-        return self.held[(team, gpu_type)] > self._snapshot.quota(team, gpu_type).nominal
+        """Rule R2: do the team's running jobs (minus victims taken) exceed its nominal?"""
+        return self.running_held[(team, gpu_type)] > self._snapshot.quota(team, gpu_type).nominal
 
 
 class Workspace:
@@ -196,6 +209,7 @@ class Workspace:
                 continue
             self.removed.add(job.id)
             self.ledger.remove(job.team, job.gpu_type, job.total_gpus)
+            self.ledger.running_held[(job.team, job.gpu_type)] -= job.total_gpus
             done.append((job, self._free_nodes_of(job)))
 
         def undo() -> None:
@@ -203,6 +217,7 @@ class Workspace:
                 for name, delta in given:
                     self.capacity.set_free(name, self.capacity.free[name] - delta)
                 self.ledger.add(job.team, job.gpu_type, job.total_gpus)
+                self.ledger.running_held[(job.team, job.gpu_type)] += job.total_gpus
                 self.removed.discard(job.id)
 
         return undo

@@ -155,6 +155,9 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) ->
             backend.stop(status.name, now=now)
             result.orphans_stopped.append(status.name)
             continue
+        if status.phase == Phase.PENDING or (
+                status.phase == Phase.RUNNING and job.state == JobState.RUNNING):
+            continue  # nothing to record: no transaction for the common case
         _apply_status(job, status, now=now, result=result)
 
     vanished = Job.objects.filter(
