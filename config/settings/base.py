@@ -230,6 +230,8 @@ SPECTACULAR_SETTINGS.update({
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # The schema and Swagger UI are public (no secrets in them); calls still need a token.
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "queueing.api.schema.add_errors_and_idempotency",

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.http import Http404, HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -64,3 +65,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         code = getattr(detail, "code", None) or getattr(exc, "default_code", "error")
         response.data = error_body(response.status_code, str(code), str(detail))
     return response
+
+
+@csrf_exempt  # no state changes: a POST to a wrong path must get JSON, not the CSRF page
+def api_not_found(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
+    """Unmatched /api/ paths: a JSON 404 in the one error shape."""
+    return JsonResponse(error_body(404, "not_found", f"No API endpoint at {request.path}."),
+                        status=404)

@@ -146,8 +146,9 @@ class UsageQuerySerializer(serializers.Serializer[Any]):
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         step = BUCKETS[attrs["bucket"]]
         end: datetime = attrs.get("to") or timezone.now()
-        start: datetime = attrs.get("from") or end - (step * 24 if step < timedelta(days=1)
-                                                      else step * 30)
+        # The field is declared as `from_` (a keyword) and exposed as `from`.
+        given = attrs.pop("from_", None) or attrs.get("from")
+        start: datetime = given or end - (step * 24 if step < timedelta(days=1) else step * 30)
         if start >= end:
             raise serializers.ValidationError({"from": ["Must be before 'to'."]})
         if (end - start) / step > MAX_BUCKETS:

@@ -62,6 +62,11 @@ def add_errors_and_idempotency(result: dict[str, Any], generator: Any, request: 
             errors = dict(_ERRORS)
             if method == "post":
                 errors.update(_POST_ERRORS)
+                if "201" in responses and "200" not in responses:
+                    responses["200"] = {
+                        **responses["201"],
+                        "description": "A replay (same Idempotency-Key) of an earlier 201.",
+                    }
                 params = operation.setdefault("parameters", [])
                 if not any(p.get("name") == "Idempotency-Key" for p in params):
                     params.append(IDEMPOTENCY_PARAMETER)

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from accounts import api as accounts_api
 
 from . import resources, schema  # noqa: F401 - schema registers the token auth scheme
+from .errors import api_not_found
 from .views import FairShareView, JobViewSet
 
 router = DefaultRouter()
@@ -31,4 +32,6 @@ urlpatterns = [
     path("gpu-types/", resources.GpuTypeListView.as_view(), name="gputype-list"),
     path("usage/", resources.UsageView.as_view(), name="usage"),
     path("capacity/", resources.CapacityView.as_view(), name="capacity"),
+    # Anything else under /api/v1/ answers in the API's error shape, not an HTML page.
+    re_path(r"^[\s\S]*$", api_not_found, name="api-not-found"),
 ]

@@ -8,6 +8,7 @@ from typing import Any
 import django_filters
 from django.db.models import QuerySet
 from django.utils import timezone
+from django.utils.http import http_date
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -81,6 +82,19 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
             job = Job.objects.select_related("team", "gpu_type", "tier", "submitter") \
                 .prefetch_related("events").get(pk=job.pk)
         return job
+
+    @extend_schema(responses=JobDetailSerializer, parameters=[OpenApiParameter(
+        "If-None-Match", str, OpenApiParameter.HEADER,
+        description="The ETag of an earlier answer: 304 while the job has not changed.")])
+    def retrieve(self, request: Request, pk: str) -> Response:
+        """The job with its events. The weak ETag changes whenever the job does (its
+        `updated_at`), not with the priority's age term, so pollers get 304 cheaply."""
+        job = job_get_for_actor(actor=request.user, job_id=_int_or_404(pk))
+        etag = f'W/"job-{job.pk}-{job.updated_at.timestamp():.6f}"'
+        headers = {"ETag": etag, "Last-Modified": http_date(job.updated_at.timestamp())}
+        if etag in [t.strip() for t in request.headers.get("If-None-Match", "").split(",")]:
+            return Response(status=status.HTTP_304_NOT_MODIFIED, headers=headers)
+        return Response(JobDetailSerializer(self.get_object()).data, headers=headers)
 
     @extend_schema(request=JobCreateSerializer, responses={201: JobDetailSerializer,
                                                             200: JobDetailSerializer},

@@ -1,0 +1,49 @@
+"""Where the CLI finds the server and the token: flags, then the environment
+(FAIRQ_URL, FAIRQ_TOKEN), then ~/.config/fairq/config.toml (or $XDG_CONFIG_HOME)."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ConfigError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Config:
+    url: str
+    token: str
+
+
+def config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "fairq" / "config.toml"
+
+
+def load_config(*, url: str | None, token: str | None, profile: str | None = None,
+                path: Path | None = None) -> Config:
+    """Flags win over the environment, which wins over the file. The file holds
+    `url` and `token` at the top level or in `[profiles.<name>]` (FAIRQ_PROFILE)."""
+    file_values: dict[str, str] = {}
+    path = path or config_path()
+    if path.exists():
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read {path}: {exc}") from exc
+        profile = profile or os.environ.get("FAIRQ_PROFILE")
+        section = data.get("profiles", {}).get(profile, {}) if profile else data
+        if profile and not section:
+            raise ConfigError(f"no profile {profile!r} in {path}")
+        file_values = {k: str(v) for k, v in section.items() if k in {"url", "token"}}
+    url = url or os.environ.get("FAIRQ_URL") or file_values.get("url") or ""
+    token = token or os.environ.get("FAIRQ_TOKEN") or file_values.get("token") or ""
+    if not url:
+        raise ConfigError(f"no server URL: pass --url, set FAIRQ_URL or write url in {path}")
+    if not token:
+        raise ConfigError(f"no API token: pass --token, set FAIRQ_TOKEN or write token in {path}")
+    return Config(url=url.rstrip("/"), token=token)

@@ -1,0 +1,454 @@
+"""`fairq`: submit, watch and inspect GPU jobs like Slurm's sbatch/squeue/sshare/sprio.
+
+Exit codes: 0 success; 1 the server or the job said no (one line on stderr); 2 bad usage;
+with `submit --wait`, the job's own result (0, its exit code, or 1 when cancelled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from .client import ApiError, Client, Transport
+from .config import ConfigError, load_config
+
+FINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+ACTIVE = ["QUEUED", "ADMITTED", "RUNNING", "PREEMPTED"]
+# squeue's state codes; ADMITTED is "configuring" (placed, not yet running).
+STATE_CODES = {"QUEUED": "PD", "ADMITTED": "CF", "RUNNING": "R", "PREEMPTED": "PR",
+               "SUCCEEDED": "CD", "FAILED": "F", "CANCELLED": "CA"}
+JOB_FIELDS = ["team", "name", "image", "command", "args", "env", "gpu_type", "gpus",
+              "replicas", "tier", "max_runtime_seconds"]
+
+
+class UsageError(Exception):
+    pass
+
+
+# --- formatting ------------------------------------------------------------------------
+
+
+def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+             for r in cells]
+    return "\n".join(lines)
+
+
+def parse_time(text: str) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def elapsed(job: dict[str, Any], now: datetime) -> str:
+    start = parse_time(job.get("started_at") or "")
+    if start is None:
+        return "0:00"
+    end = parse_time(job.get("finished_at") or "") or now
+    s = max(0, int((end - start).total_seconds()))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    hms = f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else hms
+
+
+def duration_seconds(text: str) -> int:
+    """`90`, `30m`, `2h`, `1d`, `1:30:00` (h:m:s) or `45:00` (m:s) -> seconds."""
+    text = text.strip()
+    m = re.fullmatch(r"(\d+)([smhd]?)", text)
+    if m:
+        return int(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    parts = text.split(":")
+    if 2 <= len(parts) <= 3 and all(p.isdigit() for p in parts):
+        nums = [int(p) for p in parts]
+        while len(nums) < 3:
+            nums.insert(0, 0)
+        return nums[0] * 3600 + nums[1] * 60 + nums[2]
+    raise UsageError(f"bad duration {text!r}: use 90, 30m, 2h, 1d or h:mm:ss")
+
+
+# --- commands ----------------------------------------------------------------------------
+
+
+class App:
+    def __init__(self, client: Client, *, as_json: bool, out: TextIO, err: TextIO,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.client = client
+        self.as_json = as_json
+        self.out = out
+        self.err = err
+        self.sleep = sleep
+
+    def emit_json(self, data: Any) -> None:
+        self.out.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+    def say(self, text: str) -> None:
+        self.out.write(text + "\n")
+
+    # fairq submit
+    def submit(self, a: argparse.Namespace) -> int:
+        body = job_from_args(a)
+        if a.array:
+            created = self.client.post("/jobs/bulk/", {**body, "count": a.array})
+            if self.as_json:
+                self.emit_json(created)
+            else:
+                ids = created["ids"]
+                self.say(f"Submitted array job of {created['count']}: jobs {ids[0]}..{ids[-1]}")
+            return 0
+        job = self.client.post("/jobs/", body)
+        if self.as_json and not a.wait:
+            self.emit_json(job)
+        elif not self.as_json:
+            self.say(f"Submitted job {job['id']} ({job['team']}/{job['name']}, "
+                     f"{job['gpus']}x{job['gpu_type']}"
+                     f"{'' if job['replicas'] == 1 else ' x' + str(job['replicas'])}, "
+                     f"tier {job['tier']})")
+        if not a.wait:
+            return 0
+        return self.wait(job["id"], interval=a.poll_interval, timeout=a.timeout)
+
+    def wait(self, job_id: int, *, interval: float, timeout: float | None) -> int:
+        """Follow the job until it is final; its result becomes the exit code."""
+        started = time.monotonic()
+        last = None
+        while True:
+            job = self.client.get(f"/jobs/{job_id}/")
+            if job["status"] != last:
+                last = job["status"]
+                if not self.as_json:
+                    stamp = datetime.now(UTC).strftime("%H:%M:%S")
+                    extra = ""
+                    queue = job.get("queue") or {}
+                    if job["status"] == "QUEUED" and queue.get("reasons"):
+                        extra = f" ({queue['reasons'][0]['message']})"
+                    elif job["status"] in {"ADMITTED", "RUNNING"} and job.get("placement"):
+                        extra = f" on {','.join(map(str, job['placement']))}"
+                    self.err.write(f"[{stamp}] job {job_id} {job['status']}{extra}\n")
+            if job["status"] in FINAL:
+                break
+            if timeout is not None and time.monotonic() - started > timeout:
+                raise ApiError(f"job {job_id} still {job['status']} after {timeout:.0f}s")
+            self.sleep(interval)
+        if self.as_json:
+            self.emit_json(job)
+        if job["status"] == "SUCCEEDED":
+            if not self.as_json:
+                self.say(f"Job {job_id} succeeded in {elapsed(job, datetime.now(UTC))}")
+            return 0
+        reason = job.get("message") or job["status"].lower()
+        self.err.write(f"fairq: job {job_id} {job['status']}: {reason}\n")
+        if job["status"] == "FAILED":
+            code = job.get("exit_code")
+            return code if isinstance(code, int) and 0 < code < 256 else 1
+        return 1
+
+    # fairq queue
+    def queue(self, a: argparse.Namespace) -> int:
+        params: list[tuple[str, Any]] = []
+        states = [s.upper() for s in a.state.split(",")] if a.state else ([] if a.all else ACTIVE)
+        params += [("status", s) for s in states]
+        for key in ("team", "tier", "gpu_type", "name"):
+            if getattr(a, key):
+                params.append((key, getattr(a, key)))
+        if a.user:
+            params.append(("submitter", a.user))
+        params.append(("page_size", min(a.limit, 500)))
+        jobs = self.client.pages("/jobs/", params, a.limit)
+        if self.as_json:
+            self.emit_json(jobs)
+            return 0
+        now = datetime.now(UTC)
+        rows = []
+        for j in sorted(jobs, key=lambda j: j["id"]):
+            if j["status"] in {"ADMITTED", "RUNNING"} and j.get("placement"):
+                where = ",".join(sorted(set(map(str, j["placement"]))))
+            elif j["status"] == "QUEUED":
+                where = "(Priority)"
+            else:
+                where = f"({j.get('message') or j['status'].title()})"[:40]
+            rows.append([j["id"], j["team"], j["name"][:24], j.get("submitter") or "",
+                         j["tier"], STATE_CODES.get(j["status"], j["status"]), elapsed(j, now),
+                         f"{j['gpus']}x{j['gpu_type']}", j["replicas"], where])
+        self.say(table(rows, ["JOBID", "TEAM", "NAME", "USER", "TIER", "ST", "TIME", "GPUS",
+                              "NODES", "NODELIST(REASON)"]))
+        return 0
+
+    # fairq status ID
+    def status(self, a: argparse.Namespace) -> int:
+        job = self.client.get(f"/jobs/{a.job_id}/")
+        if self.as_json:
+            self.emit_json(job)
+            return 0
+        now = datetime.now(UTC)
+        lines = [
+            f"Job {job['id']}: {job['name']}  ({job['team']}, submitted by {job.get('submitter')})",
+            f"  State     {job['status']} (attempt {job['attempt']})"
+            + (f", exit code {job['exit_code']}" if job.get("exit_code") is not None else ""),
+            f"  Resources {job['gpus']} x {job['gpu_type']} per replica, {job['replicas']} "
+            f"replica(s), {job['total_gpus']} GPUs; tier {job['tier']}",
+            f"  Image     {job['image']} {' '.join(job['command'] + job['args'])}".rstrip(),
+            f"  Submitted {job['created_at']}",
+            f"  Runtime   {elapsed(job, now)}"
+            + (f" (limit {job['max_runtime_seconds']}s)" if job.get("max_runtime_seconds") else ""),
+        ]
+        if job.get("placement"):
+            lines.append(f"  Nodes     {', '.join(map(str, job['placement']))}")
+        if job.get("message"):
+            lines.append(f"  Message   {job['message']}")
+        queue = job.get("queue")
+        if queue:
+            lines.append(f"  Queue     position {queue.get('position')} of {queue.get('queued')}, "
+                         f"{queue.get('ahead')} ahead")
+            lines += [f"  Waiting   {r['message']}" for r in queue.get("reasons", [])]
+        self.say("\n".join(lines))
+        events = job.get("events") or []
+        if events:
+            self.say("")
+            self.say(table([[e["at"][:19].replace("T", " "), e["kind"],
+                             f"{e['from_status'] or '-'} -> {e['to_status'] or '-'}",
+                             e["actor"], e["reason"]] for e in events],
+                           ["AT", "EVENT", "TRANSITION", "BY", "REASON"]))
+        return 0
+
+    # fairq cancel ID
+    def cancel(self, a: argparse.Namespace) -> int:
+        for job_id in a.job_ids:
+            job = self.client.post(f"/jobs/{job_id}/cancel/")
+            if self.as_json:
+                self.emit_json(job)
+            else:
+                self.say(f"Cancelled job {job['id']} ({job['name']})")
+        return 0
+
+    # fairq logs ID [-f]
+    def logs(self, a: argparse.Namespace) -> int:
+        if not a.follow:
+            data = self.client.get(f"/jobs/{a.job_id}/logs/", tail=a.tail)
+            if self.as_json:
+                self.emit_json(data)
+            else:
+                for line in data["lines"]:
+                    self.say(line)
+            return 0
+        # Follow: poll the tail and print what is new; a new attempt starts over.
+        printed, attempt = 0, None
+        while True:
+            data = self.client.get(f"/jobs/{a.job_id}/logs/", tail=10_000)
+            if data["attempt"] != attempt:
+                attempt, printed = data["attempt"], 0
+            lines = data["lines"]
+            if len(lines) < printed:  # the cluster trimmed its buffer: print what we have
+                printed = 0
+            for line in lines[printed:]:
+                self.say(json.dumps({"attempt": attempt, "line": line}) if self.as_json else line)
+            printed = len(lines)
+            if data["status"] in FINAL:
+                return 0
+            self.out.flush()
+            self.sleep(a.poll_interval)
+
+    # fairq share
+    def share(self, a: argparse.Namespace) -> int:
+        data = self.client.get("/fairshare/")
+        teams = data["teams"] if isinstance(data, dict) else data
+        if self.as_json:
+            self.emit_json(data)
+            return 0
+        rows = [[t["team"], t.get("parent") or "", _num(t.get("weight")), _num(t.get("share"), 4),
+                 _num(t.get("usage_gpu_hours"), 2), _num(t.get("normalized_usage"), 4),
+                 _num(t.get("fair_share_factor"), 4)] for t in teams]
+        self.say(table(rows, ["TEAM", "PARENT", "WEIGHT", "NORMSHARES", "GPU-HOURS", "NORMUSAGE",
+                              "FAIRSHARE"]))
+        return 0
+
+    # fairq prio ID
+    def prio(self, a: argparse.Namespace) -> int:
+        jobs = [self.client.get(f"/jobs/{job_id}/") for job_id in a.job_ids]
+        if self.as_json:
+            self.emit_json([{"id": j["id"], "priority": j.get("priority"), "queue": j.get("queue")}
+                            for j in jobs])
+            return 0
+        rows = []
+        for j in jobs:
+            p = j.get("priority")
+            if not p:
+                raise ApiError("the server reports no priority breakdown for jobs")
+            f = p.get("factors", {})
+            rows.append([j["id"], j["team"], j["status"], _num(p.get("total"), 1)]
+                        + [_num(f.get(k, {}).get("value"), 1) for k in ("fair_share", "age", "size")])
+        self.say(table(rows, ["JOBID", "TEAM", "STATE", "PRIORITY", "FAIRSHARE", "AGE", "SIZE"]))
+        if len(jobs) == 1:
+            p = jobs[0]["priority"]
+            self.say("")
+            self.say(table([[k, _num(v.get("factor"), 4), _num(v.get("weight"), 0),
+                             _num(v.get("value"), 1)] for k, v in p.get("factors", {}).items()],
+                           ["FACTOR", "VALUE", "WEIGHT", "WEIGHTED"]))
+            queue = jobs[0].get("queue")
+            if queue:
+                self.say("")
+                self.say(f"Queue position {queue.get('position')} of {queue.get('queued')} "
+                         f"({queue.get('ahead')} ahead)")
+                for r in queue.get("reasons", []):
+                    self.say(f"  {r['code']}: {r['message']}")
+        return 0
+
+
+def _num(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float | int):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def job_from_args(a: argparse.Namespace) -> dict[str, Any]:
+    """A job body from the YAML file (if any), overridden by flags."""
+    body: dict[str, Any] = {}
+    if a.file:
+        try:
+            loaded = yaml.safe_load(Path(a.file).read_text()) if a.file != "-" else \
+                yaml.safe_load(sys.stdin.read())
+        except (OSError, yaml.YAMLError) as exc:
+            raise UsageError(f"cannot read job file {a.file}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise UsageError(f"job file {a.file} must hold a mapping of job fields")
+        unknown = sorted(set(loaded) - set(JOB_FIELDS) - {"time"})
+        if unknown:
+            raise UsageError(f"unknown fields in {a.file}: {', '.join(unknown)}")
+        if "time" in loaded:
+            loaded["max_runtime_seconds"] = duration_seconds(str(loaded.pop("time")))
+        body.update(loaded)
+    for key in ("team", "name", "image", "gpu_type", "gpus", "replicas", "tier"):
+        if getattr(a, key) is not None:
+            body[key] = getattr(a, key)
+    if a.time:
+        body["max_runtime_seconds"] = duration_seconds(a.time)
+    if a.env:
+        env = dict(body.get("env") or {})
+        for item in a.env:
+            if "=" not in item:
+                raise UsageError(f"--env wants NAME=VALUE, not {item!r}")
+            k, v = item.split("=", 1)
+            env[k] = v
+        body["env"] = env
+    cmd = list(a.command or [])
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if cmd:
+        body["command"] = cmd
+    missing = [k for k in ("team", "name", "image", "gpu_type", "gpus") if k not in body]
+    if missing:
+        raise UsageError(f"missing {', '.join(missing)} (give flags or a job file with -f)")
+    return body
+
+
+# --- argument parsing --------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    def common_args(suppress: bool) -> argparse.ArgumentParser:
+        # Sub-commands repeat the options without defaults, so `fairq --json queue` and
+        # `fairq queue --json` both work (a sub-parser default would overwrite the first).
+        kw: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
+        c = argparse.ArgumentParser(add_help=False)
+        c.add_argument("--url", help="server URL (env FAIRQ_URL, or url in the config file)", **kw)
+        c.add_argument("--token", help="API token (env FAIRQ_TOKEN, or token in the config file)",
+                       **kw)
+        c.add_argument("--profile", help="a [profiles.NAME] section of the config file", **kw)
+        c.add_argument("--json", action="store_true", help="machine-readable output", **kw)
+        return c
+
+    common = common_args(suppress=True)
+    p = argparse.ArgumentParser(prog="fairq", description=__doc__.splitlines()[0],
+                                parents=[common_args(suppress=False)])
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("submit", parents=[common], help="submit a job (like sbatch)")
+    s.add_argument("-f", "--file", help="a YAML job file ('-' for stdin); flags override it")
+    s.add_argument("-t", "--team")
+    s.add_argument("-J", "--name")
+    s.add_argument("-i", "--image")
+    s.add_argument("-G", "--gpu-type", dest="gpu_type")
+    s.add_argument("-g", "--gpus", type=int, help="GPUs per replica")
+    s.add_argument("-N", "--replicas", type=int, help="gang size (all start together)")
+    s.add_argument("-q", "--tier")
+    s.add_argument("--time", help="max runtime: 90, 30m, 2h, 1d or h:mm:ss")
+    s.add_argument("-e", "--env", action="append", metavar="NAME=VALUE")
+    s.add_argument("-a", "--array", type=int, metavar="N",
+                   help="submit N copies (job i gets FAIRQ_ARRAY_INDEX=i)")
+    s.add_argument("-W", "--wait", action="store_true",
+                   help="follow the job to its end and exit with its result")
+    s.add_argument("--poll-interval", type=float, default=2.0)
+    s.add_argument("--timeout", type=float, default=None, help="give up waiting after seconds")
+    s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+
+    q = sub.add_parser("queue", parents=[common], help="list jobs (like squeue)")
+    q.add_argument("-t", "--team")
+    q.add_argument("-u", "--user", help="jobs submitted by this user")
+    q.add_argument("-q", "--tier")
+    q.add_argument("-G", "--gpu-type", dest="gpu_type")
+    q.add_argument("-n", "--name", help="name contains")
+    q.add_argument("-s", "--state", help="comma-separated states (default: active ones)")
+    q.add_argument("-A", "--all", action="store_true", help="include finished jobs")
+    q.add_argument("--limit", type=int, default=200)
+
+    st = sub.add_parser("status", parents=[common], help="one job in detail, with its events")
+    st.add_argument("job_id", type=int)
+
+    c = sub.add_parser("cancel", parents=[common], help="cancel jobs (like scancel)")
+    c.add_argument("job_ids", type=int, nargs="+", metavar="ID")
+
+    lg = sub.add_parser("logs", parents=[common], help="a job's logs")
+    lg.add_argument("job_id", type=int)
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
+    lg.add_argument("--tail", type=int, default=100)
+    lg.add_argument("--poll-interval", type=float, default=2.0)
+
+    sub.add_parser("share", parents=[common], help="fair-share standings (like sshare)")
+
+    pr = sub.add_parser("prio", parents=[common], help="priority breakdown (like sprio)")
+    pr.add_argument("job_ids", type=int, nargs="+", metavar="ID")
+    return p
+
+
+def main(argv: Sequence[str] | None = None, *, transport: Transport | None = None,
+         out: TextIO | None = None, err: TextIO | None = None,
+         sleep: Callable[[float], None] = time.sleep) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    parser = build_parser()
+    try:
+        a = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse printed the reason
+        return int(exc.code or 0)
+    try:
+        cfg = load_config(url=a.url, token=a.token, profile=a.profile)
+        app = App(Client(cfg.url, cfg.token, transport=transport), as_json=a.json, out=out,
+                  err=err, sleep=sleep)
+        return int(getattr(app, a.cmd)(a))
+    except (ConfigError, UsageError) as exc:
+        err.write(f"fairq: {exc}\n")
+        return 2
+    except ApiError as exc:
+        err.write(f"fairq: {exc.message}\n")
+        return 1
+    except KeyboardInterrupt:
+        err.write("fairq: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""Cross-cutting API behaviour: Idempotency-Key on every POST, per-token throttling,
+ETags for polling, the one error shape, bulk array jobs."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from rest_framework.test import APIClient
+
+from accounts.models import IdempotencyRecord, Membership, Team
+from queueing.models import Job, JobEvent
+from tests.conftest import World, job_body
+from tests.factories import JobFactory
+
+
+def _post(client: APIClient, url: str, body: Any, key: str | None = None) -> Any:
+    extra = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
+    return client.post(url, body, format="json", **extra)
+
+
+# --- Idempotency-Key -------------------------------------------------------------------
+
+
+def test_a_retried_job_submit_returns_the_first_job(world: World) -> None:
+    c = world.client(world.member)
+    first = _post(c, "/api/v1/jobs/", job_body(), key="k1")
+    again = _post(c, "/api/v1/jobs/", job_body(), key="k1")
+    assert first.status_code == 201
+    assert again.status_code == 200
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.json()["id"] == first.json()["id"]
+    assert Job.objects.count() == 1
+
+
+@pytest.mark.parametrize(("url", "body", "count"), [
+    ("/api/v1/tokens/", {"name": "ci"}, lambda w: w.member.api_tokens.count()),
+    ("/api/v1/jobs/bulk/", job_body(count=4), lambda w: Job.objects.count()),
+])
+def test_every_post_is_idempotent(world: World, url: str, body: dict[str, Any],
+                                  count: Any) -> None:
+    c = world.client(world.member)
+    before = count(world)
+    r1 = _post(c, url, body, key="same")
+    r2 = _post(c, url, body, key="same")
+    assert r1.status_code == 201
+    assert r2.status_code == 200
+    assert r2.json() == r1.json()
+    assert count(world) == before + (1 if "tokens" in url else 4)
+
+
+def test_a_retried_cancel_replays_the_answer(world: World) -> None:
+    job = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
+    c = world.client(world.member)
+    r1 = _post(c, f"/api/v1/jobs/{job.pk}/cancel/", None, key="c1")
+    r2 = _post(c, f"/api/v1/jobs/{job.pk}/cancel/", None, key="c1")
+    r3 = _post(c, f"/api/v1/jobs/{job.pk}/cancel/", None, key="c2")
+    assert (r1.status_code, r2.status_code, r3.status_code) == (200, 200, 409)
+    assert r3.json()["error"]["code"] == "invalid_transition"
+
+
+def test_the_same_key_for_a_different_request_is_422(world: World) -> None:
+    c = world.client(world.member)
+    assert _post(c, "/api/v1/jobs/", job_body(), key="k").status_code == 201
+    r = _post(c, "/api/v1/jobs/", job_body(name="other"), key="k")
+    assert r.status_code == 422
+    assert r.json()["error"]["code"] == "idempotency_key_reused"
+
+
+def test_keys_are_per_user(world: World) -> None:
+    a = _post(world.client(world.member), "/api/v1/tokens/", {"name": "x"}, key="k")
+    b = _post(world.client(world.admin), "/api/v1/tokens/", {"name": "x"}, key="k")
+    assert a.status_code == b.status_code == 201
+    assert a.json()["id"] != b.json()["id"]
+
+
+def test_a_key_still_in_progress_is_409(world: World) -> None:
+    c = world.client(world.member)
+    body = {"name": "x"}
+    first = _post(c, "/api/v1/tokens/", body, key="busy")
+    record = IdempotencyRecord.objects.get(key="busy")
+    IdempotencyRecord.objects.filter(pk=record.pk).update(status_code=None)  # as if running
+    r = _post(c, "/api/v1/tokens/", body, key="busy")
+    assert first.status_code == 201
+    assert r.status_code == 409
+
+
+def test_validation_errors_are_replayed_too_but_5xx_are_not_stored(world: World) -> None:
+    c = world.client(world.member)
+    bad = _post(c, "/api/v1/jobs/", job_body(gpus=0), key="bad")
+    assert bad.status_code == 400
+    assert _post(c, "/api/v1/jobs/", job_body(gpus=0), key="bad").status_code == 400
+    assert IdempotencyRecord.objects.get(key="bad").status_code == 400
+
+
+def test_an_overlong_key_is_400(world: World) -> None:
+    r = _post(world.client(world.member), "/api/v1/tokens/", {"name": "x"}, key="k" * 201)
+    assert r.status_code == 400
+    assert "Idempotency-Key" in r.json()["error"]["fields"]
+
+
+# --- throttling ------------------------------------------------------------------------
+
+
+@override_settings(FAIRQ_API_RATE="3/min")
+def test_throttling_is_per_token(world: World) -> None:
+    a = world.client(world.member)
+    b = world.client(world.member)  # another token of the same user: its own bucket
+    codes = [a.get("/api/v1/tiers/").status_code for _ in range(4)]
+    assert codes == [200, 200, 200, 429]
+    r = a.get("/api/v1/tiers/")
+    assert r.json()["error"]["code"] == "throttled"
+    assert int(r["Retry-After"]) > 0
+    assert b.get("/api/v1/tiers/").status_code == 200
+
+
+@override_settings(FAIRQ_API_ANON_RATE="2/min")
+def test_anonymous_requests_are_throttled_by_address(world: World) -> None:
+    c = APIClient()
+    codes = [c.get("/api/v1/schema/").status_code for _ in range(3)]
+    assert codes == [200, 200, 429]
+
+
+# --- ETag / updated_at -----------------------------------------------------------------
+
+
+def test_job_detail_has_an_etag_and_answers_304_until_it_changes(world: World) -> None:
+    job = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
+    c = world.client(world.member)
+    r = c.get(f"/api/v1/jobs/{job.pk}/")
+    etag = r["ETag"]
+    assert etag
+    assert c.get(f"/api/v1/jobs/{job.pk}/", HTTP_IF_NONE_MATCH=etag).status_code == 304
+    c.post(f"/api/v1/jobs/{job.pk}/cancel/")
+    r2 = c.get(f"/api/v1/jobs/{job.pk}/", HTTP_IF_NONE_MATCH=etag)
+    assert r2.status_code == 200
+    assert r2.json()["status"] == "CANCELLED"
+
+
+def test_updated_after_lists_only_changed_jobs(world: World) -> None:
+    old = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
+    c = world.client(world.member)
+    stamp = c.get(f"/api/v1/jobs/{old.pk}/").json()["updated_at"]
+    time.sleep(0.01)
+    new = c.post("/api/v1/jobs/", job_body(), format="json").json()
+    r = c.get("/api/v1/jobs/", {"updated_after": stamp})
+    assert [j["id"] for j in r.json()["results"]] == [new["id"]]
+
+
+# --- the one error shape ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("method", "url", "status", "code"), [
+    ("get", "/api/v1/jobs/999999/", 404, "not_found"),
+    ("get", "/api/v1/jobs/abc/", 404, "not_found"),
+    ("get", "/api/v1/teams/nope/", 404, "not_found"),
+    ("post", "/api/v1/jobs/", 400, "invalid"),
+    ("delete", "/api/v1/tiers/", 405, "method_not_allowed"),
+    ("get", "/api/v1/usage/?bucket=week", 400, "invalid"),
+    ("get", "/api/v1/usage/?from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z", 400, "invalid"),
+    ("get", "/api/v1/jobs/?status=NOPE", 400, "invalid"),
+])
+def test_errors_have_one_shape(world: World, method: str, url: str, status: int,
+                               code: str) -> None:
+    r = getattr(world.client(world.member), method)(url, {}, format="json") \
+        if method != "get" else world.client(world.member).get(url)
+    assert r.status_code == status, r.content
+    error = r.json()["error"]
+    assert error["status"] == status
+    assert error["code"] == code
+    assert isinstance(error["message"], str)
+
+
+def test_anonymous_gets_401_in_the_error_shape(world: World) -> None:
+    r = APIClient().get("/api/v1/jobs/")
+    assert r.status_code == 401
+    assert r.json()["error"]["code"] == "not_authenticated"
+
+
+# --- bulk array jobs -------------------------------------------------------------------
+
+
+def test_bulk_queues_an_array_of_named_indexed_jobs(world: World) -> None:
+    r = _post(world.client(world.member), "/api/v1/jobs/bulk/",
+              job_body(name="sweep", count=3))
+    assert r.status_code == 201
+    ids = r.json()["ids"]
+    jobs = list(Job.objects.filter(pk__in=ids).order_by("pk"))
+    assert [j.name for j in jobs] == ["sweep-0", "sweep-1", "sweep-2"]
+    assert [j.env["FAIRQ_ARRAY_INDEX"] for j in jobs] == ["0", "1", "2"]
+    assert {j.env["FAIRQ_ARRAY_SIZE"] for j in jobs} == {"3"}
+    assert JobEvent.objects.filter(job__in=jobs, to_status="QUEUED").count() == 3
+    assert {j.submitter_id for j in jobs} == {world.member.pk}
+
+
+@pytest.mark.parametrize(("overrides", "field"), [
+    ({"count": 10_001}, "count"),
+    ({"count": 0}, "count"),
+    ({"count": 10, "name": "n" * 62}, "name"),
+    ({"count": 2, "gpus": 99}, "gpus"),
+])
+def test_bulk_validates_once_for_all(world: World, overrides: dict[str, Any], field: str) -> None:
+    r = _post(world.client(world.member), "/api/v1/jobs/bulk/", job_body(**overrides))
+    assert r.status_code == 400
+    assert field in r.json()["error"]["fields"]
+    assert Job.objects.count() == 0
+
+
+def test_bulk_of_ten_thousand_is_fast(world: World) -> None:
+    started = time.perf_counter()
+    r = _post(world.client(world.member), "/api/v1/jobs/bulk/", job_body(name="big", count=10_000))
+    took = time.perf_counter() - started
+    assert r.status_code == 201
+    assert Job.objects.count() == 10_000
+    assert took < 10  # SQLite on a shared CI box; bench/ measures PostgreSQL against 2 s
+
+
+# --- memberships and teams through the API --------------------------------------------
+
+
+def test_team_admin_adds_and_removes_a_member(world: World) -> None:
+    c = world.client(world.admin)
+    r = _post(c, "/api/v1/teams/vision/members/", {"username": "bob", "role": "member"})
+    assert r.status_code == 201
+    assert Membership.objects.filter(team=world.vision, user=world.outsider).exists()
+    # bob now sees vision's jobs
+    assert world.client(world.outsider).get("/api/v1/teams/vision/").status_code == 200
+    assert c.delete("/api/v1/teams/vision/members/bob/").status_code == 204
+    assert world.client(world.outsider).get("/api/v1/teams/vision/").status_code == 404
+
+
+def test_adding_an_unknown_user_is_400(world: World) -> None:
+    r = _post(world.client(world.admin), "/api/v1/teams/vision/members/", {"username": "ghost"})
+    assert r.status_code == 400
+    assert "username" in r.json()["error"]["fields"]
+
+
+def test_staff_creates_a_team_and_sets_its_quota(world: World) -> None:
+    c = world.client(world.staff)
+    assert _post(c, "/api/v1/teams/", {"slug": "robotics", "name": "Robotics",
+                                       "weight": 2}).status_code == 201
+    r = _post(c, "/api/v1/quotas/", {"team": "robotics", "gpu_type": "h100", "nominal": 4,
+                                     "borrowing_limit": None})
+    assert r.status_code == 201
+    r2 = _post(c, "/api/v1/quotas/", {"team": "robotics", "gpu_type": "h100", "nominal": 6})
+    assert r2.status_code == 200
+    assert r2.json()["nominal"] == 6
+    assert Team.objects.get(slug="robotics").quotas.get().nominal == 6
