@@ -109,3 +109,28 @@ def test_an_outsider_cannot_see_the_explanation(world: World) -> None:
     job_id = submit(world)
     r = world.client(world.outsider).get(f"/api/v1/jobs/{job_id}/")
     assert r.status_code == 404
+
+
+def test_an_unreachable_cluster_gives_a_reason_not_an_error(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from queueing.backends import get_backend
+
+    job_id = submit(world)
+
+    def down() -> None:
+        raise ConnectionError("connection refused")
+
+    monkeypatch.setattr(get_backend(), "nodes", down)
+    body = detail(world, job_id)
+    assert body["queue"]["reasons"][0]["code"] == "cluster_unreachable"
+    assert "connection refused" in body["queue"]["reasons"][0]["message"]
+    assert body["priority"]["factors"]["fair_share"]["factor"] == 1.0
+
+
+def test_the_queue_part_can_be_skipped(world: World) -> None:
+    from queueing.api.serializers import JobDetailSerializer
+
+    job = Job.objects.get(pk=submit(world))
+    data = JobDetailSerializer(job, context={"explain_queue": False}).data
+    assert data["queue"] is None and data["priority"]["total"] > 0

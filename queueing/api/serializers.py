@@ -167,9 +167,12 @@ class JobDetailSerializer(JobSerializer):
 
         from queueing.services.fairshare import job_explain
 
+        # One explanation per job and serializer; context {"explain_queue": False} skips
+        # the queue part (it runs the admission plan over the whole queue).
         cache: dict[int, dict[str, Any]] = self.__dict__.setdefault("_explained", {})
         if job.pk not in cache:
-            cache[job.pk] = job_explain(job=job, now=timezone.now())
+            cache[job.pk] = job_explain(job=job, now=timezone.now(),
+                                        with_queue=self.context.get("explain_queue", True))
         return cache[job.pk]
 
     def get_priority(self, job: Job) -> dict[str, Any]:

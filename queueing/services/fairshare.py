@@ -439,43 +439,56 @@ def fairshare_history(*, team: str, since: datetime | None = None,
 
 # --- explain ------------------------------------------------------------------------------
 
-def job_explain(*, job: Job, now: datetime) -> dict[str, Any]:
+def job_explain(*, job: Job, now: datetime, with_queue: bool = True) -> dict[str, Any]:
     """Rules P1-P3 for one job: its priority per factor (like `sprio`) and, while it is
-    queued, its place in the queue and why it waits (quota, capacity, gang that fits no
-    node, jobs ahead of it). Reads only; a cluster that cannot be reached leaves the
-    reasons out rather than failing the request."""
+    queued and `with_queue`, its place in the queue and why it waits (quota, capacity,
+    gang that fits no node, jobs ahead of it).
+
+    Reads only. The queue part builds the scheduler's snapshot and runs the (pure)
+    admission plan on it: O(queue), so callers that only need the priority pass
+    `with_queue=False`. A cluster that cannot be reached gives the reason
+    `cluster_unreachable` rather than failing the request.
+    """
     from queueing.backends import get_backend
     from queueing.policy.admission import plan_admissions
     from queueing.services.scheduler import build_snapshot
 
-    standings = fairshare_standings(now=now)
-    state = FairShareState.from_standings(standings)
     weights = priority_weights()
     backend = get_backend()
+    snapshot = None
+    cluster_error = ""
     try:
-        nodes = backend.nodes()
+        if with_queue and job.state == JobState.QUEUED:
+            snapshot = build_snapshot(backend=backend, now=now)
+            cluster_gpus = sum(n.capacity for n in snapshot.nodes)
+        else:
+            cluster_gpus = sum(n.capacity for n in backend.nodes())
     except Exception as exc:  # an unreachable cluster must not break the job page
-        nodes = None
-        cluster_error = str(exc)[:200]
-    cluster_gpus = sum(n.capacity for n in nodes) if nodes is not None else 0
-    qjob = _queued_job(job)
-    breakdown = job_priority(qjob, now=now, fair_share_factor=state.factor(job.team.slug),
+        cluster_error = str(exc)[:200] or type(exc).__name__
+        cluster_gpus = 0
+    state = getattr(snapshot, "fair_share_state", None) if snapshot is not None else None
+    if state is None:
+        state = FairShareState.from_standings(fairshare_standings(now=now))
+    breakdown = job_priority(_queued_job(job), now=now,
+                             fair_share_factor=state.factor(job.team.slug),
                              weights=weights, cluster_gpus=cluster_gpus)
     out: dict[str, Any] = {"priority": breakdown.as_dict(), "queue": None}
-    if job.state != JobState.QUEUED:
+    if not with_queue or job.state != JobState.QUEUED:
         return out
-    if nodes is None:
-        out["queue"] = {"position": None, "ahead": None, "reasons": [
-            {"code": "cluster_unreachable", "message": f"the cluster did not answer: "
-                                                       f"{cluster_error}"}]}
+    if snapshot is None:
+        out["queue"] = {"position": None, "ahead": None, "ahead_same_gpu_type": None,
+                        "queued": None, "reasons": [{
+                            "code": "cluster_unreachable",
+                            "message": f"the cluster did not answer: {cluster_error}"}]}
         return out
-    snapshot = build_snapshot(backend=backend, now=now)
     plan = plan_admissions(snapshot)
     by_id = {q.id: q for q in snapshot.queued}
     plan_order: tuple[int, ...] = tuple(getattr(plan, "order", ()) or ())
     if plan_order and all(i in by_id for i in plan_order):
+        # The order the admission pass really used (rules P2, F6).
+        seen = set(plan_order)
         ordered = [by_id[i] for i in plan_order]
-        ordered += [q for q in snapshot.queued if q.id not in set(plan_order)]
+        ordered += [q for q in snapshot.queued if q.id not in seen]
     else:
         ordered = [q for q, _ in rank_queue(snapshot.queued, now=now, factor=state.factor,
                                             weights=weights, cluster_gpus=cluster_gpus)]
