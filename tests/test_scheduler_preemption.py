@@ -189,3 +189,24 @@ def test_a_preemption_whose_victim_moved_is_dropped_whole(world: World) -> None:
     assert job(p.victims[0].job_id).status == JobState.RUNNING
     assert not JobEvent.objects.filter(job_id=hi, kind="preempting").exists()
     assert not UsageRecord.objects.filter(job_id__in=ids).exists()
+
+
+def test_a_stale_plan_applied_twice_preempts_once(world: World) -> None:
+    """The compare-and-swap of rule S1 is the second line behind the cycle lock: a
+    second worker applying the same plan finds the victims moved and does nothing."""
+    from django.db import transaction
+
+    t0 = timezone.now() + timedelta(seconds=1)
+    fill_h100(world, t0)
+    hi = submit(world, world.outsider, team="nlp", tier="high", gpus=8)
+    plan = plan_admissions(build_snapshot(backend=get_backend(), now=t0 + timedelta(seconds=5)))
+    with transaction.atomic():
+        first = preemptions_apply(plan=plan, now=t0 + timedelta(seconds=5))
+    with transaction.atomic():
+        second = preemptions_apply(plan=plan, now=t0 + timedelta(seconds=6))
+    assert len(first.preempted) == 1 and second.preempted == []
+    (victim,) = first.preempted
+    assert job(victim).attempt == 2
+    assert JobEvent.objects.filter(job_id=victim, kind="preempted").count() == 1
+    assert JobEvent.objects.filter(job_id=hi, kind="preempting").count() == 1
+    assert UsageRecord.objects.filter(job_id=victim).count() == 1
