@@ -146,19 +146,27 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) ->
     statuses = backend.statuses(now=now)
     seen = {s.name for s in statuses}
     result.workloads = seen
-    jobs = Job.objects.select_related("gpu_type").in_bulk({s.job_id for s in statuses})
+    # Only (attempt, status) for every workload; whole rows only for the few that move.
+    owners = {pk: (attempt, JobState(st)) for pk, attempt, st in Job.objects.filter(
+        pk__in={s.job_id for s in statuses}).values_list("pk", "attempt", "status")}
+    moving = []
     for status in statuses:
-        job = jobs.get(status.job_id)
-        if job is None or job.attempt != status.attempt or job.state not in HOLDING_STATES:
+        owner = owners.get(status.job_id)
+        if owner is None or owner[0] != status.attempt or owner[1] not in HOLDING_STATES:
             # No job owns this workload any more (cancelled, preempted, finished and
             # recorded, or deleted): end it so its GPUs come back.
             backend.stop(status.name, now=now)
             result.orphans_stopped.append(status.name)
             continue
         if status.phase == Phase.PENDING or (
-                status.phase == Phase.RUNNING and job.state == JobState.RUNNING):
+                status.phase == Phase.RUNNING and owner[1] == JobState.RUNNING):
             continue  # nothing to record: no transaction for the common case
-        _apply_status(job, status, now=now, result=result)
+        moving.append(status)
+    jobs = Job.objects.select_related("gpu_type").in_bulk({s.job_id for s in moving})
+    for status in moving:
+        job = jobs.get(status.job_id)
+        if job is not None and job.attempt == status.attempt:
+            _apply_status(job, status, now=now, result=result)
 
     vanished = Job.objects.filter(
         status=JobState.ADMITTED, submitted_to_backend_at__lt=now - VANISHED_GRACE
