@@ -54,7 +54,7 @@ def test_the_command_prints_sshare_like_standings_and_the_instant(used: World) -
     assert "share S" in text and "usage GPU-h" in text
     lines = {ln.split()[0]: ln.split() for ln in text.splitlines()[3:]}
     assert set(lines) == {"vision", "nlp", "speech"}
-    assert lines["speech"][-1] == "1.0000"
+    assert lines["speech"][-2:] == ["1.0000", "(inactive)"]  # F = 1, no usage, no job
 
 
 def test_json_and_api_give_the_same_numbers_under_the_same_names(used: World) -> None:
@@ -132,14 +132,14 @@ def test_a_running_attempt_counts_up_to_now(world: World) -> None:
     assert st["speech"].usage == pytest.approx(want, rel=1e-9)
 
 
-def test_a_team_without_quota_or_work_does_not_dilute_the_shares(world: World) -> None:
-    world.speech.quotas.all().delete()
-    st = fairshare_standings(now=timezone.now())
-    assert not st["speech"].active
+def test_rule_f2_an_idle_team_does_not_dilute_the_shares(used: World) -> None:
+    st = fairshare_standings(now=T)
+    assert st["vision"].active and st["nlp"].active and not st["speech"].active
     assert st["vision"].share == pytest.approx(3 / 5)
-    assert st["speech"].share == pytest.approx(1 / 6)  # if it became active
-    JobFactory(team=world.speech, gpu_type=world.a100, tier=world.normal)  # queued
-    st = fairshare_standings(now=timezone.now())
+    assert st["speech"].share == pytest.approx(1 / 6)  # what it gets on becoming active
+    assert st["speech"].factor == 1.0
+    JobFactory(team=used.speech, gpu_type=used.a100, tier=used.normal)  # queued
+    st = fairshare_standings(now=T)
     assert st["speech"].active and st["vision"].share == pytest.approx(3 / 6)
 
 

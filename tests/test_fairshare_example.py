@@ -22,7 +22,7 @@ from queueing.services.fairshare import (
 from queueing.services.usage import fairshare_standings
 
 from .conftest import World
-from .factories import TeamFactory
+from .factories import JobFactory, TeamFactory
 
 NOW = datetime(2026, 1, 15, tzinfo=UTC)
 H = 168.0
@@ -37,6 +37,9 @@ nlp,h100,2,2026-01-01T00:00:00+00:00,2026-01-08T00:00:00+00:00
 def example(world: World, settings: Any) -> World:
     settings.FAIRQ_DECAY_HALF_LIFE_HOURS = H
     assert usage_import_csv(stream=io.StringIO(EXAMPLE_CSV), now=timezone.now()) == 2
+    # speech used nothing but has a job queued: it is active (rule F2).
+    JobFactory(team=world.speech, gpu_type=world.a100, tier=world.normal,
+               created_at=NOW - timedelta(hours=1))
     return world
 
 
@@ -103,9 +106,7 @@ def test_worked_example_hierarchy(world: World) -> None:
 
     for team, value in ((world.vision, 60.0), (world.nlp, 20.0), (ops, 20.0)):
         FairShareAccumulator.objects.create(team=team, value=value, as_of=NOW)
-    # speech has a quota, hence is active: take it out of the example's tree.
-    world.speech.quotas.all().delete()
-    st = fairshare_standings(now=NOW)
+    st = fairshare_standings(now=NOW)  # speech: no usage, no job, so not active
     assert not st["speech"].active
     assert st["research"].share == pytest.approx(0.5)
     assert st["ops"].share == pytest.approx(0.5)

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Q
 
 from accounts.models import Team
 from queueing.models import FairShareAccumulator, FairShareSnapshot, GpuType, Job, UsageRecord
@@ -35,7 +36,7 @@ from queueing.policy.priority import PriorityWeights, job_priority, rank_queue
 from queueing.policy.snapshot import QueuedJob
 from queueing.policy.states import JobState
 
-from .usage import fairshare_standings, half_life_hours, teams_with_quota
+from .usage import fairshare_standings, half_life_hours
 
 IMPORT_COLUMNS = ("team", "gpu_type", "gpus", "start", "end")
 MAX_REPORTED_ERRORS = 50
@@ -79,7 +80,8 @@ def fairshare_standings_at(*, at: datetime, now: datetime) -> dict[str, Standing
     At or after `now`: from the accumulators, O(teams) (running attempts count up to
     `at`). Before `now`: recomputed from the raw usage records, each interval cut at
     `at`, plus the attempts still running that had started by then: exact for the past,
-    O(history).
+    O(history). Activity (rule F2) at a past instant: usage, or a job submitted by then
+    and not finished by then.
     """
     if at >= now:
         return fairshare_standings(now=at)
@@ -91,17 +93,20 @@ def fairshare_standings_at(*, at: datetime, now: datetime) -> dict[str, Standing
                   "started_at"):
         if started_at is not None:
             running.setdefault(team_id, []).append((gpus * replicas * weight, started_at))
+    # Rule F2 at a past instant: a job submitted by then and not finished by then.
+    waiting = set(
+        Job.objects.filter(created_at__lte=at)
+        .filter(Q(finished_at__isnull=True) | Q(finished_at__gt=at))
+        .values_list("team_id", flat=True).distinct()
+    )
     teams = list(Team.objects.values_list("pk", "slug", "weight", "parent_id"))
     slug_of = {pk: slug for pk, slug, _, _ in teams}
-    with_quota = teams_with_quota()
     inputs = [
         TeamUsageInput(
             team=slug, weight=weight, accumulator=Accumulator(raw.get(pk, 0.0), at),
             running=tuple(running.get(pk, ())),
             parent=slug_of.get(parent_id) if parent_id is not None else None,
-            # Past queues are not kept: at a past instant a team is active through its
-            # quota or its usage (rule F2).
-            active=pk in with_quota,
+            active=pk in waiting,
         )
         for pk, slug, weight, parent_id in teams
     ]

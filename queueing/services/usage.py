@@ -10,7 +10,7 @@ from django.db.models import Exists, OuterRef
 from django.db.models.expressions import RawSQL
 
 from accounts.models import Team
-from queueing.models import FairShareAccumulator, Job, Quota, UsageRecord
+from queueing.models import FairShareAccumulator, Job, UsageRecord
 from queueing.policy.fairshare import (
     Accumulator,
     Standing,
@@ -22,11 +22,6 @@ from queueing.policy.states import JobState
 
 # Rule F2: a team with work in these states is active even before it has any usage.
 _ACTIVE_STATES = (JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING)
-
-
-def teams_with_quota() -> set[int]:
-    """Rule F2: teams with a guaranteed (nominal > 0) quota always take part."""
-    return set(Quota.objects.filter(nominal__gt=0).values_list("team_id", flat=True).distinct())
 
 
 def half_life_hours() -> float:
@@ -112,10 +107,9 @@ def fairshare_inputs(*, now: datetime) -> tuple[list[TeamUsageInput], dict[str, 
                 gpus * replicas, weight, interval)
     teams = list(
         Team.objects.annotate(
-            has_quota=Exists(Quota.objects.filter(team=OuterRef("pk"), nominal__gt=0)),
             has_work=Exists(Job.objects.filter(team=OuterRef("pk"),
                                                status__in=list(_ACTIVE_STATES))),
-        ).values_list("pk", "slug", "weight", "parent_id", "has_quota", "has_work")
+        ).values_list("pk", "slug", "weight", "parent_id", "has_work")
     )
     slug_of = {pk: slug for pk, slug, *_ in teams}
     inputs = [
@@ -125,9 +119,9 @@ def fairshare_inputs(*, now: datetime) -> tuple[list[TeamUsageInput], dict[str, 
             accumulator=Accumulator(banked.get(pk, 0.0), now),
             running=tuple(running.get(pk, ())),
             parent=slug_of.get(parent_id) if parent_id is not None else None,
-            active=bool(has_quota or has_work),
+            active=bool(has_work),
         )
-        for pk, slug, weight, parent_id, has_quota, has_work in teams
+        for pk, slug, weight, parent_id, has_work in teams
     ]
     extra = {slug_of[pk]: v for pk, v in penalty.items() if pk in slug_of}
     return inputs, extra

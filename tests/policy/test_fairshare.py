@@ -270,6 +270,8 @@ def test_rule_f4_state_follows_any_tree_like_the_standings(
     extra: dict[str, float] = {}
     for i, h in charges:
         name = f"t{i % len(teams)}"
+        if not standings[name].active:
+            continue  # only active teams are admitted (they have queued work, rule F2)
         state.charge(name, h)
         extra[name] = extra.get(name, 0.0) + h
     want = compute_standings(inputs, now=T0, half_life_hours=H, extra_usage=extra)
