@@ -191,20 +191,24 @@ class _QueueOrder:
         self._base = usage_total
         firsts = set(first)
         self.first: list[QueuedJob] = []
-        lists: dict[int, dict[str, list[tuple[float, datetime, int, QueuedJob]]]] = \
-            defaultdict(lambda: defaultdict(list))
+        groups: dict[tuple[int, str], list[tuple[float, datetime, int, QueuedJob]]] = {}
         for job in jobs:
-            if job.id in firsts:
+            if firsts and job.id in firsts:
                 self.first.append(job)
                 continue
             part = job_priority(job, now=now, fair_share_factor=0.0, weights=weights,
                                 cluster_gpus=cluster_gpus).job_part
-            lists[job.tier_rank][job.team].append((-part, job.submitted_at, job.id, job))
+            key = (job.tier_rank, job.team)
+            items = groups.get(key)
+            if items is None:
+                items = groups[key] = []
+            items.append((-part, job.submitted_at, job.id, job))
         self.first.sort(key=lambda j: (-j.tier_rank, j.submitted_at, j.id))
-        self._tiers = [lists[t] for t in sorted(lists, reverse=True)]
-        for by_team in self._tiers:
-            for items in by_team.values():
-                items.sort()  # (−job part, submitted, id): ids are unique, jobs never compared
+        tiers: dict[int, dict[str, list[tuple[float, datetime, int, QueuedJob]]]] = {}
+        for (tier, team), items in groups.items():
+            items.sort()  # (−job part, submitted, id): ids are unique, jobs never compared
+            tiers.setdefault(tier, {})[team] = items
+        self._tiers = [tiers[t] for t in sorted(tiers, reverse=True)]
 
     def __iter__(self) -> Iterator[QueuedJob]:
         yield from self.first
@@ -280,18 +284,22 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     waits = _Waits()
     raw = waits._raw
     seen: list[int] = []
+    remember = seen.append
+    nominated = snapshot.nominated
+    may_search = pre.enabled and pre.max_searches > 0
+    quota, no_fit, capacity = WaitReason.QUOTA, WaitReason.NO_FIT, WaitReason.CAPACITY
     for job in order:
         job_id = job.id
-        seen.append(job_id)
+        remember(job_id)
         gt, team, g, reps = job.gpu_type, job.team, job.gpus_per_replica, job.replicas
         total = g * reps
         key = (team, gt)
         ceiling = ceilings.get(key)
         if ceiling is not None and held[key] + total > ceiling:
-            raw[job_id] = (WaitReason.QUOTA, job, held[key], ceiling)
+            raw[job_id] = (quota, job, held[key], ceiling)
             continue
         if g > largest.get(gt, 0):
-            raw[job_id] = (WaitReason.NO_FIT, job, 0, 0)
+            raw[job_id] = (no_fit, job, 0, 0)
             continue
         lending = guarded_total.get(gt, 0) > 0 and ledger.lending_blocks(team, gt, total)
         placement = None
@@ -301,12 +309,15 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 placement = cap.place(gt, g, reps)
                 if placement is None:
                     unfit[shape] = cap.grown
+            elif not may_search and not nominated:
+                raw[job_id] = (capacity, job, 0, 0)  # the common case of a long queue
+                continue
         if placement is not None:
             ledger.add(team, gt, total)
             factors.charge(team, entry_penalty(total, billing(gt), interval))
             admissions.append(Admission(job_id, team, gt, placement))
             continue
-        terminating = snapshot.nominated.get(job_id, 0)
+        terminating = nominated.get(job_id, 0) if nominated else 0
         if terminating > 0:
             raw[job_id] = Wait(
                 job_id, WaitReason.PREEMPTING,
@@ -315,13 +326,15 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             continue
         # Rules R1-R4: only when preempting is the only way it fits. A search that failed
         # for a job of the same team, shape and tier fails again: skip it.
-        search_key = (team, gt, job.tier_rank, g, reps)
         result = None
-        if pre.enabled and searches < pre.max_searches and search_key not in search_failed:
-            searches += 1
-            result = find_victims(ws, job, now=now, factor=factors.factor)
-            if result is None:
-                search_failed.add(search_key)
+        if may_search:
+            search_key = (team, gt, job.tier_rank, g, reps)
+            if search_key not in search_failed:
+                searches += 1
+                may_search = searches < pre.max_searches
+                result = find_victims(ws, job, now=now, factor=factors.factor)
+                if result is None:
+                    search_failed.add(search_key)
         if result is not None:
             found, undo = result
             left = pre.left(team)
@@ -347,7 +360,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 f"rule {', '.join(found.rules)}); admitted once their GPUs are free",
             )
             continue
-        raw[job_id] = (WaitReason.LENDING if lending else WaitReason.CAPACITY, job, 0, 0)
+        raw[job_id] = (WaitReason.LENDING if lending else capacity, job, 0, 0)
     teams = sorted({j.team for j in snapshot.queued} | set(snapshot.fair_share))
     standings = {t: factors.factor(t) for t in teams}
     return Plan(admissions=tuple(admissions), waits=waits, preemptions=tuple(preemptions),
