@@ -55,6 +55,7 @@ def test_a_high_tier_gang_preempts_the_smallest_low_tier_set_and_the_victim_runs
 
     # 2. A high-tier 2 × 4 gang of another team arrives. The cheapest way in is the one
     #    8-GPU job (one victim) rather than the four 2-GPU jobs (rule R4).
+    submitted = get(world, world.member, big)["created_at"]
     gang = post(world, world.outsider, team="nlp", name="gang", tier="high", gpus=4,
                 replicas=2, env={"FAIRQ_SIM_SECONDS": "600"})
     t1 = t0 + timedelta(seconds=20)
@@ -64,7 +65,7 @@ def test_a_high_tier_gang_preempts_the_smallest_low_tier_set_and_the_victim_runs
     assert victim["status"] == "QUEUED" and victim["attempt"] == 2
     assert victim["placement"] == [] and victim["started_at"] is None
     # Requeued with its submit time (rule R6): the same created_at as before.
-    assert victim["created_at"] == get(world, world.member, big)["created_at"]
+    assert victim["created_at"] == submitted
     # Its 20 s on 8 GPUs are charged to the attempt that used them (rule R6).
     usage = UsageRecord.objects.get(job_id=big, attempt=1)
     assert usage.gpu_seconds == 8 * 20

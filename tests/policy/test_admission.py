@@ -214,3 +214,17 @@ def test_the_same_snapshot_gives_the_same_plan() -> None:
              queued=tuple(q(i, "abc"[i % 3], gpus=1 + i % 4, gpu_type=("h100", "a100")[i % 2])
                           for i in range(1, 40)))
     assert plan_admissions(s) == plan_admissions(s)
+
+
+def test_plan_waits_reads_like_a_dict_of_waits() -> None:
+    """Explain code reads `plan.waits` as a Mapping[int, Wait] (lazily formatted)."""
+    plan = plan_admissions(snap(nodes=nodes(("h100", 8, 2)),
+                                queued=(q(1, gpus=4), q(2, gpus=9), q(3, gpus=1)),
+                                quotas={("a", "h100"): QuotaLimit(0, 0)}))
+    assert set(plan.waits) == {1, 2, 3} and len(plan.waits) == 3 and 1 in plan.waits
+    assert plan.waits.get(4) is None
+    w = plan.waits[1]
+    assert w.job_id == 1 and w.reason is WaitReason.QUOTA
+    assert w.message == "team a holds 0 h100 GPUs; 4 more would pass its limit of 0"
+    assert plan.waits[2].reason is WaitReason.QUOTA
+    assert dict(plan.waits) == {k: plan.waits[k] for k in (1, 2, 3)}
