@@ -60,7 +60,7 @@ def test_the_command_prints_sshare_like_standings_and_the_instant(used: World) -
 def test_json_and_api_give_the_same_numbers_under_the_same_names(used: World) -> None:
     doc = json.loads(run("--json", "--at", "2026-03-01T00:00:00Z"))
     assert doc["as_of"] == "2026-03-01T00:00:00+00:00"
-    api = used.client(used.member).get("/api/v1/fairshare/?at=2026-03-01T00:00:00Z").json()
+    api = used.client(used.staff).get("/api/v1/fairshare/?at=2026-03-01T00:00:00Z").json()
     assert api["as_of"] == doc["as_of"]
     assert api["teams"] == doc["teams"]
     assert set(doc["teams"][0]) == {
@@ -71,6 +71,16 @@ def test_json_and_api_give_the_same_numbers_under_the_same_names(used: World) ->
 def test_the_api_refuses_a_bad_instant(world: World) -> None:
     r = world.client(world.member).get("/api/v1/fairshare/?at=yesterday")
     assert r.status_code == 400
+
+
+def test_only_staff_may_ask_the_api_for_a_past_instant(world: World) -> None:
+    r = world.client(world.member).get("/api/v1/fairshare/?at=2026-03-01T00:00:00Z")
+    assert r.status_code == 400 and "staff" in r.content.decode()
+    now = world.client(world.member).get("/api/v1/fairshare/").json()
+    assert {t["team"] for t in now["teams"]} == {"vision", "nlp", "speech"}
+    future = (timezone.now() + timedelta(hours=1)).isoformat().replace("+00:00", "Z")
+    r = world.client(world.member).get(f"/api/v1/fairshare/?at={future}")
+    assert r.status_code == 200
 
 
 @pytest.mark.parametrize("bad", ["yesterday", "2026-03-01T00:00:00"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import django_filters
@@ -180,6 +180,13 @@ class FairShareView(APIView):
     def get(self, request: Request) -> Response:
         now = timezone.now()
         at = _instant_or_400(request.query_params.get("at")) or now
+        if at < now - timedelta(seconds=1) and not request.user.is_staff:
+            from queueing.errors import DomainError
+
+            # A past instant rescans the whole usage history (seconds at 10M records).
+            raise DomainError("Only staff may ask for standings at a past instant; the "
+                              "standings snapshots keep their history.",
+                              fields={"at": ["Must not be in the past."]})
         standings = standings_sorted(fairshare_standings_at(at=at, now=now))
         return Response({
             "as_of": at.isoformat(),

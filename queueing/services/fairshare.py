@@ -170,7 +170,9 @@ def fairshare_recompute(*, now: datetime, write: bool = True) -> RecomputeResult
     t0 = time.perf_counter()
     h = half_life_hours()
     with transaction.atomic():
-        stored = {a.team_id: a for a in FairShareAccumulator.objects.select_for_update()}
+        # Locked in team order, the order usage_import_csv locks them in: no deadlock.
+        stored = {a.team_id: a for a in
+                  FairShareAccumulator.objects.select_for_update().order_by("team_id")}
         raw = raw_decayed_usage(at=now)
         max_abs = max_rel = 0.0
         for team_id in set(stored) | set(raw):
