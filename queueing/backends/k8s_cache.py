@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -86,14 +87,21 @@ class Informer:
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        resp = self._resp
-        if resp is not None:
-            # Unblocks the read the watch thread sits in.
-            with contextlib.suppress(Exception):
-                resp.close()
+        self.request_stop()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def request_stop(self) -> None:
+        """Ask the thread to end, without waiting: the socket of the running watch is shut
+        down (closing the response instead would wait for the SSL lock the blocked read
+        holds, i.e. for the watch to time out)."""
+        self._stop.set()
+        resp = self._resp
+        conn = getattr(resp, "connection", None) or getattr(resp, "_connection", None)
+        sock = getattr(conn, "sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def wait_synced(self, timeout: float) -> bool:
         return self.synced.wait(timeout)

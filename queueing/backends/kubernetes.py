@@ -245,7 +245,9 @@ class KubernetesBackend:
 
     def close(self) -> None:
         for informer in self._informers:
-            informer.stop()
+            informer.request_stop()
+        for informer in self._informers:
+            informer.stop(timeout=5.0)
         try:
             self.api.close()
         except Exception:
