@@ -213,6 +213,9 @@ def fill_usage(*, upto: int, have: int, team_ids: list[int], gpu_ids: list[int],
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:
             cur.execute("ANALYZE queueing_usagerecord")
+            # Write the fresh pages out now, not while the standings are being timed.
+            cur.execute("CHECKPOINT")
+        os.sync()
 
 
 def build_accumulators_incrementally(now: datetime) -> None:
