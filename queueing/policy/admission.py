@@ -288,6 +288,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     nominated = snapshot.nominated
     may_search = pre.enabled and pre.max_searches > 0
     quota, no_fit, capacity = WaitReason.QUOTA, WaitReason.NO_FIT, WaitReason.CAPACITY
+    lowest_tier = ws.lowest_tier
     for job in order:
         job_id = job.id
         remember(job_id)
@@ -295,15 +296,17 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         total = g * reps
         key = (team, gt)
         ceiling = ceilings.get(key)
-        if ceiling is not None and held[key] + total > ceiling:
-            raw[job_id] = (quota, job, held[key], ceiling)
+        over = ceiling is not None and held[key] + total > ceiling
+        if over and not (may_search and lowest_tier.get(key, job.tier_rank) < job.tier_rank):
+            raw[job_id] = (quota, job, held[key], ceiling or 0)
             continue
         if g > largest.get(gt, 0):
             raw[job_id] = (no_fit, job, 0, 0)
             continue
-        lending = guarded_total.get(gt, 0) > 0 and ledger.lending_blocks(team, gt, total)
+        lending = not over and guarded_total.get(gt, 0) > 0 and \
+            ledger.lending_blocks(team, gt, total)
         placement = None
-        if not lending:
+        if not lending and not over:
             shape = (gt, g, reps)
             if unfit.get(shape) != cap.grown:
                 placement = cap.place(gt, g, reps)
@@ -360,7 +363,10 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 f"rule {', '.join(found.rules)}); admitted once their GPUs are free",
             )
             continue
-        raw[job_id] = (WaitReason.LENDING if lending else capacity, job, 0, 0)
+        if over:
+            raw[job_id] = (quota, job, held[key], ceiling or 0)
+        else:
+            raw[job_id] = (WaitReason.LENDING if lending else capacity, job, 0, 0)
     teams = sorted({j.team for j in snapshot.queued} | set(snapshot.fair_share))
     standings = {t: factors.factor(t) for t in teams}
     return Plan(admissions=tuple(admissions), waits=waits, preemptions=tuple(preemptions),

@@ -88,7 +88,8 @@ def find_victims(
 
     1. Candidates: running jobs of the job's GPU type that rule R1 or (when the job's
        team stays within its nominal) rule R2 allows, minus the protected ones (R3),
-       ordered by `victim_order_key` (R4).
+       ordered by `victim_order_key` (R4). When the job's own team is at its ceiling
+       (Q1), first its own lower-tier jobs, in that order, until the ceiling allows it.
     2. Node-aware greedy: for each replica that has no room, pick the node that needs
        the fewest victims (then the cheapest ones by R4, then node name) and take them.
        While the quota pool (rule Q1) still refuses the job, take more in R4 order.
@@ -97,8 +98,6 @@ def find_victims(
     The same workspace always gives the same answer.
     """
     gt, g, reps, team = job.gpu_type, job.gpus_per_replica, job.replicas, job.team
-    if ws.ledger.over_ceiling(team, gt, job.total_gpus) is not None:
-        return None  # its own quota stops it; preempting others cannot help
     within_nominal = ws.ledger.within_nominal(team, gt, job.total_gpus)
     cands: list[tuple[tuple[object, ...], RunningJob, PreemptionRule]] = []
     for r in ws.running_by_type.get(gt, ()):
@@ -134,6 +133,16 @@ def find_victims(
         # Rule R2 is re-checked as victims go: a team stops being reclaimable once it
         # no longer borrows.
         return rule_of[r.id] is PreemptionRule.PRIORITY or ws.ledger.borrowing(r.team, gt)
+
+    # 1b. Its own team's ceiling (Q1): only the team's own lower-tier jobs make room.
+    for _, r, _ in cands:
+        if ws.ledger.over_ceiling(team, gt, job.total_gpus) is None:
+            break
+        if r.team == team and still_allowed(r):
+            take([r])
+    if ws.ledger.over_ceiling(team, gt, job.total_gpus) is not None:
+        undo_all()
+        return None
 
     # 2. node-aware greedy, one replica at a time, reserving each placed replica.
     on_node: dict[str, list[RunningJob]] = defaultdict(list)

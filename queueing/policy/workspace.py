@@ -187,6 +187,13 @@ class Workspace:
             self.running_by_type[r.gpu_type].append(r)
             self.running_by_id[r.id] = r
         self.removed: set[int] = set()
+        # The lowest tier among each (team, type)'s preemptible jobs: a job over its own
+        # team's ceiling can only make room by preempting those (rules Q1, R1).
+        self.lowest_tier: dict[tuple[str, str], int] = {}
+        for r in snapshot.running:
+            if r.preemptible:
+                k = (r.team, r.gpu_type)
+                self.lowest_tier[k] = min(self.lowest_tier.get(k, r.tier_rank), r.tier_rank)
 
     def _free_nodes_of(self, job: RunningJob) -> list[tuple[str, int]]:
         """Give `job`'s GPUs back to its nodes; returns (node, GPUs given) for the undo."""

@@ -56,6 +56,26 @@ def test_rule_r1_only_when_it_is_the_only_way_to_fit() -> None:
     assert [a.job_id for a in plan.admissions] == [100] and plan.preemptions == ()
 
 
+def test_rule_r1_at_its_own_ceiling_a_job_preempts_only_its_own_lower_tier_jobs() -> None:
+    """Team a is at its ceiling of 8 with low-tier work; its high-tier job preempts a's
+    own low job, never b's (which would not make room under a's ceiling)."""
+    running = (run(1, "a", gpus=8, on=("h100-0",), started=100),
+               run(2, "b", gpus=8, on=("h100-1",), started=10))
+    quotas = {("a", "h100"): QuotaLimit(8, 0)}
+    plan = plan_admissions(snap(nodes=FULL, running=running, quotas=quotas,
+                                queued=(q(100, "a", gpus=8, tier=200),)))
+    assert victims(plan, 100) == [1]
+
+
+def test_rule_r1_at_its_own_ceiling_without_own_lower_jobs_it_waits_for_quota() -> None:
+    running = (run(1, "a", gpus=8, on=("h100-0",), tier=200),
+               run(2, "b", gpus=8, on=("h100-1",)))
+    plan = plan_admissions(snap(nodes=FULL, running=running,
+                                quotas={("a", "h100"): QuotaLimit(8, 0)},
+                                queued=(q(100, "a", gpus=8, tier=200),)))
+    assert plan.preemptions == () and plan.waits[100].reason is WaitReason.QUOTA
+
+
 # --- R2: reclaim --------------------------------------------------------------------------
 
 def _reclaim_world(b_nominal: int = 8) -> dict[str, Any]:
