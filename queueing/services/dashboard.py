@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.core.cache import cache
@@ -38,16 +38,46 @@ DONE_STATES = [*sorted(FINAL_STATES), JobState.PREEMPTED]
 
 # --- queue positions and wait reasons -------------------------------------------------------
 
+class QueueEntry(NamedTuple):
+
+    position: int  # 1-based, rule O1 order
+    ahead_same_gpu_type: int
+    team: str
+    reason_code: str  # of the admission plan (quota, capacity, ...), "next_cycle" or ""
+    reason: str
+
+
 @dataclass(frozen=True)
 class QueuePlan:
     """Where every queued job stands in the next cycle's order (rule O1) and why it waits
-    (rule P3); computed from the same snapshot and policy the scheduler uses."""
+    (rule P3); computed from the same snapshot and policy the scheduler uses, once for the
+    whole queue (rather than once per job as `explain_queued` does)."""
 
-    position: dict[int, int]
-    reason: dict[int, str]
-    admitted_next: frozenset[int]
+    # job id -> the fields of a QueueEntry as a plain tuple: the plan of a long queue is
+    # unpickled from the cache on every dashboard request, and plain tuples unpickle
+    # several times faster than named tuples or dataclasses.
+    entries: dict[int, tuple[int, int, str, str, str]]
     queued: int
     error: str = ""
+
+    def entry(self, job_id: int) -> QueueEntry | None:
+        e = self.entries.get(job_id)
+        return None if e is None else QueueEntry(*e)
+
+    def reasons(self, job_id: int) -> list[dict[str, str]]:
+        """The reasons of rule P3 for one job, as `job_explain` words them."""
+        e = self.entry(job_id)
+        if e is None:
+            return []
+        out = []
+        if e.reason_code:
+            out.append({"code": e.reason_code, "message": e.reason})
+        if e.position > 1:
+            ahead = e.position - 1
+            out.append({"code": "jobs_ahead",
+                        "message": f"{ahead} job{'s' if ahead != 1 else ''} ahead of it in the "
+                                   f"queue ({e.ahead_same_gpu_type} for its GPU type)"})
+        return out
 
 
 def queue_plan(*, now: datetime, fresh: bool = False) -> QueuePlan:
@@ -63,23 +93,27 @@ def queue_plan(*, now: datetime, fresh: bool = False) -> QueuePlan:
     try:
         snapshot = build_snapshot(backend=get_backend(), now=now)
     except Exception as exc:  # an unreachable cluster must not break the dashboard
-        return QueuePlan({}, {}, frozenset(), 0, error=str(exc)[:200])
+        return QueuePlan({}, 0, error=str(exc)[:200])
     plan = plan_admissions(snapshot)
-    order = list(plan.order) if plan.order else [q.id for q in snapshot.queued]
+    by_id = {q.id: q for q in snapshot.queued}
+    order = [i for i in plan.order if i in by_id]
     seen = set(order)
     order += [q.id for q in snapshot.queued if q.id not in seen]
-    position = {job_id: i + 1 for i, job_id in enumerate(order)}
-    admitted = frozenset(a.job_id for a in plan.admissions)
-    reason: dict[int, str] = {}
-    for job_id in order:
+    admitted = {a.job_id for a in plan.admissions}
+    same: dict[str, int] = {}
+    entries: dict[int, tuple[int, int, str, str, str]] = {}
+    for index, job_id in enumerate(order):
+        q = by_id[job_id]
         wait = plan.waits.get(job_id)
         if job_id in admitted:
-            reason[job_id] = "fits now: the next scheduling cycle admits it"
+            code, message = "next_cycle", "it fits now: the next scheduling cycle admits it"
         elif wait is not None:
-            reason[job_id] = wait.message or str(wait.reason)
-        elif position[job_id] > 1:
-            reason[job_id] = f"{position[job_id] - 1} job(s) ahead of it"
-    result = QueuePlan(position, reason, admitted, len(order))
+            code, message = str(wait.reason), wait.message or str(wait.reason)
+        else:
+            code, message = "", ""
+        entries[job_id] = (index + 1, same.get(q.gpu_type, 0), q.team, code, message)
+        same[q.gpu_type] = same.get(q.gpu_type, 0) + 1
+    result = QueuePlan(entries, len(order))
     cache.set(_PLAN_KEY, result, timeout=QUEUE_PLAN_TTL)
     return result
 
@@ -87,6 +121,10 @@ def queue_plan(*, now: datetime, fresh: bool = False) -> QueuePlan:
 def queue_plan_forget() -> None:
     """Drop the cached plan (after a submit or cancel from the web)."""
     cache.delete(_PLAN_KEY)
+
+
+# The JSON columns a job list never shows.
+_LIST_DEFER = ("command", "args", "env", "image")
 
 
 @dataclass(frozen=True)
@@ -98,23 +136,60 @@ class QueueRow:
 
 def team_queue(*, team: Team, now: datetime, limit: int = 50) -> tuple[list[QueueRow], int]:
     """The team's queued jobs in queue order with position and wait reason (the first
-    `limit`), and how many it has queued in all."""
+    `limit`), and how many it has queued in all. Jobs queued since the plan was cached
+    come last, without a position, until the next refresh."""
     plan = queue_plan(now=now)
-    qs = Job.objects.filter(team=team, status=JobState.QUEUED).select_related("gpu_type", "tier")
+    qs = Job.objects.filter(team=team, status=JobState.QUEUED)
     total = qs.count()
-    ids = sorted((i for i in plan.position if i is not None), key=plan.position.__getitem__)
-    jobs = list(qs.order_by("-tier__rank", "created_at", "id")[: max(limit * 4, 200)])
-    jobs.sort(key=lambda j: (plan.position.get(j.pk, len(ids) + 1), j.pk))
-    rows = [QueueRow(j, plan.position.get(j.pk), plan.reason.get(j.pk, "")) for j in jobs[:limit]]
+    ours = sorted((e[0], job_id) for job_id, e in plan.entries.items() if e[2] == team.slug)
+    ids = [job_id for _, job_id in ours[:limit]]
+    found = qs.select_related("gpu_type", "tier").defer(*_LIST_DEFER).in_bulk(ids)
+    jobs = [found[i] for i in ids if i in found]
+    if len(jobs) < limit:
+        # Queued after the plan was cached (or the plan is unavailable).
+        jobs += list(qs.exclude(pk__in=ids).select_related("gpu_type", "tier")
+                     .defer(*_LIST_DEFER).order_by("-tier__rank", "created_at", "id")
+                     [: limit - len(jobs)])
+    rows = []
+    for j in jobs:
+        e = plan.entry(j.pk)
+        reasons = plan.reasons(j.pk)
+        rows.append(QueueRow(j, e.position if e else None,
+                             "; ".join(r["message"] for r in reasons)))
     return rows, total
 
 
 def job_queue_standing(*, job: Job, now: datetime) -> dict[str, Any]:
-    """Priority breakdown (rule P1) and, for a queued job, position and reasons (rule P3),
-    from the fair-share service."""
-    from .fairshare import job_explain
+    """Rule P1's priority breakdown and, for a queued job, its position and reasons (rule
+    P3): the shape of `queueing.services.fairshare.job_explain`, but the queue part comes
+    from the cached plan of the whole queue instead of planning again for one job."""
+    from queueing.policy.fairshare import FairShareState
+    from queueing.policy.priority import job_priority
 
-    return job_explain(job=job, now=now)
+    from .fairshare import priority_weights
+
+    state = FairShareState.from_standings(fairshare_standings(now=now))
+    nodes, error = cluster_nodes()
+    qjob = QueuedJob(id=job.pk, team=job.team.slug, gpu_type=job.gpu_type.slug,
+                     gpus_per_replica=job.gpus_per_replica, replicas=job.replicas,
+                     tier_rank=job.tier.rank, submitted_at=job.created_at)
+    breakdown = job_priority(qjob, now=now, fair_share_factor=state.factor(job.team.slug),
+                             weights=priority_weights(),
+                             cluster_gpus=sum(n.capacity for n in nodes))
+    out: dict[str, Any] = {"priority": breakdown.as_dict(), "queue": None}
+    if job.state != JobState.QUEUED:
+        return out
+    plan = queue_plan(now=now)
+    entry = plan.entry(job.pk)
+    if error or plan.error:
+        out["queue"] = {"position": None, "reasons": [
+            {"code": "cluster_unreachable",
+             "message": f"the cluster did not answer: {error or plan.error}"}]}
+    elif entry is not None:
+        out["queue"] = {"position": entry.position, "ahead": entry.position - 1,
+                        "ahead_same_gpu_type": entry.ahead_same_gpu_type,
+                        "queued": plan.queued, "reasons": plan.reasons(job.pk)}
+    return out
 
 
 # --- jobs ------------------------------------------------------------------------------------
@@ -122,7 +197,8 @@ def job_queue_standing(*, job: Job, now: datetime) -> dict[str, Any]:
 def team_running(*, team: Team, limit: int = 50) -> list[Job]:
     return list(
         Job.objects.filter(team=team, status__in=sorted(HOLDING_STATES))
-        .select_related("gpu_type", "tier").order_by("started_at", "id")[:limit]
+        .select_related("gpu_type", "tier").defer(*_LIST_DEFER)
+        .order_by("started_at", "id")[:limit]
     )
 
 
@@ -130,7 +206,8 @@ def team_recent_done(*, team: Team, limit: int = 10) -> list[Job]:
     """The team's latest finished, cancelled and preempted jobs (newest first)."""
     return list(
         Job.objects.filter(team=team, status__in=DONE_STATES)
-        .select_related("gpu_type", "tier").order_by("-id")[:limit]
+        .select_related("gpu_type", "tier").defer(*_LIST_DEFER, "placement")
+        .order_by("-id")[:limit]
     )
 
 
@@ -150,7 +227,7 @@ def job_page(*, jobs: QuerySet[Job], before: int | None, status: str | None,
         jobs = jobs.filter(status=status)
     if before is not None:
         jobs = jobs.filter(pk__lt=before)
-    page = list(jobs.order_by("-id")[: size + 1])
+    page = list(jobs.defer(*_LIST_DEFER, "placement").order_by("-id")[: size + 1])
     more = len(page) > size
     page = page[:size]
     return page, (page[-1].pk if more and page else None)
@@ -224,22 +301,25 @@ def standings(*, now: datetime) -> list[Standing]:
     return sorted(fairshare_standings(now=now).values(), key=lambda s: (-s.factor, s.team))
 
 
-def usage_history(*, now: datetime, days: float = 7.0,
-                  current: list[Standing] | None = None,
-                  max_points: int = 240) -> dict[str, Any]:
-    """Decayed GPU-hours per team over time, for the chart: the standings snapshots of the
-    last `days` (thinned to at most `max_points`) plus the current standings as the last
-    point. {"t": [unix seconds], "series": {team: [gpu-hours or None]}, "start": the
-    left end of the x axis, "snapshots": how many snapshots are drawn}."""
-    rows = list(
-        FairShareSnapshot.objects.filter(at__gte=now - timedelta(days=days), at__lt=now)
-        .order_by("-at").values_list("at", "standings")[: max_points * 4]
-    )
-    rows.reverse()
-    step = max(1, len(rows) // max_points)
-    rows = rows[::step][-max_points:]
-    current = current if current is not None else standings(now=now)
-    teams = sorted({t for _, data in rows for t in data} | {s.team for s in current})
+_HISTORY_KEY = "fairq:web:usage-history"
+HISTORY_TTL = 60.0  # seconds; snapshots are taken every FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS
+
+
+def _snapshot_series(*, now: datetime, days: float, max_points: int
+                     ) -> tuple[list[int], dict[str, list[float | None]]]:
+    """The snapshots of the last `days`, thinned to `max_points`, as columns; cached for
+    HISTORY_TTL seconds (they change once per snapshot interval)."""
+    key = f"{_HISTORY_KEY}:{days}:{max_points}"
+    cached: tuple[list[int], dict[str, list[float | None]]] | None = cache.get(key)
+    if cached is not None:
+        return cached
+    qs = FairShareSnapshot.objects.filter(at__gte=now - timedelta(days=days), at__lt=now)
+    ids = list(qs.order_by("at").values_list("id", flat=True))
+    step = max(1, -(-len(ids) // max_points))
+    keep = ids[::-1][::step][::-1]  # thin from the newest backwards: the last one stays
+    rows = list(FairShareSnapshot.objects.filter(pk__in=keep).order_by("at")
+                .values_list("at", "standings"))
+    teams = sorted({t for _, data in rows for t in data})
     series: dict[str, list[float | None]] = {t: [] for t in teams}
     times: list[int] = []
     for at, data in rows:
@@ -247,13 +327,30 @@ def usage_history(*, now: datetime, days: float = 7.0,
         for t in teams:
             v = data.get(t)
             series[t].append(float(v[0]) if v else None)
+    cache.set(key, (times, series), timeout=HISTORY_TTL)
+    return times, series
+
+
+def usage_history(*, now: datetime, days: float = 7.0,
+                  current: list[Standing] | None = None,
+                  max_points: int = 168) -> dict[str, Any]:
+    """Decayed GPU-hours per team over time, for the chart: the standings snapshots of the
+    last `days` (thinned to at most `max_points`) plus the current standings as the last
+    point. {"t": [unix seconds], "series": {team: [gpu-hours or None]}, "start": the
+    left end of the x axis, "snapshots": how many snapshots are drawn}."""
+    snap_times, snap_series = _snapshot_series(now=now, days=days, max_points=max_points)
+    current = current if current is not None else standings(now=now)
+    teams = sorted(set(snap_series) | {s.team for s in current})
+    times = list(snap_times)
+    blank: list[float | None] = [None] * len(times)
+    series = {t: list(snap_series.get(t, blank)) for t in teams}
     times.append(int(now.timestamp()))
     now_usage = {s.team: s.usage for s in current}
     for t in teams:
         series[t].append(round(now_usage[t], 6) if t in now_usage else None)
     # The x axis starts at the first snapshot, or an hour back when there is none yet.
     start = min(times[0], int(now.timestamp()) - 3600)
-    return {"t": times, "series": series, "start": start, "snapshots": len(rows)}
+    return {"t": times, "series": series, "start": start, "snapshots": len(snap_times)}
 
 
 # --- submit preview --------------------------------------------------------------------------

@@ -117,7 +117,7 @@ def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
     ctx["half_life_hours"] = settings.FAIRQ_DECAY_HALF_LIFE_HOURS
     ctx["capacity"], ctx["cluster_error"] = dash.capacity()
     if team is not None:
-        ctx["queue"], ctx["queue_total"] = dash.team_queue(team=team, now=now)
+        ctx["queue"], ctx["queue_total"] = dash.team_queue(team=team, now=now, limit=25)
         ctx["running"] = dash.team_running(team=team)
         ctx["recent"] = dash.team_recent_done(team=team)
     return ctx
