@@ -319,8 +319,9 @@ def workload_status(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *
     """What fairq should believe about one fairq Job and its pods; None when the Job has
     no fairq identity (not ours).
 
-    - SUCCEEDED / FAILED from the Job's conditions; FAILED also when a pod cannot pull
-      its image for `image_pull_timeout_seconds` (reason from the container's state).
+    - SUCCEEDED / FAILED from the Job's conditions, or earlier from its pods (every
+      completion succeeded; more pods failed than `backoffLimit`); FAILED also when a pod
+      cannot pull its image for `image_pull_timeout_seconds` (reason from its state).
     - RUNNING once any pod has started; PENDING before.
     - started_at = earliest container start; finished_at = latest container finish (the
       Job's completion time when no pod says); so usage is the pods' real run time.
@@ -343,6 +344,15 @@ def workload_status(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *
                           if (p.get("spec") or {}).get("nodeName")}))
     complete = _job_condition(job, "Complete")
     failed = _job_condition(job, "Failed")
+    # The pods decide before the Job controller writes its condition (up to seconds
+    # later under load): all completions succeeded, or more failures than backoffLimit.
+    job_spec = job.get("spec") or {}
+    phases = [_status(p).get("phase") for p in pods]
+    if complete is None and failed is None:
+        if phases.count("Succeeded") >= int(job_spec.get("completions") or 1):
+            complete = {"type": "Complete", "status": "True"}
+        elif phases.count("Failed") > int(job_spec.get("backoffLimit", 6)):
+            failed = {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}
     phase = Phase.PENDING
     reason = ""
     exit_code: int | None = None

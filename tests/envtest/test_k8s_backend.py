@@ -381,3 +381,14 @@ def test_sync_cluster_keeps_priority_classes_and_quotas_in_step(kube: Kube, worl
     quota = kube.core.read_namespaced_resource_quota("fairq-gpus", kube.ns("vision"))
     assert quota.spec.hard == {"requests.nvidia.com/gpu": "24"}  # h100 8+8, a100 8+0
     assert report["created"] == report["replaced"] == report["deleted"] == []
+
+
+def test_a_running_job_whose_job_is_deleted_outside_fairq_fails_with_a_reason(
+    kube: Kube, world: Any,
+) -> None:
+    pk = submit(world, gpus=1)
+    wait(lambda: job(pk).status == "RUNNING", what="the job RUNNING")
+    kube.batch.delete_namespaced_job(f"fq-{pk}-1", kube.ns("vision"),
+                                     propagation_policy="Background")
+    wait(lambda: job(pk).status == "FAILED", what="the job FAILED")
+    assert "deleted outside fairq" in job(pk).message
