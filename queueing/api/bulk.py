@@ -1,4 +1,6 @@
-"""Array jobs: one validated template, up to 10,000 queued copies in one request."""
+"""What submitting answers: the job as stored with its events (no priority or queue
+position, which plan the whole queue), and array jobs: one validated template, up to
+10,000 queued copies in one request."""
 
 from __future__ import annotations
 
@@ -8,7 +10,17 @@ from rest_framework import serializers
 
 from queueing.services.jobs import MAX_BULK_JOBS
 
-from .serializers import JobCreateSerializer
+from .serializers import JobCreateSerializer, JobEventSerializer, JobSerializer
+
+
+class JobSubmittedSerializer(JobSerializer):
+    """A job right after submission; GET /jobs/{id}/ adds priority and queue position."""
+
+    events = JobEventSerializer(many=True, read_only=True)
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "events"]
+        read_only_fields = fields
 
 
 class BulkJobCreateSerializer(JobCreateSerializer):

@@ -13,6 +13,8 @@ from queueing.cluster import largest_node_gpus
 from queueing.models import GpuType, Job, JobEvent, Tier
 from queueing.services.jobs import JobInput
 
+from .lookups import gpu_types_by_slug, team_for_submitter, tiers_by_slug
+
 
 class JobCreateSerializer(serializers.Serializer[Any]):
     """A job as pipelines post it; `gpus` is per replica."""
@@ -44,9 +46,8 @@ class JobCreateSerializer(serializers.Serializer[Any]):
     )
 
     def validate_team(self, value: str) -> Team:
-        user = self.context["request"].user
-        team = Team.objects.filter(slug=value).first()
-        if team is None or not (user.is_staff or team.memberships.filter(user=user).exists()):
+        team = team_for_submitter(user=self.context["request"].user, slug=value)
+        if team is None:
             # The same message whether the team exists or not: no disclosure.
             raise serializers.ValidationError(f"Unknown team {value!r}, or you are not in it.")
         return team
@@ -81,22 +82,24 @@ class JobCreateSerializer(serializers.Serializer[Any]):
         return value
 
     def validate_gpu_type(self, value: str) -> GpuType:
-        gpu_type = GpuType.objects.filter(slug=value).first()
+        types = gpu_types_by_slug()
+        gpu_type = types.get(value)
         if gpu_type is None:
-            known = ", ".join(GpuType.objects.values_list("slug", flat=True))
+            known = ", ".join(sorted(types))
             raise serializers.ValidationError(f"Unknown GPU type {value!r}; known: {known}.")
         return gpu_type
 
     def validate_tier(self, value: str) -> Tier:
-        tier = Tier.objects.filter(slug=value).first()
+        tiers = tiers_by_slug()
+        tier = tiers.get(value)
         if tier is None:
-            known = ", ".join(Tier.objects.values_list("slug", flat=True))
+            known = ", ".join(sorted(tiers))
             raise serializers.ValidationError(f"Unknown tier {value!r}; known: {known}.")
         return tier
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if "tier" not in attrs:
-            tier = Tier.objects.filter(slug=settings.FAIRQ_DEFAULT_TIER).first()
+            tier = tiers_by_slug().get(settings.FAIRQ_DEFAULT_TIER)
             if tier is None:
                 raise serializers.ValidationError({"tier": ["This field is required."]})
             attrs["tier"] = tier

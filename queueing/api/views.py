@@ -27,7 +27,7 @@ from queueing.services.fairshare import (
 from queueing.services.jobs import job_cancel, job_logs, job_submit, jobs_submit_bulk
 from queueing.services.usage import half_life_hours
 
-from .bulk import BulkJobCreatedSerializer, BulkJobCreateSerializer
+from .bulk import BulkJobCreatedSerializer, BulkJobCreateSerializer, JobSubmittedSerializer
 from .idempotency import IdempotentPostMixin
 from .serializers import (
     JobCreateSerializer,
@@ -96,8 +96,8 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
             return Response(status=status.HTTP_304_NOT_MODIFIED, headers=headers)
         return Response(JobDetailSerializer(self.get_object()).data, headers=headers)
 
-    @extend_schema(request=JobCreateSerializer, responses={201: JobDetailSerializer,
-                                                            200: JobDetailSerializer},
+    @extend_schema(request=JobCreateSerializer,
+                   responses={201: JobSubmittedSerializer, 200: JobSubmittedSerializer},
                    parameters=[IDEMPOTENCY_HEADER])
     def create(self, request: Request) -> Response:
         serializer = JobCreateSerializer(data=request.data, context={"request": request})
@@ -110,9 +110,12 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
                               fields={"Idempotency-Key": ["At most 200 characters."]})
         job, created = job_submit(actor=request.user, data=serializer.to_input(),
                                   idempotency_key=key)
-        job = Job.objects.prefetch_related("events").select_related(
-            "team", "gpu_type", "tier", "submitter").get(pk=job.pk)
-        return Response(JobDetailSerializer(job).data,
+        if not created:  # an earlier job with this key: its current state
+            job = jobs_visible_to(actor=request.user).get(pk=job.pk)
+        # The job and its events, without priority and queue position: those plan the
+        # whole queue, and a pipeline submitting thousands of jobs reads neither
+        # (GET /jobs/{id}/ has them). One query after the commit, for the events.
+        return Response(JobSubmittedSerializer(job).data,
                         status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @extend_schema(request=None, responses=JobDetailSerializer)

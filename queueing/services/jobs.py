@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.db.models import JSONField
 from django.utils import timezone
 
 from accounts.models import Team
@@ -155,36 +157,99 @@ def jobs_submit_bulk(
 ) -> list[int]:
     """Queue an array job: `count` copies of `data`, job i named `<name>-<i>` with
     `FAIRQ_ARRAY_INDEX=i` and `FAIRQ_ARRAY_SIZE=count` in its environment. All jobs and
-    their submit events are written in one transaction with two bulk inserts, so the
-    array is queued whole or not at all. Returns the job ids in index order."""
+    their submit events are written in one transaction, so the array is queued whole or
+    not at all. Returns the job ids in index order.
+
+    On PostgreSQL the ids are drawn from the sequence first and both tables are filled
+    with COPY (10,000 jobs in a fraction of a second); elsewhere with bulk_create."""
     if not 1 <= count <= MAX_BULK_JOBS:
         raise ValueError(f"count must be within 1..{MAX_BULK_JOBS}")
     now = now or timezone.now()
     submitter = actor if actor.is_authenticated else None
-    jobs = [
-        Job(
-            team=data.team, submitter=submitter, name=f"{data.name}-{i}", image=data.image,
-            command=data.command, args=data.args,
-            env={**data.env, "FAIRQ_ARRAY_INDEX": str(i), "FAIRQ_ARRAY_SIZE": str(count)},
-            gpu_type=data.gpu_type, gpus_per_replica=data.gpus_per_replica,
-            replicas=data.replicas, tier=data.tier, max_runtime_seconds=data.max_runtime_seconds,
-            status=JobState.QUEUED, created_at=now, updated_at=now,
-        )
-        for i in range(count)
-    ]
-    Job.objects.bulk_create(jobs, batch_size=2000)
-    label = str(actor)
-    JobEvent.objects.bulk_create(
-        [
-            JobEvent(job_id=job.pk, at=now, kind="transition", from_status="",
-                     to_status=JobState.QUEUED, actor=submitter, actor_label=label,
-                     reason="submitted (array job)", attempt=1)
-            for job in jobs
-        ],
-        batch_size=2000,
+    template = Job(
+        team=data.team, submitter=submitter, name=data.name, image=data.image,
+        command=data.command, args=data.args, env=data.env, gpu_type=data.gpu_type,
+        gpus_per_replica=data.gpus_per_replica, replicas=data.replicas, tier=data.tier,
+        max_runtime_seconds=data.max_runtime_seconds, status=JobState.QUEUED,
+        created_at=now, updated_at=now,
     )
+    event = JobEvent(at=now, kind="transition", from_status="", to_status=JobState.QUEUED,
+                     actor=submitter, actor_label=str(actor), reason="submitted (array job)",
+                     attempt=1)
+    names = [f"{data.name}-{i}" for i in range(count)]
+    envs = [{**data.env, "FAIRQ_ARRAY_INDEX": str(i), "FAIRQ_ARRAY_SIZE": str(count)}
+            for i in range(count)]
+    if connection.vendor == "postgresql":
+        ids = _copy_array_job(template, event, names, envs)
+    else:
+        fields = {f.attname: getattr(template, f.attname)
+                  for f in Job._meta.concrete_fields if not f.primary_key}
+        jobs = [Job(**{**fields, "name": name, "env": env})
+                for name, env in zip(names, envs, strict=True)]
+        Job.objects.bulk_create(jobs, batch_size=2000)
+        ids = [job.pk for job in jobs]
+        event_fields = {f.attname: getattr(event, f.attname)
+                        for f in JobEvent._meta.concrete_fields if not f.primary_key}
+        JobEvent.objects.bulk_create(
+            [JobEvent(**{**event_fields, "job_id": job_id}) for job_id in ids], batch_size=2000)
     transaction.on_commit(_kick)
-    return [job.pk for job in jobs]
+    return ids
+
+
+def _row_values(instance: Any) -> dict[str, Any]:
+    """Column -> value of an unsaved instance as COPY takes it (JSON as text)."""
+    out: dict[str, Any] = {}
+    for f in type(instance)._meta.concrete_fields:
+        if f.primary_key:
+            continue
+        value = getattr(instance, f.attname)
+        out[f.column] = json.dumps(value) if isinstance(f, JSONField) and value is not None \
+            else value
+    return out
+
+
+def _copy_rows(table: str, columns: list[str], rows: Any) -> None:
+    with connection.cursor() as cur:
+        quoted = ", ".join(connection.ops.quote_name(c) for c in columns)
+        sql = f"COPY {connection.ops.quote_name(table)} ({quoted}) FROM STDIN"
+        with cur.cursor.copy(sql) as cp:
+            for row in rows:
+                cp.write_row(row)
+
+
+def _copy_array_job(template: Job, event: JobEvent, names: list[str],
+                    envs: list[dict[str, str]]) -> list[int]:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
+            [Job._meta.db_table, len(names)],
+        )
+        ids = sorted(r[0] for r in cur.fetchall())
+    job_values = _row_values(template)
+    columns = ["id", *job_values]
+    name_at, env_at = columns.index("name"), columns.index("env")
+    base = [None, *job_values.values()]
+
+    def job_rows() -> Any:
+        for job_id, name, env in zip(ids, names, envs, strict=True):
+            row = list(base)
+            row[0], row[name_at], row[env_at] = job_id, name, json.dumps(env)
+            yield row
+
+    _copy_rows(Job._meta.db_table, columns, job_rows())
+    event_values = _row_values(event)
+    event_columns = list(event_values)
+    job_at = event_columns.index("job_id")
+    event_base = list(event_values.values())
+
+    def event_rows() -> Any:
+        for job_id in ids:
+            row = list(event_base)
+            row[job_at] = job_id
+            yield row
+
+    _copy_rows(JobEvent._meta.db_table, event_columns, event_rows())
+    return ids
 
 
 def job_logs(*, job: Job, tail: int = 100) -> str:

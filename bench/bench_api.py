@@ -1,0 +1,347 @@
+"""API submit benchmark: single-job submissions through gunicorn on PostgreSQL, a bulk
+array job of 10,000, and the raw psycopg INSERT rate of the same rows for comparison.
+
+Goals: >= 500 single submissions/s with p99 < 50 ms; 10,000 jobs in one bulk request in
+under 2 s.
+
+How it works
+  * Database: PostgreSQL at $FAIRQ_BENCH_API_DATABASE_URL, default
+    postgres://postgres@127.0.0.1:5432/fairq_bench, dropped and created afresh every run
+    (never $DATABASE_URL: the bench would wipe it), migrated, seeded with 3 teams, GPU types,
+    tiers and one API token per client worker (throttling stays on, per token, with a rate
+    far above what is measured).
+  * Server: gunicorn (gthread, keep-alive) on 127.0.0.1 and a free port, settings
+    `bench.settings_api`: the test settings (eager Celery, no scheduler kicks: the web
+    path alone) with persistent database connections as in production.
+  * Client: `--clients` processes, each with `--threads` threads holding one keep-alive
+    connection, POST /api/v1/jobs/ `--requests` times in total after a warm-up; every
+    latency is recorded; rate = requests / wall time.
+  * Bulk: POST /api/v1/jobs/bulk/ with count=10000, `--bulk-runs` times; the median.
+  * Raw INSERT: the same rows (a job and its submit event, one transaction per job) written
+    with psycopg from the same number of connections, no Django, no HTTP; then the same
+    10,000 rows with one executemany per table in one transaction.
+
+Output: `BENCH <name> <value> <unit>` lines, among them api_submit_rate, api_submit_p50,
+api_submit_p99, bulk_submit_10k, psycopg_insert_rate and api_vs_insert_ratio.
+Run: `.venv/bin/python bench/bench_api.py` (`make bench`); about a minute on 2 cores.
+It stops by itself and stops its gunicorn whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/fairq_bench"
+JOB = {"team": "vision", "name": "bench", "image": "ghcr.io/acme/train:1.4",
+       "command": ["python", "train.py"], "args": ["--epochs", "1"], "env": {"SEED": "1"},
+       "gpu_type": "h100", "gpus": 1, "replicas": 1, "tier": "normal",
+       "max_runtime_seconds": 3600}
+
+
+def bench(name: str, value: float, unit: str) -> None:
+    print(f"BENCH {name} {value:.6g} {unit}", flush=True)
+
+
+def note(msg: str) -> None:
+    print(f"# {msg}", file=sys.stderr, flush=True)
+
+
+def recreate_database(url: str) -> None:
+    import psycopg
+
+    u = urlparse(url)
+    dbname = u.path.lstrip("/")
+    with psycopg.connect(u._replace(path="/postgres").geturl(), autocommit=True,
+                         connect_timeout=5) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+
+
+def setup_django(url: str, tokens: int) -> list[str]:
+    """Migrate and seed; returns API keys (one per client thread)."""
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+    from accounts.models import Membership, Role, Team
+    from accounts.services import token_issue
+    from django.contrib.auth import get_user_model
+    from queueing.models import GpuType, Quota, Tier
+
+    for slug, weight in (("h100", 2.0), ("a100", 1.0)):
+        GpuType.objects.create(slug=slug, name=slug.upper(), billing_weight=weight)
+    for slug, rank in (("low", 0), ("normal", 100), ("high", 200)):
+        Tier.objects.create(slug=slug, name=slug, rank=rank, priority_class_name=f"fq-{slug}",
+                            priority_value=rank * 10)
+    user = get_user_model().objects.create(username="bench")
+    for slug, weight in (("vision", 3.0), ("nlp", 2.0), ("speech", 1.0)):
+        team = Team.objects.create(slug=slug, name=slug, weight=weight)
+        for g in GpuType.objects.all():
+            Quota.objects.create(team=team, gpu_type=g, nominal=8)
+    Membership.objects.create(user=user, team=Team.objects.get(slug="vision"),
+                              role=Role.MEMBER)
+    keys = [token_issue(user=user, name=f"bench-{i}").key for i in range(tokens)]
+    from django.db import connections
+
+    connections.close_all()
+    return keys
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_gunicorn(url: str, port: int, workers: int, threads: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "bench.settings_api",
+           "FAIRQ_API_RATE": "100000000/min", "FAIRQ_LOG_LEVEL": "WARNING",
+           "DJANGO_ALLOWED_HOSTS": "127.0.0.1"}
+    gunicorn = str(Path(sys.executable).parent / "gunicorn")
+    proc = subprocess.Popen(
+        [gunicorn, "config.wsgi:application", "--bind", f"127.0.0.1:{port}",
+         "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
+         "--keep-alive", "30", "--log-level", "warning", "--timeout", "60"],
+        cwd=ROOT, env=env, start_new_session=True,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("gunicorn exited at start")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return proc
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("gunicorn did not listen within 30 s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _post(conn: http.client.HTTPConnection, path: str, key: str, body: bytes) -> tuple[int, bytes]:
+    conn.request("POST", path, body=body, headers={
+        "Authorization": f"Token {key}", "Content-Type": "application/json"})
+    r = conn.getresponse()
+    return r.status, r.read()
+
+
+def _client_process(port: int, keys: list[str], per_thread: int, warmup: int,
+                    start_at: float, out: Any) -> None:
+    """One client process: a thread per key, each with its own keep-alive connection."""
+    results: list[list[float]] = [[] for _ in keys]
+    errors = [0]
+    body = json.dumps(JOB).encode()
+
+    def run(i: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        for _ in range(warmup):
+            _post(conn, "/api/v1/jobs/", keys[i], body)
+        while time.time() < start_at:
+            time.sleep(0.001)
+        lat = results[i]
+        for _ in range(per_thread):
+            t0 = time.perf_counter()
+            status, _ = _post(conn, "/api/v1/jobs/", keys[i], body)
+            lat.append(time.perf_counter() - t0)
+            if status != 201:
+                errors[0] += 1
+        conn.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(keys))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.put(([x for r in results for x in r], errors[0], time.time()))
+
+
+def single_submits(port: int, keys: list[str], clients: int, threads: int,
+                   requests: int) -> tuple[float, list[float], int]:
+    per_thread = max(1, requests // (clients * threads))
+    start_at = time.time() + 2.0  # every connection warmed up and waiting
+    q: Any = mp.get_context("fork").Queue()
+    procs = [mp.get_context("fork").Process(
+        target=_client_process,
+        args=(port, keys[c * threads:(c + 1) * threads], per_thread, 5, start_at, q))
+        for c in range(clients)]
+    for p in procs:
+        p.start()
+    latencies: list[float] = []
+    errors = 0
+    ends = []
+    for _ in procs:
+        lat, err, end = q.get(timeout=600)
+        latencies += lat
+        errors += err
+        ends.append(end)
+    for p in procs:
+        p.join(timeout=30)
+    wall = max(ends) - start_at
+    return len(latencies) / wall, latencies, errors
+
+
+def bulk_submit(port: int, key: str, count: int) -> float:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    body = json.dumps({**JOB, "name": "arr", "count": count}).encode()
+    t0 = time.perf_counter()
+    status, content = _post(conn, "/api/v1/jobs/bulk/", key, body)
+    took = time.perf_counter() - t0
+    conn.close()
+    if status != 201 or json.loads(content)["count"] != count:
+        raise RuntimeError(f"bulk submit answered {status}: {content[:200]!r}")
+    return took
+
+
+def _row_values(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Ids of the seeded rows the raw INSERTs refer to."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        ids = {
+            "team_id": conn.execute("SELECT id FROM accounts_team WHERE slug='vision'").fetchone()[0],
+            "gpu_type_id": conn.execute("SELECT id FROM queueing_gputype WHERE slug='h100'")
+            .fetchone()[0],
+            "tier_id": conn.execute("SELECT id FROM queueing_tier WHERE slug='normal'").fetchone()[0],
+            "submitter_id": conn.execute("SELECT id FROM auth_user WHERE username='bench'")
+            .fetchone()[0],
+        }
+    return ids, {}
+
+
+JOB_SQL = (
+    "INSERT INTO queueing_job (team_id, submitter_id, name, image, command, args, env, "
+    "gpu_type_id, gpus_per_replica, replicas, tier_id, max_runtime_seconds, status, attempt, "
+    "idempotency_key, created_at, updated_at, placement, message) VALUES (%s, %s, %s, %s, %s, "
+    "%s, %s, %s, %s, %s, %s, %s, 'QUEUED', 1, NULL, %s, %s, '[]', '') RETURNING id"
+)
+EVENT_SQL = (
+    "INSERT INTO queueing_jobevent (job_id, at, kind, from_status, to_status, actor_id, "
+    "actor_label, reason, attempt, data) VALUES (%s, %s, 'transition', '', 'QUEUED', %s, "
+    "'bench', 'submitted', 1, '{}')"
+)
+
+
+def _job_params(ids: dict[str, Any], now: datetime) -> tuple[Any, ...]:
+    return (ids["team_id"], ids["submitter_id"], JOB["name"], JOB["image"],
+            json.dumps(JOB["command"]), json.dumps(JOB["args"]), json.dumps(JOB["env"]),
+            ids["gpu_type_id"], 1, 1, ids["tier_id"], 3600, now, now)
+
+
+def raw_inserts(url: str, connections: int, jobs: int) -> float:
+    """Jobs/s: a job row and its event row per transaction, `connections` in parallel."""
+    import psycopg
+
+    ids, _ = _row_values(url)
+    per = max(1, jobs // connections)
+    barrier = threading.Barrier(connections + 1)
+
+    def run() -> None:
+        with psycopg.connect(url) as conn:
+            barrier.wait()
+            for _ in range(per):
+                now = datetime.now(UTC)
+                with conn.transaction():
+                    job_id = conn.execute(JOB_SQL, _job_params(ids, now)).fetchone()[0]
+                    conn.execute(EVENT_SQL, (job_id, now, ids["submitter_id"]))
+
+    threads = [threading.Thread(target=run) for _ in range(connections)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return per * connections / (time.perf_counter() - t0)
+
+
+def raw_bulk(url: str, count: int) -> float:
+    import psycopg
+
+    ids, _ = _row_values(url)
+    now = datetime.now(UTC)
+    t0 = time.perf_counter()
+    with psycopg.connect(url) as conn, conn.transaction(), conn.cursor() as cur:
+        cur.executemany(JOB_SQL, [_job_params(ids, now)] * count, returning=True)
+        job_ids = []
+        while True:
+            job_ids.append(cur.fetchone()[0])  # type: ignore[index]
+            if not cur.nextset():
+                break
+        cur.executemany(EVENT_SQL, [(j, now, ids["submitter_id"]) for j in job_ids])
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=3000)
+    p.add_argument("--clients", type=int, default=2, help="client processes")
+    p.add_argument("--threads", type=int, default=4, help="connections per client process")
+    p.add_argument("--workers", type=int, default=int(os.environ.get("BENCH_WORKERS", "3")))
+    p.add_argument("--server-threads", type=int, default=4)
+    p.add_argument("--bulk-runs", type=int, default=3)
+    a = p.parse_args()
+
+    url = os.environ.get("FAIRQ_BENCH_API_DATABASE_URL", DEFAULT_PG)
+    if urlparse(url).hostname not in {"127.0.0.1", "localhost", "::1"}:
+        note(f"refusing a non-loopback database {url}")
+        return 2
+    try:
+        recreate_database(url)
+    except Exception as exc:
+        note(f"PostgreSQL not reachable at {url} ({exc}); skipping the API bench")
+        return 0
+    keys = setup_django(url, a.clients * a.threads + 1)
+    port = free_port()
+    note(f"gunicorn: {a.workers} workers x {a.server_threads} threads on 127.0.0.1:{port}; "
+         f"client: {a.clients} processes x {a.threads} connections, {a.requests} requests")
+    server = start_gunicorn(url, port, a.workers, a.server_threads)
+    try:
+        rate, lat, errors = single_submits(port, keys[:-1], a.clients, a.threads, a.requests)
+        lat_ms = sorted(x * 1000 for x in lat)
+        bench("api_submit_rate", rate, "req/s")
+        bench("api_submit_p50", statistics.median(lat_ms), "ms")
+        bench("api_submit_p99", lat_ms[min(len(lat_ms) - 1, int(len(lat_ms) * 0.99))], "ms")
+        bench("api_submit_errors", errors, "requests")
+        bulks = [bulk_submit(port, keys[-1], 10_000) for _ in range(a.bulk_runs)]
+        bench("bulk_submit_10k", statistics.median(bulks), "s")
+    finally:
+        stop(server)
+    insert_rate = raw_inserts(url, a.clients * a.threads, a.requests)
+    bench("psycopg_insert_rate", insert_rate, "rows/s")
+    bench("api_vs_insert_ratio", rate / insert_rate, "x")
+    bench("psycopg_bulk_insert_10k", raw_bulk(url, 10_000), "s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
