@@ -85,9 +85,10 @@ def setup_django(url: str, tokens: int) -> list[str]:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0, interactive=False)
+    from django.contrib.auth import get_user_model
+
     from accounts.models import Membership, Role, Team
     from accounts.services import token_issue
-    from django.contrib.auth import get_user_model
     from queueing.models import GpuType, Quota, Tier
 
     for slug, weight in (("h100", 2.0), ("a100", 1.0)):
