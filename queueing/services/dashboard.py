@@ -11,6 +11,7 @@ computed once for all queued jobs and cached for a few seconds (`QUEUE_PLAN_TTL`
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -397,12 +398,14 @@ def submit_preview(*, team: Team, gpu_type: GpuType, gpus_per_replica: int, repl
 
 
 def team_submit_defaults(*, team: Team) -> dict[str, Any]:
-    """Initial values of the submit form: the team's last job's image, GPU type, size and
-    tier; otherwise the GPU type of its largest quota and the default tier."""
+    """Initial values of the submit form: the team's last job's image, command, arguments,
+    GPU type, size and tier (not its environment); otherwise the GPU type of its largest
+    quota and the default tier."""
     last = (Job.objects.filter(team=team).select_related("gpu_type", "tier")
             .order_by("-id").first())
     if last is not None:
-        return {"image": last.image, "gpu_type": last.gpu_type.slug,
+        return {"image": last.image, "command": shlex.join(last.command or []),
+                "args": shlex.join(last.args or []), "gpu_type": last.gpu_type.slug,
                 "gpus": last.gpus_per_replica, "replicas": last.replicas,
                 "tier": last.tier.slug, "max_runtime_seconds": last.max_runtime_seconds}
     quota = Quota.objects.filter(team=team).select_related("gpu_type").order_by(

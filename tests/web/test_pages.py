@@ -120,6 +120,7 @@ class TestSubmit:
                    image="ghcr.io/acme/last:2", gpus_per_replica=4)
         html = login(world.member).get("/jobs/new/").content.decode()
         assert 'value="ghcr.io/acme/last:2"' in html
+        assert 'value="python train.py"' in html  # the last job's command
         assert '<option value="a100" selected>' in html
         assert '<option value="high" selected>' in html
 
