@@ -56,11 +56,6 @@ def pct(value: float | None) -> str:
 
 
 @register.filter
-def field_errors_id(name: str) -> str:
-    return f"{name}-errors"
-
-
-@register.filter
 def factor_label(name: str) -> str:
     """fair_share -> Fair share."""
     return name.replace("_", " ").capitalize()

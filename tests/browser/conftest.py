@@ -64,8 +64,10 @@ def _serialize_live_server() -> Iterator[None]:
     WSGIHandler.__call__ = original  # type: ignore[method-assign]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
+    """One headless Chromium per test module; closed (and its event loop gone) before the
+    tests of other modules run."""
     reason = _missing_reason()
     if reason is not None:
         if os.environ.get("FAIRQ_REQUIRE_BROWSER") == "1":
@@ -73,13 +75,21 @@ def chromium() -> Iterator[Any]:
         pytest.skip(reason)
     # Playwright's sync API runs an event loop in this thread; Django's ORM calls from the
     # test (factories, cycles) are still synchronous.
-    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                         args=CHROMIUM_ARGS)
+            yield browser
+            browser.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
 @pytest.fixture
