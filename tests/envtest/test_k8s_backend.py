@@ -392,3 +392,38 @@ def test_a_running_job_whose_job_is_deleted_outside_fairq_fails_with_a_reason(
                                      propagation_policy="Background")
     wait(lambda: job(pk).status == "FAILED", what="the job FAILED")
     assert "deleted outside fairq" in job(pk).message
+
+
+def test_an_admitted_job_whose_job_vanished_is_requeued_with_an_event(
+    kube: Kube, world: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from datetime import timedelta
+
+    from queueing.models import JobEvent
+    from queueing.services import scheduler
+    from queueing.services.scheduler import scheduler_cycle
+
+    monkeypatch.setattr(scheduler, "VANISHED_GRACE", timedelta(seconds=1))
+
+    class DeletedRightAway:
+        """The Job is created, then deleted by someone before any pod ran."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        def submit(self, spec: Any, *, now: datetime) -> None:
+            self.inner.submit(spec, now=now)
+            kube.batch.delete_namespaced_job(spec.name, kube.ns(spec.team),
+                                             propagation_policy="Foreground")
+
+    pk = submit(world, gpus=1, env={"FAIRQ_SIM_SECONDS": "1"})
+    scheduler_cycle(backend=DeletedRightAway(kube.backend))
+    assert job(pk).status == "ADMITTED"
+    wait(lambda: job(pk).attempt == 2, what="the job requeued as attempt 2")
+    assert JobEvent.objects.filter(job_id=pk, to_status="QUEUED",
+                                   reason__contains="vanished").exists()
+    wait(lambda: job(pk).status == "SUCCEEDED", what="attempt 2 SUCCEEDED")
+    assert kube.jobs("vision", pk)[0]["metadata"]["name"] == f"fq-{pk}-2"
