@@ -108,7 +108,11 @@ class RoleForm(forms.Form):
 
 
 class TokenForm(forms.Form):
+    """As the API's TokenCreateSerializer: a name and an optional lifetime."""
+
     name = forms.CharField(label="Token name", max_length=100, initial="default")
+    expires_in_days = forms.IntegerField(label="Expires in (days)", required=False, min_value=1,
+                                         max_value=3650, help_text="Empty: never expires.")
 
 
 def _limit(label: str) -> forms.IntegerField:

@@ -5,6 +5,7 @@ fragment they swap; the same templates render the full page."""
 from __future__ import annotations
 
 import secrets
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -18,6 +19,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import ApiToken, AuditEntry, Membership, Team
@@ -40,6 +42,7 @@ from queueing.services.quotas import quota_set
 from .forms import JobSubmitForm, MemberForm, QuotaForm, RoleForm, TokenForm
 
 TEAM_SESSION_KEY = "fairq_team"
+NEW_TOKEN_SESSION_KEY = "fairq_new_token"
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -293,9 +296,11 @@ def _team_context(request: HttpRequest, team: Team, **extra: Any) -> dict[str, A
 
 @require_GET
 @login_required
+@never_cache  # it may show a new token's secret, once
 def team_page(request: HttpRequest, slug: str) -> HttpResponse:
     team = _team_or_404(request, slug)
-    return render(request, "web/team.html", _team_context(request, team))
+    new_key = request.session.pop(NEW_TOKEN_SESSION_KEY, None)
+    return render(request, "web/team.html", _team_context(request, team, new_key=new_key))
 
 
 @require_POST
@@ -306,9 +311,10 @@ def team_member_add(request: HttpRequest, slug: str) -> HttpResponse:
         raise PermissionDenied("only team admins manage members")
     form = MemberForm(request.POST)
     if form.is_valid():
-        user = get_user_model().objects.filter(username=form.cleaned_data["username"]).first()
+        user = get_user_model().objects.filter(username=form.cleaned_data["username"],
+                                               is_active=True).first()
         if user is None:
-            form.add_error("username", "No user with this name.")
+            form.add_error("username", "No active user with this name.")
         else:
             _, created = membership_set(actor=request.user, team=team, user=user,
                                         role=form.cleaned_data["role"])
@@ -354,10 +360,13 @@ def token_create(request: HttpRequest, slug: str) -> HttpResponse:
         return render(request, "web/team.html", _team_context(request, team, token_form=form),
                       status=400)
     user = _user(request)
-    issued = token_issue(user=user, name=form.cleaned_data["name"])
-    # The secret is rendered in this response only; it is never stored or shown again.
-    return render(request, "web/team.html",
-                  _team_context(request, team, new_key=issued.key, new_token=issued.token))
+    days = form.cleaned_data["expires_in_days"]
+    issued = token_issue(user=user, name=form.cleaned_data["name"],
+                         expires_at=timezone.now() + timedelta(days=days) if days else None)
+    # Post/redirect/get, so a reload does not issue a second token. The secret waits in the
+    # session only until the next page shows it once; only its hash is stored for good.
+    request.session[NEW_TOKEN_SESSION_KEY] = issued.key
+    return redirect("web:team", slug=team.slug)
 
 
 @require_POST

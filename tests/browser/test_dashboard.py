@@ -61,6 +61,7 @@ def test_member_submits_watches_it_run_cancels_another_and_sees_standings_move(
     page.get_by_label("Container image").click()
     expect(page.locator("#name-errors")).to_contain_text("lower-case letters")
     expect(page.get_by_label("Name")).to_have_attribute("aria-invalid", "true")
+    shoot(page, "submit-form-errors")
     page.get_by_label("Name").fill("resnet-web")
     page.get_by_label("Container image").fill("ghcr.io/acme/train:1.4")
     page.get_by_label("Command").fill("python train.py")
@@ -156,3 +157,20 @@ def test_platform_admin_edits_a_quota_in_place(page: Any, world: World,
     lend.press("Enter")
     expect(page.locator("#cell-vision-a100")).to_contain_text("Cannot lend more than the nominal 8")
     shoot(page, "quota-board")
+
+
+def test_team_admin_creates_a_token_shown_once(page: Any, world: World,
+                                               shoot: Callable[[Any, str], Any]) -> None:
+    from playwright.sync_api import expect
+
+    login(page, "alice")
+    page.get_by_role("link", name="Team", exact=True).click()
+    expect(page.get_by_role("heading", name="Members")).to_be_visible()
+    page.get_by_label("Token name").fill("ci-pipeline")
+    page.get_by_role("button", name="Create token").click()
+    key = page.locator("#new-token").inner_text()
+    assert key.startswith("fq_")
+    shoot(page, "team")
+    page.reload()
+    expect(page.locator("body")).not_to_contain_text(key)
+    expect(page.get_by_role("button", name="Revoke token ci-pipeline")).to_be_visible()

@@ -275,7 +275,7 @@ class TestTeamPage:
         assert not Membership.objects.filter(pk=m.pk).exists()
         assert AuditEntry.objects.filter(object_type="accounts.Membership").count() == 3
         r = c.post("/teams/vision/members/", {"username": "nobody", "role": "member"})
-        assert r.status_code == 400 and b"No user with this name" in r.content
+        assert r.status_code == 400 and b"No active user with this name" in r.content
 
     def test_team_admin_cannot_manage_another_teams_members(self, world: World) -> None:
         m = Membership.objects.get(user=world.outsider, team=world.nlp)
@@ -286,13 +286,19 @@ class TestTeamPage:
 
     def test_token_is_shown_once_and_can_be_revoked(self, world: World) -> None:
         c = login(world.member)
-        html = c.post("/teams/vision/tokens/", {"name": "ci"}).content.decode()
+        r = c.post("/teams/vision/tokens/", {"name": "ci"})
+        assert r.status_code == 302  # a reload does not issue a second token
+        html = c.get(r.url).content.decode()
         token = ApiToken.objects.get(user=world.member, name="ci")
         assert f"fq_{token.prefix}_" in html and "shown only once" in html
         assert f"fq_{token.prefix}_" not in c.get("/teams/vision/").content.decode()
         c.post(f"/teams/vision/tokens/{token.pk}/revoke/")
         token.refresh_from_db()
         assert token.revoked_at is not None
+        c.post("/teams/vision/tokens/", {"name": "short", "expires_in_days": "7"})
+        short = ApiToken.objects.get(user=world.member, name="short")
+        assert short.expires_at is not None
+        assert 6 < (short.expires_at - timezone.now()).days + 1 <= 7
         other = ApiToken.objects.create(user=world.admin, name="x", prefix="abcd1234", key_hash="0")
         assert c.post(f"/teams/vision/tokens/{other.pk}/revoke/").status_code == 404
 
