@@ -390,13 +390,9 @@ class KubernetesBackend:
         self.start()
         with self._lock:
             self._tombstones.pop(name, None)
-        namespace = self._namespace_of(name)
+        namespace = self._namespace_of(name) or self._find_namespace(name)
         if namespace is None:
-            if not self.jobs.synced.is_set():
-                raise KubernetesBackendError("the Jobs watch has not synced yet")
-            namespace = self._find_namespace(name)
-            if namespace is None:
-                return
+            return
         job = self.jobs.get(f"{namespace}/{name}")
         if job is not None:
             if job["metadata"].get("deletionTimestamp"):
@@ -417,7 +413,8 @@ class KubernetesBackend:
                 raise
 
     def _find_namespace(self, name: str) -> str | None:
-        """A Job created moments ago may not be in the cache yet: ask the API server."""
+        """A Job created moments ago, or before this process started, may not be in the
+        cache yet: ask the API server."""
         items = _raw_list(self.batch.list_job_for_all_namespaces,
                           label_selector=f"{L_WORKLOAD}={name}")
         return str(items[0]["metadata"]["namespace"]) if items else None

@@ -347,6 +347,19 @@ def test_nodes_come_from_the_cluster_and_a_cordoned_node_leaves(kube: Kube) -> N
     for name, gpu_type, gpus in DEFAULT_GPU_NODES:
         assert (nodes[name].gpu_type, nodes[name].capacity) == (gpu_type, gpus)
     [a100] = sorted(A100_NODES)
+    # Someone else's pod holding 3 GPUs counts against the node too.
+    other = kube.ns("speech")
+    kube.core.create_namespaced_pod(other, {
+        "metadata": {"name": "not-fairq"},
+        "spec": {"restartPolicy": "Never", "nodeSelector": {"fairq.io/gpu-type": "a100"},
+                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                 "containers": [{"name": "c", "image": "x", "resources": {
+                     "limits": {"nvidia.com/gpu": "3"}}}]}})
+    wait(lambda: {n.name: n.allocated for n in kube.backend.nodes()}[a100] == 3,
+         cycle=False, what="the other pod's GPUs counted")
+    kube.core.delete_namespaced_pod("not-fairq", other, grace_period_seconds=0)
+    wait(lambda: {n.name: n.allocated for n in kube.backend.nodes()}[a100] == 0,
+         cycle=False, what="its GPUs free again")
     kube.core.patch_node(a100, {"spec": {"unschedulable": True}})
     try:
         wait(lambda: a100 not in {n.name for n in kube.backend.nodes()}, cycle=False,
