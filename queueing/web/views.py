@@ -219,6 +219,12 @@ def job_check(request: HttpRequest) -> HttpResponse:
     """HTMX: validate the form as typed and preview where the job would stand."""
     form = _submit_form(request, request.POST)
     valid = form.is_valid()
+    if not valid:
+        # While the user is still filling the form in, an empty field is not an error yet:
+        # only what was typed is checked (the submit itself reports everything).
+        for name in list(form.errors):
+            if name in form.fields and not str(request.POST.get(name, "")).strip():
+                del form.errors[name]
     ctx = {"form": form, "preview": _preview(form) if valid else None, "checked": True,
            "idempotency_key": request.POST.get("idempotency_key", "")}
     return render(request, "web/_job_form.html", ctx)

@@ -154,6 +154,13 @@ class TestSubmit:
         assert 'aria-invalid="true"' in html or field == "team"
         assert not Job.objects.exists()
 
+    def test_the_inline_check_leaves_untouched_empty_fields_alone(self, world: World) -> None:
+        r = login(world.member).post("/jobs/new/check/", form_body(image="", name="Bad_Name"))
+        html = r.content.decode()
+        assert "lower-case letters" in html
+        assert "This field is required" not in html
+        assert login(world.member).post("/jobs/new/", form_body(image="")).status_code == 400
+
     def test_a_posted_invalid_form_is_400_with_errors(self, world: World) -> None:
         r = login(world.member).post("/jobs/new/", form_body(name="Bad_Name"))
         assert r.status_code == 400
