@@ -5,6 +5,8 @@ capacity from nodes and pods. No cluster; the API tests use the test database.""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -359,3 +361,73 @@ def test_unbound_replicas_hold_their_planned_nodes() -> None:
     assert unbound_demand(job, bound) == {"h0": 2, "h1": 2}
     job["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
     assert unbound_demand(job, bound) == {}
+
+
+# --- the informer: list, watch from the version, relist after 410 and errors --------------
+
+class _Resp:
+    def __init__(self, body: Any = None, lines: list[dict[str, Any]] | None = None) -> None:
+        self.data = json.dumps(body).encode() if body is not None else b""
+        self._lines = lines or []
+
+    def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
+        for line in self._lines:
+            yield (json.dumps(line) + "\n").encode()
+
+    def release_conn(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _obj(name: str, rv: str, phase: str = "Pending") -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": rv},
+            "status": {"phase": phase}}
+
+
+def test_the_informer_lists_watches_from_the_version_and_relists_after_gone_and_errors() -> None:
+    from queueing.backends.k8s_cache import Informer
+
+    calls: list[dict[str, Any]] = []
+    lists = iter([
+        _Resp({"metadata": {"resourceVersion": "10"}, "items": [_obj("a", "9"), _obj("b", "9")]}),
+        _Resp({"metadata": {"resourceVersion": "30"}, "items": [_obj("a", "25", "Running")]}),
+        _Resp({"metadata": {"resourceVersion": "40"}, "items": [_obj("c", "40")]}),
+    ])
+    watches = iter([
+        [{"type": "MODIFIED", "object": _obj("a", "11", "Running")},
+         {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "12"}}}],
+        [{"type": "ERROR", "object": {"code": 410, "message": "too old"}}],
+        "boom",
+    ])
+    done = threading.Event()
+
+    def list_func(**kw: Any) -> Any:
+        calls.append(kw)
+        if kw.get("watch"):
+            nxt = next(watches, None)
+            if nxt == "boom":
+                raise ConnectionError("apiserver went away")
+            if nxt is None:
+                done.set()
+                time.sleep(0.05)
+                return _Resp(lines=[])
+            return _Resp(lines=nxt)  # type: ignore[arg-type]
+        return next(lists)
+
+    changes: list[tuple[str, str]] = []
+    inf = Informer("t", list_func, label_selector="x=y", resync_seconds=3600,
+                   on_change=lambda k, o, n: changes.append((k, ((n or o) or {})["metadata"]["name"])))
+    inf.start()
+    assert done.wait(10)
+    inf.stop()
+    watch_calls = [c for c in calls if c.get("watch")]
+    assert watch_calls[0]["resource_version"] == "10"
+    assert watch_calls[1]["resource_version"] == "12"  # the bookmark moved it on
+    assert watch_calls[2]["resource_version"] == "30"  # relisted after 410 Gone
+    assert all(c["label_selector"] == "x=y" for c in calls)
+    assert inf.relists == 3 and inf.errors == 1  # the error relisted too, after a pause
+    assert {o["metadata"]["name"] for o in inf.items()} == {"c"}
+    assert ("DELETED", "b") in changes and ("MODIFIED", "a") in changes
+    assert ("ADDED", "c") in changes and ("DELETED", "a") in changes
