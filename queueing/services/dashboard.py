@@ -23,7 +23,7 @@ from django.db.models import Count, F, QuerySet, Sum
 from accounts.models import Team
 from queueing.backends import get_backend
 from queueing.backends.base import NodeInfo
-from queueing.models import FairShareSnapshot, GpuType, Job, Quota
+from queueing.models import FairShareSnapshot, GpuType, Job, JobEvent, Quota
 from queueing.policy.admission import plan_admissions
 from queueing.policy.explain import explain_queued
 from queueing.policy.fairshare import Standing
@@ -209,6 +209,19 @@ def team_recent_done(*, team: Team, limit: int = 10) -> list[Job]:
         Job.objects.filter(team=team, status__in=DONE_STATES)
         .select_related("gpu_type", "tier").defer(*_LIST_DEFER, "placement")
         .order_by("-id")[:limit]
+    )
+
+
+def team_recent_preemptions(*, team: Team, now: datetime, hours: float = 24.0,
+                            limit: int = 5) -> list[JobEvent]:
+    """The team's jobs preempted in the last `hours` (newest first): a preempted job is
+    requeued at once, so its status no longer says so; its "preempted" event does, with
+    the preemptor and the rule in `data`. The time bound keeps the scan on the `at` index."""
+    return list(
+        JobEvent.objects.filter(kind="preempted", job__team=team,
+                                at__gte=now - timedelta(hours=hours))
+        .select_related("job").defer(*(f"job__{f}" for f in _LIST_DEFER))
+        .order_by("-at", "-id")[:limit]
     )
 
 

@@ -123,6 +123,7 @@ def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
         ctx["queue"], ctx["queue_total"] = dash.team_queue(team=team, now=now, limit=25)
         ctx["running"] = dash.team_running(team=team)
         ctx["recent"] = dash.team_recent_done(team=team)
+        ctx["preempted"] = dash.team_recent_preemptions(team=team, now=now)
     return ctx
 
 

@@ -213,6 +213,16 @@ class TestJobDetail:
         assert "preempted by job #99 of team nlp (tier high)" in html
         assert "rule R2" in html
 
+    def test_dashboard_lists_recent_preemptions_with_the_preemptor(self, world: World,
+                                                                   vision_job: Job) -> None:
+        vision_job.events.create(
+            at=timezone.now(), kind="preempted", actor_label="scheduler", reason="preempted",
+            data={"rule": "R2-reclaim", "preemptor": 99, "preemptor_team": "nlp",
+                  "preemptor_tier": "high"})
+        html = login(world.member).get("/").content.decode()
+        assert "Preempted in the last 24 h" in html
+        assert "by job #99 of team nlp (high), rule R2-reclaim" in html
+
     def test_cancel_and_resubmit(self, world: World, vision_job: Job) -> None:
         c = login(world.member)
         r = c.post(f"/jobs/{vision_job.pk}/cancel/")
