@@ -431,3 +431,23 @@ def test_the_informer_lists_watches_from_the_version_and_relists_after_gone_and_
     assert {o["metadata"]["name"] for o in inf.items()} == {"c"}
     assert ("DELETED", "b") in changes and ("MODIFIED", "a") in changes
     assert ("ADDED", "c") in changes and ("DELETED", "a") in changes
+
+
+def test_sync_cluster_refuses_to_run_without_the_kubernetes_backend() -> None:
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="not 'kubernetes'"):
+        call_command("sync_cluster")
+
+
+@pytest.mark.django_db
+def test_a_tier_change_queues_no_sync_with_the_simulated_backend(
+    world: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from queueing import tasks
+
+    sent: list[str] = []
+    monkeypatch.setattr(tasks.sync_cluster_task, "delay", lambda: sent.append("sync"))
+    world.low.priority_value = 1
+    world.low.save()
+    assert sent == []

@@ -395,6 +395,15 @@ def test_sync_cluster_keeps_priority_classes_and_quotas_in_step(kube: Kube, worl
     assert quota.spec.hard == {"requests.nvidia.com/gpu": "24"}  # h100 8+8, a100 8+0
     assert report["created"] == report["replaced"] == report["deleted"] == []
 
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("sync_cluster", stdout=out)
+    assert sorted(json.loads(out.getvalue())["namespaces"]) == [
+        kube.ns("nlp"), kube.ns("speech"), kube.ns("vision")]
+
 
 def test_a_running_job_whose_job_is_deleted_outside_fairq_fails_with_a_reason(
     kube: Kube, world: Any,
