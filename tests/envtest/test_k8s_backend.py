@@ -14,7 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -437,7 +437,9 @@ def test_an_admitted_job_whose_job_vanished_is_requeued_with_an_event(
             return getattr(self.inner, name)
 
         def submit(self, spec: Any, *, now: datetime) -> None:
-            self.inner.submit(spec, now=now)
+            # Its pods can never be placed, so none runs before the deletion.
+            self.inner.submit(replace(spec, node_labels={"fairq.io/gpu-type": "nowhere"}),
+                              now=now)
             kube.batch.delete_namespaced_job(spec.name, kube.ns(spec.team),
                                              propagation_policy="Foreground")
 
