@@ -127,6 +127,8 @@ class JobCreateSerializer(serializers.Serializer[Any]):
 
 class JobEventSerializer(serializers.ModelSerializer[JobEvent]):
     actor = serializers.CharField(source="actor_label")
+    # Declared so the schema does not depend on the database's integer range.
+    attempt = serializers.IntegerField(read_only=True)
 
     class Meta:
         model = JobEvent

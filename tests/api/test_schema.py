@@ -4,6 +4,7 @@ keeps it (schemathesis: no 5xx, documented status codes, bodies matching the sch
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,9 @@ import pytest
 import schemathesis
 import yaml
 from django.core.management import call_command
+from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
 from rest_framework.test import APIClient
 from schemathesis.checks import not_a_server_error
@@ -75,12 +78,24 @@ api.app = get_wsgi_application()  # pytest-django has configured Django by impor
 
 
 @pytest.fixture
-def staff_headers(world: World) -> dict[str, str]:
+def _keep_test_connection() -> Iterator[None]:
+    """The WSGI app fires request_started/finished, whose close_old_connections would
+    close the test's PostgreSQL connection mid-transaction; Django's own test client
+    disconnects it the same way."""
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    yield
+    request_started.connect(close_old_connections)
+    request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
+def staff_headers(world: World, _keep_test_connection: None) -> dict[str, str]:
     return {"Authorization": f"Token {token_issue(user=world.staff).key}"}
 
 
 @pytest.fixture
-def member_headers(world: World) -> dict[str, str]:
+def member_headers(world: World, _keep_test_connection: None) -> dict[str, str]:
     return {"Authorization": f"Token {token_issue(user=world.member).key}"}
 
 
