@@ -22,7 +22,9 @@ How it works
     10,000 rows with one executemany per table in one transaction.
 
 Output: `BENCH <name> <value> <unit>` lines, among them api_submit_rate, api_submit_p50,
-api_submit_p99, bulk_submit_10k, psycopg_insert_rate and api_vs_insert_ratio.
+api_submit_p99, bulk_submit_10k, psycopg_insert_rate and api_vs_insert_ratio; also the
+gunicorn workers' CPU per submit and the host's load average, to tell a slow code path
+from a busy machine.
 Run: `.venv/bin/python bench/bench_api.py` (`make bench`); about a minute on 2 cores.
 It stops by itself and stops its gunicorn whatever happens.
 """
@@ -147,6 +149,20 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def server_cpu_seconds(proc: subprocess.Popen[bytes]) -> float:
+    """User + system CPU of gunicorn's workers so far (Linux /proc), 0 when unknown."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    try:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        for pid in [str(proc.pid), *children]:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return total
 
 
 def _post(conn: http.client.HTTPConnection, path: str, key: str, body: bytes) -> tuple[int, bytes]:
@@ -327,12 +343,19 @@ def main() -> int:
          f"client: {a.clients} processes x {a.threads} connections, {a.requests} requests")
     server = start_gunicorn(url, port, a.workers, a.server_threads)
     try:
+        cpu_before = server_cpu_seconds(server)
         rate, lat, errors = single_submits(port, keys[:-1], a.clients, a.threads, a.requests)
+        cpu = server_cpu_seconds(server) - cpu_before
         lat_ms = sorted(x * 1000 for x in lat)
         bench("api_submit_rate", rate, "req/s")
         bench("api_submit_p50", statistics.median(lat_ms), "ms")
         bench("api_submit_p99", lat_ms[min(len(lat_ms) - 1, int(len(lat_ms) * 0.99))], "ms")
         bench("api_submit_errors", errors, "requests")
+        if cpu > 0:
+            # Includes the warm-up requests (5 per connection): a slight overestimate.
+            bench("api_server_cpu_per_submit", cpu * 1000 / len(lat), "ms")
+        load = os.getloadavg()[0]
+        bench("host_load_average_1m", load, "")
         bulks = [bulk_submit(port, keys[-1], 10_000) for _ in range(a.bulk_runs)]
         bench("bulk_submit_10k", statistics.median(bulks), "s")
     finally:
