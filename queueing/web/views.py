@@ -249,7 +249,8 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
            "runtime": job.runtime_seconds(now),
            "permalink": request.build_absolute_uri(reverse("web:job-detail", args=[job.pk]))}
     if request.htmx:  # type: ignore[attr-defined]
-        return render(request, "web/_job_live.html", ctx)
+        # 286: htmx swaps this last fragment and stops polling a job that is final.
+        return render(request, "web/_job_live.html", ctx, status=286 if job.is_final else 200)
     return render(request, "web/job_detail.html", ctx)
 
 

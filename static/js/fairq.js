@@ -6,6 +6,16 @@
     if (m) { e.detail.headers["X-CSRFToken"] = m.content; }
   });
 
+  // A poll answered by the login page (the session expired): go there instead of
+  // swapping a whole page into a panel.
+  document.addEventListener("htmx:beforeSwap", function (e) {
+    var url = e.detail.xhr && e.detail.xhr.responseURL;
+    if (url && url.indexOf("/accounts/login/") !== -1) {
+      e.detail.shouldSwap = false;
+      window.location.assign(url);
+    }
+  });
+
   var palette = ["#2456c7", "#d0582c", "#2f9e55", "#9b3fc4", "#b08900", "#16899a", "#c43f6f", "#59627a"];
   var chart = null;
 

@@ -238,6 +238,13 @@ class TestJobDetail:
         assert r.url == f"/jobs/{new.pk}/"
         assert new.name == vision_job.name and new.status == JobState.QUEUED
 
+    def test_polling_stops_once_the_job_is_final(self, world: World, vision_job: Job) -> None:
+        c = login(world.member)
+        assert c.get(f"/jobs/{vision_job.pk}/", HTTP_HX_REQUEST="true").status_code == 200
+        c.post(f"/jobs/{vision_job.pk}/cancel/")
+        r = c.get(f"/jobs/{vision_job.pk}/", HTTP_HX_REQUEST="true")
+        assert r.status_code == 286 and b"CANCELLED" in r.content
+
     def test_running_job_shows_logs_and_node(self, world: World) -> None:
         c = login(world.member)
         c.post("/jobs/new/", form_body())
