@@ -451,3 +451,21 @@ def test_a_tier_change_queues_no_sync_with_the_simulated_backend(
     world.low.priority_value = 1
     world.low.save()
     assert sent == []
+
+
+def test_a_forked_backend_starts_over_with_its_own_pool_and_informers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    from kubernetes import client
+
+    from queueing.backends.kubernetes import KubernetesBackend
+
+    backend = KubernetesBackend(client.ApiClient(client.Configuration()))
+    api, jobs = backend.api, backend.jobs
+    backend._started = True  # as if the parent had started its watches
+    monkeypatch.setattr(os, "getpid", lambda: -1)
+    backend._after_fork()
+    assert backend.api is not api and backend.jobs is not jobs
+    assert backend._started is False

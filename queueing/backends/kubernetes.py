@@ -144,12 +144,7 @@ class KubernetesBackend:
         sync_timeout_seconds: float = 30.0,
         kick: Callable[[], None] | None = None,
     ) -> None:
-        from kubernetes import client
-
         self.api = api_client
-        self.core = client.CoreV1Api(api_client)
-        self.batch = client.BatchV1Api(api_client)
-        self.scheduling = client.SchedulingV1Api(api_client)
         self.namespace_prefix = namespace_prefix
         self.backoff_limit = backoff_limit
         self.ttl_after_finished_seconds = ttl_after_finished_seconds
@@ -172,6 +167,20 @@ class KubernetesBackend:
         self._version: tuple[int, int] | None = None
         self._last_housekeeping = 0.0
         self._started = False
+        self._resync_seconds = resync_seconds
+        self._watch_seconds = watch_seconds
+        self._pid = os.getpid()
+        self._wire()
+
+    def _wire(self) -> None:
+        """API objects and informers for this process (again after a fork: threads do not
+        survive one, and the parent's connections must not be shared)."""
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(self.api)
+        self.batch = client.BatchV1Api(self.api)
+        self.scheduling = client.SchedulingV1Api(self.api)
+        resync_seconds, watch_seconds = self._resync_seconds, self._watch_seconds
         self.jobs = Informer("jobs", self.batch.list_job_for_all_namespaces,
                              label_selector=SELECTOR, resync_seconds=resync_seconds,
                              watch_seconds=watch_seconds, on_change=self._job_changed)
@@ -222,7 +231,22 @@ class KubernetesBackend:
             kick=kick,
         )
 
+    def _after_fork(self) -> None:
+        """In a forked child (gunicorn --preload, Celery prefork) start over: a new
+        connection pool and new informers (the parent's threads did not come along)."""
+        if self._pid == os.getpid():
+            return
+        from kubernetes import client
+
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                self.api = client.ApiClient(self.api.configuration)
+                self._wire()
+                self._started = False
+
     def start(self) -> KubernetesBackend:
+        self._after_fork()
         with self._lock:
             if self._started:
                 return self
@@ -295,6 +319,7 @@ class KubernetesBackend:
     def submit(self, spec: LaunchSpec, *, now: datetime) -> None:
         from kubernetes.client.exceptions import ApiException
 
+        self._after_fork()
         body = self.manifest(spec)
         namespace = body["metadata"]["namespace"]
         if self._started and self.jobs.get(f"{namespace}/{spec.name}") is not None:
@@ -510,6 +535,7 @@ class KubernetesBackend:
         are several); a readable line instead of an error when a pod has no logs."""
         from kubernetes.client.exceptions import ApiException
 
+        self._after_fork()
         try:
             pods = _raw_list(self.core.list_pod_for_all_namespaces,
                              label_selector=f"{L_WORKLOAD}={name}")
