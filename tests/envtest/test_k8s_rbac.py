@@ -36,6 +36,7 @@ def _apply(api: Any, doc: dict[str, Any]) -> None:
     kind = doc["kind"]
     core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
     create: dict[str, Callable[[], Any]] = {
+        "Namespace": lambda: core.create_namespace(doc),
         "ServiceAccount": lambda: core.create_namespaced_service_account(
             doc["metadata"]["namespace"], doc),
         "ClusterRole": lambda: rbac.create_cluster_role(doc),
@@ -54,12 +55,6 @@ def _apply(api: Any, doc: dict[str, Any]) -> None:
 def rbac_applied(k8s_api_client: Any) -> None:
     import yaml
 
-    core = client.CoreV1Api(k8s_api_client)
-    try:
-        core.create_namespace({"metadata": {"name": "fairq-system"}})
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
     for doc in yaml.safe_load_all(RBAC.read_text()):
         if doc:
             _apply(k8s_api_client, doc)
