@@ -469,3 +469,24 @@ def test_a_forked_backend_starts_over_with_its_own_pool_and_informers(
     backend._after_fork()
     assert backend.api is not api and backend.jobs is not jobs
     assert backend._started is False
+
+
+def test_jobs_of_another_fairq_on_the_same_cluster_are_not_ours() -> None:
+    from kubernetes import client
+
+    from queueing.backends.kubernetes import KubernetesBackend
+
+    backend = KubernetesBackend(client.ApiClient(client.Configuration()),
+                                namespace_prefix="fairq-")
+    theirs = job_manifest(spec(), ManifestOptions(namespace="staging-vision"))
+    mine = job_manifest(spec(name="fq-13-1", job_id=13), OPTS)
+    for j in (theirs, mine):
+        j["metadata"]["resourceVersion"] = "1"
+        backend.jobs._store[f"{j['metadata']['namespace']}/{j['metadata']['name']}"] = j
+        backend._job_changed("ADDED", None, j)
+    for informer in backend._informers:
+        informer.synced.set()
+    backend._started = True
+    assert [s.name for s in backend.statuses(now=T0)] == ["fq-13-1"]
+    assert backend._namespace_of("fq-12-1") is None
+    assert backend._namespace_of("fq-13-1") == "fairq-vision"

@@ -403,7 +403,7 @@ class KubernetesBackend:
         if ns is not None:
             return ns
         for job in self.jobs.items():
-            if job["metadata"]["name"] == name:
+            if job["metadata"]["name"] == name and self._ours(job["metadata"]):
                 return str(job["metadata"]["namespace"])
         return None
 
@@ -442,7 +442,12 @@ class KubernetesBackend:
         cache yet: ask the API server."""
         items = _raw_list(self.batch.list_job_for_all_namespaces,
                           label_selector=f"{L_WORKLOAD}={name}")
-        return str(items[0]["metadata"]["namespace"]) if items else None
+        mine = [i for i in items if self._ours(i["metadata"])]
+        return str(mine[0]["metadata"]["namespace"]) if mine else None
+
+    def _ours(self, meta: Mapping[str, Any]) -> bool:
+        """In one of this fairq's team namespaces (the prefix tells fairq instances apart)."""
+        return str(meta.get("namespace", "")).startswith(self.namespace_prefix)
 
     def _expired(self, finished: datetime, now: datetime) -> bool:
         if self.ttl_after_finished_seconds is None:
@@ -469,6 +474,8 @@ class KubernetesBackend:
         for job in self.jobs.items():
             meta = job["metadata"]
             name = meta["name"]
+            if not self._ours(meta):
+                continue  # another fairq's (a staging instance on the same cluster)
             if name in hidden:
                 if self._expired(hidden[name], now) and not meta.get("deletionTimestamp"):
                     housekeeping.append((name, meta["namespace"]))
@@ -614,6 +621,8 @@ class KubernetesBackend:
     # --- watch hooks (informer threads: quick, no DB) ------------------------------------
 
     def _job_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        if not self._ours((new or old or {}).get("metadata") or {}):
+            return
         if new is not None:
             with self._lock:
                 self._where[new["metadata"]["name"]] = new["metadata"]["namespace"]
