@@ -490,3 +490,28 @@ def test_jobs_of_another_fairq_on_the_same_cluster_are_not_ours() -> None:
     assert [s.name for s in backend.statuses(now=T0)] == ["fq-13-1"]
     assert backend._namespace_of("fq-12-1") is None
     assert backend._namespace_of("fq-13-1") == "fairq-vision"
+
+
+def test_a_job_deleted_before_fairq_saw_its_end_is_still_reported() -> None:
+    from kubernetes import client
+
+    from queueing.backends.kubernetes import KubernetesBackend
+
+    backend = KubernetesBackend(client.ApiClient(client.Configuration()))
+    for informer in backend._informers:
+        informer.synced.set()
+    backend._started = True
+    done = k8s_job([{"type": "Complete", "status": "True"}])
+    p = pod("Succeeded", start=T0, end=T0 + timedelta(seconds=5))
+    p["metadata"]["labels"] = {"fairq.io/workload": "fq-12-1"}
+    p["metadata"]["namespace"] = "fairq-vision"
+    backend.pods._store["fairq-vision/p"] = p
+    backend._job_changed("DELETED", done, None)  # the TTL controller was quicker
+    [s] = backend.statuses(now=T0)
+    assert (s.name, s.phase, s.finished_at) == ("fq-12-1", Phase.SUCCEEDED,
+                                                T0 + timedelta(seconds=5))
+    never_ran = k8s_job()
+    never_ran["metadata"]["name"] = "fq-14-1"
+    never_ran["metadata"]["labels"]["fairq.io/job-id"] = "14"
+    backend._job_changed("DELETED", never_ran, None)
+    assert [s.name for s in backend.statuses(now=T0)] == ["fq-12-1"]

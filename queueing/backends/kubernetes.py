@@ -633,26 +633,36 @@ class KubernetesBackend:
             self._poke()
 
     def _job_deleted(self, job: Obj) -> None:
-        name = job["metadata"]["name"]
+        """A Job fairq did not stop is gone (kubectl, a removed namespace, the TTL
+        controller before fairq saw the end): keep reporting its last status for a while,
+        so its job is not left RUNNING for ever. A finished Job reports how it finished;
+        one that ran but did not finish reports FAILED; one that never ran reports nothing
+        (the cycle requeues an admitted job whose workload vanished)."""
+        meta = job["metadata"]
+        name = meta["name"]
         with self._lock:
             self._where.pop(name, None)
+            acknowledged = name in self._stopping or name in self._hidden
             self._hidden.pop(name, None)
-            stopped = name in self._stopping
             self._stopping.discard(name)
             started = self._ran.pop(name, None)
-        if stopped or started is None or job_finished(job) is not None:
+        if acknowledged:
             return
-        status = workload_status(job, [], now=datetime.now(UTC))
+        pods = self._pods_by_workload().get(f"{meta['namespace']}/{name}", [])
+        now = datetime.now(UTC)
+        status = workload_status(job, pods, now=now,
+                                 image_pull_timeout_seconds=self.image_pull_timeout_seconds)
         if status is None:
             return
-        # Deleted outside fairq after it ran (kubectl delete, a namespace removed): the
-        # owning job must not stay RUNNING for ever, so report it failed for a while.
-        tomb = WorkloadStatus(
-            name=name, job_id=status.job_id, attempt=status.attempt, phase=Phase.FAILED,
-            started_at=started, finished_at=datetime.now(UTC),
-            reason="its Kubernetes Job was deleted outside fairq")
+        if status.phase not in (Phase.SUCCEEDED, Phase.FAILED):
+            if started is None and status.started_at is None:
+                return
+            status = WorkloadStatus(
+                name=name, job_id=status.job_id, attempt=status.attempt, phase=Phase.FAILED,
+                started_at=started or status.started_at, finished_at=now,
+                nodes=status.nodes, reason="its Kubernetes Job was deleted outside fairq")
         with self._lock:
-            self._tombstones[name] = (time.monotonic() + TOMBSTONE_SECONDS, tomb)
+            self._tombstones[name] = (time.monotonic() + TOMBSTONE_SECONDS, status)
 
     def _pod_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         if kind in ("ADDED", "DELETED") or _phase(old) != _phase(new):
