@@ -47,7 +47,10 @@ def test_a_cycle_task_travels_through_redis_to_a_worker(world: Any) -> None:
     app.conf.update(broker_url=settings.REDIS_URL, task_always_eager=False)
     try:
         with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
-            scheduler_cycle_task.apply_async(queue="celery")
+            # An explicit connection: earlier tests may have bound the app's producer
+            # pool to the in-memory broker, and changing broker_url does not rebind it.
+            with app.connection_for_write(settings.REDIS_URL) as conn:
+                scheduler_cycle_task.apply_async(queue="celery", connection=conn)
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 if Job.objects.get(pk=job.pk).status == "ADMITTED":
