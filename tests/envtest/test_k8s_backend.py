@@ -212,6 +212,13 @@ def test_a_failing_pod_fails_the_job_with_its_exit_code(kube: Kube, world: Any) 
     assert failed.exit_code == 3 and "exit code 3" in failed.message
 
 
+def test_a_job_past_its_max_runtime_fails_with_deadline_exceeded(kube: Kube, world: Any) -> None:
+    pk = submit(world, gpus=1, max_runtime_seconds=2)  # runs until stopped
+    wait(lambda: job(pk).status == "FAILED", timeout=40, what="the job FAILED")
+    assert job(pk).message.startswith("DeadlineExceeded")
+    wait(lambda: not kube.pods("vision", f"fq-{pk}-1"), cycle=False, what="its pods gone")
+
+
 def test_cancel_removes_the_pods_and_frees_the_gpus_only_when_they_are_gone(
     kube: Kube, world: Any,
 ) -> None:
