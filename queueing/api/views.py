@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from queueing.models import JOB_STATUS_CHOICES, Job
+from queueing.policy.states import JobState
 from queueing.selectors import job_get_for_actor, jobs_visible_to
 from queueing.services.fairshare import (
     fairshare_standings_at,
@@ -87,9 +88,13 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
         "If-None-Match", str, OpenApiParameter.HEADER,
         description="The ETag of an earlier answer: 304 while the job has not changed.")])
     def retrieve(self, request: Request, pk: str) -> Response:
-        """The job with its events. The weak ETag changes whenever the job does (its
-        `updated_at`), not with the priority's age term, so pollers get 304 cheaply."""
+        """The job with its events. Once a job has left the queue, the weak ETag changes
+        whenever the job does (its `updated_at`), so pollers get 304 cheaply. A queued job
+        has no ETag: its position and why it waits change with other jobs, not with its
+        own row, and a 304 would hide that."""
         job = job_get_for_actor(actor=request.user, job_id=_int_or_404(pk))
+        if job.state == JobState.QUEUED:
+            return Response(JobDetailSerializer(self.get_object()).data)
         etag = f'W/"job-{job.pk}-{job.updated_at.timestamp():.6f}"'
         headers = {"ETag": etag, "Last-Modified": http_date(job.updated_at.timestamp())}
         if etag in [t.strip() for t in request.headers.get("If-None-Match", "").split(",")]:
@@ -177,7 +182,11 @@ class FairShareView(APIView):
     ISO 8601 instant gives them as of then (the numbers of `manage.py fairshare`)."""
 
     @extend_schema(
-        responses=StandingSerializer(many=True),
+        responses=inline_serializer("FairShareStandings", {
+            "as_of": serializers.DateTimeField(),
+            "half_life_hours": serializers.FloatField(),
+            "teams": StandingSerializer(many=True),
+        }),
         parameters=[OpenApiParameter("at", str, description="ISO 8601 instant with offset")],
     )
     def get(self, request: Request) -> Response:

@@ -127,7 +127,8 @@ def test_anonymous_requests_are_throttled_by_address(world: World) -> None:
 
 
 def test_job_detail_has_an_etag_and_answers_304_until_it_changes(world: World) -> None:
-    job = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
+    job = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal,
+                     status="RUNNING")
     c = world.client(world.member)
     r = c.get(f"/api/v1/jobs/{job.pk}/")
     etag = r["ETag"]
@@ -137,6 +138,19 @@ def test_job_detail_has_an_etag_and_answers_304_until_it_changes(world: World) -
     r2 = c.get(f"/api/v1/jobs/{job.pk}/", HTTP_IF_NONE_MATCH=etag)
     assert r2.status_code == 200
     assert r2.json()["status"] == "CANCELLED"
+
+
+def test_a_queued_job_is_not_304_once_its_place_in_the_queue_moves(world: World) -> None:
+    """A queued job's own row does not change when a job lands ahead of it; its answer
+    does, and so does its (content) ETag."""
+    job = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
+    c = world.client(world.member)
+    r = c.get(f"/api/v1/jobs/{job.pk}/")
+    assert r.json()["queue"]["position"] == 1
+    JobFactory(team=world.nlp, gpu_type=world.h100, tier=world.high)  # goes ahead of it
+    r2 = c.get(f"/api/v1/jobs/{job.pk}/", HTTP_IF_NONE_MATCH=r["ETag"])
+    assert r2.status_code == 200
+    assert r2.json()["queue"]["position"] == 2
 
 
 def test_updated_after_lists_only_changed_jobs(world: World) -> None:
