@@ -98,9 +98,10 @@ def test_a_gang_is_parallel_and_indexed_where_served() -> None:
     assert m["spec"]["parallelism"] == m["spec"]["completions"] == 4
     assert m["spec"]["completionMode"] == "Indexed"
     assert m["metadata"]["annotations"]["fairq.io/placement"] == "a,a,b,b"
-    pref = m["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
-        "preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"]
-    assert pref["matchFields"][0]["values"] == ["a", "b"]
+    terms = m["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    # metadata.name field selectors take exactly one value each (API server validation).
+    assert [t["preference"]["matchFields"][0]["values"] for t in terms] == [["a"], ["b"]]
 
 
 def test_a_mig_type_asks_for_its_own_resource_and_no_deadline_when_unlimited() -> None:

@@ -163,13 +163,14 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, Any]:
     planned = sorted(set(spec.placement))
     if planned:
         # A hint, not a rule: the scheduler prefers the nodes fairq planned (best fit),
-        # but may use another node of the type if a planned one is gone.
+        # but may use another node of the type if a planned one is gone. One term per
+        # node: a `metadata.name` field selector takes exactly one value.
         pod_spec["affinity"] = {"nodeAffinity": {
-            "preferredDuringSchedulingIgnoredDuringExecution": [{
-                "weight": 100,
-                "preference": {"matchFields": [
-                    {"key": "metadata.name", "operator": "In", "values": planned}]},
-            }],
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "preference": {"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [node]}]}}
+                for node in planned
+            ],
         }}
     job_spec: dict[str, Any] = {
         "parallelism": spec.replicas,

@@ -205,6 +205,20 @@ def test_a_job_becomes_a_job_in_its_team_namespace_runs_succeeds_and_is_charged(
     assert (end - start).total_seconds() >= 2  # type: ignore[operator]
 
 
+def test_a_gang_runs_all_its_replicas_on_the_planned_nodes(kube: Kube, world: Any) -> None:
+    from queueing.models import UsageRecord
+
+    pk = submit(world, gpus=8, replicas=2, env={"FAIRQ_SIM_SECONDS": "2"})
+    wait(lambda: job(pk).status == "RUNNING", what="the gang RUNNING")
+    [k8s_job] = kube.jobs("vision", pk)
+    assert k8s_job["spec"]["parallelism"] == k8s_job["spec"]["completions"] == 2
+    pods = kube.pods("vision", f"fq-{pk}-1")
+    assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(H100_NODES)
+    assert sorted(job(pk).placement) == sorted(H100_NODES)
+    wait(lambda: job(pk).status == "SUCCEEDED", what="the gang SUCCEEDED")
+    assert UsageRecord.objects.get(job_id=pk).gpus == 16
+
+
 def test_a_failing_pod_fails_the_job_with_its_exit_code(kube: Kube, world: Any) -> None:
     pk = submit(world, gpus=1, env={"FAIRQ_SIM_SECONDS": "1", "FAIRQ_SIM_EXIT_CODE": "3"})
     wait(lambda: job(pk).status == "FAILED", timeout=40, what="the job FAILED")
