@@ -222,6 +222,28 @@ def test_an_admitted_job_whose_workload_vanished_is_requeued(world: World) -> No
         [f"fq-{job_id}-2"]
 
 
+def test_a_running_job_whose_workload_vanished_fails_and_frees_its_quota(world: World) -> None:
+    Quota.objects.filter(team=world.vision, gpu_type=world.h100).update(nominal=8,
+                                                                       borrowing_limit=0)
+    t0 = timezone.now() - timedelta(minutes=1)
+    job_id = submit(world, gpus=8, at=t0 - timedelta(seconds=1),
+                    env={"FAIRQ_SIM_SECONDS": "600"})
+    scheduler_cycle(now=t0)
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    assert status(job_id) == "RUNNING"
+    reset_backends()  # e.g. the demo restarted: its in-memory cluster is empty
+    scheduler_cycle(now=t0 + timedelta(seconds=5))
+    assert status(job_id) == "RUNNING"  # within the grace period
+    scheduler_cycle(now=t0 + timedelta(seconds=30))
+    job = Job.objects.get(pk=job_id)
+    assert job.status == "FAILED"
+    assert "disappeared while running" in job.events.last().reason
+    assert UsageRecord.objects.get(job=job).gpu_seconds == 8 * 30
+    # Its GPUs no longer count against the team: a new job of the same size is admitted.
+    again = submit(world, gpus=8, name="again")
+    assert again in scheduler_cycle(now=t0 + timedelta(seconds=31)).admitted
+
+
 def test_a_retried_submit_after_a_killed_worker_creates_no_second_workload(world: World) -> None:
     from queueing.policy.admission import plan_admissions
     from queueing.services.scheduler import apply_plan, build_snapshot, launch_spec

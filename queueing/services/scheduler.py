@@ -2,7 +2,8 @@
 
     1. reconcile  — read the cluster's workload statuses; move jobs ADMITTED → RUNNING →
                     SUCCEEDED | FAILED; charge finished attempts; stop workloads no job
-                    owns; requeue admitted jobs whose workload vanished.
+                    owns; requeue admitted jobs whose workload vanished; fail running
+                    jobs whose workload vanished.
     2. snapshot   — nodes and free GPUs, quotas (Q1), the live fair-share standings and
                     priority weights (O1, F6), jobs holding GPUs with their tier's
                     protection (R3), the preemption rate limit (R5) and the preemptors
@@ -181,6 +182,26 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) ->
                 submitted_to_backend_at=None,
             ):
                 result.requeued.append(job.pk)
+
+    # A running job whose workload is gone (deleted outside fairq, or the simulated
+    # cluster restarted) would otherwise hold its quota for ever: it fails, charged up
+    # to now. The backend answers only once its view is complete (the Kubernetes one
+    # waits for its watches to sync), so "missing" means missing.
+    lost = Job.objects.filter(
+        status=JobState.RUNNING, started_at__lt=now - VANISHED_GRACE
+    ).select_related("gpu_type")
+    for job in lost:
+        if job.backend_name in seen:
+            continue
+        with transaction.atomic():
+            if job_transition(
+                job, JobState.FAILED, now=now, finished_at=now,
+                reason="its cluster workload disappeared while running (deleted outside "
+                "fairq, or the cluster restarted)",
+                message="workload lost",
+            ):
+                usage_record_attempt(job=job, start=job.started_at or now, end=now)
+                result.finished.append(job.pk)
 
 
 def _apply_status(job: Job, status: WorkloadStatus, *, now: datetime,
