@@ -219,6 +219,30 @@ def test_a_gang_runs_all_its_replicas_on_the_planned_nodes(kube: Kube, world: An
     assert UsageRecord.objects.get(job_id=pk).gpus == 16
 
 
+def test_a_mig_job_asks_for_its_mig_resource_and_runs_on_a_mig_node(
+    kube: Kube, world: Any, k8s_control_plane: Any,
+) -> None:
+    from queueing.models import GpuType
+
+    GpuType.objects.filter(slug="mig-1g-10gb").update(
+        node_labels={"fairq.io/gpu-type": "mig-1g-10gb"})
+    kube.backend._gpu_types_cache = None
+    k8s_control_plane.add_gpu_node("mig-0", "mig-1g-10gb", 7,
+                                   resource="nvidia.com/mig-1g.10gb")
+    try:
+        wait(lambda: "mig-0" in {n.name for n in kube.backend.nodes()}, cycle=False,
+             what="the MIG node in nodes()")
+        pk = submit(world, gpus=1, gpu_type="mig-1g-10gb", env={"FAIRQ_SIM_SECONDS": "1"})
+        wait(lambda: job(pk).status == "SUCCEEDED", what="the MIG job SUCCEEDED")
+        [k8s_job] = kube.jobs("vision", pk)
+        [c] = k8s_job["spec"]["template"]["spec"]["containers"]
+        assert c["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
+        [pod] = kube.pods("vision", f"fq-{pk}-1")
+        assert pod["spec"]["nodeName"] == "mig-0"
+    finally:
+        kube.core.delete_node("mig-0")
+
+
 def test_a_failing_pod_fails_the_job_with_its_exit_code(kube: Kube, world: Any) -> None:
     pk = submit(world, gpus=1, env={"FAIRQ_SIM_SECONDS": "1", "FAIRQ_SIM_EXIT_CODE": "3"})
     wait(lambda: job(pk).status == "FAILED", timeout=40, what="the job FAILED")
