@@ -516,3 +516,44 @@ def test_a_job_deleted_before_fairq_saw_its_end_is_still_reported() -> None:
     never_ran["metadata"]["labels"]["fairq.io/job-id"] = "14"
     backend._job_changed("DELETED", never_ran, None)
     assert [s.name for s in backend.statuses(now=T0)] == ["fq-12-1"]
+
+
+def test_kicks_are_debounced_but_the_last_one_is_never_dropped() -> None:
+    from queueing.backends.kubernetes import _Debounced
+
+    calls: list[float] = []
+    kick = _Debounced(lambda: calls.append(time.monotonic()), interval=0.2)
+    for _ in range(10):
+        kick()
+    assert len(calls) == 1  # the first at once
+    time.sleep(0.4)
+    assert len(calls) == 2  # one trailing call for the nine that came too soon
+    assert calls[1] - calls[0] >= 0.2
+
+
+def test_logs_of_a_gang_have_a_header_per_pod_and_a_readable_line_for_a_pod_without_logs() -> None:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from queueing.backends import kubernetes as k8s
+
+    backend = k8s.KubernetesBackend(client.ApiClient(client.Configuration()))
+
+    class Core:
+        def list_pod_for_all_namespaces(self, **kw: Any) -> Any:
+            assert kw["label_selector"] == "fairq.io/workload=fq-12-1"
+            return _Resp({"items": [{"metadata": {"name": n, "namespace": "fairq-vision"}}
+                                    for n in ("fq-12-1-b", "fq-12-1-a")]})
+
+        def read_namespaced_pod_log(self, name: str, namespace: str, **kw: Any) -> str:
+            assert kw["container"] == "main" and kw["tail_lines"] == 2
+            if name.endswith("b"):
+                raise ApiException(status=400, reason="Bad Request")
+            return "one\ntwo\n"
+
+    backend.core = Core()  # type: ignore[assignment]
+    text = backend.logs("fq-12-1", tail=2)
+    assert text.splitlines() == [
+        "==> fq-12-1-a <==", "one", "two",
+        "==> fq-12-1-b <==", "[fairq] no logs from pod fq-12-1-b (400): Bad Request",
+    ]
