@@ -314,6 +314,19 @@ def test_an_image_pull_error_fails_only_after_the_timeout() -> None:
     assert "ImagePullBackOff" in late.reason
 
 
+def test_a_job_without_any_pod_past_the_create_timeout_fails_with_the_controllers_message() -> None:
+    job = k8s_job(creationTimestamp=iso(T0))
+    early = workload_status(job, [], now=T0 + timedelta(seconds=5), pod_create_timeout_seconds=60)
+    late = workload_status(job, [], now=T0 + timedelta(seconds=60), pod_create_timeout_seconds=60,
+                           create_error="Error creating: exceeded quota")
+    assert early is not None and early.phase == Phase.PENDING
+    assert late is not None and late.phase == Phase.FAILED
+    assert late.reason == "no pod could be created in 60 s: Error creating: exceeded quota"
+    with_pod = workload_status(job, [pod("Pending")], now=T0 + timedelta(hours=1),
+                               pod_create_timeout_seconds=60)
+    assert with_pod is not None and with_pod.phase == Phase.PENDING
+
+
 def test_a_job_without_fairq_identity_is_ignored() -> None:
     job = {"metadata": {"name": "someone-else", "labels": {}}, "spec": {}, "status": {}}
     assert workload_status(job, [], now=T0) is None

@@ -296,10 +296,15 @@ FAIRQ_K8S_TTL_AFTER_FINISHED_SECONDS = env.int("FAIRQ_K8S_TTL_AFTER_FINISHED_SEC
 FAIRQ_K8S_IMAGE_PULL_TIMEOUT_SECONDS = env.int("FAIRQ_K8S_IMAGE_PULL_TIMEOUT_SECONDS",
                                                default=300)
 FAIRQ_K8S_TERMINATION_GRACE_SECONDS = env.int("FAIRQ_K8S_TERMINATION_GRACE_SECONDS", default=30)
+# A Job that has had no pod at all this long fails its job (the Job controller cannot
+# create them: a ResourceQuota or LimitRange of the namespace refuses).
+FAIRQ_K8S_POD_CREATE_TIMEOUT_SECONDS = env.int("FAIRQ_K8S_POD_CREATE_TIMEOUT_SECONDS",
+                                               default=120)
 # Full relist of the watched objects, on top of the watches.
 FAIRQ_K8S_RESYNC_SECONDS = env.int("FAIRQ_K8S_RESYNC_SECONDS", default=300)
 for _name in ("FAIRQ_K8S_BACKOFF_LIMIT", "FAIRQ_K8S_TTL_AFTER_FINISHED_SECONDS",
-              "FAIRQ_K8S_IMAGE_PULL_TIMEOUT_SECONDS", "FAIRQ_K8S_TERMINATION_GRACE_SECONDS"):
+              "FAIRQ_K8S_IMAGE_PULL_TIMEOUT_SECONDS", "FAIRQ_K8S_TERMINATION_GRACE_SECONDS",
+              "FAIRQ_K8S_POD_CREATE_TIMEOUT_SECONDS"):
     if globals()[_name] < 0:
         raise environ.ImproperlyConfigured(f"{_name} must be >= 0")
 if FAIRQ_K8S_RESYNC_SECONDS < 10:

@@ -316,13 +316,18 @@ def _image_error(pods: Sequence[Mapping[str, Any]], *, now: datetime, timeout_se
 def workload_status(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *,
                     now: datetime, image_pull_timeout_seconds: float = 300.0,
                     image_error_since: Mapping[str, datetime] | None = None,
+                    pod_create_timeout_seconds: float | None = None,
+                    create_error: str = "",
                     ) -> WorkloadStatus | None:
     """What fairq should believe about one fairq Job and its pods; None when the Job has
     no fairq identity (not ours).
 
     - SUCCEEDED / FAILED from the Job's conditions, or earlier from its pods (every
       completion succeeded; more pods failed than `backoffLimit`); FAILED also when a pod
-      cannot pull its image for `image_pull_timeout_seconds` (reason from its state).
+      cannot pull its image for `image_pull_timeout_seconds` (reason from its state),
+      and when the Job has had no pod at all for `pod_create_timeout_seconds` (the Job
+      controller cannot create them: a ResourceQuota or LimitRange; `create_error` is
+      the controller's FailedCreate message when the caller has it).
     - RUNNING once any pod has started; PENDING before.
     - started_at = earliest container start; finished_at = latest container finish (the
       Job's completion time when no pod says); so usage is the pods' real run time.
@@ -370,6 +375,11 @@ def workload_status(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *
                                    first_seen=image_error_since or {})
         if image_error is not None:
             phase, reason, finished_at = Phase.FAILED, image_error, now
+        elif pods_never_created(job, pods, now=now, timeout_seconds=pod_create_timeout_seconds):
+            reason = f"no pod could be created in {pod_create_timeout_seconds:.0f} s"
+            if create_error:
+                reason += f": {create_error}"
+            phase, finished_at = Phase.FAILED, now
         elif started_at is not None:
             phase = Phase.RUNNING
     if phase in (Phase.SUCCEEDED, Phase.FAILED) and started_at is not None and \
@@ -378,6 +388,18 @@ def workload_status(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *
     return WorkloadStatus(name=name, job_id=job_id, attempt=attempt, phase=phase,
                           started_at=started_at, finished_at=finished_at,
                           exit_code=exit_code, reason=reason, nodes=nodes)
+
+
+def pods_never_created(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *,
+                       now: datetime, timeout_seconds: float | None) -> bool:
+    """The Job has existed `timeout_seconds` without a single pod (and is not finished or
+    being deleted)."""
+    if timeout_seconds is None or pods or job_finished(job) is not None:
+        return False
+    meta = _meta(job)
+    created = parse_time(meta.get("creationTimestamp"))
+    return (not meta.get("deletionTimestamp") and created is not None
+            and (now - created).total_seconds() >= timeout_seconds)
 
 
 def failure_reason(condition: Mapping[str, Any],

@@ -45,6 +45,7 @@ from .k8s_manifest import (
     job_manifest,
     namespace_for,
     namespace_manifest,
+    pods_never_created,
     priority_class_manifest,
     resource_quota_manifest,
     unbound_demand,
@@ -134,6 +135,7 @@ class KubernetesBackend:
         backoff_limit: int = 0,
         ttl_after_finished_seconds: int | None = 3600,
         image_pull_timeout_seconds: float = 300.0,
+        pod_create_timeout_seconds: float | None = 120.0,
         termination_grace_seconds: int = 30,
         registry_allowlist: Sequence[str] = (),
         gpu_types: Sequence[GpuTypeRef] | Callable[[], Sequence[GpuTypeRef]] = (),
@@ -149,6 +151,8 @@ class KubernetesBackend:
         self.backoff_limit = backoff_limit
         self.ttl_after_finished_seconds = ttl_after_finished_seconds
         self.image_pull_timeout_seconds = image_pull_timeout_seconds
+        self.pod_create_timeout_seconds = pod_create_timeout_seconds
+        self._create_errors: dict[str, str] = {}
         self.termination_grace_seconds = termination_grace_seconds
         self.registry_allowlist = tuple(registry_allowlist)
         self._gpu_types_source = gpu_types
@@ -223,6 +227,7 @@ class KubernetesBackend:
             backoff_limit=settings.FAIRQ_K8S_BACKOFF_LIMIT,
             ttl_after_finished_seconds=settings.FAIRQ_K8S_TTL_AFTER_FINISHED_SECONDS,
             image_pull_timeout_seconds=settings.FAIRQ_K8S_IMAGE_PULL_TIMEOUT_SECONDS,
+            pod_create_timeout_seconds=settings.FAIRQ_K8S_POD_CREATE_TIMEOUT_SECONDS,
             termination_grace_seconds=settings.FAIRQ_K8S_TERMINATION_GRACE_SECONDS,
             registry_allowlist=settings.FAIRQ_REGISTRY_ALLOWLIST,
             gpu_types=k8s_sync.gpu_type_refs,
@@ -480,8 +485,15 @@ class KubernetesBackend:
                 if self._expired(hidden[name], now) and not meta.get("deletionTimestamp"):
                     housekeeping.append((name, meta["namespace"]))
                 continue
-            status = workload_status(job, pods.get(f"{meta['namespace']}/{name}", []), now=now,
-                                     image_pull_timeout_seconds=self.image_pull_timeout_seconds)
+            job_pods = pods.get(f"{meta['namespace']}/{name}", [])
+            create_error = ""
+            if pods_never_created(job, job_pods, now=now,
+                                  timeout_seconds=self.pod_create_timeout_seconds):
+                create_error = self._create_error(meta["namespace"], name)
+            status = workload_status(job, job_pods, now=now,
+                                     image_pull_timeout_seconds=self.image_pull_timeout_seconds,
+                                     pod_create_timeout_seconds=self.pod_create_timeout_seconds,
+                                     create_error=create_error)
             if status is None:
                 continue
             if status.started_at is not None:
@@ -502,6 +514,23 @@ class KubernetesBackend:
                 # off (1.20 without the TTLAfterFinished gate), so clean up ourselves.
                 self._delete_quietly(name, namespace)
         return out
+
+    def _create_error(self, namespace: str, name: str) -> str:
+        """The Job controller's last FailedCreate message for the Job (core/v1 Events; one
+        call per Job, only when it has had no pod for the timeout)."""
+        if name not in self._create_errors:
+            message = ""
+            try:
+                events = _raw_list(
+                    self.core.list_namespaced_event, namespace=namespace,
+                    field_selector=f"involvedObject.name={name},reason=FailedCreate")
+                if events:
+                    events.sort(key=lambda e: e.get("lastTimestamp") or "")
+                    message = str(events[-1].get("message") or "")[:300]
+            except Exception as exc:
+                log.info("reading the events of %s/%s failed: %s", namespace, name, exc)
+            self._create_errors[name] = message
+        return self._create_errors[name]
 
     def _delete_quietly(self, name: str, namespace: str) -> None:
         try:
@@ -644,6 +673,7 @@ class KubernetesBackend:
             self._where.pop(name, None)
             acknowledged = name in self._stopping or name in self._hidden
             self._hidden.pop(name, None)
+            self._create_errors.pop(name, None)
             self._stopping.discard(name)
             started = self._ran.pop(name, None)
         if acknowledged:

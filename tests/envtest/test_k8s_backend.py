@@ -257,6 +257,22 @@ def test_a_job_past_its_max_runtime_fails_with_deadline_exceeded(kube: Kube, wor
     wait(lambda: not kube.pods("vision", f"fq-{pk}-1"), cycle=False, what="its pods gone")
 
 
+def test_a_job_whose_pods_a_quota_refuses_fails_with_the_controllers_message(
+    kube: Kube, world: Any,
+) -> None:
+    # A quota edited by hand below what fairq admits: the Job controller cannot create pods.
+    kube.core.patch_namespaced_resource_quota(
+        "fairq-gpus", kube.ns("vision"), {"spec": {"hard": {"requests.nvidia.com/gpu": "0"}}})
+    wait(lambda: (kube.core.read_namespaced_resource_quota("fairq-gpus", kube.ns("vision"))
+                  .status.hard or {}).get("requests.nvidia.com/gpu") == "0",
+         cycle=False, what="the quota in force")
+    kube.backend.pod_create_timeout_seconds = 3
+    pk = submit(world, gpus=1)
+    wait(lambda: job(pk).status == "FAILED", what="the job FAILED")
+    assert job(pk).message.startswith("no pod could be created in 3 s")
+    assert "exceeded quota" in job(pk).message
+
+
 def test_cancel_removes_the_pods_and_frees_the_gpus_only_when_they_are_gone(
     kube: Kube, world: Any,
 ) -> None:

@@ -139,6 +139,7 @@ def test_the_scheduler_account_can_run_a_jobs_whole_life(
                           for s in backend.statuses(now=datetime.now(UTC))), "RUNNING")
         assert any(n.allocated >= 1 for n in backend.nodes())
         assert "[fairq] no logs from pod" in backend.logs(name)  # not a 403
+        client.CoreV1Api(backend.api).list_namespaced_event(f"{prefix}team")  # FailedCreate
         backend.stop(name, now=datetime.now(UTC))
         until(lambda: name not in {s.name for s in backend.statuses(now=datetime.now(UTC))},
               "the Job gone")
