@@ -38,6 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from _common import bench, note  # noqa: E402  (bench/ is sys.path[0])
 
 from queueing.policy.admission import plan_admissions  # noqa: E402
 from queueing.policy.fairshare import FairShareState  # noqa: E402
@@ -58,14 +59,6 @@ TYPES = ("t0", "t1", "t2", "t3", "t4")
 NODES_PER_TYPE = 250
 GPUS_PER_NODE = 8
 TEAMS = 1000
-
-
-def bench(name: str, value: float, unit: str) -> None:
-    print(f"BENCH {name} {value:.4g} {unit}", flush=True)
-
-
-def note(msg: str) -> None:
-    print(f"# {msg}", flush=True)
 
 
 def rss_mb() -> float:

@@ -50,31 +50,13 @@ from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from _common import bench, note, recreate_postgres  # noqa: E402  (bench/ is sys.path[0])
 
 DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/fairq_bench"
 JOB = {"team": "vision", "name": "bench", "image": "ghcr.io/acme/train:1.4",
        "command": ["python", "train.py"], "args": ["--epochs", "1"], "env": {"SEED": "1"},
        "gpu_type": "h100", "gpus": 1, "replicas": 1, "tier": "normal",
        "max_runtime_seconds": 3600}
-
-
-def bench(name: str, value: float, unit: str) -> None:
-    print(f"BENCH {name} {value:.6g} {unit}", flush=True)
-
-
-def note(msg: str) -> None:
-    print(f"# {msg}", file=sys.stderr, flush=True)
-
-
-def recreate_database(url: str) -> None:
-    import psycopg
-
-    u = urlparse(url)
-    dbname = u.path.lstrip("/")
-    with psycopg.connect(u._replace(path="/postgres").geturl(), autocommit=True,
-                         connect_timeout=5) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{dbname}"')
 
 
 def setup_django(url: str, tokens: int) -> list[str]:
@@ -332,10 +314,8 @@ def main() -> int:
     if urlparse(url).hostname not in {"127.0.0.1", "localhost", "::1"}:
         note(f"refusing a non-loopback database {url}")
         return 2
-    try:
-        recreate_database(url)
-    except Exception as exc:
-        note(f"PostgreSQL not reachable at {url} ({exc}); skipping the API bench")
+    if not recreate_postgres(url):  # it has said why
+        note("skipping the API bench: it measures gunicorn on PostgreSQL")
         return 0
     keys = setup_django(url, a.clients * a.threads + 1)
     port = free_port()

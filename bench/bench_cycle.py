@@ -32,17 +32,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from _common import bench, note  # noqa: E402  (bench/ is sys.path[0])
 
 TEAMS = 50
 QUEUED = 10_000
-
-
-def bench(name: str, value: float, unit: str) -> None:
-    print(f"BENCH {name} {value:.4g} {unit}", flush=True)
-
-
-def note(msg: str) -> None:
-    print(f"# {msg}", flush=True)
 
 
 def setup() -> None:

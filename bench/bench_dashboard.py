@@ -43,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from _common import bench, drop_postgres, note, recreate_postgres  # noqa: E402  (bench/ is sys.path[0])
 
 DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/fairq_dash_bench"
 TEAMS = 20
@@ -50,50 +51,9 @@ GPU_TYPES = (("h100", 2.0), ("a100", 1.0), ("mig-1g-10gb", 0.15))
 TIERS = (("low", 0), ("normal", 100), ("high", 200), ("critical", 300))
 
 
-def bench(name: str, value: float, unit: str) -> None:
-    print(f"BENCH {name} {value:.6g} {unit}", flush=True)
-
-
-def note(msg: str) -> None:
-    print(f"# {msg}", file=sys.stderr, flush=True)
-
-
-def _recreate_postgres(url: str) -> bool:
-    try:
-        import psycopg
-    except ImportError:
-        return False
-    from urllib.parse import urlparse
-
-    u = urlparse(url)
-    dbname = u.path.lstrip("/")
-    admin = u._replace(path="/postgres").geturl()
-    try:
-        with psycopg.connect(admin, autocommit=True, connect_timeout=3) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
-            conn.execute(f'CREATE DATABASE "{dbname}"')
-        return True
-    except Exception as exc:
-        note(f"PostgreSQL not reachable ({exc}); using SQLite")
-        return False
-
-
-def _drop_postgres(url: str) -> None:
-    import psycopg
-    from django.db import connections
-
-    connections.close_all()
-    from urllib.parse import urlparse
-
-    u = urlparse(url)
-    admin = u._replace(path="/postgres").geturl()
-    with psycopg.connect(admin, autocommit=True, connect_timeout=3) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{u.path.lstrip("/")}" WITH (FORCE)')
-
-
 def setup_django() -> str:
     url = os.environ.get("FAIRQ_DASH_BENCH_DATABASE_URL") or DEFAULT_PG
-    if url.startswith("postgres") and _recreate_postgres(url):
+    if url.startswith("postgres") and recreate_postgres(url):
         os.environ["DATABASE_URL"] = url
     else:
         path = Path("/tmp/fairq_bench_dashboard.sqlite3")
@@ -274,7 +234,7 @@ def main() -> int:
     goal = worst < 150.0
     note(f"goal p95 < 150 ms for dashboard and job list: {'met' if goal else 'NOT met'}")
     if vendor == "postgresql" and not args.keep:
-        _drop_postgres(os.environ["DATABASE_URL"])
+        drop_postgres(os.environ["DATABASE_URL"])
     return 0
 
 

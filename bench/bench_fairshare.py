@@ -48,6 +48,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from _common import bench, note, recreate_postgres  # noqa: E402  (bench/ is sys.path[0])
 
 DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/fairq_fs_bench"
 TEAMS = 1000
@@ -55,37 +56,9 @@ DEPARTMENTS = 50
 GPU_TYPES = (("h100", 2.0), ("a100", 1.0), ("mig-1g-10gb", 0.15))
 
 
-def bench(name: str, value: float, unit: str) -> None:
-    print(f"BENCH {name} {value:.6g} {unit}", flush=True)
-
-
-def note(msg: str) -> None:
-    print(f"# {msg}", file=sys.stderr, flush=True)
-
-
-def _postgres_reachable(url: str) -> bool:
-    try:
-        import psycopg
-    except ImportError:
-        return False
-    from urllib.parse import urlparse
-
-    u = urlparse(url)
-    dbname = u.path.lstrip("/")
-    admin = u._replace(path="/postgres").geturl()
-    try:
-        with psycopg.connect(admin, autocommit=True, connect_timeout=3) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
-            conn.execute(f'CREATE DATABASE "{dbname}"')
-        return True
-    except Exception as exc:
-        note(f"PostgreSQL not reachable ({exc}); using SQLite")
-        return False
-
-
 def setup_django() -> str:
     url = os.environ.get("FAIRQ_BENCH_DATABASE_URL") or DEFAULT_PG
-    if url.startswith("postgres") and _postgres_reachable(url):
+    if url.startswith("postgres") and recreate_postgres(url):
         os.environ["DATABASE_URL"] = url
     else:
         os.environ["DATABASE_URL"] = "sqlite:////tmp/fairq_bench_fairshare.sqlite3"

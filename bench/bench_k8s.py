@@ -36,6 +36,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from _common import bench, note  # noqa: E402  (bench/ is sys.path[0])
 
 from tests.envtest.cluster import ControlPlane, default_bin_dir, missing_binaries  # noqa: E402
 
@@ -43,14 +44,6 @@ CREATE_JOBS = 300
 LAG_JOBS = 40
 NODES = 3
 GPUS_PER_NODE = 8
-
-
-def bench(name: str, value: float, unit: str) -> None:
-    print(f"BENCH {name} {value:.3f} {unit}", flush=True)
-
-
-def note(text: str) -> None:
-    print(f"# {text}", flush=True)
 
 
 def setup_django() -> None:

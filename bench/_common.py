@@ -1,0 +1,48 @@
+"""What every benchmark shares: the `BENCH <name> <value> <unit>` line, notes on stderr,
+and a throw-away PostgreSQL database. Benchmarks run as scripts (`python bench/x.py`),
+so this module is imported as `_common` from the bench/ folder."""
+
+from __future__ import annotations
+
+import sys
+from urllib.parse import urlparse
+
+
+def bench(name: str, value: float, unit: str) -> None:
+    """One figure, in the form `make bench` output is compared by."""
+    print(f"BENCH {name} {value:.6g} {unit}", flush=True)
+
+
+def note(msg: str) -> None:
+    print(f"# {msg}", file=sys.stderr, flush=True)
+
+
+def recreate_postgres(url: str) -> bool:
+    """Drop and create the database named in `url`; False (with a note) when PostgreSQL
+    cannot be reached, so the caller can fall back to SQLite."""
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    u = urlparse(url)
+    try:
+        with psycopg.connect(u._replace(path="/postgres").geturl(), autocommit=True,
+                             connect_timeout=5) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{u.path.lstrip("/")}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{u.path.lstrip("/")}"')
+        return True
+    except Exception as exc:
+        note(f"PostgreSQL not reachable ({exc}); using SQLite")
+        return False
+
+
+def drop_postgres(url: str) -> None:
+    """Drop the database named in `url` (after closing Django's connections to it)."""
+    import psycopg
+    from django.db import connections
+
+    connections.close_all()
+    u = urlparse(url)
+    with psycopg.connect(u._replace(path="/postgres").geturl(), autocommit=True,
+                         connect_timeout=5) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{u.path.lstrip("/")}" WITH (FORCE)')
