@@ -13,7 +13,7 @@ from typing import Protocol
 
 from .fairshare import entry_penalty_gpu_hours
 from .preemption import Preemption, find_victims
-from .priority import PriorityWeights, job_priority
+from .priority import PriorityWeights, size_factor
 from .snapshot import QueuedJob, Snapshot
 from .workspace import Capacity, Workspace
 
@@ -60,23 +60,30 @@ class Plan:
     fair_share_after: Mapping[str, float] = field(default_factory=dict)
 
 
-_Raw = tuple[WaitReason, QueuedJob, int, int]
+# A wait not formatted yet: (reason code, index of the job in `_Waits.jobs`, GPUs held,
+# ceiling). Only ints, so the garbage collector stops tracking the tuple at once (a long
+# queue makes ~100,000 of them; tuples holding a job would make every collection slower).
+_Raw = tuple[int, int, int, int]
+_REASONS: tuple[WaitReason, ...] = tuple(WaitReason)
+_CODE = {r: i for i, r in enumerate(_REASONS)}
 
 
 class _Waits(Mapping[int, Wait]):
     """`Plan.waits`, built lazily: most of a long queue waits, and a wait's message is
     only formatted when someone reads it. Reads give equal `Wait` values every time."""
 
-    __slots__ = ("_raw",)
+    __slots__ = ("_raw", "jobs")
 
-    def __init__(self) -> None:
+    def __init__(self, jobs: list[QueuedJob] | None = None) -> None:
         self._raw: dict[int, Wait | _Raw] = {}
+        self.jobs: list[QueuedJob] = jobs if jobs is not None else []
 
     def __getitem__(self, job_id: int) -> Wait:
         raw = self._raw[job_id]
         if isinstance(raw, Wait):
             return raw
-        reason, job, held, ceiling = raw
+        code, index, held, ceiling = raw
+        reason, job = _REASONS[code], self.jobs[index]
         gt = job.gpu_type
         if reason is WaitReason.QUOTA:
             msg = (f"team {job.team} holds {held} {gt} GPUs; {job.total_gpus} more would "
@@ -190,57 +197,81 @@ class _QueueOrder:
         self._w = weights.fair_share
         self._base = usage_total
         firsts = set(first)
-        self.first: list[QueuedJob] = []
-        groups: dict[tuple[int, str], list[tuple[float, datetime, int, QueuedJob]]] = {}
-        for job in jobs:
+        # Every job once; the iterator yields indices into this list. The sort keys below
+        # hold the index, not the job: tuples of numbers and datetimes only, which the
+        # garbage collector stops tracking (100,000 tuples holding jobs made every
+        # collection of the pass walk them all).
+        self.jobs: list[QueuedJob] = list(jobs)
+        first_idx: list[int] = []
+        groups: dict[tuple[int, str], list[tuple[float, datetime, int, int]]] = {}
+        # Rule P1 without the fair-share term: exactly `job_priority(...).job_part`
+        # (`age_factor` and `size_factor` inlined, the size factor cached per GPU count).
+        w_age, w_size, max_age = weights.age, weights.size, weights.max_age_seconds
+        sizes: dict[int, float] = {}
+        for index, job in enumerate(self.jobs):
             if firsts and job.id in firsts:
-                self.first.append(job)
+                first_idx.append(index)
                 continue
-            part = job_priority(job, now=now, fair_share_factor=0.0, weights=weights,
-                                cluster_gpus=cluster_gpus).job_part
+            if max_age <= 0:
+                age = 0.0
+            else:
+                age = min(1.0, max(0.0, (now - job.submitted_at).total_seconds()) / max_age)
+            total = job.gpus_per_replica * job.replicas
+            size = sizes.get(total)
+            if size is None:
+                size = sizes[total] = size_factor(total_gpus=total, cluster_gpus=cluster_gpus,
+                                                  favor_small=weights.favor_small)
+            part = w_age * age + w_size * size
             key = (job.tier_rank, job.team)
             items = groups.get(key)
             if items is None:
                 items = groups[key] = []
-            items.append((-part, job.submitted_at, job.id, job))
-        self.first.sort(key=lambda j: (-j.tier_rank, j.submitted_at, j.id))
-        tiers: dict[int, dict[str, list[tuple[float, datetime, int, QueuedJob]]]] = {}
+            items.append((-part, job.submitted_at, job.id, index))
+        js = self.jobs
+        first_idx.sort(key=lambda i: (-js[i].tier_rank, js[i].submitted_at, js[i].id))
+        self.first = first_idx
+        tiers: dict[int, dict[str, list[tuple[float, datetime, int, int]]]] = {}
         for (tier, team), items in groups.items():
-            items.sort()  # (−job part, submitted, id): ids are unique, jobs never compared
+            items.sort()  # (−job part, submitted, id, index)
             tiers.setdefault(tier, {})[team] = items
         self._tiers = [tiers[t] for t in sorted(tiers, reverse=True)]
 
-    def __iter__(self) -> Iterator[QueuedJob]:
+    def __iter__(self) -> Iterator[int]:
+        """Indices into `jobs`, in queue order."""
         yield from self.first
         charges, w = self._factors, self._w
+        cached = charges.cached
+        heapreplace, heappop = heapq.heapreplace, heapq.heappop
         for by_team in self._tiers:
             head = dict.fromkeys(by_team, 0)
             heap = [self._key(team, by_team[team], 0) for team in by_team]
             heapq.heapify(heap)
             seen_charged = charges.charged
             while heap:
-                since = charges.charged - seen_charged
-                if since > 0 and since > REFRESH_FRACTION * self._base:
-                    self._base += since
-                    seen_charged = charges.charged
-                    charges.refresh()
-                    heap = [self._key(t, by_team[t], i) for t, i in head.items()
-                            if i < len(by_team[t])]
-                    heapq.heapify(heap)
-                _, _, _, team, i = heap[0]
+                if charges.charged != seen_charged:
+                    since = charges.charged - seen_charged
+                    if since > 0 and since > REFRESH_FRACTION * self._base:
+                        self._base += since
+                        seen_charged = charges.charged
+                        charges.refresh()
+                        heap = [self._key(t, by_team[t], i) for t, i in head.items()
+                                if i < len(by_team[t])]
+                        heapq.heapify(heap)
+                top = heap[0]
+                team, i = top[3], top[4]
                 items = by_team[team]
-                head[team] = i + 1
-                yield items[i][3]
+                i += 1
+                head[team] = i
+                yield items[i - 1][3]
                 # The consumer has charged the team by now (rule F6): key its next job
                 # with the new factor; one sift instead of a pop and a push.
-                if i + 1 < len(items):
-                    neg_part, submitted, job_id, _ = items[i + 1]
-                    heapq.heapreplace(heap, (neg_part - w * charges.cached(team), submitted,
-                                             job_id, team, i + 1))
+                if i < len(items):
+                    neg_part, submitted, job_id, _ = items[i]
+                    heapreplace(heap, (neg_part - w * cached(team), submitted, job_id, team, i))
                 else:
-                    heapq.heappop(heap)
+                    heappop(heap)
 
-    def _key(self, team: str, items: list[tuple[float, datetime, int, QueuedJob]],
+    def _key(self, team: str, items: list[tuple[float, datetime, int, int]],
              i: int) -> tuple[float, datetime, int, str, int]:
         neg_part, submitted, job_id, _ = items[i]
         return (neg_part - self._w * self._factors.cached(team), submitted, job_id, team, i)
@@ -281,15 +312,18 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
 
     admissions: list[Admission] = []
     preemptions: list[Preemption] = []
-    waits = _Waits()
+    jobs = order.jobs
+    waits = _Waits(jobs)
     raw = waits._raw
     seen: list[int] = []
     remember = seen.append
     nominated = snapshot.nominated
     may_search = pre.enabled and pre.max_searches > 0
-    quota, no_fit, capacity = WaitReason.QUOTA, WaitReason.NO_FIT, WaitReason.CAPACITY
+    quota, no_fit = _CODE[WaitReason.QUOTA], _CODE[WaitReason.NO_FIT]
+    capacity, lending_code = _CODE[WaitReason.CAPACITY], _CODE[WaitReason.LENDING]
     lowest_tier = ws.lowest_tier
-    for job in order:
+    for index in order:
+        job = jobs[index]
         job_id = job.id
         remember(job_id)
         gt, team, g, reps = job.gpu_type, job.team, job.gpus_per_replica, job.replicas
@@ -298,10 +332,10 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         ceiling = ceilings.get(key)
         over = ceiling is not None and held[key] + total > ceiling
         if over and not (may_search and lowest_tier.get(key, job.tier_rank) < job.tier_rank):
-            raw[job_id] = (quota, job, held[key], ceiling or 0)
+            raw[job_id] = (quota, index, held[key], ceiling or 0)
             continue
         if g > largest.get(gt, 0):
-            raw[job_id] = (no_fit, job, 0, 0)
+            raw[job_id] = (no_fit, index, 0, 0)
             continue
         lending = not over and guarded_total.get(gt, 0) > 0 and \
             ledger.lending_blocks(team, gt, total)
@@ -313,7 +347,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 if placement is None:
                     unfit[shape] = cap.grown
             elif not may_search and not nominated:
-                raw[job_id] = (capacity, job, 0, 0)  # the common case of a long queue
+                raw[job_id] = (capacity, index, 0, 0)  # the common case of a long queue
                 continue
         if placement is not None:
             ledger.add(team, gt, total)
@@ -364,9 +398,9 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             )
             continue
         if over:
-            raw[job_id] = (quota, job, held[key], ceiling or 0)
+            raw[job_id] = (quota, index, held[key], ceiling or 0)
         else:
-            raw[job_id] = (WaitReason.LENDING if lending else capacity, job, 0, 0)
+            raw[job_id] = (lending_code if lending else capacity, index, 0, 0)
     teams = sorted({j.team for j in snapshot.queued} | set(snapshot.fair_share))
     standings = {t: factors.factor(t) for t in teams}
     return Plan(admissions=tuple(admissions), waits=waits, preemptions=tuple(preemptions),
