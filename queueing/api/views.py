@@ -25,10 +25,20 @@ from queueing.services.fairshare import (
     standing_as_dict,
     standings_sorted,
 )
-from queueing.services.jobs import job_cancel, job_logs, job_submit, jobs_submit_bulk
+from queueing.services.jobs import (
+    job_cancel,
+    job_logs,
+    job_submit_with_event,
+    jobs_submit_bulk,
+)
 from queueing.services.usage import half_life_hours
 
-from .bulk import BulkJobCreatedSerializer, BulkJobCreateSerializer, JobSubmittedSerializer
+from .bulk import (
+    BulkJobCreatedSerializer,
+    BulkJobCreateSerializer,
+    JobSubmittedSerializer,
+    job_submitted_data,
+)
 from .idempotency import IdempotentPostMixin
 from .serializers import (
     JobCreateSerializer,
@@ -113,15 +123,16 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
 
             raise DomainError("Idempotency-Key is longer than 200 characters.",
                               fields={"Idempotency-Key": ["At most 200 characters."]})
-        job, created = job_submit(actor=request.user, data=serializer.to_input(),
-                                  idempotency_key=key)
-        if not created:  # an earlier job with this key: its current state
-            job = jobs_visible_to(actor=request.user).get(pk=job.pk)
+        job, event, created = job_submit_with_event(
+            actor=request.user, data=serializer.to_input(), idempotency_key=key)
         # The job and its events, without priority and queue position: those plan the
         # whole queue, and a pipeline submitting thousands of jobs reads neither
-        # (GET /jobs/{id}/ has them). One query after the commit, for the events.
-        return Response(JobSubmittedSerializer(job).data,
-                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        # (GET /jobs/{id}/ has them).
+        if created and event is not None:  # its only event is the one just written
+            return Response(job_submitted_data(job, [event]), status=status.HTTP_201_CREATED)
+        # An earlier job with this key: its current state, events read back.
+        job = jobs_visible_to(actor=request.user).get(pk=job.pk)
+        return Response(JobSubmittedSerializer(job).data, status=status.HTTP_200_OK)
 
     @extend_schema(request=None, responses=JobDetailSerializer)
     @action(detail=True, methods=["post"])

@@ -83,11 +83,22 @@ def job_submit(
 ) -> tuple[Job, bool]:
     """Queue a job. Returns (job, created); with an idempotency key already used by the
     team, the first job and created=False, and nothing is written."""
+    job, _, created = job_submit_with_event(actor=actor, data=data,
+                                            idempotency_key=idempotency_key, now=now)
+    return job, created
+
+
+def job_submit_with_event(
+    *, actor: Any, data: JobInput, idempotency_key: str | None = None,
+    now: datetime | None = None,
+) -> tuple[Job, JobEvent | None, bool]:
+    """`job_submit`, also returning the submit event it wrote (None when nothing was
+    written), so the API can answer with the job's events without reading them back."""
     now = now or timezone.now()
     if idempotency_key:
         existing = Job.objects.filter(team=data.team, idempotency_key=idempotency_key).first()
         if existing is not None:
-            return existing, False
+            return existing, None, False
     try:
         with transaction.atomic():
             job = Job.objects.create(
@@ -98,7 +109,7 @@ def job_submit(
                 max_runtime_seconds=data.max_runtime_seconds, status=JobState.QUEUED,
                 idempotency_key=idempotency_key or None, created_at=now, updated_at=now,
             )
-            JobEvent.objects.create(
+            event = JobEvent.objects.create(
                 job=job, at=now, kind="transition", from_status="", to_status=JobState.QUEUED,
                 actor=actor if actor.is_authenticated else None, actor_label=str(actor),
                 reason="submitted", attempt=1,
@@ -109,9 +120,9 @@ def job_submit(
         if idempotency_key:
             existing = Job.objects.filter(team=data.team, idempotency_key=idempotency_key).first()
             if existing is not None:
-                return existing, False
+                return existing, None, False
         raise
-    return job, True
+    return job, event, True
 
 
 @transaction.atomic

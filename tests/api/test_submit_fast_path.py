@@ -1,0 +1,44 @@
+"""The single-job submit answers without reading its events back and with serializers
+built once per process: the answer must be what the ModelSerializers give from the
+database, and the submit path must stay within its queries."""
+
+from __future__ import annotations
+
+import json
+
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from queueing.api.bulk import JobSubmittedSerializer
+from queueing.models import Job
+from tests.conftest import World, job_body
+
+
+def test_a_submit_answers_what_the_serializer_gives_from_the_database(world: World) -> None:
+    c = world.client(world.member)
+    for body in (job_body(), job_body(env={"A": "1"}, max_runtime_seconds=60, replicas=2)):
+        r = c.post("/api/v1/jobs/", body, format="json")
+        assert r.status_code == 201, r.content
+        stored = Job.objects.select_related("team", "gpu_type", "tier", "submitter") \
+            .prefetch_related("events").get(pk=r.json()["id"])
+        expected = json.loads(json.dumps(JobSubmittedSerializer(stored).data, default=str))
+        assert r.json() == expected
+        assert len(r.json()["events"]) == 1
+
+
+def test_a_submit_does_not_read_its_events_back(world: World) -> None:
+    c = world.client(world.member)
+    c.post("/api/v1/jobs/", job_body(), format="json")  # warm the reference caches
+    with CaptureQueriesContext(connection) as q:
+        r = c.post("/api/v1/jobs/", job_body(), format="json")
+    assert r.status_code == 201
+    sqls = [x["sql"] for x in q.captured_queries]
+    assert not any(s.startswith("SELECT") and "queueing_jobevent" in s for s in sqls), sqls
+
+
+def test_a_replayed_submit_still_answers_the_stored_job_with_its_events(world: World) -> None:
+    c = world.client(world.member)
+    first = c.post("/api/v1/jobs/", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="fp")
+    again = c.post("/api/v1/jobs/", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="fp")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == first.json()
