@@ -78,6 +78,20 @@ def victim_order_key(job: RunningJob, rule: PreemptionRule,
     return (job.tier_rank, f, -started, job.id)
 
 
+def _unprotected(ws: Workspace, gpu_type: str,
+                 now: datetime) -> list[tuple[RunningJob, float]]:
+    """The running jobs of `gpu_type` that rule R3 does not protect at `now`, in
+    `ws.running_by_type` order, each with the third part of its `victim_order_key`
+    (minus the start time). Cached on the workspace: its running jobs never change."""
+    key = (gpu_type, now)
+    pool = ws.victim_pools.get(key)
+    if pool is None:
+        pool = ws.victim_pools[key] = [
+            (r, -(r.started_at.timestamp() if r.started_at is not None else float("inf")))
+            for r in ws.running_by_type.get(gpu_type, ()) if not is_protected(r, now)]
+    return pool
+
+
 def find_victims(
     ws: Workspace, job: QueuedJob, *, now: datetime, factor: Callable[[str], float],
 ) -> tuple[Preemption, Callable[[], None]] | None:
@@ -100,16 +114,20 @@ def find_victims(
     gt, g, reps, team = job.gpu_type, job.gpus_per_replica, job.replicas, job.team
     within_nominal = ws.ledger.within_nominal(team, gt, job.total_gpus)
     cands: list[tuple[tuple[object, ...], RunningJob, PreemptionRule]] = []
-    for r in ws.running_by_type.get(gt, ()):
-        if r.id in ws.removed or is_protected(r, now):
+    # The same as, per running job of the type: skip it when removed or protected (R3);
+    # R1 (`priority_rule_applies`) or else, within nominal, R2 (`reclaim_rule_applies`);
+    # keyed by `victim_order_key`. The protection and the start-time part of the key
+    # only depend on `now`: computed once per workspace (the pass searches many times).
+    removed, borrowing, tier = ws.removed, ws.ledger.borrowing, job.tier_rank
+    priority, reclaim = PreemptionRule.PRIORITY, PreemptionRule.RECLAIM
+    for r, neg_started in _unprotected(ws, gt, now):
+        if r.id in removed:
             continue
-        if priority_rule_applies(job, r):
-            rule = PreemptionRule.PRIORITY
-        elif within_nominal and reclaim_rule_applies(job, r, ws):
-            rule = PreemptionRule.RECLAIM
-        else:
-            continue
-        cands.append((victim_order_key(r, rule, factor), r, rule))
+        if r.tier_rank < tier:
+            cands.append(((r.tier_rank, 0.0, neg_started, r.id), r, priority))
+        elif (within_nominal and r.team != team and r.tier_rank <= tier
+              and borrowing(r.team, gt)):
+            cands.append(((r.tier_rank, factor(r.team), neg_started, r.id), r, reclaim))
     if not cands:
         return None
     cands.sort(key=lambda c: c[0])

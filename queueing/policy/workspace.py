@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from datetime import datetime
 
 from .snapshot import NodeState, RunningJob, Snapshot
 
@@ -187,6 +188,9 @@ class Workspace:
             self.running_by_type[r.gpu_type].append(r)
             self.running_by_id[r.id] = r
         self.removed: set[int] = set()
+        # The victim search's per-(GPU type, now) list of unprotected running jobs
+        # (`preemption._unprotected`).
+        self.victim_pools: dict[tuple[str, datetime], list[tuple[RunningJob, float]]] = {}
         # The lowest tier among each (team, type)'s preemptible jobs: a job over its own
         # team's ceiling can only make room by preempting those (rules Q1, R1).
         self.lowest_tier: dict[tuple[str, str], int] = {}

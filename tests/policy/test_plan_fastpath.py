@@ -8,7 +8,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 
 from hypothesis import given, settings
@@ -26,7 +26,15 @@ from queueing.policy.admission import (
     plan_admissions,
 )
 from queueing.policy.fairshare import FairShareState
-from queueing.policy.preemption import Preemption, find_victims
+from queueing.policy.preemption import (
+    Preemption,
+    PreemptionRule,
+    Victim,
+    is_protected,
+    priority_rule_applies,
+    reclaim_rule_applies,
+    victim_order_key,
+)
 from queueing.policy.priority import PriorityWeights, job_priority
 from queueing.policy.snapshot import (
     NodeState,
@@ -253,7 +261,7 @@ def reference_plan(snapshot: Snapshot) -> Plan:
             if search_key not in search_failed:
                 searches += 1
                 may_search = searches < pre.max_searches
-                result = find_victims(ws, job, now=now, factor=factors.factor)
+                result = reference_find_victims(ws, job, now=now, factor=factors.factor)
                 if result is None:
                     search_failed.add(search_key)
         if result is not None:
@@ -305,6 +313,155 @@ def _hold_freed(ws: Workspace, found: Preemption, gpus_per_replica: int) -> None
     for name, hold in sorted(extra.items()):
         if hold > 0 and name in ws.capacity.free:
             ws.capacity.set_free(name, max(0, ws.capacity.free[name] - hold))
+
+
+def reference_find_victims(
+    ws: Workspace, job: QueuedJob, *, now: datetime, factor: Callable[[str], float],
+) -> tuple[Preemption, Callable[[], None]] | None:
+    """Rules R1-R4: a minimal set of victims whose removal lets `job` fit, or None.
+
+    On success the victims are removed from the workspace and the job's placement is
+    reserved on it; the returned function undoes both. On None nothing changed.
+
+    1. Candidates: running jobs of the job's GPU type that rule R1 or (when the job's
+       team stays within its nominal) rule R2 allows, minus the protected ones (R3),
+       ordered by `victim_order_key` (R4). When the job's own team is at its ceiling
+       (Q1), first its own lower-tier jobs, in that order, until the ceiling allows it.
+    2. Node-aware greedy: for each replica that has no room, pick the node that needs
+       the fewest victims (then the cheapest ones by R4, then node name) and take them.
+       While the quota pool (rule Q1) still refuses the job, take more in R4 order.
+    3. Minimize: put back each victim, most valuable first, whenever the job still fits
+       without it, so no victim in the result can be spared.
+    The same workspace always gives the same answer.
+    """
+    gt, g, reps, team = job.gpu_type, job.gpus_per_replica, job.replicas, job.team
+    within_nominal = ws.ledger.within_nominal(team, gt, job.total_gpus)
+    cands: list[tuple[tuple[object, ...], RunningJob, PreemptionRule]] = []
+    for r in ws.running_by_type.get(gt, ()):
+        if r.id in ws.removed or is_protected(r, now):
+            continue
+        if priority_rule_applies(job, r):
+            rule = PreemptionRule.PRIORITY
+        elif within_nominal and reclaim_rule_applies(job, r, ws):
+            rule = PreemptionRule.RECLAIM
+        else:
+            continue
+        cands.append((victim_order_key(r, rule, factor), r, rule))
+    if not cands:
+        return None
+    cands.sort(key=lambda c: c[0])
+    rule_of = {r.id: rule for _, r, rule in cands}
+    key_of = {r.id: k for k, r, _ in cands}
+
+    taken: list[RunningJob] = []
+    undos: list[Callable[[], None]] = []
+
+    def take(victims: list[RunningJob]) -> None:
+        taken.extend(victims)
+        undos.append(ws.simulate_removal(victims))
+
+    def undo_all() -> None:
+        for u in reversed(undos):
+            u()
+
+    def still_allowed(r: RunningJob) -> bool:
+        if r.id in ws.removed:
+            return False
+        # Rule R2 is re-checked as victims go: a team stops being reclaimable once it
+        # no longer borrows.
+        return rule_of[r.id] is PreemptionRule.PRIORITY or ws.ledger.borrowing(r.team, gt)
+
+    # 1b. Its own team's ceiling (Q1): only the team's own lower-tier jobs make room.
+    for _, r, _ in cands:
+        if ws.ledger.over_ceiling(team, gt, job.total_gpus) is None:
+            break
+        if r.team == team and still_allowed(r):
+            take([r])
+    if ws.ledger.over_ceiling(team, gt, job.total_gpus) is not None:
+        undo_all()
+        return None
+
+    # 2. node-aware greedy, one replica at a time, reserving each placed replica.
+    on_node: dict[str, list[RunningJob]] = defaultdict(list)
+    for _, r, _ in cands:
+        for name in dict.fromkeys(r.nodes):
+            if ws.capacity.node_type.get(name) == gt:
+                on_node[name].append(r)
+    reserved: list[str] = []
+    ok = True
+    for _ in range(reps):
+        placed = ws.capacity.place(gt, g, 1)
+        if placed is not None:
+            reserved.extend(placed)
+            continue
+        best: tuple[tuple[object, ...], str, list[RunningJob]] | None = None
+        for name, jobs in on_node.items():
+            free = ws.capacity.free[name]
+            if ws.capacity.capacity[name] < g:
+                continue
+            need, chosen = g - free, []
+            for r in jobs:
+                if need <= 0:
+                    break
+                if still_allowed(r):
+                    chosen.append(r)
+                    need -= r.gpus_per_replica * r.nodes.count(name)
+            if need > 0:
+                continue
+            cost = (len(chosen), tuple(key_of[r.id] for r in chosen), name)
+            if best is None or cost < best[0]:
+                best = (cost, name, chosen)
+        if best is None:
+            ok = False
+            break
+        take(best[2])
+        placed = ws.capacity.place(gt, g, 1)
+        if placed is None:  # cannot happen: the chosen node now holds a replica
+            ok = False
+            break
+        reserved.extend(placed)
+    ws.capacity.release(reserved, g)
+    if ok:
+        for _, r, _ in cands:
+            if ws.fits(team, gt, g, reps):
+                break
+            if still_allowed(r):
+                take([r])
+        ok = ws.fits(team, gt, g, reps)
+    if not ok or not taken:
+        undo_all()
+        return None
+
+    undo_all()
+
+    # 3. minimize: try to spare each victim, the most valuable (last in R4 order) first.
+    # Sparing a victim only raises its team's holdings, so the kept reclaim victims'
+    # teams still borrow (rule R2 stays true).
+    victims = list(taken)
+    for r in sorted(taken, key=lambda r: key_of[r.id], reverse=True):
+        trial = [v for v in victims if v.id != r.id]
+        undo = ws.simulate_removal(trial)
+        spare = ws.fits(team, gt, g, reps)
+        undo()
+        if spare:
+            victims = trial
+    victims.sort(key=lambda r: key_of[r.id])
+    undo_victims = ws.simulate_removal(victims)
+    placement = ws.capacity.place(gt, g, reps)
+    if placement is None:  # pragma: no cover - fits() said it does
+        undo_victims()
+        return None
+    found = Preemption(
+        job.id, team, gt,
+        tuple(Victim(r.id, r.team, r.tier_rank, r.total_gpus, rule_of[r.id]) for r in victims),
+        placement,
+    )
+
+    def undo_found() -> None:
+        ws.capacity.release(placement, g)
+        undo_victims()
+
+    return found, undo_found
 
 
 NOW = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
