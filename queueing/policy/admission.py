@@ -212,10 +212,14 @@ class _QueueOrder:
             if firsts and job.id in firsts:
                 first_idx.append(index)
                 continue
+            submitted = job.submitted_at
             if max_age <= 0:
                 age = 0.0
-            else:
-                age = min(1.0, max(0.0, (now - job.submitted_at).total_seconds()) / max_age)
+            else:  # min(1.0, max(0.0, waited) / max_age), the same floats without calls
+                waited = (now - submitted).total_seconds()
+                age = (waited if waited > 0.0 else 0.0) / max_age
+                if not age < 1.0:
+                    age = 1.0
             total = job.gpus_per_replica * job.replicas
             size = sizes.get(total)
             if size is None:
@@ -226,7 +230,7 @@ class _QueueOrder:
             items = groups.get(key)
             if items is None:
                 items = groups[key] = []
-            items.append((-part, job.submitted_at, job.id, index))
+            items.append((-part, submitted, job.id, index))
         js = self.jobs
         first_idx.sort(key=lambda i: (-js[i].tier_rank, js[i].submitted_at, js[i].id))
         self.first = first_idx
@@ -240,7 +244,7 @@ class _QueueOrder:
         """Indices into `jobs`, in queue order."""
         yield from self.first
         charges, w = self._factors, self._w
-        cached = charges.cached
+        cached, cache = charges.cached, charges._cache
         heapreplace, heappop = heapq.heapreplace, heapq.heappop
         for by_team in self._tiers:
             head = dict.fromkeys(by_team, 0)
@@ -267,7 +271,10 @@ class _QueueOrder:
                 # with the new factor; one sift instead of a pop and a push.
                 if i < len(items):
                     neg_part, submitted, job_id, _ = items[i]
-                    heapreplace(heap, (neg_part - w * cached(team), submitted, job_id, team, i))
+                    f = cache.get(team)  # `charges.cached(team)`, the lookup inlined
+                    if f is None:
+                        f = cached(team)
+                    heapreplace(heap, (neg_part - w * f, submitted, job_id, team, i))
                 else:
                     heappop(heap)
 
