@@ -300,8 +300,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     state = snapshot.fair_share_state
     factors = _Charges(state.copy() if state is not None
                        else _StaticFactors(snapshot.fair_share))
-    usage_total = 0.0 if state is None else sum(
-        state.usage(t) for t in {j.team for j in snapshot.queued})
+    queued_teams = {j.team for j in snapshot.queued}
+    usage_total = 0.0 if state is None else sum(state.usage(t) for t in queued_teams)
     weights = snapshot.priority_weights or PriorityWeights()
     cluster_gpus = sum(n.capacity for n in snapshot.nodes)
     order = _QueueOrder(snapshot.queued, factors=factors, weights=weights, now=now,
@@ -408,7 +408,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             raw[job_id] = (quota, index, held[key], ceiling or 0)
         else:
             raw[job_id] = (lending_code if lending else capacity, index, 0, 0)
-    teams = sorted({j.team for j in snapshot.queued} | set(snapshot.fair_share))
+    teams = sorted(queued_teams | set(snapshot.fair_share))
     standings = {t: factors.factor(t) for t in teams}
     return Plan(admissions=tuple(admissions), waits=waits, preemptions=tuple(preemptions),
                 order=tuple(seen), fair_share_after=standings)
