@@ -10,12 +10,25 @@ How it works
     (never $DATABASE_URL: the bench would wipe it), migrated, seeded with 3 teams, GPU types,
     tiers and one API token per client worker (throttling stays on, per token, with a rate
     far above what is measured).
-  * Server: gunicorn (gthread, keep-alive) on 127.0.0.1 and a free port, settings
-    `bench.settings_api`: the test settings (eager Celery, no scheduler kicks: the web
-    path alone) with persistent database connections as in production.
-  * Client: `--clients` processes, each with `--threads` threads holding one keep-alive
-    connection, POST /api/v1/jobs/ `--requests` times in total after a warm-up; every
-    latency is recorded; rate = requests / wall time.
+  * Server: gunicorn on 127.0.0.1 and a free port, settings `bench.settings_api`: the
+    test settings (eager Celery, no scheduler kicks: the web path alone) with persistent
+    database connections as in production. Default: 4 *sync* workers (2 per core), one
+    request at a time each, no keep-alive (`--worker-class`, `--workers`,
+    `--server-threads`; BENCH_WORKER_CLASS, BENCH_WORKERS). Why not gthread with
+    keep-alive: a gthread worker accepts every connection offered while it is awake, so
+    the 8 long-lived client connections pile onto one or two workers and each worker is
+    bound to one core by the GIL: 2-4 gthread workers plateaued at ~100 req/s with the
+    host 35% idle. Sync workers take a new connection per request from the shared
+    listen queue, so whichever worker is free serves it and both cores stay busy
+    (~1.6x the rate). A submit is CPU-bound Python with ~2 ms of database waits, so 2
+    workers per core cover the waits.
+  * Client: `--clients` processes, each with `--threads` threads and a lean HTTP/1.1
+    client (one prebuilt request, the answer read by Content-Length; it reconnects when
+    the server closes, as sync workers do), POST /api/v1/jobs/ `--requests` times in total
+    after a warm-up; every latency is recorded; rate = requests / wall time. The client
+    shares the two cores, so its CPU is reported (api_client_cpu_per_submit), as are
+    PostgreSQL's (api_postgres_cpu_per_submit) and the whole host's
+    (api_host_cpu_per_submit): host CPU per submit x rate ~ 2 cores means saturated.
   * Bulk: POST /api/v1/jobs/bulk/ with count=10000, `--bulk-runs` times; the median.
   * Raw INSERT: the same rows (a job and its submit event, one transaction per job) written
     with psycopg from the same number of connections, no Django, no HTTP; then the same
@@ -23,8 +36,8 @@ How it works
 
 Output: `BENCH <name> <value> <unit>` lines, among them api_submit_rate, api_submit_p50,
 api_submit_p99, bulk_submit_10k, psycopg_insert_rate and api_vs_insert_ratio; also the
-gunicorn workers' CPU per submit and the host's load average, to tell a slow code path
-from a busy machine.
+CPU per submit of the gunicorn workers, the clients, PostgreSQL and the host, and the
+host's load average, to tell a slow code path from a busy machine.
 Run: `.venv/bin/python bench/bench_api.py` (`make bench`); about a minute on 2 cores.
 It stops by itself and stops its gunicorn whatever happens.
 """
@@ -100,14 +113,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_gunicorn(url: str, port: int, workers: int, threads: int) -> subprocess.Popen[bytes]:
+def start_gunicorn(url: str, port: int, workers: int, threads: int,
+                   worker_class: str = "gthread") -> subprocess.Popen[bytes]:
     env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "bench.settings_api",
            "FAIRQ_API_RATE": "100000000/min", "FAIRQ_LOG_LEVEL": "WARNING",
            "DJANGO_ALLOWED_HOSTS": "127.0.0.1"}
     gunicorn = str(Path(sys.executable).parent / "gunicorn")
     proc = subprocess.Popen(
         [gunicorn, "config.wsgi:application", "--bind", f"127.0.0.1:{port}",
-         "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
+         "--workers", str(workers), "--worker-class", worker_class, "--threads", str(threads),
          "--keep-alive", "30", "--log-level", "warning", "--timeout", "60"],
         cwd=ROOT, env=env, start_new_session=True,
     )
@@ -154,6 +168,62 @@ def _post(conn: http.client.HTTPConnection, path: str, key: str, body: bytes) ->
     return r.status, r.read()
 
 
+class _LeanConnection:
+    """A keep-alive HTTP/1.1 connection that sends one prebuilt request and reads the
+    answer by its Content-Length: a fraction of http.client's CPU, which shares the two
+    cores with gunicorn and PostgreSQL."""
+
+    def __init__(self, port: int, key: str, body: bytes) -> None:
+        self.port = port
+        self.sock: socket.socket | None = None
+        self.request = (
+            f"POST /api/v1/jobs/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Authorization: Token {key}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        self.buf = b""
+
+    def post(self) -> int:
+        if self.sock is None:  # first request, or the server closed after the last one
+            self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=30)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.buf = b""
+        self.sock.sendall(self.request)
+        buf = self.buf
+        while (end := buf.find(b"\r\n\r\n")) < 0:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("server closed the connection")
+            buf += chunk
+        head = buf[:end].decode("latin-1")
+        length = None
+        close = False
+        for line in head.split("\r\n")[1:]:
+            name, _, value = line.partition(":")
+            name = name.strip().lower()
+            if name == "content-length":
+                length = int(value)
+            elif name == "connection":
+                close = value.strip().lower() == "close"
+        if length is None:
+            raise RuntimeError(f"answer without Content-Length: {head!r}")
+        buf = buf[end + 4:]
+        while len(buf) < length:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("server closed the connection")
+            buf += chunk
+        self.buf = buf[length:]
+        if close:
+            self.close()
+        return int(head.split(" ", 2)[1])
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
 def _client_process(port: int, keys: list[str], per_thread: int, warmup: int,
                     start_at: float, out: Any) -> None:
     """One client process: a thread per key, each with its own keep-alive connection."""
@@ -162,15 +232,15 @@ def _client_process(port: int, keys: list[str], per_thread: int, warmup: int,
     body = json.dumps(JOB).encode()
 
     def run(i: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn = _LeanConnection(port, keys[i], body)
         for _ in range(warmup):
-            _post(conn, "/api/v1/jobs/", keys[i], body)
+            conn.post()
         while time.time() < start_at:
             time.sleep(0.001)
         lat = results[i]
         for _ in range(per_thread):
             t0 = time.perf_counter()
-            status, _ = _post(conn, "/api/v1/jobs/", keys[i], body)
+            status = conn.post()
             lat.append(time.perf_counter() - t0)
             if status != 201:
                 errors[0] += 1
@@ -179,13 +249,17 @@ def _client_process(port: int, keys: list[str], per_thread: int, warmup: int,
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(keys))]
     for t in threads:
         t.start()
+    while time.time() < start_at:
+        time.sleep(0.001)
+    cpu0 = time.process_time()  # the measured part only (warm-up is over by now)
     for t in threads:
         t.join()
-    out.put(([x for r in results for x in r], errors[0], time.time()))
+    cpu = time.process_time() - cpu0
+    out.put(([x for r in results for x in r], errors[0], time.time(), cpu))
 
 
 def single_submits(port: int, keys: list[str], clients: int, threads: int,
-                   requests: int) -> tuple[float, list[float], int]:
+                   requests: int) -> tuple[float, list[float], int, float]:
     per_thread = max(1, requests // (clients * threads))
     start_at = time.time() + 2.0  # every connection warmed up and waiting
     q: Any = mp.get_context("fork").Queue()
@@ -198,15 +272,44 @@ def single_submits(port: int, keys: list[str], clients: int, threads: int,
     latencies: list[float] = []
     errors = 0
     ends = []
+    client_cpu = 0.0
     for _ in procs:
-        lat, err, end = q.get(timeout=600)
+        lat, err, end, cpu = q.get(timeout=600)
         latencies += lat
         errors += err
         ends.append(end)
+        client_cpu += cpu
     for p in procs:
         p.join(timeout=30)
     wall = max(ends) - start_at
-    return len(latencies) / wall, latencies, errors
+    return len(latencies) / wall, latencies, errors, client_cpu
+
+
+def postgres_cpu_seconds() -> float:
+    """User + system CPU of every process named postgres so far (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if (d / "comm").read_text().strip() != "postgres":
+                continue
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def host_busy_seconds() -> float:
+    """CPU seconds the whole host was busy so far (all cores; /proc/stat)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def bulk_submit(port: int, key: str, count: int) -> float:
@@ -305,8 +408,9 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=3000)
     p.add_argument("--clients", type=int, default=2, help="client processes")
     p.add_argument("--threads", type=int, default=4, help="connections per client process")
-    p.add_argument("--workers", type=int, default=int(os.environ.get("BENCH_WORKERS", "3")))
-    p.add_argument("--server-threads", type=int, default=4)
+    p.add_argument("--workers", type=int, default=int(os.environ.get("BENCH_WORKERS", "4")))
+    p.add_argument("--server-threads", type=int, default=1, help="gthread workers only")
+    p.add_argument("--worker-class", default=os.environ.get("BENCH_WORKER_CLASS", "sync"))
     p.add_argument("--bulk-runs", type=int, default=3)
     a = p.parse_args()
 
@@ -319,13 +423,17 @@ def main() -> int:
         return 0
     keys = setup_django(url, a.clients * a.threads + 1)
     port = free_port()
-    note(f"gunicorn: {a.workers} workers x {a.server_threads} threads on 127.0.0.1:{port}; "
+    note(f"gunicorn: {a.workers} {a.worker_class} workers x {a.server_threads} threads on 127.0.0.1:{port}; "
          f"client: {a.clients} processes x {a.threads} connections, {a.requests} requests")
-    server = start_gunicorn(url, port, a.workers, a.server_threads)
+    server = start_gunicorn(url, port, a.workers, a.server_threads, a.worker_class)
     try:
         cpu_before = server_cpu_seconds(server)
-        rate, lat, errors = single_submits(port, keys[:-1], a.clients, a.threads, a.requests)
+        pg_before, host_before = postgres_cpu_seconds(), host_busy_seconds()
+        rate, lat, errors, client_cpu = single_submits(port, keys[:-1], a.clients, a.threads,
+                                                       a.requests)
         cpu = server_cpu_seconds(server) - cpu_before
+        pg_cpu = postgres_cpu_seconds() - pg_before
+        host_busy = host_busy_seconds() - host_before
         lat_ms = sorted(x * 1000 for x in lat)
         bench("api_submit_rate", rate, "req/s")
         bench("api_submit_p50", statistics.median(lat_ms), "ms")
@@ -334,6 +442,13 @@ def main() -> int:
         if cpu > 0:
             # Includes the warm-up requests (5 per connection): a slight overestimate.
             bench("api_server_cpu_per_submit", cpu * 1000 / len(lat), "ms")
+        # Where the rest of the two cores went: the client processes (measured part only),
+        # PostgreSQL's backends, and the whole host (warm-up included, like the server's).
+        bench("api_client_cpu_per_submit", client_cpu * 1000 / len(lat), "ms")
+        if pg_cpu > 0:
+            bench("api_postgres_cpu_per_submit", pg_cpu * 1000 / len(lat), "ms")
+        if host_busy > 0:
+            bench("api_host_cpu_per_submit", host_busy * 1000 / len(lat), "ms")
         load = os.getloadavg()[0]
         bench("host_load_average_1m", load, "")
         bulks = [bulk_submit(port, keys[-1], 10_000) for _ in range(a.bulk_runs)]
