@@ -42,3 +42,23 @@ def test_a_replayed_submit_still_answers_the_stored_job_with_its_events(world: W
     again = c.post("/api/v1/jobs/", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="fp")
     assert (first.status_code, again.status_code) == (201, 200)
     assert again.json() == first.json()
+
+
+def test_serializers_sharing_their_fields_keep_their_own_errors_and_user(world: World) -> None:
+    from types import SimpleNamespace
+
+    from queueing.api.serializers import JobCreateSerializer
+
+    member = JobCreateSerializer(data=job_body(name="Bad_Name", gpus=99),
+                                 context={"request": SimpleNamespace(user=world.member)})
+    outsider = JobCreateSerializer(data=job_body(),
+                                   context={"request": SimpleNamespace(user=world.outsider)})
+    good = JobCreateSerializer(data=job_body(),
+                               context={"request": SimpleNamespace(user=world.member)})
+    assert member.fields is outsider.fields  # built once per class
+    assert not member.is_valid()
+    assert set(member.errors) == {"name"}  # field errors first; gpus is checked in validate()
+    assert not outsider.is_valid()
+    assert set(outsider.errors) == {"team"}  # its own user, not the first serializer's
+    assert good.is_valid(), good.errors
+    assert good.validated_data["team"] == world.vision
