@@ -17,6 +17,25 @@ def note(msg: str) -> None:
     print(f"# {msg}", file=sys.stderr, flush=True)
 
 
+def setup_django_sqlite(name: str) -> None:
+    """Django on a fresh SQLite file /tmp/<name>.sqlite3 (unless DATABASE_URL is set),
+    test settings, migrated."""
+    import os
+    from pathlib import Path
+
+    if not os.environ.get("DATABASE_URL"):
+        path = Path(f"/tmp/{name}.sqlite3")
+        path.unlink(missing_ok=True)
+        os.environ["DATABASE_URL"] = f"sqlite:///{path}"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+
+
 def recreate_postgres(url: str) -> bool:
     """Drop and create the database named in `url`; False (with a note) when PostgreSQL
     cannot be reached, so the caller can fall back to SQLite."""

@@ -21,7 +21,6 @@ Output: `BENCH <name> <value> <unit>`. Run: `.venv/bin/python bench/bench_cycle.
 
 from __future__ import annotations
 
-import os
 import random
 import resource
 import statistics
@@ -32,25 +31,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from _common import bench, note  # noqa: E402  (bench/ is sys.path[0])
+from _common import bench, note, setup_django_sqlite  # noqa: E402  (bench/ is sys.path[0])
 
 TEAMS = 50
 QUEUED = 10_000
 
 
 def setup() -> None:
-    if not os.environ.get("DATABASE_URL"):
-        path = Path("/tmp/fairq_bench_cycle.sqlite3")
-        path.unlink(missing_ok=True)
-        os.environ["DATABASE_URL"] = f"sqlite:///{path}"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
-    import django
-
-    django.setup()
+    setup_django_sqlite("fairq_bench_cycle")
     from django.conf import settings
-    from django.core.management import call_command
 
-    call_command("migrate", verbosity=0, interactive=False)
     settings.FAIRQ_SIM_NODES = "125x8xh100"
     settings.FAIRQ_SIM_DEFAULT_SECONDS = 86400.0
 

@@ -23,7 +23,6 @@ in /tmp. Run: `.venv/bin/python bench/bench_k8s.py` (about a minute).
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import threading
@@ -36,7 +35,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from _common import bench, note  # noqa: E402  (bench/ is sys.path[0])
+from _common import bench, note, setup_django_sqlite  # noqa: E402  (bench/ is sys.path[0])
 
 from tests.envtest.cluster import ControlPlane, default_bin_dir, missing_binaries  # noqa: E402
 
@@ -47,17 +46,7 @@ GPUS_PER_NODE = 8
 
 
 def setup_django() -> None:
-    if not os.environ.get("DATABASE_URL"):
-        path = Path("/tmp/fairq_bench_k8s.sqlite3")
-        path.unlink(missing_ok=True)
-        os.environ["DATABASE_URL"] = f"sqlite:///{path}"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0, interactive=False)
+    setup_django_sqlite("fairq_bench_k8s")
 
 
 def spec(i: int, *, team: str, node_labels: dict[str, str], seconds: float | None = None) -> Any:

@@ -1,7 +1,11 @@
 """The optimized `plan_admissions` against a reference: the straightforward pass as it
 was before the performance work (jobs in the sort keys, `job_priority` per job, every
 wait's message formatted eagerly). Same snapshot, same plan: admissions, waits (reasons
-and messages), preemptions, order and standings (rules O1, F6, A1-A5, R1-R8)."""
+and messages), preemptions, order and standings (rules O1, F6, A1-A5, R1-R8).
+
+The reference is a frozen copy on purpose: it proves the optimizations changed no plan.
+When a rule changes, delete this file rather than port the change into the copy; the
+per-rule tables and the properties in test_plan_properties.py are what guard the rules."""
 
 from __future__ import annotations
 
