@@ -153,7 +153,10 @@ def test_a_gang_larger_than_the_cluster_waits_with_a_reason(world: World) -> Non
     gang = submit(world, gpu_type="a100", gpus=8, replicas=3)  # a100: no quota ceiling
     r = scheduler_cycle(now=timezone.now())
     assert r.admitted == [] and r.plan is not None
-    assert r.plan.waits[gang].reason in (WaitReason.CAPACITY, WaitReason.NO_FIT)
+    wait = r.plan.waits[gang]
+    assert wait.reason == WaitReason.NO_FIT
+    assert wait.message == ("even empty, the a100 nodes hold at most 2 replicas of 8 GPUs; "
+                            "this gang needs 3")
     assert sum(n.allocated for n in get_backend().nodes()) == 0
 
 

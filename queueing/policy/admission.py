@@ -88,8 +88,11 @@ class _Waits(Mapping[int, Wait]):
         if reason is WaitReason.QUOTA:
             msg = (f"team {job.team} holds {held} {gt} GPUs; {job.total_gpus} more would "
                    f"pass its limit of {ceiling}")
-        elif reason is WaitReason.NO_FIT:
+        elif reason is WaitReason.NO_FIT and held == 0:
             msg = f"no {gt} node has {job.gpus_per_replica} GPUs for one replica"
+        elif reason is WaitReason.NO_FIT:
+            msg = (f"even empty, the {gt} nodes hold at most {held} replicas of "
+                   f"{job.gpus_per_replica} GPUs; this gang needs {job.replicas}")
         elif reason is WaitReason.LENDING:
             msg = (f"the idle {gt} GPUs are other teams' nominal quota beyond their lending "
                    f"limits; team {job.team} may not borrow them")
@@ -343,6 +346,9 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             continue
         if g > largest.get(gt, 0):
             raw[job_id] = (no_fit, index, 0, 0)
+            continue
+        if reps > 1 and reps > (slots := cap.slots_when_empty(gt, g)):
+            raw[job_id] = (no_fit, index, slots, 0)
             continue
         lending = not over and guarded_total.get(gt, 0) > 0 and \
             ledger.lending_blocks(team, gt, total)

@@ -33,6 +33,7 @@ class Capacity:
         # fit now unless this changed.
         self.grown = 0
         self._buckets: dict[str, list[list[str]]] = {}
+        self._empty_slots: dict[tuple[str, int], int] = {}
         for n in sorted(nodes, key=lambda n: n.name):
             free = max(0, min(n.free, n.capacity))
             self.free[n.name] = free
@@ -44,6 +45,17 @@ class Capacity:
             t = self.node_type[name]
             buckets = self._buckets.setdefault(t, [[] for _ in range(self.largest_node[t] + 1)])
             buckets[self.free[name]].append(name)  # names arrive sorted
+
+    def slots_when_empty(self, gpu_type: str, gpus: int) -> int:
+        """How many replicas of `gpus` GPUs the nodes of `gpu_type` hold when all are
+        empty: a gang needing more can never run on this cluster (rule A4)."""
+        key = (gpu_type, gpus)
+        slots = self._empty_slots.get(key)
+        if slots is None:
+            slots = sum(self.capacity[n] // gpus for n, t in self.node_type.items()
+                        if t == gpu_type)
+            self._empty_slots[key] = slots
+        return slots
 
     def fits(self, gpu_type: str, gpus: int, replicas: int) -> bool:
         """Rule A2: can `replicas` replicas of `gpus` GPUs each be placed at all?

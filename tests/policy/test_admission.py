@@ -228,3 +228,13 @@ def test_plan_waits_reads_like_a_dict_of_waits() -> None:
     assert w.message == "team a holds 0 h100 GPUs; 4 more would pass its limit of 0"
     assert plan.waits[2].reason is WaitReason.QUOTA
     assert dict(plan.waits) == {k: plan.waits[k] for k in (1, 2, 3)}
+
+
+def test_a_gang_the_empty_nodes_cannot_hold_does_not_fit_rather_than_waits() -> None:
+    """Rule A4: 3 replicas of 8 GPUs on two 8-GPU nodes can never run: say so."""
+    plan = plan_admissions(snap(nodes=nodes(("a100", 8, 8), ("a100", 8, 8)),
+                                queued=(q(1, gpu_type="a100", gpus=8, replicas=3),
+                                        q(2, gpu_type="a100", gpus=8, replicas=2))))
+    assert plan.waits[1].reason is WaitReason.NO_FIT
+    assert "at most 2 replicas of 8 GPUs; this gang needs 3" in plan.waits[1].message
+    assert admitted(plan) == [2]  # the same shape at 2 replicas fits and runs
