@@ -56,19 +56,37 @@ def assert_admitted_once(ids: list[int]) -> None:
     assert admitted.count() == JobEvent.objects.filter(to_status="ADMITTED").count()
 
 
-def test_two_concurrent_cycles_never_double_admit(world: Any) -> None:
+def test_a_second_cycle_stands_aside_while_one_holds_the_lock(
+    world: Any, monkeypatch: Any
+) -> None:
+    """The first cycle is held inside the lock until the second has returned: the
+    second must not plan at all (the advisory lock), and nothing is admitted twice."""
     ids = queue_jobs(world, 24)
-    barrier = threading.Barrier(2)
+    inside, second_done = threading.Event(), threading.Event()
+    real_snapshot = scheduler.build_snapshot
 
-    def cycle() -> scheduler.CycleResult:
-        barrier.wait()
-        return scheduler_cycle(now=timezone.now())
+    def held_snapshot(**kwargs: Any) -> Any:
+        inside.set()
+        assert second_done.wait(timeout=30), "the second cycle never returned"
+        return real_snapshot(**kwargs)
 
-    results = run_in_threads(cycle)
+    monkeypatch.setattr(scheduler, "build_snapshot", held_snapshot)
+
+    def run() -> list[Any]:
+        first: list[Any] = []
+        holder = threading.Thread(target=lambda: (first.append(scheduler_cycle(
+            now=timezone.now())), connection.close()))
+        holder.start()
+        assert inside.wait(timeout=30)
+        second = scheduler_cycle(now=timezone.now())  # its own connection: this thread's
+        second_done.set()
+        holder.join(timeout=60)
+        return [first[0], second]
+
+    [first, second] = run_in_threads(run, n=1)[0]
+    assert (first.ran, second.ran) == (True, False)
+    assert len(first.admitted) == 16 and second.admitted == []  # 2 × 8 a100 in the cluster
     assert_admitted_once(ids)
-    assert sum(len(r.admitted) for r in results) == 16  # 2 × 8 a100 in the test cluster
-    # One of the two held the advisory lock; the other stood aside.
-    assert sorted(r.ran for r in results) in ([False, True], [True, True])
 
 
 def test_stale_plans_applied_at_once_admit_each_job_once(world: Any, monkeypatch: Any) -> None:

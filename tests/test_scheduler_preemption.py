@@ -77,7 +77,8 @@ def test_rule_r6_a_victim_requeues_with_its_age_attempt_plus_one_and_is_charged(
     usage = UsageRecord.objects.get(job=v, attempt=1)
     assert usage.gpu_seconds == 8 * 100 and usage.billing_weight == 2.0  # started at t0
     assert job(hi).status == JobState.QUEUED
-    assert v.pk in (victim, other)
+    # R4: same tier, same start: the lower id goes.
+    assert (v.pk, job(other).status) == (victim, JobState.RUNNING)
 
 
 def test_rule_r7_events_on_both_jobs_name_the_rule_and_the_other_job(world: World) -> None:
