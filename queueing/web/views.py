@@ -31,12 +31,13 @@ from accounts.selectors import (
     tokens_of_user,
 )
 from accounts.services import membership_remove, membership_set, token_issue, token_revoke
+from queueing.api.serializers import JobCreateSerializer
 from queueing.errors import DomainError, NotFound
 from queueing.models import GpuType, Job
 from queueing.policy.states import JobState
 from queueing.selectors import job_get_for_actor, jobs_visible_to
 from queueing.services import dashboard as dash
-from queueing.services.jobs import JobInput, job_cancel, job_logs, job_submit
+from queueing.services.jobs import job_cancel, job_logs, job_submit
 from queueing.services.quotas import quota_set
 
 from .forms import JobSubmitForm, MemberForm, QuotaForm, RoleForm, TokenForm
@@ -270,15 +271,22 @@ def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
 @require_POST
 @login_required
 def job_resubmit(request: HttpRequest, job_id: int) -> HttpResponse:
-    """Queue a new job with the same spec (a fresh job, not a requeue of this one)."""
+    """Queue a new job with the same spec (a fresh job, not a requeue of this one). The
+    spec is checked again by the API's rules: a registry banned or a limit tightened
+    since the original job applies to the copy too."""
     job = _job_or_404(request, job_id)
-    if team_get_for_user(user=request.user, slug=job.team.slug) is None:
-        raise Http404("no such team")
-    data = JobInput(team=job.team, name=job.name, image=job.image, command=list(job.command),
-                    args=list(job.args), env=dict(job.env), gpu_type=job.gpu_type,
-                    gpus_per_replica=job.gpus_per_replica, replicas=job.replicas, tier=job.tier,
-                    max_runtime_seconds=job.max_runtime_seconds)
-    new, _ = job_submit(actor=request.user, data=data,
+    body = {"team": job.team.slug, "name": job.name, "image": job.image,
+            "command": list(job.command), "args": list(job.args), "env": dict(job.env),
+            "gpu_type": job.gpu_type.slug, "gpus": job.gpus_per_replica,
+            "replicas": job.replicas, "tier": job.tier.slug,
+            "max_runtime_seconds": job.max_runtime_seconds}
+    serializer = JobCreateSerializer(data=body, context={"request": request})
+    if not serializer.is_valid():
+        problems = "; ".join(f"{field}: {' '.join(str(m) for m in msgs)}"
+                             for field, msgs in serializer.errors.items())
+        messages.error(request, f"This job cannot be resubmitted as it is: {problems}")
+        return redirect("web:job-detail", job_id=job.pk)
+    new, _ = job_submit(actor=request.user, data=serializer.to_input(),
                         idempotency_key=request.POST.get("idempotency_key") or None)
     dash.queue_plan_forget()
     messages.success(request, f"Resubmitted as job #{new.pk}.")

@@ -238,6 +238,14 @@ class TestJobDetail:
         assert r.url == f"/jobs/{new.pk}/"
         assert new.name == vision_job.name and new.status == JobState.QUEUED
 
+    def test_resubmit_applies_todays_rules_to_the_copy(self, world: World, vision_job: Job,
+                                                       settings: Any) -> None:
+        """A registry banned since the job ran is banned for its copy too."""
+        settings.FAIRQ_REGISTRY_ALLOWLIST = ["registry.internal"]
+        r = login(world.member).post(f"/jobs/{vision_job.pk}/resubmit/", follow=True)
+        assert Job.objects.count() == 1
+        assert b"cannot be resubmitted" in r.content and b"image" in r.content
+
     def test_polling_stops_once_the_job_is_final(self, world: World, vision_job: Job) -> None:
         c = login(world.member)
         assert c.get(f"/jobs/{vision_job.pk}/", HTTP_HX_REQUEST="true").status_code == 200
