@@ -247,6 +247,34 @@ def test_a_running_job_whose_workload_vanished_fails_and_frees_its_quota(world: 
     assert again in scheduler_cycle(now=t0 + timedelta(seconds=31)).admitted
 
 
+def test_a_workload_that_fails_before_it_starts_fails_without_a_running_event(
+    world: World,
+) -> None:
+    """An image that cannot be pulled: the job never ran, so no RUNNING and no usage."""
+    from dataclasses import replace
+
+    from queueing.backends.base import Phase
+    from queueing.backends.simulated import SimulatedCluster
+
+    class PullErrorCluster(SimulatedCluster):
+        def statuses(self, *, now: datetime) -> list[Any]:
+            return [replace(s, phase=Phase.FAILED, started_at=None, finished_at=now,
+                            reason="image pull failed past the timeout")
+                    for s in super().statuses(now=now)]
+
+    cluster = PullErrorCluster.from_spec("1x8xh100")
+    t0 = timezone.now()
+    job_id = submit(world, at=t0 - timedelta(seconds=1))
+    scheduler_cycle(now=t0, backend=cluster)
+    scheduler_cycle(now=t0 + timedelta(seconds=1), backend=cluster)
+    job = Job.objects.get(pk=job_id)
+    assert job.status == "FAILED" and job.started_at is None
+    assert list(job.events.values_list("from_status", "to_status")) == [
+        ("", "QUEUED"), ("QUEUED", "ADMITTED"), ("ADMITTED", "FAILED")]
+    assert "image pull" in job.events.last().reason
+    assert not UsageRecord.objects.filter(job=job).exists()
+
+
 def test_a_retried_submit_after_a_killed_worker_creates_no_second_workload(world: World) -> None:
     from queueing.policy.admission import plan_admissions
     from queueing.services.scheduler import apply_plan, build_snapshot, launch_spec

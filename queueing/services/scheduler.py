@@ -34,7 +34,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -49,10 +48,10 @@ from queueing.backends.base import (
 from queueing.models import GpuType, Job, Quota
 from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.fairshare import FairShareState
-from queueing.policy.priority import PriorityWeights
 from queueing.policy.snapshot import NodeState, QueuedJob, QuotaLimit, RunningJob, Snapshot
 from queueing.policy.states import HOLDING_STATES, JobState
 
+from .fairshare import priority_weights
 from .jobs import job_transition
 from .preemption import (
     nominated_preemptors,
@@ -60,7 +59,7 @@ from .preemption import (
     preemption_settings,
     preemptions_apply,
 )
-from .usage import fairshare_standings, usage_record_attempt
+from .usage import entry_penalty_interval_seconds, fairshare_standings, usage_record_attempt
 
 log = logging.getLogger(__name__)
 
@@ -169,12 +168,19 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) ->
         if job is not None and job.attempt == status.attempt:
             _apply_status(job, status, now=now, result=result)
 
-    vanished = Job.objects.filter(
-        status=JobState.ADMITTED, submitted_to_backend_at__lt=now - VANISHED_GRACE
-    )
-    for job in vanished:
-        if job.backend_name in seen:
-            continue
+    # Jobs holding GPUs that the cluster does not list: one narrow scan, full rows only
+    # for the (rare) missing ones.
+    grace_cutoff = now - VANISHED_GRACE
+    missing = [
+        pk for pk, attempt, state, submitted, started in Job.objects.filter(
+            status__in=[JobState.ADMITTED, JobState.RUNNING]).values_list(
+            "pk", "attempt", "status", "submitted_to_backend_at", "started_at")
+        if f"fq-{pk}-{attempt}" not in seen and (
+            (state == JobState.ADMITTED and submitted is not None and submitted < grace_cutoff)
+            or (state == JobState.RUNNING and started is not None and started < grace_cutoff))
+    ]
+    gone = Job.objects.select_related("gpu_type").in_bulk(missing)
+    for job in (j for j in gone.values() if j.state == JobState.ADMITTED):
         with transaction.atomic():
             if job_transition(
                 job, JobState.QUEUED, now=now, reason="its cluster workload vanished before "
@@ -187,12 +193,7 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) ->
     # cluster restarted) would otherwise hold its quota for ever: it fails, charged up
     # to now. The backend answers only once its view is complete (the Kubernetes one
     # waits for its watches to sync), so "missing" means missing.
-    lost = Job.objects.filter(
-        status=JobState.RUNNING, started_at__lt=now - VANISHED_GRACE
-    ).select_related("gpu_type")
-    for job in lost:
-        if job.backend_name in seen:
-            continue
+    for job in (j for j in gone.values() if j.state == JobState.RUNNING):
         with transaction.atomic():
             if job_transition(
                 job, JobState.FAILED, now=now, finished_at=now,
@@ -207,6 +208,15 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) ->
 def _apply_status(job: Job, status: WorkloadStatus, *, now: datetime,
                   result: CycleResult) -> None:
     with transaction.atomic():
+        if status.phase == Phase.FAILED and status.started_at is None and \
+                job.state == JobState.ADMITTED:
+            # It never ran (image pull error, refused pods): no RUNNING event, no usage.
+            job_transition(job, JobState.FAILED, now=now, finished_at=status.finished_at or now,
+                           reason=status.reason or "failed before it started",
+                           exit_code=status.exit_code, message=status.reason[:500])
+            result.finished.append(job.pk)
+            transaction.on_commit(_kick)
+            return
         if status.phase in (Phase.RUNNING, Phase.SUCCEEDED, Phase.FAILED) and \
                 job.state == JobState.ADMITTED:
             started = status.started_at or now
@@ -234,19 +244,6 @@ def _kick() -> None:
 
 
 # --- 2. snapshot --------------------------------------------------------------------------
-
-def priority_weights() -> PriorityWeights:
-    """Rule P1 weights from settings (the defaults of `PriorityWeights` when unset)."""
-    d = PriorityWeights()
-    return PriorityWeights(
-        fair_share=float(getattr(settings, "FAIRQ_PRIORITY_WEIGHT_FAIRSHARE", d.fair_share)),
-        age=float(getattr(settings, "FAIRQ_PRIORITY_WEIGHT_AGE", d.age)),
-        size=float(getattr(settings, "FAIRQ_PRIORITY_WEIGHT_SIZE", d.size)),
-        max_age_seconds=float(getattr(settings, "FAIRQ_PRIORITY_MAX_AGE_HOURS",
-                                      d.max_age_seconds / 3600.0)) * 3600.0,
-        favor_small=bool(getattr(settings, "FAIRQ_PRIORITY_FAVOR_SMALL", d.favor_small)),
-    )
-
 
 def build_snapshot(*, backend: ClusterBackend, now: datetime,
                    live_workloads: set[str] | None = None) -> Snapshot:
@@ -295,8 +292,7 @@ def build_snapshot(*, backend: ClusterBackend, now: datetime,
                                       "borrowing_limit", "lending_limit")
     }
     standings = fairshare_standings(now=now)
-    interval = float(getattr(settings, "FAIRQ_FAIRSHARE_RECOMPUTE_SECONDS",
-                             settings.FAIRQ_CYCLE_INTERVAL_SECONDS))
+    interval = entry_penalty_interval_seconds()
     return Snapshot(
         now=now, nodes=nodes, queued=queued, running=running, quotas=quotas,
         fair_share={team: s.factor for team, s in standings.items()},
@@ -304,7 +300,12 @@ def build_snapshot(*, backend: ClusterBackend, now: datetime,
         priority_weights=priority_weights(),
         billing_weights=dict(GpuType.objects.values_list("slug", "billing_weight")),
         interval_seconds=interval,
-        nominated=nominated_preemptors(now=now, live_workloads=live_workloads or set()),
+        # Rule R8 must see the workloads the cluster lists; callers other than the cycle
+        # (explain, dashboard, preview) pass none, so ask the cluster rather than assume
+        # every victim is gone.
+        nominated=nominated_preemptors(
+            now=now, live_workloads=live_workloads if live_workloads is not None
+            else {s.name for s in backend.statuses(now=now)}),
         preemption=preemption_settings(now=now),
     )
 
