@@ -44,10 +44,11 @@ def team_gpu_limits(team: str) -> dict[str, int]:
 
 
 def preemption_policy(tier: Tier) -> str:
-    """The PriorityClass's preemptionPolicy for a tier: the tier's own when the model has
-    one, else Never. fairq is the only preemptor (rules R1-R8: protection, minimum
-    runtime, rate limits); kube-scheduler must not evict a fairq job behind its back."""
-    return str(getattr(tier, "preemption_policy", "") or "Never")
+    """The PriorityClass's preemptionPolicy for a tier: always Never. fairq is the only
+    preemptor (rules R1-R8: protection, minimum runtime, rate limits); kube-scheduler
+    must not evict a fairq job behind its back. (A per-tier policy would need a Tier
+    field; none exists.)"""
+    return "Never"
 
 
 def priority_class_specs() -> list[PriorityClassSpec]:

@@ -164,13 +164,6 @@ class SimulatedCluster:
                 ))
             return out
 
-    def forget(self, name: str) -> None:
-        """Drop a finished workload's record (like a Job's TTL after it finished)."""
-        with self._lock:
-            w = self._workloads.get(name)
-            if w is not None and w.finished_at is not None:
-                del self._workloads[name]
-
     def logs(self, name: str, *, tail: int = 100) -> str:
         with self._lock:
             w = self._workloads.get(name)

@@ -18,8 +18,7 @@ from .snapshot import QueuedJob, Snapshot
 from .workspace import Capacity, Workspace
 
 __all__ = [
-    "Admission", "Capacity", "Plan", "Preemption", "Wait", "WaitReason", "entry_penalty",
-    "order_queue", "plan_admissions", "queue_order_key",
+    "Admission", "Capacity", "Plan", "Preemption", "Wait", "WaitReason", "plan_admissions",
 ]
 
 
@@ -129,21 +128,6 @@ class _StaticFactors:
 
     def charge(self, team: str, gpu_hours: float) -> None:
         return None
-
-
-def entry_penalty(gpus: int, billing_weight: float, interval_seconds: float) -> float:
-    """Rule F6: an admission counts at once as if it had run one recompute interval."""
-    return entry_penalty_gpu_hours(gpus, billing_weight, interval_seconds)
-
-
-def queue_order_key(job: QueuedJob, fair_share: Mapping[str, float]) -> tuple[object, ...]:
-    """Rule O1 with static factors and no job part (a quick sort for display): higher
-    tier first, higher fair-share factor, earlier submit time, lower id."""
-    return (-job.tier_rank, -fair_share.get(job.team, 1.0), job.submitted_at, job.id)
-
-
-def order_queue(jobs: Iterable[QueuedJob], fair_share: Mapping[str, float]) -> list[QueuedJob]:
-    return sorted(jobs, key=lambda j: queue_order_key(j, fair_share))
 
 
 class _Charges:
@@ -364,7 +348,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 continue
         if placement is not None:
             ledger.add(team, gt, total)
-            factors.charge(team, entry_penalty(total, billing(gt), interval))
+            factors.charge(team, entry_penalty_gpu_hours(total, billing(gt), interval))
             admissions.append(Admission(job_id, team, gt, placement))
             continue
         terminating = nominated.get(job_id, 0) if nominated else 0

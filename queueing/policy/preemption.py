@@ -55,33 +55,10 @@ def is_protected(job: RunningJob, now: datetime) -> bool:
     return not job.preemptible or job.ran_seconds(now) < job.min_runtime_seconds
 
 
-def priority_rule_applies(preemptor: QueuedJob, job: RunningJob) -> bool:
-    """Rule R1: a queued job may preempt running jobs of strictly lower tiers."""
-    return job.tier_rank < preemptor.tier_rank
-
-
-def reclaim_rule_applies(preemptor: QueuedJob, job: RunningJob, ws: Workspace) -> bool:
-    """Rule R2: a team asking within its nominal quota may preempt jobs of the same or a
-    lower tier of other teams that borrow beyond their own nominal (checked when the
-    victim is taken, so a team is never pushed below its nominal by more than one job)."""
-    return (job.team != preemptor.team and job.tier_rank <= preemptor.tier_rank
-            and ws.ledger.borrowing(job.team, job.gpu_type))
-
-
-def victim_order_key(job: RunningJob, rule: PreemptionRule,
-                     factor: Callable[[str], float]) -> tuple[object, ...]:
-    """Rules R2 and R4: lowest tier first; among reclaim candidates the team furthest
-    over its fair share (lowest F) first; then least work lost (most recently started,
-    an admitted job that has not started first); then lower id."""
-    started = job.started_at.timestamp() if job.started_at is not None else float("inf")
-    f = factor(job.team) if rule is PreemptionRule.RECLAIM else 0.0
-    return (job.tier_rank, f, -started, job.id)
-
-
 def _unprotected(ws: Workspace, gpu_type: str,
                  now: datetime) -> list[tuple[RunningJob, float]]:
     """The running jobs of `gpu_type` that rule R3 does not protect at `now`, in
-    `ws.running_by_type` order, each with the third part of its `victim_order_key`
+    `ws.running_by_type` order, each with the start-time part of its rule R4 sort key
     (minus the start time). Cached on the workspace: its running jobs never change."""
     key = (gpu_type, now)
     pool = ws.victim_pools.get(key)
@@ -102,8 +79,9 @@ def find_victims(
 
     1. Candidates: running jobs of the job's GPU type that rule R1 or (when the job's
        team stays within its nominal) rule R2 allows, minus the protected ones (R3),
-       ordered by `victim_order_key` (R4). When the job's own team is at its ceiling
-       (Q1), first its own lower-tier jobs, in that order, until the ceiling allows it.
+       ordered by rule R4 (lowest tier; for reclaim the lowest F; most recently
+       started; then id). When the job's own team is at its ceiling (Q1), first its
+       own lower-tier jobs, in that order, until the ceiling allows it.
     2. Node-aware greedy: for each replica that has no room, pick the node that needs
        the fewest victims (then the cheapest ones by R4, then node name) and take them.
        While the quota pool (rule Q1) still refuses the job, take more in R4 order.
@@ -114,10 +92,11 @@ def find_victims(
     gt, g, reps, team = job.gpu_type, job.gpus_per_replica, job.replicas, job.team
     within_nominal = ws.ledger.within_nominal(team, gt, job.total_gpus)
     cands: list[tuple[tuple[object, ...], RunningJob, PreemptionRule]] = []
-    # The same as, per running job of the type: skip it when removed or protected (R3);
-    # R1 (`priority_rule_applies`) or else, within nominal, R2 (`reclaim_rule_applies`);
-    # keyed by `victim_order_key`. The protection and the start-time part of the key
-    # only depend on `now`: computed once per workspace (the pass searches many times).
+    # Per running job of the type: skip it when removed or protected (R3); R1 (strictly
+    # lower tier) or else, within nominal, R2 (another team's job of the same or a lower
+    # tier, borrowing beyond its nominal); keyed by rule R4. The protection and the
+    # start-time part of the key only depend on `now`: computed once per workspace (the
+    # pass searches many times).
     removed, borrowing, tier = ws.removed, ws.ledger.borrowing, job.tier_rank
     priority, reclaim = PreemptionRule.PRIORITY, PreemptionRule.RECLAIM
     for r, neg_started in _unprotected(ws, gt, now):

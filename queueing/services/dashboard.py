@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db.models import Count, F, QuerySet, Sum
+from django.db.models import F, QuerySet, Sum
 
 from accounts.models import Team
 from queueing.backends import get_backend
@@ -223,14 +223,6 @@ def team_recent_preemptions(*, team: Team, now: datetime, hours: float = 24.0,
         .select_related("job").defer(*(f"job__{f}" for f in _LIST_DEFER))
         .order_by("-at", "-id")[:limit]
     )
-
-
-def team_counts(*, team: Team) -> dict[str, int]:
-    rows = Job.objects.filter(team=team).values("status").annotate(n=Count("id"))
-    counts = {s.value: 0 for s in JobState}
-    for r in rows:
-        counts[r["status"]] = r["n"]
-    return counts
 
 
 def job_page(*, jobs: QuerySet[Job], before: int | None, status: str | None,
