@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
@@ -50,6 +51,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
                         status=exc.status_code)
     if isinstance(exc, IllegalTransition):
         return Response(error_body(409, "invalid_transition", str(exc)), status=409)
+    if isinstance(exc, DjangoValidationError):
+        # A model's full_clean() in a service (a unique or check rule): the caller's
+        # input, so a 400 with the fields, never a 500.
+        exc = exceptions.ValidationError(
+            exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages})
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):

@@ -262,3 +262,21 @@ def test_staff_creates_a_team_and_sets_its_quota(world: World) -> None:
     assert r2.status_code == 200
     assert r2.json()["nominal"] == 6
     assert Team.objects.get(slug="robotics").quotas.get().nominal == 6
+
+
+def test_a_model_rule_broken_inside_a_service_is_a_400_not_a_500(world: World,
+                                                                monkeypatch: Any) -> None:
+    """Django's ValidationError (a service's full_clean) maps to the one error shape."""
+    from django.core.exceptions import ValidationError as DjangoValidationError
+
+    from queueing.api import resources
+
+    def refuse(**_: Any) -> None:
+        raise DjangoValidationError({"nominal": ["Too many GPUs for this cluster."]})
+
+    monkeypatch.setattr(resources, "quota_set", refuse)
+    quota = world.vision.quotas.first()
+    r = world.client(world.staff).patch(f"/api/v1/quotas/{quota.pk}/", {"nominal": 3},
+                                        format="json")
+    assert r.status_code == 400, r.content
+    assert r.json()["error"]["fields"] == {"nominal": ["Too many GPUs for this cluster."]}
