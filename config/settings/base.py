@@ -145,6 +145,8 @@ CELERY_BEAT_SCHEDULER = env(
     "CELERY_BEAT_SCHEDULER", default="django_celery_beat.schedulers:DatabaseScheduler"
 )
 FAIRQ_CYCLE_INTERVAL_SECONDS = env.float("FAIRQ_CYCLE_INTERVAL_SECONDS", default=3.0)
+if FAIRQ_CYCLE_INTERVAL_SECONDS <= 0:
+    raise environ.ImproperlyConfigured("FAIRQ_CYCLE_INTERVAL_SECONDS must be > 0")
 CELERY_BEAT_SCHEDULE = {
     "scheduler-cycle": {
         "task": "queueing.tasks.scheduler_cycle_task",
@@ -200,6 +202,21 @@ FAIRQ_KUBE_CONTEXT = env("FAIRQ_KUBE_CONTEXT", default="")
 # The simulated cluster: node pools as "count x gpus x gpu_type" separated by commas.
 FAIRQ_SIM_NODES = env("FAIRQ_SIM_NODES", default="4x8xh100,4x8xa100,2x7xmig-1g-10gb")
 FAIRQ_SIM_DEFAULT_SECONDS = env.float("FAIRQ_SIM_DEFAULT_SECONDS", default=60.0)
+if FAIRQ_SIM_DEFAULT_SECONDS < 0:
+    raise environ.ImproperlyConfigured("FAIRQ_SIM_DEFAULT_SECONDS must be >= 0")
+
+
+def _check_sim_nodes(spec: str) -> None:
+    """Parse FAIRQ_SIM_NODES at start-up, not at the first cycle."""
+    from queueing.backends.simulated import SimulatedClusterError, parse_node_spec
+
+    try:
+        parse_node_spec(spec)
+    except SimulatedClusterError as exc:
+        raise environ.ImproperlyConfigured(str(exc)) from exc
+
+
+_check_sim_nodes(FAIRQ_SIM_NODES)
 
 # Kick a scheduler cycle after a submit or a finish (debounced through the cache).
 FAIRQ_KICK_SCHEDULER = env.bool("FAIRQ_KICK_SCHEDULER", default=True)

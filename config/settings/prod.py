@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import environ
+
 from .base import *  # noqa: F403
 from .base import env
+
+# Production never falls back to SQLite, a per-process cache or the in-memory broker
+# (tasks would never reach the worker): both URLs are required.
+for _name in ("DATABASE_URL", "REDIS_URL"):
+    if not env(_name, default=""):
+        raise environ.ImproperlyConfigured(f"{_name} must be set in production")
 
 DEBUG = False
 SECRET_KEY = env("DJANGO_SECRET_KEY")  # no default: fail loudly when unset
