@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import transaction
 
 from queueing.backends.base import ClusterBackend
-from queueing.models import Job, JobEvent
+from queueing.models import FairShareAccumulator, Job, JobEvent
 from queueing.policy.admission import Plan
 from queueing.policy.preemption import Preemption, Victim
 from queueing.policy.snapshot import PreemptionSettings
@@ -106,6 +106,13 @@ def preemptions_apply(*, plan: Plan, now: datetime) -> Applied:
     ids = {p.preemptor_id for p in plan.preemptions}
     ids |= {v.job_id for p in plan.preemptions for v in p.victims}
     jobs = Job.objects.select_related("team", "tier", "gpu_type").in_bulk(list(ids))
+    # Charging victims locks their teams' accumulators. Take those locks up front in
+    # team-id order, the order usage import and recompute use: taking them in victim
+    # order could deadlock with those and roll back the whole apply.
+    teams = sorted({jobs[v.job_id].team_id for p in plan.preemptions for v in p.victims
+                    if v.job_id in jobs})
+    list(FairShareAccumulator.objects.select_for_update().filter(team_id__in=teams)
+         .order_by("team_id").values_list("pk", flat=True))
     for p in plan.preemptions:
         preemptor = jobs.get(p.preemptor_id)
         if preemptor is None or preemptor.state != JobState.QUEUED:
