@@ -78,7 +78,15 @@ class IdempotentPostMixin:
     def handle_exception(self, exc: Exception) -> Response:
         if isinstance(exc, _Replay):
             return exc.response
-        return super().handle_exception(exc)  # type: ignore[misc, no-any-return]
+        try:
+            return super().handle_exception(exc)  # type: ignore[misc, no-any-return]
+        except BaseException:
+            # An unhandled error (a 500) never reaches finalize_response: free the key
+            # here, or the client's retry would be refused as "still in progress".
+            record, self._idempotency_record = self._idempotency_record, None
+            if record is not None:
+                idempotency_release(record=record)
+            raise
 
     def finalize_response(self, request: Request, response: Response, *args: Any,
                           **kwargs: Any) -> Response:

@@ -87,12 +87,27 @@ def test_a_key_still_in_progress_is_409(world: World) -> None:
     assert r.status_code == 409
 
 
-def test_validation_errors_are_replayed_too_but_5xx_are_not_stored(world: World) -> None:
+def test_validation_errors_are_replayed_too_but_5xx_are_not_stored(
+    world: World, monkeypatch: Any
+) -> None:
     c = world.client(world.member)
     bad = _post(c, "/api/v1/jobs/", job_body(gpus=0), key="bad")
     assert bad.status_code == 400
-    assert _post(c, "/api/v1/jobs/", job_body(gpus=0), key="bad").status_code == 400
+    again = _post(c, "/api/v1/jobs/", job_body(gpus=0), key="bad")
+    assert (again.status_code, again["Idempotent-Replayed"]) == (400, "true")
     assert IdempotencyRecord.objects.get(key="bad").status_code == 400
+    # A server error is not an answer to keep: the key stays free for the retry.
+    from queueing.api import views
+
+    def boom(**_: Any) -> Any:
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(views, "job_submit_with_event", boom)
+    c.raise_request_exception = False
+    assert _post(c, "/api/v1/jobs/", job_body(), key="flaky").status_code == 500
+    assert not IdempotencyRecord.objects.filter(key="flaky").exists()
+    monkeypatch.undo()
+    assert _post(c, "/api/v1/jobs/", job_body(), key="flaky").status_code == 201
 
 
 def test_an_overlong_key_is_400(world: World) -> None:
