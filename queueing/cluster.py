@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from django.core.cache import cache
-
 from .backends import get_backend
+from .memo import ttl_memo
+
+
+@ttl_memo(30)
+def _largest_node_sizes() -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for n in get_backend().nodes():
+        sizes[n.gpu_type] = max(sizes.get(n.gpu_type, 0), n.capacity)
+    return sizes
 
 
 def largest_node_gpus(gpu_type: str) -> int:
-    """GPUs on the largest node of `gpu_type` (0 when the cluster has none)."""
-    sizes: dict[str, int] | None = cache.get("fairq:largest-node")
-    if sizes is None:
-        sizes = {}
-        for n in get_backend().nodes():
-            sizes[n.gpu_type] = max(sizes.get(n.gpu_type, 0), n.capacity)
-        cache.set("fairq:largest-node", sizes, timeout=30)
-    return sizes.get(gpu_type, 0)
+    """GPUs on the largest node of `gpu_type` (0 when the cluster has none); the node
+    sizes are kept 30 s in each process (queueing/memo.py)."""
+    return _largest_node_sizes().get(gpu_type, 0)

@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 from accounts.models import Role
 from accounts.services import token_issue
 from queueing.backends import reset_backends
+from queueing.memo import forget_all
 
 from .factories import (
     GpuTypeFactory,
@@ -41,9 +42,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _fresh_backend_and_cache() -> Iterator[None]:
-    """Each test gets an empty simulated cluster and an empty cache."""
+    """Each test gets an empty simulated cluster, an empty cache and no memos."""
     reset_backends()
     _clear_cache()
+    forget_all()
     yield
     reset_backends()
 

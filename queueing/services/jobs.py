@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -12,6 +13,7 @@ from django.db.models import JSONField
 from django.utils import timezone
 
 from accounts.models import Team
+from queueing import rawsql
 from queueing.errors import InvalidTransition
 from queueing.models import GpuType, Job, JobEvent, Tier
 from queueing.policy.states import (
@@ -99,22 +101,18 @@ def job_submit_with_event(
         existing = Job.objects.filter(team=data.team, idempotency_key=idempotency_key).first()
         if existing is not None:
             return existing, None, False
+    submitter = actor if actor.is_authenticated else None
+    job = Job(
+        team=data.team, submitter=submitter, name=data.name, image=data.image,
+        command=data.command, args=data.args, env=data.env, gpu_type=data.gpu_type,
+        gpus_per_replica=data.gpus_per_replica, replicas=data.replicas, tier=data.tier,
+        max_runtime_seconds=data.max_runtime_seconds, status=JobState.QUEUED,
+        idempotency_key=idempotency_key or None, created_at=now, updated_at=now,
+    )
+    event = JobEvent(at=now, kind="transition", from_status="", to_status=JobState.QUEUED,
+                     actor=submitter, actor_label=str(actor), reason="submitted", attempt=1)
     try:
-        with transaction.atomic():
-            job = Job.objects.create(
-                team=data.team, submitter=actor if actor.is_authenticated else None,
-                name=data.name, image=data.image, command=data.command, args=data.args,
-                env=data.env, gpu_type=data.gpu_type, gpus_per_replica=data.gpus_per_replica,
-                replicas=data.replicas, tier=data.tier,
-                max_runtime_seconds=data.max_runtime_seconds, status=JobState.QUEUED,
-                idempotency_key=idempotency_key or None, created_at=now, updated_at=now,
-            )
-            event = JobEvent.objects.create(
-                job=job, at=now, kind="transition", from_status="", to_status=JobState.QUEUED,
-                actor=actor if actor.is_authenticated else None, actor_label=str(actor),
-                reason="submitted", attempt=1,
-            )
-            transaction.on_commit(_kick)
+        _insert_job_with_event(job, event)
     except IntegrityError:
         # A concurrent request with the same key won the unique constraint: return its job.
         if idempotency_key:
@@ -122,7 +120,48 @@ def job_submit_with_event(
             if existing is not None:
                 return existing, None, False
         raise
+    transaction.on_commit(_kick)
     return job, event, True
+
+
+def _insert_job_with_event(job: Job, event: JobEvent) -> None:
+    """INSERT the unsaved `job` and its first `event`, both or neither, and set their ids.
+
+    This runs once per submitted job, so it skips the ORM's query compiler
+    (queueing/rawsql.py). On PostgreSQL both rows go in one statement (a data-modifying
+    WITH): atomic by itself, one round trip, no BEGIN/COMMIT; elsewhere two INSERTs in a
+    transaction. Inside a caller's transaction a savepoint keeps a failed INSERT (an
+    idempotency key taken meanwhile) from breaking the caller's transaction."""
+    job_columns, _ = rawsql.insert_columns(Job)
+    event_columns, event_fields = rawsql.insert_columns(JobEvent)
+    job_params = rawsql.insert_params(job)
+    event_params = rawsql.insert_params(event)
+    job_at = [f.attname for f in event_fields].index("job_id")
+    placeholders = ", ".join(["%s"] * len(job_params))
+    insert_job = f"INSERT INTO {rawsql.table(Job)} ({job_columns}) VALUES ({placeholders})"
+    with transaction.atomic() if connection.in_atomic_block or connection.vendor != "postgresql" \
+            else nullcontext(), connection.cursor() as cur:
+        if connection.vendor == "postgresql":
+            event_values = ["%s"] * len(event_params)
+            event_values[job_at] = "j.id"
+            del event_params[job_at]
+            cur.execute(
+                f"WITH j AS ({insert_job} RETURNING id) "
+                f"INSERT INTO {rawsql.table(JobEvent)} ({event_columns}) "
+                f"SELECT {', '.join(event_values)} FROM j RETURNING job_id, id",
+                [*job_params, *event_params],
+            )
+            job.pk, event.pk = cur.fetchone()
+        else:
+            cur.execute(f"{insert_job} RETURNING id", job_params)
+            job.pk = cur.fetchone()[0]
+            event_params[job_at] = job.pk
+            cur.execute(f"INSERT INTO {rawsql.table(JobEvent)} ({event_columns}) "
+                        f"VALUES ({', '.join(['%s'] * len(event_params))}) RETURNING id",
+                        event_params)
+            event.pk = cur.fetchone()[0]
+    job._state.adding = event._state.adding = False
+    event.job = job
 
 
 @transaction.atomic
