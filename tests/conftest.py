@@ -51,20 +51,15 @@ def _fresh_backend_and_cache() -> Iterator[None]:
 
 
 def _clear_cache() -> None:
-    """Empty this test run's cache. On Redis only our prefixed keys go: Django's
-    `clear()` there is FLUSHDB, which would also drop Celery's queues and others' keys."""
-    from django.conf import settings
+    """Empty this test run's cache. On Redis only our prefixed keys go: `clear()` there
+    is FLUSHDB, which would also drop Celery's queues and others' keys."""
     from django.core.cache import cache, caches
 
     backend = caches["default"]
     if "redis" not in type(backend).__module__:
         cache.clear()
         return
-    client = backend._cache.get_client(write=True)  # type: ignore[attr-defined]
-    prefix = settings.CACHES["default"].get("KEY_PREFIX", "")
-    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    if keys:
-        client.delete(*keys)
+    backend.delete_pattern("*")  # type: ignore[attr-defined]  # django-redis: within KEY_PREFIX
 
 
 @dataclass

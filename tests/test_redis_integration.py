@@ -26,13 +26,20 @@ def test_the_cache_is_redis_and_the_kick_is_debounced(settings: Any) -> None:
 
     assert "redis" in type(caches["default"]).__module__.lower()
     settings.FAIRQ_KICK_SCHEDULER = True
-    with mock.patch.object(tasks.scheduler_cycle_task, "apply_async") as send:
+    cache = caches["default"]
+    with mock.patch.object(tasks.scheduler_cycle_task, "apply_async") as send, \
+            mock.patch.object(tasks, "_last_kick", 0.0):
         for _ in range(5):
             tasks.kick_scheduler()
         assert send.call_count == 1  # five kicks within a second: one cycle
         time.sleep(1.1)
         tasks.kick_scheduler()
         assert send.call_count == 2
+        # Another process (its own memory of the last kick) within the second: the
+        # shared key still holds it back.
+        tasks._last_kick = 0.0
+        tasks.kick_scheduler()
+        assert send.call_count == 2 and cache.get("fairq:kick") == 1
 
 
 @pytest.mark.django_db(transaction=True)

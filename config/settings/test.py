@@ -18,7 +18,7 @@ FAIRQ_SIM_NODES = "2x8xh100,2x8xa100,1x7xmig-1g-10gb"
 if REDIS_URL:  # noqa: F405
     import os as _os
 
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+    CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache",
                           "LOCATION": REDIS_URL,  # noqa: F405
                           "KEY_PREFIX": f"fairq-test-{_os.getpid()}"}}
 else:
