@@ -12,16 +12,19 @@ How it works
     far above what is measured).
   * Server: gunicorn on 127.0.0.1 and a free port, settings `bench.settings_api`: the
     test settings (eager Celery, no scheduler kicks: the web path alone) with persistent
-    database connections as in production. Default: 4 *sync* workers (2 per core), one
+    database connections as in production, and the rate-limit buckets in Redis as in
+    production when a Redis answers ($REDIS_URL, else 127.0.0.1:6379; local memory
+    otherwise, said on the first line). Default: 2 *sync* workers (1 per core), one
     request at a time each, no keep-alive (`--worker-class`, `--workers`,
     `--server-threads`; BENCH_WORKER_CLASS, BENCH_WORKERS). Why not gthread with
     keep-alive: a gthread worker accepts every connection offered while it is awake, so
     the 8 long-lived client connections pile onto one or two workers and each worker is
     bound to one core by the GIL: 2-4 gthread workers plateaued at ~100 req/s with the
     host 35% idle. Sync workers take a new connection per request from the shared
-    listen queue, so whichever worker is free serves it and both cores stay busy
-    (~1.6x the rate). A submit is CPU-bound Python with ~2 ms of database waits, so 2
-    workers per core cover the waits.
+    listen queue, so whichever worker is free serves it and both cores stay busy.
+    A submit is CPU-bound Python with ~1 ms of database and Redis waits: 1 worker per
+    core measured best (227/s against 198/s with 4: fewer processes thrash the caches
+    less).
   * Client: `--clients` processes, each with `--threads` threads and a lean HTTP/1.1
     client (one prebuilt request, the answer read by Content-Length; it reconnects when
     the server closes, as sync workers do), POST /api/v1/jobs/ `--requests` times in total
@@ -30,12 +33,18 @@ How it works
     PostgreSQL's (api_postgres_cpu_per_submit) and the whole host's
     (api_host_cpu_per_submit): host CPU per submit x rate ~ 2 cores means saturated.
   * Bulk: POST /api/v1/jobs/bulk/ with count=10000, `--bulk-runs` times; the median.
+  * Floors (bench/floor_app.py; skip with --no-floors): the same gunicorn and load on a
+    bare WSGI app (gunicorn and the client alone) and on a plain Django view that runs the
+    submit's three statements through the same functions, without DRF, validation,
+    throttling or idempotency. They tell what this machine allows: the submit's rate is
+    read against api_floor_django_rate, not against an absolute goal alone.
   * Raw INSERT: the same rows (a job and its submit event, one transaction per job) written
     with psycopg from the same number of connections, no Django, no HTTP; then the same
     10,000 rows with one executemany per table in one transaction.
 
 Output: `BENCH <name> <value> <unit>` lines, among them api_submit_rate, api_submit_p50,
-api_submit_p99, bulk_submit_10k, psycopg_insert_rate and api_vs_insert_ratio; also the
+api_submit_p99, bulk_submit_10k, api_floor_{wsgi,django}_rate, psycopg_insert_rate and
+api_vs_insert_ratio; also the
 CPU per submit of the gunicorn workers, the clients, PostgreSQL and the host, and the
 host's load average, to tell a slow code path from a busy machine.
 Run: `.venv/bin/python bench/bench_api.py` (`make bench`); about a minute on 2 cores.
@@ -113,14 +122,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def local_redis_url() -> str | None:
+    """$REDIS_URL, else the local Redis when one answers (production keeps the rate-limit
+    buckets in Redis: measure that), else None (local memory)."""
+    if os.environ.get("REDIS_URL"):
+        return os.environ["REDIS_URL"]
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            if s.recv(16).startswith(b"+PONG"):
+                return "redis://127.0.0.1:6379/0"
+    except OSError:
+        pass
+    return None
+
+
 def start_gunicorn(url: str, port: int, workers: int, threads: int,
-                   worker_class: str = "gthread") -> subprocess.Popen[bytes]:
+                   worker_class: str = "gthread", app: str = "config.wsgi:application",
+                   extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "bench.settings_api",
            "FAIRQ_API_RATE": "100000000/min", "FAIRQ_LOG_LEVEL": "WARNING",
-           "DJANGO_ALLOWED_HOSTS": "127.0.0.1"}
+           "DJANGO_ALLOWED_HOSTS": "127.0.0.1", **(extra_env or {})}
     gunicorn = str(Path(sys.executable).parent / "gunicorn")
     proc = subprocess.Popen(
-        [gunicorn, "config.wsgi:application", "--bind", f"127.0.0.1:{port}",
+        [gunicorn, app, "--bind", f"127.0.0.1:{port}",
          "--workers", str(workers), "--worker-class", worker_class, "--threads", str(threads),
          "--keep-alive", "30", "--log-level", "warning", "--timeout", "60"],
         cwd=ROOT, env=env, start_new_session=True,
@@ -403,15 +428,43 @@ def raw_bulk(url: str, count: int) -> float:
     return time.perf_counter() - t0
 
 
+def floors(url: str, keys: list[str], a: argparse.Namespace) -> None:
+    """The same load on less than a submit (bench/floor_app.py): the bare WSGI app, then a
+    plain Django view doing the submit's three statements. Rates and server CPU per
+    request, so fairq's figures can be read against what this machine allows."""
+    for name, app, extra in (
+        ("wsgi", "bench.floor_app:wsgi_app", {}),
+        ("django", "config.wsgi:application", {"FAIRQ_BENCH_URLCONF": "bench.floor_app"}),
+    ):
+        port = free_port()
+        server = start_gunicorn(url, port, a.workers, a.server_threads, a.worker_class,
+                                app=app, extra_env=extra)
+        try:
+            cpu_before = server_cpu_seconds(server)
+            rate, lat, errors, _ = single_submits(port, keys, a.clients, a.threads, a.requests)
+            cpu = server_cpu_seconds(server) - cpu_before
+        finally:
+            stop(server)
+        lat_ms = sorted(x * 1000 for x in lat)
+        bench(f"api_floor_{name}_rate", rate, "req/s")
+        bench(f"api_floor_{name}_p99", lat_ms[min(len(lat_ms) - 1, int(len(lat_ms) * 0.99))], "ms")
+        if cpu > 0:
+            bench(f"api_floor_{name}_server_cpu_per_request", cpu * 1000 / len(lat), "ms")
+        if errors:
+            bench(f"api_floor_{name}_errors", errors, "requests")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=3000)
     p.add_argument("--clients", type=int, default=2, help="client processes")
     p.add_argument("--threads", type=int, default=4, help="connections per client process")
-    p.add_argument("--workers", type=int, default=int(os.environ.get("BENCH_WORKERS", "4")))
+    p.add_argument("--workers", type=int, default=int(os.environ.get("BENCH_WORKERS", "2")))
     p.add_argument("--server-threads", type=int, default=1, help="gthread workers only")
     p.add_argument("--worker-class", default=os.environ.get("BENCH_WORKER_CLASS", "sync"))
     p.add_argument("--bulk-runs", type=int, default=3)
+    p.add_argument("--no-floors", action="store_true",
+                   help="skip the floors (bench/floor_app.py: bare WSGI, plain Django view)")
     a = p.parse_args()
 
     url = os.environ.get("FAIRQ_BENCH_API_DATABASE_URL", DEFAULT_PG)
@@ -421,10 +474,14 @@ def main() -> int:
     if not recreate_postgres(url):  # it has said why
         note("skipping the API bench: it measures gunicorn on PostgreSQL")
         return 0
+    redis = local_redis_url()
+    if redis:
+        os.environ["REDIS_URL"] = redis  # gunicorn's settings read it: rate limits in Redis
     keys = setup_django(url, a.clients * a.threads + 1)
     port = free_port()
     note(f"gunicorn: {a.workers} {a.worker_class} workers x {a.server_threads} threads on 127.0.0.1:{port}; "
-         f"client: {a.clients} processes x {a.threads} connections, {a.requests} requests")
+         f"client: {a.clients} processes x {a.threads} connections, {a.requests} requests; "
+         f"cache (rate limits): {'Redis ' + redis if redis else 'local memory (no Redis found)'}")
     server = start_gunicorn(url, port, a.workers, a.server_threads, a.worker_class)
     try:
         cpu_before = server_cpu_seconds(server)
@@ -455,6 +512,8 @@ def main() -> int:
         bench("bulk_submit_10k", statistics.median(bulks), "s")
     finally:
         stop(server)
+    if not a.no_floors:
+        floors(url, keys[:-1], a)
     insert_rate = raw_inserts(url, a.clients * a.threads, a.requests)
     bench("psycopg_insert_rate", insert_rate, "rows/s")
     bench("api_vs_insert_ratio", rate / insert_rate, "x")
