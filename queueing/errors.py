@@ -25,3 +25,10 @@ class Conflict(DomainError):
 
 class InvalidTransition(Conflict):
     code = "invalid_transition"
+
+
+class IdempotencyKeyReused(DomainError):
+    """An idempotency key sent again with a different request (or by someone else)."""
+
+    status_code = 422
+    code = "idempotency_key_reused"

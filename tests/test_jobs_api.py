@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from accounts.models import IdempotencyRecord
 from queueing.models import Job, JobEvent
 from queueing.policy.states import JobState
 
@@ -100,6 +101,35 @@ def test_idempotency_keys_are_per_team(world: World) -> None:
     r = world.client(world.outsider).post("/api/v1/jobs/", job_body(team="nlp"), format="json",
                                           HTTP_IDEMPOTENCY_KEY="k")
     assert r.status_code == 201 and Job.objects.count() == 2
+
+
+def test_a_team_key_never_returns_another_members_job(world: World) -> None:
+    """Keys are unique per team in the database; a team mate who happens to send the same
+    key (two pipelines counting runs from 1) gets a 422, not the other's job."""
+    first = world.client(world.member).post("/api/v1/jobs/", job_body(), format="json",
+                                            HTTP_IDEMPOTENCY_KEY="run-1")
+    r = world.client(world.admin).post("/api/v1/jobs/", job_body(), format="json",
+                                       HTTP_IDEMPOTENCY_KEY="run-1")
+    assert first.status_code == 201
+    assert r.status_code == 422 and r.json()["error"]["code"] == "idempotency_key_reused"
+    assert set(r.json()) == {"error"}  # nothing of the first job
+    assert Job.objects.count() == 1
+
+
+@pytest.mark.parametrize(("changed", "status"), [({}, 200), ({"gpus": 1}, 422),
+                                                  ({"env": {"SEED": "2"}}, 422)])
+def test_a_team_key_outlives_the_day_of_replays_and_still_checks_the_job(
+        world: World, changed: dict[str, Any], status: int) -> None:
+    """After a day the per-user replay record is gone; the team's key on the job still
+    answers: the same job again is the first job, a different one is refused."""
+    c = world.client(world.member)
+    first = c.post("/api/v1/jobs/", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="run-7")
+    IdempotencyRecord.objects.all().delete()  # as if a day had passed
+    r = c.post("/api/v1/jobs/", job_body(**changed), format="json",
+               HTTP_IDEMPOTENCY_KEY="run-7")
+    assert r.status_code == status and Job.objects.count() == 1
+    if status == 200:
+        assert r.json()["id"] == first.json()["id"]
 
 
 def test_a_member_lists_only_jobs_of_their_teams(world: World) -> None:

@@ -18,15 +18,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.services import idempotency_claim, idempotency_complete, idempotency_release
-from queueing.errors import Conflict, DomainError
+from queueing.errors import Conflict, DomainError, IdempotencyKeyReused
 
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 200
-
-
-class IdempotencyKeyReused(DomainError):
-    status_code = 422
-    code = "idempotency_key_reused"
 
 
 class _Replay(Exception):

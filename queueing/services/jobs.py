@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from accounts.models import Team
 from queueing import rawsql
-from queueing.errors import InvalidTransition
+from queueing.errors import IdempotencyKeyReused, InvalidTransition
 from queueing.models import GpuType, Job, JobEvent, Tier
 from queueing.policy.states import (
     HOLDING_STATES,
@@ -95,12 +95,17 @@ def job_submit_with_event(
     now: datetime | None = None,
 ) -> tuple[Job, JobEvent | None, bool]:
     """`job_submit`, also returning the submit event it wrote (None when nothing was
-    written), so the API can answer with the job's events without reading them back."""
+    written), so the API can answer with the job's events without reading them back.
+
+    An idempotency key is unique per team (a constraint, kept as long as the job): the
+    same submitter sending the same job again gets the first job back; the key with a
+    different job, or from someone else in the team, is IdempotencyKeyReused (422), never
+    another request's job."""
     now = now or timezone.now()
     if idempotency_key:
         existing = Job.objects.filter(team=data.team, idempotency_key=idempotency_key).first()
         if existing is not None:
-            return existing, None, False
+            return _same_submit_or_refuse(existing, actor=actor, data=data), None, False
     submitter = actor if actor.is_authenticated else None
     job = Job(
         team=data.team, submitter=submitter, name=data.name, image=data.image,
@@ -118,10 +123,26 @@ def job_submit_with_event(
         if idempotency_key:
             existing = Job.objects.filter(team=data.team, idempotency_key=idempotency_key).first()
             if existing is not None:
-                return existing, None, False
+                return _same_submit_or_refuse(existing, actor=actor, data=data), None, False
         raise
     transaction.on_commit(_kick)
     return job, event, True
+
+
+def _same_submit_or_refuse(existing: Job, *, actor: Any, data: JobInput) -> Job:
+    """`existing` when it is the job `actor` would submit now with `data`."""
+    submitter_id = actor.pk if actor.is_authenticated else None
+    same = (existing.submitter_id == submitter_id
+            and (existing.name, existing.image, existing.command, existing.args, existing.env,
+                 existing.gpu_type_id, existing.gpus_per_replica, existing.replicas,
+                 existing.tier_id, existing.max_runtime_seconds)
+            == (data.name, data.image, data.command, data.args, data.env, data.gpu_type.pk,
+                data.gpus_per_replica, data.replicas, data.tier.pk, data.max_runtime_seconds))
+    if not same:
+        raise IdempotencyKeyReused(
+            f"Idempotency key {existing.idempotency_key!r} was used for another job of team "
+            f"{data.team.slug}; use a new key.")
+    return existing
 
 
 def _insert_job_with_event(job: Job, event: JobEvent) -> None:

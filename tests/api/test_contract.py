@@ -237,13 +237,15 @@ def test_bulk_validates_once_for_all(world: World, overrides: dict[str, Any], fi
     assert Job.objects.count() == 0
 
 
-def test_bulk_of_ten_thousand_is_fast(world: World) -> None:
-    started = time.perf_counter()
+def test_bulk_of_ten_thousand_queues_every_job_with_its_event(world: World) -> None:
+    """The largest array job, whole. How fast is bench/bench_api.py's (bulk_submit_10k,
+    goal < 2 s on PostgreSQL), not a timed test here: on a busy CI box that only flakes."""
     r = _post(world.client(world.member), "/api/v1/jobs/bulk/", job_body(name="big", count=10_000))
-    took = time.perf_counter() - started
     assert r.status_code == 201
-    assert Job.objects.count() == 10_000
-    assert took < 10  # SQLite on a shared CI box; bench/ measures PostgreSQL against 2 s
+    ids = r.json()["ids"]
+    assert len(ids) == len(set(ids)) == Job.objects.count() == JobEvent.objects.count() == 10_000
+    last = Job.objects.get(pk=ids[-1])
+    assert last.name == "big-9999" and last.env["FAIRQ_ARRAY_INDEX"] == "9999"
 
 
 # --- memberships and teams through the API --------------------------------------------
