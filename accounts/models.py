@@ -6,6 +6,7 @@ import hashlib
 from datetime import datetime
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
@@ -37,6 +38,25 @@ class Team(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+    def clean(self) -> None:
+        """Rule F4: the hierarchy is a forest. A team cannot be its own parent nor the
+        parent of any of its ancestors (A -> B -> A). One query per level above."""
+        super().clean()
+        if self.parent_id is None or self.pk is None:
+            return  # a new team has no descendants yet
+        if self.parent_id == self.pk:
+            raise ValidationError({"parent": ValidationError(
+                "A team cannot be its own parent.", code="parent_cycle")})
+        seen: set[int] = set()
+        ancestor: int | None = self.parent_id
+        while ancestor is not None and ancestor not in seen:  # `seen`: a cycle above (raw SQL)
+            if ancestor == self.pk:
+                raise ValidationError({"parent": ValidationError(
+                    f"{self.parent} is below {self.slug} in the hierarchy: a team cannot "
+                    "be its own ancestor.", code="parent_cycle")})
+            seen.add(ancestor)
+            ancestor = Team.objects.filter(pk=ancestor).values_list("parent_id", flat=True).first()
 
 
 class Role(models.TextChoices):

@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 from accounts.models import Team, slug_validator
 
@@ -84,10 +85,25 @@ class Quota(models.Model):
                 condition=Q(lending_limit__isnull=True) | Q(lending_limit__gte=0),
                 name="quota_lending_gte_0",
             ),
+            # Rule Q1: a team lends at most its nominal (empty = all of it).
+            models.CheckConstraint(
+                condition=Q(lending_limit__isnull=True) | Q(lending_limit__lte=F("nominal")),
+                name="quota_lending_lte_nominal",
+                violation_error_message="A quota cannot lend more than its nominal.",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.team.slug}/{self.gpu_type.slug}: {self.nominal}"
+
+    def clean(self) -> None:
+        """Rule Q1 as a field error on `lending_limit` (the check constraint
+        `quota_lending_lte_nominal` holds it in the database, for writes that skip this)."""
+        super().clean()
+        if (self.lending_limit is not None and self.nominal is not None
+                and self.lending_limit > self.nominal):
+            raise ValidationError({"lending_limit": ValidationError(
+                f"Cannot lend more than the nominal {self.nominal}.", code="lending_above_nominal")})
 
 
 JOB_STATUS_CHOICES = [(s.value, s.value.title()) for s in JobState]

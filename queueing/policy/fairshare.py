@@ -150,11 +150,42 @@ def team_usage_at(item: TeamUsageInput, now: datetime, half_life_hours: float) -
     return total
 
 
+def hierarchy_cycles(parent: Mapping[str, str | None]) -> frozenset[str]:
+    """Rule F4: the teams whose chain of parents comes back to themselves (a team its own
+    parent, A -> B -> A, ...). Teams below a cycle are not on it. O(teams)."""
+    on_cycle: set[str] = set()
+    done: set[str] = set()
+    for start in parent:
+        path: list[str] = []
+        index: dict[str, int] = {}
+        t: str | None = start
+        while t is not None and t in parent and t not in done:
+            if t in index:  # came back to a team of this walk: the rest of it is a cycle
+                on_cycle.update(path[index[t]:])
+                break
+            index[t] = len(path)
+            path.append(t)
+            t = parent[t]
+        done.update(path)
+    return frozenset(on_cycle)
+
+
+def forest_parents(parent: Mapping[str, str | None]) -> dict[str, str | None]:
+    """Rule F4 made safe: each team's parent, or None for a team whose parent the input
+    does not know or which is on a cycle (`hierarchy_cycles`). A cycle only comes from a
+    write that skipped `Team.clean()`; its teams then count as top-level (flat), those
+    below it keep their place, whatever the input order, and no walk up the result loops.
+    """
+    cycles = hierarchy_cycles(parent)
+    return {t: p if p is not None and p in parent and t not in cycles else None
+            for t, p in parent.items()}
+
+
 class _Tree:
     """The team forest of rule F4: parents, children, subtree usage, level shares.
 
-    A parent the input does not know, or a parent link that closes a cycle, makes the
-    team a top-level one (the standings never loop and never lose a team).
+    A parent the input does not know, or a team on a parent cycle, makes the team a
+    top-level one (`forest_parents`: the standings never loop and never lose a team).
     """
 
     __slots__ = ("_ue", "active", "ancestors", "level_share", "share", "subtree", "total")
@@ -167,20 +198,7 @@ class _Tree:
         active: Mapping[str, bool],
     ) -> None:
         teams = list(parent)
-        par: dict[str, str | None] = {}
-        for t in teams:
-            p = parent[t]
-            par[t] = p if p is not None and p in parent and p != t else None
-        # Break cycles: walk up; a team whose chain comes back to itself becomes top-level.
-        for t in teams:
-            seen = {t}
-            p = par[t]
-            while p is not None:
-                if p in seen:
-                    par[t] = None
-                    break
-                seen.add(p)
-                p = par[p]
+        par = forest_parents(parent)
         self.ancestors: dict[str, tuple[str, ...]] = {}
         for t in teams:
             chain: list[str] = []
@@ -299,14 +317,14 @@ class FairShareState:
         self._subtree = dict(usage)
         self._share = dict(share)
         self._level = dict(level_share) if level_share is not None else dict(share)
-        parents = dict(parent or {})
+        parents = forest_parents({t: (parent or {}).get(t) for t in self._share})
         self._ancestors: dict[str, tuple[str, ...]] = {}
         for team in self._share:
             chain: list[str] = []
-            p = parents.get(team)
-            while p is not None and p in self._share and p not in chain and p != team:
+            p = parents[team]
+            while p is not None:
                 chain.append(p)
-                p = parents.get(p)
+                p = parents[p]
             self._ancestors[team] = tuple(chain)
         self._total = sum(v for t, v in self._subtree.items() if not self._ancestors.get(t))
 

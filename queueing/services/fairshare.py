@@ -31,6 +31,7 @@ from queueing.policy.fairshare import (
     TeamUsageInput,
     compute_standings,
     decayed_interval_usage,
+    forest_parents,
 )
 from queueing.policy.priority import PriorityWeights, job_priority, rank_queue
 from queueing.policy.snapshot import QueuedJob
@@ -524,10 +525,12 @@ def _queued_job(job: Job) -> QueuedJob:
 
 
 def standings_sorted(standings: Mapping[str, Standing]) -> list[Standing]:
-    """Parents before their children, siblings by name (the order `sshare` prints)."""
+    """Parents before their children, siblings by name (the order `sshare` prints).
+    Every team once: a parent cycle (rule F4) lists its teams as top-level."""
+    up = forest_parents({t: s.parent for t, s in standings.items()})
     children: dict[str | None, list[Standing]] = {}
-    for s in standings.values():
-        children.setdefault(s.parent if s.parent in standings else None, []).append(s)
+    for t, s in standings.items():
+        children.setdefault(up[t], []).append(s)
     out: list[Standing] = []
 
     def walk(parent: str | None) -> None:

@@ -120,15 +120,11 @@ def _limit(label: str) -> forms.IntegerField:
 
 
 class QuotaForm(forms.Form):
-    """One cell of the quota board. Empty borrowing = unlimited, empty lending = all."""
+    """One cell of the quota board. Empty borrowing = unlimited, empty lending = all.
+
+    Only the shapes of the fields: the rules between them (lending <= nominal, rule Q1)
+    are `Quota.clean()`'s, run by `quota_set`; the view shows its errors on the fields."""
 
     nominal = forms.IntegerField(label="Nominal", min_value=0, max_value=100_000)
     borrowing_limit = _limit("Borrowing limit")
     lending_limit = _limit("Lending limit")
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean() or {}
-        nominal, lending = data.get("nominal"), data.get("lending_limit")
-        if nominal is not None and lending is not None and lending > nominal:
-            self.add_error("lending_limit", f"Cannot lend more than the nominal {nominal}.")
-        return data
