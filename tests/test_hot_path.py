@@ -53,11 +53,11 @@ def test_team_for_submitter_needs_a_membership_unless_staff(world: World) -> Non
 
 
 def _input(world: World, **over: Any) -> JobInput:
-    values: dict[str, Any] = dict(
-        team=world.vision, name="resnet", image="ghcr.io/acme/train:1.4",
-        command=["python", "train.py"], args=["--lr", "0.1"], env={"SEED": "7", "Ü": "ü"},
-        gpu_type=world.h100, gpus_per_replica=2, replicas=3, tier=world.high,
-        max_runtime_seconds=None)
+    values: dict[str, Any] = {
+        "team": world.vision, "name": "resnet", "image": "ghcr.io/acme/train:1.4",
+        "command": ["python", "train.py"], "args": ["--lr", "0.1"],
+        "env": {"SEED": "7", "Ü": "ü"}, "gpu_type": world.h100, "gpus_per_replica": 2,
+        "replicas": 3, "tier": world.high, "max_runtime_seconds": None}
     values.update(over)
     return JobInput(**values)
 
