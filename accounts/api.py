@@ -177,6 +177,9 @@ class MembershipListView(IdempotentPostMixin, APIView):
 
 
 class MembershipDetailView(IdempotentPostMixin, APIView):
+    # The membership rules (a team keeps its last team admin) are the services':
+    # their Conflict answers 409 through the one error handler.
+
     def _membership(self, request: Request, slug: str, username: str) -> Membership:
         team = _team_or_404(request, slug)
         membership = memberships_of_team(team=team).filter(user__username=username).first()

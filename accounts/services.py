@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -11,6 +12,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
 from django.db import IntegrityError, models, transaction
 from django.utils import timezone
+
+from queueing.errors import Conflict
 
 from .models import ApiToken, AuditEntry, Membership, Role, ServiceAccount, Team
 
@@ -172,11 +175,39 @@ def team_update(*, actor: Any, team: Team, **fields: Any) -> Team:
     return team
 
 
+LAST_TEAM_ADMIN_MESSAGE = "team {slug} would have no team admin; make someone else team-admin first"
+
+
+def membership_check_keeps_admin(
+    *, team: Team, leaving_user_ids: Collection[int], joining_user_ids: Collection[int] = (),
+) -> None:
+    """The last-admin rule: a team that has a team admin keeps one. Raises Conflict (and changes
+    nothing) when the team's team admins, minus `leaving_user_ids` (removed or demoted),
+    plus `joining_user_ids` (added or promoted), would be none. It applies to everyone,
+    staff included: staff promote someone else first. A team that has no team admin yet
+    (a new team) may gain and lose members freely.
+
+    Takes no lock: the membership services call it with the team row locked; the admin's
+    membership form calls it to show the error before anything is saved."""
+    admins = set(Membership.objects.filter(team=team, role=Role.TEAM_ADMIN)
+                 .values_list("user_id", flat=True))
+    if admins and not ((admins - set(leaving_user_ids)) | set(joining_user_ids)):
+        raise Conflict(LAST_TEAM_ADMIN_MESSAGE.format(slug=team.slug))
+
+
+def _lock_team(team: Team) -> None:
+    # Membership changes of one team take turns on the team row: two admins demoting each
+    # other at once would otherwise each see the other one remain, and leave none.
+    Team.objects.select_for_update().filter(pk=team.pk).exists()
+
+
 @transaction.atomic
 def membership_set(
     *, actor: Any, team: Team, user: User, role: str
 ) -> tuple[Membership, bool]:
-    """Add `user` to `team` with `role`, or change the role of a member. (membership, created)."""
+    """Add `user` to `team` with `role`, or change the role of a member. (membership, created).
+    Demoting the team's last team admin raises Conflict (the last-admin rule)."""
+    _lock_team(team)
     membership = Membership.objects.select_for_update().filter(team=team, user=user).first()
     if membership is None:
         membership = Membership.objects.create(team=team, user=user, role=role)
@@ -185,6 +216,8 @@ def membership_set(
                               "role": [None, role]})
         return membership, True
     if membership.role != role:
+        if membership.role == Role.TEAM_ADMIN:
+            membership_check_keeps_admin(team=team, leaving_user_ids=[user.pk])
         old = membership.role
         membership.role = role
         membership.save(update_fields=["role"])
@@ -195,7 +228,17 @@ def membership_set(
 
 @transaction.atomic
 def membership_remove(*, actor: Any, membership: Membership) -> None:
-    audit_record(actor=actor, action="delete", instance=membership,
-                 changes={"team": [membership.team.slug, None],
-                          "user": [str(membership.user), None]})
-    membership.delete()
+    """Remove a membership (the member themselves may be the actor). Removing the team's
+    last team admin raises Conflict (the last-admin rule); a membership already gone is a no-op."""
+    team = membership.team
+    _lock_team(team)
+    current = Membership.objects.select_for_update().filter(pk=membership.pk).first()
+    if current is None:
+        return
+    if current.role == Role.TEAM_ADMIN:
+        membership_check_keeps_admin(team=team, leaving_user_ids=[current.user_id])
+    current.team = team
+    audit_record(actor=actor, action="delete", instance=current,
+                 changes={"team": [team.slug, None], "user": [str(current.user), None],
+                          "role": [current.role, None]})
+    current.delete()

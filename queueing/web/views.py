@@ -350,20 +350,32 @@ def team_member_change(request: HttpRequest, slug: str, membership_id: int) -> H
         "user", "team").first()
     if membership is None:
         raise Http404("no such member")
+    # The membership rules (the last team admin stays) live in the services: a refusal
+    # is a DomainError, shown as a message, and nothing changes.
     if request.POST.get("action") == "remove":
-        if membership.user_id == request.user.pk:
-            messages.error(request, "You cannot remove yourself; ask another team admin.")
-        else:
+        try:
             membership_remove(actor=request.user, membership=membership)
+        except DomainError as exc:
+            messages.error(request, exc.message)
+            return redirect("web:team", slug=team.slug)
+        if membership.user_id != request.user.pk:
             messages.success(request, f"{membership.user} removed.")
+            return redirect("web:team", slug=team.slug)
+        messages.success(request, f"You left team {team.slug}.")
+        if team_get_for_user(user=request.user, slug=team.slug) is None:
+            return redirect("web:home")  # the team page is no longer yours to see
         return redirect("web:team", slug=team.slug)
     form = RoleForm(request.POST)
-    if form.is_valid():
+    if not form.is_valid():
+        messages.error(request, "Pick a valid role.")
+        return redirect("web:team", slug=team.slug)
+    try:
         membership_set(actor=request.user, team=team, user=membership.user,
                        role=form.cleaned_data["role"])
-        messages.success(request, f"{membership.user} is now {form.cleaned_data['role']}.")
+    except DomainError as exc:
+        messages.error(request, exc.message)
     else:
-        messages.error(request, "Pick a valid role.")
+        messages.success(request, f"{membership.user} is now {form.cleaned_data['role']}.")
     return redirect("web:team", slug=team.slug)
 
 
