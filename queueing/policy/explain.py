@@ -3,7 +3,7 @@ and the admission plan go in, the explanation comes out."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from .snapshot import QueuedJob
@@ -27,6 +27,50 @@ class QueueExplanation:
     reasons: tuple[WaitReasonLine, ...]
 
 
+def reason_lines(
+    *, ahead: int, ahead_same_gpu_type: int, gpu_type: str, wait_code: str | None,
+    wait_message: str | None, admitted_next: bool,
+) -> tuple[WaitReasonLine, ...]:
+    """Rule P3's reasons for one queued job, worded once for the API, the CLI and the
+    dashboard: what the admission plan said of it, then the jobs ahead of it."""
+    reasons: list[WaitReasonLine] = []
+    if admitted_next:
+        reasons.append(WaitReasonLine("next_cycle", "it fits now: the next scheduling cycle "
+                                                    "admits it"))
+    elif wait_code is not None:
+        reasons.append(WaitReasonLine(wait_code, wait_message or wait_code))
+    if ahead > 0:
+        reasons.append(WaitReasonLine(
+            "jobs_ahead",
+            f"{ahead} job{'s' if ahead != 1 else ''} ahead of it in the queue "
+            f"({ahead_same_gpu_type} for {gpu_type})",
+        ))
+    return tuple(reasons)
+
+
+def explain_queue(
+    ordered: Sequence[QueuedJob],
+    *,
+    waits: Mapping[int, tuple[str, str]],
+    admitted: Collection[int],
+) -> dict[int, QueueExplanation]:
+    """Rule P3 for every job of `ordered` (the queue in rule P2 order) in one pass:
+    `waits` is what the admission plan said of a job (code, message), `admitted` the jobs
+    it would admit."""
+    out: dict[int, QueueExplanation] = {}
+    same: dict[str, int] = {}
+    for index, job in enumerate(ordered):
+        ahead_same = same.get(job.gpu_type, 0)
+        code, message = waits.get(job.id, (None, None))
+        out[job.id] = QueueExplanation(
+            position=index + 1, ahead=index, ahead_same_gpu_type=ahead_same,
+            queued=len(ordered), reasons=reason_lines(
+                ahead=index, ahead_same_gpu_type=ahead_same, gpu_type=job.gpu_type,
+                wait_code=code, wait_message=message, admitted_next=job.id in admitted))
+        same[job.gpu_type] = ahead_same + 1
+    return out
+
+
 def explain_queued(
     job_id: int,
     ordered: Sequence[QueuedJob],
@@ -35,28 +79,8 @@ def explain_queued(
     wait_message: str | None,
     admitted_next: bool,
 ) -> QueueExplanation | None:
-    """Rule P3: the job's place in `ordered` (the queue in rule P2 order) and why it waits.
-
-    `wait_code`/`wait_message` are what the admission plan said of the job (None when the
-    plan had nothing to say); `admitted_next` when the plan would admit it. Returns None
-    for a job not in the queue.
-    """
-    index = next((i for i, j in enumerate(ordered) if j.id == job_id), None)
-    if index is None:
-        return None
-    job = ordered[index]
-    same = sum(1 for j in ordered[:index] if j.gpu_type == job.gpu_type)
-    reasons: list[WaitReasonLine] = []
-    if admitted_next:
-        reasons.append(WaitReasonLine("next_cycle", "it fits now: the next scheduling cycle "
-                                                    "admits it"))
-    elif wait_code is not None:
-        reasons.append(WaitReasonLine(wait_code, wait_message or wait_code))
-    if index > 0:
-        reasons.append(WaitReasonLine(
-            "jobs_ahead",
-            f"{index} job{'s' if index != 1 else ''} ahead of it in the queue "
-            f"({same} for {job.gpu_type})",
-        ))
-    return QueueExplanation(position=index + 1, ahead=index, ahead_same_gpu_type=same,
-                            queued=len(ordered), reasons=tuple(reasons))
+    """Rule P3 for one job of `ordered` (None when it is not there): `explain_queue`
+    with only this job's wait and admission."""
+    waits = {job_id: (wait_code, wait_message or wait_code)} if wait_code is not None else {}
+    return explain_queue(ordered, waits=waits,
+                         admitted=(job_id,) if admitted_next else ()).get(job_id)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
@@ -30,98 +30,13 @@ from queueing.policy.fairshare import Standing
 from queueing.policy.snapshot import QueuedJob
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 
+# Re-exported for the web views and bench/bench_dashboard.py.
+from .queue_plan import QUEUE_PLAN_TTL as QUEUE_PLAN_TTL
+from .queue_plan import queue_plan as queue_plan
+from .queue_plan import queue_plan_forget as queue_plan_forget
 from .usage import fairshare_standings
 
-QUEUE_PLAN_TTL = 3.0  # seconds: about one scheduler cycle
-_PLAN_KEY = "fairq:web:queue-plan"
 DONE_STATES = [*sorted(FINAL_STATES), JobState.PREEMPTED]
-
-
-# --- queue positions and wait reasons -------------------------------------------------------
-
-class QueueEntry(NamedTuple):
-
-    position: int  # 1-based, rule O1 order
-    ahead_same_gpu_type: int
-    team: str
-    reason_code: str  # of the admission plan (quota, capacity, ...), "next_cycle" or ""
-    reason: str
-
-
-@dataclass(frozen=True)
-class QueuePlan:
-    """Where every queued job stands in the next cycle's order (rule O1) and why it waits
-    (rule P3); computed from the same snapshot and policy the scheduler uses, once for the
-    whole queue (rather than once per job as `explain_queued` does)."""
-
-    # job id -> the fields of a QueueEntry as a plain tuple: the plan of a long queue is
-    # unpickled from the cache on every dashboard request, and plain tuples unpickle
-    # several times faster than named tuples or dataclasses.
-    entries: dict[int, tuple[int, int, str, str, str]]
-    queued: int
-    error: str = ""
-
-    def entry(self, job_id: int) -> QueueEntry | None:
-        e = self.entries.get(job_id)
-        return None if e is None else QueueEntry(*e)
-
-    def reasons(self, job_id: int) -> list[dict[str, str]]:
-        """The reasons of rule P3 for one job, as `job_explain` words them."""
-        e = self.entry(job_id)
-        if e is None:
-            return []
-        out = []
-        if e.reason_code:
-            out.append({"code": e.reason_code, "message": e.reason})
-        if e.position > 1:
-            ahead = e.position - 1
-            out.append({"code": "jobs_ahead",
-                        "message": f"{ahead} job{'s' if ahead != 1 else ''} ahead of it in the "
-                                   f"queue ({e.ahead_same_gpu_type} for its GPU type)"})
-        return out
-
-
-def queue_plan(*, now: datetime, fresh: bool = False) -> QueuePlan:
-    """The admission plan of the queue as it is, cached for QUEUE_PLAN_TTL seconds so the
-    dashboard's polling does not plan on every request. A cluster that does not answer
-    gives an empty plan with `error` set rather than a failed page."""
-    if not fresh:
-        cached: QueuePlan | None = cache.get(_PLAN_KEY)
-        if cached is not None:
-            return cached
-    from .scheduler import build_snapshot
-
-    try:
-        snapshot = build_snapshot(backend=get_backend(), now=now)
-    except Exception as exc:  # an unreachable cluster must not break the dashboard
-        return QueuePlan({}, 0, error=str(exc)[:200])
-    plan = plan_admissions(snapshot)
-    by_id = {q.id: q for q in snapshot.queued}
-    order = [i for i in plan.order if i in by_id]
-    seen = set(order)
-    order += [q.id for q in snapshot.queued if q.id not in seen]
-    admitted = {a.job_id for a in plan.admissions}
-    same: dict[str, int] = {}
-    entries: dict[int, tuple[int, int, str, str, str]] = {}
-    for index, job_id in enumerate(order):
-        q = by_id[job_id]
-        wait = plan.waits.get(job_id)
-        if job_id in admitted:
-            code, message = "next_cycle", "it fits now: the next scheduling cycle admits it"
-        elif wait is not None:
-            code, message = str(wait.reason), wait.message or str(wait.reason)
-        else:
-            code, message = "", ""
-        entries[job_id] = (index + 1, same.get(q.gpu_type, 0), q.team, code, message)
-        same[q.gpu_type] = same.get(q.gpu_type, 0) + 1
-    result = QueuePlan(entries, len(order))
-    cache.set(_PLAN_KEY, result, timeout=QUEUE_PLAN_TTL)
-    return result
-
-
-def queue_plan_forget() -> None:
-    """Drop the cached plan (after a submit or cancel from the web)."""
-    cache.delete(_PLAN_KEY)
 
 
 # The JSON columns a job list never shows.
@@ -153,44 +68,9 @@ def team_queue(*, team: Team, now: datetime, limit: int = 50) -> tuple[list[Queu
                      [: limit - len(jobs)])
     rows = []
     for j in jobs:
-        e = plan.entry(j.pk)
         reasons = plan.reasons(j.pk)
-        rows.append(QueueRow(j, e.position if e else None,
-                             "; ".join(r["message"] for r in reasons)))
+        rows.append(QueueRow(j, plan.position(j.pk), "; ".join(r["message"] for r in reasons)))
     return rows, total
-
-
-def job_queue_standing(*, job: Job, now: datetime) -> dict[str, Any]:
-    """Rule P1's priority breakdown and, for a queued job, its position and reasons (rule
-    P3): the shape of `queueing.services.fairshare.job_explain`, but the queue part comes
-    from the cached plan of the whole queue instead of planning again for one job."""
-    from queueing.policy.fairshare import FairShareState
-    from queueing.policy.priority import job_priority
-
-    from .fairshare import priority_weights
-
-    state = FairShareState.from_standings(fairshare_standings(now=now))
-    nodes, error = cluster_nodes()
-    qjob = QueuedJob(id=job.pk, team=job.team.slug, gpu_type=job.gpu_type.slug,
-                     gpus_per_replica=job.gpus_per_replica, replicas=job.replicas,
-                     tier_rank=job.tier.rank, submitted_at=job.created_at)
-    breakdown = job_priority(qjob, now=now, fair_share_factor=state.factor(job.team.slug),
-                             weights=priority_weights(),
-                             cluster_gpus=sum(n.capacity for n in nodes))
-    out: dict[str, Any] = {"priority": breakdown.as_dict(), "queue": None}
-    if job.state != JobState.QUEUED:
-        return out
-    plan = queue_plan(now=now)
-    entry = plan.entry(job.pk)
-    if error or plan.error:
-        out["queue"] = {"position": None, "reasons": [
-            {"code": "cluster_unreachable",
-             "message": f"the cluster did not answer: {error or plan.error}"}]}
-    elif entry is not None:
-        out["queue"] = {"position": entry.position, "ahead": entry.position - 1,
-                        "ahead_same_gpu_type": entry.ahead_same_gpu_type,
-                        "queued": plan.queued, "reasons": plan.reasons(job.pk)}
-    return out
 
 
 # --- jobs ------------------------------------------------------------------------------------

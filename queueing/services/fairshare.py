@@ -23,7 +23,6 @@ from django.db.models import Q
 
 from accounts.models import Team
 from queueing.models import FairShareAccumulator, FairShareSnapshot, GpuType, Job, UsageRecord
-from queueing.policy.explain import explain_queued
 from queueing.policy.fairshare import (
     Accumulator,
     FairShareState,
@@ -33,7 +32,7 @@ from queueing.policy.fairshare import (
     decayed_interval_usage,
     forest_parents,
 )
-from queueing.policy.priority import PriorityWeights, job_priority, rank_queue
+from queueing.policy.priority import PriorityWeights, job_priority
 from queueing.policy.snapshot import QueuedJob
 from queueing.policy.states import JobState
 
@@ -452,69 +451,26 @@ def job_explain(*, job: Job, now: datetime, with_queue: bool = True) -> dict[str
     queued and `with_queue`, its place in the queue and why it waits (quota, capacity,
     gang that fits no node, jobs ahead of it).
 
-    Reads only. The queue part builds the scheduler's snapshot and runs the (pure)
-    admission plan on it: O(queue), so callers that only need the priority pass
-    `with_queue=False`. A cluster that cannot be reached gives the reason
-    `cluster_unreachable` rather than failing the request.
+    Reads only. The queue part comes from the plan of the whole queue that every reader
+    shares (`queue_plan.queue_standing`: cached, at most one cycle old), not from planning
+    again per job. A cluster that cannot be reached gives the reason `cluster_unreachable`
+    rather than failing the request.
     """
     from queueing.backends import get_backend
-    from queueing.policy.admission import plan_admissions
-    from queueing.services.scheduler import build_snapshot
 
-    weights = priority_weights()
-    backend = get_backend()
-    snapshot = None
-    cluster_error = ""
+    from .queue_plan import queue_standing
+
     try:
-        if with_queue and job.state == JobState.QUEUED:
-            snapshot = build_snapshot(backend=backend, now=now)
-            cluster_gpus = sum(n.capacity for n in snapshot.nodes)
-        else:
-            cluster_gpus = sum(n.capacity for n in backend.nodes())
-    except Exception as exc:  # an unreachable cluster must not break the job page
-        cluster_error = str(exc)[:200] or type(exc).__name__
-        cluster_gpus = 0
-    state = getattr(snapshot, "fair_share_state", None) if snapshot is not None else None
-    if state is None:
-        state = FairShareState.from_standings(fairshare_standings(now=now))
+        cluster_gpus = sum(n.capacity for n in get_backend().nodes())
+    except Exception:  # an unreachable cluster must not break the job page
+        cluster_gpus = 0  # and the queue part below says why
+    state = FairShareState.from_standings(fairshare_standings(now=now))
     breakdown = job_priority(_queued_job(job), now=now,
                              fair_share_factor=state.factor(job.team.slug),
-                             weights=weights, cluster_gpus=cluster_gpus)
+                             weights=priority_weights(), cluster_gpus=cluster_gpus)
     out: dict[str, Any] = {"priority": breakdown.as_dict(), "queue": None}
-    if not with_queue or job.state != JobState.QUEUED:
-        return out
-    if snapshot is None:
-        out["queue"] = {"position": None, "ahead": None, "ahead_same_gpu_type": None,
-                        "queued": None, "reasons": [{
-                            "code": "cluster_unreachable",
-                            "message": f"the cluster did not answer: {cluster_error}"}]}
-        return out
-    plan = plan_admissions(snapshot)
-    by_id = {q.id: q for q in snapshot.queued}
-    plan_order: tuple[int, ...] = tuple(getattr(plan, "order", ()) or ())
-    if plan_order and all(i in by_id for i in plan_order):
-        # The order the admission pass really used (rules P2, F6).
-        seen = set(plan_order)
-        ordered = [by_id[i] for i in plan_order]
-        ordered += [q for q in snapshot.queued if q.id not in seen]
-    else:
-        ordered = [q for q, _ in rank_queue(snapshot.queued, now=now, factor=state.factor,
-                                            weights=weights, cluster_gpus=cluster_gpus)]
-    wait = plan.waits.get(job.pk)
-    explanation = explain_queued(
-        job.pk, ordered,
-        wait_code=str(wait.reason) if wait is not None else None,
-        wait_message=wait.message if wait is not None else None,
-        admitted_next=any(a.job_id == job.pk for a in plan.admissions),
-    )
-    if explanation is not None:
-        out["queue"] = {
-            "position": explanation.position,
-            "ahead": explanation.ahead,
-            "ahead_same_gpu_type": explanation.ahead_same_gpu_type,
-            "queued": explanation.queued,
-            "reasons": [{"code": r.code, "message": r.message} for r in explanation.reasons],
-        }
+    if with_queue and job.state == JobState.QUEUED:
+        out["queue"] = queue_standing(job_id=job.pk, now=now)
     return out
 
 

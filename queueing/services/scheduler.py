@@ -17,6 +17,8 @@
                     job to the cluster backend (idempotent by name `fq-<id>-<attempt>`)
                     and mark it submitted. A preemptor is admitted by a later cycle, once
                     its victims' GPUs are free (R8).
+    6. notify     — when anything moved, drop the shared plan of the queue that answers
+                    "why does my job wait" (queueing/services/queue_plan.py).
 
 Only one cycle plans at a time (a PostgreSQL advisory lock; a process lock on SQLite,
 which is single-process only); the compare-and-swap in step 4 means that even a stale
@@ -59,6 +61,7 @@ from .preemption import (
     preemption_settings,
     preemptions_apply,
 )
+from .queue_plan import queue_plan_forget
 from .usage import entry_penalty_interval_seconds, fairshare_standings, usage_record_attempt
 
 log = logging.getLogger(__name__)
@@ -134,6 +137,9 @@ def scheduler_cycle(*, now: datetime | None = None,
         # when the pods are gone on Kubernetes); their preemptors wait for that (R8).
         preempted_workloads_stop(backend=backend, names=applied.workloads, now=now)
         submit_admitted(backend=backend, now=now, result=result)
+        if (result.admitted or result.started or result.finished or result.requeued
+                or result.preempted):
+            queue_plan_forget()  # readers of "why it waits" get the queue as it is now
         t5 = time.perf_counter()
         result.timings = {"reconcile": t1 - t0, "snapshot": t2 - t1, "decide": t3 - t2,
                           "apply": t4 - t3, "submit": t5 - t4, "total": t5 - t0}

@@ -37,6 +37,7 @@ from queueing.models import GpuType, Job
 from queueing.policy.states import JobState
 from queueing.selectors import job_get_for_actor, jobs_visible_to
 from queueing.services import dashboard as dash
+from queueing.services.fairshare import job_explain
 from queueing.services.jobs import job_cancel, job_logs, job_submit
 from queueing.services.quotas import quota_set
 
@@ -239,7 +240,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     now = timezone.now()
     events = list(job.events.select_related("actor").order_by("at", "id"))
     try:
-        explain = dash.job_queue_standing(job=job, now=now)
+        explain = job_explain(job=job, now=now)
     except Exception as exc:  # the explanation is a convenience: never fail the page
         explain = {"priority": None, "queue": None, "error": str(exc)[:200]}
     try:
