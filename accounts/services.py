@@ -10,7 +10,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
-from django.db import IntegrityError, models, transaction
+from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
 
 from queueing.errors import Conflict
@@ -161,9 +161,20 @@ def team_create(
     return team
 
 
+_TEAM_HIERARCHY_LOCK = 0x66717465616D73  # "fqteams": serializes team parent changes
+
+
 @transaction.atomic
 def team_update(*, actor: Any, team: Team, **fields: Any) -> Team:
-    """Change `name`, `weight` or `parent` of a team, audited field by field."""
+    """Change `name`, `weight` or `parent` of a team, audited field by field.
+
+    Parent changes take turns (a transaction-scoped PostgreSQL advisory lock): two
+    concurrent moves, A under B and B under A, each pass Team.clean() against the other's
+    uncommitted state; without the turn PostgreSQL aborts one of them as a deadlock (a
+    500), with it the second sees the first and is refused like any cycle (a 400)."""
+    if "parent" in fields and connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", [_TEAM_HIERARCHY_LOCK])
     before = Team.objects.select_for_update().get(pk=team.pk)
     for name, value in fields.items():
         if name not in {"name", "weight", "parent"}:

@@ -113,3 +113,43 @@ def test_stale_plans_applied_at_once_admit_each_job_once(world: Any, monkeypatch
     assert sorted(won) == sorted(set(won)), "a job was admitted by both cycles"
     assert sorted(won) == sorted(ids)
     assert_admitted_once(ids)
+
+
+def test_two_crossing_parent_moves_never_make_a_cycle(world: Any, monkeypatch: Any) -> None:
+    """A under B and B under A at the same time: each passes Team.clean() on its own.
+    Serialized parent changes refuse the second cleanly (rule F4) where PostgreSQL would
+    otherwise abort one as a deadlock. The first move holds its transaction open after
+    validating; the second starts meanwhile."""
+    import time
+
+    from django.core.exceptions import ValidationError
+
+    from accounts.models import Team
+    from accounts.services import team_update
+
+    a, b = world.nlp, world.speech
+    original_clean = Team.clean
+
+    def slow_clean(self: Team) -> None:
+        original_clean(self)
+        time.sleep(0.5)  # validated; not yet saved nor committed
+
+    monkeypatch.setattr(Team, "clean", slow_clean)
+    outcomes: dict[str, str] = {}
+
+    def move(child_pk: int, parent_pk: int, delay: float) -> Callable[[], None]:
+        def run() -> None:
+            time.sleep(delay)
+            child, parent = Team.objects.get(pk=child_pk), Team.objects.get(pk=parent_pk)
+            try:
+                team_update(actor=None, team=child, parent=parent)
+                outcomes[child.slug] = "moved"
+            except ValidationError:
+                outcomes[child.slug] = "refused"
+        return run
+
+    moves = [move(a.pk, b.pk, 0.0), move(b.pk, a.pk, 0.2)]
+    run_in_threads(lambda: moves.pop(0)())
+    assert sorted(outcomes.values()) == ["moved", "refused"]
+    parents = dict(Team.objects.filter(pk__in=[a.pk, b.pk]).values_list("pk", "parent_id"))
+    assert not (parents[a.pk] == b.pk and parents[b.pk] == a.pk)
