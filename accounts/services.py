@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -147,6 +147,22 @@ def idempotency_complete(*, record: Any, status_code: int, body: Any) -> None:
 def idempotency_release(*, record: Any) -> None:
     """Forget a claim whose request failed for reasons worth retrying (5xx, throttled)."""
     type(record).objects.filter(pk=record.pk).delete()
+
+
+def idempotency_purge(*, now: datetime, batch: int = 10_000) -> int:
+    """Delete the records past IDEMPOTENCY_TTL_SECONDS (a claim reads them as gone
+    already), in batches so a large backlog never holds long locks; returns how many.
+    Beat runs it hourly (`idempotency-purge`)."""
+    from .models import IdempotencyRecord
+
+    cutoff = now - timedelta(seconds=IDEMPOTENCY_TTL_SECONDS)
+    deleted = 0
+    while True:
+        ids = list(IdempotencyRecord.objects.filter(created_at__lt=cutoff)
+                   .values_list("pk", flat=True)[:batch])
+        if not ids:
+            return deleted
+        deleted += IdempotencyRecord.objects.filter(pk__in=ids).delete()[0]
 
 
 @transaction.atomic

@@ -75,6 +75,16 @@ def fairshare_snapshot_task() -> int:
     return len(fairshare_snapshot_take(now=timezone.now()).standings)
 
 
+@shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)
+def idempotency_purge_task() -> int:
+    """Forget Idempotency-Key records older than a day (beat: hourly)."""
+    from django.utils import timezone
+
+    from accounts.services import idempotency_purge
+
+    return idempotency_purge(now=timezone.now())
+
+
 @shared_task(ignore_result=True, autoretry_for=(Exception,), retry_backoff=True,
              max_retries=5, soft_time_limit=50, time_limit=60)
 def sync_cluster_task() -> None:

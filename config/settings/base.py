@@ -189,6 +189,12 @@ CELERY_BEAT_SCHEDULE["fairshare-snapshot"] = {
     "schedule": timedelta(seconds=FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS),
     "options": {"expires": FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS},
 }
+# Idempotency-Key records live a day (docs/api.md); older ones are deleted hourly.
+CELERY_BEAT_SCHEDULE["idempotency-purge"] = {
+    "task": "queueing.tasks.idempotency_purge_task",
+    "schedule": timedelta(hours=1),
+    "options": {"expires": 3600},
+}
 
 # The cluster backend: "simulated" (in-process, the default) or "kubernetes".
 FAIRQ_CLUSTER_BACKEND = env("FAIRQ_CLUSTER_BACKEND", default="simulated")

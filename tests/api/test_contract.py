@@ -111,6 +111,28 @@ def test_validation_errors_are_replayed_too_but_5xx_are_not_stored(
     assert _post(c, "/api/v1/jobs/", job_body(), key="flaky").status_code == 201
 
 
+def test_records_older_than_a_day_are_purged_and_a_retry_then_claims_afresh(
+        world: World) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from accounts.services import idempotency_purge
+    from queueing.tasks import idempotency_purge_task
+
+    c = world.client(world.member)
+    for key in ("old-1", "old-2", "new"):
+        assert _post(c, "/api/v1/tokens/", {"name": key}, key=key).status_code == 201
+    now = timezone.now()
+    IdempotencyRecord.objects.filter(key__startswith="old").update(
+        created_at=now - timedelta(days=1, seconds=1))
+    assert idempotency_purge(now=now, batch=1) == 2  # in batches of one
+    assert list(IdempotencyRecord.objects.values_list("key", flat=True)) == ["new"]
+    assert idempotency_purge_task() == 0
+    # The purged key is free again: a new request with it does new work.
+    assert _post(c, "/api/v1/tokens/", {"name": "old-1b"}, key="old-1").status_code == 201
+
+
 def test_an_overlong_key_is_400(world: World) -> None:
     r = _post(world.client(world.member), "/api/v1/tokens/", {"name": "x"}, key="k" * 201)
     assert r.status_code == 400
