@@ -7,8 +7,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from itertools import chain
 
 from django.db.models import Count, F, Sum
+from django.utils import timezone
 
 from accounts.models import Team
 
@@ -35,18 +37,31 @@ def _floor(t: datetime, bucket: str) -> datetime:
 
 
 def usage_buckets(
-    *, teams: Iterable[Team], start: datetime, end: datetime, bucket: str
+    *, teams: Iterable[Team], start: datetime, end: datetime, bucket: str,
+    now: datetime | None = None,
 ) -> list[UsageBucket]:
-    """GPU-hours of `teams` per bucket and GPU type within [start, end). A usage record
-    spanning several buckets is split across them by time (UTC bucket boundaries)."""
+    """GPU-hours of `teams` per bucket and GPU type within [start, end): the charged
+    attempt intervals (usage records) and, as fair-share counts them (rule F1), the
+    attempts running now, up to `now`. An interval spanning several buckets is split
+    across them by time (UTC bucket boundaries)."""
+    now = now or timezone.now()
     step = BUCKETS[bucket]
     team_ids = [t.pk for t in teams]
-    rows = (
+    charged = (
         UsageRecord.objects.filter(team_id__in=team_ids, start__lt=end, end__gt=start)
         .values_list("team__slug", "gpu_type__slug", "gpus", "billing_weight", "start", "end")
+        .iterator(chunk_size=2000)
     )
+    running: list[tuple[str, str, int, float, datetime, datetime]] = [
+        (team, gpu_type, gpus_per_replica * replicas, weight, started or now, now)
+        for team, gpu_type, gpus_per_replica, replicas, weight, started in
+        Job.objects.filter(team_id__in=team_ids, status__in=sorted(HOLDING_STATES),
+                           started_at__isnull=False, started_at__lt=min(end, now))
+        .values_list("team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
+                     "gpu_type__billing_weight", "started_at")
+    ]
     acc: dict[tuple[str, str, datetime], list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for team, gpu_type, gpus, weight, r_start, r_end in rows.iterator(chunk_size=2000):
+    for team, gpu_type, gpus, weight, r_start, r_end in chain(charged, running):
         lo, hi = max(r_start, start), min(r_end, end)
         b = _floor(lo, bucket)
         while b < hi:
