@@ -189,7 +189,7 @@ def main() -> int:
     from django.utils import timezone
 
     from queueing.models import Job
-    from queueing.services.dashboard import QUEUE_PLAN_TTL, queue_plan
+    from queueing.services.queue_plan import QUEUE_PLAN_TTL, queue_plan
 
     now = timezone.now()
     viewer, job_id = build_world(jobs=args.jobs, now=now)

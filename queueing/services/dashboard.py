@@ -30,10 +30,7 @@ from queueing.policy.fairshare import Standing
 from queueing.policy.snapshot import QueuedJob
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 
-# Re-exported for the web views and bench/bench_dashboard.py.
-from .queue_plan import QUEUE_PLAN_TTL as QUEUE_PLAN_TTL
-from .queue_plan import queue_plan as queue_plan
-from .queue_plan import queue_plan_forget as queue_plan_forget
+from .queue_plan import queue_plan
 from .usage import fairshare_standings
 
 DONE_STATES = [*sorted(FINAL_STATES), JobState.PREEMPTED]

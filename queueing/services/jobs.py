@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import JSONField
+from django.db.models import ForeignKey, JSONField
 from django.utils import timezone
 
 from accounts.models import Team
@@ -78,6 +78,15 @@ class JobInput:
     tier: Tier
     max_runtime_seconds: int | None
 
+    def job_values(self) -> dict[str, Any]:
+        """The Job fields this input sets (the one mapping: submit, array job, and the
+        idempotency check compare against it)."""
+        return {"team": self.team, "name": self.name, "image": self.image,
+                "command": self.command, "args": self.args, "env": self.env,
+                "gpu_type": self.gpu_type, "gpus_per_replica": self.gpus_per_replica,
+                "replicas": self.replicas, "tier": self.tier,
+                "max_runtime_seconds": self.max_runtime_seconds}
+
 
 def job_submit(
     *, actor: Any, data: JobInput, idempotency_key: str | None = None,
@@ -107,13 +116,8 @@ def job_submit_with_event(
         if existing is not None:
             return _same_submit_or_refuse(existing, actor=actor, data=data), None, False
     submitter = actor if actor.is_authenticated else None
-    job = Job(
-        team=data.team, submitter=submitter, name=data.name, image=data.image,
-        command=data.command, args=data.args, env=data.env, gpu_type=data.gpu_type,
-        gpus_per_replica=data.gpus_per_replica, replicas=data.replicas, tier=data.tier,
-        max_runtime_seconds=data.max_runtime_seconds, status=JobState.QUEUED,
-        idempotency_key=idempotency_key or None, created_at=now, updated_at=now,
-    )
+    job = Job(**data.job_values(), submitter=submitter, status=JobState.QUEUED,
+              idempotency_key=idempotency_key or None, created_at=now, updated_at=now)
     event = JobEvent(at=now, kind="transition", from_status="", to_status=JobState.QUEUED,
                      actor=submitter, actor_label=str(actor), reason="submitted", attempt=1)
     try:
@@ -132,12 +136,13 @@ def job_submit_with_event(
 def _same_submit_or_refuse(existing: Job, *, actor: Any, data: JobInput) -> Job:
     """`existing` when it is the job `actor` would submit now with `data`."""
     submitter_id = actor.pk if actor.is_authenticated else None
-    same = (existing.submitter_id == submitter_id
-            and (existing.name, existing.image, existing.command, existing.args, existing.env,
-                 existing.gpu_type_id, existing.gpus_per_replica, existing.replicas,
-                 existing.tier_id, existing.max_runtime_seconds)
-            == (data.name, data.image, data.command, data.args, data.env, data.gpu_type.pk,
-                data.gpus_per_replica, data.replicas, data.tier.pk, data.max_runtime_seconds))
+    same = existing.submitter_id == submitter_id
+    for name, value in data.job_values().items():
+        field = Job._meta.get_field(name)
+        if isinstance(field, ForeignKey):  # compare ids: no query for the existing job's rows
+            same = same and getattr(existing, field.attname) == value.pk
+        else:
+            same = same and getattr(existing, name) == value
     if not same:
         raise IdempotencyKeyReused(
             f"Idempotency key {existing.idempotency_key!r} was used for another job of team "
@@ -237,13 +242,8 @@ def jobs_submit_bulk(
         raise ValueError(f"count must be within 1..{MAX_BULK_JOBS}")
     now = now or timezone.now()
     submitter = actor if actor.is_authenticated else None
-    template = Job(
-        team=data.team, submitter=submitter, name=data.name, image=data.image,
-        command=data.command, args=data.args, env=data.env, gpu_type=data.gpu_type,
-        gpus_per_replica=data.gpus_per_replica, replicas=data.replicas, tier=data.tier,
-        max_runtime_seconds=data.max_runtime_seconds, status=JobState.QUEUED,
-        created_at=now, updated_at=now,
-    )
+    template = Job(**data.job_values(), submitter=submitter, status=JobState.QUEUED,
+                   created_at=now, updated_at=now)
     event = JobEvent(at=now, kind="transition", from_status="", to_status=JobState.QUEUED,
                      actor=submitter, actor_label=str(actor), reason="submitted (array job)",
                      attempt=1)

@@ -40,10 +40,6 @@ class QueuePlan:
         e = self.entries.get(job_id)
         return None if e is None else e[0]
 
-    def team_of(self, job_id: int) -> str | None:
-        e = self.entries.get(job_id)
-        return None if e is None else e[2]
-
     def reasons(self, job_id: int) -> list[dict[str, str]]:
         e = self.entries.get(job_id)
         if e is None:

@@ -39,6 +39,7 @@ from queueing.selectors import job_get_for_actor, jobs_visible_to
 from queueing.services import dashboard as dash
 from queueing.services.fairshare import job_explain
 from queueing.services.jobs import job_cancel, job_logs, job_submit
+from queueing.services.queue_plan import queue_plan_forget
 from queueing.services.quotas import quota_set
 
 from .forms import JobSubmitForm, MemberForm, QuotaForm, RoleForm, TokenForm
@@ -205,7 +206,7 @@ def job_new(request: HttpRequest) -> HttpResponse:
         if form.is_valid() and form.job_input is not None:
             key = request.POST.get("idempotency_key") or None
             job, _ = job_submit(actor=request.user, data=form.job_input, idempotency_key=key)
-            dash.queue_plan_forget()
+            queue_plan_forget()
             messages.success(request, f"Job #{job.pk} {job.name} queued.")
             return redirect("web:job-detail", job_id=job.pk)
         status = 400
@@ -265,7 +266,7 @@ def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
         messages.success(request, f"Job #{job.pk} cancelled.")
     except DomainError as exc:
         messages.error(request, exc.message)
-    dash.queue_plan_forget()
+    queue_plan_forget()
     return redirect("web:job-detail", job_id=job.pk)
 
 
@@ -289,7 +290,7 @@ def job_resubmit(request: HttpRequest, job_id: int) -> HttpResponse:
         return redirect("web:job-detail", job_id=job.pk)
     new, _ = job_submit(actor=request.user, data=serializer.to_input(),
                         idempotency_key=request.POST.get("idempotency_key") or None)
-    dash.queue_plan_forget()
+    queue_plan_forget()
     messages.success(request, f"Resubmitted as job #{new.pk}.")
     return redirect("web:job-detail", job_id=new.pk)
 
