@@ -7,12 +7,13 @@ would be; hostile workload statuses come from a small wrapper around the simulat
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from django.test import Client
+from django.test import Client, override_settings
 from django.utils import timezone
 
 from queueing.backends.base import LaunchSpec, NodeInfo, Phase, WorkloadStatus
@@ -233,3 +234,72 @@ def test_the_web_form_and_array_jobs_refuse_bad_knobs_too(world: World) -> None:
         "gpu_type": "h100", "gpus": "2", "replicas": "1", "tier": "normal"})
     assert page.status_code == 400 and b"FAIRQ_SIM_EXIT_CODE must be" in page.content
     assert not Job.objects.exists()
+
+
+# --- a failed cycle is visible ---------------------------------------------------------------
+
+def scrape() -> str:
+    return Client().get("/metrics").content.decode()
+
+
+def test_a_failed_cycle_is_logged_with_its_id_counted_and_makes_the_scheduler_unhealthy(
+        world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from queueing.tasks import scheduler_cycle_task
+
+    def broken(**kwargs: Any) -> None:
+        raise RuntimeError("the cluster API is down")
+
+    monkeypatch.setattr(sched, "reconcile", broken)
+    monkeypatch.setattr(sched, "new_cycle_id", lambda: "c0ffee")
+    with caplog.at_level("ERROR", logger="queueing.tasks"):
+        assert scheduler_cycle_task()["failed"] == 1
+    assert "cycle c0ffee failed" in caplog.text and "RuntimeError" in caplog.text
+    assert "fairq_cycle_failures_total 1.0" in scrape()
+    r = Client().get("/healthz/scheduler")
+    assert r.status_code == 503 and r.json()["status"] == "stale"
+    assert r.json()["last_failure_cycle"] == "c0ffee"
+    assert r.json()["last_success_age_seconds"] is None
+
+    monkeypatch.undo()
+    before = time.time()
+    scheduler_cycle_task()
+    r = Client().get("/healthz/scheduler")
+    assert r.status_code == 200 and r.json()["status"] == "ok", r.json()
+    assert r.json()["stale_after_seconds"] == 20 * 3.0
+    text = scrape()
+    stamp = next(float(line.split()[1]) for line in text.splitlines()
+                 if line.startswith("fairq_cycle_last_success_timestamp_seconds "))
+    assert before <= stamp <= time.time()
+    assert "fairq_cycle_failures_total 1.0" in text
+
+
+def test_the_scheduler_is_unhealthy_once_its_last_success_is_older_than_the_limit(
+        world: World) -> None:
+    from queueing.metrics import scheduler_health
+    from queueing.tasks import scheduler_cycle_task
+
+    scheduler_cycle_task()
+    now = time.time()
+    assert scheduler_health(now=now + 59)["healthy"]
+    assert not scheduler_health(now=now + 61)["healthy"]
+    with override_settings(FAIRQ_SCHEDULER_STALE_CYCLES=100):
+        assert scheduler_health(now=now + 299)["healthy"]
+
+
+def test_isolated_jobs_are_counted(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    from queueing.tasks import scheduler_cycle_task
+
+    bad = submit(world)
+    real = sched.job_transition
+
+    def transition(job: Job, target: Any, **kw: Any) -> bool:
+        if job.pk == bad and target == "ADMITTED":
+            raise ValueError("odd")
+        return real(job, target, **kw)
+
+    monkeypatch.setattr(sched, "job_transition", transition)
+    scheduler_cycle_task()
+    text = scrape()
+    assert "fairq_cycle_job_errors_total 1.0" in text
+    assert "fairq_cycle_failures_total 0.0" in text
+    assert Client().get("/healthz/scheduler").status_code == 200
