@@ -156,7 +156,8 @@ def clean_status(status: Any) -> WorkloadStatus | None:
         exit_code = None if status.exit_code is None else clamp_int(status.exit_code, *INT32)
         raw_nodes = status.nodes if isinstance(status.nodes, list | tuple) else ()
         nodes = tuple(n for n in (clean_text(n, max_length=MAX_NODE_NAME)
-                                  for n in list(raw_nodes)[:MAX_NODES]) if n)
+                                  for n in list(raw_nodes)[:MAX_NODES] if isinstance(n, str))
+                      if n)
         reason = "" if status.reason is None else clean_text(status.reason,
                                                                max_length=MAX_STATUS_REASON)
         return WorkloadStatus(name=name, job_id=job_id, attempt=attempt, phase=phase,

@@ -277,13 +277,14 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) ->
     # Jobs holding GPUs that the cluster does not list: one narrow scan, full rows only
     # for the (rare) missing ones.
     grace_cutoff = now - VANISHED_GRACE
+    # (A RUNNING row without started_at, an old row, counts from its last update.)
     missing = [
-        pk for pk, attempt, state, submitted, started in Job.objects.filter(
+        pk for pk, attempt, state, submitted, started, updated in Job.objects.filter(
             status__in=[JobState.ADMITTED, JobState.RUNNING]).values_list(
-            "pk", "attempt", "status", "submitted_to_backend_at", "started_at")
+            "pk", "attempt", "status", "submitted_to_backend_at", "started_at", "updated_at")
         if f"fq-{pk}-{attempt}" not in seen and (
             (state == JobState.ADMITTED and submitted is not None and submitted < grace_cutoff)
-            or (state == JobState.RUNNING and started is not None and started < grace_cutoff))
+            or (state == JobState.RUNNING and (started or updated) < grace_cutoff))
     ]
     gone = Job.objects.select_related("gpu_type").in_bulk(missing)
     for job in (j for j in gone.values() if j.state == JobState.ADMITTED):
