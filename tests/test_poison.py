@@ -303,3 +303,38 @@ def test_isolated_jobs_are_counted(world: World, monkeypatch: pytest.MonkeyPatch
     assert "fairq_cycle_job_errors_total 1.0" in text
     assert "fairq_cycle_failures_total 0.0" in text
     assert Client().get("/healthz/scheduler").status_code == 200
+
+
+def test_a_kubernetes_termination_message_with_a_nul_byte_is_saved_clean(world: World) -> None:
+    """The Kubernetes path: the backend's own `workload_status` of a failed pod whose
+    termination message holds NUL and whose exit code is out of range, as the reconcile
+    gets it. It raised DataError in every cycle before."""
+    from queueing.backends.k8s_manifest import L_ATTEMPT, L_JOB_ID, workload_status
+
+    t0 = timezone.now()
+    bad = submit(world, env={"FAIRQ_SIM_SECONDS": "100"})
+    good = submit(world, world.outsider, team="nlp", env={"FAIRQ_SIM_SECONDS": "10"})
+    cluster = HostileCluster(SimulatedCluster.from_spec("2x8xh100"))
+    stamp = (t0 + timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def k8s_failed(s: WorkloadStatus) -> list[Any]:
+        job = {"metadata": {"name": s.name, "namespace": "fairq-vision",
+                            "labels": {L_JOB_ID: str(s.job_id), L_ATTEMPT: str(s.attempt)}},
+               "spec": {"backoffLimit": 0},
+               "status": {"conditions": [{"type": "Failed", "status": "True",
+                                          "reason": "BackoffLimitExceeded"}]}}
+        pod = {"spec": {"nodeName": "gpu-node-1"}, "status": {
+            "phase": "Failed", "containerStatuses": [{"state": {"terminated": {
+                "exitCode": 2**40, "reason": "Error", "startedAt": stamp, "finishedAt": stamp,
+                "message": "Traceback\x00\x00 (most recent call last)\x1b[0m"}}}]}}
+        status = workload_status(job, [pod], now=t0 + timedelta(seconds=6))
+        assert status is not None and "\x00" in status.reason
+        return [status]
+
+    cluster.rewrite[bad] = k8s_failed
+    run(cluster, t0, 0, 1, 11, 12)
+    assert Job.objects.get(pk=good).status == "SUCCEEDED"
+    job = Job.objects.get(pk=bad)
+    assert job.status == "FAILED" and job.exit_code == 2**31 - 1
+    assert last_reason(bad) == "exit code 1099511627776 (Error): Traceback (most recent call " \
+        "last)[0m" == job.message
