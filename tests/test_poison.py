@@ -338,3 +338,22 @@ def test_a_kubernetes_termination_message_with_a_nul_byte_is_saved_clean(world: 
     assert job.status == "FAILED" and job.exit_code == 2**31 - 1
     assert last_reason(bad) == "exit code 1099511627776 (Error): Traceback (most recent call " \
         "last)[0m" == job.message
+
+
+def test_preemptions_that_raise_are_skipped_and_admissions_still_commit(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    t0 = timezone.now() + timedelta(seconds=1)
+    for i in range(2):  # vision fills both h100 nodes with low-tier jobs
+        submit(world, name=f"fill-{i}", tier="low", gpus=8, env={"FAIRQ_SIM_SECONDS": "5000"})
+    scheduler_cycle(now=t0)
+    submit(world, world.outsider, team="nlp", tier="high", gpus=8)  # would preempt
+    a100 = submit(world, world.outsider, team="nlp", gpu_type="a100", gpus=1)
+
+    def broken(**kwargs: Any) -> Any:
+        raise LookupError("odd victim")
+
+    monkeypatch.setattr(sched, "preemptions_apply", broken)
+    r = scheduler_cycle(now=t0 + timedelta(seconds=100))
+    assert r.plan is not None and r.plan.preemptions
+    assert r.admitted == [a100] and r.preempted == []
+    assert Job.objects.get(pk=a100).status == "ADMITTED"

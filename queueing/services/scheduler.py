@@ -66,6 +66,7 @@ from queueing.sanitize import clean_status, clean_text
 from .fairshare import priority_weights
 from .jobs import job_transition
 from .preemption import (
+    Applied,
     nominated_preemptors,
     preempted_workloads_stop,
     preemption_settings,
@@ -158,7 +159,7 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         t3 = time.perf_counter()
         with transaction.atomic():
             result.admitted = apply_plan(plan=plan, now=now, result=result)
-            applied = preemptions_apply(plan=plan, now=now)
+            applied = _preemptions_apply(plan=plan, now=now, result=result)
         result.preempted = applied.preempted
         t4 = time.perf_counter()
         # After commit: the victims' GPUs come back (at once on the simulated cluster,
@@ -497,6 +498,23 @@ def _admit(plan: Plan, *, now: datetime, result: CycleResult, isolate: bool) -> 
                               data={"placement": list(a.placement)}):
                 admitted.append(job.pk)
     return admitted
+
+
+def _preemptions_apply(*, plan: Plan, now: datetime, result: CycleResult) -> Applied:
+    """`preemptions_apply` in a savepoint: if it raises unexpectedly, this cycle makes
+    no preemption (logged with the cycle id) and its admissions still commit."""
+    if not plan.preemptions:
+        return Applied()
+    try:
+        with transaction.atomic():
+            return preemptions_apply(plan=plan, now=now)
+    except NOT_A_JOB_FAULT:
+        raise
+    except Exception as exc:
+        log.error("cycle %s: applying the preemptions of %s raised %s; none this cycle",
+                  result.cycle_id, sorted(p.preemptor_id for p in plan.preemptions)[:20],
+                  type(exc).__name__, exc_info=exc)
+        return Applied()
 
 
 # --- 5. submit ----------------------------------------------------------------------------
