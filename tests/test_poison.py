@@ -7,6 +7,7 @@ would be; hostile workload statuses come from a small wrapper around the simulat
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -262,7 +263,9 @@ def test_a_failed_cycle_is_logged_with_its_id_counted_and_makes_the_scheduler_un
 
     monkeypatch.undo()
     before = time.time()
-    scheduler_cycle_task()
+    with caplog.at_level("DEBUG", logger="queueing.tasks"):
+        scheduler_cycle_task()
+    assert re.search(r"cycle [0-9a-f]{12} ok in [0-9.]+s \(reconcile [0-9.]+ snapshot", caplog.text)
     r = Client().get("/healthz/scheduler")
     assert r.status_code == 200 and r.json()["status"] == "ok", r.json()
     assert r.json()["stale_after_seconds"] == 20 * 3.0
