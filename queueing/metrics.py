@@ -10,7 +10,9 @@ lives in one process's memory.
   long as events are kept, the same from every web process, and right after a restart.
 - Cycle durations are a histogram whose buckets live in the cache (Redis in production,
   shared by worker and web): `record_cycle(result)` is called once per cycle by
-  `queueing.tasks.scheduler_cycle_task`.
+  `queueing.tasks.scheduler_cycle_task`, `record_cycle_failure(cycle_id)` once per cycle
+  that raised. The same keys give the failure and per-job error counters, the last
+  successful cycle's time, and `scheduler_health()` (`GET /healthz/scheduler`).
 
 No prometheus-client multiprocess mode (PROMETHEUS_MULTIPROC_DIR) is needed: nothing is
 kept in process memory, so gunicorn workers and Celery workers can be on different hosts.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import hmac
 import logging
 import math
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,8 +63,9 @@ def _incr(key: str, by: int = 1) -> None:
 
 
 def record_cycle(result: Any) -> None:
-    """Count one scheduler cycle of `result.timings["total"]` seconds. Never raises: a
-    metrics hiccup must not fail a cycle."""
+    """Count one scheduler cycle of `result.timings["total"]` seconds that completed,
+    the jobs it had to isolate, and when it ended (wall clock: the health check compares
+    it with the web's clock). Never raises: a metrics hiccup must not fail a cycle."""
     try:
         if not getattr(result, "ran", True):
             _incr(f"{_CACHE_PREFIX}skipped")
@@ -72,9 +76,61 @@ def record_cycle(result: Any) -> None:
                 _incr(_bucket_key(le))
         # The sum in microseconds: cache.incr takes integers.
         _incr(f"{_CACHE_PREFIX}sum_us", round(seconds * 1_000_000))
-        cache.set(f"{_CACHE_PREFIX}last", seconds, timeout=_CACHE_TIMEOUT)
+        job_errors = len(getattr(result, "job_errors", {}) or {})
+        if job_errors:
+            _incr(f"{_CACHE_PREFIX}job_errors", job_errors)
+        cache.set_many({f"{_CACHE_PREFIX}last": seconds,
+                        f"{_CACHE_PREFIX}last_success": time.time(),
+                        f"{_CACHE_PREFIX}last_success_id": str(getattr(result, "cycle_id", ""))},
+                       timeout=_CACHE_TIMEOUT)
     except Exception:  # pragma: no cover - the cache backend failed
         log.exception("could not record cycle metrics")
+
+
+def record_cycle_failure(cycle_id: str) -> None:
+    """Count one scheduler cycle that raised. Never raises."""
+    try:
+        _incr(f"{_CACHE_PREFIX}failures")
+        cache.set_many({f"{_CACHE_PREFIX}last_failure": time.time(),
+                        f"{_CACHE_PREFIX}last_failure_id": cycle_id}, timeout=_CACHE_TIMEOUT)
+    except Exception:  # pragma: no cover - the cache backend failed
+        log.exception("could not record a cycle failure")
+
+
+def scheduler_stale_after_seconds() -> float:
+    """How old the last successful cycle may be before the scheduler counts as unhealthy:
+    FAIRQ_SCHEDULER_STALE_CYCLES cycle intervals (docs/deployment.md)."""
+    return float(settings.FAIRQ_SCHEDULER_STALE_CYCLES * settings.FAIRQ_CYCLE_INTERVAL_SECONDS)
+
+
+def scheduler_health(*, now: float | None = None) -> dict[str, Any]:
+    """The scheduler as the web sees it through the shared cache: `healthy` is True when
+    the last successful cycle ended less than `scheduler_stale_after_seconds()` ago."""
+    now = time.time() if now is None else now
+    limit = scheduler_stale_after_seconds()
+    try:
+        values = cache.get_many([f"{_CACHE_PREFIX}{k}" for k in (
+            "last_success", "last_success_id", "last_failure", "last_failure_id")])
+    except Exception:
+        log.exception("could not read the scheduler's health from the cache")
+        values = {}
+
+    def when(key: str) -> float | None:
+        value = values.get(f"{_CACHE_PREFIX}{key}")
+        return float(value) if value is not None else None
+
+    success, failure = when("last_success"), when("last_failure")
+    age = None if success is None else max(0.0, now - success)
+    body: dict[str, Any] = {
+        "healthy": age is not None and age <= limit,
+        "last_success_age_seconds": None if age is None else round(age, 3),
+        "last_success_cycle": values.get(f"{_CACHE_PREFIX}last_success_id"),
+        "stale_after_seconds": limit,
+    }
+    if failure is not None:
+        body["last_failure_age_seconds"] = round(max(0.0, now - failure), 3)
+        body["last_failure_cycle"] = values.get(f"{_CACHE_PREFIX}last_failure_id")
+    return body
 
 
 class FairqCollector:
@@ -120,6 +176,27 @@ class FairqCollector:
         yield preemptions
 
         yield self._cycle_histogram()
+        yield from self._cycle_health()
+
+    def _cycle_health(self) -> Iterator[Metric]:
+        values = cache.get_many([f"{_CACHE_PREFIX}{k}" for k in (
+            "failures", "job_errors", "last_success")])
+        failures = CounterMetricFamily(
+            "fairq_cycle_failures", "Scheduler cycles that raised (each logged with its id).")
+        failures.add_metric([], int(values.get(f"{_CACHE_PREFIX}failures", 0)))
+        yield failures
+        job_errors = CounterMetricFamily(
+            "fairq_cycle_job_errors",
+            "Jobs a cycle isolated after an unexpected exception (each failed with a reason).")
+        job_errors.add_metric([], int(values.get(f"{_CACHE_PREFIX}job_errors", 0)))
+        yield job_errors
+        last = values.get(f"{_CACHE_PREFIX}last_success")
+        if last is not None:
+            gauge = GaugeMetricFamily(
+                "fairq_cycle_last_success_timestamp_seconds",
+                "Unix time at which the last successful scheduler cycle ended.")
+            gauge.add_metric([], float(last))
+            yield gauge
 
     def _cycle_histogram(self) -> Metric:
         keys = [_bucket_key(le) for le in CYCLE_BUCKETS]

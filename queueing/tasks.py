@@ -15,15 +15,34 @@ log = logging.getLogger(__name__)
 
 @shared_task(ignore_result=True, soft_time_limit=50, time_limit=60)
 def scheduler_cycle_task() -> dict[str, int]:
-    from queueing.metrics import record_cycle
-    from queueing.services.scheduler import scheduler_cycle
+    """One scheduler cycle, counted (queueing/metrics.py) and logged with its id: a
+    failed cycle is logged with the traceback and counted, never silent; a completed one
+    gets one line with its timings (INFO when anything moved, DEBUG when idle)."""
+    from queueing.metrics import record_cycle, record_cycle_failure
+    from queueing.services.scheduler import new_cycle_id, scheduler_cycle
 
-    result = scheduler_cycle()
+    cycle_id = new_cycle_id()
+    started = time.perf_counter()
+    try:
+        result = scheduler_cycle(cycle_id=cycle_id)
+    except Exception as exc:
+        record_cycle_failure(cycle_id)
+        log.exception("cycle %s failed after %.3fs: %s", cycle_id,
+                      time.perf_counter() - started, type(exc).__name__)
+        return {"admitted": 0, "finished": 0, "failed": 1}
     record_cycle(result)
-    if result.ran and (result.admitted or result.finished or result.requeued):
-        log.info("cycle: admitted=%d started=%d finished=%d requeued=%d in %.3fs",
-                 len(result.admitted), len(result.started), len(result.finished),
-                 len(result.requeued), result.timings.get("total", 0.0))
+    if result.ran:
+        moved = (result.admitted or result.started or result.finished or result.requeued
+                 or result.preempted or result.job_errors)
+        t = result.timings
+        log.log(logging.INFO if moved else logging.DEBUG,
+                "cycle %s ok in %.3fs (reconcile %.3f snapshot %.3f decide %.3f apply %.3f "
+                "submit %.3f): admitted=%d started=%d finished=%d requeued=%d preempted=%d "
+                "job_errors=%d", cycle_id, t.get("total", 0.0), t.get("reconcile", 0.0),
+                t.get("snapshot", 0.0), t.get("decide", 0.0), t.get("apply", 0.0),
+                t.get("submit", 0.0), len(result.admitted), len(result.started),
+                len(result.finished), len(result.requeued), len(result.preempted),
+                len(result.job_errors))
     return {"admitted": len(result.admitted), "finished": len(result.finished)}
 
 

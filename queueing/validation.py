@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import re
+from collections.abc import Mapping
+from typing import Any
 
 # DNS-1123 label: the name becomes part of labels and object names.
 JOB_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -25,6 +28,46 @@ MAX_REPLICAS = 1024
 MAX_RUNTIME_SECONDS = 30 * 24 * 3600
 # fairq reserves FAIRQ_* env names for itself, except the simulator's two knobs.
 ALLOWED_FAIRQ_ENV = frozenset({"FAIRQ_SIM_SECONDS", "FAIRQ_SIM_EXIT_CODE"})
+
+
+MAX_SIM_EXIT_CODE = 255
+
+
+def sim_seconds(value: Any) -> float:
+    """`FAIRQ_SIM_SECONDS` as the simulated cluster runs it: a finite number of seconds
+    within 0..MAX_RUNTIME_SECONDS. Raises ValueError with a readable message otherwise."""
+    try:
+        seconds = float(str(value).strip())
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_RUNTIME_SECONDS:
+        raise ValueError(f"FAIRQ_SIM_SECONDS must be a number of seconds within "
+                         f"0..{MAX_RUNTIME_SECONDS}, not {str(value)[:40]!r}.")
+    return seconds
+
+
+def sim_exit_code(value: Any) -> int:
+    """`FAIRQ_SIM_EXIT_CODE` as the simulated cluster uses it: an integer 0..255 (a
+    process exit status). Raises ValueError with a readable message otherwise."""
+    text = str(value).strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 3 or \
+            int(text) > MAX_SIM_EXIT_CODE:
+        raise ValueError(f"FAIRQ_SIM_EXIT_CODE must be an integer 0..{MAX_SIM_EXIT_CODE}, "
+                         f"not {text[:40]!r}.")
+    return int(text)
+
+
+def sim_env_problems(env: Mapping[str, Any]) -> list[str]:
+    """What is wrong with the simulated cluster's knobs in a job's env (none: [])."""
+    problems = []
+    for name, parse in (("FAIRQ_SIM_SECONDS", sim_seconds),
+                        ("FAIRQ_SIM_EXIT_CODE", sim_exit_code)):
+        if name in env:
+            try:
+                parse(env[name])
+            except ValueError as exc:
+                problems.append(str(exc))
+    return problems
 
 
 def spec_size(command: list[str], args: list[str], env: dict[str, str]) -> int:

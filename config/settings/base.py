@@ -147,6 +147,11 @@ CELERY_BEAT_SCHEDULER = env(
 FAIRQ_CYCLE_INTERVAL_SECONDS = env.float("FAIRQ_CYCLE_INTERVAL_SECONDS", default=3.0)
 if FAIRQ_CYCLE_INTERVAL_SECONDS <= 0:
     raise environ.ImproperlyConfigured("FAIRQ_CYCLE_INTERVAL_SECONDS must be > 0")
+# The scheduler is unhealthy (GET /healthz/scheduler answers 503) when its last successful
+# cycle is older than this many cycle intervals (60 s at the default 3 s).
+FAIRQ_SCHEDULER_STALE_CYCLES = env.float("FAIRQ_SCHEDULER_STALE_CYCLES", default=20.0)
+if FAIRQ_SCHEDULER_STALE_CYCLES < 2:
+    raise environ.ImproperlyConfigured("FAIRQ_SCHEDULER_STALE_CYCLES must be >= 2")
 CELERY_BEAT_SCHEDULE = {
     "scheduler-cycle": {
         "task": "queueing.tasks.scheduler_cycle_task",

@@ -99,6 +99,9 @@ class JobCreateSerializer(serializers.Serializer[Any]):
             raise serializers.ValidationError(
                 f"Names starting with FAIRQ_ are reserved: {', '.join(sorted(reserved))}."
             )
+        problems = v.sim_env_problems(value)
+        if problems:
+            raise serializers.ValidationError(problems)
         return value
 
     def validate_gpu_type(self, value: str) -> GpuType:

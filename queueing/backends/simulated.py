@@ -5,6 +5,10 @@ A workload's replicas are placed on nodes with room (all or none, best fit), run
 `FAIRQ_SIM_EXIT_CODE` when it is set and not 0. Time comes from the caller (`now`), so
 a simulator can drive it with a virtual clock.
 
+The knobs are validated at submit (`queueing.validation.sim_seconds`, `sim_exit_code`);
+a workload whose knobs are invalid anyway (a row older than that validation) fails at
+once with the reason, and nothing in here raises for one workload's values.
+
 State lives in this process: run it in one worker process (the demo does; docker-compose
 runs the worker with --concurrency=1 when the simulated backend is selected).
 """
@@ -14,6 +18,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+
+from queueing.validation import MAX_RUNTIME_SECONDS, sim_exit_code, sim_seconds
 
 from .base import LaunchSpec, NodeInfo, Phase, WorkloadStatus
 
@@ -38,6 +44,7 @@ class _Workload:
     run_seconds: float
     exit_code: int
     finished_at: datetime | None = None
+    problem: str = ""  # why it failed at once (invalid knobs), else empty
     released: bool = False
     stopped: bool = False
     log: list[str] = field(default_factory=list)
@@ -65,7 +72,7 @@ class SimulatedCluster:
         self._lock = threading.Lock()
         self._nodes = {name: _Node(name, t, cap) for name, t, cap in nodes}
         self._workloads: dict[str, _Workload] = {}
-        self.default_seconds = default_seconds
+        self.default_seconds = min(max(0.0, default_seconds), float(MAX_RUNTIME_SECONDS))
 
     @classmethod
     def from_spec(cls, spec: str, *, default_seconds: float = 60.0) -> SimulatedCluster:
@@ -113,24 +120,31 @@ class SimulatedCluster:
                 )
             for name in placement:
                 self._nodes[name].allocated += spec.gpus_per_replica
+            seconds, exit_code, problem = self.default_seconds, 0, ""
             try:
-                seconds = float(spec.env.get("FAIRQ_SIM_SECONDS", self.default_seconds))
-            except ValueError:
-                seconds = self.default_seconds
-            try:
-                exit_code = int(spec.env.get("FAIRQ_SIM_EXIT_CODE", "0"))
-            except ValueError:
-                exit_code = 1
+                if "FAIRQ_SIM_SECONDS" in spec.env:
+                    seconds = sim_seconds(spec.env["FAIRQ_SIM_SECONDS"])
+                if "FAIRQ_SIM_EXIT_CODE" in spec.env:
+                    exit_code = sim_exit_code(spec.env["FAIRQ_SIM_EXIT_CODE"])
+            except ValueError as exc:
+                seconds, exit_code, problem = 0.0, 1, str(exc)
             self._workloads[spec.name] = _Workload(
-                spec=spec, nodes=placement, started_at=now, run_seconds=max(0.0, seconds),
-                exit_code=exit_code,
+                spec=spec, nodes=placement, started_at=now, run_seconds=seconds,
+                exit_code=exit_code, problem=problem,
                 log=[f"{now.isoformat()} started {spec.name} on {', '.join(placement)}"],
             )
 
     def _advance(self, w: _Workload, now: datetime) -> None:
-        if w.finished_at is None and now >= w.started_at + timedelta(seconds=w.run_seconds):
-            w.finished_at = w.started_at + timedelta(seconds=w.run_seconds)
-            w.log.append(f"{w.finished_at.isoformat()} exited with code {w.exit_code}")
+        if w.finished_at is None:
+            try:
+                end = w.started_at + timedelta(seconds=w.run_seconds)
+            except OverflowError:  # only a workload built around the checks: end it now
+                end, w.exit_code = w.started_at, 1
+                w.problem = w.problem or "its run time is out of range"
+            if now >= end:
+                w.finished_at = end
+                w.log.append(f"{end.isoformat()} " + (
+                    w.problem or f"exited with code {w.exit_code}"))
         if w.finished_at is not None and not w.released:
             for name in w.nodes:
                 self._nodes[name].allocated -= w.spec.gpus_per_replica
@@ -154,13 +168,15 @@ class SimulatedCluster:
                 if w.finished_at is None:
                     phase = Phase.RUNNING
                 else:
-                    phase = Phase.SUCCEEDED if w.exit_code == 0 else Phase.FAILED
+                    phase = Phase.SUCCEEDED if w.exit_code == 0 and not w.problem \
+                        else Phase.FAILED
+                reason = "" if phase != Phase.FAILED else (
+                    f"not run: {w.problem}" if w.problem else f"exit code {w.exit_code}")
                 out.append(WorkloadStatus(
                     name=w.spec.name, job_id=w.spec.job_id, attempt=w.spec.attempt,
                     phase=phase, started_at=w.started_at, finished_at=w.finished_at,
-                    exit_code=None if w.finished_at is None else w.exit_code,
-                    reason="" if phase != Phase.FAILED else f"exit code {w.exit_code}",
-                    nodes=w.nodes,
+                    exit_code=None if w.finished_at is None or w.problem else w.exit_code,
+                    reason=reason, nodes=w.nodes,
                 ))
             return out
 

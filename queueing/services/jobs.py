@@ -22,8 +22,12 @@ from queueing.policy.states import (
     JobState,
     check_transition,
 )
+from queueing.sanitize import clean_fields, clean_json, clean_text
 
 from .usage import usage_record_attempt
+
+_EVENT_REASON_MAX = JobEvent._meta.get_field("reason").max_length
+_ACTOR_LABEL_MAX = JobEvent._meta.get_field("actor_label").max_length
 
 
 def job_transition(
@@ -41,11 +45,14 @@ def job_transition(
     writing the event in the same transaction. Must run inside `transaction.atomic`.
 
     Raises IllegalTransition (nothing changed) when rule S1 forbids the move. Returns
-    False (nothing changed) when another worker moved the job first.
+    False (nothing changed) when another worker moved the job first. Every value saved
+    (fields, reason, data) first goes through `queueing.sanitize`: text from a cluster
+    or an exception never fails the UPDATE (NUL, over-long, out-of-range integers).
     """
     source = job.state
     check_transition(source, target)
     fields.setdefault("updated_at", now)
+    fields = clean_fields(Job, fields)
     won = Job.objects.filter(pk=job.pk, status=source, attempt=job.attempt).update(
         status=target, **fields
     )
@@ -58,8 +65,10 @@ def job_transition(
     JobEvent.objects.create(
         job=job, at=now, kind="transition", from_status=source, to_status=target,
         actor=actor if actor is not None and getattr(actor, "is_authenticated", False) else None,
-        actor_label=actor_label or (str(actor) if actor is not None else "scheduler"),
-        reason=reason, attempt=event_attempt, data=data or {},
+        actor_label=clean_text(actor_label or (str(actor) if actor is not None else "scheduler"),
+                               max_length=_ACTOR_LABEL_MAX),
+        reason=clean_text(reason, max_length=_EVENT_REASON_MAX),
+        attempt=event_attempt, data=clean_json(data) if data else {},
     )
     return True
 

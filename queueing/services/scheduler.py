@@ -23,6 +23,12 @@
 Only one cycle plans at a time (a PostgreSQL advisory lock; a process lock on SQLite,
 which is single-process only); the compare-and-swap in step 4 means that even a stale
 plan can never admit a job twice.
+
+One job never stops the cycle: each job's part of steps 1, 2, 4 and 5 runs on its own
+(`_isolated`); an unexpected exception fails that job with a reason and an event and
+the cycle goes on with the others. Cluster statuses are cleaned first
+(`queueing.sanitize.clean_status`). Each cycle has an id (`CycleResult.cycle_id`) that
+every log line about it carries.
 """
 
 from __future__ import annotations
@@ -31,12 +37,15 @@ import contextlib
 import logging
 import threading
 import time
+import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
-from django.db import connection, transaction
+from celery.exceptions import SoftTimeLimitExceeded
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from queueing.backends import get_backend
@@ -51,11 +60,13 @@ from queueing.models import GpuType, Job, Quota
 from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.fairshare import FairShareState
 from queueing.policy.snapshot import NodeState, QueuedJob, QuotaLimit, RunningJob, Snapshot
-from queueing.policy.states import HOLDING_STATES, JobState
+from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
+from queueing.sanitize import clean_status, clean_text
 
 from .fairshare import priority_weights
 from .jobs import job_transition
 from .preemption import (
+    Applied,
     nominated_preemptors,
     preempted_workloads_stop,
     preemption_settings,
@@ -71,11 +82,20 @@ log = logging.getLogger(__name__)
 VANISHED_GRACE = timedelta(seconds=15)
 _ADVISORY_LOCK_KEY = 0x66616972  # "fair"
 _process_lock = threading.Lock()
+# Errors that are not one job's fault (the database went away, a deadlock, the task's
+# time limit): they fail the cycle, which is retried, rather than some innocent job.
+NOT_A_JOB_FAULT: tuple[type[BaseException], ...] = (
+    OperationalError, InterfaceError, SoftTimeLimitExceeded)
+
+
+def new_cycle_id() -> str:
+    return uuid.uuid4().hex[:12]
 
 
 @dataclass
 class CycleResult:
     ran: bool = True
+    cycle_id: str = field(default_factory=new_cycle_id)
     admitted: list[int] = field(default_factory=list)
     started: list[int] = field(default_factory=list)
     finished: list[int] = field(default_factory=list)
@@ -85,6 +105,9 @@ class CycleResult:
     # Workload names the cluster listed in step 1 (rule R8 reads it).
     workloads: set[str] = field(default_factory=set)
     submit_errors: dict[int, str] = field(default_factory=dict)
+    # Jobs an unexpected exception was isolated for (job id -> exception type); each was
+    # failed with a reason, or skipped when even that failed.
+    job_errors: dict[int, str] = field(default_factory=dict)
     plan: Plan | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -111,26 +134,32 @@ def cycle_lock() -> Iterator[bool]:
                 _process_lock.release()
 
 
-def scheduler_cycle(*, now: datetime | None = None,
-                    backend: ClusterBackend | None = None) -> CycleResult:
-    """Run steps 1-5 once. Returns what happened; does nothing if another cycle runs."""
+def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | None = None,
+                    cycle_id: str | None = None) -> CycleResult:
+    """Run steps 1-5 once. Returns what happened; does nothing if another cycle runs.
+    An exception escapes only for what is not one job's fault (NOT_A_JOB_FAULT, or a
+    cluster that cannot be read at all); the caller logs it with `cycle_id`."""
     backend = backend or get_backend()
     with cycle_lock() as got:
         if not got:
-            return CycleResult(ran=False)
-        result = CycleResult()
+            return CycleResult(ran=False, cycle_id=cycle_id or new_cycle_id())
+        result = CycleResult(cycle_id=cycle_id or new_cycle_id())
         now = now or timezone.now()
         t0 = time.perf_counter()
         reconcile(backend=backend, now=now, result=result)
         t1 = time.perf_counter()
-        snapshot = build_snapshot(backend=backend, now=now, live_workloads=result.workloads)
+        odd_rows: dict[int, Exception] = {}
+        snapshot = build_snapshot(backend=backend, now=now, live_workloads=result.workloads,
+                                  odd_rows=odd_rows)
+        for job_id, exc in odd_rows.items():
+            _job_failed(job_id, exc, step="reading its row", now=now, result=result)
         t2 = time.perf_counter()
         plan = plan_admissions(snapshot)
         result.plan = plan
         t3 = time.perf_counter()
         with transaction.atomic():
-            result.admitted = apply_plan(plan=plan, now=now)
-            applied = preemptions_apply(plan=plan, now=now)
+            result.admitted = apply_plan(plan=plan, now=now, result=result)
+            applied = _preemptions_apply(plan=plan, now=now, result=result)
         result.preempted = applied.preempted
         t4 = time.perf_counter()
         # After commit: the victims' GPUs come back (at once on the simulated cluster,
@@ -138,7 +167,7 @@ def scheduler_cycle(*, now: datetime | None = None,
         preempted_workloads_stop(backend=backend, names=applied.workloads, now=now)
         submit_admitted(backend=backend, now=now, result=result)
         if (result.admitted or result.started or result.finished or result.requeued
-                or result.preempted):
+                or result.preempted or result.job_errors):
             queue_plan_forget()  # readers of "why it waits" get the queue as it is now
         t5 = time.perf_counter()
         result.timings = {"reconcile": t1 - t0, "snapshot": t2 - t1, "decide": t3 - t2,
@@ -148,8 +177,71 @@ def scheduler_cycle(*, now: datetime | None = None,
 
 # --- 1. reconcile -------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _isolated(job_id: int, *, step: str, now: datetime, result: CycleResult) -> Iterator[None]:
+    """Run one job's part of a step: an unexpected exception fails that job (with a
+    reason and an event) instead of the cycle. The body brings its own savepoint
+    (`transaction.atomic`) around what it writes."""
+    try:
+        yield
+    except NOT_A_JOB_FAULT:
+        raise
+    except Exception as exc:
+        _job_failed(job_id, exc, step=step, now=now, result=result)
+
+
+def _job_failed(job_id: int, exc: BaseException, *, step: str, now: datetime,
+                result: CycleResult) -> None:
+    """Fail a job fairq could not process: FAILED with the exception's type as the
+    reason, charged up to now if it ran. When even that fails the job is skipped (and
+    logged); the next cycle tries again."""
+    result.job_errors[job_id] = type(exc).__name__
+    log.error("cycle %s: job %s: unexpected %s while %s; failing the job",
+              result.cycle_id, job_id, type(exc).__name__, step, exc_info=exc)
+    reason = clean_text(f"fairq could not process this job while {step}: "
+                        f"{type(exc).__name__}", max_length=500)
+    try:
+        with transaction.atomic():
+            job = Job.objects.select_related("gpu_type").filter(pk=job_id).first()
+            if job is None or job.state in FINAL_STATES:
+                return
+            ran_since = job.started_at if job.state == JobState.RUNNING else None
+            if not job_transition(job, JobState.FAILED, now=now, finished_at=now,
+                                  reason=reason, message=reason,
+                                  data={"cycle": result.cycle_id,
+                                        "error": type(exc).__name__}):
+                return
+            result.finished.append(job_id)
+        if ran_since is not None:
+            try:
+                with transaction.atomic():
+                    usage_record_attempt(job=job, start=ran_since, end=now)
+            except NOT_A_JOB_FAULT:
+                raise
+            except Exception:
+                log.exception("cycle %s: job %s: could not charge its last attempt",
+                              result.cycle_id, job_id)
+    except NOT_A_JOB_FAULT:
+        raise
+    except Exception:
+        log.exception("cycle %s: job %s: could not be marked failed either; skipped",
+                      result.cycle_id, job_id)
+
+
+def _clean_statuses(raw: list[WorkloadStatus], result: CycleResult) -> list[WorkloadStatus]:
+    statuses = []
+    for status in raw:
+        clean = clean_status(status)
+        if clean is None:
+            log.warning("cycle %s: ignored a workload status that names no job: %s",
+                        result.cycle_id, clean_text(repr(status), max_length=300))
+        else:
+            statuses.append(clean)
+    return statuses
+
+
 def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) -> None:
-    statuses = backend.statuses(now=now)
+    statuses = _clean_statuses(backend.statuses(now=now), result)
     seen = {s.name for s in statuses}
     result.workloads = seen
     # Only (attempt, status) for every workload; whole rows only for the few that move.
@@ -161,7 +253,14 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) ->
         if owner is None or owner[0] != status.attempt or owner[1] not in HOLDING_STATES:
             # No job owns this workload any more (cancelled, preempted, finished and
             # recorded, or deleted): end it so its GPUs come back.
-            backend.stop(status.name, now=now)
+            try:
+                backend.stop(status.name, now=now)
+            except NOT_A_JOB_FAULT:
+                raise
+            except Exception as exc:  # retried by the next cycle: it is still an orphan
+                log.warning("cycle %s: could not stop orphan workload %s: %s",
+                            result.cycle_id, status.name, type(exc).__name__)
+                continue
             result.orphans_stopped.append(status.name)
             continue
         if status.phase == Phase.PENDING or (
@@ -172,22 +271,26 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) ->
     for status in moving:
         job = jobs.get(status.job_id)
         if job is not None and job.attempt == status.attempt:
-            _apply_status(job, status, now=now, result=result)
+            with _isolated(job.pk, step="recording its workload status", now=now,
+                           result=result):
+                _apply_status(job, status, now=now, result=result)
 
     # Jobs holding GPUs that the cluster does not list: one narrow scan, full rows only
     # for the (rare) missing ones.
     grace_cutoff = now - VANISHED_GRACE
+    # (A RUNNING row without started_at, an old row, counts from its last update.)
     missing = [
-        pk for pk, attempt, state, submitted, started in Job.objects.filter(
+        pk for pk, attempt, state, submitted, started, updated in Job.objects.filter(
             status__in=[JobState.ADMITTED, JobState.RUNNING]).values_list(
-            "pk", "attempt", "status", "submitted_to_backend_at", "started_at")
+            "pk", "attempt", "status", "submitted_to_backend_at", "started_at", "updated_at")
         if f"fq-{pk}-{attempt}" not in seen and (
             (state == JobState.ADMITTED and submitted is not None and submitted < grace_cutoff)
-            or (state == JobState.RUNNING and started is not None and started < grace_cutoff))
+            or (state == JobState.RUNNING and (started or updated) < grace_cutoff))
     ]
     gone = Job.objects.select_related("gpu_type").in_bulk(missing)
     for job in (j for j in gone.values() if j.state == JobState.ADMITTED):
-        with transaction.atomic():
+        with _isolated(job.pk, step="requeueing it", now=now, result=result), \
+                transaction.atomic():
             if job_transition(
                 job, JobState.QUEUED, now=now, reason="its cluster workload vanished before "
                 "it ran; requeued", attempt=job.attempt + 1, placement=[], admitted_at=None,
@@ -200,7 +303,8 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) ->
     # to now. The backend answers only once its view is complete (the Kubernetes one
     # waits for its watches to sync), so "missing" means missing.
     for job in (j for j in gone.values() if j.state == JobState.RUNNING):
-        with transaction.atomic():
+        with _isolated(job.pk, step="failing its lost workload", now=now, result=result), \
+                transaction.atomic():
             if job_transition(
                 job, JobState.FAILED, now=now, finished_at=now,
                 reason="its cluster workload disappeared while running (deleted outside "
@@ -252,21 +356,32 @@ def _kick() -> None:
 # --- 2. snapshot --------------------------------------------------------------------------
 
 def build_snapshot(*, backend: ClusterBackend, now: datetime,
-                   live_workloads: set[str] | None = None) -> Snapshot:
-    """Step 2: everything the policy needs, read once (a handful of queries)."""
-    holding = list(
-        Job.objects.filter(status__in=list(HOLDING_STATES)).values(
+                   live_workloads: set[str] | None = None,
+                   odd_rows: dict[int, Exception] | None = None) -> Snapshot:
+    """Step 2: everything the policy needs, read once (a handful of queries).
+
+    A job row the policy cannot take (a placement that is not a list of node names, no
+    GPUs) is left out and reported in `odd_rows` (job id -> why), never raised: the
+    cycle fails those jobs, other callers just do without them."""
+    odd = odd_rows if odd_rows is not None else {}
+    holding = []
+    for h in Job.objects.filter(status__in=list(HOLDING_STATES)).values(
             "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
             "tier__rank", "tier__preemptible", "tier__min_runtime_seconds", "started_at",
-            "placement", "submitted_to_backend_at",
-        )
-    )
+            "placement", "submitted_to_backend_at"):
+        try:
+            h["placement"] = _placement(h["placement"])
+            _check_size(h)
+        except ValueError as exc:
+            odd[h["id"]] = exc
+            continue
+        holding.append(h)
     # The cluster counts what it runs; jobs admitted but not yet submitted hold their
     # planned placement on top of that.
     pending_alloc: dict[str, int] = defaultdict(int)
     for h in holding:
         if h["submitted_to_backend_at"] is None:
-            for node in h["placement"] or []:
+            for node in h["placement"]:
                 pending_alloc[node] += h["gpus_per_replica"]
     nodes = tuple(
         NodeState(n.name, n.gpu_type, n.capacity,
@@ -279,18 +394,29 @@ def build_snapshot(*, backend: ClusterBackend, now: datetime,
             gpus_per_replica=h["gpus_per_replica"], replicas=h["replicas"],
             tier_rank=h["tier__rank"], preemptible=h["tier__preemptible"],
             started_at=h["started_at"], min_runtime_seconds=h["tier__min_runtime_seconds"],
-            nodes=tuple(h["placement"] or ()),
+            nodes=tuple(h["placement"]),
         )
         for h in holding
     )
+    queued_rows = []
+    for q in Job.objects.filter(status=JobState.QUEUED).values(
+            "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
+            "tier__rank", "created_at"):
+        try:
+            _check_size(q)
+        except ValueError as exc:
+            odd[q["id"]] = exc
+            continue
+        queued_rows.append(q)
     queued = tuple(
         QueuedJob(id=q["id"], team=q["team__slug"], gpu_type=q["gpu_type__slug"],
                   gpus_per_replica=q["gpus_per_replica"], replicas=q["replicas"],
                   tier_rank=q["tier__rank"], submitted_at=q["created_at"])
-        for q in Job.objects.filter(status=JobState.QUEUED).values(
-            "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
-            "tier__rank", "created_at")
+        for q in queued_rows
     )
+    if odd:
+        log.warning("snapshot: left out %d job rows the policy cannot take: %s", len(odd),
+                    ", ".join(str(pk) for pk in sorted(odd)[:20]))
     quotas = {
         (q["team__slug"], q["gpu_type__slug"]): QuotaLimit(
             q["nominal"], q["borrowing_limit"], q["lending_limit"])
@@ -316,26 +442,79 @@ def build_snapshot(*, backend: ClusterBackend, now: datetime,
     )
 
 
+def _placement(value: object) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
+        raise ValueError(f"placement is not a list of node names: {type(value).__name__}")
+    return value
+
+
+def _check_size(row: Mapping[str, Any]) -> None:
+    for name in ("gpus_per_replica", "replicas"):
+        n = row[name]
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name} is {n!r}")
+
+
 # --- 4. apply -----------------------------------------------------------------------------
 
-def apply_plan(*, plan: Plan, now: datetime) -> list[int]:
+def apply_plan(*, plan: Plan, now: datetime, result: CycleResult | None = None) -> list[int]:
     """QUEUED → ADMITTED for each admission, compare-and-swap per job, one transaction.
-    A job another cycle already moved is skipped: it is never admitted twice."""
-    admitted: list[int] = []
+    A job another cycle already moved is skipped: it is never admitted twice.
+
+    All admissions go in one savepoint; if one raises, that savepoint is rolled back and
+    they are applied again one savepoint each (`_isolated`), so the job that raised is
+    failed and every other one is still admitted. The common case pays no savepoint per
+    job."""
+    result = result if result is not None else CycleResult()
     if not plan.admissions:
-        return admitted
-    jobs = Job.objects.in_bulk([a.job_id for a in plan.admissions])
+        return []
+    try:
+        with transaction.atomic():
+            return _admit(plan, now=now, result=result, isolate=False)
+    except NOT_A_JOB_FAULT:
+        raise
+    except Exception as exc:
+        log.warning("cycle %s: an admission raised %s; admitting one job at a time",
+                    result.cycle_id, type(exc).__name__)
     with transaction.atomic():
-        for a in plan.admissions:
-            job = jobs.get(a.job_id)
-            if job is None or job.state != JobState.QUEUED:
-                continue
+        return _admit(plan, now=now, result=result, isolate=True)
+
+
+def _admit(plan: Plan, *, now: datetime, result: CycleResult, isolate: bool) -> list[int]:
+    admitted: list[int] = []
+    jobs = Job.objects.in_bulk([a.job_id for a in plan.admissions])
+    for a in plan.admissions:
+        job = jobs.get(a.job_id)
+        if job is None or job.state != JobState.QUEUED:
+            continue
+        with (_isolated(a.job_id, step="admitting it", now=now, result=result) if isolate
+              else contextlib.nullcontext()), \
+                (transaction.atomic() if isolate else contextlib.nullcontext()):
             if job_transition(job, JobState.ADMITTED, now=now,
                               reason=f"admitted on {', '.join(sorted(set(a.placement)))}",
                               admitted_at=now, placement=list(a.placement),
                               data={"placement": list(a.placement)}):
                 admitted.append(job.pk)
     return admitted
+
+
+def _preemptions_apply(*, plan: Plan, now: datetime, result: CycleResult) -> Applied:
+    """`preemptions_apply` in a savepoint: if it raises unexpectedly, this cycle makes
+    no preemption (logged with the cycle id) and its admissions still commit."""
+    if not plan.preemptions:
+        return Applied()
+    try:
+        with transaction.atomic():
+            return preemptions_apply(plan=plan, now=now)
+    except NOT_A_JOB_FAULT:
+        raise
+    except Exception as exc:
+        log.error("cycle %s: applying the preemptions of %s raised %s; none this cycle",
+                  result.cycle_id, sorted(p.preemptor_id for p in plan.preemptions)[:20],
+                  type(exc).__name__, exc_info=exc)
+        return Applied()
 
 
 # --- 5. submit ----------------------------------------------------------------------------
@@ -355,23 +534,31 @@ def launch_spec(job: Job) -> LaunchSpec:
 
 def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResult) -> None:
     """Submit every admitted job not yet marked submitted (this cycle's and any a killed
-    worker left behind: the backend's create is idempotent by name)."""
+    worker left behind: the backend's create is idempotent by name). A job whose launch
+    spec cannot be built, or whose bookkeeping raises, fails alone (`_isolated`)."""
     pending = Job.objects.filter(
         status=JobState.ADMITTED, submitted_to_backend_at__isnull=True
     ).select_related("team", "tier", "gpu_type").order_by("admitted_at", "id")
     for job in pending:
+        with _isolated(job.pk, step="building its workload", now=now, result=result):
+            spec = launch_spec(job)
+        if job.pk in result.job_errors:
+            continue
         try:
-            backend.submit(launch_spec(job), now=now)
+            backend.submit(spec, now=now)
         except SubmitRejected as exc:
-            with transaction.atomic():
+            with _isolated(job.pk, step="recording its rejection", now=now, result=result), \
+                    transaction.atomic():
                 job_transition(job, JobState.FAILED, now=now, reason=f"rejected: {exc}",
                                finished_at=now, message=str(exc)[:500])
             result.submit_errors[job.pk] = str(exc)
             continue
         except Exception as exc:  # transient: retried next cycle
-            log.warning("submit of %s failed, retrying next cycle: %s", job.backend_name, exc)
+            log.warning("cycle %s: submit of %s failed, retrying next cycle: %s",
+                        result.cycle_id, job.backend_name, clean_text(exc, max_length=300))
             result.submit_errors[job.pk] = str(exc)
             continue
-        Job.objects.filter(pk=job.pk, status=JobState.ADMITTED, attempt=job.attempt).update(
-            submitted_to_backend_at=now
-        )
+        with _isolated(job.pk, step="marking it submitted", now=now, result=result), \
+                transaction.atomic():
+            Job.objects.filter(pk=job.pk, status=JobState.ADMITTED,
+                               attempt=job.attempt).update(submitted_to_backend_at=now)

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .views import healthz, home
+from .views import healthz, healthz_scheduler, home
 
-__all__ = ["healthz", "home"]
+__all__ = ["healthz", "healthz_scheduler", "home"]

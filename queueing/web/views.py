@@ -54,6 +54,18 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
+def healthz_scheduler(request: HttpRequest) -> JsonResponse:
+    """The scheduler's deep check (docs/deployment.md): 503 when the last successful
+    cycle is older than FAIRQ_SCHEDULER_STALE_CYCLES intervals, or none is recorded. Not
+    the web's own liveness: a stuck worker must not take the web down with it."""
+    from queueing.metrics import scheduler_health
+
+    health = scheduler_health()
+    body = {"status": "ok" if health["healthy"] else "stale", **health}
+    del body["healthy"]
+    return JsonResponse(body, status=200 if health["healthy"] else 503)
+
+
 # --- the current team ------------------------------------------------------------------------
 
 def current_team(request: HttpRequest) -> Team | None:

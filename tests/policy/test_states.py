@@ -10,6 +10,7 @@ from queueing.policy.states import TRANSITIONS, IllegalTransition, JobState, che
 
 LEGAL = {
     (JobState.QUEUED, JobState.ADMITTED), (JobState.QUEUED, JobState.CANCELLED),
+    (JobState.QUEUED, JobState.FAILED),
     (JobState.ADMITTED, JobState.RUNNING), (JobState.ADMITTED, JobState.FAILED),
     (JobState.ADMITTED, JobState.CANCELLED), (JobState.ADMITTED, JobState.PREEMPTED),
     (JobState.ADMITTED, JobState.QUEUED),
