@@ -47,6 +47,7 @@ from queueing.backends.base import (
     SubmitRejected,
     WorkloadStatus,
 )
+from queueing.cluster import ClusterView, cluster_view_publish
 from queueing.models import GpuType, Job, Quota
 from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.fairshare import FairShareState
@@ -123,7 +124,9 @@ def scheduler_cycle(*, now: datetime | None = None,
         t0 = time.perf_counter()
         reconcile(backend=backend, now=now, result=result)
         t1 = time.perf_counter()
-        snapshot = build_snapshot(backend=backend, now=now, live_workloads=result.workloads)
+        unprovisioned = unprovisioned_teams(backend)
+        snapshot = build_snapshot(backend=backend, now=now, live_workloads=result.workloads,
+                                  unprovisioned=unprovisioned)
         t2 = time.perf_counter()
         plan = plan_admissions(snapshot)
         result.plan = plan
@@ -140,6 +143,9 @@ def scheduler_cycle(*, now: datetime | None = None,
         if (result.admitted or result.started or result.finished or result.requeued
                 or result.preempted):
             queue_plan_forget()  # readers of "why it waits" get the queue as it is now
+        # What web processes know of the cluster (they are no cluster clients).
+        cluster_view_publish(backend=backend, now=now, workloads=result.workloads,
+                             unprovisioned=unprovisioned)
         t5 = time.perf_counter()
         result.timings = {"reconcile": t1 - t0, "snapshot": t2 - t1, "decide": t3 - t2,
                           "apply": t4 - t3, "submit": t5 - t4, "total": t5 - t0}
@@ -251,9 +257,28 @@ def _kick() -> None:
 
 # --- 2. snapshot --------------------------------------------------------------------------
 
-def build_snapshot(*, backend: ClusterBackend, now: datetime,
-                   live_workloads: set[str] | None = None) -> Snapshot:
-    """Step 2: everything the policy needs, read once (a handful of queries)."""
+def unprovisioned_teams(backend: ClusterBackend | ClusterView) -> set[str]:
+    """Teams with queued jobs whose namespace is not provisioned (FAIRQ_K8S_PROVISION=
+    separate): their jobs stay out of the plan and wait with that reason. A backend
+    without the notion (the simulated cluster) provisions nothing."""
+    ask = getattr(backend, "unprovisioned_teams", None)
+    if ask is None:
+        return set()
+    teams = set(Job.objects.filter(status=JobState.QUEUED)
+                .values_list("team__slug", flat=True).distinct())
+    return set(ask(teams)) if teams else set()
+
+
+def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
+                   live_workloads: set[str] | None = None,
+                   unprovisioned: set[str] | None = None) -> Snapshot:
+    """Step 2: everything the policy needs, read once (a handful of queries). Web
+    processes pass the published `ClusterView` as the backend (queueing/cluster.py)."""
+    if unprovisioned is None:
+        unprovisioned = unprovisioned_teams(backend)
+    if live_workloads is None:
+        live_workloads = (set(backend.workloads) if isinstance(backend, ClusterView)
+                          else {s.name for s in backend.statuses(now=now)})
     holding = list(
         Job.objects.filter(status__in=list(HOLDING_STATES)).values(
             "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
@@ -287,7 +312,8 @@ def build_snapshot(*, backend: ClusterBackend, now: datetime,
         QueuedJob(id=q["id"], team=q["team__slug"], gpu_type=q["gpu_type__slug"],
                   gpus_per_replica=q["gpus_per_replica"], replicas=q["replicas"],
                   tier_rank=q["tier__rank"], submitted_at=q["created_at"])
-        for q in Job.objects.filter(status=JobState.QUEUED).values(
+        for q in Job.objects.filter(status=JobState.QUEUED).exclude(
+            team__slug__in=unprovisioned).values(
             "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
             "tier__rank", "created_at")
     )
@@ -306,12 +332,9 @@ def build_snapshot(*, backend: ClusterBackend, now: datetime,
         priority_weights=priority_weights(),
         billing_weights=dict(GpuType.objects.values_list("slug", "billing_weight")),
         interval_seconds=interval,
-        # Rule R8 must see the workloads the cluster lists; callers other than the cycle
-        # (explain, dashboard, preview) pass none, so ask the cluster rather than assume
-        # every victim is gone.
-        nominated=nominated_preemptors(
-            now=now, live_workloads=live_workloads if live_workloads is not None
-            else {s.name for s in backend.statuses(now=now)}),
+        # Rule R8 must see the workloads the cluster lists: the cycle's own, or for the
+        # web (explain, dashboard, preview) the ones the last cycle published.
+        nominated=nominated_preemptors(now=now, live_workloads=live_workloads),
         preemption=preemption_settings(now=now),
     )
 
