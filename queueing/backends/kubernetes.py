@@ -1,7 +1,9 @@
 """The Kubernetes backend: one batch/v1 Job per job attempt (docs/kubernetes.md).
 
-- submit  — `fq-<job id>-<attempt>` in the team's namespace (`<prefix><team>`, created
-            and labelled on first use, with a ResourceQuota mirroring the team's quota);
+- submit  — `fq-<job id>-<attempt>` in the team's namespace (`<prefix><team>`, made by
+            the provisioner, `ensure_namespace`: labelled, a ResourceQuota mirroring the
+            team's quota, a RoleBinding for the scheduler; or on first use when
+            provision="scheduler"; else an unprovisioned one raises NamespaceNotProvisioned);
             creating a name that exists is adopted (409), an invalid spec (422) fails
             the job (`SubmitRejected`), anything else is retried by the next cycle.
 - statuses, nodes — read an in-process cache fed by watches (fairq's Jobs and Pods,
@@ -11,10 +13,11 @@
             GPUs of pods being deleted, so freed GPUs show as free only once they are.
             A Job that already finished is not deleted but forgotten, so its pods' logs
             stay readable until `ttlSecondsAfterFinished` removes it.
-- logs    — the pods' logs through the API server.
+- logs    — the pods' logs through the API server (the worker archives them for the web).
 
-The watch threads start on first use (a web process that only reads logs starts none)
-and kick a scheduler cycle when a fairq pod or Job changes phase.
+Only the worker uses this class; web processes read what it publishes (queueing/cluster.py,
+services/logs.py). The watch threads start on first use and kick a scheduler cycle when
+a fairq pod or Job changes phase.
 """
 
 from __future__ import annotations
