@@ -313,3 +313,34 @@ def test_the_scheduler_may_do_what_it_needs_in_a_provisioned_team_namespace(
     unprovisioned = f"{prefix}other"
     assert not _allowed(k8s_api_client, SCHED, "create", "jobs", group="batch",
                         namespace=unprovisioned)
+
+
+def test_the_scheduler_cannot_mount_kube_systems_secrets_through_a_job(
+    provisioned: str, k8s_api_client: Any,
+) -> None:
+    """The finding itself: a server-side dry run of a Job in kube-system that mounts a
+    kube-system Secret, sent as fairq-scheduler, was accepted. Now refused; the same Job
+    in the provisioned team namespace is accepted (so the refusal is RBAC's)."""
+    api = api_client_from_sa(k8s_api_client, "fairq-scheduler")
+    batch = client.BatchV1Api(api)
+
+    def job_in(namespace: str) -> dict[str, Any]:
+        return {"apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {"name": "steal", "namespace": namespace},
+                "spec": {"template": {"spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "c", "image": "registry.invalid/x:1",
+                                    "volumeMounts": [{"name": "s", "mountPath": "/s"}]}],
+                    "volumes": [{"name": "s", "secret": {"secretName": "any"}}]}}}}
+
+    try:
+        with pytest.raises(ApiException) as denied:
+            batch.create_namespaced_job("kube-system", job_in("kube-system"), dry_run="All")
+        assert denied.value.status == 403
+        with pytest.raises(ApiException) as denied:
+            batch.create_namespaced_job("default", job_in("default"), dry_run="All")
+        assert denied.value.status == 403
+        made = batch.create_namespaced_job(provisioned, job_in(provisioned), dry_run="All")
+        assert made.metadata.namespace == provisioned
+    finally:
+        api.close()
