@@ -1,20 +1,137 @@
-"""Cluster facts the web process needs (validation, capacity), cached briefly."""
+"""The cluster view: what web and API processes know of the cluster, without being a
+cluster client (docs/kubernetes.md, "RBAC"; issue 13's "cluster view").
+
+The worker publishes it at the end of every scheduler cycle (`cluster_view_publish`)
+into the shared cache: the nodes with their capacity and free GPUs, the live workload
+names (rule R8 in "why it waits"), and the teams whose namespace is not provisioned.
+Web processes read it (`cluster_view`) for submit validation, dashboards, the queue plan
+and the preview. It is as old as the last cycle (seconds while the worker runs);
+`stale` says when it is older than FAIRQ_CLUSTER_VIEW_STALE_SECONDS.
+
+The in-process simulated cluster is no cluster client: before a worker published
+anything (tests, a fresh demo) it is read directly.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.core.cache import cache
+
 from .backends import get_backend
+from .backends.base import ClusterBackend, NodeInfo
 from .memo import ttl_memo
 
+_VIEW_KEY = "fairq:cluster-view"
 
-@ttl_memo(30)
+
+@dataclass(frozen=True)
+class ClusterView:
+    """A copy of the cluster as the worker last saw it. `published_at` None: nothing was
+    published (then `error` says why and `nodes` is empty)."""
+
+    node_list: tuple[NodeInfo, ...] = ()
+    workloads: frozenset[str] = frozenset()
+    unprovisioned: frozenset[str] = frozenset()
+    published_at: datetime | None = None
+    error: str = ""
+
+    def nodes(self) -> list[NodeInfo]:
+        return list(self.node_list)
+
+    def unprovisioned_teams(self, teams: Iterable[str]) -> set[str]:
+        return set(teams) & self.unprovisioned
+
+    def largest_node_gpus(self) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        for n in self.node_list:
+            sizes[n.gpu_type] = max(sizes.get(n.gpu_type, 0), n.capacity)
+        return sizes
+
+    def age_seconds(self, now: datetime) -> float | None:
+        return None if self.published_at is None else (now - self.published_at).total_seconds()
+
+    def stale(self, now: datetime) -> str:
+        """"" when fresh; else a sentence for the page."""
+        if self.published_at is None:
+            return self.error
+        age = self.age_seconds(now) or 0.0
+        if age > settings.FAIRQ_CLUSTER_VIEW_STALE_SECONDS:
+            return (f"the cluster view is {age:.0f} s old: the scheduler has not finished a "
+                    "cycle since (is the worker running?)")
+        return ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": [[n.name, n.gpu_type, n.capacity, n.allocated] for n in self.node_list],
+                "workloads": sorted(self.workloads), "unprovisioned": sorted(self.unprovisioned),
+                "published_at": self.published_at.isoformat() if self.published_at else None}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ClusterView:
+        at = raw.get("published_at")
+        return cls(node_list=tuple(NodeInfo(str(n[0]), str(n[1]), int(n[2]), int(n[3]))
+                                   for n in raw.get("nodes") or ()),
+                   workloads=frozenset(raw.get("workloads") or ()),
+                   unprovisioned=frozenset(raw.get("unprovisioned") or ()),
+                   published_at=datetime.fromisoformat(at) if at else None)
+
+
+def cluster_view_of(backend: ClusterBackend, *, now: datetime,
+                    workloads: Iterable[str] | None = None,
+                    unprovisioned: Iterable[str] = ()) -> ClusterView:
+    nodes = tuple(backend.nodes())
+    if workloads is None:
+        workloads = [s.name for s in backend.statuses(now=now)]
+    return ClusterView(node_list=nodes, workloads=frozenset(workloads),
+                       unprovisioned=frozenset(unprovisioned), published_at=now)
+
+
+def cluster_view_publish(*, backend: ClusterBackend, now: datetime, workloads: Iterable[str],
+                         unprovisioned: Iterable[str] = ()) -> ClusterView:
+    """The worker, after a cycle: what web processes will read until the next one."""
+    view = cluster_view_of(backend, now=now, workloads=workloads, unprovisioned=unprovisioned)
+    cache.set(_VIEW_KEY, view.to_dict(), timeout=None)
+    return view
+
+
+def cluster_view(*, now: datetime | None = None) -> ClusterView:
+    """The last published view (never a call to the cluster, except to the in-process
+    simulated one before anything was published)."""
+    raw = cache.get(_VIEW_KEY)
+    if raw is not None:
+        return ClusterView.from_dict(raw)
+    if settings.FAIRQ_CLUSTER_BACKEND == "simulated":
+        from django.utils import timezone
+
+        try:
+            return cluster_view_of(get_backend(), now=now or timezone.now())
+        except Exception as exc:  # a page says why instead of failing
+            return ClusterView(error=str(exc)[:200])
+    return ClusterView(error="the scheduler has not published a view of the cluster yet "
+                             "(is the worker running?)")
+
+
+class _NotPublished(Exception):
+    """Raised, not returned, so the memo keeps no "unknown" answer."""
+
+
+@ttl_memo(5)
 def _largest_node_sizes() -> dict[str, int]:
-    sizes: dict[str, int] = {}
-    for n in get_backend().nodes():
-        sizes[n.gpu_type] = max(sizes.get(n.gpu_type, 0), n.capacity)
-    return sizes
+    view = cluster_view()
+    if view.published_at is None and view.error:
+        raise _NotPublished(view.error)
+    return view.largest_node_gpus()
 
 
-def largest_node_gpus(gpu_type: str) -> int:
-    """GPUs on the largest node of `gpu_type` (0 when the cluster has none); the node
-    sizes are kept 30 s in each process (queueing/memo.py)."""
-    return _largest_node_sizes().get(gpu_type, 0)
+def largest_node_gpus(gpu_type: str) -> int | None:
+    """GPUs on the largest node of `gpu_type` (0 when the cluster has none), from the
+    cluster view (kept 5 s in each process, queueing/memo.py); None when no view was
+    published yet (nothing is known)."""
+    try:
+        return _largest_node_sizes().get(gpu_type, 0)
+    except _NotPublished:
+        return None

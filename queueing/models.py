@@ -185,6 +185,26 @@ class Job(models.Model):
         return max(0.0, (end - self.started_at).total_seconds())
 
 
+class JobLog(models.Model):
+    """The last lines of one attempt's logs, as the worker last read them from the cluster
+    (services/logs.py): web processes read only this copy. Bounded in size
+    (FAIRQ_LOG_ARCHIVE_LINES, FAIRQ_LOG_ARCHIVE_MAX_BYTES); kept after the pod is gone."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="logs")
+    attempt = models.PositiveIntegerField()
+    text = models.TextField(blank=True, default="")
+    fetched_at = models.DateTimeField()
+    # Set once the logs were read after the attempt finished: never refreshed again.
+    final = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "attempt"],
+                                               name="one_log_per_job_attempt")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}/{self.attempt} ({len(self.text)} chars)"
+
+
 class JobEvent(models.Model):
     """One thing that happened to a job: a transition, a preemption, a wait reason."""
 

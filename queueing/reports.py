@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from accounts.models import Team
 
-from .backends import get_backend
+from .cluster import cluster_view
 from .models import GpuType, Job, UsageRecord
 from .policy.states import HOLDING_STATES, JobState
 
@@ -89,7 +89,7 @@ class Capacity:
 
 
 def cluster_capacity() -> list[Capacity]:
-    nodes = get_backend().nodes()
+    nodes = cluster_view().nodes()  # the published view: web processes call no cluster
     per: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for n in nodes:
         cell = per[n.gpu_type]

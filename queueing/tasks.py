@@ -74,6 +74,17 @@ def stop_workload_task(name: str) -> None:
     get_backend().stop(name, now=timezone.now())
 
 
+@shared_task(ignore_result=True, soft_time_limit=40, time_limit=50)
+def job_logs_archive_task() -> int:
+    """The worker's copy of running jobs' logs, for web processes (services/logs.py)."""
+    from django.utils import timezone
+
+    from queueing.backends import get_backend
+    from queueing.services.logs import job_logs_archive
+
+    return len(job_logs_archive(backend=get_backend(), now=timezone.now()).refreshed)
+
+
 @shared_task(ignore_result=True, soft_time_limit=20, time_limit=30)
 def demo_load_task() -> int:
     """Demo only: keep a few jobs queued per demo team so the standings move."""
@@ -107,10 +118,23 @@ def idempotency_purge_task() -> int:
 @shared_task(ignore_result=True, autoretry_for=(Exception,), retry_backoff=True,
              max_retries=5, soft_time_limit=50, time_limit=60)
 def sync_cluster_task() -> None:
-    """PriorityClasses, namespaces and quotas on the Kubernetes cluster (after a tier or
-    quota change); nothing with another backend."""
+    """After a tier or quota change: with FAIRQ_K8S_PROVISION=scheduler, PriorityClasses,
+    namespaces and quotas; with "separate", only the provisioned namespaces' quotas (the
+    worker may not do more; the provisioner runs `manage.py sync_cluster`). Nothing with
+    another backend."""
     if settings.FAIRQ_CLUSTER_BACKEND != "kubernetes":
         return
-    from queueing.backends.k8s_sync import sync_cluster
+    from queueing.backends import get_backend
+    from queueing.backends.k8s_sync import sync_cluster, sync_quotas
+    from queueing.backends.kubernetes import KubernetesBackend
 
-    log.info("cluster synced: %s", sync_cluster())
+    if settings.FAIRQ_K8S_PROVISION == "scheduler":
+        log.info("cluster synced: %s", sync_cluster())
+        return
+    backend = get_backend()
+    assert isinstance(backend, KubernetesBackend)
+    report = sync_quotas(backend)
+    log.info("quotas synced: %s", report)
+    if report["not_provisioned"]:
+        log.warning("team namespaces not provisioned (run `manage.py sync_cluster` as the "
+                    "provisioner): %s", ", ".join(report["not_provisioned"]))

@@ -201,6 +201,24 @@ CELERY_BEAT_SCHEDULE["idempotency-purge"] = {
     "options": {"expires": 3600},
 }
 
+# Job logs: the worker keeps the last lines of each running (and just finished) job's
+# logs in the database, refreshed every FAIRQ_LOG_ARCHIVE_SECONDS; the web and the API
+# read only that copy (they have no cluster access; docs/kubernetes.md, "RBAC").
+FAIRQ_LOG_ARCHIVE_SECONDS = env.float("FAIRQ_LOG_ARCHIVE_SECONDS", default=15.0)
+FAIRQ_LOG_ARCHIVE_LINES = env.int("FAIRQ_LOG_ARCHIVE_LINES", default=1000)
+FAIRQ_LOG_ARCHIVE_MAX_BYTES = env.int("FAIRQ_LOG_ARCHIVE_MAX_BYTES", default=256 * 1024)
+if FAIRQ_LOG_ARCHIVE_SECONDS <= 0 or FAIRQ_LOG_ARCHIVE_LINES <= 0 or \
+        FAIRQ_LOG_ARCHIVE_MAX_BYTES <= 0:
+    raise environ.ImproperlyConfigured("FAIRQ_LOG_ARCHIVE_* must be > 0")
+CELERY_BEAT_SCHEDULE["job-logs-archive"] = {
+    "task": "queueing.tasks.job_logs_archive_task",
+    "schedule": timedelta(seconds=FAIRQ_LOG_ARCHIVE_SECONDS),
+    "options": {"expires": FAIRQ_LOG_ARCHIVE_SECONDS},
+}
+# The cluster view (nodes, free GPUs, live workloads) the worker publishes each cycle for
+# the web; older than this, pages say it is stale (is the worker running?).
+FAIRQ_CLUSTER_VIEW_STALE_SECONDS = env.float("FAIRQ_CLUSTER_VIEW_STALE_SECONDS", default=120.0)
+
 # The cluster backend: "simulated" (in-process, the default) or "kubernetes".
 FAIRQ_CLUSTER_BACKEND = env("FAIRQ_CLUSTER_BACKEND", default="simulated")
 if FAIRQ_CLUSTER_BACKEND not in {"simulated", "kubernetes"}:
@@ -328,6 +346,21 @@ FAIRQ_K8S_TERMINATION_GRACE_SECONDS = env.int("FAIRQ_K8S_TERMINATION_GRACE_SECON
 # create them: a ResourceQuota or LimitRange of the namespace refuses).
 FAIRQ_K8S_POD_CREATE_TIMEOUT_SECONDS = env.int("FAIRQ_K8S_POD_CREATE_TIMEOUT_SECONDS",
                                                default=120)
+# Who creates team namespaces, their ResourceQuota and the scheduler's RoleBinding in each,
+# and the PriorityClasses: "separate" = only `manage.py sync_cluster` run as the
+# fairq-provisioner service account (platform/k8s/rbac.yaml; the worker has no
+# cluster-wide writes, a team's jobs wait until it is provisioned); "scheduler" = the
+# worker itself on a team's first job (it then needs the provisioner's ClusterRole too).
+FAIRQ_K8S_PROVISION = env("FAIRQ_K8S_PROVISION", default="separate")
+if FAIRQ_K8S_PROVISION not in {"separate", "scheduler"}:
+    raise environ.ImproperlyConfigured("FAIRQ_K8S_PROVISION must be 'separate' or 'scheduler'")
+# The service account the provisioner binds in each team namespace ("namespace/name";
+# empty = bind nothing, e.g. a scheduler running outside the cluster as a user).
+FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT = env("FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT",
+                                          default="fairq-system/fairq-scheduler")
+if FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT and FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT.count("/") != 1:
+    raise environ.ImproperlyConfigured(
+        "FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT must be 'namespace/name' or empty")
 # Full relist of the watched objects, on top of the watches.
 FAIRQ_K8S_RESYNC_SECONDS = env.int("FAIRQ_K8S_RESYNC_SECONDS", default=300)
 for _name in ("FAIRQ_K8S_BACKOFF_LIMIT", "FAIRQ_K8S_TTL_AFTER_FINISHED_SECONDS",

@@ -163,7 +163,7 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
     )
     @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
     def logs(self, request: Request, pk: str) -> Response:
-        """The last lines of the current attempt's logs, as the cluster has them."""
+        """The last lines of the current attempt's logs, as the worker last archived them."""
         job = job_get_for_actor(actor=request.user, job_id=_int_or_404(pk))
         try:
             tail = min(10_000, max(1, int(request.query_params.get("tail", 100))))

@@ -537,3 +537,23 @@ def unbound_demand(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) ->
     for node in remaining[:missing]:
         out[node] = out.get(node, 0) + per
     return out
+
+
+TEAM_ROLE = "fairq-team-workloads"  # platform/k8s/rbac.yaml
+TEAM_ROLE_BINDING = "fairq-scheduler"
+
+
+def role_binding_manifest(namespace: str, *, service_account: str,
+                          service_account_namespace: str) -> dict[str, Any]:
+    """The RoleBinding the provisioner puts in a team namespace: the scheduler's service
+    account gets the ClusterRole `fairq-team-workloads` (its Jobs, their logs and events)
+    in this namespace only."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": TEAM_ROLE_BINDING, "namespace": namespace,
+                     "labels": {MANAGED_BY: MANAGED_BY_VALUE}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": TEAM_ROLE},
+        "subjects": [{"kind": "ServiceAccount", "name": service_account,
+                      "namespace": service_account_namespace}],
+    }

@@ -79,3 +79,27 @@ def sync_cluster(backend: KubernetesBackend | None = None) -> dict[str, Any]:
     report["namespaces"] = [backend.ensure_namespace(t.slug, force=True)
                             for t in Team.objects.order_by("slug")]
     return report
+
+
+def sync_quotas(backend: KubernetesBackend) -> dict[str, list[str]]:
+    """What the scheduler itself keeps in step under FAIRQ_K8S_PROVISION=separate (after
+    a quota change): the ResourceQuota of each provisioned team namespace, replaced in
+    place (its RoleBinding allows that one object). Namespaces, RoleBindings and
+    PriorityClasses are the provisioner's (`sync_cluster`); teams not provisioned yet
+    are listed and left alone (their jobs wait with that reason)."""
+    from accounts.models import Team
+
+    from .k8s_manifest import ManifestError, namespace_for
+
+    report: dict[str, list[str]] = {"updated": [], "not_provisioned": []}
+    for team in Team.objects.order_by("slug").values_list("slug", flat=True):
+        try:
+            namespace = namespace_for(team, backend.namespace_prefix)
+        except ManifestError:
+            continue
+        if not backend.namespace_ready(namespace):
+            report["not_provisioned"].append(namespace)
+            continue
+        backend.apply_quota(namespace, team_gpu_limits(team), replace_only=True)
+        report["updated"].append(namespace)
+    return report

@@ -1,7 +1,9 @@
 """The Kubernetes backend: one batch/v1 Job per job attempt (docs/kubernetes.md).
 
-- submit  — `fq-<job id>-<attempt>` in the team's namespace (`<prefix><team>`, created
-            and labelled on first use, with a ResourceQuota mirroring the team's quota);
+- submit  — `fq-<job id>-<attempt>` in the team's namespace (`<prefix><team>`, made by
+            the provisioner, `ensure_namespace`: labelled, a ResourceQuota mirroring the
+            team's quota, a RoleBinding for the scheduler; or on first use when
+            provision="scheduler"; else an unprovisioned one raises NamespaceNotProvisioned);
             creating a name that exists is adopted (409), an invalid spec (422) fails
             the job (`SubmitRejected`), anything else is retried by the next cycle.
 - statuses, nodes — read an in-process cache fed by watches (fairq's Jobs and Pods,
@@ -11,10 +13,11 @@
             GPUs of pods being deleted, so freed GPUs show as free only once they are.
             A Job that already finished is not deleted but forgotten, so its pods' logs
             stay readable until `ttlSecondsAfterFinished` removes it.
-- logs    — the pods' logs through the API server.
+- logs    — the pods' logs through the API server (the worker archives them for the web).
 
-The watch threads start on first use (a web process that only reads logs starts none)
-and kick a scheduler cycle when a fairq pod or Job changes phase.
+Only the worker uses this class; web processes read what it publishes (queueing/cluster.py,
+services/logs.py). The watch threads start on first use and kick a scheduler cycle when
+a fairq pod or Job changes phase.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -36,6 +39,7 @@ from .k8s_cache import Informer, Obj
 from .k8s_manifest import (
     L_WORKLOAD,
     MANAGED_BY,
+    QUOTA_NAME,
     SELECTOR,
     GpuTypeRef,
     ManifestError,
@@ -48,6 +52,7 @@ from .k8s_manifest import (
     pods_never_created,
     priority_class_manifest,
     resource_quota_manifest,
+    role_binding_manifest,
     unbound_demand,
     workload_status,
 )
@@ -61,6 +66,15 @@ TOMBSTONE_SECONDS = 600.0
 
 class KubernetesBackendError(Exception):
     """The cluster cannot answer yet (caches not synced, API down): retry later."""
+
+
+class NamespaceNotProvisioned(KubernetesBackendError):
+    """FAIRQ_K8S_PROVISION=separate and the team's namespace has no RoleBinding for the
+    scheduler yet: `manage.py sync_cluster` (the provisioner) has not run for the team."""
+
+
+# How long a "not provisioned" answer is believed before asking the API server again.
+UNPROVISIONED_RECHECK_SECONDS = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +159,20 @@ class KubernetesBackend:
         watch_seconds: int = 60,
         sync_timeout_seconds: float = 30.0,
         kick: Callable[[], None] | None = None,
+        provision: str = "scheduler",
+        scheduler_account: tuple[str, str] | None = None,
     ) -> None:
+        if provision not in ("scheduler", "separate"):
+            raise ValueError(f"provision must be 'scheduler' or 'separate', not {provision!r}")
         self.api = api_client
+        # "scheduler": this process creates team namespaces and quotas on first use (the
+        # old, cluster-wide RBAC). "separate": the provisioner does (sync_cluster), and
+        # submit only checks the namespace is provisioned (docs/kubernetes.md, "RBAC").
+        self.provision = provision
+        # (namespace, name) of the service account the provisioner binds in each team
+        # namespace; None binds nothing (out-of-cluster, a user's own credentials).
+        self.scheduler_account = scheduler_account
+        self._unprovisioned: dict[str, float] = {}  # namespace → when it was last refused
         self.namespace_prefix = namespace_prefix
         self.backoff_limit = backoff_limit
         self.ttl_after_finished_seconds = ttl_after_finished_seconds
@@ -234,6 +260,8 @@ class KubernetesBackend:
             team_quota=k8s_sync.team_gpu_limits,
             resync_seconds=settings.FAIRQ_K8S_RESYNC_SECONDS,
             kick=kick,
+            provision=settings.FAIRQ_K8S_PROVISION,
+            scheduler_account=scheduler_account_setting(),
         )
 
     def _after_fork(self) -> None:
@@ -329,7 +357,12 @@ class KubernetesBackend:
         namespace = body["metadata"]["namespace"]
         if self._started and self.jobs.get(f"{namespace}/{spec.name}") is not None:
             return  # already there: the name is the identity
-        self.ensure_namespace(spec.team)
+        if self.provision == "scheduler":
+            self.ensure_namespace(spec.team)
+        elif not self.namespace_ready(namespace):
+            raise NamespaceNotProvisioned(
+                f"namespace {namespace} is not provisioned for fairq yet "
+                "(the provisioner runs `manage.py sync_cluster`)")
         try:
             self._create_job(namespace, body)
         except ApiException as exc:
@@ -341,6 +374,11 @@ class KubernetesBackend:
             else:
                 if status == 404:
                     self._known_namespaces.discard(namespace)
+                    if self.provision == "separate":
+                        self._unprovisioned[namespace] = time.monotonic()
+                        raise NamespaceNotProvisioned(
+                            f"namespace {namespace} does not exist (the provisioner runs "
+                            "`manage.py sync_cluster`)") from exc
                 raise KubernetesBackendError(
                     f"creating {spec.name} failed ({status}): {message}") from exc
         except ValueError as exc:  # the client's model validation: our body is malformed
@@ -368,8 +406,56 @@ class KubernetesBackend:
         if not 200 <= resp.status <= 299:
             raise ApiException.from_response(http_resp=resp, body=None, data=None)
 
+    def namespace_ready(self, namespace: str) -> bool:
+        """Did the provisioner make `namespace`? Its ResourceQuota `fairq-gpus` is read
+        (fairq-team-workloads may read that one object once the RoleBinding is there):
+        403 (no binding) or 404 (no namespace) means not yet. Asked once per namespace;
+        a "no" is asked again after UNPROVISIONED_RECHECK_SECONDS."""
+        from kubernetes.client.exceptions import ApiException
+
+        if namespace in self._known_namespaces:
+            return True
+        refused = self._unprovisioned.get(namespace)
+        if refused is not None and time.monotonic() - refused < UNPROVISIONED_RECHECK_SECONDS:
+            return False
+        self._after_fork()
+        try:
+            _drain(self.core.read_namespaced_resource_quota(
+                QUOTA_NAME, namespace, _preload_content=False, _request_timeout=(5, 10)))
+        except ApiException as exc:
+            if exc.status not in (403, 404):
+                raise
+            self._unprovisioned[namespace] = time.monotonic()
+            return False
+        self._known_namespaces.add(namespace)
+        self._unprovisioned.pop(namespace, None)
+        return True
+
+    def unprovisioned_teams(self, teams: Iterable[str]) -> set[str]:
+        """The teams whose jobs cannot be submitted because their namespace is not
+        provisioned (FAIRQ_K8S_PROVISION=separate only: otherwise submit provisions).
+        An API server that does not answer counts as "provisioned": the submit then
+        fails and is retried, as any other transient error."""
+        if self.provision == "scheduler":
+            return set()
+        out: set[str] = set()
+        for team in teams:
+            try:
+                namespace = namespace_for(team, self.namespace_prefix)
+            except ManifestError:
+                continue  # submit rejects the job with the reason
+            try:
+                if not self.namespace_ready(namespace):
+                    out.add(team)
+            except Exception as exc:
+                log.info("asking whether %s is provisioned failed: %s", namespace, exc)
+        return out
+
     def ensure_namespace(self, team: str, *, force: bool = False) -> str:
-        """The team's namespace, created and labelled on first use, with its quota."""
+        """The provisioner's work for one team: its namespace (created, and labelled),
+        its ResourceQuota and the RoleBinding that lets the scheduler's service account
+        run Jobs there. Called by `sync_cluster`, and by submit when
+        FAIRQ_K8S_PROVISION=scheduler."""
         from kubernetes.client.exceptions import ApiException
 
         namespace = namespace_for(team, self.namespace_prefix)
@@ -384,14 +470,38 @@ class KubernetesBackend:
                 "labels": namespace_manifest(namespace, team)["metadata"]["labels"]}})
         if self.team_quota is not None:
             self.apply_quota(namespace, self.team_quota(team))
+        if self.scheduler_account is not None:
+            self.apply_role_binding(namespace)
         self._known_namespaces.add(namespace)
         return namespace
 
-    def apply_quota(self, namespace: str, hard: Mapping[str, int]) -> None:
+    def apply_role_binding(self, namespace: str) -> None:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        assert self.scheduler_account is not None
+        sa_namespace, sa_name = self.scheduler_account
+        body = role_binding_manifest(namespace, service_account=sa_name,
+                                     service_account_namespace=sa_namespace)
+        rbac = client.RbacAuthorizationV1Api(self.api)
+        try:
+            rbac.create_namespaced_role_binding(namespace, cast(Any, body))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            rbac.replace_namespaced_role_binding(body["metadata"]["name"], namespace,
+                                                 cast(Any, body))
+
+    def apply_quota(self, namespace: str, hard: Mapping[str, int], *,
+                    replace_only: bool = False) -> None:
+        """Create or replace the namespace's ResourceQuota; `replace_only`: the scheduler
+        keeping a provisioned quota in step (it may not create one)."""
         from kubernetes.client.exceptions import ApiException
 
         body = resource_quota_manifest(namespace, hard)
         try:
+            if replace_only:
+                raise ApiException(status=409)
             self.core.create_namespaced_resource_quota(namespace, cast(Any, body))
         except ApiException as exc:
             if exc.status != 409:
@@ -749,6 +859,17 @@ def _raw_list(func: Callable[..., Any], **kwargs: Any) -> list[Obj]:
         return list(json.loads(resp.data).get("items") or [])
     finally:
         resp.release_conn()
+
+
+def scheduler_account_setting() -> tuple[str, str] | None:
+    """FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT ("namespace/name", "" for none)."""
+    from django.conf import settings
+
+    value = settings.FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT
+    if not value:
+        return None
+    namespace, _, name = value.partition("/")
+    return namespace, name
 
 
 def api_client_from_config(*, kubeconfig: str = "", context: str = "") -> Any:

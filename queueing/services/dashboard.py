@@ -19,10 +19,11 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 from django.db.models import F, QuerySet, Sum
+from django.utils import timezone
 
 from accounts.models import Team
-from queueing.backends import get_backend
 from queueing.backends.base import NodeInfo
+from queueing.cluster import cluster_view
 from queueing.models import FairShareSnapshot, GpuType, Job, JobEvent, Quota
 from queueing.policy.admission import plan_admissions
 from queueing.policy.explain import explain_queued
@@ -137,10 +138,10 @@ class CapacityRow:
 
 
 def cluster_nodes() -> tuple[list[NodeInfo], str]:
-    try:
-        return list(get_backend().nodes()), ""
-    except Exception as exc:  # the page shows the error instead of failing
-        return [], str(exc)[:200]
+    """The nodes of the published cluster view (queueing/cluster.py), and a sentence when
+    it is missing or stale (the page shows it instead of failing)."""
+    view = cluster_view()
+    return view.nodes(), view.stale(timezone.now())[:200]
 
 
 def allocation_by_team() -> dict[tuple[str, str], int]:
@@ -255,8 +256,11 @@ def submit_preview(*, team: Team, gpu_type: GpuType, gpus_per_replica: int, repl
 
     from .scheduler import build_snapshot
 
+    view = cluster_view(now=now)
+    if view.published_at is None and view.error:
+        return Preview(None, 0, False, "", error=view.error[:200])
     try:
-        snapshot = build_snapshot(backend=get_backend(), now=now)
+        snapshot = build_snapshot(backend=view, now=now, live_workloads=set(view.workloads))
     except Exception as exc:
         return Preview(None, 0, False, "", error=str(exc)[:200])
     probe_id = -1  # no real job has a negative id

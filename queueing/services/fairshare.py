@@ -456,14 +456,13 @@ def job_explain(*, job: Job, now: datetime, with_queue: bool = True) -> dict[str
     again per job. A cluster that cannot be reached gives the reason `cluster_unreachable`
     rather than failing the request.
     """
-    from queueing.backends import get_backend
+    from queueing.cluster import cluster_view
 
     from .queue_plan import queue_standing
 
-    try:
-        cluster_gpus = sum(n.capacity for n in get_backend().nodes())
-    except Exception:  # an unreachable cluster must not break the job page
-        cluster_gpus = 0  # and the queue part below says why
+    # The published view: no call to the cluster (an unpublished one counts 0 GPUs, and
+    # the queue part below says why).
+    cluster_gpus = sum(n.capacity for n in cluster_view(now=now).nodes())
     state = FairShareState.from_standings(fairshare_standings(now=now))
     breakdown = job_priority(_queued_job(job), now=now,
                              fair_share_factor=state.factor(job.team.slug),

@@ -333,10 +333,21 @@ def _copy_array_job(template: Job, event: JobEvent, names: list[str],
 
 
 def job_logs(*, job: Job, tail: int = 100) -> str:
-    """The last `tail` lines of the job's current attempt, as the cluster keeps them
-    ("" before it was submitted or once the cluster forgot it)."""
+    """The last `tail` lines of the job's current attempt as the worker archived them
+    (services/logs.py; "" before it was submitted or archived). Web processes never ask
+    the cluster; only the in-process simulated cluster is read directly, when nothing
+    was archived (no worker runs the archive in tests or a one-process demo)."""
     if job.state == JobState.QUEUED and job.started_at is None and job.attempt == 1:
         return ""  # never reached the cluster
-    from queueing.backends import get_backend
+    from django.conf import settings
 
-    return get_backend().logs(job.backend_name, tail=tail)
+    from .logs import job_logs_archived
+
+    archived = job_logs_archived(job=job, tail=tail)
+    if archived is not None:
+        return archived
+    if settings.FAIRQ_CLUSTER_BACKEND == "simulated":
+        from queueing.backends import get_backend
+
+        return get_backend().logs(job.backend_name, tail=tail)
+    return ""

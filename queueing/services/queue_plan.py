@@ -16,7 +16,7 @@ from typing import Any
 
 from django.core.cache import cache
 
-from queueing.backends import get_backend
+from queueing.cluster import cluster_view
 from queueing.policy.admission import plan_admissions
 from queueing.policy.explain import explain_queue, reason_lines
 
@@ -68,9 +68,12 @@ def queue_plan(*, now: datetime, fresh: bool = False) -> QueuePlan:
             return cached
     from .scheduler import build_snapshot
 
+    view = cluster_view(now=now)
+    if view.published_at is None and view.error:
+        return QueuePlan({}, 0, error=view.error[:200])
     try:
-        snapshot = build_snapshot(backend=get_backend(), now=now)
-    except Exception as exc:  # an unreachable cluster must not break a page or a poll
+        snapshot = build_snapshot(backend=view, now=now, live_workloads=set(view.workloads))
+    except Exception as exc:  # a broken view must not break a page or a poll
         return QueuePlan({}, 0, error=str(exc)[:200])
     plan = plan_admissions(snapshot)
     by_id = {q.id: q for q in snapshot.queued}
@@ -86,7 +89,19 @@ def queue_plan(*, now: datetime, fresh: bool = False) -> QueuePlan:
         x = explained[q.id]
         code, message = ("next_cycle", "") if q.id in admitted else waits.get(q.id, ("", ""))
         entries[q.id] = (x.position, x.ahead_same_gpu_type, q.team, q.gpu_type, code, message)
-    result = QueuePlan(entries, len(order))
+    # Jobs of teams whose namespace is not provisioned stay out of the plan: after the rest.
+    if view.unprovisioned:
+        from queueing.models import Job
+        from queueing.policy.states import JobState
+
+        waiting = Job.objects.filter(status=JobState.QUEUED,
+                                     team__slug__in=view.unprovisioned).order_by("created_at", "id")
+        for n, (pk, team, gpu_type) in enumerate(
+                waiting.values_list("id", "team__slug", "gpu_type__slug"), start=len(order) + 1):
+            entries[pk] = (n, 0, team, gpu_type, "namespace_not_provisioned",
+                           f"the Kubernetes namespace of team {team} is not provisioned "
+                           "for fairq yet (an admin runs `manage.py sync_cluster`)")
+    result = QueuePlan(entries, len(entries))
     cache.set(_PLAN_KEY, result, timeout=QUEUE_PLAN_TTL)
     return result
 

@@ -56,6 +56,7 @@ from queueing.backends.base import (
     SubmitRejected,
     WorkloadStatus,
 )
+from queueing.cluster import ClusterView, cluster_view_publish
 from queueing.models import GpuType, Job, Quota
 from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.fairshare import FairShareState
@@ -149,8 +150,9 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         reconcile(backend=backend, now=now, result=result)
         t1 = time.perf_counter()
         odd_rows: dict[int, Exception] = {}
+        unprovisioned = unprovisioned_teams(backend)
         snapshot = build_snapshot(backend=backend, now=now, live_workloads=result.workloads,
-                                  odd_rows=odd_rows)
+                                  unprovisioned=unprovisioned, odd_rows=odd_rows)
         for job_id, exc in odd_rows.items():
             _job_failed(job_id, exc, step="reading its row", now=now, result=result)
         t2 = time.perf_counter()
@@ -169,6 +171,9 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         if (result.admitted or result.started or result.finished or result.requeued
                 or result.preempted or result.job_errors):
             queue_plan_forget()  # readers of "why it waits" get the queue as it is now
+        # What web processes know of the cluster (they are no cluster clients).
+        cluster_view_publish(backend=backend, now=now, workloads=result.workloads,
+                             unprovisioned=unprovisioned)
         t5 = time.perf_counter()
         result.timings = {"reconcile": t1 - t0, "snapshot": t2 - t1, "decide": t3 - t2,
                           "apply": t4 - t3, "submit": t5 - t4, "total": t5 - t0}
@@ -355,15 +360,34 @@ def _kick() -> None:
 
 # --- 2. snapshot --------------------------------------------------------------------------
 
-def build_snapshot(*, backend: ClusterBackend, now: datetime,
+def unprovisioned_teams(backend: ClusterBackend | ClusterView) -> set[str]:
+    """Teams with queued jobs whose namespace is not provisioned (FAIRQ_K8S_PROVISION=
+    separate): their jobs stay out of the plan and wait with that reason. A backend
+    without the notion (the simulated cluster) provisions nothing."""
+    ask = getattr(backend, "unprovisioned_teams", None)
+    if ask is None:
+        return set()
+    teams = set(Job.objects.filter(status=JobState.QUEUED)
+                .values_list("team__slug", flat=True).distinct())
+    return set(ask(teams)) if teams else set()
+
+
+def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
                    live_workloads: set[str] | None = None,
+                   unprovisioned: set[str] | None = None,
                    odd_rows: dict[int, Exception] | None = None) -> Snapshot:
-    """Step 2: everything the policy needs, read once (a handful of queries).
+    """Step 2: everything the policy needs, read once (a handful of queries). Web
+    processes pass the published `ClusterView` as the backend (queueing/cluster.py).
 
     A job row the policy cannot take (a placement that is not a list of node names, no
     GPUs) is left out and reported in `odd_rows` (job id -> why), never raised: the
     cycle fails those jobs, other callers just do without them."""
     odd = odd_rows if odd_rows is not None else {}
+    if unprovisioned is None:
+        unprovisioned = unprovisioned_teams(backend)
+    if live_workloads is None:
+        live_workloads = (set(backend.workloads) if isinstance(backend, ClusterView)
+                          else {s.name for s in backend.statuses(now=now)})
     holding = []
     for h in Job.objects.filter(status__in=list(HOLDING_STATES)).values(
             "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
@@ -399,7 +423,8 @@ def build_snapshot(*, backend: ClusterBackend, now: datetime,
         for h in holding
     )
     queued_rows = []
-    for q in Job.objects.filter(status=JobState.QUEUED).values(
+    for q in Job.objects.filter(status=JobState.QUEUED).exclude(
+            team__slug__in=unprovisioned).values(
             "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
             "tier__rank", "created_at"):
         try:
@@ -432,12 +457,9 @@ def build_snapshot(*, backend: ClusterBackend, now: datetime,
         priority_weights=priority_weights(),
         billing_weights=dict(GpuType.objects.values_list("slug", "billing_weight")),
         interval_seconds=interval,
-        # Rule R8 must see the workloads the cluster lists; callers other than the cycle
-        # (explain, dashboard, preview) pass none, so ask the cluster rather than assume
-        # every victim is gone.
-        nominated=nominated_preemptors(
-            now=now, live_workloads=live_workloads if live_workloads is not None
-            else {s.name for s in backend.statuses(now=now)}),
+        # Rule R8 must see the workloads the cluster lists: the cycle's own, or for the
+        # web (explain, dashboard, preview) the ones the last cycle published.
+        nominated=nominated_preemptors(now=now, live_workloads=live_workloads),
         preemption=preemption_settings(now=now),
     )
 

@@ -434,26 +434,48 @@ def test_logs_answer_with_a_readable_error_when_the_node_has_none(kube: Kube, wo
     pk = submit(world, gpus=1)
     wait(lambda: job(pk).status == "RUNNING", what="the job RUNNING")
     r = world.client(world.member).get(f"/api/v1/jobs/{pk}/logs/?tail=5")
+    assert r.status_code == 200 and r.json()["lines"] == []  # the worker copied none yet
+    from django.utils import timezone
+
+    from queueing.services.logs import job_logs_archive
+
+    job_logs_archive(backend=kube.backend, now=timezone.now())  # the worker's beat task
+    r = world.client(world.member).get(f"/api/v1/jobs/{pk}/logs/?tail=5")
     assert r.status_code == 200, r.content
     lines = r.json()["lines"]
     assert lines and lines[0].startswith("[fairq] no logs from pod fq-")
     assert kube.backend.logs("fq-0-1") == ""
 
 
-def test_sync_cluster_keeps_priority_classes_and_quotas_in_step(kube: Kube, world: Any) -> None:
+def test_sync_cluster_keeps_priority_classes_and_quotas_in_step(
+    kube: Kube, world: Any, settings: Any,
+) -> None:
     from queueing.backends.k8s_sync import sync_cluster
     from queueing.models import Quota
 
-    Quota.objects.filter(team=world.vision, gpu_type=world.a100).update(borrowing_limit=0)
-    world.low.priority_value = 5
-    world.low.save()  # the signal queues sync_cluster_task (eager here) after commit
+    # FAIRQ_K8S_PROVISION=separate: a quota change is applied by the worker (the signal
+    # queues sync_cluster_task, eager here, after commit) to the provisioned namespace ...
+    quota_row = Quota.objects.get(team=world.vision, gpu_type=world.a100)
+    quota_row.borrowing_limit = 0
+    quota_row.save()
+    quota = kube.core.read_namespaced_resource_quota("fairq-gpus", kube.ns("vision"))
+    assert quota.spec.hard == {"requests.nvidia.com/gpu": "24"}  # h100 8+8, a100 8+0
+    # ... a tier change waits for the provisioner: the worker may not touch PriorityClasses.
     sched = client.SchedulingV1Api(kube.backend.api)
+    world.low.priority_value = 5
+    world.low.save()
+    assert sched.read_priority_class(world.low.priority_class_name).value != 5
+    report = sync_cluster(kube.backend)
+    assert report["replaced"] == [world.low.priority_class_name]
     assert sched.read_priority_class(world.low.priority_class_name).value == 5
     report = sync_cluster(kube.backend)
     assert world.low.priority_class_name in report["unchanged"]
-    quota = kube.core.read_namespaced_resource_quota("fairq-gpus", kube.ns("vision"))
-    assert quota.spec.hard == {"requests.nvidia.com/gpu": "24"}  # h100 8+8, a100 8+0
     assert report["created"] == report["replaced"] == report["deleted"] == []
+    # FAIRQ_K8S_PROVISION=scheduler: the worker provisions all of it on the change.
+    settings.FAIRQ_K8S_PROVISION = "scheduler"
+    world.low.priority_value = 6
+    world.low.save()
+    assert sched.read_priority_class(world.low.priority_class_name).value == 6
 
     from io import StringIO
 

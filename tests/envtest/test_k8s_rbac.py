@@ -1,6 +1,8 @@
-"""platform/k8s/rbac.yaml is enough, and no more than enough: the backend runs its whole
-job life (priority classes, namespace and quota, submit, watch, capacity, logs, stop) as
-the fairq-scheduler service account, and the fairq-web account can read but not write.
+"""platform/k8s/rbac.yaml is enough, and no more than enough: the provisioner account
+makes priority classes and a team namespace (quota, the scheduler's RoleBinding); the
+fairq-scheduler account then runs a job's whole life there (submit, watch, capacity, logs,
+stop) and nothing outside fairq's namespaces; the fairq-web account may do nothing at all
+(SubjectAccessReviews asked of the API server, so each test can fail both ways).
 
 The envtest API server authorizes with RBAC; the admin impersonates the service
 accounts. No database.
@@ -60,7 +62,7 @@ def rbac_applied(k8s_api_client: Any) -> None:
             _apply(k8s_api_client, doc)
 
 
-def backend_as(cp: Any, account: str, prefix: str) -> Any:
+def backend_as(cp: Any, account: str, prefix: str, **kwargs: Any) -> Any:
     from queueing.backends.k8s_manifest import GpuTypeRef
     from queueing.backends.kubernetes import KubernetesBackend, api_client_from_config
 
@@ -69,7 +71,7 @@ def backend_as(cp: Any, account: str, prefix: str) -> Any:
     return KubernetesBackend(
         api, namespace_prefix=prefix,
         gpu_types=[GpuTypeRef("h100", "nvidia.com/gpu", {"fairq.io/gpu-type": "h100"})],
-        team_quota=lambda team: {"nvidia.com/gpu": 16})
+        team_quota=lambda team: {"nvidia.com/gpu": 16}, **kwargs)
 
 
 @pytest.fixture
@@ -110,9 +112,11 @@ def test_the_scheduler_account_can_run_a_jobs_whole_life(
     rbac_applied: None, k8s_control_plane: Any, k8s_api_client: Any, prefix: str,
 ) -> None:
     from queueing.backends.base import Phase
-    from queueing.backends.kubernetes import PriorityClassSpec
+    from queueing.backends.kubernetes import NamespaceNotProvisioned, PriorityClassSpec
 
-    backend = backend_as(k8s_control_plane, "fairq-scheduler", prefix)
+    provisioner = backend_as(k8s_control_plane, "fairq-provisioner", prefix,
+                             scheduler_account=("fairq-system", "fairq-scheduler"))
+    backend = backend_as(k8s_control_plane, "fairq-scheduler", prefix, provision="separate")
     try:
         sched = client.SchedulingV1Api(k8s_api_client)
         # Keep every fairq class as it is (other tests use them) and add one, then change it.
@@ -121,18 +125,33 @@ def test_the_scheduler_account_can_run_a_jobs_whole_life(
                 for p in sched.list_priority_class().items
                 if (p.metadata.labels or {}).get("app.kubernetes.io/managed-by") == "fairq"]
         mine = f"rbac-{prefix.rstrip('-')}"
-        assert mine in backend.sync_priority_classes(
+        assert mine in provisioner.sync_priority_classes(
             [*keep, PriorityClassSpec(mine, 7, "Never", "rbac")])["created"]
-        assert mine in backend.sync_priority_classes(
+        assert mine in provisioner.sync_priority_classes(
             [*keep, PriorityClassSpec(mine, 8, "Never", "rbac")])["replaced"]
 
-        assert backend.ensure_namespace("team") == f"{prefix}team"
-        backend.ensure_namespace("team", force=True)  # patch labels, replace the quota
+        name = f"fq-{800000 + int(uuid.uuid4().int % 1000)}-1"
+        # Not provisioned yet: the scheduler says so, creates nothing, and cannot provision.
+        assert backend.unprovisioned_teams(["team"]) == {"team"}
+        with pytest.raises(NamespaceNotProvisioned, match="not provisioned"):
+            backend.submit(launch(name), now=datetime.now(UTC))
+        with pytest.raises(ApiException) as denied:
+            backend.ensure_namespace("team")
+        assert denied.value.status == 403
+
+        assert provisioner.ensure_namespace("team") == f"{prefix}team"
+        provisioner.ensure_namespace("team", force=True)  # patch labels, replace quota, binding
         quota = client.CoreV1Api(k8s_api_client).read_namespaced_resource_quota(
             "fairq-gpus", f"{prefix}team")
         assert quota.spec.hard == {"requests.nvidia.com/gpu": "16"}
 
-        name = f"fq-{800000 + int(uuid.uuid4().int % 1000)}-1"
+        backend._unprovisioned.clear()  # as after UNPROVISIONED_RECHECK_SECONDS
+        assert backend.unprovisioned_teams(["team"]) == set()
+        # A quota change in fairq: the scheduler replaces that one object (sync_quotas).
+        backend.apply_quota(f"{prefix}team", {"nvidia.com/gpu": 12}, replace_only=True)
+        quota = client.CoreV1Api(k8s_api_client).read_namespaced_resource_quota(
+            "fairq-gpus", f"{prefix}team")
+        assert quota.spec.hard == {"requests.nvidia.com/gpu": "12"}
         backend.submit(launch(name), now=datetime.now(UTC))
         backend.submit(launch(name), now=datetime.now(UTC))  # idempotent
         until(lambda: any(s.name == name and s.phase == Phase.RUNNING
@@ -146,28 +165,182 @@ def test_the_scheduler_account_can_run_a_jobs_whole_life(
         sched.delete_priority_class(mine)
     finally:
         backend.close()
+        provisioner.close()
 
 
-def test_the_web_account_reads_but_cannot_write(
+def test_the_web_account_cannot_even_watch(
     rbac_applied: None, k8s_control_plane: Any, prefix: str,
 ) -> None:
     from queueing.backends.kubernetes import KubernetesBackendError
 
     web = backend_as(k8s_control_plane, "fairq-web", prefix)
     try:
-        web.wait_synced(30)
-        assert {n.gpu_type for n in web.nodes()} == {"h100"}
-        web.statuses(now=datetime.now(UTC))
-        assert web.logs("fq-1-1") == ""
-        with pytest.raises(ApiException) as denied:
-            web.ensure_namespace("team")
-        assert denied.value.status == 403
-        web._known_namespaces.add(f"{prefix}team")  # as if it existed
-        with pytest.raises(KubernetesBackendError, match="403"):
-            web.submit(launch("fq-2-1"), now=datetime.now(UTC))
+        with pytest.raises(KubernetesBackendError, match="not synced"):
+            web.wait_synced(3)
+        assert "(403)" in web.logs("fq-1-1")
         with pytest.raises(ApiException) as denied:
             client.CoreV1Api(web.api).list_namespaced_secret("fairq-system")
         assert denied.value.status == 403
         assert json.loads(denied.value.body)["reason"] == "Forbidden"
     finally:
         web.close()
+
+
+# --- least privilege, asked of the API server itself (SubjectAccessReview as admin) -------
+
+SCHED = "system:serviceaccount:fairq-system:fairq-scheduler"
+WEB = "system:serviceaccount:fairq-system:fairq-web"
+
+
+def _allowed(api: Any, user: str, verb: str, resource: str, *, group: str = "",
+             namespace: str = "", subresource: str = "", name: str = "") -> bool:
+    """The API server's own answer: may `user` do `verb` on `resource`?"""
+    attrs = {"verb": verb, "group": group, "resource": resource}
+    if namespace:
+        attrs["namespace"] = namespace
+    if subresource:
+        attrs["subresource"] = subresource
+    if name:
+        attrs["name"] = name
+    body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"user": user, "groups": ["system:serviceaccounts",
+                                              "system:serviceaccounts:fairq-system",
+                                              "system:authenticated"],
+                     "resourceAttributes": attrs}}
+    got = client.AuthorizationV1Api(api).create_subject_access_review(body)
+    return bool(got.status.allowed)
+
+
+@pytest.fixture
+def provisioned(rbac_applied: None, k8s_api_client: Any, prefix: str) -> str:
+    """A team namespace as the provisioner makes it (`sync_cluster` as fairq-provisioner)."""
+    from queueing.backends.kubernetes import KubernetesBackend
+
+    api = api_client_from_sa(k8s_api_client, "fairq-provisioner")
+    provisioner = KubernetesBackend(api, namespace_prefix=prefix,
+                                    team_quota=lambda team: {"nvidia.com/gpu": 16},
+                                    scheduler_account=("fairq-system", "fairq-scheduler"))
+    try:
+        return provisioner.ensure_namespace("team", force=True)
+    finally:
+        provisioner.close()
+
+
+def api_client_from_sa(admin: Any, account: str) -> Any:
+    from kubernetes.client import ApiClient
+
+    api = ApiClient(admin.configuration)
+    api.set_default_header("Impersonate-User", f"system:serviceaccount:fairq-system:{account}")
+    return api
+
+
+# Every write outside fairq's namespaces and objects, for both accounts.
+REFUSED_EVERYWHERE: list[tuple[str, str, str, str, str]] = [
+    # (verb, group, resource, subresource, namespace)
+    ("create", "batch", "jobs", "", "kube-system"),
+    ("create", "batch", "jobs", "", "default"),
+    ("delete", "batch", "jobs", "", "kube-system"),
+    ("delete", "batch", "jobs", "", "default"),
+    ("create", "", "pods", "", "kube-system"),
+    ("create", "", "pods", "", "default"),
+    ("get", "", "secrets", "", "kube-system"),
+    ("list", "", "secrets", "", ""),
+    ("get", "", "secrets", "", "fairq-system"),
+    ("patch", "", "namespaces", "", ""),
+    ("create", "", "namespaces", "", ""),
+    ("update", "", "resourcequotas", "", "kube-system"),
+    ("update", "", "resourcequotas", "", "default"),
+    ("create", "", "resourcequotas", "", "default"),
+    ("create", "scheduling.k8s.io", "priorityclasses", "", ""),
+    ("delete", "scheduling.k8s.io", "priorityclasses", "", ""),
+    ("create", "rbac.authorization.k8s.io", "rolebindings", "", "kube-system"),
+    ("get", "", "pods", "log", "kube-system"),
+    ("create", "", "pods", "exec", "kube-system"),
+]
+
+
+@pytest.mark.parametrize("account", [SCHED, WEB])
+def test_both_accounts_are_refused_every_write_outside_fairqs_namespaces(
+    provisioned: str, k8s_api_client: Any, account: str,
+) -> None:
+    allowed = [(verb, group, resource, sub, ns)
+               for verb, group, resource, sub, ns in REFUSED_EVERYWHERE
+               if _allowed(k8s_api_client, account, verb, resource, group=group,
+                           namespace=ns, subresource=sub)]
+    assert allowed == []
+    # Patching kube-system's labels by name, and the scheduler's own team namespace's.
+    assert not _allowed(k8s_api_client, account, "patch", "namespaces", name="kube-system")
+    assert not _allowed(k8s_api_client, account, "patch", "namespaces", name=provisioned)
+    # Even inside a team namespace: no pods, no secrets, no quota changes, no RBAC.
+    for verb, group, resource, sub in [("create", "", "pods", ""), ("get", "", "secrets", ""),
+                                       ("update", "", "resourcequotas", ""),
+                                       ("create", "rbac.authorization.k8s.io",
+                                        "rolebindings", ""),
+                                       ("create", "", "pods", "exec")]:
+        assert not _allowed(k8s_api_client, account, verb, resource, group=group,
+                            namespace=provisioned, subresource=sub), (verb, resource)
+
+
+def test_the_web_account_may_do_nothing_at_all(provisioned: str, k8s_api_client: Any) -> None:
+    asks = [("get", "", "pods", "log", provisioned), ("get", "", "pods", "log", ""),
+            ("list", "", "pods", "", ""), ("watch", "", "pods", "", ""),
+            ("list", "", "nodes", "", ""), ("list", "batch", "jobs", "", ""),
+            ("list", "", "events", "", provisioned), ("get", "batch", "jobs", "", provisioned),
+            ("create", "batch", "jobs", "", provisioned)]
+    allowed = [a for a in asks if _allowed(k8s_api_client, WEB, a[0], a[2], group=a[1],
+                                           subresource=a[3], namespace=a[4])]
+    assert allowed == []
+    bindings = client.RbacAuthorizationV1Api(k8s_api_client).list_cluster_role_binding().items
+    assert not [b.metadata.name for b in bindings
+                if any(s.name == "fairq-web" for s in (b.subjects or []))]
+
+
+def test_the_scheduler_may_do_what_it_needs_in_a_provisioned_team_namespace(
+    provisioned: str, k8s_api_client: Any, prefix: str,
+) -> None:
+    needs = [("create", "batch", "jobs", "", provisioned),
+             ("delete", "batch", "jobs", "", provisioned),
+             ("get", "", "pods", "log", provisioned),
+             ("list", "", "events", "", provisioned),
+             # The watch cache, cluster-wide reads only.
+             ("list", "", "nodes", "", ""), ("watch", "", "nodes", "", ""),
+             ("list", "", "pods", "", ""), ("watch", "", "pods", "", ""),
+             ("list", "batch", "jobs", "", ""), ("watch", "batch", "jobs", "", "")]
+    refused = [n for n in needs if not _allowed(k8s_api_client, SCHED, n[0], n[2], group=n[1],
+                                                subresource=n[3], namespace=n[4])]
+    assert refused == []
+    # A team namespace nobody provisioned is like any other namespace.
+    unprovisioned = f"{prefix}other"
+    assert not _allowed(k8s_api_client, SCHED, "create", "jobs", group="batch",
+                        namespace=unprovisioned)
+
+
+def test_the_scheduler_cannot_mount_kube_systems_secrets_through_a_job(
+    provisioned: str, k8s_api_client: Any,
+) -> None:
+    """The finding itself: a server-side dry run of a Job in kube-system that mounts a
+    kube-system Secret, sent as fairq-scheduler, was accepted. Now refused; the same Job
+    in the provisioned team namespace is accepted (so the refusal is RBAC's)."""
+    api = api_client_from_sa(k8s_api_client, "fairq-scheduler")
+    batch = client.BatchV1Api(api)
+
+    def job_in(namespace: str) -> dict[str, Any]:
+        return {"apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {"name": "steal", "namespace": namespace},
+                "spec": {"template": {"spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "c", "image": "registry.invalid/x:1",
+                                    "volumeMounts": [{"name": "s", "mountPath": "/s"}]}],
+                    "volumes": [{"name": "s", "secret": {"secretName": "any"}}]}}}}
+
+    try:
+        with pytest.raises(ApiException) as denied:
+            batch.create_namespaced_job("kube-system", job_in("kube-system"), dry_run="All")
+        assert denied.value.status == 403
+        with pytest.raises(ApiException) as denied:
+            batch.create_namespaced_job("default", job_in("default"), dry_run="All")
+        assert denied.value.status == 403
+        made = batch.create_namespaced_job(provisioned, job_in(provisioned), dry_run="All")
+        assert made.metadata.namespace == provisioned
+    finally:
+        api.close()

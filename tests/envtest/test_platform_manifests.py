@@ -74,6 +74,31 @@ def test_the_pods_fairq_runs_as_are_locked_down() -> None:
         assert not spec.get("hostNetwork") and not spec.get("hostPID")
 
 
+def test_the_web_runs_without_cluster_credentials_and_sync_as_the_provisioner() -> None:
+    """Issue 11.7: the internet-facing web has no token to show the API server; only the
+    one-shot sync Job runs as fairq-provisioner; the worker as fairq-scheduler."""
+    import yaml
+
+    docs = {(d["kind"], d["metadata"]["name"]): d
+            for d in yaml.safe_load_all((PLATFORM / "fairq.yaml").read_text()) if d}
+    web = docs[("Deployment", "fairq-web")]["spec"]["template"]["spec"]
+    assert web["automountServiceAccountToken"] is False
+    assert web["serviceAccountName"] == "fairq-web"
+    assert docs[("Job", "fairq-sync-cluster")]["spec"]["template"]["spec"][
+        "serviceAccountName"] == "fairq-provisioner"
+    assert docs[("Deployment", "fairq-worker")]["spec"]["template"]["spec"][
+        "serviceAccountName"] == "fairq-scheduler"
+    for name in ("fairq-beat",):
+        assert docs[("Deployment", name)]["spec"]["template"]["spec"][
+            "automountServiceAccountToken"] is False
+    rbac = [d for d in yaml.safe_load_all((PLATFORM / "rbac.yaml").read_text()) if d]
+    web_sa = next(d for d in rbac if d["kind"] == "ServiceAccount"
+                  and d["metadata"]["name"] == "fairq-web")
+    assert web_sa["automountServiceAccountToken"] is False
+    assert not [d for d in rbac if "Binding" in d["kind"]
+                and any(s["name"] == "fairq-web" for s in d.get("subjects") or ())]
+
+
 def test_docker_compose_runs_the_three_roles_on_postgres_and_redis() -> None:
     import yaml
 
