@@ -11,9 +11,13 @@ not come through the proxies as configured: `REMOTE_ADDR` then."""
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 from django.conf import settings
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
 
 
 class _HasMeta(Protocol):  # a Django HttpRequest, or DRF's Request wrapping one
@@ -40,3 +44,27 @@ def client_ip(request: _HasMeta) -> str:
     if len(hops) < proxies:
         return remote
     return _address(hops[-proxies]) or remote
+
+
+_current: ContextVar[str | None] = ContextVar("fairq_client_ip", default=None)
+
+
+def current_client_ip() -> str | None:
+    """The client address of the request this thread serves (ClientIpMiddleware); None
+    outside a request (a command, a Celery task)."""
+    return _current.get()
+
+
+class ClientIpMiddleware:
+    """Makes `client_ip(request)` available to code without the request (audit records
+    written by services)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        token = _current.set(client_ip(request))
+        try:
+            return self.get_response(request)
+        finally:
+            _current.reset(token)

@@ -250,6 +250,7 @@ if FAIRQ_LOGIN_FAILURE_LIMIT < 1 or FAIRQ_LOGIN_COOLOFF_MINUTES < 1:
     raise environ.ImproperlyConfigured(
         "FAIRQ_LOGIN_FAILURE_LIMIT and FAIRQ_LOGIN_COOLOFF_MINUTES must be >= 1")
 INSTALLED_APPS.append("axes")
+MIDDLEWARE.insert(1, "accounts.client_ip.ClientIpMiddleware")  # before anything audits
 MIDDLEWARE.append("axes.middleware.AxesMiddleware")  # after authentication
 AUTHENTICATION_BACKENDS = [
     "accounts.backends.LoginThrottleBackend",

@@ -108,3 +108,19 @@ def test_the_failure_limit_uses_the_client_address_behind_the_proxy(world: World
 
     assert [bad("1.1.1.1") for _ in range(3)] == [401, 401, 429]
     assert bad("2.2.2.2") == 401
+
+
+# --- audit records carry the client address -----------------------------------------------
+
+
+@override_settings(FAIRQ_TRUSTED_PROXY_COUNT=1)
+def test_audit_entries_record_the_client_address(world: World) -> None:
+    from accounts.models import AuditEntry
+
+    r = world.client(world.staff).patch("/api/v1/teams/vision/", {"weight": 5.0}, format="json",
+                                        REMOTE_ADDR="10.0.0.2",
+                                        HTTP_X_FORWARDED_FOR="6.6.6.6, 1.2.3.4")
+    assert r.status_code == 200, r.content
+    entry = AuditEntry.objects.get(object_type="accounts.Team", action="update")
+    assert entry.ip == "1.2.3.4"
+    assert entry.changes["weight"] == [3.0, 5.0]
