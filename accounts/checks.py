@@ -14,6 +14,6 @@ def metrics_token_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
         return [Warning(
             "FAIRQ_METRICS_TOKEN is unset: /metrics answers 403 to every scrape.",
             hint="Set FAIRQ_METRICS_TOKEN and give Prometheus the same bearer token "
-                 "(platform/k8s/prometheus-scrape.yaml).",
+                 "(platform/prometheus/scrape-fairq.yml).",
             id="fairq.W001")]
     return []
