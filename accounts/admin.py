@@ -258,7 +258,7 @@ class ApiTokenAdmin(AuditedAdmin):
 
 @admin.register(AuditEntry)
 class AuditEntryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["at", "actor", "action", "object_type", "object_repr"]
+    list_display = ["at", "actor", "ip", "action", "object_type", "object_repr"]
     list_filter = ["action", "object_type"]
     readonly_fields = [f.name for f in AuditEntry._meta.fields]
 

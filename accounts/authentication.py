@@ -3,14 +3,58 @@
 from __future__ import annotations
 
 import hmac
+import time
 from typing import Any
 
+from django.conf import settings
+from django.core.cache import cache
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
+from .client_ip import client_ip
 from .models import ApiToken
 from .selectors import api_token_with_user
+
+_PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _failure_window(ip: str) -> tuple[str, int, int] | None:
+    """(cache key, limit, seconds left) of the current window of `ip`'s failed token
+    authentications under FAIRQ_API_AUTH_FAILURE_RATE; None when the limit is off."""
+    rate = str(settings.FAIRQ_API_AUTH_FAILURE_RATE or "")
+    if not rate:
+        return None
+    count, unit = rate.split("/")
+    period = _PERIODS[unit[0]]
+    now = int(time.time())
+    start = now - now % period
+    return f"fairq:api-auth-failures:{ip}:{start}", int(count), start + period - now
+
+
+def _refuse_over_failure_limit(ip: str) -> None:
+    """429 for any token from an address that failed FAIRQ_API_AUTH_FAILURE_RATE times in
+    the current fixed window: further guesses are not even checked. One cache read per
+    token request; the count lives in the cache (Redis in production: every process)."""
+    window = _failure_window(ip)
+    if window is None:
+        return
+    key, limit, left = window
+    if int(cache.get(key) or 0) >= limit:
+        raise exceptions.Throttled(wait=max(1, left),
+                                   detail="Too many failed authentications from this address.")
+
+
+def _count_failure(ip: str) -> None:
+    window = _failure_window(ip)
+    if window is None:
+        return
+    key, _limit, left = window
+    if not cache.add(key, 1, timeout=left + 1):
+        try:
+            cache.incr(key)
+        except ValueError:  # expired between add and incr: count it in a fresh window
+            cache.add(key, 1, timeout=left + 1)
 
 
 class TokenAuthentication(authentication.BaseAuthentication):
@@ -20,13 +64,19 @@ class TokenAuthentication(authentication.BaseAuthentication):
         header = authentication.get_authorization_header(request).split()
         if not header or header[0].lower() != self.keyword.lower().encode():
             return None
-        if len(header) != 2:
-            raise exceptions.AuthenticationFailed("Token header must be 'Token <key>'.")
+        ip = client_ip(request)
+        _refuse_over_failure_limit(ip)
         try:
-            key = header[1].decode()
-        except UnicodeError as exc:
-            raise exceptions.AuthenticationFailed("Invalid token.") from exc
-        return self.authenticate_key(key)
+            if len(header) != 2:
+                raise exceptions.AuthenticationFailed("Token header must be 'Token <key>'.")
+            try:
+                key = header[1].decode()
+            except UnicodeError as exc:
+                raise exceptions.AuthenticationFailed("Invalid token.") from exc
+            return self.authenticate_key(key)
+        except exceptions.AuthenticationFailed:
+            _count_failure(ip)
+            raise
 
     def authenticate_key(self, key: str) -> tuple[Any, ApiToken]:
         parts = key.split("_", 2)  # the secret itself may contain "_"

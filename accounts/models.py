@@ -143,6 +143,9 @@ class AuditEntry(models.Model):
     object_id = models.CharField(max_length=64)
     object_repr = models.CharField(max_length=200)
     changes = models.JSONField(default=dict, help_text="field -> [old, new]")
+    ip = models.GenericIPAddressField(
+        null=True, blank=True, help_text="The client's address (accounts.client_ip); "
+                                         "empty outside a web request")
 
     class Meta:
         ordering = ["-at", "-id"]

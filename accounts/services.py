@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from queueing.errors import Conflict
 
+from .client_ip import current_client_ip
 from .models import ApiToken, AuditEntry, Membership, Role, ServiceAccount, Team
 
 
@@ -97,6 +98,7 @@ def audit_record(
         object_id=str(instance.pk),
         object_repr=str(instance)[:200],
         changes=changes,
+        ip=current_client_ip(),
     )
 
 

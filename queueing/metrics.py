@@ -218,10 +218,16 @@ def registry() -> CollectorRegistry:
 @require_GET
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """Prometheus text exposition; needs `Authorization: Bearer <FAIRQ_METRICS_TOKEN>`
-    when that setting is set."""
+    when that setting is set. Unset: 403 when FAIRQ_METRICS_REQUIRE_TOKEN (production),
+    open otherwise (development, tests)."""
     token = settings.FAIRQ_METRICS_TOKEN
     if token:
         given = request.headers.get("Authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            return HttpResponse("unauthorized\n", status=401, content_type="text/plain")
+            response = HttpResponse("unauthorized\n", status=401, content_type="text/plain")
+            response["WWW-Authenticate"] = 'Bearer realm="fairq-metrics"'
+            return response
+    elif settings.FAIRQ_METRICS_REQUIRE_TOKEN:
+        return HttpResponse("metrics are disabled: set FAIRQ_METRICS_TOKEN\n", status=403,
+                            content_type="text/plain")
     return HttpResponse(generate_latest(registry()), content_type=CONTENT_TYPE_LATEST)

@@ -25,3 +25,17 @@ def job_get_for_actor(*, actor: Any, job_id: int) -> Job:
     if job is None:
         raise NotFound(f"job {job_id} not found")
     return job
+
+
+def teams_in_standings_for(*, actor: Any) -> set[str] | None:
+    """Slugs of the teams whose fair-share standing, usage and GPUs held `actor` may see:
+    the teams they are in. None means every team: staff, or FAIRQ_FAIRSHARE_PUBLIC
+    (docs/api.md, "Who sees which team"). The API's /fairshare/, the CLI's `share` and
+    the dashboard all go through here."""
+    from django.conf import settings
+
+    from accounts.models import Team
+
+    if actor.is_staff or settings.FAIRQ_FAIRSHARE_PUBLIC:
+        return None
+    return set(Team.objects.filter(memberships__user=actor).values_list("slug", flat=True))

@@ -67,7 +67,7 @@ def test_a_job_goes_queued_admitted_running_succeeded_and_is_charged(world: Worl
     assert usage.gpu_seconds == 2 * 60 and usage.gpus == 2 and usage.billing_weight == 2.0
 
     # The fair-share endpoint shows the decayed weighted GPU-hours (rule F1, closed form).
-    body = world.client(world.member).get("/api/v1/fairshare/").json()
+    body = world.client(world.staff).get("/api/v1/fairshare/").json()
     as_of = datetime.fromisoformat(body["as_of"])
     vision = next(t for t in body["teams"] if t["team"] == "vision")
     h = 168.0

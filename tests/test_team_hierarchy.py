@@ -201,6 +201,6 @@ def test_fair_share_and_scheduling_survive_a_raw_sql_cycle(world: World, deadlin
     r = world.client(world.member).post("/api/v1/jobs/", job_body(), format="json")
     assert r.status_code == 201, r.content
     assert scheduler_cycle(now=now).admitted == [r.json()["id"]]
-    rows = world.client(world.member).get("/api/v1/fairshare/").json()["teams"]
+    rows = world.client(world.staff).get("/api/v1/fairshare/").json()["teams"]
     assert [(t["team"], t["parent"]) for t in rows] == [("nlp", None), ("vision", None),
                                                         ("speech", "vision")]

@@ -255,11 +255,50 @@ FAIRQ_DEFAULT_TIER = env("FAIRQ_DEFAULT_TIER", default="normal")
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/"
 
+# --- Client address, login throttling (docs/deployment.md, "Behind a proxy") -----------------
+# How many reverse proxies in front of fairq append to X-Forwarded-For (0: none, the peer
+# is the client). accounts.client_ip.client_ip() is the one reader, for rate limits,
+# login throttling and audit records. Behind proxies their X-Forwarded-Proto is trusted.
+FAIRQ_TRUSTED_PROXY_COUNT = env.int("FAIRQ_TRUSTED_PROXY_COUNT", default=0)
+if not 0 <= FAIRQ_TRUSTED_PROXY_COUNT <= 10:
+    raise environ.ImproperlyConfigured("FAIRQ_TRUSTED_PROXY_COUNT must be 0..10")
+if FAIRQ_TRUSTED_PROXY_COUNT:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# django-axes: a username is locked out at one client address after this many failed
+# logins (web and admin), for this long; a success resets the count. Attempts are rows in
+# the database (AccessAttempt, AccessLog: visible in the admin, shared by every process).
+FAIRQ_LOGIN_FAILURE_LIMIT = env.int("FAIRQ_LOGIN_FAILURE_LIMIT", default=5)
+FAIRQ_LOGIN_COOLOFF_MINUTES = env.int("FAIRQ_LOGIN_COOLOFF_MINUTES", default=15)
+if FAIRQ_LOGIN_FAILURE_LIMIT < 1 or FAIRQ_LOGIN_COOLOFF_MINUTES < 1:
+    raise environ.ImproperlyConfigured(
+        "FAIRQ_LOGIN_FAILURE_LIMIT and FAIRQ_LOGIN_COOLOFF_MINUTES must be >= 1")
+INSTALLED_APPS.append("axes")
+MIDDLEWARE.insert(1, "accounts.client_ip.ClientIpMiddleware")  # before anything audits
+MIDDLEWARE.append("axes.middleware.AxesMiddleware")  # after authentication
+AUTHENTICATION_BACKENDS = [
+    "accounts.backends.LoginThrottleBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_FAILURE_LIMIT = FAIRQ_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=FAIRQ_LOGIN_COOLOFF_MINUTES)
+# Per username AND address: a guesser is stopped at their address without locking the
+# real user out everywhere (which anyone could do by typing the username).
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "accounts.client_ip.client_ip"
+AXES_LOCKOUT_CALLABLE = "accounts.backends.lockout_response"
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_VERBOSE = False
+
 # --- API v1 (docs/api.md) ----------------------------------------------------------------
 # Rate limits: per API token (or session user), and per address without credentials.
 FAIRQ_API_RATE = env("FAIRQ_API_RATE", default="6000/min")
 FAIRQ_API_ANON_RATE = env("FAIRQ_API_ANON_RATE", default="120/min")
-for _rate in (FAIRQ_API_RATE, FAIRQ_API_ANON_RATE):
+# Failed token authentications per client address; over it every token from that
+# address is refused with 429 until the window ends.
+FAIRQ_API_AUTH_FAILURE_RATE = env("FAIRQ_API_AUTH_FAILURE_RATE", default="20/min")
+for _rate in (FAIRQ_API_RATE, FAIRQ_API_ANON_RATE, FAIRQ_API_AUTH_FAILURE_RATE):
     if _rate and (_rate.count("/") != 1 or not _rate.split("/")[0].isdigit()
                   or _rate.split("/")[1][:1] not in {"s", "m", "h", "d"}):
         raise environ.ImproperlyConfigured(f"API rate {_rate!r} must look like '6000/min'")
@@ -283,8 +322,13 @@ SPECTACULAR_SETTINGS.update({
         "queueing.api.schema.add_errors_and_idempotency",
     ],
 })
-# /metrics: open when unset (scrape from inside the cluster); else `Authorization: Bearer`.
+# /metrics wants `Authorization: Bearer <FAIRQ_METRICS_TOKEN>` when the token is set. Unset:
+# open, unless FAIRQ_METRICS_REQUIRE_TOKEN (always on in production), then 403.
 FAIRQ_METRICS_TOKEN = env("FAIRQ_METRICS_TOKEN", default="")
+FAIRQ_METRICS_REQUIRE_TOKEN = env.bool("FAIRQ_METRICS_REQUIRE_TOKEN", default=False)
+# Fair-share standings of every team to every user (like Slurm's sshare); by default a
+# user sees only the teams they are in, staff see all (docs/api.md, "Who sees which team").
+FAIRQ_FAIRSHARE_PUBLIC = env.bool("FAIRQ_FAIRSHARE_PUBLIC", default=False)
 
 # Preemption (docs/scheduling.md, rules R1-R8).
 FAIRQ_PREEMPTION_ENABLED = env.bool("FAIRQ_PREEMPTION_ENABLED", default=True)

@@ -1,6 +1,7 @@
-"""Rate limits of API v1: one bucket per API token (or per session user), one per client
-address for anonymous requests. Buckets live in the cache: Redis in production, so every
-web process shares them; local memory elsewhere (per process).
+"""Rate limits of API v1: one bucket per user (all their tokens and their session share
+it), one per client address (`accounts.client_ip.client_ip`) for anonymous requests.
+Buckets live in the cache: Redis in production, so every web process shares them; local
+memory elsewhere (per process).
 
 Each bucket is a fixed-window counter (django-ratelimit: `cache.add` + `cache.incr`, the
 windows of different buckets staggered), so a request costs the same whatever the rate.
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django_ratelimit.core import get_usage
 from rest_framework.throttling import BaseThrottle
+
+from accounts.client_ip import client_ip
 
 if TYPE_CHECKING:  # rest_framework.views imports the throttle classes: no runtime import
     from rest_framework.request import Request
@@ -49,7 +52,8 @@ class _FixedWindowThrottle(BaseThrottle):
 
 
 class TokenRateThrottle(_FixedWindowThrottle):
-    """`FAIRQ_API_RATE` (e.g. "6000/min") per token; a session user is one bucket."""
+    """`FAIRQ_API_RATE` (e.g. "6000/min") per user: issuing more tokens does not buy a
+    higher rate."""
 
     group = "fairq-api-token"
 
@@ -57,10 +61,6 @@ class TokenRateThrottle(_FixedWindowThrottle):
         return str(settings.FAIRQ_API_RATE) if settings.FAIRQ_API_RATE else None
 
     def ident(self, request: Request) -> str | None:
-        from accounts.models import ApiToken
-
-        if isinstance(request.auth, ApiToken):
-            return f"token-{request.auth.pk}"
         if request.user and request.user.is_authenticated:
             return f"user-{request.user.pk}"
         return None
@@ -77,4 +77,4 @@ class AnonymousRateThrottle(_FixedWindowThrottle):
     def ident(self, request: Request) -> str | None:
         if request.user and request.user.is_authenticated:
             return None
-        return str(self.get_ident(request))
+        return client_ip(request)

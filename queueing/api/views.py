@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 
 from queueing.models import JOB_STATUS_CHOICES, Job
 from queueing.policy.states import JobState
-from queueing.selectors import job_get_for_actor, jobs_visible_to
+from queueing.selectors import job_get_for_actor, jobs_visible_to, teams_in_standings_for
 from queueing.services.fairshare import (
     fairshare_standings_at,
     standing_as_dict,
@@ -184,8 +184,9 @@ def _int_or_404(value: str) -> int:
 
 
 class FairShareView(APIView):
-    """Fair-share standings of every team (rules F1-F4), like Slurm's sshare; `?at=` an
-    ISO 8601 instant gives them as of then (the numbers of `manage.py fairshare`)."""
+    """Fair-share standings (rules F1-F4), like Slurm's sshare, of the caller's teams
+    (every team for staff, or with FAIRQ_FAIRSHARE_PUBLIC); `?at=` an ISO 8601 instant
+    gives them as of then (the numbers of `manage.py fairshare`)."""
 
     @extend_schema(
         responses=inline_serializer("FairShareStandings", {
@@ -206,6 +207,9 @@ class FairShareView(APIView):
                               "standings snapshots keep their history.",
                               fields={"at": ["Must not be in the past."]})
         standings = standings_sorted(fairshare_standings_at(at=at, now=now))
+        visible = teams_in_standings_for(actor=request.user)
+        if visible is not None:
+            standings = [s for s in standings if s.team in visible]
         return Response({
             "as_of": at.isoformat(),
             "half_life_hours": half_life_hours(),

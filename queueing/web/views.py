@@ -4,6 +4,7 @@ fragment they swap; the same templates render the full page."""
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from datetime import timedelta
 from typing import Any
@@ -35,7 +36,7 @@ from queueing.api.serializers import JobCreateSerializer
 from queueing.errors import DomainError, NotFound
 from queueing.models import GpuType, Job
 from queueing.policy.states import JobState
-from queueing.selectors import job_get_for_actor, jobs_visible_to
+from queueing.selectors import job_get_for_actor, jobs_visible_to, teams_in_standings_for
 from queueing.services import dashboard as dash
 from queueing.services.fairshare import job_explain
 from queueing.services.jobs import job_cancel, job_logs, job_submit
@@ -129,11 +130,21 @@ def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
     team = current_team(request)
     ctx: dict[str, Any] = {"now": now, "team": team}
     standings = dash.standings(now=now)
+    history = dash.usage_history(now=now, current=standings)
+    capacity, ctx["cluster_error"] = dash.capacity()
+    # Other teams' standings, usage and GPUs held only as far as docs/api.md says.
+    visible = teams_in_standings_for(actor=request.user)
+    if visible is not None:
+        standings = [s for s in standings if s.team in visible]
+        history = {**history, "series": {t: v for t, v in history["series"].items()
+                                         if t in visible}}
+        capacity = [dataclasses.replace(c, by_team={t: n for t, n in c.by_team.items()
+                                                    if t in visible}) for c in capacity]
     ctx["standings"] = standings
-    ctx["history"] = dash.usage_history(now=now, current=standings)
+    ctx["history"] = history
+    ctx["capacity"] = capacity
     ctx["snapshot_minutes"] = round(settings.FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS / 60)
     ctx["half_life_hours"] = settings.FAIRQ_DECAY_HALF_LIFE_HOURS
-    ctx["capacity"], ctx["cluster_error"] = dash.capacity()
     if team is not None:
         ctx["queue"], ctx["queue_total"] = dash.team_queue(team=team, now=now, limit=25)
         ctx["running"] = dash.team_running(team=team)

@@ -68,7 +68,7 @@ class TestAccess:
         assert r.status_code == 200
         assert "q-one" in html
         assert "Cluster capacity" in html and "h100" in html
-        assert "Fair-share standings" in html and "nlp" in html
+        assert "Fair-share standings" in html and "vision" in html
         assert 'id="usage-history"' in html
 
     def test_dashboard_htmx_request_gets_only_the_live_fragment(self, world: World) -> None:
