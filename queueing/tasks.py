@@ -94,4 +94,13 @@ def sync_cluster_task() -> None:
         return
     from queueing.backends.k8s_sync import sync_cluster
 
-    log.info("cluster synced: %s", sync_cluster())
+    report = sync_cluster()
+    failed = report.get("failed") or []
+    if not failed:
+        log.info("cluster synced: %s", report)
+        return
+    log.error("cluster synced with failures: %s", failed)
+    if any(f["status"] == 0 or f["status"] >= 500 for f in failed):
+        # No answer or a server error may pass: retry (autoretry_for). A refusal (4xx,
+        # an invalid name) would be refused again: logged, not retried.
+        raise RuntimeError(f"sync_cluster: {len(failed)} object(s) failed, retrying")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from .k8s_manifest import GpuTypeRef
+from .k8s_manifest import QUOTA_NAME, GpuTypeRef
 
 if TYPE_CHECKING:
     from queueing.models import Tier
@@ -63,8 +63,12 @@ def priority_class_specs() -> list[PriorityClassSpec]:
 
 def sync_cluster(backend: KubernetesBackend | None = None) -> dict[str, Any]:
     """PriorityClasses for the tiers; a labelled namespace and ResourceQuota per team.
-    Idempotent; returns what it did."""
+    Idempotent; returns what it did. Each object is made on its own: one that fails (a
+    name the API server refuses, a 403, a timeout) is listed in `failed` (kind, name,
+    HTTP status, error) and never stops the others."""
     from accounts.models import Team
+
+    from .kubernetes import sync_failure
 
     if backend is None:
         from queueing.backends import get_backend
@@ -76,6 +80,20 @@ def sync_cluster(backend: KubernetesBackend | None = None) -> dict[str, Any]:
             raise RuntimeError("sync_cluster needs FAIRQ_CLUSTER_BACKEND=kubernetes")
         backend = got
     report: dict[str, Any] = dict(backend.sync_priority_classes(priority_class_specs()))
-    report["namespaces"] = [backend.ensure_namespace(t.slug, force=True)
-                            for t in Team.objects.order_by("slug")]
+    failed: list[dict[str, Any]] = report.setdefault("failed", [])
+    report["namespaces"] = []
+    for slug in Team.objects.order_by("slug").values_list("slug", flat=True):
+        namespace = f"{backend.namespace_prefix}{slug}"
+        try:
+            namespace = backend.ensure_namespace(slug, force=True, quota=False)
+        except Exception as exc:
+            failed.append(sync_failure("Namespace", namespace, exc))
+            continue
+        report["namespaces"].append(namespace)
+        if backend.team_quota is None:
+            continue
+        try:
+            backend.apply_quota(namespace, backend.team_quota(slug))
+        except Exception as exc:
+            failed.append(sync_failure("ResourceQuota", f"{namespace}/{QUOTA_NAME}", exc))
     return report
