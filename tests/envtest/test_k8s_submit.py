@@ -266,3 +266,18 @@ def test_the_cycle_creates_jobs_concurrently_outside_any_transaction(
         f"fq-{pk}-1" for pk in pks)
     wait(lambda: all(job(pk).status == "SUCCEEDED" for pk in pks), timeout=60,
          what="every job SUCCEEDED")
+
+
+def test_the_backends_connection_pool_holds_its_submit_concurrency_and_the_watches(
+    kube: Kube, settings: Any,
+) -> None:
+    from queueing.backends.kubernetes import KubernetesBackend
+
+    settings.FAIRQ_K8S_SUBMIT_CONCURRENCY = 24
+    backend = KubernetesBackend.from_settings()
+    try:
+        assert backend.submit_concurrency == 24
+        pool = backend.api.rest_client.pool_manager.connection_pool_kw
+        assert pool["maxsize"] >= 24 + 4  # the creates in flight, and four watches
+    finally:
+        backend.close()
