@@ -8,6 +8,6 @@ class QueueingConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import signals
+        from . import checks, signals  # noqa: F401  (checks registers on import)
 
         signals.connect()

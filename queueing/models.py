@@ -6,7 +6,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import F, Q
 
@@ -40,11 +40,26 @@ class GpuType(models.Model):
         return self.slug
 
 
+# A Tier's PriorityClass name must be one the API server takes (finding 11.6): a
+# DNS-1123 subdomain (lower-case alphanumerics, '-' and '.'; the field's 100 characters
+# are within its 253), never in the 'system-' namespace Kubernetes reserves.
+priority_class_name_validators = [
+    RegexValidator(
+        r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z",
+        "Use lower-case letters, digits, '-' and '.', starting and ending with a letter or "
+        "digit (a Kubernetes PriorityClass name: DNS-1123 subdomain).",
+    ),
+    RegexValidator(r"^system-", "Names starting with 'system-' are reserved by Kubernetes.",
+                   inverse_match=True),
+]
+
+
 class Tier(models.Model):
     slug = models.CharField(max_length=40, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=200)
     rank = models.IntegerField(unique=True, help_text="Higher ranks are scheduled first.")
-    priority_class_name = models.CharField(max_length=100, unique=True)
+    priority_class_name = models.CharField(max_length=100, unique=True,
+                                           validators=priority_class_name_validators)
     priority_value = models.IntegerField(help_text="Value of the Kubernetes PriorityClass.")
     preemptible = models.BooleanField(default=True)
     min_runtime_seconds = models.PositiveIntegerField(

@@ -129,12 +129,20 @@ def sync_cluster_task() -> None:
     from queueing.backends.kubernetes import KubernetesBackend
 
     if settings.FAIRQ_K8S_PROVISION == "scheduler":
-        log.info("cluster synced: %s", sync_cluster())
+        report = sync_cluster()
+    else:
+        backend = get_backend()
+        assert isinstance(backend, KubernetesBackend)
+        report = sync_quotas(backend)
+        if report["not_provisioned"]:
+            log.warning("team namespaces not provisioned (run `manage.py sync_cluster` as "
+                        "the provisioner): %s", ", ".join(report["not_provisioned"]))
+    failed = report.get("failed") or []
+    if not failed:
+        log.info("cluster synced: %s", report)
         return
-    backend = get_backend()
-    assert isinstance(backend, KubernetesBackend)
-    report = sync_quotas(backend)
-    log.info("quotas synced: %s", report)
-    if report["not_provisioned"]:
-        log.warning("team namespaces not provisioned (run `manage.py sync_cluster` as the "
-                    "provisioner): %s", ", ".join(report["not_provisioned"]))
+    log.error("cluster synced with failures: %s", failed)
+    if any(f["status"] == 0 or f["status"] >= 500 for f in failed):
+        # No answer or a server error may pass: retry (autoretry_for). A refusal (4xx,
+        # an invalid name) would be refused again: logged, not retried.
+        raise RuntimeError(f"sync_cluster: {len(failed)} object(s) failed, retrying")

@@ -414,3 +414,8 @@ for _name in ("FAIRQ_K8S_BACKOFF_LIMIT", "FAIRQ_K8S_TTL_AFTER_FINISHED_SECONDS",
         raise environ.ImproperlyConfigured(f"{_name} must be >= 0")
 if FAIRQ_K8S_RESYNC_SECONDS < 10:
     raise environ.ImproperlyConfigured("FAIRQ_K8S_RESYNC_SECONDS must be >= 10")
+# How many Job creates the cycle keeps in flight at once (most of a create is waiting on
+# the API server); 1 = one after the other.
+FAIRQ_K8S_SUBMIT_CONCURRENCY = env.int("FAIRQ_K8S_SUBMIT_CONCURRENCY", default=8)
+if not 1 <= FAIRQ_K8S_SUBMIT_CONCURRENCY <= 64:
+    raise environ.ImproperlyConfigured("FAIRQ_K8S_SUBMIT_CONCURRENCY must be 1-64")

@@ -51,6 +51,11 @@ class SubmitRejected(Exception):
     """The cluster refused a workload for good (an invalid spec): the job fails."""
 
 
+class SubmitRequeue(Exception):
+    """The workload's name is held by one on its way out (being deleted): this attempt
+    cannot start under its name, so the job goes back to the queue as a new attempt."""
+
+
 class Phase(StrEnum):
     PENDING = "PENDING"  # accepted, not running yet
     RUNNING = "RUNNING"

@@ -13,6 +13,9 @@ user could smuggle `privileged`, `hostPath`, `hostNetwork` or a service account.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +36,8 @@ L_GPU_TYPE = "fairq.io/gpu-type"
 A_PLACEMENT = "fairq.io/placement"
 A_GPUS_PER_REPLICA = "fairq.io/gpus-per-replica"
 A_REPLICAS = "fairq.io/replicas"
+A_SPEC_DIGEST = "fairq.io/spec-digest"
+A_OWNER = "fairq.io/owner"
 CONTAINER = "main"
 GPU_TAINT_KEY = "nvidia.com/gpu"
 QUOTA_NAME = "fairq-gpus"
@@ -222,6 +227,63 @@ def priority_class_manifest(*, name: str, value: int, preemption_policy: str,
         "preemptionPolicy": preemption_policy,
         "description": f"fairq tier {tier}",
     }
+
+
+# --- ownership: which Job fairq created ---------------------------------------------------
+
+def spec_digest(body: Mapping[str, Any]) -> str:
+    """SHA-256 of the canonical JSON (sorted keys, no spaces) of a Job body without its
+    ownership annotations: the same body gives the same digest in any process."""
+    meta = dict(body.get("metadata") or {})
+    meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items()
+                           if k not in (A_SPEC_DIGEST, A_OWNER)}
+    canonical = json.dumps({**body, "metadata": meta}, sort_keys=True,
+                           separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def owner_seal(namespace: str, name: str, digest: str, key: bytes) -> str:
+    """HMAC-SHA256 with fairq's key over the Job's namespace, name and spec digest: only
+    a process holding the key can write a seal that verifies."""
+    return hmac.new(key, f"{namespace}/{name}/{digest}".encode(), hashlib.sha256).hexdigest()
+
+
+def sign_job(body: Mapping[str, Any], key: bytes) -> dict[str, Any]:
+    """A copy of `body` carrying `fairq.io/spec-digest` and `fairq.io/owner`."""
+    meta = dict(body["metadata"])
+    digest = spec_digest(body)
+    meta["annotations"] = {**(meta.get("annotations") or {}), A_SPEC_DIGEST: digest,
+                           A_OWNER: owner_seal(meta["namespace"], meta["name"], digest, key)}
+    return {**body, "metadata": meta}
+
+
+def adoption_verdict(existing: Mapping[str, Any], wanted: Mapping[str, Any], *,
+                     key: bytes) -> tuple[str, str]:
+    """What to do with a Job that already holds the name of the Job `wanted` (signed):
+
+    - ("requeue", why): it is being deleted; it will not run, and its name is not free
+      yet, so the job goes back to the queue as a new attempt (a new name);
+    - ("refuse", why): fairq did not create it (no owner seal that verifies with fairq's
+      key): never adopted, whatever its labels say;
+    - ("adopt", note): fairq created it; `note` is non-empty when it was built from an
+      earlier version of this attempt's spec (a tier or GPU type edited, or fairq
+      upgraded, between the create and the retry): still adopted, it is fairq's.
+    """
+    meta = existing.get("metadata") or {}
+    where = f"{meta.get('namespace')}/{meta.get('name')}"
+    if meta.get("deletionTimestamp"):
+        return "requeue", f"its Kubernetes Job {where} is being deleted"
+    ann = meta.get("annotations") or {}
+    digest = str(ann.get(A_SPEC_DIGEST) or "")
+    seal = str(ann.get(A_OWNER) or "")
+    expected = owner_seal(str(meta.get("namespace")), str(meta.get("name")), digest, key)
+    if not digest or not hmac.compare_digest(seal, expected):
+        return "refuse", (f"a Job named {where} already exists and fairq did not create it "
+                          f"(no valid {A_OWNER} annotation); not adopted")
+    wanted_digest = ((wanted.get("metadata") or {}).get("annotations") or {}).get(A_SPEC_DIGEST)
+    if digest != wanted_digest:
+        return "adopt", f"{where} was created by fairq from an earlier spec of this attempt"
+    return "adopt", ""
 
 
 # --- reading objects back ---------------------------------------------------------------

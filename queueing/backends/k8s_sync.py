@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from .k8s_manifest import GpuTypeRef
+from .k8s_manifest import QUOTA_NAME, GpuTypeRef
 
 if TYPE_CHECKING:
     from queueing.models import Tier
@@ -63,8 +63,12 @@ def priority_class_specs() -> list[PriorityClassSpec]:
 
 def sync_cluster(backend: KubernetesBackend | None = None) -> dict[str, Any]:
     """PriorityClasses for the tiers; a labelled namespace and ResourceQuota per team.
-    Idempotent; returns what it did."""
+    Idempotent; returns what it did. Each object is made on its own: one that fails (a
+    name the API server refuses, a 403, a timeout) is listed in `failed` (kind, name,
+    HTTP status, error) and never stops the others."""
     from accounts.models import Team
+
+    from .kubernetes import sync_failure
 
     if backend is None:
         from queueing.backends import get_backend
@@ -76,12 +80,26 @@ def sync_cluster(backend: KubernetesBackend | None = None) -> dict[str, Any]:
             raise RuntimeError("sync_cluster needs FAIRQ_CLUSTER_BACKEND=kubernetes")
         backend = got
     report: dict[str, Any] = dict(backend.sync_priority_classes(priority_class_specs()))
-    report["namespaces"] = [backend.ensure_namespace(t.slug, force=True)
-                            for t in Team.objects.order_by("slug")]
+    failed: list[dict[str, Any]] = report.setdefault("failed", [])
+    report["namespaces"] = []
+    for slug in Team.objects.order_by("slug").values_list("slug", flat=True):
+        namespace = f"{backend.namespace_prefix}{slug}"
+        try:
+            namespace = backend.ensure_namespace(slug, force=True, quota=False)
+        except Exception as exc:
+            failed.append(sync_failure("Namespace", namespace, exc))
+            continue
+        report["namespaces"].append(namespace)
+        if backend.team_quota is None:
+            continue
+        try:
+            backend.apply_quota(namespace, backend.team_quota(slug))
+        except Exception as exc:
+            failed.append(sync_failure("ResourceQuota", f"{namespace}/{QUOTA_NAME}", exc))
     return report
 
 
-def sync_quotas(backend: KubernetesBackend) -> dict[str, list[str]]:
+def sync_quotas(backend: KubernetesBackend) -> dict[str, Any]:
     """What the scheduler itself keeps in step under FAIRQ_K8S_PROVISION=separate (after
     a quota change): the ResourceQuota of each provisioned team namespace, replaced in
     place (its RoleBinding allows that one object). Namespaces, RoleBindings and
@@ -90,16 +108,22 @@ def sync_quotas(backend: KubernetesBackend) -> dict[str, list[str]]:
     from accounts.models import Team
 
     from .k8s_manifest import ManifestError, namespace_for
+    from .kubernetes import sync_failure
 
-    report: dict[str, list[str]] = {"updated": [], "not_provisioned": []}
+    report: dict[str, Any] = {"updated": [], "not_provisioned": [], "failed": []}
     for team in Team.objects.order_by("slug").values_list("slug", flat=True):
         try:
             namespace = namespace_for(team, backend.namespace_prefix)
         except ManifestError:
             continue
-        if not backend.namespace_ready(namespace):
-            report["not_provisioned"].append(namespace)
+        try:
+            if not backend.namespace_ready(namespace):
+                report["not_provisioned"].append(namespace)
+                continue
+            backend.apply_quota(namespace, team_gpu_limits(team), replace_only=True)
+        except Exception as exc:  # one namespace's failure never stops the others
+            report["failed"].append(sync_failure("ResourceQuota", f"{namespace}/{QUOTA_NAME}",
+                                                 exc))
             continue
-        backend.apply_quota(namespace, team_gpu_limits(team), replace_only=True)
         report["updated"].append(namespace)
     return report

@@ -22,6 +22,8 @@ a fairq pod or Job changes phase.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from .base import LaunchSpec, NodeInfo, Phase, SubmitRejected, WorkloadStatus
+from .base import LaunchSpec, NodeInfo, Phase, SubmitRejected, SubmitRequeue, WorkloadStatus
 from .k8s_cache import Informer, Obj
 from .k8s_manifest import (
     L_WORKLOAD,
@@ -44,6 +46,7 @@ from .k8s_manifest import (
     GpuTypeRef,
     ManifestError,
     ManifestOptions,
+    adoption_verdict,
     capacity,
     job_finished,
     job_manifest,
@@ -53,6 +56,7 @@ from .k8s_manifest import (
     priority_class_manifest,
     resource_quota_manifest,
     role_binding_manifest,
+    sign_job,
     unbound_demand,
     workload_status,
 )
@@ -95,6 +99,23 @@ def _api_error(exc: Exception) -> tuple[int, str]:
     except (ValueError, AttributeError):
         pass
     return status, str(message)
+
+
+def sync_failure(kind: str, name: str, exc: Exception) -> dict[str, Any]:
+    """One object `sync_cluster` could not make as it should be: kind, name, the HTTP
+    status (400 when fairq refused it itself, e.g. a name that is no DNS-1123 label; 0
+    when there was no answer) and why."""
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(exc, ApiException):
+        status, message = _api_error(exc)
+        error = f"({status}) {message}"
+    elif isinstance(exc, ManifestError):
+        status, error = 400, str(exc)
+    else:
+        status, error = 0, str(exc) or type(exc).__name__
+    log.warning("sync: %s %s failed: %s", kind, name, error)
+    return {"kind": kind, "name": name, "status": status, "error": error}
 
 
 class _Debounced:
@@ -161,6 +182,8 @@ class KubernetesBackend:
         kick: Callable[[], None] | None = None,
         provision: str = "scheduler",
         scheduler_account: tuple[str, str] | None = None,
+        owner_key: bytes = b"",
+        submit_concurrency: int = 1,
     ) -> None:
         if provision not in ("scheduler", "separate"):
             raise ValueError(f"provision must be 'scheduler' or 'separate', not {provision!r}")
@@ -173,6 +196,12 @@ class KubernetesBackend:
         # namespace; None binds nothing (out-of-cluster, a user's own credentials).
         self.scheduler_account = scheduler_account
         self._unprovisioned: dict[str, float] = {}  # namespace → when it was last refused
+        # Seals the Jobs fairq creates (k8s_manifest.sign_job); from SECRET_KEY in
+        # from_settings. Empty (tests, benches) still seals, with a key anyone knows.
+        self.owner_key = owner_key
+        # How many creates the cycle may have in flight (scheduler.submit_admitted); the
+        # client's connection pool must hold that many on top of the watches.
+        self.submit_concurrency = max(1, submit_concurrency)
         self.namespace_prefix = namespace_prefix
         self.backoff_limit = backoff_limit
         self.ttl_after_finished_seconds = ttl_after_finished_seconds
@@ -239,8 +268,10 @@ class KubernetesBackend:
 
         from . import k8s_sync
 
+        concurrency = settings.FAIRQ_K8S_SUBMIT_CONCURRENCY
         api = api_client_from_config(kubeconfig=settings.FAIRQ_KUBECONFIG,
-                                     context=settings.FAIRQ_KUBE_CONTEXT)
+                                     context=settings.FAIRQ_KUBE_CONTEXT,
+                                     pool_size=concurrency + 8)
 
         def kick() -> None:
             from queueing.tasks import kick_scheduler
@@ -262,6 +293,9 @@ class KubernetesBackend:
             kick=kick,
             provision=settings.FAIRQ_K8S_PROVISION,
             scheduler_account=scheduler_account_setting(),
+            owner_key=hmac.new(settings.SECRET_KEY.encode(), b"fairq.k8s.job-owner",
+                               hashlib.sha256).digest(),
+            submit_concurrency=concurrency,
         )
 
     def _after_fork(self) -> None:
@@ -350,13 +384,19 @@ class KubernetesBackend:
             raise SubmitRejected(str(exc)) from exc
 
     def submit(self, spec: LaunchSpec, *, now: datetime) -> None:
+        """Create the attempt's Job, or adopt the one that holds its name if fairq created
+        it (its owner seal verifies: `k8s_manifest.adoption_verdict`); a Job fairq did not
+        create raises SubmitRejected, one being deleted SubmitRequeue. Safe to call from
+        several threads at once (the cycle does)."""
         from kubernetes.client.exceptions import ApiException
 
         self._after_fork()
-        body = self.manifest(spec)
+        body = sign_job(self.manifest(spec), self.owner_key)
         namespace = body["metadata"]["namespace"]
-        if self._started and self.jobs.get(f"{namespace}/{spec.name}") is not None:
-            return  # already there: the name is the identity
+        cached = self.jobs.get(f"{namespace}/{spec.name}") if self._started else None
+        if cached is not None:
+            self._adopt(cached, body)  # already there: the name is the identity
+            return
         if self.provision == "scheduler":
             self.ensure_namespace(spec.team)
         elif not self.namespace_ready(namespace):
@@ -368,23 +408,48 @@ class KubernetesBackend:
         except ApiException as exc:
             status, message = _api_error(exc)
             if status == 409:
-                log.info("%s already exists: adopted", spec.name)
-            elif status in (400, 422):
+                existing = self._read_job(namespace, spec.name)
+                if existing is None:  # deleted since: the next cycle creates it
+                    raise KubernetesBackendError(
+                        f"{spec.name} existed a moment ago and is gone now; retrying") from exc
+                self._adopt(existing, body)
+                return
+            if status in (400, 422):
                 raise SubmitRejected(f"Kubernetes refused the Job: {message}") from exc
-            else:
-                if status == 404:
-                    self._known_namespaces.discard(namespace)
-                    if self.provision == "separate":
-                        self._unprovisioned[namespace] = time.monotonic()
-                        raise NamespaceNotProvisioned(
-                            f"namespace {namespace} does not exist (the provisioner runs "
-                            "`manage.py sync_cluster`)") from exc
-                raise KubernetesBackendError(
-                    f"creating {spec.name} failed ({status}): {message}") from exc
+            if status == 404:
+                self._known_namespaces.discard(namespace)
+                if self.provision == "separate":
+                    self._unprovisioned[namespace] = time.monotonic()
+                    raise NamespaceNotProvisioned(
+                        f"namespace {namespace} does not exist (the provisioner runs "
+                        "`manage.py sync_cluster`)") from exc
+            raise KubernetesBackendError(
+                f"creating {spec.name} failed ({status}): {message}") from exc
         except ValueError as exc:  # the client's model validation: our body is malformed
             raise SubmitRejected(f"invalid Job: {exc}") from exc
         with self._lock:
             self._where[spec.name] = namespace
+
+    def _adopt(self, existing: Obj, body: Mapping[str, Any]) -> None:
+        """Take over a Job holding the name of `body`, or raise why not (finding 11.4)."""
+        name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+        verdict, why = adoption_verdict(existing, body, key=self.owner_key)
+        if verdict == "refuse":
+            log.warning("%s: %s", name, why)
+            raise SubmitRejected(why)
+        if verdict == "requeue":
+            log.info("%s: %s; requeued as a new attempt", name, why)
+            raise SubmitRequeue(why)
+        log.info("%s already exists: adopted%s", name, f" ({why})" if why else "")
+        with self._lock:
+            self._where[name] = namespace
+
+    def _read_job(self, namespace: str, name: str) -> Obj | None:
+        """The Job as the API server has it now (JSON), None when there is none. A list
+        by name, not a get: fairq's RBAC grants jobs list and watch, not get."""
+        items = _raw_list(self.batch.list_namespaced_job, namespace=namespace,
+                          field_selector=f"metadata.name={name}")
+        return items[0] if items else None
 
     def _create_job(self, namespace: str, body: dict[str, Any]) -> None:
         """POST the Job as JSON. With the 37.x client's public `param_serialize` and
@@ -451,11 +516,12 @@ class KubernetesBackend:
                 log.info("asking whether %s is provisioned failed: %s", namespace, exc)
         return out
 
-    def ensure_namespace(self, team: str, *, force: bool = False) -> str:
+    def ensure_namespace(self, team: str, *, force: bool = False, quota: bool = True) -> str:
         """The provisioner's work for one team: its namespace (created, and labelled),
         its ResourceQuota and the RoleBinding that lets the scheduler's service account
         run Jobs there. Called by `sync_cluster`, and by submit when
-        FAIRQ_K8S_PROVISION=scheduler."""
+        FAIRQ_K8S_PROVISION=scheduler. `quota=False`: without the quota (`sync_cluster`
+        applies it as a step of its own)."""
         from kubernetes.client.exceptions import ApiException
 
         namespace = namespace_for(team, self.namespace_prefix)
@@ -468,11 +534,13 @@ class KubernetesBackend:
                 raise
             self.core.patch_namespace(namespace, {"metadata": {
                 "labels": namespace_manifest(namespace, team)["metadata"]["labels"]}})
-        if self.team_quota is not None:
-            self.apply_quota(namespace, self.team_quota(team))
         if self.scheduler_account is not None:
             self.apply_role_binding(namespace)
-        self._known_namespaces.add(namespace)
+        # Ready once its quota is in place (apply_quota marks it known).
+        if self.team_quota is None:
+            self._known_namespaces.add(namespace)
+        elif quota:
+            self.apply_quota(namespace, self.team_quota(team))
         return namespace
 
     def apply_role_binding(self, namespace: str) -> None:
@@ -509,6 +577,8 @@ class KubernetesBackend:
             self.core.replace_namespaced_resource_quota(
                 body["metadata"]["name"], namespace,
                 cast(Any, body))
+        # Its quota in place, the namespace is ready: submit skips it from now on.
+        self._known_namespaces.add(namespace)
 
     # --- stop ---------------------------------------------------------------------------
 
@@ -714,48 +784,69 @@ class KubernetesBackend:
 
     # --- priority classes ---------------------------------------------------------------
 
-    def sync_priority_classes(self, classes: Sequence[PriorityClassSpec]) -> dict[str, list[str]]:
+    def sync_priority_classes(self, classes: Sequence[PriorityClassSpec]) -> dict[str, list[Any]]:
         """Create, update (delete + create: value and preemptionPolicy are immutable) and
         delete fairq's PriorityClasses so there is exactly one per tier. Classes fairq did
-        not create are never touched; a name clash is reported."""
-        from kubernetes.client.exceptions import ApiException
-
-        report: dict[str, list[str]] = {"created": [], "replaced": [], "unchanged": [],
-                                        "deleted": [], "conflicts": []}
-        existing = {p["metadata"]["name"]: p
-                    for p in _raw_list(self.scheduling.list_priority_class)}
+        not create are never touched; a name clash is reported. Each class is handled on
+        its own: one the API server refuses (an invalid name: 422) is reported in
+        `failed` and the others are still synced."""
+        report: dict[str, list[Any]] = {"created": [], "replaced": [], "unchanged": [],
+                                        "deleted": [], "conflicts": [], "failed": []}
+        try:
+            existing = {p["metadata"]["name"]: p
+                        for p in _raw_list(self.scheduling.list_priority_class)}
+        except Exception as exc:
+            report["failed"].append(sync_failure("PriorityClass", "*", exc))
+            return report
         wanted = {c.name: c for c in classes}
         for c in classes:
-            body = priority_class_manifest(name=c.name, value=c.value,
-                                           preemption_policy=c.preemption_policy, tier=c.tier)
-            cur = existing.get(c.name)
-            if cur is not None:
-                if (cur["metadata"].get("labels") or {}).get(MANAGED_BY) != "fairq":
-                    report["conflicts"].append(c.name)
-                    continue
-                if cur.get("value") == c.value and \
-                        cur.get("preemptionPolicy", "PreemptLowerPriority") == c.preemption_policy:
-                    report["unchanged"].append(c.name)
-                    continue
-                # Pods keep the integer priority they were admitted with.
-                self.scheduling.delete_priority_class(c.name)
-                report["replaced"].append(c.name)
-            else:
-                report["created"].append(c.name)
             try:
-                self.scheduling.create_priority_class(cast(Any, body))
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
+                outcome = self._sync_priority_class(c, existing.get(c.name))
+            except Exception as exc:
+                report["failed"].append(sync_failure("PriorityClass", c.name, exc))
+                continue
+            report[outcome].append(c.name)
         for name, cur in existing.items():
             if name not in wanted and (cur["metadata"].get("labels") or {}).get(MANAGED_BY) == "fairq":
                 try:
-                    self.scheduling.delete_priority_class(name)
-                except ApiException as exc:
-                    if exc.status != 404:
-                        raise
+                    self._delete_priority_class(name)
+                except Exception as exc:
+                    report["failed"].append(sync_failure("PriorityClass", name, exc))
+                    continue
                 report["deleted"].append(name)
         return report
+
+    def _sync_priority_class(self, c: PriorityClassSpec, cur: Obj | None) -> str:
+        """One tier's class; returns the report key of what was done."""
+        from kubernetes.client.exceptions import ApiException
+
+        body = priority_class_manifest(name=c.name, value=c.value,
+                                       preemption_policy=c.preemption_policy, tier=c.tier)
+        outcome = "created"
+        if cur is not None:
+            if (cur["metadata"].get("labels") or {}).get(MANAGED_BY) != "fairq":
+                return "conflicts"
+            if cur.get("value") == c.value and \
+                    cur.get("preemptionPolicy", "PreemptLowerPriority") == c.preemption_policy:
+                return "unchanged"
+            # Pods keep the integer priority they were admitted with.
+            self._delete_priority_class(c.name)
+            outcome = "replaced"
+        try:
+            self.scheduling.create_priority_class(cast(Any, body))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        return outcome
+
+    def _delete_priority_class(self, name: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.scheduling.delete_priority_class(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     # --- watch hooks (informer threads: quick, no DB) ------------------------------------
 
@@ -872,10 +963,13 @@ def scheduler_account_setting() -> tuple[str, str] | None:
     return namespace, name
 
 
-def api_client_from_config(*, kubeconfig: str = "", context: str = "") -> Any:
+def api_client_from_config(*, kubeconfig: str = "", context: str = "",
+                           pool_size: int = 16) -> Any:
     """A new ApiClient (never the global default configuration): from `kubeconfig` when
     given, else the in-cluster service account when running in a pod, else
-    ~/.kube/config."""
+    ~/.kube/config. Its connection pool keeps `pool_size` (at least 16) connections per
+    host: the client is shared by the watch threads and the cycle's concurrent creates
+    (urllib3's pool is thread-safe; past its size, connections are opened and dropped)."""
     from kubernetes import client, config
 
     cfg = client.Configuration()
@@ -891,5 +985,6 @@ def api_client_from_config(*, kubeconfig: str = "", context: str = "") -> Any:
             context=context or None, client_configuration=cfg,
                                 persist_config=False)
     # Four long-lived watches plus the cycle's calls share the pool.
-    cfg.connection_pool_maxsize = max(getattr(cfg, "connection_pool_maxsize", 0) or 0, 16)
+    cfg.connection_pool_maxsize = max(getattr(cfg, "connection_pool_maxsize", 0) or 0, 16,
+                                      pool_size)
     return client.ApiClient(cfg)

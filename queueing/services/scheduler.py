@@ -13,10 +13,11 @@
     4. apply      — in one transaction: QUEUED → ADMITTED with a compare-and-swap per
                     job; each preemption's victims → PREEMPTED → QUEUED (R6) with
                     events on both jobs (R7).
-    5. submit     — after commit, stop the victims' workloads, then hand each admitted
-                    job to the cluster backend (idempotent by name `fq-<id>-<attempt>`)
-                    and mark it submitted. A preemptor is admitted by a later cycle, once
-                    its victims' GPUs are free (R8).
+    5. submit     — after commit, stop the victims' workloads, then hand the admitted
+                    jobs to the cluster backend (concurrently, no transaction open;
+                    idempotent by name `fq-<id>-<attempt>`) and mark them submitted.
+                    A preemptor is admitted by a later cycle, once its victims' GPUs
+                    are free (R8).
     6. notify     — when anything moved, drop the shared plan of the queue that answers
                     "why does my job wait" (queueing/services/queue_plan.py).
 
@@ -40,12 +41,13 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db import InterfaceError, OperationalError, connection, connections, transaction
 from django.utils import timezone
 
 from queueing.backends import get_backend
@@ -54,6 +56,7 @@ from queueing.backends.base import (
     LaunchSpec,
     Phase,
     SubmitRejected,
+    SubmitRequeue,
     WorkloadStatus,
 )
 from queueing.cluster import ClusterView, cluster_view_publish
@@ -556,31 +559,100 @@ def launch_spec(job: Job) -> LaunchSpec:
 
 def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResult) -> None:
     """Submit every admitted job not yet marked submitted (this cycle's and any a killed
-    worker left behind: the backend's create is idempotent by name). A job whose launch
-    spec cannot be built, or whose bookkeeping raises, fails alone (`_isolated`)."""
-    pending = Job.objects.filter(
+    worker left behind: the backend's create is idempotent by name).
+
+    The creates run on up to `backend.submit_concurrency` threads (most of a create is
+    waiting on the API server); no transaction is open meanwhile. Then, in this thread,
+    each job's outcome is handled by one call (`_submit_outcome`), and the jobs whose
+    workload now exists are marked submitted in one UPDATE per attempt number. A worker
+    killed in between leaves them unmarked: the next cycle submits them again, and the
+    backend adopts its own workloads. A job whose launch spec cannot be built, or whose
+    bookkeeping raises, fails alone (`_isolated`)."""
+    pending = list(Job.objects.filter(
         status=JobState.ADMITTED, submitted_to_backend_at__isnull=True
-    ).select_related("team", "tier", "gpu_type").order_by("admitted_at", "id")
+    ).select_related("team", "tier", "gpu_type").order_by("admitted_at", "id"))
+    jobs: list[Job] = []
+    specs: list[LaunchSpec] = []
     for job in pending:
         with _isolated(job.pk, step="building its workload", now=now, result=result):
-            spec = launch_spec(job)
-        if job.pk in result.job_errors:
-            continue
+            specs.append(launch_spec(job))
+            jobs.append(job)
+    if not jobs:
+        return
+    errors = _create_workloads(backend=backend, specs=specs, now=now)
+    submitted: list[Job] = []
+    for job, error in zip(jobs, errors, strict=True):
+        with _isolated(job.pk, step="recording its submit", now=now, result=result):
+            if _submit_outcome(job=job, error=error, now=now, result=result):
+                submitted.append(job)
+    by_attempt: dict[int, list[Job]] = defaultdict(list)
+    for job in submitted:
+        by_attempt[job.attempt].append(job)
+    for attempt, group in by_attempt.items():
+        try:
+            with transaction.atomic():
+                Job.objects.filter(pk__in=[j.pk for j in group], status=JobState.ADMITTED,
+                                   attempt=attempt).update(submitted_to_backend_at=now)
+        except NOT_A_JOB_FAULT:
+            raise
+        except Exception:  # one row spoils the batch: mark them one by one, isolated
+            for job in group:
+                with _isolated(job.pk, step="marking it submitted", now=now, result=result), \
+                        transaction.atomic():
+                    Job.objects.filter(pk=job.pk, status=JobState.ADMITTED,
+                                       attempt=attempt).update(submitted_to_backend_at=now)
+
+
+def _create_workloads(*, backend: ClusterBackend, specs: list[LaunchSpec],
+                      now: datetime) -> list[Exception | None]:
+    """`backend.submit` for each spec, in order, on a bounded pool of threads; per spec
+    the exception it raised, or None. Backends without `submit_concurrency` (the
+    simulated one) are called one after the other in this thread."""
+
+    def create(spec: LaunchSpec) -> Exception | None:
         try:
             backend.submit(spec, now=now)
-        except SubmitRejected as exc:
-            with _isolated(job.pk, step="recording its rejection", now=now, result=result), \
-                    transaction.atomic():
-                job_transition(job, JobState.FAILED, now=now, reason=f"rejected: {exc}",
-                               finished_at=now, message=str(exc)[:500])
-            result.submit_errors[job.pk] = str(exc)
-            continue
-        except Exception as exc:  # transient: retried next cycle
-            log.warning("cycle %s: submit of %s failed, retrying next cycle: %s",
-                        result.cycle_id, job.backend_name, clean_text(exc, max_length=300))
-            result.submit_errors[job.pk] = str(exc)
-            continue
-        with _isolated(job.pk, step="marking it submitted", now=now, result=result), \
-                transaction.atomic():
-            Job.objects.filter(pk=job.pk, status=JobState.ADMITTED,
-                               attempt=job.attempt).update(submitted_to_backend_at=now)
+        except Exception as exc:  # handled per job by _submit_outcome
+            return exc
+        finally:
+            if threading.current_thread() is not main_thread:
+                # A backend that reads the database (a team's quota, on its namespace's
+                # first use) opened a connection in this pool thread: do not leak it.
+                connections.close_all()
+        return None
+
+    main_thread = threading.current_thread()
+    workers = min(int(getattr(backend, "submit_concurrency", 1) or 1), len(specs))
+    if workers <= 1:
+        return [create(spec) for spec in specs]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fairq-submit") as pool:
+        return list(pool.map(create, specs))
+
+
+def _submit_outcome(*, job: Job, error: Exception | None, now: datetime,
+                    result: CycleResult) -> bool:
+    """Record what submitting one job came to; True when its workload exists (adopted
+    or created) and the job is to be marked submitted."""
+    if error is None:
+        return True
+    if isinstance(error, SubmitRejected):
+        with transaction.atomic():
+            job_transition(job, JobState.FAILED, now=now, reason=f"rejected: {error}",
+                           finished_at=now, message=str(error)[:500])
+        result.submit_errors[job.pk] = str(error)
+        return False
+    if isinstance(error, SubmitRequeue):
+        # Its name is held by a workload on its way out: a new attempt gets a new name.
+        with transaction.atomic():
+            if job_transition(
+                job, JobState.QUEUED, now=now, reason=f"{error}; requeued as a new attempt",
+                attempt=job.attempt + 1, placement=[], admitted_at=None,
+                submitted_to_backend_at=None,
+            ):
+                result.requeued.append(job.pk)
+        return False
+    # Transient: retried next cycle.
+    log.warning("cycle %s: submit of %s failed, retrying next cycle: %s",
+                result.cycle_id, job.backend_name, clean_text(error, max_length=300))
+    result.submit_errors[job.pk] = str(error)
+    return False

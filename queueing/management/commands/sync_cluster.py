@@ -1,5 +1,7 @@
 """`manage.py sync_cluster`: PriorityClasses for the tiers, namespaces and ResourceQuotas
-for the teams, on the Kubernetes cluster fairq is configured for. Idempotent."""
+for the teams, on the Kubernetes cluster fairq is configured for. Idempotent. Prints the
+report (JSON); exits non-zero, naming them, when an object failed or a PriorityClass
+name is taken by a class fairq did not create (the other objects are synced anyway)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ class Command(BaseCommand):
 
         report = sync_cluster()
         self.stdout.write(json.dumps(report, indent=2, sort_keys=True))
+        problems = [f"{f['kind']} {f['name']}: {f['error']}" for f in report.get("failed", [])]
         if report.get("conflicts"):
-            raise CommandError(
-                "PriorityClasses not created by fairq already use these names: "
-                + ", ".join(report["conflicts"]))
+            problems.append("PriorityClasses not created by fairq already use these names: "
+                            + ", ".join(report["conflicts"]))
+        if problems:
+            raise CommandError("sync_cluster did not sync everything:\n" + "\n".join(problems))

@@ -1,0 +1,61 @@
+"""`manage.py check --database default`: rows whose names Kubernetes would refuse.
+
+Tier.priority_class_name (a PriorityClass name), Tier.slug (a label value) and Team.slug
+(part of a namespace name) are validated in the models since migration 0004, but rows
+written before, or by code that skips `full_clean` (`update()`, raw SQL), may break the
+rules. They are reported, not rewritten: renaming a tier's class or a team's namespace
+is an operator's decision. `sync_cluster` reports the same objects as failed and syncs
+the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core import checks
+from django.core.exceptions import ValidationError
+
+
+def _problem(value: str, validators: Any) -> str | None:
+    for validator in validators:
+        try:
+            validator(value)
+        except ValidationError as exc:
+            return "; ".join(exc.messages)
+    return None
+
+
+@checks.register(checks.Tags.database)
+def kubernetes_names(databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """One error per Tier or Team row with a name the cluster would refuse."""
+    if not databases:
+        return []
+    from django.db import DatabaseError
+
+    from accounts.models import Team, slug_validator
+    from queueing.models import Tier, priority_class_name_validators
+
+    out: list[checks.CheckMessage] = []
+    try:
+        tiers = list(Tier.objects.values_list("pk", "slug", "priority_class_name"))
+        teams = list(Team.objects.values_list("pk", "slug"))
+    except DatabaseError:
+        return []  # not migrated yet: nothing to check
+    for pk, slug, pc_name in tiers:
+        for field, value, validators in (
+                ("priority_class_name", pc_name, priority_class_name_validators),
+                ("slug", slug, [slug_validator])):
+            problem = _problem(value, validators)
+            if problem:
+                out.append(checks.Error(
+                    f"Tier {pk} has {field} {value!r}: {problem}",
+                    hint="Rename it (admin or API); sync_cluster skips it until then.",
+                    obj=f"Tier {pk}", id="fairq.E101"))
+    for pk, slug in teams:
+        problem = _problem(slug, [slug_validator])
+        if problem:
+            out.append(checks.Error(
+                f"Team {pk} has slug {slug!r}: {problem}",
+                hint="Its namespace cannot exist; sync_cluster reports it as failed.",
+                obj=f"Team {pk}", id="fairq.E102"))
+    return out
