@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.extensions import (
+    OpenApiAuthenticationExtension,
+    OpenApiSerializerExtension,
+)
 
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -88,3 +91,18 @@ class TokenAuthenticationScheme(OpenApiAuthenticationExtension):  # type: ignore
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
         return {"type": "apiKey", "in": "header", "name": "Authorization",
                 "description": "`Token fq_<prefix>_<secret>` (see `fairq` CLI docs)."}
+
+
+class StrictFieldsScheme(OpenApiSerializerExtension):  # type: ignore[no-untyped-call]
+    """Request bodies of serializers with StrictFieldsMixin are closed
+    (`additionalProperties: false`): unknown fields are refused (queueing/api/strict.py).
+    Responses stay open, so clients tolerate fields added later."""
+
+    target_class = "queueing.api.strict.StrictFieldsMixin"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> Any:
+        schema = auto_schema._map_basic_serializer(self.target, direction)
+        if direction == "request":
+            schema["additionalProperties"] = False
+        return schema

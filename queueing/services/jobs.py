@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from accounts.models import Team
 from queueing import rawsql
-from queueing.errors import IdempotencyKeyReused, InvalidTransition
+from queueing.errors import DomainError, IdempotencyKeyReused, InvalidTransition
 from queueing.models import GpuType, Job, JobEvent, Tier
 from queueing.policy.states import (
     HOLDING_STATES,
@@ -88,6 +88,9 @@ class JobInput:
                 "max_runtime_seconds": self.max_runtime_seconds}
 
 
+MAX_IDEMPOTENCY_KEY_LENGTH = 200  # Job.idempotency_key's column
+
+
 def job_submit(
     *, actor: Any, data: JobInput, idempotency_key: str | None = None,
     now: datetime | None = None,
@@ -109,8 +112,12 @@ def job_submit_with_event(
     An idempotency key is unique per team (a constraint, kept as long as the job): the
     same submitter sending the same job again gets the first job back; the key with a
     different job, or from someone else in the team, is IdempotencyKeyReused (422), never
-    another request's job."""
+    another request's job. A key longer than the column is a DomainError (400)."""
     now = now or timezone.now()
+    if idempotency_key and len(idempotency_key) > MAX_IDEMPOTENCY_KEY_LENGTH:
+        raise DomainError(
+            f"The idempotency key is longer than {MAX_IDEMPOTENCY_KEY_LENGTH} characters.",
+            fields={"idempotency_key": [f"At most {MAX_IDEMPOTENCY_KEY_LENGTH} characters."]})
     if idempotency_key:
         existing = Job.objects.filter(team=data.team, idempotency_key=idempotency_key).first()
         if existing is not None:
