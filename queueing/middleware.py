@@ -2,8 +2,8 @@
 
 * NUL characters in the path, the query string or a form body. PostgreSQL text cannot
   hold them, so a lookup with one (`?team=%00`, `/teams/red/members/%00/`, the team
-  switch's `team=\\x00`) raised a 500. Bodies the API parses itself (JSON, a PATCH's
-  form) are checked by its parsers (queueing/api/parsers.py).
+  switch's `team=\\x00`) raised a 500. The API's bodies are JSON only, checked by its
+  parser (queueing/api/parsers.py).
 * API bodies over DATA_UPLOAD_MAX_MEMORY_SIZE (by Content-Length): 413 in the API's error
   shape. Django refused them only where it read the whole body (an HTML 400), and a JSON
   body read as a stream was not bounded at all.
@@ -21,12 +21,12 @@ NUL_MESSAGE = "NUL characters are not allowed."
 API_PREFIX = "/api/"
 
 
-def _nul_in(request: HttpRequest) -> str | None:
+def _nul_in(request: HttpRequest, *, with_form: bool) -> str | None:
     """Where a NUL is ('path', a parameter name), or None."""
     if "\x00" in request.path_info:
         return "path"
     sources = [request.GET]
-    if request.method == "POST" and request.content_type in {
+    if with_form and request.method == "POST" and request.content_type in {
             "application/x-www-form-urlencoded", "multipart/form-data"}:
         sources.append(request.POST)
     for query in sources:
@@ -54,7 +54,9 @@ class RefuseBadInputMiddleware:
                 return JsonResponse(error_body(
                     413, "too_large", f"The request body is over {limit} bytes."), status=413)
         try:
-            where = _nul_in(request)
+            # The API takes JSON only (its parser checks it): reading a form body here
+            # would leave DRF an empty body instead of its 415.
+            where = _nul_in(request, with_form=not api)
         except RequestDataTooBig:
             if not api:
                 raise  # Django's 400 page

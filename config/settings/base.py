@@ -124,12 +124,9 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "queueing.api.errors.exception_handler",
-    # No RecursionError, no NUL in bodies (queueing/api/parsers.py).
-    "DEFAULT_PARSER_CLASSES": [
-        "queueing.api.parsers.SafeJSONParser",
-        "queueing.api.parsers.SafeFormParser",
-        "queueing.api.parsers.SafeMultiPartParser",
-    ],
+    # JSON bodies only (415 otherwise): no RecursionError, no NUL (queueing/api/parsers.py).
+    "DEFAULT_PARSER_CLASSES": ["queueing.api.parsers.SafeJSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "DEFAULT_PAGINATION_CLASS": "queueing.api.pagination.JobCursorPagination",
     "PAGE_SIZE": 50,
 }

@@ -1,10 +1,14 @@
-"""The API's JSON parser: DRF's, refusing what would otherwise end in a 500.
+"""The API's one parser: JSON only. DRF's form parsers read a blank field as an omitted one
+(so `name=` became the default name, against the schema's minLength), and no client of
+the API posts forms; any other Content-Type is 415 `unsupported_media_type`.
+
+DRF's JSON parser, refusing what would otherwise end in a 500:
 
 * Deep nesting: Python's json raises RecursionError at about a thousand levels (a 500);
   here it is a 400 `parse_error`, as is any document nested deeper than MAX_DEPTH.
 * NUL (`\\u0000`) anywhere in a string or a key: PostgreSQL text and jsonb cannot hold
   it, and a lookup with it raised a 500 (a team slug, a parent). Path, query string and
-  form bodies are refused by queueing.middleware.RefuseNulMiddleware; JSON bodies here.
+  form bodies are refused by queueing.middleware.RefuseBadInputMiddleware; JSON here.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from rest_framework.exceptions import ParseError
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import JSONParser
 
 MAX_DEPTH = 32  # the deepest body the API takes is a job: object -> env -> value
 
@@ -47,22 +51,3 @@ class SafeJSONParser(JSONParser):
         check_json_value(data)
         return data
 
-
-def _check_form(data: Any) -> None:
-    for key, values in data.lists():
-        if "\x00" in key or any(isinstance(v, str) and "\x00" in v for v in values):
-            raise ParseError("Form fields may not contain NUL characters.")
-
-
-class SafeFormParser(FormParser):
-    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
-        data = super().parse(stream, media_type, parser_context)
-        _check_form(data)
-        return data
-
-
-class SafeMultiPartParser(MultiPartParser):
-    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
-        data_and_files = super().parse(stream, media_type, parser_context)
-        _check_form(data_and_files.data)
-        return data_and_files

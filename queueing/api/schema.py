@@ -1,5 +1,6 @@
 """OpenAPI post-processing: the one error shape and the `Idempotency-Key` header, added to
-every operation once here instead of on every view."""
+every operation once here instead of on every view; closed request bodies for the
+serializers that refuse unknown fields (queueing/api/strict.py)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,10 @@ _POST_ERRORS: dict[str, str] = {
     "409": "Conflict with the current state (or the same Idempotency-Key still in progress).",
     "422": "The Idempotency-Key was used before for a different request.",
 }
+_BODY_ERRORS: dict[str, str] = {
+    "413": "The body is over the size limit (DATA_UPLOAD_MAX_MEMORY_SIZE).",
+    "415": "The body is not JSON (API v1 takes JSON bodies only).",
+}
 IDEMPOTENCY_PARAMETER: dict[str, Any] = {
     "in": "header",
     "name": "Idempotency-Key",
@@ -75,6 +80,8 @@ def add_errors_and_idempotency(result: dict[str, Any], generator: Any, request: 
                     params.append(IDEMPOTENCY_PARAMETER)
             if method == "delete":
                 errors["409"] = _POST_ERRORS["409"]
+            if "requestBody" in operation:
+                errors.update(_BODY_ERRORS)
             for code, description in errors.items():
                 responses.setdefault(code, {"description": description, **ref})
             if method == "get":

@@ -172,9 +172,25 @@ def test_nul_in_a_json_body_is_a_400(world: World, method: str, url: str,
     _assert_error_shape(r, 400)
 
 
-def test_nul_in_a_form_body_is_a_400(world: World) -> None:
+def test_nul_in_a_form_body_is_refused(world: World) -> None:
     r = world.client(world.staff).post("/api/v1/tokens/", {"name": "a\x00"}, format="multipart")
-    _assert_error_shape(r, 400)
+    assert r.status_code in {400, 415}
+    r = world.client(world.staff).post("/api/v1/quotas/", "team=%00&gpu_type=h100&nominal=1",
+                                       content_type="application/x-www-form-urlencoded")
+    _assert_error_shape(r, 415)
+
+
+@pytest.mark.parametrize("fmt", ["multipart", "form"])
+def test_the_api_takes_json_bodies_only(world: World, fmt: str) -> None:
+    """A blank form field read as an omitted one: `name=` made a token named 'default'."""
+    c = world.client(world.member)
+    before = world.member.api_tokens.count()
+    if fmt == "multipart":
+        r = c.post("/api/v1/tokens/", {"name": ""}, format="multipart")
+    else:
+        r = c.post("/api/v1/tokens/", "name=", content_type="application/x-www-form-urlencoded")
+    assert _assert_error_shape(r, 415)["code"] == "unsupported_media_type"
+    assert world.member.api_tokens.count() == before
 
 
 @pytest.mark.parametrize("url", [
