@@ -1,6 +1,6 @@
 """Input every view would otherwise have to distrust, refused once before any view runs.
 
-* NUL characters in the path, the query string or a form body. PostgreSQL text cannot
+* NUL characters in the path, a header, the query string or a form body. PostgreSQL text cannot
   hold them, so a lookup with one (`?team=%00`, `/teams/red/members/%00/`, the team
   switch's `team=\\x00`) raised a 500. The API's bodies are JSON only, checked by its
   parser (queueing/api/parsers.py).
@@ -22,9 +22,12 @@ API_PREFIX = "/api/"
 
 
 def _nul_in(request: HttpRequest, *, with_form: bool) -> str | None:
-    """Where a NUL is ('path', a parameter name), or None."""
+    """Where a NUL is ('path', a header or parameter name), or None."""
     if "\x00" in request.path_info:
         return "path"
+    for name, value in request.headers.items():
+        if "\x00" in value:
+            return str(name)
     sources = [request.GET]
     if with_form and request.method == "POST" and request.content_type in {
             "application/x-www-form-urlencoded", "multipart/form-data"}:

@@ -274,3 +274,11 @@ def test_the_schema_closes_every_request_body() -> None:
                 assert schemas[name].get("additionalProperties") is False, name
                 seen += 1
     assert seen >= 8
+
+
+def test_nul_in_a_header_is_a_400(world: World) -> None:
+    c = world.client(world.member)
+    r = c.post("/api/v1/tokens/", {"name": "x"}, format="json", HTTP_IDEMPOTENCY_KEY="a\x00b")
+    assert _assert_error_shape(r, 400)["fields"] == {"Idempotency-Key": [
+        "NUL characters are not allowed."]}
+    assert not IdempotencyRecord.objects.exists()
