@@ -35,6 +35,7 @@ from accounts.services import (
     KEY_SHOWN_ONCE,
     idempotency_claim,
     idempotency_complete,
+    idempotency_release,
     membership_remove,
     membership_set,
     token_issue,
@@ -425,8 +426,13 @@ def token_create(request: HttpRequest, slug: str) -> HttpResponse:
         if claim.replay is not None:
             return render(request, "web/team.html",
                           _team_context(request, team, token_note=KEY_SHOWN_ONCE))
-    issued = token_issue(user=user, name=form.cleaned_data["name"],
-                         expires_at=timezone.now() + timedelta(days=days) if days else None)
+    try:
+        issued = token_issue(user=user, name=form.cleaned_data["name"],
+                             expires_at=timezone.now() + timedelta(days=days) if days else None)
+    except BaseException:
+        if claim is not None:  # nothing was issued: a retry may issue it
+            idempotency_release(record=claim.record)
+        raise
     if claim is not None:
         idempotency_complete(record=claim.record, status_code=201,
                              body={"id": issued.token.pk})  # never the key
