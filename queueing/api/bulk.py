@@ -10,9 +10,8 @@ from typing import Any
 
 from rest_framework import serializers
 
-from queueing import validation as v
 from queueing.models import Job, JobEvent
-from queueing.services.jobs import MAX_BULK_JOBS
+from queueing.services.jobs import MAX_BULK_JOBS, array_size_problem
 
 from .serializers import JobCreateSerializer, JobEventSerializer, JobSerializer
 
@@ -48,13 +47,6 @@ def job_submitted_data(job: Job, events: Iterable[JobEvent]) -> dict[str, Any]:
     return data
 
 
-# Every member of an array stores its own command, args and env (a job is one row, which
-# the scheduler and the cluster read whole). Their bytes times `count` are bounded, so a
-# request of at most MAX_SPEC_BYTES cannot write more than this: 120 KB of env × 1,000
-# members wrote 124 MB before; 10,000 small members (1.6 KB each) still fit.
-MAX_ARRAY_BYTES = 16 * 1024 * 1024
-
-
 class BulkJobCreateSerializer(JobCreateSerializer):
     """A job template and `count`: job i is named `<name>-<i>` and gets
     `FAIRQ_ARRAY_INDEX=i`, `FAIRQ_ARRAY_SIZE=count` (like Slurm's `--array=0-<count-1>`)."""
@@ -69,16 +61,10 @@ class BulkJobCreateSerializer(JobCreateSerializer):
         if len(longest) > 63:
             raise serializers.ValidationError({"name": [
                 f"{longest!r} is longer than 63 characters: shorten the name."]})
-        member_env = {**attrs["env"], "FAIRQ_ARRAY_INDEX": str(count - 1),
-                      "FAIRQ_ARRAY_SIZE": str(count)}
-        per_member = v.spec_size(attrs["command"], attrs["args"], member_env)
-        if per_member * count > MAX_ARRAY_BYTES:
-            mib = 1024 * 1024
-            raise serializers.ValidationError({"count": [
-                f"{count} jobs of {per_member:,} bytes of command, args and env would store "
-                f"{per_member * count / mib:.1f} MiB; an array job stores at most "
-                f"{MAX_ARRAY_BYTES // mib} MiB (at most {MAX_ARRAY_BYTES // per_member:,} "
-                "jobs of this size): use fewer jobs or a smaller spec."]})
+        problem = array_size_problem(command=attrs["command"], args=attrs["args"],
+                                     env=attrs["env"], count=count)
+        if problem:
+            raise serializers.ValidationError({"count": [problem]})
         return attrs
 
 

@@ -108,7 +108,7 @@ def test_a_web_tokens_secret_is_shown_in_the_answer_and_kept_nowhere(world: Worl
 
 def test_an_array_job_may_not_multiply_a_large_spec(world: World) -> None:
     """120 KB of env × 1,000 members wrote 124 MB; the product is bounded."""
-    from queueing.api.bulk import MAX_ARRAY_BYTES
+    from queueing.services.jobs import MAX_ARRAY_BYTES
 
     env = {f"V{i}": "x" * 30_000 for i in range(4)}  # ~120 KB, under MAX_SPEC_BYTES
     r = _post(world.client(world.member), "/api/v1/jobs/bulk/",
@@ -119,8 +119,21 @@ def test_an_array_job_may_not_multiply_a_large_spec(world: World) -> None:
     assert Job.objects.count() == 0
 
 
+def test_the_array_bound_holds_in_the_service_too(world: World) -> None:
+    from queueing.errors import DomainError
+    from queueing.services.jobs import JobInput, jobs_submit_bulk
+
+    data = JobInput(team=world.vision, name="amp", image="ghcr.io/acme/train:1", command=[],
+                    args=[], env={"V": "x" * 30_000}, gpu_type=world.h100, gpus_per_replica=1,
+                    replicas=1, tier=world.normal, max_runtime_seconds=None)
+    with pytest.raises(DomainError) as exc:
+        jobs_submit_bulk(actor=world.member, data=data, count=1000)
+    assert "count" in exc.value.fields
+    assert Job.objects.count() == 0
+
+
 def test_an_array_job_within_the_bound_is_queued(world: World) -> None:
-    from queueing.api.bulk import MAX_ARRAY_BYTES
+    from queueing.services.jobs import MAX_ARRAY_BYTES
 
     env = {"V": "x" * 30_000}
     count = MAX_ARRAY_BYTES // 31_000 - 10
