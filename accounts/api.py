@@ -17,6 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from queueing.api.idempotency import IdempotentPostMixin
+from queueing.api.strict import StrictFieldsMixin
 from queueing.errors import NotFound
 
 from .models import ApiToken, Membership, Role, Team
@@ -28,6 +29,7 @@ from .selectors import (
     tokens_of_user,
 )
 from .services import (
+    KEY_SHOWN_ONCE,
     membership_remove,
     membership_set,
     team_create,
@@ -61,7 +63,7 @@ def _require_staff(request: Request) -> None:
 # --- teams ---------------------------------------------------------------------------
 
 
-class TeamSerializer(serializers.ModelSerializer[Team]):
+class TeamSerializer(StrictFieldsMixin, serializers.ModelSerializer[Team]):
     parent = serializers.SlugRelatedField(  # type: ignore[assignment] # Field.parent, not ours
         slug_field="slug", queryset=Team.objects.all(), required=False, allow_null=True)
     role = serializers.SerializerMethodField(help_text="The caller's role in the team, if any.")
@@ -76,7 +78,7 @@ class TeamSerializer(serializers.ModelSerializer[Team]):
         return roles.get(team.pk)
 
 
-class TeamUpdateSerializer(serializers.Serializer[Any]):
+class TeamUpdateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
     name = serializers.CharField(max_length=200, required=False)
     weight = serializers.FloatField(min_value=0.0001, max_value=1e9, required=False)
     parent = serializers.SlugRelatedField(  # type: ignore[assignment] # Field.parent, not ours
@@ -133,7 +135,7 @@ class TeamDetailView(IdempotentPostMixin, APIView):
 # --- memberships ---------------------------------------------------------------------
 
 
-class MembershipSerializer(serializers.ModelSerializer[Membership]):
+class MembershipSerializer(StrictFieldsMixin, serializers.ModelSerializer[Membership]):
     username = serializers.CharField(source="user.username")
     role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
 
@@ -143,7 +145,7 @@ class MembershipSerializer(serializers.ModelSerializer[Membership]):
         read_only_fields = ["created_at"]
 
 
-class RoleSerializer(serializers.Serializer[Any]):
+class RoleSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
     role = serializers.ChoiceField(choices=Role.choices)
 
 
@@ -225,22 +227,35 @@ class TokenSerializer(serializers.ModelSerializer[ApiToken]):
         return token.is_active(timezone.now())
 
 
-class TokenCreateSerializer(serializers.Serializer[Any]):
+class TokenCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
     name = serializers.CharField(max_length=100, default="default")
     expires_in_days = serializers.IntegerField(min_value=1, max_value=3650, required=False,
                                                allow_null=True, default=None)
 
 
+KEY_SHOWN_NOW = "Copy the key now: it is shown only in this answer."
+
+
 class IssuedTokenSerializer(TokenSerializer):
-    key = serializers.CharField(help_text="The secret: shown only in this response.")
+    key = serializers.CharField(
+        allow_null=True,
+        help_text="The secret: in the 201 that created the token only; null in a replay "
+                  "(same Idempotency-Key).")
+    message = serializers.CharField(help_text="Whether this answer holds the key.")
 
     class Meta(TokenSerializer.Meta):
-        fields = [*TokenSerializer.Meta.fields, "key"]
+        fields = [*TokenSerializer.Meta.fields, "key", "message"]
         read_only_fields = fields
 
 
 class TokenListView(IdempotentPostMixin, APIView):
     """The caller's own API tokens (never their secrets); issuing returns the key once."""
+
+    def idempotent_body(self, data: Any, status_code: int) -> Any:
+        """A replay of the creation: the token without its key (docs/api.md)."""
+        if isinstance(data, dict) and "key" in data:
+            return {**data, "key": None, "message": KEY_SHOWN_ONCE}
+        return data
 
     @extend_schema(responses=TokenSerializer(many=True))
     def get(self, request: Request) -> Response:
@@ -256,6 +271,7 @@ class TokenListView(IdempotentPostMixin, APIView):
                              expires_at=timezone.now() + timedelta(days=days) if days else None)
         data = dict(TokenSerializer(issued.token).data)
         data["key"] = issued.key
+        data["message"] = KEY_SHOWN_NOW
         return Response(data, status=status.HTTP_201_CREATED)
 
 
@@ -270,7 +286,9 @@ class TokenDetailView(IdempotentPostMixin, APIView):
     def get(self, request: Request, token_id: int) -> Response:
         return Response(TokenSerializer(self._token(request, token_id)).data)
 
-    @extend_schema(responses=TokenSerializer, description="Revoke the token (it stays listed).")
+    # 200 with the revoked token (a bare `responses=` documented DELETE's default, 204).
+    @extend_schema(responses={200: TokenSerializer},
+                   description="Revoke the token (it stays listed).")
     def delete(self, request: Request, token_id: int) -> Response:
         token = self._token(request, token_id)
         actor: Any = request.user

@@ -25,6 +25,10 @@ class IssuedToken:
     key: str  # the secret: shown once, never stored
 
 
+KEY_SHOWN_ONCE = ("The key was shown once, in the answer that created this token, and is "
+                  "stored nowhere; if it is lost, revoke the token and issue a new one.")
+
+
 @transaction.atomic
 def token_issue(
     *, user: User, name: str = "default", expires_at: datetime | None = None

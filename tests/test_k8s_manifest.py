@@ -165,9 +165,14 @@ def test_a_hostile_job_body_reaches_the_job_without_any_extra_field(world: Any) 
     from queueing.models import Job
     from queueing.services.scheduler import launch_spec
 
-    body = job_body(**HOSTILE_EXTRAS)
-    r = world.client(world.member).post("/api/v1/jobs/", body, format="json")
-    # The API ignores fields it does not know; it must still accept the job's real fields.
+    client = world.client(world.member)
+    r = client.post("/api/v1/jobs/", job_body(**HOSTILE_EXTRAS), format="json")
+    # The API refuses fields it does not know, each by name (queueing/api/strict.py) ...
+    assert r.status_code == 400, r.content
+    assert set(r.json()["error"]["fields"]) == set(HOSTILE_EXTRAS)
+    assert not Job.objects.exists()
+    # ... and the job's real fields alone make a manifest with nothing of them.
+    r = client.post("/api/v1/jobs/", job_body(), format="json")
     assert r.status_code == 201, r.content
     job = Job.objects.select_related("team", "tier", "gpu_type").get(pk=r.json()["id"])
     m = job_manifest(launch_spec(job), OPTS)

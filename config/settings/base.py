@@ -36,6 +36,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # NUL in path, query or form; API bodies over the size limit (queueing/middleware.py).
+    "queueing.middleware.RefuseBadInputMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -122,6 +124,9 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "queueing.api.errors.exception_handler",
+    # JSON bodies only (415 otherwise): no RecursionError, no NUL (queueing/api/parsers.py).
+    "DEFAULT_PARSER_CLASSES": ["queueing.api.parsers.SafeJSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "DEFAULT_PAGINATION_CLASS": "queueing.api.pagination.JobCursorPagination",
     "PAGE_SIZE": 50,
 }

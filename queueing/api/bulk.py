@@ -11,7 +11,7 @@ from typing import Any
 from rest_framework import serializers
 
 from queueing.models import Job, JobEvent
-from queueing.services.jobs import MAX_BULK_JOBS
+from queueing.services.jobs import MAX_BULK_JOBS, array_size_problem
 
 from .serializers import JobCreateSerializer, JobEventSerializer, JobSerializer
 
@@ -56,10 +56,15 @@ class BulkJobCreateSerializer(JobCreateSerializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)
-        longest = f"{attrs['name']}-{attrs['count'] - 1}"
+        count = attrs["count"]
+        longest = f"{attrs['name']}-{count - 1}"
         if len(longest) > 63:
             raise serializers.ValidationError({"name": [
                 f"{longest!r} is longer than 63 characters: shorten the name."]})
+        problem = array_size_problem(command=attrs["command"], args=attrs["args"],
+                                     env=attrs["env"], count=count)
+        if problem:
+            raise serializers.ValidationError({"count": [problem]})
         return attrs
 
 

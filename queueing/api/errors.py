@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -49,6 +49,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, DomainError):
         return Response(error_body(exc.status_code, exc.code, exc.message, exc.fields),
                         status=exc.status_code)
+    if isinstance(exc, RequestDataTooBig):  # a body read whole (the idempotency fingerprint)
+        return Response(error_body(413, "too_large", "The request body is too large."),
+                        status=413)
     if isinstance(exc, IllegalTransition):
         return Response(error_body(409, "invalid_transition", str(exc)), status=409)
     if isinstance(exc, DjangoValidationError):

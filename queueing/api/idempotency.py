@@ -6,6 +6,10 @@ response back (a replayed 201 answers 200: nothing was created this time) with t
 `Idempotent-Replayed: true`. The same key with a different request is 422; a retry while
 the first is still running is 409. 5xx and 429 answers are not stored, so they may be
 retried. Keys are scoped per user and forgotten after a day.
+
+What is stored is `idempotent_body(data)` of the view: a view whose answer holds a secret
+(a new token's key) stores it without, so the secret exists only in the one response that
+created it, and a replay says so.
 """
 
 from __future__ import annotations
@@ -45,6 +49,11 @@ class IdempotentPostMixin:
     """Mix into an APIView (before it) so every POST honours `Idempotency-Key`."""
 
     _idempotency_record: Any = None
+
+    def idempotent_body(self, data: Any, status_code: int) -> Any:
+        """What the record keeps of an answer for replays: the answer itself, unless the
+        view holds secrets in it (then it returns a copy without them)."""
+        return data
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
@@ -91,6 +100,8 @@ class IdempotentPostMixin:
             if response.status_code >= 500 or response.status_code == 429:
                 idempotency_release(record=record)
             else:
-                idempotency_complete(record=record, status_code=response.status_code,
-                                     body=getattr(response, "data", None))
+                idempotency_complete(
+                    record=record, status_code=response.status_code,
+                    body=self.idempotent_body(getattr(response, "data", None),
+                                              response.status_code))
         return response

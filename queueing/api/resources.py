@@ -20,10 +20,12 @@ from queueing.models import GpuType, Quota, Tier
 from queueing.reports import BUCKETS, MAX_BUCKETS, cluster_capacity, usage_buckets
 from queueing.services.quotas import quota_set
 
+from .fields import InstantField
 from .idempotency import IdempotentPostMixin
+from .strict import StrictFieldsMixin
 
 
-class QuotaSerializer(serializers.ModelSerializer[Quota]):
+class QuotaSerializer(StrictFieldsMixin, serializers.ModelSerializer[Quota]):
     team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
     gpu_type = serializers.SlugRelatedField(slug_field="slug", queryset=GpuType.objects.all())
     nominal = serializers.IntegerField(min_value=0, max_value=1_000_000)
@@ -39,7 +41,7 @@ class QuotaSerializer(serializers.ModelSerializer[Quota]):
         validators: list[Any] = []  # quota_set upserts: (team, gpu_type) may exist
 
 
-class QuotaUpdateSerializer(serializers.Serializer[Any]):
+class QuotaUpdateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
     nominal = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False)
     borrowing_limit = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False,
                                                allow_null=True)
@@ -135,8 +137,8 @@ class GpuTypeListView(APIView):
 
 class UsageQuerySerializer(serializers.Serializer[Any]):
     team = serializers.CharField(required=False, max_length=40)
-    from_ = serializers.DateTimeField(required=False)
-    to = serializers.DateTimeField(required=False)
+    from_ = InstantField(required=False)
+    to = InstantField(required=False)
     bucket = serializers.ChoiceField(choices=sorted(BUCKETS), default="day")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

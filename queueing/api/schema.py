@@ -1,11 +1,15 @@
 """OpenAPI post-processing: the one error shape and the `Idempotency-Key` header, added to
-every operation once here instead of on every view."""
+every operation once here instead of on every view; closed request bodies for the
+serializers that refuse unknown fields (queueing/api/strict.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.extensions import (
+    OpenApiAuthenticationExtension,
+    OpenApiSerializerExtension,
+)
 
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -38,6 +42,10 @@ _ERRORS: dict[str, str] = {
 _POST_ERRORS: dict[str, str] = {
     "409": "Conflict with the current state (or the same Idempotency-Key still in progress).",
     "422": "The Idempotency-Key was used before for a different request.",
+}
+_BODY_ERRORS: dict[str, str] = {
+    "413": "The body is over the size limit (DATA_UPLOAD_MAX_MEMORY_SIZE).",
+    "415": "The body is not JSON (API v1 takes JSON bodies only).",
 }
 IDEMPOTENCY_PARAMETER: dict[str, Any] = {
     "in": "header",
@@ -72,6 +80,8 @@ def add_errors_and_idempotency(result: dict[str, Any], generator: Any, request: 
                     params.append(IDEMPOTENCY_PARAMETER)
             if method == "delete":
                 errors["409"] = _POST_ERRORS["409"]
+            if "requestBody" in operation:
+                errors.update(_BODY_ERRORS)
             for code, description in errors.items():
                 responses.setdefault(code, {"description": description, **ref})
             if method == "get":
@@ -88,3 +98,18 @@ class TokenAuthenticationScheme(OpenApiAuthenticationExtension):  # type: ignore
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
         return {"type": "apiKey", "in": "header", "name": "Authorization",
                 "description": "`Token fq_<prefix>_<secret>` (see `fairq` CLI docs)."}
+
+
+class StrictFieldsScheme(OpenApiSerializerExtension):  # type: ignore[no-untyped-call]
+    """Request bodies of serializers with StrictFieldsMixin are closed
+    (`additionalProperties: false`): unknown fields are refused (queueing/api/strict.py).
+    Responses stay open, so clients tolerate fields added later."""
+
+    target_class = "queueing.api.strict.StrictFieldsMixin"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> Any:
+        schema = auto_schema._map_basic_serializer(self.target, direction)
+        if direction == "request":
+            schema["additionalProperties"] = False
+        return schema

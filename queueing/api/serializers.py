@@ -16,11 +16,12 @@ from queueing.models import GpuType, Job, JobEvent, Tier
 from queueing.services.jobs import JobInput
 
 from .lookups import gpu_types_by_slug, team_for_submitter, tiers_by_slug
+from .strict import StrictFieldsMixin
 
 _shared_fields_lock = threading.Lock()
 
 
-class JobCreateSerializer(serializers.Serializer[Any]):
+class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
     """A job as pipelines post it; `gpus` is per replica."""
 
     # The fields are deep-copied and bound once per class, not per request (~10 % of a

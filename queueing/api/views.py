@@ -39,6 +39,7 @@ from .bulk import (
     JobSubmittedSerializer,
     job_submitted_data,
 )
+from .fields import InstantFilter
 from .idempotency import IdempotentPostMixin
 from .serializers import (
     JobCreateSerializer,
@@ -56,7 +57,7 @@ class JobFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filte
     gpu_type = django_filters.CharFilter(field_name="gpu_type__slug")
     name = django_filters.CharFilter(lookup_expr="icontains")
     submitter = django_filters.CharFilter(field_name="submitter__username")
-    updated_after = django_filters.IsoDateTimeFilter(
+    updated_after = InstantFilter(
         field_name="updated_at", lookup_expr="gt",
         help_text="Only jobs changed after this instant (for polling clients).")
 
@@ -220,14 +221,12 @@ class FairShareView(APIView):
 
 def _instant_or_400(value: str | None) -> datetime | None:
     from queueing.errors import DomainError
+    from queueing.instants import InstantError, parse_instant
 
     if not value:
         return None
     try:
-        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        when = None
-    if when is None or when.tzinfo is None:
+        return parse_instant(value)
+    except InstantError as exc:
         raise DomainError("at must be an ISO 8601 instant with an offset.",
-                          fields={"at": ["e.g. 2026-01-05T08:00:00+00:00"]})
-    return when
+                          fields={"at": [str(exc)]}) from None

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from accounts.models import Team
 from queueing import rawsql
-from queueing.errors import IdempotencyKeyReused, InvalidTransition
+from queueing.errors import DomainError, IdempotencyKeyReused, InvalidTransition
 from queueing.models import GpuType, Job, JobEvent, Tier
 from queueing.policy.states import (
     HOLDING_STATES,
@@ -23,6 +23,7 @@ from queueing.policy.states import (
     check_transition,
 )
 from queueing.sanitize import clean_fields, clean_json, clean_text
+from queueing.validation import spec_size
 
 from .usage import usage_record_attempt
 
@@ -97,6 +98,9 @@ class JobInput:
                 "max_runtime_seconds": self.max_runtime_seconds}
 
 
+MAX_IDEMPOTENCY_KEY_LENGTH = 200  # Job.idempotency_key's column
+
+
 def job_submit(
     *, actor: Any, data: JobInput, idempotency_key: str | None = None,
     now: datetime | None = None,
@@ -118,8 +122,12 @@ def job_submit_with_event(
     An idempotency key is unique per team (a constraint, kept as long as the job): the
     same submitter sending the same job again gets the first job back; the key with a
     different job, or from someone else in the team, is IdempotencyKeyReused (422), never
-    another request's job."""
+    another request's job. A key longer than the column is a DomainError (400)."""
     now = now or timezone.now()
+    if idempotency_key and len(idempotency_key) > MAX_IDEMPOTENCY_KEY_LENGTH:
+        raise DomainError(
+            f"The idempotency key is longer than {MAX_IDEMPOTENCY_KEY_LENGTH} characters.",
+            fields={"idempotency_key": [f"At most {MAX_IDEMPOTENCY_KEY_LENGTH} characters."]})
     if idempotency_key:
         existing = Job.objects.filter(team=data.team, idempotency_key=idempotency_key).first()
         if existing is not None:
@@ -236,6 +244,27 @@ def _stop_workload(name: str) -> None:
 MAX_BULK_JOBS = 10_000
 
 
+# Every member of an array stores its own command, args and env (a job is one row, which
+# the scheduler and the cluster read whole). Their bytes times `count` are bounded, so a
+# request of at most MAX_SPEC_BYTES cannot write more than this: 120 KB of env × 1,000
+# members wrote 124 MB before; 10,000 small members (1.6 KB each) still fit.
+MAX_ARRAY_BYTES = 16 * 1024 * 1024
+
+
+def array_size_problem(*, command: list[str], args: list[str], env: dict[str, str],
+                       count: int) -> str | None:
+    """Why an array of `count` jobs of this spec would store too much, or None."""
+    member_env = {**env, "FAIRQ_ARRAY_INDEX": str(count - 1), "FAIRQ_ARRAY_SIZE": str(count)}
+    per_member = spec_size(command, args, member_env)
+    if per_member * count <= MAX_ARRAY_BYTES:
+        return None
+    mib = 1024 * 1024
+    return (f"{count} jobs of {per_member:,} bytes of command, args and env would store "
+            f"{per_member * count / mib:.1f} MiB; an array job stores at most "
+            f"{MAX_ARRAY_BYTES // mib} MiB (at most {MAX_ARRAY_BYTES // per_member:,} jobs "
+            "of this size): use fewer jobs or a smaller spec.")
+
+
 @transaction.atomic
 def jobs_submit_bulk(
     *, actor: Any, data: JobInput, count: int, now: datetime | None = None
@@ -249,6 +278,9 @@ def jobs_submit_bulk(
     with COPY (10,000 jobs in a fraction of a second); elsewhere with bulk_create."""
     if not 1 <= count <= MAX_BULK_JOBS:
         raise ValueError(f"count must be within 1..{MAX_BULK_JOBS}")
+    problem = array_size_problem(command=data.command, args=data.args, env=data.env, count=count)
+    if problem:
+        raise DomainError(problem, fields={"count": [problem]})
     now = now or timezone.now()
     submitter = actor if actor.is_authenticated else None
     template = Job(**data.job_values(), submitter=submitter, status=JobState.QUEUED,

@@ -113,6 +113,8 @@ class TokenForm(forms.Form):
     name = forms.CharField(label="Token name", max_length=100, initial="default")
     expires_in_days = forms.IntegerField(label="Expires in (days)", required=False, min_value=1,
                                          max_value=3650, help_text="Empty: never expires.")
+    # One per rendered form: a reload re-posting it shows the token exists (views.token_create).
+    idempotency_key = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
 
 
 def _limit(label: str) -> forms.IntegerField:

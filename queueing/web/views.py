@@ -5,6 +5,7 @@ fragment they swap; the same templates render the full page."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import secrets
 from datetime import timedelta
 from typing import Any
@@ -31,7 +32,16 @@ from accounts.selectors import (
     teams_for_user,
     tokens_of_user,
 )
-from accounts.services import membership_remove, membership_set, token_issue, token_revoke
+from accounts.services import (
+    KEY_SHOWN_ONCE,
+    idempotency_claim,
+    idempotency_complete,
+    idempotency_release,
+    membership_remove,
+    membership_set,
+    token_issue,
+    token_revoke,
+)
 from queueing.api.serializers import JobCreateSerializer
 from queueing.errors import DomainError, NotFound
 from queueing.models import GpuType, Job
@@ -226,13 +236,19 @@ def _preview(form: JobSubmitForm) -> dash.Preview | None:
 def job_new(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         form = _submit_form(request, request.POST)
+        status = 400
         if form.is_valid() and form.job_input is not None:
             key = request.POST.get("idempotency_key") or None
-            job, _ = job_submit(actor=request.user, data=form.job_input, idempotency_key=key)
-            queue_plan_forget()
-            messages.success(request, f"Job #{job.pk} {job.name} queued.")
-            return redirect("web:job-detail", job_id=job.pk)
-        status = 400
+            try:
+                job, _ = job_submit(actor=request.user, data=form.job_input,
+                                    idempotency_key=key)
+            except DomainError as exc:  # the key: too long, or used for another job (422)
+                form.add_error(None, exc.message)
+                status = exc.status_code
+            else:
+                queue_plan_forget()
+                messages.success(request, f"Job #{job.pk} {job.name} queued.")
+                return redirect("web:job-detail", job_id=job.pk)
     else:
         form = _submit_form(request)
         status = 200
@@ -311,8 +327,12 @@ def job_resubmit(request: HttpRequest, job_id: int) -> HttpResponse:
                              for field, msgs in serializer.errors.items())
         messages.error(request, f"This job cannot be resubmitted as it is: {problems}")
         return redirect("web:job-detail", job_id=job.pk)
-    new, _ = job_submit(actor=request.user, data=serializer.to_input(),
-                        idempotency_key=request.POST.get("idempotency_key") or None)
+    try:
+        new, _ = job_submit(actor=request.user, data=serializer.to_input(),
+                            idempotency_key=request.POST.get("idempotency_key") or None)
+    except DomainError as exc:  # the key: too long, or used for another job
+        messages.error(request, exc.message)
+        return redirect("web:job-detail", job_id=job.pk)
     queue_plan_forget()
     messages.success(request, f"Resubmitted as job #{new.pk}.")
     return redirect("web:job-detail", job_id=new.pk)
@@ -329,6 +349,7 @@ def _team_context(request: HttpRequest, team: Team, **extra: Any) -> dict[str, A
         "tokens": list(tokens_of_user(user=request.user)[:50]), "now": now,
         "quotas": dash.team_quotas(team=team), "standing": standing,
         "member_form": MemberForm(), "token_form": TokenForm(),
+        "token_idempotency_key": secrets.token_urlsafe(16),
         "role_choices": RoleForm.base_fields["role"].choices,  # type: ignore[attr-defined]
     }
     ctx.update(extra)
@@ -337,11 +358,12 @@ def _team_context(request: HttpRequest, team: Team, **extra: Any) -> dict[str, A
 
 @require_GET
 @login_required
-@never_cache  # it may show a new token's secret, once
+@never_cache
 def team_page(request: HttpRequest, slug: str) -> HttpResponse:
     team = _team_or_404(request, slug)
-    new_key = request.session.pop(NEW_TOKEN_SESSION_KEY, None)
-    return render(request, "web/team.html", _team_context(request, team, new_key=new_key))
+    # Sessions of an earlier version held a new token's secret here: drop it unshown.
+    request.session.pop(NEW_TOKEN_SESSION_KEY, None)
+    return render(request, "web/team.html", _team_context(request, team))
 
 
 @require_POST
@@ -406,7 +428,12 @@ def team_member_change(request: HttpRequest, slug: str, membership_id: int) -> H
 
 @require_POST
 @login_required
+@never_cache  # the answer holds the new token's secret: no cache may keep it
 def token_create(request: HttpRequest, slug: str) -> HttpResponse:
+    """Issue a token and show its secret in this answer, the only place it ever exists
+    (only its hash is stored; not in the session, the cache or an idempotency record).
+    The form's one-time `idempotency_key` makes a reload (the browser re-posting) show
+    that the token exists instead of issuing a second one."""
     team = _team_or_404(request, slug)
     form = TokenForm(request.POST)
     if not form.is_valid():
@@ -414,12 +441,25 @@ def token_create(request: HttpRequest, slug: str) -> HttpResponse:
                       status=400)
     user = _user(request)
     days = form.cleaned_data["expires_in_days"]
-    issued = token_issue(user=user, name=form.cleaned_data["name"],
-                         expires_at=timezone.now() + timedelta(days=days) if days else None)
-    # Post/redirect/get, so a reload does not issue a second token. The secret waits in the
-    # session only until the next page shows it once; only its hash is stored for good.
-    request.session[NEW_TOKEN_SESSION_KEY] = issued.key
-    return redirect("web:team", slug=team.slug)
+    claim = None
+    if form.cleaned_data["idempotency_key"]:
+        claim = idempotency_claim(user=user, key=f"web-token:{form.cleaned_data['idempotency_key']}",
+                                  fingerprint=hashlib.sha256(repr(sorted(
+                                      form.cleaned_data.items())).encode()).hexdigest())
+        if claim.replay is not None:
+            return render(request, "web/team.html",
+                          _team_context(request, team, token_note=KEY_SHOWN_ONCE))
+    try:
+        issued = token_issue(user=user, name=form.cleaned_data["name"],
+                             expires_at=timezone.now() + timedelta(days=days) if days else None)
+    except BaseException:
+        if claim is not None:  # nothing was issued: a retry may issue it
+            idempotency_release(record=claim.record)
+        raise
+    if claim is not None:
+        idempotency_complete(record=claim.record, status_code=201,
+                             body={"id": issued.token.pk})  # never the key
+    return render(request, "web/team.html", _team_context(request, team, new_key=issued.key))
 
 
 @require_POST

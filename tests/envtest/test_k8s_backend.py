@@ -385,7 +385,10 @@ def test_a_hostile_job_body_puts_no_such_field_in_the_created_job(
     }
     r = world.client(world.member).post("/api/v1/jobs/", job_body(gpus=1, **hostile),
                                         format="json")
-    assert r.status_code == 201, r.content  # extras are ignored, not half-applied
+    assert r.status_code == 400, r.content  # refused by name, not half-applied
+    assert set(r.json()["error"]["fields"]) == set(hostile)
+    r = world.client(world.member).post("/api/v1/jobs/", job_body(gpus=1), format="json")
+    assert r.status_code == 201, r.content
     pk = int(r.json()["id"])
     wait(lambda: job(pk).submitted_to_backend_at is not None, what="the job submitted")
     [k8s_job] = kube.jobs("vision", pk)

@@ -318,12 +318,18 @@ class TestTeamPage:
 
     def test_token_is_shown_once_and_can_be_revoked(self, world: World) -> None:
         c = login(world.member)
-        r = c.post("/teams/vision/tokens/", {"name": "ci"})
-        assert r.status_code == 302  # a reload does not issue a second token
-        html = c.get(r.url).content.decode()
+        r = c.post("/teams/vision/tokens/", {"name": "ci", "idempotency_key": "form-1"})
+        assert r.status_code == 200  # the secret is in this answer, and nowhere else
+        html = r.content.decode()
         token = ApiToken.objects.get(user=world.member, name="ci")
         assert f"fq_{token.prefix}_" in html and "shown only once" in html
         assert f"fq_{token.prefix}_" not in c.get("/teams/vision/").content.decode()
+        # A reload re-posts the form: the token exists, no second one, no secret.
+        again = c.post("/teams/vision/tokens/", {"name": "ci", "idempotency_key": "form-1"})
+        assert again.status_code == 200
+        assert f"fq_{token.prefix}_" not in again.content.decode()
+        assert "shown once" in again.content.decode()
+        assert ApiToken.objects.filter(user=world.member, name="ci").count() == 1
         c.post(f"/teams/vision/tokens/{token.pk}/revoke/")
         token.refresh_from_db()
         assert token.revoked_at is not None
