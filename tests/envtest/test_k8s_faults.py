@@ -299,3 +299,22 @@ def test_a_pod_restart_writes_an_event(kube: Kube, world: Any) -> None:
     wait(lambda: events(pk, "pod_restarted"), timeout=40, what="the restart event")
     [restarted] = events(pk, "pod_restarted")
     assert restarted.data["restarts"] == 1
+
+
+# --- the fault table (tests/envtest/fault_table.py), at a small scale -------------------------
+
+def test_the_fault_table_is_all_zeros(
+    kube: Kube, world: Any, k8s_control_plane: Any, settings: Any,
+) -> None:
+    import os
+
+    from tests.envtest.fault_table import Ctx, format_table, run_table
+
+    ctx = Ctx(kube=kube, world=world, plane=k8s_control_plane, settings=settings,
+              jobs=int(os.environ.get("FAIRQ_FAULT_TABLE_JOBS") or 3),
+              freeze_seconds=float(os.environ.get("FAIRQ_FAULT_TABLE_FREEZE") or 5))
+    faults = [f for f in os.environ.get("FAIRQ_FAULT_TABLE_FAULTS", "").split("\n") if f]
+    rows = run_table(ctx, faults or None)
+    table = format_table(rows)
+    print("\n" + table)
+    assert all(r.zero for r in rows), table
