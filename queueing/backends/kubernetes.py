@@ -427,7 +427,6 @@ class KubernetesBackend:
     def stop(self, name: str, *, now: datetime) -> None:
         """Delete the Job (Foreground: its pods first). A finished Job is only forgotten
         (its pods' logs stay readable until its TTL); unknown names are a no-op."""
-        from kubernetes.client.exceptions import ApiException
 
         self.start()
         with self._lock:
@@ -454,8 +453,12 @@ class KubernetesBackend:
             _drain(self.batch.delete_namespaced_job(name, namespace,
                                                     propagation_policy="Foreground",
                                                     _preload_content=False))
-        except ApiException as exc:
-            if exc.status != 404:
+        except Exception as exc:
+            if getattr(exc, "status", None) != 404:
+                # Not asked after all: statuses() must not report it as stopping, or
+                # the cycle would never ask again.
+                with self._lock:
+                    self._stopping.discard(name)
                 raise
 
     def _delete_orphan_pods(self, name: str) -> None:
@@ -467,7 +470,7 @@ class KubernetesBackend:
         for pod in self.pods.items():
             meta = pod["metadata"]
             if (meta.get("labels") or {}).get(L_WORKLOAD) != name or not self._ours(meta) \
-                    or meta.get("deletionTimestamp") \
+                    or meta.get("deletionTimestamp") or _owned_by_job(pod) \
                     or f"{meta['namespace']}/{name}" in jobs:
                 continue
             try:
@@ -590,7 +593,11 @@ class KubernetesBackend:
             namespace, name = key.split("/", 1)
             if key in job_keys or not namespace.startswith(self.namespace_prefix):
                 continue
-            live = [p for p in group if not p["metadata"].get("deletionTimestamp")]
+            # Only pods no Job owns: orphan propagation removes the owner reference; a pod
+            # that still has one belongs to a Job the cache may merely lag behind on (or
+            # one being garbage collected).
+            live = [p for p in group
+                    if not p["metadata"].get("deletionTimestamp") and not _owned_by_job(p)]
             created = [parse_time(p["metadata"].get("creationTimestamp")) for p in live]
             if not live or any(c is None or now - c < grace for c in created):
                 continue
@@ -607,6 +614,8 @@ class KubernetesBackend:
                 self._stopping.add(name)
             self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
         except Exception as exc:
+            with self._lock:
+                self._stopping.discard(name)
             log.info("deleting finished Job %s/%s failed: %s", namespace, name, exc)
 
     # --- nodes --------------------------------------------------------------------------
@@ -760,7 +769,9 @@ class KubernetesBackend:
                 started_at=started or status.started_at, finished_at=now,
                 nodes=status.nodes, reason="its Kubernetes Job was deleted outside fairq")
         with self._lock:
-            self._tombstones[name] = (time.monotonic() + TOMBSTONE_SECONDS, status)
+            # Gone, not going: a pod it left behind is the cycle's to stop.
+            self._tombstones[name] = (time.monotonic() + TOMBSTONE_SECONDS,
+                                      replace(status, stopping=False))
 
     def _pod_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         if kind in ("ADDED", "DELETED") or _phase(old) != _phase(new):
@@ -775,6 +786,11 @@ class KubernetesBackend:
     def _poke(self) -> None:
         if self._kick is not None and all(i.synced.is_set() for i in self._informers):
             self._kick()
+
+
+def _owned_by_job(pod: Obj) -> bool:
+    return any(ref.get("kind") == "Job" and ref.get("controller")
+               for ref in pod["metadata"].get("ownerReferences") or ())
 
 
 def _conditions(job: Obj | None) -> list[tuple[str, str]]:
