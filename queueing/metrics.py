@@ -133,6 +133,22 @@ def scheduler_health(*, now: float | None = None) -> dict[str, Any]:
     return body
 
 
+_SUBMIT_PREFIX = "fairq:metrics:submit_errors:"
+# The `code` label of fairq_k8s_submit_errors_total: HTTP statuses worth telling apart,
+# "none" for no answer (timeout, refused connection), "other" for the rest.
+SUBMIT_ERROR_CODES: tuple[str, ...] = ("400", "401", "403", "404", "409", "422", "429",
+                                       "500", "502", "503", "504", "none", "other")
+
+
+def record_submit_error(code: str) -> None:
+    """Count one failed Job create by HTTP status (shared cache, like the cycle
+    histogram: the worker counts, the web answers scrapes). Never raises."""
+    try:
+        _incr(f"{_SUBMIT_PREFIX}{code if code in SUBMIT_ERROR_CODES else 'other'}")
+    except Exception:  # pragma: no cover - the cache backend failed
+        log.exception("could not record a submit error")
+
+
 class FairqCollector:
     """Reads every metric at scrape time (see the module docstring)."""
 
@@ -166,6 +182,16 @@ class FairqCollector:
         admissions.add_metric([], JobEvent.objects.filter(
             kind="transition", to_status=JobState.ADMITTED).count())
         yield admissions
+
+        submit_errors = CounterMetricFamily(
+            "fairq_k8s_submit_errors", "Failed Kubernetes Job creates, by HTTP status.",
+            labels=["code"])
+        counts = cache.get_many([f"{_SUBMIT_PREFIX}{c}" for c in SUBMIT_ERROR_CODES])
+        for code in SUBMIT_ERROR_CODES:
+            count = counts.get(f"{_SUBMIT_PREFIX}{code}")
+            if count:
+                submit_errors.add_metric([code], int(count))
+        yield submit_errors
 
         preemptions = CounterMetricFamily("fairq_preemptions", "Jobs preempted, by rule.",
                                           labels=["rule"])

@@ -20,7 +20,9 @@ from queueing.backends.k8s_manifest import (
     capacity,
     job_manifest,
     namespace_for,
+    orphan_pods_status,
     parse_name,
+    pods_finished,
     priority_class_manifest,
     resource_quota_manifest,
     unbound_demand,
@@ -329,6 +331,40 @@ def test_a_job_without_any_pod_past_the_create_timeout_fails_with_the_controller
     with_pod = workload_status(job, [pod("Pending")], now=T0 + timedelta(hours=1),
                                pod_create_timeout_seconds=60)
     assert with_pod is not None and with_pod.phase == Phase.PENDING
+
+
+def test_a_job_without_any_pod_and_no_refusal_only_waits_however_long() -> None:
+    """Issue 11.1: a slow Job controller is not a refusal."""
+    job = k8s_job(creationTimestamp=iso(T0))
+    late = workload_status(job, [], now=T0 + timedelta(hours=1), pod_create_timeout_seconds=60)
+    assert late is not None and late.phase == Phase.PENDING
+    assert late.reason.startswith("waiting for the cluster: no pod created in 60 s")
+    retrying = workload_status(job, [], now=T0 + timedelta(seconds=5),
+                               pod_create_timeout_seconds=60, create_error="exceeded quota")
+    assert retrying is not None and retrying.phase == Phase.PENDING
+    assert retrying.reason == ("waiting for the cluster: the Job controller cannot create "
+                               "pods yet: exceeded quota")
+
+
+def test_pods_that_all_ended_are_finished_before_the_jobs_condition() -> None:
+    done = pod("Succeeded", start=T0, end=T0 + timedelta(seconds=5))
+    assert pods_finished([done]) == T0 + timedelta(seconds=5)
+    assert pods_finished([done, pod("Running", start=T0)]) is None
+    assert pods_finished([]) is None
+
+
+def test_pods_without_their_job_end_the_attempt() -> None:
+    labelled = k8s_job()["spec"]["template"]["metadata"]
+    running = pod("Running", start=T0)
+    running["metadata"].update(labelled)
+    now = T0 + timedelta(seconds=30)
+    s = orphan_pods_status("fq-12-1", [running], now=now)
+    assert s is not None and (s.job_id, s.attempt, s.phase) == (12, 1, Phase.FAILED)
+    assert (s.started_at, s.finished_at) == (T0, now)
+    assert "deleted outside fairq" in s.reason
+    never = pod("Pending")
+    never["metadata"].update(labelled)
+    assert orphan_pods_status("fq-12-1", [never], now=now) is None
 
 
 def test_a_job_without_fairq_identity_is_ignored() -> None:

@@ -391,8 +391,9 @@ FAIRQ_K8S_TTL_AFTER_FINISHED_SECONDS = env.int("FAIRQ_K8S_TTL_AFTER_FINISHED_SEC
 FAIRQ_K8S_IMAGE_PULL_TIMEOUT_SECONDS = env.int("FAIRQ_K8S_IMAGE_PULL_TIMEOUT_SECONDS",
                                                default=300)
 FAIRQ_K8S_TERMINATION_GRACE_SECONDS = env.int("FAIRQ_K8S_TERMINATION_GRACE_SECONDS", default=30)
-# A Job that has had no pod at all this long fails its job (the Job controller cannot
-# create them: a ResourceQuota or LimitRange of the namespace refuses).
+# A Job that has had no pod this long while the Job controller reports why it cannot
+# create them (a FailedCreate event: a ResourceQuota or LimitRange refuses) fails its job;
+# without such an event the job only shows as waiting for the cluster (a slow controller).
 FAIRQ_K8S_POD_CREATE_TIMEOUT_SECONDS = env.int("FAIRQ_K8S_POD_CREATE_TIMEOUT_SECONDS",
                                                default=120)
 # Who creates team namespaces, their ResourceQuota and the scheduler's RoleBinding in each,
@@ -410,11 +411,19 @@ FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT = env("FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT",
 if FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT and FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT.count("/") != 1:
     raise environ.ImproperlyConfigured(
         "FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT must be 'namespace/name' or empty")
+# An admitted job whose Job the API server keeps refusing (403: a namespace quota on
+# Jobs, an RBAC denial) fails after this long, giving its GPUs back.
+FAIRQ_K8S_SUBMIT_REFUSED_SECONDS = env.int("FAIRQ_K8S_SUBMIT_REFUSED_SECONDS", default=600)
+# Pods labelled by fairq that no Job owns (deleted with orphan propagation) are deleted
+# once they are this old.
+FAIRQ_K8S_ORPHAN_POD_GRACE_SECONDS = env.int("FAIRQ_K8S_ORPHAN_POD_GRACE_SECONDS",
+                                             default=30)
 # Full relist of the watched objects, on top of the watches.
 FAIRQ_K8S_RESYNC_SECONDS = env.int("FAIRQ_K8S_RESYNC_SECONDS", default=300)
 for _name in ("FAIRQ_K8S_BACKOFF_LIMIT", "FAIRQ_K8S_TTL_AFTER_FINISHED_SECONDS",
               "FAIRQ_K8S_IMAGE_PULL_TIMEOUT_SECONDS", "FAIRQ_K8S_TERMINATION_GRACE_SECONDS",
-              "FAIRQ_K8S_POD_CREATE_TIMEOUT_SECONDS"):
+              "FAIRQ_K8S_POD_CREATE_TIMEOUT_SECONDS", "FAIRQ_K8S_SUBMIT_REFUSED_SECONDS",
+              "FAIRQ_K8S_ORPHAN_POD_GRACE_SECONDS"):
     if globals()[_name] < 0:
         raise environ.ImproperlyConfigured(f"{_name} must be >= 0")
 if FAIRQ_K8S_RESYNC_SECONDS < 10:

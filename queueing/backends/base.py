@@ -47,6 +47,10 @@ class LaunchSpec:
     placement: Sequence[str] = ()  # planned node per replica (a hint for the cluster)
 
 
+# The reason of an attempt that waits on the cluster (not failed), as shown on the job.
+WAITING = "waiting for the cluster: "
+
+
 class SubmitRejected(Exception):
     """The cluster refused a workload for good (an invalid spec): the job fails."""
 
@@ -76,6 +80,10 @@ class WorkloadStatus:
     exit_code: int | None = None
     reason: str = ""
     nodes: tuple[str, ...] = field(default=())
+    # The cluster is already removing it (fairq or someone else asked): not stopped again.
+    stopping: bool = False
+    # Containers restarted or pods replaced (failed) so far in this attempt.
+    restarts: int = 0
 
 
 class ClusterBackend(Protocol):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .base import LaunchSpec, NodeInfo, Phase, WorkloadStatus
+from .base import WAITING, LaunchSpec, NodeInfo, Phase, WorkloadStatus
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "fairq"
@@ -387,10 +387,13 @@ def workload_status(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *
     - SUCCEEDED / FAILED from the Job's conditions, or earlier from its pods (every
       completion succeeded; more pods failed than `backoffLimit`); FAILED also when a pod
       cannot pull its image for `image_pull_timeout_seconds` (reason from its state),
-      and when the Job has had no pod at all for `pod_create_timeout_seconds` (the Job
-      controller cannot create them: a ResourceQuota or LimitRange; `create_error` is
-      the controller's FailedCreate message when the caller has it).
+      and when the Job has had no pod at all for `pod_create_timeout_seconds` and the
+      Job controller said why (`create_error`, its FailedCreate message: a
+      ResourceQuota or LimitRange refuses). Without that message a Job without pods is
+      only slow: PENDING with a reason starting with `WAITING`.
     - RUNNING once any pod has started; PENDING before.
+    - stopping when the Job is being deleted; restarts = failed pods (replaced by the
+      Job controller) plus container restarts.
     - started_at = earliest container start; finished_at = latest container finish (the
       Job's completion time when no pod says); so usage is the pods' real run time.
     """
@@ -438,18 +441,61 @@ def workload_status(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *
         if image_error is not None:
             phase, reason, finished_at = Phase.FAILED, image_error, now
         elif pods_never_created(job, pods, now=now, timeout_seconds=pod_create_timeout_seconds):
-            reason = f"no pod could be created in {pod_create_timeout_seconds:.0f} s"
             if create_error:
-                reason += f": {create_error}"
-            phase, finished_at = Phase.FAILED, now
+                # A real refusal: the Job controller said why it cannot create the pods.
+                reason = (f"no pod could be created in {pod_create_timeout_seconds:.0f} s: "
+                          f"{create_error}")
+                phase, finished_at = Phase.FAILED, now
+            else:
+                # Slow is not failed: the controller may be behind (issue 11.1).
+                reason = (f"{WAITING}no pod created in {pod_create_timeout_seconds:.0f} s "
+                          "(the Job controller is slow or stopped)")
+        elif not pods and create_error and not meta.get("deletionTimestamp"):
+            reason = f"{WAITING}the Job controller cannot create pods yet: {create_error}"
         elif started_at is not None:
             phase = Phase.RUNNING
     if phase in (Phase.SUCCEEDED, Phase.FAILED) and started_at is not None and \
             finished_at is not None and finished_at < started_at:
         finished_at = started_at
+    restarts = max(int(_status(job).get("failed") or 0), phases.count("Failed")) + sum(
+        int(cs.get("restartCount") or 0)
+        for p in pods for cs in _status(p).get("containerStatuses") or ())
     return WorkloadStatus(name=name, job_id=job_id, attempt=attempt, phase=phase,
                           started_at=started_at, finished_at=finished_at,
-                          exit_code=exit_code, reason=reason, nodes=nodes)
+                          exit_code=exit_code, reason=reason[:500], nodes=nodes,
+                          stopping=bool(meta.get("deletionTimestamp")), restarts=restarts)
+
+
+def pods_finished(pods: Sequence[Mapping[str, Any]]) -> datetime | None:
+    """When the last of `pods` ended, if there is at least one and all have ended (the
+    Job controller may not have written its condition yet); None otherwise."""
+    if not pods or not all(pod_is_terminal(p) for p in pods):
+        return None
+    ends = [t for t in (pod_finished_at(p) for p in pods) if t is not None]
+    return max(ends) if ends else datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def orphan_pods_status(name: str, pods: Sequence[Mapping[str, Any]], *,
+                       now: datetime) -> WorkloadStatus | None:
+    """The status of fairq pods whose Job is gone (deleted with orphan propagation, or
+    while fairq was down): the attempt is over. All ended → how they ended; some still
+    running → FAILED now ("deleted outside fairq"), so the job stops holding GPUs and the
+    pods' run time is charged; the caller deletes the pods. None when no pod ever started
+    (nothing ran, nothing to charge) or the pods carry no fairq identity."""
+    labels = _meta(pods[0]).get("labels") or {} if pods else {}
+    ann = _meta(pods[0]).get("annotations") or {} if pods else {}
+    synthetic = {"metadata": {"name": name, "labels": labels},
+                 "spec": {"completions": int(ann.get(A_REPLICAS) or 1), "backoffLimit": 0}}
+    status = workload_status(synthetic, pods, now=now)
+    if status is None or status.started_at is None:
+        return None
+    if status.phase in (Phase.SUCCEEDED, Phase.FAILED) and pods_finished(pods) is not None:
+        return status
+    return WorkloadStatus(
+        name=name, job_id=status.job_id, attempt=status.attempt, phase=Phase.FAILED,
+        started_at=status.started_at, finished_at=now, nodes=status.nodes,
+        reason="its Kubernetes Job was deleted outside fairq; its pods are being removed",
+        restarts=status.restarts)
 
 
 def pods_never_created(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *,

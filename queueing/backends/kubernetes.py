@@ -32,12 +32,12 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from .base import LaunchSpec, NodeInfo, Phase, SubmitRejected, SubmitRequeue, WorkloadStatus
-from .k8s_cache import Informer, Obj
+from .k8s_cache import Informer, Obj, key_of
 from .k8s_manifest import (
     L_WORKLOAD,
     MANAGED_BY,
@@ -52,7 +52,10 @@ from .k8s_manifest import (
     job_manifest,
     namespace_for,
     namespace_manifest,
-    pods_never_created,
+    orphan_pods_status,
+    parse_time,
+    pod_is_terminal,
+    pods_finished,
     priority_class_manifest,
     resource_quota_manifest,
     role_binding_manifest,
@@ -184,6 +187,7 @@ class KubernetesBackend:
         scheduler_account: tuple[str, str] | None = None,
         owner_key: bytes = b"",
         submit_concurrency: int = 1,
+        orphan_pod_grace_seconds: float = 30.0,
     ) -> None:
         if provision not in ("scheduler", "separate"):
             raise ValueError(f"provision must be 'scheduler' or 'separate', not {provision!r}")
@@ -207,7 +211,7 @@ class KubernetesBackend:
         self.ttl_after_finished_seconds = ttl_after_finished_seconds
         self.image_pull_timeout_seconds = image_pull_timeout_seconds
         self.pod_create_timeout_seconds = pod_create_timeout_seconds
-        self._create_errors: dict[str, str] = {}
+        self.orphan_pod_grace_seconds = orphan_pod_grace_seconds
         self.termination_grace_seconds = termination_grace_seconds
         self.registry_allowlist = tuple(registry_allowlist)
         self._gpu_types_source = gpu_types
@@ -257,6 +261,13 @@ class KubernetesBackend:
                                        watch_seconds=watch_seconds,
                                        on_change=self._node_changed)
         self._informers = (self.jobs, self.pods, self.other_pods, self.nodes_informer)
+        # The Job controller's FailedCreate events (why a Job has no pods), watched so
+        # the cycle never asks per Job. Not waited for: without it (not synced, or not
+        # allowed to list events) a Job without pods only shows as waiting, never fails.
+        self.events = Informer(
+            "events", self.core.list_event_for_all_namespaces,
+            field_selector="involvedObject.kind=Job,reason=FailedCreate",
+            resync_seconds=resync_seconds, watch_seconds=watch_seconds)
 
     # --- construction -----------------------------------------------------------------
 
@@ -296,6 +307,7 @@ class KubernetesBackend:
             owner_key=hmac.new(settings.SECRET_KEY.encode(), b"fairq.k8s.job-owner",
                                hashlib.sha256).digest(),
             submit_concurrency=concurrency,
+            orphan_pod_grace_seconds=settings.FAIRQ_K8S_ORPHAN_POD_GRACE_SECONDS,
         )
 
     def _after_fork(self) -> None:
@@ -318,7 +330,7 @@ class KubernetesBackend:
             if self._started:
                 return self
             self._started = True
-        for informer in self._informers:
+        for informer in (*self._informers, self.events):
             informer.start()
         return self
 
@@ -335,9 +347,9 @@ class KubernetesBackend:
                     + (f": {informer.last_error}" if informer.last_error else ""))
 
     def close(self) -> None:
-        for informer in self._informers:
+        for informer in (*self._informers, self.events):
             informer.request_stop()
-        for informer in self._informers:
+        for informer in (*self._informers, self.events):
             informer.stop(timeout=5.0)
         try:
             self.api.close()
@@ -595,11 +607,11 @@ class KubernetesBackend:
     def stop(self, name: str, *, now: datetime) -> None:
         """Delete the Job (Foreground: its pods first). A finished Job is only forgotten
         (its pods' logs stay readable until its TTL); unknown names are a no-op."""
-        from kubernetes.client.exceptions import ApiException
 
         self.start()
         with self._lock:
             self._tombstones.pop(name, None)
+        self._delete_orphan_pods(name)
         namespace = self._namespace_of(name) or self._find_namespace(name)
         if namespace is None:
             return
@@ -607,7 +619,10 @@ class KubernetesBackend:
         if job is not None:
             if job["metadata"].get("deletionTimestamp"):
                 return  # already going
-            finished = job_finished(job)
+            # Finished by its condition, or all its pods ended before the Job controller
+            # wrote it: nothing holds GPUs, and deleting would lose the logs.
+            finished = job_finished(job) or pods_finished(
+                self._pods_by_workload().get(f"{namespace}/{name}", []))
             if finished is not None and not self._expired(finished, now):
                 with self._lock:
                     self._hidden[name] = finished
@@ -618,9 +633,34 @@ class KubernetesBackend:
             _drain(self.batch.delete_namespaced_job(name, namespace,
                                                     propagation_policy="Foreground",
                                                     _preload_content=False))
-        except ApiException as exc:
-            if exc.status != 404:
+        except Exception as exc:
+            if getattr(exc, "status", None) != 404:
+                # Not asked after all: statuses() must not report it as stopping, or
+                # the cycle would never ask again.
+                with self._lock:
+                    self._stopping.discard(name)
                 raise
+
+    def _delete_orphan_pods(self, name: str) -> None:
+        """Delete the pods of workload `name` that no Job owns any more (a Job deleted
+        with orphan propagation): nothing else would ever stop them."""
+        from kubernetes.client.exceptions import ApiException
+
+        jobs = {key_of(j) for j in self.jobs.items()}
+        for pod in self.pods.items():
+            meta = pod["metadata"]
+            if (meta.get("labels") or {}).get(L_WORKLOAD) != name or not self._ours(meta) \
+                    or meta.get("deletionTimestamp") or _owned_by_job(pod) \
+                    or f"{meta['namespace']}/{name}" in jobs:
+                continue
+            try:
+                _drain(self.core.delete_namespaced_pod(
+                    meta["name"], meta["namespace"], _preload_content=False,
+                    body=cast(Any, {"preconditions": {"uid": meta.get("uid")}})))
+                log.info("deleted pod %s/%s: its Job is gone", meta["namespace"], meta["name"])
+            except ApiException as exc:
+                if exc.status not in (404, 409):
+                    raise
 
     def _find_namespace(self, name: str) -> str | None:
         """A Job created moments ago, or before this process started, may not be in the
@@ -656,29 +696,39 @@ class KubernetesBackend:
         housekeeping: list[tuple[str, str]] = []
         with self._lock:
             hidden = dict(self._hidden)
+        create_errors = self._create_errors()
+        job_keys: set[str] = set()
         for job in self.jobs.items():
             meta = job["metadata"]
             name = meta["name"]
             if not self._ours(meta):
                 continue  # another fairq's (a staging instance on the same cluster)
+            key = f"{meta['namespace']}/{name}"
+            job_keys.add(key)
+            job_pods = pods.get(key, [])
             if name in hidden:
-                if self._expired(hidden[name], now) and not meta.get("deletionTimestamp"):
-                    housekeeping.append((name, meta["namespace"]))
-                continue
-            job_pods = pods.get(f"{meta['namespace']}/{name}", [])
-            create_error = ""
-            if pods_never_created(job, job_pods, now=now,
-                                  timeout_seconds=self.pod_create_timeout_seconds):
-                create_error = self._create_error(meta["namespace"], name)
+                if any(not pod_is_terminal(p) for p in job_pods) and job_finished(job) is None:
+                    # Forgotten when its pods had ended, but the Job controller started
+                    # another: report it again, so the cycle stops it.
+                    with self._lock:
+                        self._hidden.pop(name, None)
+                else:
+                    if self._expired(hidden[name], now) and not meta.get("deletionTimestamp"):
+                        housekeeping.append((name, meta["namespace"]))
+                    continue
             status = workload_status(job, job_pods, now=now,
                                      image_pull_timeout_seconds=self.image_pull_timeout_seconds,
                                      pod_create_timeout_seconds=self.pod_create_timeout_seconds,
-                                     create_error=create_error)
+                                     create_error=create_errors.get(key, "")
+                                     if not job_pods else "")
             if status is None:
                 continue
             if status.started_at is not None:
                 with self._lock:
                     self._ran.setdefault(name, status.started_at)
+            with self._lock:
+                if name in self._stopping and not status.stopping:
+                    status = replace(status, stopping=True)  # asked; the watch lags
             out.append(status)
         listed = {s.name for s in out}
         with self._lock:
@@ -687,6 +737,8 @@ class KubernetesBackend:
                     del self._tombstones[name]
                 elif name not in listed:
                     out.append(tomb)
+                    listed.add(name)
+        out.extend(self._orphan_pods(pods, job_keys, listed, now=now))
         if housekeeping and time.monotonic() - self._last_housekeeping > 60:
             self._last_housekeeping = time.monotonic()
             for name, namespace in housekeeping:
@@ -695,22 +747,46 @@ class KubernetesBackend:
                 self._delete_quietly(name, namespace)
         return out
 
-    def _create_error(self, namespace: str, name: str) -> str:
-        """The Job controller's last FailedCreate message for the Job (core/v1 Events; one
-        call per Job, only when it has had no pod for the timeout)."""
-        if name not in self._create_errors:
-            message = ""
-            try:
-                events = _raw_list(
-                    self.core.list_namespaced_event, namespace=namespace,
-                    field_selector=f"involvedObject.name={name},reason=FailedCreate")
-                if events:
-                    events.sort(key=lambda e: e.get("lastTimestamp") or "")
-                    message = str(events[-1].get("message") or "")[:300]
-            except Exception as exc:
-                log.info("reading the events of %s/%s failed: %s", namespace, name, exc)
-            self._create_errors[name] = message
-        return self._create_errors[name]
+    def _create_errors(self) -> dict[str, str]:
+        """The Job controller's last FailedCreate message per fairq Job ("ns/name"), from
+        the events watch: no API call, however many Jobs wait for pods."""
+        latest: dict[str, tuple[str, str]] = {}
+        for event in self.events.items():
+            involved = event.get("involvedObject") or {}
+            if not str(involved.get("namespace", "")).startswith(self.namespace_prefix):
+                continue
+            key = f"{involved.get('namespace')}/{involved.get('name')}"
+            at = str(event.get("lastTimestamp") or event.get("eventTime") or "")
+            if key not in latest or at >= latest[key][0]:
+                latest[key] = (at, str(event.get("message") or "")[:300])
+        return {k: m for k, (_, m) in latest.items()}
+
+    def _orphan_pods(self, pods: Mapping[str, list[Obj]], job_keys: set[str],
+                     listed: set[str], *, now: datetime) -> list[WorkloadStatus]:
+        """fairq pods whose Job is gone (deleted with orphan propagation, or while fairq
+        was down), once older than the grace (a pod can reach the cache before its Job):
+        pods that ran are reported (`orphan_pods_status`; the cycle charges them and
+        calls `stop`, which deletes them); pods that never ran are deleted here."""
+        out: list[WorkloadStatus] = []
+        grace = timedelta(seconds=self.orphan_pod_grace_seconds)
+        for key, group in pods.items():
+            namespace, name = key.split("/", 1)
+            if key in job_keys or not namespace.startswith(self.namespace_prefix):
+                continue
+            # Only pods no Job owns: orphan propagation removes the owner reference; a pod
+            # that still has one belongs to a Job the cache may merely lag behind on (or
+            # one being garbage collected).
+            live = [p for p in group
+                    if not p["metadata"].get("deletionTimestamp") and not _owned_by_job(p)]
+            created = [parse_time(p["metadata"].get("creationTimestamp")) for p in live]
+            if not live or any(c is None or now - c < grace for c in created):
+                continue
+            status = orphan_pods_status(name, live, now=now)
+            if status is None:
+                self._delete_orphan_pods(name)
+            elif name not in listed:
+                out.append(status)
+        return out
 
     def _delete_quietly(self, name: str, namespace: str) -> None:
         try:
@@ -718,6 +794,8 @@ class KubernetesBackend:
                 self._stopping.add(name)
             self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
         except Exception as exc:
+            with self._lock:
+                self._stopping.discard(name)
             log.info("deleting finished Job %s/%s failed: %s", namespace, name, exc)
 
     # --- nodes --------------------------------------------------------------------------
@@ -874,7 +952,6 @@ class KubernetesBackend:
             self._where.pop(name, None)
             acknowledged = name in self._stopping or name in self._hidden
             self._hidden.pop(name, None)
-            self._create_errors.pop(name, None)
             self._stopping.discard(name)
             started = self._ran.pop(name, None)
         if acknowledged:
@@ -893,7 +970,9 @@ class KubernetesBackend:
                 started_at=started or status.started_at, finished_at=now,
                 nodes=status.nodes, reason="its Kubernetes Job was deleted outside fairq")
         with self._lock:
-            self._tombstones[name] = (time.monotonic() + TOMBSTONE_SECONDS, status)
+            # Gone, not going: a pod it left behind is the cycle's to stop.
+            self._tombstones[name] = (time.monotonic() + TOMBSTONE_SECONDS,
+                                      replace(status, stopping=False))
 
     def _pod_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         if kind in ("ADDED", "DELETED") or _phase(old) != _phase(new):
@@ -908,6 +987,11 @@ class KubernetesBackend:
     def _poke(self) -> None:
         if self._kick is not None and all(i.synced.is_set() for i in self._informers):
             self._kick()
+
+
+def _owned_by_job(pod: Obj) -> bool:
+    return any(ref.get("kind") == "Job" and ref.get("controller")
+               for ref in pod["metadata"].get("ownerReferences") or ())
 
 
 def _conditions(job: Obj | None) -> list[tuple[str, str]]:

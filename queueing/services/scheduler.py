@@ -52,6 +52,7 @@ from django.utils import timezone
 
 from queueing.backends import get_backend
 from queueing.backends.base import (
+    WAITING,
     ClusterBackend,
     LaunchSpec,
     Phase,
@@ -60,7 +61,7 @@ from queueing.backends.base import (
     WorkloadStatus,
 )
 from queueing.cluster import ClusterView, cluster_view_publish
-from queueing.models import GpuType, Job, Quota
+from queueing.models import GpuType, Job, JobEvent, Quota, UsageRecord
 from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.fairshare import FairShareState
 from queueing.policy.snapshot import NodeState, QueuedJob, QuotaLimit, RunningJob, Snapshot
@@ -252,27 +253,36 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) ->
     statuses = _clean_statuses(backend.statuses(now=now), result)
     seen = {s.name for s in statuses}
     result.workloads = seen
-    # Only (attempt, status) for every workload; whole rows only for the few that move.
-    owners = {pk: (attempt, JobState(st)) for pk, attempt, st in Job.objects.filter(
-        pk__in={s.job_id for s in statuses}).values_list("pk", "attempt", "status")}
+    # Only a few columns for every workload; whole rows only for the few that move.
+    owners = {pk: _Owner(attempt, JobState(st), message, placement or [])
+              for pk, attempt, st, message, placement in Job.objects.filter(
+                  pk__in={s.job_id for s in statuses}).values_list(
+                  "pk", "attempt", "status", "message", "placement")}
     moving = []
     for status in statuses:
         owner = owners.get(status.job_id)
-        if owner is None or owner[0] != status.attempt or owner[1] not in HOLDING_STATES:
-            # No job owns this workload any more (cancelled, preempted, finished and
-            # recorded, or deleted): end it so its GPUs come back.
+        if owner is None or owner.attempt != status.attempt or \
+                owner.state not in HOLDING_STATES:
             try:
-                backend.stop(status.name, now=now)
+                _unowned_workload(backend=backend, status=status, owned=owner is not None,
+                                  now=now, result=result)
             except NOT_A_JOB_FAULT:
                 raise
-            except Exception as exc:  # retried by the next cycle: it is still an orphan
-                log.warning("cycle %s: could not stop orphan workload %s: %s",
+            except Exception as exc:  # retried by the next cycle: it is still unowned
+                log.warning("cycle %s: could not end unowned workload %s: %s",
                             result.cycle_id, status.name, type(exc).__name__)
-                continue
-            result.orphans_stopped.append(status.name)
             continue
-        if status.phase == Phase.PENDING or (
-                status.phase == Phase.RUNNING and owner[1] == JobState.RUNNING):
+        if status.phase == Phase.PENDING:
+            if owner.state == JobState.ADMITTED:
+                with _isolated(status.job_id, step="recording why it waits", now=now,
+                               result=result):
+                    _waiting_reason(job_id=status.job_id, owner=owner, reason=status.reason,
+                                    now=now)
+            continue
+        if status.phase == Phase.RUNNING and owner.state == JobState.RUNNING:
+            with _isolated(status.job_id, step="recording its pods' changes", now=now,
+                           result=result):
+                _running_changes(job_id=status.job_id, owner=owner, status=status, now=now)
             continue  # nothing to record: no transaction for the common case
         moving.append(status)
     jobs = Job.objects.select_related("gpu_type").in_bulk({s.job_id for s in moving})
@@ -323,6 +333,92 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) ->
                 result.finished.append(job.pk)
 
 
+@dataclass(frozen=True, slots=True)
+class _Owner:
+    attempt: int
+    state: JobState
+    message: str
+    placement: list[str]
+
+
+def _unowned_workload(*, backend: ClusterBackend, status: WorkloadStatus, owned: bool,
+                      now: datetime, result: CycleResult) -> None:
+    """A workload no job holds (cancelled, preempted, finished and recorded, decided
+    before its pods came, or deleted). Pods that ran are charged to the job's team unless
+    that attempt is charged already; then `stop` ends it so its GPUs come back (a Job
+    that finished is only forgotten: its logs stay until its TTL). Only workloads still
+    running count as orphans in `orphans_stopped`, once: not a Job that finished with its
+    attempt, nor one the cluster is already removing."""
+    if owned and status.started_at is not None:
+        _charge_unowned_run(status=status, now=now)
+    if status.stopping:
+        return
+    backend.stop(status.name, now=now)
+    if status.phase not in (Phase.SUCCEEDED, Phase.FAILED):
+        result.orphans_stopped.append(status.name)
+
+
+def _charge_unowned_run(*, status: WorkloadStatus, now: datetime) -> None:
+    """Charge the run time of an attempt whose pods ran without fairq counting them (its
+    job failed, was cancelled or preempted before they started), once per attempt."""
+    if UsageRecord.objects.filter(job_id=status.job_id, attempt=status.attempt).exists():
+        return
+    job = Job.objects.select_related("gpu_type").filter(pk=status.job_id).first()
+    if job is None or status.started_at is None:
+        return
+    with transaction.atomic():
+        if usage_record_attempt(job=job, start=status.started_at,
+                                end=status.finished_at or now, attempt=status.attempt):
+            JobEvent.objects.create(
+                job=job, at=now, kind="charged", actor_label="scheduler",
+                attempt=status.attempt,
+                reason="pods of this attempt ran after fairq had decided; their run time "
+                       "is charged and they are stopped",
+                data={"workload": status.name, "start": status.started_at.isoformat(),
+                      "end": (status.finished_at or now).isoformat()})
+
+
+def _waiting_reason(*, job_id: int, owner: _Owner, reason: str, now: datetime) -> None:
+    """Show why an admitted job waits on the cluster (a reason on the job, an event when
+    it changes), and clear it once the cluster is no longer holding it up."""
+    want = reason if reason.startswith(WAITING) else ""
+    if owner.message == want or (not want and not owner.message.startswith(WAITING)):
+        return
+    with transaction.atomic():
+        moved = Job.objects.filter(pk=job_id, attempt=owner.attempt,
+                                   status=JobState.ADMITTED).update(message=want[:500])
+        if moved and want:
+            JobEvent.objects.create(job_id=job_id, at=now, kind="waiting",
+                                    actor_label="scheduler", reason=want[:500],
+                                    attempt=owner.attempt)
+
+
+def _running_changes(*, job_id: int, owner: _Owner, status: WorkloadStatus,
+                     now: datetime) -> None:
+    """A running job's pods moved to other nodes (placement updated, with an event), or
+    restarted (an event per new count)."""
+    nodes, placed = set(status.nodes), set(owner.placement)
+    if nodes and nodes != placed and not nodes < placed:
+        # (A strict subset is a replica between pods, not a move.)
+        with transaction.atomic():
+            if Job.objects.filter(pk=job_id, attempt=owner.attempt,
+                                  status=JobState.RUNNING).update(placement=list(status.nodes)):
+                JobEvent.objects.create(
+                    job_id=job_id, at=now, kind="moved", actor_label="scheduler",
+                    attempt=owner.attempt,
+                    reason=f"its pods moved from {', '.join(sorted(placed)) or 'nowhere'} "
+                           f"to {', '.join(sorted(nodes))}",
+                    data={"from": sorted(placed), "to": sorted(nodes)})
+    if status.restarts and not JobEvent.objects.filter(
+            job_id=job_id, attempt=owner.attempt, kind="pod_restarted",
+            data__restarts=status.restarts).exists():
+        JobEvent.objects.create(
+            job_id=job_id, at=now, kind="pod_restarted", actor_label="scheduler",
+            attempt=owner.attempt, data={"restarts": status.restarts},
+            reason=f"a pod failed and was replaced, or a container restarted "
+                   f"({status.restarts} so far in this attempt)")
+
+
 def _apply_status(job: Job, status: WorkloadStatus, *, now: datetime,
                   result: CycleResult) -> None:
     with transaction.atomic():
@@ -340,7 +436,8 @@ def _apply_status(job: Job, status: WorkloadStatus, *, now: datetime,
             started = status.started_at or now
             if job_transition(job, JobState.RUNNING, now=now,
                               reason=f"running on {', '.join(status.nodes) or 'the cluster'}",
-                              started_at=started, placement=list(status.nodes) or job.placement):
+                              started_at=started, placement=list(status.nodes) or job.placement,
+                              message=""):
                 result.started.append(job.pk)
         if status.phase in (Phase.SUCCEEDED, Phase.FAILED) and job.state == JobState.RUNNING:
             target = JobState.SUCCEEDED if status.phase == Phase.SUCCEEDED else JobState.FAILED
@@ -635,12 +732,6 @@ def _submit_outcome(*, job: Job, error: Exception | None, now: datetime,
     or created) and the job is to be marked submitted."""
     if error is None:
         return True
-    if isinstance(error, SubmitRejected):
-        with transaction.atomic():
-            job_transition(job, JobState.FAILED, now=now, reason=f"rejected: {error}",
-                           finished_at=now, message=str(error)[:500])
-        result.submit_errors[job.pk] = str(error)
-        return False
     if isinstance(error, SubmitRequeue):
         # Its name is held by a workload on its way out: a new attempt gets a new name.
         with transaction.atomic():
@@ -651,8 +742,75 @@ def _submit_outcome(*, job: Job, error: Exception | None, now: datetime,
             ):
                 result.requeued.append(job.pk)
         return False
-    # Transient: retried next cycle.
-    log.warning("cycle %s: submit of %s failed, retrying next cycle: %s",
-                result.cycle_id, job.backend_name, clean_text(error, max_length=300))
-    result.submit_errors[job.pk] = str(error)
+    submit_failed(job=job, error=error, now=now, result=result)
     return False
+
+
+# HTTP statuses on create that mean "refused until someone changes something" (a quota
+# on Jobs, an RBAC denial), as opposed to a cluster that is briefly unwell.
+REFUSALS = frozenset({403})
+
+
+def submit_error_code(error: BaseException) -> int:
+    """The HTTP status behind a submit error (the API exception it was raised from), 0
+    when there is none (a timeout, a refused connection)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        status = getattr(current, "status", None)
+        if isinstance(status, int) and status:
+            return status
+        current = current.__cause__ or current.__context__
+    return 0
+
+
+def submit_failed(*, job: Job, error: Exception, now: datetime, result: CycleResult) -> None:
+    """What one failed create means for its job (the one place that classifies it):
+
+    - SubmitRejected (400/422, an invalid spec): the job FAILS with the reason.
+    - a refusal (403: an exhausted namespace quota on Jobs, an RBAC denial): the job stays
+      ADMITTED showing why (its message, an event per distinct error, the metric
+      `fairq_k8s_submit_errors_total{code}`); once the refusals have lasted
+      FAIRQ_K8S_SUBMIT_REFUSED_SECONDS it FAILS, giving its GPUs back.
+    - anything else (5xx, 404, timeouts, no connection) is transient: the same reason,
+      event and metric, and the next cycle retries for as long as it takes.
+    """
+    from django.conf import settings
+
+    from queueing.metrics import record_submit_error
+
+    text = str(error)
+    result.submit_errors[job.pk] = text
+    if isinstance(error, SubmitRejected):
+        with transaction.atomic():
+            job_transition(job, JobState.FAILED, now=now, reason=f"rejected: {text}",
+                           finished_at=now, message=text[:500])
+        return
+    code = submit_error_code(error)
+    label = str(code) if code else "none"
+    record_submit_error(label)
+    refusal = code in REFUSALS
+    log.warning("cycle %s: submit of %s failed (%s), retrying next cycle: %s",
+                result.cycle_id, job.backend_name, label, clean_text(text, max_length=300))
+    reason = clean_text(f"{WAITING}Kubernetes {'refused' if refusal else 'did not take'} "
+                        f"the Job ({label}): {text}", max_length=500)
+    with transaction.atomic():
+        events = JobEvent.objects.filter(job=job, attempt=job.attempt, kind="submit_error")
+        if not events.filter(reason=reason).exists():
+            JobEvent.objects.create(job=job, at=now, kind="submit_error",
+                                    actor_label="scheduler", reason=reason,
+                                    attempt=job.attempt,
+                                    data={"code": code, "refusal": refusal})
+        if job.message != reason:
+            Job.objects.filter(pk=job.pk, attempt=job.attempt,
+                               status=JobState.ADMITTED).update(message=reason)
+        if not refusal:
+            return
+        since = events.filter(data__refusal=True).order_by("at").values_list(
+            "at", flat=True).first() or now
+        limit = settings.FAIRQ_K8S_SUBMIT_REFUSED_SECONDS
+        if (now - since).total_seconds() >= limit:
+            why = f"Kubernetes refused to create its Job for {limit} s ({label}): {text}"
+            job_transition(job, JobState.FAILED, now=now, reason=why[:500],
+                           finished_at=now, message=why[:500])

@@ -34,18 +34,21 @@ def entry_penalty_interval_seconds() -> float:
 
 
 @transaction.atomic
-def usage_record_attempt(*, job: Job, start: datetime, end: datetime) -> UsageRecord | None:
+def usage_record_attempt(*, job: Job, start: datetime, end: datetime,
+                         attempt: int | None = None) -> UsageRecord | None:
     """Charge one finished attempt interval of `job` to its team: a usage record and the
     team's decayed accumulator, in one transaction. Charging an attempt twice is a no-op
-    (one record per job attempt)."""
+    (one record per job attempt). `attempt` defaults to the job's current one (an earlier
+    attempt's pods that ran after fairq moved on are charged to that attempt)."""
+    attempt = job.attempt if attempt is None else attempt
     if end < start:
         end = start
-    if UsageRecord.objects.filter(job=job, attempt=job.attempt).exists():
+    if UsageRecord.objects.filter(job=job, attempt=attempt).exists():
         return None
     gpus = job.total_gpus
     weight = job.gpu_type.billing_weight
     record = UsageRecord.objects.create(
-        team_id=job.team_id, gpu_type_id=job.gpu_type_id, job=job, attempt=job.attempt,
+        team_id=job.team_id, gpu_type_id=job.gpu_type_id, job=job, attempt=attempt,
         gpus=gpus, billing_weight=weight, start=start, end=end,
         gpu_seconds=gpus * (end - start).total_seconds(),
     )

@@ -21,6 +21,7 @@ Guarantees:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import datetime as dt
 import json
@@ -35,7 +36,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -330,6 +331,18 @@ class ControlPlane:
     def pids(self) -> dict[str, int]:
         """Pids of running components (for diagnostics and leak checks)."""
         return {c.name: c.proc.pid for c in self._components if c.proc is not None and c.proc.poll() is None}
+
+    @contextlib.contextmanager
+    def frozen(self, component: str) -> Iterator[None]:
+        """Stop one component with SIGSTOP for the duration of the block (SIGCONT after,
+        also on error): a frozen controller manager creates no pods and collects no
+        garbage, a frozen apiserver answers nothing (connections hang)."""
+        [proc] = [c.proc for c in self._components if c.name == component and c.proc is not None]
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            proc.send_signal(signal.SIGCONT)
 
     def api_client(self) -> ApiClient:
         """A new ``kubernetes.client.ApiClient`` built from the kubeconfig file."""

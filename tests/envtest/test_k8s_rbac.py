@@ -243,6 +243,8 @@ REFUSED_EVERYWHERE: list[tuple[str, str, str, str, str]] = [
     ("delete", "batch", "jobs", "", "default"),
     ("create", "", "pods", "", "kube-system"),
     ("create", "", "pods", "", "default"),
+    ("delete", "", "pods", "", "kube-system"),
+    ("delete", "", "pods", "", "default"),
     ("get", "", "secrets", "", "kube-system"),
     ("list", "", "secrets", "", ""),
     ("get", "", "secrets", "", "fairq-system"),
@@ -302,7 +304,10 @@ def test_the_scheduler_may_do_what_it_needs_in_a_provisioned_team_namespace(
              ("delete", "batch", "jobs", "", provisioned),
              ("get", "", "pods", "log", provisioned),
              ("list", "", "events", "", provisioned),
-             # The watch cache, cluster-wide reads only.
+             # Pods a Job deleted with orphan propagation left behind (issue 11.5).
+             ("delete", "", "pods", "", provisioned),
+             # The watch cache, cluster-wide reads only (events: FailedCreate, 11.1).
+             ("list", "", "events", "", ""), ("watch", "", "events", "", ""),
              ("list", "", "nodes", "", ""), ("watch", "", "nodes", "", ""),
              ("list", "", "pods", "", ""), ("watch", "", "pods", "", ""),
              ("list", "batch", "jobs", "", ""), ("watch", "batch", "jobs", "", "")]
