@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help install demo test test-fast lint bench envtest browsers clean
+.PHONY: help install demo test test-fast lint bench envtest browsers prometheus clean
 
 help:
 	@echo "make demo   - run fairq locally: SQLite, in-process worker, simulated cluster"
@@ -43,11 +43,20 @@ browsers:
 		echo "browsers: installed Debian chromium"; \
 	else echo "browsers: no chromium and no apt-get: browser tests will be skipped"; fi
 
+# Debian's prometheus for promtool (the alert rules are checked and unit-tested with it).
+prometheus:
+	@if command -v promtool >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		(DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null)) && \
+		echo "prometheus: installed Debian prometheus (promtool)"; \
+	else echo "prometheus: no promtool and no apt-get: alert-rule tests will be skipped"; fi
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy queueing accounts config
 
-test: install envtest browsers
+test: install envtest browsers prometheus
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy queueing accounts config
 	$(PY) manage.py makemigrations --check --dry-run --settings=config.settings.test >/dev/null \

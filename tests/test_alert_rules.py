@@ -3,6 +3,7 @@ exports (a renamed metric must not leave an alert that can never fire)."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -14,17 +15,144 @@ RULES = Path(__file__).resolve().parents[1] / "platform" / "prometheus" / "fairq
 
 @pytest.mark.django_db
 def test_every_alert_uses_a_metric_fairq_exports() -> None:
-    from queueing.metrics import FairqCollector, record_submit_error
+    from queueing.metrics import (
+        FairqCollector,
+        record_cycle,
+        record_cycle_failure,
+        record_submit_error,
+    )
+    from queueing.services.scheduler import CycleResult
 
-    record_submit_error("403")  # a counter appears once it has counted something
+    # Counters appear once they have counted something.
+    record_submit_error("403")
+    record_cycle(CycleResult(timings={"total": 0.1}, job_errors={1: "ValueError"}))
+    record_cycle_failure("c0ffee")
     exported = {s.name for m in FairqCollector().collect() for s in m.samples}
     doc = yaml.safe_load(RULES.read_text())
     rules = [r for g in doc["groups"] for r in g["rules"]]
-    assert {r["alert"] for r in rules} >= {"FairqKubernetesRefusesJobs",
-                                           "FairqKubernetesSubmitErrors"}
+    assert {r["alert"] for r in rules} == {
+        "FairqSchedulerStale", "FairqSchedulerNeverCompleted", "FairqCycleFailures",
+        "FairqJobsIsolated", "FairqKubernetesRefusesJobs", "FairqKubernetesSubmitErrors"}
     for rule in rules:
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
         assert rule["labels"]["severity"] in ("warning", "critical")
         assert rule["annotations"]["summary"]
         names = set(re.findall(r"\bfairq_[a-z0-9_]+", rule["expr"]))
         assert names and names <= exported, (rule["alert"], names - exported)
+
+
+# --- promtool: the file loads in Prometheus, and each alert fires when it should ---------
+
+def _promtool() -> str:
+    import os
+    import shutil
+
+    found = shutil.which("promtool")
+    if found is None:
+        if os.environ.get("FAIRQ_REQUIRE_PROMETHEUS") == "1":
+            pytest.fail("promtool is missing and FAIRQ_REQUIRE_PROMETHEUS=1 (run `make prometheus`)")
+        pytest.skip("promtool is missing (Debian's prometheus: `make prometheus`); "
+                    "set FAIRQ_REQUIRE_PROMETHEUS=1 to make this a failure")
+    return found
+
+
+def test_the_rules_file_passes_promtool_check() -> None:
+    import subprocess
+
+    out = subprocess.run([_promtool(), "check", "rules", str(RULES)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS: 6 rules found" in out.stdout, out.stdout
+
+
+# Each case: input series (promtool's expanding notation, 1 m steps), when to evaluate,
+# and the alerts expected then (empty: quiet). A fired alert is named with its labels.
+PROMTOOL_TESTS = """
+rule_files: [{rules}]
+evaluation_interval: 1m
+tests:
+  # The last success keeps pace with the clock (t = 60 s * step): quiet. Then it stops
+  # at 600 s while time goes on: stale after 60 s plus the rule's 1 m.
+  - interval: 1m
+    input_series:
+      - series: fairq_cycle_last_success_timestamp_seconds
+        values: "0+60x10 600x10"
+    alert_rule_test:
+      - {{eval_time: 9m, alertname: FairqSchedulerStale, exp_alerts: []}}
+      - eval_time: 15m
+        alertname: FairqSchedulerStale
+        exp_alerts: [{stale}]
+  # No gauge at all for 5 minutes: never completed.
+  - interval: 1m
+    input_series:
+      - series: fairq_cycle_failures_total
+        values: "0x10"
+    alert_rule_test:
+      - eval_time: 6m
+        alertname: FairqSchedulerNeverCompleted
+        exp_alerts: [{never}]
+      - {{eval_time: 6m, alertname: FairqCycleFailures, exp_alerts: []}}
+  # Failures and isolated jobs counted: both fire.
+  - interval: 1m
+    input_series:
+      - series: fairq_cycle_failures_total
+        values: "0 0 0 1 2 3"
+      - series: fairq_cycle_job_errors_total
+        values: "0 0 0 0 1 1"
+      - series: fairq_cycle_last_success_timestamp_seconds
+        values: "0+60x5"
+    alert_rule_test:
+      - eval_time: 5m
+        alertname: FairqCycleFailures
+        exp_alerts: [{failures}]
+      - eval_time: 5m
+        alertname: FairqJobsIsolated
+        exp_alerts: [{isolated}]
+  # A 403 on create fires at once (after its 1 m); a 500 only once it lasts 10 minutes.
+  - interval: 1m
+    input_series:
+      - series: 'fairq_k8s_submit_errors_total{{code="403"}}'
+        values: "0 0 1 1 1 1"
+      - series: 'fairq_k8s_submit_errors_total{{code="500"}}'
+        values: "0+10x20"
+    alert_rule_test:
+      - eval_time: 4m
+        alertname: FairqKubernetesRefusesJobs
+        exp_alerts: [{refused_403}]
+      - {{eval_time: 5m, alertname: FairqKubernetesSubmitErrors, exp_alerts: []}}
+      - eval_time: 17m
+        alertname: FairqKubernetesSubmitErrors
+        exp_alerts: [{errors_500}]
+"""
+
+
+def test_each_alert_fires_when_it_should_and_not_before(tmp_path: Path) -> None:
+    import subprocess
+
+    rules = {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"]
+             for r in g["rules"]}
+
+    def fired(alert: str, **labels: str) -> str:
+        """The alert as promtool reports it: the rule's labels plus the series' own, and
+        its annotations with the series' labels filled in."""
+        rule = rules[alert]
+        annotations = {}
+        for key, text in rule["annotations"].items():
+            for name, value in labels.items():
+                text = text.replace("{{ $labels." + name + " }}", value)
+            assert "{{" not in text, (alert, key, text)
+            annotations[key] = text
+        return json.dumps({"exp_labels": {**rule["labels"], **labels},
+                           "exp_annotations": annotations})
+
+    tests = tmp_path / "fairq-alerts-test.yaml"
+    tests.write_text(PROMTOOL_TESTS.format(
+        rules=json.dumps(str(RULES)), stale=fired("FairqSchedulerStale"),
+        never=fired("FairqSchedulerNeverCompleted"), failures=fired("FairqCycleFailures"),
+        isolated=fired("FairqJobsIsolated"),
+        refused_403=fired("FairqKubernetesRefusesJobs", code="403"),
+        errors_500=fired("FairqKubernetesSubmitErrors", code="500")))
+    out = subprocess.run([_promtool(), "test", "rules", str(tests)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout, out.stdout
