@@ -76,6 +76,7 @@ def sync_cluster(backend: KubernetesBackend | None = None) -> dict[str, Any]:
             raise RuntimeError("sync_cluster needs FAIRQ_CLUSTER_BACKEND=kubernetes")
         backend = got
     report: dict[str, Any] = dict(backend.sync_priority_classes(priority_class_specs()))
-    report["namespaces"] = [backend.ensure_namespace(t.slug, force=True)
+    report["namespaces"] = [backend.ensure_namespace(t.slug, force=True,
+                                                     run_as_non_root=t.run_as_non_root)
                             for t in Team.objects.order_by("slug")]
     return report

@@ -163,6 +163,7 @@ class KubernetesBackend:
         self._kick = _Debounced(kick) if kick is not None else None
         self._lock = threading.Lock()
         self._known_namespaces: set[str] = set()
+        self._namespace_non_root: dict[str, bool] = {}  # the PSA level each was labelled
         self._where: dict[str, str] = {}  # workload name → namespace
         self._stopping: set[str] = set()  # names fairq deleted
         self._hidden: dict[str, datetime] = {}  # finished Jobs fairq forgot: name → finished
@@ -329,7 +330,7 @@ class KubernetesBackend:
         namespace = body["metadata"]["namespace"]
         if self._started and self.jobs.get(f"{namespace}/{spec.name}") is not None:
             return  # already there: the name is the identity
-        self.ensure_namespace(spec.team)
+        self.ensure_namespace(spec.team, run_as_non_root=spec.run_as_non_root)
         try:
             self._create_job(namespace, body)
         except ApiException as exc:
@@ -368,23 +369,30 @@ class KubernetesBackend:
         if not 200 <= resp.status <= 299:
             raise ApiException.from_response(http_resp=resp, body=None, data=None)
 
-    def ensure_namespace(self, team: str, *, force: bool = False) -> str:
-        """The team's namespace, created and labelled on first use, with its quota."""
+    def ensure_namespace(self, team: str, *, force: bool = False,
+                         run_as_non_root: bool = True) -> str:
+        """The team's namespace, created and labelled on first use, with its quota. Its
+        Pod Security label follows the team's `run_as_non_root`: a change is patched
+        before the next Job of the team is created (a `restricted` namespace would
+        refuse the pods of a team that now runs as root)."""
         from kubernetes.client.exceptions import ApiException
 
         namespace = namespace_for(team, self.namespace_prefix)
-        if namespace in self._known_namespaces and not force:
+        if namespace in self._known_namespaces and not force and \
+                self._namespace_non_root.get(namespace, run_as_non_root) == run_as_non_root:
             return namespace
+        body = namespace_manifest(namespace, team, run_as_non_root=run_as_non_root)
         try:
-            self.core.create_namespace(cast(Any, namespace_manifest(namespace, team)))
+            self.core.create_namespace(cast(Any, body))
         except ApiException as exc:
             if exc.status != 409:
                 raise
             self.core.patch_namespace(namespace, {"metadata": {
-                "labels": namespace_manifest(namespace, team)["metadata"]["labels"]}})
+                "labels": body["metadata"]["labels"]}})
         if self.team_quota is not None:
             self.apply_quota(namespace, self.team_quota(team))
         self._known_namespaces.add(namespace)
+        self._namespace_non_root[namespace] = run_as_non_root
         return namespace
 
     def apply_quota(self, namespace: str, hard: Mapping[str, int]) -> None:
