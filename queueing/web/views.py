@@ -199,16 +199,30 @@ def _preview(form: JobSubmitForm) -> dash.Preview | None:
                                tier_rank=inp.tier.rank, now=timezone.now())
 
 
+def _form_errors(form: JobSubmitForm, exc: DomainError) -> None:
+    """A service's refusal on the form's fields (the rest as a form-wide error)."""
+    if not exc.fields:
+        form.add_error(None, exc.message)
+    for field, msgs in exc.fields.items():
+        for msg in msgs:
+            form.add_error(field if field in form.fields else None, msg)
+
+
 @login_required
 def job_new(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         form = _submit_form(request, request.POST)
         if form.is_valid() and form.job_input is not None:
             key = request.POST.get("idempotency_key") or None
-            job, _ = job_submit(actor=request.user, data=form.job_input, idempotency_key=key)
-            queue_plan_forget()
-            messages.success(request, f"Job #{job.pk} {job.name} queued.")
-            return redirect("web:job-detail", job_id=job.pk)
+            try:
+                job, _ = job_submit(actor=request.user, data=form.job_input,
+                                    idempotency_key=key)
+            except DomainError as exc:  # the service's own rules (T1: the tier), on the form
+                _form_errors(form, exc)
+            else:
+                queue_plan_forget()
+                messages.success(request, f"Job #{job.pk} {job.name} queued.")
+                return redirect("web:job-detail", job_id=job.pk)
         status = 400
     else:
         form = _submit_form(request)
@@ -288,8 +302,12 @@ def job_resubmit(request: HttpRequest, job_id: int) -> HttpResponse:
                              for field, msgs in serializer.errors.items())
         messages.error(request, f"This job cannot be resubmitted as it is: {problems}")
         return redirect("web:job-detail", job_id=job.pk)
-    new, _ = job_submit(actor=request.user, data=serializer.to_input(),
-                        idempotency_key=request.POST.get("idempotency_key") or None)
+    try:
+        new, _ = job_submit(actor=request.user, data=serializer.to_input(),
+                            idempotency_key=request.POST.get("idempotency_key") or None)
+    except DomainError as exc:  # the service's own rules (T1: a tier no longer granted)
+        messages.error(request, f"This job cannot be resubmitted as it is: {exc.message}")
+        return redirect("web:job-detail", job_id=job.pk)
     queue_plan_forget()
     messages.success(request, f"Resubmitted as job #{new.pk}.")
     return redirect("web:job-detail", job_id=new.pk)
