@@ -180,3 +180,46 @@ def test_T1_the_demo_closes_critical_and_its_teams_still_submit() -> None:
     assert list(TierGrant.objects.values_list("team__slug", flat=True)) == ["nlp"]
     assert demo_submit_synthetic(rng=random.Random(1)) == 16
     assert json.dumps(sorted(set(Job.objects.values_list("tier__slug", flat=True)))) != "[]"
+
+
+# --- the migration ---------------------------------------------------------------------------
+
+BEFORE = [("queueing", "0003_quota_lending_lte_nominal"), ("accounts", "0002_idempotency_record")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_T1_the_migration_keeps_preemptible_tiers_open_and_grants_critical_to_its_users() -> None:
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+    from django.utils import timezone
+
+    from accounts.models import Team
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(BEFORE)
+    try:
+        apps = executor.loader.project_state(BEFORE).apps
+        old_team = apps.get_model("accounts", "Team")
+        user_team = old_team.objects.create(slug="uses-critical", name="U")
+        old_team.objects.create(slug="never-critical", name="N")
+        gpu = apps.get_model("queueing", "GpuType").objects.create(slug="h100", name="H100")
+        old_tier = apps.get_model("queueing", "Tier")
+        critical = old_tier.objects.create(slug="critical", name="C", rank=300,
+                                           priority_class_name="c", priority_value=3,
+                                           preemptible=False)
+        old_tier.objects.create(slug="high", name="H", rank=200, priority_class_name="h",
+                                priority_value=2, preemptible=True)
+        for name in ("a", "b"):
+            apps.get_model("queueing", "Job").objects.create(
+                team=user_team, name=name, image="x", gpu_type=gpu, gpus_per_replica=1,
+                tier=critical, created_at=timezone.now())
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    assert dict(Tier.objects.values_list("slug", "open_to_all_teams")) == \
+        {"critical": False, "high": True}
+    assert list(TierGrant.objects.values_list("tier__slug", "team__slug")) == \
+        [("critical", "uses-critical")]
+    # Existing teams keep running as they did; a new team runs non-root.
+    assert set(Team.objects.values_list("run_as_non_root", flat=True)) == {False}
+    assert Team.objects.create(slug="new", name="New").run_as_non_root is True
