@@ -33,8 +33,10 @@ class Team(models.Model):
     )
     # Teams created from now on run non-root; the migration that added the field left
     # existing teams as they ran (False), so no running pipeline broke (docs/kubernetes.md).
+    # db_default too: rows written by code that predates the field (a rolling upgrade,
+    # an older migration's historical model) get the same default.
     run_as_non_root = models.BooleanField(
-        default=True,
+        default=True, db_default=True,
         help_text="The team's pods run with runAsNonRoot (the image's user must not be root) "
                   "and its namespace enforces the 'restricted' Pod Security level; "
                   "otherwise 'baseline'.",

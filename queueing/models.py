@@ -53,7 +53,7 @@ class Tier(models.Model):
     # Rule T1. False by default: a tier staff add is closed until they open it or grant
     # it. The migration that added the field kept existing preemptible tiers open.
     open_to_all_teams = models.BooleanField(
-        default=False,
+        default=False, db_default=False,
         help_text="Every team may submit jobs of this tier (rule T1); otherwise only the "
                   "teams granted it below.",
     )

@@ -21,7 +21,7 @@ class Migration(migrations.Migration):
         migrations.AlterField(  # new rows: True
             model_name='team',
             name='run_as_non_root',
-            field=models.BooleanField(default=True, help_text="The team's pods run with runAsNonRoot (the image's user must not be root) and its namespace enforces the 'restricted' Pod Security level; otherwise 'baseline'."),
+            field=models.BooleanField(db_default=True, default=True, help_text="The team's pods run with runAsNonRoot (the image's user must not be root) and its namespace enforces the 'restricted' Pod Security level; otherwise 'baseline'."),
         ),
         migrations.AlterField(
             model_name='serviceaccount',

@@ -36,7 +36,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='tier',
             name='open_to_all_teams',
-            field=models.BooleanField(default=False, help_text='Every team may submit jobs of this tier (rule T1); otherwise only the teams granted it below.'),
+            field=models.BooleanField(db_default=False, default=False, help_text='Every team may submit jobs of this tier (rule T1); otherwise only the teams granted it below.'),
         ),
         migrations.AlterField(
             model_name='gputype',
