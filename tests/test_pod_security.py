@@ -178,3 +178,23 @@ def test_the_valid_images_still_pass() -> None:
         assert v.IMAGE_RE.match(image), image
         job_manifest(spec(image=image), OPTS)
     assert json.dumps(job_manifest(spec(), OPTS)).isascii()
+
+
+@pytest.mark.django_db
+def test_staff_set_run_as_non_root_through_the_team_api_audited(world: Any) -> None:
+    from accounts.models import AuditEntry
+
+    c = world.client(world.staff)
+    r = c.patch("/api/v1/teams/vision/", {"run_as_non_root": False}, format="json")
+    assert r.status_code == 200 and r.json()["run_as_non_root"] is False
+    audit = AuditEntry.objects.filter(object_type="accounts.Team", action="update").latest("id")
+    assert audit.changes == {"run_as_non_root": [True, False]}
+    r = c.post("/api/v1/teams/", {"slug": "rooty", "name": "R", "run_as_non_root": False},
+               format="json")
+    assert r.status_code == 201 and r.json()["run_as_non_root"] is False
+    r = c.post("/api/v1/teams/", {"slug": "safe", "name": "S"}, format="json")
+    assert r.json()["run_as_non_root"] is True
+    m = world.client(world.member)
+    assert m.get("/api/v1/teams/vision/").json()["run_as_non_root"] is False
+    assert m.patch("/api/v1/teams/vision/", {"run_as_non_root": True},
+                   format="json").status_code == 403

@@ -223,3 +223,16 @@ def test_T1_the_migration_keeps_preemptible_tiers_open_and_grants_critical_to_it
     # Existing teams keep running as they did; a new team runs non-root.
     assert set(Team.objects.values_list("run_as_non_root", flat=True)) == {False}
     assert Team.objects.create(slug="new", name="New").run_as_non_root is True
+
+
+def test_T1_the_live_form_check_shows_the_refusal_before_submitting(
+        world: World, closed: Tier) -> None:
+    from tests.web.test_pages import form_body
+
+    c = Client()
+    c.force_login(world.member)
+    r = c.post("/jobs/new/check/", form_body(tier="critical"))
+    assert r.status_code == 200
+    assert "may not use tier critical" in r.content.decode()
+    assert "may not use tier" not in c.post("/jobs/new/check/",
+                                            form_body(tier="high")).content.decode()
