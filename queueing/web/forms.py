@@ -12,8 +12,8 @@ from django.http import HttpRequest
 
 from accounts.models import Role
 from queueing.api.serializers import JobCreateSerializer
-from queueing.models import GpuType, Tier
 from queueing.errors import DomainError
+from queueing.models import GpuType, Tier
 from queueing.services.jobs import JobInput, job_check_tier
 
 
