@@ -184,7 +184,7 @@ class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
 
 @admin.register(Team)
 class TeamAdmin(AuditedAdmin):
-    list_display = ["slug", "name", "weight", "parent"]
+    list_display = ["slug", "name", "weight", "parent", "run_as_non_root"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
 

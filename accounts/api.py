@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.db import transaction
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -19,6 +20,8 @@ from rest_framework.views import APIView
 from queueing.api.idempotency import IdempotentPostMixin
 from queueing.api.strict import StrictFieldsMixin
 from queueing.errors import NotFound
+from queueing.models import Tier
+from queueing.services.tiers import team_tier_grants_set
 
 from .models import ApiToken, Membership, Role, Team
 from .selectors import (
@@ -67,15 +70,23 @@ class TeamSerializer(StrictFieldsMixin, serializers.ModelSerializer[Team]):
     parent = serializers.SlugRelatedField(  # type: ignore[assignment] # Field.parent, not ours
         slug_field="slug", queryset=Team.objects.all(), required=False, allow_null=True)
     role = serializers.SerializerMethodField(help_text="The caller's role in the team, if any.")
+    granted_tiers = serializers.SerializerMethodField(
+        help_text="Tiers granted to the team besides those open to every team (rule T1).")
 
     class Meta:
         model = Team
-        fields = ["slug", "name", "weight", "parent", "role", "created_at"]
-        read_only_fields = ["created_at", "role"]
+        fields = ["slug", "name", "weight", "parent", "run_as_non_root", "granted_tiers",
+                  "role", "created_at"]
+        read_only_fields = ["created_at", "role", "granted_tiers"]
 
     def get_role(self, team: Team) -> str | None:
         roles: dict[int, str] = self.context.get("roles", {})
         return roles.get(team.pk)
+
+    def get_granted_tiers(self, team: Team) -> list[str]:
+        from queueing.services.tiers import team_granted_tier_slugs
+
+        return team_granted_tier_slugs(team)
 
 
 class TeamUpdateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
@@ -83,6 +94,10 @@ class TeamUpdateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
     weight = serializers.FloatField(min_value=0.0001, max_value=1e9, required=False)
     parent = serializers.SlugRelatedField(  # type: ignore[assignment] # Field.parent, not ours
         slug_field="slug", queryset=Team.objects.all(), required=False, allow_null=True)
+    run_as_non_root = serializers.BooleanField(required=False)
+    granted_tiers = serializers.SlugRelatedField(
+        slug_field="slug", queryset=Tier.objects.all(), many=True, required=False,
+        help_text="Replaces the team's tier grants (rule T1).")
 
 
 def _roles(request: Request) -> dict[int, str]:
@@ -95,7 +110,8 @@ class TeamListView(IdempotentPostMixin, APIView):
 
     @extend_schema(responses=TeamSerializer(many=True))
     def get(self, request: Request) -> Response:
-        teams = teams_for_user(user=request.user).select_related("parent")
+        teams = teams_for_user(user=request.user).select_related("parent") \
+            .prefetch_related("tier_grants__tier")
         return Response(TeamSerializer(teams, many=True, context={"roles": _roles(request)}).data)
 
     @extend_schema(request=TeamSerializer, responses={201: TeamSerializer})
@@ -108,7 +124,8 @@ class TeamListView(IdempotentPostMixin, APIView):
         team = team_create(actor=request.user, slug=s.validated_data["slug"],
                            name=s.validated_data["name"],
                            weight=s.validated_data.get("weight", 1.0),
-                           parent=s.validated_data.get("parent"))
+                           parent=s.validated_data.get("parent"),
+                           run_as_non_root=s.validated_data.get("run_as_non_root", True))
         return Response(TeamSerializer(team, context={"roles": {}}).data,
                         status=status.HTTP_201_CREATED)
 
@@ -128,7 +145,13 @@ class TeamDetailView(IdempotentPostMixin, APIView):
         parent = s.validated_data.get("parent")
         if parent is not None and parent.pk == team.pk:
             raise serializers.ValidationError({"parent": ["A team cannot be its own parent."]})
-        team = team_update(actor=request.user, team=team, **s.validated_data)
+        fields = dict(s.validated_data)
+        grants = fields.pop("granted_tiers", None)
+        with transaction.atomic():  # the fields and the grants, both or neither
+            if fields or grants is None:
+                team = team_update(actor=request.user, team=team, **fields)
+            if grants is not None:
+                team_tier_grants_set(actor=request.user, team=team, tiers=grants)
         return Response(TeamSerializer(team, context={"roles": _roles(request)}).data)
 
 

@@ -12,7 +12,8 @@ from django.db import models
 from django.db.models import Q
 
 slug_validator = RegexValidator(
-    r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$",
+    # \Z, not $: `$` would also take "red\n".
+    r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?\Z",
     "Use 1-40 lower-case letters, digits or '-', starting and ending with a letter or digit "
     "(it becomes part of Kubernetes names).",
 )
@@ -29,6 +30,16 @@ class Team(models.Model):
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children",
         help_text="Optional parent (a department) for hierarchical fair-share.",
+    )
+    # Teams created from now on run non-root; the migration that added the field left
+    # existing teams as they ran (False), so no running pipeline broke (docs/kubernetes.md).
+    # db_default too: rows written by code that predates the field (a rolling upgrade,
+    # an older migration's historical model) get the same default.
+    run_as_non_root = models.BooleanField(
+        default=True, db_default=True,
+        help_text="The team's pods run with runAsNonRoot (the image's user must not be root) "
+                  "and its namespace enforces the 'restricted' Pod Security level; "
+                  "otherwise 'baseline'.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 

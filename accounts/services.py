@@ -174,9 +174,10 @@ def idempotency_purge(*, now: datetime, batch: int = 10_000) -> int:
 @transaction.atomic
 def team_create(
     *, actor: Any, slug: str, name: str, weight: float = 1.0,
-    parent: Team | None = None,
+    parent: Team | None = None, run_as_non_root: bool = True,
 ) -> Team:
-    team = Team(slug=slug, name=name, weight=weight, parent=parent)
+    team = Team(slug=slug, name=name, weight=weight, parent=parent,
+                run_as_non_root=run_as_non_root)
     team.full_clean()
     team.save()
     audit_record(actor=actor, action="create", instance=team, changes=model_changes(None, team))
@@ -188,7 +189,8 @@ _TEAM_HIERARCHY_LOCK = 0x66717465616D73  # "fqteams": serializes team parent cha
 
 @transaction.atomic
 def team_update(*, actor: Any, team: Team, **fields: Any) -> Team:
-    """Change `name`, `weight` or `parent` of a team, audited field by field.
+    """Change `name`, `weight`, `parent` or `run_as_non_root` of a team, audited field by
+    field.
 
     Parent changes take turns (a transaction-scoped PostgreSQL advisory lock): two
     concurrent moves, A under B and B under A, each pass Team.clean() against the other's
@@ -199,7 +201,7 @@ def team_update(*, actor: Any, team: Team, **fields: Any) -> Team:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", [_TEAM_HIERARCHY_LOCK])
     before = Team.objects.select_for_update().get(pk=team.pk)
     for name, value in fields.items():
-        if name not in {"name", "weight", "parent"}:
+        if name not in {"name", "weight", "parent", "run_as_non_root"}:
             raise ValueError(f"team field {name!r} cannot be changed")
         setattr(team, name, value)
     team.full_clean()

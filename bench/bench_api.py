@@ -101,7 +101,7 @@ def setup_django(url: str, tokens: int) -> list[str]:
         GpuType.objects.create(slug=slug, name=slug.upper(), billing_weight=weight)
     for slug, rank in (("low", 0), ("normal", 100), ("high", 200)):
         Tier.objects.create(slug=slug, name=slug, rank=rank, priority_class_name=f"fq-{slug}",
-                            priority_value=rank * 10)
+                            priority_value=rank * 10, open_to_all_teams=True)
     user = get_user_model().objects.create(username="bench")
     for slug, weight in (("vision", 3.0), ("nlp", 2.0), ("speech", 1.0)):
         team = Team.objects.create(slug=slug, name=slug, weight=weight)

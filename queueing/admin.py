@@ -4,7 +4,7 @@ from django.contrib import admin
 
 from accounts.admin import AuditedAdmin
 
-from .models import GpuType, Job, JobEvent, Quota, Tier, UsageRecord
+from .models import GpuType, Job, JobEvent, Quota, Tier, TierGrant, UsageRecord
 
 
 @admin.register(GpuType)
@@ -12,10 +12,22 @@ class GpuTypeAdmin(AuditedAdmin):
     list_display = ["slug", "name", "resource_name", "billing_weight"]
 
 
+class TierGrantInline(admin.TabularInline):  # type: ignore[type-arg]
+    """Rule T1: the teams a closed tier is granted to (saved and deleted audited, by
+    AuditedAdmin.save_formset)."""
+
+    model = TierGrant
+    extra = 0
+    fields = ["team"]
+    autocomplete_fields = ["team"]
+
+
 @admin.register(Tier)
 class TierAdmin(AuditedAdmin):
     list_display = ["slug", "rank", "priority_class_name", "priority_value", "preemptible",
-                    "min_runtime_seconds"]
+                    "min_runtime_seconds", "open_to_all_teams"]
+    list_filter = ["open_to_all_teams"]
+    inlines = [TierGrantInline]
 
 
 @admin.register(Quota)

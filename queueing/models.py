@@ -65,12 +65,36 @@ class Tier(models.Model):
     min_runtime_seconds = models.PositiveIntegerField(
         default=0, help_text="A job of this tier is not preempted before it has run this long."
     )
+    # Rule T1. False by default: a tier staff add is closed until they open it or grant
+    # it. The migration that added the field kept existing preemptible tiers open.
+    open_to_all_teams = models.BooleanField(
+        default=False, db_default=False,
+        help_text="Every team may submit jobs of this tier (rule T1); otherwise only the "
+                  "teams granted it below.",
+    )
 
     class Meta:
         ordering = ["-rank"]
 
     def __str__(self) -> str:
         return self.slug
+
+
+class TierGrant(models.Model):
+    """Rule T1: `team` may submit jobs of `tier` although the tier is not open to all."""
+
+    tier = models.ForeignKey(Tier, on_delete=models.CASCADE, related_name="grants")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="tier_grants")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tier__rank", "team__slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["tier", "team"], name="one_grant_per_tier_team")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tier.slug} for {self.team.slug}"
 
 
 class Quota(models.Model):

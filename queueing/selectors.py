@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import connection
 from django.db.models import QuerySet
 
+from . import rawsql
 from .errors import NotFound
-from .models import Job
+from .models import Job, Tier, TierGrant
 
 
 def jobs_visible_to(*, actor: Any) -> QuerySet[Job]:
@@ -39,3 +41,16 @@ def teams_in_standings_for(*, actor: Any) -> set[str] | None:
     if actor.is_staff or settings.FAIRQ_FAIRSHARE_PUBLIC:
         return None
     return set(Team.objects.filter(memberships__user=actor).values_list("slug", flat=True))
+
+
+def tier_allowed_for_team(*, tier_id: int, team_id: int) -> bool:
+    """Rule T1: the tier is open to every team, or granted to this one. Read from the
+    database on every call, never from a memo, so closing a tier or revoking a grant
+    holds from the next submit on; one round trip in plain SQL (it runs on every submit,
+    queueing/rawsql.py says why)."""
+    sql = (f"SELECT 1 FROM {rawsql.table(Tier)} t WHERE t.id = %s AND (t.open_to_all_teams "
+           f"OR EXISTS (SELECT 1 FROM {rawsql.table(TierGrant)} g "
+           "WHERE g.tier_id = t.id AND g.team_id = %s))")
+    with connection.cursor() as cur:
+        cur.execute(sql, [tier_id, team_id])
+        return cur.fetchone() is not None

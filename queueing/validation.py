@@ -8,15 +8,17 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+# Every pattern ends with \Z, not $: `$` also matches before a trailing newline, so
+# "A\n" passed as an env name. re.ASCII: \w and \d would take any Unicode letter or digit.
 # DNS-1123 label: the name becomes part of labels and object names.
-JOB_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-# An OCI image reference: [registry[:port]/]path[:tag][@digest], lower-case path.
+JOB_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z", re.ASCII)
+# An OCI image reference: [registry[:port]/]path[:tag][@digest], lower-case path, ASCII.
 IMAGE_RE = re.compile(
     r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._/-][a-z0-9]+)*"
-    r"(?::[\w][\w.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?\Z", re.ASCII
 )
 # Environment variable names Kubernetes accepts (C_IDENTIFIER-like, as kubectl does).
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*\Z", re.ASCII)
 
 MAX_IMAGE_LEN = 512
 MAX_ARGV_ITEMS = 256
@@ -26,8 +28,26 @@ MAX_ENV_VALUE_LEN = 32 * 1024
 MAX_SPEC_BYTES = 128 * 1024  # command + args + env serialized
 MAX_REPLICAS = 1024
 MAX_RUNTIME_SECONDS = 30 * 24 * 3600
-# fairq reserves FAIRQ_* env names for itself, except the simulator's two knobs.
+# Env names a job may not set (docs/kubernetes.md, "What reaches the pod spec"): the
+# NVIDIA container runtime and its hooks read NVIDIA_* (NVIDIA_VISIBLE_DEVICES=all would
+# expose every GPU of the node) and CUDA_VISIBLE_DEVICES; the dynamic loader's LD_PRELOAD,
+# LD_LIBRARY_PATH and LD_AUDIT reach hooks that run with the container's environment;
+# KUBERNETES_* is what the kubelet sets; FAIRQ_* is fairq's. Case-sensitive, as the
+# readers are.
+RESERVED_ENV_PREFIXES = ("NVIDIA_", "KUBERNETES_", "FAIRQ_")
+RESERVED_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "LD_LIBRARY_PATH",
+                                "LD_AUDIT"})
+# The documented exceptions a job may set: the simulated backend's two knobs.
 ALLOWED_FAIRQ_ENV = frozenset({"FAIRQ_SIM_SECONDS", "FAIRQ_SIM_EXIT_CODE"})
+# Set by fairq itself on the members of an array job (never by the user).
+ARRAY_JOB_ENV = frozenset({"FAIRQ_ARRAY_INDEX", "FAIRQ_ARRAY_SIZE"})
+
+
+def env_name_reserved(name: str, *, allowed: frozenset[str] = ALLOWED_FAIRQ_ENV) -> bool:
+    """True when a job may not set `name` (the exceptions in `allowed` aside)."""
+    if name in allowed:
+        return False
+    return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
 
 
 MAX_SIM_EXIT_CODE = 255

@@ -68,6 +68,7 @@ class TierFactory(factory.django.DjangoModelFactory):
     priority_value = factory.LazyAttribute(lambda o: o.rank * 10)
     preemptible = True
     min_runtime_seconds = 0
+    open_to_all_teams = True  # rule T1: tests that need a closed tier close it
 
 
 class QuotaFactory(factory.django.DjangoModelFactory):

@@ -33,10 +33,11 @@ from queueing.validation import image_registry_path, registry_problem
 from .conftest import job_body
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-# `privileged` appears once, as fairq's own `False`: checked separately.
+# `privileged` appears once, as fairq's own `False`, and `capabilities` as fairq's
+# `drop: [ALL]`: checked separately.
 FORBIDDEN_KEYS = {"hostPath", "hostNetwork", "hostPID", "hostIPC",
                   "serviceAccountName", "serviceAccount", "volumes", "volumeMounts",
-                  "capabilities", "runAsUser", "valueFrom", "envFrom", "hostPort",
+                  "runAsUser", "valueFrom", "envFrom", "hostPort",
                   "initContainers", "nodeName", "imagePullSecrets", "dnsPolicy"}
 
 
@@ -91,7 +92,10 @@ def test_it_builds_a_job_with_priority_limits_selector_toleration_and_labels() -
     assert c["env"] == [{"name": "SEED", "value": "1"}]
     assert c["resources"] == {"limits": {"nvidia.com/gpu": "2"},
                               "requests": {"nvidia.com/gpu": "2"}}
-    assert c["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False}
+    assert c["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False,
+                                    "capabilities": {"drop": ["ALL"]},
+                                    "seccompProfile": {"type": "RuntimeDefault"},
+                                    "runAsNonRoot": True}
 
 
 def test_a_gang_is_parallel_and_indexed_where_served() -> None:
@@ -183,8 +187,10 @@ def test_a_hostile_job_body_reaches_the_job_without_any_extra_field(world: Any) 
     assert pod["priorityClassName"] == job.tier.priority_class_name
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
-    assert pod["containers"][0]["securityContext"] == {"privileged": False,
-                                                       "allowPrivilegeEscalation": False}
+    assert pod["containers"][0]["securityContext"] == {
+        "privileged": False, "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+        "runAsNonRoot": True}
     assert json.dumps(m).count('"privileged"') == 1
     assert "hostNetwork" not in json.dumps(m) and "cluster-admin" not in json.dumps(m)
 

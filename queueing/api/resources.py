@@ -110,7 +110,7 @@ class TierSerializer(serializers.ModelSerializer[Tier]):
     class Meta:
         model = Tier
         fields = ["slug", "name", "rank", "priority_class_name", "priority_value",
-                  "preemptible", "min_runtime_seconds"]
+                  "preemptible", "min_runtime_seconds", "open_to_all_teams"]
         read_only_fields = fields
 
 

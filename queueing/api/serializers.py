@@ -95,10 +95,12 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
         bad = [k for k in value if not v.ENV_NAME_RE.match(k) or len(k) > 253]
         if bad:
             raise serializers.ValidationError(f"Invalid variable names: {', '.join(sorted(bad))}.")
-        reserved = [k for k in value if k.startswith("FAIRQ_") and k not in v.ALLOWED_FAIRQ_ENV]
+        reserved = [k for k in value if v.env_name_reserved(k)]
         if reserved:
             raise serializers.ValidationError(
-                f"Names starting with FAIRQ_ are reserved: {', '.join(sorted(reserved))}."
+                f"These names are reserved: {', '.join(sorted(reserved))} (NVIDIA_*, KUBERNETES_*, "
+                "CUDA_VISIBLE_DEVICES, LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT and FAIRQ_* "
+                f"except {', '.join(sorted(v.ALLOWED_FAIRQ_ENV))})."
             )
         problems = v.sim_env_problems(value)
         if problems:

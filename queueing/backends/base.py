@@ -45,6 +45,9 @@ class LaunchSpec:
     env: Mapping[str, str]
     max_runtime_seconds: int | None
     placement: Sequence[str] = ()  # planned node per replica (a hint for the cluster)
+    # The team's setting (Team.run_as_non_root): the container gets runAsNonRoot and the
+    # namespace the `restricted` Pod Security level. True unless said otherwise.
+    run_as_non_root: bool = True
 
 
 # The reason of an attempt that waits on the cluster (not failed), as shown on the job.

@@ -8,7 +8,9 @@ Safety (docs/kubernetes.md, "What reaches the pod spec"): of the user's input on
 image, command, args and env reach the pod, each copied field by field into a container
 fairq builds; everything else (resources, selector, tolerations, priority, security
 context, no service-account token) is fairq's. A LaunchSpec has no field through which a
-user could smuggle `privileged`, `hostPath`, `hostNetwork` or a service account.
+user could smuggle `privileged`, `hostPath`, `hostNetwork` or a service account. The image
+and env names are checked again here (the API checks them first): a reserved env name or
+an image that is not an ASCII reference never reaches a pod.
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from queueing.validation import (
+    ALLOWED_FAIRQ_ENV,
+    ARRAY_JOB_ENV,
+    IMAGE_RE,
+    MAX_IMAGE_LEN,
+    env_name_reserved,
+)
 
 from .base import WAITING, LaunchSpec, NodeInfo, Phase, WorkloadStatus
 
@@ -42,8 +52,18 @@ CONTAINER = "main"
 GPU_TAINT_KEY = "nvidia.com/gpu"
 QUOTA_NAME = "fairq-gpus"
 
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
-_NAME_RE = re.compile(r"^fq-(\d+)-(\d+)$")
+# \Z, not $ (which also matches before a trailing newline); ASCII only.
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*\Z", re.ASCII)
+_NAME_RE = re.compile(r"^fq-(\d+)-(\d+)\Z", re.ASCII)
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z", re.ASCII)
+# What a pod may carry in its env besides the user's own names: the simulator's knobs
+# (documented) and the array index fairq sets itself.
+_FAIRQ_ENV_IN_PODS = ALLOWED_FAIRQ_ENV | ARRAY_JOB_ENV
+# Pod Security Admission (docs/kubernetes.md): the level fairq's namespaces enforce, and
+# the policy version it is pinned to (a newer policy cannot start refusing fairq's pods
+# on a cluster upgrade; fairq's pods meet `restricted` as of this version).
+PSA = "pod-security.kubernetes.io"
+PSA_VERSION = "v1.30"
 # Waiting reasons that mean the image will not start by itself: past the pull timeout
 # the attempt fails with this reason instead of sitting PENDING for ever.
 IMAGE_ERRORS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
@@ -66,7 +86,7 @@ class ManifestOptions:
 
 def namespace_for(team: str, prefix: str) -> str:
     name = f"{prefix}{team}"
-    if len(name) > 63 or not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", name):
+    if len(name) > 63 or not _DNS_LABEL_RE.match(name):
         raise ManifestError(f"namespace {name!r} is not a valid DNS-1123 label")
     return name
 
@@ -104,6 +124,8 @@ def _env(env: Mapping[str, str]) -> list[dict[str, str]]:
         value = env[name]
         if not isinstance(name, str) or not _ENV_NAME_RE.match(name) or len(name) > 253:
             raise ManifestError(f"invalid environment variable name {name!r}")
+        if env_name_reserved(name, allowed=_FAIRQ_ENV_IN_PODS):
+            raise ManifestError(f"environment variable name {name!r} is reserved")
         if not isinstance(value, str):
             raise ManifestError(f"environment variable {name} must be a string")
         # Only `value`: never `valueFrom` (it could read Secrets of the namespace).
@@ -116,7 +138,9 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, Any]:
 
     Guarantees: the pod runs one container `main` with the spec's image, command, args
     and env (literal values only) and limits = requests = `gpus_per_replica` of the GPU
-    type's resource; no privilege, host namespace, host path or service-account token;
+    type's resource; no privilege, escalation, capability, host namespace, host path or
+    service-account token, the runtime's seccomp profile, runAsNonRoot as the team says
+    (`security_context`); no reserved env name (API rules, checked again here);
     `parallelism = completions = replicas`; labels and annotations carry job id, attempt,
     team, tier and GPU type.
     """
@@ -124,6 +148,8 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, Any]:
         raise ManifestError("a job needs at least one replica and one GPU per replica")
     if not spec.image or not isinstance(spec.image, str):
         raise ManifestError("a job needs an image")
+    if len(spec.image) > MAX_IMAGE_LEN or not IMAGE_RE.match(spec.image):
+        raise ManifestError(f"image {spec.image!r} is not a valid image reference")
     labels = labels_for(spec)
     annotations = {
         L_JOB_ID: str(spec.job_id),
@@ -140,7 +166,7 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, Any]:
         "image": spec.image,
         "resources": {"limits": {spec.resource_name: gpus},
                       "requests": {spec.resource_name: gpus}},
-        "securityContext": {"privileged": False, "allowPrivilegeEscalation": False},
+        "securityContext": security_context(run_as_non_root=spec.run_as_non_root),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     command = _str_list(spec.command, "command")
@@ -201,9 +227,36 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, Any]:
     }
 
 
-def namespace_manifest(name: str, team: str) -> dict[str, Any]:
+def security_context(*, run_as_non_root: bool) -> dict[str, Any]:
+    """The container's securityContext: no privilege, no escalation, no capability, the
+    runtime's default seccomp profile; `runAsNonRoot` when the team runs non-root (the
+    image's user must then not be root, or the kubelet refuses to start the container:
+    CreateContainerConfigError). Together these meet the `restricted` Pod Security
+    Standard; without runAsNonRoot, `baseline`."""
+    sc: dict[str, Any] = {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if run_as_non_root:
+        sc["runAsNonRoot"] = True
+    return sc
+
+
+def pod_security_level(*, run_as_non_root: bool) -> str:
+    return "restricted" if run_as_non_root else "baseline"
+
+
+def namespace_manifest(name: str, team: str, *, run_as_non_root: bool = True) -> dict[str, Any]:
+    """A team's namespace, labelled fairq's and with the Pod Security Admission level its
+    pods meet (`restricted` when the team runs non-root, else `baseline`), enforced.
+    Servers before 1.23 (PSA beta) ignore the labels."""
+    level = pod_security_level(run_as_non_root=run_as_non_root)
     return {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": name, "labels": {MANAGED_BY: MANAGED_BY_VALUE, L_TEAM: team}}}
+            "metadata": {"name": name, "labels": {
+                MANAGED_BY: MANAGED_BY_VALUE, L_TEAM: team,
+                f"{PSA}/enforce": level, f"{PSA}/enforce-version": PSA_VERSION}}}
 
 
 def resource_quota_manifest(namespace: str, hard: Mapping[str, int]) -> dict[str, Any]:

@@ -82,10 +82,11 @@ def sync_cluster(backend: KubernetesBackend | None = None) -> dict[str, Any]:
     report: dict[str, Any] = dict(backend.sync_priority_classes(priority_class_specs()))
     failed: list[dict[str, Any]] = report.setdefault("failed", [])
     report["namespaces"] = []
-    for slug in Team.objects.order_by("slug").values_list("slug", flat=True):
+    for slug, non_root in Team.objects.order_by("slug").values_list("slug", "run_as_non_root"):
         namespace = f"{backend.namespace_prefix}{slug}"
         try:
-            namespace = backend.ensure_namespace(slug, force=True, quota=False)
+            namespace = backend.ensure_namespace(slug, force=True, quota=False,
+                                                 run_as_non_root=non_root)
         except Exception as exc:
             failed.append(sync_failure("Namespace", namespace, exc))
             continue

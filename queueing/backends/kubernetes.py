@@ -222,6 +222,7 @@ class KubernetesBackend:
         self._kick = _Debounced(kick) if kick is not None else None
         self._lock = threading.Lock()
         self._known_namespaces: set[str] = set()
+        self._namespace_non_root: dict[str, bool] = {}  # the PSA level each was labelled
         self._where: dict[str, str] = {}  # workload name → namespace
         self._stopping: set[str] = set()  # names fairq deleted
         self._hidden: dict[str, datetime] = {}  # finished Jobs fairq forgot: name → finished
@@ -410,7 +411,7 @@ class KubernetesBackend:
             self._adopt(cached, body)  # already there: the name is the identity
             return
         if self.provision == "scheduler":
-            self.ensure_namespace(spec.team)
+            self.ensure_namespace(spec.team, run_as_non_root=spec.run_as_non_root)
         elif not self.namespace_ready(namespace):
             raise NamespaceNotProvisioned(
                 f"namespace {namespace} is not provisioned for fairq yet "
@@ -528,24 +529,31 @@ class KubernetesBackend:
                 log.info("asking whether %s is provisioned failed: %s", namespace, exc)
         return out
 
-    def ensure_namespace(self, team: str, *, force: bool = False, quota: bool = True) -> str:
+    def ensure_namespace(self, team: str, *, force: bool = False, quota: bool = True,
+                         run_as_non_root: bool = True) -> str:
         """The provisioner's work for one team: its namespace (created, and labelled),
         its ResourceQuota and the RoleBinding that lets the scheduler's service account
         run Jobs there. Called by `sync_cluster`, and by submit when
         FAIRQ_K8S_PROVISION=scheduler. `quota=False`: without the quota (`sync_cluster`
-        applies it as a step of its own)."""
+        applies it as a step of its own). The namespace's Pod Security label follows
+        the team's `run_as_non_root`: with FAIRQ_K8S_PROVISION=scheduler a change is
+        patched before the team's next Job (a `restricted` namespace would refuse the pods
+        of a team that now runs as root); with "separate" the provisioner applies it when
+        it runs (docs/kubernetes.md)."""
         from kubernetes.client.exceptions import ApiException
 
         namespace = namespace_for(team, self.namespace_prefix)
-        if namespace in self._known_namespaces and not force:
+        if namespace in self._known_namespaces and not force and \
+                self._namespace_non_root.get(namespace, run_as_non_root) == run_as_non_root:
             return namespace
+        body = namespace_manifest(namespace, team, run_as_non_root=run_as_non_root)
         try:
-            self.core.create_namespace(cast(Any, namespace_manifest(namespace, team)))
+            self.core.create_namespace(cast(Any, body))
         except ApiException as exc:
             if exc.status != 409:
                 raise
             self.core.patch_namespace(namespace, {"metadata": {
-                "labels": namespace_manifest(namespace, team)["metadata"]["labels"]}})
+                "labels": body["metadata"]["labels"]}})
         if self.scheduler_account is not None:
             self.apply_role_binding(namespace)
         # Ready once its quota is in place (apply_quota marks it known).
@@ -553,6 +561,7 @@ class KubernetesBackend:
             self._known_namespaces.add(namespace)
         elif quota:
             self.apply_quota(namespace, self.team_quota(team))
+        self._namespace_non_root[namespace] = run_as_non_root
         return namespace
 
     def apply_role_binding(self, namespace: str) -> None:

@@ -10,7 +10,7 @@ from django.db import transaction
 
 from accounts.models import Membership, Role, ServiceAccount, Team
 from accounts.services import service_account_create
-from queueing.models import GpuType, Job, Quota, Tier
+from queueing.models import GpuType, Job, Quota, Tier, TierGrant
 from queueing.policy.states import JobState
 
 from .jobs import JobInput, job_submit
@@ -27,12 +27,14 @@ GPU_TYPES = [
      {"nvidia.com/mig.config": "all-1g.10gb"}, 0.15),
 ]
 TIERS = [
-    # slug, name, rank, priority class, value, preemptible, min runtime
-    ("critical", "Critical (never preempted)", 300, "fairq-critical", 100000, False, 0),
-    ("high", "High", 200, "fairq-high", 10000, True, 600),
-    ("normal", "Normal", 100, "fairq-normal", 1000, True, 300),
-    ("low", "Low (preemptible, scavenger)", 0, "fairq-low", 100, True, 0),
+    # slug, name, rank, priority class, value, preemptible, min runtime, open to all teams
+    ("critical", "Critical (never preempted)", 300, "fairq-critical", 100000, False, 0, False),
+    ("high", "High", 200, "fairq-high", 10000, True, 600, True),
+    ("normal", "Normal", 100, "fairq-normal", 1000, True, 300, True),
+    ("low", "Low (preemptible, scavenger)", 0, "fairq-low", 100, True, 0, True),
 ]
+# Rule T1: the closed tiers and the teams they are granted to.
+TIER_GRANTS = {"critical": ["nlp"]}
 TEAMS: list[tuple[str, str, float, dict[str, tuple[int, int | None]], list[tuple[str, Role]]]] = [
     # slug, name, weight, quotas {gpu: (nominal, borrowing limit)}, people
     ("vision", "Computer Vision", 3.0, {"h100": (12, 8), "a100": (8, 8)},
@@ -62,10 +64,11 @@ def demo_seed() -> list[DemoLogin]:
         GpuType.objects.update_or_create(slug=slug, defaults={
             "name": name, "resource_name": resource, "node_labels": labels,
             "billing_weight": weight})
-    for slug, name, rank, pc, value, preemptible, min_rt in TIERS:
+    for slug, name, rank, pc, value, preemptible, min_rt, open_to_all in TIERS:
         Tier.objects.update_or_create(slug=slug, defaults={
             "name": name, "rank": rank, "priority_class_name": pc, "priority_value": value,
-            "preemptible": preemptible, "min_runtime_seconds": min_rt})
+            "preemptible": preemptible, "min_runtime_seconds": min_rt,
+            "open_to_all_teams": open_to_all})
     logins: dict[str, list[str]] = {}
     admin, created = user_model.objects.get_or_create(
         username="admin", defaults={"is_staff": True, "is_superuser": True})
@@ -89,6 +92,10 @@ def demo_seed() -> list[DemoLogin]:
             logins.setdefault(username, []).append(f"{slug} ({role})")
         if not ServiceAccount.objects.filter(team=team, name="pipeline").exists():
             service_account_create(team=team, name="pipeline")
+    for tier_slug, team_slugs in TIER_GRANTS.items():
+        for team_slug in team_slugs:
+            TierGrant.objects.get_or_create(tier=Tier.objects.get(slug=tier_slug),
+                                            team=Team.objects.get(slug=team_slug))
     return [DemoLogin(u, DEMO_PASSWORD, ", ".join(t)) for u, t in logins.items()]
 
 

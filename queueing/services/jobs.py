@@ -31,6 +31,20 @@ _EVENT_REASON_MAX = JobEvent._meta.get_field("reason").max_length
 _ACTOR_LABEL_MAX = JobEvent._meta.get_field("actor_label").max_length
 
 
+def job_check_tier(*, team: Team, tier: Tier) -> None:
+    """Rule T1: a team submits jobs only of the tiers open to every team or granted to
+    it, whoever submits (staff too: they grant first, so the grants alone say which
+    teams may use a tier). A 400 with the reason on `tier` otherwise. Every submit path
+    (API, web, CLI, array job, resubmit) comes through `job_submit_with_event` or
+    `jobs_submit_bulk`, which call this."""
+    from queueing.selectors import tier_allowed_for_team
+
+    if not tier_allowed_for_team(tier_id=tier.pk, team_id=team.pk):
+        message = (f"Team {team.slug} may not use tier {tier.slug}: it is not open to every "
+                   "team and not granted to this one (rule T1); staff grant tiers.")
+        raise DomainError(message, fields={"tier": [message]})
+
+
 def job_transition(
     job: Job,
     target: JobState,
@@ -132,6 +146,7 @@ def job_submit_with_event(
         existing = Job.objects.filter(team=data.team, idempotency_key=idempotency_key).first()
         if existing is not None:
             return _same_submit_or_refuse(existing, actor=actor, data=data), None, False
+    job_check_tier(team=data.team, tier=data.tier)
     submitter = actor if actor.is_authenticated else None
     job = Job(**data.job_values(), submitter=submitter, status=JobState.QUEUED,
               idempotency_key=idempotency_key or None, created_at=now, updated_at=now)
@@ -282,6 +297,7 @@ def jobs_submit_bulk(
     if problem:
         raise DomainError(problem, fields={"count": [problem]})
     now = now or timezone.now()
+    job_check_tier(team=data.team, tier=data.tier)
     submitter = actor if actor.is_authenticated else None
     template = Job(**data.job_values(), submitter=submitter, status=JobState.QUEUED,
                    created_at=now, updated_at=now)

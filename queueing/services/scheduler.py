@@ -651,6 +651,7 @@ def launch_spec(job: Job) -> LaunchSpec:
         command=list(job.command or []), args=list(job.args or []),
         env={str(k): str(v) for k, v in (job.env or {}).items()},
         max_runtime_seconds=job.max_runtime_seconds, placement=tuple(job.placement or ()),
+        run_as_non_root=job.team.run_as_non_root,
     )
 
 

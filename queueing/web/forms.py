@@ -12,8 +12,9 @@ from django.http import HttpRequest
 
 from accounts.models import Role
 from queueing.api.serializers import JobCreateSerializer
+from queueing.errors import DomainError
 from queueing.models import GpuType, Tier
-from queueing.services.jobs import JobInput
+from queueing.services.jobs import JobInput, job_check_tier
 
 
 class JobSubmitForm(forms.Form):
@@ -86,7 +87,13 @@ class JobSubmitForm(forms.Form):
                 body[name] = data[name]
         serializer = JobCreateSerializer(data=body, context={"request": self.request})
         if serializer.is_valid() and not self.errors:
-            self.job_input = serializer.to_input()
+            job_input = serializer.to_input()
+            try:  # rule T1 as the service applies it, so the live check shows it too
+                job_check_tier(team=job_input.team, tier=job_input.tier)
+            except DomainError as exc:
+                self.add_error("tier", exc.message)
+                return data
+            self.job_input = job_input
             return data
         for field, messages in serializer.errors.items():
             target = field if field in self.fields else None

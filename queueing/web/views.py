@@ -232,6 +232,15 @@ def _preview(form: JobSubmitForm) -> dash.Preview | None:
                                tier_rank=inp.tier.rank, now=timezone.now())
 
 
+def _form_errors(form: JobSubmitForm, exc: DomainError) -> None:
+    """A service's refusal on the form's fields (the rest as a form-wide error)."""
+    if not exc.fields:
+        form.add_error(None, exc.message)
+    for field, msgs in exc.fields.items():
+        for msg in msgs:
+            form.add_error(field if field in form.fields else None, msg)
+
+
 @login_required
 def job_new(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
@@ -242,8 +251,8 @@ def job_new(request: HttpRequest) -> HttpResponse:
             try:
                 job, _ = job_submit(actor=request.user, data=form.job_input,
                                     idempotency_key=key)
-            except DomainError as exc:  # the key: too long, or used for another job (422)
-                form.add_error(None, exc.message)
+            except DomainError as exc:  # the service's rules (T1: the tier; the key), on the form
+                _form_errors(form, exc)
                 status = exc.status_code
             else:
                 queue_plan_forget()
@@ -330,8 +339,8 @@ def job_resubmit(request: HttpRequest, job_id: int) -> HttpResponse:
     try:
         new, _ = job_submit(actor=request.user, data=serializer.to_input(),
                             idempotency_key=request.POST.get("idempotency_key") or None)
-    except DomainError as exc:  # the key: too long, or used for another job
-        messages.error(request, exc.message)
+    except DomainError as exc:  # the service's own rules (T1: a tier no longer granted)
+        messages.error(request, f"This job cannot be resubmitted as it is: {exc.message}")
         return redirect("web:job-detail", job_id=job.pk)
     queue_plan_forget()
     messages.success(request, f"Resubmitted as job #{new.pk}.")

@@ -399,8 +399,10 @@ def test_a_hostile_job_body_puts_no_such_field_in_the_created_job(
     assert "serviceAccountName" not in pod and "nodeName" not in pod
     assert pod["automountServiceAccountToken"] is False
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
-    assert pod["containers"][0]["securityContext"] == {"privileged": False,
-                                                       "allowPrivilegeEscalation": False}
+    assert pod["containers"][0]["securityContext"] == {
+        "privileged": False, "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+        "runAsNonRoot": True}  # the team's setting (a new team's default)
 
 
 # --- capacity, logs, sync --------------------------------------------------------------------

@@ -1,0 +1,40 @@
+"""Who may use which tier (rule T1): staff grant closed tiers to teams."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+
+from accounts.models import Team
+from accounts.services import audit_record
+from queueing.models import Tier, TierGrant
+
+
+@transaction.atomic
+def team_tier_grants_set(*, actor: Any, team: Team, tiers: Iterable[Tier]) -> list[Tier]:
+    """Make `team`'s explicit grants exactly `tiers` (rule T1); each grant added or removed
+    is audited in the same transaction. Tiers open to every team need no grant, but a
+    grant of one is kept (it holds if the tier is closed later). Returns the granted
+    tiers, highest rank first. Concurrent calls for one team take turns (the team row
+    is locked)."""
+    Team.objects.select_for_update().filter(pk=team.pk).first()
+    wanted = {t.pk: t for t in tiers}
+    current = {g.tier_id: g for g in TierGrant.objects.filter(team=team).select_related("tier")}
+    for tier_id, grant in current.items():
+        if tier_id not in wanted:
+            audit_record(actor=actor, action="delete", instance=grant,
+                         changes={"tier": [grant.tier.slug, None], "team": [team.slug, None]})
+            grant.delete()
+    for tier_id, tier in wanted.items():
+        if tier_id not in current:
+            grant = TierGrant.objects.create(tier=tier, team=team)
+            audit_record(actor=actor, action="create", instance=grant,
+                         changes={"tier": [None, tier.slug], "team": [None, team.slug]})
+    return sorted(wanted.values(), key=lambda t: -t.rank)
+
+
+def team_granted_tier_slugs(team: Team) -> list[str]:
+    """The slugs of the tiers granted to `team` (prefetch `tier_grants__tier` for lists)."""
+    return sorted(g.tier.slug for g in team.tier_grants.all())
