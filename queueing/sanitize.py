@@ -160,8 +160,13 @@ def clean_status(status: Any) -> WorkloadStatus | None:
                       if n)
         reason = "" if status.reason is None else clean_text(status.reason,
                                                                max_length=MAX_STATUS_REASON)
+        stopping = getattr(status, "stopping", False) is True
+        restarts = getattr(status, "restarts", 0)
+        restarts = (clamp_int(restarts, 0, INT32[1]) or 0) if isinstance(restarts, int) \
+            and not isinstance(restarts, bool) else 0
         return WorkloadStatus(name=name, job_id=job_id, attempt=attempt, phase=phase,
                               started_at=started, finished_at=finished, exit_code=exit_code,
-                              reason=reason, nodes=nodes)
+                              reason=reason, nodes=nodes, stopping=stopping,
+                              restarts=restarts)
     except Exception:
         return None

@@ -67,3 +67,15 @@ def test_clean_status() -> None:
     for job_id in (0, -1, 2**63, "1", True, None, 1.0):
         assert clean_status(WorkloadStatus("n", job_id, 1, Phase.RUNNING)) is None  # type: ignore[arg-type]
     assert clean_status(object()) is None
+
+
+def test_clean_status_keeps_what_the_reconcile_reads_besides_the_phase() -> None:
+    """`stopping` (a Job the cluster is removing is not stopped or counted again) and
+    `restarts` (a pod restart writes an event) survive the cleaning; odd values do not."""
+    s = clean_status(WorkloadStatus("n", 1, 1, Phase.RUNNING, stopping=True, restarts=3))
+    assert s is not None and s.stopping is True and s.restarts == 3
+    odd = clean_status(WorkloadStatus("n", 1, 1, Phase.RUNNING, stopping="yes",  # type: ignore[arg-type]
+                                      restarts=-5))
+    assert odd is not None and odd.stopping is False and odd.restarts == 0
+    big = clean_status(WorkloadStatus("n", 1, 1, Phase.RUNNING, restarts=2**40))
+    assert big is not None and big.restarts == 2**31 - 1
