@@ -19,7 +19,9 @@
                     A preemptor is admitted by a later cycle, once its victims' GPUs
                     are free (R8).
     6. notify     — when anything moved, drop the shared plan of the queue that answers
-                    "why does my job wait" (queueing/services/queue_plan.py).
+                    "why does my job wait" (queueing/services/queue_plan.py), and
+                    publish the cluster view web processes read instead of the cluster
+                    (nodes, live workloads, unprovisioned teams: queueing/cluster.py).
 
 Only one cycle plans at a time (a PostgreSQL advisory lock; a process lock on SQLite,
 which is single-process only); the compare-and-swap in step 4 means that even a stale
