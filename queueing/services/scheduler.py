@@ -352,7 +352,13 @@ def _unowned_workload(*, backend: ClusterBackend, status: WorkloadStatus, owned:
     running count as orphans in `orphans_stopped`, once: not a Job that finished with its
     attempt, nor one the cluster is already removing."""
     if owned and status.started_at is not None:
-        _charge_unowned_run(status=status, now=now)
+        try:
+            _charge_unowned_run(status=status, now=now)
+        except NOT_A_JOB_FAULT:
+            raise
+        except Exception:  # still stop it: a workload running for ever is the worse leak
+            log.exception("cycle %s: could not charge unowned workload %s; stopping it anyway",
+                          result.cycle_id, status.name)
     if status.stopping:
         return
     backend.stop(status.name, now=now)
