@@ -223,7 +223,7 @@ def _instant_or_400(value: str | None) -> datetime | None:
     from queueing.errors import DomainError
     from queueing.instants import InstantError, parse_instant
 
-    if not value:
+    if value is None:  # absent: now; present but empty is not an instant
         return None
     try:
         return parse_instant(value)

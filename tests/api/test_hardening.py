@@ -223,6 +223,9 @@ def test_offsets_postgres_refuses_are_normalized(world: World, url: str) -> None
     "/api/v1/fairshare/?at=0001-01-01T00:00:00%2B20:00",
     "/api/v1/fairshare/?at=9999-12-31T23:59:59-20:00",
     "/api/v1/jobs/?updated_after=2026-01-05T08:00:00",
+    "/api/v1/jobs/?updated_after=",  # present but empty: not an instant (schema: date-time)
+    "/api/v1/fairshare/?at=",
+    "/api/v1/usage/?from=",
 ])
 def test_instants_out_of_range_or_naive_are_a_400(world: World, url: str) -> None:
     error = _assert_error_shape(world.client(world.staff).get(url), 400)
