@@ -541,9 +541,8 @@ def test_a_forked_backend_starts_over_with_its_own_pool_and_informers(
 def test_jobs_of_another_fairq_on_the_same_cluster_are_not_ours() -> None:
     from kubernetes import client
 
-    from queueing.backends.kubernetes import KubernetesBackend
-
     from queueing.backends.k8s_manifest import sign_job
+    from queueing.backends.kubernetes import KubernetesBackend
 
     backend = KubernetesBackend(client.ApiClient(client.Configuration()),
                                 namespace_prefix="fairq-")
@@ -564,9 +563,8 @@ def test_jobs_of_another_fairq_on_the_same_cluster_are_not_ours() -> None:
 def test_a_job_deleted_before_fairq_saw_its_end_is_still_reported() -> None:
     from kubernetes import client
 
-    from queueing.backends.kubernetes import KubernetesBackend
-
     from queueing.backends.k8s_manifest import sign_job
+    from queueing.backends.kubernetes import KubernetesBackend
 
     backend = KubernetesBackend(client.ApiClient(client.Configuration()))
     for informer in backend._informers:
