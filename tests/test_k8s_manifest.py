@@ -541,12 +541,13 @@ def test_a_forked_backend_starts_over_with_its_own_pool_and_informers(
 def test_jobs_of_another_fairq_on_the_same_cluster_are_not_ours() -> None:
     from kubernetes import client
 
+    from queueing.backends.k8s_manifest import sign_job
     from queueing.backends.kubernetes import KubernetesBackend
 
     backend = KubernetesBackend(client.ApiClient(client.Configuration()),
                                 namespace_prefix="fairq-")
     theirs = job_manifest(spec(), ManifestOptions(namespace="staging-vision"))
-    mine = job_manifest(spec(name="fq-13-1", job_id=13), OPTS)
+    mine = sign_job(job_manifest(spec(name="fq-13-1", job_id=13), OPTS), backend.owner_key)
     for j in (theirs, mine):
         j["metadata"]["resourceVersion"] = "1"
         backend.jobs._store[f"{j['metadata']['namespace']}/{j['metadata']['name']}"] = j
@@ -562,13 +563,14 @@ def test_jobs_of_another_fairq_on_the_same_cluster_are_not_ours() -> None:
 def test_a_job_deleted_before_fairq_saw_its_end_is_still_reported() -> None:
     from kubernetes import client
 
+    from queueing.backends.k8s_manifest import sign_job
     from queueing.backends.kubernetes import KubernetesBackend
 
     backend = KubernetesBackend(client.ApiClient(client.Configuration()))
     for informer in backend._informers:
         informer.synced.set()
     backend._started = True
-    done = k8s_job([{"type": "Complete", "status": "True"}])
+    done = sign_job(k8s_job([{"type": "Complete", "status": "True"}]), backend.owner_key)
     p = pod("Succeeded", start=T0, end=T0 + timedelta(seconds=5))
     p["metadata"]["labels"] = {"fairq.io/workload": "fq-12-1"}
     p["metadata"]["namespace"] = "fairq-vision"
@@ -580,7 +582,7 @@ def test_a_job_deleted_before_fairq_saw_its_end_is_still_reported() -> None:
     never_ran = k8s_job()
     never_ran["metadata"]["name"] = "fq-14-1"
     never_ran["metadata"]["labels"]["fairq.io/job-id"] = "14"
-    backend._job_changed("DELETED", never_ran, None)
+    backend._job_changed("DELETED", sign_job(never_ran, backend.owner_key), None)
     assert [s.name for s in backend.statuses(now=T0)] == ["fq-12-1"]
 
 

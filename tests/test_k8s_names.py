@@ -17,6 +17,7 @@ from queueing.backends.k8s_manifest import (
     adoption_verdict,
     job_manifest,
     namespace_for,
+    sealed_by_fairq,
     sign_job,
     spec_digest,
 )
@@ -52,6 +53,8 @@ def test_the_seal_is_deterministic_and_covers_the_whole_spec() -> None:
 def test_fairqs_own_job_is_adopted() -> None:
     body = signed()
     assert adoption_verdict(as_stored(body), body, key=KEY) == ("adopt", "")
+    # The same test decides which Jobs the backend reports as fairq's workloads.
+    assert sealed_by_fairq(as_stored(body), KEY)
 
 
 def test_fairqs_job_from_an_earlier_spec_of_the_attempt_is_adopted_with_a_note() -> None:
@@ -77,6 +80,7 @@ def test_a_job_fairq_did_not_create_is_refused(tamper: str) -> None:
         other["metadata"]["name"] = "fq-12-1"
     verdict, why = adoption_verdict(other, body, key=KEY)
     assert verdict == "refuse" and "fairq did not create it" in why
+    assert not sealed_by_fairq(other, KEY)  # not reported, charged or stopped either
 
 
 def test_a_job_being_deleted_is_never_adopted_even_fairqs_own() -> None:

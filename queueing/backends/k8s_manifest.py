@@ -310,6 +310,15 @@ def sign_job(body: Mapping[str, Any], key: bytes) -> dict[str, Any]:
     return {**body, "metadata": meta}
 
 
+def sealed_by_fairq(job: Mapping[str, Any], key: bytes) -> bool:
+    """The Job carries an owner seal that verifies with fairq's key: fairq created it."""
+    meta = job.get("metadata") or {}
+    ann = meta.get("annotations") or {}
+    digest = str(ann.get(A_SPEC_DIGEST) or "")
+    expected = owner_seal(str(meta.get("namespace")), str(meta.get("name")), digest, key)
+    return bool(digest) and hmac.compare_digest(str(ann.get(A_OWNER) or ""), expected)
+
+
 def adoption_verdict(existing: Mapping[str, Any], wanted: Mapping[str, Any], *,
                      key: bytes) -> tuple[str, str]:
     """What to do with a Job that already holds the name of the Job `wanted` (signed):
@@ -326,13 +335,10 @@ def adoption_verdict(existing: Mapping[str, Any], wanted: Mapping[str, Any], *,
     where = f"{meta.get('namespace')}/{meta.get('name')}"
     if meta.get("deletionTimestamp"):
         return "requeue", f"its Kubernetes Job {where} is being deleted"
-    ann = meta.get("annotations") or {}
-    digest = str(ann.get(A_SPEC_DIGEST) or "")
-    seal = str(ann.get(A_OWNER) or "")
-    expected = owner_seal(str(meta.get("namespace")), str(meta.get("name")), digest, key)
-    if not digest or not hmac.compare_digest(seal, expected):
+    if not sealed_by_fairq(existing, key):
         return "refuse", (f"a Job named {where} already exists and fairq did not create it "
                           f"(no valid {A_OWNER} annotation); not adopted")
+    digest = (meta.get("annotations") or {}).get(A_SPEC_DIGEST)
     wanted_digest = ((wanted.get("metadata") or {}).get("annotations") or {}).get(A_SPEC_DIGEST)
     if digest != wanted_digest:
         return "adopt", f"{where} was created by fairq from an earlier spec of this attempt"

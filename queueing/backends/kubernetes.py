@@ -59,6 +59,7 @@ from .k8s_manifest import (
     priority_class_manifest,
     resource_quota_manifest,
     role_binding_manifest,
+    sealed_by_fairq,
     sign_job,
     unbound_demand,
     workload_status,
@@ -609,7 +610,7 @@ class KubernetesBackend:
         if ns is not None:
             return ns
         for job in self.jobs.items():
-            if job["metadata"]["name"] == name and self._ours(job["metadata"]):
+            if job["metadata"]["name"] == name and self._fairqs(job):
                 return str(job["metadata"]["namespace"])
         return None
 
@@ -676,12 +677,18 @@ class KubernetesBackend:
         cache yet: ask the API server."""
         items = _raw_list(self.batch.list_job_for_all_namespaces,
                           label_selector=f"{L_WORKLOAD}={name}")
-        mine = [i for i in items if self._ours(i["metadata"])]
+        mine = [i for i in items if self._fairqs(i)]
         return str(mine[0]["metadata"]["namespace"]) if mine else None
 
     def _ours(self, meta: Mapping[str, Any]) -> bool:
         """In one of this fairq's team namespaces (the prefix tells fairq instances apart)."""
         return str(meta.get("namespace", "")).startswith(self.namespace_prefix)
+
+    def _fairqs(self, job: Mapping[str, Any]) -> bool:
+        """A Job this fairq created: in its namespaces, with an owner seal that verifies.
+        A Job someone else made under a fairq name and labels (finding 11.4) is not a
+        workload: never reported, charged, adopted or stopped."""
+        return self._ours(job.get("metadata") or {}) and sealed_by_fairq(job, self.owner_key)
 
     def _expired(self, finished: datetime, now: datetime) -> bool:
         if self.ttl_after_finished_seconds is None:
@@ -713,7 +720,9 @@ class KubernetesBackend:
             if not self._ours(meta):
                 continue  # another fairq's (a staging instance on the same cluster)
             key = f"{meta['namespace']}/{name}"
-            job_keys.add(key)
+            job_keys.add(key)  # its pods are a Job's, not orphans, whoever made it
+            if not sealed_by_fairq(job, self.owner_key):
+                continue  # not fairq's (finding 11.4): not reported, charged or stopped
             job_pods = pods.get(key, [])
             if name in hidden:
                 if any(not pod_is_terminal(p) for p in job_pods) and job_finished(job) is None:
@@ -938,7 +947,7 @@ class KubernetesBackend:
     # --- watch hooks (informer threads: quick, no DB) ------------------------------------
 
     def _job_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
-        if not self._ours((new or old or {}).get("metadata") or {}):
+        if not self._fairqs(new or old or {}):
             return
         if new is not None:
             with self._lock:
