@@ -9,15 +9,15 @@ are set small on the test's backend so each test takes seconds.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from tests.envtest.cluster import DEFAULT_GPU_NODES, envtest_required
-from tests.envtest.test_k8s_backend import Kube, _empty_namespace, job, submit, wait
+from tests.envtest.test_k8s_backend import Kube, job, kube, submit, wait
+
+__all__ = ["kube"]  # the fixture, shared with test_k8s_backend.py
 
 if envtest_required():
     from kubernetes import client
@@ -28,40 +28,6 @@ pytestmark = [pytest.mark.k8s, pytest.mark.django_db(transaction=True)]
 
 H100_NODES = sorted(n for n, t, _ in DEFAULT_GPU_NODES if t == "h100")
 CONTROLLER_MANAGER = "kube-controller-manager"
-
-
-@pytest.fixture
-def kube(k8s_control_plane: Any, settings: Any, world: Any) -> Iterator[Kube]:
-    """As in test_k8s_backend.py: a fresh prefix, backend and team namespaces per test."""
-    from queueing.backends import get_backend, reset_backends
-    from queueing.backends.k8s_sync import sync_cluster
-    from queueing.backends.kubernetes import KubernetesBackend
-    from queueing.models import GpuType
-
-    prefix = f"f{uuid.uuid4().hex[:6]}-"
-    settings.FAIRQ_CLUSTER_BACKEND = "kubernetes"
-    settings.FAIRQ_KUBECONFIG = str(k8s_control_plane.kubeconfig_path)
-    settings.FAIRQ_KUBE_CONTEXT = ""
-    settings.FAIRQ_KUBE_NAMESPACE_PREFIX = prefix
-    settings.FAIRQ_K8S_RESYNC_SECONDS = 30
-    settings.FAIRQ_K8S_TERMINATION_GRACE_SECONDS = 5
-    settings.FAIRQ_PREEMPTION_TERMINATION_GRACE_SECONDS = 2
-    GpuType.objects.filter(slug="h100").update(node_labels={"fairq.io/gpu-type": "h100"})
-    GpuType.objects.filter(slug="a100").update(node_labels={"fairq.io/gpu-type": "a100"})
-    reset_backends()
-    backend = get_backend()
-    assert isinstance(backend, KubernetesBackend)
-    sync_cluster(backend)
-    backend.wait_synced(30)
-    with k8s_control_plane.api_client() as api:
-        k = Kube(backend, client.CoreV1Api(api), client.BatchV1Api(api), prefix)
-        try:
-            yield k
-        finally:
-            k.backend.close()
-            reset_backends()
-            for team in ("vision", "nlp", "speech"):
-                _empty_namespace(k, k.ns(team))
 
 
 def cycles(seconds: float) -> list[Any]:
