@@ -55,10 +55,12 @@ prometheus:
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy queueing accounts config
+	$(VENV)/bin/lint-imports
 
 test: install envtest browsers prometheus
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy queueing accounts config
+	$(VENV)/bin/lint-imports
 	$(PY) manage.py makemigrations --check --dry-run --settings=config.settings.test >/dev/null \
 		|| (echo "models changed without a migration: run makemigrations" && exit 1)
 	$(VENV)/bin/pytest

@@ -195,7 +195,7 @@ def bench_search_cycle() -> None:
     settings.FAIRQ_PREEMPTION_MAX_PER_TEAM = -1
 
     from accounts.models import Team
-    from queueing.backends import get_backend, reset_backends
+    from queueing.composition import get_backend, reset_backends
     from queueing.models import GpuType, Job, JobEvent, Tier
     from queueing.services.scheduler import launch_spec, scheduler_cycle
 

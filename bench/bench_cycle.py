@@ -74,7 +74,7 @@ def main() -> None:
     setup()
     from django.db import connection
 
-    from queueing.backends import reset_backends
+    from queueing.composition import reset_backends
     from queueing.services.scheduler import scheduler_cycle
 
     reset_backends()

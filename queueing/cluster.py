@@ -22,8 +22,8 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 
-from .backends import get_backend
 from .backends.base import ClusterBackend, NodeInfo
+from .composition import get_backend
 from .memo import ttl_memo
 
 _VIEW_KEY = "fairq:cluster-view"

@@ -12,6 +12,7 @@ from django.db.models import F, Q
 
 from accounts.models import Team, slug_validator
 
+from .backends.base import workload_name
 from .policy.states import FINAL_STATES, JobState
 
 
@@ -214,8 +215,8 @@ class Job(models.Model):
 
     @property
     def backend_name(self) -> str:
-        """The deterministic cluster name of the current attempt: fq-<id>-<attempt>."""
-        return f"fq-{self.pk}-{self.attempt}"
+        """The deterministic cluster name of the current attempt (`workload_name`)."""
+        return workload_name(self.pk, self.attempt)
 
     def runtime_seconds(self, now: datetime) -> float | None:
         if self.started_at is None:

@@ -69,7 +69,7 @@ def kick_scheduler() -> None:
 def stop_workload_task(name: str) -> None:
     from django.utils import timezone
 
-    from queueing.backends import get_backend
+    from queueing.composition import get_backend
 
     get_backend().stop(name, now=timezone.now())
 
@@ -79,7 +79,7 @@ def job_logs_archive_task() -> int:
     """The worker's copy of running jobs' logs, for web processes (services/logs.py)."""
     from django.utils import timezone
 
-    from queueing.backends import get_backend
+    from queueing.composition import get_backend
     from queueing.services.logs import job_logs_archive
 
     return len(job_logs_archive(backend=get_backend(), now=timezone.now()).refreshed)
@@ -124,9 +124,9 @@ def sync_cluster_task() -> None:
     another backend."""
     if settings.FAIRQ_CLUSTER_BACKEND != "kubernetes":
         return
-    from queueing.backends import get_backend
     from queueing.backends.k8s_sync import sync_cluster, sync_quotas
     from queueing.backends.kubernetes import KubernetesBackend
+    from queueing.composition import get_backend
 
     if settings.FAIRQ_K8S_PROVISION == "scheduler":
         report = sync_cluster()

@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 
 from accounts.models import Role
 from accounts.services import token_issue
-from queueing.backends import reset_backends
+from queueing.composition import reset_backends
 from queueing.memo import forget_all
 
 from .factories import (

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from queueing.backends import get_backend, reset_backends
+from queueing.composition import get_backend, reset_backends
 from queueing.models import FairShareAccumulator, Job, JobEvent, Quota, UsageRecord
 from queueing.policy.admission import WaitReason
 from queueing.policy.states import IllegalTransition, JobState

@@ -114,7 +114,7 @@ def test_an_outsider_cannot_see_the_explanation(world: World) -> None:
 def test_an_unreachable_cluster_gives_a_reason_not_an_error(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from queueing.backends import get_backend
+    from queueing.composition import get_backend
 
     job_id = submit(world)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from queueing.backends.base import LaunchSpec, Phase
+from queueing.backends.base import LaunchSpec, Phase, parse_workload_name, workload_name
 from queueing.backends.k8s_manifest import (
     GpuTypeRef,
     ManifestError,
@@ -21,7 +21,6 @@ from queueing.backends.k8s_manifest import (
     job_manifest,
     namespace_for,
     orphan_pods_status,
-    parse_name,
     pods_finished,
     priority_class_manifest,
     resource_quota_manifest,
@@ -138,8 +137,11 @@ def test_env_values_are_literal_never_value_from() -> None:
 
 
 def test_names_and_namespaces() -> None:
-    assert parse_name("fq-12-3") == (12, 3)
-    assert parse_name("fq-x-3") is None and parse_name("other") is None
+    assert parse_workload_name("fq-12-3") == (12, 3)
+    assert workload_name(12, 3) == "fq-12-3"
+    assert parse_workload_name(workload_name(7, 1)) == (7, 1)
+    assert parse_workload_name("fq-x-3") is None and parse_workload_name("other") is None
+    assert parse_workload_name("fq-12-3\n") is None
     assert namespace_for("vision", "fairq-") == "fairq-vision"
     with pytest.raises(ManifestError):
         namespace_for("x" * 70, "fairq-")

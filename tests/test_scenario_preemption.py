@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from queueing.backends import get_backend
+from queueing.composition import get_backend
 from queueing.models import UsageRecord
 from queueing.services.scheduler import scheduler_cycle
 

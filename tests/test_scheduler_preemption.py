@@ -10,8 +10,8 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from queueing.backends import get_backend
 from queueing.backends.simulated import SimulatedCluster
+from queueing.composition import get_backend
 from queueing.models import Job, JobEvent, Quota, UsageRecord
 from queueing.policy.admission import WaitReason, plan_admissions
 from queueing.policy.states import JobState

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -24,11 +25,28 @@ class NodeInfo:
         return max(0, self.capacity - self.allocated)
 
 
+# A workload's cluster name, fq-<job id>-<attempt>: deterministic, so a submit retried
+# after a crash finds the first one (rule R7 in docs/scheduling.md). Built and read only
+# here. \Z, not $ (which also matches before a trailing newline); ASCII only.
+_WORKLOAD_NAME_RE = re.compile(r"^fq-(\d+)-(\d+)\Z", re.ASCII)
+
+
+def workload_name(job_id: int, attempt: int) -> str:
+    """The cluster name of a job's attempt: `workload_name(12, 3)` is 'fq-12-3'."""
+    return f"fq-{job_id}-{attempt}"
+
+
+def parse_workload_name(name: str) -> tuple[int, int] | None:
+    """'fq-12-3' → (12, 3); anything else (another tool's Job) → None."""
+    m = _WORKLOAD_NAME_RE.match(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
     """What fairq asks a backend to run: built by fairq, never taken whole from a user."""
 
-    name: str  # deterministic: fq-<job id>-<attempt>
+    name: str  # workload_name(job_id, attempt)
     job_id: int
     attempt: int
     team: str

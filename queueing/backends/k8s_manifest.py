@@ -27,12 +27,13 @@ from typing import Any
 from queueing.validation import (
     ALLOWED_FAIRQ_ENV,
     ARRAY_JOB_ENV,
+    ENV_NAME_RE,
     IMAGE_RE,
     MAX_IMAGE_LEN,
     env_name_reserved,
 )
 
-from .base import WAITING, LaunchSpec, NodeInfo, Phase, WorkloadStatus
+from .base import WAITING, LaunchSpec, NodeInfo, Phase, WorkloadStatus, parse_workload_name
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "fairq"
@@ -53,8 +54,6 @@ GPU_TAINT_KEY = "nvidia.com/gpu"
 QUOTA_NAME = "fairq-gpus"
 
 # \Z, not $ (which also matches before a trailing newline); ASCII only.
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*\Z", re.ASCII)
-_NAME_RE = re.compile(r"^fq-(\d+)-(\d+)\Z", re.ASCII)
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z", re.ASCII)
 # What a pod may carry in its env besides the user's own names: the simulator's knobs
 # (documented) and the array index fairq sets itself.
@@ -91,12 +90,6 @@ def namespace_for(team: str, prefix: str) -> str:
     return name
 
 
-def parse_name(name: str) -> tuple[int, int] | None:
-    """'fq-12-3' → (12, 3); anything else → None."""
-    m = _NAME_RE.match(name)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
 def labels_for(spec: LaunchSpec) -> dict[str, str]:
     return {
         MANAGED_BY: MANAGED_BY_VALUE,
@@ -122,7 +115,7 @@ def _env(env: Mapping[str, str]) -> list[dict[str, str]]:
     out = []
     for name in sorted(env):
         value = env[name]
-        if not isinstance(name, str) or not _ENV_NAME_RE.match(name) or len(name) > 253:
+        if not isinstance(name, str) or not ENV_NAME_RE.match(name) or len(name) > 253:
             raise ManifestError(f"invalid environment variable name {name!r}")
         if env_name_reserved(name, allowed=_FAIRQ_ENV_IN_PODS):
             raise ManifestError(f"environment variable name {name!r} is reserved")
@@ -463,7 +456,7 @@ def workload_status(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *
         job_id = int(labels[L_JOB_ID])
         attempt = int(labels[L_ATTEMPT])
     except (KeyError, ValueError):
-        parsed = parse_name(name)
+        parsed = parse_workload_name(name)
         if parsed is None:
             return None
         job_id, attempt = parsed

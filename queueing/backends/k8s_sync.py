@@ -71,7 +71,7 @@ def sync_cluster(backend: KubernetesBackend | None = None) -> dict[str, Any]:
     from .kubernetes import sync_failure
 
     if backend is None:
-        from queueing.backends import get_backend
+        from queueing.composition import get_backend
 
         from .kubernetes import KubernetesBackend
 

@@ -395,7 +395,7 @@ def job_logs(*, job: Job, tail: int = 100) -> str:
     if archived is not None:
         return archived
     if settings.FAIRQ_CLUSTER_BACKEND == "simulated":
-        from queueing.backends import get_backend
+        from queueing.composition import get_backend
 
         return get_backend().logs(job.backend_name, tail=tail)
     return ""

@@ -52,7 +52,6 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
 from django.utils import timezone
 
-from queueing.backends import get_backend
 from queueing.backends.base import (
     WAITING,
     ClusterBackend,
@@ -61,8 +60,10 @@ from queueing.backends.base import (
     SubmitRejected,
     SubmitRequeue,
     WorkloadStatus,
+    workload_name,
 )
 from queueing.cluster import ClusterView, cluster_view_publish
+from queueing.composition import get_backend
 from queueing.models import GpuType, Job, JobEvent, Quota, UsageRecord
 from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.fairshare import FairShareState
@@ -303,7 +304,7 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) ->
         pk for pk, attempt, state, submitted, started, updated in Job.objects.filter(
             status__in=[JobState.ADMITTED, JobState.RUNNING]).values_list(
             "pk", "attempt", "status", "submitted_to_backend_at", "started_at", "updated_at")
-        if f"fq-{pk}-{attempt}" not in seen and (
+        if workload_name(pk, attempt) not in seen and (
             (state == JobState.ADMITTED and submitted is not None and submitted < grace_cutoff)
             or (state == JobState.RUNNING and (started or updated) < grace_cutoff))
     ]

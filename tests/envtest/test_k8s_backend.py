@@ -108,9 +108,9 @@ def _empty_namespace(kube: Kube, namespace: str) -> None:
 
 @pytest.fixture
 def kube(k8s_control_plane: Any, settings: Any, world: Any) -> Iterator[Kube]:
-    from queueing.backends import get_backend, reset_backends
     from queueing.backends.k8s_sync import sync_cluster
     from queueing.backends.kubernetes import KubernetesBackend
+    from queueing.composition import get_backend, reset_backends
     from queueing.models import GpuType
 
     prefix = f"k{uuid.uuid4().hex[:6]}-"
@@ -294,7 +294,7 @@ def test_cancel_removes_the_pods_and_frees_the_gpus_only_when_they_are_gone(
 def test_a_worker_killed_between_job_created_and_status_saved_creates_no_second_job(
     kube: Kube, world: Any, settings: Any,
 ) -> None:
-    from queueing.backends import get_backend, reset_backends
+    from queueing.composition import get_backend, reset_backends
     from queueing.services.scheduler import launch_spec, scheduler_cycle
 
     class KilledAfterCreate:

@@ -29,8 +29,8 @@ def as_web_process(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> Iterator[list
     server request it sends is recorded."""
     from kubernetes.client import rest
 
-    from queueing.backends import reset_backends
     from queueing.backends.kubernetes import KubernetesBackend
+    from queueing.composition import reset_backends
 
     me = threading.get_ident()
     sent: list[str] = []
