@@ -106,3 +106,46 @@ def test_the_web_process_makes_no_request_to_the_api_server(
 
     sent = request.getfixturevalue("as_web_process")
     _web_requests(world, client, pk, queued, sent=sent)
+
+
+def test_a_web_process_serving_the_dashboard_and_100_submits_opens_no_watch(
+    kube: Kube, world: Any, client: Any, request: pytest.FixtureRequest,
+) -> None:
+    """Issue 13: submit validation (the largest node of a GPU type), the submit preview,
+    the dashboard and the queue read the published cluster view, so 100 submits through
+    the API and the web form, with the dashboard served between them, send the API server
+    nothing: no watch, no list of pods or nodes."""
+    from queueing.models import Job
+
+    pk = submit(world, gpus=1, env={"FAIRQ_SIM_SECONDS": "60"})
+    wait(lambda: job(pk).status == "RUNNING", what="the job RUNNING (a published view)")
+
+    sent = request.getfixturevalue("as_web_process")
+    api = world.client(world.member)
+    client.force_login(world.member)
+    before = Job.objects.count()
+    for i in range(100):
+        if i % 10 == 0:  # the web form and its preview, and the pages, now and then
+            page = client.post("/jobs/new/check/", {**_form(), "name": f"web-{i}"})
+            assert page.status_code == 200, page.content[:300]
+            made = client.post("/jobs/new/", {**_form(), "name": f"web-{i}"})
+            assert made.status_code == 302, made.content[:500]
+            for url in ("/", "/jobs/", f"/jobs/{pk}/"):
+                assert client.get(url).status_code == 200, url
+        else:
+            made = api.post("/api/v1/jobs/", {**_body(), "name": f"api-{i}"}, format="json")
+            assert made.status_code == 201, made.content
+    assert Job.objects.count() == before + 100
+    too_big = api.post("/api/v1/jobs/", {**_body(), "gpus": 99}, format="json")
+    assert too_big.status_code == 400 and "largest" in str(too_big.json())
+    assert sent == [], sent[:10]
+
+    # The count is real: a request this thread sends is seen.
+    kube.backend.core.list_namespace(limit=1)
+    assert [s.split(" ")[0] for s in sent] == ["GET"]
+
+
+def _form() -> dict[str, Any]:
+    return {"team": "vision", "image": "ghcr.io/acme/train:1", "command": "python train.py",
+            "gpu_type": "h100", "gpus": "1", "replicas": "1", "tier": "normal",
+            "env": "FAIRQ_SIM_SECONDS=1"}
