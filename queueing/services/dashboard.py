@@ -96,7 +96,7 @@ def team_recent_preemptions(*, team: Team, now: datetime, hours: float = 24.0,
     requeued at once, so its status no longer says so; its "preempted" event does, with
     the preemptor and the rule in `data`. The time bound keeps the scan on the `at` index."""
     return list(
-        JobEvent.objects.filter(kind="preempted", job__team=team,
+        JobEvent.objects.filter(kind=JobEvent.Kind.PREEMPTED, job__team=team,
                                 at__gte=now - timedelta(hours=hours))
         .select_related("job").defer(*(f"job__{f}" for f in _LIST_DEFER))
         .order_by("-at", "-id")[:limit]
