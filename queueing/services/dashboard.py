@@ -55,7 +55,7 @@ def team_queue(*, team: Team, now: datetime, limit: int = 50) -> tuple[list[Queu
     plan = queue_plan(now=now)
     qs = Job.objects.filter(team=team, status=JobState.QUEUED)
     total = qs.count()
-    ours = sorted((e[0], job_id) for job_id, e in plan.entries.items() if e[2] == team.slug)
+    ours = sorted((e.position, job_id) for job_id, e in plan.entries.items() if e.team == team.slug)
     ids = [job_id for _, job_id in ours[:limit]]
     found = qs.select_related("gpu_type", "tier").defer(*_LIST_DEFER).in_bulk(ids)
     jobs = [found[i] for i in ids if i in found]
