@@ -238,7 +238,7 @@ def bench_search_cycle() -> None:
     total = time.perf_counter() - t
     assert r.plan is not None and len(r.preempted) >= 2, r.plan.waits if r.plan else r
     note(f"cycle preempted {len(r.preempted)} job(s) for gang #{gang.pk}: "
-         f"{JobEvent.objects.get(job=gang, kind='preempting').reason}")
+         f"{JobEvent.objects.get(job=gang, kind=JobEvent.Kind.PREEMPTING).reason}")
     for step in ("reconcile", "snapshot", "decide", "apply", "submit"):
         bench(f"preemption_cycle_10k_{step}", r.timings[step] * 1000, "ms")
     bench("preemption_cycle_10k_total", total * 1000, "ms")

@@ -135,7 +135,7 @@ def build_world(*, jobs: int, now: datetime) -> tuple[object, int]:
     note(f"{jobs} jobs inserted in {time.perf_counter() - t0:.1f} s")
     some = list(Job.objects.filter(team=teams[0]).order_by("-id").values_list("id", "status")[:500])
     JobEvent.objects.bulk_create([
-        JobEvent(job_id=jid, at=now - timedelta(minutes=k), kind="transition",
+        JobEvent(job_id=jid, at=now - timedelta(minutes=k), kind=JobEvent.Kind.TRANSITION,
                  from_status="", to_status=st, actor_label="scheduler", reason=f"step {k}")
         for jid, st in some for k in range(4)])
     FairShareAccumulator.objects.bulk_create([

@@ -48,7 +48,7 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
 def parse_time(text: str) -> datetime | None:
     if not text:
         return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return datetime.fromisoformat(text)
 
 
 def elapsed(job: dict[str, Any], now: datetime) -> str:

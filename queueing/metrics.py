@@ -180,7 +180,7 @@ class FairqCollector:
 
         admissions = CounterMetricFamily("fairq_admissions", "Jobs admitted (every attempt).")
         admissions.add_metric([], JobEvent.objects.filter(
-            kind="transition", to_status=JobState.ADMITTED).count())
+            kind=JobEvent.Kind.TRANSITION, to_status=JobState.ADMITTED).count())
         yield admissions
 
         submit_errors = CounterMetricFamily(
@@ -195,7 +195,7 @@ class FairqCollector:
 
         preemptions = CounterMetricFamily("fairq_preemptions", "Jobs preempted, by rule.",
                                           labels=["rule"])
-        rows = (JobEvent.objects.filter(kind="preempted").values_list("data__rule")
+        rows = (JobEvent.objects.filter(kind=JobEvent.Kind.PREEMPTED).values_list("data__rule")
                 .annotate(n=Count("id")).order_by())
         for rule, n in rows:
             preemptions.add_metric([str(rule or "unknown")], n)

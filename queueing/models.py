@@ -248,9 +248,21 @@ class JobLog(models.Model):
 class JobEvent(models.Model):
     """One thing that happened to a job: a transition, a preemption, a wait reason."""
 
+    class Kind(models.TextChoices):
+        """What happened; the stored values are the API's `kind` and the metrics' labels."""
+
+        TRANSITION = "transition"  # a move along rule S1's edges (from_status -> to_status)
+        PREEMPTED = "preempted"  # on the victim, one per preemption (rule R5 counts these)
+        PREEMPTING = "preempting"  # on the preemptor: "preempted N jobs"
+        CHARGED = "charged"  # pods ran after fairq had decided: their run time is billed
+        WAITING = "waiting"  # why the cluster holds an admitted job back (when it changes)
+        MOVED = "moved"  # a running job's pods moved to other nodes
+        POD_RESTARTED = "pod_restarted"  # a pod replaced or a container restarted
+        SUBMIT_ERROR = "submit_error"  # the cluster refused the workload (one per distinct error)
+
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(db_index=True)
-    kind = models.CharField(max_length=40)  # transition | ...
+    kind = models.CharField(max_length=40, choices=Kind.choices)
     from_status = models.CharField(max_length=16, blank=True, default="")
     to_status = models.CharField(max_length=16, blank=True, default="")
     actor = models.ForeignKey(

@@ -11,9 +11,10 @@ import pytest
 from django.utils import timezone
 
 from accounts.models import Team
+from queueing.policy.admission import plan_admissions
 from queueing.policy.fairshare import Standing, entry_penalty_gpu_hours
-from queueing.policy.priority import PriorityWeights, job_priority, rank_queue
-from queueing.policy.snapshot import QueuedJob
+from queueing.policy.priority import PriorityWeights, job_priority
+from queueing.policy.snapshot import QueuedJob, Snapshot
 from queueing.services.fairshare import (
     fairshare_recompute,
     fairshare_standings_at,
@@ -89,9 +90,11 @@ def test_worked_example_priorities_and_order(example: World) -> None:
     assert p[1] == pytest.approx(5250.0)
     assert p[2] == pytest.approx(4468.5, abs=0.01)
     assert p[3] == pytest.approx(10000.0)
-    ranked = rank_queue(jobs, now=NOW, factor=lambda t: st[t].factor, weights=w,
-                        cluster_gpus=32)
-    assert [j.team for j, _ in ranked] == ["speech", "nlp", "vision"]
+    # The order the admission pass considers them (rules P2, O1): no nodes, so none is
+    # admitted and no entry penalty (F6) moves a team.
+    plan = plan_admissions(Snapshot(now=NOW, nodes=(), queued=tuple(jobs), priority_weights=w,
+                                    fair_share={t: s.factor for t, s in st.items()}))
+    assert plan.order == (3, 1, 2)  # speech, nlp, vision
     assert entry_penalty_gpu_hours(8, 2.0, 3.0) == pytest.approx(0.013333, abs=1e-6)
 
 

@@ -100,7 +100,7 @@ def test_a_key_taken_meanwhile_rolls_back_only_this_insert(world: World) -> None
     job = Job(team=world.vision, submitter=world.member, name="again", image="x:1",
               gpu_type=world.h100, gpus_per_replica=1, tier=world.normal,
               idempotency_key="dup", created_at=NOW, updated_at=NOW)
-    event = JobEvent(at=NOW, kind="transition", to_status="QUEUED", reason="submitted")
+    event = JobEvent(at=NOW, kind=JobEvent.Kind.TRANSITION, to_status="QUEUED", reason="submitted")
     with transaction.atomic():
         with pytest.raises(IntegrityError):
             _insert_job_with_event(job, event)

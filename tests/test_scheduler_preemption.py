@@ -86,13 +86,13 @@ def test_rule_r7_events_on_both_jobs_name_the_rule_and_the_other_job(world: Worl
     fill_h100(world, t0)
     hi = submit(world, world.outsider, team="nlp", tier="high", gpus=8)
     (victim,) = scheduler_cycle(now=t0 + timedelta(seconds=5)).preempted
-    ev = JobEvent.objects.get(job_id=victim, kind="preempted")
+    ev = JobEvent.objects.get(job_id=victim, kind=JobEvent.Kind.PREEMPTED)
     assert ev.data["rule"] == "R1-priority" and ev.data["preemptor"] == hi
     assert ev.data["preemptor_team"] == "nlp" and ev.attempt == 1
-    moved = list(JobEvent.objects.filter(job_id=victim, kind="transition")
+    moved = list(JobEvent.objects.filter(job_id=victim, kind=JobEvent.Kind.TRANSITION)
                  .values_list("from_status", "to_status", "attempt"))
     assert moved[-2:] == [("RUNNING", "PREEMPTED", 1), ("PREEMPTED", "QUEUED", 2)]
-    pe = JobEvent.objects.get(job_id=hi, kind="preempting")
+    pe = JobEvent.objects.get(job_id=hi, kind=JobEvent.Kind.PREEMPTING)
     assert pe.data["victims"] == [victim] and pe.data["rules"] == {str(victim): "R1-priority"}
     assert pe.reason.startswith("preempted 1 job(s) to fit")
 
@@ -104,7 +104,7 @@ def test_rule_r2_a_team_within_nominal_reclaims_borrowed_gpus(world: World) -> N
     hi = submit(world, world.outsider, team="nlp", tier="normal", gpus=8)
     r = scheduler_cycle(now=t0 + timedelta(seconds=5))
     assert len(r.preempted) == 1 and r.preempted[0] in ids
-    assert JobEvent.objects.get(job_id=r.preempted[0], kind="preempted").data["rule"] == \
+    assert JobEvent.objects.get(job_id=r.preempted[0], kind=JobEvent.Kind.PREEMPTED).data["rule"] == \
         "R2-reclaim"
     assert r.plan is not None and r.plan.waits[hi].reason == WaitReason.PREEMPTING
     r = scheduler_cycle(now=t0 + timedelta(seconds=6))
@@ -188,7 +188,7 @@ def test_a_preemption_whose_victim_moved_is_dropped_whole(world: World) -> None:
     applied = preemptions_apply(plan=plan, now=t0 + timedelta(seconds=5))
     assert applied.preempted == [] and applied.workloads == []
     assert job(p.victims[0].job_id).status == JobState.RUNNING
-    assert not JobEvent.objects.filter(job_id=hi, kind="preempting").exists()
+    assert not JobEvent.objects.filter(job_id=hi, kind=JobEvent.Kind.PREEMPTING).exists()
     assert not UsageRecord.objects.filter(job_id__in=ids).exists()
 
 
@@ -208,6 +208,6 @@ def test_a_stale_plan_applied_twice_preempts_once(world: World) -> None:
     assert len(first.preempted) == 1 and second.preempted == []
     (victim,) = first.preempted
     assert job(victim).attempt == 2
-    assert JobEvent.objects.filter(job_id=victim, kind="preempted").count() == 1
-    assert JobEvent.objects.filter(job_id=hi, kind="preempting").count() == 1
+    assert JobEvent.objects.filter(job_id=victim, kind=JobEvent.Kind.PREEMPTED).count() == 1
+    assert JobEvent.objects.filter(job_id=hi, kind=JobEvent.Kind.PREEMPTING).count() == 1
     assert UsageRecord.objects.filter(job_id=victim).count() == 1

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from .fairshare import entry_penalty_gpu_hours
 from .preemption import Preemption, find_victims
-from .priority import PriorityWeights, size_factor
+from .priority import PriorityWeights, age_factor, size_factor
 from .snapshot import QueuedJob, Snapshot
 from .workspace import Capacity, Workspace
 
@@ -191,8 +191,8 @@ class _QueueOrder:
         self.jobs: list[QueuedJob] = list(jobs)
         first_idx: list[int] = []
         groups: dict[tuple[int, str], list[tuple[float, datetime, int, int]]] = {}
-        # Rule P1 without the fair-share term: exactly `job_priority(...).job_part`
-        # (`age_factor` and `size_factor` inlined, the size factor cached per GPU count).
+        # Rule P1 without the fair-share term: `job_priority(...).job_part` (its factor
+        # functions without the breakdown, the size factor cached per GPU count).
         w_age, w_size, max_age = weights.age, weights.size, weights.max_age_seconds
         sizes: dict[int, float] = {}
         for index, job in enumerate(self.jobs):
@@ -200,13 +200,7 @@ class _QueueOrder:
                 first_idx.append(index)
                 continue
             submitted = job.submitted_at
-            if max_age <= 0:
-                age = 0.0
-            else:  # min(1.0, max(0.0, waited) / max_age), the same floats without calls
-                waited = (now - submitted).total_seconds()
-                age = (waited if waited > 0.0 else 0.0) / max_age
-                if not age < 1.0:
-                    age = 1.0
+            age = age_factor(submitted_at=submitted, now=now, max_age_seconds=max_age)
             total = job.gpus_per_replica * job.replicas
             size = sizes.get(total)
             if size is None:

@@ -1,14 +1,14 @@
-"""Multifactor job priority (docs/scheduling.md, rules P1-P3), like Slurm's
-priority/multifactor.
+"""Multifactor job priority (docs/scheduling.md, rule P1), like Slurm's
+priority/multifactor, and its breakdown per factor (rule P3).
 
 priority = Σ weight_i × factor_i, every factor in [0, 1]. The fair-share term is the only
-one that depends on the team's standing, so the sum is additive: ordering code may keep
-`job_part` per job and add `weights.fair_share × F` with the team's current factor.
+one that depends on the team's standing, so the sum is additive: the queue order (rules
+P2 and O1, `admission._QueueOrder`, the only implementation of the order) keeps
+`job_part` per job and adds `weights.fair_share × F` with the team's current factor.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -64,8 +64,10 @@ def age_factor(*, submitted_at: datetime, now: datetime, max_age_seconds: float)
     """Rule P1, age: time queued / max age, capped at 1 (0 when max age is 0)."""
     if max_age_seconds <= 0:
         return 0.0
-    waited = max(0.0, (now - submitted_at).total_seconds())
-    return min(1.0, waited / max_age_seconds)
+    # Conditionals, not min()/max(): the admission pass calls this once per queued job.
+    waited = (now - submitted_at).total_seconds()
+    age = (waited if waited > 0.0 else 0.0) / max_age_seconds
+    return age if age < 1.0 else 1.0
 
 
 def size_factor(*, total_gpus: int, cluster_gpus: int, favor_small: bool = False) -> float:
@@ -95,32 +97,3 @@ def job_priority(
                          favor_small=weights.favor_small),
         weights=weights,
     )
-
-
-def priority_order_key(job: QueuedJob, priority: float) -> tuple[object, ...]:
-    """Rule P2: higher tier first (always); within a tier higher priority; then earlier
-    submit time; then lower id, so the same input always gives the same order."""
-    return (-job.tier_rank, -priority, job.submitted_at, job.id)
-
-
-def rank_queue(
-    jobs: Iterable[QueuedJob],
-    *,
-    now: datetime,
-    factor: Callable[[str], float],
-    weights: PriorityWeights,
-    cluster_gpus: int,
-) -> list[tuple[QueuedJob, PriorityBreakdown]]:
-    """Rules P1-P2 on a fixed standing: every job with its breakdown, in queue order.
-
-    `factor(team)` is the team's fair-share factor (e.g. `FairShareState.factor`). This
-    is the order before any admission of the pass charges a team (rule F6); the
-    admission loop re-reads the factor after each charge.
-    """
-    ranked = [
-        (j, job_priority(j, now=now, fair_share_factor=factor(j.team), weights=weights,
-                         cluster_gpus=cluster_gpus))
-        for j in jobs
-    ]
-    ranked.sort(key=lambda jb: priority_order_key(jb[0], jb[1].total))
-    return ranked

@@ -55,7 +55,7 @@ def team_queue(*, team: Team, now: datetime, limit: int = 50) -> tuple[list[Queu
     plan = queue_plan(now=now)
     qs = Job.objects.filter(team=team, status=JobState.QUEUED)
     total = qs.count()
-    ours = sorted((e[0], job_id) for job_id, e in plan.entries.items() if e[2] == team.slug)
+    ours = sorted((e.position, job_id) for job_id, e in plan.entries.items() if e.team == team.slug)
     ids = [job_id for _, job_id in ours[:limit]]
     found = qs.select_related("gpu_type", "tier").defer(*_LIST_DEFER).in_bulk(ids)
     jobs = [found[i] for i in ids if i in found]
@@ -96,7 +96,7 @@ def team_recent_preemptions(*, team: Team, now: datetime, hours: float = 24.0,
     requeued at once, so its status no longer says so; its "preempted" event does, with
     the preemptor and the rule in `data`. The time bound keeps the scan on the `at` index."""
     return list(
-        JobEvent.objects.filter(kind="preempted", job__team=team,
+        JobEvent.objects.filter(kind=JobEvent.Kind.PREEMPTED, job__team=team,
                                 at__gte=now - timedelta(hours=hours))
         .select_related("job").defer(*(f"job__{f}" for f in _LIST_DEFER))
         .order_by("-at", "-id")[:limit]

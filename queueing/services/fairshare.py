@@ -22,6 +22,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 
 from accounts.models import Team
+from queueing.instants import parse_iso
 from queueing.models import FairShareAccumulator, FairShareSnapshot, GpuType, Job, UsageRecord
 from queueing.policy.fairshare import (
     Accumulator,
@@ -242,10 +243,7 @@ class ImportedRow:
 
 
 def _parse_instant(value: str) -> datetime:
-    value = value.strip()
-    if value.endswith(("Z", "z")):
-        value = value[:-1] + "+00:00"
-    when = datetime.fromisoformat(value)
+    when = parse_iso(value)
     if when.tzinfo is None or when.utcoffset() is None:
         raise ValueError("has no UTC offset (write e.g. 2026-01-05T08:00:00+00:00)")
     return when

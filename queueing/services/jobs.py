@@ -78,7 +78,7 @@ def job_transition(
     event_attempt = job.attempt
     job.status = target
     JobEvent.objects.create(
-        job=job, at=now, kind="transition", from_status=source, to_status=target,
+        job=job, at=now, kind=JobEvent.Kind.TRANSITION, from_status=source, to_status=target,
         actor=actor if actor is not None and getattr(actor, "is_authenticated", False) else None,
         actor_label=clean_text(actor_label or (str(actor) if actor is not None else "scheduler"),
                                max_length=_ACTOR_LABEL_MAX),
@@ -150,7 +150,7 @@ def job_submit_with_event(
     submitter = actor if actor.is_authenticated else None
     job = Job(**data.job_values(), submitter=submitter, status=JobState.QUEUED,
               idempotency_key=idempotency_key or None, created_at=now, updated_at=now)
-    event = JobEvent(at=now, kind="transition", from_status="", to_status=JobState.QUEUED,
+    event = JobEvent(at=now, kind=JobEvent.Kind.TRANSITION, from_status="", to_status=JobState.QUEUED,
                      actor=submitter, actor_label=str(actor), reason="submitted", attempt=1)
     try:
         _insert_job_with_event(job, event)
@@ -301,7 +301,7 @@ def jobs_submit_bulk(
     submitter = actor if actor.is_authenticated else None
     template = Job(**data.job_values(), submitter=submitter, status=JobState.QUEUED,
                    created_at=now, updated_at=now)
-    event = JobEvent(at=now, kind="transition", from_status="", to_status=JobState.QUEUED,
+    event = JobEvent(at=now, kind=JobEvent.Kind.TRANSITION, from_status="", to_status=JobState.QUEUED,
                      actor=submitter, actor_label=str(actor), reason="submitted (array job)",
                      attempt=1)
     names = [f"{data.name}-{i}" for i in range(count)]

@@ -34,15 +34,12 @@ from .usage import usage_record_attempt
 
 log = logging.getLogger(__name__)
 
-EVENT_PREEMPTED = "preempted"  # on the victim, one per preemption (rule R5 counts these)
-EVENT_PREEMPTING = "preempting"  # on the preemptor: "preempted N jobs"
-
 
 def preemption_settings(*, now: datetime) -> PreemptionSettings:
     """Rule R5: how many preemptions each team made in the current window."""
     window = timedelta(seconds=settings.FAIRQ_PREEMPTION_WINDOW_SECONDS)
     used: Counter[str] = Counter()
-    rows = JobEvent.objects.filter(kind=EVENT_PREEMPTED, at__gt=now - window).values_list(
+    rows = JobEvent.objects.filter(kind=JobEvent.Kind.PREEMPTED, at__gt=now - window).values_list(
         "data", flat=True)
     for data in rows:
         team = (data or {}).get("preemptor_team")
@@ -70,7 +67,7 @@ def nominated_preemptors(*, now: datetime, live_workloads: Iterable[str]) -> dic
     grace = timedelta(seconds=settings.FAIRQ_PREEMPTION_TERMINATION_GRACE_SECONDS)
     out: dict[int, int] = {}
     rows = JobEvent.objects.filter(
-        kind=EVENT_PREEMPTING, at__gte=since, job__status=JobState.QUEUED
+        kind=JobEvent.Kind.PREEMPTING, at__gte=since, job__status=JobState.QUEUED
     ).values_list("job_id", "attempt", "job__attempt", "at", "data")
     for job_id, attempt, current, at, data in rows:
         if attempt != current:
@@ -163,7 +160,7 @@ def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, now: dateti
     if job.started_at is not None:
         # Rule R6: the GPU time it used is charged, to the attempt that used it.
         usage_record_attempt(job=job, start=job.started_at, end=now)
-    JobEvent.objects.create(job=job, at=now, kind=EVENT_PREEMPTED, actor_label="scheduler",
+    JobEvent.objects.create(job=job, at=now, kind=JobEvent.Kind.PREEMPTED, actor_label="scheduler",
                             reason=reason, attempt=job.attempt, data=data)
     if not job_transition(
         job, JobState.QUEUED, now=now, data=data,
@@ -181,7 +178,7 @@ def _record_preemptor(preemptor: Job, p: Preemption, *, names: list[str],
     R8, which workloads must go before it is admitted)."""
     listing = ", ".join(f"#{v.job_id} ({v.team}, {v.rule})" for v in p.victims)
     JobEvent.objects.create(
-        job=preemptor, at=now, kind=EVENT_PREEMPTING, actor_label="scheduler",
+        job=preemptor, at=now, kind=JobEvent.Kind.PREEMPTING, actor_label="scheduler",
         reason=f"preempted {len(p.victims)} job(s) to fit: {listing}; admitted once "
                "their GPUs are free",
         attempt=preemptor.attempt,

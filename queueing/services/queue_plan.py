@@ -18,7 +18,7 @@ from django.core.cache import cache
 
 from queueing.cluster import cluster_view
 from queueing.policy.admission import plan_admissions
-from queueing.policy.explain import explain_queue, reason_lines
+from queueing.policy.explain import PlanEntry, explain_queue
 
 QUEUE_PLAN_TTL = 3.0  # seconds: about one scheduler cycle
 _PLAN_KEY = "fairq:queue-plan"
@@ -27,35 +27,28 @@ _PLAN_KEY = "fairq:queue-plan"
 @dataclass(frozen=True)
 class QueuePlan:
     """Rule P3 for the whole queue, from one admission plan. `entries`: job id ->
-    (position, ahead_same_gpu_type, team, gpu_type, wait code, wait message); the code is
-    "next_cycle" for a job the plan admits, "" when it says nothing. Plain tuples: a long
-    queue's plan is unpickled from the cache on every request, and tuples unpickle
-    several times faster than dataclasses."""
+    `PlanEntry` (named tuples: see there)."""
 
-    entries: dict[int, tuple[int, int, str, str, str, str]]
+    entries: dict[int, PlanEntry]
     queued: int
     error: str = ""
 
     def position(self, job_id: int) -> int | None:
         e = self.entries.get(job_id)
-        return None if e is None else e[0]
+        return None if e is None else e.position
 
     def reasons(self, job_id: int) -> list[dict[str, str]]:
         e = self.entries.get(job_id)
         if e is None:
             return []
-        position, ahead_same, _, gpu_type, code, message = e
-        lines = reason_lines(ahead=position - 1, ahead_same_gpu_type=ahead_same,
-                             gpu_type=gpu_type, wait_code=code or None,
-                             wait_message=message or None, admitted_next=code == "next_cycle")
-        return [{"code": r.code, "message": r.message} for r in lines]
+        return [{"code": r.code, "message": r.message} for r in e.reasons()]
 
     def standing(self, job_id: int) -> dict[str, Any] | None:
         """The `queue` part of a job's detail (position, jobs ahead, reasons)."""
         e = self.entries.get(job_id)
         if e is None:
             return None
-        return {"position": e[0], "ahead": e[0] - 1, "ahead_same_gpu_type": e[1],
+        return {"position": e.position, "ahead": e.ahead, "ahead_same_gpu_type": e.ahead_same_gpu_type,
                 "queued": self.queued, "reasons": self.reasons(job_id)}
 
 
@@ -84,11 +77,11 @@ def queue_plan(*, now: datetime, fresh: bool = False) -> QueuePlan:
     waits = {job_id: (str(w.reason), w.message or str(w.reason))
              for job_id, w in plan.waits.items()}
     explained = explain_queue(order, waits=waits, admitted=admitted)
-    entries = {}
+    entries: dict[int, PlanEntry] = {}
     for q in order:
         x = explained[q.id]
         code, message = ("next_cycle", "") if q.id in admitted else waits.get(q.id, ("", ""))
-        entries[q.id] = (x.position, x.ahead_same_gpu_type, q.team, q.gpu_type, code, message)
+        entries[q.id] = PlanEntry(x.position, x.ahead_same_gpu_type, q.team, q.gpu_type, code, message)
     # Jobs of teams whose namespace is not provisioned stay out of the plan: after the rest.
     if view.unprovisioned:
         from queueing.models import Job
@@ -98,9 +91,9 @@ def queue_plan(*, now: datetime, fresh: bool = False) -> QueuePlan:
                                      team__slug__in=view.unprovisioned).order_by("created_at", "id")
         for n, (pk, team, gpu_type) in enumerate(
                 waiting.values_list("id", "team__slug", "gpu_type__slug"), start=len(order) + 1):
-            entries[pk] = (n, 0, team, gpu_type, "namespace_not_provisioned",
-                           f"the Kubernetes namespace of team {team} is not provisioned "
-                           "for fairq yet (an admin runs `manage.py sync_cluster`)")
+            entries[pk] = PlanEntry(n, 0, team, gpu_type, "namespace_not_provisioned",
+                                    f"the Kubernetes namespace of team {team} is not provisioned "
+                                    "for fairq yet (an admin runs `manage.py sync_cluster`)")
     result = QueuePlan(entries, len(entries))
     cache.set(_PLAN_KEY, result, timeout=QUEUE_PLAN_TTL)
     return result

@@ -379,7 +379,7 @@ def _charge_unowned_run(*, status: WorkloadStatus, now: datetime) -> None:
         if usage_record_attempt(job=job, start=status.started_at,
                                 end=status.finished_at or now, attempt=status.attempt):
             JobEvent.objects.create(
-                job=job, at=now, kind="charged", actor_label="scheduler",
+                job=job, at=now, kind=JobEvent.Kind.CHARGED, actor_label="scheduler",
                 attempt=status.attempt,
                 reason="pods of this attempt ran after fairq had decided; their run time "
                        "is charged and they are stopped",
@@ -397,7 +397,7 @@ def _waiting_reason(*, job_id: int, owner: _Owner, reason: str, now: datetime) -
         moved = Job.objects.filter(pk=job_id, attempt=owner.attempt,
                                    status=JobState.ADMITTED).update(message=want[:500])
         if moved and want:
-            JobEvent.objects.create(job_id=job_id, at=now, kind="waiting",
+            JobEvent.objects.create(job_id=job_id, at=now, kind=JobEvent.Kind.WAITING,
                                     actor_label="scheduler", reason=want[:500],
                                     attempt=owner.attempt)
 
@@ -413,16 +413,16 @@ def _running_changes(*, job_id: int, owner: _Owner, status: WorkloadStatus,
             if Job.objects.filter(pk=job_id, attempt=owner.attempt,
                                   status=JobState.RUNNING).update(placement=list(status.nodes)):
                 JobEvent.objects.create(
-                    job_id=job_id, at=now, kind="moved", actor_label="scheduler",
+                    job_id=job_id, at=now, kind=JobEvent.Kind.MOVED, actor_label="scheduler",
                     attempt=owner.attempt,
                     reason=f"its pods moved from {', '.join(sorted(placed)) or 'nowhere'} "
                            f"to {', '.join(sorted(nodes))}",
                     data={"from": sorted(placed), "to": sorted(nodes)})
     if status.restarts and not JobEvent.objects.filter(
-            job_id=job_id, attempt=owner.attempt, kind="pod_restarted",
+            job_id=job_id, attempt=owner.attempt, kind=JobEvent.Kind.POD_RESTARTED,
             data__restarts=status.restarts).exists():
         JobEvent.objects.create(
-            job_id=job_id, at=now, kind="pod_restarted", actor_label="scheduler",
+            job_id=job_id, at=now, kind=JobEvent.Kind.POD_RESTARTED, actor_label="scheduler",
             attempt=owner.attempt, data={"restarts": status.restarts},
             reason=f"a pod failed and was replaced, or a container restarted "
                    f"({status.restarts} so far in this attempt)")
@@ -806,9 +806,9 @@ def submit_failed(*, job: Job, error: Exception, now: datetime, result: CycleRes
     reason = clean_text(f"{WAITING}Kubernetes {'refused' if refusal else 'did not take'} "
                         f"the Job ({label}): {text}", max_length=500)
     with transaction.atomic():
-        events = JobEvent.objects.filter(job=job, attempt=job.attempt, kind="submit_error")
+        events = JobEvent.objects.filter(job=job, attempt=job.attempt, kind=JobEvent.Kind.SUBMIT_ERROR)
         if not events.filter(reason=reason).exists():
-            JobEvent.objects.create(job=job, at=now, kind="submit_error",
+            JobEvent.objects.create(job=job, at=now, kind=JobEvent.Kind.SUBMIT_ERROR,
                                     actor_label="scheduler", reason=reason,
                                     attempt=job.attempt,
                                     data={"code": code, "refusal": refusal})

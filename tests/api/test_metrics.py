@@ -39,10 +39,10 @@ def test_queue_depth_factor_and_allocation_are_exported(world: World) -> None:
 def test_admissions_and_preemptions_by_rule_count_events(world: World) -> None:
     job = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
     now = timezone.now()
-    JobEvent.objects.create(job=job, at=now, kind="transition", from_status="QUEUED",
+    JobEvent.objects.create(job=job, at=now, kind=JobEvent.Kind.TRANSITION, from_status="QUEUED",
                             to_status="ADMITTED")
     for rule in ("R1", "R1", "R3"):
-        JobEvent.objects.create(job=job, at=now, kind="preempted", data={"rule": rule})
+        JobEvent.objects.create(job=job, at=now, kind=JobEvent.Kind.PREEMPTED, data={"rule": rule})
     text = _scrape()
     assert "fairq_admissions_total 1.0" in text
     assert 'fairq_preemptions_total{rule="R1"} 2.0' in text

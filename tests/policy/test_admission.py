@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 
 from queueing.policy.admission import WaitReason, plan_admissions
 from queueing.policy.fairshare import FairShareState
-from queueing.policy.priority import PriorityWeights
+from queueing.policy.priority import PriorityWeights, job_priority
 from queueing.policy.snapshot import (
     NodeState,
     PreemptionSettings,
@@ -156,6 +157,32 @@ def test_rule_o1_the_job_part_orders_a_teams_own_jobs() -> None:
     plan = plan_admissions(snap(nodes=nodes(("h100", 8)), queued=queued,
                                 priority_weights=weights))
     assert plan.order == (2, 3, 1)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_rule_p2_the_order_is_tier_then_job_priority_then_submit_time_then_id(seed: int) -> None:
+    """With nothing admitted (no entry penalty, F6), the pass's order is rule P2 applied
+    to `job_priority`, the breakdown the API shows (P1, P3)."""
+    rnd = random.Random(seed)
+    weights = PriorityWeights(fair_share=10_000.0, age=1_000.0, size=500.0,
+                              max_age_seconds=7200.0, favor_small=bool(seed % 2))
+    factors = {t: rnd.choice((0.125, 0.5, 1.0)) for t in "abcd"}
+    same = ago(3600)
+    queued = tuple(
+        QueuedJob(i, rnd.choice("abcd"), "h100", rnd.choice((1, 2, 4)), rnd.choice((1, 2)),
+                  rnd.choice((0, 100, 200)), same if i % 7 == 0 else ago(rnd.uniform(-60, 9000)))
+        for i in rnd.sample(range(1, 1000), 60))
+    cluster = nodes(("a100", 8), ("a100", 8))  # no h100 node: every job waits
+    plan = plan_admissions(snap(nodes=cluster, queued=queued, fair_share=factors,
+                                priority_weights=weights))
+
+    def rule_p2(j: QueuedJob) -> tuple[Any, ...]:
+        p = job_priority(j, now=NOW, fair_share_factor=factors[j.team], weights=weights,
+                         cluster_gpus=16)
+        return (-j.tier_rank, -p.total, j.submitted_at, j.id)
+
+    assert not plan.admissions
+    assert list(plan.order) == [j.id for j in sorted(queued, key=rule_p2)]
 
 
 # --- A2-A4: node fit, gang, best fit, best effort -----------------------------------------

@@ -10,6 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from queueing.instants import InstantError, parse_instant
 from queueing.services.fairshare import (
     fairshare_recompute,
     fairshare_standings_at,
@@ -20,14 +21,11 @@ from queueing.services.usage import half_life_hours
 
 
 def _instant(value: str) -> datetime:
+    """`--at`, read like the API's `?at=` (in UTC; an offset required)."""
     try:
-        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise CommandError(f"--at {value!r} is not an ISO 8601 instant, e.g. "
-                           f"2026-01-05T08:00:00+00:00") from None
-    if when.tzinfo is None:
-        raise CommandError(f"--at {value!r} has no UTC offset, e.g. 2026-01-05T08:00:00+00:00")
-    return when
+        return parse_instant(value)
+    except InstantError as exc:
+        raise CommandError(f"--at {value!r}: {exc}") from None
 
 
 class Command(BaseCommand):
