@@ -110,10 +110,26 @@ def test_the_preview_reads_the_cached_plans_snapshot_and_caches_each_shape(
                                   gpus_per_replica=8, replicas=1, tier_rank=100, now=now)
         other = qp.submit_preview(team=world.vision, gpu_type=world.a100,
                                   gpus_per_replica=1, replicas=1, tier_rank=100, now=now)
-    assert snapshots.call_count == 0  # the snapshot cached with the plan
-    assert plans.call_count == 2  # one per shape: the same shape again plans nothing
+    # The first preview kept the snapshot beside a fresh plan; the others read it, and
+    # the same shape again plans nothing.
+    assert snapshots.call_count == 1
+    assert plans.call_count == 1 + 2
     assert first == again and first.queued == plan.queued == 1
     assert other.admitted_next and other.position is not None
+    with mock.patch.object(scheduler, "build_snapshot", wraps=scheduler.build_snapshot) as again_built:
+        qp.submit_preview(team=world.nlp, gpu_type=world.h100, gpus_per_replica=1,
+                          replicas=1, tier_rank=100, now=now)
+        assert qp.queue_plan(now=now).generation == qp._plan_with_snapshot(now=now)[0].generation
+    assert again_built.call_count == 0
+
+
+def test_a_kept_snapshot_unpacks_to_the_same_snapshot(world: World) -> None:
+    JobFactory(team=world.nlp, gpu_type=world.h100, tier=world.normal, gpus_per_replica=8,
+               status=JobState.RUNNING, placement=["h100-0"], started_at=timezone.now())
+    JobFactory(team=world.vision, gpu_type=world.a100, tier=world.normal)
+    snapshot = scheduler.build_snapshot(backend=scheduler.get_backend(), now=timezone.now())
+    assert snapshot.queued and snapshot.running and snapshot.nodes
+    assert qp._snapshot_unpack(qp._snapshot_pack(snapshot)) == snapshot
 
 
 def test_the_preview_says_why_when_the_cluster_view_is_missing(world: World) -> None:

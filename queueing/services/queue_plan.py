@@ -3,10 +3,12 @@ API's job detail, the CLI's `fairq prio`, the dashboard's queue and job pages, a
 submit form's preview of a job not submitted yet.
 
 One admission plan of the whole queue (the scheduler's own snapshot and policy) answers
-all of them, cached for `QUEUE_PLAN_TTL` seconds in the shared cache with the snapshot
-it was made from: planning costs O(queue) and pollers ask about many jobs. A scheduler
-cycle that changed something drops the cached plan, and a job missing from it (queued
-since) gets one fresh plan, so an answer is at most one cycle old.
+all of them, cached for `QUEUE_PLAN_TTL` seconds in the shared cache: planning costs
+O(queue) and pollers ask about many jobs. A scheduler cycle that changed something drops
+the cached plan, and a job missing from it (queued since) gets one fresh plan, so an
+answer is at most one cycle old. The preview also needs the snapshot the plan was made
+from: once a preview asks, it is kept beside the plan (in plain rows: pickling a long
+queue's dataclasses costs more than planning it) until the plan changes.
 
 The plan is made from the cycle's snapshot (`services.scheduler.build_snapshot`), so it
 lives with the services; what it reads of the cluster is the published cluster view.
@@ -15,7 +17,7 @@ lives with the services; what it reads of the cluster is the published cluster v
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -34,7 +36,7 @@ from queueing.selectors.fairshare import job_priority_breakdown
 
 QUEUE_PLAN_TTL = 3.0  # seconds: about one scheduler cycle
 _PLAN_KEY = "fairq:queue-plan"
-# The snapshot the cached plan was made from: the preview places a candidate against it.
+# (plan generation, the snapshot it was made from): the preview places a candidate on it.
 _SNAPSHOT_KEY = "fairq:queue-plan:snapshot"
 _PREVIEW_KEY = "fairq:queue-plan:preview"
 
@@ -87,16 +89,19 @@ def queue_plan(*, now: datetime, fresh: bool = False) -> QueuePlan:
 
 def _plan_with_snapshot(*, now: datetime) -> tuple[QueuePlan, Snapshot | None]:
     """The cached plan and the snapshot it was made from (one round trip), or a fresh
-    pair when either is missing; no snapshot when the plan has an error."""
+    pair, both kept, when either is missing or they are of different plans; no snapshot
+    when the plan has an error."""
     got = cache.get_many([_PLAN_KEY, _SNAPSHOT_KEY])
-    plan, snapshot = got.get(_PLAN_KEY), got.get(_SNAPSHOT_KEY)
-    if plan is not None and snapshot is not None:
-        return plan, snapshot
-    return _plan_compute(now=now)
+    plan, kept = got.get(_PLAN_KEY), got.get(_SNAPSHOT_KEY)
+    if plan is not None and kept is not None and kept[0] == plan.generation:
+        return plan, _snapshot_unpack(kept[1])
+    return _plan_compute(now=now, keep_snapshot=True)
 
 
-def _plan_compute(*, now: datetime) -> tuple[QueuePlan, Snapshot | None]:
-    """One admission plan of the whole queue from the cycle's snapshot, cached with it."""
+def _plan_compute(*, now: datetime,
+                  keep_snapshot: bool = False) -> tuple[QueuePlan, Snapshot | None]:
+    """One admission plan of the whole queue from the cycle's snapshot, cached (with the
+    snapshot when `keep_snapshot`)."""
     from .scheduler import build_snapshot
 
     view = cluster_view(now=now)
@@ -130,8 +135,37 @@ def _plan_compute(*, now: datetime) -> tuple[QueuePlan, Snapshot | None]:
                            f"the Kubernetes namespace of team {team} is not provisioned "
                            "for fairq yet (an admin runs `manage.py sync_cluster`)")
     result = QueuePlan(entries, len(entries), generation=uuid.uuid4().hex)
-    cache.set_many({_PLAN_KEY: result, _SNAPSHOT_KEY: snapshot}, timeout=QUEUE_PLAN_TTL)
+    values: dict[str, Any] = {_PLAN_KEY: result}
+    if keep_snapshot:
+        values[_SNAPSHOT_KEY] = (result.generation, _snapshot_pack(snapshot))
+    cache.set_many(values, timeout=QUEUE_PLAN_TTL)
     return result, snapshot
+
+
+def _snapshot_pack(snapshot: Snapshot) -> dict[str, Any]:
+    """The snapshot's fields, each tuple of dataclasses (jobs, nodes) as its class and
+    plain rows: several times faster to pickle and unpickle than the dataclasses."""
+    out: dict[str, Any] = {}
+    for f in fields(snapshot):
+        value = getattr(snapshot, f.name)
+        if isinstance(value, tuple) and value and is_dataclass(value[0]):
+            cls = type(value[0])
+            names = [g.name for g in fields(cls)]
+            if all(type(v) is cls for v in value):
+                value = _Rows(cls, [tuple([getattr(v, n) for n in names]) for v in value])
+        out[f.name] = value
+    return out
+
+
+def _snapshot_unpack(packed: dict[str, Any]) -> Snapshot:
+    return Snapshot(**{name: tuple(v.cls(*row) for row in v.rows) if isinstance(v, _Rows)
+                       else v for name, v in packed.items()})
+
+
+@dataclass(frozen=True)
+class _Rows:
+    cls: Any
+    rows: list[tuple[Any, ...]]
 
 
 def queue_standing(*, job_id: int, now: datetime) -> dict[str, Any]:
