@@ -158,8 +158,10 @@ def _snapshot_pack(snapshot: Snapshot) -> dict[str, Any]:
 
 
 def _snapshot_unpack(packed: dict[str, Any]) -> Snapshot:
-    return Snapshot(**{name: tuple(v.cls(*row) for row in v.rows) if isinstance(v, _Rows)
-                       else v for name, v in packed.items()})
+    values: dict[str, Any] = {
+        name: tuple(v.cls(*row) for row in v.rows) if isinstance(v, _Rows) else v
+        for name, v in packed.items()}
+    return Snapshot(**values)
 
 
 @dataclass(frozen=True)
