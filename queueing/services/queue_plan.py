@@ -148,9 +148,9 @@ def _snapshot_pack(snapshot: Snapshot) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in fields(snapshot):
         value = getattr(snapshot, f.name)
-        if isinstance(value, tuple) and value and is_dataclass(value[0]):
-            cls = type(value[0])
-            names = [g.name for g in fields(cls)]
+        if isinstance(value, tuple) and value and is_dataclass(first := value[0]):
+            cls = type(first)
+            names = [g.name for g in fields(first)]
             if all(type(v) is cls for v in value):
                 value = _Rows(cls, [tuple([getattr(v, n) for n in names]) for v in value])
         out[f.name] = value
