@@ -196,7 +196,7 @@ def build_accumulators_incrementally(now: datetime) -> None:
     order, as charging attempts one by one does."""
     from queueing.models import FairShareAccumulator, UsageRecord
     from queueing.policy.fairshare import Accumulator
-    from queueing.services.usage import half_life_hours
+    from queueing.selectors.fairshare import half_life_hours
 
     h = half_life_hours()
     accs: dict[int, Accumulator] = {}
@@ -211,7 +211,7 @@ def build_accumulators_incrementally(now: datetime) -> None:
 
 
 def time_standings(now: datetime, runs: int = 40) -> tuple[float, float, float]:
-    from queueing.services.usage import fairshare_standings
+    from queueing.selectors.fairshare import fairshare_standings
 
     fairshare_standings(now=now)  # warm
     samples = []
@@ -238,8 +238,9 @@ def main() -> None:
     from django.db import transaction
 
     from queueing.policy.fairshare import compute_standings
+    from queueing.selectors.fairshare import fairshare_inputs, half_life_hours
     from queueing.services.fairshare import fairshare_recompute
-    from queueing.services.usage import accumulator_add, fairshare_inputs, half_life_hours
+    from queueing.services.usage import accumulator_add
 
     now = datetime.now(UTC).replace(microsecond=0)
     team_ids, gpu_ids = build_world(now)

@@ -33,7 +33,7 @@ def wsgi_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Ite
 @csrf_exempt
 def django_submit(request: HttpRequest) -> JsonResponse:
     from accounts.selectors import api_token_with_user
-    from queueing.api.lookups import gpu_types_by_slug, team_for_submitter, tiers_by_slug
+    from queueing.selectors.lookups import gpu_types_by_slug, team_for_submitter, tiers_by_slug
     from queueing.services.jobs import JobInput, job_submit_with_event
 
     key = request.headers["Authorization"].split()[1]

@@ -18,7 +18,7 @@ def scheduler_cycle_task() -> dict[str, int]:
     """One scheduler cycle, counted (queueing/metrics.py) and logged with its id: a
     failed cycle is logged with the traceback and counted, never silent; a completed one
     gets one line with its timings (INFO when anything moved, DEBUG when idle)."""
-    from queueing.metrics import record_cycle, record_cycle_failure
+    from queueing.services.metrics import record_cycle, record_cycle_failure
     from queueing.services.scheduler import new_cycle_id, scheduler_cycle
 
     cycle_id = new_cycle_id()

@@ -15,8 +15,8 @@ RULES = Path(__file__).resolve().parents[1] / "platform" / "prometheus" / "fairq
 
 @pytest.mark.django_db
 def test_every_alert_uses_a_metric_fairq_exports() -> None:
-    from queueing.metrics import (
-        FairqCollector,
+    from queueing.metrics import FairqCollector
+    from queueing.services.metrics import (
         record_cycle,
         record_cycle_failure,
         record_submit_error,

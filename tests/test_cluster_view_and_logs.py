@@ -11,9 +11,10 @@ import pytest
 from django.core.cache import cache
 from django.utils import timezone
 
-from queueing.cluster import _VIEW_KEY, ClusterView, cluster_view, largest_node_gpus
 from queueing.composition import get_backend
 from queueing.models import Job, JobLog
+from queueing.selectors.cluster import VIEW_KEY as _VIEW_KEY
+from queueing.selectors.cluster import ClusterView, cluster_view, largest_node_gpus
 from queueing.services.jobs import job_logs
 from queueing.services.logs import bound_log_text, job_logs_archive
 from queueing.services.scheduler import scheduler_cycle

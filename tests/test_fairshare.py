@@ -14,14 +14,13 @@ from django.utils import timezone
 
 from queueing.models import FairShareAccumulator, FairShareSnapshot, UsageRecord
 from queueing.policy.fairshare import decayed_interval_usage, entry_penalty_gpu_hours
-from queueing.services.fairshare import (
+from queueing.selectors.fairshare import (
     fairshare_history,
-    fairshare_recompute,
-    fairshare_snapshot_take,
+    fairshare_standings,
     fairshare_standings_at,
-    usage_import_csv,
 )
-from queueing.services.usage import fairshare_standings
+from queueing.services.fairshare import fairshare_recompute, fairshare_snapshot_take
+from queueing.services.usage import usage_import_csv
 from queueing.tasks import fairshare_snapshot_task
 
 from .conftest import World
@@ -176,7 +175,7 @@ def test_snapshots_are_one_row_each_pruned_and_give_a_history(used: World,
 def test_the_sql_recompute_equals_the_python_one(used: World) -> None:
     from django.db import connection
 
-    from queueing.services import fairshare as fs
+    from queueing.selectors import fairshare as fs
 
     assert connection.vendor == "postgresql"
     at = datetime(2026, 2, 28, 6, tzinfo=UTC)

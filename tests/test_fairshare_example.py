@@ -15,12 +15,9 @@ from queueing.policy.admission import plan_admissions
 from queueing.policy.fairshare import Standing, entry_penalty_gpu_hours
 from queueing.policy.priority import PriorityWeights, job_priority
 from queueing.policy.snapshot import QueuedJob, Snapshot
-from queueing.services.fairshare import (
-    fairshare_recompute,
-    fairshare_standings_at,
-    usage_import_csv,
-)
-from queueing.services.usage import fairshare_standings
+from queueing.selectors.fairshare import fairshare_standings, fairshare_standings_at
+from queueing.services.fairshare import fairshare_recompute
+from queueing.services.usage import usage_import_csv
 
 from .conftest import World
 from .factories import JobFactory, TeamFactory

@@ -14,9 +14,9 @@ from django.forms.models import model_to_dict
 from accounts.models import ApiToken, Team
 from accounts.selectors import api_token_with_user
 from accounts.services import token_issue
-from queueing.api.lookups import gpu_types_by_slug, team_for_submitter
 from queueing.memo import forget_all
 from queueing.models import GpuType, Job, JobEvent
+from queueing.selectors.lookups import gpu_types_by_slug, team_for_submitter
 from queueing.services.jobs import JobInput, _insert_job_with_event, job_submit_with_event
 
 from .conftest import World

@@ -17,13 +17,10 @@ from hypothesis import strategies as st
 
 from queueing.models import FairShareAccumulator, UsageRecord
 from queueing.policy.fairshare import decayed_interval_usage
-from queueing.services.fairshare import (
-    UsageImportError,
-    fairshare_recompute,
-    usage_export_csv,
-    usage_import_csv,
-)
-from queueing.services.usage import fairshare_standings
+from queueing.selectors.fairshare import fairshare_standings
+from queueing.selectors.usage import usage_export_csv
+from queueing.services.fairshare import fairshare_recompute
+from queueing.services.usage import UsageImportError, usage_import_csv
 
 from .conftest import World
 

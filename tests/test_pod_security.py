@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from queueing import validation as v
+from queueing.backends.base import parse_workload_name
 from queueing.backends.k8s_manifest import (
     ManifestError,
     ManifestOptions,
     job_manifest,
     namespace_for,
     namespace_manifest,
-    parse_name,
 )
 
 from .conftest import job_body
@@ -156,7 +156,7 @@ def test_the_manifest_refuses_images_that_are_not_references(image: str) -> None
 def test_every_pattern_is_anchored_at_the_very_end() -> None:
     assert not v.JOB_NAME_RE.match("resnet\n")
     assert not v.IMAGE_RE.match("ubuntu\n")
-    assert parse_name("fq-1-2\n") is None
+    assert parse_workload_name("fq-1-2\n") is None
     with pytest.raises(ManifestError):
         namespace_for("vision\n", "fairq-")
 

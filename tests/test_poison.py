@@ -278,7 +278,7 @@ def test_a_failed_cycle_is_logged_with_its_id_counted_and_makes_the_scheduler_un
 
 def test_the_scheduler_is_unhealthy_once_its_last_success_is_older_than_the_limit(
         world: World) -> None:
-    from queueing.metrics import scheduler_health
+    from queueing.selectors.metrics import scheduler_health
     from queueing.tasks import scheduler_cycle_task
 
     scheduler_cycle_task()

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from queueing.policy import admission
 from queueing.services import queue_plan as qp
-from queueing.services.dashboard import team_queue
+from queueing.services.queue_plan import team_queue
 from queueing.services.scheduler import scheduler_cycle
 
 from .conftest import World, job_body

@@ -24,9 +24,12 @@ from queueing.policy.fairshare import (
     TeamUsageInput,
     compute_standings,
 )
-from queueing.services.fairshare import fairshare_standings_at, standings_sorted
+from queueing.selectors.fairshare import (
+    fairshare_standings,
+    fairshare_standings_at,
+    standings_sorted,
+)
 from queueing.services.scheduler import scheduler_cycle
-from queueing.services.usage import fairshare_standings
 from tests.conftest import World, job_body
 from tests.factories import TeamFactory, UserFactory
 

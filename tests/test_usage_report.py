@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from queueing.models import UsageRecord
-from queueing.reports import usage_buckets
+from queueing.selectors.usage import usage_buckets
 
 from .conftest import World
 from .factories import JobFactory

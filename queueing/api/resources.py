@@ -17,7 +17,8 @@ from accounts.models import Team
 from accounts.selectors import team_get_for_user, teams_for_user
 from queueing.errors import NotFound
 from queueing.models import GpuType, Quota, Tier
-from queueing.reports import BUCKETS, MAX_BUCKETS, cluster_capacity, usage_buckets
+from queueing.selectors.capacity import capacity_by_gpu_type
+from queueing.selectors.usage import BUCKETS, MAX_BUCKETS, usage_buckets
 from queueing.services.quotas import quota_set
 
 from .fields import InstantField
@@ -216,4 +217,4 @@ class CapacityView(APIView):
 
     @extend_schema(responses=CapacitySerializer(many=True))
     def get(self, request: Request) -> Response:
-        return Response(CapacitySerializer(cluster_capacity(), many=True).data)
+        return Response(CapacitySerializer(capacity_by_gpu_type()[0], many=True).data)

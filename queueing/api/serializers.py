@@ -11,11 +11,11 @@ from rest_framework import serializers
 
 from accounts.models import Team
 from queueing import validation as v
-from queueing.cluster import largest_node_gpus
 from queueing.models import GpuType, Job, JobEvent, Tier
+from queueing.selectors.cluster import largest_node_gpus
+from queueing.selectors.lookups import gpu_types_by_slug, team_for_submitter, tiers_by_slug
 from queueing.services.jobs import JobInput
 
-from .lookups import gpu_types_by_slug, team_for_submitter, tiers_by_slug
 from .strict import StrictFieldsMixin
 
 _shared_fields_lock = threading.Lock()
@@ -197,7 +197,7 @@ class JobDetailSerializer(JobSerializer):
     def _explain(self, job: Job) -> dict[str, Any]:
         from django.utils import timezone
 
-        from queueing.services.fairshare import job_explain
+        from queueing.services.queue_plan import job_explain
 
         # One explanation per job and serializer; context {"explain_queue": False} skips
         # the queue part (it runs the admission plan over the whole queue).

@@ -19,19 +19,20 @@ from rest_framework.views import APIView
 
 from queueing.models import JOB_STATUS_CHOICES, Job
 from queueing.policy.states import JobState
-from queueing.selectors import job_get_for_actor, jobs_visible_to, teams_in_standings_for
-from queueing.services.fairshare import (
+from queueing.selectors.fairshare import (
     fairshare_standings_at,
+    half_life_hours,
     standing_as_dict,
     standings_sorted,
+    teams_in_standings_for,
 )
+from queueing.selectors.jobs import job_get_for_actor, jobs_visible_to
 from queueing.services.jobs import (
     job_cancel,
     job_logs,
     job_submit_with_event,
     jobs_submit_bulk,
 )
-from queueing.services.usage import half_life_hours
 
 from .bulk import (
     BulkJobCreatedSerializer,

@@ -37,7 +37,7 @@ def job_check_tier(*, team: Team, tier: Tier) -> None:
     teams may use a tier). A 400 with the reason on `tier` otherwise. Every submit path
     (API, web, CLI, array job, resubmit) comes through `job_submit_with_event` or
     `jobs_submit_bulk`, which call this."""
-    from queueing.selectors import tier_allowed_for_team
+    from queueing.selectors.jobs import tier_allowed_for_team
 
     if not tier_allowed_for_team(tier_id=tier.pk, team_id=team.pk):
         message = (f"Team {team.slug} may not use tier {tier.slug}: it is not open to every "

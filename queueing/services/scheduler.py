@@ -62,7 +62,6 @@ from queueing.backends.base import (
     WorkloadStatus,
     workload_name,
 )
-from queueing.cluster import ClusterView, cluster_view_publish
 from queueing.composition import get_backend
 from queueing.models import GpuType, Job, JobEvent, Quota, UsageRecord
 from queueing.policy.admission import Plan, plan_admissions
@@ -70,8 +69,14 @@ from queueing.policy.fairshare import FairShareState
 from queueing.policy.snapshot import NodeState, QueuedJob, QuotaLimit, RunningJob, Snapshot
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 from queueing.sanitize import clean_status, clean_text
+from queueing.selectors.cluster import ClusterView
+from queueing.selectors.fairshare import (
+    entry_penalty_interval_seconds,
+    fairshare_standings,
+    priority_weights,
+)
 
-from .fairshare import priority_weights
+from .cluster_view import cluster_view_publish
 from .jobs import job_transition
 from .preemption import (
     Applied,
@@ -81,7 +86,7 @@ from .preemption import (
     preemptions_apply,
 )
 from .queue_plan import queue_plan_forget
-from .usage import entry_penalty_interval_seconds, fairshare_standings, usage_record_attempt
+from .usage import usage_record_attempt
 
 log = logging.getLogger(__name__)
 
@@ -788,7 +793,7 @@ def submit_failed(*, job: Job, error: Exception, now: datetime, result: CycleRes
     """
     from django.conf import settings
 
-    from queueing.metrics import record_submit_error
+    from .metrics import record_submit_error
 
     text = str(error)
     result.submit_errors[job.pk] = text

@@ -1,36 +1,24 @@
-"""Usage recording and fair-share standings (docs/scheduling.md, rules F1-F6)."""
+"""Usage writes (docs/scheduling.md, rule F1): charging an attempt to its team's usage
+record and decayed accumulator, and importing another scheduler's usage from CSV. The
+reads (standings, buckets, the CSV export) are in queueing/selectors/."""
 
 from __future__ import annotations
 
+import csv
+from dataclasses import dataclass
 from datetime import datetime
+from typing import TextIO
 
-from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import Exists, OuterRef
-from django.db.models.expressions import RawSQL
+from django.db import transaction
 
 from accounts.models import Team
-from queueing.models import FairShareAccumulator, Job, UsageRecord
-from queueing.policy.fairshare import (
-    Accumulator,
-    Standing,
-    TeamUsageInput,
-    compute_standings,
-    entry_penalty_gpu_hours,
-)
-from queueing.policy.states import JobState
+from queueing.instants import parse_iso
+from queueing.models import FairShareAccumulator, GpuType, Job, UsageRecord
+from queueing.policy.fairshare import Accumulator
+from queueing.selectors.fairshare import half_life_hours
+from queueing.selectors.usage import IMPORT_COLUMNS
 
-# Rule F2: a team with work in these states is active even before it has any usage.
-_ACTIVE_STATES = (JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING)
-
-
-def half_life_hours() -> float:
-    return float(settings.FAIRQ_DECAY_HALF_LIFE_HOURS)
-
-
-def entry_penalty_interval_seconds() -> float:
-    """Rule F6: the recompute interval an admission is charged for (seconds)."""
-    return float(settings.FAIRQ_FAIRSHARE_RECOMPUTE_SECONDS)
+MAX_REPORTED_ERRORS = 50
 
 
 @transaction.atomic
@@ -68,71 +56,162 @@ def accumulator_add(*, team_id: int, rate: float, start: datetime, end: datetime
     acc.save(update_fields=["value", "as_of"])
 
 
-def decayed_accumulators(*, now: datetime) -> dict[int, float]:
-    """Every team's banked usage decayed to `now` (rule F1), by team id. On PostgreSQL the
-    decay is computed in the query: no timestamps to parse, one float per team."""
-    h = half_life_hours()
-    if connection.vendor == "postgresql":
-        # The exponent is clamped: power() raises on underflow or overflow in PostgreSQL.
-        rows = FairShareAccumulator.objects.annotate(decayed=RawSQL(
-            "value * power(2.0::float8, LEAST(1000.0, GREATEST(-1000.0, "
-            "-date_part('epoch', %s::timestamptz - as_of) / %s)))", (now, h * 3600.0),
-        )).values_list("team_id", "decayed")
-        return {team_id: float(v) for team_id, v in rows}
-    return {
-        team_id: Accumulator(value, as_of).at(now, h)
-        for team_id, value, as_of in FairShareAccumulator.objects.values_list(
-            "team_id", "value", "as_of")
-    }
+# --- import ----------------------------------------------------------------------------
+
+class UsageImportError(Exception):
+    """The file was refused; nothing was imported. `errors` name the lines."""
+
+    def __init__(self, errors: list[str]) -> None:
+        shown = errors[:MAX_REPORTED_ERRORS]
+        more = len(errors) - len(shown)
+        text = "\n".join(shown) + (f"\n... and {more} more" if more > 0 else "")
+        super().__init__(f"nothing imported: {len(errors)} error(s)\n{text}")
+        self.errors = errors
 
 
-def fairshare_inputs(*, now: datetime) -> tuple[list[TeamUsageInput], dict[str, float]]:
-    """Each team's weight, parent, banked usage, running attempts and activity, and the
-    entry penalty (rule F6) of jobs admitted but not yet running, per team.
+@dataclass(frozen=True, slots=True)
+class ImportedRow:
+    line: int
+    team: str
+    gpu_type: str
+    gpus: int
+    start: datetime
+    end: datetime
 
-    O(teams + jobs holding GPUs) in three queries, none over the usage history.
+
+def _parse_instant(value: str) -> datetime:
+    when = parse_iso(value)
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise ValueError("has no UTC offset (write e.g. 2026-01-05T08:00:00+00:00)")
+    return when
+
+
+def parse_usage_csv(stream: TextIO, *, now: datetime) -> tuple[list[ImportedRow], list[str]]:
+    """Read and check every row of a usage CSV (columns team, gpu_type, gpus, start, end;
+    ISO 8601 instants with an offset). Returns the rows and every error found, each with
+    its line number; checks names against the database but writes nothing."""
+    errors: list[str] = []
+    reader = csv.reader(stream)
+    try:
+        header = next(reader)
+    except StopIteration:
+        return [], ["line 1: the file is empty (expected a header: team,gpu_type,gpus,start,end)"]
+    except csv.Error as exc:
+        return [], [f"line 1: not CSV: {exc}"]
+    names = [h.strip().lower() for h in header]
+    if sorted(names) != sorted(IMPORT_COLUMNS) or len(set(names)) != len(names):
+        return [], [f"line 1: the header must name the columns {', '.join(IMPORT_COLUMNS)} "
+                    f"(got {', '.join(header) or 'nothing'})"]
+    col = {n: i for i, n in enumerate(names)}
+    teams = set(Team.objects.values_list("slug", flat=True))
+    gpu_types = set(GpuType.objects.values_list("slug", flat=True))
+    rows: list[ImportedRow] = []
+    while True:
+        try:
+            cells = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            errors.append(f"line {reader.line_num}: not CSV: {exc}")
+            break
+        line = reader.line_num
+        if not cells or all(not c.strip() for c in cells):
+            continue
+        if len(cells) != len(names):
+            errors.append(f"line {line}: expected {len(names)} columns, got {len(cells)}")
+            continue
+        problems: list[str] = []
+        team = cells[col["team"]].strip()
+        gpu_type = cells[col["gpu_type"]].strip()
+        if team not in teams:
+            problems.append(f"unknown team {team!r}")
+        if gpu_type not in gpu_types:
+            problems.append(f"unknown gpu_type {gpu_type!r}")
+        gpus = 0
+        try:
+            gpus = int(cells[col["gpus"]].strip())
+            if gpus < 1:
+                problems.append(f"gpus must be a whole number >= 1, not {gpus}")
+        except ValueError:
+            problems.append(f"gpus must be a whole number >= 1, not {cells[col['gpus']]!r}")
+        instants: dict[str, datetime] = {}
+        for name in ("start", "end"):
+            try:
+                instants[name] = _parse_instant(cells[col[name]])
+            except ValueError as exc:
+                reason = str(exc) if "offset" in str(exc) else "is not an ISO 8601 instant"
+                problems.append(f"{name} {cells[col[name]]!r} {reason}")
+        if len(instants) == 2:
+            if instants["end"] < instants["start"]:
+                problems.append("end is before start")
+            if instants["end"] > now:
+                problems.append(f"end {instants['end'].isoformat()} is in the future")
+        if problems:
+            errors.append(f"line {line}: " + "; ".join(problems))
+            continue
+        rows.append(ImportedRow(line, team, gpu_type, gpus, instants["start"], instants["end"]))
+    if not rows and not errors:
+        errors.append("the file has a header but no rows")
+    return rows, errors
+
+
+def usage_import_csv(*, stream: TextIO, now: datetime) -> int:
+    """Import historical usage from another scheduler (rule F1), all or nothing.
+
+    Every row is checked first; any bad row raises UsageImportError listing every bad
+    line and nothing is written. A row identical to one imported before (same team,
+    GPU type, GPUs, start and end) is refused too, so importing a file twice cannot
+    double a team's usage. Good files become `UsageRecord`s (source "import", billed at
+    the GPU type's current weight) and are added to the teams' accumulators, in one
+    transaction. Returns the number of rows imported.
     """
-    banked = decayed_accumulators(now=now)
-    running: dict[int, list[tuple[float, datetime]]] = {}
-    penalty: dict[int, float] = {}
-    interval = entry_penalty_interval_seconds()
-    rows = Job.objects.filter(status__in=[JobState.RUNNING, JobState.ADMITTED]).values_list(
-        "team_id", "status", "gpus_per_replica", "replicas", "gpu_type__billing_weight",
-        "started_at",
-    )
-    for team_id, status, gpus, replicas, weight, started_at in rows:
-        if status == JobState.RUNNING and started_at is not None and started_at <= now:
-            running.setdefault(team_id, []).append((gpus * replicas * weight, started_at))
-        else:
-            # Rule F6 across cycles: an admitted job not yet running keeps its entry
-            # penalty until its real usage starts counting.
-            penalty[team_id] = penalty.get(team_id, 0.0) + entry_penalty_gpu_hours(
-                gpus * replicas, weight, interval)
-    teams = list(
-        Team.objects.annotate(
-            has_work=Exists(Job.objects.filter(team=OuterRef("pk"),
-                                               status__in=list(_ACTIVE_STATES))),
-        ).values_list("pk", "slug", "weight", "parent_id", "has_work")
-    )
-    slug_of = {pk: slug for pk, slug, *_ in teams}
-    inputs = [
-        TeamUsageInput(
-            team=slug,
-            weight=weight,
-            accumulator=Accumulator(banked.get(pk, 0.0), now),
-            running=tuple(running.get(pk, ())),
-            parent=slug_of.get(parent_id) if parent_id is not None else None,
-            active=bool(has_work),
+    rows, errors = parse_usage_csv(stream, now=now)
+    if errors:
+        raise UsageImportError(errors)
+    team_ids = dict(Team.objects.values_list("slug", "pk"))
+    weights = {slug: (pk, w) for slug, pk, w in
+               GpuType.objects.values_list("slug", "pk", "billing_weight")}
+    h = half_life_hours()
+    with transaction.atomic():
+        # Lock the accumulators first (the order usage_record_attempt uses).
+        touched = {team_ids[r.team] for r in rows}
+        for t in sorted(touched):
+            FairShareAccumulator.objects.select_for_update().get_or_create(
+                team_id=t, defaults={"value": 0.0, "as_of": min(r.end for r in rows)})
+        existing = set(
+            UsageRecord.objects.filter(
+                source="import", team_id__in=touched,
+                start__gte=min(r.start for r in rows), start__lte=max(r.start for r in rows),
+            ).values_list("team_id", "gpu_type_id", "gpus", "start", "end")
         )
-        for pk, slug, weight, parent_id, has_work in teams
-    ]
-    extra = {slug_of[pk]: v for pk, v in penalty.items() if pk in slug_of}
-    return inputs, extra
-
-
-def fairshare_standings(*, now: datetime) -> dict[str, Standing]:
-    """Rules F1-F6 for every team at `now`, from the accumulators: O(teams), whatever the
-    length of the usage history."""
-    inputs, extra = fairshare_inputs(now=now)
-    return compute_standings(inputs, now=now, half_life_hours=half_life_hours(),
-                             extra_usage=extra)
+        dupes = [
+            f"line {r.line}: already imported (same team, gpu_type, gpus, start and end)"
+            for r in rows
+            if (team_ids[r.team], weights[r.gpu_type][0], r.gpus, r.start, r.end) in existing
+        ]
+        if dupes:
+            raise UsageImportError(dupes)
+        UsageRecord.objects.bulk_create(
+            [
+                UsageRecord(
+                    team_id=team_ids[r.team], gpu_type_id=weights[r.gpu_type][0],
+                    gpus=r.gpus, billing_weight=weights[r.gpu_type][1], start=r.start,
+                    end=r.end, gpu_seconds=r.gpus * (r.end - r.start).total_seconds(),
+                    source="import",
+                )
+                for r in rows
+            ],
+            batch_size=5000,
+        )
+        per_team: dict[int, Accumulator] = {}
+        for r in rows:
+            t = team_ids[r.team]
+            acc = per_team.get(t) or Accumulator(0.0, r.end)
+            per_team[t] = acc.add_interval(rate=r.gpus * weights[r.gpu_type][1], start=r.start,
+                                           end=r.end, half_life_hours=h)
+        for t, added in per_team.items():
+            row = FairShareAccumulator.objects.get(team_id=t)
+            merged = Accumulator(row.value, row.as_of).merge(added, h)
+            row.value, row.as_of = merged.value, merged.as_of
+            row.save(update_fields=["value", "as_of"])
+    return len(rows)

@@ -46,11 +46,19 @@ from queueing.api.serializers import JobCreateSerializer
 from queueing.errors import DomainError, NotFound
 from queueing.models import GpuType, Job
 from queueing.policy.states import JobState
-from queueing.selectors import job_get_for_actor, jobs_visible_to, teams_in_standings_for
-from queueing.services import dashboard as dash
-from queueing.services.fairshare import job_explain
+from queueing.selectors import dashboard as dash
+from queueing.selectors.capacity import capacity_by_gpu_type, overcommit_warnings
+from queueing.selectors.fairshare import teams_in_standings_for
+from queueing.selectors.jobs import job_get_for_actor, jobs_visible_to
+from queueing.selectors.metrics import scheduler_health
 from queueing.services.jobs import job_cancel, job_logs, job_submit
-from queueing.services.queue_plan import queue_plan_forget
+from queueing.services.queue_plan import (
+    Preview,
+    job_explain,
+    queue_plan_forget,
+    submit_preview,
+    team_queue,
+)
 from queueing.services.quotas import quota_set
 
 from .forms import JobSubmitForm, MemberForm, QuotaForm, RoleForm, TokenForm
@@ -69,8 +77,6 @@ def healthz_scheduler(request: HttpRequest) -> JsonResponse:
     """The scheduler's deep check (docs/deployment.md): 503 when the last successful
     cycle is older than FAIRQ_SCHEDULER_STALE_CYCLES intervals, or none is recorded. Not
     the web's own liveness: a stuck worker must not take the web down with it."""
-    from queueing.metrics import scheduler_health
-
     health = scheduler_health()
     body = {"status": "ok" if health["healthy"] else "stale", **health}
     del body["healthy"]
@@ -141,7 +147,7 @@ def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
     ctx: dict[str, Any] = {"now": now, "team": team}
     standings = dash.standings(now=now)
     history = dash.usage_history(now=now, current=standings)
-    capacity, ctx["cluster_error"] = dash.capacity()
+    capacity, ctx["cluster_error"] = capacity_by_gpu_type()
     # Other teams' standings, usage and GPUs held only as far as docs/api.md says.
     visible = teams_in_standings_for(actor=request.user)
     if visible is not None:
@@ -156,7 +162,7 @@ def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
     ctx["snapshot_minutes"] = round(settings.FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS / 60)
     ctx["half_life_hours"] = settings.FAIRQ_DECAY_HALF_LIFE_HOURS
     if team is not None:
-        ctx["queue"], ctx["queue_total"] = dash.team_queue(team=team, now=now, limit=25)
+        ctx["queue"], ctx["queue_total"] = team_queue(team=team, now=now, limit=25)
         ctx["running"] = dash.team_running(team=team)
         ctx["recent"] = dash.team_recent_done(team=team)
         ctx["preempted"] = dash.team_recent_preemptions(team=team, now=now)
@@ -223,13 +229,13 @@ def _job_initial(job: Job) -> dict[str, Any]:
     }
 
 
-def _preview(form: JobSubmitForm) -> dash.Preview | None:
+def _preview(form: JobSubmitForm) -> Preview | None:
     inp = form.job_input
     if inp is None:
         return None
-    return dash.submit_preview(team=inp.team, gpu_type=inp.gpu_type,
-                               gpus_per_replica=inp.gpus_per_replica, replicas=inp.replicas,
-                               tier_rank=inp.tier.rank, now=timezone.now())
+    return submit_preview(team=inp.team, gpu_type=inp.gpu_type,
+                          gpus_per_replica=inp.gpus_per_replica, replicas=inp.replicas,
+                          tier_rank=inp.tier.rank, now=timezone.now())
 
 
 def _form_errors(form: JobSubmitForm, exc: DomainError) -> None:
@@ -526,8 +532,8 @@ def quota_cell(request: HttpRequest, team_slug: str, gpu_slug: str) -> HttpRespo
             for field, errs in exc.message_dict.items():
                 form.add_error(field if field in form.fields else None, errs)
     cell = dash.quota_cell(team=team, gpu_type=gpu_type)
-    cap, _ = dash.capacity()
-    ctx = {"cell": cell, "form": form, "saved": saved, "warnings": dash.overcommit_warnings(cap),
+    cap, _ = capacity_by_gpu_type()
+    ctx = {"cell": cell, "form": form, "saved": saved, "warnings": overcommit_warnings(cap),
            "audit": _quota_audit(), "oob": True}
     if not request.htmx:  # type: ignore[attr-defined]
         if saved:

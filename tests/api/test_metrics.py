@@ -9,8 +9,8 @@ import pytest
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from queueing.metrics import record_cycle
 from queueing.models import JobEvent
+from queueing.services.metrics import record_cycle
 from tests.conftest import World
 from tests.factories import JobFactory
 

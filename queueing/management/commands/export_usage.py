@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from queueing.services.fairshare import usage_export_csv
+from queueing.selectors.usage import usage_export_csv
 
 
 class Command(BaseCommand):

@@ -11,13 +11,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from queueing.instants import InstantError, parse_instant
-from queueing.services.fairshare import (
-    fairshare_recompute,
+from queueing.selectors.fairshare import (
     fairshare_standings_at,
+    half_life_hours,
     standing_as_dict,
     standings_sorted,
 )
-from queueing.services.usage import half_life_hours
+from queueing.services.fairshare import fairshare_recompute
 
 
 def _instant(value: str) -> datetime:

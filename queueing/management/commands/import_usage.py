@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from queueing.services.fairshare import UsageImportError, usage_import_csv
+from queueing.services.usage import UsageImportError, usage_import_csv
 
 
 class Command(BaseCommand):

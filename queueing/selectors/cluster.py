@@ -1,9 +1,10 @@
 """The cluster view: what web and API processes know of the cluster, without being a
 cluster client (docs/kubernetes.md, "RBAC"; issue 13's "cluster view").
 
-The worker publishes it at the end of every scheduler cycle (`cluster_view_publish`)
-into the shared cache: the nodes with their capacity and free GPUs, the live workload
-names (rule R8 in "why it waits"), and the teams whose namespace is not provisioned.
+The worker publishes it at the end of every scheduler cycle
+(`queueing.services.cluster_view.cluster_view_publish`) into the shared cache: the nodes
+with their capacity and free GPUs, the live workload names (rule R8 in "why it waits"),
+and the teams whose namespace is not provisioned.
 Web processes read it (`cluster_view`) for submit validation, dashboards, the queue plan
 and the preview. It is as old as the last cycle (seconds while the worker runs);
 `stale` says when it is older than FAIRQ_CLUSTER_VIEW_STALE_SECONDS.
@@ -21,12 +22,13 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
+from django.utils import timezone
 
-from .backends.base import ClusterBackend, NodeInfo
-from .composition import get_backend
-from .memo import ttl_memo
+from queueing.backends.base import ClusterBackend, NodeInfo
+from queueing.composition import get_backend
+from queueing.memo import ttl_memo
 
-_VIEW_KEY = "fairq:cluster-view"
+VIEW_KEY = "fairq:cluster-view"  # written by services/cluster_view.py, read here
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,10 @@ class ClusterView:
 
     def unprovisioned_teams(self, teams: Iterable[str]) -> set[str]:
         return set(teams) & self.unprovisioned
+
+    def total_gpus(self) -> int:
+        """GPUs on every node (the cluster size rule P1's size factor divides by)."""
+        return sum(n.capacity for n in self.node_list)
 
     def largest_node_gpus(self) -> dict[str, int]:
         sizes: dict[str, int] = {}
@@ -90,23 +96,13 @@ def cluster_view_of(backend: ClusterBackend, *, now: datetime,
                        unprovisioned=frozenset(unprovisioned), published_at=now)
 
 
-def cluster_view_publish(*, backend: ClusterBackend, now: datetime, workloads: Iterable[str],
-                         unprovisioned: Iterable[str] = ()) -> ClusterView:
-    """The worker, after a cycle: what web processes will read until the next one."""
-    view = cluster_view_of(backend, now=now, workloads=workloads, unprovisioned=unprovisioned)
-    cache.set(_VIEW_KEY, view.to_dict(), timeout=None)
-    return view
-
-
 def cluster_view(*, now: datetime | None = None) -> ClusterView:
     """The last published view (never a call to the cluster, except to the in-process
     simulated one before anything was published)."""
-    raw = cache.get(_VIEW_KEY)
+    raw = cache.get(VIEW_KEY)
     if raw is not None:
         return ClusterView.from_dict(raw)
     if settings.FAIRQ_CLUSTER_BACKEND == "simulated":
-        from django.utils import timezone
-
         try:
             return cluster_view_of(get_backend(), now=now or timezone.now())
         except Exception as exc:  # a page says why instead of failing
@@ -135,3 +131,10 @@ def largest_node_gpus(gpu_type: str) -> int | None:
         return _largest_node_sizes().get(gpu_type, 0)
     except _NotPublished:
         return None
+
+
+def cluster_nodes() -> tuple[list[NodeInfo], str]:
+    """The nodes of the published cluster view, and a sentence when it is missing or
+    stale (a page shows it instead of failing)."""
+    view = cluster_view()
+    return view.nodes(), view.stale(timezone.now())[:200]

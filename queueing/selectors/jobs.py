@@ -7,9 +7,9 @@ from typing import Any
 from django.db import connection
 from django.db.models import QuerySet
 
-from . import rawsql
-from .errors import NotFound
-from .models import Job, Tier, TierGrant
+from queueing import rawsql
+from queueing.errors import NotFound
+from queueing.models import Job, Tier, TierGrant
 
 
 def jobs_visible_to(*, actor: Any) -> QuerySet[Job]:
@@ -27,20 +27,6 @@ def job_get_for_actor(*, actor: Any, job_id: int) -> Job:
     if job is None:
         raise NotFound(f"job {job_id} not found")
     return job
-
-
-def teams_in_standings_for(*, actor: Any) -> set[str] | None:
-    """Slugs of the teams whose fair-share standing, usage and GPUs held `actor` may see:
-    the teams they are in. None means every team: staff, or FAIRQ_FAIRSHARE_PUBLIC
-    (docs/api.md, "Who sees which team"). The API's /fairshare/, the CLI's `share` and
-    the dashboard all go through here."""
-    from django.conf import settings
-
-    from accounts.models import Team
-
-    if actor.is_staff or settings.FAIRQ_FAIRSHARE_PUBLIC:
-        return None
-    return set(Team.objects.filter(memberships__user=actor).values_list("slug", flat=True))
 
 
 def tier_allowed_for_team(*, tier_id: int, team_id: int) -> bool:

@@ -1,74 +1,38 @@
-"""Reads for the web dashboard (docs/dashboard.md): the team's queue with positions and
-wait reasons, running and recent jobs, capacity and allocation, standings over time, a
-submit preview, and the quota board grid. Reads only; every state change goes through
-the job, quota, membership and token services.
+"""Reads for the web dashboard (docs/dashboard.md): running and recent jobs, a page of
+jobs, standings over time, the submit form's defaults, and the quota board grid. Reads
+only; every state change goes through the job, quota, membership and token services.
+Capacity is queueing/selectors/capacity.py; the queue with positions and wait reasons,
+and the submit preview, read the cached plan of queueing/services/queue_plan.py.
 
 Every function runs a small, constant number of queries whatever the number of jobs: the
 job lists are bounded and ride the `(team, status)` and `(status, tier, created_at)`
-indexes. The one expensive read — the admission plan that gives queue positions — is
-computed once for all queued jobs and cached for a few seconds (`QUEUE_PLAN_TTL`).
+indexes.
 """
 
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db.models import F, QuerySet, Sum
-from django.utils import timezone
+from django.db.models import QuerySet
 
 from accounts.models import Team
-from queueing.backends.base import NodeInfo
-from queueing.cluster import cluster_view
 from queueing.models import FairShareSnapshot, GpuType, Job, JobEvent, Quota
-from queueing.policy.admission import plan_admissions
-from queueing.policy.explain import explain_queued
 from queueing.policy.fairshare import Standing
-from queueing.policy.snapshot import QueuedJob
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 
-from .queue_plan import queue_plan
-from .usage import fairshare_standings
+from .capacity import CapacityRow, capacity_by_gpu_type, gpus_held, overcommit_warnings
+from .fairshare import fairshare_standings
 
 DONE_STATES = [*sorted(FINAL_STATES), JobState.PREEMPTED]
 
 
 # The JSON columns a job list never shows.
-_LIST_DEFER = ("command", "args", "env", "image")
-
-
-@dataclass(frozen=True)
-class QueueRow:
-    job: Job
-    position: int | None
-    reason: str
-
-
-def team_queue(*, team: Team, now: datetime, limit: int = 50) -> tuple[list[QueueRow], int]:
-    """The team's queued jobs in queue order with position and wait reason (the first
-    `limit`), and how many it has queued in all. Jobs queued since the plan was cached
-    come last, without a position, until the next refresh."""
-    plan = queue_plan(now=now)
-    qs = Job.objects.filter(team=team, status=JobState.QUEUED)
-    total = qs.count()
-    ours = sorted((e.position, job_id) for job_id, e in plan.entries.items() if e.team == team.slug)
-    ids = [job_id for _, job_id in ours[:limit]]
-    found = qs.select_related("gpu_type", "tier").defer(*_LIST_DEFER).in_bulk(ids)
-    jobs = [found[i] for i in ids if i in found]
-    if len(jobs) < limit:
-        # Queued after the plan was cached (or the plan is unavailable).
-        jobs += list(qs.exclude(pk__in=ids).select_related("gpu_type", "tier")
-                     .defer(*_LIST_DEFER).order_by("-tier__rank", "created_at", "id")
-                     [: limit - len(jobs)])
-    rows = []
-    for j in jobs:
-        reasons = plan.reasons(j.pk)
-        rows.append(QueueRow(j, plan.position(j.pk), "; ".join(r["message"] for r in reasons)))
-    return rows, total
+LIST_DEFER = ("command", "args", "env", "image")
 
 
 # --- jobs ------------------------------------------------------------------------------------
@@ -76,7 +40,7 @@ def team_queue(*, team: Team, now: datetime, limit: int = 50) -> tuple[list[Queu
 def team_running(*, team: Team, limit: int = 50) -> list[Job]:
     return list(
         Job.objects.filter(team=team, status__in=sorted(HOLDING_STATES))
-        .select_related("gpu_type", "tier").defer(*_LIST_DEFER)
+        .select_related("gpu_type", "tier").defer(*LIST_DEFER)
         .order_by("started_at", "id")[:limit]
     )
 
@@ -85,7 +49,7 @@ def team_recent_done(*, team: Team, limit: int = 10) -> list[Job]:
     """The team's latest finished, cancelled and preempted jobs (newest first)."""
     return list(
         Job.objects.filter(team=team, status__in=DONE_STATES)
-        .select_related("gpu_type", "tier").defer(*_LIST_DEFER, "placement")
+        .select_related("gpu_type", "tier").defer(*LIST_DEFER, "placement")
         .order_by("-id")[:limit]
     )
 
@@ -98,7 +62,7 @@ def team_recent_preemptions(*, team: Team, now: datetime, hours: float = 24.0,
     return list(
         JobEvent.objects.filter(kind=JobEvent.Kind.PREEMPTED, job__team=team,
                                 at__gte=now - timedelta(hours=hours))
-        .select_related("job").defer(*(f"job__{f}" for f in _LIST_DEFER))
+        .select_related("job").defer(*(f"job__{f}" for f in LIST_DEFER))
         .order_by("-at", "-id")[:limit]
     )
 
@@ -111,74 +75,13 @@ def job_page(*, jobs: QuerySet[Job], before: int | None, status: str | None,
         jobs = jobs.filter(status=status)
     if before is not None:
         jobs = jobs.filter(pk__lt=before)
-    page = list(jobs.defer(*_LIST_DEFER, "placement").order_by("-id")[: size + 1])
+    page = list(jobs.defer(*LIST_DEFER, "placement").order_by("-id")[: size + 1])
     more = len(page) > size
     page = page[:size]
     return page, (page[-1].pk if more and page else None)
 
 
-# --- capacity and standings ----------------------------------------------------------------
-
-@dataclass
-class CapacityRow:
-    gpu_type: str
-    capacity: int = 0
-    allocated: int = 0
-    nodes: int = 0
-    guaranteed: int = 0  # sum of nominal quotas
-    by_team: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def percent(self) -> int:
-        return round(100 * self.allocated / self.capacity) if self.capacity else 0
-
-    @property
-    def overcommitted(self) -> bool:
-        return self.guaranteed > self.capacity
-
-
-def cluster_nodes() -> tuple[list[NodeInfo], str]:
-    """The nodes of the published cluster view (queueing/cluster.py), and a sentence when
-    it is missing or stale (the page shows it instead of failing)."""
-    view = cluster_view()
-    return view.nodes(), view.stale(timezone.now())[:200]
-
-
-def allocation_by_team() -> dict[tuple[str, str], int]:
-    """GPUs held (admitted or running) per (team slug, GPU type slug)."""
-    rows = (
-        Job.objects.filter(status__in=sorted(HOLDING_STATES))
-        .values("team__slug", "gpu_type__slug")
-        .annotate(gpus=Sum(models_total_gpus()))
-    )
-    return {(r["team__slug"], r["gpu_type__slug"]): int(r["gpus"] or 0) for r in rows}
-
-
-def models_total_gpus() -> Any:
-    return F("gpus_per_replica") * F("replicas")
-
-
-def capacity(*, nodes: list[NodeInfo] | None = None) -> tuple[list[CapacityRow], str]:
-    """Capacity, allocation and guaranteed (nominal) quota per GPU type, with each team's
-    allocation."""
-    error = ""
-    if nodes is None:
-        nodes, error = cluster_nodes()
-    rows: dict[str, CapacityRow] = {}
-    for slug in GpuType.objects.values_list("slug", flat=True):
-        rows[slug] = CapacityRow(slug)
-    for n in nodes:
-        row = rows.setdefault(n.gpu_type, CapacityRow(n.gpu_type))
-        row.capacity += n.capacity
-        row.allocated += n.allocated
-        row.nodes += 1
-    for (team, gpu), gpus in allocation_by_team().items():
-        rows.setdefault(gpu, CapacityRow(gpu)).by_team[team] = gpus
-    for r in Quota.objects.values("gpu_type__slug").annotate(n=Sum("nominal")):
-        rows.setdefault(r["gpu_type__slug"], CapacityRow(r["gpu_type__slug"])).guaranteed = int(
-            r["n"] or 0)
-    return sorted(rows.values(), key=lambda r: r.gpu_type), error
-
+# --- standings ----------------------------------------------------------------------------
 
 def standings(*, now: datetime) -> list[Standing]:
     """Every team's standing, highest factor first."""
@@ -237,52 +140,6 @@ def usage_history(*, now: datetime, days: float = 7.0,
     return {"t": times, "series": series, "start": start, "snapshots": len(snap_times)}
 
 
-# --- submit preview --------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Preview:
-    position: int | None
-    queued: int  # queued jobs now, before this one
-    admitted_next: bool
-    reason: str
-    error: str = ""
-
-
-def submit_preview(*, team: Team, gpu_type: GpuType, gpus_per_replica: int, replicas: int,
-                   tier_rank: int, now: datetime) -> Preview:
-    """Where a job would stand if submitted now: the same snapshot and policy as the next
-    cycle, with the job added to the queue in memory (nothing is written)."""
-    from dataclasses import replace
-
-    from .scheduler import build_snapshot
-
-    view = cluster_view(now=now)
-    if view.published_at is None and view.error:
-        return Preview(None, 0, False, "", error=view.error[:200])
-    try:
-        snapshot = build_snapshot(backend=view, now=now, live_workloads=set(view.workloads))
-    except Exception as exc:
-        return Preview(None, 0, False, "", error=str(exc)[:200])
-    probe_id = -1  # no real job has a negative id
-    probe = QueuedJob(id=probe_id, team=team.slug, gpu_type=gpu_type.slug,
-                      gpus_per_replica=gpus_per_replica, replicas=replicas,
-                      tier_rank=tier_rank, submitted_at=now)
-    snapshot = replace(snapshot, queued=(*snapshot.queued, probe))
-    plan = plan_admissions(snapshot)
-    by_id = {q.id: q for q in snapshot.queued}
-    order = [by_id[i] for i in plan.order if i in by_id] if plan.order else list(snapshot.queued)
-    seen = {q.id for q in order}
-    order += [q for q in snapshot.queued if q.id not in seen]
-    wait = plan.waits.get(probe_id)
-    admitted = any(a.job_id == probe_id for a in plan.admissions)
-    exp = explain_queued(probe_id, order, wait_code=str(wait.reason) if wait else None,
-                         wait_message=wait.message if wait else None, admitted_next=admitted)
-    if exp is None:
-        return Preview(None, len(snapshot.queued) - 1, admitted, "")
-    return Preview(exp.position, exp.queued - 1, admitted,
-                   "; ".join(r.message for r in exp.reasons))
-
-
 def team_submit_defaults(*, team: Team) -> dict[str, Any]:
     """Initial values of the submit form: the team's last job's image, command, arguments,
     GPU type, size and tier (not its environment); otherwise the GPU type of its largest
@@ -319,22 +176,14 @@ class QuotaBoard:
     error: str = ""
 
 
-def overcommit_warnings(rows: list[CapacityRow]) -> list[str]:
-    return [
-        f"Guaranteed {r.gpu_type} quotas ({r.guaranteed} GPUs) exceed the cluster's "
-        f"{r.capacity} {r.gpu_type} GPUs: not every team can get its nominal quota at once."
-        for r in rows if r.overcommitted
-    ]
-
-
 def quota_board(*, now: datetime) -> QuotaBoard:
     """Teams × GPU types: each quota beside the team's allocation and decayed usage."""
     gpu_types = list(GpuType.objects.order_by("slug"))
     teams = list(Team.objects.order_by("slug"))
     quotas = {(q.team_id, q.gpu_type_id): q for q in Quota.objects.all()}
-    alloc = allocation_by_team()
+    cap, error = capacity_by_gpu_type()
+    alloc = {(team, c.gpu_type): gpus for c in cap for team, gpus in c.by_team.items()}
     by_team = {s.team: s for s in fairshare_standings(now=now).values()}
-    cap, error = capacity()
     rows = []
     for team in teams:
         cells = [QuotaCell(team, g, quotas.get((team.pk, g.pk)), alloc.get((team.slug, g.slug), 0))
@@ -347,13 +196,12 @@ def quota_board(*, now: datetime) -> QuotaBoard:
 
 def quota_cell(*, team: Team, gpu_type: GpuType) -> QuotaCell:
     quota = Quota.objects.filter(team=team, gpu_type=gpu_type).first()
-    held = Job.objects.filter(team=team, gpu_type=gpu_type, status__in=sorted(HOLDING_STATES))
-    allocated = held.aggregate(n=Sum(models_total_gpus()))["n"] or 0
-    return QuotaCell(team, gpu_type, quota, int(allocated))
+    allocated = gpus_held(team=team, gpu_type=gpu_type).get((team.slug, gpu_type.slug), 0)
+    return QuotaCell(team, gpu_type, quota, allocated)
 
 
 def team_quotas(*, team: Team) -> list[QuotaCell]:
-    alloc = allocation_by_team()
+    alloc = gpus_held(team=team)
     quotas = {q.gpu_type_id: q for q in Quota.objects.filter(team=team)}
     return [QuotaCell(team, g, quotas.get(g.pk), alloc.get((team.slug, g.slug), 0))
             for g in GpuType.objects.order_by("slug")

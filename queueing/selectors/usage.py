@@ -1,23 +1,24 @@
-"""Read-only reports for the API, the CLI and /metrics: usage per time bucket, cluster
-capacity, queue depth. Selectors: no writes; callers scope teams to the actor first."""
+"""Usage reads for the API and the command line: GPU-hours per time bucket, and the
+usage records as the CSV `manage.py import_usage` reads. Callers scope teams to the
+actor first."""
 
 from __future__ import annotations
 
+import csv
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import chain
+from typing import TextIO
 
-from django.db.models import Count, F, Sum
 from django.utils import timezone
 
 from accounts.models import Team
+from queueing.models import Job, UsageRecord
+from queueing.policy.states import HOLDING_STATES
 
-from .cluster import cluster_view
-from .models import GpuType, Job, UsageRecord
-from .policy.states import HOLDING_STATES, JobState
-
+IMPORT_COLUMNS = ("team", "gpu_type", "gpus", "start", "end")  # the usage CSV's header
 BUCKETS: dict[str, timedelta] = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
 MAX_BUCKETS = 2000
 
@@ -77,48 +78,22 @@ def usage_buckets(
     ]
 
 
-@dataclass(frozen=True)
-class Capacity:
-    gpu_type: str
-    nodes: int
-    capacity: int
-    allocated: int  # as the cluster reports it
-    free: int
-    held_by_jobs: int  # GPUs fairq has admitted or running on this type
-    queued_demand: int  # GPUs asked for by queued jobs
+def usage_export_csv(*, out: TextIO, source: str | None = None) -> int:
+    """Write the usage records as the CSV `usage_import_csv` reads (instants in UTC with
+    an offset). `source` keeps only "import" or "scheduler" records. Returns the rows."""
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(IMPORT_COLUMNS)
+    qs = UsageRecord.objects.order_by("start", "id")
+    if source:
+        qs = qs.filter(source=source)
+    n = 0
+    for team, gpu_type, gpus, start, end in qs.values_list(
+        "team__slug", "gpu_type__slug", "gpus", "start", "end"
+    ).iterator(chunk_size=10_000):
+        writer.writerow([team, gpu_type, gpus, _iso(start), _iso(end)])
+        n += 1
+    return n
 
 
-def cluster_capacity() -> list[Capacity]:
-    nodes = cluster_view().nodes()  # the published view: web processes call no cluster
-    per: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-    for n in nodes:
-        cell = per[n.gpu_type]
-        cell[0] += 1
-        cell[1] += n.capacity
-        cell[2] += n.allocated
-        cell[3] += n.free
-    held = _gpus_by_type(Job.objects.filter(status__in=list(HOLDING_STATES)))
-    queued = _gpus_by_type(Job.objects.filter(status=JobState.QUEUED))
-    types = sorted(set(per) | set(GpuType.objects.values_list("slug", flat=True)))
-    return [
-        Capacity(t, per[t][0], per[t][1], per[t][2], per[t][3], held.get(t, 0), queued.get(t, 0))
-        for t in types
-    ]
-
-
-def _gpus_by_type(qs: object) -> dict[str, int]:
-    rows = qs.values("gpu_type__slug").annotate(  # type: ignore[attr-defined]
-        gpus=Sum(F("gpus_per_replica") * F("replicas")))
-    return {r["gpu_type__slug"]: int(r["gpus"] or 0) for r in rows}
-
-
-def queue_depth() -> list[tuple[str, str, int]]:
-    """(team, tier, queued jobs) for every pair with queued jobs."""
-    rows = (Job.objects.filter(status=JobState.QUEUED)
-            .values_list("team__slug", "tier__slug").annotate(n=Count("id")).order_by())
-    return [(team, tier, n) for team, tier, n in rows]
-
-
-def gpus_allocated_by_type() -> dict[str, int]:
-    """GPUs held by admitted or running jobs, per GPU type."""
-    return _gpus_by_type(Job.objects.filter(status__in=list(HOLDING_STATES)))
+def _iso(when: datetime) -> str:
+    return when.astimezone(UTC).isoformat()

@@ -1,0 +1,15 @@
+"""Every read of fairq's state, and nothing that writes (docs/architecture.md).
+
+- `jobs`      — the tenant choke-point: jobs an actor may see, one job or 404, tier grants.
+- `lookups`   — the submit path's lookups (GPU types, tiers, the submitter's team).
+- `cluster`   — the cluster view as web processes read it (published by the worker).
+- `capacity`  — capacity per GPU type and the GPUs jobs hold: one implementation each.
+- `fairshare` — the fair-share settings, inputs and standings (now and in the past),
+                their history from the snapshots, and a job's priority breakdown.
+- `usage`     — usage per time bucket and the usage CSV export.
+- `dashboard` — the web dashboard's lists, charts and quota board.
+- `metrics`   — what /metrics and the scheduler health check read.
+
+The queue plan ("why it waits", the submit preview) is built from the scheduler's
+snapshot and cached: queueing/services/queue_plan.py.
+"""

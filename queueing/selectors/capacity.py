@@ -1,0 +1,112 @@
+"""Capacity per GPU type and the GPUs jobs hold: one implementation of each, for the
+dashboard, the quota board, the API's /capacity/ and /metrics."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from django.db.models import F, Sum
+
+from accounts.models import Team
+from queueing.backends.base import NodeInfo
+from queueing.models import GpuType, Job, Quota
+from queueing.policy.states import HOLDING_STATES, JobState
+
+from .cluster import cluster_nodes
+
+
+@dataclass
+class CapacityRow:
+    """One GPU type as the cluster and fairq each see it."""
+
+    gpu_type: str
+    nodes: int = 0
+    capacity: int = 0
+    allocated: int = 0  # as the cluster reports it
+    free: int = 0
+    held_by_jobs: int = 0  # GPUs of admitted and running jobs
+    queued_demand: int = 0  # GPUs asked for by queued jobs
+    guaranteed: int = 0  # sum of nominal quotas
+    by_team: dict[str, int] = field(default_factory=dict)  # GPUs held per team
+
+    @property
+    def percent(self) -> int:
+        return round(100 * self.allocated / self.capacity) if self.capacity else 0
+
+    @property
+    def overcommitted(self) -> bool:
+        return self.guaranteed > self.capacity
+
+
+def _gpus_by(statuses: Collection[str], *, team: Team | None = None,
+             gpu_type: GpuType | None = None) -> dict[tuple[str, str, str], int]:
+    """GPUs (replicas × GPUs per replica) of the jobs in `statuses`, per (status, team
+    slug, GPU type slug): one grouped query."""
+    qs = Job.objects.filter(status__in=sorted(statuses))
+    if team is not None:
+        qs = qs.filter(team=team)
+    if gpu_type is not None:
+        qs = qs.filter(gpu_type=gpu_type)
+    rows = (qs.values("status", "team__slug", "gpu_type__slug").order_by()
+            .annotate(gpus=Sum(F("gpus_per_replica") * F("replicas"))))
+    return {(r["status"], r["team__slug"], r["gpu_type__slug"]): int(r["gpus"] or 0)
+            for r in rows}
+
+
+def gpus_held(*, team: Team | None = None,
+              gpu_type: GpuType | None = None) -> dict[tuple[str, str], int]:
+    """GPUs held by admitted and running jobs per (team slug, GPU type slug), optionally
+    of one team or GPU type."""
+    out: dict[tuple[str, str], int] = defaultdict(int)
+    for (_, t, g), gpus in _gpus_by(HOLDING_STATES, team=team, gpu_type=gpu_type).items():
+        out[(t, g)] += gpus
+    return dict(out)
+
+
+def gpus_held_by_type() -> dict[str, int]:
+    """GPUs held by admitted and running jobs, per GPU type."""
+    out: dict[str, int] = defaultdict(int)
+    for (_, g), gpus in gpus_held().items():
+        out[g] += gpus
+    return dict(out)
+
+
+def capacity_by_gpu_type(*, nodes: list[NodeInfo] | None = None) -> tuple[list[CapacityRow], str]:
+    """Every GPU type (known to fairq or on a node), sorted: its nodes, capacity and
+    allocation as the cluster reports them, the GPUs jobs hold (per team) and ask for,
+    and the guaranteed (nominal) quota. `nodes` default to the published cluster view;
+    the sentence says when that is missing or stale."""
+    error = ""
+    if nodes is None:
+        nodes, error = cluster_nodes()
+    rows = {slug: CapacityRow(slug) for slug in GpuType.objects.values_list("slug", flat=True)}
+
+    def row(gpu_type: str) -> CapacityRow:
+        return rows.setdefault(gpu_type, CapacityRow(gpu_type))
+
+    for n in nodes:
+        r = row(n.gpu_type)
+        r.nodes += 1
+        r.capacity += n.capacity
+        r.allocated += n.allocated
+        r.free += n.free
+    for (status, team, gpu), gpus in _gpus_by({*HOLDING_STATES, JobState.QUEUED}).items():
+        r = row(gpu)
+        if status == JobState.QUEUED:
+            r.queued_demand += gpus
+        else:
+            r.held_by_jobs += gpus
+            r.by_team[team] = r.by_team.get(team, 0) + gpus
+    for q in Quota.objects.values("gpu_type__slug").annotate(n=Sum("nominal")):
+        row(q["gpu_type__slug"]).guaranteed = int(q["n"] or 0)
+    return sorted(rows.values(), key=lambda r: r.gpu_type), error
+
+
+def overcommit_warnings(rows: list[CapacityRow]) -> list[str]:
+    return [
+        f"Guaranteed {r.gpu_type} quotas ({r.guaranteed} GPUs) exceed the cluster's "
+        f"{r.capacity} {r.gpu_type} GPUs: not every team can get its nominal quota at once."
+        for r in rows if r.overcommitted
+    ]

@@ -1,0 +1,299 @@
+"""Fair-share reads (docs/scheduling.md, rules F1-F6, P1): the settings, the inputs of
+the standings (built once, for the cycle and for every reader), the standings now and at
+a past instant, their history from the snapshots, and a job's priority breakdown.
+
+The hot path (`fairshare_standings`) reads one accumulator per team. Standings at a past
+instant scan the usage history: for repair, audit and the command line, never a cycle.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Exists, OuterRef, Q
+from django.db.models.expressions import RawSQL
+
+from accounts.models import Team
+from queueing.models import FairShareAccumulator, FairShareSnapshot, Job, UsageRecord
+from queueing.policy.fairshare import (
+    Accumulator,
+    FairShareState,
+    Standing,
+    TeamUsageInput,
+    compute_standings,
+    decayed_interval_usage,
+    entry_penalty_gpu_hours,
+    forest_parents,
+)
+from queueing.policy.priority import PriorityBreakdown, PriorityWeights, job_priority
+from queueing.policy.snapshot import QueuedJob
+from queueing.policy.states import JobState
+
+# Rule F2: a team with work in these states is active even before it has any usage.
+_ACTIVE_STATES = (JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING)
+
+# A team's running attempts: (weighted GPUs, started at) per team id.
+Running = Mapping[int, Sequence[tuple[float, datetime]]]
+
+
+# --- settings -----------------------------------------------------------------------------
+
+def half_life_hours() -> float:
+    return float(settings.FAIRQ_DECAY_HALF_LIFE_HOURS)
+
+
+def entry_penalty_interval_seconds() -> float:
+    """Rule F6: the recompute interval an admission is charged for (seconds)."""
+    return float(settings.FAIRQ_FAIRSHARE_RECOMPUTE_SECONDS)
+
+
+def priority_weights() -> PriorityWeights:
+    """Rule P1 weights from the settings (FAIRQ_PRIORITY_*)."""
+    return PriorityWeights(
+        fair_share=float(settings.FAIRQ_PRIORITY_WEIGHT_FAIRSHARE),
+        age=float(settings.FAIRQ_PRIORITY_WEIGHT_AGE),
+        size=float(settings.FAIRQ_PRIORITY_WEIGHT_SIZE),
+        max_age_seconds=float(settings.FAIRQ_PRIORITY_MAX_AGE_HOURS) * 3600.0,
+        favor_small=bool(settings.FAIRQ_PRIORITY_FAVOR_SMALL),
+    )
+
+
+def teams_in_standings_for(*, actor: Any) -> set[str] | None:
+    """Slugs of the teams whose fair-share standing, usage and GPUs held `actor` may see:
+    the teams they are in. None means every team: staff, or FAIRQ_FAIRSHARE_PUBLIC
+    (docs/api.md, "Who sees which team"). The API's /fairshare/, the CLI's `share` and
+    the dashboard all go through here."""
+    if actor.is_staff or settings.FAIRQ_FAIRSHARE_PUBLIC:
+        return None
+    return set(Team.objects.filter(memberships__user=actor).values_list("slug", flat=True))
+
+
+# --- the inputs of the standings ----------------------------------------------------------
+
+def team_usage_inputs(*, at: datetime, teams: Iterable[tuple[int, str, float, int | None]],
+                      banked: Mapping[int, float], running: Running,
+                      active: Collection[int]) -> list[TeamUsageInput]:
+    """Rules F1-F2's input per team (`teams`: id, slug, weight, parent id): its usage
+    banked as of `at`, its running attempts, its parent's slug and whether it is active.
+    The one place standings inputs are built, now (`fairshare_inputs`) or in the past
+    (`fairshare_standings_at`)."""
+    rows = list(teams)
+    slug_of = {pk: slug for pk, slug, _, _ in rows}
+    return [
+        TeamUsageInput(
+            team=slug, weight=weight, accumulator=Accumulator(banked.get(pk, 0.0), at),
+            running=tuple(running.get(pk, ())),
+            parent=slug_of.get(parent_id) if parent_id is not None else None,
+            active=pk in active,
+        )
+        for pk, slug, weight, parent_id in rows
+    ]
+
+
+def decayed_accumulators(*, now: datetime) -> dict[int, float]:
+    """Every team's banked usage decayed to `now` (rule F1), by team id. On PostgreSQL the
+    decay is computed in the query: no timestamps to parse, one float per team."""
+    h = half_life_hours()
+    if connection.vendor == "postgresql":
+        # The exponent is clamped: power() raises on underflow or overflow in PostgreSQL.
+        rows = FairShareAccumulator.objects.annotate(decayed=RawSQL(
+            "value * power(2.0::float8, LEAST(1000.0, GREATEST(-1000.0, "
+            "-date_part('epoch', %s::timestamptz - as_of) / %s)))", (now, h * 3600.0),
+        )).values_list("team_id", "decayed")
+        return {team_id: float(v) for team_id, v in rows}
+    return {
+        team_id: Accumulator(value, as_of).at(now, h)
+        for team_id, value, as_of in FairShareAccumulator.objects.values_list(
+            "team_id", "value", "as_of")
+    }
+
+
+def fairshare_inputs(*, now: datetime) -> tuple[list[TeamUsageInput], dict[str, float]]:
+    """Each team's weight, parent, banked usage, running attempts and activity, and the
+    entry penalty (rule F6) of jobs admitted but not yet running, per team.
+
+    O(teams + jobs holding GPUs) in three queries, none over the usage history.
+    """
+    banked = decayed_accumulators(now=now)
+    running: dict[int, list[tuple[float, datetime]]] = {}
+    penalty: dict[int, float] = {}
+    interval = entry_penalty_interval_seconds()
+    rows = Job.objects.filter(status__in=[JobState.RUNNING, JobState.ADMITTED]).values_list(
+        "team_id", "status", "gpus_per_replica", "replicas", "gpu_type__billing_weight",
+        "started_at",
+    )
+    for team_id, status, gpus, replicas, weight, started_at in rows:
+        if status == JobState.RUNNING and started_at is not None and started_at <= now:
+            running.setdefault(team_id, []).append((gpus * replicas * weight, started_at))
+        else:
+            # Rule F6 across cycles: an admitted job not yet running keeps its entry
+            # penalty until its real usage starts counting.
+            penalty[team_id] = penalty.get(team_id, 0.0) + entry_penalty_gpu_hours(
+                gpus * replicas, weight, interval)
+    teams = list(
+        Team.objects.annotate(
+            has_work=Exists(Job.objects.filter(team=OuterRef("pk"),
+                                               status__in=list(_ACTIVE_STATES))),
+        ).values_list("pk", "slug", "weight", "parent_id", "has_work")
+    )
+    inputs = team_usage_inputs(
+        at=now, teams=[(pk, slug, w, parent) for pk, slug, w, parent, _ in teams],
+        banked=banked, running=running,
+        active={pk for pk, *_, has_work in teams if has_work})
+    slug_of = {pk: slug for pk, slug, *_ in teams}
+    extra = {slug_of[pk]: v for pk, v in penalty.items() if pk in slug_of}
+    return inputs, extra
+
+
+# --- standings ----------------------------------------------------------------------------
+
+def fairshare_standings(*, now: datetime) -> dict[str, Standing]:
+    """Rules F1-F6 for every team at `now`, from the accumulators: O(teams), whatever the
+    length of the usage history."""
+    inputs, extra = fairshare_inputs(now=now)
+    return compute_standings(inputs, now=now, half_life_hours=half_life_hours(),
+                             extra_usage=extra)
+
+
+def fairshare_standings_at(*, at: datetime, now: datetime) -> dict[str, Standing]:
+    """Rules F1-F6 as of `at`.
+
+    At or after `now`: from the accumulators, O(teams) (running attempts count up to
+    `at`). Before `now`: recomputed from the raw usage records, each interval cut at
+    `at`, plus the attempts still running that had started by then: exact for the past,
+    O(history). Activity (rule F2) at a past instant: usage, or a job submitted by then
+    and not finished by then.
+    """
+    if at >= now:
+        return fairshare_standings(now=at)
+    raw = raw_decayed_usage(at=at)
+    running: dict[int, list[tuple[float, datetime]]] = {}
+    for team_id, gpus, replicas, weight, started_at in Job.objects.filter(
+        status=JobState.RUNNING, started_at__lt=at
+    ).values_list("team_id", "gpus_per_replica", "replicas", "gpu_type__billing_weight",
+                  "started_at"):
+        if started_at is not None:
+            running.setdefault(team_id, []).append((gpus * replicas * weight, started_at))
+    # Rule F2 at a past instant: a job submitted by then and not finished by then.
+    waiting = set(
+        Job.objects.filter(created_at__lte=at)
+        .filter(Q(finished_at__isnull=True) | Q(finished_at__gt=at))
+        .values_list("team_id", flat=True).distinct()
+    )
+    inputs = team_usage_inputs(
+        at=at, teams=Team.objects.values_list("pk", "slug", "weight", "parent_id"),
+        banked=raw, running=running, active=waiting)
+    return compute_standings(inputs, now=at, half_life_hours=half_life_hours())
+
+
+def raw_decayed_usage(*, at: datetime, team_ids: Iterable[int] | None = None) -> dict[int, float]:
+    """Rule F1 from the raw usage records, each cut at `at` and decayed to `at`: weighted
+    GPU-hours per team id. One aggregate query on PostgreSQL; a streamed scan elsewhere."""
+    h = half_life_hours()
+    ids = list(team_ids) if team_ids is not None else None
+    if connection.vendor == "postgresql":
+        # 2^x underflows to an error in PostgreSQL below about 2^-1074: clamp the
+        # exponent (2^-1000 is already 0 for any sum of GPU-hours).
+        sql = """
+            SELECT team_id, SUM(gpus * billing_weight * %(k)s
+                * power(2.0::float8, GREATEST(-1000.0,
+                    -date_part('epoch', %(at)s::timestamptz - LEAST("end", %(at)s::timestamptz))
+                    / %(hs)s))
+                * (1.0 - power(2.0::float8, GREATEST(-1000.0,
+                    -date_part('epoch', LEAST("end", %(at)s::timestamptz) - start) / %(hs)s))))
+            FROM queueing_usagerecord
+            WHERE start < %(at)s::timestamptz AND "end" > start
+        """
+        params: dict[str, Any] = {"k": h / math.log(2), "at": at, "hs": h * 3600.0}
+        if ids is not None:
+            sql += " AND team_id = ANY(%(ids)s)"
+            params["ids"] = ids
+        sql += " GROUP BY team_id"
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
+            return {int(team_id): float(v or 0.0) for team_id, v in cur.fetchall()}
+    out: dict[int, float] = {}
+    qs = UsageRecord.objects.filter(start__lt=at)
+    if ids is not None:
+        qs = qs.filter(team_id__in=ids)
+    for team_id, gpus, weight, start, end in qs.values_list(
+        "team_id", "gpus", "billing_weight", "start", "end"
+    ).iterator(chunk_size=10_000):
+        out[team_id] = out.get(team_id, 0.0) + decayed_interval_usage(
+            rate=gpus * weight, start=start, end=min(end, at), as_of=at, half_life_hours=h)
+    return out
+
+
+def standing_as_dict(s: Standing) -> dict[str, Any]:
+    """One standing with the field names of the API (`StandingSerializer`) and the
+    `fairshare --json` command, so both print the same numbers under the same names."""
+    return {
+        "team": s.team,
+        "parent": s.parent,
+        "weight": s.weight,
+        "share": s.share,
+        "level_share": s.share if s.level_share is None else s.level_share,
+        "usage_gpu_hours": s.usage,
+        "usage_fraction": s.normalized_usage if s.usage_fraction is None else s.usage_fraction,
+        "normalized_usage": s.normalized_usage,
+        "fair_share_factor": s.factor,
+        "active": s.active,
+    }
+
+
+def standings_sorted(standings: Mapping[str, Standing]) -> list[Standing]:
+    """Parents before their children, siblings by name (the order `sshare` prints).
+    Every team once: a parent cycle (rule F4) lists its teams as top-level."""
+    up = forest_parents({t: s.parent for t, s in standings.items()})
+    children: dict[str | None, list[Standing]] = {}
+    for t, s in standings.items():
+        children.setdefault(up[t], []).append(s)
+    out: list[Standing] = []
+
+    def walk(parent: str | None) -> None:
+        for s in sorted(children.get(parent, []), key=lambda s: s.team):
+            out.append(s)
+            walk(s.team)
+
+    walk(None)
+    return out
+
+
+def fairshare_history(*, team: str, since: datetime | None = None,
+                      until: datetime | None = None) -> list[dict[str, Any]]:
+    """One team's standings over time from the snapshots, oldest first."""
+    qs = FairShareSnapshot.objects.order_by("at")
+    if since is not None:
+        qs = qs.filter(at__gte=since)
+    if until is not None:
+        qs = qs.filter(at__lte=until)
+    out = []
+    for at, data in qs.values_list("at", "standings"):
+        row = data.get(team)
+        if row:
+            out.append({"at": at, "usage_gpu_hours": row[0], "normalized_usage": row[1],
+                        "share": row[2], "fair_share_factor": row[3]})
+    return out
+
+
+# --- a job's priority ---------------------------------------------------------------------
+
+def queued_job_of(job: Job) -> QueuedJob:
+    """The policy's view of one job row (its team, GPU type and tier loaded)."""
+    return QueuedJob(id=job.pk, team=job.team.slug, gpu_type=job.gpu_type.slug,
+                     gpus_per_replica=job.gpus_per_replica, replicas=job.replicas,
+                     tier_rank=job.tier.rank, submitted_at=job.created_at)
+
+
+def job_priority_breakdown(*, job: Job, now: datetime, cluster_gpus: int) -> PriorityBreakdown:
+    """Rule P1 for one job, per factor (like `sprio`): the live standings and weights, on
+    a cluster of `cluster_gpus` GPUs."""
+    state = FairShareState.from_standings(fairshare_standings(now=now))
+    return job_priority(queued_job_of(job), now=now,
+                        fair_share_factor=state.factor(job.team.slug),
+                        weights=priority_weights(), cluster_gpus=cluster_gpus)

@@ -1,0 +1,20 @@
+"""The worker's side of the cluster view (queueing/selectors/cluster.py): after each
+cycle it publishes what web processes will read until the next one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.core.cache import cache
+
+from queueing.backends.base import ClusterBackend
+from queueing.selectors.cluster import VIEW_KEY, ClusterView, cluster_view_of
+
+
+def cluster_view_publish(*, backend: ClusterBackend, now: datetime, workloads: Iterable[str],
+                         unprovisioned: Iterable[str] = ()) -> ClusterView:
+    """The worker, after a cycle: what web processes will read until the next one."""
+    view = cluster_view_of(backend, now=now, workloads=workloads, unprovisioned=unprovisioned)
+    cache.set(VIEW_KEY, view.to_dict(), timeout=None)
+    return view

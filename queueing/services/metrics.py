@@ -1,0 +1,78 @@
+"""The counters the worker keeps for /metrics (docs/metrics.md), in the shared cache
+(Redis in production, shared by worker and web): `record_cycle(result)` once per cycle
+(`queueing.tasks.scheduler_cycle_task`), `record_cycle_failure(cycle_id)` once per cycle
+that raised, `record_submit_error(code)` once per failed Job create. The web reads them
+through queueing/selectors/metrics.py. None of them ever raises: a metrics hiccup must
+not fail a cycle."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from django.core.cache import cache
+
+from queueing.selectors.metrics import (
+    CYCLE_BUCKETS,
+    CYCLE_PREFIX,
+    SUBMIT_ERROR_CODES,
+    SUBMIT_PREFIX,
+    cycle_bucket_key,
+)
+
+log = logging.getLogger(__name__)
+
+_CACHE_TIMEOUT = None  # keep until evicted: counters must not reset every few minutes
+
+
+def _incr(key: str, by: int = 1) -> None:
+    try:
+        cache.incr(key, by)
+    except ValueError:  # absent: the first cycle since the cache was emptied
+        if not cache.add(key, by, timeout=_CACHE_TIMEOUT):
+            cache.incr(key, by)
+
+
+def record_cycle(result: Any) -> None:
+    """Count one scheduler cycle of `result.timings["total"]` seconds that completed,
+    the jobs it had to isolate, and when it ended (wall clock: the health check compares
+    it with the web's clock). Never raises: a metrics hiccup must not fail a cycle."""
+    try:
+        if not getattr(result, "ran", True):
+            _incr(f"{CYCLE_PREFIX}skipped")
+            return
+        seconds = float(getattr(result, "timings", {}).get("total", 0.0))
+        for le in CYCLE_BUCKETS:
+            if seconds <= le:
+                _incr(cycle_bucket_key(le))
+        # The sum in microseconds: cache.incr takes integers.
+        _incr(f"{CYCLE_PREFIX}sum_us", round(seconds * 1_000_000))
+        job_errors = len(getattr(result, "job_errors", {}) or {})
+        if job_errors:
+            _incr(f"{CYCLE_PREFIX}job_errors", job_errors)
+        cache.set_many({f"{CYCLE_PREFIX}last": seconds,
+                        f"{CYCLE_PREFIX}last_success": time.time(),
+                        f"{CYCLE_PREFIX}last_success_id": str(getattr(result, "cycle_id", ""))},
+                       timeout=_CACHE_TIMEOUT)
+    except Exception:  # pragma: no cover - the cache backend failed
+        log.exception("could not record cycle metrics")
+
+
+def record_cycle_failure(cycle_id: str) -> None:
+    """Count one scheduler cycle that raised. Never raises."""
+    try:
+        _incr(f"{CYCLE_PREFIX}failures")
+        cache.set_many({f"{CYCLE_PREFIX}last_failure": time.time(),
+                        f"{CYCLE_PREFIX}last_failure_id": cycle_id}, timeout=_CACHE_TIMEOUT)
+    except Exception:  # pragma: no cover - the cache backend failed
+        log.exception("could not record a cycle failure")
+
+
+def record_submit_error(code: str) -> None:
+    """Count one failed Job create by HTTP status (shared cache, like the cycle
+    histogram: the worker counts, the web answers scrapes). Never raises."""
+    try:
+        _incr(f"{SUBMIT_PREFIX}{code if code in SUBMIT_ERROR_CODES else 'other'}")
+    except Exception:  # pragma: no cover - the cache backend failed
+        log.exception("could not record a submit error")
