@@ -23,7 +23,7 @@ from django.conf import settings
 from django.core.cache import cache
 
 from .backends.base import ClusterBackend, NodeInfo
-from .composition import get_backend
+from .composition import backend_class, get_backend
 from .memo import ttl_memo
 
 _VIEW_KEY = "fairq:cluster-view"
@@ -104,7 +104,7 @@ def cluster_view(*, now: datetime | None = None) -> ClusterView:
     raw = cache.get(_VIEW_KEY)
     if raw is not None:
         return ClusterView.from_dict(raw)
-    if settings.FAIRQ_CLUSTER_BACKEND == "simulated":
+    if backend_class().in_process:
         from django.utils import timezone
 
         try:

@@ -588,17 +588,51 @@ def test_a_job_deleted_before_fairq_saw_its_end_is_still_reported() -> None:
     assert [s.name for s in backend.statuses(now=T0)] == ["fq-12-1"]
 
 
-def test_kicks_are_debounced_but_the_last_one_is_never_dropped() -> None:
-    from queueing.backends.kubernetes import _Debounced
+def test_kicks_are_throttled_to_one_a_second_but_the_last_one_is_never_dropped() -> None:
+    from queueing.composition import KickThrottle
 
-    calls: list[float] = []
-    kick = _Debounced(lambda: calls.append(time.monotonic()), interval=0.2)
+    now = [0.0]
+    keys: dict[str, float] = {}  # a shared cache: key → when it expires
+
+    def add(key: str, timeout: int) -> bool:
+        if keys.get(key, -1.0) > now[0]:
+            return False
+        keys[key] = now[0] + timeout
+        return True
+
+    sent: list[tuple[float, float]] = []  # (when, countdown)
+
+    def throttle() -> KickThrottle:  # one per process
+        return KickThrottle(lambda countdown: sent.append((now[0], countdown)), add=add,
+                            clock=lambda: now[0])
+
+    kick = throttle()
     for _ in range(10):
         kick()
-    assert len(calls) == 1  # the first at once
-    time.sleep(0.4)
-    assert len(calls) == 2  # one trailing call for the nine that came too soon
-    assert calls[1] - calls[0] >= 0.2
+        now[0] += 0.05
+    assert [c for _, c in sent] == [0.0, 1.0]  # the first at once, one trailing request
+    last_kick = now[0] - 0.05
+    assert sent[1][0] + sent[1][1] > last_kick  # ... due after the last kick of the burst
+    throttle()()  # another process within the second: the shared keys hold it back
+    assert len(sent) == 2
+    now[0] = 1.2
+    kick()
+    assert sent[2] == (1.2, 0.0)  # a new second: at once
+
+
+def test_kick_sends_nothing_while_fairq_kick_scheduler_is_off(
+    settings: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from queueing import composition
+
+    sent: list[float] = []
+    monkeypatch.setattr(composition, "_throttle", lambda: sent.append(1.0))
+    settings.FAIRQ_KICK_SCHEDULER = False
+    composition.kick()
+    assert sent == []
+    settings.FAIRQ_KICK_SCHEDULER = True
+    composition.kick()
+    assert sent == [1.0]
 
 
 def test_logs_of_a_gang_have_a_header_per_pod_and_a_readable_line_for_a_pod_without_logs() -> None:
