@@ -226,7 +226,7 @@ def bench_lag(cp: ControlPlane) -> None:
     backend = KubernetesBackend(
         api_client_from_config(kubeconfig=str(cp.kubeconfig_path)),
         namespace_prefix="lag-", gpu_types=gpu_type_refs,
-        kick=KickThrottle(send, add=lambda key, timeout: bool(cache.add(key, 1, timeout))))
+        kick=KickThrottle(send, cache=cache))
     sync_cluster(backend.provisioner)
     backend.wait_synced(30)
 

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, cast
 
 from django.conf import settings
 
@@ -153,36 +153,53 @@ def reset_backends() -> None:
 
 # --- the kick ------------------------------------------------------------------------------
 
+class KickCache(Protocol):
+    """The shared cache a `KickThrottle` keeps its windows in (Django's cache)."""
+
+    def add(self, key: str, value: int, timeout: int) -> bool: ...
+
+    def set(self, key: str, value: int, timeout: int) -> None: ...
+
+
 class KickThrottle:
     """At most one cycle request per `interval` across all processes, and never a
-    dropped last one: the first kick of a window sends at once (`send(0)`); a kick
-    inside the window schedules one trailing request `interval` later
-    (`send(interval)`), which runs after every kick of the window, so the last change is
-    always seen by a cycle. Windows are shared keys (`add` is the cache's add: true only
-    for the first caller while the key lives). A process that scheduled the trailing
-    request skips the cache until it is due (a burst of submits costs three round
-    trips, not one per submit)."""
+    dropped last one. The first kick of a window sends at once (`send(0)`); the first
+    kick inside that window schedules one trailing request `interval` later
+    (`send(interval)`), which runs after every kick until then, so the last change is
+    always seen by a cycle, and pushes the next window's start to a full `interval`
+    after it; later kicks of the window send nothing. Windows are keys in the shared
+    cache (`add` is true only for the first caller while the key lives). A process
+    that scheduled the trailing request skips the cache until it is due (a burst of
+    submits costs three round trips, not one per submit)."""
 
-    def __init__(self, send: Callable[[float], None], *, add: Callable[[str, int], bool],
+    def __init__(self, send: Callable[[float], None], *, cache: KickCache | None = None,
                  interval: int = 1, key: str = "fairq:kick",
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._send = send
-        self._add = add
+        self._cache = cache
         self._interval = interval
         self._key = key
         self._clock = clock
         self._covered_until = 0.0  # this process's trailing request is due then
 
     def __call__(self) -> None:
-        if self._add(self._key, self._interval):
-            self._send(0.0)
-            return
         if self._clock() < self._covered_until:
             return  # the trailing request this process scheduled runs after this kick
-        if self._add(f"{self._key}:trailing", self._interval):
+        cache = self._cache or _django_cache()
+        if cache.add(self._key, 1, self._interval):
+            self._send(0.0)
+            return
+        if cache.add(f"{self._key}:trailing", 1, self._interval):
+            cache.set(self._key, 1, 2 * self._interval)
             self._covered_until = self._clock() + self._interval
             self._send(float(self._interval))
-        # else: another process's trailing request is due within the interval.
+        # else: a trailing request is due within the interval, after this kick.
+
+
+def _django_cache() -> KickCache:
+    from django.core.cache import cache
+
+    return cast(KickCache, cache)
 
 
 def _send_cycle(countdown: float) -> None:
@@ -194,13 +211,7 @@ def _send_cycle(countdown: float) -> None:
     app.signature(SCHEDULER_CYCLE_TASK).apply_async(**options)
 
 
-def _cache_add(key: str, timeout: int) -> bool:
-    from django.core.cache import cache
-
-    return bool(cache.add(key, 1, timeout=timeout))
-
-
-_throttle = KickThrottle(lambda countdown: _send_cycle(countdown), add=_cache_add)
+_throttle = KickThrottle(lambda countdown: _send_cycle(countdown))
 
 
 def kick() -> None:

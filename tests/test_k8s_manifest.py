@@ -589,35 +589,47 @@ def test_a_job_deleted_before_fairq_saw_its_end_is_still_reported() -> None:
 
 
 def test_kicks_are_throttled_to_one_a_second_but_the_last_one_is_never_dropped() -> None:
+    import itertools
+
     from queueing.composition import KickThrottle
 
     now = [0.0]
-    keys: dict[str, float] = {}  # a shared cache: key → when it expires
 
-    def add(key: str, timeout: int) -> bool:
-        if keys.get(key, -1.0) > now[0]:
-            return False
-        keys[key] = now[0] + timeout
-        return True
+    class Cache:  # shared by the processes: key → when it expires
+        keys: dict[str, float] = {}
+
+        def add(self, key: str, value: int, timeout: int) -> bool:
+            if self.keys.get(key, -1.0) > now[0]:
+                return False
+            self.keys[key] = now[0] + timeout
+            return True
+
+        def set(self, key: str, value: int, timeout: int) -> None:
+            self.keys[key] = now[0] + timeout
 
     sent: list[tuple[float, float]] = []  # (when, countdown)
 
-    def throttle() -> KickThrottle:  # one per process
-        return KickThrottle(lambda countdown: sent.append((now[0], countdown)), add=add,
-                            clock=lambda: now[0])
+    def process() -> KickThrottle:  # each process has its own memory
+        return KickThrottle(lambda countdown: sent.append((now[0], countdown)),
+                            cache=Cache(), clock=lambda: now[0])
 
-    kick = throttle()
+    kick = process()
     for _ in range(10):
         kick()
         now[0] += 0.05
     assert [c for _, c in sent] == [0.0, 1.0]  # the first at once, one trailing request
     last_kick = now[0] - 0.05
     assert sent[1][0] + sent[1][1] > last_kick  # ... due after the last kick of the burst
-    throttle()()  # another process within the second: the shared keys hold it back
+    process()()  # another process within the second: the shared keys hold it back
     assert len(sent) == 2
-    now[0] = 1.2
+    now[0] = 1.5  # after the trailing request ran: a kick waits for the next window
+    process()()
+    assert sent[2] == (1.5, 1.0)
+    due = [at + countdown for at, countdown in sent]
+    assert all(b - a >= 1.0 for a, b in itertools.pairwise(due))  # one a second
+    now[0] = 10.0
     kick()
-    assert sent[2] == (1.2, 0.0)  # a new second: at once
+    assert sent[3] == (10.0, 0.0)  # a quiet second later: at once
 
 
 def test_kick_sends_nothing_while_fairq_kick_scheduler_is_off(
