@@ -185,6 +185,7 @@ def test_sync_cluster_reports_a_bad_priority_class_name_and_still_syncs_the_rest
 
     from django.core.management import call_command
     from django.core.management.base import CommandError
+    from kubernetes import client
 
     from accounts.models import Team
     from queueing.models import Quota, Tier
@@ -205,7 +206,7 @@ def test_sync_cluster_reports_a_bad_priority_class_name_and_still_syncs_the_rest
     quota = kube.core.read_namespaced_resource_quota("fairq-gpus", kube.ns("vision"))
     assert quota.spec.hard == {"requests.nvidia.com/gpu": "24"}
     sched_names = {p.metadata.name for p in
-                   kube.backend.scheduling.list_priority_class().items}
+                   client.SchedulingV1Api(kube.backend.api).list_priority_class().items}
     assert world.high.priority_class_name in sched_names
 
     out = StringIO()
