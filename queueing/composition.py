@@ -64,7 +64,8 @@ def provide_database_reads(reads: DatabaseReads) -> None:
 
 def backend_class() -> type[ClusterBackend]:
     """The configured backend's class, for its capabilities (`in_process`, `provisions`):
-    nothing is built and no cluster is asked. The only reader of FAIRQ_CLUSTER_BACKEND."""
+    nothing is built and no cluster is asked. (This module is the only reader of
+    FAIRQ_CLUSTER_BACKEND.)"""
     if settings.FAIRQ_CLUSTER_BACKEND == "kubernetes":
         from queueing.backends.kubernetes import KubernetesBackend
 
@@ -92,7 +93,7 @@ def get_provisioner(cluster: str = "default") -> KubernetesProvisioner | None:
 
 
 def _build(cluster: str) -> ClusterBackend:
-    if backend_class().provisions:
+    if settings.FAIRQ_CLUSTER_BACKEND == "kubernetes":
         return kubernetes_backend_from_settings()
     from queueing.backends.simulated import SimulatedCluster
 
@@ -211,6 +212,7 @@ def _send_cycle(countdown: float) -> None:
     app.signature(SCHEDULER_CYCLE_TASK).apply_async(**options)
 
 
+# One per process; `_send_cycle` looked up at each call (tests replace it).
 _throttle = KickThrottle(lambda countdown: _send_cycle(countdown))
 
 
