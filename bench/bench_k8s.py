@@ -20,10 +20,11 @@ Questions and goals
      the Jobs of the rounds before: this measures the create path.
   2. How long from a pod's phase change to the job's status in fairq? Goal p95 < 2 s.
      A worker loop runs `scheduler_cycle()` every FAIRQ_CYCLE_INTERVAL_SECONDS (3 s) and
-     when the backend's watch kicks it (debounced to one a second, trailing edge), as
-     the Celery worker does. An independent pod watch notes when each pod turned Running
-     and Succeeded (the fake kubelet's status write, seen within milliseconds); the lag
-     is the time until the cycle that moved the job to RUNNING / SUCCEEDED finished.
+     when the backend's watch kicks it (composition.KickThrottle: one a second, the
+     trailing kick kept), as the Celery worker does. An independent pod watch notes
+     when each pod turned Running and Succeeded (the fake kubelet's status write, seen
+     within milliseconds); the lag is the time until the cycle that moved the job to
+     RUNNING / SUCCEEDED finished.
        BENCH k8s_status_lag_p50 / _p95 / _max   seconds, over both transitions of every job
 
 Needs the envtest binaries (tests/envtest/build.sh); without them it prints why and
@@ -111,7 +112,8 @@ def plain_creates(api: Any, namespace: str, bodies: list[dict[str, Any]],
 def bench_creates(cp: ControlPlane) -> None:
     from django.conf import settings
 
-    from queueing.backends.kubernetes import KubernetesBackend, api_client_from_config
+    from queueing.backends.k8s_api import api_client_from_config
+    from queueing.backends.kubernetes import KubernetesBackend
     from queueing.models import Job
     from queueing.services.scheduler import CycleResult, launch_spec, submit_admitted
 
@@ -127,7 +129,7 @@ def bench_creates(cp: ControlPlane) -> None:
     def cycle_round(slug: str, workers: int) -> float:
         """Seconds for the cycle's submit step (scheduler.submit_admitted) to create and
         mark the team's admitted jobs."""
-        backend.ensure_namespace(slug)  # a team's first job pays this once, not measured
+        backend.provisioner.ensure_namespace(slug)  # a team's first job pays this once, not measured
         backend.submit_concurrency = workers
         result = CycleResult()
         t0 = time.perf_counter()
@@ -142,7 +144,7 @@ def bench_creates(cp: ControlPlane) -> None:
     def plain_round(slug: str, workers: int, n: int) -> float:
         """The same Jobs as the cycle's first round (fairq's manifests), renamed into
         another namespace."""
-        namespace = backend.ensure_namespace(slug)
+        namespace = backend.provisioner.ensure_namespace(slug)
         bodies = []
         for j in Job.objects.filter(team__slug="cyc0").select_related(
                 "team", "tier", "gpu_type").order_by("id")[:n]:
@@ -192,14 +194,17 @@ def _create_rounds(cycle_round: Any, plain_round: Any, concurrency: int) -> None
 
 def bench_lag(cp: ControlPlane) -> None:
     from django.conf import settings
+    from django.core.cache import cache
     from django.db import connection
 
     from accounts.models import Team
+    from queueing.backends.k8s_api import api_client_from_config
     from queueing.backends.k8s_cache import Informer
     from queueing.backends.k8s_manifest import L_WORKLOAD, SELECTOR
-    from queueing.backends.k8s_sync import gpu_type_refs, sync_cluster
-    from queueing.backends.kubernetes import KubernetesBackend, api_client_from_config
+    from queueing.backends.kubernetes import KubernetesBackend
+    from queueing.composition import KickThrottle
     from queueing.models import GpuType, Job, Tier
+    from queueing.services.provisioning import gpu_type_refs, sync_cluster
     from queueing.services.scheduler import scheduler_cycle
 
     note(f"database: {connection.vendor}")
@@ -211,10 +216,18 @@ def bench_lag(cp: ControlPlane) -> None:
         "priority_value": 1000})[0]
 
     kicked = threading.Event()
+
+    def send(countdown: float) -> None:  # the worker's kick, its Celery task an Event
+        if countdown:
+            threading.Timer(countdown, kicked.set).start()
+        else:
+            kicked.set()
+
     backend = KubernetesBackend(
         api_client_from_config(kubeconfig=str(cp.kubeconfig_path)),
-        namespace_prefix="lag-", gpu_types=gpu_type_refs, kick=kicked.set)
-    sync_cluster(backend)
+        namespace_prefix="lag-", gpu_types=gpu_type_refs,
+        kick=KickThrottle(send, cache=cache))
+    sync_cluster(backend.provisioner)
     backend.wait_synced(30)
 
     pod_seen: dict[tuple[str, str], float] = {}

@@ -9,5 +9,8 @@ class QueueingConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks, signals  # noqa: F401  (checks registers on import)
+        from .composition import DatabaseReads, provide_database_reads
+        from .services.provisioning import gpu_type_refs, team_gpu_limits
 
         signals.connect()
+        provide_database_reads(DatabaseReads(gpu_types=gpu_type_refs, team_quota=team_gpu_limits))

@@ -1,22 +1,78 @@
 """The composition root: the one place that builds the cluster backends from settings
 (docs/architecture.md). Backends read no settings and import nothing above them; what
-they need from the rest of fairq is handed to them here.
+they need from the rest of fairq is handed to them here: numbers from settings, the
+scheduler `kick`, and the database reads the wiring layer provides at start-up
+(`provide_database_reads`, called by `QueueingConfig.ready()`).
 
 `get_backend()` returns the configured backend, one instance per cluster and process.
 Only the scheduler's side (the worker, management commands) calls it: web and API
-processes read the published cluster view (queueing/selectors) instead.
+processes read the published cluster view (queueing/cluster.py) instead, and ask
+`backend_class()` what kind of backend is configured (its capabilities, `in_process`
+and `provisions`) without building one.
+
+`kick()` asks for a scheduler cycle soon: the only kick in fairq (services call it after
+a submit or a finish, the Kubernetes backend's watches when a workload changes phase).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from django.conf import settings
 
 from queueing.backends.base import ClusterBackend
 
+if TYPE_CHECKING:
+    from queueing.backends.k8s_manifest import GpuTypeRef
+    from queueing.backends.k8s_provisioner import KubernetesProvisioner
+    from queueing.backends.kubernetes import KubernetesBackend
+
 _lock = threading.Lock()
 _instances: dict[str, ClusterBackend] = {}
+
+# The Celery task a kick sends, by its registered name: this layer imports no task.
+SCHEDULER_CYCLE_TASK = "queueing.tasks.scheduler_cycle_task"
+
+
+# --- what the backends read from fairq's database ------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class DatabaseReads:
+    """The reads a Kubernetes backend needs from fairq's database, as plain callables
+    (services/provisioning.py), so backends and this module import no model."""
+
+    gpu_types: Callable[[], Sequence[GpuTypeRef]]
+    team_quota: Callable[[str], Mapping[str, int]]
+
+
+_reads: DatabaseReads | None = None
+
+
+def provide_database_reads(reads: DatabaseReads) -> None:
+    """Called once at start-up by the wiring layer (QueueingConfig.ready())."""
+    global _reads
+    _reads = reads
+
+
+# --- the backends ----------------------------------------------------------------------------
+
+def backend_class() -> type[ClusterBackend]:
+    """The configured backend's class, for its capabilities (`in_process`, `provisions`):
+    nothing is built and no cluster is asked. (This module is the only reader of
+    FAIRQ_CLUSTER_BACKEND.)"""
+    if settings.FAIRQ_CLUSTER_BACKEND == "kubernetes":
+        from queueing.backends.kubernetes import KubernetesBackend
+
+        return KubernetesBackend
+    from queueing.backends.simulated import SimulatedCluster
+
+    return SimulatedCluster
 
 
 def get_backend(cluster: str = "default") -> ClusterBackend:
@@ -27,18 +83,153 @@ def get_backend(cluster: str = "default") -> ClusterBackend:
         return _instances[cluster]
 
 
+def get_provisioner(cluster: str = "default") -> KubernetesProvisioner | None:
+    """The provisioner of the configured backend (namespaces, quotas, RoleBindings,
+    PriorityClasses), driven by services/provisioning.py; None when the backend
+    provisions nothing (the simulated cluster)."""
+    if not backend_class().provisions:
+        return None
+    return getattr(get_backend(cluster), "provisioner", None)
+
+
 def _build(cluster: str) -> ClusterBackend:
     if settings.FAIRQ_CLUSTER_BACKEND == "kubernetes":
-        from queueing.backends.kubernetes import KubernetesBackend
-
-        return KubernetesBackend.from_settings()
+        return kubernetes_backend_from_settings()
     from queueing.backends.simulated import SimulatedCluster
 
     return SimulatedCluster.from_spec(settings.FAIRQ_SIM_NODES,
                                       default_seconds=settings.FAIRQ_SIM_DEFAULT_SECONDS)
 
 
+def scheduler_account_setting() -> tuple[str, str] | None:
+    """FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT ("namespace/name", "" for none)."""
+    value = settings.FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT
+    if not value:
+        return None
+    namespace, _, name = value.partition("/")
+    return namespace, name
+
+
+def kubernetes_backend_from_settings() -> KubernetesBackend:
+    """A new Kubernetes backend for the cluster in settings: FAIRQ_KUBECONFIG (and
+    FAIRQ_KUBE_CONTEXT) when set, else the in-cluster service account, else
+    ~/.kube/config. Not cached (get_backend() keeps one per process)."""
+    from queueing.backends.k8s_api import api_client_from_config
+    from queueing.backends.kubernetes import KubernetesBackend
+
+    if _reads is None:
+        raise RuntimeError("the database reads are not provided: Django is not set up "
+                           "(QueueingConfig.ready() calls provide_database_reads)")
+    concurrency = settings.FAIRQ_K8S_SUBMIT_CONCURRENCY
+    api = api_client_from_config(kubeconfig=settings.FAIRQ_KUBECONFIG,
+                                 context=settings.FAIRQ_KUBE_CONTEXT,
+                                 pool_size=concurrency + 8)
+    return KubernetesBackend(
+        api,
+        namespace_prefix=settings.FAIRQ_KUBE_NAMESPACE_PREFIX,
+        backoff_limit=settings.FAIRQ_K8S_BACKOFF_LIMIT,
+        ttl_after_finished_seconds=settings.FAIRQ_K8S_TTL_AFTER_FINISHED_SECONDS,
+        image_pull_timeout_seconds=settings.FAIRQ_K8S_IMAGE_PULL_TIMEOUT_SECONDS,
+        pod_create_timeout_seconds=settings.FAIRQ_K8S_POD_CREATE_TIMEOUT_SECONDS,
+        termination_grace_seconds=settings.FAIRQ_K8S_TERMINATION_GRACE_SECONDS,
+        registry_allowlist=settings.FAIRQ_REGISTRY_ALLOWLIST,
+        gpu_types=_reads.gpu_types,
+        team_quota=_reads.team_quota,
+        resync_seconds=settings.FAIRQ_K8S_RESYNC_SECONDS,
+        kick=kick,
+        provision=settings.FAIRQ_K8S_PROVISION,
+        scheduler_account=scheduler_account_setting(),
+        owner_key=hmac.new(settings.SECRET_KEY.encode(), b"fairq.k8s.job-owner",
+                           hashlib.sha256).digest(),
+        submit_concurrency=concurrency,
+        orphan_pod_grace_seconds=settings.FAIRQ_K8S_ORPHAN_POD_GRACE_SECONDS,
+    )
+
+
 def reset_backends() -> None:
     """Forget the backend instances (tests, settings changes)."""
     with _lock:
         _instances.clear()
+
+
+# --- the kick ------------------------------------------------------------------------------
+
+class KickCache(Protocol):
+    """The shared cache a `KickThrottle` keeps its windows in (Django's cache)."""
+
+    def add(self, key: str, value: float, timeout: int) -> bool: ...
+
+    def get(self, key: str) -> Any: ...
+
+    def set(self, key: str, value: float, timeout: int) -> None: ...
+
+
+class KickThrottle:
+    """At most one cycle request per `interval` across all processes, and never a
+    dropped last one. The first kick of a window sends at once (`send(0)`) and stores
+    when the window started; the first kick inside that window schedules one trailing
+    request for the window's end (`send(countdown)`, as the backend's debounce did
+    before), which runs after every kick until then, so the last change is always seen
+    by a cycle, and pushes the next window's start to a full `interval` after it; later
+    kicks of the window send nothing. Windows are keys in the shared cache (`add` is
+    true only for the first caller while the key lives), their values wall-clock times
+    (`clock`, the same in every process). A process that scheduled the trailing request
+    skips the cache until it is due (a burst of submits costs four round trips, not one
+    per submit)."""
+
+    def __init__(self, send: Callable[[float], None], *, cache: KickCache | None = None,
+                 interval: int = 1, key: str = "fairq:kick",
+                 clock: Callable[[], float] = time.time) -> None:
+        self._send = send
+        self._cache = cache
+        self._interval = interval
+        self._key = key
+        self._clock = clock
+        self._covered_until = 0.0  # this process's trailing request is due then
+
+    def __call__(self) -> None:
+        now = self._clock()
+        if now < self._covered_until:
+            return  # the trailing request this process scheduled runs after this kick
+        cache = self._cache or _django_cache()
+        if cache.add(self._key, now, self._interval):
+            self._send(0.0)
+            return
+        if cache.add(f"{self._key}:trailing", now, self._interval):
+            started = cache.get(self._key)
+            countdown = float(self._interval)
+            if isinstance(started, int | float):
+                countdown = min(countdown, max(0.05, started + self._interval - now))
+            cache.set(self._key, now + countdown, 2 * self._interval)
+            self._covered_until = now + countdown
+            self._send(round(countdown, 3))
+        # else: a trailing request is due within the interval, after this kick.
+
+
+def _django_cache() -> KickCache:
+    from django.core.cache import cache
+
+    return cast(KickCache, cache)
+
+
+def _send_cycle(countdown: float) -> None:
+    from config.celery import app
+
+    options: dict[str, float] = {"expires": 10 + countdown}
+    if countdown:
+        options["countdown"] = countdown
+    app.signature(SCHEDULER_CYCLE_TASK).apply_async(**options)
+
+
+# One per process; `_send_cycle` looked up at each call (tests replace it).
+_throttle = KickThrottle(lambda countdown: _send_cycle(countdown))
+
+
+def kick() -> None:
+    """Ask for a scheduler cycle soon (after a submit or a finish, or a workload's phase
+    change seen by a watch): nothing when FAIRQ_KICK_SCHEDULER is off; else throttled
+    to one request a second across processes, the last kick never dropped
+    (`KickThrottle`)."""
+    if not settings.FAIRQ_KICK_SCHEDULER:
+        return
+    _throttle()

@@ -1,17 +1,19 @@
 """Keep the Kubernetes cluster in step with tiers and quotas: a change queues
-`sync_cluster_task` once the transaction commits (only with the kubernetes backend)."""
+`sync_cluster_task` once the transaction commits (only with a backend that provisions:
+`provisions`, composition.backend_class())."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
 
 def _queue_sync(**kwargs: Any) -> None:
-    if settings.FAIRQ_CLUSTER_BACKEND != "kubernetes" or kwargs.get("raw"):
+    from queueing.composition import backend_class
+
+    if kwargs.get("raw") or not backend_class().provisions:
         return
 
     def send() -> None:

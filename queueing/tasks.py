@@ -8,14 +8,14 @@ import time
 
 from celery import shared_task
 from django.conf import settings
-from django.core.cache import cache
 
 log = logging.getLogger(__name__)
 
 
 @shared_task(ignore_result=True, soft_time_limit=50, time_limit=60)
 def scheduler_cycle_task() -> dict[str, int]:
-    """One scheduler cycle, counted (queueing/metrics.py) and logged with its id: a
+    """One scheduler cycle (also sent by name, "queueing.tasks.scheduler_cycle_task", by
+    composition.kick), counted (queueing/metrics.py) and logged with its id: a
     failed cycle is logged with the traceback and counted, never silent; a completed one
     gets one line with its timings (INFO when anything moved, DEBUG when idle)."""
     from queueing.services.metrics import record_cycle, record_cycle_failure
@@ -44,24 +44,6 @@ def scheduler_cycle_task() -> dict[str, int]:
                 len(result.finished), len(result.requeued), len(result.preempted),
                 len(result.job_errors))
     return {"admitted": len(result.admitted), "finished": len(result.finished)}
-
-
-_last_kick = 0.0  # time.monotonic() of this process's last kick
-
-
-def kick_scheduler() -> None:
-    """Ask for a cycle soon (after a submit or a finish); at most one request a second
-    across all processes (a Redis key), and no cache round trip at all when this process
-    asked less than a second ago (a pipeline's burst of submits costs one)."""
-    global _last_kick
-    if not settings.FAIRQ_KICK_SCHEDULER:
-        return
-    now = time.monotonic()
-    if now - _last_kick < 1.0:
-        return
-    _last_kick = now
-    if cache.add("fairq:kick", 1, timeout=1):
-        scheduler_cycle_task.apply_async(expires=10)
 
 
 @shared_task(ignore_result=True, autoretry_for=(Exception,), retry_backoff=True,
@@ -121,19 +103,17 @@ def sync_cluster_task() -> None:
     """After a tier or quota change: with FAIRQ_K8S_PROVISION=scheduler, PriorityClasses,
     namespaces and quotas; with "separate", only the provisioned namespaces' quotas (the
     worker may not do more; the provisioner runs `manage.py sync_cluster`). Nothing with
-    another backend."""
-    if settings.FAIRQ_CLUSTER_BACKEND != "kubernetes":
-        return
-    from queueing.backends.k8s_sync import sync_cluster, sync_quotas
-    from queueing.backends.kubernetes import KubernetesBackend
-    from queueing.composition import get_backend
+    backend that provisions nothing (`provisions`, composition.backend_class())."""
+    from queueing.composition import get_provisioner
+    from queueing.services.provisioning import sync_cluster, sync_quotas
 
+    provisioner = get_provisioner()
+    if provisioner is None:
+        return
     if settings.FAIRQ_K8S_PROVISION == "scheduler":
-        report = sync_cluster()
+        report = sync_cluster(provisioner)
     else:
-        backend = get_backend()
-        assert isinstance(backend, KubernetesBackend)
-        report = sync_quotas(backend)
+        report = sync_quotas(provisioner)
         if report["not_provisioned"]:
             log.warning("team namespaces not provisioned (run `manage.py sync_cluster` as "
                         "the provisioner): %s", ", ".join(report["not_provisioned"]))

@@ -588,17 +588,68 @@ def test_a_job_deleted_before_fairq_saw_its_end_is_still_reported() -> None:
     assert [s.name for s in backend.statuses(now=T0)] == ["fq-12-1"]
 
 
-def test_kicks_are_debounced_but_the_last_one_is_never_dropped() -> None:
-    from queueing.backends.kubernetes import _Debounced
+def test_kicks_are_throttled_to_one_a_second_but_the_last_one_is_never_dropped() -> None:
+    import itertools
 
-    calls: list[float] = []
-    kick = _Debounced(lambda: calls.append(time.monotonic()), interval=0.2)
+    from queueing.composition import KickThrottle
+
+    now = [0.0]
+
+    class Cache:  # shared by the processes: key → (value, when it expires)
+        keys: dict[str, tuple[float, float]] = {}
+
+        def add(self, key: str, value: float, timeout: int) -> bool:
+            if self.get(key) is not None:
+                return False
+            self.keys[key] = (value, now[0] + timeout)
+            return True
+
+        def get(self, key: str) -> float | None:
+            value, until = self.keys.get(key, (0.0, -1.0))
+            return value if until > now[0] else None
+
+        def set(self, key: str, value: float, timeout: int) -> None:
+            self.keys[key] = (value, now[0] + timeout)
+
+    sent: list[tuple[float, float]] = []  # (when, countdown)
+
+    def process() -> KickThrottle:  # each process has its own memory
+        return KickThrottle(lambda countdown: sent.append((now[0], countdown)),
+                            cache=Cache(), clock=lambda: now[0])
+
+    kick = process()
     for _ in range(10):
         kick()
-    assert len(calls) == 1  # the first at once
-    time.sleep(0.4)
-    assert len(calls) == 2  # one trailing call for the nine that came too soon
-    assert calls[1] - calls[0] >= 0.2
+        now[0] += 0.05
+    due = [at + countdown for at, countdown in sent]
+    assert sent[0] == (0.0, 0.0) and due[1:] == [pytest.approx(1.0)]  # at once; at the window's end
+    last_kick = now[0] - 0.05
+    assert due[1] > last_kick  # ... due after the last kick of the burst
+    process()()  # another process within the second: the shared keys hold it back
+    assert len(sent) == 2
+    now[0] = 1.5  # after the trailing request ran: a kick waits a second after it
+    process()()
+    assert sent[2][0] == 1.5 and sent[2][0] + sent[2][1] == pytest.approx(2.0)
+    due = [at + countdown for at, countdown in sent]
+    assert all(b - a >= 1.0 - 1e-9 for a, b in itertools.pairwise(due))  # one a second
+    now[0] = 10.0
+    kick()
+    assert sent[3] == (10.0, 0.0)  # a quiet second later: at once
+
+
+def test_kick_sends_nothing_while_fairq_kick_scheduler_is_off(
+    settings: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from queueing import composition
+
+    sent: list[float] = []
+    monkeypatch.setattr(composition, "_throttle", lambda: sent.append(1.0))
+    settings.FAIRQ_KICK_SCHEDULER = False
+    composition.kick()
+    assert sent == []
+    settings.FAIRQ_KICK_SCHEDULER = True
+    composition.kick()
+    assert sent == [1.0]
 
 
 def test_logs_of_a_gang_have_a_header_per_pod_and_a_readable_line_for_a_pod_without_logs() -> None:

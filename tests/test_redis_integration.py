@@ -1,4 +1,4 @@
-"""The production wiring through a real Redis: the kick debounce in the cache, and a
+"""The production wiring through a real Redis: the kick throttle in the cache, and a
 scheduler cycle sent through the Redis broker to a real Celery worker.
 Skipped unless REDIS_URL is set (CI sets it)."""
 
@@ -17,29 +17,39 @@ from .factories import JobFactory
 pytestmark = pytest.mark.skipif(not settings.REDIS_URL, reason="needs Redis (set REDIS_URL)")
 
 
-def test_the_cache_is_redis_and_the_kick_is_debounced(settings: Any) -> None:
+def test_the_cache_is_redis_and_the_kick_is_throttled_keeping_the_last_one(
+    settings: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from unittest import mock
 
     from django.core.cache import caches
 
-    from queueing import tasks
+    from queueing import composition, tasks
 
     assert "redis" in type(caches["default"]).__module__.lower()
     settings.FAIRQ_KICK_SCHEDULER = True
     cache = caches["default"]
-    with mock.patch.object(tasks.scheduler_cycle_task, "apply_async") as send, \
-            mock.patch.object(tasks, "_last_kick", 0.0):
+    cache.delete_many(["fairq:kick", "fairq:kick:trailing"])
+
+    def process() -> composition.KickThrottle:  # each process has its own memory
+        return composition.KickThrottle(composition._send_cycle)
+
+    monkeypatch.setattr(composition, "_throttle", process())
+    # The task is sent by its name through the Celery app: the registered task's
+    # apply_async is what runs.
+    with mock.patch.object(tasks.scheduler_cycle_task, "apply_async") as send:
         for _ in range(5):
-            tasks.kick_scheduler()
-        assert send.call_count == 1  # five kicks within a second: one cycle
-        time.sleep(1.1)
-        tasks.kick_scheduler()
-        assert send.call_count == 2
-        # Another process (its own memory of the last kick) within the second: the
-        # shared key still holds it back.
-        tasks._last_kick = 0.0
-        tasks.kick_scheduler()
-        assert send.call_count == 2 and cache.get("fairq:kick") == 1
+            composition.kick()
+        # Five kicks within a second: one cycle now, one at the end of the second (the
+        # last kick is never dropped).
+        countdowns = [c.kwargs.get("countdown", 0) for c in send.call_args_list]
+        assert len(countdowns) == 2 and countdowns[0] == 0 and 0.5 < countdowns[1] <= 1.0
+        # Another process within the second: the shared keys hold it back.
+        process()()
+        assert send.call_count == 2 and isinstance(cache.get("fairq:kick"), float)
+        time.sleep(2.1)  # the trailing request pushed the next window a second on
+        composition.kick()
+        assert send.call_count == 3 and not send.call_args.kwargs.get("countdown")
 
 
 @pytest.mark.django_db(transaction=True)

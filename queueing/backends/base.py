@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +108,16 @@ class WorkloadStatus:
 
 
 class ClusterBackend(Protocol):
-    """A cluster fairq submits to. Every call is idempotent by workload name."""
+    """A cluster fairq submits to. Every call is idempotent by workload name.
+
+    Its capabilities are class attributes, read without building one
+    (`composition.backend_class()`): `in_process` — it lives in this process and is no
+    cluster client (web processes may read it directly); `provisions` — it has
+    namespaces, quotas and PriorityClasses to keep in step with tiers and quotas
+    (services/provisioning.py)."""
+
+    in_process: ClassVar[bool]
+    provisions: ClassVar[bool]
 
     def nodes(self) -> list[NodeInfo]:
         """Schedulable GPU nodes with their capacity and allocation."""

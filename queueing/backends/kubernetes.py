@@ -1,9 +1,9 @@
 """The Kubernetes backend: one batch/v1 Job per job attempt (docs/kubernetes.md).
 
 - submit  — `fq-<job id>-<attempt>` in the team's namespace (`<prefix><team>`, made by
-            the provisioner, `ensure_namespace`: labelled, a ResourceQuota mirroring the
-            team's quota, a RoleBinding for the scheduler; or on first use when
-            provision="scheduler"; else an unprovisioned one raises NamespaceNotProvisioned);
+            the provisioner, `k8s_provisioner.py`, driven by services/provisioning.py; or
+            on first use when provision="scheduler"; else an unprovisioned one raises
+            NamespaceNotProvisioned);
             creating a name that exists is adopted (409), an invalid spec (422) fails
             the job (`SubmitRejected`), anything else is retried by the next cycle.
 - statuses, nodes — read an in-process cache fed by watches (fairq's Jobs and Pods,
@@ -17,13 +17,14 @@
 
 Only the worker uses this class; web processes read what it publishes (queueing/cluster.py,
 services/logs.py). The watch threads start on first use and kick a scheduler cycle when
-a fairq pod or Job changes phase.
+a fairq pod or Job changes phase (the `kick` handed in by queueing/composition.py, which
+builds this class from settings). What it remembers between reads of the watch cache is
+in `k8s_tracker.WorkloadTracker`; namespaces, quotas and PriorityClasses are the
+provisioner's (`k8s_provisioner.KubernetesProvisioner`, `self.provisioner`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 import os
@@ -32,16 +33,22 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from .base import LaunchSpec, NodeInfo, Phase, SubmitRejected, SubmitRequeue, WorkloadStatus
+from .k8s_api import (
+    KubernetesBackendError,
+    NamespaceNotProvisioned,
+    api_client_from_config,
+    api_error,
+    drain,
+    raw_list,
+)
 from .k8s_cache import Informer, Obj, key_of
 from .k8s_manifest import (
     L_WORKLOAD,
     MANAGED_BY,
-    QUOTA_NAME,
     SELECTOR,
     GpuTypeRef,
     ManifestError,
@@ -51,121 +58,35 @@ from .k8s_manifest import (
     job_finished,
     job_manifest,
     namespace_for,
-    namespace_manifest,
     orphan_pods_status,
     parse_time,
     pod_is_terminal,
     pods_finished,
-    priority_class_manifest,
-    resource_quota_manifest,
-    role_binding_manifest,
     sealed_by_fairq,
     sign_job,
     unbound_demand,
     workload_status,
 )
+from .k8s_provisioner import KubernetesProvisioner
+from .k8s_tracker import WorkloadTracker
+
+__all__ = ["KubernetesBackend", "KubernetesBackendError", "NamespaceNotProvisioned",
+           "api_client_from_config"]
 
 log = logging.getLogger(__name__)
 
-# How long a Job deleted outside fairq after it ran is still reported (as FAILED), so
-# the job that owned it does not stay RUNNING for ever.
-TOMBSTONE_SECONDS = 600.0
-
-
-class KubernetesBackendError(Exception):
-    """The cluster cannot answer yet (caches not synced, API down): retry later."""
-
-
-class NamespaceNotProvisioned(KubernetesBackendError):
-    """FAIRQ_K8S_PROVISION=separate and the team's namespace has no RoleBinding for the
-    scheduler yet: `manage.py sync_cluster` (the provisioner) has not run for the team."""
-
-
-# How long a "not provisioned" answer is believed before asking the API server again.
-UNPROVISIONED_RECHECK_SECONDS = 30.0
-
-
-@dataclass(frozen=True, slots=True)
-class PriorityClassSpec:
-    name: str
-    value: int
-    preemption_policy: str
-    tier: str
-
-
-def _api_error(exc: Exception) -> tuple[int, str]:
-    status = int(getattr(exc, "status", 0) or 0)
-    body = getattr(exc, "body", None) or ""
-    message = str(getattr(exc, "reason", "") or exc)
-    try:
-        parsed = json.loads(body) if body else {}
-        message = parsed.get("message") or message
-    except (ValueError, AttributeError):
-        pass
-    return status, str(message)
-
-
-def sync_failure(kind: str, name: str, exc: Exception) -> dict[str, Any]:
-    """One object `sync_cluster` could not make as it should be: kind, name, the HTTP
-    status (400 when fairq refused it itself, e.g. a name that is no DNS-1123 label; 0
-    when there was no answer) and why."""
-    from kubernetes.client.exceptions import ApiException
-
-    if isinstance(exc, ApiException):
-        status, message = _api_error(exc)
-        error = f"({status}) {message}"
-    elif isinstance(exc, ManifestError):
-        status, error = 400, str(exc)
-    else:
-        status, error = 0, str(exc) or type(exc).__name__
-    log.warning("sync: %s %s failed: %s", kind, name, error)
-    return {"kind": kind, "name": name, "status": status, "error": error}
-
-
-class _Debounced:
-    """Call `fn` at most once per `interval`, and once more after the interval when calls
-    arrived inside it (trailing edge), so the last change is never dropped."""
-
-    def __init__(self, fn: Callable[[], None], interval: float = 1.0) -> None:
-        self._fn = fn
-        self._interval = interval
-        self._lock = threading.Lock()
-        self._last = 0.0
-        self._pending = False
-
-    def __call__(self) -> None:
-        with self._lock:
-            now = time.monotonic()
-            if self._pending:
-                return
-            wait = self._last + self._interval - now
-            if wait <= 0:
-                self._last = now
-                fire = True
-            else:
-                self._pending = True
-                fire = False
-        if fire:
-            self._call()
-        else:
-            t = threading.Timer(wait + 0.05, self._trailing)
-            t.daemon = True
-            t.start()
-
-    def _trailing(self) -> None:
-        with self._lock:
-            self._pending = False
-            self._last = time.monotonic()
-        self._call()
-
-    def _call(self) -> None:
-        try:
-            self._fn()
-        except Exception:
-            log.exception("scheduler kick failed")
-
 
 class KubernetesBackend:
+    """The protocol's methods (base.ClusterBackend) on a Kubernetes cluster, and what
+    they need: the watches, the tracker, the provisioner (for submit's "is the
+    namespace ready?")."""
+
+    # Capabilities, read without building one (composition.backend_class()): a cluster
+    # client elsewhere (web processes never call it), with namespaces and
+    # PriorityClasses to provision (services/provisioning.py).
+    in_process: ClassVar[bool] = False
+    provisions: ClassVar[bool] = True
+
     def __init__(
         self,
         api_client: Any,
@@ -197,12 +118,11 @@ class KubernetesBackend:
         # old, cluster-wide RBAC). "separate": the provisioner does (sync_cluster), and
         # submit only checks the namespace is provisioned (docs/kubernetes.md, "RBAC").
         self.provision = provision
-        # (namespace, name) of the service account the provisioner binds in each team
-        # namespace; None binds nothing (out-of-cluster, a user's own credentials).
-        self.scheduler_account = scheduler_account
-        self._unprovisioned: dict[str, float] = {}  # namespace → when it was last refused
-        # Seals the Jobs fairq creates (k8s_manifest.sign_job); from SECRET_KEY in
-        # from_settings. Empty (tests, benches) still seals, with a key anyone knows.
+        self.provisioner = KubernetesProvisioner(
+            self._client, namespace_prefix=namespace_prefix,
+            scheduler_account=scheduler_account, team_quota=team_quota)
+        # Seals the Jobs fairq creates (k8s_manifest.sign_job); from SECRET_KEY in the
+        # composition root. Empty (tests, benches) still seals, with a key anyone knows.
         self.owner_key = owner_key
         # How many creates the cycle may have in flight (scheduler.submit_admitted); the
         # client's connection pool must hold that many on top of the watches.
@@ -218,17 +138,11 @@ class KubernetesBackend:
         self._gpu_types_source = gpu_types
         self._gpu_types_ttl = gpu_types_ttl_seconds
         self._gpu_types_cache: tuple[float, Sequence[GpuTypeRef]] | None = None
-        self.team_quota = team_quota
         self.sync_timeout_seconds = sync_timeout_seconds
-        self._kick = _Debounced(kick) if kick is not None else None
-        self._lock = threading.Lock()
-        self._known_namespaces: set[str] = set()
-        self._namespace_non_root: dict[str, bool] = {}  # the PSA level each was labelled
-        self._where: dict[str, str] = {}  # workload name → namespace
-        self._stopping: set[str] = set()  # names fairq deleted
-        self._hidden: dict[str, datetime] = {}  # finished Jobs fairq forgot: name → finished
-        self._ran: dict[str, datetime] = {}  # names seen RUNNING → started_at
-        self._tombstones: dict[str, tuple[float, WorkloadStatus]] = {}
+        # Throttled by the caller (composition.kick); called from the watch threads.
+        self._kick = kick
+        self._lock = threading.Lock()  # the fork check and start
+        self.tracker = WorkloadTracker()
         self._version: tuple[int, int] | None = None
         self._last_housekeeping = 0.0
         self._started = False
@@ -244,7 +158,6 @@ class KubernetesBackend:
 
         self.core = client.CoreV1Api(self.api)
         self.batch = client.BatchV1Api(self.api)
-        self.scheduling = client.SchedulingV1Api(self.api)
         resync_seconds, watch_seconds = self._resync_seconds, self._watch_seconds
         self.jobs = Informer("jobs", self.batch.list_job_for_all_namespaces,
                              label_selector=SELECTOR, resync_seconds=resync_seconds,
@@ -271,47 +184,6 @@ class KubernetesBackend:
             field_selector="involvedObject.kind=Job,reason=FailedCreate",
             resync_seconds=resync_seconds, watch_seconds=watch_seconds)
 
-    # --- construction -----------------------------------------------------------------
-
-    @classmethod
-    def from_settings(cls) -> KubernetesBackend:
-        """A backend for the cluster in settings: FAIRQ_KUBECONFIG (and FAIRQ_KUBE_CONTEXT)
-        when set, else the in-cluster service account, else ~/.kube/config."""
-        from django.conf import settings
-
-        from . import k8s_sync
-
-        concurrency = settings.FAIRQ_K8S_SUBMIT_CONCURRENCY
-        api = api_client_from_config(kubeconfig=settings.FAIRQ_KUBECONFIG,
-                                     context=settings.FAIRQ_KUBE_CONTEXT,
-                                     pool_size=concurrency + 8)
-
-        def kick() -> None:
-            from queueing.tasks import kick_scheduler
-
-            kick_scheduler()
-
-        return cls(
-            api,
-            namespace_prefix=settings.FAIRQ_KUBE_NAMESPACE_PREFIX,
-            backoff_limit=settings.FAIRQ_K8S_BACKOFF_LIMIT,
-            ttl_after_finished_seconds=settings.FAIRQ_K8S_TTL_AFTER_FINISHED_SECONDS,
-            image_pull_timeout_seconds=settings.FAIRQ_K8S_IMAGE_PULL_TIMEOUT_SECONDS,
-            pod_create_timeout_seconds=settings.FAIRQ_K8S_POD_CREATE_TIMEOUT_SECONDS,
-            termination_grace_seconds=settings.FAIRQ_K8S_TERMINATION_GRACE_SECONDS,
-            registry_allowlist=settings.FAIRQ_REGISTRY_ALLOWLIST,
-            gpu_types=k8s_sync.gpu_type_refs,
-            team_quota=k8s_sync.team_gpu_limits,
-            resync_seconds=settings.FAIRQ_K8S_RESYNC_SECONDS,
-            kick=kick,
-            provision=settings.FAIRQ_K8S_PROVISION,
-            scheduler_account=scheduler_account_setting(),
-            owner_key=hmac.new(settings.SECRET_KEY.encode(), b"fairq.k8s.job-owner",
-                               hashlib.sha256).digest(),
-            submit_concurrency=concurrency,
-            orphan_pod_grace_seconds=settings.FAIRQ_K8S_ORPHAN_POD_GRACE_SECONDS,
-        )
-
     def _after_fork(self) -> None:
         """In a forked child (gunicorn --preload, Celery prefork) start over: a new
         connection pool and new informers (the parent's threads did not come along)."""
@@ -325,6 +197,11 @@ class KubernetesBackend:
                 self.api = client.ApiClient(self.api.configuration)
                 self._wire()
                 self._started = False
+
+    def _client(self) -> Any:
+        """The ApiClient of this process (a new one after a fork)."""
+        self._after_fork()
+        return self.api
 
     def start(self) -> KubernetesBackend:
         self._after_fork()
@@ -412,15 +289,15 @@ class KubernetesBackend:
             self._adopt(cached, body)  # already there: the name is the identity
             return
         if self.provision == "scheduler":
-            self.ensure_namespace(spec.team, run_as_non_root=spec.run_as_non_root)
-        elif not self.namespace_ready(namespace):
+            self.provisioner.ensure_namespace(spec.team, run_as_non_root=spec.run_as_non_root)
+        elif not self.provisioner.namespace_ready(namespace):
             raise NamespaceNotProvisioned(
                 f"namespace {namespace} is not provisioned for fairq yet "
                 "(the provisioner runs `manage.py sync_cluster`)")
         try:
             self._create_job(namespace, body)
         except ApiException as exc:
-            status, message = _api_error(exc)
+            status, message = api_error(exc)
             if status == 409:
                 existing = self._read_job(namespace, spec.name)
                 if existing is None:  # deleted since: the next cycle creates it
@@ -431,9 +308,8 @@ class KubernetesBackend:
             if status in (400, 422):
                 raise SubmitRejected(f"Kubernetes refused the Job: {message}") from exc
             if status == 404:
-                self._known_namespaces.discard(namespace)
+                self.provisioner.namespace_gone(namespace, refused=self.provision == "separate")
                 if self.provision == "separate":
-                    self._unprovisioned[namespace] = time.monotonic()
                     raise NamespaceNotProvisioned(
                         f"namespace {namespace} does not exist (the provisioner runs "
                         "`manage.py sync_cluster`)") from exc
@@ -441,8 +317,7 @@ class KubernetesBackend:
                 f"creating {spec.name} failed ({status}): {message}") from exc
         except ValueError as exc:  # the client's model validation: our body is malformed
             raise SubmitRejected(f"invalid Job: {exc}") from exc
-        with self._lock:
-            self._where[spec.name] = namespace
+        self.tracker.placed(spec.name, namespace)
 
     def _adopt(self, existing: Obj, body: Mapping[str, Any]) -> None:
         """Take over a Job holding the name of `body`, or raise why not (finding 11.4)."""
@@ -455,60 +330,20 @@ class KubernetesBackend:
             log.info("%s: %s; requeued as a new attempt", name, why)
             raise SubmitRequeue(why)
         log.info("%s already exists: adopted%s", name, f" ({why})" if why else "")
-        with self._lock:
-            self._where[name] = namespace
+        self.tracker.placed(name, namespace)
 
     def _read_job(self, namespace: str, name: str) -> Obj | None:
         """The Job as the API server has it now (JSON), None when there is none. A list
         by name, not a get: fairq's RBAC grants jobs list and watch, not get."""
-        items = _raw_list(self.batch.list_namespaced_job, namespace=namespace,
+        items = raw_list(self.batch.list_namespaced_job, namespace=namespace,
                           field_selector=f"metadata.name={name}")
         return items[0] if items else None
 
     def _create_job(self, namespace: str, body: dict[str, Any]) -> None:
-        """POST the Job as JSON. With the 37.x client's public `param_serialize` and
-        `call_api` this skips validating the body into models and deserializing the
-        answer, which cost a third of a create (bench/bench_k8s.py); older clients take
-        the generated method."""
-        from kubernetes.client.exceptions import ApiException
-
-        if not hasattr(self.api, "param_serialize"):
-            _drain(self.batch.create_namespaced_job(namespace, cast(Any, body),
-                                                    _preload_content=False))
-            return
-        request = self.api.param_serialize(
-            method="POST", resource_path=f"/apis/batch/v1/namespaces/{namespace}/jobs",
-            header_params={"Content-Type": "application/json", "Accept": "application/json"},
-            body=body, auth_settings=["BearerToken"])
-        resp = self.api.call_api(*request, _request_timeout=30)
-        resp.read()
-        if not 200 <= resp.status <= 299:
-            raise ApiException.from_response(http_resp=resp, body=None, data=None)
-
-    def namespace_ready(self, namespace: str) -> bool:
-        """Did the provisioner make `namespace`? Its ResourceQuota `fairq-gpus` is read
-        (fairq-team-workloads may read that one object once the RoleBinding is there):
-        403 (no binding) or 404 (no namespace) means not yet. Asked once per namespace;
-        a "no" is asked again after UNPROVISIONED_RECHECK_SECONDS."""
-        from kubernetes.client.exceptions import ApiException
-
-        if namespace in self._known_namespaces:
-            return True
-        refused = self._unprovisioned.get(namespace)
-        if refused is not None and time.monotonic() - refused < UNPROVISIONED_RECHECK_SECONDS:
-            return False
-        self._after_fork()
-        try:
-            _drain(self.core.read_namespaced_resource_quota(
-                QUOTA_NAME, namespace, _preload_content=False, _request_timeout=(5, 10)))
-        except ApiException as exc:
-            if exc.status not in (403, 404):
-                raise
-            self._unprovisioned[namespace] = time.monotonic()
-            return False
-        self._known_namespaces.add(namespace)
-        self._unprovisioned.pop(namespace, None)
-        return True
+        """POST the Job (JSON in, the answer not deserialized); a refusal raises the
+        client's ApiException."""
+        drain(self.batch.create_namespaced_job(namespace, cast(Any, body),
+                                               _preload_content=False, _request_timeout=30))
 
     def unprovisioned_teams(self, teams: Iterable[str]) -> set[str]:
         """The teams whose jobs cannot be submitted because their namespace is not
@@ -517,96 +352,12 @@ class KubernetesBackend:
         fails and is retried, as any other transient error."""
         if self.provision == "scheduler":
             return set()
-        out: set[str] = set()
-        for team in teams:
-            try:
-                namespace = namespace_for(team, self.namespace_prefix)
-            except ManifestError:
-                continue  # submit rejects the job with the reason
-            try:
-                if not self.namespace_ready(namespace):
-                    out.add(team)
-            except Exception as exc:
-                log.info("asking whether %s is provisioned failed: %s", namespace, exc)
-        return out
-
-    def ensure_namespace(self, team: str, *, force: bool = False, quota: bool = True,
-                         run_as_non_root: bool = True) -> str:
-        """The provisioner's work for one team: its namespace (created, and labelled),
-        its ResourceQuota and the RoleBinding that lets the scheduler's service account
-        run Jobs there. Called by `sync_cluster`, and by submit when
-        FAIRQ_K8S_PROVISION=scheduler. `quota=False`: without the quota (`sync_cluster`
-        applies it as a step of its own). The namespace's Pod Security label follows
-        the team's `run_as_non_root`: with FAIRQ_K8S_PROVISION=scheduler a change is
-        patched before the team's next Job (a `restricted` namespace would refuse the pods
-        of a team that now runs as root); with "separate" the provisioner applies it when
-        it runs (docs/kubernetes.md)."""
-        from kubernetes.client.exceptions import ApiException
-
-        namespace = namespace_for(team, self.namespace_prefix)
-        if namespace in self._known_namespaces and not force and \
-                self._namespace_non_root.get(namespace, run_as_non_root) == run_as_non_root:
-            return namespace
-        body = namespace_manifest(namespace, team, run_as_non_root=run_as_non_root)
-        try:
-            self.core.create_namespace(cast(Any, body))
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            self.core.patch_namespace(namespace, {"metadata": {
-                "labels": body["metadata"]["labels"]}})
-        if self.scheduler_account is not None:
-            self.apply_role_binding(namespace)
-        # Ready once its quota is in place (apply_quota marks it known).
-        if self.team_quota is None:
-            self._known_namespaces.add(namespace)
-        elif quota:
-            self.apply_quota(namespace, self.team_quota(team))
-        self._namespace_non_root[namespace] = run_as_non_root
-        return namespace
-
-    def apply_role_binding(self, namespace: str) -> None:
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
-
-        assert self.scheduler_account is not None
-        sa_namespace, sa_name = self.scheduler_account
-        body = role_binding_manifest(namespace, service_account=sa_name,
-                                     service_account_namespace=sa_namespace)
-        rbac = client.RbacAuthorizationV1Api(self.api)
-        try:
-            rbac.create_namespaced_role_binding(namespace, cast(Any, body))
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            rbac.replace_namespaced_role_binding(body["metadata"]["name"], namespace,
-                                                 cast(Any, body))
-
-    def apply_quota(self, namespace: str, hard: Mapping[str, int], *,
-                    replace_only: bool = False) -> None:
-        """Create or replace the namespace's ResourceQuota; `replace_only`: the scheduler
-        keeping a provisioned quota in step (it may not create one)."""
-        from kubernetes.client.exceptions import ApiException
-
-        body = resource_quota_manifest(namespace, hard)
-        try:
-            if replace_only:
-                raise ApiException(status=409)
-            self.core.create_namespaced_resource_quota(namespace, cast(Any, body))
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            self.core.replace_namespaced_resource_quota(
-                body["metadata"]["name"], namespace,
-                cast(Any, body))
-        # Its quota in place, the namespace is ready: submit skips it from now on.
-        self._known_namespaces.add(namespace)
+        return self.provisioner.unprovisioned_teams(teams)
 
     # --- stop ---------------------------------------------------------------------------
 
     def _namespace_of(self, name: str) -> str | None:
-        with self._lock:
-            ns = self._where.get(name)
+        ns = self.tracker.namespace_of(name)
         if ns is not None:
             return ns
         for job in self.jobs.items():
@@ -619,8 +370,7 @@ class KubernetesBackend:
         (its pods' logs stay readable until its TTL); unknown names are a no-op."""
 
         self.start()
-        with self._lock:
-            self._tombstones.pop(name, None)
+        self.tracker.stop_requested(name)
         self._delete_orphan_pods(name)
         namespace = self._namespace_of(name) or self._find_namespace(name)
         if namespace is None:
@@ -634,21 +384,18 @@ class KubernetesBackend:
             finished = job_finished(job) or pods_finished(
                 self._pods_by_workload().get(f"{namespace}/{name}", []))
             if finished is not None and not self._expired(finished, now):
-                with self._lock:
-                    self._hidden[name] = finished
+                self.tracker.hide(name, finished)
                 return
-        with self._lock:
-            self._stopping.add(name)
+        self.tracker.stop_asked(name)
         try:
-            _drain(self.batch.delete_namespaced_job(name, namespace,
+            drain(self.batch.delete_namespaced_job(name, namespace,
                                                     propagation_policy="Foreground",
                                                     _preload_content=False))
         except Exception as exc:
             if getattr(exc, "status", None) != 404:
                 # Not asked after all: statuses() must not report it as stopping, or
                 # the cycle would never ask again.
-                with self._lock:
-                    self._stopping.discard(name)
+                self.tracker.stop_failed(name)
                 raise
 
     def _delete_orphan_pods(self, name: str) -> None:
@@ -664,7 +411,7 @@ class KubernetesBackend:
                     or f"{meta['namespace']}/{name}" in jobs:
                 continue
             try:
-                _drain(self.core.delete_namespaced_pod(
+                drain(self.core.delete_namespaced_pod(
                     meta["name"], meta["namespace"], _preload_content=False,
                     body=cast(Any, {"preconditions": {"uid": meta.get("uid")}})))
                 log.info("deleted pod %s/%s: its Job is gone", meta["namespace"], meta["name"])
@@ -675,7 +422,7 @@ class KubernetesBackend:
     def _find_namespace(self, name: str) -> str | None:
         """A Job created moments ago, or before this process started, may not be in the
         cache yet: ask the API server."""
-        items = _raw_list(self.batch.list_job_for_all_namespaces,
+        items = raw_list(self.batch.list_job_for_all_namespaces,
                           label_selector=f"{L_WORKLOAD}={name}")
         mine = [i for i in items if self._fairqs(i)]
         return str(mine[0]["metadata"]["namespace"]) if mine else None
@@ -710,8 +457,7 @@ class KubernetesBackend:
         pods = self._pods_by_workload()
         out: list[WorkloadStatus] = []
         housekeeping: list[tuple[str, str]] = []
-        with self._lock:
-            hidden = dict(self._hidden)
+        hidden = self.tracker.hidden()
         create_errors = self._create_errors()
         job_keys: set[str] = set()
         for job in self.jobs.items():
@@ -728,8 +474,7 @@ class KubernetesBackend:
                 if any(not pod_is_terminal(p) for p in job_pods) and job_finished(job) is None:
                     # Forgotten when its pods had ended, but the Job controller started
                     # another: report it again, so the cycle stops it.
-                    with self._lock:
-                        self._hidden.pop(name, None)
+                    self.tracker.unhide(name)
                 else:
                     if self._expired(hidden[name], now) and not meta.get("deletionTimestamp"):
                         housekeeping.append((name, meta["namespace"]))
@@ -741,21 +486,11 @@ class KubernetesBackend:
                                      if not job_pods else "")
             if status is None:
                 continue
-            if status.started_at is not None:
-                with self._lock:
-                    self._ran.setdefault(name, status.started_at)
-            with self._lock:
-                if name in self._stopping and not status.stopping:
-                    status = replace(status, stopping=True)  # asked; the watch lags
-            out.append(status)
+            out.append(self.tracker.seen(status))  # stopping when asked; the watch lags
         listed = {s.name for s in out}
-        with self._lock:
-            for name, (until, tomb) in list(self._tombstones.items()):
-                if until < time.monotonic():
-                    del self._tombstones[name]
-                elif name not in listed:
-                    out.append(tomb)
-                    listed.add(name)
+        tombs = self.tracker.tombstones(at=time.monotonic(), listed=listed)
+        out.extend(tombs)
+        listed.update(t.name for t in tombs)
         out.extend(self._orphan_pods(pods, job_keys, listed, now=now))
         if housekeeping and time.monotonic() - self._last_housekeeping > 60:
             self._last_housekeeping = time.monotonic()
@@ -808,12 +543,10 @@ class KubernetesBackend:
 
     def _delete_quietly(self, name: str, namespace: str) -> None:
         try:
-            with self._lock:
-                self._stopping.add(name)
+            self.tracker.stop_asked(name)
             self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
         except Exception as exc:
-            with self._lock:
-                self._stopping.discard(name)
+            self.tracker.stop_failed(name)
             log.info("deleting finished Job %s/%s failed: %s", namespace, name, exc)
 
     # --- nodes --------------------------------------------------------------------------
@@ -849,10 +582,10 @@ class KubernetesBackend:
 
         self._after_fork()
         try:
-            pods = _raw_list(self.core.list_pod_for_all_namespaces,
+            pods = raw_list(self.core.list_pod_for_all_namespaces,
                              label_selector=f"{L_WORKLOAD}={name}")
         except ApiException as exc:
-            status, message = _api_error(exc)
+            status, message = api_error(exc)
             return f"[fairq] cannot list the pods of {name} ({status}): {message}"
         if not pods:
             return ""
@@ -865,7 +598,7 @@ class KubernetesBackend:
                     pod_name, namespace, container="main", tail_lines=tail,
                     _request_timeout=(5, 30))
             except ApiException as exc:
-                status, message = _api_error(exc)
+                status, message = api_error(exc)
                 if status == 404:
                     text = f"[fairq] pod {pod_name} is gone; its logs with it"
                 else:
@@ -878,80 +611,13 @@ class KubernetesBackend:
             chunks.extend(lines[-tail:])
         return "\n".join(chunks)
 
-    # --- priority classes ---------------------------------------------------------------
-
-    def sync_priority_classes(self, classes: Sequence[PriorityClassSpec]) -> dict[str, list[Any]]:
-        """Create, update (delete + create: value and preemptionPolicy are immutable) and
-        delete fairq's PriorityClasses so there is exactly one per tier. Classes fairq did
-        not create are never touched; a name clash is reported. Each class is handled on
-        its own: one the API server refuses (an invalid name: 422) is reported in
-        `failed` and the others are still synced."""
-        report: dict[str, list[Any]] = {"created": [], "replaced": [], "unchanged": [],
-                                        "deleted": [], "conflicts": [], "failed": []}
-        try:
-            existing = {p["metadata"]["name"]: p
-                        for p in _raw_list(self.scheduling.list_priority_class)}
-        except Exception as exc:
-            report["failed"].append(sync_failure("PriorityClass", "*", exc))
-            return report
-        wanted = {c.name: c for c in classes}
-        for c in classes:
-            try:
-                outcome = self._sync_priority_class(c, existing.get(c.name))
-            except Exception as exc:
-                report["failed"].append(sync_failure("PriorityClass", c.name, exc))
-                continue
-            report[outcome].append(c.name)
-        for name, cur in existing.items():
-            if name not in wanted and (cur["metadata"].get("labels") or {}).get(MANAGED_BY) == "fairq":
-                try:
-                    self._delete_priority_class(name)
-                except Exception as exc:
-                    report["failed"].append(sync_failure("PriorityClass", name, exc))
-                    continue
-                report["deleted"].append(name)
-        return report
-
-    def _sync_priority_class(self, c: PriorityClassSpec, cur: Obj | None) -> str:
-        """One tier's class; returns the report key of what was done."""
-        from kubernetes.client.exceptions import ApiException
-
-        body = priority_class_manifest(name=c.name, value=c.value,
-                                       preemption_policy=c.preemption_policy, tier=c.tier)
-        outcome = "created"
-        if cur is not None:
-            if (cur["metadata"].get("labels") or {}).get(MANAGED_BY) != "fairq":
-                return "conflicts"
-            if cur.get("value") == c.value and \
-                    cur.get("preemptionPolicy", "PreemptLowerPriority") == c.preemption_policy:
-                return "unchanged"
-            # Pods keep the integer priority they were admitted with.
-            self._delete_priority_class(c.name)
-            outcome = "replaced"
-        try:
-            self.scheduling.create_priority_class(cast(Any, body))
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-        return outcome
-
-    def _delete_priority_class(self, name: str) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.scheduling.delete_priority_class(name)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-
     # --- watch hooks (informer threads: quick, no DB) ------------------------------------
 
     def _job_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         if not self._fairqs(new or old or {}):
             return
         if new is not None:
-            with self._lock:
-                self._where[new["metadata"]["name"]] = new["metadata"]["namespace"]
+            self.tracker.placed(new["metadata"]["name"], new["metadata"]["namespace"])
         if kind == "DELETED" and old is not None:
             self._job_deleted(old)
         old_c = _conditions(old)
@@ -966,12 +632,7 @@ class KubernetesBackend:
         (the cycle requeues an admitted job whose workload vanished)."""
         meta = job["metadata"]
         name = meta["name"]
-        with self._lock:
-            self._where.pop(name, None)
-            acknowledged = name in self._stopping or name in self._hidden
-            self._hidden.pop(name, None)
-            self._stopping.discard(name)
-            started = self._ran.pop(name, None)
+        acknowledged, started = self.tracker.deleted(name)
         if acknowledged:
             return
         pods = self._pods_by_workload().get(f"{meta['namespace']}/{name}", [])
@@ -987,10 +648,7 @@ class KubernetesBackend:
                 name=name, job_id=status.job_id, attempt=status.attempt, phase=Phase.FAILED,
                 started_at=started or status.started_at, finished_at=now,
                 nodes=status.nodes, reason="its Kubernetes Job was deleted outside fairq")
-        with self._lock:
-            # Gone, not going: a pod it left behind is the cycle's to stop.
-            self._tombstones[name] = (time.monotonic() + TOMBSTONE_SECONDS,
-                                      replace(status, stopping=False))
+        self.tracker.bury(status, at=time.monotonic())
 
     def _pod_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         if kind in ("ADDED", "DELETED") or _phase(old) != _phase(new):
@@ -1004,7 +662,10 @@ class KubernetesBackend:
 
     def _poke(self) -> None:
         if self._kick is not None and all(i.synced.is_set() for i in self._informers):
-            self._kick()
+            try:
+                self._kick()
+            except Exception:  # a watch thread must go on watching
+                log.exception("scheduler kick failed")
 
 
 def _owned_by_job(pod: Obj) -> bool:
@@ -1035,58 +696,3 @@ def _node_key(node: Obj | None) -> Any:
     return (spec.get("unschedulable"), json.dumps(spec.get("taints"), sort_keys=True), ready,
             json.dumps((node.get("status") or {}).get("allocatable"), sort_keys=True),
             json.dumps(node["metadata"].get("labels"), sort_keys=True))
-
-
-def _drain(resp: Any) -> None:
-    """Read and release a raw response, so its connection goes back to the pool."""
-    try:
-        resp.read()
-    finally:
-        resp.release_conn()
-
-
-def _raw_list(func: Callable[..., Any], **kwargs: Any) -> list[Obj]:
-    """The items of a list call as the API server's JSON (no model deserialization)."""
-    resp = func(_preload_content=False, _request_timeout=60, **kwargs)
-    try:
-        return list(json.loads(resp.data).get("items") or [])
-    finally:
-        resp.release_conn()
-
-
-def scheduler_account_setting() -> tuple[str, str] | None:
-    """FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT ("namespace/name", "" for none)."""
-    from django.conf import settings
-
-    value = settings.FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT
-    if not value:
-        return None
-    namespace, _, name = value.partition("/")
-    return namespace, name
-
-
-def api_client_from_config(*, kubeconfig: str = "", context: str = "",
-                           pool_size: int = 16) -> Any:
-    """A new ApiClient (never the global default configuration): from `kubeconfig` when
-    given, else the in-cluster service account when running in a pod, else
-    ~/.kube/config. Its connection pool keeps `pool_size` (at least 16) connections per
-    host: the client is shared by the watch threads and the cycle's concurrent creates
-    (urllib3's pool is thread-safe; past its size, connections are opened and dropped)."""
-    from kubernetes import client, config
-
-    cfg = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, context=context or None,
-                                client_configuration=cfg, persist_config=False)
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(  # type: ignore[no-untyped-call]
-            client_configuration=cfg)
-    else:
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            context=context or None, client_configuration=cfg,
-                                persist_config=False)
-    # Four long-lived watches plus the cycle's calls share the pool.
-    cfg.connection_pool_maxsize = max(getattr(cfg, "connection_pool_maxsize", 0) or 0, 16,
-                                      pool_size)
-    return client.ApiClient(cfg)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import ClassVar
 
 from queueing.validation import MAX_RUNTIME_SECONDS, sim_exit_code, sim_seconds
 
@@ -68,6 +69,11 @@ def parse_node_spec(spec: str) -> list[tuple[int, int, str]]:
 
 
 class SimulatedCluster:
+    # Capabilities (base.ClusterBackend): in this process, no cluster client (web
+    # processes may read it when the worker published nothing); nothing to provision.
+    in_process: ClassVar[bool] = True
+    provisions: ClassVar[bool] = False
+
     def __init__(self, nodes: list[tuple[str, str, int]], *, default_seconds: float = 60.0):
         self._lock = threading.Lock()
         self._nodes = {name: _Node(name, t, cap) for name, t, cap in nodes}

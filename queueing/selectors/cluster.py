@@ -25,7 +25,7 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from queueing.backends.base import ClusterBackend, NodeInfo
-from queueing.composition import get_backend
+from queueing.composition import backend_class, get_backend
 from queueing.memo import ttl_memo
 
 VIEW_KEY = "fairq:cluster-view"  # written by services/cluster_view.py, read here
@@ -102,7 +102,7 @@ def cluster_view(*, now: datetime | None = None) -> ClusterView:
     raw = cache.get(VIEW_KEY)
     if raw is not None:
         return ClusterView.from_dict(raw)
-    if settings.FAIRQ_CLUSTER_BACKEND == "simulated":
+    if backend_class().in_process:
         try:
             return cluster_view_of(get_backend(), now=now or timezone.now())
         except Exception as exc:  # a page says why instead of failing

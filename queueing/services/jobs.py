@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from accounts.models import Team
 from queueing import rawsql
+from queueing.composition import kick
 from queueing.errors import DomainError, IdempotencyKeyReused, InvalidTransition
 from queueing.models import GpuType, Job, JobEvent, Tier
 from queueing.policy.states import (
@@ -161,7 +162,7 @@ def job_submit_with_event(
             if existing is not None:
                 return _same_submit_or_refuse(existing, actor=actor, data=data), None, False
         raise
-    transaction.on_commit(_kick)
+    transaction.on_commit(kick)
     return job, event, True
 
 
@@ -244,12 +245,6 @@ def job_cancel(*, actor: Any, job: Job, reason: str = "", now: datetime | None =
     return job
 
 
-def _kick() -> None:
-    from queueing.tasks import kick_scheduler
-
-    kick_scheduler()
-
-
 def _stop_workload(name: str) -> None:
     from queueing.tasks import stop_workload_task
 
@@ -320,7 +315,7 @@ def jobs_submit_bulk(
                         for f in JobEvent._meta.concrete_fields if not f.primary_key}
         JobEvent.objects.bulk_create(
             [JobEvent(**{**event_fields, "job_id": job_id}) for job_id in ids], batch_size=2000)
-    transaction.on_commit(_kick)
+    transaction.on_commit(kick)
     return ids
 
 
@@ -387,14 +382,14 @@ def job_logs(*, job: Job, tail: int = 100) -> str:
     was archived (no worker runs the archive in tests or a one-process demo)."""
     if job.state == JobState.QUEUED and job.started_at is None and job.attempt == 1:
         return ""  # never reached the cluster
-    from django.conf import settings
+    from queueing.composition import backend_class
 
     from .logs import job_logs_archived
 
     archived = job_logs_archived(job=job, tail=tail)
     if archived is not None:
         return archived
-    if settings.FAIRQ_CLUSTER_BACKEND == "simulated":
+    if backend_class().in_process:
         from queueing.composition import get_backend
 
         return get_backend().logs(job.backend_name, tail=tail)

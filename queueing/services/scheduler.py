@@ -62,7 +62,7 @@ from queueing.backends.base import (
     WorkloadStatus,
     workload_name,
 )
-from queueing.composition import get_backend
+from queueing.composition import get_backend, kick
 from queueing.models import GpuType, Job, JobEvent, Quota, UsageRecord
 from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.fairshare import FairShareState
@@ -443,7 +443,7 @@ def _apply_status(job: Job, status: WorkloadStatus, *, now: datetime,
                            reason=status.reason or "failed before it started",
                            exit_code=status.exit_code, message=status.reason[:500])
             result.finished.append(job.pk)
-            transaction.on_commit(_kick)
+            transaction.on_commit(kick)
             return
         if status.phase in (Phase.RUNNING, Phase.SUCCEEDED, Phase.FAILED) and \
                 job.state == JobState.ADMITTED:
@@ -463,13 +463,7 @@ def _apply_status(job: Job, status: WorkloadStatus, *, now: datetime,
                               message=status.reason[:500]):
                 usage_record_attempt(job=job, start=job.started_at or end, end=end)
                 result.finished.append(job.pk)
-                transaction.on_commit(_kick)
-
-
-def _kick() -> None:
-    from queueing.tasks import kick_scheduler
-
-    kick_scheduler()
+                transaction.on_commit(kick)
 
 
 # --- 2. snapshot --------------------------------------------------------------------------

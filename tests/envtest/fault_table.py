@@ -224,7 +224,7 @@ def killed_during_submit(ctx: Ctx) -> tuple[list[int], set[int]]:
 
 
 def _no_jobs_quota(ctx: Ctx) -> str:
-    namespace: str = ctx.kube.backend.ensure_namespace("vision")
+    namespace: str = ctx.kube.backend.provisioner.ensure_namespace("vision")
     ctx.kube.core.create_namespaced_resource_quota(namespace, {
         "metadata": {"name": "no-jobs"}, "spec": {"hard": {"count/jobs.batch": "0"}}})
     deadline = time.monotonic() + 20

@@ -108,10 +108,10 @@ def _empty_namespace(kube: Kube, namespace: str) -> None:
 
 @pytest.fixture
 def kube(k8s_control_plane: Any, settings: Any, world: Any) -> Iterator[Kube]:
-    from queueing.backends.k8s_sync import sync_cluster
     from queueing.backends.kubernetes import KubernetesBackend
     from queueing.composition import get_backend, reset_backends
     from queueing.models import GpuType
+    from queueing.services.provisioning import sync_cluster
 
     prefix = f"k{uuid.uuid4().hex[:6]}-"
     settings.FAIRQ_CLUSTER_BACKEND = "kubernetes"
@@ -127,7 +127,7 @@ def kube(k8s_control_plane: Any, settings: Any, world: Any) -> Iterator[Kube]:
     reset_backends()
     backend = get_backend()
     assert isinstance(backend, KubernetesBackend)
-    sync_cluster(backend)
+    sync_cluster(backend.provisioner)
     backend.wait_synced(30)
     with k8s_control_plane.api_client() as api:
         k = Kube(backend, client.CoreV1Api(api), client.BatchV1Api(api), prefix)
@@ -455,8 +455,8 @@ def test_logs_answer_with_a_readable_error_when_the_node_has_none(kube: Kube, wo
 def test_sync_cluster_keeps_priority_classes_and_quotas_in_step(
     kube: Kube, world: Any, settings: Any,
 ) -> None:
-    from queueing.backends.k8s_sync import sync_cluster
     from queueing.models import Quota
+    from queueing.services.provisioning import sync_cluster
 
     # FAIRQ_K8S_PROVISION=separate: a quota change is applied by the worker (the signal
     # queues sync_cluster_task, eager here, after commit) to the provisioned namespace ...
@@ -470,10 +470,10 @@ def test_sync_cluster_keeps_priority_classes_and_quotas_in_step(
     world.low.priority_value = 5
     world.low.save()
     assert sched.read_priority_class(world.low.priority_class_name).value != 5
-    report = sync_cluster(kube.backend)
+    report = sync_cluster(kube.backend.provisioner)
     assert report["replaced"] == [world.low.priority_class_name]
     assert sched.read_priority_class(world.low.priority_class_name).value == 5
-    report = sync_cluster(kube.backend)
+    report = sync_cluster(kube.backend.provisioner)
     assert world.low.priority_class_name in report["unchanged"]
     assert report["created"] == report["replaced"] == report["deleted"] == []
     # FAIRQ_K8S_PROVISION=scheduler: the worker provisions all of it on the change.

@@ -183,7 +183,7 @@ def test_a_403_on_create_is_surfaced_and_gives_the_gpus_back_after_the_bound(
     from queueing.metrics import FairqCollector
 
     settings.FAIRQ_K8S_SUBMIT_REFUSED_SECONDS = 4
-    namespace = kube.backend.ensure_namespace("vision")
+    namespace = kube.backend.provisioner.ensure_namespace("vision")
     kube.core.create_namespaced_resource_quota(namespace, {
         "metadata": {"name": "no-jobs"}, "spec": {"hard": {"count/jobs.batch": "0"}}})
     wait(lambda: (kube.core.read_namespaced_resource_quota("no-jobs", namespace)
@@ -226,7 +226,7 @@ def test_a_fairq_pod_that_no_job_owns_is_deleted(kube: Kube, world: Any) -> None
     name = "fq-999997-1"
     labels = {"app.kubernetes.io/managed-by": "fairq", "fairq.io/workload": name,
               "fairq.io/job-id": "999997", "fairq.io/attempt": "1", "fairq.io/team": "vision"}
-    kube.backend.ensure_namespace("vision")
+    kube.backend.provisioner.ensure_namespace("vision")
     kube.core.create_namespaced_pod(kube.ns("vision"), {
         "metadata": {"name": f"{name}-x", "labels": labels},
         "spec": {"restartPolicy": "Never", "nodeSelector": {"fairq.io/gpu-type": "h100"},

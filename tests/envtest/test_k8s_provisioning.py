@@ -20,7 +20,7 @@ def test_a_team_whose_namespace_is_not_provisioned_waits_with_the_reason(
     kube: Kube, world: Any,
 ) -> None:
     from accounts.models import Role
-    from queueing.backends.k8s_sync import sync_cluster
+    from queueing.services.provisioning import sync_cluster
     from queueing.services.scheduler import scheduler_cycle
     from tests.factories import MembershipFactory, QuotaFactory, TeamFactory
 
@@ -40,8 +40,8 @@ def test_a_team_whose_namespace_is_not_provisioned_waits_with_the_reason(
         assert "namespace_not_provisioned" in codes, detail["queue"]
         assert "sync_cluster" in codes["namespace_not_provisioned"]
 
-        sync_cluster(kube.backend)  # the provisioner (here with the test's admin account)
-        kube.backend._unprovisioned.clear()  # as after UNPROVISIONED_RECHECK_SECONDS
+        sync_cluster(kube.backend.provisioner)  # here with the test's admin account
+        kube.backend.provisioner.forget_refusals()  # as after UNPROVISIONED_RECHECK_SECONDS
         wait(lambda: job(pk).status in ("RUNNING", "SUCCEEDED"), what="the job running")
         assert kube.jobs("audio", pk)
     finally:

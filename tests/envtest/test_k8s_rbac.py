@@ -112,7 +112,8 @@ def test_the_scheduler_account_can_run_a_jobs_whole_life(
     rbac_applied: None, k8s_control_plane: Any, k8s_api_client: Any, prefix: str,
 ) -> None:
     from queueing.backends.base import Phase
-    from queueing.backends.kubernetes import NamespaceNotProvisioned, PriorityClassSpec
+    from queueing.backends.k8s_provisioner import PriorityClassSpec
+    from queueing.backends.kubernetes import NamespaceNotProvisioned
 
     provisioner = backend_as(k8s_control_plane, "fairq-provisioner", prefix,
                              scheduler_account=("fairq-system", "fairq-scheduler"))
@@ -125,9 +126,9 @@ def test_the_scheduler_account_can_run_a_jobs_whole_life(
                 for p in sched.list_priority_class().items
                 if (p.metadata.labels or {}).get("app.kubernetes.io/managed-by") == "fairq"]
         mine = f"rbac-{prefix.rstrip('-')}"
-        assert mine in provisioner.sync_priority_classes(
+        assert mine in provisioner.provisioner.sync_priority_classes(
             [*keep, PriorityClassSpec(mine, 7, "Never", "rbac")])["created"]
-        assert mine in provisioner.sync_priority_classes(
+        assert mine in provisioner.provisioner.sync_priority_classes(
             [*keep, PriorityClassSpec(mine, 8, "Never", "rbac")])["replaced"]
 
         name = f"fq-{800000 + int(uuid.uuid4().int % 1000)}-1"
@@ -136,19 +137,20 @@ def test_the_scheduler_account_can_run_a_jobs_whole_life(
         with pytest.raises(NamespaceNotProvisioned, match="not provisioned"):
             backend.submit(launch(name), now=datetime.now(UTC))
         with pytest.raises(ApiException) as denied:
-            backend.ensure_namespace("team")
+            backend.provisioner.ensure_namespace("team")
         assert denied.value.status == 403
 
-        assert provisioner.ensure_namespace("team") == f"{prefix}team"
-        provisioner.ensure_namespace("team", force=True)  # patch labels, replace quota, binding
+        assert provisioner.provisioner.ensure_namespace("team") == f"{prefix}team"
+        # Patch labels, replace quota and binding.
+        provisioner.provisioner.ensure_namespace("team", force=True)
         quota = client.CoreV1Api(k8s_api_client).read_namespaced_resource_quota(
             "fairq-gpus", f"{prefix}team")
         assert quota.spec.hard == {"requests.nvidia.com/gpu": "16"}
 
-        backend._unprovisioned.clear()  # as after UNPROVISIONED_RECHECK_SECONDS
+        backend.provisioner.forget_refusals()  # as after UNPROVISIONED_RECHECK_SECONDS
         assert backend.unprovisioned_teams(["team"]) == set()
         # A quota change in fairq: the scheduler replaces that one object (sync_quotas).
-        backend.apply_quota(f"{prefix}team", {"nvidia.com/gpu": 12}, replace_only=True)
+        backend.provisioner.apply_quota(f"{prefix}team", {"nvidia.com/gpu": 12}, replace_only=True)
         quota = client.CoreV1Api(k8s_api_client).read_namespaced_resource_quota(
             "fairq-gpus", f"{prefix}team")
         assert quota.spec.hard == {"requests.nvidia.com/gpu": "12"}
@@ -221,7 +223,7 @@ def provisioned(rbac_applied: None, k8s_api_client: Any, prefix: str) -> str:
                                     team_quota=lambda team: {"nvidia.com/gpu": 16},
                                     scheduler_account=("fairq-system", "fairq-scheduler"))
     try:
-        return provisioner.ensure_namespace("team", force=True)
+        return provisioner.provisioner.ensure_namespace("team", force=True)
     finally:
         provisioner.close()
 

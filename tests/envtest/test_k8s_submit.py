@@ -102,13 +102,13 @@ def test_a_409_on_a_job_someone_else_created_is_refused_not_adopted(
     kube: Kube, world: Any,
 ) -> None:
     from queueing.backends.base import SubmitRejected
-    from queueing.backends.kubernetes import KubernetesBackend
+    from queueing.composition import kubernetes_backend_from_settings
     from queueing.services.scheduler import launch_spec
 
     pk = admitted_unsubmitted(kube, world, gpus=1)
     foreign_job(kube, pk, gpus=8)
     # A process whose watches have not started: the create is answered 409.
-    fresh = KubernetesBackend.from_settings()
+    fresh = kubernetes_backend_from_settings()
     try:
         with pytest.raises(SubmitRejected, match="fairq did not create"):
             fresh.submit(launch_spec(job(pk)), now=job(pk).admitted_at)
@@ -117,14 +117,14 @@ def test_a_409_on_a_job_someone_else_created_is_refused_not_adopted(
 
 
 def test_fairqs_own_job_is_adopted_on_409_from_a_fresh_process(kube: Kube, world: Any) -> None:
-    from queueing.backends.kubernetes import KubernetesBackend
+    from queueing.composition import kubernetes_backend_from_settings
     from queueing.services.scheduler import launch_spec
 
     pk = admitted_unsubmitted(kube, world, gpus=1)
     spec = launch_spec(job(pk))
     kube.backend.submit(spec, now=job(pk).admitted_at)
     [first] = kube.jobs("vision", pk)
-    fresh = KubernetesBackend.from_settings()
+    fresh = kubernetes_backend_from_settings()
     try:
         fresh.submit(spec, now=job(pk).admitted_at)  # 409: fairq's own, adopted
     finally:
@@ -137,7 +137,7 @@ def test_a_job_being_deleted_is_not_adopted_the_job_is_requeued_as_a_new_attempt
     kube: Kube, world: Any,
 ) -> None:
     from queueing.backends.base import SubmitRequeue
-    from queueing.backends.kubernetes import KubernetesBackend
+    from queueing.composition import kubernetes_backend_from_settings
     from queueing.models import JobEvent
     from queueing.services.scheduler import launch_spec, scheduler_cycle
 
@@ -151,7 +151,7 @@ def test_a_job_being_deleted_is_not_adopted_the_job_is_requeued_as_a_new_attempt
     try:
         wait(lambda: (kube.backend.jobs.get(f"{ns}/{name}") or {}).get("metadata", {})
              .get("deletionTimestamp"), cycle=False, what="the deletion in the watch cache")
-        fresh = KubernetesBackend.from_settings()
+        fresh = kubernetes_backend_from_settings()
         try:
             with pytest.raises(SubmitRequeue, match="being deleted"):
                 fresh.submit(spec, now=job(pk).admitted_at)  # 409 path
@@ -185,10 +185,11 @@ def test_sync_cluster_reports_a_bad_priority_class_name_and_still_syncs_the_rest
 
     from django.core.management import call_command
     from django.core.management.base import CommandError
+    from kubernetes import client
 
     from accounts.models import Team
-    from queueing.backends.k8s_sync import sync_cluster
     from queueing.models import Quota, Tier
+    from queueing.services.provisioning import sync_cluster
 
     # Rows written before names were validated (update() skips full_clean and signals).
     Tier.objects.filter(pk=world.low.pk).update(priority_class_name="Fairq_Bad")
@@ -196,7 +197,7 @@ def test_sync_cluster_reports_a_bad_priority_class_name_and_still_syncs_the_rest
     Team.objects.create(slug="audio", name="audio")
     Quota.objects.filter(team=world.vision, gpu_type=world.a100).update(borrowing_limit=0)
 
-    report = sync_cluster(kube.backend)
+    report = sync_cluster(kube.backend.provisioner)
     failed = {(f["kind"], f["name"]): f["error"] for f in report["failed"]}
     assert "422" in failed[("PriorityClass", "Fairq_Bad")]
     assert "DNS-1123" in failed[("Namespace", kube.ns("Bad_Team"))]
@@ -205,7 +206,7 @@ def test_sync_cluster_reports_a_bad_priority_class_name_and_still_syncs_the_rest
     quota = kube.core.read_namespaced_resource_quota("fairq-gpus", kube.ns("vision"))
     assert quota.spec.hard == {"requests.nvidia.com/gpu": "24"}
     sched_names = {p.metadata.name for p in
-                   kube.backend.scheduling.list_priority_class().items}
+                   client.SchedulingV1Api(kube.backend.api).list_priority_class().items}
     assert world.high.priority_class_name in sched_names
 
     out = StringIO()
@@ -271,10 +272,10 @@ def test_the_cycle_creates_jobs_concurrently_outside_any_transaction(
 def test_the_backends_connection_pool_holds_its_submit_concurrency_and_the_watches(
     kube: Kube, settings: Any,
 ) -> None:
-    from queueing.backends.kubernetes import KubernetesBackend
+    from queueing.composition import kubernetes_backend_from_settings
 
     settings.FAIRQ_K8S_SUBMIT_CONCURRENCY = 24
-    backend = KubernetesBackend.from_settings()
+    backend = kubernetes_backend_from_settings()
     try:
         assert backend.submit_concurrency == 24
         pool = backend.api.rest_client.pool_manager.connection_pool_kw

@@ -91,7 +91,7 @@ def backend(k8s_control_plane: Any, k8s_api_client: Any) -> Iterator[Any]:
 
 def test_the_namespace_label_follows_the_teams_setting(backend: Any, k8s_api_client: Any) -> None:
     core = client.CoreV1Api(k8s_api_client)
-    ns = backend.ensure_namespace("vision", run_as_non_root=True)
+    ns = backend.provisioner.ensure_namespace("vision", run_as_non_root=True)
 
     def level() -> str:
         return str(core.read_namespace(ns).metadata.labels[f"{PSA}/enforce"])
@@ -106,5 +106,5 @@ def test_the_namespace_label_follows_the_teams_setting(backend: Any, k8s_api_cli
     stored = client.BatchV1Api(k8s_api_client).read_namespaced_job(job_name, ns)
     sc = _container_sc(stored)
     assert sc.run_as_non_root is None and sc.capabilities.drop == ["ALL"]
-    backend.ensure_namespace("vision", run_as_non_root=True)
+    backend.provisioner.ensure_namespace("vision", run_as_non_root=True)
     assert level() == "restricted"

@@ -8,19 +8,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+
+from queueing.composition import get_provisioner
+from queueing.services.provisioning import sync_cluster
 
 
 class Command(BaseCommand):
     help = "Create or update fairq's PriorityClasses, team namespaces and quotas."
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if settings.FAIRQ_CLUSTER_BACKEND != "kubernetes":
+        provisioner = get_provisioner()
+        if provisioner is None:
             raise CommandError("FAIRQ_CLUSTER_BACKEND is not 'kubernetes': nothing to sync")
-        from queueing.backends.k8s_sync import sync_cluster
-
-        report = sync_cluster()
+        report = sync_cluster(provisioner)
         self.stdout.write(json.dumps(report, indent=2, sort_keys=True))
         problems = [f"{f['kind']} {f['name']}: {f['error']}" for f in report.get("failed", [])]
         if report.get("conflicts"):

@@ -1,0 +1,119 @@
+"""What the Kubernetes backend remembers about its workloads between two reads of the
+watch cache, under one lock (watch threads, the cycle and its submit threads share it).
+Pure bookkeeping: no client, no clock of its own (monotonic times are passed in), so it
+is tested without a cluster (tests/test_k8s_tracker.py).
+
+- where    — workload name → namespace, for stop without a cluster-wide list;
+- stopping — names fairq asked to delete (reported `stopping` until the watch says so);
+- hidden   — finished Jobs fairq forgot on stop (kept for their logs): name → finished;
+- ran      — names seen running → when they started;
+- tombstones — the last status of a Job deleted outside fairq, reported for a while so
+  its job does not stay RUNNING for ever.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from datetime import datetime
+
+from .base import WorkloadStatus
+
+# How long a Job deleted outside fairq after it ran is still reported (as FAILED), so
+# the job that owned it does not stay RUNNING for ever.
+TOMBSTONE_SECONDS = 600.0
+
+
+class WorkloadTracker:
+    def __init__(self, *, tombstone_seconds: float = TOMBSTONE_SECONDS) -> None:
+        self._lock = threading.Lock()
+        self._tombstone_seconds = tombstone_seconds
+        self._where: dict[str, str] = {}
+        self._stopping: set[str] = set()
+        self._hidden: dict[str, datetime] = {}
+        self._ran: dict[str, datetime] = {}
+        self._tombstones: dict[str, tuple[float, WorkloadStatus]] = {}
+
+    # --- where --------------------------------------------------------------------------
+
+    def placed(self, name: str, namespace: str) -> None:
+        """The workload `name` lives in `namespace` (created, adopted or watched)."""
+        with self._lock:
+            self._where[name] = namespace
+
+    def namespace_of(self, name: str) -> str | None:
+        with self._lock:
+            return self._where.get(name)
+
+    # --- stop ---------------------------------------------------------------------------
+
+    def stop_asked(self, name: str) -> None:
+        """fairq is deleting it: reported as stopping from now on."""
+        with self._lock:
+            self._stopping.add(name)
+
+    def stop_failed(self, name: str) -> None:
+        """The delete was not accepted: not stopping after all (the cycle asks again)."""
+        with self._lock:
+            self._stopping.discard(name)
+
+    def stop_requested(self, name: str) -> None:
+        """A stop came for `name`: whatever it was, its tombstone is answered."""
+        with self._lock:
+            self._tombstones.pop(name, None)
+
+    def hide(self, name: str, finished: datetime) -> None:
+        """A finished Job fairq stopped without deleting it (its logs stay readable)."""
+        with self._lock:
+            self._hidden[name] = finished
+
+    def hidden(self) -> dict[str, datetime]:
+        with self._lock:
+            return dict(self._hidden)
+
+    def unhide(self, name: str) -> None:
+        """A hidden Job runs pods again: report it, so the cycle stops it."""
+        with self._lock:
+            self._hidden.pop(name, None)
+
+    # --- statuses -----------------------------------------------------------------------
+
+    def seen(self, status: WorkloadStatus) -> WorkloadStatus:
+        """`status` as read from the cache, with what the cache may lag behind on: its
+        start remembered (for a deletion later), and `stopping` once fairq asked."""
+        with self._lock:
+            if status.started_at is not None:
+                self._ran.setdefault(status.name, status.started_at)
+            if status.name in self._stopping and not status.stopping:
+                return replace(status, stopping=True)
+        return status
+
+    def deleted(self, name: str) -> tuple[bool, datetime | None]:
+        """The Job `name` is gone: everything about it forgotten. Returns whether fairq
+        expected it (it stopped or forgot it) and when it was seen starting."""
+        with self._lock:
+            self._where.pop(name, None)
+            acknowledged = name in self._stopping or name in self._hidden
+            self._hidden.pop(name, None)
+            self._stopping.discard(name)
+            return acknowledged, self._ran.pop(name, None)
+
+    def bury(self, status: WorkloadStatus, *, at: float) -> None:
+        """Report `status` (a Job deleted outside fairq) for `tombstone_seconds` after
+        `at` (monotonic). Gone, not going: never `stopping` (a pod it left behind is
+        the cycle's to stop)."""
+        with self._lock:
+            self._tombstones[status.name] = (at + self._tombstone_seconds,
+                                             replace(status, stopping=False))
+
+    def tombstones(self, *, at: float, listed: set[str]) -> list[WorkloadStatus]:
+        """The tombstones still due at `at` (monotonic) whose name is not in `listed`;
+        expired ones are dropped."""
+        out: list[WorkloadStatus] = []
+        with self._lock:
+            for name, (until, tomb) in list(self._tombstones.items()):
+                if until < at:
+                    del self._tombstones[name]
+                elif name not in listed:
+                    out.append(tomb)
+        return out
