@@ -75,16 +75,11 @@ from queueing.selectors.fairshare import (
     fairshare_standings,
     priority_weights,
 )
+from queueing.selectors.preemption import nominated_preemptors, preemption_settings
 
 from .cluster_view import cluster_view_publish
 from .jobs import job_transition
-from .preemption import (
-    Applied,
-    nominated_preemptors,
-    preempted_workloads_stop,
-    preemption_settings,
-    preemptions_apply,
-)
+from .preemption import Applied, preempted_workloads_stop, preemptions_apply
 from .queue_plan import queue_plan_forget
 from .usage import usage_record_attempt
 
