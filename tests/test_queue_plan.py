@@ -79,8 +79,8 @@ def test_the_api_and_the_dashboard_word_a_wait_the_same(world: World) -> None:
 
 def test_an_unreachable_cluster_is_a_reason_not_an_error(world: World) -> None:
     job = _submit(world)
-    with mock.patch("queueing.services.scheduler.build_snapshot",
-                    side_effect=ConnectionError("connection refused")):
+    with mock.patch.object(qp, "build_snapshot",
+                           side_effect=ConnectionError("connection refused")):
         q = _queue(world, job)
     assert q["position"] is None
     assert q["reasons"] == [{"code": "cluster_unreachable",

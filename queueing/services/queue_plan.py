@@ -33,6 +33,7 @@ from queueing.policy.states import JobState
 from queueing.selectors.cluster import cluster_view
 from queueing.selectors.dashboard import LIST_DEFER
 from queueing.selectors.fairshare import job_priority_breakdown
+from queueing.selectors.snapshot import build_snapshot
 
 QUEUE_PLAN_TTL = 3.0  # seconds: about one scheduler cycle
 _PLAN_KEY = "fairq:queue-plan"
@@ -95,8 +96,6 @@ def _plan_compute(*, now: datetime,
                   keep_snapshot: bool = False) -> tuple[QueuePlan, Snapshot | None]:
     """One admission plan of the whole queue from the cycle's snapshot, cached (with the
     snapshot when `keep_snapshot`)."""
-    from .scheduler import build_snapshot
-
     view = cluster_view(now=now)
     if view.published_at is None and view.error:
         return QueuePlan({}, 0, error=view.error[:200]), None
