@@ -1,4 +1,4 @@
-"""One plan of the queue answers every "why does my job wait" (queueing/services/
+"""One plan of the queue answers every "why does my job wait" (queueing/selectors/
 queue_plan.py): the API, the CLI and the dashboard read the same cached plan, a job newer
 than the plan gets a fresh one, and a scheduler cycle that moved jobs drops it."""
 
@@ -11,8 +11,8 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from queueing.policy import admission
-from queueing.services import queue_plan as qp
-from queueing.services.queue_plan import team_queue
+from queueing.selectors import queue_plan as qp
+from queueing.selectors.queue_plan import team_queue
 from queueing.services.scheduler import scheduler_cycle
 
 from .conftest import World, job_body

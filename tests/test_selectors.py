@@ -13,6 +13,7 @@ from queueing.backends.base import NodeInfo
 from queueing.composition import get_backend
 from queueing.policy import admission
 from queueing.policy.states import JobState
+from queueing.selectors import queue_plan as qp
 from queueing.selectors.capacity import capacity_by_gpu_type, gpus_held, gpus_held_by_type
 from queueing.selectors.dashboard import quota_board, quota_cell, team_quotas
 from queueing.selectors.fairshare import (
@@ -22,7 +23,6 @@ from queueing.selectors.fairshare import (
     team_usage_inputs,
 )
 from queueing.selectors.snapshot import build_snapshot
-from queueing.services import queue_plan as qp
 
 from .conftest import World
 from .factories import JobFactory

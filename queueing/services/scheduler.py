@@ -20,7 +20,7 @@
                     A preemptor is admitted by a later cycle, once its victims' GPUs
                     are free (R8).
     6. notify     — when anything moved, drop the shared plan of the queue that answers
-                    "why does my job wait" (queueing/services/queue_plan.py), and
+                    "why does my job wait" (queueing/selectors/queue_plan.py), and
                     publish the cluster view web processes read instead of the cluster
                     (nodes, live workloads, unprovisioned teams: queueing/cluster.py).
 
@@ -67,12 +67,12 @@ from queueing.models import Job, JobEvent, UsageRecord
 from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 from queueing.sanitize import clean_status, clean_text
+from queueing.selectors.queue_plan import queue_plan_forget
 from queueing.selectors.snapshot import build_snapshot, unprovisioned_teams
 
 from .cluster_view import cluster_view_publish
 from .jobs import job_transition
 from .preemption import Applied, preempted_workloads_stop, preemptions_apply
-from .queue_plan import queue_plan_forget
 from .usage import usage_record_attempt
 
 log = logging.getLogger(__name__)
