@@ -166,7 +166,7 @@ def time_page(client: object, url: str, n: int, **headers: str) -> tuple[float, 
         times.append((time.perf_counter() - t) * 1000)
     from django.utils import timezone
 
-    from queueing.services.queue_plan import queue_plan
+    from queueing.selectors.queue_plan import queue_plan
 
     queue_plan(now=timezone.now(), fresh=True)  # count a request with the plan cached
     with CaptureQueriesContext(connection) as ctx:
@@ -189,7 +189,7 @@ def main() -> int:
     from django.utils import timezone
 
     from queueing.models import Job
-    from queueing.services.queue_plan import QUEUE_PLAN_TTL, queue_plan
+    from queueing.selectors.queue_plan import QUEUE_PLAN_TTL, queue_plan
 
     now = timezone.now()
     viewer, job_id = build_world(jobs=args.jobs, now=now)

@@ -277,7 +277,8 @@ def test_a_workload_that_fails_before_it_starts_fails_without_a_running_event(
 
 def test_a_retried_submit_after_a_killed_worker_creates_no_second_workload(world: World) -> None:
     from queueing.policy.admission import plan_admissions
-    from queueing.services.scheduler import apply_plan, build_snapshot, launch_spec
+    from queueing.selectors.snapshot import build_snapshot
+    from queueing.services.scheduler import apply_plan, launch_spec
 
     t0 = timezone.now()
     job_id = submit(world, gpus=2)

@@ -1,4 +1,4 @@
-"""One plan of the queue answers every "why does my job wait" (queueing/services/
+"""One plan of the queue answers every "why does my job wait" (queueing/selectors/
 queue_plan.py): the API, the CLI and the dashboard read the same cached plan, a job newer
 than the plan gets a fresh one, and a scheduler cycle that moved jobs drops it."""
 
@@ -11,8 +11,8 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from queueing.policy import admission
-from queueing.services import queue_plan as qp
-from queueing.services.queue_plan import team_queue
+from queueing.selectors import queue_plan as qp
+from queueing.selectors.queue_plan import team_queue
 from queueing.services.scheduler import scheduler_cycle
 
 from .conftest import World, job_body
@@ -79,8 +79,8 @@ def test_the_api_and_the_dashboard_word_a_wait_the_same(world: World) -> None:
 
 def test_an_unreachable_cluster_is_a_reason_not_an_error(world: World) -> None:
     job = _submit(world)
-    with mock.patch("queueing.services.scheduler.build_snapshot",
-                    side_effect=ConnectionError("connection refused")):
+    with mock.patch.object(qp, "build_snapshot",
+                           side_effect=ConnectionError("connection refused")):
         q = _queue(world, job)
     assert q["position"] is None
     assert q["reasons"] == [{"code": "cluster_unreachable",

@@ -15,8 +15,10 @@ from queueing.composition import get_backend
 from queueing.models import Job, JobEvent, Quota, UsageRecord
 from queueing.policy.admission import WaitReason, plan_admissions
 from queueing.policy.states import JobState
-from queueing.services.preemption import preemption_settings, preemptions_apply
-from queueing.services.scheduler import build_snapshot, scheduler_cycle
+from queueing.selectors.preemption import preemption_settings
+from queueing.selectors.snapshot import build_snapshot
+from queueing.services.preemption import preemptions_apply
+from queueing.services.scheduler import scheduler_cycle
 
 from .conftest import World, job_body
 

@@ -10,8 +10,10 @@ from unittest import mock
 from django.utils import timezone
 
 from queueing.backends.base import NodeInfo
+from queueing.composition import get_backend
 from queueing.policy import admission
 from queueing.policy.states import JobState
+from queueing.selectors import queue_plan as qp
 from queueing.selectors.capacity import capacity_by_gpu_type, gpus_held, gpus_held_by_type
 from queueing.selectors.dashboard import quota_board, quota_cell, team_quotas
 from queueing.selectors.fairshare import (
@@ -20,8 +22,7 @@ from queueing.selectors.fairshare import (
     fairshare_standings_at,
     team_usage_inputs,
 )
-from queueing.services import queue_plan as qp
-from queueing.services import scheduler
+from queueing.selectors.snapshot import build_snapshot
 
 from .conftest import World
 from .factories import JobFactory
@@ -101,8 +102,7 @@ def test_the_preview_reads_the_cached_plans_snapshot_and_caches_each_shape(
     now = timezone.now()
     JobFactory(team=world.nlp, gpu_type=world.h100, tier=world.normal, gpus_per_replica=8)
     plan = qp.queue_plan(now=now)  # what "why it waits" reads
-    with mock.patch.object(scheduler, "build_snapshot",
-                           wraps=scheduler.build_snapshot) as snapshots, \
+    with mock.patch.object(qp, "build_snapshot", wraps=build_snapshot) as snapshots, \
             mock.patch.object(qp, "plan_admissions", wraps=admission.plan_admissions) as plans:
         first = qp.submit_preview(team=world.vision, gpu_type=world.h100,
                                   gpus_per_replica=8, replicas=1, tier_rank=100, now=now)
@@ -116,7 +116,7 @@ def test_the_preview_reads_the_cached_plans_snapshot_and_caches_each_shape(
     assert plans.call_count == 1 + 2
     assert first == again and first.queued == plan.queued == 1
     assert other.admitted_next and other.position is not None
-    with mock.patch.object(scheduler, "build_snapshot", wraps=scheduler.build_snapshot) as again_built:
+    with mock.patch.object(qp, "build_snapshot", wraps=build_snapshot) as again_built:
         qp.submit_preview(team=world.nlp, gpu_type=world.h100, gpus_per_replica=1,
                           replicas=1, tier_rank=100, now=now)
         assert qp.queue_plan(now=now).generation == qp._plan_with_snapshot(now=now)[0].generation
@@ -127,13 +127,13 @@ def test_a_kept_snapshot_unpacks_to_the_same_snapshot(world: World) -> None:
     JobFactory(team=world.nlp, gpu_type=world.h100, tier=world.normal, gpus_per_replica=8,
                status=JobState.RUNNING, placement=["h100-0"], started_at=timezone.now())
     JobFactory(team=world.vision, gpu_type=world.a100, tier=world.normal)
-    snapshot = scheduler.build_snapshot(backend=scheduler.get_backend(), now=timezone.now())
+    snapshot = build_snapshot(backend=get_backend(), now=timezone.now())
     assert snapshot.queued and snapshot.running and snapshot.nodes
     assert qp._snapshot_unpack(qp._snapshot_pack(snapshot)) == snapshot
 
 
 def test_the_preview_says_why_when_the_cluster_view_is_missing(world: World) -> None:
-    with mock.patch.object(scheduler, "build_snapshot",
+    with mock.patch.object(qp, "build_snapshot",
                            side_effect=ConnectionError("connection refused")):
         preview = qp.submit_preview(team=world.vision, gpu_type=world.h100,
                                     gpus_per_replica=1, replicas=1, tier_rank=100,
@@ -145,8 +145,7 @@ def test_forgetting_the_plan_drops_its_snapshot_too(world: World) -> None:
     now = timezone.now()
     qp.queue_plan(now=now)
     qp.queue_plan_forget()
-    with mock.patch.object(scheduler, "build_snapshot",
-                           wraps=scheduler.build_snapshot) as snapshots:
+    with mock.patch.object(qp, "build_snapshot", wraps=build_snapshot) as snapshots:
         qp.submit_preview(team=world.vision, gpu_type=world.h100, gpus_per_replica=1,
                           replicas=1, tier_rank=100, now=now)
     assert snapshots.call_count == 1

@@ -197,7 +197,7 @@ class JobDetailSerializer(JobSerializer):
     def _explain(self, job: Job) -> dict[str, Any]:
         from django.utils import timezone
 
-        from queueing.services.queue_plan import job_explain
+        from queueing.selectors.queue_plan import job_explain
 
         # One explanation per job and serializer; context {"explain_queue": False} skips
         # the queue part (it runs the admission plan over the whole queue).

@@ -9,7 +9,10 @@
 - `usage`     — usage per time bucket and the usage CSV export.
 - `dashboard` — the web dashboard's lists, charts and quota board.
 - `metrics`   — what /metrics and the scheduler health check read.
-
-The queue plan ("why it waits", the submit preview) is built from the scheduler's
-snapshot and cached: queueing/services/queue_plan.py.
+- `preemption` — what the policy knows of past preemptions: the rate limit (R5) and the
+                nominated preemptors (R8).
+- `snapshot`  — step 2 of the cycle: the policy's `Snapshot`, read once, for the cycle
+                and for the queue plan.
+- `queue_plan` — one cached admission plan of the whole queue: positions, "why it
+                waits", the submit preview and a job's explanation.
 """

@@ -2,7 +2,7 @@
 jobs, standings over time, the submit form's defaults, and the quota board grid. Reads
 only; every state change goes through the job, quota, membership and token services.
 Capacity is queueing/selectors/capacity.py; the queue with positions and wait reasons,
-and the submit preview, read the cached plan of queueing/services/queue_plan.py.
+and the submit preview, read the cached plan of queueing/selectors/queue_plan.py.
 
 Every function runs a small, constant number of queries whatever the number of jobs: the
 job lists are bounded and ride the `(team, status)` and `(status, tier, created_at)`

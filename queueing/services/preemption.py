@@ -1,81 +1,33 @@
 """Preemption, the shell around the pure victim search (docs/scheduling.md, R5-R8).
 
-    - `preemption_settings`  — rule R5: the rate limit, counted from the "preempted"
-                               events of the window (no extra table).
-    - `nominated_preemptors` — rule R8: queued jobs whose victims may still hold GPUs.
     - `preemptions_apply`    — rules R6-R7: each victim RUNNING/ADMITTED → PREEMPTED →
                                QUEUED (attempt + 1, submit time kept, its GPU time
                                charged), events on both jobs. All victims of one
                                preemptor or none (a savepoint).
     - `preempted_workloads_stop` — after commit: the victims' workloads are stopped.
+
+What the cycle reads for preemption (rules R5 and R8) is in queueing/selectors/preemption.py.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 
 from queueing.backends.base import ClusterBackend
 from queueing.models import FairShareAccumulator, Job, JobEvent
 from queueing.policy.admission import Plan
 from queueing.policy.preemption import Preemption, Victim
-from queueing.policy.snapshot import PreemptionSettings
 from queueing.policy.states import HOLDING_STATES, JobState
 
 from .jobs import job_transition
 from .usage import usage_record_attempt
 
 log = logging.getLogger(__name__)
-
-
-def preemption_settings(*, now: datetime) -> PreemptionSettings:
-    """Rule R5: how many preemptions each team made in the current window."""
-    window = timedelta(seconds=settings.FAIRQ_PREEMPTION_WINDOW_SECONDS)
-    used: Counter[str] = Counter()
-    rows = JobEvent.objects.filter(kind=JobEvent.Kind.PREEMPTED, at__gt=now - window).values_list(
-        "data", flat=True)
-    for data in rows:
-        team = (data or {}).get("preemptor_team")
-        if team:
-            used[str(team)] += 1
-    limit = settings.FAIRQ_PREEMPTION_MAX_PER_TEAM
-    return PreemptionSettings(
-        enabled=settings.FAIRQ_PREEMPTION_ENABLED,
-        max_per_team=limit if limit >= 0 else None,
-        used=dict(used),
-        max_searches=settings.FAIRQ_PREEMPTION_MAX_SEARCHES,
-    )
-
-
-def nominated_preemptors(*, now: datetime, live_workloads: Iterable[str]) -> dict[int, int]:
-    """Rule R8: queued jobs that preempted (for their current attempt, recently) mapped
-    to how many of their victims' workloads may still hold GPUs.
-
-    A victim's workload counts while the cluster still lists it, and, whatever the list
-    says, during the termination grace after the preemption (a Kubernetes pod releases
-    its GPUs only once it is gone, which the list may not show yet).
-    """
-    live = set(live_workloads)
-    since = now - timedelta(seconds=settings.FAIRQ_PREEMPTION_NOMINATION_SECONDS)
-    grace = timedelta(seconds=settings.FAIRQ_PREEMPTION_TERMINATION_GRACE_SECONDS)
-    out: dict[int, int] = {}
-    rows = JobEvent.objects.filter(
-        kind=JobEvent.Kind.PREEMPTING, at__gte=since, job__status=JobState.QUEUED
-    ).values_list("job_id", "attempt", "job__attempt", "at", "data")
-    for job_id, attempt, current, at, data in rows:
-        if attempt != current:
-            continue
-        names = [str(n) for n in (data or {}).get("workloads", [])]
-        held = len(names) if now - at < grace else sum(1 for n in names if n in live)
-        out[job_id] = max(out.get(job_id, 0), held)
-    return out
 
 
 class _VictimMoved(Exception):

@@ -7,7 +7,8 @@
     2. snapshot   — nodes and free GPUs, quotas (Q1), the live fair-share standings and
                     priority weights (O1, F6), jobs holding GPUs with their tier's
                     protection (R3), the preemption rate limit (R5) and the preemptors
-                    whose victims may still hold GPUs (R8).
+                    whose victims may still hold GPUs (R8): a read,
+                    `queueing.selectors.snapshot.build_snapshot`.
     3. decide     — `queueing.policy.admission.plan_admissions` (pure): admissions,
                     waits and preemptions.
     4. apply      — in one transaction: QUEUED → ADMITTED with a compare-and-swap per
@@ -19,7 +20,7 @@
                     A preemptor is admitted by a later cycle, once its victims' GPUs
                     are free (R8).
     6. notify     — when anything moved, drop the shared plan of the queue that answers
-                    "why does my job wait" (queueing/services/queue_plan.py), and
+                    "why does my job wait" (queueing/selectors/queue_plan.py), and
                     publish the cluster view web processes read instead of the cluster
                     (nodes, live workloads, unprovisioned teams: queueing/cluster.py).
 
@@ -42,11 +43,10 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
@@ -63,29 +63,16 @@ from queueing.backends.base import (
     workload_name,
 )
 from queueing.composition import get_backend, kick
-from queueing.models import GpuType, Job, JobEvent, Quota, UsageRecord
+from queueing.models import Job, JobEvent, UsageRecord
 from queueing.policy.admission import Plan, plan_admissions
-from queueing.policy.fairshare import FairShareState
-from queueing.policy.snapshot import NodeState, QueuedJob, QuotaLimit, RunningJob, Snapshot
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 from queueing.sanitize import clean_status, clean_text
-from queueing.selectors.cluster import ClusterView
-from queueing.selectors.fairshare import (
-    entry_penalty_interval_seconds,
-    fairshare_standings,
-    priority_weights,
-)
+from queueing.selectors.queue_plan import queue_plan_forget
+from queueing.selectors.snapshot import build_snapshot, unprovisioned_teams
 
 from .cluster_view import cluster_view_publish
 from .jobs import job_transition
-from .preemption import (
-    Applied,
-    nominated_preemptors,
-    preempted_workloads_stop,
-    preemption_settings,
-    preemptions_apply,
-)
-from .queue_plan import queue_plan_forget
+from .preemption import Applied, preempted_workloads_stop, preemptions_apply
 from .usage import usage_record_attempt
 
 log = logging.getLogger(__name__)
@@ -468,123 +455,7 @@ def _apply_status(job: Job, status: WorkloadStatus, *, now: datetime,
 
 # --- 2. snapshot --------------------------------------------------------------------------
 
-def unprovisioned_teams(backend: ClusterBackend | ClusterView) -> set[str]:
-    """Teams with queued jobs whose namespace is not provisioned (FAIRQ_K8S_PROVISION=
-    separate): their jobs stay out of the plan and wait with that reason. A backend
-    without the notion (the simulated cluster) provisions nothing."""
-    ask = getattr(backend, "unprovisioned_teams", None)
-    if ask is None:
-        return set()
-    teams = set(Job.objects.filter(status=JobState.QUEUED)
-                .values_list("team__slug", flat=True).distinct())
-    return set(ask(teams)) if teams else set()
-
-
-def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
-                   live_workloads: set[str] | None = None,
-                   unprovisioned: set[str] | None = None,
-                   odd_rows: dict[int, Exception] | None = None) -> Snapshot:
-    """Step 2: everything the policy needs, read once (a handful of queries). Web
-    processes pass the published `ClusterView` as the backend (queueing/cluster.py).
-
-    A job row the policy cannot take (a placement that is not a list of node names, no
-    GPUs) is left out and reported in `odd_rows` (job id -> why), never raised: the
-    cycle fails those jobs, other callers just do without them."""
-    odd = odd_rows if odd_rows is not None else {}
-    if unprovisioned is None:
-        unprovisioned = unprovisioned_teams(backend)
-    if live_workloads is None:
-        live_workloads = (set(backend.workloads) if isinstance(backend, ClusterView)
-                          else {s.name for s in backend.statuses(now=now)})
-    holding = []
-    for h in Job.objects.filter(status__in=list(HOLDING_STATES)).values(
-            "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
-            "tier__rank", "tier__preemptible", "tier__min_runtime_seconds", "started_at",
-            "placement", "submitted_to_backend_at"):
-        try:
-            h["placement"] = _placement(h["placement"])
-            _check_size(h)
-        except ValueError as exc:
-            odd[h["id"]] = exc
-            continue
-        holding.append(h)
-    # The cluster counts what it runs; jobs admitted but not yet submitted hold their
-    # planned placement on top of that.
-    pending_alloc: dict[str, int] = defaultdict(int)
-    for h in holding:
-        if h["submitted_to_backend_at"] is None:
-            for node in h["placement"]:
-                pending_alloc[node] += h["gpus_per_replica"]
-    nodes = tuple(
-        NodeState(n.name, n.gpu_type, n.capacity,
-                  max(0, n.capacity - n.allocated - pending_alloc[n.name]))
-        for n in backend.nodes()
-    )
-    running = tuple(
-        RunningJob(
-            id=h["id"], team=h["team__slug"], gpu_type=h["gpu_type__slug"],
-            gpus_per_replica=h["gpus_per_replica"], replicas=h["replicas"],
-            tier_rank=h["tier__rank"], preemptible=h["tier__preemptible"],
-            started_at=h["started_at"], min_runtime_seconds=h["tier__min_runtime_seconds"],
-            nodes=tuple(h["placement"]),
-        )
-        for h in holding
-    )
-    queued_rows = []
-    for q in Job.objects.filter(status=JobState.QUEUED).exclude(
-            team__slug__in=unprovisioned).values(
-            "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
-            "tier__rank", "created_at"):
-        try:
-            _check_size(q)
-        except ValueError as exc:
-            odd[q["id"]] = exc
-            continue
-        queued_rows.append(q)
-    queued = tuple(
-        QueuedJob(id=q["id"], team=q["team__slug"], gpu_type=q["gpu_type__slug"],
-                  gpus_per_replica=q["gpus_per_replica"], replicas=q["replicas"],
-                  tier_rank=q["tier__rank"], submitted_at=q["created_at"])
-        for q in queued_rows
-    )
-    if odd:
-        log.warning("snapshot: left out %d job rows the policy cannot take: %s", len(odd),
-                    ", ".join(str(pk) for pk in sorted(odd)[:20]))
-    quotas = {
-        (q["team__slug"], q["gpu_type__slug"]): QuotaLimit(
-            q["nominal"], q["borrowing_limit"], q["lending_limit"])
-        for q in Quota.objects.values("team__slug", "gpu_type__slug", "nominal",
-                                      "borrowing_limit", "lending_limit")
-    }
-    standings = fairshare_standings(now=now)
-    interval = entry_penalty_interval_seconds()
-    return Snapshot(
-        now=now, nodes=nodes, queued=queued, running=running, quotas=quotas,
-        fair_share={team: s.factor for team, s in standings.items()},
-        fair_share_state=FairShareState.from_standings(standings),
-        priority_weights=priority_weights(),
-        billing_weights=dict(GpuType.objects.values_list("slug", "billing_weight")),
-        interval_seconds=interval,
-        # Rule R8 must see the workloads the cluster lists: the cycle's own, or for the
-        # web (explain, dashboard, preview) the ones the last cycle published.
-        nominated=nominated_preemptors(now=now, live_workloads=live_workloads),
-        preemption=preemption_settings(now=now),
-    )
-
-
-def _placement(value: object) -> list[str]:
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
-        raise ValueError(f"placement is not a list of node names: {type(value).__name__}")
-    return value
-
-
-def _check_size(row: Mapping[str, Any]) -> None:
-    for name in ("gpus_per_replica", "replicas"):
-        n = row[name]
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"{name} is {n!r}")
+# A read: `build_snapshot` and `unprovisioned_teams` are in queueing/selectors/snapshot.py.
 
 
 # --- 4. apply -----------------------------------------------------------------------------

@@ -51,14 +51,14 @@ from queueing.selectors.capacity import capacity_by_gpu_type, overcommit_warning
 from queueing.selectors.fairshare import teams_in_standings_for
 from queueing.selectors.jobs import job_get_for_actor, jobs_visible_to
 from queueing.selectors.metrics import scheduler_health
-from queueing.services.jobs import job_cancel, job_logs, job_submit
-from queueing.services.queue_plan import (
+from queueing.selectors.queue_plan import (
     Preview,
     job_explain,
     queue_plan_forget,
     submit_preview,
     team_queue,
 )
+from queueing.services.jobs import job_cancel, job_logs, job_submit
 from queueing.services.quotas import quota_set
 
 from .forms import JobSubmitForm, MemberForm, QuotaForm, RoleForm, TokenForm

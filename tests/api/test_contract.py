@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from accounts.models import IdempotencyRecord, Membership, Team
 from accounts.services import KEY_SHOWN_ONCE
 from queueing.models import Job, JobEvent
-from queueing.services.queue_plan import queue_plan_forget
+from queueing.selectors.queue_plan import queue_plan_forget
 from tests.conftest import World, job_body
 from tests.factories import JobFactory
 

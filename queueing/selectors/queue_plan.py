@@ -10,8 +10,10 @@ answer is at most one cycle old. The preview also needs the snapshot the plan wa
 from: once a preview asks, it is kept beside the plan until the plan changes, in plain
 rows (100,000 queued jobs pickle in 1.7 s as dataclasses, 0.17 s as rows).
 
-The plan is made from the cycle's snapshot (`services.scheduler.build_snapshot`), so it
-lives with the services; what it reads of the cluster is the published cluster view.
+A read model: the plan is made from the cycle's own snapshot (`selectors.snapshot`) and
+the published cluster view, and nothing here writes fairq's state. `queue_plan_forget`
+drops the cached plan and its snapshot; it lives here, beside the cache keys it deletes,
+so the cycle and the front ends that call it never name them.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from queueing.policy.admission import plan_admissions
 from queueing.policy.explain import PlanEntry, explain_queue, explain_queued
 from queueing.policy.snapshot import QueuedJob, Snapshot
 from queueing.policy.states import JobState
-from queueing.selectors.cluster import cluster_view
-from queueing.selectors.dashboard import LIST_DEFER
-from queueing.selectors.fairshare import job_priority_breakdown
+
+from .cluster import cluster_view
+from .dashboard import LIST_DEFER
+from .fairshare import job_priority_breakdown
+from .snapshot import build_snapshot
 
 QUEUE_PLAN_TTL = 3.0  # seconds: about one scheduler cycle
 _PLAN_KEY = "fairq:queue-plan"
@@ -95,8 +99,6 @@ def _plan_compute(*, now: datetime,
                   keep_snapshot: bool = False) -> tuple[QueuePlan, Snapshot | None]:
     """One admission plan of the whole queue from the cycle's snapshot, cached (with the
     snapshot when `keep_snapshot`)."""
-    from .scheduler import build_snapshot
-
     view = cluster_view(now=now)
     if view.published_at is None and view.error:
         return QueuePlan({}, 0, error=view.error[:200]), None
