@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from rest_framework import serializers
 from rest_framework.exceptions import ErrorDetail
+from rest_framework.fields import SkipField
 from rest_framework.settings import api_settings
 
 from queueing import validation as v
@@ -74,6 +75,23 @@ def shaped(serializer_class: type[serializers.Serializer[Any]],
                 ErrorDetail("No data provided", code="null")]}
         raise serializers.ValidationError(detail) from None
     return dict(value)
+
+
+def shaped_partly(serializer_class: type[serializers.Serializer[Any]], data: Any, *,
+                  refused: Collection[str]) -> dict[str, Any]:
+    """The fields of `data` that pass their own shapes, leaving out the `refused` ones:
+    what a front end checks further to name every refused field in one answer."""
+    out: dict[str, Any] = {}
+    if not isinstance(data, Mapping):
+        return out
+    for name, field in _shaper(serializer_class).fields.items():
+        if name in refused or field.read_only:
+            continue
+        try:
+            out[name] = field.run_validation(field.get_value(data))
+        except (serializers.ValidationError, SkipField):
+            continue
+    return out
 
 
 class JobEventSerializer(serializers.ModelSerializer[JobEvent]):

@@ -31,6 +31,7 @@ from queueing.services.jobs import (
     job_cancel,
     job_input_build,
     job_logs,
+    job_spec_field_problems,
     job_submit_with_event,
     jobs_submit_bulk,
 )
@@ -51,6 +52,7 @@ from .serializers import (
     JobSerializer,
     StandingSerializer,
     shaped,
+    shaped_partly,
 )
 
 
@@ -120,7 +122,7 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
                    responses={201: JobSubmittedSerializer, 200: JobSubmittedSerializer},
                    parameters=[IDEMPOTENCY_HEADER])
     def create(self, request: Request) -> Response:
-        data = job_input_build(actor=request.user, **shaped(JobCreateSerializer, request.data))
+        data = job_input_build(actor=request.user, **_job_fields(request, JobCreateSerializer))
         key = request.headers.get("Idempotency-Key") or None  # length checked by the mixin
         job, event, created = job_submit_with_event(
             actor=request.user, data=data, idempotency_key=key)
@@ -144,7 +146,7 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
     @action(detail=False, methods=["post"])
     def bulk(self, request: Request) -> Response:
         """Submit an array job: `count` copies of one job (up to 10,000) in one request."""
-        fields = shaped(BulkJobCreateSerializer, request.data)
+        fields = _job_fields(request, BulkJobCreateSerializer)
         count = fields.pop("count")
         ids = jobs_submit_bulk(actor=request.user, count=count,
                                data=job_input_build(actor=request.user, **fields))
@@ -176,6 +178,29 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
         text = job_logs(job=job, tail=tail)
         return Response({"job": job.pk, "attempt": job.attempt, "workload": job.backend_name,
                          "status": job.status, "lines": text.splitlines() if text else []})
+
+
+def _job_fields(request: Request, serializer_class: type[JobCreateSerializer]) -> dict[str, Any]:
+    """The posted job's fields, shaped. A 400 names every field refused, by its shape or
+    by a submit rule of its own (`job_spec_field_problems`), at once; the rules across
+    fields (`job_input_build`'s second step) come once every field passes."""
+    try:
+        return shaped(serializer_class, request.data)
+    except ValidationError as exc:
+        if not isinstance(exc.detail, dict):
+            raise
+        detail: dict[str, Any] = dict(exc.detail)
+        passed = shaped_partly(serializer_class, request.data, refused=detail)
+        rules = job_spec_field_problems(
+            actor=request.user, **{name: passed.get(name) for name in _RULED_FIELDS})
+        names: list[str] = list(serializer_class().fields.keys())  # declared order, as DRF's
+        merged: dict[str, Any] = {name: detail.get(name) or rules[name] for name in names
+                                  if name in detail or name in rules}
+        merged.update({name: value for name, value in detail.items() if name not in merged})
+        raise ValidationError(merged) from None
+
+
+_RULED_FIELDS = ("team", "name", "image", "env", "gpu_type", "tier")
 
 
 def _detail_data(job: Job) -> Any:

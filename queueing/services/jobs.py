@@ -142,8 +142,52 @@ def job_input_build(
     the web form shows them: first each field on its own, then, when they all pass, the
     rules across fields (a gang no node holds, the spec's size). A None argument is a
     field the front end found missing or ill-formed: reported as required, not checked."""
-    problems: dict[str, list[str]] = {}
     command, args, env = command or [], args or [], env or {}
+    (team_row, gpu_type_row, tier_row), problems = _spec_fields(
+        actor=actor, team=team, name=name, image=image, env=env, gpu_type=gpu_type, tier=tier)
+    for field, value in (("team", team), ("name", name), ("image", image),
+                         ("gpu_type", gpu_type), ("gpus", gpus), ("replicas", replicas)):
+        if value is None:
+            problems.setdefault(field, [REQUIRED])
+    if problems:
+        raise DomainError(INVALID_FIELDS, fields=problems)
+    assert team_row is not None and gpu_type_row is not None and name is not None
+    assert image is not None and gpus is not None and replicas is not None
+    if tier_row is None:
+        tier_row = tiers_by_slug().get(settings.FAIRQ_DEFAULT_TIER)
+        if tier_row is None:
+            raise DomainError(INVALID_FIELDS, fields={"tier": [REQUIRED]})
+    largest = largest_node_gpus(gpu_type_row.slug)
+    # None: no cluster view published yet; the scheduler's own check (rule A3) decides.
+    if largest is not None and gpus > largest:
+        raise DomainError(INVALID_FIELDS, fields={"gpus": [
+            f"No {gpu_type_row.slug} node holds {gpus} GPUs (the largest has {largest})."
+            if largest else f"The cluster has no {gpu_type_row.slug} nodes."]})
+    if v.spec_size(command, args, env) > v.MAX_SPEC_BYTES:
+        raise DomainError(INVALID_FIELDS, fields={"non_field_errors": [
+            f"command, args and env together exceed {v.MAX_SPEC_BYTES // 1024} KiB."]})
+    return JobInput(team=team_row, name=name, image=image, command=command, args=args,
+                    env=env, gpu_type=gpu_type_row, gpus_per_replica=gpus, replicas=replicas,
+                    tier=tier_row, max_runtime_seconds=max_runtime_seconds)
+
+
+def job_spec_field_problems(
+    *, actor: Any, team: str | None = None, name: str | None = None, image: str | None = None,
+    env: dict[str, str] | None = None, gpu_type: str | None = None, tier: str | None = None,
+) -> dict[str, list[str]]:
+    """`job_input_build`'s first step alone: the refusals of each given field on its own
+    (None: not given). For a front end whose own shape checks refused other fields, so it
+    answers every field's problem at once, as one serializer did."""
+    return _spec_fields(actor=actor, team=team, name=name, image=image, env=env or {},
+                        gpu_type=gpu_type, tier=tier)[1]
+
+
+def _spec_fields(
+    *, actor: Any, team: str | None, name: str | None, image: str | None,
+    env: dict[str, str], gpu_type: str | None, tier: str | None,
+) -> tuple[tuple[Team | None, GpuType | None, Tier | None], dict[str, list[str]]]:
+    """The team, GPU type and tier rows the spec names, and each field's refusals."""
+    problems: dict[str, list[str]] = {}
     team_row = gpu_type_row = tier_row = None
     if team is not None:
         team_row = team_for_submitter(user=actor, slug=team)
@@ -171,30 +215,7 @@ def job_input_build(
         tier_row = tiers.get(tier)
         if tier_row is None:
             problems["tier"] = [f"Unknown tier {tier!r}; known: {', '.join(sorted(tiers))}."]
-    for field, value in (("team", team), ("name", name), ("image", image),
-                         ("gpu_type", gpu_type), ("gpus", gpus), ("replicas", replicas)):
-        if value is None:
-            problems.setdefault(field, [REQUIRED])
-    if problems:
-        raise DomainError(INVALID_FIELDS, fields=problems)
-    assert team_row is not None and gpu_type_row is not None and name is not None
-    assert image is not None and gpus is not None and replicas is not None
-    if tier_row is None:
-        tier_row = tiers_by_slug().get(settings.FAIRQ_DEFAULT_TIER)
-        if tier_row is None:
-            raise DomainError(INVALID_FIELDS, fields={"tier": [REQUIRED]})
-    largest = largest_node_gpus(gpu_type_row.slug)
-    # None: no cluster view published yet; the scheduler's own check (rule A3) decides.
-    if largest is not None and gpus > largest:
-        raise DomainError(INVALID_FIELDS, fields={"gpus": [
-            f"No {gpu_type_row.slug} node holds {gpus} GPUs (the largest has {largest})."
-            if largest else f"The cluster has no {gpu_type_row.slug} nodes."]})
-    if v.spec_size(command, args, env) > v.MAX_SPEC_BYTES:
-        raise DomainError(INVALID_FIELDS, fields={"non_field_errors": [
-            f"command, args and env together exceed {v.MAX_SPEC_BYTES // 1024} KiB."]})
-    return JobInput(team=team_row, name=name, image=image, command=command, args=args,
-                    env=env, gpu_type=gpu_type_row, gpus_per_replica=gpus, replicas=replicas,
-                    tier=tier_row, max_runtime_seconds=max_runtime_seconds)
+    return (team_row, gpu_type_row, tier_row), problems
 
 
 def _env_problems(env: dict[str, str]) -> list[str]:
