@@ -123,6 +123,10 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
                    parameters=[IDEMPOTENCY_HEADER])
     def create(self, request: Request) -> Response:
         data = job_input_build(actor=request.user, **_job_fields(request, JobCreateSerializer))
+        # Idempotency-Key, two stores the tests pin both of: the mixin replays this user's
+        # answer for a day, a 400 too (tests/api/test_contract.py); the service keeps the
+        # key on the job, unique per team for as long as the job (tests/test_jobs_api.py:
+        # a team mate's reuse, a retry after a day), and is the web form's only one.
         key = request.headers.get("Idempotency-Key") or None  # length checked by the mixin
         job, event, created = job_submit_with_event(
             actor=request.user, data=data, idempotency_key=key)
