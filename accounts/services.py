@@ -47,6 +47,9 @@ def token_issue(
 
 @transaction.atomic
 def token_revoke(*, token: ApiToken, actor: User | None) -> None:
+    """Revoke `token`; `actor` must be its owner or staff (PermissionDenied otherwise)."""
+    if actor is not None and actor.pk != token.user_id:
+        check_staff(actor=actor)
     if token.revoked_at is None:
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])

@@ -12,7 +12,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import Membership, Role
-from accounts.services import membership_remove, membership_set, team_create, team_update
+from accounts.services import (
+    membership_remove,
+    membership_set,
+    team_create,
+    team_update,
+    token_issue,
+    token_revoke,
+)
 from queueing.errors import DomainError, NotFound, PermissionDenied
 from queueing.models import Job, Tier, TierGrant
 from queueing.services.access import (
@@ -116,6 +123,11 @@ def test_membership_and_team_services_check_their_actor(world: World) -> None:
         team_update(actor=world.admin, team=world.vision, weight=5.0)
     with pytest.raises(PermissionDenied):
         team_create(actor=world.admin, slug="x", name="x")
+    issued = token_issue(user=world.member, name="ci")
+    with pytest.raises(PermissionDenied):
+        token_revoke(token=issued.token, actor=world.admin)
+    token_revoke(token=issued.token, actor=world.member)
+    assert issued.token.revoked_at is not None
     world.vision.refresh_from_db()
     assert world.vision.weight != 5.0
     assert not Membership.objects.filter(user=world.outsider, team=world.vision).exists()
