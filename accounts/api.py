@@ -1,7 +1,7 @@
 """API v1: teams, memberships (team admins manage them) and the caller's API tokens.
 
 Thin views: validate, call one service or selector, serialize. Teams another user cannot
-see answer 404 (accounts.selectors.team_get_for_user is the choke-point)."""
+see answer 404 (queueing.services.access.check_team_member is the choke-point)."""
 
 from __future__ import annotations
 
@@ -21,16 +21,11 @@ from queueing.api.idempotency import IdempotentPostMixin
 from queueing.api.strict import StrictFieldsMixin
 from queueing.errors import NotFound
 from queueing.models import Tier
+from queueing.services.access import check_staff, check_team_admin, check_team_member
 from queueing.services.tiers import team_tier_grants_set
 
 from .models import ApiToken, Membership, Role, Team
-from .selectors import (
-    is_team_admin,
-    memberships_of_team,
-    team_get_for_user,
-    teams_for_user,
-    tokens_of_user,
-)
+from .selectors import memberships_of_team, teams_for_user, tokens_of_user
 from .services import (
     KEY_SHOWN_ONCE,
     membership_remove,
@@ -40,28 +35,6 @@ from .services import (
     token_issue,
     token_revoke,
 )
-
-
-def _team_or_404(request: Request, slug: str) -> Team:
-    team = team_get_for_user(user=request.user, slug=slug)
-    if team is None:
-        raise NotFound(f"team {slug} not found")
-    return team
-
-
-def _require_team_admin(request: Request, team: Team) -> None:
-    from rest_framework.exceptions import PermissionDenied
-
-    if not is_team_admin(user=request.user, team=team):
-        raise PermissionDenied("Only a team admin of this team (or staff) may do this.")
-
-
-def _require_staff(request: Request) -> None:
-    from rest_framework.exceptions import PermissionDenied
-
-    if not request.user.is_staff:
-        raise PermissionDenied("Only staff may do this.")
-
 
 # --- teams ---------------------------------------------------------------------------
 
@@ -116,7 +89,7 @@ class TeamListView(IdempotentPostMixin, APIView):
 
     @extend_schema(request=TeamSerializer, responses={201: TeamSerializer})
     def post(self, request: Request) -> Response:
-        _require_staff(request)
+        check_staff(actor=request.user)
         s = TeamSerializer(data=request.data)
         s.is_valid(raise_exception=True)
         if Team.objects.filter(slug=s.validated_data["slug"]).exists():
@@ -133,13 +106,13 @@ class TeamListView(IdempotentPostMixin, APIView):
 class TeamDetailView(IdempotentPostMixin, APIView):
     @extend_schema(responses=TeamSerializer)
     def get(self, request: Request, slug: str) -> Response:
-        team = _team_or_404(request, slug)
+        team = check_team_member(actor=request.user, slug=slug)
         return Response(TeamSerializer(team, context={"roles": _roles(request)}).data)
 
     @extend_schema(request=TeamUpdateSerializer, responses=TeamSerializer)
     def patch(self, request: Request, slug: str) -> Response:
-        team = _team_or_404(request, slug)
-        _require_staff(request)
+        team = check_team_member(actor=request.user, slug=slug)
+        check_staff(actor=request.user)
         s = TeamUpdateSerializer(data=request.data)
         s.is_valid(raise_exception=True)
         parent = s.validated_data.get("parent")
@@ -184,14 +157,14 @@ class MembershipListView(IdempotentPostMixin, APIView):
 
     @extend_schema(responses=MembershipSerializer(many=True))
     def get(self, request: Request, slug: str) -> Response:
-        team = _team_or_404(request, slug)
+        team = check_team_member(actor=request.user, slug=slug)
         return Response(MembershipSerializer(memberships_of_team(team=team), many=True).data)
 
     @extend_schema(request=MembershipSerializer,
                    responses={201: MembershipSerializer, 200: MembershipSerializer})
     def post(self, request: Request, slug: str) -> Response:
-        team = _team_or_404(request, slug)
-        _require_team_admin(request, team)
+        team = check_team_member(actor=request.user, slug=slug)
+        check_team_admin(actor=request.user, team=team)
         s = MembershipSerializer(data=request.data)
         s.is_valid(raise_exception=True)
         user = _user_or_400(s.validated_data["user"]["username"])
@@ -206,7 +179,7 @@ class MembershipDetailView(IdempotentPostMixin, APIView):
     # their Conflict answers 409 through the one error handler.
 
     def _membership(self, request: Request, slug: str, username: str) -> Membership:
-        team = _team_or_404(request, slug)
+        team = check_team_member(actor=request.user, slug=slug)
         membership = memberships_of_team(team=team).filter(user__username=username).first()
         if membership is None:
             raise NotFound(f"{username} is not a member of {slug}")
@@ -219,7 +192,7 @@ class MembershipDetailView(IdempotentPostMixin, APIView):
     @extend_schema(request=RoleSerializer, responses=MembershipSerializer)
     def patch(self, request: Request, slug: str, username: str) -> Response:
         membership = self._membership(request, slug, username)
-        _require_team_admin(request, membership.team)
+        check_team_admin(actor=request.user, team=membership.team)
         s = RoleSerializer(data=request.data)
         s.is_valid(raise_exception=True)
         membership, _ = membership_set(actor=request.user, team=membership.team,
@@ -229,7 +202,7 @@ class MembershipDetailView(IdempotentPostMixin, APIView):
     @extend_schema(responses={204: None})
     def delete(self, request: Request, slug: str, username: str) -> Response:
         membership = self._membership(request, slug, username)
-        _require_team_admin(request, membership.team)
+        check_team_admin(actor=request.user, team=membership.team)
         membership_remove(actor=request.user, membership=membership)
         return Response(status=status.HTTP_204_NO_CONTENT)
 

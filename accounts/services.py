@@ -14,6 +14,7 @@ from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
 
 from queueing.errors import Conflict
+from queueing.services.access import check_staff, check_team_admin
 
 from .client_ip import current_client_ip
 from .models import ApiToken, AuditEntry, Membership, Role, ServiceAccount, Team
@@ -46,6 +47,9 @@ def token_issue(
 
 @transaction.atomic
 def token_revoke(*, token: ApiToken, actor: User | None) -> None:
+    """Revoke `token`; `actor` must be its owner or staff (PermissionDenied otherwise)."""
+    if actor is not None and actor.pk != token.user_id:
+        check_staff(actor=actor)
     if token.revoked_at is None:
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])
@@ -176,6 +180,9 @@ def team_create(
     *, actor: Any, slug: str, name: str, weight: float = 1.0,
     parent: Team | None = None, run_as_non_root: bool = True,
 ) -> Team:
+    """A new team; `actor` must be staff (PermissionDenied otherwise)."""
+    if actor is not None:
+        check_staff(actor=actor)
     team = Team(slug=slug, name=name, weight=weight, parent=parent,
                 run_as_non_root=run_as_non_root)
     team.full_clean()
@@ -195,7 +202,11 @@ def team_update(*, actor: Any, team: Team, **fields: Any) -> Team:
     Parent changes take turns (a transaction-scoped PostgreSQL advisory lock): two
     concurrent moves, A under B and B under A, each pass Team.clean() against the other's
     uncommitted state; without the turn PostgreSQL aborts one of them as a deadlock (a
-    500), with it the second sees the first and is refused like any cycle (a 400)."""
+    500), with it the second sees the first and is refused like any cycle (a 400).
+
+    `actor` must be staff (PermissionDenied otherwise)."""
+    if actor is not None:
+        check_staff(actor=actor)
     if "parent" in fields and connection.vendor == "postgresql":
         with connection.cursor() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", [_TEAM_HIERARCHY_LOCK])
@@ -241,7 +252,10 @@ def membership_set(
     *, actor: Any, team: Team, user: User, role: str
 ) -> tuple[Membership, bool]:
     """Add `user` to `team` with `role`, or change the role of a member. (membership, created).
-    Demoting the team's last team admin raises Conflict (the last-admin rule)."""
+    Demoting the team's last team admin raises Conflict (the last-admin rule). `actor` must
+    be a team admin of `team` or staff (PermissionDenied otherwise)."""
+    if actor is not None:
+        check_team_admin(actor=actor, team=team)
     _lock_team(team)
     membership = Membership.objects.select_for_update().filter(team=team, user=user).first()
     if membership is None:
@@ -264,8 +278,11 @@ def membership_set(
 @transaction.atomic
 def membership_remove(*, actor: Any, membership: Membership) -> None:
     """Remove a membership (the member themselves may be the actor). Removing the team's
-    last team admin raises Conflict (the last-admin rule); a membership already gone is a no-op."""
+    last team admin raises Conflict (the last-admin rule); a membership already gone is a no-op.
+    `actor` must be a team admin of the team or staff (PermissionDenied otherwise)."""
     team = membership.team
+    if actor is not None:
+        check_team_admin(actor=actor, team=team)
     _lock_team(team)
     current = Membership.objects.select_for_update().filter(pk=membership.pk).first()
     if current is None:

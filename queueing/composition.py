@@ -6,7 +6,7 @@ scheduler `kick`, and the database reads the wiring layer provides at start-up
 
 `get_backend()` returns the configured backend, one instance per cluster and process.
 Only the scheduler's side (the worker, management commands) calls it: web and API
-processes read the published cluster view (queueing/cluster.py) instead, and ask
+processes read the published cluster view (queueing/selectors/cluster.py) instead, and ask
 `backend_class()` what kind of backend is configured (its capabilities, `in_process`
 and `provisions`) without building one.
 
@@ -38,6 +38,7 @@ _instances: dict[str, ClusterBackend] = {}
 
 # The Celery task a kick sends, by its registered name: this layer imports no task.
 SCHEDULER_CYCLE_TASK = "queueing.tasks.scheduler_cycle_task"
+STOP_WORKLOAD_TASK = "queueing.tasks.stop_workload_task"
 
 
 # --- what the backends read from fairq's database ------------------------------------------
@@ -233,3 +234,12 @@ def kick() -> None:
     if not settings.FAIRQ_KICK_SCHEDULER:
         return
     _throttle()
+
+
+def stop_workload_soon(name: str) -> None:
+    """Ask a worker to stop workload `name` on the cluster (a cancel, after its commit):
+    the task is sent by its registered name, like the kick, so services need not import
+    the tasks module above them; it retries with backoff where the cluster fails."""
+    from config.celery import app
+
+    app.signature(STOP_WORKLOAD_TASK, args=(name,)).apply_async()

@@ -18,6 +18,13 @@ class NotFound(DomainError):
     code = "not_found"
 
 
+class PermissionDenied(DomainError):
+    """The caller may see the thing but not do this to it (queueing/services/access.py)."""
+
+    status_code = 403
+    code = "permission_denied"
+
+
 class Conflict(DomainError):
     status_code = 409
     code = "conflict"

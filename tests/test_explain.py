@@ -129,8 +129,12 @@ def test_an_unreachable_cluster_gives_a_reason_not_an_error(
 
 
 def test_the_queue_part_can_be_skipped(world: World) -> None:
+    from django.utils import timezone
+
     from queueing.api.serializers import JobDetailSerializer
+    from queueing.selectors.queue_plan import job_explain
 
     job = Job.objects.get(pk=submit(world))
-    data = JobDetailSerializer(job, context={"explain_queue": False}).data
+    explain = job_explain(job=job, now=timezone.now(), with_queue=False)
+    data = JobDetailSerializer(job, context={"explain": {job.pk: explain}}).data
     assert data["queue"] is None and data["priority"]["total"] > 0

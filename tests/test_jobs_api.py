@@ -86,6 +86,18 @@ def test_a_missing_required_field_is_named(world: World) -> None:
     assert set(r.json()["error"]["fields"]) == {"image", "gpus"}
 
 
+@pytest.mark.parametrize("url", ["/api/v1/jobs/", "/api/v1/jobs/bulk/"])
+def test_shape_errors_and_rule_errors_are_named_in_one_answer(world: World, url: str) -> None:
+    body = {**job_body(name="Bad_Name", gpus=0, team="nlp", env={"LD_PRELOAD": "x"}),
+            "privileged": True}
+    if url.endswith("bulk/"):
+        body["count"] = 2
+    r = world.client(world.member).post(url, body, format="json")
+    assert r.status_code == 400
+    assert set(r.json()["error"]["fields"]) == {"name", "gpus", "team", "env", "privileged"}
+    assert r.json()["error"]["message"] == "The request has invalid fields."
+
+
 def test_the_same_idempotency_key_returns_the_first_job_and_creates_nothing(world: World) -> None:
     c = world.client(world.member)
     first = c.post("/api/v1/jobs/", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="run-42")

@@ -11,7 +11,7 @@ from typing import Any
 from rest_framework import serializers
 
 from queueing.models import Job, JobEvent
-from queueing.services.jobs import MAX_BULK_JOBS, array_size_problem
+from queueing.services.jobs import MAX_BULK_JOBS
 
 from .serializers import JobCreateSerializer, JobEventSerializer, JobSerializer
 
@@ -47,25 +47,13 @@ def job_submitted_data(job: Job, events: Iterable[JobEvent]) -> dict[str, Any]:
     return data
 
 
+# Shapes only: the array's own rules (names, bytes stored) are `jobs_submit_bulk`'s.
 class BulkJobCreateSerializer(JobCreateSerializer):
     """A job template and `count`: job i is named `<name>-<i>` and gets
     `FAIRQ_ARRAY_INDEX=i`, `FAIRQ_ARRAY_SIZE=count` (like Slurm's `--array=0-<count-1>`)."""
 
     count = serializers.IntegerField(min_value=1, max_value=MAX_BULK_JOBS,
                                      help_text=f"Jobs in the array (1..{MAX_BULK_JOBS}).")
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        attrs = super().validate(attrs)
-        count = attrs["count"]
-        longest = f"{attrs['name']}-{count - 1}"
-        if len(longest) > 63:
-            raise serializers.ValidationError({"name": [
-                f"{longest!r} is longer than 63 characters: shorten the name."]})
-        problem = array_size_problem(command=attrs["command"], args=attrs["args"],
-                                     env=attrs["env"], count=count)
-        if problem:
-            raise serializers.ValidationError({"count": [problem]})
-        return attrs
 
 
 class BulkJobCreatedSerializer(serializers.Serializer[Any]):

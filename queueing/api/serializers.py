@@ -2,43 +2,26 @@
 
 from __future__ import annotations
 
-import threading
-from functools import cached_property
+import functools
+from collections.abc import Collection, Mapping
 from typing import Any
 
-from django.conf import settings
 from rest_framework import serializers
+from rest_framework.exceptions import ErrorDetail
+from rest_framework.fields import SkipField
+from rest_framework.settings import api_settings
 
-from accounts.models import Team
 from queueing import validation as v
-from queueing.models import GpuType, Job, JobEvent, Tier
-from queueing.selectors.cluster import largest_node_gpus
-from queueing.selectors.lookups import gpu_types_by_slug, team_for_submitter, tiers_by_slug
-from queueing.services.jobs import JobInput
+from queueing.models import Job, JobEvent
 
 from .strict import StrictFieldsMixin
 
-_shared_fields_lock = threading.Lock()
 
-
+# Shapes only: the rules that need the database or settings (the team, GPU type and tier,
+# the registry, the simulator's knobs, a gang no node holds) are `job_input_build`'s
+# (queueing/services/jobs.py). (A comment: the schema shows the docstring.)
 class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
     """A job as pipelines post it; `gpus` is per replica."""
-
-    # The fields are deep-copied and bound once per class, not per request (~10 % of a
-    # submit's CPU): validating reads them and keeps no state in them, and none uses the
-    # context (the validate_* methods read the serializer's own).
-    @cached_property
-    def fields(self) -> Any:
-        cls = type(self)
-        shared = cls.__dict__.get("_shared_fields")
-        if shared is None:
-            with _shared_fields_lock:
-                shared = cls.__dict__.get("_shared_fields")
-                if shared is None:
-                    template = cls()
-                    shared = serializers.Serializer.fields.func(template)  # type: ignore[attr-defined]
-                    cls._shared_fields = shared  # type: ignore[attr-defined]
-        return shared
 
     team = serializers.CharField(max_length=40)
     name = serializers.CharField(max_length=63)
@@ -66,90 +49,49 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
         default=None,
     )
 
-    def validate_team(self, value: str) -> Team:
-        team = team_for_submitter(user=self.context["request"].user, slug=value)
-        if team is None:
-            # The same message whether the team exists or not: no disclosure.
-            raise serializers.ValidationError(f"Unknown team {value!r}, or you are not in it.")
-        return team
 
-    def validate_name(self, value: str) -> str:
-        if not v.JOB_NAME_RE.match(value):
-            raise serializers.ValidationError(
-                "Use at most 63 lower-case letters, digits and '-', starting and ending "
-                "with a letter or digit (a Kubernetes name)."
-            )
-        return value
+@functools.cache
+def _shaper(serializer_class: type[serializers.Serializer[Any]]) -> serializers.Serializer[Any]:
+    """One unbound instance per class and process, its fields built once: building them
+    (a deep copy of every declared field) was ~10 % of a submit's CPU. `run_validation`
+    keeps no state in the instance, and the fields use no context, so one instance serves
+    every request and thread."""
+    shaper = serializer_class()
+    shaper.fields  # noqa: B018  # build them now, not racing in two threads
+    return shaper
 
-    def validate_image(self, value: str) -> str:
-        if not v.IMAGE_RE.match(value):
-            raise serializers.ValidationError("Not a valid container image reference.")
-        problem = v.registry_problem(value, settings.FAIRQ_REGISTRY_ALLOWLIST)
-        if problem:
-            raise serializers.ValidationError(problem)
-        return value
 
-    def validate_env(self, value: dict[str, str]) -> dict[str, str]:
-        if len(value) > v.MAX_ENV_ITEMS:
-            raise serializers.ValidationError(f"At most {v.MAX_ENV_ITEMS} variables.")
-        bad = [k for k in value if not v.ENV_NAME_RE.match(k) or len(k) > 253]
-        if bad:
-            raise serializers.ValidationError(f"Invalid variable names: {', '.join(sorted(bad))}.")
-        reserved = [k for k in value if v.env_name_reserved(k)]
-        if reserved:
-            raise serializers.ValidationError(
-                f"These names are reserved: {', '.join(sorted(reserved))} (NVIDIA_*, KUBERNETES_*, "
-                "CUDA_VISIBLE_DEVICES, LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT and FAIRQ_* "
-                f"except {', '.join(sorted(v.ALLOWED_FAIRQ_ENV))})."
-            )
-        problems = v.sim_env_problems(value)
-        if problems:
-            raise serializers.ValidationError(problems)
-        return value
+def shaped(serializer_class: type[serializers.Serializer[Any]],
+           data: Any) -> dict[str, Any]:
+    """`data` validated by `serializer_class`'s fields (DRF's public `run_validation`):
+    the fields with their types and defaults, or ValidationError (a 400 naming them)."""
+    try:
+        value: Mapping[str, Any] = _shaper(serializer_class).run_validation(data)
+    except serializers.ValidationError as exc:
+        detail = exc.detail
+        if isinstance(detail, list) and len(detail) == 1 and getattr(detail[0], "code", "") == "null":
+            # A body of JSON null: what `is_valid()` says of it (Serializer.errors).
+            detail = {api_settings.NON_FIELD_ERRORS_KEY: [
+                ErrorDetail("No data provided", code="null")]}
+        raise serializers.ValidationError(detail) from None
+    return dict(value)
 
-    def validate_gpu_type(self, value: str) -> GpuType:
-        types = gpu_types_by_slug()
-        gpu_type = types.get(value)
-        if gpu_type is None:
-            known = ", ".join(sorted(types))
-            raise serializers.ValidationError(f"Unknown GPU type {value!r}; known: {known}.")
-        return gpu_type
 
-    def validate_tier(self, value: str) -> Tier:
-        tiers = tiers_by_slug()
-        tier = tiers.get(value)
-        if tier is None:
-            known = ", ".join(sorted(tiers))
-            raise serializers.ValidationError(f"Unknown tier {value!r}; known: {known}.")
-        return tier
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if "tier" not in attrs:
-            tier = tiers_by_slug().get(settings.FAIRQ_DEFAULT_TIER)
-            if tier is None:
-                raise serializers.ValidationError({"tier": ["This field is required."]})
-            attrs["tier"] = tier
-        largest = largest_node_gpus(attrs["gpu_type"].slug)
-        # None: no cluster view published yet; the scheduler's own check (rule A3) decides.
-        if largest is not None and attrs["gpus"] > largest:
-            raise serializers.ValidationError({"gpus": [
-                f"No {attrs['gpu_type'].slug} node holds {attrs['gpus']} GPUs "
-                f"(the largest has {largest})." if largest else
-                f"The cluster has no {attrs['gpu_type'].slug} nodes."
-            ]})
-        if v.spec_size(attrs["command"], attrs["args"], attrs["env"]) > v.MAX_SPEC_BYTES:
-            raise serializers.ValidationError({"non_field_errors": [
-                f"command, args and env together exceed {v.MAX_SPEC_BYTES // 1024} KiB."
-            ]})
-        return attrs
-
-    def to_input(self) -> JobInput:
-        d = self.validated_data
-        return JobInput(
-            team=d["team"], name=d["name"], image=d["image"], command=d["command"],
-            args=d["args"], env=d["env"], gpu_type=d["gpu_type"], gpus_per_replica=d["gpus"],
-            replicas=d["replicas"], tier=d["tier"], max_runtime_seconds=d["max_runtime_seconds"],
-        )
+def shaped_partly(serializer_class: type[serializers.Serializer[Any]], data: Any, *,
+                  refused: Collection[str]) -> dict[str, Any]:
+    """The fields of `data` that pass their own shapes, leaving out the `refused` ones:
+    what a front end checks further to name every refused field in one answer."""
+    out: dict[str, Any] = {}
+    if not isinstance(data, Mapping):
+        return out
+    for name, field in _shaper(serializer_class).fields.items():
+        if name in refused or field.read_only:
+            continue
+        try:
+            out[name] = field.run_validation(field.get_value(data))
+        except (serializers.ValidationError, SkipField):
+            continue
+    return out
 
 
 class JobEventSerializer(serializers.ModelSerializer[JobEvent]):
@@ -194,18 +136,11 @@ class JobDetailSerializer(JobSerializer):
         fields = [*JobSerializer.Meta.fields, "events", "priority", "queue"]
         read_only_fields = fields
 
+    # The view computes the explanation (`job_explain`: it plans the whole queue) and
+    # passes it in the context as {"explain": {job id: explanation}}.
     def _explain(self, job: Job) -> dict[str, Any]:
-        from django.utils import timezone
-
-        from queueing.selectors.queue_plan import job_explain
-
-        # One explanation per job and serializer; context {"explain_queue": False} skips
-        # the queue part (it runs the admission plan over the whole queue).
-        cache: dict[int, dict[str, Any]] = self.__dict__.setdefault("_explained", {})
-        if job.pk not in cache:
-            cache[job.pk] = job_explain(job=job, now=timezone.now(),
-                                        with_queue=self.context.get("explain_queue", True))
-        return cache[job.pk]
+        explained: dict[int, dict[str, Any]] = self.context["explain"]
+        return explained[job.pk]
 
     def get_priority(self, job: Job) -> dict[str, Any]:
         return dict(self._explain(job)["priority"])

@@ -26,10 +26,14 @@ from queueing.selectors.fairshare import (
     standings_sorted,
     teams_in_standings_for,
 )
-from queueing.selectors.jobs import job_get_for_actor, jobs_visible_to
+from queueing.selectors.jobs import jobs_visible_to
+from queueing.selectors.queue_plan import job_explain
+from queueing.services.access import check_job_access
 from queueing.services.jobs import (
     job_cancel,
+    job_input_build,
     job_logs,
+    job_spec_field_problems,
     job_submit_with_event,
     jobs_submit_bulk,
 )
@@ -48,6 +52,8 @@ from .serializers import (
     JobEventSerializer,
     JobSerializer,
     StandingSerializer,
+    shaped,
+    shaped_partly,
 )
 
 
@@ -90,7 +96,7 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
         return JobSerializer
 
     def get_object(self) -> Job:
-        job = job_get_for_actor(actor=self.request.user, job_id=_int_or_404(self.kwargs["pk"]))
+        job = check_job_access(actor=self.request.user, job_id=_int_or_404(self.kwargs["pk"]))
         if self.action == "retrieve":
             job = Job.objects.select_related("team", "gpu_type", "tier", "submitter") \
                 .prefetch_related("events").get(pk=job.pk)
@@ -104,24 +110,27 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
         whenever the job does (its `updated_at`), so pollers get 304 cheaply. A queued job
         has no ETag: its position and why it waits change with other jobs, not with its
         own row, and a 304 would hide that."""
-        job = job_get_for_actor(actor=request.user, job_id=_int_or_404(pk))
+        job = check_job_access(actor=request.user, job_id=_int_or_404(pk))
         if job.state == JobState.QUEUED:
-            return Response(JobDetailSerializer(self.get_object()).data)
+            return Response(_detail_data(self.get_object()))
         etag = f'W/"job-{job.pk}-{job.updated_at.timestamp():.6f}"'
         headers = {"ETag": etag, "Last-Modified": http_date(job.updated_at.timestamp())}
         if etag in [t.strip() for t in request.headers.get("If-None-Match", "").split(",")]:
             return Response(status=status.HTTP_304_NOT_MODIFIED, headers=headers)
-        return Response(JobDetailSerializer(self.get_object()).data, headers=headers)
+        return Response(_detail_data(self.get_object()), headers=headers)
 
     @extend_schema(request=JobCreateSerializer,
                    responses={201: JobSubmittedSerializer, 200: JobSubmittedSerializer},
                    parameters=[IDEMPOTENCY_HEADER])
     def create(self, request: Request) -> Response:
-        serializer = JobCreateSerializer(data=request.data, context={"request": request})
-        serializer.is_valid(raise_exception=True)
+        data = job_input_build(actor=request.user, **_job_fields(request, JobCreateSerializer))
+        # Idempotency-Key, two stores the tests pin both of: the mixin replays this user's
+        # answer for a day, a 400 too (tests/api/test_contract.py); the service keeps the
+        # key on the job, unique per team for as long as the job (tests/test_jobs_api.py:
+        # a team mate's reuse, a retry after a day), and is the web form's only one.
         key = request.headers.get("Idempotency-Key") or None  # length checked by the mixin
         job, event, created = job_submit_with_event(
-            actor=request.user, data=serializer.to_input(), idempotency_key=key)
+            actor=request.user, data=data, idempotency_key=key)
         # The job and its events, without priority and queue position: those plan the
         # whole queue, and a pipeline submitting thousands of jobs reads neither
         # (GET /jobs/{id}/ has them).
@@ -136,23 +145,23 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
     def cancel(self, request: Request, pk: str) -> Response:
         job = job_cancel(actor=request.user, job=self.get_object())
         job = Job.objects.prefetch_related("events").get(pk=job.pk)
-        return Response(JobDetailSerializer(job).data)
+        return Response(_detail_data(job))
 
     @extend_schema(request=BulkJobCreateSerializer, responses={201: BulkJobCreatedSerializer})
     @action(detail=False, methods=["post"])
     def bulk(self, request: Request) -> Response:
         """Submit an array job: `count` copies of one job (up to 10,000) in one request."""
-        serializer = BulkJobCreateSerializer(data=request.data, context={"request": request})
-        serializer.is_valid(raise_exception=True)
-        ids = jobs_submit_bulk(actor=request.user, data=serializer.to_input(),
-                               count=serializer.validated_data["count"])
+        fields = _job_fields(request, BulkJobCreateSerializer)
+        count = fields.pop("count")
+        ids = jobs_submit_bulk(actor=request.user, count=count,
+                               data=job_input_build(actor=request.user, **fields))
         return Response({"count": len(ids), "ids": ids}, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses=JobEventSerializer(many=True))
     @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
     def events(self, request: Request, pk: str) -> Response:
         """Everything that happened to the job, oldest first."""
-        job = job_get_for_actor(actor=request.user, job_id=_int_or_404(pk))
+        job = check_job_access(actor=request.user, job_id=_int_or_404(pk))
         return Response(JobEventSerializer(job.events.all(), many=True).data)
 
     @extend_schema(
@@ -166,7 +175,7 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
     @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
     def logs(self, request: Request, pk: str) -> Response:
         """The last lines of the current attempt's logs, as the worker last archived them."""
-        job = job_get_for_actor(actor=request.user, job_id=_int_or_404(pk))
+        job = check_job_access(actor=request.user, job_id=_int_or_404(pk))
         try:
             tail = min(10_000, max(1, int(request.query_params.get("tail", 100))))
         except ValueError:
@@ -174,6 +183,35 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
         text = job_logs(job=job, tail=tail)
         return Response({"job": job.pk, "attempt": job.attempt, "workload": job.backend_name,
                          "status": job.status, "lines": text.splitlines() if text else []})
+
+
+def _job_fields(request: Request, serializer_class: type[JobCreateSerializer]) -> dict[str, Any]:
+    """The posted job's fields, shaped. A 400 names every field refused, by its shape or
+    by a submit rule of its own (`job_spec_field_problems`), at once; the rules across
+    fields (`job_input_build`'s second step) come once every field passes."""
+    try:
+        return shaped(serializer_class, request.data)
+    except ValidationError as exc:
+        if not isinstance(exc.detail, dict):
+            raise
+        detail: dict[str, Any] = dict(exc.detail)
+        passed = shaped_partly(serializer_class, request.data, refused=detail)
+        rules = job_spec_field_problems(
+            actor=request.user, **{name: passed.get(name) for name in _RULED_FIELDS})
+        names: list[str] = list(serializer_class().fields.keys())  # declared order, as DRF's
+        merged: dict[str, Any] = {name: detail.get(name) or rules[name] for name in names
+                                  if name in detail or name in rules}
+        merged.update({name: value for name, value in detail.items() if name not in merged})
+        raise ValidationError(merged) from None
+
+
+_RULED_FIELDS = ("team", "name", "image", "env", "gpu_type", "tier")
+
+
+def _detail_data(job: Job) -> Any:
+    """The job with its events, priority and place in the queue (rules P1-P3)."""
+    explain = job_explain(job=job, now=timezone.now())
+    return JobDetailSerializer(job, context={"explain": {job.pk: explain}}).data
 
 
 def _int_or_404(value: str) -> int:

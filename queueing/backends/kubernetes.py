@@ -15,7 +15,7 @@
             stay readable until `ttlSecondsAfterFinished` removes it.
 - logs    — the pods' logs through the API server (the worker archives them for the web).
 
-Only the worker uses this class; web processes read what it publishes (queueing/cluster.py,
+Only the worker uses this class; web processes read what it publishes (queueing/selectors/cluster.py,
 services/logs.py). The watch threads start on first use and kick a scheduler cycle when
 a fairq pod or Job changes phase (the `kick` handed in by queueing/composition.py, which
 builds this class from settings). What it remembers between reads of the watch cache is

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import ForeignKey, JSONField
 from django.utils import timezone
 
 from accounts.models import Team
 from queueing import rawsql
-from queueing.composition import kick
+from queueing import validation as v
+from queueing.composition import kick, stop_workload_soon
 from queueing.errors import DomainError, IdempotencyKeyReused, InvalidTransition
 from queueing.models import GpuType, Job, JobEvent, Tier
 from queueing.policy.states import (
@@ -24,26 +28,16 @@ from queueing.policy.states import (
     check_transition,
 )
 from queueing.sanitize import clean_fields, clean_json, clean_text
+from queueing.selectors.cluster import largest_node_gpus
+from queueing.selectors.lookups import gpu_types_by_slug, team_for_submitter, tiers_by_slug
+from queueing.selectors.queue_plan import queue_plan_forget
 from queueing.validation import spec_size
 
+from .access import check_job_access, check_submit, unknown_team_message
 from .usage import usage_record_attempt
 
 _EVENT_REASON_MAX = JobEvent._meta.get_field("reason").max_length
 _ACTOR_LABEL_MAX = JobEvent._meta.get_field("actor_label").max_length
-
-
-def job_check_tier(*, team: Team, tier: Tier) -> None:
-    """Rule T1: a team submits jobs only of the tiers open to every team or granted to
-    it, whoever submits (staff too: they grant first, so the grants alone say which
-    teams may use a tier). A 400 with the reason on `tier` otherwise. Every submit path
-    (API, web, CLI, array job, resubmit) comes through `job_submit_with_event` or
-    `jobs_submit_bulk`, which call this."""
-    from queueing.selectors.jobs import tier_allowed_for_team
-
-    if not tier_allowed_for_team(tier_id=tier.pk, team_id=team.pk):
-        message = (f"Team {team.slug} may not use tier {tier.slug}: it is not open to every "
-                   "team and not granted to this one (rule T1); staff grant tiers.")
-        raise DomainError(message, fields={"tier": [message]})
 
 
 def job_transition(
@@ -91,6 +85,8 @@ def job_transition(
 
 @dataclass(frozen=True)
 class JobInput:
+    """A job as submitted, its references resolved: the fields it sets on `Job`."""
+
     team: Team
     name: str
     image: str
@@ -104,13 +100,138 @@ class JobInput:
     max_runtime_seconds: int | None
 
     def job_values(self) -> dict[str, Any]:
-        """The Job fields this input sets (the one mapping: submit, array job, and the
-        idempotency check compare against it)."""
-        return {"team": self.team, "name": self.name, "image": self.image,
-                "command": self.command, "args": self.args, "env": self.env,
-                "gpu_type": self.gpu_type, "gpus_per_replica": self.gpus_per_replica,
-                "replicas": self.replicas, "tier": self.tier,
-                "max_runtime_seconds": self.max_runtime_seconds}
+        """The Job fields this input sets (submit, array job, and the idempotency check
+        compare against it)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+# The one job-field mapping: a submitted job's fields as the API, the CLI and the web form
+# name them -> JobInput's (Job's) field. Everything that writes a job spec out derives
+# from it: `job_spec` (resubmit, the form's "submit again"), JobInput.job_values.
+JOB_SPEC_FIELDS: dict[str, str] = {
+    "team": "team", "name": "name", "image": "image", "command": "command", "args": "args",
+    "env": "env", "gpu_type": "gpu_type", "gpus": "gpus_per_replica", "replicas": "replicas",
+    "tier": "tier", "max_runtime_seconds": "max_runtime_seconds",
+}
+_SLUG_FIELDS = frozenset({"team", "gpu_type", "tier"})
+INVALID_FIELDS = "The request has invalid fields."
+REQUIRED = "This field is required."
+
+
+def job_spec(job: Job) -> dict[str, Any]:
+    """The job's spec as submitted (JOB_SPEC_FIELDS' names; teams, GPU types and tiers by
+    slug): what `job_input_build` takes to submit it again."""
+    spec: dict[str, Any] = {}
+    for name, attr in JOB_SPEC_FIELDS.items():
+        value = getattr(job, attr)
+        spec[name] = value.slug if name in _SLUG_FIELDS else copy.copy(value)
+    return spec
+
+
+def job_input_build(
+    *, actor: Any, team: str | None, name: str | None, image: str | None,
+    gpu_type: str | None, gpus: int | None, command: list[str] | None = None,
+    args: list[str] | None = None, env: dict[str, str] | None = None, replicas: int | None = 1,
+    tier: str | None = None, max_runtime_seconds: int | None = None,
+) -> JobInput:
+    """The JobInput of a job spec whose fields have their shapes already (the API's
+    serializer, the web form): the submit rules that need settings or the database. The
+    team must be one `actor` may submit to; without a tier, FAIRQ_DEFAULT_TIER; rule T1
+    is `check_submit`'s, at submit.
+
+    Raises DomainError (400) with every refused field's messages, as the API answers and
+    the web form shows them: first each field on its own, then, when they all pass, the
+    rules across fields (a gang no node holds, the spec's size). A None argument is a
+    field the front end found missing or ill-formed: reported as required, not checked."""
+    command, args, env = command or [], args or [], env or {}
+    (team_row, gpu_type_row, tier_row), problems = _spec_fields(
+        actor=actor, team=team, name=name, image=image, env=env, gpu_type=gpu_type, tier=tier)
+    for field, value in (("team", team), ("name", name), ("image", image),
+                         ("gpu_type", gpu_type), ("gpus", gpus), ("replicas", replicas)):
+        if value is None:
+            problems.setdefault(field, [REQUIRED])
+    if problems:
+        raise DomainError(INVALID_FIELDS, fields=problems)
+    assert team_row is not None and gpu_type_row is not None and name is not None
+    assert image is not None and gpus is not None and replicas is not None
+    if tier_row is None:
+        tier_row = tiers_by_slug().get(settings.FAIRQ_DEFAULT_TIER)
+        if tier_row is None:
+            raise DomainError(INVALID_FIELDS, fields={"tier": [REQUIRED]})
+    largest = largest_node_gpus(gpu_type_row.slug)
+    # None: no cluster view published yet; the scheduler's own check (rule A3) decides.
+    if largest is not None and gpus > largest:
+        raise DomainError(INVALID_FIELDS, fields={"gpus": [
+            f"No {gpu_type_row.slug} node holds {gpus} GPUs (the largest has {largest})."
+            if largest else f"The cluster has no {gpu_type_row.slug} nodes."]})
+    if v.spec_size(command, args, env) > v.MAX_SPEC_BYTES:
+        raise DomainError(INVALID_FIELDS, fields={"non_field_errors": [
+            f"command, args and env together exceed {v.MAX_SPEC_BYTES // 1024} KiB."]})
+    return JobInput(team=team_row, name=name, image=image, command=command, args=args,
+                    env=env, gpu_type=gpu_type_row, gpus_per_replica=gpus, replicas=replicas,
+                    tier=tier_row, max_runtime_seconds=max_runtime_seconds)
+
+
+def job_spec_field_problems(
+    *, actor: Any, team: str | None = None, name: str | None = None, image: str | None = None,
+    env: dict[str, str] | None = None, gpu_type: str | None = None, tier: str | None = None,
+) -> dict[str, list[str]]:
+    """`job_input_build`'s first step alone: the refusals of each given field on its own
+    (None: not given). For a front end whose own shape checks refused other fields, so it
+    answers every field's problem at once, as one serializer did."""
+    return _spec_fields(actor=actor, team=team, name=name, image=image, env=env or {},
+                        gpu_type=gpu_type, tier=tier)[1]
+
+
+def _spec_fields(
+    *, actor: Any, team: str | None, name: str | None, image: str | None,
+    env: dict[str, str], gpu_type: str | None, tier: str | None,
+) -> tuple[tuple[Team | None, GpuType | None, Tier | None], dict[str, list[str]]]:
+    """The team, GPU type and tier rows the spec names, and each field's refusals."""
+    problems: dict[str, list[str]] = {}
+    team_row = gpu_type_row = tier_row = None
+    if team is not None:
+        team_row = team_for_submitter(user=actor, slug=team)
+        if team_row is None:
+            problems["team"] = [unknown_team_message(team)]
+    if name is not None and not v.JOB_NAME_RE.match(name):
+        problems["name"] = ["Use at most 63 lower-case letters, digits and '-', starting and "
+                            "ending with a letter or digit (a Kubernetes name)."]
+    if image is not None:
+        problem = ("Not a valid container image reference." if not v.IMAGE_RE.match(image)
+                   else v.registry_problem(image, settings.FAIRQ_REGISTRY_ALLOWLIST))
+        if problem:
+            problems["image"] = [problem]
+    env_problems = _env_problems(env)
+    if env_problems:
+        problems["env"] = env_problems
+    if gpu_type is not None:
+        types = gpu_types_by_slug()
+        gpu_type_row = types.get(gpu_type)
+        if gpu_type_row is None:
+            problems["gpu_type"] = [f"Unknown GPU type {gpu_type!r}; known: "
+                                    f"{', '.join(sorted(types))}."]
+    if tier is not None:
+        tiers = tiers_by_slug()
+        tier_row = tiers.get(tier)
+        if tier_row is None:
+            problems["tier"] = [f"Unknown tier {tier!r}; known: {', '.join(sorted(tiers))}."]
+    return (team_row, gpu_type_row, tier_row), problems
+
+
+def _env_problems(env: dict[str, str]) -> list[str]:
+    """The first refusal of the environment's names and simulator knobs, or []."""
+    if len(env) > v.MAX_ENV_ITEMS:
+        return [f"At most {v.MAX_ENV_ITEMS} variables."]
+    bad = [k for k in env if not v.ENV_NAME_RE.match(k) or len(k) > 253]
+    if bad:
+        return [f"Invalid variable names: {', '.join(sorted(bad))}."]
+    reserved = [k for k in env if v.env_name_reserved(k)]
+    if reserved:
+        return [f"These names are reserved: {', '.join(sorted(reserved))} (NVIDIA_*, "
+                "KUBERNETES_*, CUDA_VISIBLE_DEVICES, LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT and "
+                f"FAIRQ_* except {', '.join(sorted(v.ALLOWED_FAIRQ_ENV))})."]
+    return v.sim_env_problems(env)
 
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 200  # Job.idempotency_key's column
@@ -147,7 +268,7 @@ def job_submit_with_event(
         existing = Job.objects.filter(team=data.team, idempotency_key=idempotency_key).first()
         if existing is not None:
             return _same_submit_or_refuse(existing, actor=actor, data=data), None, False
-    job_check_tier(team=data.team, tier=data.tier)
+    check_submit(actor=actor, team=data.team, tier=data.tier)
     submitter = actor if actor.is_authenticated else None
     job = Job(**data.job_values(), submitter=submitter, status=JobState.QUEUED,
               idempotency_key=idempotency_key or None, created_at=now, updated_at=now)
@@ -163,6 +284,7 @@ def job_submit_with_event(
                 return _same_submit_or_refuse(existing, actor=actor, data=data), None, False
         raise
     transaction.on_commit(kick)
+    transaction.on_commit(queue_plan_forget)
     return job, event, True
 
 
@@ -225,9 +347,11 @@ def _insert_job_with_event(job: Job, event: JobEvent) -> None:
 
 @transaction.atomic
 def job_cancel(*, actor: Any, job: Job, reason: str = "", now: datetime | None = None) -> Job:
-    """Cancel a job that is not final. Its GPU time so far is charged; its cluster
-    workload is stopped after commit."""
+    """Cancel a job that is not final, if `actor` may see it (NotFound otherwise). Its GPU
+    time so far is charged; its cluster workload is stopped after commit."""
     now = now or timezone.now()
+    if actor is not None:
+        check_job_access(actor=actor, job_id=job.pk)
     job = Job.objects.select_for_update().get(pk=job.pk)
     held = job.state in HOLDING_STATES
     try:
@@ -241,14 +365,9 @@ def job_cancel(*, actor: Any, job: Job, reason: str = "", now: datetime | None =
         if job.started_at is not None:
             usage_record_attempt(job=job, start=job.started_at, end=now)
         name = job.backend_name
-        transaction.on_commit(lambda: _stop_workload(name))
+        transaction.on_commit(lambda: stop_workload_soon(name))
+    transaction.on_commit(queue_plan_forget)
     return job
-
-
-def _stop_workload(name: str) -> None:
-    from queueing.tasks import stop_workload_task
-
-    stop_workload_task.delay(name)
 
 
 MAX_BULK_JOBS = 10_000
@@ -288,11 +407,15 @@ def jobs_submit_bulk(
     with COPY (10,000 jobs in a fraction of a second); elsewhere with bulk_create."""
     if not 1 <= count <= MAX_BULK_JOBS:
         raise ValueError(f"count must be within 1..{MAX_BULK_JOBS}")
+    longest = f"{data.name}-{count - 1}"
+    if len(longest) > 63:
+        message = f"{longest!r} is longer than 63 characters: shorten the name."
+        raise DomainError(INVALID_FIELDS, fields={"name": [message]})
     problem = array_size_problem(command=data.command, args=data.args, env=data.env, count=count)
     if problem:
-        raise DomainError(problem, fields={"count": [problem]})
+        raise DomainError(INVALID_FIELDS, fields={"count": [problem]})
     now = now or timezone.now()
-    job_check_tier(team=data.team, tier=data.tier)
+    check_submit(actor=actor, team=data.team, tier=data.tier)
     submitter = actor if actor.is_authenticated else None
     template = Job(**data.job_values(), submitter=submitter, status=JobState.QUEUED,
                    created_at=now, updated_at=now)
@@ -316,6 +439,7 @@ def jobs_submit_bulk(
         JobEvent.objects.bulk_create(
             [JobEvent(**{**event_fields, "job_id": job_id}) for job_id in ids], batch_size=2000)
     transaction.on_commit(kick)
+    transaction.on_commit(queue_plan_forget)
     return ids
 
 

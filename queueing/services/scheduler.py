@@ -22,7 +22,7 @@
     6. notify     — when anything moved, drop the shared plan of the queue that answers
                     "why does my job wait" (queueing/selectors/queue_plan.py), and
                     publish the cluster view web processes read instead of the cluster
-                    (nodes, live workloads, unprovisioned teams: queueing/cluster.py).
+                    (nodes, live workloads, unprovisioned teams: queueing/selectors/cluster.py).
 
 Only one cycle plans at a time (a PostgreSQL advisory lock; a process lock on SQLite,
 which is single-process only); the compare-and-swap in step 4 means that even a stale

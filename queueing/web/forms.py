@@ -1,5 +1,5 @@
-"""Forms of the web pages. Job validation is `JobCreateSerializer`'s (the API's rules),
-not repeated here: the form only turns text fields into the API's shapes."""
+"""Forms of the web pages. Job validation is `job_input_build`'s (the rules the API
+applies too), not repeated here: the form only turns text fields into the spec's shapes."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from django.conf import settings
 from django.http import HttpRequest
 
 from accounts.models import Role
-from queueing.api.serializers import JobCreateSerializer
+from queueing import validation as v
 from queueing.errors import DomainError
 from queueing.models import GpuType, Tier
-from queueing.services.jobs import JobInput, job_check_tier
+from queueing.services.access import check_submit
+from queueing.services.jobs import JobInput, job_input_build
 
 
 class JobSubmitForm(forms.Form):
-    """A job as the submit page posts it; cleaned by the API's serializer."""
+    """A job as the submit page posts it; cleaned by `job_input_build`."""
 
     team = forms.ChoiceField(label="Team")
     name = forms.CharField(label="Name", max_length=63,
@@ -57,10 +58,16 @@ class JobSubmitForm(forms.Form):
 
     def _split(self, name: str) -> list[str]:
         try:
-            return shlex.split(self.cleaned_data.get(name) or "")
+            words = shlex.split(self.cleaned_data.get(name) or "")
         except ValueError as exc:
             self.add_error(name, f"Cannot split into words: {exc}.")
             return []
+        # The API's shapes for argv (JobCreateSerializer's fields).
+        if len(words) > v.MAX_ARGV_ITEMS:
+            self.add_error(name, f"Ensure this field has no more than {v.MAX_ARGV_ITEMS} elements.")
+        elif any(len(w) > v.MAX_ARG_LEN for w in words):
+            self.add_error(name, f"Ensure no word has more than {v.MAX_ARG_LEN} characters.")
+        return words
 
     def _env(self) -> dict[str, str]:
         env: dict[str, str] = {}
@@ -71,37 +78,49 @@ class JobSubmitForm(forms.Form):
             if not sep:
                 self.add_error("env", f"Line {n}: write NAME=value.")
                 continue
+            if len(value) > v.MAX_ENV_VALUE_LEN:  # the API's shape (JobCreateSerializer)
+                self.add_error("env", f"Line {n}: ensure the value has no more than "
+                                      f"{v.MAX_ENV_VALUE_LEN} characters.")
+                continue
             env[key.strip()] = value
         return env
 
     def clean(self) -> dict[str, Any]:
-        """Run the API's serializer on what parsed, even when other fields did not, so
-        every field's error shows at once; a field keeps its first error only."""
+        """Run `job_input_build` on what parsed, even when other fields did not, so every
+        field's error shows at once; a field keeps its first error only."""
         data = super().clean() or {}
-        body: dict[str, Any] = {
+        # The API's bounds (JobCreateSerializer's fields), without `max` in the page's inputs.
+        for name, most in (("replicas", v.MAX_REPLICAS),
+                           ("max_runtime_seconds", v.MAX_RUNTIME_SECONDS)):
+            if data.get(name) is not None and data[name] > most:
+                self.add_error(name, f"Ensure this value is less than or equal to {most}.")
+                data[name] = None
+        spec: dict[str, Any] = {
             "command": self._split("command"), "args": self._split("args"), "env": self._env(),
             "max_runtime_seconds": data.get("max_runtime_seconds"),
         }
         for name in ("team", "name", "image", "gpu_type", "gpus", "replicas", "tier"):
-            if data.get(name) not in (None, ""):
-                body[name] = data[name]
-        serializer = JobCreateSerializer(data=body, context={"request": self.request})
-        if serializer.is_valid() and not self.errors:
-            job_input = serializer.to_input()
-            try:  # rule T1 as the service applies it, so the live check shows it too
-                job_check_tier(team=job_input.team, tier=job_input.tier)
-            except DomainError as exc:
-                self.add_error("tier", exc.message)
-                return data
-            self.job_input = job_input
+            spec[name] = data[name] if data.get(name) not in (None, "") else None
+        try:
+            job_input = job_input_build(actor=self.request.user, **spec)
+        except DomainError as exc:
+            for field, messages in exc.fields.items():
+                target = field if field in self.fields else None
+                if target is not None and (target in self.errors or spec.get(target) is None):
+                    continue  # already reported by the form (missing or malformed)
+                for message in messages:
+                    self.add_error(target, message)
             return data
-        for field, messages in serializer.errors.items():
-            target = field if field in self.fields else None
-            if target is not None and (target in self.errors or target not in body):
-                continue  # already reported by the form (missing or malformed)
-            for message in messages if isinstance(messages, list) else [messages]:
-                self.add_error(target, str(message) if not isinstance(message, dict)
-                               else "; ".join(f"{k}: {v}" for k, v in message.items()))
+        if self.errors:
+            return data
+        try:  # rule T1 as the service applies it, so the live check shows it too
+            check_submit(actor=self.request.user, team=job_input.team, tier=job_input.tier)
+        except DomainError as exc:
+            for field, messages in exc.fields.items():
+                for message in messages:
+                    self.add_error(field if field in self.fields else None, message)
+            return data
+        self.job_input = job_input
         return data
 
 

@@ -42,23 +42,23 @@ from accounts.services import (
     token_issue,
     token_revoke,
 )
-from queueing.api.serializers import JobCreateSerializer
 from queueing.errors import DomainError, NotFound
+from queueing.errors import PermissionDenied as Refused
 from queueing.models import GpuType, Job
 from queueing.policy.states import JobState
 from queueing.selectors import dashboard as dash
 from queueing.selectors.capacity import capacity_by_gpu_type, overcommit_warnings
 from queueing.selectors.fairshare import teams_in_standings_for
-from queueing.selectors.jobs import job_get_for_actor, jobs_visible_to
+from queueing.selectors.jobs import jobs_visible_to
 from queueing.selectors.metrics import scheduler_health
-from queueing.selectors.queue_plan import (
-    Preview,
-    job_explain,
-    queue_plan_forget,
-    submit_preview,
-    team_queue,
+from queueing.selectors.queue_plan import Preview, job_explain, submit_preview, team_queue
+from queueing.services.access import (
+    check_job_access,
+    check_staff,
+    check_team_admin,
+    check_team_member,
 )
-from queueing.services.jobs import job_cancel, job_logs, job_submit
+from queueing.services.jobs import job_cancel, job_input_build, job_logs, job_spec, job_submit
 from queueing.services.quotas import quota_set
 
 from .forms import JobSubmitForm, MemberForm, QuotaForm, RoleForm, TokenForm
@@ -111,9 +111,7 @@ def nav(request: HttpRequest) -> dict[str, Any]:
 @require_POST
 @login_required
 def team_switch(request: HttpRequest) -> HttpResponse:
-    team = team_get_for_user(user=request.user, slug=request.POST.get("team", ""))
-    if team is None:
-        raise Http404("no such team")
+    team = _team_or_404(request, request.POST.get("team", ""))
     request.session[TEAM_SESSION_KEY] = team.slug
     nxt = request.POST.get("next") or "/"
     return redirect(nxt if nxt.startswith("/") and not nxt.startswith("//") else "/")
@@ -126,17 +124,24 @@ def _user(request: HttpRequest) -> User:
 
 
 def _team_or_404(request: HttpRequest, slug: str) -> Team:
-    team = team_get_for_user(user=request.user, slug=slug)
-    if team is None:
-        raise Http404("no such team")
-    return team
+    try:
+        return check_team_member(actor=request.user, slug=slug)
+    except NotFound as exc:
+        raise Http404("no such team") from exc
 
 
 def _job_or_404(request: HttpRequest, job_id: int) -> Job:
     try:
-        return job_get_for_actor(actor=request.user, job_id=job_id)
+        return check_job_access(actor=request.user, job_id=job_id)
     except NotFound as exc:
         raise Http404(str(exc)) from exc
+
+
+def _team_admin_or_403(request: HttpRequest, team: Team) -> None:
+    try:
+        check_team_admin(actor=request.user, team=team)
+    except Refused as exc:
+        raise PermissionDenied(exc.message) from exc
 
 
 # --- dashboard -------------------------------------------------------------------------------
@@ -209,7 +214,7 @@ def _submit_form(request: HttpRequest, data: Any = None) -> JobSubmitForm:
     source = request.GET.get("from")
     if source and source.isdigit():
         try:
-            job = job_get_for_actor(actor=request.user, job_id=int(source))
+            job = check_job_access(actor=request.user, job_id=int(source))
         except NotFound:
             job = None
         if job is not None:
@@ -218,15 +223,13 @@ def _submit_form(request: HttpRequest, data: Any = None) -> JobSubmitForm:
 
 
 def _job_initial(job: Job) -> dict[str, Any]:
+    """The submit form filled in with `job`'s spec (its lists and env as the form's text)."""
     import shlex
 
-    return {
-        "team": job.team.slug, "name": job.name, "image": job.image,
-        "command": shlex.join(job.command or []), "args": shlex.join(job.args or []),
-        "env": "\n".join(f"{k}={v}" for k, v in (job.env or {}).items()),
-        "gpu_type": job.gpu_type.slug, "gpus": job.gpus_per_replica, "replicas": job.replicas,
-        "tier": job.tier.slug, "max_runtime_seconds": job.max_runtime_seconds,
-    }
+    spec = job_spec(job)
+    return {**spec, "command": shlex.join(spec["command"] or []),
+            "args": shlex.join(spec["args"] or []),
+            "env": "\n".join(f"{k}={v}" for k, v in (spec["env"] or {}).items())}
 
 
 def _preview(form: JobSubmitForm) -> Preview | None:
@@ -261,7 +264,6 @@ def job_new(request: HttpRequest) -> HttpResponse:
                 _form_errors(form, exc)
                 status = exc.status_code
             else:
-                queue_plan_forget()
                 messages.success(request, f"Job #{job.pk} {job.name} queued.")
                 return redirect("web:job-detail", job_id=job.pk)
     else:
@@ -320,7 +322,6 @@ def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
         messages.success(request, f"Job #{job.pk} cancelled.")
     except DomainError as exc:
         messages.error(request, exc.message)
-    queue_plan_forget()
     return redirect("web:job-detail", job_id=job.pk)
 
 
@@ -331,24 +332,18 @@ def job_resubmit(request: HttpRequest, job_id: int) -> HttpResponse:
     spec is checked again by the API's rules: a registry banned or a limit tightened
     since the original job applies to the copy too."""
     job = _job_or_404(request, job_id)
-    body = {"team": job.team.slug, "name": job.name, "image": job.image,
-            "command": list(job.command), "args": list(job.args), "env": dict(job.env),
-            "gpu_type": job.gpu_type.slug, "gpus": job.gpus_per_replica,
-            "replicas": job.replicas, "tier": job.tier.slug,
-            "max_runtime_seconds": job.max_runtime_seconds}
-    serializer = JobCreateSerializer(data=body, context={"request": request})
-    if not serializer.is_valid():
-        problems = "; ".join(f"{field}: {' '.join(str(m) for m in msgs)}"
-                             for field, msgs in serializer.errors.items())
+    try:
+        data = job_input_build(actor=request.user, **job_spec(job))
+    except DomainError as exc:
+        problems = "; ".join(f"{field}: {' '.join(msgs)}" for field, msgs in exc.fields.items())
         messages.error(request, f"This job cannot be resubmitted as it is: {problems}")
         return redirect("web:job-detail", job_id=job.pk)
     try:
-        new, _ = job_submit(actor=request.user, data=serializer.to_input(),
+        new, _ = job_submit(actor=request.user, data=data,
                             idempotency_key=request.POST.get("idempotency_key") or None)
     except DomainError as exc:  # the service's own rules (T1: a tier no longer granted)
         messages.error(request, f"This job cannot be resubmitted as it is: {exc.message}")
         return redirect("web:job-detail", job_id=job.pk)
-    queue_plan_forget()
     messages.success(request, f"Resubmitted as job #{new.pk}.")
     return redirect("web:job-detail", job_id=new.pk)
 
@@ -385,8 +380,7 @@ def team_page(request: HttpRequest, slug: str) -> HttpResponse:
 @login_required
 def team_member_add(request: HttpRequest, slug: str) -> HttpResponse:
     team = _team_or_404(request, slug)
-    if not is_team_admin(user=request.user, team=team):
-        raise PermissionDenied("only team admins manage members")
+    _team_admin_or_403(request, team)
     form = MemberForm(request.POST)
     if form.is_valid():
         user = get_user_model().objects.filter(username=form.cleaned_data["username"],
@@ -406,8 +400,7 @@ def team_member_add(request: HttpRequest, slug: str) -> HttpResponse:
 @login_required
 def team_member_change(request: HttpRequest, slug: str, membership_id: int) -> HttpResponse:
     team = _team_or_404(request, slug)
-    if not is_team_admin(user=request.user, team=team):
-        raise PermissionDenied("only team admins manage members")
+    _team_admin_or_403(request, team)
     membership = Membership.objects.filter(team=team, pk=membership_id).select_related(
         "user", "team").first()
     if membership is None:
@@ -493,8 +486,10 @@ def token_revoke_view(request: HttpRequest, slug: str, token_id: int) -> HttpRes
 # --- quota board (platform admins) ---------------------------------------------------------
 
 def _staff_or_404(request: HttpRequest) -> None:
-    if not request.user.is_staff:
-        raise Http404("no such page")
+    try:
+        check_staff(actor=request.user)
+    except Refused as exc:  # the board's existence is no business of other users
+        raise Http404("no such page") from exc
 
 
 def _quota_audit() -> list[AuditEntry]:

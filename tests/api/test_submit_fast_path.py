@@ -44,21 +44,36 @@ def test_a_replayed_submit_still_answers_the_stored_job_with_its_events(world: W
     assert again.json() == first.json()
 
 
-def test_serializers_sharing_their_fields_keep_their_own_errors_and_user(world: World) -> None:
-    from types import SimpleNamespace
+def test_one_shaping_serializer_per_class_keeps_no_request_state(world: World) -> None:
+    import pytest
+    from rest_framework.exceptions import ValidationError
 
-    from queueing.api.serializers import JobCreateSerializer
+    from queueing.api.bulk import BulkJobCreateSerializer
+    from queueing.api.serializers import JobCreateSerializer, _shaper, shaped
 
-    member = JobCreateSerializer(data=job_body(name="Bad_Name", gpus=99),
-                                 context={"request": SimpleNamespace(user=world.member)})
-    outsider = JobCreateSerializer(data=job_body(),
-                                   context={"request": SimpleNamespace(user=world.outsider)})
-    good = JobCreateSerializer(data=job_body(),
-                               context={"request": SimpleNamespace(user=world.member)})
-    assert member.fields is outsider.fields  # built once per class
-    assert not member.is_valid()
-    assert set(member.errors) == {"name"}  # field errors first; gpus is checked in validate()
-    assert not outsider.is_valid()
-    assert set(outsider.errors) == {"team"}  # its own user, not the first serializer's
-    assert good.is_valid(), good.errors
-    assert good.validated_data["team"] == world.vision
+    assert _shaper(JobCreateSerializer) is _shaper(JobCreateSerializer)  # built once
+    assert _shaper(BulkJobCreateSerializer) is not _shaper(JobCreateSerializer)
+    with pytest.raises(ValidationError) as bad:
+        shaped(JobCreateSerializer, job_body(gpus=0, replicas="x"))
+    assert set(bad.value.detail) == {"gpus", "replicas"}
+    good = shaped(JobCreateSerializer, job_body())
+    assert good["team"] == "vision" and good["replicas"] == 1  # its own data, defaults
+    assert "count" not in good
+
+
+def test_job_input_build_answers_each_actor_with_their_own_errors(world: World) -> None:
+    import pytest
+
+    from queueing.api.serializers import JobCreateSerializer, shaped
+    from queueing.errors import DomainError
+    from queueing.services.jobs import job_input_build
+
+    with pytest.raises(DomainError) as member:
+        job_input_build(actor=world.member,
+                        **shaped(JobCreateSerializer, job_body(name="Bad_Name", gpus=99)))
+    assert set(member.value.fields) == {"name"}  # field rules first; gpus after them all
+    with pytest.raises(DomainError) as outsider:
+        job_input_build(actor=world.outsider, **shaped(JobCreateSerializer, job_body()))
+    assert set(outsider.value.fields) == {"team"}  # its own user, not the first one's
+    good = job_input_build(actor=world.member, **shaped(JobCreateSerializer, job_body()))
+    assert good.team == world.vision and good.tier == world.normal
