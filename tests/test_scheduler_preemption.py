@@ -213,3 +213,30 @@ def test_a_stale_plan_applied_twice_preempts_once(world: World) -> None:
     assert JobEvent.objects.filter(job_id=victim, kind=JobEvent.Kind.PREEMPTED).count() == 1
     assert JobEvent.objects.filter(job_id=hi, kind=JobEvent.Kind.PREEMPTING).count() == 1
     assert UsageRecord.objects.filter(job_id=victim).count() == 1
+
+
+def test_rule_r7_a_gang_preempting_many_small_jobs_is_recorded_within_the_reason_column(
+    world: World,
+) -> None:
+    """16 one-GPU jobs fill both h100 nodes; a high-tier gang of 2 × 8 GPUs preempts all
+    16. The preemptor's event names the victims that fit in the reason column and says
+    how many more (the listing of 16 once overflowed it on PostgreSQL and every
+    preemption of the cycle failed)."""
+    from accounts.models import Team
+
+    long_slug = "computer-vision-research-eu-west-1"  # a real team's kind of name
+    Team.objects.filter(pk=world.vision.pk).update(slug=long_slug)
+    t0 = timezone.now() + timedelta(seconds=1)
+    ids = [submit(world, team=long_slug, name=f"small-{i}", tier="low", gpus=1,
+                  env={"FAIRQ_SIM_SECONDS": "5000"}) for i in range(16)]
+    scheduler_cycle(now=t0)
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    assert all(job(i).status == JobState.RUNNING for i in ids)
+    hi = submit(world, world.outsider, team="nlp", tier="high", gpus=8, replicas=2)
+    r = scheduler_cycle(now=t0 + timedelta(seconds=10))
+    assert sorted(r.preempted) == sorted(ids)
+    event = JobEvent.objects.get(job_id=hi, kind=JobEvent.Kind.PREEMPTING)
+    assert sorted(event.data["victims"]) == sorted(ids)
+    assert len(event.reason) <= 500
+    assert event.reason.startswith("preempted 16 job(s) to fit: #")
+    assert " more; admitted once their GPUs are free" in event.reason

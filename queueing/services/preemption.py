@@ -128,13 +128,28 @@ def _record_preemptor(preemptor: Job, p: Preemption, *, names: list[str],
                       now: datetime) -> None:
     """Rule R7 on the preemptor: which jobs it preempted, by which rules (and, for rule
     R8, which workloads must go before it is admitted)."""
-    listing = ", ".join(f"#{v.job_id} ({v.team}, {v.rule})" for v in p.victims)
     JobEvent.objects.create(
         job=preemptor, at=now, kind=JobEvent.Kind.PREEMPTING, actor_label="scheduler",
-        reason=f"preempted {len(p.victims)} job(s) to fit: {listing}; admitted once "
-               "their GPUs are free",
+        reason=_preempting_reason(p.victims),
         attempt=preemptor.attempt,
         data={"victims": [v.job_id for v in p.victims],
               "rules": {str(v.job_id): str(v.rule) for v in p.victims},
               "workloads": names, "placement": list(p.placement)},
     )
+
+
+_REASON_MAX = JobEvent._meta.get_field("reason").max_length or 500
+
+
+def _preempting_reason(victims: tuple[Victim, ...] | list[Victim]) -> str:
+    """The preemptor's event reason: the victims that fit in the column, then how many
+    more (every one is in the event's `data`). A gang preempting many small jobs once
+    made a reason longer than the column, and the whole cycle's preemptions failed."""
+    head, tail = f"preempted {len(victims)} job(s) to fit: ", "; admitted once their GPUs are free"
+    parts = [f"#{v.job_id} ({v.team}, {v.rule})" for v in victims]
+    for shown in range(len(parts), -1, -1):
+        more = len(parts) - shown
+        listing = ", ".join(parts[:shown]) + (f" and {more} more" if more else "")
+        if len(head) + len(listing) + len(tail) <= _REASON_MAX:
+            return head + listing + tail
+    return (head + tail)[:_REASON_MAX]
