@@ -8,7 +8,6 @@ from typing import Any
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
-from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -19,6 +18,7 @@ from queueing.errors import NotFound
 from queueing.models import GpuType, Quota, Tier
 from queueing.selectors.capacity import capacity_by_gpu_type
 from queueing.selectors.usage import BUCKETS, MAX_BUCKETS, usage_buckets
+from queueing.services.access import check_staff
 from queueing.services.quotas import quota_set
 
 from .fields import InstantField
@@ -50,11 +50,6 @@ class QuotaUpdateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
                                              allow_null=True)
 
 
-def _require_staff(request: Request) -> None:
-    if not request.user.is_staff:
-        raise PermissionDenied("Only staff may change quotas.")
-
-
 TEAM_PARAM = OpenApiParameter("team", str, description="A team slug (one of yours).")
 
 
@@ -73,7 +68,7 @@ class QuotaListView(IdempotentPostMixin, APIView):
 
     @extend_schema(request=QuotaSerializer, responses={201: QuotaSerializer, 200: QuotaSerializer})
     def post(self, request: Request) -> Response:
-        _require_staff(request)
+        check_staff(actor=request.user, doing="change quotas")
         s = QuotaSerializer(data=request.data)
         s.is_valid(raise_exception=True)
         d = s.validated_data
@@ -99,7 +94,7 @@ class QuotaDetailView(IdempotentPostMixin, APIView):
     @extend_schema(request=QuotaUpdateSerializer, responses=QuotaSerializer)
     def patch(self, request: Request, quota_id: int) -> Response:
         quota = self._quota(request, quota_id)
-        _require_staff(request)
+        check_staff(actor=request.user, doing="change quotas")
         s = QuotaUpdateSerializer(data=request.data)
         s.is_valid(raise_exception=True)
         quota, _ = quota_set(actor=request.user, team=quota.team, gpu_type=quota.gpu_type,

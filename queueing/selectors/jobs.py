@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connection
 from django.db.models import QuerySet
 
-from queueing import rawsql
 from queueing.errors import NotFound
-from queueing.models import Job, Tier, TierGrant
+from queueing.models import Job
 
 
 def jobs_visible_to(*, actor: Any) -> QuerySet[Job]:
@@ -28,15 +26,3 @@ def job_get_for_actor(*, actor: Any, job_id: int) -> Job:
         raise NotFound(f"job {job_id} not found")
     return job
 
-
-def tier_allowed_for_team(*, tier_id: int, team_id: int) -> bool:
-    """Rule T1: the tier is open to every team, or granted to this one. Read from the
-    database on every call, never from a memo, so closing a tier or revoking a grant
-    holds from the next submit on; one round trip in plain SQL (it runs on every submit,
-    queueing/rawsql.py says why)."""
-    sql = (f"SELECT 1 FROM {rawsql.table(Tier)} t WHERE t.id = %s AND (t.open_to_all_teams "
-           f"OR EXISTS (SELECT 1 FROM {rawsql.table(TierGrant)} g "
-           "WHERE g.tier_id = t.id AND g.team_id = %s))")
-    with connection.cursor() as cur:
-        cur.execute(sql, [tier_id, team_id])
-        return cur.fetchone() is not None

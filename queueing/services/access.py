@@ -47,10 +47,11 @@ def check_team_admin(*, actor: Any, team: Team) -> None:
         raise PermissionDenied(TEAM_ADMIN_ONLY)
 
 
-def check_staff(*, actor: Any) -> None:
-    """PermissionDenied (403) unless `actor` is staff."""
+def check_staff(*, actor: Any, doing: str = "") -> None:
+    """PermissionDenied (403) unless `actor` is staff; `doing` names what was refused
+    ("change quotas": "Only staff may change quotas.")."""
     if not actor.is_staff:
-        raise PermissionDenied(STAFF_ONLY)
+        raise PermissionDenied(f"Only staff may {doing}." if doing else STAFF_ONLY)
 
 
 def unknown_team_message(slug: str) -> str:

@@ -1,4 +1,4 @@
-"""Quota changes (staff only; the view checks the role)."""
+"""Quota changes (staff only: `quota_set` checks its actor, as every front end does)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from accounts.models import Team
 from accounts.services import audit_record, model_changes
 from queueing.models import GpuType, Quota
 
+from .access import check_staff
+
 _UNSET: Any = object()
 
 
@@ -19,7 +21,10 @@ def quota_set(
     borrowing_limit: int | None = _UNSET, lending_limit: int | None = _UNSET,
 ) -> tuple[Quota, bool]:
     """Create or update the quota of `team` for `gpu_type`, audited field by field.
-    Returns (quota, created). Fields not given keep their value."""
+    Returns (quota, created). Fields not given keep their value. Staff only
+    (`actor=None`: fairq itself)."""
+    if actor is not None:
+        check_staff(actor=actor, doing="change quotas")
     quota = Quota.objects.select_for_update().filter(team=team, gpu_type=gpu_type).first()
     created = quota is None
     before = None

@@ -11,6 +11,8 @@ from accounts.models import Team
 from accounts.services import audit_record
 from queueing.models import Tier, TierGrant
 
+from .access import check_staff
+
 
 @transaction.atomic
 def team_tier_grants_set(*, actor: Any, team: Team, tiers: Iterable[Tier]) -> list[Tier]:
@@ -18,7 +20,9 @@ def team_tier_grants_set(*, actor: Any, team: Team, tiers: Iterable[Tier]) -> li
     is audited in the same transaction. Tiers open to every team need no grant, but a
     grant of one is kept (it holds if the tier is closed later). Returns the granted
     tiers, highest rank first. Concurrent calls for one team take turns (the team row
-    is locked)."""
+    is locked). Staff only (`actor=None`: fairq itself)."""
+    if actor is not None:
+        check_staff(actor=actor, doing="grant tiers")
     Team.objects.select_for_update().filter(pk=team.pk).first()
     wanted = {t.pk: t for t in tiers}
     current = {g.tier_id: g for g in TierGrant.objects.filter(team=team).select_related("tier")}

@@ -10,7 +10,6 @@ import pytest
 from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
-from queueing.selectors.queue_plan import _PLAN_KEY, queue_plan
 
 from accounts.models import Membership, Role
 from accounts.services import (
@@ -23,6 +22,7 @@ from accounts.services import (
 )
 from queueing.errors import DomainError, NotFound, PermissionDenied
 from queueing.models import Job, Tier, TierGrant
+from queueing.selectors.queue_plan import _PLAN_KEY, queue_plan
 from queueing.services.access import (
     check_job_access,
     check_staff,
