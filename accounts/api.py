@@ -22,7 +22,7 @@ from queueing.api.strict import StrictFieldsMixin
 from queueing.errors import NotFound
 from queueing.models import Tier
 from queueing.services.access import check_staff, check_team_admin, check_team_member
-from queueing.services.tiers import team_tier_grants_set
+from queueing.services.tiers import team_granted_tier_slugs, team_tier_grants_set
 
 from .models import ApiToken, Membership, Role, Team
 from .selectors import memberships_of_team, teams_for_user, tokens_of_user
@@ -57,7 +57,6 @@ class TeamSerializer(StrictFieldsMixin, serializers.ModelSerializer[Team]):
         return roles.get(team.pk)
 
     def get_granted_tiers(self, team: Team) -> list[str]:
-        from queueing.services.tiers import team_granted_tier_slugs
 
         return team_granted_tier_slugs(team)
 

@@ -17,7 +17,7 @@ from queueing.errors import Conflict
 from queueing.services.access import check_staff, check_team_admin
 
 from .client_ip import current_client_ip
-from .models import ApiToken, AuditEntry, Membership, Role, ServiceAccount, Team
+from .models import ApiToken, AuditEntry, IdempotencyRecord, Membership, Role, ServiceAccount, Team
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,6 @@ def idempotency_claim(
     """Claim `key` for `user` before the request does its work. A record older than a day
     is forgotten and claimed afresh. Two racing requests: the unique constraint lets one
     win; the other sees its record (in progress) and must not do the work."""
-    from .models import IdempotencyRecord
 
     now = now or timezone.now()
     for _ in range(2):
@@ -163,7 +162,6 @@ def idempotency_purge(*, now: datetime, batch: int = 10_000) -> int:
     """Delete the records past IDEMPOTENCY_TTL_SECONDS (a claim reads them as gone
     already), in batches so a large backlog never holds long locks; returns how many.
     Beat runs it hourly (`idempotency-purge`)."""
-    from .models import IdempotencyRecord
 
     cutoff = now - timedelta(seconds=IDEMPOTENCY_TTL_SECONDS)
     deleted = 0

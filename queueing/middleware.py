@@ -17,6 +17,8 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 
+from queueing.api.errors import error_body
+
 NUL_MESSAGE = "NUL characters are not allowed."
 API_PREFIX = "/api/"
 
@@ -44,7 +46,6 @@ class RefuseBadInputMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        from queueing.api.errors import error_body
 
         api = request.path_info.startswith(API_PREFIX)
         if api:

@@ -9,24 +9,22 @@ from typing import Any
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
+from queueing.composition import backend_class
+from queueing.models import Quota, Tier
+from queueing.tasks import sync_cluster_task
+
 
 def _queue_sync(**kwargs: Any) -> None:
-    from queueing.composition import backend_class
-
     if kwargs.get("raw") or not backend_class().provisions:
         return
 
     def send() -> None:
-        from queueing.tasks import sync_cluster_task
-
         sync_cluster_task.delay()
 
     transaction.on_commit(send)
 
 
 def connect() -> None:
-    from queueing.models import Quota, Tier
-
     for model in (Tier, Quota):
         post_save.connect(_queue_sync, sender=model, dispatch_uid=f"fairq-sync-{model.__name__}")
         post_delete.connect(_queue_sync, sender=model,

@@ -9,6 +9,15 @@ import time
 from celery import shared_task
 from django.conf import settings
 
+from accounts.services import idempotency_purge
+from queueing.composition import get_backend, get_provisioner
+from queueing.services.demo import demo_submit_synthetic
+from queueing.services.fairshare import fairshare_snapshot_take
+from queueing.services.logs import job_logs_archive
+from queueing.services.metrics import record_cycle, record_cycle_failure
+from queueing.services.provisioning import sync_cluster, sync_quotas
+from queueing.services.scheduler import new_cycle_id, scheduler_cycle
+
 log = logging.getLogger(__name__)
 
 
@@ -18,8 +27,6 @@ def scheduler_cycle_task() -> dict[str, int]:
     composition.kick), counted (queueing/metrics.py) and logged with its id: a
     failed cycle is logged with the traceback and counted, never silent; a completed one
     gets one line with its timings (INFO when anything moved, DEBUG when idle)."""
-    from queueing.services.metrics import record_cycle, record_cycle_failure
-    from queueing.services.scheduler import new_cycle_id, scheduler_cycle
 
     cycle_id = new_cycle_id()
     started = time.perf_counter()
@@ -51,7 +58,6 @@ def scheduler_cycle_task() -> dict[str, int]:
 def stop_workload_task(name: str) -> None:
     from django.utils import timezone
 
-    from queueing.composition import get_backend
 
     get_backend().stop(name, now=timezone.now())
 
@@ -61,8 +67,6 @@ def job_logs_archive_task() -> int:
     """The worker's copy of running jobs' logs, for web processes (services/logs.py)."""
     from django.utils import timezone
 
-    from queueing.composition import get_backend
-    from queueing.services.logs import job_logs_archive
 
     return len(job_logs_archive(backend=get_backend(), now=timezone.now()).refreshed)
 
@@ -72,7 +76,6 @@ def demo_load_task() -> int:
     """Demo only: keep a few jobs queued per demo team so the standings move."""
     if not settings.FAIRQ_DEMO_LOAD:
         return 0
-    from queueing.services.demo import demo_submit_synthetic
 
     return demo_submit_synthetic(rng=random.Random())
 
@@ -82,7 +85,6 @@ def fairshare_snapshot_task() -> int:
     """Store the fair-share standings for charts (beat: FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS)."""
     from django.utils import timezone
 
-    from queueing.services.fairshare import fairshare_snapshot_take
 
     return len(fairshare_snapshot_take(now=timezone.now()).standings)
 
@@ -92,7 +94,6 @@ def idempotency_purge_task() -> int:
     """Forget Idempotency-Key records older than a day (beat: hourly)."""
     from django.utils import timezone
 
-    from accounts.services import idempotency_purge
 
     return idempotency_purge(now=timezone.now())
 
@@ -104,8 +105,6 @@ def sync_cluster_task() -> None:
     namespaces and quotas; with "separate", only the provisioned namespaces' quotas (the
     worker may not do more; the provisioner runs `manage.py sync_cluster`). Nothing with
     backend that provisions nothing (`provisions`, composition.backend_class())."""
-    from queueing.composition import get_provisioner
-    from queueing.services.provisioning import sync_cluster, sync_quotas
 
     provisioner = get_provisioner()
     if provisioner is None:

@@ -17,6 +17,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from queueing.errors import DomainError, NotFound
+from queueing.instants import InstantError, parse_instant
 from queueing.models import JOB_STATUS_CHOICES, Job
 from queueing.policy.states import JobState
 from queueing.selectors.fairshare import (
@@ -215,7 +217,6 @@ def _detail_data(job: Job) -> Any:
 
 
 def _int_or_404(value: str) -> int:
-    from queueing.errors import NotFound
 
     try:
         return int(value)
@@ -240,7 +241,6 @@ class FairShareView(APIView):
         now = timezone.now()
         at = _instant_or_400(request.query_params.get("at")) or now
         if at < now - timedelta(seconds=1) and not request.user.is_staff:
-            from queueing.errors import DomainError
 
             # A past instant rescans the whole usage history (seconds at 10M records).
             raise DomainError("Only staff may ask for standings at a past instant; the "
@@ -259,8 +259,6 @@ class FairShareView(APIView):
 
 
 def _instant_or_400(value: str | None) -> datetime | None:
-    from queueing.errors import DomainError
-    from queueing.instants import InstantError, parse_instant
 
     if value is None:  # absent: now; present but empty is not an instant
         return None

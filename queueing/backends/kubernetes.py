@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, cast
 
+from queueing.validation import registry_problem
+
 from .base import LaunchSpec, NodeInfo, Phase, SubmitRejected, SubmitRequeue, WorkloadStatus
 from .k8s_api import (
     KubernetesBackendError,
@@ -263,7 +265,6 @@ class KubernetesBackend:
 
     def manifest(self, spec: LaunchSpec) -> dict[str, Any]:
         """The Job `submit` would create (raises SubmitRejected when it cannot exist)."""
-        from queueing.validation import registry_problem
 
         problem = registry_problem(spec.image, self.registry_allowlist)
         if problem:

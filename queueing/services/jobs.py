@@ -18,7 +18,7 @@ from django.utils import timezone
 from accounts.models import Team
 from queueing import rawsql
 from queueing import validation as v
-from queueing.composition import kick, stop_workload_soon
+from queueing.composition import backend_class, get_backend, kick, stop_workload_soon
 from queueing.errors import DomainError, IdempotencyKeyReused, InvalidTransition
 from queueing.models import GpuType, Job, JobEvent, Tier
 from queueing.policy.states import (
@@ -34,6 +34,7 @@ from queueing.selectors.queue_plan import queue_plan_forget
 from queueing.validation import spec_size
 
 from .access import check_job_access, check_submit, unknown_team_message
+from .logs import job_logs_archived
 from .usage import usage_record_attempt
 
 _EVENT_REASON_MAX = JobEvent._meta.get_field("reason").max_length
@@ -506,15 +507,12 @@ def job_logs(*, job: Job, tail: int = 100) -> str:
     was archived (no worker runs the archive in tests or a one-process demo)."""
     if job.state == JobState.QUEUED and job.started_at is None and job.attempt == 1:
         return ""  # never reached the cluster
-    from queueing.composition import backend_class
 
-    from .logs import job_logs_archived
 
     archived = job_logs_archived(job=job, tail=tail)
     if archived is not None:
         return archived
     if backend_class().in_process:
-        from queueing.composition import get_backend
 
         return get_backend().logs(job.backend_name, tail=tail)
     return ""

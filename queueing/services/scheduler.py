@@ -72,6 +72,7 @@ from queueing.selectors.snapshot import build_snapshot, unprovisioned_teams
 
 from .cluster_view import cluster_view_publish
 from .jobs import job_transition
+from .metrics import record_submit_error
 from .preemption import Applied, preempted_workloads_stop, preemptions_apply
 from .usage import usage_record_attempt
 
@@ -658,7 +659,6 @@ def submit_failed(*, job: Job, error: Exception, now: datetime, result: CycleRes
     """
     from django.conf import settings
 
-    from .metrics import record_submit_error
 
     text = str(error)
     result.submit_errors[job.pk] = text
