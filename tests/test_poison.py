@@ -245,13 +245,14 @@ def scrape() -> str:
 
 def test_a_failed_cycle_is_logged_with_its_id_counted_and_makes_the_scheduler_unhealthy(
         world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from queueing import tasks
     from queueing.tasks import scheduler_cycle_task
 
     def broken(**kwargs: Any) -> None:
         raise RuntimeError("the cluster API is down")
 
     monkeypatch.setattr(sched, "reconcile", broken)
-    monkeypatch.setattr(sched, "new_cycle_id", lambda: "c0ffee")
+    monkeypatch.setattr(tasks, "new_cycle_id", lambda: "c0ffee")  # the name the task calls
     with caplog.at_level("ERROR", logger="queueing.tasks"):
         assert scheduler_cycle_task()["failed"] == 1
     assert "cycle c0ffee failed" in caplog.text and "RuntimeError" in caplog.text

@@ -7,6 +7,10 @@ response back (a replayed 201 answers 200: nothing was created this time) with t
 the first is still running is 409. 5xx and 429 answers are not stored, so they may be
 retried. Keys are scoped per user and forgotten after a day.
 
+One layer per POST: `POST /jobs/` keeps its key on the job instead (unique per team, as
+long as the job exists; `services/jobs.py::job_submit_with_event`), so this mixin stands
+aside for it (`idempotency_recorded`).
+
 What is stored is `idempotent_body(data)` of the view: a view whose answer holds a secret
 (a new token's key) stores it without, so the secret exists only in the one response that
 created it, and a replay says so.
@@ -26,6 +30,16 @@ from queueing.errors import Conflict, DomainError, IdempotencyKeyReused
 
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 200
+
+
+def idempotency_key(request: Request) -> str | None:
+    """The request's `Idempotency-Key` (None when absent or empty); 400 on the header
+    when it is longer than the column that keeps it."""
+    key = request.headers.get(HEADER) or None
+    if key is not None and len(key) > MAX_KEY_LENGTH:
+        raise DomainError(f"{HEADER} is longer than {MAX_KEY_LENGTH} characters.",
+                          fields={HEADER: [f"At most {MAX_KEY_LENGTH} characters."]})
+    return key
 
 
 class _Replay(Exception):
@@ -55,15 +69,19 @@ class IdempotentPostMixin:
         view holds secrets in it (then it returns a copy without them)."""
         return data
 
+    def idempotency_recorded(self, request: Request) -> bool:
+        """Whether this mixin's records answer for `request` (a view whose service keeps
+        the key itself, as `POST /jobs/` does on the job, says no: one layer per POST)."""
+        return True
+
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
         self._idempotency_record = None
-        key = request.headers.get(HEADER)
-        if request.method != "POST" or not key or not request.user.is_authenticated:
+        if request.method != "POST" or not request.user.is_authenticated:
             return
-        if len(key) > MAX_KEY_LENGTH:
-            raise DomainError(f"{HEADER} is longer than {MAX_KEY_LENGTH} characters.",
-                              fields={HEADER: [f"At most {MAX_KEY_LENGTH} characters."]})
+        key = idempotency_key(request)
+        if key is None or not self.idempotency_recorded(request):
+            return
         fingerprint = _fingerprint(request)
         claim = idempotency_claim(user=request.user, key=key, fingerprint=fingerprint)
         if claim.replay is None:

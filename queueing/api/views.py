@@ -47,7 +47,7 @@ from .bulk import (
     job_submitted_data,
 )
 from .fields import InstantFilter
-from .idempotency import IdempotentPostMixin
+from .idempotency import IdempotentPostMixin, idempotency_key
 from .serializers import (
     JobCreateSerializer,
     JobDetailSerializer,
@@ -84,6 +84,9 @@ IDEMPOTENCY_HEADER = OpenApiParameter(
 class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                  viewsets.GenericViewSet[Job]):
     filterset_class = JobFilter
+
+    def idempotency_recorded(self, request: Request) -> bool:
+        return self.action != "create"  # the job keeps its key (see `create`)
 
     def get_queryset(self) -> QuerySet[Job]:
         if getattr(self, "swagger_fake_view", False):  # schema generation: no user
@@ -126,11 +129,11 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
                    parameters=[IDEMPOTENCY_HEADER])
     def create(self, request: Request) -> Response:
         data = job_input_build(actor=request.user, **_job_fields(request, JobCreateSerializer))
-        # Idempotency-Key, two stores the tests pin both of: the mixin replays this user's
-        # answer for a day, a 400 too (tests/api/test_contract.py); the service keeps the
-        # key on the job, unique per team for as long as the job (tests/test_jobs_api.py:
-        # a team mate's reuse, a retry after a day), and is the web form's only one.
-        key = request.headers.get("Idempotency-Key") or None  # length checked by the mixin
+        # Idempotency-Key: one layer, the key kept on the job by the service (unique per
+        # team for as long as the job; the web form's too); the mixin stands aside
+        # (`idempotency_recorded`). A refused submit stores nothing: the retry is checked
+        # afresh.
+        key = idempotency_key(request)
         job, event, created = job_submit_with_event(
             actor=request.user, data=data, idempotency_key=key)
         # The job and its events, without priority and queue position: those plan the
@@ -140,7 +143,8 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
             return Response(job_submitted_data(job, [event]), status=status.HTTP_201_CREATED)
         # An earlier job with this key: its current state, events read back.
         job = jobs_visible_to(actor=request.user).get(pk=job.pk)
-        return Response(JobSubmittedSerializer(job).data, status=status.HTTP_200_OK)
+        return Response(JobSubmittedSerializer(job).data, status=status.HTTP_200_OK,
+                        headers={"Idempotent-Replayed": "true"})
 
     @extend_schema(request=None, responses=JobDetailSerializer)
     @action(detail=True, methods=["post"])

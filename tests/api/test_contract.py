@@ -96,9 +96,9 @@ def test_validation_errors_are_replayed_too_but_5xx_are_not_stored(
     world: World, monkeypatch: Any
 ) -> None:
     c = world.client(world.member)
-    bad = _post(c, "/api/v1/jobs/", job_body(gpus=0), key="bad")
+    bad = _post(c, "/api/v1/jobs/bulk/", job_body(gpus=0, count=2), key="bad")
     assert bad.status_code == 400
-    again = _post(c, "/api/v1/jobs/", job_body(gpus=0), key="bad")
+    again = _post(c, "/api/v1/jobs/bulk/", job_body(gpus=0, count=2), key="bad")
     assert (again.status_code, again["Idempotent-Replayed"]) == (400, "true")
     assert IdempotencyRecord.objects.get(key="bad").status_code == 400
     # A server error is not an answer to keep: the key stays free for the retry.
@@ -107,12 +107,38 @@ def test_validation_errors_are_replayed_too_but_5xx_are_not_stored(
     def boom(**_: Any) -> Any:
         raise RuntimeError("database went away")
 
-    monkeypatch.setattr(views, "job_submit_with_event", boom)
+    monkeypatch.setattr(views, "jobs_submit_bulk", boom)
     c.raise_request_exception = False
-    assert _post(c, "/api/v1/jobs/", job_body(), key="flaky").status_code == 500
+    assert _post(c, "/api/v1/jobs/bulk/", job_body(count=2), key="flaky").status_code == 500
     assert not IdempotencyRecord.objects.filter(key="flaky").exists()
     monkeypatch.undo()
-    assert _post(c, "/api/v1/jobs/", job_body(), key="flaky").status_code == 201
+    assert _post(c, "/api/v1/jobs/bulk/", job_body(count=2), key="flaky").status_code == 201
+
+
+def test_a_job_submit_has_one_idempotency_layer_the_key_on_the_job(
+    world: World, monkeypatch: Any
+) -> None:
+    """`POST /jobs/` keeps its key on the job only (issue 13: one layer): a refused submit
+    stores nothing, so the corrected retry with the same key is created; a server error
+    stores nothing either; the replay of a created job says it is one."""
+    c = world.client(world.member)
+    bad = _post(c, "/api/v1/jobs/", job_body(gpus=0), key="run-1")
+    assert bad.status_code == 400
+    from queueing.api import views
+
+    def boom(**_: Any) -> Any:
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(views, "job_submit_with_event", boom)
+    c.raise_request_exception = False
+    assert _post(c, "/api/v1/jobs/", job_body(), key="run-1").status_code == 500
+    monkeypatch.undo()
+    first = _post(c, "/api/v1/jobs/", job_body(), key="run-1")
+    again = _post(c, "/api/v1/jobs/", job_body(), key="run-1")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again["Idempotent-Replayed"] == "true" and again.json()["id"] == first.json()["id"]
+    assert not IdempotencyRecord.objects.exists()
+    assert Job.objects.get().idempotency_key == "run-1"
 
 
 def test_records_older_than_a_day_are_purged_and_a_retry_then_claims_afresh(
