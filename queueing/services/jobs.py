@@ -284,8 +284,9 @@ def job_submit_with_event(
             if existing is not None:
                 return _same_submit_or_refuse(existing, actor=actor, data=data), None, False
         raise
+    # The shared plan is kept: a job newer than it refreshes it when its standing is asked
+    # for (selectors/queue_plan.py::queue_standing), so a burst of submits plans once.
     transaction.on_commit(kick)
-    transaction.on_commit(queue_plan_forget)
     return job, event, True
 
 
@@ -439,8 +440,7 @@ def jobs_submit_bulk(
                         for f in JobEvent._meta.concrete_fields if not f.primary_key}
         JobEvent.objects.bulk_create(
             [JobEvent(**{**event_fields, "job_id": job_id}) for job_id in ids], batch_size=2000)
-    transaction.on_commit(kick)
-    transaction.on_commit(queue_plan_forget)
+    transaction.on_commit(kick)  # the shared plan is kept (see job_submit_with_event)
     return ids
 
 

@@ -145,14 +145,19 @@ def test_a_job_spec_builds_the_input_of_the_same_job(world: World) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_submits_and_cancels_drop_the_shared_plan_on_commit(world: World) -> None:
-    """Whichever front end submitted (here the API, which never dropped it itself)."""
+def test_a_submit_keeps_the_shared_plan_its_job_refreshes_it_and_a_cancel_drops_it(
+        world: World) -> None:
+    """The same for every front end (here the API): a submit keeps the plan (a burst of
+    submits must not re-plan the queue once per submit); the new job's standing, newer
+    than the plan, refreshes it; a cancel drops it on commit."""
     c = world.client(world.member)
     queue_plan(now=timezone.now())
-    assert cache.get(_PLAN_KEY) is not None
+    cached = cache.get(_PLAN_KEY)
     job_id = c.post("/api/v1/jobs/", job_body(), format="json").json()["id"]
-    assert cache.get(_PLAN_KEY) is None
-    queue_plan(now=timezone.now())
+    assert cache.get(_PLAN_KEY) == cached and job_id not in cached.entries
+    detail = c.get(f"/api/v1/jobs/{job_id}/").json()
+    assert detail["queue"]["position"] == 1
+    assert job_id in cache.get(_PLAN_KEY).entries
     with transaction.atomic():
         assert c.post(f"/api/v1/jobs/{job_id}/cancel/").status_code == 200
         assert cache.get(_PLAN_KEY) is not None  # not before the commit
