@@ -174,9 +174,9 @@ class KickThrottle:
     by a cycle, and pushes the next window's start to a full `interval` after it; later
     kicks of the window send nothing. Windows are keys in the shared cache (`add` is
     true only for the first caller while the key lives), their values wall-clock times
-    (`clock`, the same in every process). A process that scheduled the trailing request
-    skips the cache until it is due (a burst of submits costs four round trips, not one
-    per submit)."""
+    (`clock`, the same in every process). A process that scheduled the trailing request,
+    or saw another process's, skips the cache until it is due: a burst of submits costs
+    each process at most four round trips a window, not one per submit."""
 
     def __init__(self, send: Callable[[float], None], *, cache: KickCache | None = None,
                  interval: int = 1, key: str = "fairq:kick",
@@ -204,7 +204,12 @@ class KickThrottle:
             cache.set(self._key, now + countdown, 2 * self._interval)
             self._covered_until = now + countdown
             self._send(round(countdown, 3))
-        # else: a trailing request is due within the interval, after this kick.
+            return
+        # Another process's trailing request is due when the window key says (it set
+        # it): every kick until then is covered by it, and this process stops asking.
+        due = cache.get(self._key)
+        if isinstance(due, int | float) and due > now:
+            self._covered_until = due
 
 
 def _django_cache() -> KickCache:

@@ -597,18 +597,25 @@ def test_kicks_are_throttled_to_one_a_second_but_the_last_one_is_never_dropped()
 
     class Cache:  # shared by the processes: key → (value, when it expires)
         keys: dict[str, tuple[float, float]] = {}
+        calls: list[str] = []  # every round trip
 
         def add(self, key: str, value: float, timeout: int) -> bool:
-            if self.get(key) is not None:
+            self.calls.append("add")
+            if self._live(key) is not None:
                 return False
             self.keys[key] = (value, now[0] + timeout)
             return True
 
         def get(self, key: str) -> float | None:
+            self.calls.append("get")
+            return self._live(key)
+
+        def _live(self, key: str) -> float | None:
             value, until = self.keys.get(key, (0.0, -1.0))
             return value if until > now[0] else None
 
         def set(self, key: str, value: float, timeout: int) -> None:
+            self.calls.append("set")
             self.keys[key] = (value, now[0] + timeout)
 
     sent: list[tuple[float, float]] = []  # (when, countdown)
@@ -627,6 +634,10 @@ def test_kicks_are_throttled_to_one_a_second_but_the_last_one_is_never_dropped()
     assert due[1] > last_kick  # ... due after the last kick of the burst
     process()()  # another process within the second: the shared keys hold it back
     assert len(sent) == 2
+    other, ops = process(), len(Cache.calls)
+    for _ in range(5):  # ... and it stops asking the cache until that request is due
+        other()
+    assert len(sent) == 2 and len(Cache.calls) - ops == 3
     now[0] = 1.5  # after the trailing request ran: a kick waits a second after it
     process()()
     assert sent[2][0] == 1.5 and sent[2][0] + sent[2][1] == pytest.approx(2.0)
