@@ -25,6 +25,9 @@ TEAM_RESOURCE_FIELDS = {"cpu": "cpu_millicores", "memory": "memory_bytes",
                         "ephemeral_storage": "ephemeral_storage_bytes",
                         "shm_size": "shm_size_bytes"}
 
+_MILLI = "Per replica, in millicores (1000 = one CPU); empty: none."
+_BYTES = "Per replica, in bytes (17179869184 = 16Gi); empty: none."
+
 
 class Team(models.Model):
     slug = models.CharField(max_length=40, unique=True, validators=[slug_validator])
@@ -51,14 +54,15 @@ class Team(models.Model):
     # Workload policy (docs/api.md, "Resources"): per replica, the default a job gets when
     # it names none and the most it may ask, normalised (millicores, bytes). NULL: no
     # default / no maximum. Set by team admins and staff (team_resources_set, audited).
-    default_cpu_millicores = models.BigIntegerField(null=True, blank=True)
-    max_cpu_millicores = models.BigIntegerField(null=True, blank=True)
-    default_memory_bytes = models.BigIntegerField(null=True, blank=True)
-    max_memory_bytes = models.BigIntegerField(null=True, blank=True)
-    default_ephemeral_storage_bytes = models.BigIntegerField(null=True, blank=True)
-    max_ephemeral_storage_bytes = models.BigIntegerField(null=True, blank=True)
-    default_shm_size_bytes = models.BigIntegerField(null=True, blank=True)
-    max_shm_size_bytes = models.BigIntegerField(null=True, blank=True)
+    default_cpu_millicores = models.BigIntegerField(null=True, blank=True, help_text=_MILLI)
+    max_cpu_millicores = models.BigIntegerField(null=True, blank=True, help_text=_MILLI)
+    default_memory_bytes = models.BigIntegerField(null=True, blank=True, help_text=_BYTES)
+    max_memory_bytes = models.BigIntegerField(null=True, blank=True, help_text=_BYTES)
+    default_ephemeral_storage_bytes = models.BigIntegerField(null=True, blank=True,
+                                                             help_text=_BYTES)
+    max_ephemeral_storage_bytes = models.BigIntegerField(null=True, blank=True, help_text=_BYTES)
+    default_shm_size_bytes = models.BigIntegerField(null=True, blank=True, help_text=_BYTES)
+    max_shm_size_bytes = models.BigIntegerField(null=True, blank=True, help_text=_BYTES)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -87,3 +87,23 @@ def test_submits_follow_the_policy_set_through_the_api(world: World) -> None:
     assert r.status_code == 201 and r.json()["shm_size"] == "2Gi"
     r = c.post("/api/v1/jobs/", job_body(resources={"cpu": "9"}), format="json")
     assert r.status_code == 400 and "resources.cpu" in r.json()["error"]["fields"]
+
+
+def test_staff_set_them_in_the_django_admin_audited(world: World) -> None:
+    from django.test import Client
+
+    from tests.factories import UserFactory
+    from tests.test_admin_audit import change_form
+
+    su = UserFactory(username="su", is_staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(su)
+    url, data, _ = change_form(client, world)
+    r = client.post(url, {**data, "default_memory_bytes": str(8 * GI),
+                          "max_memory_bytes": str(4 * GI)})
+    assert r.status_code == 200 and Team.objects.get(slug="vision").max_memory_bytes is None
+    r = client.post(url, {**data, "max_memory_bytes": str(64 * GI)})
+    assert r.status_code == 302
+    assert Team.objects.get(slug="vision").max_memory_bytes == 64 * GI
+    audit = AuditEntry.objects.filter(object_type="accounts.Team").latest("id")
+    assert audit.changes["max_memory_bytes"] == [None, 64 * GI]
