@@ -170,8 +170,10 @@ def job_input_build(
     as required, not checked. A resource or shm size not given (None, "") takes the
     team's default, if it has one."""
     command, args, env = command or [], args or [], env or {}
-    resources = {k: val for k, val in (resources or {}).items() if val not in (None, "")}
-    shm_size = shm_size or ""
+    resources = {k: val.strip() if isinstance(val, str) else val
+                 for k, val in (resources or {}).items()}
+    resources = {k: val for k, val in resources.items() if val not in (None, "")}
+    shm_size = (shm_size or "").strip()
     (team_row, gpu_type_row, tier_row), problems = _spec_fields(
         actor=actor, team=team, name=name, image=image, env=env, gpu_type=gpu_type, tier=tier,
         resources=resources, shm_size=shm_size)
