@@ -6,9 +6,11 @@ API server speaks), so every field that reaches a pod spec is decided in this fi
 
 Safety (docs/kubernetes.md, "What reaches the pod spec"): of the user's input only the
 image, command, args and env reach the pod, each copied field by field into a container
-fairq builds; everything else (resources, selector, tolerations, priority, security
-context, no service-account token) is fairq's. A LaunchSpec has no field through which a
-user could smuggle `privileged`, `hostPath`, `hostNetwork` or a service account. The image
+fairq builds, and the per-replica quantities (cpu, memory, ephemeral storage, /dev/shm),
+as integers fairq parsed and bounded at submit and writes itself; everything else (the
+selector, tolerations, priority, security context, no service-account token) is fairq's.
+A LaunchSpec has no field through which a user could smuggle `privileged`, `hostPath`,
+`hostNetwork` or a service account. The image
 and env names are checked again here (the API checks them first): a reserved env name or
 an image that is not an ASCII reference never reaches a pod.
 """
@@ -133,7 +135,9 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, Any]:
 
     Guarantees: the pod runs one container `main` with the spec's image, command, args
     and env (literal values only) and limits = requests = `gpus_per_replica` of the GPU
-    type's resource; no privilege, escalation, capability, host namespace, host path or
+    type's resource and the spec's cpu, memory and ephemeral storage
+    (`container_resources`); with a shm size, a memory-backed emptyDir at /dev/shm (`_shm`),
+    the only volume; no privilege, escalation, capability, host namespace, host path or
     service-account token, the runtime's seccomp profile, runAsNonRoot as the team says
     (`security_context`); no reserved env name (API rules, checked again here);
     `parallelism = completions = replicas`; labels and annotations carry job id, attempt,
