@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
 from queueing.errors import Conflict, DomainError
 
-from .models import ApiToken, AuditEntry, Membership, Role, ServiceAccount, Team
+from .models import TEAM_RESOURCE_FIELDS, ApiToken, AuditEntry, Membership, Role, ServiceAccount, Team
 from .services import (
     audit_record,
     membership_check_keeps_admin,
@@ -187,6 +187,13 @@ class TeamAdmin(AuditedAdmin):
     list_display = ["slug", "name", "weight", "parent", "run_as_non_root"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
+    fieldsets = [
+        (None, {"fields": ["slug", "name", "weight", "parent", "run_as_non_root"]}),
+        ("Resources per replica: defaults and maxima (the API and the team page take "
+         "quantities such as 16Gi)", {"fields": [
+             f"{kind}_{column}" for column in TEAM_RESOURCE_FIELDS.values()
+             for kind in ("default", "max")]}),
+    ]
 
 
 class MembershipAdminForm(MembershipForm):

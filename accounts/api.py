@@ -17,6 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from queueing import validation as v
 from queueing.api.idempotency import IdempotentPostMixin
 from queueing.api.strict import StrictFieldsMixin
 from queueing.errors import NotFound
@@ -31,6 +32,8 @@ from .services import (
     membership_remove,
     membership_set,
     team_create,
+    team_resources,
+    team_resources_set,
     team_update,
     token_issue,
     token_revoke,
@@ -45,16 +48,22 @@ class TeamSerializer(StrictFieldsMixin, serializers.ModelSerializer[Team]):
     role = serializers.SerializerMethodField(help_text="The caller's role in the team, if any.")
     granted_tiers = serializers.SerializerMethodField(
         help_text="Tiers granted to the team besides those open to every team (rule T1).")
+    resources = serializers.SerializerMethodField(
+        help_text="Per-replica defaults and maxima of its jobs' resources "
+                  "(GET/PATCH /teams/{slug}/resources/).")
 
     class Meta:
         model = Team
         fields = ["slug", "name", "weight", "parent", "run_as_non_root", "granted_tiers",
-                  "role", "created_at"]
-        read_only_fields = ["created_at", "role", "granted_tiers"]
+                  "resources", "role", "created_at"]
+        read_only_fields = ["created_at", "role", "granted_tiers", "resources"]
 
     def get_role(self, team: Team) -> str | None:
         roles: dict[int, str] = self.context.get("roles", {})
         return roles.get(team.pk)
+
+    def get_resources(self, team: Team) -> dict[str, str | None]:
+        return team_resources(team)
 
     def get_granted_tiers(self, team: Team) -> list[str]:
 
@@ -125,6 +134,49 @@ class TeamDetailView(IdempotentPostMixin, APIView):
             if grants is not None:
                 team_tier_grants_set(actor=request.user, team=team, tiers=grants)
         return Response(TeamSerializer(team, context={"roles": _roles(request)}).data)
+
+
+# --- resource defaults and maxima ---------------------------------------------------
+
+
+def _team_quantity(help_text: str) -> serializers.CharField:
+    return serializers.CharField(max_length=v.MAX_QUANTITY_LEN, required=False,
+                                 allow_null=True, allow_blank=True, help_text=help_text)
+
+
+# Shapes only: whether each is a quantity, and default <= maximum, are team_resources_set's.
+class TeamResourcesSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
+    """Per replica, as Kubernetes quantities; null: no default / no maximum. A job that
+    names no cpu, memory, ephemeral storage or shm size gets the default; one above the
+    maximum is refused at submit (400)."""
+
+    default_cpu = _team_quantity('e.g. "4", "500m".')
+    max_cpu = _team_quantity('e.g. "64".')
+    default_memory = _team_quantity('e.g. "16Gi".')
+    max_memory = _team_quantity('e.g. "512Gi".')
+    default_ephemeral_storage = _team_quantity('e.g. "20Gi".')
+    max_ephemeral_storage = _team_quantity('e.g. "500Gi".')
+    default_shm_size = _team_quantity('Size of /dev/shm, e.g. "8Gi".')
+    max_shm_size = _team_quantity('e.g. "128Gi".')
+
+
+class TeamResourcesView(IdempotentPostMixin, APIView):
+    """The team's defaults and maxima of its jobs' resources: members read them, team
+    admins and staff change them (audited)."""
+
+    @extend_schema(responses=TeamResourcesSerializer)
+    def get(self, request: Request, slug: str) -> Response:
+        team = check_team_member(actor=request.user, slug=slug)
+        return Response(team_resources(team))
+
+    @extend_schema(request=TeamResourcesSerializer, responses=TeamResourcesSerializer)
+    def patch(self, request: Request, slug: str) -> Response:
+        team = check_team_member(actor=request.user, slug=slug)
+        check_team_admin(actor=request.user, team=team)
+        s = TeamResourcesSerializer(data=request.data)
+        s.is_valid(raise_exception=True)
+        team = team_resources_set(actor=request.user, team=team, **s.validated_data)
+        return Response(team_resources(team))
 
 
 # --- memberships ---------------------------------------------------------------------

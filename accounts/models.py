@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 slug_validator = RegexValidator(
     # \Z, not $: `$` would also take "red\n".
@@ -17,6 +17,16 @@ slug_validator = RegexValidator(
     "Use 1-40 lower-case letters, digits or '-', starting and ending with a letter or digit "
     "(it becomes part of Kubernetes names).",
 )
+
+
+# A team's resource policy: field suffixes of Team's `default_*` and `max_*` columns, by
+# the name jobs use (`resources` keys and `shm_size`).
+TEAM_RESOURCE_FIELDS = {"cpu": "cpu_millicores", "memory": "memory_bytes",
+                        "ephemeral_storage": "ephemeral_storage_bytes",
+                        "shm_size": "shm_size_bytes"}
+
+_MILLI = "Per replica, in millicores (1000 = one CPU); empty: none."
+_BYTES = "Per replica, in bytes (17179869184 = 16Gi); empty: none."
 
 
 class Team(models.Model):
@@ -41,11 +51,34 @@ class Team(models.Model):
                   "and its namespace enforces the 'restricted' Pod Security level; "
                   "otherwise 'baseline'.",
     )
+    # Workload policy (docs/api.md, "Resources"): per replica, the default a job gets when
+    # it names none and the most it may ask, normalised (millicores, bytes). NULL: no
+    # default / no maximum. Set by team admins and staff (team_resources_set, audited).
+    default_cpu_millicores = models.BigIntegerField(null=True, blank=True, help_text=_MILLI)
+    max_cpu_millicores = models.BigIntegerField(null=True, blank=True, help_text=_MILLI)
+    default_memory_bytes = models.BigIntegerField(null=True, blank=True, help_text=_BYTES)
+    max_memory_bytes = models.BigIntegerField(null=True, blank=True, help_text=_BYTES)
+    default_ephemeral_storage_bytes = models.BigIntegerField(null=True, blank=True,
+                                                             help_text=_BYTES)
+    max_ephemeral_storage_bytes = models.BigIntegerField(null=True, blank=True, help_text=_BYTES)
+    default_shm_size_bytes = models.BigIntegerField(null=True, blank=True, help_text=_BYTES)
+    max_shm_size_bytes = models.BigIntegerField(null=True, blank=True, help_text=_BYTES)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["slug"]
-        constraints = [models.CheckConstraint(condition=Q(weight__gt=0), name="team_weight_gt_0")]
+        constraints = [
+            models.CheckConstraint(condition=Q(weight__gt=0), name="team_weight_gt_0"),
+            *[models.CheckConstraint(
+                condition=Q(**{f"{kind}_{r}__isnull": True}) | Q(**{f"{kind}_{r}__gte": 1}),
+                name=f"team_{kind}_{r}_gte_1")
+              for r in TEAM_RESOURCE_FIELDS.values() for kind in ("default", "max")],
+            *[models.CheckConstraint(
+                condition=Q(**{f"default_{r}__isnull": True}) | Q(**{f"max_{r}__isnull": True})
+                | Q(**{f"default_{r}__lte": F(f"max_{r}")}),
+                name=f"team_default_{r}_lte_max")
+              for r in TEAM_RESOURCE_FIELDS.values()],
+        ]
 
     def __str__(self) -> str:
         return self.slug

@@ -13,11 +13,21 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
 
-from queueing.errors import Conflict
+from queueing import validation as v
+from queueing.errors import Conflict, DomainError
 from queueing.services.access import check_staff, check_team_admin
 
 from .client_ip import current_client_ip
-from .models import ApiToken, AuditEntry, IdempotencyRecord, Membership, Role, ServiceAccount, Team
+from .models import (
+    TEAM_RESOURCE_FIELDS,
+    ApiToken,
+    AuditEntry,
+    IdempotencyRecord,
+    Membership,
+    Role,
+    ServiceAccount,
+    Team,
+)
 
 
 @dataclass(frozen=True)
@@ -214,6 +224,57 @@ def team_update(*, actor: Any, team: Team, **fields: Any) -> Team:
             raise ValueError(f"team field {name!r} cannot be changed")
         setattr(team, name, value)
     team.full_clean()
+    team.save()
+    audit_record(actor=actor, action="update", instance=team, changes=model_changes(before, team))
+    return team
+
+
+def team_resources(team: Team) -> dict[str, str | None]:
+    """The team's resource policy as the API and the team page show it: `default_<name>`
+    and `max_<name>` for cpu, memory, ephemeral_storage and shm_size, each a Kubernetes
+    quantity or None (no default, no maximum)."""
+    out: dict[str, str | None] = {}
+    for name, column in TEAM_RESOURCE_FIELDS.items():
+        for kind in ("default", "max"):
+            amount = getattr(team, f"{kind}_{column}")
+            out[f"{kind}_{name}"] = None if amount is None else v.format_resource(name, amount)
+    return out
+
+
+TEAM_RESOURCE_KEYS = tuple(f"{kind}_{name}" for name in TEAM_RESOURCE_FIELDS
+                           for kind in ("default", "max"))
+
+
+@transaction.atomic
+def team_resources_set(*, actor: Any, team: Team, **quantities: str | None) -> Team:
+    """Set some of the team's resource defaults and maxima (`TEAM_RESOURCE_KEYS`: a
+    quantity, or None / "" to clear), audited field by field in the same transaction.
+    A default above its maximum (as set now or before) is refused. Raises DomainError
+    (400) naming every refused key, changing nothing. `actor` must be a team admin of
+    `team` or staff (PermissionDenied otherwise). Jobs already submitted keep theirs."""
+    if actor is not None:
+        check_team_admin(actor=actor, team=team)
+    before = Team.objects.select_for_update().get(pk=team.pk)
+    team = Team.objects.get(pk=team.pk)
+    problems: dict[str, list[str]] = {}
+    for key, text in quantities.items():
+        if key not in TEAM_RESOURCE_KEYS:
+            raise ValueError(f"team field {key!r} cannot be changed")
+        kind, _, name = key.partition("_")
+        try:
+            amount = None if text in (None, "") else v.parse_resource(name, text)
+        except ValueError as exc:
+            problems[key] = [str(exc)]
+            continue
+        setattr(team, f"{kind}_{TEAM_RESOURCE_FIELDS[name]}", amount)
+    for name, column in TEAM_RESOURCE_FIELDS.items():
+        default, most = getattr(team, f"default_{column}"), getattr(team, f"max_{column}")
+        if not problems and default is not None and most is not None and default > most:
+            problems[f"default_{name}"] = [
+                f"The default {v.format_resource(name, default)} is above the maximum "
+                f"{v.format_resource(name, most)}."]
+    if problems:
+        raise DomainError("The request has invalid fields.", fields=problems)
     team.save()
     audit_record(actor=actor, action="update", instance=team, changes=model_changes(before, team))
     return team

@@ -165,6 +165,17 @@ class Job(models.Model):
     replicas = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
     tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="jobs")
     max_runtime_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # Per replica, requests = limits (docs/api.md, "Resources"): the quantities as the
+    # submitter wrote them (or the team's defaults), {"cpu": "4", "memory": "16Gi", ...},
+    # for display and resubmit; the values the manifest and the rules use are the
+    # normalised integers below (NULL: not set, the pod gets no such request).
+    resources = models.JSONField(default=dict, blank=True)
+    cpu_millicores = models.BigIntegerField(null=True, blank=True)
+    memory_bytes = models.BigIntegerField(null=True, blank=True)
+    ephemeral_storage_bytes = models.BigIntegerField(null=True, blank=True)
+    # A memory-backed emptyDir at /dev/shm of this size ("" / NULL: none).
+    shm_size = models.CharField(max_length=32, blank=True, default="")
+    shm_size_bytes = models.BigIntegerField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=JOB_STATUS_CHOICES, default=JobState.QUEUED.value)
     attempt = models.PositiveIntegerField(default=1)
     # NULL, not "", means "no key": the partial unique constraint skips NULLs.
@@ -192,6 +203,10 @@ class Job(models.Model):
             ),
             models.CheckConstraint(condition=Q(gpus_per_replica__gte=1), name="job_gpus_gte_1"),
             models.CheckConstraint(condition=Q(replicas__gte=1), name="job_replicas_gte_1"),
+            *[models.CheckConstraint(condition=Q(**{f"{f}__isnull": True}) | Q(**{f"{f}__gte": 1}),
+                                     name=f"job_{f}_gte_1")
+              for f in ("cpu_millicores", "memory_bytes", "ephemeral_storage_bytes",
+                        "shm_size_bytes")],
         ]
         indexes = [
             models.Index(fields=["status", "tier", "created_at"], name="job_queue_idx"),

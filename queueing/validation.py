@@ -6,6 +6,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any
 
 # Every pattern ends with \Z, not $: `$` also matches before a trailing newline, so
@@ -125,3 +126,91 @@ def registry_problem(image: str, allowlist: list[str] | tuple[str, ...]) -> str 
             return None
     return (f"Images must come from an allowed registry ({', '.join(allowlist)}); "
             f"{image!r} resolves to {full!r}.")
+
+
+# --- resources: Kubernetes quantities (docs/api.md, "Resources") -------------------------
+# A pure parser, not kubernetes.utils.parse_quantity: the front ends, which call these
+# checks, may not import the Kubernetes client (lint-imports, front-ends-no-cluster), and
+# the client's parser takes any length of digits and any exponent (1e999999 builds a
+# Decimal of a million digits). This one takes the grammar of the API server's
+# resource.Quantity without a sign: digits[.digits][suffix], at most 32 characters.
+_QUANTITY_RE = re.compile(
+    r"^(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]{1,3})?\Z", re.ASCII)
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL_EXP = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15,
+                "E": 18}
+MAX_QUANTITY_LEN = 32
+# Far above any node, far below int64 (Kubernetes' and PostgreSQL's bigint): a value
+# past these is a typo or an attack, never a job.
+MAX_CPU_MILLICORES = 100_000 * 1000  # 100,000 cores
+MAX_RESOURCE_BYTES = 2**60  # 1 Ei
+# The per-replica resources a job may set, as the API names them (`resources` keys).
+RESOURCE_NAMES = ("cpu", "memory", "ephemeral_storage")
+
+
+def _quantity(text: Any) -> Fraction:
+    """The exact value of a Kubernetes quantity without a sign, or ValueError."""
+    if not isinstance(text, str):
+        raise ValueError("Write a quantity as a string, e.g. \"4\", \"500m\", \"16Gi\".")
+    text = text.strip()
+    if text.startswith("-"):
+        raise ValueError(f"Must be positive, not {text[:MAX_QUANTITY_LEN]!r}.")
+    match = _QUANTITY_RE.match(text) if len(text) <= MAX_QUANTITY_LEN else None
+    if match is None:
+        raise ValueError(f"Not a Kubernetes quantity: {text[:MAX_QUANTITY_LEN]!r} (e.g. "
+                         "\"4\", \"500m\", \"16Gi\", \"100G\").")
+    value = Fraction(match["number"])
+    suffix = match["suffix"] or ""
+    if suffix in _BINARY:
+        return value * _BINARY[suffix]
+    exponent = _DECIMAL_EXP[suffix] if suffix in _DECIMAL_EXP else int(suffix[1:])
+    return value * Fraction(10) ** exponent
+
+
+def parse_cpu(text: Any) -> int:
+    """A CPU quantity ("4", "500m", "0.5") in millicores, rounded up as Kubernetes does;
+    ValueError with a readable message when it is not a quantity, rounds to zero or is
+    above MAX_CPU_MILLICORES."""
+    value = _quantity(text)
+    if value > MAX_CPU_MILLICORES // 1000:  # before ceil: 1e999 stays cheap
+        raise ValueError(f"At most {MAX_CPU_MILLICORES // 1000:,} CPUs.")
+    millicores = math.ceil(value * 1000)
+    if millicores < 1:
+        raise ValueError("Must be at least 1m (a thousandth of a CPU).")
+    return millicores
+
+
+def parse_bytes(text: Any) -> int:
+    """A memory or storage quantity ("16Gi", "100G", "1.5Gi") in bytes, rounded up;
+    ValueError when it is not a quantity, is zero or is above MAX_RESOURCE_BYTES."""
+    value = _quantity(text)
+    if value > MAX_RESOURCE_BYTES:
+        raise ValueError(f"At most {format_bytes(MAX_RESOURCE_BYTES)}.")
+    size = math.ceil(value)
+    if size < 1:
+        raise ValueError("Must be at least 1 byte.")
+    return size
+
+
+def format_cpu(millicores: int) -> str:
+    """Millicores as Kubernetes writes them: 4000 → "4", 500 → "500m"."""
+    return str(millicores // 1000) if millicores % 1000 == 0 else f"{millicores}m"
+
+
+def format_bytes(size: int) -> str:
+    """Bytes in the largest binary unit that holds them exactly: 2**30 → "1Gi"."""
+    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+        unit = _BINARY[suffix]
+        if size % unit == 0:
+            return f"{size // unit}{suffix}"
+    return str(size)
+
+
+def parse_resource(name: str, text: Any) -> int:
+    """`parse_cpu` for "cpu", `parse_bytes` for memory, ephemeral storage and shm."""
+    return parse_cpu(text) if name == "cpu" else parse_bytes(text)
+
+
+def format_resource(name: str, amount: int) -> str:
+    return format_cpu(amount) if name == "cpu" else format_bytes(amount)

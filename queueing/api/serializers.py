@@ -17,6 +17,22 @@ from queueing.models import Job, JobEvent
 from .strict import StrictFieldsMixin
 
 
+def _quantity(help_text: str) -> serializers.CharField:
+    return serializers.CharField(max_length=v.MAX_QUANTITY_LEN, required=False,
+                                 help_text=help_text)
+
+
+# Shapes only (strings of at most 32 characters): whether each is a quantity, and the
+# team's defaults and maxima, are `job_input_build`'s.
+class ResourcesSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
+    """Per replica, requests = limits (Guaranteed QoS), as Kubernetes quantities; one not
+    given takes the team's default, if it has one."""
+
+    cpu = _quantity('CPUs: "4", "500m", "0.5".')
+    memory = _quantity('Memory: "16Gi", "500M".')
+    ephemeral_storage = _quantity('Ephemeral (node-local) storage: "50Gi".')
+
+
 # Shapes only: the rules that need the database or settings (the team, GPU type and tier,
 # the registry, the simulator's knobs, a gang no node holds) are `job_input_build`'s
 # (queueing/services/jobs.py). (A comment: the schema shows the docstring.)
@@ -48,6 +64,11 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
         min_value=1, max_value=v.MAX_RUNTIME_SECONDS, required=False, allow_null=True,
         default=None,
     )
+    resources = ResourcesSerializer(required=False)
+    shm_size = serializers.CharField(
+        max_length=v.MAX_QUANTITY_LEN, required=False, allow_blank=True,
+        help_text='Size of /dev/shm (a memory-backed emptyDir), e.g. "64Gi"; not given: the '
+                  "team's default, if any.")
 
 
 @functools.cache
@@ -111,12 +132,19 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     gpus = serializers.IntegerField(source="gpus_per_replica")
     total_gpus = serializers.IntegerField(read_only=True)
     submitter = serializers.CharField(source="submitter.username", default=None)
+    resources = serializers.DictField(
+        child=serializers.CharField(), read_only=True,
+        help_text="Per replica, requests = limits: cpu, memory, ephemeral_storage as "
+                  "submitted or from the team's defaults; a resource not set is absent.")
+    shm_size = serializers.CharField(read_only=True,
+                                     help_text='Size of /dev/shm ("": the runtime\'s default).')
 
     class Meta:
         model = Job
         fields = [
             "id", "team", "name", "image", "command", "args", "env", "gpu_type", "gpus",
-            "replicas", "total_gpus", "tier", "max_runtime_seconds", "status", "attempt",
+            "replicas", "total_gpus", "tier", "max_runtime_seconds", "resources", "shm_size",
+            "status", "attempt",
             "submitter", "created_at", "updated_at", "admitted_at", "started_at",
             "finished_at", "placement", "exit_code", "message",
         ]

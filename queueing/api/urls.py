@@ -20,6 +20,8 @@ urlpatterns = [
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("teams/", accounts_api.TeamListView.as_view(), name="team-list"),
     path("teams/<slug:slug>/", accounts_api.TeamDetailView.as_view(), name="team-detail"),
+    path("teams/<slug:slug>/resources/", accounts_api.TeamResourcesView.as_view(),
+         name="team-resources"),
     path("teams/<slug:slug>/members/", accounts_api.MembershipListView.as_view(),
          name="membership-list"),
     path("teams/<slug:slug>/members/<str:username>/", accounts_api.MembershipDetailView.as_view(),

@@ -208,10 +208,13 @@ def _job_fields(request: Request, serializer_class: type[JobCreateSerializer]) -
         merged: dict[str, Any] = {name: detail.get(name) or rules[name] for name in names
                                   if name in detail or name in rules}
         merged.update({name: value for name, value in detail.items() if name not in merged})
+        # A nested field's rule ("resources.cpu") when its shape passed.
+        merged.update({name: value for name, value in rules.items()
+                       if name not in merged and name.split(".")[0] not in detail})
         raise ValidationError(merged) from None
 
 
-_RULED_FIELDS = ("team", "name", "image", "env", "gpu_type", "tier")
+_RULED_FIELDS = ("team", "name", "image", "env", "gpu_type", "tier", "resources", "shm_size")
 
 
 def _detail_data(job: Job) -> Any:

@@ -66,6 +66,12 @@ class LaunchSpec:
     # The team's setting (Team.run_as_non_root): the container gets runAsNonRoot and the
     # namespace the `restricted` Pod Security level. True unless said otherwise.
     run_as_non_root: bool = True
+    # Per replica, requests = limits (Job's normalised columns; None: not set) and the
+    # size of the memory-backed /dev/shm (None: the runtime's default).
+    cpu_millicores: int | None = None
+    memory_bytes: int | None = None
+    ephemeral_storage_bytes: int | None = None
+    shm_size_bytes: int | None = None
 
 
 # The reason of an attempt that waits on the cluster (not failed), as shown on the job.

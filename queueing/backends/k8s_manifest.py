@@ -6,9 +6,11 @@ API server speaks), so every field that reaches a pod spec is decided in this fi
 
 Safety (docs/kubernetes.md, "What reaches the pod spec"): of the user's input only the
 image, command, args and env reach the pod, each copied field by field into a container
-fairq builds; everything else (resources, selector, tolerations, priority, security
-context, no service-account token) is fairq's. A LaunchSpec has no field through which a
-user could smuggle `privileged`, `hostPath`, `hostNetwork` or a service account. The image
+fairq builds, and the per-replica quantities (cpu, memory, ephemeral storage, /dev/shm),
+as integers fairq parsed and bounded at submit and writes itself; everything else (the
+selector, tolerations, priority, security context, no service-account token) is fairq's.
+A LaunchSpec has no field through which a user could smuggle `privileged`, `hostPath`,
+`hostNetwork` or a service account. The image
 and env names are checked again here (the API checks them first): a reserved env name or
 an image that is not an ASCII reference never reaches a pod.
 """
@@ -31,6 +33,8 @@ from queueing.validation import (
     IMAGE_RE,
     MAX_IMAGE_LEN,
     env_name_reserved,
+    format_bytes,
+    format_cpu,
 )
 
 from .base import WAITING, LaunchSpec, NodeInfo, Phase, WorkloadStatus, parse_workload_name
@@ -131,7 +135,9 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, Any]:
 
     Guarantees: the pod runs one container `main` with the spec's image, command, args
     and env (literal values only) and limits = requests = `gpus_per_replica` of the GPU
-    type's resource; no privilege, escalation, capability, host namespace, host path or
+    type's resource and the spec's cpu, memory and ephemeral storage
+    (`container_resources`); with a shm size, a memory-backed emptyDir at /dev/shm (`_shm`),
+    the only volume; no privilege, escalation, capability, host namespace, host path or
     service-account token, the runtime's seccomp profile, runAsNonRoot as the team says
     (`security_context`); no reserved env name (API rules, checked again here);
     `parallelism = completions = replicas`; labels and annotations carry job id, attempt,
@@ -153,12 +159,10 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, Any]:
         A_REPLICAS: str(spec.replicas),
         A_PLACEMENT: ",".join(spec.placement),
     }
-    gpus = str(spec.gpus_per_replica)
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.image,
-        "resources": {"limits": {spec.resource_name: gpus},
-                      "requests": {spec.resource_name: gpus}},
+        "resources": container_resources(spec),
         "securityContext": security_context(run_as_non_root=spec.run_as_non_root),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -171,6 +175,7 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, Any]:
     env = _env(spec.env)
     if env:
         container["env"] = env
+    volumes = _shm(spec, container)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "containers": [container],
@@ -182,6 +187,8 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, Any]:
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": opts.termination_grace_seconds,
     }
+    if volumes:
+        pod_spec["volumes"] = volumes
     if spec.node_labels:
         pod_spec["nodeSelector"] = {str(k): str(v) for k, v in sorted(spec.node_labels.items())}
     planned = sorted(set(spec.placement))
@@ -218,6 +225,44 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, Any]:
                      "annotations": annotations},
         "spec": job_spec,
     }
+
+
+SHM_VOLUME = "dshm"
+
+
+def _positive(value: Any, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**62:
+        raise ManifestError(f"{what} must be a positive integer, not {value!r}")
+    return value
+
+
+def container_resources(spec: LaunchSpec) -> dict[str, dict[str, str]]:
+    """The container's `resources`: limits = requests for the GPUs and for each of cpu,
+    memory and ephemeral-storage the spec sets, so a pod with cpu and memory set is of
+    the Guaranteed QoS class (never evicted before BestEffort and Burstable pods)."""
+    amounts = {spec.resource_name: str(spec.gpus_per_replica)}
+    for key, value, fmt in (
+            ("cpu", spec.cpu_millicores, format_cpu),
+            ("memory", spec.memory_bytes, format_bytes),
+            ("ephemeral-storage", spec.ephemeral_storage_bytes, format_bytes)):
+        amount = _positive(value, key)
+        if amount is not None:
+            amounts[key] = fmt(amount)
+    return {"limits": dict(amounts), "requests": dict(amounts)}
+
+
+def _shm(spec: LaunchSpec, container: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod's volumes for a spec with a /dev/shm size: one memory-backed emptyDir of
+    that size (its pages count against the container's memory limit), mounted at
+    /dev/shm. emptyDir is allowed by the `restricted` Pod Security level."""
+    size = _positive(spec.shm_size_bytes, "shm size")
+    if size is None:
+        return []
+    container["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    return [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory",
+                                              "sizeLimit": format_bytes(size)}}]
 
 
 def security_context(*, run_as_non_root: bool) -> dict[str, Any]:

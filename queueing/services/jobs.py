@@ -15,7 +15,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import ForeignKey, JSONField
 from django.utils import timezone
 
-from accounts.models import Team
+from accounts.models import TEAM_RESOURCE_FIELDS, Team
 from queueing import rawsql
 from queueing import validation as v
 from queueing.composition import backend_class, get_backend, kick, stop_workload_soon
@@ -99,11 +99,32 @@ class JobInput:
     replicas: int
     tier: Tier
     max_runtime_seconds: int | None
+    # Per replica, as written (validated, the team's defaults filled in): {"cpu": "4",
+    # "memory": "16Gi", "ephemeral_storage": "50Gi"}, each optional; and the /dev/shm size.
+    resources: dict[str, str] = dataclasses.field(default_factory=dict)
+    shm_size: str = ""
+    # Derived from the two above (`__post_init__`): what the manifest and the rules use.
+    cpu_millicores: int | None = dataclasses.field(init=False, default=None)
+    memory_bytes: int | None = dataclasses.field(init=False, default=None)
+    ephemeral_storage_bytes: int | None = dataclasses.field(init=False, default=None)
+    shm_size_bytes: int | None = dataclasses.field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        """Normalise the quantities (ValueError when one is not valid: `job_input_build`
+        checked them first)."""
+        for name, column in RESOURCE_COLUMNS.items():
+            text = self.shm_size if name == "shm_size" else self.resources.get(name)
+            object.__setattr__(self, column, v.parse_resource(name, text) if text else None)
 
     def job_values(self) -> dict[str, Any]:
         """The Job fields this input sets (submit, array job, and the idempotency check
         compare against it)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+# A job's quantities by the name the API gives them (`resources` keys and `shm_size`) ->
+# Job's normalised column (Team's `default_<column>` and `max_<column>` too).
+RESOURCE_COLUMNS: dict[str, str] = TEAM_RESOURCE_FIELDS
 
 
 # The one job-field mapping: a submitted job's fields as the API, the CLI and the web form
@@ -113,6 +134,7 @@ JOB_SPEC_FIELDS: dict[str, str] = {
     "team": "team", "name": "name", "image": "image", "command": "command", "args": "args",
     "env": "env", "gpu_type": "gpu_type", "gpus": "gpus_per_replica", "replicas": "replicas",
     "tier": "tier", "max_runtime_seconds": "max_runtime_seconds",
+    "resources": "resources", "shm_size": "shm_size",
 }
 _SLUG_FIELDS = frozenset({"team", "gpu_type", "tier"})
 INVALID_FIELDS = "The request has invalid fields."
@@ -134,6 +156,7 @@ def job_input_build(
     gpu_type: str | None, gpus: int | None, command: list[str] | None = None,
     args: list[str] | None = None, env: dict[str, str] | None = None, replicas: int | None = 1,
     tier: str | None = None, max_runtime_seconds: int | None = None,
+    resources: dict[str, str] | None = None, shm_size: str | None = None,
 ) -> JobInput:
     """The JobInput of a job spec whose fields have their shapes already (the API's
     serializer, the web form): the submit rules that need settings or the database. The
@@ -142,11 +165,18 @@ def job_input_build(
 
     Raises DomainError (400) with every refused field's messages, as the API answers and
     the web form shows them: first each field on its own, then, when they all pass, the
-    rules across fields (a gang no node holds, the spec's size). A None argument is a
-    field the front end found missing or ill-formed: reported as required, not checked."""
+    rules across fields (a gang no node holds, the team's resource maxima, the spec's
+    size). A None argument is a field the front end found missing or ill-formed: reported
+    as required, not checked. A resource or shm size not given (None, "") takes the
+    team's default, if it has one."""
     command, args, env = command or [], args or [], env or {}
+    resources = {k: val.strip() if isinstance(val, str) else val
+                 for k, val in (resources or {}).items()}
+    resources = {k: val for k, val in resources.items() if val not in (None, "")}
+    shm_size = (shm_size or "").strip()
     (team_row, gpu_type_row, tier_row), problems = _spec_fields(
-        actor=actor, team=team, name=name, image=image, env=env, gpu_type=gpu_type, tier=tier)
+        actor=actor, team=team, name=name, image=image, env=env, gpu_type=gpu_type, tier=tier,
+        resources=resources, shm_size=shm_size)
     for field, value in (("team", team), ("name", name), ("image", image),
                          ("gpu_type", gpu_type), ("gpus", gpus), ("replicas", replicas)):
         if value is None:
@@ -165,28 +195,65 @@ def job_input_build(
         raise DomainError(INVALID_FIELDS, fields={"gpus": [
             f"No {gpu_type_row.slug} node holds {gpus} GPUs (the largest has {largest})."
             if largest else f"The cluster has no {gpu_type_row.slug} nodes."]})
+    resources, shm_size = _team_resources(team_row, resources=resources, shm_size=shm_size)
     if v.spec_size(command, args, env) > v.MAX_SPEC_BYTES:
         raise DomainError(INVALID_FIELDS, fields={"non_field_errors": [
             f"command, args and env together exceed {v.MAX_SPEC_BYTES // 1024} KiB."]})
     return JobInput(team=team_row, name=name, image=image, command=command, args=args,
                     env=env, gpu_type=gpu_type_row, gpus_per_replica=gpus, replicas=replicas,
-                    tier=tier_row, max_runtime_seconds=max_runtime_seconds)
+                    tier=tier_row, max_runtime_seconds=max_runtime_seconds,
+                    resources=resources, shm_size=shm_size)
+
+
+def resource_field(name: str) -> str:
+    """The error key of a quantity: "resources.cpu" (as DRF names a nested field), or
+    "shm_size"."""
+    return name if name == "shm_size" else f"resources.{name}"
+
+
+def _team_resources(team: Team, *, resources: dict[str, str],
+                    shm_size: str) -> tuple[dict[str, str], str]:
+    """The job's quantities (already valid) with `team`'s defaults filled in; DomainError
+    naming each one above the team's maximum."""
+    out, problems = dict(resources), {}
+    for name, column in RESOURCE_COLUMNS.items():
+        text = shm_size if name == "shm_size" else out.get(name, "")
+        if not text:
+            default = getattr(team, f"default_{column}")
+            if default is None:
+                continue
+            text = v.format_resource(name, default)
+        most = getattr(team, f"max_{column}")
+        if most is not None and v.parse_resource(name, text) > most:
+            problems[resource_field(name)] = [
+                f"At most {v.format_resource(name, most)} per replica (team {team.slug}'s "
+                f"maximum), not {text}."]
+        if name == "shm_size":
+            shm_size = text
+        else:
+            out[name] = text
+    if problems:
+        raise DomainError(INVALID_FIELDS, fields=problems)
+    return {name: out[name] for name in v.RESOURCE_NAMES if name in out}, shm_size
 
 
 def job_spec_field_problems(
     *, actor: Any, team: str | None = None, name: str | None = None, image: str | None = None,
     env: dict[str, str] | None = None, gpu_type: str | None = None, tier: str | None = None,
+    resources: dict[str, str] | None = None, shm_size: str | None = None,
 ) -> dict[str, list[str]]:
     """`job_input_build`'s first step alone: the refusals of each given field on its own
     (None: not given). For a front end whose own shape checks refused other fields, so it
     answers every field's problem at once, as one serializer did."""
     return _spec_fields(actor=actor, team=team, name=name, image=image, env=env or {},
-                        gpu_type=gpu_type, tier=tier)[1]
+                        gpu_type=gpu_type, tier=tier, resources=resources or {},
+                        shm_size=shm_size or "")[1]
 
 
 def _spec_fields(
     *, actor: Any, team: str | None, name: str | None, image: str | None,
     env: dict[str, str], gpu_type: str | None, tier: str | None,
+    resources: dict[str, str] | None = None, shm_size: str = "",
 ) -> tuple[tuple[Team | None, GpuType | None, Tier | None], dict[str, list[str]]]:
     """The team, GPU type and tier rows the spec names, and each field's refusals."""
     problems: dict[str, list[str]] = {}
@@ -217,7 +284,24 @@ def _spec_fields(
         tier_row = tiers.get(tier)
         if tier_row is None:
             problems["tier"] = [f"Unknown tier {tier!r}; known: {', '.join(sorted(tiers))}."]
+    problems.update(_quantity_problems(resources or {}, shm_size))
     return (team_row, gpu_type_row, tier_row), problems
+
+
+def _quantity_problems(resources: dict[str, str], shm_size: str) -> dict[str, list[str]]:
+    """Each quantity's refusal on its own (not a quantity, zero, negative, too large)."""
+    problems: dict[str, list[str]] = {}
+    unknown = sorted(str(k) for k in resources if k not in v.RESOURCE_NAMES)
+    if unknown:
+        problems["resources"] = [f"Unknown resources: {', '.join(unknown)} (known: "
+                                 f"{', '.join(v.RESOURCE_NAMES)})."]
+    given = [(name, text) for name, text in resources.items() if name in v.RESOURCE_NAMES]
+    for name, text in [*given, *([("shm_size", shm_size)] if shm_size else [])]:
+        try:
+            v.parse_resource(name, text)
+        except ValueError as exc:
+            problems[resource_field(name)] = [str(exc)]
+    return problems
 
 
 def _env_problems(env: dict[str, str]) -> list[str]:

@@ -532,6 +532,8 @@ def launch_spec(job: Job) -> LaunchSpec:
         env={str(k): str(v) for k, v in (job.env or {}).items()},
         max_runtime_seconds=job.max_runtime_seconds, placement=tuple(job.placement or ()),
         run_as_non_root=job.team.run_as_non_root,
+        cpu_millicores=job.cpu_millicores, memory_bytes=job.memory_bytes,
+        ephemeral_storage_bytes=job.ephemeral_storage_bytes, shm_size_bytes=job.shm_size_bytes,
     )
 
 

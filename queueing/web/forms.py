@@ -37,6 +37,15 @@ class JobSubmitForm(forms.Form):
     tier = forms.ChoiceField(label="Tier")
     max_runtime_seconds = forms.IntegerField(label="Max runtime (seconds)", required=False,
                                              min_value=1)
+    # Per replica, Kubernetes quantities; empty: the team's default (job_input_build).
+    cpu = forms.CharField(label="CPUs per replica", required=False,
+                          max_length=v.MAX_QUANTITY_LEN, help_text='e.g. 4 or 500m.')
+    memory = forms.CharField(label="Memory per replica", required=False,
+                             max_length=v.MAX_QUANTITY_LEN, help_text="e.g. 16Gi.")
+    ephemeral_storage = forms.CharField(label="Ephemeral storage per replica", required=False,
+                                        max_length=v.MAX_QUANTITY_LEN, help_text="e.g. 50Gi.")
+    shm_size = forms.CharField(label="Shared memory (/dev/shm)", required=False,
+                               max_length=v.MAX_QUANTITY_LEN, help_text="e.g. 8Gi.")
 
     def __init__(self, *args: Any, request: HttpRequest, teams: list[Any], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -51,6 +60,10 @@ class JobSubmitForm(forms.Form):
             assert isinstance(field, forms.ChoiceField)
             field.choices = values
         self.fields["tier"].initial = settings.FAIRQ_DEFAULT_TIER
+        # A job's spec ("submit again") names its resources as the API does.
+        for name, text in (self.initial.pop("resources", None) or {}).items():
+            if name in v.RESOURCE_NAMES:
+                self.initial.setdefault(name, text)
         for name, field in self.fields.items():
             attrs = field.widget.attrs
             attrs.setdefault("aria-describedby", f"{name}-help {name}-errors")
@@ -98,6 +111,9 @@ class JobSubmitForm(forms.Form):
         spec: dict[str, Any] = {
             "command": self._split("command"), "args": self._split("args"), "env": self._env(),
             "max_runtime_seconds": data.get("max_runtime_seconds"),
+            "resources": {name: data[name].strip() for name in v.RESOURCE_NAMES
+                          if (data.get(name) or "").strip()},
+            "shm_size": (data.get("shm_size") or "").strip() or None,
         }
         for name in ("team", "name", "image", "gpu_type", "gpus", "replicas", "tier"):
             spec[name] = data[name] if data.get(name) not in (None, "") else None
@@ -105,8 +121,11 @@ class JobSubmitForm(forms.Form):
             job_input = job_input_build(actor=self.request.user, **spec)
         except DomainError as exc:
             for field, messages in exc.fields.items():
-                target = field if field in self.fields else None
-                if target is not None and (target in self.errors or spec.get(target) is None):
+                name = field.removeprefix("resources.")  # "resources.cpu": the cpu field
+                target = name if name in self.fields else None
+                given = spec["resources"].get(name) if name in v.RESOURCE_NAMES \
+                    else spec.get(name)
+                if target is not None and (target in self.errors or given is None):
                     continue  # already reported by the form (missing or malformed)
                 for message in messages:
                     self.add_error(target, message)
@@ -122,6 +141,25 @@ class JobSubmitForm(forms.Form):
             return data
         self.job_input = job_input
         return data
+
+
+def _team_quantity(label: str, example: str) -> forms.CharField:
+    return forms.CharField(label=label, required=False, max_length=v.MAX_QUANTITY_LEN,
+                           help_text=f"e.g. {example}; empty: none.")
+
+
+class TeamResourcesForm(forms.Form):
+    """A team's per-replica defaults and maxima, as the API's TeamResourcesSerializer:
+    quantities are checked by `team_resources_set`."""
+
+    default_cpu = _team_quantity("Default CPUs", "4")
+    max_cpu = _team_quantity("Maximum CPUs", "64")
+    default_memory = _team_quantity("Default memory", "16Gi")
+    max_memory = _team_quantity("Maximum memory", "512Gi")
+    default_ephemeral_storage = _team_quantity("Default ephemeral storage", "20Gi")
+    max_ephemeral_storage = _team_quantity("Maximum ephemeral storage", "500Gi")
+    default_shm_size = _team_quantity("Default /dev/shm", "8Gi")
+    max_shm_size = _team_quantity("Maximum /dev/shm", "128Gi")
 
 
 class MemberForm(forms.Form):

@@ -39,6 +39,8 @@ from accounts.services import (
     idempotency_release,
     membership_remove,
     membership_set,
+    team_resources,
+    team_resources_set,
     token_issue,
     token_revoke,
 )
@@ -61,7 +63,7 @@ from queueing.services.access import (
 from queueing.services.jobs import job_cancel, job_input_build, job_logs, job_spec, job_submit
 from queueing.services.quotas import quota_set
 
-from .forms import JobSubmitForm, MemberForm, QuotaForm, RoleForm, TokenForm
+from .forms import JobSubmitForm, MemberForm, QuotaForm, RoleForm, TeamResourcesForm, TokenForm
 
 TEAM_SESSION_KEY = "fairq_team"
 NEW_TOKEN_SESSION_KEY = "fairq_new_token"
@@ -359,6 +361,8 @@ def _team_context(request: HttpRequest, team: Team, **extra: Any) -> dict[str, A
         "tokens": list(tokens_of_user(user=request.user)[:50]), "now": now,
         "quotas": dash.team_quotas(team=team), "standing": standing,
         "member_form": MemberForm(), "token_form": TokenForm(),
+        "resources": team_resources(team),
+        "resources_form": TeamResourcesForm(initial=team_resources(team)),
         "token_idempotency_key": secrets.token_urlsafe(16),
         "role_choices": RoleForm.base_fields["role"].choices,  # type: ignore[attr-defined]
     }
@@ -374,6 +378,27 @@ def team_page(request: HttpRequest, slug: str) -> HttpResponse:
     # Sessions of an earlier version held a new token's secret here: drop it unshown.
     request.session.pop(NEW_TOKEN_SESSION_KEY, None)
     return render(request, "web/team.html", _team_context(request, team))
+
+
+@require_POST
+@login_required
+def team_resources_update(request: HttpRequest, slug: str) -> HttpResponse:
+    """The team's resource defaults and maxima (team admins and staff; audited)."""
+    team = _team_or_404(request, slug)
+    _team_admin_or_403(request, team)
+    form = TeamResourcesForm(request.POST)
+    if form.is_valid():
+        try:
+            team_resources_set(actor=request.user, team=team, **form.cleaned_data)
+        except DomainError as exc:
+            for field, msgs in exc.fields.items():
+                for msg in msgs:
+                    form.add_error(field if field in form.fields else None, msg)
+        else:
+            messages.success(request, "Resource defaults and maxima saved.")
+            return redirect("web:team", slug=team.slug)
+    return render(request, "web/team.html", _team_context(request, team, resources_form=form),
+                  status=400)
 
 
 @require_POST

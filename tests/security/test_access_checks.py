@@ -32,6 +32,7 @@ from queueing.services.access import (
 )
 from queueing.services.jobs import (
     JOB_SPEC_FIELDS,
+    RESOURCE_COLUMNS,
     JobInput,
     job_cancel,
     job_input_build,
@@ -141,7 +142,8 @@ def test_a_job_spec_builds_the_input_of_the_same_job(world: World) -> None:
     data = job_input_build(actor=world.member, **spec)
     for name, value in data.job_values().items():
         assert getattr(job, name) == value, name
-    assert set(data.job_values()) == set(JOB_SPEC_FIELDS.values())
+    # The spec's fields and the quantities normalised from it (resources, shm_size).
+    assert set(data.job_values()) == set(JOB_SPEC_FIELDS.values()) | set(RESOURCE_COLUMNS.values())
 
 
 @pytest.mark.django_db(transaction=True)
