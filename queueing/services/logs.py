@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -35,7 +35,7 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, storages
 from django.db.models import F, Q
 
-from queueing.backends.base import ClusterBackend, parse_workload_name
+from queueing.backends.base import ClusterBackend, parse_workload_name, workload_name
 from queueing.composition import backend_class, get_backend
 from queueing.errors import DomainError
 from queueing.models import Job, JobEvent, JobLog
@@ -242,6 +242,7 @@ class LogView:
     note: str  # a sentence when there are no lines
     exit: str  # how the attempt ended ("" while it runs)
     attempts: list[dict[str, object]]  # [{"attempt": 1, "replicas": [0, 1], "final": True}]
+    workload: str = ""  # the attempt's cluster name
 
 
 def _text(row: JobLog) -> str:
@@ -293,7 +294,12 @@ def job_log_read(*, job: Job, attempt: int | None = None, replica: int = 0,
     """The last `tail` lines of one replica's log of one attempt (the current one by
     default): live while it runs, kept once it ended, with how it ended. A DomainError
     naming the field for an attempt or replica the job never had."""
-    attempt = job.attempt if attempt is None else attempt
+    view = _job_log_read(job=job, attempt=job.attempt if attempt is None else attempt,
+                         replica=replica, tail=tail)
+    return replace(view, workload=workload_name(job.pk, view.attempt))
+
+
+def _job_log_read(*, job: Job, attempt: int, replica: int, tail: int) -> LogView:
     if not 1 <= attempt <= job.attempt:
         raise DomainError("No such attempt.", fields={
             "attempt": [f"This job has attempts 1 to {job.attempt}."]})
@@ -313,7 +319,7 @@ def job_log_read(*, job: Job, attempt: int | None = None, replica: int = 0,
         if text:
             return LogView(attempt, replica, "live", text.splitlines()[-tail:], False, "",
                            exit_line, attempts)
-        note = ("the job has not started" if never_ran and job.state == JobState.QUEUED
+        note = ("no logs yet: the job has not started" if never_ran
                 else "no logs yet" if not job.is_final or attempt != job.attempt
                 else "no logs were kept for this attempt")
         return LogView(attempt, replica, "none", [], False, note, exit_line, attempts)
