@@ -245,3 +245,18 @@ def test_the_job_page_shows_each_attempt_and_refuses_a_bad_one(world: World) -> 
     assert _page(world, f"/jobs/{victim}/").count('href="?attempt=1&amp;replica=0"') == 1
     assert "This job has attempts 1 to 2." in _page(world, f"/jobs/{victim}/?attempt=7")
     assert "whole numbers" in _page(world, f"/jobs/{victim}/?replica=x")
+
+
+def test_a_job_cancelled_before_it_ran_has_no_log_rather_than_an_empty_one(
+    world: World, django_capture_on_commit_callbacks: Callable[..., Any],
+) -> None:
+    job_id = submit(world, gpus=8, replicas=4)  # waits: more than the h100 nodes hold
+    scheduler_cycle(now=timezone.now())
+    assert Job.objects.get(pk=job_id).status == "QUEUED"
+    with django_capture_on_commit_callbacks(execute=True):
+        assert world.client(world.member).post(
+            f"/api/v1/jobs/{job_id}/cancel/").status_code == 200
+    assert not JobLog.objects.filter(job_id=job_id).exists()
+    body = world.client(world.member).get(f"/api/v1/jobs/{job_id}/logs/").json()
+    assert body["lines"] == [] and not body["empty"]
+    assert body["note"] == "no logs: the job never started"

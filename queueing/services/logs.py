@@ -143,10 +143,15 @@ def attempt_logs_keep(*, backend: ClusterBackend, name: str, now: datetime) -> b
     if parsed is None:
         return False
     job_id, attempt = parsed
-    if not Job.objects.filter(pk=job_id).exists() or JobLog.objects.filter(
-            job_id=job_id, attempt=attempt, final=True).exists():
+    job = Job.objects.filter(pk=job_id).only("attempt", "started_at").first()
+    if job is None or JobLog.objects.filter(job_id=job_id, attempt=attempt,
+                                            final=True).exists():
         return False
     texts = _read(backend, name, lines=settings.FAIRQ_LOG_ARCHIVE_KEEP_LINES)
+    never_ran = attempt == job.attempt and job.started_at is None
+    if never_ran and not any((texts or {}).values()) and not JobLog.objects.filter(
+            job_id=job_id, attempt=attempt).exists():
+        return False  # cancelled before it ran: no log to keep, not an empty one
     try:
         _keep(job_id=job_id, attempt=attempt, texts=texts, now=now)
     except Exception:  # the storage is down: the stop must go on
@@ -319,7 +324,9 @@ def _job_log_read(*, job: Job, attempt: int, replica: int, tail: int) -> LogView
         if text:
             return LogView(attempt, replica, "live", text.splitlines()[-tail:], False, "",
                            exit_line, attempts)
-        note = ("no logs yet: the job has not started" if never_ran
+        note = ("no logs: the job never started" if job.started_at is None
+                and attempt == job.attempt and job.is_final
+                else "no logs yet: the job has not started" if never_ran
                 else "no logs yet" if not job.is_final or attempt != job.attempt
                 else "no logs were kept for this attempt")
         return LogView(attempt, replica, "none", [], False, note, exit_line, attempts)
