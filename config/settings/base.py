@@ -223,8 +223,9 @@ if FAIRQ_LOG_ARCHIVE_SECONDS <= 0 or FAIRQ_LOG_ARCHIVE_LINES <= 0 or \
 # FAIRQ_LOG_STORAGE_OPTIONS; docs/deployment.md, "Log storage").
 FAIRQ_LOG_ARCHIVE_BYTES = env.int("FAIRQ_LOG_ARCHIVE_BYTES", default=1024 * 1024)
 FAIRQ_LOG_ARCHIVE_KEEP_LINES = env.int("FAIRQ_LOG_ARCHIVE_KEEP_LINES", default=10_000)
-if FAIRQ_LOG_ARCHIVE_BYTES <= 0 or FAIRQ_LOG_ARCHIVE_KEEP_LINES <= 0:
-    raise environ.ImproperlyConfigured("FAIRQ_LOG_ARCHIVE_* must be > 0")
+if not 0 < FAIRQ_LOG_ARCHIVE_BYTES <= 1 << 30 or FAIRQ_LOG_ARCHIVE_KEEP_LINES <= 0:
+    raise environ.ImproperlyConfigured(
+        "FAIRQ_LOG_ARCHIVE_BYTES must be 1..1073741824 and FAIRQ_LOG_ARCHIVE_KEEP_LINES > 0")
 FAIRQ_LOG_STORAGE_DIR = env("FAIRQ_LOG_STORAGE_DIR", default=str(BASE_DIR / "media" / "fairq-logs"))
 FAIRQ_LOG_STORAGE_BACKEND = env("FAIRQ_LOG_STORAGE_BACKEND",
                                 default="django.core.files.storage.FileSystemStorage")
