@@ -268,12 +268,12 @@ def _exit_line(job: Job, attempt: int) -> str:
     if attempt == job.attempt:
         if not job.is_final:
             return ""
-        parts = [job.status]
+        parts = []
         if job.exit_code is not None:
             parts.append(f"exit code {job.exit_code}")
-        if job.message:
+        if job.message and job.message not in parts:
             parts.append(job.message)
-        return ": ".join([parts[0], ", ".join(parts[1:])]) if len(parts) > 1 else parts[0]
+        return f"{job.status}: {', '.join(parts)}" if parts else str(job.status)
     event = (JobEvent.objects.filter(job=job, attempt=attempt, kind=JobEvent.Kind.TRANSITION)
              .exclude(to_status__in=[JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING])
              .order_by("-at", "-id").first())
@@ -306,11 +306,13 @@ def job_log_read(*, job: Job, attempt: int | None = None, replica: int = 0,
 
 def _job_log_read(*, job: Job, attempt: int, replica: int, tail: int) -> LogView:
     if not 1 <= attempt <= job.attempt:
-        raise DomainError("No such attempt.", fields={
-            "attempt": [f"This job has attempts 1 to {job.attempt}."]})
+        raise DomainError("No such attempt.", fields={"attempt": [
+            f"This job has attempts 1 to {job.attempt}." if job.attempt > 1
+            else "This job has only attempt 1."]})
     if not 0 <= replica < job.replicas:
-        raise DomainError("No such replica.", fields={
-            "replica": [f"This job has replicas 0 to {job.replicas - 1}."]})
+        raise DomainError("No such replica.", fields={"replica": [
+            f"This job has replicas 0 to {job.replicas - 1}." if job.replicas > 1
+            else "This job has only replica 0."]})
     attempts = job_log_attempts(job=job)
     exit_line = _exit_line(job, attempt)
     row = JobLog.objects.filter(job=job, attempt=attempt, replica=replica).first()

@@ -34,7 +34,7 @@ def test_logs_of_a_finished_job_print_the_kept_lines_and_the_exit_line(cli: Cli)
     r = cli("logs", str(job.pk))
     assert r.code == 0, r.err
     assert r.out.splitlines()[-1].endswith("exited with code 2")
-    assert "[fairq] attempt 1 ended: FAILED: exit code 2" in r.err
+    assert "[fairq] attempt 1 ended: FAILED: exit code 2\n" in r.err
 
 
 def test_logs_of_an_attempt_and_replica_that_do_not_exist_are_refused(cli: Cli) -> None:
