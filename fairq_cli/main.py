@@ -240,20 +240,25 @@ class App:
                 self.say(f"Cancelled job {job['id']} ({job['name']})")
         return 0
 
-    # fairq logs ID [-f]
+    # fairq logs ID [--attempt N] [--replica R] [-f]
     def logs(self, a: argparse.Namespace) -> int:
+        """The log's lines on stdout; what fairq says about it ("[fairq] ..." lines: an
+        empty log, no logs yet, how the attempt ended, the other attempts) on stderr, so
+        that `fairq logs 12 > out.txt` keeps only the job's own lines."""
+        query = {"attempt": a.attempt, "replica": a.replica}
         if not a.follow:
-            data = self.client.get(f"/jobs/{a.job_id}/logs/", tail=a.tail)
+            data = self.client.get(f"/jobs/{a.job_id}/logs/", tail=a.tail, **query)
             if self.as_json:
                 self.emit_json(data)
             else:
                 for line in data["lines"]:
                     self.say(line)
+                self._log_notes(data)
             return 0
         # Follow: poll the tail and print what is new; a new attempt starts over.
         printed, attempt = 0, None
         while True:
-            data = self.client.get(f"/jobs/{a.job_id}/logs/", tail=10_000)
+            data = self.client.get(f"/jobs/{a.job_id}/logs/", tail=10_000, **query)
             if data["attempt"] != attempt:
                 attempt, printed = data["attempt"], 0
             lines = data["lines"]
@@ -262,10 +267,26 @@ class App:
             for line in lines[printed:]:
                 self.say(json.dumps({"attempt": attempt, "line": line}) if self.as_json else line)
             printed = len(lines)
-            if data["status"] in FINAL:
+            if data["status"] in FINAL or (a.attempt is not None and data.get("exit")):
+                if not self.as_json:
+                    self._log_notes(data)
                 return 0
             self.out.flush()
             self.sleep(a.poll_interval)
+
+    def _log_notes(self, data: dict[str, Any]) -> None:
+        where = f"attempt {data.get('attempt')}"
+        if data.get("replicas", 1) > 1:
+            where += f", replica {data.get('replica')}"
+        if data.get("note"):
+            self.err.write(f"[fairq] {where}: {data['note']}\n")
+        if data.get("exit"):
+            self.err.write(f"[fairq] {where} ended: {data['exit']}\n")
+        others = [f"{x['attempt']}" for x in data.get("attempts") or []
+                  if x.get("attempt") != data.get("attempt")]
+        if others:
+            self.err.write(f"[fairq] other attempts with logs: {', '.join(others)} "
+                           "(--attempt N)\n")
 
     # fairq share
     def share(self, a: argparse.Namespace) -> int:
@@ -447,6 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("job_id", type=int)
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
     lg.add_argument("--tail", type=int, default=100)
+    lg.add_argument("--attempt", type=int, help="which attempt (default: the current one)")
+    lg.add_argument("--replica", type=int, help="which replica (default: 0)")
     lg.add_argument("--poll-interval", type=float, default=2.0)
 
     sub.add_parser("share", parents=[common], help="fair-share standings (like sshare)")

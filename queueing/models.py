@@ -241,23 +241,29 @@ class Job(models.Model):
 
 
 class JobLog(models.Model):
-    """The last lines of one attempt's logs, as the worker last read them from the cluster
-    (services/logs.py): web processes read only this copy. Bounded in size
-    (FAIRQ_LOG_ARCHIVE_LINES, FAIRQ_LOG_ARCHIVE_MAX_BYTES); kept after the pod is gone."""
+    """The tail of one replica's log in one attempt (services/logs.py): web processes read
+    only this. While the attempt runs, `text` is the worker's last copy (bounded by
+    FAIRQ_LOG_ARCHIVE_LINES, FAIRQ_LOG_ARCHIVE_MAX_BYTES); once it ended, the tail
+    (FAIRQ_LOG_ARCHIVE_BYTES) is kept in the "fairq-logs" storage under `stored` and
+    `text` is emptied. Kept after the pod is gone."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="logs")
     attempt = models.PositiveIntegerField()
+    replica = models.PositiveIntegerField(default=0)
     text = models.TextField(blank=True, default="")
     fetched_at = models.DateTimeField()
-    # Set once the logs were read after the attempt finished: never refreshed again.
+    # Set once the attempt ended and its tail was kept: never read from the cluster again.
     final = models.BooleanField(default=False)
+    # The archive's name in the "fairq-logs" storage ("" until final) and its size.
+    stored = models.CharField(max_length=300, blank=True, default="")
+    size = models.PositiveIntegerField(default=0)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["job", "attempt"],
-                                               name="one_log_per_job_attempt")]
+        constraints = [models.UniqueConstraint(fields=["job", "attempt", "replica"],
+                                               name="one_log_per_job_attempt_replica")]
 
     def __str__(self) -> str:
-        return f"{self.job_id}/{self.attempt} ({len(self.text)} chars)"
+        return f"{self.job_id}/{self.attempt}/{self.replica} ({self.size or len(self.text)} bytes)"
 
 
 class JobEvent(models.Model):

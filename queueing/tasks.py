@@ -13,7 +13,7 @@ from accounts.services import idempotency_purge
 from queueing.composition import get_backend, get_provisioner
 from queueing.services.demo import demo_submit_synthetic
 from queueing.services.fairshare import fairshare_snapshot_take
-from queueing.services.logs import job_logs_archive
+from queueing.services.logs import job_logs_archive, workload_stop_keeping_logs
 from queueing.services.metrics import record_cycle, record_cycle_failure
 from queueing.services.provisioning import sync_cluster, sync_quotas
 from queueing.services.scheduler import new_cycle_id, scheduler_cycle
@@ -59,7 +59,7 @@ def stop_workload_task(name: str) -> None:
     from django.utils import timezone
 
 
-    get_backend().stop(name, now=timezone.now())
+    workload_stop_keeping_logs(backend=get_backend(), name=name, now=timezone.now())
 
 
 @shared_task(ignore_result=True, soft_time_limit=40, time_limit=50)

@@ -16,7 +16,7 @@ from queueing.models import Job, JobLog
 from queueing.selectors.cluster import VIEW_KEY as _VIEW_KEY
 from queueing.selectors.cluster import ClusterView, cluster_view, largest_node_gpus
 from queueing.services.jobs import job_logs
-from queueing.services.logs import bound_log_text, job_logs_archive
+from queueing.services.logs import bound_log_text, job_logs_archive, log_storage
 from queueing.services.scheduler import scheduler_cycle
 
 from .conftest import World
@@ -103,7 +103,9 @@ def test_the_worker_archives_logs_and_the_web_reads_only_the_copy(
     monkeypatch.setattr(backend, "logs", lambda name, tail=100: "")
     assert job_logs_archive(backend=backend, now=t0 + timedelta(seconds=62)).refreshed == [job_id]
     row = JobLog.objects.get(job=job, attempt=1)
-    assert row.final and row.text == first.text
+    # Kept in the log storage once the attempt ended (issue 14.4), no longer in the row.
+    assert row.final and row.text == "" and row.stored
+    assert log_storage().open(row.stored).read().decode() == first.text
     assert job_logs_archive(backend=backend, now=t0 + timedelta(seconds=99)).refreshed == []
 
     _backend_down(monkeypatch)

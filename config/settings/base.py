@@ -100,7 +100,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
-STORAGES = {
+STORAGES: dict[str, dict[str, object]] = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
@@ -215,6 +215,27 @@ FAIRQ_LOG_ARCHIVE_MAX_BYTES = env.int("FAIRQ_LOG_ARCHIVE_MAX_BYTES", default=256
 if FAIRQ_LOG_ARCHIVE_SECONDS <= 0 or FAIRQ_LOG_ARCHIVE_LINES <= 0 or \
         FAIRQ_LOG_ARCHIVE_MAX_BYTES <= 0:
     raise environ.ImproperlyConfigured("FAIRQ_LOG_ARCHIVE_* must be > 0")
+# When an attempt ends (success, failure, preemption, cancel, node lost) the worker keeps
+# the tail of each replica's log (at most FAIRQ_LOG_ARCHIVE_BYTES, of the last
+# FAIRQ_LOG_ARCHIVE_KEEP_LINES lines) in the "fairq-logs" storage below: files under
+# FAIRQ_LOG_STORAGE_DIR by default; any Django storage backend, e.g. django-storages' S3
+# (FAIRQ_LOG_STORAGE_BACKEND=storages.backends.s3.S3Storage and its OPTIONS as JSON in
+# FAIRQ_LOG_STORAGE_OPTIONS; docs/deployment.md, "Log storage").
+FAIRQ_LOG_ARCHIVE_BYTES = env.int("FAIRQ_LOG_ARCHIVE_BYTES", default=1024 * 1024)
+FAIRQ_LOG_ARCHIVE_KEEP_LINES = env.int("FAIRQ_LOG_ARCHIVE_KEEP_LINES", default=10_000)
+if not 0 < FAIRQ_LOG_ARCHIVE_BYTES <= 1 << 30 or FAIRQ_LOG_ARCHIVE_KEEP_LINES <= 0:
+    raise environ.ImproperlyConfigured(
+        "FAIRQ_LOG_ARCHIVE_BYTES must be 1..1073741824 and FAIRQ_LOG_ARCHIVE_KEEP_LINES > 0")
+FAIRQ_LOG_STORAGE_DIR = env("FAIRQ_LOG_STORAGE_DIR", default=str(BASE_DIR / "media" / "fairq-logs"))
+FAIRQ_LOG_STORAGE_BACKEND = env("FAIRQ_LOG_STORAGE_BACKEND",
+                                default="django.core.files.storage.FileSystemStorage")
+FAIRQ_LOG_STORAGE_OPTIONS = env.json("FAIRQ_LOG_STORAGE_OPTIONS", default={})
+if not isinstance(FAIRQ_LOG_STORAGE_OPTIONS, dict):
+    raise environ.ImproperlyConfigured("FAIRQ_LOG_STORAGE_OPTIONS must be a JSON object")
+if FAIRQ_LOG_STORAGE_BACKEND == "django.core.files.storage.FileSystemStorage":
+    FAIRQ_LOG_STORAGE_OPTIONS = {"location": FAIRQ_LOG_STORAGE_DIR, **FAIRQ_LOG_STORAGE_OPTIONS}
+STORAGES["fairq-logs"] = {"BACKEND": FAIRQ_LOG_STORAGE_BACKEND,
+                          "OPTIONS": FAIRQ_LOG_STORAGE_OPTIONS}
 CELERY_BEAT_SCHEDULE["job-logs-archive"] = {
     "task": "queueing.tasks.job_logs_archive_task",
     "schedule": timedelta(seconds=FAIRQ_LOG_ARCHIVE_SECONDS),

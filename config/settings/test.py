@@ -3,6 +3,8 @@ are set (CI), SQLite and local memory otherwise."""
 
 from __future__ import annotations
 
+import tempfile as _tempfile
+
 from .base import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
@@ -26,4 +28,7 @@ else:
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    # Kept job logs (services/logs.py) go to a directory of this test run.
+    "fairq-logs": {"BACKEND": "django.core.files.storage.FileSystemStorage",
+                   "OPTIONS": {"location": _tempfile.mkdtemp(prefix="fairq-logs-test-")}},
 }

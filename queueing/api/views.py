@@ -34,11 +34,11 @@ from queueing.services.access import check_job_access
 from queueing.services.jobs import (
     job_cancel,
     job_input_build,
-    job_logs,
     job_spec_field_problems,
     job_submit_with_event,
     jobs_submit_bulk,
 )
+from queueing.services.logs import job_log_read
 
 from .bulk import (
     BulkJobCreatedSerializer,
@@ -171,24 +171,49 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
         return Response(JobEventSerializer(job.events.all(), many=True).data)
 
     @extend_schema(
-        parameters=[OpenApiParameter("tail", int, description="Last lines (1..10000, default 100).")],
+        parameters=[
+            OpenApiParameter("tail", int, description="Last lines (1..10000, default 100)."),
+            OpenApiParameter("attempt", int, description="Which attempt (1..; default: the "
+                             "current one)."),
+            OpenApiParameter("replica", int, description="Which replica (0..; default 0)."),
+        ],
         responses=inline_serializer("JobLogs", {
             "job": serializers.IntegerField(), "attempt": serializers.IntegerField(),
+            "replica": serializers.IntegerField(), "replicas": serializers.IntegerField(),
             "workload": serializers.CharField(), "status": serializers.CharField(),
+            "source": serializers.ChoiceField(choices=["live", "archived", "none"]),
             "lines": serializers.ListField(child=serializers.CharField()),
+            "empty": serializers.BooleanField(), "note": serializers.CharField(),
+            "exit": serializers.CharField(),
+            "attempts": serializers.ListField(child=serializers.DictField()),
         }),
     )
     @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
     def logs(self, request: Request, pk: str) -> Response:
-        """The last lines of the current attempt's logs, as the worker last archived them."""
+        """One replica's log of one attempt: live while the attempt runs (the worker's
+        copy), kept after it ended, with how it ended (`exit`); `attempts` lists the
+        attempts and replicas fairq has logs of."""
         job = check_job_access(actor=request.user, job_id=_int_or_404(pk))
-        try:
-            tail = min(10_000, max(1, int(request.query_params.get("tail", 100))))
-        except ValueError:
-            raise ValidationError({"tail": ["A whole number."]}) from None
-        text = job_logs(job=job, tail=tail)
-        return Response({"job": job.pk, "attempt": job.attempt, "workload": job.backend_name,
-                         "status": job.status, "lines": text.splitlines() if text else []})
+        params = JobLogsParamsSerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        tail = min(10_000, max(1, params.validated_data["tail"]))
+        view = job_log_read(job=job, attempt=params.validated_data.get("attempt"),
+                            replica=params.validated_data["replica"], tail=tail)
+        return Response({"job": job.pk, "attempt": view.attempt, "replica": view.replica,
+                         "replicas": job.replicas,
+                         "workload": view.workload,
+                         "status": job.status, "source": view.source, "lines": view.lines,
+                         "empty": view.empty, "note": view.note, "exit": view.exit,
+                         "attempts": view.attempts})
+
+
+class JobLogsParamsSerializer(serializers.Serializer[Any]):
+    """The logs endpoint's query: `tail` is clamped to 1..10000 (as it always was);
+    `attempt` and `replica` must name ones the job has (checked by `job_log_read`)."""
+
+    tail = serializers.IntegerField(required=False, default=100)
+    attempt = serializers.IntegerField(required=False, min_value=1)
+    replica = serializers.IntegerField(required=False, default=0, min_value=0)
 
 
 def _job_fields(request: Request, serializer_class: type[JobCreateSerializer]) -> dict[str, Any]:

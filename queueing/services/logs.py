@@ -1,37 +1,66 @@
-"""Job logs for people, without the web touching the cluster (docs/kubernetes.md, "RBAC").
+"""Job logs for people, without the web touching the cluster (docs/kubernetes.md, "RBAC"),
+kept after the pod is gone (issue 14.4).
 
-The worker reads a bounded tail of each running job's logs every
-FAIRQ_LOG_ARCHIVE_SECONDS, and once more after the attempt finished, into `JobLog`
-(`job_logs_archive`, the beat task `job-logs-archive`). The web and the API read that
-copy (`job_logs_archived`): at most one refresh old while the job runs, complete (up to
-the bound) once it finished, and kept after Kubernetes deleted the pod.
+Two copies, one row (`JobLog`) per job, attempt and replica:
+
+- **live**: the worker reads a bounded tail of each running job's logs every
+  FAIRQ_LOG_ARCHIVE_SECONDS into `JobLog.text` (`job_logs_archive`, the beat task
+  `job-logs-archive`);
+- **kept**: when an attempt ends, the tail of each replica's log (FAIRQ_LOG_ARCHIVE_BYTES)
+  goes to the "fairq-logs" storage (Django's storage API: files by default, S3 through
+  django-storages) and the row becomes `final` (`attempt_logs_keep`). Where an attempt
+  ends decides who reads it:
+    * succeeded, failed, node lost: the pods stay until the Job's TTL; the next run of
+      `job_logs_archive` reads them once more and keeps them;
+    * preempted, cancelled, orphaned: fairq deletes the pods, so the worker reads them
+      just before (`workload_stop_keeping_logs`, the one way the worker stops a workload:
+      after the cycle's commit, in the stop task, for orphans in reconcile, never inside a
+      transaction);
+    * when that read fails or finds nothing (the pods were gone), the last live copy is
+      kept instead (at most one refresh old).
+
+The web and the API read only these rows and the storage (`job_log_read`,
+`job_logs_archived`).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Q
+from django.core.files.base import ContentFile
+from django.core.files.storage import Storage, storages
+from django.db.models import F, Q
 
-from queueing.backends.base import ClusterBackend
-from queueing.models import Job, JobLog
+from queueing.backends.base import ClusterBackend, parse_workload_name, workload_name
+from queueing.composition import backend_class, get_backend
+from queueing.errors import DomainError
+from queueing.models import Job, JobEvent, JobLog
 from queueing.policy.states import FINAL_STATES, JobState
 
 log = logging.getLogger(__name__)
 
+STORAGE_ALIAS = "fairq-logs"
 # Finished attempts older than this are not read any more (their pods are gone).
 FINISHED_LOOKBACK = timedelta(hours=2)
 # Jobs read per run: bounds the task's time (one or two API calls per job).
 BATCH = 200
+EMPTY_NOTE = "the pod wrote nothing"
+_POD_HEADER = re.compile(r"^==> (.+) <==$")
 
 
 @dataclass
 class ArchiveResult:
     refreshed: list[int] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)
+    kept: list[tuple[int, int]] = field(default_factory=list)  # (job, attempt) made final
+
+
+def log_storage() -> Storage:
+    return storages[STORAGE_ALIAS]
 
 
 def bound_log_text(text: str, *, lines: int, max_bytes: int) -> str:
@@ -47,12 +76,104 @@ def bound_log_text(text: str, *, lines: int, max_bytes: int) -> str:
     return out
 
 
+def split_replicas(text: str) -> dict[int, str]:
+    """One workload's `backend.logs()` answer, per replica: a backend with several pods
+    heads each with `==> <pod> <==`, pods sorted by name (replica order); without a
+    header the whole text is replica 0's."""
+    chunks: list[list[str]] = []
+    for line in text.splitlines():
+        if _POD_HEADER.match(line):
+            chunks.append([])
+        elif chunks:
+            chunks[-1].append(line)
+        else:
+            chunks.append([line])
+    return {i: "\n".join(lines) for i, lines in enumerate(chunks)} or {0: ""}
+
+
+def _nothing_read(text: str) -> bool:
+    """The backend's answer holds no line of the job's own (only its "[fairq] ..." notes
+    and per-pod headers)."""
+    return all(line.startswith(("[fairq]", "==> ")) for line in text.splitlines())
+
+
+def _archive_name(job_id: int, attempt: int, replica: int) -> str:
+    return f"jobs/{job_id}/attempt-{attempt}/replica-{replica}.log"
+
+
+def _keep(*, job_id: int, attempt: int, texts: dict[int, str] | None, now: datetime) -> None:
+    """Make (job, attempt) final: each replica's tail to the storage, rows marked final.
+    `texts` None (the read failed) or a replica with nothing read keeps the live copy."""
+    rows = {r.replica: r for r in JobLog.objects.filter(job_id=job_id, attempt=attempt)}
+    replicas = sorted(set(rows) | set(texts or {}))
+    storage = log_storage()
+    for replica in replicas:
+        row = rows.get(replica)
+        if row is not None and row.final:
+            continue
+        text = (texts or {}).get(replica)
+        if text is None or (_nothing_read(text) and row is not None and row.text):
+            text = row.text if row is not None else ""
+        text = bound_log_text(text, lines=settings.FAIRQ_LOG_ARCHIVE_KEEP_LINES,
+                              max_bytes=settings.FAIRQ_LOG_ARCHIVE_BYTES)
+        data = text.encode()
+        name = _archive_name(job_id, attempt, replica)
+        if storage.exists(name):
+            storage.delete(name)
+        stored = storage.save(name, ContentFile(data))
+        JobLog.objects.update_or_create(
+            job_id=job_id, attempt=attempt, replica=replica,
+            defaults={"text": "", "stored": stored, "size": len(data), "final": True,
+                      "fetched_at": now})
+
+
+def _read(backend: ClusterBackend, name: str, *, lines: int) -> dict[int, str] | None:
+    try:
+        return split_replicas(backend.logs(name, tail=lines))
+    except Exception as exc:  # the cluster is down: keep the last copy
+        log.info("reading the logs of %s failed: %s", name, exc)
+        return None
+
+
+def attempt_logs_keep(*, backend: ClusterBackend, name: str, now: datetime) -> bool:
+    """Keep the tail of each replica's log of workload `name` (an attempt that ended or
+    is about to be stopped), unless kept already. Never raises for the cluster: a read
+    that fails keeps the last live copy. True when something was kept."""
+    parsed = parse_workload_name(name)
+    if parsed is None:
+        return False
+    job_id, attempt = parsed
+    job = Job.objects.filter(pk=job_id).only("attempt", "started_at").first()
+    if job is None or JobLog.objects.filter(job_id=job_id, attempt=attempt,
+                                            final=True).exists():
+        return False
+    texts = _read(backend, name, lines=settings.FAIRQ_LOG_ARCHIVE_KEEP_LINES)
+    never_ran = attempt == job.attempt and job.started_at is None
+    if never_ran and not any((texts or {}).values()) and not JobLog.objects.filter(
+            job_id=job_id, attempt=attempt).exists():
+        return False  # cancelled before it ran: no log to keep, not an empty one
+    try:
+        _keep(job_id=job_id, attempt=attempt, texts=texts, now=now)
+    except Exception:  # the storage is down: the stop must go on
+        log.exception("keeping the logs of %s failed", name)
+        return False
+    return True
+
+
+def workload_stop_keeping_logs(*, backend: ClusterBackend, name: str, now: datetime) -> None:
+    """Stop workload `name` after keeping its logs (its pods go with it). Call it with no
+    transaction open: it reads the cluster."""
+    attempt_logs_keep(backend=backend, name=name, now=now)
+    backend.stop(name, now=now)
+
+
 def job_logs_archive(*, backend: ClusterBackend, now: datetime,
                      limit: int = BATCH) -> ArchiveResult:
-    """Refresh the archived logs of running jobs (older than FAIRQ_LOG_ARCHIVE_SECONDS)
-    and read once more those of attempts that finished since their last read. At most
-    `limit` jobs, the longest unread first; a job whose logs cannot be read keeps its
-    last copy and is tried again next run."""
+    """Refresh the live copy of running jobs (older than FAIRQ_LOG_ARCHIVE_SECONDS), keep
+    the logs of attempts that finished since their last read (`attempt_logs_keep`), and
+    keep the live copy of earlier attempts nobody kept (their pods are gone). At most
+    `limit` jobs read, the longest unread first; a job whose logs cannot be read keeps
+    its last copy and is tried again next run."""
     result = ArchiveResult()
     refresh = timedelta(seconds=settings.FAIRQ_LOG_ARCHIVE_SECONDS)
     jobs = list(
@@ -62,55 +183,175 @@ def job_logs_archive(*, backend: ClusterBackend, now: datetime,
                 finished_at__gte=now - FINISHED_LOOKBACK))
         .only("id", "attempt", "status", "finished_at")
     )
-    archived = {(r.job_id, r.attempt): r for r in JobLog.objects.filter(
-        job_id__in=[j.pk for j in jobs]).only("job_id", "attempt", "fetched_at", "final")}
+    rows: dict[tuple[int, int], list[JobLog]] = {}
+    for r in JobLog.objects.filter(job_id__in=[j.pk for j in jobs]).only(
+            "job_id", "attempt", "fetched_at", "final"):
+        rows.setdefault((r.job_id, r.attempt), []).append(r)
 
     def due(job: Job) -> datetime | None:
         """None: up to date; else when it was last read (the oldest first)."""
-        row = archived.get((job.pk, job.attempt))
-        if row is None:
+        got = rows.get((job.pk, job.attempt))
+        if not got:
             return datetime.min.replace(tzinfo=now.tzinfo)
-        if row.final:
+        if all(r.final for r in got):
             return None
+        fetched = min(r.fetched_at for r in got)
         if job.state == JobState.RUNNING:
-            return row.fetched_at if now - row.fetched_at >= refresh else None
-        return row.fetched_at  # finished since the last read: read once more
+            return fetched if now - fetched >= refresh else None
+        return fetched  # finished since the last read: read once more
 
     todo = sorted(((d, j) for j in jobs if (d := due(j)) is not None),
                   key=lambda p: (p[0], p[1].pk))[:limit]
     for _, job in todo:
-        try:
-            text = backend.logs(job.backend_name, tail=settings.FAIRQ_LOG_ARCHIVE_LINES)
-        except Exception as exc:  # the cluster is down: keep the last copy
-            log.info("archiving the logs of %s failed: %s", job.backend_name, exc)
-            result.failed[job.pk] = str(exc)[:200]
+        if job.state in FINAL_STATES:
+            if attempt_logs_keep(backend=backend, name=job.backend_name, now=now):
+                result.kept.append((job.pk, job.attempt))
+            result.refreshed.append(job.pk)
             continue
-        text = bound_log_text(text, lines=settings.FAIRQ_LOG_ARCHIVE_LINES,
-                              max_bytes=settings.FAIRQ_LOG_ARCHIVE_MAX_BYTES)
-        final = job.state in FINAL_STATES
-        row = archived.get((job.pk, job.attempt))
-        if row is not None and row.text and _nothing_read(text):
-            # The pod is gone (TTL, deleted): that answer must not erase the copy.
-            JobLog.objects.filter(pk=row.pk).update(fetched_at=now, final=final)
-        else:
-            JobLog.objects.update_or_create(job_id=job.pk, attempt=job.attempt,
-                                            defaults={"text": text, "fetched_at": now,
-                                                      "final": final})
+        texts = _read(backend, job.backend_name, lines=settings.FAIRQ_LOG_ARCHIVE_LINES)
+        if texts is None:
+            result.failed[job.pk] = "the cluster did not answer"
+            continue
+        for replica, text in texts.items():
+            text = bound_log_text(text, lines=settings.FAIRQ_LOG_ARCHIVE_LINES,
+                                  max_bytes=settings.FAIRQ_LOG_ARCHIVE_MAX_BYTES)
+            row = JobLog.objects.filter(job_id=job.pk, attempt=job.attempt,
+                                        replica=replica).first()
+            if row is not None and row.text and _nothing_read(text):
+                # The pod is gone: that answer must not erase the copy.
+                JobLog.objects.filter(pk=row.pk).update(fetched_at=now)
+            else:
+                JobLog.objects.update_or_create(
+                    job_id=job.pk, attempt=job.attempt, replica=replica,
+                    defaults={"text": text, "fetched_at": now})
         result.refreshed.append(job.pk)
+    # Earlier attempts left live (a preemption whose read was missed): keep their copy.
+    for job_id, attempt in (JobLog.objects.filter(final=False, attempt__lt=F("job__attempt"))
+                            .values_list("job_id", "attempt").distinct()[:limit]):
+        _keep(job_id=job_id, attempt=attempt, texts=None, now=now)
+        result.kept.append((job_id, attempt))
     return result
 
 
-def _nothing_read(text: str) -> bool:
-    """The backend's answer holds no line of the job's own (only its "[fairq] ..." notes
-    and per-pod headers)."""
-    return all(line.startswith(("[fairq]", "==> ")) for line in text.splitlines())
+# --- reading (web and API processes) -----------------------------------------------------
+
+@dataclass(frozen=True)
+class LogView:
+    """One replica's log of one attempt, as people see it."""
+
+    attempt: int
+    replica: int
+    source: str  # "live" (the attempt runs), "archived" (it ended), "none" (nothing yet)
+    lines: list[str]
+    empty: bool  # read, and the pod wrote nothing
+    note: str  # a sentence when there are no lines
+    exit: str  # how the attempt ended ("" while it runs)
+    attempts: list[dict[str, object]]  # [{"attempt": 1, "replicas": [0, 1], "final": True}]
+    workload: str = ""  # the attempt's cluster name
+
+
+def _text(row: JobLog) -> str:
+    if not row.final:
+        return row.text
+    if not row.stored:
+        return ""
+    try:
+        with log_storage().open(row.stored, "rb") as fh:
+            return bytes(fh.read()).decode(errors="replace")
+    except OSError as exc:
+        return f"[fairq] the kept log cannot be read: {exc}"
+
+
+def _exit_line(job: Job, attempt: int) -> str:
+    """How attempt `attempt` ended: the job's exit code and message for its last attempt,
+    the transition that ended an earlier one (preempted, requeued)."""
+    if attempt == job.attempt:
+        if not job.is_final:
+            return ""
+        parts = []
+        if job.exit_code is not None:
+            parts.append(f"exit code {job.exit_code}")
+        if job.message and job.message not in parts:
+            parts.append(job.message)
+        return f"{job.status}: {', '.join(parts)}" if parts else str(job.status)
+    event = (JobEvent.objects.filter(job=job, attempt=attempt, kind=JobEvent.Kind.TRANSITION)
+             .exclude(to_status__in=[JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING])
+             .order_by("-at", "-id").first())
+    if event is None:
+        return f"attempt {attempt} ended"
+    return f"{event.to_status}: {event.reason}" if event.reason else str(event.to_status)
+
+
+def job_log_attempts(*, job: Job) -> list[dict[str, object]]:
+    """The attempts and replicas whose logs fairq has, oldest first."""
+    out: dict[int, dict[str, object]] = {}
+    for attempt, replica, final in (JobLog.objects.filter(job=job)
+                                    .order_by("attempt", "replica")
+                                    .values_list("attempt", "replica", "final")):
+        entry = out.setdefault(attempt, {"attempt": attempt, "replicas": [], "final": True})
+        entry["replicas"].append(replica)  # type: ignore[attr-defined]
+        entry["final"] = bool(entry["final"]) and final
+    return list(out.values())
+
+
+def job_log_read(*, job: Job, attempt: int | None = None, replica: int = 0,
+                 tail: int = 100) -> LogView:
+    """The last `tail` lines of one replica's log of one attempt (the current one by
+    default): live while it runs, kept once it ended, with how it ended. A DomainError
+    naming the field for an attempt or replica the job never had."""
+    view = _job_log_read(job=job, attempt=job.attempt if attempt is None else attempt,
+                         replica=replica, tail=tail)
+    return replace(view, workload=workload_name(job.pk, view.attempt))
+
+
+def _job_log_read(*, job: Job, attempt: int, replica: int, tail: int) -> LogView:
+    if not 1 <= attempt <= job.attempt:
+        raise DomainError("No such attempt.", fields={"attempt": [
+            f"This job has attempts 1 to {job.attempt}." if job.attempt > 1
+            else "This job has only attempt 1."]})
+    if not 0 <= replica < job.replicas:
+        raise DomainError("No such replica.", fields={"replica": [
+            f"This job has replicas 0 to {job.replicas - 1}." if job.replicas > 1
+            else "This job has only replica 0."]})
+    attempts = job_log_attempts(job=job)
+    exit_line = _exit_line(job, attempt)
+    row = JobLog.objects.filter(job=job, attempt=attempt, replica=replica).first()
+    never_ran = attempt == job.attempt and job.started_at is None and not job.is_final
+    if row is None:
+        text = ""
+        if attempt == job.attempt and not never_ran and backend_class().in_process:
+            # No worker archives in tests or a one-process demo: the in-process cluster.
+            text = split_replicas(get_backend().logs(job.backend_name, tail=tail)).get(
+                replica, "")
+        if text:
+            return LogView(attempt, replica, "live", text.splitlines()[-tail:], False, "",
+                           exit_line, attempts)
+        note = ("no logs: the job never started" if job.started_at is None
+                and attempt == job.attempt and job.is_final
+                else "no logs yet: the job has not started" if never_ran
+                else "no logs yet" if not job.is_final or attempt != job.attempt
+                else "no logs were kept for this attempt")
+        return LogView(attempt, replica, "none", [], False, note, exit_line, attempts)
+    text = _text(row)
+    lines = text.splitlines()[-tail:]
+    empty = not lines
+    return LogView(attempt, replica, "archived" if row.final else "live", lines, empty,
+                   EMPTY_NOTE if empty else "", exit_line, attempts)
 
 
 def job_logs_archived(*, job: Job, tail: int = 100) -> str | None:
     """The last `tail` lines of the job's current attempt as last archived (or of its
-    latest archived attempt); None when nothing was archived."""
-    row = (JobLog.objects.filter(job=job, attempt__lte=job.attempt)
-           .order_by("-attempt").only("text").first())
-    if row is None:
+    latest archived attempt), replicas after one another under `==> replica N <==`
+    when there are several; None when nothing was archived."""
+    latest = (JobLog.objects.filter(job=job, attempt__lte=job.attempt)
+              .order_by("-attempt").values_list("attempt", flat=True).first())
+    if latest is None:
         return None
-    return "\n".join(row.text.splitlines()[-tail:])
+    rows = list(JobLog.objects.filter(job=job, attempt=latest).order_by("replica"))
+    if len(rows) == 1:
+        return "\n".join(_text(rows[0]).splitlines()[-tail:])
+    chunks: list[str] = []
+    for row in rows:
+        chunks.append(f"==> replica {row.replica} <==")
+        chunks.extend(_text(row).splitlines()[-tail:])
+    return "\n".join(chunks)

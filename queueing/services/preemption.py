@@ -25,6 +25,7 @@ from queueing.policy.preemption import Preemption, Victim
 from queueing.policy.states import HOLDING_STATES, JobState
 
 from .jobs import job_transition
+from .logs import workload_stop_keeping_logs
 from .usage import usage_record_attempt
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def preempted_workloads_stop(*, backend: ClusterBackend, names: list[str],
     """
     for name in names:
         try:
-            backend.stop(name, now=now)
+            workload_stop_keeping_logs(backend=backend, name=name, now=now)
         except Exception:
             log.warning("stopping preempted workload %s failed; the next cycle retries",
                         name, exc_info=True)

@@ -72,6 +72,7 @@ from queueing.selectors.snapshot import build_snapshot, unprovisioned_teams
 
 from .cluster_view import cluster_view_publish
 from .jobs import job_transition
+from .logs import workload_stop_keeping_logs
 from .metrics import record_submit_error
 from .preemption import Applied, preempted_workloads_stop, preemptions_apply
 from .usage import usage_record_attempt
@@ -355,7 +356,10 @@ def _unowned_workload(*, backend: ClusterBackend, status: WorkloadStatus, owned:
                           result.cycle_id, status.name)
     if status.stopping:
         return
-    backend.stop(status.name, now=now)
+    if status.phase in (Phase.SUCCEEDED, Phase.FAILED):
+        backend.stop(status.name, now=now)  # its pods stay until the TTL: the logs task reads them
+    else:
+        workload_stop_keeping_logs(backend=backend, name=status.name, now=now)
     if status.phase not in (Phase.SUCCEEDED, Phase.FAILED):
         result.orphans_stopped.append(status.name)
 

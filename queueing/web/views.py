@@ -60,7 +60,8 @@ from queueing.services.access import (
     check_team_admin,
     check_team_member,
 )
-from queueing.services.jobs import job_cancel, job_input_build, job_logs, job_spec, job_submit
+from queueing.services.jobs import job_cancel, job_input_build, job_spec, job_submit
+from queueing.services.logs import LogView, job_log_read
 from queueing.services.quotas import quota_set
 
 from .forms import JobSubmitForm, MemberForm, QuotaForm, RoleForm, TeamResourcesForm, TokenForm
@@ -302,17 +303,32 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         explain = job_explain(job=job, now=now)
     except Exception as exc:  # the explanation is a convenience: never fail the page
         explain = {"priority": None, "queue": None, "error": str(exc)[:200]}
-    try:
-        logs = job_logs(job=job, tail=100)
-    except Exception as exc:
-        logs = f"(logs unavailable: {exc})"
-    ctx = {"job": job, "events": events, "explain": explain, "logs": logs, "now": now,
+    log_view, log_error = _job_log(request, job)
+    ctx = {"job": job, "events": events, "explain": explain, "now": now,
+           "log": log_view, "log_error": log_error,
+           "logs": "\n".join(log_view.lines) if log_view else "",
            "runtime": job.runtime_seconds(now),
            "permalink": request.build_absolute_uri(reverse("web:job-detail", args=[job.pk]))}
     if request.htmx:  # type: ignore[attr-defined]
         # 286: htmx swaps this last fragment and stops polling a job that is final.
         return render(request, "web/_job_live.html", ctx, status=286 if job.is_final else 200)
     return render(request, "web/job_detail.html", ctx)
+
+
+def _job_log(request: HttpRequest, job: Job) -> tuple[LogView | None, str]:
+    """The log the page shows (`?attempt=N&replica=R`, the current attempt's replica 0 by
+    default) or why it cannot."""
+    try:
+        attempt = int(request.GET["attempt"]) if request.GET.get("attempt") else None
+        replica = int(request.GET.get("replica") or 0)
+    except ValueError:
+        return None, "The attempt and the replica are whole numbers."
+    try:
+        return job_log_read(job=job, attempt=attempt, replica=replica, tail=100), ""
+    except DomainError as exc:
+        return None, " ".join(m for msgs in exc.fields.values() for m in msgs) or exc.message
+    except Exception as exc:  # the logs are a convenience: never fail the page
+        return None, f"Logs unavailable: {str(exc)[:200]}"
 
 
 @require_POST

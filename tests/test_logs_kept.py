@@ -1,0 +1,262 @@
+"""Logs that outlive the pod (issue 14.4): when an attempt ends (success, failure,
+preemption, cancel) the worker keeps the tail of each replica's log in the "fairq-logs"
+storage; the API, the job page and `fairq logs` show it by attempt and replica, with how
+the attempt ended. On the simulated cluster, driven with explicit time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from queueing.composition import get_backend
+from queueing.models import Job, JobLog
+from queueing.services.logs import (
+    attempt_logs_keep,
+    job_log_read,
+    job_logs_archive,
+    log_storage,
+    split_replicas,
+)
+from queueing.services.scheduler import scheduler_cycle
+
+from .conftest import World
+from .test_cycle import submit
+
+pytestmark = pytest.mark.django_db
+
+
+def _run(world: World, *, seconds: str = "60", exit_code: str | None = None,
+         **body: Any) -> tuple[int, datetime]:
+    env = {"FAIRQ_SIM_SECONDS": seconds}
+    if exit_code is not None:
+        env["FAIRQ_SIM_EXIT_CODE"] = exit_code
+    t0 = timezone.now() - timedelta(minutes=10)
+    job_id = submit(world, env=env, **body)
+    scheduler_cycle(now=t0)
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    assert Job.objects.get(pk=job_id).status == "RUNNING"
+    return job_id, t0
+
+
+def _backend_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kubernetes deleted the pods: the cluster has nothing to say any more."""
+    monkeypatch.setattr(get_backend(), "logs", lambda name, tail=100: "")
+
+
+def _page(world: World, url: str) -> str:
+    c = Client()
+    c.force_login(world.member)
+    r = c.get(url)
+    assert r.status_code == 200
+    return str(r.content.decode())
+
+
+def _kept(job_id: int, attempt: int, replica: int = 0) -> str:
+    row = JobLog.objects.get(job_id=job_id, attempt=attempt, replica=replica)
+    assert row.final and row.stored and row.text == ""
+    return bytes(log_storage().open(row.stored).read()).decode()
+
+
+def test_logs_are_kept_after_success_and_read_after_the_pod_is_gone(
+    world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    job_id, t0 = _run(world)
+    scheduler_cycle(now=t0 + timedelta(seconds=62))
+    assert Job.objects.get(pk=job_id).status == "SUCCEEDED"
+    live = get_backend().logs(f"fq-{job_id}-1", tail=1000)
+    assert "exited with code 0" in live
+    result = job_logs_archive(backend=get_backend(), now=t0 + timedelta(seconds=63))
+    assert result.kept == [(job_id, 1)]
+    assert _kept(job_id, 1) == live
+
+    _backend_gone(monkeypatch)
+    r = world.client(world.member).get(f"/api/v1/jobs/{job_id}/logs/")
+    body = r.json()
+    assert r.status_code == 200 and body["source"] == "archived"
+    assert body["lines"] == live.splitlines() and body["exit"] == "SUCCEEDED: exit code 0"
+    assert body["attempts"] == [{"attempt": 1, "replicas": [0], "final": True}]
+    assert not body["empty"] and body["note"] == ""
+
+
+def test_logs_are_kept_after_a_failure_with_the_exit_code(
+    world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    job_id, t0 = _run(world, seconds="30", exit_code="3")
+    scheduler_cycle(now=t0 + timedelta(seconds=40))
+    job = Job.objects.get(pk=job_id)
+    assert job.status == "FAILED"
+    job_logs_archive(backend=get_backend(), now=t0 + timedelta(seconds=41))
+    assert "exited with code 3" in _kept(job_id, 1)
+    _backend_gone(monkeypatch)
+    view = job_log_read(job=job)
+    assert view.source == "archived" and "exit code 3" in view.exit
+    assert view.lines[-1].endswith("exited with code 3")
+
+
+def test_a_preempted_attempt_keeps_its_logs_before_its_workload_is_stopped(
+    world: World,
+) -> None:
+    t0 = timezone.now() + timedelta(seconds=1)
+    ids = [submit(world, name=f"fill-{i}", tier="low", gpus=8,
+                  env={"FAIRQ_SIM_SECONDS": "5000"}) for i in range(2)]
+    scheduler_cycle(now=t0)
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    submit(world, world.outsider, team="nlp", tier="high", gpus=8)
+    (victim,) = scheduler_cycle(now=t0 + timedelta(seconds=100)).preempted
+    assert victim in ids
+    job = Job.objects.get(pk=victim)
+    assert job.status == "QUEUED" and job.attempt == 2
+    assert f"fq-{victim}-1" not in {s.name for s in get_backend().statuses(now=t0)}
+    assert f"started fq-{victim}-1" in _kept(victim, 1)
+
+    view = job_log_read(job=job, attempt=1)
+    assert view.source == "archived" and view.exit.startswith("PREEMPTED")
+    # The new attempt has not run: nothing yet, and it says so.
+    now = job_log_read(job=job)
+    assert now.attempt == 2 and now.lines == [] and now.note
+    assert now.attempts == [{"attempt": 1, "replicas": [0], "final": True}]
+
+
+def test_a_cancelled_job_keeps_its_logs(
+    world: World, django_capture_on_commit_callbacks: Callable[..., Any],
+) -> None:
+    job_id, _ = _run(world, seconds="600")
+    name = f"fq-{job_id}-1"
+    with django_capture_on_commit_callbacks(execute=True):
+        r = world.client(world.member).post(f"/api/v1/jobs/{job_id}/cancel/")
+    assert r.status_code == 200, r.json()
+    assert name not in {s.name for s in get_backend().statuses(now=timezone.now())}
+    assert f"started {name}" in _kept(job_id, 1)
+    body = world.client(world.member).get(f"/api/v1/jobs/{job_id}/logs/").json()
+    assert body["source"] == "archived" and body["exit"].startswith("CANCELLED")
+
+
+def test_when_the_read_fails_the_last_live_copy_is_kept(
+    world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    job_id, t0 = _run(world, seconds="600")
+    job_logs_archive(backend=get_backend(), now=t0 + timedelta(seconds=2))
+    live = JobLog.objects.get(job_id=job_id, attempt=1).text
+    assert live
+
+    def down(*args: Any, **kwargs: Any) -> str:
+        raise ConnectionError("the cluster is down")
+
+    monkeypatch.setattr(get_backend(), "logs", down)
+    assert attempt_logs_keep(backend=get_backend(), name=f"fq-{job_id}-1", now=t0)
+    assert _kept(job_id, 1) == live
+
+
+def test_an_empty_log_says_the_pod_wrote_nothing(
+    world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    job_id, t0 = _run(world, seconds="30")
+    scheduler_cycle(now=t0 + timedelta(seconds=40))
+    _backend_gone(monkeypatch)
+    job_logs_archive(backend=get_backend(), now=t0 + timedelta(seconds=41))
+    assert _kept(job_id, 1) == ""
+    body = world.client(world.member).get(f"/api/v1/jobs/{job_id}/logs/").json()
+    assert body["lines"] == [] and body["empty"] and body["note"] == "the pod wrote nothing"
+    assert "The pod wrote nothing." in _page(world, f"/jobs/{job_id}/")
+
+
+def test_the_kept_log_is_bounded_to_the_configured_bytes(
+    world: World, monkeypatch: pytest.MonkeyPatch, settings: Any,
+) -> None:
+    settings.FAIRQ_LOG_ARCHIVE_BYTES = 1000
+    job_id, t0 = _run(world, seconds="600")
+    big = "\n".join(f"step {i} loss 0.{i:04d}" for i in range(5000))
+    monkeypatch.setattr(get_backend(), "logs", lambda name, tail=100: big)
+    attempt_logs_keep(backend=get_backend(), name=f"fq-{job_id}-1", now=t0)
+    kept = _kept(job_id, 1)
+    assert 0 < len(kept.encode()) <= 1000 and kept.endswith("step 4999 loss 0.4999")
+    assert JobLog.objects.get(job_id=job_id, attempt=1).size == len(kept.encode())
+
+
+def test_each_replica_is_kept_and_chosen_by_number(
+    world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    job_id, t0 = _run(world, seconds="600", gpus=8, replicas=2)
+    text = "==> fq-x-1-0 <==\nrank 0 up\nrank 0 done\n==> fq-x-1-1 <==\nrank 1 up"
+    monkeypatch.setattr(get_backend(), "logs", lambda name, tail=100: text)
+    attempt_logs_keep(backend=get_backend(), name=f"fq-{job_id}-1", now=t0)
+    assert _kept(job_id, 1, 0) == "rank 0 up\nrank 0 done"
+    assert _kept(job_id, 1, 1) == "rank 1 up"
+    c = world.client(world.member)
+    body = c.get(f"/api/v1/jobs/{job_id}/logs/?replica=1").json()
+    assert body["replica"] == 1 and body["lines"] == ["rank 1 up"] and body["replicas"] == 2
+    assert body["attempts"] == [{"attempt": 1, "replicas": [0, 1], "final": True}]
+    assert c.get(f"/api/v1/jobs/{job_id}/logs/?replica=0&tail=1").json()["lines"] == [
+        "rank 0 done"]
+    html = _page(world, f"/jobs/{job_id}/?replica=1")
+    assert "rank 1 up" in html and "replica 1" in html
+
+
+def test_the_backend_answer_is_split_per_replica() -> None:
+    assert split_replicas("") == {0: ""}
+    assert split_replicas("a\nb") == {0: "a\nb"}
+    assert split_replicas("==> p0 <==\na\n==> p1 <==\n") == {0: "a", 1: ""}
+
+
+@pytest.mark.parametrize(("query", "field"), [
+    ("attempt=0", "attempt"), ("attempt=2", "attempt"), ("attempt=x", "attempt"),
+    ("replica=-1", "replica"), ("replica=1", "replica"), ("replica=x", "replica"),
+    ("tail=x", "tail"),
+])
+def test_bad_log_parameters_are_a_400_naming_the_field(
+    world: World, query: str, field: str,
+) -> None:
+    job_id = submit(world)
+    r = world.client(world.member).get(f"/api/v1/jobs/{job_id}/logs/?{query}")
+    assert r.status_code == 400, r.json()
+    assert field in r.json()["error"]["fields"]
+
+
+def test_another_teams_job_logs_are_not_found(world: World) -> None:
+    job_id, _ = _run(world, seconds="600")
+    for url in (f"/api/v1/jobs/{job_id}/logs/", f"/api/v1/jobs/{job_id}/logs/?attempt=1"):
+        assert world.client(world.outsider).get(url).status_code == 404
+
+
+def test_a_running_job_shows_live_lines(world: World) -> None:
+    job_id, t0 = _run(world, seconds="600")
+    job_logs_archive(backend=get_backend(), now=t0 + timedelta(seconds=2))
+    body = world.client(world.member).get(f"/api/v1/jobs/{job_id}/logs/").json()
+    assert body["source"] == "live" and body["exit"] == "" and body["lines"]
+    assert body["attempts"] == [{"attempt": 1, "replicas": [0], "final": False}]
+
+
+def test_the_job_page_shows_each_attempt_and_refuses_a_bad_one(world: World) -> None:
+    t0 = timezone.now() + timedelta(seconds=1)
+    for i in range(2):
+        submit(world, name=f"fill-{i}", tier="low", gpus=8, env={"FAIRQ_SIM_SECONDS": "5000"})
+    scheduler_cycle(now=t0)
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    submit(world, world.outsider, team="nlp", tier="high", gpus=8)
+    (victim,) = scheduler_cycle(now=t0 + timedelta(seconds=100)).preempted
+    html = _page(world, f"/jobs/{victim}/?attempt=1")
+    assert f"started fq-{victim}-1" in html and "kept after it ended" in html
+    assert "Exit:</strong> PREEMPTED" in html
+    assert _page(world, f"/jobs/{victim}/").count('href="?attempt=1&amp;replica=0"') == 1
+    assert "This job has attempts 1 to 2." in _page(world, f"/jobs/{victim}/?attempt=7")
+    assert "whole numbers" in _page(world, f"/jobs/{victim}/?replica=x")
+
+
+def test_a_job_cancelled_before_it_ran_has_no_log_rather_than_an_empty_one(
+    world: World, django_capture_on_commit_callbacks: Callable[..., Any],
+) -> None:
+    job_id = submit(world, gpus=8, replicas=4)  # waits: more than the h100 nodes hold
+    scheduler_cycle(now=timezone.now())
+    assert Job.objects.get(pk=job_id).status == "QUEUED"
+    with django_capture_on_commit_callbacks(execute=True):
+        assert world.client(world.member).post(
+            f"/api/v1/jobs/{job_id}/cancel/").status_code == 200
+    assert not JobLog.objects.filter(job_id=job_id).exists()
+    body = world.client(world.member).get(f"/api/v1/jobs/{job_id}/logs/").json()
+    assert body["lines"] == [] and not body["empty"]
+    assert body["note"] == "no logs: the job never started"
