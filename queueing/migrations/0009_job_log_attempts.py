@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('queueing', '0007_jobevent_kind_choices'),
+        ('queueing', '0008_job_resources'),
     ]
 
     operations = [
