@@ -78,7 +78,7 @@ def add_errors_and_idempotency(result: dict[str, Any], generator: Any, request: 
                 params = operation.setdefault("parameters", [])
                 if not any(p.get("name") == "Idempotency-Key" for p in params):
                     params.append(IDEMPOTENCY_PARAMETER)
-            if method == "delete":
+            if method in {"delete", "patch"}:  # e.g. the last-admin rule on memberships
                 errors["409"] = _POST_ERRORS["409"]
             if "requestBody" in operation:
                 errors.update(_BODY_ERRORS)
