@@ -495,7 +495,9 @@ class KubernetesBackend:
         Service of workload `name`, explicitly: the garbage collector would (they are
         owned by its Job), but only where kube-controller-manager runs it, and later.
         The replicas' Jobs are those the watch cache knows plus the ones the workload's
-        `replicas` name; gone already (404) is fine."""
+        `replicas` name; gone already (404) is fine. The Service only when it is fairq's
+        (labelled, and owned by a Job of the workload's name): a Service someone else
+        made under that name is not fairq's to delete."""
         from kubernetes.client.exceptions import ApiException
 
         names = {replica_job_name(name, i) for i in range(1, replicas)}
@@ -511,11 +513,15 @@ class KubernetesBackend:
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+        service = self._read_service(namespace, name)
+        if service is None or not _owned_by_workload(service, name):
+            return  # none, or not fairq's (someone else's under the name): left alone
         try:
-            drain(self.core.delete_namespaced_service(name, namespace,
-                                                      _preload_content=False))
+            drain(self.core.delete_namespaced_service(
+                name, namespace, _preload_content=False,
+                body=cast(Any, {"preconditions": {"uid": service["metadata"].get("uid")}})))
         except ApiException as exc:
-            if exc.status != 404:
+            if exc.status not in (404, 409):
                 raise
 
     def _delete_orphan_pods(self, name: str) -> None:
@@ -800,6 +806,14 @@ class KubernetesBackend:
                 self._kick()
             except Exception:  # a watch thread must go on watching
                 log.exception("scheduler kick failed")
+
+
+def _owned_by_workload(obj: Obj, name: str) -> bool:
+    """Labelled fairq's and owned by the Job named `name` (the workload's)."""
+    meta = obj.get("metadata") or {}
+    return (meta.get("labels") or {}).get(MANAGED_BY) == "fairq" and any(
+        ref.get("kind") == "Job" and ref.get("name") == name
+        for ref in meta.get("ownerReferences") or ())
 
 
 def _owned_by_job(pod: Obj) -> bool:

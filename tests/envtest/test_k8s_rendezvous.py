@@ -113,3 +113,85 @@ def test_a_replica_failing_fails_the_attempt_naming_it_and_stops_the_other(
     wait(lambda: not kube.jobs("vision", pk) and not kube.pods("vision", name)
          and service(kube, name) is None, timeout=60,
          what="the other replica, the Jobs and the Service gone")
+
+
+def launch(pk: int, replicas: int = 2) -> Any:
+    from queueing.backends.base import LaunchSpec
+
+    return LaunchSpec(
+        name=f"fq-{pk}-1", job_id=pk, attempt=1, team="vision", tier="normal",
+        priority_class_name="", gpu_type="h100", resource_name="nvidia.com/gpu",
+        node_labels={"fairq.io/gpu-type": "h100"}, gpus_per_replica=1, replicas=replicas,
+        image="registry.invalid/x:1", command=[], args=[], env={}, max_runtime_seconds=None)
+
+
+def test_a_submit_cut_short_after_replica_0s_job_is_completed_by_the_retry(
+    kube: Kube, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker killed between replica 0's Job and the rest: the retry adopts replica
+    0's Job and makes the Service and the other replica's Job, once."""
+    from datetime import UTC, datetime
+
+    from queueing.backends.kubernetes import KubernetesBackend, KubernetesBackendError
+
+    backend = kube.backend
+    pk = 700000 + int(datetime.now(UTC).timestamp()) % 1000
+    name = f"fq-{pk}-1"
+    real = KubernetesBackend._companions
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise KubernetesBackendError("killed before the companions")
+
+    monkeypatch.setattr(KubernetesBackend, "_companions", killed)
+    with pytest.raises(KubernetesBackendError):
+        backend.submit(launch(pk), now=datetime.now(UTC))
+    assert [j["metadata"]["name"] for j in kube.jobs("vision", pk)] == [name]
+    assert service(kube, name) is None
+    monkeypatch.setattr(KubernetesBackend, "_companions", real)
+    backend.submit(launch(pk), now=datetime.now(UTC))
+    backend.submit(launch(pk), now=datetime.now(UTC))  # and again: nothing more
+    assert sorted(j["metadata"]["name"] for j in kube.jobs("vision", pk)) == [name,
+                                                                            f"{name}-1"]
+    assert service(kube, name) is not None
+    backend.stop(name, now=datetime.now(UTC))
+    wait(lambda: not kube.jobs("vision", pk) and service(kube, name) is None, cycle=False,
+         what="the Jobs and the Service gone")
+
+
+def test_a_service_fairq_did_not_create_under_the_workloads_name_fails_the_attempt(
+    kube: Kube,
+) -> None:
+    """Someone else's Service under the workload's name (it could point the replicas'
+    names elsewhere) is never adopted: the attempt fails, the Service is left alone."""
+    from datetime import UTC, datetime
+
+    from queueing.backends.base import SubmitRejected
+
+    pk = 710000 + int(datetime.now(UTC).timestamp()) % 1000
+    name = f"fq-{pk}-1"
+    kube.core.create_namespaced_service(kube.ns("vision"), {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+        "spec": {"clusterIP": "None", "selector": {"app": "elsewhere"},
+                 "ports": [{"port": 29500}]}})
+    with pytest.raises(SubmitRejected, match="fairq did not create it"):
+        kube.backend.submit(launch(pk), now=datetime.now(UTC))
+    assert service(kube, name).spec.selector == {"app": "elsewhere"}
+    kube.backend.stop(name, now=datetime.now(UTC))  # the failed attempt's own Job
+    wait(lambda: not kube.jobs("vision", pk), cycle=False, what="the attempt's Job gone")
+    assert service(kube, name).spec.selector == {"app": "elsewhere"}  # not fairq's
+
+
+def test_the_replicas_jobs_and_the_service_are_valid_for_the_api_server(kube: Kube) -> None:
+    """Server-side dry run of every object of a 2-replica workload: the API server
+    validates each field (hostname, subdomain, the Service) and keeps it."""
+    from queueing.backends.k8s_manifest import service_manifest
+
+    spec = launch(720000)
+    bodies = kube.backend.manifests(spec)
+    for body in bodies:
+        stored = kube.batch.create_namespaced_job(kube.ns("vision"), body, dry_run="All")
+        pod_spec = stored.spec.template.spec
+        assert pod_spec.hostname.startswith(spec.name) and pod_spec.subdomain == spec.name
+    svc = kube.core.create_namespaced_service(
+        kube.ns("vision"), service_manifest(spec, kube.ns("vision")), dry_run="All")
+    assert svc.spec.cluster_ip == "None" and svc.spec.publish_not_ready_addresses is True
