@@ -357,12 +357,21 @@ class KubernetesBackend:
             if status != 409:
                 self._companion_failed(spec.name, "Service", status, message, exc)
             existing = self._read_service(namespace, spec.name)
-            owners = {r.get("uid") for r in (existing or {}).get("metadata", {})
+            if existing is None:  # deleted since: the next cycle's submit makes it
+                raise KubernetesBackendError(
+                    f"the Service {spec.name} existed a moment ago and is gone now; "
+                    "retrying") from exc
+            owners = {r.get("uid") for r in existing.get("metadata", {})
                       .get("ownerReferences") or ()}
-            if existing is not None and ref["uid"] not in owners:
+            # Owned by the workload's Job (its uid is no secret: anyone who lists Jobs
+            # reads it), so what it routes to is checked too: this workload's pods only.
+            shape = existing.get("spec") or {}
+            if ref["uid"] not in owners or shape.get("clusterIP") != "None" or \
+                    shape.get("selector") != service["spec"]["selector"]:
                 raise SubmitRejected(
                     f"a Service named {namespace}/{spec.name} already exists and fairq did "
-                    "not create it (not owned by the workload's Job); not adopted") from exc
+                    "not create it (not owned by the workload's Job, or not its headless "
+                    "Service); not adopted") from exc
         for raw in bodies[1:]:
             body = sign_job({**raw, "metadata": {**raw["metadata"], "ownerReferences": [ref]}},
                             self.owner_key)
@@ -374,8 +383,10 @@ class KubernetesBackend:
                 if status != 409:
                     self._companion_failed(name, "Job", status, message, exc)
                 existing = self._read_job(namespace, name)
-                if existing is not None:
-                    self._adopt(existing, body, workload=spec.name)
+                if existing is None:  # deleted since: the next cycle's submit makes it
+                    raise KubernetesBackendError(
+                        f"{name} existed a moment ago and is gone now; retrying") from exc
+                self._adopt(existing, body, workload=spec.name)
 
     @staticmethod
     def _companion_failed(name: str, kind: str, status: int, message: str,

@@ -195,3 +195,37 @@ def test_the_replicas_jobs_and_the_service_are_valid_for_the_api_server(kube: Ku
     svc = kube.core.create_namespaced_service(
         kube.ns("vision"), service_manifest(spec, kube.ns("vision")), dry_run="All")
     assert svc.spec.cluster_ip == "None" and svc.spec.publish_not_ready_addresses is True
+
+
+def test_a_service_claiming_the_workloads_job_as_owner_but_routing_elsewhere_fails_it(
+    kube: Kube, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Job's uid is no secret (anyone who lists Jobs reads it): a Service under the
+    workload's name owned by it but selecting other pods is not adopted either."""
+    from datetime import UTC, datetime
+
+    from queueing.backends.base import SubmitRejected
+    from queueing.backends.kubernetes import KubernetesBackend, KubernetesBackendError
+
+    pk = 730000 + int(datetime.now(UTC).timestamp()) % 1000
+    name = f"fq-{pk}-1"
+    real = KubernetesBackend._companions
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise KubernetesBackendError("killed before the companions")
+
+    monkeypatch.setattr(KubernetesBackend, "_companions", killed)
+    with pytest.raises(KubernetesBackendError):
+        kube.backend.submit(launch(pk), now=datetime.now(UTC))
+    monkeypatch.setattr(KubernetesBackend, "_companions", real)
+    [owner] = kube.jobs("vision", pk)
+    kube.core.create_namespaced_service(kube.ns("vision"), {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "ownerReferences": [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": name,
+             "uid": owner["metadata"]["uid"]}]},
+        "spec": {"clusterIP": "None", "selector": {"app": "elsewhere"},
+                 "ports": [{"port": 29500}]}})
+    with pytest.raises(SubmitRejected, match="fairq did not create it"):
+        kube.backend.submit(launch(pk), now=datetime.now(UTC))
+    kube.backend.stop(name, now=datetime.now(UTC))
