@@ -36,12 +36,26 @@ MAX_RUNTIME_SECONDS = 30 * 24 * 3600
 # KUBERNETES_* is what the kubelet sets; FAIRQ_* is fairq's. Case-sensitive, as the
 # readers are.
 RESERVED_ENV_PREFIXES = ("NVIDIA_", "KUBERNETES_", "FAIRQ_")
+# The rendezvous of a multi-replica job, set by fairq on every replica (torchrun and
+# torch.distributed read them): a job setting its own would point its replicas at each
+# other wrongly, so they are fairq's (docs/kubernetes.md, "Replicas that rendezvous").
+RENDEZVOUS_ENV = frozenset({"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK",
+                            "NPROC_PER_NODE"})
 RESERVED_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "LD_LIBRARY_PATH",
-                                "LD_AUDIT"})
-# The documented exceptions a job may set: the simulated backend's two knobs.
-ALLOWED_FAIRQ_ENV = frozenset({"FAIRQ_SIM_SECONDS", "FAIRQ_SIM_EXIT_CODE"})
+                                "LD_AUDIT"}) | RENDEZVOUS_ENV
+# The documented exceptions a job may set: the simulated backend's knobs.
+ALLOWED_FAIRQ_ENV = frozenset({"FAIRQ_SIM_SECONDS", "FAIRQ_SIM_EXIT_CODE",
+                               "FAIRQ_SIM_FAIL_REPLICA"})
 # Set by fairq itself on the members of an array job (never by the user).
 ARRAY_JOB_ENV = frozenset({"FAIRQ_ARRAY_INDEX", "FAIRQ_ARRAY_SIZE"})
+# Set by fairq itself on every workload (never by the user): which job and which attempt
+# of it this is, so a job can resume from its checkpoint after a preemption.
+ATTEMPT_ENV = frozenset({"FAIRQ_JOB_ID", "FAIRQ_ATTEMPT"})
+# What a refusal of a reserved name says (the API's 400 on `env`).
+RESERVED_ENV_HELP = (
+    "NVIDIA_*, KUBERNETES_*, CUDA_VISIBLE_DEVICES, LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, "
+    f"the rendezvous set by fairq ({', '.join(sorted(RENDEZVOUS_ENV))}) and "
+    f"FAIRQ_* except {', '.join(sorted(ALLOWED_FAIRQ_ENV))}")
 
 
 def env_name_reserved(name: str, *, allowed: frozenset[str] = ALLOWED_FAIRQ_ENV) -> bool:
@@ -78,11 +92,24 @@ def sim_exit_code(value: Any) -> int:
     return int(text)
 
 
+def sim_fail_replica(value: Any) -> int:
+    """`FAIRQ_SIM_FAIL_REPLICA` as the simulated cluster uses it: the index (0-based) of
+    the replica that fails, an integer 0..MAX_REPLICAS-1 (an index beyond the job's
+    replicas fails none). Raises ValueError with a readable message otherwise."""
+    text = str(value).strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 4 or \
+            int(text) >= MAX_REPLICAS:
+        raise ValueError(f"FAIRQ_SIM_FAIL_REPLICA must be a replica index "
+                         f"0..{MAX_REPLICAS - 1}, not {text[:40]!r}.")
+    return int(text)
+
+
 def sim_env_problems(env: Mapping[str, Any]) -> list[str]:
     """What is wrong with the simulated cluster's knobs in a job's env (none: [])."""
     problems = []
     for name, parse in (("FAIRQ_SIM_SECONDS", sim_seconds),
-                        ("FAIRQ_SIM_EXIT_CODE", sim_exit_code)):
+                        ("FAIRQ_SIM_EXIT_CODE", sim_exit_code),
+                        ("FAIRQ_SIM_FAIL_REPLICA", sim_fail_replica)):
         if name in env:
             try:
                 parse(env[name])

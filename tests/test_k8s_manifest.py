@@ -12,19 +12,30 @@ from typing import Any
 
 import pytest
 
-from queueing.backends.base import LaunchSpec, Phase, parse_workload_name, workload_name
+from queueing.backends.base import (
+    RENDEZVOUS_PORT,
+    LaunchSpec,
+    Phase,
+    parse_workload_name,
+    workload_name,
+)
 from queueing.backends.k8s_manifest import (
     GpuTypeRef,
     ManifestError,
     ManifestOptions,
     capacity,
+    is_replica_job,
     job_manifest,
+    job_manifests,
+    master_addr,
     namespace_for,
     orphan_pods_status,
     pods_finished,
     priority_class_manifest,
     resource_quota_manifest,
+    service_manifest,
     unbound_demand,
+    workload_finished,
     workload_status,
 )
 from queueing.validation import image_registry_path, registry_problem
@@ -88,7 +99,8 @@ def test_it_builds_a_job_with_priority_limits_selector_toleration_and_labels() -
     [c] = pod["containers"]
     assert c["image"] == "ghcr.io/acme/train:1.4"
     assert c["command"] == ["python", "train.py"] and c["args"] == ["--epochs", "3"]
-    assert c["env"] == [{"name": "SEED", "value": "1"}]
+    assert c["env"] == [{"name": "FAIRQ_ATTEMPT", "value": "1"},
+                        {"name": "FAIRQ_JOB_ID", "value": "12"}, {"name": "SEED", "value": "1"}]
     assert c["resources"] == {"limits": {"nvidia.com/gpu": "2"},
                               "requests": {"nvidia.com/gpu": "2"}}
     assert c["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False,
@@ -97,16 +109,87 @@ def test_it_builds_a_job_with_priority_limits_selector_toleration_and_labels() -
                                     "runAsNonRoot": True}
 
 
-def test_a_gang_is_parallel_and_indexed_where_served() -> None:
-    m = job_manifest(spec(replicas=4, placement=("a", "a", "b", "b")),
-                     ManifestOptions(namespace="ns", indexed=True))
-    assert m["spec"]["parallelism"] == m["spec"]["completions"] == 4
+def test_a_single_replica_job_is_indexed_where_served() -> None:
+    m = job_manifest(spec(), ManifestOptions(namespace="ns", indexed=True))
+    assert m["spec"]["parallelism"] == m["spec"]["completions"] == 1
     assert m["spec"]["completionMode"] == "Indexed"
-    assert m["metadata"]["annotations"]["fairq.io/placement"] == "a,a,b,b"
-    terms = m["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
-        "preferredDuringSchedulingIgnoredDuringExecution"]
-    # metadata.name field selectors take exactly one value each (API server validation).
-    assert [t["preference"]["matchFields"][0]["values"] for t in terms] == [["a"], ["b"]]
+    assert "hostname" not in m["spec"]["template"]["spec"]
+    assert "subdomain" not in m["spec"]["template"]["spec"]
+
+
+def test_a_multi_replica_job_is_one_job_per_replica_with_stable_hostnames() -> None:
+    ms = job_manifests(spec(replicas=4, placement=("a", "a", "b", "b")),
+                       ManifestOptions(namespace="ns", indexed=True, backoff_limit=3))
+    assert [m["metadata"]["name"] for m in ms] == ["fq-12-1", "fq-12-1-1", "fq-12-1-2",
+                                                   "fq-12-1-3"]
+    for i, m in enumerate(ms):
+        js, pod_spec = m["spec"], m["spec"]["template"]["spec"]
+        assert js["parallelism"] == js["completions"] == 1
+        assert js["backoffLimit"] == 0  # a replaced replica would join a broken rendezvous
+        assert "completionMode" not in js  # explicit hostnames, the same on 1.20 and later
+        assert pod_spec["hostname"] == f"fq-12-1-{i}"
+        assert pod_spec["subdomain"] == "fq-12-1"
+        for labels in (m["metadata"]["labels"], js["template"]["metadata"]["labels"]):
+            assert labels["fairq.io/workload"] == "fq-12-1"
+            assert labels["fairq.io/replica"] == str(i)
+        assert m["metadata"]["annotations"]["fairq.io/replicas"] == "4"
+        assert m["metadata"]["annotations"]["fairq.io/placement"] == "a,a,b,b"
+        terms = pod_spec["affinity"]["nodeAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"]
+        # Each replica prefers the node planned for it (one value per field selector).
+        assert [t["preference"]["matchFields"][0]["values"] for t in terms] == \
+            [["a" if i < 2 else "b"]]
+        assert not all_keys(m) & FORBIDDEN_KEYS
+    assert not is_replica_job(ms[0]) and all(is_replica_job(m) for m in ms[1:])
+    assert job_manifest(spec(replicas=4), OPTS, replica=2) == \
+        job_manifests(spec(replicas=4), OPTS)[2]
+    with pytest.raises(ManifestError):
+        job_manifest(spec(replicas=2), OPTS, replica=2)
+
+
+def env_of(m: dict[str, Any]) -> dict[str, str]:
+    [c] = m["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e["value"] for e in c["env"]}
+
+
+def test_each_replica_gets_the_rendezvous_env_naming_replica_0s_stable_host() -> None:
+    ms = job_manifests(spec(replicas=2, gpus_per_replica=4, attempt=3, name="fq-12-3"), OPTS)
+    for i, m in enumerate(ms):
+        assert env_of(m) == {
+            "SEED": "1", "FAIRQ_JOB_ID": "12", "FAIRQ_ATTEMPT": "3",
+            "MASTER_ADDR": "fq-12-3-0.fq-12-3", "MASTER_PORT": str(RENDEZVOUS_PORT),
+            "WORLD_SIZE": "2", "NODE_RANK": str(i), "NPROC_PER_NODE": "4"}
+    assert RENDEZVOUS_PORT == 29500
+    assert master_addr("fq-12-3") == "fq-12-3-0.fq-12-3"
+
+
+def test_a_single_replica_job_gets_its_job_id_and_attempt_and_no_rendezvous() -> None:
+    [m] = job_manifests(spec(attempt=2), OPTS)
+    assert env_of(m) == {"SEED": "1", "FAIRQ_JOB_ID": "12", "FAIRQ_ATTEMPT": "2"}
+
+
+@pytest.mark.parametrize("name", ["MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK",
+                                  "NPROC_PER_NODE", "FAIRQ_JOB_ID", "FAIRQ_ATTEMPT"])
+def test_the_manifest_refuses_a_users_own_rendezvous_or_attempt_env(name: str) -> None:
+    with pytest.raises(ManifestError, match="reserved"):
+        job_manifests(spec(replicas=2, env={name: "x"}), OPTS)
+
+
+def test_the_headless_service_selects_the_workloads_pods_and_is_owned_by_its_job() -> None:
+    owner = {"metadata": {"name": "fq-12-1", "uid": "u-1", "namespace": "ns"}}
+    svc = service_manifest(spec(replicas=2), "ns", owner=owner)
+    assert svc["apiVersion"] == "v1" and svc["kind"] == "Service"
+    assert svc["metadata"]["name"] == "fq-12-1" and svc["metadata"]["namespace"] == "ns"
+    assert svc["metadata"]["ownerReferences"] == [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "fq-12-1", "uid": "u-1"}]
+    assert svc["metadata"]["labels"]["fairq.io/workload"] == "fq-12-1"
+    assert svc["spec"]["clusterIP"] == "None"  # headless: DNS names, no virtual IP
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == {"app.kubernetes.io/managed-by": "fairq",
+                                       "fairq.io/workload": "fq-12-1"}
+    assert svc["spec"]["ports"] == [{"name": "rendezvous", "port": 29500,
+                                     "targetPort": 29500, "protocol": "TCP"}]
+    assert "type" not in svc["spec"] and "externalIPs" not in svc["spec"]
 
 
 def test_a_mig_type_asks_for_its_own_resource_and_no_deadline_when_unlimited() -> None:
@@ -132,7 +215,9 @@ def test_it_refuses_invalid_env_names(env: dict[str, str]) -> None:
 def test_env_values_are_literal_never_value_from() -> None:
     m = job_manifest(spec(env={"TOKEN": '{"valueFrom": {"secretKeyRef": {"name": "x"}}}'}), OPTS)
     [c] = m["spec"]["template"]["spec"]["containers"]
-    assert c["env"] == [{"name": "TOKEN",
+    assert c["env"] == [{"name": "FAIRQ_ATTEMPT", "value": "1"},
+                        {"name": "FAIRQ_JOB_ID", "value": "12"},
+                        {"name": "TOKEN",
                          "value": '{"valueFrom": {"secretKeyRef": {"name": "x"}}}'}]
 
 
@@ -361,6 +446,61 @@ def test_pods_that_all_ended_are_finished_before_the_jobs_condition() -> None:
     assert pods_finished([done]) == T0 + timedelta(seconds=5)
     assert pods_finished([done, pod("Running", start=T0)]) is None
     assert pods_finished([]) is None
+
+
+def replica_pod(i: int, phase: str, **kw: Any) -> dict[str, Any]:
+    p = pod(phase, **kw)
+    p["metadata"]["name"] = f"fq-12-1-{i}-x"
+    p["metadata"]["uid"] = f"u-{i}"
+    p["metadata"]["labels"] = {"fairq.io/workload": "fq-12-1", "fairq.io/replica": str(i)}
+    return p
+
+
+def rendezvous_job(conditions: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    m = job_manifests(spec(replicas=2), OPTS)[0]
+    m["status"] = {"conditions": conditions or []}
+    return m
+
+
+def test_a_failed_replica_fails_the_whole_attempt_with_a_reason_naming_it() -> None:
+    # Replica 1's pod failed; replica 0 still runs and its Job has no condition.
+    pods = [replica_pod(0, "Running", start=T0),
+            replica_pod(1, "Failed", start=T0, end=T0 + timedelta(seconds=9), exit_code=3,
+                        reason="Error")]
+    s = workload_status(rendezvous_job(), pods, now=T0 + timedelta(seconds=10))
+    assert s is not None and s.phase == Phase.FAILED and s.exit_code == 3
+    assert s.reason == "replica 1 failed: exit code 3 (Error)"
+    # Still running: stop() deletes it (and the other replicas) rather than forget it.
+    assert workload_finished(rendezvous_job(), pods) is None
+
+
+def test_replica_0_finishing_alone_does_not_finish_a_multi_replica_attempt() -> None:
+    done = replica_pod(0, "Succeeded", start=T0, end=T0 + timedelta(seconds=5))
+    running = replica_pod(1, "Running", start=T0)
+    job = rendezvous_job([{"type": "Complete", "status": "True"}])
+    s = workload_status(job, [done, running], now=T0 + timedelta(seconds=6))
+    assert s is not None and s.phase == Phase.RUNNING
+    assert workload_finished(job, [done, running]) is None
+    other = replica_pod(1, "Succeeded", start=T0, end=T0 + timedelta(seconds=7))
+    s = workload_status(job, [done, other], now=T0 + timedelta(seconds=8))
+    assert s is not None and s.phase == Phase.SUCCEEDED
+    assert s.finished_at == T0 + timedelta(seconds=7)
+    assert workload_finished(job, [done, other]) == T0 + timedelta(seconds=7)
+
+
+def test_a_multi_replica_attempt_past_its_deadline_fails() -> None:
+    job = rendezvous_job([{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}])
+    s = workload_status(job, [replica_pod(0, "Running", start=T0),
+                              replica_pod(1, "Running", start=T0)], now=T0)
+    assert s is not None and s.phase == Phase.FAILED
+    assert s.reason.startswith("DeadlineExceeded")
+
+
+def test_unbound_replicas_of_a_multi_replica_workload_hold_their_planned_nodes() -> None:
+    job = job_manifests(spec(replicas=2, placement=("a", "b")), OPTS)[0]
+    assert unbound_demand(job, []) == {"a": 2, "b": 2}
+    bound = replica_pod(0, "Running", start=T0, node="a")
+    assert unbound_demand(job, [bound]) == {"b": 2}
 
 
 def test_pods_without_their_job_end_the_attempt() -> None:

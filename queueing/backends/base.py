@@ -74,6 +74,32 @@ class LaunchSpec:
     shm_size_bytes: int | None = None
 
 
+# The port replica 0 of a multi-replica job listens on for the rendezvous (`MASTER_PORT`,
+# torch.distributed's customary default): fixed, so a job file never has to say it.
+RENDEZVOUS_PORT = 29500
+
+
+def replica_host(workload: str, replica: int) -> str:
+    """The stable host name of replica `replica` of a workload: `replica_host('fq-12-3',
+    0)` is 'fq-12-3-0' (the name an Indexed Job would give it too)."""
+    return f"{workload}-{replica}"
+
+
+def workload_env(spec: LaunchSpec, *, replica: int, master_addr: str) -> dict[str, str]:
+    """The env fairq sets on replica `replica` of `spec` (the names are reserved: a user
+    cannot set them): `FAIRQ_JOB_ID` and `FAIRQ_ATTEMPT` always (a job resumes from its
+    checkpoint after a preemption); for replicas > 1 the rendezvous `torchrun` and
+    torch.distributed read — `MASTER_ADDR` (replica 0's stable host, `master_addr`),
+    `MASTER_PORT`, `WORLD_SIZE` (replicas), `NODE_RANK` (this replica's index) and
+    `NPROC_PER_NODE` (GPUs per replica)."""
+    env = {"FAIRQ_JOB_ID": str(spec.job_id), "FAIRQ_ATTEMPT": str(spec.attempt)}
+    if spec.replicas > 1:
+        env.update(MASTER_ADDR=master_addr, MASTER_PORT=str(RENDEZVOUS_PORT),
+                   WORLD_SIZE=str(spec.replicas), NODE_RANK=str(replica),
+                   NPROC_PER_NODE=str(spec.gpus_per_replica))
+    return env
+
+
 # The reason of an attempt that waits on the cluster (not failed), as shown on the job.
 WAITING = "waiting for the cluster: "
 

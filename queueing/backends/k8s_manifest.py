@@ -37,7 +37,17 @@ from queueing.validation import (
     format_cpu,
 )
 
-from .base import WAITING, LaunchSpec, NodeInfo, Phase, WorkloadStatus, parse_workload_name
+from .base import (
+    RENDEZVOUS_PORT,
+    WAITING,
+    LaunchSpec,
+    NodeInfo,
+    Phase,
+    WorkloadStatus,
+    parse_workload_name,
+    replica_host,
+    workload_env,
+)
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "fairq"
@@ -48,6 +58,7 @@ L_ATTEMPT = "fairq.io/attempt"
 L_TEAM = "fairq.io/team"
 L_TIER = "fairq.io/tier"
 L_GPU_TYPE = "fairq.io/gpu-type"
+L_REPLICA = "fairq.io/replica"  # multi-replica workloads: the replica's index
 A_PLACEMENT = "fairq.io/placement"
 A_GPUS_PER_REPLICA = "fairq.io/gpus-per-replica"
 A_REPLICAS = "fairq.io/replicas"
@@ -115,23 +126,65 @@ def _str_list(values: Iterable[Any], what: str) -> list[str]:
     return out
 
 
-def _env(env: Mapping[str, str]) -> list[dict[str, str]]:
-    out = []
-    for name in sorted(env):
-        value = env[name]
+def _env(env: Mapping[str, str], fairqs: Mapping[str, str]) -> list[dict[str, str]]:
+    """The user's env, checked (no reserved name), with fairq's own (`fairqs`: names the
+    user may not set) added; sorted by name."""
+    for name in env:
         if not isinstance(name, str) or not ENV_NAME_RE.match(name) or len(name) > 253:
             raise ManifestError(f"invalid environment variable name {name!r}")
         if env_name_reserved(name, allowed=_FAIRQ_ENV_IN_PODS):
             raise ManifestError(f"environment variable name {name!r} is reserved")
-        if not isinstance(value, str):
+        if not isinstance(env[name], str):
             raise ManifestError(f"environment variable {name} must be a string")
-        # Only `value`: never `valueFrom` (it could read Secrets of the namespace).
-        out.append({"name": name, "value": value})
-    return out
+    merged = {**env, **fairqs}
+    # Only `value`: never `valueFrom` (it could read Secrets of the namespace).
+    return [{"name": name, "value": merged[name]} for name in sorted(merged)]
 
 
-def job_manifest(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, Any]:
-    """The batch/v1 Job for one attempt. Deterministic: the same spec gives the same body.
+def replica_job_name(workload: str, replica: int) -> str:
+    """The Job of replica `replica` of a multi-replica workload: replica 0's is the
+    workload's own Job (`fq-12-3`, the one `statuses()` reports), replica i > 0's is
+    `fq-12-3-<i>`, owned by it."""
+    return workload if replica == 0 else replica_host(workload, replica)
+
+
+def master_addr(workload: str) -> str:
+    """Replica 0's stable DNS name as the other replicas resolve it (the pod's DNS search
+    path adds `<namespace>.svc.<cluster domain>`): `<host>.<headless Service>`."""
+    return f"{replica_host(workload, 0)}.{workload}"
+
+
+def is_replica_job(job: Mapping[str, Any]) -> bool:
+    """A Job of replica i > 0 of a multi-replica workload: part of the workload whose
+    Job is named by its `fairq.io/workload` label, never a workload of its own."""
+    meta = job.get("metadata") or {}
+    workload = (meta.get("labels") or {}).get(L_WORKLOAD)
+    return bool(workload) and workload != meta.get("name")
+
+
+def workload_replicas(job: Mapping[str, Any]) -> int:
+    """How many replicas the workload of this Job has (its `fairq.io/replicas`
+    annotation; else its completions)."""
+    ann = (job.get("metadata") or {}).get("annotations") or {}
+    try:
+        return max(1, int(ann.get(A_REPLICAS) or 0))
+    except ValueError:
+        pass
+    return max(1, int((job.get("spec") or {}).get("completions") or 1))
+
+
+def job_manifests(spec: LaunchSpec, opts: ManifestOptions) -> list[dict[str, Any]]:
+    """Every Job of one attempt, replica 0's (the workload's own Job) first: one Job for
+    a single replica, one per replica otherwise (`job_manifest`)."""
+    rendezvous = spec.replicas > 1
+    return [job_manifest(spec, opts, replica=i)
+            for i in range(spec.replicas if rendezvous else 1)]
+
+
+def job_manifest(spec: LaunchSpec, opts: ManifestOptions, *, replica: int = 0
+                 ) -> dict[str, Any]:
+    """The batch/v1 Job for one attempt (or, with replicas > 1, for one replica of it).
+    Deterministic: the same spec gives the same body.
 
     Guarantees: the pod runs one container `main` with the spec's image, command, args
     and env (literal values only) and limits = requests = `gpus_per_replica` of the GPU
@@ -139,17 +192,31 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, Any]:
     (`container_resources`); with a shm size, a memory-backed emptyDir at /dev/shm (`_shm`),
     the only volume; no privilege, escalation, capability, host namespace, host path or
     service-account token, the runtime's seccomp profile, runAsNonRoot as the team says
-    (`security_context`); no reserved env name (API rules, checked again here);
-    `parallelism = completions = replicas`; labels and annotations carry job id, attempt,
-    team, tier and GPU type.
+    (`security_context`); no reserved env name (API rules, checked again here), and
+    fairq's own env (`base.workload_env`: job id, attempt, rendezvous); labels and
+    annotations carry job id, attempt, team, tier and GPU type.
+
+    One replica: `parallelism = completions = 1`. Replicas > 1 (docs/kubernetes.md,
+    "Replicas that rendezvous"): one Job per replica, each `parallelism = completions =
+    1`, `backoffLimit: 0` (a replaced replica would join a broken rendezvous), its pod
+    with `hostname` = `replica_host(workload, i)` and `subdomain` = the workload's
+    headless Service (`service_manifest`), `NODE_RANK` = i; replica 0's Job is named
+    after the workload, replica i's `replica_job_name(workload, i)`; the labels carry
+    `fairq.io/replica`. Explicit hostnames rather than an Indexed Job: the same Jobs work
+    on every server from 1.20 on (Indexed Jobs are 1.22+).
     """
     if spec.gpus_per_replica < 1 or spec.replicas < 1:
         raise ManifestError("a job needs at least one replica and one GPU per replica")
+    rendezvous = spec.replicas > 1
+    if not 0 <= replica < spec.replicas:
+        raise ManifestError(f"replica {replica} of a job of {spec.replicas} replicas")
     if not spec.image or not isinstance(spec.image, str):
         raise ManifestError("a job needs an image")
     if len(spec.image) > MAX_IMAGE_LEN or not IMAGE_RE.match(spec.image):
         raise ManifestError(f"image {spec.image!r} is not a valid image reference")
     labels = labels_for(spec)
+    if rendezvous:
+        labels[L_REPLICA] = str(replica)
     annotations = {
         L_JOB_ID: str(spec.job_id),
         L_ATTEMPT: str(spec.attempt),
@@ -172,9 +239,8 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, Any]:
         container["command"] = command
     if args:
         container["args"] = args
-    env = _env(spec.env)
-    if env:
-        container["env"] = env
+    container["env"] = _env(spec.env, workload_env(spec, replica=replica,
+                                                    master_addr=master_addr(spec.name)))
     volumes = _shm(spec, container)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -189,9 +255,17 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, Any]:
     }
     if volumes:
         pod_spec["volumes"] = volumes
+    if rendezvous:
+        # A stable DNS name per replica: <hostname>.<subdomain> resolves through the
+        # workload's headless Service (service_manifest).
+        pod_spec["hostname"] = replica_host(spec.name, replica)
+        pod_spec["subdomain"] = spec.name
     if spec.node_labels:
         pod_spec["nodeSelector"] = {str(k): str(v) for k, v in sorted(spec.node_labels.items())}
-    planned = sorted(set(spec.placement))
+    placement = list(spec.placement)
+    if rendezvous and len(placement) == spec.replicas:
+        placement = [placement[replica]]  # each replica's Job prefers its own node
+    planned = sorted(set(placement))
     if planned:
         # A hint, not a rule: the scheduler prefers the nodes fairq planned (best fit),
         # but may use another node of the type if a planned one is gone. One term per
@@ -203,16 +277,17 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, Any]:
                 for node in planned
             ],
         }}
+    gang = 1 if rendezvous else spec.replicas
     job_spec: dict[str, Any] = {
-        "parallelism": spec.replicas,
-        "completions": spec.replicas,
-        "backoffLimit": opts.backoff_limit,
+        "parallelism": gang,
+        "completions": gang,
+        "backoffLimit": 0 if rendezvous else opts.backoff_limit,
         "template": {
             "metadata": {"labels": dict(labels), "annotations": dict(annotations)},
             "spec": pod_spec,
         },
     }
-    if opts.indexed:
+    if opts.indexed and not rendezvous:
         job_spec["completionMode"] = "Indexed"
     if spec.max_runtime_seconds:
         job_spec["activeDeadlineSeconds"] = int(spec.max_runtime_seconds)
@@ -221,7 +296,8 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, Any]:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": spec.name, "namespace": opts.namespace, "labels": labels,
+        "metadata": {"name": replica_job_name(spec.name, replica),
+                     "namespace": opts.namespace, "labels": labels,
                      "annotations": annotations},
         "spec": job_spec,
     }
@@ -263,6 +339,38 @@ def _shm(spec: LaunchSpec, container: dict[str, Any]) -> list[dict[str, Any]]:
     container["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
     return [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory",
                                               "sizeLimit": format_bytes(size)}}]
+
+
+def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
+    """An ownerReference to `job` (as the API server returned it, with its uid): what it
+    owns is garbage collected with it."""
+    meta = job["metadata"]
+    return {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+            "uid": meta["uid"]}
+
+
+def service_manifest(spec: LaunchSpec, namespace: str, *,
+                     owner: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The headless Service of a multi-replica workload, named after it: it gives each
+    replica's pod (`hostname` + `subdomain` = this Service) the DNS name
+    `<hostname>.<workload>`, also before the pod is ready (`publishNotReadyAddresses`:
+    replicas resolve each other while they start), and selects only this workload's
+    pods. Owned by the workload's Job (`owner`, replica 0's, as the API server returned
+    it): garbage collected with it; fairq deletes it explicitly too."""
+    labels = labels_for(spec)
+    meta: dict[str, Any] = {"name": spec.name, "namespace": namespace, "labels": labels}
+    if owner is not None:
+        meta["ownerReferences"] = [owner_reference(owner)]
+    return {
+        "apiVersion": "v1", "kind": "Service", "metadata": meta,
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {MANAGED_BY: MANAGED_BY_VALUE, L_WORKLOAD: spec.name},
+            "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT,
+                       "targetPort": RENDEZVOUS_PORT, "protocol": "TCP"}],
+        },
+    }
 
 
 def security_context(*, run_as_non_root: bool) -> dict[str, Any]:
@@ -516,7 +624,17 @@ def workload_status(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *
     # later under load): all completions succeeded, or more failures than backoffLimit.
     job_spec = job.get("spec") or {}
     phases = [_status(p).get("phase") for p in pods]
-    if complete is None and failed is None:
+    rendezvous = L_REPLICA in labels
+    if rendezvous:
+        # All or nothing (docs/kubernetes.md, "Replicas that rendezvous"): replica 0's
+        # Job speaks for replica 0 only. The workload succeeded once every replica's pod
+        # did; it failed when any pod failed, or replica 0's Job did (its deadline).
+        complete = None
+        if "Failed" in phases and failed is None:
+            failed = {"type": "Failed", "status": "True", "reason": "ReplicaFailed"}
+        elif failed is None and phases.count("Succeeded") >= workload_replicas(job):
+            complete = {"type": "Complete", "status": "True"}
+    elif complete is None and failed is None:
         if phases.count("Succeeded") >= int(job_spec.get("completions") or 1):
             complete = {"type": "Complete", "status": "True"}
         elif phases.count("Failed") > int(job_spec.get("backoffLimit", 6)):
@@ -532,6 +650,10 @@ def workload_status(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *
         phase = Phase.FAILED
         finished_at = max(ends) if ends else (job_finished(job) or now)
         reason, exit_code = failure_reason(failed, pods)
+        replica = failed_replica(pods) if rendezvous else None
+        if replica is not None:
+            reason, exit_code = failure_reason(failed, replica[1])
+            reason = f"replica {replica[0]} failed: {reason}"
     else:
         image_error = _image_error(pods, now=now, timeout_seconds=image_pull_timeout_seconds,
                                    first_seen=image_error_since or {})
@@ -561,6 +683,32 @@ def workload_status(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *
                           started_at=started_at, finished_at=finished_at,
                           exit_code=exit_code, reason=reason[:500], nodes=nodes,
                           stopping=bool(meta.get("deletionTimestamp")), restarts=restarts)
+
+
+def failed_replica(pods: Sequence[Mapping[str, Any]]
+                   ) -> tuple[str, list[Mapping[str, Any]]] | None:
+    """The replica (its `fairq.io/replica` index) whose pod failed first, and its failed
+    pods; None when no pod failed."""
+    failed = [p for p in pods if _status(p).get("phase") == "Failed"]
+    if not failed:
+        return None
+    failed.sort(key=lambda p: (str(pod_finished_at(p) or ""),
+                               str((_meta(p).get("labels") or {}).get(L_REPLICA, ""))))
+    index = str((_meta(failed[0]).get("labels") or {}).get(L_REPLICA, "?"))
+    return index, [p for p in failed
+                   if str((_meta(p).get("labels") or {}).get(L_REPLICA, "?")) == index]
+
+
+def workload_finished(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]
+                      ) -> datetime | None:
+    """When the workload of `job` (its workload Job, replica 0's) ended, None while any
+    of it runs: the Job's condition, or all its pods ended. For replicas > 1, only once
+    every replica's pod ended (replica 0's Job ending says nothing of the others)."""
+    if L_REPLICA in (_meta(job).get("labels") or {}):
+        if len(pods) < workload_replicas(job):
+            return None
+        return pods_finished(pods)
+    return job_finished(job) or pods_finished(pods)
 
 
 def pods_finished(pods: Sequence[Mapping[str, Any]]) -> datetime | None:

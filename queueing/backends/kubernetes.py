@@ -49,6 +49,7 @@ from .k8s_api import (
 )
 from .k8s_cache import Informer, Obj, key_of
 from .k8s_manifest import (
+    L_REPLICA,
     L_WORKLOAD,
     MANAGED_BY,
     SELECTOR,
@@ -57,16 +58,20 @@ from .k8s_manifest import (
     ManifestOptions,
     adoption_verdict,
     capacity,
-    job_finished,
-    job_manifest,
+    is_replica_job,
+    job_manifests,
     namespace_for,
     orphan_pods_status,
+    owner_reference,
     parse_time,
     pod_is_terminal,
-    pods_finished,
+    replica_job_name,
     sealed_by_fairq,
+    service_manifest,
     sign_job,
     unbound_demand,
+    workload_finished,
+    workload_replicas,
     workload_status,
 )
 from .k8s_provisioner import KubernetesProvisioner
@@ -264,14 +269,19 @@ class KubernetesBackend:
         )
 
     def manifest(self, spec: LaunchSpec) -> dict[str, Any]:
-        """The Job `submit` would create (raises SubmitRejected when it cannot exist)."""
+        """The Job `submit` would create (replica 0's with replicas > 1; raises
+        SubmitRejected when it cannot exist)."""
+        return self.manifests(spec)[0]
 
+    def manifests(self, spec: LaunchSpec) -> list[dict[str, Any]]:
+        """Every Job `submit` would create, the workload's own first (one per replica
+        when replicas > 1; raises SubmitRejected when one cannot exist)."""
         problem = registry_problem(spec.image, self.registry_allowlist)
         if problem:
             raise SubmitRejected(problem)
         try:
             namespace = namespace_for(spec.team, self.namespace_prefix)
-            return job_manifest(spec, self._options(namespace))
+            return job_manifests(spec, self._options(namespace))
         except ManifestError as exc:
             raise SubmitRejected(str(exc)) from exc
 
@@ -283,11 +293,13 @@ class KubernetesBackend:
         from kubernetes.client.exceptions import ApiException
 
         self._after_fork()
-        body = sign_job(self.manifest(spec), self.owner_key)
+        bodies = self.manifests(spec)
+        body = sign_job(bodies[0], self.owner_key)
         namespace = body["metadata"]["namespace"]
         cached = self.jobs.get(f"{namespace}/{spec.name}") if self._started else None
         if cached is not None:
             self._adopt(cached, body)  # already there: the name is the identity
+            self._companions(spec, bodies, cached)
             return
         if self.provision == "scheduler":
             self.provisioner.ensure_namespace(spec.team, run_as_non_root=spec.run_as_non_root)
@@ -296,7 +308,7 @@ class KubernetesBackend:
                 f"namespace {namespace} is not provisioned for fairq yet "
                 "(the provisioner runs `manage.py sync_cluster`)")
         try:
-            self._create_job(namespace, body)
+            created = self._create_job(namespace, body)
         except ApiException as exc:
             status, message = api_error(exc)
             if status == 409:
@@ -305,6 +317,7 @@ class KubernetesBackend:
                     raise KubernetesBackendError(
                         f"{spec.name} existed a moment ago and is gone now; retrying") from exc
                 self._adopt(existing, body)
+                self._companions(spec, bodies, existing)
                 return
             if status in (400, 422):
                 raise SubmitRejected(f"Kubernetes refused the Job: {message}") from exc
@@ -319,9 +332,90 @@ class KubernetesBackend:
         except ValueError as exc:  # the client's model validation: our body is malformed
             raise SubmitRejected(f"invalid Job: {exc}") from exc
         self.tracker.placed(spec.name, namespace)
+        self._companions(spec, bodies, created)
 
-    def _adopt(self, existing: Obj, body: Mapping[str, Any]) -> None:
-        """Take over a Job holding the name of `body`, or raise why not (finding 11.4)."""
+    def _companions(self, spec: LaunchSpec, bodies: Sequence[Mapping[str, Any]],
+                    owner: Mapping[str, Any]) -> None:
+        """With replicas > 1, what the workload's Job (`owner`, as the API server has it)
+        needs beside it: the headless Service, then the Jobs of replicas 1..n-1, each
+        owned by `owner` (garbage collected with it). Made after it, so a crash in
+        between leaves a Job the retry adopts and completes here; one that exists is
+        kept when fairq made it (a Service owned by `owner`, a sealed Job), else the
+        attempt fails as for the workload's Job. A transient error raises
+        KubernetesBackendError: the next cycle's submit adopts and comes back here."""
+        from kubernetes.client.exceptions import ApiException
+
+        if len(bodies) < 2:
+            return
+        namespace = owner["metadata"]["namespace"]
+        ref = owner_reference(owner)
+        service = service_manifest(spec, namespace, owner=owner)
+        try:
+            drain(self.core.create_namespaced_service(
+                namespace, cast(Any, service), _preload_content=False, _request_timeout=30))
+        except ApiException as exc:
+            status, message = api_error(exc)
+            if status != 409:
+                self._companion_failed(spec.name, "Service", status, message, exc)
+            existing = self._read_service(namespace, spec.name)
+            if existing is None:  # deleted since: the next cycle's submit makes it
+                raise KubernetesBackendError(
+                    f"the Service {spec.name} existed a moment ago and is gone now; "
+                    "retrying") from exc
+            owners = {r.get("uid") for r in existing.get("metadata", {})
+                      .get("ownerReferences") or ()}
+            # Owned by the workload's Job (its uid is no secret: anyone who lists Jobs
+            # reads it), so what it routes to is checked too: this workload's pods only.
+            shape = existing.get("spec") or {}
+            if ref["uid"] not in owners or shape.get("clusterIP") != "None" or \
+                    shape.get("selector") != service["spec"]["selector"]:
+                raise SubmitRejected(
+                    f"a Service named {namespace}/{spec.name} already exists and fairq did "
+                    "not create it (not owned by the workload's Job, or not its headless "
+                    "Service); not adopted") from exc
+        for raw in bodies[1:]:
+            body = sign_job({**raw, "metadata": {**raw["metadata"], "ownerReferences": [ref]}},
+                            self.owner_key)
+            name = body["metadata"]["name"]
+            try:
+                self._create_job(namespace, body)
+            except ApiException as exc:
+                status, message = api_error(exc)
+                if status != 409:
+                    self._companion_failed(name, "Job", status, message, exc)
+                existing = self._read_job(namespace, name)
+                if existing is None:  # deleted since: the next cycle's submit makes it
+                    raise KubernetesBackendError(
+                        f"{name} existed a moment ago and is gone now; retrying") from exc
+                self._adopt(existing, body, workload=spec.name)
+
+    @staticmethod
+    def _companion_failed(name: str, kind: str, status: int, message: str,
+                          exc: Exception) -> None:
+        if status in (400, 422):
+            raise SubmitRejected(f"Kubernetes refused the {kind} {name}: {message}") from exc
+        raise KubernetesBackendError(
+            f"creating the {kind} {name} failed ({status}): {message}") from exc
+
+    def _read_service(self, namespace: str, name: str) -> Obj | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            resp: Any = self.core.read_namespaced_service(
+                name, namespace, _preload_content=False, _request_timeout=30)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        try:
+            return cast(Obj, json.loads(resp.data))
+        finally:
+            resp.release_conn()
+
+    def _adopt(self, existing: Mapping[str, Any], body: Mapping[str, Any], *,
+               workload: str | None = None) -> None:
+        """Take over a Job holding the name of `body`, or raise why not (finding 11.4).
+        `workload`: the workload whose replica Job this is (not tracked on its own)."""
         name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
         verdict, why = adoption_verdict(existing, body, key=self.owner_key)
         if verdict == "refuse":
@@ -331,7 +425,8 @@ class KubernetesBackend:
             log.info("%s: %s; requeued as a new attempt", name, why)
             raise SubmitRequeue(why)
         log.info("%s already exists: adopted%s", name, f" ({why})" if why else "")
-        self.tracker.placed(name, namespace)
+        if workload is None:
+            self.tracker.placed(name, namespace)
 
     def _read_job(self, namespace: str, name: str) -> Obj | None:
         """The Job as the API server has it now (JSON), None when there is none. A list
@@ -340,11 +435,16 @@ class KubernetesBackend:
                           field_selector=f"metadata.name={name}")
         return items[0] if items else None
 
-    def _create_job(self, namespace: str, body: dict[str, Any]) -> None:
-        """POST the Job (JSON in, the answer not deserialized); a refusal raises the
-        client's ApiException."""
-        drain(self.batch.create_namespaced_job(namespace, cast(Any, body),
-                                               _preload_content=False, _request_timeout=30))
+    def _create_job(self, namespace: str, body: Mapping[str, Any]) -> Obj:
+        """POST the Job (JSON in, the answer as JSON, not deserialized into models): the
+        Job as created (its uid owns a multi-replica workload's other objects); a
+        refusal raises the client's ApiException."""
+        resp: Any = self.batch.create_namespaced_job(
+            namespace, cast(Any, body), _preload_content=False, _request_timeout=30)
+        try:
+            return cast(Obj, json.loads(resp.data))
+        finally:
+            resp.release_conn()
 
     def unprovisioned_teams(self, teams: Iterable[str]) -> set[str]:
         """The teams whose jobs cannot be submitted because their namespace is not
@@ -377,13 +477,14 @@ class KubernetesBackend:
         if namespace is None:
             return
         job = self.jobs.get(f"{namespace}/{name}")
+        replicas = None if job is None else workload_replicas(job)
         if job is not None:
             if job["metadata"].get("deletionTimestamp"):
                 return  # already going
             # Finished by its condition, or all its pods ended before the Job controller
             # wrote it: nothing holds GPUs, and deleting would lose the logs.
-            finished = job_finished(job) or pods_finished(
-                self._pods_by_workload().get(f"{namespace}/{name}", []))
+            finished = workload_finished(
+                job, self._pods_by_workload().get(f"{namespace}/{name}", []))
             if finished is not None and not self._expired(finished, now):
                 self.tracker.hide(name, finished)
                 return
@@ -397,6 +498,42 @@ class KubernetesBackend:
                 # Not asked after all: statuses() must not report it as stopping, or
                 # the cycle would never ask again.
                 self.tracker.stop_failed(name)
+                raise
+        if replicas is None or replicas > 1:
+            self._delete_companions(name, namespace, replicas or 1)
+
+    def _delete_companions(self, name: str, namespace: str, replicas: int) -> None:
+        """Delete the other replicas' Jobs (Foreground: their pods first) and the headless
+        Service of workload `name`, explicitly: the garbage collector would (they are
+        owned by its Job), but only where kube-controller-manager runs it, and later.
+        The replicas' Jobs are those the watch cache knows plus the ones the workload's
+        `replicas` name; gone already (404) is fine. The Service only when it is fairq's
+        (labelled, and owned by a Job of the workload's name): a Service someone else
+        made under that name is not fairq's to delete."""
+        from kubernetes.client.exceptions import ApiException
+
+        names = {replica_job_name(name, i) for i in range(1, replicas)}
+        names.update(j["metadata"]["name"] for j in self.jobs.items()
+                     if j["metadata"].get("namespace") == namespace and is_replica_job(j)
+                     and (j["metadata"].get("labels") or {}).get(L_WORKLOAD) == name
+                     and self._fairqs(j))
+        for job_name in sorted(names):
+            try:
+                drain(self.batch.delete_namespaced_job(job_name, namespace,
+                                                        propagation_policy="Foreground",
+                                                        _preload_content=False))
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        service = self._read_service(namespace, name)
+        if service is None or not _owned_by_workload(service, name):
+            return  # none, or not fairq's (someone else's under the name): left alone
+        try:
+            drain(self.core.delete_namespaced_service(
+                name, namespace, _preload_content=False,
+                body=cast(Any, {"preconditions": {"uid": service["metadata"].get("uid")}})))
+        except ApiException as exc:
+            if exc.status not in (404, 409):
                 raise
 
     def _delete_orphan_pods(self, name: str) -> None:
@@ -470,9 +607,12 @@ class KubernetesBackend:
             job_keys.add(key)  # its pods are a Job's, not orphans, whoever made it
             if not sealed_by_fairq(job, self.owner_key):
                 continue  # not fairq's (finding 11.4): not reported, charged or stopped
+            if is_replica_job(job):
+                continue  # a replica of a workload: reported with the workload's Job
             job_pods = pods.get(key, [])
             if name in hidden:
-                if any(not pod_is_terminal(p) for p in job_pods) and job_finished(job) is None:
+                if any(not pod_is_terminal(p) for p in job_pods) and \
+                        workload_finished(job, job_pods) is None:
                     # Forgotten when its pods had ended, but the Job controller started
                     # another: report it again, so the cycle stops it.
                     self.tracker.unhide(name)
@@ -545,7 +685,10 @@ class KubernetesBackend:
     def _delete_quietly(self, name: str, namespace: str) -> None:
         try:
             self.tracker.stop_asked(name)
+            job = self.jobs.get(f"{namespace}/{name}")
             self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+            if job is not None and workload_replicas(job) > 1:
+                self._delete_companions(name, namespace, workload_replicas(job))
         except Exception as exc:
             self.tracker.stop_failed(name)
             log.info("deleting finished Job %s/%s failed: %s", namespace, name, exc)
@@ -568,6 +711,8 @@ class KubernetesBackend:
         unbound: dict[str, int] = defaultdict(int)
         by = self._pods_by_workload()
         for job in self.jobs.items():
+            if is_replica_job(job):
+                continue  # its workload's Job counts every replica
             key = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
             for node, n in unbound_demand(job, by.get(key, [])).items():
                 unbound[node] += n
@@ -590,7 +735,9 @@ class KubernetesBackend:
             return f"[fairq] cannot list the pods of {name} ({status}): {message}"
         if not pods:
             return ""
-        pods.sort(key=lambda p: p["metadata"]["name"])
+        # Replica order (the `fairq.io/replica` label; pod names do not sort that way:
+        # fq-1-1-2x9k4 is replica 0's, fq-1-1-1-b7d2q replica 1's), then name.
+        pods.sort(key=lambda p: (_replica_index(p), p["metadata"]["name"]))
         chunks: list[str] = []
         for pod in pods:
             pod_name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
@@ -616,6 +763,12 @@ class KubernetesBackend:
 
     def _job_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         if not self._fairqs(new or old or {}):
+            return
+        if is_replica_job(new or old or {}):
+            # A replica's Job: nothing to track (its workload's Job is); a change of it
+            # is worth a cycle (a replica failing fails the workload).
+            if kind in ("ADDED", "DELETED") or _conditions(old) != _conditions(new):
+                self._poke()
             return
         if new is not None:
             self.tracker.placed(new["metadata"]["name"], new["metadata"]["namespace"])
@@ -667,6 +820,19 @@ class KubernetesBackend:
                 self._kick()
             except Exception:  # a watch thread must go on watching
                 log.exception("scheduler kick failed")
+
+
+def _owned_by_workload(obj: Obj, name: str) -> bool:
+    """Labelled fairq's and owned by the Job named `name` (the workload's)."""
+    meta = obj.get("metadata") or {}
+    return (meta.get("labels") or {}).get(MANAGED_BY) == "fairq" and any(
+        ref.get("kind") == "Job" and ref.get("name") == name
+        for ref in meta.get("ownerReferences") or ())
+
+
+def _replica_index(pod: Obj) -> int:
+    value = str((pod["metadata"].get("labels") or {}).get(L_REPLICA, "0"))
+    return int(value) if value.isdigit() else 0
 
 
 def _owned_by_job(pod: Obj) -> bool:

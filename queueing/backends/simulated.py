@@ -5,7 +5,14 @@ A workload's replicas are placed on nodes with room (all or none, best fit), run
 `FAIRQ_SIM_EXIT_CODE` when it is set and not 0. Time comes from the caller (`now`), so
 a simulator can drive it with a virtual clock.
 
-The knobs are validated at submit (`queueing.validation.sim_seconds`, `sim_exit_code`);
+Replicas are all or nothing, as on Kubernetes (docs/kubernetes.md, "Replicas that
+rendezvous"): with `FAIRQ_SIM_FAIL_REPLICA=<index>` (0-based, below the job's replicas)
+that one replica fails at the end of its run (with `FAIRQ_SIM_EXIT_CODE`, or 1 when that
+is unset or 0), the others are stopped with it, and the workload fails with the reason
+"replica <index> failed: exit code <n>".
+
+The knobs are validated at submit (`queueing.validation.sim_seconds`, `sim_exit_code`,
+`sim_fail_replica`);
 a workload whose knobs are invalid anyway (a row older than that validation) fails at
 once with the reason, and nothing in here raises for one workload's values.
 
@@ -20,7 +27,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import ClassVar
 
-from queueing.validation import MAX_RUNTIME_SECONDS, sim_exit_code, sim_seconds
+from queueing.validation import (
+    MAX_RUNTIME_SECONDS,
+    sim_exit_code,
+    sim_fail_replica,
+    sim_seconds,
+)
 
 from .base import LaunchSpec, NodeInfo, Phase, WorkloadStatus
 
@@ -46,6 +58,7 @@ class _Workload:
     exit_code: int
     finished_at: datetime | None = None
     problem: str = ""  # why it failed at once (invalid knobs), else empty
+    failed_replica: int | None = None  # the replica that fails (the others stop with it)
     released: bool = False
     stopped: bool = False
     log: list[str] = field(default_factory=list)
@@ -127,16 +140,22 @@ class SimulatedCluster:
             for name in placement:
                 self._nodes[name].allocated += spec.gpus_per_replica
             seconds, exit_code, problem = self.default_seconds, 0, ""
+            failed_replica: int | None = None
             try:
                 if "FAIRQ_SIM_SECONDS" in spec.env:
                     seconds = sim_seconds(spec.env["FAIRQ_SIM_SECONDS"])
                 if "FAIRQ_SIM_EXIT_CODE" in spec.env:
                     exit_code = sim_exit_code(spec.env["FAIRQ_SIM_EXIT_CODE"])
+                if "FAIRQ_SIM_FAIL_REPLICA" in spec.env:
+                    index = sim_fail_replica(spec.env["FAIRQ_SIM_FAIL_REPLICA"])
+                    if index < spec.replicas:
+                        failed_replica, exit_code = index, exit_code or 1
             except ValueError as exc:
                 seconds, exit_code, problem = 0.0, 1, str(exc)
+                failed_replica = None
             self._workloads[spec.name] = _Workload(
                 spec=spec, nodes=placement, started_at=now, run_seconds=seconds,
-                exit_code=exit_code, problem=problem,
+                exit_code=exit_code, problem=problem, failed_replica=failed_replica,
                 log=[f"{now.isoformat()} started {spec.name} on {', '.join(placement)}"],
             )
 
@@ -149,8 +168,12 @@ class SimulatedCluster:
                 w.problem = w.problem or "its run time is out of range"
             if now >= end:
                 w.finished_at = end
-                w.log.append(f"{end.isoformat()} " + (
-                    w.problem or f"exited with code {w.exit_code}"))
+                if w.failed_replica is not None and not w.problem:
+                    w.log.append(f"{end.isoformat()} replica {w.failed_replica} exited with "
+                                 f"code {w.exit_code}; the other replicas were stopped")
+                else:
+                    w.log.append(f"{end.isoformat()} " + (
+                        w.problem or f"exited with code {w.exit_code}"))
         if w.finished_at is not None and not w.released:
             for name in w.nodes:
                 self._nodes[name].allocated -= w.spec.gpus_per_replica
@@ -177,7 +200,9 @@ class SimulatedCluster:
                     phase = Phase.SUCCEEDED if w.exit_code == 0 and not w.problem \
                         else Phase.FAILED
                 reason = "" if phase != Phase.FAILED else (
-                    f"not run: {w.problem}" if w.problem else f"exit code {w.exit_code}")
+                    f"not run: {w.problem}" if w.problem else
+                    f"replica {w.failed_replica} failed: exit code {w.exit_code}"
+                    if w.failed_replica is not None else f"exit code {w.exit_code}")
                 out.append(WorkloadStatus(
                     name=w.spec.name, job_id=w.spec.job_id, attempt=w.spec.attempt,
                     phase=phase, started_at=w.started_at, finished_at=w.finished_at,

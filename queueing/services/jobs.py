@@ -313,9 +313,8 @@ def _env_problems(env: dict[str, str]) -> list[str]:
         return [f"Invalid variable names: {', '.join(sorted(bad))}."]
     reserved = [k for k in env if v.env_name_reserved(k)]
     if reserved:
-        return [f"These names are reserved: {', '.join(sorted(reserved))} (NVIDIA_*, "
-                "KUBERNETES_*, CUDA_VISIBLE_DEVICES, LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT and "
-                f"FAIRQ_* except {', '.join(sorted(v.ALLOWED_FAIRQ_ENV))})."]
+        return [f"These names are reserved: {', '.join(sorted(reserved))} "
+                f"({v.RESERVED_ENV_HELP})."]
     return v.sim_env_problems(env)
 
 

@@ -78,8 +78,8 @@ def bound_log_text(text: str, *, lines: int, max_bytes: int) -> str:
 
 def split_replicas(text: str) -> dict[int, str]:
     """One workload's `backend.logs()` answer, per replica: a backend with several pods
-    heads each with `==> <pod> <==`, pods sorted by name (replica order); without a
-    header the whole text is replica 0's."""
+    heads each with `==> <pod> <==`, in replica order (backends sort their pods so);
+    without a header the whole text is replica 0's."""
     chunks: list[list[str]] = []
     for line in text.splitlines():
         if _POD_HEADER.match(line):

@@ -351,3 +351,20 @@ def test_a_model_rule_broken_inside_a_service_is_a_400_not_a_500(world: World,
                                         format="json")
     assert r.status_code == 400, r.content
     assert r.json()["error"]["fields"] == {"nominal": ["Too many GPUs for this cluster."]}
+
+
+@pytest.mark.parametrize("page_size", ["null", "0", "-3", "2.5", "ten", "٣"])
+def test_a_page_size_that_is_not_a_whole_number_of_at_least_one_is_a_400(
+        world: World, page_size: str) -> None:
+    r = world.client(world.member).get("/api/v1/jobs/", {"page_size": page_size})
+    assert r.status_code == 400
+    assert "page_size" in r.json()["error"]["fields"]
+
+
+def test_a_page_size_above_the_maximum_is_cut_to_it(world: World) -> None:
+    for _ in range(3):
+        JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
+    r = world.client(world.member).get("/api/v1/jobs/", {"page_size": "100000"})
+    assert r.status_code == 200 and len(r.json()["results"]) == 3
+    r = world.client(world.member).get("/api/v1/jobs/", {"page_size": "2"})
+    assert len(r.json()["results"]) == 2 and r.json()["next"]

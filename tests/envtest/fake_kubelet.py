@@ -6,7 +6,11 @@ report, timed by its containers' environment:
 
 - ``FAIRQ_SIM_SECONDS``: how long the container "runs" (float; unset means it
   runs until the pod is deleted);
-- ``FAIRQ_SIM_EXIT_CODE``: its exit code when that time is up (default 0).
+- ``FAIRQ_SIM_EXIT_CODE``: its exit code when that time is up (default 0);
+- ``FAIRQ_SIM_FAIL_REPLICA``: in a multi-replica job (``NODE_RANK`` set by fairq), the
+  replica of that index exits at ``FAIRQ_SIM_SECONDS`` with ``FAIRQ_SIM_EXIT_CODE`` (1
+  when unset or 0) and the others run until deleted, as replicas waiting on a dead peer
+  in a collective would.
 
 Pending -> Running (startTime, containerStatuses running/startedAt, Ready
 conditions, a pod IP) -> Succeeded, or Failed when a container exits
@@ -51,6 +55,7 @@ __all__ = ["SIM_EXIT_CODE_ENV", "SIM_SECONDS_ENV", "FakeKubelet"]
 
 SIM_SECONDS_ENV = "FAIRQ_SIM_SECONDS"
 SIM_EXIT_CODE_ENV = "FAIRQ_SIM_EXIT_CODE"
+SIM_FAIL_REPLICA_ENV = "FAIRQ_SIM_FAIL_REPLICA"
 
 log = logging.getLogger("fairq.envtest.fake_kubelet")
 
@@ -72,7 +77,18 @@ def _env_value(container: V1Container, name: str) -> str | None:
     return None
 
 
+def _fail_replica(container: V1Container) -> bool | None:
+    """None without ``FAIRQ_SIM_FAIL_REPLICA``; else whether this container's replica
+    (``NODE_RANK``) is the one that fails."""
+    which = _env_value(container, SIM_FAIL_REPLICA_ENV)
+    if which is None:
+        return None
+    return which.strip() == (_env_value(container, "NODE_RANK") or "0").strip()
+
+
 def _sim_seconds(container: V1Container) -> float | None:
+    if _fail_replica(container) is False:
+        return None  # a peer fails: this replica waits on it until deleted
     raw = _env_value(container, SIM_SECONDS_ENV)
     if raw is None or raw == "":
         return None
@@ -86,7 +102,8 @@ def _sim_seconds(container: V1Container) -> float | None:
 def _sim_exit_code(container: V1Container) -> int:
     raw = _env_value(container, SIM_EXIT_CODE_ENV)
     try:
-        return int(raw) if raw else 0
+        code = int(raw) if raw else 0
+        return (code or 1) if _fail_replica(container) else code
     except ValueError:
         log.warning("ignoring non-integer %s=%r in container %s", SIM_EXIT_CODE_ENV, raw, container.name)
         return 0

@@ -210,8 +210,10 @@ def test_a_gang_runs_all_its_replicas_on_the_planned_nodes(kube: Kube, world: An
 
     pk = submit(world, gpus=8, replicas=2, env={"FAIRQ_SIM_SECONDS": "2"})
     wait(lambda: job(pk).status == "RUNNING", what="the gang RUNNING")
-    [k8s_job] = kube.jobs("vision", pk)
-    assert k8s_job["spec"]["parallelism"] == k8s_job["spec"]["completions"] == 2
+    # One Job per replica (docs/kubernetes.md, "Replicas that rendezvous").
+    k8s_jobs = kube.jobs("vision", pk)
+    assert sorted(j["metadata"]["name"] for j in k8s_jobs) == [f"fq-{pk}-1", f"fq-{pk}-1-1"]
+    assert all(j["spec"]["parallelism"] == j["spec"]["completions"] == 1 for j in k8s_jobs)
     pods = kube.pods("vision", f"fq-{pk}-1")
     assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(H100_NODES)
     assert sorted(job(pk).placement) == sorted(H100_NODES)

@@ -31,7 +31,10 @@ def test_each_replicas_log_stays_readable_after_its_pods_are_deleted(
          and len([p for p in kube.pods("vision", name)
                   if p["status"].get("phase") == "Running"]) == 2,
          what="both replicas Running")
-    pods = sorted(p["metadata"]["name"] for p in kube.pods("vision", name))
+    # In replica order (the fairq.io/replica label), which is not name order: replica 1's
+    # pod fq-<id>-1-1-... sorts before replica 0's fq-<id>-1-<suffix>.
+    pods = [p["metadata"]["name"] for p in sorted(
+        kube.pods("vision", name), key=lambda p: int(p["metadata"]["labels"]["fairq.io/replica"]))]
 
     def pod_log(pod: str, namespace: str, **kwargs: Any) -> str:
         return f"hello from {pod}\nstep 1 loss 0.5"

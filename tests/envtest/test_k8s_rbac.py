@@ -89,13 +89,13 @@ def prefix(k8s_api_client: Any) -> Iterator[str]:
             raise
 
 
-def launch(name: str) -> Any:
+def launch(name: str, replicas: int = 1) -> Any:
     from queueing.backends.base import LaunchSpec
 
     return LaunchSpec(
         name=name, job_id=int(name.split("-")[1]), attempt=1, team="team", tier="rbac",
         priority_class_name="", gpu_type="h100", resource_name="nvidia.com/gpu",
-        node_labels={"fairq.io/gpu-type": "h100"}, gpus_per_replica=1, replicas=1,
+        node_labels={"fairq.io/gpu-type": "h100"}, gpus_per_replica=1, replicas=replicas,
         image="registry.invalid/x:1", command=[], args=[], env={}, max_runtime_seconds=None)
 
 
@@ -164,6 +164,18 @@ def test_the_scheduler_account_can_run_a_jobs_whole_life(
         backend.stop(name, now=datetime.now(UTC))
         until(lambda: name not in {s.name for s in backend.statuses(now=datetime.now(UTC))},
               "the Job gone")
+        # A multi-replica job: its replicas' Jobs and headless Service, then stopped.
+        pair = f"fq-{900000 + int(uuid.uuid4().int % 1000)}-1"
+        backend.submit(launch(pair, replicas=2), now=datetime.now(UTC))
+        core = client.CoreV1Api(k8s_api_client)
+        assert core.read_namespaced_service(pair, f"{prefix}team").spec.cluster_ip == "None"
+        until(lambda: any(s.name == pair and s.phase == Phase.RUNNING
+                          for s in backend.statuses(now=datetime.now(UTC))), "pair RUNNING")
+        backend.stop(pair, now=datetime.now(UTC))
+        until(lambda: pair not in {s.name for s in backend.statuses(now=datetime.now(UTC))},
+              "the pair's Job gone")
+        assert not [svc for svc in core.list_namespaced_service(f"{prefix}team").items
+                    if svc.metadata.name == pair]
         sched.delete_priority_class(mine)
     finally:
         backend.close()
@@ -260,6 +272,10 @@ REFUSED_EVERYWHERE: list[tuple[str, str, str, str, str]] = [
     ("create", "rbac.authorization.k8s.io", "rolebindings", "", "kube-system"),
     ("get", "", "pods", "log", "kube-system"),
     ("create", "", "pods", "exec", "kube-system"),
+    ("create", "", "services", "", "kube-system"),
+    ("create", "", "services", "", "default"),
+    ("delete", "", "services", "", "kube-system"),
+    ("delete", "", "services", "", "default"),
 ]
 
 
@@ -308,6 +324,10 @@ def test_the_scheduler_may_do_what_it_needs_in_a_provisioned_team_namespace(
              ("list", "", "events", "", provisioned),
              # Pods a Job deleted with orphan propagation left behind (issue 11.5).
              ("delete", "", "pods", "", provisioned),
+             # The headless Service of a multi-replica job (issue 14).
+             ("create", "", "services", "", provisioned),
+             ("delete", "", "services", "", provisioned),
+             ("get", "", "services", "", provisioned),
              # The watch cache, cluster-wide reads only (events: FailedCreate, 11.1).
              ("list", "", "events", "", ""), ("watch", "", "events", "", ""),
              ("list", "", "nodes", "", ""), ("watch", "", "nodes", "", ""),
