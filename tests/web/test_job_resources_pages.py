@@ -20,13 +20,15 @@ GI = 2**30
 
 def test_the_form_queues_a_job_with_its_resources(world: World) -> None:
     r = login(world.member).post("/jobs/new/", form_body(
-        cpu="8", memory="64Gi", ephemeral_storage="", shm_size="16Gi"))
+        cpu="8", memory="64Gi", ephemeral_storage="100Gi", shm_size="16Gi"))
     assert r.status_code == 302, r.content.decode()
     job = Job.objects.get()
-    assert job.resources == {"cpu": "8", "memory": "64Gi"} and job.shm_size == "16Gi"
+    assert job.resources == {"cpu": "8", "memory": "64Gi", "ephemeral_storage": "100Gi"}
+    assert job.shm_size == "16Gi"
     assert (job.cpu_millicores, job.memory_bytes, job.shm_size_bytes) == (8000, 64 * GI, 16 * GI)
     html = login(world.member).get(f"/jobs/{job.pk}/").content.decode()
     assert "Per replica" in html and "memory 64Gi" in html and "/dev/shm 16Gi" in html
+    assert "ephemeral storage 100Gi" in html  # in words, as the form names it
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
