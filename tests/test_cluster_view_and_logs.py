@@ -15,8 +15,7 @@ from queueing.composition import get_backend
 from queueing.models import Job, JobLog
 from queueing.selectors.cluster import VIEW_KEY as _VIEW_KEY
 from queueing.selectors.cluster import ClusterView, cluster_view, largest_node_gpus
-from queueing.services.jobs import job_logs
-from queueing.services.logs import bound_log_text, job_logs_archive, log_storage
+from queueing.services.logs import bound_log_text, job_log_read, job_logs_archive, log_storage
 from queueing.services.scheduler import scheduler_cycle
 
 from .conftest import World
@@ -109,7 +108,7 @@ def test_the_worker_archives_logs_and_the_web_reads_only_the_copy(
     assert job_logs_archive(backend=backend, now=t0 + timedelta(seconds=99)).refreshed == []
 
     _backend_down(monkeypatch)
-    assert job_logs(job=Job.objects.get(pk=job_id), tail=100) == "\n".join(
+    assert job_log_read(job=Job.objects.get(pk=job_id), tail=100).lines == (
         first.text.splitlines()[-100:])
     r = world.client(world.member).get(f"/api/v1/jobs/{job_id}/logs/?tail=1")
     assert r.status_code == 200 and r.json()["lines"] == first.text.splitlines()[-1:]

@@ -18,7 +18,7 @@ from django.utils import timezone
 from accounts.models import TEAM_RESOURCE_FIELDS, Team
 from queueing import rawsql
 from queueing import validation as v
-from queueing.composition import backend_class, get_backend, kick, stop_workload_soon
+from queueing.composition import kick, stop_workload_soon
 from queueing.errors import DomainError, IdempotencyKeyReused, InvalidTransition
 from queueing.models import GpuType, Job, JobEvent, Tier
 from queueing.policy.states import (
@@ -34,7 +34,6 @@ from queueing.selectors.queue_plan import queue_plan_forget
 from queueing.validation import spec_size
 
 from .access import check_job_access, check_submit, unknown_team_message
-from .logs import job_logs_archived
 from .usage import usage_record_attempt
 
 _EVENT_REASON_MAX = JobEvent._meta.get_field("reason").max_length
@@ -582,20 +581,3 @@ def _copy_array_job(template: Job, event: JobEvent, names: list[str],
     _copy_rows(JobEvent._meta.db_table, event_columns, event_rows())
     return ids
 
-
-def job_logs(*, job: Job, tail: int = 100) -> str:
-    """The last `tail` lines of the job's current attempt as the worker archived them
-    (services/logs.py; "" before it was submitted or archived). Web processes never ask
-    the cluster; only the in-process simulated cluster is read directly, when nothing
-    was archived (no worker runs the archive in tests or a one-process demo)."""
-    if job.state == JobState.QUEUED and job.started_at is None and job.attempt == 1:
-        return ""  # never reached the cluster
-
-
-    archived = job_logs_archived(job=job, tail=tail)
-    if archived is not None:
-        return archived
-    if backend_class().in_process:
-
-        return get_backend().logs(job.backend_name, tail=tail)
-    return ""

@@ -19,8 +19,7 @@ Two copies, one row (`JobLog`) per job, attempt and replica:
     * when that read fails or finds nothing (the pods were gone), the last live copy is
       kept instead (at most one refresh old).
 
-The web and the API read only these rows and the storage (`job_log_read`,
-`job_logs_archived`).
+The web and the API read only these rows and the storage (`job_log_read`).
 """
 
 from __future__ import annotations
@@ -338,20 +337,3 @@ def _job_log_read(*, job: Job, attempt: int, replica: int, tail: int) -> LogView
     return LogView(attempt, replica, "archived" if row.final else "live", lines, empty,
                    EMPTY_NOTE if empty else "", exit_line, attempts)
 
-
-def job_logs_archived(*, job: Job, tail: int = 100) -> str | None:
-    """The last `tail` lines of the job's current attempt as last archived (or of its
-    latest archived attempt), replicas after one another under `==> replica N <==`
-    when there are several; None when nothing was archived."""
-    latest = (JobLog.objects.filter(job=job, attempt__lte=job.attempt)
-              .order_by("-attempt").values_list("attempt", flat=True).first())
-    if latest is None:
-        return None
-    rows = list(JobLog.objects.filter(job=job, attempt=latest).order_by("replica"))
-    if len(rows) == 1:
-        return "\n".join(_text(rows[0]).splitlines()[-tail:])
-    chunks: list[str] = []
-    for row in rows:
-        chunks.append(f"==> replica {row.replica} <==")
-        chunks.extend(_text(row).splitlines()[-tail:])
-    return "\n".join(chunks)
