@@ -10,6 +10,7 @@ import secrets
 from datetime import timedelta
 from typing import Any
 
+from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
@@ -244,7 +245,7 @@ def _preview(form: JobSubmitForm) -> Preview | None:
                           tier_rank=inp.tier.rank, now=timezone.now())
 
 
-def _form_errors(form: JobSubmitForm, exc: DomainError) -> None:
+def _form_errors(form: forms.Form, exc: DomainError) -> None:
     """A service's refusal on the form's fields (the rest as a form-wide error)."""
     if not exc.fields:
         form.add_error(None, exc.message)
@@ -407,9 +408,7 @@ def team_resources_update(request: HttpRequest, slug: str) -> HttpResponse:
         try:
             team_resources_set(actor=request.user, team=team, **form.cleaned_data)
         except DomainError as exc:
-            for field, msgs in exc.fields.items():
-                for msg in msgs:
-                    form.add_error(field if field in form.fields else None, msg)
+            _form_errors(form, exc)
         else:
             messages.success(request, "Resource defaults and maxima saved.")
             return redirect("web:team", slug=team.slug)

@@ -107,3 +107,17 @@ def test_members_see_the_teams_resources_but_cannot_set_them(world: World) -> No
     assert "Resources per replica" in html and "Save resources" not in html
     assert c.post("/teams/vision/resources/", _resources_form(max_cpu="1")).status_code == 403
     assert Team.objects.get(slug="vision").max_cpu_millicores is None
+
+
+def test_a_refusal_without_a_field_is_shown_on_the_team_page(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page shows a service's refusal whole, field or not (the shared _form_errors)."""
+    from queueing.errors import DomainError
+    from queueing.web import views
+
+    def refuse(**_: object) -> None:
+        raise DomainError("The team's policy is being changed by someone else.")
+
+    monkeypatch.setattr(views, "team_resources_set", refuse)
+    r = login(world.admin).post("/teams/vision/resources/", _resources_form(default_cpu="2"))
+    assert r.status_code == 400 and b"being changed by someone else" in r.content
