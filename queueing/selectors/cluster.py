@@ -72,18 +72,32 @@ class ClusterView:
         return ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"nodes": [[n.name, n.gpu_type, n.capacity, n.allocated] for n in self.node_list],
+        return {"nodes": [[n.name, n.gpu_type, n.capacity, n.allocated, n.cpu_millicores,
+                           n.cpu_allocated, n.memory_bytes, n.memory_allocated,
+                           dict(n.topology)] for n in self.node_list],
                 "workloads": sorted(self.workloads), "unprovisioned": sorted(self.unprovisioned),
                 "published_at": self.published_at.isoformat() if self.published_at else None}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ClusterView:
         at = raw.get("published_at")
-        return cls(node_list=tuple(NodeInfo(str(n[0]), str(n[1]), int(n[2]), int(n[3]))
-                                   for n in raw.get("nodes") or ()),
+        return cls(node_list=tuple(_node_from_list(n) for n in raw.get("nodes") or ()),
                    workloads=frozenset(raw.get("workloads") or ()),
                    unprovisioned=frozenset(raw.get("unprovisioned") or ()),
                    published_at=datetime.fromisoformat(at) if at else None)
+
+
+def _node_from_list(n: list[Any]) -> NodeInfo:
+    """One node of `ClusterView.to_dict`; a view published before CPU, memory and
+    topology were (4 fields) reads as "not known"."""
+    def opt(i: int) -> int | None:
+        return None if len(n) <= i or n[i] is None else int(n[i])
+
+    topology = n[8] if len(n) > 8 and isinstance(n[8], dict) else {}
+    return NodeInfo(str(n[0]), str(n[1]), int(n[2]), int(n[3]),
+                    cpu_millicores=opt(4), cpu_allocated=opt(5) or 0,
+                    memory_bytes=opt(6), memory_allocated=opt(7) or 0,
+                    topology={str(k): str(v) for k, v in topology.items()})
 
 
 def cluster_view_of(backend: ClusterBackend, *, now: datetime,
