@@ -240,6 +240,14 @@ class Job(models.Model):
         return f"#{self.pk} {self.name}"
 
     @property
+    def topology(self) -> dict[str, str] | None:
+        """The topology request as the API writes it (rule A7): {"level", "mode"}, or
+        None."""
+        if not self.topology_level:
+            return None
+        return {"level": self.topology_level, "mode": self.topology_mode or "required"}
+
+    @property
     def state(self) -> JobState:
         return JobState(self.status)
 

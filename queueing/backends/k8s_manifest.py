@@ -268,17 +268,25 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions, *, replica: int = 0
     if rendezvous and len(placement) == spec.replicas:
         placement = [placement[replica]]  # each replica's Job prefers its own node
     planned = sorted(set(placement))
+    node_affinity: dict[str, Any] = {}
     if planned:
         # A hint, not a rule: the scheduler prefers the nodes fairq planned (best fit),
         # but may use another node of the type if a planned one is gone. One term per
         # node: a `metadata.name` field selector takes exactly one value.
-        pod_spec["affinity"] = {"nodeAffinity": {
-            "preferredDuringSchedulingIgnoredDuringExecution": [
-                {"weight": 100, "preference": {"matchFields": [
-                    {"key": "metadata.name", "operator": "In", "values": [node]}]}}
-                for node in planned
-            ],
-        }}
+        node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            {"weight": 100, "preference": {"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}}
+            for node in planned
+        ]
+    if spec.topology_label and spec.topology_domain:
+        # Rule A7, a rule this time: every replica in the domain fairq chose, so the
+        # kube-scheduler cannot scatter a gang that asked for one rack (or NVLink clique).
+        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": spec.topology_label, "operator": "In",
+                 "values": [spec.topology_domain]}]}]}
+    if node_affinity:
+        pod_spec["affinity"] = {"nodeAffinity": node_affinity}
     gang = 1 if rendezvous else spec.replicas
     job_spec: dict[str, Any] = {
         "parallelism": gang,

@@ -58,6 +58,19 @@ class ClusterView:
             sizes[n.gpu_type] = max(sizes.get(n.gpu_type, 0), n.capacity)
         return sizes
 
+    def largest_node_cpu_memory(self) -> dict[str, tuple[int | None, int | None]]:
+        """Per GPU type, the most CPU (millicores) and memory (bytes) one of its nodes can
+        allocate; None for one no node of the type reports (rule A6)."""
+        out: dict[str, tuple[int | None, int | None]] = {}
+        for n in self.node_list:
+            cpu, memory = out.get(n.gpu_type, (None, None))
+            if n.cpu_millicores is not None:
+                cpu = max(cpu or 0, n.cpu_millicores)
+            if n.memory_bytes is not None:
+                memory = max(memory or 0, n.memory_bytes)
+            out[n.gpu_type] = (cpu, memory)
+        return out
+
     def age_seconds(self, now: datetime) -> float | None:
         return None if self.published_at is None else (now - self.published_at).total_seconds()
 
@@ -135,6 +148,24 @@ def _largest_node_sizes() -> dict[str, int]:
     if view.published_at is None and view.error:
         raise _NotPublished(view.error)
     return view.largest_node_gpus()
+
+
+@ttl_memo(5)
+def _largest_node_cpu_memory() -> dict[str, tuple[int | None, int | None]]:
+    view = cluster_view()
+    if view.published_at is None and view.error:
+        raise _NotPublished(view.error)
+    return view.largest_node_cpu_memory()
+
+
+def largest_node_cpu_memory(gpu_type: str) -> tuple[int | None, int | None] | None:
+    """The most CPU (millicores) and memory (bytes) a node of `gpu_type` can allocate,
+    each None when no node says (rule A6), from the cluster view like
+    `largest_node_gpus`; None when no view was published yet."""
+    try:
+        return _largest_node_cpu_memory().get(gpu_type, (None, None))
+    except _NotPublished:
+        return None
 
 
 def largest_node_gpus(gpu_type: str) -> int | None:
