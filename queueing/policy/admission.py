@@ -349,6 +349,12 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     # A gang shape that did not fit stays unfit until some node gains free GPUs, CPU or
     # memory: (`cap.grown` then, the wait reason code).
     unfit: dict[tuple[str, int, int, int, int, Topology | None], tuple[int, int]] = {}
+    # Rule A6: a gang that asks at least the CPU and memory of one that did not fit (same
+    # GPUs, replicas and topology, nothing grown since) does not fit either, for the same
+    # reason (`capacity` or `cpu_memory`): (cpu, memory, grown, code) per size.
+    unfit_by_size: dict[tuple[str, int, int, Topology | None],
+                        list[tuple[int, int, int, int]]] = {}
+    topology_code, cpu_memory_code = _CODE[WaitReason.TOPOLOGY], _CODE[WaitReason.CPU_MEMORY]
     held, ceilings = ledger.held, ledger.ceiling
     guarded_total, largest = ledger.guarded_total, cap.largest_node
     constrained = cap.constrained
@@ -400,13 +406,20 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         if not lending and not over:
             shape = (gt, g, reps, cpu, mem, topo)
             known = unfit.get(shape)
+            if (known is None or known[0] != cap.grown) and (cpu or mem):
+                known = _dominated(unfit_by_size.get((gt, g, reps, topo)), cpu, mem, cap.grown)
             if known is None or known[0] != cap.grown:
                 placement = cap.place(gt, g, reps, cpu=cpu, memory=mem, topology=topo)
                 if placement is None:
                     why_not = _why_unplaced(cap, gt, g, reps, cpu, mem, topo)
                     unfit[shape] = (cap.grown, why_not)
+                    if why_not != topology_code:
+                        _remember_unfit(unfit_by_size, (gt, g, reps, topo), cpu, mem,
+                                        cap.grown, why_not)
             else:
                 why_not = known[1]
+                if why_not == cpu_memory_code and not cap.fits(gt, g, reps):
+                    why_not = capacity  # its GPUs are taken too by now
                 if not may_search and not nominated:
                     raw[job_id] = (why_not, index, 0, 0)  # the common case of a long queue
                     continue
@@ -466,6 +479,25 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     standings = {t: factors.factor(t) for t in teams}
     return Plan(admissions=tuple(admissions), waits=waits, preemptions=tuple(preemptions),
                 order=tuple(seen), fair_share_after=standings)
+
+
+def _dominated(failed: list[tuple[int, int, int, int]] | None, cpu: int, memory: int,
+               grown: int) -> tuple[int, int] | None:
+    """(grown, code) of a failure at `grown` that asked no more CPU and memory, or None."""
+    for c, m, at, code in failed or ():
+        if at == grown and cpu >= c and memory >= m:
+            return at, code
+    return None
+
+
+def _remember_unfit(by_size: dict[tuple[str, int, int, Topology | None],
+                                  list[tuple[int, int, int, int]]],
+                    key: tuple[str, int, int, Topology | None], cpu: int, memory: int,
+                    grown: int, code: int) -> None:
+    """Keep the failures at `grown` of one size, at most 16 (a cache, not a record)."""
+    kept = [f for f in by_size.get(key, ()) if f[2] == grown][-15:]
+    kept.append((cpu, memory, grown, code))
+    by_size[key] = kept
 
 
 def _why_unplaced(cap: Capacity, gpu_type: str, gpus: int, replicas: int, cpu: int,

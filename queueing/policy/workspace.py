@@ -42,6 +42,7 @@ class Capacity:
         self.constrained: set[str] = set()
         self.largest_node: dict[str, int] = defaultdict(int)
         self.total: dict[str, int] = defaultdict(int)
+        self.nodes_of: dict[str, list[str]] = defaultdict(list)  # per GPU type, by name
         # Bumped whenever a node gains free GPUs, CPU or memory: a gang that did not fit
         # before cannot fit now unless this changed.
         self.grown = 0
@@ -58,6 +59,7 @@ class Capacity:
             self.cpu_allocatable[n.name] = n.cpu_allocatable
             self.memory_allocatable[n.name] = n.memory_allocatable
             self.topology[n.name] = n.topology
+            self.nodes_of[n.gpu_type].append(n.name)
             if n.cpu_free is not None or n.memory_free is not None:
                 self.constrained.add(n.gpu_type)
             self.largest_node[n.gpu_type] = max(self.largest_node[n.gpu_type], n.capacity)
@@ -101,7 +103,7 @@ class Capacity:
         slots = self._empty_slots.get(key)
         if slots is None:
             slots = sum(self.empty_node_slots(n, gpus, cpu, memory)
-                        for n, t in self.node_type.items() if t == gpu_type)
+                        for n in self.nodes_of.get(gpu_type, ()))
             self._empty_slots[key] = slots
         return slots
 
@@ -113,9 +115,9 @@ class Capacity:
         best = self._domain_empty_slots.get(key)
         if best is None:
             per: dict[str, int] = defaultdict(int)
-            for n, t in self.node_type.items():
+            for n in self.nodes_of.get(gpu_type, ()):
                 domain = self.topology[n].get(level)
-                if t == gpu_type and domain is not None:
+                if domain is not None:
                     per[domain] += self.empty_node_slots(n, gpus, cpu, memory)
             best = self._domain_empty_slots[key] = max(per.values(), default=0)
         return best
@@ -164,9 +166,7 @@ class Capacity:
         members: dict[str, list[str]] = defaultdict(list)
         loose: list[str] = []
         loose_room = 0
-        for name, t in self.node_type.items():
-            if t != gpu_type:
-                continue
+        for name in self.nodes_of.get(gpu_type, ()):
             s = self.slots(name, gpus, cpu, memory)
             if s <= 0:
                 continue
