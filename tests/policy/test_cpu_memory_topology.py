@@ -229,19 +229,21 @@ def test_rule_a7_and_a6_together_a_domain_needs_the_cpu_too() -> None:
 
 
 def test_rule_a7_preemption_for_a_required_gang_frees_one_domain() -> None:
-    """Both racks are full of low-tier work; r1 needs 2 victims, r2 needs 3 (b2 holds
-    a 3rd job): the victims are r1's, and the gang is placed there."""
+    """Both racks are full of low-tier work. r1: a0 holds one 8-GPU job (the cheapest
+    victim of all, by id), a1 two 4-GPU jobs: 3 victims to free the rack. r2: b0 and b1
+    one 8-GPU job each: 2 victims. A per-replica search would start with a0 and scatter
+    the gang; per domain, r2's two jobs are the victims and the gang is placed in r2."""
     nodes = (node("a0", 0, rack="r1"), node("a1", 0, rack="r1"),
-             node("b0", 0, rack="r2"), node("b1", 0, rack="r2"), node("b2", 0, rack="r2"))
-    running = (rr(1, ("a0",)), rr(2, ("a1",)), rr(3, ("b0",)), rr(4, ("b1",)), rr(5, ("b2",)))
+             node("b0", 0, rack="r2"), node("b1", 0, rack="r2"))
+    running = (rr(1, ("a0",)), rr(2, ("a1",), gpus=4), rr(3, ("a1",), gpus=4),
+               rr(4, ("b0",)), rr(5, ("b1",)))
     plan = plan_admissions(snap(
         nodes=nodes, running=running,
         queued=(qr(100, replicas=2, tier=200, topology=RACK_REQUIRED),),
         preemption=PreemptionSettings(enabled=True)))
     (p,) = plan.preemptions
-    assert sorted(v.job_id for v in p.victims) in ([1, 2], [3, 4])
-    domain = {"a0": "r1", "a1": "r1", "b0": "r2", "b1": "r2", "b2": "r2"}
-    assert len({domain[n] for n in p.placement}) == 1
+    assert sorted(v.job_id for v in p.victims) == [4, 5]
+    assert sorted(p.placement) == ["b0", "b1"]
 
 
 def test_rule_a7_preemption_never_scatters_a_required_gang() -> None:
