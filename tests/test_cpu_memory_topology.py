@@ -291,3 +291,19 @@ def test_rule_a7_the_gpu_type_api_shows_the_levels(racks: World) -> None:
     body = racks.client(racks.member).get("/api/v1/gpu-types/").json()
     (h100,) = [g for g in body if g["slug"] == "h100"]
     assert h100["topology_levels"] == RACKS
+
+
+def test_rule_a6_the_submit_preview_counts_cpu_and_memory(world: World) -> None:
+    from queueing.selectors import queue_plan as qp
+
+    t0 = timezone.now() - timedelta(minutes=1)
+    for i in range(2):
+        submit(world, gpus=1, name=f"hog-{i}", resources={"cpu": "80"})
+    scheduler_cycle(now=t0)
+    now = timezone.now()
+    plain = qp.submit_preview(team=world.vision, gpu_type=world.h100, gpus_per_replica=4,
+                              replicas=1, tier_rank=100, now=now)
+    asks = qp.submit_preview(team=world.vision, gpu_type=world.h100, gpus_per_replica=4,
+                             replicas=1, tier_rank=100, now=now, cpu_millicores=32_000)
+    assert plain.admitted_next and not asks.admitted_next
+    assert "no h100 node has 32 CPUs free beside 4 GPUs" in asks.reason
