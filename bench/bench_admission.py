@@ -11,6 +11,11 @@ Questions and goals
        BENCH cycle_100k_p50 / _min / _max seconds per pass (7 passes)
        BENCH cycle_100k_peak_alloc       tracemalloc peak of one pass (MB)
        BENCH cycle_100k_peak_rss         peak RSS of the process, snapshot included (MB)
+     The same pass with rules A6 and A7 at work: every node reports CPU and memory (96
+     CPUs, 1 TiB, racks of 8 nodes), half the running and queued jobs ask 8-16 CPUs and
+     64-192 GiB per GPU, and a fifth of the gangs ask one rack (half required, half
+     preferred): goal the same 1 s.
+       BENCH cycle_100k_a6a7_p50 / _max  seconds per pass (7 passes)
   2. A preemption search with 10,000 running jobs: under 200 ms.
        BENCH preemption_search_10k_p50   `find_victims` alone on a full cluster
                                          (10,000 one-GPU jobs), a 2 × 8 high-tier gang
@@ -33,6 +38,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -51,6 +57,8 @@ from queueing.policy.snapshot import (  # noqa: E402
     QuotaLimit,
     RunningJob,
     Snapshot,
+    Topology,
+    TopologyMode,
 )
 from queueing.policy.workspace import Workspace  # noqa: E402
 
@@ -65,8 +73,19 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
-def snapshot_100k(seed: int = 42) -> Snapshot:
-    """60 % of the cluster busy with low-tier jobs; 100k queued over 3 tiers."""
+CPU_PER_NODE, MEM_PER_NODE, RACK = 96_000, 2**40, 8
+
+
+def _resources(rnd: random.Random, gpus: int) -> tuple[int | None, int | None]:
+    """Rule A6: half the jobs ask CPU and memory in proportion to their GPUs."""
+    if rnd.random() < 0.5:
+        return None, None
+    return gpus * rnd.choice((8, 12, 16)) * 1000, gpus * rnd.choice((64, 128, 192)) * 2**30
+
+
+def snapshot_100k(seed: int = 42, *, a6a7: bool = False) -> Snapshot:
+    """60 % of the cluster busy with low-tier jobs; 100k queued over 3 tiers. With
+    `a6a7`, nodes report CPU, memory and racks and jobs ask them (rules A6, A7)."""
     rnd = random.Random(seed)
     nodes: list[NodeState] = []
     running: list[RunningJob] = []
@@ -74,19 +93,30 @@ def snapshot_100k(seed: int = 42) -> Snapshot:
     for t in TYPES:
         for i in range(NODES_PER_TYPE):
             name = f"{t}-{i:03d}"
-            used = 0
+            used = used_cpu = used_mem = 0
             while used < GPUS_PER_NODE * 0.6:
                 g = rnd.choice((1, 2, 4))
                 if used + g > GPUS_PER_NODE:
                     break
+                cpu, mem = _resources(rnd, g) if a6a7 else (None, None)
                 running.append(RunningJob(
                     id=job_id, team=f"team-{rnd.randrange(TEAMS)}", gpu_type=t,
                     gpus_per_replica=g, replicas=1, tier_rank=rnd.choice((0, 0, 100)),
                     preemptible=True, started_at=NOW - timedelta(hours=rnd.uniform(0.1, 9)),
-                    min_runtime_seconds=rnd.choice((0, 600)), nodes=(name,)))
+                    min_runtime_seconds=rnd.choice((0, 600)), nodes=(name,),
+                    cpu_millicores=cpu, memory_bytes=mem))
                 job_id += 1
                 used += g
-            nodes.append(NodeState(name, t, GPUS_PER_NODE, GPUS_PER_NODE - used))
+                used_cpu += cpu or 0
+                used_mem += mem or 0
+            if a6a7:
+                nodes.append(NodeState(
+                    name, t, GPUS_PER_NODE, GPUS_PER_NODE - used,
+                    cpu_free=CPU_PER_NODE - used_cpu, memory_free=MEM_PER_NODE - used_mem,
+                    topology={"rack": f"{t}-rack-{i // RACK}"}, cpu_allocatable=CPU_PER_NODE,
+                    memory_allocatable=MEM_PER_NODE))
+            else:
+                nodes.append(NodeState(name, t, GPUS_PER_NODE, GPUS_PER_NODE - used))
     queued = [
         QueuedJob(id=1_000_000 + i, team=f"team-{rnd.randrange(TEAMS)}", gpu_type=rnd.choice(TYPES),
                   gpus_per_replica=rnd.choice((1, 1, 2, 4, 8)),
@@ -94,6 +124,13 @@ def snapshot_100k(seed: int = 42) -> Snapshot:
                   submitted_at=NOW - timedelta(seconds=rnd.uniform(0, 7 * 86400)))
         for i in range(100_000)
     ]
+    if a6a7:
+        topologies = (Topology("rack", TopologyMode.REQUIRED),
+                      Topology("rack", TopologyMode.PREFERRED))
+        queued = [replace(q, cpu_millicores=cpu, memory_bytes=mem,
+                          topology=rnd.choice(topologies)
+                          if q.replicas > 1 and rnd.random() < 0.2 else None)
+                  for q in queued for cpu, mem in (_resources(rnd, q.gpus_per_replica),)]
     quotas = {(f"team-{k}", t): QuotaLimit(nominal=2, borrowing_limit=6, lending_limit=None)
               for k in range(TEAMS) for t in TYPES}
     usage = {f"team-{k}": rnd.expovariate(1 / 50.0) for k in range(TEAMS)}
@@ -153,6 +190,24 @@ def bench_100k() -> None:
     bench("cycle_100k_max", max(times), "s")
     bench("cycle_100k_peak_alloc", peak / 2**20, "MB")
     bench("cycle_100k_peak_rss", rss_mb(), "MB")
+
+
+def bench_100k_a6a7() -> None:
+    snap = snapshot_100k(a6a7=True)
+    times = []
+    plan = None
+    for _ in range(7):
+        t = time.perf_counter()
+        plan = plan_admissions(snap)
+        times.append(time.perf_counter() - t)
+    assert plan is not None
+    reasons: dict[str, int] = {}
+    for w in plan.waits.values():
+        reasons[str(w.reason)] = reasons.get(str(w.reason), 0) + 1
+    note(f"with CPU, memory and racks: {len(plan.admissions)} admitted, "
+         f"{len(plan.preemptions)} preemptions; waits by reason {dict(sorted(reasons.items()))}")
+    bench("cycle_100k_a6a7_p50", statistics.median(times), "s")
+    bench("cycle_100k_a6a7_max", max(times), "s")
 
 
 def bench_search_pure() -> None:
@@ -264,6 +319,7 @@ def calibrate() -> None:
 def main() -> None:
     calibrate()
     bench_100k()
+    bench_100k_a6a7()
     bench_search_pure()
     bench_search_cycle()
 

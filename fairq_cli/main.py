@@ -27,7 +27,7 @@ ACTIVE = ["QUEUED", "ADMITTED", "RUNNING", "PREEMPTED"]
 STATE_CODES = {"QUEUED": "PD", "ADMITTED": "CF", "RUNNING": "R", "PREEMPTED": "PR",
                "SUCCEEDED": "CD", "FAILED": "F", "CANCELLED": "CA"}
 JOB_FIELDS = ["team", "name", "image", "command", "args", "env", "gpu_type", "gpus",
-              "replicas", "tier", "max_runtime_seconds", "resources", "shm_size"]
+              "replicas", "tier", "max_runtime_seconds", "resources", "shm_size", "topology"]
 # Per-replica resources: the flag's dest -> the key of the body's `resources`.
 RESOURCE_FLAGS = {"cpu": "cpu", "memory": "memory", "ephemeral_storage": "ephemeral_storage"}
 
@@ -211,6 +211,9 @@ class App:
             per_replica.append(f"/dev/shm {job['shm_size']}")
         if per_replica:  # after the GPUs
             lines.insert(3, f"  Replica   {', '.join(per_replica)} (requests = limits)")
+        topology = job.get("topology")
+        if isinstance(topology, dict):
+            lines.append(f"  Topology  one {topology.get('level')} ({topology.get('mode')})")
         if job.get("placement"):
             lines.append(f"  Nodes     {', '.join(map(str, job['placement']))}")
         if job.get("message"):
@@ -384,6 +387,11 @@ def job_from_args(a: argparse.Namespace) -> dict[str, Any]:
         body["resources"] = {**(resources if isinstance(resources, dict) else {}), **flags}
     if a.shm_size is not None:
         body["shm_size"] = a.shm_size
+    if a.topology is not None:
+        level, _, mode = a.topology.partition(":")
+        if not level:
+            raise UsageError(f"--topology wants LEVEL[:required|preferred], not {a.topology!r}")
+        body["topology"] = {"level": level, "mode": mode or "required"}
     if a.env:
         env = dict(body.get("env") or {})
         for item in a.env:
@@ -440,6 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ephemeral-storage", dest="ephemeral_storage",
                    help="ephemeral (node-local) storage per replica: 50Gi")
     s.add_argument("--shm-size", dest="shm_size", help="size of /dev/shm: 8Gi")
+    s.add_argument("--topology", metavar="LEVEL[:MODE]",
+                   help="all replicas in one domain of a topology level of the GPU type: "
+                        "rack:required (the default mode) or rack:preferred")
     s.add_argument("-a", "--array", type=int, metavar="N",
                    help="submit N copies (job i gets FAIRQ_ARRAY_INDEX=i)")
     s.add_argument("-W", "--wait", action="store_true",

@@ -9,7 +9,7 @@ from .models import GpuType, Job, JobEvent, Quota, Tier, TierGrant, UsageRecord
 
 @admin.register(GpuType)
 class GpuTypeAdmin(AuditedAdmin):
-    list_display = ["slug", "name", "resource_name", "billing_weight"]
+    list_display = ["slug", "name", "resource_name", "billing_weight", "topology_levels"]
 
 
 class TierGrantInline(admin.TabularInline):  # type: ignore[type-arg]

@@ -14,6 +14,15 @@ from accounts.models import Team, slug_validator
 
 from .backends.base import workload_name
 from .policy.states import FINAL_STATES, JobState
+from .validation import topology_levels
+
+
+def validate_topology_levels(value: object) -> None:
+    """Model validator of `GpuType.topology_levels` (rule A7)."""
+    try:
+        topology_levels(value)
+    except ValueError as exc:
+        raise ValidationError(str(exc)) from exc
 
 
 class GpuType(models.Model):
@@ -29,6 +38,14 @@ class GpuType(models.Model):
     billing_weight = models.FloatField(
         default=1.0, validators=[MinValueValidator(0.0)],
         help_text="Usage of one GPU-hour of this type counts as this many GPU-hours.",
+    )
+    # Rule A7 (docs/scheduling.md): the topology levels of its nodes, narrow to wide,
+    # [{"name": "nvlink", "node_label": "nvidia.com/gpu.clique"}, {"name": "rack", ...}].
+    topology_levels = models.JSONField(
+        default=list, blank=True, validators=[validate_topology_levels],
+        help_text='Narrow to wide, e.g. [{"name": "rack", "node_label": '
+                  '"topology.kubernetes.io/rack"}]: a job may ask its replicas to share '
+                  "one domain of a level (the nodes with the same value of its label).",
     )
 
     class Meta:
@@ -176,6 +193,12 @@ class Job(models.Model):
     # A memory-backed emptyDir at /dev/shm of this size ("" / NULL: none).
     shm_size = models.CharField(max_length=32, blank=True, default="")
     shm_size_bytes = models.BigIntegerField(null=True, blank=True)
+    # Rule A7: the replicas in one domain of this topology level of the GPU type
+    # ("" = no request); `required` waits for such a domain, `preferred` does not.
+    topology_level = models.CharField(max_length=63, blank=True, default="")
+    topology_mode = models.CharField(max_length=16, blank=True, default="",
+                                     choices=[("required", "required"),
+                                              ("preferred", "preferred")])
     status = models.CharField(max_length=16, choices=JOB_STATUS_CHOICES, default=JobState.QUEUED.value)
     attempt = models.PositiveIntegerField(default=1)
     # NULL, not "", means "no key": the partial unique constraint skips NULLs.
@@ -215,6 +238,14 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"
+
+    @property
+    def topology(self) -> dict[str, str] | None:
+        """The topology request as the API writes it (rule A7): {"level", "mode"}, or
+        None."""
+        if not self.topology_level:
+            return None
+        return {"level": self.topology_level, "mode": self.topology_mode or "required"}
 
     @property
     def state(self) -> JobState:

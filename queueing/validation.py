@@ -241,3 +241,42 @@ def parse_resource(name: str, text: Any) -> int:
 
 def format_resource(name: str, amount: int) -> str:
     return format_cpu(amount) if name == "cpu" else format_bytes(amount)
+
+
+# Rule A7 (docs/scheduling.md): a GPU type's topology levels and a job's request.
+TOPOLOGY_LEVEL_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,30}[a-z0-9])?\Z", re.ASCII)
+# A Kubernetes label key: an optional DNS-subdomain prefix and "/", then a name of at
+# most 63 characters of alphanumerics, '-', '_' and '.', starting and ending alphanumeric.
+LABEL_KEY_RE = re.compile(
+    r"^(?:(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z", re.ASCII)
+MAX_TOPOLOGY_LEVELS = 8
+TOPOLOGY_MODES = ("required", "preferred")
+
+
+def topology_levels(value: Any) -> list[dict[str, str]]:
+    """A GPU type's `topology_levels`, checked: a list (narrow to wide) of at most
+    MAX_TOPOLOGY_LEVELS {"name", "node_label"} objects, names and labels unique;
+    ValueError with a readable message otherwise."""
+    if not isinstance(value, list):
+        raise ValueError('Write a list, e.g. [{"name": "rack", "node_label": '
+                         '"topology.kubernetes.io/rack"}].')
+    if len(value) > MAX_TOPOLOGY_LEVELS:
+        raise ValueError(f"At most {MAX_TOPOLOGY_LEVELS} levels.")
+    out: list[dict[str, str]] = []
+    for i, level in enumerate(value):
+        if not isinstance(level, dict) or set(level) != {"name", "node_label"}:
+            raise ValueError(f'Level {i + 1}: want exactly "name" and "node_label".')
+        name, label = level["name"], level["node_label"]
+        if not isinstance(name, str) or not TOPOLOGY_LEVEL_NAME_RE.match(name):
+            raise ValueError(f"Level {i + 1}: the name must be lower-case letters, digits "
+                             "and '-' (at most 32), starting with a letter.")
+        if not isinstance(label, str) or not LABEL_KEY_RE.match(label):
+            raise ValueError(f"Level {i + 1}: {str(label)[:80]!r} is not a Kubernetes "
+                             "label key (e.g. topology.kubernetes.io/rack).")
+        if any(o["name"] == name for o in out):
+            raise ValueError(f"Level {name!r} appears twice.")
+        if any(o["node_label"] == label for o in out):
+            raise ValueError(f"Node label {label!r} appears twice.")
+        out.append({"name": name, "node_label": label})
+    return out

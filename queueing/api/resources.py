@@ -111,9 +111,14 @@ class TierSerializer(serializers.ModelSerializer[Tier]):
 
 
 class GpuTypeSerializer(serializers.ModelSerializer[GpuType]):
+    topology_levels = serializers.ListField(
+        child=serializers.DictField(child=serializers.CharField()), read_only=True,
+        help_text='Rule A7, narrow to wide: [{"name": "rack", "node_label": '
+                  '"topology.kubernetes.io/rack"}]; a job\'s `topology.level` names one.')
+
     class Meta:
         model = GpuType
-        fields = ["slug", "name", "resource_name", "billing_weight"]
+        fields = ["slug", "name", "resource_name", "billing_weight", "topology_levels"]
         read_only_fields = fields
 
 

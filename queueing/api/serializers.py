@@ -33,6 +33,17 @@ class ResourcesSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
     ephemeral_storage = _quantity('Ephemeral (node-local) storage: "50Gi".')
 
 
+class TopologySerializer(StrictFieldsMixin, serializers.Serializer[Any]):
+    """Rule A7 (docs/scheduling.md): pack the replicas into one domain of a topology level
+    of the job's GPU type."""
+
+    level = serializers.CharField(max_length=63, help_text='A level of the GPU type, e.g. "rack".')
+    mode = serializers.ChoiceField(
+        choices=list(v.TOPOLOGY_MODES), default="required",
+        help_text="required: all replicas in one domain, or wait; preferred: as few "
+                  "domains as there is room for.")
+
+
 # Shapes only: the rules that need the database or settings (the team, GPU type and tier,
 # the registry, the simulator's knobs, a gang no node holds) are `job_input_build`'s
 # (queueing/services/jobs.py). (A comment: the schema shows the docstring.)
@@ -69,6 +80,7 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
         max_length=v.MAX_QUANTITY_LEN, required=False, allow_blank=True,
         help_text='Size of /dev/shm (a memory-backed emptyDir), e.g. "64Gi"; not given: the '
                   "team's default, if any.")
+    topology = TopologySerializer(required=False, allow_null=True)
 
 
 @functools.cache
@@ -138,13 +150,16 @@ class JobSerializer(serializers.ModelSerializer[Job]):
                   "submitted or from the team's defaults; a resource not set is absent.")
     shm_size = serializers.CharField(read_only=True,
                                      help_text='Size of /dev/shm ("": the runtime\'s default).')
+    topology = serializers.DictField(
+        child=serializers.CharField(), read_only=True, allow_null=True,
+        help_text='Rule A7: {"level": "rack", "mode": "required"}, or null.')
 
     class Meta:
         model = Job
         fields = [
             "id", "team", "name", "image", "command", "args", "env", "gpu_type", "gpus",
             "replicas", "total_gpus", "tier", "max_runtime_seconds", "resources", "shm_size",
-            "status", "attempt",
+            "topology", "status", "attempt",
             "submitter", "created_at", "updated_at", "admitted_at", "started_at",
             "finished_at", "placement", "exit_code", "message",
         ]

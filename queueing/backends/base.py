@@ -13,16 +13,35 @@ from typing import ClassVar, Protocol
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
     """A schedulable node as the cluster reports it. `allocated` counts GPUs held by
-    workloads the cluster still runs (including ones being torn down)."""
+    workloads the cluster still runs (including ones being torn down); likewise
+    `cpu_allocated` millicores and `memory_allocated` bytes out of what the node can
+    allocate, `cpu_millicores` and `memory_bytes` (None: the cluster does not say, and
+    rule A6 does not constrain the node). `topology`: the node's domain per topology level
+    of its GPU type (rule A7, level name -> domain)."""
 
     name: str
     gpu_type: str
     capacity: int
     allocated: int
+    cpu_millicores: int | None = None
+    cpu_allocated: int = 0
+    memory_bytes: int | None = None
+    memory_allocated: int = 0
+    topology: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def free(self) -> int:
         return max(0, self.capacity - self.allocated)
+
+    @property
+    def cpu_free(self) -> int | None:
+        return None if self.cpu_millicores is None else max(
+            0, self.cpu_millicores - self.cpu_allocated)
+
+    @property
+    def memory_free(self) -> int | None:
+        return None if self.memory_bytes is None else max(
+            0, self.memory_bytes - self.memory_allocated)
 
 
 # A workload's cluster name, fq-<job id>-<attempt>: deterministic, so a submit retried
@@ -72,6 +91,12 @@ class LaunchSpec:
     memory_bytes: int | None = None
     ephemeral_storage_bytes: int | None = None
     shm_size_bytes: int | None = None
+    # Rule A7, a required topology: every replica on a node whose `topology_label` is
+    # `topology_domain` (the domain fairq chose), i.e. level `topology_level` of the
+    # GPU type. Empty: no such pin.
+    topology_level: str = ""
+    topology_label: str = ""
+    topology_domain: str = ""
 
 
 # The port replica 0 of a multi-replica job listens on for the rendezvous (`MASTER_PORT`,

@@ -35,6 +35,8 @@ from queueing.validation import (
     env_name_reserved,
     format_bytes,
     format_cpu,
+    parse_bytes,
+    parse_cpu,
 )
 
 from .base import (
@@ -266,17 +268,25 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions, *, replica: int = 0
     if rendezvous and len(placement) == spec.replicas:
         placement = [placement[replica]]  # each replica's Job prefers its own node
     planned = sorted(set(placement))
+    node_affinity: dict[str, Any] = {}
     if planned:
         # A hint, not a rule: the scheduler prefers the nodes fairq planned (best fit),
         # but may use another node of the type if a planned one is gone. One term per
         # node: a `metadata.name` field selector takes exactly one value.
-        pod_spec["affinity"] = {"nodeAffinity": {
-            "preferredDuringSchedulingIgnoredDuringExecution": [
-                {"weight": 100, "preference": {"matchFields": [
-                    {"key": "metadata.name", "operator": "In", "values": [node]}]}}
-                for node in planned
-            ],
-        }}
+        node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            {"weight": 100, "preference": {"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}}
+            for node in planned
+        ]
+    if spec.topology_label and spec.topology_domain:
+        # Rule A7, a rule this time: every replica in the domain fairq chose, so the
+        # kube-scheduler cannot scatter a gang that asked for one rack (or NVLink clique).
+        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": spec.topology_label, "operator": "In",
+                 "values": [spec.topology_domain]}]}]}
+    if node_affinity:
+        pod_spec["affinity"] = {"nodeAffinity": node_affinity}
     gang = 1 if rendezvous else spec.replicas
     job_spec: dict[str, Any] = {
         "parallelism": gang,
@@ -784,6 +794,9 @@ class GpuTypeRef:
     slug: str
     resource_name: str
     node_labels: Mapping[str, str]
+    # Rule A7: (level name, node label) narrow to wide; a node's domain of a level is
+    # its value of the label.
+    topology_levels: tuple[tuple[str, str], ...] = ()
 
 
 def _quantity(value: Any) -> int:
@@ -836,30 +849,84 @@ def pod_gpu_requests(pod: Mapping[str, Any], resource: str) -> int:
     return total
 
 
+def _cpu_or_none(value: Any) -> int | None:
+    try:
+        return parse_cpu(str(value))
+    except ValueError:
+        return None
+
+
+def _bytes_or_none(value: Any) -> int | None:
+    try:
+        return parse_bytes(str(value))
+    except ValueError:
+        return None
+
+
+def pod_cpu_memory_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """What the scheduler counts of a pod on its node (rule A6): per resource, the sum
+    over its containers of the request (else the limit), or the largest init container's
+    when that is more. Millicores and bytes; a quantity that does not parse counts 0."""
+    spec = pod.get("spec") or {}
+
+    def requests(c: Mapping[str, Any]) -> tuple[int, int]:
+        res = c.get("resources") or {}
+        req, lim = res.get("requests") or {}, res.get("limits") or {}
+        cpu, memory = req.get("cpu", lim.get("cpu")), req.get("memory", lim.get("memory"))
+        return ((_cpu_or_none(cpu) or 0) if cpu is not None else 0,
+                (_bytes_or_none(memory) or 0) if memory is not None else 0)
+
+    main = [requests(c) for c in spec.get("containers") or ()]
+    init = [requests(c) for c in spec.get("initContainers") or ()]
+    cpu = max(sum(c for c, _ in main), max((c for c, _ in init), default=0))
+    memory = max(sum(m for _, m in main), max((m for _, m in init), default=0))
+    return cpu, memory
+
+
 def capacity(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
              gpu_types: Sequence[GpuTypeRef], *,
              unbound: Mapping[str, int] | None = None) -> list[NodeInfo]:
     """NodeInfo per usable node of a known GPU type. `allocated` = GPUs requested by
     non-terminal pods bound to the node, including pods being deleted (GPUs are free only
     once the pods are gone), plus `unbound` GPUs fairq has submitted for the node but the
-    scheduler has not bound yet."""
+    scheduler has not bound yet. Likewise CPU and memory (rule A6): the node's
+    allocatable (None when it does not say) and what those pods request. `topology`: the
+    node's value of each topology level's label of its GPU type (rule A7)."""
     typed: dict[str, tuple[GpuTypeRef, int]] = {}
+    allocatable: dict[str, tuple[int | None, int | None]] = {}
+    topology: dict[str, dict[str, str]] = {}
     for node in nodes:
         if not node_usable(node):
             continue
         found = node_gpu_type(node, gpu_types)
         if found is not None:
-            typed[_meta(node)["name"]] = found
+            name = _meta(node)["name"]
+            typed[name] = found
+            alloc = _status(node).get("allocatable") or {}
+            allocatable[name] = (
+                _cpu_or_none(alloc["cpu"]) if "cpu" in alloc else None,
+                _bytes_or_none(alloc["memory"]) if "memory" in alloc else None)
+            labels = _meta(node).get("labels") or {}
+            topology[name] = {level: str(labels[label])
+                              for level, label in found[0].topology_levels if label in labels}
     allocated = dict.fromkeys(typed, 0)
+    cpu_used = dict.fromkeys(typed, 0)
+    memory_used = dict.fromkeys(typed, 0)
     for pod in pods:
         node_name = (pod.get("spec") or {}).get("nodeName")
         if node_name not in typed or pod_is_terminal(pod):
             continue
         allocated[node_name] += pod_gpu_requests(pod, typed[node_name][0].resource_name)
+        cpu, memory = pod_cpu_memory_requests(pod)
+        cpu_used[node_name] += cpu
+        memory_used[node_name] += memory
     for node_name, n in (unbound or {}).items():
         if node_name in allocated:
             allocated[node_name] += n
-    return [NodeInfo(name, g.slug, count, allocated[name])
+    return [NodeInfo(name, g.slug, count, allocated[name],
+                     cpu_millicores=allocatable[name][0], cpu_allocated=cpu_used[name],
+                     memory_bytes=allocatable[name][1], memory_allocated=memory_used[name],
+                     topology=topology[name])
             for name, (g, count) in sorted(typed.items())]
 
 

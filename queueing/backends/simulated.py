@@ -22,13 +22,17 @@ runs the worker with --concurrency=1 when the simulated backend is selected).
 
 from __future__ import annotations
 
+import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import ClassVar
 
 from queueing.validation import (
     MAX_RUNTIME_SECONDS,
+    parse_bytes,
+    parse_cpu,
     sim_exit_code,
     sim_fail_replica,
     sim_seconds,
@@ -47,6 +51,24 @@ class _Node:
     gpu_type: str
     capacity: int
     allocated: int = 0
+    cpu_millicores: int | None = None  # None: not said, no constraint (rule A6)
+    memory_bytes: int | None = None
+    cpu_allocated: int = 0
+    memory_allocated: int = 0
+    topology: dict[str, str] = field(default_factory=dict)
+
+    def holds(self, spec: LaunchSpec, n: int = 1) -> bool:
+        """Room for `n` more replicas of `spec`: GPUs, CPU and memory (rule A6)."""
+        return (self.capacity - self.allocated >= n * spec.gpus_per_replica
+                and (self.cpu_millicores is None or self.cpu_millicores - self.cpu_allocated
+                     >= n * (spec.cpu_millicores or 0))
+                and (self.memory_bytes is None or self.memory_bytes - self.memory_allocated
+                     >= n * (spec.memory_bytes or 0)))
+
+    def take(self, spec: LaunchSpec, sign: int = 1) -> None:
+        self.allocated += sign * spec.gpus_per_replica
+        self.cpu_allocated += sign * (spec.cpu_millicores or 0)
+        self.memory_allocated += sign * (spec.memory_bytes or 0)
 
 
 @dataclass
@@ -64,20 +86,60 @@ class _Workload:
     log: list[str] = field(default_factory=list)
 
 
-def parse_node_spec(spec: str) -> list[tuple[int, int, str]]:
-    """'4x8xh100,2x7xmig-1g-10gb' -> [(4, 8, 'h100'), (2, 7, 'mig-1g-10gb')]."""
-    pools: list[tuple[int, int, str]] = []
+# Per GPU when a pool does not say (docs/kubernetes.md, "The simulated cluster"): an
+# 8-GPU node gets 96 CPUs and 1 TiB of memory, a 7-slice MIG node 84 CPUs and 896 GiB.
+SIM_CPU_MILLICORES_PER_GPU = 12_000
+SIM_MEMORY_BYTES_PER_GPU = 128 * 2**30
+
+_POOL_RE = re.compile(
+    r"^(?P<count>\d+)x(?P<gpus>\d+)x(?P<type>[a-z0-9]([-a-z0-9]*[a-z0-9])?)"
+    r"(?::(?P<cpu>[0-9.]+m?)c)?(?::(?P<memory>[0-9.]+[KMGTPE]i?))?"
+    r"(?P<levels>(?:@[a-z][-a-z0-9]*=\d+)*)\Z", re.ASCII)
+
+
+@dataclass(frozen=True)
+class SimPool:
+    """One FAIRQ_SIM_NODES item: `count` nodes of `gpus` GPUs of `gpu_type`, each with
+    `cpu_millicores` and `memory_bytes` to allocate; `domains`: per topology level, how
+    many consecutive nodes share one domain (rule A7)."""
+
+    count: int
+    gpus: int
+    gpu_type: str
+    cpu_millicores: int
+    memory_bytes: int
+    domains: tuple[tuple[str, int], ...] = ()
+
+
+def parse_node_spec(spec: str) -> list[SimPool]:
+    """'4x8xh100:96c:1Ti@rack=2,2x7xmig-1g-10gb' -> the pools: COUNTxGPUSxTYPE, then
+    optionally :<cpus>c and :<memory> (default 12 CPUs and 128Gi per GPU), then any
+    number of @<level>=<nodes per domain>."""
+    pools: list[SimPool] = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
-        count, _, rest = part.partition("x")
-        gpus, _, gpu_type = rest.partition("x")
-        try:
-            pools.append((int(count), int(gpus), gpu_type))
-        except ValueError as exc:
+        m = _POOL_RE.match(part)
+        if m is None:
             raise SimulatedClusterError(
-                f"bad FAIRQ_SIM_NODES pool {part!r}: want COUNTxGPUSxTYPE, e.g. 4x8xh100"
-            ) from exc
-        if not gpu_type or int(count) <= 0 or int(gpus) <= 0:
-            raise SimulatedClusterError(f"bad FAIRQ_SIM_NODES pool {part!r}")
+                f"bad FAIRQ_SIM_NODES pool {part!r}: want COUNTxGPUSxTYPE[:CPUSc][:MEMORY]"
+                "[@LEVEL=NODES...], e.g. 4x8xh100 or 4x8xh100:96c:1Ti@rack=2")
+        count, gpus = int(m["count"]), int(m["gpus"])
+        if count <= 0 or gpus <= 0:
+            raise SimulatedClusterError(f"bad FAIRQ_SIM_NODES pool {part!r}: count and GPUs "
+                                        "must be at least 1")
+        try:
+            cpu = parse_cpu(m["cpu"]) if m["cpu"] else gpus * SIM_CPU_MILLICORES_PER_GPU
+            memory = parse_bytes(m["memory"]) if m["memory"] else \
+                gpus * SIM_MEMORY_BYTES_PER_GPU
+        except ValueError as exc:
+            raise SimulatedClusterError(f"bad FAIRQ_SIM_NODES pool {part!r}: {exc}") from exc
+        domains: list[tuple[str, int]] = []
+        for item in filter(None, m["levels"].split("@")):
+            level, _, per = item.partition("=")
+            if int(per) <= 0 or any(level == d for d, _ in domains):
+                raise SimulatedClusterError(f"bad FAIRQ_SIM_NODES pool {part!r}: "
+                                            f"@{item} (nodes per domain >= 1, once per level)")
+            domains.append((level, int(per)))
+        pools.append(SimPool(count, gpus, m["type"], cpu, memory, tuple(domains)))
     return pools
 
 
@@ -87,45 +149,62 @@ class SimulatedCluster:
     in_process: ClassVar[bool] = True
     provisions: ClassVar[bool] = False
 
-    def __init__(self, nodes: list[tuple[str, str, int]], *, default_seconds: float = 60.0):
+    def __init__(self, nodes: Iterable[_Node | tuple[str, str, int]], *,
+                 default_seconds: float = 60.0):
+        """`nodes`: built by `from_spec`, or (name, GPU type, GPUs) without CPU, memory
+        or topology."""
         self._lock = threading.Lock()
-        self._nodes = {name: _Node(name, t, cap) for name, t, cap in nodes}
+        self._nodes = {n.name: n for n in (x if isinstance(x, _Node) else _Node(*x)
+                                           for x in nodes)}
         self._workloads: dict[str, _Workload] = {}
         self.default_seconds = min(max(0.0, default_seconds), float(MAX_RUNTIME_SECONDS))
 
     @classmethod
     def from_spec(cls, spec: str, *, default_seconds: float = 60.0) -> SimulatedCluster:
         nodes = []
-        for count, gpus, gpu_type in parse_node_spec(spec):
-            for i in range(count):
-                nodes.append((f"sim-{gpu_type}-{i:03d}", gpu_type, gpus))
+        for pool in parse_node_spec(spec):
+            for i in range(pool.count):
+                # Domain <type>-<level>-<k>: nodes i of a pool with N per domain share k = i // N.
+                topology = {level: f"{pool.gpu_type}-{level}-{i // per}"
+                            for level, per in pool.domains}
+                nodes.append(_Node(f"sim-{pool.gpu_type}-{i:03d}", pool.gpu_type, pool.gpus,
+                                   cpu_millicores=pool.cpu_millicores,
+                                   memory_bytes=pool.memory_bytes, topology=topology))
         return cls(nodes, default_seconds=default_seconds)
 
     def nodes(self) -> list[NodeInfo]:
         with self._lock:
-            return [NodeInfo(n.name, n.gpu_type, n.capacity, n.allocated)
+            return [NodeInfo(n.name, n.gpu_type, n.capacity, n.allocated,
+                             cpu_millicores=n.cpu_millicores, cpu_allocated=n.cpu_allocated,
+                             memory_bytes=n.memory_bytes, memory_allocated=n.memory_allocated,
+                             topology=dict(n.topology))
                     for n in self._nodes.values()]
 
     def _place(self, spec: LaunchSpec) -> tuple[str, ...] | None:
-        """The planned placement when it still fits, else best fit; all or none."""
-        free = {n.name: n.capacity - n.allocated for n in self._nodes.values()
-                if n.gpu_type == spec.gpu_type}
+        """The planned placement when it still fits, else best fit by free GPUs (rules
+        A3, A6: GPUs, CPU and memory), within the pinned topology domain if any (rule
+        A7); all or none."""
+        nodes = [n for n in self._nodes.values() if n.gpu_type == spec.gpu_type and (
+            not spec.topology_level
+            or n.topology.get(spec.topology_level) == spec.topology_domain)]
+        by_name = {n.name: n for n in nodes}
         planned = list(spec.placement)
-        if len(planned) == spec.replicas and all(p in free for p in planned):
-            need: dict[str, int] = {}
-            for p in planned:
-                need[p] = need.get(p, 0) + spec.gpus_per_replica
-            if all(free[p] >= n for p, n in need.items()):
-                return tuple(planned)
-        taken: list[str] = []
-        for _ in range(spec.replicas):
-            fits = [(f, name) for name, f in free.items() if f >= spec.gpus_per_replica]
-            if not fits:
-                return None
-            _, best = min(fits)
-            free[best] -= spec.gpus_per_replica
-            taken.append(best)
-        return tuple(taken)
+        if len(planned) == spec.replicas and all(p in by_name for p in planned) and all(
+                by_name[p].holds(spec, planned.count(p)) for p in set(planned)):
+            return tuple(planned)
+        taken: list[_Node] = []
+        try:
+            for _ in range(spec.replicas):
+                fits = [(n.capacity - n.allocated, n.name, n) for n in nodes if n.holds(spec)]
+                if not fits:
+                    return None
+                best = min(fits, key=lambda f: (f[0], f[1]))[2]
+                best.take(spec)
+                taken.append(best)
+            return tuple(n.name for n in taken)
+        finally:
+            for n in taken:  # only a trial: `submit` takes the room
+                n.take(spec, -1)
 
     def submit(self, spec: LaunchSpec, *, now: datetime) -> None:
         with self._lock:
@@ -135,10 +214,10 @@ class SimulatedCluster:
             if placement is None:
                 raise SimulatedClusterError(
                     f"{spec.name}: {spec.replicas} × {spec.gpus_per_replica} {spec.gpu_type} "
-                    "GPUs do not fit on the simulated nodes"
+                    "GPUs (with their CPU and memory) do not fit on the simulated nodes"
                 )
             for name in placement:
-                self._nodes[name].allocated += spec.gpus_per_replica
+                self._nodes[name].take(spec)
             seconds, exit_code, problem = self.default_seconds, 0, ""
             failed_replica: int | None = None
             try:
@@ -176,7 +255,7 @@ class SimulatedCluster:
                         w.problem or f"exited with code {w.exit_code}"))
         if w.finished_at is not None and not w.released:
             for name in w.nodes:
-                self._nodes[name].allocated -= w.spec.gpus_per_replica
+                self._nodes[name].take(w.spec, -1)
             w.released = True
 
     def stop(self, name: str, *, now: datetime) -> None:
@@ -187,7 +266,7 @@ class SimulatedCluster:
             self._advance(w, now)
             if not w.released:
                 for node in w.nodes:
-                    self._nodes[node].allocated -= w.spec.gpus_per_replica
+                    self._nodes[node].take(w.spec, -1)
 
     def statuses(self, *, now: datetime) -> list[WorkloadStatus]:
         with self._lock:

@@ -1,5 +1,5 @@
 """Ordering, admission and preemption on a snapshot (docs/scheduling.md, rules Q1, O1,
-A1-A5, R1-R8)."""
+A1-A7, R1-R8)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from typing import Protocol
 from .fairshare import entry_penalty_gpu_hours
 from .preemption import Preemption, find_victims
 from .priority import PriorityWeights, age_factor, size_factor
-from .snapshot import QueuedJob, Snapshot
+from .snapshot import QueuedJob, Snapshot, Topology, TopologyMode
 from .workspace import Capacity, Workspace
 
 __all__ = [
-    "Admission", "Capacity", "Plan", "Preemption", "Wait", "WaitReason", "plan_admissions",
+    "Admission", "Capacity", "Plan", "Preemption", "Topology", "TopologyMode", "Wait",
+    "WaitReason", "plan_admissions",
 ]
 
 
@@ -29,6 +30,8 @@ class WaitReason(StrEnum):
     LENDING = "lending_limit"
     PREEMPTING = "preempting"
     RATE_LIMITED = "preemption_rate_limited"
+    CPU_MEMORY = "cpu_memory"  # rule A6: the GPUs are free, CPU or memory beside them not
+    TOPOLOGY = "topology"  # rule A7: no domain of the level holds the gang now
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +87,27 @@ class _Waits(Mapping[int, Wait]):
         code, index, held, ceiling = raw
         reason, job = _REASONS[code], self.jobs[index]
         gt = job.gpu_type
+        level = job.topology.level if job.topology is not None else ""
         if reason is WaitReason.QUOTA:
             msg = (f"team {job.team} holds {held} {gt} GPUs; {job.total_gpus} more would "
                    f"pass its limit of {ceiling}")
+        elif reason is WaitReason.NO_FIT and ceiling == _IN_ONE_DOMAIN:
+            msg = (f"even empty, one {level} of {gt} nodes holds at most {held} replicas of "
+                   f"{_replica_size(job)}; this gang needs {job.replicas} in one {level} "
+                   f"(topology {level}: required)")
         elif reason is WaitReason.NO_FIT and held == 0:
-            msg = f"no {gt} node has {job.gpus_per_replica} GPUs for one replica"
+            msg = f"no {gt} node has {_replica_size(job)} for one replica"
+        elif reason is WaitReason.CPU_MEMORY:
+            msg = (f"no {gt} node has {_cpu_memory(job)} free beside "
+                   f"{job.gpus_per_replica} GPUs for each of {job.replicas} replica(s): "
+                   "the GPUs are free, the CPU or memory next to them is not")
+        elif reason is WaitReason.TOPOLOGY:
+            msg = (f"no {level} has room for all {job.replicas} replicas of "
+                   f"{_replica_size(job)} of {gt} (topology {level}: required); waiting "
+                   f"for one {level} to free up")
+        elif reason is WaitReason.NO_FIT and ceiling == 0 and _cpu_memory(job):
+            msg = (f"even empty, the {gt} nodes hold at most {held} replicas of "
+                   f"{_replica_size(job)}; this gang needs {job.replicas}")
         elif reason is WaitReason.NO_FIT:
             msg = (f"even empty, the {gt} nodes hold at most {held} replicas of "
                    f"{job.gpus_per_replica} GPUs; this gang needs {job.replicas}")
@@ -110,6 +129,41 @@ class _Waits(Mapping[int, Wait]):
 
     def __repr__(self) -> str:
         return f"_Waits({dict(self)!r})"
+
+
+# `_Raw`'s last field for a `gang_does_not_fit` of rule A7: no one domain holds the gang.
+_IN_ONE_DOMAIN = 1
+
+
+def _cpus(millicores: int) -> str:
+    return str(millicores // 1000) if millicores % 1000 == 0 else f"{millicores / 1000:g}"
+
+
+def _size(n: int) -> str:
+    """Bytes in the largest binary unit that holds them to a tenth: 2**38 → "256Gi"."""
+    for suffix, unit in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if n >= unit:
+            return f"{n / unit:.1f}".removesuffix(".0") + suffix
+    return f"{n} bytes"
+
+
+def _cpu_memory(job: QueuedJob) -> str:
+    """Rule A6's request of one replica in words: "32 CPUs and 256Gi memory"."""
+    parts = []
+    if job.cpu_millicores:
+        parts.append(f"{_cpus(job.cpu_millicores)} CPUs")
+    if job.memory_bytes:
+        parts.append(f"{_size(job.memory_bytes)} memory")
+    return " and ".join(parts)
+
+
+def _replica_size(job: QueuedJob) -> str:
+    """One replica in words: "8 GPUs" or "8 GPUs, 32 CPUs and 256Gi memory"."""
+    extra = _cpu_memory(job)
+    gpus = f"{job.gpus_per_replica} GPUs"
+    if not extra:
+        return gpus
+    return f"{gpus} and {extra}" if " and " not in extra else f"{gpus}, {extra}"
 
 
 class _Factors(Protocol):
@@ -266,7 +320,7 @@ class _QueueOrder:
 
 
 def plan_admissions(snapshot: Snapshot) -> Plan:
-    """One planning pass over the queue (rules Q1, O1, A1-A5, R1-R8).
+    """One planning pass over the queue (rules Q1, O1, A1-A7, R1-R8).
 
     In queue order (O1; nominated preemptors first, A5) each job is admitted when it fits
     its team's quota (Q1) and free node capacity as a whole gang (A1-A3); each admission
@@ -291,11 +345,19 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     pre = snapshot.preemption
     searches = 0
     preempted_by_team: dict[str, int] = defaultdict(int)
-    search_failed: set[tuple[str, str, int, int, int]] = set()
-    # A gang shape that did not fit stays unfit until some node gains free GPUs.
-    unfit: dict[tuple[str, int, int], int] = {}
+    search_failed: set[tuple[str, str, int, int, int, int, int, Topology | None]] = set()
+    # A gang shape that did not fit stays unfit until some node gains free GPUs, CPU or
+    # memory: (`cap.grown` then, the wait reason code).
+    unfit: dict[tuple[str, int, int, int, int, Topology | None], tuple[int, int]] = {}
+    # Rule A6: a gang that asks at least the CPU and memory of one that did not fit (same
+    # GPUs, replicas and topology, nothing grown since) does not fit either, for the same
+    # reason (`capacity` or `cpu_memory`): (cpu, memory, grown, code) per size.
+    unfit_by_size: dict[tuple[str, int, int, Topology | None],
+                        list[tuple[int, int, int, int]]] = {}
+    topology_code, cpu_memory_code = _CODE[WaitReason.TOPOLOGY], _CODE[WaitReason.CPU_MEMORY]
     held, ceilings = ledger.held, ledger.ceiling
     guarded_total, largest = ledger.guarded_total, cap.largest_node
+    constrained = cap.constrained
     billing, interval = snapshot.billing_weight, snapshot.interval_seconds
 
     admissions: list[Admission] = []
@@ -325,21 +387,42 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         if g > largest.get(gt, 0):
             raw[job_id] = (no_fit, index, 0, 0)
             continue
-        if reps > 1 and reps > (slots := cap.slots_when_empty(gt, g)):
+        # Rule A6 only where the nodes of the type report CPU or memory.
+        cpu = mem = 0
+        if gt in constrained:
+            cpu, mem = job.cpu_millicores or 0, job.memory_bytes or 0
+        topo = job.topology
+        if (reps > 1 or cpu or mem) and reps > (slots := cap.slots_when_empty(gt, g, cpu, mem)):
             raw[job_id] = (no_fit, index, slots, 0)
+            continue
+        if topo is not None and topo.mode is TopologyMode.REQUIRED and reps > (
+                slots := cap.domain_slots_when_empty(gt, topo.level, g, cpu, mem)):
+            raw[job_id] = (no_fit, index, slots, _IN_ONE_DOMAIN)
             continue
         lending = not over and guarded_total.get(gt, 0) > 0 and \
             ledger.lending_blocks(team, gt, total)
         placement = None
+        why_not = capacity
         if not lending and not over:
-            shape = (gt, g, reps)
-            if unfit.get(shape) != cap.grown:
-                placement = cap.place(gt, g, reps)
+            shape = (gt, g, reps, cpu, mem, topo)
+            known = unfit.get(shape)
+            if (known is None or known[0] != cap.grown) and (cpu or mem):
+                known = _dominated(unfit_by_size.get((gt, g, reps, topo)), cpu, mem, cap.grown)
+            if known is None or known[0] != cap.grown:
+                placement = cap.place(gt, g, reps, cpu=cpu, memory=mem, topology=topo)
                 if placement is None:
-                    unfit[shape] = cap.grown
-            elif not may_search and not nominated:
-                raw[job_id] = (capacity, index, 0, 0)  # the common case of a long queue
-                continue
+                    why_not = _why_unplaced(cap, gt, g, reps, cpu, mem, topo)
+                    unfit[shape] = (cap.grown, why_not)
+                    if why_not != topology_code:
+                        _remember_unfit(unfit_by_size, (gt, g, reps, topo), cpu, mem,
+                                        cap.grown, why_not)
+            else:
+                why_not = known[1]
+                if why_not == cpu_memory_code and not cap.fits(gt, g, reps):
+                    why_not = capacity  # its GPUs are taken too by now
+                if not may_search and not nominated:
+                    raw[job_id] = (why_not, index, 0, 0)  # the common case of a long queue
+                    continue
         if placement is not None:
             ledger.add(team, gt, total)
             factors.charge(team, entry_penalty_gpu_hours(total, billing(gt), interval))
@@ -356,7 +439,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         # for a job of the same team, shape and tier fails again: skip it.
         result = None
         if may_search:
-            search_key = (team, gt, job.tier_rank, g, reps)
+            search_key = (team, gt, job.tier_rank, g, reps, cpu, mem, topo)
             if search_key not in search_failed:
                 searches += 1
                 may_search = searches < pre.max_searches
@@ -377,7 +460,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             # The victims stay removed and the job's placement stays reserved for the rest
             # of this pass; what the victims free beyond it is held back too: they still
             # run until stopped, so no job of this pass may be placed there (rule A5).
-            _hold_freed(ws, found, g)
+            _hold_freed(ws, found, g, cpu, mem)
             ledger.add(team, gt, total)
             preempted_by_team[team] += len(found.victims)
             preemptions.append(found)
@@ -391,23 +474,68 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         if over:
             raw[job_id] = (quota, index, held[key], ceiling or 0)
         else:
-            raw[job_id] = (lending_code if lending else capacity, index, 0, 0)
+            raw[job_id] = (lending_code if lending else why_not, index, 0, 0)
     teams = sorted(queued_teams | set(snapshot.fair_share))
     standings = {t: factors.factor(t) for t in teams}
     return Plan(admissions=tuple(admissions), waits=waits, preemptions=tuple(preemptions),
                 order=tuple(seen), fair_share_after=standings)
 
 
-def _hold_freed(ws: Workspace, found: Preemption, gpus_per_replica: int) -> None:
-    """Rule A5: GPUs a preemption frees beyond its preemptor's placement are not free
-    during this pass (the victims are only stopped after it)."""
-    extra: dict[str, int] = defaultdict(int)
+def _dominated(failed: list[tuple[int, int, int, int]] | None, cpu: int, memory: int,
+               grown: int) -> tuple[int, int] | None:
+    """(grown, code) of a failure at `grown` that asked no more CPU and memory, or None."""
+    for c, m, at, code in failed or ():
+        if at == grown and cpu >= c and memory >= m:
+            return at, code
+    return None
+
+
+def _remember_unfit(by_size: dict[tuple[str, int, int, Topology | None],
+                                  list[tuple[int, int, int, int]]],
+                    key: tuple[str, int, int, Topology | None], cpu: int, memory: int,
+                    grown: int, code: int) -> None:
+    """Keep the failures at `grown` of one size, at most 16 (a cache, not a record)."""
+    kept = [f for f in by_size.get(key, ()) if f[2] == grown][-15:]
+    kept.append((cpu, memory, grown, code))
+    by_size[key] = kept
+
+
+def _why_unplaced(cap: Capacity, gpu_type: str, gpus: int, replicas: int, cpu: int,
+                  memory: int, topology: Topology | None) -> int:
+    """The wait reason code of a gang `place` refused: `cpu_memory` when its GPUs alone
+    would fit (rule A6), `topology` when it would fit but for its required domain (rule
+    A7), else `capacity`."""
+    if (cpu or memory) and cap.fits(gpu_type, gpus, replicas):
+        return _CODE[WaitReason.CPU_MEMORY]
+    if topology is not None and cap.fits(gpu_type, gpus, replicas, cpu=cpu, memory=memory):
+        return _CODE[WaitReason.TOPOLOGY]
+    return _CODE[WaitReason.CAPACITY]
+
+
+def _hold_freed(ws: Workspace, found: Preemption, gpus_per_replica: int, cpu: int,
+                memory: int) -> None:
+    """Rule A5: GPUs (and CPU and memory, rule A6) a preemption frees beyond its
+    preemptor's placement are not free during this pass (the victims are only stopped
+    after it)."""
+    extra: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     for v in found.victims:
         r = ws.running_by_id[v.job_id]
         for name in r.nodes:
-            extra[name] += r.gpus_per_replica
+            e = extra[name]
+            e[0] += r.gpus_per_replica
+            e[1] += r.cpu_millicores or 0
+            e[2] += r.memory_bytes or 0
     for name in found.placement:
-        extra[name] -= gpus_per_replica
-    for name, hold in sorted(extra.items()):
-        if hold > 0 and name in ws.capacity.free:
-            ws.capacity.set_free(name, max(0, ws.capacity.free[name] - hold))
+        e = extra[name]
+        e[0] -= gpus_per_replica
+        e[1] -= cpu
+        e[2] -= memory
+    cap = ws.capacity
+    for name, (hold, hold_cpu, hold_memory) in sorted(extra.items()):
+        if name not in cap.free:
+            continue
+        if hold > 0:
+            cap.set_free(name, max(0, cap.free[name] - hold))
+        c, m = cap.cpu_free[name], cap.memory_free[name]
+        cap.add_cpu_memory(name, -min(max(0, hold_cpu), c or 0),
+                           -min(max(0, hold_memory), m or 0))

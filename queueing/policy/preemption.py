@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from .snapshot import QueuedJob, RunningJob
+from .snapshot import QueuedJob, RunningJob, TopologyMode
 from .workspace import Workspace
 
 
@@ -90,6 +90,15 @@ def find_victims(
     The same workspace always gives the same answer.
     """
     gt, g, reps, team = job.gpu_type, job.gpus_per_replica, job.replicas, job.team
+    cap = ws.capacity
+    cpu = mem = 0
+    if gt in cap.constrained:  # rule A6 only where nodes report CPU or memory
+        cpu, mem = job.cpu_millicores or 0, job.memory_bytes or 0
+    topo = job.topology
+
+    def fits() -> bool:
+        return ws.fits(team, gt, g, reps, cpu=cpu, memory=mem, topology=topo)
+
     within_nominal = ws.ledger.within_nominal(team, gt, job.total_gpus)
     cands: list[tuple[tuple[object, ...], RunningJob, PreemptionRule]] = []
     # Per running job of the type: skip it when removed or protected (R3); R1 (strictly
@@ -141,53 +150,19 @@ def find_victims(
         undo_all()
         return None
 
-    # 2. node-aware greedy, one replica at a time, reserving each placed replica.
-    on_node: dict[str, list[RunningJob]] = defaultdict(list)
-    for _, r, _ in cands:
-        for name in dict.fromkeys(r.nodes):
-            if ws.capacity.node_type.get(name) == gt:
-                on_node[name].append(r)
-    reserved: list[str] = []
-    ok = True
-    for _ in range(reps):
-        placed = ws.capacity.place(gt, g, 1)
-        if placed is not None:
-            reserved.extend(placed)
-            continue
-        best: tuple[tuple[object, ...], str, list[RunningJob]] | None = None
-        for name, jobs in on_node.items():
-            free = ws.capacity.free[name]
-            if ws.capacity.capacity[name] < g:
-                continue
-            need, chosen = g - free, []
-            for r in jobs:
-                if need <= 0:
-                    break
-                if still_allowed(r):
-                    chosen.append(r)
-                    need -= r.gpus_per_replica * r.nodes.count(name)
-            if need > 0:
-                continue
-            cost = (len(chosen), tuple(key_of[r.id] for r in chosen), name)
-            if best is None or cost < best[0]:
-                best = (cost, name, chosen)
-        if best is None:
-            ok = False
-            break
-        take(best[2])
-        placed = ws.capacity.place(gt, g, 1)
-        if placed is None:  # cannot happen: the chosen node now holds a replica
-            ok = False
-            break
-        reserved.extend(placed)
-    ws.capacity.release(reserved, g)
+    # 2. node-aware greedy, one replica at a time, reserving each placed replica; for a
+    # required topology (rule A7) per domain instead.
+    if topo is not None and topo.mode is TopologyMode.REQUIRED:
+        ok = _take_in_one_domain(ws, cands, take, still_allowed, fits, gt, topo.level)
+    else:
+        ok = _take_per_replica(ws, cands, take, still_allowed, gt, g, reps, cpu, mem)
     if ok:
         for _, r, _ in cands:
-            if ws.fits(team, gt, g, reps):
+            if fits():
                 break
             if still_allowed(r):
                 take([r])
-        ok = ws.fits(team, gt, g, reps)
+        ok = fits()
     if not ok or not taken:
         undo_all()
         return None
@@ -201,13 +176,13 @@ def find_victims(
     for r in sorted(taken, key=lambda r: key_of[r.id], reverse=True):
         trial = [v for v in victims if v.id != r.id]
         undo = ws.simulate_removal(trial)
-        spare = ws.fits(team, gt, g, reps)
+        spare = fits()
         undo()
         if spare:
             victims = trial
     victims.sort(key=lambda r: key_of[r.id])
     undo_victims = ws.simulate_removal(victims)
-    placement = ws.capacity.place(gt, g, reps)
+    placement = cap.place(gt, g, reps, cpu=cpu, memory=mem, topology=topo)
     if placement is None:  # pragma: no cover - fits() said it does
         undo_victims()
         return None
@@ -218,7 +193,107 @@ def find_victims(
     )
 
     def undo_found() -> None:
-        ws.capacity.release(placement, g)
+        cap.release(placement, g, cpu=cpu, memory=mem)
         undo_victims()
 
     return found, undo_found
+
+
+_Cand = tuple[tuple[object, ...], RunningJob, PreemptionRule]
+
+
+def _take_per_replica(ws: Workspace, cands: list[_Cand],
+                      take: Callable[[list[RunningJob]], None],
+                      still_allowed: Callable[[RunningJob], bool], gt: str, g: int, reps: int,
+                      cpu: int, mem: int) -> bool:
+    """Step 2 of `find_victims`: for each replica with no room, the node needing the
+    fewest victims to hold its GPUs, CPU and memory (rule A6), then the cheapest, then
+    the node name; takes them. False when some replica finds no such node."""
+    cap = ws.capacity
+    key_of = {r.id: k for k, r, _ in cands}
+    on_node: dict[str, list[RunningJob]] = defaultdict(list)
+    for _, r, _ in cands:
+        for name in dict.fromkeys(r.nodes):
+            if cap.node_type.get(name) == gt:
+                on_node[name].append(r)
+    reserved: list[str] = []
+    ok = True
+    for _ in range(reps):
+        placed = cap.place(gt, g, 1, cpu=cpu, memory=mem)
+        if placed is not None:
+            reserved.extend(placed)
+            continue
+        best: tuple[tuple[object, ...], str, list[RunningJob]] | None = None
+        for name, jobs in on_node.items():
+            if cap.empty_node_slots(name, g, cpu, mem) < 1:
+                continue
+            cpu_free, mem_free = cap.cpu_free[name], cap.memory_free[name]
+            need = g - cap.free[name]
+            need_cpu = cpu - cpu_free if cpu and cpu_free is not None else 0
+            need_mem = mem - mem_free if mem and mem_free is not None else 0
+            chosen: list[RunningJob] = []
+            for r in jobs:
+                if need <= 0 and need_cpu <= 0 and need_mem <= 0:
+                    break
+                if still_allowed(r):
+                    chosen.append(r)
+                    times = r.nodes.count(name)
+                    need -= r.gpus_per_replica * times
+                    need_cpu -= (r.cpu_millicores or 0) * times
+                    need_mem -= (r.memory_bytes or 0) * times
+            if need > 0 or need_cpu > 0 or need_mem > 0:
+                continue
+            cost = (len(chosen), tuple(key_of[r.id] for r in chosen), name)
+            if best is None or cost < best[0]:
+                best = (cost, name, chosen)
+        if best is None:
+            ok = False
+            break
+        take(best[2])
+        placed = cap.place(gt, g, 1, cpu=cpu, memory=mem)
+        if placed is None:  # cannot happen: the chosen node now holds a replica
+            ok = False
+            break
+        reserved.extend(placed)
+    for name in reserved:
+        cap.release((name,), g, cpu=cpu, memory=mem)
+    return ok
+
+
+def _take_in_one_domain(ws: Workspace, cands: list[_Cand],
+                        take: Callable[[list[RunningJob]], None],
+                        still_allowed: Callable[[RunningJob], bool], fits: Callable[[], bool],
+                        gt: str, level: str) -> bool:
+    """Step 2 of `find_victims` for a required topology (rule A7): per domain of the
+    level, the candidates running on its nodes, in rule R4 order, until the gang fits in
+    one domain; the domain needing the fewest victims (then the cheapest, then its name)
+    wins and its victims are taken. The workspace is as before when none does."""
+    cap = ws.capacity
+    in_domain: dict[str, list[RunningJob]] = defaultdict(list)
+    for _, r, _ in cands:
+        domains = {cap.topology[n].get(level) for n in r.nodes if cap.node_type.get(n) == gt}
+        for d in sorted(x for x in domains if x is not None):
+            in_domain[d].append(r)
+    best: tuple[tuple[object, ...], list[RunningJob]] | None = None
+    key_of = {r.id: k for k, r, _ in cands}
+    for domain in sorted(in_domain):
+        chosen: list[RunningJob] = []
+        undos: list[Callable[[], None]] = []
+        done = False
+        for r in in_domain[domain]:
+            if still_allowed(r):
+                chosen.append(r)
+                undos.append(ws.simulate_removal([r]))
+                if fits():
+                    done = True
+                    break
+        for u in reversed(undos):
+            u()
+        if done:
+            cost = (len(chosen), tuple(key_of[r.id] for r in chosen), domain)
+            if best is None or cost < best[0]:
+                best = (cost, chosen)
+    if best is None:
+        return False
+    take(best[1])
+    return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from .fairshare import FairShareState
@@ -15,12 +16,37 @@ if TYPE_CHECKING:  # priority.py imports QueuedJob from here
 
 @dataclass(frozen=True, slots=True)
 class NodeState:
-    """A schedulable node: `free` GPUs of `gpu_type` out of `capacity`."""
+    """A schedulable node: `free` GPUs of `gpu_type` out of `capacity`; `cpu_free`
+    millicores and `memory_free` bytes of what it can allocate (rule A6; None = not known,
+    no constraint); `topology` its domain per topology level (rule A7: level name ->
+    domain; a level absent = the node is in no domain of it)."""
 
     name: str
     gpu_type: str
     capacity: int
     free: int
+    cpu_free: int | None = None
+    memory_free: int | None = None
+    topology: Mapping[str, str] = field(default_factory=dict)
+    # What it can allocate when empty (rule A4's "never fits"); None = not known.
+    cpu_allocatable: int | None = None
+    memory_allocatable: int | None = None
+
+
+class TopologyMode(StrEnum):
+    """Rule A7: `required` = all replicas in one domain of the level or wait;
+    `preferred` = as few domains as there is room for."""
+
+    REQUIRED = "required"
+    PREFERRED = "preferred"
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """A job's topology request (rule A7): its replicas packed by `level`."""
+
+    level: str
+    mode: TopologyMode = TopologyMode.REQUIRED
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +79,10 @@ class QueuedJob:
     replicas: int
     tier_rank: int
     submitted_at: datetime
+    # Rule A6: per replica; None = not asked (fits anywhere the GPUs fit).
+    cpu_millicores: int | None = None
+    memory_bytes: int | None = None
+    topology: Topology | None = None  # rule A7
 
     @property
     def total_gpus(self) -> int:
@@ -73,6 +103,9 @@ class RunningJob:
     started_at: datetime | None = None
     min_runtime_seconds: int = 0
     nodes: tuple[str, ...] = ()
+    # Rule A6: per replica, given back to its nodes when it is removed (preemption).
+    cpu_millicores: int | None = None
+    memory_bytes: int | None = None
 
     @property
     def total_gpus(self) -> int:

@@ -1,44 +1,67 @@
 """The mutable working copy of a snapshot that one planning pass changes.
 
-Admission (rules A2-A4) consumes node capacity and quota; the preemption search (rules
-R1-R4) removes candidate victims and puts them back (`simulate_removal` returns the undo,
-like Kueue's `SimulateWorkloadRemoval`). The snapshot itself is never changed.
+Admission (rules A2-A4, A6-A7) consumes node capacity (GPUs, CPU, memory) and quota;
+the preemption search (rules R1-R4) removes candidate victims and puts them back
+(`simulate_removal` returns the undo, like Kueue's `SimulateWorkloadRemoval`). The
+snapshot itself is never changed.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 
-from .snapshot import NodeState, RunningJob, Snapshot
+from .snapshot import NodeState, RunningJob, Snapshot, Topology, TopologyMode
 
 
 class Capacity:
-    """Free GPUs per node, bucketed by (GPU type, free GPUs) for best-fit placement.
+    """Free GPUs, CPU and memory per node, bucketed by (GPU type, free GPUs) for best fit.
 
     Each bucket keeps its node names sorted, so "the node with the fewest free GPUs that
     still holds a replica, ties by name" (rule A3) is the first name of the first
-    non-empty bucket at or above the replica's size: O(largest node) per replica.
+    non-empty bucket at or above the replica's size: O(largest node) per replica. A
+    replica that asks for CPU or memory (rule A6) on nodes that report them takes the
+    first node in that same order whose CPU and memory also hold it; a topology request
+    (rule A7) first chooses the domains, then places the same way within them.
     """
 
     def __init__(self, nodes: Iterable[NodeState]) -> None:
         self.free: dict[str, int] = {}
         self.capacity: dict[str, int] = {}
         self.node_type: dict[str, str] = {}
+        # Rule A6: None = the node does not say (no constraint).
+        self.cpu_free: dict[str, int | None] = {}
+        self.memory_free: dict[str, int | None] = {}
+        self.cpu_allocatable: dict[str, int | None] = {}
+        self.memory_allocatable: dict[str, int | None] = {}
+        self.topology: dict[str, Mapping[str, str]] = {}
+        # GPU types with at least one node that reports CPU or memory: only their jobs
+        # take the slower per-node path of rule A6.
+        self.constrained: set[str] = set()
         self.largest_node: dict[str, int] = defaultdict(int)
         self.total: dict[str, int] = defaultdict(int)
-        # Bumped whenever a node gains free GPUs: a gang that did not fit before cannot
-        # fit now unless this changed.
+        self.nodes_of: dict[str, list[str]] = defaultdict(list)  # per GPU type, by name
+        # Bumped whenever a node gains free GPUs, CPU or memory: a gang that did not fit
+        # before cannot fit now unless this changed.
         self.grown = 0
         self._buckets: dict[str, list[list[str]]] = {}
-        self._empty_slots: dict[tuple[str, int], int] = {}
+        self._empty_slots: dict[tuple[str, int, int, int], int] = {}
+        self._domain_empty_slots: dict[tuple[str, str, int, int, int], int] = {}
         for n in sorted(nodes, key=lambda n: n.name):
             free = max(0, min(n.free, n.capacity))
             self.free[n.name] = free
             self.capacity[n.name] = n.capacity
             self.node_type[n.name] = n.gpu_type
+            self.cpu_free[n.name] = None if n.cpu_free is None else max(0, n.cpu_free)
+            self.memory_free[n.name] = None if n.memory_free is None else max(0, n.memory_free)
+            self.cpu_allocatable[n.name] = n.cpu_allocatable
+            self.memory_allocatable[n.name] = n.memory_allocatable
+            self.topology[n.name] = n.topology
+            self.nodes_of[n.gpu_type].append(n.name)
+            if n.cpu_free is not None or n.memory_free is not None:
+                self.constrained.add(n.gpu_type)
             self.largest_node[n.gpu_type] = max(self.largest_node[n.gpu_type], n.capacity)
             self.total[n.gpu_type] += n.capacity
         for name in self.free:
@@ -46,35 +69,130 @@ class Capacity:
             buckets = self._buckets.setdefault(t, [[] for _ in range(self.largest_node[t] + 1)])
             buckets[self.free[name]].append(name)  # names arrive sorted
 
-    def slots_when_empty(self, gpu_type: str, gpus: int) -> int:
-        """How many replicas of `gpus` GPUs the nodes of `gpu_type` hold when all are
-        empty: a gang needing more can never run on this cluster (rule A4)."""
-        key = (gpu_type, gpus)
+    def _simple(self, gpu_type: str, cpu: int, memory: int) -> bool:
+        """Rule A6 does not apply: GPUs alone decide (the fast bucket path)."""
+        return (cpu <= 0 and memory <= 0) or gpu_type not in self.constrained
+
+    def slots(self, name: str, gpus: int, cpu: int = 0, memory: int = 0) -> int:
+        """Rule A6: how many replicas of (gpus, cpu, memory) node `name` holds now."""
+        n = self.free[name] // gpus
+        if cpu > 0:
+            c = self.cpu_free[name]
+            if c is not None:
+                n = min(n, c // cpu)
+        if memory > 0:
+            m = self.memory_free[name]
+            if m is not None:
+                n = min(n, m // memory)
+        return n
+
+    def empty_node_slots(self, name: str, gpus: int, cpu: int, memory: int) -> int:
+        n = self.capacity[name] // gpus
+        c, m = self.cpu_allocatable[name], self.memory_allocatable[name]
+        if cpu > 0 and c is not None:
+            n = min(n, c // cpu)
+        if memory > 0 and m is not None:
+            n = min(n, m // memory)
+        return n
+
+    def slots_when_empty(self, gpu_type: str, gpus: int, cpu: int = 0, memory: int = 0) -> int:
+        """How many replicas of `gpus` GPUs (and `cpu` millicores, `memory` bytes, rule
+        A6) the nodes of `gpu_type` hold when all are empty: a gang needing more can
+        never run on this cluster (rule A4)."""
+        key = (gpu_type, gpus, cpu, memory)
         slots = self._empty_slots.get(key)
         if slots is None:
-            slots = sum(self.capacity[n] // gpus for n, t in self.node_type.items()
-                        if t == gpu_type)
+            slots = sum(self.empty_node_slots(n, gpus, cpu, memory)
+                        for n in self.nodes_of.get(gpu_type, ()))
             self._empty_slots[key] = slots
         return slots
 
-    def fits(self, gpu_type: str, gpus: int, replicas: int) -> bool:
-        """Rule A2: can `replicas` replicas of `gpus` GPUs each be placed at all?
+    def domain_slots_when_empty(self, gpu_type: str, level: str, gpus: int, cpu: int = 0,
+                                memory: int = 0) -> int:
+        """Rule A7: the most replicas one domain of `level` holds when its nodes are
+        empty (0 when no node of the type carries the level)."""
+        key = (gpu_type, level, gpus, cpu, memory)
+        best = self._domain_empty_slots.get(key)
+        if best is None:
+            per: dict[str, int] = defaultdict(int)
+            for n in self.nodes_of.get(gpu_type, ()):
+                domain = self.topology[n].get(level)
+                if domain is not None:
+                    per[domain] += self.empty_node_slots(n, gpus, cpu, memory)
+            best = self._domain_empty_slots[key] = max(per.values(), default=0)
+        return best
 
-        A node with f free GPUs holds f // gpus replicas, and best fit uses exactly one of
-        them per replica, so the gang fits iff the sum reaches `replicas`.
+    def fits(self, gpu_type: str, gpus: int, replicas: int, *, cpu: int = 0,
+             memory: int = 0, topology: Topology | None = None) -> bool:
+        """Rules A2, A6, A7: can `replicas` replicas of `gpus` GPUs (and `cpu`, `memory`)
+        each be placed at all?
+
+        A node that holds s replicas (its slots) loses exactly one slot per replica best
+        fit puts there, so the gang fits iff the slots sum to `replicas` (within one
+        domain for a required topology).
         """
         buckets = self._buckets.get(gpu_type)
         if buckets is None or gpus >= len(buckets):
             return False
         if gpus <= 0 or replicas <= 0:
             return True
+        if topology is not None:
+            return self._domains_for(gpu_type, gpus, replicas, cpu, memory, topology) is not None
+        simple = self._simple(gpu_type, cpu, memory)
         room = 0
         for f in range(gpus, len(buckets)):
             if buckets[f]:
-                room += len(buckets[f]) * (f // gpus)
+                if simple:
+                    room += len(buckets[f]) * (f // gpus)
+                else:
+                    room += sum(self.slots(n, gpus, cpu, memory) for n in buckets[f])
                 if room >= replicas:
                     return True
         return False
+
+    def _domains_for(self, gpu_type: str, gpus: int, replicas: int, cpu: int, memory: int,
+                     topology: Topology) -> set[str] | None:
+        """Rule A7: the nodes a gang may use, or None when the request cannot be met now.
+
+        The nodes of the type are grouped by their domain of the level. `required`: the
+        best-fitting domain that holds the whole gang — the one with the fewest free GPUs,
+        ties by domain name (like A3 one level up: small gangs fill partly used domains,
+        whole domains stay free for large ones). `preferred`: that domain if any; else
+        the fewest domains that hold it (most room first, then fewest free GPUs, then
+        name), then nodes in no domain; else None (it does not fit at all).
+        """
+        room: dict[str, int] = defaultdict(int)
+        free: dict[str, int] = defaultdict(int)
+        members: dict[str, list[str]] = defaultdict(list)
+        loose: list[str] = []
+        loose_room = 0
+        for name in self.nodes_of.get(gpu_type, ()):
+            s = self.slots(name, gpus, cpu, memory)
+            if s <= 0:
+                continue
+            domain = self.topology[name].get(topology.level)
+            if domain is None:
+                loose.append(name)
+                loose_room += s
+                continue
+            room[domain] += s
+            free[domain] += self.free[name]
+            members[domain].append(name)
+        whole = [(free[d], d) for d in room if room[d] >= replicas]
+        if whole:
+            return set(members[min(whole)[1]])
+        if topology.mode is TopologyMode.REQUIRED:
+            return None
+        chosen: set[str] = set()
+        got = 0
+        for d in sorted(room, key=lambda d: (-room[d], free[d], d)):
+            chosen.update(members[d])
+            got += room[d]
+            if got >= replicas:
+                return chosen
+        if got + loose_room >= replicas:
+            return chosen | set(loose)
+        return None
 
     def set_free(self, name: str, free: int) -> None:
         t = self.node_type[name]
@@ -89,31 +207,64 @@ class Capacity:
         bisect.insort(buckets[free], name)
         self.free[name] = free
 
-    def place(self, gpu_type: str, gpus: int, replicas: int) -> tuple[str, ...] | None:
-        """Rules A2-A3: one node per replica, all or none, best fit.
+    def add_cpu_memory(self, name: str, cpu: int, memory: int) -> None:
+        """Give (positive) or take (negative) CPU and memory on a node that reports them
+        (rule A6); a node that does not stays unknown."""
+        c, m = self.cpu_free[name], self.memory_free[name]
+        if cpu and c is not None:
+            self.cpu_free[name] = c + cpu
+            if cpu > 0:
+                self.grown += 1
+        if memory and m is not None:
+            self.memory_free[name] = m + memory
+            if memory > 0:
+                self.grown += 1
+
+    def place(self, gpu_type: str, gpus: int, replicas: int, *, cpu: int = 0,
+              memory: int = 0, topology: Topology | None = None) -> tuple[str, ...] | None:
+        """Rules A2-A3, A6-A7: one node per replica, all or none, best fit.
 
         Each replica goes to the node of its type with the fewest free GPUs that still
-        holds it (ties by node name), which keeps whole nodes free for large gangs.
+        holds it — its GPUs, and its CPU and memory where the node reports them — ties
+        by node name, which keeps whole nodes free for large gangs. With a topology
+        request the nodes are first narrowed to the chosen domains (`_domains_for`).
         Returns None, changing nothing, when the gang does not fit.
         """
-        if not self.fits(gpu_type, gpus, replicas):
+        if not self.fits(gpu_type, gpus, replicas, cpu=cpu, memory=memory, topology=topology):
             return None
+        allowed = None
+        if topology is not None:
+            allowed = self._domains_for(gpu_type, gpus, replicas, cpu, memory, topology)
         buckets = self._buckets[gpu_type]
+        simple = allowed is None and self._simple(gpu_type, cpu, memory)
         taken: list[str] = []
         for _ in range(replicas):
             for f in range(gpus, len(buckets)):
-                if buckets[f]:
+                if not buckets[f]:
+                    continue
+                if simple:
                     name = buckets[f][0]
-                    self.set_free(name, f - gpus)
-                    taken.append(name)
-                    break
+                else:
+                    name = next((n for n in buckets[f]
+                                 if (allowed is None or n in allowed)
+                                 and self.slots(n, gpus, cpu, memory) > 0), "")
+                    if not name:
+                        continue
+                self.set_free(name, f - gpus)
+                if not simple:
+                    self.add_cpu_memory(name, -cpu, -memory)
+                taken.append(name)
+                break
         return tuple(taken)
 
-    def release(self, placement: Iterable[str], gpus: int) -> None:
-        """Give back `gpus` on each node of `placement` (the inverse of `place`)."""
+    def release(self, placement: Iterable[str], gpus: int, *, cpu: int = 0,
+                memory: int = 0) -> None:
+        """Give back `gpus` (and `cpu`, `memory`) on each node of `placement` (the inverse
+        of `place`)."""
         for name in placement:
             if name in self.free:
                 self.set_free(name, min(self.capacity[name], self.free[name] + gpus))
+                self.add_cpu_memory(name, cpu, memory)
 
 
 class Ledger:
@@ -211,22 +362,29 @@ class Workspace:
                 k = (r.team, r.gpu_type)
                 self.lowest_tier[k] = min(self.lowest_tier.get(k, r.tier_rank), r.tier_rank)
 
-    def _free_nodes_of(self, job: RunningJob) -> list[tuple[str, int]]:
-        """Give `job`'s GPUs back to its nodes; returns (node, GPUs given) for the undo."""
-        given: list[tuple[str, int]] = []
+    def _free_nodes_of(self, job: RunningJob) -> list[tuple[str, int, int, int]]:
+        """Give `job`'s GPUs, CPU and memory back to its nodes; returns (node, GPUs, CPU,
+        memory given) for the undo."""
+        given: list[tuple[str, int, int, int]] = []
+        cap = self.capacity
+        cpu, memory = job.cpu_millicores or 0, job.memory_bytes or 0
         for name in job.nodes:
-            if name not in self.capacity.free:
+            if name not in cap.free:
                 continue
-            new = min(self.capacity.capacity[name], self.capacity.free[name] + job.gpus_per_replica)
-            delta = new - self.capacity.free[name]
+            new = min(cap.capacity[name], cap.free[name] + job.gpus_per_replica)
+            delta = new - cap.free[name]
             if delta:
-                self.capacity.set_free(name, new)
-                given.append((name, delta))
+                cap.set_free(name, new)
+            c = cpu if cap.cpu_free[name] is not None else 0
+            m = memory if cap.memory_free[name] is not None else 0
+            cap.add_cpu_memory(name, c, m)
+            if delta or c or m:
+                given.append((name, delta, c, m))
         return given
 
     def simulate_removal(self, jobs: Iterable[RunningJob]) -> Callable[[], None]:
         """Remove running `jobs` from the working copy; the returned function undoes it."""
-        done: list[tuple[RunningJob, list[tuple[str, int]]]] = []
+        done: list[tuple[RunningJob, list[tuple[str, int, int, int]]]] = []
         for job in jobs:
             if job.id in self.removed:
                 continue
@@ -237,17 +395,20 @@ class Workspace:
 
         def undo() -> None:
             for job, given in reversed(done):
-                for name, delta in given:
+                for name, delta, cpu, memory in given:
                     self.capacity.set_free(name, self.capacity.free[name] - delta)
+                    self.capacity.add_cpu_memory(name, -cpu, -memory)
                 self.ledger.add(job.team, job.gpu_type, job.total_gpus)
                 self.ledger.running_held[(job.team, job.gpu_type)] += job.total_gpus
                 self.removed.discard(job.id)
 
         return undo
 
-    def fits(self, team: str, gpu_type: str, gpus: int, replicas: int) -> bool:
-        """Rules Q1 and A2 together, without placing anything."""
+    def fits(self, team: str, gpu_type: str, gpus: int, replicas: int, *, cpu: int = 0,
+             memory: int = 0, topology: Topology | None = None) -> bool:
+        """Rules Q1, A2, A6 and A7 together, without placing anything."""
         total = gpus * replicas
         return (self.ledger.over_ceiling(team, gpu_type, total) is None
                 and not self.ledger.lending_blocks(team, gpu_type, total)
-                and self.capacity.fits(gpu_type, gpus, replicas))
+                and self.capacity.fits(gpu_type, gpus, replicas, cpu=cpu, memory=memory,
+                                       topology=topology))

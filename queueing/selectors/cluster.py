@@ -58,6 +58,19 @@ class ClusterView:
             sizes[n.gpu_type] = max(sizes.get(n.gpu_type, 0), n.capacity)
         return sizes
 
+    def largest_node_cpu_memory(self) -> dict[str, tuple[int | None, int | None]]:
+        """Per GPU type, the most CPU (millicores) and memory (bytes) one of its nodes can
+        allocate; None for one no node of the type reports (rule A6)."""
+        out: dict[str, tuple[int | None, int | None]] = {}
+        for n in self.node_list:
+            cpu, memory = out.get(n.gpu_type, (None, None))
+            if n.cpu_millicores is not None:
+                cpu = max(cpu or 0, n.cpu_millicores)
+            if n.memory_bytes is not None:
+                memory = max(memory or 0, n.memory_bytes)
+            out[n.gpu_type] = (cpu, memory)
+        return out
+
     def age_seconds(self, now: datetime) -> float | None:
         return None if self.published_at is None else (now - self.published_at).total_seconds()
 
@@ -72,18 +85,32 @@ class ClusterView:
         return ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"nodes": [[n.name, n.gpu_type, n.capacity, n.allocated] for n in self.node_list],
+        return {"nodes": [[n.name, n.gpu_type, n.capacity, n.allocated, n.cpu_millicores,
+                           n.cpu_allocated, n.memory_bytes, n.memory_allocated,
+                           dict(n.topology)] for n in self.node_list],
                 "workloads": sorted(self.workloads), "unprovisioned": sorted(self.unprovisioned),
                 "published_at": self.published_at.isoformat() if self.published_at else None}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ClusterView:
         at = raw.get("published_at")
-        return cls(node_list=tuple(NodeInfo(str(n[0]), str(n[1]), int(n[2]), int(n[3]))
-                                   for n in raw.get("nodes") or ()),
+        return cls(node_list=tuple(_node_from_list(n) for n in raw.get("nodes") or ()),
                    workloads=frozenset(raw.get("workloads") or ()),
                    unprovisioned=frozenset(raw.get("unprovisioned") or ()),
                    published_at=datetime.fromisoformat(at) if at else None)
+
+
+def _node_from_list(n: list[Any]) -> NodeInfo:
+    """One node of `ClusterView.to_dict`; a view published before CPU, memory and
+    topology were (4 fields) reads as "not known"."""
+    def opt(i: int) -> int | None:
+        return None if len(n) <= i or n[i] is None else int(n[i])
+
+    topology = n[8] if len(n) > 8 and isinstance(n[8], dict) else {}
+    return NodeInfo(str(n[0]), str(n[1]), int(n[2]), int(n[3]),
+                    cpu_millicores=opt(4), cpu_allocated=opt(5) or 0,
+                    memory_bytes=opt(6), memory_allocated=opt(7) or 0,
+                    topology={str(k): str(v) for k, v in topology.items()})
 
 
 def cluster_view_of(backend: ClusterBackend, *, now: datetime,
@@ -121,6 +148,24 @@ def _largest_node_sizes() -> dict[str, int]:
     if view.published_at is None and view.error:
         raise _NotPublished(view.error)
     return view.largest_node_gpus()
+
+
+@ttl_memo(5)
+def _largest_node_cpu_memory() -> dict[str, tuple[int | None, int | None]]:
+    view = cluster_view()
+    if view.published_at is None and view.error:
+        raise _NotPublished(view.error)
+    return view.largest_node_cpu_memory()
+
+
+def largest_node_cpu_memory(gpu_type: str) -> tuple[int | None, int | None] | None:
+    """The most CPU (millicores) and memory (bytes) a node of `gpu_type` can allocate,
+    each None when no node says (rule A6), from the cluster view like
+    `largest_node_gpus`; None when no view was published yet."""
+    try:
+        return _largest_node_cpu_memory().get(gpu_type, (None, None))
+    except _NotPublished:
+        return None
 
 
 def largest_node_gpus(gpu_type: str) -> int | None:

@@ -19,6 +19,7 @@ so the cycle and the front ends that call it never name them.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, is_dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -36,7 +37,7 @@ from queueing.policy.states import JobState
 from .cluster import cluster_view
 from .dashboard import LIST_DEFER
 from .fairshare import job_priority_breakdown
-from .snapshot import build_snapshot
+from .snapshot import build_snapshot, topology_of
 
 QUEUE_PLAN_TTL = 3.0  # seconds: about one scheduler cycle
 _PLAN_KEY = "fairq:queue-plan"
@@ -229,7 +230,9 @@ class Preview:
 
 
 def submit_preview(*, team: Team, gpu_type: GpuType, gpus_per_replica: int, replicas: int,
-                   tier_rank: int, now: datetime) -> Preview:
+                   tier_rank: int, now: datetime, cpu_millicores: int | None = None,
+                   memory_bytes: int | None = None,
+                   topology: Mapping[str, str] | None = None) -> Preview:
     """Where a job would stand if submitted now: the candidate added in memory to the
     snapshot of the cached plan (the one "why it waits" reads) and planned with the same
     policy as the next cycle; nothing is written. The answer for one shape (team, GPU
@@ -238,15 +241,18 @@ def submit_preview(*, team: Team, gpu_type: GpuType, gpus_per_replica: int, repl
     plan, snapshot = _plan_with_snapshot(now=now)
     if snapshot is None:
         return Preview(None, 0, False, "", error=plan.error[:200])
+    topo = topology_of((topology or {}).get("level", ""), (topology or {}).get("mode", ""))
     key = (f"{_PREVIEW_KEY}:{plan.generation}:{team.slug}:{gpu_type.slug}:"
-           f"{gpus_per_replica}:{replicas}:{tier_rank}")
+           f"{gpus_per_replica}:{replicas}:{tier_rank}:{cpu_millicores}:{memory_bytes}:"
+           f"{topo.level if topo else ''}:{topo.mode if topo else ''}")
     cached: Preview | None = cache.get(key)
     if cached is not None:
         return cached
     preview = _preview_place(snapshot, QueuedJob(
         id=-1,  # no real job has a negative id
         team=team.slug, gpu_type=gpu_type.slug, gpus_per_replica=gpus_per_replica,
-        replicas=replicas, tier_rank=tier_rank, submitted_at=snapshot.now))
+        replicas=replicas, tier_rank=tier_rank, submitted_at=snapshot.now,
+        cpu_millicores=cpu_millicores, memory_bytes=memory_bytes, topology=topo))
     cache.set(key, preview, timeout=QUEUE_PLAN_TTL)
     return preview
 

@@ -15,7 +15,15 @@ from typing import Any
 from queueing.backends.base import ClusterBackend
 from queueing.models import GpuType, Job, Quota
 from queueing.policy.fairshare import FairShareState
-from queueing.policy.snapshot import NodeState, QueuedJob, QuotaLimit, RunningJob, Snapshot
+from queueing.policy.snapshot import (
+    NodeState,
+    QueuedJob,
+    QuotaLimit,
+    RunningJob,
+    Snapshot,
+    Topology,
+    TopologyMode,
+)
 from queueing.policy.states import HOLDING_STATES, JobState
 
 from .cluster import ClusterView
@@ -58,7 +66,7 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
     for h in Job.objects.filter(status__in=list(HOLDING_STATES)).values(
             "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
             "tier__rank", "tier__preemptible", "tier__min_runtime_seconds", "started_at",
-            "placement", "submitted_to_backend_at"):
+            "placement", "submitted_to_backend_at", "cpu_millicores", "memory_bytes"):
         try:
             h["placement"] = _placement(h["placement"])
             _check_size(h)
@@ -69,13 +77,21 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
     # The cluster counts what it runs; jobs admitted but not yet submitted hold their
     # planned placement on top of that.
     pending_alloc: dict[str, int] = defaultdict(int)
+    pending_cpu: dict[str, int] = defaultdict(int)
+    pending_memory: dict[str, int] = defaultdict(int)
     for h in holding:
         if h["submitted_to_backend_at"] is None:
             for node in h["placement"]:
                 pending_alloc[node] += h["gpus_per_replica"]
+                pending_cpu[node] += h["cpu_millicores"] or 0
+                pending_memory[node] += h["memory_bytes"] or 0
     nodes = tuple(
         NodeState(n.name, n.gpu_type, n.capacity,
-                  max(0, n.capacity - n.allocated - pending_alloc[n.name]))
+                  max(0, n.capacity - n.allocated - pending_alloc[n.name]),
+                  cpu_free=_minus(n.cpu_free, pending_cpu[n.name]),
+                  memory_free=_minus(n.memory_free, pending_memory[n.name]),
+                  topology=n.topology, cpu_allocatable=n.cpu_millicores,
+                  memory_allocatable=n.memory_bytes)
         for n in backend.nodes()
     )
     running = tuple(
@@ -84,7 +100,8 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
             gpus_per_replica=h["gpus_per_replica"], replicas=h["replicas"],
             tier_rank=h["tier__rank"], preemptible=h["tier__preemptible"],
             started_at=h["started_at"], min_runtime_seconds=h["tier__min_runtime_seconds"],
-            nodes=tuple(h["placement"]),
+            nodes=tuple(h["placement"]), cpu_millicores=h["cpu_millicores"],
+            memory_bytes=h["memory_bytes"],
         )
         for h in holding
     )
@@ -92,7 +109,8 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
     for q in Job.objects.filter(status=JobState.QUEUED).exclude(
             team__slug__in=unprovisioned).values(
             "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
-            "tier__rank", "created_at"):
+            "tier__rank", "created_at", "cpu_millicores", "memory_bytes",
+            "topology_level", "topology_mode"):
         try:
             _check_size(q)
         except ValueError as exc:
@@ -102,7 +120,9 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
     queued = tuple(
         QueuedJob(id=q["id"], team=q["team__slug"], gpu_type=q["gpu_type__slug"],
                   gpus_per_replica=q["gpus_per_replica"], replicas=q["replicas"],
-                  tier_rank=q["tier__rank"], submitted_at=q["created_at"])
+                  tier_rank=q["tier__rank"], submitted_at=q["created_at"],
+                  cpu_millicores=q["cpu_millicores"], memory_bytes=q["memory_bytes"],
+                  topology=topology_of(q["topology_level"], q["topology_mode"]))
         for q in queued_rows
     )
     if odd:
@@ -128,6 +148,22 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         nominated=nominated_preemptors(now=now, live_workloads=live_workloads),
         preemption=preemption_settings(now=now),
     )
+
+
+def _minus(free: int | None, pending: int) -> int | None:
+    return None if free is None else max(0, free - pending)
+
+
+def topology_of(level: str, mode: str) -> Topology | None:
+    """A job row's topology request (rule A7); None when it asks none. A mode the policy
+    does not know (a row older than the validation) counts as `preferred`: it never
+    makes a job wait for ever."""
+    if not level:
+        return None
+    try:
+        return Topology(level, TopologyMode(mode))
+    except ValueError:
+        return Topology(level, TopologyMode.PREFERRED)
 
 
 def _placement(value: object) -> list[str]:

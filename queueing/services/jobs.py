@@ -28,7 +28,7 @@ from queueing.policy.states import (
     check_transition,
 )
 from queueing.sanitize import clean_fields, clean_json, clean_text
-from queueing.selectors.cluster import largest_node_gpus
+from queueing.selectors.cluster import largest_node_cpu_memory, largest_node_gpus
 from queueing.selectors.lookups import gpu_types_by_slug, team_for_submitter, tiers_by_slug
 from queueing.selectors.queue_plan import queue_plan_forget
 from queueing.validation import spec_size
@@ -102,23 +102,32 @@ class JobInput:
     # "memory": "16Gi", "ephemeral_storage": "50Gi"}, each optional; and the /dev/shm size.
     resources: dict[str, str] = dataclasses.field(default_factory=dict)
     shm_size: str = ""
+    # Rule A7: {"level": ..., "mode": "required" | "preferred"} (checked against the GPU
+    # type), or None; stored as the two columns below.
+    topology: dict[str, str] | None = None
     # Derived from the two above (`__post_init__`): what the manifest and the rules use.
     cpu_millicores: int | None = dataclasses.field(init=False, default=None)
     memory_bytes: int | None = dataclasses.field(init=False, default=None)
     ephemeral_storage_bytes: int | None = dataclasses.field(init=False, default=None)
     shm_size_bytes: int | None = dataclasses.field(init=False, default=None)
+    topology_level: str = dataclasses.field(init=False, default="")
+    topology_mode: str = dataclasses.field(init=False, default="")
 
     def __post_init__(self) -> None:
         """Normalise the quantities (ValueError when one is not valid: `job_input_build`
-        checked them first)."""
+        checked them first) and the topology request."""
         for name, column in RESOURCE_COLUMNS.items():
             text = self.shm_size if name == "shm_size" else self.resources.get(name)
             object.__setattr__(self, column, v.parse_resource(name, text) if text else None)
+        if self.topology:
+            object.__setattr__(self, "topology_level", self.topology["level"])
+            object.__setattr__(self, "topology_mode", self.topology.get("mode") or "required")
 
     def job_values(self) -> dict[str, Any]:
         """The Job fields this input sets (submit, array job, and the idempotency check
-        compare against it)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        compare against it): `topology` as its two columns."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "topology"}
 
 
 # A job's quantities by the name the API gives them (`resources` keys and `shm_size`) ->
@@ -133,7 +142,7 @@ JOB_SPEC_FIELDS: dict[str, str] = {
     "team": "team", "name": "name", "image": "image", "command": "command", "args": "args",
     "env": "env", "gpu_type": "gpu_type", "gpus": "gpus_per_replica", "replicas": "replicas",
     "tier": "tier", "max_runtime_seconds": "max_runtime_seconds",
-    "resources": "resources", "shm_size": "shm_size",
+    "resources": "resources", "shm_size": "shm_size", "topology": "topology",
 }
 _SLUG_FIELDS = frozenset({"team", "gpu_type", "tier"})
 INVALID_FIELDS = "The request has invalid fields."
@@ -156,6 +165,7 @@ def job_input_build(
     args: list[str] | None = None, env: dict[str, str] | None = None, replicas: int | None = 1,
     tier: str | None = None, max_runtime_seconds: int | None = None,
     resources: dict[str, str] | None = None, shm_size: str | None = None,
+    topology: dict[str, str] | None = None,
 ) -> JobInput:
     """The JobInput of a job spec whose fields have their shapes already (the API's
     serializer, the web form): the submit rules that need settings or the database. The
@@ -194,14 +204,56 @@ def job_input_build(
         raise DomainError(INVALID_FIELDS, fields={"gpus": [
             f"No {gpu_type_row.slug} node holds {gpus} GPUs (the largest has {largest})."
             if largest else f"The cluster has no {gpu_type_row.slug} nodes."]})
+    topology = _topology_checked(gpu_type_row, topology)
     resources, shm_size = _team_resources(team_row, resources=resources, shm_size=shm_size)
+    _refuse_larger_than_nodes(gpu_type_row.slug, resources)
     if v.spec_size(command, args, env) > v.MAX_SPEC_BYTES:
         raise DomainError(INVALID_FIELDS, fields={"non_field_errors": [
             f"command, args and env together exceed {v.MAX_SPEC_BYTES // 1024} KiB."]})
     return JobInput(team=team_row, name=name, image=image, command=command, args=args,
                     env=env, gpu_type=gpu_type_row, gpus_per_replica=gpus, replicas=replicas,
                     tier=tier_row, max_runtime_seconds=max_runtime_seconds,
-                    resources=resources, shm_size=shm_size)
+                    resources=resources, shm_size=shm_size, topology=topology)
+
+
+def _topology_checked(gpu_type: GpuType, topology: dict[str, str] | None
+                      ) -> dict[str, str] | None:
+    """Rule A7: the request with its mode filled in ("required" unless said), or None;
+    DomainError on `topology.level` when the GPU type has no such level, on
+    `topology.mode` for a mode that is neither."""
+    if not topology:
+        return None
+    level, mode = topology.get("level"), topology.get("mode") or "required"
+    problems: dict[str, list[str]] = {}
+    levels = [lv.get("name") for lv in gpu_type.topology_levels or () if isinstance(lv, dict)]
+    if level not in levels:
+        problems["topology.level"] = [
+            f"GPU type {gpu_type.slug} has no topology level {str(level)[:63]!r}; "
+            + (f"its levels: {', '.join(map(str, levels))}." if levels
+               else "it has none (an admin sets its topology_levels).")]
+    if mode not in v.TOPOLOGY_MODES:
+        problems["topology.mode"] = [f"Use one of: {', '.join(v.TOPOLOGY_MODES)}."]
+    if problems:
+        raise DomainError(INVALID_FIELDS, fields=problems)
+    return {"level": str(level), "mode": mode}
+
+
+def _refuse_larger_than_nodes(gpu_type: str, resources: dict[str, str]) -> None:
+    """Rule A6 at submit: a replica asking more CPU or memory than the largest node of its
+    GPU type can allocate would never run; DomainError on `resources.cpu` /
+    `resources.memory`. Nothing is refused while the cluster view does not know it."""
+    largest = largest_node_cpu_memory(gpu_type)
+    if largest is None:
+        return
+    problems: dict[str, list[str]] = {}
+    for name, most in zip(("cpu", "memory"), largest, strict=True):
+        text = resources.get(name)
+        if text and most is not None and v.parse_resource(name, text) > most:
+            problems[resource_field(name)] = [
+                f"No {gpu_type} node has {text} {'CPUs' if name == 'cpu' else 'of memory'} "
+                f"(the largest can allocate {v.format_resource(name, most)})."]
+    if problems:
+        raise DomainError(INVALID_FIELDS, fields=problems)
 
 
 def resource_field(name: str) -> str:

@@ -28,7 +28,11 @@ from queueing.models import GpuType, Quota, Tier
 def gpu_type_refs() -> list[GpuTypeRef]:
     """The GPU types as the backend needs them (extended resource, node labels)."""
     return [GpuTypeRef(slug=g.slug, resource_name=g.resource_name,
-                       node_labels={str(k): str(v) for k, v in (g.node_labels or {}).items()})
+                       node_labels={str(k): str(v) for k, v in (g.node_labels or {}).items()},
+                       topology_levels=tuple(
+                           (str(lv["name"]), str(lv["node_label"]))
+                           for lv in (g.topology_levels or ())
+                           if isinstance(lv, dict) and {"name", "node_label"} <= set(lv)))
             for g in GpuType.objects.all()]
 
 

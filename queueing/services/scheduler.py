@@ -43,7 +43,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -525,7 +525,23 @@ def _preemptions_apply(*, plan: Plan, now: datetime, result: CycleResult) -> App
 
 # --- 5. submit ----------------------------------------------------------------------------
 
-def launch_spec(job: Job) -> LaunchSpec:
+def launch_spec(job: Job, *,
+                node_topology: Mapping[str, Mapping[str, str]] | None = None) -> LaunchSpec:
+    """What the backend runs for `job`'s attempt. `node_topology` (node -> level ->
+    domain, from the backend's nodes) gives a required topology's domain (rule A7): the
+    one of its planned nodes, pinned on the level's node label."""
+    level, label, domain = "", "", ""
+    if job.topology_level and job.topology_mode == "required":
+        label = next((str(lv.get("node_label")) for lv in job.gpu_type.topology_levels or ()
+                      if isinstance(lv, dict) and lv.get("name") == job.topology_level), "")
+        planned = list(job.placement or ())
+        domains = {(node_topology or {}).get(n, {}).get(job.topology_level) for n in planned}
+        if label and planned and len(domains) == 1 and None not in domains:
+            level, domain = job.topology_level, str(domains.pop())
+        else:
+            label = ""  # the planned nodes are gone or not one domain: no pin to give
+            log.warning("job %s: no %s domain known for its placement %s; not pinned",
+                        job.pk, job.topology_level, planned)
     return LaunchSpec(
         name=job.backend_name, job_id=job.pk, attempt=job.attempt, team=job.team.slug,
         tier=job.tier.slug, priority_class_name=job.tier.priority_class_name,
@@ -538,6 +554,7 @@ def launch_spec(job: Job) -> LaunchSpec:
         run_as_non_root=job.team.run_as_non_root,
         cpu_millicores=job.cpu_millicores, memory_bytes=job.memory_bytes,
         ephemeral_storage_bytes=job.ephemeral_storage_bytes, shm_size_bytes=job.shm_size_bytes,
+        topology_level=level, topology_label=label, topology_domain=domain,
     )
 
 
@@ -557,9 +574,12 @@ def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResu
     ).select_related("team", "tier", "gpu_type").order_by("admitted_at", "id"))
     jobs: list[Job] = []
     specs: list[LaunchSpec] = []
+    node_topology: dict[str, Mapping[str, str]] | None = None
+    if any(j.topology_level and j.topology_mode == "required" for j in pending):
+        node_topology = {n.name: n.topology for n in backend.nodes()}  # rule A7's pins
     for job in pending:
         with _isolated(job.pk, step="building its workload", now=now, result=result):
-            specs.append(launch_spec(job))
+            specs.append(launch_spec(job, node_topology=node_topology))
             jobs.append(job)
     if not jobs:
         return

@@ -242,7 +242,9 @@ def _preview(form: JobSubmitForm) -> Preview | None:
         return None
     return submit_preview(team=inp.team, gpu_type=inp.gpu_type,
                           gpus_per_replica=inp.gpus_per_replica, replicas=inp.replicas,
-                          tier_rank=inp.tier.rank, now=timezone.now())
+                          tier_rank=inp.tier.rank, now=timezone.now(),
+                          cpu_millicores=inp.cpu_millicores, memory_bytes=inp.memory_bytes,
+                          topology=inp.topology)
 
 
 def _form_errors(form: forms.Form, exc: DomainError) -> None:

@@ -142,8 +142,10 @@ def test_a_job_spec_builds_the_input_of_the_same_job(world: World) -> None:
     data = job_input_build(actor=world.member, **spec)
     for name, value in data.job_values().items():
         assert getattr(job, name) == value, name
-    # The spec's fields and the quantities normalised from it (resources, shm_size).
-    assert set(data.job_values()) == set(JOB_SPEC_FIELDS.values()) | set(RESOURCE_COLUMNS.values())
+    # The spec's fields and the quantities normalised from it (resources, shm_size); the
+    # topology request as its two columns.
+    assert set(data.job_values()) == (set(JOB_SPEC_FIELDS.values()) - {"topology"}) | set(
+        RESOURCE_COLUMNS.values()) | {"topology_level", "topology_mode"}
 
 
 @pytest.mark.django_db(transaction=True)
