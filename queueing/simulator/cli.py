@@ -62,9 +62,10 @@ def _rounded(value: Any) -> Any:
     return value
 
 
-def simulate(workload: Workload, policies: Sequence[str], *,
-             progress_out: TextIO | None = None) -> dict[str, Any]:
-    """Run each policy on the workload; the JSON document (deterministic: no wall times)."""
+def simulate(workload: Workload, policies: Sequence[str], *, progress_out: TextIO | None = None,
+             timings: dict[str, float] | None = None) -> dict[str, Any]:
+    """Run each policy on the workload; the JSON document (deterministic: no wall times;
+    those go to `timings`, policy -> seconds, when given)."""
     out: dict[str, Any] = {}
     hist: dict[str, int] = {}
     for p in policies:
@@ -73,6 +74,8 @@ def simulate(workload: Workload, policies: Sequence[str], *,
             p, workload, progress=bar)
         if bar is not None:
             bar.done(result)
+        if timings is not None:
+            timings[p] = result.seconds
         out[p] = summarize(result, workload)
         if p == "fairq":
             counts = Counter(r.preemptions for r in result.records)
