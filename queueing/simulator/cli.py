@@ -18,10 +18,11 @@ import yaml
 
 from .baselines import BASELINES, run_baseline
 from .engine import run_fairq
+from .history import load_usage_history
 from .metrics import HOUR, goals, summarize
 from .model import RunResult, Workload
 from .report import png_report, text_report
-from .scenario import ScenarioError, load_scenario, parse_settings
+from .scenario import ScenarioError, load_scenario, parse_scenario, parse_settings
 from .trace import TraceError, load_openb
 
 POLICIES = ("fairq", *BASELINES)
@@ -105,6 +106,10 @@ def parser() -> argparse.ArgumentParser:
                     f"$FAIRQ_SIM_TRACE or {DEFAULT_TRACE} when no --scenario lists jobs")
     ap.add_argument("--scenario", help="a YAML scenario; with --trace only its settings "
                     "sections (fair_share, priority, preemption, gpu_types) apply")
+    ap.add_argument("--history", metavar="FILE.csv", help="replay fairq's usage history (the "
+                    "CSV of manage.py export_usage) on --scenario's cluster, teams and tiers")
+    ap.add_argument("--history-tier", metavar="TIER",
+                    help="the tier of the history's jobs (the scenario's lowest)")
     ap.add_argument("--rho", type=float, default=1.2, help="offered load (trace), default 1.2")
     ap.add_argument("--days", type=float, default=30.0, help="last days of the trace (30)")
     ap.add_argument("--nodes", type=int, default=82, help="nodes sampled (82)")
@@ -130,6 +135,12 @@ def load_workload(args: argparse.Namespace) -> Workload:
             raise ScenarioError(f"{args.scenario}: {exc.strerror}") from None
         except yaml.YAMLError as exc:
             raise ScenarioError(f"{args.scenario}: not valid YAML: {exc}") from None
+    if args.history:
+        if not args.scenario or args.trace:
+            raise ScenarioError("--history: give --scenario (the cluster, teams and tiers) "
+                                "and no --trace")
+        w = load_usage_history(args.history, parse_scenario(doc), tier=args.history_tier)
+        return _no_preemption(w) if args.no_preemption else w
     trace = args.trace or (None if doc and isinstance(doc, dict) and doc.get("jobs") else
                            os.environ.get("FAIRQ_SIM_TRACE", DEFAULT_TRACE))
     if trace:
@@ -138,12 +149,14 @@ def load_workload(args: argparse.Namespace) -> Workload:
                        seed=args.seed, limit=args.limit, settings=settings)
     else:
         w = load_scenario(args.scenario)
-    if args.no_preemption:
-        st = w.scenario.settings
-        st = replace(st, preemption=replace(st.preemption, enabled=False))
-        w = replace(w, scenario=replace(w.scenario, settings=st),
-                    source={**w.source, "preemption": False})
-    return w
+    return _no_preemption(w) if args.no_preemption else w
+
+
+def _no_preemption(w: Workload) -> Workload:
+    st = w.scenario.settings
+    st = replace(st, preemption=replace(st.preemption, enabled=False))
+    return replace(w, scenario=replace(w.scenario, settings=st),
+                   source={**w.source, "preemption": False})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -219,6 +219,9 @@ def parse_scenario(doc: Any) -> Workload:
         every = _num(j, "every_seconds", w, default=0.0)
         submit = _num(j, "submit_seconds", w, default=0.0)
         reps = int(_num(j, "replicas", w, default=1, strict=True, integer=True))
+        if sum(n.gpus // g for n in nodes if n.gpu_type == gt) < reps:
+            raise ScenarioError(f"{w}.replicas: {reps} replicas of {g} GPUs never fit the "
+                                f"{gt} nodes")
         for k in range(count):
             jobs.append(SimJob(id=0, team=team, tier=tier, gpu_type=gt, gpus_per_replica=g,
                                replicas=reps, submit=submit + k * every, runtime=runtime,
