@@ -1,14 +1,15 @@
 """The discrete-event loop that replays a workload through fairq's pure policy
 (docs/simulator.md, "The loop").
 
-A virtual clock jumps from event to event: arrivals, finishes, and the instants a rule
-changes its answer with no job moving (a preemption's termination grace ends, rule R8; a
-job's minimum runtime ends, rule R3; a team's oldest preemption leaves the rate-limit
-window, rule R5). At each instant, after every event of that instant is applied, one
-cycle runs: snapshot → `plan_admissions` → apply, like the scheduler service, except that
-an admitted job starts at once (the simulated cluster) and a victim's GPUs are free at
-once. The bookkeeping rules come from `queueing.policy.cycle`, the decisions from
-`queueing.policy.admission`.
+A virtual clock jumps from event to event: arrivals, finishes, and the instants the
+service's periodic cycle would act with no job moving (the cycle after a preemption,
+which admits the preemptor, and its termination grace's end, rule R8; a job's minimum
+runtime ends, rule R3; a team's oldest preemption leaves the rate-limit window, rule R5).
+At each instant, after every event of that instant is applied, one cycle runs: snapshot →
+`plan_admissions` → apply, like the scheduler service, except that an admitted job starts
+at once (the simulated cluster) and a victim's GPUs are free at once. The bookkeeping
+rules come from `queueing.policy.cycle`, the decisions from `queueing.policy.admission`.
+tests/simulator/test_same_as_cycle.py holds the decisions to the real cycle's.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from queueing.policy.admission import plan_admissions
+from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.cycle import (
     Holding,
     Nomination,
@@ -69,9 +70,11 @@ def workload_name(job_id: int, attempt: int) -> str:
 
 
 def run_fairq(workload: Workload, *, progress: Progress | None = None,
-              max_seconds: float | None = None) -> RunResult:
+              max_seconds: float | None = None,
+              on_cycle: Callable[[float, Plan], None] | None = None) -> RunResult:
     """Replay `workload` through `plan_admissions`, a cycle at each event instant, until
-    every job has finished (or the virtual clock passes `max_seconds`)."""
+    every job has finished (or the virtual clock passes `max_seconds`). `on_cycle` is
+    called with each cycle's instant and plan."""
     t_wall = time.perf_counter()
     sc = workload.scenario
     st = sc.settings
@@ -194,6 +197,8 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
         )
         # --- decide
         plan = plan_admissions(snapshot)
+        if on_cycle is not None:
+            on_cycle(now_s, plan)
         # --- apply: victims first (R6), so their GPUs are free for nothing this pass; the
         # admissions were placed on GPUs that were free at the snapshot (rule A5).
         for p in plan.preemptions:
@@ -217,6 +222,9 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                 made.append((now, p.team))
             nominations.append(Nomination(p.preemptor_id, attempt_no[p.preemptor_id], now,
                                           tuple(names)))
+            # Rule R8: the preemptor is admitted by a later cycle: the service's next
+            # periodic one, or once the grace is over if it still does not fit then.
+            timer(now_s + st.cycle_seconds)
             timer(now_s + pre.termination_grace_seconds)
         for a in plan.admissions:
             q = queued.pop(a.job_id)

@@ -52,11 +52,14 @@ class PreemptionConfig:
 @dataclass(frozen=True, slots=True)
 class SimSettings:
     """The policy's knobs, with the service's defaults: half-life H (rule F1), the entry
-    penalty's recompute interval (F6, the cycle interval), priority weights (P1), billing
-    weights per GPU type (F1) and preemption (R1-R8)."""
+    penalty's recompute interval (F6, the cycle interval), the cycle interval, priority
+    weights (P1), billing weights per GPU type (F1) and preemption (R1-R8)."""
 
     half_life_hours: float = 168.0
     interval_seconds: float = 3.0
+    # FAIRQ_CYCLE_INTERVAL_SECONDS: the service's periodic cycle; a preemptor is admitted
+    # by the cycle after the one that preempted (rule R8), this much later at the latest.
+    cycle_seconds: float = 3.0
     priority: PriorityWeights = field(default_factory=PriorityWeights)
     billing_weights: Mapping[str, float] = field(default_factory=dict)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)

@@ -96,6 +96,8 @@ def parse_settings(doc: Mapping[str, Any]) -> SimSettings:
     return SimSettings(
         half_life_hours=_num(fs, "half_life_hours", "fair_share", default=168.0, strict=True),
         interval_seconds=_num(fs, "interval_seconds", "fair_share", default=3.0),
+        cycle_seconds=_num(doc, "cycle_seconds", "scenario",
+                           default=3.0, strict=True),
         priority=PriorityWeights(
             fair_share=_num(pr, "fair_share", "priority", default=d.fair_share),
             age=_num(pr, "age", "priority", default=d.age),
@@ -123,7 +125,7 @@ def parse_scenario(doc: Any) -> Workload:
     `jobs`, those jobs (else none: give a trace too)."""
     doc = _map(doc, "scenario")
     known = {"cluster", "gpu_types", "teams", "quotas", "tiers", "fair_share", "priority",
-             "preemption", "jobs", "horizon_seconds"}
+             "preemption", "jobs", "horizon_seconds", "cycle_seconds"}
     for key in doc:
         if key not in known:
             raise ScenarioError(f"{key}: unknown section; known: {', '.join(sorted(known))}")
