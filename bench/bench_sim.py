@@ -41,8 +41,9 @@ def main() -> int:
     ap.add_argument("--rho", default="0.9,1.2,1.5")
     args = ap.parse_args()
     if not (Path(args.trace) / "pods.csv").is_file():
-        note(f"the openb trace is not at {args.trace}: nothing to measure")
-        return 1
+        # Skipped, not failed: `make bench` runs every bench and stops at the first failure.
+        note(f"the openb trace is not at {args.trace} (set FAIRQ_SIM_TRACE): skipped")
+        return 0
     for rho_text in args.rho.split(","):
         rho = float(rho_text)
         tag = f"{rho:g}"
