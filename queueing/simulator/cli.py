@@ -1,0 +1,197 @@
+"""`fairq-sim` (also `manage.py simulate`): replay a trace or a scenario through fairq's
+policy and the baselines; text tables on stdout, `--json` for scripts, `--report` PNG.
+docs/simulator.md says how to run it and what every number means."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, TextIO
+
+import yaml
+
+from .baselines import BASELINES, run_baseline
+from .engine import run_fairq
+from .history import load_usage_history
+from .metrics import HOUR, goals, summarize
+from .model import RunResult, Workload
+from .report import png_report, text_report
+from .scenario import ScenarioError, load_scenario, parse_scenario, parse_settings
+from .trace import TraceError, load_openb
+
+POLICIES = ("fairq", *BASELINES)
+DEFAULT_TRACE = "/work/shared/traces/alibaba-openb-2023"
+
+
+class _Progress:
+    """A one-line progress bar on stderr (`\\r`), redrawn at most 5 times a second."""
+
+    def __init__(self, label: str, horizon: float, out: TextIO) -> None:
+        self.label, self.horizon, self.out = label, horizon, out
+        self.last = 0.0
+
+    def __call__(self, now: float) -> None:
+        t = time.monotonic()
+        if t - self.last < 0.2:
+            return
+        self.last = t
+        frac = min(1.0, now / self.horizon) if self.horizon > 0 else 1.0
+        bar = "#" * int(30 * frac)
+        tail = "" if now <= self.horizon else f" draining {now / HOUR:.1f} h"
+        self.out.write(f"\r{self.label:7} [{bar:30}] {100 * frac:5.1f}%{tail}   ")
+        self.out.flush()
+
+    def done(self, result: RunResult) -> None:
+        self.out.write(f"\r{self.label:7} [{'#' * 30}] done: {result.cycles} cycles, "
+                       f"{result.seconds:.1f} s{' ' * 20}\n")
+        self.out.flush()
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 6)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def simulate(workload: Workload, policies: Sequence[str], *, progress_out: TextIO | None = None,
+             timings: dict[str, float] | None = None) -> dict[str, Any]:
+    """Run each policy on the workload; the JSON document (deterministic: no wall times;
+    those go to `timings`, policy -> seconds, when given)."""
+    out: dict[str, Any] = {}
+    hist: dict[str, int] = {}
+    for p in policies:
+        bar = _Progress(p, workload.horizon, progress_out) if progress_out else None
+        result = run_fairq(workload, progress=bar) if p == "fairq" else run_baseline(
+            p, workload, progress=bar)
+        if bar is not None:
+            bar.done(result)
+        if timings is not None:
+            timings[p] = result.seconds
+        out[p] = summarize(result, workload)
+        if p == "fairq":
+            counts = Counter(r.preemptions for r in result.records)
+            hist = {str(k): v for k, v in sorted(counts.items())}
+    sc = workload.scenario
+    doc = {
+        "source": dict(workload.source),
+        "cluster": {"nodes": len(sc.nodes), "gpus": sc.total_gpus,
+                    "gpus_per_node": dict(sorted(Counter(str(n.gpus) for n in sc.nodes).items()))},
+        "horizon_hours": workload.horizon / HOUR,
+        "policies": out,
+        "preemption_histogram": hist,
+        "goals": goals(out, high_tier=_high_tier(workload)),
+    }
+    return _rounded(doc)  # type: ignore[no-any-return]
+
+
+def _high_tier(workload: Workload) -> str:
+    return max(workload.scenario.tiers, key=lambda t: t.rank).name
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="fairq-sim", description="Replay a trace or a scenario through fairq's policy "
+        "and the FIFO, greedy and EASY backfill baselines (docs/simulator.md).")
+    ap.add_argument("--trace", help="the openb trace directory (nodes.csv, pods.csv); default "
+                    f"$FAIRQ_SIM_TRACE or {DEFAULT_TRACE} when no --scenario lists jobs")
+    ap.add_argument("--scenario", help="a YAML scenario; with --trace only its settings "
+                    "sections (fair_share, priority, preemption, gpu_types) apply")
+    ap.add_argument("--history", metavar="FILE.csv", help="replay fairq's usage history (the "
+                    "CSV of manage.py export_usage) on --scenario's cluster, teams and tiers")
+    ap.add_argument("--history-tier", metavar="TIER",
+                    help="the tier of the history's jobs (the scenario's lowest)")
+    ap.add_argument("--rho", type=float, default=1.2, help="offered load (trace), default 1.2")
+    ap.add_argument("--days", type=float, default=30.0, help="last days of the trace (30)")
+    ap.add_argument("--nodes", type=int, default=82, help="nodes sampled (82)")
+    ap.add_argument("--gpus", type=int, default=429, help="GPUs of the sampled nodes (429)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the node sample (0)")
+    ap.add_argument("--limit", type=int, help="only the first N jobs of the trace")
+    ap.add_argument("--no-preemption", action="store_true", help="fairq with preemption off")
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help=f"comma-separated, of {', '.join(POLICIES)} (all)")
+    ap.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
+    ap.add_argument("--report", metavar="FILE.png", help="write the PNG report")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar, no tables")
+    return ap
+
+
+def load_workload(args: argparse.Namespace) -> Workload:
+    doc = None
+    if args.scenario:
+        try:
+            with open(args.scenario) as fh:
+                doc = yaml.safe_load(fh)
+        except OSError as exc:
+            raise ScenarioError(f"{args.scenario}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ScenarioError(f"{args.scenario}: not valid YAML: {exc}") from None
+    if args.history:
+        if not args.scenario or args.trace:
+            raise ScenarioError("--history: give --scenario (the cluster, teams and tiers) "
+                                "and no --trace")
+        w = load_usage_history(args.history, parse_scenario(doc), tier=args.history_tier)
+        return _no_preemption(w) if args.no_preemption else w
+    trace = args.trace or (None if doc and isinstance(doc, dict) and doc.get("jobs") else
+                           os.environ.get("FAIRQ_SIM_TRACE", DEFAULT_TRACE))
+    if trace:
+        settings = parse_settings(doc) if isinstance(doc, dict) else None
+        w = load_openb(trace, rho=args.rho, days=args.days, nodes=args.nodes, gpus=args.gpus,
+                       seed=args.seed, limit=args.limit, settings=settings)
+    else:
+        w = load_scenario(args.scenario)
+    return _no_preemption(w) if args.no_preemption else w
+
+
+def _no_preemption(w: Workload) -> Workload:
+    st = w.scenario.settings
+    st = replace(st, preemption=replace(st.preemption, enabled=False))
+    return replace(w, scenario=replace(w.scenario, settings=st),
+                   source={**w.source, "preemption": False})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad or not policies:
+        ap.error(f"--policies: unknown {', '.join(bad) or '(none given)'}; "
+                 f"choose from {', '.join(POLICIES)}")
+    if args.rho <= 0 or args.days <= 0 or args.nodes <= 0 or args.gpus <= 0:
+        ap.error("--rho, --days, --nodes and --gpus must be > 0")
+    if args.limit is not None and args.limit <= 0:
+        ap.error("--limit must be > 0")
+    try:
+        workload = load_workload(args)
+        if not workload.jobs:
+            raise ScenarioError("no jobs: give --trace, or a scenario with a jobs section")
+    except (ScenarioError, TraceError) as exc:
+        print(f"fairq-sim: {exc}", file=sys.stderr)
+        return 2
+    doc = simulate(workload, policies, progress_out=None if args.quiet else sys.stderr)
+    if args.json:
+        text = json.dumps(doc, sort_keys=True, indent=1) + "\n"
+        if args.json == "-":
+            sys.stdout.write(text)
+        else:
+            with open(args.json, "w") as fh:
+                fh.write(text)
+    if args.report:
+        png_report(doc, args.report)
+    if not args.quiet and args.json != "-":
+        sys.stdout.write(text_report(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

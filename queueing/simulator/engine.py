@@ -1,0 +1,257 @@
+"""The discrete-event loop that replays a workload through fairq's pure policy
+(docs/simulator.md, "The loop").
+
+A virtual clock jumps from event to event: arrivals, finishes, and the instants the
+service's periodic cycle would act with no job moving (the cycle after a preemption,
+which admits the preemptor, and its termination grace's end, rule R8; a job's minimum
+runtime ends, rule R3; a team's oldest preemption leaves the rate-limit window, rule R5).
+At each instant, after every event of that instant is applied, one cycle runs: snapshot →
+`plan_admissions` → apply, like the scheduler service, except that an admitted job starts
+at once (the simulated cluster) and a victim's GPUs are free at once. The bookkeeping
+rules come from `queueing.policy.cycle`, the decisions from `queueing.policy.admission`.
+tests/simulator/test_same_as_cycle.py holds the decisions to the real cycle's.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from queueing.policy.admission import Plan, plan_admissions
+from queueing.policy.cycle import (
+    Holding,
+    Nomination,
+    active_teams,
+    nominated_preemptors,
+    preemptions_in_window,
+    requeue_victim,
+    standings_running_and_penalty,
+)
+from queueing.policy.fairshare import (
+    Accumulator,
+    FairShareState,
+    TeamUsageInput,
+    compute_standings,
+)
+from queueing.policy.snapshot import (
+    NodeState,
+    PreemptionSettings,
+    QueuedJob,
+    RunningJob,
+    Snapshot,
+)
+
+from .model import Attempt, JobRecord, RunResult, SimJob, Workload
+
+# The simulation's instant 0. Any fixed aware instant works: the policy only looks at
+# differences (ages, decay).
+EPOCH = datetime(2023, 1, 1, tzinfo=UTC)
+
+Progress = Callable[[float], None]
+
+_ARRIVAL, _FINISH, _TIMER = 0, 1, 2
+
+
+def at(seconds: float) -> datetime:
+    return EPOCH + timedelta(seconds=seconds)
+
+
+@dataclass(slots=True)
+class _Running:
+    job: RunningJob
+    start: float
+
+
+def workload_name(job_id: int, attempt: int) -> str:
+    return f"fq-{job_id}-{attempt}"
+
+
+def run_fairq(workload: Workload, *, progress: Progress | None = None,
+              max_seconds: float | None = None,
+              on_cycle: Callable[[float, Plan], None] | None = None) -> RunResult:
+    """Replay `workload` through `plan_admissions`, a cycle at each event instant, until
+    every job has finished (or the virtual clock passes `max_seconds`). `on_cycle` is
+    called with each cycle's instant and plan."""
+    t_wall = time.perf_counter()
+    sc = workload.scenario
+    st = sc.settings
+    pre = st.preemption
+    tiers = {t.name: t for t in sc.tiers}
+    jobs = {j.id: j for j in workload.jobs}
+    billing = st.billing_weights
+    h = st.half_life_hours
+    teams = {t.name: t for t in sc.teams}
+    acc = {t: Accumulator(0.0, EPOCH) for t in teams}
+    free = {n.name: n.gpus for n in sc.nodes}
+    node_specs = sc.nodes
+
+    events: list[tuple[float, int, int, int, int]] = []
+    seq = 0
+
+    def push(t: float, kind: int, job_id: int = 0, attempt: int = 0) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(events, (t, kind, seq, job_id, attempt))
+
+    for j in workload.jobs:
+        push(j.submit, _ARRIVAL, j.id)
+
+    queued: dict[int, QueuedJob] = {}
+    running: dict[int, _Running] = {}
+    attempt_no: dict[int, int] = {j.id: 0 for j in workload.jobs}
+    attempts: dict[int, list[Attempt]] = {j.id: [] for j in workload.jobs}
+    finished: dict[int, float] = {}
+    made: list[tuple[datetime, str]] = []  # (instant, preemptor team) per victim (R5)
+    nominations: list[Nomination] = []
+    cycles = 0
+    now_s = 0.0
+
+    timers: set[float] = set()
+
+    def timer(t: float) -> None:
+        if t > now_s and t not in timers:
+            timers.add(t)
+            push(t, _TIMER)
+
+    def queue_job(j: SimJob) -> None:
+        queued[j.id] = QueuedJob(
+            id=j.id, team=j.team, gpu_type=j.gpu_type, gpus_per_replica=j.gpus_per_replica,
+            replicas=j.replicas, tier_rank=tiers[j.tier].rank, submitted_at=at(j.submit))
+
+    def charge(team: str, gpus: int, gpu_type: str, start: float, end: float) -> None:
+        if end > start:
+            acc[team] = acc[team].add_interval(
+                rate=gpus * billing.get(gpu_type, 1.0), start=at(start), end=at(end),
+                half_life_hours=h)
+
+    def release(r: RunningJob) -> None:
+        for name in r.nodes:
+            free[name] += r.gpus_per_replica
+
+    while events:
+        now_s = events[0][0]
+        if max_seconds is not None and now_s > max_seconds:
+            break
+        while events and events[0][0] == now_s:
+            _, kind, _, job_id, attempt = heapq.heappop(events)
+            if kind == _TIMER:
+                timers.discard(now_s)
+            elif kind == _ARRIVAL:
+                queue_job(jobs[job_id])
+            elif kind == _FINISH:
+                r = running.get(job_id)
+                if r is None or attempt_no[job_id] != attempt:
+                    continue  # a preempted attempt's stale finish
+                del running[job_id]
+                release(r.job)
+                j = jobs[job_id]
+                charge(j.team, j.gpus, j.gpu_type, r.start, now_s)
+                attempts[job_id].append(Attempt(r.start, now_s, preempted=False))
+                finished[job_id] = now_s
+        if not queued:
+            continue
+        now = at(now_s)
+        cycles += 1
+        # --- snapshot (the selectors' part of the service, on the simulator's state)
+        holding = [Holding(r.job.team, r.job.total_gpus, billing.get(r.job.gpu_type, 1.0),
+                           r.job.started_at) for r in running.values()]
+        open_intervals, penalty = standings_running_and_penalty(
+            holding, now=now, interval_seconds=st.interval_seconds)
+        with_work = {q.team for q in queued.values()} | {r.job.team for r in running.values()}
+        usage_now = {t: a.at(now, h) for t, a in acc.items()}
+        active = active_teams(usage=usage_now, with_work=with_work)
+        standings = compute_standings(
+            [TeamUsageInput(team=t, weight=spec.weight, accumulator=acc[t],
+                            running=tuple(open_intervals.get(t, ())), parent=spec.parent,
+                            active=t in active)
+             for t, spec in teams.items()],
+            now=now, half_life_hours=h, extra_usage=penalty)
+        made = [m for m in made if (now - m[0]).total_seconds() < pre.window_seconds]
+        nominations = [n for n in nominations
+                       if (now - n.at).total_seconds() <= pre.nomination_seconds]
+        nominated = nominated_preemptors(
+            nominations, now=now,
+            queued_attempts={n.job_id: attempt_no[n.job_id] for n in nominations
+                             if n.job_id in queued},
+            live_workloads=(), grace_seconds=pre.termination_grace_seconds,
+            nomination_seconds=pre.nomination_seconds)
+        snapshot = Snapshot(
+            now=now,
+            nodes=tuple(NodeState(n.name, n.gpu_type, n.gpus, free[n.name]) for n in node_specs),
+            queued=tuple(queued.values()),
+            running=tuple(r.job for r in running.values()),
+            quotas=sc.quotas,
+            fair_share={t: s.factor for t, s in standings.items()},
+            fair_share_state=FairShareState.from_standings(standings),
+            priority_weights=st.priority,
+            billing_weights=billing,
+            interval_seconds=st.interval_seconds,
+            nominated=nominated,
+            preemption=PreemptionSettings(
+                enabled=pre.enabled, max_per_team=pre.max_per_team,
+                used=preemptions_in_window(made, now=now, window_seconds=pre.window_seconds),
+                max_searches=pre.max_searches),
+        )
+        # --- decide
+        plan = plan_admissions(snapshot)
+        if on_cycle is not None:
+            on_cycle(now_s, plan)
+        # --- apply: victims first (R6), so their GPUs are free for nothing this pass; the
+        # admissions were placed on GPUs that were free at the snapshot (rule A5).
+        for p in plan.preemptions:
+            if p.preemptor_id not in queued:
+                continue
+            names = []
+            for v in p.victims:
+                r = running.pop(v.job_id)
+                release(r.job)
+                j = jobs[v.job_id]
+                old = attempt_no[v.job_id]
+                names.append(workload_name(v.job_id, old))
+                requeued = requeue_victim(
+                    attempt=old, submitted_at=at(j.submit), started_at=r.job.started_at,
+                    now=now, gpus=j.gpus, billing_weight=billing.get(j.gpu_type, 1.0),
+                    accumulator=acc[j.team], half_life_hours=h)
+                acc[j.team] = requeued.accumulator
+                attempt_no[v.job_id] = requeued.attempt
+                attempts[v.job_id].append(Attempt(r.start, now_s, preempted=True))
+                queue_job(j)
+                made.append((now, p.team))
+            nominations.append(Nomination(p.preemptor_id, attempt_no[p.preemptor_id], now,
+                                          tuple(names)))
+            # Rule R8: the preemptor is admitted by a later cycle: the service's next
+            # periodic one, or once the grace is over if it still does not fit then.
+            timer(now_s + st.cycle_seconds)
+            timer(now_s + pre.termination_grace_seconds)
+        for a in plan.admissions:
+            q = queued.pop(a.job_id)
+            j = jobs[a.job_id]
+            tier = tiers[j.tier]
+            for name in a.placement:
+                free[name] -= j.gpus_per_replica
+            running[a.job_id] = _Running(
+                RunningJob(id=j.id, team=j.team, gpu_type=j.gpu_type,
+                           gpus_per_replica=j.gpus_per_replica, replicas=j.replicas,
+                           tier_rank=q.tier_rank, preemptible=tier.preemptible, started_at=now,
+                           min_runtime_seconds=tier.min_runtime_seconds, nodes=a.placement),
+                now_s)
+            push(now_s + j.runtime, _FINISH, j.id, attempt_no[j.id])
+            if tier.preemptible and tier.min_runtime_seconds > 0:
+                timer(now_s + tier.min_runtime_seconds)
+        if pre.max_per_team is not None and made:
+            # Rule R5: a team at its limit may preempt again once its oldest preemption
+            # leaves the window; the service's periodic cycle would notice, so wake up then.
+            used = preemptions_in_window(made, now=now, window_seconds=pre.window_seconds)
+            for team, n in sorted(used.items()):
+                if n >= pre.max_per_team:
+                    oldest = min(m[0] for m in made if m[1] == team)
+                    timer((oldest - EPOCH).total_seconds() + pre.window_seconds)
+        if progress is not None:
+            progress(now_s)
+
+    records = tuple(JobRecord(j, tuple(attempts[j.id]), finished.get(j.id))
+                    for j in workload.jobs)
+    return RunResult("fairq", records, cycles, now_s, time.perf_counter() - t_wall)

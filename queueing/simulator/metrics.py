@@ -1,0 +1,251 @@
+"""What a run is measured by (docs/simulator.md, "Metrics"; fairness is rule M1 of
+docs/scheduling.md). Everything is computed from the per-job records, the same way for
+fairq and each baseline.
+
+- wait of a job: the total time it spent queued, over all its attempts (a preempted job
+  waits again); percentiles are nearest-rank.
+- delivered GPU-hours: GPUs × time of the attempts that were not preempted, inside the
+  measuring window [0, horizon] (the arrival span); lost GPU-hours: the same for the
+  attempts that were preempted (work thrown away: no checkpoints in a trace).
+- utilization: GPUs held (by any attempt) / the cluster's GPUs, per `UTIL_BIN` seconds.
+- fairness (rule M1): per hour of the window and team, demand = GPU-hours of its jobs
+  submitted and not finished; fair = weighted max-min allocation of the hour's GPU-hours
+  over the demands; delivered = GPU-hours its attempts held. Over the hours in which the
+  team had a job queued, deviation = 100 × (Σ delivered / Σ all teams' delivered −
+  Σ fair / Σ all teams' fair), in points.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from .model import JobRecord, RunResult, Workload
+
+HOUR = 3600.0
+UTIL_BIN = 600.0
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (0 for no values)."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    k = max(1, math.ceil(p / 100.0 * len(s)))
+    return float(s[k - 1])
+
+
+def queued_intervals(rec: JobRecord, end: float) -> list[tuple[float, float]]:
+    """When the job waited: from submit to its first start, from each preemption to the
+    next start, and to `end` when it never (re)started."""
+    out = []
+    t = rec.job.submit
+    for a in rec.attempts:
+        if a.start > t:
+            out.append((t, a.start))
+        if not a.preempted:
+            return out
+        t = a.end
+    if end > t:
+        out.append((t, end))
+    return out
+
+
+def wait_seconds(rec: JobRecord, end: float) -> float:
+    return sum(e - s for s, e in queued_intervals(rec, end))
+
+
+def overlap(s: float, e: float, lo: float, hi: float) -> float:
+    return max(0.0, min(e, hi) - max(s, lo))
+
+
+def _spread(bins: list[float], width: float, s: float, e: float, value: float) -> None:
+    """Add `value` × (time of [s, e] inside each bin) to the bins."""
+    if e <= s:
+        return
+    first = int(s // width)
+    last = min(len(bins) - 1, int(e // width))
+    for b in range(first, last + 1):
+        if b >= len(bins):
+            break
+        bins[b] += value * overlap(s, e, b * width, (b + 1) * width)
+
+
+def weighted_max_min(demand: Mapping[str, float], weight: Mapping[str, float],
+                     capacity: float) -> dict[str, float]:
+    """Rule M1: the weighted max-min fair allocation of `capacity` (water-filling): no
+    team gets more than its demand, and the rest is split in proportion to weight among
+    the teams still wanting more, until the capacity or the demands run out."""
+    alloc = dict.fromkeys(demand, 0.0)
+    left = capacity
+    want = sorted(t for t, d in demand.items() if d > 0 and weight.get(t, 0) > 0)
+    while want and left > 1e-12:
+        w_total = sum(weight[t] for t in want)
+        level = left / w_total
+        satisfied = [t for t in want if demand[t] - alloc[t] <= level * weight[t] + 1e-12]
+        if not satisfied:
+            for t in want:
+                alloc[t] += level * weight[t]
+            break
+        for t in satisfied:
+            left -= demand[t] - alloc[t]
+            alloc[t] = demand[t]
+        want = [t for t in want if t not in satisfied]
+    return alloc
+
+
+def _group_stats(recs: Iterable[JobRecord], *, horizon: float, end: float) -> dict[str, float]:
+    recs = list(recs)
+    waits = [wait_seconds(r, end) / 60.0 for r in recs]
+    delivered = lost = 0.0
+    for r in recs:
+        for a in r.attempts:
+            gpu_h = r.job.gpus * overlap(a.start, a.end, 0.0, horizon) / HOUR
+            if a.preempted:
+                lost += gpu_h
+            else:
+                delivered += gpu_h
+    pre = [r.preemptions for r in recs]
+    return {
+        "jobs": len(recs),
+        "wait_p50_min": percentile(waits, 50),
+        "wait_p95_min": percentile(waits, 95),
+        "wait_p99_min": percentile(waits, 99),
+        "delivered_gpu_hours": delivered,
+        "lost_gpu_hours": lost,
+        "preemptions": sum(pre),
+        "jobs_preempted": sum(1 for p in pre if p),
+        "max_preemptions_per_job": max(pre, default=0),
+    }
+
+
+def fairness(result: RunResult, workload: Workload) -> dict[str, object]:
+    """Rule M1 for one run: per team the delivered and fair shares over the hours it had
+    work queued, their deviation in points, and the per-hour deviations' largest value."""
+    sc = workload.scenario
+    weight = {t.name: t.weight for t in sc.teams}
+    teams = sorted(weight)
+    horizon = workload.horizon
+    n = max(1, math.ceil(horizon / HOUR))
+    demand = {t: [0.0] * n for t in teams}
+    used = {t: [0.0] * n for t in teams}
+    waiting = {t: [False] * n for t in teams}
+    end = result.end
+    for r in result.records:
+        t, gpus = r.job.team, r.job.gpus
+        done = r.finished if r.finished is not None else end
+        _spread(demand[t], HOUR, r.job.submit, min(done, horizon), gpus / HOUR)
+        for a in r.attempts:
+            _spread(used[t], HOUR, a.start, min(a.end, horizon), gpus / HOUR)
+        for s, e in queued_intervals(r, end):
+            e = min(e, horizon)
+            for b in range(int(s // HOUR), min(n - 1, int(e // HOUR)) + 1):
+                if overlap(s, e, b * HOUR, (b + 1) * HOUR) > 0:
+                    waiting[t][b] = True
+    fair = {t: [0.0] * n for t in teams}
+    for b in range(n):
+        length = overlap(b * HOUR, (b + 1) * HOUR, 0.0, horizon) / HOUR
+        alloc = weighted_max_min({t: demand[t][b] for t in teams}, weight,
+                                 sc.total_gpus * length)
+        for t in teams:
+            fair[t][b] = alloc[t]
+    out: dict[str, object] = {}
+    worst = 0.0
+    for t in teams:
+        hours = [b for b in range(n) if waiting[t][b]]
+        got = sum(used[t][b] for b in hours)
+        got_all = sum(used[x][b] for x in teams for b in hours)
+        owed = sum(fair[t][b] for b in hours)
+        owed_all = sum(fair[x][b] for x in teams for b in hours)
+        delivered_share = got / got_all if got_all > 0 else 0.0
+        fair_share = owed / owed_all if owed_all > 0 else 0.0
+        per_hour = []
+        for b in hours:
+            u_all = sum(used[x][b] for x in teams)
+            f_all = sum(fair[x][b] for x in teams)
+            if u_all > 0 and f_all > 0:
+                per_hour.append(100.0 * (used[t][b] / u_all - fair[t][b] / f_all))
+        dev = 100.0 * (delivered_share - fair_share) if hours else 0.0
+        worst = max(worst, abs(dev))
+        out[t] = {
+            "weight": weight[t],
+            "hours_waiting": len(hours),
+            "delivered_share": delivered_share,
+            "fair_share": fair_share,
+            "deviation_points": dev,
+            "max_hourly_deviation_points": max((abs(x) for x in per_hour), default=0.0),
+        }
+    return {"teams": out, "max_deviation_points": worst}
+
+
+def utilization(result: RunResult, workload: Workload) -> list[float]:
+    """GPUs held / the cluster's GPUs, per `UTIL_BIN` seconds from 0 to the run's end."""
+    n = max(1, math.ceil(result.end / UTIL_BIN))
+    bins = [0.0] * n
+    for r in result.records:
+        for a in r.attempts:
+            _spread(bins, UTIL_BIN, a.start, a.end, r.job.gpus)
+    cap = workload.scenario.total_gpus * UTIL_BIN
+    return [b / cap for b in bins]
+
+
+def summarize(result: RunResult, workload: Workload) -> dict[str, object]:
+    """Everything one run is measured by, as plain JSON values."""
+    horizon, end = workload.horizon, result.end
+    recs = result.records
+    by: dict[str, dict[str, list[JobRecord]]] = {"tiers": {}, "teams": {}, "sizes": {}}
+    for r in recs:
+        by["tiers"].setdefault(r.job.tier, []).append(r)
+        by["teams"].setdefault(r.job.team, []).append(r)
+        by["sizes"].setdefault(str(r.job.gpus), []).append(r)
+    unfinished = sum(1 for r in recs if r.finished is None)
+    rank = {t.name: t.rank for t in workload.scenario.tiers}
+    order: dict[str, Callable[[str], Any]] = {
+        "tiers": lambda x: (-rank.get(x, 0), x), "teams": lambda x: x, "sizes": int}
+    return {
+        "cycles": result.cycles,
+        "end_hours": end / HOUR,
+        "unfinished_jobs": unfinished,
+        "overall": _group_stats(recs, horizon=horizon, end=end),
+        **{k: {name: _group_stats(v[name], horizon=horizon, end=end)
+               for name in sorted(v, key=order[k])} for k, v in by.items()},
+        "fairness": fairness(result, workload),
+        "utilization": {"bin_seconds": UTIL_BIN, "series": utilization(result, workload)},
+    }
+
+
+def goals(policies: Mapping[str, Mapping[str, object]], *, high_tier: str = "high",
+          large_gpus: str = "8") -> dict[str, float]:
+    """The issue's goal metrics for the fairq run against its baselines (reported, not
+    asserted): delivered vs greedy and EASY (%), lost / delivered (%), most preemptions
+    of one job, the high tier's p95 wait, the 8-GPU p95 wait vs greedy backfill's, and
+    the largest fairness deviation."""
+
+    def stat(policy: str, *path: str) -> float:
+        node: object = policies[policy]
+        for p in path:
+            if not isinstance(node, Mapping) or p not in node:
+                return 0.0
+            node = node[p]
+        return float(node) if isinstance(node, int | float) else 0.0
+
+    out: dict[str, float] = {}
+    if "fairq" not in policies:
+        return out
+    d = stat("fairq", "overall", "delivered_gpu_hours")
+    for base in ("greedy", "easy", "fifo"):
+        if base in policies:
+            b = stat(base, "overall", "delivered_gpu_hours")
+            out[f"delivered_vs_{base}_pct"] = 100.0 * d / b if b else 0.0
+    out["lost_pct_of_delivered"] = 100.0 * stat("fairq", "overall", "lost_gpu_hours") / d if d else 0.0
+    out["max_preemptions_per_job"] = stat("fairq", "overall", "max_preemptions_per_job")
+    out["preemptions"] = stat("fairq", "overall", "preemptions")
+    out[f"{high_tier}_p95_wait_min"] = stat("fairq", "tiers", high_tier, "wait_p95_min")
+    out[f"gpus{large_gpus}_p95_wait_min"] = stat("fairq", "sizes", large_gpus, "wait_p95_min")
+    for base in ("greedy", "easy"):
+        if base in policies:
+            out[f"gpus{large_gpus}_p95_wait_{base}_min"] = stat(
+                base, "sizes", large_gpus, "wait_p95_min")
+    out["fairness_max_deviation_points"] = stat("fairq", "fairness", "max_deviation_points")
+    return out

@@ -1,0 +1,145 @@
+"""What a simulation runs on (docs/simulator.md): a scenario (cluster, teams, tiers,
+quotas, settings) and a workload (jobs with submit times and true runtimes), and what
+each policy's run gives back (one record per job). Plain frozen dataclasses; times are
+seconds from the start of the simulation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from queueing.policy.priority import PriorityWeights
+from queueing.policy.snapshot import QuotaLimit
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    name: str
+    gpu_type: str
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class TeamSpec:
+    name: str
+    weight: float
+    parent: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TierSpec:
+    """A tier: higher `rank` first; `preemptible` False never a victim (rule R3), nor one
+    that has run less than `min_runtime_seconds`."""
+
+    name: str
+    rank: int
+    preemptible: bool = True
+    min_runtime_seconds: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionConfig:
+    """Rules R1-R8, with the service's defaults (config/settings/base.py: FAIRQ_PREEMPTION_*)."""
+
+    enabled: bool = True
+    max_per_team: int | None = 20
+    window_seconds: float = 600.0
+    termination_grace_seconds: float = 30.0
+    nomination_seconds: float = 600.0
+    max_searches: int = 32
+
+
+@dataclass(frozen=True, slots=True)
+class SimSettings:
+    """The policy's knobs, with the service's defaults: half-life H (rule F1), the entry
+    penalty's recompute interval (F6, the cycle interval), the cycle interval, priority
+    weights (P1), billing weights per GPU type (F1) and preemption (R1-R8)."""
+
+    half_life_hours: float = 168.0
+    interval_seconds: float = 3.0
+    # FAIRQ_CYCLE_INTERVAL_SECONDS: the service's periodic cycle; a preemptor is admitted
+    # by the cycle after the one that preempted (rule R8), this much later at the latest.
+    cycle_seconds: float = 3.0
+    priority: PriorityWeights = field(default_factory=PriorityWeights)
+    billing_weights: Mapping[str, float] = field(default_factory=dict)
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    nodes: tuple[NodeSpec, ...]
+    teams: tuple[TeamSpec, ...]
+    tiers: tuple[TierSpec, ...]
+    # (team, GPU type) -> quota (rule Q1); absent: nominal 0, borrowing unlimited.
+    quotas: Mapping[tuple[str, str], QuotaLimit] = field(default_factory=dict)
+    settings: SimSettings = field(default_factory=SimSettings)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+    def tier(self, name: str) -> TierSpec:
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+
+@dataclass(frozen=True, slots=True)
+class SimJob:
+    """One job of the workload. `runtime` is how long it runs once started (it loses its
+    run when preempted and starts over); `estimate` the runtime a backfilling scheduler
+    is told (max_runtime_seconds), never below `runtime`."""
+
+    id: int
+    team: str
+    tier: str
+    gpu_type: str
+    gpus_per_replica: int
+    replicas: int
+    submit: float
+    runtime: float
+    estimate: float
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_replica * self.replicas
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    scenario: Scenario
+    jobs: tuple[SimJob, ...]
+    # The measuring window [0, horizon] (delivered GPU-hours count inside it).
+    horizon: float
+    source: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    start: float
+    end: float
+    preempted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What happened to one job in one policy's run: its attempts in order; `finished`
+    is the end of the attempt that completed (None if the run stopped first)."""
+
+    job: SimJob
+    attempts: tuple[Attempt, ...]
+    finished: float | None
+
+    @property
+    def preemptions(self) -> int:
+        return sum(1 for a in self.attempts if a.preempted)
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    policy: str
+    records: tuple[JobRecord, ...]
+    cycles: int
+    end: float
+    seconds: float

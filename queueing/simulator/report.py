@@ -1,0 +1,124 @@
+"""The PNG report of a simulation (matplotlib, Agg backend: no display needed) and the
+text tables printed on stdout."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+POLICY_ORDER = ("fairq", "fifo", "greedy", "easy")
+
+
+def _ordered(policies: Mapping[str, Any]) -> list[str]:
+    return [p for p in POLICY_ORDER if p in policies] + sorted(
+        p for p in policies if p not in POLICY_ORDER)
+
+
+def text_report(doc: Mapping[str, Any]) -> str:
+    """Tables: per policy overall, per tier and size, per team (with fairness), goals."""
+    pol = doc["policies"]
+    names = _ordered(pol)
+    lines = [f"workload: {doc['source']}", f"horizon: {doc['horizon_hours']:.2f} h", ""]
+    hdr = (f"{'policy':8} {'deliv GPU-h':>11} {'lost GPU-h':>10} {'preempt':>7} {'max/job':>7} "
+           f"{'p50 min':>8} {'p95 min':>8} {'p99 min':>8} {'fair dev':>8} {'cycles':>7}")
+    lines += [hdr, "-" * len(hdr)]
+    for p in names:
+        o = pol[p]["overall"]
+        lines.append(
+            f"{p:8} {o['delivered_gpu_hours']:11.1f} {o['lost_gpu_hours']:10.1f} "
+            f"{o['preemptions']:7d} {o['max_preemptions_per_job']:7d} {o['wait_p50_min']:8.1f} "
+            f"{o['wait_p95_min']:8.1f} {o['wait_p99_min']:8.1f} "
+            f"{pol[p]['fairness']['max_deviation_points']:8.1f} {pol[p]['cycles']:7d}")
+    for group, label in (("tiers", "tier"), ("sizes", "GPUs"), ("teams", "team")):
+        lines += ["", f"{label:8} {'policy':8} {'jobs':>6} {'p50 min':>8} {'p95 min':>8} "
+                      f"{'p99 min':>8} {'deliv GPU-h':>11} {'lost GPU-h':>10} {'preempt':>7}"]
+        keys = list(pol[names[0]][group])
+        for k in keys:
+            for p in names:
+                s = pol[p][group].get(k)
+                if s is None:
+                    continue
+                lines.append(
+                    f"{k:8} {p:8} {s['jobs']:6d} {s['wait_p50_min']:8.1f} {s['wait_p95_min']:8.1f} "
+                    f"{s['wait_p99_min']:8.1f} {s['delivered_gpu_hours']:11.1f} "
+                    f"{s['lost_gpu_hours']:10.1f} {s['preemptions']:7d}")
+    lines += ["", f"{'team':8} {'policy':8} {'weight':>6} {'hours':>5} {'delivered %':>11} "
+                  f"{'fair %':>7} {'dev pts':>7}"]
+    for team in pol[names[0]]["fairness"]["teams"]:
+        for p in names:
+            f = pol[p]["fairness"]["teams"][team]
+            lines.append(f"{team:8} {p:8} {f['weight']:6g} {f['hours_waiting']:5d} "
+                         f"{100 * f['delivered_share']:11.1f} {100 * f['fair_share']:7.1f} "
+                         f"{f['deviation_points']:7.1f}")
+    if doc.get("goals"):
+        lines += ["", "goals (fairq):"]
+        lines += [f"  {k} {v:.2f}" for k, v in doc["goals"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def png_report(doc: Mapping[str, Any], path: str) -> None:
+    """Six plots: utilization over time, p95 wait per tier and per size, delivered and
+    lost GPU-hours, fairness deviation per team, preemptions per job (fairq)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pol = doc["policies"]
+    names = _ordered(pol)
+    fig, axes = plt.subplots(2, 3, figsize=(18, 10))
+    ax = axes[0][0]
+    for p in names:
+        u = pol[p]["utilization"]
+        xs = [i * u["bin_seconds"] / 3600.0 for i in range(len(u["series"]))]
+        ax.plot(xs, [100 * v for v in u["series"]], label=p, linewidth=1)
+    ax.axvline(doc["horizon_hours"], color="grey", linestyle=":", label="horizon")
+    ax.set(title="GPU utilization", xlabel="hours", ylabel="% of GPUs held", ylim=(0, 105))
+    ax.legend()
+
+    def bars(ax: Any, group: str, metric: str, title: str, ylabel: str) -> None:
+        keys = list(pol[names[0]][group])
+        width = 0.8 / len(names)
+        for i, p in enumerate(names):
+            vals = [pol[p][group].get(k, {}).get(metric, 0.0) for k in keys]
+            ax.bar([x + i * width for x in range(len(keys))], vals, width, label=p)
+        ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(keys))], keys)
+        ax.set(title=title, ylabel=ylabel)
+        ax.legend()
+
+    bars(axes[0][1], "tiers", "wait_p95_min", "p95 wait per tier", "minutes")
+    bars(axes[0][2], "sizes", "wait_p95_min", "p95 wait per job size (GPUs)", "minutes")
+    ax = axes[1][0]
+    x = range(len(names))
+    ax.bar(x, [pol[p]["overall"]["delivered_gpu_hours"] for p in names], label="delivered")
+    ax.bar(x, [pol[p]["overall"]["lost_gpu_hours"] for p in names],
+           bottom=[pol[p]["overall"]["delivered_gpu_hours"] for p in names],
+           label="lost to preemption", color="tab:red")
+    ax.set_xticks(list(x), names)
+    ax.set(title="GPU-hours in the horizon", ylabel="GPU-hours")
+    ax.legend()
+    ax = axes[1][1]
+    teams = list(pol[names[0]]["fairness"]["teams"])
+    width = 0.8 / len(names)
+    for i, p in enumerate(names):
+        ft = pol[p]["fairness"]["teams"]
+        ax.bar([k + i * width for k in range(len(teams))],
+               [ft[t]["deviation_points"] for t in teams], width, label=p)
+    ax.axhline(5, color="grey", linestyle=":")
+    ax.axhline(-5, color="grey", linestyle=":")
+    ax.set_xticks([k + width * (len(names) - 1) / 2 for k in range(len(teams))],
+                  [f"{t} (w {pol[names[0]]['fairness']['teams'][t]['weight']:g})" for t in teams])
+    ax.set(title="fairness: delivered − weighted max-min share (M1)", ylabel="points")
+    ax.legend()
+    ax = axes[1][2]
+    hist = doc.get("preemption_histogram", {})
+    if hist:
+        ks = sorted(hist, key=int)
+        ax.bar([int(k) for k in ks], [hist[k] for k in ks], color="tab:red")
+        ax.set_yscale("log")
+    ax.set(title="fairq: jobs by times preempted", xlabel="preemptions of one job",
+           ylabel="jobs (log)")
+    fig.suptitle(f"fairq-sim: {doc['source']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)

@@ -1,0 +1,254 @@
+"""A YAML scenario (docs/simulator.md, "Scenarios"; examples in bench/scenarios/): the
+cluster's node pools and GPU types, teams with weights and parents, quotas, tiers,
+fair-share, priority and preemption settings, and optionally the jobs themselves.
+
+Every value is checked; a bad one raises `ScenarioError` naming its field
+(`teams[2].weight: must be > 0`) and nothing is run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from queueing.policy.priority import PriorityWeights
+from queueing.policy.snapshot import QuotaLimit
+
+from .model import (
+    NodeSpec,
+    PreemptionConfig,
+    Scenario,
+    SimJob,
+    SimSettings,
+    TeamSpec,
+    TierSpec,
+    Workload,
+)
+from .trace import nominal_by_weight
+
+
+class ScenarioError(ValueError):
+    """A scenario value that cannot be used; the message starts with the field's path."""
+
+
+def _map(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ScenarioError(f"{where}: must be a mapping")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ScenarioError(f"{where}: must be a list")
+    return value
+
+
+def _num(m: Mapping[str, Any], key: str, where: str, *, default: float | None = None,
+         minimum: float | None = 0.0, strict: bool = False, integer: bool = False) -> float:
+    v = m.get(key, default)
+    if v is None or isinstance(v, bool) or not isinstance(v, int | float):
+        raise ScenarioError(f"{where}.{key}: must be a number" + (" (required)" if v is None else ""))
+    if integer and int(v) != v:
+        raise ScenarioError(f"{where}.{key}: must be a whole number")
+    if minimum is not None and (v < minimum or (strict and v == minimum)):
+        raise ScenarioError(f"{where}.{key}: must be {'>' if strict else '>='} {minimum:g}")
+    return float(v)
+
+
+def _str(m: Mapping[str, Any], key: str, where: str) -> str:
+    v = m.get(key)
+    if not isinstance(v, str) or not v.strip():
+        raise ScenarioError(f"{where}.{key}: must be a non-empty string")
+    return v.strip()
+
+
+def _bool(m: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+    v = m.get(key, default)
+    if not isinstance(v, bool):
+        raise ScenarioError(f"{where}.{key}: must be true or false")
+    return v
+
+
+def _opt_int(m: Mapping[str, Any], key: str, where: str) -> int | None:
+    if m.get(key) is None:
+        return None
+    return int(_num(m, key, where, integer=True))
+
+
+def parse_settings(doc: Mapping[str, Any]) -> SimSettings:
+    """The `fair_share`, `priority`, `preemption` and `gpu_types` sections (the service's
+    defaults for what is left out)."""
+    fs = _map(doc.get("fair_share"), "fair_share")
+    pr = _map(doc.get("priority"), "priority")
+    pe = _map(doc.get("preemption"), "preemption")
+    gts = _map(doc.get("gpu_types"), "gpu_types")
+    d, dp = PriorityWeights(), PreemptionConfig()
+    billing = {str(k): _num(_map(v, f"gpu_types.{k}"), "billing_weight", f"gpu_types.{k}",
+                            default=1.0, strict=True) for k, v in gts.items()}
+    max_per_team = pe.get("max_per_team", dp.max_per_team)
+    return SimSettings(
+        half_life_hours=_num(fs, "half_life_hours", "fair_share", default=168.0, strict=True),
+        interval_seconds=_num(fs, "interval_seconds", "fair_share", default=3.0),
+        cycle_seconds=_num(doc, "cycle_seconds", "scenario",
+                           default=3.0, strict=True),
+        priority=PriorityWeights(
+            fair_share=_num(pr, "fair_share", "priority", default=d.fair_share),
+            age=_num(pr, "age", "priority", default=d.age),
+            size=_num(pr, "size", "priority", default=d.size),
+            max_age_seconds=_num(pr, "max_age_hours", "priority",
+                                 default=d.max_age_seconds / 3600.0) * 3600.0,
+            favor_small=_bool(pr, "favor_small", "priority", d.favor_small)),
+        billing_weights=billing,
+        preemption=PreemptionConfig(
+            enabled=_bool(pe, "enabled", "preemption", dp.enabled),
+            max_per_team=None if max_per_team is None else int(
+                _num(pe, "max_per_team", "preemption", default=20, integer=True)),
+            window_seconds=_num(pe, "window_seconds", "preemption", default=dp.window_seconds),
+            termination_grace_seconds=_num(pe, "termination_grace_seconds", "preemption",
+                                           default=dp.termination_grace_seconds),
+            nomination_seconds=_num(pe, "nomination_seconds", "preemption",
+                                    default=dp.nomination_seconds),
+            max_searches=int(_num(pe, "max_searches", "preemption", default=dp.max_searches,
+                                  integer=True))),
+    )
+
+
+def parse_scenario(doc: Any) -> Workload:
+    """A scenario document (parsed YAML) as a workload: its cluster and, when it lists
+    `jobs`, those jobs (else none: give a trace too)."""
+    doc = _map(doc, "scenario")
+    known = {"cluster", "gpu_types", "teams", "quotas", "tiers", "fair_share", "priority",
+             "preemption", "jobs", "horizon_seconds", "cycle_seconds"}
+    for key in doc:
+        if key not in known:
+            raise ScenarioError(f"{key}: unknown section; known: {', '.join(sorted(known))}")
+    nodes: list[NodeSpec] = []
+    pools = _list(_map(doc.get("cluster"), "cluster").get("node_pools"), "cluster.node_pools")
+    if not pools:
+        raise ScenarioError("cluster.node_pools: at least one pool is needed")
+    for i, p in enumerate(pools):
+        w = f"cluster.node_pools[{i}]"
+        p = _map(p, w)
+        gt = _str(p, "gpu_type", w)
+        name = str(p.get("name") or gt)
+        count = int(_num(p, "nodes", w, strict=True, integer=True))
+        per = int(_num(p, "gpus_per_node", w, strict=True, integer=True))
+        nodes += [NodeSpec(f"{name}-{k:03d}", gt, per) for k in range(count)]
+    if len({n.name for n in nodes}) != len(nodes):
+        raise ScenarioError("cluster.node_pools: two pools have the same name")
+    teams: list[TeamSpec] = []
+    for i, t in enumerate(_list(doc.get("teams"), "teams")):
+        w = f"teams[{i}]"
+        t = _map(t, w)
+        parent = t.get("parent")
+        teams.append(TeamSpec(_str(t, "name", w), _num(t, "weight", w, default=1.0, strict=True),
+                              str(parent) if parent is not None else None))
+    if not teams:
+        raise ScenarioError("teams: at least one team is needed")
+    names = {t.name for t in teams}
+    if len(names) != len(teams):
+        raise ScenarioError("teams: two teams have the same name")
+    for i, t in enumerate(teams):
+        if t.parent is not None and t.parent not in names:
+            raise ScenarioError(f"teams[{i}].parent: no team {t.parent!r}")
+    tiers: list[TierSpec] = []
+    for i, t in enumerate(_list(doc.get("tiers"), "tiers")):
+        w = f"tiers[{i}]"
+        t = _map(t, w)
+        tiers.append(TierSpec(_str(t, "name", w), int(_num(t, "rank", w, minimum=None, integer=True)),
+                              _bool(t, "preemptible", w, True),
+                              int(_num(t, "min_runtime_seconds", w, default=0, integer=True))))
+    if not tiers:
+        raise ScenarioError("tiers: at least one tier is needed")
+    if len({t.name for t in tiers}) != len(tiers) or len({t.rank for t in tiers}) != len(tiers):
+        raise ScenarioError("tiers: names and ranks must be unique")
+    gpu_types = sorted({n.gpu_type for n in nodes})
+    quotas: dict[tuple[str, str], QuotaLimit] = {}
+    if "quotas" in doc:
+        for i, q in enumerate(_list(doc.get("quotas"), "quotas")):
+            w = f"quotas[{i}]"
+            q = _map(q, w)
+            team, gt = _str(q, "team", w), _str(q, "gpu_type", w)
+            if team not in names:
+                raise ScenarioError(f"{w}.team: no team {team!r}")
+            if gt not in gpu_types:
+                raise ScenarioError(f"{w}.gpu_type: no node pool of {gt!r}")
+            nominal = int(_num(q, "nominal", w, integer=True))
+            lending = _opt_int(q, "lending_limit", w)
+            if lending is not None and lending > nominal:
+                raise ScenarioError(f"{w}.lending_limit: cannot lend more than the nominal {nominal}")
+            quotas[(team, gt)] = QuotaLimit(nominal, _opt_int(q, "borrowing_limit", w), lending)
+    else:
+        # Nominal by weight among the leaf teams (a parent holds no jobs), no borrowing limit.
+        parents = {t.parent for t in teams}
+        leaves = [t for t in teams if t.name not in parents]
+        for gt in gpu_types:
+            total = sum(n.gpus for n in nodes if n.gpu_type == gt)
+            for t, nominal in zip(leaves, nominal_by_weight(total, [t.weight for t in leaves]),
+                                  strict=True):
+                quotas[(t.name, gt)] = QuotaLimit(nominal)
+    settings = parse_settings(doc)
+    scenario = Scenario(nodes=tuple(nodes), teams=tuple(teams), tiers=tuple(tiers),
+                        quotas=quotas, settings=settings)
+    jobs: list[SimJob] = []
+    tier_names = {t.name for t in tiers}
+    largest = {gt: max(n.gpus for n in nodes if n.gpu_type == gt) for gt in gpu_types}
+    for i, j in enumerate(_list(doc.get("jobs"), "jobs")):
+        w = f"jobs[{i}]"
+        j = _map(j, w)
+        team, tier, gt = _str(j, "team", w), _str(j, "tier", w), _str(j, "gpu_type", w)
+        if team not in names:
+            raise ScenarioError(f"{w}.team: no team {team!r}")
+        if tier not in tier_names:
+            raise ScenarioError(f"{w}.tier: no tier {tier!r}")
+        if gt not in largest:
+            raise ScenarioError(f"{w}.gpu_type: no node pool of {gt!r}")
+        g = int(_num(j, "gpus_per_replica", w, default=1, strict=True, integer=True))
+        if g > largest[gt]:
+            raise ScenarioError(f"{w}.gpus_per_replica: no {gt} node has {g} GPUs")
+        runtime = _num(j, "runtime_seconds", w, strict=True)
+        estimate = _num(j, "max_runtime_seconds", w, default=runtime, strict=True)
+        if estimate < runtime:
+            raise ScenarioError(f"{w}.max_runtime_seconds: below runtime_seconds")
+        count = int(_num(j, "count", w, default=1, strict=True, integer=True))
+        every = _num(j, "every_seconds", w, default=0.0)
+        submit = _num(j, "submit_seconds", w, default=0.0)
+        reps = int(_num(j, "replicas", w, default=1, strict=True, integer=True))
+        if sum(n.gpus // g for n in nodes if n.gpu_type == gt) < reps:
+            raise ScenarioError(f"{w}.replicas: {reps} replicas of {g} GPUs never fit the "
+                                f"{gt} nodes")
+        for k in range(count):
+            jobs.append(SimJob(id=0, team=team, tier=tier, gpu_type=gt, gpus_per_replica=g,
+                               replicas=reps, submit=submit + k * every, runtime=runtime,
+                               estimate=estimate))
+    jobs.sort(key=lambda j: j.submit)  # stable: the file's order among equal submits
+    numbered = tuple(SimJob(id=i + 1, team=j.team, tier=j.tier, gpu_type=j.gpu_type,
+                            gpus_per_replica=j.gpus_per_replica, replicas=j.replicas,
+                            submit=j.submit, runtime=j.runtime, estimate=j.estimate)
+                     for i, j in enumerate(jobs))
+    last = max((j.submit for j in numbered), default=0.0)
+    horizon = _num(doc, "horizon_seconds", "scenario", default=last) if "horizon_seconds" in doc \
+        else last
+    if horizon <= 0:
+        horizon = max((j.submit + j.runtime for j in numbered), default=1.0)
+    return Workload(scenario=scenario, jobs=numbered, horizon=horizon,
+                    source={"kind": "scenario", "jobs": len(numbered)})
+
+
+def load_scenario(path: str | Path) -> Workload:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: {exc.strerror}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{path}: not valid YAML: {exc}") from None
+    return parse_scenario(doc)

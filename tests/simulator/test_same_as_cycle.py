@@ -1,0 +1,144 @@
+"""One policy for both (issue 15, item 2): a small trace replayed by the simulator and by
+the real scheduler cycle (`scheduler_cycle`, database and all) on the simulated cluster,
+at the same instants, gives the same admissions, on the same nodes, and the same
+preemptions with the same victims.
+
+The real side creates each job when the simulator's clock reaches its submit time and
+runs one cycle at each instant the simulator ran one; the settings both use are the
+service's (read from django.conf.settings), so the comparison also holds the simulator's
+bookkeeping (queueing/policy/cycle.py: F2, F6, R5, R6, A5/R8) to the service's.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.conf import settings as django_settings
+
+from queueing.backends.simulated import SimulatedCluster
+from queueing.models import Job
+from queueing.policy.admission import Plan
+from queueing.policy.priority import PriorityWeights
+from queueing.policy.snapshot import QuotaLimit
+from queueing.services.scheduler import scheduler_cycle
+from queueing.simulator.engine import EPOCH, run_fairq
+from queueing.simulator.model import (
+    NodeSpec,
+    PreemptionConfig,
+    Scenario,
+    SimJob,
+    SimSettings,
+    TeamSpec,
+    TierSpec,
+    Workload,
+)
+from queueing.simulator.trace import nominal_by_weight
+from tests.factories import GpuTypeFactory, JobFactory, QuotaFactory, TeamFactory, TierFactory
+
+pytestmark = pytest.mark.django_db
+
+NODES = (NodeSpec("node-000", "h100", 8), NodeSpec("node-001", "h100", 8),
+         NodeSpec("node-002", "h100", 4))
+TEAMS = (TeamSpec("ada", 1.0), TeamSpec("bob", 2.0), TeamSpec("cyd", 1.0))
+TIERS = (TierSpec("x-high", 930, preemptible=False), TierSpec("x-normal", 920, True, 120),
+         TierSpec("x-low", 910, True, 0))
+
+
+def _settings() -> SimSettings:
+    s = django_settings
+    limit = s.FAIRQ_PREEMPTION_MAX_PER_TEAM
+    return SimSettings(
+        half_life_hours=s.FAIRQ_DECAY_HALF_LIFE_HOURS,
+        interval_seconds=s.FAIRQ_FAIRSHARE_RECOMPUTE_SECONDS,
+        cycle_seconds=s.FAIRQ_CYCLE_INTERVAL_SECONDS,
+        priority=PriorityWeights(
+            fair_share=s.FAIRQ_PRIORITY_WEIGHT_FAIRSHARE, age=s.FAIRQ_PRIORITY_WEIGHT_AGE,
+            size=s.FAIRQ_PRIORITY_WEIGHT_SIZE,
+            max_age_seconds=s.FAIRQ_PRIORITY_MAX_AGE_HOURS * 3600.0,
+            favor_small=s.FAIRQ_PRIORITY_FAVOR_SMALL),
+        preemption=PreemptionConfig(
+            enabled=s.FAIRQ_PREEMPTION_ENABLED, max_per_team=limit if limit >= 0 else None,
+            window_seconds=s.FAIRQ_PREEMPTION_WINDOW_SECONDS,
+            termination_grace_seconds=s.FAIRQ_PREEMPTION_TERMINATION_GRACE_SECONDS,
+            nomination_seconds=s.FAIRQ_PREEMPTION_NOMINATION_SECONDS,
+            max_searches=s.FAIRQ_PREEMPTION_MAX_SEARCHES),
+    )
+
+
+def _workload(seed: int, n: int) -> Workload:
+    """`n` jobs over an hour, seeded: mixed tiers, teams and sizes (gangs included), long
+    enough runs that high tiers must preempt."""
+    rng = random.Random(seed)
+    nominal = nominal_by_weight(20, [t.weight for t in TEAMS])
+    quotas = {(t.name, "h100"): QuotaLimit(q) for t, q in zip(TEAMS, nominal, strict=True)}
+    sc = Scenario(nodes=NODES, teams=TEAMS, tiers=TIERS, quotas=quotas, settings=_settings())
+    jobs = []
+    t = 0.0
+    for i in range(n):
+        t += rng.choice((0, 20, 45, 90, 180))
+        g, reps = rng.choice(((1, 1), (1, 1), (2, 1), (4, 1), (4, 2), (8, 1)))
+        tier = rng.choices(("x-high", "x-normal", "x-low"), weights=(2, 3, 5))[0]
+        runtime = float(rng.choice((60, 300, 900, 1800)))
+        jobs.append(SimJob(i + 1, rng.choice(TEAMS).name, tier, "h100", g, reps, t, runtime,
+                           runtime))
+    return Workload(sc, tuple(jobs), horizon=t)
+
+
+def _decisions(plan: Plan, ids: dict[int, int]) -> tuple[object, ...]:
+    return (sorted((ids[a.job_id], a.placement) for a in plan.admissions),
+            sorted((ids[p.preemptor_id], tuple(sorted(ids[v.job_id] for v in p.victims)))
+                   for p in plan.preemptions))
+
+
+@pytest.mark.parametrize(("seed", "overrides"), [
+    (1, {}), (2, {}), (3, {}),
+    # A tight rate limit (R5: without the same window count the decisions differ) and a
+    # long entry penalty (F6).
+    (4, {"FAIRQ_FAIRSHARE_RECOMPUTE_SECONDS": 900.0, "FAIRQ_PREEMPTION_MAX_PER_TEAM": 1,
+         "FAIRQ_PREEMPTION_WINDOW_SECONDS": 400}),
+])
+def test_the_simulator_and_the_real_cycle_make_the_same_decisions(
+        seed: int, overrides: dict[str, object], settings: Any) -> None:
+    for name, value in overrides.items():
+        setattr(settings, name, value)
+    w = _workload(seed, 40)
+    sim: list[tuple[float, tuple[object, ...]]] = []
+    result = run_fairq(w, on_cycle=lambda t, plan: sim.append(
+        (t, _decisions(plan, {j.id: j.id for j in w.jobs}))))
+    assert sum(r.preemptions for r in result.records) > 0  # the trace does preempt
+
+    gpu = GpuTypeFactory(slug="h100", billing_weight=1.0)
+    teams = {t.name: TeamFactory(slug=t.name, weight=t.weight) for t in TEAMS}
+    tiers = {t.name: TierFactory(slug=t.name, rank=t.rank, preemptible=t.preemptible,
+                                 min_runtime_seconds=t.min_runtime_seconds) for t in TIERS}
+    for (team, _), q in w.scenario.quotas.items():
+        QuotaFactory(team=teams[team], gpu_type=gpu, nominal=q.nominal)
+    backend = SimulatedCluster([(n.name, n.gpu_type, n.gpus) for n in NODES])
+    db_id: dict[int, int] = {}  # simulator id -> job row
+    pending = list(w.jobs)
+    real: list[tuple[float, tuple[object, ...]]] = []
+    for t, _ in sim:
+        while pending and pending[0].submit <= t:
+            j = pending.pop(0)
+            at = EPOCH + timedelta(seconds=j.submit)
+            row = JobFactory(team=teams[j.team], tier=tiers[j.tier], gpu_type=gpu,
+                             gpus_per_replica=j.gpus_per_replica, replicas=j.replicas,
+                             env={"FAIRQ_SIM_SECONDS": str(int(j.runtime))}, created_at=at,
+                             updated_at=at)
+            db_id[row.pk] = j.id
+        r = scheduler_cycle(now=EPOCH + timedelta(seconds=t), backend=backend)
+        assert r.ran and r.plan is not None and not r.job_errors
+        real.append((t, _decisions(r.plan, db_id)))
+        assert sorted(db_id[i] for i in r.admitted) == [a for a, _ in real[-1][1][0]]  # type: ignore[index]
+    assert real == sim
+    # After the last cycle both have every job done, each preempted as often.
+    scheduler_cycle(now=EPOCH + timedelta(seconds=result.end + 3600), backend=backend)
+    rows = {db_id[pk]: (status, attempt) for pk, status, attempt in
+            Job.objects.values_list("pk", "status", "attempt")}
+    assert all(r.finished is not None for r in result.records)
+    assert {i: status for i, (status, _) in rows.items()} == dict.fromkeys(rows, "SUCCEEDED")
+    assert {i: attempt - 1 for i, (_, attempt) in rows.items()} == {
+        r.job.id: r.preemptions for r in result.records}
