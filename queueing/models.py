@@ -74,6 +74,12 @@ class Tier(models.Model):
                   "teams granted it below.",
     )
 
+    max_termination_grace_seconds = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="The longest termination grace period (seconds) a job of this tier may "
+                  "ask for (its pods' terminationGracePeriodSeconds); empty: no cap.",
+    )
+
     class Meta:
         ordering = ["-rank"]
 
@@ -176,6 +182,18 @@ class Job(models.Model):
     # A memory-backed emptyDir at /dev/shm of this size ("" / NULL: none).
     shm_size = models.CharField(max_length=32, blank=True, default="")
     shm_size_bytes = models.BigIntegerField(null=True, blank=True)
+    # Storage, secrets and pod metadata (docs/api.md, "Volumes, secrets and metadata"),
+    # normalised by queueing.validation.workload_check: references to PVCs and Secrets of
+    # the team's namespace (never their values), the pull secret, the working directory,
+    # the job's own labels and annotations (USER_LABEL_PREFIX on the pod) and the grace
+    # period its pods get when stopped (NULL: FAIRQ_K8S_TERMINATION_GRACE_SECONDS).
+    volumes = models.JSONField(default=list, blank=True)
+    secrets = models.JSONField(default=list, blank=True)
+    image_pull_secret = models.CharField(max_length=253, blank=True, default="")
+    working_dir = models.CharField(max_length=256, blank=True, default="")
+    labels = models.JSONField(default=dict, blank=True)
+    annotations = models.JSONField(default=dict, blank=True)
+    termination_grace_seconds = models.PositiveIntegerField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=JOB_STATUS_CHOICES, default=JobState.QUEUED.value)
     attempt = models.PositiveIntegerField(default=1)
     # NULL, not "", means "no key": the partial unique constraint skips NULLs.

@@ -538,6 +538,10 @@ def launch_spec(job: Job) -> LaunchSpec:
         run_as_non_root=job.team.run_as_non_root,
         cpu_millicores=job.cpu_millicores, memory_bytes=job.memory_bytes,
         ephemeral_storage_bytes=job.ephemeral_storage_bytes, shm_size_bytes=job.shm_size_bytes,
+        volumes=tuple(job.volumes or ()), secrets=tuple(job.secrets or ()),
+        image_pull_secret=job.image_pull_secret, working_dir=job.working_dir,
+        labels=dict(job.labels or {}), annotations=dict(job.annotations or {}),
+        termination_grace_seconds=job.termination_grace_seconds,
     )
 
 
