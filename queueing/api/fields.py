@@ -8,8 +8,9 @@ from typing import Any
 
 import django_filters
 from django import forms
-from django.db.models import QuerySet
+from django.db.models import QuerySet, TextField
 from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.fields import empty
@@ -99,5 +100,8 @@ class LabelFilter(django_filters.Filter):  # type: ignore[misc]  # django-filter
     def filter(self, qs: QuerySet[Any], value: list[tuple[str, str]]) -> QuerySet[Any]:
         for i, (key, label) in enumerate(value or []):
             alias = f"_label_{i}"
-            qs = qs.alias(**{alias: KeyTextTransform(key, "labels")}).filter(**{alias: label})
+            # Cast: the text of the value, compared as text (a bare key transform would
+            # compare as JSON, and SQLite's json_extract() refuses a plain string).
+            text = Cast(KeyTextTransform(key, "labels"), output_field=TextField())
+            qs = qs.alias(**{alias: text}).filter(**{alias: label})
         return qs
