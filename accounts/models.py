@@ -79,15 +79,16 @@ class Team(models.Model):
     # Which PVCs, Secrets and image pull secrets of the team's namespace its jobs may
     # name (docs/kubernetes.md, "Volumes and secrets"): explicit lists team admins and
     # staff set (team_workload_policy_set, audited), so a submit is decided without
-    # asking the cluster. Empty: none.
+    # asking the cluster. Empty: none. (db_default: rows written by code that predates
+    # the fields, a rolling upgrade or an older migration's historical model.)
     allowed_pvcs = models.JSONField(
-        default=list, blank=True, validators=[allowlist_validator],
+        default=list, db_default=[], blank=True, validators=[allowlist_validator],
         help_text='PersistentVolumeClaims its jobs may mount, e.g. ["imagenet", "ckpt"].')
     allowed_secrets = models.JSONField(
-        default=list, blank=True, validators=[allowlist_validator],
+        default=list, db_default=[], blank=True, validators=[allowlist_validator],
         help_text="Secrets its jobs may read (as env or files).")
     allowed_pull_secrets = models.JSONField(
-        default=list, blank=True, validators=[allowlist_validator],
+        default=list, db_default=[], blank=True, validators=[allowlist_validator],
         help_text="Image pull secrets its jobs may name.")
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -187,12 +187,14 @@ class Job(models.Model):
     # the team's namespace (never their values), the pull secret, the working directory,
     # the job's own labels and annotations (USER_LABEL_PREFIX on the pod) and the grace
     # period its pods get when stopped (NULL: FAIRQ_K8S_TERMINATION_GRACE_SECONDS).
-    volumes = models.JSONField(default=list, blank=True)
-    secrets = models.JSONField(default=list, blank=True)
-    image_pull_secret = models.CharField(max_length=253, blank=True, default="")
-    working_dir = models.CharField(max_length=256, blank=True, default="")
-    labels = models.JSONField(default=dict, blank=True)
-    annotations = models.JSONField(default=dict, blank=True)
+    # db_default too: rows written by code that predates the fields (a rolling upgrade)
+    # get the same empty values, not a NOT NULL violation.
+    volumes = models.JSONField(default=list, db_default=[], blank=True)
+    secrets = models.JSONField(default=list, db_default=[], blank=True)
+    image_pull_secret = models.CharField(max_length=253, blank=True, default="", db_default="")
+    working_dir = models.CharField(max_length=256, blank=True, default="", db_default="")
+    labels = models.JSONField(default=dict, db_default={}, blank=True)
+    annotations = models.JSONField(default=dict, db_default={}, blank=True)
     termination_grace_seconds = models.PositiveIntegerField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=JOB_STATUS_CHOICES, default=JobState.QUEUED.value)
     attempt = models.PositiveIntegerField(default=1)
