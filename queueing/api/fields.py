@@ -80,9 +80,11 @@ class LabelsFormField(forms.Field):
             key, sep, label = str(item).partition("=")
             if not sep or not v.LABEL_NAME_RE.match(key) or len(key) > v.MAX_LABEL_KEY_LEN \
                     or len(label) > v.MAX_LABEL_VALUE_LEN or not v.LABEL_VALUE_RE.match(label):
+                # The input as a parameter, never in the message: a '%' in it would be
+                # read as a format (django-filter formats messages; schemathesis found it).
                 raise forms.ValidationError(
-                    f"Write label=key=value (a job's own label), not {str(item)[:80]!r}.",
-                    code="invalid")
+                    "Write label=key=value (a job's own label), not %(value)s.",
+                    code="invalid", params={"value": repr(str(item)[:80])})
             pairs.append((key, label))
         return pairs
 

@@ -53,6 +53,7 @@ def test_another_teams_jobs_stay_invisible(labelled: World) -> None:
 
 
 @pytest.mark.parametrize("query", ["label=run", "label==x", "label=fairq.io/job-id=1",
+                                   "label=%25s%25d", "label=%25(x)s=1", "label=%00=1",
                                    "label=run=exp 42", f"label=run={'x' * 64}",
                                    "&".join(["label=a=b"] * 17)])
 def test_a_malformed_label_filter_is_a_400(labelled: World, query: str) -> None:
