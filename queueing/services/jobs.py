@@ -529,22 +529,27 @@ def job_cancel(*, actor: Any, job: Job, reason: str = "", now: datetime | None =
 MAX_BULK_JOBS = 10_000
 
 
-# Every member of an array stores its own command, args and env (a job is one row, which
-# the scheduler and the cluster read whole). Their bytes times `count` are bounded, so a
-# request of at most MAX_SPEC_BYTES cannot write more than this: 120 KB of env × 1,000
-# members wrote 124 MB before; 10,000 small members (1.6 KB each) still fit.
+# Every member of an array stores its own command, args and env, volumes, secrets,
+# labels and annotations (a job is one row, which the scheduler and the cluster read
+# whole). Their bytes times `count` are bounded, so a request of at most MAX_SPEC_BYTES
+# (and of the bounded storage and metadata fields) cannot write more than this: 120 KB
+# of env × 1,000 members wrote 124 MB before; 10,000 small members (1.6 KB each) fit.
 MAX_ARRAY_BYTES = 16 * 1024 * 1024
 
 
 def array_size_problem(*, command: list[str], args: list[str], env: dict[str, str],
-                       count: int) -> str | None:
-    """Why an array of `count` jobs of this spec would store too much, or None."""
+                       count: int, extra: Any = None) -> str | None:
+    """Why an array of `count` jobs of this spec would store too much, or None. `extra`:
+    the member's other stored JSON (volumes, secrets, labels, annotations), counted too."""
     member_env = {**env, "FAIRQ_ARRAY_INDEX": str(count - 1), "FAIRQ_ARRAY_SIZE": str(count)}
     per_member = spec_size(command, args, member_env)
+    if extra:
+        per_member += len(json.dumps(extra).encode())
     if per_member * count <= MAX_ARRAY_BYTES:
         return None
     mib = 1024 * 1024
-    return (f"{count} jobs of {per_member:,} bytes of command, args and env would store "
+    return (f"{count} jobs of {per_member:,} bytes of command, args, env, volumes, secrets, "
+            "labels and annotations would store "
             f"{per_member * count / mib:.1f} MiB; an array job stores at most "
             f"{MAX_ARRAY_BYTES // mib} MiB (at most {MAX_ARRAY_BYTES // per_member:,} jobs "
             "of this size): use fewer jobs or a smaller spec.")
@@ -567,7 +572,9 @@ def jobs_submit_bulk(
     if len(longest) > 63:
         message = f"{longest!r} is longer than 63 characters: shorten the name."
         raise DomainError(INVALID_FIELDS, fields={"name": [message]})
-    problem = array_size_problem(command=data.command, args=data.args, env=data.env, count=count)
+    problem = array_size_problem(
+        command=data.command, args=data.args, env=data.env, count=count,
+        extra=[data.volumes, data.secrets, data.labels, data.annotations])
     if problem:
         raise DomainError(INVALID_FIELDS, fields={"count": [problem]})
     now = now or timezone.now()

@@ -119,6 +119,21 @@ def test_an_array_job_may_not_multiply_a_large_spec(world: World) -> None:
     assert Job.objects.count() == 0
 
 
+def test_the_array_bound_counts_volumes_secrets_labels_and_annotations(world: World) -> None:
+    """A small env but 8 KiB of annotations (the most one job may carry) × 10,000 members
+    would store 80 MB: refused on `count`."""
+    from accounts.models import Team
+
+    Team.objects.filter(pk=world.vision.pk).update(allowed_secrets=["s"])
+    body = job_body(count=10_000, name="amp",
+                    annotations={f"k{i}": "x" * 500 for i in range(16)},
+                    secrets=[{"secret": "s", "key": "k", "env": f"S{i}"} for i in range(32)])
+    r = _post(world.client(world.member), "/api/v1/jobs/bulk/", body)
+    error = _assert_error_shape(r, 400)
+    assert "count" in error["fields"] and "annotations" in error["fields"]["count"][0]
+    assert Job.objects.count() == 0
+
+
 def test_the_array_bound_holds_in_the_service_too(world: World) -> None:
     from queueing.errors import DomainError
     from queueing.services.jobs import JobInput, jobs_submit_bulk
