@@ -92,7 +92,10 @@ class LabelsFormField(forms.Field):
         return None
 
 
-@extend_schema_field({"type": "array", "items": {"type": "string", "pattern": "^[^=]+=.*$"}})
+@extend_schema_field({
+    "type": "array", "items": {"type": "string", "pattern": "^[^=]+=.*$"},
+    "description": "key=value: only jobs with this label of their own (docs/api.md, "
+                   "\"Volumes, secrets and metadata\"); repeat for several (all must match)."})
 class LabelFilter(django_filters.Filter):  # type: ignore[misc]  # django-filter ships no types
     """Jobs carrying every given label (`?label=run=exp-42&label=team=cv`: AND), on the
     `labels` JSON column (a key lookup: SQLite and PostgreSQL alike)."""

@@ -69,8 +69,7 @@ class JobFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filte
     updated_after = InstantFilter(
         field_name="updated_at", lookup_expr="gt",
         help_text="Only jobs changed after this instant (for polling clients).")
-    label = LabelFilter(help_text="key=value: only jobs with this label of their own; "
-                                  "repeat for several (all must match).")
+    label = LabelFilter()  # its description is the class's schema annotation
 
     class Meta:
         model = Job
