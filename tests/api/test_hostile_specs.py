@@ -86,6 +86,14 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
     ("medium Memory in empty_dir",
      {"volumes": [{"name": "r", "empty_dir": {"size_limit": "1Gi", "medium": "Memory"},
                    "mount_path": "/r"}]}, "volumes[0].empty_dir.medium"),
+    ("HostPath", {"volumes": [{"name": "r", "HostPath": "/", "mount_path": "/r"}]},
+     "volumes[0].HostPath"),
+    ("hostPath in a secret",
+     {"secrets": [{"secret": "wandb", "mount_path": "/w", "hostPath": {"path": "/"}}]},
+     "secrets[0].hostPath"),
+    ("hostPath inside a secret env reference",
+     {"secrets": [{"secret": "hf-token", "key": "token", "env": "T", "host_path": "/"}]},
+     "secrets[0].host_path"),
     ("nfs", {"volumes": [{"name": "r", "nfs": {"server": "x", "path": "/"},
                           "mount_path": "/r"}]}, "volumes[0].nfs"),
     ("a namespace key", {"volumes": [{"name": "r", "pvc": "imagenet", "namespace": "kube-system",
@@ -302,3 +310,22 @@ def test_a_spec_valid_once_is_refused_after_the_allowlist_shrinks(allowed: World
     with pytest.raises(DomainError) as refused:
         job_input_build(actor=allowed.member, **job_spec(job))
     assert "secrets[0].secret" in refused.value.fields
+
+
+@pytest.mark.parametrize(("case", "fields", "refused"),
+                         [c for c in HOSTILE if "hostPath" in c[0] or "namespace" in c[0]
+                          or "mount" in c[0]],
+                         ids=[c[0] for c in HOSTILE if "hostPath" in c[0] or "namespace" in c[0]
+                              or "mount" in c[0]])
+def test_the_service_refuses_them_without_the_serializer(
+    allowed: World, case: str, fields: dict[str, Any], refused: str,
+) -> None:
+    """A front end that skips the API's serializer (the web form) gets the same refusals
+    from `job_input_build` (queueing.validation.workload_check)."""
+    from queueing.errors import DomainError
+
+    body = job_body(**fields)
+    with pytest.raises(DomainError) as refusal:
+        job_input_build(actor=allowed.member, **body)
+    assert refused in refusal.value.fields, refusal.value.fields
+    assert not Job.objects.exists()
