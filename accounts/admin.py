@@ -12,7 +12,16 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
 from queueing.errors import Conflict, DomainError
 
-from .models import TEAM_RESOURCE_FIELDS, ApiToken, AuditEntry, Membership, Role, ServiceAccount, Team
+from .models import (
+    TEAM_ALLOWLIST_FIELDS,
+    TEAM_RESOURCE_FIELDS,
+    ApiToken,
+    AuditEntry,
+    Membership,
+    Role,
+    ServiceAccount,
+    Team,
+)
 from .services import (
     audit_record,
     membership_check_keeps_admin,
@@ -193,6 +202,8 @@ class TeamAdmin(AuditedAdmin):
          "quantities such as 16Gi)", {"fields": [
              f"{kind}_{column}" for column in TEAM_RESOURCE_FIELDS.values()
              for kind in ("default", "max")]}),
+        ("Names of the team's namespace its jobs may use (JSON lists, e.g. [\"imagenet\"])",
+         {"fields": list(TEAM_ALLOWLIST_FIELDS)}),
     ]
 
 

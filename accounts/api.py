@@ -49,8 +49,9 @@ class TeamSerializer(StrictFieldsMixin, serializers.ModelSerializer[Team]):
     granted_tiers = serializers.SerializerMethodField(
         help_text="Tiers granted to the team besides those open to every team (rule T1).")
     resources = serializers.SerializerMethodField(
-        help_text="Per-replica defaults and maxima of its jobs' resources "
-                  "(GET/PATCH /teams/{slug}/resources/).")
+        help_text="Its workload policy: per-replica defaults and maxima of its jobs' "
+                  "resources and the PVCs, Secrets and pull secrets they may name "
+                  "(GET/PATCH /teams/{slug}/workload-policy/).")
 
     class Meta:
         model = Team
@@ -62,7 +63,7 @@ class TeamSerializer(StrictFieldsMixin, serializers.ModelSerializer[Team]):
         roles: dict[int, str] = self.context.get("roles", {})
         return roles.get(team.pk)
 
-    def get_resources(self, team: Team) -> dict[str, str | None]:
+    def get_resources(self, team: Team) -> dict[str, Any]:
         return team_resources(team)
 
     def get_granted_tiers(self, team: Team) -> list[str]:
@@ -144,7 +145,14 @@ def _team_quantity(help_text: str) -> serializers.CharField:
                                  allow_null=True, allow_blank=True, help_text=help_text)
 
 
-# Shapes only: whether each is a quantity, and default <= maximum, are team_resources_set's.
+def _allowlist(help_text: str) -> serializers.ListField:
+    return serializers.ListField(
+        child=serializers.CharField(max_length=v.MAX_DNS_SUBDOMAIN_LEN),
+        max_length=v.MAX_ALLOWLIST, required=False, help_text=help_text)
+
+
+# Shapes only: whether each is a quantity, and default <= maximum, and each allowlist's
+# names, are team_resources_set's.
 class TeamResourcesSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
     """Per replica, as Kubernetes quantities; null: no default / no maximum. A job that
     names no cpu, memory, ephemeral storage or shm size gets the default; one above the
@@ -158,11 +166,19 @@ class TeamResourcesSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
     max_ephemeral_storage = _team_quantity('e.g. "500Gi".')
     default_shm_size = _team_quantity('Size of /dev/shm, e.g. "8Gi".')
     max_shm_size = _team_quantity('e.g. "128Gi".')
+    allowed_pvcs = _allowlist("PersistentVolumeClaims of the team's namespace its jobs may "
+                              'mount (volumes[].pvc), e.g. ["imagenet"]; replaces the list.')
+    allowed_secrets = _allowlist("Secrets of the team's namespace its jobs may read "
+                                 "(secrets[].secret); replaces the list.")
+    allowed_pull_secrets = _allowlist("Image pull secrets of the team's namespace its jobs "
+                                      "may name (image_pull_secret); replaces the list.")
 
 
 class TeamResourcesView(IdempotentPostMixin, APIView):
-    """The team's defaults and maxima of its jobs' resources: members read them, team
-    admins and staff change them (audited)."""
+    """The team's workload policy (GET/PATCH /teams/{slug}/workload-policy/, also served
+    at /resources/): its jobs' resource defaults and maxima, and the PVCs, Secrets and
+    pull secrets of its namespace they may name. Members read it, team admins and staff
+    change it (audited)."""
 
     @extend_schema(responses=TeamResourcesSerializer)
     def get(self, request: Request, slug: str) -> Response:

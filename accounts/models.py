@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import F, Q
+
+from queueing.validation import allowlist_problem
 
 slug_validator = RegexValidator(
     # \Z, not $: `$` would also take "red\n".
@@ -24,6 +27,16 @@ slug_validator = RegexValidator(
 TEAM_RESOURCE_FIELDS = {"cpu": "cpu_millicores", "memory": "memory_bytes",
                         "ephemeral_storage": "ephemeral_storage_bytes",
                         "shm_size": "shm_size_bytes"}
+
+def allowlist_validator(value: Any) -> None:
+    """A team allowlist: distinct Kubernetes names of the team's own namespace."""
+    problem = allowlist_problem(value)
+    if problem:
+        raise ValidationError(problem, code="allowlist")
+
+
+# A team's allowlists (Team fields), by the name the API gives them.
+TEAM_ALLOWLIST_FIELDS = ("allowed_pvcs", "allowed_secrets", "allowed_pull_secrets")
 
 _MILLI = "Per replica, in millicores (1000 = one CPU); empty: none."
 _BYTES = "Per replica, in bytes (17179869184 = 16Gi); empty: none."
@@ -63,6 +76,20 @@ class Team(models.Model):
     max_ephemeral_storage_bytes = models.BigIntegerField(null=True, blank=True, help_text=_BYTES)
     default_shm_size_bytes = models.BigIntegerField(null=True, blank=True, help_text=_BYTES)
     max_shm_size_bytes = models.BigIntegerField(null=True, blank=True, help_text=_BYTES)
+    # Which PVCs, Secrets and image pull secrets of the team's namespace its jobs may
+    # name (docs/kubernetes.md, "Volumes and secrets"): explicit lists team admins and
+    # staff set (team_workload_policy_set, audited), so a submit is decided without
+    # asking the cluster. Empty: none. (db_default: rows written by code that predates
+    # the fields, a rolling upgrade or an older migration's historical model.)
+    allowed_pvcs = models.JSONField(
+        default=list, db_default=[], blank=True, validators=[allowlist_validator],
+        help_text='PersistentVolumeClaims its jobs may mount, e.g. ["imagenet", "ckpt"].')
+    allowed_secrets = models.JSONField(
+        default=list, db_default=[], blank=True, validators=[allowlist_validator],
+        help_text="Secrets its jobs may read (as env or files).")
+    allowed_pull_secrets = models.JSONField(
+        default=list, db_default=[], blank=True, validators=[allowlist_validator],
+        help_text="Image pull secrets its jobs may name.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -19,6 +19,7 @@ from queueing.services.access import check_staff, check_team_admin
 
 from .client_ip import current_client_ip
 from .models import (
+    TEAM_ALLOWLIST_FIELDS,
     TEAM_RESOURCE_FIELDS,
     ApiToken,
     AuditEntry,
@@ -229,16 +230,22 @@ def team_update(*, actor: Any, team: Team, **fields: Any) -> Team:
     return team
 
 
-def team_resources(team: Team) -> dict[str, str | None]:
-    """The team's resource policy as the API and the team page show it: `default_<name>`
+def team_resources(team: Team) -> dict[str, Any]:
+    """The team's workload policy as the API and the team page show it: `default_<name>`
     and `max_<name>` for cpu, memory, ephemeral_storage and shm_size, each a Kubernetes
-    quantity or None (no default, no maximum)."""
-    out: dict[str, str | None] = {}
+    quantity or None (no default, no maximum); and its allowlists (`allowed_pvcs`,
+    `allowed_secrets`, `allowed_pull_secrets`: lists of names)."""
+    out: dict[str, Any] = {}
     for name, column in TEAM_RESOURCE_FIELDS.items():
         for kind in ("default", "max"):
             amount = getattr(team, f"{kind}_{column}")
             out[f"{kind}_{name}"] = None if amount is None else v.format_resource(name, amount)
+    for field in TEAM_ALLOWLIST_FIELDS:
+        out[field] = list(getattr(team, field) or [])
     return out
+
+
+team_workload_policy = team_resources
 
 
 TEAM_RESOURCE_KEYS = tuple(f"{kind}_{name}" for name in TEAM_RESOURCE_FIELDS
@@ -246,18 +253,27 @@ TEAM_RESOURCE_KEYS = tuple(f"{kind}_{name}" for name in TEAM_RESOURCE_FIELDS
 
 
 @transaction.atomic
-def team_resources_set(*, actor: Any, team: Team, **quantities: str | None) -> Team:
-    """Set some of the team's resource defaults and maxima (`TEAM_RESOURCE_KEYS`: a
-    quantity, or None / "" to clear), audited field by field in the same transaction.
-    A default above its maximum (as set now or before) is refused. Raises DomainError
-    (400) naming every refused key, changing nothing. `actor` must be a team admin of
-    `team` or staff (PermissionDenied otherwise). Jobs already submitted keep theirs."""
+def team_resources_set(*, actor: Any, team: Team, **quantities: Any) -> Team:
+    """Set some of the team's workload policy, audited field by field in the same
+    transaction: resource defaults and maxima (`TEAM_RESOURCE_KEYS`: a quantity, or None
+    / "" to clear) and allowlists (`TEAM_ALLOWLIST_FIELDS`: a list of names of the team's
+    namespace, replacing the old one). A default above its maximum (as set now or before)
+    is refused. Raises DomainError (400) naming every refused key, changing nothing.
+    `actor` must be a team admin of `team` or staff (PermissionDenied otherwise). Jobs
+    already submitted keep theirs."""
     if actor is not None:
         check_team_admin(actor=actor, team=team)
     before = Team.objects.select_for_update().get(pk=team.pk)
     team = Team.objects.get(pk=team.pk)
     problems: dict[str, list[str]] = {}
     for key, text in quantities.items():
+        if key in TEAM_ALLOWLIST_FIELDS:
+            problem = v.allowlist_problem(text)
+            if problem:
+                problems[key] = [problem]
+            else:
+                setattr(team, key, sorted(text))
+            continue
         if key not in TEAM_RESOURCE_KEYS:
             raise ValueError(f"team field {key!r} cannot be changed")
         kind, _, name = key.partition("_")
@@ -278,6 +294,9 @@ def team_resources_set(*, actor: Any, team: Team, **quantities: str | None) -> T
     team.save()
     audit_record(actor=actor, action="update", instance=team, changes=model_changes(before, team))
     return team
+
+
+team_workload_policy_set = team_resources_set
 
 
 LAST_TEAM_ADMIN_MESSAGE = "team {slug} would have no team admin; make someone else team-admin first"

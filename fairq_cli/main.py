@@ -27,7 +27,9 @@ ACTIVE = ["QUEUED", "ADMITTED", "RUNNING", "PREEMPTED"]
 STATE_CODES = {"QUEUED": "PD", "ADMITTED": "CF", "RUNNING": "R", "PREEMPTED": "PR",
                "SUCCEEDED": "CD", "FAILED": "F", "CANCELLED": "CA"}
 JOB_FIELDS = ["team", "name", "image", "command", "args", "env", "gpu_type", "gpus",
-              "replicas", "tier", "max_runtime_seconds", "resources", "shm_size", "topology"]
+              "replicas", "tier", "max_runtime_seconds", "resources", "shm_size", "topology",
+              "volumes", "secrets", "image_pull_secret", "working_dir", "labels",
+              "annotations", "termination_grace_seconds"]
 # Per-replica resources: the flag's dest -> the key of the body's `resources`.
 RESOURCE_FLAGS = {"cpu": "cpu", "memory": "memory", "ephemeral_storage": "ephemeral_storage"}
 
@@ -167,6 +169,7 @@ class App:
                 params.append((key, getattr(a, key)))
         if a.user:
             params.append(("submitter", a.user))
+        params += [("label", label) for label in a.label or []]
         params.append(("page_size", min(a.limit, 500)))
         jobs = self.client.pages("/jobs/", params, a.limit)
         if self.as_json:
@@ -214,6 +217,7 @@ class App:
         topology = job.get("topology")
         if isinstance(topology, dict):
             lines.append(f"  Topology  one {topology.get('level')} ({topology.get('mode')})")
+        lines += _workload_lines(job)
         if job.get("placement"):
             lines.append(f"  Nodes     {', '.join(map(str, job['placement']))}")
         if job.get("message"):
@@ -337,6 +341,34 @@ class App:
         return 0
 
 
+def _workload_lines(job: dict[str, Any]) -> list[str]:
+    """`fairq status`'s lines of a job's volumes, secrets, pull secret, working dir,
+    labels, annotations and grace period (none for what the job does not set)."""
+    lines = []
+    for v in job.get("volumes") or []:
+        if "pvc" in v:
+            what = f"pvc {v['pvc']}{' (read-only)' if v.get('read_only') else ''}"
+        else:
+            what = f"scratch {(v.get('empty_dir') or {}).get('size_limit')}"
+        lines.append(f"  Volume    {v.get('name')}: {what} at {v.get('mount_path')}")
+    for ref in job.get("secrets") or []:
+        if "env" in ref:
+            lines.append(f"  Secret    {ref['secret']}[{ref.get('key')}] as ${ref['env']}")
+        else:
+            lines.append(f"  Secret    {ref['secret']} at {ref.get('mount_path')} (read-only)")
+    if job.get("image_pull_secret"):
+        lines.append(f"  Pull      {job['image_pull_secret']}")
+    if job.get("working_dir"):
+        lines.append(f"  Workdir   {job['working_dir']}")
+    for title, key in (("Labels", "labels"), ("Notes", "annotations")):
+        if job.get(key):
+            pairs = ", ".join(f"{k}={val}" for k, val in sorted(job[key].items()))
+            lines.append(f"  {title:<9} {pairs}")
+    if job.get("termination_grace_seconds") is not None:
+        lines.append(f"  Grace     {job['termination_grace_seconds']}s")
+    return lines
+
+
 def _num(value: Any, digits: int = 2) -> str:
     if value is None:
         return ""
@@ -392,6 +424,7 @@ def job_from_args(a: argparse.Namespace) -> dict[str, Any]:
         if not level:
             raise UsageError(f"--topology wants LEVEL[:required|preferred], not {a.topology!r}")
         body["topology"] = {"level": level, "mode": mode or "required"}
+    _workload_flags(a, body)
     if a.env:
         env = dict(body.get("env") or {})
         for item in a.env:
@@ -409,6 +442,81 @@ def job_from_args(a: argparse.Namespace) -> dict[str, Any]:
     if missing:
         raise UsageError(f"missing {', '.join(missing)} (give flags or a job file with -f)")
     return body
+
+
+def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{flag} wants KEY=VALUE, not {item!r}")
+        out[key] = value
+    return out
+
+
+def _volume_flag(item: str) -> dict[str, Any]:
+    """`--volume NAME=pvc:CLAIM:/PATH[:ro]` as the API's volume."""
+    name, sep, rest = item.partition("=")
+    parts = rest.split(":")
+    if not sep or len(parts) not in (3, 4) or parts[0] != "pvc" or \
+            (len(parts) == 4 and parts[3] not in ("ro", "rw")):
+        raise UsageError(f"--volume wants NAME=pvc:CLAIM:/PATH[:ro], not {item!r}")
+    volume: dict[str, Any] = {"name": name, "pvc": parts[1], "mount_path": parts[2]}
+    if len(parts) == 4:
+        volume["read_only"] = parts[3] == "ro"
+    return volume
+
+
+def _scratch_flag(item: str) -> dict[str, Any]:
+    """`--scratch NAME=SIZE:/PATH` as the API's emptyDir volume."""
+    name, sep, rest = item.partition("=")
+    size, colon, path = rest.partition(":")
+    if not sep or not colon:
+        raise UsageError(f"--scratch wants NAME=SIZE:/PATH (e.g. scratch=100Gi:/scratch), "
+                         f"not {item!r}")
+    return {"name": name, "empty_dir": {"size_limit": size}, "mount_path": path}
+
+
+def _secret_env_flag(item: str) -> dict[str, Any]:
+    """`--secret-env ENV=SECRET:KEY` as the API's secret env reference."""
+    env, sep, rest = item.partition("=")
+    secret, colon, key = rest.partition(":")
+    if not sep or not colon:
+        raise UsageError(f"--secret-env wants ENV=SECRET:KEY (e.g. HF_TOKEN=hf-token:token), "
+                         f"not {item!r}")
+    return {"secret": secret, "key": key, "env": env}
+
+
+def _secret_volume_flag(item: str) -> dict[str, Any]:
+    """`--secret-volume SECRET:/PATH` as the API's secret files reference."""
+    secret, colon, path = item.partition(":")
+    if not colon:
+        raise UsageError(f"--secret-volume wants SECRET:/PATH, not {item!r}")
+    return {"secret": secret, "mount_path": path}
+
+
+def _workload_flags(a: argparse.Namespace, body: dict[str, Any]) -> None:
+    """The storage, secret and metadata flags onto `body`: volumes and secrets after the
+    job file's, labels and annotations over its keys, the rest replacing it."""
+    volumes = [_volume_flag(i) for i in a.volume or []] + \
+        [_scratch_flag(i) for i in a.scratch or []]
+    if volumes:
+        body["volumes"] = [*(body.get("volumes") or []), *volumes]
+    secrets = [_secret_env_flag(i) for i in a.secret_env or []] + \
+        [_secret_volume_flag(i) for i in a.secret_volume or []]
+    if secrets:
+        body["secrets"] = [*(body.get("secrets") or []), *secrets]
+    for key, items, flag in (("labels", a.label, "--label"),
+                             ("annotations", a.annotation, "--annotation")):
+        if items:
+            given = body.get(key)
+            body[key] = {**(given if isinstance(given, dict) else {}), **_pairs(items, flag)}
+    if a.pull_secret is not None:
+        body["image_pull_secret"] = a.pull_secret
+    if a.workdir is not None:
+        body["working_dir"] = a.workdir
+    if a.grace is not None:
+        body["termination_grace_seconds"] = duration_seconds(a.grace)
 
 
 # --- argument parsing --------------------------------------------------------------------
@@ -451,6 +559,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--topology", metavar="LEVEL[:MODE]",
                    help="all replicas in one domain of a topology level of the GPU type: "
                         "rack:required (the default mode) or rack:preferred")
+    s.add_argument("--volume", action="append", metavar="NAME=pvc:CLAIM:/PATH[:ro]",
+                   help="mount a PersistentVolumeClaim of the team's namespace (one the "
+                        "team allows), e.g. data=pvc:imagenet:/data:ro; repeatable")
+    s.add_argument("--scratch", action="append", metavar="NAME=SIZE:/PATH",
+                   help="node-local scratch (an emptyDir of at most SIZE), e.g. "
+                        "scratch=100Gi:/scratch; repeatable")
+    s.add_argument("--secret-env", dest="secret_env", action="append",
+                   metavar="ENV=SECRET:KEY",
+                   help="an env var from a key of a Secret the team allows, e.g. "
+                        "HF_TOKEN=hf-token:token (the value never passes through fairq); "
+                        "repeatable")
+    s.add_argument("--secret-volume", dest="secret_volume", action="append",
+                   metavar="SECRET:/PATH",
+                   help="a Secret's keys as read-only files under PATH, e.g. "
+                        "wandb:/etc/wandb; repeatable")
+    s.add_argument("--pull-secret", dest="pull_secret", metavar="SECRET",
+                   help="an image pull secret the team allows")
+    s.add_argument("--workdir", help="the container's working directory (absolute)")
+    s.add_argument("--label", action="append", metavar="KEY=VALUE",
+                   help="a label of the job (on its pods as user.fairq.io/KEY; "
+                        "`fairq queue --label` filters on it); repeatable")
+    s.add_argument("--annotation", action="append", metavar="KEY=VALUE",
+                   help="an annotation of the job (on its pods as user.fairq.io/KEY); "
+                        "repeatable")
+    s.add_argument("--grace", metavar="SECONDS",
+                   help="termination grace when stopped: 120, 2m (at most the tier's cap)")
     s.add_argument("-a", "--array", type=int, metavar="N",
                    help="submit N copies (job i gets FAIRQ_ARRAY_INDEX=i)")
     s.add_argument("-W", "--wait", action="store_true",
@@ -467,6 +601,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("-n", "--name", help="name contains")
     q.add_argument("-s", "--state", help="comma-separated states (default: active ones)")
     q.add_argument("-A", "--all", action="store_true", help="include finished jobs")
+    q.add_argument("-l", "--label", action="append", metavar="KEY=VALUE",
+                   help="jobs with this label; repeat for several (all must match)")
     q.add_argument("--limit", type=int, default=200)
 
     st = sub.add_parser("status", parents=[common], help="one job in detail, with its events")

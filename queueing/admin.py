@@ -25,7 +25,7 @@ class TierGrantInline(admin.TabularInline):  # type: ignore[type-arg]
 @admin.register(Tier)
 class TierAdmin(AuditedAdmin):
     list_display = ["slug", "rank", "priority_class_name", "priority_value", "preemptible",
-                    "min_runtime_seconds", "open_to_all_teams"]
+                    "min_runtime_seconds", "max_termination_grace_seconds", "open_to_all_teams"]
     list_filter = ["open_to_all_teams"]
     inlines = [TierGrantInline]
 

@@ -91,6 +91,12 @@ class Tier(models.Model):
                   "teams granted it below.",
     )
 
+    max_termination_grace_seconds = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="The longest termination grace period (seconds) a job of this tier may "
+                  "ask for (its pods' terminationGracePeriodSeconds); empty: no cap.",
+    )
+
     class Meta:
         ordering = ["-rank"]
 
@@ -199,6 +205,20 @@ class Job(models.Model):
     topology_mode = models.CharField(max_length=16, blank=True, default="",
                                      choices=[("required", "required"),
                                               ("preferred", "preferred")])
+    # Storage, secrets and pod metadata (docs/api.md, "Volumes, secrets and metadata"),
+    # normalised by queueing.validation.workload_check: references to PVCs and Secrets of
+    # the team's namespace (never their values), the pull secret, the working directory,
+    # the job's own labels and annotations (USER_LABEL_PREFIX on the pod) and the grace
+    # period its pods get when stopped (NULL: FAIRQ_K8S_TERMINATION_GRACE_SECONDS).
+    # db_default too: rows written by code that predates the fields (a rolling upgrade)
+    # get the same empty values, not a NOT NULL violation.
+    volumes = models.JSONField(default=list, db_default=[], blank=True)
+    secrets = models.JSONField(default=list, db_default=[], blank=True)
+    image_pull_secret = models.CharField(max_length=253, blank=True, default="", db_default="")
+    working_dir = models.CharField(max_length=256, blank=True, default="", db_default="")
+    labels = models.JSONField(default=dict, db_default={}, blank=True)
+    annotations = models.JSONField(default=dict, db_default={}, blank=True)
+    termination_grace_seconds = models.PositiveIntegerField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=JOB_STATUS_CHOICES, default=JobState.QUEUED.value)
     attempt = models.PositiveIntegerField(default=1)
     # NULL, not "", means "no key": the partial unique constraint skips NULLs.

@@ -6,7 +6,9 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from fractions import Fraction
+from posixpath import normpath
 from typing import Any
 
 # Every pattern ends with \Z, not $: `$` also matches before a trailing newline, so
@@ -280,3 +282,364 @@ def topology_levels(value: Any) -> list[dict[str, str]]:
             raise ValueError(f"Node label {label!r} appears twice.")
         out.append({"name": name, "node_label": label})
     return out
+# --- storage, secrets and pod metadata (docs/api.md, "Volumes, secrets and metadata") -----
+# Pure, like the rest of this module: the front ends check a spec with these (the team's
+# allowlists passed in as a `WorkloadPolicy`), and the manifest checks it again with the
+# same functions (`policy=None`: no allowlist, every other rule).
+# A DNS-1123 label (volume names) and subdomain (PVC, Secret names: always of the job's
+# own namespace, so never "ns/name").
+DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z", re.ASCII)
+DNS_SUBDOMAIN_RE = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z", re.ASCII)
+MAX_DNS_SUBDOMAIN_LEN = 253
+# A key of a Secret's data (Kubernetes: [-._a-zA-Z0-9]+, at most 253).
+SECRET_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]{1,253}\Z", re.ASCII)
+# A path in the container: absolute, of plain characters (no space, no control character,
+# no ':' or '\\'), normalised (checked with `normpath`), at most MAX_PATH_LEN.
+PATH_RE = re.compile(r"^/[A-Za-z0-9._@+=/-]*\Z", re.ASCII)
+MAX_PATH_LEN = 256
+# A Kubernetes label name (the part after a prefix) and label value.
+LABEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z", re.ASCII)
+LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?\Z", re.ASCII)
+MAX_LABEL_KEY_LEN = 40
+MAX_LABEL_VALUE_LEN = 63
+MAX_LABELS = 16
+MAX_ANNOTATIONS = 16
+MAX_ANNOTATION_VALUE_LEN = 1024
+MAX_ANNOTATIONS_BYTES = 8 * 1024
+# The prefix a job's own labels and annotations get on its Kubernetes Jobs and pods:
+# `run: exp-42` becomes `user.fairq.io/run: exp-42`, so a job can never set (or shadow)
+# fairq's `fairq.io/*` labels or Kubernetes' `*.kubernetes.io/*`.
+USER_LABEL_PREFIX = "user.fairq.io/"
+MAX_VOLUMES = 16
+MAX_SECRETS = 32
+MAX_ALLOWLIST = 200
+MAX_WORKING_DIR_LEN = 256
+MAX_TERMINATION_GRACE_SECONDS = 24 * 3600
+# Where nothing of a job's may be mounted, over or under (docs/kubernetes.md, "Volumes
+# and secrets"): the service-account token's and runtime secrets' directories, devices
+# (/dev/shm is `shm_size`'s), the kernel's pseudo file systems, and the files the
+# kubelet writes into every container.
+FORBIDDEN_MOUNTS = ("/var/run/secrets", "/run/secrets", "/dev", "/proc", "/sys",
+                    "/etc/hosts", "/etc/resolv.conf", "/etc/hostname")
+# Volume names fairq's own volumes use (the /dev/shm emptyDir; a secret's volume).
+RESERVED_VOLUME_NAMES = frozenset({"dshm"})
+SECRET_VOLUME_PREFIX = "fq-secret-"
+VOLUME_KEYS = frozenset({"name", "pvc", "empty_dir", "mount_path", "read_only"})
+EMPTY_DIR_KEYS = frozenset({"size_limit"})
+SECRET_ENV_KEYS = frozenset({"secret", "key", "env"})
+SECRET_VOLUME_KEYS = frozenset({"secret", "mount_path"})
+
+
+@dataclass(frozen=True)
+class WorkloadPolicy:
+    """A team's allowlists (Team.allowed_pvcs, allowed_secrets, allowed_pull_secrets):
+    the only PVCs, Secrets and image pull secrets of its namespace its jobs may name."""
+
+    pvcs: frozenset[str] = frozenset()
+    secrets: frozenset[str] = frozenset()
+    pull_secrets: frozenset[str] = frozenset()
+
+
+def path_problem(path: Any, *, what: str = "path") -> str | None:
+    """Why `path` is not an absolute, normalised container path, or None."""
+    if not isinstance(path, str):
+        return f"Write the {what} as a string."
+    if len(path) > MAX_PATH_LEN:
+        return f"At most {MAX_PATH_LEN} characters."
+    if not PATH_RE.match(path):
+        return (f"The {what} must be absolute, of letters, digits and . _ @ + = - / "
+                "(no spaces), e.g. /data.")
+    if path.startswith("//") or normpath(path) != path:
+        return (f"Write the {what} normalised (no '..', '.', '//' or trailing '/'): "
+                f"{normpath('/' + path.lstrip('/'))!r}.")
+    return None
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + "/")
+
+
+def mount_path_problem(path: Any) -> str | None:
+    """Why a volume or a secret may not be mounted at `path`, or None."""
+    problem = path_problem(path, what="mount path")
+    if problem:
+        return problem
+    assert isinstance(path, str)
+    if path == "/":
+        return "Cannot mount over the container's root /."
+    for forbidden in FORBIDDEN_MOUNTS:
+        if _within(path, forbidden) or _within(forbidden, path):
+            return (f"Cannot mount over or under {forbidden} (reserved: "
+                    f"{', '.join(FORBIDDEN_MOUNTS)}; /dev/shm is shm_size's).")
+    return None
+
+
+def name_problem(name: Any, *, what: str, allowed: frozenset[str] | None,
+                 allowlist: str) -> str | None:
+    """Why `name` is not a name of the team's namespace it may use, or None. `allowed`
+    None: any valid name (the team is not known, or the manifest re-checks)."""
+    if not isinstance(name, str) or not name:
+        return f"Name a {what} (a string)."
+    if "/" in name:
+        return (f"A {what} is always of the team's own namespace: write its name alone, "
+                f"not {name[:80]!r}.")
+    if len(name) > MAX_DNS_SUBDOMAIN_LEN or not DNS_SUBDOMAIN_RE.match(name):
+        return (f"Not a Kubernetes name: {name[:80]!r} (lower-case letters, digits, '-' "
+                "and '.').")
+    if allowed is not None and name not in allowed:
+        shown = ", ".join(sorted(allowed)[:20]) or "none"
+        return (f"{what} {name!r} is not in the team's {allowlist} (allowed: {shown}; "
+                "team admins set them: /api/v1/teams/{slug}/workload-policy/).")
+    return None
+
+
+def _unknown_keys(item: Mapping[str, Any], known: frozenset[str]) -> list[str]:
+    return sorted(str(k) for k in item if k not in known)
+
+
+def volumes_check(volumes: Any, *, policy: WorkloadPolicy | None, max_scratch_bytes: int
+                  ) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    """The volumes normalised, and each refusal by its field path (`volumes[1].pvc`).
+
+    A volume is {name, pvc, mount_path, read_only?} (a PersistentVolumeClaim of the
+    team's namespace, in its allowlist) or {name, empty_dir: {size_limit}, mount_path}
+    (node-local scratch of at most `max_scratch_bytes`); any other key, at any depth, is
+    refused (no hostPath, nfs, namespace, ... in any spelling)."""
+    problems: dict[str, list[str]] = {}
+    out: list[dict[str, Any]] = []
+    if volumes is None:
+        return out, problems
+    if not isinstance(volumes, list):
+        return out, {"volumes": ["Write the volumes as a list."]}
+    if len(volumes) > MAX_VOLUMES:
+        return out, {"volumes": [f"At most {MAX_VOLUMES} volumes."]}
+    names: set[str] = set()
+    for i, item in enumerate(volumes):
+        at = f"volumes[{i}]"
+        if not isinstance(item, Mapping):
+            problems[at] = ["Write each volume as an object."]
+            continue
+        for key in _unknown_keys(item, VOLUME_KEYS):
+            problems[f"{at}.{key}"] = [
+                "Unknown field (a volume has name, pvc or empty_dir, mount_path, read_only)."]
+        name = item.get("name")
+        if not isinstance(name, str) or not DNS_LABEL_RE.match(name):
+            problems[f"{at}.name"] = ["Use at most 63 lower-case letters, digits and '-' "
+                                      "(a Kubernetes volume name)."]
+        elif name in RESERVED_VOLUME_NAMES or name.startswith(SECRET_VOLUME_PREFIX):
+            problems[f"{at}.name"] = [f"{name!r} is fairq's own (dshm, fq-secret-*)."]
+        elif name in names:
+            problems[f"{at}.name"] = [f"Another volume is named {name!r}."]
+        else:
+            names.add(name)
+        has_pvc, has_dir = "pvc" in item, "empty_dir" in item
+        volume: dict[str, Any] = {"name": name}
+        if has_pvc == has_dir:
+            problems.setdefault(at, []).append("Give exactly one of pvc and empty_dir.")
+        elif has_pvc:
+            problem = name_problem(item["pvc"], what="PVC", allowlist="allowed PVCs",
+                                   allowed=None if policy is None else policy.pvcs)
+            if problem:
+                problems[f"{at}.pvc"] = [problem]
+            volume["pvc"] = item["pvc"]
+        else:
+            empty_dir = item["empty_dir"]
+            if not isinstance(empty_dir, Mapping):
+                problems[f"{at}.empty_dir"] = ['Write it as {"size_limit": "100Gi"}.']
+            else:
+                for key in _unknown_keys(empty_dir, EMPTY_DIR_KEYS):
+                    problems[f"{at}.empty_dir.{key}"] = [
+                        "Unknown field (an empty_dir has size_limit only)."]
+                size = empty_dir.get("size_limit")
+                try:
+                    if size is None:
+                        raise ValueError("Required: the most this scratch may hold, e.g. "
+                                         "\"100Gi\".")
+                    size_bytes = parse_bytes(size)
+                    if size_bytes > max_scratch_bytes:
+                        raise ValueError(f"At most {format_bytes(max_scratch_bytes)} of "
+                                         "scratch per volume.")
+                except ValueError as exc:
+                    problems[f"{at}.empty_dir.size_limit"] = [str(exc)]
+                else:
+                    volume["empty_dir"] = {"size_limit": size.strip()}
+        volume["mount_path"] = item.get("mount_path")
+        read_only = item.get("read_only", False)
+        if not isinstance(read_only, bool):
+            problems[f"{at}.read_only"] = ["Must be true or false."]
+        if has_pvc and not has_dir:
+            volume["read_only"] = read_only
+        elif read_only:
+            problems[f"{at}.read_only"] = ["Only a pvc volume can be read-only."]
+        out.append(volume)
+    return out, problems
+
+
+def secrets_check(secrets: Any, *, policy: WorkloadPolicy | None, env: Mapping[str, Any]
+                  ) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    """The secret references normalised, and each refusal by its field path.
+
+    {secret, key, env}: one key of a Secret as an environment variable (a valid name, not
+    reserved, not one of the job's literal `env`); {secret, mount_path}: the whole Secret
+    as read-only files (one per key) under mount_path. Only references: the values never
+    pass through fairq."""
+    problems: dict[str, list[str]] = {}
+    out: list[dict[str, Any]] = []
+    if secrets is None:
+        return out, problems
+    if not isinstance(secrets, list):
+        return out, {"secrets": ["Write the secrets as a list."]}
+    if len(secrets) > MAX_SECRETS:
+        return out, {"secrets": [f"At most {MAX_SECRETS} secret references."]}
+    env_names: set[str] = set()
+    for i, item in enumerate(secrets):
+        at = f"secrets[{i}]"
+        if not isinstance(item, Mapping):
+            problems[at] = ["Write each secret as an object."]
+            continue
+        as_env = "env" in item or "key" in item
+        known = SECRET_ENV_KEYS if as_env else SECRET_VOLUME_KEYS
+        for key in _unknown_keys(item, known):
+            problems[f"{at}.{key}"] = [
+                "Unknown field: a secret is {secret, key, env} (an environment variable) "
+                "or {secret, mount_path} (files)."]
+        problem = name_problem(item.get("secret"), what="Secret", allowlist="allowed secrets",
+                               allowed=None if policy is None else policy.secrets)
+        if problem:
+            problems[f"{at}.secret"] = [problem]
+        if as_env:
+            data_key, env_name = item.get("key"), item.get("env")
+            if not isinstance(data_key, str) or not SECRET_KEY_RE.match(data_key):
+                problems[f"{at}.key"] = ["The key of the Secret's data to read (letters, "
+                                         "digits, '-', '_', '.')."]
+            if not isinstance(env_name, str) or not ENV_NAME_RE.match(env_name) or \
+                    len(env_name) > 253:
+                problems[f"{at}.env"] = ["A valid environment variable name, e.g. HF_TOKEN."]
+            elif env_name_reserved(env_name, allowed=frozenset()):
+                problems[f"{at}.env"] = [f"{env_name} is reserved ({RESERVED_ENV_HELP})."]
+            elif env_name in env:
+                problems[f"{at}.env"] = [f"The job's env sets {env_name} already."]
+            elif env_name in env_names:
+                problems[f"{at}.env"] = [f"Another secret sets {env_name} already."]
+            else:
+                env_names.add(env_name)
+            out.append({"secret": item.get("secret"), "key": data_key, "env": env_name})
+        else:
+            if "mount_path" not in item:
+                problems[f"{at}.mount_path"] = [
+                    "Give env and key (an environment variable) or mount_path (files)."]
+            out.append({"secret": item.get("secret"), "mount_path": item.get("mount_path")})
+    return out, problems
+
+
+def mounts_check(volumes: list[dict[str, Any]], secrets: list[dict[str, Any]]
+                 ) -> dict[str, list[str]]:
+    """Each mount path's refusal: not a path, a forbidden place, or over, under or at
+    another mount of the job."""
+    problems: dict[str, list[str]] = {}
+    mounts = [(f"volumes[{i}].mount_path", v.get("mount_path")) for i, v in enumerate(volumes)]
+    mounts += [(f"secrets[{i}].mount_path", s.get("mount_path")) for i, s in enumerate(secrets)
+               if "env" not in s]
+    seen: list[tuple[str, str]] = []
+    for at, path in mounts:
+        problem = mount_path_problem(path)
+        if problem is None:
+            assert isinstance(path, str)
+            clash = [other for other, p in seen if _within(path, p) or _within(p, path)]
+            if clash:
+                problem = f"Overlaps {clash[0]} (mounts may not be at, over or under another)."
+            else:
+                seen.append((at, path))
+        if problem:
+            problems[at] = [problem]
+    return problems
+
+
+def metadata_check(items: Any, *, field: str) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """A job's `labels` or `annotations` (`field`): at most 16 plain keys (no prefix:
+    fairq adds USER_LABEL_PREFIX), label values valid Kubernetes label values,
+    annotation values at most 1024 characters and 8 KiB together."""
+    if items is None:
+        return {}, {}
+    if not isinstance(items, Mapping):
+        return {}, {field: ["Write them as an object of names to strings."]}
+    most = MAX_LABELS if field == "labels" else MAX_ANNOTATIONS
+    if len(items) > most:
+        return {}, {field: [f"At most {most}."]}
+    problems: dict[str, list[str]] = {}
+    for key, value in items.items():
+        at = f"{field}.{key}"
+        if not isinstance(key, str) or len(key) > MAX_LABEL_KEY_LEN or \
+                not LABEL_NAME_RE.match(key):
+            problems[at] = [
+                f"Keys are plain names of at most {MAX_LABEL_KEY_LEN} letters, digits, '-', "
+                f"'_' and '.' (no prefix such as kubernetes.io/ or fairq.io/: fairq puts them "
+                f"under {USER_LABEL_PREFIX})."]
+            continue
+        if not isinstance(value, str):
+            problems[at] = ["Values are strings."]
+        elif field == "labels" and (len(value) > MAX_LABEL_VALUE_LEN
+                                    or not LABEL_VALUE_RE.match(value)):
+            problems[at] = [f"A label value is at most {MAX_LABEL_VALUE_LEN} letters, digits, "
+                            "'-', '_' and '.', starting and ending with a letter or digit."]
+        elif field == "annotations" and len(value) > MAX_ANNOTATION_VALUE_LEN:
+            problems[at] = [f"At most {MAX_ANNOTATION_VALUE_LEN} characters."]
+    if not problems and field == "annotations":
+        size = sum(len(k.encode()) + len(str(v).encode()) for k, v in items.items())
+        if size > MAX_ANNOTATIONS_BYTES:
+            problems[field] = [f"At most {MAX_ANNOTATIONS_BYTES // 1024} KiB together, not "
+                               f"{size:,} bytes."]
+    return ({str(k): str(v) for k, v in items.items()} if not problems else {}), problems
+
+
+def workload_check(
+    *, volumes: Any = None, secrets: Any = None, image_pull_secret: Any = "",
+    working_dir: Any = "", labels: Any = None, annotations: Any = None,
+    env: Mapping[str, Any] | None = None, policy: WorkloadPolicy | None,
+    max_scratch_bytes: int,
+) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """Every storage, secret and metadata field of a job: their normalised values (the
+    Job's fields of those names) and each refusal by field path. `policy` None checks
+    everything but the team's allowlists."""
+    problems: dict[str, list[str]] = {}
+    vols, found = volumes_check(volumes, policy=policy, max_scratch_bytes=max_scratch_bytes)
+    problems.update(found)
+    secs, found = secrets_check(secrets, policy=policy, env=env or {})
+    problems.update(found)
+    for at, refusal in mounts_check(vols, secs).items():
+        problems.setdefault(at, refusal)
+    pull = image_pull_secret or ""
+    if pull:
+        problem = name_problem(pull, what="image pull secret",
+                               allowlist="allowed pull secrets",
+                               allowed=None if policy is None else policy.pull_secrets)
+        if problem:
+            problems["image_pull_secret"] = [problem]
+    workdir = working_dir or ""
+    if workdir:
+        problem = path_problem(workdir, what="working directory")
+        if problem:
+            problems["working_dir"] = [problem]
+    lab, found = metadata_check(labels, field="labels")
+    problems.update(found)
+    ann, found = metadata_check(annotations, field="annotations")
+    problems.update(found)
+    return ({"volumes": vols, "secrets": secs, "image_pull_secret": pull,
+             "working_dir": workdir, "labels": lab, "annotations": ann}, problems)
+
+
+def allowlist_problem(names: Any) -> str | None:
+    """Why `names` is not a team allowlist (a list of at most MAX_ALLOWLIST distinct
+    Kubernetes names of the team's namespace), or None."""
+    if not isinstance(names, list):
+        return "Write a list of names."
+    if len(names) > MAX_ALLOWLIST:
+        return f"At most {MAX_ALLOWLIST} names."
+    for name in names:
+        problem = name_problem(name, what="name", allowed=None, allowlist="")
+        if problem:
+            return problem
+    if len(set(names)) != len(names):
+        return "Each name once."
+    return None

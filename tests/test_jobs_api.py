@@ -53,7 +53,7 @@ BAD_INPUTS: list[tuple[dict[str, Any], str]] = [
     ({"team": "no-such-team"}, "team"),
     ({"name": "Resnet_Sweep"}, "name"),
     ({"name": "x" * 64}, "name"),
-    ({"command": ["x" * 5000]}, "command.0"),
+    ({"command": ["x" * 5000]}, "command[0]"),
     ({"args": ["a"] * 300}, "args"),
     ({"env": {"BAD NAME": "1"}}, "env"),
     ({"env": {"FAIRQ_TOKEN": "1"}}, "env"),

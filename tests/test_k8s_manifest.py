@@ -262,9 +262,10 @@ def test_a_hostile_job_body_reaches_the_job_without_any_extra_field(world: Any) 
     r = client.post("/api/v1/jobs/", job_body(**HOSTILE_EXTRAS), format="json")
     # The API refuses fields it does not know, each by name (queueing/api/strict.py) ...
     assert r.status_code == 400, r.content
-    # (`resources` is a job field: its unknown key `limits` is what is refused.)
-    assert set(r.json()["error"]["fields"]) == set(HOSTILE_EXTRAS) - {"resources"} | {
-        "resources.limits"}
+    # (`resources` and `volumes` are job fields: their unknown keys are what is refused,
+    # and the volume's missing mount path.)
+    assert set(r.json()["error"]["fields"]) == set(HOSTILE_EXTRAS) - {"resources", "volumes"} | {
+        "resources.limits", "volumes[0].hostPath", "volumes[0].mount_path"}
     assert not Job.objects.exists()
     # ... and the job's real fields alone make a manifest with nothing of them.
     r = client.post("/api/v1/jobs/", job_body(), format="json")

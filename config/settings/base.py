@@ -403,6 +403,11 @@ FAIRQ_REGISTRY_ALLOWLIST = env.list("FAIRQ_REGISTRY_ALLOWLIST", default=[])
 if any(not _r or "://" in _r or " " in _r for _r in FAIRQ_REGISTRY_ALLOWLIST):
     raise environ.ImproperlyConfigured(
         "FAIRQ_REGISTRY_ALLOWLIST entries are registries or registry/path prefixes, no scheme")
+# The most node-local scratch one `empty_dir` volume of a job may ask for (bytes; its
+# size_limit). Default 1Ti.
+FAIRQ_MAX_SCRATCH_BYTES = env.int("FAIRQ_MAX_SCRATCH_BYTES", default=2**40)
+if not 1 <= FAIRQ_MAX_SCRATCH_BYTES <= 2**60:
+    raise environ.ImproperlyConfigured("FAIRQ_MAX_SCRATCH_BYTES must be within 1..2**60 bytes")
 # A failed pod fails the attempt (fairq requeues or not; Kubernetes does not retry).
 FAIRQ_K8S_BACKOFF_LIMIT = env.int("FAIRQ_K8S_BACKOFF_LIMIT", default=0)
 # Finished Jobs (and their pods' logs) are kept this long.

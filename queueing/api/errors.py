@@ -24,7 +24,9 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     if isinstance(detail, dict):
         for key, value in detail.items():
-            name = f"{prefix}.{key}" if prefix else str(key)
+            # A list's errors by index (DRF's ListField): "volumes[1].mount_path".
+            name = f"{prefix}[{key}]" if isinstance(key, int) and prefix else \
+                f"{prefix}.{key}" if prefix else str(key)
             out.update(_flatten(value, name))
     elif isinstance(detail, list):
         if all(not isinstance(v, (dict, list)) for v in detail):

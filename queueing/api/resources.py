@@ -106,7 +106,8 @@ class TierSerializer(serializers.ModelSerializer[Tier]):
     class Meta:
         model = Tier
         fields = ["slug", "name", "rank", "priority_class_name", "priority_value",
-                  "preemptible", "min_runtime_seconds", "open_to_all_teams"]
+                  "preemptible", "min_runtime_seconds", "max_termination_grace_seconds",
+                  "open_to_all_teams"]
         read_only_fields = fields
 
 

@@ -42,6 +42,54 @@ class TopologySerializer(StrictFieldsMixin, serializers.Serializer[Any]):
         choices=list(v.TOPOLOGY_MODES), default="required",
         help_text="required: all replicas in one domain, or wait; preferred: as few "
                   "domains as there is room for.")
+# Shapes only (types, lengths, no unknown key at any depth): names, paths, allowlists and
+# sizes are `validation.workload_check`'s, called by `job_input_build`.
+class EmptyDirSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
+    """Node-local scratch (an emptyDir on the node's disk), gone with the pod."""
+
+    size_limit = serializers.CharField(
+        max_length=v.MAX_QUANTITY_LEN,
+        help_text='The most it may hold, a quantity: "100Gi" (at most FAIRQ_MAX_SCRATCH_BYTES).')
+
+
+class VolumeSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
+    """A volume mounted in every replica: exactly one of `pvc` and `empty_dir`."""
+
+    name = serializers.CharField(max_length=63, help_text="A DNS-1123 label, unique in the job.")
+    pvc = serializers.CharField(
+        max_length=v.MAX_DNS_SUBDOMAIN_LEN, required=False,
+        help_text="A PersistentVolumeClaim of the team's namespace, in the team's "
+                  "allowed_pvcs (its name alone: never \"namespace/name\").")
+    empty_dir = EmptyDirSerializer(required=False)
+    mount_path = serializers.CharField(
+        max_length=v.MAX_PATH_LEN, trim_whitespace=False,
+        help_text="Absolute and normalised; not /, not at, over or under another mount, "
+                  f"nor {', '.join(v.FORBIDDEN_MOUNTS)}.")
+    read_only = serializers.BooleanField(  # type: ignore[assignment] # Field.read_only, not ours
+        required=False, help_text="Mount the PVC read-only (pvc only).")
+
+
+class SecretRefSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
+    """A Secret of the team's namespace (in its allowed_secrets), by reference only: one
+    key as an environment variable ({secret, key, env}) or every key as a read-only file
+    under `mount_path` ({secret, mount_path})."""
+
+    secret = serializers.CharField(max_length=v.MAX_DNS_SUBDOMAIN_LEN,
+                                   help_text="The Secret's name (never \"namespace/name\").")
+    key = serializers.CharField(max_length=253, required=False,
+                                help_text="The key of its data to read (env form).")
+    env = serializers.CharField(max_length=253, required=False,
+                                help_text="The environment variable to set (env form).")
+    mount_path = serializers.CharField(
+        max_length=v.MAX_PATH_LEN, required=False, trim_whitespace=False,
+        help_text="Where its files appear, read-only (file form).")
+
+
+def _metadata(help_text: str, value_len: int) -> serializers.DictField:
+    return serializers.DictField(
+        child=serializers.CharField(max_length=value_len, allow_blank=True,
+                                    trim_whitespace=False),
+        required=False, default=dict, help_text=help_text)
 
 
 # Shapes only: the rules that need the database or settings (the team, GPU type and tier,
@@ -81,6 +129,34 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
         help_text='Size of /dev/shm (a memory-backed emptyDir), e.g. "64Gi"; not given: the '
                   "team's default, if any.")
     topology = TopologySerializer(required=False, allow_null=True)
+    volumes = serializers.ListField(child=VolumeSerializer(), max_length=v.MAX_VOLUMES,
+                                    required=False, default=list)
+    secrets = serializers.ListField(child=SecretRefSerializer(), max_length=v.MAX_SECRETS,
+                                    required=False, default=list)
+    image_pull_secret = serializers.CharField(
+        max_length=v.MAX_DNS_SUBDOMAIN_LEN, required=False, allow_blank=True, default="",
+        help_text="A Secret of the team's namespace (in its allowed_pull_secrets) the "
+                  "kubelet pulls the image with.")
+    working_dir = serializers.CharField(
+        max_length=v.MAX_WORKING_DIR_LEN, required=False, allow_blank=True, default="",
+        trim_whitespace=False,
+        help_text="The container's working directory: an absolute, normalised path.")
+    labels = _metadata(
+        f"At most {v.MAX_LABELS} labels: plain keys (no prefix; {v.MAX_LABEL_KEY_LEN} "
+        "characters), Kubernetes label values. On the pods as "
+        f"{v.USER_LABEL_PREFIX}<key>; GET /jobs/?label=key=value filters on them.",
+        v.MAX_LABEL_VALUE_LEN)
+    annotations = _metadata(
+        f"At most {v.MAX_ANNOTATIONS} annotations: plain keys, values of at most "
+        f"{v.MAX_ANNOTATION_VALUE_LEN} characters, {v.MAX_ANNOTATIONS_BYTES // 1024} KiB "
+        f"together. On the pods as {v.USER_LABEL_PREFIX}<key>.",
+        v.MAX_ANNOTATION_VALUE_LEN)
+    termination_grace_seconds = serializers.IntegerField(
+        min_value=0, max_value=v.MAX_TERMINATION_GRACE_SECONDS, required=False,
+        allow_null=True, default=None,
+        help_text="Seconds the pods get between SIGTERM and SIGKILL when stopped (cancel, "
+                  "preemption); not given: FAIRQ_K8S_TERMINATION_GRACE_SECONDS. At most "
+                  "the tier's max_termination_grace_seconds.")
 
 
 @functools.cache
@@ -153,13 +229,21 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     topology = serializers.DictField(
         child=serializers.CharField(), read_only=True, allow_null=True,
         help_text='Rule A7: {"level": "rack", "mode": "required"}, or null.')
+    volumes = serializers.ListField(child=serializers.DictField(), read_only=True,
+                                    help_text="As submitted (normalised).")
+    secrets = serializers.ListField(child=serializers.DictField(), read_only=True,
+                                    help_text="Secret references (never values).")
+    labels = serializers.DictField(child=serializers.CharField(), read_only=True)
+    annotations = serializers.DictField(child=serializers.CharField(), read_only=True)
+    termination_grace_seconds = serializers.IntegerField(read_only=True, allow_null=True)
 
     class Meta:
         model = Job
         fields = [
             "id", "team", "name", "image", "command", "args", "env", "gpu_type", "gpus",
             "replicas", "total_gpus", "tier", "max_runtime_seconds", "resources", "shm_size",
-            "topology", "status", "attempt",
+            "topology", "volumes", "secrets", "image_pull_secret", "working_dir", "labels",
+            "annotations", "termination_grace_seconds", "status", "attempt",
             "submitter", "created_at", "updated_at", "admitted_at", "started_at",
             "finished_at", "placement", "exit_code", "message",
         ]

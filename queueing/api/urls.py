@@ -22,6 +22,8 @@ urlpatterns = [
     path("teams/<slug:slug>/", accounts_api.TeamDetailView.as_view(), name="team-detail"),
     path("teams/<slug:slug>/resources/", accounts_api.TeamResourcesView.as_view(),
          name="team-resources"),
+    path("teams/<slug:slug>/workload-policy/", accounts_api.TeamResourcesView.as_view(),
+         name="team-workload-policy"),
     path("teams/<slug:slug>/members/", accounts_api.MembershipListView.as_view(),
          name="membership-list"),
     path("teams/<slug:slug>/members/<str:username>/", accounts_api.MembershipDetailView.as_view(),

@@ -46,7 +46,7 @@ from .bulk import (
     JobSubmittedSerializer,
     job_submitted_data,
 )
-from .fields import InstantFilter
+from .fields import InstantFilter, LabelFilter
 from .idempotency import IdempotentPostMixin, idempotency_key
 from .serializers import (
     JobCreateSerializer,
@@ -69,10 +69,12 @@ class JobFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filte
     updated_after = InstantFilter(
         field_name="updated_at", lookup_expr="gt",
         help_text="Only jobs changed after this instant (for polling clients).")
+    label = LabelFilter()  # its description is the class's schema annotation
 
     class Meta:
         model = Job
-        fields = ["status", "team", "tier", "gpu_type", "name", "submitter", "updated_after"]
+        fields = ["status", "team", "tier", "gpu_type", "name", "submitter", "updated_after",
+                  "label"]
 
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
@@ -239,7 +241,9 @@ def _job_fields(request: Request, serializer_class: type[JobCreateSerializer]) -
         raise ValidationError(merged) from None
 
 
-_RULED_FIELDS = ("team", "name", "image", "env", "gpu_type", "tier", "resources", "shm_size")
+_RULED_FIELDS = ("team", "name", "image", "env", "gpu_type", "tier", "resources", "shm_size",
+                 "volumes", "secrets", "image_pull_secret", "working_dir", "labels",
+                 "annotations")
 
 
 def _detail_data(job: Job) -> Any:

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +97,20 @@ class LaunchSpec:
     topology_level: str = ""
     topology_label: str = ""
     topology_domain: str = ""
+    # Storage, secrets and pod metadata, as Job keeps them (normalised at submit by
+    # `validation.workload_check`; the manifest checks them again): volumes ({name, pvc,
+    # mount_path, read_only} or {name, empty_dir: {size_limit}, mount_path}), secret
+    # references ({secret, key, env} or {secret, mount_path}), all of the team's
+    # namespace; the pull secret and working directory ("": none); the job's own labels
+    # and annotations (plain keys: the manifest prefixes them); the pods' grace period
+    # (None: the backend's default).
+    volumes: Sequence[Mapping[str, Any]] = ()
+    secrets: Sequence[Mapping[str, Any]] = ()
+    image_pull_secret: str = ""
+    working_dir: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    termination_grace_seconds: int | None = None
 
 
 # The port replica 0 of a multi-replica job listens on for the rendezvous (`MASTER_PORT`,

@@ -6,13 +6,17 @@ API server speaks), so every field that reaches a pod spec is decided in this fi
 
 Safety (docs/kubernetes.md, "What reaches the pod spec"): of the user's input only the
 image, command, args and env reach the pod, each copied field by field into a container
-fairq builds, and the per-replica quantities (cpu, memory, ephemeral storage, /dev/shm),
-as integers fairq parsed and bounded at submit and writes itself; everything else (the
-selector, tolerations, priority, security context, no service-account token) is fairq's.
-A LaunchSpec has no field through which a user could smuggle `privileged`, `hostPath`,
-`hostNetwork` or a service account. The image
-and env names are checked again here (the API checks them first): a reserved env name or
-an image that is not an ASCII reference never reaches a pod.
+fairq builds, the per-replica quantities (cpu, memory, ephemeral storage, /dev/shm), as
+integers fairq parsed and bounded at submit and writes itself, and references by name
+to PVCs, Secrets and a pull secret of the team's own namespace (volumes, secret env
+vars and files), a working directory and the job's own labels and annotations under
+`user.fairq.io/`; everything else (the selector, tolerations, priority, security
+context, no service-account token) is fairq's. A LaunchSpec has no field through which a
+user could smuggle `privileged`, `hostPath`, `hostNetwork`, another namespace or a
+service account. The image, env names and the storage and metadata fields are checked
+again here (the API checks them first, `validation.workload_check`): a reserved env
+name, a host path, a mount over /var/run/secrets or an image that is not an ASCII
+reference never reaches a pod.
 """
 
 from __future__ import annotations
@@ -32,11 +36,15 @@ from queueing.validation import (
     ENV_NAME_RE,
     IMAGE_RE,
     MAX_IMAGE_LEN,
+    MAX_RESOURCE_BYTES,
+    SECRET_VOLUME_PREFIX,
+    USER_LABEL_PREFIX,
     env_name_reserved,
     format_bytes,
     format_cpu,
     parse_bytes,
     parse_cpu,
+    workload_check,
 )
 
 from .base import (
@@ -128,9 +136,11 @@ def _str_list(values: Iterable[Any], what: str) -> list[str]:
     return out
 
 
-def _env(env: Mapping[str, str], fairqs: Mapping[str, str]) -> list[dict[str, str]]:
+def _env(env: Mapping[str, str], fairqs: Mapping[str, str],
+         secret_refs: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
     """The user's env, checked (no reserved name), with fairq's own (`fairqs`: names the
-    user may not set) added; sorted by name."""
+    user may not set) added, and the spec's secret env vars (`valueFrom.secretKeyRef`,
+    checked by `_workload`); sorted by name."""
     for name in env:
         if not isinstance(name, str) or not ENV_NAME_RE.match(name) or len(name) > 253:
             raise ManifestError(f"invalid environment variable name {name!r}")
@@ -138,9 +148,15 @@ def _env(env: Mapping[str, str], fairqs: Mapping[str, str]) -> list[dict[str, st
             raise ManifestError(f"environment variable name {name!r} is reserved")
         if not isinstance(env[name], str):
             raise ManifestError(f"environment variable {name} must be a string")
-    merged = {**env, **fairqs}
-    # Only `value`: never `valueFrom` (it could read Secrets of the namespace).
-    return [{"name": name, "value": merged[name]} for name in sorted(merged)]
+    merged: dict[str, dict[str, Any]] = {
+        name: {"name": name, "value": value} for name, value in {**env, **fairqs}.items()}
+    # `valueFrom` only for the spec's secret references (a Secret the team allows, by
+    # name, in its own namespace): never from the literal env.
+    for ref in secret_refs:
+        if "env" in ref:
+            merged[ref["env"]] = {"name": ref["env"], "valueFrom": {"secretKeyRef": {
+                "name": ref["secret"], "key": ref["key"]}}}
+    return [merged[name] for name in sorted(merged)]
 
 
 def replica_job_name(workload: str, replica: int) -> str:
@@ -189,14 +205,21 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions, *, replica: int = 0
     Deterministic: the same spec gives the same body.
 
     Guarantees: the pod runs one container `main` with the spec's image, command, args
-    and env (literal values only) and limits = requests = `gpus_per_replica` of the GPU
-    type's resource and the spec's cpu, memory and ephemeral storage
-    (`container_resources`); with a shm size, a memory-backed emptyDir at /dev/shm (`_shm`),
-    the only volume; no privilege, escalation, capability, host namespace, host path or
+    and env (literal values, plus `valueFrom.secretKeyRef` only for the spec's secret
+    references) and limits = requests = `gpus_per_replica` of the GPU type's resource
+    and the spec's cpu, memory and ephemeral storage (`container_resources`); its volumes
+    are only: with a shm size, a memory-backed emptyDir at /dev/shm (`_shm`); the spec's
+    PVCs, size-limited emptyDirs and read-only Secret volumes (`_volumes`), every name of
+    the team's namespace (no namespace is ever written), none mounted over or under
+    /var/run/secrets, /run/secrets, /dev, /proc, /sys or the kubelet's /etc files
+    (`_workload` re-checks `validation.workload_check`); imagePullSecrets only the
+    spec's one; workingDir as given; terminationGracePeriodSeconds the spec's (else
+    `opts`'); no privilege, escalation, capability, host namespace, host path or
     service-account token, the runtime's seccomp profile, runAsNonRoot as the team says
     (`security_context`); no reserved env name (API rules, checked again here), and
     fairq's own env (`base.workload_env`: job id, attempt, rendezvous); labels and
-    annotations carry job id, attempt, team, tier and GPU type.
+    annotations carry job id, attempt, team, tier and GPU type, and the job's own under
+    `user.fairq.io/` (which can never replace fairq's or Kubernetes' keys).
 
     One replica: `parallelism = completions = 1`. Replicas > 1 (docs/kubernetes.md,
     "Replicas that rendezvous"): one Job per replica, each `parallelism = completions =
@@ -241,9 +264,18 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions, *, replica: int = 0
         container["command"] = command
     if args:
         container["args"] = args
+    workload = _workload(spec)
     container["env"] = _env(spec.env, workload_env(spec, replica=replica,
-                                                    master_addr=master_addr(spec.name)))
-    volumes = _shm(spec, container)
+                                                    master_addr=master_addr(spec.name)),
+                            workload["secrets"])
+    if workload["working_dir"]:
+        container["workingDir"] = workload["working_dir"]
+    volumes = _shm(spec, container) + _volumes(workload, container)
+    user_labels = {f"{USER_LABEL_PREFIX}{k}": val for k, val in workload["labels"].items()}
+    user_annotations = {f"{USER_LABEL_PREFIX}{k}": val
+                        for k, val in workload["annotations"].items()}
+    labels = {**user_labels, **labels}  # fairq's own win (they cannot clash: the prefix)
+    annotations = {**user_annotations, **annotations}
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "containers": [container],
@@ -253,10 +285,14 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions, *, replica: int = 0
         "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists"}],
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": opts.termination_grace_seconds,
+        "terminationGracePeriodSeconds": opts.termination_grace_seconds
+        if spec.termination_grace_seconds is None
+        else _grace(spec.termination_grace_seconds),
     }
     if volumes:
         pod_spec["volumes"] = volumes
+    if workload["image_pull_secret"]:
+        pod_spec["imagePullSecrets"] = [{"name": workload["image_pull_secret"]}]
     if rendezvous:
         # A stable DNS name per replica: <hostname>.<subdomain> resolves through the
         # workload's headless Service (service_manifest).
@@ -349,6 +385,60 @@ def _shm(spec: LaunchSpec, container: dict[str, Any]) -> list[dict[str, Any]]:
     container["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
     return [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory",
                                               "sizeLimit": format_bytes(size)}}]
+
+
+def _grace(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 24 * 3600:
+        raise ManifestError(f"termination grace must be 0..86400 seconds, not {value!r}")
+    return value
+
+
+def _workload(spec: LaunchSpec) -> dict[str, Any]:
+    """The spec's storage, secret and metadata fields, checked again by the rules the API
+    applied (`validation.workload_check`, every rule but the team's allowlists, which
+    only the database knows): no unknown key (a hostPath in any spelling), only names of
+    the team's namespace, no mount over or under /var/run/secrets, /dev, /proc, ...,
+    plain label keys. ManifestError names the first refusal."""
+    values, problems = workload_check(
+        volumes=[dict(v) for v in spec.volumes], secrets=[dict(s) for s in spec.secrets],
+        image_pull_secret=spec.image_pull_secret, working_dir=spec.working_dir,
+        labels=dict(spec.labels), annotations=dict(spec.annotations), env=spec.env,
+        policy=None, max_scratch_bytes=MAX_RESOURCE_BYTES)
+    if problems:
+        field, why = sorted(problems.items())[0]
+        raise ManifestError(f"{field}: {why[0]}")
+    return values
+
+
+def _volumes(workload: Mapping[str, Any], container: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod's volumes of the spec's PVCs, scratch emptyDirs and Secret files, in the
+    spec's order, and their mounts (added to the container's). A Secret's volume is
+    `fq-secret-<i>` (i: its index in `secrets`), always read-only. No other volume
+    source is ever written: no hostPath, nfs, csi, ..."""
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = container.setdefault("volumeMounts", [])
+    for volume in workload["volumes"]:
+        name, path = volume["name"], volume["mount_path"]
+        if "pvc" in volume:
+            read_only = bool(volume.get("read_only"))
+            source: dict[str, Any] = {"persistentVolumeClaim": {
+                "claimName": volume["pvc"], "readOnly": read_only}}
+            mount = {"name": name, "mountPath": path, "readOnly": read_only}
+        else:
+            size = format_bytes(parse_bytes(volume["empty_dir"]["size_limit"]))
+            source = {"emptyDir": {"sizeLimit": size}}
+            mount = {"name": name, "mountPath": path}
+        volumes.append({"name": name, **source})
+        mounts.append(mount)
+    for i, ref in enumerate(workload["secrets"]):
+        if "env" in ref:
+            continue
+        name = f"{SECRET_VOLUME_PREFIX}{i}"
+        volumes.append({"name": name, "secret": {"secretName": ref["secret"]}})
+        mounts.append({"name": name, "mountPath": ref["mount_path"], "readOnly": True})
+    if not mounts:
+        del container["volumeMounts"]
+    return volumes
 
 
 def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:

@@ -105,6 +105,15 @@ class JobInput:
     # Rule A7: {"level": ..., "mode": "required" | "preferred"} (checked against the GPU
     # type), or None; stored as the two columns below.
     topology: dict[str, str] | None = None
+    # Normalised by `validation.workload_check` (docs/api.md, "Volumes, secrets and
+    # metadata"); the grace period filled in (the setting, within the tier's cap).
+    volumes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    secrets: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    image_pull_secret: str = ""
+    working_dir: str = ""
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    annotations: dict[str, str] = dataclasses.field(default_factory=dict)
+    termination_grace_seconds: int | None = None
     # Derived from the two above (`__post_init__`): what the manifest and the rules use.
     cpu_millicores: int | None = dataclasses.field(init=False, default=None)
     memory_bytes: int | None = dataclasses.field(init=False, default=None)
@@ -143,7 +152,13 @@ JOB_SPEC_FIELDS: dict[str, str] = {
     "env": "env", "gpu_type": "gpu_type", "gpus": "gpus_per_replica", "replicas": "replicas",
     "tier": "tier", "max_runtime_seconds": "max_runtime_seconds",
     "resources": "resources", "shm_size": "shm_size", "topology": "topology",
+    "volumes": "volumes", "secrets": "secrets", "image_pull_secret": "image_pull_secret",
+    "working_dir": "working_dir", "labels": "labels", "annotations": "annotations",
+    "termination_grace_seconds": "termination_grace_seconds",
 }
+# The fields `validation.workload_check` judges (their names are JobInput's and Job's).
+WORKLOAD_FIELDS = ("volumes", "secrets", "image_pull_secret", "working_dir", "labels",
+                   "annotations")
 _SLUG_FIELDS = frozenset({"team", "gpu_type", "tier"})
 INVALID_FIELDS = "The request has invalid fields."
 REQUIRED = "This field is required."
@@ -155,7 +170,7 @@ def job_spec(job: Job) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     for name, attr in JOB_SPEC_FIELDS.items():
         value = getattr(job, attr)
-        spec[name] = value.slug if name in _SLUG_FIELDS else copy.copy(value)
+        spec[name] = value.slug if name in _SLUG_FIELDS else copy.deepcopy(value)
     return spec
 
 
@@ -166,6 +181,10 @@ def job_input_build(
     tier: str | None = None, max_runtime_seconds: int | None = None,
     resources: dict[str, str] | None = None, shm_size: str | None = None,
     topology: dict[str, str] | None = None,
+    volumes: list[Any] | None = None, secrets: list[Any] | None = None,
+    image_pull_secret: str | None = None, working_dir: str | None = None,
+    labels: dict[str, Any] | None = None, annotations: dict[str, Any] | None = None,
+    termination_grace_seconds: int | None = None,
 ) -> JobInput:
     """The JobInput of a job spec whose fields have their shapes already (the API's
     serializer, the web form): the submit rules that need settings or the database. The
@@ -175,17 +194,27 @@ def job_input_build(
     Raises DomainError (400) with every refused field's messages, as the API answers and
     the web form shows them: first each field on its own, then, when they all pass, the
     rules across fields (a gang no node holds, the team's resource maxima, the spec's
-    size). A None argument is a field the front end found missing or ill-formed: reported
-    as required, not checked. A resource or shm size not given (None, "") takes the
-    team's default, if it has one."""
+    size, the tier's grace cap). A None argument is a field the front end found missing
+    or ill-formed: reported as required, not checked. A resource or shm size not given
+    (None, "") takes the team's default, if it has one; a grace period not given,
+    FAIRQ_K8S_TERMINATION_GRACE_SECONDS (at most the tier's cap)."""
     command, args, env = command or [], args or [], env or {}
     resources = {k: val.strip() if isinstance(val, str) else val
                  for k, val in (resources or {}).items()}
     resources = {k: val for k, val in resources.items() if val not in (None, "")}
     shm_size = (shm_size or "").strip()
+    workload_given = {"volumes": volumes, "secrets": secrets,
+                      "image_pull_secret": image_pull_secret, "working_dir": working_dir,
+                      "labels": labels, "annotations": annotations}
     (team_row, gpu_type_row, tier_row), problems = _spec_fields(
         actor=actor, team=team, name=name, image=image, env=env, gpu_type=gpu_type, tier=tier,
         resources=resources, shm_size=shm_size)
+    workload, workload_problems = _workload(team_row, env=env, **workload_given)
+    for field, refusal in workload_problems.items():
+        problems.setdefault(field, refusal)
+    grace_problem = _grace_problem(termination_grace_seconds)
+    if grace_problem:
+        problems["termination_grace_seconds"] = [grace_problem]
     for field, value in (("team", team), ("name", name), ("image", image),
                          ("gpu_type", gpu_type), ("gpus", gpus), ("replicas", replicas)):
         if value is None:
@@ -207,13 +236,15 @@ def job_input_build(
     topology = _topology_checked(gpu_type_row, topology)
     resources, shm_size = _team_resources(team_row, resources=resources, shm_size=shm_size)
     _refuse_larger_than_nodes(gpu_type_row.slug, resources)
+    grace = _tier_grace(tier_row, termination_grace_seconds)
     if v.spec_size(command, args, env) > v.MAX_SPEC_BYTES:
         raise DomainError(INVALID_FIELDS, fields={"non_field_errors": [
             f"command, args and env together exceed {v.MAX_SPEC_BYTES // 1024} KiB."]})
     return JobInput(team=team_row, name=name, image=image, command=command, args=args,
                     env=env, gpu_type=gpu_type_row, gpus_per_replica=gpus, replicas=replicas,
                     tier=tier_row, max_runtime_seconds=max_runtime_seconds,
-                    resources=resources, shm_size=shm_size, topology=topology)
+                    resources=resources, shm_size=shm_size, topology=topology,
+                    termination_grace_seconds=grace, **workload)
 
 
 def _topology_checked(gpu_type: GpuType, topology: dict[str, str] | None
@@ -256,6 +287,39 @@ def _refuse_larger_than_nodes(gpu_type: str, resources: dict[str, str]) -> None:
         raise DomainError(INVALID_FIELDS, fields=problems)
 
 
+def _workload(team: Team | None, *, env: dict[str, str], **fields: Any
+              ) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """`validation.workload_check` of the job's storage, secret and metadata fields
+    against `team`'s allowlists (None: the team is refused; every other rule)."""
+    policy = None if team is None else v.WorkloadPolicy(
+        pvcs=frozenset(team.allowed_pvcs or ()), secrets=frozenset(team.allowed_secrets or ()),
+        pull_secrets=frozenset(team.allowed_pull_secrets or ()))
+    return v.workload_check(env=env, policy=policy,
+                            max_scratch_bytes=settings.FAIRQ_MAX_SCRATCH_BYTES, **fields)
+
+
+def _grace_problem(grace: Any) -> str | None:
+    if grace is None:
+        return None
+    if isinstance(grace, bool) or not isinstance(grace, int) or \
+            not 0 <= grace <= v.MAX_TERMINATION_GRACE_SECONDS:
+        return f"Seconds, within 0..{v.MAX_TERMINATION_GRACE_SECONDS}."
+    return None
+
+
+def _tier_grace(tier: Tier, grace: int | None) -> int:
+    """The job's termination grace period: as asked, or the setting; DomainError when
+    asked above the tier's cap (the setting alone is cut to the cap)."""
+    cap = tier.max_termination_grace_seconds
+    if grace is None:
+        grace = settings.FAIRQ_K8S_TERMINATION_GRACE_SECONDS
+        return grace if cap is None else min(grace, cap)
+    if cap is not None and grace > cap:
+        raise DomainError(INVALID_FIELDS, fields={"termination_grace_seconds": [
+            f"At most {cap} seconds (tier {tier.slug}'s maximum), not {grace}."]})
+    return grace
+
+
 def resource_field(name: str) -> str:
     """The error key of a quantity: "resources.cpu" (as DRF names a nested field), or
     "shm_size"."""
@@ -292,19 +356,25 @@ def job_spec_field_problems(
     *, actor: Any, team: str | None = None, name: str | None = None, image: str | None = None,
     env: dict[str, str] | None = None, gpu_type: str | None = None, tier: str | None = None,
     resources: dict[str, str] | None = None, shm_size: str | None = None,
+    volumes: list[Any] | None = None, secrets: list[Any] | None = None,
+    image_pull_secret: str | None = None, working_dir: str | None = None,
+    labels: dict[str, Any] | None = None, annotations: dict[str, Any] | None = None,
 ) -> dict[str, list[str]]:
     """`job_input_build`'s first step alone: the refusals of each given field on its own
     (None: not given). For a front end whose own shape checks refused other fields, so it
     answers every field's problem at once, as one serializer did."""
+    workload = {"volumes": volumes, "secrets": secrets, "image_pull_secret": image_pull_secret,
+                "working_dir": working_dir, "labels": labels, "annotations": annotations}
     return _spec_fields(actor=actor, team=team, name=name, image=image, env=env or {},
                         gpu_type=gpu_type, tier=tier, resources=resources or {},
-                        shm_size=shm_size or "")[1]
+                        shm_size=shm_size or "", workload=workload)[1]
 
 
 def _spec_fields(
     *, actor: Any, team: str | None, name: str | None, image: str | None,
     env: dict[str, str], gpu_type: str | None, tier: str | None,
     resources: dict[str, str] | None = None, shm_size: str = "",
+    workload: dict[str, Any] | None = None,
 ) -> tuple[tuple[Team | None, GpuType | None, Tier | None], dict[str, list[str]]]:
     """The team, GPU type and tier rows the spec names, and each field's refusals."""
     problems: dict[str, list[str]] = {}
@@ -336,6 +406,8 @@ def _spec_fields(
         if tier_row is None:
             problems["tier"] = [f"Unknown tier {tier!r}; known: {', '.join(sorted(tiers))}."]
     problems.update(_quantity_problems(resources or {}, shm_size))
+    if workload is not None:
+        problems.update(_workload(team_row, env=env, **workload)[1])
     return (team_row, gpu_type_row, tier_row), problems
 
 
@@ -509,22 +581,27 @@ def job_cancel(*, actor: Any, job: Job, reason: str = "", now: datetime | None =
 MAX_BULK_JOBS = 10_000
 
 
-# Every member of an array stores its own command, args and env (a job is one row, which
-# the scheduler and the cluster read whole). Their bytes times `count` are bounded, so a
-# request of at most MAX_SPEC_BYTES cannot write more than this: 120 KB of env × 1,000
-# members wrote 124 MB before; 10,000 small members (1.6 KB each) still fit.
+# Every member of an array stores its own command, args and env, volumes, secrets,
+# labels and annotations (a job is one row, which the scheduler and the cluster read
+# whole). Their bytes times `count` are bounded, so a request of at most MAX_SPEC_BYTES
+# (and of the bounded storage and metadata fields) cannot write more than this: 120 KB
+# of env × 1,000 members wrote 124 MB before; 10,000 small members (1.6 KB each) fit.
 MAX_ARRAY_BYTES = 16 * 1024 * 1024
 
 
 def array_size_problem(*, command: list[str], args: list[str], env: dict[str, str],
-                       count: int) -> str | None:
-    """Why an array of `count` jobs of this spec would store too much, or None."""
+                       count: int, extra: Any = None) -> str | None:
+    """Why an array of `count` jobs of this spec would store too much, or None. `extra`:
+    the member's other stored JSON (volumes, secrets, labels, annotations), counted too."""
     member_env = {**env, "FAIRQ_ARRAY_INDEX": str(count - 1), "FAIRQ_ARRAY_SIZE": str(count)}
     per_member = spec_size(command, args, member_env)
+    if extra:
+        per_member += len(json.dumps(extra).encode())
     if per_member * count <= MAX_ARRAY_BYTES:
         return None
     mib = 1024 * 1024
-    return (f"{count} jobs of {per_member:,} bytes of command, args and env would store "
+    return (f"{count} jobs of {per_member:,} bytes of command, args, env, volumes, secrets, "
+            "labels and annotations would store "
             f"{per_member * count / mib:.1f} MiB; an array job stores at most "
             f"{MAX_ARRAY_BYTES // mib} MiB (at most {MAX_ARRAY_BYTES // per_member:,} jobs "
             "of this size): use fewer jobs or a smaller spec.")
@@ -547,7 +624,9 @@ def jobs_submit_bulk(
     if len(longest) > 63:
         message = f"{longest!r} is longer than 63 characters: shorten the name."
         raise DomainError(INVALID_FIELDS, fields={"name": [message]})
-    problem = array_size_problem(command=data.command, args=data.args, env=data.env, count=count)
+    problem = array_size_problem(
+        command=data.command, args=data.args, env=data.env, count=count,
+        extra=[data.volumes, data.secrets, data.labels, data.annotations])
     if problem:
         raise DomainError(INVALID_FIELDS, fields={"count": [problem]})
     now = now or timezone.now()

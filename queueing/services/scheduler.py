@@ -555,6 +555,10 @@ def launch_spec(job: Job, *,
         cpu_millicores=job.cpu_millicores, memory_bytes=job.memory_bytes,
         ephemeral_storage_bytes=job.ephemeral_storage_bytes, shm_size_bytes=job.shm_size_bytes,
         topology_level=level, topology_label=label, topology_domain=domain,
+        volumes=tuple(job.volumes or ()), secrets=tuple(job.secrets or ()),
+        image_pull_secret=job.image_pull_secret, working_dir=job.working_dir,
+        labels=dict(job.labels or {}), annotations=dict(job.annotations or {}),
+        termination_grace_seconds=job.termination_grace_seconds,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
@@ -135,8 +136,12 @@ def test_membership_and_team_services_check_their_actor(world: World) -> None:
 
 
 def test_a_job_spec_builds_the_input_of_the_same_job(world: World) -> None:
+    # A job as submitted now: its grace filled in (the setting, job_input_build).
     job = _job(world, env={"SEED": "3"}, command=["python"], args=["-u"], replicas=2,
-               max_runtime_seconds=60)
+               max_runtime_seconds=60,
+               termination_grace_seconds=django_settings.FAIRQ_K8S_TERMINATION_GRACE_SECONDS,
+               volumes=[{"name": "s", "empty_dir": {"size_limit": "1Gi"}, "mount_path": "/s"}],
+               labels={"run": "a"})
     spec = job_spec(job)
     assert set(spec) == set(JOB_SPEC_FIELDS)
     data = job_input_build(actor=world.member, **spec)
