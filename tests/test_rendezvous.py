@@ -17,6 +17,7 @@ from queueing import validation as v
 from queueing.backends.base import LaunchSpec, Phase
 from queueing.backends.simulated import SimulatedCluster
 from queueing.models import Job
+from queueing.services.logs import split_replicas
 from queueing.services.scheduler import scheduler_cycle
 
 from .conftest import World, job_body
@@ -90,7 +91,11 @@ def test_one_replica_failing_fails_the_simulated_workload_naming_the_replica() -
     assert s.phase == Phase.FAILED and s.exit_code == 3
     assert s.reason == "replica 1 failed: exit code 3"
     assert sum(n.allocated for n in cluster.nodes()) == 0  # the other replica stopped too
-    assert "replica 1 exited with code 3" in cluster.logs("fq-7-1")
+    # Each replica's own log (headed as the Kubernetes backend heads each pod's) says what
+    # happened to it.
+    logs = split_replicas(cluster.logs("fq-7-1"))
+    assert logs[1].splitlines()[-1].endswith("exited with code 3")
+    assert logs[0].splitlines()[-1].endswith("stopped: replica 1 failed")
 
 
 def test_a_failing_replica_without_an_exit_code_fails_with_1_and_beyond_replicas_none() -> None:

@@ -9,7 +9,8 @@ Replicas are all or nothing, as on Kubernetes (docs/kubernetes.md, "Replicas tha
 rendezvous"): with `FAIRQ_SIM_FAIL_REPLICA=<index>` (0-based, below the job's replicas)
 that one replica fails at the end of its run (with `FAIRQ_SIM_EXIT_CODE`, or 1 when that
 is unset or 0), the others are stopped with it, and the workload fails with the reason
-"replica <index> failed: exit code <n>".
+"replica <index> failed: exit code <n>". Each replica has its own log, headed
+`==> <replica host> <==` as the Kubernetes backend heads each pod's.
 
 The knobs are validated at submit (`queueing.validation.sim_seconds`, `sim_exit_code`,
 `sim_fail_replica`);
@@ -38,7 +39,7 @@ from queueing.validation import (
     sim_seconds,
 )
 
-from .base import LaunchSpec, NodeInfo, Phase, WorkloadStatus
+from .base import LaunchSpec, NodeInfo, Phase, WorkloadStatus, replica_host
 
 
 class SimulatedClusterError(Exception):
@@ -83,7 +84,9 @@ class _Workload:
     failed_replica: int | None = None  # the replica that fails (the others stop with it)
     released: bool = False
     stopped: bool = False
-    log: list[str] = field(default_factory=list)
+    # One log per replica, in replica order (`logs` heads each, as the Kubernetes backend
+    # heads each pod's).
+    log: list[list[str]] = field(default_factory=list)
 
 
 # Per GPU when a pool does not say (docs/kubernetes.md, "The simulated cluster"): an
@@ -235,7 +238,9 @@ class SimulatedCluster:
             self._workloads[spec.name] = _Workload(
                 spec=spec, nodes=placement, started_at=now, run_seconds=seconds,
                 exit_code=exit_code, problem=problem, failed_replica=failed_replica,
-                log=[f"{now.isoformat()} started {spec.name} on {', '.join(placement)}"],
+                log=[[f"{now.isoformat()} started {spec.name}"
+                      + (f" replica {i} of {spec.replicas}" if spec.replicas > 1 else "")
+                      + f" on {node}"] for i, node in enumerate(placement)],
             )
 
     def _advance(self, w: _Workload, now: datetime) -> None:
@@ -247,12 +252,14 @@ class SimulatedCluster:
                 w.problem = w.problem or "its run time is out of range"
             if now >= end:
                 w.finished_at = end
-                if w.failed_replica is not None and not w.problem:
-                    w.log.append(f"{end.isoformat()} replica {w.failed_replica} exited with "
-                                 f"code {w.exit_code}; the other replicas were stopped")
-                else:
-                    w.log.append(f"{end.isoformat()} " + (
-                        w.problem or f"exited with code {w.exit_code}"))
+                for i, lines in enumerate(w.log):
+                    if w.failed_replica is not None and not w.problem:
+                        lines.append(f"{end.isoformat()} " + (
+                            f"exited with code {w.exit_code}" if i == w.failed_replica else
+                            f"stopped: replica {w.failed_replica} failed"))
+                    else:
+                        lines.append(f"{end.isoformat()} " + (
+                            w.problem or f"exited with code {w.exit_code}"))
         if w.finished_at is not None and not w.released:
             for name in w.nodes:
                 self._nodes[name].take(w.spec, -1)
@@ -293,4 +300,9 @@ class SimulatedCluster:
     def logs(self, name: str, *, tail: int = 100) -> str:
         with self._lock:
             w = self._workloads.get(name)
-            return "" if w is None else "\n".join(w.log[-tail:])
+            if w is None:
+                return ""
+            if len(w.log) == 1:
+                return "\n".join(w.log[0][-tail:])
+            return "\n".join(line for i, lines in enumerate(w.log)
+                             for line in (f"==> {replica_host(name, i)} <==", *lines[-tail:]))

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Submit a training job to fairq, wait for it, and print every replica's log.
+
+What an ML pipeline step (Airflow, Argo, a CI job, a notebook) does with fairq's REST API,
+with nothing but `requests` and a team API token:
+
+    export FAIRQ_URL=http://127.0.0.1:8000 FAIRQ_TOKEN=...   # `make demo` prints both
+    python examples/pipeline.py examples/torchrun-job.yaml --label trial=8
+
+- The submit carries an Idempotency-Key: if the connection drops and the step retries the
+  POST with the same key, fairq answers with the job it already made, never a second one.
+- It waits with GET /jobs/{id}/ (every few seconds), printing each state change and, while
+  the job waits, the reason fairq gives ("quota", "no node has 8 free h100 GPUs", ...).
+- When the job ends, it prints the kept log of each replica of the last attempt (fairq keeps
+  the tail after the pods are gone) and exits 0 if the job SUCCEEDED, 1 otherwise, so the
+  pipeline step fails with the job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+FINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+class Fairq:
+    def __init__(self, url: str, token: str) -> None:
+        self.base = url.rstrip("/") + "/api/v1"
+        self.http = requests.Session()
+        self.http.headers.update({"Authorization": f"Token {token}",
+                                  "Accept": "application/json"})
+
+    def call(self, method: str, path: str, *, retries: int = 3, **kwargs: Any) -> Any:
+        """One API call, retried on connection errors and 5xx answers (the Idempotency-Key
+        in `kwargs["headers"]`, if any, makes a retried POST safe)."""
+        for attempt in range(retries + 1):
+            try:
+                r = self.http.request(method, self.base + path, timeout=30, **kwargs)
+            except requests.ConnectionError:
+                if attempt == retries:
+                    raise
+            else:
+                if r.status_code < 500 or attempt == retries:
+                    break
+            time.sleep(2**attempt)
+        if r.status_code >= 400:
+            # fairq's errors: {"error": {"message": ..., "fields": {"volumes[0].pvc": [...]}}}
+            error = r.json().get("error", {})
+            fields = "".join(f"\n  {name}: {' '.join(msgs)}"
+                             for name, msgs in (error.get("fields") or {}).items())
+            sys.exit(f"fairq refused {method} {path}: {error.get('message', r.text)}{fields}")
+        return r.json()
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        key = str(uuid.uuid4())  # the same key on every retry of this one submit
+        return self.call("POST", "/jobs/", json=spec, headers={"Idempotency-Key": key})
+
+    def wait(self, job_id: int, *, interval: float) -> dict[str, Any]:
+        seen = None
+        while True:
+            job = self.call("GET", f"/jobs/{job_id}/")
+            why = "; ".join(r["message"] for r in (job.get("queue") or {}).get("reasons", []))
+            state = (job["status"], why or job.get("message") or "")
+            if state != seen:
+                print(f"{time.strftime('%H:%M:%S')} job {job_id}: {state[0]}"
+                      + (f" ({state[1]})" if state[1] else ""), flush=True)
+                seen = state
+            if job["status"] in FINAL:
+                return job
+            time.sleep(interval)
+
+    def logs(self, job_id: int, replica: int) -> dict[str, Any]:
+        return self.call("GET", f"/jobs/{job_id}/logs/", params={"replica": replica,
+                                                                  "tail": 200})
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("job_file", help="a YAML job file (the same shape `fairq submit -f` reads)")
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                   help="add a label to the job (repeatable)")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between polls")
+    a = p.parse_args()
+    url, token = os.environ.get("FAIRQ_URL"), os.environ.get("FAIRQ_TOKEN")
+    if not url or not token:
+        sys.exit("set FAIRQ_URL and FAIRQ_TOKEN (an API token of the job's team)")
+    spec = yaml.safe_load(Path(a.job_file).read_text())
+    for item in a.label:
+        key, sep, value = item.partition("=")
+        if not sep:
+            sys.exit(f"--label {item!r}: expected KEY=VALUE")
+        spec.setdefault("labels", {})[key] = value
+
+    fairq = Fairq(url, token)
+    job = fairq.submit(spec)
+    print(f"submitted job {job['id']} ({job['name']}) to team {job['team']}", flush=True)
+    job = fairq.wait(job["id"], interval=a.interval)
+    for replica in range(job["replicas"]):
+        log = fairq.logs(job["id"], replica)
+        print(f"--- replica {replica} of attempt {log['attempt']} ({log['source']}) ---")
+        print("\n".join(log["lines"]) if log["lines"] else f"({log['note']})")
+        if log["exit"]:
+            print(f"--- {log['exit']} ---")
+    return 0 if job["status"] == "SUCCEEDED" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

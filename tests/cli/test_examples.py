@@ -1,0 +1,140 @@
+"""examples/ stays true: the job file is accepted as written and reaches the job, the
+pipeline script submits, waits and prints each replica's log, and the team admin's
+allow-list call is what the API takes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+from django.utils import timezone
+
+from queueing.composition import get_backend
+from queueing.models import Job
+from queueing.services.logs import job_logs_archive
+from queueing.services.scheduler import scheduler_cycle
+from tests.conftest import World
+
+from .conftest import BASE, Cli, DjangoTransport
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+JOB_FILE = EXAMPLES / "torchrun-job.yaml"
+
+
+def _allowlists_of_the_setup_script() -> dict[str, list[str]]:
+    """The JSON body team-admin-setup.sh PATCHes (its `curl -d '...'`)."""
+    script = (EXAMPLES / "team-admin-setup.sh").read_text()
+    body = re.search(r"-d '(\{.*?\})'", script, re.S)
+    assert body, "team-admin-setup.sh no longer PATCHes a JSON body"
+    return json.loads(body.group(1))
+
+
+@pytest.fixture
+def allowed(world: World) -> dict[str, list[str]]:
+    """Team vision's allow lists set the way the example script sets them: through the
+    API, as its team admin."""
+    body = _allowlists_of_the_setup_script()
+    r = world.client(world.admin).patch("/api/v1/teams/vision/workload-policy/", body,
+                                        format="json")
+    assert r.status_code == 200, r.content
+    return body
+
+
+def test_the_setup_script_allows_every_name_the_job_file_uses(allowed: dict[str, list[str]]
+                                                              ) -> None:
+    spec = yaml.safe_load(JOB_FILE.read_text())
+    assert {v["pvc"] for v in spec["volumes"] if "pvc" in v} <= set(allowed["allowed_pvcs"])
+    assert {s["secret"] for s in spec["secrets"]} <= set(allowed["allowed_secrets"])
+    assert spec["image_pull_secret"] in allowed["allowed_pull_secrets"]
+
+
+def test_the_job_file_runs_with_submit_wait(cli: Cli, allowed: dict[str, list[str]]) -> None:
+    cli.on_sleep = scheduler_cycle
+    r = cli("submit", "-f", str(JOB_FILE), "-e", "FAIRQ_SIM_SECONDS=0", "--wait",
+            "--poll-interval", "0.01", "--timeout", "60")
+    assert r.code == 0, r.err
+    assert "SUCCEEDED" in r.err
+    job = Job.objects.get()
+    spec = yaml.safe_load(JOB_FILE.read_text())
+    # Every field of the file reached the job as written.
+    assert (job.replicas, job.gpus_per_replica) == (2, 4)
+    assert job.resources == spec["resources"] and job.shm_size == spec["shm_size"]
+    assert [v["name"] for v in job.volumes] == ["data", "ckpt", "scratch"]
+    assert job.volumes[0] == {"name": "data", "pvc": "imagenet", "mount_path": "/data",
+                              "read_only": True}
+    assert job.secrets == spec["secrets"]
+    assert (job.image_pull_secret, job.working_dir) == ("regcred", "/workspace")
+    assert job.labels == spec["labels"] and job.annotations == spec["annotations"]
+    assert job.termination_grace_seconds == 120
+    assert job.args[0] == "--nnodes=$(WORLD_SIZE)"
+
+
+def test_the_job_file_is_refused_when_the_team_allows_nothing(cli: Cli, world: World) -> None:
+    r = cli("submit", "-f", str(JOB_FILE))
+    assert r.code == 1
+    assert "volumes[0].pvc" in r.err and "not in the team's allowed PVCs" in r.err
+    assert not Job.objects.exists()
+
+
+class _Session:
+    """What pipeline.py needs of requests.Session, routed through Django's test client."""
+
+    def __init__(self) -> None:
+        self.headers: dict[str, str] = {}
+        self.inner = DjangoTransport()
+
+    def request(self, method: str, url: str, *, timeout: float, **kwargs: Any) -> Any:
+        headers = {**self.headers, **kwargs.pop("headers", {})}
+        return self.inner.request(method, url, headers=headers, timeout=timeout, **kwargs)
+
+
+def _cycle_and_log_archive() -> None:
+    """What the worker does between two polls: a cycle and the beat's log archive pass."""
+    scheduler_cycle()
+    job_logs_archive(backend=get_backend(), now=timezone.now())
+
+
+def _pipeline_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("fairq_example_pipeline",
+                                                  EXAMPLES / "pipeline.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_pipeline_script_submits_waits_and_prints_each_replicas_log(
+        cli: Cli, allowed: dict[str, list[str]], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    pipeline = _pipeline_module()
+    session = _Session()
+    monkeypatch.setattr(pipeline.requests, "Session", lambda: session)
+    monkeypatch.setattr(pipeline.time, "sleep", lambda _s: _cycle_and_log_archive())
+    job_file = tmp_path / "job.yaml"
+    spec = yaml.safe_load(JOB_FILE.read_text())
+    spec["env"]["FAIRQ_SIM_SECONDS"] = "0"
+    job_file.write_text(yaml.safe_dump(spec))
+    monkeypatch.setenv("FAIRQ_URL", BASE)
+    monkeypatch.setenv("FAIRQ_TOKEN", cli.token)
+    monkeypatch.setattr(sys, "argv", ["pipeline.py", str(job_file), "--label", "trial=8",
+                                      "--interval", "0"])
+    assert pipeline.main() == 0
+    out = capsys.readouterr().out
+    job = Job.objects.get()
+    assert job.labels == {**spec["labels"], "trial": "8"}
+    assert f"submitted job {job.pk} (resnet50-ddp) to team vision" in out
+    assert "SUCCEEDED" in out
+    for replica in (0, 1):
+        assert f"--- replica {replica} of attempt 1 (archived) ---" in out
+        assert re.search(rf"started fq-{job.pk}-1 replica {replica} of 2 on sim-h100-", out)
+    assert out.count("exited with code 0") == 2
+    assert out.count("--- SUCCEEDED: exit code 0 ---") == 2
+    # The submit carried an Idempotency-Key: the job keeps it.
+    assert job.idempotency_key
