@@ -11,6 +11,11 @@ that one replica fails at the end of its run (with `FAIRQ_SIM_EXIT_CODE`, or 1 w
 is unset or 0), the others are stopped with it, and the workload fails with the reason
 "replica <index> failed: exit code <n>".
 
+It is a utilization source too (base.UtilizationSource, docs/scheduling.md "Idle GPUs"):
+a running workload whose env has `FAIRQ_SIM_GPU_UTIL` ('90,90,3': SM activity per minute
+of its run, the last value holding) reports one reading per replica pod; one without it
+reports none (no data is not idle).
+
 The knobs are validated at submit (`queueing.validation.sim_seconds`, `sim_exit_code`,
 `sim_fail_replica`);
 a workload whose knobs are invalid anyway (a row older than that validation) fails at
@@ -35,10 +40,11 @@ from queueing.validation import (
     parse_cpu,
     sim_exit_code,
     sim_fail_replica,
+    sim_gpu_util,
     sim_seconds,
 )
 
-from .base import LaunchSpec, NodeInfo, Phase, WorkloadStatus
+from .base import LaunchSpec, NodeInfo, Phase, PodReading, WorkloadStatus
 
 
 class SimulatedClusterError(Exception):
@@ -81,6 +87,7 @@ class _Workload:
     finished_at: datetime | None = None
     problem: str = ""  # why it failed at once (invalid knobs), else empty
     failed_replica: int | None = None  # the replica that fails (the others stop with it)
+    gpu_util: tuple[float, ...] = ()  # FAIRQ_SIM_GPU_UTIL, per minute of its run
     released: bool = False
     stopped: bool = False
     log: list[str] = field(default_factory=list)
@@ -220,7 +227,10 @@ class SimulatedCluster:
                 self._nodes[name].take(spec)
             seconds, exit_code, problem = self.default_seconds, 0, ""
             failed_replica: int | None = None
+            gpu_util: tuple[float, ...] = ()
             try:
+                if "FAIRQ_SIM_GPU_UTIL" in spec.env:
+                    gpu_util = sim_gpu_util(spec.env["FAIRQ_SIM_GPU_UTIL"])
                 if "FAIRQ_SIM_SECONDS" in spec.env:
                     seconds = sim_seconds(spec.env["FAIRQ_SIM_SECONDS"])
                 if "FAIRQ_SIM_EXIT_CODE" in spec.env:
@@ -235,6 +245,7 @@ class SimulatedCluster:
             self._workloads[spec.name] = _Workload(
                 spec=spec, nodes=placement, started_at=now, run_seconds=seconds,
                 exit_code=exit_code, problem=problem, failed_replica=failed_replica,
+                gpu_util=gpu_util,
                 log=[f"{now.isoformat()} started {spec.name} on {', '.join(placement)}"],
             )
 
@@ -289,6 +300,24 @@ class SimulatedCluster:
                     reason=reason, nodes=w.nodes,
                 ))
             return out
+
+    def readings(self, *, now: datetime) -> list[PodReading]:
+        """Per replica of each running workload with `FAIRQ_SIM_GPU_UTIL`: its SM activity
+        for the minute of its run `now` is in, and frame buffer in use (2 GiB plus 0.4 GiB
+        per percent, per GPU)."""
+        out: list[PodReading] = []
+        with self._lock:
+            for w in self._workloads.values():
+                self._advance(w, now)
+                if w.finished_at is not None or not w.gpu_util or now < w.started_at:
+                    continue
+                minute = int((now - w.started_at).total_seconds() // 60)
+                sm = w.gpu_util[min(minute, len(w.gpu_util) - 1)]
+                fb = w.spec.gpus_per_replica * int((2 + 0.4 * sm) * 2**30)
+                out.extend(PodReading(job_id=w.spec.job_id, attempt=w.spec.attempt,
+                                      pod=f"{w.spec.name}-{r}-sim", sm_percent=sm,
+                                      fb_used_bytes=fb) for r in range(w.spec.replicas))
+        return out
 
     def logs(self, name: str, *, tail: int = 100) -> str:
         with self._lock:

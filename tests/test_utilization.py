@@ -1,0 +1,186 @@
+"""GPU utilization and idle GPUs (docs/scheduling.md, "Idle GPUs", rules U1-U5) through
+the scheduler cycle on the simulated cluster, whose jobs report FAIRQ_SIM_GPU_UTIL."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from queueing.composition import get_backend
+from queueing.models import (
+    AttemptUtilization,
+    Job,
+    JobEvent,
+    Tier,
+    UsageRecord,
+    UtilizationSample,
+)
+from queueing.services.scheduler import scheduler_cycle
+from queueing.services.utilization import utilization_ingest, utilization_purge
+
+from .conftest import World, job_body
+
+pytestmark = pytest.mark.django_db
+
+
+def submit(world: World, **overrides: Any) -> int:
+    r = world.client(world.member).post("/api/v1/jobs/", job_body(**overrides), format="json")
+    assert r.status_code == 201, r.json()
+    return int(r.json()["id"])
+
+
+def minutes(t0: datetime, n: int, start: int = 0) -> None:
+    """One cycle a minute (and a second into it), minutes start..start+n-1 after t0."""
+    for i in range(start, start + n):
+        scheduler_cycle(now=t0 + timedelta(minutes=i, seconds=1))
+
+
+def idle_events(job_id: int) -> list[str]:
+    return [e.data.get("rule") for e in JobEvent.objects.filter(job_id=job_id,
+                                                                kind=JobEvent.Kind.IDLE)]
+
+
+def set_rule(tier: Tier, *, threshold: float = 5, window: int = 10, action: str = "flag",
+             grace: int = 5) -> None:
+    Tier.objects.filter(pk=tier.pk).update(idle_threshold_percent=threshold,
+                                           idle_window_minutes=window, idle_action=action,
+                                           idle_grace_minutes=grace)
+
+
+@pytest.fixture
+def t0() -> datetime:
+    return timezone.now().replace(second=0, microsecond=0) - timedelta(hours=2)
+
+
+def test_rule_U3_an_idle_low_job_is_requeued_the_busy_one_untouched(world: World,
+                                                                      t0: datetime) -> None:
+    set_rule(world.low, action="requeue", window=10, grace=5)
+    idle = submit(world, tier="low", env={"FAIRQ_SIM_SECONDS": "7200",
+                                           "FAIRQ_SIM_GPU_UTIL": "90,2"})
+    busy = submit(world, tier="low", env={"FAIRQ_SIM_SECONDS": "7200",
+                                           "FAIRQ_SIM_GPU_UTIL": "95"})
+    scheduler_cycle(now=t0 - timedelta(seconds=30))  # admitted, started on the simulated cluster
+    minutes(t0, 11)  # minute 0: 90%; minutes 1..10: 2%: the run below is 9 minutes long
+    assert idle_events(idle) == []
+    minutes(t0, 1, start=11)  # 10 minutes below: flagged (rule U2)
+    assert idle_events(idle) == ["U2"]
+    flagged = AttemptUtilization.objects.get(job_id=idle, attempt=1)
+    assert flagged.idle_since == t0 + timedelta(minutes=11)
+    assert flagged.below_since == t0 + timedelta(minutes=1)
+    assert Job.objects.get(pk=idle).status == "RUNNING"
+    held = sum(n.allocated for n in get_backend().nodes())
+    minutes(t0, 5, start=12)  # 5 minutes of grace: reclaimed at minute 16 (rule U3)
+    job = Job.objects.get(pk=idle)
+    assert idle_events(idle) == ["U2", "U3"]
+    assert (job.attempt, job.status) in {(2, "QUEUED"), (2, "ADMITTED"), (2, "RUNNING")}
+    transitions = list(JobEvent.objects.filter(job_id=idle, kind=JobEvent.Kind.TRANSITION,
+                                               attempt=1).values_list("to_status", flat=True))
+    assert transitions[-2:] == ["PREEMPTED", "QUEUED"]
+    assert UsageRecord.objects.get(job_id=idle, attempt=1).end == t0 + timedelta(
+        minutes=16, seconds=1)
+    later = t0 + timedelta(minutes=16, seconds=2)
+    assert f"fq-{idle}-1" not in {s.name for s in get_backend().statuses(now=later)}
+    # Its attempt's GPUs came back: the cluster holds only what live attempts hold.
+    assert sum(n.allocated for n in get_backend().nodes()) == sum(
+        j.total_gpus for j in Job.objects.filter(status__in=["ADMITTED", "RUNNING"])) <= held
+    # The busy job: sampled every minute, never flagged.
+    busy_row = AttemptUtilization.objects.get(job_id=busy, attempt=1)
+    assert busy_row.samples == 17 and busy_row.idle_since is None
+    assert busy_row.sm_mean == pytest.approx(95.0) and busy_row.sm_p95 == 95.0
+    assert idle_events(busy) == []
+    assert Job.objects.get(pk=busy).status == "RUNNING"
+
+
+def test_rule_U3_fail_action_fails_with_reason_idle(world: World, t0: datetime) -> None:
+    set_rule(world.normal, action="fail", window=3, grace=2)
+    job_id = submit(world, env={"FAIRQ_SIM_SECONDS": "7200", "FAIRQ_SIM_GPU_UTIL": "0"})
+    scheduler_cycle(now=t0 - timedelta(seconds=30))  # admitted and started
+    minutes(t0, 6)
+    job = Job.objects.get(pk=job_id)
+    assert job.status == "FAILED" and job.message == "idle" and job.attempt == 1
+    assert idle_events(job_id) == ["U2", "U3"]
+    assert UsageRecord.objects.filter(job_id=job_id, attempt=1).exists()
+    assert not [s for s in get_backend().statuses(now=t0) if s.job_id == job_id]
+
+
+def test_rule_U2_a_flag_only_tier_keeps_the_job_running_and_the_api_shows_it(
+        world: World, t0: datetime) -> None:
+    set_rule(world.normal, action="flag", window=3, grace=0)
+    job_id = submit(world, env={"FAIRQ_SIM_SECONDS": "7200", "FAIRQ_SIM_GPU_UTIL": "50,1"})
+    scheduler_cycle(now=t0 - timedelta(seconds=30))  # admitted and started
+    minutes(t0, 12)
+    assert Job.objects.get(pk=job_id).status == "RUNNING"
+    assert idle_events(job_id) == ["U2"]
+    body = world.client(world.member).get(f"/api/v1/jobs/{job_id}/").json()
+    assert body["idle_since"] is not None
+    [attempt] = body["utilization"]
+    assert attempt["attempt"] == 1 and attempt["samples"] == 12
+    assert attempt["sm_mean"] == pytest.approx((50 + 11 * 1) / 12, abs=0.01)
+    assert attempt["sm_p95"] == 50.0
+    assert attempt["mem_max_bytes"] == 2 * int((2 + 0.4 * 50) * 2**30)
+    assert [p["sm"] for p in attempt["series"]] == [50.0] + [1.0] * 11
+
+
+def test_rule_U4_busy_again_clears_the_flag(world: World, t0: datetime) -> None:
+    set_rule(world.normal, action="requeue", window=2, grace=3)
+    job_id = submit(world, env={"FAIRQ_SIM_SECONDS": "7200",
+                                "FAIRQ_SIM_GPU_UTIL": "1,1,1,1,80"})
+    scheduler_cycle(now=t0 - timedelta(seconds=30))  # admitted and started
+    minutes(t0, 8)
+    assert idle_events(job_id) == ["U2", "U4"]
+    assert Job.objects.get(pk=job_id).status == "RUNNING"
+    assert AttemptUtilization.objects.get(job_id=job_id).idle_since is None
+
+
+def test_rule_U1_a_job_without_readings_is_never_idle(world: World, t0: datetime) -> None:
+    set_rule(world.normal, action="fail", window=1, grace=0)
+    job_id = submit(world, env={"FAIRQ_SIM_SECONDS": "7200"})
+    scheduler_cycle(now=t0 - timedelta(seconds=30))  # admitted and started
+    minutes(t0, 5)
+    assert Job.objects.get(pk=job_id).status == "RUNNING"
+    assert not AttemptUtilization.objects.filter(job_id=job_id).exists()
+    body = world.client(world.member).get(f"/api/v1/jobs/{job_id}/").json()
+    assert body["utilization"] == [] and body["idle_since"] is None
+
+
+def test_rule_U5_one_sample_a_minute_whatever_the_cycles(world: World, t0: datetime) -> None:
+    job_id = submit(world, env={"FAIRQ_SIM_SECONDS": "7200", "FAIRQ_SIM_GPU_UTIL": "40"})
+    scheduler_cycle(now=t0 - timedelta(seconds=30))  # admitted and started
+    for second in range(1, 120, 3):  # 40 cycles over minutes 0 and 1
+        scheduler_cycle(now=t0 + timedelta(seconds=second))
+    assert UtilizationSample.objects.filter(job_id=job_id).count() == 2  # minutes 0 and 1
+    assert AttemptUtilization.objects.get(job_id=job_id).samples == 2
+
+
+def test_readings_of_jobs_not_running_in_that_attempt_are_ignored(world: World,
+                                                                    t0: datetime) -> None:
+    from queueing.backends.base import PodReading
+
+    job_id = submit(world)
+    result = utilization_ingest(readings=[PodReading(job_id, 1, "fq-x-1-abcde", 0.0, 0),
+                                          PodReading(10**9, 1, "fq-y-1-abcde", 0.0, 0)],
+                                now=t0)
+    assert result.sampled == 0 and not AttemptUtilization.objects.exists()
+    assert Job.objects.get(pk=job_id).status == "QUEUED"
+
+
+def test_samples_are_purged_after_the_retention_summaries_kept(world: World,
+                                                               t0: datetime) -> None:
+    job_id = submit(world, env={"FAIRQ_SIM_SECONDS": "7200", "FAIRQ_SIM_GPU_UTIL": "40"})
+    scheduler_cycle(now=t0 - timedelta(seconds=30))  # admitted and started
+    minutes(t0, 3)
+    assert utilization_purge(now=t0 + timedelta(days=1, minutes=1, seconds=30), days=1) == 2
+    assert UtilizationSample.objects.filter(job_id=job_id).count() == 1
+    assert AttemptUtilization.objects.get(job_id=job_id).samples == 3
+
+
+@pytest.mark.parametrize("value", ["", "abc", "101", "-1", "5,,5", "nan", ",".join(["5"] * 61)])
+def test_a_bad_sim_gpu_util_is_a_400_on_env(world: World, value: str) -> None:
+    r = world.client(world.member).post(
+        "/api/v1/jobs/", job_body(env={"FAIRQ_SIM_GPU_UTIL": value}), format="json")
+    assert r.status_code == 400, r.json()
+    assert "FAIRQ_SIM_GPU_UTIL" in str(r.json()["error"]["fields"]["env"]), r.json()
+    assert not Job.objects.exists()
