@@ -123,8 +123,9 @@ class PrometheusUtilization:
         self.max_bytes = max_bytes
 
     def readings(self, *, now: datetime) -> list[PodReading]:
-        """Ask Prometheus once (the query at `now`); PrometheusError when it cannot."""
-        body = _form({"query": self.query, "time": f"{now.timestamp():.3f}"})
+        """Ask Prometheus once; PrometheusError when it cannot. The readings are
+        Prometheus's latest (its own clock): `now` only names the caller's minute."""
+        body = _form({"query": self.query})
         conn_class = http.client.HTTPSConnection if self.scheme == "https" \
             else http.client.HTTPConnection
         conn = conn_class(self.host, self.port, timeout=self.timeout_seconds)
