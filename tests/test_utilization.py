@@ -184,3 +184,30 @@ def test_a_bad_sim_gpu_util_is_a_400_on_env(world: World, value: str) -> None:
     assert r.status_code == 400, r.json()
     assert "FAIRQ_SIM_GPU_UTIL" in str(r.json()["error"]["fields"]["env"]), r.json()
     assert not Job.objects.exists()
+
+
+def test_metrics_per_team_allocated_idle_utilization_and_queue_waits(world: World,
+                                                                     t0: datetime) -> None:
+    from django.test import Client
+
+    from queueing.services.metrics import record_cycle
+    from queueing.services.scheduler import CycleResult
+
+    set_rule(world.normal, action="flag", window=2)
+    idle = submit(world, env={"FAIRQ_SIM_SECONDS": "7200", "FAIRQ_SIM_GPU_UTIL": "1"})
+    busy = submit(world, env={"FAIRQ_SIM_SECONDS": "7200", "FAIRQ_SIM_GPU_UTIL": "81"},
+                  gpus=4)
+    Job.objects.filter(pk__in=[idle, busy]).update(created_at=t0 - timedelta(minutes=2))
+    JobEvent.objects.filter(job_id__in=[idle, busy]).update(at=t0 - timedelta(minutes=2))
+    first: CycleResult = scheduler_cycle(now=t0 - timedelta(seconds=30))
+    record_cycle(first)  # what the task does after each cycle
+    minutes(t0, 3)
+    text = Client().get("/metrics").content.decode()
+    assert 'fairq_team_gpus_allocated{team="vision"} 6.0' in text
+    assert 'fairq_team_gpus_idle{team="vision"} 2.0' in text
+    assert 'fairq_team_gpus_measured{team="vision"} 6.0' in text
+    assert 'fairq_team_gpu_utilization_ratio{team="vision"} 0.543333' in text  # (2*1+4*81)/6
+    # Both waited 90 s (submitted 2 minutes before t0, admitted 30 s before it).
+    assert 'fairq_queue_wait_seconds_bucket{le="60.0",tier="normal"} 0.0' in text
+    assert 'fairq_queue_wait_seconds_bucket{le="120.0",tier="normal"} 2.0' in text
+    assert 'fairq_queue_wait_seconds_sum{tier="normal"} 180.0' in text
