@@ -436,7 +436,7 @@ class FairShareSnapshot(models.Model):
         return f"standings at {self.at:%Y-%m-%d %H:%M}"
 
 
-# The per-GPU SM-activity histogram of an attempt: one bin per percent, 0..100 (rule U5).
+# An attempt's SM-activity histogram (rule U5): one bin per whole percent, 0..100.
 UTIL_HIST_BINS = 101
 
 
@@ -455,8 +455,9 @@ class AttemptUtilization(models.Model):
     samples = models.PositiveIntegerField(default=0)
     sm_sum = models.FloatField(default=0.0)
     mem_sum = models.FloatField(default=0.0)
-    # Minutes per SM-activity percent (UTIL_HIST_BINS bins): the p95 without the series.
-    sm_hist = models.JSONField(default=list, blank=True)
+    # Minutes per whole SM-activity percent seen ({"37": 5, ...}; 0..100): the p95
+    # without reading the series.
+    sm_hist = models.JSONField(default=dict, blank=True)
     sm_last = models.FloatField(default=0.0)
     sm_mean = models.FloatField(default=0.0)
     sm_p95 = models.FloatField(default=0.0)

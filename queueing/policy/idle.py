@@ -6,6 +6,7 @@ the verdict (an event, a requeue, a failure)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -78,17 +79,18 @@ def idle_step(state: IdleState, *, minute: datetime, sm_percent: float,
                    idle_since=idle_since), verdict
 
 
-def percentile_from_histogram(hist: list[int], q: float) -> float:
-    """The `q` quantile (0..1) of samples counted per whole percent (`hist[p]` samples in
-    [p, p + 1)): the lowest percent whose cumulative count reaches q of the total; 0.0
-    for no samples."""
-    total = sum(hist)
+def percentile_from_histogram(hist: Mapping[str, int], q: float) -> float:
+    """The `q` quantile (0..1) of samples counted per whole percent (`hist["p"]` samples
+    in [p, p + 1), only the percents seen): the lowest percent whose cumulative count
+    reaches q of the total; 0.0 for no samples."""
+    counts = sorted((int(p), int(n)) for p, n in hist.items())
+    total = sum(n for _, n in counts)
     if total <= 0:
         return 0.0
     need = q * total
     seen = 0
-    for percent, count in enumerate(hist):
+    for percent, count in counts:
         seen += count
         if seen >= need:
             return float(percent)
-    return float(len(hist) - 1)
+    return float(counts[-1][0])

@@ -74,11 +74,9 @@ def test_rule_U4_a_flagged_job_busy_again_is_cleared_and_needs_a_whole_window_ag
 
 
 def test_rule_U5_p95_from_the_per_percent_histogram() -> None:
-    hist = [0] * 101
-    for sm in range(100):
-        hist[sm] += 1
+    hist = {str(sm): 1 for sm in range(100)}
     assert percentile_from_histogram(hist, 0.95) == 94.0
-    assert percentile_from_histogram([0] * 101, 0.95) == 0.0
-    only = [0] * 101
-    only[3] = 7
-    assert percentile_from_histogram(only, 0.95) == 3.0
+    assert percentile_from_histogram({}, 0.95) == 0.0
+    assert percentile_from_histogram({"3": 7}, 0.95) == 3.0
+    assert percentile_from_histogram({"90": 5, "2": 95}, 0.95) == 2.0
+    assert percentile_from_histogram({"90": 6, "2": 94}, 0.95) == 90.0
