@@ -211,3 +211,21 @@ def test_metrics_per_team_allocated_idle_utilization_and_queue_waits(world: Worl
     assert 'fairq_queue_wait_seconds_bucket{le="60.0",tier="normal"} 0.0' in text
     assert 'fairq_queue_wait_seconds_bucket{le="120.0",tier="normal"} 2.0' in text
     assert 'fairq_queue_wait_seconds_sum{tier="normal"} 180.0' in text
+
+
+def test_the_demo_tiers_and_load_show_idle_gpus(db: None) -> None:
+    import random
+
+    from queueing.services.demo import demo_seed, demo_submit_synthetic
+    from queueing.validation import sim_gpu_util
+
+    demo_seed()
+    rules = {t.slug: (t.idle_threshold_percent, t.idle_window_minutes, t.idle_action)
+             for t in Tier.objects.all()}
+    assert rules["low"] == (5.0, 10, "requeue")
+    assert {rules[t][2] for t in ("normal", "high", "critical")} == {"flag"}
+    demo_submit_synthetic(rng=random.Random(3), per_team_queue=30)
+    profiles = [sim_gpu_util(j.env["FAIRQ_SIM_GPU_UTIL"]) for j in Job.objects.all()
+                if "FAIRQ_SIM_GPU_UTIL" in j.env]
+    assert any(p[-1] < 5 for p in profiles) and any(p[-1] > 50 for p in profiles)
+    assert Job.objects.exclude(env__has_key="FAIRQ_SIM_GPU_UTIL").exists()
