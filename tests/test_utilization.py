@@ -229,3 +229,25 @@ def test_the_demo_tiers_and_load_show_idle_gpus(db: None) -> None:
                 if "FAIRQ_SIM_GPU_UTIL" in j.env]
     assert any(p[-1] < 5 for p in profiles) and any(p[-1] > 50 for p in profiles)
     assert Job.objects.exclude(env__has_key="FAIRQ_SIM_GPU_UTIL").exists()
+
+
+def test_the_pages_show_the_idle_badge_and_the_utilization_card(world: World,
+                                                                t0: datetime) -> None:
+    from django.test import Client
+
+    set_rule(world.normal, action="flag", window=2)
+    idle = submit(world, env={"FAIRQ_SIM_SECONDS": "7200", "FAIRQ_SIM_GPU_UTIL": "1"})
+    busy = submit(world, env={"FAIRQ_SIM_SECONDS": "7200", "FAIRQ_SIM_GPU_UTIL": "77"})
+    scheduler_cycle(now=t0 - timedelta(seconds=30))
+    minutes(t0, 3)
+    c = Client()
+    c.force_login(world.member)
+    home = c.get("/").content.decode()
+    rows = {job_id: next(line for line in home.splitlines() if f"#{job_id} " in line)
+            for job_id in (idle, busy)}
+    assert 'class="st st-idle"' in rows[idle] and "st-idle" not in rows[busy]
+    page = c.get(f"/jobs/{idle}/").content.decode()
+    assert 'id="job-idle"' in page and 'id="util-table"' in page
+    assert 'id="util-series"' in page and "uPlot.iife.min.js" in page
+    busy_page = c.get(f"/jobs/{busy}/").content.decode()
+    assert 'id="job-idle"' not in busy_page and ">77%<" in busy_page
