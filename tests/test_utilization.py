@@ -251,3 +251,15 @@ def test_the_pages_show_the_idle_badge_and_the_utilization_card(world: World,
     assert 'id="util-series"' in page and "uPlot.iife.min.js" in page
     busy_page = c.get(f"/jobs/{busy}/").content.decode()
     assert 'id="job-idle"' not in busy_page and ">77%<" in busy_page
+
+
+def test_the_etag_changes_with_a_new_minute_of_readings(world: World, t0: datetime) -> None:
+    job_id = submit(world, env={"FAIRQ_SIM_SECONDS": "7200", "FAIRQ_SIM_GPU_UTIL": "60"})
+    scheduler_cycle(now=t0 - timedelta(seconds=30))
+    minutes(t0, 1)
+    client = world.client(world.member)
+    etag = client.get(f"/api/v1/jobs/{job_id}/")["ETag"]
+    assert client.get(f"/api/v1/jobs/{job_id}/", HTTP_IF_NONE_MATCH=etag).status_code == 304
+    minutes(t0, 1, start=1)  # a new sample; the job's row is unchanged
+    r = client.get(f"/api/v1/jobs/{job_id}/", HTTP_IF_NONE_MATCH=etag)
+    assert r.status_code == 200 and r.json()["utilization"][0]["samples"] == 2

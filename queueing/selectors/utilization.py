@@ -56,6 +56,14 @@ def idle_since(job: Job) -> datetime | None:
         "idle_since", flat=True).first()
 
 
+def utilization_version(job: Job) -> str:
+    """Changes whenever the job's utilization does (a new minute sampled, a flag): the
+    last sample's minute of its current attempt, "" without one (for the API's ETag)."""
+    last = AttemptUtilization.objects.filter(job=job, attempt=job.attempt).values_list(
+        "last_at", flat=True).first()
+    return "" if last is None else f"{last.timestamp():.0f}"
+
+
 def idle_flags(jobs: Iterable[Job]) -> dict[int, datetime]:
     """Job id -> idle since, for those of `jobs` whose running attempt is flagged (one
     query: the dashboard's badges)."""
