@@ -263,3 +263,22 @@ def test_the_etag_changes_with_a_new_minute_of_readings(world: World, t0: dateti
     minutes(t0, 1, start=1)  # a new sample; the job's row is unchanged
     r = client.get(f"/api/v1/jobs/{job_id}/", HTTP_IF_NONE_MATCH=etag)
     assert r.status_code == 200 and r.json()["utilization"][0]["samples"] == 2
+
+
+def test_tiers_show_their_idle_rule_and_refuse_bad_ones(world: World) -> None:
+    from django.core.exceptions import ValidationError
+
+    set_rule(world.low, action="requeue", window=10, grace=5)
+    tiers = {t["slug"]: t for t in world.client(world.member).get("/api/v1/tiers/").json()}
+    assert (tiers["low"]["idle_threshold_percent"], tiers["low"]["idle_window_minutes"],
+            tiers["low"]["idle_action"], tiers["low"]["idle_grace_minutes"]) == (
+        5.0, 10, "requeue", 5)
+    assert tiers["normal"]["idle_action"] == "flag"  # the default
+    tier = Tier.objects.get(pk=world.low.pk)
+    for field, value in (("idle_threshold_percent", 101.0), ("idle_threshold_percent", -1.0),
+                         ("idle_window_minutes", 0), ("idle_action", "kill")):
+        setattr(tier, field, value)
+        with pytest.raises(ValidationError) as err:
+            tier.full_clean()
+        assert field in err.value.message_dict
+        tier.refresh_from_db()

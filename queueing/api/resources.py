@@ -106,7 +106,9 @@ class TierSerializer(serializers.ModelSerializer[Tier]):
     class Meta:
         model = Tier
         fields = ["slug", "name", "rank", "priority_class_name", "priority_value",
-                  "preemptible", "min_runtime_seconds", "open_to_all_teams"]
+                  "preemptible", "min_runtime_seconds", "open_to_all_teams",
+                  "idle_threshold_percent", "idle_window_minutes", "idle_action",
+                  "idle_grace_minutes"]
         read_only_fields = fields
 
 
