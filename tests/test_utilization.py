@@ -282,3 +282,29 @@ def test_tiers_show_their_idle_rule_and_refuse_bad_ones(world: World) -> None:
             tier.full_clean()
         assert field in err.value.message_dict
         tier.refresh_from_db()
+
+
+def test_a_reclaim_that_raises_fails_alone_and_is_retried(world: World, t0: datetime,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from queueing.services import utilization
+
+    set_rule(world.normal, action="fail", window=2, grace=1)
+    a = submit(world, env={"FAIRQ_SIM_SECONDS": "7200", "FAIRQ_SIM_GPU_UTIL": "0"})
+    b = submit(world, env={"FAIRQ_SIM_SECONDS": "7200", "FAIRQ_SIM_GPU_UTIL": "0"})
+    real = utilization._reclaim
+
+    def flaky(job: Job, **kwargs: Any) -> bool:
+        if job.pk == a:
+            raise ValueError("boom")
+        return real(job, **kwargs)
+
+    monkeypatch.setattr(utilization, "_reclaim", flaky)
+    scheduler_cycle(now=t0 - timedelta(seconds=30))
+    minutes(t0, 4)  # flagged at minute 2, reclaimed at minute 3
+    assert Job.objects.get(pk=b).status == "FAILED"
+    assert Job.objects.get(pk=a).status == "RUNNING"
+    assert idle_events(a) == ["U2"]  # no "reclaimed" event for a reclaim that failed
+    assert AttemptUtilization.objects.get(job_id=a).samples == 4  # the samples were kept
+    monkeypatch.setattr(utilization, "_reclaim", real)
+    minutes(t0, 1, start=4)  # the next minute tries again
+    assert Job.objects.get(pk=a).status == "FAILED" and idle_events(a) == ["U2", "U3"]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F
 
 from queueing.backends.base import ClusterBackend, PodReading, UtilizationSource
@@ -306,7 +306,7 @@ def _apply_verdicts(verdicts: dict[tuple[int, int], tuple[Verdict, IdleState, fl
                     now: datetime, result: IngestResult) -> None:
     """Rules U2-U4's events and U3's reclaims (inside the ingest's transaction)."""
     events: list[JobEvent] = []
-    reclaim: list[tuple[tuple[int, int], Verdict]] = []
+    reclaim: list[tuple[tuple[int, int], Verdict, JobEvent]] = []
     for key, (verdict, state, sm) in sorted(verdicts.items()):
         slug, rule = rules[running[key]]
         data: dict[str, Any] = {"sm_percent": round(sm, 1), "tier": slug,
@@ -333,28 +333,34 @@ def _apply_verdicts(verdicts: dict[tuple[int, int], tuple[Verdict, IdleState, fl
                 reason=f"busy again: SM activity {sm:.0f}% (rule U4); no longer idle"))
             result.busy_again.append(key[0])
         else:
-            reclaim.append((key, verdict))
-            events.append(JobEvent(
+            reclaim.append((key, verdict, JobEvent(
                 job_id=key[0], at=now, kind=JobEvent.Kind.IDLE, actor_label="scheduler",
                 attempt=key[1], data={**data, "rule": "U3"},
                 reason=f"reclaimed: idle for {rule.grace_minutes} minute(s) after its flag "
-                       f"(rule U3, tier {slug}: {rule.action})"))
+                       f"(rule U3, tier {slug}: {rule.action})")))
     JobEvent.objects.bulk_create(events, batch_size=2000)
     if not reclaim:
         return
-    jobs = Job.objects.select_related("gpu_type").in_bulk([k[0] for k, _ in reclaim])
+    jobs = Job.objects.select_related("gpu_type").in_bulk([k[0] for k, _, _ in reclaim])
     # Charging locks the teams' accumulators: in team order, as preemption takes them.
-    for (job_id, attempt), verdict in sorted(
-            reclaim, key=lambda kv: (jobs[kv[0][0]].team_id if kv[0][0] in jobs else 0,
-                                     kv[0][0])):
+    for (job_id, attempt), verdict, event in sorted(
+            reclaim, key=lambda r: (jobs[r[0][0]].team_id if r[0][0] in jobs else 0,
+                                    r[0][0])):
         job = jobs.get(job_id)
         if job is None or job.attempt != attempt or job.state != JobState.RUNNING:
             continue
-        with transaction.atomic():
-            if _reclaim(job, requeue=verdict == Verdict.REQUEUE, now=now):
-                (result.requeued if verdict == Verdict.REQUEUE else result.failed).append(
-                    job_id)
-                result.workloads.append(f"fq-{job_id}-{attempt}")
+        try:
+            with transaction.atomic():  # one job's savepoint: its failure is its own
+                if _reclaim(job, requeue=verdict == Verdict.REQUEUE, now=now):
+                    event.save()
+                    (result.requeued if verdict == Verdict.REQUEUE
+                     else result.failed).append(job_id)
+                    result.workloads.append(f"fq-{job_id}-{attempt}")
+        except (OperationalError, InterfaceError):
+            raise  # not this job's fault: the whole minute is retried
+        except Exception:
+            log.exception("utilization: reclaiming idle job %s failed; it stays flagged and "
+                          "the next minute tries again", job_id)
 
 
 def _reclaim(job: Job, *, requeue: bool, now: datetime) -> bool:
