@@ -25,8 +25,10 @@ class TierGrantInline(admin.TabularInline):  # type: ignore[type-arg]
 @admin.register(Tier)
 class TierAdmin(AuditedAdmin):
     list_display = ["slug", "rank", "priority_class_name", "priority_value", "preemptible",
-                    "min_runtime_seconds", "max_termination_grace_seconds", "open_to_all_teams"]
-    list_filter = ["open_to_all_teams"]
+                    "min_runtime_seconds", "max_termination_grace_seconds", "open_to_all_teams",
+                    "idle_threshold_percent", "idle_window_minutes", "idle_action",
+                    "idle_grace_minutes"]
+    list_filter = ["open_to_all_teams", "idle_action"]
     inlines = [TierGrantInline]
 
 

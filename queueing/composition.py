@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from django.conf import settings
 
-from queueing.backends.base import ClusterBackend
+from queueing.backends.base import ClusterBackend, UtilizationSource
 
 if TYPE_CHECKING:
     from queueing.backends.k8s_manifest import GpuTypeRef
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 _lock = threading.Lock()
 _instances: dict[str, ClusterBackend] = {}
+_sources: dict[str, UtilizationSource] = {}
 
 # The Celery task a kick sends, by its registered name: this layer imports no task.
 SCHEDULER_CYCLE_TASK = "queueing.tasks.scheduler_cycle_task"
@@ -147,10 +148,34 @@ def kubernetes_backend_from_settings() -> KubernetesBackend:
     )
 
 
+def get_utilization_source(cluster: str = "default", *,
+                           backend: ClusterBackend | None = None) -> UtilizationSource | None:
+    """Where GPU readings come from (docs/scheduling.md, "Idle GPUs"): Prometheus at
+    FAIRQ_PROMETHEUS_URL when set (dcgm-exporter's metrics for the pods in fairq's
+    namespaces); else the simulated cluster, which reports its jobs' FAIRQ_SIM_GPU_UTIL;
+    else None (no readings: no job is ever idle). One per cluster and process. `backend`:
+    the cycle's backend (a test's), asked instead of the configured one."""
+    if settings.FAIRQ_PROMETHEUS_URL:
+        key = f"{cluster}:utilization"
+        with _lock:
+            if key not in _sources:
+                from queueing.backends.prometheus import PrometheusUtilization
+
+                _sources[key] = PrometheusUtilization(
+                    settings.FAIRQ_PROMETHEUS_URL,
+                    namespace_prefix=settings.FAIRQ_KUBE_NAMESPACE_PREFIX,
+                    timeout_seconds=settings.FAIRQ_PROMETHEUS_TIMEOUT_SECONDS)
+            return _sources[key]
+    backend = backend or get_backend(cluster)
+    return cast(UtilizationSource, backend) if callable(getattr(backend, "readings", None)) \
+        else None
+
+
 def reset_backends() -> None:
     """Forget the backend instances (tests, settings changes)."""
     with _lock:
         _instances.clear()
+        _sources.clear()
 
 
 # --- the kick ------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from queueing.selectors import metrics as read
 from queueing.selectors.capacity import gpus_held_by_type
 from queueing.selectors.fairshare import fairshare_standings
+from queueing.selectors.utilization import team_gpu_use
 
 
 class FairqCollector:
@@ -65,6 +66,18 @@ class FairqCollector:
             gpus.add_metric([gpu_type], n)
         yield gpus
 
+        yield from self._gpu_use()
+
+        waits = read.wait_histograms()
+        if waits:
+            wait = HistogramMetricFamily(
+                "fairq_queue_wait_seconds",
+                "Time from entering the queue (submit or requeue) to admission, per tier.",
+                labels=["tier"])
+            for tier, (buckets, total) in sorted(waits.items()):
+                wait.add_metric([tier], buckets, total)
+            yield wait
+
         admissions = CounterMetricFamily("fairq_admissions", "Jobs admitted (every attempt).")
         admissions.add_metric([], read.admissions_total())
         yield admissions
@@ -86,6 +99,29 @@ class FairqCollector:
         yield HistogramMetricFamily("fairq_cycle_duration_seconds", "Scheduler cycle duration.",
                                     buckets=buckets, sum_value=seconds)
         yield from self._cycle_health()
+
+    def _gpu_use(self) -> Iterator[Metric]:
+        """Per team: GPUs allocated, GPUs of running jobs flagged idle (rule U2), and the
+        GPU-weighted SM activity of the measured ones (docs/scheduling.md, "Idle GPUs")."""
+        allocated = GaugeMetricFamily("fairq_team_gpus_allocated",
+                                      "GPUs held by a team's admitted and running jobs.",
+                                      labels=["team"])
+        idle = GaugeMetricFamily("fairq_team_gpus_idle",
+                                 "GPUs of a team's running jobs flagged idle (rule U2).",
+                                 labels=["team"])
+        measured = GaugeMetricFamily("fairq_team_gpus_measured",
+                                     "GPUs of a team's running jobs with a utilization reading.",
+                                     labels=["team"])
+        util = GaugeMetricFamily("fairq_team_gpu_utilization_ratio",
+                                 "SM activity of a team's measured GPUs (0-1), GPU-weighted, "
+                                 "last minute.", labels=["team"])
+        for use in team_gpu_use():
+            allocated.add_metric([use.team], use.allocated)
+            idle.add_metric([use.team], use.idle)
+            measured.add_metric([use.team], use.measured)
+            if use.measured:
+                util.add_metric([use.team], round(use.sm_mean / 100, 6))
+        yield from (allocated, idle, measured, util)
 
     def _cycle_health(self) -> Iterator[Metric]:
         failed, isolated, last = read.cycle_health_counts()

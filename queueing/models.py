@@ -6,7 +6,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import F, Q
 
@@ -72,6 +72,14 @@ priority_class_name_validators = [
 ]
 
 
+class IdleAction(models.TextChoices):
+    """A tier's answer to an idle job (rule U3)."""
+
+    FLAG = "flag", "flag only"
+    REQUEUE = "requeue", "stop and requeue"
+    FAIL = "fail", "stop and fail"
+
+
 class Tier(models.Model):
     slug = models.CharField(max_length=40, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=200)
@@ -90,6 +98,30 @@ class Tier(models.Model):
         help_text="Every team may submit jobs of this tier (rule T1); otherwise only the "
                   "teams granted it below.",
     )
+    # Rules U1-U4 (docs/scheduling.md, "Idle GPUs"): a running job whose GPUs stay below
+    # `idle_threshold_percent` SM activity for `idle_window_minutes` is flagged; with
+    # `idle_action` requeue or fail it is reclaimed `idle_grace_minutes` later.
+    idle_threshold_percent = models.FloatField(
+        default=5.0, db_default=5.0,
+        validators=[MinValueValidator(0.0), MaxValueValidator(100.0)],
+        help_text="A running job whose GPUs' SM activity stays below this percentage for the "
+                  "window is idle (rule U2); 0 turns the rule off for this tier.",
+    )
+    idle_window_minutes = models.PositiveIntegerField(
+        default=30, db_default=30, validators=[MinValueValidator(1)],
+        help_text="Minutes below the threshold before the job is flagged idle (rule U2).",
+    )
+    idle_action = models.CharField(
+        max_length=16, choices=IdleAction.choices, default=IdleAction.FLAG,
+        db_default=IdleAction.FLAG,
+        help_text="What happens to an idle job once the grace period is over (rule U3): only "
+                  "flagged, stopped and requeued as a new attempt, or failed with reason "
+                  "'idle'.",
+    )
+    idle_grace_minutes = models.PositiveIntegerField(
+        default=10, db_default=10,
+        help_text="Minutes between the flag and the reclaim (rule U3).",
+    )
 
     max_termination_grace_seconds = models.PositiveIntegerField(
         null=True, blank=True,
@@ -99,6 +131,13 @@ class Tier(models.Model):
 
     class Meta:
         ordering = ["-rank"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(idle_threshold_percent__gte=0) & Q(idle_threshold_percent__lte=100),
+                name="tier_idle_threshold_0_100"),
+            models.CheckConstraint(condition=Q(idle_window_minutes__gte=1),
+                                   name="tier_idle_window_gte_1"),
+        ]
 
     def __str__(self) -> str:
         return self.slug
@@ -331,6 +370,7 @@ class JobEvent(models.Model):
         MOVED = "moved"  # a running job's pods moved to other nodes
         POD_RESTARTED = "pod_restarted"  # a pod replaced or a container restarted
         SUBMIT_ERROR = "submit_error"  # the cluster refused the workload (one per distinct error)
+        IDLE = "idle"  # rules U2-U4: flagged idle, reclaimed, or busy again
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(db_index=True)
@@ -414,3 +454,68 @@ class FairShareSnapshot(models.Model):
 
     def __str__(self) -> str:
         return f"standings at {self.at:%Y-%m-%d %H:%M}"
+
+
+# An attempt's SM-activity histogram (rule U5): one bin per whole percent, 0..100.
+UTIL_HIST_BINS = 101
+
+
+class AttemptUtilization(models.Model):
+    """The GPU utilization of one job attempt (docs/scheduling.md, "Idle GPUs"; written
+    by services/utilization.py once per minute of readings). Readers (accounting, cost
+    reports) use the summary columns: `sm_mean` and `sm_p95` (SM activity in percent,
+    averaged over the attempt's GPUs each minute), `mem_mean_bytes` and `mem_max_bytes`
+    (frame buffer used, summed over its GPUs), over `samples` minutes from `first_at` to
+    `last_at`. The per-minute series is `UtilizationSample`."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="utilization")
+    attempt = models.PositiveIntegerField()
+    first_at = models.DateTimeField()
+    last_at = models.DateTimeField()  # the minute of the last sample
+    samples = models.PositiveIntegerField(default=0)
+    sm_sum = models.FloatField(default=0.0)
+    mem_sum = models.FloatField(default=0.0)
+    # Minutes per whole SM-activity percent seen ({"37": 5, ...}; 0..100): the p95
+    # without reading the series.
+    sm_hist = models.JSONField(default=dict, blank=True)
+    sm_last = models.FloatField(default=0.0)
+    sm_mean = models.FloatField(default=0.0)
+    sm_p95 = models.FloatField(default=0.0)
+    mem_last_bytes = models.BigIntegerField(default=0)
+    mem_mean_bytes = models.BigIntegerField(default=0)
+    mem_max_bytes = models.BigIntegerField(default=0)
+    # Rule U1: the first minute of the current run below the tier's threshold (None: the
+    # last sample was not below it). Rule U2: when the job was flagged idle (None: not).
+    below_since = models.DateTimeField(null=True, blank=True)
+    idle_since = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job_id", "attempt"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt"], name="one_utilization_per_attempt"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}/{self.attempt}: {self.sm_mean:.0f}% over {self.samples} min"
+
+
+class UtilizationSample(models.Model):
+    """One minute of one attempt's GPU readings (SM activity in percent, the mean over its
+    GPUs; frame buffer bytes, the sum): the job page's chart. Kept
+    FAIRQ_UTIL_RETENTION_DAYS (`utilization_purge`)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="utilization_samples")
+    attempt = models.PositiveIntegerField()
+    minute = models.DateTimeField(db_index=True)
+    sm = models.FloatField()
+    mem_bytes = models.BigIntegerField()
+
+    class Meta:
+        ordering = ["job_id", "attempt", "minute"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt", "minute"],
+                                    name="one_utilization_sample_per_minute"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}/{self.attempt} {self.minute:%H:%M}: {self.sm:.0f}%"

@@ -17,6 +17,7 @@ from queueing.services.logs import job_logs_archive, workload_stop_keeping_logs
 from queueing.services.metrics import record_cycle, record_cycle_failure
 from queueing.services.provisioning import sync_cluster, sync_quotas
 from queueing.services.scheduler import new_cycle_id, scheduler_cycle
+from queueing.services.utilization import utilization_purge
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,15 @@ def fairshare_snapshot_task() -> int:
 
 
     return len(fairshare_snapshot_take(now=timezone.now()).standings)
+
+
+@shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)
+def utilization_purge_task() -> int:
+    """Delete per-minute utilization samples older than FAIRQ_UTIL_RETENTION_DAYS (beat:
+    hourly; rule U5: the per-attempt summaries stay)."""
+    from django.utils import timezone
+
+    return utilization_purge(now=timezone.now(), days=settings.FAIRQ_UTIL_RETENTION_DAYS)
 
 
 @shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)

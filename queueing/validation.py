@@ -47,7 +47,7 @@ RESERVED_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "LD_LIBRAR
                                 "LD_AUDIT"}) | RENDEZVOUS_ENV
 # The documented exceptions a job may set: the simulated backend's knobs.
 ALLOWED_FAIRQ_ENV = frozenset({"FAIRQ_SIM_SECONDS", "FAIRQ_SIM_EXIT_CODE",
-                               "FAIRQ_SIM_FAIL_REPLICA"})
+                               "FAIRQ_SIM_FAIL_REPLICA", "FAIRQ_SIM_GPU_UTIL"})
 # Set by fairq itself on the members of an array job (never by the user).
 ARRAY_JOB_ENV = frozenset({"FAIRQ_ARRAY_INDEX", "FAIRQ_ARRAY_SIZE"})
 # Set by fairq itself on every workload (never by the user): which job and which attempt
@@ -106,12 +106,35 @@ def sim_fail_replica(value: Any) -> int:
     return int(text)
 
 
+MAX_SIM_GPU_UTIL_STEPS = 60
+
+
+def sim_gpu_util(value: Any) -> tuple[float, ...]:
+    """`FAIRQ_SIM_GPU_UTIL` as the simulated cluster uses it: the SM activity of the job's
+    GPUs in percent, one number per minute of its run ('90,90,3': 90% for two minutes,
+    then 3% for the rest), 1..MAX_SIM_GPU_UTIL_STEPS numbers each within 0..100. Raises
+    ValueError with a readable message otherwise."""
+    text = str(value).strip()
+    parts = text.split(",")
+    try:
+        steps = tuple(float(p.strip()) for p in parts)
+    except ValueError:
+        steps = ()
+    if not steps or len(steps) > MAX_SIM_GPU_UTIL_STEPS or \
+            not all(math.isfinite(x) and 0 <= x <= 100 for x in steps):
+        raise ValueError(f"FAIRQ_SIM_GPU_UTIL must be 1..{MAX_SIM_GPU_UTIL_STEPS} "
+                         f"comma-separated percentages 0..100 (one a minute, the last one "
+                         f"holds), not {text[:40]!r}.")
+    return steps
+
+
 def sim_env_problems(env: Mapping[str, Any]) -> list[str]:
     """What is wrong with the simulated cluster's knobs in a job's env (none: [])."""
     problems = []
     for name, parse in (("FAIRQ_SIM_SECONDS", sim_seconds),
                         ("FAIRQ_SIM_EXIT_CODE", sim_exit_code),
-                        ("FAIRQ_SIM_FAIL_REPLICA", sim_fail_replica)):
+                        ("FAIRQ_SIM_FAIL_REPLICA", sim_fail_replica),
+                        ("FAIRQ_SIM_GPU_UTIL", sim_gpu_util)):
         if name in env:
             try:
                 parse(env[name])

@@ -27,12 +27,19 @@ def test_every_alert_uses_a_metric_fairq_exports() -> None:
     record_submit_error("403")
     record_cycle(CycleResult(timings={"total": 0.1}, job_errors={1: "ValueError"}))
     record_cycle_failure("c0ffee")
+    # The per-team GPU gauges appear for teams holding GPUs, the depth for queued jobs.
+    from tests.factories import GpuTypeFactory, JobFactory, TeamFactory, TierFactory
+
+    for status in ("RUNNING", "QUEUED"):
+        JobFactory(team=TeamFactory(slug="vision"), gpu_type=GpuTypeFactory(slug="h100"),
+                   tier=TierFactory(slug="normal"), status=status)
     exported = {s.name for m in FairqCollector().collect() for s in m.samples}
     doc = yaml.safe_load(RULES.read_text())
     rules = [r for g in doc["groups"] for r in g["rules"]]
     assert {r["alert"] for r in rules} == {
         "FairqSchedulerStale", "FairqSchedulerNeverCompleted", "FairqCycleFailures",
-        "FairqJobsIsolated", "FairqKubernetesRefusesJobs", "FairqKubernetesSubmitErrors"}
+        "FairqJobsIsolated", "FairqKubernetesRefusesJobs", "FairqKubernetesSubmitErrors",
+        "FairqIdleGpus", "FairqQueueStuck"}
     for rule in rules:
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
         assert rule["labels"]["severity"] in ("warning", "critical")
@@ -62,7 +69,7 @@ def test_the_rules_file_passes_promtool_check() -> None:
     out = subprocess.run([_promtool(), "check", "rules", str(RULES)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 6 rules found" in out.stdout, out.stdout
+    assert "SUCCESS: 8 rules found" in out.stdout, out.stdout
 
 
 # Each case: input series (promtool's expanding notation, 1 m steps), when to evaluate,
@@ -123,6 +130,32 @@ tests:
       - eval_time: 17m
         alertname: FairqKubernetesSubmitErrors
         exp_alerts: [{errors_500}]
+  # Team vision's 4 GPUs are idle from minute 5: after 30 minutes more, the alert; nlp's
+  # idle GPUs went back to 0 after 20 minutes: quiet.
+  - interval: 1m
+    input_series:
+      - series: 'fairq_team_gpus_idle{{team="vision"}}'
+        values: "0x4 4x60"
+      - series: 'fairq_team_gpus_idle{{team="nlp"}}'
+        values: "2x20 0x40"
+    alert_rule_test:
+      - {{eval_time: 30m, alertname: FairqIdleGpus, exp_alerts: []}}
+      - eval_time: 40m
+        alertname: FairqIdleGpus
+        exp_alerts: [{idle_vision}]
+  # Three jobs queued; admissions stop at minute 10: stuck from 40 (30 m without an
+  # admission) plus the rule's 15 m.
+  - interval: 1m
+    input_series:
+      - series: 'fairq_queue_depth{{team="vision",tier="normal"}}'
+        values: "3x80"
+      - series: fairq_admissions_total
+        values: "0+1x10 10x70"
+    alert_rule_test:
+      - {{eval_time: 50m, alertname: FairqQueueStuck, exp_alerts: []}}
+      - eval_time: 60m
+        alertname: FairqQueueStuck
+        exp_alerts: [{stuck}]
 """
 
 
@@ -132,14 +165,15 @@ def test_each_alert_fires_when_it_should_and_not_before(tmp_path: Path) -> None:
     rules = {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"]
              for r in g["rules"]}
 
-    def fired(alert: str, **labels: str) -> str:
+    def fired(alert: str, value: str = "", **labels: str) -> str:
         """The alert as promtool reports it: the rule's labels plus the series' own, and
         its annotations with the series' labels filled in."""
         rule = rules[alert]
         annotations = {}
         for key, text in rule["annotations"].items():
-            for name, value in labels.items():
-                text = text.replace("{{ $labels." + name + " }}", value)
+            for name, label in labels.items():
+                text = text.replace("{{ $labels." + name + " }}", label)
+            text = text.replace("{{ $value }}", value)
             assert "{{" not in text, (alert, key, text)
             annotations[key] = text
         return json.dumps({"exp_labels": {**rule["labels"], **labels},
@@ -151,7 +185,9 @@ def test_each_alert_fires_when_it_should_and_not_before(tmp_path: Path) -> None:
         never=fired("FairqSchedulerNeverCompleted"), failures=fired("FairqCycleFailures"),
         isolated=fired("FairqJobsIsolated"),
         refused_403=fired("FairqKubernetesRefusesJobs", code="403"),
-        errors_500=fired("FairqKubernetesSubmitErrors", code="500")))
+        errors_500=fired("FairqKubernetesSubmitErrors", code="500"),
+        idle_vision=fired("FairqIdleGpus", "4", team="vision"),
+        stuck=fired("FairqQueueStuck", "3")))
     out = subprocess.run([_promtool(), "test", "rules", str(tests)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr

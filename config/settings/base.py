@@ -241,6 +241,28 @@ CELERY_BEAT_SCHEDULE["job-logs-archive"] = {
     "schedule": timedelta(seconds=FAIRQ_LOG_ARCHIVE_SECONDS),
     "options": {"expires": FAIRQ_LOG_ARCHIVE_SECONDS},
 }
+# GPU utilization and idle GPUs (docs/scheduling.md, "Idle GPUs", rules U1-U5): read once a
+# cycle from Prometheus (dcgm-exporter's metrics) at FAIRQ_PROMETHEUS_URL; unset: from the
+# simulated cluster when that is the backend, else off. Per-minute samples are kept
+# FAIRQ_UTIL_RETENTION_DAYS (the per-attempt summaries for good).
+FAIRQ_PROMETHEUS_URL = env("FAIRQ_PROMETHEUS_URL", default="")
+FAIRQ_PROMETHEUS_TIMEOUT_SECONDS = env.float("FAIRQ_PROMETHEUS_TIMEOUT_SECONDS", default=5.0)
+FAIRQ_UTIL_RETENTION_DAYS = env.float("FAIRQ_UTIL_RETENTION_DAYS", default=30.0)
+if FAIRQ_PROMETHEUS_URL:
+    from queueing.backends.prometheus import parse_prometheus_url
+
+    try:
+        parse_prometheus_url(FAIRQ_PROMETHEUS_URL)
+    except ValueError as _exc:
+        raise environ.ImproperlyConfigured(str(_exc)) from _exc
+if not 0 < FAIRQ_PROMETHEUS_TIMEOUT_SECONDS <= 60 or FAIRQ_UTIL_RETENTION_DAYS <= 0:
+    raise environ.ImproperlyConfigured(
+        "FAIRQ_PROMETHEUS_TIMEOUT_SECONDS must be in (0, 60] and FAIRQ_UTIL_RETENTION_DAYS > 0")
+CELERY_BEAT_SCHEDULE["utilization-purge"] = {
+    "task": "queueing.tasks.utilization_purge_task",
+    "schedule": timedelta(hours=1),
+    "options": {"expires": 3600},
+}
 # The cluster view (nodes, free GPUs, live workloads) the worker publishes each cycle for
 # the web; older than this, pages say it is stale (is the worker running?).
 FAIRQ_CLUSTER_VIEW_STALE_SECONDS = env.float("FAIRQ_CLUSTER_VIEW_STALE_SECONDS", default=120.0)

@@ -107,7 +107,8 @@ class TierSerializer(serializers.ModelSerializer[Tier]):
         model = Tier
         fields = ["slug", "name", "rank", "priority_class_name", "priority_value",
                   "preemptible", "min_runtime_seconds", "max_termination_grace_seconds",
-                  "open_to_all_teams"]
+                  "open_to_all_teams", "idle_threshold_percent", "idle_window_minutes",
+                  "idle_action", "idle_grace_minutes"]
         read_only_fields = fields
 
 

@@ -13,6 +13,7 @@ from rest_framework.settings import api_settings
 
 from queueing import validation as v
 from queueing.models import Job, JobEvent
+from queueing.selectors.utilization import idle_since, job_utilization
 
 from .strict import StrictFieldsMixin
 
@@ -260,8 +261,27 @@ class JobDetailSerializer(JobSerializer):
                   "(rule P3); null otherwise.")
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "events", "priority", "queue"]
+        fields = [*JobSerializer.Meta.fields, "events", "priority", "queue", "idle_since",
+                  "utilization"]
         read_only_fields = fields
+
+    idle_since = serializers.SerializerMethodField(
+        help_text="When the running attempt was flagged idle (rule U2); null when it is not.")
+    utilization = serializers.SerializerMethodField(
+        help_text="Per attempt with GPU readings (rule U5): attempt, samples (minutes), "
+                  "sm_mean and sm_p95 (SM activity, percent), mem_mean_bytes, "
+                  "mem_max_bytes, first_at, last_at, idle_since, and series: "
+                  "[{at, sm, mem_bytes}] per minute.")
+
+    def get_idle_since(self, job: Job) -> str | None:
+        since = idle_since(job)
+        return since.isoformat() if since is not None else None
+
+    def get_utilization(self, job: Job) -> list[dict[str, Any]]:
+        return [{**a, **{k: a[k].isoformat() if a[k] is not None else None
+                         for k in ("first_at", "last_at", "idle_since")},
+                 "series": [{**p, "at": p["at"].isoformat()} for p in a["series"]]}
+                for a in job_utilization(job)]
 
     # The view computes the explanation (`job_explain`: it plans the whole queue) and
     # passes it in the context as {"explain": {job id: explanation}}.

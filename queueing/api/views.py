@@ -30,6 +30,7 @@ from queueing.selectors.fairshare import (
 )
 from queueing.selectors.jobs import jobs_visible_to
 from queueing.selectors.queue_plan import job_explain
+from queueing.selectors.utilization import utilization_version
 from queueing.services.access import check_job_access
 from queueing.services.jobs import (
     job_cancel,
@@ -114,13 +115,16 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
         description="The ETag of an earlier answer: 304 while the job has not changed.")])
     def retrieve(self, request: Request, pk: str) -> Response:
         """The job with its events. Once a job has left the queue, the weak ETag changes
-        whenever the job does (its `updated_at`), so pollers get 304 cheaply. A queued job
+        whenever the job does (its `updated_at`) or its utilization gets a new minute
+        (docs/scheduling.md, rule U5), so pollers get 304 cheaply. A queued job
         has no ETag: its position and why it waits change with other jobs, not with its
         own row, and a 304 would hide that."""
         job = check_job_access(actor=request.user, job_id=_int_or_404(pk))
         if job.state == JobState.QUEUED:
             return Response(_detail_data(self.get_object()))
-        etag = f'W/"job-{job.pk}-{job.updated_at.timestamp():.6f}"'
+        # The utilization (rule U5) is sampled each minute without touching the job row.
+        etag = (f'W/"job-{job.pk}-{job.updated_at.timestamp():.6f}'
+                f'-u{utilization_version(job)}"')
         headers = {"ETag": etag, "Last-Modified": http_date(job.updated_at.timestamp())}
         if etag in [t.strip() for t in request.headers.get("If-None-Match", "").split(",")]:
             return Response(status=status.HTTP_304_NOT_MODIFIED, headers=headers)

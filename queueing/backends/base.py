@@ -178,6 +178,29 @@ class WorkloadStatus:
     restarts: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class PodReading:
+    """One fairq pod's GPUs as a utilization source reads them (docs/scheduling.md, "Idle
+    GPUs"): `sm_percent`, SM activity averaged over the pod's GPUs (0-100);
+    `fb_used_bytes`, frame buffer used, summed over them."""
+
+    job_id: int
+    attempt: int
+    pod: str
+    sm_percent: float
+    fb_used_bytes: int
+
+
+class UtilizationSource(Protocol):
+    """Where the GPUs' readings come from: Prometheus with dcgm-exporter's metrics
+    (backends/prometheus.py) or the simulated cluster. One call per cycle for every fairq
+    pod; it raises when it cannot answer at all (the service logs it and goes on)."""
+
+    def readings(self, *, now: datetime) -> list[PodReading]:
+        """The current reading of every fairq pod with GPUs the source knows about."""
+        ...
+
+
 class ClusterBackend(Protocol):
     """A cluster fairq submits to. Every call is idempotent by workload name.
 

@@ -12,6 +12,11 @@ is unset or 0), the others are stopped with it, and the workload fails with the 
 "replica <index> failed: exit code <n>". Each replica has its own log, headed
 `==> <replica host> <==` as the Kubernetes backend heads each pod's.
 
+It is a utilization source too (base.UtilizationSource, docs/scheduling.md "Idle GPUs"):
+a running workload whose env has `FAIRQ_SIM_GPU_UTIL` ('90,90,3': SM activity per minute
+of its run, the last value holding) reports one reading per replica pod; one without it
+reports none (no data is not idle).
+
 The knobs are validated at submit (`queueing.validation.sim_seconds`, `sim_exit_code`,
 `sim_fail_replica`);
 a workload whose knobs are invalid anyway (a row older than that validation) fails at
@@ -36,10 +41,11 @@ from queueing.validation import (
     parse_cpu,
     sim_exit_code,
     sim_fail_replica,
+    sim_gpu_util,
     sim_seconds,
 )
 
-from .base import LaunchSpec, NodeInfo, Phase, WorkloadStatus, replica_host
+from .base import LaunchSpec, NodeInfo, Phase, PodReading, WorkloadStatus, replica_host
 
 
 class SimulatedClusterError(Exception):
@@ -82,6 +88,7 @@ class _Workload:
     finished_at: datetime | None = None
     problem: str = ""  # why it failed at once (invalid knobs), else empty
     failed_replica: int | None = None  # the replica that fails (the others stop with it)
+    gpu_util: tuple[float, ...] = ()  # FAIRQ_SIM_GPU_UTIL, per minute of its run
     released: bool = False
     stopped: bool = False
     # One log per replica, in replica order (`logs` heads each, as the Kubernetes backend
@@ -223,7 +230,10 @@ class SimulatedCluster:
                 self._nodes[name].take(spec)
             seconds, exit_code, problem = self.default_seconds, 0, ""
             failed_replica: int | None = None
+            gpu_util: tuple[float, ...] = ()
             try:
+                if "FAIRQ_SIM_GPU_UTIL" in spec.env:
+                    gpu_util = sim_gpu_util(spec.env["FAIRQ_SIM_GPU_UTIL"])
                 if "FAIRQ_SIM_SECONDS" in spec.env:
                     seconds = sim_seconds(spec.env["FAIRQ_SIM_SECONDS"])
                 if "FAIRQ_SIM_EXIT_CODE" in spec.env:
@@ -238,6 +248,7 @@ class SimulatedCluster:
             self._workloads[spec.name] = _Workload(
                 spec=spec, nodes=placement, started_at=now, run_seconds=seconds,
                 exit_code=exit_code, problem=problem, failed_replica=failed_replica,
+                gpu_util=gpu_util,
                 log=[[f"{now.isoformat()} started {spec.name}"
                       + (f" replica {i} of {spec.replicas}" if spec.replicas > 1 else "")
                       + f" on {node}"] for i, node in enumerate(placement)],
@@ -296,6 +307,24 @@ class SimulatedCluster:
                     reason=reason, nodes=w.nodes,
                 ))
             return out
+
+    def readings(self, *, now: datetime) -> list[PodReading]:
+        """Per replica of each running workload with `FAIRQ_SIM_GPU_UTIL`: its SM activity
+        for the minute of its run `now` is in, and frame buffer in use (2 GiB plus 0.4 GiB
+        per percent, per GPU)."""
+        out: list[PodReading] = []
+        with self._lock:
+            for w in self._workloads.values():
+                self._advance(w, now)
+                if w.finished_at is not None or not w.gpu_util or now < w.started_at:
+                    continue
+                minute = int((now - w.started_at).total_seconds() // 60)
+                sm = w.gpu_util[min(minute, len(w.gpu_util) - 1)]
+                fb = w.spec.gpus_per_replica * int((2 + 0.4 * sm) * 2**30)
+                out.extend(PodReading(job_id=w.spec.job_id, attempt=w.spec.attempt,
+                                      pod=f"{w.spec.name}-{r}-sim", sm_percent=sm,
+                                      fb_used_bytes=fb) for r in range(w.spec.replicas))
+        return out
 
     def logs(self, name: str, *, tail: int = 100) -> str:
         with self._lock:

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db.models import Count
 
-from queueing.models import Job, JobEvent
+from queueing.models import Job, JobEvent, Tier
 from queueing.policy.states import JobState
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,34 @@ SUBMIT_ERROR_CODES: tuple[str, ...] = ("400", "401", "403", "404", "409", "422",
 
 def cycle_bucket_key(le: float) -> str:
     return f"{CYCLE_PREFIX}le:{'inf' if math.isinf(le) else le}"
+
+
+# Queue wait per tier (fairq_queue_wait_seconds): from entering the queue (the submit, or
+# the requeue of a later attempt) to admission, counted by the worker once per admission.
+WAIT_BUCKETS: tuple[float, ...] = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+                                   3600.0, 7200.0, 21600.0, 86400.0, math.inf)
+WAIT_PREFIX = "fairq:metrics:wait:"
+
+
+def wait_bucket_key(tier: str, le: float) -> str:
+    return f"{WAIT_PREFIX}{tier}:le:{'inf' if math.isinf(le) else le}"
+
+
+def wait_histograms() -> dict[str, tuple[list[tuple[str, int]], float]]:
+    """Per tier that counted an admission: cumulative (le label, admissions) per bucket
+    and the sum of the waits in seconds."""
+    tiers = list(Tier.objects.values_list("slug", flat=True))
+    keys = {t: [wait_bucket_key(t, le) for le in WAIT_BUCKETS] for t in tiers}
+    values = cache.get_many([k for ks in keys.values() for k in ks]
+                            + [f"{WAIT_PREFIX}{t}:sum_us" for t in tiers])
+    out = {}
+    for tier in tiers:
+        counts = [int(values.get(k, 0)) for k in keys[tier]]
+        if counts[-1]:
+            out[tier] = ([("+Inf" if math.isinf(le) else str(le), n)
+                          for le, n in zip(WAIT_BUCKETS, counts, strict=True)],
+                         int(values.get(f"{WAIT_PREFIX}{tier}:sum_us", 0)) / 1e6)
+    return out
 
 
 # --- from the database ----------------------------------------------------------------------

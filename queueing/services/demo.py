@@ -33,6 +33,10 @@ TIERS = [
     ("normal", "Normal", 100, "fairq-normal", 1000, True, 300, True),
     ("low", "Low (preemptible, scavenger)", 0, "fairq-low", 100, True, 0, True),
 ]
+# Rules U1-U3 per tier: (SM-activity threshold %, window minutes, action, grace minutes):
+# low jobs idle for 10 minutes are requeued 5 minutes later; the others only flagged.
+TIER_IDLE = {"critical": (5.0, 30, "flag", 10), "high": (5.0, 10, "flag", 10),
+             "normal": (5.0, 10, "flag", 10), "low": (5.0, 10, "requeue", 5)}
 # Rule T1: the closed tiers and the teams they are granted to.
 TIER_GRANTS = {"critical": ["nlp"]}
 TEAMS: list[tuple[str, str, float, dict[str, tuple[int, int | None]], list[tuple[str, Role]]]] = [
@@ -68,7 +72,9 @@ def demo_seed() -> list[DemoLogin]:
         Tier.objects.update_or_create(slug=slug, defaults={
             "name": name, "rank": rank, "priority_class_name": pc, "priority_value": value,
             "preemptible": preemptible, "min_runtime_seconds": min_rt,
-            "open_to_all_teams": open_to_all})
+            "open_to_all_teams": open_to_all,
+            **dict(zip(("idle_threshold_percent", "idle_window_minutes", "idle_action",
+                        "idle_grace_minutes"), TIER_IDLE[slug], strict=True))})
     logins: dict[str, list[str]] = {}
     admin, created = user_model.objects.get_or_create(
         username="admin", defaults={"is_staff": True, "is_superuser": True})
@@ -112,12 +118,23 @@ def demo_submit_synthetic(*, rng: random.Random, per_team_queue: int = 4) -> int
             gpu = rng.choice(quotas) if quotas else "a100"
             size = 7 if gpu.startswith("mig") else 8
             tier = rng.choices(["low", "normal", "high"], weights=[2, 6, 1])[0]
+            env = {"FAIRQ_SIM_SECONDS": str(rng.randint(15, 90))}
+            # The GPUs' SM activity the simulated cluster reports (rules U1-U5): mostly
+            # busy, some jobs that go idle (and run long enough to be flagged), some
+            # that report nothing.
+            kind = rng.choices(["busy", "idle", "none"], weights=[6, 1, 1])[0]
+            if kind == "busy":
+                env["FAIRQ_SIM_GPU_UTIL"] = ",".join(
+                    str(rng.randint(55, 98)) for _ in range(rng.randint(1, 5)))
+            elif kind == "idle":
+                env = {"FAIRQ_SIM_SECONDS": str(rng.randint(1200, 2400)),
+                       "FAIRQ_SIM_GPU_UTIL": f"{rng.randint(60, 95)},{rng.randint(20, 50)},"
+                                             f"{rng.randint(0, 4)}"}
             job_submit(actor=sa.user, data=JobInput(
                 team=team, name=f"{team.slug}-{rng.choice(['train', 'eval', 'sweep', 'ft'])}"
                 f"-{rng.randrange(10_000):04d}",
                 image="ghcr.io/acme/train:1.4", command=["python", "train.py"], args=[],
-                env={"FAIRQ_SIM_SECONDS": str(rng.randint(15, 90))},
-                gpu_type=gpu_types[gpu], gpus_per_replica=rng.choice([1, 2, 4, size]),
+                env=env, gpu_type=gpu_types[gpu], gpus_per_replica=rng.choice([1, 2, 4, size]),
                 replicas=rng.choices([1, 2], weights=[5, 1])[0], tier=tiers[tier],
                 max_runtime_seconds=3600,
             ))

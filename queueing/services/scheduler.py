@@ -4,6 +4,9 @@
                     SUCCEEDED | FAILED; charge finished attempts; stop workloads no job
                     owns; requeue admitted jobs whose workload vanished; fail running
                     jobs whose workload vanished.
+    1b. utilization — once a minute, the GPUs' readings of running jobs: per-minute
+                    samples, idle jobs flagged and reclaimed per their tier (rules U1-U5,
+                    services/utilization.py); reclaimed GPUs are free for this plan.
     2. snapshot   — nodes and free GPUs, quotas (Q1), the live fair-share standings and
                     priority weights (O1, F6), jobs holding GPUs with their tier's
                     protection (R3), the preemption rate limit (R5) and the preemptors
@@ -62,7 +65,7 @@ from queueing.backends.base import (
     WorkloadStatus,
     workload_name,
 )
-from queueing.composition import get_backend, kick
+from queueing.composition import get_backend, get_utilization_source, kick
 from queueing.models import Job, JobEvent, UsageRecord
 from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
@@ -76,6 +79,7 @@ from .logs import workload_stop_keeping_logs
 from .metrics import record_submit_error
 from .preemption import Applied, preempted_workloads_stop, preemptions_apply
 from .usage import usage_record_attempt
+from .utilization import utilization_cycle_step
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +153,7 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         now = now or timezone.now()
         t0 = time.perf_counter()
         reconcile(backend=backend, now=now, result=result)
+        _utilization(backend=backend, now=now, result=result)
         t1 = time.perf_counter()
         odd_rows: dict[int, Exception] = {}
         unprovisioned = unprovisioned_teams(backend)
@@ -456,6 +461,25 @@ def _apply_status(job: Job, status: WorkloadStatus, *, now: datetime,
                 usage_record_attempt(job=job, start=job.started_at or end, end=end)
                 result.finished.append(job.pk)
                 transaction.on_commit(kick)
+
+
+# --- 1b. utilization -------------------------------------------------------------------
+
+def _utilization(*, backend: ClusterBackend, now: datetime, result: CycleResult) -> None:
+    """Rules U1-U5 (services/utilization.py): its reclaims count as requeued or finished
+    jobs of this cycle. An unexpected error is logged: it must not stop the cycle."""
+    try:
+        done = utilization_cycle_step(source=get_utilization_source(backend=backend),
+                                      backend=backend, now=now)
+    except NOT_A_JOB_FAULT:
+        raise
+    except Exception:
+        log.exception("cycle %s: the utilization step failed; skipped", result.cycle_id)
+        return
+    result.requeued.extend(done.requeued)
+    result.finished.extend(done.failed)
+    if done.requeued or done.failed:
+        transaction.on_commit(kick)
 
 
 # --- 2. snapshot --------------------------------------------------------------------------

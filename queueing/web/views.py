@@ -55,6 +55,7 @@ from queueing.selectors.fairshare import teams_in_standings_for
 from queueing.selectors.jobs import jobs_visible_to
 from queueing.selectors.metrics import scheduler_health
 from queueing.selectors.queue_plan import Preview, job_explain, submit_preview, team_queue
+from queueing.selectors.utilization import idle_flags, idle_since, job_utilization
 from queueing.services.access import (
     check_job_access,
     check_staff,
@@ -173,6 +174,9 @@ def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
     if team is not None:
         ctx["queue"], ctx["queue_total"] = team_queue(team=team, now=now, limit=25)
         ctx["running"] = dash.team_running(team=team)
+        flags = idle_flags(ctx["running"])
+        for job in ctx["running"]:
+            job.idle_since = flags.get(job.pk)  # the badge (rule U2)
         ctx["recent"] = dash.team_recent_done(team=team)
         ctx["preempted"] = dash.team_recent_preemptions(team=team, now=now)
     return ctx
@@ -311,11 +315,24 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
            "log": log_view, "log_error": log_error,
            "logs": "\n".join(log_view.lines) if log_view else "",
            "runtime": job.runtime_seconds(now),
+           "utilization": _utilization_view(job), "idle_since": idle_since(job),
            "permalink": request.build_absolute_uri(reverse("web:job-detail", args=[job.pk]))}
     if request.htmx:  # type: ignore[attr-defined]
         # 286: htmx swaps this last fragment and stops polling a job that is final.
         return render(request, "web/_job_live.html", ctx, status=286 if job.is_final else 200)
     return render(request, "web/job_detail.html", ctx)
+
+
+def _utilization_view(job: Job) -> dict[str, Any]:
+    """The job page's utilization card (rule U5): each attempt's summary, and the chart
+    of the latest attempt's per-minute SM activity ({"t": unix seconds, "sm": percent})."""
+    attempts = job_utilization(job)
+    latest = attempts[-1] if attempts else None
+    chart = {"attempt": latest["attempt"],
+             "t": [p["at"].timestamp() for p in latest["series"]],
+             "sm": [p["sm"] for p in latest["series"]],
+             "threshold": job.tier.idle_threshold_percent} if latest else None
+    return {"attempts": attempts, "chart": chart}
 
 
 def _job_log(request: HttpRequest, job: Job) -> tuple[LogView | None, str]:

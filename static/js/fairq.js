@@ -56,8 +56,29 @@
     }, d.data, box);
   }
 
-  document.addEventListener("DOMContentLoaded", draw);
-  document.addEventListener("htmx:afterSettle", draw);
+  // The job page: SM activity of the latest attempt, with its tier's idle threshold.
+  var utilChart = null;
+  function drawUtil() {
+    var box = document.getElementById("util-chart");
+    var el = document.getElementById("util-series");
+    if (!box || !el || typeof uPlot === "undefined") { return; }
+    var c;
+    try { c = JSON.parse(el.textContent); } catch (err) { return; }
+    var data = [c.t, c.sm, c.t.map(function () { return c.threshold; })];
+    if (utilChart && utilChart.root.isConnected) { utilChart.setData(data); return; }
+    box.innerHTML = "";
+    utilChart = new uPlot({
+      width: Math.max(260, box.clientWidth), height: 160,
+      series: [{}, { label: "SM activity %", stroke: palette[0], width: 2, fill: "rgba(36,86,199,.08)" },
+               { label: "idle below", stroke: palette[1], width: 1, dash: [4, 4] }],
+      axes: [{}, { size: 40 }],
+      scales: { x: { time: true }, y: { range: [0, 100] } },
+      legend: { live: false },
+    }, data, box);
+  }
+
+  document.addEventListener("DOMContentLoaded", function () { draw(); drawUtil(); });
+  document.addEventListener("htmx:afterSettle", function () { draw(); drawUtil(); });
   var resizeTimer = null;
   window.addEventListener("resize", function () {
     clearTimeout(resizeTimer);
