@@ -280,6 +280,7 @@ class JobEvent(models.Model):
         MOVED = "moved"  # a running job's pods moved to other nodes
         POD_RESTARTED = "pod_restarted"  # a pod replaced or a container restarted
         SUBMIT_ERROR = "submit_error"  # the cluster refused the workload (one per distinct error)
+        LOGS_PRUNED = "logs_pruned"  # an attempt's kept logs deleted (FAIRQ_LOG_RETENTION_DAYS)
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(db_index=True)
