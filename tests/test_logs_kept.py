@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from django.test import Client
@@ -381,3 +381,99 @@ def test_pruning_is_a_beat_task_run_hourly(settings: Any) -> None:
     assert entry["schedule"] == timedelta(hours=1)
     app.loader.import_default_modules()
     assert entry["task"] in app.tasks
+
+
+# --- preemption victims' logs are read concurrently ------------------------------------------
+
+class _SlowLogs:
+    """A cluster whose log reads take a while: each waits on `barrier` (all of `parties`
+    reads in flight at once, or it breaks after `timeout` s) or sleeps `seconds`."""
+
+    def __init__(self, *, parties: int = 0, seconds: float = 0.0, timeout: float = 5.0) -> None:
+        import threading
+
+        self.barrier = threading.Barrier(parties, timeout=timeout) if parties else None
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.peak = 0
+        self.stopped: list[str] = []
+
+    def logs(self, name: str, *, tail: int = 100) -> str:
+        import time
+
+        with self.lock:
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+        try:
+            if self.barrier is not None:
+                self.barrier.wait()
+            time.sleep(self.seconds)
+            return f"last words of {name}"
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def stop(self, name: str, *, now: datetime) -> None:
+        self.stopped.append(name)
+
+
+def _victims(n: int) -> list[str]:
+    from queueing.policy.states import JobState
+
+    from .factories import JobFactory
+
+    now = timezone.now()
+    return [f"fq-{JobFactory(status=JobState.RUNNING, started_at=now).pk}-1" for _ in range(n)]
+
+
+def test_the_victims_logs_are_read_concurrently_then_each_kept_and_stopped(
+    settings: Any,
+) -> None:
+    """Four reads that each wait for the other three: read one by one, the first would
+    wait 5 s and break the barrier (and every victim would keep an empty log)."""
+    import time
+
+    from queueing.services.logs import workloads_stop_keeping_logs
+
+    settings.FAIRQ_LOG_READ_CONCURRENCY = 4
+    names = _victims(4)
+    cluster = _SlowLogs(parties=4)
+    started = time.monotonic()
+    failed = workloads_stop_keeping_logs(backend=cast(Any, cluster), names=names,
+                                         now=timezone.now())
+    assert failed == {} and time.monotonic() - started < 4
+    assert cluster.peak == 4 and cluster.stopped == names  # stopped in order, after reading
+    for name in names:
+        job_id = int(name.split("-")[1])
+        assert _kept(job_id, 1) == f"last words of {name}"
+
+
+def test_concurrent_log_reads_are_bounded_by_the_setting(settings: Any) -> None:
+    from queueing.services.logs import workloads_stop_keeping_logs
+
+    settings.FAIRQ_LOG_READ_CONCURRENCY = 2
+    names = _victims(5)
+    cluster = _SlowLogs(seconds=0.05)
+    assert workloads_stop_keeping_logs(backend=cast(Any, cluster), names=names,
+                                       now=timezone.now()) == {}
+    assert cluster.peak == 2 and cluster.stopped == names
+
+
+def test_a_victim_whose_stop_fails_does_not_stop_the_others(settings: Any) -> None:
+    from queueing.services.logs import workloads_stop_keeping_logs
+
+    names = _victims(3)
+    cluster = _SlowLogs()
+    real_stop = cluster.stop
+
+    def stop(name: str, *, now: datetime) -> None:
+        if name == names[1]:
+            raise ConnectionError("the API server hung up")
+        real_stop(name, now=now)
+
+    cluster.stop = stop  # type: ignore[method-assign]
+    failed = workloads_stop_keeping_logs(backend=cast(Any, cluster), names=names,
+                                         now=timezone.now())
+    assert list(failed) == [names[1]] and cluster.stopped == [names[0], names[2]]
+    assert _kept(int(names[1].split("-")[1]), 1) == f"last words of {names[1]}"

@@ -241,6 +241,11 @@ CELERY_BEAT_SCHEDULE["job-logs-archive"] = {
     "schedule": timedelta(seconds=FAIRQ_LOG_ARCHIVE_SECONDS),
     "options": {"expires": FAIRQ_LOG_ARCHIVE_SECONDS},
 }
+# How many workloads' logs the worker reads at once before stopping them (a cycle's
+# preemption victims): each read keeps the backend's own timeout.
+FAIRQ_LOG_READ_CONCURRENCY = env.int("FAIRQ_LOG_READ_CONCURRENCY", default=8)
+if not 1 <= FAIRQ_LOG_READ_CONCURRENCY <= 64:
+    raise environ.ImproperlyConfigured("FAIRQ_LOG_READ_CONCURRENCY must be 1..64")
 # Kept logs (rows and stored files) of attempts kept longer ago than this many days are
 # deleted by the hourly `job-logs-prune` task, each pruned attempt recorded as a job event
 # (kind `logs_pruned`); 0 keeps them for ever.

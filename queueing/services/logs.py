@@ -15,7 +15,8 @@ Two copies, one row (`JobLog`) per job, attempt and replica:
     * preempted, cancelled, orphaned: fairq deletes the pods, so the worker reads them
       just before (`workload_stop_keeping_logs`, the one way the worker stops a workload:
       after the cycle's commit, in the stop task, for orphans in reconcile, never inside a
-      transaction);
+      transaction; a cycle's preemption victims are read concurrently,
+      `workloads_stop_keeping_logs`, FAIRQ_LOG_READ_CONCURRENCY at a time);
     * when that read fails or finds nothing (the pods were gone), the last live copy is
       kept instead (at most one refresh old).
 
@@ -31,8 +32,11 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import cast
 
 from django.conf import settings
 from django.core.files.base import ContentFile
@@ -144,10 +148,22 @@ def _read(backend: ClusterBackend, name: str, *, lines: int) -> dict[int, str] |
         return None
 
 
-def attempt_logs_keep(*, backend: ClusterBackend, name: str, now: datetime) -> bool:
+# `attempt_logs_keep`'s `texts` when the caller has not read the logs yet.
+_UNREAD: object = object()
+
+
+def _needs_keeping(job_id: int, attempt: int) -> bool:
+    return Job.objects.filter(pk=job_id).exists() and not JobLog.objects.filter(
+        job_id=job_id, attempt=attempt, final=True).exists()
+
+
+def attempt_logs_keep(*, backend: ClusterBackend, name: str, now: datetime,
+                      texts: dict[int, str] | object | None = _UNREAD) -> bool:
     """Keep the tail of each replica's log of workload `name` (an attempt that ended or
     is about to be stopped), unless kept already. Never raises for the cluster: a read
-    that fails keeps the last live copy. True when something was kept."""
+    that fails keeps the last live copy. `texts`: what `_read` answered, when the caller
+    read it already (`workloads_stop_keeping_logs` reads many at once). True when
+    something was kept."""
     parsed = parse_workload_name(name)
     if parsed is None:
         return False
@@ -156,13 +172,15 @@ def attempt_logs_keep(*, backend: ClusterBackend, name: str, now: datetime) -> b
     if job is None or JobLog.objects.filter(job_id=job_id, attempt=attempt,
                                             final=True).exists():
         return False
-    texts = _read(backend, name, lines=settings.FAIRQ_LOG_ARCHIVE_KEEP_LINES)
+    if texts is _UNREAD:
+        texts = _read(backend, name, lines=settings.FAIRQ_LOG_ARCHIVE_KEEP_LINES)
+    read = cast(dict[int, str] | None, texts)
     never_ran = attempt == job.attempt and job.started_at is None
-    if never_ran and not any((texts or {}).values()) and not JobLog.objects.filter(
+    if never_ran and not any((read or {}).values()) and not JobLog.objects.filter(
             job_id=job_id, attempt=attempt).exists():
         return False  # cancelled before it ran: no log to keep, not an empty one
     try:
-        _keep(job_id=job_id, attempt=attempt, texts=texts, now=now)
+        _keep(job_id=job_id, attempt=attempt, texts=read, now=now)
     except Exception:  # the storage is down: the stop must go on
         log.exception("keeping the logs of %s failed", name)
         return False
@@ -174,6 +192,45 @@ def workload_stop_keeping_logs(*, backend: ClusterBackend, name: str, now: datet
     transaction open: it reads the cluster."""
     attempt_logs_keep(backend=backend, name=name, now=now)
     backend.stop(name, now=now)
+
+
+def logs_read_many(*, backend: ClusterBackend, names: Sequence[str],
+                   lines: int) -> dict[str, dict[int, str] | None]:
+    """`_read` of each workload in `names`, on up to FAIRQ_LOG_READ_CONCURRENCY threads
+    (a read is mostly waiting on the API server and the kubelets; each keeps its own
+    timeout, the backend's). No database access in the threads."""
+    unique = list(dict.fromkeys(names))
+    workers = min(max(1, int(settings.FAIRQ_LOG_READ_CONCURRENCY)), len(unique))
+    if workers <= 1:
+        return {name: _read(backend, name, lines=lines) for name in unique}
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fairq-logs") as pool:
+        return dict(zip(unique, pool.map(lambda n: _read(backend, n, lines=lines), unique),
+                        strict=True))
+
+
+def workloads_stop_keeping_logs(*, backend: ClusterBackend, names: Sequence[str],
+                                now: datetime) -> dict[str, Exception]:
+    """`workload_stop_keeping_logs` for many workloads (a cycle's preemption victims):
+    the logs of those whose attempt is not kept yet are read concurrently
+    (`logs_read_many`), then each is kept and stopped in this thread, in order. Never
+    raises for one workload: returns the ones whose stop raised, with why. Call it with
+    no transaction open."""
+    todo: list[str] = []
+    for name in names:
+        parsed = parse_workload_name(name)
+        if parsed is not None and _needs_keeping(*parsed):
+            todo.append(name)
+    texts = logs_read_many(backend=backend, names=todo,
+                           lines=settings.FAIRQ_LOG_ARCHIVE_KEEP_LINES)
+    failed: dict[str, Exception] = {}
+    for name in names:
+        try:
+            attempt_logs_keep(backend=backend, name=name, now=now,
+                              texts=texts.get(name, _UNREAD))
+            backend.stop(name, now=now)
+        except Exception as exc:
+            failed[name] = exc
+    return failed
 
 
 def job_logs_archive(*, backend: ClusterBackend, now: datetime,
