@@ -125,6 +125,22 @@ def launch(pk: int, replicas: int = 2) -> Any:
         image="registry.invalid/x:1", command=[], args=[], env={}, max_runtime_seconds=None)
 
 
+def killed_before_companions(kube: Kube, monkeypatch: pytest.MonkeyPatch, pk: int) -> None:
+    """Submit `launch(pk)` as a worker killed right after replica 0's Job was created
+    would have: that Job only, no Service, no other replica's Job (the retry's to make)."""
+    from datetime import UTC, datetime
+
+    from queueing.backends.kubernetes import KubernetesBackend, KubernetesBackendError
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise KubernetesBackendError("killed before the companions")
+
+    with monkeypatch.context() as m:
+        m.setattr(KubernetesBackend, "_companions", killed)
+        with pytest.raises(KubernetesBackendError, match="killed before the companions"):
+            kube.backend.submit(launch(pk), now=datetime.now(UTC))
+
+
 def test_a_submit_cut_short_after_replica_0s_job_is_completed_by_the_retry(
     kube: Kube, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -132,22 +148,12 @@ def test_a_submit_cut_short_after_replica_0s_job_is_completed_by_the_retry(
     0's Job and makes the Service and the other replica's Job, once."""
     from datetime import UTC, datetime
 
-    from queueing.backends.kubernetes import KubernetesBackend, KubernetesBackendError
-
     backend = kube.backend
     pk = 700000 + int(datetime.now(UTC).timestamp()) % 1000
     name = f"fq-{pk}-1"
-    real = KubernetesBackend._companions
-
-    def killed(*args: Any, **kwargs: Any) -> None:
-        raise KubernetesBackendError("killed before the companions")
-
-    monkeypatch.setattr(KubernetesBackend, "_companions", killed)
-    with pytest.raises(KubernetesBackendError):
-        backend.submit(launch(pk), now=datetime.now(UTC))
+    killed_before_companions(kube, monkeypatch, pk)
     assert [j["metadata"]["name"] for j in kube.jobs("vision", pk)] == [name]
     assert service(kube, name) is None
-    monkeypatch.setattr(KubernetesBackend, "_companions", real)
     backend.submit(launch(pk), now=datetime.now(UTC))
     backend.submit(launch(pk), now=datetime.now(UTC))  # and again: nothing more
     assert sorted(j["metadata"]["name"] for j in kube.jobs("vision", pk)) == [name,
@@ -205,19 +211,10 @@ def test_a_service_claiming_the_workloads_job_as_owner_but_routing_elsewhere_fai
     from datetime import UTC, datetime
 
     from queueing.backends.base import SubmitRejected
-    from queueing.backends.kubernetes import KubernetesBackend, KubernetesBackendError
 
     pk = 730000 + int(datetime.now(UTC).timestamp()) % 1000
     name = f"fq-{pk}-1"
-    real = KubernetesBackend._companions
-
-    def killed(*args: Any, **kwargs: Any) -> None:
-        raise KubernetesBackendError("killed before the companions")
-
-    monkeypatch.setattr(KubernetesBackend, "_companions", killed)
-    with pytest.raises(KubernetesBackendError):
-        kube.backend.submit(launch(pk), now=datetime.now(UTC))
-    monkeypatch.setattr(KubernetesBackend, "_companions", real)
+    killed_before_companions(kube, monkeypatch, pk)
     [owner] = kube.jobs("vision", pk)
     kube.core.create_namespaced_service(kube.ns("vision"), {
         "apiVersion": "v1", "kind": "Service",
