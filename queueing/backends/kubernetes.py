@@ -468,7 +468,9 @@ class KubernetesBackend:
 
     def stop(self, name: str, *, now: datetime) -> None:
         """Delete the Job (Foreground: its pods first). A finished Job is only forgotten
-        (its pods' logs stay readable until its TTL); unknown names are a no-op."""
+        (its pods' logs stay readable until its TTL); unknown names are a no-op. A
+        multi-replica workload's headless Service is deleted first, in every case: gone
+        when this returns."""
 
         self.start()
         self.tracker.stop_requested(name)
@@ -478,6 +480,12 @@ class KubernetesBackend:
             return
         job = self.jobs.get(f"{namespace}/{name}")
         replicas = None if job is None else workload_replicas(job)
+        if replicas is None or replicas > 1:
+            # First, whatever becomes of the Jobs (finished and kept for their logs,
+            # already being deleted): left to the garbage collector, the Service would be
+            # deleted as a dependent of a Job in foreground deletion, and wait, listed,
+            # for its own dependent (the EndpointSlice).
+            self._delete_service(name, namespace)
         if job is not None:
             if job["metadata"].get("deletionTimestamp"):
                 return  # already going
@@ -502,14 +510,30 @@ class KubernetesBackend:
         if replicas is None or replicas > 1:
             self._delete_companions(name, namespace, replicas or 1)
 
+    def _delete_service(self, name: str, namespace: str) -> None:
+        """Delete the headless Service of workload `name`, in the background (it is gone
+        when this returns; the garbage collector removes its EndpointSlice after), when it
+        is fairq's: labelled, and owned by a Job of the workload's name (a Service someone
+        else made under that name is not fairq's to delete). None is fine."""
+        from kubernetes.client.exceptions import ApiException
+
+        service = self._read_service(namespace, name)
+        if service is None or not _owned_by_workload(service, name):
+            return
+        try:
+            drain(self.core.delete_namespaced_service(
+                name, namespace, _preload_content=False, propagation_policy="Background",
+                body=cast(Any, {"preconditions": {"uid": service["metadata"].get("uid")}})))
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+
     def _delete_companions(self, name: str, namespace: str, replicas: int) -> None:
-        """Delete the other replicas' Jobs (Foreground: their pods first) and the headless
-        Service of workload `name`, explicitly: the garbage collector would (they are
-        owned by its Job), but only where kube-controller-manager runs it, and later.
-        The replicas' Jobs are those the watch cache knows plus the ones the workload's
-        `replicas` name; gone already (404) is fine. The Service only when it is fairq's
-        (labelled, and owned by a Job of the workload's name): a Service someone else
-        made under that name is not fairq's to delete."""
+        """Delete the other replicas' Jobs (Foreground: their pods first) of workload
+        `name`, explicitly: the garbage collector would (they are owned by its Job), but
+        only where kube-controller-manager runs it, and later. The replicas' Jobs are
+        those the watch cache knows plus the ones the workload's `replicas` name; gone
+        already (404) is fine. (Its Service is `_delete_service`'s, called first.)"""
         from kubernetes.client.exceptions import ApiException
 
         names = {replica_job_name(name, i) for i in range(1, replicas)}
@@ -525,16 +549,6 @@ class KubernetesBackend:
             except ApiException as exc:
                 if exc.status != 404:
                     raise
-        service = self._read_service(namespace, name)
-        if service is None or not _owned_by_workload(service, name):
-            return  # none, or not fairq's (someone else's under the name): left alone
-        try:
-            drain(self.core.delete_namespaced_service(
-                name, namespace, _preload_content=False,
-                body=cast(Any, {"preconditions": {"uid": service["metadata"].get("uid")}})))
-        except ApiException as exc:
-            if exc.status not in (404, 409):
-                raise
 
     def _delete_orphan_pods(self, name: str) -> None:
         """Delete the pods of workload `name` that no Job owns any more (a Job deleted
@@ -686,6 +700,8 @@ class KubernetesBackend:
         try:
             self.tracker.stop_asked(name)
             job = self.jobs.get(f"{namespace}/{name}")
+            if job is not None and workload_replicas(job) > 1:
+                self._delete_service(name, namespace)
             self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
             if job is not None and workload_replicas(job) > 1:
                 self._delete_companions(name, namespace, workload_replicas(job))
