@@ -428,9 +428,12 @@ class KubernetesBackend:
         try:
             self._delete_service(name, namespace)
             self._delete_companions(name, namespace, replicas, propagation="Background")
+            # The policy in the body: with a body the API server ignores query parameters
+            # (and a Job's default is to orphan its pods, keeping it listed meanwhile).
             drain(self.batch.delete_namespaced_job(
-                name, namespace, propagation_policy="Background", _preload_content=False,
-                body=cast(Any, {"preconditions": {"uid": uid}})))
+                name, namespace, _preload_content=False,
+                body=cast(Any, {"propagationPolicy": "Background",
+                                "preconditions": {"uid": uid}})))
         except Exception as exc:
             # Left for the cycle: the workload reports a replica missing and fails.
             if getattr(exc, "status", None) not in (404, 409):
@@ -569,8 +572,9 @@ class KubernetesBackend:
             return
         try:
             drain(self.core.delete_namespaced_service(
-                name, namespace, _preload_content=False, propagation_policy="Background",
-                body=cast(Any, {"preconditions": {"uid": service["metadata"].get("uid")}})))
+                name, namespace, _preload_content=False,
+                body=cast(Any, {"propagationPolicy": "Background",
+                                "preconditions": {"uid": service["metadata"].get("uid")}})))
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise
@@ -699,6 +703,8 @@ class KubernetesBackend:
                                             now=now)
             out.append(self.tracker.seen(status))  # stopping when asked; the watch lags
         listed = {s.name for s in out}
+        out.extend(self._replicas_left(replica_jobs, pods, listed, now=now))
+        listed = {s.name for s in out}
         tombs = self.tracker.tombstones(at=time.monotonic(), listed=listed)
         out.extend(tombs)
         listed.update(t.name for t in tombs)
@@ -709,6 +715,37 @@ class KubernetesBackend:
                 # Finished, forgotten by fairq and past its TTL: the TTL controller is
                 # off (1.20 without the TTLAfterFinished gate), so clean up ourselves.
                 self._delete_quietly(name, namespace)
+        return out
+
+    def _replicas_left(self, replica_jobs: Mapping[str, Mapping[int, Obj]],
+                       pods: Mapping[str, list[Obj]], listed: set[str], *,
+                       now: datetime) -> list[WorkloadStatus]:
+        """Multi-replica workloads whose replica 0's Job is gone while other replicas'
+        Jobs are not (a stop deletes them all, and each stays listed, with a
+        deletionTimestamp, until its pods are gone; replica 0's may go first): still
+        listed, so rule R8 keeps their preemptor waiting while a replica's pod holds GPUs
+        (`nominated_preemptors` counts listed workloads). FAILED (the attempt cannot go on
+        without replica 0), `stopping` while those Jobs are being deleted (the cycle then
+        does not stop them again; else it does). Left out once nothing of them runs."""
+        out: list[WorkloadStatus] = []
+        for key, replicas in replica_jobs.items():
+            name = key.split("/", 1)[1]
+            if name in listed or not replicas or self.jobs.get(key) is not None:
+                continue
+            group = _current_pods(pods.get(key, []), list(replicas.values()))
+            deleting = any(j["metadata"].get("deletionTimestamp") for j in replicas.values())
+            if not deleting and all(pod_is_terminal(p) for p in group):
+                continue
+            any_job = replicas[min(replicas)]
+            status = workload_status(any_job, group, now=now)
+            if status is None:
+                continue
+            out.append(WorkloadStatus(
+                name=name, job_id=status.job_id, attempt=status.attempt, phase=Phase.FAILED,
+                started_at=status.started_at, finished_at=status.finished_at or now,
+                nodes=status.nodes, restarts=status.restarts, stopping=deleting,
+                reason="replica 0's Kubernetes Job is gone; the other replicas are "
+                       + ("being deleted" if deleting else "stopped with it")))
         return out
 
     def _replica_jobs(self) -> dict[str, dict[int, Obj]]:

@@ -71,14 +71,27 @@ def test_a_replica_job_a_quota_refuses_tears_the_workload_down_and_waits_like_re
         "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "one-job"},
         "spec": {"hard": {"count/jobs.batch": "1"}}})
     quota_in_force(kube, "one-job", "count/jobs.batch", "1")
+
+    # The backend's submit: refused, and nothing of it left the moment it raises.
+    from datetime import UTC, datetime
+
+    from queueing.backends.kubernetes import KubernetesBackendError
+    from queueing.services.scheduler import submit_error_code
+    from tests.envtest.test_k8s_rendezvous import launch
+
+    direct = 750000 + int(datetime.now(UTC).timestamp()) % 1000
+    with pytest.raises(KubernetesBackendError, match=f"fq-{direct}-1-1 failed .403.") as refused:
+        kube.backend.submit(launch(direct), now=datetime.now(UTC))
+    assert submit_error_code(refused.value) == 403
+    assert kube.jobs("vision", direct) == []
+
+    # Through the cycle: handled as a refused replica 0.
     settings.FAIRQ_K8S_SUBMIT_REFUSED_SECONDS = 6
     pk = submit(world, gpus=1, replicas=2)
     name = f"fq-{pk}-1"
     wait(lambda: job(pk).message.startswith(
         "waiting for the cluster: Kubernetes refused the Job (403)"), what="the refusal shown")
     assert job(pk).status == "ADMITTED"
-    # The cycle that was refused left nothing behind (deleted in the background: gone).
-    assert kube.jobs("vision", pk) == []
     events = JobEvent.objects.filter(job_id=pk, kind=JobEvent.Kind.SUBMIT_ERROR)
     assert any(f"{name}-1" in e.reason and "exceeded quota" in e.reason for e in events), \
         [e.reason for e in events]
