@@ -26,6 +26,15 @@ Questions and goals
      within milliseconds); the lag is the time until the cycle that moved the job to
      RUNNING / SUCCEEDED finished.
        BENCH k8s_status_lag_p50 / _p95 / _max   seconds, over both transitions of every job
+  3. How long does stopping a cycle's preemption victims take when each victim's final log
+     read waits on the cluster? 16 victims, each read taking 200 ms (a simulated kubelet
+     round trip: the fake kubelet serves no logs), through
+     `logs.workloads_stop_keeping_logs` (read, keep in the log storage, stop). Goal: at
+     FAIRQ_LOG_READ_CONCURRENCY=8 at most a quarter of the one-at-a-time time. Runs
+     without the envtest binaries too.
+       BENCH k8s_victim_log_reads_sequential_s  FAIRQ_LOG_READ_CONCURRENCY=1 (as before)
+       BENCH k8s_victim_log_reads_concurrent_s  FAIRQ_LOG_READ_CONCURRENCY=8
+       BENCH k8s_victim_log_reads_speedup       the first over the second
 
 Needs the envtest binaries (tests/envtest/build.sh); without them it prints why and
 `BENCH k8s_skipped 1 flag`, and exits 0. Database: $DATABASE_URL, or a fresh SQLite file
@@ -56,6 +65,8 @@ CREATE_JOBS = 1000
 SEQ_JOBS = 300
 ROUNDS = 3
 LAG_JOBS = 40
+LOG_VICTIMS = 16
+LOG_READ_SECONDS = 0.2
 NODES = 3
 GPUS_PER_NODE = 8
 
@@ -306,14 +317,58 @@ def bench_lag(cp: ControlPlane) -> None:
     backend.close()
 
 
+def bench_log_reads() -> None:
+    """Question 3: stopping LOG_VICTIMS victims whose log reads take LOG_READ_SECONDS."""
+    from django.test.utils import override_settings
+
+    from accounts.models import Team
+    from queueing.models import GpuType, Job, Tier
+    from queueing.services.logs import workloads_stop_keeping_logs
+
+    team = Team.objects.get_or_create(slug="logs", defaults={"name": "logs"})[0]
+    gpu = GpuType.objects.get_or_create(slug="nowhere", defaults={
+        "name": "nowhere", "node_labels": {"fairq.io/gpu-type": "nowhere"}})[0]
+    tier = Tier.objects.get_or_create(slug="bench", defaults={
+        "name": "bench", "rank": 7, "priority_class_name": "fairq-bench",
+        "priority_value": 10})[0]
+
+    class SlowLogs:
+        def logs(self, name: str, *, tail: int = 100) -> str:
+            time.sleep(LOG_READ_SECONDS)
+            return f"step 100 loss 0.1\n{name} preempted"
+
+        def stop(self, name: str, *, now: datetime) -> None:
+            pass
+
+    took: dict[int, float] = {}
+    for concurrency in (1, 8):
+        now = datetime.now(UTC)
+        jobs = Job.objects.bulk_create([
+            Job(team=team, name=f"v{concurrency}-{i}", image="registry.invalid/bench:1",
+                command=["run"], gpu_type=gpu, gpus_per_replica=1, tier=tier,
+                status="RUNNING", admitted_at=now, started_at=now, created_at=now)
+            for i in range(LOG_VICTIMS)])
+        names = [f"fq-{j.pk}-1" for j in jobs]
+        with override_settings(FAIRQ_LOG_READ_CONCURRENCY=concurrency):
+            started = time.perf_counter()
+            failed = workloads_stop_keeping_logs(backend=SlowLogs(),  # type: ignore[arg-type]
+                                                 names=names, now=now)
+            took[concurrency] = time.perf_counter() - started
+        assert not failed, failed
+    bench("k8s_victim_log_reads_sequential_s", took[1], "s")
+    bench("k8s_victim_log_reads_concurrent_s", took[8], "s")
+    bench("k8s_victim_log_reads_speedup", took[1] / took[8], "x")
+
+
 def main() -> int:
+    setup_django()
+    bench_log_reads()
     missing = missing_binaries()
     if missing:
         note(f"envtest binaries missing in {default_bin_dir()}: {', '.join(missing)}; "
              "run tests/envtest/build.sh to build them")
         print("BENCH k8s_skipped 1 flag")
         return 0
-    setup_django()
     cp = ControlPlane()
     try:
         cp.start()

@@ -123,9 +123,11 @@ def kubernetes_backend_from_settings() -> KubernetesBackend:
         raise RuntimeError("the database reads are not provided: Django is not set up "
                            "(QueueingConfig.ready() calls provide_database_reads)")
     concurrency = settings.FAIRQ_K8S_SUBMIT_CONCURRENCY
+    # The cycle's concurrent creates, or its concurrent log reads (never both at once).
+    pool = max(concurrency, settings.FAIRQ_LOG_READ_CONCURRENCY)
     api = api_client_from_config(kubeconfig=settings.FAIRQ_KUBECONFIG,
                                  context=settings.FAIRQ_KUBE_CONTEXT,
-                                 pool_size=concurrency + 8)
+                                 pool_size=pool + 8)
     return KubernetesBackend(
         api,
         namespace_prefix=settings.FAIRQ_KUBE_NAMESPACE_PREFIX,

@@ -371,6 +371,7 @@ class JobEvent(models.Model):
         POD_RESTARTED = "pod_restarted"  # a pod replaced or a container restarted
         SUBMIT_ERROR = "submit_error"  # the cluster refused the workload (one per distinct error)
         IDLE = "idle"  # rules U2-U4: flagged idle, reclaimed, or busy again
+        LOGS_PRUNED = "logs_pruned"  # an attempt's kept logs deleted (FAIRQ_LOG_RETENTION_DAYS)
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(db_index=True)

@@ -1,6 +1,7 @@
 """Keep the Kubernetes cluster in step with tiers and quotas: a change queues
 `sync_cluster_task` once the transaction commits (only with a backend that provisions:
-`provisions`, composition.backend_class())."""
+`provisions`, composition.backend_class()). A deleted JobLog row deletes its kept file
+(services/logs.py, `joblog_file_forget`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
 from queueing.composition import backend_class
-from queueing.models import Quota, Tier
+from queueing.models import JobLog, Quota, Tier
+from queueing.services.logs import joblog_file_forget
 from queueing.tasks import sync_cluster_task
 
 
@@ -29,3 +31,4 @@ def connect() -> None:
         post_save.connect(_queue_sync, sender=model, dispatch_uid=f"fairq-sync-{model.__name__}")
         post_delete.connect(_queue_sync, sender=model,
                             dispatch_uid=f"fairq-sync-del-{model.__name__}")
+    post_delete.connect(joblog_file_forget, sender=JobLog, dispatch_uid="fairq-joblog-file")

@@ -13,7 +13,7 @@ from accounts.services import idempotency_purge
 from queueing.composition import get_backend, get_provisioner
 from queueing.services.demo import demo_submit_synthetic
 from queueing.services.fairshare import fairshare_snapshot_take
-from queueing.services.logs import job_logs_archive, workload_stop_keeping_logs
+from queueing.services.logs import job_logs_archive, job_logs_prune, workload_stop_keeping_logs
 from queueing.services.metrics import record_cycle, record_cycle_failure
 from queueing.services.provisioning import sync_cluster, sync_quotas
 from queueing.services.scheduler import new_cycle_id, scheduler_cycle
@@ -70,6 +70,14 @@ def job_logs_archive_task() -> int:
 
 
     return len(job_logs_archive(backend=get_backend(), now=timezone.now()).refreshed)
+
+
+@shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)
+def job_logs_prune_task() -> int:
+    """Delete kept logs older than FAIRQ_LOG_RETENTION_DAYS (services/logs.py)."""
+    from django.utils import timezone
+
+    return job_logs_prune(now=timezone.now()).rows
 
 
 @shared_task(ignore_result=True, soft_time_limit=20, time_limit=30)

@@ -98,3 +98,21 @@ def test_it_keeps_count_under_concurrent_threads() -> None:
         th.join()
     assert t.hidden() == {} and t.namespace_of("fq-0-0") is None
     assert all(not t.seen(status(f"fq-{i}-199")).stopping for i in range(8))
+
+
+def test_a_replica_seen_is_remembered_until_its_workload_is_deleted() -> None:
+    t = WorkloadTracker()
+    assert not t.replica_was_seen("fq-1-1", 1)
+    t.replica_seen("fq-1-1", 1)
+    assert t.replica_was_seen("fq-1-1", 1) and not t.replica_was_seen("fq-1-1", 2)
+    assert not t.replica_was_seen("fq-2-1", 1)
+    t.deleted("fq-1-1")
+    assert not t.replica_was_seen("fq-1-1", 1)
+
+
+def test_an_abandoned_job_is_remembered_for_five_minutes() -> None:
+    t = WorkloadTracker()
+    t.abandon("uid-a", at=0.0)
+    assert t.abandoned("uid-a") and not t.abandoned("uid-b")
+    t.abandon("uid-b", at=301.0)  # forgets what is older than 300 s
+    assert not t.abandoned("uid-a") and t.abandoned("uid-b")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from django.test import Client
@@ -260,3 +260,220 @@ def test_a_job_cancelled_before_it_ran_has_no_log_rather_than_an_empty_one(
     body = world.client(world.member).get(f"/api/v1/jobs/{job_id}/logs/").json()
     assert body["lines"] == [] and not body["empty"]
     assert body["note"] == "no logs: the job never started"
+
+
+# --- the kept files go with their rows; retention -------------------------------------------
+
+@pytest.fixture
+def log_dir(settings: Any, tmp_path: Any) -> Any:
+    """The "fairq-logs" storage in a directory of this test (FileSystemStorage), so the
+    files on disk can be looked at."""
+    settings.STORAGES = {**settings.STORAGES, "fairq-logs": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(tmp_path)}}}
+    return tmp_path
+
+
+def _files(root: Any) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def _kept_attempt(world: World, monkeypatch: pytest.MonkeyPatch, *, replicas: int = 1,
+                  gpus: int = 1, finish: bool = False) -> int:
+    job_id, t0 = _run(world, seconds="30" if finish else "600", gpus=gpus, replicas=replicas)
+    if finish:
+        scheduler_cycle(now=t0 + timedelta(seconds=40))
+        assert Job.objects.get(pk=job_id).status == "SUCCEEDED"
+    text = "\n".join(f"==> fq-x-1-{i} <==\nrank {i} up" for i in range(replicas))
+    monkeypatch.setattr(get_backend(), "logs", lambda name, tail=100: text)
+    assert attempt_logs_keep(backend=get_backend(), name=f"fq-{job_id}-1", now=t0)
+    return job_id
+
+
+def test_deleting_a_job_deletes_its_kept_log_files_once_committed(
+    world: World, monkeypatch: pytest.MonkeyPatch, log_dir: Any,
+    django_capture_on_commit_callbacks: Callable[..., Any],
+) -> None:
+    job_id = _kept_attempt(world, monkeypatch, replicas=2)
+    other = _kept_attempt(world, monkeypatch)
+    assert _files(log_dir) == [f"jobs/{job_id}/attempt-1/replica-0.log",
+                               f"jobs/{job_id}/attempt-1/replica-1.log",
+                               f"jobs/{other}/attempt-1/replica-0.log"]
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        Job.objects.filter(pk=job_id).delete()  # the cascade deletes its JobLog rows
+    assert len(_files(log_dir)) == 3  # not before the commit
+    for callback in callbacks:
+        callback()
+    assert _files(log_dir) == [f"jobs/{other}/attempt-1/replica-0.log"]
+    assert not JobLog.objects.filter(job_id=job_id).exists()
+
+
+def test_a_storage_that_fails_to_delete_is_logged_and_the_delete_goes_on(
+    world: World, monkeypatch: pytest.MonkeyPatch, log_dir: Any,
+    django_capture_on_commit_callbacks: Callable[..., Any], caplog: Any,
+) -> None:
+    job_id = _kept_attempt(world, monkeypatch)
+
+    def broken(self: Any, name: str) -> None:
+        raise OSError("the bucket is read-only")
+
+    monkeypatch.setattr(type(log_storage()), "delete", broken)
+    with django_capture_on_commit_callbacks(execute=True):
+        JobLog.objects.filter(job_id=job_id).delete()
+    assert not JobLog.objects.filter(job_id=job_id).exists()
+    assert f"deleting the kept log jobs/{job_id}/attempt-1/replica-0.log" in caplog.text
+    assert "the bucket is read-only" in caplog.text
+
+
+def test_kept_logs_older_than_the_retention_are_pruned_with_their_files_and_an_event(
+    world: World, monkeypatch: pytest.MonkeyPatch, log_dir: Any, settings: Any,
+    django_capture_on_commit_callbacks: Callable[..., Any],
+) -> None:
+    from queueing.models import JobEvent
+    from queueing.services.logs import job_logs_prune
+
+    settings.FAIRQ_LOG_RETENTION_DAYS = 30
+    now = timezone.now()
+    old = _kept_attempt(world, monkeypatch, replicas=2, finish=True)
+    young = _kept_attempt(world, monkeypatch)
+    live, _ = _run(world, seconds="600")
+    JobLog.objects.create(job_id=live, attempt=1, text="still running",
+                          fetched_at=now - timedelta(days=90))  # a live copy: never pruned
+    JobLog.objects.filter(job_id=old).update(fetched_at=now - timedelta(days=30, seconds=1))
+    JobLog.objects.filter(job_id=young).update(fetched_at=now - timedelta(days=29))
+    size = sum(JobLog.objects.filter(job_id=old).values_list("size", flat=True))
+
+    with django_capture_on_commit_callbacks(execute=True):
+        result = job_logs_prune(now=now)
+    assert (result.rows, result.attempts, result.bytes) == (2, [(old, 1)], size)
+    assert _files(log_dir) == [f"jobs/{young}/attempt-1/replica-0.log"]
+    assert set(JobLog.objects.values_list("job_id", flat=True)) == {young, live}
+    [event] = JobEvent.objects.filter(kind=JobEvent.Kind.LOGS_PRUNED)
+    assert (event.job_id, event.attempt, event.actor_label) == (old, 1, "retention")
+    assert event.data == {"replicas": [0, 1], "bytes": size, "retention_days": 30}
+    assert "kept more than 30 days" in event.reason
+    # The API says so where the logs were.
+    body = world.client(world.member).get(f"/api/v1/jobs/{old}/logs/?attempt=1").json()
+    assert body["source"] == "none" and body["lines"] == []
+    assert body["note"] == "the kept logs of this attempt were deleted after 30 days"
+    # Nothing more to prune: no second event.
+    assert job_logs_prune(now=now).rows == 0
+    assert JobEvent.objects.filter(kind=JobEvent.Kind.LOGS_PRUNED).count() == 1
+
+
+def test_a_retention_of_zero_days_keeps_logs_for_ever(
+    world: World, monkeypatch: pytest.MonkeyPatch, log_dir: Any, settings: Any,
+) -> None:
+    from queueing.services.logs import job_logs_prune
+
+    settings.FAIRQ_LOG_RETENTION_DAYS = 0
+    job_id = _kept_attempt(world, monkeypatch)
+    JobLog.objects.filter(job_id=job_id).update(fetched_at=timezone.now() - timedelta(days=3650))
+    assert job_logs_prune(now=timezone.now()).rows == 0
+    assert _files(log_dir) == [f"jobs/{job_id}/attempt-1/replica-0.log"]
+
+
+def test_pruning_is_a_beat_task_run_hourly(settings: Any) -> None:
+    from config.celery import app
+
+    entry = settings.CELERY_BEAT_SCHEDULE["job-logs-prune"]
+    assert entry["task"] == "queueing.tasks.job_logs_prune_task"
+    assert entry["schedule"] == timedelta(hours=1)
+    app.loader.import_default_modules()
+    assert entry["task"] in app.tasks
+
+
+# --- preemption victims' logs are read concurrently ------------------------------------------
+
+class _SlowLogs:
+    """A cluster whose log reads take a while: each waits on `barrier` (all of `parties`
+    reads in flight at once, or it breaks after `timeout` s) or sleeps `seconds`."""
+
+    def __init__(self, *, parties: int = 0, seconds: float = 0.0, timeout: float = 5.0) -> None:
+        import threading
+
+        self.barrier = threading.Barrier(parties, timeout=timeout) if parties else None
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.peak = 0
+        self.stopped: list[str] = []
+
+    def logs(self, name: str, *, tail: int = 100) -> str:
+        import time
+
+        with self.lock:
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+        try:
+            if self.barrier is not None:
+                self.barrier.wait()
+            time.sleep(self.seconds)
+            return f"last words of {name}"
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def stop(self, name: str, *, now: datetime) -> None:
+        self.stopped.append(name)
+
+
+def _victims(n: int) -> list[str]:
+    from queueing.policy.states import JobState
+
+    from .factories import JobFactory
+
+    now = timezone.now()
+    return [f"fq-{JobFactory(status=JobState.RUNNING, started_at=now).pk}-1" for _ in range(n)]
+
+
+def test_the_victims_logs_are_read_concurrently_then_each_kept_and_stopped(
+    settings: Any,
+) -> None:
+    """Four reads that each wait for the other three: read one by one, the first would
+    wait 5 s and break the barrier (and every victim would keep an empty log)."""
+    import time
+
+    from queueing.services.logs import workloads_stop_keeping_logs
+
+    settings.FAIRQ_LOG_READ_CONCURRENCY = 4
+    names = _victims(4)
+    cluster = _SlowLogs(parties=4)
+    started = time.monotonic()
+    failed = workloads_stop_keeping_logs(backend=cast(Any, cluster), names=names,
+                                         now=timezone.now())
+    assert failed == {} and time.monotonic() - started < 4
+    assert cluster.peak == 4 and cluster.stopped == names  # stopped in order, after reading
+    for name in names:
+        job_id = int(name.split("-")[1])
+        assert _kept(job_id, 1) == f"last words of {name}"
+
+
+def test_concurrent_log_reads_are_bounded_by_the_setting(settings: Any) -> None:
+    from queueing.services.logs import workloads_stop_keeping_logs
+
+    settings.FAIRQ_LOG_READ_CONCURRENCY = 2
+    names = _victims(5)
+    cluster = _SlowLogs(seconds=0.05)
+    assert workloads_stop_keeping_logs(backend=cast(Any, cluster), names=names,
+                                       now=timezone.now()) == {}
+    assert cluster.peak == 2 and cluster.stopped == names
+
+
+def test_a_victim_whose_stop_fails_does_not_stop_the_others(settings: Any) -> None:
+    from queueing.services.logs import workloads_stop_keeping_logs
+
+    names = _victims(3)
+    cluster = _SlowLogs()
+    real_stop = cluster.stop
+
+    def stop(name: str, *, now: datetime) -> None:
+        if name == names[1]:
+            raise ConnectionError("the API server hung up")
+        real_stop(name, now=now)
+
+    cluster.stop = stop  # type: ignore[method-assign]
+    failed = workloads_stop_keeping_logs(backend=cast(Any, cluster), names=names,
+                                         now=timezone.now())
+    assert list(failed) == [names[1]] and cluster.stopped == [names[0], names[2]]
+    assert _kept(int(names[1].split("-")[1]), 1) == f"last words of {names[1]}"

@@ -263,6 +263,22 @@ CELERY_BEAT_SCHEDULE["utilization-purge"] = {
     "schedule": timedelta(hours=1),
     "options": {"expires": 3600},
 }
+# How many workloads' logs the worker reads at once before stopping them (a cycle's
+# preemption victims): each read keeps the backend's own timeout.
+FAIRQ_LOG_READ_CONCURRENCY = env.int("FAIRQ_LOG_READ_CONCURRENCY", default=8)
+if not 1 <= FAIRQ_LOG_READ_CONCURRENCY <= 64:
+    raise environ.ImproperlyConfigured("FAIRQ_LOG_READ_CONCURRENCY must be 1..64")
+# Kept logs (rows and stored files) of attempts kept longer ago than this many days are
+# deleted by the hourly `job-logs-prune` task, each pruned attempt recorded as a job event
+# (kind `logs_pruned`); 0 keeps them for ever.
+FAIRQ_LOG_RETENTION_DAYS = env.int("FAIRQ_LOG_RETENTION_DAYS", default=30)
+if FAIRQ_LOG_RETENTION_DAYS < 0:
+    raise environ.ImproperlyConfigured("FAIRQ_LOG_RETENTION_DAYS must be >= 0 (0 = keep for ever)")
+CELERY_BEAT_SCHEDULE["job-logs-prune"] = {
+    "task": "queueing.tasks.job_logs_prune_task",
+    "schedule": timedelta(hours=1),
+    "options": {"expires": 3600},
+}
 # The cluster view (nodes, free GPUs, live workloads) the worker publishes each cycle for
 # the web; older than this, pages say it is stale (is the worker running?).
 FAIRQ_CLUSTER_VIEW_STALE_SECONDS = env.float("FAIRQ_CLUSTER_VIEW_STALE_SECONDS", default=120.0)

@@ -8,7 +8,11 @@ is tested without a cluster (tests/test_k8s_tracker.py).
 - hidden   — finished Jobs fairq forgot on stop (kept for their logs): name → finished;
 - ran      — names seen running → when they started;
 - tombstones — the last status of a Job deleted outside fairq, reported for a while so
-  its job does not stay RUNNING for ever.
+  its job does not stay RUNNING for ever;
+- replicas — per multi-replica workload, the indexes of its replica Jobs (i > 0) seen in
+  the cache: one missing later was deleted, not merely not created yet;
+- abandoned — uids of workload Jobs fairq deleted itself when a replica was refused (the
+  next submit must not adopt one the watch cache still lists).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class WorkloadTracker:
         self._hidden: dict[str, datetime] = {}
         self._ran: dict[str, datetime] = {}
         self._tombstones: dict[str, tuple[float, WorkloadStatus]] = {}
+        self._replicas: dict[str, set[int]] = {}
+        self._abandoned: dict[str, float] = {}
 
     # --- where --------------------------------------------------------------------------
 
@@ -93,6 +99,7 @@ class WorkloadTracker:
         expected it (it stopped or forgot it) and when it was seen starting."""
         with self._lock:
             self._where.pop(name, None)
+            self._replicas.pop(name, None)
             acknowledged = name in self._stopping or name in self._hidden
             self._hidden.pop(name, None)
             self._stopping.discard(name)
@@ -117,3 +124,25 @@ class WorkloadTracker:
                 elif name not in listed:
                     out.append(tomb)
         return out
+
+    # --- replicas -----------------------------------------------------------------------
+
+    def replica_seen(self, workload: str, index: int) -> None:
+        """Replica `index`'s Job of `workload` is in the cache."""
+        with self._lock:
+            self._replicas.setdefault(workload, set()).add(index)
+
+    def replica_was_seen(self, workload: str, index: int) -> bool:
+        with self._lock:
+            return index in self._replicas.get(workload, ())
+
+    def abandon(self, uid: str, *, at: float) -> None:
+        """fairq deleted the workload Job with `uid` itself (a replica was refused): not to
+        be adopted from the cache by the retry. Remembered for 300 s after `at`."""
+        with self._lock:
+            self._abandoned = {u: t for u, t in self._abandoned.items() if at - t < 300}
+            self._abandoned[uid] = at
+
+    def abandoned(self, uid: str) -> bool:
+        with self._lock:
+            return uid in self._abandoned

@@ -33,12 +33,21 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, cast
 
 from queueing.validation import registry_problem
 
-from .base import LaunchSpec, NodeInfo, Phase, SubmitRejected, SubmitRequeue, WorkloadStatus
+from .base import (
+    WAITING,
+    LaunchSpec,
+    NodeInfo,
+    Phase,
+    SubmitRejected,
+    SubmitRequeue,
+    WorkloadStatus,
+)
 from .k8s_api import (
     KubernetesBackendError,
     NamespaceNotProvisioned,
@@ -65,6 +74,7 @@ from .k8s_manifest import (
     owner_reference,
     parse_time,
     pod_is_terminal,
+    pods_never_created,
     replica_job_name,
     sealed_by_fairq,
     service_manifest,
@@ -81,6 +91,10 @@ __all__ = ["KubernetesBackend", "KubernetesBackendError", "NamespaceNotProvision
            "api_client_from_config"]
 
 log = logging.getLogger(__name__)
+
+# Statuses of a refused create (as the cycle classifies them, services/scheduler.py:
+# 400/422 fail the job, 403 is a refusal retried until FAIRQ_K8S_SUBMIT_REFUSED_SECONDS).
+_REFUSED = frozenset({400, 403, 422})
 
 
 class KubernetesBackend:
@@ -297,6 +311,8 @@ class KubernetesBackend:
         body = sign_job(bodies[0], self.owner_key)
         namespace = body["metadata"]["namespace"]
         cached = self.jobs.get(f"{namespace}/{spec.name}") if self._started else None
+        if cached is not None and self.tracker.abandoned(str(cached["metadata"].get("uid"))):
+            cached = None  # deleted by fairq a moment ago (a replica refused): the cache lags
         if cached is not None:
             self._adopt(cached, body)  # already there: the name is the identity
             self._companions(spec, bodies, cached)
@@ -356,6 +372,7 @@ class KubernetesBackend:
         except ApiException as exc:
             status, message = api_error(exc)
             if status != 409:
+                self._abandon_if_refused(spec.name, owner, len(bodies), status)
                 self._companion_failed(spec.name, "Service", status, message, exc)
             existing = self._read_service(namespace, spec.name)
             if existing is None:  # deleted since: the next cycle's submit makes it
@@ -382,12 +399,45 @@ class KubernetesBackend:
             except ApiException as exc:
                 status, message = api_error(exc)
                 if status != 409:
+                    self._abandon_if_refused(spec.name, owner, len(bodies), status)
                     self._companion_failed(name, "Job", status, message, exc)
                 existing = self._read_job(namespace, name)
                 if existing is None:  # deleted since: the next cycle's submit makes it
                     raise KubernetesBackendError(
                         f"{name} existed a moment ago and is gone now; retrying") from exc
                 self._adopt(existing, body, workload=spec.name)
+
+    def _abandon_if_refused(self, name: str, owner: Mapping[str, Any], replicas: int,
+                            status: int) -> None:
+        """All or nothing at submit: when the API server refuses one of a multi-replica
+        workload's other objects (400/422: invalid; 403: a quota on Jobs or Services, an
+        RBAC denial), delete what this attempt has in the cluster (the Service, replica
+        Jobs, the workload's Job: in the background, so the names are free at once) before
+        the error goes to the cycle, which handles it as for replica 0's Job: the job
+        fails (400/422) or stays ADMITTED, "waiting for the cluster: Kubernetes refused the
+        Job (403): ...", retried each cycle until FAIRQ_K8S_SUBMIT_REFUSED_SECONDS. Other
+        errors (5xx, timeouts) keep what exists: the retry adopts it and completes it."""
+        if status not in _REFUSED:
+            return
+        namespace = owner["metadata"]["namespace"]
+        uid = str(owner["metadata"].get("uid"))
+        log.warning("%s: a replica's object was refused (%s); deleting the %d-replica "
+                    "workload's objects (all or nothing)", name, status, replicas)
+        self.tracker.abandon(uid, at=time.monotonic())
+        self.tracker.stop_asked(name)  # its deletion is fairq's: no tombstone
+        try:
+            self._delete_service(name, namespace)
+            self._delete_companions(name, namespace, replicas, propagation="Background")
+            # The policy in the body: with a body the API server ignores query parameters
+            # (and a Job's default is to orphan its pods, keeping it listed meanwhile).
+            drain(self.batch.delete_namespaced_job(
+                name, namespace, _preload_content=False,
+                body=cast(Any, {"propagationPolicy": "Background",
+                                "preconditions": {"uid": uid}})))
+        except Exception as exc:
+            # Left for the cycle: the workload reports a replica missing and fails.
+            if getattr(exc, "status", None) not in (404, 409):
+                log.warning("%s: deleting the refused workload failed: %s", name, exc)
 
     @staticmethod
     def _companion_failed(name: str, kind: str, status: int, message: str,
@@ -468,7 +518,9 @@ class KubernetesBackend:
 
     def stop(self, name: str, *, now: datetime) -> None:
         """Delete the Job (Foreground: its pods first). A finished Job is only forgotten
-        (its pods' logs stay readable until its TTL); unknown names are a no-op."""
+        (its pods' logs stay readable until its TTL); unknown names are a no-op. A
+        multi-replica workload's headless Service is deleted first, in every case: gone
+        when this returns."""
 
         self.start()
         self.tracker.stop_requested(name)
@@ -478,6 +530,12 @@ class KubernetesBackend:
             return
         job = self.jobs.get(f"{namespace}/{name}")
         replicas = None if job is None else workload_replicas(job)
+        if replicas is None or replicas > 1:
+            # First, whatever becomes of the Jobs (finished and kept for their logs,
+            # already being deleted): left to the garbage collector, the Service would be
+            # deleted as a dependent of a Job in foreground deletion, and wait, listed,
+            # for its own dependent (the EndpointSlice).
+            self._delete_service(name, namespace)
         if job is not None:
             if job["metadata"].get("deletionTimestamp"):
                 return  # already going
@@ -502,14 +560,32 @@ class KubernetesBackend:
         if replicas is None or replicas > 1:
             self._delete_companions(name, namespace, replicas or 1)
 
-    def _delete_companions(self, name: str, namespace: str, replicas: int) -> None:
-        """Delete the other replicas' Jobs (Foreground: their pods first) and the headless
-        Service of workload `name`, explicitly: the garbage collector would (they are
-        owned by its Job), but only where kube-controller-manager runs it, and later.
-        The replicas' Jobs are those the watch cache knows plus the ones the workload's
-        `replicas` name; gone already (404) is fine. The Service only when it is fairq's
-        (labelled, and owned by a Job of the workload's name): a Service someone else
-        made under that name is not fairq's to delete."""
+    def _delete_service(self, name: str, namespace: str) -> None:
+        """Delete the headless Service of workload `name`, in the background (it is gone
+        when this returns; the garbage collector removes its EndpointSlice after), when it
+        is fairq's: labelled, and owned by a Job of the workload's name (a Service someone
+        else made under that name is not fairq's to delete). None is fine."""
+        from kubernetes.client.exceptions import ApiException
+
+        service = self._read_service(namespace, name)
+        if service is None or not _owned_by_workload(service, name):
+            return
+        try:
+            drain(self.core.delete_namespaced_service(
+                name, namespace, _preload_content=False,
+                body=cast(Any, {"propagationPolicy": "Background",
+                                "preconditions": {"uid": service["metadata"].get("uid")}})))
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+
+    def _delete_companions(self, name: str, namespace: str, replicas: int, *,
+                           propagation: str = "Foreground") -> None:
+        """Delete the other replicas' Jobs (Foreground: their pods first) of workload
+        `name`, explicitly: the garbage collector would (they are owned by its Job), but
+        only where kube-controller-manager runs it, and later. The replicas' Jobs are
+        those the watch cache knows plus the ones the workload's `replicas` name; gone
+        already (404) is fine. (Its Service is `_delete_service`'s, called first.)"""
         from kubernetes.client.exceptions import ApiException
 
         names = {replica_job_name(name, i) for i in range(1, replicas)}
@@ -520,21 +596,11 @@ class KubernetesBackend:
         for job_name in sorted(names):
             try:
                 drain(self.batch.delete_namespaced_job(job_name, namespace,
-                                                        propagation_policy="Foreground",
+                                                        propagation_policy=propagation,
                                                         _preload_content=False))
             except ApiException as exc:
                 if exc.status != 404:
                     raise
-        service = self._read_service(namespace, name)
-        if service is None or not _owned_by_workload(service, name):
-            return  # none, or not fairq's (someone else's under the name): left alone
-        try:
-            drain(self.core.delete_namespaced_service(
-                name, namespace, _preload_content=False,
-                body=cast(Any, {"preconditions": {"uid": service["metadata"].get("uid")}})))
-        except ApiException as exc:
-            if exc.status not in (404, 409):
-                raise
 
     def _delete_orphan_pods(self, name: str) -> None:
         """Delete the pods of workload `name` that no Job owns any more (a Job deleted
@@ -597,6 +663,7 @@ class KubernetesBackend:
         housekeeping: list[tuple[str, str]] = []
         hidden = self.tracker.hidden()
         create_errors = self._create_errors()
+        replica_jobs = self._replica_jobs()
         job_keys: set[str] = set()
         for job in self.jobs.items():
             meta = job["metadata"]
@@ -610,6 +677,10 @@ class KubernetesBackend:
             if is_replica_job(job):
                 continue  # a replica of a workload: reported with the workload's Job
             job_pods = pods.get(key, [])
+            replicas = replica_jobs.get(key, {}) if L_REPLICA in (meta.get("labels") or {}) \
+                else {}
+            if replicas or workload_replicas(job) > 1:
+                job_pods = _current_pods(job_pods, [job, *replicas.values()])
             if name in hidden:
                 if any(not pod_is_terminal(p) for p in job_pods) and \
                         workload_finished(job, job_pods) is None:
@@ -627,7 +698,12 @@ class KubernetesBackend:
                                      if not job_pods else "")
             if status is None:
                 continue
+            if L_REPLICA in (meta.get("labels") or {}) and workload_replicas(job) > 1:
+                status = self._all_replicas(status, job, job_pods, replicas, create_errors,
+                                            now=now)
             out.append(self.tracker.seen(status))  # stopping when asked; the watch lags
+        listed = {s.name for s in out}
+        out.extend(self._replicas_left(replica_jobs, pods, listed, now=now))
         listed = {s.name for s in out}
         tombs = self.tracker.tombstones(at=time.monotonic(), listed=listed)
         out.extend(tombs)
@@ -640,6 +716,104 @@ class KubernetesBackend:
                 # off (1.20 without the TTLAfterFinished gate), so clean up ourselves.
                 self._delete_quietly(name, namespace)
         return out
+
+    def _replicas_left(self, replica_jobs: Mapping[str, Mapping[int, Obj]],
+                       pods: Mapping[str, list[Obj]], listed: set[str], *,
+                       now: datetime) -> list[WorkloadStatus]:
+        """Multi-replica workloads whose replica 0's Job is gone while other replicas'
+        Jobs are not (a stop deletes them all, and each stays listed, with a
+        deletionTimestamp, until its pods are gone; replica 0's may go first): still
+        listed, so rule R8 keeps their preemptor waiting while a replica's pod holds GPUs
+        (`nominated_preemptors` counts listed workloads). FAILED (the attempt cannot go on
+        without replica 0), `stopping` while those Jobs are being deleted (the cycle then
+        does not stop them again; else it does). Left out once nothing of them runs."""
+        out: list[WorkloadStatus] = []
+        for key, replicas in replica_jobs.items():
+            name = key.split("/", 1)[1]
+            if name in listed or not replicas or self.jobs.get(key) is not None:
+                continue
+            group = _current_pods(pods.get(key, []), list(replicas.values()))
+            deleting = any(j["metadata"].get("deletionTimestamp") for j in replicas.values())
+            if not deleting and all(pod_is_terminal(p) for p in group):
+                continue
+            any_job = replicas[min(replicas)]
+            status = workload_status(any_job, group, now=now)
+            if status is None:
+                continue
+            out.append(WorkloadStatus(
+                name=name, job_id=status.job_id, attempt=status.attempt, phase=Phase.FAILED,
+                started_at=status.started_at, finished_at=status.finished_at or now,
+                nodes=status.nodes, restarts=status.restarts, stopping=deleting,
+                reason="replica 0's Kubernetes Job is gone; the other replicas are "
+                       + ("being deleted" if deleting else "stopped with it")))
+        return out
+
+    def _replica_jobs(self) -> dict[str, dict[int, Obj]]:
+        """The replica Jobs (i > 0) of this fairq's multi-replica workloads, by workload
+        ("ns/name") and index, from the watch cache; each noted as seen by the tracker."""
+        out: dict[str, dict[int, Obj]] = defaultdict(dict)
+        for job in self.jobs.items():
+            meta = job["metadata"]
+            if not is_replica_job(job) or not self._fairqs(job):
+                continue
+            labels = meta.get("labels") or {}
+            index = str(labels.get(L_REPLICA, ""))
+            if not index.isdigit():
+                continue
+            workload = str(labels[L_WORKLOAD])
+            out[f"{meta['namespace']}/{workload}"][int(index)] = job
+            self.tracker.replica_seen(workload, int(index))
+        return out
+
+    def _all_replicas(self, status: WorkloadStatus, job: Obj, pods: Sequence[Obj],
+                      replicas: Mapping[int, Obj], create_errors: Mapping[str, str], *,
+                      now: datetime) -> WorkloadStatus:
+        """All or nothing at run time, for what `workload_status` (replica 0's Job and the
+        pods) cannot see: a replica whose Job is missing or whose pod cannot be created.
+
+        - replica i's Job missing: seen before → FAILED ("deleted outside fairq"); never
+          seen → PENDING, waiting (the submit's retry makes it), then FAILED once
+          replica 0's Job is `pod_create_timeout_seconds` old;
+        - replica i's Job without a pod and with a FailedCreate message (a quota refuses
+          it): PENDING, waiting with the message, then FAILED as for replica 0
+          (`pods_never_created`, `pod_create_timeout_seconds`).
+        A workload that finished or is being deleted is left as it is."""
+        if status.phase in (Phase.SUCCEEDED, Phase.FAILED) or \
+                job["metadata"].get("deletionTimestamp"):
+            return status
+        name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+        timeout = self.pod_create_timeout_seconds
+        seconds = f"{timeout:.0f} s" if timeout is not None else "time"
+
+        def failed(reason: str) -> WorkloadStatus:
+            return replace(status, phase=Phase.FAILED, reason=reason[:500], finished_at=now,
+                           exit_code=None)
+
+        def waiting(reason: str) -> WorkloadStatus:
+            return replace(status, phase=Phase.PENDING, reason=f"{WAITING}{reason}"[:500],
+                           finished_at=None)
+
+        for index in range(1, workload_replicas(job)):
+            if index in replicas:
+                continue
+            if self.tracker.replica_was_seen(name, index):
+                return failed(f"replica {index}'s Kubernetes Job was deleted outside fairq")
+            if pods_never_created(job, [], now=now, timeout_seconds=timeout):
+                return failed(f"replica {index}'s Kubernetes Job was not created in {seconds}")
+            return waiting(f"replica {index}'s Job is not created yet")
+        placed = {_replica_index(p) for p in pods}
+        for index in range(workload_replicas(job)):
+            replica_job = job if index == 0 else replicas[index]
+            if index in placed:
+                continue
+            error = create_errors.get(f"{namespace}/{replica_job['metadata']['name']}")
+            if not error:
+                continue
+            if pods_never_created(replica_job, [], now=now, timeout_seconds=timeout):
+                return failed(f"replica {index}: no pod could be created in {seconds}: "
+                              f"{error}")
+            return waiting(f"replica {index}'s pod cannot be created yet: {error}")
+        return status
 
     def _create_errors(self) -> dict[str, str]:
         """The Job controller's last FailedCreate message per fairq Job ("ns/name"), from
@@ -686,6 +860,8 @@ class KubernetesBackend:
         try:
             self.tracker.stop_asked(name)
             job = self.jobs.get(f"{namespace}/{name}")
+            if job is not None and workload_replicas(job) > 1:
+                self._delete_service(name, namespace)
             self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
             if job is not None and workload_replicas(job) > 1:
                 self._delete_companions(name, namespace, workload_replicas(job))
@@ -833,6 +1009,15 @@ def _owned_by_workload(obj: Obj, name: str) -> bool:
 def _replica_index(pod: Obj) -> int:
     value = str((pod["metadata"].get("labels") or {}).get(L_REPLICA, "0"))
     return int(value) if value.isdigit() else 0
+
+
+def _current_pods(pods: Sequence[Obj], jobs: Sequence[Obj]) -> list[Obj]:
+    """`pods` without those a Job of another uid controls (an earlier Job of the same
+    name, deleted in the background: its pods are still going)."""
+    uids = {j["metadata"].get("uid") for j in jobs}
+    return [p for p in pods
+            if all(ref.get("uid") in uids for ref in p["metadata"].get("ownerReferences") or ()
+                   if ref.get("kind") == "Job" and ref.get("controller"))]
 
 
 def _owned_by_job(pod: Obj) -> bool:

@@ -15,23 +15,33 @@ Two copies, one row (`JobLog`) per job, attempt and replica:
     * preempted, cancelled, orphaned: fairq deletes the pods, so the worker reads them
       just before (`workload_stop_keeping_logs`, the one way the worker stops a workload:
       after the cycle's commit, in the stop task, for orphans in reconcile, never inside a
-      transaction);
+      transaction; a cycle's preemption victims are read concurrently,
+      `workloads_stop_keeping_logs`, FAIRQ_LOG_READ_CONCURRENCY at a time);
     * when that read fails or finds nothing (the pods were gone), the last live copy is
       kept instead (at most one refresh old).
 
 The web and the API read only these rows and the storage (`job_log_read`).
+
+Kept files go with their rows: a JobLog row deleted (alone, or with its job) deletes its
+file once the transaction commits (`joblog_file_forget`, connected in queueing/signals.py);
+rows kept longer than FAIRQ_LOG_RETENTION_DAYS ago are pruned by `job_logs_prune` (the
+beat task `job-logs-prune`), one job event (kind `logs_pruned`) per pruned attempt.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import cast
 
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, storages
+from django.db import transaction
 from django.db.models import F, Q
 
 from queueing.backends.base import ClusterBackend, parse_workload_name, workload_name
@@ -49,6 +59,10 @@ FINISHED_LOOKBACK = timedelta(hours=2)
 BATCH = 200
 EMPTY_NOTE = "the pod wrote nothing"
 _POD_HEADER = re.compile(r"^==> (.+) <==$")
+
+
+# Rows pruned per run: bounds the task's time (each row is a file to delete).
+PRUNE_BATCH = 1000
 
 
 @dataclass
@@ -134,10 +148,22 @@ def _read(backend: ClusterBackend, name: str, *, lines: int) -> dict[int, str] |
         return None
 
 
-def attempt_logs_keep(*, backend: ClusterBackend, name: str, now: datetime) -> bool:
+# `attempt_logs_keep`'s `texts` when the caller has not read the logs yet.
+_UNREAD: object = object()
+
+
+def _needs_keeping(job_id: int, attempt: int) -> bool:
+    return Job.objects.filter(pk=job_id).exists() and not JobLog.objects.filter(
+        job_id=job_id, attempt=attempt, final=True).exists()
+
+
+def attempt_logs_keep(*, backend: ClusterBackend, name: str, now: datetime,
+                      texts: dict[int, str] | object | None = _UNREAD) -> bool:
     """Keep the tail of each replica's log of workload `name` (an attempt that ended or
     is about to be stopped), unless kept already. Never raises for the cluster: a read
-    that fails keeps the last live copy. True when something was kept."""
+    that fails keeps the last live copy. `texts`: what `_read` answered, when the caller
+    read it already (`workloads_stop_keeping_logs` reads many at once). True when
+    something was kept."""
     parsed = parse_workload_name(name)
     if parsed is None:
         return False
@@ -146,13 +172,15 @@ def attempt_logs_keep(*, backend: ClusterBackend, name: str, now: datetime) -> b
     if job is None or JobLog.objects.filter(job_id=job_id, attempt=attempt,
                                             final=True).exists():
         return False
-    texts = _read(backend, name, lines=settings.FAIRQ_LOG_ARCHIVE_KEEP_LINES)
+    if texts is _UNREAD:
+        texts = _read(backend, name, lines=settings.FAIRQ_LOG_ARCHIVE_KEEP_LINES)
+    read = cast(dict[int, str] | None, texts)
     never_ran = attempt == job.attempt and job.started_at is None
-    if never_ran and not any((texts or {}).values()) and not JobLog.objects.filter(
+    if never_ran and not any((read or {}).values()) and not JobLog.objects.filter(
             job_id=job_id, attempt=attempt).exists():
         return False  # cancelled before it ran: no log to keep, not an empty one
     try:
-        _keep(job_id=job_id, attempt=attempt, texts=texts, now=now)
+        _keep(job_id=job_id, attempt=attempt, texts=read, now=now)
     except Exception:  # the storage is down: the stop must go on
         log.exception("keeping the logs of %s failed", name)
         return False
@@ -164,6 +192,45 @@ def workload_stop_keeping_logs(*, backend: ClusterBackend, name: str, now: datet
     transaction open: it reads the cluster."""
     attempt_logs_keep(backend=backend, name=name, now=now)
     backend.stop(name, now=now)
+
+
+def logs_read_many(*, backend: ClusterBackend, names: Sequence[str],
+                   lines: int) -> dict[str, dict[int, str] | None]:
+    """`_read` of each workload in `names`, on up to FAIRQ_LOG_READ_CONCURRENCY threads
+    (a read is mostly waiting on the API server and the kubelets; each keeps its own
+    timeout, the backend's). No database access in the threads."""
+    unique = list(dict.fromkeys(names))
+    workers = min(max(1, int(settings.FAIRQ_LOG_READ_CONCURRENCY)), len(unique))
+    if workers <= 1:
+        return {name: _read(backend, name, lines=lines) for name in unique}
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fairq-logs") as pool:
+        return dict(zip(unique, pool.map(lambda n: _read(backend, n, lines=lines), unique),
+                        strict=True))
+
+
+def workloads_stop_keeping_logs(*, backend: ClusterBackend, names: Sequence[str],
+                                now: datetime) -> dict[str, Exception]:
+    """`workload_stop_keeping_logs` for many workloads (a cycle's preemption victims):
+    the logs of those whose attempt is not kept yet are read concurrently
+    (`logs_read_many`), then each is kept and stopped in this thread, in order. Never
+    raises for one workload: returns the ones whose stop raised, with why. Call it with
+    no transaction open."""
+    todo: list[str] = []
+    for name in names:
+        parsed = parse_workload_name(name)
+        if parsed is not None and _needs_keeping(*parsed):
+            todo.append(name)
+    texts = logs_read_many(backend=backend, names=todo,
+                           lines=settings.FAIRQ_LOG_ARCHIVE_KEEP_LINES)
+    failed: dict[str, Exception] = {}
+    for name in names:
+        try:
+            attempt_logs_keep(backend=backend, name=name, now=now,
+                              texts=texts.get(name, _UNREAD))
+            backend.stop(name, now=now)
+        except Exception as exc:
+            failed[name] = exc
+    return failed
 
 
 def job_logs_archive(*, backend: ClusterBackend, now: datetime,
@@ -229,6 +296,74 @@ def job_logs_archive(*, backend: ClusterBackend, now: datetime,
                             .values_list("job_id", "attempt").distinct()[:limit]):
         _keep(job_id=job_id, attempt=attempt, texts=None, now=now)
         result.kept.append((job_id, attempt))
+    return result
+
+
+# --- retention ------------------------------------------------------------------------------
+
+def stored_log_delete(name: str) -> bool:
+    """Delete one kept file from the "fairq-logs" storage; a storage that fails is logged,
+    never raised (the rows are gone already: a file left behind is the lesser harm).
+    True when nothing is left under `name`."""
+    try:
+        log_storage().delete(name)
+    except Exception:
+        log.warning("deleting the kept log %s from the log storage failed", name, exc_info=True)
+        return False
+    return True
+
+
+def joblog_file_forget(sender: object, instance: JobLog, **kwargs: object) -> None:
+    """post_delete of a JobLog (its own delete, its job's cascade, a prune): its kept file
+    is deleted once the transaction commits (a rolled-back delete keeps both)."""
+    name = instance.stored
+    if name:
+        transaction.on_commit(lambda: stored_log_delete(name))
+
+
+@dataclass
+class PruneResult:
+    rows: int = 0
+    bytes: int = 0
+    attempts: list[tuple[int, int]] = field(default_factory=list)  # (job, attempt)
+
+
+def job_logs_prune(*, now: datetime, limit: int = PRUNE_BATCH) -> PruneResult:
+    """Delete the kept logs (rows, and their files on commit) of attempts whose logs were
+    kept more than FAIRQ_LOG_RETENTION_DAYS days before `now` (a row's `fetched_at` once
+    final is when the attempt's tail was kept: its end, or a cycle after); live copies of
+    running attempts are never pruned. 0 days keeps everything. Each pruned attempt gets
+    one job event (kind `logs_pruned`: which replicas, how many bytes) in the same
+    transaction as the delete. At most `limit` rows per call, the oldest first; the rest
+    next run."""
+    result = PruneResult()
+    days = int(settings.FAIRQ_LOG_RETENTION_DAYS)
+    if days <= 0:
+        return result
+    cutoff = now - timedelta(days=days)
+    with transaction.atomic():
+        rows = list(JobLog.objects.select_for_update(skip_locked=True)
+                    .filter(final=True, fetched_at__lt=cutoff)
+                    .order_by("fetched_at", "id")[:limit])
+        if not rows:
+            return result
+        by_attempt: dict[tuple[int, int], list[JobLog]] = {}
+        for row in rows:
+            by_attempt.setdefault((row.job_id, row.attempt), []).append(row)
+        JobLog.objects.filter(pk__in=[r.pk for r in rows]).delete()
+        JobEvent.objects.bulk_create(
+            JobEvent(job_id=job_id, at=now, kind=JobEvent.Kind.LOGS_PRUNED,
+                     actor_label="retention", attempt=attempt,
+                     reason=f"the kept logs of attempt {attempt} were deleted: kept more "
+                            f"than {days} days (FAIRQ_LOG_RETENTION_DAYS)",
+                     data={"replicas": sorted(r.replica for r in group),
+                           "bytes": sum(r.size for r in group), "retention_days": days})
+            for (job_id, attempt), group in sorted(by_attempt.items()))
+    result.rows = len(rows)
+    result.bytes = sum(r.size for r in rows)
+    result.attempts = sorted(by_attempt)
+    log.info("pruned the kept logs of %d attempts (%d files, %d bytes) kept more than %d "
+             "days ago", len(result.attempts), result.rows, result.bytes, days)
     return result
 
 
@@ -318,14 +453,19 @@ def _job_log_read(*, job: Job, attempt: int, replica: int, tail: int) -> LogView
     never_ran = attempt == job.attempt and job.started_at is None and not job.is_final
     if row is None:
         text = ""
-        if attempt == job.attempt and not never_ran and backend_class().in_process:
+        pruned = JobEvent.objects.filter(job=job, attempt=attempt,
+                                         kind=JobEvent.Kind.LOGS_PRUNED).order_by("-at").first()
+        if attempt == job.attempt and not never_ran and pruned is None and \
+                backend_class().in_process:
             # No worker archives in tests or a one-process demo: the in-process cluster.
             text = split_replicas(get_backend().logs(job.backend_name, tail=tail)).get(
                 replica, "")
         if text:
             return LogView(attempt, replica, "live", text.splitlines()[-tail:], False, "",
                            exit_line, attempts)
-        note = ("no logs: the job never started" if job.started_at is None
+        note = (f"the kept logs of this attempt were deleted after "
+                f"{pruned.data.get('retention_days', '?')} days" if pruned is not None
+                else "no logs: the job never started" if job.started_at is None
                 and attempt == job.attempt and job.is_final
                 else "no logs yet: the job has not started" if never_ran
                 else "no logs yet" if not job.is_final or attempt != job.attempt

@@ -25,7 +25,7 @@ from queueing.policy.preemption import Preemption, Victim
 from queueing.policy.states import HOLDING_STATES, JobState
 
 from .jobs import job_transition
-from .logs import workload_stop_keeping_logs
+from .logs import workloads_stop_keeping_logs
 from .usage import usage_record_attempt
 
 log = logging.getLogger(__name__)
@@ -83,17 +83,16 @@ def preemptions_apply(*, plan: Plan, now: datetime) -> Applied:
 
 def preempted_workloads_stop(*, backend: ClusterBackend, names: list[str],
                              now: datetime) -> None:
-    """Stop the victims' workloads (after the commit that requeued their jobs).
+    """Stop the victims' workloads (after the commit that requeued their jobs), their
+    logs read concurrently first (services/logs.py, `workloads_stop_keeping_logs`).
 
     A stop that fails is retried by the next cycle's reconcile: the workload's attempt no
     longer matches its job's, so it is an orphan and is stopped again.
     """
-    for name in names:
-        try:
-            workload_stop_keeping_logs(backend=backend, name=name, now=now)
-        except Exception:
-            log.warning("stopping preempted workload %s failed; the next cycle retries",
-                        name, exc_info=True)
+    failed = workloads_stop_keeping_logs(backend=backend, names=names, now=now)
+    for name, exc in failed.items():
+        log.warning("stopping preempted workload %s failed; the next cycle retries",
+                    name, exc_info=exc)
 
 
 def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, now: datetime) -> str:

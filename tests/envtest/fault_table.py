@@ -22,7 +22,11 @@ it", nothing is charged for them, their Jobs are left alone); names held by Jobs
 deleted (someone else's and fairq's own, kept by a finalizer: requeued at once as a new
 attempt that succeeds); a node deleted while jobs run on it (its pods are force-deleted
 at once, as the pod garbage collector would ~40 s later: their run there is charged and
-the Job controller runs them again elsewhere). Each row may add its own counts
+the Job controller runs them again elsewhere); multi-replica jobs (2 x 1 GPU) whose
+replica 1's Job is deleted behind fairq's back (the attempt fails, replica 0 is
+stopped), whose replica 1's pod is deleted (replaced, the attempt goes on), whose replica
+1 fails (the attempt fails naming it) and whose Service is deleted (the attempts
+finish). Each row may add its own counts
 (`Ctx.checks`); a check that cannot fail is a defect, so each was seen non-zero with
 the fix it guards broken (docs/kubernetes.md, "Tests and benchmark").
 
@@ -321,6 +325,92 @@ def node_not_ready(ctx: Ctx) -> tuple[list[int], set[int]]:
     return pks, set()
 
 
+# --- multi-replica workloads (issue 14): all or nothing -------------------------------------
+
+def _pairs(ctx: Ctx, n: int, seconds: str) -> list[int]:
+    """`n` 2-replica jobs of 1 GPU per replica."""
+    return _submit(ctx, n, replicas=2, env={"FAIRQ_SIM_SECONDS": seconds})
+
+
+def replica_job_deleted(ctx: Ctx) -> tuple[list[int], set[int]]:
+    """Replica 1's Job of half the 2-replica jobs is deleted behind fairq's back while
+    they run (long): replica 0 would wait for its peer for ever. The attempt FAILS ("replica
+    1's Kubernetes Job was deleted outside fairq"), the replica left is stopped, the run is
+    charged; the others succeed."""
+    n_hit = max(1, min((ctx.jobs + 1) // 2, AT_ONCE // 4))
+    hit = set(_pairs(ctx, n_hit, "600"))
+    pks = sorted(hit | set(_pairs(ctx, max(0, ctx.jobs - n_hit), "3")))
+    _wait(lambda: _running(hit), timeout=60)
+    ns = ctx.kube.ns("vision")
+    _still(lambda: all(ctx.kube.backend.jobs.get(f"{ns}/fq-{pk}-1-1") for pk in hit),
+           what="the replica Jobs in fairq's watch cache")
+    for pk in hit:
+        ctx.kube.batch.delete_namespaced_job(f"fq-{pk}-1-1", ns,
+                                             propagation_policy="Background")
+
+    def check(row: Row) -> None:
+        from queueing.models import Job
+
+        for j in Job.objects.filter(pk__in=hit):
+            if j.status == "FAILED" and "replica 1's Kubernetes Job was deleted" not in j.message:
+                row.falsely_failed += 1
+                row.notes.append(f"#{j.pk} FAILED for another reason: {j.message[:120]}")
+
+    ctx.checks.append(check)
+    return pks, hit
+
+
+def replica_pod_deleted(ctx: Ctx) -> tuple[list[int], set[int]]:
+    """Replica 1's pod of every other 2-replica job is deleted (evicted) while it runs: the
+    Job controller replaces it, as it does a single replica's (the Job's backoffLimit 0
+    counts failures, not deletions), and the attempt goes on with the restart counted."""
+    pks = _pairs(ctx, ctx.jobs, "4")
+    _wait(lambda: _running(pks))
+    for pk in pks[::2]:
+        for pod in ctx.kube.pods("vision", f"fq-{pk}-1"):
+            if pod["metadata"]["labels"].get("fairq.io/replica") == "1":
+                ctx.kube.core.delete_namespaced_pod(pod["metadata"]["name"],
+                                                    ctx.kube.ns("vision"),
+                                                    grace_period_seconds=0)
+    return pks, set()
+
+
+def replica_failed(ctx: Ctx) -> tuple[list[int], set[int]]:
+    """Replica 1 of every other 2-replica job exits 3 (its pod Failed); its peer would wait
+    in the collective for ever. The attempt FAILS naming the replica and the peer is
+    stopped; the others succeed."""
+    bad = set(_submit(ctx, (ctx.jobs + 1) // 2, replicas=2, env={
+        "FAIRQ_SIM_SECONDS": "2", "FAIRQ_SIM_FAIL_REPLICA": "1", "FAIRQ_SIM_EXIT_CODE": "3"}))
+    pks = sorted(bad | set(_pairs(ctx, ctx.jobs - len(bad), "2")))
+
+    def check(row: Row) -> None:
+        from queueing.models import Job
+
+        for j in Job.objects.filter(pk__in=bad):
+            if j.status == "FAILED" and "replica 1 failed: exit code 3" not in j.message:
+                row.falsely_failed += 1
+                row.notes.append(f"#{j.pk} FAILED for another reason: {j.message[:120]}")
+
+    ctx.checks.append(check)
+    return pks, bad
+
+
+def service_deleted(ctx: Ctx) -> tuple[list[int], set[int]]:
+    """The headless Service of every 2-replica job is deleted while they run (after the
+    rendezvous): fairq does not make it again (replica 0's address is needed only to
+    join); the attempts finish, nothing is left behind."""
+    pks = _pairs(ctx, ctx.jobs, "4")
+    _wait(lambda: _running(pks))
+    for pk in pks:
+        try:
+            ctx.kube.core.delete_namespaced_service(f"fq-{pk}-1", ctx.kube.ns("vision"),
+                                                    _preload_content=False).release_conn()
+        except Exception as exc:
+            if getattr(exc, "status", None) != 404:
+                raise
+    return pks, set()
+
+
 def _still(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "") -> None:
     """Wait for `predicate` without running scheduler cycles (the fault is being set up)."""
     deadline = time.monotonic() + timeout
@@ -583,6 +673,10 @@ FAULTS: dict[str, Callable[[Ctx], tuple[list[int], set[int]]]] = {
     "Job names taken beforehand (1 in 3)": names_taken,
     "Job names taken, those Jobs being deleted": names_taken_being_deleted,
     "a node deleted (its pods force-deleted)": node_deleted,
+    "2 replicas: replica 1's Job deleted behind fairq": replica_job_deleted,
+    "2 replicas: replica 1's pod deleted (evicted)": replica_pod_deleted,
+    "2 replicas: replica 1 fails (exit 3)": replica_failed,
+    "2 replicas: the Service deleted behind fairq": service_deleted,
 }
 # Left out of the small run inside pytest (`test_the_fault_table_is_all_zeros`) for the
 # time they take; the script runs them.

@@ -172,12 +172,11 @@ def test_the_scheduler_account_can_run_a_jobs_whole_life(
         until(lambda: any(s.name == pair and s.phase == Phase.RUNNING
                           for s in backend.statuses(now=datetime.now(UTC))), "pair RUNNING")
         backend.stop(pair, now=datetime.now(UTC))
+        # stop() deletes the Service first, in the background: gone when it returns.
+        assert not [svc for svc in core.list_namespaced_service(f"{prefix}team").items
+                    if svc.metadata.name == pair]
         until(lambda: pair not in {s.name for s in backend.statuses(now=datetime.now(UTC))},
               "the pair's Job gone")
-        # stop() deletes the Service itself (and the garbage collector would, with the
-        # Job); on a loaded machine the API server may list it a moment longer.
-        until(lambda: not [svc for svc in core.list_namespaced_service(f"{prefix}team").items
-                           if svc.metadata.name == pair], "the pair's Service gone")
         sched.delete_priority_class(mine)
     finally:
         backend.close()

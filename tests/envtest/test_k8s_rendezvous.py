@@ -125,6 +125,22 @@ def launch(pk: int, replicas: int = 2) -> Any:
         image="registry.invalid/x:1", command=[], args=[], env={}, max_runtime_seconds=None)
 
 
+def killed_before_companions(kube: Kube, monkeypatch: pytest.MonkeyPatch, pk: int) -> None:
+    """Submit `launch(pk)` as a worker killed right after replica 0's Job was created
+    would have: that Job only, no Service, no other replica's Job (the retry's to make)."""
+    from datetime import UTC, datetime
+
+    from queueing.backends.kubernetes import KubernetesBackend, KubernetesBackendError
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise KubernetesBackendError("killed before the companions")
+
+    with monkeypatch.context() as m:
+        m.setattr(KubernetesBackend, "_companions", killed)
+        with pytest.raises(KubernetesBackendError, match="killed before the companions"):
+            kube.backend.submit(launch(pk), now=datetime.now(UTC))
+
+
 def test_a_submit_cut_short_after_replica_0s_job_is_completed_by_the_retry(
     kube: Kube, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -132,22 +148,12 @@ def test_a_submit_cut_short_after_replica_0s_job_is_completed_by_the_retry(
     0's Job and makes the Service and the other replica's Job, once."""
     from datetime import UTC, datetime
 
-    from queueing.backends.kubernetes import KubernetesBackend, KubernetesBackendError
-
     backend = kube.backend
     pk = 700000 + int(datetime.now(UTC).timestamp()) % 1000
     name = f"fq-{pk}-1"
-    real = KubernetesBackend._companions
-
-    def killed(*args: Any, **kwargs: Any) -> None:
-        raise KubernetesBackendError("killed before the companions")
-
-    monkeypatch.setattr(KubernetesBackend, "_companions", killed)
-    with pytest.raises(KubernetesBackendError):
-        backend.submit(launch(pk), now=datetime.now(UTC))
+    killed_before_companions(kube, monkeypatch, pk)
     assert [j["metadata"]["name"] for j in kube.jobs("vision", pk)] == [name]
     assert service(kube, name) is None
-    monkeypatch.setattr(KubernetesBackend, "_companions", real)
     backend.submit(launch(pk), now=datetime.now(UTC))
     backend.submit(launch(pk), now=datetime.now(UTC))  # and again: nothing more
     assert sorted(j["metadata"]["name"] for j in kube.jobs("vision", pk)) == [name,
@@ -205,19 +211,10 @@ def test_a_service_claiming_the_workloads_job_as_owner_but_routing_elsewhere_fai
     from datetime import UTC, datetime
 
     from queueing.backends.base import SubmitRejected
-    from queueing.backends.kubernetes import KubernetesBackend, KubernetesBackendError
 
     pk = 730000 + int(datetime.now(UTC).timestamp()) % 1000
     name = f"fq-{pk}-1"
-    real = KubernetesBackend._companions
-
-    def killed(*args: Any, **kwargs: Any) -> None:
-        raise KubernetesBackendError("killed before the companions")
-
-    monkeypatch.setattr(KubernetesBackend, "_companions", killed)
-    with pytest.raises(KubernetesBackendError):
-        kube.backend.submit(launch(pk), now=datetime.now(UTC))
-    monkeypatch.setattr(KubernetesBackend, "_companions", real)
+    killed_before_companions(kube, monkeypatch, pk)
     [owner] = kube.jobs("vision", pk)
     kube.core.create_namespaced_service(kube.ns("vision"), {
         "apiVersion": "v1", "kind": "Service",
@@ -229,3 +226,67 @@ def test_a_service_claiming_the_workloads_job_as_owner_but_routing_elsewhere_fai
     with pytest.raises(SubmitRejected, match="fairq did not create it"):
         kube.backend.submit(launch(pk), now=datetime.now(UTC))
     kube.backend.stop(name, now=datetime.now(UTC))
+
+
+def _endpoint_slices(kube: Kube, name: str) -> list[Any]:
+    """The Service's EndpointSlices (discovery.k8s.io/v1beta1 on 1.20, which the
+    generated client no longer has: a raw GET)."""
+    import json
+    from urllib.parse import quote
+
+    api = kube.core.api_client
+    resp = api.call_api(
+        "GET", f"{api.configuration.host}/apis/discovery.k8s.io/v1beta1/namespaces/"
+        f"{kube.ns('vision')}/endpointslices?labelSelector="
+        f"{quote(f'kubernetes.io/service-name={name}')}",
+        header_params={a["key"]: a["value"]
+                       for a in api.configuration.auth_settings().values()})
+    resp.read()
+    body = json.loads(resp.data)
+    assert "items" in body, body
+    return list(body["items"])
+
+
+@pytest.mark.parametrize("how", ["running", "finished", "already being deleted"])
+def test_stop_deletes_the_service_first_so_it_is_gone_when_stop_returns(
+    kube: Kube, how: str,
+) -> None:
+    """The Service has a dependent (the EndpointSlice the endpointslice controller makes,
+    owned by it): deleted by the garbage collector as a dependent of the Job in foreground
+    deletion it would itself wait, listed, for its slice. stop() deletes it first, itself,
+    in the background, whatever became of the Jobs: running, finished (kept for their
+    logs), or already being deleted."""
+    from dataclasses import replace
+    from datetime import UTC, datetime
+
+    pk = 740000 + int(datetime.now(UTC).timestamp()) % 1000 + 1000 * len(how)
+    name = f"fq-{pk}-1"
+    spec = launch(pk)
+    if how == "finished":
+        spec = replace(spec, env={"FAIRQ_SIM_SECONDS": "0.5"})
+    kube.backend.submit(spec, now=datetime.now(UTC))
+    wait(lambda: _endpoint_slices(kube, name), cycle=False, what="the Service's EndpointSlice")
+    if how == "finished":
+        wait(lambda: [p["status"].get("phase") for p in kube.pods("vision", name)]
+             == ["Succeeded", "Succeeded"], cycle=False, what="both replicas Succeeded")
+        wait(lambda: all((p["status"] or {}).get("phase") == "Succeeded"
+                         for p in kube.backend.pods.items()
+                         if p["metadata"]["labels"].get("fairq.io/workload") == name),
+             cycle=False, what="the watch seeing them")
+    else:
+        wait(lambda: len([p for p in kube.pods("vision", name)
+                          if p["status"].get("phase") == "Running"]) == 2,
+             cycle=False, what="both replicas Running")
+    if how == "already being deleted":
+        kube.batch.delete_namespaced_job(name, kube.ns("vision"),
+                                         propagation_policy="Foreground")
+        wait(lambda: (kube.backend.jobs.get(f"{kube.ns('vision')}/{name}") or {})
+             .get("metadata", {}).get("deletionTimestamp"), cycle=False,
+             what="the watch seeing the Job being deleted")
+    kube.backend.stop(name, now=datetime.now(UTC))
+    assert service(kube, name) is None  # at once: no wait
+    if how != "finished":
+        wait(lambda: not kube.jobs("vision", pk), cycle=False, what="the Jobs gone")
+    else:
+        kube.backend.stop(name, now=datetime.now(UTC))  # again: nothing more to do
+        assert service(kube, name) is None
