@@ -32,6 +32,7 @@ from queueing.backends.k8s_manifest import (
     orphan_pods_status,
     pods_finished,
     priority_class_manifest,
+    replica_nodes,
     resource_quota_manifest,
     service_manifest,
     unbound_demand,
@@ -832,3 +833,24 @@ def test_logs_of_a_gang_have_a_header_per_pod_and_a_readable_line_for_a_pod_with
         "==> fq-12-1-a <==", "one", "two",
         "==> fq-12-1-b <==", "[fairq] no logs from pod fq-12-1-b (400): Bad Request",
     ]
+
+
+def _replica_pod(replica: int, node: str, *, created: datetime = T0) -> dict[str, Any]:
+    p = pod("Running", start=T0, node=node, created=created)
+    p["metadata"]["labels"] = {"fairq.io/replica": str(replica)}
+    return p
+
+
+def test_replica_nodes_name_a_shared_node_once_per_replica() -> None:
+    """Two replicas on one node hold its GPUs twice: `nodes` (what the scheduler keeps as
+    the job's placement, rules A3/R4) names the node for each, in replica order; an
+    unbound replica is left out, and a replica's newest pod counts."""
+    pods = [_replica_pod(1, "gpu-a"), _replica_pod(0, "gpu-a")]
+    assert replica_nodes(pods) == ("gpu-a", "gpu-a")
+    assert replica_nodes([*pods, _replica_pod(2, "gpu-b")]) == ("gpu-a", "gpu-a", "gpu-b")
+    unbound = _replica_pod(1, "gpu-b")
+    unbound["spec"].pop("nodeName")
+    assert replica_nodes([_replica_pod(0, "gpu-a"), unbound]) == ("gpu-a",)
+    retried = [pod("Failed", node="gpu-old", created=T0),
+               pod("Running", node="gpu-new", created=T0 + timedelta(seconds=30))]
+    assert replica_nodes(retried) == ("gpu-new",)

@@ -171,6 +171,8 @@ class WorkloadStatus:
     finished_at: datetime | None = None
     exit_code: int | None = None
     reason: str = ""
+    # The node of each replica with a bound pod, in replica order: two replicas on one
+    # node name it twice (what a job holds is counted per replica, rules A3 and R4).
     nodes: tuple[str, ...] = field(default=())
     # The cluster is already removing it (fairq or someone else asked): not stopped again.
     stopping: bool = False

@@ -680,6 +680,27 @@ def _image_error(pods: Sequence[Mapping[str, Any]], *, now: datetime, timeout_se
     return None
 
 
+def replica_nodes(pods: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The node of each replica that has a bound pod, in replica order (the pod's
+    `fairq.io/replica` label; none: replica 0), one entry per replica: two replicas on one
+    node name it twice, so what a running job holds is counted per replica (rules A3, R4).
+    Where a replica had several pods (a retried single-replica Job), its newest counts."""
+    newest: dict[int, tuple[str, str]] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node:
+            continue
+        meta = _meta(pod)
+        try:
+            replica = int((meta.get("labels") or {}).get(L_REPLICA, 0))
+        except (TypeError, ValueError):
+            continue
+        created = str(meta.get("creationTimestamp") or "")
+        if replica not in newest or created >= newest[replica][0]:
+            newest[replica] = (created, str(node))
+    return tuple(newest[r][1] for r in sorted(newest))
+
+
 def workload_status(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *,
                     now: datetime, image_pull_timeout_seconds: float = 300.0,
                     image_error_since: Mapping[str, datetime] | None = None,
@@ -716,8 +737,7 @@ def workload_status(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *
     starts = [t for t in (pod_started_at(p) for p in pods) if t is not None]
     started_at = min(starts) if starts else None
     ends = [t for t in (pod_finished_at(p) for p in pods) if t is not None]
-    nodes = tuple(sorted({str(p["spec"]["nodeName"]) for p in pods
-                          if (p.get("spec") or {}).get("nodeName")}))
+    nodes = replica_nodes(pods)
     complete = _job_condition(job, "Complete")
     failed = _job_condition(job, "Failed")
     # The pods decide before the Job controller writes its condition (up to seconds

@@ -404,6 +404,13 @@ def _waiting_reason(*, job_id: int, owner: _Owner, reason: str, now: datetime) -
                                     attempt=owner.attempt)
 
 
+def _placement(planned: list[str], status: WorkloadStatus) -> list[str]:
+    """A running job's node per replica: where the cluster bound each replica's pod
+    (`status.nodes`, replica order), the planned node for a replica not bound yet, so
+    what the job holds is counted per replica (rules A3, R4) while its pods start."""
+    return list(status.nodes) + list(planned[len(status.nodes):])
+
+
 def _running_changes(*, job_id: int, owner: _Owner, status: WorkloadStatus,
                      now: datetime) -> None:
     """A running job's pods moved to other nodes (placement updated, with an event), or
@@ -412,8 +419,8 @@ def _running_changes(*, job_id: int, owner: _Owner, status: WorkloadStatus,
     if nodes and nodes != placed and not nodes < placed:
         # (A strict subset is a replica between pods, not a move.)
         with transaction.atomic():
-            if Job.objects.filter(pk=job_id, attempt=owner.attempt,
-                                  status=JobState.RUNNING).update(placement=list(status.nodes)):
+            if Job.objects.filter(pk=job_id, attempt=owner.attempt, status=JobState.RUNNING
+                                  ).update(placement=_placement(owner.placement, status)):
                 JobEvent.objects.create(
                     job_id=job_id, at=now, kind=JobEvent.Kind.MOVED, actor_label="scheduler",
                     attempt=owner.attempt,
@@ -446,8 +453,9 @@ def _apply_status(job: Job, status: WorkloadStatus, *, now: datetime,
                 job.state == JobState.ADMITTED:
             started = status.started_at or now
             if job_transition(job, JobState.RUNNING, now=now,
-                              reason=f"running on {', '.join(status.nodes) or 'the cluster'}",
-                              started_at=started, placement=list(status.nodes) or job.placement,
+                              reason="running on "
+                                     + (", ".join(sorted(set(status.nodes))) or "the cluster"),
+                              started_at=started, placement=_placement(job.placement, status),
                               message=""):
                 result.started.append(job.pk)
         if status.phase in (Phase.SUCCEEDED, Phase.FAILED) and job.state == JobState.RUNNING:
