@@ -6,6 +6,7 @@ admins set the team's allowlists on the team page (audited)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -265,3 +266,38 @@ def test_outsiders_get_no_team_page_to_post_to(world: World) -> None:
     r = login(world.outsider).post("/teams/vision/workload-policy/", _policy(allowed_pvcs="x"))
     assert r.status_code == 404
     assert Team.objects.get(slug="vision").allowed_pvcs == []
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torchrun-job.yaml"
+
+
+def test_the_demo_takes_the_example_torchrun_job_through_the_form() -> None:
+    """`make demo`'s team vision allows what examples/torchrun-job.yaml names, its h100s
+    have racks, and the job file's spec, as the form writes it, submits from the page."""
+    import yaml
+    from django.contrib.auth import get_user_model
+
+    from queueing.models import GpuType
+    from queueing.services.demo import demo_seed
+    from queueing.web.forms import spec_initial
+
+    if not EXAMPLE.exists():
+        pytest.skip("examples/torchrun-job.yaml is not in this tree")
+    demo_seed()
+    demo_seed()  # twice: the same allowlists, not doubled
+    team = Team.objects.get(slug="vision")
+    assert team.allowed_pvcs == ["imagenet", "vision-checkpoints"]
+    assert GpuType.objects.get(slug="h100").topology_levels[0]["name"] == "rack"
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    spec.setdefault("gpus", spec.pop("gpus_per_replica", None))  # the CLI takes either
+    body = {k: val for k, val in spec_initial(spec).items()
+            if val is not None and k not in ("resources", "topology")}
+    body.update({k: str(val) for k, val in spec["resources"].items()})
+    body["topology_level"] = "rack"
+    r = login(get_user_model().objects.get(username="alice")).post("/jobs/new/", body)
+    assert r.status_code == 302, r.content.decode()[-3000:]
+    job = Job.objects.get(name="resnet50-ddp")
+    assert [vol["pvc"] for vol in job.volumes[:2]] == ["imagenet", "vision-checkpoints"]
+    assert job.secrets[0] == {"secret": "hf-token", "key": "token", "env": "HF_TOKEN"}
+    assert (job.image_pull_secret, job.labels["trial"]) == ("regcred", "7")
+    assert job.topology == {"level": "rack", "mode": "required"}
