@@ -109,8 +109,10 @@ def _allowed_help(teams: list[Any], attr: str, what: str) -> str:
             else f" Your teams allow no {what} yet (team admins set them on the team page).")
 
 
-def _textarea(rows: int, placeholder: str = "") -> forms.Textarea:
+def _textarea(rows: int, placeholder: str = "", *, wrap: bool = True) -> forms.Textarea:
     attrs: dict[str, Any] = {"rows": rows, "spellcheck": "false"}
+    if not wrap:  # one item a line, as written: a narrow screen scrolls it sideways
+        attrs["wrap"] = "off"
     if placeholder:
         attrs["placeholder"] = placeholder
     return forms.Textarea(attrs=attrs)
@@ -146,9 +148,9 @@ class JobSubmitForm(forms.Form):
                                max_length=v.MAX_QUANTITY_LEN, help_text="e.g. 8Gi.")
     # Storage, secrets and metadata (docs/api.md): the API's shapes, checked by the service.
     volumes = forms.CharField(label="Volumes", required=False, max_length=MAX_SPEC_TEXT,
-                              widget=_textarea(3, VOLUMES_EXAMPLE))
+                              widget=_textarea(4, VOLUMES_EXAMPLE, wrap=False))
     secrets = forms.CharField(label="Secrets", required=False, max_length=MAX_SPEC_TEXT,
-                              widget=_textarea(3, SECRETS_EXAMPLE))
+                              widget=_textarea(3, SECRETS_EXAMPLE, wrap=False))
     image_pull_secret = forms.CharField(label="Image pull secret", required=False,
                                         max_length=v.MAX_DNS_SUBDOMAIN_LEN)
     working_dir = forms.CharField(label="Working directory", required=False,

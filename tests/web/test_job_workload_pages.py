@@ -156,17 +156,18 @@ def test_the_job_page_shows_the_new_fields(allowed: World) -> None:
     assert "one rack (preferred)" in html
 
 
-def test_the_job_page_names_the_domain_its_replicas_share(allowed: World) -> None:
+def test_the_job_page_names_the_domain_its_replicas_share(allowed: World, settings: Any) -> None:
+    from queueing.composition import reset_backends
     from queueing.selectors.cluster import cluster_view
 
-    nodes = [n for n in cluster_view().node_list if n.gpu_type == "h100"]
-    if not nodes or "rack" not in nodes[0].topology:
-        pytest.skip("the test cluster's h100 nodes carry no racks")
+    settings.FAIRQ_SIM_NODES = "4x8xh100@rack=2,2x8xa100"
+    reset_backends()
+    node = next(n for n in cluster_view().node_list if n.gpu_type == "h100")
+    assert node.topology["rack"] == "h100-rack-0", node
     job = JobFactory(team=allowed.vision, gpu_type=allowed.h100, tier=allowed.normal,
-                     topology_level="rack", topology_mode="required",
-                     placement=[nodes[0].name])
+                     topology_level="rack", topology_mode="required", placement=[node.name])
     html = login(allowed.member).get(f"/jobs/{job.pk}/").content.decode()
-    assert f"rack <code>{nodes[0].topology['rack']}</code>" in html
+    assert "one rack (required), placed in rack <code>h100-rack-0</code>" in html
 
 
 def test_submit_again_fills_the_form_with_the_new_fields(allowed: World) -> None:
