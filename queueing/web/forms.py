@@ -76,10 +76,22 @@ def _plain(value: Any) -> None:
                          "it.")
 
 
+# The order a box writes an item's keys in (as docs/api.md does; a database's JSON may
+# keep them in another).
+_KEY_ORDER = {key: i for i, key in enumerate(
+    ("name", "pvc", "empty_dir", "secret", "key", "env", "mount_path", "read_only"))}
+
+
 def _spec_yaml_dump(items: Iterable[Any]) -> str:
     """A volumes or secrets list as the box shows it: one flow-style item a line."""
-    return "\n".join("- " + yaml.safe_dump(item, default_flow_style=True, sort_keys=False,
-                                            width=10**6).strip() for item in items)
+    def ordered(item: Any) -> Any:
+        if not isinstance(item, dict):
+            return item
+        return dict(sorted(item.items(), key=lambda kv: _KEY_ORDER.get(kv[0], len(_KEY_ORDER))))
+
+    return "\n".join("- " + yaml.safe_dump(ordered(item), default_flow_style=True,
+                                            sort_keys=False, width=10**6).strip()
+                      for item in items)
 
 
 def _pairs_text(items: dict[str, Any] | None) -> str:

@@ -227,7 +227,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
            "label": " ".join(labels), "labels": labels, "label_error": label_error,
            "filter_query": urlencode([*([("status", status)] if status else []),
                                       *(("label", item) for item in labels)])}
-    return render(request, "web/job_list.html", ctx)
+    return render(request, "web/job_list.html", ctx, status=400 if label_error else 200)
 
 
 def _submit_form(request: HttpRequest, data: Any = None) -> JobSubmitForm:

@@ -175,7 +175,12 @@ def test_submit_again_fills_the_form_with_the_new_fields(allowed: World) -> None
     c.post("/jobs/new/", _full())
     job = Job.objects.get()
     html = c.get(f"/jobs/new/?from={job.pk}").content.decode()
-    assert "- {name: data, pvc: imagenet, mount_path: /data, read_only: true}" in html
+    # The box's content (not its placeholder), keys in the documented order whatever
+    # order the database's JSON keeps them in.
+    assert _between(html, 'name="volumes"').strip() == VOLUMES.strip()
+    assert _between(html, 'name="secrets"').strip() == (
+        "- {secret: hf-token, key: token, env: HF_TOKEN}\n"
+        "- {secret: wandb, mount_path: /etc/wandb}")
     assert 'value="regcred"' in html and 'value="/workspace"' in html
     labels = _between(html, 'name="labels"').split()
     assert sorted(labels) == ["experiment=rn50", "trial=7"] and 'value="120"' in html
@@ -202,8 +207,13 @@ def test_the_job_list_filters_on_a_label(allowed: World) -> None:
     c = login(allowed.member)
     html = c.get("/jobs/?label=experiment=rn50").content.decode()
     assert "with-label" in html and "other-label" not in html
-    html = c.get("/jobs/?label=not%20a%20label").content.decode()
-    assert "Write label=key=value" in html and "with-label" not in html
+    html = c.get("/jobs/?label=experiment=rn50&status=QUEUED").content.decode()
+    assert "with-label" in html and "other-label" not in html
+    assert 'name="label" value="experiment=rn50"' in html
+    r = c.get("/jobs/?label=not%20a%20label")
+    html = r.content.decode()
+    assert r.status_code == 400 and "Write label=key=value" in html
+    assert "with-label" not in html and "fix the label filter" in html
 
 
 def test_yaml_load_refuses_what_no_spec_holds() -> None:
