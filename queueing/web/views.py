@@ -292,7 +292,8 @@ def job_new(request: HttpRequest) -> HttpResponse:
     else:
         form = _submit_form(request)
         status = 200
-    ctx = {"form": form, "idempotency_key": secrets.token_urlsafe(16), "preview": None}
+    ctx = {"form": form, "idempotency_key": secrets.token_urlsafe(16), "preview": None,
+           "advanced_open": bool(request.POST.get("advanced_open"))}
     return render(request, "web/job_new.html", ctx, status=status)
 
 
@@ -309,7 +310,8 @@ def job_check(request: HttpRequest) -> HttpResponse:
             if name in form.fields and not str(request.POST.get(name, "")).strip():
                 del form.errors[name]
     ctx = {"form": form, "preview": _preview(form) if valid else None, "checked": True,
-           "idempotency_key": request.POST.get("idempotency_key", "")}
+           "idempotency_key": request.POST.get("idempotency_key", ""),
+           "advanced_open": bool(request.POST.get("advanced_open"))}
     return render(request, "web/_job_form.html", ctx)
 
 

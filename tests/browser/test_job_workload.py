@@ -40,6 +40,9 @@ def test_member_fills_the_storage_section_and_the_job_page_shows_it(
     page.get_by_label("Container image").fill("ghcr.io/acme/train:1.4")
     page.get_by_label("GPU type").select_option("h100")
     page.get_by_label("GPUs per replica").fill("4")
+    page.get_by_label("Container image").click()
+    expect(page.locator("#preview")).to_contain_text("If submitted now")
+    expect(volumes).to_be_visible()  # the live check's new form keeps the section open
     volumes.fill("- {name: root, hostPath: {path: /}, mount_path: /host}")
     page.get_by_label("Working directory").click()
     expect(page.locator("#volumes-errors")).to_contain_text("volumes[0].hostPath: Unknown field")
