@@ -310,7 +310,9 @@ class JobSubmitForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         """Run `job_input_build` on what parsed, even when other fields did not, so every
-        field's error shows at once; a field keeps its first error only."""
+        field's error shows at once. A field the form itself refused (missing, or text that
+        does not parse) shows the form's error only; a field the service refuses shows
+        every refusal under it (`volumes[0].name`, `volumes[2].pvc`, ...)."""
         data = super().clean() or {}
         before = set(self.errors)  # the fields whose text did not even parse
         # The API's bounds (JobCreateSerializer's fields), without `max` in the page's inputs.
@@ -382,10 +384,18 @@ class NamesField(forms.CharField):
     judge (`team_workload_policy_set`)."""
 
     widget = forms.Textarea(attrs={"rows": 4, "spellcheck": "false"})
+    # Room for MAX_ALLOWLIST of the longest names, a line each: more is no allowlist.
+    max_text = v.MAX_ALLOWLIST * (v.MAX_DNS_SUBDOMAIN_LEN + 2)
 
     def to_python(self, value: Any) -> list[str]:  # type: ignore[override]
         text = super().to_python(value) or ""
+        if len(text) > self.max_text:
+            raise forms.ValidationError(
+                f"At most {v.MAX_ALLOWLIST} names (this text is {len(text):,} characters).")
         return [line.strip() for line in text.splitlines() if line.strip()]
+
+    def widget_attrs(self, widget: forms.Widget) -> dict[str, Any]:
+        return {**super().widget_attrs(widget), "maxlength": str(self.max_text)}
 
     def prepare_value(self, value: Any) -> Any:
         return "\n".join(value) if isinstance(value, list | tuple) else value
@@ -396,14 +406,14 @@ class TeamWorkloadPolicyForm(forms.Form):
     (docs/api.md, "Volumes, secrets and metadata"): each list replaces the old one."""
 
     allowed_pvcs = NamesField(
-        label="Allowed PVCs", required=False, max_length=v.MAX_ALLOWLIST * 254,
+        label="Allowed PVCs", required=False,
         help_text="PersistentVolumeClaims of the team's namespace jobs may mount; one "
                   "name a line.")
     allowed_secrets = NamesField(
-        label="Allowed secrets", required=False, max_length=v.MAX_ALLOWLIST * 254,
+        label="Allowed secrets", required=False,
         help_text="Secrets jobs may read (as env or files); one name a line.")
     allowed_pull_secrets = NamesField(
-        label="Allowed pull secrets", required=False, max_length=v.MAX_ALLOWLIST * 254,
+        label="Allowed pull secrets", required=False,
         help_text="Secrets jobs may pull images with; one name a line.")
 
 

@@ -330,3 +330,12 @@ def test_odd_yaml_is_a_400_on_its_field_never_a_500(allowed: World, field: str,
     assert r.status_code == 400 and not Job.objects.exists()
     errors = r.content.decode().split(f'id="{field}-errors"', 1)[1].split("</ul>", 1)[0]
     assert "<li>" in errors, errors
+
+
+def test_an_allowlist_of_too_much_text_is_refused_on_its_field(world: World) -> None:
+    r = login(world.admin).post("/teams/vision/workload-policy/", _policy(
+        allowed_pvcs="\n".join(f"pvc-{i}" for i in range(20_000))))
+    assert r.status_code == 400
+    errors = r.content.decode().split('id="allowed_pvcs-errors"', 1)[1].split("</ul>", 1)[0]
+    assert "At most 200 names" in errors, errors
+    assert Team.objects.get(slug="vision").allowed_pvcs == []
