@@ -224,7 +224,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     page, next_before = dash.job_page(jobs=jobs, before=before, status=status)
     ctx = {"team": team, "jobs": page, "next_before": next_before, "status": status,
            "statuses": [s.value for s in JobState], "before": before, "now": timezone.now(),
-           "label": " ".join(labels), "labels": labels, "label_error": label_error,
+           "labels": labels, "label_error": label_error,
            "filter_query": urlencode([*([("status", status)] if status else []),
                                       *(("label", item) for item in labels)])}
     return render(request, "web/job_list.html", ctx, status=400 if label_error else 200)
@@ -340,7 +340,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
 def _topology_domain(job: Job) -> str:
     """The domain of its topology level the job's placed nodes share (rule A7), as the
     last published cluster view labels them; "" when it has none, is not placed, or the
-    view does not say (a convenience of the page: never a call to the cluster)."""
+    view does not say (a convenience of the page: the cached view, never a cluster call)."""
     if not job.topology_level or not job.placement:
         return ""
     try:
