@@ -3,8 +3,14 @@ on an in-memory broker, against the simulated cluster, with synthetic load."""
 
 from __future__ import annotations
 
+from .base import _check_sim_nodes
 from .dev import *  # noqa: F403
 from .dev import env
+
+# The h100 nodes in racks of two (rule A7: a job may keep its replicas in one rack; the
+# demo's h100 GpuType names the level, queueing/services/demo.py).
+FAIRQ_SIM_NODES = env("FAIRQ_SIM_NODES", default="4x8xh100@rack=2,4x8xa100,2x7xmig-1g-10gb")
+_check_sim_nodes(FAIRQ_SIM_NODES)
 
 CELERY_BROKER_URL = "memory://"
 # The demo's beat keeps its schedule in memory: no database scheduler, no shelve file.

@@ -8,15 +8,13 @@ from typing import Any
 
 import django_filters
 from django import forms
-from django.db.models import QuerySet, TextField
-from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Cast
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.fields import empty
 
-from queueing import validation as v
 from queueing.instants import InstantError, as_utc, parse_instant
+from queueing.selectors.jobs import jobs_with_labels, label_filter_parse
 
 
 class InstantFormField(forms.Field):
@@ -63,30 +61,21 @@ class InstantField(serializers.DateTimeField):
             raise serializers.ValidationError(str(exc)) from None
 
 
-MAX_LABEL_FILTERS = 16
-
-
 class LabelsFormField(forms.Field):
-    """Every `label=key=value` of the query (repeatable), as (key, value) pairs."""
+    """Every `label=key=value` of the query (repeatable), as (key, value) pairs
+    (`label_filter_parse`)."""
 
     widget = forms.SelectMultiple  # reads every value of a repeated parameter (getlist)
 
     def to_python(self, value: Any) -> list[tuple[str, str]]:
         items = [value] if isinstance(value, str) else list(value or [])
-        if len(items) > MAX_LABEL_FILTERS:
-            raise forms.ValidationError(f"At most {MAX_LABEL_FILTERS} label filters.")
-        pairs = []
-        for item in items:
-            key, sep, label = str(item).partition("=")
-            if not sep or not v.LABEL_NAME_RE.match(key) or len(key) > v.MAX_LABEL_KEY_LEN \
-                    or len(label) > v.MAX_LABEL_VALUE_LEN or not v.LABEL_VALUE_RE.match(label):
-                # The input as a parameter, never in the message: a '%' in it would be
-                # read as a format (django-filter formats messages; schemathesis found it).
-                raise forms.ValidationError(
-                    "Write label=key=value (a job's own label), not %(value)s.",
-                    code="invalid", params={"value": repr(str(item)[:80])})
-            pairs.append((key, label))
-        return pairs
+        try:
+            return label_filter_parse([str(item) for item in items])
+        except ValueError as exc:
+            # The message as a parameter, never the format: a '%' in the input would be
+            # read as a format (django-filter formats messages; schemathesis found it).
+            raise forms.ValidationError("%(problem)s", code="invalid",
+                                        params={"problem": str(exc)}) from None
 
     def validate(self, value: Any) -> None:  # an empty list is no filter
         return None
@@ -97,16 +86,10 @@ class LabelsFormField(forms.Field):
     "description": "key=value: only jobs with this label of their own (docs/api.md, "
                    "\"Volumes, secrets and metadata\"); repeat for several (all must match)."})
 class LabelFilter(django_filters.Filter):  # type: ignore[misc]  # django-filter ships no types
-    """Jobs carrying every given label (`?label=run=exp-42&label=team=cv`: AND), on the
-    `labels` JSON column (a key lookup: SQLite and PostgreSQL alike)."""
+    """Jobs carrying every given label (`?label=run=exp-42&label=team=cv`: AND):
+    `jobs_with_labels`."""
 
     field_class = LabelsFormField
 
     def filter(self, qs: QuerySet[Any], value: list[tuple[str, str]]) -> QuerySet[Any]:
-        for i, (key, label) in enumerate(value or []):
-            alias = f"_label_{i}"
-            # Cast: the text of the value, compared as text (a bare key transform would
-            # compare as JSON, and SQLite's json_extract() refuses a plain string).
-            text = Cast(KeyTextTransform(key, "labels"), output_field=TextField())
-            qs = qs.alias(**{alias: text}).filter(**{alias: label})
-        return qs
+        return jobs_with_labels(qs, value or [])

@@ -17,14 +17,16 @@ from .jobs import JobInput, job_submit
 
 DEMO_PASSWORD = "fairq-demo"
 
-GPU_TYPES = [
-    # slug, name, resource, labels, billing weight
+RACK = [{"name": "rack", "node_label": "topology.kubernetes.io/rack"}]
+GPU_TYPES: list[tuple[str, str, str, dict[str, str], float, list[dict[str, str]]]] = [
+    # slug, name, resource, labels, billing weight, topology levels (rule A7; the demo's
+    # simulated h100 nodes come in racks: config/settings/demo.py)
     ("h100", "NVIDIA H100 80GB", "nvidia.com/gpu",
-     {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, 2.0),
+     {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, 2.0, RACK),
     ("a100", "NVIDIA A100 40GB", "nvidia.com/gpu",
-     {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}, 1.0),
+     {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}, 1.0, []),
     ("mig-1g-10gb", "A100 MIG 1g.10gb slice", "nvidia.com/mig-1g.10gb",
-     {"nvidia.com/mig.config": "all-1g.10gb"}, 0.15),
+     {"nvidia.com/mig.config": "all-1g.10gb"}, 0.15, []),
 ]
 TIERS = [
     # slug, name, rank, priority class, value, preemptible, min runtime, open to all teams
@@ -37,6 +39,11 @@ TIERS = [
 # low jobs idle for 10 minutes are requeued 5 minutes later; the others only flagged.
 TIER_IDLE = {"critical": (5.0, 30, "flag", 10), "high": (5.0, 10, "flag", 10),
              "normal": (5.0, 10, "flag", 10), "low": (5.0, 10, "requeue", 5)}
+# The names of its namespace a team's jobs may use (docs/api.md, "Volumes, secrets and
+# metadata"): what examples/torchrun-job.yaml names, so it validates against the demo.
+TEAM_ALLOWLISTS = {"vision": {"allowed_pvcs": ["imagenet", "vision-checkpoints"],
+                              "allowed_secrets": ["hf-token", "wandb"],
+                              "allowed_pull_secrets": ["regcred"]}}
 # Rule T1: the closed tiers and the teams they are granted to.
 TIER_GRANTS = {"critical": ["nlp"]}
 TEAMS: list[tuple[str, str, float, dict[str, tuple[int, int | None]], list[tuple[str, Role]]]] = [
@@ -64,10 +71,10 @@ def demo_seed() -> list[DemoLogin]:
     """Create (or bring back to shape) the demo teams, users, GPU types, tiers, quotas.
     Running it twice changes nothing the second time."""
     user_model = get_user_model()
-    for slug, name, resource, labels, weight in GPU_TYPES:
+    for slug, name, resource, labels, weight, levels in GPU_TYPES:
         GpuType.objects.update_or_create(slug=slug, defaults={
             "name": name, "resource_name": resource, "node_labels": labels,
-            "billing_weight": weight})
+            "billing_weight": weight, "topology_levels": levels})
     for slug, name, rank, pc, value, preemptible, min_rt, open_to_all in TIERS:
         Tier.objects.update_or_create(slug=slug, defaults={
             "name": name, "rank": rank, "priority_class_name": pc, "priority_value": value,
@@ -83,8 +90,8 @@ def demo_seed() -> list[DemoLogin]:
         admin.save()
     logins["admin"] = ["staff"]
     for slug, name, weight, quotas, people in TEAMS:
-        team, _ = Team.objects.update_or_create(slug=slug, defaults={"name": name,
-                                                                     "weight": weight})
+        team, _ = Team.objects.update_or_create(slug=slug, defaults={
+            "name": name, "weight": weight, **TEAM_ALLOWLISTS.get(slug, {})})
         for gpu, (nominal, borrow) in quotas.items():
             Quota.objects.update_or_create(
                 team=team, gpu_type=GpuType.objects.get(slug=gpu),

@@ -3,9 +3,12 @@ applies too), not repeated here: the form only turns text fields into the spec's
 
 from __future__ import annotations
 
+import re
 import shlex
+from collections.abc import Iterable
 from typing import Any
 
+import yaml
 from django import forms
 from django.conf import settings
 from django.http import HttpRequest
@@ -16,6 +19,115 @@ from queueing.errors import DomainError
 from queueing.models import GpuType, Tier
 from queueing.services.access import check_submit
 from queueing.services.jobs import JobInput, job_input_build
+
+# The most text a volumes or secrets box takes, and how deep its YAML may nest: 16
+# volumes of the API's shape fit many times over; a deeper or longer text is no spec.
+MAX_SPEC_TEXT = 16 * 1024
+MAX_SPEC_DEPTH = 8
+VOLUMES_EXAMPLE = ("- {name: data, pvc: imagenet, mount_path: /data, read_only: true}\n"
+                   "- {name: scratch, empty_dir: {size_limit: 100Gi}, mount_path: /scratch}")
+SECRETS_EXAMPLE = ("- {secret: hf-token, key: token, env: HF_TOKEN}\n"
+                   "- {secret: wandb, mount_path: /etc/wandb}")
+# A refusal's field path (`volumes[1].pvc`, `labels.run`, `topology.level`): its head.
+_PATH_HEAD = re.compile(r"^([a-z_]+)(.*)\Z", re.DOTALL)
+
+
+def spec_yaml_load(text: str) -> Any:
+    """The value a volumes or secrets box holds (YAML, or JSON, which YAML reads): plain
+    lists, objects, strings, numbers, booleans and null, as the API's JSON would be.
+    ValueError with a readable message for text that is not, or that uses YAML's anchors
+    and aliases or nests deeper than MAX_SPEC_DEPTH (neither has a use in a spec, and an
+    alias can make a short text expand without bound)."""
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                raise ValueError("Write the values out: YAML anchors and aliases (&, *) "
+                                 "are not taken.")
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_SPEC_DEPTH:
+                    raise ValueError(f"Nested more than {MAX_SPEC_DEPTH} levels deep.")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or "not YAML or JSON"
+        raise ValueError(f"Not YAML or JSON{where}: {problem}.") from None
+    _plain(value)
+    return value
+
+
+def _plain(value: Any) -> None:
+    """ValueError unless `value` is what JSON could have written (YAML also reads dates,
+    binary and sets, which no field of a spec is)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"Names of fields are text, not {key!r:.40}.")
+            _plain(item)
+    elif isinstance(value, list):
+        for item in value:
+            _plain(item)
+    elif value is not None and not isinstance(value, str | int | float | bool):
+        raise ValueError(f"{str(value)[:40]!r} is not text, a number or true/false: quote "
+                         "it.")
+
+
+# The order a box writes an item's keys in (as docs/api.md does; a database's JSON may
+# keep them in another).
+_KEY_ORDER = {key: i for i, key in enumerate(
+    ("name", "pvc", "empty_dir", "secret", "key", "env", "mount_path", "read_only"))}
+
+
+def _spec_yaml_dump(items: Iterable[Any]) -> str:
+    """A volumes or secrets list as the box shows it: one flow-style item a line."""
+    def ordered(item: Any) -> Any:
+        if not isinstance(item, dict):
+            return item
+        return dict(sorted(item.items(), key=lambda kv: _KEY_ORDER.get(kv[0], len(_KEY_ORDER))))
+
+    return "\n".join("- " + yaml.safe_dump(ordered(item), default_flow_style=True,
+                                            sort_keys=False, width=10**6).strip()
+                      for item in items)
+
+
+def _pairs_text(items: dict[str, Any] | None) -> str:
+    return "\n".join(f"{k}={val}" for k, val in (items or {}).items())
+
+
+def spec_initial(spec: dict[str, Any]) -> dict[str, Any]:
+    """The submit form's initial values for a job spec (`job_spec`'s shape): its lists,
+    env, labels, annotations and topology as the form's text fields write them."""
+    topology = spec.get("topology") or {}
+    return {**spec, "command": shlex.join(spec.get("command") or []),
+            "args": shlex.join(spec.get("args") or []),
+            "env": _pairs_text(spec.get("env")),
+            "volumes": _spec_yaml_dump(spec.get("volumes") or []),
+            "secrets": _spec_yaml_dump(spec.get("secrets") or []),
+            "labels": _pairs_text(spec.get("labels")),
+            "annotations": _pairs_text(spec.get("annotations")),
+            "topology_level": topology.get("level") or "",
+            "topology_mode": topology.get("mode") or "required",
+            "image_pull_secret": spec.get("image_pull_secret") or "",
+            "working_dir": spec.get("working_dir") or ""}
+
+
+def _allowed_help(teams: list[Any], attr: str, what: str) -> str:
+    named = [f"{t.slug}: {', '.join(getattr(t, attr))}" for t in teams if getattr(t, attr)]
+    return (f" Allowed {what} — {'; '.join(named)}." if named
+            else f" Your teams allow no {what} yet (team admins set them on the team page).")
+
+
+def _textarea(rows: int, placeholder: str = "", *, wrap: bool = True) -> forms.Textarea:
+    attrs: dict[str, Any] = {"rows": rows, "spellcheck": "false"}
+    if not wrap:  # one item a line, as written: a narrow screen scrolls it sideways
+        attrs["wrap"] = "off"
+    if placeholder:
+        attrs["placeholder"] = placeholder
+    return forms.Textarea(attrs=attrs)
 
 
 class JobSubmitForm(forms.Form):
@@ -46,6 +158,34 @@ class JobSubmitForm(forms.Form):
                                         max_length=v.MAX_QUANTITY_LEN, help_text="e.g. 50Gi.")
     shm_size = forms.CharField(label="Shared memory (/dev/shm)", required=False,
                                max_length=v.MAX_QUANTITY_LEN, help_text="e.g. 8Gi.")
+    # Storage, secrets and metadata (docs/api.md): the API's shapes, checked by the service.
+    volumes = forms.CharField(label="Volumes", required=False, max_length=MAX_SPEC_TEXT,
+                              widget=_textarea(4, VOLUMES_EXAMPLE, wrap=False))
+    secrets = forms.CharField(label="Secrets", required=False, max_length=MAX_SPEC_TEXT,
+                              widget=_textarea(3, SECRETS_EXAMPLE, wrap=False))
+    image_pull_secret = forms.CharField(label="Image pull secret", required=False,
+                                        max_length=v.MAX_DNS_SUBDOMAIN_LEN)
+    working_dir = forms.CharField(label="Working directory", required=False,
+                                  max_length=v.MAX_PATH_LEN, help_text="e.g. /workspace.")
+    labels = forms.CharField(label="Labels", required=False, max_length=MAX_SPEC_TEXT,
+                             widget=_textarea(2, "experiment=rn50-lr-sweep"),
+                             help_text="One key=value per line; the job list filters on them.")
+    annotations = forms.CharField(label="Annotations", required=False,
+                                  max_length=MAX_SPEC_TEXT,
+                                  widget=_textarea(2, "git-sha=3f2c1d9"),
+                                  help_text="One key=value per line.")
+    termination_grace_seconds = forms.IntegerField(
+        label="Termination grace (seconds)", required=False, min_value=0,
+        max_value=v.MAX_TERMINATION_GRACE_SECONDS,
+        help_text="Time to checkpoint after SIGTERM when stopped; empty: the default "
+                  "(each tier caps it).")
+    topology_level = forms.ChoiceField(
+        label="Keep replicas within one", required=False,
+        help_text="A topology level of the GPU type (rule A7); empty: anywhere.")
+    topology_mode = forms.ChoiceField(
+        label="Topology mode", initial="required", required=False,
+        choices=[("required", "required (wait for room in one)"),
+                 ("preferred", "preferred (never wait for it)")])
 
     def __init__(self, *args: Any, request: HttpRequest, teams: list[Any], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -55,6 +195,10 @@ class JobSubmitForm(forms.Form):
             "gpu_type": [(g.slug, g.slug) for g in GpuType.objects.order_by("slug")],
             "tier": [(t.slug, t.slug) for t in Tier.objects.order_by("-rank")],
         }
+        levels = sorted({str(lv["name"]) for g in GpuType.objects.all()
+                         for lv in g.topology_levels or () if isinstance(lv, dict)
+                         and "name" in lv})
+        choices["topology_level"] = [("", "— (anywhere)"), *((lv, lv) for lv in levels)]
         for name, values in choices.items():
             field = self.fields[name]
             assert isinstance(field, forms.ChoiceField)
@@ -64,6 +208,17 @@ class JobSubmitForm(forms.Form):
         for name, text in (self.initial.pop("resources", None) or {}).items():
             if name in v.RESOURCE_NAMES:
                 self.initial.setdefault(name, text)
+        self.fields["volumes"].help_text = (
+            "YAML or JSON, as the API takes it: a list of {name, pvc, mount_path, read_only} "
+            "or {name, empty_dir: {size_limit}, mount_path}."
+            + _allowed_help(teams, "allowed_pvcs", "PVCs"))
+        self.fields["secrets"].help_text = (
+            "YAML or JSON: a list of {secret, key, env} (one key as an environment "
+            "variable) or {secret, mount_path} (files); names only, never values."
+            + _allowed_help(teams, "allowed_secrets", "secrets"))
+        self.fields["image_pull_secret"].help_text = (
+            "A Secret of the team's namespace." +
+            _allowed_help(teams, "allowed_pull_secrets", "pull secrets"))
         for name, field in self.fields.items():
             attrs = field.widget.attrs
             attrs.setdefault("aria-describedby", f"{name}-help {name}-errors")
@@ -84,13 +239,7 @@ class JobSubmitForm(forms.Form):
 
     def _env(self) -> dict[str, str]:
         env: dict[str, str] = {}
-        for n, line in enumerate((self.cleaned_data.get("env") or "").splitlines(), 1):
-            if not line.strip():
-                continue
-            key, sep, value = line.partition("=")
-            if not sep:
-                self.add_error("env", f"Line {n}: write NAME=value.")
-                continue
+        for n, key, value in self._lines("env", "NAME=value"):
             if len(value) > v.MAX_ENV_VALUE_LEN:  # the API's shape (JobCreateSerializer)
                 self.add_error("env", f"Line {n}: ensure the value has no more than "
                                       f"{v.MAX_ENV_VALUE_LEN} characters.")
@@ -98,10 +247,74 @@ class JobSubmitForm(forms.Form):
             env[key.strip()] = value
         return env
 
+    def _metadata(self, name: str) -> dict[str, str] | None:
+        """Labels or annotations, one key=value a line (blanks around either dropped);
+        None when a line is not one (the field's error says which)."""
+        pairs = self._lines(name, "key=value")
+        if name in self.errors:
+            return None
+        return {key.strip(): value.strip() for _, key, value in pairs}
+
+    def _lines(self, name: str, shape: str) -> list[tuple[int, str, str]]:
+        """The (line number, key, value) of each non-blank `key=value` line of `name`;
+        an error on the field for each line without '='."""
+        out = []
+        for n, line in enumerate((self.cleaned_data.get(name) or "").splitlines(), 1):
+            if not line.strip():
+                continue
+            key, sep, value = line.partition("=")
+            if not sep:
+                self.add_error(name, f"Line {n}: write {shape}.")
+                continue
+            out.append((n, key, value))
+        return out
+
+    def _yaml(self, name: str) -> Any:
+        """The volumes or secrets box as a value (None: empty, or not YAML/JSON, which the
+        field's error says)."""
+        text = self.cleaned_data.get(name) or ""
+        if not text.strip():
+            return None
+        try:
+            return spec_yaml_load(text)
+        except ValueError as exc:
+            self.add_error(name, str(exc))
+            return None
+
+    def _topology(self) -> dict[str, str] | None:
+        level = self.cleaned_data.get("topology_level") or ""
+        if not level:
+            return None
+        return {"level": level, "mode": self.cleaned_data.get("topology_mode") or "required"}
+
+    def _target(self, path: str) -> tuple[str | None, str]:
+        """The form field a refusal's field path lands on, and the part of the path the
+        message names (`volumes[1].pvc` → volumes, "volumes[1].pvc: "; `labels.run` →
+        labels, "run: "); (None, "path: ") for a path of no field."""
+        if path.startswith("resources."):
+            name = path.removeprefix("resources.")  # "resources.cpu": the cpu field
+            return (name if name in self.fields else None), ""
+        if path in ("topology", "topology.level"):
+            return "topology_level", ""
+        if path == "topology.mode":
+            return "topology_mode", ""
+        match = _PATH_HEAD.match(path)
+        head, rest = (match.group(1), match.group(2)) if match else (path, "")
+        if head in self.fields:
+            if not rest:
+                return head, ""
+            if head in ("labels", "annotations"):
+                return head, f"{rest.removeprefix('.')}: "
+            return head, f"{path}: "
+        return None, ("" if path == "non_field_errors" else f"{path}: ")
+
     def clean(self) -> dict[str, Any]:
         """Run `job_input_build` on what parsed, even when other fields did not, so every
-        field's error shows at once; a field keeps its first error only."""
+        field's error shows at once. A field the form itself refused (missing, or text that
+        does not parse) shows the form's error only; a field the service refuses shows
+        every refusal under it (`volumes[0].name`, `volumes[2].pvc`, ...)."""
         data = super().clean() or {}
+        before = set(self.errors)  # the fields whose text did not even parse
         # The API's bounds (JobCreateSerializer's fields), without `max` in the page's inputs.
         for name, most in (("replicas", v.MAX_REPLICAS),
                            ("max_runtime_seconds", v.MAX_RUNTIME_SECONDS)):
@@ -114,21 +327,25 @@ class JobSubmitForm(forms.Form):
             "resources": {name: data[name].strip() for name in v.RESOURCE_NAMES
                           if (data.get(name) or "").strip()},
             "shm_size": (data.get("shm_size") or "").strip() or None,
+            "volumes": self._yaml("volumes"), "secrets": self._yaml("secrets"),
+            "image_pull_secret": (data.get("image_pull_secret") or "").strip(),
+            "working_dir": (data.get("working_dir") or "").strip(),
+            "labels": self._metadata("labels"), "annotations": self._metadata("annotations"),
+            "termination_grace_seconds": data.get("termination_grace_seconds"),
+            "topology": self._topology(),
         }
+        before |= set(self.errors)
         for name in ("team", "name", "image", "gpu_type", "gpus", "replicas", "tier"):
             spec[name] = data[name] if data.get(name) not in (None, "") else None
         try:
             job_input = job_input_build(actor=self.request.user, **spec)
         except DomainError as exc:
             for field, messages in exc.fields.items():
-                name = field.removeprefix("resources.")  # "resources.cpu": the cpu field
-                target = name if name in self.fields else None
-                given = spec["resources"].get(name) if name in v.RESOURCE_NAMES \
-                    else spec.get(name)
-                if target is not None and (target in self.errors or given is None):
+                target, named = self._target(field)
+                if target is not None and target in before:
                     continue  # already reported by the form (missing or malformed)
                 for message in messages:
-                    self.add_error(target, message)
+                    self.add_error(target, named + message)
             return data
         if self.errors:
             return data
@@ -160,6 +377,44 @@ class TeamResourcesForm(forms.Form):
     max_ephemeral_storage = _team_quantity("Maximum ephemeral storage", "500Gi")
     default_shm_size = _team_quantity("Default /dev/shm", "8Gi")
     max_shm_size = _team_quantity("Maximum /dev/shm", "128Gi")
+
+
+class NamesField(forms.CharField):
+    """A list of names, one a line (blank lines dropped); the names are the service's to
+    judge (`team_workload_policy_set`)."""
+
+    widget = forms.Textarea(attrs={"rows": 4, "spellcheck": "false"})
+    # Room for MAX_ALLOWLIST of the longest names, a line each: more is no allowlist.
+    max_text = v.MAX_ALLOWLIST * (v.MAX_DNS_SUBDOMAIN_LEN + 2)
+
+    def to_python(self, value: Any) -> list[str]:  # type: ignore[override]
+        text = super().to_python(value) or ""
+        if len(text) > self.max_text:
+            raise forms.ValidationError(
+                f"At most {v.MAX_ALLOWLIST} names (this text is {len(text):,} characters).")
+        return [line.strip() for line in text.splitlines() if line.strip()]
+
+    def widget_attrs(self, widget: forms.Widget) -> dict[str, Any]:
+        return {**super().widget_attrs(widget), "maxlength": str(self.max_text)}
+
+    def prepare_value(self, value: Any) -> Any:
+        return "\n".join(value) if isinstance(value, list | tuple) else value
+
+
+class TeamWorkloadPolicyForm(forms.Form):
+    """The names of the team's namespace its jobs may use, as the API's workload policy
+    (docs/api.md, "Volumes, secrets and metadata"): each list replaces the old one."""
+
+    allowed_pvcs = NamesField(
+        label="Allowed PVCs", required=False,
+        help_text="PersistentVolumeClaims of the team's namespace jobs may mount; one "
+                  "name a line.")
+    allowed_secrets = NamesField(
+        label="Allowed secrets", required=False,
+        help_text="Secrets jobs may read (as env or files); one name a line.")
+    allowed_pull_secrets = NamesField(
+        label="Allowed pull secrets", required=False,
+        help_text="Secrets jobs may pull images with; one name a line.")
 
 
 class MemberForm(forms.Form):

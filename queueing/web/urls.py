@@ -19,6 +19,8 @@ urlpatterns = [
     path("jobs/<int:job_id>/resubmit/", views.job_resubmit, name="job-resubmit"),
     path("teams/<slug:slug>/", views.team_page, name="team"),
     path("teams/<slug:slug>/resources/", views.team_resources_update, name="team-resources"),
+    path("teams/<slug:slug>/workload-policy/", views.team_workload_policy_update,
+         name="team-workload-policy"),
     path("teams/<slug:slug>/members/", views.team_member_add, name="team-member-add"),
     path("teams/<slug:slug>/members/<int:membership_id>/", views.team_member_change,
          name="team-member-change"),

@@ -9,6 +9,7 @@ import hashlib
 import secrets
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django import forms
 from django.conf import settings
@@ -42,6 +43,8 @@ from accounts.services import (
     membership_set,
     team_resources,
     team_resources_set,
+    team_workload_policy,
+    team_workload_policy_set,
     token_issue,
     token_revoke,
 )
@@ -51,8 +54,9 @@ from queueing.models import GpuType, Job
 from queueing.policy.states import JobState
 from queueing.selectors import dashboard as dash
 from queueing.selectors.capacity import capacity_by_gpu_type, overcommit_warnings
+from queueing.selectors.cluster import cluster_view
 from queueing.selectors.fairshare import teams_in_standings_for
-from queueing.selectors.jobs import jobs_visible_to
+from queueing.selectors.jobs import jobs_visible_to, jobs_with_labels, label_filter_parse
 from queueing.selectors.metrics import scheduler_health
 from queueing.selectors.queue_plan import Preview, job_explain, submit_preview, team_queue
 from queueing.selectors.utilization import idle_flags, idle_since, job_utilization
@@ -66,7 +70,16 @@ from queueing.services.jobs import job_cancel, job_input_build, job_spec, job_su
 from queueing.services.logs import LogView, job_log_read
 from queueing.services.quotas import quota_set
 
-from .forms import JobSubmitForm, MemberForm, QuotaForm, RoleForm, TeamResourcesForm, TokenForm
+from .forms import (
+    JobSubmitForm,
+    MemberForm,
+    QuotaForm,
+    RoleForm,
+    TeamResourcesForm,
+    TeamWorkloadPolicyForm,
+    TokenForm,
+    spec_initial,
+)
 
 TEAM_SESSION_KEY = "fairq_team"
 NEW_TOKEN_SESSION_KEY = "fairq_new_token"
@@ -206,10 +219,19 @@ def job_list(request: HttpRequest) -> HttpResponse:
     except ValueError:
         before = None
     jobs = jobs_visible_to(actor=request.user).filter(team=team) if team else Job.objects.none()
+    labels = [item for item in request.GET.getlist("label") if item.strip()]
+    label_error = ""
+    try:
+        jobs = jobs_with_labels(jobs, label_filter_parse(labels))
+    except ValueError as exc:
+        label_error, jobs = str(exc), Job.objects.none()
     page, next_before = dash.job_page(jobs=jobs, before=before, status=status)
     ctx = {"team": team, "jobs": page, "next_before": next_before, "status": status,
-           "statuses": [s.value for s in JobState], "before": before, "now": timezone.now()}
-    return render(request, "web/job_list.html", ctx)
+           "statuses": [s.value for s in JobState], "before": before, "now": timezone.now(),
+           "labels": labels, "label_error": label_error,
+           "filter_query": urlencode([*([("status", status)] if status else []),
+                                      *(("label", item) for item in labels)])}
+    return render(request, "web/job_list.html", ctx, status=400 if label_error else 200)
 
 
 def _submit_form(request: HttpRequest, data: Any = None) -> JobSubmitForm:
@@ -231,13 +253,8 @@ def _submit_form(request: HttpRequest, data: Any = None) -> JobSubmitForm:
 
 
 def _job_initial(job: Job) -> dict[str, Any]:
-    """The submit form filled in with `job`'s spec (its lists and env as the form's text)."""
-    import shlex
-
-    spec = job_spec(job)
-    return {**spec, "command": shlex.join(spec["command"] or []),
-            "args": shlex.join(spec["args"] or []),
-            "env": "\n".join(f"{k}={v}" for k, v in (spec["env"] or {}).items())}
+    """The submit form filled in with `job`'s spec (its lists and maps as the form's text)."""
+    return spec_initial(job_spec(job))
 
 
 def _preview(form: JobSubmitForm) -> Preview | None:
@@ -279,7 +296,8 @@ def job_new(request: HttpRequest) -> HttpResponse:
     else:
         form = _submit_form(request)
         status = 200
-    ctx = {"form": form, "idempotency_key": secrets.token_urlsafe(16), "preview": None}
+    ctx = {"form": form, "idempotency_key": secrets.token_urlsafe(16), "preview": None,
+           "advanced_open": bool(request.POST.get("advanced_open"))}
     return render(request, "web/job_new.html", ctx, status=status)
 
 
@@ -296,7 +314,8 @@ def job_check(request: HttpRequest) -> HttpResponse:
             if name in form.fields and not str(request.POST.get(name, "")).strip():
                 del form.errors[name]
     ctx = {"form": form, "preview": _preview(form) if valid else None, "checked": True,
-           "idempotency_key": request.POST.get("idempotency_key", "")}
+           "idempotency_key": request.POST.get("idempotency_key", ""),
+           "advanced_open": bool(request.POST.get("advanced_open"))}
     return render(request, "web/_job_form.html", ctx)
 
 
@@ -314,7 +333,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     ctx = {"job": job, "events": events, "explain": explain, "now": now,
            "log": log_view, "log_error": log_error,
            "logs": "\n".join(log_view.lines) if log_view else "",
-           "runtime": job.runtime_seconds(now),
+           "runtime": job.runtime_seconds(now), "topology_domain": _topology_domain(job),
            "utilization": _utilization_view(job), "idle_since": idle_since(job),
            "permalink": request.build_absolute_uri(reverse("web:job-detail", args=[job.pk]))}
     if request.htmx:  # type: ignore[attr-defined]
@@ -333,6 +352,20 @@ def _utilization_view(job: Job) -> dict[str, Any]:
              "sm": [p["sm"] for p in latest["series"]],
              "threshold": job.tier.idle_threshold_percent} if latest else None
     return {"attempts": attempts, "chart": chart}
+
+
+def _topology_domain(job: Job) -> str:
+    """The domain of its topology level the job's placed nodes share (rule A7), as the
+    last published cluster view labels them; "" when it has none, is not placed, or the
+    view does not say (a convenience of the page: the cached view, never a cluster call)."""
+    if not job.topology_level or not job.placement:
+        return ""
+    try:
+        by_node = {n.name: n.topology for n in cluster_view().node_list}
+    except Exception:  # the page shows the job without it
+        return ""
+    domains = {by_node.get(str(node), {}).get(job.topology_level) for node in job.placement}
+    return str(domains.pop()) if len(domains) == 1 and None not in domains else ""
 
 
 def _job_log(request: HttpRequest, job: Job) -> tuple[LogView | None, str]:
@@ -399,6 +432,8 @@ def _team_context(request: HttpRequest, team: Team, **extra: Any) -> dict[str, A
         "member_form": MemberForm(), "token_form": TokenForm(),
         "resources": team_resources(team),
         "resources_form": TeamResourcesForm(initial=team_resources(team)),
+        "policy": team_workload_policy(team),
+        "policy_form": TeamWorkloadPolicyForm(initial=team_workload_policy(team)),
         "token_idempotency_key": secrets.token_urlsafe(16),
         "role_choices": RoleForm.base_fields["role"].choices,  # type: ignore[attr-defined]
     }
@@ -432,6 +467,25 @@ def team_resources_update(request: HttpRequest, slug: str) -> HttpResponse:
             messages.success(request, "Resource defaults and maxima saved.")
             return redirect("web:team", slug=team.slug)
     return render(request, "web/team.html", _team_context(request, team, resources_form=form),
+                  status=400)
+
+
+@require_POST
+@login_required
+def team_workload_policy_update(request: HttpRequest, slug: str) -> HttpResponse:
+    """The team's allowed PVCs, secrets and pull secrets (team admins and staff; audited)."""
+    team = _team_or_404(request, slug)
+    _team_admin_or_403(request, team)
+    form = TeamWorkloadPolicyForm(request.POST)
+    if form.is_valid():
+        try:
+            team_workload_policy_set(actor=request.user, team=team, **form.cleaned_data)
+        except DomainError as exc:
+            _form_errors(form, exc)
+        else:
+            messages.success(request, "Allowed PVCs, secrets and pull secrets saved.")
+            return redirect("web:team", slug=team.slug)
+    return render(request, "web/team.html", _team_context(request, team, policy_form=form),
                   status=400)
 
 
