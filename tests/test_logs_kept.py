@@ -83,6 +83,26 @@ def test_logs_are_kept_after_success_and_read_after_the_pod_is_gone(
     assert not body["empty"] and body["note"] == ""
 
 
+def test_a_finished_workload_stopped_before_the_archive_keeps_every_replicas_exit_line(
+    world: World,
+) -> None:
+    """The cycle after a job finished forgets its workload (`stop`) before the archive
+    task ran: the simulated cluster keeps the stopped workload's logs readable, as a
+    Kubernetes Job's pods stay until its TTL, so the kept tail of each replica still ends
+    with its exit line (it kept the last live copy, without it, before)."""
+    job_id, t0 = _run(world, replicas=2, gpus=4)
+    scheduler_cycle(now=t0 + timedelta(seconds=62))
+    scheduler_cycle(now=t0 + timedelta(seconds=63))  # the workload is forgotten
+    assert f"fq-{job_id}-1" not in {s.name for s in get_backend().statuses(
+        now=t0 + timedelta(seconds=64))}
+    job_logs_archive(backend=get_backend(), now=t0 + timedelta(seconds=64))
+    for replica in (0, 1):
+        kept = _kept(job_id, 1, replica).splitlines()
+        assert kept[0].endswith(f"started fq-{job_id}-1 replica {replica} of 2 on "
+                                f"{Job.objects.get(pk=job_id).placement[replica]}")
+        assert kept[-1].endswith("exited with code 0")
+
+
 def test_logs_are_kept_after_a_failure_with_the_exit_code(
     world: World, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -46,6 +47,9 @@ from queueing.validation import (
 )
 
 from .base import LaunchSpec, NodeInfo, Phase, PodReading, WorkloadStatus, replica_host
+
+# How many stopped workloads' logs stay readable (the newest ones).
+STOPPED_LOGS_KEPT = 10_000
 
 
 class SimulatedClusterError(Exception):
@@ -167,6 +171,10 @@ class SimulatedCluster:
         self._nodes = {n.name: n for n in (x if isinstance(x, _Node) else _Node(*x)
                                            for x in nodes)}
         self._workloads: dict[str, _Workload] = {}
+        # The logs of stopped workloads, newest last: readable after the stop, as a
+        # Kubernetes Job's pods stay until its TTL, so the logs task can keep the tail
+        # with the exit line (docs/deployment.md, "Log storage").
+        self._stopped_logs: OrderedDict[str, list[list[str]]] = OrderedDict()
         self.default_seconds = min(max(0.0, default_seconds), float(MAX_RUNTIME_SECONDS))
 
     @classmethod
@@ -282,6 +290,9 @@ class SimulatedCluster:
             if w is None:
                 return
             self._advance(w, now)
+            self._stopped_logs[name] = w.log
+            while len(self._stopped_logs) > STOPPED_LOGS_KEPT:
+                self._stopped_logs.popitem(last=False)
             if not w.released:
                 for node in w.nodes:
                     self._nodes[node].take(w.spec, -1)
@@ -329,9 +340,10 @@ class SimulatedCluster:
     def logs(self, name: str, *, tail: int = 100) -> str:
         with self._lock:
             w = self._workloads.get(name)
-            if w is None:
+            logs = w.log if w is not None else self._stopped_logs.get(name)
+            if not logs:
                 return ""
-            if len(w.log) == 1:
-                return "\n".join(w.log[0][-tail:])
-            return "\n".join(line for i, lines in enumerate(w.log)
+            if len(logs) == 1:
+                return "\n".join(logs[0][-tail:])
+            return "\n".join(line for i, lines in enumerate(logs)
                              for line in (f"==> {replica_host(name, i)} <==", *lines[-tail:]))

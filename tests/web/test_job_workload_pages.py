@@ -301,18 +301,17 @@ def test_the_demo_takes_the_example_torchrun_job_through_the_form() -> None:
     assert team.allowed_pvcs == ["imagenet", "vision-checkpoints"]
     assert GpuType.objects.get(slug="h100").topology_levels[0]["name"] == "rack"
     spec = yaml.safe_load(EXAMPLE.read_text())
-    spec.setdefault("gpus", spec.pop("gpus_per_replica", None))  # the CLI takes either
     body = {k: val for k, val in spec_initial(spec).items()
             if val is not None and k not in ("resources", "topology")}
     body.update({k: str(val) for k, val in spec["resources"].items()})
-    body["topology_level"] = "rack"
+    body["topology_level"] = spec["topology"]["level"]
     r = login(get_user_model().objects.get(username="alice")).post("/jobs/new/", body)
     assert r.status_code == 302, r.content.decode()[-3000:]
     job = Job.objects.get(name="resnet50-ddp")
     assert [vol["pvc"] for vol in job.volumes[:2]] == ["imagenet", "vision-checkpoints"]
     assert job.secrets[0] == {"secret": "hf-token", "key": "token", "env": "HF_TOKEN"}
     assert (job.image_pull_secret, job.labels["trial"]) == ("regcred", "7")
-    assert job.topology == {"level": "rack", "mode": "required"}
+    assert job.topology == spec["topology"] == {"level": "rack", "mode": "preferred"}
 
 
 @pytest.mark.parametrize("text", [
