@@ -139,7 +139,7 @@ class App:
                     if job["status"] == "QUEUED" and queue.get("reasons"):
                         extra = f" ({queue['reasons'][0]['message']})"
                     elif job["status"] in {"ADMITTED", "RUNNING"} and job.get("placement"):
-                        extra = f" on {','.join(map(str, job['placement']))}"
+                        extra = f" on {_nodes(job['placement'])}"
                     self.err.write(f"[{stamp}] job {job_id} {job['status']}{extra}\n")
             if job["status"] in FINAL:
                 break
@@ -219,7 +219,7 @@ class App:
             lines.append(f"  Topology  one {topology.get('level')} ({topology.get('mode')})")
         lines += _workload_lines(job)
         if job.get("placement"):
-            lines.append(f"  Nodes     {', '.join(map(str, job['placement']))}")
+            lines.append(f"  Nodes     {_nodes(job['placement'], sep=', ')}")
         if job.get("message"):
             lines.append(f"  Message   {job['message']}")
         queue = job.get("queue")
@@ -367,6 +367,15 @@ def _workload_lines(job: dict[str, Any]) -> list[str]:
     if job.get("termination_grace_seconds") is not None:
         lines.append(f"  Grace     {job['termination_grace_seconds']}s")
     return lines
+
+
+def _nodes(placement: Sequence[Any], *, sep: str = ",") -> str:
+    """A job's placement (one node per replica) as people read it: each node once, in
+    order, with how many replicas it holds when more than one ("n1 (2 replicas)")."""
+    counts: dict[str, int] = {}
+    for node in map(str, placement):
+        counts[node] = counts.get(node, 0) + 1
+    return sep.join(f"{node} ({n} replicas)" if n > 1 else node for node, n in counts.items())
 
 
 def _num(value: Any, digits: int = 2) -> str:

@@ -196,3 +196,12 @@ def test_no_config_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 def _unused(_: Any) -> None:  # keeps imports honest for type checkers
     return None
+
+
+def test_status_names_each_node_once_with_its_replicas(cli: Cli, world: World) -> None:
+    """A placement is one node per replica; people read each node once."""
+    job = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal, replicas=3,
+                     status="RUNNING", placement=["gpu-a", "gpu-a", "gpu-b"])
+    r = cli("status", str(job.pk))
+    assert r.code == 0, r.err
+    assert "  Nodes     gpu-a (2 replicas), gpu-b\n" in r.out
