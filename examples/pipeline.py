@@ -11,9 +11,9 @@ with nothing but `requests` and a team API token:
   POST with the same key, fairq answers with the job it already made, never a second one.
 - It waits with GET /jobs/{id}/ (every few seconds), printing each state change and, while
   the job waits, the reason fairq gives ("quota", "no node has 8 free h100 GPUs", ...).
-- When the job ends, it prints the kept log of each replica of the last attempt (fairq keeps
-  the tail after the pods are gone) and exits 0 if the job SUCCEEDED, 1 otherwise, so the
-  pipeline step fails with the job.
+- When the job ends, it waits (up to --log-wait) for fairq to keep each replica's final log
+  tail, which stays readable after the pods are gone, prints it, and exits 0 if the job
+  SUCCEEDED, 1 otherwise, so the pipeline step fails with the job.
 """
 
 from __future__ import annotations
@@ -89,6 +89,8 @@ def main() -> int:
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                    help="add a label to the job (repeatable)")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between polls")
+    p.add_argument("--log-wait", type=float, default=120.0,
+                   help="seconds to wait for the kept (final) logs after the job ends")
     a = p.parse_args()
     url, token = os.environ.get("FAIRQ_URL"), os.environ.get("FAIRQ_TOKEN")
     if not url or not token:
@@ -105,7 +107,13 @@ def main() -> int:
     print(f"submitted job {job['id']} ({job['name']}) to team {job['team']}", flush=True)
     job = fairq.wait(job["id"], interval=a.interval)
     for replica in range(job["replicas"]):
+        # The worker keeps each replica's final tail shortly after the job ends
+        # (`archived`); until then the answer is its last live copy.
+        deadline = time.monotonic() + a.log_wait
         log = fairq.logs(job["id"], replica)
+        while log["source"] != "archived" and time.monotonic() < deadline:
+            time.sleep(a.interval)
+            log = fairq.logs(job["id"], replica)
         print(f"--- replica {replica} of attempt {log['attempt']} ({log['source']}) ---")
         print("\n".join(log["lines"]) if log["lines"] else f"({log['note']})")
         if log["exit"]:

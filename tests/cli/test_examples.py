@@ -128,7 +128,7 @@ def test_the_pipeline_script_submits_waits_and_prints_each_replicas_log(
     monkeypatch.setenv("FAIRQ_URL", BASE)
     monkeypatch.setenv("FAIRQ_TOKEN", cli.token)
     monkeypatch.setattr(sys, "argv", ["pipeline.py", str(job_file), "--label", "trial=8",
-                                      "--interval", "0"])
+                                      "--interval", "0", "--log-wait", "5"])
     assert pipeline.main() == 0
     out = capsys.readouterr().out
     job = Job.objects.get()
