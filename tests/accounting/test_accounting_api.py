@@ -2,40 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.utils import timezone
 
 from tests.conftest import World
 
-from .history import finished_attempt, job, utilization
-
-T0 = datetime(2026, 10, 1, tzinfo=UTC)
+from .history import seed
 
 
 @pytest.fixture
 def history(world: World) -> dict[str, Any]:
-    j1 = job(team=world.vision, submitter=world.admin, gpu_type=world.h100, gpus_per_replica=2,
-             tier=world.normal, attempt=2, exit_code=0, name="resnet")
-    finished_attempt(job=j1, attempt=1, start=T0, hours=2, ended="PREEMPTED",
-                     reason="preempted by job 99")
-    finished_attempt(job=j1, attempt=2, start=T0 + timedelta(hours=3), hours=3,
-                     ended="SUCCEEDED", sm_mean=80.0)
-    j2 = job(team=world.vision, submitter=world.member, gpu_type=world.a100, tier=world.low,
-             status="FAILED", exit_code=137, name="oom")
-    finished_attempt(job=j2, attempt=1, start=T0 + timedelta(days=1), hours=1, ended="FAILED",
-                     reason="exit code 137")
-    j3 = job(team=world.nlp, submitter=world.outsider, gpu_type=world.h100, tier=world.normal,
-             name="bert")
-    finished_attempt(job=j3, attempt=1, start=T0 + timedelta(hours=1), hours=1,
-                     ended="SUCCEEDED", sm_mean=40.0)
-    started = timezone.now() - timedelta(minutes=30)
-    j4 = job(team=world.vision, submitter=world.member, gpu_type=world.a100, tier=world.normal,
-             status="RUNNING", started_at=started, name="live")
-    utilization(job=j4, attempt=1, start=started, minutes=30, sm_mean=3.0)
-    return {"j1": j1, "j2": j2, "j3": j3, "j4": j4}
+    return seed(world)
 
 
 def get(world: World, who: Any, **params: Any) -> Any:
