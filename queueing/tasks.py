@@ -11,6 +11,7 @@ from django.conf import settings
 
 from accounts.services import idempotency_purge
 from queueing.composition import get_backend, get_provisioner
+from queueing.services.costs import budgets_check
 from queueing.services.demo import demo_submit_synthetic
 from queueing.services.fairshare import fairshare_snapshot_take
 from queueing.services.logs import job_logs_archive, workload_stop_keeping_logs
@@ -88,6 +89,14 @@ def fairshare_snapshot_task() -> int:
 
 
     return len(fairshare_snapshot_take(now=timezone.now()).standings)
+
+
+@shared_task(ignore_result=True, soft_time_limit=110, time_limit=120)
+def budgets_check_task() -> int:
+    """Give the budget warnings reached (rule B2; beat: every 5 minutes)."""
+    from django.utils import timezone
+
+    return len(budgets_check(now=timezone.now()))
 
 
 @shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)

@@ -481,3 +481,14 @@ if FAIRQ_K8S_RESYNC_SECONDS < 10:
 FAIRQ_K8S_SUBMIT_CONCURRENCY = env.int("FAIRQ_K8S_SUBMIT_CONCURRENCY", default=8)
 if not 1 <= FAIRQ_K8S_SUBMIT_CONCURRENCY <= 64:
     raise environ.ImproperlyConfigured("FAIRQ_K8S_SUBMIT_CONCURRENCY must be 1-64")
+
+# Cost and budgets (docs/scheduling.md, rules C1 and B1-B3): the currency of GpuPrice and
+# TeamBudget amounts (an ISO 4217 code, shown next to every amount).
+FAIRQ_CURRENCY = env.str("FAIRQ_CURRENCY", default="EUR").strip().upper()
+if not (len(FAIRQ_CURRENCY) == 3 and FAIRQ_CURRENCY.isalpha() and FAIRQ_CURRENCY.isascii()):
+    raise environ.ImproperlyConfigured("FAIRQ_CURRENCY must be a three-letter ISO 4217 code, e.g. EUR")
+CELERY_BEAT_SCHEDULE["budgets-check"] = {
+    "task": "queueing.tasks.budgets_check_task",
+    "schedule": timedelta(minutes=5),
+    "options": {"expires": 300},
+}

@@ -68,7 +68,7 @@ class AccountingRow:
         return self.end is None
 
 
-def _ended(field: str) -> Subquery:
+def ended_transition(field: str) -> Subquery:
     """The transition that ended the record's attempt: the first one of that attempt out
     of ADMITTED/RUNNING to anything but RUNNING (rule S1)."""
     return Subquery(
@@ -86,8 +86,8 @@ def finished_attempts(f: AccountingFilter) -> QuerySet[UsageRecord]:
     qs = (
         UsageRecord.objects.filter(team__in=list(f.teams), job__isnull=False)
         .annotate(
-            _to=_ended("to_status"),
-            end_reason=Coalesce(_ended("reason"), Value("")),
+            _to=ended_transition("to_status"),
+            end_reason=Coalesce(ended_transition("reason"), Value("")),
             end_state=Case(
                 When(_to=JobState.QUEUED.value, then=Value("REQUEUED")),
                 When(_to__isnull=True, then=F("job__status")),
