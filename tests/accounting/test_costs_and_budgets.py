@@ -176,3 +176,14 @@ def test_prices_and_budgets_are_staff_only_and_audited(world: World) -> None:
     assert [e.action for e in entries] == ["create", "update"]
     old, new = entries[1].changes["price_per_gpu_hour"]
     assert (Decimal(str(old)), Decimal(str(new))) == (Decimal(1), Decimal(2))
+
+
+def test_metrics_export_each_budgeted_teams_used_ratio(priced: World, client: Any) -> None:
+    world = priced
+    team_budget_set(actor=world.staff, team=world.vision, monthly_amount=Decimal("100"))
+    _spent_this_month(world, 80)
+    body = client.get("/metrics").content.decode()
+    (line,) = [x for x in body.splitlines()
+               if x.startswith('fairq_team_budget_used_ratio{team="vision"}')]
+    assert 0.8 <= float(line.split()[-1]) < 0.9
+    assert 'fairq_team_budget_used_ratio{team="nlp"}' not in body  # no budget, no series
