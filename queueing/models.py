@@ -587,3 +587,39 @@ class BudgetWarning(models.Model):
 
     def __str__(self) -> str:
         return f"{self.team_id} {self.month:%Y-%m}: {self.level}%"
+
+
+class UsageDay(models.Model):
+    """GPU-hours of charged attempts per UTC day, team and GPU type (the reports page's
+    roll-up; docs/dashboard.md, "Reports"): added by `services.reports.usage_days_roll_up`
+    from the usage records after `UsageRollup.last_record_id`, never priced (a day has one
+    price, rule C1, applied when read)."""
+
+    day = models.DateField()
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="usage_days")
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.CASCADE, related_name="usage_days")
+    allocated_gpu_hours = models.FloatField(default=0.0)
+    used_gpu_hours = models.FloatField(default=0.0)
+    idle_gpu_hours = models.FloatField(default=0.0)
+    preempted_gpu_hours = models.FloatField(default=0.0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["day", "team", "gpu_type"],
+                                    name="one_usage_day_per_team_and_type"),
+        ]
+        indexes = [models.Index(fields=["team", "day"], name="usage_day_team_day_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.team_id}/{self.gpu_type_id}: {self.allocated_gpu_hours:.1f} GPU-h"
+
+
+class UsageRollup(models.Model):
+    """The one row saying which usage records `UsageDay` holds: ids up to
+    `last_record_id` (records are only ever added, with growing ids)."""
+
+    last_record_id = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"usage days up to record {self.last_record_id}"

@@ -17,6 +17,7 @@ from queueing.services.fairshare import fairshare_snapshot_take
 from queueing.services.logs import job_logs_archive, workload_stop_keeping_logs
 from queueing.services.metrics import record_cycle, record_cycle_failure
 from queueing.services.provisioning import sync_cluster, sync_quotas
+from queueing.services.reports import usage_days_roll_up
 from queueing.services.scheduler import new_cycle_id, scheduler_cycle
 from queueing.services.utilization import utilization_purge
 
@@ -97,6 +98,14 @@ def budgets_check_task() -> int:
     from django.utils import timezone
 
     return len(budgets_check(now=timezone.now()))
+
+
+@shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)
+def usage_days_roll_up_task() -> int:
+    """Add new usage records to the reports page's roll-up (beat: every 10 minutes)."""
+    from django.utils import timezone
+
+    return usage_days_roll_up(now=timezone.now())
 
 
 @shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)

@@ -492,3 +492,8 @@ CELERY_BEAT_SCHEDULE["budgets-check"] = {
     "schedule": timedelta(minutes=5),
     "options": {"expires": 300},
 }
+CELERY_BEAT_SCHEDULE["usage-days-roll-up"] = {
+    "task": "queueing.tasks.usage_days_roll_up_task",
+    "schedule": timedelta(minutes=10),
+    "options": {"expires": 600},
+}

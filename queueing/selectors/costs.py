@@ -50,7 +50,7 @@ class CostBucket:
 
 
 @dataclass(frozen=True, slots=True)
-class _Attempt:
+class Attempt:
     team_id: int
     gpu_type_id: int
     gpus: int
@@ -75,15 +75,25 @@ def price_lists() -> dict[int, list[PricePoint]]:
     return dict(out)
 
 
-def _attempts(*, team_ids: list[int], start: datetime, end: datetime,
-              now: datetime) -> Iterator[_Attempt]:
-    """Charged attempts (usage records, imported ones included) and the attempts running
-    now (up to `now`) of `team_ids` overlapping [start, end)."""
+def attempts(*, team_ids: list[int] | None, start: datetime | None, end: datetime | None,
+             now: datetime | None, records_after: int = 0,
+             records_up_to: int | None = None) -> Iterator[Attempt]:
+    """Charged attempts (usage records with ids in (`records_after`, `records_up_to`],
+    imported ones included) and, unless `now` is None, the attempts running now (up to
+    `now`), of `team_ids` (None: every team) overlapping [start, end) (None: open)."""
     util = AttemptUtilization.objects.filter(job_id=OuterRef("job_id"),
                                              attempt=OuterRef("attempt"))
+    qs = UsageRecord.objects.filter(pk__gt=records_after)
+    if records_up_to is not None:
+        qs = qs.filter(pk__lte=records_up_to)
+    if team_ids is not None:
+        qs = qs.filter(team_id__in=team_ids)
+    if start is not None:
+        qs = qs.filter(end__gt=start)
+    if end is not None:
+        qs = qs.filter(start__lt=end)
     records = (
-        UsageRecord.objects.filter(team_id__in=team_ids, start__lt=end, end__gt=start)
-        .annotate(u_samples=Subquery(util.values("samples")[:1]),
+        qs.annotate(u_samples=Subquery(util.values("samples")[:1]),
                   u_sm_mean=Subquery(util.values("sm_mean")[:1]),
                   u_hist=Subquery(util.values("sm_hist")[:1]),
                   ended=ended_transition("to_status"))
@@ -94,14 +104,16 @@ def _attempts(*, team_ids: list[int], start: datetime, end: datetime,
             in records.iterator(chunk_size=5000):
         yield _attempt(team_id, gpu_type_id, gpus, r_start, r_end, samples, sm_mean, hist,
                        threshold, preempted=ended == JobState.PREEMPTED.value)
-    if now <= start:
+    if now is None or (start is not None and now <= start):
         return
     # A running job's attempt is its current one.
     util = AttemptUtilization.objects.filter(job_id=OuterRef("pk"), attempt=OuterRef("attempt"))
+    jobs = Job.objects.filter(status=JobState.RUNNING.value, started_at__isnull=False,
+                              started_at__lt=now if end is None else min(end, now))
+    if team_ids is not None:
+        jobs = jobs.filter(team_id__in=team_ids)
     running = (
-        Job.objects.filter(team_id__in=team_ids, status=JobState.RUNNING.value,
-                           started_at__isnull=False, started_at__lt=min(end, now))
-        .annotate(u_samples=Subquery(util.values("samples")[:1]),
+        jobs.annotate(u_samples=Subquery(util.values("samples")[:1]),
                   u_sm_mean=Subquery(util.values("sm_mean")[:1]),
                   u_hist=Subquery(util.values("sm_hist")[:1]))
         .values_list("team_id", "gpu_type_id", "gpus_per_replica", "replicas", "started_at",
@@ -117,12 +129,12 @@ def _attempts(*, team_ids: list[int], start: datetime, end: datetime,
 
 def _attempt(team_id: int, gpu_type_id: int, gpus: int, start: datetime, end: datetime,
              samples: int | None, sm_mean: float | None, hist: Any, threshold: float | None,
-             *, preempted: bool) -> _Attempt:
+             *, preempted: bool) -> Attempt:
     minutes = (end - start).total_seconds() / 60
     idle = 0.0
     if samples and threshold and isinstance(hist, dict) and minutes > 0:
         idle = min(1.0, idle_minutes(hist, threshold_percent=threshold) / minutes)
-    return _Attempt(team_id, gpu_type_id, gpus, start, end,
+    return Attempt(team_id, gpu_type_id, gpus, start, end,
                     used_fraction=(sm_mean or 0.0) / 100 if samples else 0.0,
                     idle_fraction=idle, preempted=preempted)
 
@@ -140,7 +152,7 @@ def cost_buckets(*, teams: Iterable[Team], start: datetime, end: datetime, perio
     gpu_slugs = dict(_gpu_types())
     prices = price_lists()
     acc: dict[tuple[date, int, int], CostBucket] = {}
-    for a in _attempts(team_ids=team_ids, start=start, end=end, now=now):
+    for a in attempts(team_ids=team_ids, start=start, end=end, now=now):
         lo, hi = max(a.start, start), min(a.end, end)
         for piece in cost_pieces(gpus=a.gpus, start=lo, end=hi,
                                  prices=prices.get(a.gpu_type_id, ())):
@@ -153,18 +165,25 @@ def cost_buckets(*, teams: Iterable[Team], start: datetime, end: datetime, perio
                     department=parents.get(a.team_id) or slug[a.team_id],
                     gpu_type=gpu_slugs.get(a.gpu_type_id, str(a.gpu_type_id)))
             hours = piece.gpu_hours
-            b.allocated_gpu_hours += hours
-            b.used_gpu_hours += hours * a.used_fraction
-            b.idle_gpu_hours += hours * a.idle_fraction
-            if a.preempted:
-                b.preempted_gpu_hours += hours
-            if piece.price is None:
-                b.unpriced_gpu_hours += hours
-                continue
-            cost = Decimal(repr(hours)) * piece.price
-            b.cost += cost
-            b.idle_cost += cost * Decimal(repr(a.idle_fraction))
+            add_hours(b, allocated=hours, used=hours * a.used_fraction,
+                      idle=hours * a.idle_fraction, preempted=hours if a.preempted else 0.0,
+                      price=piece.price)
     return [acc[k] for k in sorted(acc, key=lambda k: (k[0], slug[k[1]], gpu_slugs.get(k[2], "")))]
+
+
+def add_hours(b: CostBucket, *, allocated: float, used: float, idle: float, preempted: float,
+              price: Decimal | None) -> None:
+    """Add GPU-hours of one day at one price to `b`, and their cost (rule C1; none before
+    the type's first price: `unpriced`)."""
+    b.allocated_gpu_hours += allocated
+    b.used_gpu_hours += used
+    b.idle_gpu_hours += idle
+    b.preempted_gpu_hours += preempted
+    if price is None:
+        b.unpriced_gpu_hours += allocated
+        return
+    b.cost += Decimal(repr(allocated)) * price
+    b.idle_cost += Decimal(repr(idle)) * price
 
 
 def _gpu_types() -> list[tuple[int, str]]:
