@@ -407,7 +407,8 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 _template_options = TEMPLATES[0]["OPTIONS"]
 assert isinstance(_template_options, dict)
 _template_options["context_processors"].append("queueing.web.views.nav")
-_template_options["libraries"] = {"fairq": "queueing.web.templatetags"}
+_template_options["libraries"] = {"fairq": "queueing.web.templatetags",
+                                  "fairq_costs": "queueing.web.cost_tags"}
 # Error pages (templates/403.html, 404.html, 500.html) replace Django's plain ones.
 
 # --- Kubernetes backend (docs/kubernetes.md) ---------------------------------------------

@@ -135,3 +135,23 @@ def test_the_page_warns_of_a_reached_budget(world: World) -> None:
                      ended="SUCCEEDED")
     _, html = _page(world, world.member)
     assert "new jobs drop to the lowest tier" in html
+
+
+def test_the_team_page_shows_the_budget_notice_from_80_percent(world: World) -> None:
+    gpu_price_set(actor=world.staff, gpu_type=world.a100, effective_from=date(2020, 1, 1),
+                  price_per_gpu_hour=Decimal("1"))
+    team_budget_set(actor=world.staff, team=world.vision, monthly_amount=Decimal("1000"))
+    c = Client()
+    c.force_login(world.member)
+    assert 'id="budget-notice"' not in c.get("/teams/vision/").content.decode()
+    now = timezone.now()
+    start = max(now.replace(day=1, hour=0, minute=0, second=0, microsecond=0),
+                now - timedelta(minutes=30))
+    hours = max((now - start).total_seconds() / 3600, 1 / 60)
+    finished_attempt(job=job(team=world.vision, gpu_type=world.a100,
+                             gpus_per_replica=int(850 / hours) + 1, tier=world.normal),
+                     attempt=1, start=now - timedelta(hours=hours), hours=hours,
+                     ended="SUCCEEDED")
+    html = c.get("/teams/vision/").content.decode()
+    assert 'id="budget-notice"' in html and "of its monthly GPU budget" in html
+    assert "lowest tier" not in html  # 85%: not over, and no downgrade policy
