@@ -68,6 +68,33 @@ def elapsed(job: dict[str, Any], now: datetime) -> str:
     return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else hms
 
 
+def hms(seconds: int) -> str:
+    """Elapsed time as sacct prints it: [D-]HH:MM:SS."""
+    d, s = divmod(max(0, int(seconds)), 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def instant_arg(text: str, flag: str) -> str:
+    """`2026-10-01`, `2026-10-01T08:00` (UTC without an offset) or an ISO 8601 instant
+    with an offset -> the ISO 8601 instant the API takes."""
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(f"bad {flag} {text!r}: use 2026-10-01, 2026-10-01T08:00 or an "
+                         "ISO 8601 instant with an offset") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.isoformat()
+
+
+def _stamp(text: str | None) -> str:
+    """An instant from the API as sacct prints times: UTC, to the second."""
+    when = parse_time(text or "")
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S") if when else ""
+
+
 def duration_seconds(text: str) -> int:
     """`90`, `30m`, `2h`, `1d`, `1:30:00` (h:m:s) or `45:00` (m:s) -> seconds."""
     text = text.strip()
@@ -295,18 +322,59 @@ class App:
             self.err.write(f"[fairq] other attempts with logs: {', '.join(others)} "
                            "(--attempt N)\n")
 
-    # fairq share
+    # fairq share [-a]
     def share(self, a: argparse.Namespace) -> int:
-        data = self.client.get("/fairshare/")
+        data = self.client.get("/fairshare/", users=1 if a.all_users else None)
         teams = data["teams"] if isinstance(data, dict) else data
         if self.as_json:
             self.emit_json(data)
             return 0
-        rows = [[t["team"], t.get("parent") or "", _num(t.get("weight")), _num(t.get("share"), 4),
-                 _num(t.get("usage_gpu_hours"), 2), _num(t.get("normalized_usage"), 4),
-                 _num(t.get("fair_share_factor"), 4)] for t in teams]
-        self.say(table(rows, ["TEAM", "PARENT", "WEIGHT", "NORMSHARES", "GPU-HOURS", "NORMUSAGE",
-                              "FAIRSHARE"]))
+        rows: list[list[Any]] = []
+        for t in teams:
+            rows.append([t["team"], "", t.get("parent") or "", _num(t.get("weight")),
+                         _num(t.get("share"), 4), _num(t.get("usage_gpu_hours"), 2),
+                         _num(t.get("normalized_usage"), 4), _num(t.get("fair_share_factor"), 4),
+                         ""])
+            for u in (t.get("users") or []) if a.all_users else []:
+                rows.append(["", u.get("user") or "(imported)", "", "", "",
+                             _num(u.get("usage_gpu_hours"), 2), _num(u.get("usage_fraction"), 4),
+                             "", u.get("running_jobs", 0)])
+        headers = ["TEAM", "USER", "PARENT", "WEIGHT", "NORMSHARES", "GPU-HOURS", "NORMUSAGE",
+                   "FAIRSHARE", "RUNNING"]
+        if not a.all_users:  # the columns of `sshare` without -a
+            headers = [h for h in headers if h not in {"USER", "RUNNING"}]
+            rows = [[r[0], *r[2:8]] for r in rows]
+        self.say(table(rows, headers))
+        return 0
+
+    # fairq acct
+    def acct(self, a: argparse.Namespace) -> int:
+        params: list[tuple[str, Any]] = []
+        for key in ("team", "user", "gpu_type"):
+            if getattr(a, key):
+                params.append((key, getattr(a, key)))
+        if a.start:
+            params.append(("from", instant_arg(a.start, "--start")))
+        if a.end:
+            params.append(("to", instant_arg(a.end, "--end")))
+        if a.state:
+            params.append(("state", ",".join(s.strip().upper() for s in a.state.split(","))))
+        params.append(("page_size", min(max(a.limit, 1), 500)))
+        rows = self.client.pages("/accounting/", params, a.limit)
+        if self.as_json:
+            self.emit_json(rows)
+            return 0
+        out = []
+        for r in rows:
+            eff = r.get("efficiency")
+            out.append([f"{r['job_id']}.{r['attempt']}", r["name"][:20], r.get("user") or "",
+                        r["team"], r["tier"], f"{r['gpus']}x{r['gpu_type']}",
+                        _stamp(r["start"]), _stamp(r.get("end")) or "Unknown",
+                        hms(r["elapsed_seconds"]), _num(r["gpu_hours"], 2), r["state"],
+                        "" if r.get("exit_code") is None else r["exit_code"],
+                        "" if eff is None else f"{eff * 100:.1f}%"])
+        self.say(table(out, ["JOBID", "JOBNAME", "USER", "TEAM", "TIER", "ALLOCGPUS", "START",
+                             "END", "ELAPSED", "GPU-HOURS", "STATE", "EXITCODE", "GPUEFF"]))
         return 0
 
     # fairq prio ID
@@ -628,7 +696,21 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--replica", type=int, help="which replica (default: 0)")
     lg.add_argument("--poll-interval", type=float, default=2.0)
 
-    sub.add_parser("share", parents=[common], help="fair-share standings (like sshare)")
+    sh = sub.add_parser("share", parents=[common], help="fair-share standings (like sshare)")
+    sh.add_argument("-a", "--all", dest="all_users", action="store_true",
+                    help="also each team's users and their usage (like sshare -a)")
+
+    ac = sub.add_parser("acct", parents=[common],
+                        help="job attempts: elapsed, GPU-hours, exit, efficiency (like sacct)")
+    ac.add_argument("-t", "--team")
+    ac.add_argument("-u", "--user", help="attempts of jobs this user submitted")
+    ac.add_argument("-S", "--start", help="attempts running at or after this time "
+                    "(2026-10-01, 2026-10-01T08:00 in UTC, or with an offset)")
+    ac.add_argument("-E", "--end", help="attempts that started before this time")
+    ac.add_argument("-s", "--state", help="comma-separated: RUNNING, SUCCEEDED, FAILED, "
+                    "CANCELLED, PREEMPTED, REQUEUED")
+    ac.add_argument("-G", "--gpu-type", dest="gpu_type")
+    ac.add_argument("--limit", type=int, default=200)
 
     pr = sub.add_parser("prio", parents=[common], help="priority breakdown (like sprio)")
     pr.add_argument("job_ids", type=int, nargs="+", metavar="ID")

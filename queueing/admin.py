@@ -1,10 +1,23 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
 
 from accounts.admin import AuditedAdmin
 
-from .models import GpuType, Job, JobEvent, Quota, Tier, TierGrant, UsageRecord
+from .models import (
+    BudgetWarning,
+    GpuPrice,
+    GpuType,
+    Job,
+    JobEvent,
+    Quota,
+    TeamBudget,
+    Tier,
+    TierGrant,
+    UsageRecord,
+)
 
 
 @admin.register(GpuType)
@@ -73,3 +86,35 @@ class UsageRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
         return [f.name for f in UsageRecord._meta.fields]
+
+
+@admin.register(GpuPrice)
+class GpuPriceAdmin(AuditedAdmin):
+    """Rule C1: a price per GPU type and hour from a UTC day (FAIRQ_CURRENCY)."""
+
+    list_display = ["gpu_type", "effective_from", "price_per_gpu_hour"]
+    list_filter = ["gpu_type"]
+    ordering = ["gpu_type__slug", "-effective_from"]
+
+
+@admin.register(TeamBudget)
+class TeamBudgetAdmin(AuditedAdmin):
+    """Rules B1-B3: a team's monthly budget and its policy."""
+
+    list_display = ["team", "monthly_amount", "policy"]
+    list_filter = ["policy"]
+    autocomplete_fields = ["team"]
+
+
+@admin.register(BudgetWarning)
+class BudgetWarningAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Rule B2's warnings, as given (read-only: the budget check writes them)."""
+
+    list_display = ["team", "month", "level", "at", "cost", "budget"]
+    list_filter = ["level", "month"]
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False

@@ -37,6 +37,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from queueing.selectors import metrics as read
+from queueing.selectors.budgets import budget_statuses
 from queueing.selectors.capacity import gpus_held_by_type
 from queueing.selectors.fairshare import fairshare_standings
 from queueing.selectors.utilization import team_gpu_use
@@ -67,6 +68,7 @@ class FairqCollector:
         yield gpus
 
         yield from self._gpu_use()
+        yield from self._budgets()
 
         waits = read.wait_histograms()
         if waits:
@@ -122,6 +124,16 @@ class FairqCollector:
             if use.measured:
                 util.add_metric([use.team], round(use.sm_mean / 100, 6))
         yield from (allocated, idle, measured, util)
+
+    def _budgets(self) -> Iterator[Metric]:
+        """Per team with a budget: this UTC month's cost over its monthly amount (rule B1;
+        1 = reached)."""
+        ratio = GaugeMetricFamily("fairq_team_budget_used_ratio",
+                                  "A team's cost this UTC month / its monthly budget "
+                                  "(rules B1-B2; 1 = reached).", labels=["team"])
+        for status in budget_statuses(now=timezone.now()):
+            ratio.add_metric([status.team], round(status.ratio, 6))
+        yield ratio
 
     def _cycle_health(self) -> Iterator[Metric]:
         failed, isolated, last = read.cycle_health_counts()

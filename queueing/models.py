@@ -520,3 +520,107 @@ class UtilizationSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}/{self.attempt} {self.minute:%H:%M}: {self.sm:.0f}%"
+
+
+class GpuPrice(models.Model):
+    """What one GPU of a type costs per hour from `effective_from` (a UTC date) until the
+    type's next price (docs/scheduling.md, rule C1): a change never reprices the months
+    before it. The currency is the FAIRQ_CURRENCY setting."""
+
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.CASCADE, related_name="prices")
+    price_per_gpu_hour = models.DecimalField(max_digits=12, decimal_places=4)
+    effective_from = models.DateField(help_text="The first UTC day at this price.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["gpu_type_id", "effective_from"]
+        constraints = [
+            models.UniqueConstraint(fields=["gpu_type", "effective_from"],
+                                    name="one_gpu_price_per_type_and_day"),
+            models.CheckConstraint(condition=Q(price_per_gpu_hour__gte=0),
+                                   name="gpu_price_gte_0"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_type_id}: {self.price_per_gpu_hour}/GPU-hour from {self.effective_from}"
+
+
+class BudgetPolicy(models.TextChoices):
+    NONE = "none", "warn only"
+    DOWNGRADE = "downgrade", "new jobs drop to the lowest tier (rule B3)"
+
+
+class TeamBudget(models.Model):
+    """A team's monthly GPU budget in FAIRQ_CURRENCY (rules B1-B3): warnings at 80% and
+    100% of the calendar month's (UTC) cost, and optionally the downgrade policy."""
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="budget")
+    monthly_amount = models.DecimalField(max_digits=14, decimal_places=2)
+    policy = models.CharField(max_length=16, choices=BudgetPolicy.choices,
+                              default=BudgetPolicy.NONE)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(monthly_amount__gt=0),
+                                   name="team_budget_amount_gt_0"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team_id}: {self.monthly_amount}/month ({self.policy})"
+
+
+class BudgetWarning(models.Model):
+    """A budget warning given (rule B2): once per team, month and level."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="budget_warnings")
+    month = models.DateField(help_text="The first day of the UTC month.")
+    level = models.PositiveSmallIntegerField(help_text="Percent of the budget: 80 or 100.")
+    at = models.DateTimeField()
+    cost = models.DecimalField(max_digits=14, decimal_places=2)
+    budget = models.DecimalField(max_digits=14, decimal_places=2)
+
+    class Meta:
+        ordering = ["month", "team_id", "level"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "month", "level"],
+                                    name="one_budget_warning_per_level_and_month"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team_id} {self.month:%Y-%m}: {self.level}%"
+
+
+class UsageDay(models.Model):
+    """GPU-hours of charged attempts per UTC day, team and GPU type (the reports page's
+    roll-up; docs/dashboard.md, "Reports"): added by `services.reports.usage_days_roll_up`
+    from the usage records after `UsageRollup.last_record_id`, never priced (a day has one
+    price, rule C1, applied when read)."""
+
+    day = models.DateField()
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="usage_days")
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.CASCADE, related_name="usage_days")
+    allocated_gpu_hours = models.FloatField(default=0.0)
+    used_gpu_hours = models.FloatField(default=0.0)
+    idle_gpu_hours = models.FloatField(default=0.0)
+    preempted_gpu_hours = models.FloatField(default=0.0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["day", "team", "gpu_type"],
+                                    name="one_usage_day_per_team_and_type"),
+        ]
+        indexes = [models.Index(fields=["team", "day"], name="usage_day_team_day_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.team_id}/{self.gpu_type_id}: {self.allocated_gpu_hours:.1f} GPU-h"
+
+
+class UsageRollup(models.Model):
+    """The one row saying which usage records `UsageDay` holds: ids up to
+    `last_record_id` (records are only ever added, with growing ids)."""
+
+    last_record_id = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"usage days up to record {self.last_record_id}"

@@ -11,11 +11,13 @@ from django.conf import settings
 
 from accounts.services import idempotency_purge
 from queueing.composition import get_backend, get_provisioner
+from queueing.services.costs import budgets_check
 from queueing.services.demo import demo_submit_synthetic
 from queueing.services.fairshare import fairshare_snapshot_take
 from queueing.services.logs import job_logs_archive, job_logs_prune, workload_stop_keeping_logs
 from queueing.services.metrics import record_cycle, record_cycle_failure
 from queueing.services.provisioning import sync_cluster, sync_quotas
+from queueing.services.reports import usage_days_roll_up
 from queueing.services.scheduler import new_cycle_id, scheduler_cycle
 from queueing.services.utilization import utilization_purge
 
@@ -96,6 +98,22 @@ def fairshare_snapshot_task() -> int:
 
 
     return len(fairshare_snapshot_take(now=timezone.now()).standings)
+
+
+@shared_task(ignore_result=True, soft_time_limit=110, time_limit=120)
+def budgets_check_task() -> int:
+    """Give the budget warnings reached (rule B2; beat: every 5 minutes)."""
+    from django.utils import timezone
+
+    return len(budgets_check(now=timezone.now()))
+
+
+@shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)
+def usage_days_roll_up_task() -> int:
+    """Add new usage records to the reports page's roll-up (beat: every 10 minutes)."""
+    from django.utils import timezone
+
+    return usage_days_roll_up(now=timezone.now())
 
 
 @shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)

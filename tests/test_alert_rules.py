@@ -33,13 +33,19 @@ def test_every_alert_uses_a_metric_fairq_exports() -> None:
     for status in ("RUNNING", "QUEUED"):
         JobFactory(team=TeamFactory(slug="vision"), gpu_type=GpuTypeFactory(slug="h100"),
                    tier=TierFactory(slug="normal"), status=status)
+    # The budget gauge appears for teams with a budget.
+    from decimal import Decimal
+
+    from queueing.models import TeamBudget
+
+    TeamBudget.objects.create(team=TeamFactory(slug="nlp"), monthly_amount=Decimal(100))
     exported = {s.name for m in FairqCollector().collect() for s in m.samples}
     doc = yaml.safe_load(RULES.read_text())
     rules = [r for g in doc["groups"] for r in g["rules"]]
     assert {r["alert"] for r in rules} == {
         "FairqSchedulerStale", "FairqSchedulerNeverCompleted", "FairqCycleFailures",
         "FairqJobsIsolated", "FairqKubernetesRefusesJobs", "FairqKubernetesSubmitErrors",
-        "FairqIdleGpus", "FairqQueueStuck"}
+        "FairqIdleGpus", "FairqQueueStuck", "FairqBudgetReached"}
     for rule in rules:
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
         assert rule["labels"]["severity"] in ("warning", "critical")
@@ -69,7 +75,7 @@ def test_the_rules_file_passes_promtool_check() -> None:
     out = subprocess.run([_promtool(), "check", "rules", str(RULES)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 8 rules found" in out.stdout, out.stdout
+    assert "SUCCESS: 9 rules found" in out.stdout, out.stdout
 
 
 # Each case: input series (promtool's expanding notation, 1 m steps), when to evaluate,
@@ -156,6 +162,19 @@ tests:
       - eval_time: 60m
         alertname: FairqQueueStuck
         exp_alerts: [{stuck}]
+  # vision reaches its budget at minute 10 (a ratio of 1.2 from then); nlp stays at 0.9:
+  # after the rule's 5 m, vision only.
+  - interval: 1m
+    input_series:
+      - series: 'fairq_team_budget_used_ratio{{team="vision"}}'
+        values: "0.5+0.05x9 1.2x30"
+      - series: 'fairq_team_budget_used_ratio{{team="nlp"}}'
+        values: "0.9x40"
+    alert_rule_test:
+      - {{eval_time: 12m, alertname: FairqBudgetReached, exp_alerts: []}}
+      - eval_time: 20m
+        alertname: FairqBudgetReached
+        exp_alerts: [{budget_vision}]
 """
 
 
@@ -187,7 +206,8 @@ def test_each_alert_fires_when_it_should_and_not_before(tmp_path: Path) -> None:
         refused_403=fired("FairqKubernetesRefusesJobs", code="403"),
         errors_500=fired("FairqKubernetesSubmitErrors", code="500"),
         idle_vision=fired("FairqIdleGpus", "4", team="vision"),
-        stuck=fired("FairqQueueStuck", "3")))
+        stuck=fired("FairqQueueStuck", "3"),
+        budget_vision=fired("FairqBudgetReached", "1.2", team="vision")))
     out = subprocess.run([_promtool(), "test", "rules", str(tests)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr

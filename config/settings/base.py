@@ -423,7 +423,8 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 _template_options = TEMPLATES[0]["OPTIONS"]
 assert isinstance(_template_options, dict)
 _template_options["context_processors"].append("queueing.web.views.nav")
-_template_options["libraries"] = {"fairq": "queueing.web.templatetags"}
+_template_options["libraries"] = {"fairq": "queueing.web.templatetags",
+                                  "fairq_costs": "queueing.web.cost_tags"}
 # Error pages (templates/403.html, 404.html, 500.html) replace Django's plain ones.
 
 # --- Kubernetes backend (docs/kubernetes.md) ---------------------------------------------
@@ -497,3 +498,19 @@ if FAIRQ_K8S_RESYNC_SECONDS < 10:
 FAIRQ_K8S_SUBMIT_CONCURRENCY = env.int("FAIRQ_K8S_SUBMIT_CONCURRENCY", default=8)
 if not 1 <= FAIRQ_K8S_SUBMIT_CONCURRENCY <= 64:
     raise environ.ImproperlyConfigured("FAIRQ_K8S_SUBMIT_CONCURRENCY must be 1-64")
+
+# Cost and budgets (docs/scheduling.md, rules C1 and B1-B3): the currency of GpuPrice and
+# TeamBudget amounts (an ISO 4217 code, shown next to every amount).
+FAIRQ_CURRENCY = env.str("FAIRQ_CURRENCY", default="EUR").strip().upper()
+if not (len(FAIRQ_CURRENCY) == 3 and FAIRQ_CURRENCY.isalpha() and FAIRQ_CURRENCY.isascii()):
+    raise environ.ImproperlyConfigured("FAIRQ_CURRENCY must be a three-letter ISO 4217 code, e.g. EUR")
+CELERY_BEAT_SCHEDULE["budgets-check"] = {
+    "task": "queueing.tasks.budgets_check_task",
+    "schedule": timedelta(minutes=5),
+    "options": {"expires": 300},
+}
+CELERY_BEAT_SCHEDULE["usage-days-roll-up"] = {
+    "task": "queueing.tasks.usage_days_roll_up_task",
+    "schedule": timedelta(minutes=10),
+    "options": {"expires": 600},
+}

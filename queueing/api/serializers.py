@@ -297,6 +297,15 @@ class JobDetailSerializer(JobSerializer):
         return dict(queue) if queue is not None else None
 
 
+class UserUsageSerializer(serializers.Serializer[Any]):
+    """One user's usage inside a team (`/fairshare/?users=1`, `fairq share -a`)."""
+
+    user = serializers.CharField(allow_null=True, help_text="null: imported usage")
+    usage_gpu_hours = serializers.FloatField(help_text="Decayed weighted GPU-hours (rule F1)")
+    usage_fraction = serializers.FloatField(help_text="Of the team's usage")
+    running_jobs = serializers.IntegerField()
+
+
 class StandingSerializer(serializers.Serializer[Any]):
     """One team's standing; the same names as `manage.py fairshare --json`."""
 

@@ -6,7 +6,7 @@ from rest_framework.routers import DefaultRouter
 
 from accounts import api as accounts_api
 
-from . import resources, schema  # noqa: F401 - schema registers the token auth scheme
+from . import accounting, costs, resources, schema  # noqa: F401 - schema registers the token auth scheme
 from .errors import api_not_found
 from .views import FairShareView, JobViewSet
 
@@ -35,6 +35,12 @@ urlpatterns = [
     path("tiers/", resources.TierListView.as_view(), name="tier-list"),
     path("gpu-types/", resources.GpuTypeListView.as_view(), name="gputype-list"),
     path("usage/", resources.UsageView.as_view(), name="usage"),
+    path("accounting/", accounting.AccountingView.as_view(), name="accounting"),
+    path("costs/", costs.CostView.as_view(), name="costs"),
+    path("gpu-prices/", costs.GpuPriceListView.as_view(), name="gpuprice-list"),
+    path("gpu-prices/<int:price_id>/", costs.GpuPriceDetailView.as_view(), name="gpuprice-detail"),
+    path("budgets/", costs.BudgetListView.as_view(), name="budget-list"),
+    path("budgets/<slug:slug>/", costs.BudgetDetailView.as_view(), name="budget-detail"),
     path("capacity/", resources.CapacityView.as_view(), name="capacity"),
     # Anything else under /api/v1/ answers in the API's error shape, not an HTML page.
     re_path(r"^[\s\S]*$", api_not_found, name="api-not-found"),

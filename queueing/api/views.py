@@ -30,6 +30,7 @@ from queueing.selectors.fairshare import (
 )
 from queueing.selectors.jobs import jobs_visible_to
 from queueing.selectors.queue_plan import job_explain
+from queueing.selectors.user_usage import user_usage
 from queueing.selectors.utilization import utilization_version
 from queueing.services.access import check_job_access
 from queueing.services.jobs import (
@@ -55,6 +56,7 @@ from .serializers import (
     JobEventSerializer,
     JobSerializer,
     StandingSerializer,
+    UserUsageSerializer,
     shaped,
     shaped_partly,
 )
@@ -275,10 +277,14 @@ class FairShareView(APIView):
             "half_life_hours": serializers.FloatField(),
             "teams": StandingSerializer(many=True),
         }),
-        parameters=[OpenApiParameter("at", str, description="ISO 8601 instant with offset")],
+        parameters=[OpenApiParameter("at", str, description="ISO 8601 instant with offset"),
+                    OpenApiParameter("users", bool, description=(
+                        "Also each team's users with their usage (`users` per team, "
+                        "like sshare -a); now only."))],
     )
     def get(self, request: Request) -> Response:
         now = timezone.now()
+        with_users = _flag_or_400(request.query_params, "users")
         at = _instant_or_400(request.query_params.get("at")) or now
         if at < now - timedelta(seconds=1) and not request.user.is_staff:
 
@@ -290,12 +296,33 @@ class FairShareView(APIView):
         visible = teams_in_standings_for(actor=request.user)
         if visible is not None:
             standings = [s for s in standings if s.team in visible]
+        teams = StandingSerializer([standing_as_dict(s) for s in standings], many=True).data
+        if with_users:
+            if at < now - timedelta(seconds=1):
+                raise DomainError("Per-user usage is for now only.",
+                                  fields={"users": ["Not with a past 'at'."]})
+            per_team = user_usage(teams=[s.team for s in standings], at=at)
+            for item in teams:
+                item["users"] = UserUsageSerializer(per_team.get(item["team"], []),
+                                                    many=True).data
         return Response({
             "as_of": at.isoformat(),
             "half_life_hours": half_life_hours(),
-            "teams": StandingSerializer([standing_as_dict(s) for s in standings],
-                                        many=True).data,
+            "teams": teams,
         })
+
+
+def _flag_or_400(params: Any, name: str) -> bool:
+
+    raw = params.get(name)
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes"}:
+        return True
+    if value in {"0", "false", "no"}:
+        return False
+    raise DomainError(f"{name} must be true or false.", fields={name: ["Must be 1/0 or true/false."]})
 
 
 def _instant_or_400(value: str | None) -> datetime | None:

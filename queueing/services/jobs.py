@@ -28,6 +28,7 @@ from queueing.policy.states import (
     check_transition,
 )
 from queueing.sanitize import clean_fields, clean_json, clean_text
+from queueing.selectors.budgets import budget_downgrade_tier
 from queueing.selectors.cluster import largest_node_cpu_memory, largest_node_gpus
 from queueing.selectors.lookups import gpu_types_by_slug, team_for_submitter, tiers_by_slug
 from queueing.selectors.queue_plan import queue_plan_forget
@@ -114,6 +115,8 @@ class JobInput:
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     annotations: dict[str, str] = dataclasses.field(default_factory=dict)
     termination_grace_seconds: int | None = None
+    # Rule B3: the tier asked for when an over-budget team's job dropped to `tier`.
+    downgraded_from: str = ""
     # Derived from the two above (`__post_init__`): what the manifest and the rules use.
     cpu_millicores: int | None = dataclasses.field(init=False, default=None)
     memory_bytes: int | None = dataclasses.field(init=False, default=None)
@@ -136,7 +139,7 @@ class JobInput:
         """The Job fields this input sets (submit, array job, and the idempotency check
         compare against it): `topology` as its two columns."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name != "topology"}
+                if f.name not in {"topology", "downgraded_from"}}
 
 
 # A job's quantities by the name the API gives them (`resources` keys and `shm_size`) ->
@@ -227,6 +230,10 @@ def job_input_build(
         tier_row = tiers_by_slug().get(settings.FAIRQ_DEFAULT_TIER)
         if tier_row is None:
             raise DomainError(INVALID_FIELDS, fields={"tier": [REQUIRED]})
+    downgraded_from = ""
+    lowest = budget_downgrade_tier(team=team_row, tier=tier_row, now=timezone.now())
+    if lowest is not None:  # rule B3
+        downgraded_from, tier_row = tier_row.slug, lowest
     largest = largest_node_gpus(gpu_type_row.slug)
     # None: no cluster view published yet; the scheduler's own check (rule A3) decides.
     if largest is not None and gpus > largest:
@@ -244,7 +251,8 @@ def job_input_build(
                     env=env, gpu_type=gpu_type_row, gpus_per_replica=gpus, replicas=replicas,
                     tier=tier_row, max_runtime_seconds=max_runtime_seconds,
                     resources=resources, shm_size=shm_size, topology=topology,
-                    termination_grace_seconds=grace, **workload)
+                    termination_grace_seconds=grace, downgraded_from=downgraded_from,
+                    **workload)
 
 
 def _topology_checked(gpu_type: GpuType, topology: dict[str, str] | None
@@ -480,7 +488,8 @@ def job_submit_with_event(
     job = Job(**data.job_values(), submitter=submitter, status=JobState.QUEUED,
               idempotency_key=idempotency_key or None, created_at=now, updated_at=now)
     event = JobEvent(at=now, kind=JobEvent.Kind.TRANSITION, from_status="", to_status=JobState.QUEUED,
-                     actor=submitter, actor_label=str(actor), reason="submitted", attempt=1)
+                     actor=submitter, actor_label=str(actor), attempt=1,
+                     **{"reason": "submitted", **_downgrade_note(data)})
     try:
         _insert_job_with_event(job, event)
     except IntegrityError:
@@ -494,6 +503,16 @@ def job_submit_with_event(
     # for (selectors/queue_plan.py::queue_standing), so a burst of submits plans once.
     transaction.on_commit(kick)
     return job, event, True
+
+
+def _downgrade_note(data: JobInput, *, array: bool = False) -> dict[str, Any]:
+    """The submit event's reason and data when rule B3 dropped the job's tier."""
+    if not data.downgraded_from:
+        return {}
+    return {"reason": f"submitted{' (array job)' if array else ''}; tier "
+                      f"{data.downgraded_from} -> {data.tier.slug}: the team's monthly GPU "
+                      "budget is used up (rule B3)",
+            "data": {"budget_downgrade": {"from": data.downgraded_from, "to": data.tier.slug}}}
 
 
 def _same_submit_or_refuse(existing: Job, *, actor: Any, data: JobInput) -> Job:
@@ -635,8 +654,8 @@ def jobs_submit_bulk(
     template = Job(**data.job_values(), submitter=submitter, status=JobState.QUEUED,
                    created_at=now, updated_at=now)
     event = JobEvent(at=now, kind=JobEvent.Kind.TRANSITION, from_status="", to_status=JobState.QUEUED,
-                     actor=submitter, actor_label=str(actor), reason="submitted (array job)",
-                     attempt=1)
+                     actor=submitter, actor_label=str(actor), attempt=1,
+                     **{"reason": "submitted (array job)", **_downgrade_note(data, array=True)})
     names = [f"{data.name}-{i}" for i in range(count)]
     envs = [{**data.env, "FAIRQ_ARRAY_INDEX": str(i), "FAIRQ_ARRAY_SIZE": str(count)}
             for i in range(count)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from . import views
+from . import reports, views
 
 app_name = "web"
 
@@ -27,6 +27,7 @@ urlpatterns = [
     path("teams/<slug:slug>/tokens/", views.token_create, name="token-create"),
     path("teams/<slug:slug>/tokens/<int:token_id>/revoke/", views.token_revoke_view,
          name="token-revoke"),
+    path("reports/", reports.reports_page, name="reports"),
     path("quotas/", views.quota_board, name="quotas"),
     path("quotas/<slug:team_slug>/<slug:gpu_slug>/", views.quota_cell, name="quota-cell"),
 ]

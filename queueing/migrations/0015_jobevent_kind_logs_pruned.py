@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('queueing', '0012_utilization_and_idle_tier_rules'),
+        ('queueing', '0014_usage_days_rollup'),
     ]
 
     operations = [
