@@ -12,9 +12,12 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
+
 from queueing.backends.base import ClusterBackend
 from queueing.models import GpuType, Job, Quota
 from queueing.policy.fairshare import FairShareState
+from queueing.policy.settings import PolicySettings
 from queueing.policy.snapshot import (
     NodeState,
     QueuedJob,
@@ -27,10 +30,29 @@ from queueing.policy.snapshot import (
 from queueing.policy.states import HOLDING_STATES, JobState
 
 from .cluster import ClusterView
-from .fairshare import entry_penalty_interval_seconds, fairshare_standings, priority_weights
-from .preemption import nominated_preemptors, preemption_settings
+from .fairshare import (
+    entry_penalty_interval_seconds,
+    fairshare_standings,
+    half_life_hours,
+    priority_weights,
+)
+from .preemption import nominated_preemptors, preemption_policy, preemption_settings
 
 log = logging.getLogger(__name__)
+
+
+def policy_settings() -> PolicySettings:
+    """The one settings object of the policy (queueing/policy/settings.py) as the service
+    runs it: its defaults overridden by the FAIRQ_* settings, billing weights per GPU type
+    from the database. What the simulator takes to replay this service."""
+    return PolicySettings(
+        half_life_hours=half_life_hours(),
+        interval_seconds=entry_penalty_interval_seconds(),
+        cycle_seconds=float(settings.FAIRQ_CYCLE_INTERVAL_SECONDS),
+        priority=priority_weights(),
+        billing_weights=dict(GpuType.objects.values_list("slug", "billing_weight")),
+        preemption=preemption_policy(),
+    )
 
 
 def unprovisioned_teams(backend: ClusterBackend | ClusterView) -> set[str]:

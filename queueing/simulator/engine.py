@@ -190,10 +190,8 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             billing_weights=billing,
             interval_seconds=st.interval_seconds,
             nominated=nominated,
-            preemption=PreemptionSettings(
-                enabled=pre.enabled, max_per_team=pre.max_per_team,
-                used=preemptions_in_window(made, now=now, window_seconds=pre.window_seconds),
-                max_searches=pre.max_searches),
+            preemption=PreemptionSettings.of(
+                pre, used=preemptions_in_window(made, now=now, window_seconds=pre.window_seconds)),
         )
         # --- decide
         plan = plan_admissions(snapshot)
@@ -215,6 +213,7 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                     attempt=old, submitted_at=at(j.submit), started_at=r.job.started_at,
                     now=now, gpus=j.gpus, billing_weight=billing.get(j.gpu_type, 1.0),
                     accumulator=acc[j.team], half_life_hours=h)
+                assert requeued.accumulator is not None  # given one, it gives one back
                 acc[j.team] = requeued.accumulator
                 attempt_no[v.job_id] = requeued.attempt
                 attempts[v.job_id].append(Attempt(r.start, now_s, preempted=True))
