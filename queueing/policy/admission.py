@@ -346,6 +346,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     searches = 0
     preempted_by_team: dict[str, int] = defaultdict(int)
     search_failed: set[tuple[str, str, int, int, int, int, int, Topology | None]] = set()
+    # Rule R5: searches refused by the rate limit in this pass, with the victims they needed.
+    rate_refused: dict[tuple[str, str, int, int, int, int, int, Topology | None], int] = {}
     # A gang shape that did not fit stays unfit until some node gains free GPUs, CPU or
     # memory: (`cap.grown` then, the wait reason code).
     unfit: dict[tuple[str, int, int, int, int, Topology | None], tuple[int, int]] = {}
@@ -440,6 +442,20 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         result = None
         if may_search:
             search_key = (team, gt, job.tier_rank, g, reps, cpu, mem, topo)
+            # Rule R5 before the search: a team with no preemption left in the window does
+            # not search at all, and one whose search needed more victims than it has left
+            # does not search again for the same shape in this pass (what it may still
+            # preempt only shrinks within a pass).
+            left = pre.left(team)
+            if left is not None:
+                left -= preempted_by_team[team]
+                needed = rate_refused.get(search_key)
+                if left <= 0 or (needed is not None and needed > left):
+                    raw[job_id] = Wait(
+                        job_id, WaitReason.RATE_LIMITED,
+                        f"team {team} may preempt {max(0, left)} more job(s) in the current "
+                        "window" + (f"; it needs {needed}" if needed is not None else ""))
+                    continue
             if search_key not in search_failed:
                 searches += 1
                 may_search = searches < pre.max_searches
@@ -451,6 +467,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             left = pre.left(team)
             if left is not None and len(found.victims) > left - preempted_by_team[team]:
                 undo()
+                rate_refused[search_key] = len(found.victims)
                 raw[job_id] = Wait(
                     job_id, WaitReason.RATE_LIMITED,
                     f"needs {len(found.victims)} preemption(s) but team {team} may preempt "

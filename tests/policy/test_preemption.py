@@ -223,6 +223,35 @@ def test_rule_r5_counts_victims_not_preemptors() -> None:
     assert plan.preemptions == () and plan.waits[100].reason is WaitReason.RATE_LIMITED
 
 
+def test_rule_r5_a_team_with_no_preemption_left_does_not_search() -> None:
+    """b has used its window: its job waits rate-limited without a search, so the one
+    search of the pass is left for c's job behind it."""
+    settings = PreemptionSettings(max_per_team=2, used={"b": 2}, max_searches=1)
+    plan = plan_admissions(snap(
+        nodes=FULL, running=(run(1, gpus=8, on=("h100-0",)), run(2, gpus=8, on=("h100-1",))),
+        queued=(q(101, "b", gpus=8, tier=200), q(100, "c", gpus=8, tier=200)),
+        preemption=settings))
+    assert plan.order[:2] == (101, 100)
+    assert plan.waits[101].reason is WaitReason.RATE_LIMITED
+    assert [p.preemptor_id for p in plan.preemptions] == [100]
+
+
+def test_rule_r5_a_search_refused_by_the_limit_is_remembered_in_the_pass() -> None:
+    """b may preempt 1 job; its 8-GPU jobs need 2 victims each. The first search is
+    refused, the second job of the same shape does not search again, and c's job gets
+    the pass's second search."""
+    running = (run(1, gpus=4, on=("h100-0",)), run(2, gpus=4, on=("h100-0",)),
+               run(3, gpus=4, on=("h100-1",)), run(4, gpus=4, on=("h100-1",), started=10))
+    settings = PreemptionSettings(max_per_team=1, max_searches=2)
+    plan = plan_admissions(snap(
+        nodes=FULL, running=running, preemption=settings,
+        queued=(q(102, "b", gpus=8, tier=200), q(101, "b", gpus=8, tier=200),
+                q(100, "c", gpus=4, tier=200))))
+    assert plan.waits[102].reason is plan.waits[101].reason is WaitReason.RATE_LIMITED
+    assert "needs 2" in plan.waits[101].message
+    assert victims(plan, 100) == [4]
+
+
 def test_preemption_can_be_switched_off() -> None:
     plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0)), running=(run(1, gpus=8),),
                                 queued=(q(100, gpus=8, tier=200),),
