@@ -91,8 +91,9 @@ def _reclaim_world(b_nominal: int = 8) -> dict[str, Any]:
 
 def test_rule_r2_a_team_within_nominal_reclaims_from_a_borrowing_team() -> None:
     plan = plan_admissions(snap(queued=(q(100, "a", gpus=8, tier=100),), **_reclaim_world()))
-    assert victims(plan, 100) == [1]  # one victim beats two (rule R4)
-    assert plan.preemptions[0].victims[0].rule is PreemptionRule.RECLAIM
+    # Rule R4: the two 4-GPU jobs lose 4 × 40 s + 4 × 50 s, the one 8-GPU job 8 × 100 s.
+    assert victims(plan, 100) == [3, 2]
+    assert {v.rule for v in plan.preemptions[0].victims} == {PreemptionRule.RECLAIM}
 
 
 def test_rule_r2_no_reclaim_from_a_team_within_its_nominal() -> None:
@@ -147,17 +148,39 @@ def test_rule_r3_an_admitted_job_that_has_not_started_has_run_zero_seconds() -> 
     assert is_protected(job, NOW)
 
 
-# --- R4: the fewest victims, cheapest first ----------------------------------------------
+# --- R4: lowest tier, then least work lost ------------------------------------------------
 
-def test_rule_r4_the_smallest_set_wins_over_more_recent_small_jobs() -> None:
+def test_rule_r4_less_work_lost_beats_fewer_victims() -> None:
+    """Four 2-GPU jobs that ran seconds lose less than one 8-GPU job that ran 5000 s."""
     small = (run(10 + i, gpus=2, on=("h100-1",), started=10 + i) for i in range(4))
     running = (run(1, gpus=8, on=("h100-0",), started=5000), *small)
+    plan = plan_admissions(snap(nodes=FULL, queued=(q(100, gpus=8, tier=200),),
+                                running=running))
+    assert victims(plan, 100) == [10, 11, 12, 13]
+
+
+def test_rule_r4_the_issues_example_two_low_jobs_not_one_burstable_gang() -> None:
+    """Issue 15: a non-preemptible 2-GPU job needed room; an 8-GPU job of the middle
+    tier that had run 3.4 h (26.9 GPU-h) was taken where two 1-GPU jobs of the lowest
+    tier (0.02 GPU-h) would do. By tier first, the two low jobs go."""
+    running = (run(1, gpus=8, on=("h100-0",), tier=50, started=3.4 * 3600),
+               run(2, gpus=1, on=("h100-1",), tier=0, started=36),
+               run(3, gpus=1, on=("h100-1",), tier=0, started=36),
+               run(4, gpus=6, on=("h100-1",), tier=300, preemptible=False))
+    plan = plan_admissions(snap(nodes=FULL, queued=(q(100, gpus=2, tier=200),),
+                                running=running))
+    assert victims(plan, 100) == [2, 3]
+
+
+def test_rule_r4_on_a_tie_of_tier_and_work_lost_fewer_victims() -> None:
+    small = (run(10 + i, gpus=2, on=("h100-1",), started=100) for i in range(4))
+    running = (run(1, gpus=8, on=("h100-0",), started=100), *small)
     plan = plan_admissions(snap(nodes=FULL, queued=(q(100, gpus=8, tier=200),),
                                 running=running))
     assert victims(plan, 100) == [1]
 
 
-def test_rule_r4_lowest_tier_first_then_most_recently_started_then_id() -> None:
+def test_rule_r4_lowest_tier_first_then_least_work_lost_then_id() -> None:
     running = (run(1, gpus=2, tier=50, started=10), run(2, gpus=2, tier=0, started=5000),
                run(3, gpus=2, tier=0, started=100), run(4, gpus=2, tier=0, started=100))
     plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0)), queued=(q(100, gpus=4, tier=200),),
