@@ -387,6 +387,14 @@ FAIRQ_PREEMPTION_MAX_PER_JOB = env.int(
     "FAIRQ_PREEMPTION_MAX_PER_JOB",
     default=-1 if _POLICY.preemption.max_preemptions_per_job is None
     else _POLICY.preemption.max_preemptions_per_job)
+# Rule R9: a preemption's victims may lose at most this many GPU-seconds per GPU-second
+# its preemptor has waited (-1 = no such check).
+FAIRQ_PREEMPTION_LOST_PER_WAIT = env.float(
+    "FAIRQ_PREEMPTION_LOST_PER_WAIT",
+    default=-1.0 if _POLICY.preemption.lost_per_wait is None
+    else _POLICY.preemption.lost_per_wait)
+if FAIRQ_PREEMPTION_LOST_PER_WAIT < 0 and FAIRQ_PREEMPTION_LOST_PER_WAIT != -1:
+    raise environ.ImproperlyConfigured("FAIRQ_PREEMPTION_LOST_PER_WAIT must be >= 0 or -1")
 for _name in ("FAIRQ_PREEMPTION_MAX_PER_TEAM", "FAIRQ_PREEMPTION_MAX_PER_JOB"):
     if globals()[_name] < -1:
         raise environ.ImproperlyConfigured(f"{_name} must be >= -1")

@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from .fairshare import entry_penalty_gpu_hours
-from .preemption import Preemption, find_victims
+from .preemption import Preemption, find_victims, work_lost_gpu_hours
 from .priority import PriorityWeights, age_factor, size_factor
 from .snapshot import QueuedJob, Snapshot, Topology, TopologyMode
 from .workspace import Capacity, Workspace
@@ -371,6 +371,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     remember = seen.append
     nominated = snapshot.nominated
     may_search = pre.enabled and pre.max_searches > 0
+    lost_per_wait = pre.lost_per_wait
     quota, no_fit = _CODE[WaitReason.QUOTA], _CODE[WaitReason.NO_FIT]
     capacity, lending_code = _CODE[WaitReason.CAPACITY], _CODE[WaitReason.LENDING]
     lowest_tier = ws.lowest_tier
@@ -462,6 +463,23 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 result = find_victims(ws, job, now=now, factor=factors.factor)
                 if result is None:
                     search_failed.add(search_key)
+        if result is not None and lost_per_wait is not None:
+            # Rule R9: preempt only when it is worth it - the work the victims lose is at
+            # most `lost_per_wait` × what the job has waited, in GPU-seconds. Else it waits
+            # for a finish (and searches again, its wait grown, in a later cycle).
+            found, undo = result
+            lost = sum(work_lost_gpu_hours(ws.running_by_id[v.job_id], now)
+                       for v in found.victims) * 3600.0
+            waited = max(0.0, (now - (job.queued_at or job.submitted_at)).total_seconds())
+            if lost > lost_per_wait * total * waited:
+                undo()
+                result = None
+                raw[job_id] = Wait(
+                    job_id, WaitReason.CAPACITY,
+                    f"waiting for {reps} × {g} free {gt} GPUs on nodes; preempting now would "
+                    f"lose {lost / 3600.0:.2f} GPU-hours of other jobs' work, more than its "
+                    "wait so far is worth (rule R9)")
+                continue
         if result is not None:
             found, undo = result
             left = pre.left(team)

@@ -49,10 +49,23 @@ class Preemption:
         return tuple(sorted({str(v.rule) for v in self.victims}))
 
 
-def is_protected(job: RunningJob, now: datetime) -> bool:
-    """Rule R3: a job of a non-preemptible tier, or one that has run less than its
-    tier's minimum runtime, is never a victim."""
-    return not job.preemptible or job.ran_seconds(now) < job.min_runtime_seconds
+def is_protected(job: RunningJob, now: datetime, max_preemptions: int | None = None) -> bool:
+    """Rule R3: a job of a non-preemptible tier, one that has run less than its tier's
+    minimum runtime, or one already preempted `max_preemptions` times (None: no such
+    limit) is never a victim - but for rule Q2's reclaim (`reclaim_only`)."""
+    return not job.preemptible or _limited(job, now, max_preemptions)
+
+
+def _limited(job: RunningJob, now: datetime, max_preemptions: int | None) -> bool:
+    return (job.ran_seconds(now) < job.min_runtime_seconds
+            or (max_preemptions is not None and job.preemptions >= max_preemptions))
+
+
+def reclaim_only(job: RunningJob, now: datetime, max_preemptions: int | None = None) -> bool:
+    """Rule Q2: a job of a non-preemptible tier (past its minimum runtime and the per-job
+    limit of R3) is a victim only for a reclaim (R2) of GPUs its team borrows: whatever
+    the tiers, what another team was guaranteed can always be taken back."""
+    return not job.preemptible and not _limited(job, now, max_preemptions)
 
 
 def work_lost_gpu_hours(job: RunningJob, now: datetime) -> float:
@@ -64,15 +77,18 @@ def work_lost_gpu_hours(job: RunningJob, now: datetime) -> float:
 
 def _unprotected(ws: Workspace, gpu_type: str,
                  now: datetime) -> list[tuple[RunningJob, float]]:
-    """The running jobs of `gpu_type` that rule R3 does not protect at `now`, in
-    `ws.running_by_type` order, each with the work its preemption would lose (rule R4).
-    Cached on the workspace: its running jobs never change."""
+    """The running jobs of `gpu_type` that rule R3 does not protect at `now` (and the
+    non-preemptible ones rule Q2 leaves to reclaim), in `ws.running_by_type` order, each
+    with the work its preemption would lose (rule R4). Cached on the workspace: its
+    running jobs never change."""
     key = (gpu_type, now)
     pool = ws.victim_pools.get(key)
     if pool is None:
+        limit = ws.snapshot.preemption.max_preemptions_per_job
         pool = ws.victim_pools[key] = [
             (r, work_lost_gpu_hours(r, now))
-            for r in ws.running_by_type.get(gpu_type, ()) if not is_protected(r, now)]
+            for r in ws.running_by_type.get(gpu_type, ())
+            if not is_protected(r, now, limit) or reclaim_only(r, now, limit)]
     return pool
 
 
@@ -119,7 +135,14 @@ def find_victims(
     for r, lost in _unprotected(ws, gt, now):
         if r.id in removed:
             continue
-        if r.tier_rank < tier:
+        if not r.preemptible:
+            # Rule Q2: a non-preemptible job only goes to reclaim its team's borrowing,
+            # whatever the tiers; after every preemptible candidate (its tier sorts it).
+            if within_nominal and r.team != team and borrowing(r.team, gt):
+                cands.append(((r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
+        elif r.tier_rank < tier and (r.team == team or borrowing(r.team, gt)):
+            # Rule Q2: another team's job only while that team borrows, so no tier takes
+            # what a team was guaranteed.
             cands.append(((r.tier_rank, 0.0, lost, r.id), r, priority))
         elif (within_nominal and r.team != team and r.tier_rank <= tier
               and borrowing(r.team, gt)):
@@ -144,9 +167,10 @@ def find_victims(
     def still_allowed(r: RunningJob) -> bool:
         if r.id in ws.removed:
             return False
-        # Rule R2 is re-checked as victims go: a team stops being reclaimable once it
-        # no longer borrows.
-        return rule_of[r.id] is PreemptionRule.PRIORITY or ws.ledger.borrowing(r.team, gt)
+        # Rules R2 and Q2 are re-checked as victims go: another team stops being a
+        # source of victims once it no longer borrows.
+        return (r.team == team and rule_of[r.id] is PreemptionRule.PRIORITY) or \
+            ws.ledger.borrowing(r.team, gt)
 
     # 1b. Its own team's ceiling (Q1): only the team's own lower-tier jobs make room.
     for _, r, _ in cands:

@@ -20,7 +20,9 @@ class PreemptionPolicy:
     `window_seconds` (R5; None = no limit); the termination grace and the nomination
     (A5, R8); at most `max_searches` victim searches per pass (R4); a job already
     preempted `max_preemptions_per_job` times is no longer a victim (R3; None = no such
-    protection)."""
+    protection); a preemption is made only when its victims lose at most
+    `lost_per_wait` GPU-seconds per GPU-second its preemptor has waited (R9; None = no
+    such check)."""
 
     enabled: bool = True
     max_per_team: int | None = 20
@@ -28,7 +30,8 @@ class PreemptionPolicy:
     termination_grace_seconds: float = 30.0
     nomination_seconds: float = 600.0
     max_searches: int = 32
-    max_preemptions_per_job: int | None = None
+    max_preemptions_per_job: int | None = 3
+    lost_per_wait: float | None = 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,6 +81,9 @@ class QueuedJob:
     cpu_millicores: int | None = None
     memory_bytes: int | None = None
     topology: Topology | None = None  # rule A7
+    # When the current attempt entered the queue (a requeued victim: its preemption);
+    # None = `submitted_at`. Rule R9 counts the wait from here.
+    queued_at: datetime | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -135,13 +138,15 @@ class PreemptionSettings:
     used: Mapping[str, int] = field(default_factory=dict)
     max_searches: int = _PRE.max_searches
     max_preemptions_per_job: int | None = _PRE.max_preemptions_per_job
+    lost_per_wait: float | None = _PRE.lost_per_wait
 
     @classmethod
     def of(cls, policy: PreemptionPolicy, *, used: Mapping[str, int]) -> PreemptionSettings:
         """The settings of one plan: `policy` with the counts of the current window."""
         return cls(enabled=policy.enabled, max_per_team=policy.max_per_team, used=used,
                    max_searches=policy.max_searches,
-                   max_preemptions_per_job=policy.max_preemptions_per_job)
+                   max_preemptions_per_job=policy.max_preemptions_per_job,
+                   lost_per_wait=policy.lost_per_wait)
 
     def left(self, team: str) -> int | None:
         if self.max_per_team is None:

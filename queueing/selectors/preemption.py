@@ -27,6 +27,7 @@ def preemption_policy() -> PreemptionPolicy:
     FAIRQ_PREEMPTION_* settings override them (-1 = no limit)."""
     limit = settings.FAIRQ_PREEMPTION_MAX_PER_TEAM
     per_job = settings.FAIRQ_PREEMPTION_MAX_PER_JOB
+    ratio = settings.FAIRQ_PREEMPTION_LOST_PER_WAIT
     return PreemptionPolicy(
         enabled=settings.FAIRQ_PREEMPTION_ENABLED,
         max_per_team=limit if limit >= 0 else None,
@@ -35,6 +36,7 @@ def preemption_policy() -> PreemptionPolicy:
         nomination_seconds=float(settings.FAIRQ_PREEMPTION_NOMINATION_SECONDS),
         max_searches=settings.FAIRQ_PREEMPTION_MAX_SEARCHES,
         max_preemptions_per_job=per_job if per_job >= 0 else None,
+        lost_per_wait=ratio if ratio >= 0 else None,
     )
 
 

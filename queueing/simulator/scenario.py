@@ -123,7 +123,9 @@ def parse_settings(doc: Mapping[str, Any]) -> PolicySettings:
             max_searches=int(_num(pe, "max_searches", "preemption", default=dp.max_searches,
                                   integer=True)),
             max_preemptions_per_job=optional_int("max_preemptions_per_job",
-                                                 dp.max_preemptions_per_job)),
+                                                 dp.max_preemptions_per_job),
+            lost_per_wait=None if pe.get("lost_per_wait", dp.lost_per_wait) is None else _num(
+                pe, "lost_per_wait", "preemption", default=dp.lost_per_wait)),
     )
 
 
