@@ -1,4 +1,4 @@
-"""The victim search (docs/scheduling.md, rules R1-R4), on the working copy only.
+"""The victim search (docs/scheduling.md, rules R1-R4 and Q2), on the working copy only.
 
 `find_victims` is called by the admission pass for a queued job that does not fit. It
 removes candidate victims from the workspace with `simulate_removal` and puts back every
