@@ -84,11 +84,16 @@ def _unprotected(ws: Workspace, gpu_type: str,
     key = (gpu_type, now)
     pool = ws.victim_pools.get(key)
     if pool is None:
+        # `not _limited(r, now, limit)` and `work_lost_gpu_hours(r, now)` with one
+        # subtraction per job: this runs over every running job of the type.
         limit = ws.snapshot.preemption.max_preemptions_per_job
-        pool = ws.victim_pools[key] = [
-            (r, work_lost_gpu_hours(r, now))
-            for r in ws.running_by_type.get(gpu_type, ())
-            if not is_protected(r, now, limit) or reclaim_only(r, now, limit)]
+        now_ts = now.timestamp()
+        pool = ws.victim_pools[key] = []
+        for r in ws.running_by_type.get(gpu_type, ()):
+            ran = 0.0 if r.started_at is None else max(0.0, now_ts - r.started_at.timestamp())
+            if ran < r.min_runtime_seconds or (limit is not None and r.preemptions >= limit):
+                continue  # rule R3 (a non-preemptible job stays, for rule Q2's reclaim)
+            pool.append((r, r.gpus_per_replica * r.replicas * ran / 3600.0))
     return pool
 
 
