@@ -162,7 +162,9 @@ def snapshot_10k_running() -> Snapshot:
     queued = (QueuedJob(id=999_999, team="team-0", gpu_type="t0", gpus_per_replica=8,
                         replicas=2, tier_rank=200, submitted_at=NOW),)
     return Snapshot(now=NOW, nodes=tuple(nodes), queued=queued, running=tuple(running),
-                    priority_weights=PriorityWeights(), preemption=PreemptionSettings())
+                    priority_weights=PriorityWeights(),
+                    # Rule R9 off: the gang has just been submitted, and this times the search.
+                    preemption=PreemptionSettings(lost_per_wait=None))
 
 
 def bench_100k() -> None:
@@ -248,6 +250,7 @@ def bench_search_cycle() -> None:
     settings.FAIRQ_SIM_NODES = ",".join(f"{NODES_PER_TYPE}x{GPUS_PER_NODE}x{t}" for t in TYPES)
     settings.FAIRQ_SIM_DEFAULT_SECONDS = 10 * 86400
     settings.FAIRQ_PREEMPTION_MAX_PER_TEAM = -1
+    settings.FAIRQ_PREEMPTION_LOST_PER_WAIT = -1.0  # rule R9 off: this times the search
 
     from accounts.models import Team
     from queueing.composition import get_backend, reset_backends

@@ -12,7 +12,7 @@ max-min share, rule M1) are for the policy fixes to meet.
 Output: `BENCH sim_<policy>_<rho>_<metric> <value> <unit>` lines on stdout, for example
 `BENCH sim_fairq_1.2_delivered_vs_greedy 89.6 pct`; progress and notes on stderr.
 
-    .venv/bin/python bench/bench_sim.py [--trace DIR] [--rho 0.9,1.2,1.5]
+    .venv/bin/python bench/bench_sim.py [--trace DIR] [--rho 0.9,1.2,1.5] [--seeds 0,1,2]
 
 No database, no Django: the simulator is pure (queueing/simulator/).
 """
@@ -39,15 +39,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default=os.environ.get("FAIRQ_SIM_TRACE", DEFAULT_TRACE))
     ap.add_argument("--rho", default="0.9,1.2,1.5")
+    ap.add_argument("--seeds", default="0",
+                    help="comma-separated seeds of the node sample (which nodes of each "
+                         "type are drawn; names and so tie-breaks change); metric names "
+                         "get a _s<seed> suffix for seeds other than 0")
     args = ap.parse_args()
     if not (Path(args.trace) / "pods.csv").is_file():
         # Skipped, not failed: `make bench` runs every bench and stops at the first failure.
         note(f"the openb trace is not at {args.trace} (set FAIRQ_SIM_TRACE): skipped")
         return 0
-    for rho_text in args.rho.split(","):
-        rho = float(rho_text)
-        tag = f"{rho:g}"
-        w = load_openb(args.trace, rho=rho)
+    runs = [(float(r), int(sd)) for sd in args.seeds.split(",") for r in args.rho.split(",")]
+    for rho, seed in runs:
+        tag = f"{rho:g}" + (f"_s{seed}" if seed else "")
+        w = load_openb(args.trace, rho=rho, seed=seed)
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         doc = simulate(w, POLICIES, progress_out=sys.stderr, timings=timings)

@@ -1,6 +1,6 @@
 """Rules R1, R4, R6-R8 end to end, through the REST API on the simulated cluster
-(2 × 8 h100 in the test settings): a low tier fills the cluster, a high-tier gang
-arrives, the smallest victim set is preempted, the gang runs, the victim requeues and
+(2 × 8 h100 in the test settings): a low tier fills the cluster, a high-tier job
+arrives, the cheapest victim set is preempted, it runs, the victim requeues and
 runs later, and the events say why."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def h100_allocated() -> int:
     return sum(n.allocated for n in get_backend().nodes() if n.gpu_type == "h100")
 
 
-def test_a_high_tier_gang_preempts_the_smallest_low_tier_set_and_the_victim_runs_later(
+def test_a_high_tier_job_preempts_the_cheapest_low_tier_set_and_the_victim_runs_later(
     world: World,
 ) -> None:
     t0 = timezone.now() + timedelta(seconds=1)
@@ -53,11 +53,12 @@ def test_a_high_tier_gang_preempts_the_smallest_low_tier_set_and_the_victim_runs
     assert all(get(world, world.member, j)["status"] == "RUNNING" for j in [big, *small])
     assert h100_allocated() == 16
 
-    # 2. A high-tier 2 × 4 gang of another team arrives. The cheapest way in is the one
-    #    8-GPU job (one victim) rather than the four 2-GPU jobs (rule R4).
+    # 2. A high-tier 8-GPU job of another team arrives. The four 2-GPU jobs would lose as
+    #    much work as the one 8-GPU job (8 GPUs × 20 s either way) and are of the same
+    #    tier: on that tie, fewer victims (rule R4) - the one 8-GPU job.
     submitted = get(world, world.member, big)["created_at"]
-    gang = post(world, world.outsider, team="nlp", name="gang", tier="high", gpus=4,
-                replicas=2, env={"FAIRQ_SIM_SECONDS": "600"})
+    gang = post(world, world.outsider, team="nlp", name="gang", tier="high", gpus=8,
+                env={"FAIRQ_SIM_SECONDS": "600"})
     t1 = t0 + timedelta(seconds=20)
     r = scheduler_cycle(now=t1)
     assert r.preempted == [big] and r.admitted == []

@@ -139,6 +139,9 @@ def test_rule_r3_a_non_preemptible_tier_and_a_young_job_are_never_victims(
 
 @override_settings(FAIRQ_PREEMPTION_MAX_PER_TEAM=1, FAIRQ_PREEMPTION_WINDOW_SECONDS=600)
 def test_rule_r5_the_rate_limit_counts_preempted_events_in_the_window(world: World) -> None:
+    # Vision is guaranteed nothing: all its h100 jobs borrow (rule Q2 lets them go).
+    Quota.objects.filter(team=world.vision, gpu_type=world.h100).update(
+        nominal=0, borrowing_limit=None)
     t0 = timezone.now() + timedelta(seconds=1)
     fill_h100(world, t0)
     a = submit(world, world.outsider, team="nlp", tier="high", gpus=8, name="a",
@@ -226,6 +229,9 @@ def test_rule_r7_a_gang_preempting_many_small_jobs_is_recorded_within_the_reason
 
     long_slug = "computer-vision-research-eu-west-1"  # a real team's kind of name
     Team.objects.filter(pk=world.vision.pk).update(slug=long_slug)
+    # Vision is guaranteed nothing: all its h100 jobs borrow (rule Q2 lets them go).
+    Quota.objects.filter(team=world.vision, gpu_type=world.h100).update(
+        nominal=0, borrowing_limit=None)
     t0 = timezone.now() + timedelta(seconds=1)
     ids = [submit(world, team=long_slug, name=f"small-{i}", tier="low", gpus=1,
                   env={"FAIRQ_SIM_SECONDS": "5000"}) for i in range(16)]
@@ -240,3 +246,54 @@ def test_rule_r7_a_gang_preempting_many_small_jobs_is_recorded_within_the_reason
     assert len(event.reason) <= 500
     assert event.reason.startswith("preempted 16 job(s) to fit: #")
     assert " more; admitted once their GPUs are free" in event.reason
+
+
+def test_rule_r3_the_snapshot_counts_each_holding_jobs_past_preemptions(world: World) -> None:
+    """The cycle's snapshot tells the policy how often each job holding GPUs was
+    preempted (its `preempted` events), for rule R3's per-job limit."""
+    t0 = timezone.now() + timedelta(seconds=1)
+    a, b = fill_h100(world, t0)
+    Job.objects.filter(pk=a).update(attempt=4)
+    for attempt in (1, 2, 3):
+        JobEvent.objects.create(job_id=a, at=t0, kind=JobEvent.Kind.PREEMPTED,
+                                attempt=attempt, actor_label="scheduler", reason="test",
+                                data={"preemptor_team": "nlp"})
+    snap = build_snapshot(backend=get_backend(), now=t0 + timedelta(seconds=2))
+    counts = {r.id: r.preemptions for r in snap.running}
+    assert counts == {a: 3, b: 0}
+
+
+def test_rule_q2_a_team_reclaims_its_nominal_from_borrowed_non_preemptible_jobs(
+    world: World,
+) -> None:
+    """The demo's case: vision runs non-preemptible `critical` jobs on all 16 h100 GPUs
+    (its nominal is 8); nlp's normal-tier job within nlp's nominal takes 8 back."""
+    t0 = timezone.now() + timedelta(seconds=1)
+    ids = fill_h100(world, t0, tier="critical")
+    mine = submit(world, world.outsider, team="nlp", tier="normal", gpus=8)
+    r = scheduler_cycle(now=t0 + timedelta(seconds=5))
+    assert len(r.preempted) == 1 and r.preempted[0] in ids
+    ev = JobEvent.objects.get(job_id=r.preempted[0], kind=JobEvent.Kind.PREEMPTED)
+    assert ev.data["rule"] == "R2-reclaim"
+    assert scheduler_cycle(now=t0 + timedelta(seconds=6)).admitted == [mine]
+    # Vision is back at its nominal: its other critical job is never a victim now.
+    more = submit(world, world.outsider, team="nlp", tier="normal", gpus=8)
+    r = scheduler_cycle(now=t0 + timedelta(seconds=7))
+    assert r.preempted == [] and r.plan is not None
+    assert r.plan.waits[more].reason != WaitReason.PREEMPTING
+
+
+@override_settings(FAIRQ_PREEMPTION_LOST_PER_WAIT=2.0)
+def test_rule_r9_the_cycle_preempts_only_once_the_wait_is_worth_the_loss(world: World) -> None:
+    """The 8-GPU victims started at t0; an 8-GPU high job queued at t0 + 50 s may make
+    its victim lose at most 2 × 8 × its wait in GPU-seconds: not at t0 + 60 s (480 to
+    lose, 160 allowed), yes at t0 + 200 s (1,600 to lose, 2,400 allowed)."""
+    t0 = timezone.now() + timedelta(seconds=1)
+    fill_h100(world, t0)
+    hi = submit(world, world.outsider, team="nlp", tier="high", gpus=8)
+    Job.objects.filter(pk=hi).update(created_at=t0 + timedelta(seconds=50))
+    r = scheduler_cycle(now=t0 + timedelta(seconds=60))
+    assert r.preempted == [] and r.plan is not None
+    assert "rule R9" in r.plan.waits[hi].message
+    r = scheduler_cycle(now=t0 + timedelta(seconds=200))
+    assert len(r.preempted) == 1

@@ -8,6 +8,10 @@ from pathlib import Path
 
 import environ
 
+# The policy's defaults are the product's: every FAIRQ_* below that maps a policy knob only
+# overrides them (queueing/policy/settings.py, pure: no Django).
+from queueing.policy.settings import DEFAULTS as _POLICY
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
 env = environ.Env()
@@ -149,7 +153,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = env(
     "CELERY_BEAT_SCHEDULER", default="django_celery_beat.schedulers:DatabaseScheduler"
 )
-FAIRQ_CYCLE_INTERVAL_SECONDS = env.float("FAIRQ_CYCLE_INTERVAL_SECONDS", default=3.0)
+FAIRQ_CYCLE_INTERVAL_SECONDS = env.float("FAIRQ_CYCLE_INTERVAL_SECONDS", default=_POLICY.cycle_seconds)
 if FAIRQ_CYCLE_INTERVAL_SECONDS <= 0:
     raise environ.ImproperlyConfigured("FAIRQ_CYCLE_INTERVAL_SECONDS must be > 0")
 # The scheduler is unhealthy (GET /healthz/scheduler answers 503) when its last successful
@@ -168,7 +172,8 @@ CELERY_BEAT_SCHEDULE = {
 
 # --- fairq ----------------------------------------------------------------------------
 # Fair-share (docs/scheduling.md, rules F1-F3).
-FAIRQ_DECAY_HALF_LIFE_HOURS = env.float("FAIRQ_DECAY_HALF_LIFE_HOURS", default=168.0)
+FAIRQ_DECAY_HALF_LIFE_HOURS = env.float("FAIRQ_DECAY_HALF_LIFE_HOURS",
+                                        default=_POLICY.half_life_hours)
 if FAIRQ_DECAY_HALF_LIFE_HOURS <= 0:
     raise environ.ImproperlyConfigured("FAIRQ_DECAY_HALF_LIFE_HOURS must be > 0")
 # Rule F6: an admission counts as this many seconds of usage at once (one recompute
@@ -177,11 +182,14 @@ FAIRQ_FAIRSHARE_RECOMPUTE_SECONDS = env.float(
     "FAIRQ_FAIRSHARE_RECOMPUTE_SECONDS", default=FAIRQ_CYCLE_INTERVAL_SECONDS
 )
 # Rule P1: multifactor priority weights; max age in hours caps the age factor.
-FAIRQ_PRIORITY_WEIGHT_FAIRSHARE = env.float("FAIRQ_PRIORITY_WEIGHT_FAIRSHARE", default=10000.0)
-FAIRQ_PRIORITY_WEIGHT_AGE = env.float("FAIRQ_PRIORITY_WEIGHT_AGE", default=1000.0)
-FAIRQ_PRIORITY_WEIGHT_SIZE = env.float("FAIRQ_PRIORITY_WEIGHT_SIZE", default=0.0)
-FAIRQ_PRIORITY_MAX_AGE_HOURS = env.float("FAIRQ_PRIORITY_MAX_AGE_HOURS", default=168.0)
-FAIRQ_PRIORITY_FAVOR_SMALL = env.bool("FAIRQ_PRIORITY_FAVOR_SMALL", default=False)
+FAIRQ_PRIORITY_WEIGHT_FAIRSHARE = env.float("FAIRQ_PRIORITY_WEIGHT_FAIRSHARE",
+                                            default=_POLICY.priority.fair_share)
+FAIRQ_PRIORITY_WEIGHT_AGE = env.float("FAIRQ_PRIORITY_WEIGHT_AGE", default=_POLICY.priority.age)
+FAIRQ_PRIORITY_WEIGHT_SIZE = env.float("FAIRQ_PRIORITY_WEIGHT_SIZE", default=_POLICY.priority.size)
+FAIRQ_PRIORITY_MAX_AGE_HOURS = env.float("FAIRQ_PRIORITY_MAX_AGE_HOURS",
+                                         default=_POLICY.priority.max_age_seconds / 3600.0)
+FAIRQ_PRIORITY_FAVOR_SMALL = env.bool("FAIRQ_PRIORITY_FAVOR_SMALL",
+                                      default=_POLICY.priority.favor_small)
 # Standings snapshots for charts: one row per interval, kept this many days.
 FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS = env.float("FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS", default=900.0)
 FAIRQ_FAIRSHARE_SNAPSHOT_RETENTION_DAYS = env.float(
@@ -395,19 +403,39 @@ FAIRQ_METRICS_REQUIRE_TOKEN = env.bool("FAIRQ_METRICS_REQUIRE_TOKEN", default=Fa
 FAIRQ_FAIRSHARE_PUBLIC = env.bool("FAIRQ_FAIRSHARE_PUBLIC", default=False)
 
 # Preemption (docs/scheduling.md, rules R1-R8).
-FAIRQ_PREEMPTION_ENABLED = env.bool("FAIRQ_PREEMPTION_ENABLED", default=True)
+FAIRQ_PREEMPTION_ENABLED = env.bool("FAIRQ_PREEMPTION_ENABLED", default=_POLICY.preemption.enabled)
 # Rule R5: at most this many preemptions per preemptor team per window (-1 = no limit).
-FAIRQ_PREEMPTION_MAX_PER_TEAM = env.int("FAIRQ_PREEMPTION_MAX_PER_TEAM", default=20)
-FAIRQ_PREEMPTION_WINDOW_SECONDS = env.int("FAIRQ_PREEMPTION_WINDOW_SECONDS", default=600)
+FAIRQ_PREEMPTION_MAX_PER_TEAM = env.int(
+    "FAIRQ_PREEMPTION_MAX_PER_TEAM",
+    default=-1 if _POLICY.preemption.max_per_team is None else _POLICY.preemption.max_per_team)
+FAIRQ_PREEMPTION_WINDOW_SECONDS = env.int("FAIRQ_PREEMPTION_WINDOW_SECONDS",
+                                          default=int(_POLICY.preemption.window_seconds))
 # Rule R8: a preemptor waits for its victims (no new victims) while the cluster lists
 # their workloads, and at least this long after preempting; it is nominated this long.
 FAIRQ_PREEMPTION_TERMINATION_GRACE_SECONDS = env.int(
-    "FAIRQ_PREEMPTION_TERMINATION_GRACE_SECONDS", default=30)
-FAIRQ_PREEMPTION_NOMINATION_SECONDS = env.int("FAIRQ_PREEMPTION_NOMINATION_SECONDS", default=600)
+    "FAIRQ_PREEMPTION_TERMINATION_GRACE_SECONDS",
+    default=int(_POLICY.preemption.termination_grace_seconds))
+FAIRQ_PREEMPTION_NOMINATION_SECONDS = env.int(
+    "FAIRQ_PREEMPTION_NOMINATION_SECONDS", default=int(_POLICY.preemption.nomination_seconds))
 # Victim searches per cycle: bounds the cost of a long queue of jobs that cannot fit.
-FAIRQ_PREEMPTION_MAX_SEARCHES = env.int("FAIRQ_PREEMPTION_MAX_SEARCHES", default=32)
-if FAIRQ_PREEMPTION_MAX_PER_TEAM < -1:
-    raise environ.ImproperlyConfigured("FAIRQ_PREEMPTION_MAX_PER_TEAM must be >= -1")
+FAIRQ_PREEMPTION_MAX_SEARCHES = env.int("FAIRQ_PREEMPTION_MAX_SEARCHES",
+                                        default=_POLICY.preemption.max_searches)
+# Rule R3: a job preempted this many times is no longer a victim (-1 = no such protection).
+FAIRQ_PREEMPTION_MAX_PER_JOB = env.int(
+    "FAIRQ_PREEMPTION_MAX_PER_JOB",
+    default=-1 if _POLICY.preemption.max_preemptions_per_job is None
+    else _POLICY.preemption.max_preemptions_per_job)
+# Rule R9: a preemption's victims may lose at most this many GPU-seconds per GPU-second
+# its preemptor has waited (-1 = no such check).
+FAIRQ_PREEMPTION_LOST_PER_WAIT = env.float(
+    "FAIRQ_PREEMPTION_LOST_PER_WAIT",
+    default=-1.0 if _POLICY.preemption.lost_per_wait is None
+    else _POLICY.preemption.lost_per_wait)
+if FAIRQ_PREEMPTION_LOST_PER_WAIT < 0 and FAIRQ_PREEMPTION_LOST_PER_WAIT != -1:
+    raise environ.ImproperlyConfigured("FAIRQ_PREEMPTION_LOST_PER_WAIT must be >= 0 or -1")
+for _name in ("FAIRQ_PREEMPTION_MAX_PER_TEAM", "FAIRQ_PREEMPTION_MAX_PER_JOB"):
+    if globals()[_name] < -1:
+        raise environ.ImproperlyConfigured(f"{_name} must be >= -1")
 for _name in ("FAIRQ_PREEMPTION_WINDOW_SECONDS", "FAIRQ_PREEMPTION_TERMINATION_GRACE_SECONDS",
               "FAIRQ_PREEMPTION_NOMINATION_SECONDS", "FAIRQ_PREEMPTION_MAX_SEARCHES"):
     if globals()[_name] < 0:

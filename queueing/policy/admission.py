@@ -1,5 +1,5 @@
 """Ordering, admission and preemption on a snapshot (docs/scheduling.md, rules Q1, O1,
-A1-A7, R1-R8)."""
+A1-A7, R1-R9, Q2)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from .fairshare import entry_penalty_gpu_hours
-from .preemption import Preemption, find_victims
+from .preemption import Preemption, find_victims, work_lost_gpu_hours
 from .priority import PriorityWeights, age_factor, size_factor
 from .snapshot import QueuedJob, Snapshot, Topology, TopologyMode
 from .workspace import Capacity, Workspace
@@ -320,14 +320,14 @@ class _QueueOrder:
 
 
 def plan_admissions(snapshot: Snapshot) -> Plan:
-    """One planning pass over the queue (rules Q1, O1, A1-A7, R1-R8).
+    """One planning pass over the queue (rules Q1, Q2, O1, A1-A7, R1-R9).
 
     In queue order (O1; nominated preemptors first, A5) each job is admitted when it fits
     its team's quota (Q1) and free node capacity as a whole gang (A1-A3); each admission
     charges its team's entry penalty (F6) so the team's later jobs move down. A job that
-    does not fit may preempt (R1-R4, within the rate limit R5); otherwise it waits with a
-    reason and does not block smaller jobs behind it (A4). The same snapshot always gives
-    the same plan; the snapshot is not changed.
+    does not fit may preempt (R1-R4, Q2; within the rate limit R5, when worth it R9);
+    otherwise it waits with a reason and does not block smaller jobs behind it (A4). The
+    same snapshot always gives the same plan; the snapshot is not changed.
     """
     now = snapshot.now
     ws = Workspace(snapshot)
@@ -346,6 +346,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     searches = 0
     preempted_by_team: dict[str, int] = defaultdict(int)
     search_failed: set[tuple[str, str, int, int, int, int, int, Topology | None]] = set()
+    # Rule R5: searches refused by the rate limit in this pass, with the victims they needed.
+    rate_refused: dict[tuple[str, str, int, int, int, int, int, Topology | None], int] = {}
     # A gang shape that did not fit stays unfit until some node gains free GPUs, CPU or
     # memory: (`cap.grown` then, the wait reason code).
     unfit: dict[tuple[str, int, int, int, int, Topology | None], tuple[int, int]] = {}
@@ -369,6 +371,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     remember = seen.append
     nominated = snapshot.nominated
     may_search = pre.enabled and pre.max_searches > 0
+    lost_per_wait = pre.lost_per_wait
     quota, no_fit = _CODE[WaitReason.QUOTA], _CODE[WaitReason.NO_FIT]
     capacity, lending_code = _CODE[WaitReason.CAPACITY], _CODE[WaitReason.LENDING]
     lowest_tier = ws.lowest_tier
@@ -440,17 +443,49 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         result = None
         if may_search:
             search_key = (team, gt, job.tier_rank, g, reps, cpu, mem, topo)
+            # Rule R5 before the search: a team with no preemption left in the window does
+            # not search at all, and one whose search needed more victims than it has left
+            # does not search again for the same shape in this pass (what it may still
+            # preempt only shrinks within a pass).
+            left = pre.left(team)
+            if left is not None:
+                left -= preempted_by_team[team]
+                needed = rate_refused.get(search_key)
+                if left <= 0 or (needed is not None and needed > left):
+                    raw[job_id] = Wait(
+                        job_id, WaitReason.RATE_LIMITED,
+                        f"team {team} may preempt {max(0, left)} more job(s) in the current "
+                        "window" + (f"; it needs {needed}" if needed is not None else ""))
+                    continue
             if search_key not in search_failed:
                 searches += 1
                 may_search = searches < pre.max_searches
                 result = find_victims(ws, job, now=now, factor=factors.factor)
                 if result is None:
                     search_failed.add(search_key)
+        if result is not None and lost_per_wait is not None:
+            # Rule R9: preempt only when it is worth it - the work the victims lose is at
+            # most `lost_per_wait` × what the job has waited, in GPU-seconds. Else it waits
+            # for a finish (and searches again, its wait grown, in a later cycle).
+            found, undo = result
+            lost = sum(work_lost_gpu_hours(ws.running_by_id[v.job_id], now)
+                       for v in found.victims) * 3600.0
+            waited = max(0.0, (now - (job.queued_at or job.submitted_at)).total_seconds())
+            if lost > lost_per_wait * total * waited:
+                undo()
+                result = None
+                raw[job_id] = Wait(
+                    job_id, WaitReason.CAPACITY,
+                    f"waiting for {reps} × {g} free {gt} GPUs on nodes; preempting now would "
+                    f"lose {lost / 3600.0:.2f} GPU-hours of other jobs' work, more than its "
+                    "wait so far is worth (rule R9)")
+                continue
         if result is not None:
             found, undo = result
             left = pre.left(team)
             if left is not None and len(found.victims) > left - preempted_by_team[team]:
                 undo()
+                rate_refused[search_key] = len(found.victims)
                 raw[job_id] = Wait(
                     job_id, WaitReason.RATE_LIMITED,
                     f"needs {len(found.victims)} preemption(s) but team {team} may preempt "

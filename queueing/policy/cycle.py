@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 from .fairshare import Accumulator, entry_penalty_gpu_hours
 
@@ -21,10 +22,10 @@ def active_teams(*, usage: Mapping[str, float], with_work: Iterable[str]) -> fro
     return frozenset({t for t, u in usage.items() if u > 0} | set(with_work))
 
 
-@dataclass(frozen=True, slots=True)
-class Holding:
+class Holding(NamedTuple):
     """A job holding GPUs, as the standings see it: `started_at` None while admitted but
-    not running yet."""
+    not running yet. A named tuple: the service builds one per job holding GPUs in every
+    cycle, and a frozen dataclass costs several times as much to make."""
 
     team: str
     gpus: int
@@ -93,30 +94,51 @@ def nominated_preemptors(
 
 
 @dataclass(frozen=True, slots=True)
+class Charge:
+    """GPU time to charge as usage (rule F1): `rate` weighted GPUs over `[start, end]`."""
+
+    rate: float
+    start: datetime
+    end: datetime
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.rate * (self.end - self.start).total_seconds() / 3600.0
+
+
+@dataclass(frozen=True, slots=True)
 class Requeued:
-    """Rule R6's outcome for one victim: its next attempt, the submit time it keeps, and
-    its team's accumulator with the preempted attempt charged."""
+    """Rule R6's outcome for one victim: its next attempt, the submit time it keeps, the
+    GPU time of the preempted attempt to charge (None: it never ran), and, when the
+    caller gave its team's accumulator, that accumulator with the charge added."""
 
     attempt: int
     submitted_at: datetime
-    accumulator: Accumulator
-    charged_gpu_hours: float
+    charge: Charge | None
+    accumulator: Accumulator | None
+
+    @property
+    def charged_gpu_hours(self) -> float:
+        return 0.0 if self.charge is None else self.charge.gpu_hours
 
 
 def requeue_victim(
     *, attempt: int, submitted_at: datetime, started_at: datetime | None, now: datetime,
-    gpus: int, billing_weight: float, accumulator: Accumulator, half_life_hours: float,
+    gpus: int, billing_weight: float, accumulator: Accumulator | None = None,
+    half_life_hours: float = 168.0,
 ) -> Requeued:
     """Rule R6: a victim goes back to the queue as attempt + 1 with its submit time (its
     age) kept; the GPU time of the preempted attempt (from its start to `now`; nothing if
     it never started) is charged to its team as usage (rule F1) before the attempt
-    changes."""
-    acc = accumulator
-    charged = 0.0
+    changes. The simulator passes its accumulator and gets it back charged; the service
+    writes `charge` as a usage record, which charges its stored accumulator the same way
+    (queueing/services/usage.py::usage_record_attempt)."""
+    charge = None
     if started_at is not None and now > started_at:
-        rate = gpus * billing_weight
-        acc = accumulator.add_interval(rate=rate, start=started_at, end=now,
-                                       half_life_hours=half_life_hours)
-        charged = rate * (now - started_at).total_seconds() / 3600.0
-    return Requeued(attempt=attempt + 1, submitted_at=submitted_at, accumulator=acc,
-                    charged_gpu_hours=charged)
+        charge = Charge(gpus * billing_weight, started_at, now)
+    acc = accumulator
+    if acc is not None and charge is not None:
+        acc = acc.add_interval(rate=charge.rate, start=charge.start, end=charge.end,
+                               half_life_hours=half_life_hours)
+    return Requeued(attempt=attempt + 1, submitted_at=submitted_at, charge=charge,
+                    accumulator=acc)

@@ -1,4 +1,4 @@
-"""The victim search (docs/scheduling.md, rules R1-R4), on the working copy only.
+"""The victim search (docs/scheduling.md, rules R1-R4 and Q2), on the working copy only.
 
 `find_victims` is called by the admission pass for a queued job that does not fit. It
 removes candidate victims from the workspace with `simulate_removal` and puts back every
@@ -49,23 +49,51 @@ class Preemption:
         return tuple(sorted({str(v.rule) for v in self.victims}))
 
 
-def is_protected(job: RunningJob, now: datetime) -> bool:
-    """Rule R3: a job of a non-preemptible tier, or one that has run less than its
-    tier's minimum runtime, is never a victim."""
-    return not job.preemptible or job.ran_seconds(now) < job.min_runtime_seconds
+def is_protected(job: RunningJob, now: datetime, max_preemptions: int | None = None) -> bool:
+    """Rule R3: a job of a non-preemptible tier, one that has run less than its tier's
+    minimum runtime, or one already preempted `max_preemptions` times (None: no such
+    limit) is never a victim - but for rule Q2's reclaim (`reclaim_only`)."""
+    return not job.preemptible or _limited(job, now, max_preemptions)
+
+
+def _limited(job: RunningJob, now: datetime, max_preemptions: int | None) -> bool:
+    return (job.ran_seconds(now) < job.min_runtime_seconds
+            or (max_preemptions is not None and job.preemptions >= max_preemptions))
+
+
+def reclaim_only(job: RunningJob, now: datetime, max_preemptions: int | None = None) -> bool:
+    """Rule Q2: a job of a non-preemptible tier (past its minimum runtime and the per-job
+    limit of R3) is a victim only for a reclaim (R2) of GPUs its team borrows: whatever
+    the tiers, what another team was guaranteed can always be taken back."""
+    return not job.preemptible and not _limited(job, now, max_preemptions)
+
+
+def work_lost_gpu_hours(job: RunningJob, now: datetime) -> float:
+    """Rule R4: the work a preemption of `job` at `now` throws away, in GPU-hours: its
+    GPUs × the time its current attempt has run (0 while admitted, not started). Jobs
+    declare no checkpoints, so the whole attempt is lost."""
+    return job.total_gpus * job.ran_seconds(now) / 3600.0
 
 
 def _unprotected(ws: Workspace, gpu_type: str,
                  now: datetime) -> list[tuple[RunningJob, float]]:
-    """The running jobs of `gpu_type` that rule R3 does not protect at `now`, in
-    `ws.running_by_type` order, each with the start-time part of its rule R4 sort key
-    (minus the start time). Cached on the workspace: its running jobs never change."""
+    """The running jobs of `gpu_type` that rule R3 does not protect at `now` (and the
+    non-preemptible ones rule Q2 leaves to reclaim), in `ws.running_by_type` order, each
+    with the work its preemption would lose (rule R4). Cached on the workspace: its
+    running jobs never change."""
     key = (gpu_type, now)
     pool = ws.victim_pools.get(key)
     if pool is None:
-        pool = ws.victim_pools[key] = [
-            (r, -(r.started_at.timestamp() if r.started_at is not None else float("inf")))
-            for r in ws.running_by_type.get(gpu_type, ()) if not is_protected(r, now)]
+        # `not _limited(r, now, limit)` and `work_lost_gpu_hours(r, now)` with one
+        # subtraction per job: this runs over every running job of the type.
+        limit = ws.snapshot.preemption.max_preemptions_per_job
+        now_ts = now.timestamp()
+        pool = ws.victim_pools[key] = []
+        for r in ws.running_by_type.get(gpu_type, ()):
+            ran = 0.0 if r.started_at is None else max(0.0, now_ts - r.started_at.timestamp())
+            if ran < r.min_runtime_seconds or (limit is not None and r.preemptions >= limit):
+                continue  # rule R3 (a non-preemptible job stays, for rule Q2's reclaim)
+            pool.append((r, r.gpus_per_replica * r.replicas * ran / 3600.0))
     return pool
 
 
@@ -79,11 +107,12 @@ def find_victims(
 
     1. Candidates: running jobs of the job's GPU type that rule R1 or (when the job's
        team stays within its nominal) rule R2 allows, minus the protected ones (R3),
-       ordered by rule R4 (lowest tier; for reclaim the lowest F; most recently
-       started; then id). When the job's own team is at its ceiling (Q1), first its
-       own lower-tier jobs, in that order, until the ceiling allows it.
-    2. Node-aware greedy: for each replica that has no room, pick the node that needs
-       the fewest victims (then the cheapest ones by R4, then node name) and take them.
+       ordered by rule R4 (lowest tier; for reclaim the lowest F; least work lost;
+       then id). When the job's own team is at its ceiling (Q1), first its own
+       lower-tier jobs, in that order, until the ceiling allows it.
+    2. Node-aware greedy: for each replica that has no room, pick the node whose
+       victims are cheapest by rule R4 (the highest tier among them lowest, then the
+       least work lost in total, then the fewest, then node name) and take them.
        While the quota pool (rule Q1) still refuses the job, take more in R4 order.
     3. Minimize: put back each victim, most valuable first, whenever the job still fits
        without it, so no victim in the result can be spared.
@@ -100,7 +129,7 @@ def find_victims(
         return ws.fits(team, gt, g, reps, cpu=cpu, memory=mem, topology=topo)
 
     within_nominal = ws.ledger.within_nominal(team, gt, job.total_gpus)
-    cands: list[tuple[tuple[object, ...], RunningJob, PreemptionRule]] = []
+    cands: list[_Cand] = []
     # Per running job of the type: skip it when removed or protected (R3); R1 (strictly
     # lower tier) or else, within nominal, R2 (another team's job of the same or a lower
     # tier, borrowing beyond its nominal); keyed by rule R4. The protection and the
@@ -108,14 +137,21 @@ def find_victims(
     # pass searches many times).
     removed, borrowing, tier = ws.removed, ws.ledger.borrowing, job.tier_rank
     priority, reclaim = PreemptionRule.PRIORITY, PreemptionRule.RECLAIM
-    for r, neg_started in _unprotected(ws, gt, now):
+    for r, lost in _unprotected(ws, gt, now):
         if r.id in removed:
             continue
-        if r.tier_rank < tier:
-            cands.append(((r.tier_rank, 0.0, neg_started, r.id), r, priority))
+        if not r.preemptible:
+            # Rule Q2: a non-preemptible job only goes to reclaim its team's borrowing,
+            # whatever the tiers; after every preemptible candidate (its tier sorts it).
+            if within_nominal and r.team != team and borrowing(r.team, gt):
+                cands.append(((r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
+        elif r.tier_rank < tier and (r.team == team or borrowing(r.team, gt)):
+            # Rule Q2: another team's job only while that team borrows, so no tier takes
+            # what a team was guaranteed.
+            cands.append(((r.tier_rank, 0.0, lost, r.id), r, priority))
         elif (within_nominal and r.team != team and r.tier_rank <= tier
               and borrowing(r.team, gt)):
-            cands.append(((r.tier_rank, factor(r.team), neg_started, r.id), r, reclaim))
+            cands.append(((r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
     if not cands:
         return None
     cands.sort(key=lambda c: c[0])
@@ -136,9 +172,10 @@ def find_victims(
     def still_allowed(r: RunningJob) -> bool:
         if r.id in ws.removed:
             return False
-        # Rule R2 is re-checked as victims go: a team stops being reclaimable once it
-        # no longer borrows.
-        return rule_of[r.id] is PreemptionRule.PRIORITY or ws.ledger.borrowing(r.team, gt)
+        # Rules R2 and Q2 are re-checked as victims go: another team stops being a
+        # source of victims once it no longer borrows.
+        return (r.team == team and rule_of[r.id] is PreemptionRule.PRIORITY) or \
+            ws.ledger.borrowing(r.team, gt)
 
     # 1b. Its own team's ceiling (Q1): only the team's own lower-tier jobs make room.
     for _, r, _ in cands:
@@ -199,7 +236,19 @@ def find_victims(
     return found, undo_found
 
 
-_Cand = tuple[tuple[object, ...], RunningJob, PreemptionRule]
+# Rule R4's sort key of a candidate: (tier rank, team F for reclaim else 0, work lost, id).
+_Key = tuple[int, float, float, int]
+_Cand = tuple[_Key, RunningJob, PreemptionRule]
+
+
+def _cost(chosen: list[RunningJob], key_of: dict[int, _Key]) -> tuple[object, ...]:
+    """Rule R4's price of a set of victims: the highest tier among them (lower is
+    cheaper), then the work they lose in total (GPU-hours), then how many they are,
+    then their sort keys. Never the count alone: two 1-GPU jobs of a low tier that ran
+    minutes are cheaper than one 8-GPU job of a higher tier that ran hours."""
+    keys = [key_of[r.id] for r in chosen]
+    return (max(r.tier_rank for r in chosen), sum(k[2] for k in keys), len(chosen),
+            tuple(keys))
 
 
 def _take_per_replica(ws: Workspace, cands: list[_Cand],
@@ -243,7 +292,7 @@ def _take_per_replica(ws: Workspace, cands: list[_Cand],
                     need_mem -= (r.memory_bytes or 0) * times
             if need > 0 or need_cpu > 0 or need_mem > 0:
                 continue
-            cost = (len(chosen), tuple(key_of[r.id] for r in chosen), name)
+            cost = (*_cost(chosen, key_of), name)
             if best is None or cost < best[0]:
                 best = (cost, name, chosen)
         if best is None:
@@ -290,7 +339,7 @@ def _take_in_one_domain(ws: Workspace, cands: list[_Cand],
         for u in reversed(undos):
             u()
         if done:
-            cost = (len(chosen), tuple(key_of[r.id] for r in chosen), domain)
+            cost = (*_cost(chosen, key_of), domain)
             if best is None or cost < best[0]:
                 best = (cost, chosen)
     if best is None:

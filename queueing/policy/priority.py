@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from .snapshot import QueuedJob
+if TYPE_CHECKING:  # snapshot.py imports this module (through settings.py) at run time
+    from .snapshot import QueuedJob
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,12 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from .fairshare import FairShareState
-
-if TYPE_CHECKING:  # priority.py imports QueuedJob from here
-    from .priority import PriorityWeights
+from .priority import PriorityWeights
+from .settings import DEFAULTS, PreemptionPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +81,9 @@ class QueuedJob:
     cpu_millicores: int | None = None
     memory_bytes: int | None = None
     topology: Topology | None = None  # rule A7
+    # When the current attempt entered the queue (a requeued victim: its preemption);
+    # None = `submitted_at`. Rule R9 counts the wait from here.
+    queued_at: datetime | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -106,11 +107,12 @@ class RunningJob:
     # Rule A6: per replica, given back to its nodes when it is removed (preemption).
     cpu_millicores: int | None = None
     memory_bytes: int | None = None
+    # Rule R3: how many times the job was preempted before this attempt.
+    preemptions: int = 0
 
     @property
     def total_gpus(self) -> int:
         return self.gpus_per_replica * self.replicas
-
 
     def ran_seconds(self, now: datetime) -> float:
         """How long the current attempt has run (0 while admitted, not started)."""
@@ -119,17 +121,32 @@ class RunningJob:
         return max(0.0, (now - self.started_at).total_seconds())
 
 
+_PRE = DEFAULTS.preemption
+
+
 @dataclass(frozen=True, slots=True)
 class PreemptionSettings:
-    """Rules R1-R5. `max_per_team` preemptions per preemptor team in the rate-limit window
-    (None = no limit); `used` counts the ones already made in the window. `max_searches`
-    bounds the victim searches of one plan so a long queue of jobs that cannot fit does
-    not make a cycle slow."""
+    """Rules R1-R5 as one plan sees them, with the product's defaults (policy/settings.py).
+    `max_per_team` preemptions per preemptor team in the rate-limit window (None = no
+    limit); `used` counts the ones already made in the window. `max_searches` bounds the
+    victim searches of one plan so a long queue of jobs that cannot fit does not make a
+    cycle slow. A job preempted `max_preemptions_per_job` times is no longer a victim
+    (rule R3; None = no such protection)."""
 
-    enabled: bool = True
-    max_per_team: int | None = None
+    enabled: bool = _PRE.enabled
+    max_per_team: int | None = _PRE.max_per_team
     used: Mapping[str, int] = field(default_factory=dict)
-    max_searches: int = 32
+    max_searches: int = _PRE.max_searches
+    max_preemptions_per_job: int | None = _PRE.max_preemptions_per_job
+    lost_per_wait: float | None = _PRE.lost_per_wait
+
+    @classmethod
+    def of(cls, policy: PreemptionPolicy, *, used: Mapping[str, int]) -> PreemptionSettings:
+        """The settings of one plan: `policy` with the counts of the current window."""
+        return cls(enabled=policy.enabled, max_per_team=policy.max_per_team, used=used,
+                   max_searches=policy.max_searches,
+                   max_preemptions_per_job=policy.max_preemptions_per_job,
+                   lost_per_wait=policy.lost_per_wait)
 
     def left(self, team: str) -> int | None:
         if self.max_per_team is None:
@@ -155,7 +172,7 @@ class Snapshot:
     # Billing weight per GPU type (rule F1); absent types weigh 1.0.
     billing_weights: Mapping[str, float] = field(default_factory=dict)
     # The recompute interval of the entry penalty (rule F6), seconds; 0 = no penalty.
-    interval_seconds: float = 0.0
+    interval_seconds: float = DEFAULTS.interval_seconds
     # Rules A5, R8: queued jobs that preempted in an earlier cycle and are not admitted yet,
     # with how many of their victims' workloads still hold GPUs in the cluster.
     nominated: Mapping[int, int] = field(default_factory=dict)

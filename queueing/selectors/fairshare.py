@@ -20,6 +20,7 @@ from django.db.models.expressions import RawSQL
 
 from accounts.models import Team
 from queueing.models import FairShareAccumulator, FairShareSnapshot, Job, UsageRecord
+from queueing.policy.cycle import Holding, active_teams, standings_running_and_penalty
 from queueing.policy.fairshare import (
     Accumulator,
     FairShareState,
@@ -27,7 +28,6 @@ from queueing.policy.fairshare import (
     TeamUsageInput,
     compute_standings,
     decayed_interval_usage,
-    entry_penalty_gpu_hours,
     forest_parents,
 )
 from queueing.policy.priority import PriorityBreakdown, PriorityWeights, job_priority
@@ -117,37 +117,38 @@ def fairshare_inputs(*, now: datetime) -> tuple[list[TeamUsageInput], dict[str, 
     """Each team's weight, parent, banked usage, running attempts and activity, and the
     entry penalty (rule F6) of jobs admitted but not yet running, per team.
 
-    O(teams + jobs holding GPUs) in three queries, none over the usage history.
+    The rules are the pure ones of queueing/policy/cycle.py (the simulator's too): active
+    teams (F2, `active_teams`), running intervals and entry penalties (F1/F6,
+    `standings_running_and_penalty`). O(teams + jobs holding GPUs) in three queries, none
+    over the usage history.
     """
     banked = decayed_accumulators(now=now)
-    running: dict[int, list[tuple[float, datetime]]] = {}
-    penalty: dict[int, float] = {}
-    interval = entry_penalty_interval_seconds()
-    rows = Job.objects.filter(status__in=[JobState.RUNNING, JobState.ADMITTED]).values_list(
-        "team_id", "status", "gpus_per_replica", "replicas", "gpu_type__billing_weight",
-        "started_at",
-    )
-    for team_id, status, gpus, replicas, weight, started_at in rows:
-        if status == JobState.RUNNING and started_at is not None and started_at <= now:
-            running.setdefault(team_id, []).append((gpus * replicas * weight, started_at))
-        else:
-            # Rule F6 across cycles: an admitted job not yet running keeps its entry
-            # penalty until its real usage starts counting.
-            penalty[team_id] = penalty.get(team_id, 0.0) + entry_penalty_gpu_hours(
-                gpus * replicas, weight, interval)
     teams = list(
         Team.objects.annotate(
             has_work=Exists(Job.objects.filter(team=OuterRef("pk"),
                                                status__in=list(_ACTIVE_STATES))),
         ).values_list("pk", "slug", "weight", "parent_id", "has_work")
     )
+    slug_of = {pk: slug for pk, slug, *_ in teams}
+    rows = Job.objects.filter(status__in=[JobState.RUNNING, JobState.ADMITTED]).values_list(
+        "team_id", "status", "gpus_per_replica", "replicas", "gpu_type__billing_weight",
+        "started_at",
+    )
+    # An admitted job has not started yet, whatever its row says (rule F6 until it runs).
+    holding = [
+        Holding(slug_of[team_id], gpus * replicas, weight,
+                started_at if status == JobState.RUNNING else None)
+        for team_id, status, gpus, replicas, weight, started_at in rows if team_id in slug_of
+    ]
+    running, penalty = standings_running_and_penalty(
+        holding, now=now, interval_seconds=entry_penalty_interval_seconds())
+    active = active_teams(usage={slug_of[pk]: v for pk, v in banked.items() if pk in slug_of},
+                          with_work={slug for _, slug, *_, has_work in teams if has_work})
     inputs = team_usage_inputs(
         at=now, teams=[(pk, slug, w, parent) for pk, slug, w, parent, _ in teams],
-        banked=banked, running=running,
-        active={pk for pk, *_, has_work in teams if has_work})
-    slug_of = {pk: slug for pk, slug, *_ in teams}
-    extra = {slug_of[pk]: v for pk, v in penalty.items() if pk in slug_of}
-    return inputs, extra
+        banked=banked, running={pk: running.get(slug, ()) for pk, slug in slug_of.items()},
+        active={pk for pk, slug in slug_of.items() if slug in active})
+    return inputs, penalty
 
 
 # --- standings ----------------------------------------------------------------------------

@@ -12,9 +12,13 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
+from django.db.models import Count, Max
+
 from queueing.backends.base import ClusterBackend
-from queueing.models import GpuType, Job, Quota
+from queueing.models import GpuType, Job, JobEvent, Quota
 from queueing.policy.fairshare import FairShareState
+from queueing.policy.settings import PolicySettings
 from queueing.policy.snapshot import (
     NodeState,
     QueuedJob,
@@ -27,10 +31,29 @@ from queueing.policy.snapshot import (
 from queueing.policy.states import HOLDING_STATES, JobState
 
 from .cluster import ClusterView
-from .fairshare import entry_penalty_interval_seconds, fairshare_standings, priority_weights
-from .preemption import nominated_preemptors, preemption_settings
+from .fairshare import (
+    entry_penalty_interval_seconds,
+    fairshare_standings,
+    half_life_hours,
+    priority_weights,
+)
+from .preemption import nominated_preemptors, preemption_policy, preemption_settings
 
 log = logging.getLogger(__name__)
+
+
+def policy_settings() -> PolicySettings:
+    """The one settings object of the policy (queueing/policy/settings.py) as the service
+    runs it: its defaults overridden by the FAIRQ_* settings, billing weights per GPU type
+    from the database. What the simulator takes to replay this service."""
+    return PolicySettings(
+        half_life_hours=half_life_hours(),
+        interval_seconds=entry_penalty_interval_seconds(),
+        cycle_seconds=float(settings.FAIRQ_CYCLE_INTERVAL_SECONDS),
+        priority=priority_weights(),
+        billing_weights=dict(GpuType.objects.values_list("slug", "billing_weight")),
+        preemption=preemption_policy(),
+    )
 
 
 def unprovisioned_teams(backend: ClusterBackend | ClusterView) -> set[str]:
@@ -66,7 +89,8 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
     for h in Job.objects.filter(status__in=list(HOLDING_STATES)).values(
             "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
             "tier__rank", "tier__preemptible", "tier__min_runtime_seconds", "started_at",
-            "placement", "submitted_to_backend_at", "cpu_millicores", "memory_bytes"):
+            "placement", "submitted_to_backend_at", "cpu_millicores", "memory_bytes",
+            "attempt"):
         try:
             h["placement"] = _placement(h["placement"])
             _check_size(h)
@@ -74,6 +98,13 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
             odd[h["id"]] = exc
             continue
         holding.append(h)
+    # Rule R3: how often each job holding GPUs was preempted before (only a job past its
+    # first attempt can have been).
+    preempted = dict(
+        JobEvent.objects.order_by().filter(kind=JobEvent.Kind.PREEMPTED,
+                                job_id__in=[h["id"] for h in holding if h["attempt"] > 1])
+        .values_list("job_id").annotate(n=Count("id")).values_list("job_id", "n")
+    ) if any(h["attempt"] > 1 for h in holding) else {}
     # The cluster counts what it runs; jobs admitted but not yet submitted hold their
     # planned placement on top of that.
     pending_alloc: dict[str, int] = defaultdict(int)
@@ -101,7 +132,7 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
             tier_rank=h["tier__rank"], preemptible=h["tier__preemptible"],
             started_at=h["started_at"], min_runtime_seconds=h["tier__min_runtime_seconds"],
             nodes=tuple(h["placement"]), cpu_millicores=h["cpu_millicores"],
-            memory_bytes=h["memory_bytes"],
+            memory_bytes=h["memory_bytes"], preemptions=preempted.get(h["id"], 0),
         )
         for h in holding
     )
@@ -109,18 +140,26 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
     for q in Job.objects.filter(status=JobState.QUEUED).exclude(
             team__slug__in=unprovisioned).values(
             "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
-            "tier__rank", "created_at", "cpu_millicores", "memory_bytes",
-            "topology_level", "topology_mode"):
+            "tier__rank", "created_at", "cpu_millicores",
+            "memory_bytes", "topology_level", "topology_mode", "attempt"):
         try:
             _check_size(q)
         except ValueError as exc:
             odd[q["id"]] = exc
             continue
         queued_rows.append(q)
+    # Rule R9: a requeued job's wait counts from its last return to the queue.
+    requeued_ids = [q["id"] for q in queued_rows if q["attempt"] > 1]
+    requeued_at = dict(
+        JobEvent.objects.order_by().filter(kind=JobEvent.Kind.TRANSITION,
+                                           to_status=JobState.QUEUED, job_id__in=requeued_ids)
+        .values_list("job_id").annotate(last=Max("at")).values_list("job_id", "last")
+    ) if requeued_ids else {}
     queued = tuple(
         QueuedJob(id=q["id"], team=q["team__slug"], gpu_type=q["gpu_type__slug"],
                   gpus_per_replica=q["gpus_per_replica"], replicas=q["replicas"],
                   tier_rank=q["tier__rank"], submitted_at=q["created_at"],
+                  queued_at=requeued_at.get(q["id"]),
                   cpu_millicores=q["cpu_millicores"], memory_bytes=q["memory_bytes"],
                   topology=topology_of(q["topology_level"], q["topology_mode"]))
         for q in queued_rows

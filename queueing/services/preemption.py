@@ -20,6 +20,7 @@ from django.db import transaction
 
 from queueing.backends.base import ClusterBackend
 from queueing.models import FairShareAccumulator, Job, JobEvent
+from queueing.policy import cycle
 from queueing.policy.admission import Plan
 from queueing.policy.preemption import Preemption, Victim
 from queueing.policy.states import HOLDING_STATES, JobState
@@ -109,15 +110,19 @@ def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, now: dateti
               f"(tier {preemptor.tier.slug}) under rule {victim.rule}")
     if not job_transition(job, JobState.PREEMPTED, now=now, reason=reason, data=data):
         raise _VictimMoved
-    if job.started_at is not None:
-        # Rule R6: the GPU time it used is charged, to the attempt that used it.
-        usage_record_attempt(job=job, start=job.started_at, end=now)
+    # Rule R6 (the pure rule the simulator runs too): the next attempt, the submit time
+    # kept (`created_at` is not touched), the GPU time charged to the attempt that used it.
+    requeued = cycle.requeue_victim(
+        attempt=job.attempt, submitted_at=job.created_at, started_at=job.started_at, now=now,
+        gpus=job.total_gpus, billing_weight=job.gpu_type.billing_weight)
+    if requeued.charge is not None:
+        usage_record_attempt(job=job, start=requeued.charge.start, end=requeued.charge.end)
     JobEvent.objects.create(job=job, at=now, kind=JobEvent.Kind.PREEMPTED, actor_label="scheduler",
                             reason=reason, attempt=job.attempt, data=data)
     if not job_transition(
         job, JobState.QUEUED, now=now, data=data,
         reason="requeued after preemption; keeps its submit time",
-        attempt=job.attempt + 1, placement=[], admitted_at=None, started_at=None,
+        attempt=requeued.attempt, placement=[], admitted_at=None, started_at=None,
         submitted_to_backend_at=None,
     ):
         raise _VictimMoved

@@ -116,10 +116,11 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             timers.add(t)
             push(t, _TIMER)
 
-    def queue_job(j: SimJob) -> None:
+    def queue_job(j: SimJob, queued_at: float | None = None) -> None:
         queued[j.id] = QueuedJob(
             id=j.id, team=j.team, gpu_type=j.gpu_type, gpus_per_replica=j.gpus_per_replica,
-            replicas=j.replicas, tier_rank=tiers[j.tier].rank, submitted_at=at(j.submit))
+            replicas=j.replicas, tier_rank=tiers[j.tier].rank, submitted_at=at(j.submit),
+            queued_at=None if queued_at is None else at(queued_at))
 
     def charge(team: str, gpus: int, gpu_type: str, start: float, end: float) -> None:
         if end > start:
@@ -190,10 +191,8 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             billing_weights=billing,
             interval_seconds=st.interval_seconds,
             nominated=nominated,
-            preemption=PreemptionSettings(
-                enabled=pre.enabled, max_per_team=pre.max_per_team,
-                used=preemptions_in_window(made, now=now, window_seconds=pre.window_seconds),
-                max_searches=pre.max_searches),
+            preemption=PreemptionSettings.of(
+                pre, used=preemptions_in_window(made, now=now, window_seconds=pre.window_seconds)),
         )
         # --- decide
         plan = plan_admissions(snapshot)
@@ -215,10 +214,11 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                     attempt=old, submitted_at=at(j.submit), started_at=r.job.started_at,
                     now=now, gpus=j.gpus, billing_weight=billing.get(j.gpu_type, 1.0),
                     accumulator=acc[j.team], half_life_hours=h)
+                assert requeued.accumulator is not None  # given one, it gives one back
                 acc[j.team] = requeued.accumulator
                 attempt_no[v.job_id] = requeued.attempt
                 attempts[v.job_id].append(Attempt(r.start, now_s, preempted=True))
-                queue_job(j)
+                queue_job(j, queued_at=now_s)
                 made.append((now, p.team))
             nominations.append(Nomination(p.preemptor_id, attempt_no[p.preemptor_id], now,
                                           tuple(names)))
@@ -236,7 +236,8 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                 RunningJob(id=j.id, team=j.team, gpu_type=j.gpu_type,
                            gpus_per_replica=j.gpus_per_replica, replicas=j.replicas,
                            tier_rank=q.tier_rank, preemptible=tier.preemptible, started_at=now,
-                           min_runtime_seconds=tier.min_runtime_seconds, nodes=a.placement),
+                           min_runtime_seconds=tier.min_runtime_seconds, nodes=a.placement,
+                           preemptions=sum(1 for x in attempts[j.id] if x.preempted)),
                 now_s)
             push(now_s + j.runtime, _FINISH, j.id, attempt_no[j.id])
             if tier.preemptible and tier.min_runtime_seconds > 0:

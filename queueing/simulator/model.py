@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from queueing.policy.priority import PriorityWeights
+from queueing.policy.settings import PolicySettings
 from queueing.policy.snapshot import QuotaLimit
 
 
@@ -38,41 +38,13 @@ class TierSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class PreemptionConfig:
-    """Rules R1-R8, with the service's defaults (config/settings/base.py: FAIRQ_PREEMPTION_*)."""
-
-    enabled: bool = True
-    max_per_team: int | None = 20
-    window_seconds: float = 600.0
-    termination_grace_seconds: float = 30.0
-    nomination_seconds: float = 600.0
-    max_searches: int = 32
-
-
-@dataclass(frozen=True, slots=True)
-class SimSettings:
-    """The policy's knobs, with the service's defaults: half-life H (rule F1), the entry
-    penalty's recompute interval (F6, the cycle interval), the cycle interval, priority
-    weights (P1), billing weights per GPU type (F1) and preemption (R1-R8)."""
-
-    half_life_hours: float = 168.0
-    interval_seconds: float = 3.0
-    # FAIRQ_CYCLE_INTERVAL_SECONDS: the service's periodic cycle; a preemptor is admitted
-    # by the cycle after the one that preempted (rule R8), this much later at the latest.
-    cycle_seconds: float = 3.0
-    priority: PriorityWeights = field(default_factory=PriorityWeights)
-    billing_weights: Mapping[str, float] = field(default_factory=dict)
-    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
-
-
-@dataclass(frozen=True, slots=True)
 class Scenario:
     nodes: tuple[NodeSpec, ...]
     teams: tuple[TeamSpec, ...]
     tiers: tuple[TierSpec, ...]
     # (team, GPU type) -> quota (rule Q1); absent: nominal 0, borrowing unlimited.
     quotas: Mapping[tuple[str, str], QuotaLimit] = field(default_factory=dict)
-    settings: SimSettings = field(default_factory=SimSettings)
+    settings: PolicySettings = field(default_factory=PolicySettings)
 
     @property
     def total_gpus(self) -> int:

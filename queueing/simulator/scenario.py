@@ -15,14 +15,13 @@ from typing import Any
 import yaml
 
 from queueing.policy.priority import PriorityWeights
+from queueing.policy.settings import DEFAULTS, PolicySettings, PreemptionPolicy
 from queueing.policy.snapshot import QuotaLimit
 
 from .model import (
     NodeSpec,
-    PreemptionConfig,
     Scenario,
     SimJob,
-    SimSettings,
     TeamSpec,
     TierSpec,
     Workload,
@@ -82,22 +81,29 @@ def _opt_int(m: Mapping[str, Any], key: str, where: str) -> int | None:
     return int(_num(m, key, where, integer=True))
 
 
-def parse_settings(doc: Mapping[str, Any]) -> SimSettings:
-    """The `fair_share`, `priority`, `preemption` and `gpu_types` sections (the service's
-    defaults for what is left out)."""
+def parse_settings(doc: Mapping[str, Any]) -> PolicySettings:
+    """The `fair_share`, `priority`, `preemption` and `gpu_types` sections over the
+    product's defaults (`queueing.policy.settings.DEFAULTS`, what the service uses too)."""
     fs = _map(doc.get("fair_share"), "fair_share")
     pr = _map(doc.get("priority"), "priority")
     pe = _map(doc.get("preemption"), "preemption")
     gts = _map(doc.get("gpu_types"), "gpu_types")
-    d, dp = PriorityWeights(), PreemptionConfig()
+    d, dp = DEFAULTS.priority, DEFAULTS.preemption
     billing = {str(k): _num(_map(v, f"gpu_types.{k}"), "billing_weight", f"gpu_types.{k}",
                             default=1.0, strict=True) for k, v in gts.items()}
-    max_per_team = pe.get("max_per_team", dp.max_per_team)
-    return SimSettings(
-        half_life_hours=_num(fs, "half_life_hours", "fair_share", default=168.0, strict=True),
-        interval_seconds=_num(fs, "interval_seconds", "fair_share", default=3.0),
+
+    def optional_int(key: str, default: int | None) -> int | None:
+        if pe.get(key, default) is None:  # null: no limit
+            return None
+        return int(_num(pe, key, "preemption", default=default, integer=True))
+
+    return PolicySettings(
+        half_life_hours=_num(fs, "half_life_hours", "fair_share",
+                             default=DEFAULTS.half_life_hours, strict=True),
+        interval_seconds=_num(fs, "interval_seconds", "fair_share",
+                              default=DEFAULTS.interval_seconds),
         cycle_seconds=_num(doc, "cycle_seconds", "scenario",
-                           default=3.0, strict=True),
+                           default=DEFAULTS.cycle_seconds, strict=True),
         priority=PriorityWeights(
             fair_share=_num(pr, "fair_share", "priority", default=d.fair_share),
             age=_num(pr, "age", "priority", default=d.age),
@@ -106,17 +112,20 @@ def parse_settings(doc: Mapping[str, Any]) -> SimSettings:
                                  default=d.max_age_seconds / 3600.0) * 3600.0,
             favor_small=_bool(pr, "favor_small", "priority", d.favor_small)),
         billing_weights=billing,
-        preemption=PreemptionConfig(
+        preemption=PreemptionPolicy(
             enabled=_bool(pe, "enabled", "preemption", dp.enabled),
-            max_per_team=None if max_per_team is None else int(
-                _num(pe, "max_per_team", "preemption", default=20, integer=True)),
+            max_per_team=optional_int("max_per_team", dp.max_per_team),
             window_seconds=_num(pe, "window_seconds", "preemption", default=dp.window_seconds),
             termination_grace_seconds=_num(pe, "termination_grace_seconds", "preemption",
                                            default=dp.termination_grace_seconds),
             nomination_seconds=_num(pe, "nomination_seconds", "preemption",
                                     default=dp.nomination_seconds),
             max_searches=int(_num(pe, "max_searches", "preemption", default=dp.max_searches,
-                                  integer=True))),
+                                  integer=True)),
+            max_preemptions_per_job=optional_int("max_preemptions_per_job",
+                                                 dp.max_preemptions_per_job),
+            lost_per_wait=None if pe.get("lost_per_wait", dp.lost_per_wait) is None else _num(
+                pe, "lost_per_wait", "preemption", default=dp.lost_per_wait)),
     )
 
 

@@ -26,9 +26,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from queueing.policy.settings import PolicySettings
 from queueing.policy.snapshot import QuotaLimit
 
-from .model import NodeSpec, Scenario, SimJob, SimSettings, TeamSpec, TierSpec, Workload
+from .model import NodeSpec, Scenario, SimJob, TeamSpec, TierSpec, Workload
 
 GPU_TYPE = "openb"
 TEAM_WEIGHTS = (1.0, 1.0, 2.0, 4.0)
@@ -139,7 +140,7 @@ def _int(row: dict[str, str], col: str, where: str) -> int:
 
 def load_openb(path: str | Path, *, rho: float = 1.2, days: float = 30.0, nodes: int = 82,
                gpus: int = 429, seed: int = 0, max_runtime: float = 24 * 3600.0,
-               limit: int | None = None, settings: SimSettings | None = None) -> Workload:
+               limit: int | None = None, settings: PolicySettings | None = None) -> Workload:
     """The openb trace in `path` (nodes.csv, pods.csv) as a workload at offered load `rho`.
     `limit` keeps only the first jobs (a small slice, for a quick run)."""
     if rho <= 0:
@@ -190,7 +191,7 @@ def load_openb(path: str | Path, *, rho: float = 1.2, days: float = 30.0, nodes:
     nominal = nominal_by_weight(total_gpus, TEAM_WEIGHTS)
     quotas = {(t.name, GPU_TYPE): QuotaLimit(nominal=n) for t, n in zip(teams, nominal, strict=True)}
     scenario = Scenario(nodes=cluster, teams=teams, tiers=TIERS, quotas=quotas,
-                        settings=settings or SimSettings())
+                        settings=settings or PolicySettings())
     return Workload(scenario=scenario, jobs=jobs, horizon=horizon,
                     source={"kind": "openb", "rho": rho, "days": days, "seed": seed,
                             "nodes": len(cluster), "gpus": total_gpus, "jobs": len(jobs),

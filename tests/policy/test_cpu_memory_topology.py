@@ -138,7 +138,7 @@ def test_rule_a6_preemption_frees_the_victims_cpu() -> None:
         nodes=(node("n0", free=4, cpu_free=16 * CPU),),
         queued=(qr(100, gpus=4, cpu=64 * CPU, tier=200),),
         running=(rr(1, ("n0",), gpus=4, cpu=80 * CPU),),
-        preemption=PreemptionSettings(enabled=True)))
+        preemption=PreemptionSettings(enabled=True, lost_per_wait=None)))
     (p,) = plan.preemptions
     assert [v.job_id for v in p.victims] == [1] and p.placement == ("n0",)
 
@@ -149,7 +149,7 @@ def test_rule_a6_no_victim_when_freeing_it_does_not_free_enough_cpu() -> None:
         queued=(qr(100, gpus=4, cpu=64 * CPU, tier=200),),
         running=(rr(1, ("n0",), gpus=4, cpu=32 * CPU, tier=300),  # not preemptible by R1
                  rr(2, ("n0",), gpus=4, cpu=32 * CPU)),
-        preemption=PreemptionSettings(enabled=True)))
+        preemption=PreemptionSettings(enabled=True, lost_per_wait=None)))
     assert plan.preemptions == () and plan.waits[100].reason is WaitReason.CPU_MEMORY
 
 
@@ -240,7 +240,7 @@ def test_rule_a7_preemption_for_a_required_gang_frees_one_domain() -> None:
     plan = plan_admissions(snap(
         nodes=nodes, running=running,
         queued=(qr(100, replicas=2, tier=200, topology=RACK_REQUIRED),),
-        preemption=PreemptionSettings(enabled=True)))
+        preemption=PreemptionSettings(enabled=True, lost_per_wait=None)))
     (p,) = plan.preemptions
     assert sorted(v.job_id for v in p.victims) == [4, 5]
     assert sorted(p.placement) == ["b0", "b1"]
@@ -256,7 +256,7 @@ def test_rule_a7_preemption_never_scatters_a_required_gang() -> None:
     plan = plan_admissions(snap(
         nodes=nodes, running=running,
         queued=(qr(100, replicas=3, tier=200, topology=RACK_REQUIRED),),
-        preemption=PreemptionSettings(enabled=True)))
+        preemption=PreemptionSettings(enabled=True, lost_per_wait=None)))
     assert plan.preemptions == () and plan.waits[100].reason is WaitReason.NO_FIT
 
 

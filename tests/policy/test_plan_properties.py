@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.fairshare import FairShareState
-from queueing.policy.preemption import PreemptionRule, is_protected
+from queueing.policy.preemption import PreemptionRule, is_protected, reclaim_only
 from queueing.policy.priority import PriorityWeights
 from queueing.policy.snapshot import (
     NodeState,
@@ -186,14 +186,18 @@ def test_protected_jobs_are_never_victims_and_rules_hold(s: Snapshot) -> None:
         per_team[p.team] += len(p.victims)
         for v in p.victims:
             r = running[v.job_id]
-            assert not is_protected(r, s.now)  # rule R3
+            limit = s.preemption.max_preemptions_per_job
+            # Rule R3; rule Q2: a non-preemptible job only for a reclaim (R2).
+            assert not is_protected(r, s.now, limit) or (
+                v.rule is PreemptionRule.RECLAIM and reclaim_only(r, s.now, limit))
             assert v.job_id not in seen  # one victim, one preemptor
             seen.add(v.job_id)
             assert r.gpu_type == job.gpu_type
             if v.rule is PreemptionRule.PRIORITY:  # rule R1
                 assert r.tier_rank < job.tier_rank
-            else:  # rule R2
-                assert r.team != job.team and r.tier_rank <= job.tier_rank
+            else:  # rule R2 (Q2: any tier for a non-preemptible job)
+                assert r.team != job.team
+                assert r.tier_rank <= job.tier_rank or not r.preemptible
                 assert held[(r.team, r.gpu_type)] > s.quota(r.team, r.gpu_type).nominal
     for team, n in per_team.items():  # rule R5
         left = s.preemption.left(team)

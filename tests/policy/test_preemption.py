@@ -1,7 +1,9 @@
-"""Rules R1-R5 and R8: the victim search on a snapshot, without Django."""
+"""Rules R1-R5, R8, R9 and Q2: the victim search on a snapshot, without Django."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -13,7 +15,15 @@ from queueing.policy.snapshot import PreemptionSettings, QuotaLimit, Snapshot
 from .test_admission import NOW, nodes, q, run
 from .test_admission import snap as _snap
 
-ON = PreemptionSettings(enabled=True)
+
+def pre(**kw: Any) -> PreemptionSettings:
+    """Preemption on, without rule R9's check unless a test asks for it: the other rules'
+    tests preempt for jobs that have just been submitted."""
+    kw.setdefault("lost_per_wait", None)
+    return PreemptionSettings(**kw)
+
+
+ON = pre(enabled=True)
 
 
 def snap(**kw: Any) -> Snapshot:
@@ -91,8 +101,9 @@ def _reclaim_world(b_nominal: int = 8) -> dict[str, Any]:
 
 def test_rule_r2_a_team_within_nominal_reclaims_from_a_borrowing_team() -> None:
     plan = plan_admissions(snap(queued=(q(100, "a", gpus=8, tier=100),), **_reclaim_world()))
-    assert victims(plan, 100) == [1]  # one victim beats two (rule R4)
-    assert plan.preemptions[0].victims[0].rule is PreemptionRule.RECLAIM
+    # Rule R4: the two 4-GPU jobs lose 4 × 40 s + 4 × 50 s, the one 8-GPU job 8 × 100 s.
+    assert victims(plan, 100) == [3, 2]
+    assert {v.rule for v in plan.preemptions[0].victims} == {PreemptionRule.RECLAIM}
 
 
 def test_rule_r2_no_reclaim_from_a_team_within_its_nominal() -> None:
@@ -147,17 +158,62 @@ def test_rule_r3_an_admitted_job_that_has_not_started_has_run_zero_seconds() -> 
     assert is_protected(job, NOW)
 
 
-# --- R4: the fewest victims, cheapest first ----------------------------------------------
+@pytest.mark.parametrize(("preempted", "limit", "protected"),
+                         [(2, 3, False), (3, 3, True), (7, None, False), (0, 0, True)])
+def test_rule_r3_a_job_preempted_max_times_is_no_longer_a_victim(
+        preempted: int, limit: int | None, protected: bool) -> None:
+    job = replace(run(1, gpus=8), preemptions=preempted)
+    assert is_protected(job, NOW, limit) is protected
+    plan = plan_admissions(snap(
+        nodes=nodes(("h100", 8, 0)), queued=(q(100, gpus=8, tier=200),), running=(job,),
+        preemption=pre(max_preemptions_per_job=limit)))
+    assert (plan.preemptions == ()) is protected
 
-def test_rule_r4_the_smallest_set_wins_over_more_recent_small_jobs() -> None:
+
+def test_rule_r3_the_per_job_limit_moves_the_search_to_other_victims() -> None:
+    """The most recently started job has been preempted 3 times: the one that ran longer
+    goes instead (no thrash on the same job)."""
+    running = (replace(run(1, gpus=8, on=("h100-0",), started=10), preemptions=3),
+               run(2, gpus=8, on=("h100-1",), started=600))
+    plan = plan_admissions(snap(nodes=FULL, queued=(q(100, gpus=8, tier=200),),
+                                running=running,
+                                preemption=pre(max_preemptions_per_job=3)))
+    assert victims(plan, 100) == [2]
+
+
+# --- R4: lowest tier, then least work lost ------------------------------------------------
+
+def test_rule_r4_less_work_lost_beats_fewer_victims() -> None:
+    """Four 2-GPU jobs that ran seconds lose less than one 8-GPU job that ran 5000 s."""
     small = (run(10 + i, gpus=2, on=("h100-1",), started=10 + i) for i in range(4))
     running = (run(1, gpus=8, on=("h100-0",), started=5000), *small)
+    plan = plan_admissions(snap(nodes=FULL, queued=(q(100, gpus=8, tier=200),),
+                                running=running))
+    assert victims(plan, 100) == [10, 11, 12, 13]
+
+
+def test_rule_r4_the_issues_example_two_low_jobs_not_one_burstable_gang() -> None:
+    """Issue 15: a non-preemptible 2-GPU job needed room; an 8-GPU job of the middle
+    tier that had run 3.4 h (26.9 GPU-h) was taken where two 1-GPU jobs of the lowest
+    tier (0.02 GPU-h) would do. By tier first, the two low jobs go."""
+    running = (run(1, gpus=8, on=("h100-0",), tier=50, started=3.4 * 3600),
+               run(2, gpus=1, on=("h100-1",), tier=0, started=36),
+               run(3, gpus=1, on=("h100-1",), tier=0, started=36),
+               run(4, gpus=6, on=("h100-1",), tier=300, preemptible=False))
+    plan = plan_admissions(snap(nodes=FULL, queued=(q(100, gpus=2, tier=200),),
+                                running=running))
+    assert victims(plan, 100) == [2, 3]
+
+
+def test_rule_r4_on_a_tie_of_tier_and_work_lost_fewer_victims() -> None:
+    small = (run(10 + i, gpus=2, on=("h100-1",), started=100) for i in range(4))
+    running = (run(1, gpus=8, on=("h100-0",), started=100), *small)
     plan = plan_admissions(snap(nodes=FULL, queued=(q(100, gpus=8, tier=200),),
                                 running=running))
     assert victims(plan, 100) == [1]
 
 
-def test_rule_r4_lowest_tier_first_then_most_recently_started_then_id() -> None:
+def test_rule_r4_lowest_tier_first_then_least_work_lost_then_id() -> None:
     running = (run(1, gpus=2, tier=50, started=10), run(2, gpus=2, tier=0, started=5000),
                run(3, gpus=2, tier=0, started=100), run(4, gpus=2, tier=0, started=100))
     plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0)), queued=(q(100, gpus=4, tier=200),),
@@ -207,7 +263,7 @@ def test_two_preemptors_never_share_a_victim() -> None:
     (None, 0, True), (2, 0, True), (2, 1, True), (2, 2, False), (0, 0, False)])
 def test_rule_r5_at_most_n_preemptions_per_team_per_window(limit: int | None, used: int,
                                                            preempts: bool) -> None:
-    settings = PreemptionSettings(max_per_team=limit, used={"b": used})
+    settings = pre(max_per_team=limit, used={"b": used})
     plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0)), running=(run(1, gpus=8),),
                                 queued=(q(100, "b", gpus=8, tier=200),), preemption=settings))
     assert bool(plan.preemptions) is preempts
@@ -216,17 +272,46 @@ def test_rule_r5_at_most_n_preemptions_per_team_per_window(limit: int | None, us
 
 
 def test_rule_r5_counts_victims_not_preemptors() -> None:
-    settings = PreemptionSettings(max_per_team=1)
+    settings = pre(max_per_team=1)
     plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0)),
                                 running=(run(1, gpus=4), run(2, gpus=4)),
                                 queued=(q(100, "b", gpus=8, tier=200),), preemption=settings))
     assert plan.preemptions == () and plan.waits[100].reason is WaitReason.RATE_LIMITED
 
 
+def test_rule_r5_a_team_with_no_preemption_left_does_not_search() -> None:
+    """b has used its window: its job waits rate-limited without a search, so the one
+    search of the pass is left for c's job behind it."""
+    settings = pre(max_per_team=2, used={"b": 2}, max_searches=1)
+    plan = plan_admissions(snap(
+        nodes=FULL, running=(run(1, gpus=8, on=("h100-0",)), run(2, gpus=8, on=("h100-1",))),
+        queued=(q(101, "b", gpus=8, tier=200), q(100, "c", gpus=8, tier=200)),
+        preemption=settings))
+    assert plan.order[:2] == (101, 100)
+    assert plan.waits[101].reason is WaitReason.RATE_LIMITED
+    assert [p.preemptor_id for p in plan.preemptions] == [100]
+
+
+def test_rule_r5_a_search_refused_by_the_limit_is_remembered_in_the_pass() -> None:
+    """b may preempt 1 job; its 8-GPU jobs need 2 victims each. The first search is
+    refused, the second job of the same shape does not search again, and c's job gets
+    the pass's second search."""
+    running = (run(1, gpus=4, on=("h100-0",)), run(2, gpus=4, on=("h100-0",)),
+               run(3, gpus=4, on=("h100-1",)), run(4, gpus=4, on=("h100-1",), started=10))
+    settings = pre(max_per_team=1, max_searches=2)
+    plan = plan_admissions(snap(
+        nodes=FULL, running=running, preemption=settings,
+        queued=(q(102, "b", gpus=8, tier=200), q(101, "b", gpus=8, tier=200),
+                q(100, "c", gpus=4, tier=200))))
+    assert plan.waits[102].reason is plan.waits[101].reason is WaitReason.RATE_LIMITED
+    assert "needs 2" in plan.waits[101].message
+    assert victims(plan, 100) == [4]
+
+
 def test_preemption_can_be_switched_off() -> None:
     plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0)), running=(run(1, gpus=8),),
                                 queued=(q(100, gpus=8, tier=200),),
-                                preemption=PreemptionSettings(enabled=False)))
+                                preemption=pre(enabled=False)))
     assert plan.preemptions == ()
 
 
@@ -236,3 +321,68 @@ def test_rule_r8_a_preemptor_whose_victims_terminate_picks_no_new_victims() -> N
     plan = plan_admissions(snap(nodes=nodes(("h100", 8, 0)), running=(run(1, gpus=8),),
                                 queued=(q(100, gpus=8, tier=200),), nominated={100: 1}))
     assert plan.preemptions == () and plan.waits[100].reason is WaitReason.PREEMPTING
+
+
+# --- R9: a preemption must be worth its loss ------------------------------------------------
+
+@pytest.mark.parametrize(("waited", "ratio", "preempts"), [
+    (0.0, 1.0, False), (3599.0, 1.0, False), (3600.0, 1.0, True), (360.0, 10.0, True),
+    (0.0, None, True)])
+def test_rule_r9_victims_lose_at_most_ratio_times_what_the_job_waited(
+        waited: float, ratio: float | None, preempts: bool) -> None:
+    """The victim (8 GPUs, ran 1 h: 8 GPU-h) is taken for an 8-GPU job only once the job
+    has waited 8 GPU-h × 1/ratio, that is 1 h at ratio 1."""
+    queued = replace(q(100, gpus=8, tier=200), submitted_at=NOW - timedelta(seconds=waited))
+    plan = plan_admissions(snap(
+        nodes=nodes(("h100", 8, 0)), queued=(queued,), running=(run(1, gpus=8, started=3600),),
+        preemption=pre(lost_per_wait=ratio)))
+    assert bool(plan.preemptions) is preempts
+    if not preempts:
+        assert plan.waits[100].reason is WaitReason.CAPACITY
+        assert "rule R9" in plan.waits[100].message
+
+
+def test_rule_r9_a_requeued_job_waits_from_its_return_to_the_queue() -> None:
+    old = NOW - timedelta(days=1)
+    queued = replace(q(100, gpus=8, tier=200), submitted_at=old,
+                     queued_at=NOW - timedelta(seconds=60))
+    plan = plan_admissions(snap(
+        nodes=nodes(("h100", 8, 0)), queued=(queued,), running=(run(1, gpus=8, started=3600),),
+        preemption=pre(lost_per_wait=1.0)))
+    assert plan.preemptions == ()
+
+
+# --- Q2: what a team was guaranteed can always be reclaimed --------------------------------
+
+def _q2_world(b_nominal: int) -> dict[str, Any]:
+    """b runs a non-preemptible (rank 300) job on each node; a (nominal 8) asks 8 GPUs
+    with a normal-tier job."""
+    return {
+        "nodes": FULL,
+        "running": (run(1, "b", gpus=8, on=("h100-0",), tier=300, preemptible=False),
+                    run(2, "b", gpus=8, on=("h100-1",), tier=300, preemptible=False,
+                        started=60)),
+        "quotas": {("a", "h100"): QuotaLimit(8), ("b", "h100"): QuotaLimit(b_nominal)},
+        "queued": (q(100, "a", gpus=8, tier=100),),
+    }
+
+
+def test_rule_q2_a_borrowing_non_preemptible_job_is_reclaimed_whatever_the_tiers() -> None:
+    plan = plan_admissions(snap(**_q2_world(b_nominal=8)))
+    assert victims(plan, 100) == [2]  # the one that lost less work (rule R4)
+    assert plan.preemptions[0].victims[0].rule is PreemptionRule.RECLAIM
+
+
+def test_rule_q2_a_non_preemptible_job_within_its_nominal_is_never_a_victim() -> None:
+    plan = plan_admissions(snap(**_q2_world(b_nominal=16)))
+    assert plan.preemptions == ()
+
+
+def test_rule_q2_never_for_a_higher_tier_alone() -> None:
+    """Rule R1 never takes a non-preemptible job, even for a higher tier (rank 400)
+    when the asking team is beyond its own nominal."""
+    world = _q2_world(b_nominal=8)
+    world["quotas"] = {("a", "h100"): QuotaLimit(0), ("b", "h100"): QuotaLimit(8)}
+    world["queued"] = (q(100, "a", gpus=8, tier=400),)
+    plan = plan_admissions(snap(**world))
+    assert plan.preemptions == ()

@@ -61,6 +61,7 @@ def test_rule_r6_the_victim_keeps_its_submit_time_and_its_run_is_charged() -> No
     assert r.attempt == 3 and r.submitted_at == s(-7200)
     assert r.charged_gpu_hours == pytest.approx(4 * 2.0 * 0.5)
     # Decayed over half an hour of a 168 h half-life: a hair below 4.
+    assert r.accumulator is not None
     assert r.accumulator.as_of == NOW and 3.99 < r.accumulator.value < 4.0
     never = requeue_victim(attempt=0, submitted_at=s(-10), started_at=None, now=NOW, gpus=4,
                            billing_weight=1.0, accumulator=acc, half_life_hours=168)

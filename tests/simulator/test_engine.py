@@ -20,6 +20,8 @@ def _doc(**over: Any) -> dict[str, Any]:
         "tiers": [{"name": "high", "rank": 30, "preemptible": False},
                   {"name": "low", "rank": 10, "preemptible": True}],
         "horizon_seconds": 10000,
+        # Rule R9 off: these tests preempt for jobs that have just arrived.
+        "preemption": {"lost_per_wait": None},
         "jobs": [
             {"team": "b", "tier": "low", "gpu_type": "gpu", "gpus_per_replica": 4,
              "submit_seconds": 0, "runtime_seconds": 3600},
@@ -71,7 +73,11 @@ def test_rule_r5_the_rate_limit_holds_preemptions_until_the_window_moves() -> No
              "count": 4, "runtime_seconds": 36000}]
     jobs += [{"team": "a", "tier": "high", "gpu_type": "gpu", "gpus_per_replica": 1,
               "count": 4, "submit_seconds": 100, "runtime_seconds": 36000}]
-    doc = _doc(jobs=jobs, preemption={"max_per_team": 1, "window_seconds": 1000})
+    # b is guaranteed nothing: all its GPUs are borrowed (rule Q2 lets them go).
+    doc = _doc(jobs=jobs, preemption={"max_per_team": 1, "window_seconds": 1000,
+                           "lost_per_wait": None},
+               quotas=[{"team": "a", "gpu_type": "gpu", "nominal": 4},
+                       {"team": "b", "gpu_type": "gpu", "nominal": 0}])
     result = run_fairq(parse_scenario(doc))
     preempted_at = sorted(a.end for r in result.records for a in r.attempts if a.preempted)
     # One preemption per 1000 s window for team a.

@@ -12,25 +12,25 @@ bookkeeping (queueing/policy/cycle.py: F2, F6, R5, R6, A5/R8) to the service's.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.conf import settings as django_settings
+from django.test import override_settings
 
 from queueing.backends.simulated import SimulatedCluster
 from queueing.models import Job
 from queueing.policy.admission import Plan
-from queueing.policy.priority import PriorityWeights
+from queueing.policy.settings import DEFAULTS, PolicySettings
 from queueing.policy.snapshot import QuotaLimit
+from queueing.selectors.snapshot import policy_settings
 from queueing.services.scheduler import scheduler_cycle
 from queueing.simulator.engine import EPOCH, run_fairq
 from queueing.simulator.model import (
     NodeSpec,
-    PreemptionConfig,
     Scenario,
     SimJob,
-    SimSettings,
     TeamSpec,
     TierSpec,
     Workload,
@@ -47,25 +47,18 @@ TIERS = (TierSpec("x-high", 930, preemptible=False), TierSpec("x-normal", 920, T
          TierSpec("x-low", 910, True, 0))
 
 
-def _settings() -> SimSettings:
-    s = django_settings
-    limit = s.FAIRQ_PREEMPTION_MAX_PER_TEAM
-    return SimSettings(
-        half_life_hours=s.FAIRQ_DECAY_HALF_LIFE_HOURS,
-        interval_seconds=s.FAIRQ_FAIRSHARE_RECOMPUTE_SECONDS,
-        cycle_seconds=s.FAIRQ_CYCLE_INTERVAL_SECONDS,
-        priority=PriorityWeights(
-            fair_share=s.FAIRQ_PRIORITY_WEIGHT_FAIRSHARE, age=s.FAIRQ_PRIORITY_WEIGHT_AGE,
-            size=s.FAIRQ_PRIORITY_WEIGHT_SIZE,
-            max_age_seconds=s.FAIRQ_PRIORITY_MAX_AGE_HOURS * 3600.0,
-            favor_small=s.FAIRQ_PRIORITY_FAVOR_SMALL),
-        preemption=PreemptionConfig(
-            enabled=s.FAIRQ_PREEMPTION_ENABLED, max_per_team=limit if limit >= 0 else None,
-            window_seconds=s.FAIRQ_PREEMPTION_WINDOW_SECONDS,
-            termination_grace_seconds=s.FAIRQ_PREEMPTION_TERMINATION_GRACE_SECONDS,
-            nomination_seconds=s.FAIRQ_PREEMPTION_NOMINATION_SECONDS,
-            max_searches=s.FAIRQ_PREEMPTION_MAX_SEARCHES),
-    )
+def _settings() -> PolicySettings:
+    """The service's settings object, as the cycle runs (the simulator takes the same)."""
+    return replace(policy_settings(), billing_weights={})
+
+
+def test_the_service_runs_the_policy_defaults_unless_its_settings_override_them() -> None:
+    """One settings object: with no FAIRQ_* override the service's settings object is the
+    policy's defaults (what the simulator runs), and an override changes only its field."""
+    assert _settings() == DEFAULTS
+    with override_settings(FAIRQ_PREEMPTION_MAX_PER_TEAM=-1, FAIRQ_PREEMPTION_MAX_PER_JOB=5):
+        assert _settings() == replace(DEFAULTS, preemption=replace(
+            DEFAULTS.preemption, max_per_team=None, max_preemptions_per_job=5))
 
 
 def _workload(seed: int, n: int) -> Workload:
