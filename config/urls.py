@@ -11,6 +11,7 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include("queueing.api.urls")),
     path("healthz", web.healthz, name="healthz"),
+    path("readyz", web.readyz, name="readyz"),
     path("healthz/scheduler", web.healthz_scheduler, name="healthz-scheduler"),
     path("metrics", metrics_view, name="metrics"),
     path("", web.home, name="home"),

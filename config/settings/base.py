@@ -157,6 +157,9 @@ if FAIRQ_CYCLE_INTERVAL_SECONDS <= 0:
 FAIRQ_SCHEDULER_STALE_CYCLES = env.float("FAIRQ_SCHEDULER_STALE_CYCLES", default=20.0)
 if FAIRQ_SCHEDULER_STALE_CYCLES < 2:
     raise environ.ImproperlyConfigured("FAIRQ_SCHEDULER_STALE_CYCLES must be >= 2")
+# The worker and beat touch a heartbeat file per scheduler tick (queueing/health.py); their
+# liveness probes (`manage.py heartbeat_check`) read it. Empty: the system's temp dir.
+FAIRQ_HEARTBEAT_DIR = env("FAIRQ_HEARTBEAT_DIR", default="")
 CELERY_BEAT_SCHEDULE = {
     "scheduler-cycle": {
         "task": "queueing.tasks.scheduler_cycle_task",

@@ -21,10 +21,10 @@ CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 # HTTPS (docs/deployment.md, "HTTPS"): plain HTTP is redirected and browsers are told to
 # stay on HTTPS. Behind a TLS-terminating proxy set FAIRQ_TRUSTED_PROXY_COUNT, which also
 # trusts its X-Forwarded-Proto (base.py); without that every request looks like plain
-# HTTP and the redirect would loop. /healthz and /metrics are exempt: probes and scrapes
+# HTTP and the redirect would loop. /healthz, /readyz and /metrics are exempt: probes and scrapes
 # reach the pod directly, not through the proxy.
 SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=True)
-SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
 SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=365 * 24 * 3600)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
 SECURE_HSTS_PRELOAD = env.bool("DJANGO_SECURE_HSTS_PRELOAD", default=False)
