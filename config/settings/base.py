@@ -465,7 +465,7 @@ FAIRQ_K8S_POD_CREATE_TIMEOUT_SECONDS = env.int("FAIRQ_K8S_POD_CREATE_TIMEOUT_SEC
                                                default=120)
 # Who creates team namespaces, their ResourceQuota and the scheduler's RoleBinding in each,
 # and the PriorityClasses: "separate" = only `manage.py sync_cluster` run as the
-# fairq-provisioner service account (platform/k8s/rbac.yaml; the worker has no
+# fairq-provisioner service account (platform/k8s/base/rbac.yaml; the worker has no
 # cluster-wide writes, a team's jobs wait until it is provisioned); "scheduler" = the
 # worker itself on a team's first job (it then needs the provisioner's ClusterRole too).
 FAIRQ_K8S_PROVISION = env("FAIRQ_K8S_PROVISION", default="separate")
