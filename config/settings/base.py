@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import environ
 
@@ -106,14 +107,39 @@ STORAGES: dict[str, dict[str, object]] = {
 }
 LOGIN_URL = "/accounts/login/"
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env("FAIRQ_LOG_LEVEL", default="INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
-}
+# FAIRQ_LOG_FORMAT: "plain" lines, or "json": one object per line with timestamp, level,
+# logger, message and, inside the scheduler, cycle_id, job_id and team (queueing/logcontext.py;
+# docs/deployment.md, "Logs"). Production defaults to json (prod.py).
+FAIRQ_LOG_FORMAT = env("FAIRQ_LOG_FORMAT", default="plain")
+
+
+def logging_config(log_format: str) -> dict[str, Any]:
+    if log_format not in ("plain", "json"):
+        raise environ.ImproperlyConfigured(
+            f"FAIRQ_LOG_FORMAT must be 'plain' or 'json', not {log_format!r}")
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"context": {"()": "queueing.logcontext.ContextFilter"}},
+        # Only the formatter in use: dictConfig builds every one listed.
+        "formatters": {log_format: {
+            "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+            "json": {
+                "()": "pythonjsonlogger.json.JsonFormatter",
+                "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+                "rename_fields": {"asctime": "timestamp", "levelname": "level",
+                                  "name": "logger"},
+                "datefmt": "%Y-%m-%dT%H:%M:%S%z",
+            },
+        }[log_format]},
+        "handlers": {"console": {"class": "logging.StreamHandler", "formatter": log_format,
+                                 "filters": ["context"]}},
+        "root": {"handlers": ["console"], "level": env("FAIRQ_LOG_LEVEL", default="INFO")},
+        "loggers": {"django.db.backends": {"level": "WARNING"}},
+    }
+
+
+LOGGING = logging_config(FAIRQ_LOG_FORMAT)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -146,6 +172,9 @@ CELERY_TASK_SOFT_TIME_LIMIT = 60
 CELERY_TASK_TIME_LIMIT = 90
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Keep LOGGING's handler (FAIRQ_LOG_FORMAT, the log context) in the worker and beat:
+# Celery would otherwise replace the root logger's handlers with its own format.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULER = env(
     "CELERY_BEAT_SCHEDULER", default="django_celery_beat.schedulers:DatabaseScheduler"
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import environ
 
 from .base import *  # noqa: F403
-from .base import env
+from .base import env, logging_config
 
 # Production never falls back to SQLite, a per-process cache or the in-memory broker
 # (tasks would never reach the worker): both URLs are required.
@@ -37,3 +37,6 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 # warns, fairq.W001).
 FAIRQ_METRICS_REQUIRE_TOKEN = True
 CONN_MAX_AGE = env.int("DJANGO_CONN_MAX_AGE", default=60)
+# One JSON object per log line for the log pipeline (docs/deployment.md, "Logs").
+FAIRQ_LOG_FORMAT = env("FAIRQ_LOG_FORMAT", default="json")
+LOGGING = logging_config(FAIRQ_LOG_FORMAT)

@@ -66,6 +66,7 @@ from queueing.backends.base import (
     workload_name,
 )
 from queueing.composition import get_backend, get_utilization_source, kick
+from queueing.logcontext import log_context
 from queueing.models import Job, JobEvent, UsageRecord
 from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
@@ -192,13 +193,14 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
 def _isolated(job_id: int, *, step: str, now: datetime, result: CycleResult) -> Iterator[None]:
     """Run one job's part of a step: an unexpected exception fails that job (with a
     reason and an event) instead of the cycle. The body brings its own savepoint
-    (`transaction.atomic`) around what it writes."""
-    try:
-        yield
-    except NOT_A_JOB_FAULT:
-        raise
-    except Exception as exc:
-        _job_failed(job_id, exc, step=step, now=now, result=result)
+    (`transaction.atomic`) around what it writes. Its log lines carry the job's id."""
+    with log_context(job_id=job_id):
+        try:
+            yield
+        except NOT_A_JOB_FAULT:
+            raise
+        except Exception as exc:
+            _job_failed(job_id, exc, step=step, now=now, result=result)
 
 
 def _job_failed(job_id: int, exc: BaseException, *, step: str, now: datetime,
