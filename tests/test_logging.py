@@ -1,6 +1,6 @@
 """Structured logs (docs/deployment.md, "Logs"): FAIRQ_LOG_FORMAT=json prints one JSON
 object per line with timestamp, level, logger and message, and inside the scheduler the
-cycle's id on every line and the job's id on the lines about one job."""
+cycle's id on every line and the job's id and team on the lines about one job."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_log_context_refuses_unknown_fields() -> None:
         pass
 
 
-def test_every_line_of_a_cycle_has_its_id_and_a_failing_jobs_line_the_jobs_id(
+def test_every_line_of_a_cycle_has_its_id_and_a_failing_jobs_line_the_job_and_team(
         world: World, monkeypatch: pytest.MonkeyPatch, json_lines: io.StringIO) -> None:
     from queueing import tasks
 
@@ -90,6 +90,7 @@ def test_every_line_of_a_cycle_has_its_id_and_a_failing_jobs_line_the_jobs_id(
     assert all(r.get("cycle_id") == "c0ffee" for r in lines), lines
     [failed] = [r for r in lines if "failing the job" in r["message"]]
     assert failed["level"] == "ERROR" and failed["job_id"] == bad
+    assert failed["team"] == "vision"  # the team of job_body()
     assert Job.objects.get(pk=bad).status == "FAILED"
 
 
