@@ -375,6 +375,39 @@ AUTHENTICATION_BACKENDS = [
     "accounts.backends.LoginThrottleBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
+# Single sign-on with OpenID Connect (accounts/sso.py; docs/deployment.md, "Single
+# sign-on"): on when OIDC_RP_CLIENT_ID is set. The provider's endpoints are given
+# explicitly (mozilla-django-oidc does no discovery).
+OIDC_RP_CLIENT_ID = env("OIDC_RP_CLIENT_ID", default="")
+OIDC_RP_CLIENT_SECRET = env("OIDC_RP_CLIENT_SECRET", default="")
+OIDC_OP_AUTHORIZATION_ENDPOINT = env("OIDC_OP_AUTHORIZATION_ENDPOINT", default="")
+OIDC_OP_TOKEN_ENDPOINT = env("OIDC_OP_TOKEN_ENDPOINT", default="")
+OIDC_OP_USER_ENDPOINT = env("OIDC_OP_USER_ENDPOINT", default="")
+OIDC_OP_JWKS_ENDPOINT = env("OIDC_OP_JWKS_ENDPOINT", default="")
+OIDC_RP_SIGN_ALGO = env("OIDC_RP_SIGN_ALGO", default="RS256")
+OIDC_RP_SCOPES = env("OIDC_RP_SCOPES", default="openid email profile")
+# Match the ID token's `kid` header to a JWKS key. Off only for a provider that signs
+# without a kid and publishes a single key.
+OIDC_VERIFY_KID = env.bool("OIDC_VERIFY_KID", default=True)
+# After a refused or failed sign-on: the login page, which says so.
+LOGIN_REDIRECT_URL_FAILURE = "/accounts/login/?sso=failed"
+# The claims: the username (matched to accounts without a password), and the groups
+# whose `<prefix><team slug>` make a member and `<prefix><team slug><admin suffix>` a
+# team admin. Memberships are re-synced from the claim at every sign-on.
+FAIRQ_OIDC_USERNAME_CLAIM = env("FAIRQ_OIDC_USERNAME_CLAIM", default="preferred_username")
+FAIRQ_OIDC_GROUPS_CLAIM = env("FAIRQ_OIDC_GROUPS_CLAIM", default="groups")
+FAIRQ_OIDC_TEAM_GROUP_PREFIX = env("FAIRQ_OIDC_TEAM_GROUP_PREFIX", default="")
+FAIRQ_OIDC_ADMIN_GROUP_SUFFIX = env("FAIRQ_OIDC_ADMIN_GROUP_SUFFIX", default=":admin")
+FAIRQ_OIDC_ENABLED = bool(OIDC_RP_CLIENT_ID)
+if FAIRQ_OIDC_ENABLED:
+    _missing = [n for n in ("OIDC_OP_AUTHORIZATION_ENDPOINT", "OIDC_OP_TOKEN_ENDPOINT",
+                            "OIDC_OP_USER_ENDPOINT") if not globals()[n]]
+    if OIDC_RP_SIGN_ALGO == "RS256" and not OIDC_OP_JWKS_ENDPOINT:
+        _missing.append("OIDC_OP_JWKS_ENDPOINT")
+    if _missing:
+        raise environ.ImproperlyConfigured(
+            f"OIDC_RP_CLIENT_ID is set, so single sign-on needs {', '.join(_missing)}")
+    AUTHENTICATION_BACKENDS.append("accounts.sso_backend.FairqOIDCBackend")
 AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
 AXES_FAILURE_LIMIT = FAIRQ_LOGIN_FAILURE_LIMIT
 AXES_COOLOFF_TIME = timedelta(minutes=FAIRQ_LOGIN_COOLOFF_MINUTES)
@@ -455,6 +488,7 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 _template_options = TEMPLATES[0]["OPTIONS"]
 assert isinstance(_template_options, dict)
 _template_options["context_processors"].append("queueing.web.views.nav")
+_template_options["context_processors"].append("accounts.sso.sso_context")
 _template_options["libraries"] = {"fairq": "queueing.web.templatetags"}
 # Error pages (templates/403.html, 404.html, 500.html) replace Django's plain ones.
 
