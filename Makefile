@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help install demo test test-fast lint bench envtest browsers prometheus clean
+.PHONY: help install demo test test-fast lint bench envtest browsers prometheus kustomize checkov clean
 
 help:
 	@echo "make demo   - run fairq locally: SQLite, in-process worker, simulated cluster"
@@ -52,12 +52,30 @@ prometheus:
 		echo "prometheus: installed Debian prometheus (promtool)"; \
 	else echo "prometheus: no promtool and no apt-get: alert-rule tests will be skipped"; fi
 
+# kubectl with Kustomize >= v5 renders platform/k8s (its overlays use components and
+# replacements). Neither Debian (kubernetes-client 1.20 embeds Kustomize v2.0.3) nor PyPI
+# ships one; the machine image's kubectl (google-cloud-cli's, Kustomize v5.5) does.
+# Without it the platform manifest tests skip, unless FAIRQ_REQUIRE_KUSTOMIZE=1 (CI).
+kustomize:
+	@if kubectl version --client 2>/dev/null | grep -Eq '^Kustomize Version: v([5-9]|[1-9][0-9])\.'; then :; \
+	else echo "kustomize: no kubectl with Kustomize >= v5: platform manifest tests will be skipped"; fi
+
+# checkov, the manifest security scan of the rendered overlays (tests/test_platform_scan.py),
+# in a venv of its own under ~/.cache: its dependencies stay out of fairq's.
+CHECKOV_VENV := $(HOME)/.cache/fairq-checkov
+CHECKOV_VERSION := 3.3.30
+checkov:
+	@if [ -x $(CHECKOV_VENV)/bin/checkov ] && [ "$$($(CHECKOV_VENV)/bin/checkov --version)" = $(CHECKOV_VERSION) ]; then :; \
+	else $(PYTHON) -m venv $(CHECKOV_VENV) && $(CHECKOV_VENV)/bin/pip install -q checkov==$(CHECKOV_VERSION) \
+		&& echo "checkov: installed $(CHECKOV_VERSION) in $(CHECKOV_VENV)" \
+		|| echo "checkov: could not install: the manifest scan will be skipped"; fi
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy queueing accounts config
 	$(VENV)/bin/lint-imports
 
-test: install envtest browsers prometheus
+test: install envtest browsers prometheus kustomize checkov
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy queueing accounts config
 	$(VENV)/bin/lint-imports

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from .models import (
     ServiceAccount,
     Team,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -372,3 +375,80 @@ def membership_remove(*, actor: Any, membership: Membership) -> None:
                  changes={"team": [team.slug, None], "user": [str(current.user), None],
                           "role": [current.role, None]})
     current.delete()
+
+
+# --- single sign-on (docs/deployment.md, "Single sign-on") ------------------------------
+
+@dataclass(frozen=True)
+class SsoTeams:
+    """What the identity provider's groups claim says: role per team slug."""
+
+    roles: dict[str, str]
+
+
+def sso_teams_from_groups(
+    groups: Collection[str], *, prefix: str, admin_suffix: str,
+) -> SsoTeams:
+    """Map a groups claim to teams: a group `<prefix><team slug>` makes a member,
+    `<prefix><team slug><admin_suffix>` a team admin (admin wins when both are there).
+    Groups without the prefix are someone else's; teams that do not exist are ignored
+    (sign-on never creates teams)."""
+    roles: dict[str, str] = {}
+    for group in groups:
+        if not isinstance(group, str) or not group.startswith(prefix):
+            continue
+        name = group[len(prefix):]
+        role = Role.MEMBER
+        if admin_suffix and name.endswith(admin_suffix):
+            name, role = name[: -len(admin_suffix)], Role.TEAM_ADMIN
+        if name and roles.get(name) != Role.TEAM_ADMIN:
+            roles[name] = role
+    existing = set(Team.objects.filter(slug__in=roles).values_list("slug", flat=True))
+    return SsoTeams(roles={slug: role for slug, role in roles.items() if slug in existing})
+
+
+def sso_user_sync(
+    *, username: str, email: str, first_name: str, last_name: str, teams: SsoTeams,
+    user: User | None,
+) -> User | None:
+    """Create (user None) or update a single-sign-on user, and make their memberships the
+    ones `teams` names: added, role changed, removed (each audited, actor: the system).
+    An SSO user has no usable password. A removal or demotion the last-admin rule refuses
+    is kept (logged). Returns None, changing nothing, when `username` is taken by an
+    account with a password: sign-on never takes over a password (break-glass) account."""
+    with transaction.atomic():
+        if user is None:
+            if get_user_model().objects.filter(username=username).exists():
+                log.warning("sso: %r is a password account; single sign-on refused", username)
+                return None
+            user = get_user_model().objects.create_user(
+                username=username, email=email, first_name=first_name, last_name=last_name)
+            user.set_unusable_password()
+            user.save(update_fields=["password"])
+            audit_record(actor=None, action="create", instance=user,
+                         changes={"username": [None, username], "via": [None, "sso"]})
+        else:
+            changes = {f: [getattr(user, f), new] for f, new in (
+                ("email", email), ("first_name", first_name), ("last_name", last_name))
+                if getattr(user, f) != new}
+            if changes:
+                for field, (_, new) in changes.items():
+                    setattr(user, field, new)
+                user.save(update_fields=list(changes))
+                audit_record(actor=None, action="update", instance=user, changes=changes)
+        current = {m.team.slug: m for m in Membership.objects.filter(user=user)
+                   .select_related("team")}
+        for slug, membership in current.items():
+            if slug not in teams.roles:
+                try:
+                    with transaction.atomic():
+                        membership_remove(actor=None, membership=membership)
+                except Conflict as exc:
+                    log.warning("sso: %s keeps %s: %s", username, slug, exc)
+        for team in Team.objects.filter(slug__in=teams.roles).order_by("slug"):
+            try:
+                with transaction.atomic():
+                    membership_set(actor=None, team=team, user=user, role=teams.roles[team.slug])
+            except Conflict as exc:
+                log.warning("sso: %s keeps their role in %s: %s", username, team.slug, exc)
+    return user

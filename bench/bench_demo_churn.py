@@ -22,6 +22,7 @@ import argparse
 import os
 import random
 import sys
+import tempfile
 from datetime import timedelta
 from pathlib import Path
 
@@ -36,6 +37,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.demo"
+    # The kept logs of its jobs go to a scratch directory, not the checkout's media/.
+    os.environ.setdefault("FAIRQ_LOG_STORAGE_DIR", tempfile.mkdtemp(prefix="fairq-bench-logs-"))
     setup_django_sqlite("fairq_bench_demo_churn")
     from django.core.management import call_command
     from django.db.models import Count

@@ -3,14 +3,19 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
+from accounts import sso
 from queueing import web
 from queueing.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
+    # Single sign-on (404 unless configured); the names are mozilla-django-oidc's.
+    path("oidc/authenticate/", sso.oidc_authenticate, name="oidc_authentication_init"),
+    path("oidc/callback/", sso.oidc_callback, name="oidc_authentication_callback"),
     path("api/v1/", include("queueing.api.urls")),
     path("healthz", web.healthz, name="healthz"),
+    path("readyz", web.readyz, name="readyz"),
     path("healthz/scheduler", web.healthz_scheduler, name="healthz-scheduler"),
     path("metrics", metrics_view, name="metrics"),
     path("", web.home, name="home"),

@@ -1,16 +1,21 @@
 """Keep the Kubernetes cluster in step with tiers and quotas: a change queues
 `sync_cluster_task` once the transaction commits (only with a backend that provisions:
 `provisions`, composition.backend_class()). A deleted JobLog row deletes its kept file
-(services/logs.py, `joblog_file_forget`)."""
+(services/logs.py, `joblog_file_forget`). Heartbeats for the liveness probes
+(queueing/health.py): a worker touches its file after every scheduler tick it ran (won
+the cycle lock or not, failed or not: it is alive and taking ticks), beat after every
+tick it sent."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from celery.signals import after_task_publish, task_postrun
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
 from queueing.composition import backend_class
+from queueing.health import heartbeat_touch
 from queueing.models import JobLog, Quota, Tier
 from queueing.services.logs import joblog_file_forget
 from queueing.tasks import sync_cluster_task
@@ -26,7 +31,22 @@ def _queue_sync(**kwargs: Any) -> None:
     transaction.on_commit(send)
 
 
+CYCLE_TASK = "queueing.tasks.scheduler_cycle_task"
+
+
+def _worker_heartbeat(sender: Any = None, **kwargs: Any) -> None:
+    if getattr(sender, "name", None) == CYCLE_TASK:
+        heartbeat_touch("worker")
+
+
+def _beat_heartbeat(sender: Any = None, **kwargs: Any) -> None:
+    if sender == CYCLE_TASK:
+        heartbeat_touch("beat")
+
+
 def connect() -> None:
+    task_postrun.connect(_worker_heartbeat, dispatch_uid="fairq-worker-heartbeat")
+    after_task_publish.connect(_beat_heartbeat, dispatch_uid="fairq-beat-heartbeat")
     for model in (Tier, Quota):
         post_save.connect(_queue_sync, sender=model, dispatch_uid=f"fairq-sync-{model.__name__}")
         post_delete.connect(_queue_sync, sender=model,

@@ -11,6 +11,7 @@ from django.conf import settings
 
 from accounts.services import idempotency_purge
 from queueing.composition import get_backend, get_provisioner
+from queueing.logcontext import log_context
 from queueing.services.costs import budgets_check
 from queueing.services.demo import demo_submit_synthetic
 from queueing.services.fairshare import fairshare_snapshot_take
@@ -32,6 +33,11 @@ def scheduler_cycle_task() -> dict[str, int]:
     gets one line with its timings (INFO when anything moved, DEBUG when idle)."""
 
     cycle_id = new_cycle_id()
+    with log_context(cycle_id=cycle_id):  # on every line of the cycle (queueing/logcontext.py)
+        return _scheduler_cycle_logged(cycle_id)
+
+
+def _scheduler_cycle_logged(cycle_id: str) -> dict[str, int]:
     started = time.perf_counter()
     try:
         result = scheduler_cycle(cycle_id=cycle_id)

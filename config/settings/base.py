@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import environ
 
@@ -110,14 +111,39 @@ STORAGES: dict[str, dict[str, object]] = {
 }
 LOGIN_URL = "/accounts/login/"
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env("FAIRQ_LOG_LEVEL", default="INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
-}
+# FAIRQ_LOG_FORMAT: "plain" lines, or "json": one object per line with timestamp, level,
+# logger, message and, inside the scheduler, cycle_id, job_id and team (queueing/logcontext.py;
+# docs/deployment.md, "Logs"). Production defaults to json (prod.py).
+FAIRQ_LOG_FORMAT = env("FAIRQ_LOG_FORMAT", default="plain")
+
+
+def logging_config(log_format: str) -> dict[str, Any]:
+    if log_format not in ("plain", "json"):
+        raise environ.ImproperlyConfigured(
+            f"FAIRQ_LOG_FORMAT must be 'plain' or 'json', not {log_format!r}")
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"context": {"()": "queueing.logcontext.ContextFilter"}},
+        # Only the formatter in use: dictConfig builds every one listed.
+        "formatters": {log_format: {
+            "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+            "json": {
+                "()": "pythonjsonlogger.json.JsonFormatter",
+                "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+                "rename_fields": {"asctime": "timestamp", "levelname": "level",
+                                  "name": "logger"},
+                "datefmt": "%Y-%m-%dT%H:%M:%S%z",
+            },
+        }[log_format]},
+        "handlers": {"console": {"class": "logging.StreamHandler", "formatter": log_format,
+                                 "filters": ["context"]}},
+        "root": {"handlers": ["console"], "level": env("FAIRQ_LOG_LEVEL", default="INFO")},
+        "loggers": {"django.db.backends": {"level": "WARNING"}},
+    }
+
+
+LOGGING = logging_config(FAIRQ_LOG_FORMAT)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -150,6 +176,9 @@ CELERY_TASK_SOFT_TIME_LIMIT = 60
 CELERY_TASK_TIME_LIMIT = 90
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Keep LOGGING's handler (FAIRQ_LOG_FORMAT, the log context) in the worker and beat:
+# Celery would otherwise replace the root logger's handlers with its own format.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULER = env(
     "CELERY_BEAT_SCHEDULER", default="django_celery_beat.schedulers:DatabaseScheduler"
 )
@@ -161,6 +190,9 @@ if FAIRQ_CYCLE_INTERVAL_SECONDS <= 0:
 FAIRQ_SCHEDULER_STALE_CYCLES = env.float("FAIRQ_SCHEDULER_STALE_CYCLES", default=20.0)
 if FAIRQ_SCHEDULER_STALE_CYCLES < 2:
     raise environ.ImproperlyConfigured("FAIRQ_SCHEDULER_STALE_CYCLES must be >= 2")
+# The worker and beat touch a heartbeat file per scheduler tick (queueing/health.py); their
+# liveness probes (`manage.py heartbeat_check`) read it. Empty: the system's temp dir.
+FAIRQ_HEARTBEAT_DIR = env("FAIRQ_HEARTBEAT_DIR", default="")
 CELERY_BEAT_SCHEDULE = {
     "scheduler-cycle": {
         "task": "queueing.tasks.scheduler_cycle_task",
@@ -351,6 +383,39 @@ AUTHENTICATION_BACKENDS = [
     "accounts.backends.LoginThrottleBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
+# Single sign-on with OpenID Connect (accounts/sso.py; docs/deployment.md, "Single
+# sign-on"): on when OIDC_RP_CLIENT_ID is set. The provider's endpoints are given
+# explicitly (mozilla-django-oidc does no discovery).
+OIDC_RP_CLIENT_ID = env("OIDC_RP_CLIENT_ID", default="")
+OIDC_RP_CLIENT_SECRET = env("OIDC_RP_CLIENT_SECRET", default="")
+OIDC_OP_AUTHORIZATION_ENDPOINT = env("OIDC_OP_AUTHORIZATION_ENDPOINT", default="")
+OIDC_OP_TOKEN_ENDPOINT = env("OIDC_OP_TOKEN_ENDPOINT", default="")
+OIDC_OP_USER_ENDPOINT = env("OIDC_OP_USER_ENDPOINT", default="")
+OIDC_OP_JWKS_ENDPOINT = env("OIDC_OP_JWKS_ENDPOINT", default="")
+OIDC_RP_SIGN_ALGO = env("OIDC_RP_SIGN_ALGO", default="RS256")
+OIDC_RP_SCOPES = env("OIDC_RP_SCOPES", default="openid email profile")
+# Match the ID token's `kid` header to a JWKS key. Off only for a provider that signs
+# without a kid and publishes a single key.
+OIDC_VERIFY_KID = env.bool("OIDC_VERIFY_KID", default=True)
+# After a refused or failed sign-on: the login page, which says so.
+LOGIN_REDIRECT_URL_FAILURE = "/accounts/login/?sso=failed"
+# The claims: the username (matched to accounts without a password), and the groups
+# whose `<prefix><team slug>` make a member and `<prefix><team slug><admin suffix>` a
+# team admin. Memberships are re-synced from the claim at every sign-on.
+FAIRQ_OIDC_USERNAME_CLAIM = env("FAIRQ_OIDC_USERNAME_CLAIM", default="preferred_username")
+FAIRQ_OIDC_GROUPS_CLAIM = env("FAIRQ_OIDC_GROUPS_CLAIM", default="groups")
+FAIRQ_OIDC_TEAM_GROUP_PREFIX = env("FAIRQ_OIDC_TEAM_GROUP_PREFIX", default="")
+FAIRQ_OIDC_ADMIN_GROUP_SUFFIX = env("FAIRQ_OIDC_ADMIN_GROUP_SUFFIX", default=":admin")
+FAIRQ_OIDC_ENABLED = bool(OIDC_RP_CLIENT_ID)
+if FAIRQ_OIDC_ENABLED:
+    _missing = [n for n in ("OIDC_OP_AUTHORIZATION_ENDPOINT", "OIDC_OP_TOKEN_ENDPOINT",
+                            "OIDC_OP_USER_ENDPOINT") if not globals()[n]]
+    if OIDC_RP_SIGN_ALGO == "RS256" and not OIDC_OP_JWKS_ENDPOINT:
+        _missing.append("OIDC_OP_JWKS_ENDPOINT")
+    if _missing:
+        raise environ.ImproperlyConfigured(
+            f"OIDC_RP_CLIENT_ID is set, so single sign-on needs {', '.join(_missing)}")
+    AUTHENTICATION_BACKENDS.append("accounts.sso_backend.FairqOIDCBackend")
 AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
 AXES_FAILURE_LIMIT = FAIRQ_LOGIN_FAILURE_LIMIT
 AXES_COOLOFF_TIME = timedelta(minutes=FAIRQ_LOGIN_COOLOFF_MINUTES)
@@ -451,6 +516,7 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 _template_options = TEMPLATES[0]["OPTIONS"]
 assert isinstance(_template_options, dict)
 _template_options["context_processors"].append("queueing.web.views.nav")
+_template_options["context_processors"].append("accounts.sso.sso_context")
 _template_options["libraries"] = {"fairq": "queueing.web.templatetags",
                                   "fairq_costs": "queueing.web.cost_tags"}
 # Error pages (templates/403.html, 404.html, 500.html) replace Django's plain ones.
@@ -491,7 +557,7 @@ FAIRQ_K8S_POD_CREATE_TIMEOUT_SECONDS = env.int("FAIRQ_K8S_POD_CREATE_TIMEOUT_SEC
                                                default=120)
 # Who creates team namespaces, their ResourceQuota and the scheduler's RoleBinding in each,
 # and the PriorityClasses: "separate" = only `manage.py sync_cluster` run as the
-# fairq-provisioner service account (platform/k8s/rbac.yaml; the worker has no
+# fairq-provisioner service account (platform/k8s/base/rbac.yaml; the worker has no
 # cluster-wide writes, a team's jobs wait until it is provisioned); "scheduler" = the
 # worker itself on a team's first job (it then needs the provisioner's ClusterRole too).
 FAIRQ_K8S_PROVISION = env("FAIRQ_K8S_PROVISION", default="separate")

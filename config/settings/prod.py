@@ -5,7 +5,7 @@ from __future__ import annotations
 import environ
 
 from .base import *  # noqa: F403
-from .base import env
+from .base import env, logging_config
 
 # Production never falls back to SQLite, a per-process cache or the in-memory broker
 # (tasks would never reach the worker): both URLs are required.
@@ -21,10 +21,10 @@ CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 # HTTPS (docs/deployment.md, "HTTPS"): plain HTTP is redirected and browsers are told to
 # stay on HTTPS. Behind a TLS-terminating proxy set FAIRQ_TRUSTED_PROXY_COUNT, which also
 # trusts its X-Forwarded-Proto (base.py); without that every request looks like plain
-# HTTP and the redirect would loop. /healthz and /metrics are exempt: probes and scrapes
+# HTTP and the redirect would loop. /healthz, /readyz and /metrics are exempt: probes and scrapes
 # reach the pod directly, not through the proxy.
 SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=True)
-SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
 SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=365 * 24 * 3600)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
 SECURE_HSTS_PRELOAD = env.bool("DJANGO_SECURE_HSTS_PRELOAD", default=False)
@@ -37,3 +37,6 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 # warns, fairq.W001).
 FAIRQ_METRICS_REQUIRE_TOKEN = True
 CONN_MAX_AGE = env.int("DJANGO_CONN_MAX_AGE", default=60)
+# One JSON object per log line for the log pipeline (docs/deployment.md, "Logs").
+FAIRQ_LOG_FORMAT = env("FAIRQ_LOG_FORMAT", default="json")
+LOGGING = logging_config(FAIRQ_LOG_FORMAT)

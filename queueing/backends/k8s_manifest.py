@@ -1069,7 +1069,7 @@ def unbound_demand(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) ->
     return out
 
 
-TEAM_ROLE = "fairq-team-workloads"  # platform/k8s/rbac.yaml
+TEAM_ROLE = "fairq-team-workloads"  # platform/k8s/base/rbac.yaml
 TEAM_ROLE_BINDING = "fairq-scheduler"
 
 

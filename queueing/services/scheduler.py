@@ -66,6 +66,7 @@ from queueing.backends.base import (
     workload_name,
 )
 from queueing.composition import get_backend, get_utilization_source, kick
+from queueing.logcontext import log_context
 from queueing.models import Job, JobEvent, UsageRecord
 from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
@@ -189,16 +190,19 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
 # --- 1. reconcile -------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _isolated(job_id: int, *, step: str, now: datetime, result: CycleResult) -> Iterator[None]:
+def _isolated(job_id: int, *, step: str, now: datetime, result: CycleResult,
+              team: str | None = None) -> Iterator[None]:
     """Run one job's part of a step: an unexpected exception fails that job (with a
     reason and an event) instead of the cycle. The body brings its own savepoint
-    (`transaction.atomic`) around what it writes."""
-    try:
-        yield
-    except NOT_A_JOB_FAULT:
-        raise
-    except Exception as exc:
-        _job_failed(job_id, exc, step=step, now=now, result=result)
+    (`transaction.atomic`) around what it writes. Its log lines carry the job's id and,
+    when the caller has it at hand, its team's slug."""
+    with log_context(job_id=job_id, team=team):
+        try:
+            yield
+        except NOT_A_JOB_FAULT:
+            raise
+        except Exception as exc:
+            _job_failed(job_id, exc, step=step, now=now, result=result)
 
 
 def _job_failed(job_id: int, exc: BaseException, *, step: str, now: datetime,
@@ -527,7 +531,8 @@ def _admit(plan: Plan, *, now: datetime, result: CycleResult, isolate: bool) -> 
         job = jobs.get(a.job_id)
         if job is None or job.state != JobState.QUEUED:
             continue
-        with (_isolated(a.job_id, step="admitting it", now=now, result=result) if isolate
+        with (_isolated(a.job_id, step="admitting it", now=now, result=result, team=a.team)
+              if isolate
               else contextlib.nullcontext()), \
                 (transaction.atomic() if isolate else contextlib.nullcontext()):
             if job_transition(job, JobState.ADMITTED, now=now,
@@ -614,7 +619,8 @@ def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResu
     if any(j.topology_level and j.topology_mode == "required" for j in pending):
         node_topology = {n.name: n.topology for n in backend.nodes()}  # rule A7's pins
     for job in pending:
-        with _isolated(job.pk, step="building its workload", now=now, result=result):
+        with _isolated(job.pk, step="building its workload", now=now, result=result,
+                       team=job.team.slug):
             specs.append(launch_spec(job, node_topology=node_topology))
             jobs.append(job)
     if not jobs:
@@ -622,7 +628,8 @@ def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResu
     errors = _create_workloads(backend=backend, specs=specs, now=now)
     submitted: list[Job] = []
     for job, error in zip(jobs, errors, strict=True):
-        with _isolated(job.pk, step="recording its submit", now=now, result=result):
+        with _isolated(job.pk, step="recording its submit", now=now, result=result,
+                       team=job.team.slug):
             if _submit_outcome(job=job, error=error, now=now, result=result):
                 submitted.append(job)
     by_attempt: dict[int, list[Job]] = defaultdict(list)

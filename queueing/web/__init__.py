@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from .views import healthz, healthz_scheduler, home
+from .health import healthz, readyz
+from .views import healthz_scheduler, home
 
-__all__ = ["healthz", "healthz_scheduler", "home"]
+__all__ = ["healthz", "healthz_scheduler", "home", "readyz"]

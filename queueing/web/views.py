@@ -18,7 +18,6 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -83,12 +82,6 @@ from .forms import (
 
 TEAM_SESSION_KEY = "fairq_team"
 NEW_TOKEN_SESSION_KEY = "fairq_new_token"
-
-
-def healthz(request: HttpRequest) -> JsonResponse:
-    with connection.cursor() as cur:
-        cur.execute("SELECT 1")
-    return JsonResponse({"status": "ok"})
 
 
 def healthz_scheduler(request: HttpRequest) -> JsonResponse:

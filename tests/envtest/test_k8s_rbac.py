@@ -1,4 +1,4 @@
-"""platform/k8s/rbac.yaml is enough, and no more than enough: the provisioner account
+"""platform/k8s/base/rbac.yaml is enough, and no more than enough: the provisioner account
 makes priority classes and a team namespace (quota, the scheduler's RoleBinding); the
 fairq-scheduler account then runs a job's whole life there (submit, watch, capacity, logs,
 stop) and nothing outside fairq's namespaces; the fairq-web account may do nothing at all
@@ -31,7 +31,7 @@ else:
 
 pytestmark = pytest.mark.k8s
 
-RBAC = Path(__file__).resolve().parents[2] / "platform" / "k8s" / "rbac.yaml"
+RBAC = Path(__file__).resolve().parents[2] / "platform" / "k8s" / "base" / "rbac.yaml"
 
 
 def _apply(api: Any, doc: dict[str, Any]) -> None:
