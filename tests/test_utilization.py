@@ -308,3 +308,43 @@ def test_a_reclaim_that_raises_fails_alone_and_is_retried(world: World, t0: date
     monkeypatch.setattr(utilization, "_reclaim", real)
     minutes(t0, 1, start=4)  # the next minute tries again
     assert Job.objects.get(pk=a).status == "FAILED" and idle_events(a) == ["U2", "U3"]
+
+
+def test_rules_U2_U3_the_submitter_is_told_by_email(world: World, t0: datetime,
+                                                     settings: Any) -> None:
+    """The submitter hears of the flag (what the tier will do, and when) and of the
+    reclaim, once each, with a link to the job; a submitter without an address hears
+    nothing, and FAIRQ_NOTICE_EMAILS off sends nothing."""
+    from django.core import mail
+
+    settings.FAIRQ_PUBLIC_URL = "https://fairq.example.com"
+    world.member.email = "dave@example.com"
+    world.member.save()
+    set_rule(world.normal, action="fail", window=3, grace=2)
+    job_id = submit(world, env={"FAIRQ_SIM_SECONDS": "7200", "FAIRQ_SIM_GPU_UTIL": "0"})
+    scheduler_cycle(now=t0 - timedelta(seconds=30))
+    minutes(t0, 4)  # flagged at minute 3 (rule U2)
+    [flag] = mail.outbox
+    assert flag.to == ["dave@example.com"]
+    assert flag.subject == f"fairq: job {job_id} (resnet-sweep-3) holds idle GPUs"
+    assert "below 5% SM activity for 3 minute(s) (rule U2, tier normal)" in flag.body
+    assert "fairq stops it if they are still idle 2 minute(s) from now" in flag.body
+    assert f"https://fairq.example.com/jobs/{job_id}/" in flag.body
+    minutes(t0, 2, start=4)  # reclaimed at minute 5 (rule U3)
+    assert [m.subject for m in mail.outbox[1:]] == [
+        f"fairq: job {job_id} (resnet-sweep-3) was failed: idle GPUs"]
+    assert "stopped and failed with reason 'idle' (rule U3, tier normal)" in mail.outbox[1].body
+
+    mail.outbox.clear()
+    settings.FAIRQ_NOTICE_EMAILS = False
+    quiet = submit(world, env={"FAIRQ_SIM_SECONDS": "7200", "FAIRQ_SIM_GPU_UTIL": "0"})
+    scheduler_cycle(now=t0 + timedelta(minutes=6))
+    minutes(t0, 6, start=7)
+    assert idle_events(quiet) == ["U2", "U3"] and mail.outbox == []
+    settings.FAIRQ_NOTICE_EMAILS = True
+    world.member.email = ""
+    world.member.save()
+    silent = submit(world, env={"FAIRQ_SIM_SECONDS": "7200", "FAIRQ_SIM_GPU_UTIL": "0"})
+    scheduler_cycle(now=t0 + timedelta(minutes=13))
+    minutes(t0, 6, start=14)
+    assert idle_events(silent) == ["U2", "U3"] and mail.outbox == []

@@ -319,6 +319,14 @@ CELERY_BEAT_SCHEDULE["job-logs-prune"] = {
     "schedule": timedelta(hours=1),
     "options": {"expires": 3600},
 }
+# Notices by e-mail (queueing/services/notices.py): a job's submitter hears when its GPUs
+# are flagged idle or it is reclaimed (rules U2, U3). EMAIL_URL picks the mail server
+# (smtp://user:password@host:587 with ?tls=True, or consolemail:// as in the demo);
+# FAIRQ_PUBLIC_URL is the dashboard's address the messages link to.
+FAIRQ_NOTICE_EMAILS = env.bool("FAIRQ_NOTICE_EMAILS", default=True)
+FAIRQ_PUBLIC_URL = env("FAIRQ_PUBLIC_URL", default="")
+vars().update(env.email_url("EMAIL_URL", default="consolemail://"))
+DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="fairq <fairq@localhost>")
 # The cluster view (nodes, free GPUs, live workloads) the worker publishes each cycle for
 # the web; older than this, pages say it is stale (is the worker running?).
 FAIRQ_CLUSTER_VIEW_STALE_SECONDS = env.float("FAIRQ_CLUSTER_VIEW_STALE_SECONDS", default=120.0)

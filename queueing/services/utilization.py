@@ -51,6 +51,7 @@ from queueing.policy.states import JobState
 
 from .jobs import job_transition
 from .logs import workload_stop_keeping_logs
+from .notices import idle_notices_send
 from .usage import usage_record_attempt
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ def utilization_cycle_step(*, source: UtilizationSource | None, backend: Cluster
     result = utilization_ingest(readings=readings, now=now)
     result.read = True
     utilization_reclaimed_stop(backend=backend, result=result, now=now)
+    idle_notices_send(flagged=result.flagged, requeued=result.requeued, failed=result.failed)
     return result
 
 
