@@ -172,7 +172,7 @@ def test_an_overlong_key_is_400(world: World) -> None:
 # --- throttling ------------------------------------------------------------------------
 
 
-@override_settings(FAIRQ_API_RATE="3/min")
+@override_settings(FAIRQ_API_RATE="3/hour")
 def test_throttling_is_per_user(world: World) -> None:
     a = world.client(world.member)
     codes = [a.get("/api/v1/tiers/").status_code for _ in range(4)]
@@ -184,7 +184,7 @@ def test_throttling_is_per_user(world: World) -> None:
     assert world.client(world.member).get("/api/v1/tiers/").status_code == 429
 
 
-@override_settings(FAIRQ_API_ANON_RATE="2/min")
+@override_settings(FAIRQ_API_ANON_RATE="2/hour")
 def test_anonymous_requests_are_throttled_by_address(world: World) -> None:
     c = APIClient()
     codes = [c.get("/api/v1/schema/").status_code for _ in range(3)]

@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from django.test import override_settings
 
 from tests.envtest.cluster import DEFAULT_GPU_NODES, envtest_required
 
@@ -355,11 +356,18 @@ def test_an_orphan_job_is_deleted_and_reported(kube: Kube, world: Any) -> None:
     wait(lambda: not kube.job_exists("vision", orphan.name), cycle=False, what="its Job gone")
 
 
+# Rule R9 off: this test is about how preemption is carried out on the cluster, and its
+# victim started before its preemptor was submitted, so at the default ratio (lost work at
+# most the preemptor's GPUs x its wait) the preemptor would wait for the victim to end.
+@override_settings(FAIRQ_PREEMPTION_LOST_PER_WAIT=-1)
 def test_a_high_tier_job_preempts_a_low_tier_one_and_the_low_one_is_requeued(
     kube: Kube, world: Any,
 ) -> None:
-    from queueing.models import JobEvent
+    from queueing.models import JobEvent, Quota
 
+    # Rule Q2: another team's higher tier takes only what a team borrows, so vision is
+    # guaranteed no A100s here (its low job borrows the whole node).
+    Quota.objects.filter(team=world.vision, gpu_type=world.a100).update(nominal=0)
     low = submit(world, gpus=8, gpu_type="a100", tier="low")  # the whole A100 node
     wait(lambda: job(low).status == "RUNNING", what="the low job RUNNING")
     low_name = f"fq-{low}-1"

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import pytest
+from django.test import override_settings
 
 from tests.envtest.test_k8s_backend import Kube, job, kube, submit, wait
 
@@ -24,6 +25,10 @@ pytestmark = [pytest.mark.k8s, pytest.mark.django_db(transaction=True)]
 HOLD = "fairq.test/hold"
 
 
+# Rule R9 off: this test is about how preemption is carried out on the cluster, and its
+# victim started before its preemptor was submitted, so at the default ratio (lost work at
+# most the preemptor's GPUs x its wait) the preemptor would wait for the victim to end.
+@override_settings(FAIRQ_PREEMPTION_LOST_PER_WAIT=-1)
 def test_r8_a_preemptor_waits_for_every_replica_of_its_victim(
     kube: Kube, world: Any,
 ) -> None:
