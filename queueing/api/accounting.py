@@ -12,11 +12,10 @@ from rest_framework.response import Response
 from rest_framework.utils.urls import remove_query_param, replace_query_param
 from rest_framework.views import APIView
 
-from accounts.selectors import team_get_for_user, teams_for_user
-from queueing.errors import NotFound
 from queueing.selectors.accounting import ATTEMPT_STATES, AccountingFilter, accounting_page
 
 from .fields import InstantField
+from .scope import teams_asked
 
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -108,13 +107,7 @@ class AccountingView(APIView):
         q = AccountingQuerySerializer(data=request.query_params)
         q.is_valid(raise_exception=True)
         d = q.validated_data
-        if d.get("team"):
-            team = team_get_for_user(user=request.user, slug=d["team"])
-            if team is None:
-                raise NotFound(f"team {d['team']} not found")
-            teams: Any = [team]
-        else:
-            teams = teams_for_user(user=request.user)
+        teams = teams_asked(user=request.user, slug=d.get("team"))
         f = AccountingFilter(teams=teams, user=d.get("user"), start=d.get("from"),
                              end=d.get("to"), states=tuple(d.get("state") or ()),
                              gpu_type=d.get("gpu_type"))

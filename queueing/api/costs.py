@@ -18,7 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.models import Team
-from accounts.selectors import team_get_for_user, teams_for_user
+from accounts.selectors import teams_for_user
 from queueing.errors import NotFound
 from queueing.models import BudgetPolicy, GpuPrice, GpuType, TeamBudget
 from queueing.selectors.budgets import budget_statuses
@@ -39,6 +39,7 @@ from queueing.services.costs import (
 )
 
 from .fields import InstantField
+from .scope import teams_asked
 from .strict import StrictFieldsMixin
 
 MAX_DAYS = {"day": 400, "month": 3700}  # one request's range per period
@@ -247,13 +248,7 @@ class CostView(APIView):
         q = CostQuerySerializer(data=request.query_params)
         q.is_valid(raise_exception=True)
         d = q.validated_data
-        if d.get("team"):
-            team = team_get_for_user(user=request.user, slug=d["team"])
-            if team is None:
-                raise NotFound(f"team {d['team']} not found")
-            teams: Any = [team]
-        else:
-            teams = teams_for_user(user=request.user)
+        teams = teams_asked(user=request.user, slug=d.get("team"))
         buckets = cost_buckets(teams=teams, start=d["from"], end=d["to"], period=d["period"],
                                now=timezone.now())
         if d["group"] == "department":

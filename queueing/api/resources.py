@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.models import Team
-from accounts.selectors import team_get_for_user, teams_for_user
+from accounts.selectors import teams_for_user
 from queueing.errors import NotFound
 from queueing.models import GpuType, Quota, Tier
 from queueing.selectors.capacity import capacity_by_gpu_type
@@ -23,6 +23,7 @@ from queueing.services.quotas import quota_set
 
 from .fields import InstantField
 from .idempotency import IdempotentPostMixin
+from .scope import teams_asked
 from .strict import StrictFieldsMixin
 
 
@@ -192,13 +193,7 @@ class UsageView(APIView):
         q = UsageQuerySerializer(data=request.query_params)
         q.is_valid(raise_exception=True)
         d = q.validated_data
-        if d.get("team"):
-            team = team_get_for_user(user=request.user, slug=d["team"])
-            if team is None:
-                raise NotFound(f"team {d['team']} not found")
-            teams: Any = [team]
-        else:
-            teams = teams_for_user(user=request.user)
+        teams = teams_asked(user=request.user, slug=d.get("team"))
         rows = usage_buckets(teams=teams, start=d["from"], end=d["to"], bucket=d["bucket"])
         return Response({"from": d["from"], "to": d["to"], "bucket": d["bucket"],
                          "buckets": UsageBucketSerializer(rows, many=True).data})

@@ -444,42 +444,41 @@ def team_page(request: HttpRequest, slug: str) -> HttpResponse:
     return render(request, "web/team.html", _team_context(request, team))
 
 
+def _team_form_save(request: HttpRequest, slug: str, form_class: type[forms.Form],
+                    save: Any, *, saved: str, context_key: str) -> HttpResponse:
+    """A team admin's form on the team page (team admins and staff): `save(actor=, team=,
+    **cleaned_data)` (a service, audited) or the form again with its errors (400)."""
+    team = _team_or_404(request, slug)
+    _team_admin_or_403(request, team)
+    form = form_class(request.POST)
+    if form.is_valid():
+        try:
+            save(actor=request.user, team=team, **form.cleaned_data)
+        except DomainError as exc:
+            _form_errors(form, exc)
+        else:
+            messages.success(request, saved)
+            return redirect("web:team", slug=team.slug)
+    return render(request, "web/team.html", _team_context(request, team, **{context_key: form}),
+                  status=400)
+
+
 @require_POST
 @login_required
 def team_resources_update(request: HttpRequest, slug: str) -> HttpResponse:
     """The team's resource defaults and maxima (team admins and staff; audited)."""
-    team = _team_or_404(request, slug)
-    _team_admin_or_403(request, team)
-    form = TeamResourcesForm(request.POST)
-    if form.is_valid():
-        try:
-            team_resources_set(actor=request.user, team=team, **form.cleaned_data)
-        except DomainError as exc:
-            _form_errors(form, exc)
-        else:
-            messages.success(request, "Resource defaults and maxima saved.")
-            return redirect("web:team", slug=team.slug)
-    return render(request, "web/team.html", _team_context(request, team, resources_form=form),
-                  status=400)
+    return _team_form_save(request, slug, TeamResourcesForm, team_resources_set,
+                           saved="Resource defaults and maxima saved.",
+                           context_key="resources_form")
 
 
 @require_POST
 @login_required
 def team_workload_policy_update(request: HttpRequest, slug: str) -> HttpResponse:
     """The team's allowed PVCs, secrets and pull secrets (team admins and staff; audited)."""
-    team = _team_or_404(request, slug)
-    _team_admin_or_403(request, team)
-    form = TeamWorkloadPolicyForm(request.POST)
-    if form.is_valid():
-        try:
-            team_workload_policy_set(actor=request.user, team=team, **form.cleaned_data)
-        except DomainError as exc:
-            _form_errors(form, exc)
-        else:
-            messages.success(request, "Allowed PVCs, secrets and pull secrets saved.")
-            return redirect("web:team", slug=team.slug)
-    return render(request, "web/team.html", _team_context(request, team, policy_form=form),
-                  status=400)
+    return _team_form_save(request, slug, TeamWorkloadPolicyForm, team_workload_policy_set,
+                           saved="Allowed PVCs, secrets and pull secrets saved.",
+                           context_key="policy_form")
 
 
 @require_POST
