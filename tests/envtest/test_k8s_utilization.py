@@ -92,3 +92,12 @@ def test_the_idle_job_is_flagged_and_requeued_the_busy_one_untouched(
     assert busy_row.sm_mean == pytest.approx(90.0, abs=0.5)
     assert busy_row.mem_max_bytes == 135_000 * 2**20
     assert not JobEvent.objects.filter(job_id=busy, kind="idle").exists()
+    # Both appear in the accounting (like sacct, `fairq acct`) with their efficiency: the
+    # idle attempt ended (requeued) at about 0.5% SM activity, the busy one runs at 90%.
+    r = world.client(world.member).get("/api/v1/accounting/", {"team": "vision"})
+    assert r.status_code == 200, r.content
+    rows = {(row["job_id"], row["attempt"]): row for row in r.json()["results"]}
+    assert rows[(idle, 1)]["state"] in {"REQUEUED", "PREEMPTED"}
+    assert rows[(idle, 1)]["efficiency"] == pytest.approx(0.005, abs=0.001)
+    assert rows[(busy, 1)]["state"] == "RUNNING" and rows[(busy, 1)]["end"] is None
+    assert rows[(busy, 1)]["efficiency"] == pytest.approx(0.90, abs=0.005)
