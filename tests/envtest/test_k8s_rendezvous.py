@@ -19,6 +19,9 @@ __all__ = ["kube"]  # the fixture, imported for this module
 pytestmark = [pytest.mark.k8s, pytest.mark.django_db(transaction=True)]
 
 
+HOLD = "fairq.test/hold"  # a finalizer of the tests' own
+
+
 def service(kube: Kube, name: str) -> Any:
     try:
         return kube.core.read_namespaced_service(name, kube.ns("vision"))
@@ -278,6 +281,10 @@ def test_stop_deletes_the_service_first_so_it_is_gone_when_stop_returns(
                           if p["status"].get("phase") == "Running"]) == 2,
              cycle=False, what="both replicas Running")
     if how == "already being deleted":
+        # A finalizer of the test's holds the Job in "being deleted" until stop() ran: left
+        # to the garbage collector alone it was sometimes gone before the watch saw it so.
+        kube.batch.patch_namespaced_job(name, kube.ns("vision"),
+                                        {"metadata": {"finalizers": [HOLD]}})
         kube.batch.delete_namespaced_job(name, kube.ns("vision"),
                                          propagation_policy="Foreground")
         wait(lambda: (kube.backend.jobs.get(f"{kube.ns('vision')}/{name}") or {})
@@ -285,6 +292,9 @@ def test_stop_deletes_the_service_first_so_it_is_gone_when_stop_returns(
              what="the watch seeing the Job being deleted")
     kube.backend.stop(name, now=datetime.now(UTC))
     assert service(kube, name) is None  # at once: no wait
+    if how == "already being deleted":
+        kube.batch.patch_namespaced_job(name, kube.ns("vision"),  # a JSON patch
+                                        [{"op": "remove", "path": "/metadata/finalizers/0"}])
     if how != "finished":
         wait(lambda: not kube.jobs("vision", pk), cycle=False, what="the Jobs gone")
     else:
