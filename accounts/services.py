@@ -7,7 +7,7 @@ import secrets
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
@@ -122,6 +122,29 @@ def audit_record(
         changes=changes,
         ip=current_client_ip(),
     )
+
+
+M = TypeVar("M", bound=models.Model)
+
+
+def audited_upsert(*, actor: Any, model: type[M], lookup: dict[str, Any],
+                   values: dict[str, Any]) -> tuple[M, bool]:
+    """The row of `model` that `lookup` names, created or changed to `values` (locked
+    while it changes, checked by `full_clean`), with an audit entry of the fields that
+    changed. Returns (row, created). Run it inside `transaction.atomic`; the caller has
+    checked who may do it."""
+    row = model._default_manager.select_for_update().filter(**lookup).first()
+    before = model._default_manager.get(pk=row.pk) if row is not None else None
+    created = row is None
+    if row is None:
+        row = model(**lookup)
+    for name, value in values.items():
+        setattr(row, name, value)
+    row.full_clean()
+    row.save()
+    audit_record(actor=actor, action="create" if created else "update", instance=row,
+                 changes=model_changes(before, row))
+    return row, created
 
 
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600

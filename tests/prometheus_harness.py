@@ -177,3 +177,18 @@ def wait_until(predicate: object, *, timeout: float = 30.0, what: str = "") -> N
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.25)
+
+
+# The fixtures of the tests that read through a real Prometheus: an exporter of our own
+# and a Prometheus scraping it (import both names into the test module).
+
+@pytest.fixture
+def exporter() -> Iterator[DcgmExporter]:
+    with dcgm_exporter() as e:
+        yield e
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, exporter: DcgmExporter) -> Iterator[PrometheusServer]:
+    with prometheus_server(tmp_path, targets=[f"127.0.0.1:{exporter.port}"]) as server:
+        yield server

@@ -6,9 +6,7 @@ only from Prometheus."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,24 +23,16 @@ from .prometheus_harness import (
     DcgmExporter,
     Gpu,
     PrometheusServer,
-    dcgm_exporter,
-    prometheus_server,
+    exporter,
+    prometheus,
     wait_until,
 )
+
+__all__ = ["exporter", "prometheus"]  # the fixtures, imported for this module
 
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def exporter() -> Iterator[DcgmExporter]:
-    with dcgm_exporter() as e:
-        yield e
-
-
-@pytest.fixture
-def prometheus(tmp_path: Path, exporter: DcgmExporter) -> Iterator[PrometheusServer]:
-    with prometheus_server(tmp_path, targets=[f"127.0.0.1:{exporter.port}"]) as server:
-        yield server
 
 
 def submit(world: World, **overrides: Any) -> int:

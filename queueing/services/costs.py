@@ -12,7 +12,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from accounts.models import Team
-from accounts.services import audit_record, model_changes
+from accounts.services import audit_record, audited_upsert, model_changes
 from queueing.errors import DomainError
 from queueing.models import BudgetPolicy, BudgetWarning, GpuPrice, GpuType, TeamBudget
 from queueing.selectors.budgets import WARNING_LEVELS, budget_statuses
@@ -31,18 +31,9 @@ def gpu_price_set(*, actor: Any, gpu_type: GpuType, effective_from: date,
     if price_per_gpu_hour < 0:
         raise DomainError("Invalid fields.",
                           fields={"price_per_gpu_hour": ["Must be 0 or more."]})
-    price = GpuPrice.objects.select_for_update().filter(
-        gpu_type=gpu_type, effective_from=effective_from).first()
-    before = GpuPrice.objects.get(pk=price.pk) if price is not None else None
-    created = price is None
-    if price is None:
-        price = GpuPrice(gpu_type=gpu_type, effective_from=effective_from)
-    price.price_per_gpu_hour = price_per_gpu_hour
-    price.full_clean()
-    price.save()
-    audit_record(actor=actor, action="create" if created else "update", instance=price,
-                 changes=model_changes(before, price))
-    return price, created
+    return audited_upsert(actor=actor, model=GpuPrice,
+                          lookup={"gpu_type": gpu_type, "effective_from": effective_from},
+                          values={"price_per_gpu_hour": price_per_gpu_hour})
 
 
 @transaction.atomic
@@ -67,17 +58,8 @@ def team_budget_set(*, actor: Any, team: Team, monthly_amount: Decimal,
         problems["policy"] = [f"One of {', '.join(BudgetPolicy.values)}."]
     if problems:
         raise DomainError("Invalid fields.", fields=problems)
-    budget = TeamBudget.objects.select_for_update().filter(team=team).first()
-    before = TeamBudget.objects.get(pk=budget.pk) if budget is not None else None
-    created = budget is None
-    if budget is None:
-        budget = TeamBudget(team=team)
-    budget.monthly_amount, budget.policy = monthly_amount, policy
-    budget.full_clean()
-    budget.save()
-    audit_record(actor=actor, action="create" if created else "update", instance=budget,
-                 changes=model_changes(before, budget))
-    return budget, created
+    return audited_upsert(actor=actor, model=TeamBudget, lookup={"team": team},
+                          values={"monthly_amount": monthly_amount, "policy": policy})
 
 
 @transaction.atomic

@@ -7,7 +7,7 @@ from typing import Any
 from django.db import transaction
 
 from accounts.models import Team
-from accounts.services import audit_record, model_changes
+from accounts.services import audited_upsert
 from queueing.models import GpuType, Quota
 
 from .access import check_staff
@@ -25,21 +25,12 @@ def quota_set(
     (`actor=None`: fairq itself)."""
     if actor is not None:
         check_staff(actor=actor, doing="change quotas")
-    quota = Quota.objects.select_for_update().filter(team=team, gpu_type=gpu_type).first()
-    created = quota is None
-    before = None
-    if quota is None:
-        quota = Quota(team=team, gpu_type=gpu_type)
-    else:
-        before = Quota.objects.get(pk=quota.pk)
+    values: dict[str, Any] = {}
     if nominal is not None:
-        quota.nominal = nominal
+        values["nominal"] = nominal
     if borrowing_limit is not _UNSET:
-        quota.borrowing_limit = borrowing_limit
+        values["borrowing_limit"] = borrowing_limit
     if lending_limit is not _UNSET:
-        quota.lending_limit = lending_limit
-    quota.full_clean()
-    quota.save()
-    audit_record(actor=actor, action="create" if created else "update", instance=quota,
-                 changes=model_changes(before, quota))
-    return quota, created
+        values["lending_limit"] = lending_limit
+    return audited_upsert(actor=actor, model=Quota,
+                          lookup={"team": team, "gpu_type": gpu_type}, values=values)

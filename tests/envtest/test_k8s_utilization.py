@@ -11,9 +11,7 @@ cluster and Prometheus run on the wall clock."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,26 +22,16 @@ from tests.prometheus_harness import (
     DcgmExporter,
     Gpu,
     PrometheusServer,
-    dcgm_exporter,
-    prometheus_server,
+    exporter,
+    prometheus,
     wait_until,
 )
 
-__all__ = ["kube"]  # the fixture, imported for this module
+__all__ = ["exporter", "kube", "prometheus"]  # the fixtures, imported for this module
 
 pytestmark = [pytest.mark.k8s, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture
-def exporter() -> Iterator[DcgmExporter]:
-    with dcgm_exporter() as e:
-        yield e
-
-
-@pytest.fixture
-def prometheus(tmp_path: Path, exporter: DcgmExporter) -> Iterator[PrometheusServer]:
-    with prometheus_server(tmp_path, targets=[f"127.0.0.1:{exporter.port}"]) as server:
-        yield server
 
 
 def test_the_idle_job_is_flagged_and_requeued_the_busy_one_untouched(
