@@ -404,18 +404,22 @@ def membership_remove(*, actor: Any, membership: Membership) -> None:
 
 @dataclass(frozen=True)
 class SsoTeams:
-    """What the identity provider's groups claim says: role per team slug."""
+    """What the identity provider's groups claim says: role per team slug, and whether
+    the user is fairq staff (in the staff group, FAIRQ_OIDC_STAFF_GROUP)."""
 
     roles: dict[str, str]
+    staff: bool = False
 
 
 def sso_teams_from_groups(
-    groups: Collection[str], *, prefix: str, admin_suffix: str,
+    groups: Collection[str], *, prefix: str, admin_suffix: str, staff_group: str = "",
 ) -> SsoTeams:
     """Map a groups claim to teams: a group `<prefix><team slug>` makes a member,
     `<prefix><team slug><admin_suffix>` a team admin (admin wins when both are there).
     Groups without the prefix are someone else's; teams that do not exist are ignored
-    (sign-on never creates teams)."""
+    (sign-on never creates teams). The group named exactly `staff_group` (when set) makes
+    fairq staff; it is matched whole, never as a team."""
+    staff = bool(staff_group) and staff_group in groups
     roles: dict[str, str] = {}
     for group in groups:
         if not isinstance(group, str) or not group.startswith(prefix):
@@ -427,15 +431,18 @@ def sso_teams_from_groups(
         if name and roles.get(name) != Role.TEAM_ADMIN:
             roles[name] = role
     existing = set(Team.objects.filter(slug__in=roles).values_list("slug", flat=True))
-    return SsoTeams(roles={slug: role for slug, role in roles.items() if slug in existing})
+    return SsoTeams(roles={slug: role for slug, role in roles.items() if slug in existing},
+                    staff=staff)
 
 
 def sso_user_sync(
     *, username: str, email: str, first_name: str, last_name: str, teams: SsoTeams,
-    user: User | None,
+    user: User | None, sync_staff: bool = False,
 ) -> User | None:
     """Create (user None) or update a single-sign-on user, and make their memberships the
     ones `teams` names: added, role changed, removed (each audited, actor: the system).
+    With `sync_staff` (a staff group is configured), staff rights follow the claim too:
+    granted in the group, taken away outside it. Superusers are never made by sign-on.
     An SSO user has no usable password. A removal or demotion the last-admin rule refuses
     is kept (logged). Returns None, changing nothing, when `username` is taken by an
     account with a password: sign-on never takes over a password (break-glass) account."""
@@ -450,15 +457,17 @@ def sso_user_sync(
             user.save(update_fields=["password"])
             audit_record(actor=None, action="create", instance=user,
                          changes={"username": [None, username], "via": [None, "sso"]})
-        else:
-            changes = {f: [getattr(user, f), new] for f, new in (
-                ("email", email), ("first_name", first_name), ("last_name", last_name))
-                if getattr(user, f) != new}
-            if changes:
-                for field, (_, new) in changes.items():
-                    setattr(user, field, new)
-                user.save(update_fields=list(changes))
-                audit_record(actor=None, action="update", instance=user, changes=changes)
+        wanted: dict[str, Any] = {"email": email, "first_name": first_name,
+                                  "last_name": last_name}
+        if sync_staff:
+            wanted["is_staff"] = teams.staff
+        changes = {f: [getattr(user, f), new] for f, new in wanted.items()
+                   if getattr(user, f) != new}
+        if changes:
+            for field, (_, new) in changes.items():
+                setattr(user, field, new)
+            user.save(update_fields=list(changes))
+            audit_record(actor=None, action="update", instance=user, changes=changes)
         current = {m.team.slug: m for m in Membership.objects.filter(user=user)
                    .select_related("team")}
         for slug, membership in current.items():

@@ -40,11 +40,13 @@ class FairqOIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
     def _sync(self, claims: dict[str, Any], user: Any) -> Any:
         teams = sso_teams_from_groups(
             _groups(claims), prefix=settings.FAIRQ_OIDC_TEAM_GROUP_PREFIX,
-            admin_suffix=settings.FAIRQ_OIDC_ADMIN_GROUP_SUFFIX)
+            admin_suffix=settings.FAIRQ_OIDC_ADMIN_GROUP_SUFFIX,
+            staff_group=settings.FAIRQ_OIDC_STAFF_GROUP)
         return sso_user_sync(
             username=_claim(claims, settings.FAIRQ_OIDC_USERNAME_CLAIM),
             email=_claim(claims, "email"), first_name=_claim(claims, "given_name"),
-            last_name=_claim(claims, "family_name"), teams=teams, user=user)
+            last_name=_claim(claims, "family_name"), teams=teams, user=user,
+            sync_staff=bool(settings.FAIRQ_OIDC_STAFF_GROUP))
 
     def create_user(self, claims: dict[str, Any]) -> Any:
         return self._sync(claims, None)

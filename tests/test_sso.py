@@ -82,6 +82,50 @@ def test_sign_on_refuses_a_username_taken_by_a_password_account(world: World) ->
     assert AuditEntry.objects.count() == before
 
 
+@pytest.mark.parametrize(("groups", "staff_group", "expected"), [
+    (["fairq-staff", "vision"], "fairq-staff", True),
+    (["vision"], "fairq-staff", False),
+    (["fairq-staff-not"], "fairq-staff", False),  # matched whole, not as a prefix
+    (["fairq-staff"], "", False),  # no staff group configured: nobody is made staff
+])
+def test_the_staff_group_is_matched_whole(
+        world: World, groups: list[str], staff_group: str, expected: bool) -> None:
+    teams = sso_teams_from_groups(groups, prefix="", admin_suffix=":admin",
+                                  staff_group=staff_group)
+    assert teams.staff is expected
+
+
+def test_staff_rights_follow_the_staff_group_at_every_sign_on(world: World) -> None:
+    def staff_sync(user: User | None, staff: bool) -> User | None:
+        return sso_user_sync(username="erin", email="erin@example.com", first_name="E",
+                             last_name="R", teams=SsoTeams(roles={}, staff=staff), user=user,
+                             sync_staff=True)
+
+    user = staff_sync(None, True)
+    assert user is not None
+    user.refresh_from_db()
+    assert user.is_staff and not user.is_superuser
+    user = staff_sync(user, False)
+    assert user is not None
+    user.refresh_from_db()
+    assert not user.is_staff
+    granted, revoked = AuditEntry.objects.filter(
+        object_type="auth.User", action="update").order_by("id")
+    assert granted.changes == {"is_staff": [False, True]}
+    assert revoked.changes == {"is_staff": [True, False]}
+
+
+def test_without_a_staff_group_sign_on_keeps_staff_given_by_hand(world: World) -> None:
+    user = sync(None, {"vision": Role.MEMBER})
+    assert user is not None
+    User.objects.filter(pk=user.pk).update(is_staff=True)
+    user.refresh_from_db()
+    user = sync(user, {"vision": Role.MEMBER})
+    assert user is not None
+    user.refresh_from_db()
+    assert user.is_staff
+
+
 def test_with_sign_on_off_the_routes_are_404_and_the_login_page_has_no_button(
         db: None) -> None:
     c = Client()

@@ -414,6 +414,10 @@ FAIRQ_OIDC_USERNAME_CLAIM = env("FAIRQ_OIDC_USERNAME_CLAIM", default="preferred_
 FAIRQ_OIDC_GROUPS_CLAIM = env("FAIRQ_OIDC_GROUPS_CLAIM", default="groups")
 FAIRQ_OIDC_TEAM_GROUP_PREFIX = env("FAIRQ_OIDC_TEAM_GROUP_PREFIX", default="")
 FAIRQ_OIDC_ADMIN_GROUP_SUFFIX = env("FAIRQ_OIDC_ADMIN_GROUP_SUFFIX", default=":admin")
+# The group that makes fairq staff (tiers, quotas, prices, every team). Empty: sign-on
+# leaves staff rights alone (granted by hand). Set: re-synced at every sign-on, so leaving
+# the group takes them away at the next login.
+FAIRQ_OIDC_STAFF_GROUP = env("FAIRQ_OIDC_STAFF_GROUP", default="")
 FAIRQ_OIDC_ENABLED = bool(OIDC_RP_CLIENT_ID)
 if FAIRQ_OIDC_ENABLED:
     _missing = [n for n in ("OIDC_OP_AUTHORIZATION_ENDPOINT", "OIDC_OP_TOKEN_ENDPOINT",
