@@ -70,19 +70,18 @@ def _run_cycle() -> None:
 
 def test_wait_follows_the_job_and_exits_with_its_result(cli: Cli) -> None:
     cli.on_sleep = _run_cycle
-    r = cli(*SUBMIT, "-e", "FAIRQ_SIM_SECONDS=0", "--wait", "--poll-interval", "0.01",
-            "--timeout", "60")
+    r = cli(*SUBMIT, "-e", "FAIRQ_SIM_SECONDS=0", "--wait", "--timeout", "60")
     assert r.code == 0, r.err
     assert "SUCCEEDED" in r.err
     assert "succeeded" in r.out
 
 
-def test_wait_exits_with_the_failed_jobs_exit_code(cli: Cli) -> None:
+def test_wait_exits_3_when_the_job_failed_and_names_its_exit_code(cli: Cli) -> None:
     cli.on_sleep = _run_cycle
-    r = cli(*SUBMIT, "-e", "FAIRQ_SIM_SECONDS=0", "-e", "FAIRQ_SIM_EXIT_CODE=3", "--wait",
-            "--poll-interval", "0.01", "--timeout", "60")
+    r = cli(*SUBMIT, "-e", "FAIRQ_SIM_SECONDS=0", "-e", "FAIRQ_SIM_EXIT_CODE=7", "--wait",
+            "--timeout", "60")
     assert r.code == 3, (r.out, r.err)
-    assert "FAILED" in r.err
+    assert f"fairq: job {Job.objects.get().pk} FAILED (exit code 7)" in r.err
 
 
 def test_queue_prints_a_table_of_active_jobs(cli: Cli, world: World) -> None:
@@ -146,8 +145,10 @@ def test_prio_prints_the_breakdown(cli: Cli, world: World) -> None:
         pytest.skip("the job detail has no priority breakdown yet (issue 3)")
     r = cli("prio", str(job.pk))
     assert r.code == 0, r.err
-    assert r.out.splitlines()[0].split() == ["JOBID", "TEAM", "STATE", "PRIORITY", "FAIRSHARE",
-                                             "AGE", "SIZE"]
+    header, row = r.out.splitlines()[:2]
+    assert header.split() == ["JOBID", "TEAM", "TIER", "STATE", "PRIORITY", "FAIRSHARE",
+                              "AGE", "SIZE"]
+    assert row.split()[:4] == [str(job.pk), "vision", "normal", "QUEUED"]
     assert "fair_share" in r.out
 
 
