@@ -42,7 +42,9 @@ EXIT_JOB_FAILED = 3
 EXIT_JOB_CANCELLED = 4
 EXIT_UNREACHABLE = 5
 EXIT_WAIT_TIMEOUT = 6
-WATCH_SECONDS = 30  # a long poll's `wait` (the server caps it at 60)
+# A long poll's `wait` (the server caps it at 60): FAIRQ_WATCH_SECONDS lowers it behind a
+# proxy that drops idle connections sooner.
+WATCH_SECONDS = 30
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # seconds between tries while fairq is unreachable
 
 
@@ -133,6 +135,15 @@ def duration_seconds(text: str) -> int:
 # --- the watch ---------------------------------------------------------------------------
 
 
+def _watch_seconds() -> int:
+    raw = os.environ.get("FAIRQ_WATCH_SECONDS", "")
+    if not raw:
+        return WATCH_SECONDS
+    if not raw.isdigit() or not 1 <= int(raw) <= 60:
+        raise UsageError(f"FAIRQ_WATCH_SECONDS must be 1..60 seconds, not {raw!r}")
+    return int(raw)
+
+
 class Watcher:
     """Follows jobs with the API's long poll (`GET /jobs/{id}/?wait=S&since_event=N`):
     one request per change or per `seconds`, not one per poll interval. While fairq
@@ -186,14 +197,14 @@ class Watcher:
         self._get(job_id, self._params(job_id, min(max(1, seconds), 60)))
 
     def follow(self, job_id: int) -> dict[str, Any]:
-        """The job once it is final, reporting each state it passes through on stderr."""
+        """The job once it is final, reporting on stderr each state it passed through
+        (from its transition events: none is missed when several happen between two
+        answers)."""
         job: dict[str, Any] = self._get(job_id, {})[1]
-        last = None
+        if self.verbose:
+            self._report(job, job["status"], None)
+        seen = max([e.get("id") or 0 for e in job.get("events") or []], default=0)
         while True:
-            if job["status"] != last:
-                last = job["status"]
-                if self.verbose:
-                    self._report(job)
             if job["status"] in FINAL:
                 return job
             if self.deadline is not None and time.monotonic() > self.deadline:
@@ -201,18 +212,28 @@ class Watcher:
             seconds = self.seconds if self.deadline is None else \
                 max(1, min(self.seconds, int(self.deadline - time.monotonic()) + 1))
             status, body = self._get(job_id, self._params(job_id, seconds))
-            if status == 200:
-                job = body
+            if status != 200:
+                continue
+            job = body
+            for e in job.get("events") or []:
+                if (e.get("id") or 0) > seen and e.get("kind") == "transition" and \
+                        e.get("to_status") and self.verbose:
+                    self._report(job, e["to_status"], e)
+            seen = max([seen, *[e.get("id") or 0 for e in job.get("events") or []]])
 
-    def _report(self, job: dict[str, Any]) -> None:
-        stamp = datetime.now(UTC).strftime("%H:%M:%S")
+    def _report(self, job: dict[str, Any], status: str, event: dict[str, Any] | None) -> None:
+        when = parse_time(event["at"]) if event and event.get("at") else None
+        stamp = (when or datetime.now(UTC)).astimezone(UTC).strftime("%H:%M:%S")
         extra = ""
+        current = status == job["status"]
         queue = job.get("queue") or {}
-        if job["status"] == "QUEUED" and queue.get("reasons"):
+        if status == "QUEUED" and current and queue.get("reasons"):
             extra = f" ({queue['reasons'][0]['message']})"
-        elif job["status"] in {"ADMITTED", "RUNNING"} and job.get("placement"):
+        elif status in {"ADMITTED", "RUNNING"} and current and job.get("placement"):
             extra = f" on {_nodes(job['placement'])}"
-        self.app.err.write(f"[{stamp}] job {job['id']} {job['status']}{extra}\n")
+        elif event and event.get("reason") and status not in {"QUEUED", "ADMITTED", "RUNNING"}:
+            extra = f" ({event['reason']})"
+        self.app.err.write(f"[{stamp}] job {job['id']} {status}{extra}\n")
         self.app.err.flush()
 
 
@@ -264,7 +285,7 @@ class App:
         another was followed answers at once); the exit code says how they ended."""
         deadline = None if a.timeout is None else time.monotonic() + a.timeout
         watcher = Watcher(self, give_up=a.unreachable_timeout, deadline=deadline,
-                          seconds=WATCH_SECONDS, verbose=len(ids) == 1 and not self.as_json)
+                          seconds=_watch_seconds(), verbose=len(ids) == 1 and not self.as_json)
         finals = [watcher.follow(job_id) for job_id in ids]
         if self.as_json:
             self.emit_json(finals[0] if len(finals) == 1 else finals)
@@ -417,7 +438,7 @@ class App:
         # Follow: read the tail and print what is new; a new attempt starts over.
         printed, attempt, empty_said = 0, None, False
         watcher = Watcher(self, give_up=a.unreachable_timeout, deadline=None,
-                          seconds=WATCH_SECONDS, verbose=False)
+                          seconds=_watch_seconds(), verbose=False)
         while True:
             data = self.client.get(f"/jobs/{a.job_id}/logs/", tail=10_000, **query)
             if data["attempt"] != attempt:
@@ -432,8 +453,10 @@ class App:
                 if not self.as_json:
                     self._log_notes(data)
                 return 0
-            if data.get("empty") and not empty_said and not self.as_json:
-                self.err.write(f"[fairq] attempt {attempt}: the log is empty so far\n")
+            if not lines and not empty_said and not self.as_json and \
+                    data["status"] not in FINAL and (data.get("empty") or data.get("note")):
+                said = data.get("note") or "the log is empty"
+                self.err.write(f"[fairq] attempt {attempt}: {said} (following)\n")
                 empty_said = True
             self.out.flush()
             # The watch: back at once when the job changes (ends, requeues), else after

@@ -91,3 +91,6 @@ def cli(world: World, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Cli:
     monkeypatch.delenv("FAIRQ_URL", raising=False)
     monkeypatch.delenv("FAIRQ_TOKEN", raising=False)
     return Cli(token=token_issue(user=world.admin).key, transport=DjangoTransport(), sleeps=[])
+
+
+from .live import live  # noqa: E402, F401  # the live server fixture, for test_cli_watch.py
