@@ -27,22 +27,27 @@ class Start:
 def queue_start_estimates(*, now: datetime) -> tuple[dict[int, Start], str]:
     """(job id -> its `Start`, error): every job of the queue plan. The error is the
     plan's (the cluster did not answer): then there are none.
-    Four queries whatever the queue's length: the plan (cached), the queued jobs, the
-    running jobs, and the cluster view (cached)."""
+    Four reads whatever the queue's length: the plan (cached), the queued jobs, the
+    running jobs, and the cluster view (cached). GPUs held outside fairq are not seen."""
     plan = queue_plan(now=now)
     if plan.error:
         return {}, plan.error
     positions = {job_id: e.position for job_id, e in plan.entries.items()}
-    view = cluster_view(now=now)
-    free: dict[str, int] = {}
-    for n in view.node_list:
-        free[n.gpu_type] = free.get(n.gpu_type, 0) + max(0, n.capacity - n.allocated)
     held = Job.objects.filter(status__in=[JobState.ADMITTED, JobState.RUNNING]).values_list(
         "gpu_type__slug", "gpus_per_replica", "replicas", "started_at", "max_runtime_seconds")
     running = [Holding(gpu_type=t, gpus=g * r,
                        # Admitted, not started yet: its clock starts about now.
                        ends_at=None if limit is None else (started or now) + timedelta(seconds=limit))
                for t, g, r, started, limit in held]
+    # Free: the cluster's GPUs less those fairq's jobs hold, from the same rows as the
+    # releases (the cluster's own `allocated` lags a cancel by up to a cycle, and would
+    # count a stopped job's GPUs twice: held, and never released).
+    free: dict[str, int] = {}
+    for n in cluster_view(now=now).node_list:
+        free[n.gpu_type] = free.get(n.gpu_type, 0) + n.capacity
+    for h in running:
+        free[h.gpu_type] = free.get(h.gpu_type, 0) - h.gpus
+    free = {t: max(0, n) for t, n in free.items()}
     rows = {pk: (t, g * r, limit) for pk, t, g, r, limit in Job.objects.filter(
         pk__in=list(positions), status=JobState.QUEUED).values_list(
         "id", "gpu_type__slug", "gpus_per_replica", "replicas", "max_runtime_seconds")}
