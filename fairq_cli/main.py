@@ -160,13 +160,19 @@ class Watcher:
         self.since: dict[int, int] = {}
 
     def _get(self, job_id: int, params: dict[str, Any]) -> tuple[int, Any]:
+        status, body, headers = self.get(f"/jobs/{job_id}/", params)
+        if headers.get("fairq-last-event", "").isdigit():
+            self.since[job_id] = int(headers["fairq-last-event"])
+        return status, body
+
+    def get(self, path: str, params: dict[str, Any]) -> tuple[int, Any, dict[str, str]]:
+        """One GET, retried with backoff while fairq cannot be reached."""
         down_since: float | None = None
         delay = RETRY_FIRST
         while True:
             try:
                 status, body, headers = self.app.client.fetch(
-                    f"/jobs/{job_id}/", params=params,
-                    timeout=float(params.get("wait", 0)) + 30.0)
+                    path, params=params, timeout=float(params.get("wait", 0)) + 30.0)
             except ApiError as exc:
                 if exc.code != "unreachable" and exc.status < 500:
                     raise
@@ -182,9 +188,7 @@ class Watcher:
                 continue
             if down_since is not None:
                 self.app.err.write("fairq reachable again\n")
-            if headers.get("fairq-last-event", "").isdigit():
-                self.since[job_id] = int(headers["fairq-last-event"])
-            return status, body
+            return status, body, headers
 
     def _params(self, job_id: int, seconds: int) -> dict[str, Any]:
         params: dict[str, Any] = {"wait": seconds}
@@ -440,7 +444,8 @@ class App:
         watcher = Watcher(self, give_up=a.unreachable_timeout, deadline=None,
                           seconds=_watch_seconds(), verbose=False)
         while True:
-            data = self.client.get(f"/jobs/{a.job_id}/logs/", tail=10_000, **query)
+            data = watcher.get(f"/jobs/{a.job_id}/logs/", {
+                "tail": 10_000, **{k: v for k, v in query.items() if v is not None}})[1]
             if data["attempt"] != attempt:
                 attempt, printed, empty_said = data["attempt"], 0, False
             lines = data["lines"]
@@ -454,7 +459,7 @@ class App:
                     self._log_notes(data)
                 return 0
             if not lines and not empty_said and not self.as_json and \
-                    data["status"] not in FINAL and (data.get("empty") or data.get("note")):
+                    (data.get("empty") or data.get("note")):
                 said = data.get("note") or "the log is empty"
                 self.err.write(f"[fairq] attempt {attempt}: {said} (following)\n")
                 empty_said = True

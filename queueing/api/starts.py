@@ -45,7 +45,7 @@ class JobStartsView(APIView):
         teams = teams_asked(user=request.user, slug=request.query_params.get("team"))
         ids = list(jobs_visible_to(actor=request.user).filter(
             status=JobState.QUEUED, team__in=teams).values_list("id", flat=True))
-        starts, error = queue_start_estimates(now=now)
+        starts, error = queue_start_estimates(now=now, job_ids=ids)
         jobs = []
         for i in sorted(ids, key=lambda i: (i not in starts, starts[i].position if i in starts
                                             else 0, i)):

@@ -3,6 +3,7 @@ queue plan's order (rule P2), the cluster view's free GPUs and the running jobs'
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -24,12 +25,16 @@ class Start:
     estimated_start: datetime | None
 
 
-def queue_start_estimates(*, now: datetime) -> tuple[dict[int, Start], str]:
-    """(job id -> its `Start`, error): every job of the queue plan. The error is the
+def queue_start_estimates(*, now: datetime, job_ids: Collection[int] = ()
+                          ) -> tuple[dict[int, Start], str]:
+    """(job id -> its `Start`, error): every job of the queue plan, made afresh when one
+    of `job_ids` is missing from the cached one. The error is the
     plan's (the cluster did not answer): then there are none.
     Four reads whatever the queue's length: the plan (cached), the queued jobs, the
     running jobs, and the cluster view (cached). GPUs held outside fairq are not seen."""
     plan = queue_plan(now=now)
+    if not plan.error and any(i not in plan.entries for i in job_ids):
+        plan = queue_plan(now=now, fresh=True)  # queued since the cached plan (as P3 does)
     if plan.error:
         return {}, plan.error
     positions = {job_id: e.position for job_id, e in plan.entries.items()}

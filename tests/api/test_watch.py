@@ -9,6 +9,7 @@ import time
 import pytest
 
 from queueing.api import watch
+from queueing.selectors.queue_plan import queue_plan_forget
 from queueing.services.jobs import job_cancel
 from tests.conftest import World
 from tests.factories import JobFactory
@@ -108,3 +109,30 @@ def test_the_stream_is_event_stream_with_a_retry_hint(world: World,
     text = b"".join(r.streaming_content).decode()
     assert text.startswith("retry: ")
     assert text.rstrip().endswith("reconnect with Last-Event-ID")
+
+
+def test_starts_answers_any_number_of_queued_jobs_in_the_same_queries(
+        world: World) -> None:
+    """One request for the whole queue (`fairq queue`): no query per job."""
+    client = world.client(world.admin)
+
+    def count() -> int:
+        from django.db import connection
+        from django.test.utils import CaptureQueriesContext
+
+        queue_plan_forget()  # both counts plan the queue afresh
+        with CaptureQueriesContext(connection) as q:
+            r = client.get("/api/v1/jobs/starts/?team=vision")
+        assert r.status_code == 200
+        return len(q.captured_queries)
+
+    JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
+    few = count()
+    for _ in range(12):
+        JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
+    assert count() <= few
+    # Jobs queued since the cached plan get a fresh one, not a null position.
+    JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
+    jobs = client.get("/api/v1/jobs/starts/?team=vision").json()["jobs"]
+    assert [j["position"] for j in jobs] == list(range(1, 15))
+    assert all(j["reason"]["code"] for j in jobs)

@@ -128,6 +128,10 @@ def test_logs_follow_until_the_job_ends(cli: Cli) -> None:
     assert r.code == 0, r.err
     job.refresh_from_db()
     assert job.status == "SUCCEEDED"
+    # Between reads it waited with the watch (a long poll), not a sleep.
+    assert any(path.startswith(f"/api/v1/jobs/{job.pk}/?wait=1")
+               for _, path in cli.transport.calls)
+    assert cli.sleeps == []
 
 
 def test_share_prints_the_callers_teams(cli: Cli) -> None:
