@@ -262,6 +262,8 @@ class App:
     # fairq submit
     def submit(self, a: argparse.Namespace) -> int:
         body = job_from_args(a)
+        if a.wait:
+            _watch_seconds()  # a bad setting is said before anything is submitted
         if a.array:
             created = self.client.post("/jobs/bulk/", {**body, "count": a.array})
             if self.as_json and not a.wait:

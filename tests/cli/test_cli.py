@@ -210,3 +210,17 @@ def test_status_names_each_node_once_with_its_replicas(cli: Cli, world: World) -
     r = cli("status", str(job.pk))
     assert r.code == 0, r.err
     assert "  Nodes     gpu-a (2 replicas), gpu-b\n" in r.out
+
+
+def test_wait_exits_6_when_the_timeout_passes(cli: Cli) -> None:
+    r = cli(*SUBMIT, "--wait", "--timeout", "1")  # no cycle runs: it stays queued
+    assert r.code == 6, r.err
+    assert r.err.endswith(f"fairq: job {Job.objects.get().pk} still QUEUED (--timeout)\n")
+
+
+def test_a_bad_watch_setting_is_a_usage_error(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAIRQ_WATCH_SECONDS", "600")
+    r = cli(*SUBMIT, "--wait")
+    assert r.code == 2
+    assert "FAIRQ_WATCH_SECONDS must be 1..60" in r.err
+    assert not Job.objects.exists()  # said before submitting
