@@ -184,6 +184,7 @@ def _read_stream(r: requests.Response) -> tuple[list[dict[str, Any]], list[str]]
         line = raw or ""
         if not line:
             if "data" in current:
+                current["received"] = time.monotonic()
                 events.append(current)
             current = {}
         elif line.startswith(":"):
@@ -208,6 +209,7 @@ def test_the_stream_yields_job_events_and_resumes_with_last_event_id(
 
     t = threading.Thread(target=later)
     t.start()
+    opened = time.monotonic()
     r = api.get(f"{live.url}/api/v1/jobs/stream/", params={"team": "vision", "duration": 3},
                 headers={"Accept": "text/event-stream"}, stream=True, timeout=30)
     assert r.headers["Content-Type"].startswith("text/event-stream")
@@ -216,6 +218,8 @@ def test_the_stream_yields_job_events_and_resumes_with_last_event_id(
     assert [(e["event"], e["data"]["to_status"]) for e in events] == [
         ("transition", "QUEUED"), ("transition", "CANCELLED")]
     assert [int(e["id"]) for e in events] == [e["data"]["id"] for e in events]
+    # Each event as it happens (~1 s in), not when the 3 s stream ends.
+    assert events[0]["received"] - opened < 2.5
     assert "heartbeat" in comments
     assert comments[-1].startswith("the stream ends after 3s")
 
