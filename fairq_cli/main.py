@@ -333,7 +333,7 @@ class App:
         if a.start:
             jobs = queued
         # Position, reason and estimated start of the queued jobs: one request for all
-        # (rules P2, P3, E1), unless the list already carries position and reason.
+        # (rules P2, P3, P4), unless the list already carries position and reason.
         starts: dict[int, dict[str, Any]] = {}
         if queued and (a.start or any("position" not in j or "reason" not in j
                                       for j in queued)):

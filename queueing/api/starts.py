@@ -1,5 +1,5 @@
 """API v1: where each queued job stands, why it waits and when it may start (rules P2,
-P3, E1 of docs/scheduling.md), in one request: `fairq queue` and `squeue --start`."""
+P3, P4 of docs/scheduling.md), in one request: `fairq queue` and `squeue --start`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from .scope import teams_asked
 class JobStartsView(APIView):
     """The caller's queued jobs (of `team`, or of every team the caller may see), in
     queue order (rule P2), each with its position, its first wait reason (rule P3) and
-    its estimated start (rule E1: from the running jobs' max runtimes; null when no
+    its estimated start (rule P4: from the running jobs' max runtimes; null when no
     estimate can be made). `error`: the cluster did not answer, and no job has a
     position, reason or estimate."""
 

@@ -1,4 +1,4 @@
-"""Rule E1 (docs/scheduling.md): when a queued job may start, estimated from the ends of
+"""Rule P4 (docs/scheduling.md): when a queued job may start, estimated from the ends of
 the jobs holding its GPU type (their start plus max runtime) and the jobs ahead of it.
 
 Pure: the running jobs, the queue in order and the free GPUs come in, `now` too;
@@ -36,7 +36,7 @@ class Waiting:
 
 def estimate_starts(*, now: datetime, free: Mapping[str, int], running: Sequence[Holding],
                     queued: Sequence[Waiting]) -> dict[int, datetime | None]:
-    """Rule E1. Per GPU type, the queued jobs in the order given start one after the
+    """Rule P4. Per GPU type, the queued jobs in the order given start one after the
     other (none before the one ahead of it); each starts at the earliest instant when
     the GPUs free now plus those released by then (running jobs at their `ends_at`,
     and jobs estimated to start earlier at their start plus max runtime) cover it.

@@ -1,4 +1,4 @@
-"""Rule E1 for the queue as it is: each queued job's estimated start, from the cached
+"""Rule P4 for the queue as it is: each queued job's estimated start, from the cached
 queue plan's order (rule P2), the cluster view's free GPUs and the running jobs' ends."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .queue_plan import queue_plan
 @dataclass(frozen=True)
 class Start:
     """Where a queued job stands (rule P2), why it waits first (rule P3) and when it may
-    start (rule E1; None: no estimate)."""
+    start (rule P4; None: no estimate)."""
 
     position: int
     reason: dict[str, str] | None

@@ -1,6 +1,6 @@
 """`fairq queue` tells the truth (issue 17.2): each queued job's reason is the API's
 (rule P3), the queue is in position order (rule P2), `--start` estimates when each may
-start (rule E1), and `fairq prio` shows the tier."""
+start (rule P4), and `fairq prio` shows the tier."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_queue_start_estimates_from_the_running_jobs_max_runtimes(
     r1.refresh_from_db()
     assert r1.started_at is not None
     first_end = r1.started_at + timedelta(hours=1)
-    # Rule E1: urgent (4 GPUs) starts when r1's 8 come back; big (8) needs 4 more, which
+    # Rule P4: urgent (4 GPUs) starts when r1's 8 come back; big (8) needs 4 more, which
     # urgent gives back 30 minutes later (before r2's end at 3 h).
     expected = {"urgent": ("1", first_end), "big": ("2", first_end + timedelta(minutes=30))}
     assert [row.split()[2] for row in rows] == ["urgent", "big"]
