@@ -23,10 +23,20 @@ class Transport(Protocol):
     def request(self, method: str, url: str, **kwargs: Any) -> Any: ...
 
 
+def api_base(url: str) -> str:
+    """The API's root from a server URL, which may already end in /api/v1 (with or
+    without a slash): `https://fq.example.org/` and `https://fq.example.org/api/v1/`
+    both give `https://fq.example.org/api/v1`."""
+    url = url.strip().rstrip("/")
+    if url.endswith("/api/v1"):
+        url = url[: -len("/api/v1")]
+    return url + "/api/v1"
+
+
 class Client:
     def __init__(self, url: str, token: str, *, transport: Transport | None = None,
                  timeout: float = 30.0) -> None:
-        self.base = url.rstrip("/") + "/api/v1"
+        self.base = api_base(url)
         self.timeout = timeout
         self.http: Any = transport or requests.Session()
         self.headers = {"Authorization": f"Token {token}", "Accept": "application/json",
@@ -56,6 +66,23 @@ class Client:
                 continue
             return _decode(r)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def fetch(self, path: str, *, params: dict[str, Any] | None = None,
+              timeout: float | None = None) -> tuple[int, Any, dict[str, str]]:
+        """One GET as (status, decoded JSON or None, headers), a 304 included: for the
+        watch (a long poll answers 304 when nothing changed). ApiError for a 4xx or 5xx
+        (`status` set) and for a server not reached (`code` "unreachable")."""
+        url = path if path.startswith("http") else f"{self.base}{path}"
+        try:
+            r = self.http.request("GET", url, json=None, params=params,
+                                  headers=dict(self.headers), timeout=timeout or self.timeout)
+        except requests.RequestException as exc:
+            raise ApiError(f"cannot reach {self.base}: {exc.__class__.__name__}",
+                           code="unreachable") from exc
+        headers = {k.lower(): v for k, v in dict(getattr(r, "headers", None) or {}).items()}
+        if r.status_code == 304:
+            return 304, None, headers
+        return r.status_code, _decode(r), headers
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})

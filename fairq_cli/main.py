@@ -1,13 +1,15 @@
 """`fairq`: submit, watch and inspect GPU jobs like Slurm's sbatch/squeue/sshare/sprio.
 
-Exit codes: 0 success; 1 the server or the job said no (one line on stderr); 2 bad usage;
-with `submit --wait`, the job's own result (0, its exit code, or 1 when cancelled).
+Exit codes (docs/cli.md): 0 success; 1 the server said no (one line on stderr); 2 bad
+usage; 3 a job followed with `--wait` failed; 4 it was cancelled; 5 fairq could not be
+reached (with `--wait`: not within `--unreachable-timeout`); 6 `--timeout` passed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -34,7 +36,27 @@ JOB_FIELDS = ["team", "name", "image", "command", "args", "env", "gpu_type", "gp
 RESOURCE_FLAGS = {"cpu": "cpu", "memory": "memory", "ephemeral_storage": "ephemeral_storage"}
 
 
+EXIT_SERVER_SAID_NO = 1
+EXIT_USAGE = 2
+EXIT_JOB_FAILED = 3
+EXIT_JOB_CANCELLED = 4
+EXIT_UNREACHABLE = 5
+EXIT_WAIT_TIMEOUT = 6
+# A long poll's `wait` (the server caps it at 60): FAIRQ_WATCH_SECONDS lowers it behind a
+# proxy that drops idle connections sooner.
+WATCH_SECONDS = 30
+RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # seconds between tries while fairq is unreachable
+
+
 class UsageError(Exception):
+    pass
+
+
+class Unreachable(Exception):
+    """fairq did not answer for longer than the caller would wait."""
+
+
+class WaitTimeout(Exception):
     pass
 
 
@@ -110,6 +132,115 @@ def duration_seconds(text: str) -> int:
     raise UsageError(f"bad duration {text!r}: use 90, 30m, 2h, 1d or h:mm:ss")
 
 
+# --- the watch ---------------------------------------------------------------------------
+
+
+def _watch_seconds() -> int:
+    raw = os.environ.get("FAIRQ_WATCH_SECONDS", "")
+    if not raw:
+        return WATCH_SECONDS
+    if not raw.isdigit() or not 1 <= int(raw) <= 60:
+        raise UsageError(f"FAIRQ_WATCH_SECONDS must be 1..60 seconds, not {raw!r}")
+    return int(raw)
+
+
+class Watcher:
+    """Follows jobs with the API's long poll (`GET /jobs/{id}/?wait=S&since_event=N`):
+    one request per change or per `seconds`, not one per poll interval. While fairq
+    cannot be reached (a restart, a 5xx from the proxy) it retries with backoff (1 s,
+    2 s, 4 s, ... 30 s), saying so on stderr, and gives up after `give_up` seconds."""
+
+    def __init__(self, app: App, *, give_up: float, deadline: float | None, seconds: int,
+                 verbose: bool) -> None:
+        self.app = app
+        self.give_up = give_up
+        self.deadline = deadline
+        self.seconds = seconds
+        self.verbose = verbose
+        self.since: dict[int, int] = {}
+
+    def _get(self, job_id: int, params: dict[str, Any]) -> tuple[int, Any]:
+        status, body, headers = self.get(f"/jobs/{job_id}/", params)
+        if headers.get("fairq-last-event", "").isdigit():
+            self.since[job_id] = int(headers["fairq-last-event"])
+        return status, body
+
+    def get(self, path: str, params: dict[str, Any]) -> tuple[int, Any, dict[str, str]]:
+        """One GET, retried with backoff while fairq cannot be reached."""
+        down_since: float | None = None
+        delay = RETRY_FIRST
+        while True:
+            try:
+                status, body, headers = self.app.client.fetch(
+                    path, params=params, timeout=float(params.get("wait", 0)) + 30.0)
+            except ApiError as exc:
+                if exc.code != "unreachable" and exc.status < 500:
+                    raise
+                now = time.monotonic()
+                down_since = now if down_since is None else down_since
+                if now - down_since + delay > self.give_up:
+                    raise Unreachable(f"fairq unreachable for {now - down_since:.0f}s, giving "
+                                      f"up ({exc.message})") from None
+                self.app.err.write(f"fairq unreachable, retrying in {delay:.0f}s\n")
+                self.app.err.flush()
+                self.app.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+                continue
+            if down_since is not None:
+                self.app.err.write("fairq reachable again\n")
+            return status, body, headers
+
+    def _params(self, job_id: int, seconds: int) -> dict[str, Any]:
+        params: dict[str, Any] = {"wait": seconds}
+        if job_id in self.since:
+            params["since_event"] = self.since[job_id]
+        return params
+
+    def pause(self, job_id: int, *, seconds: int) -> None:
+        """Return when the job changed or after `seconds`, whichever comes first."""
+        self._get(job_id, self._params(job_id, min(max(1, seconds), 60)))
+
+    def follow(self, job_id: int) -> dict[str, Any]:
+        """The job once it is final, reporting on stderr each state it passed through
+        (from its transition events: none is missed when several happen between two
+        answers)."""
+        job: dict[str, Any] = self._get(job_id, {})[1]
+        if self.verbose:
+            self._report(job, job["status"], None)
+        seen = max([e.get("id") or 0 for e in job.get("events") or []], default=0)
+        while True:
+            if job["status"] in FINAL:
+                return job
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                raise WaitTimeout(f"job {job_id} still {job['status']} (--timeout)")
+            seconds = self.seconds if self.deadline is None else \
+                max(1, min(self.seconds, int(self.deadline - time.monotonic()) + 1))
+            status, body = self._get(job_id, self._params(job_id, seconds))
+            if status != 200:
+                continue
+            job = body
+            for e in job.get("events") or []:
+                if (e.get("id") or 0) > seen and e.get("kind") == "transition" and \
+                        e.get("to_status") and self.verbose:
+                    self._report(job, e["to_status"], e)
+            seen = max([seen, *[e.get("id") or 0 for e in job.get("events") or []]])
+
+    def _report(self, job: dict[str, Any], status: str, event: dict[str, Any] | None) -> None:
+        when = parse_time(event["at"]) if event and event.get("at") else None
+        stamp = (when or datetime.now(UTC)).astimezone(UTC).strftime("%H:%M:%S")
+        extra = ""
+        current = status == job["status"]
+        queue = job.get("queue") or {}
+        if status == "QUEUED" and current and queue.get("reasons"):
+            extra = f" ({queue['reasons'][0]['message']})"
+        elif status in {"ADMITTED", "RUNNING"} and current and job.get("placement"):
+            extra = f" on {_nodes(job['placement'])}"
+        elif event and event.get("reason") and status not in {"QUEUED", "ADMITTED", "RUNNING"}:
+            extra = f" ({event['reason']})"
+        self.app.err.write(f"[{stamp}] job {job['id']} {status}{extra}\n")
+        self.app.err.flush()
+
+
 # --- commands ----------------------------------------------------------------------------
 
 
@@ -131,14 +262,18 @@ class App:
     # fairq submit
     def submit(self, a: argparse.Namespace) -> int:
         body = job_from_args(a)
+        if a.wait:
+            _watch_seconds()  # a bad setting is said before anything is submitted
         if a.array:
             created = self.client.post("/jobs/bulk/", {**body, "count": a.array})
-            if self.as_json:
+            if self.as_json and not a.wait:
                 self.emit_json(created)
-            else:
+            elif not self.as_json:
                 ids = created["ids"]
                 self.say(f"Submitted array job of {created['count']}: jobs {ids[0]}..{ids[-1]}")
-            return 0
+            if not a.wait:
+                return 0
+            return self.wait_all(created["ids"], a)
         job = self.client.post("/jobs/", body)
         if self.as_json and not a.wait:
             self.emit_json(job)
@@ -149,42 +284,37 @@ class App:
                      f"tier {job['tier']})")
         if not a.wait:
             return 0
-        return self.wait(job["id"], interval=a.poll_interval, timeout=a.timeout)
+        return self.wait_all([job["id"]], a)
 
-    def wait(self, job_id: int, *, interval: float, timeout: float | None) -> int:
-        """Follow the job until it is final; its result becomes the exit code."""
-        started = time.monotonic()
-        last = None
-        while True:
-            job = self.client.get(f"/jobs/{job_id}/")
-            if job["status"] != last:
-                last = job["status"]
-                if not self.as_json:
-                    stamp = datetime.now(UTC).strftime("%H:%M:%S")
-                    extra = ""
-                    queue = job.get("queue") or {}
-                    if job["status"] == "QUEUED" and queue.get("reasons"):
-                        extra = f" ({queue['reasons'][0]['message']})"
-                    elif job["status"] in {"ADMITTED", "RUNNING"} and job.get("placement"):
-                        extra = f" on {_nodes(job['placement'])}"
-                    self.err.write(f"[{stamp}] job {job_id} {job['status']}{extra}\n")
-            if job["status"] in FINAL:
-                break
-            if timeout is not None and time.monotonic() - started > timeout:
-                raise ApiError(f"job {job_id} still {job['status']} after {timeout:.0f}s")
-            self.sleep(interval)
+    def wait_all(self, ids: Sequence[int], a: argparse.Namespace) -> int:
+        """Follow every job of `ids` to its end (one at a time: a job that ended while
+        another was followed answers at once); the exit code says how they ended."""
+        deadline = None if a.timeout is None else time.monotonic() + a.timeout
+        watcher = Watcher(self, give_up=a.unreachable_timeout, deadline=deadline,
+                          seconds=_watch_seconds(), verbose=len(ids) == 1 and not self.as_json)
+        finals = [watcher.follow(job_id) for job_id in ids]
         if self.as_json:
-            self.emit_json(job)
-        if job["status"] == "SUCCEEDED":
-            if not self.as_json:
-                self.say(f"Job {job_id} succeeded in {elapsed(job, datetime.now(UTC))}")
-            return 0
-        reason = job.get("message") or job["status"].lower()
-        self.err.write(f"fairq: job {job_id} {job['status']}: {reason}\n")
-        if job["status"] == "FAILED":
-            code = job.get("exit_code")
-            return code if isinstance(code, int) and 0 < code < 256 else 1
-        return 1
+            self.emit_json(finals[0] if len(finals) == 1 else finals)
+        for job in finals:
+            if job["status"] != "SUCCEEDED":
+                reason = job.get("message") or job["status"].lower()
+                code = "" if job.get("exit_code") is None else f" (exit code {job['exit_code']})"
+                self.err.write(f"fairq: job {job['id']} {job['status']}{code}: {reason}\n")
+        if len(finals) > 1 and not self.as_json:
+            counts: dict[str, int] = {}
+            for job in finals:
+                counts[job["status"]] = counts.get(job["status"], 0) + 1
+            self.say(f"Array of {len(finals)}: " + ", ".join(
+                f"{n} {st.lower()}" for st, n in sorted(counts.items())))
+        elif finals[0]["status"] == "SUCCEEDED" and not self.as_json:
+            self.say(f"Job {finals[0]['id']} succeeded in "
+                     f"{elapsed(finals[0], datetime.now(UTC))}")
+        statuses = {job["status"] for job in finals}
+        if "FAILED" in statuses:
+            return EXIT_JOB_FAILED
+        if "CANCELLED" in statuses:
+            return EXIT_JOB_CANCELLED
+        return 0
 
     # fairq queue
     def queue(self, a: argparse.Namespace) -> int:
@@ -199,22 +329,44 @@ class App:
         params += [("label", label) for label in a.label or []]
         params.append(("page_size", min(a.limit, 500)))
         jobs = self.client.pages("/jobs/", params, a.limit)
+        queued = [j for j in jobs if j["status"] == "QUEUED"]
+        if a.start:
+            jobs = queued
+        # Position, reason and estimated start of the queued jobs: one request for all
+        # (rules P2, P3, P4), unless the list already carries position and reason.
+        starts: dict[int, dict[str, Any]] = {}
+        if queued and (a.start or any("position" not in j or "reason" not in j
+                                      for j in queued)):
+            data = self.client.get("/jobs/starts/", team=a.team)
+            starts = {s["id"]: s for s in data["jobs"]}
+            for j in queued:
+                got = starts.get(j["id"], {})
+                j.setdefault("position", got.get("position"))
+                j.setdefault("reason", got.get("reason"))
+                if a.start:
+                    j["estimated_start"] = got.get("estimated_start")
         if self.as_json:
             self.emit_json(jobs)
             return 0
         now = datetime.now(UTC)
         rows = []
-        for j in sorted(jobs, key=lambda j: j["id"]):
+        for j in sorted(jobs, key=_queue_order):
             if j["status"] in {"ADMITTED", "RUNNING"} and j.get("placement"):
                 where = ",".join(sorted(set(map(str, j["placement"]))))
             elif j["status"] == "QUEUED":
-                where = "(Priority)"
+                reason = j.get("reason") or {}
+                where = f"({reason.get('message') or reason.get('code') or 'unknown'})"
             else:
                 where = f"({j.get('message') or j['status'].title()})"[:40]
-            rows.append([j["id"], j["team"], j["name"][:24], j.get("submitter") or "",
-                         j["tier"], STATE_CODES.get(j["status"], j["status"]), elapsed(j, now),
-                         f"{j['gpus']}x{j['gpu_type']}", j["replicas"], where])
-        self.say(table(rows, ["JOBID", "TEAM", "NAME", "USER", "TIER", "ST", "TIME", "GPUS",
+            row = [j["id"], j["team"], j["name"][:24], j.get("submitter") or "", j["tier"],
+                   STATE_CODES.get(j["status"], j["status"])]
+            if a.start:
+                row += [j.get("position") or "", _stamp(j.get("estimated_start")) or "N/A"]
+            else:
+                row += [elapsed(j, now)]
+            rows.append([*row, f"{j['gpus']}x{j['gpu_type']}", j["replicas"], where])
+        middle = ["POS", "START_TIME"] if a.start else ["TIME"]
+        self.say(table(rows, ["JOBID", "TEAM", "NAME", "USER", "TIER", "ST", *middle, "GPUS",
                               "NODES", "NODELIST(REASON)"]))
         return 0
 
@@ -289,12 +441,15 @@ class App:
                     self.say(line)
                 self._log_notes(data)
             return 0
-        # Follow: poll the tail and print what is new; a new attempt starts over.
-        printed, attempt = 0, None
+        # Follow: read the tail and print what is new; a new attempt starts over.
+        printed, attempt, empty_said = 0, None, False
+        watcher = Watcher(self, give_up=a.unreachable_timeout, deadline=None,
+                          seconds=_watch_seconds(), verbose=False)
         while True:
-            data = self.client.get(f"/jobs/{a.job_id}/logs/", tail=10_000, **query)
+            data = watcher.get(f"/jobs/{a.job_id}/logs/", {
+                "tail": 10_000, **{k: v for k, v in query.items() if v is not None}})[1]
             if data["attempt"] != attempt:
-                attempt, printed = data["attempt"], 0
+                attempt, printed, empty_said = data["attempt"], 0, False
             lines = data["lines"]
             if len(lines) < printed:  # the cluster trimmed its buffer: print what we have
                 printed = 0
@@ -305,8 +460,15 @@ class App:
                 if not self.as_json:
                     self._log_notes(data)
                 return 0
+            if not lines and not empty_said and not self.as_json and \
+                    (data.get("empty") or data.get("note")):
+                said = data.get("note") or "the log is empty"
+                self.err.write(f"[fairq] attempt {attempt}: {said} (following)\n")
+                empty_said = True
             self.out.flush()
-            self.sleep(a.poll_interval)
+            # The watch: back at once when the job changes (ends, requeues), else after
+            # the interval, to read the lines written meanwhile.
+            watcher.pause(a.job_id, seconds=max(1, round(a.poll_interval)))
 
     def _log_notes(self, data: dict[str, Any]) -> None:
         where = f"attempt {data.get('attempt')}"
@@ -314,6 +476,8 @@ class App:
             where += f", replica {data.get('replica')}"
         if data.get("note"):
             self.err.write(f"[fairq] {where}: {data['note']}\n")
+        elif data.get("empty"):
+            self.err.write(f"[fairq] {where}: the log is empty\n")
         if data.get("exit"):
             self.err.write(f"[fairq] {where} ended: {data['exit']}\n")
         others = [f"{x['attempt']}" for x in data.get("attempts") or []
@@ -381,8 +545,8 @@ class App:
     def prio(self, a: argparse.Namespace) -> int:
         jobs = [self.client.get(f"/jobs/{job_id}/") for job_id in a.job_ids]
         if self.as_json:
-            self.emit_json([{"id": j["id"], "priority": j.get("priority"), "queue": j.get("queue")}
-                            for j in jobs])
+            self.emit_json([{"id": j["id"], "tier": j["tier"], "priority": j.get("priority"),
+                             "queue": j.get("queue")} for j in jobs])
             return 0
         rows = []
         for j in jobs:
@@ -390,9 +554,10 @@ class App:
             if not p:
                 raise ApiError("the server reports no priority breakdown for jobs")
             f = p.get("factors", {})
-            rows.append([j["id"], j["team"], j["status"], _num(p.get("total"), 1)]
+            rows.append([j["id"], j["team"], j["tier"], j["status"], _num(p.get("total"), 1)]
                         + [_num(f.get(k, {}).get("value"), 1) for k in ("fair_share", "age", "size")])
-        self.say(table(rows, ["JOBID", "TEAM", "STATE", "PRIORITY", "FAIRSHARE", "AGE", "SIZE"]))
+        self.say(table(rows, ["JOBID", "TEAM", "TIER", "STATE", "PRIORITY", "FAIRSHARE", "AGE",
+                              "SIZE"]))
         if len(jobs) == 1:
             p = jobs[0]["priority"]
             self.say("")
@@ -407,6 +572,15 @@ class App:
                 for r in queue.get("reasons", []):
                     self.say(f"  {r['code']}: {r['message']}")
         return 0
+
+
+def _queue_order(job: dict[str, Any]) -> tuple[int, int, int]:
+    """Running and admitted jobs first, then the queue by position (rule P2), then the
+    rest; by id within each."""
+    if job["status"] == "QUEUED":
+        position = job.get("position")
+        return (1, position if isinstance(position, int) else 1 << 30, job["id"])
+    return (0 if job["status"] in {"ADMITTED", "RUNNING", "PREEMPTED"} else 2, 0, job["id"])
 
 
 def _workload_lines(job: dict[str, Any]) -> list[str]:
@@ -665,9 +839,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-a", "--array", type=int, metavar="N",
                    help="submit N copies (job i gets FAIRQ_ARRAY_INDEX=i)")
     s.add_argument("-W", "--wait", action="store_true",
-                   help="follow the job to its end and exit with its result")
-    s.add_argument("--poll-interval", type=float, default=2.0)
+                   help="follow the job (with -a: every member) to its end; exit 0 when it "
+                        "succeeded, 3 failed, 4 cancelled, 5 fairq unreachable, 6 --timeout")
+    s.add_argument("--poll-interval", type=float, default=2.0,
+                   help=argparse.SUPPRESS)  # before the watch; accepted, unused
     s.add_argument("--timeout", type=float, default=None, help="give up waiting after seconds")
+    s.add_argument("--unreachable-timeout", type=float, metavar="SECONDS",
+                   default=os.environ.get("FAIRQ_UNREACHABLE_TIMEOUT") or "300",
+                   help="with --wait: retry an unreachable fairq this long before exit 5 "
+                        "(default 300, env FAIRQ_UNREACHABLE_TIMEOUT)")
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
     q = sub.add_parser("queue", parents=[common], help="list jobs (like squeue)")
@@ -681,6 +861,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("-l", "--label", action="append", metavar="KEY=VALUE",
                    help="jobs with this label; repeat for several (all must match)")
     q.add_argument("--limit", type=int, default=200)
+    q.add_argument("--start", action="store_true",
+                   help="queued jobs only, with their position and estimated start time "
+                        "(UTC; N/A when none can be estimated; like squeue --start)")
 
     st = sub.add_parser("status", parents=[common], help="one job in detail, with its events")
     st.add_argument("job_id", type=int)
@@ -694,7 +877,12 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--tail", type=int, default=100)
     lg.add_argument("--attempt", type=int, help="which attempt (default: the current one)")
     lg.add_argument("--replica", type=int, help="which replica (default: 0)")
-    lg.add_argument("--poll-interval", type=float, default=2.0)
+    lg.add_argument("--poll-interval", type=float, default=2.0,
+                    help="with -f: read new lines this often (seconds; the job's end is "
+                         "seen at once)")
+    lg.add_argument("--unreachable-timeout", type=float, metavar="SECONDS",
+                    default=os.environ.get("FAIRQ_UNREACHABLE_TIMEOUT") or "300",
+                    help=argparse.SUPPRESS)
 
     sh = sub.add_parser("share", parents=[common], help="fair-share standings (like sshare)")
     sh.add_argument("-a", "--all", dest="all_users", action="store_true",
@@ -734,10 +922,16 @@ def main(argv: Sequence[str] | None = None, *, transport: Transport | None = Non
         return int(getattr(app, a.cmd)(a))
     except (ConfigError, UsageError) as exc:
         err.write(f"fairq: {exc}\n")
-        return 2
+        return EXIT_USAGE
+    except Unreachable as exc:
+        err.write(f"fairq: {exc}\n")
+        return EXIT_UNREACHABLE
+    except WaitTimeout as exc:
+        err.write(f"fairq: {exc}\n")
+        return EXIT_WAIT_TIMEOUT
     except ApiError as exc:
         err.write(f"fairq: {exc.message}\n")
-        return 1
+        return EXIT_UNREACHABLE if exc.code == "unreachable" else EXIT_SERVER_SAID_NO
     except KeyboardInterrupt:
         err.write("fairq: interrupted\n")
         return 130

@@ -211,7 +211,8 @@ class JobEventSerializer(serializers.ModelSerializer[JobEvent]):
 
     class Meta:
         model = JobEvent
-        fields = ["at", "kind", "from_status", "to_status", "actor", "reason", "attempt", "data"]
+        fields = ["id", "at", "kind", "from_status", "to_status", "actor", "reason", "attempt",
+                  "data"]
 
 
 class JobSerializer(serializers.ModelSerializer[Job]):

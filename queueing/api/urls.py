@@ -6,7 +6,7 @@ from rest_framework.routers import DefaultRouter
 
 from accounts import api as accounts_api
 
-from . import accounting, costs, resources, schema  # noqa: F401 - schema registers the token auth scheme
+from . import accounting, costs, resources, schema, starts, watch  # noqa: F401 - schema registers the token auth scheme
 from .errors import api_not_found
 from .views import FairShareView, JobViewSet
 
@@ -14,6 +14,9 @@ router = DefaultRouter()
 router.register("jobs", JobViewSet, basename="job")
 
 urlpatterns = [
+    # Before the router: its jobs/{id}/ would take "stream" and "starts" for ids.
+    path("jobs/stream/", watch.JobStreamView.as_view(), name="job-stream"),
+    path("jobs/starts/", starts.JobStartsView.as_view(), name="job-starts"),
     path("", include(router.urls)),
     path("fairshare/", FairShareView.as_view(), name="fairshare"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),

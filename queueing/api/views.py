@@ -42,6 +42,7 @@ from queueing.services.jobs import (
 )
 from queueing.services.logs import job_log_read
 
+from . import watch
 from .bulk import (
     BulkJobCreatedSerializer,
     BulkJobCreateSerializer,
@@ -114,21 +115,35 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
 
     @extend_schema(responses=JobDetailSerializer, parameters=[OpenApiParameter(
         "If-None-Match", str, OpenApiParameter.HEADER,
-        description="The ETag of an earlier answer: 304 while the job has not changed.")])
+        description="The ETag of an earlier answer: 304 while the job has not changed."),
+        *watch.WAIT_PARAMETERS])
     def retrieve(self, request: Request, pk: str) -> Response:
         """The job with its events. Once a job has left the queue, the weak ETag changes
         whenever the job does (its `updated_at`) or its utilization gets a new minute
         (docs/scheduling.md, rule U5), so pollers get 304 cheaply. A queued job
         has no ETag: its position and why it waits change with other jobs, not with its
-        own row, and a 304 would hide that."""
+        own row, and a 304 would hide that. `?wait=S` holds the answer until the job
+        changes (a long poll, queueing/api/watch.py); `Fairq-Last-Event` is the id of its
+        newest event."""
         job = check_job_access(actor=request.user, job_id=_int_or_404(pk))
-        if job.state == JobState.QUEUED:
-            return Response(_detail_data(self.get_object()))
-        # The utilization (rule U5) is sampled each minute without touching the job row.
-        etag = (f'W/"job-{job.pk}-{job.updated_at.timestamp():.6f}'
-                f'-u{utilization_version(job)}"')
-        headers = {"ETag": etag, "Last-Modified": http_date(job.updated_at.timestamp())}
-        if etag in [t.strip() for t in request.headers.get("If-None-Match", "").split(",")]:
+        wait, since_event = watch.wait_params(request)
+        etags = [t.strip() for t in request.headers.get("If-None-Match", "").split(",")
+                 if t.strip()]
+        if wait is not None:
+            job, changed = watch.job_wait(job=job, seconds=wait, since_event=since_event,
+                                          etags=etags, etag_of=_etag)
+            if not changed:
+                tag = _etag(job)
+                headers = {"Fairq-Last-Event": str(watch.last_event_id(job.pk))}
+                if tag is not None:
+                    headers["ETag"] = tag
+                return Response(status=status.HTTP_304_NOT_MODIFIED, headers=headers)
+        last = {"Fairq-Last-Event": str(watch.last_event_id(job.pk))}
+        etag = _etag(job)
+        if etag is None:
+            return Response(_detail_data(self.get_object()), headers=last)
+        headers = {"ETag": etag, "Last-Modified": http_date(job.updated_at.timestamp()), **last}
+        if wait is None and etag in etags:
             return Response(status=status.HTTP_304_NOT_MODIFIED, headers=headers)
         return Response(_detail_data(self.get_object()), headers=headers)
 
@@ -256,6 +271,15 @@ def _detail_data(job: Job) -> Any:
     """The job with its events, priority and place in the queue (rules P1-P3)."""
     explain = job_explain(job=job, now=timezone.now())
     return JobDetailSerializer(job, context={"explain": {job.pk: explain}}).data
+
+
+def _etag(job: Job) -> str | None:
+    """The job's weak ETag (see `retrieve`); None while it is queued."""
+    if job.state == JobState.QUEUED:
+        return None
+    # The utilization (rule U5) is sampled each minute without touching the job row.
+    return (f'W/"job-{job.pk}-{job.updated_at.timestamp():.6f}'
+            f'-u{utilization_version(job)}"')
 
 
 def _int_or_404(value: str) -> int:

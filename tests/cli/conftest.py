@@ -20,9 +20,11 @@ BASE = "http://testserver"
 
 
 class _Response:
-    def __init__(self, status_code: int, content: bytes) -> None:
+    def __init__(self, status_code: int, content: bytes,
+                 headers: dict[str, str] | None = None) -> None:
         self.status_code = status_code
         self.content = content
+        self.headers = headers or {}
 
     def json(self) -> Any:
         return jsonlib.loads(self.content)
@@ -32,6 +34,9 @@ class DjangoTransport:
     def __init__(self) -> None:
         self.client = APIClient()
         self.calls: list[tuple[str, str]] = []
+        # Called before a long poll (`wait`): in-process nothing else runs meanwhile, so
+        # this is where the test moves the world on (a scheduler cycle).
+        self.on_wait: Any = None
 
     def request(self, method: str, url: str, *, json: Any = None, params: Any = None,
                 headers: dict[str, str] | None = None, timeout: float | None = None) -> _Response:
@@ -41,8 +46,10 @@ class DjangoTransport:
             path += ("&" if "?" in path else "?") + urlencode(params)
         extra = {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in (headers or {}).items()}
         self.calls.append((method, path))
+        if params and "wait" in dict(params) and self.on_wait is not None:
+            self.on_wait()
         r = getattr(self.client, method.lower())(path, json, format="json", **extra)
-        return _Response(r.status_code, r.content)
+        return _Response(r.status_code, r.content, dict(r.items()))
 
 
 @dataclass
@@ -71,6 +78,7 @@ class Cli:
             if self.on_sleep is not None:
                 self.on_sleep()
 
+        self.transport.on_wait = self.on_sleep
         code = main(["--url", BASE, "--token", self.token, *argv], transport=self.transport,
                     out=out, err=err, sleep=sleep)
         return Result(code, out.getvalue(), err.getvalue())
@@ -83,3 +91,6 @@ def cli(world: World, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Cli:
     monkeypatch.delenv("FAIRQ_URL", raising=False)
     monkeypatch.delenv("FAIRQ_TOKEN", raising=False)
     return Cli(token=token_issue(user=world.admin).key, transport=DjangoTransport(), sleeps=[])
+
+
+from .live import live  # noqa: E402, F401  # the live server fixture, for test_cli_watch.py

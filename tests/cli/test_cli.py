@@ -70,19 +70,18 @@ def _run_cycle() -> None:
 
 def test_wait_follows_the_job_and_exits_with_its_result(cli: Cli) -> None:
     cli.on_sleep = _run_cycle
-    r = cli(*SUBMIT, "-e", "FAIRQ_SIM_SECONDS=0", "--wait", "--poll-interval", "0.01",
-            "--timeout", "60")
+    r = cli(*SUBMIT, "-e", "FAIRQ_SIM_SECONDS=0", "--wait", "--timeout", "60")
     assert r.code == 0, r.err
     assert "SUCCEEDED" in r.err
     assert "succeeded" in r.out
 
 
-def test_wait_exits_with_the_failed_jobs_exit_code(cli: Cli) -> None:
+def test_wait_exits_3_when_the_job_failed_and_names_its_exit_code(cli: Cli) -> None:
     cli.on_sleep = _run_cycle
-    r = cli(*SUBMIT, "-e", "FAIRQ_SIM_SECONDS=0", "-e", "FAIRQ_SIM_EXIT_CODE=3", "--wait",
-            "--poll-interval", "0.01", "--timeout", "60")
+    r = cli(*SUBMIT, "-e", "FAIRQ_SIM_SECONDS=0", "-e", "FAIRQ_SIM_EXIT_CODE=7", "--wait",
+            "--timeout", "60")
     assert r.code == 3, (r.out, r.err)
-    assert "FAILED" in r.err
+    assert f"fairq: job {Job.objects.get().pk} FAILED (exit code 7)" in r.err
 
 
 def test_queue_prints_a_table_of_active_jobs(cli: Cli, world: World) -> None:
@@ -129,6 +128,10 @@ def test_logs_follow_until_the_job_ends(cli: Cli) -> None:
     assert r.code == 0, r.err
     job.refresh_from_db()
     assert job.status == "SUCCEEDED"
+    # Between reads it waited with the watch (a long poll), not a sleep.
+    assert any(path.startswith(f"/api/v1/jobs/{job.pk}/?wait=1")
+               for _, path in cli.transport.calls)
+    assert cli.sleeps == []
 
 
 def test_share_prints_the_callers_teams(cli: Cli) -> None:
@@ -146,8 +149,10 @@ def test_prio_prints_the_breakdown(cli: Cli, world: World) -> None:
         pytest.skip("the job detail has no priority breakdown yet (issue 3)")
     r = cli("prio", str(job.pk))
     assert r.code == 0, r.err
-    assert r.out.splitlines()[0].split() == ["JOBID", "TEAM", "STATE", "PRIORITY", "FAIRSHARE",
-                                             "AGE", "SIZE"]
+    header, row = r.out.splitlines()[:2]
+    assert header.split() == ["JOBID", "TEAM", "TIER", "STATE", "PRIORITY", "FAIRSHARE",
+                              "AGE", "SIZE"]
+    assert row.split()[:4] == [str(job.pk), "vision", "normal", "QUEUED"]
     assert "fair_share" in r.out
 
 
@@ -205,3 +210,17 @@ def test_status_names_each_node_once_with_its_replicas(cli: Cli, world: World) -
     r = cli("status", str(job.pk))
     assert r.code == 0, r.err
     assert "  Nodes     gpu-a (2 replicas), gpu-b\n" in r.out
+
+
+def test_wait_exits_6_when_the_timeout_passes(cli: Cli) -> None:
+    r = cli(*SUBMIT, "--wait", "--timeout", "1")  # no cycle runs: it stays queued
+    assert r.code == 6, r.err
+    assert r.err.endswith(f"fairq: job {Job.objects.get().pk} still QUEUED (--timeout)\n")
+
+
+def test_a_bad_watch_setting_is_a_usage_error(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAIRQ_WATCH_SECONDS", "600")
+    r = cli(*SUBMIT, "--wait")
+    assert r.code == 2
+    assert "FAIRQ_WATCH_SECONDS must be 1..60" in r.err
+    assert not Job.objects.exists()  # said before submitting
