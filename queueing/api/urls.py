@@ -6,7 +6,7 @@ from rest_framework.routers import DefaultRouter
 
 from accounts import api as accounts_api
 
-from . import accounting, costs, resources, schema  # noqa: F401 - schema registers the token auth scheme
+from . import accounting, arrays, costs, resources, schema  # noqa: F401 - schema registers the token auth scheme
 from .errors import api_not_found
 from .views import FairShareView, JobViewSet
 
@@ -16,6 +16,7 @@ router.register("jobs", JobViewSet, basename="job")
 urlpatterns = [
     path("", include(router.urls)),
     path("fairshare/", FairShareView.as_view(), name="fairshare"),
+    path("arrays/<int:array_id>/", arrays.ArrayDetailView.as_view(), name="array-detail"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("teams/", accounts_api.TeamListView.as_view(), name="team-list"),
