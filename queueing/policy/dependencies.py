@@ -203,3 +203,43 @@ def dependencies_stored(deps: Iterable[Dependency]) -> list[dict[str, object]]:
         {"type": d.kind.value, **({"array": d.array} if d.array is not None else {"job": d.job})}
         for d in deps
     ]
+
+
+_SLURM_TYPES = {"afterok": DependencyKind.AFTER_OK, "afterany": DependencyKind.AFTER_ANY,
+                "afternotok": DependencyKind.AFTER_NOT_OK}
+
+
+def parse_slurm_dependencies(text: str) -> list[dict[str, object]]:
+    """Slurm's `--dependency` syntax as the web form takes it (the CLI has its own copy:
+    it imports no server code): `afterok:12:13,afterany:14`, `a<ID>` for a whole array
+    (`afterok:a7`) -> the stored form; ValueError naming the first part that is not."""
+    deps: list[Dependency] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, *ids = part.split(":")
+        kind = _SLURM_TYPES.get(name.strip().lower())
+        if kind is None or not ids:
+            raise ValueError(f"Write TYPE:ID[:ID...] with TYPE one of "
+                             f"{', '.join(_SLURM_TYPES)}, not {part!r}.")
+        for ident in (i.strip() for i in ids):
+            array = ident.startswith("a")
+            number = ident[1:] if array else ident
+            if not number.isdigit() or int(number) < 1:
+                raise ValueError(f"{ident!r} is neither a job id nor a<ARRAY ID>.")
+            deps.append(Dependency(kind, array=int(number)) if array
+                        else Dependency(kind, job=int(number)))
+    return dependencies_stored(dict.fromkeys(deps))
+
+
+def slurm_dependencies_text(stored: object) -> str:
+    """The stored form in Slurm's syntax (`afterok:12:a7,afterany:14`), for display."""
+    try:
+        deps = parse_dependencies(stored)
+    except ValueError:
+        return ""
+    names = {v: k for k, v in _SLURM_TYPES.items()}
+    by_kind: dict[DependencyKind, list[str]] = {}
+    for d in deps:
+        by_kind.setdefault(d.kind, []).append(f"a{d.array}" if d.array is not None else str(d.job))
+    return ",".join(f"{names[k]}:{':'.join(ids)}" for k, ids in by_kind.items())

@@ -7,8 +7,11 @@ from typing import Any
 from django.db.models import Count
 
 from queueing.errors import NotFound
-from queueing.models import JobArray
+from queueing.models import Job, JobArray
+from queueing.policy.dependencies import dependency_verdict, parse_dependencies
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
+
+from .snapshot import dependency_counts
 
 
 def array_get_for_actor(*, actor: Any, array_id: int) -> JobArray:
@@ -46,3 +49,25 @@ def array_summary(array: JobArray) -> dict[str, Any]:
         "ended": ended,
         "done": ended == array.count,
     }
+
+
+def job_array(job: Job) -> JobArray | None:
+    """The array `job` is a member of (None: none), for its page."""
+    if job.array_id is None:
+        return None
+    return JobArray.objects.filter(pk=job.array_id).first()
+
+
+def job_dependencies(job: Job) -> list[dict[str, Any]]:
+    """The job's dependencies for its page: each with its target ("job 12", "array 7"),
+    kind, and whether it is met, waited for or never met now (rules D1-D2)."""
+    try:
+        deps = parse_dependencies(job.dependencies)
+    except ValueError:
+        return []
+    if not deps:
+        return []
+    counts = dependency_counts(deps)
+    return [{"kind": str(d.kind), "job": d.job, "array": d.array, "label": d.label,
+             "verdict": str(dependency_verdict(d.kind, counts.get(d.target)))}
+            for d in deps]
