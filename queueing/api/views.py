@@ -76,11 +76,13 @@ class JobFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filte
         field_name="updated_at", lookup_expr="gt",
         help_text="Only jobs changed after this instant (for polling clients).")
     label = LabelFilter()  # its description is the class's schema annotation
+    array = django_filters.NumberFilter(field_name="array_id",
+                                        help_text="Only the members of this array job.")
 
     class Meta:
         model = Job
         fields = ["status", "team", "tier", "gpu_type", "name", "submitter", "updated_after",
-                  "label"]
+                  "label", "array"]
 
 
 IDEMPOTENCY_HEADER = OpenApiParameter(

@@ -49,6 +49,10 @@ def test_an_array_is_a_record_and_every_member_carries_its_id_and_index(world: W
     assert summary["count"] == 4 and summary["max_running"] == 2
     assert summary["counts"]["QUEUED"] == 4 and summary["counts"]["RUNNING"] == 0
     assert summary["done"] is False and summary["created_by"] == "dave"
+    # The list filters on it: watching an array's members is one request.
+    bulk(world, count=2)
+    listed = world.client(world.member).get(f"/api/v1/jobs/?array={array.pk}").json()
+    assert sorted(j["id"] for j in listed["results"]) == out["ids"]
     # Other teams see no such array; a limit below 1 is refused.
     assert world.client(world.outsider).get(f"/api/v1/arrays/{array.pk}/").status_code == 404
     r = world.client(world.member).post(
