@@ -31,7 +31,7 @@ STATE_CODES = {"QUEUED": "PD", "ADMITTED": "CF", "RUNNING": "R", "PREEMPTED": "P
 JOB_FIELDS = ["team", "name", "image", "command", "args", "env", "gpu_type", "gpus",
               "replicas", "tier", "max_runtime_seconds", "resources", "shm_size", "topology",
               "volumes", "secrets", "image_pull_secret", "working_dir", "labels",
-              "annotations", "termination_grace_seconds"]
+              "annotations", "termination_grace_seconds", "dependencies"]
 # Per-replica resources: the flag's dest -> the key of the body's `resources`.
 RESOURCE_FLAGS = {"cpu": "cpu", "memory": "memory", "ephemeral_storage": "ephemeral_storage"}
 
@@ -115,6 +115,36 @@ def _stamp(text: str | None) -> str:
     """An instant from the API as sacct prints times: UTC, to the second."""
     when = parse_time(text or "")
     return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S") if when else ""
+
+
+def array_arg(text: str) -> tuple[int, int | None]:
+    """`-a N` or `-a N%M` (Slurm's `%M`: at most M at once) -> (N, M or None)."""
+    m = re.fullmatch(r"\s*(\d+)\s*(?:%\s*(\d+))?\s*", text)
+    if not m or int(m.group(1)) < 1 or (m.group(2) is not None and int(m.group(2)) < 1):
+        raise argparse.ArgumentTypeError(f"use N or N%M (N jobs, at most M at once), not {text!r}")
+    return int(m.group(1)), int(m.group(2)) if m.group(2) is not None else None
+
+
+_DEPENDENCY_TYPES = {"afterok": "after_ok", "afterany": "after_any",
+                     "afternotok": "after_not_ok"}
+
+
+def dependency_arg(text: str) -> list[dict[str, Any]]:
+    """Slurm's `--dependency` syntax: `afterok:12:13,afterany:14`, a job id or `a<ID>` for
+    a whole array (`afterok:a7`) -> the API's `dependencies`."""
+    out: list[dict[str, Any]] = []
+    for part in text.split(","):
+        kind, *ids = part.strip().split(":")
+        if kind not in _DEPENDENCY_TYPES or not ids:
+            raise UsageError(f"--dependency wants TYPE:ID[:ID...][,...] with TYPE one of "
+                             f"{', '.join(_DEPENDENCY_TYPES)}, not {part!r}")
+        for ident in ids:
+            m = re.fullmatch(r"(a?)(\d+)", ident.strip())
+            if not m:
+                raise UsageError(f"--dependency: {ident!r} is neither a job id nor a<ARRAY ID>")
+            out.append({"type": _DEPENDENCY_TYPES[kind],
+                        "array" if m.group(1) else "job": int(m.group(2))})
+    return out
 
 
 def duration_seconds(text: str) -> int:
@@ -264,13 +294,19 @@ class App:
         body = job_from_args(a)
         if a.wait:
             _watch_seconds()  # a bad setting is said before anything is submitted
+        if a.dependency:
+            body["dependencies"] = dependency_arg(a.dependency)
         if a.array:
-            created = self.client.post("/jobs/bulk/", {**body, "count": a.array})
+            count, most = a.array
+            created = self.client.post("/jobs/bulk/", {
+                **body, "count": count, **({"max_running": most} if most else {})})
             if self.as_json and not a.wait:
                 self.emit_json(created)
             elif not self.as_json:
                 ids = created["ids"]
-                self.say(f"Submitted array job of {created['count']}: jobs {ids[0]}..{ids[-1]}")
+                self.say(f"Submitted array job of {created['count']}: jobs {ids[0]}..{ids[-1]} "
+                         f"(array {created['array_id']}"
+                         f"{f', at most {most} at once' if most else ''})")
             if not a.wait:
                 return 0
             return self.wait_all(created["ids"], a)
@@ -418,6 +454,14 @@ class App:
 
     # fairq cancel ID
     def cancel(self, a: argparse.Namespace) -> int:
+        if not a.job_ids and a.array is None:
+            raise UsageError("cancel wants job IDs or --array ID")
+        if a.array is not None:
+            done = self.client.request("DELETE", f"/arrays/{a.array}/")
+            if self.as_json:
+                self.emit_json(done)
+            else:
+                self.say(f"Cancelled {len(done['cancelled'])} job(s) of array {a.array}")
         for job_id in a.job_ids:
             job = self.client.post(f"/jobs/{job_id}/cancel/")
             if self.as_json:
@@ -836,8 +880,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "repeatable")
     s.add_argument("--grace", metavar="SECONDS",
                    help="termination grace when stopped: 120, 2m (at most the tier's cap)")
-    s.add_argument("-a", "--array", type=int, metavar="N",
-                   help="submit N copies (job i gets FAIRQ_ARRAY_INDEX=i)")
+    s.add_argument("-a", "--array", type=array_arg, metavar="N[%M]",
+                   help="submit N copies (job i gets FAIRQ_ARRAY_INDEX=i), at most M "
+                        "holding GPUs at once")
+    s.add_argument("-d", "--dependency", metavar="TYPE:ID[:ID][,...]",
+                   help="wait for jobs of the team (Slurm's syntax: afterok:12:13,afterany:14;"
+                        " a<ID> names a whole array: afterok:a7)")
     s.add_argument("-W", "--wait", action="store_true",
                    help="follow the job (with -a: every member) to its end; exit 0 when it "
                         "succeeded, 3 failed, 4 cancelled, 5 fairq unreachable, 6 --timeout")
@@ -869,7 +917,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("job_id", type=int)
 
     c = sub.add_parser("cancel", parents=[common], help="cancel jobs (like scancel)")
-    c.add_argument("job_ids", type=int, nargs="+", metavar="ID")
+    c.add_argument("job_ids", type=int, nargs="*", metavar="ID")
+    c.add_argument("--array", type=int, metavar="ID",
+                   help="cancel every member of array ID that has not ended")
 
     lg = sub.add_parser("logs", parents=[common], help="a job's logs")
     lg.add_argument("job_id", type=int)

@@ -211,6 +211,32 @@ class Quota(models.Model):
 JOB_STATUS_CHOICES = [(s.value, s.value.title()) for s in JobState]
 
 
+class JobArray(models.Model):
+    """An array job (`POST /jobs/bulk/`, `fairq submit -a N%M`): `count` members, each a
+    Job with `array` and `array_index`; at most `max_running` of them hold GPUs at once
+    (rule A8; NULL = no limit)."""
+
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="job_arrays")
+    name = models.CharField(max_length=63)
+    count = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    max_running = models.PositiveIntegerField(null=True, blank=True,
+                                              validators=[MinValueValidator(1)])
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="job_arrays")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(count__gte=1), name="job_array_count_gte_1"),
+            models.CheckConstraint(condition=Q(max_running__isnull=True) | Q(max_running__gte=1),
+                                   name="job_array_max_running_gte_1"),
+        ]
+
+    def __str__(self) -> str:
+        return f"array {self.pk} {self.name} ({self.count})"
+
+
 class Job(models.Model):
 
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs")
@@ -258,6 +284,12 @@ class Job(models.Model):
     labels = models.JSONField(default=dict, db_default={}, blank=True)
     annotations = models.JSONField(default=dict, db_default={}, blank=True)
     termination_grace_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # Rules D1-D3: [{"type": "after_ok" | "after_any" | "after_not_ok", "job": id} or
+    # {..., "array": id}], jobs and arrays of the same team, all to be met.
+    dependencies = models.JSONField(default=list, db_default=[], blank=True)
+    array = models.ForeignKey(JobArray, null=True, blank=True, on_delete=models.PROTECT,
+                              related_name="members")
+    array_index = models.PositiveIntegerField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=JOB_STATUS_CHOICES, default=JobState.QUEUED.value)
     attempt = models.PositiveIntegerField(default=1)
     # NULL, not "", means "no key": the partial unique constraint skips NULLs.
@@ -283,6 +315,9 @@ class Job(models.Model):
                 condition=Q(idempotency_key__isnull=False),
                 name="one_job_per_team_idempotency_key",
             ),
+            models.UniqueConstraint(fields=["array", "array_index"],
+                                    condition=Q(array__isnull=False),
+                                    name="one_job_per_array_index"),
             models.CheckConstraint(condition=Q(gpus_per_replica__gte=1), name="job_gpus_gte_1"),
             models.CheckConstraint(condition=Q(replicas__gte=1), name="job_replicas_gte_1"),
             *[models.CheckConstraint(condition=Q(**{f"{f}__isnull": True}) | Q(**{f"{f}__gte": 1}),
@@ -372,6 +407,7 @@ class JobEvent(models.Model):
         SUBMIT_ERROR = "submit_error"  # the cluster refused the workload (one per distinct error)
         IDLE = "idle"  # rules U2-U4: flagged idle, reclaimed, or busy again
         LOGS_PRUNED = "logs_pruned"  # an attempt's kept logs deleted (FAIRQ_LOG_RETENTION_DAYS)
+        DEPENDENCIES = "dependencies"  # rule D3: its dependencies were changed
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(db_index=True)

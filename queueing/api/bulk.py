@@ -49,14 +49,20 @@ def job_submitted_data(job: Job, events: Iterable[JobEvent]) -> dict[str, Any]:
 
 # Shapes only: the array's own rules (names, bytes stored) are `jobs_submit_bulk`'s.
 class BulkJobCreateSerializer(JobCreateSerializer):
-    """A job template and `count`: job i is named `<name>-<i>` and gets
-    `FAIRQ_ARRAY_INDEX=i`, `FAIRQ_ARRAY_SIZE=count` (like Slurm's `--array=0-<count-1>`)."""
+    """A job template and `count`: job i is named `<name>-<i>`, has `array_index` i and
+    gets `FAIRQ_ARRAY_INDEX=i`, `FAIRQ_ARRAY_SIZE=count` (like Slurm's
+    `--array=0-<count-1>%<max_running>`)."""
 
     count = serializers.IntegerField(min_value=1, max_value=MAX_BULK_JOBS,
                                      help_text=f"Jobs in the array (1..{MAX_BULK_JOBS}).")
+    max_running = serializers.IntegerField(
+        min_value=1, required=False, allow_null=True, default=None,
+        help_text="At most this many members hold GPUs at once (rule A8, Slurm's %N); "
+                  "null: no limit.")
 
 
 class BulkJobCreatedSerializer(serializers.Serializer[Any]):
+    array_id = serializers.IntegerField(help_text="GET/DELETE /api/v1/arrays/{array_id}/.")
     count = serializers.IntegerField()
     ids = serializers.ListField(child=serializers.IntegerField(),
                                 help_text="Job ids in index order.")

@@ -6,6 +6,7 @@ import functools
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from django.utils import timezone
 from rest_framework import serializers
 from rest_framework.exceptions import ErrorDetail
 from rest_framework.fields import SkipField
@@ -13,6 +14,8 @@ from rest_framework.settings import api_settings
 
 from queueing import validation as v
 from queueing.models import Job, JobEvent
+from queueing.policy.dependencies import MAX_DEPENDENCIES, DependencyKind
+from queueing.selectors.attempts import job_attempts
 from queueing.selectors.utilization import idle_since, job_utilization
 
 from .strict import StrictFieldsMixin
@@ -93,6 +96,17 @@ def _metadata(help_text: str, value_len: int) -> serializers.DictField:
         required=False, default=dict, help_text=help_text)
 
 
+class DependencySerializer(StrictFieldsMixin, serializers.Serializer[Any]):
+    """Rule D1: wait for one job, or every member of one array, of the same team."""
+
+    type = serializers.ChoiceField(choices=[k.value for k in DependencyKind],
+                                   help_text="after_ok: it succeeded; after_any: it ended; "
+                                             "after_not_ok: it failed or was cancelled.")
+    job = serializers.IntegerField(min_value=1, required=False, help_text="A job id.")
+    array = serializers.IntegerField(min_value=1, required=False,
+                                     help_text="An array id (all its members).")
+
+
 # Shapes only: the rules that need the database or settings (the team, GPU type and tier,
 # the registry, the simulator's knobs, a gang no node holds) are `job_input_build`'s
 # (queueing/services/jobs.py). (A comment: the schema shows the docstring.)
@@ -158,6 +172,17 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
         help_text="Seconds the pods get between SIGTERM and SIGKILL when stopped (cancel, "
                   "preemption); not given: FAIRQ_K8S_TERMINATION_GRACE_SECONDS. At most "
                   "the tier's max_termination_grace_seconds.")
+    dependencies = serializers.ListField(
+        child=DependencySerializer(), max_length=MAX_DEPENDENCIES, required=False,
+        help_text="Jobs or arrays of the same team to wait for, all of them (rules D1-D3, "
+                  "like Slurm's --dependency); one that can never be met fails the job.")
+
+
+class JobDependenciesSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
+    """`PATCH /jobs/{id}/`: a queued job's new dependencies (all of them; [] for none)."""
+
+    dependencies = serializers.ListField(child=DependencySerializer(),
+                                         max_length=MAX_DEPENDENCIES)
 
 
 @functools.cache
@@ -238,6 +263,19 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     labels = serializers.DictField(child=serializers.CharField(), read_only=True)
     annotations = serializers.DictField(child=serializers.CharField(), read_only=True)
     termination_grace_seconds = serializers.IntegerField(read_only=True, allow_null=True)
+    dependencies = serializers.ListField(
+        child=serializers.DictField(), read_only=True,
+        help_text='Rules D1-D3: [{"type": "after_ok" | "after_any" | "after_not_ok", "job": '
+                  'id} or {"type": ..., "array": id}], all to be met.')
+    array_id = serializers.IntegerField(read_only=True, allow_null=True,
+                                        help_text="The array job it is a member of, or null.")
+    array_index = serializers.IntegerField(read_only=True, allow_null=True)
+    attempts = serializers.SerializerMethodField(
+        help_text="Its attempts that were admitted, oldest first: attempt, admitted_at, "
+                  "started_at, ended_at, ended_how (preempted, reclaimed, failed, node_lost, "
+                  "requeued, succeeded, cancelled; admitted or running for the current one), "
+                  "preempted_by ({job, team, tier} or null), gpu_hours (charged; a running "
+                  "attempt's so far) and charged.")
 
     class Meta:
         model = Job
@@ -248,8 +286,18 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "annotations", "termination_grace_seconds", "status", "attempt",
             "submitter", "created_at", "updated_at", "admitted_at", "started_at",
             "finished_at", "placement", "exit_code", "message",
+            "dependencies", "array_id", "array_index", "attempts",
         ]
         read_only_fields = fields
+
+    def get_attempts(self, job: Job) -> list[dict[str, Any]]:
+        # A list passes every job's attempts in the context (two queries per page).
+        given: dict[int, list[dict[str, Any]]] | None = self.context.get("attempts")
+        if given is not None and job.pk in given:
+            return given[job.pk]
+        if job.attempt == 1 and job.admitted_at is None and job.started_at is None:
+            return []  # never admitted (a job just submitted): no query
+        return job_attempts(job, now=timezone.now())
 
 
 class JobDetailSerializer(JobSerializer):

@@ -6,7 +6,15 @@ from rest_framework.routers import DefaultRouter
 
 from accounts import api as accounts_api
 
-from . import accounting, costs, resources, schema, starts, watch  # noqa: F401 - schema registers the token auth scheme
+from . import (  # noqa: F401 - schema registers the token auth scheme
+    accounting,
+    arrays,
+    costs,
+    resources,
+    schema,
+    starts,
+    watch,
+)
 from .errors import api_not_found
 from .views import FairShareView, JobViewSet
 
@@ -19,6 +27,7 @@ urlpatterns = [
     path("jobs/starts/", starts.JobStartsView.as_view(), name="job-starts"),
     path("", include(router.urls)),
     path("fairshare/", FairShareView.as_view(), name="fairshare"),
+    path("arrays/<int:array_id>/", arrays.ArrayDetailView.as_view(), name="array-detail"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("teams/", accounts_api.TeamListView.as_view(), name="team-list"),

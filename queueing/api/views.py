@@ -21,6 +21,7 @@ from queueing.errors import DomainError, NotFound
 from queueing.instants import InstantError, parse_instant
 from queueing.models import JOB_STATUS_CHOICES, Job
 from queueing.policy.states import JobState
+from queueing.selectors.attempts import jobs_attempts
 from queueing.selectors.fairshare import (
     fairshare_standings_at,
     half_life_hours,
@@ -33,12 +34,13 @@ from queueing.selectors.queue_plan import job_explain
 from queueing.selectors.user_usage import user_usage
 from queueing.selectors.utilization import utilization_version
 from queueing.services.access import check_job_access
+from queueing.services.dependencies import job_dependencies_set, job_input_with_dependencies
 from queueing.services.jobs import (
     job_cancel,
     job_input_build,
     job_spec_field_problems,
     job_submit_with_event,
-    jobs_submit_bulk,
+    jobs_submit_array,
 )
 from queueing.services.logs import job_log_read
 
@@ -53,6 +55,7 @@ from .fields import InstantFilter, LabelFilter
 from .idempotency import IdempotentPostMixin, idempotency_key
 from .serializers import (
     JobCreateSerializer,
+    JobDependenciesSerializer,
     JobDetailSerializer,
     JobEventSerializer,
     JobSerializer,
@@ -74,11 +77,13 @@ class JobFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filte
         field_name="updated_at", lookup_expr="gt",
         help_text="Only jobs changed after this instant (for polling clients).")
     label = LabelFilter()  # its description is the class's schema annotation
+    array = django_filters.NumberFilter(field_name="array_id",
+                                        help_text="Only the members of this array job.")
 
     class Meta:
         model = Job
         fields = ["status", "team", "tier", "gpu_type", "name", "submitter", "updated_after",
-                  "label"]
+                  "label", "array"]
 
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
@@ -151,7 +156,10 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
                    responses={201: JobSubmittedSerializer, 200: JobSubmittedSerializer},
                    parameters=[IDEMPOTENCY_HEADER])
     def create(self, request: Request) -> Response:
-        data = job_input_build(actor=request.user, **_job_fields(request, JobCreateSerializer))
+        fields = _job_fields(request, JobCreateSerializer)
+        dependencies = fields.pop("dependencies", None)
+        data = job_input_with_dependencies(job_input_build(actor=request.user, **fields),
+                                           dependencies)
         # Idempotency-Key: one layer, the key kept on the job by the service (unique per
         # team for as long as the job; the web form's too); the mixin stands aside
         # (`idempotency_recorded`). A refused submit stores nothing: the retry is checked
@@ -181,10 +189,35 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
     def bulk(self, request: Request) -> Response:
         """Submit an array job: `count` copies of one job (up to 10,000) in one request."""
         fields = _job_fields(request, BulkJobCreateSerializer)
-        count = fields.pop("count")
-        ids = jobs_submit_bulk(actor=request.user, count=count,
-                               data=job_input_build(actor=request.user, **fields))
-        return Response({"count": len(ids), "ids": ids}, status=status.HTTP_201_CREATED)
+        count, max_running = fields.pop("count"), fields.pop("max_running")
+        dependencies = fields.pop("dependencies", None)
+        data = job_input_with_dependencies(job_input_build(actor=request.user, **fields),
+                                           dependencies)
+        array, ids = jobs_submit_array(actor=request.user, count=count, data=data,
+                                       max_running=max_running)
+        return Response({"array_id": array.pk, "count": len(ids), "ids": ids},
+                        status=status.HTTP_201_CREATED)
+
+    def list(self, request: Request) -> Response:
+        """Jobs of the caller's teams, newest first, each with its attempts (two queries
+        for the page's attempts, whatever its size)."""
+        queryset = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(queryset)
+        jobs = list(page) if page is not None else list(queryset)
+        context = {**self.get_serializer_context(),
+                   "attempts": jobs_attempts(jobs, now=timezone.now())}
+        data = JobSerializer(jobs, many=True, context=context).data
+        return self.get_paginated_response(data) if page is not None else Response(data)
+
+    @extend_schema(request=JobDependenciesSerializer, responses=JobDetailSerializer)
+    def partial_update(self, request: Request, pk: str) -> Response:
+        """Change a queued job's dependencies (rule D3, like `scontrol update
+        dependency=`): the same checks as at submit, and none that makes a cycle."""
+        body = shaped(JobDependenciesSerializer, request.data)
+        job = job_dependencies_set(actor=request.user, job=self.get_object(),
+                                   dependencies=body["dependencies"])
+        job = Job.objects.prefetch_related("events").get(pk=job.pk)
+        return Response(_detail_data(job))
 
     @extend_schema(responses=JobEventSerializer(many=True))
     @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])

@@ -11,6 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol
 
+from .dependencies import Verdict, array_limit_reached, dependencies_verdict
 from .fairshare import entry_penalty_gpu_hours
 from .preemption import Preemption, find_victims, work_lost_gpu_hours
 from .priority import PriorityWeights, age_factor, size_factor
@@ -32,6 +33,9 @@ class WaitReason(StrEnum):
     RATE_LIMITED = "preemption_rate_limited"
     CPU_MEMORY = "cpu_memory"  # rule A6: the GPUs are free, CPU or memory beside them not
     TOPOLOGY = "topology"  # rule A7: no domain of the level holds the gang now
+    DEPENDENCY = "dependency"  # rule D1: a job or array it depends on has not ended so
+    DEPENDENCY_NEVER = "dependency_never_met"  # rule D2: the cycle fails it
+    ARRAY_LIMIT = "array_limit"  # rule A8: its array's concurrency limit is reached
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +64,8 @@ class Plan:
     order: tuple[int, ...] = ()
     # Rule F6: the standings after every admission's entry penalty.
     fair_share_after: Mapping[str, float] = field(default_factory=dict)
+    # Rule D2: queued jobs whose dependencies can never be met -> why; the cycle fails them.
+    never_met: Mapping[int, str] = field(default_factory=dict)
 
 
 # A wait not formatted yet: (reason code, index of the job in `_Waits.jobs`, GPUs held,
@@ -375,10 +381,33 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     quota, no_fit = _CODE[WaitReason.QUOTA], _CODE[WaitReason.NO_FIT]
     capacity, lending_code = _CODE[WaitReason.CAPACITY], _CODE[WaitReason.LENDING]
     lowest_tier = ws.lowest_tier
+    dep_counts, array_limits = snapshot.dependency_counts, snapshot.array_limits
+    never_met: dict[int, str] = {}
+    array_active: dict[int, int] = defaultdict(int)  # rule A8: members holding GPUs
+    if array_limits:
+        for r in snapshot.running:
+            if r.array_id is not None:
+                array_active[r.array_id] += 1
     for index in order:
         job = jobs[index]
         job_id = job.id
         remember(job_id)
+        if job.dependencies:  # rules D1-D2
+            dep = dependencies_verdict(job.dependencies, dep_counts)
+            if dep.verdict is not Verdict.MET:
+                never = dep.verdict is Verdict.NEVER
+                if never:
+                    never_met[job_id] = dep.message
+                raw[job_id] = Wait(job_id, WaitReason.DEPENDENCY_NEVER if never
+                                   else WaitReason.DEPENDENCY, dep.message)
+                continue
+        array_id = job.array_id
+        if array_id is not None and array_limit_reached(active=array_active[array_id],
+                                                        limit=array_limits.get(array_id)):
+            raw[job_id] = Wait(job_id, WaitReason.ARRAY_LIMIT,
+                               f"{array_active[array_id]} members of array {array_id} hold "
+                               f"GPUs, its limit of {array_limits[array_id]} at once (rule A8)")
+            continue
         gt, team, g, reps = job.gpu_type, job.team, job.gpus_per_replica, job.replicas
         total = g * reps
         key = (team, gt)
@@ -430,6 +459,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             ledger.add(team, gt, total)
             factors.charge(team, entry_penalty_gpu_hours(total, billing(gt), interval))
             admissions.append(Admission(job_id, team, gt, placement))
+            if array_id is not None:
+                array_active[array_id] += 1
             continue
         terminating = nominated.get(job_id, 0) if nominated else 0
         if terminating > 0:
@@ -499,6 +530,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             ledger.add(team, gt, total)
             preempted_by_team[team] += len(found.victims)
             preemptions.append(found)
+            if array_id is not None:
+                array_active[array_id] += 1
             raw[job_id] = Wait(
                 job_id, WaitReason.PREEMPTING,
                 f"preempting {len(found.victims)} job(s) "
@@ -513,7 +546,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     teams = sorted(queued_teams | set(snapshot.fair_share))
     standings = {t: factors.factor(t) for t in teams}
     return Plan(admissions=tuple(admissions), waits=waits, preemptions=tuple(preemptions),
-                order=tuple(seen), fair_share_after=standings)
+                order=tuple(seen), fair_share_after=standings, never_met=never_met)
 
 
 def _dominated(failed: list[tuple[int, int, int, int]] | None, cpu: int, memory: int,

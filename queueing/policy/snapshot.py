@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
+from .dependencies import Counts, Dependency
 from .fairshare import FairShareState
 from .priority import PriorityWeights
 from .settings import DEFAULTS, PreemptionPolicy
@@ -84,6 +85,9 @@ class QueuedJob:
     # When the current attempt entered the queue (a requeued victim: its preemption);
     # None = `submitted_at`. Rule R9 counts the wait from here.
     queued_at: datetime | None = None
+    # Rules D1-D2: what it waits for (all must be met); rule A8: its array, if any.
+    dependencies: tuple[Dependency, ...] = ()
+    array_id: int | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -109,6 +113,7 @@ class RunningJob:
     memory_bytes: int | None = None
     # Rule R3: how many times the job was preempted before this attempt.
     preemptions: int = 0
+    array_id: int | None = None  # rule A8
 
     @property
     def total_gpus(self) -> int:
@@ -177,6 +182,11 @@ class Snapshot:
     # with how many of their victims' workloads still hold GPUs in the cluster.
     nominated: Mapping[int, int] = field(default_factory=dict)
     preemption: PreemptionSettings = field(default_factory=PreemptionSettings)
+    # Rules D1-D2: the states of every job or array a queued job depends on
+    # (("job", id) or ("array", id) -> count per state; absent = no such job).
+    dependency_counts: Mapping[tuple[str, int], Counts] = field(default_factory=dict)
+    # Rule A8: the concurrency limit of each array that has one.
+    array_limits: Mapping[int, int] = field(default_factory=dict)
 
     def quota(self, team: str, gpu_type: str) -> QuotaLimit:
         return self.quotas.get((team, gpu_type), NO_QUOTA)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -16,7 +16,8 @@ from django.conf import settings
 from django.db.models import Count, Max
 
 from queueing.backends.base import ClusterBackend
-from queueing.models import GpuType, Job, JobEvent, Quota
+from queueing.models import GpuType, Job, JobArray, JobEvent, Quota
+from queueing.policy.dependencies import Counts, Dependency, parse_dependencies
 from queueing.policy.fairshare import FairShareState
 from queueing.policy.settings import PolicySettings
 from queueing.policy.snapshot import (
@@ -90,7 +91,7 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
             "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
             "tier__rank", "tier__preemptible", "tier__min_runtime_seconds", "started_at",
             "placement", "submitted_to_backend_at", "cpu_millicores", "memory_bytes",
-            "attempt"):
+            "attempt", "array_id"):
         try:
             h["placement"] = _placement(h["placement"])
             _check_size(h)
@@ -133,6 +134,7 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
             started_at=h["started_at"], min_runtime_seconds=h["tier__min_runtime_seconds"],
             nodes=tuple(h["placement"]), cpu_millicores=h["cpu_millicores"],
             memory_bytes=h["memory_bytes"], preemptions=preempted.get(h["id"], 0),
+            array_id=h["array_id"],
         )
         for h in holding
     )
@@ -141,9 +143,12 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
             team__slug__in=unprovisioned).values(
             "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
             "tier__rank", "created_at", "cpu_millicores",
-            "memory_bytes", "topology_level", "topology_mode", "attempt"):
+            "memory_bytes", "topology_level", "topology_mode", "attempt", "dependencies",
+            "array_id"):
         try:
             _check_size(q)
+            q["dependencies"] = parse_dependencies(q["dependencies"]) if q["dependencies"] \
+                else ()
         except ValueError as exc:
             odd[q["id"]] = exc
             continue
@@ -161,7 +166,8 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
                   tier_rank=q["tier__rank"], submitted_at=q["created_at"],
                   queued_at=requeued_at.get(q["id"]),
                   cpu_millicores=q["cpu_millicores"], memory_bytes=q["memory_bytes"],
-                  topology=topology_of(q["topology_level"], q["topology_mode"]))
+                  topology=topology_of(q["topology_level"], q["topology_mode"]),
+                  dependencies=q["dependencies"], array_id=q["array_id"])
         for q in queued_rows
     )
     if odd:
@@ -186,7 +192,40 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         # web (explain, dashboard, preview) the ones the last cycle published.
         nominated=nominated_preemptors(now=now, live_workloads=live_workloads),
         preemption=preemption_settings(now=now),
+        dependency_counts=dependency_counts(d for q in queued_rows for d in q["dependencies"]),
+        array_limits=array_limits({q["array_id"] for q in queued_rows} - {None}),
     )
+
+
+def dependency_counts(deps: Iterable[Dependency]) -> dict[tuple[str, int], Counts]:
+    """Rules D1-D2: the states of the jobs and arrays `deps` name, counted per state (two
+    queries at most; an array of 10,000 members is a few rows)."""
+    jobs: set[int] = set()
+    arrays: set[int] = set()
+    for d in deps:
+        if d.array is not None:
+            arrays.add(d.array)
+        elif d.job is not None:
+            jobs.add(d.job)
+    out: dict[tuple[str, int], dict[str, int]] = {}
+    if jobs:
+        for pk, state in Job.objects.filter(pk__in=jobs).values_list("pk", "status"):
+            out[("job", pk)] = {state: 1}
+    if arrays:
+        for array_id, state, n in (Job.objects.order_by().filter(array_id__in=arrays)
+                                   .values_list("array_id", "status")
+                                   .annotate(n=Count("id")).values_list("array_id", "status", "n")):
+            out.setdefault(("array", array_id), {})[state] = n
+    return dict(out)
+
+
+def array_limits(array_ids: set[Any]) -> dict[int, int]:
+    """Rule A8: the concurrency limit of each of these arrays that has one."""
+    if not array_ids:
+        return {}
+    return {pk: n for pk, n in JobArray.objects.filter(pk__in=array_ids,
+                                                       max_running__isnull=False)
+            .values_list("pk", "max_running") if n is not None}
 
 
 def _minus(free: int | None, pending: int) -> int | None:

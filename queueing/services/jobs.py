@@ -20,7 +20,7 @@ from queueing import rawsql
 from queueing import validation as v
 from queueing.composition import kick, stop_workload_soon
 from queueing.errors import DomainError, IdempotencyKeyReused, InvalidTransition
-from queueing.models import GpuType, Job, JobEvent, Tier
+from queueing.models import GpuType, Job, JobArray, JobEvent, Tier
 from queueing.policy.states import (
     HOLDING_STATES,
     IllegalTransition,
@@ -117,6 +117,8 @@ class JobInput:
     termination_grace_seconds: int | None = None
     # Rule B3: the tier asked for when an over-budget team's job dropped to `tier`.
     downgraded_from: str = ""
+    # Rules D1-D3, stored form, checked (`services.dependencies.job_input_with_dependencies`).
+    dependencies: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     # Derived from the two above (`__post_init__`): what the manifest and the rules use.
     cpu_millicores: int | None = dataclasses.field(init=False, default=None)
     memory_bytes: int | None = dataclasses.field(init=False, default=None)
@@ -626,19 +628,30 @@ def array_size_problem(*, command: list[str], args: list[str], env: dict[str, st
             "of this size): use fewer jobs or a smaller spec.")
 
 
-@transaction.atomic
 def jobs_submit_bulk(
     *, actor: Any, data: JobInput, count: int, now: datetime | None = None
 ) -> list[int]:
-    """Queue an array job: `count` copies of `data`, job i named `<name>-<i>` with
-    `FAIRQ_ARRAY_INDEX=i` and `FAIRQ_ARRAY_SIZE=count` in its environment. All jobs and
-    their submit events are written in one transaction, so the array is queued whole or
-    not at all. Returns the job ids in index order.
+    """`jobs_submit_array` without a concurrency limit; the job ids in index order."""
+    return jobs_submit_array(actor=actor, data=data, count=count, now=now)[1]
+
+
+@transaction.atomic
+def jobs_submit_array(
+    *, actor: Any, data: JobInput, count: int, max_running: int | None = None,
+    now: datetime | None = None,
+) -> tuple[JobArray, list[int]]:
+    """Queue an array job: a `JobArray` and `count` copies of `data`, job i named
+    `<name>-<i>` with `array_index` i and `FAIRQ_ARRAY_INDEX=i`, `FAIRQ_ARRAY_SIZE=count`
+    in its environment; at most `max_running` members hold GPUs at once (rule A8; None:
+    no limit). All jobs and their submit events are written in one transaction, so the
+    array is queued whole or not at all. Returns the array and the job ids in index order.
 
     On PostgreSQL the ids are drawn from the sequence first and both tables are filled
     with COPY (10,000 jobs in a fraction of a second); elsewhere with bulk_create."""
     if not 1 <= count <= MAX_BULK_JOBS:
         raise ValueError(f"count must be within 1..{MAX_BULK_JOBS}")
+    if max_running is not None and max_running < 1:
+        raise DomainError(INVALID_FIELDS, fields={"max_running": ["At least 1."]})
     longest = f"{data.name}-{count - 1}"
     if len(longest) > 63:
         message = f"{longest!r} is longer than 63 characters: shorten the name."
@@ -651,11 +664,15 @@ def jobs_submit_bulk(
     now = now or timezone.now()
     check_submit(actor=actor, team=data.team, tier=data.tier)
     submitter = actor if actor.is_authenticated else None
+    array = JobArray.objects.create(team=data.team, name=data.name, count=count,
+                                    max_running=max_running, created_by=submitter,
+                                    created_at=now)
     template = Job(**data.job_values(), submitter=submitter, status=JobState.QUEUED,
-                   created_at=now, updated_at=now)
+                   created_at=now, updated_at=now, array=array)
     event = JobEvent(at=now, kind=JobEvent.Kind.TRANSITION, from_status="", to_status=JobState.QUEUED,
                      actor=submitter, actor_label=str(actor), attempt=1,
-                     **{"reason": "submitted (array job)", **_downgrade_note(data, array=True)})
+                     **{"reason": f"submitted (array {array.pk})",
+                        **_downgrade_note(data, array=True)})
     names = [f"{data.name}-{i}" for i in range(count)]
     envs = [{**data.env, "FAIRQ_ARRAY_INDEX": str(i), "FAIRQ_ARRAY_SIZE": str(count)}
             for i in range(count)]
@@ -664,8 +681,8 @@ def jobs_submit_bulk(
     else:
         fields = {f.attname: getattr(template, f.attname)
                   for f in Job._meta.concrete_fields if not f.primary_key}
-        jobs = [Job(**{**fields, "name": name, "env": env})
-                for name, env in zip(names, envs, strict=True)]
+        jobs = [Job(**{**fields, "name": name, "env": env, "array_index": i})
+                for i, (name, env) in enumerate(zip(names, envs, strict=True))]
         Job.objects.bulk_create(jobs, batch_size=2000)
         ids = [job.pk for job in jobs]
         event_fields = {f.attname: getattr(event, f.attname)
@@ -673,7 +690,7 @@ def jobs_submit_bulk(
         JobEvent.objects.bulk_create(
             [JobEvent(**{**event_fields, "job_id": job_id}) for job_id in ids], batch_size=2000)
     transaction.on_commit(kick)  # the shared plan is kept (see job_submit_with_event)
-    return ids
+    return array, ids
 
 
 def _row_values(instance: Any) -> dict[str, Any]:
@@ -708,12 +725,13 @@ def _copy_array_job(template: Job, event: JobEvent, names: list[str],
     job_values = _row_values(template)
     columns = ["id", *job_values]
     name_at, env_at = columns.index("name"), columns.index("env")
+    index_at = columns.index("array_index")
     base = [None, *job_values.values()]
 
     def job_rows() -> Any:
-        for job_id, name, env in zip(ids, names, envs, strict=True):
+        for i, (job_id, name, env) in enumerate(zip(ids, names, envs, strict=True)):
             row = list(base)
-            row[0], row[name_at], row[env_at] = job_id, name, json.dumps(env)
+            row[0], row[name_at], row[env_at], row[index_at] = job_id, name, json.dumps(env), i
             yield row
 
     _copy_rows(Job._meta.db_table, columns, job_rows())

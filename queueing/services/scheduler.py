@@ -75,6 +75,7 @@ from queueing.selectors.queue_plan import queue_plan_forget
 from queueing.selectors.snapshot import build_snapshot, unprovisioned_teams
 
 from .cluster_view import cluster_view_publish
+from .dependencies import dependencies_fail_never_met
 from .jobs import job_transition
 from .logs import workload_stop_keeping_logs
 from .metrics import record_submit_error
@@ -169,6 +170,8 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         with transaction.atomic():
             result.admitted = apply_plan(plan=plan, now=now, result=result)
             applied = _preemptions_apply(plan=plan, now=now, result=result)
+            # Rule D2: a job whose dependencies can never be met fails at once.
+            result.finished.extend(dependencies_fail_never_met(never_met=plan.never_met, now=now))
         result.preempted = applied.preempted
         t4 = time.perf_counter()
         # After commit: the victims' GPUs come back (at once on the simulated cluster,
@@ -318,7 +321,7 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) ->
             if job_transition(
                 job, JobState.QUEUED, now=now, reason="its cluster workload vanished before "
                 "it ran; requeued", attempt=job.attempt + 1, placement=[], admitted_at=None,
-                submitted_to_backend_at=None,
+                submitted_to_backend_at=None, data={"ended_how": "node_lost"},
             ):
                 result.requeued.append(job.pk)
 
@@ -333,7 +336,7 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) ->
                 job, JobState.FAILED, now=now, finished_at=now,
                 reason="its cluster workload disappeared while running (deleted outside "
                 "fairq, or the cluster restarted)",
-                message="workload lost",
+                message="workload lost", data={"ended_how": "node_lost"},
             ):
                 usage_record_attempt(job=job, start=job.started_at or now, end=now)
                 result.finished.append(job.pk)

@@ -17,7 +17,9 @@ from accounts.models import Role
 from queueing import validation as v
 from queueing.errors import DomainError
 from queueing.models import GpuType, Tier
+from queueing.policy.dependencies import parse_slurm_dependencies
 from queueing.services.access import check_submit
+from queueing.services.dependencies import job_input_with_dependencies
 from queueing.services.jobs import JobInput, job_input_build
 
 # The most text a volumes or secrets box takes, and how deep its YAML may nest: 16
@@ -187,6 +189,11 @@ class JobSubmitForm(forms.Form):
         choices=[("required", "required (wait for room in one)"),
                  ("preferred", "preferred (never wait for it)")])
 
+    dependencies = forms.CharField(
+        label="Dependencies", required=False, max_length=2000,
+        help_text="Wait for jobs of the team, Slurm's way: afterok:12:13,afterany:14 "
+                  "(a7: all of array 7); empty: none.")
+
     def __init__(self, *args: Any, request: HttpRequest, teams: list[Any], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.request = request
@@ -347,6 +354,14 @@ class JobSubmitForm(forms.Form):
                 for message in messages:
                     self.add_error(target, named + message)
             return data
+        try:  # rules D1-D3: Slurm's syntax, then jobs and arrays of the team
+            job_input = job_input_with_dependencies(
+                job_input, parse_slurm_dependencies(data.get("dependencies") or ""))
+        except ValueError as exc:
+            self.add_error("dependencies", str(exc))
+        except DomainError as exc:
+            for message in exc.fields.get("dependencies", [exc.message]):
+                self.add_error("dependencies", message)
         if self.errors:
             return data
         try:  # rule T1 as the service applies it, so the live check shows it too

@@ -52,6 +52,8 @@ from queueing.errors import PermissionDenied as Refused
 from queueing.models import GpuType, Job
 from queueing.policy.states import JobState
 from queueing.selectors import dashboard as dash
+from queueing.selectors.arrays import job_array, job_dependencies
+from queueing.selectors.attempts import job_attempts
 from queueing.selectors.capacity import capacity_by_gpu_type, overcommit_warnings
 from queueing.selectors.cluster import cluster_view
 from queueing.selectors.fairshare import teams_in_standings_for
@@ -212,6 +214,10 @@ def job_list(request: HttpRequest) -> HttpResponse:
     except ValueError:
         before = None
     jobs = jobs_visible_to(actor=request.user).filter(team=team) if team else Job.objects.none()
+    array = request.GET.get("array", "")
+    array = array if array.isdigit() else ""
+    if array:  # one array job's members (the job page links here)
+        jobs = jobs.filter(array_id=int(array))
     labels = [item for item in request.GET.getlist("label") if item.strip()]
     label_error = ""
     try:
@@ -221,8 +227,9 @@ def job_list(request: HttpRequest) -> HttpResponse:
     page, next_before = dash.job_page(jobs=jobs, before=before, status=status)
     ctx = {"team": team, "jobs": page, "next_before": next_before, "status": status,
            "statuses": [s.value for s in JobState], "before": before, "now": timezone.now(),
-           "labels": labels, "label_error": label_error,
+           "labels": labels, "label_error": label_error, "array": array,
            "filter_query": urlencode([*([("status", status)] if status else []),
+                                      *([("array", array)] if array else []),
                                       *(("label", item) for item in labels)])}
     return render(request, "web/job_list.html", ctx, status=400 if label_error else 200)
 
@@ -328,6 +335,8 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
            "logs": "\n".join(log_view.lines) if log_view else "",
            "runtime": job.runtime_seconds(now), "topology_domain": _topology_domain(job),
            "utilization": _utilization_view(job), "idle_since": idle_since(job),
+           "attempts": job_attempts(job, now=now), "dependencies": job_dependencies(job),
+           "array": job_array(job),
            "permalink": request.build_absolute_uri(reverse("web:job-detail", args=[job.pk]))}
     if request.htmx:  # type: ignore[attr-defined]
         # 286: htmx swaps this last fragment and stops polling a job that is final.

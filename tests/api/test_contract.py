@@ -107,7 +107,7 @@ def test_validation_errors_are_replayed_too_but_5xx_are_not_stored(
     def boom(**_: Any) -> Any:
         raise RuntimeError("database went away")
 
-    monkeypatch.setattr(views, "jobs_submit_bulk", boom)
+    monkeypatch.setattr(views, "jobs_submit_array", boom)
     c.raise_request_exception = False
     assert _post(c, "/api/v1/jobs/bulk/", job_body(count=2), key="flaky").status_code == 500
     assert not IdempotencyRecord.objects.filter(key="flaky").exists()

@@ -1,0 +1,61 @@
+"""Array jobs: `GET /api/v1/arrays/{id}/` (the array and its members counted by state)
+and `DELETE /api/v1/arrays/{id}/` (cancel the members that have not ended)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from queueing.selectors.arrays import array_get_for_actor, array_summary
+from queueing.services.arrays import array_cancel
+
+
+class ArraySummarySerializer(serializers.Serializer[Any]):
+    """An array job and its members counted by state."""
+
+    id = serializers.IntegerField()
+    team = serializers.CharField()
+    name = serializers.CharField()
+    count = serializers.IntegerField(help_text="Members.")
+    max_running = serializers.IntegerField(
+        allow_null=True, help_text="At most this many hold GPUs at once (rule A8); null: no limit."
+    )
+    created_by = serializers.CharField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    counts = serializers.DictField(
+        child=serializers.IntegerField(), help_text="Members per state, every state present."
+    )
+    active = serializers.IntegerField(help_text="Members holding GPUs (admitted or running).")
+    ended = serializers.IntegerField(help_text="Members in a final state.")
+    done = serializers.BooleanField(help_text="Every member has ended.")
+
+
+class ArrayDetailView(APIView):
+    """One array job of the caller's teams (404 for any other)."""
+
+    @extend_schema(responses=ArraySummarySerializer)
+    def get(self, request: Request, array_id: int) -> Response:
+        """The array and its members counted by state: what `--wait` on an array polls."""
+        array = array_get_for_actor(actor=request.user, array_id=array_id)
+        return Response(ArraySummarySerializer(array_summary(array)).data)
+
+    @extend_schema(
+        responses=inline_serializer(
+            "ArrayCancelled",
+            {
+                "cancelled": serializers.ListField(child=serializers.IntegerField()),
+                "array": ArraySummarySerializer(),
+            },
+        )
+    )
+    def delete(self, request: Request, array_id: int) -> Response:
+        """Cancel every member that has not ended, in one transaction, each with its event;
+        members that ended are left alone. Answers the ids cancelled and the array after."""
+        array = array_get_for_actor(actor=request.user, array_id=array_id)
+        cancelled = array_cancel(actor=request.user, array=array)
+        return Response({"cancelled": cancelled, "array": ArraySummarySerializer(array_summary(array)).data})
