@@ -53,7 +53,12 @@ def preemption_settings(*, now: datetime) -> PreemptionSettings:
         if team:
             made.append((at, str(team)))
     used = cycle.preemptions_in_window(made, now=now, window_seconds=policy.window_seconds)
-    return PreemptionSettings.of(policy, used=used)
+    made_at: dict[str, list[datetime]] = {}
+    for at, team in made:
+        if 0 <= (now - at).total_seconds() < policy.window_seconds:
+            made_at.setdefault(team, []).append(at)
+    return PreemptionSettings.of(policy, used=used,
+                                 made_at={t: tuple(sorted(a)) for t, a in made_at.items()})
 
 
 def nominated_preemptors(*, now: datetime, live_workloads: Iterable[str]) -> dict[int, int]:
