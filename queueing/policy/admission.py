@@ -421,6 +421,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     # per GPU type and node, and the preemptor they are held for (the latest).
     holds: dict[str, dict[str, int]] = {}
     holder: dict[str, int] = {}
+    fits_held: dict[tuple[str, int, int], tuple[int, int]] = {}  # shape: (changes, GPUs held)
     held_code = _CODE[WaitReason.HELD_FOR_PREEMPTOR]
     # Rule E3: the largest free block per GPU type, memoized on the capacity's changes.
     block_seen: dict[str, tuple[int, int]] = {}
@@ -437,9 +438,16 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             return (code, index, 0, 0)
         gt = job.gpu_type
         held_here = holds.get(gt)
-        if held_here and not cpu and not mem and job.topology is None and _fits_with(
-                cap, gt, job.gpus_per_replica, job.replicas, held_here):
-            return (held_code, index, holder[gt], sum(held_here.values()))
+        if held_here and not cpu and not mem and job.topology is None:
+            # Memoized per shape until the capacity or the holds change: a long queue
+            # asks it for most of its jobs, of a few shapes.
+            shape = (gt, job.gpus_per_replica, job.replicas)
+            known = fits_held.get(shape)
+            if known is None or known[0] != cap.changes:
+                fits = _fits_with(cap, gt, job.gpus_per_replica, job.replicas, held_here)
+                known = fits_held[shape] = (cap.changes, sum(held_here.values()) if fits else 0)
+            if known[1]:
+                return (held_code, index, holder[gt], known[1])
         seen = block_seen.get(gt)
         if seen is None or seen[0] != cap.changes:
             blocks.append(cap.largest_free_block(gt))
