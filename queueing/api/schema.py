@@ -35,7 +35,7 @@ class FairqAutoSchema(AutoSchema):
         own = type(self.view).__dict__.get("__doc__")
         return self._handler_doc() or (inspect.cleandoc(own) if own else "")
 
-    def get_summary(self) -> str | None:  # type: ignore[override]
+    def get_summary(self) -> str | None:
         return first_sentence(self.get_description()) or None
 
 
