@@ -524,6 +524,11 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             continue
         terminating = nominated.get(job_id, 0) if nominated else 0
         if terminating > 0:
+            # Rule A5 (E2 names it): what is free of its planned placement is its, while
+            # its victims' GPUs are still being released: no later job takes it first.
+            planned = snapshot.nominated_placement.get(job_id)
+            if planned:
+                _hold(holds, holder, gt, job_id, _hold_placement(cap, gt, planned, g), (), g)
             raw[job_id] = Wait(
                 job_id, WaitReason.PREEMPTING,
                 f"waiting for {terminating} preempted job(s) to release their {gt} GPUs",
@@ -668,6 +673,24 @@ def _hold(holds: dict[str, dict[str, int]], holder: dict[str, int], gpu_type: st
     for name in placement:
         per_node[name] = per_node.get(name, 0) + gpus
     holder[gpu_type] = job_id
+
+
+def _hold_placement(cap: Capacity, gpu_type: str, placement: Iterable[str],
+                    gpus: int) -> dict[str, int]:
+    """Rule A5 for a nominated preemptor still waiting for its victims: take what is free
+    of `gpus` per replica on its planned nodes (of its type) out of this pass's capacity;
+    returns the GPUs held per node."""
+    want: dict[str, int] = defaultdict(int)
+    for name in placement:
+        if cap.node_type.get(name) == gpu_type:
+            want[name] += gpus
+    held: dict[str, int] = {}
+    for name, n in sorted(want.items()):
+        take = min(n, cap.free[name])
+        if take > 0:
+            cap.set_free(name, cap.free[name] - take)
+            held[name] = take
+    return held
 
 
 def _protected_until(ws: Workspace, job: QueuedJob, now: datetime) -> tuple[datetime, int] | None:

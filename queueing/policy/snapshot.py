@@ -200,6 +200,9 @@ class Snapshot:
     # Rules A5, R8: queued jobs that preempted in an earlier cycle and are not admitted yet,
     # with how many of their victims' workloads still hold GPUs in the cluster.
     nominated: Mapping[int, int] = field(default_factory=dict)
+    # Rule E2: for those whose victims may still hold GPUs, the placement their preemption
+    # planned (one node per replica); the plan holds what is free of it for them.
+    nominated_placement: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     preemption: PreemptionSettings = field(default_factory=PreemptionSettings)
 
     def quota(self, team: str, gpu_type: str) -> QuotaLimit:

@@ -68,6 +68,26 @@ def test_rule_e2_gpus_a_preemption_frees_in_the_same_pass_are_held_for_its_preem
     assert "job #1" in wait.message and "(8 GPUs held" in wait.message
 
 
+@pytest.mark.parametrize(("placement", "admitted_3", "code_3"), [
+    # Its victims' 2 GPUs on h100-0 are still being released; the 6 free there are its.
+    (("h100-0",), [], WaitReason.HELD_FOR_PREEMPTOR),
+    # Before rule E2 held them (no placement known), job 3 took them first.
+    ((), [3], None),
+])
+def test_rule_e2_a_nominated_preemptor_waiting_for_its_victims_keeps_its_free_gpus(
+        placement: tuple[str, ...], admitted_3: list[int], code_3: WaitReason | None) -> None:
+    plan = plan_admissions(snap(
+        nodes=nodes(("h100", 8, 6)), queued=(q(2, gpus=8, tier=200), q(3, gpus=4)),
+        nominated={2: 1}, nominated_placement={2: placement} if placement else {},
+        preemption=PREEMPT))
+    assert plan.waits[2].reason is WaitReason.PREEMPTING
+    assert [a.job_id for a in plan.admissions] == admitted_3
+    if code_3 is not None:
+        wait = plan.waits[3]
+        assert wait.reason is code_3 and "held for job #2" in wait.message
+        assert "(6 GPUs held; rule A5)" in wait.message
+
+
 def test_rule_e2_a_job_too_large_even_for_the_held_gpus_waits_for_capacity() -> None:
     plan = plan_admissions(snap(nodes=nodes(("h100", 8), ("h100", 8, 0)),
                                 queued=(q(1, gpus=8, tier=200), q(2, gpus=8, replicas=2)),
