@@ -19,6 +19,7 @@ from rest_framework.views import APIView
 
 from queueing import validation as v
 from queueing.api.idempotency import IdempotentPostMixin
+from queueing.api.location import location
 from queueing.api.strict import StrictFieldsMixin
 from queueing.errors import NotFound
 from queueing.models import Tier
@@ -92,12 +93,16 @@ class TeamListView(IdempotentPostMixin, APIView):
 
     @extend_schema(responses=TeamSerializer(many=True))
     def get(self, request: Request) -> Response:
+        """List the teams the caller belongs to (every team for staff), with the
+        caller's role in each."""
         teams = teams_for_user(user=request.user).select_related("parent") \
             .prefetch_related("tier_grants__tier")
         return Response(TeamSerializer(teams, many=True, context={"roles": _roles(request)}).data)
 
     @extend_schema(request=TeamSerializer, responses={201: TeamSerializer})
     def post(self, request: Request) -> Response:
+        """Create a team (staff): slug, name, weight, parent; 201 with `Location`.
+        Audited."""
         check_staff(actor=request.user)
         s = TeamSerializer(data=request.data)
         s.is_valid(raise_exception=True)
@@ -109,17 +114,22 @@ class TeamListView(IdempotentPostMixin, APIView):
                            parent=s.validated_data.get("parent"),
                            run_as_non_root=s.validated_data.get("run_as_non_root", True))
         return Response(TeamSerializer(team, context={"roles": {}}).data,
-                        status=status.HTTP_201_CREATED)
+                        status=status.HTTP_201_CREATED,
+                        headers=location("team-detail", slug=team.slug))
 
 
 class TeamDetailView(IdempotentPostMixin, APIView):
     @extend_schema(responses=TeamSerializer)
     def get(self, request: Request, slug: str) -> Response:
+        """Read one team the caller belongs to (any team for staff): weight, parent,
+        granted tiers, workload policy and the caller's role."""
         team = check_team_member(actor=request.user, slug=slug)
         return Response(TeamSerializer(team, context={"roles": _roles(request)}).data)
 
     @extend_schema(request=TeamUpdateSerializer, responses=TeamSerializer)
     def patch(self, request: Request, slug: str) -> Response:
+        """Change a team (staff): name, weight, parent (never itself or a descendant:
+        rule F4), `run_as_non_root` and its tier grants (rule T1). Audited."""
         team = check_team_member(actor=request.user, slug=slug)
         check_staff(actor=request.user)
         s = TeamUpdateSerializer(data=request.data)
@@ -182,11 +192,15 @@ class TeamResourcesView(IdempotentPostMixin, APIView):
 
     @extend_schema(responses=TeamResourcesSerializer)
     def get(self, request: Request, slug: str) -> Response:
+        """Read the team's workload policy (members): per-replica resource defaults and
+        maxima, and the PVCs, Secrets and pull secrets its jobs may name."""
         team = check_team_member(actor=request.user, slug=slug)
         return Response(team_resources(team))
 
     @extend_schema(request=TeamResourcesSerializer, responses=TeamResourcesSerializer)
     def patch(self, request: Request, slug: str) -> Response:
+        """Change the team's workload policy (team admins and staff); fields left out
+        keep their value. Audited."""
         team = check_team_member(actor=request.user, slug=slug)
         check_team_admin(actor=request.user, team=team)
         s = TeamResourcesSerializer(data=request.data)
@@ -224,12 +238,15 @@ class MembershipListView(IdempotentPostMixin, APIView):
 
     @extend_schema(responses=MembershipSerializer(many=True))
     def get(self, request: Request, slug: str) -> Response:
+        """List a team's members and their roles (visible to the team's members)."""
         team = check_team_member(actor=request.user, slug=slug)
         return Response(MembershipSerializer(memberships_of_team(team=team), many=True).data)
 
     @extend_schema(request=MembershipSerializer,
                    responses={201: MembershipSerializer, 200: MembershipSerializer})
     def post(self, request: Request, slug: str) -> Response:
+        """Add a member or change a member's role (team admins and staff): 201 new with
+        `Location`, 200 changed. Audited."""
         team = check_team_member(actor=request.user, slug=slug)
         check_team_admin(actor=request.user, team=team)
         s = MembershipSerializer(data=request.data)
@@ -238,7 +255,9 @@ class MembershipListView(IdempotentPostMixin, APIView):
         membership, created = membership_set(actor=request.user, team=team, user=user,
                                              role=s.validated_data["role"])
         return Response(MembershipSerializer(membership).data,
-                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+                        headers=location("membership-detail", slug=team.slug,
+                                         username=user.get_username()) if created else None)
 
 
 class MembershipDetailView(IdempotentPostMixin, APIView):
@@ -254,10 +273,13 @@ class MembershipDetailView(IdempotentPostMixin, APIView):
 
     @extend_schema(responses=MembershipSerializer)
     def get(self, request: Request, slug: str, username: str) -> Response:
+        """Read one member's role in the team."""
         return Response(MembershipSerializer(self._membership(request, slug, username)).data)
 
     @extend_schema(request=RoleSerializer, responses=MembershipSerializer)
     def patch(self, request: Request, slug: str, username: str) -> Response:
+        """Change one member's role (team admins and staff); a team keeps its last team
+        admin (409 otherwise). Audited."""
         membership = self._membership(request, slug, username)
         check_team_admin(actor=request.user, team=membership.team)
         s = RoleSerializer(data=request.data)
@@ -268,6 +290,8 @@ class MembershipDetailView(IdempotentPostMixin, APIView):
 
     @extend_schema(responses={204: None})
     def delete(self, request: Request, slug: str, username: str) -> Response:
+        """Remove a member (team admins and staff; a team admin may remove themselves,
+        not the last one: 409). Audited."""
         membership = self._membership(request, slug, username)
         check_team_admin(actor=request.user, team=membership.team)
         membership_remove(actor=request.user, membership=membership)
@@ -322,10 +346,14 @@ class TokenListView(IdempotentPostMixin, APIView):
 
     @extend_schema(responses=TokenSerializer(many=True))
     def get(self, request: Request) -> Response:
+        """List the caller's own API tokens: name, prefix, expiry, last use; never their
+        secrets."""
         return Response(TokenSerializer(tokens_of_user(user=request.user), many=True).data)
 
     @extend_schema(request=TokenCreateSerializer, responses={201: IssuedTokenSerializer})
     def post(self, request: Request) -> Response:
+        """Issue an API token for the caller: the 201 carries its key, shown this once,
+        and `Location`."""
         s = TokenCreateSerializer(data=request.data)
         s.is_valid(raise_exception=True)
         days = s.validated_data["expires_in_days"]
@@ -335,7 +363,8 @@ class TokenListView(IdempotentPostMixin, APIView):
         data = dict(TokenSerializer(issued.token).data)
         data["key"] = issued.key
         data["message"] = KEY_SHOWN_NOW
-        return Response(data, status=status.HTTP_201_CREATED)
+        return Response(data, status=status.HTTP_201_CREATED,
+                        headers=location("token-detail", token_id=issued.token.pk))
 
 
 class TokenDetailView(IdempotentPostMixin, APIView):
@@ -347,6 +376,7 @@ class TokenDetailView(IdempotentPostMixin, APIView):
 
     @extend_schema(responses=TokenSerializer)
     def get(self, request: Request, token_id: int) -> Response:
+        """Read one of the caller's tokens (never its secret)."""
         return Response(TokenSerializer(self._token(request, token_id)).data)
 
     # 200 with the revoked token (a bare `responses=` documented DELETE's default, 204).

@@ -74,7 +74,7 @@ def test_the_api_and_the_dashboard_word_a_wait_the_same(world: World) -> None:
     assert row.position == api["position"] == 2
     assert row.reason == "; ".join(r["message"] for r in api["reasons"])
     assert [r["code"] for r in api["reasons"]][-1] == "jobs_ahead"
-    assert api["reasons"][-1]["message"] == "1 job ahead of it in the queue (1 for h100)"
+    assert api["reasons"][-1]["message"] == "1 job ahead of it for h100 GPUs (1 in the whole queue)"
 
 
 def test_an_unreachable_cluster_is_a_reason_not_an_error(world: World) -> None:

@@ -152,7 +152,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "queueing.api.schema.FairqAutoSchema",
     "EXCEPTION_HANDLER": "queueing.api.errors.exception_handler",
     # JSON bodies only (415 otherwise): no RecursionError, no NUL (queueing/api/parsers.py).
     "DEFAULT_PARSER_CLASSES": ["queueing.api.parsers.SafeJSONParser"],

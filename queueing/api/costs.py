@@ -39,6 +39,7 @@ from queueing.services.costs import (
 )
 
 from .fields import InstantField
+from .location import location
 from .scope import teams_asked
 from .strict import StrictFieldsMixin
 
@@ -69,6 +70,8 @@ class GpuPriceListView(APIView):
 
     @extend_schema(responses=GpuPriceSerializer(many=True))
     def get(self, request: Request) -> Response:
+        """List the GPU prices per type and UTC day they start (rule C1), with the
+        currency."""
         prices = GpuPrice.objects.select_related("gpu_type").order_by(
             "gpu_type__slug", "effective_from")
         return Response(GpuPriceSerializer(prices, many=True).data)
@@ -76,6 +79,8 @@ class GpuPriceListView(APIView):
     @extend_schema(request=GpuPriceSerializer,
                    responses={201: GpuPriceSerializer, 200: GpuPriceSerializer})
     def post(self, request: Request) -> Response:
+        """Set a GPU type's price from a UTC day on (staff): 201 new with `Location`,
+        200 when that day's price changed. Audited."""
         check_staff(actor=request.user, doing="set GPU prices")
         s = GpuPriceSerializer(data=request.data)
         s.is_valid(raise_exception=True)
@@ -84,12 +89,15 @@ class GpuPriceListView(APIView):
                                        effective_from=d["effective_from"],
                                        price_per_gpu_hour=d["price_per_gpu_hour"])
         return Response(GpuPriceSerializer(price).data,
-                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+                        headers=location("gpuprice-detail", price_id=price.pk) if created else None)
 
 
 class GpuPriceDetailView(APIView):
     @extend_schema(responses={204: None})
     def delete(self, request: Request, price_id: int) -> Response:
+        """Delete a GPU price (staff); the days it priced fall back to the type's
+        previous price (or unpriced). Audited."""
         check_staff(actor=request.user, doing="delete GPU prices")
         price = GpuPrice.objects.filter(pk=price_id).first()
         if price is None:
@@ -124,12 +132,16 @@ class BudgetListView(APIView):
 
     @extend_schema(responses=BudgetStatusSerializer(many=True))
     def get(self, request: Request) -> Response:
+        """List the monthly budgets of the caller's teams (every team for staff) with
+        this month's cost and how much of it is used (rules B1-B2)."""
         rows = budget_statuses(now=timezone.now(), teams=teams_for_user(user=request.user))
         return Response(BudgetStatusSerializer(rows, many=True).data)
 
     @extend_schema(request=BudgetSerializer,
                    responses={201: BudgetStatusSerializer, 200: BudgetStatusSerializer})
     def post(self, request: Request) -> Response:
+        """Set a team's monthly budget and policy (staff; rule B3's `downgrade` or
+        `none`): 201 new with `Location`, 200 changed. Audited."""
         check_staff(actor=request.user, doing="set team budgets")
         s = BudgetSerializer(data=request.data)
         s.is_valid(raise_exception=True)
@@ -139,12 +151,15 @@ class BudgetListView(APIView):
                                           policy=d["policy"])
         (row,) = budget_statuses(now=timezone.now(), teams=[budget.team])
         return Response(BudgetStatusSerializer(row).data,
-                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+                        headers=location("budget-detail", slug=budget.team.slug) if created else None)
 
 
 class BudgetDetailView(APIView):
     @extend_schema(responses={204: None})
     def delete(self, request: Request, slug: str) -> Response:
+        """Delete a team's budget (staff): no more warnings or downgrades for it.
+        Audited."""
         check_staff(actor=request.user, doing="delete team budgets")
         budget = TeamBudget.objects.filter(team__slug=slug).first()
         if budget is None:

@@ -23,6 +23,7 @@ from queueing.services.quotas import quota_set
 
 from .fields import InstantField
 from .idempotency import IdempotentPostMixin
+from .location import location
 from .scope import teams_asked
 from .strict import StrictFieldsMixin
 
@@ -60,6 +61,8 @@ class QuotaListView(IdempotentPostMixin, APIView):
 
     @extend_schema(parameters=[TEAM_PARAM], responses=QuotaSerializer(many=True))
     def get(self, request: Request) -> Response:
+        """List the quotas of the caller's teams (every team for staff): nominal,
+        borrowing and lending limits per GPU type (rule Q1)."""
         teams = teams_for_user(user=request.user)
         slug = request.query_params.get("team")
         if slug:
@@ -69,6 +72,8 @@ class QuotaListView(IdempotentPostMixin, APIView):
 
     @extend_schema(request=QuotaSerializer, responses={201: QuotaSerializer, 200: QuotaSerializer})
     def post(self, request: Request) -> Response:
+        """Set the quota of a (team, GPU type) (staff): 201 new with `Location`, 200
+        changed. Audited."""
         check_staff(actor=request.user, doing="change quotas")
         s = QuotaSerializer(data=request.data)
         s.is_valid(raise_exception=True)
@@ -77,7 +82,8 @@ class QuotaListView(IdempotentPostMixin, APIView):
         quota, created = quota_set(actor=request.user, team=d["team"], gpu_type=d["gpu_type"],
                                    nominal=d["nominal"], **extra)
         return Response(QuotaSerializer(quota).data,
-                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+                        headers=location("quota-detail", quota_id=quota.pk) if created else None)
 
 
 class QuotaDetailView(IdempotentPostMixin, APIView):
@@ -90,10 +96,13 @@ class QuotaDetailView(IdempotentPostMixin, APIView):
 
     @extend_schema(responses=QuotaSerializer)
     def get(self, request: Request, quota_id: int) -> Response:
+        """Read one quota of the caller's teams (any team's for staff)."""
         return Response(QuotaSerializer(self._quota(request, quota_id)).data)
 
     @extend_schema(request=QuotaUpdateSerializer, responses=QuotaSerializer)
     def patch(self, request: Request, quota_id: int) -> Response:
+        """Change one quota (staff): nominal, borrowing limit, lending limit (at most
+        the nominal). Audited."""
         quota = self._quota(request, quota_id)
         check_staff(actor=request.user, doing="change quotas")
         s = QuotaUpdateSerializer(data=request.data)
@@ -136,6 +145,8 @@ class TierListView(APIView):
 class GpuTypeListView(APIView):
     @extend_schema(responses=GpuTypeSerializer(many=True))
     def get(self, request: Request) -> Response:
+        """List the GPU types: billing weight (rule F1) and topology levels (rule A7).
+        """
         return Response(GpuTypeSerializer(GpuType.objects.all(), many=True).data)
 
 
@@ -199,6 +210,14 @@ class UsageView(APIView):
                          "buckets": UsageBucketSerializer(rows, many=True).data})
 
 
+class CapacityNodeSerializer(serializers.Serializer[Any]):
+    name = serializers.CharField()
+    gpu_type = serializers.CharField()
+    capacity = serializers.IntegerField()
+    allocated = serializers.IntegerField(help_text="GPUs in use as the cluster reports it")
+    free = serializers.IntegerField()
+
+
 class CapacitySerializer(serializers.Serializer[Any]):
     gpu_type = serializers.CharField()
     nodes = serializers.IntegerField()
@@ -207,10 +226,14 @@ class CapacitySerializer(serializers.Serializer[Any]):
     free = serializers.IntegerField()
     held_by_jobs = serializers.IntegerField(help_text="GPUs of admitted and running jobs")
     queued_demand = serializers.IntegerField(help_text="GPUs asked for by queued jobs")
+    by_node = CapacityNodeSerializer(many=True, help_text=(
+        "Each node of the type, by name, as the cluster reports it: its free GPUs are the "
+        "largest block one replica can get there (docs/scheduling.md, rule E3)."))
 
 
 class CapacityView(APIView):
-    """Cluster capacity per GPU type, as the cluster and fairq each see it."""
+    """Cluster capacity per GPU type, as the cluster and fairq each see it, with each
+    node's free GPUs (`by_node`)."""
 
     @extend_schema(responses=CapacitySerializer(many=True))
     def get(self, request: Request) -> Response:

@@ -1,15 +1,49 @@
 """OpenAPI post-processing: the one error shape and the `Idempotency-Key` header, added to
 every operation once here instead of on every view; closed request bodies for the
-serializers that refuse unknown fields (queueing/api/strict.py)."""
+serializers that refuse unknown fields (queueing/api/strict.py); each operation's own
+summary and description (`FairqAutoSchema`) and a description for every response."""
 
 from __future__ import annotations
 
+import inspect
+import re
 from typing import Any
 
 from drf_spectacular.extensions import (
     OpenApiAuthenticationExtension,
     OpenApiSerializerExtension,
 )
+from drf_spectacular.openapi import AutoSchema
+
+
+class FairqAutoSchema(AutoSchema):
+    """Each operation described by its own handler's docstring (`get`, `post`, `list`,
+    an `@action`, ...), else by its view class's *own* docstring, never by one inherited
+    from a base class: drf-spectacular's default takes `inspect.getdoc(view class)`, which
+    walks the bases, so every view without a docstring showed `IdempotentPostMixin`'s
+    ("Mix into an APIView ...") on all its operations. The summary is the description's
+    first sentence. `tests/api/test_schema_descriptions.py` fails when an operation has no
+    description of its own."""
+
+    def _handler_doc(self) -> str:
+        name = getattr(self.view, "action", None) or self.method.lower()
+        handler = getattr(self.view, name, None)
+        doc = getattr(handler, "__doc__", None)
+        return inspect.cleandoc(doc) if doc else ""
+
+    def get_description(self) -> str:  # type: ignore[override]
+        own = type(self.view).__dict__.get("__doc__")
+        return self._handler_doc() or (inspect.cleandoc(own) if own else "")
+
+    def get_summary(self) -> str | None:
+        return first_sentence(self.get_description()) or None
+
+
+def first_sentence(text: str) -> str:
+    """The text up to its first full stop followed by a space or the end, on one line."""
+    flat = " ".join(text.split())
+    match = re.match(r"(.+?[.!?])(\s|$)", flat)
+    return (match.group(1) if match else flat)[:120]
 
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -62,10 +96,16 @@ def add_errors_and_idempotency(result: dict[str, Any], generator: Any, request: 
     """drf-spectacular POSTPROCESSING_HOOK."""
     result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
     ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-    for path_item in result.get("paths", {}).values():
+    for path, path_item in result.get("paths", {}).items():
         for method, operation in path_item.items():
             if method not in {"get", "post", "put", "patch", "delete"}:
                 continue
+            if path.endswith("/{slug}/resources/"):  # the same view as workload-policy/
+                operation["deprecated"] = True
+                operation["summary"] = f"{operation.get('summary', '')} (old path)".strip()
+                operation["description"] = (
+                    "The former path of `/api/v1/teams/{slug}/workload-policy/`, kept for "
+                    "old clients: the same operation. " + operation.get("description", ""))
             responses = operation.setdefault("responses", {})
             errors = dict(_ERRORS)
             if method == "post":
@@ -84,9 +124,28 @@ def add_errors_and_idempotency(result: dict[str, Any], generator: Any, request: 
                 errors.update(_BODY_ERRORS)
             for code, description in errors.items():
                 responses.setdefault(code, {"description": description, **ref})
+            for code, response in responses.items():
+                if not response.get("description"):
+                    response["description"] = _success_description(method, code, responses)
             if method == "get":
                 responses.setdefault("304", {"description": "Not modified (If-None-Match)."})
     return result
+
+
+def _success_description(method: str, code: str, responses: dict[str, Any]) -> str:
+    """A description for a success response the view did not describe."""
+    if code == "201":
+        return "Created; the `Location` header names the new resource."
+    if code == "204":
+        return "Done; no body."
+    if method == "get":
+        return "OK: the resource or list below."
+    if method == "post" and "201" in responses:
+        return ("An existing one changed (nothing created), or a replay (same "
+                "Idempotency-Key) of an earlier 201.")
+    if method == "delete":
+        return "Done: the resource as it is now."
+    return "OK: the resource as it is now."
 
 
 class TokenAuthenticationScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]

@@ -7,6 +7,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 from rest_framework.exceptions import ErrorDetail
 from rest_framework.fields import SkipField
@@ -298,6 +299,44 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         if job.attempt == 1 and job.admitted_at is None and job.started_at is None:
             return []  # never admitted (a job just submitted): no query
         return job_attempts(job, now=timezone.now())
+
+
+_REASON_HELP = ("Rule E5: why it waits, the plan's main reason: {code, message, until?} "
+                "(`until`, ISO 8601, when the wait ends at a known instant: rule E4); null "
+                "unless queued.")
+
+
+class JobListSerializer(JobSerializer):
+    """A job of `GET /jobs/`: with, while queued, its place in the queue and the main
+    reason it waits (rule E5), from the one cached plan of the queue; the view passes
+    them in the context as {"briefs": {job id: {position, jobs_ahead, reason}}}."""
+
+    position = serializers.SerializerMethodField(
+        help_text="Queue position (rule P2), 1 = next; null unless queued.")
+    jobs_ahead = serializers.SerializerMethodField(
+        help_text="Queued jobs ahead of it asking for its GPU type (rule E1); null unless "
+                  "queued.")
+    reason = serializers.SerializerMethodField(help_text=_REASON_HELP)
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "position", "jobs_ahead", "reason"]
+        read_only_fields = fields
+
+    def _brief(self, job: Job) -> dict[str, Any]:
+        briefs: dict[int, dict[str, Any]] = self.context.get("briefs", {})
+        return briefs.get(job.pk) or {}
+
+    def get_position(self, job: Job) -> int | None:
+        return self._brief(job).get("position")
+
+    def get_jobs_ahead(self, job: Job) -> int | None:
+        return self._brief(job).get("jobs_ahead")
+
+    @extend_schema_field(inline_serializer("WaitReason", {
+        "code": serializers.CharField(), "message": serializers.CharField(),
+        "until": serializers.DateTimeField(required=False)}, allow_null=True))
+    def get_reason(self, job: Job) -> dict[str, Any] | None:
+        return self._brief(job).get("reason")
 
 
 class JobDetailSerializer(JobSerializer):

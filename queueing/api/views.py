@@ -30,7 +30,7 @@ from queueing.selectors.fairshare import (
     teams_in_standings_for,
 )
 from queueing.selectors.jobs import jobs_visible_to
-from queueing.selectors.queue_plan import job_explain
+from queueing.selectors.queue_plan import job_explain, queue_briefs
 from queueing.selectors.user_usage import user_usage
 from queueing.selectors.utilization import utilization_version
 from queueing.services.access import check_job_access
@@ -53,11 +53,13 @@ from .bulk import (
 )
 from .fields import InstantFilter, LabelFilter
 from .idempotency import IdempotentPostMixin, idempotency_key
+from .location import location
 from .serializers import (
     JobCreateSerializer,
     JobDependenciesSerializer,
     JobDetailSerializer,
     JobEventSerializer,
+    JobListSerializer,
     JobSerializer,
     StandingSerializer,
     UserUsageSerializer,
@@ -109,7 +111,25 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
             return JobDetailSerializer
         if self.action == "create":
             return JobCreateSerializer
+        if self.action == "list":
+            return JobListSerializer
         return JobSerializer
+
+    def list(self, request: Request) -> Response:
+        """Jobs of the caller's teams (every job for staff), newest first, filtered by the
+        query parameters. A queued job carries its `position`, `jobs_ahead` (of its GPU
+        type) and `reason` (docs/scheduling.md, rule E5), all from one cached plan of the
+        queue: watching N jobs is one request, whatever N."""
+        qs = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(qs)
+        jobs = list(page) if page is not None else list(qs)
+        queued = [j.pk for j in jobs if j.state == JobState.QUEUED]
+        now = timezone.now()
+        briefs = queue_briefs(job_ids=queued, now=now)
+        # Attempts: two queries for the page's attempts, whatever its size.
+        context = {"briefs": briefs, "attempts": jobs_attempts(jobs, now=now)}
+        data = JobListSerializer(jobs, many=True, context=context).data
+        return self.get_paginated_response(data) if page is not None else Response(data)
 
     def get_object(self) -> Job:
         job = check_job_access(actor=self.request.user, job_id=_int_or_404(self.kwargs["pk"]))
@@ -156,6 +176,9 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
                    responses={201: JobSubmittedSerializer, 200: JobSubmittedSerializer},
                    parameters=[IDEMPOTENCY_HEADER])
     def create(self, request: Request) -> Response:
+        """Submit a job: 201 with the job, its submit event and `Location`; with an
+        `Idempotency-Key` already used for the team, 200 with that first job (nothing
+        created)."""
         fields = _job_fields(request, JobCreateSerializer)
         dependencies = fields.pop("dependencies", None)
         data = job_input_with_dependencies(job_input_build(actor=request.user, **fields),
@@ -171,7 +194,8 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
         # whole queue, and a pipeline submitting thousands of jobs reads neither
         # (GET /jobs/{id}/ has them).
         if created and event is not None:  # its only event is the one just written
-            return Response(job_submitted_data(job, [event]), status=status.HTTP_201_CREATED)
+            return Response(job_submitted_data(job, [event]), status=status.HTTP_201_CREATED,
+                            headers=location("job-detail", pk=job.pk))
         # An earlier job with this key: its current state, events read back.
         job = jobs_visible_to(actor=request.user).get(pk=job.pk)
         return Response(JobSubmittedSerializer(job).data, status=status.HTTP_200_OK,
@@ -180,6 +204,8 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
     @extend_schema(request=None, responses=JobDetailSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
+        """Cancel a job that is not final yet: it becomes CANCELLED (its workload is
+        stopped after the commit); 409 when it is already final."""
         job = job_cancel(actor=request.user, job=self.get_object())
         job = Job.objects.prefetch_related("events").get(pk=job.pk)
         return Response(_detail_data(job))
@@ -195,19 +221,10 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
                                            dependencies)
         array, ids = jobs_submit_array(actor=request.user, count=count, data=data,
                                        max_running=max_running)
+        # Location: the array's own resource (GET /arrays/{id}/).
         return Response({"array_id": array.pk, "count": len(ids), "ids": ids},
-                        status=status.HTTP_201_CREATED)
-
-    def list(self, request: Request) -> Response:
-        """Jobs of the caller's teams, newest first, each with its attempts (two queries
-        for the page's attempts, whatever its size)."""
-        queryset = self.filter_queryset(self.get_queryset())
-        page = self.paginate_queryset(queryset)
-        jobs = list(page) if page is not None else list(queryset)
-        context = {**self.get_serializer_context(),
-                   "attempts": jobs_attempts(jobs, now=timezone.now())}
-        data = JobSerializer(jobs, many=True, context=context).data
-        return self.get_paginated_response(data) if page is not None else Response(data)
+                        status=status.HTTP_201_CREATED,
+                        headers=location("array-detail", array_id=array.pk))
 
     @extend_schema(request=JobDependenciesSerializer, responses=JobDetailSerializer)
     def partial_update(self, request: Request, pk: str) -> Response:

@@ -7,7 +7,7 @@ import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Protocol
 
@@ -36,6 +36,10 @@ class WaitReason(StrEnum):
     DEPENDENCY = "dependency"  # rule D1: a job or array it depends on has not ended so
     DEPENDENCY_NEVER = "dependency_never_met"  # rule D2: the cycle fails it
     ARRAY_LIMIT = "array_limit"  # rule A8: its array's concurrency limit is reached
+    # Rule E2: it would fit on GPUs this pass holds for a preemptor (rule A5).
+    HELD_FOR_PREEMPTOR = "held_for_preemptor"
+    # Rule E6: more GPUs than its team may ever hold (a quota lowered after the submit).
+    NEVER_FITS = "never_fits"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +56,7 @@ class Wait:
     job_id: int
     reason: WaitReason
     message: str
+    until: datetime | None = None  # rule E4: when the wait ends, when the plan knows it
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +85,19 @@ class _Waits(Mapping[int, Wait]):
     """`Plan.waits`, built lazily: most of a long queue waits, and a wait's message is
     only formatted when someone reads it. Reads give equal `Wait` values every time."""
 
-    __slots__ = ("_raw", "jobs")
+    __slots__ = ("_raw", "blocks", "jobs", "now", "protected")
 
-    def __init__(self, jobs: list[QueuedJob] | None = None) -> None:
+    def __init__(self, jobs: list[QueuedJob] | None = None,
+                 now: datetime | None = None) -> None:
         self._raw: dict[int, Wait | _Raw] = {}
         self.jobs: list[QueuedJob] = jobs if jobs is not None else []
+        self.now = now
+        # Rule E3: (largest free block, its node, free GPUs of the type) as a `capacity`
+        # wait saw them; its `_Raw` holds the index + 1 here.
+        self.blocks: list[tuple[int, str, int]] = []
+        # Rule E4: job id -> (when the first protection of its candidates ends, how many
+        # of them are protected), for a `capacity` wait whose victim search found none.
+        self.protected: dict[int, tuple[datetime, int]] = {}
 
     def __getitem__(self, job_id: int) -> Wait:
         raw = self._raw[job_id]
@@ -94,7 +107,11 @@ class _Waits(Mapping[int, Wait]):
         reason, job = _REASONS[code], self.jobs[index]
         gt = job.gpu_type
         level = job.topology.level if job.topology is not None else ""
-        if reason is WaitReason.QUOTA:
+        if reason is WaitReason.NEVER_FITS:
+            msg = (f"team {job.team} may hold at most {ceiling} {gt} GPUs (its quota's "
+                   f"nominal + borrowing limit); this job asks {job.total_gpus}: it can never "
+                   "run unless the quota is raised")
+        elif reason is WaitReason.QUOTA:
             msg = (f"team {job.team} holds {held} {gt} GPUs; {job.total_gpus} more would "
                    f"pass its limit of {ceiling}")
         elif reason is WaitReason.NO_FIT and ceiling == _IN_ONE_DOMAIN:
@@ -120,9 +137,21 @@ class _Waits(Mapping[int, Wait]):
         elif reason is WaitReason.LENDING:
             msg = (f"the idle {gt} GPUs are other teams' nominal quota beyond their lending "
                    f"limits; team {job.team} may not borrow them")
+        elif reason is WaitReason.HELD_FOR_PREEMPTOR:
+            msg = (f"the free {gt} GPUs it would fit on are held for job #{held}, which "
+                   f"preempted to run there ({ceiling} GPUs held; rule A5)")
         else:
             msg = f"waiting for {job.replicas} × {job.gpus_per_replica} free {gt} GPUs on nodes"
-        return Wait(job_id, reason, msg)
+            if held > 0:
+                msg += _block_words(job, *self.blocks[held - 1])
+        until = None
+        if job_id in self.protected and reason in (WaitReason.CAPACITY, WaitReason.QUOTA):
+            until, n = self.protected[job_id]
+            msg += (f"; {n} running job{'s' if n != 1 else ''} it could preempt "
+                    f"{'are' if n != 1 else 'is'} protected by the minimum runtime of "
+                    f"{'their' if n != 1 else 'its'} tier (rule R3), the first until "
+                    f"{_until_words(until, self.now)}")
+        return Wait(job_id, reason, msg, until)
 
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._raw
@@ -139,6 +168,26 @@ class _Waits(Mapping[int, Wait]):
 
 # `_Raw`'s last field for a `gang_does_not_fit` of rule A7: no one domain holds the gang.
 _IN_ONE_DOMAIN = 1
+
+
+def _block_words(job: QueuedJob, largest: int, node: str, free: int) -> str:
+    """Rule E3: the largest free block of the job's GPU type, in words."""
+    gt, g = job.gpu_type, job.gpus_per_replica
+    if free == 0:
+        return f"; no {gt} GPU is free"
+    if largest < g:
+        return (f"; largest free block: {largest} GPU{'s' if largest != 1 else ''} on {node}; "
+                f"needs {g} on one node ({free} {gt} GPUs free in all)")
+    return (f"; largest free block: {largest} GPUs on {node}; needs {job.replicas} blocks "
+            f"of {g} ({free} {gt} GPUs free in all)")
+
+
+def _until_words(until: datetime, now: datetime | None) -> str:
+    """Rule E4: an instant as an ISO 8601 time and the seconds until it."""
+    words = until.isoformat(timespec="seconds")
+    if now is not None:
+        words += f" (in {max(0, round((until - now).total_seconds()))} s)"
+    return words
 
 
 def _cpus(millicores: int) -> str:
@@ -371,14 +420,52 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     admissions: list[Admission] = []
     preemptions: list[Preemption] = []
     jobs = order.jobs
-    waits = _Waits(jobs)
+    waits = _Waits(jobs, now)
     raw = waits._raw
+    # Rule E2: GPUs this pass holds for preemptors (rule A5: the placement of a preemption
+    # found now and what its victims free beyond it; a nominated preemptor's admission),
+    # per GPU type and node, and the preemptor they are held for (the latest).
+    holds: dict[str, dict[str, int]] = {}
+    holder: dict[str, int] = {}
+    fits_held: dict[tuple[str, int, int], tuple[int, int]] = {}  # shape: (changes, GPUs held)
+    held_code = _CODE[WaitReason.HELD_FOR_PREEMPTOR]
+    # Rule E3: the largest free block per GPU type, memoized on the capacity's changes.
+    block_seen: dict[str, tuple[int, int]] = {}
+    blocks = waits.blocks
+    # Rule E4: per failed search, when the first protected candidate becomes a victim.
+    protected_for: dict[tuple[str, str, int, int, int, int, int, Topology | None],
+                        tuple[datetime, int] | None] = {}
+
+    def capacity_wait(code: int, index: int, job: QueuedJob, cpu: int, mem: int) -> _Raw:
+        """The raw wait of a job that did not fit: `capacity` with rule E3's largest
+        free block, or rule E2's `held_for_preemptor` when it would fit on the GPUs held
+        for a preemptor; any other code as it is."""
+        if code != capacity:
+            return (code, index, 0, 0)
+        gt = job.gpu_type
+        held_here = holds.get(gt)
+        if held_here and not cpu and not mem and job.topology is None:
+            # Memoized per shape until the capacity or the holds change: a long queue
+            # asks it for most of its jobs, of a few shapes.
+            shape = (gt, job.gpus_per_replica, job.replicas)
+            known = fits_held.get(shape)
+            if known is None or known[0] != cap.changes:
+                fits = _fits_with(cap, gt, job.gpus_per_replica, job.replicas, held_here)
+                known = fits_held[shape] = (cap.changes, sum(held_here.values()) if fits else 0)
+            if known[1]:
+                return (held_code, index, holder[gt], known[1])
+        seen = block_seen.get(gt)
+        if seen is None or seen[0] != cap.changes:
+            blocks.append(cap.largest_free_block(gt))
+            seen = block_seen[gt] = (cap.changes, len(blocks))
+        return (capacity, index, seen[1], 0)
     seen: list[int] = []
     remember = seen.append
     nominated = snapshot.nominated
     may_search = pre.enabled and pre.max_searches > 0
     lost_per_wait = pre.lost_per_wait
     quota, no_fit = _CODE[WaitReason.QUOTA], _CODE[WaitReason.NO_FIT]
+    never_fits = _CODE[WaitReason.NEVER_FITS]
     capacity, lending_code = _CODE[WaitReason.CAPACITY], _CODE[WaitReason.LENDING]
     lowest_tier = ws.lowest_tier
     dep_counts, array_limits = snapshot.dependency_counts, snapshot.array_limits
@@ -414,7 +501,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         ceiling = ceilings.get(key)
         over = ceiling is not None and held[key] + total > ceiling
         if over and not (may_search and lowest_tier.get(key, job.tier_rank) < job.tier_rank):
-            raw[job_id] = (quota, index, held[key], ceiling or 0)
+            raw[job_id] = (quota if total <= (ceiling or 0) else never_fits, index, held[key],
+                           ceiling or 0)
             continue
         if g > largest.get(gt, 0):
             raw[job_id] = (no_fit, index, 0, 0)
@@ -453,9 +541,12 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 if why_not == cpu_memory_code and not cap.fits(gt, g, reps):
                     why_not = capacity  # its GPUs are taken too by now
                 if not may_search and not nominated:
-                    raw[job_id] = (why_not, index, 0, 0)  # the common case of a long queue
+                    # The common case of a long queue.
+                    raw[job_id] = capacity_wait(why_not, index, job, cpu, mem)
                     continue
         if placement is not None:
+            if nominated and job_id in nominated:  # rule A5: planned first, for its GPUs
+                _hold(holds, holder, gt, job_id, dict.fromkeys(placement, 0), placement, g)
             ledger.add(team, gt, total)
             factors.charge(team, entry_penalty_gpu_hours(total, billing(gt), interval))
             admissions.append(Admission(job_id, team, gt, placement))
@@ -464,6 +555,11 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             continue
         terminating = nominated.get(job_id, 0) if nominated else 0
         if terminating > 0:
+            # Rule A5 (E2 names it): what is free of its planned placement is its, while
+            # its victims' GPUs are still being released: no later job takes it first.
+            planned = snapshot.nominated_placement.get(job_id)
+            if planned:
+                _hold(holds, holder, gt, job_id, _hold_placement(cap, gt, planned, g), (), g)
             raw[job_id] = Wait(
                 job_id, WaitReason.PREEMPTING,
                 f"waiting for {terminating} preempted job(s) to release their {gt} GPUs",
@@ -483,10 +579,13 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 left -= preempted_by_team[team]
                 needed = rate_refused.get(search_key)
                 if left <= 0 or (needed is not None and needed > left):
+                    until = pre.free_again_at(team, needed=needed or 1,
+                                              made_in_pass=preempted_by_team[team], now=now)
                     raw[job_id] = Wait(
                         job_id, WaitReason.RATE_LIMITED,
                         f"team {team} may preempt {max(0, left)} more job(s) in the current "
-                        "window" + (f"; it needs {needed}" if needed is not None else ""))
+                        "window" + (f"; it needs {needed}" if needed is not None else "")
+                        + (f"; until {_until_words(until, now)}" if until else ""), until)
                     continue
             if search_key not in search_failed:
                 searches += 1
@@ -494,6 +593,9 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 result = find_victims(ws, job, now=now, factor=factors.factor)
                 if result is None:
                     search_failed.add(search_key)
+                    protected_for[search_key] = _protected_until(ws, job, now)
+            if result is None and (protected := protected_for.get(search_key)) is not None:
+                waits.protected[job_id] = protected
         if result is not None and lost_per_wait is not None:
             # Rule R9: preempt only when it is worth it - the work the victims lose is at
             # most `lost_per_wait` × what the job has waited, in GPU-seconds. Else it waits
@@ -517,16 +619,19 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             if left is not None and len(found.victims) > left - preempted_by_team[team]:
                 undo()
                 rate_refused[search_key] = len(found.victims)
+                until = pre.free_again_at(team, needed=len(found.victims),
+                                          made_in_pass=preempted_by_team[team], now=now)
                 raw[job_id] = Wait(
                     job_id, WaitReason.RATE_LIMITED,
                     f"needs {len(found.victims)} preemption(s) but team {team} may preempt "
-                    f"{max(0, left - preempted_by_team[team])} more in the current window",
-                )
+                    f"{max(0, left - preempted_by_team[team])} more in the current window"
+                    + (f"; until {_until_words(until, now)}" if until else ""), until)
                 continue
             # The victims stay removed and the job's placement stays reserved for the rest
             # of this pass; what the victims free beyond it is held back too: they still
             # run until stopped, so no job of this pass may be placed there (rule A5).
-            _hold_freed(ws, found, g, cpu, mem)
+            freed = _hold_freed(ws, found, g, cpu, mem)
+            _hold(holds, holder, gt, job_id, freed, found.placement, g)
             ledger.add(team, gt, total)
             preempted_by_team[team] += len(found.victims)
             preemptions.append(found)
@@ -540,9 +645,12 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             )
             continue
         if over:
-            raw[job_id] = (quota, index, held[key], ceiling or 0)
+            raw[job_id] = (quota if total <= (ceiling or 0) else never_fits, index, held[key],
+                           ceiling or 0)
+        elif lending:
+            raw[job_id] = (lending_code, index, 0, 0)
         else:
-            raw[job_id] = (lending_code if lending else why_not, index, 0, 0)
+            raw[job_id] = capacity_wait(why_not, index, job, cpu, mem)
     teams = sorted(queued_teams | set(snapshot.fair_share))
     standings = {t: factors.factor(t) for t in teams}
     return Plan(admissions=tuple(admissions), waits=waits, preemptions=tuple(preemptions),
@@ -580,11 +688,62 @@ def _why_unplaced(cap: Capacity, gpu_type: str, gpus: int, replicas: int, cpu: i
     return _CODE[WaitReason.CAPACITY]
 
 
+def _fits_with(cap: Capacity, gpu_type: str, gpus: int, replicas: int,
+              held: Mapping[str, int]) -> bool:
+    """Rule E2: would the gang fit (GPUs alone) if the GPUs `held` per node were free?"""
+    free = cap.free
+    return sum((free[n] + held.get(n, 0)) // gpus for n in cap.nodes_of[gpu_type]) >= replicas
+
+
+def _hold(holds: dict[str, dict[str, int]], holder: dict[str, int], gpu_type: str,
+          job_id: int, extra: Mapping[str, int], placement: Iterable[str], gpus: int) -> None:
+    """Rule E2's record of rule A5: `job_id` holds `extra` GPUs per node beyond its
+    `placement` of `gpus` per replica."""
+    per_node = holds.setdefault(gpu_type, {})
+    for name, n in extra.items():
+        if n > 0:
+            per_node[name] = per_node.get(name, 0) + n
+    for name in placement:
+        per_node[name] = per_node.get(name, 0) + gpus
+    holder[gpu_type] = job_id
+
+
+def _hold_placement(cap: Capacity, gpu_type: str, placement: Iterable[str],
+                    gpus: int) -> dict[str, int]:
+    """Rule A5 for a nominated preemptor still waiting for its victims: take what is free
+    of `gpus` per replica on its planned nodes (of its type) out of this pass's capacity;
+    returns the GPUs held per node."""
+    want: dict[str, int] = defaultdict(int)
+    for name in placement:
+        if cap.node_type.get(name) == gpu_type:
+            want[name] += gpus
+    held: dict[str, int] = {}
+    for name, n in sorted(want.items()):
+        take = min(n, cap.free[name])
+        if take > 0:
+            cap.set_free(name, cap.free[name] - take)
+            held[name] = take
+    return held
+
+
+def _protected_until(ws: Workspace, job: QueuedJob, now: datetime) -> tuple[datetime, int] | None:
+    """Rule E4: of the running jobs of `job`'s GPU type it might preempt (preemptible, and
+    of a lower tier or another team: rules R1, R2), those its tier's minimum runtime still
+    protects (rule R3): when the first protection ends, and how many are protected. None
+    when none is (or none has started: its protection has no known end)."""
+    ends = [r.started_at + timedelta(seconds=r.min_runtime_seconds)
+            for r in ws.running_by_type.get(job.gpu_type, ())
+            if r.preemptible and r.id not in ws.removed and r.started_at is not None
+            and (r.tier_rank < job.tier_rank or r.team != job.team)
+            and r.ran_seconds(now) < r.min_runtime_seconds]
+    return (min(ends), len(ends)) if ends else None
+
+
 def _hold_freed(ws: Workspace, found: Preemption, gpus_per_replica: int, cpu: int,
-                memory: int) -> None:
+                memory: int) -> dict[str, int]:
     """Rule A5: GPUs (and CPU and memory, rule A6) a preemption frees beyond its
     preemptor's placement are not free during this pass (the victims are only stopped
-    after it)."""
+    after it). Returns the GPUs held back per node (rule E2 names them)."""
     extra: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     for v in found.victims:
         r = ws.running_by_id[v.job_id]
@@ -599,11 +758,14 @@ def _hold_freed(ws: Workspace, found: Preemption, gpus_per_replica: int, cpu: in
         e[1] -= cpu
         e[2] -= memory
     cap = ws.capacity
+    held: dict[str, int] = {}
     for name, (hold, hold_cpu, hold_memory) in sorted(extra.items()):
         if name not in cap.free:
             continue
         if hold > 0:
+            held[name] = min(hold, cap.free[name])
             cap.set_free(name, max(0, cap.free[name] - hold))
         c, m = cap.cpu_free[name], cap.memory_free[name]
         cap.add_cpu_memory(name, -min(max(0, hold_cpu), c or 0),
                            -min(max(0, hold_memory), m or 0))
+    return held

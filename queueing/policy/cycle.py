@@ -71,6 +71,8 @@ class Nomination:
     attempt: int
     at: datetime
     workloads: tuple[str, ...]
+    # The preemptor's planned placement, one node per replica (rule E2 holds it).
+    placement: tuple[str, ...] = ()
 
 
 def nominated_preemptors(
@@ -90,6 +92,19 @@ def nominated_preemptors(
         held = len(n.workloads) if age < grace_seconds else sum(
             1 for w in n.workloads if w in live)
         out[n.job_id] = max(out.get(n.job_id, 0), held)
+    return out
+
+
+def nominated_placements(nominations: Iterable[Nomination],
+                         nominated: Mapping[int, int]) -> dict[int, tuple[str, ...]]:
+    """Rule E2: the placement planned for each nominated preemptor (`nominated`, from
+    `nominated_preemptors`) whose victims may still hold GPUs: its latest nomination's."""
+    out: dict[int, tuple[str, ...]] = {}
+    latest: dict[int, datetime] = {}
+    for n in nominations:
+        if nominated.get(n.job_id, 0) > 0 and n.placement and (
+                n.job_id not in latest or n.at >= latest[n.job_id]):
+            out[n.job_id], latest[n.job_id] = n.placement, n.at
     return out
 
 

@@ -1,11 +1,12 @@
-"""Why a queued job waits (docs/scheduling.md, rule P3), pure: the queue order of rule P2
-and the admission plan go in, the explanation comes out."""
+"""Why a queued job waits (docs/scheduling.md, rules P3 and E1-E5), pure: the queue order
+of rule P2 and the admission plan go in, the explanation comes out."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from datetime import datetime
+from typing import Any, NamedTuple
 
 from .snapshot import QueuedJob
 
@@ -13,10 +14,19 @@ from .snapshot import QueuedJob
 @dataclass(frozen=True, slots=True)
 class WaitReasonLine:
     """One reason: a stable code (quota, capacity, gang_does_not_fit, jobs_ahead,
-    next_cycle, ...) and a sentence for people."""
+    next_cycle, held_for_preemptor, ...), a sentence for people and, for a wait that ends
+    at a known instant (rule E4: protection, rate limit), that instant."""
 
     code: str
     message: str
+    until: datetime | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The API's shape: {code, message} and `until` (ISO 8601) when known."""
+        out: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.until is not None:
+            out["until"] = self.until.isoformat()
+        return out
 
 
 class PlanEntry(NamedTuple):
@@ -32,6 +42,7 @@ class PlanEntry(NamedTuple):
     gpu_type: str
     wait_code: str  # "next_cycle" when the plan admits it, "" when the plan says nothing
     wait_message: str
+    wait_until: datetime | None = None  # rule E4: when the wait ends, when known
 
     @property
     def ahead(self) -> int:
@@ -47,7 +58,11 @@ class PlanEntry(NamedTuple):
         return reason_lines(ahead=self.ahead, ahead_same_gpu_type=self.ahead_same_gpu_type,
                             gpu_type=self.gpu_type, wait_code=self.wait_code or None,
                             wait_message=self.wait_message or None,
-                            admitted_next=self.admitted_next)
+                            admitted_next=self.admitted_next, wait_until=self.wait_until)
+
+    def reason(self) -> WaitReasonLine | None:
+        """Rule E5: the one reason a list shows (`main_reason`)."""
+        return main_reason(self.reasons())
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,23 +76,32 @@ class QueueExplanation:
 
 def reason_lines(
     *, ahead: int, ahead_same_gpu_type: int, gpu_type: str, wait_code: str | None,
-    wait_message: str | None, admitted_next: bool,
+    wait_message: str | None, admitted_next: bool, wait_until: datetime | None = None,
 ) -> tuple[WaitReasonLine, ...]:
     """Rule P3's reasons for one queued job, worded once for the API, the CLI and the
-    dashboard: what the admission plan said of it, then the jobs ahead of it."""
+    dashboard: what the admission plan said of it (with when it ends, rule E4), then the
+    jobs ahead of it that want its GPU type (rule E1: a job of another type competes for
+    other GPUs, so it is not "ahead" of this one)."""
     reasons: list[WaitReasonLine] = []
     if admitted_next:
         reasons.append(WaitReasonLine("next_cycle", "it fits now: the next scheduling cycle "
                                                     "admits it"))
     elif wait_code is not None:
-        reasons.append(WaitReasonLine(wait_code, wait_message or wait_code))
-    if ahead > 0:
+        reasons.append(WaitReasonLine(wait_code, wait_message or wait_code, wait_until))
+    if ahead_same_gpu_type > 0:
+        n = ahead_same_gpu_type
         reasons.append(WaitReasonLine(
             "jobs_ahead",
-            f"{ahead} job{'s' if ahead != 1 else ''} ahead of it in the queue "
-            f"({ahead_same_gpu_type} for {gpu_type})",
+            f"{n} job{'s' if n != 1 else ''} ahead of it for {gpu_type} GPUs "
+            f"({ahead} in the whole queue)",
         ))
     return tuple(reasons)
+
+
+def main_reason(reasons: Sequence[WaitReasonLine]) -> WaitReasonLine | None:
+    """Rule E5: the reason a one-line view shows: the admission plan's when it said
+    anything, else the jobs ahead, else None."""
+    return reasons[0] if reasons else None
 
 
 def explain_queue(
@@ -85,10 +109,11 @@ def explain_queue(
     *,
     waits: Mapping[int, tuple[str, str]],
     admitted: Collection[int],
+    until: Mapping[int, datetime] | None = None,
 ) -> dict[int, QueueExplanation]:
     """Rule P3 for every job of `ordered` (the queue in rule P2 order) in one pass:
     `waits` is what the admission plan said of a job (code, message), `admitted` the jobs
-    it would admit."""
+    it would admit, `until` when a wait ends where the plan knows it (rule E4)."""
     out: dict[int, QueueExplanation] = {}
     same: dict[str, int] = {}
     for index, job in enumerate(ordered):
@@ -98,7 +123,8 @@ def explain_queue(
             position=index + 1, ahead=index, ahead_same_gpu_type=ahead_same,
             queued=len(ordered), reasons=reason_lines(
                 ahead=index, ahead_same_gpu_type=ahead_same, gpu_type=job.gpu_type,
-                wait_code=code, wait_message=message, admitted_next=job.id in admitted))
+                wait_code=code, wait_message=message, admitted_next=job.id in admitted,
+                wait_until=until.get(job.id) if until else None))
         same[job.gpu_type] = ahead_same + 1
     return out
 
@@ -110,9 +136,10 @@ def explain_queued(
     wait_code: str | None,
     wait_message: str | None,
     admitted_next: bool,
+    wait_until: datetime | None = None,
 ) -> QueueExplanation | None:
     """Rule P3 for one job of `ordered` (None when it is not there): `explain_queue`
     with only this job's wait and admission."""
     waits = {job_id: (wait_code, wait_message or wait_code)} if wait_code is not None else {}
-    return explain_queue(ordered, waits=waits,
-                         admitted=(job_id,) if admitted_next else ()).get(job_id)
+    return explain_queue(ordered, waits=waits, admitted=(job_id,) if admitted_next else (),
+                         until={job_id: wait_until} if wait_until else None).get(job_id)

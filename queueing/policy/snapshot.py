@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from .dependencies import Counts, Dependency
@@ -144,19 +144,43 @@ class PreemptionSettings:
     max_searches: int = _PRE.max_searches
     max_preemptions_per_job: int | None = _PRE.max_preemptions_per_job
     lost_per_wait: float | None = _PRE.lost_per_wait
+    # Rule E4: the rate-limit window and, per team, when each preemption counted in
+    # `used` was made (oldest first); empty = not known (no "until" is said).
+    window_seconds: float = _PRE.window_seconds
+    made_at: Mapping[str, tuple[datetime, ...]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, policy: PreemptionPolicy, *, used: Mapping[str, int]) -> PreemptionSettings:
-        """The settings of one plan: `policy` with the counts of the current window."""
+    def of(cls, policy: PreemptionPolicy, *, used: Mapping[str, int],
+           made_at: Mapping[str, tuple[datetime, ...]] | None = None) -> PreemptionSettings:
+        """The settings of one plan: `policy` with the counts of the current window (and
+        when each was made, for rule E4)."""
         return cls(enabled=policy.enabled, max_per_team=policy.max_per_team, used=used,
                    max_searches=policy.max_searches,
                    max_preemptions_per_job=policy.max_preemptions_per_job,
-                   lost_per_wait=policy.lost_per_wait)
+                   lost_per_wait=policy.lost_per_wait, window_seconds=policy.window_seconds,
+                   made_at=made_at or {})
 
     def left(self, team: str) -> int | None:
         if self.max_per_team is None:
             return None
         return max(0, self.max_per_team - self.used.get(team, 0))
+
+    def free_again_at(self, team: str, *, needed: int, made_in_pass: int,
+                      now: datetime) -> datetime | None:
+        """Rule E4: when `team` may make `needed` more preemptions, the `made_in_pass`
+        ones of this plan counted too (they leave the window at `now` + window): the
+        instant enough of its preemptions have left the window. None when there is no
+        limit, it may already, or the instants are not known."""
+        if self.max_per_team is None or needed > self.max_per_team:
+            return None
+        made = sorted(self.made_at.get(team, ()))
+        must_leave = self.used.get(team, 0) + made_in_pass + needed - self.max_per_team
+        if must_leave <= 0 or (not made and made_in_pass == 0):
+            return None
+        window = timedelta(seconds=self.window_seconds)
+        if must_leave <= len(made):
+            return made[must_leave - 1] + window
+        return now + window
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +205,9 @@ class Snapshot:
     # Rules A5, R8: queued jobs that preempted in an earlier cycle and are not admitted yet,
     # with how many of their victims' workloads still hold GPUs in the cluster.
     nominated: Mapping[int, int] = field(default_factory=dict)
+    # Rule E2: for those whose victims may still hold GPUs, the placement their preemption
+    # planned (one node per replica); the plan holds what is free of it for them.
+    nominated_placement: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     preemption: PreemptionSettings = field(default_factory=PreemptionSettings)
     # Rules D1-D2: the states of every job or array a queued job depends on
     # (("job", id) or ("array", id) -> count per state; absent = no such job).

@@ -46,6 +46,8 @@ class Capacity:
         # Bumped whenever a node gains free GPUs, CPU or memory: a gang that did not fit
         # before cannot fit now unless this changed.
         self.grown = 0
+        # Bumped on every change of a node's free GPUs (rule E3 memoizes on it).
+        self.changes = 0
         self._buckets: dict[str, list[list[str]]] = {}
         self._empty_slots: dict[tuple[str, int, int, int], int] = {}
         self._domain_empty_slots: dict[tuple[str, str, int, int, int], int] = {}
@@ -202,10 +204,24 @@ class Capacity:
             return
         if free > old:
             self.grown += 1
+        self.changes += 1
         lst = buckets[old]
         lst.pop(bisect.bisect_left(lst, name))
         bisect.insort(buckets[free], name)
         self.free[name] = free
+
+    def largest_free_block(self, gpu_type: str) -> tuple[int, str, int]:
+        """Rule E3: the most free GPUs on one node of the type, that node (the first by
+        name among equals) and the type's free GPUs in all; (0, "", 0) when none is free.
+        O(largest node): the buckets by free GPUs."""
+        buckets = self._buckets.get(gpu_type)
+        if not buckets:
+            return 0, "", 0
+        total = sum(f * len(names) for f, names in enumerate(buckets))
+        for f in range(len(buckets) - 1, 0, -1):
+            if buckets[f]:
+                return f, buckets[f][0], total
+        return 0, "", 0
 
     def add_cpu_memory(self, name: str, cpu: int, memory: int) -> None:
         """Give (positive) or take (negative) CPU and memory on a node that reports them

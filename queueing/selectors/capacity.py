@@ -30,6 +30,9 @@ class CapacityRow:
     queued_demand: int = 0  # GPUs asked for by queued jobs
     guaranteed: int = 0  # sum of nominal quotas
     by_team: dict[str, int] = field(default_factory=dict)  # GPUs held per team
+    # Per node of the type, by name: {name, gpu_type, capacity, allocated, free} (rule E3's
+    # "largest free block" is the largest `free` here).
+    by_node: list[dict[str, object]] = field(default_factory=list)
 
     @property
     def percent(self) -> int:
@@ -92,6 +95,8 @@ def capacity_by_gpu_type(*, nodes: list[NodeInfo] | None = None) -> tuple[list[C
         r.capacity += n.capacity
         r.allocated += n.allocated
         r.free += n.free
+        r.by_node.append({"name": n.name, "gpu_type": n.gpu_type, "capacity": n.capacity,
+                          "allocated": n.allocated, "free": n.free})
     for (status, team, gpu), gpus in _gpus_by({*HOLDING_STATES, JobState.QUEUED}).items():
         r = row(gpu)
         if status == JobState.QUEUED:
@@ -101,6 +106,8 @@ def capacity_by_gpu_type(*, nodes: list[NodeInfo] | None = None) -> tuple[list[C
             r.by_team[team] = r.by_team.get(team, 0) + gpus
     for q in Quota.objects.values("gpu_type__slug").annotate(n=Sum("nominal")):
         row(q["gpu_type__slug"]).guaranteed = int(q["n"] or 0)
+    for r in rows.values():
+        r.by_node.sort(key=lambda n: str(n["name"]))
     return sorted(rows.values(), key=lambda r: r.gpu_type), error
 
 

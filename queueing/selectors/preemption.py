@@ -53,13 +53,26 @@ def preemption_settings(*, now: datetime) -> PreemptionSettings:
         if team:
             made.append((at, str(team)))
     used = cycle.preemptions_in_window(made, now=now, window_seconds=policy.window_seconds)
-    return PreemptionSettings.of(policy, used=used)
+    made_at: dict[str, list[datetime]] = {}
+    for at, team in made:
+        if 0 <= (now - at).total_seconds() < policy.window_seconds:
+            made_at.setdefault(team, []).append(at)
+    return PreemptionSettings.of(policy, used=used,
+                                 made_at={t: tuple(sorted(a)) for t, a in made_at.items()})
 
 
 def nominated_preemptors(*, now: datetime, live_workloads: Iterable[str]) -> dict[int, int]:
+    """Rule R8: `nominations(...)`'s first part."""
+    return nominations(now=now, live_workloads=live_workloads)[0]
+
+
+def nominations(*, now: datetime, live_workloads: Iterable[str]
+                ) -> tuple[dict[int, int], dict[int, tuple[str, ...]]]:
     """Rule R8: queued jobs that preempted (for their current attempt, recently) mapped
     to how many of their victims' workloads may still hold GPUs
-    (`cycle.nominated_preemptors` over the "preempting" events).
+    (`cycle.nominated_preemptors` over the "preempting" events); and rule E2: the
+    placement each of those whose victims may still hold GPUs was planned on
+    (`cycle.nominated_placements`, the events' `placement`). One query.
 
     A victim's workload counts while the cluster still lists it, and, whatever the list
     says, during the termination grace after the preemption (a Kubernetes pod releases
@@ -70,13 +83,17 @@ def nominated_preemptors(*, now: datetime, live_workloads: Iterable[str]) -> dic
     rows = JobEvent.objects.filter(
         kind=JobEvent.Kind.PREEMPTING, at__gte=since, job__status=JobState.QUEUED
     ).values_list("job_id", "attempt", "job__attempt", "at", "data")
-    nominations = []
+    found = []
     current: dict[int, int] = {}
     for job_id, attempt, job_attempt, at, data in rows:
         current[job_id] = job_attempt
         names = tuple(str(n) for n in (data or {}).get("workloads", []))
-        nominations.append(cycle.Nomination(job_id, attempt, at, names))
-    return cycle.nominated_preemptors(
-        nominations, now=now, queued_attempts=current, live_workloads=live_workloads,
+        placement = (data or {}).get("placement") or []
+        found.append(cycle.Nomination(job_id, attempt, at, names,
+                                      tuple(str(n) for n in placement)
+                                      if isinstance(placement, list) else ()))
+    nominated = cycle.nominated_preemptors(
+        found, now=now, queued_attempts=current, live_workloads=live_workloads,
         grace_seconds=policy.termination_grace_seconds,
         nomination_seconds=policy.nomination_seconds)
+    return nominated, cycle.nominated_placements(found, nominated)

@@ -19,7 +19,7 @@ so the cycle and the front ends that call it never name them.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields, is_dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -60,18 +60,30 @@ class QueuePlan:
         e = self.entries.get(job_id)
         return None if e is None else e.position
 
-    def reasons(self, job_id: int) -> list[dict[str, str]]:
+    def reasons(self, job_id: int) -> list[dict[str, Any]]:
         e = self.entries.get(job_id)
         if e is None:
             return []
-        return [{"code": r.code, "message": r.message} for r in e.reasons()]
+        return [r.as_dict() for r in e.reasons()]
 
-    def standing(self, job_id: int) -> dict[str, Any] | None:
-        """The `queue` part of a job's detail (position, jobs ahead, reasons)."""
+    def brief(self, job_id: int) -> dict[str, Any] | None:
+        """Rule E5: what a list shows of a queued job: `position`, `jobs_ahead` (of its GPU
+        type, rule E1) and `reason` ({code, message, until?}); None when not in the plan."""
         e = self.entries.get(job_id)
         if e is None:
             return None
-        return {"position": e.position, "ahead": e.ahead, "ahead_same_gpu_type": e.ahead_same_gpu_type,
+        reason = e.reason()
+        return {"position": e.position, "jobs_ahead": e.ahead_same_gpu_type,
+                "reason": reason.as_dict() if reason is not None else None}
+
+    def standing(self, job_id: int) -> dict[str, Any] | None:
+        """The `queue` part of a job's detail: rule E5's `brief` (position, jobs_ahead,
+        reason) and every reason, the jobs ahead of any type and the queue's length."""
+        brief = self.brief(job_id)
+        e = self.entries.get(job_id)
+        if brief is None or e is None:
+            return None
+        return {**brief, "ahead": e.ahead, "ahead_same_gpu_type": e.ahead_same_gpu_type,
                 "queued": self.queued, "reasons": self.reasons(job_id)}
 
 
@@ -113,14 +125,19 @@ def _plan_compute(*, now: datetime,
     seen = {q.id for q in order}
     order += [q for q in snapshot.queued if q.id not in seen]
     admitted = {a.job_id for a in plan.admissions}
-    waits = {job_id: (str(w.reason), w.message or str(w.reason))
-             for job_id, w in plan.waits.items()}
-    explained = explain_queue(order, waits=waits, admitted=admitted)
+    waits: dict[int, tuple[str, str]] = {}
+    until: dict[int, datetime] = {}
+    for job_id, w in plan.waits.items():
+        waits[job_id] = (str(w.reason), w.message or str(w.reason))
+        if w.until is not None:
+            until[job_id] = w.until
+    explained = explain_queue(order, waits=waits, admitted=admitted, until=until)
     entries: dict[int, PlanEntry] = {}
     for q in order:
         x = explained[q.id]
         code, message = ("next_cycle", "") if q.id in admitted else waits.get(q.id, ("", ""))
-        entries[q.id] = PlanEntry(x.position, x.ahead_same_gpu_type, q.team, q.gpu_type, code, message)
+        entries[q.id] = PlanEntry(x.position, x.ahead_same_gpu_type, q.team, q.gpu_type, code,
+                                  message, until.get(q.id))
     # Jobs of teams whose namespace is not provisioned stay out of the plan: after the rest.
     if view.unprovisioned:
         waiting = Job.objects.filter(status=JobState.QUEUED,
@@ -174,12 +191,34 @@ def queue_standing(*, job_id: int, now: datetime) -> dict[str, Any]:
     if job_id not in plan.entries and not plan.error:
         plan = queue_plan(now=now, fresh=True)
     if plan.error:
-        return {"position": None, "ahead": None, "ahead_same_gpu_type": None, "queued": None,
-                "reasons": [{"code": "cluster_unreachable",
-                             "message": f"the cluster did not answer: {plan.error}"}]}
+        unreachable = _unreachable(plan)
+        return {"position": None, "jobs_ahead": None, "reason": unreachable, "ahead": None,
+                "ahead_same_gpu_type": None, "queued": None, "reasons": [unreachable]}
     return plan.standing(job_id) or {
-        "position": None, "ahead": None, "ahead_same_gpu_type": None, "queued": plan.queued,
-        "reasons": []}
+        "position": None, "jobs_ahead": None, "reason": None, "ahead": None,
+        "ahead_same_gpu_type": None, "queued": plan.queued, "reasons": []}
+
+
+def _unreachable(plan: QueuePlan) -> dict[str, str]:
+    return {"code": "cluster_unreachable", "message": f"the cluster did not answer: {plan.error}"}
+
+
+def queue_briefs(*, job_ids: Collection[int], now: datetime) -> dict[int, dict[str, Any]]:
+    """Rule E5 for a page of queued jobs (`QueuePlan.brief` per job): one cached plan for
+    all of them, planned again once when one is newer than the cached plan; a job the
+    plan does not know (its team's namespace is not provisioned and the view says so
+    later) gets nulls, and an unreachable cluster gives every job that reason."""
+    if not job_ids:
+        return {}
+    plan = queue_plan(now=now)
+    if not plan.error and any(i not in plan.entries for i in job_ids):
+        plan = queue_plan(now=now, fresh=True)
+    if plan.error:
+        unreachable = _unreachable(plan)
+        return {i: {"position": None, "jobs_ahead": None, "reason": unreachable}
+                for i in job_ids}
+    empty = {"position": None, "jobs_ahead": None, "reason": None}
+    return {i: plan.brief(i) or dict(empty) for i in job_ids}
 
 
 def queue_plan_forget() -> None:
@@ -268,7 +307,8 @@ def _preview_place(snapshot: Snapshot, probe: QueuedJob) -> Preview:
     wait = plan.waits.get(probe.id)
     admitted = any(a.job_id == probe.id for a in plan.admissions)
     exp = explain_queued(probe.id, order, wait_code=str(wait.reason) if wait else None,
-                         wait_message=wait.message if wait else None, admitted_next=admitted)
+                         wait_message=wait.message if wait else None, admitted_next=admitted,
+                         wait_until=wait.until if wait else None)
     if exp is None:
         return Preview(None, len(snapshot.queued) - 1, admitted, "")
     return Preview(exp.position, exp.queued - 1, admitted,

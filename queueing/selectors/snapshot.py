@@ -38,7 +38,7 @@ from .fairshare import (
     half_life_hours,
     priority_weights,
 )
-from .preemption import nominated_preemptors, preemption_policy, preemption_settings
+from .preemption import nominations, preemption_policy, preemption_settings
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +181,9 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
     }
     standings = fairshare_standings(now=now)
     interval = entry_penalty_interval_seconds()
+    # Rule R8 must see the workloads the cluster lists: the cycle's own, or for the web
+    # (explain, dashboard, preview) the ones the last cycle published.
+    nominated, placements = nominations(now=now, live_workloads=live_workloads)
     return Snapshot(
         now=now, nodes=nodes, queued=queued, running=running, quotas=quotas,
         fair_share={team: s.factor for team, s in standings.items()},
@@ -188,9 +191,8 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         priority_weights=priority_weights(),
         billing_weights=dict(GpuType.objects.values_list("slug", "billing_weight")),
         interval_seconds=interval,
-        # Rule R8 must see the workloads the cluster lists: the cycle's own, or for the
-        # web (explain, dashboard, preview) the ones the last cycle published.
-        nominated=nominated_preemptors(now=now, live_workloads=live_workloads),
+        nominated=nominated,
+        nominated_placement=placements,
         preemption=preemption_settings(now=now),
         dependency_counts=dependency_counts(d for q in queued_rows for d in q["dependencies"]),
         array_limits=array_limits({q["array_id"] for q in queued_rows} - {None}),

@@ -25,6 +25,7 @@ from queueing.policy.cycle import (
     Holding,
     Nomination,
     active_teams,
+    nominated_placements,
     nominated_preemptors,
     preemptions_in_window,
     requeue_victim,
@@ -191,6 +192,7 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             billing_weights=billing,
             interval_seconds=st.interval_seconds,
             nominated=nominated,
+            nominated_placement=nominated_placements(nominations, nominated),
             preemption=PreemptionSettings.of(
                 pre, used=preemptions_in_window(made, now=now, window_seconds=pre.window_seconds)),
         )
@@ -221,7 +223,7 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                 queue_job(j, queued_at=now_s)
                 made.append((now, p.team))
             nominations.append(Nomination(p.preemptor_id, attempt_no[p.preemptor_id], now,
-                                          tuple(names)))
+                                          tuple(names), tuple(p.placement)))
             # Rule R8: the preemptor is admitted by a later cycle: the service's next
             # periodic one, or once the grace is over if it still does not fit then.
             timer(now_s + st.cycle_seconds)

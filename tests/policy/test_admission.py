@@ -251,9 +251,12 @@ def test_plan_waits_reads_like_a_dict_of_waits() -> None:
     assert set(plan.waits) == {1, 2, 3} and len(plan.waits) == 3 and 1 in plan.waits
     assert plan.waits.get(4) is None
     w = plan.waits[1]
-    assert w.job_id == 1 and w.reason is WaitReason.QUOTA
-    assert w.message == "team a holds 0 h100 GPUs; 4 more would pass its limit of 0"
-    assert plan.waits[2].reason is WaitReason.QUOTA
+    # A ceiling of 0 below the job's 4 GPUs: it can never run (rule E6), not just "quota".
+    assert w.job_id == 1 and w.reason is WaitReason.NEVER_FITS
+    assert w.message == ("team a may hold at most 0 h100 GPUs (its quota's nominal + "
+                         "borrowing limit); this job asks 4: it can never run unless the "
+                         "quota is raised")
+    assert plan.waits[2].reason is WaitReason.NEVER_FITS
     assert dict(plan.waits) == {k: plan.waits[k] for k in (1, 2, 3)}
 
 

@@ -66,3 +66,13 @@ def test_rule_r6_the_victim_keeps_its_submit_time_and_its_run_is_charged() -> No
     never = requeue_victim(attempt=0, submitted_at=s(-10), started_at=None, now=NOW, gpus=4,
                            billing_weight=1.0, accumulator=acc, half_life_hours=168)
     assert never.charged_gpu_hours == 0 and never.accumulator == acc
+
+
+def test_rule_e2_the_placement_of_the_latest_nomination_whose_victims_still_hold_gpus() -> None:
+    from queueing.policy.cycle import nominated_placements
+
+    noms = [Nomination(1, 0, NOW - timedelta(seconds=9), ("fq-9-1",), ("n1", "n2")),
+            Nomination(1, 0, NOW - timedelta(seconds=2), ("fq-8-1",), ("n3", "n3")),
+            Nomination(2, 0, NOW - timedelta(seconds=2), ("fq-7-1",), ("n4",)),
+            Nomination(3, 0, NOW - timedelta(seconds=2), ("fq-6-1",))]
+    assert nominated_placements(noms, {1: 1, 2: 0, 3: 1}) == {1: ("n3", "n3")}
