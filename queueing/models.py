@@ -258,6 +258,9 @@ class Job(models.Model):
     labels = models.JSONField(default=dict, db_default={}, blank=True)
     annotations = models.JSONField(default=dict, db_default={}, blank=True)
     termination_grace_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # Where a signed POST goes on each state change of this job (docs/webhooks.md): an
+    # URL under one of the team's `allowed_notify_url_prefixes`, checked at submit.
+    notify_url = models.URLField(max_length=2000, blank=True, default="", db_default="")
     status = models.CharField(max_length=16, choices=JOB_STATUS_CHOICES, default=JobState.QUEUED.value)
     attempt = models.PositiveIntegerField(default=1)
     # NULL, not "", means "no key": the partial unique constraint skips NULLs.
@@ -624,3 +627,111 @@ class UsageRollup(models.Model):
 
     def __str__(self) -> str:
         return f"usage days up to record {self.last_record_id}"
+
+
+# --- webhooks (docs/webhooks.md) -----------------------------------------------------
+
+
+class WebhookEndpoint(models.Model):
+    """A URL a team admin registered: a signed POST (Standard Webhooks) on each state
+    change of the team's jobs whose kind it takes. The signing secret is shown once, in
+    the answer that created or rotated it, and kept here because signing needs it."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="webhooks")
+    url = models.URLField(max_length=2000)
+    description = models.CharField(max_length=200, blank=True, default="")
+    enabled = models.BooleanField(default=True)
+    # Event types it takes ("job.running", ...); empty: every one.
+    event_types = models.JSONField(default=list, blank=True)
+    secret = models.CharField(max_length=100)
+    secret_rotated_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["team_id", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.team_id}: {self.url[:150]}"
+
+    def takes(self, event_type: str) -> bool:
+        return self.enabled and (not self.event_types or event_type in self.event_types)
+
+
+class TeamNotifySecret(models.Model):
+    """The secret that signs the POSTs to jobs' own `notify_url` of one team (shown once,
+    when a team admin creates or rotates it)."""
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="notify_secret")
+    secret = models.CharField(max_length=100)
+    rotated_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"notify secret of {self.team_id}"
+
+
+class WebhookDelivery(models.Model):
+    """One message (one `webhook-id`, one payload) to one URL: a registered endpoint or a
+    job's `notify_url`. Tried until a 2xx answer or FAIRQ_WEBHOOK_RETRY_SECONDS runs out;
+    each try is a WebhookAttempt."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"  # waiting for its next try (`next_attempt_at`)
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"  # every try failed, or the URL is refused (no more tries)
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="webhook_deliveries")
+    endpoint = models.ForeignKey(WebhookEndpoint, null=True, blank=True,
+                                 on_delete=models.CASCADE, related_name="deliveries")
+    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL,
+                            related_name="webhook_deliveries")
+    event = models.ForeignKey(JobEvent, null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="webhook_deliveries")
+    url = models.URLField(max_length=2000)
+    message_id = models.CharField(max_length=64, unique=True)
+    event_type = models.CharField(max_length=40)
+    payload = models.JSONField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    created_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["endpoint", "event"],
+                                    condition=Q(endpoint__isnull=False, event__isnull=False),
+                                    name="one_webhook_delivery_per_endpoint_event"),
+            models.UniqueConstraint(fields=["job", "event"],
+                                    condition=Q(endpoint__isnull=True, event__isnull=False),
+                                    name="one_notify_delivery_per_event"),
+        ]
+        indexes = [models.Index(fields=["status", "next_attempt_at"],
+                                name="webhook_delivery_due_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.message_id} {self.event_type} -> {self.url[:100]} ({self.status})"
+
+
+class WebhookAttempt(models.Model):
+    """One POST of a delivery: what came back (status code, the start of the body) or
+    what went wrong, how long it took, and when the next try is due (None: no more)."""
+
+    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.CASCADE,
+                                 related_name="attempt_log")
+    number = models.PositiveIntegerField()
+    at = models.DateTimeField()
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_excerpt = models.CharField(max_length=500, blank=True, default="")
+    error = models.CharField(max_length=500, blank=True, default="")
+    duration_ms = models.PositiveIntegerField(default=0)
+    next_retry_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["delivery_id", "number"]
+        constraints = [models.UniqueConstraint(fields=["delivery", "number"],
+                                               name="one_webhook_attempt_per_number")]
+
+    def __str__(self) -> str:
+        return f"{self.delivery_id} #{self.number}: {self.status_code or self.error[:40]}"

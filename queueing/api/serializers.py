@@ -158,6 +158,11 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
         help_text="Seconds the pods get between SIGTERM and SIGKILL when stopped (cancel, "
                   "preemption); not given: FAIRQ_K8S_TERMINATION_GRACE_SECONDS. At most "
                   "the tier's max_termination_grace_seconds.")
+    notify_url = serializers.CharField(
+        max_length=v.MAX_WEBHOOK_URL_LEN, required=False, allow_blank=True, default="",
+        help_text="A signed POST (Standard Webhooks) goes here on each state change of the "
+                  "job; it must start with one of the team's allowed_notify_url_prefixes "
+                  "(docs/webhooks.md).")
 
 
 @functools.cache
@@ -244,7 +249,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "id", "team", "name", "image", "command", "args", "env", "gpu_type", "gpus",
             "replicas", "total_gpus", "tier", "max_runtime_seconds", "resources", "shm_size",
             "topology", "volumes", "secrets", "image_pull_secret", "working_dir", "labels",
-            "annotations", "termination_grace_seconds", "status", "attempt",
+            "annotations", "termination_grace_seconds", "notify_url", "status", "attempt",
             "submitter", "created_at", "updated_at", "admitted_at", "started_at",
             "finished_at", "placement", "exit_code", "message",
         ]
