@@ -635,6 +635,12 @@ if (len(FAIRQ_WEBHOOK_RETRY_SECONDS) > 20
 if not 0 < FAIRQ_WEBHOOK_TIMEOUT_SECONDS <= 60 or FAIRQ_WEBHOOK_SWEEP_SECONDS <= 0:
     raise environ.ImproperlyConfigured(
         "FAIRQ_WEBHOOK_TIMEOUT_SECONDS must be in (0, 60] and FAIRQ_WEBHOOK_SWEEP_SECONDS > 0")
+# The Celery queue of the webhook tasks ("": the default queue). A queue of their own,
+# served by its own worker (`celery worker -Q webhooks`), keeps slow receivers from
+# delaying scheduler cycles; the demo serves it with a second in-process consumer.
+FAIRQ_WEBHOOK_QUEUE = env("FAIRQ_WEBHOOK_QUEUE", default="")
+if FAIRQ_WEBHOOK_QUEUE:
+    CELERY_TASK_ROUTES = {"queueing.tasks.webhook*": {"queue": FAIRQ_WEBHOOK_QUEUE}}
 CELERY_BEAT_SCHEDULE["webhooks-due"] = {
     "task": "queueing.tasks.webhooks_due_task",
     "schedule": timedelta(seconds=FAIRQ_WEBHOOK_SWEEP_SECONDS),

@@ -114,6 +114,9 @@ class WebhookDeliverySerializer(serializers.ModelSerializer[WebhookDelivery]):
         source="attempt_log", many=True, read_only=True, help_text="Every try, first first."
     )
     job = serializers.IntegerField(source="job_id", allow_null=True, read_only=True)
+    status = serializers.CharField(
+        read_only=True, help_text="pending (a next try is due at next_attempt_at), succeeded or failed."
+    )
     endpoint = serializers.IntegerField(
         source="endpoint_id", allow_null=True, read_only=True, help_text="null: the job's own notify_url."
     )

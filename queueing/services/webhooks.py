@@ -12,7 +12,7 @@ Standard Webhooks specification (the `standardwebhooks` package signs).
    a retry message and the sweep never send it twice at once), POSTs it and logs the try
    (WebhookAttempt); a failure is due again after the next of
    FAIRQ_WEBHOOK_RETRY_SECONDS, or fails for good when they are used up.
-4. `webhooks_send_due` (beat, every FAIRQ_WEBHOOK_SWEEP_SECONDS) sends what is due:
+4. `webhooks_send_due` (beat, every FAIRQ_WEBHOOK_SWEEP_SECONDS) queues what is due:
    retries whose message was lost, deliveries of a worker that died.
 
 Failure to deliver never reaches the state change: step 1 cannot fail it (it only appends
@@ -607,15 +607,11 @@ def webhooks_due(*, now: datetime, limit: int = 200) -> list[int]:
     )
 
 
-def webhooks_send_due(
-    *,
-    now: datetime,
-    post: Callable[[str, bytes, dict[str, str], float], Answer] = http_post,
-) -> list[WebhookAttempt]:
-    """Step 4: try every delivery due at `now` once (beat: `webhooks-due`)."""
-    tried = []
-    for delivery_id in webhooks_due(now=now):
-        attempt = webhook_attempt(delivery_id=delivery_id, now=now, post=post)
-        if attempt is not None:
-            tried.append(attempt)
-    return tried
+def webhooks_send_due(*, now: datetime, send: Callable[[int], None] | None = None) -> list[int]:
+    """Step 4 (beat: `webhooks-due`): queue a try of every delivery due at `now`, each
+    its own task with its own clock (a slow receiver holds up no other delivery, and
+    each try is signed when it is sent); returns their ids."""
+    due = webhooks_due(now=now)
+    for delivery_id in due:
+        (send or webhook_send_soon)(delivery_id)
+    return due

@@ -1,6 +1,7 @@
 """Webhooks end to end (docs/webhooks.md): a real HTTP receiver on 127.0.0.1 verifies
 every POST with the `standardwebhooks` package; the Celery tasks run for real (eager),
-and the retry schedule is driven by the test's clock (`webhooks_send_due(now=...)`)."""
+and the retry schedule is driven by the test's clock (`_tick`: what beat's `webhooks-due`
+finds due at a test instant, tried as `webhook_deliver_task` tries it, at that instant)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ from tests.conftest import job_body
 from .receiver import receiver
 
 pytestmark = pytest.mark.django_db
+
+
+def _tick(now: Any) -> list[WebhookAttempt]:
+    """The tries due at `now` (the test's clock), made at `now`."""
+    tried = [wh.webhook_attempt(delivery_id=i, now=now) for i in wh.webhooks_due(now=now)]
+    return [a for a in tried if a is not None]
 
 
 def _endpoint(client: Any, url: str, **extra: Any) -> dict[str, Any]:
@@ -50,8 +57,8 @@ def test_it_retries_after_a_500_and_logs_both_tries(world, django_capture_on_com
         assert first.next_retry_at == first.at + timedelta(seconds=10)
 
         # Not due before its time; due 10 s later by the test's clock.
-        assert wh.webhooks_send_due(now=first.at + timedelta(seconds=9)) == []
-        tried = wh.webhooks_send_due(now=first.at + timedelta(seconds=10))
+        assert _tick(first.at + timedelta(seconds=9)) == []
+        tried = _tick(first.at + timedelta(seconds=10))
         assert [a.number for a in tried] == [2]
 
     assert [g.answered for g in rx.received] == [500, 200]
@@ -136,9 +143,9 @@ def test_it_gives_up_after_the_configured_retries(world, settings, django_captur
         job = _submit(admin, django_capture_on_commit_callbacks)
         delivery = WebhookDelivery.objects.get(job_id=job["id"])
         t = WebhookAttempt.objects.get(delivery=delivery).at
-        assert [a.number for a in wh.webhooks_send_due(now=t + timedelta(seconds=1))] == [2]
-        assert [a.number for a in wh.webhooks_send_due(now=t + timedelta(seconds=3))] == [3]
-        assert wh.webhooks_send_due(now=t + timedelta(hours=3)) == []
+        assert [a.number for a in _tick(t + timedelta(seconds=1))] == [2]
+        assert [a.number for a in _tick(t + timedelta(seconds=3))] == [3]
+        assert _tick(t + timedelta(hours=3)) == []
     delivery.refresh_from_db()
     assert delivery.status == WebhookDelivery.Status.FAILED and delivery.attempts == 3
     assert delivery.next_attempt_at is None and delivery.finished_at is not None
@@ -358,3 +365,26 @@ def test_deleting_an_endpoint_is_audited(world):
     assert admin.delete(f"/api/v1/teams/vision/webhooks/{hook['id']}/").status_code == 204
     assert admin.get("/api/v1/teams/vision/webhooks/").json() == []
     assert AuditEntry.objects.filter(object_type="queueing.WebhookEndpoint", action="delete").count() == 1
+
+
+def test_the_sweep_sends_a_delivery_whose_message_was_lost(world):
+    from queueing.tasks import webhooks_due_task
+
+    with receiver() as rx:
+        created = wh.webhook_endpoint_create(actor=world.admin, team=world.vision, url=rx.url)
+        rx.secret = created.secret
+        lost = WebhookDelivery.objects.create(
+            team=world.vision,
+            endpoint=created.endpoint,
+            url=rx.url,
+            message_id="msg_lost",
+            event_type="webhook.test",
+            payload={"type": "webhook.test"},
+            next_attempt_at=timezone.now() - timedelta(minutes=1),
+            created_at=timezone.now(),
+        )
+        assert webhooks_due_task() == 1  # the beat task, run for real (eager)
+    assert [g.headers["webhook-id"] for g in rx.received] == ["msg_lost"]
+    assert rx.received[0].verified == {"type": "webhook.test"}
+    lost.refresh_from_db()
+    assert lost.status == WebhookDelivery.Status.SUCCEEDED and lost.attempts == 1
