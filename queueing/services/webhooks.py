@@ -291,16 +291,20 @@ def webhooks_events_written(event_ids: Iterable[int]) -> None:
     conn = transaction.get_connection()
     batch: _Dispatch | None = None
     if conn.in_atomic_block:
-        # One message per transaction: reuse this transaction's pending callback if it
-        # is still registered (a rolled-back savepoint removes its own callbacks).
-        for _sids, func, _robust in conn.run_on_commit:
-            if isinstance(func, _Dispatch) and not func.sent:
-                batch = func
-                break
+        # One message per transaction, found in O(1) (a cycle or a bulk cancel writes
+        # thousands of events): the batch registered on this very list of commit hooks.
+        # Django replaces the list whenever it drops hooks (a commit, a rollback, a
+        # savepoint rolled back), so a batch whose hook may be gone is never reused; at
+        # worst a rolled-back savepoint costs one more message.
+        hooks, pending = getattr(conn, "_fairq_webhook_batch", (None, None))
+        if hooks is conn.run_on_commit and pending is not None and not pending.sent:
+            batch = pending
     if batch is None:
         batch = _Dispatch()
         batch.ids.extend(event_ids)
         transaction.on_commit(batch, robust=True)
+        if conn.in_atomic_block:
+            conn._fairq_webhook_batch = (conn.run_on_commit, batch)
     else:
         batch.ids.extend(event_ids)
 

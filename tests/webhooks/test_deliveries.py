@@ -388,3 +388,41 @@ def test_the_sweep_sends_a_delivery_whose_message_was_lost(world):
     assert rx.received[0].verified == {"type": "webhook.test"}
     lost.refresh_from_db()
     assert lost.status == WebhookDelivery.Status.SUCCEEDED and lost.attempts == 1
+
+
+def test_a_rolled_back_savepoint_drops_its_events_and_keeps_the_rest(
+    world, monkeypatch, django_capture_on_commit_callbacks
+):
+    from django.db import transaction
+
+    from queueing.policy.states import JobState
+    from queueing.services.jobs import job_transition
+    from tests.factories import JobFactory
+
+    sent: list[list[int]] = []
+    monkeypatch.setattr(wh, "webhooks_dispatch_soon", sent.append)
+    first, second = (JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal) for _ in range(2))
+
+    def cancel_then_fail() -> None:
+        with transaction.atomic():
+            assert job_transition(first, JobState.CANCELLED, now=timezone.now())
+            raise RuntimeError("savepoint rolled back")
+
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        with pytest.raises(RuntimeError):
+            cancel_then_fail()
+        assert job_transition(second, JobState.CANCELLED, now=timezone.now())
+    from queueing.models import JobEvent
+
+    assert sent == [[JobEvent.objects.get(job=second, to_status="CANCELLED").pk]]
+
+
+def test_an_array_job_is_posted_once_per_member(world, django_capture_on_commit_callbacks):
+    admin = world.client(world.admin)
+    with receiver() as rx:
+        rx.secret = _endpoint(admin, rx.url)["secret"]
+        with django_capture_on_commit_callbacks(execute=True):
+            r = admin.post("/api/v1/jobs/bulk/", {**job_body(name="sweep"), "count": 3}, format="json")
+        assert r.status_code == 201
+    got = sorted((g.verified["data"]["job_id"], g.verified["type"]) for g in rx.received)
+    assert got == [(i, "job.queued") for i in r.json()["ids"]]
