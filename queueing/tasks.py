@@ -24,6 +24,7 @@ from queueing.services.utilization import utilization_purge
 from queueing.services.webhooks import (
     webhook_attempt,
     webhook_deliveries_create,
+    webhook_deliveries_purge,
     webhook_send_soon,
     webhooks_send_due,
 )
@@ -207,3 +208,13 @@ def webhooks_due_task() -> int:
     from django.utils import timezone
 
     return len(webhooks_send_due(now=timezone.now()))
+
+
+@shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)
+def webhook_deliveries_purge_task() -> int:
+    """Delete finished deliveries older than FAIRQ_WEBHOOK_LOG_RETENTION_DAYS (beat:
+    hourly)."""
+    from django.utils import timezone
+
+    return webhook_deliveries_purge(now=timezone.now(),
+                                    days=settings.FAIRQ_WEBHOOK_LOG_RETENTION_DAYS)

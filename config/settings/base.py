@@ -641,6 +641,15 @@ if not 0 < FAIRQ_WEBHOOK_TIMEOUT_SECONDS <= 60 or FAIRQ_WEBHOOK_SWEEP_SECONDS <=
 FAIRQ_WEBHOOK_QUEUE = env("FAIRQ_WEBHOOK_QUEUE", default="")
 if FAIRQ_WEBHOOK_QUEUE:
     CELERY_TASK_ROUTES = {"queueing.tasks.webhook*": {"queue": FAIRQ_WEBHOOK_QUEUE}}
+# Finished deliveries and their tries are kept this many days (0: for ever).
+FAIRQ_WEBHOOK_LOG_RETENTION_DAYS = env.float("FAIRQ_WEBHOOK_LOG_RETENTION_DAYS", default=30.0)
+if FAIRQ_WEBHOOK_LOG_RETENTION_DAYS < 0:
+    raise environ.ImproperlyConfigured("FAIRQ_WEBHOOK_LOG_RETENTION_DAYS must be >= 0")
+CELERY_BEAT_SCHEDULE["webhook-deliveries-purge"] = {
+    "task": "queueing.tasks.webhook_deliveries_purge_task",
+    "schedule": timedelta(hours=1),
+    "options": {"expires": 3600},
+}
 CELERY_BEAT_SCHEDULE["webhooks-due"] = {
     "task": "queueing.tasks.webhooks_due_task",
     "schedule": timedelta(seconds=FAIRQ_WEBHOOK_SWEEP_SECONDS),

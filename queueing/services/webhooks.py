@@ -619,3 +619,23 @@ def webhooks_send_due(*, now: datetime, send: Callable[[int], None] | None = Non
     for delivery_id in due:
         (send or webhook_send_soon)(delivery_id)
     return due
+
+
+def webhook_deliveries_purge(*, now: datetime, days: float, batch: int = 10_000) -> int:
+    """Delete the finished deliveries (and their tries) created more than `days` ago, in
+    batches (no long locks); pending ones stay. Returns how many. Beat runs it hourly
+    (`webhook-deliveries-purge`, FAIRQ_WEBHOOK_LOG_RETENTION_DAYS; 0 keeps them)."""
+    if days <= 0:
+        return 0
+    cutoff = now - timedelta(days=days)
+    deleted = 0
+    while True:
+        ids = list(
+            WebhookDelivery.objects.filter(created_at__lt=cutoff)
+            .exclude(status=WebhookDelivery.Status.PENDING)
+            .values_list("pk", flat=True)[:batch]
+        )
+        if not ids:
+            return deleted
+        WebhookAttempt.objects.filter(delivery_id__in=ids).delete()
+        deleted += WebhookDelivery.objects.filter(pk__in=ids).delete()[0]

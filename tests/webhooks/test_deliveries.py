@@ -426,3 +426,51 @@ def test_an_array_job_is_posted_once_per_member(world, django_capture_on_commit_
         assert r.status_code == 201
     got = sorted((g.verified["data"]["job_id"], g.verified["type"]) for g in rx.received)
     assert got == [(i, "job.queued") for i in r.json()["ids"]]
+
+
+def test_the_scheduler_cycle_posts_admitted_and_running(world, django_capture_on_commit_callbacks):
+    from queueing.services.scheduler import scheduler_cycle
+
+    admin = world.client(world.admin)
+    with receiver() as rx:
+        rx.secret = _endpoint(admin, rx.url, event_types=["job.admitted", "job.running"])["secret"]
+        job = _submit(admin, django_capture_on_commit_callbacks, env={"FAIRQ_SIM_SECONDS": "600"})
+        t0 = timezone.now()
+        with django_capture_on_commit_callbacks(execute=True):
+            scheduler_cycle(now=t0)
+        with django_capture_on_commit_callbacks(execute=True):
+            scheduler_cycle(now=t0 + timedelta(seconds=1))
+    got = [
+        (g.verified["type"], g.verified["data"]["from_status"], g.verified["data"]["job_id"])
+        for g in rx.received
+    ]
+    assert got == [("job.admitted", "QUEUED", job["id"]), ("job.running", "ADMITTED", job["id"])]
+
+
+def test_old_finished_deliveries_are_purged_and_pending_ones_kept(world):
+    endpoint = wh.webhook_endpoint_create(
+        actor=None, team=world.vision, url="https://ci.example.com/h"
+    ).endpoint
+    now = timezone.now()
+
+    def delivery(status: str, age_days: float) -> WebhookDelivery:
+        d = WebhookDelivery.objects.create(
+            team=world.vision,
+            endpoint=endpoint,
+            url=endpoint.url,
+            message_id=f"msg_{status}_{age_days}",
+            event_type="webhook.test",
+            payload={},
+            status=status,
+            created_at=now - timedelta(days=age_days),
+        )
+        WebhookAttempt.objects.create(delivery=d, number=1, at=d.created_at)
+        return d
+
+    old_ok, old_failed = delivery("succeeded", 31), delivery("failed", 40)
+    old_pending, young = delivery("pending", 31), delivery("succeeded", 29)
+    assert wh.webhook_deliveries_purge(now=now, days=30, batch=1) == 2
+    left = set(WebhookDelivery.objects.values_list("pk", flat=True))
+    assert left == {old_pending.pk, young.pk}
+    assert not WebhookAttempt.objects.filter(delivery_id__in=[old_ok.pk, old_failed.pk]).exists()
+    assert wh.webhook_deliveries_purge(now=now, days=0) == 0
