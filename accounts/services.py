@@ -284,9 +284,9 @@ def team_resources_set(*, actor: Any, team: Team, **quantities: Any) -> Team:
     """Set some of the team's workload policy, audited field by field in the same
     transaction: resource defaults and maxima (`TEAM_RESOURCE_KEYS`: a quantity, or None
     / "" to clear) and allowlists (`TEAM_ALLOWLIST_FIELDS`: a list of names of the team's
-    namespace, replacing the old one; `allowed_notify_url_prefixes`, the URL prefixes jobs'
-    `notify_url` may start with, docs/webhooks.md). A default above its maximum (as set now or before)
-    is refused. Raises DomainError (400) naming every refused key, changing nothing.
+    namespace, replacing the old one; `allowed_notify_url_prefixes`, the URL prefixes
+    jobs' `notify_url` may start with, docs/webhooks.md). A default above its maximum (as
+    set now or before) is refused. Raises DomainError (400) naming every refused key, changing nothing.
     `actor` must be a team admin of `team` or staff (PermissionDenied otherwise). Jobs
     already submitted keep theirs."""
     if actor is not None:
