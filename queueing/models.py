@@ -14,7 +14,7 @@ from accounts.models import Team, slug_validator
 
 from .backends.base import workload_name
 from .policy.states import FINAL_STATES, JobState
-from .validation import topology_levels
+from .validation import topology_levels, webhook_url_problem
 
 
 def validate_topology_levels(value: object) -> None:
@@ -260,7 +260,7 @@ class Job(models.Model):
     termination_grace_seconds = models.PositiveIntegerField(null=True, blank=True)
     # Where a signed POST goes on each state change of this job (docs/webhooks.md): an
     # URL under one of the team's `allowed_notify_url_prefixes`, checked at submit.
-    notify_url = models.URLField(max_length=2000, blank=True, default="", db_default="")
+    notify_url = models.CharField(max_length=2000, blank=True, default="", db_default="")
     status = models.CharField(max_length=16, choices=JOB_STATUS_CHOICES, default=JobState.QUEUED.value)
     attempt = models.PositiveIntegerField(default=1)
     # NULL, not "", means "no key": the partial unique constraint skips NULLs.
@@ -631,6 +631,22 @@ class UsageRollup(models.Model):
 
 # --- webhooks (docs/webhooks.md) -----------------------------------------------------
 
+# The Standard Webhooks `type` of each move to a job state: "job.running", ...
+WEBHOOK_EVENT_TYPES: tuple[str, ...] = tuple(f"job.{s.value.lower()}" for s in JobState)
+
+
+def validate_webhook_url(value: object) -> None:
+    """Model validator of a webhook URL (`validation.webhook_url_problem`)."""
+    problem = webhook_url_problem(value)
+    if problem:
+        raise ValidationError(problem)
+
+
+def validate_webhook_event_types(value: object) -> None:
+    """An endpoint's event types: a list of WEBHOOK_EVENT_TYPES (empty: every one)."""
+    if not isinstance(value, list) or any(t not in WEBHOOK_EVENT_TYPES for t in value):
+        raise ValidationError(f"A list of: {', '.join(WEBHOOK_EVENT_TYPES)} (empty: every one).")
+
 
 class WebhookEndpoint(models.Model):
     """A URL a team admin registered: a signed POST (Standard Webhooks) on each state
@@ -638,11 +654,12 @@ class WebhookEndpoint(models.Model):
     the answer that created or rotated it, and kept here because signing needs it."""
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="webhooks")
-    url = models.URLField(max_length=2000)
+    url = models.CharField(max_length=2000, validators=[validate_webhook_url])
     description = models.CharField(max_length=200, blank=True, default="")
     enabled = models.BooleanField(default=True)
     # Event types it takes ("job.running", ...); empty: every one.
-    event_types = models.JSONField(default=list, blank=True)
+    event_types = models.JSONField(default=list, blank=True,
+                                   validators=[validate_webhook_event_types])
     secret = models.CharField(max_length=100)
     secret_rotated_at = models.DateTimeField()
     created_at = models.DateTimeField()
@@ -687,7 +704,7 @@ class WebhookDelivery(models.Model):
                             related_name="webhook_deliveries")
     event = models.ForeignKey(JobEvent, null=True, blank=True, on_delete=models.SET_NULL,
                               related_name="webhook_deliveries")
-    url = models.URLField(max_length=2000)
+    url = models.CharField(max_length=2000)
     message_id = models.CharField(max_length=64, unique=True)
     event_type = models.CharField(max_length=40)
     payload = models.JSONField()

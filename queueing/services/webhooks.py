@@ -47,6 +47,7 @@ from config.celery import app
 from queueing import validation as v
 from queueing.errors import DomainError
 from queueing.models import (
+    WEBHOOK_EVENT_TYPES,
     Job,
     JobEvent,
     TeamNotifySecret,
@@ -54,14 +55,13 @@ from queueing.models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
-from queueing.policy.states import JobState
 from queueing.sanitize import clean_text
 
 from .access import check_team_admin
 
 log = logging.getLogger(__name__)
 
-EVENT_TYPES: tuple[str, ...] = tuple(f"job.{s.value.lower()}" for s in JobState)
+EVENT_TYPES = WEBHOOK_EVENT_TYPES
 TEST_EVENT_TYPE = "webhook.test"
 DISPATCH_TASK = "queueing.tasks.webhooks_dispatch_task"
 SECRET_SHOWN_ONCE = (

@@ -49,3 +49,32 @@ def test_members_see_no_webhooks(world):
     page = _page(world.member)
     assert 'id="webhooks"' in page and "CI hook" not in page
     assert "Team admins see the team's webhooks" in page
+
+
+def test_staff_edit_an_endpoint_in_the_admin_audited_without_the_secret(world):
+    from accounts.models import AuditEntry
+    from queueing.models import WebhookEndpoint
+
+    created = webhook_endpoint_create(actor=world.admin, team=world.vision, url="https://ci.example.com/h")
+    c = Client()
+    c.force_login(world.staff)
+    world.staff.is_superuser = True
+    world.staff.save()
+    url = f"/admin/queueing/webhookendpoint/{created.endpoint.pk}/change/"
+    page = c.get(url)
+    assert page.status_code == 200 and created.secret not in page.content.decode()
+    form = {
+        "url": "https://ci.example.com/other",
+        "description": "moved",
+        "enabled": "on",
+        "event_types": '["job.exploded"]',
+    }
+    assert "A list of: job.queued" in c.post(url, form).content.decode()
+    r = c.post(url, {**form, "event_types": '["job.failed"]'})
+    assert r.status_code == 302
+    endpoint = WebhookEndpoint.objects.get(pk=created.endpoint.pk)
+    assert (endpoint.url, endpoint.event_types) == ("https://ci.example.com/other", ["job.failed"])
+    assert endpoint.secret == created.secret
+    entry = AuditEntry.objects.filter(object_type="queueing.WebhookEndpoint").latest("id")
+    assert entry.changes["url"] == ["https://ci.example.com/h", "https://ci.example.com/other"]
+    assert "secret" not in entry.changes
