@@ -182,6 +182,12 @@ class TeamResourcesSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
                                  "(secrets[].secret); replaces the list.")
     allowed_pull_secrets = _allowlist("Image pull secrets of the team's namespace its jobs "
                                       "may name (image_pull_secret); replaces the list.")
+    allowed_notify_url_prefixes = serializers.ListField(
+        child=serializers.CharField(max_length=v.MAX_WEBHOOK_URL_LEN),
+        max_length=v.MAX_NOTIFY_PREFIXES, required=False,
+        help_text="URL prefixes its jobs' notify_url may start with, each ending with '/', "
+                  'e.g. ["https://ci.example.com/hooks/"] (docs/webhooks.md); replaces the '
+                  "list.")
 
 
 class TeamResourcesView(IdempotentPostMixin, APIView):

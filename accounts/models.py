@@ -12,7 +12,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import F, Q
 
-from queueing.validation import allowlist_problem
+from queueing.validation import allowlist_problem, notify_prefixes_problem
 
 slug_validator = RegexValidator(
     # \Z, not $: `$` would also take "red\n".
@@ -31,6 +31,13 @@ TEAM_RESOURCE_FIELDS = {"cpu": "cpu_millicores", "memory": "memory_bytes",
 def allowlist_validator(value: Any) -> None:
     """A team allowlist: distinct Kubernetes names of the team's own namespace."""
     problem = allowlist_problem(value)
+    if problem:
+        raise ValidationError(problem, code="allowlist")
+
+
+def notify_prefixes_validator(value: Any) -> None:
+    """A team's notify URL allowlist (docs/webhooks.md)."""
+    problem = notify_prefixes_problem(value)
     if problem:
         raise ValidationError(problem, code="allowlist")
 
@@ -90,6 +97,11 @@ class Team(models.Model):
     allowed_pull_secrets = models.JSONField(
         default=list, db_default=[], blank=True, validators=[allowlist_validator],
         help_text="Image pull secrets its jobs may name.")
+    # docs/webhooks.md: a job's `notify_url` must start with one of these.
+    allowed_notify_url_prefixes = models.JSONField(
+        default=list, db_default=[], blank=True, validators=[notify_prefixes_validator],
+        help_text='URL prefixes its jobs\' notify_url may start with, e.g. '
+                  '["https://ci.example.com/hooks/"].')
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -268,6 +268,7 @@ def team_resources(team: Team) -> dict[str, Any]:
             out[f"{kind}_{name}"] = None if amount is None else v.format_resource(name, amount)
     for field in TEAM_ALLOWLIST_FIELDS:
         out[field] = list(getattr(team, field) or [])
+    out["allowed_notify_url_prefixes"] = list(team.allowed_notify_url_prefixes or [])
     return out
 
 
@@ -283,8 +284,9 @@ def team_resources_set(*, actor: Any, team: Team, **quantities: Any) -> Team:
     """Set some of the team's workload policy, audited field by field in the same
     transaction: resource defaults and maxima (`TEAM_RESOURCE_KEYS`: a quantity, or None
     / "" to clear) and allowlists (`TEAM_ALLOWLIST_FIELDS`: a list of names of the team's
-    namespace, replacing the old one). A default above its maximum (as set now or before)
-    is refused. Raises DomainError (400) naming every refused key, changing nothing.
+    namespace, replacing the old one; `allowed_notify_url_prefixes`, the URL prefixes
+    jobs' `notify_url` may start with, docs/webhooks.md). A default above its maximum (as
+    set now or before) is refused. Raises DomainError (400) naming every refused key, changing nothing.
     `actor` must be a team admin of `team` or staff (PermissionDenied otherwise). Jobs
     already submitted keep theirs."""
     if actor is not None:
@@ -293,6 +295,13 @@ def team_resources_set(*, actor: Any, team: Team, **quantities: Any) -> Team:
     team = Team.objects.get(pk=team.pk)
     problems: dict[str, list[str]] = {}
     for key, text in quantities.items():
+        if key == "allowed_notify_url_prefixes":  # docs/webhooks.md
+            problem = v.notify_prefixes_problem(text)
+            if problem:
+                problems[key] = [problem]
+            else:
+                team.allowed_notify_url_prefixes = sorted(text)
+            continue
         if key in TEAM_ALLOWLIST_FIELDS:
             problem = v.allowlist_problem(text)
             if problem:

@@ -17,6 +17,9 @@ from .models import (
     Tier,
     TierGrant,
     UsageRecord,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
 )
 
 
@@ -117,4 +120,53 @@ class BudgetWarningAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return False
 
     def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+
+# --- webhooks (docs/webhooks.md) ----------------------------------------------------
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(AuditedAdmin):
+    """Changes audited; the secret is never shown nor audited. Endpoints are created (and
+    secrets rotated) through the API or the team page, where the secret is shown once."""
+
+    list_display = ["id", "team", "url", "enabled", "event_types", "secret_rotated_at"]
+    list_filter = ["enabled", "team"]
+    search_fields = ["url", "description"]
+    fields = ["team", "url", "description", "enabled", "event_types", "secret_rotated_at",
+              "created_at", "updated_at"]
+    readonly_fields = ["team", "secret_rotated_at", "created_at", "updated_at"]
+    audit_exclude = ("secret",)
+
+    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+        return False
+
+
+class WebhookAttemptInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = WebhookAttempt
+    extra = 0
+    can_delete = False
+    readonly_fields = ("number", "at", "status_code", "response_excerpt", "error",
+                       "duration_ms", "next_retry_at")
+    fields = readonly_fields
+
+    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """The delivery log, read-only."""
+
+    list_display = ["id", "team", "event_type", "url", "job", "status", "attempts",
+                    "next_attempt_at", "created_at"]
+    list_filter = ["status", "event_type", "team"]
+    search_fields = ["message_id", "url"]
+    inlines = [WebhookAttemptInline]
+
+    def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return [f.name for f in WebhookDelivery._meta.fields]
+
+    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
         return False

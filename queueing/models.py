@@ -14,7 +14,7 @@ from accounts.models import Team, slug_validator
 
 from .backends.base import workload_name
 from .policy.states import FINAL_STATES, JobState
-from .validation import topology_levels
+from .validation import topology_levels, webhook_url_problem
 
 
 def validate_topology_levels(value: object) -> None:
@@ -290,6 +290,9 @@ class Job(models.Model):
     array = models.ForeignKey(JobArray, null=True, blank=True, on_delete=models.PROTECT,
                               related_name="members")
     array_index = models.PositiveIntegerField(null=True, blank=True)
+    # Where a signed POST goes on each state change of this job (docs/webhooks.md): an
+    # URL under one of the team's `allowed_notify_url_prefixes`, checked at submit.
+    notify_url = models.CharField(max_length=2000, blank=True, default="", db_default="")
     status = models.CharField(max_length=16, choices=JOB_STATUS_CHOICES, default=JobState.QUEUED.value)
     attempt = models.PositiveIntegerField(default=1)
     # NULL, not "", means "no key": the partial unique constraint skips NULLs.
@@ -660,3 +663,128 @@ class UsageRollup(models.Model):
 
     def __str__(self) -> str:
         return f"usage days up to record {self.last_record_id}"
+
+
+# --- webhooks (docs/webhooks.md) -----------------------------------------------------
+
+# The Standard Webhooks `type` of each move to a job state: "job.running", ...
+WEBHOOK_EVENT_TYPES: tuple[str, ...] = tuple(f"job.{s.value.lower()}" for s in JobState)
+
+
+def validate_webhook_url(value: object) -> None:
+    """Model validator of a webhook URL (`validation.webhook_url_problem`)."""
+    problem = webhook_url_problem(value)
+    if problem:
+        raise ValidationError(problem)
+
+
+def validate_webhook_event_types(value: object) -> None:
+    """An endpoint's event types: a list of WEBHOOK_EVENT_TYPES (empty: every one)."""
+    if not isinstance(value, list) or any(t not in WEBHOOK_EVENT_TYPES for t in value):
+        raise ValidationError(f"A list of: {', '.join(WEBHOOK_EVENT_TYPES)} (empty: every one).")
+
+
+class WebhookEndpoint(models.Model):
+    """A URL a team admin registered: a signed POST (Standard Webhooks) on each state
+    change of the team's jobs whose kind it takes. The signing secret is shown once, in
+    the answer that created or rotated it, and kept here because signing needs it."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="webhooks")
+    url = models.CharField(max_length=2000, validators=[validate_webhook_url])
+    description = models.CharField(max_length=200, blank=True, default="")
+    enabled = models.BooleanField(default=True)
+    # Event types it takes ("job.running", ...); empty: every one.
+    event_types = models.JSONField(default=list, blank=True,
+                                   validators=[validate_webhook_event_types])
+    secret = models.CharField(max_length=100)
+    secret_rotated_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["team_id", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.team_id}: {self.url[:150]}"
+
+    def takes(self, event_type: str) -> bool:
+        return self.enabled and (not self.event_types or event_type in self.event_types)
+
+
+class TeamNotifySecret(models.Model):
+    """The secret that signs the POSTs to jobs' own `notify_url` of one team (shown once,
+    when a team admin creates or rotates it)."""
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="notify_secret")
+    secret = models.CharField(max_length=100)
+    rotated_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"notify secret of {self.team_id}"
+
+
+class WebhookDelivery(models.Model):
+    """One message (one `webhook-id`, one payload) to one URL: a registered endpoint or a
+    job's `notify_url`. Tried until a 2xx answer or FAIRQ_WEBHOOK_RETRY_SECONDS runs out;
+    each try is a WebhookAttempt."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"  # waiting for its next try (`next_attempt_at`)
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"  # every try failed, or the URL is refused (no more tries)
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="webhook_deliveries")
+    endpoint = models.ForeignKey(WebhookEndpoint, null=True, blank=True,
+                                 on_delete=models.CASCADE, related_name="deliveries")
+    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL,
+                            related_name="webhook_deliveries")
+    event = models.ForeignKey(JobEvent, null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="webhook_deliveries")
+    url = models.CharField(max_length=2000)
+    message_id = models.CharField(max_length=64, unique=True)
+    event_type = models.CharField(max_length=40)
+    payload = models.JSONField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    created_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["endpoint", "event"],
+                                    condition=Q(endpoint__isnull=False, event__isnull=False),
+                                    name="one_webhook_delivery_per_endpoint_event"),
+            models.UniqueConstraint(fields=["job", "event"],
+                                    condition=Q(endpoint__isnull=True, event__isnull=False),
+                                    name="one_notify_delivery_per_event"),
+        ]
+        indexes = [models.Index(fields=["status", "next_attempt_at"],
+                                name="webhook_delivery_due_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.message_id} {self.event_type} -> {self.url[:100]} ({self.status})"
+
+
+class WebhookAttempt(models.Model):
+    """One POST of a delivery: what came back (status code, the start of the body) or
+    what went wrong, how long it took, and when the next try is due (None: no more)."""
+
+    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.CASCADE,
+                                 related_name="attempt_log")
+    number = models.PositiveIntegerField()
+    at = models.DateTimeField()
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_excerpt = models.CharField(max_length=500, blank=True, default="")
+    error = models.CharField(max_length=500, blank=True, default="")
+    duration_ms = models.PositiveIntegerField(default=0)
+    next_retry_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["delivery_id", "number"]
+        constraints = [models.UniqueConstraint(fields=["delivery", "number"],
+                                               name="one_webhook_attempt_per_number")]
+
+    def __str__(self) -> str:
+        return f"{self.delivery_id} #{self.number}: {self.status_code or self.error[:40]}"

@@ -21,6 +21,13 @@ from queueing.services.provisioning import sync_cluster, sync_quotas
 from queueing.services.reports import usage_days_roll_up
 from queueing.services.scheduler import new_cycle_id, scheduler_cycle
 from queueing.services.utilization import utilization_purge
+from queueing.services.webhooks import (
+    webhook_attempt,
+    webhook_deliveries_create,
+    webhook_deliveries_purge,
+    webhook_send_soon,
+    webhooks_send_due,
+)
 
 log = logging.getLogger(__name__)
 
@@ -167,3 +174,47 @@ def sync_cluster_task() -> None:
         # No answer or a server error may pass: retry (autoretry_for). A refusal (4xx,
         # an invalid name) would be refused again: logged, not retried.
         raise RuntimeError(f"sync_cluster: {len(failed)} object(s) failed, retrying")
+
+
+# --- webhooks (docs/webhooks.md; queueing/services/webhooks.py says the steps) ---------
+
+
+@shared_task(ignore_result=True, soft_time_limit=50, time_limit=60)
+def webhooks_dispatch_task(event_ids: list[int]) -> int:
+    """Step 2, after a state change committed: write the deliveries of `event_ids` and
+    queue a try of each (its own task: one slow receiver does not hold up the others)."""
+    from django.utils import timezone
+
+    created = webhook_deliveries_create(event_ids=event_ids, now=timezone.now())
+    for delivery_id in created:
+        webhook_send_soon(delivery_id)
+    return len(created)
+
+
+@shared_task(ignore_result=True, soft_time_limit=70, time_limit=80)
+def webhook_deliver_task(delivery_id: int) -> None:
+    """Step 3: one try; a failed one is queued again for when its retry is due (the
+    `webhooks-due` sweep sends it too, should this message be lost)."""
+    from django.utils import timezone
+
+    attempt = webhook_attempt(delivery_id=delivery_id, now=timezone.now())
+    if attempt is not None and attempt.next_retry_at is not None:
+        webhook_deliver_task.apply_async((delivery_id,), eta=attempt.next_retry_at)
+
+
+@shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)
+def webhooks_due_task() -> int:
+    """Step 4 (beat: FAIRQ_WEBHOOK_SWEEP_SECONDS): try every delivery that is due."""
+    from django.utils import timezone
+
+    return len(webhooks_send_due(now=timezone.now()))
+
+
+@shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)
+def webhook_deliveries_purge_task() -> int:
+    """Delete finished deliveries older than FAIRQ_WEBHOOK_LOG_RETENTION_DAYS (beat:
+    hourly)."""
+    from django.utils import timezone
+
+    return webhook_deliveries_purge(now=timezone.now(),
+                                    days=settings.FAIRQ_WEBHOOK_LOG_RETENTION_DAYS)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from posixpath import normpath
 from typing import Any
+from urllib.parse import urlsplit
 
 # Every pattern ends with \Z, not $: `$` also matches before a trailing newline, so
 # "A\n" passed as an env name. re.ASCII: \w and \d would take any Unicode letter or digit.
@@ -666,3 +667,61 @@ def allowlist_problem(names: Any) -> str | None:
     if len(set(names)) != len(names):
         return "Each name once."
     return None
+
+
+# --- webhook URLs (docs/webhooks.md) ----------------------------------------------------
+
+MAX_WEBHOOK_URL_LEN = 2000
+MAX_NOTIFY_PREFIXES = 50
+
+
+def webhook_url_problem(url: Any) -> str | None:
+    """Why `url` cannot receive webhooks (an absolute http or https URL with a host, no
+    user:password, no fragment, at most MAX_WEBHOOK_URL_LEN characters), or None. Where
+    it points (private or link-local addresses) is checked when it is sent to."""
+    if not isinstance(url, str) or not url:
+        return "Write an http:// or https:// URL."
+    if len(url) > MAX_WEBHOOK_URL_LEN:
+        return f"At most {MAX_WEBHOOK_URL_LEN} characters."
+    if any(c.isspace() or ord(c) < 32 for c in url):
+        return "No spaces or control characters."
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        return "Not a valid URL."
+    if parts.scheme not in ("http", "https"):
+        return "Use an http:// or https:// URL."
+    if not parts.hostname:
+        return "The URL has no host."
+    if "@" in parts.netloc:
+        return "No user name or password in the URL (the signature proves the sender)."
+    if parts.fragment:
+        return "No #fragment."
+    return None
+
+
+def notify_prefixes_problem(prefixes: Any) -> str | None:
+    """Why `prefixes` is not a team's notify URL allowlist (a list of at most
+    MAX_NOTIFY_PREFIXES distinct webhook URLs whose path ends with "/", so that
+    "https://ci.example.com/" does not allow "https://ci.example.com.evil.net/"), or
+    None."""
+    if not isinstance(prefixes, list):
+        return "Write a list of URL prefixes."
+    if len(prefixes) > MAX_NOTIFY_PREFIXES:
+        return f"At most {MAX_NOTIFY_PREFIXES} prefixes."
+    for prefix in prefixes:
+        problem = webhook_url_problem(prefix)
+        if problem:
+            return f"{str(prefix)[:100]!r}: {problem}"
+        if "?" in prefix or not prefix.endswith("/") or prefix.count("/") < 3:
+            return (f"{prefix[:100]!r}: a prefix ends with '/' after the host, e.g. "
+                    "'https://ci.example.com/hooks/', and has no '?'.")
+    if len(set(prefixes)) != len(prefixes):
+        return "Each prefix once."
+    return None
+
+
+def notify_url_allowed(url: str, prefixes: Any) -> bool:
+    """`url` starts with one of `prefixes` (a checked allowlist)."""
+    return any(isinstance(p, str) and url.startswith(p) for p in prefixes or ())

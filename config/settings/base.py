@@ -620,3 +620,42 @@ CELERY_BEAT_SCHEDULE["usage-days-roll-up"] = {
     "schedule": timedelta(minutes=10),
     "options": {"expires": 600},
 }
+
+# Webhooks (docs/webhooks.md): a signed POST per job state change to the team's
+# endpoints and the job's notify_url, sent by the worker after commit. A failed try is
+# tried again after each of FAIRQ_WEBHOOK_RETRY_SECONDS in turn (the first try and one
+# more per entry), each POST within FAIRQ_WEBHOOK_TIMEOUT_SECONDS, redirects not
+# followed. Link-local and metadata addresses are always refused; private and loopback
+# ones unless FAIRQ_WEBHOOK_ALLOW_PRIVATE (on in dev, the demo and tests).
+FAIRQ_WEBHOOK_RETRY_SECONDS = [
+    float(x) for x in env.list("FAIRQ_WEBHOOK_RETRY_SECONDS", default=["10", "60", "300", "1800", "7200"])]
+FAIRQ_WEBHOOK_TIMEOUT_SECONDS = env.float("FAIRQ_WEBHOOK_TIMEOUT_SECONDS", default=5.0)
+FAIRQ_WEBHOOK_ALLOW_PRIVATE = env.bool("FAIRQ_WEBHOOK_ALLOW_PRIVATE", default=False)
+FAIRQ_WEBHOOK_SWEEP_SECONDS = env.float("FAIRQ_WEBHOOK_SWEEP_SECONDS", default=30.0)
+if (len(FAIRQ_WEBHOOK_RETRY_SECONDS) > 20
+        or any(not 0 < s <= 7 * 86400 for s in FAIRQ_WEBHOOK_RETRY_SECONDS)):
+    raise environ.ImproperlyConfigured(
+        "FAIRQ_WEBHOOK_RETRY_SECONDS must be at most 20 delays of (0, 604800] seconds")
+if not 0 < FAIRQ_WEBHOOK_TIMEOUT_SECONDS <= 60 or FAIRQ_WEBHOOK_SWEEP_SECONDS <= 0:
+    raise environ.ImproperlyConfigured(
+        "FAIRQ_WEBHOOK_TIMEOUT_SECONDS must be in (0, 60] and FAIRQ_WEBHOOK_SWEEP_SECONDS > 0")
+# The Celery queue of the webhook tasks ("": the default queue). A queue of their own,
+# served by its own worker (`celery worker -Q webhooks`), keeps slow receivers from
+# delaying scheduler cycles; the demo serves it with a second in-process consumer.
+FAIRQ_WEBHOOK_QUEUE = env("FAIRQ_WEBHOOK_QUEUE", default="")
+if FAIRQ_WEBHOOK_QUEUE:
+    CELERY_TASK_ROUTES = {"queueing.tasks.webhook*": {"queue": FAIRQ_WEBHOOK_QUEUE}}
+# Finished deliveries and their tries are kept this many days (0: for ever).
+FAIRQ_WEBHOOK_LOG_RETENTION_DAYS = env.float("FAIRQ_WEBHOOK_LOG_RETENTION_DAYS", default=30.0)
+if FAIRQ_WEBHOOK_LOG_RETENTION_DAYS < 0:
+    raise environ.ImproperlyConfigured("FAIRQ_WEBHOOK_LOG_RETENTION_DAYS must be >= 0")
+CELERY_BEAT_SCHEDULE["webhook-deliveries-purge"] = {
+    "task": "queueing.tasks.webhook_deliveries_purge_task",
+    "schedule": timedelta(hours=1),
+    "options": {"expires": 3600},
+}
+CELERY_BEAT_SCHEDULE["webhooks-due"] = {
+    "task": "queueing.tasks.webhooks_due_task",
+    "schedule": timedelta(seconds=FAIRQ_WEBHOOK_SWEEP_SECONDS),
+    "options": {"expires": FAIRQ_WEBHOOK_SWEEP_SECONDS},
+}

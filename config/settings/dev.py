@@ -10,3 +10,5 @@ ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["*"])
 # Serve static files straight from the apps (no collectstatic needed to run locally).
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = True
+# Webhooks to a receiver on this machine (docs/webhooks.md).
+FAIRQ_WEBHOOK_ALLOW_PRIVATE = env.bool("FAIRQ_WEBHOOK_ALLOW_PRIVATE", default=True)

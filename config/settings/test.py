@@ -32,3 +32,5 @@ STORAGES = {
     "fairq-logs": {"BACKEND": "django.core.files.storage.FileSystemStorage",
                    "OPTIONS": {"location": _tempfile.mkdtemp(prefix="fairq-logs-test-")}},
 }
+# The webhook tests' receiver listens on 127.0.0.1 (tests/webhooks/).
+FAIRQ_WEBHOOK_ALLOW_PRIVATE = True

@@ -177,6 +177,11 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
         child=DependencySerializer(), max_length=MAX_DEPENDENCIES, required=False,
         help_text="Jobs or arrays of the same team to wait for, all of them (rules D1-D3, "
                   "like Slurm's --dependency); one that can never be met fails the job.")
+    notify_url = serializers.CharField(
+        max_length=v.MAX_WEBHOOK_URL_LEN, required=False, allow_blank=True, default="",
+        help_text="A signed POST (Standard Webhooks) goes here on each state change of the "
+                  "job; it must start with one of the team's allowed_notify_url_prefixes "
+                  "(docs/webhooks.md).")
 
 
 class JobDependenciesSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
@@ -284,7 +289,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "id", "team", "name", "image", "command", "args", "env", "gpu_type", "gpus",
             "replicas", "total_gpus", "tier", "max_runtime_seconds", "resources", "shm_size",
             "topology", "volumes", "secrets", "image_pull_secret", "working_dir", "labels",
-            "annotations", "termination_grace_seconds", "status", "attempt",
+            "annotations", "termination_grace_seconds", "notify_url", "status", "attempt",
             "submitter", "created_at", "updated_at", "admitted_at", "started_at",
             "finished_at", "placement", "exit_code", "message",
             "dependencies", "array_id", "array_index", "attempts",

@@ -14,6 +14,7 @@ from . import (  # noqa: F401 - schema registers the token auth scheme
     schema,
     starts,
     watch,
+    webhooks,
 )
 from .errors import api_not_found
 from .views import FairShareView, JobViewSet
@@ -40,6 +41,19 @@ urlpatterns = [
          name="membership-list"),
     path("teams/<slug:slug>/members/<str:username>/", accounts_api.MembershipDetailView.as_view(),
          name="membership-detail"),
+    path("teams/<slug:slug>/webhooks/", webhooks.WebhookListView.as_view(), name="webhook-list"),
+    path("teams/<slug:slug>/webhooks/notify-secret/", webhooks.NotifySecretView.as_view(),
+         name="webhook-notify-secret"),
+    path("teams/<slug:slug>/webhooks/notify-deliveries/",
+         webhooks.NotifyDeliveryListView.as_view(), name="webhook-notify-deliveries"),
+    path("teams/<slug:slug>/webhooks/<int:webhook_id>/", webhooks.WebhookDetailView.as_view(),
+         name="webhook-detail"),
+    path("teams/<slug:slug>/webhooks/<int:webhook_id>/deliveries/",
+         webhooks.WebhookDeliveryListView.as_view(), name="webhook-deliveries"),
+    path("teams/<slug:slug>/webhooks/<int:webhook_id>/rotate-secret/",
+         webhooks.WebhookRotateSecretView.as_view(), name="webhook-rotate-secret"),
+    path("teams/<slug:slug>/webhooks/<int:webhook_id>/test/", webhooks.WebhookTestView.as_view(),
+         name="webhook-test"),
     path("tokens/", accounts_api.TokenListView.as_view(), name="token-list"),
     path("tokens/<int:token_id>/", accounts_api.TokenDetailView.as_view(), name="token-detail"),
     path("quotas/", resources.QuotaListView.as_view(), name="quota-list"),

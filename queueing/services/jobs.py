@@ -36,6 +36,7 @@ from queueing.validation import spec_size
 
 from .access import check_job_access, check_submit, unknown_team_message
 from .usage import usage_record_attempt
+from .webhooks import notify_url_problem, webhooks_event_written, webhooks_events_written
 
 _EVENT_REASON_MAX = JobEvent._meta.get_field("reason").max_length
 _ACTOR_LABEL_MAX = JobEvent._meta.get_field("actor_label").max_length
@@ -73,7 +74,7 @@ def job_transition(
         setattr(job, name, value)
     event_attempt = job.attempt
     job.status = target
-    JobEvent.objects.create(
+    event = JobEvent.objects.create(
         job=job, at=now, kind=JobEvent.Kind.TRANSITION, from_status=source, to_status=target,
         actor=actor if actor is not None and getattr(actor, "is_authenticated", False) else None,
         actor_label=clean_text(actor_label or (str(actor) if actor is not None else "scheduler"),
@@ -81,6 +82,7 @@ def job_transition(
         reason=clean_text(reason, max_length=_EVENT_REASON_MAX),
         attempt=event_attempt, data=clean_json(data) if data else {},
     )
+    webhooks_event_written(event.pk)  # sent after commit (docs/webhooks.md)
     return True
 
 
@@ -115,6 +117,8 @@ class JobInput:
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     annotations: dict[str, str] = dataclasses.field(default_factory=dict)
     termination_grace_seconds: int | None = None
+    # docs/webhooks.md: under one of the team's allowed_notify_url_prefixes ("": none).
+    notify_url: str = ""
     # Rule B3: the tier asked for when an over-budget team's job dropped to `tier`.
     downgraded_from: str = ""
     # Rules D1-D3, stored form, checked (`services.dependencies.job_input_with_dependencies`).
@@ -159,7 +163,7 @@ JOB_SPEC_FIELDS: dict[str, str] = {
     "resources": "resources", "shm_size": "shm_size", "topology": "topology",
     "volumes": "volumes", "secrets": "secrets", "image_pull_secret": "image_pull_secret",
     "working_dir": "working_dir", "labels": "labels", "annotations": "annotations",
-    "termination_grace_seconds": "termination_grace_seconds",
+    "termination_grace_seconds": "termination_grace_seconds", "notify_url": "notify_url",
 }
 # The fields `validation.workload_check` judges (their names are JobInput's and Job's).
 WORKLOAD_FIELDS = ("volumes", "secrets", "image_pull_secret", "working_dir", "labels",
@@ -189,7 +193,7 @@ def job_input_build(
     volumes: list[Any] | None = None, secrets: list[Any] | None = None,
     image_pull_secret: str | None = None, working_dir: str | None = None,
     labels: dict[str, Any] | None = None, annotations: dict[str, Any] | None = None,
-    termination_grace_seconds: int | None = None,
+    termination_grace_seconds: int | None = None, notify_url: str | None = None,
 ) -> JobInput:
     """The JobInput of a job spec whose fields have their shapes already (the API's
     serializer, the web form): the submit rules that need settings or the database. The
@@ -220,6 +224,11 @@ def job_input_build(
     grace_problem = _grace_problem(termination_grace_seconds)
     if grace_problem:
         problems["termination_grace_seconds"] = [grace_problem]
+    notify_url = (notify_url or "").strip()
+    if notify_url and team_row is not None:
+        notify_problem = notify_url_problem(team=team_row, url=notify_url)
+        if notify_problem:
+            problems["notify_url"] = [notify_problem]
     for field, value in (("team", team), ("name", name), ("image", image),
                          ("gpu_type", gpu_type), ("gpus", gpus), ("replicas", replicas)):
         if value is None:
@@ -254,7 +263,7 @@ def job_input_build(
                     tier=tier_row, max_runtime_seconds=max_runtime_seconds,
                     resources=resources, shm_size=shm_size, topology=topology,
                     termination_grace_seconds=grace, downgraded_from=downgraded_from,
-                    **workload)
+                    notify_url=notify_url, **workload)
 
 
 def _topology_checked(gpu_type: GpuType, topology: dict[str, str] | None
@@ -504,6 +513,7 @@ def job_submit_with_event(
     # The shared plan is kept: a job newer than it refreshes it when its standing is asked
     # for (selectors/queue_plan.py::queue_standing), so a burst of submits plans once.
     transaction.on_commit(kick)
+    webhooks_event_written(event.pk)
     return job, event, True
 
 
@@ -690,6 +700,10 @@ def jobs_submit_array(
         JobEvent.objects.bulk_create(
             [JobEvent(**{**event_fields, "job_id": job_id}) for job_id in ids], batch_size=2000)
     transaction.on_commit(kick)  # the shared plan is kept (see job_submit_with_event)
+    if data.notify_url or data.team.webhooks.filter(enabled=True).exists():
+        webhooks_events_written(JobEvent.objects.filter(
+            job_id__in=ids, kind=JobEvent.Kind.TRANSITION, to_status=JobState.QUEUED,
+            attempt=1).values_list("pk", flat=True))
     return array, ids
 
 

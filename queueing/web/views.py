@@ -61,6 +61,7 @@ from queueing.selectors.jobs import jobs_visible_to, jobs_with_labels, label_fil
 from queueing.selectors.metrics import scheduler_health
 from queueing.selectors.queue_plan import Preview, job_explain, submit_preview, team_queue
 from queueing.selectors.utilization import idle_flags, idle_since, job_utilization
+from queueing.selectors.webhooks import webhook_deliveries, webhook_endpoints_of_team
 from queueing.services.access import (
     check_job_access,
     check_staff,
@@ -439,6 +440,9 @@ def _team_context(request: HttpRequest, team: Team, **extra: Any) -> dict[str, A
         "token_idempotency_key": secrets.token_urlsafe(16),
         "role_choices": RoleForm.base_fields["role"].choices,  # type: ignore[attr-defined]
     }
+    if ctx["can_manage"]:  # docs/webhooks.md: team admins and staff see the log
+        ctx["webhooks"] = list(webhook_endpoints_of_team(team=team))
+        ctx["webhook_deliveries"] = webhook_deliveries(team=team, limit=10)
     ctx.update(extra)
     return ctx
 

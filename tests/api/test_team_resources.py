@@ -26,7 +26,7 @@ def test_a_team_admin_sets_defaults_and_maxima_audited(world: World) -> None:
                         "max_memory": None, "default_ephemeral_storage": None,
                         "max_ephemeral_storage": None, "default_shm_size": None,
                         "max_shm_size": "128Gi", "allowed_pvcs": [], "allowed_secrets": [],
-                        "allowed_pull_secrets": []}
+                        "allowed_pull_secrets": [], "allowed_notify_url_prefixes": []}
     team = Team.objects.get(slug="vision")
     assert (team.default_cpu_millicores, team.max_cpu_millicores) == (4000, 64000)
     assert team.default_memory_bytes == 16 * GI and team.max_shm_size_bytes == 128 * GI

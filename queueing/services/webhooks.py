@@ -1,0 +1,641 @@
+"""Webhooks (docs/webhooks.md): a signed POST on each job state change, following the
+Standard Webhooks specification (the `standardwebhooks` package signs).
+
+1. A state change writes its JobEvent (`jobs.job_transition`, the submits) and calls
+   `webhooks_event_written`: nothing is read or written then; the event's id joins one
+   list per transaction, sent to the worker after commit (one Celery message per
+   committed transaction, `webhooks_dispatch_soon`). A rollback sends nothing.
+2. The worker's `webhook_deliveries_create` writes one WebhookDelivery per event and
+   target (each enabled endpoint of the team that takes the event's type, and the job's
+   `notify_url`), with its message id and payload, due at once.
+3. `webhook_attempt` claims one due delivery (compare-and-swap on `next_attempt_at`, so
+   a retry message and the sweep never send it twice at once), POSTs it and logs the try
+   (WebhookAttempt); a failure is due again after the next of
+   FAIRQ_WEBHOOK_RETRY_SECONDS, or fails for good when they are used up.
+4. `webhooks_send_due` (beat, every FAIRQ_WEBHOOK_SWEEP_SECONDS) queues what is due:
+   retries whose message was lost, deliveries of a worker that died.
+
+Failure to deliver never reaches the state change: step 1 cannot fail it (it only appends
+an id) and the rest runs after its commit, in the worker.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+import logging
+import secrets
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from standardwebhooks.webhooks import Webhook
+
+from accounts.models import Team
+from accounts.services import audit_record, model_changes
+from config.celery import app
+from queueing import validation as v
+from queueing.errors import DomainError
+from queueing.models import (
+    WEBHOOK_EVENT_TYPES,
+    Job,
+    JobEvent,
+    TeamNotifySecret,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
+from queueing.sanitize import clean_text
+
+from .access import check_team_admin
+
+log = logging.getLogger(__name__)
+
+EVENT_TYPES = WEBHOOK_EVENT_TYPES
+TEST_EVENT_TYPE = "webhook.test"
+DISPATCH_TASK = "queueing.tasks.webhooks_dispatch_task"
+SECRET_SHOWN_ONCE = (
+    "The secret was shown once, in the answer that created or rotated it; if it is lost, rotate it."
+)
+_EXCERPT = 500
+USER_AGENT = "fairq-webhooks/1"
+
+
+def event_type(to_status: str) -> str:
+    """The Standard Webhooks `type` of a move to `to_status`: "job.running"."""
+    return f"job.{to_status.lower()}"
+
+
+def secret_new() -> str:
+    """A signing secret as Standard Webhooks writes them: "whsec_" + base64 of 32 random
+    bytes."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+def _masked(changes: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """Audit changes without the secret's value (that it changed is kept)."""
+    if "secret" in changes:
+        changes["secret"] = ["***" if changes["secret"][0] else None, "***"]
+    return changes
+
+
+# --- endpoints: team admins and staff ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EndpointWithSecret:
+    endpoint: WebhookEndpoint
+    secret: str  # shown once
+
+
+def _event_types_checked(event_types: Any) -> list[str]:
+    if event_types is None:
+        return []
+    unknown = [t for t in event_types if t not in EVENT_TYPES]
+    if unknown:
+        raise DomainError(
+            "The request has invalid fields.",
+            fields={
+                "event_types": [
+                    f"Unknown event types {', '.join(map(str, unknown))}; known: "
+                    f"{', '.join(EVENT_TYPES)} (none: every one)."
+                ]
+            },
+        )
+    return sorted(set(event_types), key=EVENT_TYPES.index)
+
+
+def _url_checked(url: Any) -> str:
+    problem = v.webhook_url_problem(url)
+    if problem:
+        raise DomainError("The request has invalid fields.", fields={"url": [problem]})
+    return str(url)
+
+
+@transaction.atomic
+def webhook_endpoint_create(
+    *,
+    actor: Any,
+    team: Team,
+    url: str,
+    description: str = "",
+    enabled: bool = True,
+    event_types: list[str] | None = None,
+    now: datetime | None = None,
+) -> EndpointWithSecret:
+    """A new endpoint of `team` with a new secret (returned once), audited. `actor` must
+    be a team admin of `team` or staff (PermissionDenied otherwise); DomainError (400)
+    on `url` or `event_types`."""
+    if actor is not None:
+        check_team_admin(actor=actor, team=team)
+    now = now or timezone.now()
+    secret = secret_new()
+    endpoint = WebhookEndpoint(
+        team=team,
+        url=_url_checked(url),
+        description=clean_text(description, max_length=200),
+        enabled=enabled,
+        event_types=_event_types_checked(event_types),
+        secret=secret,
+        secret_rotated_at=now,
+        created_at=now,
+        updated_at=now,
+    )
+    endpoint.save()
+    audit_record(
+        actor=actor, action="create", instance=endpoint, changes=_masked(model_changes(None, endpoint))
+    )
+    return EndpointWithSecret(endpoint=endpoint, secret=secret)
+
+
+_ENDPOINT_FIELDS = frozenset({"url", "description", "enabled", "event_types"})
+
+
+@transaction.atomic
+def webhook_endpoint_update(
+    *, actor: Any, endpoint: WebhookEndpoint, now: datetime | None = None, **fields: Any
+) -> WebhookEndpoint:
+    """Change `url`, `description`, `enabled` or `event_types`, audited field by field.
+    Deliveries already written keep their URL. Checks as `webhook_endpoint_create`."""
+    if actor is not None:
+        check_team_admin(actor=actor, team=endpoint.team)
+    before = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
+    row = WebhookEndpoint.objects.get(pk=endpoint.pk)
+    for name, value in fields.items():
+        if name not in _ENDPOINT_FIELDS:
+            raise ValueError(f"webhook field {name!r} cannot be changed")
+        if name == "url":
+            value = _url_checked(value)
+        elif name == "event_types":
+            value = _event_types_checked(value)
+        elif name == "description":
+            value = clean_text(value, max_length=200)
+        setattr(row, name, value)
+    row.updated_at = now or timezone.now()
+    row.save()
+    audit_record(actor=actor, action="update", instance=row, changes=_masked(model_changes(before, row)))
+    return row
+
+
+@transaction.atomic
+def webhook_endpoint_delete(*, actor: Any, endpoint: WebhookEndpoint) -> None:
+    """Delete the endpoint and its delivery log, audited."""
+    if actor is not None:
+        check_team_admin(actor=actor, team=endpoint.team)
+    audit_record(
+        actor=actor,
+        action="delete",
+        instance=endpoint,
+        changes={"url": [endpoint.url, None], "team": [endpoint.team.slug, None]},
+    )
+    endpoint.delete()
+
+
+@transaction.atomic
+def webhook_secret_rotate(
+    *, actor: Any, endpoint: WebhookEndpoint, now: datetime | None = None
+) -> EndpointWithSecret:
+    """A new secret for the endpoint (returned once), audited; tries from now on are
+    signed with it, the old one is forgotten."""
+    if actor is not None:
+        check_team_admin(actor=actor, team=endpoint.team)
+    now = now or timezone.now()
+    row = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
+    row.secret = secret_new()
+    row.secret_rotated_at = row.updated_at = now
+    row.save(update_fields=["secret", "secret_rotated_at", "updated_at"])
+    audit_record(
+        actor=actor,
+        action="update",
+        instance=row,
+        changes={"secret": ["***", "***"], "secret_rotated_at": [None, now.isoformat()]},
+    )
+    return EndpointWithSecret(endpoint=row, secret=row.secret)
+
+
+@transaction.atomic
+def team_notify_secret_rotate(*, actor: Any, team: Team, now: datetime | None = None) -> str:
+    """Create or replace the secret that signs the POSTs to `team`'s jobs' notify_url;
+    returns it (shown once), audited."""
+    if actor is not None:
+        check_team_admin(actor=actor, team=team)
+    now = now or timezone.now()
+    row = TeamNotifySecret.objects.select_for_update().filter(team=team).first()
+    created = row is None
+    if row is None:
+        row = TeamNotifySecret(team=team)
+    row.secret, row.rotated_at = secret_new(), now
+    row.save()
+    audit_record(
+        actor=actor,
+        action="create" if created else "update",
+        instance=row,
+        changes={"secret": [None if created else "***", "***"], "rotated_at": [None, now.isoformat()]},
+    )
+    return row.secret
+
+
+def notify_url_problem(*, team: Team, url: str) -> str | None:
+    """Why a job of `team` may not name `url` as its notify_url, or None: the URL's shape,
+    the team's allowlist (`allowed_notify_url_prefixes`), a notify secret to sign with."""
+    problem = v.webhook_url_problem(url)
+    if problem:
+        return problem
+    if not v.notify_url_allowed(url, team.allowed_notify_url_prefixes):
+        return (
+            f"Team {team.slug} does not allow this notify_url: a team admin lists its "
+            "prefix in allowed_notify_url_prefixes (PATCH /api/v1/teams/"
+            f"{team.slug}/workload-policy/)."
+        )
+    if not TeamNotifySecret.objects.filter(team=team).exists():
+        return (
+            f"Team {team.slug} has no notify secret to sign with: a team admin creates "
+            f"one (POST /api/v1/teams/{team.slug}/webhooks/notify-secret/)."
+        )
+    return None
+
+
+# --- step 1: a state change ----------------------------------------------------------
+
+
+class _Dispatch:
+    """The event ids of one transaction, sent to the worker once it commits."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.sent = False
+
+    def __call__(self) -> None:
+        self.sent = True
+        webhooks_dispatch_soon(self.ids)
+
+
+def webhooks_event_written(event_id: int) -> None:
+    """Step 1: `event_id` (a JobEvent with a to_status) is delivered once the current
+    transaction commits. No query; safe in any transaction (a rollback drops it)."""
+    webhooks_events_written([event_id])
+
+
+def webhooks_events_written(event_ids: Iterable[int]) -> None:
+    """`webhooks_event_written` for several events."""
+    conn = transaction.get_connection()
+    batch: _Dispatch | None = None
+    if conn.in_atomic_block:
+        # One message per transaction, found in O(1) (a cycle or a bulk cancel writes
+        # thousands of events): the batch registered on this very list of commit hooks.
+        # Django replaces the list whenever it drops hooks (a commit, a rollback, a
+        # savepoint rolled back), so a batch whose hook may be gone is never reused; at
+        # worst a rolled-back savepoint costs one more message.
+        hooks, pending = getattr(conn, "_fairq_webhook_batch", (None, None))
+        if hooks is conn.run_on_commit and pending is not None and not pending.sent:
+            batch = pending
+    if batch is None:
+        batch = _Dispatch()
+        batch.ids.extend(event_ids)
+        transaction.on_commit(batch, robust=True)
+        if conn.in_atomic_block:
+            conn._fairq_webhook_batch = (conn.run_on_commit, batch)
+    else:
+        batch.ids.extend(event_ids)
+
+
+def webhooks_dispatch_soon(event_ids: list[int]) -> None:
+    """Send the events to the worker (by task name: services do not import the tasks
+    above them). Never raises: a broker that is down costs these deliveries, logged, and
+    never the state change that already committed."""
+    if not event_ids:
+        return
+    try:
+        app.signature(DISPATCH_TASK, args=(list(event_ids),)).apply_async()
+    except Exception:
+        log.exception("webhooks: could not queue %d event(s) for delivery", len(event_ids))
+
+
+# --- step 2: deliveries --------------------------------------------------------------
+
+
+def job_url(job_id: int) -> str:
+    base = settings.FAIRQ_PUBLIC_URL.rstrip("/")
+    return f"{base}/jobs/{job_id}/" if base else f"/jobs/{job_id}/"
+
+
+def event_payload(event: JobEvent, job: Job) -> dict[str, Any]:
+    """The body of a job event's POST (docs/webhooks.md)."""
+    return {
+        "type": event_type(event.to_status),
+        "timestamp": event.at.isoformat(),
+        "data": {
+            "job_id": job.pk,
+            "name": job.name,
+            "team": job.team.slug,
+            "status": event.to_status,
+            "from_status": event.from_status or None,
+            "attempt": event.attempt,
+            "reason": event.reason,
+            "url": job_url(job.pk),
+        },
+    }
+
+
+def _message_id() -> str:
+    return f"msg_{uuid.uuid4().hex}"
+
+
+def webhook_deliveries_create(*, event_ids: Iterable[int], now: datetime) -> list[int]:
+    """Step 2: one delivery per event and target, due now; returns their ids. An event
+    already delivered to a target (a message sent twice) is not written again; events
+    that are gone (rolled back) or have no to_status are skipped."""
+    events = list(
+        JobEvent.objects.filter(pk__in=list(event_ids))
+        .exclude(to_status="")
+        .select_related("job", "job__team")
+        .order_by("id")
+    )
+    team_ids = {e.job.team_id for e in events}
+    endpoints: dict[int, list[WebhookEndpoint]] = {}
+    for endpoint in WebhookEndpoint.objects.filter(team_id__in=team_ids, enabled=True):
+        endpoints.setdefault(endpoint.team_id, []).append(endpoint)
+    created: list[int] = []
+    for event in events:
+        job = event.job
+        kind = event_type(event.to_status)
+        payload = event_payload(event, job)
+        targets: list[tuple[WebhookEndpoint | None, str]] = [
+            (e, e.url) for e in endpoints.get(job.team_id, []) if e.takes(kind)
+        ]
+        if job.notify_url:
+            targets.append((None, job.notify_url))
+        for target, url in targets:
+            delivery = WebhookDelivery(
+                team_id=job.team_id,
+                endpoint=target,
+                job=job,
+                event=event,
+                url=url,
+                message_id=_message_id(),
+                event_type=kind,
+                payload=payload,
+                next_attempt_at=now,
+                created_at=now,
+            )
+            try:
+                with transaction.atomic():
+                    delivery.save()
+            except IntegrityError:
+                continue  # already written by an earlier message of the same event
+            created.append(delivery.pk)
+    return created
+
+
+@transaction.atomic
+def webhook_endpoint_test(
+    *, actor: Any, endpoint: WebhookEndpoint, now: datetime | None = None
+) -> WebhookDelivery:
+    """A `webhook.test` delivery to the endpoint, sent after commit (enabled or not),
+    logged like the others."""
+    if actor is not None:
+        check_team_admin(actor=actor, team=endpoint.team)
+    now = now or timezone.now()
+    delivery = WebhookDelivery.objects.create(
+        team_id=endpoint.team_id,
+        endpoint=endpoint,
+        url=endpoint.url,
+        message_id=_message_id(),
+        event_type=TEST_EVENT_TYPE,
+        payload={
+            "type": TEST_EVENT_TYPE,
+            "timestamp": now.isoformat(),
+            "data": {
+                "team": endpoint.team.slug,
+                "endpoint_id": endpoint.pk,
+                "by": str(actor) if actor is not None else "fairq",
+            },
+        },
+        next_attempt_at=now,
+        created_at=now,
+    )
+    pk = delivery.pk
+    transaction.on_commit(lambda: webhook_send_soon(pk), robust=True)
+    return delivery
+
+
+DELIVER_TASK = "queueing.tasks.webhook_deliver_task"
+
+
+def webhook_send_soon(delivery_id: int) -> None:
+    """Ask a worker to try `delivery_id` (never raises; the sweep sends it otherwise)."""
+    try:
+        app.signature(DELIVER_TASK, args=(delivery_id,)).apply_async()
+    except Exception:
+        log.exception("webhooks: could not queue delivery %s", delivery_id)
+
+
+# --- step 3: one try -----------------------------------------------------------------
+
+
+class RefusedAddress(Exception):
+    """The URL's host resolves to an address webhooks are not sent to."""
+
+
+_METADATA = (ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"))
+
+
+def address_problem(address: str, *, allow_private: bool) -> str | None:
+    """Why a POST must not go to `address`, or None: link-local (cloud metadata services
+    live there), unspecified and multicast always; private, loopback and reserved ones
+    unless `allow_private`."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    if ip in _METADATA or ip.is_link_local or ip.is_unspecified or ip.is_multicast:
+        return f"{ip} is link-local, unspecified or multicast: never a webhook receiver"
+    if not allow_private and (ip.is_private or ip.is_loopback or ip.is_reserved or not ip.is_global):
+        return f"{ip} is a private address (FAIRQ_WEBHOOK_ALLOW_PRIVATE is off)"
+    return None
+
+
+def _check_destination(url: str) -> None:
+    problem = v.webhook_url_problem(url)
+    if problem:
+        raise RefusedAddress(problem)
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        infos = socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)
+    except OSError as exc:
+        raise ConnectionError(f"cannot resolve {parts.hostname}: {exc}") from exc
+    for info in infos:
+        problem = address_problem(str(info[4][0]), allow_private=settings.FAIRQ_WEBHOOK_ALLOW_PRIVATE)
+        if problem:
+            raise RefusedAddress(problem)
+
+
+@dataclass(frozen=True)
+class Answer:
+    status_code: int
+    excerpt: str
+
+
+def http_post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> Answer:
+    """POST without following redirects; the first bytes of the answer's body."""
+    with requests.post(
+        url, data=body, headers=headers, timeout=(timeout, timeout), allow_redirects=False, stream=True
+    ) as response:
+        raw = response.raw.read(_EXCERPT, decode_content=True) or b""
+        return Answer(response.status_code, raw.decode("utf-8", "replace"))
+
+
+def _secret_of(delivery: WebhookDelivery) -> str | None:
+    if delivery.endpoint_id is not None:
+        return delivery.endpoint.secret if delivery.endpoint is not None else None
+    return TeamNotifySecret.objects.filter(team_id=delivery.team_id).values_list("secret", flat=True).first()
+
+
+def signed_request(*, delivery: WebhookDelivery, secret: str, now: datetime) -> tuple[bytes, dict[str, str]]:
+    """The body and the Standard Webhooks headers of one try (signed at `now`)."""
+    body = json.dumps(delivery.payload, separators=(",", ":"), sort_keys=True)
+    signature = Webhook(secret).sign(msg_id=delivery.message_id, timestamp=now, data=body)
+    return body.encode(), {
+        "content-type": "application/json",
+        "user-agent": USER_AGENT,
+        "webhook-id": delivery.message_id,
+        "webhook-timestamp": str(int(now.timestamp())),
+        "webhook-signature": signature,
+    }
+
+
+def webhook_attempt(
+    *,
+    delivery_id: int,
+    now: datetime,
+    post: Callable[[str, bytes, dict[str, str], float], Answer] = http_post,
+) -> WebhookAttempt | None:
+    """Step 3: one try of a due delivery, logged. None (nothing done) when it is not due
+    or another worker claimed it. A 2xx answer succeeds; anything else (another status, a
+    redirect, a timeout, no connection) is due again after the next retry delay, or fails
+    for good once they are used up; a URL that may not be sent to fails at once."""
+    timeout = settings.FAIRQ_WEBHOOK_TIMEOUT_SECONDS
+    lease = now + timedelta(seconds=timeout * 2 + 60)
+    won = WebhookDelivery.objects.filter(
+        pk=delivery_id,
+        status=WebhookDelivery.Status.PENDING,
+        next_attempt_at__lte=now,
+    ).update(next_attempt_at=lease)
+    if won != 1:
+        return None
+    delivery = WebhookDelivery.objects.select_related("endpoint").get(pk=delivery_id)
+    number = delivery.attempts + 1
+    status_code: int | None = None
+    excerpt = error = ""
+    final_error = False
+    started = time.monotonic()
+    secret = _secret_of(delivery)
+    if secret is None:
+        error, final_error = "no secret to sign with (the endpoint or notify secret is gone)", True
+    elif (
+        delivery.endpoint is not None
+        and not delivery.endpoint.enabled
+        and delivery.event_type != TEST_EVENT_TYPE
+    ):
+        error, final_error = "the endpoint is disabled", True
+    else:
+        try:
+            _check_destination(delivery.url)
+            body, headers = signed_request(delivery=delivery, secret=secret, now=now)
+            answer = post(delivery.url, body, headers, timeout)
+            status_code, excerpt = answer.status_code, answer.excerpt
+            if not 200 <= status_code < 300:
+                error = "redirects are not followed" if 300 <= status_code < 400 else f"HTTP {status_code}"
+        except RefusedAddress as exc:
+            error, final_error = f"refused: {exc}", True
+        except Exception as exc:  # a timeout, no connection, a bad answer: try again
+            error = f"{type(exc).__name__}: {exc}"
+    duration_ms = int((time.monotonic() - started) * 1000)
+    delays = settings.FAIRQ_WEBHOOK_RETRY_SECONDS
+    next_retry: datetime | None = None
+    if error and not final_error and number <= len(delays):
+        next_retry = now + timedelta(seconds=delays[number - 1])
+    with transaction.atomic():
+        attempt = WebhookAttempt.objects.create(
+            delivery=delivery,
+            number=number,
+            at=now,
+            status_code=status_code,
+            response_excerpt=clean_text(excerpt, max_length=_EXCERPT),
+            error=clean_text(error, max_length=500),
+            duration_ms=duration_ms,
+            next_retry_at=next_retry,
+        )
+        done = {
+            "status": WebhookDelivery.Status.SUCCEEDED
+            if not error
+            else WebhookDelivery.Status.PENDING
+            if next_retry
+            else WebhookDelivery.Status.FAILED,
+            "attempts": number,
+            "next_attempt_at": next_retry,
+            "finished_at": None if next_retry else now,
+        }
+        WebhookDelivery.objects.filter(pk=delivery_id).update(**done)
+    if error:
+        log.info(
+            "webhook %s try %d to %s: %s%s",
+            delivery.message_id,
+            number,
+            delivery.url,
+            error,
+            f"; next at {next_retry:%H:%M:%S}" if next_retry else "; giving up",
+        )
+    return attempt
+
+
+# --- step 4: what is due --------------------------------------------------------------
+
+
+def webhooks_due(*, now: datetime, limit: int = 200) -> list[int]:
+    """Ids of pending deliveries due at `now`, oldest first."""
+    return list(
+        WebhookDelivery.objects.filter(status=WebhookDelivery.Status.PENDING, next_attempt_at__lte=now)
+        .order_by("next_attempt_at", "id")
+        .values_list("pk", flat=True)[:limit]
+    )
+
+
+def webhooks_send_due(*, now: datetime, send: Callable[[int], None] | None = None) -> list[int]:
+    """Step 4 (beat: `webhooks-due`): queue a try of every delivery due at `now`, each
+    its own task with its own clock (a slow receiver holds up no other delivery, and
+    each try is signed when it is sent); returns their ids."""
+    due = webhooks_due(now=now)
+    for delivery_id in due:
+        (send or webhook_send_soon)(delivery_id)
+    return due
+
+
+def webhook_deliveries_purge(*, now: datetime, days: float, batch: int = 10_000) -> int:
+    """Delete the finished deliveries (and their tries) created more than `days` ago, in
+    batches (no long locks); pending ones stay. Returns how many. Beat runs it hourly
+    (`webhook-deliveries-purge`, FAIRQ_WEBHOOK_LOG_RETENTION_DAYS; 0 keeps them)."""
+    if days <= 0:
+        return 0
+    cutoff = now - timedelta(days=days)
+    deleted = 0
+    while True:
+        ids = list(
+            WebhookDelivery.objects.filter(created_at__lt=cutoff)
+            .exclude(status=WebhookDelivery.Status.PENDING)
+            .values_list("pk", flat=True)[:batch]
+        )
+        if not ids:
+            return deleted
+        WebhookAttempt.objects.filter(delivery_id__in=ids).delete()
+        deleted += WebhookDelivery.objects.filter(pk__in=ids).delete()[0]
