@@ -6,12 +6,14 @@ the staff's cluster view with team weights on the quota board."""
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any
 
 import pytest
 from django.test import Client
 
 from tests.conftest import World
+from tests.factories import JobFactory
 
 
 def login(user: Any, **kwargs: Any) -> Client:
@@ -48,3 +50,41 @@ class TestErrorPages:
         assert r.status_code == 500
         assert b"Something went wrong" in r.content
         assert b"kaboom" not in r.content and b"Traceback" not in r.content
+
+
+def _shares(html: str) -> dict[str, tuple[bool, float]]:
+    """The standings table's share cells: team -> (active, percent)."""
+    out = {}
+    for team, cell in re.findall(r'data-share="([\w-]+)">(.*?)</td>', html, re.S):
+        out[team] = ("would get" not in cell, float(re.search(r"([\d.]+)%", cell)[1]))
+    return out
+
+
+class TestStandingsInactive:
+    def test_a_fresh_install_marks_every_team_inactive_with_the_share_it_would_get(
+        self, world: World
+    ) -> None:
+        html = login(world.staff).get("/").content.decode()
+        shares = _shares(html)
+        assert set(shares) == {"vision", "nlp", "speech"}
+        assert all(not active and pct == 100.0 for active, pct in shares.values())
+        assert html.count(">inactive</span>") == 3
+
+    def test_rule_F2_active_shares_add_to_100_and_idle_teams_say_what_they_would_get(
+        self, world: World
+    ) -> None:
+        JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
+        JobFactory(team=world.nlp, gpu_type=world.h100, tier=world.normal)
+        html = login(world.staff).get("/").content.decode()
+        shares = _shares(html)
+        assert shares["vision"] == (True, 60.0) and shares["nlp"] == (True, 40.0)
+        assert shares["speech"] == (False, 16.7)  # 1 / (3 + 2 + 1): its share once active
+        assert sum(p for active, p in shares.values() if active) == pytest.approx(100.0)
+        assert html.count(">inactive</span>") == 1
+
+    def test_the_team_page_says_an_idle_team_is_inactive(self, world: World) -> None:
+        html = login(world.member).get("/teams/vision/").content.decode()
+        assert "on becoming active (inactive now: rule F2)" in html
+        JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
+        html = login(world.member).get("/teams/vision/").content.decode()
+        assert "inactive now" not in html and "share 100.0%" in html
