@@ -140,12 +140,17 @@ def usage_history(*, now: datetime, days: float = 7.0,
     return {"t": times, "series": series, "start": start, "snapshots": len(snap_times)}
 
 
-def team_submit_defaults(*, team: Team) -> dict[str, Any]:
-    """Initial values of the submit form: the team's last job's image, command, arguments,
-    GPU type, size and tier (not its environment); otherwise the GPU type of its largest
-    quota and the default tier."""
-    last = (Job.objects.filter(team=team).select_related("gpu_type", "tier")
-            .order_by("-id").first())
+def team_submit_defaults(*, team: Team, user: Any, web_job_id: int | None = None
+                         ) -> dict[str, Any]:
+    """Initial values of the submit form: the image, command, arguments, GPU type, size,
+    tier and max runtime (not the environment) of `user`'s own last web submission to the
+    team (`web_job_id`, remembered by the page), else of their own last job in the team;
+    otherwise the GPU type of the team's largest quota and the default tier. Other
+    people's jobs (a pipeline's) never fill in someone's form."""
+    mine = Job.objects.filter(team=team, submitter=user).select_related("gpu_type", "tier")
+    last = mine.filter(pk=web_job_id).first() if web_job_id else None
+    if last is None:
+        last = mine.order_by("-id").first()
     if last is not None:
         return {"image": last.image, "command": shlex.join(last.command or []),
                 "args": shlex.join(last.args or []), "gpu_type": last.gpu_type.slug,

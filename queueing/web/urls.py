@@ -29,5 +29,6 @@ urlpatterns = [
          name="token-revoke"),
     path("reports/", reports.reports_page, name="reports"),
     path("quotas/", views.quota_board, name="quotas"),
+    path("weights/<slug:team_slug>/", views.team_weight, name="team-weight"),
     path("quotas/<slug:team_slug>/<slug:gpu_slug>/", views.quota_cell, name="quota-cell"),
 ]
