@@ -293,11 +293,9 @@ class TokenSerializer(serializers.ModelSerializer[ApiToken]):
 
 class TokenCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
     name = serializers.CharField(max_length=100, default="default")
-    # Absent: FAIRQ_TOKEN_DEFAULT_EXPIRY_DAYS (90); null: the token never expires.
-    expires_in_days = serializers.IntegerField(
-        min_value=1, max_value=3650, required=False, allow_null=True,
-        help_text="Lifetime in days; absent: the server's default (90 unless configured "
-                  "otherwise); null: never expires.")
+    # Absent: FAIRQ_TOKEN_DEFAULT_EXPIRY_DAYS (TokenListView.post); null: never expires.
+    expires_in_days = serializers.IntegerField(min_value=1, max_value=3650, required=False,
+                                               allow_null=True, default=None)
 
 
 KEY_SHOWN_NOW = "Copy the key now: it is shown only in this answer."
@@ -332,8 +330,9 @@ class TokenListView(IdempotentPostMixin, APIView):
     def post(self, request: Request) -> Response:
         s = TokenCreateSerializer(data=request.data)
         s.is_valid(raise_exception=True)
-        days = s.validated_data.get("expires_in_days",
-                                    settings.FAIRQ_TOKEN_DEFAULT_EXPIRY_DAYS or None)
+        days = s.validated_data["expires_in_days"]
+        if "expires_in_days" not in request.data:  # absent, not null: the default lifetime
+            days = settings.FAIRQ_TOKEN_DEFAULT_EXPIRY_DAYS or None
         user: Any = request.user
         issued = token_issue(user=user, name=s.validated_data["name"],
                              expires_at=timezone.now() + timedelta(days=days) if days else None)
