@@ -304,3 +304,36 @@ class TestQuotaBoard:
         assert r.status_code == 302 and r.url == "/quotas/"
         world.nlp.refresh_from_db()
         assert world.nlp.weight == 4.0
+
+
+class TestDemoHistory:
+    def test_the_demo_seeds_a_few_days_of_usage_and_snapshots_once(self, db: None) -> None:
+        import json
+        from datetime import timedelta
+
+        from django.contrib.auth import get_user_model
+        from django.utils import timezone
+
+        from queueing.models import FairShareSnapshot, UsageRecord
+        from queueing.services.demo import demo_history_seed, demo_seed
+
+        demo_seed()
+        now = timezone.now()
+        n = demo_history_seed(now=now)
+        assert n > 20 and UsageRecord.objects.count() == n
+        assert UsageRecord.objects.order_by("start").first().start < now - timedelta(days=3)
+        snaps = FairShareSnapshot.objects.order_by("at")
+        assert snaps.count() >= 40  # 4 days, one every 2 hours
+        first, last = snaps.first().standings, snaps.last().standings
+        assert last["vision"][0] > first["vision"][0] > 0  # decayed GPU-hours grew
+        assert demo_history_seed(now=now) == 0  # a second seed adds nothing
+        assert UsageRecord.objects.count() == n
+        # The dashboard's chart has the days at once, every team above 0 by the end.
+        admin = get_user_model().objects.get(username="admin")
+        html = login(admin).get("/").content.decode()
+        history = json.loads(re.search(r'id="usage-history"[^>]*>(.*?)</script>', html, re.S)[1])
+        assert len(history["t"]) > 40 and history["t"][0] < now.timestamp() - 3 * 86400
+        assert all(v[-1] and v[-1] > 0 for v in history["series"].values())
+        shares = _shares(html)
+        assert all(active for active, _ in shares.values())
+        assert sum(p for _, p in shares.values()) == pytest.approx(100.0, abs=0.2)
