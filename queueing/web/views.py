@@ -620,6 +620,34 @@ def _quota_audit() -> list[AuditEntry]:
         .select_related("actor").order_by("-at", "-id")[:30])
 
 
+CLUSTER_LIST_LIMIT = 100
+
+
+@require_GET
+@login_required
+def cluster_page(request: HttpRequest) -> HttpResponse:
+    """Staff: every team's queue, running jobs and usage on one page (the same reads as
+    the dashboard, for all teams; bounded lists)."""
+    _staff_or_404(request)
+    now = timezone.now()
+    standings = dash.standings(now=now)
+    capacity, cluster_error = capacity_by_gpu_type()
+    queue, queue_total = team_queue(team=None, now=now, limit=CLUSTER_LIST_LIMIT)
+    running = dash.team_running(team=None, limit=CLUSTER_LIST_LIMIT)
+    flags = idle_flags(running)
+    for job in running:
+        job.idle_since = flags.get(job.pk)  # type: ignore[attr-defined]  # the badge (rule U2)
+    ctx = {"now": now, "overview": dash.cluster_overview(standings=standings), "queue": queue,
+           "queue_total": queue_total, "running": running,
+           "running_limit": CLUSTER_LIST_LIMIT, "capacity": capacity,
+           "cluster_error": cluster_error,
+           "history": dash.usage_history(now=now, current=standings),
+           "half_life_hours": settings.FAIRQ_DECAY_HALF_LIFE_HOURS}
+    if request.htmx:  # type: ignore[attr-defined]
+        return render(request, "web/_cluster_live.html", ctx)
+    return render(request, "web/cluster.html", ctx)
+
+
 @require_GET
 @login_required
 def quota_board(request: HttpRequest) -> HttpResponse:

@@ -337,3 +337,70 @@ class TestDemoHistory:
         shares = _shares(html)
         assert all(active for active, _ in shares.values())
         assert sum(p for _, p in shares.values()) == pytest.approx(100.0, abs=0.2)
+
+
+class TestClusterView:
+    def test_only_staff_see_it(self, world: World) -> None:
+        for user in (world.admin, world.member, world.outsider):
+            assert login(user).get("/cluster/").status_code == 404
+            assert 'href="/cluster/"' not in login(user).get("/").content.decode()
+        assert 'href="/cluster/"' in login(world.staff).get("/").content.decode()
+
+    def test_every_teams_queue_running_jobs_and_usage_on_one_page(self, world: World) -> None:
+        from django.utils import timezone
+
+        from queueing.policy.states import JobState
+
+        JobFactory(
+            team=world.vision,
+            gpu_type=world.h100,
+            tier=world.normal,
+            name="vision-wait",
+            replicas=2,
+            gpus_per_replica=4,
+        )
+        JobFactory(team=world.nlp, gpu_type=world.a100, tier=world.high, name="nlp-wait")
+        JobFactory(
+            team=world.speech,
+            gpu_type=world.a100,
+            tier=world.normal,
+            name="speech-run",
+            status=JobState.RUNNING,
+            gpus_per_replica=2,
+            started_at=timezone.now(),
+            admitted_at=timezone.now(),
+        )
+        c = login(world.staff)
+        html = c.get("/cluster/").content.decode()
+        queue = re.search(r'id="cqueue-h".*?</section>', html, re.S)[0]
+        assert "vision-wait" in queue and "nlp-wait" in queue and "2 waiting" in queue
+        assert "2 × 4 h100" in queue
+        running = re.search(r'id="crun-h".*?</section>', html, re.S)[0]
+        assert "speech-run" in running and "1 × 2 a100" in running and "speech" in running
+        teams = re.search(r'id="teams-h".*?</section>', html, re.S)[0]
+        rows = {
+            m[0]: m[1]
+            for m in re.findall(r'<tr><td><a href="/teams/([\w-]+)/">.*?</td>(.*?)</tr>', teams, re.S)
+        }
+        assert set(rows) == {"vision", "nlp", "speech"}
+        cells = {t: re.findall(r'<td class="num"[^>]*>(.*?)</td>', r, re.S) for t, r in rows.items()}
+        # weight, share, queued, running, GPU-h, factor
+        assert cells["vision"][2:4] == ["1", "0"] and cells["speech"][2:4] == ["0", "1"]
+        assert "2 a100" in rows["speech"] and "8 h100" in rows["vision"]
+        shares = _shares(teams)
+        assert sum(p for _, p in shares.values()) == pytest.approx(100.0, abs=0.2)
+        # The live refresh answers the fragment.
+        frag = c.get("/cluster/", HTTP_HX_REQUEST="true").content.decode()
+        assert "<html" not in frag and "vision-wait" in frag
+
+    def test_its_queries_do_not_grow_with_the_jobs(
+        self, world: World, django_assert_max_num_queries: Any
+    ) -> None:
+        for i in range(30):
+            JobFactory(
+                team=[world.vision, world.nlp, world.speech][i % 3], gpu_type=world.h100, tier=world.normal
+            )
+        c = login(world.staff)
+        c.get("/cluster/")  # the plan and the caches warm
+        with django_assert_max_num_queries(25):
+            assert c.get("/cluster/").status_code == 200
