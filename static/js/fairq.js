@@ -56,6 +56,7 @@
                 y: { range: function (u, min, max) { return [0, max > 0 ? max * 1.08 : 1]; } } },
       legend: { live: false },
     }, d.data, box);
+    box.uplot = chart;  // for the browser tests (its scales)
   }
 
   // The job page: SM activity of the latest attempt, with its tier's idle threshold.
