@@ -153,7 +153,7 @@ class JobSubmitForm(forms.Form):
     # The API's max_runtime_seconds, written as people write it (`2h`, `90m`, `1h30m`,
     # seconds): the CLI's parser (fairq_cli.durations), so both read the same text.
     max_runtime_seconds = forms.CharField(label="Max runtime", required=False, max_length=32,
-                                          help_text=f"Empty: no limit. {DURATION_HELP}.")
+                                          help_text=f"Empty: no limit; otherwise {DURATION_HELP}.")
     # Per replica, Kubernetes quantities; empty: the team's default (job_input_build).
     cpu = forms.CharField(label="CPUs per replica", required=False,
                           max_length=v.MAX_QUANTITY_LEN, help_text='e.g. 4 or 500m.')
