@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
@@ -322,6 +323,7 @@ class TokenSerializer(serializers.ModelSerializer[ApiToken]):
 
 class TokenCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
     name = serializers.CharField(max_length=100, default="default")
+    # Absent: FAIRQ_TOKEN_DEFAULT_EXPIRY_DAYS (TokenListView.post); null: never expires.
     expires_in_days = serializers.IntegerField(min_value=1, max_value=3650, required=False,
                                                allow_null=True, default=None)
 
@@ -363,6 +365,8 @@ class TokenListView(IdempotentPostMixin, APIView):
         s = TokenCreateSerializer(data=request.data)
         s.is_valid(raise_exception=True)
         days = s.validated_data["expires_in_days"]
+        if "expires_in_days" not in request.data:  # absent, not null: the default lifetime
+            days = settings.FAIRQ_TOKEN_DEFAULT_EXPIRY_DAYS or None
         user: Any = request.user
         issued = token_issue(user=user, name=s.validated_data["name"],
                              expires_at=timezone.now() + timedelta(days=days) if days else None)

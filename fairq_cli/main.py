@@ -22,6 +22,7 @@ import yaml
 
 from .client import ApiError, Client, Transport
 from .config import ConfigError, load_config
+from .durations import parse_duration
 
 FINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 ACTIVE = ["QUEUED", "ADMITTED", "RUNNING", "PREEMPTED"]
@@ -148,18 +149,12 @@ def dependency_arg(text: str) -> list[dict[str, Any]]:
 
 
 def duration_seconds(text: str) -> int:
-    """`90`, `30m`, `2h`, `1d`, `1:30:00` (h:m:s) or `45:00` (m:s) -> seconds."""
-    text = text.strip()
-    m = re.fullmatch(r"(\d+)([smhd]?)", text)
-    if m:
-        return int(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-    parts = text.split(":")
-    if 2 <= len(parts) <= 3 and all(p.isdigit() for p in parts):
-        nums = [int(p) for p in parts]
-        while len(nums) < 3:
-            nums.insert(0, 0)
-        return nums[0] * 3600 + nums[1] * 60 + nums[2]
-    raise UsageError(f"bad duration {text!r}: use 90, 30m, 2h, 1d or h:mm:ss")
+    """`90`, `30m`, `2h`, `1h30m`, `1d`, `1:30:00` (h:m:s) or `45:00` (m:s) -> seconds
+    (`durations.parse_duration`, the web's submit form's parser too)."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 # --- the watch ---------------------------------------------------------------------------
@@ -844,7 +839,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-g", "--gpus", type=int, help="GPUs per replica")
     s.add_argument("-N", "--replicas", type=int, help="gang size (all start together)")
     s.add_argument("-q", "--tier")
-    s.add_argument("--time", help="max runtime: 90, 30m, 2h, 1d or h:mm:ss")
+    s.add_argument("--time", help="max runtime: 90, 30m, 2h, 1h30m, 1d or h:mm:ss")
     s.add_argument("-e", "--env", action="append", metavar="NAME=VALUE")
     s.add_argument("--cpu", help="CPUs per replica: 4, 500m (requests = limits)")
     s.add_argument("--memory", help="memory per replica: 16Gi, 500M")

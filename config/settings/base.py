@@ -364,6 +364,11 @@ FAIRQ_KICK_SCHEDULER = env.bool("FAIRQ_KICK_SCHEDULER", default=True)
 # Demo only: submit synthetic jobs so the standings move.
 FAIRQ_DEMO_LOAD = env.bool("FAIRQ_DEMO_LOAD", default=False)
 FAIRQ_DEFAULT_TIER = env("FAIRQ_DEFAULT_TIER", default="normal")
+# The lifetime of an API token issued without one, in days (the team page's form and
+# POST /tokens/ without `expires_in_days`); 0: such tokens never expire.
+FAIRQ_TOKEN_DEFAULT_EXPIRY_DAYS = env.int("FAIRQ_TOKEN_DEFAULT_EXPIRY_DAYS", default=90)
+if not 0 <= FAIRQ_TOKEN_DEFAULT_EXPIRY_DAYS <= 3650:
+    raise environ.ImproperlyConfigured("FAIRQ_TOKEN_DEFAULT_EXPIRY_DAYS must be 0..3650")
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/"
 

@@ -7,6 +7,12 @@ from .base import _check_sim_nodes
 from .dev import *  # noqa: F403
 from .dev import env
 
+# The demo shows fairq's own 404, 403 and 500 pages (templates/), not Django's debug page
+# (which lists every URL and overflows a phone): DEBUG is off unless DJANGO_DEBUG=1.
+# Static files still come from whitenoise's finders (dev.py); a server error's traceback
+# goes to the console log (LOGGING's root handler), not the browser.
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+
 # The h100 nodes in racks of two (rule A7: a job may keep its replicas in one rack; the
 # demo's h100 GpuType names the level, queueing/services/demo.py).
 FAIRQ_SIM_NODES = env("FAIRQ_SIM_NODES", default="4x8xh100@rack=2,4x8xa100,2x7xmig-1g-10gb")

@@ -12,13 +12,13 @@ indexes.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db.models import QuerySet
+from django.db.models import Count, F, QuerySet, Sum
 
 from accounts.models import Team
 from queueing.models import FairShareSnapshot, GpuType, Job, JobEvent, Quota
@@ -37,12 +37,49 @@ LIST_DEFER = ("command", "args", "env", "image")
 
 # --- jobs ------------------------------------------------------------------------------------
 
-def team_running(*, team: Team, limit: int = 50) -> list[Job]:
-    return list(
-        Job.objects.filter(team=team, status__in=sorted(HOLDING_STATES))
-        .select_related("gpu_type", "tier").defer(*LIST_DEFER)
-        .order_by("started_at", "id")[:limit]
-    )
+def team_running(*, team: Team | None, limit: int = 50) -> list[Job]:
+    """The team's jobs holding GPUs (every team's: `team=None`), longest running first."""
+    qs = Job.objects.filter(status__in=sorted(HOLDING_STATES))
+    if team is not None:
+        qs = qs.filter(team=team)
+    return list(qs.select_related("gpu_type", "tier", "team").defer(*LIST_DEFER)
+                .order_by("started_at", "id")[:limit])
+
+
+@dataclass
+class TeamOverview:
+    """One team's line of the staff's cluster view."""
+
+    team: Team
+    standing: Standing | None
+    queued_jobs: int = 0
+    running_jobs: int = 0
+    # GPUs per GPU type: asked for by queued jobs, held by admitted and running ones.
+    queued_gpus: dict[str, int] = field(default_factory=dict)
+    held_gpus: dict[str, int] = field(default_factory=dict)
+
+
+def cluster_overview(*, standings: list[Standing]) -> list[TeamOverview]:
+    """Every team: its standing (rules F1-F3, from `standings`), its queued and running
+    jobs and GPUs per type. Two queries, whatever the number of jobs."""
+    by_team = {s.team: s for s in standings}
+    out = {t.slug: TeamOverview(t, by_team.get(t.slug))
+           for t in Team.objects.order_by("slug")}
+    rows = (Job.objects.filter(status__in=[JobState.QUEUED, *sorted(HOLDING_STATES)])
+            .values("team__slug", "status", "gpu_type__slug")
+            .annotate(n=Count("id"), gpus=Sum(F("gpus_per_replica") * F("replicas"))))
+    for r in rows:
+        o = out.get(r["team__slug"])
+        if o is None:
+            continue
+        queued = r["status"] == JobState.QUEUED
+        gpus = o.queued_gpus if queued else o.held_gpus
+        gpus[r["gpu_type__slug"]] = gpus.get(r["gpu_type__slug"], 0) + int(r["gpus"] or 0)
+        if queued:
+            o.queued_jobs += r["n"]
+        else:
+            o.running_jobs += r["n"]
+    return list(out.values())
 
 
 def team_recent_done(*, team: Team, limit: int = 10) -> list[Job]:
@@ -140,12 +177,17 @@ def usage_history(*, now: datetime, days: float = 7.0,
     return {"t": times, "series": series, "start": start, "snapshots": len(snap_times)}
 
 
-def team_submit_defaults(*, team: Team) -> dict[str, Any]:
-    """Initial values of the submit form: the team's last job's image, command, arguments,
-    GPU type, size and tier (not its environment); otherwise the GPU type of its largest
-    quota and the default tier."""
-    last = (Job.objects.filter(team=team).select_related("gpu_type", "tier")
-            .order_by("-id").first())
+def team_submit_defaults(*, team: Team, user: Any, web_job_id: int | None = None
+                         ) -> dict[str, Any]:
+    """Initial values of the submit form: the image, command, arguments, GPU type, size,
+    tier and max runtime (not the environment) of `user`'s own last web submission to the
+    team (`web_job_id`, remembered by the page), else of their own last job in the team;
+    otherwise the GPU type of the team's largest quota and the default tier. Other
+    people's jobs (a pipeline's) never fill in someone's form."""
+    mine = Job.objects.filter(team=team, submitter=user).select_related("gpu_type", "tier")
+    last = mine.filter(pk=web_job_id).first() if web_job_id else None
+    if last is None:
+        last = mine.order_by("-id").first()
     if last is not None:
         return {"image": last.image, "command": shlex.join(last.command or []),
                 "args": shlex.join(last.args or []), "gpu_type": last.gpu_type.slug,

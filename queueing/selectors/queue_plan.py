@@ -236,20 +236,25 @@ class QueueRow:
     reason: str
 
 
-def team_queue(*, team: Team, now: datetime, limit: int = 50) -> tuple[list[QueueRow], int]:
-    """The team's queued jobs in queue order with position and wait reason (the first
-    `limit`), and how many it has queued in all. Jobs queued since the plan was cached
-    come last, without a position, until the next refresh."""
+def team_queue(*, team: Team | None, now: datetime, limit: int = 50
+               ) -> tuple[list[QueueRow], int]:
+    """The team's queued jobs (every team's: `team=None`, the staff's cluster view) in
+    queue order with position and wait reason (the first `limit`), and how many are
+    queued in all. Jobs queued since the plan was cached come last, without a position,
+    until the next refresh."""
     plan = queue_plan(now=now)
-    qs: QuerySet[Job] = Job.objects.filter(team=team, status=JobState.QUEUED)
+    qs: QuerySet[Job] = Job.objects.filter(status=JobState.QUEUED)
+    if team is not None:
+        qs = qs.filter(team=team)
     total = qs.count()
-    ours = sorted((e.position, job_id) for job_id, e in plan.entries.items() if e.team == team.slug)
+    ours = sorted((e.position, job_id) for job_id, e in plan.entries.items()
+                  if team is None or e.team == team.slug)
     ids = [job_id for _, job_id in ours[:limit]]
-    found = qs.select_related("gpu_type", "tier").defer(*LIST_DEFER).in_bulk(ids)
+    found = qs.select_related("gpu_type", "tier", "team").defer(*LIST_DEFER).in_bulk(ids)
     jobs = [found[i] for i in ids if i in found]
     if len(jobs) < limit:
         # Queued after the plan was cached (or the plan is unavailable).
-        jobs += list(qs.exclude(pk__in=ids).select_related("gpu_type", "tier")
+        jobs += list(qs.exclude(pk__in=ids).select_related("gpu_type", "tier", "team")
                      .defer(*LIST_DEFER).order_by("-tier__rank", "created_at", "id")
                      [: limit - len(jobs)])
     rows = []

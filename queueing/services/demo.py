@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import io
 import random
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from accounts.models import Membership, Role, ServiceAccount, Team
 from accounts.services import service_account_create
-from queueing.models import GpuType, Job, Quota, Tier, TierGrant
+from queueing.models import GpuType, Job, Quota, Tier, TierGrant, UsageRecord
 from queueing.policy.states import JobState
 
+from .fairshare import fairshare_snapshot_take
 from .jobs import JobInput, job_submit
+from .usage import usage_import_csv
 
 DEMO_PASSWORD = "fairq-demo"
 
@@ -110,6 +114,47 @@ def demo_seed() -> list[DemoLogin]:
             TierGrant.objects.get_or_create(tier=Tier.objects.get(slug=tier_slug),
                                             team=Team.objects.get(slug=team_slug))
     return [DemoLogin(u, DEMO_PASSWORD, ", ".join(t)) for u, t in logins.items()]
+
+
+# The demo's past (demo_history_seed): GPUs a team typically held at once per GPU type,
+# so the standings differ from the start (vision and nlp busy, speech and recsys less).
+HISTORY_LOAD = {"vision": {"h100": 12, "a100": 6}, "nlp": {"h100": 14, "a100": 4},
+                "speech": {"a100": 4, "mig-1g-10gb": 5}, "recsys": {"a100": 3}}
+HISTORY_SNAPSHOT_HOURS = 2
+
+
+def demo_history_seed(*, now: datetime, days: int = 4, seed: int = 17) -> int:
+    """A few days of past GPU usage for the demo teams, so the usage chart and the
+    reports mean something at once: imported like another scheduler's history
+    (`usage_import_csv`: rule F1's accumulators move with it) and the standings snapshots
+    of those days (every HISTORY_SNAPSHOT_HOURS, as they were then). Does nothing when
+    any usage is recorded already (a second `seed_demo`, or a demo that ran). Returns the
+    number of usage rows imported."""
+    if UsageRecord.objects.exists():
+        return 0
+    rng = random.Random(seed)
+    known = set(GpuType.objects.values_list("slug", flat=True))
+    start = (now - timedelta(days=days)).replace(minute=0, second=0, microsecond=0)
+    lines = ["team,gpu_type,gpus,start,end"]
+    for team, load in HISTORY_LOAD.items():
+        for gpu, typical in load.items():
+            if gpu not in known:
+                continue
+            t = start + timedelta(minutes=rng.randint(0, 180))
+            while True:
+                hours = rng.uniform(1.0, 7.0)
+                end = t + timedelta(hours=hours)
+                if end > now - timedelta(minutes=30):
+                    break
+                gpus = max(1, round(typical * rng.uniform(0.4, 1.4)))
+                lines.append(f"{team},{gpu},{gpus},{t.isoformat()},{end.isoformat()}")
+                t = end + timedelta(hours=rng.uniform(0.5, 6.0))  # idle between runs
+    n = usage_import_csv(stream=io.StringIO("\n".join(lines) + "\n"), now=now)
+    at = start + timedelta(hours=HISTORY_SNAPSHOT_HOURS)
+    while at < now:
+        fairshare_snapshot_take(now=now, at=at)
+        at += timedelta(hours=HISTORY_SNAPSHOT_HOURS)
+    return n
 
 
 def demo_submit_synthetic(*, rng: random.Random, per_team_queue: int = 4) -> int:

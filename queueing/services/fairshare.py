@@ -16,7 +16,12 @@ from django.db import connection, transaction
 
 from queueing.models import FairShareAccumulator, FairShareSnapshot
 from queueing.policy.fairshare import Accumulator
-from queueing.selectors.fairshare import fairshare_standings, half_life_hours, raw_decayed_usage
+from queueing.selectors.fairshare import (
+    fairshare_standings,
+    fairshare_standings_at,
+    half_life_hours,
+    raw_decayed_usage,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,17 +97,23 @@ def _round(x: float) -> float:
     return float(f"{x:.6g}")
 
 
-def fairshare_snapshot_take(*, now: datetime) -> FairShareSnapshot:
+def fairshare_snapshot_take(*, now: datetime, at: datetime | None = None) -> FairShareSnapshot:
     """Store the standings at `now` as one row (for charts) and drop rows older than
-    FAIRQ_FAIRSHARE_SNAPSHOT_RETENTION_DAYS. Taking two at the same instant keeps one."""
-    standings = fairshare_standings(now=now)
+    FAIRQ_FAIRSHARE_SNAPSHOT_RETENTION_DAYS. Taking two at the same instant keeps one.
+    With `at` (before `now`): the standings as they were then, from the raw usage
+    records (`fairshare_standings_at`), stored at `at` — history filled in afterwards
+    (the demo's seeded days)."""
+    if at is not None and at < now:
+        standings = fairshare_standings_at(at=at, now=now)
+    else:
+        standings, at = fairshare_standings(now=now), now
     data = {
         t: [_round(s.usage), _round(s.normalized_usage), _round(s.share), _round(s.factor)]
         for t, s in sorted(standings.items())
     }
     with transaction.atomic():
         snap, _ = FairShareSnapshot.objects.update_or_create(
-            at=now, defaults={"half_life_hours": half_life_hours(), "standings": data})
+            at=at, defaults={"half_life_hours": half_life_hours(), "standings": data})
         keep = timedelta(days=float(settings.FAIRQ_FAIRSHARE_SNAPSHOT_RETENTION_DAYS))
         FairShareSnapshot.objects.filter(at__lt=now - keep).delete()
     return snap

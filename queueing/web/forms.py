@@ -14,6 +14,7 @@ from django.conf import settings
 from django.http import HttpRequest
 
 from accounts.models import Role
+from fairq_cli.durations import DURATION_HELP, format_duration, parse_duration
 from queueing import validation as v
 from queueing.errors import DomainError
 from queueing.models import GpuType, Tier
@@ -114,7 +115,9 @@ def spec_initial(spec: dict[str, Any]) -> dict[str, Any]:
             "topology_level": topology.get("level") or "",
             "topology_mode": topology.get("mode") or "required",
             "image_pull_secret": spec.get("image_pull_secret") or "",
-            "working_dir": spec.get("working_dir") or ""}
+            "working_dir": spec.get("working_dir") or "",
+            "max_runtime_seconds": (format_duration(spec["max_runtime_seconds"])
+                                    if spec.get("max_runtime_seconds") else "")}
 
 
 def _allowed_help(teams: list[Any], attr: str, what: str) -> str:
@@ -149,8 +152,10 @@ class JobSubmitForm(forms.Form):
     gpus = forms.IntegerField(label="GPUs per replica", min_value=1, initial=1)
     replicas = forms.IntegerField(label="Replicas (gang size)", min_value=1, initial=1)
     tier = forms.ChoiceField(label="Tier")
-    max_runtime_seconds = forms.IntegerField(label="Max runtime (seconds)", required=False,
-                                             min_value=1)
+    # The API's max_runtime_seconds, written as people write it (`2h`, `90m`, `1h30m`,
+    # seconds): the CLI's parser (fairq_cli.durations), so both read the same text.
+    max_runtime_seconds = forms.CharField(label="Max runtime", required=False, max_length=32,
+                                          help_text=f"Empty: no limit; otherwise {DURATION_HELP}.")
     # Per replica, Kubernetes quantities; empty: the team's default (job_input_build).
     cpu = forms.CharField(label="CPUs per replica", required=False,
                           max_length=v.MAX_QUANTITY_LEN, help_text='e.g. 4 or 500m.')
@@ -200,7 +205,7 @@ class JobSubmitForm(forms.Form):
         choices: dict[str, list[tuple[str, str]]] = {
             "team": [(t.slug, t.name or t.slug) for t in teams],
             "gpu_type": [(g.slug, g.slug) for g in GpuType.objects.order_by("slug")],
-            "tier": [(t.slug, t.slug) for t in Tier.objects.order_by("-rank")],
+            "tier": [(t.slug, t.name or t.slug) for t in Tier.objects.order_by("-rank")],
         }
         levels = sorted({str(lv["name"]) for g in GpuType.objects.all()
                          for lv in g.topology_levels or () if isinstance(lv, dict)
@@ -293,6 +298,18 @@ class JobSubmitForm(forms.Form):
         if not level:
             return None
         return {"level": level, "mode": self.cleaned_data.get("topology_mode") or "required"}
+
+    def clean_max_runtime_seconds(self) -> int | None:
+        text = (self.cleaned_data.get("max_runtime_seconds") or "").strip()
+        if not text:
+            return None
+        try:
+            seconds = parse_duration(text)
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc).capitalize() + ".") from None
+        if seconds < 1:
+            raise forms.ValidationError("Ensure this value is at least 1 second.")
+        return seconds
 
     def _target(self, path: str) -> tuple[str | None, str]:
         """The form field a refusal's field path lands on, and the part of the path the
@@ -447,12 +464,24 @@ class TokenForm(forms.Form):
     name = forms.CharField(label="Token name", max_length=100, initial="default")
     expires_in_days = forms.IntegerField(label="Expires in (days)", required=False, min_value=1,
                                          max_value=3650, help_text="Empty: never expires.")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A token expires unless its owner clears the field (FAIRQ_TOKEN_DEFAULT_EXPIRY_DAYS).
+        self.fields["expires_in_days"].initial = settings.FAIRQ_TOKEN_DEFAULT_EXPIRY_DAYS or None
     # One per rendered form: a reload re-posting it shows the token exists (views.token_create).
     idempotency_key = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
 
 
 def _limit(label: str) -> forms.IntegerField:
     return forms.IntegerField(label=label, required=False, min_value=0, max_value=100_000)
+
+
+class TeamWeightForm(forms.Form):
+    """A team's fair-share weight on the quota board (rule F2); `Team`'s own checks run
+    in `team_update`."""
+
+    weight = forms.FloatField(label="Weight", min_value=0.0001, max_value=1_000_000)
 
 
 class QuotaForm(forms.Form):

@@ -44,6 +44,27 @@ def ago(when: datetime | None, now: datetime | None = None) -> str:
 
 
 @register.filter
+def since(when: datetime | None, now: datetime | None = None) -> str:
+    """How long from `when` to `now` as a duration ("12m 05s", "2h 03m"): a job's wait."""
+    if when is None:
+        return "—"
+    return duration(max(0.0, ((now or timezone.now()) - when).total_seconds()))
+
+
+@register.filter
+def gpus(job: Any) -> str:
+    """A job's GPUs, written one way on every page: replicas × GPUs per replica, type
+    ("2 × 4 h100")."""
+    return f"{job.replicas} × {job.gpus_per_replica} {job.gpu_type.slug}"
+
+
+@register.filter
+def tier_name(tier: Any) -> str:
+    """A tier as people know it: its name, else its slug."""
+    return str(getattr(tier, "name", "") or tier.slug)
+
+
+@register.filter
 def runtime(job: Any, now: datetime) -> str:
     return duration(job.runtime_seconds(now))
 

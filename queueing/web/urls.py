@@ -29,5 +29,7 @@ urlpatterns = [
          name="token-revoke"),
     path("reports/", reports.reports_page, name="reports"),
     path("quotas/", views.quota_board, name="quotas"),
+    path("cluster/", views.cluster_page, name="cluster"),
+    path("weights/<slug:team_slug>/", views.team_weight, name="team-weight"),
     path("quotas/<slug:team_slug>/<slug:gpu_slug>/", views.quota_cell, name="quota-cell"),
 ]

@@ -18,6 +18,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -42,11 +43,13 @@ from accounts.services import (
     membership_set,
     team_resources,
     team_resources_set,
+    team_update,
     team_workload_policy,
     team_workload_policy_set,
     token_issue,
     token_revoke,
 )
+from fairq_cli.durations import format_duration
 from queueing.errors import DomainError, NotFound
 from queueing.errors import PermissionDenied as Refused
 from queueing.models import GpuType, Job
@@ -78,6 +81,7 @@ from .forms import (
     QuotaForm,
     RoleForm,
     TeamResourcesForm,
+    TeamWeightForm,
     TeamWorkloadPolicyForm,
     TokenForm,
     spec_initial,
@@ -85,6 +89,7 @@ from .forms import (
 
 TEAM_SESSION_KEY = "fairq_team"
 NEW_TOKEN_SESSION_KEY = "fairq_new_token"
+LAST_WEB_JOB_SESSION_KEY = "fairq_last_web_job"  # {team slug: id of the user's last web job}
 
 
 def healthz_scheduler(request: HttpRequest) -> JsonResponse:
@@ -240,8 +245,12 @@ def _submit_form(request: HttpRequest, data: Any = None) -> JobSubmitForm:
     team = current_team(request)
     initial: dict[str, Any] = {"team": team.slug if team else None}
     if team is not None:
-        initial.update({k: v for k, v in dash.team_submit_defaults(team=team).items()
-                        if v is not None})
+        web_jobs = request.session.get(LAST_WEB_JOB_SESSION_KEY) or {}
+        defaults = dash.team_submit_defaults(team=team, user=request.user,
+                                             web_job_id=web_jobs.get(team.slug))
+        if defaults.get("max_runtime_seconds"):
+            defaults["max_runtime_seconds"] = format_duration(defaults["max_runtime_seconds"])
+        initial.update({k: v for k, v in defaults.items() if v is not None})
     source = request.GET.get("from")
     if source and source.isdigit():
         try:
@@ -292,6 +301,11 @@ def job_new(request: HttpRequest) -> HttpResponse:
                 _form_errors(form, exc)
                 status = exc.status_code
             else:
+                # The next form's defaults (dash.team_submit_defaults): this user's own
+                # last web submission to this team.
+                request.session[LAST_WEB_JOB_SESSION_KEY] = {
+                    **(request.session.get(LAST_WEB_JOB_SESSION_KEY) or {}),
+                    job.team.slug: job.pk}
                 messages.success(request, f"Job #{job.pk} {job.name} queued.")
                 return redirect("web:job-detail", job_id=job.pk)
     else:
@@ -611,8 +625,40 @@ def _staff_or_404(request: HttpRequest) -> None:
 
 
 def _quota_audit() -> list[AuditEntry]:
-    return list(AuditEntry.objects.filter(object_type="queueing.Quota")
-                .select_related("actor").order_by("-at", "-id")[:30])
+    """The board's recent changes: quotas, and team weights (the Team entries that
+    changed `weight`)."""
+    return list(AuditEntry.objects.filter(
+        Q(object_type="queueing.Quota")
+        | Q(object_type="accounts.Team", changes__has_key="weight"))
+        .select_related("actor").order_by("-at", "-id")[:30])
+
+
+CLUSTER_LIST_LIMIT = 100
+
+
+@require_GET
+@login_required
+def cluster_page(request: HttpRequest) -> HttpResponse:
+    """Staff: every team's queue, running jobs and usage on one page (the same reads as
+    the dashboard, for all teams; bounded lists)."""
+    _staff_or_404(request)
+    now = timezone.now()
+    standings = dash.standings(now=now)
+    capacity, cluster_error = capacity_by_gpu_type()
+    queue, queue_total = team_queue(team=None, now=now, limit=CLUSTER_LIST_LIMIT)
+    running = dash.team_running(team=None, limit=CLUSTER_LIST_LIMIT)
+    flags = idle_flags(running)
+    for job in running:
+        job.idle_since = flags.get(job.pk)  # type: ignore[attr-defined]  # the badge (rule U2)
+    ctx = {"now": now, "overview": dash.cluster_overview(standings=standings), "queue": queue,
+           "queue_total": queue_total, "running": running,
+           "running_limit": CLUSTER_LIST_LIMIT, "capacity": capacity,
+           "cluster_error": cluster_error,
+           "history": dash.usage_history(now=now, current=standings),
+           "half_life_hours": settings.FAIRQ_DECAY_HALF_LIFE_HOURS}
+    if request.htmx:  # type: ignore[attr-defined]
+        return render(request, "web/_cluster_live.html", ctx)
+    return render(request, "web/cluster.html", ctx)
 
 
 @require_GET
@@ -646,8 +692,9 @@ def quota_cell(request: HttpRequest, team_slug: str, gpu_slug: str) -> HttpRespo
                 form.add_error(field if field in form.fields else None, errs)
     cell = dash.quota_cell(team=team, gpu_type=gpu_type)
     cap, _ = capacity_by_gpu_type()
+    # The board's cluster row too (GPUs guaranteed per type): out-of-band swaps.
     ctx = {"cell": cell, "form": form, "saved": saved, "warnings": overcommit_warnings(cap),
-           "audit": _quota_audit(), "oob": True}
+           "audit": _quota_audit(), "oob": True, "capacity": cap}
     if not request.htmx:  # type: ignore[attr-defined]
         if saved:
             messages.success(request, f"Quota {team.slug}/{gpu_type.slug} saved.")
@@ -658,3 +705,35 @@ def quota_cell(request: HttpRequest, team_slug: str, gpu_slug: str) -> HttpRespo
                       status=400)
     # htmx swaps only 2xx answers: the errors come back in the cell itself.
     return render(request, "web/_quota_cell_response.html", ctx)
+
+
+@require_POST
+@login_required
+def team_weight(request: HttpRequest, team_slug: str) -> HttpResponse:
+    """A team's fair-share weight, edited in place on the quota board (staff; saved by
+    `team_update`, audited like the quotas)."""
+    _staff_or_404(request)
+    team = Team.objects.filter(slug=team_slug).first()
+    if team is None:
+        raise Http404("no such team")
+    form = TeamWeightForm(request.POST)
+    saved = False
+    if form.is_valid():
+        try:
+            team_update(actor=request.user, team=team, weight=form.cleaned_data["weight"])
+            saved = True
+        except ValidationError as exc:
+            team.refresh_from_db()
+            for field, errs in exc.message_dict.items():
+                form.add_error(field if field in form.fields else None, errs)
+    if not request.htmx:  # type: ignore[attr-defined]
+        if saved:
+            messages.success(request, f"Weight of {team.slug} saved.")
+            return redirect("web:quotas")
+        board = dash.quota_board(now=timezone.now())
+        return render(request, "web/quotas.html",
+                      {"board": board, "audit": _quota_audit(), "errors": form.errors},
+                      status=400)
+    return render(request, "web/_quota_weight_response.html",
+                  {"team": team, "weight_form": form, "weight_saved": saved,
+                   "audit": _quota_audit()})

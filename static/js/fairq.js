@@ -51,9 +51,12 @@
       })),
       axes: [{}, { label: "decayed GPU-hours", size: 60 }],
       // Always the whole window (with a single point uPlot would invent years of range).
-      scales: { x: { time: true, range: function () { return [h.start, h.t[h.t.length - 1]]; } } },
+      // The y axis starts at 0, so a small difference between teams does not look large.
+      scales: { x: { time: true, range: function () { return [h.start, h.t[h.t.length - 1]]; } },
+                y: { range: function (u, min, max) { return [0, max > 0 ? max * 1.08 : 1]; } } },
       legend: { live: false },
     }, d.data, box);
+    box.uplot = chart;  // for the browser tests (its scales)
   }
 
   // The job page: SM activity of the latest attempt, with its tier's idle threshold.

@@ -115,9 +115,9 @@ class TestAccess:
 
 
 class TestSubmit:
-    def test_form_has_defaults_from_the_team(self, world: World) -> None:
+    def test_form_has_defaults_from_the_users_own_last_job(self, world: World) -> None:
         JobFactory(team=world.vision, gpu_type=world.a100, tier=world.high,
-                   image="ghcr.io/acme/last:2", gpus_per_replica=4)
+                   image="ghcr.io/acme/last:2", gpus_per_replica=4, submitter=world.member)
         html = login(world.member).get("/jobs/new/").content.decode()
         assert 'value="ghcr.io/acme/last:2"' in html
         assert 'value="python train.py"' in html  # the last job's command

@@ -3,13 +3,17 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand
+from django.utils import timezone
 
-from queueing.services.demo import demo_seed
+from queueing.services.demo import demo_history_seed, demo_seed
 
 
 class Command(BaseCommand):
-    help = "Create the demo teams, users, GPU types, tiers and quotas (idempotent)."
+    help = ("Create the demo teams, users, GPU types, tiers and quotas, and a few days of "
+            "usage history when none is recorded (idempotent).")
 
     def handle(self, *args: Any, **options: Any) -> None:
         logins = demo_seed()
-        self.stdout.write(self.style.SUCCESS(f"Demo data ready: {len(logins)} logins."))
+        rows = demo_history_seed(now=timezone.now())
+        history = f", {rows} usage records of the last days" if rows else ""
+        self.stdout.write(self.style.SUCCESS(f"Demo data ready: {len(logins)} logins{history}."))
