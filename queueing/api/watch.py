@@ -21,6 +21,7 @@ from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
+from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from queueing.errors import DomainError
@@ -168,6 +169,15 @@ class JobStreamView(APIView):
     after `duration` seconds (at most 300): reconnect with `Last-Event-ID`."""
 
     renderer_classes = [JSONRenderer, EventStreamRenderer]
+
+    def finalize_response(self, request: Request, response: Any, *args: Any,
+                          **kwargs: Any) -> Any:
+        """An error (400, 401, 404, 429) is JSON whatever the client accepted: it is
+        the API's error body, not an event."""
+        if isinstance(response, Response) and response.status_code >= 400:
+            request.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = "application/json"
+        return super().finalize_response(request, response, *args, **kwargs)
 
     @extend_schema(
         operation_id="jobs_stream",

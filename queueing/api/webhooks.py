@@ -158,6 +158,7 @@ class WebhookListView(_SecretReplayMixin, APIView):
 
     @extend_schema(responses=WebhookEndpointSerializer(many=True))
     def get(self, request: Request, slug: str) -> Response:
+        """The team's webhook endpoints (team admins), without their secrets."""
         team = _team_for_admin(request, slug)
         return Response(WebhookEndpointSerializer(webhook_endpoints_of_team(team=team), many=True).data)
 
@@ -165,6 +166,8 @@ class WebhookListView(_SecretReplayMixin, APIView):
         request=WebhookEndpointCreateSerializer, responses={201: WebhookEndpointWithSecretSerializer}
     )
     def post(self, request: Request, slug: str) -> Response:
+        """Register an endpoint: 201 with its signing secret, shown in this answer only
+        (a replay with the same Idempotency-Key answers without it)."""
         team = _team_for_admin(request, slug)
         s = WebhookEndpointCreateSerializer(data=request.data)
         s.is_valid(raise_exception=True)
@@ -177,6 +180,7 @@ class WebhookDetailView(_SecretReplayMixin, APIView):
 
     @extend_schema(responses=WebhookEndpointSerializer)
     def get(self, request: Request, slug: str, webhook_id: int) -> Response:
+        """One endpoint of the team, without its secret."""
         team = _team_for_admin(request, slug)
         return Response(
             WebhookEndpointSerializer(webhook_endpoint_get(team=team, endpoint_id=webhook_id)).data
@@ -184,6 +188,7 @@ class WebhookDetailView(_SecretReplayMixin, APIView):
 
     @extend_schema(request=WebhookEndpointUpdateSerializer, responses=WebhookEndpointSerializer)
     def patch(self, request: Request, slug: str, webhook_id: int) -> Response:
+        """Change an endpoint's URL, description, event types or enabled (audited)."""
         team = _team_for_admin(request, slug)
         endpoint = webhook_endpoint_get(team=team, endpoint_id=webhook_id)
         s = WebhookEndpointUpdateSerializer(data=request.data)
@@ -193,6 +198,7 @@ class WebhookDetailView(_SecretReplayMixin, APIView):
 
     @extend_schema(request=None, responses={204: None})
     def delete(self, request: Request, slug: str, webhook_id: int) -> Response:
+        """Delete an endpoint and its delivery log (audited); nothing more is sent to it."""
         team = _team_for_admin(request, slug)
         webhook_endpoint_delete(
             actor=request.user, endpoint=webhook_endpoint_get(team=team, endpoint_id=webhook_id)
@@ -263,17 +269,22 @@ class NotifySecretView(_SecretReplayMixin, APIView):
 
     @extend_schema(responses=NotifySecretSerializer)
     def get(self, request: Request, slug: str) -> Response:
+        """Whether the team has a notify secret, and when it was made (never the secret)."""
         team = _team_for_admin(request, slug)
         row = TeamNotifySecret.objects.filter(team=team).first()
-        return Response(
+        data = dict(NotifySecretSerializer(
             {"exists": row is not None, "rotated_at": row.rotated_at if row is not None else None}
-        )
+        ).data)
+        data.pop("secret", None)  # never in a GET, not even as null
+        return Response(data)
 
     @extend_schema(request=None, responses={200: NotifySecretSerializer})
     def post(self, request: Request, slug: str) -> Response:
+        """Create or replace the notify secret: shown in this answer only; the old one
+        stops signing at once."""
         team = _team_for_admin(request, slug)
         secret = team_notify_secret_rotate(actor=request.user, team=team)
         row = TeamNotifySecret.objects.get(team=team)
-        return Response(
+        return Response(NotifySecretSerializer(
             {"exists": True, "rotated_at": row.rotated_at, "secret": secret, "message": SECRET_SHOWN_NOW}
-        )
+        ).data)
