@@ -1,13 +1,17 @@
-"""A submit's write with its membership and tier checks (issue 20), before and after they
-rode on the INSERT, alternated in one process on PostgreSQL:
+"""Two of a submit's statements folded into others (issue 20), each before and after,
+alternated in one process on PostgreSQL:
 
-  * before: `check_submit` (one SELECT) then the job-and-event INSERT;
-  * after: the INSERT alone, its WHERE holding the same two conditions
-    (`services/jobs.py::job_submit_with_event`).
+  * the write: before, `check_submit` (one SELECT) then the job-and-event INSERT; after,
+    the INSERT alone, its WHERE holding the same two conditions
+    (`services/jobs.py::job_submit_with_event`);
+  * rule B3's budget: before, the team lookup then `budget_downgrade_tier`'s own query
+    ("has the team a downgrade budget?"); after, the lookup reading it with the team
+    (`selectors/lookups.py::team_for_submitter`).
 
 Database: $FAIRQ_BENCH_GUARD_DATABASE_URL, default .../fairq_bench_guard, dropped and
-created afresh. Output: BENCH submit_write_{before,after}_ms (the median of `--rounds`
-rounds of `--calls` submits, per submit) and submit_write_speedup.
+created afresh. Output: BENCH submit_{write,budget}_{before,after}_ms (the median of
+`--rounds` rounds of `--calls` calls, per call), ..._cpu_ms (this process's CPU and its
+PostgreSQL backend's, per call) and submit_{write,budget}_speedup (wall).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ def main() -> int:
 
     from accounts.models import Team
     from queueing.models import GpuType, Job, JobEvent, Tier
+    from queueing.selectors.budgets import budget_downgrade_tier
+    from queueing.selectors.lookups import team_for_submitter
     from queueing.services import jobs
     from queueing.services.access import check_submit, submit_allowed_sql
 
@@ -68,20 +74,45 @@ def main() -> int:
         t, m, params = submit_allowed_sql(actor=user, team=team, tier=tier)
         assert jobs._insert_job_with_event(*rows(), where=(f"{t} AND {m}", params))
 
-    sides = {"before": before, "after": after}
-    times: dict[str, list[float]] = {"before": [], "after": []}
-    for fn in sides.values():
-        fn()
-    for r in range(a.rounds):
-        for name in (("before", "after") if r % 2 == 0 else ("after", "before")):
-            t0 = time.perf_counter()
-            for _ in range(a.calls):
-                sides[name]()
-            times[name].append((time.perf_counter() - t0) / a.calls * 1000)
-    for name in sides:
-        bench(f"submit_write_{name}_ms", statistics.median(times[name]), "ms")
-    bench("submit_write_speedup",
-          statistics.median(times["before"]) / statistics.median(times["after"]), "x")
+    def budget_before() -> None:
+        row = team_for_submitter(user=user, slug="vision")
+        del row.has_downgrade_budget  # type: ignore[union-attr]
+        budget_downgrade_tier(team=row, tier=tier, now=timezone.now())  # type: ignore[arg-type]
+
+    def budget_after() -> None:
+        row = team_for_submitter(user=user, slug="vision")
+        budget_downgrade_tier(team=row, tier=tier, now=timezone.now())  # type: ignore[arg-type]
+
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        backend = Path(f"/proc/{cur.fetchone()[0]}/stat")
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu() -> float:  # this process and its PostgreSQL backend (same host)
+        fields = backend.read_text().rsplit(")", 1)[1].split()
+        return time.process_time() + (int(fields[11]) + int(fields[12])) / tick
+
+    for what, sides in (("write", {"before": before, "after": after}),
+                        ("budget", {"before": budget_before, "after": budget_after})):
+        times: dict[str, list[float]] = {"before": [], "after": []}
+        cpus: dict[str, float] = {"before": 0.0, "after": 0.0}
+        for fn in sides.values():
+            fn()
+        for r in range(a.rounds):
+            for name in (("before", "after") if r % 2 == 0 else ("after", "before")):
+                c0, t0 = cpu(), time.perf_counter()
+                for _ in range(a.calls):
+                    sides[name]()
+                times[name].append((time.perf_counter() - t0) / a.calls * 1000)
+                cpus[name] += cpu() - c0
+        for name in sides:
+            bench(f"submit_{what}_{name}_ms", statistics.median(times[name]), "ms")
+            bench(f"submit_{what}_{name}_cpu_ms", cpus[name] * 1000 / (a.rounds * a.calls),
+                  "ms")
+        bench(f"submit_{what}_speedup",
+              statistics.median(times["before"]) / statistics.median(times["after"]), "x")
     bench("host_load_average_1m", os.getloadavg()[0], "")
     drop_postgres(url)
     return 0

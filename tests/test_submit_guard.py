@@ -4,6 +4,7 @@ lookup still refuses, and a refused submit writes nothing and says which check r
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -12,7 +13,8 @@ from django.test.utils import CaptureQueriesContext
 
 from accounts.models import Membership
 from queueing.errors import DomainError
-from queueing.models import Job, JobEvent, Tier
+from queueing.models import BudgetPolicy, Job, JobEvent, TeamBudget, Tier
+from queueing.selectors.lookups import team_for_submitter
 from queueing.services.jobs import JobInput, job_submit_with_event
 
 from .conftest import World, job_body
@@ -65,3 +67,20 @@ def test_a_tier_not_granted_refuses_on_tier_and_staff_pass_without_membership(
                                                 data=_input(world, team=world.nlp))
     assert created and event is not None and Job.objects.get().pk == job.pk
     assert JobEvent.objects.get().job_id == job.pk
+
+
+def test_a_submit_reads_the_teams_budget_policy_with_the_team(world: World) -> None:
+    """Rule B3's "has the team a downgrade budget?" rides on the team lookup: a team
+    without one costs the submit no query of its own (issue 20)."""
+    c = world.client(world.member)
+    c.post("/api/v1/jobs/", job_body(), format="json")  # warm the reference memos
+    with CaptureQueriesContext(connection) as q:
+        assert c.post("/api/v1/jobs/", job_body(), format="json").status_code == 201
+    budget_reads = [x["sql"] for x in q.captured_queries if "queueing_teambudget" in x["sql"]]
+    assert len(budget_reads) == 1 and "accounts_team" in budget_reads[0]
+    team = team_for_submitter(user=world.member, slug="vision")
+    assert team is not None and team.has_downgrade_budget is False  # type: ignore[attr-defined]
+    TeamBudget.objects.create(team=world.vision, monthly_amount=Decimal("10"),
+                              policy=BudgetPolicy.DOWNGRADE)
+    team = team_for_submitter(user=world.member, slug="vision")
+    assert team is not None and team.has_downgrade_budget is True  # type: ignore[attr-defined]
