@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help install demo test test-fast lint bench envtest browsers prometheus kustomize checkov clean
+.PHONY: help install demo test test-fast lint bench envtest slurm browsers prometheus kustomize checkov clean
 
 help:
 	@echo "make demo   - run fairq locally: SQLite, in-process worker, simulated cluster"
@@ -33,6 +33,11 @@ envtest:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		bash tests/envtest/build.sh; \
 	else echo "envtest: not root or no apt-get: k8s tests will be skipped"; fi
+
+# Debian's Slurm 22.05 and munge, configured under ~/.cache/fairq-slurm: the peer of
+# bench/bench_vs_slurm.py (which runs this itself). Needs root and apt; elsewhere it says so.
+slurm:
+	@bash bench/slurm/install.sh
 
 # Debian's Chromium for the browser tests (playwright drives it; no browser download).
 browsers:

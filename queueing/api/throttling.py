@@ -3,25 +3,92 @@ it), one per client address (`accounts.client_ip.client_ip`) for anonymous reque
 Buckets live in the cache: Redis in production, so every web process shares them; local
 memory elsewhere (per process).
 
-Each bucket is a fixed-window counter (django-ratelimit: `cache.add` + `cache.incr`, the
-windows of different buckets staggered), so a request costs the same whatever the rate.
+Each bucket is a fixed-window counter (as django-ratelimit counts: the windows of
+different buckets staggered), so a request costs the same whatever the rate.
 DRF's own SimpleRateThrottle keeps a list of every request's time in the window and
 rewrites it on each request: at the default 6,000/min a busy pipeline token moved ~50 KB
 to and from Redis per request. The price of a fixed window is that a client may send up
-to twice its rate across a window's edge."""
+to twice its rate across a window's edge.
+
+One Redis round trip per request (issue 20): the bucket is counted by a Lua script
+(INCR, and EXPIRE when the INCR created it) run with EVALSHA, where django-ratelimit's
+`cache.add` then django-redis' `incr` took two (SET NX, then an EVAL carrying the script's
+text). For an authenticated request only the user's bucket applies and for an anonymous
+one only the address's, so each request makes one call whichever throttle counts it.
+Other caches (local memory in tests and the demo) count through `cache.add` +
+`cache.incr` as before."""
 
 from __future__ import annotations
 
+import time
+import zlib
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django_ratelimit.core import get_usage
+from django.core.cache import cache
 from rest_framework.throttling import BaseThrottle
 
 from accounts.client_ip import client_ip
 
 if TYPE_CHECKING:  # rest_framework.views imports the throttle classes: no runtime import
     from rest_framework.request import Request
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_EXPIRY_FUDGE = 5  # seconds a bucket outlives its window (clock skew between processes)
+
+# KEYS[1]: the bucket; ARGV[1]: its lifetime in seconds. Returns the count after this hit.
+_HIT_LUA = """
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
+return n
+"""
+_scripts: dict[int, Any] = {}
+
+
+def _split_rate(rate: str) -> tuple[int, int]:
+    """'6000/min' -> (6000, 60): the form config/settings/base.py accepts (a count, then
+    a period whose first letter is s, m, h or d)."""
+    count, _, per = rate.partition("/")
+    return int(count), _UNITS[per[0]]
+
+
+def _window_end(ident: str, period: int, now: int) -> int:
+    """The end of the fixed window `now` falls in; buckets' windows are staggered by a
+    hash of their key, so they do not all reset at once (as in django-ratelimit)."""
+    w = now - now % period + zlib.crc32(ident.encode()) % period
+    return w + period if w < now else w
+
+
+def hit(bucket: str, period: int) -> tuple[int, int]:
+    """Count one request in `bucket`'s current window of `period` seconds; returns (the
+    window's count including this request, seconds until the window ends). One Redis
+    round trip when the cache is Redis."""
+    now = int(time.time())
+    end = _window_end(bucket, period, now)
+    key = f"fq-rl:{bucket}:{end}"
+    lifetime = end - now + _EXPIRY_FUDGE
+    client = _redis_client()
+    if client is not None:
+        script = _scripts.get(id(client))
+        if script is None:
+            script = _scripts[id(client)] = client.register_script(_HIT_LUA)
+        return int(script(keys=[cache.make_key(key)], args=[lifetime])), end - now
+    if cache.add(key, 1, lifetime):
+        return 1, end - now
+    try:
+        return int(cache.incr(key)), end - now
+    except ValueError:  # expired between add and incr: this request opens the bucket
+        cache.add(key, 1, lifetime)
+        return 1, end - now
+
+
+def _redis_client() -> Any:
+    """The raw redis-py client behind the default cache when it is django-redis, else
+    None."""
+    inner = getattr(cache, "client", None)
+    get_client = getattr(inner, "get_client", None)
+    return get_client(write=True) if get_client is not None else None
 
 
 class _FixedWindowThrottle(BaseThrottle):
@@ -38,13 +105,13 @@ class _FixedWindowThrottle(BaseThrottle):
         self._wait: float | None = None
         rate = self.rate()
         ident = self.ident(request) if rate else None
-        if ident is None:
+        if rate is None or ident is None:
             return True
-        usage = get_usage(request, group=self.group, key=lambda _group, _request: ident,
-                          rate=rate, increment=True)
-        if usage is None or not usage["should_limit"]:
+        limit, period = _split_rate(rate)
+        count, time_left = hit(f"{self.group}:{ident}", period)
+        if count <= limit:
             return True
-        self._wait = max(1, usage["time_left"])
+        self._wait = max(1, time_left)
         return False
 
     def wait(self) -> float | None:

@@ -79,8 +79,11 @@ def budget_downgrade_tier(*, team: Team, tier: Tier, now: datetime) -> Tier | No
     """Rule B3: the tier a new job of `team` asking for `tier` drops to — the lowest-ranked
     tier the team may use — when the team's budget has the downgrade policy and this
     month's cost has reached it; None when the job keeps its tier. Costs nothing for
-    teams without such a budget (one query)."""
-    if not TeamBudget.objects.filter(team=team, policy=BudgetPolicy.DOWNGRADE).exists():
+    teams without such a budget (one query; none when `team` carries
+    `has_downgrade_budget`, as `lookups.team_for_submitter` reads it)."""
+    known = getattr(team, "has_downgrade_budget", None)
+    if known is False or (known is None and not TeamBudget.objects.filter(
+            team=team, policy=BudgetPolicy.DOWNGRADE).exists()):
         return None
     status = team_budget_status(team=team, now=now)
     if status is None or not status.over:

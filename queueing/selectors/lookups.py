@@ -14,7 +14,7 @@ from django.db import connection
 from accounts.models import Membership, Team
 from queueing import rawsql
 from queueing.memo import ttl_memo
-from queueing.models import GpuType, Tier
+from queueing.models import BudgetPolicy, GpuType, TeamBudget, Tier
 
 REFERENCE_TTL = 10
 
@@ -32,9 +32,14 @@ def tiers_by_slug() -> dict[str, Tier]:
 def team_for_submitter(*, user: Any, slug: str) -> Team | None:
     """The team if `user` may submit to it (a member, or staff), in one round trip; None
     whether it does not exist or the user is not in it. Runs on every submit: plain SQL,
-    not the ORM's query compiler (queueing/rawsql.py says why)."""
-    sql = f"SELECT {rawsql.select_list(Team, 't')} FROM {rawsql.table(Team)} t WHERE t.slug = %s"
-    params: list[Any] = [slug]
+    not the ORM's query compiler (queueing/rawsql.py says why). The team carries
+    `has_downgrade_budget` (an annotation, read in the same statement): whether rule B3
+    may apply, so `budget_downgrade_tier` needs no query of its own for the many teams
+    without such a budget (issue 20)."""
+    sql = (f"SELECT {rawsql.select_list(Team, 't')}, EXISTS (SELECT 1 FROM "
+           f"{rawsql.table(TeamBudget)} b WHERE b.team_id = t.id AND b.policy = %s) "
+           f"FROM {rawsql.table(Team)} t WHERE t.slug = %s")
+    params: list[Any] = [BudgetPolicy.DOWNGRADE.value, slug]
     if not user.is_staff:
         sql += (f" AND EXISTS (SELECT 1 FROM {rawsql.table(Membership)} m "
                 "WHERE m.team_id = t.id AND m.user_id = %s)")
@@ -42,4 +47,8 @@ def team_for_submitter(*, user: Any, slug: str) -> Team | None:
     with connection.cursor() as cur:
         cur.execute(sql, params)
         row = cur.fetchone()
-    return None if row is None else rawsql.from_row(Team, row)[0]
+    if row is None:
+        return None
+    team, end = rawsql.from_row(Team, row)
+    team.has_downgrade_budget = bool(row[end])  # type: ignore[attr-defined]
+    return team

@@ -59,6 +59,23 @@ def unknown_team_message(slug: str) -> str:
     return f"Unknown team {slug!r}, or you are not in it."
 
 
+def submit_allowed_sql(*, actor: Any, team: Team, tier: Tier) -> tuple[str, str, list[Any]]:
+    """The two conditions of `check_submit` as SQL: (rule T1's tier condition, the
+    membership condition, their parameters in that order). The job INSERT of a submit
+    carries them in its WHERE (services/jobs.py), so the check and the write are one
+    statement; `check_submit` reads them to say which one refused."""
+    member_sql = "TRUE"
+    params: list[Any] = [tier.pk, team.pk]
+    if not actor.is_staff:
+        member_sql = (f"EXISTS (SELECT 1 FROM {rawsql.table(Membership)} m "
+                      "WHERE m.team_id = %s AND m.user_id = %s)")
+        params += [team.pk, actor.pk]
+    tier_sql = (f"EXISTS (SELECT 1 FROM {rawsql.table(Tier)} t WHERE t.id = %s AND "
+                f"(t.open_to_all_teams OR EXISTS (SELECT 1 FROM {rawsql.table(TierGrant)} g "
+                "WHERE g.tier_id = t.id AND g.team_id = %s)))")
+    return tier_sql, member_sql, params
+
+
 def check_submit(*, actor: Any, team: Team, tier: Tier) -> None:
     """`actor` may queue jobs for `team` in `tier`: a member of the team (or staff), and
     rule T1, the tier is open to every team or granted to this one, whoever submits
@@ -68,17 +85,9 @@ def check_submit(*, actor: Any, team: Team, tier: Tier) -> None:
     Both in one round trip, from the database on every call (never a memo: a revoked
     grant or membership holds from the next submit on), in plain SQL: it runs on every
     submit (queueing/rawsql.py says why)."""
-    member_sql = "TRUE"
-    params: list[Any] = [tier.pk, team.pk]
-    if not actor.is_staff:
-        member_sql = (f"EXISTS (SELECT 1 FROM {rawsql.table(Membership)} m "
-                      "WHERE m.team_id = %s AND m.user_id = %s)")
-        params += [team.pk, actor.pk]
-    sql = (f"SELECT EXISTS (SELECT 1 FROM {rawsql.table(Tier)} t WHERE t.id = %s AND "
-           f"(t.open_to_all_teams OR EXISTS (SELECT 1 FROM {rawsql.table(TierGrant)} g "
-           f"WHERE g.tier_id = t.id AND g.team_id = %s))), {member_sql}")
+    tier_sql, member_sql, params = submit_allowed_sql(actor=actor, team=team, tier=tier)
     with connection.cursor() as cur:
-        cur.execute(sql, params)
+        cur.execute(f"SELECT {tier_sql}, {member_sql}", params)
         tier_allowed, member = cur.fetchone()
     if not member:
         message = unknown_team_message(team.slug)
