@@ -51,10 +51,13 @@ def test_the_prepared_copy_writes_what_psycopg_adaptation_writes(
     adapted = jobs_submit_bulk(actor=world.member, data=_input(world), count=3)
     mine, theirs = _rows(prepared), _rows(adapted)
     for (j, e), (tj, te) in zip(mine, theirs, strict=True):
-        for row in (j, tj, e, te):  # the instants of two submits differ
-            for name in ("created_at", "updated_at", "at"):
+        for row in (j, tj, e, te):  # the instants and arrays of two submits differ
+            for name in ("created_at", "updated_at", "at", "array", "array_id"):
                 row.pop(name, None)
+        assert e.pop("reason").startswith("submitted (array ")
+        assert te.pop("reason").startswith("submitted (array ")
         assert (j, e) == (tj, te)
     assert [j["name"] for j, _ in mine] == ["arr-0", "arr-1", "arr-2"]
     assert mine[2][0]["env"] == {**TRICKY, "FAIRQ_ARRAY_INDEX": "2", "FAIRQ_ARRAY_SIZE": "3"}
-    assert mine[0][0]["args"] == ["--x", "a\tb"] and mine[0][1]["reason"].startswith("submitted")
+    assert mine[0][0]["args"] == ["--x", "a\tb"]
+    assert [j["array_index"] for j, _ in mine] == [0, 1, 2]
