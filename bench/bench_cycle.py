@@ -101,26 +101,44 @@ def build_world(now: datetime, *, teams: int, queued: int, nominal: int, borrowi
 
 
 def start_running(at: datetime, n: int) -> None:
-    """The `n` oldest queued jobs running since `at`, one per GPU, their workloads on the
-    simulated cluster: set up directly (the first scenario times admitting them)."""
+    """`n` queued jobs running since `at`, one per GPU, the same number of each team (its
+    nominal quota: no team is owed GPUs, rule Q2) and of the top tier (what a busy
+    cluster runs once the queue's order has had its way), their workloads on the
+    simulated cluster: set up directly (the first scenario times admitting jobs)."""
+    from accounts.models import Team
     from queueing.composition import get_backend
-    from queueing.models import Job
+    from queueing.models import Job, Tier
     from queueing.policy.states import JobState
     from queueing.services.scheduler import launch_spec
 
     backend = get_backend()
     slots = [node.name for node in backend.nodes() for _ in range(node.capacity)]
-    ids = list(Job.objects.filter(status=JobState.QUEUED).order_by("created_at", "id")
-               .values_list("id", flat=True)[:n])
+    teams = list(Team.objects.filter(slug__startswith="team-").values_list("id", flat=True))
+    ids: list[int] = []
+    for team in teams:
+        ids += list(Job.objects.filter(status=JobState.QUEUED, team_id=team)
+                    .order_by("created_at", "id").values_list("id", flat=True)[:n // len(teams)])
+    top = Tier.objects.order_by("-rank").first()
     on: dict[str, list[int]] = {}
     for pk, node in zip(ids, slots, strict=False):
         on.setdefault(node, []).append(pk)
     for node, pks in on.items():
         Job.objects.filter(pk__in=pks).update(status=JobState.RUNNING, placement=[node],
-                                              admitted_at=at, started_at=at,
+                                              admitted_at=at, started_at=at, tier=top,
                                               submitted_to_backend_at=at)
     for job in Job.objects.filter(pk__in=ids).select_related("team", "tier", "gpu_type"):
         backend.submit(launch_spec(job), now=at)
+
+
+def vacuum() -> None:
+    """What autovacuum does to a table soon after a bulk load (statistics, the visibility
+    map): without it the first cycles plan on a table PostgreSQL thinks is empty."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("VACUUM ANALYZE queueing_job")
+            cur.execute("VACUUM ANALYZE queueing_jobevent")
 
 
 def churn(now: datetime, k: int) -> None:
@@ -191,6 +209,7 @@ def scenario_100k(*, profile: bool) -> None:
     build_world(now, teams=BIG_TEAMS, queued=BIG_QUEUED + BIG_RUNNING, nominal=100,
                 borrowing=100, sizes=(1,), replicas=(1,))
     start_running(now - timedelta(minutes=10), BIG_RUNNING)
+    vacuum()
     note(f"database: {connection.vendor}; {BIG_QUEUED} queued and {BIG_RUNNING} running "
          f"one-GPU jobs of {BIG_TEAMS} teams; {BIG_RUNNING} simulated h100 GPUs "
          f"(built in {time.perf_counter() - t:.1f} s)")

@@ -28,6 +28,7 @@ from queueing.policy.admission import Plan
 from queueing.policy.states import JobState
 from queueing.selectors import active_jobs as aj
 from queueing.selectors.active_jobs import ActiveJobs, cycle_active_jobs, cycle_active_jobs_forget
+from queueing.selectors.fairshare import fairshare_standings
 from queueing.selectors.snapshot import build_snapshot
 from queueing.services import scheduler
 from queueing.services.jobs import job_cancel, job_input_build, job_submit, jobs_submit_bulk
@@ -85,6 +86,16 @@ def assert_same_as_full_read(jobs: ActiveJobs) -> None:
     assert sorted(a.queued, key=lambda q: q.id) == sorted(b.queued, key=lambda q: q.id)
     assert sorted(a.running, key=lambda r: r.id) == sorted(b.running, key=lambda r: r.id)
     assert a.quotas == b.quotas and a.fair_share == b.fair_share
+    # The standings from the kept jobs are those of the queries they replace.
+    # (The same sums, maybe in another order: equal to the last few bits.)
+    kept_standings = fairshare_standings(now=now, jobs=jobs)
+    read_standings = fairshare_standings(now=now)
+    assert kept_standings.keys() == read_standings.keys()
+    for team, s in read_standings.items():
+        k = kept_standings[team]
+        assert (k.weight, k.active, k.parent) == (s.weight, s.active, s.parent)
+        assert k.usage == pytest.approx(s.usage, rel=1e-12)
+        assert k.factor == pytest.approx(s.factor, rel=1e-12)
 
 
 class TestKept:

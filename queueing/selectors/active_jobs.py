@@ -90,6 +90,8 @@ class Lookups:
     teams: Mapping[int, str] = field(default_factory=dict)
     gpu_types: Mapping[int, str] = field(default_factory=dict)
     tiers: Mapping[int, TierFacts] = field(default_factory=dict)
+    # Rule F1's billing weight per GPU type id.
+    billing_weights: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -124,6 +126,8 @@ class ActiveJobs:
         # Reconcile's memory (services/scheduler.py): per workload name, the status it
         # last handled and the row its job had then.
         self.reconciled: dict[str, tuple[Any, Any]] = {}
+        # ... and the raw statuses it cleaned last, with what cleaning gave.
+        self.cleaned: dict[str, tuple[Any, Any]] = {}
 
     def __len__(self) -> int:
         return len(self.queued) + len(self.holding)
@@ -244,15 +248,17 @@ def _rows(qs: Any) -> list[JobRow]:
 
 
 def _lookups() -> Lookups:
+    gpu_types = list(GpuType.objects.values_list("id", "slug", "billing_weight"))
     return Lookups(
         teams=dict(Team.objects.values_list("id", "slug")),
-        gpu_types=dict(GpuType.objects.values_list("id", "slug")),
+        gpu_types={pk: slug for pk, slug, _ in gpu_types},
         tiers={
             pk: TierFacts(slug, rank, preemptible, min_runtime)
             for pk, slug, rank, preemptible, min_runtime in Tier.objects.values_list(
                 "id", "slug", "rank", "preemptible", "min_runtime_seconds"
             )
         },
+        billing_weights={pk: weight for pk, _, weight in gpu_types},
     )
 
 

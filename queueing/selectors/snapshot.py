@@ -128,7 +128,7 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         for q in Quota.objects.values("team__slug", "gpu_type__slug", "nominal",
                                       "borrowing_limit", "lending_limit")
     }
-    standings = fairshare_standings(now=now)
+    standings = fairshare_standings(now=now, jobs=jobs)
     interval = entry_penalty_interval_seconds()
     return Snapshot(
         now=now, nodes=nodes, queued=queued, running=running, quotas=quotas,

@@ -246,16 +246,43 @@ def _job_failed(job_id: int, exc: BaseException, *, step: str, now: datetime,
                       result.cycle_id, job_id)
 
 
-def _clean_statuses(raw: list[WorkloadStatus], result: CycleResult) -> list[WorkloadStatus]:
+def _clean_statuses(raw: list[WorkloadStatus], result: CycleResult,
+                    memo: dict[str, tuple[WorkloadStatus, WorkloadStatus]] | None = None
+                    ) -> list[WorkloadStatus]:
+    """Each status through `clean_status`, dropping (and logging) those that name no job.
+    `memo` (workload name -> the raw status and its cleaned one, replaced by this call):
+    a status equal to the one of the last cycle is not cleaned again (`clean_status` is a
+    function of the status alone); only a backend's own `WorkloadStatus` is compared."""
     statuses = []
+    seen: dict[str, tuple[WorkloadStatus, WorkloadStatus]] = {}
     for status in raw:
+        if memo is not None and type(status) is WorkloadStatus and isinstance(status.name, str):
+            last = memo.get(status.name)
+            if last is not None and _same(last[0], status):
+                statuses.append(last[1])
+                seen[status.name] = last
+                continue
         clean = clean_status(status)
+        if clean is not None and memo is not None and type(status) is WorkloadStatus \
+                and isinstance(status.name, str):
+            seen[status.name] = (status, clean)
         if clean is None:
             log.warning("cycle %s: ignored a workload status that names no job: %s",
                         result.cycle_id, clean_text(repr(status), max_length=300))
         else:
             statuses.append(clean)
+    if memo is not None:
+        memo.clear()
+        memo.update(seen)
     return statuses
+
+
+def _same(a: object, b: object) -> bool:
+    """`a == b`, False when comparing raises (a status a backend filled with odd values)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
@@ -270,7 +297,8 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
     Only when the rows are kept (PostgreSQL, no transaction open: `ActiveJobs.kept`); a workload
     no job holds, or one whose job hit an error, is handled every cycle."""
     jobs = jobs if jobs is not None else cycle_active_jobs()
-    statuses = _clean_statuses(backend.statuses(now=now), result)
+    statuses = _clean_statuses(backend.statuses(now=now), result,
+                               memo=jobs.cleaned if jobs.kept else None)
     seen = {s.name for s in statuses}
     result.workloads = seen
     holding = jobs.holding
