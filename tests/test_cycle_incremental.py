@@ -223,6 +223,23 @@ class TestKept:
         assert jobs.last.full and jobs.last.reason.startswith("count")
         assert set(jobs.queued) == {b.pk}
 
+    def test_a_cycle_with_a_deleted_running_job_goes_on_and_drops_it(self, world: World) -> None:
+        """Reconcile's refresh does not count: the deleted job is still kept there (and
+        misleads no one); the snapshot's refresh counts and drops it before the plan."""
+        a, b = submit(world, 2)
+        t0 = timezone.now()
+        scheduler_cycle(now=t0)
+        scheduler_cycle(now=t0 + timedelta(seconds=1))
+        assert {a.pk, b.pk} <= set(cycle_active_jobs().holding)
+        JobEvent.objects.filter(job_id=a.pk).delete()
+        Job.objects.filter(pk=a.pk).delete()
+        assert a.pk in cycle_active_jobs(count=False).holding
+        result = scheduler_cycle(now=t0 + timedelta(seconds=2))
+        assert result.job_errors == {}
+        jobs = cycle_active_jobs()
+        assert a.pk not in jobs.holding and b.pk in jobs.holding
+        assert_same_as_full_read(jobs)
+
     def test_a_new_worker_process_starts_from_a_full_read(self, world: World) -> None:
         submit(world, 2)
         cycle_active_jobs()

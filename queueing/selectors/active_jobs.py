@@ -138,8 +138,11 @@ class ActiveJobs:
     def clear(self) -> None:
         self.__init__()  # type: ignore[misc]  # back to a new process's state
 
-    def refresh(self) -> Refresh:
-        """Bring the rows up to date with the database (see the module's docstring)."""
+    def refresh(self, *, count: bool = True) -> Refresh:
+        """Bring the rows up to date with the database (see the module's docstring).
+        `count=False` skips the count of active rows (deleted rows stay until a refresh
+        that counts): for a reader a row that is gone cannot mislead (reconcile, whose
+        refresh the snapshot's follows within the same cycle)."""
         if connection.vendor != "postgresql" or connection.in_atomic_block:
             self.since, self.kept = None, False
             self._replace(_rows(Job.objects.filter(status__in=ACTIVE_STATES)))
@@ -156,8 +159,8 @@ class ActiveJobs:
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 cur.execute(
                     "SELECT txid_snapshot_xmin(txid_current_snapshot()), "
-                    "(SELECT count(*) FROM queueing_job WHERE status = ANY(%s))",
-                    [list(ACTIVE_STATES)],
+                    + ("(SELECT count(*) FROM queueing_job WHERE status = ANY(%s))" if count else "NULL"),
+                    [list(ACTIVE_STATES)] if count else [],
                 )
                 xmin, active = cur.fetchone()
             self.lookups = _lookups()
@@ -169,7 +172,7 @@ class ActiveJobs:
             else:
                 changed = self._apply(_rows(Job.objects.filter(_changed_since(self.since))))
                 self.last = Refresh(full=False, changed=changed)
-                if len(self) != active:
+                if active is not None and len(self) != active:
                     log.warning(
                         "active jobs: %d kept but %d in the database (a deleted "
                         "or missed row); reading them all again",
@@ -267,11 +270,12 @@ _cycle_jobs = ActiveJobs()
 on_forget(_cycle_jobs.clear)
 
 
-def cycle_active_jobs() -> ActiveJobs:
+def cycle_active_jobs(*, count: bool = True) -> ActiveJobs:
     """The scheduler process's active jobs, refreshed (one cycle at a time holds the
-    scheduler lock, so one refresh at a time; the lock guards other threads)."""
+    scheduler lock, so one refresh at a time; the lock guards other threads). `count`:
+    see `ActiveJobs.refresh`."""
     with _lock:
-        _cycle_jobs.refresh()
+        _cycle_jobs.refresh(count=count)
     return _cycle_jobs
 
 

@@ -154,7 +154,9 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         result = CycleResult(cycle_id=cycle_id or new_cycle_id())
         now = now or timezone.now()
         t0 = time.perf_counter()
-        reconcile(backend=backend, now=now, result=result, jobs=cycle_active_jobs())
+        # (Uncounted: a deleted row misleads no one here; step 2's refresh counts.)
+        reconcile(backend=backend, now=now, result=result,
+                  jobs=cycle_active_jobs(count=False))
         _utilization(backend=backend, now=now, result=result)
         t1 = time.perf_counter()
         odd_rows: dict[int, Exception] = {}
