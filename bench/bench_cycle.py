@@ -19,8 +19,10 @@ How it works
     `cycle_10k_steady`: the next cycles: reconcile of every running workload, then a full
     plan in which nothing fits (the common case of a busy cluster). p50 of 5.
   * Scenario 2: 100 teams (quota nominal 100, borrowing limit 100), 100,000 queued and
-    10,000 running one-GPU jobs (set up directly: rows and simulated workloads), the
-    running ones for the rest of the bench. `cycle_100k_queued_10k_running_<db>_first`
+    10,000 running one-GPU jobs (set up directly: rows and simulated workloads; the
+    running ones of the top tier, 100 per team: a settled busy cluster, where the plan
+    finds nothing to admit or preempt), the running ones for the rest of the bench; the
+    job table vacuumed after the bulk load, as autovacuum would. `cycle_100k_queued_10k_running_<db>_first`
     is the first cycle of the process (nothing kept from an earlier one);
     `_steady_p50` the p50 of the next cycles, each after a little churn between cycles
     (a few submits, a cancel, a priority change: what a busy queue sees), with the p50
