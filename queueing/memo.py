@@ -16,6 +16,7 @@ from cachetools import TTLCache, cached
 
 F = TypeVar("F", bound=Callable[..., Any])
 _memos: list[TTLCache[Any, Any]] = []
+_forgets: list[Callable[[], None]] = []
 
 
 def ttl_memo(seconds: float) -> Callable[[F], F]:
@@ -29,7 +30,15 @@ def ttl_memo(seconds: float) -> Callable[[F], F]:
     return decorate
 
 
+def on_forget(forget: Callable[[], None]) -> None:
+    """Have `forget_all` also call `forget` (a per-process cache kept another way, such as
+    the cycle's active jobs: queueing/selectors/active_jobs.py)."""
+    _forgets.append(forget)
+
+
 def forget_all() -> None:
     """Drop every memo of this process (tests; after changing the facts in place)."""
     for memo in _memos:
         memo.clear()
+    for forget in _forgets:
+        forget()

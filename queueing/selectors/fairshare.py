@@ -34,6 +34,8 @@ from queueing.policy.priority import PriorityBreakdown, PriorityWeights, job_pri
 from queueing.policy.snapshot import QueuedJob
 from queueing.policy.states import JobState
 
+from .active_jobs import ActiveJobs
+
 # Rule F2: a team with work in these states is active even before it has any usage.
 _ACTIVE_STATES = (JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING)
 
@@ -113,27 +115,38 @@ def decayed_accumulators(*, now: datetime) -> dict[int, float]:
     }
 
 
-def fairshare_inputs(*, now: datetime) -> tuple[list[TeamUsageInput], dict[str, float]]:
+def fairshare_inputs(*, now: datetime, jobs: ActiveJobs | None = None
+                     ) -> tuple[list[TeamUsageInput], dict[str, float]]:
     """Each team's weight, parent, banked usage, running attempts and activity, and the
     entry penalty (rule F6) of jobs admitted but not yet running, per team.
 
     The rules are the pure ones of queueing/policy/cycle.py (the simulator's too): active
     teams (F2, `active_teams`), running intervals and entry penalties (F1/F6,
     `standings_running_and_penalty`). O(teams + jobs holding GPUs) in three queries, none
-    over the usage history.
+    over the usage history; with `jobs` (the cycle's active jobs, just refreshed) the jobs
+    come from them instead of two of the queries.
     """
     banked = decayed_accumulators(now=now)
-    teams = list(
-        Team.objects.annotate(
-            has_work=Exists(Job.objects.filter(team=OuterRef("pk"),
-                                               status__in=list(_ACTIVE_STATES))),
-        ).values_list("pk", "slug", "weight", "parent_id", "has_work")
-    )
+    if jobs is None:
+        teams = list(
+            Team.objects.annotate(
+                has_work=Exists(Job.objects.filter(team=OuterRef("pk"),
+                                                   status__in=list(_ACTIVE_STATES))),
+            ).values_list("pk", "slug", "weight", "parent_id", "has_work")
+        )
+        rows = list(Job.objects.filter(status__in=[JobState.RUNNING, JobState.ADMITTED])
+                    .values_list("team_id", "status", "gpus_per_replica", "replicas",
+                                 "gpu_type__billing_weight", "started_at"))
+    else:
+        working = {r.team_id for r in jobs.queued.values()} | {
+            r.team_id for r in jobs.holding.values()}
+        teams = [(pk, slug, weight, parent, pk in working) for pk, slug, weight, parent in
+                 Team.objects.values_list("pk", "slug", "weight", "parent_id")]
+        weights = jobs.lookups.billing_weights
+        rows = [(r.team_id, r.status, r.gpus_per_replica, r.replicas,
+                 weights.get(r.gpu_type_id, 1.0), r.started_at)
+                for r in sorted(jobs.holding.values())]  # by id: the same sums each time
     slug_of = {pk: slug for pk, slug, *_ in teams}
-    rows = Job.objects.filter(status__in=[JobState.RUNNING, JobState.ADMITTED]).values_list(
-        "team_id", "status", "gpus_per_replica", "replicas", "gpu_type__billing_weight",
-        "started_at",
-    )
     # An admitted job has not started yet, whatever its row says (rule F6 until it runs).
     holding = [
         Holding(slug_of[team_id], gpus * replicas, weight,
@@ -153,10 +166,11 @@ def fairshare_inputs(*, now: datetime) -> tuple[list[TeamUsageInput], dict[str, 
 
 # --- standings ----------------------------------------------------------------------------
 
-def fairshare_standings(*, now: datetime) -> dict[str, Standing]:
+def fairshare_standings(*, now: datetime, jobs: ActiveJobs | None = None
+                        ) -> dict[str, Standing]:
     """Rules F1-F6 for every team at `now`, from the accumulators: O(teams), whatever the
-    length of the usage history."""
-    inputs, extra = fairshare_inputs(now=now)
+    length of the usage history. `jobs`: see `fairshare_inputs`."""
+    inputs, extra = fairshare_inputs(now=now, jobs=jobs)
     return compute_standings(inputs, now=now, half_life_hours=half_life_hours(),
                              extra_usage=extra)
 

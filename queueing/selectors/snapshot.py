@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Max
+from django.db.models import Count
 
 from queueing.backends.base import ClusterBackend
-from queueing.models import GpuType, Job, JobArray, JobEvent, Quota
+from queueing.models import GpuType, Job, JobArray, Quota
 from queueing.policy.dependencies import Counts, Dependency, parse_dependencies
 from queueing.policy.fairshare import FairShareState
 from queueing.policy.settings import PolicySettings
@@ -29,8 +29,9 @@ from queueing.policy.snapshot import (
     Topology,
     TopologyMode,
 )
-from queueing.policy.states import HOLDING_STATES, JobState
+from queueing.policy.states import JobState
 
+from .active_jobs import ActiveJobs, JobRow, Lookups
 from .cluster import ClusterView
 from .fairshare import (
     entry_penalty_interval_seconds,
@@ -57,66 +58,60 @@ def policy_settings() -> PolicySettings:
     )
 
 
-def unprovisioned_teams(backend: ClusterBackend | ClusterView) -> set[str]:
+def unprovisioned_teams(backend: ClusterBackend | ClusterView, *,
+                        jobs: ActiveJobs | None = None) -> set[str]:
     """Teams with queued jobs whose namespace is not provisioned (FAIRQ_K8S_PROVISION=
     separate): their jobs stay out of the plan and wait with that reason. A backend
-    without the notion (the simulated cluster) provisions nothing."""
+    without the notion (the simulated cluster) provisions nothing. `jobs`: the active
+    jobs already read (the cycle's), else the teams are queried."""
     ask = getattr(backend, "unprovisioned_teams", None)
     if ask is None:
         return set()
-    teams = set(Job.objects.filter(status=JobState.QUEUED)
-                .values_list("team__slug", flat=True).distinct())
+    if jobs is not None:
+        names = jobs.lookups.teams
+        teams = {names.get(r.team_id, "") for r in jobs.queued.values()} - {""}
+    else:
+        teams = set(Job.objects.filter(status=JobState.QUEUED)
+                    .values_list("team__slug", flat=True).distinct())
     return set(ask(teams)) if teams else set()
 
 
 def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
                    live_workloads: set[str] | None = None,
                    unprovisioned: set[str] | None = None,
-                   odd_rows: dict[int, Exception] | None = None) -> Snapshot:
+                   odd_rows: dict[int, Exception] | None = None,
+                   jobs: ActiveJobs | None = None) -> Snapshot:
     """Step 2: everything the policy needs, read once (a handful of queries). Web
     processes pass the published `ClusterView` as the backend
-    (queueing/selectors/cluster.py).
+    (queueing/selectors/cluster.py). `jobs`: the active jobs, refreshed by the caller
+    (the cycle keeps them between cycles: queueing/selectors/active_jobs.py); without
+    them every active job is read here.
 
     A job row the policy cannot take (a placement that is not a list of node names, no
     GPUs) is left out and reported in `odd_rows` (job id -> why), never raised: the
     cycle fails those jobs, other callers just do without them."""
     odd = odd_rows if odd_rows is not None else {}
+    if jobs is None:
+        jobs = ActiveJobs()
+        jobs.refresh()
     if unprovisioned is None:
-        unprovisioned = unprovisioned_teams(backend)
+        unprovisioned = unprovisioned_teams(backend, jobs=jobs)
     if live_workloads is None:
         live_workloads = (set(backend.workloads) if isinstance(backend, ClusterView)
                           else {s.name for s in backend.statuses(now=now)})
-    holding = []
-    for h in Job.objects.filter(status__in=list(HOLDING_STATES)).values(
-            "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
-            "tier__rank", "tier__preemptible", "tier__min_runtime_seconds", "started_at",
-            "placement", "submitted_to_backend_at", "cpu_millicores", "memory_bytes",
-            "attempt", "array_id"):
-        try:
-            h["placement"] = _placement(h["placement"])
-            _check_size(h)
-        except ValueError as exc:
-            odd[h["id"]] = exc
-            continue
-        holding.append(h)
-    # Rule R3: how often each job holding GPUs was preempted before (only a job past its
-    # first attempt can have been).
-    preempted = dict(
-        JobEvent.objects.order_by().filter(kind=JobEvent.Kind.PREEMPTED,
-                                job_id__in=[h["id"] for h in holding if h["attempt"] > 1])
-        .values_list("job_id").annotate(n=Count("id")).values_list("job_id", "n")
-    ) if any(h["attempt"] > 1 for h in holding) else {}
+    queued_all, running = policy_jobs(jobs, odd)
     # The cluster counts what it runs; jobs admitted but not yet submitted hold their
     # planned placement on top of that.
     pending_alloc: dict[str, int] = defaultdict(int)
     pending_cpu: dict[str, int] = defaultdict(int)
     pending_memory: dict[str, int] = defaultdict(int)
-    for h in holding:
-        if h["submitted_to_backend_at"] is None:
-            for node in h["placement"]:
-                pending_alloc[node] += h["gpus_per_replica"]
-                pending_cpu[node] += h["cpu_millicores"] or 0
-                pending_memory[node] += h["memory_bytes"] or 0
+    holding = jobs.holding
+    for r in running:
+        if holding[r.id].submitted_to_backend_at is None:
+            for node in r.nodes:
+                pending_alloc[node] += r.gpus_per_replica
+                pending_cpu[node] += r.cpu_millicores or 0
+                pending_memory[node] += r.memory_bytes or 0
     nodes = tuple(
         NodeState(n.name, n.gpu_type, n.capacity,
                   max(0, n.capacity - n.allocated - pending_alloc[n.name]),
@@ -126,50 +121,8 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
                   memory_allocatable=n.memory_bytes)
         for n in backend.nodes()
     )
-    running = tuple(
-        RunningJob(
-            id=h["id"], team=h["team__slug"], gpu_type=h["gpu_type__slug"],
-            gpus_per_replica=h["gpus_per_replica"], replicas=h["replicas"],
-            tier_rank=h["tier__rank"], preemptible=h["tier__preemptible"],
-            started_at=h["started_at"], min_runtime_seconds=h["tier__min_runtime_seconds"],
-            nodes=tuple(h["placement"]), cpu_millicores=h["cpu_millicores"],
-            memory_bytes=h["memory_bytes"], preemptions=preempted.get(h["id"], 0),
-            array_id=h["array_id"],
-        )
-        for h in holding
-    )
-    queued_rows = []
-    for q in Job.objects.filter(status=JobState.QUEUED).exclude(
-            team__slug__in=unprovisioned).values(
-            "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
-            "tier__rank", "created_at", "cpu_millicores",
-            "memory_bytes", "topology_level", "topology_mode", "attempt", "dependencies",
-            "array_id"):
-        try:
-            _check_size(q)
-            q["dependencies"] = parse_dependencies(q["dependencies"]) if q["dependencies"] \
-                else ()
-        except ValueError as exc:
-            odd[q["id"]] = exc
-            continue
-        queued_rows.append(q)
-    # Rule R9: a requeued job's wait counts from its last return to the queue.
-    requeued_ids = [q["id"] for q in queued_rows if q["attempt"] > 1]
-    requeued_at = dict(
-        JobEvent.objects.order_by().filter(kind=JobEvent.Kind.TRANSITION,
-                                           to_status=JobState.QUEUED, job_id__in=requeued_ids)
-        .values_list("job_id").annotate(last=Max("at")).values_list("job_id", "last")
-    ) if requeued_ids else {}
-    queued = tuple(
-        QueuedJob(id=q["id"], team=q["team__slug"], gpu_type=q["gpu_type__slug"],
-                  gpus_per_replica=q["gpus_per_replica"], replicas=q["replicas"],
-                  tier_rank=q["tier__rank"], submitted_at=q["created_at"],
-                  queued_at=requeued_at.get(q["id"]),
-                  cpu_millicores=q["cpu_millicores"], memory_bytes=q["memory_bytes"],
-                  topology=topology_of(q["topology_level"], q["topology_mode"]),
-                  dependencies=q["dependencies"], array_id=q["array_id"])
-        for q in queued_rows
-    )
+    queued = (tuple(q for q in queued_all if q.team not in unprovisioned) if unprovisioned
+              else queued_all)
     if odd:
         log.warning("snapshot: left out %d job rows the policy cannot take: %s", len(odd),
                     ", ".join(str(pk) for pk in sorted(odd)[:20]))
@@ -179,7 +132,7 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         for q in Quota.objects.values("team__slug", "gpu_type__slug", "nominal",
                                       "borrowing_limit", "lending_limit")
     }
-    standings = fairshare_standings(now=now)
+    standings = fairshare_standings(now=now, jobs=jobs)
     interval = entry_penalty_interval_seconds()
     # Rule R8 must see the workloads the cluster lists: the cycle's own, or for the web
     # (explain, dashboard, preview) the ones the last cycle published.
@@ -194,8 +147,8 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         nominated=nominated,
         nominated_placement=placements,
         preemption=preemption_settings(now=now),
-        dependency_counts=dependency_counts(d for q in queued_rows for d in q["dependencies"]),
-        array_limits=array_limits({q["array_id"] for q in queued_rows} - {None}),
+        dependency_counts=dependency_counts(d for q in queued for d in q.dependencies),
+        array_limits=array_limits({q.array_id for q in queued} - {None}),
     )
 
 
@@ -230,6 +183,68 @@ def array_limits(array_ids: set[Any]) -> dict[int, int]:
             .values_list("pk", "max_running") if n is not None}
 
 
+def policy_jobs(jobs: ActiveJobs, odd: dict[int, Exception]
+                ) -> tuple[tuple[QueuedJob, ...], tuple[RunningJob, ...]]:
+    """The policy's queued and running jobs of `jobs`; a row it cannot take goes to
+    `odd`. Each is built once per version of its row (`jobs.memo`; all again when a
+    team, GPU type or tier the rows point at changed)."""
+    memo = jobs.memo
+    if memo.get(_LOOKUPS) != jobs.lookups:
+        memo.clear()
+        memo[_LOOKUPS] = jobs.lookups
+    lookups = jobs.lookups
+    queued: list[QueuedJob] = []
+    running: list[RunningJob] = []
+    for rows, build, out in ((jobs.queued, _queued_job, queued),
+                             (jobs.holding, _running_job, running)):
+        for pk, row in rows.items():
+            made = memo.get(pk)
+            if made is None:
+                try:
+                    made = build(row, lookups, jobs)
+                except (ValueError, KeyError) as exc:
+                    made = exc if isinstance(exc, ValueError) else ValueError(
+                        f"it points at a row that is gone: {exc}")
+                memo[pk] = made
+            if isinstance(made, Exception):
+                odd[pk] = made
+            else:
+                out.append(made)  # type: ignore[arg-type]  # the builder of this kind
+    return tuple(queued), tuple(running)
+
+
+_LOOKUPS = -1  # the memo's key for the lookups its entries were built with (ids are > 0)
+
+
+def _queued_job(row: JobRow, lookups: Lookups, jobs: ActiveJobs) -> QueuedJob:
+    _check_size(row)
+    return QueuedJob(id=row.id, team=lookups.teams[row.team_id],
+                     gpu_type=lookups.gpu_types[row.gpu_type_id],
+                     gpus_per_replica=row.gpus_per_replica, replicas=row.replicas,
+                     tier_rank=lookups.tiers[row.tier_id].rank, submitted_at=row.created_at,
+                     queued_at=jobs.queued_at.get(row.id),
+                     cpu_millicores=row.cpu_millicores, memory_bytes=row.memory_bytes,
+                     topology=topology_of(row.topology_level, row.topology_mode),
+                     dependencies=(parse_dependencies(row.dependencies) if row.dependencies
+                                   else ()),
+                     array_id=row.array_id)
+
+
+def _running_job(row: JobRow, lookups: Lookups, jobs: ActiveJobs) -> RunningJob:
+    placement = _placement(row.placement)
+    _check_size(row)
+    tier = lookups.tiers[row.tier_id]
+    return RunningJob(
+        id=row.id, team=lookups.teams[row.team_id], gpu_type=lookups.gpu_types[row.gpu_type_id],
+        gpus_per_replica=row.gpus_per_replica, replicas=row.replicas,
+        tier_rank=tier.rank, preemptible=tier.preemptible,
+        started_at=row.started_at, min_runtime_seconds=tier.min_runtime_seconds,
+        nodes=tuple(placement), cpu_millicores=row.cpu_millicores,
+        memory_bytes=row.memory_bytes, preemptions=jobs.preemptions.get(row.id, 0),
+        array_id=row.array_id,
+    )
+
+
 def _minus(free: int | None, pending: int) -> int | None:
     return None if free is None else max(0, free - pending)
 
@@ -254,8 +269,8 @@ def _placement(value: object) -> list[str]:
     return value
 
 
-def _check_size(row: Mapping[str, Any]) -> None:
+def _check_size(row: JobRow) -> None:
     for name in ("gpus_per_replica", "replicas"):
-        n = row[name]
+        n = getattr(row, name)
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"{name} is {n!r}")

@@ -71,6 +71,7 @@ from queueing.models import Job, JobEvent, UsageRecord
 from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 from queueing.sanitize import clean_status, clean_text
+from queueing.selectors.active_jobs import ActiveJobs, cycle_active_jobs
 from queueing.selectors.queue_plan import queue_plan_forget
 from queueing.selectors.snapshot import build_snapshot, unprovisioned_teams
 
@@ -154,13 +155,17 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         result = CycleResult(cycle_id=cycle_id or new_cycle_id())
         now = now or timezone.now()
         t0 = time.perf_counter()
-        reconcile(backend=backend, now=now, result=result)
+        # (Uncounted: a deleted row misleads no one here; step 2's refresh counts.)
+        reconcile(backend=backend, now=now, result=result,
+                  jobs=cycle_active_jobs(count=False))
         _utilization(backend=backend, now=now, result=result)
         t1 = time.perf_counter()
         odd_rows: dict[int, Exception] = {}
-        unprovisioned = unprovisioned_teams(backend)
+        # Again: the rows step 1 and others changed since (only those are read).
+        jobs = cycle_active_jobs()
+        unprovisioned = unprovisioned_teams(backend, jobs=jobs)
         snapshot = build_snapshot(backend=backend, now=now, live_workloads=result.workloads,
-                                  unprovisioned=unprovisioned, odd_rows=odd_rows)
+                                  unprovisioned=unprovisioned, odd_rows=odd_rows, jobs=jobs)
         for job_id, exc in odd_rows.items():
             _job_failed(job_id, exc, step="reading its row", now=now, result=result)
         t2 = time.perf_counter()
@@ -246,29 +251,85 @@ def _job_failed(job_id: int, exc: BaseException, *, step: str, now: datetime,
                       result.cycle_id, job_id)
 
 
-def _clean_statuses(raw: list[WorkloadStatus], result: CycleResult) -> list[WorkloadStatus]:
+def _clean_statuses(raw: list[WorkloadStatus], result: CycleResult,
+                    memo: dict[str, tuple[WorkloadStatus, WorkloadStatus]] | None = None
+                    ) -> list[WorkloadStatus]:
+    """Each status through `clean_status`, dropping (and logging) those that name no job.
+    `memo` (workload name -> the raw status and its cleaned one, replaced by this call):
+    a status equal to the one of the last cycle is not cleaned again (`clean_status` is a
+    function of the status alone); only a backend's own `WorkloadStatus` is compared."""
     statuses = []
+    seen: dict[str, tuple[WorkloadStatus, WorkloadStatus]] = {}
     for status in raw:
+        if memo is not None and type(status) is WorkloadStatus and isinstance(status.name, str):
+            last = memo.get(status.name)
+            if last is not None and _same(last[0], status):
+                statuses.append(last[1])
+                seen[status.name] = last
+                continue
         clean = clean_status(status)
+        if clean is not None and memo is not None and type(status) is WorkloadStatus \
+                and isinstance(status.name, str):
+            seen[status.name] = (status, clean)
         if clean is None:
             log.warning("cycle %s: ignored a workload status that names no job: %s",
                         result.cycle_id, clean_text(repr(status), max_length=300))
         else:
             statuses.append(clean)
+    if memo is not None:
+        memo.clear()
+        memo.update(seen)
     return statuses
 
 
-def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) -> None:
-    statuses = _clean_statuses(backend.statuses(now=now), result)
+def _same(a: object, b: object) -> bool:
+    """`a == b`, False when comparing raises (a status a backend filled with odd values)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
+              jobs: ActiveJobs | None = None) -> None:
+    """Step 1. `jobs`: the active jobs, refreshed by the caller (else read here): the
+    owners of the workloads come from them, not from a query per cycle.
+
+    A workload whose status is the one handled in an earlier cycle, with its job's row
+    as it was then (the same values in every column of `JobRow`), is not handled
+    again: handling it would change nothing (every branch below depends only on the
+    status and the row's values, and writes the row or an event it checks for first).
+    Only when the rows are kept (PostgreSQL, no transaction open: `ActiveJobs.kept`); a workload
+    no job holds, or one whose job hit an error, is handled every cycle."""
+    jobs = jobs if jobs is not None else cycle_active_jobs()
+    statuses = _clean_statuses(backend.statuses(now=now), result,
+                               memo=jobs.cleaned if jobs.kept else None)
     seen = {s.name for s in statuses}
     result.workloads = seen
+    holding = jobs.holding
+    before = jobs.reconciled if jobs.kept else {}
+    handled: dict[str, tuple[WorkloadStatus, object]] = {}
     # Only a few columns for every workload; whole rows only for the few that move.
-    owners = {pk: _Owner(attempt, JobState(st), message, placement or [])
-              for pk, attempt, st, message, placement in Job.objects.filter(
-                  pk__in={s.job_id for s in statuses}).values_list(
-                  "pk", "attempt", "status", "message", "placement")}
-    moving = []
+    owners: dict[int, _Owner] = {}
+    todo: list[WorkloadStatus] = []
     for status in statuses:
+        row = holding.get(status.job_id)
+        last = before.get(status.name)
+        if row is not None and last is not None and last[1] == row and last[0] == status:
+            handled[status.name] = last
+            continue
+        if row is not None:
+            owners[status.job_id] = _Owner(row.attempt, JobState(row.status), row.message,
+                                           row.placement or [])
+        todo.append(status)
+    others = {s.job_id for s in todo} - set(owners)
+    if others:  # a workload of a job not holding GPUs (finished, cancelled, gone)
+        owners.update({pk: _Owner(attempt, JobState(st), message, placement or [])
+                       for pk, attempt, st, message, placement in Job.objects.filter(
+                           pk__in=others).values_list(
+                           "pk", "attempt", "status", "message", "placement")})
+    moving = []
+    for status in todo:
         owner = owners.get(status.job_id)
         if owner is None or owner.attempt != status.attempt or \
                 owner.state not in HOLDING_STATES:
@@ -281,6 +342,7 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) ->
                 log.warning("cycle %s: could not end unowned workload %s: %s",
                             result.cycle_id, status.name, type(exc).__name__)
             continue
+        handled[status.name] = (status, holding.get(status.job_id))
         if status.phase == Phase.PENDING:
             if owner.state == JobState.ADMITTED:
                 with _isolated(status.job_id, step="recording why it waits", now=now,
@@ -294,25 +356,29 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult) ->
                 _running_changes(job_id=status.job_id, owner=owner, status=status, now=now)
             continue  # nothing to record: no transaction for the common case
         moving.append(status)
-    jobs = Job.objects.select_related("gpu_type").in_bulk({s.job_id for s in moving})
+    moved = Job.objects.select_related("gpu_type").in_bulk({s.job_id for s in moving})
     for status in moving:
-        job = jobs.get(status.job_id)
+        job = moved.get(status.job_id)
         if job is not None and job.attempt == status.attempt:
             with _isolated(job.pk, step="recording its workload status", now=now,
                            result=result):
                 _apply_status(job, status, now=now, result=result)
+    # What the next cycle need not handle again; never a job that hit an error (a job
+    # that could not even be failed is tried again).
+    jobs.reconciled = {name: h for name, h in handled.items()
+                       if h[0].job_id not in result.job_errors}
 
-    # Jobs holding GPUs that the cluster does not list: one narrow scan, full rows only
-    # for the (rare) missing ones.
+    # Jobs holding GPUs that the cluster does not list: a scan of the active jobs, full
+    # rows only for the (rare) missing ones.
     grace_cutoff = now - VANISHED_GRACE
     # (A RUNNING row without started_at, an old row, counts from its last update.)
     missing = [
-        pk for pk, attempt, state, submitted, started, updated in Job.objects.filter(
-            status__in=[JobState.ADMITTED, JobState.RUNNING]).values_list(
-            "pk", "attempt", "status", "submitted_to_backend_at", "started_at", "updated_at")
-        if workload_name(pk, attempt) not in seen and (
-            (state == JobState.ADMITTED and submitted is not None and submitted < grace_cutoff)
-            or (state == JobState.RUNNING and (started or updated) < grace_cutoff))
+        pk for pk, row in holding.items()
+        if workload_name(pk, row.attempt) not in seen and (
+            (row.status == JobState.ADMITTED and row.submitted_to_backend_at is not None
+             and row.submitted_to_backend_at < grace_cutoff)
+            or (row.status == JobState.RUNNING
+                and (row.started_at or row.updated_at) < grace_cutoff))
     ]
     gone = Job.objects.select_related("gpu_type").in_bulk(missing)
     for job in (j for j in gone.values() if j.state == JobState.ADMITTED):

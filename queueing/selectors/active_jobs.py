@@ -1,0 +1,287 @@
+"""Every active job (QUEUED, ADMITTED, RUNNING) as the cycle reads it, kept in the
+worker's memory between cycles and brought up to date from the rows that changed
+(docs/architecture.md, "The incremental snapshot").
+
+How it stays correct (PostgreSQL):
+  * Every write of a job row stamps it with the id of its transaction
+    (`queueing_job.change_xid`: the column's default on INSERT, a trigger on UPDATE;
+    migration 0016), whoever wrote it: a service, a bulk COPY, raw SQL, the admin.
+  * A refresh reads, in one REPEATABLE READ snapshot, the oldest transaction still
+    running (`txid_snapshot_xmin`), the rows stamped with an id at or above the previous
+    refresh's (every transaction not visible then is at or above it, whatever order they
+    commit in) and the number of active rows. A row that left the active states is
+    dropped; a changed one replaces its old copy.
+  * A deleted row leaves no stamp: the count catches it (the rows kept must be exactly
+    the active rows of the snapshot), and so it catches any row the feed would miss; a
+    mismatch reloads everything and logs a warning.
+  * Only what is read outside a transaction is kept (committed rows, never a write that
+    could still be rolled back); inside one (the tests' transactions, or a caller's) and
+    on SQLite, which has no transaction ids, each refresh reads every active job.
+  * A new process starts empty: its first refresh is a full read.
+
+The columns are listed once (`ACTIVE_JOB_COLUMNS`): what the snapshot and reconcile need
+of a job is added there. Team, GPU type and tier are kept as ids; their slugs and the
+tier's rank are read every refresh (a few rows), so an edited tier counts at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from django.db import connection, transaction
+from django.db.models import Count, Max
+
+from accounts.models import Team
+from queueing.memo import on_forget
+from queueing.models import GpuType, Job, JobEvent, Tier
+from queueing.policy.states import HOLDING_STATES, JobState
+
+log = logging.getLogger(__name__)
+
+
+class JobRow(NamedTuple):
+    """The columns of an active job the cycle reads: the snapshot's queued and running
+    jobs (selectors/snapshot.py) and reconcile's owners of workloads
+    (services/scheduler.py). A field the policy needs is added here, and only here: the
+    query reads `ACTIVE_JOB_COLUMNS`, the field names of this row."""
+
+    id: int
+    status: str
+    attempt: int
+    team_id: int
+    gpu_type_id: int
+    tier_id: int
+    gpus_per_replica: int
+    replicas: int
+    created_at: datetime
+    cpu_millicores: int | None
+    memory_bytes: int | None
+    topology_level: str
+    topology_mode: str
+    placement: Any  # JSON: a list of node names when well formed (checked on use)
+    submitted_to_backend_at: datetime | None
+    started_at: datetime | None
+    updated_at: datetime
+    message: str
+    dependencies: Any  # JSON: rules D1-D3, parsed on use (selectors/snapshot.py)
+    array_id: int | None  # rule A8
+
+
+ACTIVE_JOB_COLUMNS: tuple[str, ...] = JobRow._fields
+ACTIVE_STATES: tuple[str, ...] = (JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING)
+_HOLDING = frozenset(str(s) for s in HOLDING_STATES)
+
+
+@dataclass(frozen=True, slots=True)
+class TierFacts:
+    slug: str
+    rank: int
+    preemptible: bool
+    min_runtime_seconds: int
+
+
+@dataclass(frozen=True, slots=True)
+class Lookups:
+    """The few rows a job's ids point at, read every refresh."""
+
+    teams: Mapping[int, str] = field(default_factory=dict)
+    gpu_types: Mapping[int, str] = field(default_factory=dict)
+    tiers: Mapping[int, TierFacts] = field(default_factory=dict)
+    # Rule F1's billing weight per GPU type id.
+    billing_weights: Mapping[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class Refresh:
+    """What one refresh did: `full` when it read every active job, `changed` the ids it
+    (re)read (every one on a full read), `reason` why it was a full read."""
+
+    full: bool
+    changed: set[int]
+    reason: str = ""
+
+
+class ActiveJobs:
+    """The active jobs, by id, with what the snapshot needs beside each row: when a
+    requeued job last re-entered the queue (rule R9) and how often a job holding GPUs
+    was preempted before (rule R3). `memo` keeps what callers derive from one row (the
+    policy's QueuedJob, RunningJob) until the row or the lookups change."""
+
+    def __init__(self) -> None:
+        self.queued: dict[int, JobRow] = {}
+        self.holding: dict[int, JobRow] = {}
+        self.queued_at: dict[int, datetime] = {}
+        self.preemptions: dict[int, int] = {}
+        self.lookups = Lookups()
+        self.memo: dict[int, Any] = {}
+        # The transaction id below which every row was seen (None: read everything).
+        self.since: int | None = None
+        # Whether the rows can be trusted after this refresh: read outside a transaction
+        # on PostgreSQL (reconcile skips unchanged workloads only then).
+        self.kept = False
+        self.last = Refresh(full=True, changed=set())
+        # Reconcile's memory (services/scheduler.py): per workload name, the status it
+        # last handled and the row its job had then.
+        self.reconciled: dict[str, tuple[Any, Any]] = {}
+        # ... and the raw statuses it cleaned last, with what cleaning gave.
+        self.cleaned: dict[str, tuple[Any, Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self.queued) + len(self.holding)
+
+    def row(self, job_id: int) -> JobRow | None:
+        return self.queued.get(job_id) or self.holding.get(job_id)
+
+    def clear(self) -> None:
+        self.__init__()  # type: ignore[misc]  # back to a new process's state
+
+    def refresh(self, *, count: bool = True) -> Refresh:
+        """Bring the rows up to date with the database (see the module's docstring).
+        `count=False` skips the count of active rows (deleted rows stay until a refresh
+        that counts): for a reader a row that is gone cannot mislead (reconcile, whose
+        refresh the snapshot's follows within the same cycle)."""
+        if connection.vendor != "postgresql" or connection.in_atomic_block:
+            self.since, self.kept = None, False
+            self._replace(_rows(Job.objects.filter(status__in=ACTIVE_STATES)))
+            self.lookups = _lookups()  # after the rows: a team of a new job is in it
+            self.last = Refresh(
+                full=True,
+                changed=set(self.queued) | set(self.holding),
+                reason="not kept: SQLite or inside a transaction",
+            )
+            return self.last
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                # Every read below sees one snapshot: the stamp, the rows, the count.
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                cur.execute(
+                    "SELECT txid_snapshot_xmin(txid_current_snapshot()), "
+                    + ("(SELECT count(*) FROM queueing_job WHERE status = ANY(%s))" if count else "NULL"),
+                    [list(ACTIVE_STATES)] if count else [],
+                )
+                xmin, active = cur.fetchone()
+            self.lookups = _lookups()
+            if self.since is None:
+                self._replace(_rows(Job.objects.filter(status__in=ACTIVE_STATES)))
+                self.last = Refresh(
+                    full=True, changed=set(self.queued) | set(self.holding), reason="first read"
+                )
+            else:
+                changed = self._apply(_rows(Job.objects.filter(_changed_since(self.since))))
+                self.last = Refresh(full=False, changed=changed)
+                if active is not None and len(self) != active:
+                    log.warning(
+                        "active jobs: %d kept but %d in the database (a deleted "
+                        "or missed row); reading them all again",
+                        len(self),
+                        active,
+                    )
+                    self._replace(_rows(Job.objects.filter(status__in=ACTIVE_STATES)))
+                    self.last = Refresh(
+                        full=True,
+                        changed=set(self.queued) | set(self.holding),
+                        reason=f"count {len(self)} != {active}",
+                    )
+        self.since, self.kept = int(xmin), True
+        return self.last
+
+    def _replace(self, rows: Iterable[JobRow]) -> None:
+        self.queued, self.holding = {}, {}
+        self.queued_at, self.preemptions, self.memo = {}, {}, {}
+        self._apply(rows)
+
+    def _apply(self, rows: Iterable[JobRow]) -> set[int]:
+        """Put each row where its state says (or drop it), and read its extras."""
+        changed: set[int] = set()
+        requeued: list[int] = []
+        preempted: list[int] = []
+        queued, holding = self.queued, self.holding
+        for row in rows:
+            pk = row.id
+            changed.add(pk)
+            queued.pop(pk, None)
+            holding.pop(pk, None)
+            self.queued_at.pop(pk, None)
+            self.preemptions.pop(pk, None)
+            self.memo.pop(pk, None)
+            if row.status == JobState.QUEUED:
+                queued[pk] = row
+                if row.attempt > 1:
+                    requeued.append(pk)
+            elif row.status in _HOLDING:
+                holding[pk] = row
+                if row.attempt > 1:
+                    preempted.append(pk)
+        if requeued:
+            # Rule R9: a requeued job's wait counts from its last return to the queue
+            # (the event is written with the row, so it is in the same snapshot).
+            self.queued_at.update(
+                JobEvent.objects.order_by()
+                .filter(kind=JobEvent.Kind.TRANSITION, to_status=JobState.QUEUED, job_id__in=requeued)
+                .values_list("job_id")
+                .annotate(last=Max("at"))
+                .values_list("job_id", "last")
+            )
+        if preempted:
+            # Rule R3: how often it was preempted before (only past its first attempt;
+            # a preemption moves the row, so the count is read again then).
+            self.preemptions.update(
+                JobEvent.objects.order_by()
+                .filter(kind=JobEvent.Kind.PREEMPTED, job_id__in=preempted)
+                .values_list("job_id")
+                .annotate(n=Count("id"))
+                .values_list("job_id", "n")
+            )
+        return changed
+
+
+def _changed_since(xid: int) -> Any:
+    from django.db.models import BooleanField
+    from django.db.models.expressions import RawSQL
+
+    return RawSQL('"queueing_job"."change_xid" >= %s', [xid], output_field=BooleanField())
+
+
+def _rows(qs: Any) -> list[JobRow]:
+    make = JobRow._make
+    return [make(r) for r in qs.order_by().values_list(*ACTIVE_JOB_COLUMNS).iterator(chunk_size=10_000)]
+
+
+def _lookups() -> Lookups:
+    gpu_types = list(GpuType.objects.values_list("id", "slug", "billing_weight"))
+    return Lookups(
+        teams=dict(Team.objects.values_list("id", "slug")),
+        gpu_types={pk: slug for pk, slug, _ in gpu_types},
+        tiers={
+            pk: TierFacts(slug, rank, preemptible, min_runtime)
+            for pk, slug, rank, preemptible, min_runtime in Tier.objects.values_list(
+                "id", "slug", "rank", "preemptible", "min_runtime_seconds"
+            )
+        },
+        billing_weights={pk: weight for pk, _, weight in gpu_types},
+    )
+
+
+_lock = threading.Lock()
+_cycle_jobs = ActiveJobs()
+on_forget(_cycle_jobs.clear)
+
+
+def cycle_active_jobs(*, count: bool = True) -> ActiveJobs:
+    """The scheduler process's active jobs, refreshed (one cycle at a time holds the
+    scheduler lock, so one refresh at a time; the lock guards other threads). `count`:
+    see `ActiveJobs.refresh`."""
+    with _lock:
+        _cycle_jobs.refresh(count=count)
+    return _cycle_jobs
+
+
+def cycle_active_jobs_forget() -> None:
+    """Start again from an empty cache (tests; a worker restart starts empty anyway)."""
+    with _lock:
+        _cycle_jobs.clear()
