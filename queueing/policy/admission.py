@@ -1,5 +1,5 @@
 """Ordering, admission and preemption on a snapshot (docs/scheduling.md, rules Q1, O1,
-A1-A7, R1-R9, Q2)."""
+A1-A8, R1-R9, Q2)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Protocol
 
@@ -32,6 +32,7 @@ class WaitReason(StrEnum):
     RATE_LIMITED = "preemption_rate_limited"
     CPU_MEMORY = "cpu_memory"  # rule A6: the GPUs are free, CPU or memory beside them not
     TOPOLOGY = "topology"  # rule A7: no domain of the level holds the gang now
+    RESERVED = "reserved"  # rule A8: it fits, but on GPUs reserved for an earlier job
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,8 @@ class Plan:
     order: tuple[int, ...] = ()
     # Rule F6: the standings after every admission's entry penalty.
     fair_share_after: Mapping[str, float] = field(default_factory=dict)
+    # Rule A8: per GPU type, the job holding the pass's reservation and its shadow time.
+    reservations: Mapping[str, tuple[int, datetime]] = field(default_factory=dict)
 
 
 # A wait not formatted yet: (reason code, index of the job in `_Waits.jobs`, GPUs held,
@@ -74,11 +77,13 @@ class _Waits(Mapping[int, Wait]):
     """`Plan.waits`, built lazily: most of a long queue waits, and a wait's message is
     only formatted when someone reads it. Reads give equal `Wait` values every time."""
 
-    __slots__ = ("_raw", "jobs")
+    __slots__ = ("_raw", "jobs", "reservations")
 
     def __init__(self, jobs: list[QueuedJob] | None = None) -> None:
         self._raw: dict[int, Wait | _Raw] = {}
         self.jobs: list[QueuedJob] = jobs if jobs is not None else []
+        # Rule A8: GPU type -> (the job holding the reservation, its shadow time).
+        self.reservations: dict[str, tuple[int, datetime]] = {}
 
     def __getitem__(self, job_id: int) -> Wait:
         raw = self._raw[job_id]
@@ -114,8 +119,17 @@ class _Waits(Mapping[int, Wait]):
         elif reason is WaitReason.LENDING:
             msg = (f"the idle {gt} GPUs are other teams' nominal quota beyond their lending "
                    f"limits; team {job.team} may not borrow them")
+        elif reason is WaitReason.RESERVED:
+            holder, until = self.reservations[gt]
+            why = ("it has no max_runtime_seconds" if job.max_runtime_seconds is None
+                   else f"its max_runtime_seconds ({job.max_runtime_seconds}) runs past that")
+            msg = (f"reserved for job {holder} until {_when(until)}: the free {gt} GPUs it "
+                   f"fits on are the ones job {holder} needs then, and {why} (rule A8)")
         else:
             msg = f"waiting for {job.replicas} × {job.gpus_per_replica} free {gt} GPUs on nodes"
+            held_for = self.reservations.get(gt)
+            if reason is WaitReason.CAPACITY and held_for is not None and held_for[0] == job_id:
+                msg += f"; GPUs are reserved for it from {_when(held_for[1])} (rule A8)"
         return Wait(job_id, reason, msg)
 
     def __contains__(self, job_id: object) -> bool:
@@ -133,6 +147,10 @@ class _Waits(Mapping[int, Wait]):
 
 # `_Raw`'s last field for a `gang_does_not_fit` of rule A7: no one domain holds the gang.
 _IN_ONE_DOMAIN = 1
+
+
+def _when(at: datetime) -> str:
+    return f"{at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
 
 
 def _cpus(millicores: int) -> str:
@@ -375,6 +393,30 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     quota, no_fit = _CODE[WaitReason.QUOTA], _CODE[WaitReason.NO_FIT]
     capacity, lending_code = _CODE[WaitReason.CAPACITY], _CODE[WaitReason.LENDING]
     lowest_tier = ws.lowest_tier
+    # Rule A8: per GPU type at most one reservation, for the first job in queue order that
+    # waits for capacity (`decided` once it was looked for).
+    reserve_on = snapshot.reservation
+    reserved: dict[str, _Reservation] = {}
+    decided: set[str] = set()
+    # Jobs this pass admitted with an estimate, per GPU type: their GPUs free again too.
+    admitted_ends: dict[str, list[tuple[datetime, int, tuple[str, ...], int]]] = {}
+    # Shapes that fit now but found no room beside the reservation, at `cap.grown`.
+    held_back: dict[tuple[str, int, int, int, int, Topology | None], int] = {}
+    reserved_code = _CODE[WaitReason.RESERVED]
+
+    def reserve(job: QueuedJob, cpu: int, mem: int) -> None:
+        """Rule A8: `job` waits for capacity; if it is the first large gang of its GPU
+        type to (at least a whole node of the type's largest, asking only GPUs), reserve
+        GPUs for it at its shadow time."""
+        if cpu or mem or job.topology is not None or \
+                job.gpus_per_replica * job.replicas < largest.get(job.gpu_type, 0):
+            return
+        decided.add(job.gpu_type)
+        r = _reserve(ws, job, now, admitted_ends.get(job.gpu_type, ()))
+        if r is not None:
+            reserved[job.gpu_type] = r
+            waits.reservations[job.gpu_type] = (job.id, r.at)
+
     for index in order:
         job = jobs[index]
         job_id = job.id
@@ -412,7 +454,21 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             if (known is None or known[0] != cap.grown) and (cpu or mem):
                 known = _dominated(unfit_by_size.get((gt, g, reps, topo)), cpu, mem, cap.grown)
             if known is None or known[0] != cap.grown:
-                placement = cap.place(gt, g, reps, cpu=cpu, memory=mem, topology=topo)
+                res = reserved.get(gt) if reserved else None
+                if res is not None and not _ends_before(job, now, res.at):
+                    # Rule A8: a job that may still run at the shadow time only starts on
+                    # GPUs the reservation leaves free then.
+                    if held_back.get(shape) == cap.grown:
+                        raw[job_id] = (reserved_code, index, 0, 0)
+                        continue
+                    placement = _place_beside(cap, res, gt, g, reps, cpu, mem, topo)
+                    if placement is None and cap.fits(gt, g, reps, cpu=cpu, memory=mem,
+                                                      topology=topo):
+                        held_back[shape] = cap.grown
+                        raw[job_id] = (reserved_code, index, 0, 0)
+                        continue
+                else:
+                    placement = cap.place(gt, g, reps, cpu=cpu, memory=mem, topology=topo)
                 if placement is None:
                     why_not = _why_unplaced(cap, gt, g, reps, cpu, mem, topo)
                     unfit[shape] = (cap.grown, why_not)
@@ -425,8 +481,13 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                     why_not = capacity  # its GPUs are taken too by now
                 if not may_search and not nominated:
                     raw[job_id] = (why_not, index, 0, 0)  # the common case of a long queue
+                    if why_not == capacity and reserve_on and gt not in decided:
+                        reserve(job, cpu, mem)
                     continue
         if placement is not None:
+            if reserve_on and gt not in decided and job.max_runtime_seconds is not None:
+                admitted_ends.setdefault(gt, []).append(
+                    (now + timedelta(seconds=job.max_runtime_seconds), job_id, placement, g))
             ledger.add(team, gt, total)
             factors.charge(team, entry_penalty_gpu_hours(total, billing(gt), interval))
             admissions.append(Admission(job_id, team, gt, placement))
@@ -441,6 +502,9 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         # Rules R1-R4: only when preempting is the only way it fits. A search that failed
         # for a job of the same team, shape and tier fails again: skip it.
         result = None
+        # Rule A8 applies if it ends up waiting for capacity (not quota, not preempting).
+        may_reserve = (reserve_on and not over and not lending and why_not == capacity
+                       and gt not in decided)
         if may_search:
             search_key = (team, gt, job.tier_rank, g, reps, cpu, mem, topo)
             # Rule R5 before the search: a team with no preemption left in the window does
@@ -452,6 +516,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 left -= preempted_by_team[team]
                 needed = rate_refused.get(search_key)
                 if left <= 0 or (needed is not None and needed > left):
+                    if may_reserve:
+                        reserve(job, cpu, mem)
                     raw[job_id] = Wait(
                         job_id, WaitReason.RATE_LIMITED,
                         f"team {team} may preempt {max(0, left)} more job(s) in the current "
@@ -474,6 +540,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             if lost > lost_per_wait * total * waited:
                 undo()
                 result = None
+                if may_reserve:
+                    reserve(job, cpu, mem)
                 raw[job_id] = Wait(
                     job_id, WaitReason.CAPACITY,
                     f"waiting for {reps} × {g} free {gt} GPUs on nodes; preempting now would "
@@ -486,6 +554,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             if left is not None and len(found.victims) > left - preempted_by_team[team]:
                 undo()
                 rate_refused[search_key] = len(found.victims)
+                if may_reserve:
+                    reserve(job, cpu, mem)
                 raw[job_id] = Wait(
                     job_id, WaitReason.RATE_LIMITED,
                     f"needs {len(found.victims)} preemption(s) but team {team} may preempt "
@@ -510,10 +580,104 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             raw[job_id] = (quota, index, held[key], ceiling or 0)
         else:
             raw[job_id] = (lending_code if lending else why_not, index, 0, 0)
+            if may_reserve:
+                reserve(job, cpu, mem)
     teams = sorted(queued_teams | set(snapshot.fair_share))
     standings = {t: factors.factor(t) for t in teams}
     return Plan(admissions=tuple(admissions), waits=waits, preemptions=tuple(preemptions),
-                order=tuple(seen), fair_share_after=standings)
+                order=tuple(seen), fair_share_after=standings,
+                reservations=dict(waits.reservations))
+
+
+class _Reservation:
+    """Rule A8: the GPUs of each node of the type that are free at the shadow time `at`
+    once the reserved job's replicas are placed there (`room`); a job still running then
+    may only use those."""
+
+    __slots__ = ("at", "room")
+
+    def __init__(self, at: datetime, room: dict[str, int]) -> None:
+        self.at = at
+        self.room = room
+
+
+def _ends_before(job: QueuedJob, now: datetime, at: datetime) -> bool:
+    """Rule A8: does `job`, started now, end by its estimate no later than `at`?"""
+    est = job.max_runtime_seconds
+    return est is not None and now + timedelta(seconds=est) <= at
+
+
+def _reserve(ws: Workspace, job: QueuedJob, now: datetime,
+             admitted: Iterable[tuple[datetime, int, tuple[str, ...], int]]) -> _Reservation | None:
+    """Rule A8's shadow time for `job`: the earliest instant at which the jobs holding
+    GPUs of its type, ended by their estimates (start + max_runtime_seconds; admitted in
+    this pass: now + estimate) in order, free enough GPUs for the gang, and the nodes
+    best fit (A3) gives it then. None when no such instant is known (the jobs in the way
+    have no estimate). The victims of this pass's preemptions are not counted as freed."""
+    cap = ws.capacity
+    gt, g, reps = job.gpu_type, job.gpus_per_replica, job.replicas
+    names = cap.nodes_of.get(gt, ())
+    room = {n: cap.free[n] for n in names}
+    slots = sum(f // g for f in room.values())
+    ends: list[tuple[datetime, int, tuple[str, ...], int]] = list(admitted)
+    for r in ws.running_by_type.get(gt, ()):
+        if r.id in ws.removed:
+            continue
+        end = r.estimated_end(now)
+        if end is not None:
+            ends.append((end, r.id, r.nodes, r.gpus_per_replica))
+    ends.sort()
+    at = None
+    for end, _, nodes, per in ends:
+        for n in nodes:
+            if n in room:
+                old = room[n]
+                room[n] = min(cap.capacity[n], old + per)
+                slots += room[n] // g - old // g
+        if slots >= reps:
+            at = max(end, now)
+            break
+    if at is None:
+        return None
+    for _ in range(reps):  # best fit (A3) at the shadow time: the reserved job's nodes
+        name = min((n for n in names if room[n] >= g), key=lambda n: (room[n], n))
+        room[name] -= g
+    return _Reservation(at, room)
+
+
+def _place_beside(cap: Capacity, res: _Reservation, gpu_type: str, gpus: int, replicas: int,
+                  cpu: int, memory: int, topology: Topology | None) -> tuple[str, ...] | None:
+    """Rule A8: place a gang that may still run at the reservation's shadow time only on
+    GPUs the reservation leaves free then, and take them from its `room`. GPUs alone: best
+    fit (A3) among the nodes with room, both now and then. With CPU, memory or a topology
+    (rules A6, A7): the usual placement, kept only if it leaves the reservation whole.
+    None, changing nothing, when it cannot."""
+    room = res.room
+    if topology is None and (gpu_type not in cap.constrained or not (cpu or memory)):
+        names = cap.nodes_of.get(gpu_type, ())
+        free = cap.free
+        if sum(min(free[n], room.get(n, 0)) // gpus for n in names) < replicas:
+            return None
+        taken: list[str] = []
+        for _ in range(replicas):
+            name = min((n for n in names if free[n] >= gpus and room.get(n, 0) >= gpus),
+                       key=lambda n: (free[n], n))
+            cap.set_free(name, free[name] - gpus)
+            room[name] -= gpus
+            taken.append(name)
+        return tuple(taken)
+    placement = cap.place(gpu_type, gpus, replicas, cpu=cpu, memory=memory, topology=topology)
+    if placement is None:
+        return None
+    need: dict[str, int] = defaultdict(int)
+    for n in placement:
+        need[n] += gpus
+    if any(room.get(n, 0) < k for n, k in need.items()):
+        cap.release(placement, gpus, cpu=cpu, memory=memory)
+        return None
+    for n, k in need.items():
+        room[n] -= k
+    return placement
 
 
 def _dominated(failed: list[tuple[int, int, int, int]] | None, cpu: int, memory: int,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from .fairshare import FairShareState
@@ -84,6 +84,9 @@ class QueuedJob:
     # When the current attempt entered the queue (a requeued victim: its preemption);
     # None = `submitted_at`. Rule R9 counts the wait from here.
     queued_at: datetime | None = None
+    # Rule A8: its runtime estimate (the job's `max_runtime_seconds`); None = unknown, so
+    # it never counts as ending before a reservation.
+    max_runtime_seconds: int | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -109,10 +112,21 @@ class RunningJob:
     memory_bytes: int | None = None
     # Rule R3: how many times the job was preempted before this attempt.
     preemptions: int = 0
+    # Rule A8: its runtime estimate; None = unknown (its GPUs never count as freed).
+    max_runtime_seconds: int | None = None
 
     @property
     def total_gpus(self) -> int:
         return self.gpus_per_replica * self.replicas
+
+    def estimated_end(self, now: datetime) -> datetime | None:
+        """Rule A8: when its GPUs are expected free - the attempt's start (`now` while
+        admitted, not started) plus its estimate, never before `now`; None when it has no
+        estimate."""
+        if self.max_runtime_seconds is None:
+            return None
+        start = self.started_at if self.started_at is not None else now
+        return max(now, start + timedelta(seconds=self.max_runtime_seconds))
 
     def ran_seconds(self, now: datetime) -> float:
         """How long the current attempt has run (0 while admitted, not started)."""
@@ -177,6 +191,8 @@ class Snapshot:
     # with how many of their victims' workloads still hold GPUs in the cluster.
     nominated: Mapping[int, int] = field(default_factory=dict)
     preemption: PreemptionSettings = field(default_factory=PreemptionSettings)
+    # Rule A8: the first job waiting for capacity reserves GPUs at its shadow time.
+    reservation: bool = DEFAULTS.reservation
 
     def quota(self, team: str, gpu_type: str) -> QuotaLimit:
         return self.quotas.get((team, gpu_type), NO_QUOTA)

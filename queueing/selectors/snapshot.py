@@ -90,7 +90,7 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
             "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
             "tier__rank", "tier__preemptible", "tier__min_runtime_seconds", "started_at",
             "placement", "submitted_to_backend_at", "cpu_millicores", "memory_bytes",
-            "attempt"):
+            "attempt", "max_runtime_seconds"):
         try:
             h["placement"] = _placement(h["placement"])
             _check_size(h)
@@ -133,6 +133,7 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
             started_at=h["started_at"], min_runtime_seconds=h["tier__min_runtime_seconds"],
             nodes=tuple(h["placement"]), cpu_millicores=h["cpu_millicores"],
             memory_bytes=h["memory_bytes"], preemptions=preempted.get(h["id"], 0),
+            max_runtime_seconds=h["max_runtime_seconds"],
         )
         for h in holding
     )
@@ -141,7 +142,8 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
             team__slug__in=unprovisioned).values(
             "id", "team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
             "tier__rank", "created_at", "cpu_millicores",
-            "memory_bytes", "topology_level", "topology_mode", "attempt"):
+            "memory_bytes", "topology_level", "topology_mode", "attempt",
+            "max_runtime_seconds"):
         try:
             _check_size(q)
         except ValueError as exc:
@@ -161,7 +163,8 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
                   tier_rank=q["tier__rank"], submitted_at=q["created_at"],
                   queued_at=requeued_at.get(q["id"]),
                   cpu_millicores=q["cpu_millicores"], memory_bytes=q["memory_bytes"],
-                  topology=topology_of(q["topology_level"], q["topology_mode"]))
+                  topology=topology_of(q["topology_level"], q["topology_mode"]),
+                  max_runtime_seconds=q["max_runtime_seconds"])
         for q in queued_rows
     )
     if odd:
