@@ -338,14 +338,16 @@ class _QueueOrder:
 
 
 def plan_admissions(snapshot: Snapshot) -> Plan:
-    """One planning pass over the queue (rules Q1, Q2, O1, A1-A7, R1-R9).
+    """One planning pass over the queue (rules Q1, Q2, O1, A1-A8, R1-R9).
 
     In queue order (O1; nominated preemptors first, A5) each job is admitted when it fits
     its team's quota (Q1) and free node capacity as a whole gang (A1-A3); each admission
     charges its team's entry penalty (F6) so the team's later jobs move down. A job that
     does not fit may preempt (R1-R4, Q2; within the rate limit R5, when worth it R9);
-    otherwise it waits with a reason and does not block smaller jobs behind it (A4). The
-    same snapshot always gives the same plan; the snapshot is not changed.
+    otherwise it waits with a reason and does not block smaller jobs behind it (A4) - but
+    the first large gang waiting for capacity reserves GPUs at its shadow time, and a job
+    behind it that would still run then only starts beside them (A8). The same snapshot
+    always gives the same plan; the snapshot is not changed.
     """
     now = snapshot.now
     ws = Workspace(snapshot)
