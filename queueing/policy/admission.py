@@ -457,7 +457,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 known = _dominated(unfit_by_size.get((gt, g, reps, topo)), cpu, mem, cap.grown)
             if known is None or known[0] != cap.grown:
                 res = reserved.get(gt) if reserved else None
-                if res is not None and not _ends_before(job, now, res.at):
+                if res is not None and not (job.max_runtime_seconds is not None
+                                            and job.max_runtime_seconds <= res.seconds):
                     # Rule A8: a job that may still run at the shadow time only starts on
                     # GPUs the reservation leaves free then.
                     if held_back.get(shape) == cap.grown:
@@ -596,17 +597,13 @@ class _Reservation:
     once the reserved job's replicas are placed there (`room`); a job still running then
     may only use those."""
 
-    __slots__ = ("at", "room")
+    __slots__ = ("at", "room", "seconds")
 
-    def __init__(self, at: datetime, room: dict[str, int]) -> None:
+    def __init__(self, at: datetime, room: dict[str, int], now: datetime) -> None:
         self.at = at
         self.room = room
-
-
-def _ends_before(job: QueuedJob, now: datetime, at: datetime) -> bool:
-    """Rule A8: does `job`, started now, end by its estimate no later than `at`?"""
-    est = job.max_runtime_seconds
-    return est is not None and now + timedelta(seconds=est) <= at
+        # A job started now ends before `at` when its estimate is at most this.
+        self.seconds = (at - now).total_seconds()
 
 
 def _reserve(ws: Workspace, job: QueuedJob, now: datetime,
@@ -644,7 +641,7 @@ def _reserve(ws: Workspace, job: QueuedJob, now: datetime,
     for _ in range(reps):  # best fit (A3) at the shadow time: the reserved job's nodes
         name = min((n for n in names if room[n] >= g), key=lambda n: (room[n], n))
         room[name] -= g
-    return _Reservation(at, room)
+    return _Reservation(at, room, now)
 
 
 def _place_beside(cap: Capacity, res: _Reservation, gpu_type: str, gpus: int, replicas: int,
