@@ -99,7 +99,7 @@ def main() -> int:
               g["gpus8_p95_wait_min"] - g["gpus8_p95_wait_easy_min"], "min")
         column = f"ρ {rho:g} s{seed}"
         for key, text, value, met, unit in goal_checks(g):
-            bench(f"sim_goal_{tag}_{key}", value, unit or "count")
+            bench(f"sim_goal_{tag}_{key}", value, {"%": "pct", "": "count"}.get(unit, unit))
             bench(f"sim_goal_{tag}_{key}_met", 1.0 if met else 0.0, "bool")
             table.setdefault(key, {})[column] = (value, met, unit)
             texts[key] = text.split(" (")[0]
