@@ -1,5 +1,5 @@
 """Ordering, admission and preemption on a snapshot (docs/scheduling.md, rules Q1, O1,
-A1-A7, R1-R9, Q2)."""
+A1-A9, R1-R9, Q2, D1-D2)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Protocol
 
@@ -40,6 +40,7 @@ class WaitReason(StrEnum):
     HELD_FOR_PREEMPTOR = "held_for_preemptor"
     # Rule E6: more GPUs than its team may ever hold (a quota lowered after the submit).
     NEVER_FITS = "never_fits"
+    RESERVED = "reserved"  # rule A9: it fits, but on GPUs reserved for an earlier job
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,8 @@ class Plan:
     fair_share_after: Mapping[str, float] = field(default_factory=dict)
     # Rule D2: queued jobs whose dependencies can never be met -> why; the cycle fails them.
     never_met: Mapping[int, str] = field(default_factory=dict)
+    # Rule A9: per GPU type, the job holding the pass's reservation and its shadow time.
+    reservations: Mapping[str, tuple[int, datetime]] = field(default_factory=dict)
 
 
 # A wait not formatted yet: (reason code, index of the job in `_Waits.jobs`, GPUs held,
@@ -85,7 +88,7 @@ class _Waits(Mapping[int, Wait]):
     """`Plan.waits`, built lazily: most of a long queue waits, and a wait's message is
     only formatted when someone reads it. Reads give equal `Wait` values every time."""
 
-    __slots__ = ("_raw", "blocks", "jobs", "now", "protected")
+    __slots__ = ("_raw", "blocks", "jobs", "now", "protected", "reservations")
 
     def __init__(self, jobs: list[QueuedJob] | None = None,
                  now: datetime | None = None) -> None:
@@ -98,6 +101,8 @@ class _Waits(Mapping[int, Wait]):
         # Rule E4: job id -> (when the first protection of its candidates ends, how many
         # of them are protected), for a `capacity` wait whose victim search found none.
         self.protected: dict[int, tuple[datetime, int]] = {}
+        # Rule A9: GPU type -> (the job holding the reservation, its shadow time).
+        self.reservations: dict[str, tuple[int, datetime]] = {}
 
     def __getitem__(self, job_id: int) -> Wait:
         raw = self._raw[job_id]
@@ -140,10 +145,20 @@ class _Waits(Mapping[int, Wait]):
         elif reason is WaitReason.HELD_FOR_PREEMPTOR:
             msg = (f"the free {gt} GPUs it would fit on are held for job #{held}, which "
                    f"preempted to run there ({ceiling} GPUs held; rule A5)")
+        elif reason is WaitReason.RESERVED:
+            holder, at = self.reservations[gt]
+            why = ("it has no max_runtime_seconds" if job.max_runtime_seconds is None
+                   else f"its max_runtime_seconds ({job.max_runtime_seconds}) runs past that")
+            msg = (f"reserved for job {holder} until {_when(at)}: the free {gt} GPUs it "
+                   f"fits on are the ones job {holder} needs then, and {why} (rule A9)")
+            return Wait(job_id, reason, msg, at)  # rule E4: the wait ends at a known instant
         else:
             msg = f"waiting for {job.replicas} × {job.gpus_per_replica} free {gt} GPUs on nodes"
             if held > 0:
                 msg += _block_words(job, *self.blocks[held - 1])
+            held_for = self.reservations.get(gt)
+            if reason is WaitReason.CAPACITY and held_for is not None and held_for[0] == job_id:
+                msg += f"; GPUs are reserved for it from {_when(held_for[1])} (rule A9)"
         until = None
         if job_id in self.protected and reason in (WaitReason.CAPACITY, WaitReason.QUOTA):
             until, n = self.protected[job_id]
@@ -188,6 +203,10 @@ def _until_words(until: datetime, now: datetime | None) -> str:
     if now is not None:
         words += f" (in {max(0, round((until - now).total_seconds()))} s)"
     return words
+
+
+def _when(at: datetime) -> str:
+    return f"{at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
 
 
 def _cpus(millicores: int) -> str:
@@ -375,14 +394,16 @@ class _QueueOrder:
 
 
 def plan_admissions(snapshot: Snapshot) -> Plan:
-    """One planning pass over the queue (rules Q1, Q2, O1, A1-A7, R1-R9).
+    """One planning pass over the queue (rules Q1, Q2, O1, A1-A9, R1-R9, D1-D2).
 
     In queue order (O1; nominated preemptors first, A5) each job is admitted when it fits
     its team's quota (Q1) and free node capacity as a whole gang (A1-A3); each admission
     charges its team's entry penalty (F6) so the team's later jobs move down. A job that
     does not fit may preempt (R1-R4, Q2; within the rate limit R5, when worth it R9);
-    otherwise it waits with a reason and does not block smaller jobs behind it (A4). The
-    same snapshot always gives the same plan; the snapshot is not changed.
+    otherwise it waits with a reason and does not block smaller jobs behind it (A4) - but
+    the first large gang waiting for capacity reserves GPUs at its shadow time, and a job
+    behind it that would still run then only starts beside them (A9). The same snapshot
+    always gives the same plan; the snapshot is not changed.
     """
     now = snapshot.now
     ws = Workspace(snapshot)
@@ -475,6 +496,30 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         for r in snapshot.running:
             if r.array_id is not None:
                 array_active[r.array_id] += 1
+    # Rule A9: per GPU type at most one reservation, for the first job in queue order that
+    # waits for capacity (`decided` once it was looked for).
+    reserve_on = snapshot.reservation
+    reserved: dict[str, _Reservation] = {}
+    decided: set[str] = set()
+    # Jobs this pass admitted with an estimate, per GPU type: their GPUs free again too.
+    admitted_ends: dict[str, list[tuple[datetime, int, tuple[str, ...], int]]] = {}
+    # Shapes that fit now but found no room beside the reservation, at `cap.grown`.
+    held_back: dict[tuple[str, int, int, int, int, Topology | None], int] = {}
+    reserved_code = _CODE[WaitReason.RESERVED]
+
+    def reserve(job: QueuedJob, cpu: int, mem: int) -> None:
+        """Rule A9: `job` waits for capacity; if it is the first large gang of its GPU
+        type to (at least a whole node of the type's largest, asking only GPUs), reserve
+        GPUs for it at its shadow time."""
+        if cpu or mem or job.topology is not None or \
+                job.gpus_per_replica * job.replicas < largest.get(job.gpu_type, 0):
+            return
+        decided.add(job.gpu_type)
+        r = _reserve(ws, job, now, admitted_ends.get(job.gpu_type, ()))
+        if r is not None:
+            reserved[job.gpu_type] = r
+            waits.reservations[job.gpu_type] = (job.id, r.at)
+
     for index in order:
         job = jobs[index]
         job_id = job.id
@@ -529,7 +574,22 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             if (known is None or known[0] != cap.grown) and (cpu or mem):
                 known = _dominated(unfit_by_size.get((gt, g, reps, topo)), cpu, mem, cap.grown)
             if known is None or known[0] != cap.grown:
-                placement = cap.place(gt, g, reps, cpu=cpu, memory=mem, topology=topo)
+                res = reserved.get(gt) if reserved else None
+                if res is not None and not (job.max_runtime_seconds is not None
+                                            and job.max_runtime_seconds <= res.seconds):
+                    # Rule A9: a job that may still run at the shadow time only starts on
+                    # GPUs the reservation leaves free then.
+                    if held_back.get(shape) == cap.grown:
+                        raw[job_id] = (reserved_code, index, 0, 0)
+                        continue
+                    placement = _place_beside(cap, res, gt, g, reps, cpu, mem, topo)
+                    if placement is None and cap.fits(gt, g, reps, cpu=cpu, memory=mem,
+                                                      topology=topo):
+                        held_back[shape] = cap.grown
+                        raw[job_id] = (reserved_code, index, 0, 0)
+                        continue
+                else:
+                    placement = cap.place(gt, g, reps, cpu=cpu, memory=mem, topology=topo)
                 if placement is None:
                     why_not = _why_unplaced(cap, gt, g, reps, cpu, mem, topo)
                     unfit[shape] = (cap.grown, why_not)
@@ -543,10 +603,15 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 if not may_search and not nominated:
                     # The common case of a long queue.
                     raw[job_id] = capacity_wait(why_not, index, job, cpu, mem)
+                    if why_not == capacity and reserve_on and gt not in decided:
+                        reserve(job, cpu, mem)
                     continue
         if placement is not None:
             if nominated and job_id in nominated:  # rule A5: planned first, for its GPUs
                 _hold(holds, holder, gt, job_id, dict.fromkeys(placement, 0), placement, g)
+            if reserve_on and gt not in decided and job.max_runtime_seconds is not None:
+                admitted_ends.setdefault(gt, []).append(
+                    (now + timedelta(seconds=job.max_runtime_seconds), job_id, placement, g))
             ledger.add(team, gt, total)
             factors.charge(team, entry_penalty_gpu_hours(total, billing(gt), interval))
             admissions.append(Admission(job_id, team, gt, placement))
@@ -568,6 +633,9 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         # Rules R1-R4: only when preempting is the only way it fits. A search that failed
         # for a job of the same team, shape and tier fails again: skip it.
         result = None
+        # Rule A9 applies if it ends up waiting for capacity (not quota, not preempting).
+        may_reserve = (reserve_on and not over and not lending and why_not == capacity
+                       and gt not in decided)
         if may_search:
             search_key = (team, gt, job.tier_rank, g, reps, cpu, mem, topo)
             # Rule R5 before the search: a team with no preemption left in the window does
@@ -581,6 +649,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 if left <= 0 or (needed is not None and needed > left):
                     until = pre.free_again_at(team, needed=needed or 1,
                                               made_in_pass=preempted_by_team[team], now=now)
+                    if may_reserve:
+                        reserve(job, cpu, mem)
                     raw[job_id] = Wait(
                         job_id, WaitReason.RATE_LIMITED,
                         f"team {team} may preempt {max(0, left)} more job(s) in the current "
@@ -607,6 +677,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             if lost > lost_per_wait * total * waited:
                 undo()
                 result = None
+                if may_reserve:
+                    reserve(job, cpu, mem)
                 raw[job_id] = Wait(
                     job_id, WaitReason.CAPACITY,
                     f"waiting for {reps} × {g} free {gt} GPUs on nodes; preempting now would "
@@ -621,6 +693,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 rate_refused[search_key] = len(found.victims)
                 until = pre.free_again_at(team, needed=len(found.victims),
                                           made_in_pass=preempted_by_team[team], now=now)
+                if may_reserve:
+                    reserve(job, cpu, mem)
                 raw[job_id] = Wait(
                     job_id, WaitReason.RATE_LIMITED,
                     f"needs {len(found.victims)} preemption(s) but team {team} may preempt "
@@ -649,12 +723,104 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                            ceiling or 0)
         elif lending:
             raw[job_id] = (lending_code, index, 0, 0)
+            if may_reserve:
+                reserve(job, cpu, mem)
         else:
             raw[job_id] = capacity_wait(why_not, index, job, cpu, mem)
+            if may_reserve:
+                reserve(job, cpu, mem)
     teams = sorted(queued_teams | set(snapshot.fair_share))
     standings = {t: factors.factor(t) for t in teams}
     return Plan(admissions=tuple(admissions), waits=waits, preemptions=tuple(preemptions),
-                order=tuple(seen), fair_share_after=standings, never_met=never_met)
+                order=tuple(seen), fair_share_after=standings, never_met=never_met,
+                reservations=dict(waits.reservations))
+
+
+class _Reservation:
+    """Rule A9: the GPUs of each node of the type that are free at the shadow time `at`
+    once the reserved job's replicas are placed there (`room`); a job still running then
+    may only use those."""
+
+    __slots__ = ("at", "room", "seconds")
+
+    def __init__(self, at: datetime, room: dict[str, int], now: datetime) -> None:
+        self.at = at
+        self.room = room
+        # A job started now ends before `at` when its estimate is at most this.
+        self.seconds = (at - now).total_seconds()
+
+
+def _reserve(ws: Workspace, job: QueuedJob, now: datetime,
+             admitted: Iterable[tuple[datetime, int, tuple[str, ...], int]]) -> _Reservation | None:
+    """Rule A9's shadow time for `job`: the earliest instant at which the jobs holding
+    GPUs of its type, ended by their estimates (start + max_runtime_seconds; admitted in
+    this pass: now + estimate) in order, free enough GPUs for the gang, and the nodes
+    best fit (A3) gives it then. None when no such instant is known (the jobs in the way
+    have no estimate). The victims of this pass's preemptions are not counted as freed."""
+    cap = ws.capacity
+    gt, g, reps = job.gpu_type, job.gpus_per_replica, job.replicas
+    names = cap.nodes_of.get(gt, ())
+    room = {n: cap.free[n] for n in names}
+    slots = sum(f // g for f in room.values())
+    ends: list[tuple[datetime, int, tuple[str, ...], int]] = list(admitted)
+    for r in ws.running_by_type.get(gt, ()):
+        if r.id in ws.removed:
+            continue
+        end = r.estimated_end(now)
+        if end is not None:
+            ends.append((end, r.id, r.nodes, r.gpus_per_replica))
+    ends.sort()
+    at = None
+    for end, _, nodes, per in ends:
+        for n in nodes:
+            if n in room:
+                old = room[n]
+                room[n] = min(cap.capacity[n], old + per)
+                slots += room[n] // g - old // g
+        if slots >= reps:
+            at = max(end, now)
+            break
+    if at is None:
+        return None
+    for _ in range(reps):  # best fit (A3) at the shadow time: the reserved job's nodes
+        name = min((n for n in names if room[n] >= g), key=lambda n: (room[n], n))
+        room[name] -= g
+    return _Reservation(at, room, now)
+
+
+def _place_beside(cap: Capacity, res: _Reservation, gpu_type: str, gpus: int, replicas: int,
+                  cpu: int, memory: int, topology: Topology | None) -> tuple[str, ...] | None:
+    """Rule A9: place a gang that may still run at the reservation's shadow time only on
+    GPUs the reservation leaves free then, and take them from its `room`. GPUs alone: best
+    fit (A3) among the nodes with room, both now and then. With CPU, memory or a topology
+    (rules A6, A7): the usual placement, kept only if it leaves the reservation whole.
+    None, changing nothing, when it cannot."""
+    room = res.room
+    if topology is None and (gpu_type not in cap.constrained or not (cpu or memory)):
+        names = cap.nodes_of.get(gpu_type, ())
+        free = cap.free
+        if sum(min(free[n], room.get(n, 0)) // gpus for n in names) < replicas:
+            return None
+        taken: list[str] = []
+        for _ in range(replicas):
+            name = min((n for n in names if free[n] >= gpus and room.get(n, 0) >= gpus),
+                       key=lambda n: (free[n], n))
+            cap.set_free(name, free[name] - gpus)
+            room[name] -= gpus
+            taken.append(name)
+        return tuple(taken)
+    placement = cap.place(gpu_type, gpus, replicas, cpu=cpu, memory=memory, topology=topology)
+    if placement is None:
+        return None
+    need: dict[str, int] = defaultdict(int)
+    for n in placement:
+        need[n] += gpus
+    if any(room.get(n, 0) < k for n, k in need.items()):
+        cap.release(placement, gpus, cpu=cpu, memory=memory)
+        return None
+    for n, k in need.items():
+        room[n] -= k
+    return placement
 
 
 def _dominated(failed: list[tuple[int, int, int, int]] | None, cpu: int, memory: int,

@@ -39,7 +39,8 @@ class PolicySettings:
     """The policy's knobs: half-life H (rule F1), the entry penalty's recompute interval
     (F6; the product uses the cycle interval), the cycle interval (a preemptor is admitted
     by the cycle after the one that preempted, R8), priority weights (P1), billing weights
-    per GPU type (F1; absent = 1.0) and preemption (R1-R8)."""
+    per GPU type (F1; absent = 1.0), preemption (R1-R9) and the backfill reservation (A9:
+    off, smaller jobs start wherever they fit)."""
 
     half_life_hours: float = 168.0
     interval_seconds: float = 3.0
@@ -47,6 +48,7 @@ class PolicySettings:
     priority: PriorityWeights = field(default_factory=PriorityWeights)
     billing_weights: Mapping[str, float] = field(default_factory=dict)
     preemption: PreemptionPolicy = field(default_factory=PreemptionPolicy)
+    reservation: bool = True
 
 
 # The product's defaults, read by config/settings/base.py for every FAIRQ_* it maps.

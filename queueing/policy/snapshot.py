@@ -88,6 +88,9 @@ class QueuedJob:
     # Rules D1-D2: what it waits for (all must be met); rule A8: its array, if any.
     dependencies: tuple[Dependency, ...] = ()
     array_id: int | None = None
+    # Rule A9: its runtime estimate (the job's `max_runtime_seconds`); None = unknown, so
+    # it never counts as ending before a reservation.
+    max_runtime_seconds: int | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -114,10 +117,21 @@ class RunningJob:
     # Rule R3: how many times the job was preempted before this attempt.
     preemptions: int = 0
     array_id: int | None = None  # rule A8
+    # Rule A9: its runtime estimate; None = unknown (its GPUs never count as freed).
+    max_runtime_seconds: int | None = None
 
     @property
     def total_gpus(self) -> int:
         return self.gpus_per_replica * self.replicas
+
+    def estimated_end(self, now: datetime) -> datetime | None:
+        """Rule A9: when its GPUs are expected free - the attempt's start (`now` while
+        admitted, not started) plus its estimate, never before `now`; None when it has no
+        estimate."""
+        if self.max_runtime_seconds is None:
+            return None
+        start = self.started_at if self.started_at is not None else now
+        return max(now, start + timedelta(seconds=self.max_runtime_seconds))
 
     def ran_seconds(self, now: datetime) -> float:
         """How long the current attempt has run (0 while admitted, not started)."""
@@ -214,6 +228,8 @@ class Snapshot:
     dependency_counts: Mapping[tuple[str, int], Counts] = field(default_factory=dict)
     # Rule A8: the concurrency limit of each array that has one.
     array_limits: Mapping[int, int] = field(default_factory=dict)
+    # Rule A9: the first job waiting for capacity reserves GPUs at its shadow time.
+    reservation: bool = DEFAULTS.reservation
 
     def quota(self, team: str, gpu_type: str) -> QuotaLimit:
         return self.quotas.get((team, gpu_type), NO_QUOTA)

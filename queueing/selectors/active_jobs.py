@@ -70,6 +70,7 @@ class JobRow(NamedTuple):
     message: str
     dependencies: Any  # JSON: rules D1-D3, parsed on use (selectors/snapshot.py)
     array_id: int | None  # rule A8
+    max_runtime_seconds: int | None  # rule A9: the runtime estimate
 
 
 ACTIVE_JOB_COLUMNS: tuple[str, ...] = JobRow._fields

@@ -227,7 +227,7 @@ def _queued_job(row: JobRow, lookups: Lookups, jobs: ActiveJobs) -> QueuedJob:
                      topology=topology_of(row.topology_level, row.topology_mode),
                      dependencies=(parse_dependencies(row.dependencies) if row.dependencies
                                    else ()),
-                     array_id=row.array_id)
+                     array_id=row.array_id, max_runtime_seconds=row.max_runtime_seconds)
 
 
 def _running_job(row: JobRow, lookups: Lookups, jobs: ActiveJobs) -> RunningJob:
@@ -241,7 +241,7 @@ def _running_job(row: JobRow, lookups: Lookups, jobs: ActiveJobs) -> RunningJob:
         started_at=row.started_at, min_runtime_seconds=tier.min_runtime_seconds,
         nodes=tuple(placement), cpu_millicores=row.cpu_millicores,
         memory_bytes=row.memory_bytes, preemptions=jobs.preemptions.get(row.id, 0),
-        array_id=row.array_id,
+        array_id=row.array_id, max_runtime_seconds=row.max_runtime_seconds,
     )
 
 

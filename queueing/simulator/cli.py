@@ -117,6 +117,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="seed of the node sample (0)")
     ap.add_argument("--limit", type=int, help="only the first N jobs of the trace")
     ap.add_argument("--no-preemption", action="store_true", help="fairq with preemption off")
+    ap.add_argument("--no-reservation", action="store_true",
+                    help="fairq without rule A9's backfill reservation")
+    ap.add_argument("--lost-per-wait", metavar="RATIO",
+                    help="rule R9's ratio for fairq ('none': no check); default the "
+                    "scenario's or the product's")
     ap.add_argument("--policies", default=",".join(POLICIES),
                     help=f"comma-separated, of {', '.join(POLICIES)} (all)")
     ap.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
@@ -140,7 +145,7 @@ def load_workload(args: argparse.Namespace) -> Workload:
             raise ScenarioError("--history: give --scenario (the cluster, teams and tiers) "
                                 "and no --trace")
         w = load_usage_history(args.history, parse_scenario(doc), tier=args.history_tier)
-        return _no_preemption(w) if args.no_preemption else w
+        return _overrides(w, args)
     trace = args.trace or (None if doc and isinstance(doc, dict) and doc.get("jobs") else
                            os.environ.get("FAIRQ_SIM_TRACE", DEFAULT_TRACE))
     if trace:
@@ -149,14 +154,30 @@ def load_workload(args: argparse.Namespace) -> Workload:
                        seed=args.seed, limit=args.limit, settings=settings)
     else:
         w = load_scenario(args.scenario)
-    return _no_preemption(w) if args.no_preemption else w
+    return _overrides(w, args)
 
 
-def _no_preemption(w: Workload) -> Workload:
-    st = w.scenario.settings
-    st = replace(st, preemption=replace(st.preemption, enabled=False))
-    return replace(w, scenario=replace(w.scenario, settings=st),
-                   source={**w.source, "preemption": False})
+def _overrides(w: Workload, args: argparse.Namespace) -> Workload:
+    """The command line's settings over the workload's: --no-preemption,
+    --no-reservation, --lost-per-wait (each noted in the JSON's `source`)."""
+    st, source = w.scenario.settings, dict(w.source)
+    if args.no_preemption:
+        st = replace(st, preemption=replace(st.preemption, enabled=False))
+        source["preemption"] = False
+    if args.no_reservation:
+        st = replace(st, reservation=False)
+        source["reservation"] = False
+    if args.lost_per_wait is not None:
+        text = str(args.lost_per_wait).strip().lower()
+        try:
+            ratio = None if text == "none" else float(text)
+        except ValueError:
+            raise ScenarioError("--lost-per-wait: a number >= 0 or 'none'") from None
+        if ratio is not None and not ratio >= 0:
+            raise ScenarioError("--lost-per-wait: a number >= 0 or 'none'")
+        st = replace(st, preemption=replace(st.preemption, lost_per_wait=ratio))
+        source["lost_per_wait"] = ratio
+    return replace(w, scenario=replace(w.scenario, settings=st), source=source)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

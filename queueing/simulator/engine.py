@@ -15,6 +15,7 @@ tests/simulator/test_same_as_cycle.py holds the decisions to the real cycle's.
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,6 +65,12 @@ def at(seconds: float) -> datetime:
 class _Running:
     job: RunningJob
     start: float
+
+
+def estimate_seconds(job: SimJob) -> int:
+    """A job's `max_runtime_seconds` as the service stores it (whole seconds, rounded up):
+    rule A9's runtime estimate, EASY backfill's too."""
+    return math.ceil(job.estimate)
 
 
 def workload_name(job_id: int, attempt: int) -> str:
@@ -121,7 +128,8 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
         queued[j.id] = QueuedJob(
             id=j.id, team=j.team, gpu_type=j.gpu_type, gpus_per_replica=j.gpus_per_replica,
             replicas=j.replicas, tier_rank=tiers[j.tier].rank, submitted_at=at(j.submit),
-            queued_at=None if queued_at is None else at(queued_at))
+            queued_at=None if queued_at is None else at(queued_at),
+            max_runtime_seconds=estimate_seconds(j))
 
     def charge(team: str, gpus: int, gpu_type: str, start: float, end: float) -> None:
         if end > start:
@@ -195,6 +203,7 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             nominated_placement=nominated_placements(nominations, nominated),
             preemption=PreemptionSettings.of(
                 pre, used=preemptions_in_window(made, now=now, window_seconds=pre.window_seconds)),
+            reservation=st.reservation,
         )
         # --- decide
         plan = plan_admissions(snapshot)
@@ -239,7 +248,8 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                            gpus_per_replica=j.gpus_per_replica, replicas=j.replicas,
                            tier_rank=q.tier_rank, preemptible=tier.preemptible, started_at=now,
                            min_runtime_seconds=tier.min_runtime_seconds, nodes=a.placement,
-                           preemptions=sum(1 for x in attempts[j.id] if x.preempted)),
+                           preemptions=sum(1 for x in attempts[j.id] if x.preempted),
+                           max_runtime_seconds=estimate_seconds(j)),
                 now_s)
             push(now_s + j.runtime, _FINISH, j.id, attempt_no[j.id])
             if tier.preemptible and tier.min_runtime_seconds > 0:

@@ -249,3 +249,39 @@ def goals(policies: Mapping[str, Mapping[str, object]], *, high_tier: str = "hig
                 base, "sizes", large_gpus, "wait_p95_min")
     out["fairness_max_deviation_points"] = stat("fairq", "fairness", "max_deviation_points")
     return out
+
+
+
+def _at_most(limit: float) -> Callable[[float], bool]:
+    return lambda v: v <= limit
+
+
+def goal_checks(goals_: Mapping[str, float], *, high_tier: str = "high",
+                large_gpus: str = "8") -> list[tuple[str, str, float, bool, str]]:
+    """Issue 15's goals for one run's `goals` (fairq against the baselines of the same
+    run), each as (key, the goal in words, the measured value, met, unit). A goal whose
+    metric is missing (no such tier or baseline in the run) is left out."""
+    g = goals_
+    large = f"gpus{large_gpus}_p95_wait"
+    rows: list[tuple[str, str, str, Callable[[float], bool], str]] = [
+        ("delivered_vs_greedy", "delivered >= 99 % of greedy backfill's",
+         "delivered_vs_greedy_pct", lambda v: v >= 99.0, "%"),
+        ("delivered_vs_easy", "delivered >= EASY backfill's", "delivered_vs_easy_pct",
+         lambda v: v >= 100.0, "%"),
+        ("lost", "GPU-hours lost to preemption <= 1 % of delivered",
+         "lost_pct_of_delivered", lambda v: v <= 1.0, "%"),
+        ("max_preemptions", "no job preempted more than 3 times",
+         "max_preemptions_per_job", lambda v: v <= 3, ""),
+        ("high_p95", f"{high_tier} tier p95 wait <= 1 min", f"{high_tier}_p95_wait_min",
+         lambda v: v <= 1.0, "min"),
+    ]
+    for base, name in (("greedy", "greedy"), ("easy", "EASY")):
+        if f"{large}_{base}_min" in g:
+            limit = g[f"{large}_{base}_min"]
+            rows.append((f"gpus{large_gpus}_p95_vs_{base}",
+                         f"{large_gpus}-GPU p95 wait <= {name} backfill's ({limit:.0f} min)",
+                         f"{large}_min", _at_most(limit), "min"))
+    rows.append(("fairness", "every team within 5 points of its M1 share",
+                 "fairness_max_deviation_points", lambda v: v <= 5.0, "points"))
+    return [(key, text, g[metric], test(g[metric]), unit)
+            for key, text, metric, test, unit in rows if metric in g]

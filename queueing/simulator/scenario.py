@@ -126,6 +126,7 @@ def parse_settings(doc: Mapping[str, Any]) -> PolicySettings:
                                                  dp.max_preemptions_per_job),
             lost_per_wait=None if pe.get("lost_per_wait", dp.lost_per_wait) is None else _num(
                 pe, "lost_per_wait", "preemption", default=dp.lost_per_wait)),
+        reservation=_bool(doc, "reservation", "scenario", DEFAULTS.reservation),
     )
 
 
@@ -134,7 +135,7 @@ def parse_scenario(doc: Any) -> Workload:
     `jobs`, those jobs (else none: give a trace too)."""
     doc = _map(doc, "scenario")
     known = {"cluster", "gpu_types", "teams", "quotas", "tiers", "fair_share", "priority",
-             "preemption", "jobs", "horizon_seconds", "cycle_seconds"}
+             "preemption", "jobs", "horizon_seconds", "cycle_seconds", "reservation"}
     for key in doc:
         if key not in known:
             raise ScenarioError(f"{key}: unknown section; known: {', '.join(sorted(known))}")

@@ -43,6 +43,16 @@ def test_bad_scenarios_are_refused_with_the_field(tmp_path: Path,
     assert "jobs[0].tier: no tier 'gold'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--scenario", str(DEMO), "--policies", "lifo"])
+    assert main(["--scenario", str(DEMO), "--lost-per-wait", "lots", "--quiet"]) == 2
+    assert "--lost-per-wait: a number >= 0 or 'none'" in capsys.readouterr().err
+
+
+def test_the_command_line_overrides_rule_r9_and_a9_and_says_so(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    assert main(["--scenario", str(DEMO), "--policies", "fairq", "--quiet", "--json", str(out),
+                 "--no-reservation", "--lost-per-wait", "none"]) == 0
+    source = json.loads(out.read_text())["source"]
+    assert source["reservation"] is False and source["lost_per_wait"] is None
 
 
 def test_the_django_command_runs_the_same_main(tmp_path: Path) -> None:

@@ -82,3 +82,40 @@ def test_rule_r5_the_rate_limit_holds_preemptions_until_the_window_moves() -> No
     preempted_at = sorted(a.end for r in result.records for a in r.attempts if a.preempted)
     # One preemption per 1000 s window for team a.
     assert preempted_at == [100, 1100, 2100, 3100]
+
+
+def _gang_behind_small_jobs(**over: Any) -> dict[str, Any]:
+    """Two 8-GPU nodes filled by sixteen one-GPU jobs of 30 min (their estimate too)
+    started a second apart; an 8-GPU job of the same tier and team at 30 s; from 60 s
+    one more one-GPU job every minute for an hour."""
+    small = {"team": "a", "tier": "low", "gpu_type": "gpu", "gpus_per_replica": 1,
+             "runtime_seconds": 1800}
+    return _doc(**{
+        "cluster": {"node_pools": [{"name": "n", "gpu_type": "gpu", "nodes": 2,
+                                    "gpus_per_node": 8}]},
+        "teams": [{"name": "a", "weight": 1}],
+        "jobs": [
+            {**small, "submit_seconds": 0, "count": 16, "every_seconds": 1},
+            {"team": "a", "tier": "low", "gpu_type": "gpu", "gpus_per_replica": 8,
+             "submit_seconds": 30, "runtime_seconds": 600},
+            {**small, "submit_seconds": 60, "count": 60, "every_seconds": 60},
+        ],
+        **over,
+    })
+
+
+def test_rule_a9_a_large_gang_starts_at_its_shadow_time_not_after_the_small_jobs() -> None:
+    result = run_fairq(parse_scenario(_gang_behind_small_jobs()))
+    gang = next(r for r in result.records if r.job.gpus == 8)
+    # Best fit put the first eight one-GPU jobs on n-000: their ends by estimate, the
+    # last at 1807 s, are the gang's shadow time. The one-GPU jobs waiting since 60 s
+    # would still run then: they may not take n-000's GPUs as these free one by one.
+    assert gang.attempts[0].start == 1807
+
+
+def test_rule_a9_off_the_large_gang_starves_until_the_small_jobs_stop() -> None:
+    result = run_fairq(parse_scenario(_gang_behind_small_jobs(reservation=False)))
+    gang = next(r for r in result.records if r.job.gpus == 8)
+    # Every GPU freed goes to the next one-GPU job (rule A4): no node empties while
+    # they keep coming.
+    assert gang.attempts[0].start > 3600

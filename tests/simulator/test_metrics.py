@@ -7,6 +7,7 @@ import pytest
 
 from queueing.simulator.metrics import (
     fairness,
+    goal_checks,
     percentile,
     queued_intervals,
     summarize,
@@ -83,3 +84,17 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile([5, 1, 4, 2, 3], 50) == 3
     assert percentile(list(range(1, 101)), 95) == 95
     assert percentile([], 95) == 0.0
+
+
+def test_goal_checks_hold_each_goal_of_issue_15_to_its_bound() -> None:
+    goals = {"delivered_vs_greedy_pct": 99.0, "delivered_vs_easy_pct": 99.9,
+             "lost_pct_of_delivered": 1.2, "max_preemptions_per_job": 3.0,
+             "high_p95_wait_min": 0.9, "gpus8_p95_wait_min": 100.0,
+             "gpus8_p95_wait_greedy_min": 120.0, "gpus8_p95_wait_easy_min": 90.0,
+             "fairness_max_deviation_points": 5.1}
+    met = {key: ok for key, _, _, ok, _ in goal_checks(goals)}
+    assert met == {"delivered_vs_greedy": True, "delivered_vs_easy": False, "lost": False,
+                   "max_preemptions": True, "high_p95": True, "gpus8_p95_vs_greedy": True,
+                   "gpus8_p95_vs_easy": False, "fairness": False}
+    # A run without the baselines checks only fairq's own goals.
+    assert [k for k, *_ in goal_checks({"lost_pct_of_delivered": 0.5})] == ["lost"]

@@ -26,7 +26,7 @@ from queueing.policy.settings import DEFAULTS, PolicySettings
 from queueing.policy.snapshot import QuotaLimit
 from queueing.selectors.snapshot import policy_settings
 from queueing.services.scheduler import scheduler_cycle
-from queueing.simulator.engine import EPOCH, run_fairq
+from queueing.simulator.engine import EPOCH, estimate_seconds, run_fairq
 from queueing.simulator.model import (
     NodeSpec,
     Scenario,
@@ -75,15 +75,18 @@ def _workload(seed: int, n: int) -> Workload:
         g, reps = rng.choice(((1, 1), (1, 1), (2, 1), (4, 1), (4, 2), (8, 1)))
         tier = rng.choices(("x-high", "x-normal", "x-low"), weights=(2, 3, 5))[0]
         runtime = float(rng.choice((60, 300, 900, 1800)))
-        jobs.append(SimJob(i + 1, rng.choice(TEAMS).name, tier, "h100", g, reps, t, runtime,
-                           runtime))
+        team = rng.choice(TEAMS).name
+        # max_runtime_seconds (rule A9's estimate): the runtime or twice it.
+        jobs.append(SimJob(i + 1, team, tier, "h100", g, reps, t, runtime,
+                           runtime * rng.choice((1, 2))))
     return Workload(sc, tuple(jobs), horizon=t)
 
 
 def _decisions(plan: Plan, ids: dict[int, int]) -> tuple[object, ...]:
     return (sorted((ids[a.job_id], a.placement) for a in plan.admissions),
             sorted((ids[p.preemptor_id], tuple(sorted(ids[v.job_id] for v in p.victims)))
-                   for p in plan.preemptions))
+                   for p in plan.preemptions),
+            sorted((gt, ids[job], at) for gt, (job, at) in plan.reservations.items()))
 
 
 @pytest.mark.parametrize(("seed", "overrides"), [
@@ -102,6 +105,7 @@ def test_the_simulator_and_the_real_cycle_make_the_same_decisions(
     result = run_fairq(w, on_cycle=lambda t, plan: sim.append(
         (t, _decisions(plan, {j.id: j.id for j in w.jobs}))))
     assert sum(r.preemptions for r in result.records) > 0  # the trace does preempt
+    assert any(d[2] for _, d in sim)  # and reserves (rule A9)
 
     gpu = GpuTypeFactory(slug="h100", billing_weight=1.0)
     teams = {t.name: TeamFactory(slug=t.name, weight=t.weight) for t in TEAMS}
@@ -120,7 +124,7 @@ def test_the_simulator_and_the_real_cycle_make_the_same_decisions(
             row = JobFactory(team=teams[j.team], tier=tiers[j.tier], gpu_type=gpu,
                              gpus_per_replica=j.gpus_per_replica, replicas=j.replicas,
                              env={"FAIRQ_SIM_SECONDS": str(int(j.runtime))}, created_at=at,
-                             updated_at=at)
+                             updated_at=at, max_runtime_seconds=estimate_seconds(j))
             db_id[row.pk] = j.id
         r = scheduler_cycle(now=EPOCH + timedelta(seconds=t), backend=backend)
         assert r.ran and r.plan is not None and not r.job_errors
