@@ -142,7 +142,8 @@ def test_rule_a9_the_shadow_time_counts_jobs_this_pass_admitted_with_an_estimate
 
 def test_rule_a9_a_job_waiting_for_quota_does_not_reserve() -> None:
     plan = plan_with(est(q(2, gpus=4, team="b"), None), quotas={("a", "h100"): QuotaLimit(4, 0)})
-    assert plan.waits[1].reason is WaitReason.QUOTA and plan.reservations == {}
+    # 8 GPUs over a ceiling of 4: a quota wait that can never end (rule E6) - no reservation.
+    assert plan.waits[1].reason is WaitReason.NEVER_FITS and plan.reservations == {}
     assert admitted(plan) == [2]
 
 
