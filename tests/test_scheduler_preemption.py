@@ -64,6 +64,15 @@ class SlowStopCluster(SimulatedCluster):
         self.stopping.clear()
 
 
+
+@pytest.fixture(autouse=True)
+def _no_r9_against_the_wall_clock(settings: Any) -> None:
+    """These tests submit at the wall clock's time and run cycles at chosen instants: rule
+    R9 (lost work against the preemptor's wait) would decide on how long the submits took
+    on a loaded machine. It is off here; the tests of R9 (test_rule_r9_*, tests/policy)
+    set it."""
+    settings.FAIRQ_PREEMPTION_LOST_PER_WAIT = -1.0
+
 def test_rule_r6_a_victim_requeues_with_its_age_attempt_plus_one_and_is_charged(
     world: World,
 ) -> None:
