@@ -17,7 +17,8 @@ import yaml
 from django.utils import timezone
 
 from queueing.composition import get_backend
-from queueing.models import Job
+from queueing.models import Job, JobEvent
+from queueing.policy.states import JobState
 from queueing.services.logs import job_logs_archive
 from queueing.services.scheduler import scheduler_cycle
 from tests.conftest import World
@@ -105,19 +106,19 @@ def _cycle_and_log_archive() -> None:
     job_logs_archive(backend=get_backend(), now=timezone.now())
 
 
-def _pipeline_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fairq_example_pipeline",
-                                                  EXAMPLES / "pipeline.py")
+def _example_module(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"fairq_example_{name}", EXAMPLES / name)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+
 def test_the_pipeline_script_submits_waits_and_prints_each_replicas_log(
         cli: Cli, allowed: dict[str, list[str]], monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    pipeline = _pipeline_module()
+    pipeline = _example_module("pipeline.py")
     session = _Session()
     monkeypatch.setattr(pipeline.requests, "Session", lambda: session)
     monkeypatch.setattr(pipeline.time, "sleep", lambda _s: _cycle_and_log_archive())
@@ -142,3 +143,34 @@ def test_the_pipeline_script_submits_waits_and_prints_each_replicas_log(
     assert out.count("--- SUCCEEDED: exit code 0 ---") == 2
     # The submit carried an Idempotency-Key: the job keeps it.
     assert job.idempotency_key
+
+
+def test_the_array_pipeline_waits_for_its_dependency_then_cancels_the_rest(
+        cli: Cli, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/array_pipeline.py: a preprocessing job, an array of 4 (at most 2 at once)
+    after_ok on it; the members wait for it, it is watched with the long poll to its end,
+    two members run, the rest is cancelled with DELETE /arrays/{id}/."""
+    pipeline = _example_module("array_pipeline.py")
+    session = _Session()
+    session.inner.on_wait = scheduler_cycle  # the world moves on while a long poll waits
+    monkeypatch.setattr(pipeline.requests, "Session", lambda: session)
+    monkeypatch.setattr(pipeline.time, "sleep", lambda _s: scheduler_cycle())
+    monkeypatch.setenv("FAIRQ_URL", BASE)
+    monkeypatch.setenv("FAIRQ_TOKEN", cli.token)
+    monkeypatch.setattr(sys, "argv", [
+        "array_pipeline.py", "--team", "vision", "--members", "4", "--at-once", "2",
+        "--prep-seconds", "0", "--run-seconds", "60", "--watch-seconds", "1"])
+    assert pipeline.main() == 0
+    out = capsys.readouterr().out
+    prep = Job.objects.get(name="prep")
+    members = list(Job.objects.filter(array__isnull=False).order_by("array_index"))
+    assert prep.status == JobState.SUCCEEDED and len(members) == 4
+    assert out.count(f"waiting for job {prep.pk} (after_ok)") == 4
+    assert f"job {prep.pk}: RUNNING -> SUCCEEDED" in out
+    assert any(m == "GET" and f"/jobs/{prep.pk}/?wait=1" in p for m, p in session.inner.calls)
+    assert "(holding GPUs: 2)" in out and "cancelled 4 member(s)" in out
+    assert {m.status for m in members} == {JobState.CANCELLED}
+    # At most two members ever held GPUs (rule A8): two were admitted, two never were.
+    admitted = JobEvent.objects.filter(job__in=members, kind=JobEvent.Kind.TRANSITION,
+                                       to_status=JobState.ADMITTED)
+    assert admitted.values("job").distinct().count() == 2
