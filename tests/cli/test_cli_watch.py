@@ -37,7 +37,7 @@ def _token(world: World) -> str:
 
 def _cli(live: LiveServer, world: World, tmp_path: Path, *argv: str, **env: str) -> Any:
     return run_cli(*argv, url=live.url, token=_token(world), home=tmp_path,
-                   FAIRQ_WATCH_SECONDS="5", **env)
+                   **{"FAIRQ_WATCH_SECONDS": "5", **env})
 
 
 def _submitted(n: int = 1) -> list[Job]:
@@ -69,16 +69,17 @@ def test_wait_exits_3_when_the_job_fails(live: LiveServer, world: World,
 
 def test_wait_exits_4_when_the_job_is_cancelled(live: LiveServer, world: World,
                                                 tmp_path: Path) -> None:
-    cli = _cli(live, world, tmp_path, *SUBMIT, "--wait")
+    cli = _cli(live, world, tmp_path, *SUBMIT, "--wait", FAIRQ_WATCH_SECONDS="30")
     job = _submitted()[0]
     cli.wait_for(lambda: "QUEUED" in cli.err)
     started = time.monotonic()
     r = requests.post(f"{live.url}/api/v1/jobs/{job.pk}/cancel/", timeout=10,
                       headers={"Authorization": f"Token {_token(world)}"})
     assert r.status_code == 200, r.text
-    assert cli.finish(timeout=20) == 4, cli.err
-    # The long poll answered on the cancel, not at the end of its 5 s.
-    assert time.monotonic() - started < 4.5
+    assert cli.finish(timeout=40) == 4, cli.err
+    # The long poll answered on the cancel, not at the end of its 30 s (a loaded CI
+    # machine may take seconds to answer; 30 s apart is what the test tells apart).
+    assert time.monotonic() - started < 20
     assert f"fairq: job {job.pk} CANCELLED" in cli.err
 
 
@@ -155,7 +156,7 @@ def test_long_poll_returns_as_soon_as_the_job_changes(live: LiveServer, world: W
     took = time.monotonic() - started
     timer.join()
     assert r.status_code == 200 and r.json()["status"] == "CANCELLED"
-    assert 0.9 <= took < 3.0, took
+    assert 0.9 <= took < 12.0, took  # the cancel's change, well before the 20 s wait
 
 
 def test_long_poll_times_out_with_304_when_nothing_changes(live: LiveServer,
@@ -169,7 +170,7 @@ def test_long_poll_times_out_with_304_when_nothing_changes(live: LiveServer,
     started = time.monotonic()
     r = api.get(url, params={"wait": 2, "since_event": since}, timeout=30)
     assert r.status_code == 304
-    assert 2.0 <= time.monotonic() - started < 4.0
+    assert 2.0 <= time.monotonic() - started < 15.0  # it waited the 2 s, then answered
 
 
 # --- the event stream -------------------------------------------------------------------
@@ -210,7 +211,7 @@ def test_the_stream_yields_job_events_and_resumes_with_last_event_id(
     t = threading.Thread(target=later)
     t.start()
     opened = time.monotonic()
-    r = api.get(f"{live.url}/api/v1/jobs/stream/", params={"team": "vision", "duration": 3},
+    r = api.get(f"{live.url}/api/v1/jobs/stream/", params={"team": "vision", "duration": 10},
                 headers={"Accept": "text/event-stream"}, stream=True, timeout=30)
     assert r.headers["Content-Type"].startswith("text/event-stream")
     events, comments = _read_stream(r)
@@ -218,10 +219,10 @@ def test_the_stream_yields_job_events_and_resumes_with_last_event_id(
     assert [(e["event"], e["data"]["to_status"]) for e in events] == [
         ("transition", "QUEUED"), ("transition", "CANCELLED")]
     assert [int(e["id"]) for e in events] == [e["data"]["id"] for e in events]
-    # Each event as it happens (~1 s in), not when the 3 s stream ends.
-    assert events[0]["received"] - opened < 2.5
+    # Each event as it happens (~1 s in), not when the 10 s stream ends.
+    assert events[0]["received"] - opened < 8
     assert "heartbeat" in comments
-    assert comments[-1].startswith("the stream ends after 3s")
+    assert comments[-1].startswith("the stream ends after 10s")
 
     # Resume after the first: only the second comes again.
     r = api.get(f"{live.url}/api/v1/jobs/stream/", params={"team": "vision", "duration": 1},
