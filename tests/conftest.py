@@ -129,3 +129,11 @@ def job_body(**overrides: Any) -> dict[str, Any]:
 @pytest.fixture
 def on_postgres() -> bool:
     return connection.vendor == "postgresql"
+
+
+@pytest.fixture
+def no_r9(settings: Any) -> None:
+    """Rule R9 off (lost work against the preemptor's wait). For tests that submit at the
+    wall clock's time and run cycles at chosen instants: with R9 on they would decide on
+    how long the submits took on a loaded machine. R9's own tests set it."""
+    settings.FAIRQ_PREEMPTION_LOST_PER_WAIT = -1.0

@@ -17,7 +17,8 @@ from queueing.services.scheduler import scheduler_cycle
 
 from .conftest import World, job_body
 
-pytestmark = pytest.mark.django_db
+# R9 off: these tests submit at the wall clock and run cycles at chosen instants (no_r9).
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_r9")]
 
 
 def post(world: World, user: Any, **body: Any) -> int:
@@ -37,14 +38,6 @@ def h100_allocated() -> int:
     return sum(n.allocated for n in get_backend().nodes() if n.gpu_type == "h100")
 
 
-
-@pytest.fixture(autouse=True)
-def _no_r9_against_the_wall_clock(settings: Any) -> None:
-    """These tests submit at the wall clock's time and run cycles at chosen instants: rule
-    R9 (lost work against the preemptor's wait) would decide on how long the submits took
-    on a loaded machine. It is off here; the tests of R9 (test_rule_r9_*, tests/policy)
-    set it."""
-    settings.FAIRQ_PREEMPTION_LOST_PER_WAIT = -1.0
 
 def test_a_high_tier_job_preempts_the_cheapest_low_tier_set_and_the_victim_runs_later(
     world: World,

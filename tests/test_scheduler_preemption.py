@@ -22,7 +22,8 @@ from queueing.services.scheduler import scheduler_cycle
 
 from .conftest import World, job_body
 
-pytestmark = pytest.mark.django_db
+# R9 off: these tests submit at the wall clock and run cycles at chosen instants (no_r9).
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_r9")]
 
 
 def submit(world: World, user: Any = None, **body: Any) -> int:
@@ -64,14 +65,6 @@ class SlowStopCluster(SimulatedCluster):
         self.stopping.clear()
 
 
-
-@pytest.fixture(autouse=True)
-def _no_r9_against_the_wall_clock(settings: Any) -> None:
-    """These tests submit at the wall clock's time and run cycles at chosen instants: rule
-    R9 (lost work against the preemptor's wait) would decide on how long the submits took
-    on a loaded machine. It is off here; the tests of R9 (test_rule_r9_*, tests/policy)
-    set it."""
-    settings.FAIRQ_PREEMPTION_LOST_PER_WAIT = -1.0
 
 def test_rule_r6_a_victim_requeues_with_its_age_attempt_plus_one_and_is_charged(
     world: World,

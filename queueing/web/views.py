@@ -696,15 +696,23 @@ def quota_cell(request: HttpRequest, team_slug: str, gpu_slug: str) -> HttpRespo
     ctx = {"cell": cell, "form": form, "saved": saved, "warnings": overcommit_warnings(cap),
            "audit": _quota_audit(), "oob": True, "capacity": cap}
     if not request.htmx:  # type: ignore[attr-defined]
-        if saved:
-            messages.success(request, f"Quota {team.slug}/{gpu_type.slug} saved.")
-            return redirect("web:quotas")
-        board = dash.quota_board(now=timezone.now())
-        return render(request, "web/quotas.html",
-                      {"board": board, "audit": _quota_audit(), "errors": form.errors},
-                      status=400)
+        return _quota_board_answer(request, form, saved=saved,
+                                   message=f"Quota {team.slug}/{gpu_type.slug} saved.")
     # htmx swaps only 2xx answers: the errors come back in the cell itself.
     return render(request, "web/_quota_cell_response.html", ctx)
+
+
+def _quota_board_answer(request: HttpRequest, form: Any, *, saved: bool,
+                        message: str) -> HttpResponse:
+    """A quota board edit posted without htmx: back to the board with `message` when
+    saved, else the board again with the form's errors (400)."""
+    if saved:
+        messages.success(request, message)
+        return redirect("web:quotas")
+    board = dash.quota_board(now=timezone.now())
+    return render(request, "web/quotas.html",
+                  {"board": board, "audit": _quota_audit(), "errors": form.errors},
+                  status=400)
 
 
 @require_POST
@@ -727,13 +735,8 @@ def team_weight(request: HttpRequest, team_slug: str) -> HttpResponse:
             for field, errs in exc.message_dict.items():
                 form.add_error(field if field in form.fields else None, errs)
     if not request.htmx:  # type: ignore[attr-defined]
-        if saved:
-            messages.success(request, f"Weight of {team.slug} saved.")
-            return redirect("web:quotas")
-        board = dash.quota_board(now=timezone.now())
-        return render(request, "web/quotas.html",
-                      {"board": board, "audit": _quota_audit(), "errors": form.errors},
-                      status=400)
+        return _quota_board_answer(request, form, saved=saved,
+                                   message=f"Weight of {team.slug} saved.")
     return render(request, "web/_quota_weight_response.html",
                   {"team": team, "weight_form": form, "weight_saved": saved,
                    "audit": _quota_audit()})
