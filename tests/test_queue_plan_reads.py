@@ -1,0 +1,134 @@
+"""Rule P3's read path with many readers (issue 20): N reads of N queued jobs between two
+scheduler cycles plan the queue at most once, and each process fetches (unpickles) the
+shared plan at most once, reading only its generation afterwards; a cycle that moved a
+job, or another process's newer plan, still reaches every reader at once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from unittest import mock
+
+from django.core.cache import cache
+from django.utils import timezone
+
+from queueing.policy import admission
+from queueing.selectors import queue_plan as qp
+from queueing.services.scheduler import scheduler_cycle
+
+from .conftest import World, job_body
+
+
+def _submit(world: World, **overrides: Any) -> int:
+    r = world.client(world.member).post("/api/v1/jobs/", job_body(**overrides), format="json")
+    assert r.status_code == 201, r.json()
+    return int(r.json()["id"])
+
+
+class _Counts:
+    plans = 0
+    shared_fetches = 0
+
+
+@contextmanager
+def _counting() -> Iterator[_Counts]:
+    """Counts the plans of the whole queue and the fetches of the shared plan (the key
+    whose value is the whole plan, alone or in a `get_many`)."""
+    counts = _Counts()
+    real_get, real_get_many = cache.get, cache.get_many
+
+    def get(key: str, *args: Any, **kwargs: Any) -> Any:
+        counts.shared_fetches += key == qp._PLAN_KEY
+        return real_get(key, *args, **kwargs)
+
+    def get_many(keys: list[str], *args: Any, **kwargs: Any) -> Any:
+        counts.shared_fetches += qp._PLAN_KEY in keys
+        return real_get_many(keys, *args, **kwargs)
+
+    real_plan = admission.plan_admissions
+
+    def plan(*args: Any, **kwargs: Any) -> Any:
+        counts.plans += 1
+        return real_plan(*args, **kwargs)
+
+    with mock.patch.object(qp, "plan_admissions", plan), \
+            mock.patch.object(cache, "get", get), mock.patch.object(cache, "get_many", get_many):
+        yield counts
+
+
+def _positions(world: World, ids: list[int]) -> list[int]:
+    c = world.client(world.member)
+    out = []
+    for i in ids:
+        r = c.get(f"/api/v1/jobs/{i}/")
+        assert r.status_code == 200
+        out.append(r.json()["queue"]["position"])
+    return out
+
+
+def _queued_world(world: World, n: int) -> list[int]:
+    # 9 GPUs per job on 8-GPU quotas with borrowing: a full cluster keeps most queued.
+    ids = [_submit(world, name=f"j{i}", gpus=8, replicas=2) for i in range(n)]
+    scheduler_cycle(now=timezone.now())
+    return [i for i in ids if world.client(world.member).get(f"/api/v1/jobs/{i}/")
+            .json()["status"] == "QUEUED"]
+
+
+def test_rule_p3_n_reads_of_n_queued_jobs_plan_once_between_two_cycles(world: World) -> None:
+    queued = _queued_world(world, 12)
+    assert len(queued) >= 8
+    qp.queue_plan_forget()  # as a cycle that moved a job does
+    with _counting() as counts:
+        positions = _positions(world, queued)
+    assert counts.plans == 1  # the first read plans; the others reuse it
+    assert counts.shared_fetches == 0  # this process made it: no unpickling of it again
+    assert sorted(positions) == positions and len(set(positions)) == len(queued)
+
+
+def test_rule_p3_another_process_fetches_the_shared_plan_once(world: World) -> None:
+    queued = _queued_world(world, 12)
+    qp.queue_plan(now=timezone.now())
+    qp._Local.plan = None  # a web process that did not make the plan
+    with _counting() as counts:
+        _positions(world, queued)
+    assert counts.plans == 0
+    assert counts.shared_fetches == 1  # not one per read (issue 20: ~30 ms per 10,000 jobs)
+
+
+def test_rule_p3_a_newer_plan_of_another_process_replaces_the_local_copy(world: World) -> None:
+    _submit(world, name="first")
+    now = timezone.now()
+    old = qp.queue_plan(now=now)
+    newer = qp.queue_plan(now=now, fresh=True)  # another process planned since
+    qp._Local.plan = old  # this process still holds the old one
+    with _counting() as counts:
+        got = qp.queue_plan(now=now)
+    assert got.generation == newer.generation != old.generation
+    assert (counts.plans, counts.shared_fetches) == (0, 1)
+
+
+def test_rule_p3_a_cycle_that_moves_a_job_reaches_a_process_holding_the_plan(
+        world: World) -> None:
+    first = _submit(world, name="first")
+    assert _positions(world, [first]) == [1]
+    held = qp._Local.plan
+    assert held is not None and first in held.entries
+    result = scheduler_cycle(now=timezone.now())  # admits it: drops the plan
+    assert first in result.admitted
+    second = _submit(world, name="second", gpus=8, replicas=9)  # waits: 72 GPUs
+    with _counting() as counts:
+        assert qp.queue_plan(now=timezone.now()).generation != held.generation
+    assert counts.plans == 1
+    assert _positions(world, [second]) == [1]
+
+
+def test_rule_p3_the_plan_expires_with_its_generation(world: World) -> None:
+    """A process's copy is only used while the shared generation names it: expiry (the
+    TTL that bounds the plan's age when no cycle drops it) reaches it too."""
+    job = _submit(world, name="one")
+    qp.queue_plan(now=timezone.now())
+    cache.delete(qp._GEN_KEY)  # as QUEUE_PLAN_TTL does to the generation and plan together
+    with _counting() as counts:
+        _positions(world, [job])
+    assert counts.plans == 1
