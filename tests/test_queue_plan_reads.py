@@ -132,3 +132,31 @@ def test_rule_p3_the_plan_expires_with_its_generation(world: World) -> None:
     with _counting() as counts:
         _positions(world, [job])
     assert counts.plans == 1
+
+
+def test_rule_p3_previews_unpack_the_kept_snapshot_once_per_process(world: World) -> None:
+    _submit(world, name="queued", gpus=8, replicas=9)
+    now = timezone.now()
+    qp.submit_preview(team=world.vision, gpu_type=world.h100, gpus_per_replica=1,
+                      replicas=1, tier_rank=100, now=now)  # keeps the snapshot
+    qp._Local.plan = qp._Local.snapshot = None  # a web process that did not make them
+    real_get, real_get_many = cache.get, cache.get_many
+    fetched: list[str] = []
+
+    def get(key: str, *args: Any, **kwargs: Any) -> Any:
+        fetched.append(key)
+        return real_get(key, *args, **kwargs)
+
+    def get_many(keys: list[str], *args: Any, **kwargs: Any) -> Any:
+        fetched.extend(keys)
+        return real_get_many(keys, *args, **kwargs)
+
+    with mock.patch.object(cache, "get", get), mock.patch.object(cache, "get_many", get_many), \
+            mock.patch.object(qp, "build_snapshot") as built:
+        for gpus in (1, 2, 4):  # three shapes: three placements, one snapshot
+            preview = qp.submit_preview(team=world.vision, gpu_type=world.h100,
+                                        gpus_per_replica=gpus, replicas=1, tier_rank=100,
+                                        now=now)
+            assert preview.queued == 1 and preview.error == ""
+    assert built.call_count == 0
+    assert fetched.count(qp._SNAPSHOT_KEY) == 1 and fetched.count(qp._PLAN_KEY) == 1
