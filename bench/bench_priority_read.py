@@ -16,6 +16,10 @@ How it works
     dropped before each read, so every read unpickles the shared plan, as before issue
     20's fix) and `after` alternated over `--rounds` rounds; then the standings, each
     timed. `plans` counts the plans of the whole queue computed while reading.
+  * Concurrent misses: `--procs` processes (as gunicorn workers) each read a queued job at
+    once right after the plan was dropped, `before` (every process plans, as before the
+    build mark) and `after` (one plans, the others wait for its plan) alternated: the
+    slowest read, the CPU of all of them, and plans per miss.
 
 Output: `BENCH <name> <value> <unit>`. Run: `.venv/bin/python bench/bench_priority_read.py`.
 """
@@ -83,11 +87,81 @@ def setup(url: str, queued: int) -> tuple[str, list[int]]:
     return token_issue(user=user, name="bench").key, ids
 
 
+def child(mode: str, job_id: int) -> int:
+    """One web process's read after a miss: waits for "go" on stdin, reads, prints
+    `<ms> <plans made here> <cpu ms>`. `all`: every process plans (no build mark)."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
+    import django
+
+    django.setup()
+    from unittest import mock
+
+    from django.conf import settings
+
+    # The test settings prefix the cache per process: these share one, empty each round.
+    settings.CACHES["default"]["KEY_PREFIX"] = os.environ["FAIRQ_PRIO_BENCH_PREFIX"]
+    from django.core.cache import cache
+    from django.utils import timezone
+
+    from queueing.models import Job
+    from queueing.selectors import queue_plan as qp
+
+    job = Job.objects.get(pk=job_id)
+    cache.get(qp._GEN_KEY)  # connect before the clock starts
+    print("ready", flush=True)
+    sys.stdin.readline()
+    with mock.patch.object(qp, "_plan_compute", wraps=qp._plan_compute) as made, \
+            mock.patch.object(cache, "add", return_value=True) if mode == "all" \
+            else mock.patch.object(qp, "PLAN_BUILD_WAIT", qp.PLAN_BUILD_WAIT):
+        t0, c0 = time.perf_counter(), time.process_time()
+        qp.job_explain(job=job, now=timezone.now())
+        t1, c1 = time.perf_counter(), time.process_time()
+    print(f"{(t1 - t0) * 1000:.3f} {made.call_count} {(c1 - c0) * 1000:.3f}", flush=True)
+    return 0
+
+
+def compare_concurrent(url: str, ids: list[int], procs: int, rounds: int) -> None:
+    """`procs` processes read distinct queued jobs at once right after the plan was
+    dropped (as a cycle that moved a job does): every one planning (`all`, as before)
+    against one planning while the others wait for its plan (`one`), alternated."""
+    import subprocess
+    import uuid
+
+    walls: dict[str, list[float]] = {"all": [], "one": []}
+    plans: dict[str, int] = {"all": 0, "one": 0}
+    cpus: dict[str, list[float]] = {"all": [], "one": []}
+    for n in range(rounds):
+        for mode in (("all", "one") if n % 2 == 0 else ("one", "all")):
+            # A cache of their own, empty: the miss a cycle that moved a job leaves.
+            env = {**os.environ, "DATABASE_URL": url,
+                   "FAIRQ_PRIO_BENCH_PREFIX": f"fairq-prio-bench-{uuid.uuid4().hex}"}
+            kids = [subprocess.Popen([sys.executable, __file__, "--child", mode, str(ids[k])],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=env) for k in range(procs)]
+            for k in kids:
+                assert k.stdout is not None and k.stdout.readline().strip() == "ready"
+            for k in kids:
+                assert k.stdin is not None
+                k.stdin.write("go\n")
+                k.stdin.flush()
+            outs = [k.communicate()[0].split() for k in kids]
+            walls[mode].append(max(float(o[0]) for o in outs))
+            plans[mode] += sum(int(o[1]) for o in outs)
+            cpus[mode].append(sum(float(o[2]) for o in outs))
+    for mode, label in (("all", "before"), ("one", "after")):
+        bench(f"prio_concurrent_{label}_wall_p50", statistics.median(walls[mode]), "ms")
+        bench(f"prio_concurrent_{label}_cpu_p50", statistics.median(cpus[mode]), "ms")
+        bench(f"prio_concurrent_{label}_plans_per_miss", plans[mode] / rounds, "count")
+
+
 def main() -> int:
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        return child(sys.argv[2], int(sys.argv[3]))
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--queued", type=int, default=10_000)
     p.add_argument("--reads", type=int, default=20)
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--procs", type=int, default=2, help="processes reading at once after a miss")
     p.add_argument("--keep", action="store_true", help="keep the PostgreSQL database")
     a = p.parse_args()
     url = os.environ.get("FAIRQ_PRIO_BENCH_DATABASE_URL", DEFAULT_PG)
@@ -139,6 +213,9 @@ def main() -> int:
         assert client.get("/api/v1/fairshare/?users=1").status_code == 200
         ftimes.append((time.perf_counter() - t0) * 1000)
     bench("fairshare_read_p50", statistics.median(ftimes), "ms")
+    if a.procs > 1:
+        compare_concurrent(url, picks, a.procs, a.rounds)
+        note(f"{a.procs} processes reading at once after a miss, {a.rounds} rounds per mode")
     if not a.keep:
         drop_postgres(url)
     return 0

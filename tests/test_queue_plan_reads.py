@@ -5,6 +5,7 @@ job, or another process's newer plan, still reaches every reader at once."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -160,3 +161,45 @@ def test_rule_p3_previews_unpack_the_kept_snapshot_once_per_process(world: World
             assert preview.queued == 1 and preview.error == ""
     assert built.call_count == 0
     assert fetched.count(qp._SNAPSHOT_KEY) == 1 and fetched.count(qp._PLAN_KEY) == 1
+
+
+def test_rule_p3_after_a_miss_one_process_plans_and_the_others_wait_for_it(
+        world: World) -> None:
+    job = _submit(world, name="one")
+    cache.add(qp._BUILD_KEY, "another process", timeout=qp.PLAN_BUILD_WAIT)  # it is planning
+    made: list[str] = []
+
+    def other_process_finishes(_seconds: float) -> None:
+        if not made:
+            made.append(qp._plan_compute(now=timezone.now())[0].generation)
+            qp._Local.plan = None  # made there, not here
+
+    with mock.patch.object(qp.time, "sleep", other_process_finishes), _counting() as counts:
+        got = qp.queue_plan(now=timezone.now())
+    assert counts.plans == 1 and made == [got.generation]  # its plan, not one of our own
+    assert job in got.entries
+
+
+def test_rule_p3_a_reader_plans_itself_when_the_planning_process_gives_up(
+        world: World) -> None:
+    job = _submit(world, name="one")
+    cache.add(qp._BUILD_KEY, "another process", timeout=qp.PLAN_BUILD_WAIT)
+
+    def it_gives_up(_seconds: float) -> None:
+        cache.delete(qp._BUILD_KEY)  # an error plan (not cached), or it died
+
+    with mock.patch.object(qp.time, "sleep", it_gives_up), _counting() as counts:
+        got = qp.queue_plan(now=timezone.now())
+    assert counts.plans == 1 and job in got.entries
+    assert cache.get(qp._BUILD_KEY) is None  # and leaves no mark behind
+
+
+def test_rule_p3_a_reader_waits_for_another_process_at_most_plan_build_wait(
+        world: World) -> None:
+    job = _submit(world, name="one")
+    cache.add(qp._BUILD_KEY, "a process that hangs", timeout=60)
+    with mock.patch.object(qp, "PLAN_BUILD_WAIT", 0.05), _counting() as counts:
+        t0 = time.monotonic()
+        got = qp.queue_plan(now=timezone.now())
+    assert time.monotonic() - t0 < 5
+    assert counts.plans == 1 and job in got.entries

@@ -25,6 +25,7 @@ so the cycle and the front ends that call it never name them.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields, is_dataclass, replace
@@ -50,6 +51,9 @@ QUEUE_PLAN_TTL = 3.0  # seconds: about one scheduler cycle
 _PLAN_KEY = "fairq:queue-plan"
 # The generation of the cached plan alone: what a read fetches to know its local copy is current.
 _GEN_KEY = "fairq:queue-plan:generation"
+# Set (add-if-absent) by the process planning the queue after a miss; the others wait for it.
+_BUILD_KEY = "fairq:queue-plan:building"
+PLAN_BUILD_WAIT = 10.0  # seconds a reader waits for another process's plan, then plans itself
 # (plan generation, the snapshot it was made from): the preview places a candidate on it.
 _SNAPSHOT_KEY = "fairq:queue-plan:snapshot"
 _PREVIEW_KEY = "fairq:queue-plan:preview"
@@ -121,11 +125,39 @@ def _plan_of(generation: str | None) -> QueuePlan | None:
 def queue_plan(*, now: datetime, fresh: bool = False) -> QueuePlan:
     """The plan of the queue as it is (from the cache unless `fresh`). A cluster that does
     not answer gives an empty plan with `error` set, never a failed request."""
-    if not fresh:
-        cached = _plan_of(cache.get(_GEN_KEY))
-        if cached is not None:
-            return cached
-    return _plan_compute(now=now)[0]
+    if fresh:
+        return _plan_compute(now=now)[0]
+    cached = _plan_of(cache.get(_GEN_KEY))
+    if cached is not None:
+        return cached
+    # A miss (a cycle moved a job, or the plan expired): one process plans, the readers of
+    # the others wait for its plan instead of each planning the same queue on the same cores.
+    mark = uuid.uuid4().hex
+    if not cache.add(_BUILD_KEY, mark, timeout=PLAN_BUILD_WAIT):
+        waited = _plan_of_another_process()
+        if waited is not None:
+            return waited
+    try:
+        return _plan_compute(now=now)[0]
+    finally:
+        if cache.get(_BUILD_KEY) == mark:
+            cache.delete(_BUILD_KEY)
+
+
+def _plan_of_another_process() -> QueuePlan | None:
+    """The plan the process holding the build mark caches, once it does; None when it
+    gives up (an error plan is not cached), dies (the mark expires) or takes longer than
+    `PLAN_BUILD_WAIT`."""
+    deadline = time.monotonic() + PLAN_BUILD_WAIT
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        got = cache.get_many([_GEN_KEY, _BUILD_KEY])
+        plan = _plan_of(got.get(_GEN_KEY))
+        if plan is not None:
+            return plan
+        if got.get(_BUILD_KEY) is None:
+            return None
+    return None
 
 
 def _plan_with_snapshot(*, now: datetime) -> tuple[QueuePlan, Snapshot | None]:
