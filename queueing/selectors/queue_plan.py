@@ -15,7 +15,8 @@ each process keeps the last plan (and snapshot) it unpickled and reuses it while
 generation is the same. Unpickling the plan itself cost every read ~30 ms per 10,000
 queued jobs (issue 20: 218 ms against `sprio`'s 10 ms); the generation key lives and dies
 with the plan (same TTL, dropped together), so the local copy is never older than the
-shared one.
+shared one. After a miss one process plans (it holds the build mark) and the readers of
+the others wait for its plan, so a miss costs the cores one plan, not one per process.
 
 A read model: the plan is made from the cycle's own snapshot (`selectors.snapshot`) and
 the published cluster view, and nothing here writes fairq's state. `queue_plan_forget`
