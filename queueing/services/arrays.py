@@ -21,6 +21,7 @@ from queueing.selectors.queue_plan import queue_plan_forget
 
 from .jobs import job_transition
 from .usage import usage_record_attempt
+from .webhooks import webhooks_events_written
 
 _REASON_MAX = JobEvent._meta.get_field("reason").max_length or 500
 _LABEL_MAX = JobEvent._meta.get_field("actor_label").max_length or 100
@@ -104,6 +105,13 @@ def array_cancel(*, actor: Any, array: JobArray, now: datetime | None = None) ->
     user = actor if getattr(actor, "is_authenticated", False) else None
     label = clean_text(str(actor), max_length=_LABEL_MAX)
     cancelled = _cancel_queued(array, now=now, user=user, label=label, reason=reason)
+    # The bulk path writes its events itself: they go to the webhooks as `job_transition`'s
+    # do (after commit, one message), when the team or the members have a receiver.
+    if cancelled and (array.team.webhooks.filter(enabled=True).exists()
+                      or Job.objects.filter(array=array).exclude(notify_url="").exists()):
+        webhooks_events_written(JobEvent.objects.filter(
+            job_id__in=cancelled, kind=JobEvent.Kind.TRANSITION,
+            to_status=JobState.CANCELLED).values_list("pk", flat=True))
     # The members holding GPUs (and preempted ones on their way back to the queue): few,
     # one by one, as `job_cancel` does.
     members = list(

@@ -474,3 +474,19 @@ def test_old_finished_deliveries_are_purged_and_pending_ones_kept(world):
     assert left == {old_pending.pk, young.pk}
     assert not WebhookAttempt.objects.filter(delivery_id__in=[old_ok.pk, old_failed.pk]).exists()
     assert wh.webhook_deliveries_purge(now=now, days=0) == 0
+
+
+def test_cancelling_an_array_posts_each_member_cancelled(world, django_capture_on_commit_callbacks):
+    """DELETE /arrays/{id}/ cancels the queued members in bulk (one statement on
+    PostgreSQL): their transitions reach the webhooks as a single job's do."""
+    admin = world.client(world.admin)
+    with receiver() as rx:
+        rx.secret = _endpoint(admin, rx.url, event_types=["job.cancelled"])["secret"]
+        with django_capture_on_commit_callbacks(execute=True):
+            r = admin.post("/api/v1/jobs/bulk/", {**job_body(name="sweep"), "count": 3}, format="json")
+        assert r.status_code == 201
+        with django_capture_on_commit_callbacks(execute=True):
+            d = admin.delete(f"/api/v1/arrays/{r.json()['array_id']}/")
+        assert d.status_code == 200, d.content
+    got = sorted((g.verified["data"]["job_id"], g.verified["type"]) for g in rx.received)
+    assert got == [(i, "job.cancelled") for i in r.json()["ids"]]
