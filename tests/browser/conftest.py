@@ -51,8 +51,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=f"browser tests skipped: {reason}"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def _serialize_live_server() -> Iterator[None]:
+    """The browser tests' live server answers one request at a time (DB_LOCK), for the
+    length of each test only: session-wide, it also serialized every later test's own
+    server (tests/cli's long poll then held the cancel it waits for)."""
     original = WSGIHandler.__call__
 
     def locked(self: WSGIHandler, environ: Any, start_response: Any) -> Any:
