@@ -67,7 +67,7 @@ class Client:
             return _decode(r)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def fetch(self, path: str, *, params: dict[str, Any] | None = None,
+    def fetch(self, path: str, *, params: dict[str, Any] | list[tuple[str, Any]] | None = None,
               timeout: float | None = None) -> tuple[int, Any, dict[str, str]]:
         """One GET as (status, decoded JSON or None, headers), a 304 included: for the
         watch (a long poll answers 304 when nothing changed). ApiError for a 4xx or 5xx

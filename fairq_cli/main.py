@@ -190,14 +190,15 @@ class Watcher:
             self.since[job_id] = int(headers["fairq-last-event"])
         return status, body
 
-    def get(self, path: str, params: dict[str, Any]) -> tuple[int, Any, dict[str, str]]:
+    def get(self, path: str, params: dict[str, Any] | list[tuple[str, Any]]
+            ) -> tuple[int, Any, dict[str, str]]:
         """One GET, retried with backoff while fairq cannot be reached."""
         down_since: float | None = None
         delay = RETRY_FIRST
         while True:
             try:
                 status, body, headers = self.app.client.fetch(
-                    path, params=params, timeout=float(params.get("wait", 0)) + 30.0)
+                    path, params=params, timeout=float(dict(params).get("wait", 0)) + 30.0)
             except ApiError as exc:
                 if exc.code != "unreachable" and exc.status < 500:
                     raise
@@ -304,6 +305,8 @@ class App:
                          f"{f', at most {most} at once' if most else ''})")
             if not a.wait:
                 return 0
+            if len(created["ids"]) > 1:
+                return self.wait_array(created["array_id"], a)
             return self.wait_all(created["ids"], a)
         job = self.client.post("/jobs/", body)
         if self.as_json and not a.wait:
@@ -344,6 +347,43 @@ class App:
         if "FAILED" in statuses:
             return EXIT_JOB_FAILED
         if "CANCELLED" in statuses:
+            return EXIT_JOB_CANCELLED
+        return 0
+
+    def wait_array(self, array_id: int, a: argparse.Namespace) -> int:
+        """Wait for every member of an array with a few requests however large it is:
+        the array's counts (`GET /arrays/{id}/`) until `done`, and meanwhile the long poll
+        on one member not ended (members that end while it is followed are skipped by the
+        next look); the exit code says how they ended."""
+        deadline = None if a.timeout is None else time.monotonic() + a.timeout
+        watcher = Watcher(self, give_up=a.unreachable_timeout, deadline=deadline,
+                          seconds=_watch_seconds(), verbose=False)
+        active = [("array", array_id), *[("status", s) for s in ACTIVE], ("page_size", 1)]
+        while True:
+            summary = watcher.get(f"/arrays/{array_id}/", {})[1]
+            if summary["done"]:
+                break
+            page = watcher.get("/jobs/", active)[1]
+            if page["results"]:
+                watcher.follow(page["results"][0]["id"])
+        counts = {st: n for st, n in summary["counts"].items() if n}
+        ended_badly = [st for st in ("FAILED", "CANCELLED") if counts.get(st)]
+        if self.as_json:
+            self.emit_json(self.client.pages("/jobs/", [("array", array_id), ("page_size", 500)],
+                                             limit=summary["count"]))
+        else:
+            for st in ended_badly:  # say which, at most 20 of each
+                for job in self.client.pages("/jobs/", [("array", array_id), ("status", st),
+                                                        ("page_size", 20)], limit=20):
+                    reason = job.get("message") or st.lower()
+                    code = "" if job.get("exit_code") is None else \
+                        f" (exit code {job['exit_code']})"
+                    self.err.write(f"fairq: job {job['id']} {st}{code}: {reason}\n")
+            self.say(f"Array of {summary['count']}: " + ", ".join(
+                f"{n} {st.lower()}" for st, n in sorted(counts.items())))
+        if "FAILED" in ended_badly:
+            return EXIT_JOB_FAILED
+        if "CANCELLED" in ended_badly:
             return EXIT_JOB_CANCELLED
         return 0
 

@@ -224,3 +224,22 @@ def test_a_bad_watch_setting_is_a_usage_error(cli: Cli, monkeypatch: pytest.Monk
     assert r.code == 2
     assert "FAIRQ_WATCH_SECONDS must be 1..60" in r.err
     assert not Job.objects.exists()  # said before submitting
+
+
+def test_an_array_wait_takes_a_few_requests_not_one_per_member(
+        cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`submit -a 40 --wait` follows the array's counts and the long poll on one member
+    not ended at a time: far fewer requests than members (it used to follow each)."""
+    from queueing.services.scheduler import scheduler_cycle
+
+    monkeypatch.setenv("FAIRQ_WATCH_SECONDS", "1")  # in-process, a long poll blocks the test
+
+    cli.on_sleep = scheduler_cycle  # the world moves on while the CLI waits
+    r = cli("submit", "-t", "vision", "-J", "sweep", "-i", "ghcr.io/acme/train:1.4",
+            "-G", "h100", "-g", "1", "-e", "FAIRQ_SIM_SECONDS=0", "-a", "40", "--wait")
+    assert r.code == 0, r.err
+    assert "Array of 40: 40 succeeded" in r.out
+    assert set(Job.objects.values_list("status", flat=True)) == {"SUCCEEDED"}
+    gets = [path for method, path in cli.transport.calls if method == "GET"]
+    assert any(p.startswith("/api/v1/arrays/") for p in gets)
+    assert len(gets) < 20, (len(gets), gets)
