@@ -58,6 +58,85 @@ class GpuType(models.Model):
         return self.slug
 
 
+class ClusterBackendKind(models.TextChoices):
+    SIMULATED = "simulated", "simulated (embedded)"
+    KUBERNETES = "kubernetes", "Kubernetes"
+
+
+def validate_cluster_labels(value: object) -> None:
+    """Model validator of `Cluster.labels` and `Job.cluster_selector` (rule K3): a flat
+    object of short strings."""
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= 63 and len(v) <= 63
+            for k, v in value.items()):
+        raise ValidationError('Give labels as {"name": "value"}: strings of at most 63 '
+                              "characters.")
+
+
+class Cluster(models.Model):
+    """A GPU cluster fairq schedules onto (docs/clusters.md, rules K1-K7): every enabled
+    cluster's nodes are in one snapshot, one fair share and one plan; each job runs in
+    exactly one of them. `backend`: how fairq reaches it - `kubernetes` with a kubeconfig
+    file and context, or the pod's service account (`in_cluster`); `simulated` with
+    `sim_nodes` (FAIRQ_SIM_NODES' grammar) for the demo and tests. `labels` (region, cost
+    class, ...) are what a job's `cluster_selector` matches. `unreachable_since`: when the
+    scheduler last started failing to read it (None = it answered the last cycle)."""
+
+    name = models.CharField(max_length=40, unique=True, validators=[slug_validator])
+    backend = models.CharField(max_length=16, choices=ClusterBackendKind.choices,
+                               default=ClusterBackendKind.SIMULATED)
+    kubeconfig = models.CharField(max_length=500, blank=True, default="",
+                                  help_text="Path of a kubeconfig file on the scheduler "
+                                            "(empty with in_cluster or ~/.kube/config).")
+    context = models.CharField(max_length=200, blank=True, default="",
+                               help_text="The kubeconfig context (empty = its current one).")
+    in_cluster = models.BooleanField(default=False, help_text=(
+        "Use the scheduler pod's service account (the cluster fairq runs in)."))
+    sim_nodes = models.CharField(max_length=500, blank=True, default="", help_text=(
+        "Simulated clusters: the nodes, as FAIRQ_SIM_NODES (e.g. 4x8xh100,2x8xa100)."))
+    enabled = models.BooleanField(default=True)
+    labels = models.JSONField(default=dict, blank=True, validators=[validate_cluster_labels],
+                              help_text='e.g. {"region": "eu-west", "cost": "cloud"}')
+    # Rule K2: among clusters where a job fits, a lower cost rank goes first.
+    cost_rank = models.IntegerField(default=0, help_text=(
+        "Placement preference: among clusters where a job fits, the lowest rank is "
+        "chosen first (e.g. 0 on-premises, 10 cloud)."))
+    unreachable_since = models.DateTimeField(null=True, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["cost_rank", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class NodePool(models.Model):
+    """A pool of a cluster's nodes of one GPU type (rules K4, K6): the nodes that carry
+    all of `node_labels` (besides the GPU type's own); `spot` pools are interruptible
+    capacity, used by preemptible tiers unless a job opts in, at their own
+    `price_per_gpu_hour` (None = the GPU type's price)."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="pools")
+    name = models.CharField(max_length=63, validators=[slug_validator])
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="pools")
+    spot = models.BooleanField(default=False)
+    node_labels = models.JSONField(default=dict, blank=True,
+                                   validators=[validate_cluster_labels])
+    price_per_gpu_hour = models.DecimalField(max_digits=12, decimal_places=4, null=True,
+                                             blank=True)
+
+    class Meta:
+        ordering = ["cluster_id", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="one_pool_name_per_cluster"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}/{self.name}"
+
+
 # A Tier's PriorityClass name must be one the API server takes (finding 11.6): a
 # DNS-1123 subdomain (lower-case alphanumerics, '-' and '.'; the field's 100 characters
 # are within its 253), never in the 'system-' namespace Kubernetes reserves.
@@ -304,7 +383,17 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)  # of the current attempt
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    # Rule K3: a job may pin one cluster, or ask for clusters carrying labels; rule K4:
+    # a job of a non-preemptible tier runs on spot nodes only when it opts in.
+    requested_cluster = models.ForeignKey(Cluster, null=True, blank=True,
+                                          on_delete=models.PROTECT, related_name="pinned_jobs")
+    cluster_selector = models.JSONField(default=dict, db_default={}, blank=True,
+                                        validators=[validate_cluster_labels])
+    allow_spot = models.BooleanField(default=False, db_default=False)
+
     # Where the current attempt runs and what the cluster said.
+    cluster = models.ForeignKey(Cluster, null=True, blank=True, on_delete=models.PROTECT,
+                                related_name="jobs")
     placement = models.JSONField(default=list, blank=True)
     submitted_to_backend_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)

@@ -28,6 +28,8 @@ class NodeInfo:
     memory_bytes: int | None = None
     memory_allocated: int = 0
     topology: Mapping[str, str] = field(default_factory=dict)
+    # Rules K4, K6: interruptible (spot) capacity, as the node's labels or its pool say.
+    spot: bool = False
 
     @property
     def free(self) -> int:

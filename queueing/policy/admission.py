@@ -50,6 +50,7 @@ class Admission:
     gpu_type: str
     # One node name per replica, in replica order (rule A3).
     placement: tuple[str, ...]
+    cluster: str = ""  # rule K1: the one cluster of its nodes ("" = the only cluster)
 
 
 @dataclass(frozen=True, slots=True)

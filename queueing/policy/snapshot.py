@@ -30,6 +30,10 @@ class NodeState:
     # What it can allocate when empty (rule A4's "never fits"); None = not known.
     cpu_allocatable: int | None = None
     memory_allocatable: int | None = None
+    # Rules K1-K6: the cluster it belongs to ("" = the only one) and whether it is spot
+    # (interruptible) capacity.
+    cluster: str = ""
+    spot: bool = False
 
 
 class TopologyMode(StrEnum):
@@ -91,6 +95,10 @@ class QueuedJob:
     # Rule A9: its runtime estimate (the job's `max_runtime_seconds`); None = unknown, so
     # it never counts as ending before a reservation.
     max_runtime_seconds: int | None = None
+    # Rule K3: the clusters it may run in (its pin or cluster selector resolved by the
+    # caller; None = any); rule K4: whether it may use spot nodes.
+    clusters: frozenset[str] | None = None
+    spot_ok: bool = False
 
     @property
     def total_gpus(self) -> int:
@@ -119,6 +127,7 @@ class RunningJob:
     array_id: int | None = None  # rule A8
     # Rule A9: its runtime estimate; None = unknown (its GPUs never count as freed).
     max_runtime_seconds: int | None = None
+    cluster: str = ""  # rule K1: where it runs ("" = the only cluster)
 
     @property
     def total_gpus(self) -> int:
