@@ -30,6 +30,9 @@ class NodeInfo:
     topology: Mapping[str, str] = field(default_factory=dict)
     # Rules K4, K6: interruptible (spot) capacity, as the node's labels or its pool say.
     spot: bool = False
+    # Rule K1: the cluster it belongs to, set by the services when they merge the
+    # clusters' nodes (the published cluster view); a backend leaves it "".
+    cluster: str = ""
 
     @property
     def free(self) -> int:

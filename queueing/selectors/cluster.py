@@ -87,7 +87,7 @@ class ClusterView:
     def to_dict(self) -> dict[str, Any]:
         return {"nodes": [[n.name, n.gpu_type, n.capacity, n.allocated, n.cpu_millicores,
                            n.cpu_allocated, n.memory_bytes, n.memory_allocated,
-                           dict(n.topology)] for n in self.node_list],
+                           dict(n.topology), n.spot, n.cluster] for n in self.node_list],
                 "workloads": sorted(self.workloads), "unprovisioned": sorted(self.unprovisioned),
                 "published_at": self.published_at.isoformat() if self.published_at else None}
 
@@ -102,7 +102,8 @@ class ClusterView:
 
 def _node_from_list(n: list[Any]) -> NodeInfo:
     """One node of `ClusterView.to_dict`; a view published before CPU, memory and
-    topology were (4 fields) reads as "not known"."""
+    topology were (4 fields) reads as "not known", before spot and cluster (9) as on-demand
+    capacity of the only cluster."""
     def opt(i: int) -> int | None:
         return None if len(n) <= i or n[i] is None else int(n[i])
 
@@ -110,7 +111,9 @@ def _node_from_list(n: list[Any]) -> NodeInfo:
     return NodeInfo(str(n[0]), str(n[1]), int(n[2]), int(n[3]),
                     cpu_millicores=opt(4), cpu_allocated=opt(5) or 0,
                     memory_bytes=opt(6), memory_allocated=opt(7) or 0,
-                    topology={str(k): str(v) for k, v in topology.items()})
+                    topology={str(k): str(v) for k, v in topology.items()},
+                    spot=bool(n[9]) if len(n) > 9 else False,
+                    cluster=str(n[10]) if len(n) > 10 and n[10] else "")
 
 
 def cluster_view_of(backend: ClusterBackend, *, now: datetime,
