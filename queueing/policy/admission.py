@@ -41,6 +41,9 @@ class WaitReason(StrEnum):
     # Rule E6: more GPUs than its team may ever hold (a quota lowered after the submit).
     NEVER_FITS = "never_fits"
     RESERVED = "reserved"  # rule A9: it fits, but on GPUs reserved for an earlier job
+    # Rule K3: no cluster it may use can hold it (or has room now, while one it may not
+    # use has).
+    CLUSTER = "cluster"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,16 +92,23 @@ class _Waits(Mapping[int, Wait]):
     """`Plan.waits`, built lazily: most of a long queue waits, and a wait's message is
     only formatted when someone reads it. Reads give equal `Wait` values every time."""
 
-    __slots__ = ("_raw", "blocks", "jobs", "now", "protected", "reservations")
+    __slots__ = ("_raw", "blocks", "elsewhere", "jobs", "now", "pool_info", "protected",
+                 "reservations", "several")
 
     def __init__(self, jobs: list[QueuedJob] | None = None,
                  now: datetime | None = None) -> None:
         self._raw: dict[int, Wait | _Raw] = {}
         self.jobs: list[QueuedJob] = jobs if jobs is not None else []
         self.now = now
-        # Rule E3: (largest free block, its node, free GPUs of the type) as a `capacity`
-        # wait saw them; its `_Raw` holds the index + 1 here.
-        self.blocks: list[tuple[int, str, int]] = []
+        # Rule E3: (largest free block, its node, free GPUs of the type, the block's
+        # cluster) as a `capacity` wait saw them; its `_Raw` holds the index + 1 here.
+        self.blocks: list[tuple[int, str, int, str]] = []
+        # Rule K3: job id -> the pool it would fit in now but may not use; the pools'
+        # (GPU type, cluster, spot); whether the snapshot has several clusters (rule E3
+        # then names the block's cluster, rule A4 says "in one cluster").
+        self.elsewhere: dict[int, str] = {}
+        self.pool_info: Mapping[str, tuple[str, str, bool]] = {}
+        self.several = False
         # Rule E4: job id -> (when the first protection of its candidates ends, how many
         # of them are protected), for a `capacity` wait whose victim search found none.
         self.protected: dict[int, tuple[datetime, int]] = {}
@@ -124,6 +134,8 @@ class _Waits(Mapping[int, Wait]):
             msg = (f"even empty, one {level} of {gt} nodes holds at most {held} replicas of "
                    f"{_replica_size(job)}; this gang needs {job.replicas} in one {level} "
                    f"(topology {level}: required)")
+        elif reason is WaitReason.CLUSTER:
+            msg = self._cluster_words(job, ceiling)
         elif reason is WaitReason.NO_FIT and held == 0:
             msg = f"no {gt} node has {_replica_size(job)} for one replica"
         elif reason is WaitReason.CPU_MEMORY:
@@ -135,11 +147,11 @@ class _Waits(Mapping[int, Wait]):
                    f"{_replica_size(job)} of {gt} (topology {level}: required); waiting "
                    f"for one {level} to free up")
         elif reason is WaitReason.NO_FIT and ceiling == 0 and _cpu_memory(job):
-            msg = (f"even empty, the {gt} nodes hold at most {held} replicas of "
-                   f"{_replica_size(job)}; this gang needs {job.replicas}")
+            msg = (f"even empty, the {gt} nodes{self._one_cluster} hold at most {held} "
+                   f"replicas of {_replica_size(job)}; this gang needs {job.replicas}")
         elif reason is WaitReason.NO_FIT:
-            msg = (f"even empty, the {gt} nodes hold at most {held} replicas of "
-                   f"{job.gpus_per_replica} GPUs; this gang needs {job.replicas}")
+            msg = (f"even empty, the {gt} nodes{self._one_cluster} hold at most {held} "
+                   f"replicas of {job.gpus_per_replica} GPUs; this gang needs {job.replicas}")
         elif reason is WaitReason.LENDING:
             msg = (f"the idle {gt} GPUs are other teams' nominal quota beyond their lending "
                    f"limits; team {job.team} may not borrow them")
@@ -156,7 +168,10 @@ class _Waits(Mapping[int, Wait]):
         else:
             msg = f"waiting for {job.replicas} × {job.gpus_per_replica} free {gt} GPUs on nodes"
             if held > 0:
-                msg += _block_words(job, *self.blocks[held - 1])
+                largest_block, node, free, cluster = self.blocks[held - 1]
+                if self.several and node:
+                    node += f" (cluster {cluster})"
+                msg += _block_words(job, largest_block, node, free)
             held_for = self.reservations.get(gt)
             if reason is WaitReason.CAPACITY and held_for is not None and held_for[0] == job_id:
                 msg += f"; GPUs are reserved for it from {_when(held_for[1])} (rule A9)"
@@ -168,6 +183,39 @@ class _Waits(Mapping[int, Wait]):
                     f"{'their' if n != 1 else 'its'} tier (rule R3), the first until "
                     f"{_until_words(until, self.now)}")
         return Wait(job_id, reason, msg, until)
+
+    @property
+    def _one_cluster(self) -> str:
+        """Rules K1, K4 in words when there are several clusters or spot nodes: a gang's
+        nodes are of one cluster and one kind."""
+        spot = any(info[2] for info in self.pool_info.values())
+        if self.several and spot:
+            return " of one cluster and one kind, spot or not (rules K1, K4)"
+        if self.several:
+            return " of one cluster (rule K1)"
+        return " of one kind, spot or not (rule K4)" if spot else ""
+
+    def _cluster_words(self, job: QueuedJob, now_elsewhere: int) -> str:
+        """Rule K3's wait in words: the clusters it may use (and spot nodes when it may
+        not, rule K4); with `now_elsewhere`, where it would fit now."""
+        gt = job.gpu_type
+        where = ("any cluster" if job.clusters is None else "its cluster" + (
+            "s " if len(job.clusters) != 1 else " ")
+            + ", ".join(c or '""' for c in sorted(job.clusters)))
+        has_spot = any(info[0] == gt and info[2] for info in self.pool_info.values())
+        if has_spot and not job.spot_ok:
+            where += (" (not spot nodes: a non-preemptible tier uses them only with "
+                      "allow_spot, rule K4)")
+        gang = f"{job.replicas} × {_replica_size(job)} of {gt}"
+        if not now_elsewhere:
+            return f"no node of {where} can hold {gang}, even empty (rules K1, K3)"
+        other = self.pool_info.get(self.elsewhere.get(job.id, ""))
+        there = ""
+        if other is not None:
+            there = ("on spot nodes of " if other[2] else "in ") + (
+                f"cluster {other[1]}" if other[1] else "the cluster")
+        return (f"waiting for {gang} in {where}; it would fit now {there}, which it "
+                "may not use (rule K3)")
 
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._raw
@@ -184,6 +232,8 @@ class _Waits(Mapping[int, Wait]):
 
 # `_Raw`'s last field for a `gang_does_not_fit` of rule A7: no one domain holds the gang.
 _IN_ONE_DOMAIN = 1
+# `_Raw`'s last field for a `cluster` wait (rule K3): it would fit now in another pool.
+_ELSEWHERE = 1
 
 
 def _block_words(job: QueuedJob, largest: int, node: str, free: int) -> str:
@@ -443,6 +493,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     preemptions: list[Preemption] = []
     jobs = order.jobs
     waits = _Waits(jobs, now)
+    waits.pool_info = cap.pool_info
+    waits.several = len(cap.clusters) > 1
     raw = waits._raw
     # Rule E2: GPUs this pass holds for preemptors (rule A5: the placement of a preemption
     # found now and what its victims free beyond it; a nominated preemptor's admission),
@@ -451,35 +503,53 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     holder: dict[str, int] = {}
     fits_held: dict[tuple[str, int, int], tuple[int, int]] = {}  # shape: (changes, GPUs held)
     held_code = _CODE[WaitReason.HELD_FOR_PREEMPTOR]
-    # Rule E3: the largest free block per GPU type, memoized on the capacity's changes.
-    block_seen: dict[str, tuple[int, int]] = {}
+    # Rule E3: the largest free block per set of pools, memoized on the capacity's changes.
+    block_seen: dict[tuple[str, ...], tuple[int, int]] = {}
     blocks = waits.blocks
     # Rule E4: per failed search, when the first protected candidate becomes a victim.
     protected_for: dict[tuple[str, str, int, int, int, int, int, Topology | None],
                         tuple[datetime, int] | None] = {}
 
-    def capacity_wait(code: int, index: int, job: QueuedJob, cpu: int, mem: int) -> _Raw:
-        """The raw wait of a job that did not fit: `capacity` with rule E3's largest
-        free block, or rule E2's `held_for_preemptor` when it would fit on the GPUs held
-        for a preemptor; any other code as it is."""
+    def capacity_wait(code: int, index: int, job: QueuedJob, cpu: int, mem: int,
+                      pools: tuple[str, ...], excluded: tuple[str, ...]) -> _Raw:
+        """The raw wait of a job that did not fit in any of its `pools`: `capacity` with
+        rule E3's largest free block, rule E2's `held_for_preemptor` when it would fit on
+        the GPUs held for a preemptor, or rule K3's `cluster` when it would fit now in
+        one of the `excluded` pools (a cluster or spot nodes it may not use); any other
+        code as it is."""
         if code != capacity:
             return (code, index, 0, 0)
-        gt = job.gpu_type
-        held_here = holds.get(gt)
-        if held_here and not cpu and not mem and job.topology is None:
-            # Memoized per shape until the capacity or the holds change: a long queue
-            # asks it for most of its jobs, of a few shapes.
-            shape = (gt, job.gpus_per_replica, job.replicas)
-            known = fits_held.get(shape)
-            if known is None or known[0] != cap.changes:
-                fits = _fits_with(cap, gt, job.gpus_per_replica, job.replicas, held_here)
-                known = fits_held[shape] = (cap.changes, sum(held_here.values()) if fits else 0)
-            if known[1]:
-                return (held_code, index, holder[gt], known[1])
-        seen = block_seen.get(gt)
+        g, reps = job.gpus_per_replica, job.replicas
+        for p in pools:
+            held_here = holds.get(p)
+            if held_here and not cpu and not mem and job.topology is None:
+                # Memoized per shape until the capacity or the holds change: a long queue
+                # asks it for most of its jobs, of a few shapes.
+                shape = (p, g, reps)
+                known = fits_held.get(shape)
+                if known is None or known[0] != cap.changes:
+                    fits = _fits_with(cap, p, g, reps, held_here)
+                    known = fits_held[shape] = (cap.changes,
+                                                sum(held_here.values()) if fits else 0)
+                if known[1]:
+                    return (held_code, index, holder[p], known[1])
+        for p in excluded:
+            shape6 = (p, g, reps, cpu, mem, job.topology)
+            now_fits = fits_elsewhere.get(shape6)
+            if now_fits is None or now_fits[0] != cap.changes:
+                now_fits = fits_elsewhere[shape6] = (cap.changes, cap.fits(
+                    p, g, reps, cpu=cpu, memory=mem, topology=job.topology))
+            if now_fits[1]:
+                waits.elsewhere[job.id] = p
+                return (cluster_code, index, 0, _ELSEWHERE)
+        seen = block_seen.get(pools)
         if seen is None or seen[0] != cap.changes:
-            blocks.append(cap.largest_free_block(gt))
-            seen = block_seen[gt] = (cap.changes, len(blocks))
+            if len(pools) == 1:
+                largest_block, node, free = cap.largest_free_block(pools[0])
+                blocks.append((largest_block, node, free, pool_info[pools[0]][1]))
+            else:
+                blocks.append(_largest_block_of(cap, pools))
+            seen = block_seen[pools] = (cap.changes, len(blocks))
         return (capacity, index, seen[1], 0)
     seen: list[int] = []
     remember = seen.append
@@ -507,19 +577,65 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     # Shapes that fit now but found no room beside the reservation, at `cap.grown`.
     held_back: dict[tuple[str, int, int, int, int, Topology | None], int] = {}
     reserved_code = _CODE[WaitReason.RESERVED]
+    cluster_code = _CODE[WaitReason.CLUSTER]
+    # Rules K1-K4: the pools of nodes (one GPU type, one cluster, spot or not).
+    pool_info = cap.pool_info
+    pool_sets: dict[tuple[str, frozenset[str] | None, bool],
+                    tuple[tuple[str, ...], tuple[str, ...]]] = {}
+    # Rule K3: whether a shape fits now in a pool (at `cap.changes`).
+    fits_elsewhere: dict[tuple[str, int, int, int, int, Topology | None], tuple[int, bool]] = {}
+    ranks = snapshot.cluster_ranks
+    k2_seen: dict[tuple[str, ...], tuple[int, tuple[str, ...]]] = {}
 
-    def reserve(job: QueuedJob, cpu: int, mem: int) -> None:
+    def pools_for(job: QueuedJob) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Rules K3, K4: the pools of the job's GPU type it may use (its clusters; spot
+        nodes only when `spot_ok`) and the others, each in pool-key order."""
+        k = (job.gpu_type, job.clusters, job.spot_ok)
+        sets = pool_sets.get(k)
+        if sets is None:
+            every = cap.pools_of_type.get(job.gpu_type, ())
+            allowed = tuple(p for p in every
+                            if (job.clusters is None or pool_info[p][1] in job.clusters)
+                            and (job.spot_ok or not pool_info[p][2]))
+            sets = pool_sets[k] = (allowed, tuple(p for p in every if p not in allowed))
+        return sets
+
+    def k2_order(pools: tuple[str, ...], job_id: int) -> tuple[str, ...]:
+        """Rule K2: the lowest cluster rank first, then the cluster with the most free
+        GPUs of the type, then its name; within a cluster spot nodes first (rule K4: a job
+        that may use them prefers them). A nominated preemptor (rule A5) first tries the
+        pool its preemption planned. Memoized until the capacity changes."""
+        planned = snapshot.nominated_placement.get(job_id) if nominated else None
+        if not planned:
+            seen_order = k2_seen.get(pools)
+            if seen_order is not None and seen_order[0] == cap.changes:
+                return seen_order[1]
+        first_pool = cap.node_pool.get(planned[0], "") if planned else ""
+        free = {p: cap.cluster_free(p) for p in pools}
+        ordered = tuple(sorted(pools, key=lambda p: (
+            p != first_pool, ranks.get(pool_info[p][1], 0), -free[p], pool_info[p][1],
+            not pool_info[p][2])))
+        if not planned:
+            k2_seen[pools] = (cap.changes, ordered)
+        return ordered
+
+    def reserve(job: QueuedJob, cpu: int, mem: int, pools: tuple[str, ...]) -> None:
         """Rule A9: `job` waits for capacity; if it is the first large gang of its GPU
         type to (at least a whole node of the type's largest, asking only GPUs), reserve
-        GPUs for it at its shadow time."""
+        GPUs for it at its shadow time - in the pool of its `pools` (rule K1: one
+        cluster) where that comes first, ties by their order (rule K2)."""
         if cpu or mem or job.topology is not None or \
                 job.gpus_per_replica * job.replicas < largest.get(job.gpu_type, 0):
             return
         decided.add(job.gpu_type)
-        r = _reserve(ws, job, now, admitted_ends.get(job.gpu_type, ()))
-        if r is not None:
-            reserved[job.gpu_type] = r
-            waits.reservations[job.gpu_type] = (job.id, r.at)
+        best = None
+        for p in pools:
+            r = _reserve(ws, job, now, admitted_ends.get(job.gpu_type, ()), p)
+            if r is not None and (best is None or r.at < best.at):
+                best = r
+        if best is not None:
+            reserved[job.gpu_type] = best
+            waits.reservations[job.gpu_type] = (job.id, best.at)
 
     for index in order:
         job = jobs[index]
@@ -558,64 +674,102 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         if gt in constrained:
             cpu, mem = job.cpu_millicores or 0, job.memory_bytes or 0
         topo = job.topology
-        if (reps > 1 or cpu or mem) and reps > (slots := cap.slots_when_empty(gt, g, cpu, mem)):
-            raw[job_id] = (no_fit, index, slots, 0)
-            continue
-        if topo is not None and topo.mode is TopologyMode.REQUIRED and reps > (
-                slots := cap.domain_slots_when_empty(gt, topo.level, g, cpu, mem)):
-            raw[job_id] = (no_fit, index, slots, _IN_ONE_DOMAIN)
+        # Rules K1, K3, K4: the pools (one GPU type, one cluster, spot or not) it may use,
+        # and of those the ones that hold the gang when empty (rules A4, A6, A7).
+        pools, excluded = pools_for(job)
+        if len(pools) == 1:
+            p = pools[0]
+            fail: tuple[int, int] | None = None
+            if (reps > 1 or cpu or mem) and reps > (slots := cap.slots_when_empty(p, g, cpu, mem)):
+                fail = (slots, 0)
+            elif topo is not None and topo.mode is TopologyMode.REQUIRED and reps > (
+                    slots := cap.domain_slots_when_empty(p, topo.level, g, cpu, mem)):
+                fail = (slots, _IN_ONE_DOMAIN)
+            fitting: tuple[str, ...] = pools if fail is None else ()
+        else:
+            fitting, fail = _holding_pools(cap, pools, g, reps, cpu, mem, topo)
+        if not fitting:
+            if (job.clusters is not None and not pools) or any(
+                    _never_holds(cap, p, g, reps, cpu, mem, topo) is None for p in excluded):
+                raw[job_id] = (cluster_code, index, 0, 0)  # rule K3: its clusters, not others
+            elif fail is None:
+                raw[job_id] = (no_fit, index, 0, 0)
+            else:
+                raw[job_id] = (no_fit, index, fail[0], fail[1])
             continue
         lending = not over and guarded_total.get(gt, 0) > 0 and \
             ledger.lending_blocks(team, gt, total)
         placement = None
         why_not = capacity
+        pool = fitting[0]
+        k2: tuple[str, ...] | None = None
         if not lending and not over:
-            shape = (gt, g, reps, cpu, mem, topo)
-            known = unfit.get(shape)
-            if (known is None or known[0] != cap.grown) and (cpu or mem):
-                known = _dominated(unfit_by_size.get((gt, g, reps, topo)), cpu, mem, cap.grown)
-            if known is None or known[0] != cap.grown:
-                res = reserved.get(gt) if reserved else None
-                if res is not None and not (job.max_runtime_seconds is not None
-                                            and job.max_runtime_seconds <= res.seconds):
-                    # Rule A9: a job that may still run at the shadow time only starts on
-                    # GPUs the reservation leaves free then.
-                    if held_back.get(shape) == cap.grown:
-                        raw[job_id] = (reserved_code, index, 0, 0)
-                        continue
-                    placement = _place_beside(cap, res, gt, g, reps, cpu, mem, topo)
-                    if placement is None and cap.fits(gt, g, reps, cpu=cpu, memory=mem,
-                                                      topology=topo):
-                        held_back[shape] = cap.grown
-                        raw[job_id] = (reserved_code, index, 0, 0)
-                        continue
+            k2 = fitting if len(fitting) == 1 else k2_order(fitting, job_id)
+            all_known = True
+            saw_reserved = False
+            first = True
+            for p in k2:
+                shape = (p, g, reps, cpu, mem, topo)
+                known = unfit.get(shape)
+                if (known is None or known[0] != cap.grown) and (cpu or mem):
+                    known = _dominated(unfit_by_size.get((p, g, reps, topo)), cpu, mem,
+                                       cap.grown)
+                if known is not None and known[0] == cap.grown:
+                    code = known[1]
+                    if code == cpu_memory_code and not cap.fits(p, g, reps):
+                        code = capacity  # its GPUs are taken too by now
                 else:
-                    placement = cap.place(gt, g, reps, cpu=cpu, memory=mem, topology=topo)
-                if placement is None:
-                    why_not = _why_unplaced(cap, gt, g, reps, cpu, mem, topo)
-                    unfit[shape] = (cap.grown, why_not)
-                    if why_not != topology_code:
-                        _remember_unfit(unfit_by_size, (gt, g, reps, topo), cpu, mem,
-                                        cap.grown, why_not)
-            else:
-                why_not = known[1]
-                if why_not == cpu_memory_code and not cap.fits(gt, g, reps):
-                    why_not = capacity  # its GPUs are taken too by now
-                if not may_search and not nominated:
+                    all_known = False
+                    code = -1
+                    res = reserved.get(gt) if reserved else None
+                    if res is not None and res.pool == p and not (
+                            job.max_runtime_seconds is not None
+                            and job.max_runtime_seconds <= res.seconds):
+                        # Rule A9: a job that may still run at the shadow time only starts
+                        # on GPUs the reservation leaves free then.
+                        if held_back.get(shape) == cap.grown:
+                            code = reserved_code
+                        else:
+                            placement = _place_beside(cap, res, p, g, reps, cpu, mem, topo)
+                            if placement is None and cap.fits(p, g, reps, cpu=cpu, memory=mem,
+                                                              topology=topo):
+                                held_back[shape] = cap.grown
+                                code = reserved_code
+                    else:
+                        placement = cap.place(p, g, reps, cpu=cpu, memory=mem, topology=topo)
+                    if placement is not None:
+                        pool = p
+                        break
+                    if code < 0:
+                        code = _why_unplaced(cap, p, g, reps, cpu, mem, topo)
+                        unfit[shape] = (cap.grown, code)
+                        if code != topology_code:
+                            _remember_unfit(unfit_by_size, (p, g, reps, topo), cpu, mem,
+                                            cap.grown, code)
+                if code == reserved_code:
+                    saw_reserved = True
+                if first:  # the reason said is the first cluster's in rule K2 order
+                    why_not, first = code, False
+            if placement is None:
+                if saw_reserved:  # rule A9: it fits, but only on GPUs reserved for another
+                    raw[job_id] = (reserved_code, index, 0, 0)
+                    continue
+                if all_known and not may_search and not nominated:
                     # The common case of a long queue.
-                    raw[job_id] = capacity_wait(why_not, index, job, cpu, mem)
+                    raw[job_id] = capacity_wait(why_not, index, job, cpu, mem, fitting,
+                                                excluded)
                     if why_not == capacity and reserve_on and gt not in decided:
-                        reserve(job, cpu, mem)
+                        reserve(job, cpu, mem, k2)
                     continue
         if placement is not None:
             if nominated and job_id in nominated:  # rule A5: planned first, for its GPUs
-                _hold(holds, holder, gt, job_id, dict.fromkeys(placement, 0), placement, g)
+                _hold(holds, holder, pool, job_id, dict.fromkeys(placement, 0), placement, g)
             if reserve_on and gt not in decided and job.max_runtime_seconds is not None:
                 admitted_ends.setdefault(gt, []).append(
                     (now + timedelta(seconds=job.max_runtime_seconds), job_id, placement, g))
             ledger.add(team, gt, total)
             factors.charge(team, entry_penalty_gpu_hours(total, billing(gt), interval))
-            admissions.append(Admission(job_id, team, gt, placement))
+            admissions.append(Admission(job_id, team, gt, placement, pool_info[pool][1]))
             if array_id is not None:
                 array_active[array_id] += 1
             continue
@@ -625,18 +779,21 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             # its victims' GPUs are still being released: no later job takes it first.
             planned = snapshot.nominated_placement.get(job_id)
             if planned:
-                _hold(holds, holder, gt, job_id, _hold_placement(cap, gt, planned, g), (), g)
+                _hold(holds, holder, cap.node_pool.get(planned[0], gt), job_id,
+                      _hold_placement(cap, gt, planned, g), (), g)
             raw[job_id] = Wait(
                 job_id, WaitReason.PREEMPTING,
                 f"waiting for {terminating} preempted job(s) to release their {gt} GPUs",
             )
             continue
         # Rules R1-R4: only when preempting is the only way it fits. A search that failed
-        # for a job of the same team, shape and tier fails again: skip it.
+        # for a job of the same team, shape and tier (and cluster pool) fails again: skip it.
         result = None
         # Rule A9 applies if it ends up waiting for capacity (not quota, not preempting).
         may_reserve = (reserve_on and not over and not lending and why_not == capacity
                        and gt not in decided)
+        if k2 is None:
+            k2 = fitting if len(fitting) == 1 else k2_order(fitting, job_id)
         if may_search:
             search_key = (team, gt, job.tier_rank, g, reps, cpu, mem, topo)
             # Rule R5 before the search: a team with no preemption left in the window does
@@ -651,19 +808,29 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                     until = pre.free_again_at(team, needed=needed or 1,
                                               made_in_pass=preempted_by_team[team], now=now)
                     if may_reserve:
-                        reserve(job, cpu, mem)
+                        reserve(job, cpu, mem, k2)
                     raw[job_id] = Wait(
                         job_id, WaitReason.RATE_LIMITED,
                         f"team {team} may preempt {max(0, left)} more job(s) in the current "
                         "window" + (f"; it needs {needed}" if needed is not None else "")
                         + (f"; until {_until_words(until, now)}" if until else ""), until)
                     continue
-            if search_key not in search_failed:
+            # Rule K7: the victims in one cluster, the first in rule K2 order where a
+            # victim set exists.
+            for p in k2:
+                pool_search = (team, p, job.tier_rank, g, reps, cpu, mem, topo)
+                if pool_search in search_failed:
+                    continue
+                if not may_search:
+                    break
                 searches += 1
                 may_search = searches < pre.max_searches
-                result = find_victims(ws, job, now=now, factor=factors.factor)
-                if result is None:
-                    search_failed.add(search_key)
+                result = find_victims(ws, job, now=now, factor=factors.factor, pool=p)
+                if result is not None:
+                    pool = p
+                    break
+                search_failed.add(pool_search)
+                if search_key not in protected_for:
                     protected_for[search_key] = _protected_until(ws, job, now)
             if result is None and (protected := protected_for.get(search_key)) is not None:
                 waits.protected[job_id] = protected
@@ -679,7 +846,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 undo()
                 result = None
                 if may_reserve:
-                    reserve(job, cpu, mem)
+                    reserve(job, cpu, mem, k2)
                 raw[job_id] = Wait(
                     job_id, WaitReason.CAPACITY,
                     f"waiting for {reps} × {g} free {gt} GPUs on nodes; preempting now would "
@@ -695,7 +862,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 until = pre.free_again_at(team, needed=len(found.victims),
                                           made_in_pass=preempted_by_team[team], now=now)
                 if may_reserve:
-                    reserve(job, cpu, mem)
+                    reserve(job, cpu, mem, k2)
                 raw[job_id] = Wait(
                     job_id, WaitReason.RATE_LIMITED,
                     f"needs {len(found.victims)} preemption(s) but team {team} may preempt "
@@ -706,7 +873,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             # of this pass; what the victims free beyond it is held back too: they still
             # run until stopped, so no job of this pass may be placed there (rule A5).
             freed = _hold_freed(ws, found, g, cpu, mem)
-            _hold(holds, holder, gt, job_id, freed, found.placement, g)
+            _hold(holds, holder, pool, job_id, freed, found.placement, g)
             ledger.add(team, gt, total)
             preempted_by_team[team] += len(found.victims)
             preemptions.append(found)
@@ -725,11 +892,11 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         elif lending:
             raw[job_id] = (lending_code, index, 0, 0)
             if may_reserve:
-                reserve(job, cpu, mem)
+                reserve(job, cpu, mem, k2)
         else:
-            raw[job_id] = capacity_wait(why_not, index, job, cpu, mem)
+            raw[job_id] = capacity_wait(why_not, index, job, cpu, mem, fitting, excluded)
             if may_reserve:
-                reserve(job, cpu, mem)
+                reserve(job, cpu, mem, k2)
     teams = sorted(queued_teams | set(snapshot.fair_share))
     standings = {t: factors.factor(t) for t in teams}
     return Plan(admissions=tuple(admissions), waits=waits, preemptions=tuple(preemptions),
@@ -742,25 +909,28 @@ class _Reservation:
     once the reserved job's replicas are placed there (`room`); a job still running then
     may only use those."""
 
-    __slots__ = ("at", "room", "seconds")
+    __slots__ = ("at", "pool", "room", "seconds")
 
-    def __init__(self, at: datetime, room: dict[str, int], now: datetime) -> None:
+    def __init__(self, at: datetime, room: dict[str, int], now: datetime, pool: str) -> None:
         self.at = at
         self.room = room
+        self.pool = pool  # rule K1: the nodes of one pool; the others are not reserved
         # A job started now ends before `at` when its estimate is at most this.
         self.seconds = (at - now).total_seconds()
 
 
 def _reserve(ws: Workspace, job: QueuedJob, now: datetime,
-             admitted: Iterable[tuple[datetime, int, tuple[str, ...], int]]) -> _Reservation | None:
+             admitted: Iterable[tuple[datetime, int, tuple[str, ...], int]],
+             pool: str) -> _Reservation | None:
     """Rule A9's shadow time for `job`: the earliest instant at which the jobs holding
     GPUs of its type, ended by their estimates (start + max_runtime_seconds; admitted in
     this pass: now + estimate) in order, free enough GPUs for the gang, and the nodes
     best fit (A3) gives it then. None when no such instant is known (the jobs in the way
-    have no estimate). The victims of this pass's preemptions are not counted as freed."""
+    have no estimate). The victims of this pass's preemptions are not counted as freed.
+    Only the nodes of `pool` count (rule K1: the gang runs in one cluster)."""
     cap = ws.capacity
     gt, g, reps = job.gpu_type, job.gpus_per_replica, job.replicas
-    names = cap.nodes_of.get(gt, ())
+    names = cap.nodes_of.get(pool, ())
     room = {n: cap.free[n] for n in names}
     slots = sum(f // g for f in room.values())
     ends: list[tuple[datetime, int, tuple[str, ...], int]] = list(admitted)
@@ -786,7 +956,7 @@ def _reserve(ws: Workspace, job: QueuedJob, now: datetime,
     for _ in range(reps):  # best fit (A3) at the shadow time: the reserved job's nodes
         name = min((n for n in names if room[n] >= g), key=lambda n: (room[n], n))
         room[name] -= g
-    return _Reservation(at, room, now)
+    return _Reservation(at, room, now, pool)
 
 
 def _place_beside(cap: Capacity, res: _Reservation, gpu_type: str, gpus: int, replicas: int,
@@ -822,6 +992,51 @@ def _place_beside(cap: Capacity, res: _Reservation, gpu_type: str, gpus: int, re
     for n, k in need.items():
         room[n] -= k
     return placement
+
+
+def _never_holds(cap: Capacity, pool: str, gpus: int, replicas: int, cpu: int, memory: int,
+                 topology: Topology | None) -> tuple[int, int] | None:
+    """Rules A4, A6, A7 on one pool (rule K1): None when its nodes, empty, hold the gang;
+    else (the most replicas they hold, `_IN_ONE_DOMAIN` when it is one domain that
+    cannot)."""
+    if gpus > cap.pool_largest.get(pool, 0):
+        return (0, 0)
+    if (replicas > 1 or cpu or memory) and replicas > (
+            slots := cap.slots_when_empty(pool, gpus, cpu, memory)):
+        return (slots, 0)
+    if topology is not None and topology.mode is TopologyMode.REQUIRED and replicas > (
+            slots := cap.domain_slots_when_empty(pool, topology.level, gpus, cpu, memory)):
+        return (slots, _IN_ONE_DOMAIN)
+    return None
+
+
+def _holding_pools(cap: Capacity, pools: tuple[str, ...], gpus: int, replicas: int, cpu: int,
+                   memory: int, topology: Topology | None,
+                   ) -> tuple[tuple[str, ...], tuple[int, int] | None]:
+    """Rule K1: the `pools` whose nodes, empty, hold the whole gang, and for none the
+    failure (`_never_holds`) of the one that holds the most replicas."""
+    fitting: list[str] = []
+    worst: tuple[int, int] | None = None
+    for p in pools:
+        fail = _never_holds(cap, p, gpus, replicas, cpu, memory, topology)
+        if fail is None:
+            fitting.append(p)
+        elif worst is None or fail[0] > worst[0]:
+            worst = fail
+    return tuple(fitting), worst
+
+
+def _largest_block_of(cap: Capacity, pools: tuple[str, ...]) -> tuple[int, str, int, str]:
+    """Rule E3 over several pools: the largest free block of any (the first pool in key
+    order among equals), its node, the free GPUs of all of them, the block's cluster."""
+    best = (0, "", 0, "")
+    total = 0
+    for p in pools:
+        largest, node, free = cap.largest_free_block(p)
+        total += free
+        if largest > best[0]:
+            best = (largest, node, 0, cap.pool_info[p][1])
+    return best[0], best[1], total, best[3]
 
 
 def _dominated(failed: list[tuple[int, int, int, int]] | None, cpu: int, memory: int,

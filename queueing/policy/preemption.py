@@ -43,6 +43,7 @@ class Preemption:
     gpu_type: str
     victims: tuple[Victim, ...]
     placement: tuple[str, ...]
+    cluster: str = ""  # rule K7: the one cluster of the victims and the placement
 
     @property
     def rules(self) -> tuple[str, ...]:
@@ -99,6 +100,7 @@ def _unprotected(ws: Workspace, gpu_type: str,
 
 def find_victims(
     ws: Workspace, job: QueuedJob, *, now: datetime, factor: Callable[[str], float],
+    pool: str | None = None,
 ) -> tuple[Preemption, Callable[[], None]] | None:
     """Rules R1-R4: a minimal set of victims whose removal lets `job` fit, or None.
 
@@ -116,17 +118,23 @@ def find_victims(
        While the quota pool (rule Q1) still refuses the job, take more in R4 order.
     3. Minimize: put back each victim, most valuable first, whenever the job still fits
        without it, so no victim in the result can be spared.
+    Rule K7: the job is placed on the nodes of `pool` (`workspace.pool_key`; None = its
+    type's pool in the only cluster), and only jobs running in that pool's cluster are
+    candidates - the quota stays per GPU type across clusters. The caller tries the
+    clusters in rule K2 order.
     The same workspace always gives the same answer.
     """
     gt, g, reps, team = job.gpu_type, job.gpus_per_replica, job.replicas, job.team
     cap = ws.capacity
+    pool = gt if pool is None else pool
+    cluster = cap.pool_info[pool][1] if pool in cap.pool_info else ""
     cpu = mem = 0
     if gt in cap.constrained:  # rule A6 only where nodes report CPU or memory
         cpu, mem = job.cpu_millicores or 0, job.memory_bytes or 0
     topo = job.topology
 
     def fits() -> bool:
-        return ws.fits(team, gt, g, reps, cpu=cpu, memory=mem, topology=topo)
+        return ws.fits(team, gt, g, reps, cpu=cpu, memory=mem, topology=topo, pool=pool)
 
     within_nominal = ws.ledger.within_nominal(team, gt, job.total_gpus)
     cands: list[_Cand] = []
@@ -138,7 +146,7 @@ def find_victims(
     removed, borrowing, tier = ws.removed, ws.ledger.borrowing, job.tier_rank
     priority, reclaim = PreemptionRule.PRIORITY, PreemptionRule.RECLAIM
     for r, lost in _unprotected(ws, gt, now):
-        if r.id in removed:
+        if r.id in removed or r.cluster != cluster:  # rule K7: the preemptor's cluster only
             continue
         if not r.preemptible:
             # Rule Q2: a non-preemptible job only goes to reclaim its team's borrowing,
@@ -190,9 +198,9 @@ def find_victims(
     # 2. node-aware greedy, one replica at a time, reserving each placed replica; for a
     # required topology (rule A7) per domain instead.
     if topo is not None and topo.mode is TopologyMode.REQUIRED:
-        ok = _take_in_one_domain(ws, cands, take, still_allowed, fits, gt, topo.level)
+        ok = _take_in_one_domain(ws, cands, take, still_allowed, fits, pool, topo.level)
     else:
-        ok = _take_per_replica(ws, cands, take, still_allowed, gt, g, reps, cpu, mem)
+        ok = _take_per_replica(ws, cands, take, still_allowed, pool, g, reps, cpu, mem)
     if ok:
         for _, r, _ in cands:
             if fits():
@@ -219,14 +227,14 @@ def find_victims(
             victims = trial
     victims.sort(key=lambda r: key_of[r.id])
     undo_victims = ws.simulate_removal(victims)
-    placement = cap.place(gt, g, reps, cpu=cpu, memory=mem, topology=topo)
+    placement = cap.place(pool, g, reps, cpu=cpu, memory=mem, topology=topo)
     if placement is None:  # pragma: no cover - fits() said it does
         undo_victims()
         return None
     found = Preemption(
         job.id, team, gt,
         tuple(Victim(r.id, r.team, r.tier_rank, r.total_gpus, rule_of[r.id]) for r in victims),
-        placement,
+        placement, cluster,
     )
 
     def undo_found() -> None:
@@ -253,22 +261,23 @@ def _cost(chosen: list[RunningJob], key_of: dict[int, _Key]) -> tuple[object, ..
 
 def _take_per_replica(ws: Workspace, cands: list[_Cand],
                       take: Callable[[list[RunningJob]], None],
-                      still_allowed: Callable[[RunningJob], bool], gt: str, g: int, reps: int,
+                      still_allowed: Callable[[RunningJob], bool], pool: str, g: int, reps: int,
                       cpu: int, mem: int) -> bool:
-    """Step 2 of `find_victims`: for each replica with no room, the node needing the
-    fewest victims to hold its GPUs, CPU and memory (rule A6), then the cheapest, then
-    the node name; takes them. False when some replica finds no such node."""
+    """Step 2 of `find_victims`: for each replica with no room, the node of `pool` (rule
+    K1) needing the fewest victims to hold its GPUs, CPU and memory (rule A6), then the
+    cheapest, then the node name; takes them. False when some replica finds no such
+    node."""
     cap = ws.capacity
     key_of = {r.id: k for k, r, _ in cands}
     on_node: dict[str, list[RunningJob]] = defaultdict(list)
     for _, r, _ in cands:
         for name in dict.fromkeys(r.nodes):
-            if cap.node_type.get(name) == gt:
+            if cap.node_pool.get(name) == pool:
                 on_node[name].append(r)
     reserved: list[str] = []
     ok = True
     for _ in range(reps):
-        placed = cap.place(gt, g, 1, cpu=cpu, memory=mem)
+        placed = cap.place(pool, g, 1, cpu=cpu, memory=mem)
         if placed is not None:
             reserved.extend(placed)
             continue
@@ -299,7 +308,7 @@ def _take_per_replica(ws: Workspace, cands: list[_Cand],
             ok = False
             break
         take(best[2])
-        placed = cap.place(gt, g, 1, cpu=cpu, memory=mem)
+        placed = cap.place(pool, g, 1, cpu=cpu, memory=mem)
         if placed is None:  # cannot happen: the chosen node now holds a replica
             ok = False
             break
@@ -312,15 +321,15 @@ def _take_per_replica(ws: Workspace, cands: list[_Cand],
 def _take_in_one_domain(ws: Workspace, cands: list[_Cand],
                         take: Callable[[list[RunningJob]], None],
                         still_allowed: Callable[[RunningJob], bool], fits: Callable[[], bool],
-                        gt: str, level: str) -> bool:
+                        pool: str, level: str) -> bool:
     """Step 2 of `find_victims` for a required topology (rule A7): per domain of the
-    level, the candidates running on its nodes, in rule R4 order, until the gang fits in
+    level, the candidates running on its nodes of `pool` (rule K1), in rule R4 order, until the gang fits in
     one domain; the domain needing the fewest victims (then the cheapest, then its name)
     wins and its victims are taken. The workspace is as before when none does."""
     cap = ws.capacity
     in_domain: dict[str, list[RunningJob]] = defaultdict(list)
     for _, r, _ in cands:
-        domains = {cap.topology[n].get(level) for n in r.nodes if cap.node_type.get(n) == gt}
+        domains = {cap.topology[n].get(level) for n in r.nodes if cap.node_pool.get(n) == pool}
         for d in sorted(x for x in domains if x is not None):
             in_domain[d].append(r)
     best: tuple[tuple[object, ...], list[RunningJob]] | None = None

@@ -239,6 +239,8 @@ class Snapshot:
     array_limits: Mapping[int, int] = field(default_factory=dict)
     # Rule A9: the first job waiting for capacity reserves GPUs at its shadow time.
     reservation: bool = DEFAULTS.reservation
+    # Rule K2: each cluster's cost rank (lower first); a cluster absent ranks 0.
+    cluster_ranks: Mapping[str, int] = field(default_factory=dict)
 
     def quota(self, team: str, gpu_type: str) -> QuotaLimit:
         return self.quotas.get((team, gpu_type), NO_QUOTA)

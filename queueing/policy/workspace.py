@@ -16,6 +16,14 @@ from datetime import datetime
 from .snapshot import NodeState, RunningJob, Snapshot, Topology, TopologyMode
 
 
+def pool_key(gpu_type: str, cluster: str = "", spot: bool = False) -> str:
+    """Rules K1, K4: the key of the nodes of one GPU type, one cluster and one kind; the
+    type's own name for the only cluster's regular nodes."""
+    if not cluster and not spot:
+        return gpu_type
+    return f"{gpu_type}@{cluster}" + ("~spot" if spot else "")
+
+
 class Capacity:
     """Free GPUs, CPU and memory per node, bucketed by (GPU type, free GPUs) for best fit.
 
@@ -25,6 +33,14 @@ class Capacity:
     replica that asks for CPU or memory (rule A6) on nodes that report them takes the
     first node in that same order whose CPU and memory also hold it; a topology request
     (rule A7) first chooses the domains, then places the same way within them.
+
+    Rules K1 and K4: nodes are grouped in *pools* of one GPU type, one cluster and one
+    kind (spot or not), and a gang is placed within one pool, so within one cluster.
+    Every method that takes a `gpu_type` takes a pool key (`pool_key`); the pool of a
+    type's nodes in the only cluster ("", not spot) is the type's own name, so a world
+    of one cluster without spot nodes is bucketed exactly as before. `total` and
+    `largest_node` stay per GPU type (the quota pool of rule K7 is per type across
+    clusters); `pool_total` and `pool_largest` are per pool.
     """
 
     def __init__(self, nodes: Iterable[NodeState]) -> None:
@@ -42,7 +58,16 @@ class Capacity:
         self.constrained: set[str] = set()
         self.largest_node: dict[str, int] = defaultdict(int)
         self.total: dict[str, int] = defaultdict(int)
-        self.nodes_of: dict[str, list[str]] = defaultdict(list)  # per GPU type, by name
+        self.nodes_of: dict[str, list[str]] = defaultdict(list)  # per pool, by name
+        # Rules K1, K4: each node's pool; each pool's (GPU type, cluster, spot); the pools
+        # of each GPU type (sorted); free GPUs, capacity and largest node per pool.
+        self.node_pool: dict[str, str] = {}
+        self.pool_info: dict[str, tuple[str, str, bool]] = {}
+        self.pools_of_type: dict[str, list[str]] = defaultdict(list)
+        self.pool_free: dict[str, int] = defaultdict(int)
+        self.pool_total: dict[str, int] = defaultdict(int)
+        self.pool_largest: dict[str, int] = defaultdict(int)
+        self.clusters: set[str] = set()
         # Bumped whenever a node gains free GPUs, CPU or memory: a gang that did not fit
         # before cannot fit now unless this changed.
         self.grown = 0
@@ -61,14 +86,27 @@ class Capacity:
             self.cpu_allocatable[n.name] = n.cpu_allocatable
             self.memory_allocatable[n.name] = n.memory_allocatable
             self.topology[n.name] = n.topology
-            self.nodes_of[n.gpu_type].append(n.name)
+            pool = pool_key(n.gpu_type, n.cluster, n.spot)
+            self.node_pool[n.name] = pool
+            if pool not in self.pool_info:
+                self.pool_info[pool] = (n.gpu_type, n.cluster, n.spot)
+                self.pools_of_type[n.gpu_type].append(pool)
+            self.clusters.add(n.cluster)
+            self.nodes_of[pool].append(n.name)
             if n.cpu_free is not None or n.memory_free is not None:
+                # The type (the admission pass asks it) and the pool (`_simple`).
                 self.constrained.add(n.gpu_type)
+                self.constrained.add(pool)
             self.largest_node[n.gpu_type] = max(self.largest_node[n.gpu_type], n.capacity)
             self.total[n.gpu_type] += n.capacity
+            self.pool_largest[pool] = max(self.pool_largest[pool], n.capacity)
+            self.pool_total[pool] += n.capacity
+            self.pool_free[pool] += free
+        for pools in self.pools_of_type.values():
+            pools.sort()
         for name in self.free:
-            t = self.node_type[name]
-            buckets = self._buckets.setdefault(t, [[] for _ in range(self.largest_node[t] + 1)])
+            p = self.node_pool[name]
+            buckets = self._buckets.setdefault(p, [[] for _ in range(self.pool_largest[p] + 1)])
             buckets[self.free[name]].append(name)  # names arrive sorted
 
     def _simple(self, gpu_type: str, cpu: int, memory: int) -> bool:
@@ -197,8 +235,8 @@ class Capacity:
         return None
 
     def set_free(self, name: str, free: int) -> None:
-        t = self.node_type[name]
-        buckets = self._buckets[t]
+        p = self.node_pool[name]
+        buckets = self._buckets[p]
         old = self.free[name]
         if old == free:
             return
@@ -209,6 +247,14 @@ class Capacity:
         lst.pop(bisect.bisect_left(lst, name))
         bisect.insort(buckets[free], name)
         self.free[name] = free
+        self.pool_free[p] += free - old
+
+    def cluster_free(self, pool: str) -> int:
+        """Rule K2: the free GPUs of the pool's GPU type in the pool's cluster (spot or
+        not)."""
+        gpu_type, cluster, _ = self.pool_info[pool]
+        return sum(self.pool_free[p] for p in self.pools_of_type[gpu_type]
+                   if self.pool_info[p][1] == cluster)
 
     def largest_free_block(self, gpu_type: str) -> tuple[int, str, int]:
         """Rule E3: the most free GPUs on one node of the type, that node (the first by
@@ -217,7 +263,7 @@ class Capacity:
         buckets = self._buckets.get(gpu_type)
         if not buckets:
             return 0, "", 0
-        total = sum(f * len(names) for f, names in enumerate(buckets))
+        total = self.pool_free[gpu_type]
         for f in range(len(buckets) - 1, 0, -1):
             if buckets[f]:
                 return f, buckets[f][0], total
@@ -421,10 +467,12 @@ class Workspace:
         return undo
 
     def fits(self, team: str, gpu_type: str, gpus: int, replicas: int, *, cpu: int = 0,
-             memory: int = 0, topology: Topology | None = None) -> bool:
-        """Rules Q1, A2, A6 and A7 together, without placing anything."""
+             memory: int = 0, topology: Topology | None = None, pool: str | None = None) -> bool:
+        """Rules Q1, A2, A6 and A7 together, without placing anything; the quota per GPU
+        type over all clusters (rule K7), the nodes those of `pool` (rule K1; None = the
+        type's pool in the only cluster)."""
         total = gpus * replicas
         return (self.ledger.over_ceiling(team, gpu_type, total) is None
                 and not self.ledger.lending_blocks(team, gpu_type, total)
-                and self.capacity.fits(gpu_type, gpus, replicas, cpu=cpu, memory=memory,
-                                       topology=topology))
+                and self.capacity.fits(gpu_type if pool is None else pool, gpus, replicas,
+                                       cpu=cpu, memory=memory, topology=topology))
