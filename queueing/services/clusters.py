@@ -134,9 +134,14 @@ class Fleet:
             except Exception as exc:  # rule K5: this cluster only
                 self._failed(m, exc, "listing its workloads")
                 continue
-            for s in got:
-                if isinstance(getattr(s, "name", None), str):
-                    where[s.name] = m.name
+            if len(self.members) > 1:
+                for s in got:
+                    try:  # a status is cluster input: cleaned later, never trusted here
+                        name = s.name
+                    except Exception:
+                        continue
+                    if isinstance(name, str):
+                        where[name] = m.name
             out.extend(got)
         with self._lock:
             self._where = where
