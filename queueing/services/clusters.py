@@ -41,7 +41,7 @@ from queueing.backends.base import (
     WorkloadStatus,
 )
 from queueing.composition import get_backend
-from queueing.models import Cluster, Job, JobEvent
+from queueing.models import Cluster, ClusterBackendKind, Job, JobEvent
 from queueing.policy.states import JobState
 from queueing.sanitize import clean_text
 from queueing.selectors.cluster import ClusterFacts, Reachability, clusters_facts, node_pool
@@ -166,8 +166,17 @@ class Fleet:
         return self.reachable()
 
     def stop(self, name: str, *, now: datetime) -> None:
+        """Stop `name` where it runs; not knowing where, on every reachable cluster
+        (each is asked even when one raises; the first error is raised after, so the
+        caller's retry covers a cluster that did not answer)."""
+        error: Exception | None = None
         for m in self._route(name):
-            m.backend.stop(name, now=now)
+            try:
+                m.backend.stop(name, now=now)
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
 
     def submit(self, spec: LaunchSpec, *, now: datetime) -> None:
         """Only for the one implicit cluster: with several, a job goes to its own
@@ -177,10 +186,21 @@ class Fleet:
         next(iter(self.members.values())).backend.submit(spec, now=now)
 
     def logs(self, name: str, *, tail: int = 100) -> str:
+        """`name`'s logs from the cluster that has them ("" when none has; an error only
+        when no cluster answered)."""
+        error: Exception | None = None
+        answered = False
         for m in self._route(name):
-            text = m.backend.logs(name, tail=tail)
+            try:
+                text = m.backend.logs(name, tail=tail)
+            except Exception as exc:
+                error = error or exc
+                continue
+            answered = True
             if text:
                 return text
+        if error is not None and not answered:
+            raise error
         return ""
 
     def readings(self, *, now: datetime) -> list[PodReading]:
@@ -228,13 +248,18 @@ def enabled_clusters() -> list[Cluster]:
 
 
 def fleet_open(*, backend: ClusterBackend | None = None,
-               backends: Mapping[str, ClusterBackend] | None = None) -> Fleet:
+               backends: Mapping[str, ClusterBackend] | None = None,
+               in_process_only: bool = False) -> Fleet:
     """This cycle's clusters. No enabled `Cluster` row: the implicit cluster, `backend`
     (a test's) or the configured one. Else every enabled row, with the backend
-    `backends` names for it (tests) or the one built from the row."""
+    `backends` names for it (tests) or the one built from the row. `in_process_only`:
+    only the simulated clusters (a web process, which is no cluster client, reading the
+    in-process ones' logs)."""
     rows = enabled_clusters()
     if not rows:
         return Fleet([Member("", backend or get_backend())])
+    if in_process_only:
+        rows = [r for r in rows if r.backend == ClusterBackendKind.SIMULATED]
     facts = clusters_facts()
     given = backends or {}
     return Fleet(Member(row.name, given.get(row.name) or get_backend(row), facts[row.pk])

@@ -360,3 +360,29 @@ def test_k5_an_admitted_job_never_created_on_an_unreachable_cluster_goes_back_at
     assert not UsageRecord.objects.filter(job=job).exists()
     assert (job.attempt, job.cluster, job.status) == (2, onprem, JobState.ADMITTED)
     assert live(get_backend(onprem), t0) == {job.backend_name}
+
+
+# --- the workers' other cluster calls -------------------------------------------------------
+
+def test_logs_and_stops_reach_the_cluster_the_workload_runs_in(
+        world: World, make_cluster: MakeCluster) -> None:
+    from queueing.services.logs import job_log_read, job_logs_archive
+    from queueing.tasks import stop_workload_task
+
+    make_cluster("onprem", "1x8xh100")
+    cloud = make_cluster("cloud", "1x8xa100", cost_rank=10)
+    t0 = timezone.now()
+    job = queued(world, gpu_type=world.a100)
+    scheduler_cycle(now=t0)
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    job = fresh(job)
+    assert job.cluster == cloud and job.status == JobState.RUNNING
+
+    # The web's live read of the in-process clusters, and the worker's archive.
+    assert job_log_read(job=job, tail=10).lines[0].endswith(f"started {job.backend_name} "
+                                                            "on sim-a100-000")
+    assert job_logs_archive(backend=fleet_open(), now=t0 + timedelta(seconds=2)).refreshed \
+        == [job.pk]
+    # A cancel's stop, sent to every cluster: only the cloud runs it.
+    stop_workload_task.run(job.backend_name)
+    assert live(backend_of(cloud), t0) == set()
