@@ -4,7 +4,10 @@ they need from the rest of fairq is handed to them here: numbers from settings, 
 scheduler `kick`, and the database reads the wiring layer provides at start-up
 (`provide_database_reads`, called by `QueueingConfig.ready()`).
 
-`get_backend()` returns the configured backend, one instance per cluster and process.
+`get_backend()` returns the configured backend, one instance per cluster and process:
+the one implicit cluster of settings, or (several clusters, docs/clusters.md) the backend
+of a `Cluster` row given as a `ClusterConfig`, rebuilt when the row's connection fields
+change.
 Only the scheduler's side (the worker, management commands) calls it: web and API
 processes read the published cluster view (queueing/selectors/cluster.py) instead, and ask
 `backend_class()` what kind of backend is configured (its capabilities, `in_process`
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
 
 _lock = threading.Lock()
 _instances: dict[str, ClusterBackend] = {}
+# Per cluster name, the connection fields its cached backend was built from.
+_built_from: dict[str, tuple[object, ...]] = {}
 _sources: dict[str, UtilizationSource] = {}
 
 # The Celery task a kick sends, by its registered name: this layer imports no task.
@@ -77,12 +82,51 @@ def backend_class() -> type[ClusterBackend]:
     return SimulatedCluster
 
 
-def get_backend(cluster: str = "default") -> ClusterBackend:
-    """The backend for `cluster` (one per cluster, ready for several clusters later)."""
+class ClusterConfig(Protocol):
+    """What building a cluster's backend reads of its `Cluster` row (this layer imports
+    no model: the row itself, or any object with these attributes)."""
+
+    name: str
+    backend: str
+    kubeconfig: str
+    context: str
+    in_cluster: bool
+    sim_nodes: str
+
+
+def _connection(config: ClusterConfig) -> tuple[object, ...]:
+    return (config.backend, config.kubeconfig, config.context, config.in_cluster,
+            config.sim_nodes)
+
+
+def get_backend(cluster: str | ClusterConfig = "default") -> ClusterBackend:
+    """The backend for `cluster`, one per cluster and process: a name ("default") is the
+    implicit cluster of settings; a `ClusterConfig` (a `Cluster` row) is built from its
+    own fields, and built again when they changed since (a new kubeconfig, context or
+    set of simulated nodes: the old instance is dropped, a simulated cluster's state
+    with it)."""
+    if isinstance(cluster, str):
+        with _lock:
+            if cluster not in _instances:
+                _instances[cluster] = _build(cluster)
+                _built_from[cluster] = ()
+            return _instances[cluster]
+    key, fields = f"cluster:{cluster.name}", _connection(cluster)
     with _lock:
-        if cluster not in _instances:
-            _instances[cluster] = _build(cluster)
-        return _instances[cluster]
+        if key not in _instances or _built_from.get(key) != fields:
+            _instances[key] = _build_cluster(cluster)
+            _built_from[key] = fields
+        return _instances[key]
+
+
+def _build_cluster(config: ClusterConfig) -> ClusterBackend:
+    if config.backend == "kubernetes":
+        return kubernetes_backend(kubeconfig="" if config.in_cluster else config.kubeconfig,
+                                  context="" if config.in_cluster else config.context)
+    from queueing.backends.simulated import SimulatedCluster
+
+    return SimulatedCluster.from_spec(config.sim_nodes,
+                                      default_seconds=settings.FAIRQ_SIM_DEFAULT_SECONDS)
 
 
 def get_provisioner(cluster: str = "default") -> KubernetesProvisioner | None:
@@ -116,6 +160,14 @@ def kubernetes_backend_from_settings() -> KubernetesBackend:
     """A new Kubernetes backend for the cluster in settings: FAIRQ_KUBECONFIG (and
     FAIRQ_KUBE_CONTEXT) when set, else the in-cluster service account, else
     ~/.kube/config. Not cached (get_backend() keeps one per process)."""
+    return kubernetes_backend(kubeconfig=settings.FAIRQ_KUBECONFIG,
+                              context=settings.FAIRQ_KUBE_CONTEXT)
+
+
+def kubernetes_backend(*, kubeconfig: str, context: str) -> KubernetesBackend:
+    """A new Kubernetes backend for the cluster `kubeconfig` and `context` reach (both
+    empty: the in-cluster service account, else ~/.kube/config), configured from
+    settings otherwise."""
     from queueing.backends.k8s_api import api_client_from_config
     from queueing.backends.kubernetes import KubernetesBackend
 
@@ -125,8 +177,7 @@ def kubernetes_backend_from_settings() -> KubernetesBackend:
     concurrency = settings.FAIRQ_K8S_SUBMIT_CONCURRENCY
     # The cycle's concurrent creates, or its concurrent log reads (never both at once).
     pool = max(concurrency, settings.FAIRQ_LOG_READ_CONCURRENCY)
-    api = api_client_from_config(kubeconfig=settings.FAIRQ_KUBECONFIG,
-                                 context=settings.FAIRQ_KUBE_CONTEXT,
+    api = api_client_from_config(kubeconfig=kubeconfig, context=context,
                                  pool_size=pool + 8)
     return KubernetesBackend(
         api,
@@ -177,6 +228,7 @@ def reset_backends() -> None:
     """Forget the backend instances (tests, settings changes)."""
     with _lock:
         _instances.clear()
+        _built_from.clear()
         _sources.clear()
 
 

@@ -10,8 +10,9 @@ from celery import shared_task
 from django.conf import settings
 
 from accounts.services import idempotency_purge
-from queueing.composition import get_backend, get_provisioner
+from queueing.composition import get_provisioner
 from queueing.logcontext import log_context
+from queueing.services.clusters import fleet_open
 from queueing.services.costs import budgets_check
 from queueing.services.demo import demo_submit_synthetic
 from queueing.services.fairshare import fairshare_snapshot_take
@@ -75,7 +76,8 @@ def stop_workload_task(name: str) -> None:
     from django.utils import timezone
 
 
-    workload_stop_keeping_logs(backend=get_backend(), name=name, now=timezone.now())
+    # Several clusters (docs/clusters.md): stopped on whichever runs it.
+    workload_stop_keeping_logs(backend=fleet_open(), name=name, now=timezone.now())
 
 
 @shared_task(ignore_result=True, soft_time_limit=40, time_limit=50)
@@ -84,7 +86,7 @@ def job_logs_archive_task() -> int:
     from django.utils import timezone
 
 
-    return len(job_logs_archive(backend=get_backend(), now=timezone.now()).refreshed)
+    return len(job_logs_archive(backend=fleet_open(), now=timezone.now()).refreshed)
 
 
 @shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)

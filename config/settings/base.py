@@ -339,6 +339,12 @@ if FAIRQ_CLUSTER_BACKEND not in {"simulated", "kubernetes"}:
     )
 FAIRQ_KUBECONFIG = env("FAIRQ_KUBECONFIG", default="")
 FAIRQ_KUBE_CONTEXT = env("FAIRQ_KUBE_CONTEXT", default="")
+# Rule K5 (docs/clusters.md): how long a cluster fairq cannot read keeps its running jobs
+# (they hold their quota and are charged) before they are requeued elsewhere.
+FAIRQ_CLUSTER_UNREACHABLE_GRACE_SECONDS = env.int("FAIRQ_CLUSTER_UNREACHABLE_GRACE_SECONDS",
+                                                  default=600)
+if FAIRQ_CLUSTER_UNREACHABLE_GRACE_SECONDS < 0:
+    raise environ.ImproperlyConfigured("FAIRQ_CLUSTER_UNREACHABLE_GRACE_SECONDS must be >= 0")
 
 # The simulated cluster: node pools as "count x gpus x gpu_type" separated by commas.
 FAIRQ_SIM_NODES = env("FAIRQ_SIM_NODES", default="4x8xh100,4x8xa100,2x7xmig-1g-10gb")

@@ -67,6 +67,7 @@ class _Node:
     cpu_allocated: int = 0
     memory_allocated: int = 0
     topology: dict[str, str] = field(default_factory=dict)
+    spot: bool = False  # rules K4, K6: interruptible capacity (the spec's `:spot`)
 
     def holds(self, spec: LaunchSpec, n: int = 1) -> bool:
         """Room for `n` more replicas of `spec`: GPUs, CPU and memory (rule A6)."""
@@ -107,7 +108,7 @@ SIM_MEMORY_BYTES_PER_GPU = 128 * 2**30
 
 _POOL_RE = re.compile(
     r"^(?P<count>\d+)x(?P<gpus>\d+)x(?P<type>[a-z0-9]([-a-z0-9]*[a-z0-9])?)"
-    r"(?::(?P<cpu>[0-9.]+m?)c)?(?::(?P<memory>[0-9.]+[KMGTPE]i?))?"
+    r"(?::(?P<cpu>[0-9.]+m?)c)?(?::(?P<memory>[0-9.]+[KMGTPE]i?))?(?P<spot>:spot)?"
     r"(?P<levels>(?:@[a-z][-a-z0-9]*=\d+)*)\Z", re.ASCII)
 
 
@@ -123,11 +124,13 @@ class SimPool:
     cpu_millicores: int
     memory_bytes: int
     domains: tuple[tuple[str, int], ...] = ()
+    spot: bool = False  # rules K4, K6: `:spot`, interruptible capacity
 
 
 def parse_node_spec(spec: str) -> list[SimPool]:
-    """'4x8xh100:96c:1Ti@rack=2,2x7xmig-1g-10gb' -> the pools: COUNTxGPUSxTYPE, then
-    optionally :<cpus>c and :<memory> (default 12 CPUs and 128Gi per GPU), then any
+    """'4x8xh100:96c:1Ti@rack=2,2x7xmig-1g-10gb,2x8xa100:spot' -> the pools:
+    COUNTxGPUSxTYPE, then optionally :<cpus>c and :<memory> (default 12 CPUs and 128Gi
+    per GPU), then optionally :spot (interruptible nodes, rules K4 and K6), then any
     number of @<level>=<nodes per domain>."""
     pools: list[SimPool] = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
@@ -135,7 +138,8 @@ def parse_node_spec(spec: str) -> list[SimPool]:
         if m is None:
             raise SimulatedClusterError(
                 f"bad FAIRQ_SIM_NODES pool {part!r}: want COUNTxGPUSxTYPE[:CPUSc][:MEMORY]"
-                "[@LEVEL=NODES...], e.g. 4x8xh100 or 4x8xh100:96c:1Ti@rack=2")
+                "[:spot][@LEVEL=NODES...], e.g. 4x8xh100, 4x8xh100:96c:1Ti@rack=2 or "
+                "2x8xa100:spot")
         count, gpus = int(m["count"]), int(m["gpus"])
         if count <= 0 or gpus <= 0:
             raise SimulatedClusterError(f"bad FAIRQ_SIM_NODES pool {part!r}: count and GPUs "
@@ -153,7 +157,8 @@ def parse_node_spec(spec: str) -> list[SimPool]:
                 raise SimulatedClusterError(f"bad FAIRQ_SIM_NODES pool {part!r}: "
                                             f"@{item} (nodes per domain >= 1, once per level)")
             domains.append((level, int(per)))
-        pools.append(SimPool(count, gpus, m["type"], cpu, memory, tuple(domains)))
+        pools.append(SimPool(count, gpus, m["type"], cpu, memory, tuple(domains),
+                             spot=bool(m["spot"])))
     return pools
 
 
@@ -180,14 +185,20 @@ class SimulatedCluster:
     @classmethod
     def from_spec(cls, spec: str, *, default_seconds: float = 60.0) -> SimulatedCluster:
         nodes = []
+        # Node names are unique within the cluster: a second pool of a GPU type (its spot
+        # nodes, say) numbers on from the first (sim-a100-000..003, then -004...).
+        numbered: dict[str, int] = {}
         for pool in parse_node_spec(spec):
+            first = numbered.get(pool.gpu_type, 0)
+            numbered[pool.gpu_type] = first + pool.count
             for i in range(pool.count):
                 # Domain <type>-<level>-<k>: nodes i of a pool with N per domain share k = i // N.
-                topology = {level: f"{pool.gpu_type}-{level}-{i // per}"
+                topology = {level: f"{pool.gpu_type}-{level}-{(first + i) // per}"
                             for level, per in pool.domains}
-                nodes.append(_Node(f"sim-{pool.gpu_type}-{i:03d}", pool.gpu_type, pool.gpus,
-                                   cpu_millicores=pool.cpu_millicores,
-                                   memory_bytes=pool.memory_bytes, topology=topology))
+                nodes.append(_Node(f"sim-{pool.gpu_type}-{first + i:03d}", pool.gpu_type,
+                                   pool.gpus, cpu_millicores=pool.cpu_millicores,
+                                   memory_bytes=pool.memory_bytes, topology=topology,
+                                   spot=pool.spot))
         return cls(nodes, default_seconds=default_seconds)
 
     def nodes(self) -> list[NodeInfo]:
@@ -195,7 +206,7 @@ class SimulatedCluster:
             return [NodeInfo(n.name, n.gpu_type, n.capacity, n.allocated,
                              cpu_millicores=n.cpu_millicores, cpu_allocated=n.cpu_allocated,
                              memory_bytes=n.memory_bytes, memory_allocated=n.memory_allocated,
-                             topology=dict(n.topology))
+                             topology=dict(n.topology), spot=n.spot)
                     for n in self._nodes.values()]
 
     def _place(self, spec: LaunchSpec) -> tuple[str, ...] | None:

@@ -41,6 +41,8 @@ from queueing.memo import on_forget
 from queueing.models import GpuType, Job, JobEvent, Tier
 from queueing.policy.states import HOLDING_STATES, JobState
 
+from .cluster import ClusterFacts, clusters_facts
+
 log = logging.getLogger(__name__)
 
 
@@ -71,6 +73,12 @@ class JobRow(NamedTuple):
     dependencies: Any  # JSON: rules D1-D3, parsed on use (selectors/snapshot.py)
     array_id: int | None  # rule A8
     max_runtime_seconds: int | None  # rule A9: the runtime estimate
+    # Rules K1-K5 (docs/clusters.md): where the current attempt runs (None: the only
+    # cluster), the job's pin and cluster selector (JSON, checked on use), its spot opt-in.
+    cluster_id: int | None
+    requested_cluster_id: int | None
+    cluster_selector: Any
+    allow_spot: bool
 
 
 ACTIVE_JOB_COLUMNS: tuple[str, ...] = JobRow._fields
@@ -95,6 +103,8 @@ class Lookups:
     tiers: Mapping[int, TierFacts] = field(default_factory=dict)
     # Rule F1's billing weight per GPU type id.
     billing_weights: Mapping[int, float] = field(default_factory=dict)
+    # Every `Cluster` row by id ({}: the one implicit cluster of settings; K1-K5).
+    clusters: Mapping[int, ClusterFacts] = field(default_factory=dict)
 
 
 @dataclass
@@ -265,6 +275,7 @@ def _lookups() -> Lookups:
             )
         },
         billing_weights={pk: weight for pk, _, weight in gpu_types},
+        clusters=clusters_facts(),
     )
 
 

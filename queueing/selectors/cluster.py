@@ -15,8 +15,8 @@ anything (tests, a fresh demo) it is read directly.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -27,20 +27,121 @@ from django.utils import timezone
 from queueing.backends.base import ClusterBackend, NodeInfo
 from queueing.composition import backend_class, get_backend
 from queueing.memo import ttl_memo
+from queueing.models import Cluster, NodePool
 
 VIEW_KEY = "fairq:cluster-view"  # written by services/cluster_view.py, read here
+
+
+# --- the clusters (docs/clusters.md, rules K1-K7) -------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class PoolFacts:
+    """A `NodePool` as the cycle uses it: the nodes of `gpu_type` carrying `node_labels`."""
+
+    name: str
+    gpu_type: str
+    spot: bool
+    node_labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterFacts:
+    """A `Cluster` row as the cycle and the snapshot use it (a few rows, read every
+    refresh of the active jobs: an edited label or rank counts at once)."""
+
+    id: int
+    name: str
+    enabled: bool
+    cost_rank: int
+    labels: Mapping[str, str] = field(default_factory=dict)
+    pools: tuple[PoolFacts, ...] = ()
+
+    def carries(self, selector: Mapping[str, str]) -> bool:
+        """Rule K3: every label of `selector` is one of this cluster's."""
+        return all(self.labels.get(k) == v for k, v in selector.items())
+
+
+def clusters_facts() -> dict[int, ClusterFacts]:
+    """Every `Cluster` row (enabled or not: a running job's cluster may have been
+    disabled since) by id, with its node pools; {} when there is none, the one implicit
+    cluster of settings. Two queries."""
+    rows = list(Cluster.objects.values_list("id", "name", "enabled", "cost_rank", "labels"))
+    if not rows:
+        return {}
+    pools: dict[int, list[PoolFacts]] = {}
+    for cluster_id, name, gpu_type, spot, labels in NodePool.objects.values_list(
+            "cluster_id", "name", "gpu_type__slug", "spot", "node_labels"):
+        pools.setdefault(cluster_id, []).append(
+            PoolFacts(name, gpu_type, spot, _labels(labels)))
+    return {pk: ClusterFacts(pk, name, enabled, cost_rank, _labels(labels),
+                             tuple(pools.get(pk, ())))
+            for pk, name, enabled, cost_rank, labels in rows}
+
+
+def _labels(value: object) -> dict[str, str]:
+    """A labels column as a flat dict of strings (a malformed one reads as no labels)."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def node_pool(cluster: ClusterFacts, *, gpu_type: str,
+              labels: Mapping[str, str] | None = None) -> PoolFacts | None:
+    """A node's pool (docs/clusters.md, "Node pools"): the cluster's pool of the node's
+    GPU type whose `node_labels` the node carries, the one naming the most labels when
+    several do; None when there is none. `labels`: the node's labels (None: the backend
+    does not report them, and only a pool naming no labels matches)."""
+    have = labels or {}
+    fits = [p for p in cluster.pools if p.gpu_type == gpu_type
+            and all(have.get(k) == v for k, v in p.node_labels.items())]
+    return max(fits, key=lambda p: (len(p.node_labels), p.name), default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class Reachability:
+    """Rule K5: whether the scheduler could read a cluster at its last cycle."""
+
+    cluster: str
+    reachable: bool
+    unreachable_since: datetime | None = None
+    last_seen_at: datetime | None = None
+    error: str = ""
+
+    def to_list(self) -> list[Any]:
+        return [self.cluster, self.reachable,
+                self.unreachable_since.isoformat() if self.unreachable_since else None,
+                self.last_seen_at.isoformat() if self.last_seen_at else None, self.error]
+
+    @classmethod
+    def from_list(cls, raw: list[Any]) -> Reachability:
+        def at(i: int) -> datetime | None:
+            return datetime.fromisoformat(raw[i]) if len(raw) > i and raw[i] else None
+
+        return cls(str(raw[0]), bool(raw[1]), at(2), at(3),
+                   str(raw[4]) if len(raw) > 4 and raw[4] else "")
+
+
+def clusters_reachability() -> list[Reachability]:
+    """Rule K5, per enabled cluster, from the database (what the scheduler recorded at
+    its last cycle): for metrics and pages of any process. [] with no `Cluster` row."""
+    return [Reachability(name, since is None, since, seen)
+            for name, since, seen in Cluster.objects.filter(enabled=True).values_list(
+                "name", "unreachable_since", "last_seen_at")]
 
 
 @dataclass(frozen=True)
 class ClusterView:
     """A copy of the cluster as the worker last saw it. `published_at` None: nothing was
-    published (then `error` says why and `nodes` is empty)."""
+    published (then `error` says why and `nodes` is empty). With several clusters
+    (docs/clusters.md) `node_list` is every reachable cluster's nodes, each with its
+    `cluster`, and `clusters` says which clusters could be read (rule K5)."""
 
     node_list: tuple[NodeInfo, ...] = ()
     workloads: frozenset[str] = frozenset()
     unprovisioned: frozenset[str] = frozenset()
     published_at: datetime | None = None
     error: str = ""
+    clusters: tuple[Reachability, ...] = ()
 
     def nodes(self) -> list[NodeInfo]:
         return list(self.node_list)
@@ -89,7 +190,8 @@ class ClusterView:
                            n.cpu_allocated, n.memory_bytes, n.memory_allocated,
                            dict(n.topology), n.spot, n.cluster] for n in self.node_list],
                 "workloads": sorted(self.workloads), "unprovisioned": sorted(self.unprovisioned),
-                "published_at": self.published_at.isoformat() if self.published_at else None}
+                "published_at": self.published_at.isoformat() if self.published_at else None,
+                "clusters": [c.to_list() for c in self.clusters]}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ClusterView:
@@ -97,7 +199,8 @@ class ClusterView:
         return cls(node_list=tuple(_node_from_list(n) for n in raw.get("nodes") or ()),
                    workloads=frozenset(raw.get("workloads") or ()),
                    unprovisioned=frozenset(raw.get("unprovisioned") or ()),
-                   published_at=datetime.fromisoformat(at) if at else None)
+                   published_at=datetime.fromisoformat(at) if at else None,
+                   clusters=tuple(Reachability.from_list(c) for c in raw.get("clusters") or ()))
 
 
 def _node_from_list(n: list[Any]) -> NodeInfo:
@@ -118,12 +221,14 @@ def _node_from_list(n: list[Any]) -> NodeInfo:
 
 def cluster_view_of(backend: ClusterBackend, *, now: datetime,
                     workloads: Iterable[str] | None = None,
-                    unprovisioned: Iterable[str] = ()) -> ClusterView:
+                    unprovisioned: Iterable[str] = (),
+                    clusters: Iterable[Reachability] = ()) -> ClusterView:
     nodes = tuple(backend.nodes())
     if workloads is None:
         workloads = [s.name for s in backend.statuses(now=now)]
     return ClusterView(node_list=nodes, workloads=frozenset(workloads),
-                       unprovisioned=frozenset(unprovisioned), published_at=now)
+                       unprovisioned=frozenset(unprovisioned), published_at=now,
+                       clusters=tuple(clusters))
 
 
 def cluster_view(*, now: datetime | None = None) -> ClusterView:

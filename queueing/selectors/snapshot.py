@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -32,7 +32,7 @@ from queueing.policy.snapshot import (
 from queueing.policy.states import JobState
 
 from .active_jobs import ActiveJobs, JobRow, Lookups
-from .cluster import ClusterView
+from .cluster import ClusterFacts, ClusterView
 from .fairshare import (
     entry_penalty_interval_seconds,
     fairshare_standings,
@@ -113,13 +113,14 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
                 pending_cpu[node] += r.cpu_millicores or 0
                 pending_memory[node] += r.memory_bytes or 0
     nodes = tuple(
-        NodeState(n.name, n.gpu_type, n.capacity,
-                  max(0, n.capacity - n.allocated - pending_alloc[n.name]),
-                  cpu_free=_minus(n.cpu_free, pending_cpu[n.name]),
-                  memory_free=_minus(n.memory_free, pending_memory[n.name]),
+        NodeState(name, n.gpu_type, n.capacity,
+                  max(0, n.capacity - n.allocated - pending_alloc[name]),
+                  cpu_free=_minus(n.cpu_free, pending_cpu[name]),
+                  memory_free=_minus(n.memory_free, pending_memory[name]),
                   topology=n.topology, cpu_allocatable=n.cpu_millicores,
-                  memory_allocatable=n.memory_bytes)
+                  memory_allocatable=n.memory_bytes, cluster=n.cluster, spot=n.spot)
         for n in backend.nodes()
+        for name in (qualified_node(n.cluster, n.name),)
     )
     queued = (tuple(q for q in queued_all if q.team not in unprovisioned) if unprovisioned
               else queued_all)
@@ -137,6 +138,12 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
     # Rule R8 must see the workloads the cluster lists: the cycle's own, or for the web
     # (explain, dashboard, preview) the ones the last cycle published.
     nominated, placements = nominations(now=now, live_workloads=live_workloads)
+    # Rule K2's ranks, for a policy that takes them (`Snapshot.cluster_ranks`, h-19's
+    # part of docs/clusters.md); a policy without the field places ignoring them.
+    ranks: dict[str, Any] = {}
+    if jobs.lookups.clusters and "cluster_ranks" in getattr(Snapshot, "__dataclass_fields__",
+                                                            {}):
+        ranks["cluster_ranks"] = {c.name: c.cost_rank for c in jobs.lookups.clusters.values()}
     return Snapshot(
         now=now, nodes=nodes, queued=queued, running=running, quotas=quotas,
         fair_share={team: s.factor for team, s in standings.items()},
@@ -149,7 +156,40 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         preemption=preemption_settings(now=now),
         dependency_counts=dependency_counts(d for q in queued for d in q.dependencies),
         array_limits=array_limits({q.array_id for q in queued} - {None}),
+        **ranks,
     )
+
+
+def qualified_node(cluster: str, node: str) -> str:
+    """A node's name in the policy (docs/clusters.md, "Naming"): "<cluster>/<node>" when
+    it belongs to a `Cluster` row, so names are unique across clusters; as the cluster
+    names it for the one implicit cluster ("")."""
+    return f"{cluster}/{node}" if cluster else node
+
+
+def unqualified_node(name: str) -> tuple[str, str]:
+    """`qualified_node` undone: (cluster, node); ("", name) for the implicit cluster.
+    (A cluster name is a slug, never a "/"; a Kubernetes node name never has one.)"""
+    cluster, sep, node = name.partition("/")
+    return (cluster, node) if sep else ("", name)
+
+
+def allowed_clusters(row: JobRow, clusters: Mapping[int, ClusterFacts]
+                     ) -> frozenset[str] | None:
+    """Rule K3: the clusters a queued job may run in: its pin (`requested_cluster`, if
+    enabled), else the enabled clusters carrying every label of its `cluster_selector`;
+    None (any) with no `Cluster` row, or with neither a pin nor a selector. An empty set
+    means none can take it (a pin on a disabled cluster): it waits."""
+    if not clusters:
+        return None
+    selector = row.cluster_selector if isinstance(row.cluster_selector, dict) else {}
+    if row.requested_cluster_id is None and not selector:
+        return None
+    enabled = [c for c in clusters.values() if c.enabled]
+    if row.requested_cluster_id is not None:
+        enabled = [c for c in enabled if c.id == row.requested_cluster_id]
+    return frozenset(c.name for c in enabled
+                     if c.carries({str(k): str(v) for k, v in selector.items()}))
 
 
 def dependency_counts(deps: Iterable[Dependency]) -> dict[tuple[str, int], Counts]:
@@ -227,21 +267,28 @@ def _queued_job(row: JobRow, lookups: Lookups, jobs: ActiveJobs) -> QueuedJob:
                      topology=topology_of(row.topology_level, row.topology_mode),
                      dependencies=(parse_dependencies(row.dependencies) if row.dependencies
                                    else ()),
-                     array_id=row.array_id, max_runtime_seconds=row.max_runtime_seconds)
+                     array_id=row.array_id, max_runtime_seconds=row.max_runtime_seconds,
+                     clusters=allowed_clusters(row, lookups.clusters),
+                     # Rule K4: spot nodes for preemptible tiers, or a job that opts in.
+                     spot_ok=lookups.tiers[row.tier_id].preemptible or bool(row.allow_spot))
 
 
 def _running_job(row: JobRow, lookups: Lookups, jobs: ActiveJobs) -> RunningJob:
     placement = _placement(row.placement)
     _check_size(row)
     tier = lookups.tiers[row.tier_id]
+    # Its cluster's name qualifies its nodes as the snapshot's nodes are (K1).
+    facts = lookups.clusters.get(row.cluster_id) if row.cluster_id is not None else None
+    cluster = facts.name if facts is not None else ""
     return RunningJob(
         id=row.id, team=lookups.teams[row.team_id], gpu_type=lookups.gpu_types[row.gpu_type_id],
         gpus_per_replica=row.gpus_per_replica, replicas=row.replicas,
         tier_rank=tier.rank, preemptible=tier.preemptible,
         started_at=row.started_at, min_runtime_seconds=tier.min_runtime_seconds,
-        nodes=tuple(placement), cpu_millicores=row.cpu_millicores,
+        nodes=tuple(qualified_node(cluster, n) for n in placement),
+        cpu_millicores=row.cpu_millicores,
         memory_bytes=row.memory_bytes, preemptions=jobs.preemptions.get(row.id, 0),
-        array_id=row.array_id, max_runtime_seconds=row.max_runtime_seconds,
+        array_id=row.array_id, max_runtime_seconds=row.max_runtime_seconds, cluster=cluster,
     )
 
 

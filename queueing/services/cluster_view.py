@@ -9,12 +9,16 @@ from datetime import datetime
 from django.core.cache import cache
 
 from queueing.backends.base import ClusterBackend
-from queueing.selectors.cluster import VIEW_KEY, ClusterView, cluster_view_of
+from queueing.selectors.cluster import VIEW_KEY, ClusterView, Reachability, cluster_view_of
 
 
 def cluster_view_publish(*, backend: ClusterBackend, now: datetime, workloads: Iterable[str],
-                         unprovisioned: Iterable[str] = ()) -> ClusterView:
-    """The worker, after a cycle: what web processes will read until the next one."""
-    view = cluster_view_of(backend, now=now, workloads=workloads, unprovisioned=unprovisioned)
+                         unprovisioned: Iterable[str] = (),
+                         clusters: Iterable[Reachability] = ()) -> ClusterView:
+    """The worker, after a cycle: what web processes will read until the next one. With
+    several clusters (docs/clusters.md) `backend` is the cycle's fleet: every reachable
+    cluster's nodes, each with its `cluster`, and `clusters` which ones answered."""
+    view = cluster_view_of(backend, now=now, workloads=workloads, unprovisioned=unprovisioned,
+                           clusters=clusters)
     cache.set(VIEW_KEY, view.to_dict(), timeout=None)
     return view

@@ -12,7 +12,16 @@ from django.db import transaction
 
 from accounts.models import Membership, Role, ServiceAccount, Team
 from accounts.services import service_account_create
-from queueing.models import GpuType, Job, Quota, Tier, TierGrant, UsageRecord
+from queueing.models import (
+    Cluster,
+    GpuType,
+    Job,
+    NodePool,
+    Quota,
+    Tier,
+    TierGrant,
+    UsageRecord,
+)
 from queueing.policy.states import JobState
 
 from .fairshare import fairshare_snapshot_take
@@ -61,6 +70,36 @@ TEAMS: list[tuple[str, str, float, dict[str, tuple[int, int | None]], list[tuple
     ("recsys", "Recommendations", 1.0, {"a100": (4, 12), "mig-1g-10gb": (7, None)},
      [("erin", Role.TEAM_ADMIN)]),
 ]
+
+
+# The demo's three simulated clusters (docs/clusters.md): name, cost rank (rule K2: the
+# lowest first), labels (rule K3's selectors), nodes (FAIRQ_SIM_NODES' grammar), spot
+# pools (rule K4: GPU type, price per GPU-hour).
+CLUSTERS: list[tuple[str, int, dict[str, str], str, list[tuple[str, str]]]] = [
+    ("onprem", 0, {"site": "onprem", "region": "eu-west"},
+     "4x8xh100@rack=2,2x8xa100,2x7xmig-1g-10gb", []),
+    ("cloud-spot", 5, {"site": "cloud", "region": "eu-west", "capacity": "spot"},
+     "4x8xa100:spot", [("a100", "0.9000")]),
+    ("cloud", 10, {"site": "cloud", "region": "us-east", "capacity": "on-demand"},
+     "2x8xh100,2x8xa100", []),
+]
+
+
+@transaction.atomic
+def demo_clusters_seed() -> list[Cluster]:
+    """The demo's clusters as `Cluster` rows (with their spot pools), brought back to
+    shape when they exist: one on-premises, a spot pool in the cloud, on-demand cloud."""
+    out = []
+    for name, rank, labels, nodes, spot in CLUSTERS:
+        cluster, _ = Cluster.objects.update_or_create(name=name, defaults={
+            "backend": "simulated", "sim_nodes": nodes, "cost_rank": rank, "labels": labels,
+            "enabled": True})
+        for gpu, price in spot:
+            NodePool.objects.update_or_create(cluster=cluster, name=f"{gpu}-spot", defaults={
+                "gpu_type": GpuType.objects.get(slug=gpu), "spot": True,
+                "price_per_gpu_hour": price})
+        out.append(cluster)
+    return out
 
 
 @dataclass(frozen=True)

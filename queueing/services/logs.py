@@ -45,10 +45,12 @@ from django.db import transaction
 from django.db.models import F, Q
 
 from queueing.backends.base import ClusterBackend, parse_workload_name, workload_name
-from queueing.composition import backend_class, get_backend
+from queueing.composition import backend_class
 from queueing.errors import DomainError
 from queueing.models import Job, JobEvent, JobLog
 from queueing.policy.states import FINAL_STATES, JobState
+
+from .clusters import fleet_open
 
 log = logging.getLogger(__name__)
 
@@ -458,7 +460,8 @@ def _job_log_read(*, job: Job, attempt: int, replica: int, tail: int) -> LogView
         if attempt == job.attempt and not never_ran and pruned is None and \
                 backend_class().in_process:
             # No worker archives in tests or a one-process demo: the in-process cluster.
-            text = split_replicas(get_backend().logs(job.backend_name, tail=tail)).get(
+            # Every cluster's (docs/clusters.md), found by the workload's name.
+            text = split_replicas(fleet_open(in_process_only=True).logs(job.backend_name, tail=tail)).get(
                 replica, "")
         if text:
             return LogView(attempt, replica, "live", text.splitlines()[-tail:], False, "",

@@ -4,13 +4,17 @@
                     SUCCEEDED | FAILED; charge finished attempts; stop workloads no job
                     owns; requeue admitted jobs whose workload vanished; fail running
                     jobs whose workload vanished.
+    1a. clusters  — rule K5 (services/clusters.py): each cluster's reachability
+                    recorded; an unreachable one's jobs kept for the grace, then
+                    requeued; its admitted jobs never created there requeued at once.
     1b. utilization — once a minute, the GPUs' readings of running jobs: per-minute
                     samples, idle jobs flagged and reclaimed per their tier (rules U1-U5,
                     services/utilization.py); reclaimed GPUs are free for this plan.
-    2. snapshot   — nodes and free GPUs, quotas (Q1), the live fair-share standings and
-                    priority weights (O1, F6), jobs holding GPUs with their tier's
-                    protection (R3), the preemption rate limit (R5) and the preemptors
-                    whose victims may still hold GPUs (R8): a read,
+    2. snapshot   — nodes and free GPUs of every reachable cluster, quotas (Q1), the
+                    live fair-share standings and priority weights (O1, F6), jobs
+                    holding GPUs with their tier's protection (R3), the preemption
+                    rate limit (R5) and the preemptors whose victims may still hold
+                    GPUs (R8): a read,
                     `queueing.selectors.snapshot.build_snapshot`.
     3. decide     — `queueing.policy.admission.plan_admissions` (pure): admissions,
                     waits and preemptions.
@@ -26,6 +30,13 @@
                     "why does my job wait" (queueing/selectors/queue_plan.py), and
                     publish the cluster view web processes read instead of the cluster
                     (nodes, live workloads, unprovisioned teams: queueing/selectors/cluster.py).
+
+Several clusters (docs/clusters.md): the cycle reads every enabled `Cluster` as one
+`Fleet` (services/clusters.py): one snapshot of all reachable clusters' nodes (named
+"<cluster>/<node>"), one plan, each admission written with its `Job.cluster` and the
+node names the cluster knows, each workload created on its job's cluster. A cluster
+that cannot be read never stops the others (rule K5). With no `Cluster` row the fleet is
+the one cluster of settings, as before.
 
 Only one cycle plans at a time (a PostgreSQL advisory lock; a process lock on SQLite,
 which is single-process only); the compare-and-swap in step 4 means that even a stale
@@ -65,17 +76,18 @@ from queueing.backends.base import (
     WorkloadStatus,
     workload_name,
 )
-from queueing.composition import get_backend, get_utilization_source, kick
+from queueing.composition import get_utilization_source, kick
 from queueing.logcontext import log_context
-from queueing.models import Job, JobEvent, UsageRecord
+from queueing.models import Cluster, Job, JobEvent, UsageRecord
 from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 from queueing.sanitize import clean_status, clean_text
 from queueing.selectors.active_jobs import ActiveJobs, cycle_active_jobs
 from queueing.selectors.queue_plan import queue_plan_forget
-from queueing.selectors.snapshot import build_snapshot, unprovisioned_teams
+from queueing.selectors.snapshot import build_snapshot, unprovisioned_teams, unqualified_node
 
 from .cluster_view import cluster_view_publish
+from .clusters import Fleet, clusters_record, fleet_open
 from .dependencies import dependencies_fail_never_met
 from .jobs import job_transition
 from .logs import workload_stop_keeping_logs
@@ -119,6 +131,8 @@ class CycleResult:
     job_errors: dict[int, str] = field(default_factory=dict)
     plan: Plan | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    # Rule K5: the clusters that could not be read this cycle (names).
+    unreachable: list[str] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -144,20 +158,27 @@ def cycle_lock() -> Iterator[bool]:
 
 
 def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | None = None,
-                    cycle_id: str | None = None) -> CycleResult:
+                    cycle_id: str | None = None,
+                    backends: Mapping[str, ClusterBackend] | None = None) -> CycleResult:
     """Run steps 1-5 once. Returns what happened; does nothing if another cycle runs.
-    An exception escapes only for what is not one job's fault (NOT_A_JOB_FAULT, or a
-    cluster that cannot be read at all); the caller logs it with `cycle_id`."""
-    backend = backend or get_backend()
+    An exception escapes only for what is not one job's fault (NOT_A_JOB_FAULT, or the
+    one implicit cluster that cannot be read at all); the caller logs it with
+    `cycle_id`. `backend`: the implicit cluster's (a test's); `backends`: per `Cluster`
+    name, the backend to use instead of the one built from its row (tests)."""
     with cycle_lock() as got:
         if not got:
             return CycleResult(ran=False, cycle_id=cycle_id or new_cycle_id())
         result = CycleResult(cycle_id=cycle_id or new_cycle_id())
         now = now or timezone.now()
         t0 = time.perf_counter()
+        fleet = fleet_open(backend=backend, backends=backends)
         # (Uncounted: a deleted row misleads no one here; step 2's refresh counts.)
-        reconcile(backend=backend, now=now, result=result,
+        reconcile(backend=fleet, now=now, result=result,
                   jobs=cycle_active_jobs(count=False))
+        outages = clusters_record(fleet=fleet, now=now)
+        result.requeued.extend(outages.requeued)
+        result.unreachable = sorted(outages.since)
+        backend = fleet
         _utilization(backend=backend, now=now, result=result)
         t1 = time.perf_counter()
         odd_rows: dict[int, Exception] = {}
@@ -188,7 +209,8 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
             queue_plan_forget()  # readers of "why it waits" get the queue as it is now
         # What web processes know of the cluster (they are no cluster clients).
         cluster_view_publish(backend=backend, now=now, workloads=result.workloads,
-                             unprovisioned=unprovisioned)
+                             unprovisioned=unprovisioned,
+                             clusters=fleet.reachability(now=now, since=outages.since))
         t5 = time.perf_counter()
         result.timings = {"reconcile": t1 - t0, "snapshot": t2 - t1, "decide": t3 - t2,
                           "apply": t4 - t3, "submit": t5 - t4, "total": t5 - t0}
@@ -371,10 +393,12 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
     # Jobs holding GPUs that the cluster does not list: a scan of the active jobs, full
     # rows only for the (rare) missing ones.
     grace_cutoff = now - VANISHED_GRACE
+    # Rule K5: a cluster that could not be read lists nothing; its jobs are not missing.
+    away = backend.unreachable_ids() if isinstance(backend, Fleet) else frozenset()
     # (A RUNNING row without started_at, an old row, counts from its last update.)
     missing = [
         pk for pk, row in holding.items()
-        if workload_name(pk, row.attempt) not in seen and (
+        if workload_name(pk, row.attempt) not in seen and row.cluster_id not in away and (
             (row.status == JobState.ADMITTED and row.submitted_to_backend_at is not None
              and row.submitted_to_backend_at < grace_cutoff)
             or (row.status == JobState.RUNNING
@@ -596,20 +620,51 @@ def apply_plan(*, plan: Plan, now: datetime, result: CycleResult | None = None) 
 def _admit(plan: Plan, *, now: datetime, result: CycleResult, isolate: bool) -> list[int]:
     admitted: list[int] = []
     jobs = Job.objects.in_bulk([a.job_id for a in plan.admissions])
+    cluster_ids: dict[str, int] | None = None
     for a in plan.admissions:
         job = jobs.get(a.job_id)
         if job is None or job.state != JobState.QUEUED:
             continue
+        cluster, nodes = admission_cluster(a.placement, a.cluster)
+        if cluster is None:
+            # Rule K1: never a gang across clusters (a plan that would is not applied).
+            log.error("cycle %s: job %s planned across clusters (%s); not admitted",
+                      result.cycle_id, a.job_id, ", ".join(a.placement))
+            continue
+        cluster_id: int | None = None
+        if cluster:
+            if cluster_ids is None:
+                cluster_ids = dict(Cluster.objects.values_list("name", "id"))
+            cluster_id = cluster_ids.get(cluster)
+            if cluster_id is None:
+                continue  # a cluster deleted since the snapshot: the next plan places it
+        where = f"{cluster}: " if cluster else ""
         with (_isolated(a.job_id, step="admitting it", now=now, result=result, team=a.team)
               if isolate
               else contextlib.nullcontext()), \
                 (transaction.atomic() if isolate else contextlib.nullcontext()):
+            data: dict[str, object] = {"placement": nodes}
+            if cluster:
+                data["cluster"] = cluster
             if job_transition(job, JobState.ADMITTED, now=now,
-                              reason=f"admitted on {', '.join(sorted(set(a.placement)))}",
-                              admitted_at=now, placement=list(a.placement),
-                              data={"placement": list(a.placement)}):
+                              reason=f"admitted on {where}{', '.join(sorted(set(nodes)))}",
+                              admitted_at=now, placement=nodes, cluster_id=cluster_id,
+                              data=data):
                 admitted.append(job.pk)
     return admitted
+
+
+def admission_cluster(placement: tuple[str, ...], cluster: str = ""
+                      ) -> tuple[str | None, list[str]]:
+    """An admission's cluster and its nodes as that cluster names them (docs/clusters.md,
+    "Naming": the policy's "<cluster>/<node>" names are stored unqualified, beside
+    `Job.cluster`). `cluster`: the policy's `Admission.cluster` when it gives one, else
+    read from the node names. None when the nodes are in several clusters (rule K1)."""
+    split = [unqualified_node(n) for n in placement]
+    found = {c for c, _ in split}
+    if len(found) > 1 or (cluster and found and found != {cluster}):
+        return None, []
+    return (cluster or (found.pop() if found else "")), [n for _, n in split]
 
 
 def _preemptions_apply(*, plan: Plan, now: datetime, result: CycleResult) -> Applied:
@@ -684,17 +739,29 @@ def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResu
     ).select_related("team", "tier", "gpu_type").order_by("admitted_at", "id"))
     jobs: list[Job] = []
     specs: list[LaunchSpec] = []
-    node_topology: dict[str, Mapping[str, str]] | None = None
-    if any(j.topology_level and j.topology_mode == "required" for j in pending):
-        node_topology = {n.name: n.topology for n in backend.nodes()}  # rule A7's pins
+    targets: list[ClusterBackend] = []
+    # Rule A7's pins: per target cluster, its nodes' topology (read once, when needed).
+    node_topology: dict[int, dict[str, Mapping[str, str]]] = {}
     for job in pending:
+        # Several clusters: each job is created on its own (`Job.cluster`); one whose
+        # cluster is unreachable waits for rule K5, which requeues it.
+        target = backend.backend_of(job.cluster_id) if isinstance(backend, Fleet) and \
+            backend.several else backend
+        if target is None:
+            continue
         with _isolated(job.pk, step="building its workload", now=now, result=result,
                        team=job.team.slug):
-            specs.append(launch_spec(job, node_topology=node_topology))
+            topology = None
+            if job.topology_level and job.topology_mode == "required":
+                if id(target) not in node_topology:
+                    node_topology[id(target)] = {n.name: n.topology for n in target.nodes()}
+                topology = node_topology[id(target)]
+            specs.append(launch_spec(job, node_topology=topology))
             jobs.append(job)
+            targets.append(target)
     if not jobs:
         return
-    errors = _create_workloads(backend=backend, specs=specs, now=now)
+    errors = _create_workloads(backend=backend, specs=specs, now=now, targets=targets)
     submitted: list[Job] = []
     for job, error in zip(jobs, errors, strict=True):
         with _isolated(job.pk, step="recording its submit", now=now, result=result,
@@ -720,14 +787,17 @@ def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResu
 
 
 def _create_workloads(*, backend: ClusterBackend, specs: list[LaunchSpec],
-                      now: datetime) -> list[Exception | None]:
-    """`backend.submit` for each spec, in order, on a bounded pool of threads; per spec
-    the exception it raised, or None. Backends without `submit_concurrency` (the
-    simulated one) are called one after the other in this thread."""
+                      now: datetime, targets: list[ClusterBackend] | None = None
+                      ) -> list[Exception | None]:
+    """`submit` for each spec, in order, on a bounded pool of threads; per spec the
+    exception it raised, or None. `targets`: per spec, the backend of its cluster (else
+    `backend` for all). Backends without `submit_concurrency` (the simulated one) are
+    called one after the other in this thread."""
+    where = dict(zip((id(s) for s in specs), targets or (), strict=False))
 
     def create(spec: LaunchSpec) -> Exception | None:
         try:
-            backend.submit(spec, now=now)
+            where.get(id(spec), backend).submit(spec, now=now)
         except Exception as exc:  # handled per job by _submit_outcome
             return exc
         finally:

@@ -14,6 +14,7 @@ from django.core.servers.basehttp import WSGIServer, get_internal_wsgi_applicati
 
 from accounts.models import ApiToken
 from accounts.services import token_issue
+from queueing.models import Cluster
 from queueing.services.demo import DEMO_PASSWORD, TEAMS
 
 
@@ -44,6 +45,8 @@ class Command(BaseCommand):
         self.stdout.write(f"  logins (password '{DEMO_PASSWORD}'): admin (staff), "
                           + ", ".join(people))
         self.stdout.write(f"  API token for alice (team vision): {key}")
+        for c in Cluster.objects.filter(enabled=True):
+            self.stdout.write(f"  cluster {c.name} (cost rank {c.cost_rank}): {c.sim_nodes}")
         self.stdout.write(f"  try: curl -H 'Authorization: Token {key}' {url}api/v1/fairshare/")
         self.stdout.write("  more tokens: .venv/bin/python manage.py issue_token USERNAME\n")
 
