@@ -272,3 +272,29 @@ def test_k6_the_tracker_keeps_a_reclamation_until_the_job_is_gone() -> None:
     assert tracker.reclaimed("fq-1-1") == ("gpu-spot-0", "deleted", T0)  # sticky
     tracker.deleted("fq-1-1")
     assert tracker.reclaimed("fq-1-1") is None
+
+
+@pytest.mark.django_db
+def test_k6_a_gang_with_one_replica_on_the_reclaimed_node_is_requeued_whole(
+        world: World) -> None:
+    t0 = timezone.now() - timedelta(minutes=30)
+    job = _run(world, at=t0, gpus=8, replicas=2)  # one replica per h100 node
+    assert sorted(job.placement) == ["sim-h100-000", "sim-h100-001"]
+    _sim().reclaim_node("sim-h100-001", now=t0 + timedelta(seconds=10))
+    # The other replica's node has its GPUs back at once (all or nothing).
+    assert {n.name: n.free for n in _sim().nodes() if n.gpu_type == "h100"} == {
+        "sim-h100-000": 8}
+    scheduler_cycle(now=t0 + timedelta(seconds=11))
+    job.refresh_from_db()
+    assert job.attempt == 2 and job.status == "QUEUED"  # 16 GPUs no longer fit
+    usage = UsageRecord.objects.get(job=job, attempt=1)
+    assert usage.gpus == 16 and usage.gpu_seconds == 16 * 10
+    assert not [s for s in _sim().statuses(now=t0 + timedelta(seconds=11))
+                if s.job_id == job.pk]
+    # The node comes back: the job runs again, both replicas.
+    _sim().restore_node("sim-h100-001")
+    scheduler_cycle(now=t0 + timedelta(seconds=12))
+    scheduler_cycle(now=t0 + timedelta(seconds=13))
+    job.refresh_from_db()
+    assert job.status == "RUNNING" and job.attempt == 2
+    assert sorted(job.placement) == ["sim-h100-000", "sim-h100-001"]
