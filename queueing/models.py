@@ -501,6 +501,7 @@ class JobEvent(models.Model):
         LOGS_PRUNED = "logs_pruned"  # an attempt's kept logs deleted (FAIRQ_LOG_RETENTION_DAYS)
         DEPENDENCIES = "dependencies"  # rule D3: its dependencies were changed
         CLUSTER_UNREACHABLE = "cluster_unreachable"  # rule K5: its cluster cannot be read
+        SPOT_RECLAIMED = "spot_reclaimed"  # rule K6: its spot node was reclaimed (requeued)
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(db_index=True)

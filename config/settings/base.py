@@ -616,6 +616,34 @@ FAIRQ_K8S_SUBMIT_CONCURRENCY = env.int("FAIRQ_K8S_SUBMIT_CONCURRENCY", default=8
 if not 1 <= FAIRQ_K8S_SUBMIT_CONCURRENCY <= 64:
     raise environ.ImproperlyConfigured("FAIRQ_K8S_SUBMIT_CONCURRENCY must be 1-64")
 
+# Spot capacity on Kubernetes (docs/kubernetes.md, "Spot nodes"; rules K4, K6): a node
+# carrying one of these labels (key=value, or a key for any value) is spot; a spot node on
+# which one of these taints or labels (key or key=value) appears is being reclaimed, and
+# its jobs are requeued at once (as when it is deleted). Defaults: the clouds' own (GKE,
+# Karpenter, EKS, AKS; GKE's, aws-node-termination-handler's and Karpenter's termination
+# taints) and fairq's `fairq.io/spot=true`, `fairq.io/reclaim`.
+FAIRQ_SPOT_NODE_LABELS = env.list("FAIRQ_SPOT_NODE_LABELS", default=[
+    "cloud.google.com/gke-spot=true", "cloud.google.com/gke-preemptible=true",
+    "karpenter.sh/capacity-type=spot", "eks.amazonaws.com/capacityType=SPOT",
+    "kubernetes.azure.com/scalesetpriority=spot", "fairq.io/spot=true"])
+FAIRQ_SPOT_TERMINATION_TAINTS = env.list("FAIRQ_SPOT_TERMINATION_TAINTS", default=[
+    "cloud.google.com/impending-node-termination", "aws-node-termination-handler/spot-itn",
+    "karpenter.sh/disrupted", "karpenter.sh/disruption", "fairq.io/reclaim"])
+
+
+def _check_spot_matches() -> None:
+    """Parse the two spot settings at start-up (a typo would silently match nothing)."""
+    from queueing.backends.k8s_api import parse_node_matches
+
+    for name in ("FAIRQ_SPOT_NODE_LABELS", "FAIRQ_SPOT_TERMINATION_TAINTS"):
+        try:
+            parse_node_matches(globals()[name], what=name)
+        except ValueError as exc:
+            raise environ.ImproperlyConfigured(str(exc)) from exc
+
+
+_check_spot_matches()
+
 # Cost and budgets (docs/scheduling.md, rules C1 and B1-B3): the currency of GpuPrice and
 # TeamBudget amounts (an ISO 4217 code, shown next to every amount).
 FAIRQ_CURRENCY = env.str("FAIRQ_CURRENCY", default="EUR").strip().upper()

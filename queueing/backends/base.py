@@ -185,6 +185,28 @@ class WorkloadStatus:
     restarts: int = 0
 
 
+# Rule K6 (docs/scheduling.md, "Clusters and spot capacity"): the reason a backend gives
+# a workload whose spot node was reclaimed under it (deleted, or marked for termination):
+# phase FAILED, `finished_at` the reclamation, this reason. services/spot.py requeues its
+# job (not a failure) before the cycle would fail it. Built and read only here.
+SPOT_RECLAIMED = "spot_reclaimed"
+_SPOT_REASON_RE = re.compile(r"^spot_reclaimed: node (\S+) ", re.ASCII)
+
+
+def spot_reclaimed_reason(node: str, how: str) -> str:
+    """`spot_reclaimed_reason('gpu-7', 'deleted')` is 'spot_reclaimed: node gpu-7 deleted'."""
+    return f"{SPOT_RECLAIMED}: node {node} {how}"
+
+
+def spot_reclaimed_node(status: WorkloadStatus) -> str | None:
+    """The node whose reclamation ended `status`'s workload (rule K6), None when it is not
+    such a status (a FAILED phase with `spot_reclaimed_reason`)."""
+    if status.phase != Phase.FAILED:
+        return None
+    m = _SPOT_REASON_RE.match(status.reason or "")
+    return m.group(1) if m else None
+
+
 @dataclass(frozen=True, slots=True)
 class PodReading:
     """One fairq pod's GPUs as a utilization source reads them (docs/scheduling.md, "Idle

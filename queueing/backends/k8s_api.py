@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .k8s_cache import Obj
@@ -75,3 +76,81 @@ def api_client_from_config(*, kubeconfig: str = "", context: str = "",
     cfg.connection_pool_maxsize = max(getattr(cfg, "connection_pool_maxsize", 0) or 0, 16,
                                       pool_size)
     return client.ApiClient(cfg)
+
+
+# --- nodes: spot capacity and its reclamation (rules K4, K6) -----------------------------
+
+# The labels that make a node spot capacity, as the clouds set them: GKE Spot VMs and
+# preemptible VMs, Karpenter's capacity type, EKS managed node groups, AKS spot pools
+# (docs/kubernetes.md, "Spot nodes"); and fairq's own for anything else.
+SPOT_NODE_LABELS: tuple[str, ...] = (
+    "cloud.google.com/gke-spot=true",
+    "cloud.google.com/gke-preemptible=true",
+    "karpenter.sh/capacity-type=spot",
+    "eks.amazonaws.com/capacityType=SPOT",
+    "kubernetes.azure.com/scalesetpriority=spot",
+    "fairq.io/spot=true",
+)
+# A taint or label one of these keys (or key=value) names on a spot node says it is being
+# reclaimed: GKE's graceful node shutdown taint, aws-node-termination-handler's spot
+# interruption taint (`SpotInterruptionTaint`), Karpenter's disruption taint (v1:
+# `karpenter.sh/disrupted`; v0.32-v0.37: `karpenter.sh/disruption=disrupting`), fairq's.
+SPOT_TERMINATION_TAINTS: tuple[str, ...] = (
+    "cloud.google.com/impending-node-termination",
+    "aws-node-termination-handler/spot-itn",
+    "karpenter.sh/disrupted",
+    "karpenter.sh/disruption",
+    "fairq.io/reclaim",
+)
+
+# A label key: an optional DNS subdomain prefix and "/", then a name of 1-63 characters.
+_KEY_RE = re.compile(
+    r"^(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z", re.ASCII)
+_VALUE_RE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?\Z", re.ASCII)
+
+NodeMatch = tuple[str, str | None]  # (key, value); None: any value
+
+
+def parse_node_matches(items: Sequence[str], *, what: str) -> tuple[NodeMatch, ...]:
+    """`["karpenter.sh/capacity-type=spot", "fairq.io/reclaim"]` → ((key, value), (key,
+    None)): each item a label or taint key, with `=value` to ask for that value. Raises
+    ValueError naming `what` (the setting) and the bad item."""
+    out: list[NodeMatch] = []
+    for raw in items:
+        item = raw.strip()
+        key, eq, value = item.partition("=")
+        if not _KEY_RE.match(key) or len(key.partition("/")[0]) > 253 or (
+                eq and not _VALUE_RE.match(value)):
+            raise ValueError(f"{what}: {raw!r} is not a label or taint key with an optional "
+                             "=value (e.g. karpenter.sh/capacity-type=spot)")
+        out.append((key, value if eq else None))
+    return tuple(out)
+
+
+def _matches(pairs: Iterable[tuple[str, str]], wanted: Sequence[NodeMatch]) -> str | None:
+    for key, value in pairs:
+        for want_key, want_value in wanted:
+            if key == want_key and (want_value is None or value == want_value):
+                return key
+    return None
+
+
+def node_is_spot(node: Mapping[str, Any], spot_labels: Sequence[NodeMatch]) -> bool:
+    """Rule K4: the node carries one of the spot labels."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return _matches(((str(k), str(v)) for k, v in labels.items()), spot_labels) is not None
+
+
+def node_termination_mark(node: Mapping[str, Any],
+                          termination: Sequence[NodeMatch]) -> str | None:
+    """Rule K6: how the node says it is being reclaimed — 'tainted <key>' or 'labelled
+    <key>' for the first termination taint (any effect) or label it carries — else None."""
+    taints = (node.get("spec") or {}).get("taints") or ()
+    key = _matches(((str(t.get("key", "")), str(t.get("value") or "")) for t in taints),
+                   termination)
+    if key is not None:
+        return f"tainted {key}"
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    key = _matches(((str(k), str(v)) for k, v in labels.items()), termination)
+    return f"labelled {key}" if key is not None else None

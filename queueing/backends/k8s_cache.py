@@ -24,8 +24,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubernetes.watch.watch import iter_resp_lines
-
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
@@ -152,6 +150,10 @@ class Informer:
         return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
     def _watch(self, version: str) -> str:
+        # Imported here: k8s_api (and through it the settings' check of the spot node
+        # matches) imports this module, and the client's watch module costs ~0.3 s.
+        from kubernetes.watch.watch import iter_resp_lines
+
         timeout = max(1, int(self.watch_seconds * random.uniform(0.8, 1.0)))
         resp = self._list(watch=True, resource_version=version, allow_watch_bookmarks=True,
                           timeout_seconds=timeout, _preload_content=False,

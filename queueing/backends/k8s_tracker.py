@@ -12,7 +12,12 @@ is tested without a cluster (tests/test_k8s_tracker.py).
 - replicas — per multi-replica workload, the indexes of its replica Jobs (i > 0) seen in
   the cache: one missing later was deleted, not merely not created yet;
 - abandoned — uids of workload Jobs fairq deleted itself when a replica was refused (the
-  next submit must not adopt one the watch cache still lists).
+  next submit must not adopt one the watch cache still lists);
+- reclaimed nodes — spot nodes deleted or marked for termination (rule K6): name → how
+  and when; and reclaimed workloads — those with a pod bound to one when it happened,
+  reported FAILED `spot_reclaimed` until fairq stops them (sticky: once the pods are
+  gone the Job controller would make new ones elsewhere, and the workload would look
+  merely moved).
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ class WorkloadTracker:
         self._tombstones: dict[str, tuple[float, WorkloadStatus]] = {}
         self._replicas: dict[str, set[int]] = {}
         self._abandoned: dict[str, float] = {}
+        self._reclaimed_nodes: dict[str, tuple[str, datetime]] = {}
+        self._reclaimed: dict[str, tuple[str, str, datetime]] = {}
 
     # --- where --------------------------------------------------------------------------
 
@@ -100,6 +107,7 @@ class WorkloadTracker:
         with self._lock:
             self._where.pop(name, None)
             self._replicas.pop(name, None)
+            self._reclaimed.pop(name, None)
             acknowledged = name in self._stopping or name in self._hidden
             self._hidden.pop(name, None)
             self._stopping.discard(name)
@@ -146,3 +154,31 @@ class WorkloadTracker:
     def abandoned(self, uid: str) -> bool:
         with self._lock:
             return uid in self._abandoned
+
+    # --- spot reclamation (rule K6) -------------------------------------------------------
+
+    def node_reclaimed(self, node: str, how: str, *, at: datetime) -> None:
+        """Spot node `node` is going (`how`: 'deleted', 'tainted <key>', ...) since `at`;
+        the first word stays (a taint then a delete is one reclamation)."""
+        with self._lock:
+            self._reclaimed_nodes.setdefault(node, (how, at))
+
+    def node_back(self, node: str) -> None:
+        """`node` is there again without a termination mark: schedulable spot capacity."""
+        with self._lock:
+            self._reclaimed_nodes.pop(node, None)
+
+    def reclaimed_nodes(self) -> dict[str, tuple[str, datetime]]:
+        with self._lock:
+            return dict(self._reclaimed_nodes)
+
+    def workload_reclaimed(self, name: str, node: str, how: str, *, at: datetime) -> None:
+        """Workload `name` had a pod on `node` when it was reclaimed: reported FAILED
+        `spot_reclaimed` from now on, until its Job is gone. The first node counts."""
+        with self._lock:
+            self._reclaimed.setdefault(name, (node, how, at))
+
+    def reclaimed(self, name: str) -> tuple[str, str, datetime] | None:
+        """(node, how, when) of the reclamation that ended workload `name`, if one did."""
+        with self._lock:
+            return self._reclaimed.get(name)

@@ -8,6 +8,10 @@
             the job (`SubmitRejected`), anything else is retried by the next cycle.
 - statuses, nodes — read an in-process cache fed by watches (fairq's Jobs and Pods,
             other pods' GPU requests, Nodes), so the scheduler cycle costs no API call.
+            A node with a spot label is spot (`NodeInfo.spot`, rule K4); a spot node
+            deleted, or one a termination taint or label appears on, is reclaimed: the
+            workloads with pods on it report FAILED `spot_reclaimed` (rule K6, the
+            cycle requeues their jobs: services/spot.py) and it offers no GPUs.
 - stop    — deletes the Job with `propagationPolicy=Foreground`: the Job stays listed
             (with a deletionTimestamp) until its pods are gone, and `nodes()` counts the
             GPUs of pods being deleted, so freed GPUs show as free only once they are.
@@ -47,13 +51,19 @@ from .base import (
     SubmitRejected,
     SubmitRequeue,
     WorkloadStatus,
+    spot_reclaimed_reason,
 )
 from .k8s_api import (
+    SPOT_NODE_LABELS,
+    SPOT_TERMINATION_TAINTS,
     KubernetesBackendError,
     NamespaceNotProvisioned,
     api_client_from_config,
     api_error,
     drain,
+    node_is_spot,
+    node_termination_mark,
+    parse_node_matches,
     raw_list,
 )
 from .k8s_cache import Informer, Obj, key_of
@@ -131,6 +141,8 @@ class KubernetesBackend:
         owner_key: bytes = b"",
         submit_concurrency: int = 1,
         orphan_pod_grace_seconds: float = 30.0,
+        spot_node_labels: Sequence[str] = SPOT_NODE_LABELS,
+        spot_termination_taints: Sequence[str] = SPOT_TERMINATION_TAINTS,
     ) -> None:
         if provision not in ("scheduler", "separate"):
             raise ValueError(f"provision must be 'scheduler' or 'separate', not {provision!r}")
@@ -154,6 +166,10 @@ class KubernetesBackend:
         self.image_pull_timeout_seconds = image_pull_timeout_seconds
         self.pod_create_timeout_seconds = pod_create_timeout_seconds
         self.orphan_pod_grace_seconds = orphan_pod_grace_seconds
+        # Rules K4, K6 (FAIRQ_SPOT_NODE_LABELS, FAIRQ_SPOT_TERMINATION_TAINTS).
+        self.spot_labels = parse_node_matches(spot_node_labels, what="spot_node_labels")
+        self.spot_termination = parse_node_matches(spot_termination_taints,
+                                                   what="spot_termination_taints")
         self.termination_grace_seconds = termination_grace_seconds
         self.registry_allowlist = tuple(registry_allowlist)
         self._gpu_types_source = gpu_types
@@ -664,6 +680,7 @@ class KubernetesBackend:
         hidden = self.tracker.hidden()
         create_errors = self._create_errors()
         replica_jobs = self._replica_jobs()
+        reclaimed_nodes = self.tracker.reclaimed_nodes()
         job_keys: set[str] = set()
         for job in self.jobs.items():
             meta = job["metadata"]
@@ -701,6 +718,7 @@ class KubernetesBackend:
             if L_REPLICA in (meta.get("labels") or {}) and workload_replicas(job) > 1:
                 status = self._all_replicas(status, job, job_pods, replicas, create_errors,
                                             now=now)
+            status = self._spot_reclaimed(status, job_pods, reclaimed_nodes)
             out.append(self.tracker.seen(status))  # stopping when asked; the watch lags
         listed = {s.name for s in out}
         out.extend(self._replicas_left(replica_jobs, pods, listed, now=now))
@@ -716,6 +734,28 @@ class KubernetesBackend:
                 # off (1.20 without the TTLAfterFinished gate), so clean up ourselves.
                 self._delete_quietly(name, namespace)
         return out
+
+    def _spot_reclaimed(self, status: WorkloadStatus, pods: Sequence[Obj],
+                        reclaimed_nodes: Mapping[str, tuple[str, datetime]]
+                        ) -> WorkloadStatus:
+        """Rule K6: a workload with a pod (not finished) on a reclaimed spot node, now or
+        when the node watch saw it go, is FAILED with `spot_reclaimed_reason` and the
+        reclamation as its end: its pods are gone or going, and the Job controller's
+        replacements must not run the attempt on as if nothing happened. A workload that
+        succeeded is left as it is."""
+        if status.phase == Phase.SUCCEEDED:
+            return status
+        for pod in pods:
+            node = str((pod.get("spec") or {}).get("nodeName") or "")
+            if node in reclaimed_nodes and not pod_is_terminal(pod):
+                how, at = reclaimed_nodes[node]
+                self.tracker.workload_reclaimed(status.name, node, how, at=at)
+        hit = self.tracker.reclaimed(status.name)
+        if hit is None:
+            return status
+        node, how, at = hit
+        return replace(status, phase=Phase.FAILED, reason=spot_reclaimed_reason(node, how),
+                       finished_at=at, exit_code=None, nodes=status.nodes or (node,))
 
     def _replicas_left(self, replica_jobs: Mapping[str, Mapping[int, Obj]],
                        pods: Mapping[str, list[Obj]], listed: set[str], *,
@@ -892,8 +932,20 @@ class KubernetesBackend:
             key = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
             for node, n in unbound_demand(job, by.get(key, [])).items():
                 unbound[node] += n
-        return capacity(self.nodes_informer.items(), fairq_pods + self.other_pods.items(),
-                        self.gpu_types(), unbound=unbound)
+        nodes = self.nodes_informer.items()
+        # Rule K6: a spot node being reclaimed offers nothing (a termination taint keeps
+        # it out of `capacity` already; a label does not).
+        going = {key_of(n) for n in nodes if self._reclaiming(n)}
+        spot = {key_of(n) for n in nodes if node_is_spot(n, self.spot_labels)}
+        return [replace(n, spot=True) if n.name in spot else n
+                for n in capacity([n for n in nodes if key_of(n) not in going],
+                                  fairq_pods + self.other_pods.items(), self.gpu_types(),
+                                  unbound=unbound)]
+
+    def _reclaiming(self, node: Obj) -> bool:
+        """A spot node with a termination taint or label (rule K6)."""
+        return node_is_spot(node, self.spot_labels) and \
+            node_termination_mark(node, self.spot_termination) is not None
 
     # --- logs ---------------------------------------------------------------------------
 
@@ -987,8 +1039,35 @@ class KubernetesBackend:
     def _node_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         # Capacity is read from the cache each cycle; a node that appears, leaves or
         # changes schedulability is worth a cycle now.
+        self._spot_changed(kind, old, new)
         if kind != "MODIFIED" or _node_key(old) != _node_key(new):
             self._poke()
+
+    def _spot_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        """Rule K6, as the node watch sees it: a spot node deleted, or carrying a
+        termination taint or label, is reclaimed, and so is every fairq workload with a
+        pod (not finished) bound to it then; a node back without the mark is not."""
+        node = new if new is not None else old
+        if node is None or not (node_is_spot(node, self.spot_labels) or (
+                old is not None and node_is_spot(old, self.spot_labels))):
+            return
+        name = str((node.get("metadata") or {}).get("name"))
+        how = "deleted" if kind == "DELETED" else \
+            node_termination_mark(node, self.spot_termination)
+        if how is None:
+            self.tracker.node_back(name)
+            return
+        at = datetime.now(UTC)
+        self.tracker.node_reclaimed(name, how, at=at)
+        hit = sorted({str(labels[L_WORKLOAD]) for pod in self.pods.items()
+                      if (pod.get("spec") or {}).get("nodeName") == name
+                      and not pod_is_terminal(pod) and self._ours(pod["metadata"])
+                      and L_WORKLOAD in (labels := pod["metadata"].get("labels") or {})})
+        for workload in hit:
+            self.tracker.workload_reclaimed(workload, name, how, at=at)
+        if hit:
+            log.warning("spot node %s %s: workloads %s reclaimed (rule K6)", name, how,
+                        ", ".join(hit))
 
     def _poke(self) -> None:
         if self._kick is not None and all(i.synced.is_set() for i in self._informers):

@@ -46,7 +46,15 @@ from queueing.validation import (
     sim_seconds,
 )
 
-from .base import LaunchSpec, NodeInfo, Phase, PodReading, WorkloadStatus, replica_host
+from .base import (
+    LaunchSpec,
+    NodeInfo,
+    Phase,
+    PodReading,
+    WorkloadStatus,
+    replica_host,
+    spot_reclaimed_reason,
+)
 
 # How many stopped workloads' logs stay readable (the newest ones).
 STOPPED_LOGS_KEPT = 10_000
@@ -96,6 +104,7 @@ class _Workload:
     gpu_util: tuple[float, ...] = ()  # FAIRQ_SIM_GPU_UTIL, per minute of its run
     released: bool = False
     stopped: bool = False
+    reclaimed: str = ""  # rule K6: spot_reclaimed_reason when its node was reclaimed
     # One log per replica, in replica order (`logs` heads each, as the Kubernetes backend
     # heads each pod's).
     log: list[list[str]] = field(default_factory=list)
@@ -181,6 +190,8 @@ class SimulatedCluster:
         # with the exit line (docs/deployment.md, "Log storage").
         self._stopped_logs: OrderedDict[str, list[list[str]]] = OrderedDict()
         self.default_seconds = min(max(0.0, default_seconds), float(MAX_RUNTIME_SECONDS))
+        # Nodes taken away by `reclaim_node`, until `restore_node` brings them back.
+        self._reclaimed_nodes: dict[str, _Node] = {}
 
     @classmethod
     def from_spec(cls, spec: str, *, default_seconds: float = 60.0) -> SimulatedCluster:
@@ -273,6 +284,43 @@ class SimulatedCluster:
                       + f" on {node}"] for i, node in enumerate(placement)],
             )
 
+    def reclaim_node(self, name: str, *, now: datetime) -> list[str]:
+        """Rule K6 on the simulated cluster: spot node `name` is reclaimed at `now` — it
+        leaves `nodes()`, and every workload running a replica on it ends there, FAILED
+        with `spot_reclaimed_reason` (all its replicas stop: all or nothing), its GPUs
+        given back. Returns those workloads' names; an unknown node raises
+        SimulatedClusterError. `restore_node` brings the node back."""
+        with self._lock:
+            node = self._nodes.get(name)
+            if node is None:
+                raise SimulatedClusterError(f"no simulated node {name!r} to reclaim")
+            hit = []
+            for w in self._workloads.values():
+                self._advance(w, now)
+                if name not in w.nodes or w.finished_at is not None:
+                    continue
+                w.finished_at, w.exit_code = now, 1
+                w.reclaimed = spot_reclaimed_reason(name, "deleted")
+                for lines in w.log:
+                    lines.append(f"{now.isoformat()} stopped: spot node {name} was reclaimed")
+                for n in w.nodes:
+                    self._nodes[n].take(w.spec, -1)
+                w.released = True
+                hit.append(w.spec.name)
+            self._reclaimed_nodes[name] = _Node(
+                node.name, node.gpu_type, node.capacity, cpu_millicores=node.cpu_millicores,
+                memory_bytes=node.memory_bytes, topology=dict(node.topology))
+            del self._nodes[name]
+            return hit
+
+    def restore_node(self, name: str) -> None:
+        """The node `reclaim_node` took comes back, empty (spot capacity returning)."""
+        with self._lock:
+            node = self._reclaimed_nodes.pop(name, None)
+            if node is None:
+                raise SimulatedClusterError(f"simulated node {name!r} was not reclaimed")
+            self._nodes[name] = node
+
     def _advance(self, w: _Workload, now: datetime) -> None:
         if w.finished_at is None:
             try:
@@ -318,14 +366,15 @@ class SimulatedCluster:
                 else:
                     phase = Phase.SUCCEEDED if w.exit_code == 0 and not w.problem \
                         else Phase.FAILED
-                reason = "" if phase != Phase.FAILED else (
+                reason = "" if phase != Phase.FAILED else w.reclaimed or (
                     f"not run: {w.problem}" if w.problem else
                     f"replica {w.failed_replica} failed: exit code {w.exit_code}"
                     if w.failed_replica is not None else f"exit code {w.exit_code}")
                 out.append(WorkloadStatus(
                     name=w.spec.name, job_id=w.spec.job_id, attempt=w.spec.attempt,
                     phase=phase, started_at=w.started_at, finished_at=w.finished_at,
-                    exit_code=None if w.finished_at is None or w.problem else w.exit_code,
+                    exit_code=None if w.finished_at is None or w.problem or w.reclaimed
+                    else w.exit_code,
                     reason=reason, nodes=w.nodes,
                 ))
             return out

@@ -93,6 +93,7 @@ from .jobs import job_transition
 from .logs import workload_stop_keeping_logs
 from .metrics import record_submit_error
 from .preemption import Applied, preempted_workloads_stop, preemptions_apply
+from .spot import spot_reclaimed_requeue
 from .usage import usage_record_attempt
 from .utilization import utilization_cycle_step
 
@@ -328,6 +329,10 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
                                memo=jobs.cleaned if jobs.kept else None)
     seen = {s.name for s in statuses}
     result.workloads = seen
+    # Rule K6 (services/spot.py): a workload whose spot node was reclaimed requeues its
+    # job now (charged, not a failure); what is left is reconciled below.
+    statuses = spot_reclaimed_requeue(backend=backend, statuses=statuses, now=now,
+                                      result=result)
     holding = jobs.holding
     before = jobs.reconciled if jobs.kept else {}
     handled: dict[str, tuple[WorkloadStatus, object]] = {}

@@ -50,6 +50,7 @@ __all__ = [
     "DEFAULT_GPU_NODES",
     "FAKE_NODE_LABEL",
     "GPU_TAINT",
+    "SECOND_GPU_NODES",
     "ControlPlane",
     "ControlPlaneError",
     "binaries_present",
@@ -74,6 +75,14 @@ DEFAULT_GPU_NODES: tuple[tuple[str, str, int], ...] = (
     ("gpu-h100-0", "h100", 8),
     ("gpu-h100-1", "h100", 8),
     ("gpu-a100-0", "a100", 8),
+)
+
+# The nodes of the second control plane (the `k8s_second_control_plane` fixture): other
+# names, one GPU type of its own (l40s) and one the first plane has too (h100), so jobs
+# can be dispatched to both and move from one to the other.
+SECOND_GPU_NODES: tuple[tuple[str, str, int], ...] = (
+    ("gpu-b-h100-0", "h100", 8),
+    ("gpu-b-l40s-0", "l40s", 8),
 )
 
 ADMIN_USER = "envtest-admin"
@@ -187,6 +196,12 @@ class ControlPlane:
     Use as a context manager or call ``start()``/``stop()``. Attributes valid
     after ``start()``: ``server`` (https URL), ``token`` (admin bearer token),
     ``kubeconfig_path``, ``ca_path``, ``workdir`` (logs: ``<name>.log``).
+
+    Instances are independent: each has its own free ports, temp dir, etcd data
+    dir, token and CA, so several run at once (two clusters for fairq). ``gpu_nodes``
+    ((name, gpu type, GPUs), as ``DEFAULT_GPU_NODES``) are registered by ``start()``
+    with ``add_gpu_node``'s defaults; ``fake_kubelet=True`` starts the fake kubelet
+    after them.
     """
 
     def __init__(
@@ -214,6 +229,8 @@ class ControlPlane:
         scheduler_backoff_seconds: tuple[int, int] = (1, 5),
         start_timeout: float = 90.0,
         keep_workdir: bool | None = None,
+        gpu_nodes: Sequence[tuple[str, str, int]] = (),
+        fake_kubelet: bool = False,
     ) -> None:
         self.bin_dir = Path(bin_dir) if bin_dir else default_bin_dir()
         self._own_workdir = workdir is None
@@ -229,6 +246,8 @@ class ControlPlane:
         if keep_workdir is None:
             keep_workdir = bool(os.environ.get("FAIRQ_ENVTEST_KEEP_DIR"))
         self.keep_workdir = keep_workdir
+        self.gpu_nodes = tuple(gpu_nodes)
+        self.fake_kubelet = fake_kubelet
 
         self.token = uuid.uuid4().hex
         self.kubeconfig_path = self.workdir / "kubeconfig"
@@ -272,6 +291,10 @@ class ControlPlane:
                     if attempt == 2:
                         raise
                     self._kill_components()
+            for name, gpu_type, gpus in self.gpu_nodes:
+                self.add_gpu_node(name, gpu_type, gpus)
+            if self.fake_kubelet:
+                self.start_fake_kubelet()
         except ControlPlaneError as exc:
             # Keep the logs the message points at; a clean run removes them.
             self.keep_workdir = True

@@ -4,6 +4,10 @@
   GPU nodes (``DEFAULT_GPU_NODES``) and a fake kubelet running.
 - ``k8s_api_client`` (session): a ``kubernetes.client.ApiClient`` for it.
 - ``k8s_namespace`` (function): a fresh namespace, emptied on teardown.
+- ``k8s_second_control_plane`` (session, started only by the tests that ask for it):
+  another ``ControlPlane`` on other ports with ``SECOND_GPU_NODES`` (an h100 and an
+  l40s node) and its own fake kubelet; ``k8s_second_api_client`` its client. With the
+  first one, two clusters for fairq.
 
 When the binaries from ``tests/envtest/build.sh`` (or the ``kubernetes``
 package) are missing these fixtures skip, unless ``FAIRQ_REQUIRE_ENVTEST`` is
@@ -25,6 +29,7 @@ import pytest
 
 from tests.envtest.cluster import (
     DEFAULT_GPU_NODES,
+    SECOND_GPU_NODES,
     ControlPlane,
     default_bin_dir,
     envtest_required,
@@ -50,8 +55,8 @@ def _unavailable(reason: str) -> None:
     pytest.skip(f"{reason}; set FAIRQ_REQUIRE_ENVTEST=1 to make this a failure")
 
 
-@pytest.fixture(scope="session")
-def k8s_control_plane() -> Iterator[ControlPlane]:
+def _started(gpu_nodes: tuple[tuple[str, str, int], ...]) -> Iterator[ControlPlane]:
+    """A started control plane with `gpu_nodes` and a fake kubelet, stopped after."""
     missing = missing_binaries()
     if missing:
         _unavailable(
@@ -63,14 +68,12 @@ def k8s_control_plane() -> Iterator[ControlPlane]:
     except ImportError:
         _unavailable("the 'kubernetes' Python package is not installed")
 
-    cp = ControlPlane()
+    cp = ControlPlane(gpu_nodes=gpu_nodes, fake_kubelet=True)
     try:
         cp.start()
-        for name, gpu_type, gpus in DEFAULT_GPU_NODES:
-            cp.add_gpu_node(name, gpu_type, gpus)
-        kubelet = cp.start_fake_kubelet()
         yield cp
-        if kubelet.errors:
+        kubelet = cp.kubelet
+        if kubelet is not None and kubelet.errors:
             # Not a failure (a dropped watch is retried), but worth seeing.
             warnings.warn(
                 f"fake kubelet reported {len(kubelet.errors)} error(s), last: {kubelet.errors[-5:]}",
@@ -81,8 +84,29 @@ def k8s_control_plane() -> Iterator[ControlPlane]:
 
 
 @pytest.fixture(scope="session")
+def k8s_control_plane() -> Iterator[ControlPlane]:
+    yield from _started(DEFAULT_GPU_NODES)
+
+
+@pytest.fixture(scope="session")
 def k8s_api_client(k8s_control_plane: ControlPlane) -> Iterator[ApiClient]:
     api = k8s_control_plane.api_client()
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.fixture(scope="session")
+def k8s_second_control_plane() -> Iterator[ControlPlane]:
+    """A second cluster: its own ports, temp dir and etcd, ``SECOND_GPU_NODES``. Session
+    scoped, and started only when a test asks for it (~10-20 s)."""
+    yield from _started(SECOND_GPU_NODES)
+
+
+@pytest.fixture(scope="session")
+def k8s_second_api_client(k8s_second_control_plane: ControlPlane) -> Iterator[ApiClient]:
+    api = k8s_second_control_plane.api_client()
     try:
         yield api
     finally:

@@ -1,0 +1,122 @@
+"""Rule K6, spot reclamation, on the real control plane (Kubernetes 1.20, tests/envtest):
+a preemptible job runs on a spot node (a node with a cloud's spot label); the node is
+deleted, or a cloud's termination taint appears on it; fairq requeues the job at once as
+attempt 2 with reason `spot_reclaimed` (not FAILED), charges the GPU time it ran up to
+the reclamation, stops the old workload, and runs the job again on the other spot node,
+once.
+
+Each test adds two spot l40s nodes of its own (a GPU type no other test uses, so the
+job can only land on them) and deletes them after.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.envtest.test_k8s_backend import Kube, job, kube, submit, wait
+
+__all__ = ["kube"]  # the fixture, imported for this module
+
+pytestmark = [pytest.mark.k8s, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def spot_nodes(kube: Kube, world: Any, k8s_control_plane: Any,
+               request: pytest.FixtureRequest) -> Iterator[list[str]]:
+    """Two 8-GPU l40s spot nodes, labelled as `request.param` says (a cloud's spot
+    label); the l40s GPU type and a quota of 8 for team vision."""
+    from queueing.models import Quota
+    from queueing.services.provisioning import sync_cluster
+    from tests.factories import GpuTypeFactory
+
+    label = request.param
+    l40s = GpuTypeFactory(slug="l40s", node_labels={"fairq.io/gpu-type": "l40s"})
+    Quota.objects.create(team=world.vision, gpu_type=l40s, nominal=8, borrowing_limit=0)
+    sync_cluster(kube.backend.provisioner)  # the team namespace's quota counts l40s too
+    kube.backend._gpu_types_cache = None
+    names = [f"spot-{uuid.uuid4().hex[:5]}-{i}" for i in range(2)]
+    key, _, value = label.partition("=")
+    for name in names:
+        k8s_control_plane.add_gpu_node(name, "l40s", 8, labels={key: value})
+    try:
+        wait(lambda: {n.name for n in kube.backend.nodes() if n.spot} == set(names),
+             cycle=False, what="the spot nodes in nodes(), flagged spot")
+        yield names
+    finally:
+        for name in names:
+            try:
+                kube.core.delete_node(name)
+            except Exception as exc:  # deleted by the test
+                if getattr(exc, "status", None) != 404:
+                    raise
+
+
+def _running_on(world: Any, kube: Kube) -> tuple[int, str]:
+    pk = submit(world, gpus=8, gpu_type="l40s", tier="low")  # runs until stopped
+    wait(lambda: job(pk).status == "RUNNING", timeout=60, what="the job RUNNING")
+    [pod] = kube.pods("vision", f"fq-{pk}-1")
+    return pk, pod["spec"]["nodeName"]
+
+
+def _requeued_and_rerun(kube: Kube, pk: int, node: str, other: str) -> None:
+    """What rule K6 promises once `node` is reclaimed under job `pk`'s attempt 1."""
+    from queueing.models import JobEvent, UsageRecord
+
+    wait(lambda: job(pk).attempt == 2, timeout=60, what="the job requeued as attempt 2")
+    moves = list(JobEvent.objects.filter(job_id=pk, kind="transition").order_by("id")
+                 .values_list("from_status", "to_status", "attempt"))
+    at = moves.index(("RUNNING", "PREEMPTED", 1))
+    assert moves[at + 1] == ("PREEMPTED", "QUEUED", 2)
+    assert "FAILED" not in {to for _, to, _ in moves}  # not a failure
+    event = JobEvent.objects.get(job_id=pk, kind=JobEvent.Kind.SPOT_RECLAIMED)
+    assert event.attempt == 1 and event.data["node"] == node
+    assert event.reason.startswith(f"spot node {node} was reclaimed (spot_reclaimed: node")
+    # Its GPU time up to the reclamation, charged to the team for attempt 1.
+    usage = UsageRecord.objects.get(job_id=pk, attempt=1)
+    assert usage.gpus == 8 and usage.gpu_seconds > 0
+    assert event.data["gpu_seconds"] == pytest.approx(usage.gpu_seconds)
+    assert usage.gpu_seconds == pytest.approx(8 * (usage.end - usage.start).total_seconds())
+    # It runs again, on the other spot node.
+    wait(lambda: job(pk).status == "RUNNING", timeout=90, what="attempt 2 RUNNING")
+    assert job(pk).placement == [other]
+    [pod] = kube.pods("vision", f"fq-{pk}-2")
+    assert pod["spec"]["nodeName"] == other
+    # Nothing runs twice: attempt 1's Job is deleted by fairq (its pods with it).
+    wait(lambda: [j["metadata"]["name"] for j in kube.jobs("vision", pk)] == [f"fq-{pk}-2"],
+         timeout=120, what="attempt 1's Job gone")
+    assert not kube.pods("vision", f"fq-{pk}-1")
+    assert UsageRecord.objects.filter(job_id=pk).count() == 1  # attempt 2 still runs
+
+
+@pytest.mark.parametrize("spot_nodes", ["karpenter.sh/capacity-type=spot"], indirect=True)
+def test_k6_a_deleted_spot_node_requeues_its_job_which_runs_again_elsewhere(
+        kube: Kube, world: Any, spot_nodes: list[str]) -> None:
+    pk, node = _running_on(world, kube)
+    [other] = [n for n in spot_nodes if n != node]
+    kube.core.delete_node(node)
+    _requeued_and_rerun(kube, pk, node, other)
+
+
+@pytest.mark.parametrize("spot_nodes", ["cloud.google.com/gke-spot=true"], indirect=True)
+def test_k6_a_termination_taint_requeues_its_job_and_the_node_returns_without_it(
+        kube: Kube, world: Any, spot_nodes: list[str]) -> None:
+    pk, node = _running_on(world, kube)
+    [other] = [n for n in spot_nodes if n != node]
+    taint = {"key": "cloud.google.com/impending-node-termination", "effect": "NoSchedule"}
+    gpu_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    kube.core.patch_node(node, {"spec": {"taints": [gpu_taint, taint]}})
+    _requeued_and_rerun(kube, pk, node, other)
+    from queueing.models import JobEvent
+
+    assert "tainted cloud.google.com/impending-node-termination" in JobEvent.objects.get(
+        job_id=pk, kind=JobEvent.Kind.SPOT_RECLAIMED).reason
+    # The taint lifted (the interruption did not come): schedulable spot capacity again.
+    assert node not in {n.name for n in kube.backend.nodes()}
+    kube.core.patch_node(node, {"spec": {"taints": [gpu_taint]}})
+    wait(lambda: node in {n.name for n in kube.backend.nodes() if n.spot}, cycle=False,
+         what="the untainted node back in nodes()")
+    assert node not in kube.backend.tracker.reclaimed_nodes()
