@@ -10,7 +10,6 @@ from celery import shared_task
 from django.conf import settings
 
 from accounts.services import idempotency_purge
-from queueing.composition import get_provisioner
 from queueing.logcontext import log_context
 from queueing.services.clusters import fleet_open
 from queueing.services.costs import budgets_check
@@ -18,7 +17,7 @@ from queueing.services.demo import demo_submit_synthetic
 from queueing.services.fairshare import fairshare_snapshot_take
 from queueing.services.logs import job_logs_archive, job_logs_prune, workload_stop_keeping_logs
 from queueing.services.metrics import record_cycle, record_cycle_failure
-from queueing.services.provisioning import sync_cluster, sync_quotas
+from queueing.services.provisioning import cluster_provisioners, sync_cluster, sync_quotas
 from queueing.services.reports import usage_days_roll_up
 from queueing.services.scheduler import new_cycle_id, scheduler_cycle
 from queueing.services.utilization import utilization_purge
@@ -152,30 +151,34 @@ def idempotency_purge_task() -> int:
 @shared_task(ignore_result=True, autoretry_for=(Exception,), retry_backoff=True,
              max_retries=5, soft_time_limit=50, time_limit=60)
 def sync_cluster_task() -> None:
-    """After a tier or quota change: with FAIRQ_K8S_PROVISION=scheduler, PriorityClasses,
-    namespaces and quotas; with "separate", only the provisioned namespaces' quotas (the
-    worker may not do more; the provisioner runs `manage.py sync_cluster`). Nothing with
-    backend that provisions nothing (`provisions`, composition.backend_class())."""
+    """After a tier or quota change, on every Kubernetes cluster (each enabled `Cluster`
+    row of kind kubernetes, or the one implicit cluster): with
+    FAIRQ_K8S_PROVISION=scheduler, PriorityClasses, namespaces and quotas; with
+    "separate", only the provisioned namespaces' quotas (the worker may not do more; the
+    provisioner runs `manage.py sync_cluster`). Nothing where no cluster is Kubernetes.
+    One cluster's failure does not keep the others from being synced."""
 
-    provisioner = get_provisioner()
-    if provisioner is None:
-        return
-    if settings.FAIRQ_K8S_PROVISION == "scheduler":
-        report = sync_cluster(provisioner)
-    else:
-        report = sync_quotas(provisioner)
-        if report["not_provisioned"]:
-            log.warning("team namespaces not provisioned (run `manage.py sync_cluster` as "
-                        "the provisioner): %s", ", ".join(report["not_provisioned"]))
-    failed = report.get("failed") or []
-    if not failed:
-        log.info("cluster synced: %s", report)
-        return
-    log.error("cluster synced with failures: %s", failed)
-    if any(f["status"] == 0 or f["status"] >= 500 for f in failed):
+    retry = False
+    for name, provisioner in cluster_provisioners():
+        where = name or "the cluster"
+        if settings.FAIRQ_K8S_PROVISION == "scheduler":
+            report = sync_cluster(provisioner)
+        else:
+            report = sync_quotas(provisioner)
+            if report["not_provisioned"]:
+                log.warning("%s: team namespaces not provisioned (run `manage.py "
+                            "sync_cluster` as the provisioner): %s", where,
+                            ", ".join(report["not_provisioned"]))
+        failed = report.get("failed") or []
+        if not failed:
+            log.info("%s synced: %s", where, report)
+            continue
+        log.error("%s synced with failures: %s", where, failed)
         # No answer or a server error may pass: retry (autoretry_for). A refusal (4xx,
         # an invalid name) would be refused again: logged, not retried.
-        raise RuntimeError(f"sync_cluster: {len(failed)} object(s) failed, retrying")
+        retry = retry or any(f["status"] == 0 or f["status"] >= 500 for f in failed)
+    if retry:
+        raise RuntimeError("sync_cluster: objects failed on a cluster, retrying")
 
 
 # --- webhooks (docs/webhooks.md; queueing/services/webhooks.py says the steps) ---------

@@ -181,6 +181,9 @@ class KubernetesBackend:
         self._lock = threading.Lock()  # the fork check and start
         self.tracker = WorkloadTracker()
         self._version: tuple[int, int] | None = None
+        # Rule K5: when the API server last answered the live probe (monotonic; None =
+        # not yet, or its last probe failed).
+        self._probe_ok_at: float | None = None
         self._last_housekeeping = 0.0
         self._started = False
         self._resync_seconds = resync_seconds
@@ -271,6 +274,44 @@ class KubernetesBackend:
             self.api.close()
         except Exception:
             log.debug("closing the API client failed", exc_info=True)
+
+    # --- reachability (rule K5) ---------------------------------------------------------
+
+    # At most one live request per this many seconds; each waits at most the timeout.
+    probe_interval_seconds: float = 5.0
+    probe_timeout_seconds: float = 5.0
+
+    def check_reachable(self) -> None:
+        """Rule K5: the watches answer from memory, so a cluster whose API server stopped
+        answering would look the same as a quiet one for minutes (until a watch's read
+        times out). One live request (`GET /version`) at most every
+        `probe_interval_seconds` tells; when it fails this raises, on every call until a
+        probe succeeds, and the cycle counts the cluster unreachable (with one implicit
+        cluster, the cycle fails and is retried, as when its watches cannot sync)."""
+        at = self._probe_ok_at
+        if at is not None and time.monotonic() - at < self.probe_interval_seconds:
+            return
+        import urllib3
+
+        config = self.api.configuration
+        headers = {}
+        bearer = config.auth_settings().get("BearerToken") or {}
+        if bearer.get("value"):
+            headers[str(bearer["key"])] = str(bearer["value"])
+        timeout = self.probe_timeout_seconds
+        try:
+            # The pool's own request, without the client's retries (three by default: a
+            # frozen server would take three timeouts to tell). Any answer, even a 403,
+            # is an API server that answers.
+            self.api.rest_client.pool_manager.request(
+                "GET", f"{config.host}/version", headers=headers, retries=False,
+                timeout=urllib3.Timeout(connect=timeout, read=timeout))
+        except Exception as exc:
+            self._probe_ok_at = None
+            raise KubernetesBackendError(
+                f"the API server does not answer: {type(exc).__name__}: "
+                f"{str(exc)[:200]}") from exc
+        self._probe_ok_at = time.monotonic()
 
     # --- server version -----------------------------------------------------------------
 
@@ -674,6 +715,7 @@ class KubernetesBackend:
 
     def statuses(self, *, now: datetime) -> list[WorkloadStatus]:
         self.wait_synced()
+        self.check_reachable()
         pods = self._pods_by_workload()
         out: list[WorkloadStatus] = []
         housekeeping: list[tuple[str, str]] = []

@@ -22,7 +22,26 @@ from queueing.backends.k8s_provisioner import (
     PriorityClassSpec,
     sync_failure,
 )
-from queueing.models import GpuType, Quota, Tier
+from queueing.composition import get_backend, get_provisioner
+from queueing.models import Cluster, ClusterBackendKind, GpuType, Quota, Tier
+
+
+def cluster_provisioners() -> list[tuple[str, KubernetesProvisioner]]:
+    """Every Kubernetes cluster's provisioner, by name (docs/clusters.md): the enabled
+    `Cluster` rows of kind kubernetes, each with the backend built from its row; with no
+    `Cluster` row, the one implicit cluster of settings ("") when it is Kubernetes."""
+    rows = list(Cluster.objects.filter(enabled=True).order_by("cost_rank", "name"))
+    if not rows:
+        implicit = get_provisioner()
+        return [("", implicit)] if implicit is not None else []
+    out = []
+    for row in rows:
+        if row.backend != ClusterBackendKind.KUBERNETES:
+            continue
+        provisioner = getattr(get_backend(row), "provisioner", None)
+        if isinstance(provisioner, KubernetesProvisioner):
+            out.append((row.name, provisioner))
+    return out
 
 
 def gpu_type_refs() -> list[GpuTypeRef]:

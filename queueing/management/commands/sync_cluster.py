@@ -1,31 +1,49 @@
 """`manage.py sync_cluster`: PriorityClasses for the tiers, namespaces and ResourceQuotas
-for the teams, on the Kubernetes cluster fairq is configured for. Idempotent. Prints the
-report (JSON); exits non-zero, naming them, when an object failed or a PriorityClass
-name is taken by a class fairq did not create (the other objects are synced anyway)."""
+for the teams, on every Kubernetes cluster fairq schedules onto (the enabled `Cluster`
+rows of kind kubernetes, or the one cluster of settings; `--cluster NAME` for one).
+Idempotent. Prints the report (JSON, per cluster when there are rows); exits non-zero,
+naming them, when an object failed or a PriorityClass name is taken by a class fairq did
+not create (the other objects and clusters are synced anyway)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from queueing.composition import get_provisioner
-from queueing.services.provisioning import sync_cluster
+from queueing.services.provisioning import cluster_provisioners, sync_cluster
 
 
 class Command(BaseCommand):
     help = "Create or update fairq's PriorityClasses, team namespaces and quotas."
 
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--cluster", default="",
+                            help="Only this cluster (a Cluster row's name).")
+
     def handle(self, *args: Any, **options: Any) -> None:
-        provisioner = get_provisioner()
-        if provisioner is None:
-            raise CommandError("FAIRQ_CLUSTER_BACKEND is not 'kubernetes': nothing to sync")
-        report = sync_cluster(provisioner)
-        self.stdout.write(json.dumps(report, indent=2, sort_keys=True))
-        problems = [f"{f['kind']} {f['name']}: {f['error']}" for f in report.get("failed", [])]
-        if report.get("conflicts"):
-            problems.append("PriorityClasses not created by fairq already use these names: "
-                            + ", ".join(report["conflicts"]))
+        targets = cluster_provisioners()
+        if not targets:
+            raise CommandError("no Kubernetes cluster: FAIRQ_CLUSTER_BACKEND is not "
+                               "'kubernetes' and no enabled Cluster row is: nothing to sync")
+        if options["cluster"]:
+            targets = [t for t in targets if t[0] == options["cluster"]]
+            if not targets:
+                raise CommandError(f"no enabled Kubernetes cluster named "
+                                   f"{options['cluster']!r}")
+        reports: dict[str, Any] = {}
+        problems: list[str] = []
+        for name, provisioner in targets:
+            report = sync_cluster(provisioner)
+            reports[name] = report
+            where = f"{name}: " if name else ""
+            problems += [f"{where}{f['kind']} {f['name']}: {f['error']}"
+                         for f in report.get("failed", [])]
+            if report.get("conflicts"):
+                problems.append(f"{where}PriorityClasses not created by fairq already use "
+                                "these names: " + ", ".join(report["conflicts"]))
+        shown = reports[""] if list(reports) == [""] else reports
+        self.stdout.write(json.dumps(shown, indent=2, sort_keys=True))
         if problems:
             raise CommandError("sync_cluster did not sync everything:\n" + "\n".join(problems))
