@@ -85,6 +85,11 @@ def test_k6_a_reclaimed_node_requeues_its_job_charged_and_not_failed(world: Worl
     assert event.attempt == 1
     assert event.data["node"] == node and event.data["gpu_seconds"] == 60
     assert event.data["rule"] == "K6"
+    # The API's attempts say how attempt 1 ended, and what it was charged.
+    body = world.client(world.member).get(f"/api/v1/jobs/{job.pk}/").json()
+    first = body["attempts"][0]
+    assert (first["attempt"], first["ended_how"]) == (1, "spot_reclaimed")
+    assert first["gpu_hours"] == pytest.approx(60 / 3600) and first["preempted_by"] is None
     # The old workload is stopped: the cluster no longer lists attempt 1.
     names = {s.name for s in _sim().statuses(now=t0 + timedelta(seconds=31))}
     assert f"fq-{job.pk}-1" not in names
