@@ -85,6 +85,11 @@ def test_k6_a_reclaimed_node_requeues_its_job_charged_and_not_failed(world: Worl
     assert event.attempt == 1
     assert event.data["node"] == node and event.data["gpu_seconds"] == 60
     assert event.data["rule"] == "K6"
+    # The API's attempts say how attempt 1 ended, and what it was charged.
+    body = world.client(world.member).get(f"/api/v1/jobs/{job.pk}/").json()
+    first = body["attempts"][0]
+    assert (first["attempt"], first["ended_how"]) == (1, "spot_reclaimed")
+    assert first["gpu_hours"] == pytest.approx(60 / 3600) and first["preempted_by"] is None
     # The old workload is stopped: the cluster no longer lists attempt 1.
     names = {s.name for s in _sim().statuses(now=t0 + timedelta(seconds=31))}
     assert f"fq-{job.pk}-1" not in names
@@ -162,6 +167,29 @@ def test_k6_leaves_a_workload_its_job_no_longer_holds_to_reconcile(world: World)
     assert left == [stale, other] and result.requeued == []
     job.refresh_from_db()
     assert job.status == "RUNNING" and job.attempt == 1
+
+
+@pytest.mark.django_db
+def test_k6_webhooks_see_the_requeue(world: World,
+                                     django_capture_on_commit_callbacks: Any) -> None:
+    from .webhooks.receiver import receiver
+
+    t0 = timezone.now() - timedelta(minutes=30)
+    admin = world.client(world.admin)
+    with receiver(answers=[200] * 20) as rx:
+        r = admin.post("/api/v1/teams/vision/webhooks/", {"url": rx.url}, format="json")
+        assert r.status_code == 201, r.content
+        rx.secret = r.json()["secret"]
+        # (The whole run: a cycle's events go out in one message per transaction.)
+        with django_capture_on_commit_callbacks(execute=True):
+            job = _run(world, at=t0)
+            _sim().reclaim_node(job.placement[0], now=t0 + timedelta(seconds=30))
+            scheduler_cycle(now=t0 + timedelta(seconds=31))
+        sent = [g.verified for g in rx.received if g.verified is not None]
+    moves = [(m["type"], m["data"]["attempt"]) for m in sent
+             if m["data"].get("job_id") == job.pk]
+    assert ("job.preempted", 1) in moves and ("job.queued", 2) in moves
+    assert "job.failed" not in {t for t, _ in moves}
 
 
 def test_k6_the_simulated_node_comes_back_empty_when_told() -> None:

@@ -178,6 +178,10 @@ class WorkloadTracker:
         with self._lock:
             self._reclaimed.setdefault(name, (node, how, at))
 
+    def reclaimed_workloads(self) -> dict[str, tuple[str, str, datetime]]:
+        with self._lock:
+            return dict(self._reclaimed)
+
     def reclaimed(self, name: str) -> tuple[str, str, datetime] | None:
         """(node, how, when) of the reclamation that ended workload `name`, if one did."""
         with self._lock:

@@ -722,7 +722,9 @@ class KubernetesBackend:
         hidden = self.tracker.hidden()
         create_errors = self._create_errors()
         replica_jobs = self._replica_jobs()
+        # Rule K6, read once (the common case, nothing reclaimed, costs two dict copies).
         reclaimed_nodes = self.tracker.reclaimed_nodes()
+        reclaimed = self.tracker.reclaimed_workloads()
         job_keys: set[str] = set()
         for job in self.jobs.items():
             meta = job["metadata"]
@@ -760,7 +762,8 @@ class KubernetesBackend:
             if L_REPLICA in (meta.get("labels") or {}) and workload_replicas(job) > 1:
                 status = self._all_replicas(status, job, job_pods, replicas, create_errors,
                                             now=now)
-            status = self._spot_reclaimed(status, job_pods, reclaimed_nodes)
+            if reclaimed_nodes or reclaimed:
+                status = self._spot_reclaimed(status, job_pods, reclaimed_nodes)
             out.append(self.tracker.seen(status))  # stopping when asked; the watch lags
         listed = {s.name for s in out}
         out.extend(self._replicas_left(replica_jobs, pods, listed, now=now))

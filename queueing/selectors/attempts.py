@@ -58,7 +58,8 @@ def jobs_attempts(jobs: Sequence[Job], *, now: datetime) -> dict[int, list[dict[
 def job_attempts(job: Job, *, now: datetime) -> list[dict[str, Any]]:
     """The job's attempts: [{attempt, admitted_at, started_at, ended_at, ended_how,
     preempted_by, gpu_hours, charged}], oldest first. `ended_how` is one of preempted,
-    reclaimed (idle, rule U3), failed, node_lost (its workload vanished), requeued
+    reclaimed (idle, rule U3), spot_reclaimed (its spot node was reclaimed, rule K6),
+    failed, node_lost (its workload vanished), requeued
     (handed back before it ran), succeeded, cancelled; admitted or running for the
     current one. `preempted_by` is {job, team, tier} for a preempted attempt (rule R7).
     `gpu_hours` is what the attempt was charged (GPUs × hours, before the billing weight);
@@ -109,6 +110,8 @@ def attempts_from_events(
             how = _ENDS[to]
             if data.get("rule") == "U3":
                 how = "reclaimed"
+            elif data.get("ended_how") == "spot_reclaimed":
+                how = "spot_reclaimed"  # rule K6: its spot node was reclaimed
             elif data.get("ended_how") == "node_lost" or str(e["reason"]).startswith("its cluster workload"):
                 how = "node_lost"
             a = _end(attempts[n], e["at"], how)

@@ -120,3 +120,27 @@ def test_k6_a_termination_taint_requeues_its_job_and_the_node_returns_without_it
     wait(lambda: node in {n.name for n in kube.backend.nodes() if n.spot}, cycle=False,
          what="the untainted node back in nodes()")
     assert node not in kube.backend.tracker.reclaimed_nodes()
+
+
+@pytest.mark.parametrize("spot_nodes", ["eks.amazonaws.com/capacityType=SPOT"], indirect=True)
+def test_k6_a_replacement_pod_elsewhere_does_not_hide_the_reclamation(
+        kube: Kube, world: Any, spot_nodes: list[str]) -> None:
+    pk, node = _running_on(world, kube)
+    [other] = [n for n in spot_nodes if n != node]
+    [pod] = kube.pods("vision", f"fq-{pk}-1")
+    kube.core.delete_node(node)
+    wait(lambda: kube.backend.tracker.reclaimed(f"fq-{pk}-1"), cycle=False,
+         what="the node watch marking the workload")
+    # No fairq cycle meanwhile: what the pod garbage collector does to a gone node's pods
+    # (force-delete), then the Job controller makes a new pod, bound to the other node.
+    kube.core.delete_namespaced_pod(pod["metadata"]["name"], kube.ns("vision"),
+                                    grace_period_seconds=0)
+    wait(lambda: [p for p in kube.pods("vision", f"fq-{pk}-1")
+                  if p["spec"].get("nodeName") == other
+                  and (p.get("status") or {}).get("phase") == "Running"],
+         cycle=False, timeout=60, what="attempt 1 running again, on the other node")
+    # The attempt did not merely move: it is requeued, and its replacement pod stopped.
+    _requeued_and_rerun(kube, pk, node, other)
+    from queueing.models import JobEvent
+
+    assert not JobEvent.objects.filter(job_id=pk, kind=JobEvent.Kind.MOVED).exists()
