@@ -44,6 +44,10 @@ class GpuTypeCapacity:
     held_by_jobs: int = 0
 
     @property
+    def used(self) -> int:
+        return self.capacity - self.free
+
+    @property
     def percent_used(self) -> int:
         return round(100 * (self.capacity - self.free) / self.capacity) if self.capacity else 0
 
@@ -147,7 +151,7 @@ def cluster_summaries(*, nodes: Iterable[NodeInfo] | None = None) -> tuple[list[
 
 
 def _summary(c: Cluster) -> ClusterSummary:
-    return ClusterSummary(name=c.name, backend=c.backend, labels=dict(c.labels or {}),
+    return ClusterSummary(name=c.name, backend=c.backend, labels=dict(sorted((c.labels or {}).items())),
                           enabled=c.enabled, cost_rank=c.cost_rank,
                           unreachable_since=c.unreachable_since, last_seen_at=c.last_seen_at,
                           kubeconfig=c.kubeconfig, context=c.context, in_cluster=c.in_cluster,
@@ -238,6 +242,6 @@ def cluster_name(cluster_id: int | None) -> str | None:
 
 def cluster_choices() -> list[tuple[str, str]]:
     """(name, label) of the enabled clusters, for the submit form's cluster choice."""
-    return [(c.name, f"{c.name}" + (f" ({', '.join(f'{k}={v}' for k, v in c.labels.items())})"
-                                    if c.labels else ""))
+    return [(c.name, c.name + (f" ({', '.join(f'{k}={v}' for k, v in sorted(c.labels.items()))})"
+                               if c.labels else ""))
             for c in Cluster.objects.filter(enabled=True)]
