@@ -147,3 +147,11 @@ def test_the_admin_edits_clusters_and_pools_audited_with_the_api_rules(world: Wo
                 .values_list("object_type", "action"))
     assert kinds == {("queueing.Cluster", "create"), ("queueing.NodePool", "create")}
     assert c.get("/admin/queueing/cluster/").status_code == 200
+
+
+def test_the_running_tables_name_the_cluster_before_the_nodes(world: World) -> None:
+    clusters = three_clusters(world)
+    JobFactory(team=world.vision, gpu_type=world.h100, status="RUNNING", name="placed",
+               cluster=clusters["onprem"], placement=["n0"])
+    assert re.search(r"onprem\s*: n0", _text(login(world.member).get("/").content))
+    assert re.search(r"onprem\s*: n0", _text(login(world.staff).get("/cluster/").content))
