@@ -28,6 +28,11 @@ SUBMIT_ERROR_CODES: tuple[str, ...] = ("400", "401", "403", "404", "409", "422",
                                        "500", "502", "503", "504", "none", "other")
 
 
+# fairq_spot_reclaimed_total{cluster} (rule K6): jobs requeued because their spot node was
+# reclaimed, counted by the worker (queueing/services/metrics.py::record_spot_reclaimed).
+SPOT_RECLAIMED_PREFIX = "fairq:metrics:spot_reclaimed:"
+
+
 def cycle_bucket_key(le: float) -> str:
     return f"{CYCLE_PREFIX}le:{'inf' if math.isinf(le) else le}"
 
@@ -93,6 +98,15 @@ def submit_error_counts() -> dict[str, int]:
         if count:
             out[code] = int(count)
     return out
+
+
+def spot_reclaimed_counts(clusters: list[str]) -> dict[str, int]:
+    """Jobs requeued by a spot reclamation (rule K6) per cluster ("" = the implicit one),
+    only the clusters that counted any."""
+    names = ["", *clusters]
+    counts = cache.get_many([f"{SPOT_RECLAIMED_PREFIX}{c}" for c in names])
+    return {c: int(counts[f"{SPOT_RECLAIMED_PREFIX}{c}"]) for c in names
+            if counts.get(f"{SPOT_RECLAIMED_PREFIX}{c}")}
 
 
 def cycle_histogram() -> tuple[list[tuple[str, int]], float]:
