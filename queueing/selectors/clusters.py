@@ -228,6 +228,12 @@ def _cluster_names() -> dict[int, str]:
     return dict(Cluster.objects.values_list("pk", "name"))
 
 
+def clusters_configured() -> bool:
+    """Whether any `Cluster` row exists (a per-process memo of a few seconds): pages skip
+    the per-cluster reads of an installation running on its one implicit cluster."""
+    return bool(_cluster_names())
+
+
 def cluster_name(cluster_id: int | None) -> str | None:
     """The name of the cluster with this id (a job's `cluster_id` or
     `requested_cluster_id`), from a per-process memo: a page of jobs reads no cluster

@@ -59,7 +59,7 @@ from queueing.selectors.arrays import job_array, job_dependencies
 from queueing.selectors.attempts import job_attempts
 from queueing.selectors.capacity import capacity_by_gpu_type, overcommit_warnings
 from queueing.selectors.cluster import cluster_view
-from queueing.selectors.clusters import cluster_name, cluster_summaries
+from queueing.selectors.clusters import cluster_name, cluster_summaries, clusters_configured
 from queueing.selectors.fairshare import teams_in_standings_for
 from queueing.selectors.jobs import jobs_visible_to, jobs_with_labels, label_filter_parse
 from queueing.selectors.metrics import scheduler_health
@@ -187,7 +187,8 @@ def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
     ctx["capacity"] = capacity
     # Rules K1-K7: capacity per cluster, when clusters are configured (the implicit one
     # alone is the capacity card above).
-    ctx["clusters"] = [c for c in cluster_summaries()[0] if not c.implicit]
+    ctx["clusters"] = [c for c in cluster_summaries()[0] if not c.implicit] \
+        if clusters_configured() else []
     ctx["snapshot_minutes"] = round(settings.FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS / 60)
     ctx["half_life_hours"] = settings.FAIRQ_DECAY_HALF_LIFE_HOURS
     if team is not None:

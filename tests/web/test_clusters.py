@@ -155,3 +155,21 @@ def test_the_running_tables_name_the_cluster_before_the_nodes(world: World) -> N
                cluster=clusters["onprem"], placement=["n0"])
     assert re.search(r"onprem\s*: n0", _text(login(world.member).get("/").content))
     assert re.search(r"onprem\s*: n0", _text(login(world.staff).get("/cluster/").content))
+
+
+def test_the_dashboard_reads_no_cluster_rows_without_clusters(world: World) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from queueing.memo import forget_all
+
+    c = login(world.member)
+    c.get("/")  # the memos filled
+    with CaptureQueriesContext(connection) as ctx:
+        assert c.get("/").status_code == 200
+    assert not [q for q in ctx.captured_queries if "queueing_nodepool" in q["sql"]]
+    three_clusters(world)
+    forget_all()
+    with CaptureQueriesContext(connection) as ctx:
+        assert b'id="clusters"' in c.get("/").content
+    assert [q for q in ctx.captured_queries if "queueing_nodepool" in q["sql"]]
