@@ -302,3 +302,15 @@ def test_idempotent_resubmit_with_a_pin_returns_the_first_job(world: World) -> N
     other = c.post("/api/v1/jobs/", job_body(requested_cluster="cloud"), format="json",
                    HTTP_IDEMPOTENCY_KEY="k1")
     assert other.status_code == 422
+
+
+def test_unknown_clusters_and_pools_are_404_and_anonymous_callers_401(world: World) -> None:
+    from rest_framework.test import APIClient
+
+    Cluster.objects.create(name="onprem", sim_nodes="1x8xh100")
+    c = world.client(world.member)
+    r = c.get(URL + "nowhere/")
+    assert r.status_code == 404 and r.json()["error"]["message"] == "cluster 'nowhere' not found"
+    assert c.get(URL + "onprem/pools/nowhere/").status_code == 404
+    assert c.get(URL + "onprem/pools/").json() == []
+    assert APIClient().get(URL).status_code == 401
