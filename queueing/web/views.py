@@ -240,6 +240,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     ctx = {"team": team, "jobs": page, "next_before": next_before, "status": status,
            "statuses": [s.value for s in JobState], "before": before, "now": timezone.now(),
            "labels": labels, "label_error": label_error, "array": array,
+           "with_clusters": clusters_configured(),
            "filter_query": urlencode([*([("status", status)] if status else []),
                                       *([("array", array)] if array else []),
                                       *(("label", item) for item in labels)])}

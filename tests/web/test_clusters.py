@@ -12,6 +12,7 @@ import pytest
 from django.test import Client
 
 from accounts.models import AuditEntry
+from queueing.memo import forget_all
 from queueing.models import Cluster, Job, NodePool
 from tests.api.test_clusters import three_clusters
 from tests.conftest import World
@@ -161,8 +162,6 @@ def test_the_dashboard_reads_no_cluster_rows_without_clusters(world: World) -> N
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from queueing.memo import forget_all
-
     c = login(world.member)
     c.get("/")  # the memos filled
     with CaptureQueriesContext(connection) as ctx:
@@ -173,3 +172,17 @@ def test_the_dashboard_reads_no_cluster_rows_without_clusters(world: World) -> N
     with CaptureQueriesContext(connection) as ctx:
         assert b'id="clusters"' in c.get("/").content
     assert [q for q in ctx.captured_queries if "queueing_nodepool" in q["sql"]]
+
+
+def test_the_job_list_has_a_cluster_column_when_clusters_exist(world: World) -> None:
+    c = login(world.member)
+    JobFactory(team=world.vision, gpu_type=world.h100, status="QUEUED", name="waiting")
+    assert "<th class=\"hide-sm\">Cluster</th>" not in c.get("/jobs/").content.decode()
+    clusters = three_clusters(world)
+    JobFactory(team=world.vision, gpu_type=world.h100, status="RUNNING", name="placed",
+               cluster=clusters["cloud"])
+    forget_all()  # the memo of whether clusters exist
+    text = _text(c.get("/jobs/").content)
+    assert "Cluster" in text
+    assert re.search(r"placed running \S+ 1 × 1 h100 cloud", text), text[:600]
+    assert re.search(r"waiting queued \S+ 1 × 1 h100 —", text)
