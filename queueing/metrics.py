@@ -108,7 +108,7 @@ class FairqCollector:
         """Rules K1-K7 (docs/metrics.md, "Clusters"): per cluster whether the scheduler
         reaches it; per cluster, GPU type and spot flag the GPUs and free GPUs of the
         published cluster view; per cluster and GPU type the GPUs fairq's jobs hold there;
-        and the jobs requeued by spot reclamations. The implicit cluster (no `Cluster`
+        and the jobs requeued by spot reclamations (their events, like the other counters). The implicit cluster (no `Cluster`
         row) is cluster=""; `fairq_gpus_allocated{gpu_type}` stays the sum over all."""
         summaries, _ = cluster_summaries()
         reachable = GaugeMetricFamily(
@@ -141,8 +141,7 @@ class FairqCollector:
             "fairq_spot_reclaimed",
             "Jobs requeued because their spot node was reclaimed (rule K6).",
             labels=["cluster"])
-        for cluster, n in sorted(read.spot_reclaimed_counts(
-                [c.name for c in summaries if not c.implicit]).items()):
+        for cluster, n in sorted(read.spot_reclaimed_by_cluster().items()):
             reclaimed.add_metric([cluster], n)
         yield reclaimed
 

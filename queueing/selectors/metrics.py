@@ -28,11 +28,6 @@ SUBMIT_ERROR_CODES: tuple[str, ...] = ("400", "401", "403", "404", "409", "422",
                                        "500", "502", "503", "504", "none", "other")
 
 
-# fairq_spot_reclaimed_total{cluster} (rule K6): jobs requeued because their spot node was
-# reclaimed, counted by the worker (queueing/services/metrics.py::record_spot_reclaimed).
-SPOT_RECLAIMED_PREFIX = "fairq:metrics:spot_reclaimed:"
-
-
 def cycle_bucket_key(le: float) -> str:
     return f"{CYCLE_PREFIX}le:{'inf' if math.isinf(le) else le}"
 
@@ -87,6 +82,26 @@ def preemptions_by_rule() -> list[tuple[str, int]]:
     return [(str(rule or "unknown"), n) for rule, n in rows]
 
 
+# Rule K6's event kind (JobEvent.Kind.SPOT_RECLAIMED where spot reclamation is merged):
+# one per job requeued because its spot node was reclaimed.
+SPOT_RECLAIMED = "spot_reclaimed"
+
+
+def spot_reclaimed_by_cluster() -> dict[str, int]:
+    """Jobs requeued by a spot reclamation (rule K6) per cluster, from their
+    `spot_reclaimed` events: the event's `data.cluster`, else the cluster of a qualified
+    `data.node` ("<cluster>/<node>"), else "" (the implicit cluster). One grouped query
+    (its groups are bounded by the nodes, not the events)."""
+    rows = (JobEvent.objects.filter(kind=SPOT_RECLAIMED)
+            .values_list("data__cluster", "data__node").annotate(n=Count("id")).order_by())
+    out: dict[str, int] = {}
+    for cluster, node, n in rows:
+        name = str(cluster or "") or (str(node).partition("/")[0]
+                                      if node and "/" in str(node) else "")
+        out[name] = out.get(name, 0) + n
+    return out
+
+
 # --- from the shared cache ------------------------------------------------------------------
 
 def submit_error_counts() -> dict[str, int]:
@@ -98,15 +113,6 @@ def submit_error_counts() -> dict[str, int]:
         if count:
             out[code] = int(count)
     return out
-
-
-def spot_reclaimed_counts(clusters: list[str]) -> dict[str, int]:
-    """Jobs requeued by a spot reclamation (rule K6) per cluster ("" = the implicit one),
-    only the clusters that counted any."""
-    names = ["", *clusters]
-    counts = cache.get_many([f"{SPOT_RECLAIMED_PREFIX}{c}" for c in names])
-    return {c: int(counts[f"{SPOT_RECLAIMED_PREFIX}{c}"]) for c in names
-            if counts.get(f"{SPOT_RECLAIMED_PREFIX}{c}")}
 
 
 def cycle_histogram() -> tuple[list[tuple[str, int]], float]:

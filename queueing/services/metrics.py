@@ -1,8 +1,7 @@
 """The counters the worker keeps for /metrics (docs/metrics.md), in the shared cache
 (Redis in production, shared by worker and web): `record_cycle(result)` once per cycle
 (`queueing.tasks.scheduler_cycle_task`), `record_cycle_failure(cycle_id)` once per cycle
-that raised, `record_submit_error(code)` once per failed Job create,
-`record_spot_reclaimed(cluster=, jobs=)` per spot reclamation (rule K6). The web reads them
+that raised, `record_submit_error(code)` once per failed Job create. The web reads them
 through queueing/selectors/metrics.py. None of them ever raises: a metrics hiccup must
 not fail a cycle."""
 
@@ -20,7 +19,6 @@ from queueing.policy.states import JobState
 from queueing.selectors.metrics import (
     CYCLE_BUCKETS,
     CYCLE_PREFIX,
-    SPOT_RECLAIMED_PREFIX,
     SUBMIT_ERROR_CODES,
     SUBMIT_PREFIX,
     WAIT_BUCKETS,
@@ -87,16 +85,6 @@ def record_submit_error(code: str) -> None:
         _incr(f"{SUBMIT_PREFIX}{code if code in SUBMIT_ERROR_CODES else 'other'}")
     except Exception:  # pragma: no cover - the cache backend failed
         log.exception("could not record a submit error")
-
-
-def record_spot_reclaimed(*, cluster: str, jobs: int = 1) -> None:
-    """Count `jobs` requeued because their spot node in `cluster` ("" = the implicit one)
-    was reclaimed (rule K6): /metrics' fairq_spot_reclaimed_total{cluster}. Never raises."""
-    try:
-        if jobs > 0:
-            _incr(f"{SPOT_RECLAIMED_PREFIX}{cluster}", jobs)
-    except Exception:  # pragma: no cover - the cache backend failed
-        log.exception("could not record a spot reclamation")
 
 
 def record_queue_waits(job_ids: list[int]) -> None:

@@ -1,14 +1,16 @@
 """Issue 19 in /metrics (docs/metrics.md, "Clusters"): fairq_cluster_reachable{cluster},
 capacity and free GPUs per cluster, GPU type and spot flag, GPUs held per cluster, and
-fairq_spot_reclaimed_total{cluster} (counted by `record_spot_reclaimed`, rule K6); the
-old fairq_gpus_allocated{gpu_type} series unchanged."""
+fairq_spot_reclaimed_total{cluster} (rule K6, counted from the `spot_reclaimed` job
+events like the other counters); the old fairq_gpus_allocated{gpu_type} series
+unchanged."""
 
 from __future__ import annotations
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
-from queueing.services.metrics import record_spot_reclaimed
+from queueing.models import JobEvent
 from tests.api.test_clusters import three_clusters
 from tests.conftest import World
 from tests.factories import JobFactory
@@ -54,12 +56,23 @@ def test_without_clusters_the_implicit_one_exports_capacity_but_no_reachability(
     assert 'fairq_gpus_capacity{cluster="",gpu_type="h100",spot="false"} 16.0' in text
 
 
-def test_spot_reclamations_are_counted_per_cluster(world: World) -> None:
+def test_spot_reclamations_are_counted_per_cluster_from_their_events(world: World) -> None:
     three_clusters(world)
     assert "fairq_spot_reclaimed_total{" not in _scrape()
-    record_spot_reclaimed(cluster="cloud", jobs=3)
-    record_spot_reclaimed(cluster="cloud")
-    record_spot_reclaimed(cluster="onprem", jobs=0)  # nothing requeued: nothing counted
+    job = JobFactory(team=world.vision, gpu_type=world.h100, status="QUEUED", attempt=2)
+
+    def reclaimed(**data: str) -> None:
+        JobEvent.objects.create(job=job, at=timezone.now(), kind="spot_reclaimed",
+                                actor_label="scheduler", attempt=1,
+                                data={"rule": "K6", **data})
+
+    reclaimed(cluster="cloud", node="s0")
+    reclaimed(node="cloud/s1")  # a qualified node names its cluster
+    reclaimed(cluster="cloud", node="s0")
+    reclaimed(node="sim-h100-000")  # the implicit cluster
+    JobEvent.objects.create(job=job, at=timezone.now(), kind="preempted", attempt=1,
+                            data={"rule": "R1"})  # not a reclamation
     text = _scrape()
-    assert 'fairq_spot_reclaimed_total{cluster="cloud"} 4.0' in text
+    assert 'fairq_spot_reclaimed_total{cluster="cloud"} 3.0' in text
+    assert 'fairq_spot_reclaimed_total{cluster=""} 1.0' in text
     assert 'fairq_spot_reclaimed_total{cluster="onprem"}' not in text
