@@ -108,8 +108,9 @@ class FairqCollector:
         """Rules K1-K7 (docs/metrics.md, "Clusters"): per cluster whether the scheduler
         reaches it; per cluster, GPU type and spot flag the GPUs and free GPUs of the
         published cluster view; per cluster and GPU type the GPUs fairq's jobs hold there;
-        and the jobs requeued by spot reclamations (their events, like the other counters). The implicit cluster (no `Cluster`
-        row) is cluster=""; `fairq_gpus_allocated{gpu_type}` stays the sum over all."""
+        and the jobs requeued by spot reclamations (their events, like the other
+        counters). The implicit cluster (no `Cluster` row) is cluster="";
+        `fairq_gpus_allocated{gpu_type}` stays the sum over all."""
         summaries, _ = cluster_summaries()
         reachable = GaugeMetricFamily(
             "fairq_cluster_reachable",
