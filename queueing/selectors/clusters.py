@@ -184,7 +184,7 @@ def node_pool_get(*, cluster: Cluster, name: str) -> NodePool:
 
 
 @dataclass(frozen=True)
-class ClusterFacts:
+class SubmitClusterFacts:
     """What rule K3's submit check needs of one cluster, kept a few seconds per process
     (queueing/memo.py): a submit naming no cluster reads none of it."""
 
@@ -195,7 +195,7 @@ class ClusterFacts:
 
 
 @ttl_memo(5)
-def cluster_facts() -> dict[str, ClusterFacts]:
+def submit_cluster_facts() -> dict[str, SubmitClusterFacts]:
     """Every cluster by name with the GPU types it has nodes of: declared by its node
     pools or its `sim_nodes`, or seen on its nodes in the published cluster view (any of
     them: the submit check refuses only what no source knows of). Empty with no
@@ -219,7 +219,7 @@ def cluster_facts() -> dict[str, ClusterFacts]:
     for node in published:
         if node.cluster in types:
             types[node.cluster].add(node.gpu_type)
-    return {c.name: ClusterFacts(c.name, c.enabled, dict(c.labels or {}),
+    return {c.name: SubmitClusterFacts(c.name, c.enabled, dict(c.labels or {}),
                                  frozenset(types[c.name])) for c in rows}
 
 

@@ -131,7 +131,7 @@ def _audited_save(*, actor: Any, row: Cluster | NodePool, before: Any) -> None:
     if changes:
         audit_record(actor=actor, action="create" if before is None else "update",
                      instance=row, changes=changes)
-    # The submit check's per-process facts (cluster_facts) see the change at once here;
+    # The submit check's per-process facts (submit_cluster_facts) see the change at once here;
     # other processes within their few seconds.
     transaction.on_commit(forget_all)
 

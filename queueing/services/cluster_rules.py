@@ -16,7 +16,7 @@ from typing import Any
 
 from queueing.errors import DomainError
 from queueing.models import Cluster
-from queueing.selectors.clusters import ClusterFacts, cluster_facts
+from queueing.selectors.clusters import SubmitClusterFacts, submit_cluster_facts
 from queueing.selectors.lookups import gpu_types_by_slug
 
 from .cluster_admin import labels_problem
@@ -26,8 +26,8 @@ from .jobs import INVALID_FIELDS, JobInput
 CLUSTER_SUBMIT_FIELDS = ("requested_cluster", "cluster_selector", "allow_spot")
 
 
-def allowed_clusters(facts: Mapping[str, ClusterFacts], *, requested_cluster: str | None,
-                     cluster_selector: Mapping[str, str]) -> list[ClusterFacts]:
+def allowed_clusters(facts: Mapping[str, SubmitClusterFacts], *, requested_cluster: str | None,
+                     cluster_selector: Mapping[str, str]) -> list[SubmitClusterFacts]:
     """Rule K3: the enabled clusters a job may run in - its pin, if any, and those carrying
     every label of its selector - in name order."""
     return [f for name, f in sorted(facts.items())
@@ -49,7 +49,7 @@ def cluster_field_problems(*, gpu_type: str | None, requested_cluster: str | Non
     problem = labels_problem(selector, what="label")
     if problem:
         return {"cluster_selector": [problem]}
-    facts = cluster_facts()
+    facts = submit_cluster_facts()
     if not facts:
         field = "requested_cluster" if requested_cluster else "cluster_selector"
         return {field: ["fairq runs on one cluster here (no clusters are configured): "
@@ -92,7 +92,7 @@ def _labels_text(labels: Mapping[str, str]) -> str:
     return ", ".join(f"{k}={val}" for k, val in sorted(labels.items())) or "no labels"
 
 
-def _clusters_text(allowed: list[ClusterFacts]) -> str:
+def _clusters_text(allowed: list[SubmitClusterFacts]) -> str:
     names = [f.name for f in allowed]
     return f"cluster {names[0]}" if len(names) == 1 else \
         f"the allowed clusters ({', '.join(names)})"
