@@ -32,7 +32,8 @@ STATE_CODES = {"QUEUED": "PD", "ADMITTED": "CF", "RUNNING": "R", "PREEMPTED": "P
 JOB_FIELDS = ["team", "name", "image", "command", "args", "env", "gpu_type", "gpus",
               "replicas", "tier", "max_runtime_seconds", "resources", "shm_size", "topology",
               "volumes", "secrets", "image_pull_secret", "working_dir", "labels",
-              "annotations", "termination_grace_seconds", "dependencies"]
+              "annotations", "termination_grace_seconds", "dependencies",
+              "requested_cluster", "cluster_selector", "allow_spot"]
 # Per-replica resources: the flag's dest -> the key of the body's `resources`.
 RESOURCE_FLAGS = {"cpu": "cpu", "memory": "memory", "ephemeral_storage": "ephemeral_storage"}
 
@@ -392,7 +393,7 @@ class App:
         params: list[tuple[str, Any]] = []
         states = [s.upper() for s in a.state.split(",")] if a.state else ([] if a.all else ACTIVE)
         params += [("status", s) for s in states]
-        for key in ("team", "tier", "gpu_type", "name"):
+        for key in ("team", "tier", "gpu_type", "name", "cluster"):
             if getattr(a, key):
                 params.append((key, getattr(a, key)))
         if a.user:
@@ -435,10 +436,44 @@ class App:
                 row += [j.get("position") or "", _stamp(j.get("estimated_start")) or "N/A"]
             else:
                 row += [elapsed(j, now)]
-            rows.append([*row, f"{j['gpus']}x{j['gpu_type']}", j["replicas"], where])
+            # Rule K1: the one cluster it runs in ("-" until placed, or with no clusters).
+            rows.append([*row, f"{j['gpus']}x{j['gpu_type']}", j["replicas"],
+                         j.get("cluster") or "-", where])
         middle = ["POS", "START_TIME"] if a.start else ["TIME"]
         self.say(table(rows, ["JOBID", "TEAM", "NAME", "USER", "TIER", "ST", *middle, "GPUS",
-                              "NODES", "NODELIST(REASON)"]))
+                              "NODES", "CLUSTER", "NODELIST(REASON)"]))
+        return 0
+
+    # fairq clusters
+    def clusters(self, a: argparse.Namespace) -> int:
+        """Every cluster (rule K2's order: cost rank, then name), one line per GPU type:
+        GPUs, free, spot GPUs (free), and whether the scheduler reaches it (rule K5)."""
+        clusters = self.client.get("/clusters/")
+        if self.as_json:
+            self.emit_json(clusters)
+            return 0
+        rows: list[list[Any]] = []
+        for c in clusters:
+            name = c["name"] or "(default)"
+            if not c["enabled"]:
+                state = "disabled"
+            elif c["reachable"]:
+                state = "up"
+            else:
+                state = f"unreachable since {_stamp(c.get('unreachable_since'))}"
+            labels = ",".join(f"{k}={v}" for k, v in sorted((c.get("labels") or {}).items()))
+            types = c.get("gpu_types") or [{}]
+            for i, g in enumerate(types):
+                spot = f"{g['spot_capacity']} ({g['spot_free']} free)" \
+                    if g.get("spot_capacity") else "-"
+                first = i == 0
+                rows.append([name if first else "", c["cost_rank"] if first else "",
+                             state if first else "", g.get("gpu_type", "-"),
+                             g.get("nodes", 0), g.get("capacity", 0), g.get("free", 0), spot,
+                             c.get("running_jobs", 0) if first else "",
+                             (labels or "-") if first else ""])
+        self.say(table(rows, ["CLUSTER", "RANK", "STATE", "GPU_TYPE", "NODES", "GPUS", "FREE",
+                              "SPOT", "JOBS", "LABELS"]))
         return 0
 
     # fairq status ID
@@ -468,6 +503,7 @@ class App:
         if isinstance(topology, dict):
             lines.append(f"  Topology  one {topology.get('level')} ({topology.get('mode')})")
         lines += _workload_lines(job)
+        lines += _cluster_lines(job)
         if job.get("placement"):
             lines.append(f"  Nodes     {_nodes(job['placement'], sep=', ')}")
         if job.get("message"):
@@ -690,6 +726,25 @@ def _workload_lines(job: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _cluster_lines(job: dict[str, Any]) -> list[str]:
+    """`fairq status`'s cluster lines (rules K1, K3, K4): where it runs, its pin, selector
+    and spot opt-in; none for a job of a server without clusters or that set none."""
+    lines = []
+    if job.get("cluster"):
+        lines.append(f"  Cluster   {job['cluster']}")
+    wants = []
+    if job.get("requested_cluster"):
+        wants.append(f"pinned to {job['requested_cluster']}")
+    if job.get("cluster_selector"):
+        wants.append("clusters with " + ", ".join(
+            f"{k}={v}" for k, v in sorted(job["cluster_selector"].items())))
+    if job.get("allow_spot"):
+        wants.append("may run on spot nodes")
+    if wants:
+        lines.append(f"  Placement {'; '.join(wants)}")
+    return lines
+
+
 def _nodes(placement: Sequence[Any], *, sep: str = ",") -> str:
     """A job's placement (one node per replica) as people read it: each node once, in
     order, with how many replicas it holds when more than one ("n1 (2 replicas)")."""
@@ -755,6 +810,14 @@ def job_from_args(a: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(f"--topology wants LEVEL[:required|preferred], not {a.topology!r}")
         body["topology"] = {"level": level, "mode": mode or "required"}
     _workload_flags(a, body)
+    if a.cluster is not None:
+        body["requested_cluster"] = a.cluster
+    if a.cluster_selector:
+        selector = body.get("cluster_selector")
+        body["cluster_selector"] = {**(selector if isinstance(selector, dict) else {}),
+                                    **_pairs(a.cluster_selector, "--cluster-selector")}
+    if a.allow_spot:
+        body["allow_spot"] = True
     if a.env:
         env = dict(body.get("env") or {})
         for item in a.env:
@@ -915,6 +978,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "repeatable")
     s.add_argument("--grace", metavar="SECONDS",
                    help="termination grace when stopped: 120, 2m (at most the tier's cap)")
+    s.add_argument("--cluster", metavar="NAME",
+                   help="run only in this cluster (rule K3; `fairq clusters` lists them)")
+    s.add_argument("--cluster-selector", dest="cluster_selector", action="append",
+                   metavar="KEY=VALUE",
+                   help="run only in clusters with this label (repeatable: all must match)")
+    s.add_argument("--allow-spot", dest="allow_spot", action="store_true",
+                   help="a non-preemptible tier's job may run on spot nodes (rule K4)")
     s.add_argument("-a", "--array", type=array_arg, metavar="N[%M]",
                    help="submit N copies (job i gets FAIRQ_ARRAY_INDEX=i), at most M "
                         "holding GPUs at once")
@@ -943,10 +1013,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("-A", "--all", action="store_true", help="include finished jobs")
     q.add_argument("-l", "--label", action="append", metavar="KEY=VALUE",
                    help="jobs with this label; repeat for several (all must match)")
+    q.add_argument("-M", "--cluster", help="jobs running in this cluster (like squeue -M)")
     q.add_argument("--limit", type=int, default=200)
     q.add_argument("--start", action="store_true",
                    help="queued jobs only, with their position and estimated start time "
                         "(UTC; N/A when none can be estimated; like squeue --start)")
+
+    sub.add_parser("clusters", parents=[common],
+                   help="clusters with capacity and free GPUs per type (like sinfo)")
 
     st = sub.add_parser("status", parents=[common], help="one job in detail, with its events")
     st.add_argument("job_id", type=int)

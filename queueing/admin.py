@@ -2,16 +2,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 
 from accounts.admin import AuditedAdmin
+from queueing.services.cluster_admin import cluster_config_problems, labels_problem
 
 from .models import (
     BudgetWarning,
+    Cluster,
     GpuPrice,
     GpuType,
     Job,
     JobEvent,
+    NodePool,
     Quota,
     TeamBudget,
     Tier,
@@ -46,6 +50,62 @@ class TierAdmin(AuditedAdmin):
                     "idle_grace_minutes"]
     list_filter = ["open_to_all_teams", "idle_action"]
     inlines = [TierGrantInline]
+
+
+class ClusterAdminForm(forms.ModelForm):  # type: ignore[type-arg]
+    """The API's rules of a cluster's configuration (`cluster_config_problems`), on the
+    admin's fields."""
+
+    class Meta:
+        model = Cluster
+        fields = ["name", "backend", "kubeconfig", "context", "in_cluster", "sim_nodes",
+                  "enabled", "labels", "cost_rank"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        problems = cluster_config_problems(data, exclude_pk=self.instance.pk)
+        for field, messages in problems.items():
+            for message in messages:
+                self.add_error(field if field in self.fields else None, message)
+        return data
+
+
+class NodePoolInlineForm(forms.ModelForm):  # type: ignore[type-arg]
+    class Meta:
+        model = NodePool
+        fields = ["name", "gpu_type", "spot", "node_labels", "price_per_gpu_hour"]
+
+    def clean_node_labels(self) -> Any:
+        labels = self.cleaned_data.get("node_labels") or {}
+        problem = labels_problem(labels, what="node label")
+        if problem:
+            raise forms.ValidationError(problem)
+        return labels
+
+
+class NodePoolInline(admin.TabularInline):  # type: ignore[type-arg]
+    """Rule K4: a cluster's pools of one GPU type; spot pools at their own price (saved
+    and deleted audited, by AuditedAdmin.save_formset)."""
+
+    model = NodePool
+    form = NodePoolInlineForm
+    extra = 0
+    fields = ["name", "gpu_type", "spot", "node_labels", "price_per_gpu_hour"]
+
+
+@admin.register(Cluster)
+class ClusterAdmin(AuditedAdmin):
+    """Rules K1-K7 (docs/scheduling.md): the clusters fairq schedules onto. Disable one
+    rather than delete it (jobs keep naming it); `unreachable_since` and `last_seen_at`
+    are the scheduler's."""
+
+    form = ClusterAdminForm
+    list_display = ["name", "backend", "enabled", "cost_rank", "labels", "unreachable_since",
+                    "last_seen_at"]
+    list_filter = ["backend", "enabled"]
+    search_fields = ["name"]
+    readonly_fields = ["unreachable_since", "last_seen_at", "created_at"]
+    inlines = [NodePoolInline]
 
 
 @admin.register(Quota)

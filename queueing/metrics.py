@@ -39,6 +39,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from queueing.selectors import metrics as read
 from queueing.selectors.budgets import budget_statuses
 from queueing.selectors.capacity import gpus_held_by_type
+from queueing.selectors.clusters import cluster_summaries
 from queueing.selectors.fairshare import fairshare_standings
 from queueing.selectors.utilization import team_gpu_use
 
@@ -67,6 +68,7 @@ class FairqCollector:
             gpus.add_metric([gpu_type], n)
         yield gpus
 
+        yield from self._clusters()
         yield from self._gpu_use()
         yield from self._budgets()
 
@@ -101,6 +103,48 @@ class FairqCollector:
         yield HistogramMetricFamily("fairq_cycle_duration_seconds", "Scheduler cycle duration.",
                                     buckets=buckets, sum_value=seconds)
         yield from self._cycle_health()
+
+    def _clusters(self) -> Iterator[Metric]:
+        """Rules K1-K7 (docs/metrics.md, "Clusters"): per cluster whether the scheduler
+        reaches it; per cluster, GPU type and spot flag the GPUs and free GPUs of the
+        published cluster view; per cluster and GPU type the GPUs fairq's jobs hold there;
+        and the jobs requeued by spot reclamations (their events, like the other
+        counters). The implicit cluster (no `Cluster` row) is cluster="";
+        `fairq_gpus_allocated{gpu_type}` stays the sum over all."""
+        summaries, _ = cluster_summaries()
+        reachable = GaugeMetricFamily(
+            "fairq_cluster_reachable",
+            "1 while the scheduler reaches the cluster, 0 since it could not (rule K5).",
+            labels=["cluster"])
+        capacity = GaugeMetricFamily("fairq_gpus_capacity",
+                                     "GPUs on a cluster's nodes per GPU type (spot apart).",
+                                     labels=["cluster", "gpu_type", "spot"])
+        free = GaugeMetricFamily("fairq_gpus_free",
+                                 "GPUs not allocated on a cluster's nodes per GPU type "
+                                 "(spot apart).", labels=["cluster", "gpu_type", "spot"])
+        held = GaugeMetricFamily("fairq_cluster_gpus_allocated",
+                                 "GPUs held by admitted and running jobs placed in a cluster.",
+                                 labels=["cluster", "gpu_type"])
+        for c in summaries:
+            if not c.implicit:
+                reachable.add_metric([c.name], 1 if c.reachable else 0)
+            for g in c.gpu_types:
+                for spot, total, idle in (("false", g.capacity - g.spot_capacity,
+                                           g.free - g.spot_free),
+                                          ("true", g.spot_capacity, g.spot_free)):
+                    if spot == "true" and not total:
+                        continue  # no spot series for a type without spot nodes
+                    capacity.add_metric([c.name, g.gpu_type, spot], total)
+                    free.add_metric([c.name, g.gpu_type, spot], idle)
+                held.add_metric([c.name, g.gpu_type], g.held_by_jobs)
+        yield from (reachable, capacity, free, held)
+        reclaimed = CounterMetricFamily(
+            "fairq_spot_reclaimed",
+            "Jobs requeued because their spot node was reclaimed (rule K6).",
+            labels=["cluster"])
+        for cluster, n in sorted(read.spot_reclaimed_by_cluster().items()):
+            reclaimed.add_metric([cluster], n)
+        yield reclaimed
 
     def _gpu_use(self) -> Iterator[Metric]:
         """Per team: GPUs allocated, GPUs of running jobs flagged idle (rule U2), and the

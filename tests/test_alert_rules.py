@@ -39,13 +39,17 @@ def test_every_alert_uses_a_metric_fairq_exports() -> None:
     from queueing.models import TeamBudget
 
     TeamBudget.objects.create(team=TeamFactory(slug="nlp"), monthly_amount=Decimal(100))
+    # The reachability gauge appears for configured clusters (rule K5).
+    from queueing.models import Cluster
+
+    Cluster.objects.create(name="onprem", sim_nodes="1x8xh100")
     exported = {s.name for m in FairqCollector().collect() for s in m.samples}
     doc = yaml.safe_load(RULES.read_text())
     rules = [r for g in doc["groups"] for r in g["rules"]]
     assert {r["alert"] for r in rules} == {
         "FairqSchedulerStale", "FairqSchedulerNeverCompleted", "FairqCycleFailures",
         "FairqJobsIsolated", "FairqKubernetesRefusesJobs", "FairqKubernetesSubmitErrors",
-        "FairqIdleGpus", "FairqQueueStuck", "FairqBudgetReached"}
+        "FairqIdleGpus", "FairqQueueStuck", "FairqBudgetReached", "FairqClusterUnreachable"}
     for rule in rules:
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
         assert rule["labels"]["severity"] in ("warning", "critical")
@@ -75,7 +79,7 @@ def test_the_rules_file_passes_promtool_check() -> None:
     out = subprocess.run([_promtool(), "check", "rules", str(RULES)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 9 rules found" in out.stdout, out.stdout
+    assert "SUCCESS: 10 rules found" in out.stdout, out.stdout
 
 
 # Each case: input series (promtool's expanding notation, 1 m steps), when to evaluate,
@@ -175,6 +179,20 @@ tests:
       - eval_time: 20m
         alertname: FairqBudgetReached
         exp_alerts: [{budget_vision}]
+  # Cluster cloud stops answering at minute 5 (rule K5); onprem answers throughout:
+  # after the rule's 2 m, cloud only; quiet again once it answers.
+  - interval: 1m
+    input_series:
+      - series: 'fairq_cluster_reachable{{cluster="cloud"}}'
+        values: "1x4 0x10 1x10"
+      - series: 'fairq_cluster_reachable{{cluster="onprem"}}'
+        values: "1x25"
+    alert_rule_test:
+      - {{eval_time: 6m, alertname: FairqClusterUnreachable, exp_alerts: []}}
+      - eval_time: 10m
+        alertname: FairqClusterUnreachable
+        exp_alerts: [{unreachable_cloud}]
+      - {{eval_time: 20m, alertname: FairqClusterUnreachable, exp_alerts: []}}
 """
 
 
@@ -207,7 +225,8 @@ def test_each_alert_fires_when_it_should_and_not_before(tmp_path: Path) -> None:
         errors_500=fired("FairqKubernetesSubmitErrors", code="500"),
         idle_vision=fired("FairqIdleGpus", "4", team="vision"),
         stuck=fired("FairqQueueStuck", "3"),
-        budget_vision=fired("FairqBudgetReached", "1.2", team="vision")))
+        budget_vision=fired("FairqBudgetReached", "1.2", team="vision"),
+        unreachable_cloud=fired("FairqClusterUnreachable", "0", cluster="cloud")))
     out = subprocess.run([_promtool(), "test", "rules", str(tests)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -17,6 +17,7 @@ from queueing import validation as v
 from queueing.models import Job, JobEvent
 from queueing.policy.dependencies import MAX_DEPENDENCIES, DependencyKind
 from queueing.selectors.attempts import job_attempts
+from queueing.selectors.clusters import cluster_name
 from queueing.selectors.utilization import idle_since, job_utilization
 
 from .strict import StrictFieldsMixin
@@ -182,6 +183,22 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
         help_text="A signed POST (Standard Webhooks) goes here on each state change of the "
                   "job; it must start with one of the team's allowed_notify_url_prefixes "
                   "(docs/webhooks.md).")
+    # Rules K3, K4: checked by queueing/services/cluster_rules.py (CLUSTER_SUBMIT_FIELDS);
+    # no defaults, so a body without them shapes as before (job_input_build's fields).
+    requested_cluster = serializers.CharField(
+        max_length=40, required=False, allow_blank=True, allow_null=True,
+        help_text="Run only in this cluster (a pin, rule K3): an enabled cluster with nodes "
+                  "of the job's GPU type, or a 400 saying why not.")
+    cluster_selector = serializers.DictField(
+        child=serializers.CharField(max_length=63, allow_blank=True), required=False,
+        help_text='Run only in clusters carrying all these labels, e.g. {"region": '
+                  '"eu-west"} (rule K3); some enabled cluster with nodes of the GPU type '
+                  "must match, or a 400 says why.")
+    allow_spot = serializers.BooleanField(
+        required=False,
+        help_text="Let a job of a non-preemptible tier run on spot (interruptible) nodes "
+                  "(rule K4); a preemptible tier's jobs may anyway. A spot node reclaimed "
+                  "requeues it (rule K6).")
 
 
 class JobDependenciesSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
@@ -276,6 +293,16 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     array_id = serializers.IntegerField(read_only=True, allow_null=True,
                                         help_text="The array job it is a member of, or null.")
     array_index = serializers.IntegerField(read_only=True, allow_null=True)
+    cluster = serializers.SerializerMethodField(
+        help_text="The cluster its current attempt runs in (rule K1); null while queued, "
+                  "or with no clusters configured.")
+    requested_cluster = serializers.SerializerMethodField(
+        help_text="The cluster it is pinned to (rule K3), or null.")
+    cluster_selector = serializers.DictField(
+        child=serializers.CharField(), read_only=True,
+        help_text="Labels its cluster must carry (rule K3); {} for any.")
+    allow_spot = serializers.BooleanField(
+        read_only=True, help_text="Opted in to spot nodes (rule K4).")
     attempts = serializers.SerializerMethodField(
         help_text="Its attempts that were admitted, oldest first: attempt, admitted_at, "
                   "started_at, ended_at, ended_how (preempted, reclaimed, failed, node_lost, "
@@ -293,8 +320,17 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "submitter", "created_at", "updated_at", "admitted_at", "started_at",
             "finished_at", "placement", "exit_code", "message",
             "dependencies", "array_id", "array_index", "attempts",
+            "cluster", "requested_cluster", "cluster_selector", "allow_spot",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_cluster(self, job: Job) -> str | None:
+        return cluster_name(job.cluster_id)
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_requested_cluster(self, job: Job) -> str | None:
+        return cluster_name(job.requested_cluster_id)
 
     def get_attempts(self, job: Job) -> list[dict[str, Any]]:
         # A list passes every job's attempts in the context (two queries per page).

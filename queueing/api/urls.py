@@ -9,6 +9,7 @@ from accounts import api as accounts_api
 from . import (  # noqa: F401 - schema registers the token auth scheme
     accounting,
     arrays,
+    clusters,
     costs,
     resources,
     schema,
@@ -68,6 +69,12 @@ urlpatterns = [
     path("budgets/", costs.BudgetListView.as_view(), name="budget-list"),
     path("budgets/<slug:slug>/", costs.BudgetDetailView.as_view(), name="budget-detail"),
     path("capacity/", resources.CapacityView.as_view(), name="capacity"),
+    path("clusters/", clusters.ClusterListView.as_view(), name="cluster-list"),
+    path("clusters/<slug:name>/", clusters.ClusterDetailView.as_view(), name="cluster-detail"),
+    path("clusters/<slug:name>/pools/", clusters.NodePoolListView.as_view(),
+         name="nodepool-list"),
+    path("clusters/<slug:name>/pools/<slug:pool>/", clusters.NodePoolDetailView.as_view(),
+         name="nodepool-detail"),
     # Anything else under /api/v1/ answers in the API's error shape, not an HTML page.
     re_path(r"^[\s\S]*$", api_not_found, name="api-not-found"),
 ]

@@ -34,8 +34,10 @@ from queueing.selectors.queue_plan import job_explain, queue_briefs
 from queueing.selectors.user_usage import user_usage
 from queueing.selectors.utilization import utilization_version
 from queueing.services.access import check_job_access
+from queueing.services.cluster_rules import CLUSTER_SUBMIT_FIELDS, job_input_with_clusters
 from queueing.services.dependencies import job_dependencies_set, job_input_with_dependencies
 from queueing.services.jobs import (
+    JobInput,
     job_cancel,
     job_input_build,
     job_spec_field_problems,
@@ -81,11 +83,13 @@ class JobFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filte
     label = LabelFilter()  # its description is the class's schema annotation
     array = django_filters.NumberFilter(field_name="array_id",
                                         help_text="Only the members of this array job.")
+    cluster = django_filters.CharFilter(field_name="cluster__name", help_text=(
+        "Only jobs whose current attempt runs in this cluster (rule K1)."))
 
     class Meta:
         model = Job
         fields = ["status", "team", "tier", "gpu_type", "name", "submitter", "updated_after",
-                  "label", "array"]
+                  "label", "array", "cluster"]
 
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
@@ -181,8 +185,7 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
         created)."""
         fields = _job_fields(request, JobCreateSerializer)
         dependencies = fields.pop("dependencies", None)
-        data = job_input_with_dependencies(job_input_build(actor=request.user, **fields),
-                                           dependencies)
+        data = job_input_with_dependencies(_job_input(request, fields), dependencies)
         # Idempotency-Key: one layer, the key kept on the job by the service (unique per
         # team for as long as the job; the web form's too); the mixin stands aside
         # (`idempotency_recorded`). A refused submit stores nothing: the retry is checked
@@ -217,8 +220,7 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
         fields = _job_fields(request, BulkJobCreateSerializer)
         count, max_running = fields.pop("count"), fields.pop("max_running")
         dependencies = fields.pop("dependencies", None)
-        data = job_input_with_dependencies(job_input_build(actor=request.user, **fields),
-                                           dependencies)
+        data = job_input_with_dependencies(_job_input(request, fields), dependencies)
         array, ids = jobs_submit_array(actor=request.user, count=count, data=data,
                                        max_running=max_running)
         # Location: the array's own resource (GET /arrays/{id}/).
@@ -310,6 +312,14 @@ def _job_fields(request: Request, serializer_class: type[JobCreateSerializer]) -
         merged.update({name: value for name, value in rules.items()
                        if name not in merged and name.split(".")[0] not in detail})
         raise ValidationError(merged) from None
+
+
+def _job_input(request: Request, fields: dict[str, Any]) -> JobInput:
+    """The shaped fields' JobInput: `job_input_build`'s rules, and rules K3-K4 on the
+    cluster fields (`job_input_with_clusters`), every refusal in one 400."""
+    clusters = {name: fields.pop(name) for name in CLUSTER_SUBMIT_FIELDS if name in fields}
+    return job_input_with_clusters(lambda: job_input_build(actor=request.user, **fields),
+                                   gpu_type=fields.get("gpu_type"), **clusters)
 
 
 _RULED_FIELDS = ("team", "name", "image", "env", "gpu_type", "tier", "resources", "shm_size",

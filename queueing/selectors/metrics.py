@@ -82,6 +82,26 @@ def preemptions_by_rule() -> list[tuple[str, int]]:
     return [(str(rule or "unknown"), n) for rule, n in rows]
 
 
+# Rule K6's event kind (JobEvent.Kind.SPOT_RECLAIMED where spot reclamation is merged):
+# one per job requeued because its spot node was reclaimed.
+SPOT_RECLAIMED = "spot_reclaimed"
+
+
+def spot_reclaimed_by_cluster() -> dict[str, int]:
+    """Jobs requeued by a spot reclamation (rule K6) per cluster, from their
+    `spot_reclaimed` events: the event's `data.cluster`, else the cluster of a qualified
+    `data.node` ("<cluster>/<node>"), else "" (the implicit cluster). One grouped query
+    (its groups are bounded by the nodes, not the events)."""
+    rows = (JobEvent.objects.filter(kind=SPOT_RECLAIMED)
+            .values_list("data__cluster", "data__node").annotate(n=Count("id")).order_by())
+    out: dict[str, int] = {}
+    for cluster, node, n in rows:
+        name = str(cluster or "") or (str(node).partition("/")[0]
+                                      if node and "/" in str(node) else "")
+        out[name] = out.get(name, 0) + n
+    return out
+
+
 # --- from the shared cache ------------------------------------------------------------------
 
 def submit_error_counts() -> dict[str, int]:

@@ -22,7 +22,7 @@ from queueing import rawsql
 from queueing import validation as v
 from queueing.composition import kick, stop_workload_soon
 from queueing.errors import DomainError, IdempotencyKeyReused, InvalidTransition
-from queueing.models import GpuType, Job, JobArray, JobEvent, Tier
+from queueing.models import Cluster, GpuType, Job, JobArray, JobEvent, Tier
 from queueing.policy.states import (
     HOLDING_STATES,
     IllegalTransition,
@@ -125,6 +125,11 @@ class JobInput:
     downgraded_from: str = ""
     # Rules D1-D3, stored form, checked (`services.dependencies.job_input_with_dependencies`).
     dependencies: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # Rules K3, K4: a pin, a cluster selector, the spot opt-in, checked and set by
+    # `services.cluster_rules.job_input_with_clusters`.
+    requested_cluster: Cluster | None = None
+    cluster_selector: dict[str, str] = dataclasses.field(default_factory=dict)
+    allow_spot: bool = False
     # Derived from the two above (`__post_init__`): what the manifest and the rules use.
     cpu_millicores: int | None = dataclasses.field(init=False, default=None)
     memory_bytes: int | None = dataclasses.field(init=False, default=None)
@@ -545,7 +550,7 @@ def _same_submit_or_refuse(existing: Job, *, actor: Any, data: JobInput) -> Job:
     for name, value in data.job_values().items():
         field = Job._meta.get_field(name)
         if isinstance(field, ForeignKey):  # compare ids: no query for the existing job's rows
-            same = same and getattr(existing, field.attname) == value.pk
+            same = same and getattr(existing, field.attname) == getattr(value, "pk", None)
         else:
             same = same and getattr(existing, name) == value
     if not same:

@@ -19,7 +19,9 @@ from queueing import validation as v
 from queueing.errors import DomainError
 from queueing.models import GpuType, Tier
 from queueing.policy.dependencies import parse_slurm_dependencies
+from queueing.selectors.clusters import cluster_choices
 from queueing.services.access import check_submit
+from queueing.services.cluster_rules import job_input_with_clusters
 from queueing.services.dependencies import job_input_with_dependencies
 from queueing.services.jobs import JobInput, job_input_build
 
@@ -112,6 +114,7 @@ def spec_initial(spec: dict[str, Any]) -> dict[str, Any]:
             "secrets": _spec_yaml_dump(spec.get("secrets") or []),
             "labels": _pairs_text(spec.get("labels")),
             "annotations": _pairs_text(spec.get("annotations")),
+            "cluster_selector": _pairs_text(spec.get("cluster_selector")),
             "topology_level": topology.get("level") or "",
             "topology_mode": topology.get("mode") or "required",
             "image_pull_secret": spec.get("image_pull_secret") or "",
@@ -194,6 +197,21 @@ class JobSubmitForm(forms.Form):
         choices=[("required", "required (wait for room in one)"),
                  ("preferred", "preferred (never wait for it)")])
 
+    # Rules K3, K4: the API's requested_cluster, cluster_selector and allow_spot
+    # (queueing/services/cluster_rules.py checks them); shown when clusters are configured.
+    requested_cluster = forms.ChoiceField(
+        label="Cluster", required=False,
+        help_text="Empty: wherever it fits first (rule K2: the lowest cost rank, then the "
+                  "least loaded).")
+    cluster_selector = forms.CharField(
+        label="Cluster labels", required=False, max_length=1000,
+        widget=_textarea(2, "region=eu-west"),
+        help_text="Only clusters carrying these labels; one key=value per line.")
+    allow_spot = forms.BooleanField(
+        label="May run on spot nodes", required=False,
+        help_text="Cheaper, interruptible capacity: a reclaimed node requeues the job "
+                  "(rule K6). Preemptible tiers may use spot anyway.")
+
     dependencies = forms.CharField(
         label="Dependencies", required=False, max_length=2000,
         help_text="Wait for jobs of the team, Slurm's way: afterok:12:13,afterany:14 "
@@ -211,6 +229,7 @@ class JobSubmitForm(forms.Form):
                          for lv in g.topology_levels or () if isinstance(lv, dict)
                          and "name" in lv})
         choices["topology_level"] = [("", "— (anywhere)"), *((lv, lv) for lv in levels)]
+        choices["requested_cluster"] = [("", "— (any)"), *cluster_choices()]
         for name, values in choices.items():
             field = self.fields[name]
             assert isinstance(field, forms.ChoiceField)
@@ -362,7 +381,12 @@ class JobSubmitForm(forms.Form):
         for name in ("team", "name", "image", "gpu_type", "gpus", "replicas", "tier"):
             spec[name] = data[name] if data.get(name) not in (None, "") else None
         try:
-            job_input = job_input_build(actor=self.request.user, **spec)
+            job_input = job_input_with_clusters(
+                lambda: job_input_build(actor=self.request.user, **spec),
+                gpu_type=spec["gpu_type"],
+                requested_cluster=data.get("requested_cluster") or None,
+                cluster_selector=self._metadata("cluster_selector"),
+                allow_spot=bool(data.get("allow_spot")))
         except DomainError as exc:
             for field, messages in exc.fields.items():
                 target, named = self._target(field)

@@ -8,6 +8,8 @@ from typing import Any
 from django import template
 from django.utils import timezone
 
+from queueing.selectors.clusters import cluster_name, node_short_name
+
 register = template.Library()
 
 
@@ -80,3 +82,17 @@ def pct(value: float | None) -> str:
 def factor_label(name: str) -> str:
     """fair_share -> Fair share."""
     return name.replace("_", " ").capitalize()
+
+
+@register.filter
+def node_name(node: Any) -> str:
+    """A node's own name, without the "<cluster>/" the policy qualifies it with (the page
+    shows its cluster above it)."""
+    return node_short_name(node)
+
+
+@register.filter
+def cluster_of(job: Any) -> str:
+    """The name of the cluster the job's attempt runs in (rule K1), "" when none: from a
+    per-process memo, so a table of jobs reads no cluster row."""
+    return cluster_name(getattr(job, "cluster_id", None)) or ""

@@ -59,6 +59,7 @@ from queueing.selectors.arrays import job_array, job_dependencies
 from queueing.selectors.attempts import job_attempts
 from queueing.selectors.capacity import capacity_by_gpu_type, overcommit_warnings
 from queueing.selectors.cluster import cluster_view
+from queueing.selectors.clusters import cluster_name, cluster_summaries, clusters_configured
 from queueing.selectors.fairshare import teams_in_standings_for
 from queueing.selectors.jobs import jobs_visible_to, jobs_with_labels, label_filter_parse
 from queueing.selectors.metrics import scheduler_health
@@ -71,6 +72,7 @@ from queueing.services.access import (
     check_team_admin,
     check_team_member,
 )
+from queueing.services.cluster_rules import job_input_with_clusters
 from queueing.services.jobs import job_cancel, job_input_build, job_spec, job_submit
 from queueing.services.logs import LogView, job_log_read
 from queueing.services.quotas import quota_set
@@ -183,6 +185,10 @@ def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
     ctx["standings"] = standings
     ctx["history"] = history
     ctx["capacity"] = capacity
+    # Rules K1-K7: capacity per cluster, when clusters are configured (the implicit one
+    # alone is the capacity card above).
+    ctx["clusters"] = [c for c in cluster_summaries()[0] if not c.implicit] \
+        if clusters_configured() else []
     ctx["snapshot_minutes"] = round(settings.FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS / 60)
     ctx["half_life_hours"] = settings.FAIRQ_DECAY_HALF_LIFE_HOURS
     if team is not None:
@@ -234,6 +240,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     ctx = {"team": team, "jobs": page, "next_before": next_before, "status": status,
            "statuses": [s.value for s in JobState], "before": before, "now": timezone.now(),
            "labels": labels, "label_error": label_error, "array": array,
+           "with_clusters": clusters_configured(),
            "filter_query": urlencode([*([("status", status)] if status else []),
                                       *([("array", array)] if array else []),
                                       *(("label", item) for item in labels)])}
@@ -263,8 +270,16 @@ def _submit_form(request: HttpRequest, data: Any = None) -> JobSubmitForm:
 
 
 def _job_initial(job: Job) -> dict[str, Any]:
-    """The submit form filled in with `job`'s spec (its lists and maps as the form's text)."""
-    return spec_initial(job_spec(job))
+    """The submit form filled in with `job`'s spec (its lists and maps as the form's text)
+    and its cluster fields (rules K3, K4)."""
+    return spec_initial({**job_spec(job), **_job_cluster_fields(job)})
+
+
+def _job_cluster_fields(job: Job) -> dict[str, Any]:
+    """The job's pin (by name), cluster selector and spot opt-in, as submitted."""
+    return {"requested_cluster": cluster_name(job.requested_cluster_id),
+            "cluster_selector": dict(job.cluster_selector or {}),
+            "allow_spot": job.allow_spot}
 
 
 def _preview(form: JobSubmitForm) -> Preview | None:
@@ -352,6 +367,8 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
            "utilization": _utilization_view(job), "idle_since": idle_since(job),
            "attempts": job_attempts(job, now=now), "dependencies": job_dependencies(job),
            "array": job_array(job),
+           "job_cluster": cluster_name(job.cluster_id),
+           "job_pin": cluster_name(job.requested_cluster_id),
            "permalink": request.build_absolute_uri(reverse("web:job-detail", args=[job.pk]))}
     if request.htmx:  # type: ignore[attr-defined]
         # 286: htmx swaps this last fragment and stops polling a job that is final.
@@ -421,7 +438,9 @@ def job_resubmit(request: HttpRequest, job_id: int) -> HttpResponse:
     since the original job applies to the copy too."""
     job = _job_or_404(request, job_id)
     try:
-        data = job_input_build(actor=request.user, **job_spec(job))
+        spec = job_spec(job)
+        data = job_input_with_clusters(lambda: job_input_build(actor=request.user, **spec),
+                                       gpu_type=spec["gpu_type"], **_job_cluster_fields(job))
     except DomainError as exc:
         problems = "; ".join(f"{field}: {' '.join(msgs)}" for field, msgs in exc.fields.items())
         messages.error(request, f"This job cannot be resubmitted as it is: {problems}")
@@ -653,6 +672,8 @@ def cluster_page(request: HttpRequest) -> HttpResponse:
     ctx = {"now": now, "overview": dash.cluster_overview(standings=standings), "queue": queue,
            "queue_total": queue_total, "running": running,
            "running_limit": CLUSTER_LIST_LIMIT, "capacity": capacity,
+           # Its nodes grouped by cluster (rule K1), the implicit one's too.
+           "clusters": cluster_summaries()[0], "with_nodes": True,
            "cluster_error": cluster_error,
            "history": dash.usage_history(now=now, current=standings),
            "half_life_hours": settings.FAIRQ_DECAY_HALF_LIFE_HOURS}
