@@ -305,8 +305,9 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         read_only=True, help_text="Opted in to spot nodes (rule K4).")
     attempts = serializers.SerializerMethodField(
         help_text="Its attempts that were admitted, oldest first: attempt, admitted_at, "
-                  "started_at, ended_at, ended_how (preempted, reclaimed, failed, node_lost, "
-                  "requeued, succeeded, cancelled; admitted or running for the current one), "
+                  "started_at, ended_at, ended_how (preempted, reclaimed, spot_reclaimed, "
+                  "cluster_unreachable, failed, node_lost, requeued, succeeded, cancelled; "
+                  "admitted or running for the current one), "
                   "preempted_by ({job, team, tier} or null), gpu_hours (charged; a running "
                   "attempt's so far) and charged.")
 

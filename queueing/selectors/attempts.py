@@ -59,9 +59,10 @@ def job_attempts(job: Job, *, now: datetime) -> list[dict[str, Any]]:
     """The job's attempts: [{attempt, admitted_at, started_at, ended_at, ended_how,
     preempted_by, gpu_hours, charged}], oldest first. `ended_how` is one of preempted,
     reclaimed (idle, rule U3), spot_reclaimed (its spot node was reclaimed, rule K6),
-    failed, node_lost (its workload vanished), requeued
-    (handed back before it ran), succeeded, cancelled; admitted or running for the
-    current one. `preempted_by` is {job, team, tier} for a preempted attempt (rule R7).
+    cluster_unreachable (its cluster could not be read past the grace, rule K5), failed,
+    node_lost (its workload vanished), requeued (handed back before it ran), succeeded,
+    cancelled; admitted or running for the current one. `preempted_by` is {job, team,
+    tier} for a preempted attempt (rule R7).
     `gpu_hours` is what the attempt was charged (GPUs × hours, before the billing weight);
     a running attempt's so far, with `charged` false."""
     return jobs_attempts([job], now=now)[job.pk]
@@ -105,13 +106,15 @@ def attempts_from_events(
                 lost = data.get("ended_how") == "node_lost" or str(e["reason"]).startswith(
                     "its cluster workload"
                 )
-                _end(attempts[n - 1], e["at"], "node_lost" if lost else "requeued")
+                _end(attempts[n - 1], e["at"],
+                     "cluster_unreachable" if data.get("ended_how") == "cluster_unreachable"
+                     else "node_lost" if lost else "requeued")
         elif to in _ENDS and n in attempts and attempts[n]["ended_how"] is None:
             how = _ENDS[to]
             if data.get("rule") == "U3":
                 how = "reclaimed"
-            elif data.get("ended_how") == "spot_reclaimed":
-                how = "spot_reclaimed"  # rule K6: its spot node was reclaimed
+            elif data.get("ended_how") in ("spot_reclaimed", "cluster_unreachable"):
+                how = str(data["ended_how"])  # rules K6 (its spot node) and K5 (its cluster)
             elif data.get("ended_how") == "node_lost" or str(e["reason"]).startswith("its cluster workload"):
                 how = "node_lost"
             a = _end(attempts[n], e["at"], how)

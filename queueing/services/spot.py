@@ -61,7 +61,7 @@ def spot_reclaimed_requeue(*, backend: ClusterBackend, statuses: Sequence[Worklo
     reclaimed = {s.job_id: s for s in statuses if spot_reclaimed_node(s) is not None}
     if not reclaimed:
         return list(statuses)
-    jobs = Job.objects.select_related("team", "gpu_type").in_bulk(list(reclaimed))
+    jobs = Job.objects.select_related("team", "gpu_type", "cluster").in_bulk(list(reclaimed))
     taken: set[str] = set()
     stop: list[str] = []
     for job_id, status in sorted(reclaimed.items()):
@@ -96,6 +96,7 @@ def _requeue(job: Job, status: WorkloadStatus, *, now: datetime) -> bool:
     # The attempt ends at the reclamation (the backend's word), never after now.
     end = min(status.finished_at or now, now)
     data = {"rule": "K6", "reason": SPOT_RECLAIMED, "node": node,
+            "cluster": job.cluster.name if job.cluster is not None else "",
             "workload": status.name, "ended_how": SPOT_RECLAIMED}
     if not job_transition(job, JobState.PREEMPTED, now=now, data=data,
                           reason=f"{status.reason}: its spot node was reclaimed (rule K6)"):

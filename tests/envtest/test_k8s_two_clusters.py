@@ -194,3 +194,6 @@ def test_k5_a_cluster_down_longer_than_the_grace_requeues_its_job_to_the_other_o
     charged = first.get()
     assert charged.gpu_seconds > 0
     assert charged.end <= since
+    attempts = world.client(world.member).get(f"/api/v1/jobs/{pk}/").json()["attempts"]
+    assert [(a["attempt"], a["ended_how"]) for a in attempts] == [
+        (1, "cluster_unreachable"), (2, "running")]
