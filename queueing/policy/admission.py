@@ -232,6 +232,9 @@ class _Waits(Mapping[int, Wait]):
 
 # `_Raw`'s last field for a `gang_does_not_fit` of rule A7: no one domain holds the gang.
 _IN_ONE_DOMAIN = 1
+# A queued job's GPU type, allowed clusters, spot_ok and shape (GPUs, replicas, CPU,
+# memory, topology): what decides its pools and whether they hold it.
+_StaticKey = tuple[str, frozenset[str] | None, bool, int, int, int, int, Topology | None]
 # `_Raw`'s last field for a `cluster` wait (rule K3): it would fit now in another pool.
 _ELSEWHERE = 1
 
@@ -510,6 +513,10 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     protected_for: dict[tuple[str, str, int, int, int, int, int, Topology | None],
                         tuple[datetime, int] | None] = {}
 
+    # Rule E2: every `_hold` of this pass, so a memo knows when the holds changed.
+    hold_log: list[int] = []
+    wait_seen: dict[_StaticKey, tuple[int, int, tuple[int, int, int, str]]] = {}
+
     def capacity_wait(code: int, index: int, job: QueuedJob, cpu: int, mem: int,
                       pools: tuple[str, ...], excluded: tuple[str, ...]) -> _Raw:
         """The raw wait of a job that did not fit in any of its `pools`: `capacity` with
@@ -519,6 +526,26 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         code as it is."""
         if code != capacity:
             return (code, index, 0, 0)
+        g, reps = job.gpus_per_replica, job.replicas
+        # The answer only changes with the capacity or the holds: a long queue asks it
+        # for most of its jobs, of a few shapes.
+        memo_key = (job.gpu_type, job.clusters, job.spot_ok, g, reps, cpu, mem, job.topology)
+        memo = wait_seen.get(memo_key)
+        if memo is not None and memo[0] == cap.changes and memo[1] == len(hold_log):
+            c, h, ce, where = memo[2]
+            if where:
+                waits.elsewhere[job.id] = where
+            return (c, index, h, ce)
+        c, h, ce, where = _capacity_wait(job, cpu, mem, pools, excluded)
+        wait_seen[memo_key] = (cap.changes, len(hold_log), (c, h, ce, where))
+        if where:
+            waits.elsewhere[job.id] = where
+        return (c, index, h, ce)
+
+    def _capacity_wait(job: QueuedJob, cpu: int, mem: int, pools: tuple[str, ...],
+                       excluded: tuple[str, ...]) -> tuple[int, int, int, str]:
+        """`capacity_wait`'s answer as (code, held, ceiling, the pool it would fit in
+        now but may not use or "")."""
         g, reps = job.gpus_per_replica, job.replicas
         for p in pools:
             held_here = holds.get(p)
@@ -532,7 +559,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                     known = fits_held[shape] = (cap.changes,
                                                 sum(held_here.values()) if fits else 0)
                 if known[1]:
-                    return (held_code, index, holder[p], known[1])
+                    return (held_code, holder[p], known[1], "")
         for p in excluded:
             shape6 = (p, g, reps, cpu, mem, job.topology)
             now_fits = fits_elsewhere.get(shape6)
@@ -540,8 +567,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 now_fits = fits_elsewhere[shape6] = (cap.changes, cap.fits(
                     p, g, reps, cpu=cpu, memory=mem, topology=job.topology))
             if now_fits[1]:
-                waits.elsewhere[job.id] = p
-                return (cluster_code, index, 0, _ELSEWHERE)
+                return (cluster_code, 0, _ELSEWHERE, p)
         seen = block_seen.get(pools)
         if seen is None or seen[0] != cap.changes:
             if len(pools) == 1:
@@ -550,7 +576,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             else:
                 blocks.append(_largest_block_of(cap, pools))
             seen = block_seen[pools] = (cap.changes, len(blocks))
-        return (capacity, index, seen[1], 0)
+        return (capacity, seen[1], 0, "")
     seen: list[int] = []
     remember = seen.append
     nominated = snapshot.nominated
@@ -585,6 +611,13 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     # Rule K3: whether a shape fits now in a pool (at `cap.changes`).
     fits_elsewhere: dict[tuple[str, int, int, int, int, Topology | None], tuple[int, bool]] = {}
     ranks = snapshot.cluster_ranks
+    # Per static key (GPU type, allowed clusters, spot_ok, shape): the pools it may use,
+    # the others, the ones whose empty nodes hold the gang, and when none does the wait.
+    statics: dict[_StaticKey, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...],
+                                    tuple[int, int, int]]] = {}
+    # Per static key: a multi-pool job found unfit in all its pools at `cap.grown`, and
+    # the reason said (rule K2's first pool's).
+    all_unfit: dict[_StaticKey, tuple[int, int]] = {}
     k2_seen: dict[tuple[str, ...], tuple[int, tuple[str, ...]]] = {}
 
     def pools_for(job: QueuedJob) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -676,26 +709,16 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         topo = job.topology
         # Rules K1, K3, K4: the pools (one GPU type, one cluster, spot or not) it may use,
         # and of those the ones that hold the gang when empty (rules A4, A6, A7).
-        pools, excluded = pools_for(job)
-        if len(pools) == 1:
-            p = pools[0]
-            fail: tuple[int, int] | None = None
-            if (reps > 1 or cpu or mem) and reps > (slots := cap.slots_when_empty(p, g, cpu, mem)):
-                fail = (slots, 0)
-            elif topo is not None and topo.mode is TopologyMode.REQUIRED and reps > (
-                    slots := cap.domain_slots_when_empty(p, topo.level, g, cpu, mem)):
-                fail = (slots, _IN_ONE_DOMAIN)
-            fitting: tuple[str, ...] = pools if fail is None else ()
-        else:
-            fitting, fail = _holding_pools(cap, pools, g, reps, cpu, mem, topo)
+        # Static for the pass (what empty nodes hold): memoized per shape.
+        skey = (gt, job.clusters, job.spot_ok, g, reps, cpu, mem, topo)
+        static = statics.get(skey)
+        if static is None:
+            pools, excluded = pools_for(job)
+            static = statics[skey] = (pools, excluded, *_holding(
+                cap, job, pools, excluded, g, reps, cpu, mem, topo))
+        pools, excluded, fitting, unheld = static
         if not fitting:
-            if (job.clusters is not None and not pools) or any(
-                    _never_holds(cap, p, g, reps, cpu, mem, topo) is None for p in excluded):
-                raw[job_id] = (cluster_code, index, 0, 0)  # rule K3: its clusters, not others
-            elif fail is None:
-                raw[job_id] = (no_fit, index, 0, 0)
-            else:
-                raw[job_id] = (no_fit, index, fail[0], fail[1])
+            raw[job_id] = (unheld[0], index, unheld[1], unheld[2])
             continue
         lending = not over and guarded_total.get(gt, 0) > 0 and \
             ledger.lending_blocks(team, gt, total)
@@ -703,7 +726,18 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         why_not = capacity
         pool = fitting[0]
         k2: tuple[str, ...] | None = None
-        if not lending and not over:
+        if not lending and not over and len(fitting) > 1 and not nominated and (
+                (seen_unfit := all_unfit.get(skey)) is not None
+                and seen_unfit[0] == cap.grown):
+            # Every pool was found unfit for this shape and nothing grew since: the
+            # multi-pool form of the memo below.
+            why_not = seen_unfit[1]
+            if not may_search:
+                raw[job_id] = capacity_wait(why_not, index, job, cpu, mem, fitting, excluded)
+                if why_not == capacity and reserve_on and gt not in decided:
+                    reserve(job, cpu, mem, k2_order(fitting, job_id))
+                continue
+        elif not lending and not over:
             k2 = fitting if len(fitting) == 1 else k2_order(fitting, job_id)
             all_known = True
             saw_reserved = False
@@ -754,6 +788,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 if saw_reserved:  # rule A9: it fits, but only on GPUs reserved for another
                     raw[job_id] = (reserved_code, index, 0, 0)
                     continue
+                if len(k2) > 1 and why_not != cpu_memory_code:
+                    all_unfit[skey] = (cap.grown, why_not)
                 if all_known and not may_search and not nominated:
                     # The common case of a long queue.
                     raw[job_id] = capacity_wait(why_not, index, job, cpu, mem, fitting,
@@ -763,6 +799,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                     continue
         if placement is not None:
             if nominated and job_id in nominated:  # rule A5: planned first, for its GPUs
+                hold_log.append(job_id)
                 _hold(holds, holder, pool, job_id, dict.fromkeys(placement, 0), placement, g)
             if reserve_on and gt not in decided and job.max_runtime_seconds is not None:
                 admitted_ends.setdefault(gt, []).append(
@@ -779,6 +816,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             # its victims' GPUs are still being released: no later job takes it first.
             planned = snapshot.nominated_placement.get(job_id)
             if planned:
+                hold_log.append(job_id)
                 _hold(holds, holder, cap.node_pool.get(planned[0], gt), job_id,
                       _hold_placement(cap, gt, planned, g), (), g)
             raw[job_id] = Wait(
@@ -873,6 +911,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             # of this pass; what the victims free beyond it is held back too: they still
             # run until stopped, so no job of this pass may be placed there (rule A5).
             freed = _hold_freed(ws, found, g, cpu, mem)
+            hold_log.append(job_id)
             _hold(holds, holder, pool, job_id, freed, found.placement, g)
             ledger.add(team, gt, total)
             preempted_by_team[team] += len(found.victims)
@@ -1010,6 +1049,25 @@ def _never_holds(cap: Capacity, pool: str, gpus: int, replicas: int, cpu: int, m
     return None
 
 
+def _holding(cap: Capacity, job: QueuedJob, pools: tuple[str, ...], excluded: tuple[str, ...],
+             gpus: int, replicas: int, cpu: int, memory: int, topology: Topology | None,
+             ) -> tuple[tuple[str, ...], tuple[int, int, int]]:
+    """Rules A4, K1, K3: the `pools` whose empty nodes hold the gang; when none does, the
+    wait as (reason code, replicas held, flag): `cluster` when the job names clusters
+    none of which has nodes of its type, or when an `excluded` pool would hold it; else
+    `gang_does_not_fit`."""
+    fitting, fail = _holding_pools(cap, pools, gpus, replicas, cpu, memory, topology)
+    if fitting:
+        return fitting, (0, 0, 0)
+    if (job.clusters is not None and not pools) or any(
+            _never_holds(cap, p, gpus, replicas, cpu, memory, topology) is None
+            for p in excluded):
+        return (), (_CODE[WaitReason.CLUSTER], 0, 0)
+    if fail is None:
+        return (), (_CODE[WaitReason.NO_FIT], 0, 0)
+    return (), (_CODE[WaitReason.NO_FIT], fail[0], fail[1])
+
+
 def _holding_pools(cap: Capacity, pools: tuple[str, ...], gpus: int, replicas: int, cpu: int,
                    memory: int, topology: Topology | None,
                    ) -> tuple[tuple[str, ...], tuple[int, int] | None]:
@@ -1072,9 +1130,14 @@ def _why_unplaced(cap: Capacity, gpu_type: str, gpus: int, replicas: int, cpu: i
 
 def _fits_with(cap: Capacity, gpu_type: str, gpus: int, replicas: int,
               held: Mapping[str, int]) -> bool:
-    """Rule E2: would the gang fit (GPUs alone) if the GPUs `held` per node were free?"""
+    """Rule E2: would the gang fit (GPUs alone) if the GPUs `held` per node (of the pool
+    `gpu_type`) were free? The slots now from the buckets, plus what the held GPUs add."""
     free = cap.free
-    return sum((free[n] + held.get(n, 0)) // gpus for n in cap.nodes_of[gpu_type]) >= replicas
+    slots = cap.slots_now(gpu_type, gpus)
+    for n, h in held.items():
+        f = free[n]
+        slots += (f + h) // gpus - f // gpus
+    return slots >= replicas
 
 
 def _hold(holds: dict[str, dict[str, int]], holder: dict[str, int], gpu_type: str,

@@ -135,6 +135,14 @@ class Capacity:
             n = min(n, m // memory)
         return n
 
+    def slots_now(self, gpu_type: str, gpus: int) -> int:
+        """How many replicas of `gpus` GPUs (GPUs alone) the nodes of `gpu_type` (a pool)
+        hold now: O(largest node), from the buckets."""
+        buckets = self._buckets.get(gpu_type)
+        if not buckets or gpus <= 0:
+            return 0
+        return sum(len(names) * (f // gpus) for f, names in enumerate(buckets) if f >= gpus)
+
     def slots_when_empty(self, gpu_type: str, gpus: int, cpu: int = 0, memory: int = 0) -> int:
         """How many replicas of `gpus` GPUs (and `cpu` millicores, `memory` bytes, rule
         A6) the nodes of `gpu_type` hold when all are empty: a gang needing more can
