@@ -14,7 +14,7 @@ from typing import Protocol
 from .dependencies import Verdict, array_limit_reached, dependencies_verdict
 from .fairshare import entry_penalty_gpu_hours
 from .preemption import Preemption, find_victims, work_lost_gpu_hours
-from .priority import PriorityWeights, age_factor, size_factor
+from .priority import PriorityWeights, size_factor
 from .snapshot import QueuedJob, Snapshot, Topology, TopologyMode
 from .workspace import Capacity, Workspace
 
@@ -382,7 +382,15 @@ class _QueueOrder:
                 first_idx.append(index)
                 continue
             submitted = job.submitted_at
-            age = age_factor(submitted_at=submitted, now=now, max_age_seconds=max_age)
+            # `age_factor(submitted_at=submitted, now=now, max_age_seconds=max_age)`,
+            # inlined: one call per queued job.
+            if max_age > 0:
+                waited = (now - submitted).total_seconds()
+                age = (waited if waited > 0.0 else 0.0) / max_age
+                if age > 1.0:
+                    age = 1.0
+            else:
+                age = 0.0
             total = job.gpus_per_replica * job.replicas
             size = sizes.get(total)
             if size is None:
@@ -510,8 +518,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     block_seen: dict[tuple[str, ...], tuple[int, int]] = {}
     blocks = waits.blocks
     # Rule E4: per failed search, when the first protected candidate becomes a victim.
-    protected_for: dict[tuple[str, str, int, int, int, int, int, Topology | None],
-                        tuple[datetime, int] | None] = {}
+    protected_for: dict[tuple[tuple[str, str, int, int, int, int, int, Topology | None],
+                              frozenset[str] | None], tuple[datetime, int] | None] = {}
 
     # Rule E2: every `_hold` of this pass, so a memo knows when the holds changed.
     hold_log: list[int] = []
@@ -615,8 +623,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     # the others, the ones whose empty nodes hold the gang, and when none does the wait.
     statics: dict[_StaticKey, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...],
                                     tuple[int, int, int]]] = {}
-    # Per static key: a multi-pool job found unfit in all its pools at `cap.grown`, and
-    # the reason said (rule K2's first pool's).
+    # Per static key: a job found unfit in all its pools at `cap.grown`, and the reason
+    # said (rule K2's first pool's); never `cpu_memory`, which may turn into `capacity`.
     all_unfit: dict[_StaticKey, tuple[int, int]] = {}
     k2_seen: dict[tuple[str, ...], tuple[int, tuple[str, ...]]] = {}
 
@@ -726,11 +734,11 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         why_not = capacity
         pool = fitting[0]
         k2: tuple[str, ...] | None = None
-        if not lending and not over and len(fitting) > 1 and not nominated and (
+        if not lending and not over and not nominated and (
                 (seen_unfit := all_unfit.get(skey)) is not None
                 and seen_unfit[0] == cap.grown):
-            # Every pool was found unfit for this shape and nothing grew since: the
-            # multi-pool form of the memo below.
+            # Every pool was found unfit for this shape and nothing grew since (the memo
+            # below, for all its pools at once): the common case of a long queue.
             why_not = seen_unfit[1]
             if not may_search:
                 raw[job_id] = capacity_wait(why_not, index, job, cpu, mem, fitting, excluded)
@@ -788,7 +796,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 if saw_reserved:  # rule A9: it fits, but only on GPUs reserved for another
                     raw[job_id] = (reserved_code, index, 0, 0)
                     continue
-                if len(k2) > 1 and why_not != cpu_memory_code:
+                if why_not != cpu_memory_code:
                     all_unfit[skey] = (cap.grown, why_not)
                 if all_known and not may_search and not nominated:
                     # The common case of a long queue.
@@ -868,9 +876,10 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                     pool = p
                     break
                 search_failed.add(pool_search)
-                if search_key not in protected_for:
-                    protected_for[search_key] = _protected_until(ws, job, now)
-            if result is None and (protected := protected_for.get(search_key)) is not None:
+                if (search_key, job.clusters) not in protected_for:
+                    protected_for[(search_key, job.clusters)] = _protected_until(ws, job, now)
+            if result is None and (
+                    protected := protected_for.get((search_key, job.clusters))) is not None:
                 waits.protected[job_id] = protected
         if result is not None and lost_per_wait is not None:
             # Rule R9: preempt only when it is worth it - the work the victims lose is at
@@ -1175,10 +1184,13 @@ def _protected_until(ws: Workspace, job: QueuedJob, now: datetime) -> tuple[date
     """Rule E4: of the running jobs of `job`'s GPU type it might preempt (preemptible, and
     of a lower tier or another team: rules R1, R2), those its tier's minimum runtime still
     protects (rule R3): when the first protection ends, and how many are protected. None
-    when none is (or none has started: its protection has no known end)."""
+    when none is (or none has started: its protection has no known end). Only jobs of
+    the clusters it may use count (rule K7: victims are in the preemptor's cluster)."""
+    allowed = job.clusters
     ends = [r.started_at + timedelta(seconds=r.min_runtime_seconds)
             for r in ws.running_by_type.get(job.gpu_type, ())
             if r.preemptible and r.id not in ws.removed and r.started_at is not None
+            and (allowed is None or r.cluster in allowed)
             and (r.tier_rank < job.tier_rank or r.team != job.team)
             and r.ran_seconds(now) < r.min_runtime_seconds]
     return (min(ends), len(ends)) if ends else None
