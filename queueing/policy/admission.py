@@ -1,5 +1,5 @@
 """Ordering, admission and preemption on a snapshot (docs/scheduling.md, rules Q1, O1,
-A1-A9, R1-R9, Q2, D1-D2)."""
+A1-A9, R1-R9, Q2, D1-D2, and K1-K4, K7 across clusters and spot nodes)."""
 
 from __future__ import annotations
 
@@ -456,7 +456,7 @@ class _QueueOrder:
 
 
 def plan_admissions(snapshot: Snapshot) -> Plan:
-    """One planning pass over the queue (rules Q1, Q2, O1, A1-A9, R1-R9, D1-D2).
+    """One planning pass over the queue (rules Q1, Q2, O1, A1-A9, R1-R9, D1-D2, K1-K4, K7).
 
     In queue order (O1; nominated preemptors first, A5) each job is admitted when it fits
     its team's quota (Q1) and free node capacity as a whole gang (A1-A3); each admission
@@ -464,8 +464,11 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     does not fit may preempt (R1-R4, Q2; within the rate limit R5, when worth it R9);
     otherwise it waits with a reason and does not block smaller jobs behind it (A4) - but
     the first large gang waiting for capacity reserves GPUs at its shadow time, and a job
-    behind it that would still run then only starts beside them (A9). The same snapshot
-    always gives the same plan; the snapshot is not changed.
+    behind it that would still run then only starts beside them (A9). With several
+    clusters or spot nodes a gang is placed in one pool (one cluster, spot or not: K1, K4)
+    of those it may use (K3), tried in rule K2's order; a preemption's victims are in the
+    cluster it lands in (K7). The same snapshot always gives the same plan; the snapshot
+    is not changed.
     """
     now = snapshot.now
     ws = Workspace(snapshot)
