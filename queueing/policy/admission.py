@@ -1193,7 +1193,7 @@ def _protected_until(ws: Workspace, job: QueuedJob, now: datetime) -> tuple[date
     ends = [r.started_at + timedelta(seconds=r.min_runtime_seconds)
             for r in ws.running_by_type.get(job.gpu_type, ())
             if r.preemptible and r.id not in ws.removed and r.started_at is not None
-            and (allowed is None or r.cluster in allowed)
+            and (allowed is None or ws.running_cluster[r.id] in allowed)
             and (r.tier_rank < job.tier_rank or r.team != job.team)
             and r.ran_seconds(now) < r.min_runtime_seconds]
     return (min(ends), len(ends)) if ends else None

@@ -417,9 +417,19 @@ class Workspace:
         self.ledger = Ledger(snapshot, self.capacity)
         self.running_by_type: dict[str, list[RunningJob]] = defaultdict(list)
         self.running_by_id: dict[int, RunningJob] = {}
+        # Rule K7: the cluster each running job runs in - the one of its nodes in the
+        # snapshot, else its own `cluster` (its cluster left the snapshot: rule K5).
+        self.running_cluster: dict[int, str] = {}
+        node_pool, pool_info = self.capacity.node_pool, self.capacity.pool_info
         for r in snapshot.running:
             self.running_by_type[r.gpu_type].append(r)
             self.running_by_id[r.id] = r
+            cluster = r.cluster
+            for n in r.nodes:
+                if n in node_pool:
+                    cluster = pool_info[node_pool[n]][1]
+                    break
+            self.running_cluster[r.id] = cluster
         self.removed: set[int] = set()
         # The victim search's per-(GPU type, now) list of unprotected running jobs
         # (`preemption._unprotected`).

@@ -104,3 +104,15 @@ def test_rule_e4_counts_only_the_protected_jobs_of_the_clusters_it_may_use() -> 
     wait = plan.waits[1]
     assert wait.until == NOW + timedelta(seconds=540)
     assert "1 running job it could preempt is protected" in wait.message
+
+
+def test_a_running_jobs_cluster_is_the_one_of_its_nodes() -> None:
+    # A running job whose `cluster` was left empty by its caller is still a victim in
+    # the cluster its nodes are in, and only there.
+    nodes = pool("east", "h100", 1, free=0) + pool("west", "h100", 1, free=0)
+    run = (running(10, ("east/n-h100-0",), cluster=""),
+           running(11, ("west/n-h100-0",), cluster=""))
+    plan = plan_admissions(snap(nodes, [job(1, tier=200, clusters={"west"})], running_jobs=run,
+                                preemption=NO_R9))
+    (p,) = plan.preemptions
+    assert (p.cluster, [v.job_id for v in p.victims]) == ("west", [11])
