@@ -529,18 +529,17 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     wait_seen: dict[_StaticKey, tuple[int, int, tuple[int, int, int, str]]] = {}
 
     def capacity_wait(code: int, index: int, job: QueuedJob, cpu: int, mem: int,
-                      pools: tuple[str, ...], excluded: tuple[str, ...]) -> _Raw:
+                      pools: tuple[str, ...], excluded: tuple[str, ...],
+                      memo_key: _StaticKey) -> _Raw:
         """The raw wait of a job that did not fit in any of its `pools`: `capacity` with
         rule E3's largest free block, rule E2's `held_for_preemptor` when it would fit on
         the GPUs held for a preemptor, or rule K3's `cluster` when it would fit now in
         one of the `excluded` pools (a cluster or spot nodes it may not use); any other
-        code as it is."""
+        code as it is. `memo_key` is the job's static key (`_StaticKey`)."""
         if code != capacity:
             return (code, index, 0, 0)
-        g, reps = job.gpus_per_replica, job.replicas
         # The answer only changes with the capacity or the holds: a long queue asks it
         # for most of its jobs, of a few shapes.
-        memo_key = (job.gpu_type, job.clusters, job.spot_ok, g, reps, cpu, mem, job.topology)
         memo = wait_seen.get(memo_key)
         if memo is not None and memo[0] == cap.changes and memo[1] == len(hold_log):
             c, h, ce, where = memo[2]
@@ -744,7 +743,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             # below, for all its pools at once): the common case of a long queue.
             why_not = seen_unfit[1]
             if not may_search:
-                raw[job_id] = capacity_wait(why_not, index, job, cpu, mem, fitting, excluded)
+                raw[job_id] = capacity_wait(why_not, index, job, cpu, mem, fitting, excluded, skey)
                 if why_not == capacity and reserve_on and gt not in decided:
                     reserve(job, cpu, mem, k2_order(fitting, job_id))
                 continue
@@ -804,7 +803,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 if all_known and not may_search and not nominated:
                     # The common case of a long queue.
                     raw[job_id] = capacity_wait(why_not, index, job, cpu, mem, fitting,
-                                                excluded)
+                                                excluded, skey)
                     if why_not == capacity and reserve_on and gt not in decided:
                         reserve(job, cpu, mem, k2)
                     continue
@@ -945,7 +944,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             if may_reserve:
                 reserve(job, cpu, mem, k2)
         else:
-            raw[job_id] = capacity_wait(why_not, index, job, cpu, mem, fitting, excluded)
+            raw[job_id] = capacity_wait(why_not, index, job, cpu, mem, fitting, excluded, skey)
             if may_reserve:
                 reserve(job, cpu, mem, k2)
     teams = sorted(queued_teams | set(snapshot.fair_share))
