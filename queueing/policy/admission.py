@@ -199,9 +199,13 @@ class _Waits(Mapping[int, Wait]):
         """Rule K3's wait in words: the clusters it may use (and spot nodes when it may
         not, rule K4); with `now_elsewhere`, where it would fit now."""
         gt = job.gpu_type
-        where = ("any cluster" if job.clusters is None else "its cluster" + (
-            "s " if len(job.clusters) != 1 else " ")
-            + ", ".join(c or '""' for c in sorted(job.clusters)))
+        if job.clusters is None:
+            where = "any cluster"
+        elif not job.clusters:
+            where = "the clusters its pin or selector allows (none)"
+        else:
+            where = "its cluster" + ("s " if len(job.clusters) != 1 else " ") + ", ".join(
+                c or '""' for c in sorted(job.clusters))
         has_spot = any(info[0] == gt and info[2] for info in self.pool_info.values())
         if has_spot and not job.spot_ok:
             where += (" (not spot nodes: a non-preemptible tier uses them only with "
