@@ -1,5 +1,5 @@
 """Ordering, admission and preemption on a snapshot (docs/scheduling.md, rules Q1, O1,
-A1-A9, R1-R9, Q2, D1-D2)."""
+A1-A9, R1-R9, Q2, D1-D2, and K1-K4, K7 across clusters and spot nodes)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Protocol
 from .dependencies import Verdict, array_limit_reached, dependencies_verdict
 from .fairshare import entry_penalty_gpu_hours
 from .preemption import Preemption, find_victims, work_lost_gpu_hours
-from .priority import PriorityWeights, age_factor, size_factor
+from .priority import PriorityWeights, size_factor
 from .snapshot import QueuedJob, Snapshot, Topology, TopologyMode
 from .workspace import Capacity, Workspace
 
@@ -199,9 +199,13 @@ class _Waits(Mapping[int, Wait]):
         """Rule K3's wait in words: the clusters it may use (and spot nodes when it may
         not, rule K4); with `now_elsewhere`, where it would fit now."""
         gt = job.gpu_type
-        where = ("any cluster" if job.clusters is None else "its cluster" + (
-            "s " if len(job.clusters) != 1 else " ")
-            + ", ".join(c or '""' for c in sorted(job.clusters)))
+        if job.clusters is None:
+            where = "any cluster"
+        elif not job.clusters:
+            where = "the clusters its pin or selector allows (none)"
+        else:
+            where = "its cluster" + ("s " if len(job.clusters) != 1 else " ") + ", ".join(
+                c or '""' for c in sorted(job.clusters))
         has_spot = any(info[0] == gt and info[2] for info in self.pool_info.values())
         if has_spot and not job.spot_ok:
             where += (" (not spot nodes: a non-preemptible tier uses them only with "
@@ -232,6 +236,9 @@ class _Waits(Mapping[int, Wait]):
 
 # `_Raw`'s last field for a `gang_does_not_fit` of rule A7: no one domain holds the gang.
 _IN_ONE_DOMAIN = 1
+# A queued job's GPU type, allowed clusters, spot_ok and shape (GPUs, replicas, CPU,
+# memory, topology): what decides its pools and whether they hold it.
+_StaticKey = tuple[str, frozenset[str] | None, bool, int, int, int, int, Topology | None]
 # `_Raw`'s last field for a `cluster` wait (rule K3): it would fit now in another pool.
 _ELSEWHERE = 1
 
@@ -379,7 +386,15 @@ class _QueueOrder:
                 first_idx.append(index)
                 continue
             submitted = job.submitted_at
-            age = age_factor(submitted_at=submitted, now=now, max_age_seconds=max_age)
+            # `age_factor(submitted_at=submitted, now=now, max_age_seconds=max_age)`,
+            # inlined: one call per queued job.
+            if max_age > 0:
+                waited = (now - submitted).total_seconds()
+                age = (waited if waited > 0.0 else 0.0) / max_age
+                if age > 1.0:
+                    age = 1.0
+            else:
+                age = 0.0
             total = job.gpus_per_replica * job.replicas
             size = sizes.get(total)
             if size is None:
@@ -445,7 +460,7 @@ class _QueueOrder:
 
 
 def plan_admissions(snapshot: Snapshot) -> Plan:
-    """One planning pass over the queue (rules Q1, Q2, O1, A1-A9, R1-R9, D1-D2).
+    """One planning pass over the queue (rules Q1, Q2, O1, A1-A9, R1-R9, D1-D2, K1-K4, K7).
 
     In queue order (O1; nominated preemptors first, A5) each job is admitted when it fits
     its team's quota (Q1) and free node capacity as a whole gang (A1-A3); each admission
@@ -453,8 +468,11 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     does not fit may preempt (R1-R4, Q2; within the rate limit R5, when worth it R9);
     otherwise it waits with a reason and does not block smaller jobs behind it (A4) - but
     the first large gang waiting for capacity reserves GPUs at its shadow time, and a job
-    behind it that would still run then only starts beside them (A9). The same snapshot
-    always gives the same plan; the snapshot is not changed.
+    behind it that would still run then only starts beside them (A9). With several
+    clusters or spot nodes a gang is placed in one pool (one cluster, spot or not: K1, K4)
+    of those it may use (K3), tried in rule K2's order; a preemption's victims are in the
+    cluster it lands in (K7). The same snapshot always gives the same plan; the snapshot
+    is not changed.
     """
     now = snapshot.now
     ws = Workspace(snapshot)
@@ -507,18 +525,41 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     block_seen: dict[tuple[str, ...], tuple[int, int]] = {}
     blocks = waits.blocks
     # Rule E4: per failed search, when the first protected candidate becomes a victim.
-    protected_for: dict[tuple[str, str, int, int, int, int, int, Topology | None],
-                        tuple[datetime, int] | None] = {}
+    protected_for: dict[tuple[tuple[str, str, int, int, int, int, int, Topology | None],
+                              frozenset[str] | None], tuple[datetime, int] | None] = {}
+
+    # Rule E2: every `_hold` of this pass, so a memo knows when the holds changed.
+    hold_log: list[int] = []
+    wait_seen: dict[_StaticKey, tuple[int, int, tuple[int, int, int, str]]] = {}
 
     def capacity_wait(code: int, index: int, job: QueuedJob, cpu: int, mem: int,
-                      pools: tuple[str, ...], excluded: tuple[str, ...]) -> _Raw:
+                      pools: tuple[str, ...], excluded: tuple[str, ...],
+                      memo_key: _StaticKey) -> _Raw:
         """The raw wait of a job that did not fit in any of its `pools`: `capacity` with
         rule E3's largest free block, rule E2's `held_for_preemptor` when it would fit on
         the GPUs held for a preemptor, or rule K3's `cluster` when it would fit now in
         one of the `excluded` pools (a cluster or spot nodes it may not use); any other
-        code as it is."""
+        code as it is. `memo_key` is the job's static key (`_StaticKey`)."""
         if code != capacity:
             return (code, index, 0, 0)
+        # The answer only changes with the capacity or the holds: a long queue asks it
+        # for most of its jobs, of a few shapes.
+        memo = wait_seen.get(memo_key)
+        if memo is not None and memo[0] == cap.changes and memo[1] == len(hold_log):
+            c, h, ce, where = memo[2]
+            if where:
+                waits.elsewhere[job.id] = where
+            return (c, index, h, ce)
+        c, h, ce, where = _capacity_wait(job, cpu, mem, pools, excluded)
+        wait_seen[memo_key] = (cap.changes, len(hold_log), (c, h, ce, where))
+        if where:
+            waits.elsewhere[job.id] = where
+        return (c, index, h, ce)
+
+    def _capacity_wait(job: QueuedJob, cpu: int, mem: int, pools: tuple[str, ...],
+                       excluded: tuple[str, ...]) -> tuple[int, int, int, str]:
+        """`capacity_wait`'s answer as (code, held, ceiling, the pool it would fit in
+        now but may not use or "")."""
         g, reps = job.gpus_per_replica, job.replicas
         for p in pools:
             held_here = holds.get(p)
@@ -532,7 +573,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                     known = fits_held[shape] = (cap.changes,
                                                 sum(held_here.values()) if fits else 0)
                 if known[1]:
-                    return (held_code, index, holder[p], known[1])
+                    return (held_code, holder[p], known[1], "")
         for p in excluded:
             shape6 = (p, g, reps, cpu, mem, job.topology)
             now_fits = fits_elsewhere.get(shape6)
@@ -540,8 +581,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 now_fits = fits_elsewhere[shape6] = (cap.changes, cap.fits(
                     p, g, reps, cpu=cpu, memory=mem, topology=job.topology))
             if now_fits[1]:
-                waits.elsewhere[job.id] = p
-                return (cluster_code, index, 0, _ELSEWHERE)
+                return (cluster_code, 0, _ELSEWHERE, p)
         seen = block_seen.get(pools)
         if seen is None or seen[0] != cap.changes:
             if len(pools) == 1:
@@ -550,7 +590,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             else:
                 blocks.append(_largest_block_of(cap, pools))
             seen = block_seen[pools] = (cap.changes, len(blocks))
-        return (capacity, index, seen[1], 0)
+        return (capacity, seen[1], 0, "")
     seen: list[int] = []
     remember = seen.append
     nominated = snapshot.nominated
@@ -585,6 +625,13 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     # Rule K3: whether a shape fits now in a pool (at `cap.changes`).
     fits_elsewhere: dict[tuple[str, int, int, int, int, Topology | None], tuple[int, bool]] = {}
     ranks = snapshot.cluster_ranks
+    # Per static key (GPU type, allowed clusters, spot_ok, shape): the pools it may use,
+    # the others, the ones whose empty nodes hold the gang, and when none does the wait.
+    statics: dict[_StaticKey, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...],
+                                    tuple[int, int, int]]] = {}
+    # Per static key: a job found unfit in all its pools at `cap.grown`, and the reason
+    # said (rule K2's first pool's); never `cpu_memory`, which may turn into `capacity`.
+    all_unfit: dict[_StaticKey, tuple[int, int]] = {}
     k2_seen: dict[tuple[str, ...], tuple[int, tuple[str, ...]]] = {}
 
     def pools_for(job: QueuedJob) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -676,26 +723,16 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         topo = job.topology
         # Rules K1, K3, K4: the pools (one GPU type, one cluster, spot or not) it may use,
         # and of those the ones that hold the gang when empty (rules A4, A6, A7).
-        pools, excluded = pools_for(job)
-        if len(pools) == 1:
-            p = pools[0]
-            fail: tuple[int, int] | None = None
-            if (reps > 1 or cpu or mem) and reps > (slots := cap.slots_when_empty(p, g, cpu, mem)):
-                fail = (slots, 0)
-            elif topo is not None and topo.mode is TopologyMode.REQUIRED and reps > (
-                    slots := cap.domain_slots_when_empty(p, topo.level, g, cpu, mem)):
-                fail = (slots, _IN_ONE_DOMAIN)
-            fitting: tuple[str, ...] = pools if fail is None else ()
-        else:
-            fitting, fail = _holding_pools(cap, pools, g, reps, cpu, mem, topo)
+        # Static for the pass (what empty nodes hold): memoized per shape.
+        skey = (gt, job.clusters, job.spot_ok, g, reps, cpu, mem, topo)
+        static = statics.get(skey)
+        if static is None:
+            pools, excluded = pools_for(job)
+            static = statics[skey] = (pools, excluded, *_holding(
+                cap, job, pools, excluded, g, reps, cpu, mem, topo))
+        pools, excluded, fitting, unheld = static
         if not fitting:
-            if (job.clusters is not None and not pools) or any(
-                    _never_holds(cap, p, g, reps, cpu, mem, topo) is None for p in excluded):
-                raw[job_id] = (cluster_code, index, 0, 0)  # rule K3: its clusters, not others
-            elif fail is None:
-                raw[job_id] = (no_fit, index, 0, 0)
-            else:
-                raw[job_id] = (no_fit, index, fail[0], fail[1])
+            raw[job_id] = (unheld[0], index, unheld[1], unheld[2])
             continue
         lending = not over and guarded_total.get(gt, 0) > 0 and \
             ledger.lending_blocks(team, gt, total)
@@ -703,7 +740,18 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         why_not = capacity
         pool = fitting[0]
         k2: tuple[str, ...] | None = None
-        if not lending and not over:
+        if not lending and not over and not nominated and (
+                (seen_unfit := all_unfit.get(skey)) is not None
+                and seen_unfit[0] == cap.grown):
+            # Every pool was found unfit for this shape and nothing grew since (the memo
+            # below, for all its pools at once): the common case of a long queue.
+            why_not = seen_unfit[1]
+            if not may_search:
+                raw[job_id] = capacity_wait(why_not, index, job, cpu, mem, fitting, excluded, skey)
+                if why_not == capacity and reserve_on and gt not in decided:
+                    reserve(job, cpu, mem, k2_order(fitting, job_id))
+                continue
+        elif not lending and not over:
             k2 = fitting if len(fitting) == 1 else k2_order(fitting, job_id)
             all_known = True
             saw_reserved = False
@@ -754,15 +802,18 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 if saw_reserved:  # rule A9: it fits, but only on GPUs reserved for another
                     raw[job_id] = (reserved_code, index, 0, 0)
                     continue
+                if why_not != cpu_memory_code:
+                    all_unfit[skey] = (cap.grown, why_not)
                 if all_known and not may_search and not nominated:
                     # The common case of a long queue.
                     raw[job_id] = capacity_wait(why_not, index, job, cpu, mem, fitting,
-                                                excluded)
+                                                excluded, skey)
                     if why_not == capacity and reserve_on and gt not in decided:
                         reserve(job, cpu, mem, k2)
                     continue
         if placement is not None:
             if nominated and job_id in nominated:  # rule A5: planned first, for its GPUs
+                hold_log.append(job_id)
                 _hold(holds, holder, pool, job_id, dict.fromkeys(placement, 0), placement, g)
             if reserve_on and gt not in decided and job.max_runtime_seconds is not None:
                 admitted_ends.setdefault(gt, []).append(
@@ -779,6 +830,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             # its victims' GPUs are still being released: no later job takes it first.
             planned = snapshot.nominated_placement.get(job_id)
             if planned:
+                hold_log.append(job_id)
                 _hold(holds, holder, cap.node_pool.get(planned[0], gt), job_id,
                       _hold_placement(cap, gt, planned, g), (), g)
             raw[job_id] = Wait(
@@ -830,9 +882,10 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                     pool = p
                     break
                 search_failed.add(pool_search)
-                if search_key not in protected_for:
-                    protected_for[search_key] = _protected_until(ws, job, now)
-            if result is None and (protected := protected_for.get(search_key)) is not None:
+                if (search_key, job.clusters) not in protected_for:
+                    protected_for[(search_key, job.clusters)] = _protected_until(ws, job, now)
+            if result is None and (
+                    protected := protected_for.get((search_key, job.clusters))) is not None:
                 waits.protected[job_id] = protected
         if result is not None and lost_per_wait is not None:
             # Rule R9: preempt only when it is worth it - the work the victims lose is at
@@ -873,6 +926,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             # of this pass; what the victims free beyond it is held back too: they still
             # run until stopped, so no job of this pass may be placed there (rule A5).
             freed = _hold_freed(ws, found, g, cpu, mem)
+            hold_log.append(job_id)
             _hold(holds, holder, pool, job_id, freed, found.placement, g)
             ledger.add(team, gt, total)
             preempted_by_team[team] += len(found.victims)
@@ -894,7 +948,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             if may_reserve:
                 reserve(job, cpu, mem, k2)
         else:
-            raw[job_id] = capacity_wait(why_not, index, job, cpu, mem, fitting, excluded)
+            raw[job_id] = capacity_wait(why_not, index, job, cpu, mem, fitting, excluded, skey)
             if may_reserve:
                 reserve(job, cpu, mem, k2)
     teams = sorted(queued_teams | set(snapshot.fair_share))
@@ -1010,6 +1064,25 @@ def _never_holds(cap: Capacity, pool: str, gpus: int, replicas: int, cpu: int, m
     return None
 
 
+def _holding(cap: Capacity, job: QueuedJob, pools: tuple[str, ...], excluded: tuple[str, ...],
+             gpus: int, replicas: int, cpu: int, memory: int, topology: Topology | None,
+             ) -> tuple[tuple[str, ...], tuple[int, int, int]]:
+    """Rules A4, K1, K3: the `pools` whose empty nodes hold the gang; when none does, the
+    wait as (reason code, replicas held, flag): `cluster` when the job names clusters
+    none of which has nodes of its type, or when an `excluded` pool would hold it; else
+    `gang_does_not_fit`."""
+    fitting, fail = _holding_pools(cap, pools, gpus, replicas, cpu, memory, topology)
+    if fitting:
+        return fitting, (0, 0, 0)
+    if (job.clusters is not None and not pools) or any(
+            _never_holds(cap, p, gpus, replicas, cpu, memory, topology) is None
+            for p in excluded):
+        return (), (_CODE[WaitReason.CLUSTER], 0, 0)
+    if fail is None:
+        return (), (_CODE[WaitReason.NO_FIT], 0, 0)
+    return (), (_CODE[WaitReason.NO_FIT], fail[0], fail[1])
+
+
 def _holding_pools(cap: Capacity, pools: tuple[str, ...], gpus: int, replicas: int, cpu: int,
                    memory: int, topology: Topology | None,
                    ) -> tuple[tuple[str, ...], tuple[int, int] | None]:
@@ -1072,9 +1145,14 @@ def _why_unplaced(cap: Capacity, gpu_type: str, gpus: int, replicas: int, cpu: i
 
 def _fits_with(cap: Capacity, gpu_type: str, gpus: int, replicas: int,
               held: Mapping[str, int]) -> bool:
-    """Rule E2: would the gang fit (GPUs alone) if the GPUs `held` per node were free?"""
+    """Rule E2: would the gang fit (GPUs alone) if the GPUs `held` per node (of the pool
+    `gpu_type`) were free? The slots now from the buckets, plus what the held GPUs add."""
     free = cap.free
-    return sum((free[n] + held.get(n, 0)) // gpus for n in cap.nodes_of[gpu_type]) >= replicas
+    slots = cap.slots_now(gpu_type, gpus)
+    for n, h in held.items():
+        f = free[n]
+        slots += (f + h) // gpus - f // gpus
+    return slots >= replicas
 
 
 def _hold(holds: dict[str, dict[str, int]], holder: dict[str, int], gpu_type: str,
@@ -1112,10 +1190,13 @@ def _protected_until(ws: Workspace, job: QueuedJob, now: datetime) -> tuple[date
     """Rule E4: of the running jobs of `job`'s GPU type it might preempt (preemptible, and
     of a lower tier or another team: rules R1, R2), those its tier's minimum runtime still
     protects (rule R3): when the first protection ends, and how many are protected. None
-    when none is (or none has started: its protection has no known end)."""
+    when none is (or none has started: its protection has no known end). Only jobs of
+    the clusters it may use count (rule K7: victims are in the preemptor's cluster)."""
+    allowed = job.clusters
     ends = [r.started_at + timedelta(seconds=r.min_runtime_seconds)
             for r in ws.running_by_type.get(job.gpu_type, ())
             if r.preemptible and r.id not in ws.removed and r.started_at is not None
+            and (allowed is None or ws.running_cluster[r.id] in allowed)
             and (r.tier_rank < job.tier_rank or r.team != job.team)
             and r.ran_seconds(now) < r.min_runtime_seconds]
     return (min(ends), len(ends)) if ends else None

@@ -145,8 +145,9 @@ def find_victims(
     # pass searches many times).
     removed, borrowing, tier = ws.removed, ws.ledger.borrowing, job.tier_rank
     priority, reclaim = PreemptionRule.PRIORITY, PreemptionRule.RECLAIM
+    running_cluster = ws.running_cluster
     for r, lost in _unprotected(ws, gt, now):
-        if r.id in removed or r.cluster != cluster:  # rule K7: the preemptor's cluster only
+        if r.id in removed or running_cluster[r.id] != cluster:  # rule K7: its cluster only
             continue
         if not r.preemptible:
             # Rule Q2: a non-preemptible job only goes to reclaim its team's borrowing,

@@ -135,6 +135,14 @@ class Capacity:
             n = min(n, m // memory)
         return n
 
+    def slots_now(self, gpu_type: str, gpus: int) -> int:
+        """How many replicas of `gpus` GPUs (GPUs alone) the nodes of `gpu_type` (a pool)
+        hold now: O(largest node), from the buckets."""
+        buckets = self._buckets.get(gpu_type)
+        if not buckets or gpus <= 0:
+            return 0
+        return sum(len(names) * (f // gpus) for f, names in enumerate(buckets) if f >= gpus)
+
     def slots_when_empty(self, gpu_type: str, gpus: int, cpu: int = 0, memory: int = 0) -> int:
         """How many replicas of `gpus` GPUs (and `cpu` millicores, `memory` bytes, rule
         A6) the nodes of `gpu_type` hold when all are empty: a gang needing more can
@@ -409,9 +417,19 @@ class Workspace:
         self.ledger = Ledger(snapshot, self.capacity)
         self.running_by_type: dict[str, list[RunningJob]] = defaultdict(list)
         self.running_by_id: dict[int, RunningJob] = {}
+        # Rule K7: the cluster each running job runs in - the one of its nodes in the
+        # snapshot, else its own `cluster` (its cluster left the snapshot: rule K5).
+        self.running_cluster: dict[int, str] = {}
+        node_pool, pool_info = self.capacity.node_pool, self.capacity.pool_info
         for r in snapshot.running:
             self.running_by_type[r.gpu_type].append(r)
             self.running_by_id[r.id] = r
+            cluster = r.cluster
+            for n in r.nodes:
+                if n in node_pool:
+                    cluster = pool_info[node_pool[n]][1]
+                    break
+            self.running_cluster[r.id] = cluster
         self.removed: set[int] = set()
         # The victim search's per-(GPU type, now) list of unprotected running jobs
         # (`preemption._unprotected`).

@@ -21,7 +21,7 @@ from .engine import run_fairq
 from .history import load_usage_history
 from .metrics import HOUR, goals, summarize
 from .model import RunResult, Workload
-from .report import png_report, text_report
+from .report import clusters_png, png_report, text_report
 from .scenario import ScenarioError, load_scenario, parse_scenario, parse_settings
 from .trace import TraceError, load_openb
 
@@ -122,6 +122,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--lost-per-wait", metavar="RATIO",
                     help="rule R9's ratio for fairq ('none': no check); default the "
                     "scenario's or the product's")
+    ap.add_argument("--spot-interruptions-per-hour", metavar="RATE", type=float,
+                    help="every spot node's interruption rate (rule K6), over the scenario's")
     ap.add_argument("--policies", default=",".join(POLICIES),
                     help=f"comma-separated, of {', '.join(POLICIES)} (all)")
     ap.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
@@ -177,7 +179,16 @@ def _overrides(w: Workload, args: argparse.Namespace) -> Workload:
             raise ScenarioError("--lost-per-wait: a number >= 0 or 'none'")
         st = replace(st, preemption=replace(st.preemption, lost_per_wait=ratio))
         source["lost_per_wait"] = ratio
-    return replace(w, scenario=replace(w.scenario, settings=st), source=source)
+    nodes = w.scenario.nodes
+    rate = args.spot_interruptions_per_hour
+    if rate is not None:
+        if not rate >= 0:
+            raise ScenarioError("--spot-interruptions-per-hour: a number >= 0")
+        if not any(n.spot for n in nodes):
+            raise ScenarioError("--spot-interruptions-per-hour: the scenario has no spot pool")
+        nodes = tuple(replace(n, interruptions_per_hour=rate) if n.spot else n for n in nodes)
+        source["spot_interruptions_per_hour"] = rate
+    return replace(w, scenario=replace(w.scenario, settings=st, nodes=nodes), source=source)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -209,6 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fh.write(text)
     if args.report:
         png_report(doc, args.report)
+        if any("clusters" in p for p in doc["policies"].values()):
+            clusters_png(doc, args.report.removesuffix(".png") + "-clusters.png")
     if not args.quiet and args.json != "-":
         sys.stdout.write(text_report(doc))
     return 0

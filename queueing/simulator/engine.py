@@ -4,7 +4,9 @@
 A virtual clock jumps from event to event: arrivals, finishes, and the instants the
 service's periodic cycle would act with no job moving (the cycle after a preemption,
 which admits the preemptor, and its termination grace's end, rule R8; a job's minimum
-runtime ends, rule R3; a team's oldest preemption leaves the rate-limit window, rule R5).
+runtime ends, rule R3; a team's oldest preemption leaves the rate-limit window, rule R5),
+and, with spot pools, a spot node's interruption (a seeded Poisson process per node: its
+jobs requeue, rule K6) and its replacement coming back.
 At each instant, after every event of that instant is applied, one cycle runs: snapshot →
 `plan_admissions` → apply, like the scheduler service, except that an admitted job starts
 at once (the simulated cluster) and a victim's GPUs are free at once. The bookkeeping
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,7 +57,7 @@ EPOCH = datetime(2023, 1, 1, tzinfo=UTC)
 
 Progress = Callable[[float], None]
 
-_ARRIVAL, _FINISH, _TIMER = 0, 1, 2
+_ARRIVAL, _FINISH, _TIMER, _RECLAIM, _BACK = 0, 1, 2, 3, 4
 
 
 def at(seconds: float) -> datetime:
@@ -65,6 +68,13 @@ def at(seconds: float) -> datetime:
 class _Running:
     job: RunningJob
     start: float
+
+
+def interruption_clock(seed: int, node: str, per_hour: float) -> random.Random:
+    """Rule K6's interruptions of one spot node: its own generator, seeded by the
+    scenario's seed and the node's name, so a node's interruptions do not depend on the
+    others' or on the order of events."""
+    return random.Random(f"{seed}:{node}:{per_hour!r}")
 
 
 def estimate_seconds(job: SimJob) -> int:
@@ -95,17 +105,38 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
     acc = {t: Accumulator(0.0, EPOCH) for t in teams}
     free = {n.name: n.gpus for n in sc.nodes}
     node_specs = sc.nodes
+    # Rules K1-K7: the clusters' ranks; spot nodes now down (rule K6).
+    ranks = {c.name: c.cost_rank for c in sc.clusters}
+    down: set[str] = set()
+    interruptions = 0
+    clocks = {n.name: interruption_clock(sc.seed, n.name, n.interruptions_per_hour)
+              for n in sc.nodes if n.spot and n.interruptions_per_hour > 0}
+    spec_of = {n.name: n for n in sc.nodes}
 
     events: list[tuple[float, int, int, int, int]] = []
     seq = 0
 
+    # Events other than spot interruptions and replacements still in the heap: once none
+    # is left and nothing runs, interruptions change nothing and the run ends.
+    work_events = 0
+
     def push(t: float, kind: int, job_id: int = 0, attempt: int = 0) -> None:
-        nonlocal seq
+        nonlocal seq, work_events
         seq += 1
+        if kind < _RECLAIM:
+            work_events += 1
         heapq.heappush(events, (t, kind, seq, job_id, attempt))
 
     for j in workload.jobs:
         push(j.submit, _ARRIVAL, j.id)
+    node_index = {n.name: i for i, n in enumerate(sc.nodes)}
+
+    def next_interruption(name: str, after: float) -> None:
+        rate = spec_of[name].interruptions_per_hour / 3600.0
+        push(after + clocks[name].expovariate(rate), _RECLAIM, node_index[name])
+
+    for name in sorted(clocks):
+        next_interruption(name, 0.0)
 
     queued: dict[int, QueuedJob] = {}
     running: dict[int, _Running] = {}
@@ -125,11 +156,40 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             push(t, _TIMER)
 
     def queue_job(j: SimJob, queued_at: float | None = None) -> None:
+        tier = tiers[j.tier]
         queued[j.id] = QueuedJob(
             id=j.id, team=j.team, gpu_type=j.gpu_type, gpus_per_replica=j.gpus_per_replica,
-            replicas=j.replicas, tier_rank=tiers[j.tier].rank, submitted_at=at(j.submit),
+            replicas=j.replicas, tier_rank=tier.rank, submitted_at=at(j.submit),
             queued_at=None if queued_at is None else at(queued_at),
-            max_runtime_seconds=estimate_seconds(j))
+            max_runtime_seconds=estimate_seconds(j),
+            clusters=None if j.cluster is None else frozenset((j.cluster,)),  # rule K3
+            spot_ok=tier.preemptible or j.allow_spot)  # rule K4
+
+    def reclaim(name: str) -> None:
+        """Rule K6: spot node `name` is interrupted: down until its replacement is back;
+        each job on it goes back to the queue as attempt + 1, its GPU time charged (like
+        a victim's, rule R6), the attempt's work lost to spot."""
+        nonlocal interruptions
+        interruptions += 1
+        down.add(name)
+        now = at(now_s)
+        for job_id in sorted(i for i, r in running.items() if name in r.job.nodes):
+            r = running.pop(job_id)
+            release(r.job)
+            j = jobs[job_id]
+            requeued = requeue_victim(
+                attempt=attempt_no[job_id], submitted_at=at(j.submit),
+                started_at=r.job.started_at, now=now, gpus=j.gpus,
+                billing_weight=billing.get(j.gpu_type, 1.0), accumulator=acc[j.team],
+                half_life_hours=h)
+            assert requeued.accumulator is not None  # given one, it gives one back
+            acc[j.team] = requeued.accumulator
+            attempt_no[job_id] = requeued.attempt
+            attempts[job_id].append(Attempt(r.start, now_s, preempted=False, reclaimed=True,
+                                            cluster=r.job.cluster))
+            queue_job(j, queued_at=now_s)
+        free[name] = 0
+        push(now_s + spec_of[name].replacement_seconds, _BACK, node_index[name])
 
     def charge(team: str, gpus: int, gpu_type: str, start: float, end: float) -> None:
         if end > start:
@@ -142,13 +202,28 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             free[name] += r.gpus_per_replica
 
     while events:
+        if clocks and not work_events and (len(finished) == len(jobs)
+                                           or (not running and not down)):
+            # Only spot interruptions are left, and nothing they could change (what is
+            # queued, if anything, can never start): the run ends here.
+            break
         now_s = events[0][0]
         if max_seconds is not None and now_s > max_seconds:
             break
         while events and events[0][0] == now_s:
             _, kind, _, job_id, attempt = heapq.heappop(events)
+            if kind < _RECLAIM:
+                work_events -= 1
             if kind == _TIMER:
                 timers.discard(now_s)
+            elif kind == _RECLAIM:
+                reclaim(node_specs[job_id].name)
+            elif kind == _BACK:
+                name = node_specs[job_id].name
+                down.discard(name)
+                free[name] = spec_of[name].gpus  # a fresh node: nothing runs on it
+                if len(finished) < len(jobs):
+                    next_interruption(name, now_s)
             elif kind == _ARRIVAL:
                 queue_job(jobs[job_id])
             elif kind == _FINISH:
@@ -159,7 +234,8 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                 release(r.job)
                 j = jobs[job_id]
                 charge(j.team, j.gpus, j.gpu_type, r.start, now_s)
-                attempts[job_id].append(Attempt(r.start, now_s, preempted=False))
+                attempts[job_id].append(Attempt(r.start, now_s, preempted=False,
+                                                cluster=r.job.cluster))
                 finished[job_id] = now_s
         if not queued:
             continue
@@ -190,7 +266,9 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             nomination_seconds=pre.nomination_seconds)
         snapshot = Snapshot(
             now=now,
-            nodes=tuple(NodeState(n.name, n.gpu_type, n.gpus, free[n.name]) for n in node_specs),
+            nodes=tuple(NodeState(n.name, n.gpu_type, n.gpus, free[n.name], cluster=n.cluster,
+                                  spot=n.spot)
+                        for n in node_specs if not down or n.name not in down),
             queued=tuple(queued.values()),
             running=tuple(r.job for r in running.values()),
             quotas=sc.quotas,
@@ -204,6 +282,7 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             preemption=PreemptionSettings.of(
                 pre, used=preemptions_in_window(made, now=now, window_seconds=pre.window_seconds)),
             reservation=st.reservation,
+            cluster_ranks=ranks,
         )
         # --- decide
         plan = plan_admissions(snapshot)
@@ -228,7 +307,8 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                 assert requeued.accumulator is not None  # given one, it gives one back
                 acc[j.team] = requeued.accumulator
                 attempt_no[v.job_id] = requeued.attempt
-                attempts[v.job_id].append(Attempt(r.start, now_s, preempted=True))
+                attempts[v.job_id].append(Attempt(r.start, now_s, preempted=True,
+                                                  cluster=r.job.cluster))
                 queue_job(j, queued_at=now_s)
                 made.append((now, p.team))
             nominations.append(Nomination(p.preemptor_id, attempt_no[p.preemptor_id], now,
@@ -249,7 +329,7 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                            tier_rank=q.tier_rank, preemptible=tier.preemptible, started_at=now,
                            min_runtime_seconds=tier.min_runtime_seconds, nodes=a.placement,
                            preemptions=sum(1 for x in attempts[j.id] if x.preempted),
-                           max_runtime_seconds=estimate_seconds(j)),
+                           max_runtime_seconds=estimate_seconds(j), cluster=a.cluster),
                 now_s)
             push(now_s + j.runtime, _FINISH, j.id, attempt_no[j.id])
             if tier.preemptible and tier.min_runtime_seconds > 0:
@@ -267,4 +347,5 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
 
     records = tuple(JobRecord(j, tuple(attempts[j.id]), finished.get(j.id))
                     for j in workload.jobs)
-    return RunResult("fairq", records, cycles, now_s, time.perf_counter() - t_wall)
+    return RunResult("fairq", records, cycles, now_s, time.perf_counter() - t_wall,
+                     interruptions=interruptions)

@@ -44,7 +44,7 @@ def queued_intervals(rec: JobRecord, end: float) -> list[tuple[float, float]]:
     for a in rec.attempts:
         if a.start > t:
             out.append((t, a.start))
-        if not a.preempted:
+        if not a.requeued:
             return out
         t = a.end
     if end > t:
@@ -95,18 +95,23 @@ def weighted_max_min(demand: Mapping[str, float], weight: Mapping[str, float],
     return alloc
 
 
-def _group_stats(recs: Iterable[JobRecord], *, horizon: float, end: float) -> dict[str, float]:
+def _group_stats(recs: Iterable[JobRecord], *, horizon: float, end: float,
+                 clusters: bool = False) -> dict[str, float]:
     recs = list(recs)
     waits = [wait_seconds(r, end) / 60.0 for r in recs]
-    delivered = lost = 0.0
+    delivered = lost = spot = 0.0
     for r in recs:
         for a in r.attempts:
             gpu_h = r.job.gpus * overlap(a.start, a.end, 0.0, horizon) / HOUR
             if a.preempted:
                 lost += gpu_h
+            elif a.reclaimed:
+                spot += gpu_h
             else:
                 delivered += gpu_h
     pre = [r.preemptions for r in recs]
+    extra = {"lost_to_spot_gpu_hours": spot,
+             "spot_reclaims": sum(1 for r in recs for a in r.attempts if a.reclaimed)}
     return {
         "jobs": len(recs),
         "wait_p50_min": percentile(waits, 50),
@@ -117,6 +122,8 @@ def _group_stats(recs: Iterable[JobRecord], *, horizon: float, end: float) -> di
         "preemptions": sum(pre),
         "jobs_preempted": sum(1 for p in pre if p),
         "max_preemptions_per_job": max(pre, default=0),
+        # Only for a scenario with clusters: a run without keeps its JSON as it was.
+        **(extra if clusters else {}),
     }
 
 
@@ -190,9 +197,50 @@ def utilization(result: RunResult, workload: Workload) -> list[float]:
     return [b / cap for b in bins]
 
 
-def summarize(result: RunResult, workload: Workload) -> dict[str, object]:
-    """Everything one run is measured by, as plain JSON values."""
+def clusters_summary(result: RunResult, workload: Workload) -> dict[str, object]:
+    """Rules K1-K7 in figures, per cluster: its GPUs (spot ones apart), the mean share
+    of them held over the run, the GPU-hours delivered in the horizon and those lost to
+    preemption and to spot interruptions (rule K6); and the run's interruptions."""
+    sc = workload.scenario
     horizon, end = workload.horizon, result.end
+    out: dict[str, dict[str, float]] = {}
+    for spec in sorted(sc.clusters, key=lambda c: (c.cost_rank, c.name)):
+        nodes = [n for n in sc.nodes if n.cluster == spec.name]
+        out[spec.name] = {
+            "cost_rank": spec.cost_rank,
+            "gpus": sum(n.gpus for n in nodes),
+            "spot_gpus": sum(n.gpus for n in nodes if n.spot),
+            "held_gpu_hours": 0.0, "delivered_gpu_hours": 0.0,
+            "lost_to_preemption_gpu_hours": 0.0, "lost_to_spot_gpu_hours": 0.0,
+            "jobs_started": 0,
+        }
+    for r in result.records:
+        for a in r.attempts:
+            row = out.get(a.cluster)
+            if row is None:
+                continue
+            row["held_gpu_hours"] += r.job.gpus * (a.end - a.start) / HOUR
+            row["jobs_started"] += 1
+            gpu_h = r.job.gpus * overlap(a.start, a.end, 0.0, horizon) / HOUR
+            key = ("lost_to_preemption_gpu_hours" if a.preempted else
+                   "lost_to_spot_gpu_hours" if a.reclaimed else "delivered_gpu_hours")
+            row[key] += gpu_h
+    for c in out.values():
+        c["utilization_mean"] = c["held_gpu_hours"] / (c["gpus"] * end / HOUR) \
+            if c["gpus"] and end > 0 else 0.0
+    reclaimed = [a for r in result.records for a in r.attempts if a.reclaimed]
+    return {"clusters": out, "spot": {
+        "interruptions": result.interruptions, "attempts_reclaimed": len(reclaimed),
+        "lost_gpu_hours": sum(c["lost_to_spot_gpu_hours"] for c in out.values()),
+        "lost_to_preemption_gpu_hours": sum(c["lost_to_preemption_gpu_hours"]
+                                            for c in out.values())}}
+
+
+def summarize(result: RunResult, workload: Workload) -> dict[str, object]:
+    """Everything one run is measured by, as plain JSON values (with the scenario's
+    clusters, `clusters_summary` too)."""
+    horizon, end = workload.horizon, result.end
+    several = bool(workload.scenario.clusters)
     recs = result.records
     by: dict[str, dict[str, list[JobRecord]]] = {"tiers": {}, "teams": {}, "sizes": {}}
     for r in recs:
@@ -207,11 +255,12 @@ def summarize(result: RunResult, workload: Workload) -> dict[str, object]:
         "cycles": result.cycles,
         "end_hours": end / HOUR,
         "unfinished_jobs": unfinished,
-        "overall": _group_stats(recs, horizon=horizon, end=end),
-        **{k: {name: _group_stats(v[name], horizon=horizon, end=end)
+        "overall": _group_stats(recs, horizon=horizon, end=end, clusters=several),
+        **{k: {name: _group_stats(v[name], horizon=horizon, end=end, clusters=several)
                for name in sorted(v, key=order[k])} for k, v in by.items()},
         "fairness": fairness(result, workload),
         "utilization": {"bin_seconds": UTIL_BIN, "series": utilization(result, workload)},
+        **(clusters_summary(result, workload) if several else {}),
     }
 
 

@@ -14,9 +14,26 @@ from queueing.policy.snapshot import QuotaLimit
 
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
+    """A node; with `clusters:` in the scenario, of a cluster (rules K1-K7), spot or not,
+    a spot node interrupted `interruptions_per_hour` times an hour on average (a Poisson
+    process) and replaced `replacement_seconds` later."""
+
     name: str
     gpu_type: str
     gpus: int
+    cluster: str = ""
+    spot: bool = False
+    interruptions_per_hour: float = 0.0
+    replacement_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    """A cluster of the scenario: rule K2's `cost_rank` (lower first) and its labels."""
+
+    name: str
+    cost_rank: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +62,10 @@ class Scenario:
     # (team, GPU type) -> quota (rule Q1); absent: nominal 0, borrowing unlimited.
     quotas: Mapping[tuple[str, str], QuotaLimit] = field(default_factory=dict)
     settings: PolicySettings = field(default_factory=PolicySettings)
+    # Rules K1-K7: the clusters (none: one implicit cluster, "") and the seed of the spot
+    # interruptions.
+    clusters: tuple[ClusterSpec, ...] = ()
+    seed: int = 0
 
     @property
     def total_gpus(self) -> int:
@@ -72,6 +93,8 @@ class SimJob:
     submit: float
     runtime: float
     estimate: float
+    cluster: str | None = None  # rule K3: its pin (None = any cluster)
+    allow_spot: bool = False  # rule K4: spot nodes for a non-preemptible tier too
 
     @property
     def gpus(self) -> int:
@@ -89,9 +112,18 @@ class Workload:
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
+    """One run of a job: `preempted` (rule R6) or `reclaimed` (its spot node was
+    interrupted, rule K6) ends it early and requeues the job; `cluster` where it ran."""
+
     start: float
     end: float
     preempted: bool
+    reclaimed: bool = False
+    cluster: str = ""
+
+    @property
+    def requeued(self) -> bool:
+        return self.preempted or self.reclaimed
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,3 +147,5 @@ class RunResult:
     cycles: int
     end: float
     seconds: float
+    # Rule K6: spot node interruptions during the run (fairq's loop only).
+    interruptions: int = 0

@@ -50,6 +50,7 @@ def text_report(doc: Mapping[str, Any]) -> str:
             lines.append(f"{team:8} {p:8} {f['weight']:6g} {f['hours_waiting']:5d} "
                          f"{100 * f['delivered_share']:11.1f} {100 * f['fair_share']:7.1f} "
                          f"{f['deviation_points']:7.1f}")
+    lines += clusters_text(doc)
     if doc.get("goals"):
         lines += ["", "goals (fairq):"]
         lines += [f"  {k} {v:.2f}" for k, v in doc["goals"].items()]
@@ -119,6 +120,66 @@ def png_report(doc: Mapping[str, Any], path: str) -> None:
     ax.set(title="fairq: jobs by times preempted", xlabel="preemptions of one job",
            ylabel="jobs (log)")
     fig.suptitle(f"fairq-sim: {doc['source']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def clusters_text(doc: Mapping[str, Any]) -> list[str]:
+    """Rules K1-K7: per policy run with clusters, each cluster's GPUs, mean utilization,
+    delivered GPU-hours and GPU-hours lost to preemption and to spot interruptions; then
+    the interruptions. Nothing for a run without clusters."""
+    pol = doc["policies"]
+    lines: list[str] = []
+    for p in _ordered(pol):
+        clusters = pol[p].get("clusters")
+        if not clusters:
+            continue
+        lines += ["", f"{'cluster':12} {'policy':8} {'rank':>4} {'GPUs':>5} {'spot':>5} "
+                      f"{'util %':>6} {'deliv GPU-h':>11} {'lost preempt':>12} {'lost spot':>9}"]
+        for name, c in clusters.items():
+            lines.append(
+                f"{name:12} {p:8} {c['cost_rank']:4d} {c['gpus']:5d} {c['spot_gpus']:5d} "
+                f"{100 * c['utilization_mean']:6.1f} {c['delivered_gpu_hours']:11.1f} "
+                f"{c['lost_to_preemption_gpu_hours']:12.1f} {c['lost_to_spot_gpu_hours']:9.1f}")
+        sp = pol[p]["spot"]
+        lines.append(f"spot ({p}): {sp['interruptions']} interruptions, "
+                     f"{sp['attempts_reclaimed']} attempts requeued, {sp['lost_gpu_hours']:.1f} "
+                     f"GPU-hours lost to spot, {sp['lost_to_preemption_gpu_hours']:.1f} to "
+                     "preemption")
+    return lines
+
+
+def clusters_png(doc: Mapping[str, Any], path: str) -> None:
+    """Two plots for a run with clusters (fairq's): per cluster the delivered GPU-hours
+    and those lost to preemption and to spot (stacked), and the mean utilization."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    clusters = doc["policies"]["fairq"]["clusters"]
+    names = list(clusters)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
+    x = range(len(names))
+    bottom = [0.0] * len(names)
+    for key, label, color in (("delivered_gpu_hours", "delivered", "tab:blue"),
+                              ("lost_to_preemption_gpu_hours", "lost to preemption", "tab:red"),
+                              ("lost_to_spot_gpu_hours", "lost to spot", "tab:orange")):
+        vals = [clusters[n][key] for n in names]
+        left.bar(list(x), vals, bottom=bottom, label=label, color=color)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    left.set_xticks(list(x), names)
+    left.set(title="fairq: GPU-hours per cluster in the horizon", ylabel="GPU-hours")
+    left.legend()
+    right.bar(list(x), [100 * clusters[n]["utilization_mean"] for n in names])
+    right.set_xticks(list(x), names)
+    right.set(title="fairq: mean utilization per cluster", ylabel="% of its GPUs held",
+              ylim=(0, 105))
+    spot = doc["policies"]["fairq"]["spot"]
+    fig.suptitle(f"{spot['interruptions']} spot interruptions; "
+                 f"{spot['lost_gpu_hours']:.1f} GPU-hours lost to spot, "
+                 f"{spot['lost_to_preemption_gpu_hours']:.1f} to preemption", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)

@@ -1,6 +1,7 @@
 """A YAML scenario (docs/simulator.md, "Scenarios"; examples in bench/scenarios/): the
-cluster's node pools and GPU types, teams with weights and parents, quotas, tiers,
-fair-share, priority and preemption settings, and optionally the jobs themselves.
+cluster's node pools and GPU types (or several clusters with their pools, spot ones with
+an interruption rate: "Several clusters and spot capacity"), teams with weights and
+parents, quotas, tiers, fair-share, priority and preemption settings, and optionally the jobs themselves.
 
 Every value is checked; a bad one raises `ScenarioError` naming its field
 (`teams[2].weight: must be > 0`) and nothing is run.
@@ -8,7 +9,9 @@ Every value is checked; a bad one raises `ScenarioError` naming its field
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from queueing.policy.settings import DEFAULTS, PolicySettings, PreemptionPolicy
 from queueing.policy.snapshot import QuotaLimit
 
 from .model import (
+    ClusterSpec,
     NodeSpec,
     Scenario,
     SimJob,
@@ -134,25 +138,13 @@ def parse_scenario(doc: Any) -> Workload:
     """A scenario document (parsed YAML) as a workload: its cluster and, when it lists
     `jobs`, those jobs (else none: give a trace too)."""
     doc = _map(doc, "scenario")
-    known = {"cluster", "gpu_types", "teams", "quotas", "tiers", "fair_share", "priority",
-             "preemption", "jobs", "horizon_seconds", "cycle_seconds", "reservation"}
+    known = {"cluster", "clusters", "gpu_types", "teams", "quotas", "tiers", "fair_share",
+             "priority", "preemption", "jobs", "horizon_seconds", "cycle_seconds", "reservation",
+             "seed"}
     for key in doc:
         if key not in known:
             raise ScenarioError(f"{key}: unknown section; known: {', '.join(sorted(known))}")
-    nodes: list[NodeSpec] = []
-    pools = _list(_map(doc.get("cluster"), "cluster").get("node_pools"), "cluster.node_pools")
-    if not pools:
-        raise ScenarioError("cluster.node_pools: at least one pool is needed")
-    for i, p in enumerate(pools):
-        w = f"cluster.node_pools[{i}]"
-        p = _map(p, w)
-        gt = _str(p, "gpu_type", w)
-        name = str(p.get("name") or gt)
-        count = int(_num(p, "nodes", w, strict=True, integer=True))
-        per = int(_num(p, "gpus_per_node", w, strict=True, integer=True))
-        nodes += [NodeSpec(f"{name}-{k:03d}", gt, per) for k in range(count)]
-    if len({n.name for n in nodes}) != len(nodes):
-        raise ScenarioError("cluster.node_pools: two pools have the same name")
+    nodes, clusters = _nodes(doc)
     teams: list[TeamSpec] = []
     for i, t in enumerate(_list(doc.get("teams"), "teams")):
         w = f"teams[{i}]"
@@ -206,7 +198,8 @@ def parse_scenario(doc: Any) -> Workload:
                 quotas[(t.name, gt)] = QuotaLimit(nominal)
     settings = parse_settings(doc)
     scenario = Scenario(nodes=tuple(nodes), teams=tuple(teams), tiers=tuple(tiers),
-                        quotas=quotas, settings=settings)
+                        quotas=quotas, settings=settings, clusters=clusters,
+                        seed=int(_num(doc, "seed", "scenario", default=0, integer=True)))
     jobs: list[SimJob] = []
     tier_names = {t.name for t in tiers}
     largest = {gt: max(n.gpus for n in nodes if n.gpu_type == gt) for gt in gpu_types}
@@ -220,6 +213,12 @@ def parse_scenario(doc: Any) -> Workload:
             raise ScenarioError(f"{w}.tier: no tier {tier!r}")
         if gt not in largest:
             raise ScenarioError(f"{w}.gpu_type: no node pool of {gt!r}")
+        pin = None
+        if j.get("cluster") is not None:
+            pin = _str(j, "cluster", w)
+            if pin not in {c.name for c in clusters}:
+                raise ScenarioError(f"{w}.cluster: no cluster {pin!r}")
+        allow_spot = _bool(j, "allow_spot", w, False)
         g = int(_num(j, "gpus_per_replica", w, default=1, strict=True, integer=True))
         if g > largest[gt]:
             raise ScenarioError(f"{w}.gpus_per_replica: no {gt} node has {g} GPUs")
@@ -231,18 +230,21 @@ def parse_scenario(doc: Any) -> Workload:
         every = _num(j, "every_seconds", w, default=0.0)
         submit = _num(j, "submit_seconds", w, default=0.0)
         reps = int(_num(j, "replicas", w, default=1, strict=True, integer=True))
-        if sum(n.gpus // g for n in nodes if n.gpu_type == gt) < reps:
+        # Rules K1, K4: the gang fits the nodes of one cluster and one kind it may use.
+        spot_ok = allow_spot or next(t for t in tiers if t.name == tier).preemptible
+        room: dict[tuple[str, bool], int] = {}
+        for n in nodes:
+            if n.gpu_type == gt and (pin is None or n.cluster == pin) and (spot_ok or not n.spot):
+                room[(n.cluster, n.spot)] = room.get((n.cluster, n.spot), 0) + n.gpus // g
+        if max(room.values(), default=0) < reps:
             raise ScenarioError(f"{w}.replicas: {reps} replicas of {g} GPUs never fit the "
-                                f"{gt} nodes")
+                                f"{gt} nodes" + (" of one cluster it may use" if clusters else ""))
         for k in range(count):
             jobs.append(SimJob(id=0, team=team, tier=tier, gpu_type=gt, gpus_per_replica=g,
                                replicas=reps, submit=submit + k * every, runtime=runtime,
-                               estimate=estimate))
+                               estimate=estimate, cluster=pin, allow_spot=allow_spot))
     jobs.sort(key=lambda j: j.submit)  # stable: the file's order among equal submits
-    numbered = tuple(SimJob(id=i + 1, team=j.team, tier=j.tier, gpu_type=j.gpu_type,
-                            gpus_per_replica=j.gpus_per_replica, replicas=j.replicas,
-                            submit=j.submit, runtime=j.runtime, estimate=j.estimate)
-                     for i, j in enumerate(jobs))
+    numbered = tuple(replace(j, id=i + 1) for i, j in enumerate(jobs))
     last = max((j.submit for j in numbered), default=0.0)
     horizon = _num(doc, "horizon_seconds", "scenario", default=last) if "horizon_seconds" in doc \
         else last
@@ -250,6 +252,70 @@ def parse_scenario(doc: Any) -> Workload:
         horizon = max((j.submit + j.runtime for j in numbered), default=1.0)
     return Workload(scenario=scenario, jobs=numbered, horizon=horizon,
                     source={"kind": "scenario", "jobs": len(numbered)})
+
+
+_SLUG = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+
+
+def _pool_nodes(p: Any, w: str, cluster: str) -> list[NodeSpec]:
+    """One node pool's nodes: `count` nodes named "<pool>-<k>" (with a cluster,
+    "<cluster>/<pool>-<k>"); spot ones with their interruption rate and replacement."""
+    p = _map(p, w)
+    gt = _str(p, "gpu_type", w)
+    name = str(p.get("name") or gt)
+    count = int(_num(p, "nodes", w, strict=True, integer=True))
+    per = int(_num(p, "gpus_per_node", w, strict=True, integer=True))
+    spot = _bool(p, "spot", w, False)
+    rate = _num(p, "interruptions_per_hour", w, default=0.0)
+    minutes = _num(p, "replacement_minutes", w, default=10.0)
+    if not spot and (rate or "replacement_minutes" in p):
+        raise ScenarioError(f"{w}.interruptions_per_hour: only a spot pool (spot: true) is "
+                            "interrupted")
+    prefix = f"{cluster}/{name}" if cluster else name
+    return [NodeSpec(f"{prefix}-{k:03d}", gt, per, cluster=cluster, spot=spot,
+                     interruptions_per_hour=rate, replacement_seconds=minutes * 60.0)
+            for k in range(count)]
+
+
+def _nodes(doc: Mapping[str, Any]) -> tuple[list[NodeSpec], tuple[ClusterSpec, ...]]:
+    """`cluster.node_pools` (one implicit cluster, "") or `clusters` (rules K1-K7: each
+    with its name, cost_rank, labels and node pools)."""
+    if "cluster" in doc and "clusters" in doc:
+        raise ScenarioError("clusters: give either cluster (one) or clusters (several)")
+    nodes: list[NodeSpec] = []
+    specs: list[ClusterSpec] = []
+    if "clusters" in doc:
+        entries = _list(doc.get("clusters"), "clusters")
+        if not entries:
+            raise ScenarioError("clusters: at least one cluster is needed")
+        for i, c in enumerate(entries):
+            w = f"clusters[{i}]"
+            c = _map(c, w)
+            name = _str(c, "name", w)
+            if not _SLUG.match(name):
+                raise ScenarioError(f"{w}.name: lowercase letters, digits and '-' only")
+            labels = _map(c.get("labels"), f"{w}.labels")
+            specs.append(ClusterSpec(name, int(_num(c, "cost_rank", w, default=0, minimum=None,
+                                                    integer=True)),
+                                     {str(k): str(v) for k, v in labels.items()}))
+            pools = _list(c.get("node_pools"), f"{w}.node_pools")
+            if not pools:
+                raise ScenarioError(f"{w}.node_pools: at least one pool is needed")
+            for k, p in enumerate(pools):
+                nodes += _pool_nodes(p, f"{w}.node_pools[{k}]", name)
+        if len({c.name for c in specs}) != len(specs):
+            raise ScenarioError("clusters: two clusters have the same name")
+    else:
+        pools = _list(_map(doc.get("cluster"), "cluster").get("node_pools"),
+                      "cluster.node_pools")
+        if not pools:
+            raise ScenarioError("cluster.node_pools: at least one pool is needed")
+        for i, p in enumerate(pools):
+            nodes += _pool_nodes(p, f"cluster.node_pools[{i}]", "")
+    if len({n.name for n in nodes}) != len(nodes):
+        raise ScenarioError(("clusters: two pools of one cluster" if specs else
+                             "cluster.node_pools: two pools") + " have the same name")
+    return nodes, tuple(specs)
 
 
 def load_scenario(path: str | Path) -> Workload:

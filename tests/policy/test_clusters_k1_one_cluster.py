@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from queueing.policy.admission import WaitReason, plan_admissions
+from queueing.policy.snapshot import PreemptionSettings
 
-from .clusters_world import cluster_of, job, pool, snap
+from .clusters_world import NOW, cluster_of, job, pool, running, snap
 
 
 def test_a_gang_never_spans_two_clusters_even_when_only_both_together_hold_it() -> None:
@@ -44,3 +45,19 @@ def test_one_cluster_without_names_plans_as_before() -> None:
     assert "cluster" not in plan.waits[1].message
     (a,) = plan.admissions
     assert a.cluster == ""
+
+
+def test_rule_a9_reserves_in_one_cluster_and_holds_nothing_back_in_the_others() -> None:
+    # East: two nodes, one free, one busy until in an hour; a 2-node gang reserves there
+    # (west is too small for it). A later 8-GPU job that runs for ever may not take
+    # east's free node (it would delay the gang) but takes west's.
+    nodes = pool("east", "h100", 1, free=0) + pool("east", "h100", 1, prefix="m") \
+        + pool("west", "h100", 1, prefix="w")
+    busy = (running(50, ("east/n-h100-0",), cluster="east", max_runtime_seconds=3600,
+                    started_at=NOW),)
+    queued = [job(1, replicas=2, clusters={"east"}), job(2), job(3)]
+    plan = plan_admissions(snap(nodes, queued, running_jobs=busy, reservation=True,
+                                preemption=PreemptionSettings(enabled=False)))
+    assert plan.reservations["h100"][0] == 1
+    assert [(a.job_id, a.cluster) for a in plan.admissions] == [(2, "west")]
+    assert plan.waits[3].reason is WaitReason.RESERVED

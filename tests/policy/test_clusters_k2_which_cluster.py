@@ -48,3 +48,11 @@ def test_only_the_clusters_the_job_allows_are_candidates() -> None:
                                 ranks={"b": 0, "a": 0}))
     by_id = {a.job_id: a.cluster for a in plan.admissions}
     assert by_id == {1: "a", 2: "b"}
+
+
+def test_a_nominated_preemptor_goes_where_its_preemption_made_room() -> None:
+    # Rule A5: its victims were in b; a is cheaper and has room too by now.
+    nodes = pool("a", "h100", 1) + pool("b", "h100", 1)
+    plan = plan_admissions(snap(nodes, [job(1)], ranks={"a": 0, "b": 1}, nominated={1: 0},
+                                nominated_placement={1: ("b/n-h100-0",)}))
+    assert plan.admissions[0].cluster == "b"

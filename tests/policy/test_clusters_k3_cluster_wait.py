@@ -48,3 +48,9 @@ def test_no_room_anywhere_is_a_capacity_wait() -> None:
 def test_a_selector_of_several_clusters_lists_them() -> None:
     plan = plan_admissions(snap(pool("c", "h100", 1), [job(1, clusters={"b", "a"})]))
     assert "its clusters a, b can hold" in plan.waits[1].message
+
+
+def test_a_selector_matching_no_cluster_says_so() -> None:
+    plan = plan_admissions(snap(pool("c", "h100", 1), [job(1, clusters=set())]))
+    assert plan.waits[1].reason is WaitReason.CLUSTER
+    assert "the clusters its pin or selector allows (none)" in plan.waits[1].message

@@ -3,6 +3,8 @@ preemption victims only in the cluster the preemptor lands in, tried in rule K2 
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from queueing.policy.admission import WaitReason, plan_admissions
 from queueing.policy.preemption import find_victims
 from queueing.policy.snapshot import PreemptionSettings, QuotaLimit
@@ -89,3 +91,28 @@ def test_running_jobs_of_an_unreachable_cluster_hold_quota_but_are_no_victims() 
         quotas={("a", "h100"): QuotaLimit(nominal=8, borrowing_limit=8)}))
     assert plan.preemptions == ()
     assert plan.waits[1].reason is WaitReason.CAPACITY
+
+
+def test_rule_e4_counts_only_the_protected_jobs_of_the_clusters_it_may_use() -> None:
+    nodes = pool("a", "h100", 1, free=0) + pool("b", "h100", 1, free=0)
+    run = (running(10, ("a/n-h100-0",), cluster="a", min_runtime_seconds=600,
+                   started_at=NOW - timedelta(seconds=60)),
+           running(11, ("b/n-h100-0",), cluster="b", min_runtime_seconds=600,
+                   started_at=NOW - timedelta(seconds=300)))
+    plan = plan_admissions(snap(nodes, [job(1, tier=200, clusters={"a"})], running_jobs=run,
+                                preemption=NO_R9))
+    wait = plan.waits[1]
+    assert wait.until == NOW + timedelta(seconds=540)
+    assert "1 running job it could preempt is protected" in wait.message
+
+
+def test_a_running_jobs_cluster_is_the_one_of_its_nodes() -> None:
+    # A running job whose `cluster` was left empty by its caller is still a victim in
+    # the cluster its nodes are in, and only there.
+    nodes = pool("east", "h100", 1, free=0) + pool("west", "h100", 1, free=0)
+    run = (running(10, ("east/n-h100-0",), cluster=""),
+           running(11, ("west/n-h100-0",), cluster=""))
+    plan = plan_admissions(snap(nodes, [job(1, tier=200, clusters={"west"})], running_jobs=run,
+                                preemption=NO_R9))
+    (p,) = plan.preemptions
+    assert (p.cluster, [v.job_id for v in p.victims]) == ("west", [11])
