@@ -97,6 +97,22 @@ def main() -> int:
               g["gpus8_p95_wait_min"] - g["gpus8_p95_wait_greedy_min"], "min")
         bench(f"sim_fairq_{tag}_gpus8_p95_vs_easy",
               g["gpus8_p95_wait_min"] - g["gpus8_p95_wait_easy_min"], "min")
+        # Why the high tier waited (docs/simulator.md, "Why a tier waited"): per wait
+        # cause its share of the tier's waiting and the p95 of the time jobs spent in it,
+        # the jobs over the goal whose wait was mostly that cause; the two floors.
+        high = pol["fairq"].get("wait_causes", {}).get("high")
+        if high:
+            bench(f"sim_fairq_{tag}_high_over_1min", high["over_goal"], "count")
+            for cause, c in high["causes"].items():
+                name = cause.replace("capacity:", "capacity_")
+                bench(f"sim_fairq_{tag}_high_cause_{name}_share", c["share_pct"], "pct")
+                bench(f"sim_fairq_{tag}_high_cause_{name}_p95", c["p95_min"], "min")
+                bench(f"sim_fairq_{tag}_high_cause_{name}_main_over_1min",
+                      c["main_over_goal"], "count")
+        for floor, f in doc.get("wait_floors", {}).items():
+            if isinstance(f, dict):
+                bench(f"sim_floor_{tag}_high_{floor}_p95_wait", f["wait_p95_min"], "min")
+                bench(f"sim_floor_{tag}_high_{floor}_over_1min", f["over_goal"], "count")
         column = f"ρ {rho:g} s{seed}"
         for key, text, value, met, unit in goal_checks(g):
             bench(f"sim_goal_{tag}_{key}", value, {"%": "pct", "": "count"}.get(unit, unit))

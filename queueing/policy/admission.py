@@ -76,6 +76,21 @@ class Plan:
     # Rule A9: per GPU type, the job holding the pass's reservation and its shadow time.
     reservations: Mapping[str, tuple[int, datetime]] = field(default_factory=dict)
 
+    def wait_causes(self) -> Iterator[tuple[int, str]]:
+        """Every waiting job with its *wait cause*: its reason's code, and for a
+        `capacity` wait what became of its preemption search (`capacity:not_worth_it`,
+        rule R9 refused the victims found; `capacity:protected`, the search found none and
+        some candidates are protected by rule R3's minimum runtime; `capacity:no_victim`,
+        the search found no victim set; `capacity:no_search`, no search ran: preemption
+        off or this pass's R4 search budget spent). No message is formatted: the
+        simulator's wait-cause report reads it every cycle (docs/simulator.md)."""
+        waits = self.waits
+        if isinstance(waits, _Waits):
+            yield from waits.causes()
+        else:
+            for job_id, w in waits.items():
+                yield job_id, w.reason.value
+
 
 # A wait not formatted yet: (reason code, index of the job in `_Waits.jobs`, GPUs held,
 # ceiling). Only ints, so the garbage collector stops tracking the tuple at once (a long
@@ -83,13 +98,19 @@ class Plan:
 _Raw = tuple[int, int, int, int]
 _REASONS: tuple[WaitReason, ...] = tuple(WaitReason)
 _CODE = {r: i for i, r in enumerate(_REASONS)}
+# `Plan.wait_causes`: a `capacity` wait split by what its preemption search gave.
+_CAUSE_NAMES = {r: r.value for r in _REASONS}
+_NOT_WORTH = "capacity:not_worth_it"  # rule R9 refused the victims found
+_PROTECTED = "capacity:protected"  # no victim set; candidates protected (rule R3)
+_NO_VICTIM = "capacity:no_victim"  # the search (or an equal one this pass) found none
+_NO_SEARCH = "capacity:no_search"  # preemption off, or no search left in the pass (R4)
 
 
 class _Waits(Mapping[int, Wait]):
     """`Plan.waits`, built lazily: most of a long queue waits, and a wait's message is
     only formatted when someone reads it. Reads give equal `Wait` values every time."""
 
-    __slots__ = ("_raw", "blocks", "jobs", "now", "protected", "reservations")
+    __slots__ = ("_raw", "blocks", "jobs", "now", "protected", "refused", "reservations")
 
     def __init__(self, jobs: list[QueuedJob] | None = None,
                  now: datetime | None = None) -> None:
@@ -104,6 +125,22 @@ class _Waits(Mapping[int, Wait]):
         self.protected: dict[int, tuple[datetime, int]] = {}
         # Rule A9: GPU type -> (the job holding the reservation, its shadow time).
         self.reservations: dict[str, tuple[int, datetime]] = {}
+        # `Plan.wait_causes`: job id -> what its preemption search gave (`_NOT_WORTH`,
+        # `_NO_VICTIM`), for the jobs whose search ran (or was skipped as failed before).
+        self.refused: dict[int, str] = {}
+
+    def causes(self) -> Iterator[tuple[int, str]]:
+        """`Plan.wait_causes`, from the raw waits."""
+        refused, protected, names = self.refused, self.protected, _CAUSE_NAMES
+        capacity = WaitReason.CAPACITY
+        for job_id, raw in self._raw.items():
+            reason = raw.reason if isinstance(raw, Wait) else _REASONS[raw[0]]
+            if reason is not capacity:
+                yield job_id, names[reason]
+            elif job_id in protected:
+                yield job_id, _PROTECTED
+            else:
+                yield job_id, refused.get(job_id, _NO_SEARCH)
 
     def __getitem__(self, job_id: int) -> Wait:
         raw = self._raw[job_id]
@@ -665,6 +702,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 if result is None:
                     search_failed.add(search_key)
                     protected_for[search_key] = _protected_until(ws, job, now)
+            if result is None:
+                waits.refused[job_id] = _NO_VICTIM
             if result is None and (protected := protected_for.get(search_key)) is not None:
                 waits.protected[job_id] = protected
         if result is not None and lost_per_wait is not None:
@@ -678,6 +717,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             if lost > lost_per_wait * total * waited:
                 undo()
                 result = None
+                waits.refused[job_id] = _NOT_WORTH
                 if may_reserve:
                     reserve(job, cpu, mem)
                 raw[job_id] = Wait(
