@@ -458,6 +458,9 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                         usage_total=usage_total)
     pre = snapshot.preemption
     searches = 0
+    # Rule R9: per search key, the least work (GPU-seconds) victims found this pass would
+    # have lost, for the searches R9 refused.
+    r9_refused: dict[tuple[str, str, int, int, int, int, int, Topology | None], float] = {}
     preempted_by_team: dict[str, int] = defaultdict(int)
     search_failed: set[tuple[str, str, int, int, int, int, int, Topology | None]] = set()
     # Rule R5: searches refused by the rate limit in this pass, with the victims they needed.
@@ -695,6 +698,23 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                         "window" + (f"; it needs {needed}" if needed is not None else "")
                         + (f"; until {_until_words(until, now)}" if until else ""), until)
                     continue
+            # Rule R9 (a refusal remembered): a search of this team, shape and tier that R9
+            # refused in this pass found victims losing `lost` GPU-seconds; a job whose
+            # wait allows less would be refused the same victims: it waits, no search.
+            refused_lost = r9_refused.get(search_key)
+            if refused_lost is not None and lost_per_wait is not None and refused_lost > \
+                    lost_per_wait * total * max(0.0, (now - (job.queued_at
+                                                              or job.submitted_at)).total_seconds()):
+                if may_reserve:
+                    reserve(job, cpu, mem)
+                waits.refused[job_id] = _NOT_WORTH
+                raw[job_id] = Wait(
+                    job_id, WaitReason.CAPACITY,
+                    f"waiting for {reps} × {g} free {gt} GPUs on nodes; preempting now would "
+                    f"lose about {refused_lost / 3600.0:.2f} GPU-hours of other jobs' work (the "
+                    "victims found for an equal job of its team in this pass), more than its "
+                    "wait so far is worth (rule R9)")
+                continue
             if search_key not in search_failed:
                 searches += 1
                 may_search = searches < pre.max_searches
@@ -718,6 +738,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 undo()
                 result = None
                 waits.refused[job_id] = _NOT_WORTH
+                r9_refused[search_key] = min(lost, r9_refused.get(search_key, lost))
                 if may_reserve:
                     reserve(job, cpu, mem)
                 raw[job_id] = Wait(
