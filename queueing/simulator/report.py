@@ -79,7 +79,7 @@ def wait_cause_lines(doc: Mapping[str, Any]) -> list[str]:
     floors = doc.get("wait_floors")
     if floors:
         lines += ["", f"floors of the non-preemptible tiers' wait ({', '.join(floors['tiers'])}"
-                      "; fairq's above it): p50 / p95 / p99 min, jobs over 1 min"]
+                      ", counted GPUs): p50 / p95 / p99 min, jobs over 1 min"]
         for name, label in (("nominal", "admitted when its team's nominal has room (Q2)"),
                             ("cluster", "the whole cluster theirs, nothing else running")):
             f = floors[name]
@@ -88,10 +88,14 @@ def wait_cause_lines(doc: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _short(line: str, width: int = 96) -> str:
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
 def png_report(doc: Mapping[str, Any], path: str) -> None:
     """Seven plots: utilization over time, p95 wait per tier and per size, delivered and
     lost GPU-hours, fairness deviation per team, preemptions per job (fairq), and why
-    each tier waited (fairq's wait causes, share of the tier's waiting)."""
+    each tier waited (fairq's wait causes stacked, and their table with the floors)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -163,7 +167,12 @@ def png_report(doc: Mapping[str, Any], path: str) -> None:
     ax.set(title="fairq: why each tier waited", ylabel="job-hours waited")
     if names_c:
         ax.legend(fontsize=7)
-    axes[1][3].axis("off")
+    ax = axes[1][3]
+    ax.axis("off")
+    text = wait_cause_lines(doc)
+    if text:
+        ax.text(0.0, 1.0, "\n".join(_short(line) for line in text[1:]), va="top",
+                family="monospace", fontsize=6, transform=ax.transAxes)
     fig.suptitle(f"fairq-sim: {doc['source']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
