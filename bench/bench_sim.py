@@ -10,6 +10,11 @@ high-tier (LS) p95 wait ≤ 1 min, 8-GPU p95 wait ≤ greedy's and EASY's, every
 5 points of its weighted max-min share, rule M1) is a BENCH line per ρ and seed with its
 value and one with 1 (met) or 0, and a PASS/FAIL table follows on stdout.
 
+Why the high tier waited (docs/simulator.md, "Why a tier waited"): per wait cause its
+share of the tier's waiting, the p95 of the time in it and the jobs over 1 min mainly for
+it (`sim_fairq_<rho>_high_cause_<cause>_share|_p95|_main_over_1min`), and the tier's wait
+floors (`sim_floor_<rho>_high_nominal|cluster_p95_wait|_over_1min`).
+
 Output: `BENCH sim_<policy>_<rho>[_s<seed>]_<metric> <value> <unit>` lines on stdout, for
 example `BENCH sim_fairq_1.2_delivered_vs_greedy 99.5 pct` and
 `BENCH sim_goal_1.2_s1_lost_met 1 bool`; then the table; progress and notes on stderr.
