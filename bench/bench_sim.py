@@ -10,6 +10,11 @@ high-tier (LS) p95 wait ≤ 1 min, 8-GPU p95 wait ≤ greedy's and EASY's, every
 5 points of its weighted max-min share, rule M1) is a BENCH line per ρ and seed with its
 value and one with 1 (met) or 0, and a PASS/FAIL table follows on stdout.
 
+Why the high tier waited (docs/simulator.md, "Why a tier waited"): per wait cause its
+share of the tier's waiting, the p95 of the time in it and the jobs over 1 min mainly for
+it (`sim_fairq_<rho>_high_cause_<cause>_share|_p95|_main_over_1min`), and the tier's wait
+floors (`sim_floor_<rho>_high_nominal|cluster_p95_wait|_over_1min`).
+
 Output: `BENCH sim_<policy>_<rho>[_s<seed>]_<metric> <value> <unit>` lines on stdout, for
 example `BENCH sim_fairq_1.2_delivered_vs_greedy 99.5 pct` and
 `BENCH sim_goal_1.2_s1_lost_met 1 bool`; then the table; progress and notes on stderr.
@@ -97,6 +102,22 @@ def main() -> int:
               g["gpus8_p95_wait_min"] - g["gpus8_p95_wait_greedy_min"], "min")
         bench(f"sim_fairq_{tag}_gpus8_p95_vs_easy",
               g["gpus8_p95_wait_min"] - g["gpus8_p95_wait_easy_min"], "min")
+        # Why the high tier waited (docs/simulator.md, "Why a tier waited"): per wait
+        # cause its share of the tier's waiting and the p95 of the time jobs spent in it,
+        # the jobs over the goal whose wait was mostly that cause; the two floors.
+        high = pol["fairq"].get("wait_causes", {}).get("high")
+        if high:
+            bench(f"sim_fairq_{tag}_high_over_1min", high["over_goal"], "count")
+            for cause, c in high["causes"].items():
+                name = cause.replace("capacity:", "capacity_")
+                bench(f"sim_fairq_{tag}_high_cause_{name}_share", c["share_pct"], "pct")
+                bench(f"sim_fairq_{tag}_high_cause_{name}_p95", c["p95_min"], "min")
+                bench(f"sim_fairq_{tag}_high_cause_{name}_main_over_1min",
+                      c["main_over_goal"], "count")
+        for floor, f in doc.get("wait_floors", {}).items():
+            if isinstance(f, dict):
+                bench(f"sim_floor_{tag}_high_{floor}_p95_wait", f["wait_p95_min"], "min")
+                bench(f"sim_floor_{tag}_high_{floor}_over_1min", f["over_goal"], "count")
         column = f"ρ {rho:g} s{seed}"
         for key, text, value, met, unit in goal_checks(g):
             bench(f"sim_goal_{tag}_{key}", value, {"%": "pct", "": "count"}.get(unit, unit))

@@ -79,6 +79,21 @@ class Plan:
     # Rule A9: per GPU type, the job holding the pass's reservation and its shadow time.
     reservations: Mapping[str, tuple[int, datetime]] = field(default_factory=dict)
 
+    def wait_causes(self) -> Iterator[tuple[int, str]]:
+        """Every waiting job with its *wait cause*: its reason's code, and for a
+        `capacity` wait what became of its preemption search (`capacity:not_worth_it`,
+        rule R9 refused the victims found; `capacity:protected`, the search found none and
+        some candidates are protected by rule R3's minimum runtime; `capacity:no_victim`,
+        the search found no victim set; `capacity:no_search`, no search ran: preemption
+        off or this pass's R4 search budget spent). No message is formatted: the
+        simulator's wait-cause report reads it every cycle (docs/simulator.md)."""
+        waits = self.waits
+        if isinstance(waits, _Waits):
+            yield from waits.causes()
+        else:
+            for job_id, w in waits.items():
+                yield job_id, w.reason.value
+
 
 # A wait not formatted yet: (reason code, index of the job in `_Waits.jobs`, GPUs held,
 # ceiling). Only ints, so the garbage collector stops tracking the tuple at once (a long
@@ -86,6 +101,12 @@ class Plan:
 _Raw = tuple[int, int, int, int]
 _REASONS: tuple[WaitReason, ...] = tuple(WaitReason)
 _CODE = {r: i for i, r in enumerate(_REASONS)}
+# `Plan.wait_causes`: a `capacity` wait split by what its preemption search gave.
+_CAUSE_NAMES = {r: r.value for r in _REASONS}
+_NOT_WORTH = "capacity:not_worth_it"  # rule R9 refused the victims found
+_PROTECTED = "capacity:protected"  # no victim set; candidates protected (rule R3)
+_NO_VICTIM = "capacity:no_victim"  # the search (or an equal one this pass) found none
+_NO_SEARCH = "capacity:no_search"  # preemption off, or no search left in the pass (R4)
 
 
 class _Waits(Mapping[int, Wait]):
@@ -93,7 +114,7 @@ class _Waits(Mapping[int, Wait]):
     only formatted when someone reads it. Reads give equal `Wait` values every time."""
 
     __slots__ = ("_raw", "blocks", "elsewhere", "jobs", "now", "pool_info", "protected",
-                 "reservations", "several")
+                 "refused", "reservations", "several")
 
     def __init__(self, jobs: list[QueuedJob] | None = None,
                  now: datetime | None = None) -> None:
@@ -114,6 +135,22 @@ class _Waits(Mapping[int, Wait]):
         self.protected: dict[int, tuple[datetime, int]] = {}
         # Rule A9: GPU type -> (the job holding the reservation, its shadow time).
         self.reservations: dict[str, tuple[int, datetime]] = {}
+        # `Plan.wait_causes`: job id -> what its preemption search gave (`_NOT_WORTH`,
+        # `_NO_VICTIM`), for the jobs whose search ran (or was skipped as failed before).
+        self.refused: dict[int, str] = {}
+
+    def causes(self) -> Iterator[tuple[int, str]]:
+        """`Plan.wait_causes`, from the raw waits."""
+        refused, protected, names = self.refused, self.protected, _CAUSE_NAMES
+        capacity = WaitReason.CAPACITY
+        for job_id, raw in self._raw.items():
+            reason = raw.reason if isinstance(raw, Wait) else _REASONS[raw[0]]
+            if reason is not capacity:
+                yield job_id, names[reason]
+            elif job_id in protected:
+                yield job_id, _PROTECTED
+            else:
+                yield job_id, refused.get(job_id, _NO_SEARCH)
 
     def __getitem__(self, job_id: int) -> Wait:
         raw = self._raw[job_id]
@@ -489,6 +526,10 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                         usage_total=usage_total)
     pre = snapshot.preemption
     searches = 0
+    # Rule R9: per search key, the least work (GPU-seconds) victims found this pass would
+    # have lost, for the searches R9 refused.
+    r9_refused: dict[tuple[tuple[str, str, int, int, int, int, int, Topology | None],
+                           frozenset[str] | None], float] = {}
     preempted_by_team: dict[str, int] = defaultdict(int)
     search_failed: set[tuple[str, str, int, int, int, int, int, Topology | None]] = set()
     # Rule R5: searches refused by the rate limit in this pass, with the victims they needed.
@@ -867,6 +908,23 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                         "window" + (f"; it needs {needed}" if needed is not None else "")
                         + (f"; until {_until_words(until, now)}" if until else ""), until)
                     continue
+            # Rule R9 (a refusal remembered): a search of this team, shape and tier that R9
+            # refused in this pass found victims losing `lost` GPU-seconds; a job whose
+            # wait allows less would be refused the same victims: it waits, no search.
+            refused_lost = r9_refused.get((search_key, job.clusters))
+            if refused_lost is not None and lost_per_wait is not None and refused_lost > \
+                    lost_per_wait * total * max(0.0, (now - (job.queued_at
+                                                              or job.submitted_at)).total_seconds()):
+                if may_reserve:
+                    reserve(job, cpu, mem, k2)
+                waits.refused[job_id] = _NOT_WORTH
+                raw[job_id] = Wait(
+                    job_id, WaitReason.CAPACITY,
+                    f"waiting for {reps} × {g} free {gt} GPUs on nodes; preempting now would "
+                    f"lose about {refused_lost / 3600.0:.2f} GPU-hours of other jobs' work (the "
+                    "victims found for an equal job of its team in this pass), more than its "
+                    "wait so far is worth (rule R9)")
+                continue
             # Rule K7: the victims in one cluster, the first in rule K2 order where a
             # victim set exists.
             for p in k2:
@@ -884,6 +942,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 search_failed.add(pool_search)
                 if (search_key, job.clusters) not in protected_for:
                     protected_for[(search_key, job.clusters)] = _protected_until(ws, job, now)
+            if result is None:
+                waits.refused[job_id] = _NO_VICTIM
             if result is None and (
                     protected := protected_for.get((search_key, job.clusters))) is not None:
                 waits.protected[job_id] = protected
@@ -898,6 +958,9 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             if lost > lost_per_wait * total * waited:
                 undo()
                 result = None
+                waits.refused[job_id] = _NOT_WORTH
+                refused_key = (search_key, job.clusters)
+                r9_refused[refused_key] = min(lost, r9_refused.get(refused_key, lost))
                 if may_reserve:
                     reserve(job, cpu, mem, k2)
                 raw[job_id] = Wait(

@@ -24,6 +24,7 @@ from .model import RunResult, Workload
 from .report import clusters_png, png_report, text_report
 from .scenario import ScenarioError, load_scenario, parse_scenario, parse_settings
 from .trace import TraceError, load_openb
+from .waits import WaitCauses, breakdown, non_preemptible_floors
 
 POLICIES = ("fairq", *BASELINES)
 DEFAULT_TRACE = "/work/shared/traces/alibaba-openb-2023"
@@ -71,13 +72,17 @@ def simulate(workload: Workload, policies: Sequence[str], *, progress_out: TextI
     hist: dict[str, int] = {}
     for p in policies:
         bar = _Progress(p, workload.horizon, progress_out) if progress_out else None
-        result = run_fairq(workload, progress=bar) if p == "fairq" else run_baseline(
-            p, workload, progress=bar)
+        causes = WaitCauses() if p == "fairq" else None
+        result = run_fairq(workload, progress=bar, on_cycle=causes.on_cycle) if causes \
+            else run_baseline(p, workload, progress=bar)
         if bar is not None:
             bar.done(result)
         if timings is not None:
             timings[p] = result.seconds
         out[p] = summarize(result, workload)
+        if causes is not None:
+            causes.finish(result.end)
+            out[p]["wait_causes"] = breakdown(result, causes, workload)
         if p == "fairq":
             counts = Counter(r.preemptions for r in result.records)
             hist = {str(k): v for k, v in sorted(counts.items())}
@@ -89,6 +94,7 @@ def simulate(workload: Workload, policies: Sequence[str], *, progress_out: TextI
         "horizon_hours": workload.horizon / HOUR,
         "policies": out,
         "preemption_histogram": hist,
+        "wait_floors": non_preemptible_floors(workload),
         "goals": goals(out, high_tier=_high_tier(workload)),
     }
     return _rounded(doc)  # type: ignore[no-any-return]

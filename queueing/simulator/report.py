@@ -51,15 +51,52 @@ def text_report(doc: Mapping[str, Any]) -> str:
                          f"{100 * f['delivered_share']:11.1f} {100 * f['fair_share']:7.1f} "
                          f"{f['deviation_points']:7.1f}")
     lines += clusters_text(doc)
+    lines += wait_cause_lines(doc)
     if doc.get("goals"):
         lines += ["", "goals (fairq):"]
         lines += [f"  {k} {v:.2f}" for k, v in doc["goals"].items()]
     return "\n".join(lines) + "\n"
 
 
+def wait_cause_lines(doc: Mapping[str, Any]) -> list[str]:
+    """Why each tier waited under fairq (the wait causes of docs/simulator.md) and the
+    floors of the non-preemptible tiers' waits, as text lines."""
+    fq = doc["policies"].get("fairq", {})
+    tiers = fq.get("wait_causes")
+    if not tiers:
+        return []
+    lines = ["", "why each tier waited (fairq): time waited by the cause each cycle gave"]
+    hdr = (f"{'tier':8} {'cause':26} {'wait h':>8} {'share %':>7} {'jobs':>6} {'p95 min':>8} "
+           f"{'main of':>7} {'their p95':>9} {'> goal':>6}")
+    lines += [hdr, "-" * len(hdr)]
+    for tier, t in tiers.items():
+        for cause, c in t["causes"].items():
+            lines.append(
+                f"{tier:8} {cause:26} {c['wait_hours']:8.1f} {c['share_pct']:7.1f} "
+                f"{c['jobs']:6d} {c['p95_min']:8.1f} {c['main_jobs']:7d} "
+                f"{c['main_wait_p95_min']:9.1f} {c['main_over_goal']:6d}")
+        lines.append(f"{tier:8} {'(all)':26} {t['wait_hours']:8.1f} {100.0:7.1f} {t['jobs']:6d}"
+                     f" {'':8} {'':7} {'':9} {t['over_goal']:6d}")
+    floors = doc.get("wait_floors")
+    if floors:
+        lines += ["", f"floors of the non-preemptible tiers' wait ({', '.join(floors['tiers'])}"
+                      ", counted GPUs): p50 / p95 / p99 min, jobs over 1 min"]
+        for name, label in (("nominal", "admitted when its team's nominal has room (Q2)"),
+                            ("cluster", "the whole cluster theirs, nothing else running")):
+            f = floors[name]
+            lines.append(f"  {label:48} {f['wait_p50_min']:6.1f} {f['wait_p95_min']:6.1f} "
+                         f"{f['wait_p99_min']:6.1f}  {f['over_goal']} of {f['jobs']}")
+    return lines
+
+
+def _short(line: str, width: int = 96) -> str:
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
 def png_report(doc: Mapping[str, Any], path: str) -> None:
-    """Six plots: utilization over time, p95 wait per tier and per size, delivered and
-    lost GPU-hours, fairness deviation per team, preemptions per job (fairq)."""
+    """Seven plots: utilization over time, p95 wait per tier and per size, delivered and
+    lost GPU-hours, fairness deviation per team, preemptions per job (fairq), and why
+    each tier waited (fairq's wait causes stacked, and their table with the floors)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -67,7 +104,7 @@ def png_report(doc: Mapping[str, Any], path: str) -> None:
 
     pol = doc["policies"]
     names = _ordered(pol)
-    fig, axes = plt.subplots(2, 3, figsize=(18, 10))
+    fig, axes = plt.subplots(2, 4, figsize=(24, 10))
     ax = axes[0][0]
     for p in names:
         u = pol[p]["utilization"]
@@ -119,6 +156,24 @@ def png_report(doc: Mapping[str, Any], path: str) -> None:
         ax.set_yscale("log")
     ax.set(title="fairq: jobs by times preempted", xlabel="preemptions of one job",
            ylabel="jobs (log)")
+    ax = axes[0][3]
+    tiers = pol.get("fairq", {}).get("wait_causes", {})
+    names_c = sorted({c for t in tiers.values() for c in t["causes"]})
+    bottom = [0.0] * len(tiers)
+    for cause in names_c:
+        vals = [t["causes"].get(cause, {}).get("wait_hours", 0.0) for t in tiers.values()]
+        ax.bar(range(len(tiers)), vals, bottom=bottom, label=cause)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_xticks(list(range(len(tiers))), list(tiers))
+    ax.set(title="fairq: why each tier waited", ylabel="job-hours waited")
+    if names_c:
+        ax.legend(fontsize=7)
+    ax = axes[1][3]
+    ax.axis("off")
+    text = wait_cause_lines(doc)
+    if text:
+        ax.text(0.0, 1.0, "\n".join(_short(line) for line in text[1:]), va="top",
+                family="monospace", fontsize=6, transform=ax.transAxes)
     fig.suptitle(f"fairq-sim: {doc['source']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
