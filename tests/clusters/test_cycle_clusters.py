@@ -386,3 +386,31 @@ def test_logs_and_stops_reach_the_cluster_the_workload_runs_in(
     # A cancel's stop, sent to every cluster: only the cloud runs it.
     stop_workload_task.run(job.backend_name)
     assert live(backend_of(cloud), t0) == set()
+
+
+@pytest.mark.usefixtures("no_r9")
+def test_k7_a_preemption_stops_its_victim_on_the_victims_cluster_and_runs_the_preemptor_there(
+        world: World, make_cluster: MakeCluster) -> None:
+    onprem = make_cluster("onprem", "1x8xh100")
+    cloud = make_cluster("cloud", "2x8xa100", cost_rank=10)
+    t0 = timezone.now() + timedelta(seconds=1)
+    fill = [queued(world, gpu_type=world.a100, tier=world.low, at=t0 - timedelta(seconds=9))
+            for _ in range(2)]  # vision borrows the cloud's second 8 a100s
+    scheduler_cycle(now=t0)
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    assert {fresh(j).status for j in fill} == {JobState.RUNNING}
+    h = queued(world, gpu_type=world.h100, team=world.speech)
+    hi = queued(world, gpu_type=world.a100, tier=world.high, team=world.nlp)
+
+    r = scheduler_cycle(now=t0 + timedelta(seconds=100))
+
+    assert fresh(h).cluster == onprem  # the other cluster's admissions go on meanwhile
+    (victim,) = [fresh(j) for j in fill if j.pk in r.preempted]
+    assert (victim.status, victim.attempt) == (JobState.QUEUED, 2)
+    assert live(backend_of(cloud), t0 + timedelta(seconds=100)) == {
+        fresh(j).backend_name for j in fill if j.pk != victim.pk}
+    r = scheduler_cycle(now=t0 + timedelta(seconds=101))
+    hi = fresh(hi)
+    assert hi.pk in r.admitted and hi.cluster == cloud
+    assert hi.placement[0] in {n.name for n in backend_of(cloud).nodes()}
+    assert hi.backend_name in live(backend_of(cloud), t0 + timedelta(seconds=101))
