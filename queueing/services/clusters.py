@@ -88,6 +88,24 @@ class Fleet:
         self._where: dict[str, str] = {}  # workload name -> cluster that listed it
         self._lock = threading.Lock()
 
+    def _key(self) -> tuple[tuple[str, int], ...]:
+        return tuple((name, id(m.backend)) for name, m in self.members.items())
+
+    def __eq__(self, other: object) -> bool:
+        """Two fleets of the same backends are one source of readings (the utilization
+        step reads a source once a minute, keyed by it; each cycle opens a new fleet)."""
+        return isinstance(other, Fleet) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def plain(self) -> ClusterBackend:
+        """The one implicit cluster's own backend, as before there were several (its
+        capabilities, e.g. no utilization readings); else this fleet."""
+        if not self.several and len(self.members) == 1:
+            return next(iter(self.members.values())).backend
+        return self
+
     @property
     def several(self) -> bool:
         """True when the clusters are `Cluster` rows (node names are qualified)."""

@@ -179,7 +179,7 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         result.requeued.extend(outages.requeued)
         result.unreachable = sorted(outages.since)
         backend = fleet
-        _utilization(backend=backend, now=now, result=result)
+        _utilization(backend=fleet.plain(), now=now, result=result)
         t1 = time.perf_counter()
         odd_rows: dict[int, Exception] = {}
         # Again: the rows step 1 and others changed since (only those are read).
