@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from django.conf import settings
 from django.db import transaction
@@ -88,16 +88,18 @@ class Fleet:
         self._where: dict[str, str] = {}  # workload name -> cluster that listed it
         self._lock = threading.Lock()
 
-    def _key(self) -> tuple[tuple[str, int], ...]:
-        return tuple((name, id(m.backend)) for name, m in self.members.items())
-
-    def __eq__(self, other: object) -> bool:
-        """Two fleets of the same backends are one source of readings (the utilization
-        step reads a source once a minute, keyed by it; each cycle opens a new fleet)."""
-        return isinstance(other, Fleet) and self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
+    def readings_source(self) -> ClusterBackend:
+        """The utilization readings of these clusters as one source that outlives the
+        cycle (the utilization step reads a source once a minute, and knows it by
+        identity; each cycle opens a new fleet): one per set of backends, per process,
+        reading the members the latest fleet found reachable."""
+        key = tuple((name, id(m.backend)) for name, m in self.members.items())
+        with _sources_lock:
+            source = _sources.get(key)
+            if source is None:
+                source = _sources[key] = _Readings()
+            source.fleet = self
+        return cast(ClusterBackend, source)
 
     def plain(self) -> ClusterBackend:
         """The one implicit cluster's own backend, as before there were several (its
@@ -247,6 +249,19 @@ class Fleet:
                              None if m.reachable else (since or {}).get(m.name, now),
                              now if m.reachable else None, m.error)
                 for m in self.members.values() if m.facts is not None]
+
+
+class _Readings:
+    """`Fleet.readings_source`'s object: the latest fleet's readings."""
+
+    fleet: Fleet | None = None
+
+    def readings(self, *, now: datetime) -> list[PodReading]:
+        return self.fleet.readings(now=now) if self.fleet is not None else []
+
+
+_sources_lock = threading.Lock()
+_sources: dict[tuple[tuple[str, int], ...], _Readings] = {}
 
 
 def _node_of(member: Member, node: NodeInfo) -> NodeInfo:

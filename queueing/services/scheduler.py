@@ -573,8 +573,10 @@ def _apply_status(job: Job, status: WorkloadStatus, *, now: datetime,
 def _utilization(*, backend: ClusterBackend, now: datetime, result: CycleResult) -> None:
     """Rules U1-U5 (services/utilization.py): its reclaims count as requeued or finished
     jobs of this cycle. An unexpected error is logged: it must not stop the cycle."""
+    # Several clusters: their readings as one source that outlives this cycle's fleet.
+    readable = backend.readings_source() if isinstance(backend, Fleet) else backend
     try:
-        done = utilization_cycle_step(source=get_utilization_source(backend=backend),
+        done = utilization_cycle_step(source=get_utilization_source(backend=readable),
                                       backend=backend, now=now)
     except NOT_A_JOB_FAULT:
         raise

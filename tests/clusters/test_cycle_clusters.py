@@ -6,7 +6,8 @@ each job's GPU type exists in one cluster only, so any policy places it there.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -414,3 +415,34 @@ def test_k7_a_preemption_stops_its_victim_on_the_victims_cluster_and_runs_the_pr
     assert hi.pk in r.admitted and hi.cluster == cloud
     assert hi.placement[0] in {n.name for n in backend_of(cloud).nodes()}
     assert hi.backend_name in live(backend_of(cloud), t0 + timedelta(seconds=101))
+
+
+def test_gpu_readings_come_from_every_cluster_once_a_minute(
+        world: World, make_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    from queueing.backends.simulated import SimulatedCluster
+    from queueing.models import UtilizationSample
+
+    reads: list[int] = []
+    real = SimulatedCluster.readings
+
+    def counted(self: SimulatedCluster, *, now: datetime) -> list[Any]:
+        reads.append(len(self.nodes()))
+        return real(self, now=now)
+
+    monkeypatch.setattr(SimulatedCluster, "readings", counted)
+
+    make_cluster("onprem", "1x8xh100")
+    make_cluster("cloud", "1x8xa100", cost_rank=10)
+    t0 = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=10)
+    h = queued(world, gpu_type=world.h100, env={"FAIRQ_SIM_GPU_UTIL": "40"})
+    a = queued(world, gpu_type=world.a100, env={"FAIRQ_SIM_GPU_UTIL": "90"})
+    for second in (1, 2, 30, 61, 62, 90, 121):  # minutes 0, 1 and 2: one read each
+        scheduler_cycle(now=t0 + timedelta(seconds=second))
+    samples = list(UtilizationSample.objects.order_by("job_id", "minute").values_list(
+        "job_id", "minute", "sm"))
+    # (Minute 0 was read as the jobs were admitted, before fairq saw them running.)
+    assert samples == [(h.pk, t0 + timedelta(minutes=1), 40.0),
+                       (h.pk, t0 + timedelta(minutes=2), 40.0),
+                       (a.pk, t0 + timedelta(minutes=1), 90.0),
+                       (a.pk, t0 + timedelta(minutes=2), 90.0)]
+    assert len(reads) == 2 * 3  # each cluster, once in each of the three minutes
