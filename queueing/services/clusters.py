@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, cast
+from typing import ClassVar, cast
 
 from django.conf import settings
 from django.db import transaction
@@ -417,11 +417,3 @@ def _requeue_from(cluster: Cluster, *, now: datetime) -> list[int]:
             log.exception("cluster %s: could not requeue job %s", cluster.name, job.pk)
     return requeued
 
-
-def clusters_reachability_now() -> dict[str, dict[str, Any]]:
-    """Rule K5 per enabled cluster, for metrics (h-22's gauge): name -> reachable, and
-    since when it is not / when it was last seen. {} with no `Cluster` row."""
-    from queueing.selectors.cluster import clusters_reachability
-
-    return {r.cluster: {"reachable": r.reachable, "unreachable_since": r.unreachable_since,
-                        "last_seen_at": r.last_seen_at} for r in clusters_reachability()}
