@@ -29,8 +29,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import ClassVar, cast
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 
 from accounts.services import audit_record
 from queueing.backends.base import (
@@ -52,6 +53,9 @@ from .usage import usage_record_attempt
 log = logging.getLogger(__name__)
 
 UNREACHABLE = "cluster_unreachable"  # the reason word of rule K5 (events, requeues)
+# As the cycle's NOT_A_JOB_FAULT (services/scheduler.py): the cycle fails and is retried.
+NOT_ONE_JOBS_FAULT: tuple[type[BaseException], ...] = (
+    OperationalError, InterfaceError, SoftTimeLimitExceeded)
 
 
 @dataclass
@@ -151,6 +155,8 @@ class Fleet:
         for m in self.reachable():
             try:
                 got = list(m.backend.statuses(now=now))
+            except NOT_ONE_JOBS_FAULT:
+                raise
             except Exception as exc:  # rule K5: this cluster only
                 self._failed(m, exc, "listing its workloads")
                 continue
@@ -172,6 +178,8 @@ class Fleet:
         for m in self.reachable():
             try:
                 got = m.backend.nodes()
+            except NOT_ONE_JOBS_FAULT:
+                raise
             except Exception as exc:  # rule K5: this cluster only
                 self._failed(m, exc, "listing its nodes")
                 continue
@@ -409,11 +417,9 @@ def _requeue_from(cluster: Cluster, *, now: datetime) -> list[int]:
                     data={**data, "requeued": True,
                           "charged_until": last_seen.isoformat() if ran_since else None})
             requeued.append(job.pk)
-        except Exception as exc:  # this job stays for the next cycle; the others move
-            from django.db import InterfaceError, OperationalError
-
-            if isinstance(exc, OperationalError | InterfaceError):
-                raise
+        except NOT_ONE_JOBS_FAULT:
+            raise
+        except Exception:  # this job stays for the next cycle; the others move
             log.exception("cluster %s: could not requeue job %s", cluster.name, job.pk)
     return requeued
 

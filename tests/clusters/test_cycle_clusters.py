@@ -446,3 +446,17 @@ def test_gpu_readings_come_from_every_cluster_once_a_minute(
                        (a.pk, t0 + timedelta(minutes=1), 90.0),
                        (a.pk, t0 + timedelta(minutes=2), 90.0)]
     assert len(reads) == 2 * 3  # each cluster, once in each of the three minutes
+
+
+def test_before_the_worker_publishes_the_web_sees_every_in_process_cluster(
+        world: World, make_cluster: MakeCluster) -> None:
+    make_cluster("onprem", "1x8xh100")
+    spot = make_cluster("cloud-spot", "1x8xa100", cost_rank=5)
+    spot_pool(spot, world.a100)
+
+    view = cluster_view()
+
+    assert view.published_at is not None and not view.error
+    assert sorted((n.cluster, n.name, n.spot) for n in view.nodes()) == [
+        ("cloud-spot", "sim-a100-000", True), ("onprem", "sim-h100-000", False)]
+    assert view.largest_node_gpus() == {"h100": 8, "a100": 8}
