@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from queueing.backends.k8s_provisioner import KubernetesProvisioner
     from queueing.backends.kubernetes import KubernetesBackend
 
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _instances: dict[str, ClusterBackend] = {}
 # Per cluster name, the connection fields its cached backend was built from.
@@ -112,11 +114,21 @@ def get_backend(cluster: str | ClusterConfig = "default") -> ClusterBackend:
                 _built_from[cluster] = ()
             return _instances[cluster]
     key, fields = f"cluster:{cluster.name}", _connection(cluster)
+    old: ClusterBackend | None = None
     with _lock:
         if key not in _instances or _built_from.get(key) != fields:
+            old = _instances.get(key)
             _instances[key] = _build_cluster(cluster)
             _built_from[key] = fields
-        return _instances[key]
+        backend = _instances[key]
+    close = getattr(old, "close", None)
+    if callable(close):  # the old Kubernetes backend's watches and connections
+        try:
+            close()
+        except Exception:
+            log.warning("closing the old backend of cluster %s failed", cluster.name,
+                        exc_info=True)
+    return backend
 
 
 def _build_cluster(config: ClusterConfig) -> ClusterBackend:

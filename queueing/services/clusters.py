@@ -27,10 +27,11 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import ClassVar, cast
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 
 from accounts.services import audit_record
 from queueing.backends.base import (
@@ -52,6 +53,9 @@ from .usage import usage_record_attempt
 log = logging.getLogger(__name__)
 
 UNREACHABLE = "cluster_unreachable"  # the reason word of rule K5 (events, requeues)
+# As the cycle's NOT_A_JOB_FAULT (services/scheduler.py): the cycle fails and is retried.
+NOT_ONE_JOBS_FAULT: tuple[type[BaseException], ...] = (
+    OperationalError, InterfaceError, SoftTimeLimitExceeded)
 
 
 @dataclass
@@ -87,6 +91,26 @@ class Fleet:
         self.members: dict[str, Member] = {m.name: m for m in members}
         self._where: dict[str, str] = {}  # workload name -> cluster that listed it
         self._lock = threading.Lock()
+
+    def readings_source(self) -> ClusterBackend:
+        """The utilization readings of these clusters as one source that outlives the
+        cycle (the utilization step reads a source once a minute, and knows it by
+        identity; each cycle opens a new fleet): one per set of backends, per process,
+        reading the members the latest fleet found reachable."""
+        key = tuple((name, id(m.backend)) for name, m in self.members.items())
+        with _sources_lock:
+            source = _sources.get(key)
+            if source is None:
+                source = _sources[key] = _Readings()
+            source.fleet = self
+        return cast(ClusterBackend, source)
+
+    def plain(self) -> ClusterBackend:
+        """The one implicit cluster's own backend, as before there were several (its
+        capabilities, e.g. no utilization readings); else this fleet."""
+        if not self.several and len(self.members) == 1:
+            return next(iter(self.members.values())).backend
+        return self
 
     @property
     def several(self) -> bool:
@@ -131,6 +155,8 @@ class Fleet:
         for m in self.reachable():
             try:
                 got = list(m.backend.statuses(now=now))
+            except NOT_ONE_JOBS_FAULT:
+                raise
             except Exception as exc:  # rule K5: this cluster only
                 self._failed(m, exc, "listing its workloads")
                 continue
@@ -152,6 +178,8 @@ class Fleet:
         for m in self.reachable():
             try:
                 got = m.backend.nodes()
+            except NOT_ONE_JOBS_FAULT:
+                raise
             except Exception as exc:  # rule K5: this cluster only
                 self._failed(m, exc, "listing its nodes")
                 continue
@@ -229,6 +257,19 @@ class Fleet:
                              None if m.reachable else (since or {}).get(m.name, now),
                              now if m.reachable else None, m.error)
                 for m in self.members.values() if m.facts is not None]
+
+
+class _Readings:
+    """`Fleet.readings_source`'s object: the latest fleet's readings."""
+
+    fleet: Fleet | None = None
+
+    def readings(self, *, now: datetime) -> list[PodReading]:
+        return self.fleet.readings(now=now) if self.fleet is not None else []
+
+
+_sources_lock = threading.Lock()
+_sources: dict[tuple[tuple[str, int], ...], _Readings] = {}
 
 
 def _node_of(member: Member, node: NodeInfo) -> NodeInfo:
@@ -376,19 +417,9 @@ def _requeue_from(cluster: Cluster, *, now: datetime) -> list[int]:
                     data={**data, "requeued": True,
                           "charged_until": last_seen.isoformat() if ran_since else None})
             requeued.append(job.pk)
-        except Exception as exc:  # this job stays for the next cycle; the others move
-            from django.db import InterfaceError, OperationalError
-
-            if isinstance(exc, OperationalError | InterfaceError):
-                raise
+        except NOT_ONE_JOBS_FAULT:
+            raise
+        except Exception:  # this job stays for the next cycle; the others move
             log.exception("cluster %s: could not requeue job %s", cluster.name, job.pk)
     return requeued
 
-
-def clusters_reachability_now() -> dict[str, dict[str, Any]]:
-    """Rule K5 per enabled cluster, for metrics (h-22's gauge): name -> reachable, and
-    since when it is not / when it was last seen. {} with no `Cluster` row."""
-    from queueing.selectors.cluster import clusters_reachability
-
-    return {r.cluster: {"reachable": r.reachable, "unreachable_since": r.unreachable_since,
-                        "last_seen_at": r.last_seen_at} for r in clusters_reachability()}

@@ -180,7 +180,7 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         result.requeued.extend(outages.requeued)
         result.unreachable = sorted(outages.since)
         backend = fleet
-        _utilization(backend=backend, now=now, result=result)
+        _utilization(backend=fleet.plain(), now=now, result=result)
         t1 = time.perf_counter()
         odd_rows: dict[int, Exception] = {}
         # Again: the rows step 1 and others changed since (only those are read).
@@ -578,8 +578,10 @@ def _apply_status(job: Job, status: WorkloadStatus, *, now: datetime,
 def _utilization(*, backend: ClusterBackend, now: datetime, result: CycleResult) -> None:
     """Rules U1-U5 (services/utilization.py): its reclaims count as requeued or finished
     jobs of this cycle. An unexpected error is logged: it must not stop the cycle."""
+    # Several clusters: their readings as one source that outlives this cycle's fleet.
+    readable = backend.readings_source() if isinstance(backend, Fleet) else backend
     try:
-        done = utilization_cycle_step(source=get_utilization_source(backend=backend),
+        done = utilization_cycle_step(source=get_utilization_source(backend=readable),
                                       backend=backend, now=now)
     except NOT_A_JOB_FAULT:
         raise

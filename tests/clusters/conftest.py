@@ -93,10 +93,10 @@ def queued(world: World, *, gpu_type: Any, gpus: int = 8, replicas: int = 1,
            at: datetime | None = None, **fields: Any) -> Job:
     """A queued job of `team` (vision) that runs `seconds` on the simulated cluster."""
     extra: dict[str, Any] = {"created_at": at} if at is not None else {}
+    env = {"FAIRQ_SIM_SECONDS": str(seconds), **fields.pop("env", {})}
     return JobFactory(team=team or world.vision, gpu_type=gpu_type, gpus_per_replica=gpus,
-                      replicas=replicas, tier=tier or world.normal,
-                      env={"FAIRQ_SIM_SECONDS": str(seconds)}, max_runtime_seconds=7200,
-                      **extra, **fields)
+                      replicas=replicas, tier=tier or world.normal, env=env,
+                      max_runtime_seconds=7200, **extra, **fields)
 
 
 def live(backend: ClusterBackend, now: datetime) -> set[str]:

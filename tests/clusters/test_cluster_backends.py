@@ -39,10 +39,13 @@ def test_a_clusters_backend_is_built_from_its_row_and_rebuilt_when_its_nodes_cha
     cloud.cost_rank = 20  # not a connection field: the same instance
     cloud.save()
     assert get_backend(cloud) is first
+    closed: list[bool] = []
+    first.close = lambda: closed.append(True)  # type: ignore[attr-defined]  # as Kubernetes'
     cloud.sim_nodes = "2x8xa100"
     cloud.save()
     second = get_backend(cloud)
     assert second is not first and len(second.nodes()) == 2
+    assert closed == [True]  # the old one's watches and connections are let go
     assert get_backend("default") is not second  # the implicit cluster is apart
     reset_backends()
     assert get_backend(cloud) is not second

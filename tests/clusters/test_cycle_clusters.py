@@ -6,7 +6,8 @@ each job's GPU type exists in one cluster only, so any policy places it there.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -386,3 +387,76 @@ def test_logs_and_stops_reach_the_cluster_the_workload_runs_in(
     # A cancel's stop, sent to every cluster: only the cloud runs it.
     stop_workload_task.run(job.backend_name)
     assert live(backend_of(cloud), t0) == set()
+
+
+@pytest.mark.usefixtures("no_r9")
+def test_k7_a_preemption_stops_its_victim_on_the_victims_cluster_and_runs_the_preemptor_there(
+        world: World, make_cluster: MakeCluster) -> None:
+    onprem = make_cluster("onprem", "1x8xh100")
+    cloud = make_cluster("cloud", "2x8xa100", cost_rank=10)
+    t0 = timezone.now() + timedelta(seconds=1)
+    fill = [queued(world, gpu_type=world.a100, tier=world.low, at=t0 - timedelta(seconds=9))
+            for _ in range(2)]  # vision borrows the cloud's second 8 a100s
+    scheduler_cycle(now=t0)
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    assert {fresh(j).status for j in fill} == {JobState.RUNNING}
+    h = queued(world, gpu_type=world.h100, team=world.speech)
+    hi = queued(world, gpu_type=world.a100, tier=world.high, team=world.nlp)
+
+    r = scheduler_cycle(now=t0 + timedelta(seconds=100))
+
+    assert fresh(h).cluster == onprem  # the other cluster's admissions go on meanwhile
+    (victim,) = [fresh(j) for j in fill if j.pk in r.preempted]
+    assert (victim.status, victim.attempt) == (JobState.QUEUED, 2)
+    assert live(backend_of(cloud), t0 + timedelta(seconds=100)) == {
+        fresh(j).backend_name for j in fill if j.pk != victim.pk}
+    r = scheduler_cycle(now=t0 + timedelta(seconds=101))
+    hi = fresh(hi)
+    assert hi.pk in r.admitted and hi.cluster == cloud
+    assert hi.placement[0] in {n.name for n in backend_of(cloud).nodes()}
+    assert hi.backend_name in live(backend_of(cloud), t0 + timedelta(seconds=101))
+
+
+def test_gpu_readings_come_from_every_cluster_once_a_minute(
+        world: World, make_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    from queueing.backends.simulated import SimulatedCluster
+    from queueing.models import UtilizationSample
+
+    reads: list[int] = []
+    real = SimulatedCluster.readings
+
+    def counted(self: SimulatedCluster, *, now: datetime) -> list[Any]:
+        reads.append(len(self.nodes()))
+        return real(self, now=now)
+
+    monkeypatch.setattr(SimulatedCluster, "readings", counted)
+
+    make_cluster("onprem", "1x8xh100")
+    make_cluster("cloud", "1x8xa100", cost_rank=10)
+    t0 = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=10)
+    h = queued(world, gpu_type=world.h100, env={"FAIRQ_SIM_GPU_UTIL": "40"})
+    a = queued(world, gpu_type=world.a100, env={"FAIRQ_SIM_GPU_UTIL": "90"})
+    for second in (1, 2, 30, 61, 62, 90, 121):  # minutes 0, 1 and 2: one read each
+        scheduler_cycle(now=t0 + timedelta(seconds=second))
+    samples = list(UtilizationSample.objects.order_by("job_id", "minute").values_list(
+        "job_id", "minute", "sm"))
+    # (Minute 0 was read as the jobs were admitted, before fairq saw them running.)
+    assert samples == [(h.pk, t0 + timedelta(minutes=1), 40.0),
+                       (h.pk, t0 + timedelta(minutes=2), 40.0),
+                       (a.pk, t0 + timedelta(minutes=1), 90.0),
+                       (a.pk, t0 + timedelta(minutes=2), 90.0)]
+    assert len(reads) == 2 * 3  # each cluster, once in each of the three minutes
+
+
+def test_before_the_worker_publishes_the_web_sees_every_in_process_cluster(
+        world: World, make_cluster: MakeCluster) -> None:
+    make_cluster("onprem", "1x8xh100")
+    spot = make_cluster("cloud-spot", "1x8xa100", cost_rank=5)
+    spot_pool(spot, world.a100)
+
+    view = cluster_view()
+
+    assert view.published_at is not None and not view.error
+    assert sorted((n.cluster, n.name, n.spot) for n in view.nodes()) == [
+        ("cloud-spot", "sim-a100-000", True), ("onprem", "sim-h100-000", False)]
+    assert view.largest_node_gpus() == {"h100": 8, "a100": 8}
