@@ -46,6 +46,9 @@ EXIT_WAIT_TIMEOUT = 6
 # A long poll's `wait` (the server caps it at 60): FAIRQ_WATCH_SECONDS lowers it behind a
 # proxy that drops idle connections sooner.
 WATCH_SECONDS = 30
+# `submit -a --wait`: how long to wait before looking again when none of the array's
+# members is a job yet (the server writes them as its scheduler needs them, issue 20).
+_ARRAY_POLL_SECONDS = 2.0
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # seconds between tries while fairq is unreachable
 
 
@@ -300,12 +303,16 @@ class App:
                 self.emit_json(created)
             elif not self.as_json:
                 ids = created["ids"]
-                self.say(f"Submitted array job of {created['count']}: jobs {ids[0]}..{ids[-1]} "
+                # The server writes the first members as jobs now, the rest as its
+                # scheduler needs them (issue 20): `ids` may be fewer than `count`.
+                later = created["count"] - len(ids)
+                self.say(f"Submitted array job of {created['count']}: jobs {ids[0]}..{ids[-1]}"
+                         f"{f' and {later} more as they are scheduled' if later else ''} "
                          f"(array {created['array_id']}"
                          f"{f', at most {most} at once' if most else ''})")
             if not a.wait:
                 return 0
-            if len(created["ids"]) > 1:
+            if created["count"] > 1:
                 return self.wait_array(created["array_id"], a)
             return self.wait_all(created["ids"], a)
         job = self.client.post("/jobs/", body)
@@ -366,6 +373,8 @@ class App:
             page = watcher.get("/jobs/", active)[1]
             if page["results"]:
                 watcher.follow(page["results"][0]["id"])
+            else:  # the rest not written as jobs yet: the next scheduler cycle does
+                time.sleep(_ARRAY_POLL_SECONDS)
         counts = {st: n for st, n in summary["counts"].items() if n}
         ended_badly = [st for st in ("FAILED", "CANCELLED") if counts.get(st)]
         if self.as_json:
