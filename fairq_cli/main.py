@@ -505,7 +505,10 @@ class App:
             if self.as_json:
                 self.emit_json(done)
             else:
-                self.say(f"Cancelled {len(done['cancelled'])} job(s) of array {a.array}")
+                # Members the server had not queued as jobs yet are cancelled too (issue 20).
+                rest = done.get("cancelled_not_written") or 0
+                self.say(f"Cancelled {len(done['cancelled']) + rest} job(s) of array {a.array}"
+                         f"{f' ({rest} not started as jobs yet)' if rest else ''}")
         for job_id in a.job_ids:
             job = self.client.post(f"/jobs/{job_id}/cancel/")
             if self.as_json:

@@ -57,14 +57,19 @@ class ArrayDetailView(APIView):
             "ArrayCancelled",
             {
                 "cancelled": serializers.ListField(child=serializers.IntegerField()),
+                "cancelled_not_written": serializers.IntegerField(
+                    help_text="Members cancelled before they were queued as jobs (no id)."),
                 "array": ArraySummarySerializer(),
             },
         )
     )
     def delete(self, request: Request, array_id: int) -> Response:
-        """Cancel every member that has not ended, in one transaction, each with its event;
-        members that ended are left alone. Answers the ids cancelled and the array after."""
+        """Cancel every member that has not ended, in one transaction, each with its event
+        (the members not queued as jobs yet: one event on the array); members that ended
+        are left alone. Answers the ids cancelled, how many had no job yet, and the array
+        after."""
         array = array_get_for_actor(actor=request.user, array_id=array_id)
-        cancelled = array_cancel(actor=request.user, array=array)
+        cancelled, not_written = array_cancel(actor=request.user, array=array)
         array.refresh_from_db()  # the rest cancelled: the service wrote its own copy
-        return Response({"cancelled": cancelled, "array": ArraySummarySerializer(array_summary(array)).data})
+        return Response({"cancelled": cancelled, "cancelled_not_written": not_written,
+                         "array": ArraySummarySerializer(array_summary(array)).data})

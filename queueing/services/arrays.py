@@ -168,15 +168,16 @@ def _cancel_queued(array: JobArray, *, now: datetime, user: Any, label: str, rea
 
 
 @transaction.atomic
-def array_cancel(*, actor: Any, array: JobArray, now: datetime | None = None) -> list[int]:
+def array_cancel(*, actor: Any, array: JobArray,
+                 now: datetime | None = None) -> tuple[list[int], int]:
     """Cancel every member of `array` that has not ended, in one transaction, each with its
-    transition event (NotFound unless `actor` may see the array); the members not yet
+    transition event (NotFound unless `actor` may see the array). The members not yet
     written as rows are cancelled on the array (`_cancel_rest`: no row is ever written
-    for them, the array's event says so). Queued members are
-    cancelled in bulk (`_cancel_queued`: one statement on PostgreSQL); members holding GPUs
-    one by one,
-    their GPU time charged and their workloads stopped after commit, like `job_cancel`.
-    Returns the ids cancelled; members that ended meanwhile are left alone."""
+    for them, the array's "cancelled" event says so); queued members are cancelled in
+    bulk (`_cancel_queued`: one statement on PostgreSQL); members holding GPUs one by
+    one, their GPU time charged and their workloads stopped after commit, like
+    `job_cancel`. Returns the ids cancelled and how many members were cancelled with no
+    row; members that ended meanwhile are left alone."""
     now = now or timezone.now()
     if actor is not None:
         array = array_get_for_actor(actor=actor, array_id=array.pk)
@@ -185,7 +186,7 @@ def array_cancel(*, actor: Any, array: JobArray, now: datetime | None = None) ->
     label = clean_text(str(actor), max_length=_LABEL_MAX)
     # The array's row first, as the cycle's top-up does: no member is written after this.
     array = JobArray.objects.select_for_update().select_related("team").get(pk=array.pk)
-    _cancel_rest(array, now=now, label=label, reason=reason)
+    not_written = _cancel_rest(array, now=now, label=label, reason=reason)
     cancelled = _cancel_queued(array, now=now, user=user, label=label, reason=reason)
     # The bulk path writes its events itself: they go to the webhooks as `job_transition`'s
     # do (after commit, one message), when the team or the members have a receiver.
@@ -223,4 +224,4 @@ def array_cancel(*, actor: Any, array: JobArray, now: datetime | None = None) ->
     # A preempted member that a cycle requeued meanwhile is queued now: cancel it too.
     cancelled += _cancel_queued(array, now=now, user=user, label=label, reason=reason)
     transaction.on_commit(queue_plan_forget)
-    return sorted(cancelled)
+    return sorted(cancelled), not_written

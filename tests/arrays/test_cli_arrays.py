@@ -53,3 +53,20 @@ def test_cancel_an_array(cli: Cli, world: World) -> None:
     assert r.out == f"Cancelled 3 job(s) of array {array}\n"
     assert set(Job.objects.values_list("status", flat=True)) == {JobState.CANCELLED}
     assert cli("cancel").code == 2
+
+
+def test_a_large_array_says_its_members_queued_later_and_cancels_them_all(
+        cli: Cli, world: World) -> None:
+    """Issue 20: the first 32 members are jobs at submit, the rest later; a cancel counts
+    all of them."""
+    r = cli(*SUBMIT, "-a", "100%4")
+    assert r.code == 0, r.err
+    array = JobArray.objects.get()
+    ids = sorted(Job.objects.values_list("pk", flat=True))
+    assert len(ids) == 32
+    assert r.out == (f"Submitted array job of 100: jobs {ids[0]}..{ids[-1]} and 68 more as "
+                     f"they are scheduled (array {array.pk}, at most 4 at once)\n")
+    r = cli("cancel", "--array", str(array.pk))
+    assert r.code == 0, r.err
+    assert r.out == f"Cancelled 100 job(s) of array {array.pk} (68 not started as jobs yet)\n"
+    assert Job.objects.count() == 32

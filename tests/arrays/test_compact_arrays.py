@@ -137,6 +137,7 @@ def test_cancel_midway_leaves_no_row_for_the_rest(world: World, settings: Any) -
     succeeded = Job.objects.filter(array_id=array_id, status=JobState.SUCCEEDED).count()
     assert body["array"]["counts"]["CANCELLED"] == 1000 - succeeded
     assert body["array"]["counts"]["QUEUED"] == 0 and body["array"]["done"] is True
+    assert body["cancelled_not_written"] == 1000 - written
     cancelled = body["array"]["events"][-1]
     assert cancelled["kind"] == "cancelled" and cancelled["actor"] == "dave"
     assert f"{1000 - written} tasks not yet queued as jobs cancelled" in cancelled["reason"]
