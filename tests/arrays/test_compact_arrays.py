@@ -237,3 +237,24 @@ def test_the_dashboard_and_metrics_count_the_members_not_written(world: World) -
     array_services.array_cancel(actor=world.member, array=JobArray.objects.get(pk=out["array_id"]))
     overview = {o.team.slug: o for o in cluster_overview(standings=[])}
     assert overview["vision"].queued_jobs == 0
+
+
+def test_members_written_by_the_cycle_are_posted_queued_to_webhooks(
+        world: World, django_capture_on_commit_callbacks: Any) -> None:
+    """Every state change is an event someone can read: a member written late gets its
+    `job.queued` delivery when the cycle writes it, once."""
+    from tests.webhooks.receiver import receiver
+
+    admin = world.client(world.admin)
+    with receiver() as rx:
+        rx.secret = admin.post("/api/v1/teams/vision/webhooks/", {"url": rx.url},
+                               format="json").json()["secret"]
+        with django_capture_on_commit_callbacks(execute=True):
+            out = bulk(world, count=ARRAY_SUBMIT_WINDOW + 8)
+        with django_capture_on_commit_callbacks(execute=True):
+            written = arrays_top_up(now=timezone.now())
+    assert [len(ids) for ids in written.values()] == [8]
+    got = sorted(g.verified["data"]["job_id"] for g in rx.received
+                 if g.verified["type"] == "job.queued")
+    assert got == sorted(out["ids"] + written[out["array_id"]])
+    assert rows(out["array_id"]) == ARRAY_SUBMIT_WINDOW + 8
