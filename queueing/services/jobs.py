@@ -704,6 +704,9 @@ def array_template(array: JobArray, *, now: datetime) -> Job:
                array=array)
 
 
+_REASON_MAX = JobEvent._meta.get_field("reason").max_length or 500
+
+
 def array_member_event(array: JobArray, *, now: datetime) -> JobEvent:
     """A member's first event (rule S1: "" -> QUEUED), whenever its row is written: at
     submit for the first ARRAY_SUBMIT_WINDOW, by the cycle for the rest; the submit's
@@ -717,9 +720,6 @@ def array_member_event(array: JobArray, *, now: datetime) -> JobEvent:
                     to_status=JobState.QUEUED, actor_id=array.created_by_id,
                     actor_label=submitted.get("actor", ""), attempt=1,
                     reason=reason[:_REASON_MAX], data=dict(note.get("data") or {}))
-
-
-_REASON_MAX = JobEvent._meta.get_field("reason").max_length or 500
 
 
 def array_members_write(array: JobArray, indices: range, *, now: datetime) -> list[int]:
