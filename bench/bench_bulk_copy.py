@@ -108,11 +108,11 @@ def main() -> int:
         arrays.ARRAY_WINDOW = size  # the bench's knob
         took: list[float] = []
         for _ in range(a.rounds):
-            jobs.jobs_submit_array(actor=user, data=data, count=COUNT)  # 32 rows queued
+            jobs.jobs_submit_array(actor=user, data=data, count=COUNT)  # its window queued
             t0 = time.perf_counter()
             written = arrays.arrays_top_up(now=timezone.now())
             took.append(time.perf_counter() - t0)
-            assert sum(len(ids) for ids in written.values()) == size - 32, written
+            assert sum(len(ids) for ids in written.values()) == size - jobs.ARRAY_SUBMIT_WINDOW, written
             JobArray.objects.update(materialized=COUNT)  # out of the next round's way
         bench(f"array_top_up_{size}_ms", statistics.median(took) * 1000, "ms")
     arrays.ARRAY_WINDOW = 64

@@ -66,5 +66,5 @@ class BulkJobCreatedSerializer(serializers.Serializer[Any]):
     count = serializers.IntegerField()
     ids = serializers.ListField(child=serializers.IntegerField(),
                                 help_text="Ids of the members queued as jobs now (the first "
-                                          "up to 32), in index order; the rest get theirs as "
+                                          "up to 8), in index order; the rest get theirs as "
                                           "the scheduler needs them.")

@@ -70,10 +70,12 @@ def test_an_array_of_10000_is_accepted_with_only_its_window_as_rows(world: World
     assert s["counts"]["QUEUED"] == 10_000 and s["materialized"] == ARRAY_SUBMIT_WINDOW
     assert s["done"] is False and s["max_running"] == 500
     assert [(e["kind"], e["actor"]) for e in s["events"]] == [("submitted", "dave")]
-    assert s["events"][0]["reason"].startswith("submitted 10000 tasks (32 queued as jobs now")
+    assert s["events"][0]["reason"].startswith(
+        f"submitted 10000 tasks ({ARRAY_SUBMIT_WINDOW} queued as jobs now")
     # A small array is whole at submit, as before.
-    small_out = bulk(world, count=5)
-    assert len(small_out["ids"]) == 5 and summary(world, small_out["array_id"])["materialized"] == 5
+    small_out = bulk(world, count=ARRAY_SUBMIT_WINDOW)
+    assert len(small_out["ids"]) == ARRAY_SUBMIT_WINDOW
+    assert summary(world, small_out["array_id"])["materialized"] == ARRAY_SUBMIT_WINDOW
 
 
 def test_every_task_runs_exactly_once_across_cycles_indices_0_to_n_minus_1(
@@ -167,7 +169,8 @@ def test_rule_D1_after_ok_on_the_array_waits_for_the_members_not_written(
     assert [d["verdict"] for d in job_dependencies(after)] == ["waiting"]
     # "after_any" too: the members not written have not ended.
     s = summary(world, array_id)
-    assert (s["counts"]["SUCCEEDED"], s["counts"]["QUEUED"], s["done"]) == (32, 8, False)
+    assert (s["counts"]["SUCCEEDED"], s["counts"]["QUEUED"], s["done"]) == (
+        ARRAY_SUBMIT_WINDOW, 8, False)
     # The first cycle writes the 8 (before its snapshot) and admits them, not the job.
     result = scheduler_cycle(now=t0)
     assert after.pk not in result.admitted and rows(array_id) == ARRAY_SUBMIT_WINDOW + 8
@@ -207,7 +210,7 @@ def test_rule_A8_the_limit_holds_and_bounds_the_window(world: World, settings: A
         queued = Job.objects.filter(array_id=array_id, status=JobState.QUEUED).count()
         assert holding <= 5
         peak = max(peak, holding)
-        # Rows queued: the submit's 32 used up, then the window is the limit's 5.
+        # Rows queued: the submit's window used up, then the window is the limit's 5.
         assert queued <= ARRAY_SUBMIT_WINDOW
         topped_up = topped_up or rows(array_id) > ARRAY_SUBMIT_WINDOW
         if topped_up:
