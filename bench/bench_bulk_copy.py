@@ -13,7 +13,8 @@
 Database: $FAIRQ_BENCH_BULK_DATABASE_URL, default .../fairq_bench_bulk, dropped and
 created afresh. Output: BENCH bulk_copy_{whole,compact}_s (wall, median of `--rounds`),
 bulk_copy_{whole,compact}_cpu_s, bulk_copy_compact_speedup, array_submit_w<W>_ms,
-array_top_up_<N>_ms, cycle_100k_{whole,compact}_{total,snapshot,decide}_ms.
+array_top_up_<N>_ms, cycle_100k_{whole,compact}_{total,snapshot,decide}_ms and
+array_top_up_idle_ms (a cycle's top-up when no array has members left to write).
 """
 
 from __future__ import annotations
@@ -131,6 +132,10 @@ def main() -> int:
                   statistics.median(t[key] for t in runs) * 1000, "ms")
         for array in made:
             arrays.array_cancel(actor=None, array=array)
+    # What every cycle pays when no array has members left to write (one indexed read):
+    # the cost the top-up adds to a plan of queued jobs that are not arrays.
+    bench("array_top_up_idle_ms",
+          _median_ms(lambda: arrays.arrays_top_up(now=timezone.now()), 20), "ms")
     bench("host_load_average_1m", os.getloadavg()[0], "")
     connection.close()
     drop_postgres(url)
