@@ -84,6 +84,8 @@ def arrays_top_up(*, now: datetime) -> dict[int, list[int]]:
             JobArray.objects.filter(pk=pk).update(materialized=start + add)
             array_members_notify(array, ids)
             written[pk] = ids
+    if written:  # "why it waits" plans the rows: the new ones are in the queue now
+        queue_plan_forget()
     return written
 
 
