@@ -18,6 +18,7 @@ from django.utils import timezone
 from queueing.models import Job, JobArray, JobEvent
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 from queueing.selectors.arrays import array_summary, job_dependencies
+from queueing.selectors.capacity import capacity_by_gpu_type
 from queueing.selectors.dashboard import cluster_overview
 from queueing.selectors.metrics import queue_depth
 from queueing.services import arrays as array_services
@@ -231,12 +232,15 @@ def test_the_window_fills_the_gpus_of_its_type_within_the_limit() -> None:
     assert array_window(gpus_of_type=400, task_gpus=1, max_running=7) == 7
 
 
-def test_the_dashboard_and_metrics_count_the_members_not_written(world: World) -> None:
+def test_the_dashboard_quota_board_and_metrics_count_the_members_not_written(world: World) -> None:
     out = bulk(world, count=1000, gpus=2)
     overview = {o.team.slug: o for o in cluster_overview(standings=[])}
     assert overview["vision"].queued_jobs == 1000
     assert overview["vision"].queued_gpus == {"a100": 2000}
     assert ("vision", "normal", 1000) in queue_depth()
+    # The quota board's column of the GPU type: the queued demand of every member.
+    rows_by_type = {r.gpu_type: r for r in capacity_by_gpu_type(nodes=[])[0]}
+    assert rows_by_type["a100"].queued_demand == 2000
     array_services.array_cancel(actor=world.member, array=JobArray.objects.get(pk=out["array_id"]))
     overview = {o.team.slug: o for o in cluster_overview(standings=[])}
     assert overview["vision"].queued_jobs == 0
