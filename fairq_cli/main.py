@@ -47,6 +47,9 @@ EXIT_WAIT_TIMEOUT = 6
 # A long poll's `wait` (the server caps it at 60): FAIRQ_WATCH_SECONDS lowers it behind a
 # proxy that drops idle connections sooner.
 WATCH_SECONDS = 30
+# `submit -a --wait`: how long to wait before looking again when none of the array's
+# members is a job yet (the server writes them as its scheduler needs them, issue 20).
+_ARRAY_POLL_SECONDS = 2.0
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # seconds between tries while fairq is unreachable
 
 
@@ -301,12 +304,16 @@ class App:
                 self.emit_json(created)
             elif not self.as_json:
                 ids = created["ids"]
-                self.say(f"Submitted array job of {created['count']}: jobs {ids[0]}..{ids[-1]} "
+                # The server writes the first members as jobs now, the rest as its
+                # scheduler needs them (issue 20): `ids` may be fewer than `count`.
+                later = created["count"] - len(ids)
+                self.say(f"Submitted array job of {created['count']}: jobs {ids[0]}..{ids[-1]}"
+                         f"{f' and {later} more as they are scheduled' if later else ''} "
                          f"(array {created['array_id']}"
                          f"{f', at most {most} at once' if most else ''})")
             if not a.wait:
                 return 0
-            if len(created["ids"]) > 1:
+            if created["count"] > 1:
                 return self.wait_array(created["array_id"], a)
             return self.wait_all(created["ids"], a)
         job = self.client.post("/jobs/", body)
@@ -367,6 +374,8 @@ class App:
             page = watcher.get("/jobs/", active)[1]
             if page["results"]:
                 watcher.follow(page["results"][0]["id"])
+            else:  # the rest not written as jobs yet: the next scheduler cycle does
+                time.sleep(_ARRAY_POLL_SECONDS)
         counts = {st: n for st, n in summary["counts"].items() if n}
         ended_badly = [st for st in ("FAILED", "CANCELLED") if counts.get(st)]
         if self.as_json:
@@ -532,7 +541,10 @@ class App:
             if self.as_json:
                 self.emit_json(done)
             else:
-                self.say(f"Cancelled {len(done['cancelled'])} job(s) of array {a.array}")
+                # Members the server had not queued as jobs yet are cancelled too (issue 20).
+                rest = done.get("cancelled_not_written") or 0
+                self.say(f"Cancelled {len(done['cancelled']) + rest} job(s) of array {a.array}"
+                         f"{f' ({rest} not started as jobs yet)' if rest else ''}")
         for job_id in a.job_ids:
             job = self.client.post(f"/jobs/{job_id}/cancel/")
             if self.as_json:

@@ -303,17 +303,45 @@ class JobArray(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                    on_delete=models.SET_NULL, related_name="job_arrays")
     created_at = models.DateTimeField()
+    # Stored compactly (issue 20, docs/scheduling.md "Arrays"): members 0..materialized-1
+    # are Job rows; the rest exist only here until the cycle needs them
+    # (services/arrays.py::arrays_top_up). `spec` is the template's Job columns by
+    # attname (every member's but for its name, env index and array index); `events` the
+    # array's own history ({at, kind, actor, reason, data}: "submitted N tasks", the
+    # rest cancelled); `rest_cancelled_at`: the members never materialized were cancelled
+    # then (they count as CANCELLED and get no row).
+    spec = models.JSONField(default=dict, db_default={}, blank=True)
+    materialized = models.PositiveIntegerField(default=0, db_default=0)
+    rest_cancelled_at = models.DateTimeField(null=True, blank=True)
+    events = models.JSONField(default=list, db_default=[], blank=True)
 
     class Meta:
         ordering = ["-id"]
         constraints = [
             models.CheckConstraint(condition=Q(count__gte=1), name="job_array_count_gte_1"),
+            models.CheckConstraint(condition=Q(materialized__lte=models.F("count")),
+                                   name="job_array_materialized_lte_count"),
             models.CheckConstraint(condition=Q(max_running__isnull=True) | Q(max_running__gte=1),
                                    name="job_array_max_running_gte_1"),
         ]
+        # The cycle's top-up reads only the arrays with members not yet written
+        # (services/arrays.py::arrays_top_up): a few rows, however many arrays ended.
+        indexes = [models.Index(fields=["id"], name="job_array_unwritten_idx",
+                                condition=Q(rest_cancelled_at__isnull=True,
+                                            materialized__lt=models.F("count")))]
 
     def __str__(self) -> str:
         return f"array {self.pk} {self.name} ({self.count})"
+
+    @property
+    def unmaterialized(self) -> int:
+        """Members with no Job row yet (0 once the rest was cancelled: they never get one)."""
+        return 0 if self.rest_cancelled_at is not None else self.count - self.materialized
+
+    @property
+    def never_materialized(self) -> int:
+        """Members that will never get a Job row: cancelled before they were needed."""
+        return self.count - self.materialized if self.rest_cancelled_at is not None else 0
 
 
 class Job(models.Model):

@@ -33,6 +33,14 @@ class ArraySummarySerializer(serializers.Serializer[Any]):
     active = serializers.IntegerField(help_text="Members holding GPUs (admitted or running).")
     ended = serializers.IntegerField(help_text="Members in a final state.")
     done = serializers.BooleanField(help_text="Every member has ended.")
+    materialized = serializers.IntegerField(
+        help_text="Members queued as jobs so far (indices 0..materialized-1); the rest count "
+                  "as QUEUED (CANCELLED once cancelled) and get a job as the scheduler needs "
+                  "them.")
+    events = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="The array's own events: {at, kind (submitted, cancelled), actor, reason, "
+                  "data?}.")
 
 
 class ArrayDetailView(APIView):
@@ -49,13 +57,19 @@ class ArrayDetailView(APIView):
             "ArrayCancelled",
             {
                 "cancelled": serializers.ListField(child=serializers.IntegerField()),
+                "cancelled_not_written": serializers.IntegerField(
+                    help_text="Members cancelled before they were queued as jobs (no id)."),
                 "array": ArraySummarySerializer(),
             },
         )
     )
     def delete(self, request: Request, array_id: int) -> Response:
-        """Cancel every member that has not ended, in one transaction, each with its event;
-        members that ended are left alone. Answers the ids cancelled and the array after."""
+        """Cancel every member that has not ended, in one transaction, each with its event
+        (the members not queued as jobs yet: one event on the array); members that ended
+        are left alone. Answers the ids cancelled, how many had no job yet, and the array
+        after."""
         array = array_get_for_actor(actor=request.user, array_id=array_id)
-        cancelled = array_cancel(actor=request.user, array=array)
-        return Response({"cancelled": cancelled, "array": ArraySummarySerializer(array_summary(array)).data})
+        cancelled, not_written = array_cancel(actor=request.user, array=array)
+        array.refresh_from_db()  # the rest cancelled: the service wrote its own copy
+        return Response({"cancelled": cancelled, "cancelled_not_written": not_written,
+                         "array": ArraySummarySerializer(array_summary(array)).data})

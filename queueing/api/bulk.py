@@ -65,4 +65,6 @@ class BulkJobCreatedSerializer(serializers.Serializer[Any]):
     array_id = serializers.IntegerField(help_text="GET/DELETE /api/v1/arrays/{array_id}/.")
     count = serializers.IntegerField()
     ids = serializers.ListField(child=serializers.IntegerField(),
-                                help_text="Job ids in index order.")
+                                help_text="Ids of the members queued as jobs now (the first "
+                                          "up to 8), in index order; the rest get theirs as "
+                                          "the scheduler needs them.")

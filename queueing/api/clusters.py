@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -68,7 +68,8 @@ class ClusterSerializer(serializers.Serializer[Any]):
     """A cluster and its capacity. `kubeconfig`, `kube_context`, `in_cluster`, `sim_nodes`
     (how fairq reaches it) are for staff only: absent for others."""
 
-    name = serializers.CharField(help_text='Its name ("" for the implicit cluster).')
+    name = serializers.CharField(allow_null=True, help_text=(
+        "Its name (null for the implicit cluster, which has no URL of its own)."))
     implicit = serializers.BooleanField(
         help_text="True for the one cluster configured by settings, listed when no "
                   "cluster is configured (FAIRQ_CLUSTER_BACKEND, FAIRQ_SIM_NODES, ...).")
@@ -98,6 +99,8 @@ class ClusterSerializer(serializers.Serializer[Any]):
 
     def to_representation(self, instance: Any) -> Any:
         data = super().to_representation(instance)
+        if data.get("implicit"):
+            data["name"] = None  # not a name a URL could take (clusters/{name}/)
         request = self.context.get("request")
         if request is None or not request.user.is_staff:
             for name in _STAFF_ONLY:
@@ -237,6 +240,15 @@ class ClusterListView(IdempotentPostMixin, APIView):
                         headers=location("cluster-detail", name=row.name))
 
 
+# A cluster's (and a pool's) name in the path is a slug, never empty: the implicit
+# cluster, listed as "", has no detail URL.
+_NAME = OpenApiParameter("name", str, OpenApiParameter.PATH, pattern=r"^[-a-zA-Z0-9_]+$",
+                         description="The cluster's name.")
+_POOL = OpenApiParameter("pool", str, OpenApiParameter.PATH, pattern=r"^[-a-zA-Z0-9_]+$",
+                         description="The node pool's name.")
+
+
+@extend_schema(parameters=[_NAME])
 class ClusterDetailView(IdempotentPostMixin, APIView):
     @extend_schema(responses=ClusterSerializer)
     def get(self, request: Request, name: str) -> Response:
@@ -254,6 +266,7 @@ class ClusterDetailView(IdempotentPostMixin, APIView):
         return Response(ClusterSerializer(_one(name), context={"request": request}).data)
 
 
+@extend_schema(parameters=[_NAME])
 class NodePoolListView(IdempotentPostMixin, APIView):
     @extend_schema(responses=NodePoolSerializer(many=True))
     def get(self, request: Request, name: str) -> Response:
@@ -273,6 +286,7 @@ class NodePoolListView(IdempotentPostMixin, APIView):
                         headers=location("nodepool-detail", name=name, pool=pool.name))
 
 
+@extend_schema(parameters=[_NAME, _POOL])
 class NodePoolDetailView(IdempotentPostMixin, APIView):
     def _pool(self, name: str, pool: str) -> NodePool:
         cluster: Cluster = cluster_get(name=name)

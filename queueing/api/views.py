@@ -223,8 +223,9 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
         data = job_input_with_dependencies(_job_input(request, fields), dependencies)
         array, ids = jobs_submit_array(actor=request.user, count=count, data=data,
                                        max_running=max_running)
-        # Location: the array's own resource (GET /arrays/{id}/).
-        return Response({"array_id": array.pk, "count": len(ids), "ids": ids},
+        # Location: the array's own resource (GET /arrays/{id}/). `ids`: the members
+        # written as rows now; the rest get theirs as the cycle needs them (issue 20).
+        return Response({"array_id": array.pk, "count": array.count, "ids": ids},
                         status=status.HTTP_201_CREATED,
                         headers=location("array-detail", array_id=array.pk))
 

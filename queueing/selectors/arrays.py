@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, F
 
 from queueing.errors import NotFound
-from queueing.models import Job, JobArray
+from queueing.models import GpuType, Job, JobArray, Tier
 from queueing.policy.dependencies import dependency_verdict, parse_dependencies
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 
@@ -28,13 +28,17 @@ def array_get_for_actor(*, actor: Any, array_id: int) -> JobArray:
 
 def array_summary(array: JobArray) -> dict[str, Any]:
     """The array with its members counted by state (one query): `counts` has every state
-    (0 included), `active` the members holding GPUs (rule A8 counts these), `ended` the
-    final ones, `done` whether all have ended."""
+    (0 included), the members not yet written as rows among QUEUED (CANCELLED once the
+    rest was cancelled: issue 20), `active` the members holding GPUs (rule A8 counts
+    these), `ended` the final ones, `done` whether all have ended; `materialized` how
+    many members are rows, `events` the array's own history."""
     counts = {s.value: 0 for s in JobState}
     for state, n in (
         array.members.order_by().values_list("status").annotate(n=Count("id")).values_list("status", "n")
     ):
         counts[state] = n
+    counts[JobState.QUEUED.value] += array.unmaterialized
+    counts[JobState.CANCELLED.value] += array.never_materialized
     ended = sum(counts[s.value] for s in FINAL_STATES)
     return {
         "id": array.pk,
@@ -48,7 +52,33 @@ def array_summary(array: JobArray) -> dict[str, Any]:
         "active": sum(counts[s.value] for s in HOLDING_STATES),
         "ended": ended,
         "done": ended == array.count,
+        "materialized": array.materialized,
+        "events": list(array.events),
     }
+
+
+def arrays_unwritten() -> list[tuple[str, str, str, int, int]]:
+    """Issue 20: the queued members of arrays not yet written as rows, per (team slug,
+    GPU type slug, tier slug): (team, gpu type, tier, members, GPUs), for the counts of
+    queued jobs and GPUs that read rows (the dashboard, the quota board, /metrics). One
+    query over the arrays with such members, two for the slugs when there are any."""
+    rows = list(JobArray.objects.filter(rest_cancelled_at__isnull=True,
+                                        materialized__lt=F("count"))
+                .values_list("team__slug", "count", "materialized", "spec"))
+    if not rows:
+        return []
+    gpu_types = dict(GpuType.objects.values_list("pk", "slug"))
+    tiers = dict(Tier.objects.values_list("pk", "slug"))
+    out: dict[tuple[str, str, str], list[int]] = {}
+    for team, count, materialized, spec in rows:
+        rest = count - materialized
+        gpus = int(spec.get("gpus_per_replica") or 1) * int(spec.get("replicas") or 1)
+        key = (team, gpu_types.get(spec.get("gpu_type_id"), "?"),
+               tiers.get(spec.get("tier_id"), "?"))
+        acc = out.setdefault(key, [0, 0])
+        acc[0] += rest
+        acc[1] += rest * gpus
+    return [(t, g, tier, n, gp) for (t, g, tier), (n, gp) in sorted(out.items())]
 
 
 def job_array(job: Job) -> JobArray | None:

@@ -14,6 +14,7 @@ from queueing.backends.base import NodeInfo
 from queueing.models import GpuType, Job, Quota
 from queueing.policy.states import HOLDING_STATES, JobState
 
+from .arrays import arrays_unwritten
 from .cluster import cluster_nodes
 
 
@@ -104,6 +105,8 @@ def capacity_by_gpu_type(*, nodes: list[NodeInfo] | None = None) -> tuple[list[C
         else:
             r.held_by_jobs += gpus
             r.by_team[team] = r.by_team.get(team, 0) + gpus
+    for _, gpu, _, _, gpus in arrays_unwritten():  # issue 20: queued, no row yet
+        row(gpu).queued_demand += gpus
     for q in Quota.objects.values("gpu_type__slug").annotate(n=Sum("nominal")):
         row(q["gpu_type__slug"]).guaranteed = int(q["n"] or 0)
     for r in rows.values():

@@ -25,6 +25,7 @@ from queueing.models import FairShareSnapshot, GpuType, Job, JobEvent, Quota
 from queueing.policy.fairshare import Standing
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 
+from .arrays import arrays_unwritten
 from .capacity import CapacityRow, capacity_by_gpu_type, gpus_held, overcommit_warnings
 from .fairshare import fairshare_standings
 
@@ -61,7 +62,8 @@ class TeamOverview:
 
 def cluster_overview(*, standings: list[Standing]) -> list[TeamOverview]:
     """Every team: its standing (rules F1-F3, from `standings`), its queued and running
-    jobs and GPUs per type. Two queries, whatever the number of jobs."""
+    jobs and GPUs per type (array members not yet written included). Four queries at
+    most, whatever the number of jobs."""
     by_team = {s.team: s for s in standings}
     out = {t.slug: TeamOverview(t, by_team.get(t.slug))
            for t in Team.objects.order_by("slug")}
@@ -79,6 +81,12 @@ def cluster_overview(*, standings: list[Standing]) -> list[TeamOverview]:
             o.queued_jobs += r["n"]
         else:
             o.running_jobs += r["n"]
+    # Issue 20: array members not yet written as rows are queued all the same.
+    for team, gpu_type, _, n, asked in arrays_unwritten():
+        o = out.get(team)
+        if o is not None:
+            o.queued_jobs += n
+            o.queued_gpus[gpu_type] = o.queued_gpus.get(gpu_type, 0) + asked
     return list(out.values())
 
 

@@ -16,6 +16,8 @@ from django.db.models import Count
 from queueing.models import Job, JobEvent, Tier
 from queueing.policy.states import JobState
 
+from .arrays import arrays_unwritten
+
 log = logging.getLogger(__name__)
 
 CYCLE_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
@@ -63,10 +65,14 @@ def wait_histograms() -> dict[str, tuple[list[tuple[str, int]], float]]:
 # --- from the database ----------------------------------------------------------------------
 
 def queue_depth() -> list[tuple[str, str, int]]:
-    """(team, tier, queued jobs) for every pair with queued jobs."""
+    """(team, tier, queued jobs) for every pair with queued jobs, array members not yet
+    written as rows included (issue 20)."""
     rows = (Job.objects.filter(status=JobState.QUEUED)
             .values_list("team__slug", "tier__slug").annotate(n=Count("id")).order_by())
-    return [(team, tier, n) for team, tier, n in rows]
+    depth: dict[tuple[str, str], int] = {(team, tier): n for team, tier, n in rows}
+    for team, _, tier, n, _ in arrays_unwritten():
+        depth[(team, tier)] = depth.get((team, tier), 0) + n
+    return [(team, tier, n) for (team, tier), n in depth.items()]
 
 
 def admissions_total() -> int:

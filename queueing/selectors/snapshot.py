@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count
+from django.db.models import Count, F
 
 from queueing.backends.base import ClusterBackend
 from queueing.models import GpuType, Job, JobArray, Quota
@@ -193,8 +193,10 @@ def allowed_clusters(row: JobRow, clusters: Mapping[int, ClusterFacts]
 
 
 def dependency_counts(deps: Iterable[Dependency]) -> dict[tuple[str, int], Counts]:
-    """Rules D1-D2: the states of the jobs and arrays `deps` name, counted per state (two
-    queries at most; an array of 10,000 members is a few rows)."""
+    """Rules D1-D2: the states of the jobs and arrays `deps` name, counted per state (three
+    queries at most; an array of 10,000 members is a few rows). An array's members not
+    yet written as rows (issue 20) count as QUEUED, as CANCELLED once cancelled: "every
+    member" is not met while one is unwritten."""
     jobs: set[int] = set()
     arrays: set[int] = set()
     for d in deps:
@@ -211,6 +213,12 @@ def dependency_counts(deps: Iterable[Dependency]) -> dict[tuple[str, int], Count
                                    .values_list("array_id", "status")
                                    .annotate(n=Count("id")).values_list("array_id", "status", "n")):
             out.setdefault(("array", array_id), {})[state] = n
+        for array_id, count, written, rest_cancelled in (
+                JobArray.objects.filter(pk__in=arrays, materialized__lt=F("count"))
+                .values_list("pk", "count", "materialized", "rest_cancelled_at")):
+            state = JobState.QUEUED if rest_cancelled is None else JobState.CANCELLED
+            counts = out.setdefault(("array", array_id), {})
+            counts[state.value] = counts.get(state.value, 0) + count - written
     return dict(out)
 
 

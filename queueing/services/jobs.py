@@ -672,23 +672,112 @@ def array_size_problem(*, command: list[str], args: list[str], env: dict[str, st
 def jobs_submit_bulk(
     *, actor: Any, data: JobInput, count: int, now: datetime | None = None
 ) -> list[int]:
-    """`jobs_submit_array` without a concurrency limit; the job ids in index order."""
-    return jobs_submit_array(actor=actor, data=data, count=count, now=now)[1]
+    """`jobs_submit_array` without a concurrency limit, every member written as a row at
+    once (the whole window: tests and benchmarks that need `count` queued rows); the job
+    ids in index order."""
+    return jobs_submit_array(actor=actor, data=data, count=count, now=now, window=count)[1]
+
+
+# Issue 20: an array is stored compactly (docs/scheduling.md, "Arrays"): submit writes
+# the JobArray (the template's columns, `count`, `max_running`) and only the first
+# ARRAY_SUBMIT_WINDOW members as Job rows; the scheduler cycle materializes the rest as
+# they are needed (services/arrays.py::arrays_top_up), Slurm's way. Arrays this small or
+# smaller are whole at submit. Each row written costs the answer ~0.25 ms on PostgreSQL
+# (bench/bench_bulk_copy.py: 13.5 ms for 1 row, 18 for 8, 25 for 32, 85 for 256); the
+# cycle writes the rest before its snapshot whatever this is, so it only decides how
+# small an array is whole at once.
+ARRAY_SUBMIT_WINDOW = 8
+
+# Job columns every member has of its own: not in `JobArray.spec` (its `env` is the
+# template's, each member's adds its index).
+_MEMBER_OWN = frozenset({"id", "name", "array_id", "array_index", "created_at",
+                         "updated_at", "change_xid"})
+
+
+def array_spec(template: Job) -> dict[str, Any]:
+    """The template's columns as `JobArray.spec` keeps them (by attname, JSON values):
+    what a member materialized later is built from (`array_template`)."""
+    return {f.attname: getattr(template, f.attname) for f in Job._meta.concrete_fields
+            if f.attname not in _MEMBER_OWN}
+
+
+def array_template(array: JobArray, *, now: datetime) -> Job:
+    """The unsaved Job every member of `array` is a copy of (but for name, env and
+    index): its stored spec, submitted at the array's submit time (rule O1's age and the
+    FIFO order count from then), the array's own env. Columns the spec lacks (added to
+    Job after the array was submitted) get their defaults."""
+    known = {f.attname for f in Job._meta.concrete_fields}
+    values = {k: v for k, v in array.spec.items() if k in known and k not in _MEMBER_OWN}
+    return Job(**values, name=array.name, created_at=array.created_at, updated_at=now,
+               array=array)
+
+
+_REASON_MAX = JobEvent._meta.get_field("reason").max_length or 500
+
+
+def array_member_event(array: JobArray, *, now: datetime) -> JobEvent:
+    """A member's first event (rule S1: "" -> QUEUED), whenever its row is written: at
+    submit for the first ARRAY_SUBMIT_WINDOW, by the cycle for the rest; the submit's
+    actor and note (rule B3's downgrade) come from the array's "submitted" event."""
+    submitted: dict[str, Any] = next((e for e in array.events if e.get("kind") == "submitted"), {})
+    note = submitted.get("note") or {}
+    reason = note.get("reason") or f"submitted (array {array.pk})"
+    if submitted and submitted.get("at") != now.isoformat():
+        reason = f"{reason}; task queued by the scheduler (array submitted {submitted['at']})"
+    return JobEvent(at=now, kind=JobEvent.Kind.TRANSITION, from_status="",
+                    to_status=JobState.QUEUED, actor_id=array.created_by_id,
+                    actor_label=submitted.get("actor", ""), attempt=1,
+                    reason=reason[:_REASON_MAX], data=dict(note.get("data") or {}))
+
+
+def array_members_write(array: JobArray, indices: range, *, now: datetime) -> list[int]:
+    """Write members `indices` of `array` as QUEUED Job rows with their first event
+    (COPY on PostgreSQL, bulk_create elsewhere); the caller holds the array's row lock
+    and moves `materialized`. Returns their ids in index order."""
+    if not indices:
+        return []
+    template = array_template(array, now=now)
+    event = array_member_event(array, now=now)
+    count = array.count
+    if connection.vendor == "postgresql":
+        return _copy_array_job(template, event, array.name, indices, template.env, count)
+    jobs = [Job(**{**{f.attname: getattr(template, f.attname)
+                      for f in Job._meta.concrete_fields if not f.primary_key},
+                   "name": f"{array.name}-{i}", "array_index": i,
+                   "env": {**template.env, "FAIRQ_ARRAY_INDEX": str(i),
+                           "FAIRQ_ARRAY_SIZE": str(count)}})
+            for i in indices]
+    Job.objects.bulk_create(jobs, batch_size=2000)
+    ids = [job.pk for job in jobs]
+    event_fields = {f.attname: getattr(event, f.attname)
+                    for f in JobEvent._meta.concrete_fields if not f.primary_key}
+    JobEvent.objects.bulk_create(
+        [JobEvent(**{**event_fields, "job_id": job_id}) for job_id in ids], batch_size=2000)
+    return ids
+
+
+def array_members_notify(array: JobArray, ids: list[int]) -> None:
+    """Hand the new members' first events to the webhooks (after commit, one message),
+    when the members or their team have a receiver."""
+    if ids and (array.spec.get("notify_url") or array.team.webhooks.filter(enabled=True).exists()):
+        webhooks_events_written(JobEvent.objects.filter(
+            job_id__in=ids, kind=JobEvent.Kind.TRANSITION, to_status=JobState.QUEUED,
+            attempt=1).values_list("pk", flat=True))
 
 
 @transaction.atomic
 def jobs_submit_array(
     *, actor: Any, data: JobInput, count: int, max_running: int | None = None,
-    now: datetime | None = None,
+    now: datetime | None = None, window: int = ARRAY_SUBMIT_WINDOW,
 ) -> tuple[JobArray, list[int]]:
-    """Queue an array job: a `JobArray` and `count` copies of `data`, job i named
+    """Queue an array job: a `JobArray` of `count` copies of `data`, job i named
     `<name>-<i>` with `array_index` i and `FAIRQ_ARRAY_INDEX=i`, `FAIRQ_ARRAY_SIZE=count`
     in its environment; at most `max_running` members hold GPUs at once (rule A8; None:
-    no limit). All jobs and their submit events are written in one transaction, so the
-    array is queued whole or not at all. Returns the array and the job ids in index order.
-
-    On PostgreSQL the ids are drawn from the sequence first and both tables are filled
-    with COPY (10,000 jobs in a fraction of a second); elsewhere with bulk_create."""
+    no limit). One transaction: the array (its spec, size, limit and its "submitted N
+    tasks" event) and the first `window` members as QUEUED rows with their
+    submit events; the rest are written by the cycle as they are needed (issue 20,
+    `services.arrays.arrays_top_up`) and count as queued meanwhile. Returns the array
+    and the ids of the members written now, in index order."""
     if not 1 <= count <= MAX_BULK_JOBS:
         raise ValueError(f"count must be within 1..{MAX_BULK_JOBS}")
     if max_running is not None and max_running < 1:
@@ -705,36 +794,22 @@ def jobs_submit_array(
     now = now or timezone.now()
     check_submit(actor=actor, team=data.team, tier=data.tier)
     submitter = actor if actor.is_authenticated else None
+    template = Job(**data.job_values(), submitter=submitter, status=JobState.QUEUED,
+                   created_at=now, updated_at=now)
+    window = min(count, max(window, 1))
+    note = _downgrade_note(data, array=True)
+    submitted = {"at": now.isoformat(), "kind": "submitted", "actor": str(actor)[:100],
+                 "reason": f"submitted {count} tasks ({window} queued as jobs now, the rest "
+                           "as the scheduler needs them)" if window < count
+                           else f"submitted {count} tasks",
+                 **({"note": note} if note else {})}
     array = JobArray.objects.create(team=data.team, name=data.name, count=count,
                                     max_running=max_running, created_by=submitter,
-                                    created_at=now)
-    template = Job(**data.job_values(), submitter=submitter, status=JobState.QUEUED,
-                   created_at=now, updated_at=now, array=array)
-    event = JobEvent(at=now, kind=JobEvent.Kind.TRANSITION, from_status="", to_status=JobState.QUEUED,
-                     actor=submitter, actor_label=str(actor), attempt=1,
-                     **{"reason": f"submitted (array {array.pk})",
-                        **_downgrade_note(data, array=True)})
-    names = [f"{data.name}-{i}" for i in range(count)]
-    if connection.vendor == "postgresql":
-        ids = _copy_array_job(template, event, names, data.env)
-    else:
-        envs = [{**data.env, "FAIRQ_ARRAY_INDEX": str(i), "FAIRQ_ARRAY_SIZE": str(count)}
-                for i in range(count)]
-        fields = {f.attname: getattr(template, f.attname)
-                  for f in Job._meta.concrete_fields if not f.primary_key}
-        jobs = [Job(**{**fields, "name": name, "env": env, "array_index": i})
-                for i, (name, env) in enumerate(zip(names, envs, strict=True))]
-        Job.objects.bulk_create(jobs, batch_size=2000)
-        ids = [job.pk for job in jobs]
-        event_fields = {f.attname: getattr(event, f.attname)
-                        for f in JobEvent._meta.concrete_fields if not f.primary_key}
-        JobEvent.objects.bulk_create(
-            [JobEvent(**{**event_fields, "job_id": job_id}) for job_id in ids], batch_size=2000)
+                                    created_at=now, spec=array_spec(template),
+                                    materialized=window, events=[submitted])
+    ids = array_members_write(array, range(window), now=now)
     transaction.on_commit(kick)  # the shared plan is kept (see job_submit_with_event)
-    if data.notify_url or data.team.webhooks.filter(enabled=True).exists():
-        webhooks_events_written(JobEvent.objects.filter(
-            job_id__in=ids, kind=JobEvent.Kind.TRANSITION, to_status=JobState.QUEUED,
-            attempt=1).values_list("pk", flat=True))
+    array_members_notify(array, ids)
     return array, ids
 
 
@@ -808,18 +883,18 @@ def _array_env_json(env: dict[str, str], count: int) -> tuple[str, str]:
     return head + '"FAIRQ_ARRAY_INDEX": "', '"' + tail
 
 
-def _copy_array_job(template: Job, event: JobEvent, names: list[str],
-                    env: dict[str, str]) -> list[int]:
-    """COPY the array's jobs and events, member i named `names[i]` with `env` plus its
-    index and the array's size. The rows are built as COPY text from a template encoded
-    once (only the id, name and env differ between jobs, the job id between events);
-    psycopg's per-value adaptation of every row is the fallback for a column type the
-    template does not know."""
-    count = len(names)
+def _copy_array_job(template: Job, event: JobEvent, name: str, indices: range,
+                    env: dict[str, str], count: int) -> list[int]:
+    """COPY members `indices` of an array of `count` and their events, member i named
+    `<name>-<i>` with `env` plus its index and the array's size. The rows are built as
+    COPY text from a template encoded once (only the id, name and env differ between
+    jobs, the job id between events); psycopg's per-value adaptation of every row is the
+    fallback for a column type the template does not know."""
+    names = [f"{name}-{i}" for i in indices]
     with connection.cursor() as cur:
         cur.execute(
             "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
-            [Job._meta.db_table, count],
+            [Job._meta.db_table, len(indices)],
         )
         ids = sorted(r[0] for r in cur.fetchall())
     job_values = _row_values(template)
@@ -840,8 +915,8 @@ def _copy_array_job(template: Job, event: JobEvent, names: list[str],
 
         def job_lines() -> Any:
             row = list(base)
-            for job_id, name, i in zip(ids, names, range(count), strict=True):
-                row[0], row[name_at] = str(job_id), name.translate(_COPY_ESCAPES)
+            for job_id, member, i in zip(ids, names, indices, strict=True):
+                row[0], row[name_at] = str(job_id), member.translate(_COPY_ESCAPES)
                 row[env_at], row[index_at] = f"{head}{i}{tail}", str(i)
                 yield "\t".join(row) + "\n"
 
@@ -859,9 +934,9 @@ def _copy_array_job(template: Job, event: JobEvent, names: list[str],
     row_base = [None, *job_values.values()]
 
     def job_rows() -> Any:
-        for job_id, name, i in zip(ids, names, range(count), strict=True):
+        for job_id, member, i in zip(ids, names, indices, strict=True):
             row = list(row_base)
-            row[0], row[name_at], row[env_at] = job_id, name, f"{env_head}{i}{env_tail}"
+            row[0], row[name_at], row[env_at] = job_id, member, f"{env_head}{i}{env_tail}"
             row[index_at] = i
             yield row
 

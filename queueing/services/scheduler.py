@@ -86,6 +86,7 @@ from queueing.selectors.active_jobs import ActiveJobs, cycle_active_jobs
 from queueing.selectors.queue_plan import queue_plan_forget
 from queueing.selectors.snapshot import build_snapshot, unprovisioned_teams, unqualified_node
 
+from .arrays import arrays_top_up
 from .cluster_view import cluster_view_publish
 from .clusters import Fleet, clusters_record, fleet_open
 from .dependencies import dependencies_fail_never_met
@@ -181,6 +182,8 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         result.unreachable = sorted(outages.since)
         backend = fleet
         _utilization(backend=fleet.plain(), now=now, result=result)
+        # Issue 20: arrays' members not yet written get rows as the plan may need them.
+        arrays_top_up(now=now)
         t1 = time.perf_counter()
         odd_rows: dict[int, Exception] = {}
         # Again: the rows step 1 and others changed since (only those are read).

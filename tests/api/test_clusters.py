@@ -49,7 +49,7 @@ def three_clusters(world: World) -> dict[str, Cluster]:
 
 def test_with_no_cluster_configured_the_implicit_one_is_listed(world: World) -> None:
     body = world.client(world.member).get(URL).json()
-    assert [c["name"] for c in body] == [""]
+    assert [c["name"] for c in body] == [None]  # no URL of its own (clusters/{name}/)
     implicit = body[0]
     assert implicit["implicit"] is True and implicit["reachable"] is True
     # The test settings' simulated cluster: 2x8xh100, 2x8xa100, 1x7xmig-1g-10gb.

@@ -7,6 +7,7 @@ import pytest
 
 from queueing.models import Job, JobArray
 from queueing.policy.states import JobState
+from queueing.services.jobs import ARRAY_SUBMIT_WINDOW
 from tests.cli.conftest import Cli
 from tests.conftest import World
 
@@ -53,3 +54,21 @@ def test_cancel_an_array(cli: Cli, world: World) -> None:
     assert r.out == f"Cancelled 3 job(s) of array {array}\n"
     assert set(Job.objects.values_list("status", flat=True)) == {JobState.CANCELLED}
     assert cli("cancel").code == 2
+
+
+def test_a_large_array_says_its_members_queued_later_and_cancels_them_all(
+        cli: Cli, world: World) -> None:
+    """Issue 20: the first ARRAY_SUBMIT_WINDOW members are jobs at submit, the rest later;
+    a cancel counts all of them."""
+    r = cli(*SUBMIT, "-a", "100%4")
+    assert r.code == 0, r.err
+    array = JobArray.objects.get()
+    ids = sorted(Job.objects.values_list("pk", flat=True))
+    later = 100 - ARRAY_SUBMIT_WINDOW
+    assert len(ids) == ARRAY_SUBMIT_WINDOW
+    assert r.out == (f"Submitted array job of 100: jobs {ids[0]}..{ids[-1]} and {later} more as "
+                     f"they are scheduled (array {array.pk}, at most 4 at once)\n")
+    r = cli("cancel", "--array", str(array.pk))
+    assert r.code == 0, r.err
+    assert r.out == f"Cancelled 100 job(s) of array {array.pk} ({later} not started as jobs yet)\n"
+    assert Job.objects.count() == ARRAY_SUBMIT_WINDOW
