@@ -22,7 +22,7 @@ from queueing import rawsql
 from queueing import validation as v
 from queueing.composition import kick, stop_workload_soon
 from queueing.errors import DomainError, IdempotencyKeyReused, InvalidTransition
-from queueing.models import GpuType, Job, JobArray, JobEvent, Tier
+from queueing.models import GpuType, Job, JobArray, JobEvent, Tier, WebhookEndpoint
 from queueing.policy.states import (
     HOLDING_STATES,
     IllegalTransition,
@@ -509,7 +509,8 @@ def job_submit_with_event(
         actor=actor, team=data.team, tier=data.tier)
     try:
         inserted = _insert_job_with_event(
-            job, event, where=(f"{tier_sql} AND {member_sql}", allowed_params))
+            job, event, where=(f"{tier_sql} AND {member_sql}", allowed_params),
+            listeners_of=data.team.pk)
         if not inserted:
             check_submit(actor=actor, team=data.team, tier=data.tier)
             raise DomainError(INVALID_FIELDS, fields={"team": [
@@ -524,7 +525,11 @@ def job_submit_with_event(
     # The shared plan is kept: a job newer than it refreshes it when its standing is asked
     # for (selectors/queue_plan.py::queue_standing), so a burst of submits plans once.
     transaction.on_commit(kick)
-    webhooks_event_written(event.pk)
+    # docs/webhooks.md: a submit event goes to the team's endpoints and the job's
+    # notify_url; with neither (most teams, most jobs) no message is sent at all (the
+    # INSERT said whether the team has an enabled endpoint: no query of its own).
+    if job.notify_url or getattr(job, "team_has_webhooks", True):
+        webhooks_event_written(event.pk)
     return job, event, True
 
 
@@ -556,7 +561,8 @@ def _same_submit_or_refuse(existing: Job, *, actor: Any, data: JobInput) -> Job:
 
 
 def _insert_job_with_event(job: Job, event: JobEvent, *,
-                           where: tuple[str, list[Any]] | None = None) -> bool:
+                           where: tuple[str, list[Any]] | None = None,
+                           listeners_of: int | None = None) -> bool:
     """INSERT the unsaved `job` and its first `event`, both or neither, and set their ids.
     With `where` (an SQL condition and its parameters) the job is inserted only when the
     condition holds at the INSERT; False (nothing written, no ids) when it did not.
@@ -565,7 +571,11 @@ def _insert_job_with_event(job: Job, event: JobEvent, *,
     (queueing/rawsql.py). On PostgreSQL both rows go in one statement (a data-modifying
     WITH): atomic by itself, one round trip, no BEGIN/COMMIT; elsewhere two INSERTs in a
     transaction. Inside a caller's transaction a savepoint keeps a failed INSERT (an
-    idempotency key taken meanwhile) from breaking the caller's transaction."""
+    idempotency key taken meanwhile) from breaking the caller's transaction.
+
+    With `listeners_of` (a team id), on PostgreSQL the same statement also tells whether
+    that team has an enabled webhook endpoint, kept on the job as `team_has_webhooks`
+    (elsewhere the attribute is not set: callers take it as True)."""
     job_columns, _ = rawsql.insert_columns(Job)
     event_columns, event_fields = rawsql.insert_columns(JobEvent)
     job_params = rawsql.insert_params(job)
@@ -584,16 +594,23 @@ def _insert_job_with_event(job: Job, event: JobEvent, *,
             event_values = ["%s"] * len(event_params)
             event_values[job_at] = "j.id"
             del event_params[job_at]
+            listeners, listeners_params = "", []
+            if listeners_of is not None:
+                listeners = (f", EXISTS (SELECT 1 FROM {rawsql.table(WebhookEndpoint)} w "
+                             "WHERE w.team_id = %s AND w.enabled)")
+                listeners_params = [listeners_of]
             cur.execute(
                 f"WITH j AS ({insert_job} RETURNING id) "
                 f"INSERT INTO {rawsql.table(JobEvent)} ({event_columns}) "
-                f"SELECT {', '.join(event_values)} FROM j RETURNING job_id, id",
-                [*job_params, *event_params],
+                f"SELECT {', '.join(event_values)} FROM j RETURNING job_id, id{listeners}",
+                [*job_params, *event_params, *listeners_params],
             )
             row = cur.fetchone()
             if row is None:
                 return False
-            job.pk, event.pk = row
+            job.pk, event.pk = row[0], row[1]
+            if listeners_of is not None:
+                job.team_has_webhooks = bool(row[2])  # type: ignore[attr-defined]
         else:
             cur.execute(f"{insert_job} RETURNING id", job_params)
             row = cur.fetchone()
