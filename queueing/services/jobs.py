@@ -581,7 +581,12 @@ def _insert_job_with_event(job: Job, event: JobEvent, *,
     job_params = rawsql.insert_params(job)
     event_params = rawsql.insert_params(event)
     job_at = [f.attname for f in event_fields].index("job_id")
-    placeholders = ", ".join(["%s"] * len(job_params))
+    # NULL written into the statement, not passed: psycopg converts a statement's %s
+    # placeholders once and keeps the result only for statements of at most 50
+    # parameters; a submit passed 62 and paid the conversion (~0.4 ms) every time. The
+    # NULLs take the submit to 48. (Client-side binding sends None as NULL anyway.)
+    placeholders = ", ".join(["NULL" if p is None else "%s" for p in job_params])
+    job_params = [p for p in job_params if p is not None]
     if where is None:
         insert_job = f"INSERT INTO {rawsql.table(Job)} ({job_columns}) VALUES ({placeholders})"
     else:
@@ -591,9 +596,10 @@ def _insert_job_with_event(job: Job, event: JobEvent, *,
     with transaction.atomic() if connection.in_atomic_block or connection.vendor != "postgresql" \
             else nullcontext(), connection.cursor() as cur:
         if connection.vendor == "postgresql":
-            event_values = ["%s"] * len(event_params)
+            event_values = ["NULL" if p is None else "%s" for p in event_params]
             event_values[job_at] = "j.id"
-            del event_params[job_at]
+            event_params = [p for i, p in enumerate(event_params)
+                            if i != job_at and p is not None]
             listeners, listeners_params = "", []
             if listeners_of is not None:
                 listeners = (f", EXISTS (SELECT 1 FROM {rawsql.table(WebhookEndpoint)} w "
