@@ -1,4 +1,5 @@
-"""API tokens remembered by each web process, revocation still immediate (issue 20).
+"""API tokens (and the teams their users submit to) remembered by each web process,
+revocation still immediate (issue 20).
 
 `TokenAuthentication` reads the token and its user from the database on every request.
 The submit fast path (queueing/api/jobs.py) keeps what it read per process, keyed by the
@@ -13,6 +14,11 @@ first request after the change committed, as before.
 The tag is a generation read *before* the database read that loaded the entry: a change
 that commits after that read bumps the generation past the tag, and the next request
 reads the entry again.
+
+The same holds for `team_remembered`: the team row a user may submit to (with its
+defaults, maxima, allowlists and budget flag), forgotten when a team, a membership or a
+team budget changes. Membership is also the job INSERT's own condition, so even a
+remembered row never lets a former member queue a job.
 """
 
 from __future__ import annotations
@@ -25,9 +31,10 @@ from typing import Any
 from django.core.cache import cache
 from django.db import transaction
 
-from accounts.models import ApiToken
+from accounts.models import ApiToken, Team
 from accounts.selectors import api_token_with_user
 from queueing.memo import on_forget
+from queueing.selectors.lookups import team_for_submitter
 
 GENERATION_KEY = "fq-auth-gen"
 MAX_ENTRIES = 10_000  # a process forgets them all past this (tokens in use are few)
@@ -41,6 +48,7 @@ class _Entry:
 
 
 _entries: dict[str, _Entry] = {}
+_teams: dict[tuple[int, bool, str], tuple[Team | None, object]] = {}
 _last_seen: list[object] = [_UNSEEN]
 
 
@@ -122,9 +130,24 @@ def token_usable(token: ApiToken, now: datetime) -> bool:
     return True
 
 
+def team_remembered(user: Any, slug: str, generation: object) -> Team | None:
+    """`team_for_submitter(user=user, slug=slug)`, remembered under `generation` (read
+    from the cache before this call); None is remembered too."""
+    key = (user.pk, bool(user.is_staff), slug)
+    found = _teams.get(key)
+    if found is not None and found[1] == generation:
+        return found[0]
+    team = team_for_submitter(user=user, slug=slug)
+    if len(_teams) >= MAX_ENTRIES:
+        _teams.clear()
+    _teams[key] = (team, generation)
+    return team
+
+
 def forget_tokens() -> None:
-    """Drop every remembered token (tests: `queueing.memo.forget_all`)."""
+    """Drop every remembered token and team (tests: `queueing.memo.forget_all`)."""
     _entries.clear()
+    _teams.clear()
     _last_seen[0] = _UNSEEN
 
 

@@ -261,8 +261,9 @@ def _body(request: HttpRequest) -> Any:
     return data
 
 
-def _authenticated(request: HttpRequest) -> Any:
-    """The user of the request's token after the one round trip (step 3), or _ToDrf."""
+def _authenticated(request: HttpRequest) -> tuple[Any, object]:
+    """The user of the request's token after the one round trip (step 3), and the
+    generation read then; or _ToDrf."""
     header = request.META.get("HTTP_AUTHORIZATION", "")
     keyword, _, key = header.partition(" ")
     if keyword.lower() != "token" or not key or " " in key:
@@ -287,7 +288,7 @@ def _authenticated(request: HttpRequest) -> Any:
         raise _ToDrf  # over the failed-authentication limit: TokenAuthentication's 429
     if rate and count > throttling._split_rate(str(rate))[0]:
         raise _ToDrf  # TokenRateThrottle's 429, with this hit
-    return current.user
+    return current.user, generation
 
 
 def jobs_view(drf_view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -317,10 +318,12 @@ def _submit(request: HttpRequest) -> HttpResponse:
     fields = lean_shaped(JobCreateSerializer, data)
     if fields is None:
         raise _ToDrf
-    user = _authenticated(request)
+    user, generation = _authenticated(request)
     dependencies = fields.pop("dependencies", None)
-    job_input = job_input_with_dependencies(job_input_build(actor=user, **fields),
-                                            dependencies)
+    job_input = job_input_with_dependencies(job_input_build(
+        actor=user, **fields,
+        team_lookup=lambda slug: auth_cache.team_remembered(user, slug, generation)),
+        dependencies)
     job, event, created = job_submit_with_event(actor=user, data=job_input)
     request.user = user
     if not created or event is None:  # no idempotency key: cannot happen

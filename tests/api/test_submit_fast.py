@@ -160,3 +160,34 @@ def test_every_lean_kind_is_checked() -> None:
             "replicas", "tier", "max_runtime_seconds", "notify_url", "labels"} <= checked
     # Nested serializers are DRF's.
     assert not checked & {"resources", "topology", "volumes", "dependencies"}
+
+
+def test_a_team_change_holds_from_the_next_submit(
+        world: World, django_capture_on_commit_callbacks: Any) -> None:
+    """The team row remembered by the fast path is read again once the team changes: its
+    new default CPU applies to the very next job."""
+    c = world.client(world.member)
+    assert _submit(c).status_code == 201
+    first = _submit(c)
+    assert first.status_code == 201
+    assert Job.objects.get(pk=first.json()["id"]).cpu_millicores is None
+    with django_capture_on_commit_callbacks(execute=True):
+        world.vision.default_cpu_millicores = 4000
+        world.vision.save()
+    r = _submit(c)
+    assert r.status_code == 201, r.content
+    assert Job.objects.get(pk=r.json()["id"]).cpu_millicores == 4000
+
+
+def test_a_member_removed_is_refused_at_the_next_submit(
+        world: World, django_capture_on_commit_callbacks: Any) -> None:
+    from accounts.models import Membership
+
+    c = world.client(world.member)
+    assert _submit(c).status_code == 201
+    assert _submit(c).status_code == 201
+    with django_capture_on_commit_callbacks(execute=True):
+        Membership.objects.get(user=world.member, team=world.vision).delete()
+    r = _submit(c)
+    assert r.status_code == 400, r.content
+    assert r.json()["error"]["fields"]["team"] == ["Unknown team 'vision', or you are not in it."]
