@@ -297,6 +297,8 @@ def main() -> int:
     p.add_argument("--burst", type=float, default=3.0, help="seconds per burst")
     p.add_argument("--array-runs", type=int, default=3)
     p.add_argument("--workers", type=int, default=int(os.environ.get("BENCH_WORKERS", "2")))
+    p.add_argument("--worker-class", default=os.environ.get("BENCH_WORKER_CLASS", "sync"))
+    p.add_argument("--server-threads", type=int, default=1, help="gthread workers only")
     p.add_argument("--keep-slurm", action="store_true", help="leave the Slurm daemons up")
     p.add_argument("--drf", action="store_true",
                    help="also fairq's DRF submit path (FAIRQ_FAST_SUBMIT=0) as a third side")
@@ -319,17 +321,19 @@ def main() -> int:
             os.environ["REDIS_URL"] = redis
         keys = setup_django(url, max(counts) + 1)
         port = free_port()
-        note(f"fairq: gunicorn {a.workers} sync workers, rate limits in "
+        note(f"fairq: gunicorn {a.workers} {a.worker_class} workers x {a.server_threads} "
+             "threads, rate limits in "
              f"{'Redis ' + redis if redis else 'local memory'}; Slurm: "
              f"{subprocess.run(['sbatch', '-V'], capture_output=True, text=True).stdout.strip()}"
              f", {len(_pids_named('slurmd'))} slurmd; bursts of {a.burst} s x {a.rounds} "
              f"rounds; load {os.getloadavg()[0]:.2f}")
-        server = start_gunicorn(url, port, a.workers, 1, "sync",
+        server = start_gunicorn(url, port, a.workers, a.server_threads, a.worker_class,
                                 extra_env={"FAIRQ_FAST_SUBMIT": "1"})
         drf = None
         if a.drf:
             drf_port = free_port()
-            drf = (drf_port, start_gunicorn(url, drf_port, a.workers, 1, "sync",
+            drf = (drf_port, start_gunicorn(url, drf_port, a.workers, a.server_threads,
+                                            a.worker_class,
                                             extra_env={"FAIRQ_FAST_SUBMIT": "0"}))
         try:
             # Warm-up (not reported): gunicorn's workers import and connect lazily.
