@@ -140,6 +140,15 @@ def slurm_up() -> bool:
     return True
 
 
+def slurm_forget_jobs() -> None:
+    """Cancel the bench's held jobs (named `bench`). They stay queued otherwise, and a
+    daemon kept up across runs (--keep-slurm, or another run sharing the cache) reaches
+    MaxJobCount (200,000: three 10,000-task arrays and the bursts per run); sbatch then
+    sleeps and retries, and the bench hangs. Cancelled jobs still count until MinJobAge
+    (300 s) has passed."""
+    subprocess.run(["scancel", "--name=bench"], capture_output=True, timeout=300)
+
+
 def slurm_down() -> None:
     subprocess.run(["bash", str(SLURM_DIR / "down.sh")], capture_output=True, timeout=120)
 
@@ -350,6 +359,7 @@ def main() -> int:
             if drf is not None:
                 stop(drf[1])
     finally:
+        slurm_forget_jobs()
         if not a.keep_slurm:
             slurm_down()
     return 0
