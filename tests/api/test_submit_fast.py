@@ -191,3 +191,21 @@ def test_a_member_removed_is_refused_at_the_next_submit(
     r = _submit(c)
     assert r.status_code == 400, r.content
     assert r.json()["error"]["fields"]["team"] == ["Unknown team 'vision', or you are not in it."]
+
+
+def test_an_address_over_the_failure_limit_is_refused_even_with_a_good_token(
+        world: World, settings: Any) -> None:
+    """The failed-authentication count is read in the fast path's one round trip: over
+    the limit, a valid (remembered) token gets TokenAuthentication's 429 as well."""
+    settings.FAIRQ_API_AUTH_FAILURE_RATE = "2/min"
+    good = world.client(world.member)
+    assert _submit(good).status_code == 201
+    from rest_framework.test import APIClient
+
+    bad = APIClient()
+    bad.credentials(HTTP_AUTHORIZATION="Token fq_nosuch_secret")
+    assert _submit(bad).status_code == 401
+    assert _submit(bad).status_code == 401
+    r = _submit(good)
+    assert r.status_code == 429, r.content
+    assert Job.objects.count() == 1
