@@ -22,6 +22,9 @@ How it works
   * Server CPU per submit: fairq's gunicorn workers, their PostgreSQL backends and Redis
     (shared with whatever else uses it); Slurm's slurmctld, slurmdbd, munged and MariaDB
     (Linux /proc, during the bursts only). One unreported warm-up round goes first.
+  * `--drf`: a second gunicorn with FAIRQ_FAST_SUBMIT=0 (every submit through DRF's
+    view, as before issue 20's fast path) is a third side in the same rotation:
+    vs_slurm_fast_over_drf_rate_c<N> is the fast path's gain measured in the same run.
   * Arrays: `sbatch --hold --array=0-9999` against `POST /api/v1/jobs/bulk/` with
     count=10000, alternated, `--array-runs` each; the median.
   * Reads: `sprio` and `sshare -a` (the command's wall time) against `GET /jobs/{id}/` of a
@@ -31,7 +34,8 @@ How it works
 Output: `BENCH` lines vs_slurm_{fairq,slurm}_{rate,p50,p99,cpu_per_submit}_c<N>,
 vs_slurm_rate_ratio_c<N> (fairq/Slurm, goal >= 1.25), vs_slurm_p99_ratio_c<N> (goal <= 1),
 vs_slurm_array_10k_{fairq,slurm} and vs_slurm_array_ratio (goal <= 5), and the reads.
-Run: `.venv/bin/python bench/bench_vs_slurm.py` (a few minutes on 2 cores).
+Run: `.venv/bin/python bench/bench_vs_slurm.py` (a few minutes on 2 cores); `--drf
+--submits-only` for the submit comparison with the DRF path alone.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,6 +140,15 @@ def slurm_up() -> bool:
     return True
 
 
+def slurm_forget_jobs() -> None:
+    """Cancel the bench's held jobs (named `bench`). They stay queued otherwise, and a
+    daemon kept up across runs (--keep-slurm, or another run sharing the cache) reaches
+    MaxJobCount (200,000: three 10,000-task arrays and the bursts per run); sbatch then
+    sleeps and retries, and the bench hangs. Cancelled jobs still count until MinJobAge
+    (300 s) has passed."""
+    subprocess.run(["scancel", "--name=bench"], capture_output=True, timeout=300)
+
+
 def slurm_down() -> None:
     subprocess.run(["bash", str(SLURM_DIR / "down.sh")], capture_output=True, timeout=120)
 
@@ -176,30 +190,43 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def compare_submits(port: int, keys: list[str], server: subprocess.Popen[bytes], url: str,
-                    clients: int, rounds: int, burst: float, report: bool = True) -> None:
+                    clients: int, rounds: int, burst: float, report: bool = True,
+                    drf: tuple[int, subprocess.Popen[bytes]] | None = None) -> None:
+    """Slurm and fairq alternated; with `drf` (the port and process of a second gunicorn
+    with FAIRQ_FAST_SUBMIT=0) fairq's DRF path is a third side, in the same rotation."""
     body = json.dumps(JOB).encode()
 
-    def fairq_factory(i: int) -> object:
-        conn = _LeanConnection(port, keys[i], body)
-        return lambda: conn.post() == 201
+    def fairq_factory(on: int) -> object:
+        def factory(i: int) -> object:
+            conn = _LeanConnection(on, keys[i], body)
+            return lambda: conn.post() == 201
+        return factory
 
     def slurm_factory(_i: int) -> object:
         return lambda: subprocess.run(SBATCH, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL).returncode == 0
 
-    totals = {"fairq": [0, 0.0, [], 0, 0.0], "slurm": [0, 0.0, [], 0, 0.0]}
+    sides: dict[str, tuple[object, object]] = {
+        "fairq": (fairq_factory(port), lambda: fairq_cpu_seconds(server, url)),
+        "slurm": (slurm_factory, slurm_cpu_seconds),
+    }
+    if drf is not None:
+        sides["fairq_drf"] = (fairq_factory(drf[0]), lambda: fairq_cpu_seconds(drf[1], url))
+    names = list(sides)
+    totals: dict[str, list[Any]] = {side: [0, 0.0, [], 0, 0.0] for side in names}
     for r in range(rounds):
-        order = ("fairq", "slurm") if r % 2 == 0 else ("slurm", "fairq")
+        order = names[r % len(names):] + names[:r % len(names)]
+        if r % 2:
+            order.reverse()
         for side in order:
-            cpu = (lambda: fairq_cpu_seconds(server, url)) if side == "fairq" else slurm_cpu_seconds
-            factory = fairq_factory if side == "fairq" else slurm_factory
-            c0, t0 = cpu(), time.perf_counter()
+            factory, cpu = sides[side]
+            c0, t0 = cpu(), time.perf_counter()  # type: ignore[operator]
             n, lat, err = _burst(clients, burst, factory)
-            wall, used = time.perf_counter() - t0, cpu() - c0
+            wall, used = time.perf_counter() - t0, cpu() - c0  # type: ignore[operator]
             tot = totals[side]
             tot[0] += n
             tot[1] += wall
-            tot[2] += lat  # type: ignore[operator]
+            tot[2] += lat
             tot[3] += err
             tot[4] += used
     if not report:
@@ -215,7 +242,11 @@ def compare_submits(port: int, keys: list[str], server: subprocess.Popen[bytes],
             bench(f"vs_slurm_{side}_errors_c{clients}", err, "submits")
     bench(f"vs_slurm_rate_ratio_c{clients}", rates["fairq"] / rates["slurm"], "x")
     bench(f"vs_slurm_p99_ratio_c{clients}",
-          _pct(totals["fairq"][2], 0.99) / _pct(totals["slurm"][2], 0.99), "x")  # type: ignore[arg-type]
+          _pct(totals["fairq"][2], 0.99) / _pct(totals["slurm"][2], 0.99), "x")
+    if drf is not None:
+        bench(f"vs_slurm_fast_over_drf_rate_c{clients}", rates["fairq"] / rates["fairq_drf"],
+              "x")
+        bench(f"vs_slurm_drf_rate_ratio_c{clients}", rates["fairq_drf"] / rates["slurm"], "x")
 
 
 def compare_arrays(port: int, key: str, runs: int, count: int = 10_000) -> None:
@@ -275,7 +306,12 @@ def main() -> int:
     p.add_argument("--burst", type=float, default=3.0, help="seconds per burst")
     p.add_argument("--array-runs", type=int, default=3)
     p.add_argument("--workers", type=int, default=int(os.environ.get("BENCH_WORKERS", "2")))
+    p.add_argument("--worker-class", default=os.environ.get("BENCH_WORKER_CLASS", "sync"))
+    p.add_argument("--server-threads", type=int, default=1, help="gthread workers only")
     p.add_argument("--keep-slurm", action="store_true", help="leave the Slurm daemons up")
+    p.add_argument("--drf", action="store_true",
+                   help="also fairq's DRF submit path (FAIRQ_FAST_SUBMIT=0) as a third side")
+    p.add_argument("--submits-only", action="store_true", help="skip arrays and reads")
     a = p.parse_args()
     counts = [int(c) for c in a.clients.split(",")]
 
@@ -294,23 +330,36 @@ def main() -> int:
             os.environ["REDIS_URL"] = redis
         keys = setup_django(url, max(counts) + 1)
         port = free_port()
-        note(f"fairq: gunicorn {a.workers} sync workers, rate limits in "
+        note(f"fairq: gunicorn {a.workers} {a.worker_class} workers x {a.server_threads} "
+             "threads, rate limits in "
              f"{'Redis ' + redis if redis else 'local memory'}; Slurm: "
              f"{subprocess.run(['sbatch', '-V'], capture_output=True, text=True).stdout.strip()}"
              f", {len(_pids_named('slurmd'))} slurmd; bursts of {a.burst} s x {a.rounds} "
              f"rounds; load {os.getloadavg()[0]:.2f}")
-        server = start_gunicorn(url, port, a.workers, 1, "sync")
+        server = start_gunicorn(url, port, a.workers, a.server_threads, a.worker_class,
+                                extra_env={"FAIRQ_FAST_SUBMIT": "1"})
+        drf = None
+        if a.drf:
+            drf_port = free_port()
+            drf = (drf_port, start_gunicorn(url, drf_port, a.workers, a.server_threads,
+                                            a.worker_class,
+                                            extra_env={"FAIRQ_FAST_SUBMIT": "0"}))
         try:
             # Warm-up (not reported): gunicorn's workers import and connect lazily.
-            compare_submits(port, keys, server, url, max(counts), 1, a.burst, report=False)
+            compare_submits(port, keys, server, url, max(counts), 1, a.burst, report=False,
+                            drf=drf)
             for c in counts:
-                compare_submits(port, keys, server, url, c, a.rounds, a.burst)
-            compare_arrays(port, keys[-1], a.array_runs)
-            compare_reads(port, keys[-1])
+                compare_submits(port, keys, server, url, c, a.rounds, a.burst, drf=drf)
+            if not a.submits_only:
+                compare_arrays(port, keys[-1], a.array_runs)
+                compare_reads(port, keys[-1])
             bench("host_load_average_1m", os.getloadavg()[0], "")
         finally:
             stop(server)
+            if drf is not None:
+                stop(drf[1])
     finally:
+        slurm_forget_jobs()
         if not a.keep_slurm:
             slurm_down()
     return 0

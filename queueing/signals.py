@@ -11,12 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from celery.signals import after_task_publish, task_postrun
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
+from accounts.models import ApiToken, Membership, Team
+from queueing.api.auth_cache import auth_generation_bump
 from queueing.composition import backend_class
 from queueing.health import heartbeat_touch
-from queueing.models import JobLog, Quota, Tier
+from queueing.models import JobLog, Quota, TeamBudget, Tier
 from queueing.services.logs import joblog_file_forget
 from queueing.tasks import sync_cluster_task
 
@@ -52,3 +55,11 @@ def connect() -> None:
         post_delete.connect(_queue_sync, sender=model,
                             dispatch_uid=f"fairq-sync-del-{model.__name__}")
     post_delete.connect(joblog_file_forget, sender=JobLog, dispatch_uid="fairq-joblog-file")
+    # Tokens and teams remembered by the web processes (queueing/api/auth_cache.py): any
+    # change of a token, a user, a team, a membership or a team budget makes them read
+    # theirs again.
+    for identity in (ApiToken, get_user_model(), Team, Membership, TeamBudget):
+        post_save.connect(auth_generation_bump, sender=identity,
+                          dispatch_uid=f"fairq-auth-gen-{identity.__name__}")
+        post_delete.connect(auth_generation_bump, sender=identity,
+                            dispatch_uid=f"fairq-auth-gen-del-{identity.__name__}")

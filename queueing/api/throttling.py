@@ -35,6 +35,8 @@ if TYPE_CHECKING:  # rest_framework.views imports the throttle classes: no runti
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# On the Django request: (bucket, count, seconds left) of a hit already made for it.
+COUNTED_ATTR = "fairq_rate_counted"
 _EXPIRY_FUDGE = 5  # seconds a bucket outlives its window (clock skew between processes)
 
 # KEYS[1]: the bucket; ARGV[1]: its lifetime in seconds. Returns the count after this hit.
@@ -43,7 +45,17 @@ local n = redis.call('INCR', KEYS[1])
 if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
 return n
 """
-_scripts: dict[int, Any] = {}
+# The same, then GET of each further key (false: absent): the submit fast path's one round
+# trip (queueing/api/jobs.py) counts the user's bucket and reads the address's failed
+# authentications and the token generation (queueing/api/auth_cache.py) with it.
+_HIT_READ_LUA = """
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
+local out = {n}
+for i = 2, #KEYS do out[i] = redis.call('GET', KEYS[i]) or false end
+return out
+"""
+_scripts: dict[tuple[int, str], Any] = {}
 
 
 def _split_rate(rate: str) -> tuple[int, int]:
@@ -70,17 +82,45 @@ def hit(bucket: str, period: int) -> tuple[int, int]:
     lifetime = end - now + _EXPIRY_FUDGE
     client = _redis_client()
     if client is not None:
-        script = _scripts.get(id(client))
-        if script is None:
-            script = _scripts[id(client)] = client.register_script(_HIT_LUA)
+        script = _script(client, _HIT_LUA)
         return int(script(keys=[cache.make_key(key)], args=[lifetime])), end - now
+    return _hit_cache(key, lifetime), end - now
+
+
+def hit_and_read(bucket: str, period: int, reads: list[str]) -> tuple[int, int, list[Any]]:
+    """`hit`, and the cache's values of the keys `reads` (None when absent; a Redis value
+    as the bytes stored, which for the integers counted here is their digits), in the
+    same round trip when the cache is Redis."""
+    now = int(time.time())
+    end = _window_end(bucket, period, now)
+    key = f"fq-rl:{bucket}:{end}"
+    lifetime = end - now + _EXPIRY_FUDGE
+    client = _redis_client()
+    if client is not None:
+        script = _script(client, _HIT_READ_LUA)
+        out = script(keys=[cache.make_key(key), *map(cache.make_key, reads)], args=[lifetime])
+        values = [*out[1:], *[None] * (len(reads) + 1 - len(out))]
+        return int(out[0]), end - now, values
+    count = _hit_cache(key, lifetime)
+    got = cache.get_many(reads)
+    return count, end - now, [got.get(k) for k in reads]
+
+
+def _script(client: Any, text: str) -> Any:
+    script = _scripts.get((id(client), text))
+    if script is None:
+        script = _scripts[(id(client), text)] = client.register_script(text)
+    return script
+
+
+def _hit_cache(key: str, lifetime: int) -> int:
     if cache.add(key, 1, lifetime):
-        return 1, end - now
+        return 1
     try:
-        return int(cache.incr(key)), end - now
+        return int(cache.incr(key))
     except ValueError:  # expired between add and incr: this request opens the bucket
         cache.add(key, 1, lifetime)
-        return 1, end - now
+        return 1
 
 
 def _redis_client() -> Any:
@@ -108,7 +148,12 @@ class _FixedWindowThrottle(BaseThrottle):
         if rate is None or ident is None:
             return True
         limit, period = _split_rate(rate)
-        count, time_left = hit(f"{self.group}:{ident}", period)
+        counted = getattr(request, COUNTED_ATTR, None)
+        if counted is not None and counted[0] == f"{self.group}:{ident}":
+            # The submit fast path counted this request already and handed it over.
+            count, time_left = counted[1], counted[2]
+        else:
+            count, time_left = hit(f"{self.group}:{ident}", period)
         if count <= limit:
             return True
         self._wait = max(1, time_left)

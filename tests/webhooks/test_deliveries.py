@@ -263,6 +263,28 @@ def test_several_changes_in_one_transaction_are_one_message(
     assert len(sent) == 1 and len(sent[0]) == 3
 
 
+@pytest.mark.postgres
+def test_a_submit_sends_a_message_only_when_someone_listens(
+    world, monkeypatch, django_capture_on_commit_callbacks
+):
+    """No endpoint and no notify_url: nothing would be delivered, so no message (issue
+    20: a Celery message per submit); an enabled endpoint of the team gets it again."""
+    sent: list[list[int]] = []
+    monkeypatch.setattr(wh, "webhooks_dispatch_soon", sent.append)
+    admin = world.client(world.admin)
+    _submit(admin, django_capture_on_commit_callbacks)
+    assert sent == []
+    created = _endpoint(admin, "https://ci.example.com/hooks/")
+    job = _submit(admin, django_capture_on_commit_callbacks)
+    assert len(sent) == 1 and len(sent[0]) == 1
+    assert sent[0][0] == job["events"][0]["id"]
+    r = admin.patch(f"/api/v1/teams/vision/webhooks/{created['id']}/", {"enabled": False},
+                    format="json")
+    assert r.status_code == 200, r.content
+    _submit(admin, django_capture_on_commit_callbacks)
+    assert len(sent) == 1
+
+
 def test_the_test_endpoint_sends_a_signed_test_message(world, django_capture_on_commit_callbacks):
     admin = world.client(world.admin)
     with receiver() as rx:
