@@ -79,7 +79,7 @@ def report_buckets(*, teams: Iterable[Team], start: date, end: date, period: str
     lo, hi = midnight(start), midnight(end)
     for a in attempts(team_ids=team_ids, start=lo, end=hi, now=now, records_after=mark):
         for piece in cost_pieces(gpus=a.gpus, start=max(a.start, lo), end=min(a.end, hi),
-                                 prices=prices.get(a.gpu_type_id, ())):
+                                 prices=a.prices(prices)):
             h = piece.gpu_hours
             add_hours(bucket(piece.day, a.team_id, a.gpu_type_id), allocated=h,
                       used=h * a.used_fraction, idle=h * a.idle_fraction,
