@@ -91,15 +91,19 @@ def price_lists() -> dict[int, list[PricePoint]]:
 
 def attempts(*, team_ids: list[int] | None, start: datetime | None, end: datetime | None,
              now: datetime | None, records_after: int = 0,
-             records_up_to: int | None = None) -> Iterator[Attempt]:
+             records_up_to: int | None = None,
+             own_price_only: bool = False) -> Iterator[Attempt]:
     """Charged attempts (usage records with ids in (`records_after`, `records_up_to`],
-    imported ones included) and, unless `now` is None, the attempts running now (up to
-    `now`), of `team_ids` (None: every team) overlapping [start, end) (None: open)."""
+    imported ones included; `own_price_only`: only those with their own price, rule C4)
+    and, unless `now` is None, the attempts running now (up to `now`), of `team_ids`
+    (None: every team) overlapping [start, end) (None: open)."""
     util = AttemptUtilization.objects.filter(job_id=OuterRef("job_id"),
                                              attempt=OuterRef("attempt"))
     qs = UsageRecord.objects.filter(pk__gt=records_after)
     if records_up_to is not None:
         qs = qs.filter(pk__lte=records_up_to)
+    if own_price_only:
+        qs = qs.filter(price_per_gpu_hour__isnull=False)
     if team_ids is not None:
         qs = qs.filter(team_id__in=team_ids)
     if start is not None:

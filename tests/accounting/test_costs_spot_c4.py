@@ -17,13 +17,18 @@ from queueing.models import Cluster, Job, NodePool, UsageRecord
 from queueing.policy.admission import plan_admissions
 from queueing.policy.costs import PricePoint, cost_pieces, own_price
 from queueing.selectors.costs import by_department, cost_buckets
+from queueing.selectors.reports import report_buckets
 from queueing.services.costs import gpu_price_set
+from queueing.services.reports import usage_days_roll_up
 from queueing.services.scheduler import scheduler_cycle
 from tests.clusters.conftest import backend_of, queued
 from tests.conftest import World
 from tests.policy.clusters_world import job as policy_job
 from tests.policy.clusters_world import pool as policy_pool
 from tests.policy.clusters_world import snap
+
+from .history import finished_attempt
+from .history import job as history_job
 
 SPOT_PRICE = Decimal("0.90")
 LIST_PRICE = Decimal("2.00")
@@ -162,3 +167,42 @@ def test_rule_c4_a_reclaimed_spot_attempt_k6_is_charged_at_the_spot_price(
     assert spot_job.cluster != cluster and spot_job.on_spot is False
     # 2 GPU-hours at 0.90 (the list would say 4.00).
     assert _costs(world, t0)["vision"] == Decimal("1.80")
+
+
+@pytest.mark.django_db
+def test_rule_c4_the_reports_page_prices_spot_records_alike_rolled_up_or_not(
+        world: World) -> None:
+    gpu_price_set(actor=world.staff, gpu_type=world.a100, effective_from=date(2026, 9, 10),
+                  price_per_gpu_hour=LIST_PRICE)
+    spot = history_job(team=world.vision, gpu_type=world.a100, gpus_per_replica=2,
+                       tier=world.low)
+    # 2 GPUs from Sept 9, 20:00 for 8 h: 8 GPU-hours on the 9th (no list price yet) and 8
+    # on the 10th, all at the pool's 0.90; idle a quarter of the time (rule C3).
+    record = finished_attempt(job=spot, attempt=1, start=datetime(2026, 9, 9, 20, tzinfo=UTC),
+                              hours=8, ended="SUCCEEDED", sm_mean=25.0)
+    spot.utilization.filter(attempt=1).update(sm_hist={"1": 120, "30": 360})
+    UsageRecord.objects.filter(pk=record.pk).update(spot=True, price_per_gpu_hour=SPOT_PRICE)
+    listed = history_job(team=world.nlp, gpu_type=world.a100, tier=world.normal)
+    finished_attempt(job=listed, attempt=1, start=datetime(2026, 9, 10, tzinfo=UTC), hours=2,
+                     ended="SUCCEEDED")
+    teams = [world.vision, world.nlp]
+    now = datetime(2026, 11, 26, tzinfo=UTC)
+    exact = cost_buckets(teams=teams, start=datetime(2026, 9, 1, tzinfo=UTC),
+                         end=datetime(2026, 10, 1, tzinfo=UTC), period="day", now=now)
+
+    def rows(buckets: list) -> list[tuple]:
+        return [(b.period.day, b.team, round(b.allocated_gpu_hours, 6),
+                 round(b.unpriced_gpu_hours, 6), round(b.cost, 6), round(b.idle_cost, 6))
+                for b in buckets]
+
+    expected = [(9, "vision", 8.0, 0.0, Decimal("7.2"), Decimal("1.8")),
+                (10, "nlp", 2.0, 0.0, Decimal("4.0"), Decimal("0")),
+                (10, "vision", 8.0, 0.0, Decimal("7.2"), Decimal("1.8"))]
+    assert rows(exact) == expected
+    live = report_buckets(teams=teams, start=date(2026, 9, 1), end=date(2026, 10, 1),
+                          period="day", now=now)
+    assert live.rolled_up_to == 0 and rows(live.buckets) == expected
+    assert usage_days_roll_up(now=now) == 2
+    rolled = report_buckets(teams=teams, start=date(2026, 9, 1), end=date(2026, 10, 1),
+                            period="day", now=now)
+    assert rolled.rolled_up_to > 0 and rows(rolled.buckets) == expected
