@@ -422,6 +422,8 @@ class Job(models.Model):
     # Where the current attempt runs and what the cluster said.
     cluster = models.ForeignKey(Cluster, null=True, blank=True, on_delete=models.PROTECT,
                                 related_name="jobs")
+    # Rules K4, C4: the current attempt runs on spot nodes (its cost is the pool's price).
+    on_spot = models.BooleanField(default=False, db_default=False)
     placement = models.JSONField(default=list, blank=True)
     submitted_to_backend_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
@@ -566,6 +568,13 @@ class UsageRecord(models.Model):
     end = models.DateTimeField()
     gpu_seconds = models.FloatField()
     source = models.CharField(max_length=20, default="scheduler")  # scheduler | import
+    # Rule C4: where the attempt ran, and a spot attempt's own price per GPU-hour (its
+    # pool's when charged, frozen; None: rule C1's price list of the GPU type).
+    cluster = models.ForeignKey(Cluster, null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="usage_records")
+    spot = models.BooleanField(default=False, db_default=False)
+    price_per_gpu_hour = models.DecimalField(max_digits=12, decimal_places=4, null=True,
+                                             blank=True)
 
     class Meta:
         ordering = ["start", "id"]

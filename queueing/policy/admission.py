@@ -54,6 +54,7 @@ class Admission:
     # One node name per replica, in replica order (rule A3).
     placement: tuple[str, ...]
     cluster: str = ""  # rule K1: the one cluster of its nodes ("" = the only cluster)
+    spot: bool = False  # rules K1, K4, C4: its nodes are spot nodes (all or none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -861,7 +862,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                     (now + timedelta(seconds=job.max_runtime_seconds), job_id, placement, g))
             ledger.add(team, gt, total)
             factors.charge(team, entry_penalty_gpu_hours(total, billing(gt), interval))
-            admissions.append(Admission(job_id, team, gt, placement, pool_info[pool][1]))
+            admissions.append(Admission(job_id, team, gt, placement, pool_info[pool][1],
+                                        pool_info[pool][2]))
             if array_id is not None:
                 array_active[array_id] += 1
             continue

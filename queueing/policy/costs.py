@@ -1,4 +1,4 @@
-"""Cost of GPU time (docs/scheduling.md, rules C1-C3), pure: intervals and price lists
+"""Cost of GPU time (docs/scheduling.md, rules C1-C4), pure: intervals and price lists
 in, pieces per UTC day out. No Django, no clock."""
 
 from __future__ import annotations
@@ -41,6 +41,13 @@ def price_at(prices: Sequence[PricePoint], when: datetime) -> Decimal | None:
             break
         current = p.price
     return current
+
+
+def own_price(price: Decimal) -> tuple[PricePoint, ...]:
+    """Rule C4: an attempt with its own price (a spot pool's, frozen when charged) as a
+    price list of one price in effect for ever, so rule C2 still cuts it at UTC
+    midnights and every piece costs that price."""
+    return (PricePoint(date.min, price),)
 
 
 def cost_pieces(*, gpus: int, start: datetime, end: datetime,

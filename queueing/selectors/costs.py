@@ -1,12 +1,12 @@
 """Cost and GPU-hours per team, department (the team's parent), period and GPU type
-(docs/scheduling.md, rules C1-C3): what the reports page, GET /api/v1/costs/,
+(docs/scheduling.md, rules C1-C4): what the reports page, GET /api/v1/costs/,
 `manage.py export_costs` and the budget check read. Callers scope teams to the actor."""
 
 from __future__ import annotations
 
 import csv
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -16,8 +16,15 @@ from django.conf import settings
 from django.db.models import OuterRef, Subquery
 
 from accounts.models import Team
-from queueing.models import AttemptUtilization, GpuPrice, GpuType, Job, UsageRecord
-from queueing.policy.costs import PricePoint, cost_pieces, idle_minutes, money, month_start
+from queueing.models import AttemptUtilization, GpuPrice, GpuType, Job, NodePool, UsageRecord
+from queueing.policy.costs import (
+    PricePoint,
+    cost_pieces,
+    idle_minutes,
+    money,
+    month_start,
+    own_price,
+)
 from queueing.policy.states import JobState
 from queueing.selectors.accounting import ended_transition
 
@@ -59,6 +66,13 @@ class Attempt:
     used_fraction: float  # sm_mean / 100, 0 without readings
     idle_fraction: float  # rule C3, of the attempt's GPU-hours
     preempted: bool
+    spot: bool = False  # rule C4: ran on spot nodes
+    price: Decimal | None = None  # rule C4: its own price per GPU-hour (None: rule C1's)
+
+    def prices(self, lists: dict[int, list[PricePoint]]) -> Sequence[PricePoint]:
+        """Rule C4: its own price if it has one, else its GPU type's list (rule C1)."""
+        return own_price(self.price) if self.price is not None else \
+            lists.get(self.gpu_type_id, ())
 
 
 def currency() -> str:
@@ -77,15 +91,19 @@ def price_lists() -> dict[int, list[PricePoint]]:
 
 def attempts(*, team_ids: list[int] | None, start: datetime | None, end: datetime | None,
              now: datetime | None, records_after: int = 0,
-             records_up_to: int | None = None) -> Iterator[Attempt]:
+             records_up_to: int | None = None,
+             own_price_only: bool = False) -> Iterator[Attempt]:
     """Charged attempts (usage records with ids in (`records_after`, `records_up_to`],
-    imported ones included) and, unless `now` is None, the attempts running now (up to
-    `now`), of `team_ids` (None: every team) overlapping [start, end) (None: open)."""
+    imported ones included; `own_price_only`: only those with their own price, rule C4)
+    and, unless `now` is None, the attempts running now (up to `now`), of `team_ids`
+    (None: every team) overlapping [start, end) (None: open)."""
     util = AttemptUtilization.objects.filter(job_id=OuterRef("job_id"),
                                              attempt=OuterRef("attempt"))
     qs = UsageRecord.objects.filter(pk__gt=records_after)
     if records_up_to is not None:
         qs = qs.filter(pk__lte=records_up_to)
+    if own_price_only:
+        qs = qs.filter(price_per_gpu_hour__isnull=False)
     if team_ids is not None:
         qs = qs.filter(team_id__in=team_ids)
     if start is not None:
@@ -98,12 +116,14 @@ def attempts(*, team_ids: list[int] | None, start: datetime | None, end: datetim
                   u_hist=Subquery(util.values("sm_hist")[:1]),
                   ended=ended_transition("to_status"))
         .values_list("team_id", "gpu_type_id", "gpus", "start", "end", "u_samples",
-                     "u_sm_mean", "u_hist", "job__tier__idle_threshold_percent", "ended")
+                     "u_sm_mean", "u_hist", "job__tier__idle_threshold_percent", "ended",
+                     "spot", "price_per_gpu_hour")
     )
-    for team_id, gpu_type_id, gpus, r_start, r_end, samples, sm_mean, hist, threshold, ended \
-            in records.iterator(chunk_size=5000):
+    for team_id, gpu_type_id, gpus, r_start, r_end, samples, sm_mean, hist, threshold, ended, \
+            spot, price in records.iterator(chunk_size=5000):
         yield _attempt(team_id, gpu_type_id, gpus, r_start, r_end, samples, sm_mean, hist,
-                       threshold, preempted=ended == JobState.PREEMPTED.value)
+                       threshold, preempted=ended == JobState.PREEMPTED.value, spot=spot,
+                       price=price)
     if now is None or (start is not None and now <= start):
         return
     # A running job's attempt is its current one.
@@ -112,38 +132,47 @@ def attempts(*, team_ids: list[int] | None, start: datetime | None, end: datetim
                               started_at__lt=now if end is None else min(end, now))
     if team_ids is not None:
         jobs = jobs.filter(team_id__in=team_ids)
+    # Rule C4: a running spot attempt at its pool's price now (what charging it would freeze).
+    pool_price = NodePool.objects.filter(
+        cluster_id=OuterRef("cluster_id"), gpu_type_id=OuterRef("gpu_type_id"), spot=True,
+    ).order_by("name").values("price_per_gpu_hour")[:1]
     running = (
         jobs.annotate(u_samples=Subquery(util.values("samples")[:1]),
                   u_sm_mean=Subquery(util.values("sm_mean")[:1]),
-                  u_hist=Subquery(util.values("sm_hist")[:1]))
+                  u_hist=Subquery(util.values("sm_hist")[:1]),
+                  pool_price=Subquery(pool_price))
         .values_list("team_id", "gpu_type_id", "gpus_per_replica", "replicas", "started_at",
-                     "u_samples", "u_sm_mean", "u_hist", "tier__idle_threshold_percent")
+                     "u_samples", "u_sm_mean", "u_hist", "tier__idle_threshold_percent",
+                     "on_spot", "pool_price")
     )
-    for team_id, gpu_type_id, per, replicas, started, samples, sm_mean, hist, threshold \
-            in running:
+    for team_id, gpu_type_id, per, replicas, started, samples, sm_mean, hist, threshold, \
+            on_spot, price in running:
         if started is None:  # excluded by the filter; for the type checker
             continue
         yield _attempt(team_id, gpu_type_id, per * replicas, started, now, samples, sm_mean,
-                       hist, threshold, preempted=False)
+                       hist, threshold, preempted=False, spot=on_spot,
+                       price=price if on_spot else None)
 
 
 def _attempt(team_id: int, gpu_type_id: int, gpus: int, start: datetime, end: datetime,
              samples: int | None, sm_mean: float | None, hist: Any, threshold: float | None,
-             *, preempted: bool) -> Attempt:
+             *, preempted: bool, spot: bool = False,
+             price: Decimal | None = None) -> Attempt:
     minutes = (end - start).total_seconds() / 60
     idle = 0.0
     if samples and threshold and isinstance(hist, dict) and minutes > 0:
         idle = min(1.0, idle_minutes(hist, threshold_percent=threshold) / minutes)
     return Attempt(team_id, gpu_type_id, gpus, start, end,
                     used_fraction=(sm_mean or 0.0) / 100 if samples else 0.0,
-                    idle_fraction=idle, preempted=preempted)
+                    idle_fraction=idle, preempted=preempted, spot=spot, price=price)
 
 
 def cost_buckets(*, teams: Iterable[Team], start: datetime, end: datetime, period: str,
                  now: datetime) -> list[CostBucket]:
     """GPU-hours and cost per (period, team, GPU type) within [start, end), sorted by
     period, team and GPU type. Intervals are cut at `start`, `end`, UTC midnights and
-    price changes (rule C2); a piece costs its GPU-hours × the price then (rule C1)."""
+    price changes (rule C2); a piece costs its GPU-hours × the price then (rule C1), or
+    the attempt's own price (rule C4: a spot attempt's)."""
     teams = list(teams)
     team_ids = [t.pk for t in teams]
     slug = {t.pk: t.slug for t in teams}
@@ -154,8 +183,7 @@ def cost_buckets(*, teams: Iterable[Team], start: datetime, end: datetime, perio
     acc: dict[tuple[date, int, int], CostBucket] = {}
     for a in attempts(team_ids=team_ids, start=start, end=end, now=now):
         lo, hi = max(a.start, start), min(a.end, end)
-        for piece in cost_pieces(gpus=a.gpus, start=lo, end=hi,
-                                 prices=prices.get(a.gpu_type_id, ())):
+        for piece in cost_pieces(gpus=a.gpus, start=lo, end=hi, prices=a.prices(prices)):
             key_period = piece.day if period == "day" else month_start(piece.day)
             key = (key_period, a.team_id, a.gpu_type_id)
             b = acc.get(key)

@@ -1,20 +1,21 @@
 """The reports page's numbers (docs/dashboard.md, "Reports"): allocated, used, idle and
 preempted GPU-hours and cost per team and UTC day or month — the roll-up's whole days
 (`UsageDay`) plus, live, the usage records it does not hold yet and the attempts running
-now. The same numbers as `cost_buckets` over whole days (rules C1-C3)."""
+now. The same numbers as `cost_buckets` over whole days (rules C1-C4)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
 
 from django.db.models import Case, F, IntegerField, Min, Sum, Value, When
 from django.db.models.functions import TruncMonth
 
 from accounts.models import Team
 from queueing.models import GpuType, UsageDay, UsageRollup
-from queueing.policy.costs import cost_pieces, month_start, price_at
+from queueing.policy.costs import cost_pieces, month_start, own_price, price_at
 from queueing.selectors.costs import CostBucket, add_hours, attempts, price_lists
 
 
@@ -77,9 +78,27 @@ def report_buckets(*, teams: Iterable[Team], start: date, end: date, period: str
         add_hours(bucket(first, team_id, gpu_type_id), allocated=alloc, used=used, idle=idle,
                   preempted=pre, price=price_at(prices.get(gpu_type_id, ()), midnight(first)))
     lo, hi = midnight(start), midnight(end)
+    # Rule C4: the roll-up's hours of a record with its own price (a spot attempt's) were
+    # priced above at the type's list; priced again at the record's own price instead.
+    for a in attempts(team_ids=team_ids, start=lo, end=hi, now=None, records_up_to=mark,
+                      own_price_only=True):
+        own = a.price or Decimal(0)
+        for piece in cost_pieces(gpus=a.gpus, start=max(a.start, lo), end=min(a.end, hi),
+                                 prices=own_price(own)):
+            b = bucket(piece.day, a.team_id, a.gpu_type_id)
+            hours = Decimal(repr(piece.gpu_hours))
+            idle = Decimal(repr(piece.gpu_hours * a.idle_fraction))
+            listed = price_at(prices.get(a.gpu_type_id, ()), midnight(piece.day))
+            if listed is None:
+                b.unpriced_gpu_hours -= piece.gpu_hours
+            else:
+                b.cost -= hours * listed
+                b.idle_cost -= idle * listed
+            b.cost += hours * own
+            b.idle_cost += idle * own
     for a in attempts(team_ids=team_ids, start=lo, end=hi, now=now, records_after=mark):
         for piece in cost_pieces(gpus=a.gpus, start=max(a.start, lo), end=min(a.end, hi),
-                                 prices=prices.get(a.gpu_type_id, ())):
+                                 prices=a.prices(prices)):
             h = piece.gpu_hours
             add_hours(bucket(piece.day, a.team_id, a.gpu_type_id), allocated=h,
                       used=h * a.used_fraction, idle=h * a.idle_fraction,

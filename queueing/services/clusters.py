@@ -405,7 +405,7 @@ def _requeue_from(cluster: Cluster, *, now: datetime) -> list[int]:
                                          end=max(ran_since, last_seen))
                 if not job_transition(
                     job, JobState.QUEUED, now=now, reason=f"{why}; requeued", data=data,
-                    attempt=job.attempt + 1, placement=[], admitted_at=None,
+                    attempt=job.attempt + 1, placement=[], on_spot=False, admitted_at=None,
                     started_at=None, submitted_to_backend_at=None, cluster=None,
                 ):
                     continue

@@ -122,7 +122,7 @@ def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, now: dateti
     if not job_transition(
         job, JobState.QUEUED, now=now, data=data,
         reason="requeued after preemption; keeps its submit time",
-        attempt=requeued.attempt, placement=[], admitted_at=None, started_at=None,
+        attempt=requeued.attempt, placement=[], on_spot=False, admitted_at=None, started_at=None,
         submitted_to_backend_at=None,
     ):
         raise _VictimMoved

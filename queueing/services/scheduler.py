@@ -418,7 +418,7 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
                 transaction.atomic():
             if job_transition(
                 job, JobState.QUEUED, now=now, reason="its cluster workload vanished before "
-                "it ran; requeued", attempt=job.attempt + 1, placement=[], admitted_at=None,
+                "it ran; requeued", attempt=job.attempt + 1, placement=[], on_spot=False, admitted_at=None,
                 submitted_to_backend_at=None, data={"ended_how": "node_lost"},
             ):
                 result.requeued.append(job.pk)
@@ -659,6 +659,7 @@ def _admit(plan: Plan, *, now: datetime, result: CycleResult, isolate: bool) -> 
             if job_transition(job, JobState.ADMITTED, now=now,
                               reason=f"admitted on {where}{', '.join(sorted(set(nodes)))}",
                               admitted_at=now, placement=nodes, cluster_id=cluster_id,
+                              on_spot=a.spot,
                               data=data):
                 admitted.append(job.pk)
     return admitted
@@ -836,7 +837,7 @@ def _submit_outcome(*, job: Job, error: Exception | None, now: datetime,
         with transaction.atomic():
             if job_transition(
                 job, JobState.QUEUED, now=now, reason=f"{error}; requeued as a new attempt",
-                attempt=job.attempt + 1, placement=[], admitted_at=None,
+                attempt=job.attempt + 1, placement=[], on_spot=False, admitted_at=None,
                 submitted_to_backend_at=None,
             ):
                 result.requeued.append(job.pk)

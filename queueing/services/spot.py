@@ -114,7 +114,7 @@ def _requeue(job: Job, status: WorkloadStatus, *, now: datetime) -> bool:
     return job_transition(
         job, JobState.QUEUED, now=now, data=data,
         reason="requeued after its spot node was reclaimed; keeps its submit time",
-        attempt=job.attempt + 1, placement=[], admitted_at=None, started_at=None,
+        attempt=job.attempt + 1, placement=[], on_spot=False, admitted_at=None, started_at=None,
         submitted_to_backend_at=None, cluster=None, message="")
 
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import TextIO
 
 from django.db import transaction
 
 from accounts.models import Team
 from queueing.instants import parse_iso
-from queueing.models import FairShareAccumulator, GpuType, Job, UsageRecord
+from queueing.models import FairShareAccumulator, GpuType, Job, NodePool, UsageRecord
 from queueing.policy.fairshare import Accumulator
 from queueing.selectors.fairshare import half_life_hours
 from queueing.selectors.usage import IMPORT_COLUMNS
@@ -27,7 +28,13 @@ def usage_record_attempt(*, job: Job, start: datetime, end: datetime,
     """Charge one finished attempt interval of `job` to its team: a usage record and the
     team's decayed accumulator, in one transaction. Charging an attempt twice is a no-op
     (one record per job attempt). `attempt` defaults to the job's current one (an earlier
-    attempt's pods that ran after fairq moved on are charged to that attempt)."""
+    attempt's pods that ran after fairq moved on are charged to that attempt).
+
+    Rule C4: the record keeps the current attempt's cluster and whether it ran on spot
+    nodes, and a spot attempt's price: its cluster's spot pool of the job's GPU type
+    (of several, the first by name), frozen here so a later pool price never reprices
+    it; None when the pool has none (rule C1 prices it). An earlier attempt's record
+    knows neither (the job has moved on): rule C1."""
     attempt = job.attempt if attempt is None else attempt
     if end < start:
         end = start
@@ -35,13 +42,29 @@ def usage_record_attempt(*, job: Job, start: datetime, end: datetime,
         return None
     gpus = job.total_gpus
     weight = job.gpu_type.billing_weight
+    current = attempt == job.attempt
+    spot = current and job.on_spot
     record = UsageRecord.objects.create(
         team_id=job.team_id, gpu_type_id=job.gpu_type_id, job=job, attempt=attempt,
         gpus=gpus, billing_weight=weight, start=start, end=end,
         gpu_seconds=gpus * (end - start).total_seconds(),
+        cluster_id=job.cluster_id if current else None, spot=spot,
+        price_per_gpu_hour=spot_price(job) if spot else None,
     )
     accumulator_add(team_id=job.team_id, rate=gpus * weight, start=start, end=end)
     return record
+
+
+def spot_price(job: Job) -> Decimal | None:
+    """Rule C4: the price per GPU-hour of the spot pool `job`'s attempt runs in (its
+    cluster's spot pool of its GPU type, the first by name); None without one or a price."""
+    if job.cluster_id is None:
+        return None
+    price: Decimal | None = (
+        NodePool.objects.filter(cluster_id=job.cluster_id, gpu_type_id=job.gpu_type_id,
+                                spot=True)
+        .order_by("name").values_list("price_per_gpu_hour", flat=True).first())
+    return price
 
 
 def accumulator_add(*, team_id: int, rate: float, start: datetime, end: datetime) -> None:

@@ -379,7 +379,7 @@ def _reclaim(job: Job, *, requeue: bool, now: datetime) -> bool:
         return job_transition(
             job, JobState.QUEUED, now=now, data=data,
             reason="requeued after it was reclaimed idle; keeps its submit time",
-            attempt=job.attempt + 1, placement=[], admitted_at=None, started_at=None,
+            attempt=job.attempt + 1, placement=[], on_spot=False, admitted_at=None, started_at=None,
             submitted_to_backend_at=None)
     if not job_transition(job, JobState.FAILED, now=now, data=data, finished_at=now,
                           reason="idle: its GPUs stayed idle; failed (rule U3)",
