@@ -639,10 +639,11 @@ def test_the_informer_lists_watches_from_the_version_and_relists_after_gone_and_
     assert ("ADDED", "c") in changes and ("DELETED", "a") in changes
 
 
+@pytest.mark.django_db
 def test_sync_cluster_refuses_to_run_without_the_kubernetes_backend() -> None:
     from django.core.management import CommandError, call_command
 
-    with pytest.raises(CommandError, match="not 'kubernetes'"):
+    with pytest.raises(CommandError, match="not 'kubernetes' and no enabled Cluster row is"):
         call_command("sync_cluster")
 
 
@@ -701,6 +702,7 @@ def test_jobs_of_another_fairq_on_the_same_cluster_are_not_ours() -> None:
     for informer in backend._informers:
         informer.synced.set()
     backend._started = True
+    backend._probe_ok_at = time.monotonic()  # its API server answered just now (rule K5)
     assert [s.name for s in backend.statuses(now=T0)] == ["fq-13-1"]
     assert backend._namespace_of("fq-12-1") is None
     assert backend._namespace_of("fq-13-1") == "fairq-vision"
@@ -716,6 +718,7 @@ def test_a_job_deleted_before_fairq_saw_its_end_is_still_reported() -> None:
     for informer in backend._informers:
         informer.synced.set()
     backend._started = True
+    backend._probe_ok_at = time.monotonic()  # its API server answered just now (rule K5)
     done = sign_job(k8s_job([{"type": "Complete", "status": "True"}]), backend.owner_key)
     p = pod("Succeeded", start=T0, end=T0 + timedelta(seconds=5))
     p["metadata"]["labels"] = {"fairq.io/workload": "fq-12-1"}
@@ -854,3 +857,73 @@ def test_replica_nodes_name_a_shared_node_once_per_replica() -> None:
     retried = [pod("Failed", node="gpu-old", created=T0),
                pod("Running", node="gpu-new", created=T0 + timedelta(seconds=30))]
     assert replica_nodes(retried) == ("gpu-new",)
+
+
+# --- rule K5: the API server itself is asked (the watch caches answer from memory) ---------
+
+
+class _VersionServer:
+    """An HTTP server on 127.0.0.1 answering GET /version with `status`."""
+
+    def __init__(self, status: int) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        answer = status
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = b'{"major": "1", "minor": "30"}'
+                self.send_response(answer)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _backend_at(host: str) -> Any:
+    from kubernetes import client
+
+    from queueing.backends.kubernetes import KubernetesBackend
+
+    config = client.Configuration()
+    config.host = host
+    return KubernetesBackend(client.ApiClient(config), namespace_prefix="fairq-")
+
+
+@pytest.mark.parametrize("status", [200, 403])
+def test_k5_an_api_server_that_answers_is_reachable_whatever_it_answers(status: int) -> None:
+    server = _VersionServer(status)
+    try:
+        backend = _backend_at(server.url)
+        backend.check_reachable()
+        assert backend._probe_ok_at is not None
+    finally:
+        server.close()
+
+
+def test_k5_an_api_server_that_does_not_answer_is_unreachable_at_once() -> None:
+    import socket
+
+    from queueing.backends.k8s_api import KubernetesBackendError
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    backend = _backend_at(f"http://127.0.0.1:{port}")
+    backend.probe_timeout_seconds = 1.0
+    started = time.monotonic()
+    with pytest.raises(KubernetesBackendError, match="does not answer"):
+        backend.check_reachable()
+    assert time.monotonic() - started < 3.0, "no client retries"
+    with pytest.raises(KubernetesBackendError):  # and again, until a probe succeeds
+        backend.check_reachable()
