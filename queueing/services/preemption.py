@@ -123,7 +123,7 @@ def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, now: dateti
         job, JobState.QUEUED, now=now, data=data,
         reason="requeued after preemption; keeps its submit time",
         attempt=requeued.attempt, placement=[], on_spot=False, admitted_at=None, started_at=None,
-        submitted_to_backend_at=None,
+        submitted_to_backend_at=None, cluster=None,
     ):
         raise _VictimMoved
     return workload

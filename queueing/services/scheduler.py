@@ -418,8 +418,9 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
                 transaction.atomic():
             if job_transition(
                 job, JobState.QUEUED, now=now, reason="its cluster workload vanished before "
-                "it ran; requeued", attempt=job.attempt + 1, placement=[], on_spot=False, admitted_at=None,
-                submitted_to_backend_at=None, data={"ended_how": "node_lost"},
+                "it ran; requeued", attempt=job.attempt + 1, placement=[], on_spot=False,
+                admitted_at=None, submitted_to_backend_at=None, cluster=None,
+                data={"ended_how": "node_lost"},
             ):
                 result.requeued.append(job.pk)
 
@@ -838,7 +839,7 @@ def _submit_outcome(*, job: Job, error: Exception | None, now: datetime,
             if job_transition(
                 job, JobState.QUEUED, now=now, reason=f"{error}; requeued as a new attempt",
                 attempt=job.attempt + 1, placement=[], on_spot=False, admitted_at=None,
-                submitted_to_backend_at=None,
+                submitted_to_backend_at=None, cluster=None,
             ):
                 result.requeued.append(job.pk)
         return False

@@ -380,7 +380,7 @@ def _reclaim(job: Job, *, requeue: bool, now: datetime) -> bool:
             job, JobState.QUEUED, now=now, data=data,
             reason="requeued after it was reclaimed idle; keeps its submit time",
             attempt=job.attempt + 1, placement=[], on_spot=False, admitted_at=None, started_at=None,
-            submitted_to_backend_at=None)
+            submitted_to_backend_at=None, cluster=None)
     if not job_transition(job, JobState.FAILED, now=now, data=data, finished_at=now,
                           reason="idle: its GPUs stayed idle; failed (rule U3)",
                           message="idle"):

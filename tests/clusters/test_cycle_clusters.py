@@ -460,3 +460,27 @@ def test_before_the_worker_publishes_the_web_sees_every_in_process_cluster(
     assert sorted((n.cluster, n.name, n.spot) for n in view.nodes()) == [
         ("cloud-spot", "sim-a100-000", True), ("onprem", "sim-h100-000", False)]
     assert view.largest_node_gpus() == {"h100": 8, "a100": 8}
+
+
+def test_k1_a_preempted_job_is_in_no_cluster_until_it_is_admitted_again(
+        world: World, make_cluster: MakeCluster, no_r9: None) -> None:
+    """Rule R6's requeue clears where the attempt ran (its cluster and spot flag), as
+    rules K5 and K6 do: a queued job is in no cluster."""
+    from queueing.models import Quota
+
+    onprem = make_cluster("onprem", "1x8xh100")
+    # Vision borrows the 8 GPUs (rule Q2: a team's nominal is never taken by another's tier).
+    Quota.objects.filter(team=world.vision, gpu_type=world.h100).update(nominal=0)
+    now = timezone.now()
+    victim = queued(world, gpu_type=world.h100, tier=world.low, at=now - timedelta(hours=1))
+    scheduler_cycle(now=now)
+    scheduler_cycle(now=now + timedelta(seconds=1))
+    assert fresh(victim).status == JobState.RUNNING and fresh(victim).cluster == onprem
+    preemptor = queued(world, gpu_type=world.h100, tier=world.high, team=world.nlp)
+    r = scheduler_cycle(now=now + timedelta(minutes=30))
+    requeued = fresh(victim)
+    assert r.preempted == [victim.pk], r.plan.waits[preemptor.pk] if r.plan else r
+    assert requeued.status == JobState.QUEUED and requeued.attempt == 2
+    assert requeued.cluster is None and requeued.placement == [] and not requeued.on_spot
+    # Charged where it ran: the usage record keeps the cluster.
+    assert UsageRecord.objects.get(job=victim, attempt=1).cluster == onprem

@@ -22,7 +22,14 @@ from typing import Any
 
 import pytest
 
-from tests.envtest.test_k8s_backend import ApiException, Kube, _empty_namespace, job, submit
+from tests.envtest.test_k8s_backend import (
+    ApiException,
+    Kube,
+    _empty_namespace,
+    job,
+    submit,
+    wait,
+)
 
 pytestmark = [pytest.mark.k8s, pytest.mark.django_db(transaction=True)]
 
@@ -51,21 +58,6 @@ class Two:
             out[name] = sorted(j["metadata"]["name"] for j in json.loads(resp.data)["items"]
                                if not j["metadata"].get("deletionTimestamp"))
         return out
-
-
-def cycles_until(predicate: Any, *, timeout: float, what: str) -> Any:
-    """Run scheduler cycles (as the worker does) until `predicate` holds."""
-    from queueing.services.scheduler import scheduler_cycle
-
-    deadline = time.monotonic() + timeout
-    while True:
-        scheduler_cycle()
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.25)
 
 
 @pytest.fixture
@@ -141,7 +133,7 @@ def test_k1_k2_k3_each_job_runs_in_one_cluster_chosen_by_the_rule(two: Two, worl
     pinned = submit(world, gpus=8, gpu_type="h100", env={"FAIRQ_SIM_SECONDS": "4"})
     Job.objects.filter(pk=pinned).update(requested_cluster=two.rows["beta"])  # rule K3
 
-    cycles_until(lambda: all(_running(pk) for pk in (h100, l40s, pinned)), timeout=90,
+    wait(lambda: all(_running(pk) for pk in (h100, l40s, pinned)), timeout=90,
                  what="the three jobs RUNNING")
     where = {pk: job(pk).cluster.name for pk in (h100, l40s, pinned)}
     assert where == {h100: "alpha", l40s: "beta", pinned: "beta"}
@@ -153,7 +145,7 @@ def test_k1_k2_k3_each_job_runs_in_one_cluster_chosen_by_the_rule(two: Two, worl
     assert two.k8s_jobs(h100) == {"alpha": [f"fq-{h100}-1"], "beta": []}
     assert two.k8s_jobs(l40s) == {"alpha": [], "beta": [f"fq-{l40s}-1"]}
     assert two.k8s_jobs(pinned) == {"alpha": [], "beta": [f"fq-{pinned}-1"]}
-    cycles_until(lambda: all(job(pk).status == "SUCCEEDED" for pk in (h100, l40s, pinned)),
+    wait(lambda: all(job(pk).status == "SUCCEEDED" for pk in (h100, l40s, pinned)),
                  timeout=90, what="the three jobs SUCCEEDED")
 
 
@@ -162,17 +154,17 @@ def test_k5_a_cluster_down_longer_than_the_grace_requeues_its_job_to_the_other_o
     from queueing.models import Cluster, JobEvent, UsageRecord
 
     pk = submit(world, gpus=8, gpu_type="h100")  # runs until stopped
-    cycles_until(lambda: _running(pk), timeout=60, what="the job RUNNING")
+    wait(lambda: _running(pk), timeout=60, what="the job RUNNING")
     assert job(pk).cluster.name == "alpha" and job(pk).attempt == 1
 
     with k8s_control_plane.frozen("kube-apiserver"):
         down_at = time.monotonic()
-        since = cycles_until(lambda: Cluster.objects.get(name="alpha").unreachable_since,
+        since = wait(lambda: Cluster.objects.get(name="alpha").unreachable_since,
                              timeout=30, what="alpha counted unreachable")
         # Inside the grace the job is kept where it was: not requeued, not failed.
         assert job(pk).status == "RUNNING" and job(pk).attempt == 1
         assert JobEvent.objects.filter(job_id=pk, kind="cluster_unreachable").exists()
-        moved = cycles_until(lambda: (j := job(pk)).attempt == 2 and j.status == "RUNNING"
+        moved = wait(lambda: (j := job(pk)).attempt == 2 and j.status == "RUNNING"
                              and j, timeout=90, what="the job RUNNING again, in beta")
         assert time.monotonic() - down_at >= 12, "requeued only after the grace"
         assert moved.cluster.name == "beta" and moved.placement == ["gpu-b-h100-0"]
@@ -181,9 +173,9 @@ def test_k5_a_cluster_down_longer_than_the_grace_requeues_its_job_to_the_other_o
         assert two.k8s_jobs(pk, only="beta") == {"beta": [f"fq-{pk}-2"]}
 
     # alpha answers again: the stale attempt's Job there is stopped, nothing runs twice.
-    cycles_until(lambda: Cluster.objects.get(name="alpha").unreachable_since is None,
+    wait(lambda: Cluster.objects.get(name="alpha").unreachable_since is None,
                  timeout=60, what="alpha reachable again")
-    cycles_until(lambda: two.k8s_jobs(pk)["alpha"] == [], timeout=90,
+    wait(lambda: two.k8s_jobs(pk)["alpha"] == [], timeout=90,
                  what="attempt 1's Job stopped in alpha")
     assert two.k8s_jobs(pk) == {"alpha": [], "beta": [f"fq-{pk}-2"]}
     now = job(pk)
