@@ -39,15 +39,11 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 COUNTED_ATTR = "fairq_rate_counted"
 _EXPIRY_FUDGE = 5  # seconds a bucket outlives its window (clock skew between processes)
 
-# KEYS[1]: the bucket; ARGV[1]: its lifetime in seconds. Returns the count after this hit.
-_HIT_LUA = """
-local n = redis.call('INCR', KEYS[1])
-if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
-return n
-"""
-# The same, then GET of each further key (false: absent): the submit fast path's one round
-# trip (queueing/api/jobs.py) counts the user's bucket and reads the address's failed
-# authentications and the token generation (queueing/api/auth_cache.py) with it.
+# KEYS[1]: the bucket; ARGV[1]: its lifetime in seconds; then GET of each further key
+# (false: absent). Returns {the count after this hit, the values}. With further keys it is
+# the submit fast path's one round trip (queueing/api/jobs.py): the user's bucket counted,
+# the address's failed authentications and the token generation (queueing/api/
+# auth_cache.py) read with it.
 _HIT_READ_LUA = """
 local n = redis.call('INCR', KEYS[1])
 if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
@@ -76,15 +72,8 @@ def hit(bucket: str, period: int) -> tuple[int, int]:
     """Count one request in `bucket`'s current window of `period` seconds; returns (the
     window's count including this request, seconds until the window ends). One Redis
     round trip when the cache is Redis."""
-    now = int(time.time())
-    end = _window_end(bucket, period, now)
-    key = f"fq-rl:{bucket}:{end}"
-    lifetime = end - now + _EXPIRY_FUDGE
-    client = _redis_client()
-    if client is not None:
-        script = _script(client, _HIT_LUA)
-        return int(script(keys=[cache.make_key(key)], args=[lifetime])), end - now
-    return _hit_cache(key, lifetime), end - now
+    count, left, _ = hit_and_read(bucket, period, [])
+    return count, left
 
 
 def hit_and_read(bucket: str, period: int, reads: list[str]) -> tuple[int, int, list[Any]]:

@@ -9,9 +9,9 @@ the API and the Django admin both refuse with its field messages.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import transaction
 
@@ -158,21 +158,34 @@ def cluster_update(*, actor: Any, cluster: Cluster, values: Mapping[str, Any]) -
     it). `enabled: false` disables it: nothing new is admitted there, what runs there
     runs on. Audited field by field."""
     check_staff(actor=actor, doing="change clusters")
-    row = Cluster.objects.select_for_update().get(pk=cluster.pk)
-    before = Cluster.objects.get(pk=cluster.pk)
-    if "name" in values and values["name"] != row.name:
-        raise DomainError(INVALID_FIELDS, fields={"name": [
-            "A cluster keeps its name (its workloads and events carry it): add a new one "
-            "and disable this one instead."]})
-    merged = {**{k: getattr(row, k) for k in CLUSTER_FIELDS}, **values}
-    problems = cluster_config_problems(merged, exclude_pk=row.pk)
-    if problems:
-        raise DomainError(INVALID_FIELDS, fields=problems)
-    for key in CLUSTER_FIELDS:
+    return _update(
+        actor=actor, row=cluster, fields=CLUSTER_FIELDS, values=values,
+        keeps_name="A cluster keeps its name (its workloads and events carry it): add a "
+                   "new one and disable this one instead.",
+        problems=lambda merged: cluster_config_problems(merged, exclude_pk=cluster.pk))
+
+
+_Row = TypeVar("_Row", Cluster, NodePool)
+
+
+def _update(*, actor: Any, row: _Row, fields: tuple[str, ...], values: Mapping[str, Any],
+            keeps_name: str,
+            problems: Callable[[dict[str, Any]], dict[str, list[str]]]) -> _Row:
+    """A staff change of a cluster or a pool: the row locked; its name kept (`keeps_name`
+    says why); `problems` of the row as it would be, all in one 400; then saved and
+    audited field by field."""
+    locked = type(row).objects.select_for_update().get(pk=row.pk)
+    before = type(row).objects.get(pk=row.pk)
+    if "name" in values and values["name"] != locked.name:
+        raise DomainError(INVALID_FIELDS, fields={"name": [keeps_name]})
+    found = problems({**{k: getattr(locked, k) for k in fields}, **values})
+    if found:
+        raise DomainError(INVALID_FIELDS, fields=found)
+    for key in fields:
         if key in values:
-            setattr(row, key, values[key])
-    _audited_save(actor=actor, row=row, before=before)
-    return row
+            setattr(locked, key, values[key])
+    _audited_save(actor=actor, row=locked, before=before)
+    return locked
 
 
 def _pool_problems(values: Mapping[str, Any]) -> dict[str, list[str]]:
@@ -206,18 +219,8 @@ def node_pool_create(*, actor: Any, cluster: Cluster, values: Mapping[str, Any])
 def node_pool_update(*, actor: Any, pool: NodePool, values: Mapping[str, Any]) -> NodePool:
     """Change a node pool (staff): GPU type, spot, node labels, price. Audited."""
     check_staff(actor=actor, doing="change node pools")
-    row = NodePool.objects.select_for_update().get(pk=pool.pk)
-    before = NodePool.objects.get(pk=pool.pk)
-    if "name" in values and values["name"] != row.name:
-        raise DomainError(INVALID_FIELDS, fields={"name": ["A pool keeps its name."]})
-    problems = _pool_problems({**{k: getattr(row, k) for k in POOL_FIELDS}, **values})
-    if problems:
-        raise DomainError(INVALID_FIELDS, fields=problems)
-    for key in POOL_FIELDS:
-        if key in values:
-            setattr(row, key, values[key])
-    _audited_save(actor=actor, row=row, before=before)
-    return row
+    return _update(actor=actor, row=pool, fields=POOL_FIELDS, values=values,
+                   keeps_name="A pool keeps its name.", problems=_pool_problems)
 
 
 @transaction.atomic

@@ -47,7 +47,7 @@ from queueing.policy.states import JobState
 from queueing.sanitize import clean_text
 from queueing.selectors.cluster import ClusterFacts, Reachability, clusters_facts, node_pool
 
-from .jobs import job_transition
+from .jobs import job_transition, next_attempt
 from .usage import usage_record_attempt
 
 log = logging.getLogger(__name__)
@@ -405,8 +405,7 @@ def _requeue_from(cluster: Cluster, *, now: datetime) -> list[int]:
                                          end=max(ran_since, last_seen))
                 if not job_transition(
                     job, JobState.QUEUED, now=now, reason=f"{why}; requeued", data=data,
-                    attempt=job.attempt + 1, placement=[], on_spot=False, admitted_at=None,
-                    started_at=None, submitted_to_backend_at=None, cluster=None,
+                    **next_attempt(job.attempt + 1),
                 ):
                     continue
                 JobEvent.objects.create(

@@ -45,6 +45,16 @@ _EVENT_REASON_MAX = JobEvent._meta.get_field("reason").max_length
 _ACTOR_LABEL_MAX = JobEvent._meta.get_field("actor_label").max_length
 
 
+def next_attempt(attempt: int) -> dict[str, Any]:
+    """The fields of a job handed back to the queue as attempt `attempt` (rules R6, U3,
+    K5, K6 and a vanished or name-held workload): its submit time kept, placed nowhere -
+    no nodes, no cluster, not on spot, not admitted, started or created on a cluster.
+    `job_transition(job, JobState.QUEUED, ..., **next_attempt(job.attempt + 1))`: one
+    list, so a field added for where an attempt runs is cleared by every requeue."""
+    return {"attempt": attempt, "placement": [], "cluster": None, "on_spot": False,
+            "admitted_at": None, "started_at": None, "submitted_to_backend_at": None}
+
+
 def job_transition(
     job: Job,
     target: JobState,

@@ -25,7 +25,7 @@ from queueing.policy.admission import Plan
 from queueing.policy.preemption import Preemption, Victim
 from queueing.policy.states import HOLDING_STATES, JobState
 
-from .jobs import job_transition
+from .jobs import job_transition, next_attempt
 from .logs import workloads_stop_keeping_logs
 from .usage import usage_record_attempt
 
@@ -122,8 +122,7 @@ def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, now: dateti
     if not job_transition(
         job, JobState.QUEUED, now=now, data=data,
         reason="requeued after preemption; keeps its submit time",
-        attempt=requeued.attempt, placement=[], on_spot=False, admitted_at=None, started_at=None,
-        submitted_to_backend_at=None, cluster=None,
+        **next_attempt(requeued.attempt),
     ):
         raise _VictimMoved
     return workload

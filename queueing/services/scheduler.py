@@ -90,7 +90,7 @@ from .arrays import arrays_top_up
 from .cluster_view import cluster_view_publish
 from .clusters import Fleet, clusters_record, fleet_open
 from .dependencies import dependencies_fail_never_met
-from .jobs import job_transition
+from .jobs import job_transition, next_attempt
 from .logs import workload_stop_keeping_logs
 from .metrics import record_submit_error
 from .preemption import Applied, preempted_workloads_stop, preemptions_apply
@@ -418,9 +418,8 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
                 transaction.atomic():
             if job_transition(
                 job, JobState.QUEUED, now=now, reason="its cluster workload vanished before "
-                "it ran; requeued", attempt=job.attempt + 1, placement=[], on_spot=False,
-                admitted_at=None, submitted_to_backend_at=None, cluster=None,
-                data={"ended_how": "node_lost"},
+                "it ran; requeued", data={"ended_how": "node_lost"},
+                **next_attempt(job.attempt + 1),
             ):
                 result.requeued.append(job.pk)
 
@@ -838,8 +837,7 @@ def _submit_outcome(*, job: Job, error: Exception | None, now: datetime,
         with transaction.atomic():
             if job_transition(
                 job, JobState.QUEUED, now=now, reason=f"{error}; requeued as a new attempt",
-                attempt=job.attempt + 1, placement=[], on_spot=False, admitted_at=None,
-                submitted_to_backend_at=None, cluster=None,
+                **next_attempt(job.attempt + 1),
             ):
                 result.requeued.append(job.pk)
         return False

@@ -37,7 +37,7 @@ from queueing.composition import kick
 from queueing.models import Job, JobEvent
 from queueing.policy.states import HOLDING_STATES, JobState
 
-from .jobs import job_transition
+from .jobs import job_transition, next_attempt
 from .logs import workload_stop_keeping_logs
 from .usage import usage_record_attempt
 
@@ -114,8 +114,7 @@ def _requeue(job: Job, status: WorkloadStatus, *, now: datetime) -> bool:
     return job_transition(
         job, JobState.QUEUED, now=now, data=data,
         reason="requeued after its spot node was reclaimed; keeps its submit time",
-        attempt=job.attempt + 1, placement=[], on_spot=False, admitted_at=None, started_at=None,
-        submitted_to_backend_at=None, cluster=None, message="")
+        message="", **next_attempt(job.attempt + 1))
 
 
 def _stop(*, backend: ClusterBackend, name: str, now: datetime) -> None:

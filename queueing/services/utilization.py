@@ -49,7 +49,7 @@ from queueing.policy.idle import (
 )
 from queueing.policy.states import JobState
 
-from .jobs import job_transition
+from .jobs import job_transition, next_attempt
 from .logs import workload_stop_keeping_logs
 from .notices import idle_notices_send
 from .usage import usage_record_attempt
@@ -379,8 +379,7 @@ def _reclaim(job: Job, *, requeue: bool, now: datetime) -> bool:
         return job_transition(
             job, JobState.QUEUED, now=now, data=data,
             reason="requeued after it was reclaimed idle; keeps its submit time",
-            attempt=job.attempt + 1, placement=[], on_spot=False, admitted_at=None, started_at=None,
-            submitted_to_backend_at=None, cluster=None)
+            **next_attempt(job.attempt + 1))
     if not job_transition(job, JobState.FAILED, now=now, data=data, finished_at=now,
                           reason="idle: its GPUs stayed idle; failed (rule U3)",
                           message="idle"):
