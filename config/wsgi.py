@@ -5,4 +5,10 @@ import os
 from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.prod")
-application = get_wsgi_application()
+# A plain token submit skips the middleware that has nothing to do for it (issue 20):
+# queueing/api/lane.py; the rest is Django's application as usual.
+django_application = get_wsgi_application()
+
+from queueing.api.lane import submit_lane  # noqa: E402  (needs the apps loaded)
+
+application = submit_lane(django_application)

@@ -465,6 +465,24 @@ for _rate in (FAIRQ_API_RATE, FAIRQ_API_ANON_RATE, FAIRQ_API_AUTH_FAILURE_RATE):
 # POST /api/v1/jobs/ with a token and a plain job body skips DRF's machinery, every check
 # kept (queueing/api/jobs.py, issue 20); off: DRF's view answers every submit.
 FAIRQ_FAST_SUBMIT = env.bool("FAIRQ_FAST_SUBMIT", default=True)
+# The hottest statements (a job's INSERT with its event) prepared once per database
+# connection (queueing/rawsql.py::statement_cursor); off behind a transaction-mode
+# connection pooler that loses prepared statements (PgBouncer before 1.21).
+FAIRQ_DB_PREPARE = env.bool("FAIRQ_DB_PREPARE", default=True)
+# The submit lane (queueing/api/lane.py, config/wsgi.py): such a submit runs through
+# MIDDLEWARE without these, each of which has nothing to do for a token POST of JSON.
+FAIRQ_SUBMIT_LANE_SKIPS = {
+    "whitenoise.middleware.WhiteNoiseMiddleware": "serves /static/ only",
+    "django.contrib.sessions.middleware.SessionMiddleware": "a token request has no session",
+    "django.middleware.csrf.CsrfViewMiddleware": "token requests are CSRF-exempt (no cookie)",
+    "django.contrib.auth.middleware.AuthenticationMiddleware":
+        "the session's user; the lane authenticates the token itself",
+    "django_htmx.middleware.HtmxMiddleware": "HTML partials only",
+    "django.contrib.messages.middleware.MessageMiddleware": "HTML flash messages only",
+    "axes.middleware.AxesMiddleware":
+        "the login form's lockout; token failures have their own limit (accounts/authentication.py)",
+    "django.middleware.http.ConditionalGetMiddleware": "GET and HEAD only",
+}
 REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"] = [
     "queueing.api.throttling.TokenRateThrottle",
     "queueing.api.throttling.AnonymousRateThrottle",

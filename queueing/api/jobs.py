@@ -280,7 +280,9 @@ def _authenticated(request: HttpRequest) -> tuple[Any, object]:
     count, left, values = throttling.hit_and_read(
         bucket, throttling._split_rate(str(rate))[1] if rate else 60, reads)
     if rate:
-        setattr(request, throttling.COUNTED_ATTR, (bucket, count, left))
+        # In the environ, so that the request the DRF view gets after a hand-over sees it,
+        # in the same request object (jobs_view) or built afresh from it (lane.py).
+        request.META[throttling.COUNTED_ATTR] = (bucket, count, left)
     generation = values[0]
     current = auth_cache.token_current(key, token, remembered, generation)
     if current is None or not auth_cache.token_usable(current, timezone.now()):
@@ -301,8 +303,8 @@ def jobs_view(drf_view: Callable[..., HttpResponse]) -> Callable[..., HttpRespon
         if request.method != "POST" or "HTTP_IDEMPOTENCY_KEY" in request.META:
             return drf_view(request, *args, **kwargs)
         try:
-            return _submit(request)
-        except _HANDED_OVER:
+            return submit_or_hand_over(request)
+        except HANDED_OVER:
             return drf_view(request, *args, **kwargs)
 
     return jobs_list_or_submit
@@ -310,11 +312,13 @@ def jobs_view(drf_view: Callable[..., HttpResponse]) -> Callable[..., HttpRespon
 
 # Refusals: DRF's exception handler answers them (queueing/api/errors.py); nothing has
 # been written when one is raised.
-_HANDED_OVER = (_ToDrf, DomainError, DjangoValidationError, Http404, PermissionDenied,
+HANDED_OVER = (_ToDrf, DomainError, DjangoValidationError, Http404, PermissionDenied,
                 APIException)
 
 
-def _submit(request: HttpRequest) -> HttpResponse:
+def submit_or_hand_over(request: HttpRequest) -> HttpResponse:
+    """The fast submit's 201, or one of HANDED_OVER (nothing written): the DRF view's to
+    answer."""
     data = _body(request)
     fields = lean_shaped(JobCreateSerializer, data)
     if fields is None:

@@ -35,7 +35,8 @@ if TYPE_CHECKING:  # rest_framework.views imports the throttle classes: no runti
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-# On the Django request: (bucket, count, seconds left) of a hit already made for it.
+# In the request's environ (META): (bucket, count, seconds left) of a hit already made for
+# it by the submit fast path before it handed the request over.
 COUNTED_ATTR = "fairq_rate_counted"
 _EXPIRY_FUDGE = 5  # seconds a bucket outlives its window (clock skew between processes)
 
@@ -137,7 +138,7 @@ class _FixedWindowThrottle(BaseThrottle):
         if rate is None or ident is None:
             return True
         limit, period = _split_rate(rate)
-        counted = getattr(request, COUNTED_ATTR, None)
+        counted = request.META.get(COUNTED_ATTR)
         if counted is not None and counted[0] == f"{self.group}:{ident}":
             # The submit fast path counted this request already and handed it over.
             count, time_left = counted[1], counted[2]

@@ -617,7 +617,7 @@ def _insert_job_with_event(job: Job, event: JobEvent, *,
                       f"SELECT {placeholders} WHERE {where[0]}")
         job_params = [*job_params, *where[1]]
     with transaction.atomic() if connection.in_atomic_block or connection.vendor != "postgresql" \
-            else nullcontext(), connection.cursor() as cur:
+            else nullcontext(), rawsql.statement_cursor() as cur:
         if connection.vendor == "postgresql":
             event_values = ["NULL" if p is None else "%s" for p in event_params]
             event_values[job_at] = "j.id"
