@@ -35,7 +35,8 @@ Output: `BENCH` lines vs_slurm_{fairq,slurm}_{rate,p50,p99,cpu_per_submit}_c<N>,
 vs_slurm_rate_ratio_c<N> (fairq/Slurm, goal >= 1.25), vs_slurm_p99_ratio_c<N> (goal <= 1),
 vs_slurm_array_10k_{fairq,slurm} and vs_slurm_array_ratio (goal <= 5), and the reads.
 Run: `.venv/bin/python bench/bench_vs_slurm.py` (a few minutes on 2 cores); `--drf
---submits-only` for the submit comparison with the DRF path alone.
+--submits-only` for the submit comparison with the DRF path alone; `--load 2` for a
+loaded machine (two busy loops beside both sides, as reproducible as a load gets).
 """
 
 from __future__ import annotations
@@ -312,6 +313,9 @@ def main() -> int:
     p.add_argument("--drf", action="store_true",
                    help="also fairq's DRF submit path (FAIRQ_FAST_SUBMIT=0) as a third side")
     p.add_argument("--submits-only", action="store_true", help="skip arrays and reads")
+    p.add_argument("--load", type=int, default=0,
+                   help="busy-loop processes beside the bench (a loaded machine, the same "
+                        "for both sides and from run to run); 0: none")
     a = p.parse_args()
     counts = [int(c) for c in a.clients.split(",")]
 
@@ -344,6 +348,10 @@ def main() -> int:
             drf = (drf_port, start_gunicorn(url, drf_port, a.workers, a.server_threads,
                                             a.worker_class,
                                             extra_env={"FAIRQ_FAST_SUBMIT": "0"}))
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(a.load)]
+        if hogs:
+            bench("vs_slurm_load_processes", a.load, "busy loops")
         try:
             # Warm-up (not reported): gunicorn's workers import and connect lazily.
             compare_submits(port, keys, server, url, max(counts), 1, a.burst, report=False,
@@ -355,6 +363,9 @@ def main() -> int:
                 compare_reads(port, keys[-1])
             bench("host_load_average_1m", os.getloadavg()[0], "")
         finally:
+            for hog in hogs:
+                hog.kill()
+                hog.wait()
             stop(server)
             if drf is not None:
                 stop(drf[1])

@@ -39,7 +39,7 @@ from django.core.validators import (
     ProhibitNullCharactersValidator,
 )
 from django.http import Http404, HttpRequest, HttpResponse
-from django.urls import reverse
+from django.urls import get_script_prefix, reverse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
@@ -238,6 +238,22 @@ def lean_shaped(serializer_class: type[serializers.Serializer[Any]], data: Any
 
 # --- the view ---------------------------------------------------------------------------
 
+_MARK = 987654321987654321
+
+
+@functools.lru_cache(maxsize=8)
+def _location_template(script_prefix: str) -> tuple[str, str]:
+    """`reverse("job-detail")` split around the id, once per script prefix (the URL
+    resolver costs ~50 µs a call; only the id differs from submit to submit)."""
+    head, _, tail = reverse("job-detail", kwargs={"pk": _MARK}).partition(str(_MARK))
+    return head, tail
+
+
+def _job_location(pk: int) -> str:
+    head, tail = _location_template(get_script_prefix())
+    return f"{head}{pk}{tail}"
+
+
 
 def _body(request: HttpRequest) -> Any:
     """The JSON body as SafeJSONParser reads it, or _ToDrf (DRF says what is wrong)."""
@@ -343,7 +359,7 @@ def submit_or_hand_over(request: HttpRequest) -> HttpResponse:
         raise RuntimeError("a submit without an idempotency key created no job")
     body = _RENDERER.render(job_submitted_data(job, [event]))
     response = HttpResponse(body, status=201, content_type="application/json")
-    response["Location"] = reverse("job-detail", kwargs={"pk": job.pk})
+    response["Location"] = _job_location(job.pk)
     for name, value in _DRF_HEADERS.items():
         response[name] = value
     return response

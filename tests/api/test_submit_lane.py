@@ -144,6 +144,17 @@ def test_the_lanes_middleware_still_refuse(apps: Any, key: str, settings: Any) -
     assert Job.objects.count() == 0
 
 
+def test_the_location_carries_the_script_prefix(apps: Any, key: str) -> None:
+    """Behind a proxy that mounts fairq under a path (SCRIPT_NAME), Location has it, as
+    `reverse` gives it."""
+    lane, _ = apps
+    r = _call(lane, key, SCRIPT_NAME="/fq")
+    assert r.status_code == 201, r.body
+    assert r.headers["Location"] == f"/fq/api/v1/jobs/{r.json()['id']}/"
+    r = _call(lane, key)
+    assert r.headers["Location"] == f"/api/v1/jobs/{r.json()['id']}/"
+
+
 def test_other_requests_are_the_applications(apps: Any, key: str) -> None:
     lane, _ = apps
     assert _call(lane, key).status_code == 201
