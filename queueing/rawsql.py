@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import models
 from django.db.models import Field, Model
 
 M = TypeVar("M", bound=Model)
@@ -86,14 +87,54 @@ def insert_columns(model: type[Model]) -> tuple[str, tuple[Field[Any, Any], ...]
     return ", ".join(quote(_column(f)) for f in fields), fields
 
 
+# Field classes whose conversion for the database (`pre_save`, then `get_db_prep_save`)
+# returns None, and a value of this exact Python type, unchanged: CharField's `to_python`
+# keeps a str, BooleanField's `bool()` a bool. (Integers are not: on PostgreSQL Django
+# wraps them in psycopg's Int2/Int4/Int8.) Exact classes only: a subclass may convert
+# differently. tests/test_hot_path.py holds the result to the fields' own conversion.
+_UNCHANGED: dict[type[Field[Any, Any]], type] = {
+    models.CharField: str, models.TextField: str, models.SlugField: str,
+    models.BooleanField: bool,
+    # None only (NoneType: no other value matches): integers and foreign keys keep None.
+    models.IntegerField: type(None), models.PositiveIntegerField: type(None),
+    models.PositiveSmallIntegerField: type(None), models.BigIntegerField: type(None),
+    models.SmallIntegerField: type(None), models.ForeignKey: type(None),
+}
+
+
+@cache
+def _insert_plan(model: type[Model]) -> tuple[tuple[Field[Any, Any], str, type | None], ...]:
+    """Per insert field: the field, its attname, and the type its value keeps unchanged
+    (None: always convert). Only where `pre_save` is Field's own (no auto_now)."""
+    _, fields = insert_columns(model)
+    return tuple(
+        (f, f.attname, _UNCHANGED.get(type(f)) if type(f).pre_save is Field.pre_save else None)
+        for f in fields)
+
+
 def insert_params(obj: Model) -> list[Any]:
     """The values of an INSERT of the unsaved `obj` (`insert_columns` order), converted as
     `Model.save()` converts them: `pre_save` (auto_now, auto_now_add) then
-    `get_db_prep_save`."""
-    _, fields = insert_columns(type(obj))
+    `get_db_prep_save`; a value the field would leave unchanged (`_UNCHANGED`) is taken as
+    it is (a submit has ~50 values, most of them plain strings)."""
     db = connections[DEFAULT_DB_ALIAS]  # the connection itself: each `connection.x` of the
-    # proxy costs a thread-local lookup, and the fields ask for it ~50 times per submit
-    return [f.get_db_prep_save(f.pre_save(obj, True), db) for f in fields]
+    # proxy costs a thread-local lookup
+    out = []
+    for f, attname, unchanged in _insert_plan(type(obj)):
+        if unchanged is not None:
+            value = getattr(obj, attname)
+            if value is None or type(value) is unchanged:
+                out.append(value)
+                continue
+        out.append(f.get_db_prep_save(f.pre_save(obj, True), db))
+    return out
+
+
+def insert_params_converted(obj: Model) -> list[Any]:
+    """`insert_params` with every value through its field's conversion: what
+    tests/test_hot_path.py holds `insert_params` to."""
+    _, fields = insert_columns(type(obj))
+    return [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
 
 
 _NEVER = 2**31 - 1

@@ -131,3 +131,47 @@ def test_token_lookup_reads_one_row_in_one_query(
     with django_assert_num_queries(1):
         token = api_token_with_user(prefix=prefix)
     assert token is not None and token.user == get_user_model().objects.get(pk=user.pk)
+
+
+def _same_values(a: list[Any], b: list[Any]) -> bool:
+    """Equal and of the same types (psycopg's Int4 is not a plain int), JSON compared by
+    what it wraps."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if type(x) is not type(y):
+            return False
+        x, y = getattr(x, "obj", x), getattr(y, "obj", y)  # Jsonb wraps its value
+        if x != y:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("overrides", [
+    {}, {"working_dir": "/w", "notify_url": "https://x/y", "max_runtime_seconds": None},
+    {"env": {}, "args": [], "labels": {"a": "b"}, "requested_cluster": None},
+    {"name": "ü-名前", "privileged": False, "allow_spot": True},
+])
+def test_insert_values_are_the_fields_own_conversion(
+        world: World, overrides: Any, monkeypatch: Any) -> None:
+    """`insert_params` takes the plain strings, booleans and NULLs as they are: exactly what
+    each field's `pre_save` + `get_db_prep_save` gives, types included."""
+    from django.utils import timezone
+
+    from queueing.rawsql import _insert_plan, insert_params, insert_params_converted
+
+    monkeypatch.setattr(timezone, "now", lambda: NOW)  # auto_now: the same in both
+
+    values = {"team": world.vision, "submitter": world.member, "name": "n", "image": "x:1",
+              "gpu_type": world.h100, "gpus_per_replica": 2, "tier": world.normal,
+              "command": ["python"], "env": {"A": "1"}, "created_at": NOW, "updated_at": NOW,
+              "max_runtime_seconds": 3600}
+    values.update({k: v for k, v in overrides.items() if hasattr(Job, k)})
+    job = Job(**values)
+    event = JobEvent(at=NOW, kind=JobEvent.Kind.TRANSITION, to_status="QUEUED",
+                     reason="submitted", actor=world.member, actor_label="m", attempt=1)
+    event.job_id = 1
+    for obj in (job, event):
+        assert _same_values(insert_params(obj), insert_params_converted(obj)), obj
+    taken = sum(1 for _, _, kind in _insert_plan(Job) if kind is not None)
+    assert taken >= 15  # the fast conversion is used, not only the fallback
