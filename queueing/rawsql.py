@@ -17,8 +17,7 @@ from functools import cache
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection, connections
-from django.db import models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.models import Field, Model
 
 M = TypeVar("M", bound=Model)
