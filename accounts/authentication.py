@@ -19,7 +19,7 @@ from .selectors import api_token_with_user
 _PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def _failure_window(ip: str) -> tuple[str, int, int] | None:
+def failure_window(ip: str) -> tuple[str, int, int] | None:
     """(cache key, limit, seconds left) of the current window of `ip`'s failed token
     authentications under FAIRQ_API_AUTH_FAILURE_RATE; None when the limit is off."""
     rate = str(settings.FAIRQ_API_AUTH_FAILURE_RATE or "")
@@ -36,7 +36,7 @@ def _refuse_over_failure_limit(ip: str) -> None:
     """429 for any token from an address that failed FAIRQ_API_AUTH_FAILURE_RATE times in
     the current fixed window: further guesses are not even checked. One cache read per
     token request; the count lives in the cache (Redis in production: every process)."""
-    window = _failure_window(ip)
+    window = failure_window(ip)
     if window is None:
         return
     key, limit, left = window
@@ -46,7 +46,7 @@ def _refuse_over_failure_limit(ip: str) -> None:
 
 
 def _count_failure(ip: str) -> None:
-    window = _failure_window(ip)
+    window = failure_window(ip)
     if window is None:
         return
     key, _limit, left = window

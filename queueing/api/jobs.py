@@ -47,7 +47,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.renderers import JSONRenderer
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
-from accounts.authentication import _failure_window
+from accounts.authentication import failure_window
 from accounts.client_ip import client_ip
 from queueing.errors import DomainError
 from queueing.services.cluster_rules import CLUSTER_SUBMIT_FIELDS, job_input_with_clusters
@@ -290,7 +290,7 @@ def _authenticated(request: HttpRequest) -> tuple[Any, object]:
         raise _ToDrf  # TokenAuthentication refuses it (and counts the failure)
     token, remembered = found
     rate = settings.FAIRQ_API_RATE
-    window = _failure_window(client_ip(request))
+    window = failure_window(client_ip(request))
     reads = [auth_cache.GENERATION_KEY] + ([window[0]] if window else [])
     bucket = f"{throttling.TokenRateThrottle.group}:user-{token.user_id}"
     count, left, values = throttling.hit_and_read(
