@@ -15,7 +15,7 @@ from .dependencies import Verdict, array_limit_reached, dependencies_verdict
 from .fairshare import entry_penalty_gpu_hours
 from .preemption import Preemption, find_victims, work_lost_gpu_hours
 from .priority import PriorityWeights, size_factor
-from .snapshot import QueuedJob, Snapshot, Topology, TopologyMode
+from .snapshot import QueuedJob, RunningJob, Snapshot, Topology, TopologyMode
 from .workspace import Capacity, Workspace
 
 __all__ = [
@@ -569,6 +569,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     # Rule E4: per failed search, when the first protected candidate becomes a victim.
     protected_for: dict[tuple[tuple[str, str, int, int, int, int, int, Topology | None],
                               frozenset[str] | None], tuple[datetime, int] | None] = {}
+    protected_of_type: dict[str, _Protected] = {}  # rule E4's candidates, per GPU type
 
     # Rule E2: every `_hold` of this pass, so a memo knows when the holds changed.
     hold_log: list[int] = []
@@ -790,7 +791,10 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             why_not = seen_unfit[1]
             if not may_search:
                 raw[job_id] = capacity_wait(why_not, index, job, cpu, mem, fitting, excluded, skey)
-                if why_not == capacity and reserve_on and gt not in decided:
+                # (`reserve` passes over a gang smaller than a node before the order of
+                # its pools matters: most of a long queue.)
+                if why_not == capacity and reserve_on and gt not in decided and \
+                        total >= largest.get(gt, 0) and not (cpu or mem) and topo is None:
                     reserve(job, cpu, mem, k2_order(fitting, job_id))
                 continue
         elif not lending and not over:
@@ -943,7 +947,11 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                     break
                 search_failed.add(pool_search)
                 if (search_key, job.clusters) not in protected_for:
-                    protected_for[(search_key, job.clusters)] = _protected_until(ws, job, now)
+                    candidates = protected_of_type.get(gt)
+                    if candidates is None:
+                        candidates = protected_of_type[gt] = _protected_of_type(ws, gt, now)
+                    protected_for[(search_key, job.clusters)] = _protected_among(
+                        ws, job, candidates)
             if result is None:
                 waits.refused[job_id] = _NO_VICTIM
             if result is None and (
@@ -1256,7 +1264,8 @@ def _protected_until(ws: Workspace, job: QueuedJob, now: datetime) -> tuple[date
     of a lower tier or another team: rules R1, R2), those its tier's minimum runtime still
     protects (rule R3): when the first protection ends, and how many are protected. None
     when none is (or none has started: its protection has no known end). Only jobs of
-    the clusters it may use count (rule K7: victims are in the preemptor's cluster)."""
+    the clusters it may use count (rule K7: victims are in the preemptor's cluster).
+    The reference for `_protected_among`, which the plan calls."""
     allowed = job.clusters
     ends = [r.started_at + timedelta(seconds=r.min_runtime_seconds)
             for r in ws.running_by_type.get(job.gpu_type, ())
@@ -1264,6 +1273,36 @@ def _protected_until(ws: Workspace, job: QueuedJob, now: datetime) -> tuple[date
             and (allowed is None or ws.running_cluster[r.id] in allowed)
             and (r.tier_rank < job.tier_rank or r.team != job.team)
             and r.ran_seconds(now) < r.min_runtime_seconds]
+    return (min(ends), len(ends)) if ends else None
+
+
+# Rule E4's candidates of one GPU type: (job, the end of its protection) per running job
+# that is preemptible, has started and is still protected by rule R3 at `now`.
+_Protected = list[tuple[RunningJob, datetime]]
+
+
+def _protected_of_type(ws: Workspace, gpu_type: str, now: datetime) -> _Protected:
+    """The running jobs of `gpu_type` that rule R3 protects at `now` (preemptible and
+    started), with when their protection ends: what `_protected_until` keeps of them
+    before it looks at the job, the same for every search of a pass (no job starts or
+    ages within it). A job with no minimum runtime is never protected (its run time is
+    never negative)."""
+    return [(r, r.started_at + timedelta(seconds=r.min_runtime_seconds))
+            for r in ws.running_by_type.get(gpu_type, ())
+            if r.min_runtime_seconds > 0 and r.preemptible and r.started_at is not None
+            and r.ran_seconds(now) < r.min_runtime_seconds]
+
+
+def _protected_among(ws: Workspace, job: QueuedJob,
+                     candidates: _Protected) -> tuple[datetime, int] | None:
+    """`_protected_until(ws, job, now)` from `_protected_of_type(ws, job.gpu_type, now)`:
+    a long queue's failed searches (up to rule R4's budget per pass) each read the few
+    protected jobs instead of every running job of the type."""
+    allowed, removed, where = job.clusters, ws.removed, ws.running_cluster
+    tier, team = job.tier_rank, job.team
+    ends = [end for r, end in candidates
+            if r.id not in removed and (allowed is None or where[r.id] in allowed)
+            and (r.tier_rank < tier or r.team != team)]
     return (min(ends), len(ends)) if ends else None
 
 
