@@ -277,6 +277,13 @@ _IN_ONE_DOMAIN = 1
 # A queued job's GPU type, allowed clusters, spot_ok and shape (GPUs, replicas, CPU,
 # memory, topology): what decides its pools and whether they hold it.
 _StaticKey = tuple[str, frozenset[str] | None, bool, int, int, int, int, Topology | None]
+# False: every job through the whole pass, the reference the tests hold the replay of
+# waits (`plan_admissions`'s `lane`) to.
+_REPLAY = True
+# A queued job's team, GPU type, shape (GPUs, replicas, CPU, memory, topology), allowed
+# clusters and spot_ok: all that its wait depends on once the pass searches no more.
+_LaneKey = tuple[str, str, int, int, int | None, int | None, Topology | None,
+                 frozenset[str] | None, bool]
 # `_Raw`'s last field for a `cluster` wait (rule K3): it would fit now in another pool.
 _ELSEWHERE = 1
 
@@ -727,10 +734,31 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             reserved[job.gpu_type] = best
             waits.reservations[job.gpu_type] = (job.id, best.at)
 
+    # The replay of a long queue's waits (issue 20): once no search is left (rule R4) and
+    # no preemptor is nominated, a job waits exactly as an earlier job of its team and
+    # shape did when nothing has changed since - no capacity, hold or ledger move (every
+    # counter in `stamp` only grows). Per `_LaneKey`: (stamp, reason code, held,
+    # ceiling, rule K3's pool or "") as one of the branches below gave it.
+    lane: dict[_LaneKey, tuple[int, int, int, int, str]] = {}
+    lane_on = _REPLAY and not nominated
+    stamp = 0
+
     for index in order:
         job = jobs[index]
         job_id = job.id
         remember(job_id)
+        lkey: _LaneKey | None = None
+        if lane_on and not may_search and not job.dependencies and job.array_id is None:
+            lkey = (job.team, job.gpu_type, job.gpus_per_replica, job.replicas,
+                    job.cpu_millicores, job.memory_bytes, job.topology, job.clusters,
+                    job.spot_ok)
+            stamp = cap.changes + cap.grown + len(hold_log) + ledger.moves
+            replay = lane.get(lkey)
+            if replay is not None and replay[0] == stamp:
+                raw[job_id] = (replay[1], index, replay[2], replay[3])
+                if replay[4]:
+                    waits.elsewhere[job_id] = replay[4]
+                continue
         if job.dependencies:  # rules D1-D2
             dep = dependencies_verdict(job.dependencies, dep_counts)
             if dep.verdict is not Verdict.MET:
@@ -753,11 +781,15 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         ceiling = ceilings.get(key)
         over = ceiling is not None and held[key] + total > ceiling
         if over and not (may_search and lowest_tier.get(key, job.tier_rank) < job.tier_rank):
-            raw[job_id] = (quota if total <= (ceiling or 0) else never_fits, index, held[key],
-                           ceiling or 0)
+            code = quota if total <= (ceiling or 0) else never_fits
+            raw[job_id] = (code, index, held[key], ceiling or 0)
+            if lkey is not None:
+                lane[lkey] = (stamp, code, held[key], ceiling or 0, "")
             continue
         if g > largest.get(gt, 0):
             raw[job_id] = (no_fit, index, 0, 0)
+            if lkey is not None:
+                lane[lkey] = (stamp, no_fit, 0, 0, "")
             continue
         # Rule A6 only where the nodes of the type report CPU or memory.
         cpu = mem = 0
@@ -776,6 +808,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         pools, excluded, fitting, unheld = static
         if not fitting:
             raw[job_id] = (unheld[0], index, unheld[1], unheld[2])
+            if lkey is not None:
+                lane[lkey] = (stamp, *unheld, "")
             continue
         lending = not over and guarded_total.get(gt, 0) > 0 and \
             ledger.lending_blocks(team, gt, total)
@@ -790,12 +824,16 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             # below, for all its pools at once): the common case of a long queue.
             why_not = seen_unfit[1]
             if not may_search:
-                raw[job_id] = capacity_wait(why_not, index, job, cpu, mem, fitting, excluded, skey)
+                raw[job_id] = wait = capacity_wait(why_not, index, job, cpu, mem, fitting,
+                                                   excluded, skey)
                 # (`reserve` passes over a gang smaller than a node before the order of
                 # its pools matters: most of a long queue.)
                 if why_not == capacity and reserve_on and gt not in decided and \
                         total >= largest.get(gt, 0) and not (cpu or mem) and topo is None:
                     reserve(job, cpu, mem, k2_order(fitting, job_id))
+                if lkey is not None:  # (`reserve` decides once per GPU type: never again)
+                    lane[lkey] = (stamp, wait[0], wait[2], wait[3],
+                                  waits.elsewhere.get(job_id, ""))
                 continue
         elif not lending and not over:
             k2 = fitting if len(fitting) == 1 else k2_order(fitting, job_id)

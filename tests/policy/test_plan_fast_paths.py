@@ -1,24 +1,41 @@
 """The plan's shortcuts for a long queue (issue 20) give what their plain references give,
 over random snapshots (hypothesis): rule E4's protected candidates read once per GPU type
-(`_protected_among`) against `_protected_until`, which reads every running job."""
+(`_protected_among`) against `_protected_until`, which reads every running job; the
+replay of waits once the pass searches no more against the whole pass for every job
+(the same plan: admissions, preemptions, order, every wait's reason and message)."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
+from datetime import timedelta
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from queueing.policy import admission
 from queueing.policy.admission import (
+    Plan,
     _Protected,
     _protected_among,
     _protected_of_type,
     _protected_until,
+    plan_admissions,
 )
-from queueing.policy.snapshot import QueuedJob, RunningJob, Snapshot
+from queueing.policy.fairshare import FairShareState
+from queueing.policy.priority import PriorityWeights
+from queueing.policy.snapshot import (
+    NodeState,
+    PreemptionSettings,
+    QueuedJob,
+    QuotaLimit,
+    RunningJob,
+    Snapshot,
+)
 from queueing.policy.workspace import Workspace
 
 from . import test_clusters_properties, test_plan_properties
+from .clusters_world import NOW
 
 
 def _with_min_runtimes(s: Snapshot, rnd: random.Random) -> Snapshot:
@@ -69,3 +86,79 @@ def test_protected_candidates_follow_the_clusters_a_job_may_use(
                                         clusters=q.clusters) for q in s.queued),
                  preemption=s.preemption)
     _check_protected(s, rnd)
+
+
+def _without_replay(s: Snapshot) -> Plan:
+    admission._REPLAY = False
+    try:
+        return plan_admissions(s)
+    finally:
+        admission._REPLAY = True
+
+
+def _searches_spent(s: Snapshot, k: int) -> Snapshot:
+    """`s` whose pass may search `k - 1` times (0: preemption off)."""
+    pre = replace(s.preemption, enabled=k > 0, max_searches=max(1, k - 1))
+    return replace(s, preemption=pre)
+
+
+@settings(max_examples=300, deadline=None)
+@given(test_plan_properties.snapshots(), st.integers(0, 3), st.booleans())
+def test_replayed_waits_are_the_waits_the_whole_pass_gives(
+    s: Snapshot, searches: int, reservation: bool,
+) -> None:
+    s = replace(_searches_spent(s, searches), reservation=reservation)
+    assert plan_admissions(s) == _without_replay(s)
+
+
+@settings(max_examples=150, deadline=None)
+@given(test_clusters_properties.snapshots(), st.integers(0, 2))
+def test_replayed_waits_follow_clusters_and_spot_nodes(s: Snapshot, searches: int) -> None:
+    s = _searches_spent(s, searches)
+    assert plan_admissions(s) == _without_replay(s)
+
+
+@st.composite
+def long_queues(draw: st.DrawFn) -> Snapshot:
+    """A queue of many jobs of few shapes (what the replay is for), on one or two
+    clusters with spot pools, GPUs partly taken, quotas with ceilings and lending limits:
+    jobs of one team and shape wait before and after others are admitted."""
+    rnd = random.Random(draw(st.integers(0, 2**32)))
+    clusters = ("a", "b")[: rnd.choice((1, 2))]
+    nodes: list[NodeState] = []
+    for cluster in clusters:
+        for gt in ("h100", "a100"):
+            for spot in (False, True):
+                for i in range(rnd.choice((0, 1, 2, 3) if spot else (1, 2, 3))):
+                    cap = rnd.choice((4, 8))
+                    nodes.append(NodeState(f"{cluster}/{'s' if spot else 'n'}-{gt}-{i}", gt,
+                                           cap, rnd.randrange(cap + 1), cluster=cluster,
+                                           spot=spot))
+    queued = tuple(
+        QueuedJob(id=100 + k, team=rnd.choice("xy"), gpu_type=rnd.choice(("h100", "a100")),
+                  gpus_per_replica=rnd.choice((1, 2, 4, 8)), replicas=rnd.choice((1, 1, 2)),
+                  tier_rank=rnd.choice((0, 100)),
+                  submitted_at=NOW - timedelta(seconds=rnd.randrange(10_000)),
+                  clusters=rnd.choice((None, None, frozenset("a"), frozenset("b"))),
+                  spot_ok=rnd.random() < 0.5,
+                  max_runtime_seconds=rnd.choice((None, 600, 86400)))
+        for k in range(rnd.randrange(5, 60)))
+    quotas = {(t, gt): QuotaLimit(nominal=rnd.choice((0, 4, 8)),
+                                  borrowing_limit=rnd.choice((None, 4, 16)),
+                                  lending_limit=rnd.choice((None, None, 0, 4)))
+              for t in "xyz" for gt in ("h100", "a100")}
+    state = FairShareState({t: rnd.random() * 10 for t in "xyz"}, dict.fromkeys("xyz", 1 / 3))
+    return Snapshot(now=NOW, nodes=tuple(nodes), queued=queued, quotas=quotas,
+                    fair_share_state=state, interval_seconds=rnd.choice((0.0, 3.0, 600.0)),
+                    priority_weights=PriorityWeights(),
+                    cluster_ranks={c: rnd.randrange(2) for c in clusters},
+                    reservation=rnd.random() < 0.7,
+                    preemption=PreemptionSettings(enabled=False))
+
+
+@settings(max_examples=300, deadline=None)
+@given(long_queues())
+def test_replayed_waits_in_long_queues_of_few_shapes(s: Snapshot) -> None:
+    plan = plan_admissions(s)
+    assert plan == _without_replay(s)
+    assert plan.waits.items() == _without_replay(s).waits.items()
