@@ -437,6 +437,8 @@ class Workspace:
         # The victim search's per-(GPU type, now) list of unprotected running jobs
         # (`preemption._unprotected`).
         self.victim_pools: dict[tuple[str, datetime], list[tuple[RunningJob, float]]] = {}
+        # Per entry of `victim_pools`: the lowest tier of its preemptible jobs (None: none).
+        self.victim_floor: dict[tuple[str, datetime], int | None] = {}
         # The lowest tier among each (team, type)'s preemptible jobs: a job over its own
         # team's ceiling can only make room by preempting those (rules Q1, R1).
         self.lowest_tier: dict[tuple[str, str], int] = {}

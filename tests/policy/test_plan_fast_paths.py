@@ -2,7 +2,9 @@
 over random snapshots (hypothesis): rule E4's protected candidates read once per GPU type
 (`_protected_among`) against `_protected_until`, which reads every running job; the
 replay of waits once the pass searches no more against the whole pass for every job
-(the same plan: admissions, preemptions, order, every wait's reason and message)."""
+(the same plan: admissions, preemptions, order, every wait's reason and message); a
+victim search that stops at the lowest tier of the running jobs against one that reads
+them all."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from datetime import timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queueing.policy import admission
+from queueing.policy import admission, preemption
 from queueing.policy.admission import (
     Plan,
     _Protected,
@@ -23,6 +25,7 @@ from queueing.policy.admission import (
     plan_admissions,
 )
 from queueing.policy.fairshare import FairShareState
+from queueing.policy.preemption import find_victims
 from queueing.policy.priority import PriorityWeights
 from queueing.policy.snapshot import (
     NodeState,
@@ -162,3 +165,32 @@ def test_replayed_waits_in_long_queues_of_few_shapes(s: Snapshot) -> None:
     plan = plan_admissions(s)
     assert plan == _without_replay(s)
     assert plan.waits.items() == _without_replay(s).waits.items()
+
+
+def _without_floor(s: Snapshot) -> Plan:
+    preemption._FLOOR = False
+    try:
+        return plan_admissions(s)
+    finally:
+        preemption._FLOOR = True
+
+
+@settings(max_examples=300, deadline=None)
+@given(test_plan_properties.snapshots(), st.randoms(use_true_random=False))
+def test_a_search_beyond_nominal_with_no_lower_tier_finds_what_reading_all_finds(
+    s: Snapshot, rnd: random.Random,
+) -> None:
+    s = _with_min_runtimes(s, rnd)
+    assert plan_admissions(s) == _without_floor(s)
+    ws, ref = Workspace(s), Workspace(s)
+    for job in s.queued:
+        found = find_victims(ws, job, now=s.now, factor=lambda _t: 1.0)
+        preemption._FLOOR = False
+        try:
+            want = find_victims(ref, job, now=s.now, factor=lambda _t: 1.0)
+        finally:
+            preemption._FLOOR = True
+        assert (found and found[0]) == (want and want[0])
+        for result in (found, want):
+            if result is not None:
+                result[1]()
