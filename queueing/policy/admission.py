@@ -4,6 +4,9 @@ A1-A9, R1-R9, Q2, D1-D2, and K1-K4, K7 across clusters and spot nodes)."""
 from __future__ import annotations
 
 import heapq
+import itertools
+import math
+import operator
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -280,6 +283,8 @@ _StaticKey = tuple[str, frozenset[str] | None, bool, int, int, int, int, Topolog
 # False: every job through the whole pass, the reference the tests hold the replay of
 # waits (`plan_admissions`'s `lane`) to.
 _REPLAY = True
+# How many misses the replay of waits may have before it is judged (`plan_admissions`).
+_LANE_TRIAL = 2048
 # A queued job's team, GPU type, shape (GPUs, replicas, CPU, memory, topology), allowed
 # clusters and spot_ok: all that its wait depends on once the pass searches no more.
 _LaneKey = tuple[str, str, int, int, int | None, int | None, Topology | None,
@@ -368,6 +373,7 @@ class _Charges:
         self._inner = inner
         self._cache: dict[str, float] = {}
         self.charged = 0.0
+        self.count = 0  # how many charges: one may leave `charged` as it was (rounding)
 
     def factor(self, team: str) -> float:
         """The exact current factor."""
@@ -388,11 +394,16 @@ class _Charges:
             self._inner.charge(team, gpu_hours)
             self._cache.pop(team, None)
             self.charged += gpu_hours
+            self.count += 1
 
 
 # Rule O1: every team's key is recomputed once the usage charged since the last refresh
 # exceeds this fraction of the total, so a key is never staler than that.
 REFRESH_FRACTION = 0.01
+
+
+# One job of a team's run in `_QueueOrder`: (−job part, submitted, id, index in `jobs`).
+_Keyed = tuple[float, datetime, int, int]
 
 
 class _QueueOrder:
@@ -406,13 +417,22 @@ class _QueueOrder:
     total, and so every other team's F a little: all keys of the tier are recomputed once
     the charges since the last refresh pass `REFRESH_FRACTION` of the total usage.
     O(n log n) to build, O(log teams) per job plus the refreshes.
+
+    While no team has been charged, every key holds the factor of the pass's start, and
+    the heap merges the teams' runs by those fixed keys: one sort of the tier gives that
+    order (`_tier_sorted`) with no heap operation per job - a long queue's common pass,
+    where little or nothing fits. At the first charge the heap takes over where the sort
+    was. The runs and the heap are only built for a tier that needs them.
     """
+
+    # False: every tier through the heap, the reference the tests hold the sort to.
+    fast = True
 
     def __init__(self, jobs: Iterable[QueuedJob], *, factors: _Charges, weights: PriorityWeights,
                  now: datetime, cluster_gpus: int, first: Iterable[int] = (),
                  usage_total: float = 0.0) -> None:
         self._factors = factors
-        self._w = weights.fair_share
+        self._w = w = weights.fair_share
         self._base = usage_total
         firsts = set(first)
         # Every job once; the iterator yields indices into this list. The sort keys below
@@ -421,7 +441,15 @@ class _QueueOrder:
         # collection of the pass walk them all).
         self.jobs: list[QueuedJob] = list(jobs)
         first_idx: list[int] = []
-        groups: dict[tuple[int, str], list[tuple[float, datetime, int, int]]] = {}
+        # Per job (by index) its −job part; per tier its jobs (indices) and their keys'
+        # first term with their team's factor of now (`factors.factor`: no cache is
+        # filled before the heap would fill it).
+        self._neg: list[float] = [0.0] * len(self.jobs)
+        neg = self._neg
+        by_tier: defaultdict[int, tuple[list[float], list[int]]] = defaultdict(
+            lambda: ([], []))
+        # Per tier, per team: `w` × its factor of now, the key's fair-share term.
+        offsets: defaultdict[int, dict[str, float]] = defaultdict(dict)
         # Rule P1 without the fair-share term: `job_priority(...).job_part` (its factor
         # functions without the breakdown, the size factor cached per GPU count).
         w_age, w_size, max_age = weights.age, weights.size, weights.max_age_seconds
@@ -445,60 +473,149 @@ class _QueueOrder:
             if size is None:
                 size = sizes[total] = size_factor(total_gpus=total, cluster_gpus=cluster_gpus,
                                                   favor_small=weights.favor_small)
-            part = w_age * age + w_size * size
-            key = (job.tier_rank, job.team)
-            items = groups.get(key)
-            if items is None:
-                items = groups[key] = []
-            items.append((-part, submitted, job.id, index))
+            neg[index] = neg_part = -(w_age * age + w_size * size)
+            team, tier = job.team, job.tier_rank
+            offset = offsets[tier]
+            c = offset.get(team)
+            if c is None:
+                c = offset[team] = w * factors.factor(team)
+            keys, indices = by_tier[tier]
+            keys.append(neg_part - c)
+            indices.append(index)
         js = self.jobs
         first_idx.sort(key=lambda i: (-js[i].tier_rank, js[i].submitted_at, js[i].id))
         self.first = first_idx
-        tiers: dict[int, dict[str, list[tuple[float, datetime, int, int]]]] = {}
-        for (tier, team), items in groups.items():
-            items.sort()  # (−job part, submitted, id, index)
-            tiers.setdefault(tier, {})[team] = items
-        self._tiers = [tiers[t] for t in sorted(tiers, reverse=True)]
+        self._count = factors.count
+        self._tiers = [(*by_tier[t], offsets[t]) for t in sorted(by_tier, reverse=True)]
+        # Every offset a number: a NaN or an infinity would not sort as the heap orders.
+        self._finite = all(math.isfinite(c) for o in offsets.values() for c in o.values())
 
     def __iter__(self) -> Iterator[int]:
         """Indices into `jobs`, in queue order."""
         yield from self.first
+        charges = self._factors
+        for keys, indices, offset in self._tiers:
+            if self.fast and self._finite and charges.count == self._count:
+                yield from self._tier_sorted(keys, indices, offset)
+            else:
+                yield from self._tier_heap_from_start(self._runs(indices))
+
+    def _runs(self, indices: list[int]) -> dict[str, list[_Keyed]]:
+        """A tier's jobs per team, each list (−job part, submitted, id, index) sorted."""
+        runs: dict[str, list[_Keyed]] = {}
+        js, neg = self.jobs, self._neg
+        for index in indices:
+            job = js[index]
+            items = runs.get(job.team)
+            if items is None:
+                items = runs[job.team] = []
+            items.append((neg[index], job.submitted_at, job.id, index))
+        for items in runs.values():
+            items.sort()
+        return runs
+
+    def _tier_heap_from_start(self, by_team: dict[str, list[_Keyed]]) -> Iterator[int]:
+        head = dict.fromkeys(by_team, 0)
+        heap = [self._key(team, by_team[team], 0) for team in by_team]
+        heapq.heapify(heap)
+        return self._tier_heap(by_team, head, heap, self._factors.charged)
+
+    def _tier_sorted(self, keys: list[float], indices: list[int],
+                     offset: dict[str, float]) -> Iterator[int]:
+        """A tier (`indices`, their `keys`' first terms) in `_tier_heap`'s order while no
+        team is charged: the keys of the pass's start, sorted - by the first term alone
+        when no two are equal (then nothing else is ever compared). Exact when each
+        team's run stays sorted once keyed: two equal keys whose job parts were not
+        (rounding) send the tier to the heap at once (so does any tie of keys with
+        parts unequal, to be safe)."""
+        charges = self._factors
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        firsts = [keys[i] for i in order]
+        seq = [indices[i] for i in order]
+        if any(map(operator.eq, firsts, itertools.islice(firsts, 1, None))):
+            # Equal first terms: each run of them by (submitted, id), the key's rest.
+            js, neg = self.jobs, self._neg
+            ties = [p for p, same in enumerate(map(
+                operator.eq, firsts, itertools.islice(firsts, 1, None))) if same]
+            t = 0
+            while t < len(ties):
+                start = end = ties[t]
+                while t < len(ties) and ties[t] == end:
+                    t += 1
+                    end += 1
+                block = seq[start:end + 1]
+                if len({neg[i] for i in block}) > 1:
+                    yield from self._tier_heap_from_start(self._runs(indices))
+                    return
+                block.sort(key=lambda i: (js[i].submitted_at, js[i].id))
+                seq[start:end + 1] = block
+        # What the heap fills at a tier's start: the factor of each of its teams.
+        for team in offset:
+            charges.cached(team)
+        count, charged = charges.count, charges.charged
+        for pos, index in enumerate(seq):
+            yield index
+            if charges.count != count:
+                yield from self._heap_after(indices, seq, offset, pos, charged)
+                return
+
+    def _heap_after(self, indices: list[int], seq: list[int], offset: dict[str, float],
+                    pos: int, seen_charged: float) -> Iterator[int]:
+        """The rest of a sorted tier (`indices` in the order `seq`) after its job at `pos`
+        was charged: the heap as it would be then (every team's head keyed with the
+        factor of the pass's start, the charged team's next with its new factor) and on
+        with it, its refresh counting the charges from `seen_charged`, the tier's start."""
+        by_team = self._runs(indices)
+        js = self.jobs
+        head = dict.fromkeys(by_team, 0)
+        for done in itertools.islice(seq, pos + 1):
+            head[js[done].team] += 1
+        team = js[seq[pos]].team
+        heap = [(items[i][0] - offset[t], items[i][1], items[i][2], t, i)
+                for t, i in head.items() if t != team and i < len(items := by_team[t])]
+        if head[team] < len(by_team[team]):
+            heap.append(self._key(team, by_team[team], head[team]))
+        heapq.heapify(heap)
+        return self._tier_heap(by_team, head, heap, seen_charged)
+
+    def _tier_heap(self, by_team: dict[str, list[_Keyed]], head: dict[str, int],
+                   heap: list[tuple[float, datetime, int, str, int]],
+                   seen_charged: float) -> Iterator[int]:
+        """A tier from `head` (per team, the index of its next job) on: a heap over the
+        teams' next jobs, `heap`; a team's next keyed again after each job (its charge,
+        rule F6), and every key again once the charges since `seen_charged` pass
+        `REFRESH_FRACTION` of the total."""
         charges, w = self._factors, self._w
         cached, cache = charges.cached, charges._cache
         heapreplace, heappop = heapq.heapreplace, heapq.heappop
-        for by_team in self._tiers:
-            head = dict.fromkeys(by_team, 0)
-            heap = [self._key(team, by_team[team], 0) for team in by_team]
-            heapq.heapify(heap)
-            seen_charged = charges.charged
-            while heap:
-                if charges.charged != seen_charged:
-                    since = charges.charged - seen_charged
-                    if since > 0 and since > REFRESH_FRACTION * self._base:
-                        self._base += since
-                        seen_charged = charges.charged
-                        charges.refresh()
-                        heap = [self._key(t, by_team[t], i) for t, i in head.items()
-                                if i < len(by_team[t])]
-                        heapq.heapify(heap)
-                top = heap[0]
-                team, i = top[3], top[4]
-                items = by_team[team]
-                i += 1
-                head[team] = i
-                yield items[i - 1][3]
-                # The consumer has charged the team by now (rule F6): key its next job
-                # with the new factor; one sift instead of a pop and a push.
-                if i < len(items):
-                    neg_part, submitted, job_id, _ = items[i]
-                    f = cache.get(team)  # `charges.cached(team)`, the lookup inlined
-                    if f is None:
-                        f = cached(team)
-                    heapreplace(heap, (neg_part - w * f, submitted, job_id, team, i))
-                else:
-                    heappop(heap)
+        while heap:
+            if charges.charged != seen_charged:
+                since = charges.charged - seen_charged
+                if since > 0 and since > REFRESH_FRACTION * self._base:
+                    self._base += since
+                    seen_charged = charges.charged
+                    charges.refresh()
+                    heap = [self._key(t, by_team[t], i) for t, i in head.items()
+                            if i < len(by_team[t])]
+                    heapq.heapify(heap)
+            top = heap[0]
+            team, i = top[3], top[4]
+            items = by_team[team]
+            i += 1
+            head[team] = i
+            yield items[i - 1][3]
+            # The consumer has charged the team by now (rule F6): key its next job
+            # with the new factor; one sift instead of a pop and a push.
+            if i < len(items):
+                neg_part, submitted, job_id, _ = items[i]
+                f = cache.get(team)  # `charges.cached(team)`, the lookup inlined
+                if f is None:
+                    f = cached(team)
+                heapreplace(heap, (neg_part - w * f, submitted, job_id, team, i))
+            else:
+                heappop(heap)
 
-    def _key(self, team: str, items: list[tuple[float, datetime, int, int]],
+    def _key(self, team: str, items: list[_Keyed],
              i: int) -> tuple[float, datetime, int, str, int]:
         neg_part, submitted, job_id, _ = items[i]
         return (neg_part - self._w * self._factors.cached(team), submitted, job_id, team, i)
@@ -738,10 +855,12 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     # no preemptor is nominated, a job waits exactly as an earlier job of its team and
     # shape did when nothing has changed since - no capacity, hold or ledger move (every
     # counter in `stamp` only grows). Per `_LaneKey`: (stamp, reason code, held,
-    # ceiling, rule K3's pool or "") as one of the branches below gave it.
+    # ceiling, rule K3's pool or "") as one of the branches below gave it. A queue of
+    # many teams and shapes that keeps changing the state seldom replays: after
+    # `_LANE_TRIAL` misses outnumbering the replays the pass stops looking.
     lane: dict[_LaneKey, tuple[int, int, int, int, str]] = {}
     lane_on = _REPLAY and not nominated
-    stamp = 0
+    stamp = replays = misses = 0
 
     for index in order:
         job = jobs[index]
@@ -758,7 +877,11 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 raw[job_id] = (replay[1], index, replay[2], replay[3])
                 if replay[4]:
                     waits.elsewhere[job_id] = replay[4]
+                replays += 1
                 continue
+            misses += 1
+            if misses >= _LANE_TRIAL and misses > replays:
+                lane_on = False
         if job.dependencies:  # rules D1-D2
             dep = dependencies_verdict(job.dependencies, dep_counts)
             if dep.verdict is not Verdict.MET:

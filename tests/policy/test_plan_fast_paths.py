@@ -4,7 +4,7 @@ over random snapshots (hypothesis): rule E4's protected candidates read once per
 replay of waits once the pass searches no more against the whole pass for every job
 (the same plan: admissions, preemptions, order, every wait's reason and message); a
 victim search that stops at the lowest tier of the running jobs against one that reads
-them all."""
+them all; rule O1's order sorted while no team is charged against the heap."""
 
 from __future__ import annotations
 
@@ -160,9 +160,13 @@ def long_queues(draw: st.DrawFn) -> Snapshot:
 
 
 @settings(max_examples=300, deadline=None)
-@given(long_queues())
-def test_replayed_waits_in_long_queues_of_few_shapes(s: Snapshot) -> None:
-    plan = plan_admissions(s)
+@given(long_queues(), st.sampled_from((admission._LANE_TRIAL, 1, 3)))
+def test_replayed_waits_in_long_queues_of_few_shapes(s: Snapshot, trial: int) -> None:
+    kept, admission._LANE_TRIAL = admission._LANE_TRIAL, trial  # (a short trial stops it)
+    try:
+        plan = plan_admissions(s)
+    finally:
+        admission._LANE_TRIAL = kept
     assert plan == _without_replay(s)
     assert plan.waits.items() == _without_replay(s).waits.items()
 
@@ -194,3 +198,81 @@ def test_a_search_beyond_nominal_with_no_lower_tier_finds_what_reading_all_finds
         for result in (found, want):
             if result is not None:
                 result[1]()
+
+
+def _order(s: Snapshot, *, fast: bool, charges: list[tuple[int, str, float]]) -> list[int]:
+    """The queue order of `s`'s jobs (ids) when the consumer charges `(after the n-th
+    job, team, GPU-hours)` as it goes."""
+    assert s.fair_share_state is not None
+    factors = admission._Charges(s.fair_share_state.copy())
+    order = admission._QueueOrder(
+        s.queued, factors=factors, weights=s.priority_weights or PriorityWeights(), now=s.now,
+        cluster_gpus=sum(n.capacity for n in s.nodes), first=s.nominated,
+        usage_total=sum(s.fair_share_state.usage(t) for t in {j.team for j in s.queued}))
+    order.fast = fast
+    by_position: dict[int, list[tuple[str, float]]] = {}
+    for n, team, hours in charges:
+        by_position.setdefault(n, []).append((team, hours))
+    out = []
+    for index in order:
+        out.append(order.jobs[index].id)
+        for team, hours in by_position.get(len(out), ()):
+            factors.charge(team, hours)
+    return out
+
+
+@st.composite
+def queues_and_charges(draw: st.DrawFn) -> tuple[Snapshot, list[tuple[int, str, float]]]:
+    """A queue of 1-80 jobs of three teams and tiers, submitted at few instants (equal
+    job parts), sometimes with a fair-share weight so large that distinct job parts
+    round to one key; charges of any team (of sizes around rule O1's refresh) after
+    some jobs, or none."""
+    rnd = random.Random(draw(st.integers(0, 2**32)))
+    n = rnd.randrange(1, 80)
+    instants = [NOW - timedelta(seconds=rnd.randrange(100_000))
+                for _ in range(rnd.choice((2, 5, 50)))]
+    queued = tuple(
+        QueuedJob(id=100 + k, team=rnd.choice("xyz"), gpu_type="h100",
+                  gpus_per_replica=rnd.choice((1, 2, 8)), replicas=1,
+                  tier_rank=rnd.choice((0, 100, 200)), submitted_at=rnd.choice(instants))
+        for k in range(n))
+    weights = rnd.choice((PriorityWeights(), PriorityWeights(size=300.0),
+                          PriorityWeights(fair_share=1e17, size=300.0, favor_small=True),
+                          PriorityWeights(fair_share=1e17), PriorityWeights(age=0.0, size=0.0)))
+    state = FairShareState({t: rnd.choice((0.0, rnd.random() * 10)) for t in "xyz"},
+                           dict.fromkeys("xyz", 1 / 3))
+    s = Snapshot(now=NOW, nodes=(NodeState("n0", "h100", 8, 8),), queued=queued,
+                 fair_share_state=state, priority_weights=weights,
+                 nominated={100: 1} if rnd.random() < 0.2 else {})
+    charges = [(rnd.randrange(1, n + 1), rnd.choice("xyz"),
+                rnd.choice((1e-9, 0.01, 0.5, 5.0))) for _ in range(rnd.choice((0, 0, 1, 3, 10)))]
+    return s, charges
+
+
+@settings(max_examples=500, deadline=None)
+@given(queues_and_charges())
+def test_the_sorted_order_is_the_heaps_whatever_is_charged_when(
+    case: tuple[Snapshot, list[tuple[int, str, float]]],
+) -> None:
+    s, charges = case
+    assert _order(s, fast=True, charges=charges) == _order(s, fast=False, charges=charges)
+
+
+def _heap_only(s: Snapshot) -> Plan:
+    admission._QueueOrder.fast = False
+    try:
+        return plan_admissions(s)
+    finally:
+        admission._QueueOrder.fast = True
+
+
+@settings(max_examples=200, deadline=None)
+@given(test_plan_properties.snapshots())
+def test_a_plan_on_the_sorted_order_is_the_plan_on_the_heap(s: Snapshot) -> None:
+    assert plan_admissions(s) == _heap_only(s)
+
+
+@settings(max_examples=200, deadline=None)
+@given(long_queues())
+def test_a_long_queue_plans_the_same_on_the_sorted_order(s: Snapshot) -> None:
+    assert plan_admissions(s) == _heap_only(s)
