@@ -4,6 +4,9 @@ A1-A9, R1-R9, Q2, D1-D2, and K1-K4, K7 across clusters and spot nodes)."""
 from __future__ import annotations
 
 import heapq
+import itertools
+import math
+import operator
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -15,7 +18,7 @@ from .dependencies import Verdict, array_limit_reached, dependencies_verdict
 from .fairshare import entry_penalty_gpu_hours
 from .preemption import Preemption, find_victims, work_lost_gpu_hours
 from .priority import PriorityWeights, size_factor
-from .snapshot import QueuedJob, Snapshot, Topology, TopologyMode
+from .snapshot import QueuedJob, RunningJob, Snapshot, Topology, TopologyMode
 from .workspace import Capacity, Workspace
 
 __all__ = [
@@ -277,6 +280,15 @@ _IN_ONE_DOMAIN = 1
 # A queued job's GPU type, allowed clusters, spot_ok and shape (GPUs, replicas, CPU,
 # memory, topology): what decides its pools and whether they hold it.
 _StaticKey = tuple[str, frozenset[str] | None, bool, int, int, int, int, Topology | None]
+# False: every job through the whole pass, the reference the tests hold the replay of
+# waits (`plan_admissions`'s `lane`) to.
+_REPLAY = True
+# How many misses the replay of waits may have before it is judged (`plan_admissions`).
+_LANE_TRIAL = 2048
+# A queued job's team, GPU type, shape (GPUs, replicas, CPU, memory, topology), allowed
+# clusters and spot_ok: all that its wait depends on once the pass searches no more.
+_LaneKey = tuple[str, str, int, int, int | None, int | None, Topology | None,
+                 frozenset[str] | None, bool]
 # `_Raw`'s last field for a `cluster` wait (rule K3): it would fit now in another pool.
 _ELSEWHERE = 1
 
@@ -361,6 +373,7 @@ class _Charges:
         self._inner = inner
         self._cache: dict[str, float] = {}
         self.charged = 0.0
+        self.count = 0  # how many charges: one may leave `charged` as it was (rounding)
 
     def factor(self, team: str) -> float:
         """The exact current factor."""
@@ -381,11 +394,16 @@ class _Charges:
             self._inner.charge(team, gpu_hours)
             self._cache.pop(team, None)
             self.charged += gpu_hours
+            self.count += 1
 
 
 # Rule O1: every team's key is recomputed once the usage charged since the last refresh
 # exceeds this fraction of the total, so a key is never staler than that.
 REFRESH_FRACTION = 0.01
+
+
+# One job of a team's run in `_QueueOrder`: (−job part, submitted, id, index in `jobs`).
+_Keyed = tuple[float, datetime, int, int]
 
 
 class _QueueOrder:
@@ -399,13 +417,22 @@ class _QueueOrder:
     total, and so every other team's F a little: all keys of the tier are recomputed once
     the charges since the last refresh pass `REFRESH_FRACTION` of the total usage.
     O(n log n) to build, O(log teams) per job plus the refreshes.
+
+    While no team has been charged, every key holds the factor of the pass's start, and
+    the heap merges the teams' runs by those fixed keys: one sort of the tier gives that
+    order (`_tier_sorted`) with no heap operation per job - a long queue's common pass,
+    where little or nothing fits. At the first charge the heap takes over where the sort
+    was. The runs and the heap are only built for a tier that needs them.
     """
+
+    # False: every tier through the heap, the reference the tests hold the sort to.
+    fast = True
 
     def __init__(self, jobs: Iterable[QueuedJob], *, factors: _Charges, weights: PriorityWeights,
                  now: datetime, cluster_gpus: int, first: Iterable[int] = (),
                  usage_total: float = 0.0) -> None:
         self._factors = factors
-        self._w = weights.fair_share
+        self._w = w = weights.fair_share
         self._base = usage_total
         firsts = set(first)
         # Every job once; the iterator yields indices into this list. The sort keys below
@@ -414,7 +441,15 @@ class _QueueOrder:
         # collection of the pass walk them all).
         self.jobs: list[QueuedJob] = list(jobs)
         first_idx: list[int] = []
-        groups: dict[tuple[int, str], list[tuple[float, datetime, int, int]]] = {}
+        # Per job (by index) its −job part; per tier its jobs (indices) and their keys'
+        # first term with their team's factor of now (`factors.factor`: no cache is
+        # filled before the heap would fill it).
+        self._neg: list[float] = [0.0] * len(self.jobs)
+        neg = self._neg
+        by_tier: defaultdict[int, tuple[list[float], list[int]]] = defaultdict(
+            lambda: ([], []))
+        # Per tier, per team: `w` × its factor of now, the key's fair-share term.
+        offsets: defaultdict[int, dict[str, float]] = defaultdict(dict)
         # Rule P1 without the fair-share term: `job_priority(...).job_part` (its factor
         # functions without the breakdown, the size factor cached per GPU count).
         w_age, w_size, max_age = weights.age, weights.size, weights.max_age_seconds
@@ -438,60 +473,149 @@ class _QueueOrder:
             if size is None:
                 size = sizes[total] = size_factor(total_gpus=total, cluster_gpus=cluster_gpus,
                                                   favor_small=weights.favor_small)
-            part = w_age * age + w_size * size
-            key = (job.tier_rank, job.team)
-            items = groups.get(key)
-            if items is None:
-                items = groups[key] = []
-            items.append((-part, submitted, job.id, index))
+            neg[index] = neg_part = -(w_age * age + w_size * size)
+            team, tier = job.team, job.tier_rank
+            offset = offsets[tier]
+            c = offset.get(team)
+            if c is None:
+                c = offset[team] = w * factors.factor(team)
+            keys, indices = by_tier[tier]
+            keys.append(neg_part - c)
+            indices.append(index)
         js = self.jobs
         first_idx.sort(key=lambda i: (-js[i].tier_rank, js[i].submitted_at, js[i].id))
         self.first = first_idx
-        tiers: dict[int, dict[str, list[tuple[float, datetime, int, int]]]] = {}
-        for (tier, team), items in groups.items():
-            items.sort()  # (−job part, submitted, id, index)
-            tiers.setdefault(tier, {})[team] = items
-        self._tiers = [tiers[t] for t in sorted(tiers, reverse=True)]
+        self._count = factors.count
+        self._tiers = [(*by_tier[t], offsets[t]) for t in sorted(by_tier, reverse=True)]
+        # Every offset a number: a NaN or an infinity would not sort as the heap orders.
+        self._finite = all(math.isfinite(c) for o in offsets.values() for c in o.values())
 
     def __iter__(self) -> Iterator[int]:
         """Indices into `jobs`, in queue order."""
         yield from self.first
+        charges = self._factors
+        for keys, indices, offset in self._tiers:
+            if self.fast and self._finite and charges.count == self._count:
+                yield from self._tier_sorted(keys, indices, offset)
+            else:
+                yield from self._tier_heap_from_start(self._runs(indices))
+
+    def _runs(self, indices: list[int]) -> dict[str, list[_Keyed]]:
+        """A tier's jobs per team, each list (−job part, submitted, id, index) sorted."""
+        runs: dict[str, list[_Keyed]] = {}
+        js, neg = self.jobs, self._neg
+        for index in indices:
+            job = js[index]
+            items = runs.get(job.team)
+            if items is None:
+                items = runs[job.team] = []
+            items.append((neg[index], job.submitted_at, job.id, index))
+        for items in runs.values():
+            items.sort()
+        return runs
+
+    def _tier_heap_from_start(self, by_team: dict[str, list[_Keyed]]) -> Iterator[int]:
+        head = dict.fromkeys(by_team, 0)
+        heap = [self._key(team, by_team[team], 0) for team in by_team]
+        heapq.heapify(heap)
+        return self._tier_heap(by_team, head, heap, self._factors.charged)
+
+    def _tier_sorted(self, keys: list[float], indices: list[int],
+                     offset: dict[str, float]) -> Iterator[int]:
+        """A tier (`indices`, their `keys`' first terms) in `_tier_heap`'s order while no
+        team is charged: the keys of the pass's start, sorted - by the first term alone
+        when no two are equal (then nothing else is ever compared). Exact when each
+        team's run stays sorted once keyed: two equal keys whose job parts were not
+        (rounding) send the tier to the heap at once (so does any tie of keys with
+        parts unequal, to be safe)."""
+        charges = self._factors
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        firsts = [keys[i] for i in order]
+        seq = [indices[i] for i in order]
+        if any(map(operator.eq, firsts, itertools.islice(firsts, 1, None))):
+            # Equal first terms: each run of them by (submitted, id), the key's rest.
+            js, neg = self.jobs, self._neg
+            ties = [p for p, same in enumerate(map(
+                operator.eq, firsts, itertools.islice(firsts, 1, None))) if same]
+            t = 0
+            while t < len(ties):
+                start = end = ties[t]
+                while t < len(ties) and ties[t] == end:
+                    t += 1
+                    end += 1
+                block = seq[start:end + 1]
+                if len({neg[i] for i in block}) > 1:
+                    yield from self._tier_heap_from_start(self._runs(indices))
+                    return
+                block.sort(key=lambda i: (js[i].submitted_at, js[i].id))
+                seq[start:end + 1] = block
+        # What the heap fills at a tier's start: the factor of each of its teams.
+        for team in offset:
+            charges.cached(team)
+        count, charged = charges.count, charges.charged
+        for pos, index in enumerate(seq):
+            yield index
+            if charges.count != count:
+                yield from self._heap_after(indices, seq, offset, pos, charged)
+                return
+
+    def _heap_after(self, indices: list[int], seq: list[int], offset: dict[str, float],
+                    pos: int, seen_charged: float) -> Iterator[int]:
+        """The rest of a sorted tier (`indices` in the order `seq`) after its job at `pos`
+        was charged: the heap as it would be then (every team's head keyed with the
+        factor of the pass's start, the charged team's next with its new factor) and on
+        with it, its refresh counting the charges from `seen_charged`, the tier's start."""
+        by_team = self._runs(indices)
+        js = self.jobs
+        head = dict.fromkeys(by_team, 0)
+        for done in itertools.islice(seq, pos + 1):
+            head[js[done].team] += 1
+        team = js[seq[pos]].team
+        heap = [(items[i][0] - offset[t], items[i][1], items[i][2], t, i)
+                for t, i in head.items() if t != team and i < len(items := by_team[t])]
+        if head[team] < len(by_team[team]):
+            heap.append(self._key(team, by_team[team], head[team]))
+        heapq.heapify(heap)
+        return self._tier_heap(by_team, head, heap, seen_charged)
+
+    def _tier_heap(self, by_team: dict[str, list[_Keyed]], head: dict[str, int],
+                   heap: list[tuple[float, datetime, int, str, int]],
+                   seen_charged: float) -> Iterator[int]:
+        """A tier from `head` (per team, the index of its next job) on: a heap over the
+        teams' next jobs, `heap`; a team's next keyed again after each job (its charge,
+        rule F6), and every key again once the charges since `seen_charged` pass
+        `REFRESH_FRACTION` of the total."""
         charges, w = self._factors, self._w
         cached, cache = charges.cached, charges._cache
         heapreplace, heappop = heapq.heapreplace, heapq.heappop
-        for by_team in self._tiers:
-            head = dict.fromkeys(by_team, 0)
-            heap = [self._key(team, by_team[team], 0) for team in by_team]
-            heapq.heapify(heap)
-            seen_charged = charges.charged
-            while heap:
-                if charges.charged != seen_charged:
-                    since = charges.charged - seen_charged
-                    if since > 0 and since > REFRESH_FRACTION * self._base:
-                        self._base += since
-                        seen_charged = charges.charged
-                        charges.refresh()
-                        heap = [self._key(t, by_team[t], i) for t, i in head.items()
-                                if i < len(by_team[t])]
-                        heapq.heapify(heap)
-                top = heap[0]
-                team, i = top[3], top[4]
-                items = by_team[team]
-                i += 1
-                head[team] = i
-                yield items[i - 1][3]
-                # The consumer has charged the team by now (rule F6): key its next job
-                # with the new factor; one sift instead of a pop and a push.
-                if i < len(items):
-                    neg_part, submitted, job_id, _ = items[i]
-                    f = cache.get(team)  # `charges.cached(team)`, the lookup inlined
-                    if f is None:
-                        f = cached(team)
-                    heapreplace(heap, (neg_part - w * f, submitted, job_id, team, i))
-                else:
-                    heappop(heap)
+        while heap:
+            if charges.charged != seen_charged:
+                since = charges.charged - seen_charged
+                if since > 0 and since > REFRESH_FRACTION * self._base:
+                    self._base += since
+                    seen_charged = charges.charged
+                    charges.refresh()
+                    heap = [self._key(t, by_team[t], i) for t, i in head.items()
+                            if i < len(by_team[t])]
+                    heapq.heapify(heap)
+            top = heap[0]
+            team, i = top[3], top[4]
+            items = by_team[team]
+            i += 1
+            head[team] = i
+            yield items[i - 1][3]
+            # The consumer has charged the team by now (rule F6): key its next job
+            # with the new factor; one sift instead of a pop and a push.
+            if i < len(items):
+                neg_part, submitted, job_id, _ = items[i]
+                f = cache.get(team)  # `charges.cached(team)`, the lookup inlined
+                if f is None:
+                    f = cached(team)
+                heapreplace(heap, (neg_part - w * f, submitted, job_id, team, i))
+            else:
+                heappop(heap)
 
-    def _key(self, team: str, items: list[tuple[float, datetime, int, int]],
+    def _key(self, team: str, items: list[_Keyed],
              i: int) -> tuple[float, datetime, int, str, int]:
         neg_part, submitted, job_id, _ = items[i]
         return (neg_part - self._w * self._factors.cached(team), submitted, job_id, team, i)
@@ -569,6 +693,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     # Rule E4: per failed search, when the first protected candidate becomes a victim.
     protected_for: dict[tuple[tuple[str, str, int, int, int, int, int, Topology | None],
                               frozenset[str] | None], tuple[datetime, int] | None] = {}
+    protected_of_type: dict[str, _Protected] = {}  # rule E4's candidates, per GPU type
 
     # Rule E2: every `_hold` of this pass, so a memo knows when the holds changed.
     hold_log: list[int] = []
@@ -726,10 +851,37 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             reserved[job.gpu_type] = best
             waits.reservations[job.gpu_type] = (job.id, best.at)
 
+    # The replay of a long queue's waits (issue 20): once no search is left (rule R4) and
+    # no preemptor is nominated, a job waits exactly as an earlier job of its team and
+    # shape did when nothing has changed since - no capacity, hold or ledger move (every
+    # counter in `stamp` only grows). Per `_LaneKey`: (stamp, reason code, held,
+    # ceiling, rule K3's pool or "") as one of the branches below gave it. A queue of
+    # many teams and shapes that keeps changing the state seldom replays: after
+    # `_LANE_TRIAL` misses outnumbering the replays the pass stops looking.
+    lane: dict[_LaneKey, tuple[int, int, int, int, str]] = {}
+    lane_on = _REPLAY and not nominated
+    stamp = replays = misses = 0
+
     for index in order:
         job = jobs[index]
         job_id = job.id
         remember(job_id)
+        lkey: _LaneKey | None = None
+        if lane_on and not may_search and not job.dependencies and job.array_id is None:
+            lkey = (job.team, job.gpu_type, job.gpus_per_replica, job.replicas,
+                    job.cpu_millicores, job.memory_bytes, job.topology, job.clusters,
+                    job.spot_ok)
+            stamp = cap.changes + cap.grown + len(hold_log) + ledger.moves
+            replay = lane.get(lkey)
+            if replay is not None and replay[0] == stamp:
+                raw[job_id] = (replay[1], index, replay[2], replay[3])
+                if replay[4]:
+                    waits.elsewhere[job_id] = replay[4]
+                replays += 1
+                continue
+            misses += 1
+            if misses >= _LANE_TRIAL and misses > replays:
+                lane_on = False
         if job.dependencies:  # rules D1-D2
             dep = dependencies_verdict(job.dependencies, dep_counts)
             if dep.verdict is not Verdict.MET:
@@ -752,11 +904,15 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         ceiling = ceilings.get(key)
         over = ceiling is not None and held[key] + total > ceiling
         if over and not (may_search and lowest_tier.get(key, job.tier_rank) < job.tier_rank):
-            raw[job_id] = (quota if total <= (ceiling or 0) else never_fits, index, held[key],
-                           ceiling or 0)
+            code = quota if total <= (ceiling or 0) else never_fits
+            raw[job_id] = (code, index, held[key], ceiling or 0)
+            if lkey is not None:
+                lane[lkey] = (stamp, code, held[key], ceiling or 0, "")
             continue
         if g > largest.get(gt, 0):
             raw[job_id] = (no_fit, index, 0, 0)
+            if lkey is not None:
+                lane[lkey] = (stamp, no_fit, 0, 0, "")
             continue
         # Rule A6 only where the nodes of the type report CPU or memory.
         cpu = mem = 0
@@ -775,6 +931,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         pools, excluded, fitting, unheld = static
         if not fitting:
             raw[job_id] = (unheld[0], index, unheld[1], unheld[2])
+            if lkey is not None:
+                lane[lkey] = (stamp, *unheld, "")
             continue
         lending = not over and guarded_total.get(gt, 0) > 0 and \
             ledger.lending_blocks(team, gt, total)
@@ -789,9 +947,16 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             # below, for all its pools at once): the common case of a long queue.
             why_not = seen_unfit[1]
             if not may_search:
-                raw[job_id] = capacity_wait(why_not, index, job, cpu, mem, fitting, excluded, skey)
-                if why_not == capacity and reserve_on and gt not in decided:
+                raw[job_id] = wait = capacity_wait(why_not, index, job, cpu, mem, fitting,
+                                                   excluded, skey)
+                # (`reserve` passes over a gang smaller than a node before the order of
+                # its pools matters: most of a long queue.)
+                if why_not == capacity and reserve_on and gt not in decided and \
+                        total >= largest.get(gt, 0) and not (cpu or mem) and topo is None:
                     reserve(job, cpu, mem, k2_order(fitting, job_id))
+                if lkey is not None:  # (`reserve` decides once per GPU type: never again)
+                    lane[lkey] = (stamp, wait[0], wait[2], wait[3],
+                                  waits.elsewhere.get(job_id, ""))
                 continue
         elif not lending and not over:
             k2 = fitting if len(fitting) == 1 else k2_order(fitting, job_id)
@@ -943,7 +1108,11 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                     break
                 search_failed.add(pool_search)
                 if (search_key, job.clusters) not in protected_for:
-                    protected_for[(search_key, job.clusters)] = _protected_until(ws, job, now)
+                    candidates = protected_of_type.get(gt)
+                    if candidates is None:
+                        candidates = protected_of_type[gt] = _protected_of_type(ws, gt, now)
+                    protected_for[(search_key, job.clusters)] = _protected_among(
+                        ws, job, candidates)
             if result is None:
                 waits.refused[job_id] = _NO_VICTIM
             if result is None and (
@@ -1256,7 +1425,8 @@ def _protected_until(ws: Workspace, job: QueuedJob, now: datetime) -> tuple[date
     of a lower tier or another team: rules R1, R2), those its tier's minimum runtime still
     protects (rule R3): when the first protection ends, and how many are protected. None
     when none is (or none has started: its protection has no known end). Only jobs of
-    the clusters it may use count (rule K7: victims are in the preemptor's cluster)."""
+    the clusters it may use count (rule K7: victims are in the preemptor's cluster).
+    The reference for `_protected_among`, which the plan calls."""
     allowed = job.clusters
     ends = [r.started_at + timedelta(seconds=r.min_runtime_seconds)
             for r in ws.running_by_type.get(job.gpu_type, ())
@@ -1264,6 +1434,36 @@ def _protected_until(ws: Workspace, job: QueuedJob, now: datetime) -> tuple[date
             and (allowed is None or ws.running_cluster[r.id] in allowed)
             and (r.tier_rank < job.tier_rank or r.team != job.team)
             and r.ran_seconds(now) < r.min_runtime_seconds]
+    return (min(ends), len(ends)) if ends else None
+
+
+# Rule E4's candidates of one GPU type: (job, the end of its protection) per running job
+# that is preemptible, has started and is still protected by rule R3 at `now`.
+_Protected = list[tuple[RunningJob, datetime]]
+
+
+def _protected_of_type(ws: Workspace, gpu_type: str, now: datetime) -> _Protected:
+    """The running jobs of `gpu_type` that rule R3 protects at `now` (preemptible and
+    started), with when their protection ends: what `_protected_until` keeps of them
+    before it looks at the job, the same for every search of a pass (no job starts or
+    ages within it). A job with no minimum runtime is never protected (its run time is
+    never negative)."""
+    return [(r, r.started_at + timedelta(seconds=r.min_runtime_seconds))
+            for r in ws.running_by_type.get(gpu_type, ())
+            if r.min_runtime_seconds > 0 and r.preemptible and r.started_at is not None
+            and r.ran_seconds(now) < r.min_runtime_seconds]
+
+
+def _protected_among(ws: Workspace, job: QueuedJob,
+                     candidates: _Protected) -> tuple[datetime, int] | None:
+    """`_protected_until(ws, job, now)` from `_protected_of_type(ws, job.gpu_type, now)`:
+    a long queue's failed searches (up to rule R4's budget per pass) each read the few
+    protected jobs instead of every running job of the type."""
+    allowed, removed, where = job.clusters, ws.removed, ws.running_cluster
+    tier, team = job.tier_rank, job.team
+    ends = [end for r, end in candidates
+            if r.id not in removed and (allowed is None or where[r.id] in allowed)
+            and (r.tier_rank < tier or r.team != team)]
     return (min(ends), len(ends)) if ends else None
 
 

@@ -76,6 +76,11 @@ def work_lost_gpu_hours(job: RunningJob, now: datetime) -> float:
     return job.total_gpus * job.ran_seconds(now) / 3600.0
 
 
+# False: every search reads all its candidates, the reference the tests hold
+# `find_victims`'s shortcut on the lowest tier (`Workspace.victim_floor`) to.
+_FLOOR = True
+
+
 def _unprotected(ws: Workspace, gpu_type: str,
                  now: datetime) -> list[tuple[RunningJob, float]]:
     """The running jobs of `gpu_type` that rule R3 does not protect at `now` (and the
@@ -95,6 +100,8 @@ def _unprotected(ws: Workspace, gpu_type: str,
             if ran < r.min_runtime_seconds or (limit is not None and r.preemptions >= limit):
                 continue  # rule R3 (a non-preemptible job stays, for rule Q2's reclaim)
             pool.append((r, r.gpus_per_replica * r.replicas * ran / 3600.0))
+        ws.victim_floor[key] = min((r.tier_rank for r, _ in pool if r.preemptible),
+                                   default=None)
     return pool
 
 
@@ -137,6 +144,14 @@ def find_victims(
         return ws.fits(team, gt, g, reps, cpu=cpu, memory=mem, topology=topo, pool=pool)
 
     within_nominal = ws.ledger.within_nominal(team, gt, job.total_gpus)
+    unprotected = _unprotected(ws, gt, now)
+    if not within_nominal and _FLOOR:
+        # Beyond its nominal a job preempts only by rule R1, a preemptible job of a lower
+        # tier: when no unprotected job of the type is one, there is no candidate (a long
+        # queue's searches on a cluster its top tier fills, issue 20).
+        floor = ws.victim_floor[(gt, now)]
+        if floor is None or floor >= job.tier_rank:
+            return None
     cands: list[_Cand] = []
     # Per running job of the type: skip it when removed or protected (R3); R1 (strictly
     # lower tier) or else, within nominal, R2 (another team's job of the same or a lower
@@ -146,7 +161,7 @@ def find_victims(
     removed, borrowing, tier = ws.removed, ws.ledger.borrowing, job.tier_rank
     priority, reclaim = PreemptionRule.PRIORITY, PreemptionRule.RECLAIM
     running_cluster = ws.running_cluster
-    for r, lost in _unprotected(ws, gt, now):
+    for r, lost in unprotected:
         if r.id in removed or running_cluster[r.id] != cluster:  # rule K7: its cluster only
             continue
         if not r.preemptible:

@@ -350,6 +350,8 @@ class Ledger:
         self.held: dict[tuple[str, str], int] = defaultdict(int)
         self.used: dict[str, int] = defaultdict(int)
         self.guarded_total: dict[str, int] = defaultdict(int)
+        # How many times `held` changed: a plan's memo is valid while this stays.
+        self.moves = 0
         # Rule Q1: nominal + borrowing limit per (team, type); absent = no ceiling.
         self.ceiling: dict[tuple[str, str], int | None] = {
             k: q.ceiling for k, q in snapshot.quotas.items()}
@@ -371,6 +373,7 @@ class Ledger:
         return max(0, q.nominal - self.held[(team, gpu_type)] - q.lending_limit)
 
     def _move(self, team: str, gpu_type: str, gpus: int) -> None:
+        self.moves += 1
         before = self.guarded(team, gpu_type)
         self.held[(team, gpu_type)] += gpus
         self.used[gpu_type] += gpus
@@ -434,6 +437,8 @@ class Workspace:
         # The victim search's per-(GPU type, now) list of unprotected running jobs
         # (`preemption._unprotected`).
         self.victim_pools: dict[tuple[str, datetime], list[tuple[RunningJob, float]]] = {}
+        # Per entry of `victim_pools`: the lowest tier of its preemptible jobs (None: none).
+        self.victim_floor: dict[tuple[str, datetime], int | None] = {}
         # The lowest tier among each (team, type)'s preemptible jobs: a job over its own
         # team's ceiling can only make room by preempting those (rules Q1, R1).
         self.lowest_tier: dict[tuple[str, str], int] = {}
