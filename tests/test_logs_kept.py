@@ -118,6 +118,9 @@ def test_logs_are_kept_after_a_failure_with_the_exit_code(
     assert view.lines[-1].endswith("exited with code 3")
 
 
+# R9 off: submitted at the wall clock, cycles at chosen instants; the preemption
+# it needs does not wait on how long the submits took (conftest no_r9).
+@pytest.mark.usefixtures("no_r9")
 def test_a_preempted_attempt_keeps_its_logs_before_its_workload_is_stopped(
     world: World,
 ) -> None:
@@ -251,6 +254,9 @@ def test_a_running_job_shows_live_lines(world: World) -> None:
     assert body["attempts"] == [{"attempt": 1, "replicas": [0], "final": False}]
 
 
+# R9 off: submitted at the wall clock, cycles at chosen instants; the preemption
+# it needs does not wait on how long the submits took (conftest no_r9).
+@pytest.mark.usefixtures("no_r9")
 def test_the_job_page_shows_each_attempt_and_refuses_a_bad_one(world: World) -> None:
     t0 = timezone.now() + timedelta(seconds=1)
     for i in range(2):

@@ -344,6 +344,9 @@ def test_a_kubernetes_termination_message_with_a_nul_byte_is_saved_clean(world: 
         "last)[0m" == job.message
 
 
+# R9 off: submitted at the wall clock, cycles at chosen instants; the preemption
+# it needs does not wait on how long the submits took (conftest no_r9).
+@pytest.mark.usefixtures("no_r9")
 def test_preemptions_that_raise_are_skipped_and_admissions_still_commit(
         world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     t0 = timezone.now() + timedelta(seconds=1)

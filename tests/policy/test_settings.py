@@ -14,6 +14,8 @@ def test_the_defaults_are_the_products() -> None:
     assert DEFAULTS.preemption.max_per_team == 20
     assert DEFAULTS.preemption.window_seconds == 600
     assert DEFAULTS.interval_seconds == DEFAULTS.cycle_seconds == 3.0
+    # Rule R9's ratio: docs/simulator.md, "Issue 15: the goals in conflict".
+    assert DEFAULTS.preemption.lost_per_wait == 0.4
 
 
 def test_a_plans_preemption_settings_default_to_the_policy() -> None:
