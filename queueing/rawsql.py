@@ -177,13 +177,16 @@ def statement_cursor() -> Iterator[Any]:
         with connection.cursor() as cur:
             yield cur
         return
+    # As Django's own `cursor()` gets one: the health check, the connection, its errors.
+    connection.close_if_health_check_failed()
     connection.ensure_connection()
-    db = connection.connection
-    if db.prepare_threshold is None:
-        # Django's None turns every preparing off; this count is never reached by the
-        # other statements (Django's cursors bind on the client and never prepare), so
-        # only these, asked for explicitly, are prepared.
-        db.prepare_threshold = _NEVER
-    raw = _prepared_cursor_class()(db)
+    with connection.wrap_database_errors:
+        db = connection.connection
+        if db.prepare_threshold is None:
+            # Django's None turns every preparing off; this count is never reached by the
+            # other statements (Django's cursors bind on the client and never prepare), so
+            # only these, asked for explicitly, are prepared.
+            db.prepare_threshold = _NEVER
+        raw = _prepared_cursor_class()(db)
     with connection._prepare_cursor(raw) as cur:  # type: ignore[attr-defined]
         yield cur
