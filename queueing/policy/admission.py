@@ -1126,7 +1126,19 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             lost = sum(work_lost_gpu_hours(ws.running_by_id[v.job_id], now)
                        for v in found.victims) * 3600.0
             waited = max(0.0, (now - (job.queued_at or job.submitted_at)).total_seconds())
-            if lost > lost_per_wait * total * waited:
+            allowed = lost_per_wait * total * waited
+            if lost > allowed and may_reserve and not cpu and not mem \
+                    and job.topology is None and total >= largest.get(gt, 0):
+                # Rule R9.1: the large gang rule A9 reserves for also counts the wait this
+                # preemption spares it - until its shadow time, at most as long again as it
+                # has waited (shadow time without the victims found: they are restored).
+                undo()
+                spared = _spared_until_shadow(ws, job, now, admitted_ends.get(gt, ()), k2)
+                result = find_victims(ws, job, now=now, factor=factors.factor, pool=pool)
+                assert result is not None  # the same workspace as the search above
+                found, undo = result
+                allowed = lost_per_wait * total * (waited + min(spared, waited))
+            if lost > allowed:
                 undo()
                 result = None
                 waits.refused[job_id] = _NOT_WORTH
@@ -1245,6 +1257,19 @@ def _reserve(ws: Workspace, job: QueuedJob, now: datetime,
         name = min((n for n in names if room[n] >= g), key=lambda n: (room[n], n))
         room[name] -= g
     return _Reservation(at, room, now, pool)
+
+
+def _spared_until_shadow(ws: Workspace, job: QueuedJob, now: datetime,
+                         admitted: Iterable[tuple[datetime, int, tuple[str, ...], int]],
+                         pools: tuple[str, ...]) -> float:
+    """Rule R9.1: the seconds from now to `job`'s shadow time (rule A9; the earliest of
+    its pools), 0 when none is known."""
+    at = None
+    for p in pools:
+        r = _reserve(ws, job, now, admitted, p)
+        if r is not None and (at is None or r.at < at):
+            at = r.at
+    return 0.0 if at is None else max(0.0, (at - now).total_seconds())
 
 
 def _place_beside(cap: Capacity, res: _Reservation, gpu_type: str, gpus: int, replicas: int,
