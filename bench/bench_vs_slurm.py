@@ -8,7 +8,7 @@ slurmd with 8 fake GPUs each, munge, the multifactor priority with fair share. W
 root and apt, or when it does not start, the bench says so and exits 0.
 
 How it works
-  * fairq: gunicorn as the image runs it (4 gthread workers x 4 threads, keep-alive;
+  * fairq: gunicorn as the image runs it (3 gthread workers x 4 threads, keep-alive;
     `--workers`, `--worker-class`, `--server-threads` to compare others) on a fresh PostgreSQL
     database ($FAIRQ_BENCH_SLURM_DATABASE_URL, default .../fairq_bench_slurm; dropped and
     created afresh), rate limits in Redis ($REDIS_URL, else the local Redis), each client
@@ -307,8 +307,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=4, help="alternating burst pairs per count")
     p.add_argument("--burst", type=float, default=3.0, help="seconds per burst")
     p.add_argument("--array-runs", type=int, default=3)
-    # The image's gunicorn (platform/Dockerfile): 4 gthread workers x 4 threads.
-    p.add_argument("--workers", type=int, default=int(os.environ.get("BENCH_WORKERS", "4")))
+    # The image's gunicorn (platform/Dockerfile): 3 gthread workers x 4 threads.
+    p.add_argument("--workers", type=int, default=int(os.environ.get("BENCH_WORKERS", "3")))
     p.add_argument("--worker-class", default=os.environ.get("BENCH_WORKER_CLASS", "gthread"))
     p.add_argument("--server-threads", type=int, default=4, help="gthread workers only")
     p.add_argument("--keep-slurm", action="store_true", help="leave the Slurm daemons up")
