@@ -129,12 +129,6 @@ def insert_params(obj: Model) -> list[Any]:
     return out
 
 
-def insert_params_converted(obj: Model) -> list[Any]:
-    """`insert_params` with every value through its field's conversion: what
-    tests/test_hot_path.py holds `insert_params` to."""
-    _, fields = insert_columns(type(obj))
-    return [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
-
 
 _NEVER = 2**31 - 1
 

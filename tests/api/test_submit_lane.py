@@ -73,9 +73,16 @@ def _call(app: Any, key: str, body: Any = None, *, raw: bytes | None = None,
 
 
 @pytest.fixture
-def apps() -> tuple[SubmitLane, WSGIHandler]:
-    plain = WSGIHandler()
-    return SubmitLane(plain), plain
+def apps() -> tuple[SubmitLane, list[str]]:
+    """The lane around Django's application, and the paths that application served: what
+    the lane itself answered never reaches it."""
+    plain, served = WSGIHandler(), []
+
+    def application(environ: dict[str, Any], start_response: Any) -> Any:
+        served.append(environ["PATH_INFO"])
+        return plain(environ, start_response)
+
+    return SubmitLane(application), served
 
 
 @pytest.fixture
@@ -86,9 +93,11 @@ def key(world: World) -> str:
 def test_the_lanes_answer_is_the_applications(apps: Any, key: str) -> None:
     """Same status, headers (the security middleware's included) and body as the whole
     application, which the Idempotency-Key sends through every middleware and DRF."""
-    lane, _ = apps
+    lane, served = apps
     fast = _call(lane, key)
+    assert served == []  # the lane answered it, not the whole application
     full = _call(lane, key, HTTP_IDEMPOTENCY_KEY="k-1")
+    assert served == ["/api/v1/jobs/"]
     assert fast.status_code == full.status_code == 201, fast.body
     skip = {"Location", "Content-Length"}
     assert {k: v for k, v in fast.headers.items() if k not in skip} == \
@@ -109,8 +118,9 @@ def test_a_body_the_fast_path_does_not_decide_is_the_applications_400(
     """Handed over: the body rewound for DRF, its 400 names the field, nothing written, and
     the request is counted once against the rate (the next two fit a rate of 3)."""
     settings.FAIRQ_API_RATE = "3/min"
-    lane, _ = apps
+    lane, served = apps
     r = _call(lane, key, job_body(gpus=0))
+    assert served == ["/api/v1/jobs/"]  # handed over
     assert r.status_code == 400, r.body
     assert "gpus" in r.json()["error"]["fields"]
     assert Job.objects.count() == 0
