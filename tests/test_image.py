@@ -54,7 +54,7 @@ def _image_command() -> list[str]:
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_the_images_gunicorn_serves_submits_on_one_kept_connection(world: Any) -> None:
-    """The image's own gunicorn command (gthread workers, keep-alive) in front of
+    """The image's own gunicorn command (balanced gthread workers, keep-alive) in front of
     config.wsgi (the submit lane): two submits and a refusal on one kept-alive connection,
     each answered as the API answers."""
     import http.client
@@ -76,7 +76,8 @@ def test_the_images_gunicorn_serves_submits_on_one_kept_connection(world: Any) -
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = _image_command()
-    assert cmd[:2] == ["gunicorn", "config.wsgi"] and "gthread" in cmd
+    assert cmd[:2] == ["gunicorn", "config.wsgi"]
+    assert cmd[cmd.index("--worker-class") + 1] == "config.gunicorn_worker.BalancedThreadWorker"
     cmd[0] = str(Path(sys.executable).parent / "gunicorn")
     cmd[cmd.index("--bind") + 1] = f"127.0.0.1:{port}"
     db = connection.settings_dict
