@@ -4,7 +4,9 @@ so this module is imported as `_common` from the bench/ folder."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from pathlib import Path
 from urllib.parse import urlparse
 
 
@@ -65,3 +67,29 @@ def drop_postgres(url: str) -> None:
     with psycopg.connect(u._replace(path="/postgres").geturl(), autocommit=True,
                          connect_timeout=5) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{u.path.lstrip("/")}" WITH (FORCE)')
+
+
+AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
+
+
+def start_load(count: int) -> list[subprocess.Popen[bytes]]:
+    """`count` busy loops: other work on the cores, beside both sides of a comparison.
+
+    Each loop runs in a session of its own, as other work on a machine does (another
+    service, another user's job). With the kernel's autogroup (sched_autogroup_enabled,
+    on by default on this machine), the CPU is shared between sessions first: loops
+    started in the bench's own session would share the clients' part of the CPU and slow
+    the clients, not the servers, which is not what a loaded machine is. Measured (issue
+    20, 8 clients): with the loops in the bench's session, the slowest 1% of fairq's
+    submits spent 40-70 ms between gunicorn sending the answer and the client reading
+    it; in a session of their own, about 1 ms. Says which sharing the kernel does."""
+    if count <= 0:
+        return []
+    try:
+        grouped = AUTOGROUP.read_text().strip() == "1"
+        note(f"load: {count} busy loops, each in its own session; the kernel shares CPU "
+             f"{'per session (autogroup on)' if grouped else 'per task (autogroup off)'}")
+    except OSError:
+        note(f"load: {count} busy loops, each in its own session")
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                             start_new_session=True) for _ in range(count)]

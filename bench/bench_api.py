@@ -137,6 +137,11 @@ def local_redis_url() -> str | None:
     return None
 
 
+# Short names for worker classes of fairq's own: `balanced` is the image's
+# (platform/Dockerfile), gthread taking new connections by least connections.
+WORKER_CLASSES = {"balanced": "config.gunicorn_worker.BalancedThreadWorker"}
+
+
 def start_gunicorn(url: str, port: int, workers: int, threads: int,
                    worker_class: str = "gthread", app: str = "config.wsgi:application",
                    extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -146,7 +151,8 @@ def start_gunicorn(url: str, port: int, workers: int, threads: int,
     gunicorn = str(Path(sys.executable).parent / "gunicorn")
     proc = subprocess.Popen(
         [gunicorn, app, "--bind", f"127.0.0.1:{port}",
-         "--workers", str(workers), "--worker-class", worker_class, "--threads", str(threads),
+         "--workers", str(workers), "--worker-class",
+         WORKER_CLASSES.get(worker_class, worker_class), "--threads", str(threads),
          "--keep-alive", "30", "--log-level", "warning", "--timeout", "60"],
         cwd=ROOT, env=env, start_new_session=True,
     )

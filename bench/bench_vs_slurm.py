@@ -8,7 +8,8 @@ slurmd with 8 fake GPUs each, munge, the multifactor priority with fair share. W
 root and apt, or when it does not start, the bench says so and exits 0.
 
 How it works
-  * fairq: gunicorn as the image runs it (3 gthread workers x 4 threads, keep-alive;
+  * fairq: gunicorn as the image runs it (3 `balanced` workers x 4 threads: gthread
+    taking new connections by least connections, config/gunicorn_worker.py; keep-alive;
     `--workers`, `--worker-class`, `--server-threads` to compare others) on a fresh PostgreSQL
     database ($FAIRQ_BENCH_SLURM_DATABASE_URL, default .../fairq_bench_slurm; dropped and
     created afresh), rate limits in Redis ($REDIS_URL, else the local Redis), each client
@@ -58,7 +59,7 @@ from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from _common import bench, note, recreate_postgres  # noqa: E402  (bench/ is sys.path[0])
+from _common import bench, note, recreate_postgres, start_load  # noqa: E402  (bench/ is sys.path[0])
 from bench_api import (  # noqa: E402
     JOB,
     _LeanConnection,
@@ -307,9 +308,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=4, help="alternating burst pairs per count")
     p.add_argument("--burst", type=float, default=3.0, help="seconds per burst")
     p.add_argument("--array-runs", type=int, default=3)
-    # The image's gunicorn (platform/Dockerfile): 3 gthread workers x 4 threads.
+    # The image's gunicorn (platform/Dockerfile): 3 balanced gthread workers x 4 threads.
     p.add_argument("--workers", type=int, default=int(os.environ.get("BENCH_WORKERS", "3")))
-    p.add_argument("--worker-class", default=os.environ.get("BENCH_WORKER_CLASS", "gthread"))
+    p.add_argument("--worker-class", default=os.environ.get("BENCH_WORKER_CLASS", "balanced"))
     p.add_argument("--server-threads", type=int, default=4, help="gthread workers only")
     p.add_argument("--keep-slurm", action="store_true", help="leave the Slurm daemons up")
     p.add_argument("--drf", action="store_true",
@@ -350,8 +351,7 @@ def main() -> int:
             drf = (drf_port, start_gunicorn(url, drf_port, a.workers, a.server_threads,
                                             a.worker_class,
                                             extra_env={"FAIRQ_FAST_SUBMIT": "0"}))
-        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                for _ in range(a.load)]
+        hogs = start_load(a.load)
         if hogs:
             bench("vs_slurm_load_processes", a.load, "busy loops")
         try:
