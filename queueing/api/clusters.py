@@ -17,9 +17,7 @@ from rest_framework.views import APIView
 from queueing.errors import DomainError
 from queueing.models import Cluster, NodePool
 from queueing.selectors.clusters import (
-    DRAINED,
-    DRAINING,
-    ENABLED,
+    CLUSTER_STATES,
     ClusterSummary,
     cluster_get,
     cluster_summaries,
@@ -81,7 +79,7 @@ class ClusterSerializer(serializers.Serializer[Any]):
                                    help_text="What a job's `cluster_selector` matches (K3).")
     enabled = serializers.BooleanField(help_text=(
         "False: it drains (rule K8) - nothing new is admitted there; its jobs run on."))
-    state = serializers.ChoiceField(choices=[ENABLED, DRAINING, DRAINED], help_text=(
+    state = serializers.ChoiceField(choices=CLUSTER_STATES, help_text=(
         "Rule K8: `enabled`; `draining` - disabled, its `running_jobs` still run there "
         "(read, charged, ending as anywhere) and nothing new goes there; `drained` - "
         "disabled, the scheduler found no job left there (`drained_at`) and reads it no "

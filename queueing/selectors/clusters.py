@@ -105,6 +105,7 @@ class ClusterSummary:
 
 # Rule K8: a cluster's states as the API, the pages and the admin name them.
 ENABLED, DRAINING, DRAINED = "enabled", "draining", "drained"
+CLUSTER_STATES = (ENABLED, DRAINING, DRAINED)
 
 
 def _state(*, enabled: bool, drained_at: datetime | None) -> str:
