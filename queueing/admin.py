@@ -7,7 +7,7 @@ from django.contrib import admin
 from django.db.models import Model
 
 from accounts.admin import AuditedAdmin
-from queueing.selectors.clusters import cluster_state
+from queueing.selectors.clusters import cluster_state_words
 from queueing.services.cluster_admin import cluster_config_problems, labels_problem
 
 from .models import (
@@ -114,7 +114,7 @@ class ClusterAdmin(AuditedAdmin):
     @admin.display(description="state")
     def state(self, obj: Cluster) -> str:
         """Rule K8: enabled, draining (disabled, with the jobs still there) or drained."""
-        return cluster_state(obj)
+        return cluster_state_words(obj)
 
     def save_model(self, request: Any, obj: Model, form: Any, change: bool) -> None:
         if isinstance(obj, Cluster) and obj.enabled:  # never drained while enabled (K8)

@@ -121,6 +121,16 @@ def cluster_state(cluster: Cluster) -> str:
     return _state(enabled=cluster.enabled, drained_at=cluster.drained_at)
 
 
+def cluster_state_words(cluster: Cluster) -> str:
+    """`cluster_state` for a page, with the jobs a draining cluster still holds ("draining:
+    2 jobs still there"; one query then)."""
+    state = cluster_state(cluster)
+    if state != DRAINING:
+        return state
+    n = Job.objects.filter(cluster=cluster, status__in=sorted(HOLDING_STATES)).count()
+    return f"{DRAINING}: {n} job{'s' if n != 1 else ''} still there"
+
+
 def node_short_name(node: NodeInfo) -> str:
     """The node's own name: the policy may qualify it as "<cluster>/<node>" (CONTEXT's
     naming); pages show the cluster once, above its nodes."""

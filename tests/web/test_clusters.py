@@ -174,7 +174,10 @@ def test_k8_the_admin_shows_the_state_and_enabling_a_drained_cluster_clears_it(
     c.force_login(world.staff)
     eu = Cluster.objects.create(name="eu", sim_nodes="1x8xh100", enabled=False,
                                 drained_at=timezone.now())
-    assert "drained" in _text(c.get("/admin/queueing/cluster/").content)
+    us = Cluster.objects.create(name="us", sim_nodes="1x8xh100", enabled=False)
+    JobFactory(team=world.vision, gpu_type=world.h100, status="RUNNING", cluster=us)
+    listing = _text(c.get("/admin/queueing/cluster/").content)
+    assert "drained" in listing and "draining: 1 job still there" in listing
     form = {"name": "eu", "backend": "simulated", "kubeconfig": "", "context": "",
             "sim_nodes": "1x8xh100", "enabled": "on", "labels": "{}", "cost_rank": "0",
             "pools-TOTAL_FORMS": "0", "pools-INITIAL_FORMS": "0",
