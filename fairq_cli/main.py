@@ -456,7 +456,8 @@ class App:
     # fairq clusters
     def clusters(self, a: argparse.Namespace) -> int:
         """Every cluster (rule K2's order: cost rank, then name), one line per GPU type:
-        GPUs, free, spot GPUs (free), and whether the scheduler reaches it (rule K5)."""
+        GPUs, free, spot GPUs (free), and whether the scheduler reaches it (rule K5) or,
+        disabled, whether it still drains (rule K8: JOBS are the ones still there)."""
         clusters = self.client.get("/clusters/")
         if self.as_json:
             self.emit_json(clusters)
@@ -464,8 +465,10 @@ class App:
         rows: list[list[Any]] = []
         for c in clusters:
             name = c["name"] or "(default)"
-            if not c["enabled"]:
-                state = "disabled"
+            if c.get("state") == "draining":  # rule K8: disabled, its jobs run on
+                state = "draining"
+            elif not c["enabled"]:
+                state = "drained" if c.get("state") == "drained" else "disabled"
             elif c["reachable"]:
                 state = "up"
             else:

@@ -4,8 +4,10 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.db.models import Model
 
 from accounts.admin import AuditedAdmin
+from queueing.selectors.clusters import cluster_state_words
 from queueing.services.cluster_admin import cluster_config_problems, labels_problem
 
 from .models import (
@@ -95,17 +97,29 @@ class NodePoolInline(admin.TabularInline):  # type: ignore[type-arg]
 
 @admin.register(Cluster)
 class ClusterAdmin(AuditedAdmin):
-    """Rules K1-K7 (docs/scheduling.md): the clusters fairq schedules onto. Disable one
-    rather than delete it (jobs keep naming it); `unreachable_since` and `last_seen_at`
-    are the scheduler's."""
+    """Rules K1-K8 (docs/scheduling.md): the clusters fairq schedules onto. Disable one
+    rather than delete it (jobs keep naming it): it drains (rule K8), its jobs run on and
+    nothing new goes there; `unreachable_since`, `last_seen_at` and `drained_at` are the
+    scheduler's."""
 
     form = ClusterAdminForm
-    list_display = ["name", "backend", "enabled", "cost_rank", "labels", "unreachable_since",
-                    "last_seen_at"]
+    list_display = ["name", "backend", "enabled", "state", "cost_rank", "labels",
+                    "unreachable_since", "last_seen_at"]
     list_filter = ["backend", "enabled"]
     search_fields = ["name"]
-    readonly_fields = ["unreachable_since", "last_seen_at", "created_at"]
+    readonly_fields = ["state", "unreachable_since", "last_seen_at", "drained_at",
+                       "created_at"]
     inlines = [NodePoolInline]
+
+    @admin.display(description="state")
+    def state(self, obj: Cluster) -> str:
+        """Rule K8: enabled, draining (disabled, with the jobs still there) or drained."""
+        return cluster_state_words(obj)
+
+    def save_model(self, request: Any, obj: Model, form: Any, change: bool) -> None:
+        if isinstance(obj, Cluster) and obj.enabled:  # never drained while enabled (K8)
+            obj.drained_at = None
+        super().save_model(request, obj, form, change)
 
 
 @admin.register(Quota)

@@ -39,7 +39,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from queueing.selectors import metrics as read
 from queueing.selectors.budgets import budget_statuses
 from queueing.selectors.capacity import gpus_held_by_type
-from queueing.selectors.clusters import cluster_summaries
+from queueing.selectors.clusters import DRAINED, cluster_summaries
 from queueing.selectors.fairshare import fairshare_standings
 from queueing.selectors.utilization import team_gpu_use
 
@@ -105,12 +105,13 @@ class FairqCollector:
         yield from self._cycle_health()
 
     def _clusters(self) -> Iterator[Metric]:
-        """Rules K1-K7 (docs/metrics.md, "Clusters"): per cluster whether the scheduler
-        reaches it; per cluster, GPU type and spot flag the GPUs and free GPUs of the
-        published cluster view; per cluster and GPU type the GPUs fairq's jobs hold there;
-        and the jobs requeued by spot reclamations (their events, like the other
-        counters). The implicit cluster (no `Cluster` row) is cluster="";
-        `fairq_gpus_allocated{gpu_type}` stays the sum over all."""
+        """Rules K1-K8 (docs/metrics.md, "Clusters"): per cluster whether the scheduler
+        reaches it (not for a drained one, which it reads no more); per cluster, GPU type
+        and spot flag the GPUs and free GPUs of the published cluster view; per cluster
+        and GPU type the GPUs fairq's jobs hold there; and the jobs requeued by spot
+        reclamations (their events, like the other counters). The implicit cluster (no
+        `Cluster` row) is cluster=""; `fairq_gpus_allocated{gpu_type}` stays the sum over
+        all."""
         summaries, _ = cluster_summaries()
         reachable = GaugeMetricFamily(
             "fairq_cluster_reachable",
@@ -126,7 +127,8 @@ class FairqCollector:
                                  "GPUs held by admitted and running jobs placed in a cluster.",
                                  labels=["cluster", "gpu_type"])
         for c in summaries:
-            if not c.implicit:
+            # A drained cluster is read no more (rule K8): its reachability is not known.
+            if not c.implicit and c.state != DRAINED:
                 reachable.add_metric([c.name], 1 if c.reachable else 0)
             for g in c.gpu_types:
                 for spot, total, idle in (("false", g.capacity - g.spot_capacity,

@@ -74,13 +74,15 @@ def validate_cluster_labels(value: object) -> None:
 
 
 class Cluster(models.Model):
-    """A GPU cluster fairq schedules onto (docs/clusters.md, rules K1-K7): every enabled
+    """A GPU cluster fairq schedules onto (docs/clusters.md, rules K1-K8): every enabled
     cluster's nodes are in one snapshot, one fair share and one plan; each job runs in
     exactly one of them. `backend`: how fairq reaches it - `kubernetes` with a kubeconfig
     file and context, or the pod's service account (`in_cluster`); `simulated` with
     `sim_nodes` (FAIRQ_SIM_NODES' grammar) for the demo and tests. `labels` (region, cost
     class, ...) are what a job's `cluster_selector` matches. `unreachable_since`: when the
-    scheduler last started failing to read it (None = it answered the last cycle)."""
+    scheduler last started failing to read it (None = it answered the last cycle).
+    `enabled` off drains it (rule K8): its jobs run on, nothing new goes there, and
+    `drained_at` says when the last one had ended."""
 
     name = models.CharField(max_length=40, unique=True, validators=[slug_validator])
     backend = models.CharField(max_length=16, choices=ClusterBackendKind.choices,
@@ -103,6 +105,9 @@ class Cluster(models.Model):
         "chosen first (e.g. 0 on-premises, 10 cloud)."))
     unreachable_since = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
+    # Rule K8: when the scheduler found this disabled cluster with no job left (None while
+    # it is enabled, or disabled and still draining: its jobs run on, nothing new goes there).
+    drained_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

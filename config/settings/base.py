@@ -498,6 +498,10 @@ SPECTACULAR_SETTINGS.update({
     "COMPONENT_SPLIT_REQUEST": True,
     # The schema and Swagger UI are public (no secrets in them); calls still need a token.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    # Two answers have a `state`: each enum keeps a name of its own (an attempt's, as
+    # before; a cluster's, rule K8) instead of both being renamed after their component.
+    "ENUM_NAME_OVERRIDES": {"StateEnum": "queueing.selectors.accounting.ATTEMPT_STATES",
+                            "ClusterStateEnum": "queueing.selectors.clusters.CLUSTER_STATES"},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "queueing.api.schema.add_errors_and_idempotency",

@@ -1,6 +1,6 @@
 """API v1: the clusters fairq schedules onto and their node pools (docs/api.md,
-"Clusters"; docs/scheduling.md, rules K1-K7). Everyone reads them with their capacity;
-staff add, change and disable them, audited."""
+"Clusters"; docs/scheduling.md, rules K1-K8). Everyone reads them with their capacity;
+staff add, change and disable (drain, rule K8) them, audited."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 from queueing.errors import DomainError
 from queueing.models import Cluster, NodePool
 from queueing.selectors.clusters import (
+    CLUSTER_STATES,
     ClusterSummary,
     cluster_get,
     cluster_summaries,
@@ -76,7 +77,16 @@ class ClusterSerializer(serializers.Serializer[Any]):
     backend = serializers.CharField(help_text="simulated or kubernetes.")
     labels = serializers.DictField(child=serializers.CharField(),
                                    help_text="What a job's `cluster_selector` matches (K3).")
-    enabled = serializers.BooleanField(help_text="False: nothing new is admitted there.")
+    enabled = serializers.BooleanField(help_text=(
+        "False: it drains (rule K8) - nothing new is admitted there; its jobs run on."))
+    state = serializers.ChoiceField(choices=CLUSTER_STATES, help_text=(
+        "Rule K8: `enabled`; `draining` - disabled, its `running_jobs` still run there "
+        "(read, charged, ending as anywhere) and nothing new goes there; `drained` - "
+        "disabled, the scheduler found no job left there (`drained_at`) and reads it no "
+        "more."))
+    drained_at = serializers.DateTimeField(allow_null=True, help_text=(
+        "When the scheduler found this disabled cluster with no job left (rule K8); null "
+        "while it is enabled or draining."))
     reachable = serializers.BooleanField(
         help_text="False while the scheduler cannot reach it (rule K5).")
     unreachable_since = serializers.DateTimeField(allow_null=True)
@@ -88,7 +98,8 @@ class ClusterSerializer(serializers.Serializer[Any]):
     free = serializers.IntegerField(help_text="GPUs not allocated.")
     spot_capacity = serializers.IntegerField(help_text="GPUs on spot nodes.")
     running_jobs = serializers.IntegerField(
-        help_text="fairq's admitted and running jobs placed there.")
+        help_text="fairq's admitted and running jobs placed there (while `draining`: the "
+                  "jobs it waits for).")
     gpu_types = ClusterGpuTypeSerializer(many=True)
     pools = NodePoolSerializer(many=True, help_text="Its node pools (rule K4: spot pools).")
     kubeconfig = serializers.CharField(required=False, help_text="Staff only.")
@@ -148,7 +159,8 @@ class ClusterWriteSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
                                       help_text="simulated only: FAIRQ_SIM_NODES' grammar, "
                                                 "e.g. 4x8xh100,2x8xa100.")
     enabled = serializers.BooleanField(required=False, help_text=(
-        "false disables it: nothing new is admitted there, what runs there runs on."))
+        "false drains it (rule K8): nothing new is admitted there, what runs there runs "
+        "on to its end; true makes it an ordinary cluster again."))
     labels = _labels_field('e.g. {"region": "eu-west", "cost": "cloud"}.')
     cost_rank = serializers.IntegerField(required=False, min_value=-1_000_000,
                                          max_value=1_000_000,
@@ -257,7 +269,9 @@ class ClusterDetailView(IdempotentPostMixin, APIView):
 
     @extend_schema(request=ClusterPatchSerializer, responses=ClusterSerializer)
     def patch(self, request: Request, name: str) -> Response:
-        """Change a cluster (staff): `{"enabled": false}` disables it. Audited."""
+        """Change a cluster (staff): `{"enabled": false}` drains it (rule K8: its jobs run
+        on, nothing new goes there; `state` says `draining`, then `drained`);
+        `{"enabled": true}` makes it an ordinary cluster again. Audited."""
         cluster = cluster_get(name=name)
         check_staff(actor=request.user, doing="change clusters")
         with _api_names():

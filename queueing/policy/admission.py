@@ -1,5 +1,5 @@
 """Ordering, admission and preemption on a snapshot (docs/scheduling.md, rules Q1, O1,
-A1-A9, R1-R9, Q2, D1-D2, and K1-K4, K7 across clusters and spot nodes)."""
+A1-A9, R1-R9, Q2, D1-D2, and K1-K4, K7, K8 across clusters and spot nodes)."""
 
 from __future__ import annotations
 
@@ -291,6 +291,16 @@ _LaneKey = tuple[str, str, int, int, int | None, int | None, Topology | None,
                  frozenset[str] | None, bool]
 # `_Raw`'s last field for a `cluster` wait (rule K3): it would fit now in another pool.
 _ELSEWHERE = 1
+
+
+def _closed_words(clusters: frozenset[str]) -> str:
+    """Rule K8's wait in words: every cluster the job may use is disabled."""
+    names = ", ".join(sorted(clusters))
+    if len(clusters) == 1:
+        return (f"its cluster {names} is disabled: it takes no new work (rule K8); this "
+                "job waits until it is enabled again")
+    return (f"its clusters {names} are disabled: they take no new work (rule K8); this "
+            "job waits until one is enabled again")
 
 
 def _block_words(job: QueuedJob, largest: int, node: str, free: int) -> str:
@@ -645,7 +655,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     queued_teams = {j.team for j in snapshot.queued}
     usage_total = 0.0 if state is None else sum(state.usage(t) for t in queued_teams)
     weights = snapshot.priority_weights or PriorityWeights()
-    cluster_gpus = sum(n.capacity for n in snapshot.nodes)
+    cluster_gpus = sum(n.capacity for n in snapshot.open_nodes())  # rule K8
     order = _QueueOrder(snapshot.queued, factors=factors, weights=weights, now=now,
                         cluster_gpus=cluster_gpus, first=snapshot.nominated,
                         usage_total=usage_total)
@@ -768,6 +778,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     capacity, lending_code = _CODE[WaitReason.CAPACITY], _CODE[WaitReason.LENDING]
     lowest_tier = ws.lowest_tier
     dep_counts, array_limits = snapshot.dependency_counts, snapshot.array_limits
+    closed = snapshot.closed_clusters  # rule K8
     never_met: dict[int, str] = {}
     array_active: dict[int, int] = defaultdict(int)  # rule A8: members holding GPUs
     if array_limits:
@@ -891,6 +902,9 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 raw[job_id] = Wait(job_id, WaitReason.DEPENDENCY_NEVER if never
                                    else WaitReason.DEPENDENCY, dep.message)
                 continue
+        if closed and job.clusters and job.clusters <= closed:  # rule K8
+            raw[job_id] = Wait(job_id, WaitReason.CLUSTER, _closed_words(job.clusters))
+            continue
         array_id = job.array_id
         if array_id is not None and array_limit_reached(active=array_active[array_id],
                                                         limit=array_limits.get(array_id)):

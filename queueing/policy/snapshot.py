@@ -241,9 +241,22 @@ class Snapshot:
     reservation: bool = DEFAULTS.reservation
     # Rule K2: each cluster's cost rank (lower first); a cluster absent ranks 0.
     cluster_ranks: Mapping[str, int] = field(default_factory=dict)
+    # Rule K8: the clusters that take no new work (disabled; draining while jobs still
+    # run there). Their nodes are offered to no queued job (`open_nodes`) and a job whose
+    # clusters are all closed waits saying so; their running jobs are the snapshot's
+    # like any other (they hold their quota and fair share).
+    closed_clusters: frozenset[str] = frozenset()
 
     def quota(self, team: str, gpu_type: str) -> QuotaLimit:
         return self.quotas.get((team, gpu_type), NO_QUOTA)
+
+    def open_nodes(self) -> tuple[NodeState, ...]:
+        """Rule K8: the nodes a queued job may be placed on - every node but those of a
+        closed cluster (the plan's capacity, rule P1's cluster size)."""
+        closed = self.closed_clusters
+        if not closed:
+            return self.nodes
+        return tuple(n for n in self.nodes if n.cluster not in closed)
 
     def billing_weight(self, gpu_type: str) -> float:
         return self.billing_weights.get(gpu_type, 1.0)

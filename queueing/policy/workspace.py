@@ -416,7 +416,7 @@ class Workspace:
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
-        self.capacity = Capacity(snapshot.nodes)
+        self.capacity = Capacity(snapshot.open_nodes())  # rule K8: no closed cluster's
         self.ledger = Ledger(snapshot, self.capacity)
         self.running_by_type: dict[str, list[RunningJob]] = defaultdict(list)
         self.running_by_id: dict[int, RunningJob] = {}

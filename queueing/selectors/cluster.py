@@ -22,6 +22,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
+from django.db.models import Q
 from django.utils import timezone
 
 from queueing.backends.base import ClusterBackend, NodeInfo
@@ -32,7 +33,7 @@ from queueing.models import Cluster, ClusterBackendKind, NodePool
 VIEW_KEY = "fairq:cluster-view"  # written by services/cluster_view.py, read here
 
 
-# --- the clusters (docs/clusters.md, rules K1-K7) -------------------------------------------
+# --- the clusters (docs/clusters.md, rules K1-K8) -------------------------------------------
 
 @dataclass(frozen=True, slots=True)
 class PoolFacts:
@@ -122,10 +123,12 @@ class Reachability:
 
 
 def clusters_reachability() -> list[Reachability]:
-    """Rule K5, per enabled cluster, from the database (what the scheduler recorded at
-    its last cycle): for metrics and pages of any process. [] with no `Cluster` row."""
+    """Rule K5, per cluster the scheduler reads (enabled, or disabled and still draining:
+    rule K8), from the database (what it recorded at its last cycle): for metrics and
+    pages of any process. [] with no `Cluster` row."""
     return [Reachability(name, since is None, since, seen)
-            for name, since, seen in Cluster.objects.filter(enabled=True).values_list(
+            for name, since, seen in Cluster.objects.filter(
+                Q(enabled=True) | Q(drained_at__isnull=True)).values_list(
                 "name", "unreachable_since", "last_seen_at")]
 
 

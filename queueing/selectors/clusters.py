@@ -1,8 +1,9 @@
 """The clusters as the API, the CLI, the web pages and /metrics read them
-(docs/scheduling.md, "Clusters and spot capacity", rules K1-K7).
+(docs/scheduling.md, "Clusters and spot capacity", rules K1-K8).
 
-A `Cluster` row says what the cluster is (backend, labels, cost rank, enabled) and
-whether the scheduler reached it last (`unreachable_since`); its capacity is the
+A `Cluster` row says what the cluster is (backend, labels, cost rank, enabled), whether
+the scheduler reached it last (`unreachable_since`) and, disabled, whether it has
+drained (rule K8: `drained_at`); its capacity is the
 published cluster view's (queueing/selectors/cluster.py): the nodes whose
 `NodeInfo.cluster` is its name, with `NodeInfo.spot` telling spot capacity apart. So a
 web process never calls a cluster. With no `Cluster` row fairq runs on one implicit
@@ -64,6 +65,7 @@ class ClusterSummary:
     unreachable_since: datetime | None
     last_seen_at: datetime | None
     implicit: bool = False  # the settings' one cluster (no Cluster row exists)
+    drained_at: datetime | None = None  # rule K8
     gpu_types: list[GpuTypeCapacity] = field(default_factory=list)
     nodes: list[NodeInfo] = field(default_factory=list)
     pools: list[NodePool] = field(default_factory=list)
@@ -79,6 +81,16 @@ class ClusterSummary:
         return self.unreachable_since is None
 
     @property
+    def state(self) -> str:
+        """Rule K8: `enabled`, `draining` (disabled; `running_jobs` still there) or
+        `drained` (disabled, nothing left there)."""
+        return _state(enabled=self.enabled, drained_at=self.drained_at)
+
+    @property
+    def draining(self) -> bool:
+        return self.state == DRAINING
+
+    @property
     def capacity(self) -> int:
         return sum(g.capacity for g in self.gpu_types)
 
@@ -89,6 +101,34 @@ class ClusterSummary:
     @property
     def spot_capacity(self) -> int:
         return sum(g.spot_capacity for g in self.gpu_types)
+
+
+# Rule K8: a cluster's states as the API, the pages and the admin name them.
+ENABLED, DRAINING, DRAINED = "enabled", "draining", "drained"
+CLUSTER_STATES = (ENABLED, DRAINING, DRAINED)
+
+
+def _state(*, enabled: bool, drained_at: datetime | None) -> str:
+    if enabled:
+        return ENABLED
+    return DRAINING if drained_at is None else DRAINED
+
+
+def cluster_state(cluster: Cluster) -> str:
+    """Rule K8: `enabled`; `draining` - disabled, the scheduler still reads it for the
+    jobs there and gives it no new work; `drained` - disabled, the scheduler found
+    nothing left there (`drained_at`) and reads it no more."""
+    return _state(enabled=cluster.enabled, drained_at=cluster.drained_at)
+
+
+def cluster_state_words(cluster: Cluster) -> str:
+    """`cluster_state` for a page, with the jobs a draining cluster still holds ("draining:
+    2 jobs still there"; one query then)."""
+    state = cluster_state(cluster)
+    if state != DRAINING:
+        return state
+    n = Job.objects.filter(cluster=cluster, status__in=sorted(HOLDING_STATES)).count()
+    return f"{DRAINING}: {n} job{'s' if n != 1 else ''} still there"
 
 
 def node_short_name(node: NodeInfo) -> str:
@@ -154,8 +194,8 @@ def _summary(c: Cluster) -> ClusterSummary:
     return ClusterSummary(name=c.name, backend=c.backend, labels=dict(sorted((c.labels or {}).items())),
                           enabled=c.enabled, cost_rank=c.cost_rank,
                           unreachable_since=c.unreachable_since, last_seen_at=c.last_seen_at,
-                          kubeconfig=c.kubeconfig, context=c.context, in_cluster=c.in_cluster,
-                          sim_nodes=c.sim_nodes)
+                          drained_at=c.drained_at, kubeconfig=c.kubeconfig,
+                          context=c.context, in_cluster=c.in_cluster, sim_nodes=c.sim_nodes)
 
 
 def _gpu_type(summary: ClusterSummary, gpu_type: str) -> GpuTypeCapacity:

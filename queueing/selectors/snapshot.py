@@ -156,6 +156,7 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         preemption=preemption_settings(now=now),
         dependency_counts=dependency_counts(d for q in queued for d in q.dependencies),
         array_limits=array_limits({q.array_id for q in queued} - {None}),
+        closed_clusters=closed_clusters(jobs.lookups.clusters),
         **ranks,
     )
 
@@ -176,20 +177,29 @@ def unqualified_node(name: str) -> tuple[str, str]:
 
 def allowed_clusters(row: JobRow, clusters: Mapping[int, ClusterFacts]
                      ) -> frozenset[str] | None:
-    """Rule K3: the clusters a queued job may run in: its pin (`requested_cluster`, if
-    enabled), else the enabled clusters carrying every label of its `cluster_selector`;
-    None (any) with no `Cluster` row, or with neither a pin nor a selector. An empty set
-    means none can take it (a pin on a disabled cluster): it waits."""
+    """Rule K3: the clusters a queued job may run in: its pin (`requested_cluster`),
+    enabled or not, else the enabled clusters carrying every label of its
+    `cluster_selector`; None (any) with no `Cluster` row, or with neither a pin nor a
+    selector. A pin on a disabled cluster stays its one cluster, so its wait can say the
+    cluster is disabled (rule K8: `Snapshot.closed_clusters`); an empty set means none
+    can take it (a selector no enabled cluster matches, or a pin whose cluster does not
+    carry the selector): it waits."""
     if not clusters:
         return None
     selector = row.cluster_selector if isinstance(row.cluster_selector, dict) else {}
     if row.requested_cluster_id is None and not selector:
         return None
-    enabled = [c for c in clusters.values() if c.enabled]
     if row.requested_cluster_id is not None:
-        enabled = [c for c in enabled if c.id == row.requested_cluster_id]
-    return frozenset(c.name for c in enabled
+        candidates = [c for c in clusters.values() if c.id == row.requested_cluster_id]
+    else:
+        candidates = [c for c in clusters.values() if c.enabled]
+    return frozenset(c.name for c in candidates
                      if c.carries({str(k): str(v) for k, v in selector.items()}))
+
+
+def closed_clusters(clusters: Mapping[int, ClusterFacts]) -> frozenset[str]:
+    """Rule K8: the names of the clusters that take no new work (the disabled ones)."""
+    return frozenset(c.name for c in clusters.values() if not c.enabled)
 
 
 def dependency_counts(deps: Iterable[Dependency]) -> dict[tuple[str, int], Counts]:

@@ -1,5 +1,5 @@
 """Staff changes to the clusters and their node pools (docs/api.md, "Clusters";
-docs/scheduling.md, rules K1-K7), audited like every configuration change: each create,
+docs/scheduling.md, rules K1-K8), audited like every configuration change: each create,
 update and delete writes an AuditEntry (who, when, old -> new) in its transaction.
 
 `cluster_config_problems` is the one set of rules a cluster's configuration must meet;
@@ -155,11 +155,16 @@ def cluster_create(*, actor: Any, values: Mapping[str, Any]) -> Cluster:
 @transaction.atomic
 def cluster_update(*, actor: Any, cluster: Cluster, values: Mapping[str, Any]) -> Cluster:
     """Change a cluster's configuration (staff); its name stays (workloads and events name
-    it). `enabled: false` disables it: nothing new is admitted there, what runs there
-    runs on. Audited field by field."""
+    it). `enabled: false` drains it (rule K8): nothing new is admitted or created there,
+    what runs there runs on, is charged and ends as anywhere, and the scheduler records
+    it drained once nothing is left. `enabled: true` makes it an ordinary cluster again
+    (`drained_at` cleared). Audited field by field."""
     check_staff(actor=actor, doing="change clusters")
+    fields: tuple[str, ...] = CLUSTER_FIELDS
+    if values.get("enabled") is True:  # an enabled cluster is never drained (rule K8)
+        values, fields = {**values, "drained_at": None}, (*CLUSTER_FIELDS, "drained_at")
     return _update(
-        actor=actor, row=cluster, fields=CLUSTER_FIELDS, values=values,
+        actor=actor, row=cluster, fields=fields, values=values,
         keeps_name="A cluster keeps its name (its workloads and events carry it): add a "
                    "new one and disable this one instead.",
         problems=lambda merged: cluster_config_problems(merged, exclude_pk=cluster.pk))

@@ -1,5 +1,6 @@
-"""Several clusters under one scheduler (docs/clusters.md, rules K1-K7): the cycle's
-clusters as one backend (`Fleet`), and rule K5, a cluster the scheduler cannot read.
+"""Several clusters under one scheduler (docs/clusters.md, rules K1-K8): the cycle's
+clusters as one backend (`Fleet`), rule K5, a cluster the scheduler cannot read, and
+rule K8, a disabled cluster that drains.
 
 With no `Cluster` row there is one implicit cluster, from settings, exactly as before:
 the fleet has one member named "" and node names are the cluster's own. With rows, every
@@ -18,6 +19,15 @@ are unowned), so nothing runs twice. Each cluster's outage and return is an audi
 (accounts.AuditEntry on the `Cluster` row: readable in the admin's audit log with the
 other configuration changes, no table of its own); each affected job gets a
 `cluster_unreachable` event.
+
+Rule K8: a disabled cluster drains, as `kubectl drain` does a node: while fairq's jobs
+are there it stays a member (`Member.draining`), read every cycle like the others - its
+workloads reconciled, its jobs charged, finishing, failing, requeued by rules K5, K6 and
+U3 - but its nodes are offered to no queued job and nothing is created there
+(`clusters_drain` requeues an admitted job whose workload was never created). The cycle
+that finds no job left there records it drained (`Cluster.drained_at`, an audit entry
+`action = "drained"`); from then on it is read no more. Enabling it again makes it an
+ordinary member.
 """
 
 from __future__ import annotations
@@ -32,12 +42,14 @@ from typing import ClassVar, cast
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
+from django.db.models import Q
 
 from accounts.services import audit_record
 from queueing.backends.base import (
     ClusterBackend,
     LaunchSpec,
     NodeInfo,
+    Phase,
     PodReading,
     WorkloadStatus,
 )
@@ -60,12 +72,17 @@ NOT_ONE_JOBS_FAULT: tuple[type[BaseException], ...] = (
 
 @dataclass
 class Member:
-    """One cluster of the cycle: its backend and whether it answered this cycle."""
+    """One cluster of the cycle: its backend and whether it answered this cycle.
+    `draining` (rule K8): disabled, read for the jobs still there but given no new work;
+    `live` its workloads listed this cycle that have not ended (counted only for a
+    draining member)."""
 
     name: str  # "" for the one implicit cluster
     backend: ClusterBackend
     facts: ClusterFacts | None = None
     error: str = ""  # why it could not be read this cycle ("" = it answered)
+    draining: bool = False
+    live: int = 0
 
     @property
     def reachable(self) -> bool:
@@ -82,6 +99,9 @@ class Fleet:
     - `stop` goes to the cluster that listed the workload this cycle (else to every
       reachable one: a stop of an unknown name is a no-op); `logs` likewise.
     - `submit` is per cluster: `backend_of(cluster_id)` gives the member's backend.
+    - A draining member (rule K8: disabled, jobs still there) is read like the others
+      (statuses, K5, readings, stops, logs) but offers nothing new: its nodes are left
+      out of `nodes`, it is asked about no namespace and nothing is submitted to it.
     """
 
     in_process: ClassVar[bool] = False
@@ -142,12 +162,16 @@ class Fleet:
 
     def backend_of(self, cluster_id: int | None) -> ClusterBackend | None:
         """The backend a job whose `cluster` is `cluster_id` is submitted to; None when
-        that cluster is unreachable or not a member (disabled, or none recorded while
-        there are several)."""
+        that cluster is unreachable, draining (rule K8: nothing new is created there) or
+        not a member (disabled and drained, or none recorded while there are several)."""
         for m in self.members.values():
             if (m.facts.id if m.facts is not None else None) == cluster_id:
-                return m.backend if m.reachable else None
+                return m.backend if m.reachable and not m.draining else None
         return None
+
+    def draining(self) -> list[Member]:
+        """Rule K8: the disabled members still read for the jobs they hold."""
+        return [m for m in self.members.values() if m.draining]
 
     def statuses(self, *, now: datetime) -> list[WorkloadStatus]:
         out: list[WorkloadStatus] = []
@@ -168,6 +192,8 @@ class Fleet:
                         continue
                     if isinstance(name, str):
                         where[name] = m.name
+            if m.draining:
+                m.live = sum(1 for s in got if _not_ended(s))
             out.extend(got)
         with self._lock:
             self._where = where
@@ -183,7 +209,8 @@ class Fleet:
             except Exception as exc:  # rule K5: this cluster only
                 self._failed(m, exc, "listing its nodes")
                 continue
-            out.extend(_node_of(m, n) for n in got)
+            if not m.draining:  # rule K8: read (K5 as anywhere), offered to no new job
+                out.extend(_node_of(m, n) for n in got)
         return out
 
     def _route(self, name: str) -> list[Member]:
@@ -244,6 +271,8 @@ class Fleet:
         """Teams whose namespace is missing on any reachable member that provisions."""
         wanted, out = set(teams), set()
         for m in self.reachable():
+            if m.draining:  # rule K8: no queued job goes there
+                continue
             ask = getattr(m.backend, "unprovisioned_teams", None)
             if ask is not None:
                 out |= set(ask(wanted))
@@ -282,29 +311,44 @@ def _node_of(member: Member, node: NodeInfo) -> NodeInfo:
     return replace(node, cluster=member.name, spot=node.spot or bool(pool and pool.spot))
 
 
-def enabled_clusters() -> list[Cluster]:
-    """The enabled `Cluster` rows, by rule K2's order (cost rank, then name); [] = the
-    one implicit cluster of settings."""
-    return list(Cluster.objects.filter(enabled=True).order_by("cost_rank", "name"))
+def cycle_clusters() -> list[Cluster]:
+    """The `Cluster` rows the cycle reads, by rule K2's order (cost rank, then name): the
+    enabled ones and the disabled ones not drained yet (rule K8); [] = the one implicit
+    cluster of settings."""
+    return list(Cluster.objects.filter(Q(enabled=True) | Q(drained_at__isnull=True))
+                .order_by("cost_rank", "name"))
 
 
 def fleet_open(*, backend: ClusterBackend | None = None,
                backends: Mapping[str, ClusterBackend] | None = None,
                in_process_only: bool = False) -> Fleet:
-    """This cycle's clusters. No enabled `Cluster` row: the implicit cluster, `backend`
-    (a test's) or the configured one. Else every enabled row, with the backend
-    `backends` names for it (tests) or the one built from the row. `in_process_only`:
-    only the simulated clusters (a web process, which is no cluster client, reading the
-    in-process ones' logs)."""
-    rows = enabled_clusters()
+    """This cycle's clusters. No `Cluster` row to read: the implicit cluster, `backend`
+    (a test's) or the configured one. Else every enabled row, and every disabled one
+    not drained yet as a draining member (rule K8), with the backend `backends` names
+    for it (tests) or the one built from the row. `in_process_only`: only the simulated
+    clusters (a web process, which is no cluster client, reading the in-process ones'
+    logs)."""
+    rows = cycle_clusters()
     if not rows:
         return Fleet([Member("", backend or get_backend())])
     if in_process_only:
         rows = [r for r in rows if r.backend == ClusterBackendKind.SIMULATED]
     facts = clusters_facts()
     given = backends or {}
-    return Fleet(Member(row.name, given.get(row.name) or get_backend(row), facts[row.pk])
+    return Fleet(Member(row.name, given.get(row.name) or get_backend(row), facts[row.pk],
+                        draining=not row.enabled)
                  for row in rows)
+
+
+def _not_ended(status: object) -> bool:
+    """Whether a (raw) workload status is of a workload still running or starting: not
+    finished and not on its way out. A status that cannot be read counts as running."""
+    try:
+        return (getattr(status, "finished_at", None) is None
+                and getattr(status, "phase", None) not in (Phase.SUCCEEDED, Phase.FAILED)
+                and not getattr(status, "stopping", False))
+    except Exception:
+        return True
 
 
 # --- rule K5 ---------------------------------------------------------------------------------
@@ -422,3 +466,66 @@ def _requeue_from(cluster: Cluster, *, now: datetime) -> list[int]:
             log.exception("cluster %s: could not requeue job %s", cluster.name, job.pk)
     return requeued
 
+
+
+# --- rule K8 ---------------------------------------------------------------------------------
+
+DISABLED = "cluster_disabled"  # the reason word of rule K8 (requeues)
+
+
+def clusters_drain(*, fleet: Fleet, now: datetime) -> list[int]:
+    """Step 1d of the cycle (after reconcile and rule K5): rule K8 for each draining
+    member (a disabled cluster not drained yet). Its admitted jobs whose workload was
+    never created there go back to the queue at once (creating it would be new work
+    there). Then, when no job holds it any more and it lists no workload still running
+    (or it cannot be read: its workloads cannot be checked, and no job is left to wait
+    for), it is drained: `drained_at` set, with an audit entry (`action = "drained"`),
+    once per disable (the row must still be disabled and not drained); from the next
+    cycle on it is read no more. Returns the requeued jobs."""
+    requeued: list[int] = []
+    if fleet.several:
+        # An enabled cluster is never drained: the API and the admin clear `drained_at`
+        # when they enable one; this catches any other writer before it disables it again.
+        Cluster.objects.filter(enabled=True, drained_at__isnull=False).update(drained_at=None)
+    for m in fleet.draining():
+        assert m.facts is not None  # several clusters: every member is a row
+        requeued.extend(_requeue_uncreated(m, now=now))
+        if m.reachable and m.live:
+            continue  # a workload of an ended job still stops (reconcile stopped it)
+        if Job.objects.filter(cluster_id=m.facts.id,
+                              status__in=(JobState.ADMITTED, JobState.RUNNING)).exists():
+            continue
+        with transaction.atomic():
+            if Cluster.objects.filter(pk=m.facts.id, enabled=False,
+                                      drained_at__isnull=True).update(drained_at=now):
+                changes: dict[str, list[object]] = {"drained_at": [None, now.isoformat()]}
+                if m.error:  # drained unread: its last jobs were requeued by rule K5
+                    changes["error"] = [None, m.error]
+                audit_record(actor=None, action="drained",
+                             instance=Cluster.objects.get(pk=m.facts.id), changes=changes)
+                log.info("cluster %s drained: disabled, no job left there", m.name)
+    return requeued
+
+
+def _requeue_uncreated(member: Member, *, now: datetime) -> list[int]:
+    """Rule K8: a draining cluster's admitted jobs whose workload was never created there
+    back to the queue as their next attempt (reason `cluster_disabled`; nothing ran, so
+    nothing is charged), each in its own savepoint (one that cannot move stays for the
+    next cycle)."""
+    assert member.facts is not None
+    requeued: list[int] = []
+    for job in Job.objects.filter(cluster_id=member.facts.id, status=JobState.ADMITTED,
+                                  submitted_to_backend_at__isnull=True).order_by("id"):
+        why = (f"its cluster {member.name} is disabled (rule K8: it takes no new work) and "
+               "its workload was never created there; requeued")
+        try:
+            with transaction.atomic():
+                if job_transition(job, JobState.QUEUED, now=now, reason=why,
+                                  data={"ended_how": DISABLED, "cluster": member.name},
+                                  **next_attempt(job.attempt + 1)):
+                    requeued.append(job.pk)
+        except NOT_ONE_JOBS_FAULT:
+            raise
+        except Exception:  # this job stays for the next cycle; the others move
+            log.exception("cluster %s: could not requeue job %s", member.name, job.pk)
+    return requeued

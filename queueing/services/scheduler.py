@@ -7,6 +7,9 @@
     1a. clusters  — rule K5 (services/clusters.py): each cluster's reachability
                     recorded; an unreachable one's jobs kept for the grace, then
                     requeued; its admitted jobs never created there requeued at once.
+                    Rule K8: a disabled cluster drains - read like the others while
+                    jobs are there, its admitted jobs never created there requeued,
+                    and recorded drained once none is left.
     1b. utilization — once a minute, the GPUs' readings of running jobs: per-minute
                     samples, idle jobs flagged and reclaimed per their tier (rules U1-U5,
                     services/utilization.py); reclaimed GPUs are free for this plan.
@@ -31,12 +34,13 @@
                     publish the cluster view web processes read instead of the cluster
                     (nodes, live workloads, unprovisioned teams: queueing/selectors/cluster.py).
 
-Several clusters (docs/clusters.md): the cycle reads every enabled `Cluster` as one
-`Fleet` (services/clusters.py): one snapshot of all reachable clusters' nodes (named
-"<cluster>/<node>"), one plan, each admission written with its `Job.cluster` and the
-node names the cluster knows, each workload created on its job's cluster. A cluster
-that cannot be read never stops the others (rule K5). With no `Cluster` row the fleet is
-the one cluster of settings, as before.
+Several clusters (docs/clusters.md): the cycle reads every enabled `Cluster` (and every
+disabled one still draining, rule K8) as one `Fleet` (services/clusters.py): one
+snapshot of all reachable enabled clusters' nodes (named "<cluster>/<node>"), one plan,
+each admission written with its `Job.cluster` and the node names the cluster knows,
+each workload created on its job's cluster. A cluster that cannot be read never stops
+the others (rule K5). With no `Cluster` row the fleet is the one cluster of settings, as
+before.
 
 Only one cycle plans at a time (a PostgreSQL advisory lock; a process lock on SQLite,
 which is single-process only); the compare-and-swap in step 4 means that even a stale
@@ -88,7 +92,7 @@ from queueing.selectors.snapshot import build_snapshot, unprovisioned_teams, unq
 
 from .arrays import arrays_top_up
 from .cluster_view import cluster_view_publish
-from .clusters import Fleet, clusters_record, fleet_open
+from .clusters import Fleet, clusters_drain, clusters_record, fleet_open
 from .dependencies import dependencies_fail_never_met
 from .jobs import job_transition, next_attempt
 from .logs import workload_stop_keeping_logs
@@ -179,6 +183,7 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
                   jobs=cycle_active_jobs(count=False))
         outages = clusters_record(fleet=fleet, now=now)
         result.requeued.extend(outages.requeued)
+        result.requeued.extend(clusters_drain(fleet=fleet, now=now))  # rule K8
         result.unreachable = sorted(outages.since)
         backend = fleet
         _utilization(backend=fleet.plain(), now=now, result=result)

@@ -185,7 +185,7 @@ def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
     ctx["standings"] = standings
     ctx["history"] = history
     ctx["capacity"] = capacity
-    # Rules K1-K7: capacity per cluster, when clusters are configured (the implicit one
+    # Rules K1-K8: capacity per cluster, when clusters are configured (the implicit one
     # alone is the capacity card above).
     ctx["clusters"] = [c for c in cluster_summaries()[0] if not c.implicit] \
         if clusters_configured() else []

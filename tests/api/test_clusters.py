@@ -314,3 +314,44 @@ def test_unknown_clusters_and_pools_are_404_and_anonymous_callers_401(world: Wor
     assert c.get(URL + "onprem/pools/nowhere/").status_code == 404
     assert c.get(URL + "onprem/pools/").json() == []
     assert APIClient().get(URL).status_code == 401
+
+
+def test_k8_a_disabled_cluster_is_draining_with_its_jobs_left_then_drained(
+        world: World) -> None:
+    clusters = three_clusters(world)
+    cloud = clusters["cloud"]
+    JobFactory(team=world.vision, gpu_type=world.a100, gpus_per_replica=8, status="RUNNING",
+               cluster=cloud)
+    JobFactory(team=world.nlp, gpu_type=world.a100, gpus_per_replica=4, status="ADMITTED",
+               cluster=cloud)
+    assert world.client(world.member).get(URL + "cloud/").json()["state"] == "enabled"
+
+    r = world.client(world.staff).patch(URL + "cloud/", {"enabled": False}, format="json")
+
+    assert r.status_code == 200, r.json()
+    body = r.json()
+    assert (body["enabled"], body["state"], body["running_jobs"], body["drained_at"]) == (
+        False, "draining", 2, None)
+    states = {c["name"]: c["state"]
+              for c in world.client(world.outsider).get(URL).json()}
+    assert states == {"onprem": "enabled", "lab": "enabled", "cloud": "draining"}
+    # The scheduler found nothing left there (rule K8): drained.
+    Job.objects.filter(cluster=cloud).update(status="SUCCEEDED")
+    Cluster.objects.filter(pk=cloud.pk).update(drained_at=timezone.now())
+    body = world.client(world.member).get(URL + "cloud/").json()
+    assert (body["state"], body["running_jobs"]) == ("drained", 0)
+    assert body["drained_at"] is not None
+
+
+def test_k8_enabling_a_drained_cluster_clears_drained_at_audited(world: World) -> None:
+    three_clusters(world)
+    at = timezone.now()
+    Cluster.objects.filter(name="cloud").update(enabled=False, drained_at=at)
+
+    body = world.client(world.staff).patch(URL + "cloud/", {"enabled": True},
+                                           format="json").json()
+
+    assert (body["state"], body["drained_at"]) == ("enabled", None)
+    assert Cluster.objects.get(name="cloud").drained_at is None
+    audit = AuditEntry.objects.get(object_type="queueing.Cluster", action="update")
+    assert audit.changes == {"enabled": [False, True], "drained_at": [at.isoformat(), None]}

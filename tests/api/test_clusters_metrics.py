@@ -76,3 +76,17 @@ def test_spot_reclamations_are_counted_per_cluster_from_their_events(world: Worl
     assert 'fairq_spot_reclaimed_total{cluster="cloud"} 3.0' in text
     assert 'fairq_spot_reclaimed_total{cluster=""} 1.0' in text
     assert 'fairq_spot_reclaimed_total{cluster="onprem"}' not in text
+
+
+def test_k8_a_drained_cluster_exports_no_reachability(world: World) -> None:
+    """Rule K8: the scheduler reads a drained cluster no more; what it recorded last (lab
+    was unreachable) is no alert. A draining one is still read: its series stays."""
+    from queueing.models import Cluster
+
+    clusters = three_clusters(world)
+    Cluster.objects.filter(pk=clusters["lab"].pk).update(enabled=False,
+                                                          drained_at=timezone.now())
+    Cluster.objects.filter(pk=clusters["cloud"].pk).update(enabled=False)
+    text = _scrape()
+    assert 'fairq_cluster_reachable{cluster="lab"}' not in text
+    assert 'fairq_cluster_reachable{cluster="cloud"} 1.0' in text

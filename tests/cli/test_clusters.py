@@ -83,3 +83,18 @@ def test_clusters_without_any_configured_shows_the_default_one(cli: Cli) -> None
     r = cli("clusters")
     assert r.code == 0, r.err
     assert r.out.splitlines()[1].split()[:7] == ["(default)", "0", "up", "a100", "2", "16", "16"]
+
+
+def test_k8_clusters_says_draining_and_drained(cli: Cli, world: World,
+                                              clusters: dict[str, object]) -> None:
+    from django.utils import timezone
+
+    from queueing.models import Cluster
+
+    Cluster.objects.filter(name="cloud").update(enabled=False)
+    Cluster.objects.filter(name="lab").update(enabled=False, drained_at=timezone.now())
+    r = cli("clusters")
+    assert r.code == 0, r.err
+    by_name = {line.split()[0]: line.split() for line in r.out.splitlines()[1:]
+               if not line.startswith(" ")}
+    assert by_name["cloud"][2] == "draining" and by_name["lab"][2] == "drained"

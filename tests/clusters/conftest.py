@@ -1,4 +1,4 @@
-"""Several simulated clusters for the cycle's tests (docs/clusters.md, rules K1-K7):
+"""Several simulated clusters for the cycle's tests (docs/clusters.md, rules K1-K8):
 `Cluster` rows with their nodes, a backend that can be made unreachable, queued jobs."""
 
 from __future__ import annotations

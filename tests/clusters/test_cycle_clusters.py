@@ -149,9 +149,12 @@ def test_k3_the_snapshot_resolves_pins_and_selectors_into_allowed_clusters(
     snapshot = build_snapshot(backend=fleet_open(), now=now, jobs=jobs, live_workloads=set())
 
     allowed = {q.id: q.clusters for q in snapshot.queued}
+    # A pin on a disabled cluster stays its cluster (rule K8 tells it the cluster is
+    # disabled: `closed_clusters`); a selector takes enabled clusters only.
     assert allowed == {anywhere.pk: None, pinned.pk: frozenset({"us"}),
                        cloud.pk: frozenset({"us", "eu"}), us_east.pk: frozenset({"us"}),
-                       both.pk: frozenset(), disabled.pk: frozenset()}
+                       both.pk: frozenset(), disabled.pk: frozenset({"off"})}
+    assert snapshot.closed_clusters == frozenset({"off"})
 
 
 def test_k3_without_cluster_rows_nothing_is_qualified_or_restricted(world: World) -> None:

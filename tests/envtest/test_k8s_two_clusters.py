@@ -9,6 +9,8 @@ node, cost rank 10), both `Cluster` rows of kind kubernetes under one fair share
   is requeued with reason `cluster_unreachable` and runs again in beta, where it fits;
   when alpha answers again, the stale attempt's Job there is stopped, attempt 1 is
   charged once, and nothing runs twice.
+- Rule K8: alpha disabled under a running job: the job runs on there to its end (its
+  Job not deleted), new work goes to beta, and alpha is recorded drained.
 """
 
 from __future__ import annotations
@@ -189,3 +191,42 @@ def test_k5_a_cluster_down_longer_than_the_grace_requeues_its_job_to_the_other_o
     attempts = world.client(world.member).get(f"/api/v1/jobs/{pk}/").json()["attempts"]
     assert [(a["attempt"], a["ended_how"]) for a in attempts] == [
         (1, "cluster_unreachable"), (2, "running")]
+
+
+def test_k8_a_job_on_a_disabled_cluster_keeps_running_its_job_is_not_deleted_then_it_drains(
+        two: Two, world: Any) -> None:
+    """Rule K8 on real control planes: alpha disabled under a running job. Past
+    reconcile's 15 s grace for missing workloads the job still runs there, attempt 1, its
+    Kubernetes Job in place; a new h100 job goes to beta though alpha has a free h100
+    node; the job's end is seen (SUCCEEDED, charged) and alpha is recorded drained."""
+    from queueing.models import Cluster, UsageRecord
+    from queueing.services.scheduler import scheduler_cycle
+
+    pk = submit(world, gpus=8, gpu_type="h100", env={"FAIRQ_SIM_SECONDS": "45"})
+    wait(lambda: _running(pk), timeout=60, what="the job RUNNING")
+    assert job(pk).cluster.name == "alpha"
+
+    r = world.client(world.staff).patch("/api/v1/clusters/alpha/", {"enabled": False},
+                                        format="json")
+    assert r.status_code == 200, r.content
+    assert (r.json()["state"], r.json()["running_jobs"]) == ("draining", 1)
+    newcomer = submit(world, gpus=8, gpu_type="h100", env={"FAIRQ_SIM_SECONDS": "4"})
+    until = time.monotonic() + 20
+    while time.monotonic() < until:
+        scheduler_cycle()
+        time.sleep(0.5)
+
+    kept = job(pk)
+    assert (kept.status, kept.attempt, kept.cluster.name) == ("RUNNING", 1, "alpha")
+    assert two.k8s_jobs(pk) == {"alpha": [f"fq-{pk}-1"], "beta": []}
+    placed = job(newcomer)
+    assert placed.cluster.name == "beta" and placed.placement == ["gpu-b-h100-0"]
+    assert two.k8s_jobs(newcomer)["alpha"] == []
+    assert Cluster.objects.get(name="alpha").drained_at is None
+
+    wait(lambda: job(pk).status == "SUCCEEDED", timeout=90, what="the job SUCCEEDED in alpha")
+    assert UsageRecord.objects.filter(job_id=pk, attempt=1).count() == 1
+    wait(lambda: Cluster.objects.get(name="alpha").drained_at, timeout=30,
+         what="alpha recorded drained")
+    body = world.client(world.member).get("/api/v1/clusters/alpha/").json()
+    assert (body["state"], body["running_jobs"]) == ("drained", 0)

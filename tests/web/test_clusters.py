@@ -42,6 +42,20 @@ def test_the_dashboard_shows_capacity_per_cluster(world: World) -> None:
     assert "a100 12 / 16 —" in text
 
 
+def test_k8_the_dashboard_shows_a_draining_cluster_with_its_jobs_left(world: World) -> None:
+    clusters = three_clusters(world)
+    Cluster.objects.filter(pk=clusters["cloud"].pk).update(enabled=False)
+    Cluster.objects.filter(pk=clusters["lab"].pk).update(enabled=False,
+                                                          drained_at=clusters["lab"].created_at)
+    JobFactory(team=world.vision, gpu_type=world.a100, status="RUNNING",
+               cluster=clusters["cloud"])
+    html = login(world.member).get("/").content.decode()
+    section = html[html.index('id="clusters"'):html.index("</section>", html.index('id="clusters"'))]
+    text = _text(section.encode())
+    assert "cloud cost=cloud, region=us-east draining 1 job still there a100" in text
+    assert "lab region=eu-west drained" in text
+
+
 def test_the_dashboard_has_no_cluster_card_without_clusters(world: World) -> None:
     page = login(world.member).get("/")
     assert page.status_code == 200 and b'id="clusters"' not in page.content
@@ -148,6 +162,32 @@ def test_the_admin_edits_clusters_and_pools_audited_with_the_api_rules(world: Wo
                 .values_list("object_type", "action"))
     assert kinds == {("queueing.Cluster", "create"), ("queueing.NodePool", "create")}
     assert c.get("/admin/queueing/cluster/").status_code == 200
+
+
+def test_k8_the_admin_shows_the_state_and_enabling_a_drained_cluster_clears_it(
+        world: World) -> None:
+    from django.utils import timezone
+
+    world.staff.is_superuser = True
+    world.staff.save()
+    c = Client()
+    c.force_login(world.staff)
+    eu = Cluster.objects.create(name="eu", sim_nodes="1x8xh100", enabled=False,
+                                drained_at=timezone.now())
+    us = Cluster.objects.create(name="us", sim_nodes="1x8xh100", enabled=False)
+    JobFactory(team=world.vision, gpu_type=world.h100, status="RUNNING", cluster=us)
+    listing = _text(c.get("/admin/queueing/cluster/").content)
+    assert "drained" in listing and "draining: 1 job still there" in listing
+    form = {"name": "eu", "backend": "simulated", "kubeconfig": "", "context": "",
+            "sim_nodes": "1x8xh100", "enabled": "on", "labels": "{}", "cost_rank": "0",
+            "pools-TOTAL_FORMS": "0", "pools-INITIAL_FORMS": "0",
+            "pools-MIN_NUM_FORMS": "0", "pools-MAX_NUM_FORMS": "1000"}
+    r = c.post(f"/admin/queueing/cluster/{eu.pk}/change/", form)
+    assert r.status_code == 302, _text(r.content)[:1500]
+    eu.refresh_from_db()
+    assert eu.enabled and eu.drained_at is None
+    update = AuditEntry.objects.get(object_type="queueing.Cluster", action="update")
+    assert update.changes["drained_at"][1] is None
 
 
 def test_the_running_tables_name_the_cluster_before_the_nodes(world: World) -> None:
