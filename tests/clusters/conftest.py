@@ -4,14 +4,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from queueing.backends.base import ClusterBackend, LaunchSpec, NodeInfo, WorkloadStatus
 from queueing.composition import get_backend
 from queueing.models import Cluster, Job, NodePool
+from queueing.policy.states import JobState
+from queueing.services.scheduler import scheduler_cycle
 from tests.conftest import World
 from tests.factories import JobFactory
 
@@ -97,6 +101,32 @@ def queued(world: World, *, gpu_type: Any, gpus: int = 8, replicas: int = 1,
     return JobFactory(team=team or world.vision, gpu_type=gpu_type, gpus_per_replica=gpus,
                       replicas=replicas, tier=tier or world.normal, env=env,
                       max_runtime_seconds=7200, **extra, **fields)
+
+
+@dataclass
+class StuckAdmission:
+    onprem: Cluster
+    cloud: Cluster
+    flaky: Flaky
+    job: Job
+    at: datetime
+
+
+def admitted_never_created(world: World, make_cluster: MakeCluster) -> StuckAdmission:
+    """On-premises with h100s only and a cloud of a100s whose API server refuses every
+    create: an a100 job admitted to the cloud `at`, its workload never created (what rules
+    K5 and K8 hand back to the queue)."""
+    onprem = make_cluster("onprem", "1x8xh100", cost_rank=0)
+    cloud = make_cluster("cloud", "1x8xa100", cost_rank=10)
+    flaky = Flaky(backend_of(cloud))
+    flaky.refuse_submit = True
+    at = timezone.now()
+    job = queued(world, gpu_type=world.a100)
+    scheduler_cycle(now=at, backends={"cloud": flaky})
+    job = Job.objects.get(pk=job.pk)
+    assert (job.status, job.cluster, job.submitted_to_backend_at) == (
+        JobState.ADMITTED, cloud, None)
+    return StuckAdmission(onprem, cloud, flaky, job, at)
 
 
 def live(backend: ClusterBackend, now: datetime) -> set[str]:

@@ -23,7 +23,15 @@ from queueing.services.clusters import fleet_open
 from queueing.services.scheduler import scheduler_cycle
 from tests.conftest import World
 
-from .conftest import Flaky, MakeCluster, backend_of, live, queued, spot_pool
+from .conftest import (
+    Flaky,
+    MakeCluster,
+    admitted_never_created,
+    backend_of,
+    live,
+    queued,
+    spot_pool,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -339,17 +347,9 @@ def test_k5_queued_and_never_created_jobs_go_elsewhere_and_nothing_runs_twice(
 
 def test_k5_an_admitted_job_never_created_on_an_unreachable_cluster_goes_back_at_once(
         world: World, make_cluster: MakeCluster) -> None:
-    onprem = make_cluster("onprem", "1x8xh100", cost_rank=0)
-    cloud = make_cluster("cloud", "1x8xa100", cost_rank=10)
-    flaky = Flaky(get_backend(cloud))
-    flaky.refuse_submit = True
+    stuck = admitted_never_created(world, make_cluster)
+    onprem, flaky, job, t0 = stuck.onprem, stuck.flaky, stuck.job, stuck.at
     backends = {"cloud": flaky}
-    t0 = timezone.now()
-    job = queued(world, gpu_type=world.a100)
-    scheduler_cycle(now=t0, backends=backends)
-    job = fresh(job)
-    assert (job.status, job.cluster, job.submitted_to_backend_at) == (
-        JobState.ADMITTED, cloud, None)
 
     # The cloud goes away before its workload was created; on-premises has a100s now.
     flaky.down = True

@@ -28,7 +28,15 @@ from queueing.services.jobs import job_cancel
 from queueing.services.scheduler import CycleResult, scheduler_cycle
 from tests.conftest import World
 
-from .conftest import Flaky, MakeCluster, backend_of, live, queued, spot_pool
+from .conftest import (
+    Flaky,
+    MakeCluster,
+    admitted_never_created,
+    backend_of,
+    live,
+    queued,
+    spot_pool,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -193,17 +201,10 @@ def test_k8_a_queued_job_pinned_to_a_disabled_cluster_is_told_it_is_disabled(
 
 def test_k8_an_admitted_job_never_created_on_a_disabled_cluster_goes_back_at_once(
         world: World, make_cluster: MakeCluster) -> None:
-    onprem = make_cluster("onprem", "1x8xh100", cost_rank=0)
-    cloud = make_cluster("cloud", "1x8xa100", cost_rank=10)
-    flaky = Flaky(backend_of(cloud))
-    flaky.refuse_submit = True
+    stuck = admitted_never_created(world, make_cluster)
+    onprem, cloud, flaky = stuck.onprem, stuck.cloud, stuck.flaky
+    job, t0 = stuck.job, stuck.at
     backends = {"cloud": flaky}
-    t0 = timezone.now()
-    job = queued(world, gpu_type=world.a100)
-    scheduler_cycle(now=t0, backends=backends)
-    job = fresh(job)
-    assert (job.status, job.cluster, job.submitted_to_backend_at) == (
-        JobState.ADMITTED, cloud, None)
 
     # Disabled before its workload could be created; on-premises has a100s now.
     disable(world, "cloud")
