@@ -38,7 +38,8 @@ vs_slurm_rate_ratio_c<N> (fairq/Slurm, goal >= 1.25), vs_slurm_p99_ratio_c<N> (g
 vs_slurm_array_10k_{fairq,slurm} and vs_slurm_array_ratio (goal <= 5), and the reads.
 Run: `.venv/bin/python bench/bench_vs_slurm.py` (a few minutes on 2 cores); `--drf
 --submits-only` for the submit comparison with the DRF path alone; `--load 2` for a
-loaded machine (two busy loops beside both sides, as reproducible as a load gets).
+loaded machine (two busy loops beside both sides, each in a session of its own as other
+work is: bench/_common.py start_load; as reproducible as a load gets).
 """
 
 from __future__ import annotations
