@@ -133,7 +133,7 @@ def test_k4_a_spot_taint_that_is_also_a_termination_taint_is_refused() -> None:
     assert spot_tolerations_problem(
         parse_node_matches(k8s_api.SPOT_TOLERATIONS, what="t"),
         parse_node_matches(k8s_api.SPOT_TERMINATION_TAINTS, what="t")) is None
-    with pytest.raises(ValueError, match="fairq.io/reclaim is also a termination taint"):
+    with pytest.raises(ValueError, match=r"fairq\.io/reclaim is also a termination taint"):
         KubernetesBackend(client.ApiClient(client.Configuration()),
                           spot_tolerations=["fairq.io/reclaim=soon"])
 
