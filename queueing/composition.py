@@ -212,6 +212,7 @@ def kubernetes_backend(*, kubeconfig: str, context: str) -> KubernetesBackend:
         orphan_pod_grace_seconds=settings.FAIRQ_K8S_ORPHAN_POD_GRACE_SECONDS,
         spot_node_labels=settings.FAIRQ_SPOT_NODE_LABELS,
         spot_termination_taints=settings.FAIRQ_SPOT_TERMINATION_TAINTS,
+        spot_tolerations=settings.FAIRQ_SPOT_TOLERATIONS,
     )
 
 

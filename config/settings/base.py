@@ -654,17 +654,29 @@ FAIRQ_SPOT_NODE_LABELS = env.list("FAIRQ_SPOT_NODE_LABELS", default=[
 FAIRQ_SPOT_TERMINATION_TAINTS = env.list("FAIRQ_SPOT_TERMINATION_TAINTS", default=[
     "cloud.google.com/impending-node-termination", "aws-node-termination-handler/spot-itn",
     "karpenter.sh/disrupted", "karpenter.sh/disruption", "fairq.io/reclaim"])
+# Taints that mark spot capacity (not its reclamation; same grammar, any effect): a spot
+# node carrying only these is still used, and the pods of an attempt placed on spot
+# tolerate them (rule K4); on-demand attempts do not. Default: AKS's spot pool taint. A
+# key that is also a termination taint is refused.
+FAIRQ_SPOT_TOLERATIONS = env.list("FAIRQ_SPOT_TOLERATIONS", default=[
+    "kubernetes.azure.com/scalesetpriority=spot"])
 
 
 def _check_spot_matches() -> None:
-    """Parse the two spot settings at start-up (a typo would silently match nothing)."""
-    from queueing.backends.k8s_api import parse_node_matches
+    """Parse the three spot settings at start-up (a typo would silently match nothing)."""
+    from queueing.backends.k8s_api import parse_node_matches, spot_tolerations_problem
 
-    for name in ("FAIRQ_SPOT_NODE_LABELS", "FAIRQ_SPOT_TERMINATION_TAINTS"):
+    parsed = {}
+    for name in ("FAIRQ_SPOT_NODE_LABELS", "FAIRQ_SPOT_TERMINATION_TAINTS",
+                 "FAIRQ_SPOT_TOLERATIONS"):
         try:
-            parse_node_matches(globals()[name], what=name)
+            parsed[name] = parse_node_matches(globals()[name], what=name)
         except ValueError as exc:
             raise environ.ImproperlyConfigured(str(exc)) from exc
+    problem = spot_tolerations_problem(parsed["FAIRQ_SPOT_TOLERATIONS"],
+                                       parsed["FAIRQ_SPOT_TERMINATION_TAINTS"])
+    if problem:
+        raise environ.ImproperlyConfigured(problem)
 
 
 _check_spot_matches()

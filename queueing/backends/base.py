@@ -87,6 +87,9 @@ class LaunchSpec:
     env: Mapping[str, str]
     max_runtime_seconds: int | None
     placement: Sequence[str] = ()  # planned node per replica (a hint for the cluster)
+    # Rule K4: the plan placed this attempt on spot nodes (`Job.on_spot`); its pods then
+    # tolerate the taints that mark spot capacity (Kubernetes: FAIRQ_SPOT_TOLERATIONS).
+    spot: bool = False
     # The team's setting (Team.run_as_non_root): the container gets runAsNonRoot and the
     # namespace the `restricted` Pod Security level. True unless said otherwise.
     run_as_non_root: bool = True

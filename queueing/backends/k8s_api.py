@@ -103,6 +103,14 @@ SPOT_TERMINATION_TAINTS: tuple[str, ...] = (
     "fairq.io/reclaim",
 )
 
+# Taints that mark spot capacity itself (not its reclamation): a spot node carrying only
+# these (and the GPU taint) is usable, and the pods of an attempt placed on spot tolerate
+# them (rule K4): AKS's taint on every node of a spot pool
+# (`kubernetes.azure.com/scalesetpriority=spot:NoSchedule`).
+SPOT_TOLERATIONS: tuple[str, ...] = (
+    "kubernetes.azure.com/scalesetpriority=spot",
+)
+
 # A label key: an optional DNS subdomain prefix and "/", then a name of 1-63 characters.
 _KEY_RE = re.compile(
     r"^(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
@@ -134,6 +142,24 @@ def _matches(pairs: Iterable[tuple[str, str]], wanted: Sequence[NodeMatch]) -> s
             if key == want_key and (want_value is None or value == want_value):
                 return key
     return None
+
+
+def spot_tolerations_problem(tolerations: Sequence[NodeMatch],
+                             termination: Sequence[NodeMatch]) -> str | None:
+    """Why these spot tolerations cannot go with these termination marks (a key in both:
+    the pods would tolerate the taint that says their node is being reclaimed), or None."""
+    clash = sorted({k for k, _ in tolerations} & {k for k, _ in termination})
+    if clash:
+        return (f"FAIRQ_SPOT_TOLERATIONS: {', '.join(clash)} is also a termination taint "
+                "(FAIRQ_SPOT_TERMINATION_TAINTS); a spot taint marks capacity, not its "
+                "reclamation")
+    return None
+
+
+def taint_tolerated(taint: Mapping[str, Any], tolerated: Sequence[NodeMatch]) -> bool:
+    """The taint's key (and value, where the match names one) is one of `tolerated`."""
+    return _matches(((str(taint.get("key", "")), str(taint.get("value") or "")),),
+                    tolerated) is not None
 
 
 def node_is_spot(node: Mapping[str, Any], spot_labels: Sequence[NodeMatch]) -> bool:

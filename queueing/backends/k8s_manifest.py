@@ -58,6 +58,7 @@ from .base import (
     replica_host,
     workload_env,
 )
+from .k8s_api import NodeMatch, node_is_spot, taint_tolerated
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "fairq"
@@ -106,6 +107,22 @@ class ManifestOptions:
     ttl_seconds_after_finished: int | None = 3600
     indexed: bool = False  # completionMode=Indexed: only where the server serves it
     termination_grace_seconds: int = 30
+    # Rule K4 (FAIRQ_SPOT_TOLERATIONS, parsed): the taints that mark spot capacity, which
+    # the pods of an attempt placed on spot (`LaunchSpec.spot`) tolerate.
+    spot_tolerations: tuple[NodeMatch, ...] = ()
+
+
+def tolerations(spec: LaunchSpec, opts: ManifestOptions) -> list[dict[str, str]]:
+    """The pod's tolerations: the GPU taint (any value, any effect) so it can land on GPU
+    nodes; and, only for an attempt the plan placed on spot (rule K4), each spot taint
+    (`key`: any value; `key=value`: that value; any effect), so on-demand work never
+    lands on spot nodes by toleration. Nothing else."""
+    out = [{"key": GPU_TAINT_KEY, "operator": "Exists"}]
+    if spec.spot:
+        out += [{"key": key, "operator": "Exists"} if value is None
+                else {"key": key, "operator": "Equal", "value": value}
+                for key, value in opts.spot_tolerations]
+    return out
 
 
 def namespace_for(team: str, prefix: str) -> str:
@@ -280,9 +297,7 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions, *, replica: int = 0
         "restartPolicy": "Never",
         "containers": [container],
         "priorityClassName": spec.priority_class_name,
-        # Tolerate the taint GPU nodes carry (any value, any effect) so the pod can land
-        # on them; nothing else is tolerated.
-        "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists"}],
+        "tolerations": tolerations(spec, opts),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": opts.termination_grace_seconds
@@ -916,9 +931,10 @@ def _quantity(value: Any) -> int:
         return 0
 
 
-def node_usable(node: Mapping[str, Any]) -> bool:
-    """Schedulable, Ready, and not tainted away (NoSchedule/NoExecute taints other than the
-    GPU taint fairq's pods tolerate)."""
+def node_usable(node: Mapping[str, Any], tolerated: Sequence[NodeMatch] = ()) -> bool:
+    """Schedulable, Ready, and not tainted away: no NoSchedule/NoExecute taint other than
+    the GPU taint fairq's pods tolerate and those of `tolerated` (a spot node's spot
+    taints, which the pods placed on it tolerate: rule K4)."""
     spec = node.get("spec") or {}
     if spec.get("unschedulable"):
         return False
@@ -927,7 +943,7 @@ def node_usable(node: Mapping[str, Any]) -> bool:
         return False
     for taint in spec.get("taints") or ():
         if taint.get("effect") in ("NoSchedule", "NoExecute") and \
-                taint.get("key") != GPU_TAINT_KEY:
+                taint.get("key") != GPU_TAINT_KEY and not taint_tolerated(taint, tolerated):
             return False
     return True
 
@@ -995,8 +1011,11 @@ def pod_cpu_memory_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
 
 def capacity(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
              gpu_types: Sequence[GpuTypeRef], *,
-             unbound: Mapping[str, int] | None = None) -> list[NodeInfo]:
-    """NodeInfo per usable node of a known GPU type. `allocated` = GPUs requested by
+             unbound: Mapping[str, int] | None = None,
+             spot_labels: Sequence[NodeMatch] = (),
+             spot_tolerations: Sequence[NodeMatch] = ()) -> list[NodeInfo]:
+    """NodeInfo per usable node of a known GPU type (a spot node, by `spot_labels`, is
+    usable despite its `spot_tolerations` taints: rule K4). `allocated` = GPUs requested by
     non-terminal pods bound to the node, including pods being deleted (GPUs are free only
     once the pods are gone), plus `unbound` GPUs fairq has submitted for the node but the
     scheduler has not bound yet. Likewise CPU and memory (rule A6): the node's
@@ -1006,7 +1025,8 @@ def capacity(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any
     allocatable: dict[str, tuple[int | None, int | None]] = {}
     topology: dict[str, dict[str, str]] = {}
     for node in nodes:
-        if not node_usable(node):
+        if not node_usable(node, spot_tolerations
+                           if spot_tolerations and node_is_spot(node, spot_labels) else ()):
             continue
         found = node_gpu_type(node, gpu_types)
         if found is not None:

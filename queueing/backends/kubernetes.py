@@ -8,7 +8,8 @@
             the job (`SubmitRejected`), anything else is retried by the next cycle.
 - statuses, nodes — read an in-process cache fed by watches (fairq's Jobs and Pods,
             other pods' GPU requests, Nodes), so the scheduler cycle costs no API call.
-            A node with a spot label is spot (`NodeInfo.spot`, rule K4); a spot node
+            A node with a spot label is spot (`NodeInfo.spot`, rule K4), usable despite
+            its spot taints (AKS's; the pods of a spot attempt tolerate them); a spot node
             deleted, or one a termination taint or label appears on, is reclaimed: the
             workloads with pods on it report FAILED `spot_reclaimed` (rule K6, the
             cycle requeues their jobs: services/spot.py) and it offers no GPUs.
@@ -56,6 +57,7 @@ from .base import (
 from .k8s_api import (
     SPOT_NODE_LABELS,
     SPOT_TERMINATION_TAINTS,
+    SPOT_TOLERATIONS,
     KubernetesBackendError,
     NamespaceNotProvisioned,
     api_client_from_config,
@@ -65,6 +67,7 @@ from .k8s_api import (
     node_termination_mark,
     parse_node_matches,
     raw_list,
+    spot_tolerations_problem,
 )
 from .k8s_cache import Informer, Obj, key_of
 from .k8s_manifest import (
@@ -143,6 +146,7 @@ class KubernetesBackend:
         orphan_pod_grace_seconds: float = 30.0,
         spot_node_labels: Sequence[str] = SPOT_NODE_LABELS,
         spot_termination_taints: Sequence[str] = SPOT_TERMINATION_TAINTS,
+        spot_tolerations: Sequence[str] = SPOT_TOLERATIONS,
     ) -> None:
         if provision not in ("scheduler", "separate"):
             raise ValueError(f"provision must be 'scheduler' or 'separate', not {provision!r}")
@@ -166,10 +170,15 @@ class KubernetesBackend:
         self.image_pull_timeout_seconds = image_pull_timeout_seconds
         self.pod_create_timeout_seconds = pod_create_timeout_seconds
         self.orphan_pod_grace_seconds = orphan_pod_grace_seconds
-        # Rules K4, K6 (FAIRQ_SPOT_NODE_LABELS, FAIRQ_SPOT_TERMINATION_TAINTS).
+        # Rules K4, K6 (FAIRQ_SPOT_NODE_LABELS, FAIRQ_SPOT_TERMINATION_TAINTS,
+        # FAIRQ_SPOT_TOLERATIONS).
         self.spot_labels = parse_node_matches(spot_node_labels, what="spot_node_labels")
         self.spot_termination = parse_node_matches(spot_termination_taints,
                                                    what="spot_termination_taints")
+        self.spot_tolerations = parse_node_matches(spot_tolerations, what="spot_tolerations")
+        problem = spot_tolerations_problem(self.spot_tolerations, self.spot_termination)
+        if problem:
+            raise ValueError(problem)
         self.termination_grace_seconds = termination_grace_seconds
         self.registry_allowlist = tuple(registry_allowlist)
         self._gpu_types_source = gpu_types
@@ -337,6 +346,7 @@ class KubernetesBackend:
             ttl_seconds_after_finished=self.ttl_after_finished_seconds,
             indexed=self.indexed_jobs_served(),
             termination_grace_seconds=self.termination_grace_seconds,
+            spot_tolerations=self.spot_tolerations,
         )
 
     def manifest(self, spec: LaunchSpec) -> dict[str, Any]:
@@ -985,7 +995,8 @@ class KubernetesBackend:
         return [replace(n, spot=True) if n.name in spot else n
                 for n in capacity([n for n in nodes if key_of(n) not in going],
                                   fairq_pods + self.other_pods.items(), self.gpu_types(),
-                                  unbound=unbound)]
+                                  unbound=unbound, spot_labels=self.spot_labels,
+                                  spot_tolerations=self.spot_tolerations)]
 
     def _reclaiming(self, node: Obj) -> bool:
         """A spot node with a termination taint or label (rule K6)."""

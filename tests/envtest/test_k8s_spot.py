@@ -144,3 +144,57 @@ def test_k6_a_replacement_pod_elsewhere_does_not_hide_the_reclamation(
     from queueing.models import JobEvent
 
     assert not JobEvent.objects.filter(job_id=pk, kind=JobEvent.Kind.MOVED).exists()
+
+
+AKS_SPOT = "kubernetes.azure.com/scalesetpriority"
+
+
+def test_k4_an_aks_spot_node_runs_spot_attempts_whose_pods_alone_tolerate_its_taint(
+        kube: Kube, world: Any, k8s_control_plane: Any) -> None:
+    """Rule K4 on an AKS spot pool: its nodes carry the spot label and the taint
+    `kubernetes.azure.com/scalesetpriority=spot:NoSchedule`. fairq offers such a node as
+    spot capacity; a preemptible job placed there runs (the real kube-scheduler binds its
+    pod, which tolerates the taint); an on-demand job's pods carry no such toleration and
+    run on the on-demand node."""
+    from queueing.models import Quota
+    from queueing.services.provisioning import sync_cluster
+    from tests.envtest.cluster import GPU_TAINT
+    from tests.factories import GpuTypeFactory
+
+    l40s = GpuTypeFactory(slug="l40s", node_labels={"fairq.io/gpu-type": "l40s"})
+    Quota.objects.create(team=world.vision, gpu_type=l40s, nominal=16, borrowing_limit=0)
+    sync_cluster(kube.backend.provisioner)
+    kube.backend._gpu_types_cache = None
+    tag = uuid.uuid4().hex[:5]
+    spot, regular = f"aks-spot-{tag}", f"aks-regular-{tag}"
+    aks_taint = {"key": AKS_SPOT, "value": "spot", "effect": "NoSchedule"}
+    k8s_control_plane.add_gpu_node(spot, "l40s", 8, labels={AKS_SPOT: "spot"},
+                                   taints=(GPU_TAINT, aks_taint))
+    k8s_control_plane.add_gpu_node(regular, "l40s", 8, labels={AKS_SPOT: "regular"})
+    toleration = {"key": AKS_SPOT, "operator": "Equal", "value": "spot"}
+    try:
+        wait(lambda: {n.name: n.spot for n in kube.backend.nodes()
+                      if n.name in (spot, regular)} == {spot: True, regular: False},
+             cycle=False, what="the AKS spot node in nodes(), flagged spot")
+        # A preemptible job goes to the spot node (rule K4) and runs there.
+        low = submit(world, gpus=8, gpu_type="l40s", tier="low")
+        wait(lambda: job(low).status == "RUNNING", timeout=60, what="the low job RUNNING")
+        assert job(low).on_spot and job(low).placement == [spot]
+        [low_job] = kube.jobs("vision", low)
+        assert toleration in low_job["spec"]["template"]["spec"]["tolerations"]
+        [pod] = kube.pods("vision", f"fq-{low}-1")
+        assert pod["spec"]["nodeName"] == spot  # bound by kube-scheduler: tolerated
+        # An on-demand job (a non-preemptible tier, no allow_spot): the regular node, and
+        # no toleration of the spot taint.
+        critical = submit(world, gpus=8, gpu_type="l40s", tier="critical")
+        wait(lambda: job(critical).status == "RUNNING", timeout=60,
+             what="the critical job RUNNING")
+        assert not job(critical).on_spot and job(critical).placement == [regular]
+        [critical_job] = kube.jobs("vision", critical)
+        assert critical_job["spec"]["template"]["spec"]["tolerations"] == [
+            {"key": "nvidia.com/gpu", "operator": "Exists"}]
+        [pod] = kube.pods("vision", f"fq-{critical}-1")
+        assert pod["spec"]["nodeName"] == regular
+    finally:
+        for name in (spot, regular):
+            kube.core.delete_node(name)
