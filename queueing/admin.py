@@ -4,7 +4,6 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
-from django.db.models import Model
 
 from accounts.admin import AuditedAdmin
 from queueing.selectors.clusters import cluster_state_words
@@ -115,11 +114,6 @@ class ClusterAdmin(AuditedAdmin):
     def state(self, obj: Cluster) -> str:
         """Rule K8: enabled, draining (disabled, with the jobs still there) or drained."""
         return cluster_state_words(obj)
-
-    def save_model(self, request: Any, obj: Model, form: Any, change: bool) -> None:
-        if isinstance(obj, Cluster) and obj.enabled:  # never drained while enabled (K8)
-            obj.drained_at = None
-        super().save_model(request, obj, form, change)
 
 
 @admin.register(Quota)

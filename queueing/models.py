@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -115,6 +116,15 @@ class Cluster(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # Rule K8: an enabled cluster is never drained - enabling one (the API, the admin,
+        # any save) clears `drained_at`, so disabling it again drains it afresh.
+        if self.enabled and self.drained_at is not None:
+            self.drained_at = None
+            if kwargs.get("update_fields") is not None:
+                kwargs["update_fields"] = {*kwargs["update_fields"], "drained_at"}
+        super().save(*args, **kwargs)
 
 
 class NodePool(models.Model):

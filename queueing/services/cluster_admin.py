@@ -158,13 +158,10 @@ def cluster_update(*, actor: Any, cluster: Cluster, values: Mapping[str, Any]) -
     it). `enabled: false` drains it (rule K8): nothing new is admitted or created there,
     what runs there runs on, is charged and ends as anywhere, and the scheduler records
     it drained once nothing is left. `enabled: true` makes it an ordinary cluster again
-    (`drained_at` cleared). Audited field by field."""
+    (`Cluster.save` clears `drained_at`). Audited field by field."""
     check_staff(actor=actor, doing="change clusters")
-    fields: tuple[str, ...] = CLUSTER_FIELDS
-    if values.get("enabled") is True:  # an enabled cluster is never drained (rule K8)
-        values, fields = {**values, "drained_at": None}, (*CLUSTER_FIELDS, "drained_at")
     return _update(
-        actor=actor, row=cluster, fields=fields, values=values,
+        actor=actor, row=cluster, fields=CLUSTER_FIELDS, values=values,
         keeps_name="A cluster keeps its name (its workloads and events carry it): add a "
                    "new one and disable this one instead.",
         problems=lambda merged: cluster_config_problems(merged, exclude_pk=cluster.pk))

@@ -55,7 +55,7 @@ from queueing.backends.base import (
 )
 from queueing.composition import get_backend
 from queueing.models import Cluster, ClusterBackendKind, Job, JobEvent
-from queueing.policy.states import JobState
+from queueing.policy.states import HOLDING_STATES, JobState
 from queueing.sanitize import clean_text
 from queueing.selectors.cluster import ClusterFacts, Reachability, clusters_facts, node_pool
 
@@ -484,8 +484,8 @@ def clusters_drain(*, fleet: Fleet, now: datetime) -> list[int]:
     cycle on it is read no more. Returns the requeued jobs."""
     requeued: list[int] = []
     if fleet.several:
-        # An enabled cluster is never drained: the API and the admin clear `drained_at`
-        # when they enable one; this catches any other writer before it disables it again.
+        # An enabled cluster is never drained: `Cluster.save` clears `drained_at` when one
+        # is enabled; this catches a bulk `update()` before it is disabled again.
         Cluster.objects.filter(enabled=True, drained_at__isnull=False).update(drained_at=None)
     for m in fleet.draining():
         assert m.facts is not None  # several clusters: every member is a row
@@ -493,7 +493,7 @@ def clusters_drain(*, fleet: Fleet, now: datetime) -> list[int]:
         if m.reachable and m.live:
             continue  # a workload of an ended job still stops (reconcile stopped it)
         if Job.objects.filter(cluster_id=m.facts.id,
-                              status__in=(JobState.ADMITTED, JobState.RUNNING)).exists():
+                              status__in=sorted(HOLDING_STATES)).exists():
             continue
         with transaction.atomic():
             if Cluster.objects.filter(pk=m.facts.id, enabled=False,
