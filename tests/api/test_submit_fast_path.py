@@ -77,3 +77,44 @@ def test_job_input_build_answers_each_actor_with_their_own_errors(world: World) 
     assert set(outsider.value.fields) == {"team"}  # its own user, not the first one's
     good = job_input_build(actor=world.member, **shaped(JobCreateSerializer, job_body()))
     assert good.team == world.vision and good.tier == world.normal
+
+
+def test_the_answers_field_plan_gives_what_the_serializer_gives(world: World) -> None:
+    """queueing/api/bulk.py `_represent`: the same dict as the ModelSerializers'
+    `to_representation`, for jobs whose fields take every branch (no submitter, a
+    dependency, volumes, labels, a pinned cluster, an admitted attempt, a message)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from queueing.api.bulk import _bound_serializers, job_submitted_data
+    from queueing.models import Cluster, JobState
+    from tests.factories import JobFactory
+
+    c = world.client(world.member)
+    first = c.post("/api/v1/jobs/", job_body(), format="json").json()
+    east = Cluster.objects.create(name="east")
+    bodies = [
+        job_body(labels={"a": "b"}, annotations={"x": "y"}, volumes=[],
+                 dependencies=[{"type": "after_ok", "job": first["id"]}]),
+        job_body(allow_spot=True, env={}, args=[]),
+    ]
+    ids = [first["id"]]
+    for body in bodies:
+        r = c.post("/api/v1/jobs/", body, format="json")
+        assert r.status_code == 201, r.content
+        ids.append(r.json()["id"])
+    now = timezone.now()
+    orphan = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal,
+                        submitter=None, status=JobState.RUNNING, message="oom at step 3",
+                        admitted_at=now - timedelta(hours=1), started_at=now - timedelta(minutes=50),
+                        exit_code=None, cluster=east, requested_cluster=east)
+    ids.append(orphan.pk)
+    job_serializer, event_serializer = _bound_serializers()
+    for job in Job.objects.select_related("team", "gpu_type", "tier", "submitter") \
+            .prefetch_related("events").filter(pk__in=ids):
+        events = list(job.events.all())
+        expected = {**job_serializer.to_representation(job),
+                    "events": [event_serializer.to_representation(e) for e in events]}
+        assert job_submitted_data(job, events) == expected
+    assert len(ids) == 4
