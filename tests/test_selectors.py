@@ -64,6 +64,31 @@ def test_capacity_rows_agree_with_gpus_held_and_the_nodes(world: World) -> None:
     assert by_type["a100"].queued_demand == 3 and by_type["a100"].held_by_jobs == 0
 
 
+def test_k8_capacity_counts_a_draining_clusters_gpus_but_guarantees_only_the_open_ones(
+        world: World) -> None:
+    """Rule K8: a draining cluster's nodes are real capacity in use (its jobs hold them),
+    but no nominal quota can be met there: the overcommit warning counts the rest."""
+    from queueing.selectors.capacity import overcommit_warnings
+
+    _held_world(world)  # 24 h100 GPUs guaranteed (tests/conftest.py's quotas)
+    nodes = [NodeInfo("n1", "h100", 8, 0, cluster="onprem"),
+             NodeInfo("n2", "h100", 8, 0, cluster="onprem"),
+             NodeInfo("d1", "h100", 8, 8, cluster="old")]
+    rows, _ = capacity_by_gpu_type(nodes=nodes, closed=frozenset({"old"}))
+    h100 = {r.gpu_type: r for r in rows}["h100"]
+    assert (h100.capacity, h100.allocated, h100.draining_capacity, h100.open_capacity) == (
+        24, 8, 8, 16)
+    assert {n["name"]: n["draining"] for n in h100.by_node} == {
+        "d1": True, "n1": False, "n2": False}
+    assert h100.guaranteed == 24 and h100.overcommitted
+    assert overcommit_warnings([h100]) == [
+        "Guaranteed h100 quotas (24 GPUs) exceed the cluster's 16 h100 GPUs that take new "
+        "work (8 more are on draining clusters, rule K8): not every team can get its "
+        "nominal quota at once."]
+    rows, _ = capacity_by_gpu_type(nodes=nodes)  # nothing closed: all 24 take new work
+    assert not {r.gpu_type: r for r in rows}["h100"].overcommitted
+
+
 def test_the_quota_board_cells_and_team_quotas_read_the_same_gpus_held(world: World) -> None:
     _held_world(world)
     board = quota_board(now=timezone.now())

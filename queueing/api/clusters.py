@@ -94,7 +94,9 @@ class ClusterSerializer(serializers.Serializer[Any]):
                                              help_text="When the scheduler last read it.")
     cost_rank = serializers.IntegerField(
         help_text="Rule K2: among clusters where a job fits, the lowest goes first.")
-    capacity = serializers.IntegerField(help_text="GPUs of every type.")
+    capacity = serializers.IntegerField(help_text=(
+        "GPUs of every type (while `draining` too: its real capacity, none of it for new "
+        "work, rule K8)."))
     free = serializers.IntegerField(help_text="GPUs not allocated.")
     spot_capacity = serializers.IntegerField(help_text="GPUs on spot nodes.")
     running_jobs = serializers.IntegerField(

@@ -216,6 +216,9 @@ class CapacityNodeSerializer(serializers.Serializer[Any]):
     capacity = serializers.IntegerField()
     allocated = serializers.IntegerField(help_text="GPUs in use as the cluster reports it")
     free = serializers.IntegerField()
+    draining = serializers.BooleanField(help_text=(
+        "A node of a disabled cluster still draining (rule K8): its jobs run on, but its "
+        "free GPUs take no new work."))
 
 
 class CapacitySerializer(serializers.Serializer[Any]):
@@ -228,7 +231,8 @@ class CapacitySerializer(serializers.Serializer[Any]):
     queued_demand = serializers.IntegerField(help_text="GPUs asked for by queued jobs")
     by_node = CapacityNodeSerializer(many=True, help_text=(
         "Each node of the type, by name, as the cluster reports it: its free GPUs are the "
-        "largest block one replica can get there (docs/scheduling.md, rule E3)."))
+        "largest block one replica can get there (docs/scheduling.md, rule E3), unless it "
+        "is `draining` (rule K8)."))
 
 
 class CapacityView(APIView):

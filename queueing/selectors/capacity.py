@@ -31,17 +31,25 @@ class CapacityRow:
     queued_demand: int = 0  # GPUs asked for by queued jobs
     guaranteed: int = 0  # sum of nominal quotas
     by_team: dict[str, int] = field(default_factory=dict)  # GPUs held per team
-    # Per node of the type, by name: {name, gpu_type, capacity, allocated, free} (rule E3's
-    # "largest free block" is the largest `free` here).
+    # Per node of the type, by name: {name, gpu_type, capacity, allocated, free, draining}
+    # (rule E3's "largest free block" is the largest `free` of a node not draining).
     by_node: list[dict[str, object]] = field(default_factory=list)
+    # Rule K8: the part of `capacity` on draining clusters' nodes (real, in use by the
+    # jobs still there, but no new work goes there).
+    draining_capacity: int = 0
 
     @property
     def percent(self) -> int:
         return round(100 * self.allocated / self.capacity) if self.capacity else 0
 
     @property
+    def open_capacity(self) -> int:
+        """The GPUs new work may use (rule K8): those of no draining cluster."""
+        return self.capacity - self.draining_capacity
+
+    @property
     def overcommitted(self) -> bool:
-        return self.guaranteed > self.capacity
+        return self.guaranteed > self.open_capacity
 
 
 def _gpus_by(statuses: Collection[str], *, team: Team | None = None,
@@ -77,14 +85,16 @@ def gpus_held_by_type() -> dict[str, int]:
     return dict(out)
 
 
-def capacity_by_gpu_type(*, nodes: list[NodeInfo] | None = None) -> tuple[list[CapacityRow], str]:
+def capacity_by_gpu_type(*, nodes: list[NodeInfo] | None = None,
+                         closed: frozenset[str] = frozenset()) -> tuple[list[CapacityRow], str]:
     """Every GPU type (known to fairq or on a node), sorted: its nodes, capacity and
-    allocation as the cluster reports them, the GPUs jobs hold (per team) and ask for,
-    and the guaranteed (nominal) quota. `nodes` default to the published cluster view;
-    the sentence says when that is missing or stale."""
+    allocation as the cluster reports them (a draining cluster's nodes too, their part
+    in `draining_capacity`: rule K8), the GPUs jobs hold (per team) and ask for, and the
+    guaranteed (nominal) quota. `nodes` default to the published cluster view, `closed`
+    to its closed clusters; the sentence says when that is missing or stale."""
     error = ""
     if nodes is None:
-        nodes, error = cluster_nodes()
+        nodes, closed, error = cluster_nodes()
     rows = {slug: CapacityRow(slug) for slug in GpuType.objects.values_list("slug", flat=True)}
 
     def row(gpu_type: str) -> CapacityRow:
@@ -96,8 +106,11 @@ def capacity_by_gpu_type(*, nodes: list[NodeInfo] | None = None) -> tuple[list[C
         r.capacity += n.capacity
         r.allocated += n.allocated
         r.free += n.free
+        draining = bool(closed) and n.cluster in closed
+        if draining:
+            r.draining_capacity += n.capacity
         r.by_node.append({"name": n.name, "gpu_type": n.gpu_type, "capacity": n.capacity,
-                          "allocated": n.allocated, "free": n.free})
+                          "allocated": n.allocated, "free": n.free, "draining": draining})
     for (status, team, gpu), gpus in _gpus_by({*HOLDING_STATES, JobState.QUEUED}).items():
         r = row(gpu)
         if status == JobState.QUEUED:
@@ -117,6 +130,9 @@ def capacity_by_gpu_type(*, nodes: list[NodeInfo] | None = None) -> tuple[list[C
 def overcommit_warnings(rows: list[CapacityRow]) -> list[str]:
     return [
         f"Guaranteed {r.gpu_type} quotas ({r.guaranteed} GPUs) exceed the cluster's "
-        f"{r.capacity} {r.gpu_type} GPUs: not every team can get its nominal quota at once."
+        f"{r.open_capacity} {r.gpu_type} GPUs"
+        + (f" that take new work ({r.draining_capacity} more are on draining clusters, "
+           "rule K8)" if r.draining_capacity else "")
+        + ": not every team can get its nominal quota at once."
         for r in rows if r.overcommitted
     ]

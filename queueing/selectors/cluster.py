@@ -137,7 +137,10 @@ class ClusterView:
     """A copy of the cluster as the worker last saw it. `published_at` None: nothing was
     published (then `error` says why and `nodes` is empty). With several clusters
     (docs/clusters.md) `node_list` is every reachable cluster's nodes, each with its
-    `cluster`, and `clusters` says which clusters could be read (rule K5)."""
+    `cluster` (a draining one's too: its real capacity and use), `clusters` says which
+    clusters could be read (rule K5) and `closed` which take no new work (rule K8: the
+    plan's `Snapshot.closed_clusters`). What new work may use - the submit checks, rule
+    P1's cluster size, the arrays' window, the start estimates - is `open_nodes`."""
 
     node_list: tuple[NodeInfo, ...] = ()
     workloads: frozenset[str] = frozenset()
@@ -145,28 +148,38 @@ class ClusterView:
     published_at: datetime | None = None
     error: str = ""
     clusters: tuple[Reachability, ...] = ()
+    closed: frozenset[str] = frozenset()
 
     def nodes(self) -> list[NodeInfo]:
         return list(self.node_list)
+
+    def open_nodes(self) -> list[NodeInfo]:
+        """Rule K8, as the plan applies it (`Snapshot.open_nodes`): the nodes new work
+        may be placed on - every node but those of a closed cluster."""
+        closed = self.closed
+        return [n for n in self.node_list if not closed or n.cluster not in closed]
 
     def unprovisioned_teams(self, teams: Iterable[str]) -> set[str]:
         return set(teams) & self.unprovisioned
 
     def total_gpus(self) -> int:
-        """GPUs on every node (the cluster size rule P1's size factor divides by)."""
-        return sum(n.capacity for n in self.node_list)
+        """GPUs on the nodes new work may use (the cluster size rule P1's size factor
+        divides by, as the plan counts it: rule K8)."""
+        return sum(n.capacity for n in self.open_nodes())
 
     def largest_node_gpus(self) -> dict[str, int]:
+        """Per GPU type, the GPUs of its largest node new work may use (rule K8)."""
         sizes: dict[str, int] = {}
-        for n in self.node_list:
+        for n in self.open_nodes():
             sizes[n.gpu_type] = max(sizes.get(n.gpu_type, 0), n.capacity)
         return sizes
 
     def largest_node_cpu_memory(self) -> dict[str, tuple[int | None, int | None]]:
-        """Per GPU type, the most CPU (millicores) and memory (bytes) one of its nodes can
-        allocate; None for one no node of the type reports (rule A6)."""
+        """Per GPU type, the most CPU (millicores) and memory (bytes) one of its nodes new
+        work may use can allocate; None for one no such node of the type reports (rules
+        A6, K8)."""
         out: dict[str, tuple[int | None, int | None]] = {}
-        for n in self.node_list:
+        for n in self.open_nodes():
             cpu, memory = out.get(n.gpu_type, (None, None))
             if n.cpu_millicores is not None:
                 cpu = max(cpu or 0, n.cpu_millicores)
@@ -194,7 +207,8 @@ class ClusterView:
                            dict(n.topology), n.spot, n.cluster] for n in self.node_list],
                 "workloads": sorted(self.workloads), "unprovisioned": sorted(self.unprovisioned),
                 "published_at": self.published_at.isoformat() if self.published_at else None,
-                "clusters": [c.to_list() for c in self.clusters]}
+                "clusters": [c.to_list() for c in self.clusters],
+                "closed": sorted(self.closed)}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ClusterView:
@@ -203,7 +217,8 @@ class ClusterView:
                    workloads=frozenset(raw.get("workloads") or ()),
                    unprovisioned=frozenset(raw.get("unprovisioned") or ()),
                    published_at=datetime.fromisoformat(at) if at else None,
-                   clusters=tuple(Reachability.from_list(c) for c in raw.get("clusters") or ()))
+                   clusters=tuple(Reachability.from_list(c) for c in raw.get("clusters") or ()),
+                   closed=frozenset(str(c) for c in raw.get("closed") or ()))
 
 
 def _node_from_list(n: list[Any]) -> NodeInfo:
@@ -225,17 +240,19 @@ def _node_from_list(n: list[Any]) -> NodeInfo:
 def cluster_view_of(backend: ClusterBackend, *, now: datetime,
                     workloads: Iterable[str] | None = None,
                     unprovisioned: Iterable[str] = (),
-                    clusters: Iterable[Reachability] = ()) -> ClusterView:
+                    clusters: Iterable[Reachability] = (),
+                    closed: Iterable[str] = ()) -> ClusterView:
     nodes = tuple(backend.nodes())
     if workloads is None:
         workloads = [s.name for s in backend.statuses(now=now)]
     return ClusterView(node_list=nodes, workloads=frozenset(workloads),
                        unprovisioned=frozenset(unprovisioned), published_at=now,
-                       clusters=tuple(clusters))
+                       clusters=tuple(clusters), closed=frozenset(closed))
 
 
 def _merged_view(rows: list[Cluster], *, now: datetime) -> ClusterView:
-    """The in-process clusters of `rows` as one view, as the worker would publish it."""
+    """The in-process clusters of `rows` as one view, as the worker would publish it
+    (a disabled one, still draining, closed: rule K8)."""
     facts = clusters_facts()
     nodes: list[NodeInfo] = []
     workloads: set[str] = set()
@@ -247,7 +264,8 @@ def _merged_view(rows: list[Cluster], *, now: datetime) -> ClusterView:
         workloads |= {s.name for s in backend.statuses(now=now)}
     return ClusterView(node_list=tuple(nodes), workloads=frozenset(workloads),
                        published_at=now,
-                       clusters=tuple(Reachability(r.name, True) for r in rows))
+                       clusters=tuple(Reachability(r.name, True) for r in rows),
+                       closed=frozenset(r.name for r in rows if not r.enabled))
 
 
 def cluster_view(*, now: datetime | None = None) -> ClusterView:
@@ -256,7 +274,9 @@ def cluster_view(*, now: datetime | None = None) -> ClusterView:
     raw = cache.get(VIEW_KEY)
     if raw is not None:
         return ClusterView.from_dict(raw)
-    rows = list(Cluster.objects.filter(enabled=True))
+    # The clusters the cycle reads: enabled, or disabled and still draining (rule K8).
+    rows = list(Cluster.objects.filter(Q(enabled=True) | Q(drained_at__isnull=True))
+                .order_by("cost_rank", "name"))
     if rows and all(r.backend == ClusterBackendKind.SIMULATED for r in rows):
         # Several in-process clusters (the demo): theirs, each node with its cluster.
         try:
@@ -312,8 +332,9 @@ def largest_node_gpus(gpu_type: str) -> int | None:
         return None
 
 
-def cluster_nodes() -> tuple[list[NodeInfo], str]:
-    """The nodes of the published cluster view, and a sentence when it is missing or
-    stale (a page shows it instead of failing)."""
+def cluster_nodes() -> tuple[list[NodeInfo], frozenset[str], str]:
+    """The nodes of the published cluster view (a draining cluster's too), the clusters
+    that take no new work (rule K8: `ClusterView.closed`), and a sentence when the view
+    is missing or stale (a page shows it instead of failing)."""
     view = cluster_view()
-    return view.nodes(), view.stale(timezone.now())[:200]
+    return view.nodes(), view.closed, view.stale(timezone.now())[:200]

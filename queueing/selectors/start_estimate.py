@@ -38,7 +38,11 @@ def queue_start_estimates(*, now: datetime, job_ids: Collection[int] = ()
     if plan.error:
         return {}, plan.error
     positions = {job_id: e.position for job_id, e in plan.entries.items()}
-    held = Job.objects.filter(status__in=[JobState.ADMITTED, JobState.RUNNING]).values_list(
+    view = cluster_view(now=now)
+    holding = Job.objects.filter(status__in=[JobState.ADMITTED, JobState.RUNNING])
+    if view.closed:  # rule K8: a draining cluster's GPUs, held or freed, no queued job gets
+        holding = holding.exclude(cluster__name__in=sorted(view.closed))
+    held = holding.values_list(
         "gpu_type__slug", "gpus_per_replica", "replicas", "started_at", "max_runtime_seconds")
     running = [Holding(gpu_type=t, gpus=g * r,
                        # Admitted, not started yet: its clock starts about now.
@@ -48,7 +52,7 @@ def queue_start_estimates(*, now: datetime, job_ids: Collection[int] = ()
     # releases (the cluster's own `allocated` lags a cancel by up to a cycle, and would
     # count a stopped job's GPUs twice: held, and never released).
     free: dict[str, int] = {}
-    for n in cluster_view(now=now).node_list:
+    for n in view.open_nodes():
         free[n.gpu_type] = free.get(n.gpu_type, 0) + n.capacity
     for h in running:
         free[h.gpu_type] = free.get(h.gpu_type, 0) - h.gpus

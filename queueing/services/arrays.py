@@ -20,7 +20,7 @@ from queueing.models import GpuType, Job, JobArray, JobEvent
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 from queueing.sanitize import clean_text
 from queueing.selectors.arrays import array_get_for_actor
-from queueing.selectors.cluster import cluster_nodes
+from queueing.selectors.cluster import cluster_view
 from queueing.selectors.queue_plan import queue_plan_forget
 
 from .jobs import array_members_notify, array_members_write, job_transition
@@ -59,9 +59,8 @@ def arrays_top_up(*, now: datetime) -> dict[int, list[int]]:
         return {}
     queued = dict(Job.objects.order_by().filter(array_id__in=pending, status=JobState.QUEUED)
                   .values_list("array_id").annotate(n=Count("id")).values_list("array_id", "n"))
-    nodes, _ = cluster_nodes()
     gpus: dict[str, int] = {}
-    for node in nodes:
+    for node in cluster_view().open_nodes():  # rule K8: a draining cluster's take no new work
         gpus[node.gpu_type] = gpus.get(node.gpu_type, 0) + node.capacity
     slugs = dict(GpuType.objects.values_list("pk", "slug"))
     written: dict[int, list[int]] = {}

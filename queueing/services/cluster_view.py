@@ -14,11 +14,14 @@ from queueing.selectors.cluster import VIEW_KEY, ClusterView, Reachability, clus
 
 def cluster_view_publish(*, backend: ClusterBackend, now: datetime, workloads: Iterable[str],
                          unprovisioned: Iterable[str] = (),
-                         clusters: Iterable[Reachability] = ()) -> ClusterView:
+                         clusters: Iterable[Reachability] = (),
+                         closed: Iterable[str] = ()) -> ClusterView:
     """The worker, after a cycle: what web processes will read until the next one. With
     several clusters (docs/clusters.md) `backend` is the cycle's fleet: every reachable
-    cluster's nodes, each with its `cluster`, and `clusters` which ones answered."""
+    cluster's nodes (a draining one's too), each with its `cluster`; `clusters` which
+    ones answered; `closed` the ones the plan gave no new work (rule K8:
+    `Snapshot.closed_clusters`)."""
     view = cluster_view_of(backend, now=now, workloads=workloads, unprovisioned=unprovisioned,
-                           clusters=clusters)
+                           clusters=clusters, closed=closed)
     cache.set(VIEW_KEY, view.to_dict(), timeout=None)
     return view

@@ -22,12 +22,14 @@ other configuration changes, no table of its own); each affected job gets a
 
 Rule K8: a disabled cluster drains, as `kubectl drain` does a node: while fairq's jobs
 are there it stays a member (`Member.draining`), read every cycle like the others - its
-workloads reconciled, its jobs charged, finishing, failing, requeued by rules K5, K6 and
-U3 - but its nodes are offered to no queued job and nothing is created there
-(`clusters_drain` requeues an admitted job whose workload was never created). The cycle
-that finds no job left there records it drained (`Cluster.drained_at`, an audit entry
-`action = "drained"`); from then on it is read no more. Enabling it again makes it an
-ordinary member.
+workloads reconciled, its nodes listed, its jobs charged, finishing, failing, requeued
+by rules K5, K6 and U3 - but nothing is created there (`clusters_drain` requeues an
+admitted job whose workload was never created). That its nodes are offered to no queued
+job is the policy's, once (`Snapshot.closed_clusters`, `Snapshot.open_nodes`): the fleet
+reports them, so the pages, the API and /metrics show its real capacity and use while
+it drains. The cycle that finds no job left there records it drained
+(`Cluster.drained_at`, an audit entry `action = "drained"`); from then on it is read no
+more. Enabling it again makes it an ordinary member.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ class Member:
     """One cluster of the cycle: its backend and whether it answered this cycle.
     `draining` (rule K8): disabled, read for the jobs still there but given no new work;
     `live` its workloads listed this cycle that have not ended (counted only for a
-    draining member)."""
+    draining member); `drained`: this cycle recorded it drained (read no more, its nodes
+    not even for the view this cycle publishes)."""
 
     name: str  # "" for the one implicit cluster
     backend: ClusterBackend
@@ -83,6 +86,7 @@ class Member:
     error: str = ""  # why it could not be read this cycle ("" = it answered)
     draining: bool = False
     live: int = 0
+    drained: bool = False
 
     @property
     def reachable(self) -> bool:
@@ -100,8 +104,11 @@ class Fleet:
       reachable one: a stop of an unknown name is a no-op); `logs` likewise.
     - `submit` is per cluster: `backend_of(cluster_id)` gives the member's backend.
     - A draining member (rule K8: disabled, jobs still there) is read like the others
-      (statuses, K5, readings, stops, logs) but offers nothing new: its nodes are left
-      out of `nodes`, it is asked about no namespace and nothing is submitted to it.
+      (statuses, nodes, K5, readings, stops, logs): its nodes are in `nodes`, with their
+      real capacity and use, and the policy offers them to no queued job
+      (`Snapshot.closed_clusters`: K8 is applied there, once). Nothing new is created
+      there: it is asked about no namespace and nothing is submitted to it. Once this
+      cycle recorded it drained (`Member.drained`) it is read no more.
     """
 
     in_process: ClassVar[bool] = False
@@ -200,8 +207,12 @@ class Fleet:
         return out
 
     def nodes(self) -> list[NodeInfo]:
+        """Every reachable member's nodes, a draining one's too (rule K8 is the policy's:
+        `Snapshot.open_nodes`); not those of a member drained this cycle."""
         out: list[NodeInfo] = []
         for m in self.reachable():
+            if m.drained:  # rule K8: drained, read no more
+                continue
             try:
                 got = m.backend.nodes()
             except NOT_ONE_JOBS_FAULT:
@@ -209,8 +220,7 @@ class Fleet:
             except Exception as exc:  # rule K5: this cluster only
                 self._failed(m, exc, "listing its nodes")
                 continue
-            if not m.draining:  # rule K8: read (K5 as anywhere), offered to no new job
-                out.extend(_node_of(m, n) for n in got)
+            out.extend(_node_of(m, n) for n in got)
         return out
 
     def _route(self, name: str) -> list[Member]:
@@ -504,6 +514,7 @@ def clusters_drain(*, fleet: Fleet, now: datetime) -> list[int]:
                 audit_record(actor=None, action="drained",
                              instance=Cluster.objects.get(pk=m.facts.id), changes=changes)
                 log.info("cluster %s drained: disabled, no job left there", m.name)
+                m.drained = True
     return requeued
 
 

@@ -36,7 +36,8 @@
 
 Several clusters (docs/clusters.md): the cycle reads every enabled `Cluster` (and every
 disabled one still draining, rule K8) as one `Fleet` (services/clusters.py): one
-snapshot of all reachable enabled clusters' nodes (named "<cluster>/<node>"), one plan,
+snapshot of all reachable clusters' nodes (named "<cluster>/<node>"; a draining one's
+are there, closed: the plan offers them to no queued job, rule K8), one plan,
 each admission written with its `Job.cluster` and the node names the cluster knows,
 each workload created on its job's cluster. A cluster that cannot be read never stops
 the others (rule K5). With no `Cluster` row the fleet is the one cluster of settings, as
@@ -219,7 +220,8 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         # What web processes know of the cluster (they are no cluster clients).
         cluster_view_publish(backend=backend, now=now, workloads=result.workloads,
                              unprovisioned=unprovisioned,
-                             clusters=fleet.reachability(now=now, since=outages.since))
+                             clusters=fleet.reachability(now=now, since=outages.since),
+                             closed=snapshot.closed_clusters)
         t5 = time.perf_counter()
         result.timings = {"reconcile": t1 - t0, "snapshot": t2 - t1, "decide": t3 - t2,
                           "apply": t4 - t3, "submit": t5 - t4, "total": t5 - t0}

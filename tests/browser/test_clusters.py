@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from queueing.models import Job
+from queueing.models import Cluster, Job
 from tests.api.test_clusters import three_clusters
 from tests.conftest import World
 from tests.factories import JobFactory
@@ -72,3 +72,40 @@ def test_the_staff_cluster_page_groups_nodes_by_cluster(page: Any, world: World,
     cloud.locator("summary").click()
     expect(cloud).to_contain_text("s0 h100 7/8 free")
     shoot(page, "clusters-staff-page")
+
+
+def test_k8_the_staff_cluster_page_shows_a_draining_clusters_capacity_and_use(
+        page: Any, world: World, cycle: Callable[..., Any],
+        shoot: Callable[[Any, str], Any]) -> None:
+    """Rule K8 as a user sees it: a disabled cluster still running a job shows its real
+    GPUs and their use (8 of 16 a100s, the job's) until it is drained, not 0 / 0."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from playwright.sync_api import expect
+
+    from tests.clusters.conftest import queued
+
+    Cluster.objects.create(name="onprem", sim_nodes="1x8xh100", cost_rank=0)
+    cloud = Cluster.objects.create(name="cloud", sim_nodes="2x8xa100", cost_rank=10)
+    t0 = timezone.now()
+    job = queued(world, gpu_type=world.a100, seconds=3600, name="long-train")
+    cycle(now=t0)
+    cycle(now=t0 + timedelta(seconds=1))
+    assert Job.objects.get(pk=job.pk).status == "RUNNING"
+    cloud.enabled = False
+    cloud.save()
+    cycle(now=t0 + timedelta(seconds=2))  # read while it drains; nothing new goes there
+
+    login(page, "root")
+    page.goto("/cluster/")
+    row = page.locator('tbody[data-cluster="cloud"]')
+    expect(row).to_contain_text("draining")
+    expect(row).to_contain_text("1 job still there")
+    expect(row).to_contain_text("a100")
+    expect(row).to_contain_text("8 / 16")
+    row.locator("summary").click()
+    expect(row).to_contain_text("2 nodes (draining: their free GPUs take no new work")
+    expect(row).to_contain_text("sim-a100-001 a100 8/8 free")
+    row.scroll_into_view_if_needed()
+    shoot(page, "clusters-k8-draining")

@@ -91,14 +91,16 @@ def test_k8_a_job_on_a_disabled_cluster_runs_on_is_charged_and_completes_then_it
     assert (job.status, job.attempt, job.cluster) == (JobState.RUNNING, 1, cloud)
     assert live(backend_of(cloud), t0 + timedelta(seconds=400)) == {job.backend_name}
     assert not drained_entries(cloud)
-    # Still in the snapshot as a job holding GPUs (quota, fair share), its nodes not.
+    # Still in the snapshot as a job holding GPUs (quota, fair share), on its nodes; the
+    # plan offers them to no queued job (the cluster is closed).
     fleet = fleet_open()
     fleet.statuses(now=t0)
     jobs = ActiveJobs()
     jobs.refresh()
     snapshot = build_snapshot(backend=fleet, now=t0, jobs=jobs)
     assert [r.id for r in snapshot.running] == [job.pk]
-    assert {n.cluster for n in snapshot.nodes} == {"onprem"}
+    assert {n.cluster for n in snapshot.nodes} == {"onprem", "cloud"}
+    assert {n.cluster for n in snapshot.open_nodes()} == {"onprem"}
     assert snapshot.closed_clusters == frozenset({"cloud"})
     assert api_cluster(world, "cloud")["state"] == "draining"
 
@@ -139,10 +141,13 @@ def test_k8_nothing_new_is_admitted_or_placed_on_a_draining_cluster(
     assert r.plan is not None
     wait = r.plan.waits[newcomer.pk]
     assert "cloud" not in wait.message  # "why it waits" never says it fits there
-    # The published view offers the draining cluster's nodes to no one either.
+    # The published view shows the draining cluster's nodes, and offers them to no one.
     from queueing.selectors.cluster import cluster_view
 
-    assert {n.cluster for n in cluster_view().nodes()} == {"onprem"}
+    view = cluster_view()
+    assert {n.cluster for n in view.nodes()} == {"onprem", "cloud"}
+    assert view.closed == frozenset({"cloud"})
+    assert {n.cluster for n in view.open_nodes()} == {"onprem"}
 
 
 def test_k8_a_job_requeued_from_a_draining_cluster_is_not_placed_there_again(
@@ -325,3 +330,125 @@ def test_k8_re_enabling_a_drained_cluster_clears_drained_and_a_new_disable_drain
     scheduler_cycle(now=t0 + timedelta(seconds=2))
     assert fresh(job).status in (JobState.ADMITTED, JobState.RUNNING)
     assert len(drained_entries(cloud)) == 1  # not drained while its job is there
+
+
+def test_k8_the_fleet_lists_a_draining_clusters_nodes_with_their_use_and_the_plan_closes_them(
+        world: World, make_cluster: MakeCluster) -> None:
+    """Rule K8 is applied once, in the policy: the fleet lists a draining cluster's nodes
+    like any member's (their real capacity, the running job's GPUs allocated), the
+    snapshot has them with the job on them, and only the plan's `open_nodes` leaves them
+    out - so a newcomer that would fit on its free node is not placed there."""
+    _, _, t0 = running_on(world, make_cluster, sim_nodes="2x8xa100", seconds=3600)
+    disable(world, "cloud")
+    newcomer = queued(world, gpu_type=world.a100, team=world.nlp, seconds=60)
+
+    fleet = fleet_open()
+    assert fleet.members["cloud"].draining
+    nodes = [n for n in fleet.nodes() if n.cluster == "cloud"]
+    assert (len(nodes), sum(n.capacity for n in nodes), sum(n.allocated for n in nodes)) == (
+        2, 16, 8)
+    jobs = ActiveJobs()
+    jobs.refresh()
+    snapshot = build_snapshot(backend=fleet, now=t0 + timedelta(seconds=30), jobs=jobs)
+    (held,) = snapshot.running
+    cloud_nodes = {n.name: n for n in snapshot.nodes if n.cluster == "cloud"}
+    assert set(held.nodes) <= set(cloud_nodes)  # accounted against its node
+    assert sum(n.free for n in cloud_nodes.values()) == 8
+    assert not any(n.cluster == "cloud" for n in snapshot.open_nodes())
+
+    r = scheduler_cycle(now=t0 + timedelta(seconds=30))
+
+    assert r.admitted == [] and fresh(newcomer).status == JobState.QUEUED
+    assert r.plan is not None and "cloud" not in r.plan.waits[newcomer.pk].message
+
+
+def test_k8_the_api_and_metrics_show_a_draining_clusters_capacity_and_use_until_it_drains(
+        world: World, make_cluster: MakeCluster) -> None:
+    from django.test import Client
+
+    from queueing.selectors.cluster import cluster_view
+
+    cloud, _, t0 = running_on(world, make_cluster, sim_nodes="2x8xa100", seconds=600)
+    disable(world, "cloud")
+    scheduler_cycle(now=t0 + timedelta(seconds=30))
+
+    body = api_cluster(world, "cloud")
+    assert (body["state"], body["capacity"], body["free"], body["running_jobs"]) == (
+        "draining", 16, 8, 1)
+    (a100,) = body["gpu_types"]
+    assert (a100["gpu_type"], a100["nodes"], a100["capacity"], a100["free"],
+            a100["held_by_jobs"]) == ("a100", 2, 16, 8, 8)
+    capacity = {r["gpu_type"]: r for r in
+                world.client(world.member).get("/api/v1/capacity/").json()}
+    assert (capacity["a100"]["capacity"], capacity["a100"]["held_by_jobs"]) == (16, 8)
+    assert {n["name"]: n["draining"] for n in capacity["a100"]["by_node"]} == {
+        "sim-a100-000": True, "sim-a100-001": True}
+    assert {n["draining"] for n in capacity["h100"]["by_node"]} == {False}
+    metrics = Client().get("/metrics").content.decode()
+    assert 'fairq_gpus_capacity{cluster="cloud",gpu_type="a100",spot="false"} 16.0' in metrics
+    assert 'fairq_gpus_free{cluster="cloud",gpu_type="a100",spot="false"} 8.0' in metrics
+    # What new work may use is the open clusters' (rule P1's cluster size).
+    assert cluster_view().total_gpus() == 8
+
+    # Its job ends: the cycle that records it drained publishes none of its nodes.
+    scheduler_cycle(now=t0 + timedelta(seconds=610))
+    cloud.refresh_from_db()
+    assert cloud.drained_at == t0 + timedelta(seconds=610)
+    body = api_cluster(world, "cloud")
+    assert (body["state"], body["capacity"], body["gpu_types"]) == ("drained", 0, [])
+    assert {n.cluster for n in cluster_view().nodes()} == {"onprem"}
+
+
+def test_k8_a_job_only_a_draining_clusters_node_could_hold_is_refused_at_submit(
+        world: World, make_cluster: MakeCluster) -> None:
+    """The submit check counts the nodes new work may use: a draining cluster's 8-GPU
+    a100 node is no reason to take a job no open node can hold."""
+    from queueing.memo import forget_all
+    from tests.conftest import job_body
+
+    make_cluster("onprem", "1x8xh100,1x4xa100", cost_rank=0)
+    make_cluster("cloud", "1x8xa100", cost_rank=10)
+    t0 = timezone.now() - timedelta(hours=1)
+    job = queued(world, gpu_type=world.a100, seconds=3600, at=t0 - timedelta(seconds=5))
+    scheduler_cycle(now=t0)
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    assert fresh(job).cluster.name == "cloud"
+    disable(world, "cloud")
+    scheduler_cycle(now=t0 + timedelta(seconds=2))
+    forget_all()
+
+    r = world.client(world.member).post("/api/v1/jobs/", job_body(gpu_type="a100", gpus=8),
+                                        format="json")
+
+    assert r.status_code == 400, r.json()
+    assert r.json()["error"]["fields"]["gpus"] == [
+        "No a100 node holds 8 GPUs (the largest has 4)."]
+
+
+def test_k8_start_estimates_count_no_gpus_a_draining_cluster_frees(
+        world: World, make_cluster: MakeCluster) -> None:
+    """A queued a100 job's estimated start (rule P4) is when the open cluster's job ends,
+    not when the draining cluster's shorter one does: its GPUs take no new work."""
+    from queueing.selectors.start_estimate import queue_start_estimates
+
+    onprem = make_cluster("onprem", "1x8xa100", cost_rank=0)
+    cloud = make_cluster("cloud", "1x8xa100", cost_rank=10)
+    t0 = timezone.now() - timedelta(hours=1)
+    long = queued(world, gpu_type=world.a100, seconds=3600, requested_cluster=onprem,
+                  at=t0 - timedelta(seconds=5))
+    short = queued(world, gpu_type=world.a100, seconds=3600, requested_cluster=cloud,
+                   at=t0 - timedelta(seconds=5))
+    Job.objects.filter(pk=long.pk).update(max_runtime_seconds=2000)
+    Job.objects.filter(pk=short.pk).update(max_runtime_seconds=500)
+    scheduler_cycle(now=t0)
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    assert {fresh(long).status, fresh(short).status} == {JobState.RUNNING}
+    disable(world, "cloud")
+    scheduler_cycle(now=t0 + timedelta(seconds=2))
+    newcomer = queued(world, gpu_type=world.a100, team=world.nlp)
+
+    starts, error = queue_start_estimates(now=t0 + timedelta(seconds=3), job_ids=[newcomer.pk])
+
+    assert error == ""
+    at = starts[newcomer.pk].estimated_start
+    assert at is not None and at >= t0 + timedelta(seconds=1900)

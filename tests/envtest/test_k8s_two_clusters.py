@@ -198,7 +198,8 @@ def test_k8_a_job_on_a_disabled_cluster_keeps_running_its_job_is_not_deleted_the
     """Rule K8 on real control planes: alpha disabled under a running job. Past
     reconcile's 15 s grace for missing workloads the job still runs there, attempt 1, its
     Kubernetes Job in place; a new h100 job goes to beta though alpha has a free h100
-    node; the job's end is seen (SUCCEEDED, charged) and alpha is recorded drained."""
+    node, which the API still shows (alpha's real capacity and use); the job's end is
+    seen (SUCCEEDED, charged) and alpha is recorded drained."""
     from queueing.models import Cluster, UsageRecord
     from queueing.services.scheduler import scheduler_cycle
 
@@ -223,6 +224,12 @@ def test_k8_a_job_on_a_disabled_cluster_keeps_running_its_job_is_not_deleted_the
     assert placed.cluster.name == "beta" and placed.placement == ["gpu-b-h100-0"]
     assert two.k8s_jobs(newcomer)["alpha"] == []
     assert Cluster.objects.get(name="alpha").drained_at is None
+    # While it drains, alpha shows its real h100s and the job's use of them (the plan
+    # offered its free node to no one: the newcomer went to beta).
+    body = world.client(world.member).get("/api/v1/clusters/alpha/").json()
+    h100 = {g["gpu_type"]: g for g in body["gpu_types"]}["h100"]
+    assert (body["state"], h100["capacity"], h100["free"], h100["held_by_jobs"]) == (
+        "draining", 16, 8, 8)
 
     wait(lambda: job(pk).status == "SUCCEEDED", timeout=90, what="the job SUCCEEDED in alpha")
     assert UsageRecord.objects.filter(job_id=pk, attempt=1).count() == 1
