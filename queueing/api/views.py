@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import django_filters
-from django.db.models import QuerySet
+from django.db.models import QuerySet, prefetch_related_objects
 from django.utils import timezone
 from django.utils.http import http_date
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
@@ -167,14 +167,15 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
                 if tag is not None:
                     headers["ETag"] = tag
                 return Response(status=status.HTTP_304_NOT_MODIFIED, headers=headers)
+            job.refresh_from_db()  # the wait refreshed only what it watches: all of it now
         last = {"Fairq-Last-Event": str(watch.last_event_id(job.pk))}
         etag = _etag(job)
         if etag is None:
-            return Response(_detail_data(self.get_object()), headers=last)
+            return Response(_detail_data(_with_events(job)), headers=last)
         headers = {"ETag": etag, "Last-Modified": http_date(job.updated_at.timestamp()), **last}
         if wait is None and etag in etags:
             return Response(status=status.HTTP_304_NOT_MODIFIED, headers=headers)
-        return Response(_detail_data(self.get_object()), headers=headers)
+        return Response(_detail_data(_with_events(job)), headers=headers)
 
     @extend_schema(request=JobCreateSerializer,
                    responses={201: JobSubmittedSerializer, 200: JobSubmittedSerializer},
@@ -332,6 +333,14 @@ def _detail_data(job: Job) -> Any:
     """The job with its events, priority and place in the queue (rules P1-P3)."""
     explain = job_explain(job=job, now=timezone.now())
     return JobDetailSerializer(job, context={"explain": {job.pk: explain}}).data
+
+
+def _with_events(job: Job) -> Job:
+    """`job` as the access check loaded it (its team, GPU type, tier and submitter with
+    it), its events read in one more query: the detail's answer without loading the job
+    twice more (`get_object` checks access again, then reads it again)."""
+    prefetch_related_objects([job], "events")
+    return job
 
 
 def _etag(job: Job) -> str | None:

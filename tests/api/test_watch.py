@@ -136,3 +136,45 @@ def test_starts_answers_any_number_of_queued_jobs_in_the_same_queries(
     jobs = client.get("/api/v1/jobs/starts/?team=vision").json()["jobs"]
     assert [j["position"] for j in jobs] == list(range(1, 15))
     assert all(j["reason"]["code"] for j in jobs)
+
+
+def test_a_long_poll_that_saw_a_change_answers_the_whole_job_as_it_is_now(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait refreshes only what it watches (updated_at, status, attempt); the answer
+    after it is every field as stored now, not the row the access check read."""
+    from django.utils import timezone
+
+    from queueing.models import Job
+
+    job = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
+    client = world.client(world.admin)
+    real_wait = watch.job_wait
+
+    def wait_while_it_changes(**kwargs: object) -> object:
+        def sleep(_seconds: float) -> None:
+            Job.objects.filter(pk=job.pk).update(message="picked up by the operator",
+                                                 updated_at=timezone.now())
+        return real_wait(**kwargs, sleep=sleep)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(watch, "job_wait", wait_while_it_changes)
+    r = client.get(f"/api/v1/jobs/{job.pk}/?wait=5")  # its row as read is the baseline
+    assert r.status_code == 200, r.content
+    assert r.json()["message"] == "picked up by the operator"
+
+
+def test_a_jobs_detail_reads_the_job_once(world: World) -> None:
+    """GET /jobs/{id}/ checks access with the job's row and answers from it (its events
+    in one more query), not reading the job twice more."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    job = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
+    client = world.client(world.admin)
+    client.get(f"/api/v1/jobs/{job.pk}/")  # warm the reference caches
+    with CaptureQueriesContext(connection) as q:
+        r = client.get(f"/api/v1/jobs/{job.pk}/")
+    assert r.status_code == 200
+    by_id = [x["sql"] for x in q.captured_queries
+             if x["sql"].startswith('SELECT "queueing_job"."id"') and "WHERE" in x["sql"]
+             and f'"queueing_job"."id" = {job.pk}' in x["sql"]]
+    assert len(by_id) == 1, by_id
