@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import csv
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -24,6 +24,7 @@ from queueing.policy.costs import (
     money,
     month_start,
     own_price,
+    spot_pools_price,
 )
 from queueing.policy.states import JobState
 from queueing.selectors.accounting import ended_transition
@@ -89,6 +90,40 @@ def price_lists() -> dict[int, list[PricePoint]]:
     return dict(out)
 
 
+# Per cluster id, its spot pools as (name, GPU type id, price), by name.
+SpotPools = Mapping[int, Sequence[tuple[str, int, Decimal | None]]]
+
+
+def spot_pools_of(cluster_ids: Iterable[int | None]) -> dict[int, list[
+        tuple[str, int, Decimal | None]]]:
+    """Rule C4: the spot `NodePool`s of these clusters, with their prices now (one
+    query)."""
+    out: dict[int, list[tuple[str, int, Decimal | None]]] = defaultdict(list)
+    ids = {c for c in cluster_ids if c is not None}
+    if not ids:
+        return {}
+    for cluster_id, name, gpu_type_id, price in NodePool.objects.filter(
+            cluster_id__in=ids, spot=True).order_by("cluster_id", "name").values_list(
+            "cluster_id", "name", "gpu_type_id", "price_per_gpu_hour"):
+        out[cluster_id].append((name, gpu_type_id, price))
+    return dict(out)
+
+
+def spot_attempt_price(*, spot_pools: object, cluster_id: int | None, gpu_type_id: int,
+                       pools: SpotPools) -> Decimal | None:
+    """Rule C4: the price per GPU-hour, now, of a spot attempt of `cluster_id` whose GPUs
+    ran in `spot_pools` (`Job.spot_pools`): its pools' GPU-weighted price
+    (`spot_pools_price`). An attempt admitted before fairq recorded its pools (no
+    `spot_pools`) is priced as it was then: its cluster's spot pool of its GPU type, the
+    first by name."""
+    listed = pools.get(cluster_id, ()) if cluster_id is not None else ()
+    parts = ({str(k): v for k, v in spot_pools.items() if isinstance(v, int) and v > 0}
+             if isinstance(spot_pools, dict) else {})
+    if not parts:
+        return next((price for _, g, price in listed if g == gpu_type_id), None)
+    return spot_pools_price(parts, {name: price for name, _, price in listed})
+
+
 def attempts(*, team_ids: list[int] | None, start: datetime | None, end: datetime | None,
              now: datetime | None, records_after: int = 0,
              records_up_to: int | None = None,
@@ -132,26 +167,25 @@ def attempts(*, team_ids: list[int] | None, start: datetime | None, end: datetim
                               started_at__lt=now if end is None else min(end, now))
     if team_ids is not None:
         jobs = jobs.filter(team_id__in=team_ids)
-    # Rule C4: a running spot attempt at its pool's price now (what charging it would freeze).
-    pool_price = NodePool.objects.filter(
-        cluster_id=OuterRef("cluster_id"), gpu_type_id=OuterRef("gpu_type_id"), spot=True,
-    ).order_by("name").values("price_per_gpu_hour")[:1]
-    running = (
+    running = list(
         jobs.annotate(u_samples=Subquery(util.values("samples")[:1]),
                   u_sm_mean=Subquery(util.values("sm_mean")[:1]),
-                  u_hist=Subquery(util.values("sm_hist")[:1]),
-                  pool_price=Subquery(pool_price))
+                  u_hist=Subquery(util.values("sm_hist")[:1]))
         .values_list("team_id", "gpu_type_id", "gpus_per_replica", "replicas", "started_at",
                      "u_samples", "u_sm_mean", "u_hist", "tier__idle_threshold_percent",
-                     "on_spot", "pool_price")
+                     "on_spot", "cluster_id", "spot_pools")
     )
+    # Rule C4: a running spot attempt at its pools' prices now (what charging it would
+    # freeze).
+    pools = spot_pools_of(r[10] for r in running if r[9])
     for team_id, gpu_type_id, per, replicas, started, samples, sm_mean, hist, threshold, \
-            on_spot, price in running:
+            on_spot, cluster_id, spot_pools in running:
         if started is None:  # excluded by the filter; for the type checker
             continue
+        price = spot_attempt_price(spot_pools=spot_pools, cluster_id=cluster_id,
+                                   gpu_type_id=gpu_type_id, pools=pools) if on_spot else None
         yield _attempt(team_id, gpu_type_id, per * replicas, started, now, samples, sm_mean,
-                       hist, threshold, preempted=False, spot=on_spot,
-                       price=price if on_spot else None)
+                       hist, threshold, preempted=False, spot=on_spot, price=price)
 
 
 def _attempt(team_id: int, gpu_type_id: int, gpus: int, start: datetime, end: datetime,
