@@ -7,22 +7,33 @@ b, 1.30). The a100's price list says 2.00."""
 
 from __future__ import annotations
 
+import csv
+import io
 from dataclasses import replace
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
+from unittest import mock
 
 import pytest
+from django.core.management import call_command
+from django.test import Client
 from django.utils import timezone
 
 from queueing.backends.base import ClusterBackend, WorkloadStatus
 from queueing.backends.simulated import parse_node_spec
 from queueing.models import Cluster, Job, JobEvent, NodePool, UsageRecord
 from queueing.policy.costs import money, spot_pools_price
-from queueing.selectors.costs import cost_buckets
+from queueing.selectors.costs import CostBucket, by_department, cost_buckets
+from queueing.selectors.reports import report_buckets
 from queueing.services.costs import gpu_price_set
+from queueing.services.reports import usage_days_roll_up
 from queueing.services.scheduler import scheduler_cycle
 from tests.clusters.conftest import Flaky, backend_of, queued
 from tests.conftest import World
+
+from .history import finished_attempt
+from .history import job as history_job
 
 PRICE_A = Decimal("0.90")
 PRICE_B = Decimal("1.30")
@@ -172,3 +183,90 @@ def test_rule_c4_a_spot_attempt_bound_in_another_pool_than_planned_is_charged_th
     assert running.data["spot_pools"] == {"spot-b": 8}
     scheduler_cycle(now=t0 + timedelta(seconds=1900), backends={"cloud": rebound})
     assert UsageRecord.objects.get(job=job).price_per_gpu_hour == PRICE_B
+
+
+# --- the reports: spot GPU-hours and their cost apart ---------------------------------------
+
+@pytest.fixture
+def spot_history(world: World) -> World:
+    """In September 2026, of vision's a100 time (list price 2.00 from Sept 1): 16 GPU-hours
+    on spot at a pool's 0.90 (Sept 9, 20:00 to Sept 10, 04:00, 2 GPUs), 2 on spot
+    in a pool without a price (the list's 2.00) and 4 on demand; nlp 2 on demand."""
+    gpu_price_set(actor=world.staff, gpu_type=world.a100, effective_from=date(2026, 9, 1),
+                  price_per_gpu_hour=LIST_PRICE)
+    priced = finished_attempt(
+        job=history_job(team=world.vision, gpu_type=world.a100, gpus_per_replica=2,
+                        tier=world.low),
+        attempt=1, start=datetime(2026, 9, 9, 20, tzinfo=UTC), hours=8, ended="SUCCEEDED")
+    UsageRecord.objects.filter(pk=priced.pk).update(spot=True, price_per_gpu_hour=PRICE_A)
+    unpriced = finished_attempt(
+        job=history_job(team=world.vision, gpu_type=world.a100, tier=world.low),
+        attempt=1, start=datetime(2026, 9, 10, 6, tzinfo=UTC), hours=2, ended="SUCCEEDED")
+    UsageRecord.objects.filter(pk=unpriced.pk).update(spot=True)
+    finished_attempt(job=history_job(team=world.vision, gpu_type=world.a100, tier=world.normal),
+                     attempt=1, start=datetime(2026, 9, 10, 8, tzinfo=UTC), hours=4,
+                     ended="SUCCEEDED")
+    finished_attempt(job=history_job(team=world.nlp, gpu_type=world.a100, tier=world.normal),
+                     attempt=1, start=datetime(2026, 9, 10, tzinfo=UTC), hours=2,
+                     ended="SUCCEEDED")
+    return world
+
+
+def _spot_rows(buckets: list[CostBucket]) -> list[tuple[object, ...]]:
+    return [(b.period.day, b.team, round(b.allocated_gpu_hours, 6), money(b.cost),
+             round(b.spot_gpu_hours, 6), money(b.spot_cost)) for b in buckets]
+
+
+SEPT = (datetime(2026, 9, 1, tzinfo=UTC), datetime(2026, 10, 1, tzinfo=UTC))
+# Sept 9: 8 spot GPU-hours at 0.90. Sept 10: 8 more at 0.90, 2 spot at the list's 2.00 and
+# 4 on demand at 2.00 (vision); 2 on demand (nlp).
+SPOT_BY_DAY = [(9, "vision", 8.0, Decimal("7.20"), 8.0, Decimal("7.20")),
+               (10, "nlp", 2.0, Decimal("4.00"), 0.0, Decimal("0.00")),
+               (10, "vision", 14.0, Decimal("19.20"), 10.0, Decimal("11.20"))]
+
+
+@pytest.mark.django_db
+def test_rule_c4_cost_reports_show_spot_gpu_hours_and_cost_apart(spot_history: World) -> None:
+    world = spot_history
+    teams = [world.vision, world.nlp]
+    now = datetime(2026, 11, 26, tzinfo=UTC)
+    exact = cost_buckets(teams=teams, start=SEPT[0], end=SEPT[1], period="day", now=now)
+    assert _spot_rows(exact) == SPOT_BY_DAY
+    # The reports page's numbers, live and from the roll-up, say the same.
+    live = report_buckets(teams=teams, start=date(2026, 9, 1), end=date(2026, 10, 1),
+                          period="day", now=now)
+    assert live.rolled_up_to == 0 and _spot_rows(live.buckets) == SPOT_BY_DAY
+    assert usage_days_roll_up(now=now) == 4
+    rolled = report_buckets(teams=teams, start=date(2026, 9, 1), end=date(2026, 10, 1),
+                            period="day", now=now)
+    assert rolled.rolled_up_to > 0 and _spot_rows(rolled.buckets) == SPOT_BY_DAY
+    # By department (vision and nlp have none: each is its own).
+    (month_vision,) = [b for b in by_department(cost_buckets(
+        teams=teams, start=SEPT[0], end=SEPT[1], period="month", now=now)) if b.team == "vision"]
+    assert (month_vision.spot_gpu_hours, money(month_vision.spot_cost)) == (
+        pytest.approx(18.0), Decimal("18.40"))
+
+
+@pytest.mark.django_db
+def test_rule_c4_the_costs_api_csv_export_and_reports_page_show_spot_apart(
+        spot_history: World, tmp_path: Path) -> None:
+    world = spot_history
+    params = {"from": "2026-09-01T00:00:00Z", "to": "2026-10-01T00:00:00Z"}
+    body = world.client(world.staff).get("/api/v1/costs/", params).json()
+    vision = [r for r in body["rows"] if r["team"] == "vision"]
+    assert [(r["allocated_gpu_hours"], r["cost"], r["spot_gpu_hours"], r["spot_cost"])
+            for r in vision] == [(22.0, "26.40", 18.0, "18.40")]
+    out = tmp_path / "costs.csv"
+    call_command("export_costs", str(out), "--month", "2026-09", "--period", "month",
+                 stdout=io.StringIO())
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert [(r["team"], r["spot_gpu_hours"], r["spot_cost"]) for r in rows] == [
+        ("nlp", "0.0", "0.00"), ("vision", "18.0", "18.40")]
+    assert list(rows[0])[-2:] == ["spot_gpu_hours", "spot_cost"]  # last: readers by position
+    c = Client()
+    c.force_login(world.admin)
+    with mock.patch("queueing.web.reports.timezone.now",
+                    return_value=datetime(2026, 9, 30, 12, tzinfo=UTC)):
+        page = c.get("/reports/", {"period": "month", "team": "vision"}).content.decode()
+    assert "Spot GPU-h" in page and "Spot cost" in page
+    assert ">18.0<" in page and ">18.40<" in page
