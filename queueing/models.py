@@ -439,6 +439,10 @@ class Job(models.Model):
                                 related_name="jobs")
     # Rules K4, C4: the current attempt runs on spot nodes (its cost is the pool's price).
     on_spot = models.BooleanField(default=False, db_default=False)
+    # Rule C4: the `NodePool`s of the current attempt's spot nodes, {pool name: GPUs}
+    # ("" = nodes in no pool), recorded when the plan admits it and when the cluster
+    # binds or moves its pods: it is charged at their GPU-weighted price.
+    spot_pools = models.JSONField(default=dict, db_default={}, blank=True)
     placement = models.JSONField(default=list, blank=True)
     submitted_to_backend_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)

@@ -121,6 +121,29 @@ def test_k4_a_spot_node_with_only_its_spot_taint_is_offered_as_spot(
     assert _offered([_node("n", labels, taints)]) == offered
 
 
+def test_rule_c4_a_kubernetes_node_reports_its_labels_which_say_its_pool() -> None:
+    from kubernetes import client
+
+    from queueing.backends.kubernetes import KubernetesBackend
+    from queueing.selectors.cluster import ClusterFacts, PoolFacts, node_pool
+
+    backend = KubernetesBackend(client.ApiClient(client.Configuration()), gpu_types=[L40S])
+    for zone in ("a", "b"):
+        n = _node(f"n-{zone}", {**AKS, "topology.kubernetes.io/zone": zone}, [AKS_TAINT])
+        backend.nodes_informer._store[n["metadata"]["name"]] = n
+    for informer in backend._informers:
+        informer.synced.set()
+    backend._started = True
+    facts = ClusterFacts(1, "cloud", True, 0, pools=(
+        PoolFacts("spot-a", "l40s", True, {"topology.kubernetes.io/zone": "a"}),
+        PoolFacts("spot-b", "l40s", True, {"topology.kubernetes.io/zone": "b"})))
+    pools = {}
+    for node in backend.nodes():
+        pool = node_pool(facts, gpu_type=node.gpu_type, labels=node.labels)
+        pools[node.name] = pool.name if pool else None
+    assert pools == {"n-a": "spot-a", "n-b": "spot-b"}
+
+
 def test_k4_without_spot_tolerations_a_spot_tainted_node_stays_hidden() -> None:
     assert _offered([_node("n", AKS, [AKS_TAINT])], spot_tolerations=()) == {}
 

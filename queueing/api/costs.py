@@ -208,6 +208,11 @@ class CostRowSerializer(serializers.Serializer[Any]):
     cost = serializers.DecimalField(max_digits=16, decimal_places=2)
     idle_cost = serializers.DecimalField(max_digits=16, decimal_places=2)
     currency = serializers.CharField()
+    spot_gpu_hours = serializers.FloatField(
+        help_text="of allocated_gpu_hours: attempts on spot nodes (rule C4)")
+    spot_cost = serializers.DecimalField(
+        max_digits=16, decimal_places=2,
+        help_text="of cost: those spot GPU-hours, at their pools' prices (rule C4)")
 
 
 class CsvRenderer(BaseRenderer):
@@ -227,7 +232,8 @@ class CsvRenderer(BaseRenderer):
 
 class CostView(APIView):
     """GPU-hours and cost per team (or department: `group=department`), period (a UTC
-    `day` or `month`) and GPU type over [from, to), rules C1-C3; team members see their
+    `day` or `month`) and GPU type over [from, to), rules C1-C4 (spot GPU-hours and their
+    cost apart); team members see their
     teams, staff every team. `?format=csv` is finance's export (the columns of
     `manage.py export_costs`)."""
 

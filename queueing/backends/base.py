@@ -33,6 +33,12 @@ class NodeInfo:
     # Rule K1: the cluster it belongs to, set by the services when they merge the
     # clusters' nodes (the published cluster view); a backend leaves it "".
     cluster: str = ""
+    # The node's own labels, as the cluster reports them ({}: none or not said): what
+    # says which `NodePool` it is in (docs/clusters.md, "Node pools"). Not published.
+    labels: Mapping[str, str] = field(default_factory=dict)
+    # Rule C4: the name of its `NodePool` ("" = none), set by the services from `labels`
+    # as `cluster` is; a spot attempt is charged at the price of the pools it ran in.
+    pool: str = ""
 
     @property
     def free(self) -> int:

@@ -1020,8 +1020,10 @@ def capacity(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any
     once the pods are gone), plus `unbound` GPUs fairq has submitted for the node but the
     scheduler has not bound yet. Likewise CPU and memory (rule A6): the node's
     allocatable (None when it does not say) and what those pods request. `topology`: the
-    node's value of each topology level's label of its GPU type (rule A7)."""
+    node's value of each topology level's label of its GPU type (rule A7); `labels`: the
+    node's labels (its `NodePool`, rule C4)."""
     typed: dict[str, tuple[GpuTypeRef, int]] = {}
+    node_labels: dict[str, dict[str, str]] = {}
     allocatable: dict[str, tuple[int | None, int | None]] = {}
     topology: dict[str, dict[str, str]] = {}
     for node in nodes:
@@ -1039,6 +1041,7 @@ def capacity(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any
             labels = _meta(node).get("labels") or {}
             topology[name] = {level: str(labels[label])
                               for level, label in found[0].topology_levels if label in labels}
+            node_labels[name] = {str(k): str(v) for k, v in labels.items()}
     allocated = dict.fromkeys(typed, 0)
     cpu_used = dict.fromkeys(typed, 0)
     memory_used = dict.fromkeys(typed, 0)
@@ -1056,7 +1059,7 @@ def capacity(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any
     return [NodeInfo(name, g.slug, count, allocated[name],
                      cpu_millicores=allocatable[name][0], cpu_allocated=cpu_used[name],
                      memory_bytes=allocatable[name][1], memory_allocated=memory_used[name],
-                     topology=topology[name])
+                     topology=topology[name], labels=node_labels[name])
             for name, (g, count) in sorted(typed.items())]
 
 

@@ -76,6 +76,7 @@ class _Node:
     memory_allocated: int = 0
     topology: dict[str, str] = field(default_factory=dict)
     spot: bool = False  # rules K4, K6: interruptible capacity (the spec's `:spot`)
+    labels: dict[str, str] = field(default_factory=dict)  # the spec's `+KEY=VALUE`s
 
     def holds(self, spec: LaunchSpec, n: int = 1) -> bool:
         """Room for `n` more replicas of `spec`: GPUs, CPU and memory (rule A6)."""
@@ -118,6 +119,7 @@ SIM_MEMORY_BYTES_PER_GPU = 128 * 2**30
 _POOL_RE = re.compile(
     r"^(?P<count>\d+)x(?P<gpus>\d+)x(?P<type>[a-z0-9]([-a-z0-9]*[a-z0-9])?)"
     r"(?::(?P<cpu>[0-9.]+m?)c)?(?::(?P<memory>[0-9.]+[KMGTPE]i?))?(?P<spot>:spot)?"
+    r"(?P<labels>(?:\+[A-Za-z0-9][-A-Za-z0-9_./]*=[-A-Za-z0-9_.]*)*)"
     r"(?P<levels>(?:@[a-z][-a-z0-9]*=\d+)*)\Z", re.ASCII)
 
 
@@ -134,20 +136,23 @@ class SimPool:
     memory_bytes: int
     domains: tuple[tuple[str, int], ...] = ()
     spot: bool = False  # rules K4, K6: `:spot`, interruptible capacity
+    # `+KEY=VALUE`: labels every node of the pool carries (its `NodePool`, rule C4).
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 def parse_node_spec(spec: str) -> list[SimPool]:
-    """'4x8xh100:96c:1Ti@rack=2,2x7xmig-1g-10gb,2x8xa100:spot' -> the pools:
+    """'4x8xh100:96c:1Ti@rack=2,2x7xmig-1g-10gb,2x8xa100:spot+zone=b' -> the pools:
     COUNTxGPUSxTYPE, then optionally :<cpus>c and :<memory> (default 12 CPUs and 128Gi
     per GPU), then optionally :spot (interruptible nodes, rules K4 and K6), then any
-    number of @<level>=<nodes per domain>."""
+    number of +<label>=<value> (labels of its nodes: which `NodePool` they are in, rule
+    C4), then any number of @<level>=<nodes per domain>."""
     pools: list[SimPool] = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
         m = _POOL_RE.match(part)
         if m is None:
             raise SimulatedClusterError(
                 f"bad FAIRQ_SIM_NODES pool {part!r}: want COUNTxGPUSxTYPE[:CPUSc][:MEMORY]"
-                "[:spot][@LEVEL=NODES...], e.g. 4x8xh100, 4x8xh100:96c:1Ti@rack=2 or "
+                "[:spot][+LABEL=VALUE...][@LEVEL=NODES...], e.g. 4x8xh100, 4x8xh100:96c:1Ti@rack=2 or "
                 "2x8xa100:spot")
         count, gpus = int(m["count"]), int(m["gpus"])
         if count <= 0 or gpus <= 0:
@@ -166,8 +171,10 @@ def parse_node_spec(spec: str) -> list[SimPool]:
                 raise SimulatedClusterError(f"bad FAIRQ_SIM_NODES pool {part!r}: "
                                             f"@{item} (nodes per domain >= 1, once per level)")
             domains.append((level, int(per)))
+        labels = tuple((k, v) for k, _, v in (item.partition("=") for item in
+                                               filter(None, m["labels"].split("+"))))
         pools.append(SimPool(count, gpus, m["type"], cpu, memory, tuple(domains),
-                             spot=bool(m["spot"])))
+                             spot=bool(m["spot"]), labels=labels))
     return pools
 
 
@@ -209,7 +216,7 @@ class SimulatedCluster:
                 nodes.append(_Node(f"sim-{pool.gpu_type}-{first + i:03d}", pool.gpu_type,
                                    pool.gpus, cpu_millicores=pool.cpu_millicores,
                                    memory_bytes=pool.memory_bytes, topology=topology,
-                                   spot=pool.spot))
+                                   spot=pool.spot, labels=dict(pool.labels)))
         return cls(nodes, default_seconds=default_seconds)
 
     def nodes(self) -> list[NodeInfo]:
@@ -217,7 +224,8 @@ class SimulatedCluster:
             return [NodeInfo(n.name, n.gpu_type, n.capacity, n.allocated,
                              cpu_millicores=n.cpu_millicores, cpu_allocated=n.cpu_allocated,
                              memory_bytes=n.memory_bytes, memory_allocated=n.memory_allocated,
-                             topology=dict(n.topology), spot=n.spot)
+                             topology=dict(n.topology), spot=n.spot,
+                             labels=dict(n.labels))
                     for n in self._nodes.values()]
 
     def _place(self, spec: LaunchSpec) -> tuple[str, ...] | None:

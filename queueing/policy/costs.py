@@ -50,6 +50,29 @@ def own_price(price: Decimal) -> tuple[PricePoint, ...]:
     return (PricePoint(date.min, price),)
 
 
+# UsageRecord.price_per_gpu_hour's decimal places: a gang's mean price is rounded to them.
+PRICE_PLACES = Decimal("0.0001")
+
+
+def spot_pools_price(parts: Mapping[str, int],
+                     prices: Mapping[str, Decimal | None]) -> Decimal | None:
+    """Rule C4: the price per GPU-hour of a spot attempt whose GPUs ran in the pools
+    `parts` ({pool name: GPUs}; "" = nodes in no pool), each pool at its `prices` entry:
+    the GPU-weighted mean (what its GPUs cost, pool by pool, divided by its GPUs), rounded
+    to PRICE_PLACES. None - rule C1's list prices it - when it has no GPUs or some of them
+    ran where there is no own price (no pool, a pool without a price, a pool gone)."""
+    gpus = sum(parts.values())
+    if gpus <= 0:
+        return None
+    total = Decimal(0)
+    for name, n in parts.items():
+        price = prices.get(name) if name else None
+        if price is None:
+            return None
+        total += price * n
+    return (total / gpus).quantize(PRICE_PLACES)
+
+
 def cost_pieces(*, gpus: int, start: datetime, end: datetime,
                 prices: Sequence[PricePoint]) -> Iterator[Piece]:
     """Rule C2: the interval [start, end) of `gpus` GPUs cut at UTC midnights and at

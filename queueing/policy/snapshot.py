@@ -34,6 +34,9 @@ class NodeState:
     # (interruptible) capacity.
     cluster: str = ""
     spot: bool = False
+    # Rule C4: its `NodePool`'s name ("" = none); the plan does not read it, the cycle
+    # records the pools a spot admission's nodes are in (`Job.spot_pools`).
+    pool: str = ""
 
 
 class TopologyMode(StrEnum):

@@ -204,7 +204,8 @@ class ClusterView:
     def to_dict(self) -> dict[str, Any]:
         return {"nodes": [[n.name, n.gpu_type, n.capacity, n.allocated, n.cpu_millicores,
                            n.cpu_allocated, n.memory_bytes, n.memory_allocated,
-                           dict(n.topology), n.spot, n.cluster] for n in self.node_list],
+                           dict(n.topology), n.spot, n.cluster, n.pool]
+                          for n in self.node_list],
                 "workloads": sorted(self.workloads), "unprovisioned": sorted(self.unprovisioned),
                 "published_at": self.published_at.isoformat() if self.published_at else None,
                 "clusters": [c.to_list() for c in self.clusters],
@@ -224,7 +225,7 @@ class ClusterView:
 def _node_from_list(n: list[Any]) -> NodeInfo:
     """One node of `ClusterView.to_dict`; a view published before CPU, memory and
     topology were (4 fields) reads as "not known", before spot and cluster (9) as on-demand
-    capacity of the only cluster."""
+    capacity of the only cluster, before its pool (11) as in no pool."""
     def opt(i: int) -> int | None:
         return None if len(n) <= i or n[i] is None else int(n[i])
 
@@ -234,7 +235,8 @@ def _node_from_list(n: list[Any]) -> NodeInfo:
                     memory_bytes=opt(6), memory_allocated=opt(7) or 0,
                     topology={str(k): str(v) for k, v in topology.items()},
                     spot=bool(n[9]) if len(n) > 9 else False,
-                    cluster=str(n[10]) if len(n) > 10 and n[10] else "")
+                    cluster=str(n[10]) if len(n) > 10 and n[10] else "",
+                    pool=str(n[11]) if len(n) > 11 and n[11] else "")
 
 
 def cluster_view_of(backend: ClusterBackend, *, now: datetime,
@@ -259,8 +261,9 @@ def _merged_view(rows: list[Cluster], *, now: datetime) -> ClusterView:
     for row in rows:
         backend = get_backend(row)
         for n in backend.nodes():
-            pool = node_pool(facts[row.pk], gpu_type=n.gpu_type)
-            nodes.append(replace(n, cluster=row.name, spot=n.spot or bool(pool and pool.spot)))
+            pool = node_pool(facts[row.pk], gpu_type=n.gpu_type, labels=n.labels)
+            nodes.append(replace(n, cluster=row.name, spot=n.spot or bool(pool and pool.spot),
+                                 pool=pool.name if pool else ""))
         workloads |= {s.name for s in backend.statuses(now=now)}
     return ClusterView(node_list=tuple(nodes), workloads=frozenset(workloads),
                        published_at=now,

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import csv
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any, TextIO
 
 from django.conf import settings
-from django.db.models import OuterRef, Subquery
+from django.db.models import OuterRef, Q, Subquery
 
 from accounts.models import Team
 from queueing.models import AttemptUtilization, GpuPrice, GpuType, Job, NodePool, UsageRecord
@@ -24,14 +24,16 @@ from queueing.policy.costs import (
     money,
     month_start,
     own_price,
+    spot_pools_price,
 )
 from queueing.policy.states import JobState
 from queueing.selectors.accounting import ended_transition
 
 PERIODS = ("day", "month")
+# Rule C4's spot columns come last: a reader of the earlier columns by position reads on.
 CSV_COLUMNS = ("period", "team", "department", "gpu_type", "allocated_gpu_hours",
                "used_gpu_hours", "idle_gpu_hours", "preempted_gpu_hours", "unpriced_gpu_hours",
-               "cost", "idle_cost", "currency")
+               "cost", "idle_cost", "currency", "spot_gpu_hours", "spot_cost")
 
 
 @dataclass
@@ -41,7 +43,8 @@ class CostBucket:
     `allocated`: GPU-hours held; `used`: allocated × mean SM activity of the attempt
     (0 without readings); `idle`: rule C3's paid-but-idle GPU-hours; `preempted`: the
     GPU-hours of attempts that ended preempted; `unpriced`: GPU-hours before the type's
-    first price (costing nothing, shown so the gap is visible)."""
+    first price (costing nothing, shown so the gap is visible); `spot_gpu_hours` and
+    `spot_cost`: the part of `allocated` and `cost` of attempts on spot nodes (rule C4)."""
 
     period: date
     team: str
@@ -54,6 +57,8 @@ class CostBucket:
     unpriced_gpu_hours: float = 0.0
     cost: Decimal = Decimal(0)
     idle_cost: Decimal = Decimal(0)
+    spot_gpu_hours: float = 0.0
+    spot_cost: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +94,47 @@ def price_lists() -> dict[int, list[PricePoint]]:
     return dict(out)
 
 
+# Per cluster id, its spot pools as (name, GPU type id, price), by name.
+SpotPools = Mapping[int, Sequence[tuple[str, int, Decimal | None]]]
+
+
+def spot_pools_of(cluster_ids: Iterable[int | None]) -> dict[int, list[
+        tuple[str, int, Decimal | None]]]:
+    """Rule C4: the spot `NodePool`s of these clusters, with their prices now (one
+    query)."""
+    out: dict[int, list[tuple[str, int, Decimal | None]]] = defaultdict(list)
+    ids = {c for c in cluster_ids if c is not None}
+    if not ids:
+        return {}
+    for cluster_id, name, gpu_type_id, price in NodePool.objects.filter(
+            cluster_id__in=ids, spot=True).order_by("cluster_id", "name").values_list(
+            "cluster_id", "name", "gpu_type_id", "price_per_gpu_hour"):
+        out[cluster_id].append((name, gpu_type_id, price))
+    return dict(out)
+
+
+def spot_attempt_price(*, spot_pools: object, cluster_id: int | None, gpu_type_id: int,
+                       pools: SpotPools) -> Decimal | None:
+    """Rule C4: the price per GPU-hour, now, of a spot attempt of `cluster_id` whose GPUs
+    ran in `spot_pools` (`Job.spot_pools`): its pools' GPU-weighted price
+    (`spot_pools_price`). An attempt admitted before fairq recorded its pools (no
+    `spot_pools`) is priced as it was then: its cluster's spot pool of its GPU type, the
+    first by name."""
+    listed = pools.get(cluster_id, ()) if cluster_id is not None else ()
+    parts = ({str(k): v for k, v in spot_pools.items() if isinstance(v, int) and v > 0}
+             if isinstance(spot_pools, dict) else {})
+    if not parts:
+        return next((price for _, g, price in listed if g == gpu_type_id), None)
+    return spot_pools_price(parts, {name: price for name, _, price in listed})
+
+
 def attempts(*, team_ids: list[int] | None, start: datetime | None, end: datetime | None,
              now: datetime | None, records_after: int = 0,
              records_up_to: int | None = None,
-             own_price_only: bool = False) -> Iterator[Attempt]:
+             spot_or_own_price_only: bool = False) -> Iterator[Attempt]:
     """Charged attempts (usage records with ids in (`records_after`, `records_up_to`],
-    imported ones included; `own_price_only`: only those with their own price, rule C4)
+    imported ones included; `spot_or_own_price_only`: only those on spot nodes or with
+    their own price, rule C4)
     and, unless `now` is None, the attempts running now (up to `now`), of `team_ids`
     (None: every team) overlapping [start, end) (None: open)."""
     util = AttemptUtilization.objects.filter(job_id=OuterRef("job_id"),
@@ -102,8 +142,8 @@ def attempts(*, team_ids: list[int] | None, start: datetime | None, end: datetim
     qs = UsageRecord.objects.filter(pk__gt=records_after)
     if records_up_to is not None:
         qs = qs.filter(pk__lte=records_up_to)
-    if own_price_only:
-        qs = qs.filter(price_per_gpu_hour__isnull=False)
+    if spot_or_own_price_only:
+        qs = qs.filter(Q(spot=True) | Q(price_per_gpu_hour__isnull=False))
     if team_ids is not None:
         qs = qs.filter(team_id__in=team_ids)
     if start is not None:
@@ -132,26 +172,25 @@ def attempts(*, team_ids: list[int] | None, start: datetime | None, end: datetim
                               started_at__lt=now if end is None else min(end, now))
     if team_ids is not None:
         jobs = jobs.filter(team_id__in=team_ids)
-    # Rule C4: a running spot attempt at its pool's price now (what charging it would freeze).
-    pool_price = NodePool.objects.filter(
-        cluster_id=OuterRef("cluster_id"), gpu_type_id=OuterRef("gpu_type_id"), spot=True,
-    ).order_by("name").values("price_per_gpu_hour")[:1]
-    running = (
+    running = list(
         jobs.annotate(u_samples=Subquery(util.values("samples")[:1]),
                   u_sm_mean=Subquery(util.values("sm_mean")[:1]),
-                  u_hist=Subquery(util.values("sm_hist")[:1]),
-                  pool_price=Subquery(pool_price))
+                  u_hist=Subquery(util.values("sm_hist")[:1]))
         .values_list("team_id", "gpu_type_id", "gpus_per_replica", "replicas", "started_at",
                      "u_samples", "u_sm_mean", "u_hist", "tier__idle_threshold_percent",
-                     "on_spot", "pool_price")
+                     "on_spot", "cluster_id", "spot_pools")
     )
+    # Rule C4: a running spot attempt at its pools' prices now (what charging it would
+    # freeze).
+    pools = spot_pools_of(r[10] for r in running if r[9])
     for team_id, gpu_type_id, per, replicas, started, samples, sm_mean, hist, threshold, \
-            on_spot, price in running:
+            on_spot, cluster_id, spot_pools in running:
         if started is None:  # excluded by the filter; for the type checker
             continue
+        price = spot_attempt_price(spot_pools=spot_pools, cluster_id=cluster_id,
+                                   gpu_type_id=gpu_type_id, pools=pools) if on_spot else None
         yield _attempt(team_id, gpu_type_id, per * replicas, started, now, samples, sm_mean,
-                       hist, threshold, preempted=False, spot=on_spot,
-                       price=price if on_spot else None)
+                       hist, threshold, preempted=False, spot=on_spot, price=price)
 
 
 def _attempt(team_id: int, gpu_type_id: int, gpus: int, start: datetime, end: datetime,
@@ -195,23 +234,29 @@ def cost_buckets(*, teams: Iterable[Team], start: datetime, end: datetime, perio
             hours = piece.gpu_hours
             add_hours(b, allocated=hours, used=hours * a.used_fraction,
                       idle=hours * a.idle_fraction, preempted=hours if a.preempted else 0.0,
-                      price=piece.price)
+                      price=piece.price, spot=a.spot)
     return [acc[k] for k in sorted(acc, key=lambda k: (k[0], slug[k[1]], gpu_slugs.get(k[2], "")))]
 
 
 def add_hours(b: CostBucket, *, allocated: float, used: float, idle: float, preempted: float,
-              price: Decimal | None) -> None:
+              price: Decimal | None, spot: bool = False) -> None:
     """Add GPU-hours of one day at one price to `b`, and their cost (rule C1; none before
-    the type's first price: `unpriced`)."""
+    the type's first price: `unpriced`); `spot`: they ran on spot nodes (rule C4), and
+    count in the spot GPU-hours and cost too."""
     b.allocated_gpu_hours += allocated
     b.used_gpu_hours += used
     b.idle_gpu_hours += idle
     b.preempted_gpu_hours += preempted
+    if spot:
+        b.spot_gpu_hours += allocated
     if price is None:
         b.unpriced_gpu_hours += allocated
         return
-    b.cost += Decimal(repr(allocated)) * price
+    cost = Decimal(repr(allocated)) * price
+    b.cost += cost
     b.idle_cost += Decimal(repr(idle)) * price
+    if spot:
+        b.spot_cost += cost
 
 
 def _gpu_types() -> list[tuple[int, str]]:
@@ -231,6 +276,7 @@ def bucket_as_dict(b: CostBucket) -> dict[str, Any]:
         "unpriced_gpu_hours": round(b.unpriced_gpu_hours, 4),
         "cost": str(money(b.cost)), "idle_cost": str(money(b.idle_cost)),
         "currency": currency(),
+        "spot_gpu_hours": round(b.spot_gpu_hours, 4), "spot_cost": str(money(b.spot_cost)),
     }
 
 
@@ -250,6 +296,8 @@ def by_department(buckets: Iterable[CostBucket]) -> list[CostBucket]:
         d.unpriced_gpu_hours += b.unpriced_gpu_hours
         d.cost += b.cost
         d.idle_cost += b.idle_cost
+        d.spot_gpu_hours += b.spot_gpu_hours
+        d.spot_cost += b.spot_cost
     return [acc[k] for k in sorted(acc)]
 
 

@@ -118,7 +118,8 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
                   cpu_free=_minus(n.cpu_free, pending_cpu[name]),
                   memory_free=_minus(n.memory_free, pending_memory[name]),
                   topology=n.topology, cpu_allocatable=n.cpu_millicores,
-                  memory_allocatable=n.memory_bytes, cluster=n.cluster, spot=n.spot)
+                  memory_allocatable=n.memory_bytes, cluster=n.cluster, spot=n.spot,
+                  pool=n.pool)
         for n in backend.nodes()
         for name in (qualified_node(n.cluster, n.name),)
     )

@@ -312,13 +312,15 @@ _sources: dict[tuple[tuple[str, int], ...], _Readings] = {}
 
 
 def _node_of(member: Member, node: NodeInfo) -> NodeInfo:
-    """A member's node as the fleet reports it: its cluster's name, and spot when the
-    backend says so or its pool is a spot pool (docs/clusters.md, "Node pools")."""
+    """A member's node as the fleet reports it: its cluster's name, its pool's name (rule
+    C4), and spot when the backend says so or its pool is a spot pool (docs/clusters.md,
+    "Node pools")."""
     if member.facts is None:
         return node
     pool = node_pool(member.facts, gpu_type=node.gpu_type,
                      labels=getattr(node, "labels", None))
-    return replace(node, cluster=member.name, spot=node.spot or bool(pool and pool.spot))
+    return replace(node, cluster=member.name, spot=node.spot or bool(pool and pool.spot),
+                   pool=pool.name if pool else "")
 
 
 def cycle_clusters() -> list[Cluster]:

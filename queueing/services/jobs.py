@@ -52,6 +52,7 @@ def next_attempt(attempt: int) -> dict[str, Any]:
     `job_transition(job, JobState.QUEUED, ..., **next_attempt(job.attempt + 1))`: one
     list, so a field added for where an attempt runs is cleared by every requeue."""
     return {"attempt": attempt, "placement": [], "cluster": None, "on_spot": False,
+            "spot_pools": {},
             "admitted_at": None, "started_at": None, "submitted_to_backend_at": None}
 
 

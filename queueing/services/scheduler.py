@@ -62,10 +62,11 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
@@ -85,6 +86,7 @@ from queueing.composition import get_utilization_source, kick
 from queueing.logcontext import log_context
 from queueing.models import Cluster, Job, JobEvent, UsageRecord
 from queueing.policy.admission import Plan, plan_admissions
+from queueing.policy.snapshot import NodeState
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 from queueing.sanitize import clean_status, clean_text
 from queueing.selectors.active_jobs import ActiveJobs, cycle_active_jobs
@@ -204,7 +206,8 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         result.plan = plan
         t3 = time.perf_counter()
         with transaction.atomic():
-            result.admitted = apply_plan(plan=plan, now=now, result=result)
+            result.admitted = apply_plan(plan=plan, now=now, result=result,
+                                         nodes=snapshot.nodes)
             applied = _preemptions_apply(plan=plan, now=now, result=result)
             # Rule D2: a job whose dependencies can never be met fails at once.
             result.finished.extend(dependencies_fail_never_met(never_met=plan.never_met, now=now))
@@ -366,6 +369,7 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
                            pk__in=others).values_list(
                            "pk", "attempt", "status", "message", "placement")})
     moving = []
+    pools_now = _PoolsNow(backend)
     for status in todo:
         owner = owners.get(status.job_id)
         if owner is None or owner.attempt != status.attempt or \
@@ -390,7 +394,8 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
         if status.phase == Phase.RUNNING and owner.state == JobState.RUNNING:
             with _isolated(status.job_id, step="recording its pods' changes", now=now,
                            result=result):
-                _running_changes(job_id=status.job_id, owner=owner, status=status, now=now)
+                _running_changes(job_id=status.job_id, owner=owner, status=status, now=now,
+                                 pools_now=pools_now)
             continue  # nothing to record: no transaction for the common case
         moving.append(status)
     moved = Job.objects.select_related("gpu_type").in_bulk({s.job_id for s in moving})
@@ -399,7 +404,7 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
         if job is not None and job.attempt == status.attempt:
             with _isolated(job.pk, step="recording its workload status", now=now,
                            result=result):
-                _apply_status(job, status, now=now, result=result)
+                _apply_status(job, status, now=now, result=result, pools_now=pools_now)
     # What the next cycle need not handle again; never a job that hit an error (a job
     # that could not even be failed is tried again).
     jobs.reconciled = {name: h for name, h in handled.items()
@@ -523,22 +528,63 @@ def _placement(planned: list[str], status: WorkloadStatus) -> list[str]:
     return list(status.nodes) + list(planned[len(status.nodes):])
 
 
+class _PoolsNow:
+    """Rule C4: the `NodePool` of each node the clusters list now, read at most once per
+    cycle and only when a spot attempt's pods are bound to other nodes than recorded
+    (rare: the plan's placement is what the cluster is asked for)."""
+
+    def __init__(self, backend: ClusterBackend) -> None:
+        self.backend = backend
+        self._pool: dict[tuple[int | None, str], str] | None = None
+
+    def spot_pools(self, job: Job, placement: Sequence[str]) -> dict[str, int] | None:
+        """`job`'s `spot_pools` for its pods on `placement` (its cluster's node names);
+        None (keep what is recorded) when it is not on spot, in the one implicit cluster
+        (no pools), or on a node the clusters do not list now."""
+        if not job.on_spot or job.cluster_id is None:
+            return None
+        if self._pool is None:
+            ids = dict(Cluster.objects.values_list("name", "id"))
+            self._pool = {(ids.get(n.cluster), n.name): n.pool for n in self.backend.nodes()}
+        pool_of: dict[str, str] = {}
+        for node in placement:
+            pool = self._pool.get((job.cluster_id, node))
+            if pool is None:
+                return None
+            pool_of[node] = pool
+        return spot_pools(placement, pool_of, gpus_per_replica=job.gpus_per_replica)
+
+
+def _repool(job: Job, placement: list[str],
+            pools_now: _PoolsNow | None) -> dict[str, Any]:
+    """The `spot_pools` update (rule C4) of `job` bound to `placement`: {} when its pods
+    are where it was admitted or the pools cannot be told."""
+    if pools_now is None or not job.on_spot or set(placement) == set(job.placement or ()):
+        return {}
+    found = pools_now.spot_pools(job, placement)
+    return {} if found is None or found == job.spot_pools else {"spot_pools": found}
+
+
 def _running_changes(*, job_id: int, owner: _Owner, status: WorkloadStatus,
-                     now: datetime) -> None:
-    """A running job's pods moved to other nodes (placement updated, with an event), or
-    restarted (an event per new count)."""
+                     now: datetime, pools_now: _PoolsNow | None = None) -> None:
+    """A running job's pods moved to other nodes (placement updated, with an event; a
+    spot attempt's pools with it, rule C4), or restarted (an event per new count)."""
     nodes, placed = set(status.nodes), set(owner.placement)
     if nodes and nodes != placed and not nodes < placed:
         # (A strict subset is a replica between pods, not a move.)
+        placement = _placement(owner.placement, status)
+        job = Job.objects.filter(pk=job_id).only(
+            "pk", "on_spot", "cluster_id", "gpus_per_replica", "placement", "spot_pools").first()
+        repooled = _repool(job, placement, pools_now) if job is not None else {}
         with transaction.atomic():
             if Job.objects.filter(pk=job_id, attempt=owner.attempt, status=JobState.RUNNING
-                                  ).update(placement=_placement(owner.placement, status)):
+                                  ).update(placement=placement, **repooled):
                 JobEvent.objects.create(
                     job_id=job_id, at=now, kind=JobEvent.Kind.MOVED, actor_label="scheduler",
                     attempt=owner.attempt,
                     reason=f"its pods moved from {', '.join(sorted(placed)) or 'nowhere'} "
                            f"to {', '.join(sorted(nodes))}",
-                    data={"from": sorted(placed), "to": sorted(nodes)})
+                    data={"from": sorted(placed), "to": sorted(nodes), **repooled})
     if status.restarts and not JobEvent.objects.filter(
             job_id=job_id, attempt=owner.attempt, kind=JobEvent.Kind.POD_RESTARTED,
             data__restarts=status.restarts).exists():
@@ -550,7 +596,7 @@ def _running_changes(*, job_id: int, owner: _Owner, status: WorkloadStatus,
 
 
 def _apply_status(job: Job, status: WorkloadStatus, *, now: datetime,
-                  result: CycleResult) -> None:
+                  result: CycleResult, pools_now: _PoolsNow | None = None) -> None:
     with transaction.atomic():
         if status.phase == Phase.FAILED and status.started_at is None and \
                 job.state == JobState.ADMITTED:
@@ -564,11 +610,14 @@ def _apply_status(job: Job, status: WorkloadStatus, *, now: datetime,
         if status.phase in (Phase.RUNNING, Phase.SUCCEEDED, Phase.FAILED) and \
                 job.state == JobState.ADMITTED:
             started = status.started_at or now
+            placement = _placement(job.placement, status)
+            # Rule C4: a spot attempt bound elsewhere than planned is charged where it runs.
+            repooled = _repool(job, placement, pools_now)
             if job_transition(job, JobState.RUNNING, now=now,
                               reason="running on "
                                      + (", ".join(sorted(set(status.nodes))) or "the cluster"),
-                              started_at=started, placement=_placement(job.placement, status),
-                              message=""):
+                              started_at=started, placement=placement, message="",
+                              data=repooled or None, **repooled):
                 result.started.append(job.pk)
         if status.phase in (Phase.SUCCEEDED, Phase.FAILED) and job.state == JobState.RUNNING:
             target = JobState.SUCCEEDED if status.phase == Phase.SUCCEEDED else JobState.FAILED
@@ -611,9 +660,12 @@ def _utilization(*, backend: ClusterBackend, now: datetime, result: CycleResult)
 
 # --- 4. apply -----------------------------------------------------------------------------
 
-def apply_plan(*, plan: Plan, now: datetime, result: CycleResult | None = None) -> list[int]:
+def apply_plan(*, plan: Plan, now: datetime, result: CycleResult | None = None,
+               nodes: Sequence[NodeState] = ()) -> list[int]:
     """QUEUED → ADMITTED for each admission, compare-and-swap per job, one transaction.
-    A job another cycle already moved is skipped: it is never admitted twice.
+    A job another cycle already moved is skipped: it is never admitted twice. A spot
+    admission records the pools of its nodes (rule C4: `Job.spot_pools`), read from
+    `nodes` (the snapshot's; a node not there counts as in no pool).
 
     All admissions go in one savepoint; if one raises, that savepoint is rolled back and
     they are applied again one savepoint each (`_isolated`), so the job that raised is
@@ -624,20 +676,25 @@ def apply_plan(*, plan: Plan, now: datetime, result: CycleResult | None = None) 
         return []
     try:
         with transaction.atomic():
-            return _admit(plan, now=now, result=result, isolate=False)
+            return _admit(plan, now=now, result=result, isolate=False,
+                              snapshot_nodes=nodes)
     except NOT_A_JOB_FAULT:
         raise
     except Exception as exc:
         log.warning("cycle %s: an admission raised %s; admitting one job at a time",
                     result.cycle_id, type(exc).__name__)
     with transaction.atomic():
-        return _admit(plan, now=now, result=result, isolate=True)
+        return _admit(plan, now=now, result=result, isolate=True, snapshot_nodes=nodes)
 
 
-def _admit(plan: Plan, *, now: datetime, result: CycleResult, isolate: bool) -> list[int]:
+def _admit(plan: Plan, *, now: datetime, result: CycleResult, isolate: bool,
+           snapshot_nodes: Sequence[NodeState]) -> list[int]:
     admitted: list[int] = []
     jobs = Job.objects.in_bulk([a.job_id for a in plan.admissions])
     cluster_ids: dict[str, int] | None = None
+    # Rule C4: the pool of each node, only when a spot admission needs it.
+    pool_of = ({n.name: n.pool for n in snapshot_nodes}
+               if any(a.spot for a in plan.admissions) else {})
     for a in plan.admissions:
         job = jobs.get(a.job_id)
         if job is None or job.state != JobState.QUEUED:
@@ -663,13 +720,27 @@ def _admit(plan: Plan, *, now: datetime, result: CycleResult, isolate: bool) -> 
             data: dict[str, object] = {"placement": nodes}
             if cluster:
                 data["cluster"] = cluster
+            pools = (spot_pools(a.placement, pool_of, gpus_per_replica=job.gpus_per_replica)
+                     if a.spot else {})
+            if pools:
+                data["spot_pools"] = pools
             if job_transition(job, JobState.ADMITTED, now=now,
                               reason=f"admitted on {where}{', '.join(sorted(set(nodes)))}",
                               admitted_at=now, placement=nodes, cluster_id=cluster_id,
-                              on_spot=a.spot,
-                              data=data):
+                              on_spot=a.spot, spot_pools=pools, data=data):
                 admitted.append(job.pk)
     return admitted
+
+
+def spot_pools(placement: Iterable[str], pool_of: Mapping[str, str], *,
+               gpus_per_replica: int) -> dict[str, int]:
+    """Rule C4: {pool name: GPUs} of an attempt on spot nodes, one replica per node of
+    `placement` (names as `pool_of` has them); "" = nodes in no pool."""
+    out: dict[str, int] = {}
+    for node in placement:
+        pool = pool_of.get(node, "")
+        out[pool] = out.get(pool, 0) + gpus_per_replica
+    return out
 
 
 def admission_cluster(placement: tuple[str, ...], cluster: str = ""

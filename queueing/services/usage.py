@@ -14,8 +14,9 @@ from django.db import transaction
 
 from accounts.models import Team
 from queueing.instants import parse_iso
-from queueing.models import FairShareAccumulator, GpuType, Job, NodePool, UsageRecord
+from queueing.models import FairShareAccumulator, GpuType, Job, UsageRecord
 from queueing.policy.fairshare import Accumulator
+from queueing.selectors.costs import spot_attempt_price, spot_pools_of
 from queueing.selectors.fairshare import half_life_hours
 from queueing.selectors.usage import IMPORT_COLUMNS
 
@@ -31,10 +32,10 @@ def usage_record_attempt(*, job: Job, start: datetime, end: datetime,
     attempt's pods that ran after fairq moved on are charged to that attempt).
 
     Rule C4: the record keeps the current attempt's cluster and whether it ran on spot
-    nodes, and a spot attempt's price: its cluster's spot pool of the job's GPU type
-    (of several, the first by name), frozen here so a later pool price never reprices
-    it; None when the pool has none (rule C1 prices it). An earlier attempt's record
-    knows neither (the job has moved on): rule C1."""
+    nodes, and a spot attempt's price: the GPU-weighted price of the spot pools its GPUs
+    ran in (`Job.spot_pools`), frozen here so a later pool price never reprices it; None
+    when one of them has none (rule C1 prices it). An earlier attempt's record knows
+    neither (the job has moved on): rule C1."""
     attempt = job.attempt if attempt is None else attempt
     if end < start:
         end = start
@@ -56,15 +57,13 @@ def usage_record_attempt(*, job: Job, start: datetime, end: datetime,
 
 
 def spot_price(job: Job) -> Decimal | None:
-    """Rule C4: the price per GPU-hour of the spot pool `job`'s attempt runs in (its
-    cluster's spot pool of its GPU type, the first by name); None without one or a price."""
+    """Rule C4: the price per GPU-hour, now, of the spot pools `job`'s current attempt
+    runs in (`spot_attempt_price`); None without a cluster or a price."""
     if job.cluster_id is None:
         return None
-    price: Decimal | None = (
-        NodePool.objects.filter(cluster_id=job.cluster_id, gpu_type_id=job.gpu_type_id,
-                                spot=True)
-        .order_by("name").values_list("price_per_gpu_hour", flat=True).first())
-    return price
+    return spot_attempt_price(spot_pools=job.spot_pools, cluster_id=job.cluster_id,
+                              gpu_type_id=job.gpu_type_id,
+                              pools=spot_pools_of([job.cluster_id]))
 
 
 def accumulator_add(*, team_id: int, rate: float, start: datetime, end: datetime) -> None:

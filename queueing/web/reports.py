@@ -1,5 +1,5 @@
-"""The reports page (docs/dashboard.md, "Reports"): allocated, used, idle and preempted
-GPU-hours and cost per team over time, and this month's budgets. Team members see their
+"""The reports page (docs/dashboard.md, "Reports"): allocated, used, idle, preempted and
+spot GPU-hours and cost per team over time, and this month's budgets. Team members see their
 teams; staff every team."""
 
 from __future__ import annotations
@@ -63,16 +63,20 @@ def _totals(buckets: list[CostBucket]) -> list[dict[str, Any]]:
         t = acc.setdefault(b.team, {"team": b.team, "department": b.department,
                                     "allocated": 0.0, "used": 0.0, "idle": 0.0,
                                     "preempted": 0.0, "cost": Decimal(0),
-                                    "idle_cost": Decimal(0)})
+                                    "idle_cost": Decimal(0), "spot": 0.0,
+                                    "spot_cost": Decimal(0)})
         t["allocated"] += b.allocated_gpu_hours
         t["used"] += b.used_gpu_hours
         t["idle"] += b.idle_gpu_hours
         t["preempted"] += b.preempted_gpu_hours
         t["cost"] += b.cost
         t["idle_cost"] += b.idle_cost
+        t["spot"] += b.spot_gpu_hours  # rule C4: spot time apart
+        t["spot_cost"] += b.spot_cost
     rows = sorted(acc.values(), key=lambda t: (-t["cost"], -t["allocated"], t["team"]))
     for t in rows:
         t["cost"], t["idle_cost"] = money(t["cost"]), money(t["idle_cost"])
+        t["spot_cost"] = money(t["spot_cost"])
         t["efficiency"] = t["used"] / t["allocated"] * 100 if t["allocated"] else None
     return rows
 

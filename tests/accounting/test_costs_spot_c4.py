@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from queueing.models import Cluster, Job, NodePool, UsageRecord
 from queueing.policy.admission import plan_admissions
-from queueing.policy.costs import PricePoint, cost_pieces, own_price
+from queueing.policy.costs import PricePoint, cost_pieces, money, own_price
 from queueing.selectors.costs import by_department, cost_buckets
 from queueing.selectors.reports import report_buckets
 from queueing.services.costs import gpu_price_set
@@ -77,7 +77,9 @@ def _costs(world: World, t0: datetime) -> dict[str, Decimal]:
     out: dict[str, Decimal] = {}
     for b in by_department(buckets):
         out[b.team] = out.get(b.team, Decimal(0)) + b.cost
-    return out
+    # To the cent, as reported: an attempt across a UTC midnight is two pieces (rule C2)
+    # whose float GPU-hours need not sum exactly.
+    return {team: money(cost) for team, cost in out.items()}
 
 
 @pytest.mark.django_db

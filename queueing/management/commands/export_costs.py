@@ -16,8 +16,9 @@ from queueing.selectors.costs import PERIODS, by_department, cost_buckets, costs
 
 
 class Command(BaseCommand):
-    help = ("Write cost per team and period as CSV (rules C1-C3); '-' = stdout. The range: "
-            "--month YYYY-MM, or --from/--to ISO 8601 instants (default: this UTC month).")
+    help = ("Write cost per team and period as CSV (rules C1-C4, spot GPU-hours and cost "
+            "apart); '-' = stdout. The range: --month YYYY-MM, or --from/--to ISO 8601 "
+            "instants (default: this UTC month).")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("file", nargs="?", default="-")
