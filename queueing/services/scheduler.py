@@ -676,8 +676,7 @@ def apply_plan(*, plan: Plan, now: datetime, result: CycleResult | None = None,
         return []
     try:
         with transaction.atomic():
-            return _admit(plan, now=now, result=result, isolate=False,
-                              snapshot_nodes=nodes)
+            return _admit(plan, now=now, result=result, isolate=False, snapshot_nodes=nodes)
     except NOT_A_JOB_FAULT:
         raise
     except Exception as exc:
