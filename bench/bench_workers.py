@@ -9,6 +9,11 @@ reversed every other round; the median of the rounds per side.
 A side's class is gunicorn's (`sync`, `gthread`, ...), `balanced` for the image's
 `config.gunicorn_worker.BalancedThreadWorker` (gthread taking new connections by least
 connections), or any dotted worker class. `--load N` runs N busy loops beside all sides.
+A side may carry environment for its gunicorn after a fourth colon, `VAR=value` pairs
+joined by `+`; its name then ends with the variables' names. The durable commit's share
+of a submit (issue 20, docs/performance.md): `--sides balanced:3:4,balanced:3:4:PGOPTIONS=
+-csynchronous_commit=off --clients 1 --load 2` (libpq's PGOPTIONS: that side's
+PostgreSQL sessions answer before the WAL reaches the disk; measurement only).
 
 Output: `BENCH workers_<side>_rate_c<N>` (submits/s, the median round),
 `workers_<side>_p99_c<N>` (ms, over every submit of every round) and
@@ -48,7 +53,7 @@ DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/fairq_bench_workers"
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sides", default="sync:4:1,gthread:2:4",
-                   help="class:workers:threads, comma-separated")
+                   help="class:workers:threads[:VAR=value+...], comma-separated")
     p.add_argument("--clients", default="1,4,8")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--burst", type=float, default=3.0)
@@ -72,11 +77,14 @@ def main() -> int:
     hogs: list[subprocess.Popen[bytes]] = []
     try:
         for spec in a.sides.split(","):
-            kind, workers, threads = spec.split(":")
+            kind, workers, threads, *more = spec.split(":", 3)
+            env = dict(pair.split("=", 1) for pair in more[0].split("+")) if more else {}
             port = free_port()
-            sides[f"{kind.rsplit('.', 1)[-1]}{workers}x{threads}"] = (port, start_gunicorn(
+            name = f"{kind.rsplit('.', 1)[-1]}{workers}x{threads}" + "".join(
+                f"_{var.lower()}" for var in env)
+            sides[name] = (port, start_gunicorn(
                 url, port, int(workers), int(threads), kind,
-                extra_env={"FAIRQ_FAST_SUBMIT": "1"}))
+                extra_env={"FAIRQ_FAST_SUBMIT": "1", **env}))
         note(f"sides {list(sides)}; load {os.getloadavg()[0]:.2f}")
         hogs = start_load(a.load)
         if hogs:
