@@ -98,6 +98,15 @@ def node_pool(cluster: ClusterFacts, *, gpu_type: str,
     return max(fits, key=lambda p: (len(p.node_labels), p.name), default=None)
 
 
+def node_of_cluster(node: NodeInfo, *, cluster: str, facts: ClusterFacts) -> NodeInfo:
+    """A cluster's node as fairq reports it (the fleet, the published view): its
+    cluster's name, its pool's name (rule C4), and spot when the backend says so or its
+    pool is a spot pool (docs/clusters.md, "Node pools")."""
+    pool = node_pool(facts, gpu_type=node.gpu_type, labels=node.labels)
+    return replace(node, cluster=cluster, spot=node.spot or bool(pool and pool.spot),
+                   pool=pool.name if pool else "")
+
+
 @dataclass(frozen=True, slots=True)
 class Reachability:
     """Rule K5: whether the scheduler could read a cluster at its last cycle."""
@@ -260,10 +269,8 @@ def _merged_view(rows: list[Cluster], *, now: datetime) -> ClusterView:
     workloads: set[str] = set()
     for row in rows:
         backend = get_backend(row)
-        for n in backend.nodes():
-            pool = node_pool(facts[row.pk], gpu_type=n.gpu_type, labels=n.labels)
-            nodes.append(replace(n, cluster=row.name, spot=n.spot or bool(pool and pool.spot),
-                                 pool=pool.name if pool else ""))
+        nodes.extend(node_of_cluster(n, cluster=row.name, facts=facts[row.pk])
+                     for n in backend.nodes())
         workloads |= {s.name for s in backend.statuses(now=now)}
     return ClusterView(node_list=tuple(nodes), workloads=frozenset(workloads),
                        published_at=now,

@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import ClassVar, cast
 
@@ -59,7 +59,12 @@ from queueing.composition import get_backend
 from queueing.models import Cluster, ClusterBackendKind, Job, JobEvent
 from queueing.policy.states import HOLDING_STATES, JobState
 from queueing.sanitize import clean_text
-from queueing.selectors.cluster import ClusterFacts, Reachability, clusters_facts, node_pool
+from queueing.selectors.cluster import (
+    ClusterFacts,
+    Reachability,
+    clusters_facts,
+    node_of_cluster,
+)
 
 from .jobs import job_transition, next_attempt
 from .usage import usage_record_attempt
@@ -312,15 +317,11 @@ _sources: dict[tuple[tuple[str, int], ...], _Readings] = {}
 
 
 def _node_of(member: Member, node: NodeInfo) -> NodeInfo:
-    """A member's node as the fleet reports it: its cluster's name, its pool's name (rule
-    C4), and spot when the backend says so or its pool is a spot pool (docs/clusters.md,
-    "Node pools")."""
+    """A member's node as the fleet reports it (`node_of_cluster`); the one implicit
+    cluster's as its backend does."""
     if member.facts is None:
         return node
-    pool = node_pool(member.facts, gpu_type=node.gpu_type,
-                     labels=getattr(node, "labels", None))
-    return replace(node, cluster=member.name, spot=node.spot or bool(pool and pool.spot),
-                   pool=pool.name if pool else "")
+    return node_of_cluster(node, cluster=member.name, facts=member.facts)
 
 
 def cycle_clusters() -> list[Cluster]:
