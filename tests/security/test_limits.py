@@ -147,3 +147,20 @@ def test_audit_entries_record_the_client_address(world: World) -> None:
     entry = AuditEntry.objects.get(object_type="accounts.Team", action="update")
     assert entry.ip == "1.2.3.4"
     assert entry.changes["weight"] == [3.0, 5.0]
+
+
+def test_a_bearer_token_authenticates_as_a_token_does(world: World) -> None:
+    """`Authorization: Bearer <key>` (RFC 6750) on the DRF path: reads, and a submit the
+    fast path leaves to DRF (an Idempotency-Key); a bad one is a 401 as with `Token`."""
+    from tests.conftest import job_body
+
+    key = token_issue(user=world.member).key
+    c = APIClient()
+    c.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    assert c.get("/api/v1/tiers/").status_code == 200
+    r = c.post("/api/v1/jobs/", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="bearer-1")
+    assert r.status_code == 201, r.content
+    assert r.json()["submitter"] == world.member.username
+    r = APIClient().get("/api/v1/tiers/", HTTP_AUTHORIZATION="Bearer fq_nope_guess")
+    assert r.status_code == 401
+    assert r.json()["error"]["message"] == "Invalid token."
