@@ -24,7 +24,6 @@ the API always gave, by construction; the rate-limit hit already made is handed 
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -55,7 +54,7 @@ from queueing.services.jobs import JobInput, job_input_build, job_submit_with_ev
 
 from . import auth_cache, throttling
 from .bulk import job_submitted_data
-from .parsers import check_json_value
+from .parsers import check_json_value, loads
 from .serializers import JobCreateSerializer, _shaper
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -270,9 +269,9 @@ def _body(request: HttpRequest) -> Any:
     if limit is not None and length > limit:
         raise _ToDrf
     try:
-        data = json.loads(request.body.decode("utf-8"), parse_constant=_refuse)
+        data = loads(request.body.decode("utf-8"), parse_constant=_refuse)
         check_json_value(data)
-    except Exception:  # not JSON, too deep, a NUL, a body Django will not read
+    except Exception:  # not JSON, a key twice, too deep, a NUL, a body Django will not read
         raise _ToDrf from None
     return data
 
