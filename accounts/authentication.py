@@ -1,4 +1,4 @@
-"""`Authorization: Token fq_<prefix>_<secret>` for DRF."""
+"""`Authorization: Token fq_<prefix>_<secret>` (or `Bearer fq_<prefix>_<secret>`) for DRF."""
 
 from __future__ import annotations
 
@@ -32,50 +32,54 @@ def failure_window(ip: str) -> tuple[str, int, int] | None:
     return f"fairq:api-auth-failures:{ip}:{start}", int(count), start + period - now
 
 
-def _refuse_over_failure_limit(ip: str) -> None:
-    """429 for any token from an address that failed FAIRQ_API_AUTH_FAILURE_RATE times in
-    the current fixed window: further guesses are not even checked. One cache read per
-    token request; the count lives in the cache (Redis in production: every process)."""
+def count_failure(ip: str) -> None:
+    """Count a failed token authentication from `ip`, and answer 429 (Throttled) instead
+    of 401 once the address is past FAIRQ_API_AUTH_FAILURE_RATE in the current fixed
+    window. Called only after a token failed: a token that authenticates is never
+    refused by this limit, from any address (docs/api.md, "Authentication"). The count
+    lives in the cache (Redis in production: every process)."""
     window = failure_window(ip)
     if window is None:
         return
     key, limit, left = window
-    if int(cache.get(key) or 0) >= limit:
+    if cache.add(key, 1, timeout=left + 1):
+        count = 1
+    else:
+        try:
+            count = int(cache.incr(key))
+        except ValueError:  # expired between add and incr: count it in a fresh window
+            cache.add(key, 1, timeout=left + 1)
+            count = 1
+    if count > limit:
         raise exceptions.Throttled(wait=max(1, left),
                                    detail="Too many failed authentications from this address.")
 
 
-def _count_failure(ip: str) -> None:
-    window = failure_window(ip)
-    if window is None:
-        return
-    key, _limit, left = window
-    if not cache.add(key, 1, timeout=left + 1):
-        try:
-            cache.incr(key)
-        except ValueError:  # expired between add and incr: count it in a fresh window
-            cache.add(key, 1, timeout=left + 1)
+KEYWORDS = (b"token", b"bearer")  # `Authorization: Token <key>` or `Bearer <key>`
 
 
 class TokenAuthentication(authentication.BaseAuthentication):
+    """`Token <key>` or `Bearer <key>` (RFC 6750's scheme), the same keys. The token is
+    checked first; only a failure is counted against the client address (count_failure),
+    so guesses from an address never lock out a valid token used from it."""
+
     keyword = "Token"
 
     def authenticate(self, request: Request) -> tuple[Any, ApiToken] | None:
         header = authentication.get_authorization_header(request).split()
-        if not header or header[0].lower() != self.keyword.lower().encode():
+        if not header or header[0].lower() not in KEYWORDS:
             return None
-        ip = client_ip(request)
-        _refuse_over_failure_limit(ip)
         try:
             if len(header) != 2:
-                raise exceptions.AuthenticationFailed("Token header must be 'Token <key>'.")
+                raise exceptions.AuthenticationFailed(
+                    "Token header must be 'Token <key>' or 'Bearer <key>'.")
             try:
                 key = header[1].decode()
             except UnicodeError as exc:
                 raise exceptions.AuthenticationFailed("Invalid token.") from exc
             return self.authenticate_key(key)
         except exceptions.AuthenticationFailed:
-            _count_failure(ip)
+            count_failure(client_ip(request))
             raise
 
     def authenticate_key(self, key: str) -> tuple[Any, ApiToken]:

@@ -569,6 +569,28 @@ _template_options["libraries"] = {"fairq": "queueing.web.templatetags",
                                   "fairq_costs": "queueing.web.cost_tags"}
 # Error pages (templates/403.html, 404.html, 500.html) replace Django's plain ones.
 
+# Content-Security-Policy on every response (django-csp; docs/deployment.md,
+# "Content-Security-Policy"). Scripts only from fairq's own static files: no inline
+# script, no event-handler attribute, no eval (static/js/fairq.js binds what the pages
+# did inline). Styles may be inline: the pages set computed widths in style attributes,
+# and the admin's and Swagger UI's templates carry <style> blocks; CSS runs no script.
+MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+                  "csp.middleware.CSPMiddleware")
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],  # the favicon is `data:,`; Swagger UI's icons
+        "connect-src": ["'self'"],  # htmx's requests, the job stream
+        "font-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],  # single sign-on starts with a link, not a form
+        "frame-ancestors": ["'none'"],  # as X-Frame-Options: DENY
+    },
+}
+
 # --- Kubernetes backend (docs/kubernetes.md) ---------------------------------------------
 # Team namespaces are <prefix><team slug>; fairq creates and labels them.
 FAIRQ_KUBE_NAMESPACE_PREFIX = env("FAIRQ_KUBE_NAMESPACE_PREFIX", default="fairq-")

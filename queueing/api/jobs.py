@@ -7,9 +7,10 @@ A pipeline's submit (a token, a JSON job of plain fields, no Idempotency-Key) go
    declarations (one pass over the JSON, no DRF field objects run). A field is declared
    once, in JobCreateSerializer; one whose kind `lean_shaped` does not know (nested
    serializers, choices, custom validators) still works: a body that sets it goes to DRF.
-2. The token, remembered by the process (queueing/api/auth_cache.py).
-3. One cache round trip: the user's rate-limit bucket counted, the address's failed
-   authentications and the token generation read (throttling.hit_and_read).
+2. The token (`Token` or `Bearer`), remembered by the process (queueing/api/auth_cache.py).
+3. One cache round trip: the user's rate-limit bucket counted and the token generation
+   read (throttling.hit_and_read). The address's failed authentications are not read: a
+   token that authenticates is never refused by that limit (docs/api.md).
 4. The same services as the DRF view: `job_input_build` (every submit rule, quota and
    membership with the INSERT), `job_submit_with_event`; the answer built from the rows
    just written (`job_submitted_data`), rendered by DRF's own JSON renderer.
@@ -23,7 +24,6 @@ the API always gave, by construction; the rate-limit hit already made is handed 
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -47,8 +47,6 @@ from rest_framework.exceptions import APIException
 from rest_framework.renderers import JSONRenderer
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
-from accounts.authentication import failure_window
-from accounts.client_ip import client_ip
 from queueing.errors import DomainError
 from queueing.services.cluster_rules import CLUSTER_SUBMIT_FIELDS, job_input_with_clusters
 from queueing.services.dependencies import job_input_with_dependencies
@@ -56,7 +54,7 @@ from queueing.services.jobs import JobInput, job_input_build, job_submit_with_ev
 
 from . import auth_cache, throttling
 from .bulk import job_submitted_data
-from .parsers import check_json_value
+from .parsers import check_json_value, loads
 from .serializers import JobCreateSerializer, _shaper
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -271,9 +269,9 @@ def _body(request: HttpRequest) -> Any:
     if limit is not None and length > limit:
         raise _ToDrf
     try:
-        data = json.loads(request.body.decode("utf-8"), parse_constant=_refuse)
+        data = loads(request.body.decode("utf-8"), parse_constant=_refuse)
         check_json_value(data)
-    except Exception:  # not JSON, too deep, a NUL, a body Django will not read
+    except Exception:  # not JSON, a key twice, too deep, a NUL, a body Django will not read
         raise _ToDrf from None
     return data
 
@@ -283,15 +281,14 @@ def _authenticated(request: HttpRequest) -> tuple[Any, object]:
     generation read then; or _ToDrf."""
     header = request.META.get("HTTP_AUTHORIZATION", "")
     keyword, _, key = header.partition(" ")
-    if keyword.lower() != "token" or not key or " " in key:
+    if keyword.lower() not in ("token", "bearer") or not key or " " in key:
         raise _ToDrf
     found = auth_cache.token_remembered(key)
     if found is None:
         raise _ToDrf  # TokenAuthentication refuses it (and counts the failure)
     token, remembered = found
     rate = settings.FAIRQ_API_RATE
-    window = failure_window(client_ip(request))
-    reads = [auth_cache.GENERATION_KEY] + ([window[0]] if window else [])
+    reads = [auth_cache.GENERATION_KEY]
     bucket = f"{throttling.TokenRateThrottle.group}:user-{token.user_id}"
     count, left, values = throttling.hit_and_read(
         bucket, throttling._split_rate(str(rate))[1] if rate else 60, reads)
@@ -303,8 +300,8 @@ def _authenticated(request: HttpRequest) -> tuple[Any, object]:
     current = auth_cache.token_current(key, token, remembered, generation)
     if current is None or not auth_cache.token_usable(current, timezone.now()):
         raise _ToDrf
-    if window is not None and int(values[1] or 0) >= window[1]:
-        raise _ToDrf  # over the failed-authentication limit: TokenAuthentication's 429
+    # A token that authenticates is never refused by the failed-authentication limit of
+    # its address (accounts/authentication.py, count_failure): not read here.
     if rate and count > throttling._split_rate(str(rate))[0]:
         raise _ToDrf  # TokenRateThrottle's 429, with this hit
     return current.user, generation

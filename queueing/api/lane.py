@@ -39,6 +39,7 @@ from django.utils.module_loading import import_string
 from . import jobs
 
 JOBS_PATH = "/api/v1/jobs/"
+_SCHEMES = ("token ", "bearer ")  # accounts/authentication.py takes both
 _VIEW_HOOKS = ("process_view", "process_exception", "process_template_response")
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -97,7 +98,7 @@ class SubmitLane:
         if not (environ.get("REQUEST_METHOD") == "POST"
                 and environ.get("PATH_INFO") == JOBS_PATH
                 and "HTTP_IDEMPOTENCY_KEY" not in environ
-                and environ.get("HTTP_AUTHORIZATION", "")[:6].lower() == "token "
+                and environ.get("HTTP_AUTHORIZATION", "")[:7].lower().startswith(_SCHEMES)
                 and settings.FAIRQ_FAST_SUBMIT):
             return self.app(environ, start_response)
         answered: list[Any] = []

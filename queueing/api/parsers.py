@@ -9,16 +9,75 @@ DRF's JSON parser, refusing what would otherwise end in a 500:
 * NUL (`\\u0000`) anywhere in a string or a key: PostgreSQL text and jsonb cannot hold
   it, and a lookup with it raised a 500 (a team slug, a parent). Path, query string and
   form bodies are refused by queueing.middleware.RefuseBadInputMiddleware; JSON here.
+
+And refusing what it would otherwise take without a word:
+
+* A key twice in one object (`{"gpus": 1, "gpus": 8}`): Python's json keeps the last, other
+  readers the first; the caller cannot have meant both. A 400 `invalid` naming the key
+  where it is, as the API names fields (`gpus`, `env.SEED`, `volumes[1].name`):
+  "Duplicate key in the JSON body.".
 """
 
 from __future__ import annotations
 
+import codecs
+import json
 from typing import Any
 
-from rest_framework.exceptions import ParseError
+from django.conf import settings
+from rest_framework.exceptions import ParseError, ValidationError
 from rest_framework.parsers import JSONParser
+from rest_framework.utils.json import strict_constant
 
 MAX_DEPTH = 32  # the deepest body the API takes is a job: object -> env -> value
+DUPLICATE_KEY = "Duplicate key in the JSON body."
+
+
+class _Duplicated(dict[str, Any]):
+    """An object of the document that had a key more than once (`duplicates`)."""
+
+    duplicates: list[str]
+
+
+def _duplicate_errors(value: Any) -> dict[str, list[str]]:
+    """Where `value` (parsed by `loads`) had a key twice: {"env.SEED": [DUPLICATE_KEY]},
+    named as queueing/api/errors.py names fields."""
+    found: dict[str, list[str]] = {}
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, dict):
+            for key in getattr(item, "duplicates", ()):
+                found[f"{path}.{key}" if path else key] = [DUPLICATE_KEY]
+            stack.extend((v, f"{path}.{k}" if path else k) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(item))
+    return found
+
+
+def loads(text: str, parse_constant: Any = None) -> Any:
+    """`json.loads`, refusing a key twice in an object: ValidationError naming it. Also
+    ValueError (not JSON) and RecursionError, as `json.loads`."""
+    marked: list[_Duplicated] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(items)
+        if len(obj) == len(items):
+            return obj
+        seen: set[str] = set()
+        duplicated = _Duplicated(obj)
+        duplicated.duplicates = []
+        for key, _value in items:
+            if key in seen:
+                duplicated.duplicates.append(key)
+            seen.add(key)
+        marked.append(duplicated)
+        return duplicated
+
+    data = json.loads(text, parse_constant=parse_constant, object_pairs_hook=pairs)
+    if marked:
+        raise ValidationError(_duplicate_errors(data))
+    return data
 
 
 def check_json_value(value: Any) -> None:
@@ -44,10 +103,20 @@ def check_json_value(value: Any) -> None:
 
 class SafeJSONParser(JSONParser):
     def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        # DRF's JSONParser.parse, with `loads` (duplicate keys refused).
+        encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
         try:
-            data = super().parse(stream, media_type, parser_context)
+            "".encode(encoding)  # a text codec, never bz2_codec and the like (as DRF)
+        except (LookupError, UnicodeError):
+            raise ParseError(
+                f'Unsupported charset "{encoding}" in request Content-Type header.') from None
+        parse_constant = strict_constant if self.strict else None
+        try:
+            data = loads(codecs.getreader(encoding)(stream).read(), parse_constant)
         except RecursionError:
             raise ParseError(f"JSON nested deeper than {MAX_DEPTH} levels.") from None
+        except ValueError as exc:
+            raise ParseError(f"JSON parse error - {exc}") from None
         check_json_value(data)
         return data
 

@@ -149,14 +149,22 @@ def _success_description(method: str, code: str, responses: dict[str, Any]) -> s
 
 
 class TokenAuthenticationScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
-    """`Authorization: Token fq_<prefix>_<secret>` in the schema and in Swagger UI."""
+    """`Authorization: Token fq_<prefix>_<secret>` or `Bearer fq_<prefix>_<secret>` in the
+    schema and in Swagger UI: two schemes, either one will do."""
 
     target_class = "accounts.authentication.TokenAuthentication"
-    name = "tokenAuth"
+    name = ["tokenAuth", "bearerAuth"]
 
-    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
-        return {"type": "apiKey", "in": "header", "name": "Authorization",
-                "description": "`Token fq_<prefix>_<secret>` (see `fairq` CLI docs)."}
+    def get_security_requirement(self, auto_schema: Any) -> list[dict[str, list[Any]]]:
+        return [{"tokenAuth": []}, {"bearerAuth": []}]  # either (OR)
+
+    def get_security_definition(self, auto_schema: Any) -> list[dict[str, Any]]:
+        return [
+            {"type": "apiKey", "in": "header", "name": "Authorization",
+             "description": "`Token fq_<prefix>_<secret>` (see `fairq` CLI docs)."},
+            {"type": "http", "scheme": "bearer",
+             "description": "`Bearer fq_<prefix>_<secret>`: the same API token."},
+        ]
 
 
 class StrictFieldsScheme(OpenApiSerializerExtension):  # type: ignore[no-untyped-call]

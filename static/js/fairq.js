@@ -16,6 +16,22 @@
     }
   });
 
+  // What the pages once did in inline handlers, which the Content-Security-Policy forbids
+  // (script-src 'self'): a form with data-confirm asks first (cancel a job, leave a
+  // team); the submit form's advanced section remembers being open across the live
+  // check's swap (its hidden advanced_open field).
+  document.addEventListener("submit", function (e) {
+    var form = e.target;
+    var question = form && form.getAttribute && form.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) { e.preventDefault(); }
+  });
+  document.addEventListener("toggle", function (e) {  // toggle does not bubble: captured
+    var details = e.target;
+    if (!details || details.id !== "advanced") { return; }
+    var kept = details.querySelector("input[name=advanced_open]");
+    if (kept) { kept.value = details.open ? "1" : ""; }
+  }, true);
+
   var palette = ["#2456c7", "#d0582c", "#2f9e55", "#9b3fc4", "#b08900", "#16899a", "#c43f6f", "#59627a"];
   var chart = null;
 

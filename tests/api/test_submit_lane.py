@@ -54,13 +54,14 @@ class Answer:
 
 
 def _call(app: Any, key: str, body: Any = None, *, raw: bytes | None = None,
-          path: str = "/api/v1/jobs/", method: str = "post", **extra: Any) -> Answer:
+          path: str = "/api/v1/jobs/", method: str = "post", scheme: str = "Token",
+          **extra: Any) -> Answer:
     data = raw if raw is not None else json.dumps(job_body() if body is None else body)
     if method == "get":
-        request = RequestFactory().get(path, HTTP_AUTHORIZATION=f"Token {key}", **extra)
+        request = RequestFactory().get(path, HTTP_AUTHORIZATION=f"{scheme} {key}", **extra)
     else:
         request = RequestFactory().post(path, data=data, content_type="application/json",
-                                        HTTP_AUTHORIZATION=f"Token {key}", **extra)
+                                        HTTP_AUTHORIZATION=f"{scheme} {key}", **extra)
     environ = request.environ
     if method == "post":  # the request above read its copy: the application reads this one
         environ["wsgi.input"] = io.BytesIO(data if isinstance(data, bytes) else data.encode())
@@ -136,6 +137,37 @@ def test_a_refused_token_is_the_applications_401(apps: Any, world: World) -> Non
     r = _call(lane, "not-a-token")
     assert r.status_code == 401, r.body
     assert Job.objects.count() == 0
+
+
+def test_a_bearer_token_is_submitted_by_the_lane(apps: Any, key: str) -> None:
+    """`Authorization: Bearer <key>` is the lane's as `Token <key>` is: answered by the
+    fast path (the application never sees it), 201."""
+    lane, served = apps
+    for scheme in ("Bearer", "bearer", "Token"):
+        r = _call(lane, key, scheme=scheme)
+        assert r.status_code == 201, (scheme, r.body)
+    assert served == []
+    assert Job.objects.count() == 3
+
+
+def test_bad_tokens_from_one_address_never_lock_out_a_valid_token_in_the_lane(
+        apps: Any, key: str) -> None:
+    """The default failure limit (20/min) and one address for everyone (a proxy, with
+    FAIRQ_TRUSTED_PROXY_COUNT=0): 25 bad tokens are refused, 401 then 429, and a valid
+    token from the same address still submits through the fast path, `Token` or
+    `Bearer`."""
+    lane, served = apps
+    answers = [_call(lane, "fq_nosuch_secret", REMOTE_ADDR="10.9.9.9").status_code
+               for _ in range(25)]
+    assert answers == [401] * 20 + [429] * 5
+    served.clear()
+    for scheme in ("Token", "Bearer"):
+        r = _call(lane, key, scheme=scheme, REMOTE_ADDR="10.9.9.9")
+        assert r.status_code == 201, (scheme, r.body)
+    assert served == []  # the fast path answered: no hand-over to a lockout
+    assert _call(lane, "fq_nosuch_secret", scheme="Bearer", REMOTE_ADDR="10.9.9.9"
+                 ).status_code == 429
+    assert Job.objects.count() == 2
 
 
 def test_the_lanes_middleware_still_refuse(apps: Any, key: str, settings: Any) -> None:

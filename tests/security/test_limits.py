@@ -8,6 +8,7 @@ from django.test import RequestFactory, override_settings
 from rest_framework.test import APIClient
 
 from accounts.client_ip import client_ip
+from accounts.services import token_issue
 from tests.conftest import World
 
 # --- one client address ---------------------------------------------------------------
@@ -76,6 +77,23 @@ def _bad(c: APIClient, ip: str = "10.0.0.7") -> object:
     return c.get("/api/v1/tiers/", HTTP_AUTHORIZATION="Token fq_nope_guess", REMOTE_ADDR=ip)
 
 
+def test_bad_tokens_from_one_address_never_lock_out_a_valid_token(world: World) -> None:
+    """The default limit (20/min): 25 bad tokens from the address every client shares
+    (a proxy with FAIRQ_TRUSTED_PROXY_COUNT=0) are refused, 401 then 429; a valid token
+    from that address still works, as `Token` and as `Bearer`, and is not counted."""
+    key = token_issue(user=world.member).key
+    c = APIClient()
+    answers = [_bad(c, ip="10.0.0.1").status_code for _ in range(25)]  # type: ignore[attr-defined]
+    assert answers == [401] * 20 + [429] * 5
+    for scheme in ("Token", "Bearer", "bearer"):
+        r = c.get("/api/v1/tiers/", HTTP_AUTHORIZATION=f"{scheme} {key}",
+                  REMOTE_ADDR="10.0.0.1")
+        assert r.status_code == 200, (scheme, r.content)
+    assert _bad(c, ip="10.0.0.1").status_code == 429  # type: ignore[attr-defined]
+    r = c.get("/api/v1/tiers/", HTTP_AUTHORIZATION="Bearer fq_nope_guess", REMOTE_ADDR="10.0.0.1")
+    assert r.status_code == 429  # a bad Bearer token is counted and refused alike
+
+
 @override_settings(FAIRQ_API_AUTH_FAILURE_RATE="3/hour")
 def test_failed_token_authentication_is_limited_per_client_address(world: World) -> None:
     c = APIClient()
@@ -85,9 +103,11 @@ def test_failed_token_authentication_is_limited_per_client_address(world: World)
     body = r.json()  # type: ignore[attr-defined]
     assert body["error"]["code"] == "throttled" and body["error"]["status"] == 429
     assert int(r["Retry-After"]) > 0  # type: ignore[index]
-    # While over the limit no token is checked from that address, a right one neither...
+    # Over the limit a right token from that address still works (it is checked before
+    # the address's count applies)...
     good = world.client(world.member)
-    assert good.get("/api/v1/tiers/", REMOTE_ADDR="10.0.0.7").status_code == 429
+    assert good.get("/api/v1/tiers/", REMOTE_ADDR="10.0.0.7").status_code == 200
+    assert _bad(c).status_code == 429  # type: ignore[attr-defined]
     # ...and other addresses are not affected.
     assert good.get("/api/v1/tiers/", REMOTE_ADDR="10.0.0.8").status_code == 200
     assert _bad(c, ip="10.0.0.8").status_code == 401  # type: ignore[attr-defined]
@@ -127,3 +147,20 @@ def test_audit_entries_record_the_client_address(world: World) -> None:
     entry = AuditEntry.objects.get(object_type="accounts.Team", action="update")
     assert entry.ip == "1.2.3.4"
     assert entry.changes["weight"] == [3.0, 5.0]
+
+
+def test_a_bearer_token_authenticates_as_a_token_does(world: World) -> None:
+    """`Authorization: Bearer <key>` (RFC 6750) on the DRF path: reads, and a submit the
+    fast path leaves to DRF (an Idempotency-Key); a bad one is a 401 as with `Token`."""
+    from tests.conftest import job_body
+
+    key = token_issue(user=world.member).key
+    c = APIClient()
+    c.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    assert c.get("/api/v1/tiers/").status_code == 200
+    r = c.post("/api/v1/jobs/", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="bearer-1")
+    assert r.status_code == 201, r.content
+    assert r.json()["submitter"] == world.member.username
+    r = APIClient().get("/api/v1/tiers/", HTTP_AUTHORIZATION="Bearer fq_nope_guess")
+    assert r.status_code == 401
+    assert r.json()["error"]["message"] == "Invalid token."
