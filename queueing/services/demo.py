@@ -218,7 +218,8 @@ def demo_history_seed(*, now: datetime, days: int = 4, seed: int = 17) -> DemoHi
 def _history_runs(*, start: datetime, now: datetime, rng: random.Random, known: set[str]
                   ) -> list[tuple[str, str, int, datetime, datetime]]:
     """(team, GPU type, GPUs, start, end) of the past runs, one after another per team
-    and type with idle gaps between, all ended half an hour before `now`."""
+    and type with idle gaps between, all ended by half an hour before `now` (the last
+    one cut there)."""
     runs = []
     for team, load in HISTORY_LOAD.items():
         for gpu, typical in load.items():
@@ -227,12 +228,14 @@ def _history_runs(*, start: datetime, now: datetime, rng: random.Random, known: 
             t = start + timedelta(minutes=rng.randint(0, 180))
             while True:
                 hours = rng.uniform(1.0, 7.0)
-                end = t + timedelta(hours=hours)
-                if end > now - timedelta(minutes=30):
+                end = min(t + timedelta(hours=hours), now - timedelta(minutes=30))
+                if end - t < timedelta(minutes=20):
                     break
                 gpus = max(1, round(typical * rng.uniform(0.4, 1.4)))
                 runs.append((team, gpu, gpus, t.replace(second=0, microsecond=0),
                              end.replace(second=0, microsecond=0)))
+                if end == now - timedelta(minutes=30):
+                    break  # the last run, cut short
                 t = end + timedelta(hours=rng.uniform(0.5, 6.0))  # idle between runs
     return runs
 
