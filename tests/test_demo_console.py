@@ -1,7 +1,7 @@
 """`make demo`'s console keeps its banner: `rundemo` run for real (its own process, the demo
 settings, SQLite in a temporary directory) prints the URL, the logins, the token and the
-log file's name, then only warnings and errors; the worker's and beat's INFO lines go to
-the log file (config/settings/demo.py)."""
+log file's name, then only warnings and errors; the worker's and beat's INFO lines and
+the web server's request lines go to the log file (config/settings/demo.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +29,8 @@ def _demo_env(tmp: Path) -> dict[str, str]:
            if k not in ("REDIS_URL", "CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE")}
     env.update(DJANGO_SETTINGS_MODULE="config.settings.demo", PYTHONPATH=str(ROOT),
                DATABASE_URL=f"sqlite:///{tmp / 'db.sqlite3'}",
-               FAIRQ_DEMO_LOG=str(tmp / "demo.log"), FAIRQ_LOG_LEVEL="INFO")
+               FAIRQ_DEMO_LOG=str(tmp / "demo.log"), FAIRQ_LOG_LEVEL="INFO",
+               PYTHONUNBUFFERED="1")
     return env
 
 
@@ -40,16 +42,22 @@ def test_the_demo_console_holds_the_banner_and_no_info_lines_or_startup_warnings
         subprocess.run([*manage, *step], env=env, cwd=tmp_path, check=True,
                        capture_output=True, timeout=180)
     log, console = tmp_path / "demo.log", tmp_path / "console.txt"
+    port = _free_port()
     with console.open("w") as sink:
-        demo = subprocess.Popen([*manage, "rundemo", "--port", str(_free_port())], env=env,
+        demo = subprocess.Popen([*manage, "rundemo", "--port", str(port)], env=env,
                                 cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT)
     try:
         # Running until the worker has run scheduler cycles (their INFO lines, wherever
-        # they go).
+        # they go), with a request to the web server (its request line too).
         deadline = time.monotonic() + 90
+        asked = False
         while time.monotonic() < deadline and demo.poll() is None:
             text = console.read_text() + (log.read_text() if log.exists() else "")
-            if text.count("scheduler_cycle_task") >= 4:
+            if not asked and "fairq demo is up" in text:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz",
+                                            timeout=10) as r:
+                    asked = r.status == 200
+            if asked and text.count("scheduler_cycle_task") >= 4:
                 break
             time.sleep(0.5)
     finally:
@@ -63,6 +71,7 @@ def test_the_demo_console_holds_the_banner_and_no_info_lines_or_startup_warnings
     logged = log.read_text() if log.exists() else ""
     assert logged.count("scheduler_cycle_task") >= 4, (out, logged[-2000:])
     assert re.search(r" INFO celery\.apps\.worker celery@\S+ ready\.", logged)
+    assert asked and '"GET /healthz HTTP/1.1" 200' in logged
     # The banner, whole, and the log file it names.
     assert "fairq demo is up: http://127.0.0.1:" in out
     assert "logins (password 'fairq-demo'): admin (staff), alice" in out
@@ -70,7 +79,7 @@ def test_the_demo_console_holds_the_banner_and_no_info_lines_or_startup_warnings
     assert "log: demo.log (this console shows warnings and errors only)" in out
     # Nothing else but Celery's one line at shutdown: no INFO line, no Celery banner, no
     # kombu or root warning.
-    assert " INFO " not in out, out
+    assert " INFO " not in out and "GET /" not in out, out
     assert "[tasks]" not in out and "celery@" not in out
     assert "No hostname was supplied" not in out + logged
     assert "superuser privileges" not in out

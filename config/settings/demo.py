@@ -48,3 +48,7 @@ LOGGING["handlers"] = {
              "formatter": FAIRQ_LOG_FORMAT, "filters": ["context"]},
 }
 LOGGING["root"]["handlers"] = ["console", "file"]
+# The web server's request lines (Django's own "django.server" handler writes them to the
+# console otherwise).
+LOGGING["loggers"]["django.server"] = {"handlers": ["file"], "level": "INFO",
+                                       "propagate": False}
