@@ -9,8 +9,9 @@ with nothing but `requests` and a team API token:
 
 - The submit carries an Idempotency-Key: if the connection drops and the step retries the
   POST with the same key, fairq answers with the job it already made, never a second one.
-- It waits with GET /jobs/{id}/ (every few seconds), printing each state change and, while
-  the job waits, the reason fairq gives ("quota", "no node has 8 free h100 GPUs", ...).
+- It waits with GET /jobs/{id}/ (every few seconds), printing a line when the job's state
+  or the kind of its wait changes, with the reason fairq gives ("quota", "no node has 8
+  free h100 GPUs", ...); a wait that only sees the queue around it move prints nothing new.
 - When the job ends, it waits (up to --log-wait) for fairq to keep each replica's final log
   tail, which stays readable after the pods are gone, prints it, and exits 0 if the job
   SUCCEEDED, 1 otherwise, so the pipeline step fails with the job.
@@ -68,11 +69,15 @@ class Fairq:
         seen = None
         while True:
             job = self.call("GET", f"/jobs/{job_id}/")
-            why = "; ".join(r["message"] for r in (job.get("queue") or {}).get("reasons", []))
-            state = (job["status"], why or job.get("message") or "")
+            reasons = (job.get("queue") or {}).get("reasons", [])
+            # A change is a new status or a new kind of wait (the reasons' codes: quota,
+            # capacity, next_cycle, ...), not the counts in their messages ("3 jobs ahead",
+            # "9 in the whole queue"), which move with every poll of a busy queue.
+            state = (job["status"], tuple(r["code"] for r in reasons), job.get("message") or "")
             if state != seen:
+                why = "; ".join(r["message"] for r in reasons) or state[2]
                 print(f"{time.strftime('%H:%M:%S')} job {job_id}: {state[0]}"
-                      + (f" ({state[1]})" if state[1] else ""), flush=True)
+                      + (f" ({why})" if why else ""), flush=True)
                 seen = state
             if job["status"] in FINAL:
                 return job

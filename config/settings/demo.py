@@ -3,7 +3,7 @@ on an in-memory broker, against the simulated cluster, with synthetic load."""
 
 from __future__ import annotations
 
-from .base import _check_sim_nodes
+from .base import BASE_DIR, FAIRQ_LOG_FORMAT, _check_sim_nodes, logging_config
 from .dev import *  # noqa: F403
 from .dev import env
 
@@ -18,7 +18,8 @@ DEBUG = env.bool("DJANGO_DEBUG", default=False)
 FAIRQ_SIM_NODES = env("FAIRQ_SIM_NODES", default="4x8xh100@rack=2,4x8xa100,2x7xmig-1g-10gb")
 _check_sim_nodes(FAIRQ_SIM_NODES)
 
-CELERY_BROKER_URL = "memory://"
+# A host in the URL: without one kombu warns "No hostname was supplied" at each connect.
+CELERY_BROKER_URL = "memory://localhost/"
 # The demo's beat keeps its schedule in memory: no database scheduler, no shelve file.
 CELERY_BEAT_SCHEDULER = "celery.beat:Scheduler"
 FAIRQ_CLUSTER_BACKEND = "simulated"
@@ -34,3 +35,20 @@ CELERY_BEAT_SCHEDULE = {
 FAIRQ_WEBHOOK_QUEUE = env("FAIRQ_WEBHOOK_QUEUE", default="webhooks")
 if FAIRQ_WEBHOOK_QUEUE:
     CELERY_TASK_ROUTES = {"queueing.tasks.webhook*": {"queue": FAIRQ_WEBHOOK_QUEUE}}
+
+# The console keeps the banner `rundemo` prints (URL, logins, token) on screen: only
+# warnings and errors go there; everything (the worker's and beat's INFO lines, requests)
+# goes to FAIRQ_DEMO_LOG, which the banner names (default demo.log beside manage.py,
+# gitignored).
+FAIRQ_DEMO_LOG = env("FAIRQ_DEMO_LOG", default=str(BASE_DIR / "demo.log"))
+LOGGING = logging_config(FAIRQ_LOG_FORMAT)
+LOGGING["handlers"] = {
+    "console": {**LOGGING["handlers"]["console"], "level": "WARNING"},
+    "file": {"class": "logging.FileHandler", "filename": FAIRQ_DEMO_LOG, "delay": True,
+             "formatter": FAIRQ_LOG_FORMAT, "filters": ["context"]},
+}
+LOGGING["root"]["handlers"] = ["console", "file"]
+# The web server's request lines (Django's own "django.server" handler writes them to the
+# console otherwise).
+LOGGING["loggers"]["django.server"] = {"handlers": ["file"], "level": "INFO",
+                                       "propagate": False}

@@ -14,8 +14,9 @@ from django.db.models import Case, F, IntegerField, Min, Sum, Value, When
 from django.db.models.functions import TruncMonth
 
 from accounts.models import Team
-from queueing.models import GpuType, UsageDay, UsageRollup
+from queueing.models import GpuType, Job, UsageDay, UsageRecord, UsageRollup
 from queueing.policy.costs import cost_pieces, month_start, own_price, price_at
+from queueing.policy.states import JobState
 from queueing.selectors.costs import CostBucket, add_hours, attempts, price_lists
 
 
@@ -114,13 +115,39 @@ def report_buckets(*, teams: Iterable[Team], start: date, end: date, period: str
                   rolled_up_to=mark)
 
 
-def default_range(*, period: str, today: date) -> tuple[date, date]:
-    """The last 12 months (this one included) by month, the last 30 days by day."""
+def first_usage_day(*, teams: Iterable[Team], now: datetime) -> date | None:
+    """The first UTC day with GPU time of `teams`: their first usage record's, or the
+    start of an attempt running now when earlier; None without any (two indexed reads)."""
+    team_ids = [t.pk for t in teams]
+    firsts = [
+        UsageRecord.objects.filter(team_id__in=team_ids).aggregate(first=Min("start"))["first"],
+        Job.objects.filter(team_id__in=team_ids, status=JobState.RUNNING.value,
+                           started_at__lte=now).aggregate(first=Min("started_at"))["first"],
+    ]
+    known = [f for f in firsts if f is not None]
+    return min(known).astimezone(UTC).date() if known else None
+
+
+def default_period(*, first: date | None, today: date) -> str:
+    """The reports page's period when none is asked for: by day while all the GPU time
+    fits in the last 30 days (a few days of data are a few points, not one month's
+    spike), else by month."""
+    return "day" if first is not None and first > today - timedelta(days=30) else "month"
+
+
+def default_range(*, period: str, today: date, first: date | None = None) -> tuple[date, date]:
+    """The last 12 months (this one included) by month, the last 30 days by day; from
+    `first` (the first day with GPU time: its month by month) when that is later, so the
+    range holds no empty periods before the data starts."""
     end = today + timedelta(days=1)
     if period == "day":
-        return end - timedelta(days=30), end
-    first = month_start(today)
-    year, month = first.year, first.month - 11
+        start = end - timedelta(days=30)
+        return (max(start, first) if first is not None and first <= today else start), end
+    first_month = month_start(today)
+    year, month = first_month.year, first_month.month - 11
     while month < 1:
         year, month = year - 1, month + 12
-    return date(year, month, 1), end
+    start = date(year, month, 1)
+    if first is not None and first <= today:
+        start = max(start, month_start(first))
+    return start, end

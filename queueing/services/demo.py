@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import io
 import random
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
+from decimal import ROUND_CEILING, Decimal
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -13,20 +14,28 @@ from django.db import transaction
 from accounts.models import Membership, Role, ServiceAccount, Team
 from accounts.services import service_account_create
 from queueing.models import (
+    UTIL_HIST_BINS,
+    AttemptUtilization,
     Cluster,
+    GpuPrice,
     GpuType,
     Job,
+    JobEvent,
     NodePool,
     Quota,
     Tier,
     TierGrant,
     UsageRecord,
+    UtilizationSample,
 )
+from queueing.policy.idle import percentile_from_histogram
 from queueing.policy.states import JobState
+from queueing.selectors.costs import cost_buckets, month_range
 
+from .costs import gpu_price_set, team_budget_set
 from .fairshare import fairshare_snapshot_take
 from .jobs import JobInput, job_submit
-from .usage import usage_import_csv
+from .usage import accumulator_add
 
 DEMO_PASSWORD = "fairq-demo"
 
@@ -160,21 +169,58 @@ def demo_seed() -> list[DemoLogin]:
 HISTORY_LOAD = {"vision": {"h100": 12, "a100": 6}, "nlp": {"h100": 14, "a100": 4},
                 "speech": {"a100": 4, "mig-1g-10gb": 5}, "recsys": {"a100": 3}}
 HISTORY_SNAPSHOT_HOURS = 2
+# How busy a team's GPUs were (rule U5's SM activity): the mean of its busy minutes and
+# the share of minutes below 5% (paid but idle, rule C3), so the reports' used, idle and
+# efficiency columns differ by team.
+HISTORY_ACTIVITY = {"vision": (82.0, 0.04), "nlp": (74.0, 0.08), "speech": (61.0, 0.15),
+                    "recsys": (48.0, 0.30)}
+HISTORY_GPU_MEMORY = {"h100": 80 << 30, "a100": 40 << 30, "mig-1g-10gb": 10 << 30}
+# Rule C1's list prices per GPU-hour (FAIRQ_CURRENCY, EUR by default), from the first day
+# of the month the history starts in; set only for a type that has no price yet.
+DEMO_GPU_PRICES = {"h100": Decimal("3.20"), "a100": Decimal("1.60"),
+                   "mig-1g-10gb": Decimal("0.25")}
+# Rule B1's monthly budgets (set only for a team that has none): vision's a fixed amount,
+# nlp's what makes its cost this month 85% of it (rule B2's 80% warning shows).
+DEMO_BUDGETS: dict[str, tuple[Decimal | float, str]] = {
+    "vision": (Decimal("12000"), "none"), "nlp": (0.85, "downgrade")}
 
 
-def demo_history_seed(*, now: datetime, days: int = 4, seed: int = 17) -> int:
+@dataclass(frozen=True)
+class DemoHistory:
+    jobs: int  # finished jobs written (each one charged attempt, a usage record)
+    prices: int  # GPU prices set
+    budgets: int  # team budgets set
+
+
+def demo_history_seed(*, now: datetime, days: int = 4, seed: int = 17) -> DemoHistory:
     """A few days of past GPU usage for the demo teams, so the usage chart and the
-    reports mean something at once: imported like another scheduler's history
-    (`usage_import_csv`: rule F1's accumulators move with it) and the standings snapshots
-    of those days (every HISTORY_SNAPSHOT_HOURS, as they were then). Does nothing when
-    any usage is recorded already (a second `seed_demo`, or a demo that ran). Returns the
-    number of usage rows imported."""
-    if UsageRecord.objects.exists():
-        return 0
-    rng = random.Random(seed)
-    known = set(GpuType.objects.values_list("slug", flat=True))
-    start = (now - timedelta(days=days)).replace(minute=0, second=0, microsecond=0)
-    lines = ["team,gpu_type,gpus,start,end"]
+    reports mean something at once: finished jobs of each team's `pipeline` service
+    account, each with its events, its charged attempt (a usage record: rule F1's
+    accumulators move with it) and its GPUs' per-minute SM activity and summary (rule
+    U5: used and idle GPU-hours, rule C3); the standings snapshots of those days (every
+    HISTORY_SNAPSHOT_HOURS, as they were then); list prices for the GPU types (rule C1)
+    and two team budgets (rule B1). The usage part does nothing when any usage is
+    recorded already (a second `seed_demo`, or a demo that ran); prices and budgets are
+    set where there are none."""
+    jobs = 0
+    if not UsageRecord.objects.exists():
+        start = (now - timedelta(days=days)).replace(minute=0, second=0, microsecond=0)
+        jobs = _history_jobs(start=start, now=now, rng=random.Random(seed))
+        at = start + timedelta(hours=HISTORY_SNAPSHOT_HOURS)
+        while at < now:
+            fairshare_snapshot_take(now=now, at=at)
+            at += timedelta(hours=HISTORY_SNAPSHOT_HOURS)
+    first = UsageRecord.objects.order_by("start").values_list("start", flat=True).first()
+    prices = _demo_prices(since=(first or now).astimezone(UTC).date().replace(day=1))
+    return DemoHistory(jobs=jobs, prices=prices, budgets=_demo_budgets(now=now))
+
+
+def _history_runs(*, start: datetime, now: datetime, rng: random.Random, known: set[str]
+                  ) -> list[tuple[str, str, int, datetime, datetime]]:
+    """(team, GPU type, GPUs, start, end) of the past runs, one after another per team
+    and type with idle gaps between, all ended by half an hour before `now` (the last
+    one cut there)."""
+    runs = []
     for team, load in HISTORY_LOAD.items():
         for gpu, typical in load.items():
             if gpu not in known:
@@ -182,17 +228,136 @@ def demo_history_seed(*, now: datetime, days: int = 4, seed: int = 17) -> int:
             t = start + timedelta(minutes=rng.randint(0, 180))
             while True:
                 hours = rng.uniform(1.0, 7.0)
-                end = t + timedelta(hours=hours)
-                if end > now - timedelta(minutes=30):
+                end = min(t + timedelta(hours=hours), now - timedelta(minutes=30))
+                if end - t < timedelta(minutes=20):
                     break
                 gpus = max(1, round(typical * rng.uniform(0.4, 1.4)))
-                lines.append(f"{team},{gpu},{gpus},{t.isoformat()},{end.isoformat()}")
+                runs.append((team, gpu, gpus, t.replace(second=0, microsecond=0),
+                             end.replace(second=0, microsecond=0)))
+                if end == now - timedelta(minutes=30):
+                    break  # the last run, cut short
                 t = end + timedelta(hours=rng.uniform(0.5, 6.0))  # idle between runs
-    n = usage_import_csv(stream=io.StringIO("\n".join(lines) + "\n"), now=now)
-    at = start + timedelta(hours=HISTORY_SNAPSHOT_HOURS)
-    while at < now:
-        fairshare_snapshot_take(now=now, at=at)
-        at += timedelta(hours=HISTORY_SNAPSHOT_HOURS)
+    return runs
+
+
+def _activity(*, minutes: int, busy_mean: float, idle_share: float,
+              rng: random.Random) -> list[float]:
+    """A run's SM activity per minute: busy minutes around `busy_mean`, `idle_share` of
+    them below 5% in short spells (never 10 in a row: no run was idle for its tier's
+    window, rule U2)."""
+    out: list[float] = []
+    spell = 0
+    for _ in range(minutes):
+        if spell < 9 and rng.random() < idle_share:
+            spell += 1
+            out.append(round(rng.uniform(0.0, 4.5), 1))
+        else:
+            spell = 0
+            out.append(round(min(100.0, max(5.0, rng.gauss(busy_mean, 9.0))), 1))
+    return out
+
+
+@transaction.atomic
+def _history_jobs(*, start: datetime, now: datetime, rng: random.Random) -> int:
+    gpu_types = {g.slug: g for g in GpuType.objects.all()}
+    accounts = {sa.team.slug: sa for sa in ServiceAccount.objects.select_related(
+        "team", "user").filter(name="pipeline")}
+    tiers = {t.slug: t for t in Tier.objects.filter(slug__in=["normal", "low"])}
+    cluster = Cluster.objects.filter(name="onprem").first()
+    runs = [r for r in _history_runs(start=start, now=now, rng=rng, known=set(gpu_types))
+            if r[0] in accounts]
+    samples: list[UtilizationSample] = []
+    summaries: list[AttemptUtilization] = []
+    events: list[JobEvent] = []
+    for n, (team, gpu, gpus, r_start, r_end) in enumerate(sorted(runs, key=lambda r: r[3])):
+        sa, gpu_type = accounts[team], gpu_types[gpu]
+        replicas = -(-gpus // 8)
+        per = -(-gpus // replicas)
+        gpus = per * replicas
+        queued = r_start - timedelta(minutes=rng.randint(1, 40))
+        admitted = r_start - timedelta(seconds=rng.randint(5, 40))
+        failed = rng.random() < 0.08
+        tier = tiers["low" if rng.random() < 0.25 else "normal"]
+        job = Job.objects.create(
+            team=sa.team, submitter=sa.user, name=f"{team}-{rng.choice(['train', 'sweep', 'ft'])}"
+            f"-{n:04d}", image="ghcr.io/acme/train:1.4", command=["python", "train.py"],
+            args=[], env={}, gpu_type=gpu_type, gpus_per_replica=per, replicas=replicas,
+            tier=tier, max_runtime_seconds=8 * 3600, created_at=queued, admitted_at=admitted,
+            started_at=r_start, finished_at=r_end, cluster=cluster,
+            status=JobState.FAILED if failed else JobState.SUCCEEDED,
+            exit_code=1 if failed else 0, message="exit code 1" if failed else "")
+        ended = JobState.FAILED if failed else JobState.SUCCEEDED
+        for at, src, dst, reason, actor in (
+                (queued, "", JobState.QUEUED, "submitted", sa.user),
+                (admitted, JobState.QUEUED, JobState.ADMITTED, "admitted", None),
+                (r_start, JobState.ADMITTED, JobState.RUNNING, "running", None),
+                (r_end, JobState.RUNNING, ended, "exit code 1" if failed else "succeeded",
+                 None)):
+            events.append(JobEvent(job=job, at=at, kind=JobEvent.Kind.TRANSITION,
+                                   from_status=src, to_status=dst, actor=actor,
+                                   actor_label=str(sa.user) if actor else "scheduler",
+                                   reason=reason, attempt=1))
+        UsageRecord.objects.create(
+            team=sa.team, gpu_type=gpu_type, job=job, attempt=1, gpus=gpus,
+            billing_weight=gpu_type.billing_weight, start=r_start, end=r_end,
+            gpu_seconds=gpus * (r_end - r_start).total_seconds(), cluster=cluster)
+        accumulator_add(team_id=sa.team_id, rate=gpus * gpu_type.billing_weight,
+                        start=r_start, end=r_end)  # as usage_record_attempt does (rule F1)
+        minutes = int((r_end - r_start).total_seconds() // 60)
+        busy, idle = HISTORY_ACTIVITY.get(team, (70.0, 0.1))
+        sm = _activity(minutes=minutes, busy_mean=busy, idle_share=idle, rng=rng)
+        mem = [round(gpus * HISTORY_GPU_MEMORY.get(gpu, 40 << 30) * min(0.95, v / 100 + 0.3))
+               for v in sm]
+        hist: dict[str, int] = {}
+        for v in sm:
+            key = str(min(UTIL_HIST_BINS - 1, int(v)))
+            hist[key] = hist.get(key, 0) + 1
+        samples += [UtilizationSample(job=job, attempt=1, minute=r_start + timedelta(minutes=i),
+                                      sm=v, mem_bytes=m)
+                    for i, (v, m) in enumerate(zip(sm, mem, strict=True))]
+        summaries.append(AttemptUtilization(
+            job=job, attempt=1, first_at=r_start,
+            last_at=r_start + timedelta(minutes=minutes - 1), samples=minutes,
+            sm_sum=sum(sm), mem_sum=float(sum(mem)), sm_hist=hist, sm_last=sm[-1],
+            sm_mean=sum(sm) / minutes, sm_p95=percentile_from_histogram(hist, 0.95),
+            mem_last_bytes=mem[-1], mem_mean_bytes=round(sum(mem) / minutes),
+            mem_max_bytes=max(mem)))
+    JobEvent.objects.bulk_create(events, batch_size=2000)
+    AttemptUtilization.objects.bulk_create(summaries, batch_size=2000)
+    UtilizationSample.objects.bulk_create(samples, batch_size=5000)
+    return len(runs)
+
+
+def _demo_admin() -> Any:
+    return get_user_model().objects.get(username="admin")
+
+
+def _demo_prices(*, since: date) -> int:
+    """Rule C1: the demo's list prices from `since`, for the types without a price."""
+    priced = set(GpuPrice.objects.values_list("gpu_type__slug", flat=True))
+    n = 0
+    for gpu_type in GpuType.objects.filter(slug__in=DEMO_GPU_PRICES).exclude(slug__in=priced):
+        gpu_price_set(actor=_demo_admin(), gpu_type=gpu_type, effective_from=since,
+                      price_per_gpu_hour=DEMO_GPU_PRICES[gpu_type.slug])
+        n += 1
+    return n
+
+
+def _demo_budgets(*, now: datetime) -> int:
+    """Rule B1: the demo's budgets, for the teams without one. A float is the share of
+    the budget the team's cost this month should be (its budget is that cost / share,
+    rounded up to 100; at least 100)."""
+    n = 0
+    for team in Team.objects.filter(slug__in=DEMO_BUDGETS, budget__isnull=True):
+        amount, policy = DEMO_BUDGETS[team.slug]
+        if isinstance(amount, float):
+            month, _ = month_range(now.astimezone(UTC).date())
+            cost = sum((b.cost for b in cost_buckets(teams=[team], start=month, end=now,
+                                                     period="month", now=now)), Decimal(0))
+            amount = max(Decimal(100), (cost / Decimal(repr(amount)) / 100).to_integral_value(
+                rounding=ROUND_CEILING) * 100)
+        team_budget_set(actor=_demo_admin(), team=team, monthly_amount=amount, policy=policy)
+        n += 1
     return n
 
 

@@ -19,22 +19,28 @@ from accounts.selectors import teams_for_user
 from queueing.policy.costs import money
 from queueing.selectors.budgets import budget_statuses
 from queueing.selectors.costs import CostBucket, currency
-from queueing.selectors.reports import default_range, report_buckets
+from queueing.selectors.reports import (
+    default_period,
+    default_range,
+    first_usage_day,
+    report_buckets,
+)
 
-PERIODS = {"month": "Last 12 months, by month", "day": "Last 30 days, by day"}
+# A range starts at the first day with GPU time when that is later (default_range).
+PERIODS = {"month": "By month, the last 12 months", "day": "By day, the last 30 days"}
 TOP_TEAMS = 8  # cost lines drawn; the rest are summed as "others"
 
 
 @require_GET
 @login_required
 def reports_page(request: HttpRequest) -> HttpResponse:
-    period = request.GET.get("period") or "month"
+    period = request.GET.get("period") or ""
     visible = list(teams_for_user(user=request.user).order_by("slug"))
     wanted = request.GET.get("team") or ""
     errors = []
-    if period not in PERIODS:
+    if period and period not in PERIODS:
         errors.append(f"Unknown period {period!r}: month or day.")
-        period = "month"
+        period = ""
     teams = visible
     if wanted:
         teams = [t for t in visible if t.slug == wanted]
@@ -42,11 +48,15 @@ def reports_page(request: HttpRequest) -> HttpResponse:
             errors.append(f"No team {wanted!r} among yours.")
             teams, wanted = visible, ""
     now = timezone.now()
-    start, end = default_range(period=period, today=now.astimezone(UTC).date())
+    today = now.astimezone(UTC).date()
+    first = first_usage_day(teams=teams, now=now)
+    period = period or default_period(first=first, today=today)
+    start, end = default_range(period=period, today=today, first=first)
     report = report_buckets(teams=teams, start=start, end=end, period=period, now=now)
     ctx: dict[str, Any] = {
         "period": period, "periods": PERIODS, "teams": visible, "team": wanted,
         "errors": errors, "currency": currency(), "start": start, "end": end,
+        "from_first": start != default_range(period=period, today=today)[0],
         "totals": _totals(report.buckets),
         "chart": _chart(report.buckets, start=start, end=end, period=period),
         "budgets": budget_statuses(now=now, teams=teams),

@@ -155,3 +155,21 @@ def test_the_team_page_shows_the_budget_notice_from_80_percent(world: World) -> 
     html = c.get("/teams/vision/").content.decode()
     assert 'id="budget-notice"' in html and "of its monthly GPU budget" in html
     assert "lowest tier" not in html  # 85%: not over, and no downgrade policy
+
+
+def test_the_default_range_starts_at_the_first_day_with_gpu_time() -> None:
+    from queueing.selectors.reports import default_period, default_range
+
+    today = date(2026, 12, 6)
+    # Four days of data: by day, from their first day; by month, from their month.
+    assert default_period(first=date(2026, 12, 2), today=today) == "day"
+    assert default_range(period="day", today=today, first=date(2026, 12, 2)) == (
+        date(2026, 12, 2), date(2026, 12, 7))
+    assert default_range(period="month", today=today, first=date(2026, 11, 20)) == (
+        date(2026, 11, 1), date(2026, 12, 7))
+    # A year of data: by month, the last 12 months; no data: the whole windows.
+    assert default_period(first=date(2025, 6, 1), today=today) == "month"
+    assert default_range(period="month", today=today, first=date(2025, 6, 1)) == (
+        date(2026, 1, 1), date(2026, 12, 7))
+    assert default_period(first=None, today=today) == "month"
+    assert default_range(period="day", today=today) == (date(2026, 11, 7), date(2026, 12, 7))

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from django.core.cache import cache
 from django.utils import timezone
 
 from queueing.composition import get_backend
@@ -22,6 +23,7 @@ from queueing.policy.states import JobState
 from queueing.services.logs import job_logs_archive
 from queueing.services.scheduler import scheduler_cycle
 from tests.conftest import World
+from tests.factories import JobFactory
 
 from .conftest import BASE, Cli, DjangoTransport
 
@@ -143,6 +145,47 @@ def test_the_pipeline_script_submits_waits_and_prints_each_replicas_log(
     assert out.count("--- SUCCEEDED: exit code 0 ---") == 2
     # The submit carried an Idempotency-Key: the job keeps it.
     assert job.idempotency_key
+
+
+def test_the_pipeline_script_prints_a_state_once_while_only_the_queue_around_it_moves(
+        cli: Cli, world: World, allowed: dict[str, list[str]],
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    """While the job waits, each poll finds one more job ahead of it (a100, high tier): its
+    reasons' messages change ("N in the whole queue"), their codes do not. One QUEUED
+    line, then one per status (ADMITTED, SUCCEEDED; RUNNING when a poll sees it)."""
+    pipeline = _example_module("pipeline.py")
+    session = _Session()
+    monkeypatch.setattr(pipeline.requests, "Session", lambda: session)
+    JobFactory(team=world.nlp, gpu_type=world.h100, tier=world.high)  # ahead, its type
+    polls = []
+
+    def sleep(_s: float) -> None:
+        polls.append(_s)
+        if len(polls) <= 4:
+            JobFactory(team=world.nlp, gpu_type=world.a100, tier=world.high)
+            cache.clear()  # the cached queue plan expires (3 s) between two real polls
+        else:
+            _cycle_and_log_archive()
+
+    monkeypatch.setattr(pipeline.time, "sleep", sleep)
+    job_file = tmp_path / "job.yaml"
+    spec = yaml.safe_load(JOB_FILE.read_text())
+    spec["env"]["FAIRQ_SIM_SECONDS"] = "0"
+    job_file.write_text(yaml.safe_dump(spec))
+    monkeypatch.setenv("FAIRQ_URL", BASE)
+    monkeypatch.setenv("FAIRQ_TOKEN", cli.token)
+    monkeypatch.setattr(sys, "argv", ["pipeline.py", str(job_file), "--interval", "0",
+                                      "--log-wait", "5"])
+    assert pipeline.main() == 0
+    out = capsys.readouterr().out
+    job = Job.objects.get(name="resnet50-ddp")
+    states = re.findall(rf"job {job.pk}: (\w+)", out)
+    assert states[0] == "QUEUED" and states[-1] == "SUCCEEDED", out
+    assert len(states) == len(set(states)), out  # a line per status, QUEUED once
+    # The one QUEUED line gives the reason as it was then: one job ahead of it in all.
+    assert "1 job ahead of it for h100 GPUs (1 in the whole queue)" in out
+    assert len(polls) >= 5
 
 
 def test_the_array_pipeline_waits_for_its_dependency_then_cancels_the_rest(

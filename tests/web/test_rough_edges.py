@@ -319,14 +319,14 @@ class TestDemoHistory:
 
         demo_seed()
         now = timezone.now()
-        n = demo_history_seed(now=now)
+        n = demo_history_seed(now=now).jobs
         assert n > 20 and UsageRecord.objects.count() == n
         assert UsageRecord.objects.order_by("start").first().start < now - timedelta(days=3)
         snaps = FairShareSnapshot.objects.order_by("at")
         assert snaps.count() >= 40  # 4 days, one every 2 hours
         first, last = snaps.first().standings, snaps.last().standings
         assert last["vision"][0] > first["vision"][0] > 0  # decayed GPU-hours grew
-        assert demo_history_seed(now=now) == 0  # a second seed adds nothing
+        assert demo_history_seed(now=now).jobs == 0  # a second seed adds nothing
         assert UsageRecord.objects.count() == n
         # The dashboard's chart has the days at once, every team above 0 by the end.
         admin = get_user_model().objects.get(username="admin")

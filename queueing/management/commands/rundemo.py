@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from typing import Any
 
 from django.conf import settings
@@ -48,12 +49,27 @@ class Command(BaseCommand):
         for c in Cluster.objects.filter(enabled=True):
             self.stdout.write(f"  cluster {c.name} (cost rank {c.cost_rank}): {c.sim_nodes}")
         self.stdout.write(f"  try: curl -H 'Authorization: Token {key}' {url}api/v1/fairshare/")
-        self.stdout.write("  more tokens: .venv/bin/python manage.py issue_token USERNAME\n")
+        self.stdout.write("  more tokens: .venv/bin/python manage.py issue_token USERNAME")
+        log_file = getattr(settings, "FAIRQ_DEMO_LOG", "")
+        if log_file:
+            self.stdout.write(f"  log: {_shown(log_file)} (this console shows warnings and "
+                              "errors only)")
+        self.stdout.write("")
 
         from celery import beat
-        from celery.signals import worker_ready
+        from celery.exceptions import SecurityWarning
+        from celery.signals import setup_logging, worker_ready
 
         from config.celery import app
+
+        # The banner above stays on screen: Celery leaves LOGGING (config/settings/demo.py:
+        # INFO to the log file, warnings to the console) as it is (a receiver of
+        # `setup_logging` tells it so), prints no banner of its own (`--quiet`), and does
+        # not warn about root: a demo run as root (a container) is one process serving
+        # itself, its tasks JSON only (CELERY_ACCEPT_CONTENT; with pickle Celery refuses root).
+        setup_logging.connect(_keep_django_logging, weak=False)
+        warnings.filterwarnings("ignore", category=SecurityWarning,
+                                message=r"You're running the worker with superuser")
 
         # Celery beat in this process, started once the worker consumes: beat embedded
         # with `--beat` publishes to an in-memory queue the solo worker never reads.
@@ -70,6 +86,16 @@ class Command(BaseCommand):
                 without_mingle=True, without_gossip=True, loglevel="INFO")
             threading.Thread(target=webhooks.start, name="webhooks", daemon=True).start()
         app.worker_main([
-            "worker", "--pool=solo", "--loglevel=INFO", "--without-gossip",
+            "--quiet", "worker", "--pool=solo", "--loglevel=INFO", "--without-gossip",
             "--without-mingle", "--without-heartbeat", "-Q", app.conf.task_default_queue,
         ])
+
+
+def _keep_django_logging(**_: Any) -> None:
+    """Celery's `setup_logging` signal: with a receiver, Celery configures no logging."""
+
+
+def _shown(path: str) -> str:
+    """The log file as the banner names it: relative to the current directory if in it."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel

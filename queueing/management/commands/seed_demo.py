@@ -10,13 +10,19 @@ from queueing.services.demo import demo_clusters_seed, demo_history_seed, demo_s
 
 class Command(BaseCommand):
     help = ("Create the demo teams, users, GPU types, tiers and quotas, its three simulated "
-            "clusters, and a few days of usage history when none is recorded (idempotent).")
+            "clusters, a few days of finished jobs (usage and GPU activity) when no usage is "
+            "recorded, GPU prices and two team budgets where none are set (idempotent).")
 
     def handle(self, *args: Any, **options: Any) -> None:
         logins = demo_seed()
         clusters = demo_clusters_seed()
-        rows = demo_history_seed(now=timezone.now())
-        history = f", {rows} usage records of the last days" if rows else ""
+        history = demo_history_seed(now=timezone.now())
         names = ", ".join(f"{c.name} (rank {c.cost_rank})" for c in clusters)
-        self.stdout.write(self.style.SUCCESS(
-            f"Demo data ready: {len(logins)} logins, clusters {names}{history}."))
+        done = [f"{len(logins)} logins", f"clusters {names}"]
+        if history.jobs:
+            done.append(f"{history.jobs} finished jobs of the last days (usage, GPU activity)")
+        if history.prices:
+            done.append(f"{history.prices} GPU prices")
+        if history.budgets:
+            done.append(f"{history.budgets} team budgets")
+        self.stdout.write(self.style.SUCCESS(f"Demo data ready: {', '.join(done)}."))
