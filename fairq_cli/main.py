@@ -44,6 +44,7 @@ EXIT_JOB_FAILED = 3
 EXIT_JOB_CANCELLED = 4
 EXIT_UNREACHABLE = 5
 EXIT_WAIT_TIMEOUT = 6
+EXIT_BROKEN_PIPE = 141  # the reader of stdout left (`| head`): 128 + SIGPIPE, as a shell reports
 # A long poll's `wait` (the server caps it at 60): FAIRQ_WATCH_SECONDS lowers it behind a
 # proxy that drops idle connections sooner.
 WATCH_SECONDS = 30
@@ -1084,6 +1085,37 @@ def main(argv: Sequence[str] | None = None, *, transport: Transport | None = Non
          sleep: Callable[[float], None] = time.sleep) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
+    try:
+        code = _main(argv, transport=transport, out=out, err=err, sleep=sleep)
+        out.flush()
+        return code
+    except BrokenPipeError:
+        # `fairq status 12 | head -3`: the reader left. Exit quietly as a Unix tool
+        # killed by SIGPIPE would (128 + 13), with nothing left to flush at exit.
+        for stream in (out, err):
+            _quiet(stream)
+        return EXIT_BROKEN_PIPE
+
+
+def _quiet(stream: TextIO) -> None:
+    """Point `stream`'s file at /dev/null when it is a pipe nobody reads any more, so
+    the interpreter's last flush cannot fail again."""
+    try:
+        stream.flush()
+    except BrokenPipeError:
+        try:
+            fd = stream.fileno()
+        except (OSError, ValueError):
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except (OSError, ValueError):
+        return
+
+
+def _main(argv: Sequence[str] | None, *, transport: Transport | None, out: TextIO,
+          err: TextIO, sleep: Callable[[float], None]) -> int:
     parser = build_parser()
     try:
         a = parser.parse_args(argv)
