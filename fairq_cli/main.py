@@ -2,7 +2,8 @@
 
 Exit codes (docs/cli.md): 0 success; 1 the server said no (one line on stderr); 2 bad
 usage; 3 a job followed with `--wait` failed; 4 it was cancelled; 5 fairq could not be
-reached (with `--wait`: not within `--unreachable-timeout`); 6 `--timeout` passed.
+reached; 6 `--timeout` passed; 7 `--wait` gave up on an unreachable fairq (after
+`--unreachable-timeout`) with the job not ended when last seen; 141 stdout's reader left.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ EXIT_JOB_FAILED = 3
 EXIT_JOB_CANCELLED = 4
 EXIT_UNREACHABLE = 5
 EXIT_WAIT_TIMEOUT = 6
+EXIT_GAVE_UP = 7  # --wait: fairq unreachable too long while the job had not ended
 EXIT_BROKEN_PIPE = 141  # the reader of stdout left (`| head`): 128 + SIGPIPE, as a shell reports
 # A long poll's `wait` (the server caps it at 60): FAIRQ_WATCH_SECONDS lowers it behind a
 # proxy that drops idle connections sooner.
@@ -60,6 +62,16 @@ class UsageError(Exception):
 
 class Unreachable(Exception):
     """fairq did not answer for longer than the caller would wait."""
+
+
+class GaveUp(Exception):
+    """`--wait` stopped waiting on an unreachable fairq while what it followed had not
+    ended when last seen: the job goes on without the CLI (exit 7). `reason`: why fairq
+    was given up on."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class WaitTimeout(Exception):
@@ -209,12 +221,15 @@ class Watcher:
                     raise
                 now = time.monotonic()
                 down_since = now if down_since is None else down_since
-                if now - down_since + delay > self.give_up:
-                    raise Unreachable(f"fairq unreachable for {now - down_since:.0f}s, giving "
-                                      f"up ({exc.message})") from None
-                self.app.err.write(f"fairq unreachable, retrying in {delay:.0f}s\n")
+                left = self.give_up - (now - down_since)
+                if left <= 0:  # the last try was at the limit, not a backoff step before it
+                    raise Unreachable(f"fairq unreachable for {now - down_since:.0f}s "
+                                      f"(--unreachable-timeout {self.give_up:g}s): "
+                                      f"{exc.message}") from None
+                pause = min(delay, left)
+                self.app.err.write(f"fairq unreachable, retrying in {pause:.0f}s\n")
                 self.app.err.flush()
-                self.app.sleep(delay)
+                self.app.sleep(pause)
                 delay = min(delay * 2, RETRY_MAX)
                 continue
             if down_since is not None:
@@ -235,7 +250,12 @@ class Watcher:
         """The job once it is final, reporting on stderr each state it passed through
         (from its transition events: none is missed when several happen between two
         answers)."""
-        job: dict[str, Any] = self._get(job_id, {})[1]
+        try:
+            job: dict[str, Any] = self._get(job_id, {})[1]
+        except Unreachable as exc:
+            raise GaveUp(f"stopped waiting: {exc}. Job {job_id} was not seen since it was "
+                         f"submitted: it is queued or further, this command only stopped "
+                         f"watching (fairq status {job_id})", str(exc)) from None
         if self.verbose:
             self._report(job, job["status"], None)
         seen = max([e.get("id") or 0 for e in job.get("events") or []], default=0)
@@ -243,10 +263,16 @@ class Watcher:
             if job["status"] in FINAL:
                 return job
             if self.deadline is not None and time.monotonic() > self.deadline:
-                raise WaitTimeout(f"job {job_id} still {job['status']} (--timeout)")
+                raise WaitTimeout(f"job {job_id} is still {job['status']} after --timeout: "
+                                  f"{_goes_on(job['status'])}")
             seconds = self.seconds if self.deadline is None else \
                 max(1, min(self.seconds, int(self.deadline - time.monotonic()) + 1))
-            status, body = self._get(job_id, self._params(job_id, seconds))
+            try:
+                status, body = self._get(job_id, self._params(job_id, seconds))
+            except Unreachable as exc:
+                raise GaveUp(f"stopped waiting: {exc}. Job {job_id} was {job['status']} when "
+                             f"last seen: {_goes_on(job['status'])} (fairq status "
+                             f"{job_id})", str(exc)) from None
             if status != 200:
                 continue
             job = body
@@ -368,15 +394,25 @@ class App:
         watcher = Watcher(self, give_up=a.unreachable_timeout, deadline=deadline,
                           seconds=_watch_seconds(), verbose=False)
         active = [("array", array_id), *[("status", s) for s in ACTIVE], ("page_size", 1)]
+        summary: dict[str, Any] | None = None
         while True:
-            summary = watcher.get(f"/arrays/{array_id}/", {})[1]
-            if summary["done"]:
-                break
-            page = watcher.get("/jobs/", active)[1]
-            if page["results"]:
-                watcher.follow(page["results"][0]["id"])
-            else:  # the rest not written as jobs yet: the next scheduler cycle does
-                time.sleep(_ARRAY_POLL_SECONDS)
+            try:
+                summary = watcher.get(f"/arrays/{array_id}/", {})[1]
+                if summary["done"]:
+                    break
+                page = watcher.get("/jobs/", active)[1]
+                if page["results"]:
+                    watcher.follow(page["results"][0]["id"])
+                else:  # the rest not written as jobs yet: the next scheduler cycle does
+                    time.sleep(_ARRAY_POLL_SECONDS)
+            except (Unreachable, GaveUp) as exc:
+                reason = exc.reason if isinstance(exc, GaveUp) else str(exc)
+                left = "its members" if summary is None else \
+                    f"{sum(n for st, n in summary['counts'].items() if st not in FINAL)} " \
+                    f"of its {summary['count']} members"
+                raise GaveUp(f"stopped waiting: {reason}. Array {array_id}: {left} had not "
+                             "ended when last seen: they are still queued or running, this "
+                             f"command only stopped watching (fairq queue)", reason) from None
         counts = {st: n for st, n in summary["counts"].items() if n}
         ended_badly = [st for st in ("FAILED", "CANCELLED") if counts.get(st)]
         if self.as_json:
@@ -705,6 +741,15 @@ class App:
         return 0
 
 
+def _goes_on(status: str) -> str:
+    """What a job not ended does without the CLI watching it."""
+    if status in {"ADMITTED", "RUNNING"}:
+        return "it is still running, this command only stopped watching"
+    if status == "PREEMPTED":
+        return "it goes back to the queue, this command only stopped watching"
+    return "it is still queued, this command only stopped watching"
+
+
 def _queue_order(job: dict[str, Any]) -> tuple[int, int, int]:
     """Running and admitted jobs first, then the queue by position (rule P2), then the
     rest; by id within each."""
@@ -1009,13 +1054,14 @@ def build_parser() -> argparse.ArgumentParser:
                         " a<ID> names a whole array: afterok:a7)")
     s.add_argument("-W", "--wait", action="store_true",
                    help="follow the job (with -a: every member) to its end; exit 0 when it "
-                        "succeeded, 3 failed, 4 cancelled, 5 fairq unreachable, 6 --timeout")
+                        "succeeded, 3 failed, 4 cancelled, 6 --timeout, 7 fairq unreachable "
+                        "too long (the job goes on)")
     s.add_argument("--poll-interval", type=float, default=2.0,
                    help=argparse.SUPPRESS)  # before the watch; accepted, unused
     s.add_argument("--timeout", type=float, default=None, help="give up waiting after seconds")
     s.add_argument("--unreachable-timeout", type=float, metavar="SECONDS",
                    default=os.environ.get("FAIRQ_UNREACHABLE_TIMEOUT") or "300",
-                   help="with --wait: retry an unreachable fairq this long before exit 5 "
+                   help="with --wait: retry an unreachable fairq this long before exit 7 "
                         "(default 300, env FAIRQ_UNREACHABLE_TIMEOUT)")
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
@@ -1132,6 +1178,9 @@ def _main(argv: Sequence[str] | None, *, transport: Transport | None, out: TextI
     except Unreachable as exc:
         err.write(f"fairq: {exc}\n")
         return EXIT_UNREACHABLE
+    except GaveUp as exc:
+        err.write(f"fairq: {exc}\n")
+        return EXIT_GAVE_UP
     except WaitTimeout as exc:
         err.write(f"fairq: {exc}\n")
         return EXIT_WAIT_TIMEOUT

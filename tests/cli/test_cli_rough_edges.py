@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,29 @@ def test_a_server_url_without_http_or_https_is_refused_readably(
     host = url.split("://")[-1]
     assert cli.err == (f"fairq: the server URL {url!r} (FAIRQ_URL) must start with https:// "
                        f"or http:// (e.g. https://{host})\n")
+
+
+def test_wait_gives_up_at_its_unreachable_timeout_saying_the_job_is_still_queued(
+        live: LiveServer, world: World, tmp_path: Path) -> None:
+    """`--unreachable-timeout 6`: the backoff (1 s, 2 s, 4 s ...) is cut to the time
+    left, so the CLI gives up at 6 s, not at the last whole step before it (3 s), and
+    says the job it followed is still queued, with exit 7 (not 5: the job exists)."""
+    cli = run_cli("submit", "-t", "vision", "-J", "train", "-i", "ghcr.io/acme/train:1.4",
+                  "-G", "h100", "-g", "2", "--wait", "--unreachable-timeout", "6",
+                  url=live.url, token=token_issue(user=world.admin).key, home=tmp_path,
+                  FAIRQ_WATCH_SECONDS="5")
+    cli.wait_for(lambda: "QUEUED" in cli.err)
+    job_id = int(cli.err.split("job ", 1)[1].split()[0])
+    live.stop()
+    stopped = time.monotonic()
+    code = cli.finish(timeout=60)
+    took = time.monotonic() - stopped
+    assert code == 7, cli.err
+    assert 5.5 <= took < 15, (took, cli.err)
+    assert "retrying in 1s" in cli.err and "retrying in 2s" in cli.err
+    assert "retrying in 3s" in cli.err  # 1 + 2 + 3 = 6: the last step cut to the time left
+    last = cli.err.strip().splitlines()[-1]
+    assert last.startswith("fairq: stopped waiting: fairq unreachable for 6s "
+                           "(--unreachable-timeout 6s)"), last
+    assert f"Job {job_id} was QUEUED when last seen: it is still queued" in last
+    assert "Traceback" not in cli.err
