@@ -710,6 +710,8 @@ class App:
 
     # fairq prio ID
     def prio(self, a: argparse.Namespace) -> int:
+        if not a.job_ids:
+            return self.prio_pending(a)
         jobs = [self.client.get(f"/jobs/{job_id}/") for job_id in a.job_ids]
         if self.as_json:
             self.emit_json([{"id": j["id"], "tier": j["tier"], "priority": j.get("priority"),
@@ -720,9 +722,7 @@ class App:
             p = j.get("priority")
             if not p:
                 raise ApiError("the server reports no priority breakdown for jobs")
-            f = p.get("factors", {})
-            rows.append([j["id"], j["team"], j["tier"], j["status"], _num(p.get("total"), 1)]
-                        + [_num(f.get(k, {}).get("value"), 1) for k in ("fair_share", "age", "size")])
+            rows.append(_prio_row(j["id"], j["team"], j["tier"], j["status"], p))
         self.say(table(rows, ["JOBID", "TEAM", "TIER", "STATE", "PRIORITY", "FAIRSHARE", "AGE",
                               "SIZE"]))
         if len(jobs) == 1:
@@ -740,6 +740,30 @@ class App:
                     self.say(f"  {r['code']}: {r['message']}")
         return 0
 
+    def prio_pending(self, a: argparse.Namespace) -> int:
+        """`sprio` with no job: every pending job the caller can see (of `-t`), in queue
+        order (rule P2), with its position and priority per factor (rule P1), from one
+        request (`GET /jobs/starts/?priority=1`)."""
+        data = self.client.get("/jobs/starts/", team=a.team, priority=1)
+        jobs = data["jobs"]
+        if self.as_json:
+            self.emit_json([{"id": j["id"], "team": j.get("team"), "tier": j.get("tier"),
+                             "position": j.get("position"), "priority": j.get("priority")}
+                            for j in jobs])
+            return 0
+        if not jobs:
+            self.err.write("fairq: no pending jobs\n")
+            return 0
+        rows = [[j.get("position") or "", *_prio_row(j["id"], j.get("team") or "",
+                                                    j.get("tier") or "", "QUEUED",
+                                                    j.get("priority") or {})]
+                for j in jobs]
+        self.say(table([[r[1], r[2], r[3], r[0], *r[5:]] for r in rows],
+                       ["JOBID", "TEAM", "TIER", "POS", "PRIORITY", "FAIRSHARE", "AGE", "SIZE"]))
+        if data.get("error"):
+            self.err.write(f"fairq: no queue positions: {data['error']}\n")
+        return 0
+
 
 def _goes_on(status: str) -> str:
     """What a job not ended does without the CLI watching it."""
@@ -748,6 +772,12 @@ def _goes_on(status: str) -> str:
     if status == "PREEMPTED":
         return "it goes back to the queue, this command only stopped watching"
     return "it is still queued, this command only stopped watching"
+
+
+def _prio_row(job_id: int, team: str, tier: str, status: str, p: dict[str, Any]) -> list[Any]:
+    f = p.get("factors", {})
+    return [job_id, team, tier, status, _num(p.get("total"), 1)] + \
+        [_num(f.get(k, {}).get("value"), 1) for k in ("fair_share", "age", "size")]
 
 
 def _queue_order(job: dict[str, Any]) -> tuple[int, int, int]:
@@ -1122,7 +1152,9 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("--limit", type=int, default=200)
 
     pr = sub.add_parser("prio", parents=[common], help="priority breakdown (like sprio)")
-    pr.add_argument("job_ids", type=int, nargs="+", metavar="ID")
+    pr.add_argument("job_ids", type=int, nargs="*", metavar="ID",
+                    help="jobs to break down (none: every pending job you can see)")
+    pr.add_argument("-t", "--team", help="with no ID: the pending jobs of this team")
     return p
 
 
