@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from .arrays import MAX_ARRAY_TASKS, ArraySpec, ArraySpecError, parse_array_spec
 from .client import ApiError, Client, Transport
 from .config import ConfigError, load_config
 from .durations import parse_duration
@@ -135,12 +136,13 @@ def _stamp(text: str | None) -> str:
     return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S") if when else ""
 
 
-def array_arg(text: str) -> tuple[int, int | None]:
-    """`-a N` or `-a N%M` (Slurm's `%M`: at most M at once) -> (N, M or None)."""
-    m = re.fullmatch(r"\s*(\d+)\s*(?:%\s*(\d+))?\s*", text)
-    if not m or int(m.group(1)) < 1 or (m.group(2) is not None and int(m.group(2)) < 1):
-        raise argparse.ArgumentTypeError(f"use N or N%M (N jobs, at most M at once), not {text!r}")
-    return int(m.group(1)), int(m.group(2)) if m.group(2) is not None else None
+def array_arg(text: str) -> tuple[str, ArraySpec]:
+    """`-a N[%M]` (N tasks, at most M at once) or Slurm's indices (`0-99%4`, `1,3,5`,
+    `0-15:4`, combinations: fairq_cli/arrays.py, the server's reading too)."""
+    try:
+        return text.strip(), parse_array_spec(text, max_tasks=MAX_ARRAY_TASKS)
+    except ArraySpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 _DEPENDENCY_TYPES = {"afterok": "after_ok", "afterany": "after_any",
@@ -324,9 +326,12 @@ class App:
         if a.dependency:
             body["dependencies"] = dependency_arg(a.dependency)
         if a.array:
-            count, most = a.array
+            text, spec = a.array
+            most = spec.max_running
+            # Indices 0..N-1 as `count` (any server takes it), others as Slurm wrote them.
+            size: dict[str, Any] = {"count": spec.count} if spec.dense else {"array": text}
             created = self.client.post("/jobs/bulk/", {
-                **body, "count": count, **({"max_running": most} if most else {})})
+                **body, **size, **({"max_running": most} if most and spec.dense else {})})
             if self.as_json and not a.wait:
                 self.emit_json(created)
             elif not self.as_json:
@@ -334,7 +339,9 @@ class App:
                 # The server writes the first members as jobs now, the rest as its
                 # scheduler needs them (issue 20): `ids` may be fewer than `count`.
                 later = created["count"] - len(ids)
-                self.say(f"Submitted array job of {created['count']}: jobs {ids[0]}..{ids[-1]}"
+                which = "" if spec.dense else f" (indices {text.partition('%')[0]})"
+                self.say(f"Submitted array job of {created['count']}{which}: "
+                         f"jobs {ids[0]}..{ids[-1]}"
                          f"{f' and {later} more as they are scheduled' if later else ''} "
                          f"(array {created['array_id']}"
                          f"{f', at most {most} at once' if most else ''})")
@@ -1076,9 +1083,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run only in clusters with this label (repeatable: all must match)")
     s.add_argument("--allow-spot", dest="allow_spot", action="store_true",
                    help="a non-preemptible tier's job may run on spot nodes (rule K4)")
-    s.add_argument("-a", "--array", type=array_arg, metavar="N[%M]",
-                   help="submit N copies (job i gets FAIRQ_ARRAY_INDEX=i), at most M "
-                        "holding GPUs at once")
+    s.add_argument("-a", "--array", type=array_arg, metavar="N[%M]|INDICES[%M]",
+                   help="submit N copies (job i gets FAIRQ_ARRAY_INDEX=i), or one per index "
+                        "as Slurm writes them (0-99, 1,3,5, 0-15:4, combined with commas); "
+                        "%%M: at most M holding GPUs at once")
     s.add_argument("-d", "--dependency", metavar="TYPE:ID[:ID][,...]",
                    help="wait for jobs of the team (Slurm's syntax: afterok:12:13,afterany:14;"
                         " a<ID> names a whole array: afterok:a7)")

@@ -3,6 +3,8 @@ through the real API in-process."""
 
 from __future__ import annotations
 
+import pytest
+
 from queueing.policy.states import JobState
 from tests.conftest import World
 from tests.factories import JobFactory
@@ -38,3 +40,97 @@ def test_prio_with_no_id_lists_every_pending_job_the_user_can_see(cli: Cli,
 def test_prio_with_no_id_and_nothing_pending_says_so(cli: Cli, world: World) -> None:
     r = cli("prio")
     assert (r.code, r.out, r.err) == (0, "", "fairq: no pending jobs\n")
+
+
+# --- arrays: Slurm's index syntax ------------------------------------------------------
+
+SUBMIT = ("submit", "-t", "vision", "-J", "sweep", "-i", "ghcr.io/acme/train:1.4", "-G",
+          "h100", "-g", "1")
+SPECS = ["0-99%4", "1,3,5", "0-15:4", "1-5,10,20-30:5%2", "3,1,3", "7", "7%3", "5-5",
+         "0-9999", " 2-4 ", "0", "3%0", "x", "3%", "5-3", "0-9:0", "1,,2", "0-10000",
+         "0-2000000", "-1", "1-", "%2"]
+
+
+@pytest.mark.parametrize("text", SPECS)
+def test_the_cli_and_the_api_read_array_indices_alike(text: str) -> None:
+    """fairq_cli/arrays.py (the CLI imports nothing of the server's) and
+    queueing/policy/arrays.py: the same indices and limit, or both refuse."""
+    from fairq_cli import arrays as cli_arrays
+    from queueing.policy import arrays as api_arrays
+    from queueing.services.jobs import MAX_BULK_JOBS
+
+    assert cli_arrays.MAX_ARRAY_TASKS == MAX_BULK_JOBS
+    answers = []
+    for module in (cli_arrays, api_arrays):
+        try:
+            spec = module.parse_array_spec(text, max_tasks=MAX_BULK_JOBS)
+            answers.append((spec.indices, spec.max_running))
+        except module.ArraySpecError as exc:
+            answers.append(("refused", str(exc)))
+    assert answers[0] == answers[1]
+
+
+@pytest.mark.parametrize(("text", "indices", "most"), [
+    ("0-15:4", [0, 4, 8, 12], None),
+    ("1,3,5", [1, 3, 5], None),
+    ("1-3,10,20-30:5%2", [1, 2, 3, 10, 20, 25, 30], 2),
+    ("0-7%4", list(range(8)), 4),  # at most ARRAY_SUBMIT_WINDOW: all rows at submit
+])
+def test_submit_a_accepts_slurm_array_ranges(cli: Cli, world: World, text: str,
+                                             indices: list[int], most: int | None) -> None:
+    from queueing.models import Job, JobArray
+
+    r = cli(*SUBMIT, "-a", text)
+    assert r.code == 0, r.err
+    array = JobArray.objects.get()
+    assert (array.count, array.max_running) == (len(indices), most)
+    members = list(Job.objects.order_by("array_index").values_list(
+        "array_index", "name", "env"))
+    assert [m[0] for m in members] == indices
+    assert [m[1] for m in members] == [f"sweep-{i}" for i in indices]
+    assert [m[2]["FAIRQ_ARRAY_INDEX"] for m in members] == [str(i) for i in indices]
+    assert {m[2]["FAIRQ_ARRAY_SIZE"] for m in members} == {str(len(indices))}
+    if indices != list(range(len(indices))):
+        assert f"Submitted array job of {len(indices)} (indices {text.partition('%')[0]})" \
+            in r.out
+
+
+def test_the_api_takes_slurm_array_indices_and_writes_later_members_by_them(
+        world: World) -> None:
+    """More members than the submit writes at once: the cycle's top-up writes the rest
+    with their own indices (the array keeps them as runs)."""
+    from django.utils import timezone
+
+    from queueing.models import Job, JobArray
+    from queueing.services.arrays import arrays_top_up
+    from tests.conftest import job_body
+
+    api = world.client(world.admin)
+    r = api.post("/api/v1/jobs/bulk/", {**job_body(), "array": "0-40:2,100"},
+                 format="json")
+    assert r.status_code == 201, r.content
+    assert r.json()["count"] == 22
+    arrays_top_up(now=timezone.now())
+    array = JobArray.objects.get()
+    assert (array.count, array.materialized, array.max_running) == (22, 22, None)
+    assert list(Job.objects.order_by("array_index").values_list("array_index", flat=True)) \
+        == [*range(0, 41, 2), 100]
+    assert "indices 0-40:2,100" in array.events[0]["reason"]
+
+
+@pytest.mark.parametrize(("body", "field", "words"), [
+    ({"array": "5-3"}, "array", "the range ends before it starts"),
+    ({"array": "1,3", "count": 2}, "array", "not both"),
+    ({"array": "1,3%2", "max_running": 3}, "max_running", "give one"),
+    ({}, "count", "Give count"),
+])
+def test_the_api_refuses_a_bad_array_naming_the_field(world: World, body: dict[str, object],
+                                                      field: str, words: str) -> None:
+    from queueing.models import Job, JobArray
+    from tests.conftest import job_body
+
+    r = world.client(world.admin).post("/api/v1/jobs/bulk/", {**job_body(), **body},
+                                       format="json")
+    assert r.status_code == 400, r.content
+    assert words in " ".join(r.json()["error"]["fields"][field])
+    assert not JobArray.objects.exists() and not Job.objects.exists()
