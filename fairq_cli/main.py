@@ -15,7 +15,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -117,23 +117,38 @@ def hms(seconds: int) -> str:
     return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
 
 
-def instant_arg(text: str, flag: str) -> str:
-    """`2026-10-01`, `2026-10-01T08:00` (UTC without an offset) or an ISO 8601 instant
-    with an offset -> the ISO 8601 instant the API takes."""
+def instant_arg(text: str, flag: str, zone: tzinfo | None = UTC) -> str:
+    """`2026-10-01`, `2026-10-01T08:00` (in `zone`, the zone times are printed in, without
+    an offset) or an ISO 8601 instant with an offset -> the ISO 8601 instant the API
+    takes."""
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:
         raise UsageError(f"bad {flag} {text!r}: use 2026-10-01, 2026-10-01T08:00 or an "
                          "ISO 8601 instant with an offset") from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
+        when = when.replace(tzinfo=zone) if zone is not None else when.astimezone()
     return when.isoformat()
 
 
-def _stamp(text: str | None) -> str:
-    """An instant from the API as sacct prints times: UTC, to the second."""
-    when = parse_time(text or "")
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S") if when else ""
+def stamp(when: datetime | str | None, zone: tzinfo | None) -> str:
+    """Every time the CLI prints, one way (docs/cli.md, "Times"): ISO 8601 to the
+    second in the user's zone with its offset (`2026-10-01T10:00:00+02:00`), or in UTC
+    with `Z` (`--utc`, FAIRQ_UTC=1, `utc = true`; a zone of offset 0 prints `Z` too).
+    `zone` None: the local zone. "" for no time."""
+    if isinstance(when, str):
+        when = parse_time(when)
+    if when is None:
+        return ""
+    if when.tzinfo is None:  # the API writes offsets; a bare one is UTC
+        when = when.replace(tzinfo=UTC)
+    local = when.astimezone(zone)
+    offset = local.utcoffset() or timedelta(0)
+    if not offset:
+        return local.strftime("%Y-%m-%dT%H:%M:%SZ")
+    sign = "-" if offset < timedelta(0) else "+"
+    minutes = int(abs(offset).total_seconds()) // 60
+    return local.strftime("%Y-%m-%dT%H:%M:%S") + f"{sign}{minutes // 60:02d}:{minutes % 60:02d}"
 
 
 def array_arg(text: str) -> tuple[str, ArraySpec]:
@@ -286,7 +301,7 @@ class Watcher:
 
     def _report(self, job: dict[str, Any], status: str, event: dict[str, Any] | None) -> None:
         when = parse_time(event["at"]) if event and event.get("at") else None
-        stamp = (when or datetime.now(UTC)).astimezone(UTC).strftime("%H:%M:%S")
+        at = stamp(when or datetime.now(UTC), self.app.zone)
         extra = ""
         current = status == job["status"]
         queue = job.get("queue") or {}
@@ -296,7 +311,7 @@ class Watcher:
             extra = f" on {_nodes(job['placement'])}"
         elif event and event.get("reason") and status not in {"QUEUED", "ADMITTED", "RUNNING"}:
             extra = f" ({event['reason']})"
-        self.app.err.write(f"[{stamp}] job {job['id']} {status}{extra}\n")
+        self.app.err.write(f"[{at}] job {job['id']} {status}{extra}\n")
         self.app.err.flush()
 
 
@@ -305,12 +320,17 @@ class Watcher:
 
 class App:
     def __init__(self, client: Client, *, as_json: bool, out: TextIO, err: TextIO,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 zone: tzinfo | None = None) -> None:
+        self.zone = zone  # None: the local zone (docs/cli.md, "Times")
         self.client = client
         self.as_json = as_json
         self.out = out
         self.err = err
         self.sleep = sleep
+
+    def stamp(self, when: datetime | str | None) -> str:
+        return stamp(when, self.zone)
 
     def emit_json(self, data: Any) -> None:
         self.out.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
@@ -486,7 +506,7 @@ class App:
             row = [j["id"], j["team"], j["name"][:24], j.get("submitter") or "", j["tier"],
                    STATE_CODES.get(j["status"], j["status"])]
             if a.start:
-                row += [j.get("position") or "", _stamp(j.get("estimated_start")) or "N/A"]
+                row += [j.get("position") or "", self.stamp(j.get("estimated_start")) or "N/A"]
             else:
                 row += [elapsed(j, now)]
             # Rule K1: the one cluster it runs in ("-" until placed, or with no clusters).
@@ -516,7 +536,7 @@ class App:
             elif c["reachable"]:
                 state = "up"
             else:
-                state = f"unreachable since {_stamp(c.get('unreachable_since'))}"
+                state = f"unreachable since {self.stamp(c.get('unreachable_since'))}"
             labels = ",".join(f"{k}={v}" for k, v in sorted((c.get("labels") or {}).items()))
             types = c.get("gpu_types") or [{}]
             for i, g in enumerate(types):
@@ -546,7 +566,7 @@ class App:
             f"  Resources {job['gpus']} x {job['gpu_type']} per replica, {job['replicas']} "
             f"replica(s), {job['total_gpus']} GPUs; tier {job['tier']}",
             f"  Image     {job['image']} {' '.join(job['command'] + job['args'])}".rstrip(),
-            f"  Submitted {job['created_at']}",
+            f"  Submitted {self.stamp(job['created_at'])}",
             f"  Runtime   {elapsed(job, now)}"
             + (f" (limit {job['max_runtime_seconds']}s)" if job.get("max_runtime_seconds") else ""),
         ]
@@ -573,7 +593,7 @@ class App:
         events = job.get("events") or []
         if events:
             self.say("")
-            self.say(table([[e["at"][:19].replace("T", " "), e["kind"],
+            self.say(table([[self.stamp(e["at"]), e["kind"],
                              f"{e['from_status'] or '-'} -> {e['to_status'] or '-'}",
                              e["actor"], e["reason"]] for e in events],
                            ["AT", "EVENT", "TRANSITION", "BY", "REASON"]))
@@ -692,9 +712,9 @@ class App:
             if getattr(a, key):
                 params.append((key, getattr(a, key)))
         if a.start:
-            params.append(("from", instant_arg(a.start, "--start")))
+            params.append(("from", instant_arg(a.start, "--start", self.zone)))
         if a.end:
-            params.append(("to", instant_arg(a.end, "--end")))
+            params.append(("to", instant_arg(a.end, "--end", self.zone)))
         if a.state:
             params.append(("state", ",".join(s.strip().upper() for s in a.state.split(","))))
         params.append(("page_size", min(max(a.limit, 1), 500)))
@@ -707,7 +727,7 @@ class App:
             eff = r.get("efficiency")
             out.append([f"{r['job_id']}.{r['attempt']}", r["name"][:20], r.get("user") or "",
                         r["team"], r["tier"], f"{r['gpus']}x{r['gpu_type']}",
-                        _stamp(r["start"]), _stamp(r.get("end")) or "Unknown",
+                        self.stamp(r["start"]), self.stamp(r.get("end")) or "Unknown",
                         hms(r["elapsed_seconds"]), _num(r["gpu_hours"], 2), r["state"],
                         "" if r.get("exit_code") is None else r["exit_code"],
                         "" if eff is None else f"{eff * 100:.1f}%"])
@@ -1024,6 +1044,9 @@ def build_parser() -> argparse.ArgumentParser:
                        **kw)
         c.add_argument("--profile", help="a [profiles.NAME] section of the config file", **kw)
         c.add_argument("--json", action="store_true", help="machine-readable output", **kw)
+        c.add_argument("--utc", action="store_true", help="times in UTC (2026-10-01T08:00:00Z) "
+                       "rather than your zone (env FAIRQ_UTC=1, or utc = true in the config "
+                       "file)", **kw)
         return c
 
     common = common_args(suppress=True)
@@ -1210,7 +1233,7 @@ def _main(argv: Sequence[str] | None, *, transport: Transport | None, out: TextI
     try:
         cfg = load_config(url=a.url, token=a.token, profile=a.profile)
         app = App(Client(cfg.url, cfg.token, transport=transport), as_json=a.json, out=out,
-                  err=err, sleep=sleep)
+                  err=err, sleep=sleep, zone=UTC if a.utc or cfg.utc else None)
         return int(getattr(app, a.cmd)(a))
     except (ConfigError, UsageError) as exc:
         err.write(f"fairq: {exc}\n")

@@ -3,8 +3,16 @@ through the real API in-process."""
 
 from __future__ import annotations
 
+import os
+import re
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
 import pytest
 
+from queueing.models import JobEvent
 from queueing.policy.states import JobState
 from tests.conftest import World
 from tests.factories import JobFactory
@@ -134,3 +142,71 @@ def test_the_api_refuses_a_bad_array_naming_the_field(world: World, body: dict[s
     assert r.status_code == 400, r.content
     assert words in " ".join(r.json()["error"]["fields"][field])
     assert not JobArray.objects.exists() and not Job.objects.exists()
+
+
+# --- times: one way, everywhere -----------------------------------------------------------
+
+ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:Z|[+-]\d\d:\d\d)"
+
+
+@pytest.fixture
+def kolkata() -> Iterator[None]:
+    """The local zone is Asia/Kolkata (+05:30, no summer time) for the test."""
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "Asia/Kolkata"
+    time.tzset()
+    yield
+    if before is None:
+        os.environ.pop("TZ", None)
+    else:
+        os.environ["TZ"] = before
+    time.tzset()
+
+
+def _stamps(text: str) -> list[str]:
+    """Everything in `text` that looks like a date and time, however written."""
+    return re.findall(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d)?(?:\.\d+)?(?:Z|[+-]\d\d:\d\d| ?UTC)?",
+                      text)
+
+
+def test_times_print_as_iso_8601_in_the_users_zone_or_utc_with_a_flag(
+        cli: Cli, world: World, kolkata: None, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fairq status` (submitted, events), the watch's lines and `acct`: one format,
+    ISO 8601 to the second with the zone's offset; `--utc`, FAIRQ_UTC=1 or `utc = true`
+    in the config file: UTC with `Z`."""
+    at = datetime(2026, 10, 1, 8, 0, 0, 123456, tzinfo=UTC)
+    job = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal,
+                     created_at=at, submitter=world.admin)
+    JobEvent.objects.create(job=job, at=at, kind="note", actor_label="scheduler",
+                            reason="a note")
+    local = cli("status", str(job.pk))
+    assert local.code == 0, local.err
+    assert "Submitted 2026-10-01T13:30:00+05:30" in local.out
+    stamps = _stamps(local.out)
+    assert len(stamps) >= 2 and set(stamps) == {"2026-10-01T13:30:00+05:30"}, stamps
+
+    utc = cli("status", str(job.pk), "--utc").out
+    assert set(_stamps(utc)) == {"2026-10-01T08:00:00Z"}, _stamps(utc)
+    monkeypatch.setenv("FAIRQ_UTC", "1")
+    assert set(_stamps(cli("status", str(job.pk)).out)) == {"2026-10-01T08:00:00Z"}
+    monkeypatch.delenv("FAIRQ_UTC")
+    (tmp_path / "fairq").mkdir()
+    (tmp_path / "fairq" / "config.toml").write_text("utc = true\n")
+    assert set(_stamps(cli("status", str(job.pk)).out)) == {"2026-10-01T08:00:00Z"}
+    (tmp_path / "fairq" / "config.toml").unlink()
+
+    # The watch's lines on stderr: the same format, in the same zone.
+    r = cli(*SUBMIT, "--wait", "--timeout", "1")
+    assert r.code == 6, r.err
+    first = r.err.splitlines()[0]
+    assert re.fullmatch(rf"\[{ISO}\] job \d+ QUEUED.*", first) and "+05:30] " in first, first
+
+
+def test_acct_times_follow_the_zone_and_read_bare_times_in_it(
+        cli: Cli, world: World, kolkata: None) -> None:
+    """`acct -S 2026-10-01T13:30` (no offset) is 13:30 in the zone the times print in."""
+    r = cli("acct", "-S", "2026-10-01T13:30")
+    assert r.code == 0, r.err
+    path = cli.transport.calls[-1][1]
+    assert "from=2026-10-01T13%3A30%3A00%2B05%3A30" in path
