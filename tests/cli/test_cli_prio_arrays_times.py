@@ -210,3 +210,20 @@ def test_acct_times_follow_the_zone_and_read_bare_times_in_it(
     assert r.code == 0, r.err
     path = cli.transport.calls[-1][1]
     assert "from=2026-10-01T13%3A30%3A00%2B05%3A30" in path
+
+
+def test_cancelling_an_array_of_slurm_indices_names_the_indices_never_queued(
+        world: World) -> None:
+    """The members not yet written when the array is cancelled are named by their
+    indices (0-40:2: 16..40), not by their positions (8..20)."""
+    from queueing.models import JobArray
+    from tests.conftest import job_body
+
+    api = world.client(world.admin)
+    r = api.post("/api/v1/jobs/bulk/", {**job_body(), "array": "0-40:2"}, format="json")
+    assert r.status_code == 201, r.content
+    assert api.delete(f"/api/v1/arrays/{r.json()['array_id']}/").status_code == 200
+    cancelled = JobArray.objects.get().events[-1]
+    assert cancelled["reason"].endswith("13 tasks not yet queued as jobs cancelled "
+                                        "(indices 16..40)"), cancelled
+    assert cancelled["data"] == {"from_index": 16, "tasks": 13}
