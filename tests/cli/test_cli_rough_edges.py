@@ -105,3 +105,20 @@ def test_wait_gives_up_at_its_unreachable_timeout_saying_the_job_is_still_queued
                            "(--unreachable-timeout 6s)"), last
     assert f"Job {job_id} was QUEUED when last seen: it is still queued" in last
     assert "Traceback" not in cli.err
+
+
+def test_wait_on_an_array_gives_up_saying_how_many_members_had_not_ended(
+        live: LiveServer, world: World, tmp_path: Path) -> None:
+    cli = run_cli("submit", "-t", "vision", "-J", "sweep", "-i", "ghcr.io/acme/train:1.4",
+                  "-G", "h100", "-g", "1", "-a", "3", "--wait", "--unreachable-timeout", "3",
+                  url=live.url, token=token_issue(user=world.admin).key, home=tmp_path,
+                  FAIRQ_WATCH_SECONDS="5")
+    cli.wait_for(lambda: "Submitted array job of 3" in cli.out)
+    time.sleep(0.5)  # into the watch
+    live.stop()
+    assert cli.finish(timeout=60) == 7, cli.err
+    last = cli.err.strip().splitlines()[-1]
+    assert last.startswith("fairq: stopped waiting: fairq unreachable for 3s"), last
+    assert "Array " in last and ": 3 of its 3 members had not ended when last seen: they " \
+        "are still queued or running" in last, last
+    assert "Traceback" not in cli.err
