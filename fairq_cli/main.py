@@ -1140,7 +1140,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--limit", type=int, default=200)
     q.add_argument("--start", action="store_true",
                    help="queued jobs only, with their position and estimated start time "
-                        "(UTC; N/A when none can be estimated; like squeue --start)")
+                        "(N/A when none can be estimated; like squeue --start)")
 
     sub.add_parser("clusters", parents=[common],
                    help="clusters with capacity and free GPUs per type (like sinfo)")
@@ -1175,7 +1175,7 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("-t", "--team")
     ac.add_argument("-u", "--user", help="attempts of jobs this user submitted")
     ac.add_argument("-S", "--start", help="attempts running at or after this time "
-                    "(2026-10-01, 2026-10-01T08:00 in UTC, or with an offset)")
+                    "(2026-10-01, 2026-10-01T08:00 in your zone or --utc, or with an offset)")
     ac.add_argument("-E", "--end", help="attempts that started before this time")
     ac.add_argument("-s", "--state", help="comma-separated: RUNNING, SUCCEEDED, FAILED, "
                     "CANCELLED, PREEMPTED, REQUEUED")
