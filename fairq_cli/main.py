@@ -2,7 +2,8 @@
 
 Exit codes (docs/cli.md): 0 success; 1 the server said no (one line on stderr); 2 bad
 usage; 3 a job followed with `--wait` failed; 4 it was cancelled; 5 fairq could not be
-reached (with `--wait`: not within `--unreachable-timeout`); 6 `--timeout` passed.
+reached; 6 `--timeout` passed; 7 `--wait` gave up on an unreachable fairq (after
+`--unreachable-timeout`) with the job not ended when last seen; 141 stdout's reader left.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
+from .arrays import MAX_ARRAY_TASKS, ArraySpec, ArraySpecError, parse_array_spec
 from .client import ApiError, Client, Transport
 from .config import ConfigError, load_config
 from .durations import parse_duration
@@ -44,6 +46,8 @@ EXIT_JOB_FAILED = 3
 EXIT_JOB_CANCELLED = 4
 EXIT_UNREACHABLE = 5
 EXIT_WAIT_TIMEOUT = 6
+EXIT_GAVE_UP = 7  # --wait: fairq unreachable too long while the job had not ended
+EXIT_BROKEN_PIPE = 141  # the reader of stdout left (`| head`): 128 + SIGPIPE, as a shell reports
 # A long poll's `wait` (the server caps it at 60): FAIRQ_WATCH_SECONDS lowers it behind a
 # proxy that drops idle connections sooner.
 WATCH_SECONDS = 30
@@ -59,6 +63,16 @@ class UsageError(Exception):
 
 class Unreachable(Exception):
     """fairq did not answer for longer than the caller would wait."""
+
+
+class GaveUp(Exception):
+    """`--wait` stopped waiting on an unreachable fairq while what it followed had not
+    ended when last seen: the job goes on without the CLI (exit 7). `reason`: why fairq
+    was given up on."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class WaitTimeout(Exception):
@@ -103,31 +117,47 @@ def hms(seconds: int) -> str:
     return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
 
 
-def instant_arg(text: str, flag: str) -> str:
-    """`2026-10-01`, `2026-10-01T08:00` (UTC without an offset) or an ISO 8601 instant
-    with an offset -> the ISO 8601 instant the API takes."""
+def instant_arg(text: str, flag: str, zone: tzinfo | None = UTC) -> str:
+    """`2026-10-01`, `2026-10-01T08:00` (in `zone`, the zone times are printed in, without
+    an offset) or an ISO 8601 instant with an offset -> the ISO 8601 instant the API
+    takes."""
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:
         raise UsageError(f"bad {flag} {text!r}: use 2026-10-01, 2026-10-01T08:00 or an "
                          "ISO 8601 instant with an offset") from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
+        when = when.replace(tzinfo=zone) if zone is not None else when.astimezone()
     return when.isoformat()
 
 
-def _stamp(text: str | None) -> str:
-    """An instant from the API as sacct prints times: UTC, to the second."""
-    when = parse_time(text or "")
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S") if when else ""
+def stamp(when: datetime | str | None, zone: tzinfo | None) -> str:
+    """Every time the CLI prints, one way (docs/cli.md, "Times"): ISO 8601 to the
+    second in the user's zone with its offset (`2026-10-01T10:00:00+02:00`), or in UTC
+    with `Z` (`--utc`, FAIRQ_UTC=1, `utc = true`; a zone of offset 0 prints `Z` too).
+    `zone` None: the local zone. "" for no time."""
+    if isinstance(when, str):
+        when = parse_time(when)
+    if when is None:
+        return ""
+    if when.tzinfo is None:  # the API writes offsets; a bare one is UTC
+        when = when.replace(tzinfo=UTC)
+    local = when.astimezone(zone)
+    offset = local.utcoffset() or timedelta(0)
+    if not offset:
+        return local.strftime("%Y-%m-%dT%H:%M:%SZ")
+    sign = "-" if offset < timedelta(0) else "+"
+    minutes = int(abs(offset).total_seconds()) // 60
+    return local.strftime("%Y-%m-%dT%H:%M:%S") + f"{sign}{minutes // 60:02d}:{minutes % 60:02d}"
 
 
-def array_arg(text: str) -> tuple[int, int | None]:
-    """`-a N` or `-a N%M` (Slurm's `%M`: at most M at once) -> (N, M or None)."""
-    m = re.fullmatch(r"\s*(\d+)\s*(?:%\s*(\d+))?\s*", text)
-    if not m or int(m.group(1)) < 1 or (m.group(2) is not None and int(m.group(2)) < 1):
-        raise argparse.ArgumentTypeError(f"use N or N%M (N jobs, at most M at once), not {text!r}")
-    return int(m.group(1)), int(m.group(2)) if m.group(2) is not None else None
+def array_arg(text: str) -> tuple[str, ArraySpec]:
+    """`-a N[%M]` (N tasks, at most M at once) or Slurm's indices (`0-99%4`, `1,3,5`,
+    `0-15:4`, combinations: fairq_cli/arrays.py, the server's reading too)."""
+    try:
+        return text.strip(), parse_array_spec(text, max_tasks=MAX_ARRAY_TASKS)
+    except ArraySpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 _DEPENDENCY_TYPES = {"afterok": "after_ok", "afterany": "after_any",
@@ -208,12 +238,15 @@ class Watcher:
                     raise
                 now = time.monotonic()
                 down_since = now if down_since is None else down_since
-                if now - down_since + delay > self.give_up:
-                    raise Unreachable(f"fairq unreachable for {now - down_since:.0f}s, giving "
-                                      f"up ({exc.message})") from None
-                self.app.err.write(f"fairq unreachable, retrying in {delay:.0f}s\n")
+                left = self.give_up - (now - down_since)
+                if left <= 0:  # the last try was at the limit, not a backoff step before it
+                    raise Unreachable(f"fairq unreachable for {now - down_since:.0f}s "
+                                      f"(--unreachable-timeout {self.give_up:g}s): "
+                                      f"{exc.message}") from None
+                pause = min(delay, left)
+                self.app.err.write(f"fairq unreachable, retrying in {pause:.0f}s\n")
                 self.app.err.flush()
-                self.app.sleep(delay)
+                self.app.sleep(pause)
                 delay = min(delay * 2, RETRY_MAX)
                 continue
             if down_since is not None:
@@ -234,7 +267,12 @@ class Watcher:
         """The job once it is final, reporting on stderr each state it passed through
         (from its transition events: none is missed when several happen between two
         answers)."""
-        job: dict[str, Any] = self._get(job_id, {})[1]
+        try:
+            job: dict[str, Any] = self._get(job_id, {})[1]
+        except Unreachable as exc:
+            raise GaveUp(f"stopped waiting: {exc}. Job {job_id} was not seen since it was "
+                         f"submitted: it is queued or further, this command only stopped "
+                         f"watching (fairq status {job_id})", str(exc)) from None
         if self.verbose:
             self._report(job, job["status"], None)
         seen = max([e.get("id") or 0 for e in job.get("events") or []], default=0)
@@ -242,10 +280,16 @@ class Watcher:
             if job["status"] in FINAL:
                 return job
             if self.deadline is not None and time.monotonic() > self.deadline:
-                raise WaitTimeout(f"job {job_id} still {job['status']} (--timeout)")
+                raise WaitTimeout(f"job {job_id} is still {job['status']} after --timeout: "
+                                  f"{_goes_on(job['status'])}")
             seconds = self.seconds if self.deadline is None else \
                 max(1, min(self.seconds, int(self.deadline - time.monotonic()) + 1))
-            status, body = self._get(job_id, self._params(job_id, seconds))
+            try:
+                status, body = self._get(job_id, self._params(job_id, seconds))
+            except Unreachable as exc:
+                raise GaveUp(f"stopped waiting: {exc}. Job {job_id} was {job['status']} when "
+                             f"last seen: {_goes_on(job['status'])} (fairq status "
+                             f"{job_id})", str(exc)) from None
             if status != 200:
                 continue
             job = body
@@ -257,7 +301,7 @@ class Watcher:
 
     def _report(self, job: dict[str, Any], status: str, event: dict[str, Any] | None) -> None:
         when = parse_time(event["at"]) if event and event.get("at") else None
-        stamp = (when or datetime.now(UTC)).astimezone(UTC).strftime("%H:%M:%S")
+        at = stamp(when or datetime.now(UTC), self.app.zone)
         extra = ""
         current = status == job["status"]
         queue = job.get("queue") or {}
@@ -267,7 +311,7 @@ class Watcher:
             extra = f" on {_nodes(job['placement'])}"
         elif event and event.get("reason") and status not in {"QUEUED", "ADMITTED", "RUNNING"}:
             extra = f" ({event['reason']})"
-        self.app.err.write(f"[{stamp}] job {job['id']} {status}{extra}\n")
+        self.app.err.write(f"[{at}] job {job['id']} {status}{extra}\n")
         self.app.err.flush()
 
 
@@ -276,12 +320,17 @@ class Watcher:
 
 class App:
     def __init__(self, client: Client, *, as_json: bool, out: TextIO, err: TextIO,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 zone: tzinfo | None = None) -> None:
+        self.zone = zone  # None: the local zone (docs/cli.md, "Times")
         self.client = client
         self.as_json = as_json
         self.out = out
         self.err = err
         self.sleep = sleep
+
+    def stamp(self, when: datetime | str | None) -> str:
+        return stamp(when, self.zone)
 
     def emit_json(self, data: Any) -> None:
         self.out.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
@@ -297,9 +346,12 @@ class App:
         if a.dependency:
             body["dependencies"] = dependency_arg(a.dependency)
         if a.array:
-            count, most = a.array
+            text, spec = a.array
+            most = spec.max_running
+            # Indices 0..N-1 as `count` (any server takes it), others as Slurm wrote them.
+            size: dict[str, Any] = {"count": spec.count} if spec.dense else {"array": text}
             created = self.client.post("/jobs/bulk/", {
-                **body, "count": count, **({"max_running": most} if most else {})})
+                **body, **size, **({"max_running": most} if most and spec.dense else {})})
             if self.as_json and not a.wait:
                 self.emit_json(created)
             elif not self.as_json:
@@ -307,7 +359,9 @@ class App:
                 # The server writes the first members as jobs now, the rest as its
                 # scheduler needs them (issue 20): `ids` may be fewer than `count`.
                 later = created["count"] - len(ids)
-                self.say(f"Submitted array job of {created['count']}: jobs {ids[0]}..{ids[-1]}"
+                which = "" if spec.dense else f" (indices {text.partition('%')[0]})"
+                self.say(f"Submitted array job of {created['count']}{which}: "
+                         f"jobs {ids[0]}..{ids[-1]}"
                          f"{f' and {later} more as they are scheduled' if later else ''} "
                          f"(array {created['array_id']}"
                          f"{f', at most {most} at once' if most else ''})")
@@ -367,15 +421,25 @@ class App:
         watcher = Watcher(self, give_up=a.unreachable_timeout, deadline=deadline,
                           seconds=_watch_seconds(), verbose=False)
         active = [("array", array_id), *[("status", s) for s in ACTIVE], ("page_size", 1)]
+        summary: dict[str, Any] | None = None
         while True:
-            summary = watcher.get(f"/arrays/{array_id}/", {})[1]
-            if summary["done"]:
-                break
-            page = watcher.get("/jobs/", active)[1]
-            if page["results"]:
-                watcher.follow(page["results"][0]["id"])
-            else:  # the rest not written as jobs yet: the next scheduler cycle does
-                time.sleep(_ARRAY_POLL_SECONDS)
+            try:
+                summary = watcher.get(f"/arrays/{array_id}/", {})[1]
+                if summary["done"]:
+                    break
+                page = watcher.get("/jobs/", active)[1]
+                if page["results"]:
+                    watcher.follow(page["results"][0]["id"])
+                else:  # the rest not written as jobs yet: the next scheduler cycle does
+                    time.sleep(_ARRAY_POLL_SECONDS)
+            except (Unreachable, GaveUp) as exc:
+                reason = exc.reason if isinstance(exc, GaveUp) else str(exc)
+                left = "its members" if summary is None else \
+                    f"{sum(n for st, n in summary['counts'].items() if st not in FINAL)} " \
+                    f"of its {summary['count']} members"
+                raise GaveUp(f"stopped waiting: {reason}. Array {array_id}: {left} had not "
+                             "ended when last seen: they are still queued or running, this "
+                             f"command only stopped watching (fairq queue)", reason) from None
         counts = {st: n for st, n in summary["counts"].items() if n}
         ended_badly = [st for st in ("FAILED", "CANCELLED") if counts.get(st)]
         if self.as_json:
@@ -442,7 +506,7 @@ class App:
             row = [j["id"], j["team"], j["name"][:24], j.get("submitter") or "", j["tier"],
                    STATE_CODES.get(j["status"], j["status"])]
             if a.start:
-                row += [j.get("position") or "", _stamp(j.get("estimated_start")) or "N/A"]
+                row += [j.get("position") or "", self.stamp(j.get("estimated_start")) or "N/A"]
             else:
                 row += [elapsed(j, now)]
             # Rule K1: the one cluster it runs in ("-" until placed, or with no clusters).
@@ -472,7 +536,7 @@ class App:
             elif c["reachable"]:
                 state = "up"
             else:
-                state = f"unreachable since {_stamp(c.get('unreachable_since'))}"
+                state = f"unreachable since {self.stamp(c.get('unreachable_since'))}"
             labels = ",".join(f"{k}={v}" for k, v in sorted((c.get("labels") or {}).items()))
             types = c.get("gpu_types") or [{}]
             for i, g in enumerate(types):
@@ -502,7 +566,7 @@ class App:
             f"  Resources {job['gpus']} x {job['gpu_type']} per replica, {job['replicas']} "
             f"replica(s), {job['total_gpus']} GPUs; tier {job['tier']}",
             f"  Image     {job['image']} {' '.join(job['command'] + job['args'])}".rstrip(),
-            f"  Submitted {job['created_at']}",
+            f"  Submitted {self.stamp(job['created_at'])}",
             f"  Runtime   {elapsed(job, now)}"
             + (f" (limit {job['max_runtime_seconds']}s)" if job.get("max_runtime_seconds") else ""),
         ]
@@ -529,7 +593,7 @@ class App:
         events = job.get("events") or []
         if events:
             self.say("")
-            self.say(table([[e["at"][:19].replace("T", " "), e["kind"],
+            self.say(table([[self.stamp(e["at"]), e["kind"],
                              f"{e['from_status'] or '-'} -> {e['to_status'] or '-'}",
                              e["actor"], e["reason"]] for e in events],
                            ["AT", "EVENT", "TRANSITION", "BY", "REASON"]))
@@ -648,9 +712,9 @@ class App:
             if getattr(a, key):
                 params.append((key, getattr(a, key)))
         if a.start:
-            params.append(("from", instant_arg(a.start, "--start")))
+            params.append(("from", instant_arg(a.start, "--start", self.zone)))
         if a.end:
-            params.append(("to", instant_arg(a.end, "--end")))
+            params.append(("to", instant_arg(a.end, "--end", self.zone)))
         if a.state:
             params.append(("state", ",".join(s.strip().upper() for s in a.state.split(","))))
         params.append(("page_size", min(max(a.limit, 1), 500)))
@@ -663,7 +727,7 @@ class App:
             eff = r.get("efficiency")
             out.append([f"{r['job_id']}.{r['attempt']}", r["name"][:20], r.get("user") or "",
                         r["team"], r["tier"], f"{r['gpus']}x{r['gpu_type']}",
-                        _stamp(r["start"]), _stamp(r.get("end")) or "Unknown",
+                        self.stamp(r["start"]), self.stamp(r.get("end")) or "Unknown",
                         hms(r["elapsed_seconds"]), _num(r["gpu_hours"], 2), r["state"],
                         "" if r.get("exit_code") is None else r["exit_code"],
                         "" if eff is None else f"{eff * 100:.1f}%"])
@@ -673,6 +737,8 @@ class App:
 
     # fairq prio ID
     def prio(self, a: argparse.Namespace) -> int:
+        if not a.job_ids:
+            return self.prio_pending(a)
         jobs = [self.client.get(f"/jobs/{job_id}/") for job_id in a.job_ids]
         if self.as_json:
             self.emit_json([{"id": j["id"], "tier": j["tier"], "priority": j.get("priority"),
@@ -683,9 +749,7 @@ class App:
             p = j.get("priority")
             if not p:
                 raise ApiError("the server reports no priority breakdown for jobs")
-            f = p.get("factors", {})
-            rows.append([j["id"], j["team"], j["tier"], j["status"], _num(p.get("total"), 1)]
-                        + [_num(f.get(k, {}).get("value"), 1) for k in ("fair_share", "age", "size")])
+            rows.append(_prio_row(j["id"], j["team"], j["tier"], j["status"], p))
         self.say(table(rows, ["JOBID", "TEAM", "TIER", "STATE", "PRIORITY", "FAIRSHARE", "AGE",
                               "SIZE"]))
         if len(jobs) == 1:
@@ -702,6 +766,45 @@ class App:
                 for r in queue.get("reasons", []):
                     self.say(f"  {r['code']}: {r['message']}")
         return 0
+
+    def prio_pending(self, a: argparse.Namespace) -> int:
+        """`sprio` with no job: every pending job the caller can see (of `-t`), in queue
+        order (rule P2), with its position and priority per factor (rule P1), from one
+        request (`GET /jobs/starts/?priority=1`)."""
+        data = self.client.get("/jobs/starts/", team=a.team, priority=1)
+        jobs = data["jobs"]
+        if self.as_json:
+            self.emit_json([{"id": j["id"], "team": j.get("team"), "tier": j.get("tier"),
+                             "position": j.get("position"), "priority": j.get("priority")}
+                            for j in jobs])
+            return 0
+        if not jobs:
+            self.err.write("fairq: no pending jobs\n")
+            return 0
+        rows = [[j.get("position") or "", *_prio_row(j["id"], j.get("team") or "",
+                                                    j.get("tier") or "", "QUEUED",
+                                                    j.get("priority") or {})]
+                for j in jobs]
+        self.say(table([[r[1], r[2], r[3], r[0], *r[5:]] for r in rows],
+                       ["JOBID", "TEAM", "TIER", "POS", "PRIORITY", "FAIRSHARE", "AGE", "SIZE"]))
+        if data.get("error"):
+            self.err.write(f"fairq: no queue positions: {data['error']}\n")
+        return 0
+
+
+def _goes_on(status: str) -> str:
+    """What a job not ended does without the CLI watching it."""
+    if status in {"ADMITTED", "RUNNING"}:
+        return "it is still running, this command only stopped watching"
+    if status == "PREEMPTED":
+        return "it goes back to the queue, this command only stopped watching"
+    return "it is still queued, this command only stopped watching"
+
+
+def _prio_row(job_id: int, team: str, tier: str, status: str, p: dict[str, Any]) -> list[Any]:
+    f = p.get("factors", {})
+    return [job_id, team, tier, status, _num(p.get("total"), 1)] + \
+        [_num(f.get(k, {}).get("value"), 1) for k in ("fair_share", "age", "size")]
 
 
 def _queue_order(job: dict[str, Any]) -> tuple[int, int, int]:
@@ -941,6 +1044,9 @@ def build_parser() -> argparse.ArgumentParser:
                        **kw)
         c.add_argument("--profile", help="a [profiles.NAME] section of the config file", **kw)
         c.add_argument("--json", action="store_true", help="machine-readable output", **kw)
+        c.add_argument("--utc", action="store_true", help="times in UTC (2026-10-01T08:00:00Z) "
+                       "rather than your zone (env FAIRQ_UTC=1, or utc = true in the config "
+                       "file)", **kw)
         return c
 
     common = common_args(suppress=True)
@@ -1000,21 +1106,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run only in clusters with this label (repeatable: all must match)")
     s.add_argument("--allow-spot", dest="allow_spot", action="store_true",
                    help="a non-preemptible tier's job may run on spot nodes (rule K4)")
-    s.add_argument("-a", "--array", type=array_arg, metavar="N[%M]",
-                   help="submit N copies (job i gets FAIRQ_ARRAY_INDEX=i), at most M "
-                        "holding GPUs at once")
+    s.add_argument("-a", "--array", type=array_arg, metavar="N[%M]|INDICES[%M]",
+                   help="submit N copies (job i gets FAIRQ_ARRAY_INDEX=i), or one per index "
+                        "as Slurm writes them (0-99, 1,3,5, 0-15:4, combined with commas); "
+                        "%%M: at most M holding GPUs at once")
     s.add_argument("-d", "--dependency", metavar="TYPE:ID[:ID][,...]",
                    help="wait for jobs of the team (Slurm's syntax: afterok:12:13,afterany:14;"
                         " a<ID> names a whole array: afterok:a7)")
     s.add_argument("-W", "--wait", action="store_true",
                    help="follow the job (with -a: every member) to its end; exit 0 when it "
-                        "succeeded, 3 failed, 4 cancelled, 5 fairq unreachable, 6 --timeout")
+                        "succeeded, 3 failed, 4 cancelled, 6 --timeout, 7 fairq unreachable "
+                        "too long (the job goes on)")
     s.add_argument("--poll-interval", type=float, default=2.0,
                    help=argparse.SUPPRESS)  # before the watch; accepted, unused
     s.add_argument("--timeout", type=float, default=None, help="give up waiting after seconds")
     s.add_argument("--unreachable-timeout", type=float, metavar="SECONDS",
                    default=os.environ.get("FAIRQ_UNREACHABLE_TIMEOUT") or "300",
-                   help="with --wait: retry an unreachable fairq this long before exit 5 "
+                   help="with --wait: retry an unreachable fairq this long before exit 7 "
                         "(default 300, env FAIRQ_UNREACHABLE_TIMEOUT)")
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
@@ -1032,7 +1140,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--limit", type=int, default=200)
     q.add_argument("--start", action="store_true",
                    help="queued jobs only, with their position and estimated start time "
-                        "(UTC; N/A when none can be estimated; like squeue --start)")
+                        "(N/A when none can be estimated; like squeue --start)")
 
     sub.add_parser("clusters", parents=[common],
                    help="clusters with capacity and free GPUs per type (like sinfo)")
@@ -1067,7 +1175,7 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("-t", "--team")
     ac.add_argument("-u", "--user", help="attempts of jobs this user submitted")
     ac.add_argument("-S", "--start", help="attempts running at or after this time "
-                    "(2026-10-01, 2026-10-01T08:00 in UTC, or with an offset)")
+                    "(2026-10-01, 2026-10-01T08:00 in your zone or --utc, or with an offset)")
     ac.add_argument("-E", "--end", help="attempts that started before this time")
     ac.add_argument("-s", "--state", help="comma-separated: RUNNING, SUCCEEDED, FAILED, "
                     "CANCELLED, PREEMPTED, REQUEUED")
@@ -1075,7 +1183,9 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("--limit", type=int, default=200)
 
     pr = sub.add_parser("prio", parents=[common], help="priority breakdown (like sprio)")
-    pr.add_argument("job_ids", type=int, nargs="+", metavar="ID")
+    pr.add_argument("job_ids", type=int, nargs="*", metavar="ID",
+                    help="jobs to break down (none: every pending job you can see)")
+    pr.add_argument("-t", "--team", help="with no ID: the pending jobs of this team")
     return p
 
 
@@ -1084,6 +1194,37 @@ def main(argv: Sequence[str] | None = None, *, transport: Transport | None = Non
          sleep: Callable[[float], None] = time.sleep) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
+    try:
+        code = _main(argv, transport=transport, out=out, err=err, sleep=sleep)
+        out.flush()
+        return code
+    except BrokenPipeError:
+        # `fairq status 12 | head -3`: the reader left. Exit quietly as a Unix tool
+        # killed by SIGPIPE would (128 + 13), with nothing left to flush at exit.
+        for stream in (out, err):
+            _quiet(stream)
+        return EXIT_BROKEN_PIPE
+
+
+def _quiet(stream: TextIO) -> None:
+    """Point `stream`'s file at /dev/null when it is a pipe nobody reads any more, so
+    the interpreter's last flush cannot fail again."""
+    try:
+        stream.flush()
+    except BrokenPipeError:
+        try:
+            fd = stream.fileno()
+        except (OSError, ValueError):
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except (OSError, ValueError):
+        return
+
+
+def _main(argv: Sequence[str] | None, *, transport: Transport | None, out: TextIO,
+          err: TextIO, sleep: Callable[[float], None]) -> int:
     parser = build_parser()
     try:
         a = parser.parse_args(argv)
@@ -1092,7 +1233,7 @@ def main(argv: Sequence[str] | None = None, *, transport: Transport | None = Non
     try:
         cfg = load_config(url=a.url, token=a.token, profile=a.profile)
         app = App(Client(cfg.url, cfg.token, transport=transport), as_json=a.json, out=out,
-                  err=err, sleep=sleep)
+                  err=err, sleep=sleep, zone=UTC if a.utc or cfg.utc else None)
         return int(getattr(app, a.cmd)(a))
     except (ConfigError, UsageError) as exc:
         err.write(f"fairq: {exc}\n")
@@ -1100,6 +1241,9 @@ def main(argv: Sequence[str] | None = None, *, transport: Transport | None = Non
     except Unreachable as exc:
         err.write(f"fairq: {exc}\n")
         return EXIT_UNREACHABLE
+    except GaveUp as exc:
+        err.write(f"fairq: {exc}\n")
+        return EXIT_GAVE_UP
     except WaitTimeout as exc:
         err.write(f"fairq: {exc}\n")
         return EXIT_WAIT_TIMEOUT

@@ -113,12 +113,19 @@ def job_submitted_data(job: Job, events: Iterable[JobEvent]) -> dict[str, Any]:
 
 # Shapes only: the array's own rules (names, bytes stored) are `jobs_submit_bulk`'s.
 class BulkJobCreateSerializer(JobCreateSerializer):
-    """A job template and `count`: job i is named `<name>-<i>`, has `array_index` i and
-    gets `FAIRQ_ARRAY_INDEX=i`, `FAIRQ_ARRAY_SIZE=count` (like Slurm's
-    `--array=0-<count-1>%<max_running>`)."""
+    """A job template and `count` (or Slurm's `array` indices): job i is named
+    `<name>-<i>`, has `array_index` i and gets `FAIRQ_ARRAY_INDEX=i`,
+    `FAIRQ_ARRAY_SIZE=count` (like Slurm's `--array=0-<count-1>%<max_running>`)."""
 
-    count = serializers.IntegerField(min_value=1, max_value=MAX_BULK_JOBS,
-                                     help_text=f"Jobs in the array (1..{MAX_BULK_JOBS}).")
+    count = serializers.IntegerField(min_value=1, max_value=MAX_BULK_JOBS, required=False,
+                                     help_text=f"Jobs in the array (1..{MAX_BULK_JOBS}), "
+                                               "indices 0..count-1; or give `array`.")
+    array = serializers.CharField(
+        max_length=1000, required=False,
+        help_text="Instead of `count`: the indices as Slurm's --array writes them "
+                  "(`0-99%4`, `1,3,5`, `0-15:4`, combinations; `%M` sets max_running); a "
+                  "bare `N` or `N%M` is N tasks 0..N-1, as `count` (`fairq submit -a`). "
+                  "Member names end in their index, FAIRQ_ARRAY_INDEX is it.")
     max_running = serializers.IntegerField(
         min_value=1, required=False, allow_null=True, default=None,
         help_text="At most this many members hold GPUs at once (rule A8, Slurm's %N); "

@@ -10,7 +10,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from queueing.models import Job
 from queueing.policy.states import JobState
+from queueing.selectors.cluster import cluster_view
+from queueing.selectors.fairshare import jobs_priority_breakdowns
 from queueing.selectors.jobs import jobs_visible_to
 from queueing.selectors.start_estimate import queue_start_estimates
 
@@ -22,11 +25,16 @@ class JobStartsView(APIView):
     queue order (rule P2), each with its position, its first wait reason (rule P3) and
     its estimated start (rule P4: from the running jobs' max runtimes; null when no
     estimate can be made). `error`: the cluster did not answer, and no job has a
-    position, reason or estimate."""
+    position, reason or estimate. `?priority=1` adds each job's team, tier and priority
+    per factor (rule P1, as `GET /jobs/{id}/` gives it): `fairq prio` with no job, like
+    `sprio`."""
 
     @extend_schema(
         operation_id="jobs_starts",
-        parameters=[OpenApiParameter("team", str, description="A team's slug.")],
+        parameters=[OpenApiParameter("team", str, description="A team's slug."),
+                    OpenApiParameter("priority", bool, description=(
+                        "1: each job also carries `team`, `tier` and `priority` (rule P1, "
+                        "per factor, as in `GET /jobs/{id}/`)."))],
         responses=inline_serializer("JobStarts", {
             "as_of": serializers.DateTimeField(),
             "error": serializers.CharField(),
@@ -37,6 +45,11 @@ class JobStartsView(APIView):
                     "code": serializers.CharField(), "message": serializers.CharField()},
                     allow_null=True),
                 "estimated_start": serializers.DateTimeField(allow_null=True),
+                "team": serializers.CharField(required=False, help_text="With ?priority=1."),
+                "tier": serializers.CharField(required=False, help_text="With ?priority=1."),
+                "priority": serializers.DictField(required=False, help_text=(
+                    "With ?priority=1: `total` and `factors` {name: {factor, weight, "
+                    "value}}, as `GET /jobs/{id}/`'s `priority`.")),
             }, many=True),
         }),
     )
@@ -46,6 +59,13 @@ class JobStartsView(APIView):
         ids = list(jobs_visible_to(actor=request.user).filter(
             status=JobState.QUEUED, team__in=teams).values_list("id", flat=True))
         starts, error = queue_start_estimates(now=now, job_ids=ids)
+        extra: dict[int, dict[str, object]] = {}
+        if request.query_params.get("priority") in {"1", "true", "yes"}:
+            rows = list(Job.objects.filter(pk__in=ids).select_related("team", "gpu_type", "tier"))
+            breakdowns = jobs_priority_breakdowns(
+                jobs=rows, now=now, cluster_gpus=cluster_view(now=now).total_gpus())
+            extra = {j.pk: {"team": j.team.slug, "tier": j.tier.slug,
+                            "priority": breakdowns[j.pk].as_dict()} for j in rows}
         jobs = []
         for i in sorted(ids, key=lambda i: (i not in starts, starts[i].position if i in starts
                                             else 0, i)):
@@ -53,7 +73,8 @@ class JobStartsView(APIView):
             at = s.estimated_start if s is not None else None
             jobs.append({"id": i, "position": s.position if s else None,
                          "reason": s.reason if s else None,
-                         "estimated_start": at.isoformat() if at is not None else None})
+                         "estimated_start": at.isoformat() if at is not None else None,
+                         **extra.get(i, {})})
         return Response({"as_of": now.isoformat(), "error": error, "jobs": jobs})
 
 

@@ -20,6 +20,7 @@ from rest_framework.views import APIView
 from queueing.errors import DomainError, NotFound
 from queueing.instants import InstantError, parse_instant
 from queueing.models import JOB_STATUS_CHOICES, Job
+from queueing.policy.arrays import ArraySpecError, parse_array_spec
 from queueing.policy.states import JobState
 from queueing.selectors.attempts import jobs_attempts
 from queueing.selectors.fairshare import (
@@ -37,6 +38,7 @@ from queueing.services.access import check_job_access
 from queueing.services.cluster_rules import CLUSTER_SUBMIT_FIELDS, job_input_with_clusters
 from queueing.services.dependencies import job_dependencies_set, job_input_with_dependencies
 from queueing.services.jobs import (
+    MAX_BULK_JOBS,
     JobInput,
     job_cancel,
     job_input_build,
@@ -219,11 +221,11 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
     def bulk(self, request: Request) -> Response:
         """Submit an array job: `count` copies of one job (up to 10,000) in one request."""
         fields = _job_fields(request, BulkJobCreateSerializer)
-        count, max_running = fields.pop("count"), fields.pop("max_running")
+        count, max_running, indices = _array_size(fields)
         dependencies = fields.pop("dependencies", None)
         data = job_input_with_dependencies(_job_input(request, fields), dependencies)
         array, ids = jobs_submit_array(actor=request.user, count=count, data=data,
-                                       max_running=max_running)
+                                       max_running=max_running, indices=indices)
         # Location: the array's own resource (GET /arrays/{id}/). `ids`: the members
         # written as rows now; the rest get theirs as the cycle needs them (issue 20).
         return Response({"array_id": array.pk, "count": array.count, "ids": ids},
@@ -314,6 +316,32 @@ def _job_fields(request: Request, serializer_class: type[JobCreateSerializer]) -
         merged.update({name: value for name, value in rules.items()
                        if name not in merged and name.split(".")[0] not in detail})
         raise ValidationError(merged) from None
+
+
+def _array_size(fields: dict[str, Any]) -> tuple[int, int | None, tuple[int, ...] | None]:
+    """`count`, `max_running` and the indices (None: 0..count-1) of a bulk submit, from
+    `count` or Slurm's `array` (queueing/policy/arrays.py; `fairq submit -a` reads it the
+    same). A 400 naming the field when neither, both or a bad one is given."""
+    count, max_running = fields.pop("count", None), fields.pop("max_running", None)
+    text = fields.pop("array", None)
+    if text is None:
+        if count is None:
+            raise ValidationError({"count": [
+                "Give count (N tasks) or array (indices as Slurm writes them: 0-99%4, "
+                "1,3,5, 0-15:4)."]})
+        return count, max_running, None
+    if count is not None:
+        raise ValidationError({"array": ["Give count or array, not both."]})
+    try:
+        spec = parse_array_spec(text, max_tasks=MAX_BULK_JOBS)
+    except ArraySpecError as exc:
+        raise ValidationError({"array": [str(exc)]}) from None
+    if max_running is not None and spec.max_running is not None \
+            and max_running != spec.max_running:
+        raise ValidationError({"max_running": [
+            f"{max_running} here, %{spec.max_running} in array: give one."]})
+    return (spec.count, max_running or spec.max_running,
+            None if spec.dense else spec.indices)
 
 
 def _job_input(request: Request, fields: dict[str, Any]) -> JobInput:

@@ -305,6 +305,18 @@ def queued_job_of(job: Job) -> QueuedJob:
                      tier_rank=job.tier.rank, submitted_at=job.created_at)
 
 
+def jobs_priority_breakdowns(*, jobs: Iterable[Job], now: datetime,
+                             cluster_gpus: int) -> dict[int, PriorityBreakdown]:
+    """Rule P1 for many jobs (`sprio` with no job: every pending one), the standings and
+    weights read once. Each job's team, GPU type and tier loaded."""
+    state = FairShareState.from_standings(fairshare_standings(now=now))
+    weights = priority_weights()
+    return {job.pk: job_priority(queued_job_of(job), now=now,
+                                 fair_share_factor=state.factor(job.team.slug),
+                                 weights=weights, cluster_gpus=cluster_gpus)
+            for job in jobs}
+
+
 def job_priority_breakdown(*, job: Job, now: datetime, cluster_gpus: int) -> PriorityBreakdown:
     """Rule P1 for one job, per factor (like `sprio`): the live standings and weights, on
     a cluster of `cluster_gpus` GPUs."""

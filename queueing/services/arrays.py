@@ -23,7 +23,7 @@ from queueing.selectors.arrays import array_get_for_actor
 from queueing.selectors.cluster import cluster_view
 from queueing.selectors.queue_plan import queue_plan_forget
 
-from .jobs import array_members_notify, array_members_write, job_transition
+from .jobs import array_member_indices, array_members_notify, array_members_write, job_transition
 from .usage import usage_record_attempt
 from .webhooks import webhooks_events_written
 
@@ -96,11 +96,14 @@ def _cancel_rest(array: JobArray, *, now: datetime, label: str, reason: str) -> 
     if rest == 0:
         return 0
     array.rest_cancelled_at = now
+    # Their array indices (Slurm's `--array=0-40:2` has others than the positions).
+    first, last = (array_member_indices(array, range(i, i + 1))[0]
+                   for i in (array.materialized, array.count - 1))
     array.events = [*array.events, {
         "at": now.isoformat(), "kind": "cancelled", "actor": label,
         "reason": f"{reason}: {rest} tasks not yet queued as jobs cancelled "
-                  f"(indices {array.materialized}..{array.count - 1})",
-        "data": {"from_index": array.materialized, "tasks": rest}}]
+                  f"(indices {first}..{last})",
+        "data": {"from_index": first, "tasks": rest}}]
     array.save(update_fields=["rest_cancelled_at", "events"])
     return rest
 

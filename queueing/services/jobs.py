@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,6 +24,7 @@ from queueing import validation as v
 from queueing.composition import kick, stop_workload_soon
 from queueing.errors import DomainError, IdempotencyKeyReused, InvalidTransition
 from queueing.models import Cluster, GpuType, Job, JobArray, JobEvent, Tier, WebhookEndpoint
+from queueing.policy.arrays import index_runs, run_indices
 from queueing.policy.states import (
     HOLDING_STATES,
     IllegalTransition,
@@ -772,12 +773,22 @@ def array_member_event(array: JobArray, *, now: datetime) -> JobEvent:
                     reason=reason[:_REASON_MAX], data=dict(note.get("data") or {}))
 
 
-def array_members_write(array: JobArray, indices: range, *, now: datetime) -> list[int]:
-    """Write members `indices` of `array` as QUEUED Job rows with their first event
-    (COPY on PostgreSQL, bulk_create elsewhere); the caller holds the array's row lock
-    and moves `materialized`. Returns their ids in index order."""
-    if not indices:
+def array_member_indices(array: JobArray, positions: range) -> list[int]:
+    """The array indices of the members at `positions` (0: the first member): the same
+    numbers for a plain array of `count`, else from its stored runs (Slurm's `--array`
+    ranges, queueing/policy/arrays.py)."""
+    runs = array.spec.get(ARRAY_INDEX_RUNS)
+    return run_indices(runs, positions) if runs else list(positions)
+
+
+def array_members_write(array: JobArray, positions: range, *, now: datetime) -> list[int]:
+    """Write the members at `positions` (0..count-1, in order) of `array` as QUEUED Job
+    rows with their first event (COPY on PostgreSQL, bulk_create elsewhere); the caller
+    holds the array's row lock and moves `materialized`. Returns their ids in index
+    order."""
+    if not positions:
         return []
+    indices = array_member_indices(array, positions)
     template = array_template(array, now=now)
     event = array_member_event(array, now=now)
     count = array.count
@@ -811,6 +822,7 @@ def array_members_notify(array: JobArray, ids: list[int]) -> None:
 def jobs_submit_array(
     *, actor: Any, data: JobInput, count: int, max_running: int | None = None,
     now: datetime | None = None, window: int = ARRAY_SUBMIT_WINDOW,
+    indices: Sequence[int] | None = None,
 ) -> tuple[JobArray, list[int]]:
     """Queue an array job: a `JobArray` of `count` copies of `data`, job i named
     `<name>-<i>` with `array_index` i and `FAIRQ_ARRAY_INDEX=i`, `FAIRQ_ARRAY_SIZE=count`
@@ -819,12 +831,19 @@ def jobs_submit_array(
     tasks" event) and the first `window` members as QUEUED rows with their
     submit events; the rest are written by the cycle as they are needed (issue 20,
     `services.arrays.arrays_top_up`) and count as queued meanwhile. Returns the array
-    and the ids of the members written now, in index order."""
+    and the ids of the members written now, in index order.
+
+    `indices`: the members' array indices when not 0..count-1 (Slurm's `--array=1,3,5`,
+    `0-15:4`: queueing/policy/arrays.py), increasing, `count` of them; kept as runs in
+    the array's spec, member i of the array gets the i-th."""
     if not 1 <= count <= MAX_BULK_JOBS:
         raise ValueError(f"count must be within 1..{MAX_BULK_JOBS}")
+    if indices is not None and (len(indices) != count or list(indices) != sorted(set(indices))):
+        raise ValueError("indices must be `count` increasing numbers")
+    last = indices[-1] if indices is not None else count - 1
     if max_running is not None and max_running < 1:
         raise DomainError(INVALID_FIELDS, fields={"max_running": ["At least 1."]})
-    longest = f"{data.name}-{count - 1}"
+    longest = f"{data.name}-{last}"
     if len(longest) > 63:
         message = f"{longest!r} is longer than 63 characters: shorten the name."
         raise DomainError(INVALID_FIELDS, fields={"name": [message]})
@@ -845,14 +864,33 @@ def jobs_submit_array(
                            "as the scheduler needs them)" if window < count
                            else f"submitted {count} tasks",
                  **({"note": note} if note else {})}
+    spec = array_spec(template)
+    if indices is not None and last != count - 1:
+        runs = index_runs(indices)
+        spec[ARRAY_INDEX_RUNS] = runs
+        submitted["reason"] = f"{submitted['reason']} (indices {_indices_text(runs)})"
     array = JobArray.objects.create(team=data.team, name=data.name, count=count,
                                     max_running=max_running, created_by=submitter,
-                                    created_at=now, spec=array_spec(template),
+                                    created_at=now, spec=spec,
                                     materialized=window, events=[submitted])
     ids = array_members_write(array, range(window), now=now)
     transaction.on_commit(kick)  # the shared plan is kept (see job_submit_with_event)
     array_members_notify(array, ids)
     return array, ids
+
+
+# `JobArray.spec`'s key for an array's indices when not 0..count-1: runs [start, step, n].
+ARRAY_INDEX_RUNS = "index_runs"
+
+
+def _indices_text(runs: list[list[int]]) -> str:
+    """Runs as Slurm writes indices: `1-5,10,20-30:5`."""
+    parts = []
+    for start, step, n in runs:
+        end = start + step * (n - 1)
+        parts.append(str(start) if n == 1 else f"{start}-{end}" if step == 1
+                     else f"{start}-{end}:{step}")
+    return ",".join(parts)
 
 
 def _row_values(instance: Any) -> dict[str, Any]:
@@ -925,7 +963,7 @@ def _array_env_json(env: dict[str, str], count: int) -> tuple[str, str]:
     return head + '"FAIRQ_ARRAY_INDEX": "', '"' + tail
 
 
-def _copy_array_job(template: Job, event: JobEvent, name: str, indices: range,
+def _copy_array_job(template: Job, event: JobEvent, name: str, indices: Sequence[int],
                     env: dict[str, str], count: int) -> list[int]:
     """COPY members `indices` of an array of `count` and their events, member i named
     `<name>-<i>` with `env` plus its index and the array's size. The rows are built as

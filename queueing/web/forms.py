@@ -17,7 +17,7 @@ from accounts.models import Role
 from fairq_cli.durations import DURATION_HELP, format_duration, parse_duration
 from queueing import validation as v
 from queueing.errors import DomainError
-from queueing.models import GpuType, Tier
+from queueing.models import WEBHOOK_EVENT_TYPES, GpuType, Tier
 from queueing.policy.dependencies import parse_slurm_dependencies
 from queueing.selectors.clusters import cluster_choices
 from queueing.services.access import check_submit
@@ -495,6 +495,18 @@ class TokenForm(forms.Form):
         self.fields["expires_in_days"].initial = settings.FAIRQ_TOKEN_DEFAULT_EXPIRY_DAYS or None
     # One per rendered form: a reload re-posting it shows the token exists (views.token_create).
     idempotency_key = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
+
+
+class WebhookEndpointForm(forms.Form):
+    """The team page's new webhook endpoint (docs/webhooks.md): as the API's
+    `POST /teams/{slug}/webhooks/`; the URL's own rules are the service's."""
+
+    url = forms.CharField(label="Endpoint URL", max_length=2000,
+                          help_text="https://… that answers a signed POST (Standard Webhooks).")
+    description = forms.CharField(label="Description", max_length=200, required=False)
+    event_types = forms.MultipleChoiceField(
+        label="Events", required=False, widget=forms.CheckboxSelectMultiple,
+        choices=[(t, t) for t in WEBHOOK_EVENT_TYPES], help_text="None ticked: every event.")
 
 
 def _limit(label: str) -> forms.IntegerField:

@@ -65,7 +65,11 @@ from queueing.selectors.jobs import jobs_visible_to, jobs_with_labels, label_fil
 from queueing.selectors.metrics import scheduler_health
 from queueing.selectors.queue_plan import Preview, job_explain, submit_preview, team_queue
 from queueing.selectors.utilization import idle_flags, idle_since, job_utilization
-from queueing.selectors.webhooks import webhook_deliveries, webhook_endpoints_of_team
+from queueing.selectors.webhooks import (
+    webhook_deliveries,
+    webhook_endpoint_get,
+    webhook_endpoints_of_team,
+)
 from queueing.services.access import (
     check_job_access,
     check_staff,
@@ -76,6 +80,11 @@ from queueing.services.cluster_rules import job_input_with_clusters
 from queueing.services.jobs import job_cancel, job_input_build, job_spec, job_submit
 from queueing.services.logs import LogView, job_log_read
 from queueing.services.quotas import quota_set
+from queueing.services.webhooks import (
+    webhook_endpoint_create,
+    webhook_endpoint_delete,
+    webhook_endpoint_update,
+)
 
 from .forms import (
     JobSubmitForm,
@@ -86,6 +95,7 @@ from .forms import (
     TeamWeightForm,
     TeamWorkloadPolicyForm,
     TokenForm,
+    WebhookEndpointForm,
     spec_initial,
 )
 
@@ -119,6 +129,17 @@ def current_team(request: HttpRequest) -> Team | None:
         team = teams_for_user(user=request.user).order_by("slug").first()
     request._fairq_team = team  # type: ignore[attr-defined]
     return team
+
+
+def _show_team(request: HttpRequest, team: Team) -> None:
+    """A page about one team (its team page, one of its jobs) makes it the current team,
+    as the switcher does: the header and the page name the same team, and the dashboard
+    shows it next. Only a team of the user's own (staff may open any)."""
+    if team_get_for_user(user=request.user, slug=team.slug) is None:
+        return
+    if request.session.get(TEAM_SESSION_KEY) != team.slug:
+        request.session[TEAM_SESSION_KEY] = team.slug
+    request._fairq_team = team  # type: ignore[attr-defined]
 
 
 def nav(request: HttpRequest) -> dict[str, Any]:
@@ -353,6 +374,7 @@ def job_check(request: HttpRequest) -> HttpResponse:
 @login_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = _job_or_404(request, job_id)
+    _show_team(request, job.team)
     now = timezone.now()
     events = list(job.events.select_related("actor").order_by("at", "id"))
     try:
@@ -458,6 +480,7 @@ def job_resubmit(request: HttpRequest, job_id: int) -> HttpResponse:
 # --- team page ---------------------------------------------------------------------------------
 
 def _team_context(request: HttpRequest, team: Team, **extra: Any) -> dict[str, Any]:
+    _show_team(request, team)
     now = timezone.now()
     standing = next((s for s in dash.standings(now=now) if s.team == team.slug), None)
     ctx = {
@@ -475,6 +498,7 @@ def _team_context(request: HttpRequest, team: Team, **extra: Any) -> dict[str, A
     }
     if ctx["can_manage"]:  # docs/webhooks.md: team admins and staff see the log
         ctx["webhooks"] = list(webhook_endpoints_of_team(team=team))
+        ctx["webhook_form"] = WebhookEndpointForm()
         ctx["webhook_deliveries"] = webhook_deliveries(team=team, limit=10)
     ctx.update(extra)
     return ctx
@@ -632,6 +656,62 @@ def token_revoke_view(request: HttpRequest, slug: str, token_id: int) -> HttpRes
     token_revoke(token=token, actor=user)
     messages.success(request, f"Token {token.name} ({token.prefix}…) revoked.")
     return redirect("web:team", slug=team.slug)
+
+
+# --- the team's webhook endpoints (team admins; docs/webhooks.md) -------------------------
+
+def _webhook_of_team(request: HttpRequest, slug: str, endpoint_id: int) -> tuple[Team, Any]:
+    team = _team_or_404(request, slug)
+    _team_admin_or_403(request, team)
+    try:
+        return team, webhook_endpoint_get(team=team, endpoint_id=endpoint_id)
+    except NotFound as exc:
+        raise Http404(str(exc)) from exc
+
+
+@require_POST
+@login_required
+@never_cache  # the answer holds the new endpoint's secret: no cache may keep it
+def webhook_create_view(request: HttpRequest, slug: str) -> HttpResponse:
+    """A new endpoint through the service (its URL rules, audit); its secret is shown in
+    this answer only, as the API shows it once (never in the session or a message)."""
+    team = _team_or_404(request, slug)
+    _team_admin_or_403(request, team)
+    form = WebhookEndpointForm(request.POST)
+    if form.is_valid():
+        try:
+            created = webhook_endpoint_create(
+                actor=request.user, team=team, url=form.cleaned_data["url"],
+                description=form.cleaned_data["description"],
+                event_types=form.cleaned_data["event_types"] or None)
+        except DomainError as exc:
+            _form_errors(form, exc)
+        else:
+            return render(request, "web/team.html", _team_context(
+                request, team, new_webhook=created.endpoint, new_webhook_secret=created.secret))
+    return render(request, "web/team.html", _team_context(request, team, webhook_form=form),
+                  status=400)
+
+
+@require_POST
+@login_required
+def webhook_change_view(request: HttpRequest, slug: str, endpoint_id: int) -> HttpResponse:
+    """Disable, enable or delete an endpoint (the service's, audited)."""
+    team, endpoint = _webhook_of_team(request, slug, endpoint_id)
+    action = request.POST.get("action")
+    try:
+        if action == "delete":
+            webhook_endpoint_delete(actor=request.user, endpoint=endpoint)
+            messages.success(request, f"Webhook endpoint #{endpoint_id} deleted.")
+        elif action in {"disable", "enable"}:
+            webhook_endpoint_update(actor=request.user, endpoint=endpoint,
+                                    enabled=action == "enable")
+            messages.success(request, f"Webhook endpoint #{endpoint_id} {action}d.")
+        else:
+            messages.error(request, "Pick disable, enable or delete.")
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    return redirect(reverse("web:team", args=[team.slug]) + "#webhooks")
 
 
 # --- quota board (platform admins) ---------------------------------------------------------

@@ -27,7 +27,7 @@ def test_submit_an_array_with_a_concurrency_limit(
     assert sorted(Job.objects.values_list("array_index", flat=True)) == list(range(6))
     for bad in ("0", "3%0", "x", "3%"):
         r = cli(*SUBMIT, "-a", bad)
-        assert r.code == 2 and "use N or N%M" in capsys.readouterr().err  # argparse's own
+        assert r.code == 2 and "argument -a/--array: " in capsys.readouterr().err  # argparse's
 
 
 def test_dependency_in_slurm_syntax_on_jobs_and_arrays(cli: Cli, world: World) -> None:

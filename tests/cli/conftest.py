@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json as jsonlib
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -86,8 +87,12 @@ class Cli:
 
 @pytest.fixture
 def cli(world: World, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Cli:
-    """`fairq` as alice (team admin of vision), with no config file around."""
+    """`fairq` as alice (team admin of vision), with no config file around, in UTC
+    (times print in the local zone: docs/cli.md, "Times")."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.setenv("TZ", "UTC")
+    monkeypatch.delenv("FAIRQ_UTC", raising=False)
+    time.tzset()
     monkeypatch.delenv("FAIRQ_URL", raising=False)
     monkeypatch.delenv("FAIRQ_TOKEN", raising=False)
     return Cli(token=token_issue(user=world.admin).key, transport=DjangoTransport(), sleeps=[])

@@ -215,7 +215,8 @@ def test_status_names_each_node_once_with_its_replicas(cli: Cli, world: World) -
 def test_wait_exits_6_when_the_timeout_passes(cli: Cli) -> None:
     r = cli(*SUBMIT, "--wait", "--timeout", "1")  # no cycle runs: it stays queued
     assert r.code == 6, r.err
-    assert r.err.endswith(f"fairq: job {Job.objects.get().pk} still QUEUED (--timeout)\n")
+    assert r.err.endswith(f"fairq: job {Job.objects.get().pk} is still QUEUED after --timeout: "
+                          "it is still queued, this command only stopped watching\n")
 
 
 def test_a_bad_watch_setting_is_a_usage_error(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -29,7 +29,7 @@ def test_acct_prints_a_table_like_sacct(cli: Cli, history: dict[str, Any]) -> No
                                                        f"{j1}.1"]
     assert lines[1].split()[7] == "Unknown"  # running: no end yet
     assert lines[3].split() == [f"{j1}.2", "resnet", "alice", "vision", "normal", "2xh100",
-                                "2026-10-01T03:00:00", "2026-10-01T06:00:00", "03:00:00",
+                                "2026-10-01T03:00:00Z", "2026-10-01T06:00:00Z", "03:00:00",
                                 "6.00", "SUCCEEDED", "0", "80.0%"]
     assert lines[4].split()[-1] == "PREEMPTED"  # no exit code, no efficiency
 

@@ -66,7 +66,7 @@ def test_queue_start_estimates_from_the_running_jobs_max_runtimes(
         cells = row.split()
         position, start = expected[cells[2]]
         assert cells[6] == position
-        assert cells[7] == start.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        assert cells[7] == start.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     data = cli("--json", "queue", "--start").json
     assert [j["estimated_start"] is not None for j in data] == [True, True]
 
