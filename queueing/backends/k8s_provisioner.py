@@ -85,7 +85,8 @@ class KubernetesProvisioner:
         self._lock = threading.Lock()
         self._known: set[str] = set()  # namespaces ready for Jobs
         self._non_root: dict[str, bool] = {}  # the PSA level each was labelled with
-        self._unprovisioned: dict[str, float] = {}  # namespace → when it was refused
+        # namespace → (when it was refused, the HTTP status: 403 no binding, 404 none)
+        self._unprovisioned: dict[str, tuple[float, int]] = {}
 
     def _core(self) -> Any:
         from kubernetes import client
@@ -109,7 +110,8 @@ class KubernetesProvisioner:
             if namespace in self._known:
                 return True
             refused = self._unprovisioned.get(namespace)
-        if refused is not None and time.monotonic() - refused < UNPROVISIONED_RECHECK_SECONDS:
+        if refused is not None and \
+                time.monotonic() - refused[0] < UNPROVISIONED_RECHECK_SECONDS:
             return False
         try:
             drain(self._core().read_namespaced_resource_quota(
@@ -118,20 +120,29 @@ class KubernetesProvisioner:
             if exc.status not in (403, 404):
                 raise
             with self._lock:
-                self._unprovisioned[namespace] = time.monotonic()
+                self._unprovisioned[namespace] = (time.monotonic(), int(exc.status))
             return False
         with self._lock:
             self._known.add(namespace)
             self._unprovisioned.pop(namespace, None)
         return True
 
-    def namespace_gone(self, namespace: str, *, refused: bool) -> None:
-        """The API server answered 404 for a namespace believed ready: forget it;
-        `refused`: and believe it not provisioned for UNPROVISIONED_RECHECK_SECONDS."""
+    def namespace_gone(self, namespace: str, *, refused: bool, status: int = 404) -> None:
+        """The API server refused a create in a namespace believed ready (404: it is gone;
+        403: its RoleBinding may be, or a quota on Jobs is full): forget it, so the next
+        `namespace_ready` asks the API server again; `refused`: and believe it not
+        provisioned for UNPROVISIONED_RECHECK_SECONDS."""
         with self._lock:
             self._known.discard(namespace)
             if refused:
-                self._unprovisioned[namespace] = time.monotonic()
+                self._unprovisioned[namespace] = (time.monotonic(), status)
+
+    def refusal_status(self, namespace: str) -> int:
+        """The HTTP status of the last "not provisioned" answer for `namespace` (403: no
+        RoleBinding for the scheduler; 404: no namespace); 403 when none is remembered."""
+        with self._lock:
+            refused = self._unprovisioned.get(namespace)
+        return refused[1] if refused is not None else 403
 
     def forget_refusals(self) -> None:
         """Ask again at once about namespaces that were not provisioned (tests; as after

@@ -387,9 +387,15 @@ class KubernetesBackend:
         if self.provision == "scheduler":
             self.provisioner.ensure_namespace(spec.team, run_as_non_root=spec.run_as_non_root)
         elif not self.provisioner.namespace_ready(namespace):
+            # A refusal like any other (SubmitRefused): bounded by the service, whether
+            # the namespace was never ready or stopped being ready (its RoleBinding
+            # removed, seen first by a process that never knew it ready).
+            status = self.provisioner.refusal_status(namespace)
             raise NamespaceNotProvisioned(
-                f"namespace {namespace} is not provisioned for fairq yet "
-                "(the provisioner runs `manage.py sync_cluster`)")
+                f"namespace {namespace} is not provisioned for fairq "
+                + ("(no RoleBinding lets fairq-scheduler in; " if status == 403 else
+                   "(it does not exist; ")
+                + "the provisioner runs `manage.py sync_cluster`)", status=status)
         try:
             created = self._create_job(namespace, body)
         except ApiException as exc:
@@ -404,12 +410,18 @@ class KubernetesBackend:
                 return
             if status in (400, 422):
                 raise SubmitRejected(f"Kubernetes refused the Job: {message}") from exc
+            if status == 403:
+                # An RBAC denial (the scheduler's RoleBinding removed) or a full quota on
+                # Jobs: whether the namespace is still provisioned is asked again before
+                # the team's next admission (`unprovisioned_teams`), so its queued jobs
+                # wait outside the plan instead of being admitted into a refusal.
+                self.provisioner.namespace_gone(namespace, refused=False)
             if status == 404:
                 self.provisioner.namespace_gone(namespace, refused=self.provision == "separate")
                 if self.provision == "separate":
                     raise NamespaceNotProvisioned(
                         f"namespace {namespace} does not exist (the provisioner runs "
-                        "`manage.py sync_cluster`)") from exc
+                        "`manage.py sync_cluster`)", status=404) from exc
             raise KubernetesBackendError(
                 f"creating {spec.name} failed ({status}): {message}") from exc
         except ValueError as exc:  # the client's model validation: our body is malformed
