@@ -142,8 +142,10 @@ class Informer:
                 self.errors += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"[:500]
                 self.refused = getattr(exc, "status", None) in (403, 404)
-                log.warning("informer %s: %s; relisting in %.1fs", self.name,
-                            self.last_error, backoff)
+                # A namespace not provisioned yet refuses every list until it is: not news.
+                log.log(logging.INFO if self.refused else logging.WARNING,
+                        "informer %s: %s; relisting in %.1fs", self.name,
+                        self.last_error, backoff)
                 self._wake.wait(backoff)
                 self._wake.clear()
                 backoff = min(30.0, backoff * 2)
