@@ -191,10 +191,16 @@ def kubernetes_backend(*, kubeconfig: str, context: str) -> KubernetesBackend:
         raise RuntimeError("the database reads are not provided: Django is not set up "
                            "(QueueingConfig.ready() calls provide_database_reads)")
     concurrency = settings.FAIRQ_K8S_SUBMIT_CONCURRENCY
-    # The cycle's concurrent creates, or its concurrent log reads (never both at once).
+    # The cycle's concurrent creates, or its concurrent log reads (never both at once),
+    # plus the watches: four per team namespace (docs/kubernetes.md, "RBAC"), counted
+    # now (teams added later open connections outside the pool until a restart).
     pool = max(concurrency, settings.FAIRQ_LOG_READ_CONCURRENCY)
+    try:
+        watches = 4 * len(_reads.teams()) + 1
+    except Exception:  # no database yet: the pool is only a size
+        watches = 8
     api = api_client_from_config(kubeconfig=kubeconfig, context=context,
-                                 pool_size=pool + 8)
+                                 pool_size=pool + max(8, watches))
     return KubernetesBackend(
         api,
         namespace_prefix=settings.FAIRQ_KUBE_NAMESPACE_PREFIX,
