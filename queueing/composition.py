@@ -58,6 +58,8 @@ class DatabaseReads:
 
     gpu_types: Callable[[], Sequence[GpuTypeRef]]
     team_quota: Callable[[str], Mapping[str, int]]
+    # The team slugs: the worker watches their namespaces only (docs/kubernetes.md, "RBAC").
+    teams: Callable[[], Sequence[str]]
 
 
 _reads: DatabaseReads | None = None
@@ -159,9 +161,11 @@ def _build(cluster: str) -> ClusterBackend:
                                       default_seconds=settings.FAIRQ_SIM_DEFAULT_SECONDS)
 
 
-def scheduler_account_setting() -> tuple[str, str] | None:
-    """FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT ("namespace/name", "" for none)."""
-    value = settings.FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT
+def scheduler_account_setting(
+        name: str = "FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT") -> tuple[str, str] | None:
+    """FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT, or the setting `name` ("namespace/name", ""
+    for none)."""
+    value = getattr(settings, name)
     if not value:
         return None
     namespace, _, name = value.partition("/")
@@ -187,10 +191,16 @@ def kubernetes_backend(*, kubeconfig: str, context: str) -> KubernetesBackend:
         raise RuntimeError("the database reads are not provided: Django is not set up "
                            "(QueueingConfig.ready() calls provide_database_reads)")
     concurrency = settings.FAIRQ_K8S_SUBMIT_CONCURRENCY
-    # The cycle's concurrent creates, or its concurrent log reads (never both at once).
+    # The cycle's concurrent creates, or its concurrent log reads (never both at once),
+    # plus the watches: four per team namespace (docs/kubernetes.md, "RBAC"), counted
+    # now (teams added later open connections outside the pool until a restart).
     pool = max(concurrency, settings.FAIRQ_LOG_READ_CONCURRENCY)
+    try:
+        watches = 4 * len(_reads.teams()) + 1
+    except Exception:  # no database yet: the pool is only a size
+        watches = 8
     api = api_client_from_config(kubeconfig=kubeconfig, context=context,
-                                 pool_size=pool + 8)
+                                 pool_size=pool + max(8, watches))
     return KubernetesBackend(
         api,
         namespace_prefix=settings.FAIRQ_KUBE_NAMESPACE_PREFIX,
@@ -206,6 +216,7 @@ def kubernetes_backend(*, kubeconfig: str, context: str) -> KubernetesBackend:
         kick=kick,
         provision=settings.FAIRQ_K8S_PROVISION,
         scheduler_account=scheduler_account_setting(),
+        provisioner_account=scheduler_account_setting("FAIRQ_K8S_PROVISIONER_SERVICE_ACCOUNT"),
         owner_key=hmac.new(settings.SECRET_KEY.encode(), b"fairq.k8s.job-owner",
                            hashlib.sha256).digest(),
         submit_concurrency=concurrency,
@@ -213,6 +224,8 @@ def kubernetes_backend(*, kubeconfig: str, context: str) -> KubernetesBackend:
         spot_node_labels=settings.FAIRQ_SPOT_NODE_LABELS,
         spot_termination_taints=settings.FAIRQ_SPOT_TERMINATION_TAINTS,
         spot_tolerations=settings.FAIRQ_SPOT_TOLERATIONS,
+        teams=_reads.teams,
+        other_pod_namespaces=settings.FAIRQ_K8S_OTHER_POD_NAMESPACES,
     )
 
 

@@ -3,6 +3,7 @@ environment (django-environ); a bad value fails at start-up, not at first use.""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -640,6 +641,24 @@ FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT = env("FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT",
 if FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT and FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT.count("/") != 1:
     raise environ.ImproperlyConfigured(
         "FAIRQ_K8S_SCHEDULER_SERVICE_ACCOUNT must be 'namespace/name' or empty")
+# The provisioner's service account ("namespace/name"), bound in each team namespace at
+# bootstrap (`manage.py sync_cluster --bootstrap`): the only place it may label the
+# namespace, set its quota and bind the scheduler (docs/kubernetes.md, "RBAC").
+FAIRQ_K8S_PROVISIONER_SERVICE_ACCOUNT = env("FAIRQ_K8S_PROVISIONER_SERVICE_ACCOUNT",
+                                            default="fairq-system/fairq-provisioner")
+if FAIRQ_K8S_PROVISIONER_SERVICE_ACCOUNT and \
+        FAIRQ_K8S_PROVISIONER_SERVICE_ACCOUNT.count("/") != 1:
+    raise environ.ImproperlyConfigured(
+        "FAIRQ_K8S_PROVISIONER_SERVICE_ACCOUNT must be 'namespace/name' or empty")
+# Namespaces outside fairq's whose pods run on the GPU nodes too (comma-separated): their
+# bound pods' GPUs, CPU and memory count against the nodes' capacity. The worker reads
+# pods only in fairq's team namespaces and these, each allowed by a RoleBinding of the
+# ClusterRole fairq-read-pods there (docs/kubernetes.md, "RBAC"); empty = none.
+FAIRQ_K8S_OTHER_POD_NAMESPACES = env.list("FAIRQ_K8S_OTHER_POD_NAMESPACES", default=[])
+if any(not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", _n)
+       for _n in FAIRQ_K8S_OTHER_POD_NAMESPACES):
+    raise environ.ImproperlyConfigured(
+        "FAIRQ_K8S_OTHER_POD_NAMESPACES entries are namespace names (DNS-1123 labels)")
 # An admitted job whose Job the API server keeps refusing (403: a namespace quota on
 # Jobs, an RBAC denial) fails after this long, giving its GPUs back.
 FAIRQ_K8S_SUBMIT_REFUSED_SECONDS = env.int("FAIRQ_K8S_SUBMIT_REFUSED_SECONDS", default=600)

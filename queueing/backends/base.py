@@ -161,6 +161,18 @@ class SubmitRejected(Exception):
     """The cluster refused a workload for good (an invalid spec): the job fails."""
 
 
+class SubmitRefused(Exception):
+    """The cluster refuses to create the workload until someone changes something: an
+    RBAC denial, a quota on Jobs, a team namespace that is not (or no longer) provisioned.
+    The backend reports it whatever it knows of the namespace; the service bounds it
+    (services/scheduler.py `submit_failed`: FAIRQ_K8S_SUBMIT_REFUSED_SECONDS). `status`:
+    the HTTP status behind it (403, 404), 0 when no request was made."""
+
+    def __init__(self, message: str, *, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class SubmitRequeue(Exception):
     """The workload's name is held by one on its way out (being deleted): this attempt
     cannot start under its name, so the job goes back to the queue as a new attempt."""

@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from .base import SubmitRefused
 from .k8s_cache import Obj
 
 
@@ -16,9 +17,16 @@ class KubernetesBackendError(Exception):
     """The cluster cannot answer yet (caches not synced, API down): retry later."""
 
 
-class NamespaceNotProvisioned(KubernetesBackendError):
+class NamespaceNotProvisioned(KubernetesBackendError, SubmitRefused):
     """FAIRQ_K8S_PROVISION=separate and the team's namespace has no RoleBinding for the
-    scheduler yet: `manage.py sync_cluster` (the provisioner) has not run for the team."""
+    scheduler (403 reading its quota) or does not exist (404): the provisioner has not
+    run for the team, or what it made was removed since. A refusal (`SubmitRefused`):
+    an admitted job it keeps out of its namespace fails after
+    FAIRQ_K8S_SUBMIT_REFUSED_SECONDS, as for any refused create."""
+
+    def __init__(self, message: str, *, status: int = 403) -> None:
+        KubernetesBackendError.__init__(self, message)
+        self.status = status
 
 
 def api_error(exc: Exception) -> tuple[int, str]:

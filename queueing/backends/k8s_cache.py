@@ -10,6 +10,12 @@ Guarantees: `items()` is a consistent copy taken under a lock; `synced` is set o
 first list landed and stays set across relists; `on_change(kind, old, new)` is called
 (in the informer thread, must be quick) for every add, modify and delete, including
 the differences a relist finds.
+
+`NamespacedInformers` reads one kind in a set of namespaces (fairq's team namespaces,
+which grows at run time) as one: one `Informer` per namespace, so the identity that
+watches needs list/watch in those namespaces only, never cluster-wide (docs/kubernetes.md,
+"RBAC"). A namespace whose list is refused (403: no RoleBinding there yet) counts as
+synced and empty: fairq cannot have made anything in it.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -58,7 +65,11 @@ class Informer:
         self._lock = threading.Lock()
         self._store: dict[str, Obj] = {}
         self._stop = threading.Event()
+        self._wake = threading.Event()  # cuts a backoff short (`wake`)
         self.synced = threading.Event()
+        # The last list was refused (403) or its namespace is missing (404): nothing of
+        # fairq's can be there; cleared by the next list that succeeds.
+        self.refused = False
         self._thread: threading.Thread | None = None
         self._resp: Any = None
         self.errors = 0
@@ -94,6 +105,7 @@ class Informer:
         down (closing the response instead would wait for the SSL lock the blocked read
         holds, i.e. for the watch to time out)."""
         self._stop.set()
+        self._wake.set()
         resp = self._resp
         conn = getattr(resp, "connection", None) or getattr(resp, "_connection", None)
         sock = getattr(conn, "sock", None)
@@ -103,6 +115,13 @@ class Informer:
 
     def wait_synced(self, timeout: float) -> bool:
         return self.synced.wait(timeout)
+
+    def ready(self) -> bool:
+        return self.synced.is_set()
+
+    def wake(self) -> None:
+        """List again now if waiting out a backoff (a namespace just provisioned)."""
+        self._wake.set()
 
     # --- the loop --------------------------------------------------------------------
 
@@ -122,9 +141,13 @@ class Informer:
                     return
                 self.errors += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"[:500]
-                log.warning("informer %s: %s; relisting in %.1fs", self.name,
-                            self.last_error, backoff)
-                self._stop.wait(backoff)
+                self.refused = getattr(exc, "status", None) in (403, 404)
+                # A namespace not provisioned yet refuses every list until it is: not news.
+                log.log(logging.INFO if self.refused else logging.WARNING,
+                        "informer %s: %s; relisting in %.1fs", self.name,
+                        self.last_error, backoff)
+                self._wake.wait(backoff)
+                self._wake.clear()
                 backoff = min(30.0, backoff * 2)
 
     def relist(self) -> str:
@@ -138,6 +161,7 @@ class Informer:
             old = self._store
             self._store = fresh
         self.relists += 1
+        self.refused = False
         self.synced.set()
         if self.on_change is not None:
             for k, obj in fresh.items():
@@ -200,6 +224,111 @@ class Informer:
             self.on_change(kind, old, new)
         except Exception:
             log.exception("informer %s: change hook failed", self.name)
+
+
+class NamespacedInformers:
+    """One kind in the namespaces `namespaces()` names, read as one store: an `Informer`
+    per namespace (`list_namespaced(namespace, **kw)`), started when the namespace first
+    appears (`refresh`, `add`); namespaces are never dropped while the process lives (a
+    namespace whose team went away keeps reporting what runs there until it is gone).
+    Keys are "namespace/name", as for a cluster-wide `Informer`."""
+
+    def __init__(self, name: str, list_namespaced: Callable[..., Any],
+                 namespaces: Callable[[], Iterable[str]], *,
+                 label_selector: str | None = None, field_selector: str | None = None,
+                 resync_seconds: float = 300.0, watch_seconds: int = 60,
+                 on_change: ChangeHook | None = None) -> None:
+        self.name = name
+        self._list_namespaced = list_namespaced
+        self._namespaces = namespaces
+        self._options: dict[str, Any] = {
+            "label_selector": label_selector, "field_selector": field_selector,
+            "resync_seconds": resync_seconds, "watch_seconds": watch_seconds,
+            "on_change": on_change}
+        self._lock = threading.Lock()
+        self._informers: dict[str, Informer] = {}
+        self._started = False
+
+    # --- the namespaces ------------------------------------------------------------------
+
+    def namespaces(self) -> list[str]:
+        with self._lock:
+            return sorted(self._informers)
+
+    def refresh(self) -> None:
+        """Watch every namespace `namespaces()` names now (a source that fails is asked
+        again next time; the namespaces watched so far stay)."""
+        try:
+            wanted = list(self._namespaces())
+        except Exception as exc:
+            log.warning("informer %s: listing its namespaces failed: %s", self.name, exc)
+            return
+        for namespace in wanted:
+            self.add(namespace)
+
+    def add(self, namespace: str) -> Informer:
+        """The namespace's informer (made, and started once this is, if new)."""
+        with self._lock:
+            informer = self._informers.get(namespace)
+            if informer is None:
+                informer = Informer(f"{self.name}:{namespace}",
+                                    partial(self._list_namespaced, namespace), **self._options)
+                self._informers[namespace] = informer
+                if self._started:
+                    informer.start()
+        return informer
+
+    def _all(self) -> list[Informer]:
+        with self._lock:
+            return list(self._informers.values())
+
+    # --- reading -------------------------------------------------------------------------
+
+    def items(self) -> list[Obj]:
+        return [obj for informer in self._all() for obj in informer.items()]
+
+    def get(self, key: str) -> Obj | None:
+        with self._lock:
+            informer = self._informers.get(key.split("/", 1)[0])
+        return informer.get(key) if informer is not None else None
+
+    @property
+    def last_error(self) -> str:
+        return "; ".join(f"{i.name}: {i.last_error}" for i in self._all()
+                         if not i.ready() and not i.refused and i.last_error)[:500]
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> NamespacedInformers:
+        with self._lock:
+            self._started = True
+            for informer in self._informers.values():
+                informer.start()
+        self.refresh()
+        return self
+
+    def ready(self) -> bool:
+        """Every namespace listed once, or refused (nothing of fairq's there)."""
+        return all(i.ready() or i.refused for i in self._all())
+
+    def wait_synced(self, timeout: float) -> bool:
+        self.refresh()
+        deadline = time.monotonic() + timeout
+        for informer in self._all():
+            while not (informer.ready() or informer.refused):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                informer.synced.wait(min(0.05, left))
+        return True
+
+    def request_stop(self) -> None:
+        for informer in self._all():
+            informer.request_stop()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for informer in self._all():
+            informer.stop(timeout)
 
 
 def _version(obj: Mapping[str, Any]) -> str:

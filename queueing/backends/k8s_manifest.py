@@ -1094,19 +1094,25 @@ def unbound_demand(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) ->
 
 TEAM_ROLE = "fairq-team-workloads"  # platform/k8s/base/rbac.yaml
 TEAM_ROLE_BINDING = "fairq-scheduler"
+# The provisioner's rights inside one team namespace (its labels, quota, the binding
+# above), bound there at bootstrap by the cluster admin (docs/kubernetes.md, "RBAC").
+PROVISIONER_ROLE = "fairq-team-provisioning"
+PROVISIONER_ROLE_BINDING = "fairq-provisioner"
 
 
 def role_binding_manifest(namespace: str, *, service_account: str,
-                          service_account_namespace: str) -> dict[str, Any]:
+                          service_account_namespace: str, name: str = "",
+                          role: str = "") -> dict[str, Any]:
     """The RoleBinding the provisioner puts in a team namespace: the scheduler's service
     account gets the ClusterRole `fairq-team-workloads` (its Jobs, their logs and events)
-    in this namespace only."""
+    in this namespace only. With `name` and `role`: another binding of the same shape
+    (the provisioner's own, `PROVISIONER_ROLE_BINDING`, made at bootstrap)."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": TEAM_ROLE_BINDING, "namespace": namespace,
+        "metadata": {"name": name or TEAM_ROLE_BINDING, "namespace": namespace,
                      "labels": {MANAGED_BY: MANAGED_BY_VALUE}},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": TEAM_ROLE},
+                    "name": role or TEAM_ROLE},
         "subjects": [{"kind": "ServiceAccount", "name": service_account,
                       "namespace": service_account_namespace}],
     }

@@ -3,6 +3,14 @@ of the Jobs themselves (docs/kubernetes.md, "RBAC"). Per team a labelled namespa
 ResourceQuota `fairq-gpus` and the RoleBinding that lets the scheduler's service account
 run Jobs there; per tier a PriorityClass.
 
+Its own service account may do that only inside a team namespace that was bootstrapped
+(`bootstrap_manifests`: the namespace and the provisioner's RoleBinding in it, applied
+once per team by the cluster admin), and create PriorityClasses: RBAC cannot tell a team
+namespace it is about to create from `kube-system`, so nothing that holds a cluster-wide
+right to make RoleBindings, quotas or namespace labels runs in the cluster. With an
+admin's credentials (`sync_cluster` in the tests, FAIRQ_K8S_PROVISION=scheduler), the
+same calls also make what the bootstrap would.
+
 `services/provisioning.py` drives it (`manage.py sync_cluster`, `sync_cluster_task`,
 with what it reads from the database); the backend asks it whether a team's namespace
 is ready before a submit, and has it make one on first use when
@@ -23,6 +31,8 @@ from .k8s_api import api_error, drain, raw_list
 from .k8s_cache import Obj
 from .k8s_manifest import (
     MANAGED_BY,
+    PROVISIONER_ROLE,
+    PROVISIONER_ROLE_BINDING,
     QUOTA_NAME,
     ManifestError,
     namespace_for,
@@ -63,6 +73,14 @@ def sync_failure(kind: str, name: str, exc: Exception) -> dict[str, Any]:
     return {"kind": kind, "name": name, "status": status, "error": error}
 
 
+class NamespaceNotBootstrapped(Exception):
+    """The provisioner may not make or label the team namespace: it does not exist, or
+    has no RoleBinding for the provisioner yet (the cluster admin applies
+    `manage.py sync_cluster --bootstrap`)."""
+
+    status = 403
+
+
 class KubernetesProvisioner:
     """Namespaces, ResourceQuotas, RoleBindings and PriorityClasses. `api` returns the
     ApiClient to use now (the backend's, renewed after a fork)."""
@@ -74,8 +92,13 @@ class KubernetesProvisioner:
         namespace_prefix: str = "fairq-",
         scheduler_account: tuple[str, str] | None = None,
         team_quota: Callable[[str], Mapping[str, int]] | None = None,
+        provisioner_account: tuple[str, str] | None = None,
     ) -> None:
         self._api = api
+        # (namespace, name) of the provisioner's service account: bound in each team
+        # namespace at bootstrap (`bootstrap_manifests`, or `ensure_namespace` when it
+        # creates the namespace with an admin's credentials); None binds nothing.
+        self.provisioner_account = provisioner_account
         self.namespace_prefix = namespace_prefix
         # (namespace, name) of the service account bound in each team namespace; None
         # binds nothing (out-of-cluster, a user's own credentials).
@@ -85,7 +108,8 @@ class KubernetesProvisioner:
         self._lock = threading.Lock()
         self._known: set[str] = set()  # namespaces ready for Jobs
         self._non_root: dict[str, bool] = {}  # the PSA level each was labelled with
-        self._unprovisioned: dict[str, float] = {}  # namespace → when it was refused
+        # namespace → (when it was refused, the HTTP status: 403 no binding, 404 none)
+        self._unprovisioned: dict[str, tuple[float, int]] = {}
 
     def _core(self) -> Any:
         from kubernetes import client
@@ -109,7 +133,8 @@ class KubernetesProvisioner:
             if namespace in self._known:
                 return True
             refused = self._unprovisioned.get(namespace)
-        if refused is not None and time.monotonic() - refused < UNPROVISIONED_RECHECK_SECONDS:
+        if refused is not None and \
+                time.monotonic() - refused[0] < UNPROVISIONED_RECHECK_SECONDS:
             return False
         try:
             drain(self._core().read_namespaced_resource_quota(
@@ -118,20 +143,29 @@ class KubernetesProvisioner:
             if exc.status not in (403, 404):
                 raise
             with self._lock:
-                self._unprovisioned[namespace] = time.monotonic()
+                self._unprovisioned[namespace] = (time.monotonic(), int(exc.status))
             return False
         with self._lock:
             self._known.add(namespace)
             self._unprovisioned.pop(namespace, None)
         return True
 
-    def namespace_gone(self, namespace: str, *, refused: bool) -> None:
-        """The API server answered 404 for a namespace believed ready: forget it;
-        `refused`: and believe it not provisioned for UNPROVISIONED_RECHECK_SECONDS."""
+    def namespace_gone(self, namespace: str, *, refused: bool, status: int = 404) -> None:
+        """The API server refused a create in a namespace believed ready (404: it is gone;
+        403: its RoleBinding may be, or a quota on Jobs is full): forget it, so the next
+        `namespace_ready` asks the API server again; `refused`: and believe it not
+        provisioned for UNPROVISIONED_RECHECK_SECONDS."""
         with self._lock:
             self._known.discard(namespace)
             if refused:
-                self._unprovisioned[namespace] = time.monotonic()
+                self._unprovisioned[namespace] = (time.monotonic(), status)
+
+    def refusal_status(self, namespace: str) -> int:
+        """The HTTP status of the last "not provisioned" answer for `namespace` (403: no
+        RoleBinding for the scheduler; 404: no namespace); 403 when none is remembered."""
+        with self._lock:
+            refused = self._unprovisioned.get(namespace)
+        return refused[1] if refused is not None else 403
 
     def forget_refusals(self) -> None:
         """Ask again at once about namespaces that were not provisioned (tests; as after
@@ -179,13 +213,33 @@ class KubernetesProvisioner:
             return namespace
         body = namespace_manifest(namespace, team, run_as_non_root=run_as_non_root)
         core = self._core()
+        # Labels first: the provisioner may patch a bootstrapped namespace (its RoleBinding
+        # there allows `patch` of that namespace only) and nothing else; 404 = none yet.
         try:
-            core.create_namespace(cast(Any, body))
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
             core.patch_namespace(namespace, {"metadata": {
                 "labels": body["metadata"]["labels"]}})
+        except ApiException as exc:
+            if exc.status == 403:
+                raise NamespaceNotBootstrapped(
+                    f"namespace {namespace} is not bootstrapped: the cluster admin applies "
+                    "`manage.py sync_cluster --bootstrap` (docs/kubernetes.md, \"RBAC\")"
+                ) from exc
+            if exc.status != 404:
+                raise
+            try:  # an admin's credentials (FAIRQ_K8S_PROVISION=scheduler, tests)
+                core.create_namespace(cast(Any, body))
+            except ApiException as exc2:
+                if exc2.status == 403:
+                    raise NamespaceNotBootstrapped(
+                        f"namespace {namespace} does not exist and the provisioner may not "
+                        "create it: the cluster admin applies `manage.py sync_cluster "
+                        "--bootstrap` (docs/kubernetes.md, \"RBAC\")") from exc2
+                if exc2.status != 409:
+                    raise
+        if self.provisioner_account is not None:
+            # Kept in step (an admin's sync also binds namespaces made before there was
+            # a provisioner binding; the provisioner itself may: it holds those rights here).
+            self._apply_binding(self._provisioner_binding(namespace))
         if self.scheduler_account is not None:
             self.apply_role_binding(namespace)
         # Ready once its quota is in place (apply_quota marks it known).
@@ -198,14 +252,40 @@ class KubernetesProvisioner:
             self._non_root[namespace] = run_as_non_root
         return namespace
 
+    def _provisioner_binding(self, namespace: str) -> dict[str, Any]:
+        assert self.provisioner_account is not None
+        sa_namespace, sa_name = self.provisioner_account
+        return role_binding_manifest(namespace, service_account=sa_name,
+                                     service_account_namespace=sa_namespace,
+                                     name=PROVISIONER_ROLE_BINDING, role=PROVISIONER_ROLE)
+
+    def bootstrap_manifests(self, teams: Iterable[tuple[str, bool]]) -> list[dict[str, Any]]:
+        """What the cluster admin applies once per team (`manage.py sync_cluster
+        --bootstrap | kubectl apply -f -`) before the provisioner can provision it: the
+        labelled namespace and the provisioner's RoleBinding in it. `teams`: (slug,
+        run_as_non_root) pairs; a slug that makes no valid namespace is skipped."""
+        out: list[dict[str, Any]] = []
+        for team, non_root in teams:
+            try:
+                namespace = namespace_for(team, self.namespace_prefix)
+            except ManifestError:
+                continue
+            out.append(namespace_manifest(namespace, team, run_as_non_root=non_root))
+            if self.provisioner_account is not None:
+                out.append(self._provisioner_binding(namespace))
+        return out
+
     def apply_role_binding(self, namespace: str) -> None:
+        assert self.scheduler_account is not None
+        sa_namespace, sa_name = self.scheduler_account
+        self._apply_binding(role_binding_manifest(namespace, service_account=sa_name,
+                                                  service_account_namespace=sa_namespace))
+
+    def _apply_binding(self, body: dict[str, Any]) -> None:
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
-        assert self.scheduler_account is not None
-        sa_namespace, sa_name = self.scheduler_account
-        body = role_binding_manifest(namespace, service_account=sa_name,
-                                     service_account_namespace=sa_namespace)
+        namespace = body["metadata"]["namespace"]
         rbac = client.RbacAuthorizationV1Api(self._api())
         try:
             rbac.create_namespaced_role_binding(namespace, cast(Any, body))

@@ -69,7 +69,7 @@ from .k8s_api import (
     raw_list,
     spot_tolerations_problem,
 )
-from .k8s_cache import Informer, Obj, key_of
+from .k8s_cache import Informer, NamespacedInformers, Obj, key_of
 from .k8s_manifest import (
     L_REPLICA,
     L_WORKLOAD,
@@ -141,12 +141,15 @@ class KubernetesBackend:
         kick: Callable[[], None] | None = None,
         provision: str = "scheduler",
         scheduler_account: tuple[str, str] | None = None,
+        provisioner_account: tuple[str, str] | None = None,
         owner_key: bytes = b"",
         submit_concurrency: int = 1,
         orphan_pod_grace_seconds: float = 30.0,
         spot_node_labels: Sequence[str] = SPOT_NODE_LABELS,
         spot_termination_taints: Sequence[str] = SPOT_TERMINATION_TAINTS,
         spot_tolerations: Sequence[str] = SPOT_TOLERATIONS,
+        teams: Callable[[], Iterable[str]] | None = None,
+        other_pod_namespaces: Sequence[str] = (),
     ) -> None:
         if provision not in ("scheduler", "separate"):
             raise ValueError(f"provision must be 'scheduler' or 'separate', not {provision!r}")
@@ -157,7 +160,8 @@ class KubernetesBackend:
         self.provision = provision
         self.provisioner = KubernetesProvisioner(
             self._client, namespace_prefix=namespace_prefix,
-            scheduler_account=scheduler_account, team_quota=team_quota)
+            scheduler_account=scheduler_account, team_quota=team_quota,
+            provisioner_account=provisioner_account)
         # Seals the Jobs fairq creates (k8s_manifest.sign_job); from SECRET_KEY in the
         # composition root. Empty (tests, benches) still seals, with a key anyone knows.
         self.owner_key = owner_key
@@ -180,6 +184,13 @@ class KubernetesBackend:
         if problem:
             raise ValueError(problem)
         self.termination_grace_seconds = termination_grace_seconds
+        # Where the worker reads pods, Jobs and events (docs/kubernetes.md, "RBAC"): with
+        # `teams`, in the team namespaces only (one watch per namespace, allowed by the
+        # RoleBinding there), plus `other_pod_namespaces` for other workloads' GPUs;
+        # without (tests, tools with an admin's credentials), cluster-wide.
+        self._teams = teams
+        self.other_pod_namespaces = tuple(other_pod_namespaces)
+        self._namespaces_cache: tuple[float, tuple[str, ...]] | None = None
         self.registry_allowlist = tuple(registry_allowlist)
         self._gpu_types_source = gpu_types
         self._gpu_types_ttl = gpu_types_ttl_seconds
@@ -208,30 +219,75 @@ class KubernetesBackend:
         self.core = client.CoreV1Api(self.api)
         self.batch = client.BatchV1Api(self.api)
         resync_seconds, watch_seconds = self._resync_seconds, self._watch_seconds
-        self.jobs = Informer("jobs", self.batch.list_job_for_all_namespaces,
-                             label_selector=SELECTOR, resync_seconds=resync_seconds,
-                             watch_seconds=watch_seconds, on_change=self._job_changed)
-        self.pods = Informer("pods", self.core.list_pod_for_all_namespaces,
-                             label_selector=SELECTOR, resync_seconds=resync_seconds,
-                             watch_seconds=watch_seconds, on_change=self._pod_changed)
-        # Everyone else's GPUs: non-terminal pods bound to a node, not fairq's.
-        self.other_pods = Informer(
+        timing: dict[str, Any] = {"resync_seconds": resync_seconds,
+                                  "watch_seconds": watch_seconds}
+
+        def watch(name: str, everywhere: Callable[..., Any], namespaced: Callable[..., Any],
+                  namespaces: Callable[[], Iterable[str]], **kw: Any
+                  ) -> Informer | NamespacedInformers:
+            if self._teams is None:
+                return Informer(name, everywhere, **timing, **kw)
+            return NamespacedInformers(name, namespaced, namespaces, **timing, **kw)
+
+        self.jobs = watch("jobs", self.batch.list_job_for_all_namespaces,
+                          self.batch.list_namespaced_job, self.team_namespaces,
+                          label_selector=SELECTOR, on_change=self._job_changed)
+        self.pods = watch("pods", self.core.list_pod_for_all_namespaces,
+                          self.core.list_namespaced_pod, self.team_namespaces,
+                          label_selector=SELECTOR, on_change=self._pod_changed)
+        # Everyone else's GPUs: non-terminal pods bound to a node, not fairq's (in the
+        # team namespaces and `other_pod_namespaces`, unless cluster-wide).
+        self.other_pods = watch(
             "other-pods", self.core.list_pod_for_all_namespaces,
+            self.core.list_namespaced_pod,
+            lambda: (*self.team_namespaces(), *self.other_pod_namespaces),
             label_selector=f"{MANAGED_BY}!=fairq",
-            field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
-            resync_seconds=resync_seconds, watch_seconds=watch_seconds)
-        self.nodes_informer = Informer("nodes", self.core.list_node,
-                                       resync_seconds=resync_seconds,
-                                       watch_seconds=watch_seconds,
+            field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")
+        self.nodes_informer = Informer("nodes", self.core.list_node, **timing,
                                        on_change=self._node_changed)
         self._informers = (self.jobs, self.pods, self.other_pods, self.nodes_informer)
         # The Job controller's FailedCreate events (why a Job has no pods), watched so
         # the cycle never asks per Job. Not waited for: without it (not synced, or not
         # allowed to list events) a Job without pods only shows as waiting, never fails.
-        self.events = Informer(
+        self.events = watch(
             "events", self.core.list_event_for_all_namespaces,
-            field_selector="involvedObject.kind=Job,reason=FailedCreate",
-            resync_seconds=resync_seconds, watch_seconds=watch_seconds)
+            self.core.list_namespaced_event, self.team_namespaces,
+            field_selector="involvedObject.kind=Job,reason=FailedCreate")
+
+    # How long the team list behind `team_namespaces` is believed (a new team's namespace
+    # is watched from its first submit on anyway: `_watch_namespace`).
+    namespaces_ttl_seconds: float = 30.0
+
+    def team_namespaces(self) -> tuple[str, ...]:
+        """fairq's team namespaces (`<prefix><team>` for each team `teams()` names; a slug
+        that makes no valid namespace is skipped); () without `teams`."""
+        if self._teams is None:
+            return ()
+        cached = self._namespaces_cache
+        if cached is not None and time.monotonic() - cached[0] < self.namespaces_ttl_seconds:
+            return cached[1]
+        out: list[str] = []
+        for team in self._teams():
+            try:
+                out.append(namespace_for(team, self.namespace_prefix))
+            except ManifestError:
+                continue
+        self._namespaces_cache = (time.monotonic(), tuple(out))
+        return self._namespaces_cache[1]
+
+    def _watched_namespaces(self) -> tuple[str, ...]:
+        """The namespaces whose fairq Jobs the watches see (None: all of them)."""
+        jobs = self.jobs
+        return tuple(jobs.namespaces()) if isinstance(jobs, NamespacedInformers) else ()
+
+    def _watch_namespace(self, namespace: str) -> None:
+        """Make sure the watches cover `namespace` (about to get a Job), and list it again
+        now if it was refused so far (provisioned since)."""
+        for group in (self.jobs, self.pods, self.other_pods, self.events):
+            if isinstance(group, NamespacedInformers):
+                informer = group.add(namespace)
+                if informer.refused:
+                    informer.wake()
 
     def _after_fork(self) -> None:
         """In a forked child (gunicorn --preload, Celery prefork) start over: a new
@@ -387,9 +443,16 @@ class KubernetesBackend:
         if self.provision == "scheduler":
             self.provisioner.ensure_namespace(spec.team, run_as_non_root=spec.run_as_non_root)
         elif not self.provisioner.namespace_ready(namespace):
+            # A refusal like any other (SubmitRefused): bounded by the service, whether
+            # the namespace was never ready or stopped being ready (its RoleBinding
+            # removed, seen first by a process that never knew it ready).
+            status = self.provisioner.refusal_status(namespace)
             raise NamespaceNotProvisioned(
-                f"namespace {namespace} is not provisioned for fairq yet "
-                "(the provisioner runs `manage.py sync_cluster`)")
+                f"namespace {namespace} is not provisioned for fairq "
+                + ("(no RoleBinding lets fairq-scheduler in; " if status == 403 else
+                   "(it does not exist; ")
+                + "the provisioner runs `manage.py sync_cluster`)", status=status)
+        self._watch_namespace(namespace)
         try:
             created = self._create_job(namespace, body)
         except ApiException as exc:
@@ -404,12 +467,18 @@ class KubernetesBackend:
                 return
             if status in (400, 422):
                 raise SubmitRejected(f"Kubernetes refused the Job: {message}") from exc
+            if status == 403:
+                # An RBAC denial (the scheduler's RoleBinding removed) or a full quota on
+                # Jobs: whether the namespace is still provisioned is asked again before
+                # the team's next admission (`unprovisioned_teams`), so its queued jobs
+                # wait outside the plan instead of being admitted into a refusal.
+                self.provisioner.namespace_gone(namespace, refused=False)
             if status == 404:
                 self.provisioner.namespace_gone(namespace, refused=self.provision == "separate")
                 if self.provision == "separate":
                     raise NamespaceNotProvisioned(
                         f"namespace {namespace} does not exist (the provisioner runs "
-                        "`manage.py sync_cluster`)") from exc
+                        "`manage.py sync_cluster`)", status=404) from exc
             raise KubernetesBackendError(
                 f"creating {spec.name} failed ({status}): {message}") from exc
         except ValueError as exc:  # the client's model validation: our body is malformed
@@ -693,10 +762,28 @@ class KubernetesBackend:
     def _find_namespace(self, name: str) -> str | None:
         """A Job created moments ago, or before this process started, may not be in the
         cache yet: ask the API server."""
-        items = raw_list(self.batch.list_job_for_all_namespaces,
-                          label_selector=f"{L_WORKLOAD}={name}")
+        items = self._list_everywhere(self.batch, "job",
+                                      label_selector=f"{L_WORKLOAD}={name}")
         mine = [i for i in items if self._fairqs(i)]
         return str(mine[0]["metadata"]["namespace"]) if mine else None
+
+    def _list_everywhere(self, api: Any, kind: str, **kwargs: Any) -> list[Obj]:
+        """A list of `kind` ("job", "pod") across the namespaces the watches cover: one
+        namespaced list each (a namespace that refuses, 403, has nothing of fairq's), or
+        one cluster-wide list when the watches are cluster-wide."""
+        from kubernetes.client.exceptions import ApiException
+
+        if self._teams is None:
+            return raw_list(getattr(api, f"list_{kind}_for_all_namespaces"), **kwargs)
+        out: list[Obj] = []
+        for namespace in self._watched_namespaces():
+            try:
+                out.extend(raw_list(getattr(api, f"list_namespaced_{kind}"),
+                                    namespace=namespace, **kwargs))
+            except ApiException as exc:
+                if exc.status not in (403, 404):
+                    raise
+        return out
 
     def _ours(self, meta: Mapping[str, Any]) -> bool:
         """In one of this fairq's team namespaces (the prefix tells fairq instances apart)."""
@@ -1011,9 +1098,14 @@ class KubernetesBackend:
         from kubernetes.client.exceptions import ApiException
 
         self._after_fork()
+        namespace = self._namespace_of(name)
         try:
-            pods = raw_list(self.core.list_pod_for_all_namespaces,
-                             label_selector=f"{L_WORKLOAD}={name}")
+            if namespace is not None:
+                pods = raw_list(self.core.list_namespaced_pod, namespace=namespace,
+                                label_selector=f"{L_WORKLOAD}={name}")
+            else:
+                pods = self._list_everywhere(self.core, "pod",
+                                             label_selector=f"{L_WORKLOAD}={name}")
         except ApiException as exc:
             status, message = api_error(exc)
             return f"[fairq] cannot list the pods of {name} ({status}): {message}"
@@ -1126,7 +1218,7 @@ class KubernetesBackend:
                         ", ".join(hit))
 
     def _poke(self) -> None:
-        if self._kick is not None and all(i.synced.is_set() for i in self._informers):
+        if self._kick is not None and all(i.ready() for i in self._informers):
             try:
                 self._kick()
             except Exception:  # a watch thread must go on watching

@@ -19,6 +19,7 @@ from accounts.models import Team
 from queueing.backends.k8s_manifest import QUOTA_NAME, GpuTypeRef, ManifestError, namespace_for
 from queueing.backends.k8s_provisioner import (
     KubernetesProvisioner,
+    NamespaceNotBootstrapped,
     PriorityClassSpec,
     sync_failure,
 )
@@ -53,6 +54,11 @@ def gpu_type_refs() -> list[GpuTypeRef]:
                            for lv in (g.topology_levels or ())
                            if isinstance(lv, dict) and {"name", "node_label"} <= set(lv)))
             for g in GpuType.objects.all()]
+
+
+def team_slugs() -> list[str]:
+    """Every team's slug: the worker watches their namespaces (docs/kubernetes.md, "RBAC")."""
+    return list(Team.objects.order_by("slug").values_list("slug", flat=True))
 
 
 def team_gpu_limits(team: str) -> dict[str, int]:
@@ -93,11 +99,17 @@ def sync_cluster(provisioner: KubernetesProvisioner) -> dict[str, Any]:
     report: dict[str, Any] = dict(provisioner.sync_priority_classes(priority_class_specs()))
     failed: list[dict[str, Any]] = report.setdefault("failed", [])
     report["namespaces"] = []
+    # Teams whose namespace the cluster admin has not bootstrapped yet (`bootstrap`):
+    # listed, not failures (the provisioner may not make them; docs/kubernetes.md, "RBAC").
+    report["not_bootstrapped"] = []
     for slug, non_root in Team.objects.order_by("slug").values_list("slug", "run_as_non_root"):
         namespace = f"{provisioner.namespace_prefix}{slug}"
         try:
             namespace = provisioner.ensure_namespace(slug, force=True, quota=False,
                                                      run_as_non_root=non_root)
+        except NamespaceNotBootstrapped:
+            report["not_bootstrapped"].append(namespace)
+            continue
         except Exception as exc:
             failed.append(sync_failure("Namespace", namespace, exc))
             continue
@@ -109,6 +121,16 @@ def sync_cluster(provisioner: KubernetesProvisioner) -> dict[str, Any]:
         except Exception as exc:
             failed.append(sync_failure("ResourceQuota", f"{namespace}/{QUOTA_NAME}", exc))
     return report
+
+
+def bootstrap(provisioner: KubernetesProvisioner) -> dict[str, Any]:
+    """What the cluster admin applies (`manage.py sync_cluster --bootstrap | kubectl apply
+    -f -`, with the admin's own rights) before the provisioner can provision a team: each
+    team's labelled namespace and the provisioner's RoleBinding in it, as one `List`.
+    Applying it again is harmless (the same objects)."""
+    teams = Team.objects.order_by("slug").values_list("slug", "run_as_non_root")
+    return {"apiVersion": "v1", "kind": "List",
+            "items": provisioner.bootstrap_manifests(list(teams))}
 
 
 def sync_quotas(provisioner: KubernetesProvisioner) -> dict[str, Any]:

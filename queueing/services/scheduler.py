@@ -77,6 +77,7 @@ from queueing.backends.base import (
     ClusterBackend,
     LaunchSpec,
     Phase,
+    SubmitRefused,
     SubmitRejected,
     SubmitRequeue,
     WorkloadStatus,
@@ -945,7 +946,9 @@ def submit_failed(*, job: Job, error: Exception, now: datetime, result: CycleRes
     """What one failed create means for its job (the one place that classifies it):
 
     - SubmitRejected (400/422, an invalid spec): the job FAILS with the reason.
-    - a refusal (403: an exhausted namespace quota on Jobs, an RBAC denial): the job stays
+    - a refusal (403: an exhausted namespace quota on Jobs, an RBAC denial; or what the
+      backend reports as one, `SubmitRefused`: a team namespace not or no longer
+      provisioned, whatever the process knew of it before): the job stays
       ADMITTED showing why (its message, an event per distinct error, the metric
       `fairq_k8s_submit_errors_total{code}`); once the refusals have lasted
       FAIRQ_K8S_SUBMIT_REFUSED_SECONDS it FAILS, giving its GPUs back.
@@ -965,7 +968,7 @@ def submit_failed(*, job: Job, error: Exception, now: datetime, result: CycleRes
     code = submit_error_code(error)
     label = str(code) if code else "none"
     record_submit_error(label)
-    refusal = code in REFUSALS
+    refusal = code in REFUSALS or isinstance(error, SubmitRefused)
     log.warning("cycle %s: submit of %s failed (%s), retrying next cycle: %s",
                 result.cycle_id, job.backend_name, label, clean_text(text, max_length=300))
     reason = clean_text(f"{WAITING}Kubernetes {'refused' if refusal else 'did not take'} "

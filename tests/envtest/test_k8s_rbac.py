@@ -1,8 +1,11 @@
-"""platform/k8s/base/rbac.yaml is enough, and no more than enough: the provisioner account
-makes priority classes and a team namespace (quota, the scheduler's RoleBinding); the
+"""platform/k8s/base/rbac.yaml is enough, and no more than enough: the cluster admin
+bootstraps a team namespace (`sync_cluster --bootstrap`), the provisioner account makes
+priority classes and provisions it (labels, quota, the scheduler's RoleBinding); the
 fairq-scheduler account then runs a job's whole life there (submit, watch, capacity, logs,
-stop) and nothing outside fairq's namespaces; the fairq-web account may do nothing at all
-(SubjectAccessReviews asked of the API server, so each test can fail both ways).
+stop), reading pods, Jobs and events in fairq's namespaces only; the provisioner can
+touch nothing outside them (no kube-system labels, RoleBindings or quotas, no deleting
+PriorityClasses); the fairq-web account may do nothing at all (SubjectAccessReviews and
+server-side dry runs asked of the API server, so each test can fail both ways).
 
 The envtest API server authorizes with RBAC; the admin impersonates the service
 accounts. No database.
@@ -43,6 +46,8 @@ def _apply(api: Any, doc: dict[str, Any]) -> None:
             doc["metadata"]["namespace"], doc),
         "ClusterRole": lambda: rbac.create_cluster_role(doc),
         "ClusterRoleBinding": lambda: rbac.create_cluster_role_binding(doc),
+        "RoleBinding": lambda: rbac.create_namespaced_role_binding(
+            doc["metadata"]["namespace"], doc),
     }
     try:
         create[kind]()
@@ -60,6 +65,20 @@ def rbac_applied(k8s_api_client: Any) -> None:
     for doc in yaml.safe_load_all(RBAC.read_text()):
         if doc:
             _apply(k8s_api_client, doc)
+
+
+PROVISIONER_ACCOUNT = ("fairq-system", "fairq-provisioner")
+
+
+def bootstrap(admin: Any, prefix: str, team: str = "team") -> None:
+    """What the cluster admin applies once per team (`manage.py sync_cluster --bootstrap |
+    kubectl apply -f -`): the namespace and the provisioner's RoleBinding in it."""
+    from queueing.backends.k8s_provisioner import KubernetesProvisioner
+
+    provisioner = KubernetesProvisioner(lambda: admin, namespace_prefix=prefix,
+                                        provisioner_account=PROVISIONER_ACCOUNT)
+    for doc in provisioner.bootstrap_manifests([(team, True)]):
+        _apply(admin, doc)
 
 
 def backend_as(cp: Any, account: str, prefix: str, **kwargs: Any) -> Any:
@@ -112,12 +131,15 @@ def test_the_scheduler_account_can_run_a_jobs_whole_life(
     rbac_applied: None, k8s_control_plane: Any, k8s_api_client: Any, prefix: str,
 ) -> None:
     from queueing.backends.base import Phase
-    from queueing.backends.k8s_provisioner import PriorityClassSpec
+    from queueing.backends.k8s_provisioner import NamespaceNotBootstrapped, PriorityClassSpec
     from queueing.backends.kubernetes import NamespaceNotProvisioned
 
     provisioner = backend_as(k8s_control_plane, "fairq-provisioner", prefix,
-                             scheduler_account=("fairq-system", "fairq-scheduler"))
-    backend = backend_as(k8s_control_plane, "fairq-scheduler", prefix, provision="separate")
+                             scheduler_account=("fairq-system", "fairq-scheduler"),
+                             provisioner_account=PROVISIONER_ACCOUNT)
+    # The worker as deployed: watches in the team namespaces only.
+    backend = backend_as(k8s_control_plane, "fairq-scheduler", prefix, provision="separate",
+                         teams=lambda: ["team"])
     try:
         sched = client.SchedulingV1Api(k8s_api_client)
         # Keep every fairq class as it is (other tests use them) and add one, then change it.
@@ -128,17 +150,28 @@ def test_the_scheduler_account_can_run_a_jobs_whole_life(
         mine = f"rbac-{prefix.rstrip('-')}"
         assert mine in provisioner.provisioner.sync_priority_classes(
             [*keep, PriorityClassSpec(mine, 7, "Never", "rbac")])["created"]
+        # A changed value needs the class deleted: the provisioner may not (RBAC cannot
+        # tell fairq's classes from others'); the cluster admin deletes it, the
+        # provisioner makes it again.
+        report = provisioner.provisioner.sync_priority_classes(
+            [*keep, PriorityClassSpec(mine, 8, "Never", "rbac")])
+        assert [(f["name"], f["status"]) for f in report["failed"]] == [(mine, 403)]
+        sched.delete_priority_class(mine)
         assert mine in provisioner.provisioner.sync_priority_classes(
-            [*keep, PriorityClassSpec(mine, 8, "Never", "rbac")])["replaced"]
+            [*keep, PriorityClassSpec(mine, 8, "Never", "rbac")])["created"]
+        assert sched.read_priority_class(mine).value == 8
 
         name = f"fq-{800000 + int(uuid.uuid4().int % 1000)}-1"
         # Not provisioned yet: the scheduler says so, creates nothing, and cannot provision.
         assert backend.unprovisioned_teams(["team"]) == {"team"}
         with pytest.raises(NamespaceNotProvisioned, match="not provisioned"):
             backend.submit(launch(name), now=datetime.now(UTC))
-        with pytest.raises(ApiException) as denied:
+        with pytest.raises(NamespaceNotBootstrapped):
             backend.provisioner.ensure_namespace("team")
-        assert denied.value.status == 403
+        # Nor can the provisioner before the cluster admin bootstrapped the team.
+        with pytest.raises(NamespaceNotBootstrapped, match="--bootstrap"):
+            provisioner.provisioner.ensure_namespace("team")
+        bootstrap(k8s_api_client, prefix)
 
         assert provisioner.provisioner.ensure_namespace("team") == f"{prefix}team"
         # Patch labels, replace quota and binding.
@@ -228,13 +261,16 @@ def _allowed(api: Any, user: str, verb: str, resource: str, *, group: str = "",
 
 @pytest.fixture
 def provisioned(rbac_applied: None, k8s_api_client: Any, prefix: str) -> str:
-    """A team namespace as the provisioner makes it (`sync_cluster` as fairq-provisioner)."""
+    """A team namespace as the provisioner makes it (`sync_cluster` as fairq-provisioner),
+    once the cluster admin bootstrapped it."""
     from queueing.backends.kubernetes import KubernetesBackend
 
+    bootstrap(k8s_api_client, prefix)
     api = api_client_from_sa(k8s_api_client, "fairq-provisioner")
     provisioner = KubernetesBackend(api, namespace_prefix=prefix,
                                     team_quota=lambda team: {"nvidia.com/gpu": 16},
-                                    scheduler_account=("fairq-system", "fairq-scheduler"))
+                                    scheduler_account=("fairq-system", "fairq-scheduler"),
+                                    provisioner_account=PROVISIONER_ACCOUNT)
     try:
         return provisioner.provisioner.ensure_namespace("team", force=True)
     finally:
@@ -329,11 +365,13 @@ def test_the_scheduler_may_do_what_it_needs_in_a_provisioned_team_namespace(
              ("create", "", "services", "", provisioned),
              ("delete", "", "services", "", provisioned),
              ("get", "", "services", "", provisioned),
-             # The watch cache, cluster-wide reads only (events: FailedCreate, 11.1).
-             ("list", "", "events", "", ""), ("watch", "", "events", "", ""),
+             # The watch cache: nodes cluster-wide; pods, Jobs and events (FailedCreate,
+             # 11.1) in the team namespace.
              ("list", "", "nodes", "", ""), ("watch", "", "nodes", "", ""),
-             ("list", "", "pods", "", ""), ("watch", "", "pods", "", ""),
-             ("list", "batch", "jobs", "", ""), ("watch", "batch", "jobs", "", "")]
+             ("list", "", "events", "", provisioned), ("watch", "", "events", "", provisioned),
+             ("list", "", "pods", "", provisioned), ("watch", "", "pods", "", provisioned),
+             ("list", "batch", "jobs", "", provisioned),
+             ("watch", "batch", "jobs", "", provisioned)]
     # The API server's RBAC authorizer learns of the new RoleBinding through its own watch:
     # on a loaded machine that takes a moment, so ask again for a few seconds.
     deadline = time.monotonic() + 15
@@ -379,4 +417,128 @@ def test_the_scheduler_cannot_mount_kube_systems_secrets_through_a_job(
         made = batch.create_namespaced_job(provisioned, job_in(provisioned), dry_run="All")
         assert made.metadata.namespace == provisioned
     finally:
+        api.close()
+
+
+# --- what the worker reads, and what the provisioner may touch ------------------------------
+
+PROV = "system:serviceaccount:fairq-system:fairq-provisioner"
+
+
+def _eventually(check: Callable[[], list[Any]]) -> list[Any]:
+    """`check()` until it finds nothing wrong, for up to 15 s: the API server's RBAC
+    authorizer learns of a new RoleBinding through its own watch."""
+    deadline = time.monotonic() + 15
+    while (wrong := check()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return wrong
+
+
+def test_the_scheduler_reads_pods_jobs_and_events_in_fairqs_namespaces_only(
+    provisioned: str, k8s_api_client: Any,
+) -> None:
+    """The worker used to list every pod cluster-wide (other tenants' env values with
+    them). Now: no cluster-wide or other-namespace list or watch of pods, Jobs or events,
+    asked of the API server and tried for real; the team namespace's are allowed."""
+    outside = [(verb, group, resource, ns)
+               for verb in ("list", "watch", "get")
+               for group, resource in (("", "pods"), ("batch", "jobs"), ("", "events"))
+               for ns in ("", "kube-system", "default", "fairq-system")]
+    assert [a for a in outside if _allowed(k8s_api_client, SCHED, a[0], a[2], group=a[1],
+                                           namespace=a[3])] == []
+    inside = [(verb, group, resource) for verb in ("list", "watch")
+              for group, resource in (("", "pods"), ("batch", "jobs"), ("", "events"))]
+    assert _eventually(lambda: [a for a in inside if not _allowed(
+        k8s_api_client, SCHED, a[0], a[2], group=a[1], namespace=provisioned)]) == []
+
+    api = api_client_from_sa(k8s_api_client, "fairq-scheduler")
+    core = client.CoreV1Api(api)
+    try:
+        for call in (lambda: core.list_pod_for_all_namespaces(),
+                     lambda: core.list_namespaced_pod("kube-system"),
+                     lambda: core.list_namespaced_pod("default")):
+            with pytest.raises(ApiException) as denied:
+                call()
+            assert denied.value.status == 403
+        assert core.list_namespaced_pod(provisioned).items == []
+    finally:
+        api.close()
+
+
+def test_the_provisioner_can_do_none_of_the_four_dry_runs_but_provisions_a_team(
+    provisioned: str, k8s_api_client: Any,
+) -> None:
+    """Server-side dry runs sent as fairq-provisioner, each accepted before: relabelling
+    kube-system to Pod Security `privileged`, a RoleBinding in kube-system, a zero-pod
+    ResourceQuota in kube-system, deleting a PriorityClass fairq did not make. All four
+    are refused (403); the same kinds of objects in the provisioned team namespace, and
+    a new PriorityClass, are accepted (so the refusals are RBAC's)."""
+    api = api_client_from_sa(k8s_api_client, "fairq-provisioner")
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    sched = client.SchedulingV1Api(api)
+    theirs = f"not-fairq-{uuid.uuid4().hex[:6]}"
+    client.SchedulingV1Api(k8s_api_client).create_priority_class(
+        {"metadata": {"name": theirs}, "value": 5})
+
+    def binding(namespace: str) -> dict[str, Any]:
+        return {"metadata": {"name": "x", "namespace": namespace},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "fairq-team-workloads"},
+                "subjects": [{"kind": "ServiceAccount", "name": "default",
+                              "namespace": "kube-system"}]}
+
+    def quota(namespace: str) -> dict[str, Any]:
+        return {"metadata": {"name": "zero", "namespace": namespace},
+                "spec": {"hard": {"pods": "0"}}}
+
+    privileged = {"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "privileged"}}}
+    try:
+        refused = {
+            "relabel kube-system": lambda: core.patch_namespace(
+                "kube-system", privileged, dry_run="All"),
+            "RoleBinding in kube-system": lambda: rbac.create_namespaced_role_binding(
+                "kube-system", binding("kube-system"), dry_run="All"),
+            "zero-pod quota in kube-system": lambda: core.create_namespaced_resource_quota(
+                "kube-system", quota("kube-system"), dry_run="All"),
+            "delete a PriorityClass not fairq's": lambda: sched.delete_priority_class(
+                theirs, dry_run="All"),
+        }
+        answers = {}
+        for what, call in refused.items():
+            try:
+                call()
+                answers[what] = 200  # accepted
+            except ApiException as exc:
+                answers[what] = exc.status
+        assert answers == dict.fromkeys(refused, 403)
+        # What it needs, in the team namespace (the cluster admin bootstrapped it).
+        wrong: list[str] = []
+
+        def needs() -> list[str]:
+            wrong.clear()
+            for what, call in {
+                "its labels": lambda: core.patch_namespace(provisioned, {"metadata": {
+                    "labels": {"pod-security.kubernetes.io/enforce": "baseline"}}},
+                    dry_run="All"),
+                "a quota": lambda: core.create_namespaced_resource_quota(
+                    provisioned, quota(provisioned), dry_run="All"),
+                "the scheduler's RoleBinding": lambda: rbac.create_namespaced_role_binding(
+                    provisioned, binding(provisioned), dry_run="All"),
+                "a PriorityClass": lambda: sched.create_priority_class(
+                    {"metadata": {"name": f"{theirs}-2"}, "value": 6}, dry_run="All"),
+            }.items():
+                try:
+                    call()
+                except ApiException as exc:
+                    wrong.append(f"{what}: {exc.status}")
+            return list(wrong)
+
+        assert _eventually(needs) == []
+        # Nor a namespace of its own making (any name: kube-foo as well as a team's).
+        with pytest.raises(ApiException) as denied:
+            core.create_namespace({"metadata": {"name": f"{provisioned}-x"}}, dry_run="All")
+        assert denied.value.status == 403
+    finally:
+        client.SchedulingV1Api(k8s_api_client).delete_priority_class(theirs)
         api.close()

@@ -3,7 +3,13 @@ for the teams, on every Kubernetes cluster fairq schedules onto (the enabled `Cl
 rows of kind kubernetes, or the one cluster of settings; `--cluster NAME` for one).
 Idempotent. Prints the report (JSON, per cluster when there are rows); exits non-zero,
 naming them, when an object failed or a PriorityClass name is taken by a class fairq did
-not create (the other objects and clusters are synced anyway)."""
+not create (the other objects and clusters are synced anyway). Team namespaces the
+cluster admin has not bootstrapped are listed (`not_bootstrapped`), not failures.
+
+`--bootstrap` prints, instead, what the cluster admin applies once per new team with
+the admin's own rights (`... sync_cluster --bootstrap | kubectl apply -f -`): each team's
+namespace and the provisioner's RoleBinding in it (docs/kubernetes.md, "RBAC"). It reads
+the database only; it needs `--cluster` when there are several clusters."""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from queueing.services.provisioning import cluster_provisioners, sync_cluster
+from queueing.services.provisioning import bootstrap, cluster_provisioners, sync_cluster
 
 
 class Command(BaseCommand):
@@ -21,6 +27,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--cluster", default="",
                             help="Only this cluster (a Cluster row's name).")
+        parser.add_argument("--bootstrap", action="store_true",
+                            help="Print the team namespaces and the provisioner's "
+                                 "RoleBindings for the cluster admin to apply "
+                                 "(kubectl apply -f -); change nothing.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         targets = cluster_provisioners()
@@ -32,6 +42,11 @@ class Command(BaseCommand):
             if not targets:
                 raise CommandError(f"no enabled Kubernetes cluster named "
                                    f"{options['cluster']!r}")
+        if options["bootstrap"]:
+            if len(targets) > 1:
+                raise CommandError("several Kubernetes clusters: name one with --cluster")
+            self.stdout.write(json.dumps(bootstrap(targets[0][1]), indent=2, sort_keys=True))
+            return
         reports: dict[str, Any] = {}
         problems: list[str] = []
         for name, provisioner in targets:
@@ -45,5 +60,9 @@ class Command(BaseCommand):
                                 "these names: " + ", ".join(report["conflicts"]))
         shown = reports[""] if list(reports) == [""] else reports
         self.stdout.write(json.dumps(shown, indent=2, sort_keys=True))
+        waiting = sorted({ns for r in reports.values() for ns in r.get("not_bootstrapped", ())})
+        if waiting:
+            self.stderr.write("team namespaces not bootstrapped (the cluster admin applies "
+                              "`manage.py sync_cluster --bootstrap`): " + ", ".join(waiting))
         if problems:
             raise CommandError("sync_cluster did not sync everything:\n" + "\n".join(problems))
