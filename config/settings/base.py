@@ -715,12 +715,17 @@ if (len(FAIRQ_WEBHOOK_RETRY_SECONDS) > 20
 if not 0 < FAIRQ_WEBHOOK_TIMEOUT_SECONDS <= 60 or FAIRQ_WEBHOOK_SWEEP_SECONDS <= 0:
     raise environ.ImproperlyConfigured(
         "FAIRQ_WEBHOOK_TIMEOUT_SECONDS must be in (0, 60] and FAIRQ_WEBHOOK_SWEEP_SECONDS > 0")
-# The Celery queue of the webhook tasks ("": the default queue). A queue of their own,
-# served by its own worker (`celery worker -Q webhooks`), keeps slow receivers from
-# delaying scheduler cycles; the demo serves it with a second in-process consumer.
-FAIRQ_WEBHOOK_QUEUE = env("FAIRQ_WEBHOOK_QUEUE", default="")
-if FAIRQ_WEBHOOK_QUEUE:
-    CELERY_TASK_ROUTES = {"queueing.tasks.webhook*": {"queue": FAIRQ_WEBHOOK_QUEUE}}
+# The Celery queue of the webhook tasks: always a queue of their own, served by a worker
+# of its own (`celery worker -Q webhooks`; docker-compose's `webhooks`, the Kustomize
+# base's fairq-webhooks, the demo's second in-process consumer), so a slow receiver never
+# holds a worker the scheduler cycle needs (docs/webhooks.md). The cycle's workers serve
+# CELERY_TASK_DEFAULT_QUEUE only (`-Q celery`).
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+FAIRQ_WEBHOOK_QUEUE = env("FAIRQ_WEBHOOK_QUEUE", default="webhooks")
+if not FAIRQ_WEBHOOK_QUEUE or FAIRQ_WEBHOOK_QUEUE == CELERY_TASK_DEFAULT_QUEUE:
+    raise environ.ImproperlyConfigured(
+        "FAIRQ_WEBHOOK_QUEUE must name a queue other than the scheduler's (celery)")
+CELERY_TASK_ROUTES = {"queueing.tasks.webhook*": {"queue": FAIRQ_WEBHOOK_QUEUE}}
 # Finished deliveries and their tries are kept this many days (0: for ever).
 FAIRQ_WEBHOOK_LOG_RETENTION_DAYS = env.float("FAIRQ_WEBHOOK_LOG_RETENTION_DAYS", default=30.0)
 if FAIRQ_WEBHOOK_LOG_RETENTION_DAYS < 0:
