@@ -42,8 +42,9 @@ def _incr(key: str, by: int = 1) -> None:
 
 def record_cycle(result: Any) -> None:
     """Count one scheduler cycle of `result.timings["total"]` seconds that completed,
-    the jobs it had to isolate, and when it ended (wall clock: the health check compares
-    it with the web's clock). Never raises: a metrics hiccup must not fail a cycle."""
+    the jobs it had to isolate, when it ended (wall clock: the health check compares it
+    with the web's clock) and how long after the previous successful one. Never raises:
+    a metrics hiccup must not fail a cycle."""
     try:
         if not getattr(result, "ran", True):
             _incr(f"{CYCLE_PREFIX}skipped")
@@ -60,8 +61,14 @@ def record_cycle(result: Any) -> None:
         admitted = list(getattr(result, "admitted", []) or [])
         if admitted:
             record_queue_waits(admitted)
+        # The gap since the previous successful cycle: /healthz/scheduler says "behind"
+        # when cycles come further apart than FAIRQ_SCHEDULER_BEHIND_CYCLES intervals.
+        now = time.time()
+        previous = cache.get(f"{CYCLE_PREFIX}last_success")
+        gap = {} if previous is None else {f"{CYCLE_PREFIX}last_gap": max(0.0, now - float(previous))}
         cache.set_many({f"{CYCLE_PREFIX}last": seconds,
-                        f"{CYCLE_PREFIX}last_success": time.time(),
+                        **gap,
+                        f"{CYCLE_PREFIX}last_success": now,
                         f"{CYCLE_PREFIX}last_success_id": str(getattr(result, "cycle_id", ""))},
                        timeout=_CACHE_TIMEOUT)
     except Exception:  # pragma: no cover - the cache backend failed
