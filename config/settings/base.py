@@ -332,6 +332,12 @@ CELERY_BEAT_SCHEDULE["job-logs-prune"] = {
 # FAIRQ_PUBLIC_URL is the dashboard's address the messages link to.
 FAIRQ_NOTICE_EMAILS = env.bool("FAIRQ_NOTICE_EMAILS", default=True)
 FAIRQ_PUBLIC_URL = env("FAIRQ_PUBLIC_URL", default="")
+if FAIRQ_PUBLIC_URL and not (
+        FAIRQ_PUBLIC_URL.startswith(("http://", "https://"))
+        and FAIRQ_PUBLIC_URL.split("://", 1)[1].split("/", 1)[0]
+        and not any(c in FAIRQ_PUBLIC_URL for c in "?# ")):
+    raise environ.ImproperlyConfigured(
+        "FAIRQ_PUBLIC_URL must be an absolute http(s) URL such as https://fairq.example.com")
 vars().update(env.email_url("EMAIL_URL", default="consolemail://"))
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="fairq <fairq@localhost>")
 # The cluster view (nodes, free GPUs, live workloads) the worker publishes each cycle for
@@ -733,6 +739,28 @@ if not FAIRQ_WEBHOOK_QUEUE or FAIRQ_WEBHOOK_QUEUE == CELERY_TASK_DEFAULT_QUEUE:
     raise environ.ImproperlyConfigured(
         "FAIRQ_WEBHOOK_QUEUE must name a queue other than the scheduler's (celery)")
 CELERY_TASK_ROUTES = {"queueing.tasks.webhook*": {"queue": FAIRQ_WEBHOOK_QUEUE}}
+# The keys that encrypt the signing secrets of webhook endpoints and teams' notify URLs at
+# rest (queueing/sealing.py, docs/webhooks.md): Fernet keys, comma-separated; the first
+# encrypts, all decrypt (rotation: put a new key first, run `manage.py
+# reencrypt_webhook_secrets`, then drop the old one). Empty: a key derived from
+# DJANGO_SECRET_KEY (`check --deploy` warns: changing DJANGO_SECRET_KEY would lose them).
+# New key: python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())"
+FAIRQ_WEBHOOK_SECRET_KEYS = env.list("FAIRQ_WEBHOOK_SECRET_KEYS", default=[])
+
+
+def _check_secret_keys() -> None:
+    from cryptography.fernet import Fernet
+
+    for key in FAIRQ_WEBHOOK_SECRET_KEYS:
+        try:
+            Fernet(key.encode())
+        except ValueError as exc:
+            raise environ.ImproperlyConfigured(
+                "FAIRQ_WEBHOOK_SECRET_KEYS: each key is 32 url-safe base64-encoded bytes "
+                "(Fernet.generate_key())") from exc
+
+
+_check_secret_keys()
 # Finished deliveries and their tries are kept this many days (0: for ever).
 FAIRQ_WEBHOOK_LOG_RETENTION_DAYS = env.float("FAIRQ_WEBHOOK_LOG_RETENTION_DAYS", default=30.0)
 if FAIRQ_WEBHOOK_LOG_RETENTION_DAYS < 0:

@@ -59,6 +59,7 @@ from queueing.models import (
     WebhookEndpoint,
 )
 from queueing.sanitize import clean_text
+from queueing.sealing import reseal, seal, unseal
 
 from .access import check_team_admin
 
@@ -149,7 +150,7 @@ def webhook_endpoint_create(
         description=clean_text(description, max_length=200),
         enabled=enabled,
         event_types=_event_types_checked(event_types),
-        secret=secret,
+        secret=seal(secret),
         secret_rotated_at=now,
         created_at=now,
         updated_at=now,
@@ -214,7 +215,8 @@ def webhook_secret_rotate(
         check_team_admin(actor=actor, team=endpoint.team)
     now = now or timezone.now()
     row = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
-    row.secret = secret_new()
+    secret = secret_new()
+    row.secret = seal(secret)
     row.secret_rotated_at = row.updated_at = now
     row.save(update_fields=["secret", "secret_rotated_at", "updated_at"])
     audit_record(
@@ -223,7 +225,7 @@ def webhook_secret_rotate(
         instance=row,
         changes={"secret": ["***", "***"], "secret_rotated_at": [None, now.isoformat()]},
     )
-    return EndpointWithSecret(endpoint=row, secret=row.secret)
+    return EndpointWithSecret(endpoint=row, secret=secret)
 
 
 @transaction.atomic
@@ -237,7 +239,8 @@ def team_notify_secret_rotate(*, actor: Any, team: Team, now: datetime | None = 
     created = row is None
     if row is None:
         row = TeamNotifySecret(team=team)
-    row.secret, row.rotated_at = secret_new(), now
+    secret = secret_new()
+    row.secret, row.rotated_at = seal(secret), now
     row.save()
     audit_record(
         actor=actor,
@@ -245,7 +248,7 @@ def team_notify_secret_rotate(*, actor: Any, team: Team, now: datetime | None = 
         instance=row,
         changes={"secret": [None if created else "***", "***"], "rotated_at": [None, now.isoformat()]},
     )
-    return row.secret
+    return secret
 
 
 def notify_url_problem(*, team: Team, url: str) -> str | None:
@@ -327,9 +330,12 @@ def webhooks_dispatch_soon(event_ids: list[int]) -> None:
 # --- step 2: deliveries --------------------------------------------------------------
 
 
-def job_url(job_id: int) -> str:
+def job_url(job_id: int) -> str | None:
+    """The job's page as an absolute URL, from FAIRQ_PUBLIC_URL; None when that is unset (a
+    receiver must never resolve a relative URL against its own host; `check --deploy`
+    warns, fairq.W011)."""
     base = settings.FAIRQ_PUBLIC_URL.rstrip("/")
-    return f"{base}/jobs/{job_id}/" if base else f"/jobs/{job_id}/"
+    return f"{base}/jobs/{job_id}/" if base else None
 
 
 def event_payload(event: JobEvent, job: Job) -> dict[str, Any]:
@@ -613,9 +619,31 @@ def http_post(url: str, body: bytes, headers: dict[str, str], timeout: float) ->
 
 
 def _secret_of(delivery: WebhookDelivery) -> str | None:
+    """The signing secret of the delivery's target, in clear (stored encrypted)."""
     if delivery.endpoint_id is not None:
-        return delivery.endpoint.secret if delivery.endpoint is not None else None
-    return TeamNotifySecret.objects.filter(team_id=delivery.team_id).values_list("secret", flat=True).first()
+        stored = delivery.endpoint.secret if delivery.endpoint is not None else None
+    else:
+        stored = (TeamNotifySecret.objects.filter(team_id=delivery.team_id)
+                  .values_list("secret", flat=True).first())
+    return None if stored is None else unseal(stored)
+
+
+def webhook_secrets_reencrypt() -> int:
+    """Re-encrypt every stored signing secret (endpoints' and notify secrets) with the
+    first key of FAIRQ_WEBHOOK_SECRET_KEYS, sealing any still in clear; returns how many
+    rows were rewritten. Each row in its own short transaction, locked while rewritten;
+    SealError (nothing more rewritten) when a row opens with none of the keys."""
+    done = 0
+    for model in (WebhookEndpoint, TeamNotifySecret):
+        for pk in model.objects.order_by("pk").values_list("pk", flat=True):
+            with transaction.atomic():
+                row = model.objects.select_for_update().filter(pk=pk).first()
+                if row is None:
+                    continue
+                row.secret = reseal(row.secret)
+                row.save(update_fields=["secret"])
+                done += 1
+    return done
 
 
 def signed_request(*, delivery: WebhookDelivery, secret: str, now: datetime) -> tuple[bytes, dict[str, str]]:
