@@ -190,9 +190,10 @@ if FAIRQ_CYCLE_INTERVAL_SECONDS <= 0:
 FAIRQ_SCHEDULER_STALE_CYCLES = env.float("FAIRQ_SCHEDULER_STALE_CYCLES", default=20.0)
 if FAIRQ_SCHEDULER_STALE_CYCLES < 2:
     raise environ.ImproperlyConfigured("FAIRQ_SCHEDULER_STALE_CYCLES must be >= 2")
-# ... and "behind" (also 503) when its last successful cycle, or the gap between its last
-# two, is older than this many intervals (15 s at the default 3 s): cycles that still
-# succeed, but now and then instead of every interval (a worker busy with other work).
+# ... and "behind" (also 503) when its last successful cycle, or a gap between two
+# successful cycles within that stale window, is longer than this many intervals (15 s at
+# the default 3 s): cycles that still succeed, but now and then instead of every interval
+# (a worker busy with other work).
 FAIRQ_SCHEDULER_BEHIND_CYCLES = env.float("FAIRQ_SCHEDULER_BEHIND_CYCLES", default=5.0)
 if not 2 <= FAIRQ_SCHEDULER_BEHIND_CYCLES <= FAIRQ_SCHEDULER_STALE_CYCLES:
     raise environ.ImproperlyConfigured(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from itertools import pairwise
 from typing import Any
 
 from django.conf import settings
@@ -158,15 +159,17 @@ def scheduler_health(*, now: float | None = None) -> dict[str, Any]:
     """The scheduler as the web sees it through the shared cache. `status` is "stale"
     when no successful cycle ended in the last `scheduler_stale_after_seconds()` (or none
     is recorded), "behind" when cycles fall behind their interval: the last success, or
-    the gap between the last two, is older than `scheduler_behind_after_seconds()` (a
-    worker busy with something else runs a cycle now and then, not every interval);
-    else "ok". `healthy` is True only for "ok"."""
+    any gap between two successes within the stale window, is longer than
+    `scheduler_behind_after_seconds()` (a worker busy with other work runs cycles now and
+    then, a few at once, not every interval: one long pause keeps it "behind" for the
+    window); else "ok". `healthy` is True only for "ok"."""
     now = time.time() if now is None else now
     limit = scheduler_stale_after_seconds()
     behind = scheduler_behind_after_seconds()
     try:
         values = cache.get_many([f"{CYCLE_PREFIX}{k}" for k in (
-            "last_success", "last_success_id", "last_failure", "last_failure_id", "last_gap")])
+            "last_success", "last_success_id", "last_failure", "last_failure_id",
+            "recent_successes")])
     except Exception:
         log.exception("could not read the scheduler's health from the cache")
         values = {}
@@ -175,8 +178,11 @@ def scheduler_health(*, now: float | None = None) -> dict[str, Any]:
         value = values.get(f"{CYCLE_PREFIX}{key}")
         return float(value) if value is not None else None
 
-    success, failure, gap = when("last_success"), when("last_failure"), when("last_gap")
+    success, failure = when("last_success"), when("last_failure")
     age = None if success is None else max(0.0, now - success)
+    recent = sorted(float(t) for t in values.get(f"{CYCLE_PREFIX}recent_successes") or [])
+    gaps = [b - a for a, b in pairwise(recent) if b >= now - limit]
+    gap = max(gaps, default=None)
     if age is None or age > limit:
         status = "stale"
     elif age > behind or (gap is not None and gap > behind):
@@ -188,7 +194,7 @@ def scheduler_health(*, now: float | None = None) -> dict[str, Any]:
         "status": status,
         "last_success_age_seconds": None if age is None else round(age, 3),
         "last_success_cycle": values.get(f"{CYCLE_PREFIX}last_success_id"),
-        "last_gap_seconds": None if gap is None else round(gap, 3),
+        "longest_gap_seconds": None if gap is None else round(gap, 3),
         "stale_after_seconds": limit,
         "behind_after_seconds": behind,
     }

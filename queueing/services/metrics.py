@@ -11,6 +11,7 @@ import logging
 import time
 from typing import Any
 
+from django.conf import settings
 from django.core.cache import cache
 from django.db.models import Max
 
@@ -40,6 +41,19 @@ def _incr(key: str, by: int = 1) -> None:
             cache.incr(key, by)
 
 
+RECENT_SUCCESSES_MAX = 512
+
+
+def recent_successes_kept(times: list[float], now: float) -> list[float]:
+    """The end times worth keeping: those within the stale window
+    (FAIRQ_SCHEDULER_STALE_CYCLES intervals) and the one just before it, at most
+    RECENT_SUCCESSES_MAX."""
+    window = settings.FAIRQ_SCHEDULER_STALE_CYCLES * settings.FAIRQ_CYCLE_INTERVAL_SECONDS
+    inside = [t for t in times if t >= now - window]
+    before = [t for t in times if t < now - window][-1:]
+    return (before + inside)[-RECENT_SUCCESSES_MAX:]
+
+
 def record_cycle(result: Any) -> None:
     """Count one scheduler cycle of `result.timings["total"]` seconds that completed,
     the jobs it had to isolate, when it ended (wall clock: the health check compares it
@@ -61,13 +75,12 @@ def record_cycle(result: Any) -> None:
         admitted = list(getattr(result, "admitted", []) or [])
         if admitted:
             record_queue_waits(admitted)
-        # The gap since the previous successful cycle: /healthz/scheduler says "behind"
-        # when cycles come further apart than FAIRQ_SCHEDULER_BEHIND_CYCLES intervals.
+        # When the recent successful cycles ended: /healthz/scheduler says "behind" when
+        # two of them came further apart than FAIRQ_SCHEDULER_BEHIND_CYCLES intervals.
         now = time.time()
-        previous = cache.get(f"{CYCLE_PREFIX}last_success")
-        gap = {} if previous is None else {f"{CYCLE_PREFIX}last_gap": max(0.0, now - float(previous))}
+        recent = recent_successes_kept(cache.get(f"{CYCLE_PREFIX}recent_successes") or [], now)
         cache.set_many({f"{CYCLE_PREFIX}last": seconds,
-                        **gap,
+                        f"{CYCLE_PREFIX}recent_successes": [*recent, now],
                         f"{CYCLE_PREFIX}last_success": now,
                         f"{CYCLE_PREFIX}last_success_id": str(getattr(result, "cycle_id", ""))},
                        timeout=_CACHE_TIMEOUT)

@@ -40,6 +40,12 @@ class Receiver:
     started: list[float] = field(default_factory=list)
     ended: list[float] = field(default_factory=list)
 
+    server: Any = None
+
+    def tls(self, context: Any) -> None:
+        """Serve HTTPS from now on, with `context` (an ssl.SSLContext for the server)."""
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+
     def answer(self) -> int:
         return self.answers.pop(0) if self.answers else 200
 
@@ -98,6 +104,7 @@ def receiver(secret: str = "", answers: list[int] | None = None, behaviour: str 
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    state.server = server
     state.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -154,3 +154,81 @@ def test_the_pinned_connection_keeps_the_urls_host_header(
 )
 def test_only_globally_routable_addresses_are_sent_to(address, allow_private, refused):
     assert (wh.address_problem(address, allow_private=allow_private) is not None) is refused
+
+
+def _tls_receiver_files(tmp_path: Any, name: str) -> tuple[str, str, str]:
+    """A CA and a certificate for `name` it signed (cryptography), as PEM files: the CA
+    bundle, the certificate and its key."""
+    from datetime import UTC, datetime, timedelta
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.now(UTC)
+
+    def cert(subject: str, key: Any, issuer: str, signer: Any, ca: bool) -> Any:
+        builder = (x509.CertificateBuilder()
+                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+                   .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - timedelta(hours=1))
+                   .not_valid_after(now + timedelta(hours=1))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if ca:
+            builder = builder.add_extension(x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True,
+                content_commitment=False, key_encipherment=False, data_encipherment=False,
+                key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+        else:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([x509.DNSName(subject)]), critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key, leaf_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_cert = cert("fairq test CA", ca_key, "fairq test CA", ca_key, True)
+    leaf = cert(name, leaf_key, "fairq test CA", ca_key, False)
+    files = {"ca.pem": ca_cert.public_bytes(serialization.Encoding.PEM),
+             "leaf.pem": leaf.public_bytes(serialization.Encoding.PEM),
+             "leaf.key": leaf_key.private_bytes(serialization.Encoding.PEM,
+                                                serialization.PrivateFormat.PKCS8,
+                                                serialization.NoEncryption())}
+    for file, data in files.items():
+        (tmp_path / file).write_bytes(data)
+    return str(tmp_path / "ca.pem"), str(tmp_path / "leaf.pem"), str(tmp_path / "leaf.key")
+
+
+@pytest.mark.parametrize(("url_name", "verified"), [("hooks.tls.test", True), ("other.tls.test", False)])
+def test_the_pinned_tls_connection_checks_the_certificate_for_the_urls_name(
+    world, monkeypatch, tmp_path, django_capture_on_commit_callbacks, url_name, verified
+):
+    """A real TLS receiver on 127.0.0.1 with a certificate for hooks.tls.test: reached at
+    the resolved address, the POST still sends the name (SNI) and checks the certificate
+    against it: accepted for hooks.tls.test, refused for a name the certificate lacks."""
+    import ssl
+
+    ca, leaf, key = _tls_receiver_files(tmp_path, "hooks.tls.test")
+    monkeypatch.setattr(wh.certifi, "where", lambda: ca)
+    dns = Rebinding(url_name)
+    dns.lookups = 1  # always 127.0.0.1
+    monkeypatch.setattr(socket, "getaddrinfo", dns)
+    server_names: list[str | None] = []
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(leaf, key)
+    context.sni_callback = lambda sock, name, ctx: server_names.append(name)
+    admin = world.client(world.admin)
+    with receiver() as rx:
+        port = rx.url.split(":")[2].split("/")[0]
+        rx.tls(context)
+        rx.secret = _endpoint(admin, f"https://{url_name}:{port}/hooks/")["secret"]
+        job = _submit(admin, django_capture_on_commit_callbacks)
+    attempt = WebhookAttempt.objects.get(delivery__job_id=job["id"])
+    assert server_names == [url_name]
+    if verified:
+        assert attempt.status_code == 200 and attempt.error == "", attempt.error
+        assert rx.received[0].verified is not None
+        assert rx.received[0].headers["host"] == f"hooks.tls.test:{port}"
+    else:
+        assert rx.received == [] and attempt.status_code is None
+        assert "certificate" in attempt.error.lower() or "hostname" in attempt.error.lower(), attempt.error
