@@ -59,7 +59,7 @@ from queueing.models import (
     WebhookEndpoint,
 )
 from queueing.sanitize import clean_text
-from queueing.sealing import reseal, seal, unseal
+from queueing.sealing import SealError, reseal, seal, unseal
 
 from .access import check_team_admin
 
@@ -684,8 +684,13 @@ def webhook_attempt(
     excerpt = error = ""
     final_error = False
     started = time.monotonic()
-    secret = _secret_of(delivery)
-    if secret is None:
+    try:
+        secret = _secret_of(delivery)
+    except SealError as exc:
+        secret, error = None, f"cannot sign: {exc}"
+    if error:
+        pass  # a key dropped too early: tried again on the retry schedule, once it is back
+    elif secret is None:
         error, final_error = "no secret to sign with (the endpoint or notify secret is gone)", True
     elif (
         delivery.endpoint is not None

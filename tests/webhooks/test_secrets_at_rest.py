@@ -11,7 +11,7 @@ from cryptography.fernet import Fernet
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from queueing.models import TeamNotifySecret, WebhookEndpoint
+from queueing.models import TeamNotifySecret, WebhookAttempt, WebhookEndpoint
 
 from .receiver import receiver
 from .test_deliveries import _endpoint, _submit
@@ -75,6 +75,22 @@ def test_a_new_key_first_then_reencrypt_then_the_old_key_can_go(
     settings.FAIRQ_WEBHOOK_SECRET_KEYS = [KEY_3]  # a key that never encrypted them
     with pytest.raises(CommandError, match="opens this secret"):
         call_command("reencrypt_webhook_secrets")
+
+
+@pytest.mark.django_db
+def test_a_secret_no_key_opens_fails_the_try_and_is_tried_again(
+    world, settings, django_capture_on_commit_callbacks
+):
+    settings.FAIRQ_WEBHOOK_SECRET_KEYS = [KEY_1]
+    admin = world.client(world.admin)
+    with receiver() as rx:
+        _endpoint(admin, rx.url)
+        settings.FAIRQ_WEBHOOK_SECRET_KEYS = [KEY_3]  # KEY_1 dropped before re-encrypting
+        job = _submit(admin, django_capture_on_commit_callbacks)
+    assert rx.received == []
+    attempt = WebhookAttempt.objects.get(delivery__job_id=job["id"])
+    assert attempt.error.startswith("cannot sign: no key of FAIRQ_WEBHOOK_SECRET_KEYS opens")
+    assert attempt.next_retry_at is not None
 
 
 @pytest.mark.django_db(transaction=True)
