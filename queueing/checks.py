@@ -59,3 +59,26 @@ def kubernetes_names(databases: Any = None, **kwargs: Any) -> list[checks.CheckM
                 hint="Its namespace cannot exist; sync_cluster reports it as failed.",
                 obj=f"Team {pk}", id="fairq.E102"))
     return out
+
+
+@checks.register(checks.Tags.security, deploy=True)
+def webhook_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """`check --deploy`: the webhook settings a production install should set
+    (docs/webhooks.md)."""
+    from django.conf import settings
+
+    out: list[checks.CheckMessage] = []
+    if not settings.FAIRQ_WEBHOOK_SECRET_KEYS:
+        out.append(checks.Warning(
+            "FAIRQ_WEBHOOK_SECRET_KEYS is unset: the signing secrets are encrypted with a "
+            "key derived from DJANGO_SECRET_KEY, and changing that key loses them.",
+            hint="Set FAIRQ_WEBHOOK_SECRET_KEYS to a Fernet key of its own, then run "
+                 "`manage.py reencrypt_webhook_secrets` (docs/webhooks.md).",
+            id="fairq.W010"))
+    if not settings.FAIRQ_PUBLIC_URL:
+        out.append(checks.Warning(
+            "FAIRQ_PUBLIC_URL is unset: webhook payloads carry \"url\": null instead of "
+            "the job's page.",
+            hint="Set FAIRQ_PUBLIC_URL to the dashboard's address, e.g. https://fairq.example.com.",
+            id="fairq.W011"))
+    return out

@@ -834,7 +834,8 @@ def validate_webhook_event_types(value: object) -> None:
 class WebhookEndpoint(models.Model):
     """A URL a team admin registered: a signed POST (Standard Webhooks) on each state
     change of the team's jobs whose kind it takes. The signing secret is shown once, in
-    the answer that created or rotated it, and kept here because signing needs it."""
+    the answer that created or rotated it, and kept here, encrypted (queueing/sealing.py),
+    because signing needs it."""
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="webhooks")
     url = models.CharField(max_length=2000, validators=[validate_webhook_url])
@@ -843,7 +844,7 @@ class WebhookEndpoint(models.Model):
     # Event types it takes ("job.running", ...); empty: every one.
     event_types = models.JSONField(default=list, blank=True,
                                    validators=[validate_webhook_event_types])
-    secret = models.CharField(max_length=100)
+    secret = models.CharField(max_length=500)  # encrypted (queueing/sealing.py)
     secret_rotated_at = models.DateTimeField()
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
@@ -863,7 +864,7 @@ class TeamNotifySecret(models.Model):
     when a team admin creates or rotates it)."""
 
     team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="notify_secret")
-    secret = models.CharField(max_length=100)
+    secret = models.CharField(max_length=500)  # encrypted (queueing/sealing.py)
     rotated_at = models.DateTimeField()
 
     def __str__(self) -> str:
@@ -898,6 +899,7 @@ class WebhookDelivery(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name_plural = "webhook deliveries"
         ordering = ["-id"]
         constraints = [
             models.UniqueConstraint(fields=["endpoint", "event"],

@@ -26,6 +26,7 @@ ACCEPTED = {
         ("CKV_K8S_38", "Deployment.fairq-system.fairq-worker"),
         ("CKV_K8S_9", "Deployment.fairq-system.fairq-worker"),
         ("CKV_K8S_9", "Deployment.fairq-system.fairq-beat"),
+        ("CKV_K8S_9", "Deployment.fairq-system.fairq-webhooks"),
         ("CKV_K8S_38", f"Job.fairq-system.fairq-sync-cluster-{'dev' if overlay == 'dev' else '1.0.0'}"),
     )
 } | {

@@ -284,10 +284,46 @@ def test_the_scheduler_is_unhealthy_once_its_last_success_is_older_than_the_limi
 
     scheduler_cycle_task()
     now = time.time()
-    assert scheduler_health(now=now + 59)["healthy"]
-    assert not scheduler_health(now=now + 61)["healthy"]
-    with override_settings(FAIRQ_SCHEDULER_STALE_CYCLES=100):
+    assert scheduler_health(now=now + 14)["healthy"]
+    assert scheduler_health(now=now + 16)["status"] == "behind"
+    assert scheduler_health(now=now + 61)["status"] == "stale"
+    with override_settings(FAIRQ_SCHEDULER_STALE_CYCLES=100, FAIRQ_SCHEDULER_BEHIND_CYCLES=100):
         assert scheduler_health(now=now + 299)["healthy"]
+
+
+def test_cycles_that_fall_behind_their_interval_make_the_scheduler_unhealthy(
+        world: World) -> None:
+    """Cycles that still succeed, but further apart than FAIRQ_SCHEDULER_BEHIND_CYCLES
+    intervals (a worker busy with other work), answer 503 "behind", though the last one
+    just ended, until that pause is older than the stale window; 200 again once cycles
+    kept their interval that long. Real cycles, real clock (a 0.2 s interval: behind
+    after 1 s, the window and stale 4 s)."""
+    from queueing.tasks import scheduler_cycle_task
+
+    with override_settings(FAIRQ_CYCLE_INTERVAL_SECONDS=0.2):
+        scheduler_cycle_task()
+        scheduler_cycle_task()
+        r = Client().get("/healthz/scheduler")
+        assert r.status_code == 200 and r.json()["status"] == "ok", r.json()
+        time.sleep(1.3)
+        scheduler_cycle_task()  # one cycle 1.3 s after the previous: 6.5 intervals
+        r = Client().get("/healthz/scheduler")
+        body = r.json()
+        assert r.status_code == 503 and body["status"] == "behind", body
+        assert body["last_success_age_seconds"] < 1.0 and body["longest_gap_seconds"] >= 1.3
+        assert body["behind_after_seconds"] == 5 * 0.2
+        scheduler_cycle_task()  # on time again, and a burst of cycles: still behind
+        scheduler_cycle_task()
+        assert Client().get("/healthz/scheduler").json()["status"] == "behind"
+        paused_until = time.monotonic()
+        while time.monotonic() < paused_until + 4.2:  # a stale window of cycles on time
+            scheduler_cycle_task()
+            time.sleep(0.1)
+        r = Client().get("/healthz/scheduler")
+        assert r.status_code == 200 and r.json()["status"] == "ok", r.json()
+        time.sleep(1.2)  # no cycle for 6 intervals
+        r = Client().get("/healthz/scheduler")
+        assert r.status_code == 503 and r.json()["status"] == "behind", r.json()
 
 
 def test_isolated_jobs_are_counted(world: World, monkeypatch: pytest.MonkeyPatch) -> None:

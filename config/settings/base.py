@@ -191,6 +191,14 @@ if FAIRQ_CYCLE_INTERVAL_SECONDS <= 0:
 FAIRQ_SCHEDULER_STALE_CYCLES = env.float("FAIRQ_SCHEDULER_STALE_CYCLES", default=20.0)
 if FAIRQ_SCHEDULER_STALE_CYCLES < 2:
     raise environ.ImproperlyConfigured("FAIRQ_SCHEDULER_STALE_CYCLES must be >= 2")
+# ... and "behind" (also 503) when its last successful cycle, or a gap between two
+# successful cycles within that stale window, is longer than this many intervals (15 s at
+# the default 3 s): cycles that still succeed, but now and then instead of every interval
+# (a worker busy with other work).
+FAIRQ_SCHEDULER_BEHIND_CYCLES = env.float("FAIRQ_SCHEDULER_BEHIND_CYCLES", default=5.0)
+if not 2 <= FAIRQ_SCHEDULER_BEHIND_CYCLES <= FAIRQ_SCHEDULER_STALE_CYCLES:
+    raise environ.ImproperlyConfigured(
+        "FAIRQ_SCHEDULER_BEHIND_CYCLES must be >= 2 and <= FAIRQ_SCHEDULER_STALE_CYCLES")
 # The worker and beat touch a heartbeat file per scheduler tick (queueing/health.py); their
 # liveness probes (`manage.py heartbeat_check`) read it. Empty: the system's temp dir.
 FAIRQ_HEARTBEAT_DIR = env("FAIRQ_HEARTBEAT_DIR", default="")
@@ -326,6 +334,12 @@ CELERY_BEAT_SCHEDULE["job-logs-prune"] = {
 # FAIRQ_PUBLIC_URL is the dashboard's address the messages link to.
 FAIRQ_NOTICE_EMAILS = env.bool("FAIRQ_NOTICE_EMAILS", default=True)
 FAIRQ_PUBLIC_URL = env("FAIRQ_PUBLIC_URL", default="")
+if FAIRQ_PUBLIC_URL and not (
+        FAIRQ_PUBLIC_URL.startswith(("http://", "https://"))
+        and FAIRQ_PUBLIC_URL.split("://", 1)[1].split("/", 1)[0]
+        and not any(c in FAIRQ_PUBLIC_URL for c in "?# ")):
+    raise environ.ImproperlyConfigured(
+        "FAIRQ_PUBLIC_URL must be an absolute http(s) URL such as https://fairq.example.com")
 vars().update(env.email_url("EMAIL_URL", default="consolemail://"))
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="fairq <fairq@localhost>")
 # The cluster view (nodes, free GPUs, live workloads) the worker publishes each cycle for
@@ -756,12 +770,39 @@ if (len(FAIRQ_WEBHOOK_RETRY_SECONDS) > 20
 if not 0 < FAIRQ_WEBHOOK_TIMEOUT_SECONDS <= 60 or FAIRQ_WEBHOOK_SWEEP_SECONDS <= 0:
     raise environ.ImproperlyConfigured(
         "FAIRQ_WEBHOOK_TIMEOUT_SECONDS must be in (0, 60] and FAIRQ_WEBHOOK_SWEEP_SECONDS > 0")
-# The Celery queue of the webhook tasks ("": the default queue). A queue of their own,
-# served by its own worker (`celery worker -Q webhooks`), keeps slow receivers from
-# delaying scheduler cycles; the demo serves it with a second in-process consumer.
-FAIRQ_WEBHOOK_QUEUE = env("FAIRQ_WEBHOOK_QUEUE", default="")
-if FAIRQ_WEBHOOK_QUEUE:
-    CELERY_TASK_ROUTES = {"queueing.tasks.webhook*": {"queue": FAIRQ_WEBHOOK_QUEUE}}
+# The Celery queue of the webhook tasks: always a queue of their own, served by a worker
+# of its own (`celery worker -Q webhooks`; docker-compose's `webhooks`, the Kustomize
+# base's fairq-webhooks, the demo's second in-process consumer), so a slow receiver never
+# holds a worker the scheduler cycle needs (docs/webhooks.md). The cycle's workers serve
+# CELERY_TASK_DEFAULT_QUEUE only (`-Q celery`).
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+FAIRQ_WEBHOOK_QUEUE = env("FAIRQ_WEBHOOK_QUEUE", default="webhooks")
+if not FAIRQ_WEBHOOK_QUEUE or FAIRQ_WEBHOOK_QUEUE == CELERY_TASK_DEFAULT_QUEUE:
+    raise environ.ImproperlyConfigured(
+        "FAIRQ_WEBHOOK_QUEUE must name a queue other than the scheduler's (celery)")
+CELERY_TASK_ROUTES = {"queueing.tasks.webhook*": {"queue": FAIRQ_WEBHOOK_QUEUE}}
+# The keys that encrypt the signing secrets of webhook endpoints and teams' notify URLs at
+# rest (queueing/sealing.py, docs/webhooks.md): Fernet keys, comma-separated; the first
+# encrypts, all decrypt (rotation: put a new key first, run `manage.py
+# reencrypt_webhook_secrets`, then drop the old one). Empty: a key derived from
+# DJANGO_SECRET_KEY (`check --deploy` warns: changing DJANGO_SECRET_KEY would lose them).
+# New key: python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())"
+FAIRQ_WEBHOOK_SECRET_KEYS = env.list("FAIRQ_WEBHOOK_SECRET_KEYS", default=[])
+
+
+def _check_secret_keys() -> None:
+    from cryptography.fernet import Fernet
+
+    for key in FAIRQ_WEBHOOK_SECRET_KEYS:
+        try:
+            Fernet(key.encode())
+        except ValueError as exc:
+            raise environ.ImproperlyConfigured(
+                "FAIRQ_WEBHOOK_SECRET_KEYS: each key is 32 url-safe base64-encoded bytes "
+                "(Fernet.generate_key())") from exc
+
+
+_check_secret_keys()
 # Finished deliveries and their tries are kept this many days (0: for ever).
 FAIRQ_WEBHOOK_LOG_RETENTION_DAYS = env.float("FAIRQ_WEBHOOK_LOG_RETENTION_DAYS", default=30.0)
 if FAIRQ_WEBHOOK_LOG_RETENTION_DAYS < 0:

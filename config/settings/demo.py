@@ -30,11 +30,9 @@ CELERY_BEAT_SCHEDULE = {
     "demo-load": {"task": "queueing.tasks.demo_load_task", "schedule": 5.0,
                   "options": {"expires": 10}},
 }
-# Webhook tries on a queue of their own, served by a second consumer in the demo process
-# (rundemo), so a slow receiver never delays a scheduler cycle (docs/webhooks.md).
-FAIRQ_WEBHOOK_QUEUE = env("FAIRQ_WEBHOOK_QUEUE", default="webhooks")
-if FAIRQ_WEBHOOK_QUEUE:
-    CELERY_TASK_ROUTES = {"queueing.tasks.webhook*": {"queue": FAIRQ_WEBHOOK_QUEUE}}
+# Webhook tries are on their own queue (FAIRQ_WEBHOOK_QUEUE, base.py), served by a second
+# consumer in the demo process (rundemo), so a slow receiver never delays a scheduler
+# cycle (docs/webhooks.md).
 
 # The console keeps the banner `rundemo` prints (URL, logins, token) on screen: only
 # warnings and errors go there; everything (the worker's and beat's INFO lines, requests)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from itertools import pairwise
 from typing import Any
 
 from django.conf import settings
@@ -148,14 +149,27 @@ def scheduler_stale_after_seconds() -> float:
     return float(settings.FAIRQ_SCHEDULER_STALE_CYCLES * settings.FAIRQ_CYCLE_INTERVAL_SECONDS)
 
 
+def scheduler_behind_after_seconds() -> float:
+    """How far apart successful cycles may come before the scheduler counts as behind:
+    FAIRQ_SCHEDULER_BEHIND_CYCLES cycle intervals (docs/deployment.md)."""
+    return float(settings.FAIRQ_SCHEDULER_BEHIND_CYCLES * settings.FAIRQ_CYCLE_INTERVAL_SECONDS)
+
+
 def scheduler_health(*, now: float | None = None) -> dict[str, Any]:
-    """The scheduler as the web sees it through the shared cache: `healthy` is True when
-    the last successful cycle ended less than `scheduler_stale_after_seconds()` ago."""
+    """The scheduler as the web sees it through the shared cache. `status` is "stale"
+    when no successful cycle ended in the last `scheduler_stale_after_seconds()` (or none
+    is recorded), "behind" when cycles fall behind their interval: the last success, or
+    any gap between two successes within the stale window, is longer than
+    `scheduler_behind_after_seconds()` (a worker busy with other work runs cycles now and
+    then, a few at once, not every interval: one long pause keeps it "behind" for the
+    window); else "ok". `healthy` is True only for "ok"."""
     now = time.time() if now is None else now
     limit = scheduler_stale_after_seconds()
+    behind = scheduler_behind_after_seconds()
     try:
         values = cache.get_many([f"{CYCLE_PREFIX}{k}" for k in (
-            "last_success", "last_success_id", "last_failure", "last_failure_id")])
+            "last_success", "last_success_id", "last_failure", "last_failure_id",
+            "recent_successes")])
     except Exception:
         log.exception("could not read the scheduler's health from the cache")
         values = {}
@@ -166,11 +180,23 @@ def scheduler_health(*, now: float | None = None) -> dict[str, Any]:
 
     success, failure = when("last_success"), when("last_failure")
     age = None if success is None else max(0.0, now - success)
+    recent = sorted(float(t) for t in values.get(f"{CYCLE_PREFIX}recent_successes") or [])
+    gaps = [b - a for a, b in pairwise(recent) if b >= now - limit]
+    gap = max(gaps, default=None)
+    if age is None or age > limit:
+        status = "stale"
+    elif age > behind or (gap is not None and gap > behind):
+        status = "behind"
+    else:
+        status = "ok"
     body: dict[str, Any] = {
-        "healthy": age is not None and age <= limit,
+        "healthy": status == "ok",
+        "status": status,
         "last_success_age_seconds": None if age is None else round(age, 3),
         "last_success_cycle": values.get(f"{CYCLE_PREFIX}last_success_id"),
+        "longest_gap_seconds": None if gap is None else round(gap, 3),
         "stale_after_seconds": limit,
+        "behind_after_seconds": behind,
     }
     if failure is not None:
         body["last_failure_age_seconds"] = round(max(0.0, now - failure), 3)

@@ -11,6 +11,7 @@ import logging
 import time
 from typing import Any
 
+from django.conf import settings
 from django.core.cache import cache
 from django.db.models import Max
 
@@ -40,10 +41,24 @@ def _incr(key: str, by: int = 1) -> None:
             cache.incr(key, by)
 
 
+RECENT_SUCCESSES_MAX = 512
+
+
+def recent_successes_kept(times: list[float], now: float) -> list[float]:
+    """The end times worth keeping: those within the stale window
+    (FAIRQ_SCHEDULER_STALE_CYCLES intervals) and the one just before it, at most
+    RECENT_SUCCESSES_MAX."""
+    window = settings.FAIRQ_SCHEDULER_STALE_CYCLES * settings.FAIRQ_CYCLE_INTERVAL_SECONDS
+    inside = [t for t in times if t >= now - window]
+    before = [t for t in times if t < now - window][-1:]
+    return (before + inside)[-RECENT_SUCCESSES_MAX:]
+
+
 def record_cycle(result: Any) -> None:
     """Count one scheduler cycle of `result.timings["total"]` seconds that completed,
-    the jobs it had to isolate, and when it ended (wall clock: the health check compares
-    it with the web's clock). Never raises: a metrics hiccup must not fail a cycle."""
+    the jobs it had to isolate, when it ended (wall clock: the health check compares it
+    with the web's clock) and how long after the previous successful one. Never raises:
+    a metrics hiccup must not fail a cycle."""
     try:
         if not getattr(result, "ran", True):
             _incr(f"{CYCLE_PREFIX}skipped")
@@ -60,8 +75,13 @@ def record_cycle(result: Any) -> None:
         admitted = list(getattr(result, "admitted", []) or [])
         if admitted:
             record_queue_waits(admitted)
+        # When the recent successful cycles ended: /healthz/scheduler says "behind" when
+        # two of them came further apart than FAIRQ_SCHEDULER_BEHIND_CYCLES intervals.
+        now = time.time()
+        recent = recent_successes_kept(cache.get(f"{CYCLE_PREFIX}recent_successes") or [], now)
         cache.set_many({f"{CYCLE_PREFIX}last": seconds,
-                        f"{CYCLE_PREFIX}last_success": time.time(),
+                        f"{CYCLE_PREFIX}recent_successes": [*recent, now],
+                        f"{CYCLE_PREFIX}last_success": now,
                         f"{CYCLE_PREFIX}last_success_id": str(getattr(result, "cycle_id", ""))},
                        timeout=_CACHE_TIMEOUT)
     except Exception:  # pragma: no cover - the cache backend failed

@@ -22,11 +22,13 @@ an id) and the rest runs after its commit, in the worker.
 from __future__ import annotations
 
 import base64
+import contextlib
 import ipaddress
 import json
 import logging
 import secrets
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -35,7 +37,8 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-import requests
+import certifi
+import urllib3
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -56,6 +59,7 @@ from queueing.models import (
     WebhookEndpoint,
 )
 from queueing.sanitize import clean_text
+from queueing.sealing import SealError, reseal, seal, unseal
 
 from .access import check_team_admin
 
@@ -146,7 +150,7 @@ def webhook_endpoint_create(
         description=clean_text(description, max_length=200),
         enabled=enabled,
         event_types=_event_types_checked(event_types),
-        secret=secret,
+        secret=seal(secret),
         secret_rotated_at=now,
         created_at=now,
         updated_at=now,
@@ -211,7 +215,8 @@ def webhook_secret_rotate(
         check_team_admin(actor=actor, team=endpoint.team)
     now = now or timezone.now()
     row = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
-    row.secret = secret_new()
+    secret = secret_new()
+    row.secret = seal(secret)
     row.secret_rotated_at = row.updated_at = now
     row.save(update_fields=["secret", "secret_rotated_at", "updated_at"])
     audit_record(
@@ -220,7 +225,7 @@ def webhook_secret_rotate(
         instance=row,
         changes={"secret": ["***", "***"], "secret_rotated_at": [None, now.isoformat()]},
     )
-    return EndpointWithSecret(endpoint=row, secret=row.secret)
+    return EndpointWithSecret(endpoint=row, secret=secret)
 
 
 @transaction.atomic
@@ -234,7 +239,8 @@ def team_notify_secret_rotate(*, actor: Any, team: Team, now: datetime | None = 
     created = row is None
     if row is None:
         row = TeamNotifySecret(team=team)
-    row.secret, row.rotated_at = secret_new(), now
+    secret = secret_new()
+    row.secret, row.rotated_at = seal(secret), now
     row.save()
     audit_record(
         actor=actor,
@@ -242,7 +248,7 @@ def team_notify_secret_rotate(*, actor: Any, team: Team, now: datetime | None = 
         instance=row,
         changes={"secret": [None if created else "***", "***"], "rotated_at": [None, now.isoformat()]},
     )
-    return row.secret
+    return secret
 
 
 def notify_url_problem(*, team: Team, url: str) -> str | None:
@@ -324,9 +330,12 @@ def webhooks_dispatch_soon(event_ids: list[int]) -> None:
 # --- step 2: deliveries --------------------------------------------------------------
 
 
-def job_url(job_id: int) -> str:
+def job_url(job_id: int) -> str | None:
+    """The job's page as an absolute URL, from FAIRQ_PUBLIC_URL; None when that is unset (a
+    receiver must never resolve a relative URL against its own host; `check --deploy`
+    warns, fairq.W011)."""
     base = settings.FAIRQ_PUBLIC_URL.rstrip("/")
-    return f"{base}/jobs/{job_id}/" if base else f"/jobs/{job_id}/"
+    return f"{base}/jobs/{job_id}/" if base else None
 
 
 def event_payload(event: JobEvent, job: Job) -> dict[str, Any]:
@@ -447,37 +456,108 @@ class RefusedAddress(Exception):
     """The URL's host resolves to an address webhooks are not sent to."""
 
 
-_METADATA = (ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"))
+class DeadlineExceeded(TimeoutError):
+    """A try ran past its total deadline (FAIRQ_WEBHOOK_TIMEOUT_SECONDS)."""
+
+
+# Cloud metadata and host services, never a receiver even when private addresses are
+# allowed: AWS, GCP, Azure (IMDS), OpenStack (169.254.169.254), AWS over IPv6, Azure's
+# wireserver (a public-looking address every Azure VM reaches), Alibaba, Oracle.
+_METADATA = frozenset(ipaddress.ip_address(a) for a in (
+    "169.254.169.254", "fd00:ec2::254", "168.63.129.16", "100.100.100.200", "192.0.0.192"))
+# Special-purpose blocks that Python's `is_global` may count as global, refused unless
+# private addresses are allowed: IETF protocol assignments (192.0.0.0/24, e.g. 192.0.0.9),
+# 6to4 (2002::/16: it tunnels to any IPv4 address, private ones included) and Teredo.
+_NOT_GLOBAL = tuple(ipaddress.ip_network(n) for n in (
+    "192.0.0.0/24", "2002::/16", "2001::/32", "64:ff9b:1::/48"))
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 one carries and may reach: IPv4-mapped, 6to4, Teredo
+    (server and client), NAT64 (64:ff9b::/96) and the deprecated IPv4-compatible form."""
+    out: list[ipaddress.IPv4Address] = []
+    if ip.ipv4_mapped is not None:
+        out.append(ip.ipv4_mapped)
+    if ip.sixtofour is not None:
+        out.append(ip.sixtofour)
+    if ip.teredo is not None:
+        out.extend(ip.teredo)
+    packed = int(ip)
+    if ip in _NAT64 or (packed >> 32 == 0 and packed > 1):
+        out.append(ipaddress.IPv4Address(packed & 0xFFFFFFFF))
+    return out
 
 
 def address_problem(address: str, *, allow_private: bool) -> str | None:
-    """Why a POST must not go to `address`, or None: link-local (cloud metadata services
-    live there), unspecified and multicast always; private, loopback and reserved ones
-    unless `allow_private`."""
+    """Why a POST must not go to `address`, or None. Always refused: link-local (cloud
+    metadata services live there), the metadata addresses above, unspecified, multicast,
+    and IPv6 forms carrying such an IPv4 address. Unless `allow_private`: anything not
+    globally routable (private, loopback, reserved, shared, documentation, 192.0.0.0/24,
+    6to4, Teredo) and IPv6 forms whose embedded IPv4 address is not global."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
-    if ip in _METADATA or ip.is_link_local or ip.is_unspecified or ip.is_multicast:
-        return f"{ip} is link-local, unspecified or multicast: never a webhook receiver"
-    if not allow_private and (ip.is_private or ip.is_loopback or ip.is_reserved or not ip.is_global):
-        return f"{ip} is a private address (FAIRQ_WEBHOOK_ALLOW_PRIVATE is off)"
+    candidates: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = [ip]
+    if isinstance(ip, ipaddress.IPv6Address):
+        candidates.extend(_embedded_ipv4(ip))
+    for one in candidates:
+        if one in _METADATA or one.is_link_local or one.is_unspecified or one.is_multicast:
+            return (f"{one} is link-local, a metadata service, unspecified or multicast: "
+                    "never a webhook receiver")
+    if allow_private:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and (
+            ip.ipv4_mapped is not None or ip in _NAT64 or (int(ip) >> 32 == 0 and int(ip) > 1)):
+        candidates = candidates[1:]  # only a wrapper: the IPv4 address it carries decides
+    for one in candidates:
+        if (not one.is_global or one.is_private or one.is_loopback or one.is_reserved
+                or any(one in net for net in _NOT_GLOBAL if net.version == one.version)):
+            if isinstance(ip, ipaddress.IPv6Address) and one.version == 4:
+                return (f"{ip} carries {one}, not a globally routable address "
+                        "(FAIRQ_WEBHOOK_ALLOW_PRIVATE is off)")
+            return f"{one} is a private address, not globally routable (FAIRQ_WEBHOOK_ALLOW_PRIVATE is off)"
     return None
 
 
-def _check_destination(url: str) -> None:
+def _resolve(host: str, port: int, deadline: float) -> list[str]:
+    """The addresses `host` resolves to, within the deadline (a resolver that hangs is
+    left behind in its daemon thread)."""
+    result: list[Any] = []
+
+    def run() -> None:
+        try:
+            result.append(socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP))
+        except OSError as exc:
+            result.append(exc)
+
+    thread = threading.Thread(target=run, name="webhook-resolve", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()))
+    if not result:
+        raise DeadlineExceeded(f"resolving {host} took longer than the try's deadline")
+    if isinstance(result[0], OSError):
+        raise ConnectionError(f"cannot resolve {host}: {result[0]}")
+    return [str(info[4][0]) for info in result[0]]
+
+
+def checked_address(url: str, *, deadline: float) -> str:
+    """Resolve the URL's host **once** and check every address it resolves to
+    (`address_problem`); the address the POST then connects to, as resolved (no second
+    lookup for a rebinding DNS server to answer differently). RefusedAddress when the
+    URL or one of its addresses may not be sent to."""
     problem = v.webhook_url_problem(url)
     if problem:
         raise RefusedAddress(problem)
     parts = urlsplit(url)
+    host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        infos = socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)
-    except OSError as exc:
-        raise ConnectionError(f"cannot resolve {parts.hostname}: {exc}") from exc
-    for info in infos:
-        problem = address_problem(str(info[4][0]), allow_private=settings.FAIRQ_WEBHOOK_ALLOW_PRIVATE)
+    addresses = _resolve(host, port, deadline)
+    if not addresses:
+        raise ConnectionError(f"{host} resolves to no address")
+    for address in addresses:
+        problem = address_problem(address, allow_private=settings.FAIRQ_WEBHOOK_ALLOW_PRIVATE)
         if problem:
             raise RefusedAddress(problem)
+    return addresses[0]
 
 
 @dataclass(frozen=True)
@@ -487,18 +567,83 @@ class Answer:
 
 
 def http_post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> Answer:
-    """POST without following redirects; the first bytes of the answer's body."""
-    with requests.post(
-        url, data=body, headers=headers, timeout=(timeout, timeout), allow_redirects=False, stream=True
-    ) as response:
-        raw = response.raw.read(_EXCERPT, decode_content=True) or b""
-        return Answer(response.status_code, raw.decode("utf-8", "replace"))
+    """POST `body` to `url` within a **total** deadline of `timeout` seconds (resolving,
+    connecting, TLS, sending and reading the answer's status, headers and first bytes, all
+    together: a receiver that drips a byte at a time is cut off at the deadline), to the
+    address `checked_address` resolved and checked. The connection is urllib3's, opened to
+    that address while the Host header, TLS SNI and the certificate check keep the URL's
+    name. Redirects are not followed."""
+    deadline = time.monotonic() + timeout
+    address = checked_address(url, deadline=deadline)
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    remaining = max(0.001, deadline - time.monotonic())
+    conn: urllib3.connection.HTTPConnection
+    if parts.scheme == "https":
+        conn = urllib3.connection.HTTPSConnection(
+            address, port, timeout=remaining, server_hostname=parts.hostname,
+            assert_hostname=parts.hostname, cert_reqs="CERT_REQUIRED", ca_certs=certifi.where())
+    else:
+        conn = urllib3.connection.HTTPConnection(address, port, timeout=remaining)
+    expired = threading.Event()
+
+    def cut_off() -> None:
+        # Unblocks whatever socket call the try is in (connect, TLS, send, a read).
+        expired.set()
+        sock = conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(remaining, cut_off)
+    timer.daemon = True
+    timer.start()
+    try:
+        path = parts.path or "/"
+        if parts.query:
+            path += "?" + parts.query
+        conn.request("POST", path, body=body, headers={**headers, "host": parts.netloc},
+                     preload_content=False)
+        response = conn.getresponse()
+        raw = response.read(_EXCERPT) or b""
+        if expired.is_set():
+            raise DeadlineExceeded(f"no complete answer within {timeout:g} s")
+        return Answer(response.status, raw.decode("utf-8", "replace"))
+    except Exception as exc:
+        if expired.is_set() or time.monotonic() >= deadline:
+            raise DeadlineExceeded(f"no complete answer within {timeout:g} s") from exc
+        raise
+    finally:
+        timer.cancel()
+        conn.close()
 
 
 def _secret_of(delivery: WebhookDelivery) -> str | None:
+    """The signing secret of the delivery's target, in clear (stored encrypted)."""
     if delivery.endpoint_id is not None:
-        return delivery.endpoint.secret if delivery.endpoint is not None else None
-    return TeamNotifySecret.objects.filter(team_id=delivery.team_id).values_list("secret", flat=True).first()
+        stored = delivery.endpoint.secret if delivery.endpoint is not None else None
+    else:
+        stored = (TeamNotifySecret.objects.filter(team_id=delivery.team_id)
+                  .values_list("secret", flat=True).first())
+    return None if stored is None else unseal(stored)
+
+
+def webhook_secrets_reencrypt() -> int:
+    """Re-encrypt every stored signing secret (endpoints' and notify secrets) with the
+    first key of FAIRQ_WEBHOOK_SECRET_KEYS, sealing any still in clear; returns how many
+    rows were rewritten. Each row in its own short transaction, locked while rewritten;
+    SealError (nothing more rewritten) when a row opens with none of the keys."""
+    done = 0
+    for model in (WebhookEndpoint, TeamNotifySecret):
+        for pk in model.objects.order_by("pk").values_list("pk", flat=True):
+            with transaction.atomic():
+                row = model.objects.select_for_update().filter(pk=pk).first()
+                if row is None:
+                    continue
+                row.secret = reseal(row.secret)
+                row.save(update_fields=["secret"])
+                done += 1
+    return done
 
 
 def signed_request(*, delivery: WebhookDelivery, secret: str, now: datetime) -> tuple[bytes, dict[str, str]]:
@@ -539,8 +684,13 @@ def webhook_attempt(
     excerpt = error = ""
     final_error = False
     started = time.monotonic()
-    secret = _secret_of(delivery)
-    if secret is None:
+    try:
+        secret = _secret_of(delivery)
+    except SealError as exc:
+        secret, error = None, f"cannot sign: {exc}"
+    if error:
+        pass  # a key dropped too early: tried again on the retry schedule, once it is back
+    elif secret is None:
         error, final_error = "no secret to sign with (the endpoint or notify secret is gone)", True
     elif (
         delivery.endpoint is not None
@@ -550,7 +700,6 @@ def webhook_attempt(
         error, final_error = "the endpoint is disabled", True
     else:
         try:
-            _check_destination(delivery.url)
             body, headers = signed_request(delivery=delivery, secret=secret, now=now)
             answer = post(delivery.url, body, headers, timeout)
             status_code, excerpt = answer.status_code, answer.excerpt

@@ -105,11 +105,13 @@ LAST_WEB_JOB_SESSION_KEY = "fairq_last_web_job"  # {team slug: id of the user's 
 
 
 def healthz_scheduler(request: HttpRequest) -> JsonResponse:
-    """The scheduler's deep check (docs/deployment.md): 503 when the last successful
-    cycle is older than FAIRQ_SCHEDULER_STALE_CYCLES intervals, or none is recorded. Not
-    the web's own liveness: a stuck worker must not take the web down with it."""
+    """The scheduler's deep check (docs/deployment.md): 503 "stale" when the last
+    successful cycle is older than FAIRQ_SCHEDULER_STALE_CYCLES intervals or none is
+    recorded, 503 "behind" when cycles come further apart than
+    FAIRQ_SCHEDULER_BEHIND_CYCLES intervals. Not the web's own liveness: a stuck worker
+    must not take the web down with it."""
     health = scheduler_health()
-    body = {"status": "ok" if health["healthy"] else "stale", **health}
+    body = dict(health)
     del body["healthy"]
     return JsonResponse(body, status=200 if health["healthy"] else 503)
 

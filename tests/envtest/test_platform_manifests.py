@@ -3,7 +3,7 @@ the real control plane of the tests:
 
 - every object each overlay renders passes the API server's server-side dry run, sent
   with `kubectl apply --dry-run=server` exactly as docs/deployment.md says to apply it;
-- the dev overlay applied for real: web, worker, beat, PostgreSQL and Redis Deployments
+- the dev overlay applied for real: web, worker, webhooks, beat, PostgreSQL and Redis Deployments
   become Ready (the fake kubelet runs their pods), the release's migrate Job runs once,
   a re-apply changes nothing, and a second apply with a new image tag upgrades without
   an error from the immutable Jobs: new release Jobs, every Deployment rolled to the tag;
@@ -144,7 +144,8 @@ def test_the_dev_overlay_applied_for_real_becomes_ready_and_upgrades_to_a_new_ta
     tree = tmp_path / "k8s"
     shutil.copytree(PLATFORM, tree)
     overlay = tree / "overlays" / "dev" / "kustomization.yaml"
-    deployments = ("fairq-web", "fairq-worker", "fairq-beat", "fairq-postgres", "fairq-redis")
+    deployments = ("fairq-web", "fairq-worker", "fairq-webhooks", "fairq-beat", "fairq-postgres",
+                   "fairq-redis")
     try:
         first = runnable_on_envtest(render(overlay.parent), job_seconds=1)
         out = apply(kubeconfig, first)
@@ -174,7 +175,7 @@ def test_the_dev_overlay_applied_for_real_becomes_ready_and_upgrades_to_a_new_ta
         assert "job.batch/fairq-migrate-1.1.0 created" in out, out
         assert "job.batch/fairq-sync-cluster-1.1.0 created" in out, out
         assert "deployment.apps/fairq-web configured" in out, out
-        for name in ("fairq-web", "fairq-worker", "fairq-beat"):
+        for name in ("fairq-web", "fairq-worker", "fairq-webhooks", "fairq-beat"):
             _wait(f"{name} rolled to 1.1.0",
                   lambda n=name: _rolled_out(apps, n, "fairq:1.1.0"))
         _wait("the 1.1.0 migration",
@@ -236,7 +237,9 @@ def test_every_role_has_its_probes_and_waits_for_the_releases_migrations(
     for name, role in (("fairq-worker", "worker"), ("fairq-beat", "beat")):
         probe = spec(name)["containers"][0]["livenessProbe"]
         assert probe["exec"]["command"] == ["python", "manage.py", "heartbeat_check", role]
-    for name in ("fairq-web", "fairq-worker", "fairq-beat"):
+    hooks = spec("fairq-webhooks")["containers"][0]["livenessProbe"]["exec"]["command"]
+    assert hooks[-1].startswith("celery -A config inspect ping") and "webhooks@" in hooks[-1]
+    for name in ("fairq-web", "fairq-worker", "fairq-webhooks", "fairq-beat"):
         [init] = spec(name)["initContainers"]
         assert init["command"][:3] == ["python", "manage.py", "wait_for_migrations"]
     sync = prod[("Job", "fairq-sync-cluster-1.0.0")]["spec"]["template"]["spec"]
@@ -323,6 +326,7 @@ def test_docker_compose_runs_the_three_roles_on_postgres_and_redis() -> None:
     services = compose["services"]
     assert {"postgres", "redis", "migrate", "web", "worker", "beat"} <= set(services)
     assert services["worker"]["command"][:3] == ["celery", "-A", "config"]
+    assert services["webhooks"]["command"][:4] == ["celery", "-A", "config", "worker"]
     assert services["beat"]["command"][:4] == ["celery", "-A", "config", "beat"]
     env = services["web"]["environment"]
     assert env["DATABASE_URL"].startswith("postgres://")

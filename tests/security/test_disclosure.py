@@ -112,6 +112,8 @@ PROD_ENV = {
     "DATABASE_URL": os.environ.get("DATABASE_URL", "postgres://fairq@localhost/fairq"),
     "REDIS_URL": os.environ.get("REDIS_URL", "redis://localhost:6379/0"),
     "FAIRQ_METRICS_TOKEN": "metrics-secret",
+    "FAIRQ_PUBLIC_URL": "https://fairq.example.com",
+    "FAIRQ_WEBHOOK_SECRET_KEYS": "ZGV2LW9ubHktbm90LXNlY3JldC0wMTIzNDU2Nzg5YWI=",
 }
 
 
@@ -148,6 +150,12 @@ def test_check_deploy_warns_when_the_metrics_token_is_unset() -> None:
     r = _check_deploy(FAIRQ_METRICS_TOKEN="")
     assert r.returncode != 0
     assert "fairq.W001" in r.stderr
+
+
+def test_check_deploy_warns_without_webhook_keys_or_public_url() -> None:
+    r = _check_deploy(FAIRQ_WEBHOOK_SECRET_KEYS="", FAIRQ_PUBLIC_URL="")
+    assert r.returncode != 0
+    assert "fairq.W010" in r.stderr and "fairq.W011" in r.stderr
 
 
 def test_production_settings_redirect_to_https_and_set_hsts() -> None:

@@ -78,7 +78,9 @@ def test_it_retries_after_a_500_and_logs_both_tries(world, django_capture_on_com
         "from_status": None,
         "attempt": 1,
         "reason": "submitted",
-        "url": f"/jobs/{job['id']}/",
+        # FAIRQ_PUBLIC_URL is unset in the tests: no link rather than a relative one a
+        # receiver would resolve against its own host.
+        "url": None,
     }
 
     log = admin.get(f"/api/v1/teams/vision/webhooks/{created['id']}/deliveries/").json()
@@ -90,6 +92,18 @@ def test_it_retries_after_a_500_and_logs_both_tries(world, django_capture_on_com
     assert log[0]["attempts"][0]["next_retry_at"] is not None
     assert log[0]["attempts"][1]["next_retry_at"] is None
     assert '"ok":' in log[0]["attempts"][1]["response_excerpt"]
+
+
+@pytest.mark.parametrize("base", ["https://fairq.example.com", "https://example.com/fairq/"])
+def test_the_payload_links_the_job_page_absolutely_from_the_public_url(
+    world, settings, django_capture_on_commit_callbacks, base
+):
+    settings.FAIRQ_PUBLIC_URL = base
+    admin = world.client(world.admin)
+    with receiver() as rx:
+        rx.secret = _endpoint(admin, rx.url)["secret"]
+        job = _submit(admin, django_capture_on_commit_callbacks)
+    assert rx.received[0].verified["data"]["url"] == f"{base.rstrip('/')}/jobs/{job['id']}/"
 
 
 def test_each_state_change_is_posted_with_from_and_to(world, django_capture_on_commit_callbacks):

@@ -7,6 +7,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from queueing.sealing import unseal
 from queueing.services.webhooks import webhook_attempt, webhook_endpoint_create
 from tests.factories import JobFactory
 
@@ -74,7 +75,7 @@ def test_staff_edit_an_endpoint_in_the_admin_audited_without_the_secret(world):
     assert r.status_code == 302
     endpoint = WebhookEndpoint.objects.get(pk=created.endpoint.pk)
     assert (endpoint.url, endpoint.event_types) == ("https://ci.example.com/other", ["job.failed"])
-    assert endpoint.secret == created.secret
+    assert unseal(endpoint.secret) == created.secret
     entry = AuditEntry.objects.filter(object_type="queueing.WebhookEndpoint").latest("id")
     assert entry.changes["url"] == ["https://ci.example.com/h", "https://ci.example.com/other"]
     assert "secret" not in entry.changes

@@ -77,14 +77,13 @@ class Command(BaseCommand):
             threading.Thread(target=beat.Service(app).start, name="beat", daemon=True).start()
 
         worker_ready.connect(start_beat, weak=False)
-        if settings.FAIRQ_WEBHOOK_QUEUE:
-            # Webhook tries (docs/webhooks.md) on their own consumer: the solo worker below
-            # runs the scheduler cycles, which never wait for a receiver.
-            webhooks = app.WorkController(
-                app=app, hostname="webhooks@demo", pool_cls="solo",
-                queues=[settings.FAIRQ_WEBHOOK_QUEUE], without_heartbeat=True,
-                without_mingle=True, without_gossip=True, loglevel="INFO")
-            threading.Thread(target=webhooks.start, name="webhooks", daemon=True).start()
+        # Webhook tries (docs/webhooks.md) on their own consumer: the solo worker below
+        # runs the scheduler cycles, which never wait for a receiver.
+        webhooks = app.WorkController(
+            app=app, hostname="webhooks@demo", pool_cls="solo",
+            queues=[settings.FAIRQ_WEBHOOK_QUEUE], without_heartbeat=True,
+            without_mingle=True, without_gossip=True, loglevel="INFO")
+        threading.Thread(target=webhooks.start, name="webhooks", daemon=True).start()
         app.worker_main([
             "--quiet", "worker", "--pool=solo", "--loglevel=INFO", "--without-gossip",
             "--without-mingle", "--without-heartbeat", "-Q", app.conf.task_default_queue,
