@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.urls import reverse
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -55,7 +54,9 @@ class ApiRootView(APIView):
     """Every resource of the API by its path, with its absolute link (a URI template
     when the path has parameters)."""
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT}, examples=[OpenApiExample(
+    @extend_schema(responses={200: {"type": "object", "additionalProperties": {
+        "type": "string", "description": "An absolute link, or a URI template (RFC 6570) "
+        "when the path has parameters."}}}, examples=[OpenApiExample(
         "root", value={"jobs": "https://fairq.example.com/api/v1/jobs/",
                        "jobs/{pk}": "https://fairq.example.com/api/v1/jobs/{pk}/"})])
     def get(self, request: Request) -> Response:
