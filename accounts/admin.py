@@ -193,11 +193,12 @@ class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
 
 @admin.register(Team)
 class TeamAdmin(AuditedAdmin):
-    list_display = ["slug", "name", "weight", "parent", "run_as_non_root"]
+    list_display = ["slug", "name", "weight", "parent", "run_as_non_root", "any_member_may_cancel"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
     fieldsets = [
-        (None, {"fields": ["slug", "name", "weight", "parent", "run_as_non_root"]}),
+        (None, {"fields": ["slug", "name", "weight", "parent", "run_as_non_root",
+                           "any_member_may_cancel"]}),
         ("Resources per replica: defaults and maxima (the API and the team page take "
          "quantities such as 16Gi)", {"fields": [
              f"{kind}_{column}" for column in TEAM_RESOURCE_FIELDS.values()

@@ -31,6 +31,7 @@ from .models import ApiToken, Membership, Role, Team
 from .selectors import memberships_of_team, teams_for_user, tokens_of_user
 from .services import (
     KEY_SHOWN_ONCE,
+    TEAM_ADMIN_FIELDS,
     membership_remove,
     membership_set,
     team_create,
@@ -57,8 +58,8 @@ class TeamSerializer(StrictFieldsMixin, serializers.ModelSerializer[Team]):
 
     class Meta:
         model = Team
-        fields = ["slug", "name", "weight", "parent", "run_as_non_root", "granted_tiers",
-                  "resources", "role", "created_at"]
+        fields = ["slug", "name", "weight", "parent", "run_as_non_root",
+                  "any_member_may_cancel", "granted_tiers", "resources", "role", "created_at"]
         read_only_fields = ["created_at", "role", "granted_tiers", "resources"]
 
     def get_role(self, team: Team) -> str | None:
@@ -79,6 +80,9 @@ class TeamUpdateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
     parent = serializers.SlugRelatedField(  # type: ignore[assignment] # Field.parent, not ours
         slug_field="slug", queryset=Team.objects.all(), required=False, allow_null=True)
     run_as_non_root = serializers.BooleanField(required=False)
+    any_member_may_cancel = serializers.BooleanField(
+        required=False, help_text="Every member may cancel any job of the team; off: only "
+        "the job's submitter, the team's admins and staff may. Team admins may change it.")
     granted_tiers = serializers.SlugRelatedField(
         slug_field="slug", queryset=Tier.objects.all(), many=True, required=False,
         help_text="Replaces the team's tier grants (rule T1).")
@@ -130,11 +134,13 @@ class TeamDetailView(IdempotentPostMixin, APIView):
     @extend_schema(request=TeamUpdateSerializer, responses=TeamSerializer)
     def patch(self, request: Request, slug: str) -> Response:
         """Change a team (staff): name, weight, parent (never itself or a descendant:
-        rule F4), `run_as_non_root` and its tier grants (rule T1). Audited."""
+        rule F4), `run_as_non_root` and its tier grants (rule T1); and (a team admin of
+        the team too) `any_member_may_cancel`: who may cancel its jobs. Audited."""
         team = check_team_member(actor=request.user, slug=slug)
-        check_staff(actor=request.user)
         s = TeamUpdateSerializer(data=request.data)
         s.is_valid(raise_exception=True)
+        if set(s.validated_data) - TEAM_ADMIN_FIELDS:
+            check_staff(actor=request.user)
         parent = s.validated_data.get("parent")
         if parent is not None and parent.pk == team.pk:
             raise serializers.ValidationError({"parent": ["A team cannot be its own parent."]})

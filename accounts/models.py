@@ -102,6 +102,14 @@ class Team(models.Model):
         default=list, db_default=[], blank=True, validators=[notify_prefixes_validator],
         help_text='URL prefixes its jobs\' notify_url may start with, e.g. '
                   '["https://ci.example.com/hooks/"].')
+    # Who may cancel the team's jobs (docs/api.md, "Who may cancel"): the submitter, the
+    # team's admins and staff; with this on, every member too. Set by team admins and
+    # staff (team_update, audited).
+    any_member_may_cancel = models.BooleanField(
+        default=False, db_default=False,
+        help_text="Every member may cancel any job of the team; off: only the job's "
+                  "submitter, the team's admins and staff may.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

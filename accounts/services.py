@@ -226,12 +226,16 @@ def team_create(
     return team
 
 
+# The team fields its team admins may change as well as staff (`team_update`).
+TEAM_ADMIN_FIELDS = frozenset({"any_member_may_cancel"})
+
 _TEAM_HIERARCHY_LOCK = 0x66717465616D73  # "fqteams": serializes team parent changes
 
 
 @transaction.atomic
 def team_update(*, actor: Any, team: Team, **fields: Any) -> Team:
-    """Change `name`, `weight`, `parent` or `run_as_non_root` of a team, audited field by
+    """Change `name`, `weight`, `parent`, `run_as_non_root` or `any_member_may_cancel`
+    (who may cancel its jobs: docs/api.md, "Who may cancel") of a team, audited field by
     field.
 
     Parent changes take turns (a transaction-scoped PostgreSQL advisory lock): two
@@ -239,15 +243,19 @@ def team_update(*, actor: Any, team: Team, **fields: Any) -> Team:
     uncommitted state; without the turn PostgreSQL aborts one of them as a deadlock (a
     500), with it the second sees the first and is refused like any cycle (a 400).
 
-    `actor` must be staff (PermissionDenied otherwise)."""
+    `actor` must be staff, or a team admin of the team when only `TEAM_ADMIN_FIELDS`
+    change (PermissionDenied otherwise)."""
     if actor is not None:
-        check_staff(actor=actor)
+        if set(fields) <= TEAM_ADMIN_FIELDS:
+            check_team_admin(actor=actor, team=team)
+        else:
+            check_staff(actor=actor)
     if "parent" in fields and connection.vendor == "postgresql":
         with connection.cursor() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", [_TEAM_HIERARCHY_LOCK])
     before = Team.objects.select_for_update().get(pk=team.pk)
     for name, value in fields.items():
-        if name not in {"name", "weight", "parent", "run_as_non_root"}:
+        if name not in {"name", "weight", "parent", "run_as_non_root", *TEAM_ADMIN_FIELDS}:
             raise ValueError(f"team field {name!r} cannot be changed")
         setattr(team, name, value)
     team.full_clean()

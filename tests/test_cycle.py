@@ -20,6 +20,7 @@ from queueing.services.jobs import job_cancel, job_transition
 from queueing.services.scheduler import scheduler_cycle
 
 from .conftest import World, job_body
+from .factories import JobFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -150,7 +151,10 @@ def test_a_gang_is_admitted_whole_or_not_at_all(world: World) -> None:
 
 
 def test_a_gang_larger_than_the_cluster_waits_with_a_reason(world: World) -> None:
-    gang = submit(world, gpu_type="a100", gpus=8, replicas=3)  # a100: no quota ceiling
+    # a100: no quota ceiling. Submit refuses such a gang (rule E6); this one was queued
+    # when the cluster had more a100 nodes.
+    gang = JobFactory(team=world.vision, submitter=world.member, gpu_type=world.a100,
+                      tier=world.normal, gpus_per_replica=8, replicas=3).pk
     r = scheduler_cycle(now=timezone.now())
     assert r.admitted == [] and r.plan is not None
     wait = r.plan.waits[gang]

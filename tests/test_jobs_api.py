@@ -212,7 +212,7 @@ def test_a_member_cancels_a_queued_job_and_the_event_says_who(world: World) -> N
 
 def test_cancelling_a_finished_job_is_a_conflict_and_changes_nothing(world: World) -> None:
     job = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal,
-                     status=JobState.SUCCEEDED)
+                     status=JobState.SUCCEEDED, submitter=world.member)
     r = world.client(world.member).post(f"/api/v1/jobs/{job.pk}/cancel/")
     assert r.status_code == 409 and r.json()["error"]["code"] == "invalid_transition"
     job.refresh_from_db()

@@ -25,6 +25,7 @@ from queueing.services.logs import (
 from queueing.services.scheduler import scheduler_cycle
 
 from .conftest import World
+from .factories import JobFactory
 from .test_cycle import submit
 
 pytestmark = pytest.mark.django_db
@@ -276,7 +277,10 @@ def test_the_job_page_shows_each_attempt_and_refuses_a_bad_one(world: World) -> 
 def test_a_job_cancelled_before_it_ran_has_no_log_rather_than_an_empty_one(
     world: World, django_capture_on_commit_callbacks: Callable[..., Any],
 ) -> None:
-    job_id = submit(world, gpus=8, replicas=4)  # waits: more than the h100 nodes hold
+    # Waits: more than the h100 nodes hold (queued when there were more: submit refuses
+    # such a job now, rule E6).
+    job_id = JobFactory(team=world.vision, submitter=world.member, gpu_type=world.h100,
+                        tier=world.normal, gpus_per_replica=8, replicas=4).pk
     scheduler_cycle(now=timezone.now())
     assert Job.objects.get(pk=job_id).status == "QUEUED"
     with django_capture_on_commit_callbacks(execute=True):

@@ -37,7 +37,7 @@ def _count_plans() -> Any:
 
 def test_pollers_of_many_queued_jobs_share_one_plan(world: World) -> None:
     ids = [_submit(world, name=f"j{i}", gpus=8, tier="low") for i in range(4)]
-    ids += [_submit(world, name="big", gpus=8, replicas=9)]  # waits: no room for 72 GPUs
+    ids += [_submit(world, name="big", gpus=8, replicas=2)]  # the whole cluster: 16 GPUs
     with _count_plans() as plans:
         answers = [_queue(world, i) for i in ids]
         assert plans.call_count == 1  # not one plan per GET
@@ -65,7 +65,8 @@ def test_a_cycle_that_admits_drops_the_plan(world: World) -> None:
     assert cache.get(qp._PLAN_KEY) is None
 
 
-def test_the_api_and_the_dashboard_word_a_wait_the_same(world: World) -> None:
+def test_the_api_and_the_dashboard_word_a_wait_the_same(world: World, settings: Any) -> None:
+    settings.FAIRQ_SIM_NODES = "4x8xh100,2x8xa100,1x7xmig-1g-10gb"  # 32 h100 GPUs
     _submit(world, world.outsider, team="nlp", gpus=8, tier="high", name="ahead")
     mine = _submit(world, gpus=8, replicas=3, name="gang")  # 24 GPUs: more than any quota
     api = _queue(world, mine)

@@ -117,7 +117,7 @@ def test_rule_p3_a_cycle_that_moves_a_job_reaches_a_process_holding_the_plan(
     assert held is not None and first in held.entries
     result = scheduler_cycle(now=timezone.now())  # admits it: drops the plan
     assert first in result.admitted
-    second = _submit(world, name="second", gpus=8, replicas=9)  # waits: 72 GPUs
+    second = _submit(world, name="second", gpus=8, replicas=2)  # waits: 2 of 16 GPUs taken
     with _counting() as counts:
         assert qp.queue_plan(now=timezone.now()).generation != held.generation
     assert counts.plans == 1
@@ -136,7 +136,7 @@ def test_rule_p3_the_plan_expires_with_its_generation(world: World) -> None:
 
 
 def test_rule_p3_previews_unpack_the_kept_snapshot_once_per_process(world: World) -> None:
-    _submit(world, name="queued", gpus=8, replicas=9)
+    _submit(world, name="queued", gpus=8, replicas=2)
     now = timezone.now()
     qp.submit_preview(team=world.vision, gpu_type=world.h100, gpus_per_replica=1,
                       replicas=1, tier_rank=100, now=now)  # keeps the snapshot

@@ -67,7 +67,8 @@ class ArrayDetailView(APIView):
         """Cancel every member that has not ended, in one transaction, each with its event
         (the members not queued as jobs yet: one event on the array); members that ended
         are left alone. Answers the ids cancelled, how many had no job yet, and the array
-        after."""
+        after. Who may: as for one job (its submitter, a team admin, staff; every member
+        when the team's `any_member_may_cancel` is on); 403 otherwise."""
         array = array_get_for_actor(actor=request.user, array_id=array_id)
         cancelled, not_written = array_cancel(actor=request.user, array=array)
         array.refresh_from_db()  # the rest cancelled: the service wrote its own copy

@@ -347,9 +347,10 @@ def submit_or_hand_over(request: HttpRequest) -> HttpResponse:
             actor=user, **fields,
             team_lookup=lambda slug: auth_cache.team_remembered(user, slug, generation))
 
+    # (Also without them: rule K1's "no cluster holds it" is checked there.)
     job_input = job_input_with_dependencies(
-        job_input_with_clusters(build, gpu_type=fields.get("gpu_type"), **clusters)
-        if clusters else build(), dependencies)
+        job_input_with_clusters(build, gpu_type=fields.get("gpu_type"), **clusters),
+        dependencies)
     job, event, created = job_submit_with_event(actor=user, data=job_input)
     request.user = user
     if not created or event is None:  # no idempotency key: cannot happen

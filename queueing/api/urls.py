@@ -22,9 +22,12 @@ from . import (  # noqa: F401 - schema registers the token auth scheme
     webhooks,
 )
 from .errors import api_not_found
+from .root import ApiRootView
 from .views import FairShareView, JobViewSet
 
+# The root of /api/v1/ is ours (queueing/api/root.py): DRF's lists only the router's.
 router = DefaultRouter()
+router.include_root_view = False
 router.register("jobs", JobViewSet, basename="job")
 
 def _fast_submit() -> list[Any]:
@@ -39,6 +42,7 @@ def _fast_submit() -> list[Any]:
 
 
 urlpatterns = [
+    path("", ApiRootView.as_view(), name="api-root"),
     # Before the router: its jobs/{id}/ would take "stream" and "starts" for ids.
     path("jobs/stream/", watch.JobStreamView.as_view(), name="job-stream"),
     path("jobs/starts/", starts.JobStartsView.as_view(), name="job-starts"),

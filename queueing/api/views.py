@@ -211,7 +211,9 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
         """Cancel a job that is not final yet: it becomes CANCELLED (its workload is
-        stopped after the commit); 409 when it is already final."""
+        stopped after the commit); 409 when it is already final. Its submitter, a team
+        admin of its team and staff may; every member when the team's
+        `any_member_may_cancel` is on; 403 otherwise."""
         job = job_cancel(actor=request.user, job=self.get_object())
         job = Job.objects.prefetch_related("events").get(pk=job.pk)
         return Response(_detail_data(job))

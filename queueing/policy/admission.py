@@ -862,6 +862,23 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             reserved[job.gpu_type] = best
             waits.reservations[job.gpu_type] = (job.id, best.at)
 
+    def unheld_anywhere(job: QueuedJob) -> tuple[int, int, int] | None:
+        """Rules A4, K1, K3: the wait of a job no pool it may use holds even with its
+        nodes empty (as the pass below finds it, memoized per static key), or None."""
+        g, gt = job.gpus_per_replica, job.gpu_type
+        if g > largest.get(gt, 0):
+            return (no_fit, 0, 0)
+        cpu = mem = 0
+        if gt in constrained:
+            cpu, mem = job.cpu_millicores or 0, job.memory_bytes or 0
+        skey = (gt, job.clusters, job.spot_ok, g, job.replicas, cpu, mem, job.topology)
+        static = statics.get(skey)
+        if static is None:
+            pools, excluded = pools_for(job)
+            static = statics[skey] = (pools, excluded, *_holding(
+                cap, job, pools, excluded, g, job.replicas, cpu, mem, job.topology))
+        return None if static[2] else static[3]
+
     # The replay of a long queue's waits (issue 20): once no search is left (rule R4) and
     # no preemptor is nominated, a job waits exactly as an earlier job of its team and
     # shape did when nothing has changed since - no capacity, hold or ledger move (every
@@ -918,6 +935,14 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         ceiling = ceilings.get(key)
         over = ceiling is not None and held[key] + total > ceiling
         if over and not (may_search and lowest_tier.get(key, job.tier_rank) < job.tier_rank):
+            # Rule E6: a job no pool it may use could hold even empty (a cluster disabled
+            # or gone since its submit) says so, not "raise the quota", which cannot help.
+            unheld = unheld_anywhere(job)
+            if unheld is not None:
+                raw[job_id] = (unheld[0], index, unheld[1], unheld[2])
+                if lkey is not None:
+                    lane[lkey] = (stamp, *unheld, "")
+                continue
             code = quota if total <= (ceiling or 0) else never_fits
             raw[job_id] = (code, index, held[key], ceiling or 0)
             if lkey is not None:

@@ -32,6 +32,31 @@ def check_job_access(*, actor: Any, job_id: int) -> Job:
     return job_get_for_actor(actor=actor, job_id=job_id)
 
 
+def may_cancel(*, actor: Any, team: Team, submitter_id: int | None) -> bool:
+    """Who may cancel a job (or an array) of `team` that `actor` may see (docs/api.md,
+    "Who may cancel"; Slurm's `scancel`: the owner and operators): its submitter, a
+    team admin of the team, staff; every member when the team's `any_member_may_cancel`
+    is on. One query at most."""
+    if actor.is_staff or (submitter_id is not None and submitter_id == actor.pk):
+        return True
+    if team.any_member_may_cancel:
+        return Membership.objects.filter(user=actor, team=team).exists()
+    return is_team_admin(user=actor, team=team)
+
+
+def cancel_refused_message(team: Team) -> str:
+    return (f"Only its submitter, a team admin of {team.slug} or staff may cancel this job "
+            f"(a team admin may let every member of {team.slug} cancel the team's jobs: "
+            "the team's any_member_may_cancel).")
+
+
+def check_job_cancel(*, actor: Any, job: Job) -> None:
+    """PermissionDenied (403) unless `actor` may cancel `job` (`may_cancel`); callers have
+    shown the job to `actor` already (check_job_access: 404 for another team's)."""
+    if not may_cancel(actor=actor, team=job.team, submitter_id=job.submitter_id):
+        raise PermissionDenied(cancel_refused_message(job.team))
+
+
 def check_team_member(*, actor: Any, slug: str) -> Team:
     """The team if `actor` is in it (or staff); NotFound whether it exists or not."""
     team = team_get_for_user(user=actor, slug=slug)

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from queueing import rawsql
 from queueing.composition import stop_workload_soon
+from queueing.errors import PermissionDenied
 from queueing.models import GpuType, Job, JobArray, JobEvent
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 from queueing.sanitize import clean_text
@@ -23,6 +24,7 @@ from queueing.selectors.arrays import array_get_for_actor
 from queueing.selectors.cluster import cluster_view
 from queueing.selectors.queue_plan import queue_plan_forget
 
+from .access import cancel_refused_message, may_cancel
 from .jobs import array_member_indices, array_members_notify, array_members_write, job_transition
 from .usage import usage_record_attempt
 from .webhooks import webhooks_events_written
@@ -175,7 +177,9 @@ def _cancel_queued(array: JobArray, *, now: datetime, user: Any, label: str, rea
 def array_cancel(*, actor: Any, array: JobArray,
                  now: datetime | None = None) -> tuple[list[int], int]:
     """Cancel every member of `array` that has not ended, in one transaction, each with its
-    transition event (NotFound unless `actor` may see the array). The members not yet
+    transition event (NotFound unless `actor` may see the array; PermissionDenied unless
+    it may cancel it, as `job_cancel`: its submitter, a team admin, staff, or a member
+    when the team's `any_member_may_cancel` is on). The members not yet
     written as rows are cancelled on the array (`_cancel_rest`: no row is ever written
     for them, the array's "cancelled" event says so); queued members are cancelled in
     bulk (`_cancel_queued`: one statement on PostgreSQL); members holding GPUs one by
@@ -185,6 +189,8 @@ def array_cancel(*, actor: Any, array: JobArray,
     now = now or timezone.now()
     if actor is not None:
         array = array_get_for_actor(actor=actor, array_id=array.pk)
+        if not may_cancel(actor=actor, team=array.team, submitter_id=array.created_by_id):
+            raise PermissionDenied(cancel_refused_message(array.team))
     reason = clean_text(f"cancelled by {actor} (array {array.pk})", max_length=_REASON_MAX)
     user = actor if getattr(actor, "is_authenticated", False) else None
     label = clean_text(str(actor), max_length=_LABEL_MAX)

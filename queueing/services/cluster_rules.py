@@ -16,6 +16,7 @@ from typing import Any
 
 from queueing.errors import DomainError
 from queueing.models import Cluster
+from queueing.selectors.cluster import gang_room
 from queueing.selectors.clusters import SubmitClusterFacts, submit_cluster_facts
 from queueing.selectors.lookups import gpu_types_by_slug
 
@@ -92,10 +93,58 @@ def _labels_text(labels: Mapping[str, str]) -> str:
     return ", ".join(f"{k}={val}" for k, val in sorted(labels.items())) or "no labels"
 
 
-def _clusters_text(allowed: list[SubmitClusterFacts]) -> str:
-    names = [f.name for f in allowed]
+def _clusters_text(allowed: list[SubmitClusterFacts] | list[str]) -> str:
+    names = [f if isinstance(f, str) else f.name for f in allowed]
     return f"cluster {names[0]}" if len(names) == 1 else \
         f"the allowed clusters ({', '.join(names)})"
+
+
+def _refuse_larger_than_fleet(data: JobInput, *, requested_cluster: str | None,
+                              cluster_selector: Mapping[str, Any] | None,
+                              allow_spot: bool) -> None:
+    """Rules A3, K1, K3, K4, K8 at submit: a job whose replicas no one pool it may use (one
+    cluster that takes new work, spot or not) could hold even with every node empty would
+    wait forever, whatever the quotas (raising one cannot help): DomainError on
+    `replicas` naming the most that fit, or on `gpus` when no node it may use holds one
+    replica. An array is checked on its template (each member is such a job). Nothing
+    is refused while the cluster view does not know (`gang_room` None: not published,
+    or a cluster the job may use unread, rule K5)."""
+    gt, gpus, replicas = data.gpu_type.slug, data.gpus_per_replica, data.replicas
+    selector = dict(cluster_selector or {})
+    facts = submit_cluster_facts()
+    clusters = None
+    expected = frozenset(name for name, f in facts.items() if f.enabled)
+    if requested_cluster or selector:
+        clusters = expected = frozenset(f.name for f in allowed_clusters(
+            facts, requested_cluster=requested_cluster, cluster_selector=selector))
+    spot_ok = data.tier.preemptible or allow_spot
+    room = gang_room(gt, gpus, clusters=clusters, spot_ok=spot_ok, expected=expected)
+    if room is None or replicas <= room.replicas:
+        return
+    where = ("" if clusters is None else
+             f" of {_clusters_text(sorted(clusters))}" if clusters else " of no cluster")
+    if room.replicas == 0:
+        raise DomainError(INVALID_FIELDS, fields={"gpus": [
+            f"No {gt} node{where} that takes new work holds {gpus} GPUs (the largest has "
+            f"{room.largest_node})." if room.largest_node else
+            f"No {gt} node{where} takes new work (rule K8): the largest possible is 0 GPUs."]})
+    if room.cluster:
+        scope = (f"in one cluster{where} even when empty (rules A3, K1: the most in "
+                 f"cluster {room.cluster}{' on its spot nodes' if room.spot else ''}, "
+                 f"{room.gpus} {gt} GPUs that take new work)")
+    else:
+        scope = (f"on the {gt} {'spot ' if room.spot else ''}nodes even when empty "
+                 f"(rule A3: {room.gpus} GPUs that take new work)")
+    kind = ""
+    if not spot_ok:
+        anywhere = gang_room(gt, gpus, clusters=clusters, spot_ok=True, expected=expected)
+        if anywhere is not None and anywhere.replicas > room.replicas:
+            kind = (" (not counting spot nodes: a non-preemptible tier uses them only with "
+                    "allow_spot, rule K4)")
+    raise DomainError(INVALID_FIELDS, fields={"replicas": [
+        f"At most {room.replicas} replicas of {gpus} {gt} GPUs fit {scope}{kind}; "
+        f"this job asks {replicas} ({replicas * gpus} GPUs). The largest possible "
+        f"is {room.replicas} replicas ({room.replicas * gpus} GPUs)."]})
 
 
 def job_input_with_clusters(
@@ -116,6 +165,8 @@ def job_input_with_clusters(
         raise
     if problems:
         raise DomainError(INVALID_FIELDS, fields=problems)
+    _refuse_larger_than_fleet(data, requested_cluster=requested_cluster,
+                              cluster_selector=cluster_selector, allow_spot=bool(allow_spot))
     pinned = Cluster.objects.get(name=requested_cluster) if requested_cluster else None
     if pinned is None and not cluster_selector and not allow_spot:
         return data

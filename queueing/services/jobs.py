@@ -38,7 +38,13 @@ from queueing.selectors.lookups import gpu_types_by_slug, team_for_submitter, ti
 from queueing.selectors.queue_plan import queue_plan_forget
 from queueing.validation import spec_size
 
-from .access import check_job_access, check_submit, submit_allowed_sql, unknown_team_message
+from .access import (
+    check_job_access,
+    check_job_cancel,
+    check_submit,
+    submit_allowed_sql,
+    unknown_team_message,
+)
 from .usage import usage_record_attempt
 from .webhooks import notify_url_problem, webhooks_event_written, webhooks_events_written
 
@@ -660,11 +666,12 @@ def _insert_job_with_event(job: Job, event: JobEvent, *,
 
 @transaction.atomic
 def job_cancel(*, actor: Any, job: Job, reason: str = "", now: datetime | None = None) -> Job:
-    """Cancel a job that is not final, if `actor` may see it (NotFound otherwise). Its GPU
-    time so far is charged; its cluster workload is stopped after commit."""
+    """Cancel a job that is not final, if `actor` may see it (NotFound otherwise) and may
+    cancel it (PermissionDenied otherwise: `check_job_cancel`). Its GPU time so far is
+    charged; its cluster workload is stopped after commit."""
     now = now or timezone.now()
     if actor is not None:
-        check_job_access(actor=actor, job_id=job.pk)
+        check_job_cancel(actor=actor, job=check_job_access(actor=actor, job_id=job.pk))
     job = Job.objects.select_for_update().get(pk=job.pk)
     held = job.state in HOLDING_STATES
     try:

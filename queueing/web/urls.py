@@ -21,6 +21,8 @@ urlpatterns = [
     path("teams/<slug:slug>/resources/", views.team_resources_update, name="team-resources"),
     path("teams/<slug:slug>/workload-policy/", views.team_workload_policy_update,
          name="team-workload-policy"),
+    path("teams/<slug:slug>/cancel-rule/", views.team_cancel_rule_update,
+         name="team-cancel-rule"),
     path("teams/<slug:slug>/members/", views.team_member_add, name="team-member-add"),
     path("teams/<slug:slug>/members/<int:membership_id>/", views.team_member_change,
          name="team-member-change"),

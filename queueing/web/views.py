@@ -75,6 +75,7 @@ from queueing.services.access import (
     check_staff,
     check_team_admin,
     check_team_member,
+    may_cancel,
 )
 from queueing.services.cluster_rules import job_input_with_clusters
 from queueing.services.jobs import job_cancel, job_input_build, job_spec, job_submit
@@ -393,6 +394,9 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
            "array": job_array(job),
            "job_cluster": cluster_name(job.cluster_id),
            "job_pin": cluster_name(job.requested_cluster_id),
+           # docs/api.md, "Who may cancel": the button only for who may.
+           "can_cancel": may_cancel(actor=request.user, team=job.team,
+                                    submitter_id=job.submitter_id),
            "permalink": request.build_absolute_uri(reverse("web:job-detail", args=[job.pk]))}
     if request.htmx:  # type: ignore[attr-defined]
         # 286: htmx swaps this last fragment and stops polling a job that is final.
@@ -449,6 +453,8 @@ def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
     try:
         job_cancel(actor=request.user, job=job, reason=f"cancelled by {request.user} (web)")
         messages.success(request, f"Job #{job.pk} cancelled.")
+    except Refused as exc:  # docs/api.md, "Who may cancel" (the page shows no button)
+        raise PermissionDenied(exc.message) from exc
     except DomainError as exc:
         messages.error(request, exc.message)
     return redirect("web:job-detail", job_id=job.pk)
@@ -551,6 +557,20 @@ def team_workload_policy_update(request: HttpRequest, slug: str) -> HttpResponse
     return _team_form_save(request, slug, TeamWorkloadPolicyForm, team_workload_policy_set,
                            saved="Allowed PVCs, secrets and pull secrets saved.",
                            context_key="policy_form")
+
+
+@require_POST
+@login_required
+def team_cancel_rule_update(request: HttpRequest, slug: str) -> HttpResponse:
+    """Who may cancel the team's jobs (docs/api.md, "Who may cancel"): every member, or
+    only the submitter, team admins and staff (team admins and staff; audited)."""
+    team = _team_or_404(request, slug)
+    _team_admin_or_403(request, team)
+    on = request.POST.get("any_member_may_cancel") == "on"
+    team_update(actor=request.user, team=team, any_member_may_cancel=on)
+    messages.success(request, "Every member may now cancel the team's jobs." if on else
+                     "Only a job's submitter, the team admins and staff may now cancel it.")
+    return redirect("web:team", slug=team.slug)
 
 
 @require_POST

@@ -57,7 +57,8 @@ def test_every_post_is_idempotent(world: World, url: str, body: dict[str, Any],
 
 
 def test_a_retried_cancel_replays_the_answer(world: World) -> None:
-    job = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
+    job = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal,
+                     submitter=world.member)
     c = world.client(world.member)
     r1 = _post(c, f"/api/v1/jobs/{job.pk}/cancel/", None, key="c1")
     r2 = _post(c, f"/api/v1/jobs/{job.pk}/cancel/", None, key="c1")
@@ -196,7 +197,7 @@ def test_anonymous_requests_are_throttled_by_address(world: World) -> None:
 
 def test_job_detail_has_an_etag_and_answers_304_until_it_changes(world: World) -> None:
     job = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal,
-                     status="RUNNING")
+                     status="RUNNING", submitter=world.member)
     c = world.client(world.member)
     r = c.get(f"/api/v1/jobs/{job.pk}/")
     etag = r["ETag"]

@@ -1,8 +1,9 @@
-"""Rule E6 (docs/scheduling.md): a job that cannot run as the quotas and the cluster
-stand is accepted (staff may raise a quota, nodes may be added) and flagged at once: its
-first plan, which a new job always gets, says `never_fits` (more GPUs than its team may
-ever hold) or `gang_does_not_fit` (more replicas than the empty nodes hold), in the list
-and the detail alike."""
+"""Rule E6 (docs/scheduling.md): a job that cannot run as the quotas stand is accepted
+(staff may raise a quota) and flagged at once: its first plan, which a new job always
+gets, says `never_fits` (more GPUs than its team may ever hold), in the list and the
+detail alike. One that no cluster could hold even empty is refused at submit
+(tests/api/test_submit_impossible.py); one already queued when the nodes shrank says
+`gang_does_not_fit` (more replicas than the empty nodes hold)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from django.utils import timezone
 from queueing.models import Job, Quota
 from queueing.services.scheduler import scheduler_cycle
 from tests.conftest import World, job_body
+from tests.factories import JobFactory
 
 
 def _submit(world: World, **overrides: Any) -> int:
@@ -30,8 +32,10 @@ def _reason(world: World, job_id: int) -> dict[str, Any]:
 
 
 def test_rule_e6_more_gpus_than_the_teams_ceiling_is_flagged_never_fits_at_once(
-        world: World) -> None:
-    # vision: h100 nominal 8 + borrowing limit 8 = 16 (conftest); nothing runs.
+        world: World, settings: Any) -> None:
+    # vision: h100 nominal 8 + borrowing limit 8 = 16 (conftest); nothing runs. 32 h100
+    # GPUs, so the cluster could hold the job: only the quota stands in its way.
+    settings.FAIRQ_SIM_NODES = "4x8xh100,2x8xa100,1x7xmig-1g-10gb"
     job_id = _submit(world, gpus=8, replicas=3)
     reason = _reason(world, job_id)  # no cycle ran: the job's first plan says it
     assert reason == {"code": "never_fits", "message": (
@@ -45,8 +49,10 @@ def test_rule_e6_the_ceiling_itself_is_not_never_fits(world: World) -> None:
 
 
 def test_rule_e6_a_gang_the_empty_nodes_cannot_hold_is_flagged_at_once(world: World) -> None:
-    # a100 (no ceiling for vision): 2 nodes of 8 hold at most 4 replicas of 4 GPUs.
-    job_id = _submit(world, gpu_type="a100", gpus=4, replicas=5)
+    # a100 (no ceiling for vision): 2 nodes of 8 hold at most 4 replicas of 4 GPUs. Submit
+    # refuses such a job; this one was queued when the cluster was larger.
+    job_id = JobFactory(team=world.vision, submitter=world.member, gpu_type=world.a100,
+                        tier=world.normal, gpus_per_replica=4, replicas=5).pk
     assert _reason(world, job_id) == {"code": "gang_does_not_fit", "message": (
         "even empty, the a100 nodes hold at most 4 replicas of 4 GPUs; this gang needs 5")}
 

@@ -256,7 +256,9 @@ def test_plan_waits_reads_like_a_dict_of_waits() -> None:
     assert w.message == ("team a may hold at most 0 h100 GPUs (its quota's nominal + "
                          "borrowing limit); this job asks 4: it can never run unless the "
                          "quota is raised")
-    assert plan.waits[2].reason is WaitReason.NEVER_FITS
+    # 9 GPUs on no 8-GPU node: it cannot fit anywhere, which raising the quota would not
+    # change (rule E6).
+    assert plan.waits[2].reason is WaitReason.NO_FIT
     assert dict(plan.waits) == {k: plan.waits[k] for k in (1, 2, 3)}
 
 

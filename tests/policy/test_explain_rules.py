@@ -187,21 +187,38 @@ def test_rule_e4_the_until_reaches_the_reason_line_and_its_api_shape() -> None:
 
 # --- E6: a job that can never run -----------------------------------------------------------
 
-@pytest.mark.parametrize(("gpus", "held", "code"), [
-    (17, 0, "never_fits"),   # more than nominal 8 + borrowing 8, whatever the team holds
-    (9, 8, "quota"),         # fits the ceiling once the team's own jobs finish
+@pytest.mark.parametrize(("gpus", "replicas", "held", "code"), [
+    (6, 3, 0, "never_fits"),  # 18: more than nominal 8 + borrowing 8, whatever it holds
+    (3, 3, 8, "quota"),       # 9: fits the ceiling once the team's own jobs finish
 ])
 def test_rule_e6_more_gpus_than_the_teams_ceiling_is_never_fits_not_quota(
-        gpus: int, held: int, code: str) -> None:
+        gpus: int, replicas: int, held: int, code: str) -> None:
     from queueing.policy.snapshot import QuotaLimit
 
     running = (run(9, gpus=held),) if held else ()
     plan = plan_admissions(snap(nodes=nodes(("h100", 8), ("h100", 8), ("h100", 8)),
-                                queued=(q(1, gpus=gpus),), running=running,
+                                queued=(q(1, gpus=gpus, replicas=replicas),), running=running,
                                 quotas={("a", "h100"): QuotaLimit(8, borrowing_limit=8)}))
     wait = plan.waits[1]
     assert wait.reason == code
     if code == "never_fits":
         assert wait.message == ("team a may hold at most 16 h100 GPUs (its quota's nominal + "
-                                "borrowing limit); this job asks 17: it can never run unless "
+                                "borrowing limit); this job asks 18: it can never run unless "
                                 "the quota is raised")
+
+
+@pytest.mark.parametrize(("gpus", "replicas", "words"), [
+    (17, 1, "no h100 node has 17 GPUs for one replica"),
+    (8, 4, "even empty, the h100 nodes hold at most 3 replicas of 8 GPUs; this gang needs 4"),
+])
+def test_rule_e6_beyond_the_ceiling_and_what_the_nodes_hold_says_the_nodes_not_the_quota(
+        gpus: int, replicas: int, words: str) -> None:
+    """Raising the quota would not help a job no node (or no set of empty nodes) can hold:
+    its wait says it cannot fit anywhere (`gang_does_not_fit`), not `never_fits`."""
+    from queueing.policy.snapshot import QuotaLimit
+
+    plan = plan_admissions(snap(nodes=nodes(("h100", 8), ("h100", 8), ("h100", 8)),
+                                queued=(q(1, gpus=gpus, replicas=replicas),),
+                                quotas={("a", "h100"): QuotaLimit(8, borrowing_limit=8)}))
+    assert plan.waits[1].reason == "gang_does_not_fit"
+    assert plan.waits[1].message == words
