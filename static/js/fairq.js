@@ -17,12 +17,15 @@
   });
 
   // What the pages once did in inline handlers, which the Content-Security-Policy forbids
-  // (script-src 'self'): a form with data-confirm asks first (cancel a job, leave a
-  // team); the submit form's advanced section remembers being open across the live
-  // check's swap (its hidden advanced_open field).
+  // (script-src 'self'): a form with data-confirm, or the button that submits it, asks
+  // first (cancel a job, leave a team, delete a webhook endpoint); the submit form's
+  // advanced section remembers being open across the live check's swap (its hidden
+  // advanced_open field).
   document.addEventListener("submit", function (e) {
     var form = e.target;
-    var question = form && form.getAttribute && form.getAttribute("data-confirm");
+    var button = e.submitter;
+    var question = (button && button.getAttribute && button.getAttribute("data-confirm"))
+      || (form && form.getAttribute && form.getAttribute("data-confirm"));
     if (question && !window.confirm(question)) { e.preventDefault(); }
   });
   document.addEventListener("toggle", function (e) {  // toggle does not bubble: captured

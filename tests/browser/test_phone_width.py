@@ -111,3 +111,27 @@ def test_a_team_admin_adds_and_disables_a_webhook_on_the_team_page_at_phone_widt
     assert WebhookEndpoint.objects.get().enabled is False
     page.locator("#webhooks").scroll_into_view_if_needed()
     shoot(page, "team-webhook-disabled-phone")
+
+    # Delete asks first, by the page's script (the Content-Security-Policy allows no
+    # inline handler); Disable above asked nothing (Playwright dismisses a dialog no one
+    # handles, which would have kept the endpoint enabled).
+    asked: list[str] = []
+
+    def answer(accept: bool) -> Callable[[Any], None]:
+        def on_dialog(dialog: Any) -> None:
+            asked.append(dialog.message)
+            if accept:
+                dialog.accept()
+            else:
+                dialog.dismiss()
+        return on_dialog
+
+    page.once("dialog", answer(False))
+    page.get_by_role("button", name="Delete webhook #").first.click()
+    expect(page.locator("#webhook-endpoints")).to_contain_text("disabled")
+    assert WebhookEndpoint.objects.count() == 1
+    page.once("dialog", answer(True))
+    page.get_by_role("button", name="Delete webhook #").first.click()
+    expect(page.locator("#webhook-endpoints")).to_have_count(0)
+    assert WebhookEndpoint.objects.count() == 0
+    assert len(asked) == 2 and all("Delete webhook endpoint #" in m for m in asked), asked
