@@ -37,8 +37,9 @@ def test_a_try_ends_at_its_total_deadline_when_the_receiver_hangs_or_drips(
         assert len(rx.received) == 1  # the POST arrived: the receiver is what is slow
     attempt = WebhookAttempt.objects.get(delivery__job_id=job["id"])
     # The whole try (connect, send, status, headers, body) within the deadline, plus the
-    # submit's own work: a byte a second never keeps it going.
-    assert took < DEADLINE + 1.5, took
+    # submit's own work (seconds on a loaded 2-core machine): a byte a second, 40 bytes
+    # in all, never keeps it going (without the deadline the drip took 40 s).
+    assert took < DEADLINE + 6, took
     assert DEADLINE - 0.1 <= attempt.duration_ms / 1000 < DEADLINE + 0.5, attempt.duration_ms
     assert attempt.status_code is None
     assert attempt.error.startswith("DeadlineExceeded: no complete answer within 2 s"), attempt.error
