@@ -52,6 +52,7 @@ from .base import (
     SubmitRejected,
     SubmitRequeue,
     WorkloadStatus,
+    logs_unanswered_note,
     spot_reclaimed_reason,
 )
 from .k8s_api import (
@@ -1016,7 +1017,7 @@ class KubernetesBackend:
                              label_selector=f"{L_WORKLOAD}={name}")
         except ApiException as exc:
             status, message = api_error(exc)
-            return f"[fairq] cannot list the pods of {name} ({status}): {message}"
+            return logs_unanswered_note(f"the pods of {name}", f"({status}) {message}")
         if not pods:
             return ""
         # Replica order (the `fairq.io/replica` label; pod names do not sort that way:
@@ -1033,10 +1034,13 @@ class KubernetesBackend:
                 status, message = api_error(exc)
                 if status == 404:
                     text = f"[fairq] pod {pod_name} is gone; its logs with it"
-                else:
+                elif status == 0 or status == 429 or status >= 500:
+                    # Not answered (the API server or the kubelet did not): read again.
+                    text = logs_unanswered_note(f"pod {pod_name}", f"({status}) {message}")
+                else:  # refused for good (400: its container never started)
                     text = f"[fairq] no logs from pod {pod_name} ({status}): {message}"
-            except Exception as exc:
-                text = f"[fairq] no logs from pod {pod_name}: {exc}"
+            except Exception as exc:  # a timeout, a connection reset
+                text = logs_unanswered_note(f"pod {pod_name}", str(exc))
             lines = str(text or "").splitlines()
             if len(pods) > 1:
                 chunks.append(f"==> {pod_name} <==")
