@@ -263,6 +263,11 @@ CELERY_BEAT_SCHEDULE["idempotency-purge"] = {
 # logs in the database, refreshed every FAIRQ_LOG_ARCHIVE_SECONDS; the web and the API
 # read only that copy (they have no cluster access; docs/kubernetes.md, "RBAC").
 FAIRQ_LOG_ARCHIVE_SECONDS = env.float("FAIRQ_LOG_ARCHIVE_SECONDS", default=15.0)
+# A run of that task starts no new chunk of reads past this many seconds (its soft time
+# limit is 40 s); what is left is the next run's, first in line.
+FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS = env.float("FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS", default=20.0)
+if not 0 < FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS <= 35:
+    raise environ.ImproperlyConfigured("FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS must be in (0, 35]")
 FAIRQ_LOG_ARCHIVE_LINES = env.int("FAIRQ_LOG_ARCHIVE_LINES", default=1000)
 FAIRQ_LOG_ARCHIVE_MAX_BYTES = env.int("FAIRQ_LOG_ARCHIVE_MAX_BYTES", default=256 * 1024)
 if FAIRQ_LOG_ARCHIVE_SECONDS <= 0 or FAIRQ_LOG_ARCHIVE_LINES <= 0 or \

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -89,6 +90,7 @@ class ArchiveResult:
     refreshed: list[int] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)
     kept: list[tuple[int, int]] = field(default_factory=list)  # (job, attempt) made final
+    left: int = 0  # jobs due but left for the next run (the time budget)
 
 
 def log_storage() -> Storage:
@@ -290,12 +292,21 @@ def workloads_stop_keeping_logs(*, backend: ClusterBackend, names: Sequence[str]
 
 
 def job_logs_archive(*, backend: ClusterBackend, now: datetime,
-                     limit: int = BATCH) -> ArchiveResult:
+                     limit: int = BATCH, budget_seconds: float | None = None) -> ArchiveResult:
     """Refresh the live copy of running jobs (older than FAIRQ_LOG_ARCHIVE_SECONDS), keep
     the logs of attempts that finished since their last read (`attempt_logs_keep`), and
-    keep the live copy of earlier attempts nobody kept (their pods are gone). At most
-    `limit` jobs read, the longest unread first; a job whose logs cannot be read keeps
-    its last copy and is tried again next run."""
+    keep the live copy of earlier attempts nobody kept (their pods are gone).
+
+    Bounded and resumable, so the task's time limit never cuts it short: at most
+    `limit` jobs, the finished attempts first (their pods go with the Job's TTL), then
+    the longest unread; read FAIRQ_LOG_READ_CONCURRENCY at a time (`logs_read_many`), a
+    chunk at a time, each job's copy written (and committed) as soon as it is read; no
+    new chunk once `budget_seconds` (FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS) are spent. What is
+    left is the next run's, first in line (it is the longest unread). A job whose logs
+    cannot be read keeps its last copy and is tried again next run."""
+    started = time.perf_counter()
+    budget = float(settings.FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS if budget_seconds is None
+                   else budget_seconds)
     result = ArchiveResult()
     refresh = timedelta(seconds=settings.FAIRQ_LOG_ARCHIVE_SECONDS)
     jobs = list(
@@ -322,19 +333,48 @@ def job_logs_archive(*, backend: ClusterBackend, now: datetime,
             return fetched if now - fetched >= refresh else None
         return fetched  # finished since the last read: read once more
 
-    todo = sorted(((d, j) for j in jobs if (d := due(j)) is not None),
-                  key=lambda p: (p[0], p[1].pk))[:limit]
-    for _, job in todo:
-        if job.state in FINAL_STATES:
-            try:
-                if attempt_logs_keep(backend=backend, name=job.backend_name, now=now):
-                    result.kept.append((job.pk, job.attempt))
-            except LogsUnread as exc:
-                result.failed[job.pk] = str(exc)
-                continue
-            result.refreshed.append(job.pk)
+    dues = [(job.state == JobState.RUNNING, d, job) for job in jobs
+            if (d := due(job)) is not None]
+    dues.sort(key=lambda p: (p[0], p[1], p[2].pk))
+    todo = [job for _, _, job in dues[:limit]]
+    chunk = max(1, int(settings.FAIRQ_LOG_READ_CONCURRENCY)) * 2
+    for start in range(0, len(todo), chunk):
+        if start and time.perf_counter() - started >= budget:
+            result.left = len(todo) - start
+            log.info("job_logs_archive: %d jobs left for the next run (budget %.0f s)",
+                     result.left, budget)
+            break
+        _archive_chunk(backend=backend, jobs=todo[start:start + chunk], now=now,
+                       result=result)
+    # Earlier attempts left live (a preemption whose read was missed): keep their copy.
+    for job_id, attempt in (JobLog.objects.filter(final=False, attempt__lt=F("job__attempt"))
+                            .values_list("job_id", "attempt").distinct()[:limit]):
+        _keep(job_id=job_id, attempt=attempt, texts=None, now=now)
+        result.kept.append((job_id, attempt))
+    return result
+
+
+def _archive_chunk(*, backend: ClusterBackend, jobs: Sequence[Job], now: datetime,
+                   result: ArchiveResult) -> None:
+    """`job_logs_archive` for a few jobs: their logs read concurrently, then each job's
+    copy written in this thread."""
+    finished = [j for j in jobs if j.state in FINAL_STATES]
+    running = [j for j in jobs if j.state not in FINAL_STATES]
+    kept_texts = logs_read_many(backend=backend, names=[j.backend_name for j in finished],
+                                lines=settings.FAIRQ_LOG_ARCHIVE_KEEP_LINES)
+    live_texts = logs_read_many(backend=backend, names=[j.backend_name for j in running],
+                                lines=settings.FAIRQ_LOG_ARCHIVE_LINES)
+    for job in finished:
+        try:
+            if attempt_logs_keep(backend=backend, name=job.backend_name, now=now,
+                                 texts=kept_texts.get(job.backend_name, _UNREAD)):
+                result.kept.append((job.pk, job.attempt))
+        except LogsUnread as exc:
+            result.failed[job.pk] = str(exc)
             continue
-        texts = _read(backend, job.backend_name, lines=settings.FAIRQ_LOG_ARCHIVE_LINES)
+        result.refreshed.append(job.pk)
+    for job in running:
+        texts = live_texts.get(job.backend_name)
         if texts is None:
             result.failed[job.pk] = "the cluster did not answer"
             continue
@@ -351,12 +391,6 @@ def job_logs_archive(*, backend: ClusterBackend, now: datetime,
                     job_id=job.pk, attempt=job.attempt, replica=replica,
                     defaults={"text": text, "fetched_at": now})
         result.refreshed.append(job.pk)
-    # Earlier attempts left live (a preemption whose read was missed): keep their copy.
-    for job_id, attempt in (JobLog.objects.filter(final=False, attempt__lt=F("job__attempt"))
-                            .values_list("job_id", "attempt").distinct()[:limit]):
-        _keep(job_id=job_id, attempt=attempt, texts=None, now=now)
-        result.kept.append((job_id, attempt))
-    return result
 
 
 # --- retention ------------------------------------------------------------------------------
