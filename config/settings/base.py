@@ -190,7 +190,7 @@ if FAIRQ_CYCLE_INTERVAL_SECONDS <= 0:
 # 5 starts no new chunk of FAIRQ_CYCLE_SUBMIT_CHUNK creates past it, and at most
 # FAIRQ_CYCLE_STOP_BATCH workloads no job holds are stopped (their logs kept first) per
 # cycle; the rest is the next cycle's, kicked at once (docs/performance.md, "Cycle budget").
-FAIRQ_CYCLE_BUDGET_SECONDS = env.float("FAIRQ_CYCLE_BUDGET_SECONDS", default=20.0)
+FAIRQ_CYCLE_BUDGET_SECONDS = env.float("FAIRQ_CYCLE_BUDGET_SECONDS", default=8.0)
 FAIRQ_CYCLE_STOP_BATCH = env.int("FAIRQ_CYCLE_STOP_BATCH", default=64)
 FAIRQ_CYCLE_SUBMIT_CHUNK = env.int("FAIRQ_CYCLE_SUBMIT_CHUNK", default=64)
 if not 0 < FAIRQ_CYCLE_BUDGET_SECONDS <= 45 or FAIRQ_CYCLE_STOP_BATCH < 1 or \
@@ -265,7 +265,7 @@ CELERY_BEAT_SCHEDULE["idempotency-purge"] = {
 FAIRQ_LOG_ARCHIVE_SECONDS = env.float("FAIRQ_LOG_ARCHIVE_SECONDS", default=15.0)
 # A run of that task starts no new chunk of reads past this many seconds (its soft time
 # limit is 40 s); what is left is the next run's, first in line.
-FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS = env.float("FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS", default=20.0)
+FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS = env.float("FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS", default=5.0)
 if not 0 < FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS <= 35:
     raise environ.ImproperlyConfigured("FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS must be in (0, 35]")
 FAIRQ_LOG_ARCHIVE_LINES = env.int("FAIRQ_LOG_ARCHIVE_LINES", default=1000)
