@@ -130,3 +130,41 @@ def test_a_cycle_interrupted_while_applying_its_plan_has_applied_none_of_it(
     monkeypatch.undo()
     r = scheduler_cycle(now=t0 + timedelta(seconds=1))
     assert sorted(r.admitted) == sorted(jobs)
+
+
+def test_victims_past_the_budget_are_left_to_the_next_cycles_reconcile(
+    world: World, settings: Any, monkeypatch: pytest.MonkeyPatch, no_r9: None,
+) -> None:
+    t0 = timezone.now() - timedelta(minutes=5)
+    low = [submit(world, gpus=1, tier="low", env={"FAIRQ_SIM_SECONDS": "3600"})
+           for _ in range(16)]  # vision: its 8 H100s and 8 borrowed
+    scheduler_cycle(now=t0)
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    assert Job.objects.filter(pk__in=low, status="RUNNING").count() == 16
+
+    stopped: list[str] = []
+    real = SimulatedCluster.stop
+
+    def stop_slowly(self: SimulatedCluster, name: str, *, now: Any) -> None:
+        time.sleep(0.2)  # a delete on an API server under load
+        stopped.append(name)
+        real(self, name, now=now)
+
+    monkeypatch.setattr(SimulatedCluster, "stop", stop_slowly)
+    settings.FAIRQ_CYCLE_BUDGET_SECONDS = 0.3
+    settings.FAIRQ_LOG_READ_CONCURRENCY = 1  # the victims one at a time
+    high = submit(world, world.outsider, team="nlp", gpus=8, tier="high")  # takes nlp's 8 back
+    r = scheduler_cycle(now=t0 + timedelta(seconds=2))
+    victims = r.preempted
+    assert len(victims) == 8, r.plan.waits if r.plan else None
+    # All eight requeued in the one transaction; only the stops that fit were made.
+    assert Job.objects.filter(pk__in=victims, status="QUEUED", attempt=2).count() == 8
+    assert 1 <= len(stopped) < 8 and r.deferred.get("stop") == 8 - len(stopped)
+    for i in range(3, 20):
+        if len(stopped) == 8:
+            break
+        scheduler_cycle(now=t0 + timedelta(seconds=i))
+    assert sorted(stopped) == sorted(f"fq-{pk}-1" for pk in victims)
+    for _ in range(3):
+        scheduler_cycle(now=t0 + timedelta(seconds=30))
+    assert Job.objects.get(pk=high).status in ("ADMITTED", "RUNNING")

@@ -50,11 +50,13 @@ plan can never admit a job twice.
 A cycle bounds its own work (`Budget`, FAIRQ_CYCLE_BUDGET_SECONDS, well inside the
 task's time limits, so no limit cuts it half-way): step 1 handles the workloads whose
 status moved until its share of the budget is spent, and stops at most
-FAIRQ_CYCLE_STOP_BATCH workloads no job holds (their logs kept first); step 5 submits
-admitted jobs in chunks while the budget lasts. What is left is left as it is, for the
-next cycle, which is kicked at once (`CycleResult.deferred`). Steps 2-4 always run
-whole: the plan is decided on the whole queue and applied in one transaction, so an
-interrupted cycle has applied all of its decisions or none.
+FAIRQ_CYCLE_STOP_BATCH workloads no job holds (their logs kept first); step 5 stops the
+preemption victims and submits admitted jobs in chunks while the budget lasts (victims
+left running are stopped by the next cycle's step 1: their attempt is no longer their
+job's). What is left is left as it is, for the next cycle, which is kicked at once
+(`CycleResult.deferred`). Steps 2-4 always run whole: the plan is decided on the whole
+queue and applied in one transaction, so an interrupted cycle has applied all of its
+decisions or none.
 
 One job never stops the cycle: each job's part of steps 1, 2, 4 and 5 runs on its own
 (`_isolated`); an unexpected exception fails that job with a reason and an event and
@@ -252,7 +254,8 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         t4 = time.perf_counter()
         # After commit: the victims' GPUs come back (at once on the simulated cluster,
         # when the pods are gone on Kubernetes); their preemptors wait for that (R8).
-        preempted_workloads_stop(backend=backend, names=applied.workloads, now=now)
+        _victims_stop(backend=backend, names=applied.workloads, now=now, result=result,
+                      budget=budget)
         submit_admitted(backend=backend, now=now, result=result, budget=budget)
         if result.deferred:
             log.info("cycle %s: left for the next cycle (budget %.0f s): %s", result.cycle_id,
@@ -861,6 +864,22 @@ def _preemptions_apply(*, plan: Plan, now: datetime, result: CycleResult) -> App
 
 
 # --- 5. submit ----------------------------------------------------------------------------
+
+def _victims_stop(*, backend: ClusterBackend, names: Sequence[str], now: datetime,
+                  result: CycleResult, budget: Budget) -> None:
+    """Step 5's first half: the victims' workloads stopped, their logs kept first
+    (`preempted_workloads_stop`), FAIRQ_LOG_READ_CONCURRENCY at a time; once the budget
+    is spent the rest are left running for the next cycle, kicked at once, whose
+    reconcile stops them as workloads no job holds (their attempt is no longer their
+    job's). Their preemptors wait for them meanwhile (rule R8)."""
+    chunk = max(1, int(settings.FAIRQ_LOG_READ_CONCURRENCY))
+    for start in range(0, len(names), chunk):
+        if start and budget.spent():
+            result.deferred["stop"] = result.deferred.get("stop", 0) + len(names) - start
+            return
+        preempted_workloads_stop(backend=backend, names=list(names[start:start + chunk]),
+                                 now=now)
+
 
 def launch_spec(job: Job, *,
                 node_topology: Mapping[str, Mapping[str, str]] | None = None) -> LaunchSpec:
