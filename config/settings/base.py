@@ -265,7 +265,7 @@ CELERY_BEAT_SCHEDULE["idempotency-purge"] = {
 FAIRQ_LOG_ARCHIVE_SECONDS = env.float("FAIRQ_LOG_ARCHIVE_SECONDS", default=15.0)
 # A run of that task starts no new chunk of reads past this many seconds (its soft time
 # limit is 40 s); what is left is the next run's, first in line.
-FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS = env.float("FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS", default=5.0)
+FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS = env.float("FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS", default=10.0)
 if not 0 < FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS <= 35:
     raise environ.ImproperlyConfigured("FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS must be in (0, 35]")
 FAIRQ_LOG_ARCHIVE_LINES = env.int("FAIRQ_LOG_ARCHIVE_LINES", default=1000)

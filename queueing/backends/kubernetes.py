@@ -1012,12 +1012,19 @@ class KubernetesBackend:
         from kubernetes.client.exceptions import ApiException
 
         self._after_fork()
-        try:
-            pods = raw_list(self.core.list_pod_for_all_namespaces,
-                             label_selector=f"{L_WORKLOAD}={name}")
-        except ApiException as exc:
-            status, message = api_error(exc)
-            return logs_unanswered_note(f"the pods of {name}", f"({status}) {message}")
+        # The pod watch's cache when it runs (the worker's: no list call per workload,
+        # which is most of a read's time on a loaded API server); the API server when
+        # it does not, or does not hold the workload's pods (yet).
+        pods = [p for p in self.pods.items()
+                if (p["metadata"].get("labels") or {}).get(L_WORKLOAD) == name] \
+            if self._started and self.pods.synced.is_set() else []
+        if not pods:
+            try:
+                pods = raw_list(self.core.list_pod_for_all_namespaces,
+                                 label_selector=f"{L_WORKLOAD}={name}")
+            except ApiException as exc:
+                status, message = api_error(exc)
+                return logs_unanswered_note(f"the pods of {name}", f"({status}) {message}")
         if not pods:
             return ""
         # Replica order (the `fairq.io/replica` label; pod names do not sort that way:

@@ -450,6 +450,8 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
             continue  # nothing to record: no transaction for the common case
         moving.append(status)
     moved = Job.objects.select_related("gpu_type").in_bulk({s.job_id for s in moving})
+    # The longest-waiting change first: what a budget left is handled first next cycle.
+    moving.sort(key=_oldest_change)
     for i, status in enumerate(moving):
         if budget is not None and budget.spent(RECONCILE_SHARE):
             # The rest next cycle: not in `handled`, so it is looked at again.
@@ -510,6 +512,13 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
                 result.finished.append(job.pk)
 
 
+def _oldest_change(status: WorkloadStatus) -> tuple[float, str]:
+    """When a moved workload's change happened (its end, else its start), for handling
+    the longest-waiting first."""
+    at = status.finished_at or status.started_at
+    return (at.timestamp() if at is not None else float("inf"), status.name)
+
+
 @dataclass(frozen=True, slots=True)
 class _Owner:
     attempt: int
@@ -547,19 +556,25 @@ def _unowned_workload(*, backend: ClusterBackend, status: WorkloadStatus, owned:
 def _unowned_stop(*, backend: ClusterBackend, statuses: Sequence[WorkloadStatus],
                   now: datetime, result: CycleResult, budget: Budget | None) -> None:
     """Stop workloads no job holds, every replica's log kept first (read concurrently,
-    `workloads_stop_keeping_logs`), at most FAIRQ_CYCLE_STOP_BATCH per cycle (none
-    once the cycle's step-1 share of its budget is spent; the rest next cycle: they are
-    still unowned). One whose log the cluster does not answer for is left running for a
-    later cycle (`LogsUnread`). Only workloads still running count as orphans in
-    `orphans_stopped`, once: not a Job that finished with its attempt."""
+    `workloads_stop_keeping_logs`, FAIRQ_LOG_READ_CONCURRENCY at a time), at most
+    FAIRQ_CYCLE_STOP_BATCH per cycle and no new chunk once the cycle's step-1 share of
+    its budget is spent (the rest next cycle: they are still unowned). One whose log
+    the cluster does not answer for is left running for a later cycle (`LogsUnread`).
+    Only workloads still running count as orphans in `orphans_stopped`, once: not a Job
+    that finished with its attempt."""
     if not statuses:
         return
-    batch = int(settings.FAIRQ_CYCLE_STOP_BATCH)
-    if budget is not None and budget.spent(RECONCILE_SHARE):
-        batch = 0
-    now_, later = list(statuses[:batch]), len(statuses) - min(batch, len(statuses))
-    failed = workloads_stop_keeping_logs(backend=backend, names=[s.name for s in now_],
-                                         now=now)
+    batch = list(statuses[:int(settings.FAIRQ_CYCLE_STOP_BATCH)])
+    chunk = max(1, int(settings.FAIRQ_LOG_READ_CONCURRENCY))
+    failed: dict[str, Exception] = {}
+    done = 0
+    while done < len(batch):
+        if budget is not None and budget.spent(RECONCILE_SHARE):
+            break
+        names = [s.name for s in batch[done:done + chunk]]
+        failed.update(workloads_stop_keeping_logs(backend=backend, names=names, now=now))
+        done += len(names)
+    now_, later = batch[:done], len(statuses) - done
     for status in now_:
         exc = failed.get(status.name)
         if exc is None:
