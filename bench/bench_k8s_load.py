@@ -27,7 +27,8 @@ Questions and goals (docs/performance.md, "The cycle under load")
 The mix: JOBS jobs queued at once by 4 teams on NODES x 8 H100 GPUs; one in ten has 2
 replicas whose replica 1 fails after 6 s (its peer runs until fairq stops it), the
 others 1 GPU for 8-20 s. The worker runs as docker-compose runs it (`celery -A config
-worker --concurrency 1`, `celery -A config beat`), the tree of `--code` on PYTHONPATH
+worker --concurrency 1`, `celery -A config beat`; `--worker-concurrency 2` as
+platform/k8s runs it), the tree of `--code` on PYTHONPATH
 (this one by default; `--code /path/to/other/checkout` runs another's code against the
 same harness: its "before"). The load: `--load N` busy loops, each in a session of its
 own (as bench/_common.py start_load) and bounded to the run's length; the machine's
@@ -199,6 +200,8 @@ def main() -> int:
     p.add_argument("--code", default=str(ROOT), help="the tree the worker and beat run")
     p.add_argument("--label", default="after")
     p.add_argument("--timeout", type=float, default=1500.0)
+    p.add_argument("--worker-concurrency", type=int, default=1,
+                   help="1 as docker-compose runs the worker, 2 as platform/k8s does")
     p.add_argument("--figures-from", metavar="WORKER_LOG",
                    help="only print the figures read from a worker log of an earlier run")
     args = p.parse_args()
@@ -274,7 +277,7 @@ def main() -> int:
         runner = str(ROOT / "bench" / "k8s_load_worker.py")
         procs.append(subprocess.Popen(
             [sys.executable, runner, "-A", "config", "worker", "-l", "INFO",
-             "--concurrency", "1", "-n", f"load-{label}@%h"],
+             "--concurrency", str(args.worker_concurrency), "-n", f"load-{label}@%h"],
             cwd=args.code, env=env, stdout=worker_log, stderr=subprocess.STDOUT,
             start_new_session=True))
         procs.append(subprocess.Popen(
@@ -331,6 +334,7 @@ def main() -> int:
     lags = sorted(db_seen[w] - t for w, t in pod_seen.items() if w in db_seen)
     tag = f"k8s_load_{label}"
     bench(f"{tag}_busy_loops", args.load, "processes")
+    bench(f"{tag}_worker_concurrency", args.worker_concurrency, "processes")
     if loads:
         bench(f"{tag}_load_avg_min", min(loads), "")
         bench(f"{tag}_load_avg_median", statistics.median(loads), "")

@@ -453,7 +453,7 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
     # The longest-waiting change first: what a budget left is handled first next cycle.
     moving.sort(key=_oldest_change)
     for i, status in enumerate(moving):
-        if budget is not None and budget.spent(RECONCILE_SHARE):
+        if i and budget is not None and budget.spent(RECONCILE_SHARE):  # one at least
             # The rest next cycle: not in `handled`, so it is looked at again.
             for later in moving[i:]:
                 handled.pop(later.name, None)
@@ -557,8 +557,8 @@ def _unowned_stop(*, backend: ClusterBackend, statuses: Sequence[WorkloadStatus]
                   now: datetime, result: CycleResult, budget: Budget | None) -> None:
     """Stop workloads no job holds, every replica's log kept first (read concurrently,
     `workloads_stop_keeping_logs`, FAIRQ_LOG_READ_CONCURRENCY at a time), at most
-    FAIRQ_CYCLE_STOP_BATCH per cycle and no new chunk once the cycle's step-1 share of
-    its budget is spent (the rest next cycle: they are still unowned). One whose log
+    FAIRQ_CYCLE_STOP_BATCH per cycle and no chunk after the first once the cycle's
+    step-1 share of its budget is spent (the rest next cycle: they are still unowned). One whose log
     the cluster does not answer for is left running for a later cycle (`LogsUnread`).
     Only workloads still running count as orphans in `orphans_stopped`, once: not a Job
     that finished with its attempt."""
@@ -569,8 +569,8 @@ def _unowned_stop(*, backend: ClusterBackend, statuses: Sequence[WorkloadStatus]
     failed: dict[str, Exception] = {}
     done = 0
     while done < len(batch):
-        if budget is not None and budget.spent(RECONCILE_SHARE):
-            break
+        if done and budget is not None and budget.spent(RECONCILE_SHARE):
+            break  # (the first chunk always: a failed replica's peer must not run on)
         names = [s.name for s in batch[done:done + chunk]]
         failed.update(workloads_stop_keeping_logs(backend=backend, names=names, now=now))
         done += len(names)
