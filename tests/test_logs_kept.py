@@ -507,3 +507,64 @@ def test_a_victim_whose_stop_fails_does_not_stop_the_others(settings: Any) -> No
                                          now=timezone.now())
     assert list(failed) == [names[1]] and cluster.stopped == [names[0], names[2]]
     assert _kept(int(names[1].split("-")[1]), 1) == f"last words of {names[1]}"
+
+
+def test_the_archive_stops_at_its_budget_and_the_next_run_goes_on_from_the_oldest_copy(
+    world: World, settings: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time
+
+    settings.FAIRQ_LOG_READ_CONCURRENCY = 1  # chunks of 2 reads
+    jobs = [_run(world, seconds="600", gpus=1)[0] for _ in range(6)]
+    now = timezone.now()
+    backend = get_backend()
+    real = backend.logs
+    read: list[str] = []
+
+    def slow_logs(name: str, tail: int = 100) -> str:
+        time.sleep(0.1)  # a kubelet under load
+        read.append(name)
+        return real(name, tail=tail)
+
+    monkeypatch.setattr(backend, "logs", slow_logs)
+    started = time.perf_counter()
+    first = job_logs_archive(backend=backend, now=now, budget_seconds=0.15)
+    # Chunks of two reads (0.2 s): none starts past 0.15 s, so the run ends after the
+    # first (or, on a slow machine, the second) and leaves the rest.
+    assert time.perf_counter() - started < 0.15 + 0.2 + 1.0
+    assert 2 <= len(first.refreshed) <= 4 and first.left == 6 - len(first.refreshed), first
+    second = job_logs_archive(backend=backend, now=now + timedelta(seconds=1),
+                              budget_seconds=0.15)
+    # Those never copied go first; then the oldest copies.
+    never = sorted(set(jobs) - set(first.refreshed))
+    assert second.refreshed[:2] == never[:2]
+    for i in range(2, 6):  # resumable: each run goes on where the last stopped
+        if JobLog.objects.filter(job_id__in=jobs).count() == 6:
+            break
+        job_logs_archive(backend=backend, now=now + timedelta(seconds=i), budget_seconds=0.15)
+    assert JobLog.objects.filter(job_id__in=jobs).count() == 6
+
+
+def test_an_unanswered_read_is_tried_again_then_what_fairq_has_is_kept(
+    world: World, settings: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from queueing.backends.base import logs_unanswered_note
+    from queueing.services.logs import LogsUnread, workload_stop_keeping_logs
+
+    settings.FAIRQ_LOG_KEEP_RETRY_SECONDS = 30
+    job_id, t0 = _run(world)
+    job_logs_archive(backend=get_backend(), now=t0 + timedelta(seconds=20))  # a live copy
+    live = JobLog.objects.get(job_id=job_id, attempt=1).text
+    name = f"fq-{job_id}-1"
+    monkeypatch.setattr(get_backend(), "logs", lambda n, tail=100: logs_unanswered_note(
+        f"pod {n}-x", "(500) timeout"))
+    stopped: list[str] = []
+    monkeypatch.setattr(get_backend(), "stop", lambda n, now: stopped.append(n))
+    for seconds in (30, 45, 59):
+        with pytest.raises(LogsUnread):
+            workload_stop_keeping_logs(backend=get_backend(), name=name,
+                                       now=t0 + timedelta(seconds=seconds))
+    assert stopped == [] and not JobLog.objects.filter(job_id=job_id, final=True).exists()
+    workload_stop_keeping_logs(backend=get_backend(), name=name,
+                               now=t0 + timedelta(seconds=60))
+    assert stopped == [name] and _kept(job_id, 1) == live

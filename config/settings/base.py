@@ -186,6 +186,19 @@ CELERY_BEAT_SCHEDULER = env(
 FAIRQ_CYCLE_INTERVAL_SECONDS = env.float("FAIRQ_CYCLE_INTERVAL_SECONDS", default=_POLICY.cycle_seconds)
 if FAIRQ_CYCLE_INTERVAL_SECONDS <= 0:
     raise environ.ImproperlyConfigured("FAIRQ_CYCLE_INTERVAL_SECONDS must be > 0")
+# The time a scheduler cycle allows itself, well inside its task's time limits (soft 50 s,
+# hard 60 s: queueing/tasks.py): step 1 stops handling moved workloads at 40% of it, step
+# 5 starts no new chunk of FAIRQ_CYCLE_SUBMIT_CHUNK creates past it, and at most
+# FAIRQ_CYCLE_STOP_BATCH workloads no job holds are stopped (their logs kept first) per
+# cycle; the rest is the next cycle's, kicked at once (docs/performance.md, "Cycle budget").
+FAIRQ_CYCLE_BUDGET_SECONDS = env.float("FAIRQ_CYCLE_BUDGET_SECONDS", default=8.0)
+FAIRQ_CYCLE_STOP_BATCH = env.int("FAIRQ_CYCLE_STOP_BATCH", default=64)
+FAIRQ_CYCLE_SUBMIT_CHUNK = env.int("FAIRQ_CYCLE_SUBMIT_CHUNK", default=64)
+if not 0 < FAIRQ_CYCLE_BUDGET_SECONDS <= 45 or FAIRQ_CYCLE_STOP_BATCH < 1 or \
+        FAIRQ_CYCLE_SUBMIT_CHUNK < 1:
+    raise environ.ImproperlyConfigured(
+        "FAIRQ_CYCLE_BUDGET_SECONDS must be in (0, 45] (the cycle task's soft limit is 50 s); "
+        "FAIRQ_CYCLE_STOP_BATCH and FAIRQ_CYCLE_SUBMIT_CHUNK >= 1")
 # The scheduler is unhealthy (GET /healthz/scheduler answers 503) when its last successful
 # cycle is older than this many cycle intervals (60 s at the default 3 s).
 FAIRQ_SCHEDULER_STALE_CYCLES = env.float("FAIRQ_SCHEDULER_STALE_CYCLES", default=20.0)
@@ -259,6 +272,11 @@ CELERY_BEAT_SCHEDULE["idempotency-purge"] = {
 # logs in the database, refreshed every FAIRQ_LOG_ARCHIVE_SECONDS; the web and the API
 # read only that copy (they have no cluster access; docs/kubernetes.md, "RBAC").
 FAIRQ_LOG_ARCHIVE_SECONDS = env.float("FAIRQ_LOG_ARCHIVE_SECONDS", default=15.0)
+# A run of that task starts no new chunk of reads past this many seconds (its soft time
+# limit is 40 s); what is left is the next run's, first in line.
+FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS = env.float("FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS", default=10.0)
+if not 0 < FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS <= 35:
+    raise environ.ImproperlyConfigured("FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS must be in (0, 35]")
 FAIRQ_LOG_ARCHIVE_LINES = env.int("FAIRQ_LOG_ARCHIVE_LINES", default=1000)
 FAIRQ_LOG_ARCHIVE_MAX_BYTES = env.int("FAIRQ_LOG_ARCHIVE_MAX_BYTES", default=256 * 1024)
 if FAIRQ_LOG_ARCHIVE_SECONDS <= 0 or FAIRQ_LOG_ARCHIVE_LINES <= 0 or \
@@ -317,6 +335,12 @@ CELERY_BEAT_SCHEDULE["utilization-purge"] = {
 FAIRQ_LOG_READ_CONCURRENCY = env.int("FAIRQ_LOG_READ_CONCURRENCY", default=8)
 if not 1 <= FAIRQ_LOG_READ_CONCURRENCY <= 64:
     raise environ.ImproperlyConfigured("FAIRQ_LOG_READ_CONCURRENCY must be 1..64")
+# A workload about to be stopped whose log the cluster does not answer for (a timeout, a
+# server error) is left running and read again, for at most this many seconds after the
+# first unanswered read; then what fairq has is kept and it is stopped. 0: never wait.
+FAIRQ_LOG_KEEP_RETRY_SECONDS = env.float("FAIRQ_LOG_KEEP_RETRY_SECONDS", default=60.0)
+if not 0 <= FAIRQ_LOG_KEEP_RETRY_SECONDS <= 3600:
+    raise environ.ImproperlyConfigured("FAIRQ_LOG_KEEP_RETRY_SECONDS must be 0..3600")
 # Kept logs (rows and stored files) of attempts kept longer ago than this many days are
 # deleted by the hourly `job-logs-prune` task, each pruned attempt recorded as a job event
 # (kind `logs_pruned`); 0 keeps them for ever.

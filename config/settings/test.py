@@ -34,3 +34,6 @@ STORAGES = {
 }
 # The webhook tests' receiver listens on 127.0.0.1 (tests/webhooks/).
 FAIRQ_WEBHOOK_ALLOW_PRIVATE = True
+# The envtest fake kubelet serves no logs (every read is unanswered): stops do not wait
+# for a read that never comes; the tests of that wait set it (test_k8s_logs_every_end.py).
+FAIRQ_LOG_KEEP_RETRY_SECONDS = 0.0

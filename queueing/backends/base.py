@@ -154,6 +154,23 @@ def workload_env(spec: LaunchSpec, *, replica: int, master_addr: str) -> dict[st
 
 
 # The reason of an attempt that waits on the cluster (not failed), as shown on the job.
+# A `logs` answer's line standing for a pod whose log the cluster did not answer for (a
+# timeout, a server error; not "gone", not "never started"): the log may still be
+# there, so fairq reads it again before it deletes the pod (services/logs.py).
+_UNANSWERED = " yet (the cluster did not answer): "
+_UNANSWERED_LINE = re.compile(r"^\[fairq\] no logs from .+? yet \(the cluster did not answer\): ")
+
+
+def logs_unanswered_note(what: str, detail: str) -> str:
+    """The line for `what` ("pod <name>", "the pods of <workload>") the cluster did not
+    answer for, `detail` saying how."""
+    return f"[fairq] no logs from {what}{_UNANSWERED}{detail}"
+
+
+def logs_unanswered(text: str) -> bool:
+    """`text` (one pod's part of a `logs` answer) is `logs_unanswered_note`'s line."""
+    return bool(_UNANSWERED_LINE.match(text.lstrip()))
+
 WAITING = "waiting for the cluster: "
 
 
@@ -280,5 +297,7 @@ class ClusterBackend(Protocol):
         ...
 
     def logs(self, name: str, *, tail: int = 100) -> str:
-        """The last `tail` lines of the workload's logs."""
+        """The last `tail` lines of the workload's logs. A pod (or the whole workload)
+        whose log the cluster did not answer for (a timeout, a server error: the log may
+        well be there) is `logs_unanswered_note`'s line instead of its log."""
         ...

@@ -52,6 +52,7 @@ from .base import (
     SubmitRejected,
     SubmitRequeue,
     WorkloadStatus,
+    logs_unanswered_note,
     spot_reclaimed_reason,
 )
 from .k8s_api import (
@@ -1098,17 +1099,25 @@ class KubernetesBackend:
         from kubernetes.client.exceptions import ApiException
 
         self._after_fork()
-        namespace = self._namespace_of(name)
-        try:
-            if namespace is not None:
-                pods = raw_list(self.core.list_namespaced_pod, namespace=namespace,
-                                label_selector=f"{L_WORKLOAD}={name}")
-            else:
-                pods = self._list_everywhere(self.core, "pod",
-                                             label_selector=f"{L_WORKLOAD}={name}")
-        except ApiException as exc:
-            status, message = api_error(exc)
-            return f"[fairq] cannot list the pods of {name} ({status}): {message}"
+        # The pod watch's cache when it runs (the worker's: no list call per workload,
+        # which is most of a read's time on a loaded API server); the API server when
+        # it does not, or does not hold the workload's pods (yet): the workload's own
+        # namespace when known, else every namespace this identity may read.
+        pods = [p for p in self.pods.items()
+                if (p["metadata"].get("labels") or {}).get(L_WORKLOAD) == name] \
+            if self._started and self.pods.ready() else []
+        if not pods:
+            namespace = self._namespace_of(name)
+            try:
+                if namespace is not None:
+                    pods = raw_list(self.core.list_namespaced_pod, namespace=namespace,
+                                    label_selector=f"{L_WORKLOAD}={name}")
+                else:
+                    pods = self._list_everywhere(self.core, "pod",
+                                                 label_selector=f"{L_WORKLOAD}={name}")
+            except ApiException as exc:
+                status, message = api_error(exc)
+                return logs_unanswered_note(f"the pods of {name}", f"({status}) {message}")
         if not pods:
             return ""
         # Replica order (the `fairq.io/replica` label; pod names do not sort that way:
@@ -1125,10 +1134,13 @@ class KubernetesBackend:
                 status, message = api_error(exc)
                 if status == 404:
                     text = f"[fairq] pod {pod_name} is gone; its logs with it"
-                else:
+                elif status == 0 or status == 429 or status >= 500:
+                    # Not answered (the API server or the kubelet did not): read again.
+                    text = logs_unanswered_note(f"pod {pod_name}", f"({status}) {message}")
+                else:  # refused for good (400: its container never started)
                     text = f"[fairq] no logs from pod {pod_name} ({status}): {message}"
-            except Exception as exc:
-                text = f"[fairq] no logs from pod {pod_name}: {exc}"
+            except Exception as exc:  # a timeout, a connection reset
+                text = logs_unanswered_note(f"pod {pod_name}", str(exc))
             lines = str(text or "").splitlines()
             if len(pods) > 1:
                 chunks.append(f"==> {pod_name} <==")

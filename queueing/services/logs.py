@@ -10,15 +10,20 @@ Two copies, one row (`JobLog`) per job, attempt and replica:
   goes to the "fairq-logs" storage (Django's storage API: files by default, S3 through
   django-storages) and the row becomes `final` (`attempt_logs_keep`). Where an attempt
   ends decides who reads it:
-    * succeeded, failed, node lost: the pods stay until the Job's TTL; the next run of
-      `job_logs_archive` reads them once more and keeps them;
-    * preempted, cancelled, orphaned: fairq deletes the pods, so the worker reads them
-      just before (`workload_stop_keeping_logs`, the one way the worker stops a workload:
-      after the cycle's commit, in the stop task, for orphans in reconcile, never inside a
-      transaction; a cycle's preemption victims are read concurrently,
+    * succeeded: the pods stay until the Job's TTL; the next run of `job_logs_archive`
+      reads them once more and keeps them (the attempts that ended longest ago first);
+    * failed (a replica failed and the others still run), preempted, cancelled,
+      orphaned: fairq deletes the pods, so the worker reads every replica's log just
+      before (`workload_stop_keeping_logs`, the one way the worker stops a workload:
+      after the cycle's commit, in the stop task, for workloads no job holds in
+      reconcile, never inside a transaction; a cycle's are read concurrently,
       `workloads_stop_keeping_logs`, FAIRQ_LOG_READ_CONCURRENCY at a time);
-    * when that read fails or finds nothing (the pods were gone), the last live copy is
-      kept instead (at most one refresh old).
+    * when the cluster does not answer for a replica's log (a timeout, a server error:
+      `logs_unanswered`), nothing is deleted: `LogsUnread` is raised and the stop is
+      tried again (the stop task's retry, the next cycle) until the read is answered
+      or FAIRQ_LOG_KEEP_RETRY_SECONDS have passed since the first unanswered read;
+    * when the read finds nothing (the pods were gone), or the retries ran out, the last
+      live copy is kept instead (at most one refresh old).
 
 The web and the API read only these rows and the storage (`job_log_read`).
 
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -39,12 +45,18 @@ from datetime import datetime, timedelta
 from typing import cast
 
 from django.conf import settings
+from django.core.cache import cache
 from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, storages
 from django.db import transaction
 from django.db.models import F, Q
 
-from queueing.backends.base import ClusterBackend, parse_workload_name, workload_name
+from queueing.backends.base import (
+    ClusterBackend,
+    logs_unanswered,
+    parse_workload_name,
+    workload_name,
+)
 from queueing.composition import backend_class
 from queueing.errors import DomainError
 from queueing.models import Job, JobEvent, JobLog
@@ -67,11 +79,18 @@ _POD_HEADER = re.compile(r"^==> (.+) <==$")
 PRUNE_BATCH = 1000
 
 
+class LogsUnread(Exception):
+    """The cluster did not answer for the log of some replica of a workload about to be
+    stopped, and FAIRQ_LOG_KEEP_RETRY_SECONDS have not passed since it first did not:
+    the workload is left as it is (its pods, and their logs, stay) for a later try."""
+
+
 @dataclass
 class ArchiveResult:
     refreshed: list[int] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)
     kept: list[tuple[int, int]] = field(default_factory=list)  # (job, attempt) made final
+    left: int = 0  # jobs due but left for the next run (the time budget)
 
 
 def log_storage() -> Storage:
@@ -150,6 +169,30 @@ def _read(backend: ClusterBackend, name: str, *, lines: int) -> dict[int, str] |
         return None
 
 
+def _unanswered(texts: dict[int, str] | None) -> list[int] | None:
+    """The replicas whose log the cluster did not answer for; None: the whole read."""
+    if texts is None:
+        return None
+    return [r for r, text in sorted(texts.items()) if logs_unanswered(text)]
+
+
+def _unread_key(name: str) -> str:
+    return f"fairq:logs-unread:{name}"
+
+
+def _read_again(name: str, now: datetime) -> bool:
+    """Whether to leave workload `name` for another read (its logs were not answered):
+    until FAIRQ_LOG_KEEP_RETRY_SECONDS after the first unanswered read (noted in the
+    cache, so every worker process counts from the same instant)."""
+    limit = float(settings.FAIRQ_LOG_KEEP_RETRY_SECONDS)
+    if limit <= 0:
+        return False
+    key = _unread_key(name)
+    cache.add(key, now.timestamp(), timeout=int(limit * 4) + 60)
+    first = cache.get(key)
+    return first is None or now.timestamp() - float(first) < limit
+
+
 # `attempt_logs_keep`'s `texts` when the caller has not read the logs yet.
 _UNREAD: object = object()
 
@@ -162,10 +205,12 @@ def _needs_keeping(job_id: int, attempt: int) -> bool:
 def attempt_logs_keep(*, backend: ClusterBackend, name: str, now: datetime,
                       texts: dict[int, str] | object | None = _UNREAD) -> bool:
     """Keep the tail of each replica's log of workload `name` (an attempt that ended or
-    is about to be stopped), unless kept already. Never raises for the cluster: a read
-    that fails keeps the last live copy. `texts`: what `_read` answered, when the caller
-    read it already (`workloads_stop_keeping_logs` reads many at once). True when
-    something was kept."""
+    is about to be stopped), unless kept already. `LogsUnread` when the cluster did not
+    answer for some replica's log (nothing is kept then: the caller must not delete the
+    pods), until FAIRQ_LOG_KEEP_RETRY_SECONDS after the first such read; after that, or
+    when the pods are gone, the last live copy is kept. `texts`: what `_read` answered,
+    when the caller read it already (`workloads_stop_keeping_logs` reads many at once).
+    True when something was kept."""
     parsed = parse_workload_name(name)
     if parsed is None:
         return False
@@ -177,6 +222,15 @@ def attempt_logs_keep(*, backend: ClusterBackend, name: str, now: datetime,
     if texts is _UNREAD:
         texts = _read(backend, name, lines=settings.FAIRQ_LOG_ARCHIVE_KEEP_LINES)
     read = cast(dict[int, str] | None, texts)
+    unanswered = _unanswered(read)
+    if unanswered is None or unanswered:
+        which = "its pods" if unanswered is None else \
+            "replica " + ", ".join(str(r) for r in unanswered)
+        if _read_again(name, now):
+            raise LogsUnread(f"the cluster did not answer for the logs of {name} ({which}); "
+                             "it is left running until they are read")
+        log.warning("the cluster did not answer for the logs of %s (%s) for %.0f s; keeping "
+                    "what fairq has", name, which, settings.FAIRQ_LOG_KEEP_RETRY_SECONDS)
     never_ran = attempt == job.attempt and job.started_at is None
     if never_ran and not any((read or {}).values()) and not JobLog.objects.filter(
             job_id=job_id, attempt=attempt).exists():
@@ -186,11 +240,13 @@ def attempt_logs_keep(*, backend: ClusterBackend, name: str, now: datetime,
     except Exception:  # the storage is down: the stop must go on
         log.exception("keeping the logs of %s failed", name)
         return False
+    cache.delete(_unread_key(name))
     return True
 
 
 def workload_stop_keeping_logs(*, backend: ClusterBackend, name: str, now: datetime) -> None:
-    """Stop workload `name` after keeping its logs (its pods go with it). Call it with no
+    """Stop workload `name` after keeping its logs (its pods go with it); `LogsUnread`
+    (not stopped) while the cluster does not answer for a replica's log. Call it with no
     transaction open: it reads the cluster."""
     attempt_logs_keep(backend=backend, name=name, now=now)
     backend.stop(name, now=now)
@@ -215,8 +271,8 @@ def workloads_stop_keeping_logs(*, backend: ClusterBackend, names: Sequence[str]
     """`workload_stop_keeping_logs` for many workloads (a cycle's preemption victims):
     the logs of those whose attempt is not kept yet are read concurrently
     (`logs_read_many`), then each is kept and stopped in this thread, in order. Never
-    raises for one workload: returns the ones whose stop raised, with why. Call it with
-    no transaction open."""
+    raises for one workload: returns the ones not stopped, with why (`LogsUnread`: left
+    for a later try, its logs unread). Call it with no transaction open."""
     todo: list[str] = []
     for name in names:
         parsed = parse_workload_name(name)
@@ -236,12 +292,21 @@ def workloads_stop_keeping_logs(*, backend: ClusterBackend, names: Sequence[str]
 
 
 def job_logs_archive(*, backend: ClusterBackend, now: datetime,
-                     limit: int = BATCH) -> ArchiveResult:
+                     limit: int = BATCH, budget_seconds: float | None = None) -> ArchiveResult:
     """Refresh the live copy of running jobs (older than FAIRQ_LOG_ARCHIVE_SECONDS), keep
     the logs of attempts that finished since their last read (`attempt_logs_keep`), and
-    keep the live copy of earlier attempts nobody kept (their pods are gone). At most
-    `limit` jobs read, the longest unread first; a job whose logs cannot be read keeps
-    its last copy and is tried again next run."""
+    keep the live copy of earlier attempts nobody kept (their pods are gone).
+
+    Bounded and resumable, so the task's time limit never cuts it short: at most
+    `limit` jobs, the finished attempts first (their pods go with the Job's TTL), then
+    the longest unread; read FAIRQ_LOG_READ_CONCURRENCY at a time (`logs_read_many`), a
+    chunk at a time, each job's copy written (and committed) as soon as it is read; no
+    new chunk once `budget_seconds` (FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS) are spent. What is
+    left is the next run's, first in line (it is the longest unread). A job whose logs
+    cannot be read keeps its last copy and is tried again next run."""
+    started = time.perf_counter()
+    budget = float(settings.FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS if budget_seconds is None
+                   else budget_seconds)
     result = ArchiveResult()
     refresh = timedelta(seconds=settings.FAIRQ_LOG_ARCHIVE_SECONDS)
     jobs = list(
@@ -268,15 +333,48 @@ def job_logs_archive(*, backend: ClusterBackend, now: datetime,
             return fetched if now - fetched >= refresh else None
         return fetched  # finished since the last read: read once more
 
-    todo = sorted(((d, j) for j in jobs if (d := due(j)) is not None),
-                  key=lambda p: (p[0], p[1].pk))[:limit]
-    for _, job in todo:
-        if job.state in FINAL_STATES:
-            if attempt_logs_keep(backend=backend, name=job.backend_name, now=now):
+    dues = [(job.state == JobState.RUNNING, d, job) for job in jobs
+            if (d := due(job)) is not None]
+    dues.sort(key=lambda p: (p[0], p[1], p[2].pk))
+    todo = [job for _, _, job in dues[:limit]]
+    chunk = max(1, int(settings.FAIRQ_LOG_READ_CONCURRENCY)) * 2
+    for start in range(0, len(todo), chunk):
+        if start and time.perf_counter() - started >= budget:
+            result.left = len(todo) - start
+            log.info("job_logs_archive: %d jobs left for the next run (budget %.0f s)",
+                     result.left, budget)
+            break
+        _archive_chunk(backend=backend, jobs=todo[start:start + chunk], now=now,
+                       result=result)
+    # Earlier attempts left live (a preemption whose read was missed): keep their copy.
+    for job_id, attempt in (JobLog.objects.filter(final=False, attempt__lt=F("job__attempt"))
+                            .values_list("job_id", "attempt").distinct()[:limit]):
+        _keep(job_id=job_id, attempt=attempt, texts=None, now=now)
+        result.kept.append((job_id, attempt))
+    return result
+
+
+def _archive_chunk(*, backend: ClusterBackend, jobs: Sequence[Job], now: datetime,
+                   result: ArchiveResult) -> None:
+    """`job_logs_archive` for a few jobs: their logs read concurrently, then each job's
+    copy written in this thread."""
+    finished = [j for j in jobs if j.state in FINAL_STATES]
+    running = [j for j in jobs if j.state not in FINAL_STATES]
+    kept_texts = logs_read_many(backend=backend, names=[j.backend_name for j in finished],
+                                lines=settings.FAIRQ_LOG_ARCHIVE_KEEP_LINES)
+    live_texts = logs_read_many(backend=backend, names=[j.backend_name for j in running],
+                                lines=settings.FAIRQ_LOG_ARCHIVE_LINES)
+    for job in finished:
+        try:
+            if attempt_logs_keep(backend=backend, name=job.backend_name, now=now,
+                                 texts=kept_texts.get(job.backend_name, _UNREAD)):
                 result.kept.append((job.pk, job.attempt))
-            result.refreshed.append(job.pk)
+        except LogsUnread as exc:
+            result.failed[job.pk] = str(exc)
             continue
-        texts = _read(backend, job.backend_name, lines=settings.FAIRQ_LOG_ARCHIVE_LINES)
+        result.refreshed.append(job.pk)
+    for job in running:
+        texts = live_texts.get(job.backend_name)
         if texts is None:
             result.failed[job.pk] = "the cluster did not answer"
             continue
@@ -293,12 +391,6 @@ def job_logs_archive(*, backend: ClusterBackend, now: datetime,
                     job_id=job.pk, attempt=job.attempt, replica=replica,
                     defaults={"text": text, "fetched_at": now})
         result.refreshed.append(job.pk)
-    # Earlier attempts left live (a preemption whose read was missed): keep their copy.
-    for job_id, attempt in (JobLog.objects.filter(final=False, attempt__lt=F("job__attempt"))
-                            .values_list("job_id", "attempt").distinct()[:limit]):
-        _keep(job_id=job_id, attempt=attempt, texts=None, now=now)
-        result.kept.append((job_id, attempt))
-    return result
 
 
 # --- retention ------------------------------------------------------------------------------

@@ -47,6 +47,17 @@ Only one cycle plans at a time (a PostgreSQL advisory lock; a process lock on SQ
 which is single-process only); the compare-and-swap in step 4 means that even a stale
 plan can never admit a job twice.
 
+A cycle bounds its own work (`Budget`, FAIRQ_CYCLE_BUDGET_SECONDS, well inside the
+task's time limits, so no limit cuts it half-way): step 1 handles the workloads whose
+status moved until its share of the budget is spent, and stops at most
+FAIRQ_CYCLE_STOP_BATCH workloads no job holds (their logs kept first); step 5 stops the
+preemption victims and submits admitted jobs in chunks while the budget lasts (victims
+left running are stopped by the next cycle's step 1: their attempt is no longer their
+job's). What is left is left as it is, for the next cycle, which is kicked at once
+(`CycleResult.deferred`). Steps 2-4 always run whole: the plan is decided on the whole
+queue and applied in one transaction, so an interrupted cycle has applied all of its
+decisions or none.
+
 One job never stops the cycle: each job's part of steps 1, 2, 4 and 5 runs on its own
 (`_isolated`); an unexpected exception fails that job with a reason and an event and
 the cycle goes on with the others. Cluster statuses are cleaned first
@@ -69,6 +80,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
 from django.utils import timezone
 
@@ -99,7 +111,7 @@ from .cluster_view import cluster_view_publish
 from .clusters import Fleet, clusters_drain, clusters_record, fleet_open
 from .dependencies import dependencies_fail_never_met
 from .jobs import job_transition, next_attempt
-from .logs import workload_stop_keeping_logs
+from .logs import LogsUnread, workloads_stop_keeping_logs
 from .metrics import record_submit_error
 from .preemption import Applied, preempted_workloads_stop, preemptions_apply
 from .spot import spot_reclaimed_requeue
@@ -123,6 +135,25 @@ def new_cycle_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
+# The share of FAIRQ_CYCLE_BUDGET_SECONDS by which step 1 stops taking new workloads
+# (steps 2-4 run whole after it; step 5 has the rest).
+RECONCILE_SHARE = 0.4
+
+
+class Budget:
+    """The time a cycle allows itself (FAIRQ_CYCLE_BUDGET_SECONDS from its start): its
+    bounded steps take no new item once their share of it is spent."""
+
+    def __init__(self, seconds: float | None = None) -> None:
+        self.seconds = float(settings.FAIRQ_CYCLE_BUDGET_SECONDS if seconds is None
+                             else seconds)
+        self.started = time.perf_counter()
+
+    def spent(self, share: float = 1.0) -> bool:
+        """True once `share` of the budget is gone."""
+        return time.perf_counter() - self.started >= self.seconds * share
+
+
 @dataclass
 class CycleResult:
     ran: bool = True
@@ -143,6 +174,13 @@ class CycleResult:
     timings: dict[str, float] = field(default_factory=dict)
     # Rule K5: the clusters that could not be read this cycle (names).
     unreachable: list[str] = field(default_factory=list)
+    # Work left for the next cycle (kicked at once) by the budget, per step:
+    # "reconcile" (workload statuses not handled), "stop" (workloads no job holds, not
+    # stopped yet), "submit" (admitted jobs not submitted yet).
+    deferred: dict[str, int] = field(default_factory=dict)
+    # Workloads no job holds left running this cycle: the cluster did not answer for a
+    # replica's log (services/logs.py, `LogsUnread`).
+    logs_unread: list[str] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -180,11 +218,12 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
             return CycleResult(ran=False, cycle_id=cycle_id or new_cycle_id())
         result = CycleResult(cycle_id=cycle_id or new_cycle_id())
         now = now or timezone.now()
+        budget = Budget()
         t0 = time.perf_counter()
         fleet = fleet_open(backend=backend, backends=backends)
         # (Uncounted: a deleted row misleads no one here; step 2's refresh counts.)
         reconcile(backend=fleet, now=now, result=result,
-                  jobs=cycle_active_jobs(count=False))
+                  jobs=cycle_active_jobs(count=False), budget=budget)
         outages = clusters_record(fleet=fleet, now=now)
         result.requeued.extend(outages.requeued)
         result.requeued.extend(clusters_drain(fleet=fleet, now=now))  # rule K8
@@ -216,8 +255,14 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         t4 = time.perf_counter()
         # After commit: the victims' GPUs come back (at once on the simulated cluster,
         # when the pods are gone on Kubernetes); their preemptors wait for that (R8).
-        preempted_workloads_stop(backend=backend, names=applied.workloads, now=now)
-        submit_admitted(backend=backend, now=now, result=result)
+        _victims_stop(backend=backend, names=applied.workloads, now=now, result=result,
+                      budget=budget)
+        submit_admitted(backend=backend, now=now, result=result, budget=budget)
+        if result.deferred:
+            log.info("cycle %s: left for the next cycle (budget %.0f s): %s", result.cycle_id,
+                     budget.seconds, ", ".join(f"{k} {v}" for k, v in
+                                               sorted(result.deferred.items())))
+            kick()  # at once: the rest is the next cycle's first work
         if (result.admitted or result.started or result.finished or result.requeued
                 or result.preempted or result.job_errors):
             queue_plan_forget()  # readers of "why it waits" get the queue as it is now
@@ -328,9 +373,13 @@ def _same(a: object, b: object) -> bool:
 
 
 def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
-              jobs: ActiveJobs | None = None) -> None:
+              jobs: ActiveJobs | None = None, budget: Budget | None = None) -> None:
     """Step 1. `jobs`: the active jobs, refreshed by the caller (else read here): the
-    owners of the workloads come from them, not from a query per cycle.
+    owners of the workloads come from them, not from a query per cycle. `budget`: the
+    cycle's; once RECONCILE_SHARE of it is spent, the workloads whose status moved and
+    are not handled yet are left for the next cycle (each job's change is its own
+    transaction: a job is moved whole or not at all), and at most FAIRQ_CYCLE_STOP_BATCH
+    workloads no job holds are stopped (`_unowned_stop`).
 
     A workload whose status is the one handled in an earlier cycle, with its job's row
     as it was then (the same values in every column of `JobRow`), is not handled
@@ -370,14 +419,16 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
                            pk__in=others).values_list(
                            "pk", "attempt", "status", "message", "placement")})
     moving = []
+    unowned: list[WorkloadStatus] = []
     pools_now = _PoolsNow(backend)
     for status in todo:
         owner = owners.get(status.job_id)
         if owner is None or owner.attempt != status.attempt or \
                 owner.state not in HOLDING_STATES:
             try:
-                _unowned_workload(backend=backend, status=status, owned=owner is not None,
-                                  now=now, result=result)
+                if _unowned_workload(backend=backend, status=status,
+                                     owned=owner is not None, now=now, result=result):
+                    unowned.append(status)
             except NOT_A_JOB_FAULT:
                 raise
             except Exception as exc:  # retried by the next cycle: it is still unowned
@@ -400,12 +451,21 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
             continue  # nothing to record: no transaction for the common case
         moving.append(status)
     moved = Job.objects.select_related("gpu_type").in_bulk({s.job_id for s in moving})
-    for status in moving:
+    # The longest-waiting change first: what a budget left is handled first next cycle.
+    moving.sort(key=_oldest_change)
+    for i, status in enumerate(moving):
+        if i and budget is not None and budget.spent(RECONCILE_SHARE):  # one at least
+            # The rest next cycle: not in `handled`, so it is looked at again.
+            for later in moving[i:]:
+                handled.pop(later.name, None)
+            result.deferred["reconcile"] = len(moving) - i
+            break
         job = moved.get(status.job_id)
         if job is not None and job.attempt == status.attempt:
             with _isolated(job.pk, step="recording its workload status", now=now,
                            result=result):
                 _apply_status(job, status, now=now, result=result, pools_now=pools_now)
+    _unowned_stop(backend=backend, statuses=unowned, now=now, result=result, budget=budget)
     # What the next cycle need not handle again; never a job that hit an error (a job
     # that could not even be failed is tried again).
     jobs.reconciled = {name: h for name, h in handled.items()
@@ -453,6 +513,13 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
                 result.finished.append(job.pk)
 
 
+def _oldest_change(status: WorkloadStatus) -> tuple[float, str]:
+    """When a moved workload's change happened (its end, else its start), for handling
+    the longest-waiting first."""
+    at = status.finished_at or status.started_at
+    return (at.timestamp() if at is not None else float("inf"), status.name)
+
+
 @dataclass(frozen=True, slots=True)
 class _Owner:
     attempt: int
@@ -462,13 +529,15 @@ class _Owner:
 
 
 def _unowned_workload(*, backend: ClusterBackend, status: WorkloadStatus, owned: bool,
-                      now: datetime, result: CycleResult) -> None:
+                      now: datetime, result: CycleResult) -> bool:
     """A workload no job holds (cancelled, preempted, finished and recorded, decided
     before its pods came, or deleted). Pods that ran are charged to the job's team unless
-    that attempt is charged already; then `stop` ends it so its GPUs come back (a Job
-    that finished is only forgotten: its logs stay until its TTL). Only workloads still
-    running count as orphans in `orphans_stopped`, once: not a Job that finished with its
-    attempt, nor one the cluster is already removing."""
+    that attempt is charged already. A workload that succeeded is only forgotten (`stop`
+    deletes nothing of a finished Job: its logs stay until its TTL, and the logs task
+    keeps them). True when it is to be stopped with its logs kept first
+    (`_unowned_stop`): any other end may still have pods that run - a replica whose
+    peer failed - and the stop deletes them, the failed replica's with them. Not one
+    the cluster is already removing."""
     if owned and status.started_at is not None:
         try:
             _charge_unowned_run(status=status, now=now)
@@ -478,13 +547,50 @@ def _unowned_workload(*, backend: ClusterBackend, status: WorkloadStatus, owned:
             log.exception("cycle %s: could not charge unowned workload %s; stopping it anyway",
                           result.cycle_id, status.name)
     if status.stopping:
-        return
-    if status.phase in (Phase.SUCCEEDED, Phase.FAILED):
+        return False
+    if status.phase == Phase.SUCCEEDED:
         backend.stop(status.name, now=now)  # its pods stay until the TTL: the logs task reads them
-    else:
-        workload_stop_keeping_logs(backend=backend, name=status.name, now=now)
-    if status.phase not in (Phase.SUCCEEDED, Phase.FAILED):
-        result.orphans_stopped.append(status.name)
+        return False
+    return True
+
+
+def _unowned_stop(*, backend: ClusterBackend, statuses: Sequence[WorkloadStatus],
+                  now: datetime, result: CycleResult, budget: Budget | None) -> None:
+    """Stop workloads no job holds, every replica's log kept first (read concurrently,
+    `workloads_stop_keeping_logs`, FAIRQ_LOG_READ_CONCURRENCY at a time), at most
+    FAIRQ_CYCLE_STOP_BATCH per cycle and no chunk after the first once the cycle's
+    step-1 share of its budget is spent (the rest next cycle: they are still unowned). One whose log
+    the cluster does not answer for is left running for a later cycle (`LogsUnread`).
+    Only workloads still running count as orphans in `orphans_stopped`, once: not a Job
+    that finished with its attempt."""
+    if not statuses:
+        return
+    batch = list(statuses[:int(settings.FAIRQ_CYCLE_STOP_BATCH)])
+    chunk = max(1, int(settings.FAIRQ_LOG_READ_CONCURRENCY))
+    failed: dict[str, Exception] = {}
+    done = 0
+    while done < len(batch):
+        if done and budget is not None and budget.spent(RECONCILE_SHARE):
+            break  # (the first chunk always: a failed replica's peer must not run on)
+        names = [s.name for s in batch[done:done + chunk]]
+        failed.update(workloads_stop_keeping_logs(backend=backend, names=names, now=now))
+        done += len(names)
+    now_, later = batch[:done], len(statuses) - done
+    for status in now_:
+        exc = failed.get(status.name)
+        if exc is None:
+            if status.phase != Phase.FAILED:
+                result.orphans_stopped.append(status.name)
+        elif isinstance(exc, NOT_A_JOB_FAULT):
+            raise exc
+        elif isinstance(exc, LogsUnread):  # not the budget's: no kick, the next cycle
+            result.logs_unread.append(status.name)
+            log.info("cycle %s: %s", result.cycle_id, exc)
+        else:  # retried by the next cycle: it is still unowned
+            log.warning("cycle %s: could not end unowned workload %s: %s",
+                        result.cycle_id, status.name, type(exc).__name__)
+    if later:
+        result.deferred["stop"] = later
 
 
 def _charge_unowned_run(*, status: WorkloadStatus, now: datetime) -> None:
@@ -775,6 +881,22 @@ def _preemptions_apply(*, plan: Plan, now: datetime, result: CycleResult) -> App
 
 # --- 5. submit ----------------------------------------------------------------------------
 
+def _victims_stop(*, backend: ClusterBackend, names: Sequence[str], now: datetime,
+                  result: CycleResult, budget: Budget) -> None:
+    """Step 5's first half: the victims' workloads stopped, their logs kept first
+    (`preempted_workloads_stop`), FAIRQ_LOG_READ_CONCURRENCY at a time; once the budget
+    is spent the rest are left running for the next cycle, kicked at once, whose
+    reconcile stops them as workloads no job holds (their attempt is no longer their
+    job's). Their preemptors wait for them meanwhile (rule R8)."""
+    chunk = max(1, int(settings.FAIRQ_LOG_READ_CONCURRENCY))
+    for start in range(0, len(names), chunk):
+        if start and budget.spent():
+            result.deferred["stop"] = result.deferred.get("stop", 0) + len(names) - start
+            return
+        preempted_workloads_stop(backend=backend, names=list(names[start:start + chunk]),
+                                 now=now)
+
+
 def launch_spec(job: Job, *,
                 node_topology: Mapping[str, Mapping[str, str]] | None = None) -> LaunchSpec:
     """What the backend runs for `job`'s attempt. `node_topology` (node -> level ->
@@ -812,9 +934,12 @@ def launch_spec(job: Job, *,
     )
 
 
-def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResult) -> None:
+def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResult,
+                    budget: Budget | None = None) -> None:
     """Submit every admitted job not yet marked submitted (this cycle's and any a killed
-    worker left behind: the backend's create is idempotent by name).
+    worker left behind: the backend's create is idempotent by name), the longest
+    admitted first, in chunks of FAIRQ_CYCLE_SUBMIT_CHUNK: once `budget` is spent no
+    new chunk starts, and the rest are the next cycle's (`result.deferred["submit"]`).
 
     The creates run on up to `backend.submit_concurrency` threads (most of a create is
     waiting on the API server); no transaction is open meanwhile. Then, in this thread,
@@ -850,6 +975,19 @@ def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResu
             targets.append(target)
     if not jobs:
         return
+    chunk = max(1, int(settings.FAIRQ_CYCLE_SUBMIT_CHUNK))
+    for start in range(0, len(jobs), chunk):
+        if start and budget is not None and budget.spent():
+            result.deferred["submit"] = len(jobs) - start
+            return
+        _submit_chunk(backend=backend, jobs=jobs[start:start + chunk],
+                      specs=specs[start:start + chunk], targets=targets[start:start + chunk],
+                      now=now, result=result)
+
+
+def _submit_chunk(*, backend: ClusterBackend, jobs: list[Job], specs: list[LaunchSpec],
+                  targets: list[ClusterBackend], now: datetime, result: CycleResult) -> None:
+    """`submit_admitted` for one chunk: the creates, each outcome, the marks."""
     errors = _create_workloads(backend=backend, specs=specs, now=now, targets=targets)
     submitted: list[Job] = []
     for job, error in zip(jobs, errors, strict=True):

@@ -1,0 +1,170 @@
+"""A scheduler cycle bounds its own work (FAIRQ_CYCLE_BUDGET_SECONDS, services/scheduler.py
+`Budget`), so its task's time limit never cuts it half-way: what does not fit is left
+for the next cycle, which is kicked at once; and its decisions are applied in one
+transaction, so a cycle interrupted there has applied none of them.
+
+The simulated cluster, made slow where the real one is under load (a create, a status
+write), on the real database.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from celery.exceptions import SoftTimeLimitExceeded
+from django.utils import timezone
+
+from queueing.backends.simulated import SimulatedCluster
+from queueing.models import Job, JobEvent
+from queueing.services import scheduler
+from queueing.services.scheduler import scheduler_cycle
+
+from .conftest import World
+from .test_cycle import submit
+
+pytestmark = pytest.mark.django_db
+
+CREATE_SECONDS = 0.1
+
+
+@pytest.fixture
+def slow_creates(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each create on the simulated cluster takes CREATE_SECONDS (an API server under
+    load); returns the workload names created, in order."""
+    created: list[str] = []
+    real = SimulatedCluster.submit
+
+    def submit_slowly(self: SimulatedCluster, spec: Any, *, now: Any) -> None:
+        time.sleep(CREATE_SECONDS)
+        created.append(spec.name)
+        real(self, spec, now=now)
+
+    monkeypatch.setattr(SimulatedCluster, "submit", submit_slowly)
+    return created
+
+
+def test_a_cycle_with_more_submits_than_its_budget_ends_within_it_and_the_next_does_the_rest(
+    world: World, settings: Any, slow_creates: list[str],
+) -> None:
+    settings.FAIRQ_CYCLE_BUDGET_SECONDS = 0.5
+    settings.FAIRQ_CYCLE_SUBMIT_CHUNK = 2
+    t0 = timezone.now()
+    jobs = [submit(world, gpus=1, env={"FAIRQ_SIM_SECONDS": "600"}) for _ in range(12)]
+
+    r = scheduler_cycle(now=t0)
+    # Every decision applied (12 admissions, one transaction) ...
+    assert sorted(r.admitted) == sorted(jobs)
+    assert Job.objects.filter(pk__in=jobs, status="ADMITTED").count() == 12
+    # ... but only the creates that fit: no chunk starts past the budget, so the cycle
+    # ends at most one chunk (2 creates) after it.
+    assert r.timings["total"] < 0.5 + 2 * CREATE_SECONDS + 0.5, r.timings
+    assert 0 < len(slow_creates) < 12
+    assert r.deferred == {"submit": 12 - len(slow_creates)}
+    assert Job.objects.filter(pk__in=jobs, submitted_to_backend_at__isnull=True).count() \
+        == 12 - len(slow_creates)
+
+    # The next cycles submit the rest, the longest admitted first, each job once.
+    for i in range(1, 12):
+        if not Job.objects.filter(pk__in=jobs, submitted_to_backend_at__isnull=True).exists():
+            break
+        r = scheduler_cycle(now=t0 + timedelta(seconds=i))
+        assert r.timings["total"] < 0.5 + 2 * CREATE_SECONDS + 0.5, r.timings
+    assert not Job.objects.filter(pk__in=jobs, submitted_to_backend_at__isnull=True).exists()
+    assert sorted(slow_creates) == sorted(f"fq-{pk}-1" for pk in jobs)
+    assert slow_creates == [f"fq-{pk}-1" for pk in sorted(jobs)]
+
+
+def test_a_cycle_whose_status_changes_overrun_its_budget_leaves_the_rest_for_the_next(
+    world: World, settings: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    t0 = timezone.now() - timedelta(minutes=5)
+    jobs = [submit(world, gpus=1, env={"FAIRQ_SIM_SECONDS": "60"}) for _ in range(10)]
+    scheduler_cycle(now=t0)
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    assert Job.objects.filter(pk__in=jobs, status="RUNNING").count() == 10
+
+    real = scheduler._apply_status
+
+    def slow_apply(*args: Any, **kwargs: Any) -> None:
+        time.sleep(0.1)  # one job's status write on a loaded database
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "_apply_status", slow_apply)
+    settings.FAIRQ_CYCLE_BUDGET_SECONDS = 1.0  # step 1 takes no new job past 0.4 s
+    r = scheduler_cycle(now=t0 + timedelta(seconds=61))  # all ten finished
+    assert r.timings["reconcile"] < 0.4 + 0.1 + 0.3, r.timings
+    done = Job.objects.filter(pk__in=jobs, status="SUCCEEDED").count()
+    assert 0 < done < 10 and sorted(r.finished) == sorted(
+        Job.objects.filter(pk__in=jobs, status="SUCCEEDED").values_list("pk", flat=True))
+    assert r.deferred == {"reconcile": 10 - done}
+    # Each job moved whole or not at all: a finished one is charged, the others are not.
+    for job in Job.objects.filter(pk__in=jobs):
+        assert job.usage_records.exists() == (job.status == "SUCCEEDED")
+
+    for i in range(2, 12):
+        if Job.objects.filter(pk__in=jobs, status="SUCCEEDED").count() == 10:
+            break
+        scheduler_cycle(now=t0 + timedelta(seconds=60 + i))
+    assert Job.objects.filter(pk__in=jobs, status="SUCCEEDED").count() == 10
+    assert JobEvent.objects.filter(job_id__in=jobs, to_status="SUCCEEDED").count() == 10
+
+
+def test_a_cycle_interrupted_while_applying_its_plan_has_applied_none_of_it(
+    world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    t0 = timezone.now()
+    jobs = [submit(world, gpus=1) for _ in range(5)]
+
+    def time_limit(**kwargs: Any) -> list[int]:
+        raise SoftTimeLimitExceeded()  # the task's soft limit, after the admissions
+
+    monkeypatch.setattr(scheduler, "dependencies_fail_never_met", time_limit)
+    with pytest.raises(SoftTimeLimitExceeded):
+        scheduler_cycle(now=t0)
+    assert Job.objects.filter(pk__in=jobs, status="QUEUED").count() == 5
+    assert not JobEvent.objects.filter(job_id__in=jobs, to_status="ADMITTED").exists()
+
+    monkeypatch.undo()
+    r = scheduler_cycle(now=t0 + timedelta(seconds=1))
+    assert sorted(r.admitted) == sorted(jobs)
+
+
+def test_victims_past_the_budget_are_left_to_the_next_cycles_reconcile(
+    world: World, settings: Any, monkeypatch: pytest.MonkeyPatch, no_r9: None,
+) -> None:
+    t0 = timezone.now() - timedelta(minutes=5)
+    low = [submit(world, gpus=1, tier="low", env={"FAIRQ_SIM_SECONDS": "3600"})
+           for _ in range(16)]  # vision: its 8 H100s and 8 borrowed
+    scheduler_cycle(now=t0)
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    assert Job.objects.filter(pk__in=low, status="RUNNING").count() == 16
+
+    stopped: list[str] = []
+    real = SimulatedCluster.stop
+
+    def stop_slowly(self: SimulatedCluster, name: str, *, now: Any) -> None:
+        time.sleep(0.2)  # a delete on an API server under load
+        stopped.append(name)
+        real(self, name, now=now)
+
+    monkeypatch.setattr(SimulatedCluster, "stop", stop_slowly)
+    settings.FAIRQ_CYCLE_BUDGET_SECONDS = 0.3
+    settings.FAIRQ_LOG_READ_CONCURRENCY = 1  # the victims one at a time
+    high = submit(world, world.outsider, team="nlp", gpus=8, tier="high")  # takes nlp's 8 back
+    r = scheduler_cycle(now=t0 + timedelta(seconds=2))
+    victims = r.preempted
+    assert len(victims) == 8, r.plan.waits if r.plan else None
+    # All eight requeued in the one transaction; only the stops that fit were made.
+    assert Job.objects.filter(pk__in=victims, status="QUEUED", attempt=2).count() == 8
+    assert 1 <= len(stopped) < 8 and r.deferred.get("stop") == 8 - len(stopped)
+    for i in range(3, 20):
+        if len(stopped) == 8:
+            break
+        scheduler_cycle(now=t0 + timedelta(seconds=i))
+    assert sorted(stopped) == sorted(f"fq-{pk}-1" for pk in victims)
+    for _ in range(3):
+        scheduler_cycle(now=t0 + timedelta(seconds=30))
+    assert Job.objects.get(pk=high).status in ("ADMITTED", "RUNNING")
