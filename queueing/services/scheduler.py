@@ -660,6 +660,28 @@ def _utilization(*, backend: ClusterBackend, now: datetime, result: CycleResult)
 
 # --- 4. apply -----------------------------------------------------------------------------
 
+def plan_job_ids(plan: Plan) -> list[int]:
+    """Every job the apply step may write: admitted, preemptors, victims, never met."""
+    ids = {a.job_id for a in plan.admissions} | set(plan.never_met)
+    for p in plan.preemptions:
+        ids.add(p.preemptor_id)
+        ids.update(v.job_id for v in p.victims)
+    return sorted(ids)
+
+
+def jobs_lock_in_id_order(ids: Iterable[int]) -> None:
+    """Row-lock the jobs `ids` in id order, in one statement, before any of them is
+    written (rule L1, docs/scheduling.md "Lock order"). The plan admits in its own
+    order (rule O1) and a bulk cancel (`arrays.array_cancel`) locks an array's members
+    in id order: were the cycle to lock them as it admits, each could hold a row the
+    other wants next and PostgreSQL would abort one as a deadlock. With both in id
+    order one waits for the other. A job deleted meanwhile is simply not locked."""
+    wanted = sorted(set(ids))
+    if wanted:
+        list(Job.objects.select_for_update().filter(pk__in=wanted).order_by("pk")
+             .values_list("pk", flat=True))
+
+
 def apply_plan(*, plan: Plan, now: datetime, result: CycleResult | None = None,
                nodes: Sequence[NodeState] = ()) -> list[int]:
     """QUEUED → ADMITTED for each admission, compare-and-swap per job, one transaction.
@@ -670,8 +692,11 @@ def apply_plan(*, plan: Plan, now: datetime, result: CycleResult | None = None,
     All admissions go in one savepoint; if one raises, that savepoint is rolled back and
     they are applied again one savepoint each (`_isolated`), so the job that raised is
     failed and every other one is still admitted. The common case pays no savepoint per
-    job."""
+    job. First every job the plan writes is row-locked in id order
+    (`jobs_lock_in_id_order`), in the caller's transaction."""
     result = result if result is not None else CycleResult()
+    # Held until the caller's transaction ends (the cycle's: preemptions and rule D2 too).
+    jobs_lock_in_id_order(plan_job_ids(plan))
     if not plan.admissions:
         return []
     try:
