@@ -112,6 +112,7 @@ PROD_ENV = {
     "DATABASE_URL": os.environ.get("DATABASE_URL", "postgres://fairq@localhost/fairq"),
     "REDIS_URL": os.environ.get("REDIS_URL", "redis://localhost:6379/0"),
     "FAIRQ_METRICS_TOKEN": "metrics-secret",
+    "FAIRQ_REGISTRY_ALLOWLIST": "ghcr.io/acme",
 }
 
 
@@ -148,6 +149,12 @@ def test_check_deploy_warns_when_the_metrics_token_is_unset() -> None:
     r = _check_deploy(FAIRQ_METRICS_TOKEN="")
     assert r.returncode != 0
     assert "fairq.W001" in r.stderr
+
+
+def test_check_deploy_warns_when_images_may_come_from_any_registry() -> None:
+    r = _check_deploy(FAIRQ_REGISTRY_ALLOWLIST="")
+    assert r.returncode != 0
+    assert "fairq.W002" in r.stderr and "FAIRQ_REGISTRY_ALLOWLIST" in r.stderr
 
 
 def test_production_settings_redirect_to_https_and_set_hsts() -> None:
