@@ -225,8 +225,10 @@ def job_input_build(
     rules across fields (a gang no node holds, the team's resource maxima, the spec's
     size, the tier's grace cap). A None argument is a field the front end found missing
     or ill-formed: reported as required, not checked. A resource or shm size not given
-    (None, "") takes the team's default, if it has one; a grace period not given,
-    FAIRQ_K8S_TERMINATION_GRACE_SECONDS (at most the tier's cap).
+    (None, "") takes the team's default, if it has one, and memory then the platform's
+    (`default_memory_bytes`: every pod has a memory limit); a shm size above the memory
+    is refused; a grace period not given, FAIRQ_K8S_TERMINATION_GRACE_SECONDS (at most
+    the tier's cap, rule R10: `tier_grace_cap`).
 
     `team_lookup(slug)`: what `team_for_submitter(user=actor, slug=slug)` gives, from a
     caller that remembers it (the API's fast submit, queueing/api/jobs.py); membership
