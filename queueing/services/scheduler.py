@@ -827,11 +827,12 @@ def launch_spec(job: Job, *,
         largest = largest_node_cpu_memory(job.gpu_type.slug)
         memory = default_memory_bytes(gpus_per_replica=job.gpus_per_replica,
                                       largest_node=None if largest is None else largest[1])
-    grace = (job.termination_grace_seconds if job.termination_grace_seconds is not None
-             else settings.FAIRQ_K8S_TERMINATION_GRACE_SECONDS)
-    cap = tier_grace_cap(job.tier)
-    if cap is not None:
-        grace = min(grace, cap)
+    # None: the backend's default (FAIRQ_K8S_TERMINATION_GRACE_SECONDS), unless above
+    # the cap.
+    grace, cap = job.termination_grace_seconds, tier_grace_cap(job.tier)
+    if cap is not None and (grace if grace is not None
+                            else settings.FAIRQ_K8S_TERMINATION_GRACE_SECONDS) > cap:
+        grace = cap
     return LaunchSpec(
         name=job.backend_name, job_id=job.pk, attempt=job.attempt, team=job.team.slug,
         tier=job.tier.slug, priority_class_name=job.tier.priority_class_name,
