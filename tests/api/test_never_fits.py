@@ -45,10 +45,12 @@ def test_rule_e6_the_ceiling_itself_is_not_never_fits(world: World) -> None:
 
 
 def test_rule_e6_a_gang_the_empty_nodes_cannot_hold_is_flagged_at_once(world: World) -> None:
-    # a100 (no ceiling for vision): 2 nodes of 8 hold at most 4 replicas of 4 GPUs.
+    # a100 (no ceiling for vision): 2 nodes of 8 hold at most 4 replicas of 4 GPUs (and
+    # the memory every job has: 4 x FAIRQ_DEFAULT_MEMORY_PER_GPU).
     job_id = _submit(world, gpu_type="a100", gpus=4, replicas=5)
     assert _reason(world, job_id) == {"code": "gang_does_not_fit", "message": (
-        "even empty, the a100 nodes hold at most 4 replicas of 4 GPUs; this gang needs 5")}
+        "even empty, the a100 nodes hold at most 4 replicas of 4 GPUs and 128Gi memory; "
+        "this gang needs 5")}
 
 
 def test_rule_e6_a_quota_lowered_after_the_submit_flags_the_job_never_fits(
