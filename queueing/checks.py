@@ -1,4 +1,5 @@
-"""`manage.py check --database default`: rows whose names Kubernetes would refuse.
+"""`manage.py check --database default`: rows whose names Kubernetes would refuse; and
+`check --deploy`: no registry allow-list (`registry_allowlist_check`, fairq.W002).
 
 Tier.priority_class_name (a PriorityClass name), Tier.slug (a label value) and Team.slug
 (part of a namespace name) are validated in the models since migration 0004, but rows
@@ -82,3 +83,19 @@ def webhook_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
             hint="Set FAIRQ_PUBLIC_URL to the dashboard's address, e.g. https://fairq.example.com.",
             id="fairq.W011"))
     return out
+
+
+@checks.register(checks.Tags.security, deploy=True)
+def registry_allowlist_check(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """`check --deploy`: images may come from any registry while FAIRQ_REGISTRY_ALLOWLIST
+    is empty (docs/deployment.md): a member could run any public image on the GPUs."""
+    from django.conf import settings
+
+    if settings.FAIRQ_REGISTRY_ALLOWLIST:
+        return []
+    return [checks.Warning(
+        "FAIRQ_REGISTRY_ALLOWLIST is empty: jobs may run images from any registry.",
+        hint="Set it to the registries (or registry/path prefixes) your jobs may pull from, "
+             "e.g. FAIRQ_REGISTRY_ALLOWLIST=ghcr.io/acme,registry.example.com "
+             "(docs/deployment.md).",
+        id="fairq.W002")]

@@ -220,7 +220,9 @@ class Tier(models.Model):
     max_termination_grace_seconds = models.PositiveIntegerField(
         null=True, blank=True,
         help_text="The longest termination grace period (seconds) a job of this tier may "
-                  "ask for (its pods' terminationGracePeriodSeconds); empty: no cap.",
+                  "ask for (its pods' terminationGracePeriodSeconds); empty: "
+                  "FAIRQ_PREEMPTIBLE_MAX_TERMINATION_GRACE_SECONDS for a preemptible tier "
+                  "(rule R10), no cap otherwise.",
     )
 
     class Meta:

@@ -153,3 +153,86 @@ def test_two_crossing_parent_moves_never_make_a_cycle(world: Any, monkeypatch: A
     assert sorted(outcomes.values()) == ["moved", "refused"]
     parents = dict(Team.objects.filter(pk__in=[a.pk, b.pk]).values_list("pk", "parent_id"))
     assert not (parents[a.pk] == b.pk and parents[b.pk] == a.pk)
+
+
+def _lock_waiters() -> int:
+    """Backends of this database waiting on a row (or other heavyweight) lock."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()")
+        return int(cur.fetchone()[0])
+
+
+def test_cycle_and_array_cancel_lock_jobs_in_id_order_never_deadlock(
+    world: Any, monkeypatch: Any, caplog: Any
+) -> None:
+    """An array cancelled while a cycle admits its members: the plan admits in its own
+    order (rule O1; here the highest id first), the cancel touches the members in id
+    order. Both take the members' row locks in id order, so one waits for the other
+    and neither is aborted as a deadlock. The cycle is held after its first admission
+    (a row lock taken) until the cancel waits on a lock."""
+    import logging
+    import time
+
+    from queueing.models import JobArray
+    from queueing.services.arrays import array_cancel
+
+    now = timezone.now()
+    array = JobArray.objects.create(team=world.vision, name="sweep", count=4, materialized=4,
+                                    created_at=now)
+    ids = [JobFactory(team=world.vision, gpu_type=world.a100, tier=world.normal,
+                      gpus_per_replica=1, array=array, array_index=i,
+                      name=f"sweep-{i}").pk for i in range(4)]
+    real_plan, real_transition = scheduler.plan_admissions, scheduler.job_transition
+
+    def plan_highest_id_first(snapshot: Any) -> Any:
+        import dataclasses
+        plan = real_plan(snapshot)
+        return dataclasses.replace(plan, admissions=tuple(
+            sorted(plan.admissions, key=lambda a: -a.job_id)))
+
+    first_admitted, go = threading.Event(), threading.Event()
+
+    def held_transition(job: Any, *args: Any, **kwargs: Any) -> Any:
+        done = real_transition(job, *args, **kwargs)
+        if not first_admitted.is_set():
+            first_admitted.set()
+            assert go.wait(timeout=30), "never released"
+        return done
+
+    monkeypatch.setattr(scheduler, "plan_admissions", plan_highest_id_first)
+    monkeypatch.setattr(scheduler, "job_transition", held_transition)
+    errors: dict[str, BaseException] = {}
+    results: dict[str, Any] = {}
+
+    def run(name: str, fn: Callable[[], Any]) -> threading.Thread:
+        def target() -> None:
+            try:
+                results[name] = fn()
+            except BaseException as exc:  # asserted below
+                errors[name] = exc
+            finally:
+                connection.close()
+        thread = threading.Thread(target=target)
+        thread.start()
+        return thread
+
+    caplog.set_level(logging.WARNING, logger="queueing.services.scheduler")
+    cycle = run("cycle", lambda: scheduler_cycle(now=now))
+    assert first_admitted.wait(timeout=30)
+    cancel = run("cancel", lambda: array_cancel(actor=None, array=array, now=now))
+    deadline = time.monotonic() + 20
+    while _lock_waiters() < 1:  # the cancel waits on a member's row lock
+        assert time.monotonic() < deadline, "the cancel never waited on the cycle's locks"
+        time.sleep(0.02)
+    go.set()
+    cycle.join(timeout=60)
+    cancel.join(timeout=60)
+    assert not errors, errors
+    raised = [r.getMessage() for r in caplog.records if "raised" in r.getMessage()]
+    assert not raised, raised  # the cycle's admissions were never rolled back
+    assert sorted(results["cycle"].admitted) == ids
+    assert sorted(results["cancel"][0]) == ids
+    assert set(Job.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"CANCELLED"}
+    for job_id in ids:
+        assert JobEvent.objects.filter(job_id=job_id, to_status="CANCELLED").count() == 1

@@ -251,7 +251,9 @@ def test_rule_a7_a_required_gang_waits_when_no_rack_has_room(racks: World) -> No
     assert r.plan is not None and r.plan.waits[gang].reason is WaitReason.TOPOLOGY
     reason = racks.client(racks.member).get(f"/api/v1/jobs/{gang}/").json()["queue"]["reasons"][0]
     assert reason["code"] == "topology"
-    assert reason["message"].startswith("no rack has room for all 2 replicas of 8 GPUs of h100")
+    # (Every job has memory: 8 GPUs x FAIRQ_DEFAULT_MEMORY_PER_GPU, docs/kubernetes.md.)
+    assert reason["message"].startswith(
+        "no rack has room for all 2 replicas of 8 GPUs and 256Gi memory of h100")
     small = submit(racks, gpus=4, name="small")
     scheduler_cycle(now=t0 + timedelta(seconds=13))
     assert status(gang) == "QUEUED" and status(small) == "ADMITTED"

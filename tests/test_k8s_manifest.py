@@ -277,7 +277,9 @@ def test_a_hostile_job_body_reaches_the_job_without_any_extra_field(world: Any) 
     pod = m["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == job.tier.priority_class_name
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
-    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    # The GPUs, and the memory every pod has (2 GPUs x FAIRQ_DEFAULT_MEMORY_PER_GPU).
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2",
+                                                           "memory": "64Gi"}
     assert pod["containers"][0]["securityContext"] == {
         "privileged": False, "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},

@@ -13,6 +13,7 @@ import environ
 # The policy's defaults are the product's: every FAIRQ_* below that maps a policy knob only
 # overrides them (queueing/policy/settings.py, pure: no Django).
 from queueing.policy.settings import DEFAULTS as _POLICY
+from queueing.validation import parse_bytes as _parse_bytes
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -659,6 +660,25 @@ FAIRQ_K8S_TTL_AFTER_FINISHED_SECONDS = env.int("FAIRQ_K8S_TTL_AFTER_FINISHED_SEC
 FAIRQ_K8S_IMAGE_PULL_TIMEOUT_SECONDS = env.int("FAIRQ_K8S_IMAGE_PULL_TIMEOUT_SECONDS",
                                                default=300)
 FAIRQ_K8S_TERMINATION_GRACE_SECONDS = env.int("FAIRQ_K8S_TERMINATION_GRACE_SECONDS", default=30)
+# Rule R10: the longest termination grace period a job of a preemptible tier may have when
+# the tier sets no cap of its own (Tier.max_termination_grace_seconds, which may raise or
+# lower it): a preempted victim holds its GPUs for its grace period (docs/kubernetes.md).
+FAIRQ_PREEMPTIBLE_MAX_TERMINATION_GRACE_SECONDS = env.int(
+    "FAIRQ_PREEMPTIBLE_MAX_TERMINATION_GRACE_SECONDS", default=300)
+if not 0 <= FAIRQ_PREEMPTIBLE_MAX_TERMINATION_GRACE_SECONDS <= 24 * 3600:
+    raise environ.ImproperlyConfigured(
+        "FAIRQ_PREEMPTIBLE_MAX_TERMINATION_GRACE_SECONDS must be within 0..86400")
+# Every pod has a memory limit (= its request): a job that sets no memory, of a team with
+# no default, gets this much per GPU of a replica, at most what the largest node of its
+# GPU type can allocate (docs/kubernetes.md, "Memory, /dev/shm and CPU"). No CPU default:
+# a CPU limit throttles (CFS quota) and CPU, unlike memory, is shared without killing.
+FAIRQ_DEFAULT_MEMORY_PER_GPU = env("FAIRQ_DEFAULT_MEMORY_PER_GPU", default="32Gi")
+try:
+    _parse_bytes(FAIRQ_DEFAULT_MEMORY_PER_GPU)
+except ValueError as _exc:
+    raise environ.ImproperlyConfigured(
+        f"FAIRQ_DEFAULT_MEMORY_PER_GPU must be a quantity of bytes such as 32Gi: {_exc}"
+    ) from None
 # A Job that has had no pod this long while the Job controller reports why it cannot
 # create them (a FailedCreate event: a ResourceQuota or LimitRange refuses) fails its job;
 # without such an event the job only shows as waiting for the cluster (a slow controller).

@@ -35,7 +35,8 @@ class ResourcesSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
     given takes the team's default, if it has one."""
 
     cpu = _quantity('CPUs: "4", "500m", "0.5".')
-    memory = _quantity('Memory: "16Gi", "500M".')
+    memory = _quantity('Memory: "16Gi", "500M"; not given: the team default, else '
+                       "FAIRQ_DEFAULT_MEMORY_PER_GPU per GPU (every pod has a memory limit).")
     ephemeral_storage = _quantity('Ephemeral (node-local) storage: "50Gi".')
 
 
@@ -144,7 +145,8 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
     shm_size = serializers.CharField(
         max_length=v.MAX_QUANTITY_LEN, required=False, allow_blank=True,
         help_text='Size of /dev/shm (a memory-backed emptyDir), e.g. "64Gi"; not given: the '
-                  "team's default, if any.")
+                  "team's default, if any. At most the replica's memory limit (it counts "
+                  "against it).")
     topology = TopologySerializer(required=False, allow_null=True)
     volumes = serializers.ListField(child=VolumeSerializer(), max_length=v.MAX_VOLUMES,
                                     required=False, default=list)
@@ -173,7 +175,8 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
         allow_null=True, default=None,
         help_text="Seconds the pods get between SIGTERM and SIGKILL when stopped (cancel, "
                   "preemption); not given: FAIRQ_K8S_TERMINATION_GRACE_SECONDS. At most "
-                  "the tier's max_termination_grace_seconds.")
+                  "the tier's max_termination_grace_seconds, or for a preemptible tier "
+                  "without one FAIRQ_PREEMPTIBLE_MAX_TERMINATION_GRACE_SECONDS (rule R10).")
     dependencies = serializers.ListField(
         child=DependencySerializer(), max_length=MAX_DEPENDENCIES, required=False,
         help_text="Jobs or arrays of the same team to wait for, all of them (rules D1-D3, "

@@ -225,7 +225,8 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions, *, replica: int = 0
     and env (literal values, plus `valueFrom.secretKeyRef` only for the spec's secret
     references) and limits = requests = `gpus_per_replica` of the GPU type's resource
     and the spec's cpu, memory and ephemeral storage (`container_resources`); its volumes
-    are only: with a shm size, a memory-backed emptyDir at /dev/shm (`_shm`); the spec's
+    are only: with a shm size, a memory-backed emptyDir at /dev/shm of at most the memory
+    limit (`_shm`); the spec's
     PVCs, size-limited emptyDirs and read-only Secret volumes (`_volumes`), every name of
     the team's namespace (no namespace is ever written), none mounted over or under
     /var/run/secrets, /run/secrets, /dev, /proc, /sys or the kubelet's /etc files
@@ -393,10 +394,15 @@ def container_resources(spec: LaunchSpec) -> dict[str, dict[str, str]]:
 def _shm(spec: LaunchSpec, container: dict[str, Any]) -> list[dict[str, Any]]:
     """The pod's volumes for a spec with a /dev/shm size: one memory-backed emptyDir of
     that size (its pages count against the container's memory limit), mounted at
-    /dev/shm. emptyDir is allowed by the `restricted` Pod Security level."""
+    /dev/shm, its sizeLimit never above the spec's memory limit (submit refuses a larger
+    one; a row older than that rule is cut to it). emptyDir is allowed by the
+    `restricted` Pod Security level."""
     size = _positive(spec.shm_size_bytes, "shm size")
     if size is None:
         return []
+    memory = _positive(spec.memory_bytes, "memory")
+    if memory is not None:
+        size = min(size, memory)
     container["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
     return [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory",
                                               "sizeLimit": format_bytes(size)}}]

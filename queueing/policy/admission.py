@@ -1431,13 +1431,15 @@ def _remember_unfit(by_size: dict[tuple[str, int, int, Topology | None],
 
 def _why_unplaced(cap: Capacity, gpu_type: str, gpus: int, replicas: int, cpu: int,
                   memory: int, topology: Topology | None) -> int:
-    """The wait reason code of a gang `place` refused: `cpu_memory` when its GPUs alone
-    would fit (rule A6), `topology` when it would fit but for its required domain (rule
-    A7), else `capacity`."""
-    if (cpu or memory) and cap.fits(gpu_type, gpus, replicas):
-        return _CODE[WaitReason.CPU_MEMORY]
+    """The wait reason code of a gang `place` refused: `topology` when it would fit, CPU
+    and memory included, but for its required domain (rule A7); `cpu_memory` when its
+    GPUs alone would fit (rule A6); else `capacity`. Topology first: a gang that sets
+    memory (every job has some, docs/kubernetes.md) and fits anywhere but in one domain
+    waits for its domain, not for memory."""
     if topology is not None and cap.fits(gpu_type, gpus, replicas, cpu=cpu, memory=memory):
         return _CODE[WaitReason.TOPOLOGY]
+    if (cpu or memory) and cap.fits(gpu_type, gpus, replicas):
+        return _CODE[WaitReason.CPU_MEMORY]
     return _CODE[WaitReason.CAPACITY]
 
 

@@ -196,6 +196,13 @@ def array_cancel(*, actor: Any, array: JobArray,
     label = clean_text(str(actor), max_length=_LABEL_MAX)
     # The array's row first, as the cycle's top-up does: no member is written after this.
     array = JobArray.objects.select_for_update().select_related("team").get(pk=array.pk)
+    # Then every member that has not ended, in id order, before any is written (rule L1,
+    # docs/scheduling.md "Lock order"): the cycle locks the jobs it writes in id order
+    # too (`scheduler.jobs_lock_in_id_order`), so the two wait for each other instead of
+    # deadlocking. The UPDATE below alone locks the queued members in physical order.
+    list(Job.objects.select_for_update().filter(array=array)
+         .exclude(status__in=[s.value for s in FINAL_STATES]).order_by("id")
+         .values_list("pk", flat=True))
     not_written = _cancel_rest(array, now=now, label=label, reason=reason)
     cancelled = _cancel_queued(array, now=now, user=user, label=label, reason=reason)
     # The bulk path writes its events itself: they go to the webhooks as `job_transition`'s

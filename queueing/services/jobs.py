@@ -232,8 +232,10 @@ def job_input_build(
     rules across fields (a gang no node holds, the team's resource maxima, the spec's
     size, the tier's grace cap). A None argument is a field the front end found missing
     or ill-formed: reported as required, not checked. A resource or shm size not given
-    (None, "") takes the team's default, if it has one; a grace period not given,
-    FAIRQ_K8S_TERMINATION_GRACE_SECONDS (at most the tier's cap).
+    (None, "") takes the team's default, if it has one, and memory then the platform's
+    (`default_memory_bytes`: every pod has a memory limit); a shm size above the memory
+    is refused; a grace period not given, FAIRQ_K8S_TERMINATION_GRACE_SECONDS (at most
+    the tier's cap, rule R10: `tier_grace_cap`).
 
     `team_lookup(slug)`: what `team_for_submitter(user=actor, slug=slug)` gives, from a
     caller that remembers it (the API's fast submit, queueing/api/jobs.py); membership
@@ -284,7 +286,9 @@ def job_input_build(
             if largest else f"The cluster has no {gpu_type_row.slug} nodes."]})
     topology = _topology_checked(gpu_type_row, topology)
     resources, shm_size = _team_resources(team_row, resources=resources, shm_size=shm_size)
+    resources = _platform_memory(gpu_type_row.slug, resources, gpus_per_replica=gpus)
     _refuse_larger_than_nodes(gpu_type_row.slug, resources)
+    _refuse_shm_above_memory(resources, shm_size)
     grace = _tier_grace(tier_row, termination_grace_seconds)
     if v.spec_size(command, args, env) > v.MAX_SPEC_BYTES:
         raise DomainError(INVALID_FIELDS, fields={"non_field_errors": [
@@ -317,6 +321,42 @@ def _topology_checked(gpu_type: GpuType, topology: dict[str, str] | None
     if problems:
         raise DomainError(INVALID_FIELDS, fields=problems)
     return {"level": str(level), "mode": mode}
+
+
+def default_memory_bytes(*, gpus_per_replica: int, largest_node: int | None) -> int:
+    """The memory (bytes, requests = limits) of a replica whose job and team set none:
+    FAIRQ_DEFAULT_MEMORY_PER_GPU per GPU, at most `largest_node` (what the largest node
+    of the GPU type can allocate, when known): docs/kubernetes.md, "Memory, /dev/shm
+    and CPU"."""
+    memory = v.parse_bytes(settings.FAIRQ_DEFAULT_MEMORY_PER_GPU) * max(1, gpus_per_replica)
+    return memory if largest_node is None else max(1, min(memory, largest_node))
+
+
+def _platform_memory(gpu_type: str, resources: dict[str, str], *, gpus_per_replica: int
+                     ) -> dict[str, str]:
+    """`resources` with the platform's memory default when neither the job nor its team
+    set memory: every pod gets a memory limit (an unlimited one can take a node's memory
+    from every other pod on it)."""
+    if resources.get("memory"):
+        return resources
+    largest = largest_node_cpu_memory(gpu_type)
+    memory = default_memory_bytes(gpus_per_replica=gpus_per_replica,
+                                  largest_node=None if largest is None else largest[1])
+    out = {**resources, "memory": v.format_bytes(memory)}
+    return {name: out[name] for name in v.RESOURCE_NAMES if name in out}
+
+
+def _refuse_shm_above_memory(resources: dict[str, str], shm_size: str) -> None:
+    """DomainError on `shm_size` when the memory-backed /dev/shm is larger than the
+    replica's memory limit: its pages are charged to the container's memory, so the
+    pod could never fill it (docs/kubernetes.md, "Memory, /dev/shm and CPU")."""
+    memory = resources.get("memory")
+    if not shm_size or not memory:
+        return
+    if v.parse_bytes(shm_size) > v.parse_bytes(memory):
+        raise DomainError(INVALID_FIELDS, fields={"shm_size": [
+            f"At most the memory limit of a replica ({memory}): /dev/shm is memory and "
+            f"counts against it; not {shm_size}."]})
 
 
 def _refuse_larger_than_nodes(gpu_type: str, resources: dict[str, str]) -> None:
@@ -357,16 +397,29 @@ def _grace_problem(grace: Any) -> str | None:
     return None
 
 
+def tier_grace_cap(tier: Tier) -> int | None:
+    """Rule R10: the longest termination grace period of a job of `tier`: the tier's
+    own cap when it sets one, else FAIRQ_PREEMPTIBLE_MAX_TERMINATION_GRACE_SECONDS for
+    a preemptible tier (a victim holds its GPUs while its pods terminate), else none."""
+    if tier.max_termination_grace_seconds is not None:
+        return int(tier.max_termination_grace_seconds)
+    if tier.preemptible:
+        return int(settings.FAIRQ_PREEMPTIBLE_MAX_TERMINATION_GRACE_SECONDS)
+    return None
+
+
 def _tier_grace(tier: Tier, grace: int | None) -> int:
     """The job's termination grace period: as asked, or the setting; DomainError when
-    asked above the tier's cap (the setting alone is cut to the cap)."""
-    cap = tier.max_termination_grace_seconds
+    asked above the tier's cap (rule R10; the setting alone is cut to the cap)."""
+    cap = tier_grace_cap(tier)
     if grace is None:
         grace = settings.FAIRQ_K8S_TERMINATION_GRACE_SECONDS
         return grace if cap is None else min(grace, cap)
     if cap is not None and grace > cap:
+        whose = (f"tier {tier.slug}'s maximum" if tier.max_termination_grace_seconds is not None
+                 else f"the maximum of preemptible tiers such as {tier.slug}, rule R10")
         raise DomainError(INVALID_FIELDS, fields={"termination_grace_seconds": [
-            f"At most {cap} seconds (tier {tier.slug}'s maximum), not {grace}."]})
+            f"At most {cap} seconds ({whose}), not {grace}."]})
     return grace
 
 

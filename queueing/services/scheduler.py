@@ -103,6 +103,7 @@ from queueing.policy.snapshot import NodeState
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 from queueing.sanitize import clean_status, clean_text
 from queueing.selectors.active_jobs import ActiveJobs, cycle_active_jobs
+from queueing.selectors.cluster import largest_node_cpu_memory
 from queueing.selectors.queue_plan import queue_plan_forget
 from queueing.selectors.snapshot import build_snapshot, unprovisioned_teams, unqualified_node
 
@@ -110,7 +111,7 @@ from .arrays import arrays_top_up
 from .cluster_view import cluster_view_publish
 from .clusters import Fleet, clusters_drain, clusters_record, fleet_open
 from .dependencies import dependencies_fail_never_met
-from .jobs import job_transition, next_attempt
+from .jobs import default_memory_bytes, job_transition, next_attempt, tier_grace_cap
 from .logs import LogsUnread, workloads_stop_keeping_logs
 from .metrics import record_submit_error
 from .preemption import Applied, preempted_workloads_stop, preemptions_apply
@@ -767,6 +768,28 @@ def _utilization(*, backend: ClusterBackend, now: datetime, result: CycleResult)
 
 # --- 4. apply -----------------------------------------------------------------------------
 
+def plan_job_ids(plan: Plan) -> list[int]:
+    """Every job the apply step may write: admitted, preemptors, victims, never met."""
+    ids = {a.job_id for a in plan.admissions} | set(plan.never_met)
+    for p in plan.preemptions:
+        ids.add(p.preemptor_id)
+        ids.update(v.job_id for v in p.victims)
+    return sorted(ids)
+
+
+def jobs_lock_in_id_order(ids: Iterable[int]) -> None:
+    """Row-lock the jobs `ids` in id order, in one statement, before any of them is
+    written (rule L1, docs/scheduling.md "Lock order"). The plan admits in its own
+    order (rule O1) and a bulk cancel (`arrays.array_cancel`) locks an array's members
+    in id order: were the cycle to lock them as it admits, each could hold a row the
+    other wants next and PostgreSQL would abort one as a deadlock. With both in id
+    order one waits for the other. A job deleted meanwhile is simply not locked."""
+    wanted = sorted(set(ids))
+    if wanted:
+        list(Job.objects.select_for_update().filter(pk__in=wanted).order_by("pk")
+             .values_list("pk", flat=True))
+
+
 def apply_plan(*, plan: Plan, now: datetime, result: CycleResult | None = None,
                nodes: Sequence[NodeState] = ()) -> list[int]:
     """QUEUED → ADMITTED for each admission, compare-and-swap per job, one transaction.
@@ -777,8 +800,11 @@ def apply_plan(*, plan: Plan, now: datetime, result: CycleResult | None = None,
     All admissions go in one savepoint; if one raises, that savepoint is rolled back and
     they are applied again one savepoint each (`_isolated`), so the job that raised is
     failed and every other one is still admitted. The common case pays no savepoint per
-    job."""
+    job. First every job the plan writes is row-locked in id order
+    (`jobs_lock_in_id_order`), in the caller's transaction."""
     result = result if result is not None else CycleResult()
+    # Held until the caller's transaction ends (the cycle's: preemptions and rule D2 too).
+    jobs_lock_in_id_order(plan_job_ids(plan))
     if not plan.admissions:
         return []
     try:
@@ -901,7 +927,9 @@ def launch_spec(job: Job, *,
                 node_topology: Mapping[str, Mapping[str, str]] | None = None) -> LaunchSpec:
     """What the backend runs for `job`'s attempt. `node_topology` (node -> level ->
     domain, from the backend's nodes) gives a required topology's domain (rule A7): the
-    one of its planned nodes, pinned on the level's node label."""
+    one of its planned nodes, pinned on the level's node label. Every pod has a memory
+    limit and a preemptible tier's grace is capped (rule R10), a job queued before
+    either rule included (`jobs.default_memory_bytes`, `jobs.tier_grace_cap`)."""
     level, label, domain = "", "", ""
     if job.topology_level and job.topology_mode == "required":
         label = next((str(lv.get("node_label")) for lv in job.gpu_type.topology_levels or ()
@@ -914,6 +942,19 @@ def launch_spec(job: Job, *,
             label = ""  # the planned nodes are gone or not one domain: no pin to give
             log.warning("job %s: no %s domain known for its placement %s; not pinned",
                         job.pk, job.topology_level, planned)
+    # A job queued before every pod had a memory limit, or before rule R10's cap (or
+    # its tier's cap lowered since): the pod still gets both.
+    memory = job.memory_bytes
+    if memory is None:
+        largest = largest_node_cpu_memory(job.gpu_type.slug)
+        memory = default_memory_bytes(gpus_per_replica=job.gpus_per_replica,
+                                      largest_node=None if largest is None else largest[1])
+    # None: the backend's default (FAIRQ_K8S_TERMINATION_GRACE_SECONDS), unless above
+    # the cap.
+    grace, cap = job.termination_grace_seconds, tier_grace_cap(job.tier)
+    if cap is not None and (grace if grace is not None
+                            else settings.FAIRQ_K8S_TERMINATION_GRACE_SECONDS) > cap:
+        grace = cap
     return LaunchSpec(
         name=job.backend_name, job_id=job.pk, attempt=job.attempt, team=job.team.slug,
         tier=job.tier.slug, priority_class_name=job.tier.priority_class_name,
@@ -924,13 +965,13 @@ def launch_spec(job: Job, *,
         env={str(k): str(v) for k, v in (job.env or {}).items()},
         max_runtime_seconds=job.max_runtime_seconds, placement=tuple(job.placement or ()),
         spot=job.on_spot, run_as_non_root=job.team.run_as_non_root,
-        cpu_millicores=job.cpu_millicores, memory_bytes=job.memory_bytes,
+        cpu_millicores=job.cpu_millicores, memory_bytes=memory,
         ephemeral_storage_bytes=job.ephemeral_storage_bytes, shm_size_bytes=job.shm_size_bytes,
         topology_level=level, topology_label=label, topology_domain=domain,
         volumes=tuple(job.volumes or ()), secrets=tuple(job.secrets or ()),
         image_pull_secret=job.image_pull_secret, working_dir=job.working_dir,
         labels=dict(job.labels or {}), annotations=dict(job.annotations or {}),
-        termination_grace_seconds=job.termination_grace_seconds,
+        termination_grace_seconds=grace,
     )
 
 
@@ -1093,7 +1134,6 @@ def submit_failed(*, job: Job, error: Exception, now: datetime, result: CycleRes
     - anything else (5xx, 404, timeouts, no connection) is transient: the same reason,
       event and metric, and the next cycle retries for as long as it takes.
     """
-    from django.conf import settings
 
 
     text = str(error)

@@ -92,12 +92,15 @@ def test_it_stores_the_quantities_as_written_and_normalised(world: World) -> Non
     assert detail["resources"]["memory"] == "16Gi" and detail["shm_size"] == "8Gi"
 
 
-def test_a_job_without_resources_has_none(world: World) -> None:
+def test_a_job_without_resources_has_only_the_platform_memory(world: World) -> None:
+    """Every pod has a memory limit (FAIRQ_DEFAULT_MEMORY_PER_GPU, 32Gi, per GPU: the
+    body asks 2); nothing else is filled in (docs/kubernetes.md)."""
     r = world.client(world.member).post("/api/v1/jobs/", job_body(), format="json")
     assert r.status_code == 201
-    assert r.json()["resources"] == {} and r.json()["shm_size"] == ""
+    assert r.json()["resources"] == {"memory": "64Gi"} and r.json()["shm_size"] == ""
     job = Job.objects.get()
     assert job.cpu_millicores is None and job.shm_size_bytes is None
+    assert job.memory_bytes == 64 * GI
 
 
 def test_the_teams_defaults_fill_what_the_job_leaves_out(world: World) -> None:

@@ -50,7 +50,8 @@ def test_rule_e6_the_ceiling_itself_is_not_never_fits(world: World) -> None:
 
 def test_rule_e6_a_gang_the_empty_nodes_cannot_hold_is_flagged_at_once(world: World) -> None:
     # a100 (no ceiling for vision): 2 nodes of 8 hold at most 4 replicas of 4 GPUs. Submit
-    # refuses such a job; this one was queued when the cluster was larger.
+    # refuses such a job; this one was queued when the cluster was larger (a row of
+    # before every job had memory: the nodes' GPUs alone say it cannot fit).
     job_id = JobFactory(team=world.vision, submitter=world.member, gpu_type=world.a100,
                         tier=world.normal, gpus_per_replica=4, replicas=5).pk
     assert _reason(world, job_id) == {"code": "gang_does_not_fit", "message": (

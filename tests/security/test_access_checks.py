@@ -136,10 +136,12 @@ def test_membership_and_team_services_check_their_actor(world: World) -> None:
 
 
 def test_a_job_spec_builds_the_input_of_the_same_job(world: World) -> None:
-    # A job as submitted now: its grace filled in (the setting, job_input_build).
+    # A job as submitted now: its grace and memory filled in (the settings,
+    # job_input_build: every pod has a memory limit, 32Gi per GPU by default).
     job = _job(world, env={"SEED": "3"}, command=["python"], args=["-u"], replicas=2,
                max_runtime_seconds=60,
                termination_grace_seconds=django_settings.FAIRQ_K8S_TERMINATION_GRACE_SECONDS,
+               resources={"memory": "32Gi"}, memory_bytes=32 * 2**30,
                volumes=[{"name": "s", "empty_dir": {"size_limit": "1Gi"}, "mount_path": "/s"}],
                labels={"run": "a"})
     spec = job_spec(job)

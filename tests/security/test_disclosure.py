@@ -114,6 +114,7 @@ PROD_ENV = {
     "FAIRQ_METRICS_TOKEN": "metrics-secret",
     "FAIRQ_PUBLIC_URL": "https://fairq.example.com",
     "FAIRQ_WEBHOOK_SECRET_KEYS": "ZGV2LW9ubHktbm90LXNlY3JldC0wMTIzNDU2Nzg5YWI=",
+    "FAIRQ_REGISTRY_ALLOWLIST": "ghcr.io/acme",
 }
 
 
@@ -156,6 +157,12 @@ def test_check_deploy_warns_without_webhook_keys_or_public_url() -> None:
     r = _check_deploy(FAIRQ_WEBHOOK_SECRET_KEYS="", FAIRQ_PUBLIC_URL="")
     assert r.returncode != 0
     assert "fairq.W010" in r.stderr and "fairq.W011" in r.stderr
+
+
+def test_check_deploy_warns_when_images_may_come_from_any_registry() -> None:
+    r = _check_deploy(FAIRQ_REGISTRY_ALLOWLIST="")
+    assert r.returncode != 0
+    assert "fairq.W002" in r.stderr and "FAIRQ_REGISTRY_ALLOWLIST" in r.stderr
 
 
 def test_production_settings_redirect_to_https_and_set_hsts() -> None:

@@ -4,6 +4,7 @@ resubmit keeps them, and team admins set the team's defaults and maxima on the t
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -61,7 +62,8 @@ def test_the_preview_shows_what_each_replica_gets_with_the_teams_defaults(
     world.vision.save()
     html = login(world.member).post("/jobs/new/check/", form_body(cpu="2")).content.decode()
     assert "If submitted now" in html
-    assert "Each replica gets cpu 2, /dev/shm 4Gi" in html
+    # Memory: the platform's default per GPU (every pod has a memory limit).
+    assert re.search(r"Each replica gets cpu 2, memory \d+Gi, /dev/shm 4Gi", html), html
 
 
 def test_resubmit_and_submit_again_keep_the_resources(world: World) -> None:
@@ -72,7 +74,9 @@ def test_resubmit_and_submit_again_keep_the_resources(world: World) -> None:
     assert 'value="500m"' in html and 'value="1Gi"' in html
     c.post(f"/jobs/{job.pk}/resubmit/")
     copy = Job.objects.exclude(pk=job.pk).get()
-    assert copy.resources == {"cpu": "500m"} and copy.shm_size_bytes == GI
+    # With the memory every job gets (the platform's default, stored on the job).
+    assert job.resources == {"cpu": "500m", "memory": "64Gi"}
+    assert copy.resources == job.resources and copy.shm_size_bytes == GI
 
 
 def _resources_form(**values: str) -> dict[str, Any]:
