@@ -60,7 +60,7 @@ class JobStartsView(APIView):
             status=JobState.QUEUED, team__in=teams).values_list("id", flat=True))
         starts, error = queue_start_estimates(now=now, job_ids=ids)
         extra: dict[int, dict[str, object]] = {}
-        if request.query_params.get("priority") in {"1", "true", "yes"}:
+        if _priority_asked(request):
             rows = list(Job.objects.filter(pk__in=ids).select_related("team", "gpu_type", "tier"))
             breakdowns = jobs_priority_breakdowns(
                 jobs=rows, now=now, cluster_gpus=cluster_view(now=now).total_gpus())
@@ -79,3 +79,15 @@ class JobStartsView(APIView):
 
 
 __all__ = ["JobStartsView"]
+
+
+def _priority_asked(request: Request) -> bool:
+    """`?priority=` read as the schema's boolean (`1`, `true`, `0`, `false`, ...): anything
+    else is a 400 naming it, never taken for "no"."""
+    raw = request.query_params.get("priority")
+    if raw is None:
+        return False
+    try:
+        return bool(serializers.BooleanField().to_internal_value(raw))
+    except serializers.ValidationError as exc:
+        raise serializers.ValidationError({"priority": exc.detail}) from None

@@ -93,6 +93,23 @@ def test_the_stream_and_starts_are_scoped_to_the_callers_teams(world: World) -> 
     assert [j["id"] for j in r.json()["jobs"]] == [mine.pk]
 
 
+@pytest.mark.parametrize(("value", "with_priority"), [("1", True), ("true", True), ("0", False),
+                                                     ("false", False)])
+def test_starts_reads_priority_as_a_boolean(world: World, value: str, with_priority: bool) -> None:
+    JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
+    r = world.client(world.admin).get(f"/api/v1/jobs/starts/?priority={value}")
+    assert r.status_code == 200
+    [job] = r.json()["jobs"]
+    assert ("priority" in job) is with_priority
+
+
+@pytest.mark.parametrize("value", ["2.2e-16", "maybe", ""])
+def test_starts_refuses_a_priority_that_is_no_boolean_naming_it(world: World, value: str) -> None:
+    r = world.client(world.admin).get(f"/api/v1/jobs/starts/?priority={value}")
+    assert r.status_code == 400
+    assert "priority" in r.json()["error"]["fields"]
+
+
 @pytest.mark.parametrize("query", ["duration=0", "duration=301", "last_event_id=x"])
 def test_bad_stream_values_are_400(world: World, query: str) -> None:
     r = world.client(world.admin).get(f"/api/v1/jobs/stream/?{query}")
