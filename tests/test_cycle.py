@@ -159,9 +159,9 @@ def test_a_gang_larger_than_the_cluster_waits_with_a_reason(world: World) -> Non
     assert r.admitted == [] and r.plan is not None
     wait = r.plan.waits[gang]
     assert wait.reason == WaitReason.NO_FIT
-    # (With the memory every job has: 8 GPUs x FAIRQ_DEFAULT_MEMORY_PER_GPU.)
-    assert wait.message == ("even empty, the a100 nodes hold at most 2 replicas of 8 GPUs and "
-                            "256Gi memory; this gang needs 3")
+    # (A row of before every job had memory: the nodes' GPUs alone say it cannot fit.)
+    assert wait.message == ("even empty, the a100 nodes hold at most 2 replicas of 8 GPUs; "
+                            "this gang needs 3")
     assert sum(n.allocated for n in get_backend().nodes()) == 0
 
 

@@ -154,6 +154,8 @@ def test_rule_e6_a_queued_job_no_cluster_holds_any_more_waits_as_gang_does_not_f
     queue_plan_forget()  # as the commit would (the test's transaction never commits)
     reason = client.get(f"/api/v1/jobs/{job_id}/").json()["queue"]["reason"]
     assert reason["code"] == "gang_does_not_fit", reason
-    assert "hold at most 2 replicas of 8 GPUs; this gang needs 3" in reason["message"]
+    # (and the memory every submitted job has: 8 GPUs x FAIRQ_DEFAULT_MEMORY_PER_GPU)
+    assert "hold at most 2 replicas of 8 GPUs and 256Gi memory; this gang needs 3" \
+        in reason["message"]
     assert Quota.objects.filter(team=fleet.vision, gpu_type=fleet.h100).exists()
     assert json.dumps(reason).find("quota") == -1

@@ -237,7 +237,7 @@ def test_k8_a_cancelled_jobs_workload_on_a_draining_cluster_is_stopped_before_it
     cloud, job, t0 = running_on(world, make_cluster, seconds=3600)
     disable(world, "cloud")
     monkeypatch.setattr("queueing.services.jobs.stop_workload_soon", lambda name: None)
-    job_cancel(actor=world.member, job=job, now=t0 + timedelta(seconds=50))
+    job_cancel(actor=world.admin, job=job, now=t0 + timedelta(seconds=50))  # a team admin
     assert fresh(job).status == JobState.CANCELLED
     assert live(backend_of(cloud), t0 + timedelta(seconds=50)) == {job.backend_name}
 

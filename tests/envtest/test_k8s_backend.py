@@ -180,7 +180,10 @@ def test_a_job_becomes_a_job_in_its_team_namespace_runs_succeeds_and_is_charged(
     pod_spec = spec["template"]["spec"]
     assert pod_spec["priorityClassName"] == world.high.priority_class_name
     assert pod_spec["nodeSelector"] == {"fairq.io/gpu-type": "h100"}
-    assert pod_spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    # The GPUs, and the memory every pod is limited to (docs/kubernetes.md, "Memory,
+    # /dev/shm and CPU": the platform's FAIRQ_DEFAULT_MEMORY_PER_GPU, 2 x 32Gi).
+    assert pod_spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2",
+                                                                 "memory": "64Gi"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists"} in pod_spec["tolerations"]
     pc = client.SchedulingV1Api(kube.backend.api).read_priority_class(
         world.high.priority_class_name)
@@ -239,7 +242,7 @@ def test_a_mig_job_asks_for_its_mig_resource_and_runs_on_a_mig_node(
         wait(lambda: job(pk).status == "SUCCEEDED", what="the MIG job SUCCEEDED")
         [k8s_job] = kube.jobs("vision", pk)
         [c] = k8s_job["spec"]["template"]["spec"]["containers"]
-        assert c["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
+        assert c["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1", "memory": "32Gi"}
         [pod] = kube.pods("vision", f"fq-{pk}-1")
         assert pod["spec"]["nodeName"] == "mig-0"
     finally:
