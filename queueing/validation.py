@@ -61,6 +61,17 @@ RESERVED_ENV_HELP = (
     f"FAIRQ_* except {', '.join(sorted(ALLOWED_FAIRQ_ENV))}")
 
 
+def ascii_int(text: Any) -> int | None:
+    """`text` as a whole number when it is one written in ASCII digits (an optional `-`);
+    else None. Python's `int()` also reads "１０" (full-width) and "1_000": a query
+    parameter or a path id is read as a person typed it, not as Python would."""
+    raw = str(text)
+    digits = raw[1:] if raw.startswith("-") else raw
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 18:
+        return None
+    return int(raw)
+
+
 def env_name_reserved(name: str, *, allowed: frozenset[str] = ALLOWED_FAIRQ_ENV) -> bool:
     """True when a job may not set `name` (the exceptions in `allowed` aside)."""
     if name in allowed:

@@ -15,6 +15,7 @@ from rest_framework.fields import empty
 
 from queueing.instants import InstantError, as_utc, parse_instant
 from queueing.selectors.jobs import jobs_with_labels, label_filter_parse
+from queueing.validation import ascii_int
 
 
 class InstantFormField(forms.Field):
@@ -93,3 +94,21 @@ class LabelFilter(django_filters.Filter):  # type: ignore[misc]  # django-filter
 
     def filter(self, qs: QuerySet[Any], value: list[tuple[str, str]]) -> QuerySet[Any]:
         return jobs_with_labels(qs, value or [])
+
+
+class AsciiIntegerFormField(forms.IntegerField):
+    """A whole number written in ASCII digits (`?array=１０` is refused, not read as 10)."""
+
+    def to_python(self, value: Any) -> int | None:
+        if value in self.empty_values:
+            return None
+        number = ascii_int(str(value).strip())
+        if number is None:
+            raise forms.ValidationError("Enter a whole number in ASCII digits.", code="invalid")
+        return number
+
+
+class AsciiIntegerFilter(django_filters.NumberFilter):  # type: ignore[misc]
+    """A filter on a whole number (`AsciiIntegerFormField`)."""
+
+    field_class = AsciiIntegerFormField

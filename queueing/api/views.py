@@ -47,6 +47,7 @@ from queueing.services.jobs import (
     jobs_submit_array,
 )
 from queueing.services.logs import job_log_read
+from queueing.validation import ascii_int
 
 from . import watch
 from .bulk import (
@@ -55,7 +56,7 @@ from .bulk import (
     JobSubmittedSerializer,
     job_submitted_data,
 )
-from .fields import InstantFilter, LabelFilter
+from .fields import AsciiIntegerFilter, InstantFilter, LabelFilter
 from .idempotency import IdempotentPostMixin, idempotency_key
 from .location import location
 from .serializers import (
@@ -83,8 +84,8 @@ class JobFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filte
         field_name="updated_at", lookup_expr="gt",
         help_text="Only jobs changed after this instant (for polling clients).")
     label = LabelFilter()  # its description is the class's schema annotation
-    array = django_filters.NumberFilter(field_name="array_id",
-                                        help_text="Only the members of this array job.")
+    array = AsciiIntegerFilter(field_name="array_id",
+                               help_text="Only the members of this array job.")
     cluster = django_filters.CharFilter(field_name="cluster__name", help_text=(
         "Only jobs whose current attempt runs in this cluster (rule K1)."))
 
@@ -383,11 +384,10 @@ def _etag(job: Job) -> str | None:
 
 
 def _int_or_404(value: str) -> int:
-
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise NotFound(f"job {value} not found") from None
+    number = ascii_int(value)
+    if number is None:
+        raise NotFound(f"job {value} not found")
+    return number
 
 
 class FairShareView(APIView):

@@ -27,6 +27,7 @@ from rest_framework.views import APIView
 from queueing.errors import DomainError
 from queueing.models import Job, JobEvent
 from queueing.policy.states import JobState
+from queueing.validation import ascii_int
 
 from .scope import teams_asked
 
@@ -57,10 +58,7 @@ def _int_param(params: Any, name: str, *, low: int, high: int | None) -> int | N
     raw = params.get(name)
     if raw is None:
         return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = None
+    value = ascii_int(raw)
     if value is None or value < low or (high is not None and value > high):
         bound = f"from {low} to {high}" if high is not None else f"of at least {low}"
         raise DomainError(f"{name} must be a whole number {bound}.",

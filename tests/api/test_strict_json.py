@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 from accounts.models import Team
 from queueing.models import Job
 from tests.conftest import World, job_body
+from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -135,3 +136,27 @@ def test_loads_reads_a_body_without_duplicates_as_json_does() -> None:
 
     text = '{"a": {"b": [1, {"c": "１"}]}, "d": null}'
     assert loads(text) == json.loads(text)
+
+
+@pytest.mark.parametrize("query", ["wait=１０", "wait=1_0", "wait=٥", "wait=5&since_event=０"])
+def test_a_query_number_in_other_than_ascii_digits_is_a_400_naming_it(
+        world: World, query: str) -> None:
+    job = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
+    r = world.client(world.admin).get(f"/api/v1/jobs/{job.pk}/?{query}")
+    assert r.status_code == 400, r.content
+    assert list(r.json()["error"]["fields"]) == [query.split("=")[-2].split("&")[-1]]
+
+
+def test_an_array_filter_in_full_width_digits_is_a_400(world: World) -> None:
+    r = world.client(world.admin).get("/api/v1/jobs/?array=１０")
+    assert r.status_code == 400, r.content
+    assert "array" in r.json()["error"]["fields"]
+    assert world.client(world.admin).get("/api/v1/jobs/?array=10").status_code == 200
+
+
+def test_a_job_id_in_full_width_digits_is_not_that_job(world: World) -> None:
+    job = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
+    wide = "".join(chr(ord("０") + int(d)) for d in str(job.pk))
+    client = world.client(world.admin)
+    assert client.get(f"/api/v1/jobs/{job.pk}/").status_code == 200
+    assert client.get(f"/api/v1/jobs/{wide}/").status_code == 404
