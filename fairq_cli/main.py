@@ -608,17 +608,27 @@ class App:
             if self.as_json:
                 self.emit_json(done)
             else:
-                # Members the server had not queued as jobs yet are cancelled too (issue 20).
+                # Members the server had not queued as jobs yet are cancelled too.
                 rest = done.get("cancelled_not_written") or 0
                 self.say(f"Cancelled {len(done['cancelled']) + rest} job(s) of array {a.array}"
                          f"{f' ({rest} not started as jobs yet)' if rest else ''}")
+        refused = 0
         for job_id in a.job_ids:
-            job = self.client.post(f"/jobs/{job_id}/cancel/")
+            try:
+                job = self.client.post(f"/jobs/{job_id}/cancel/")
+            except ApiError as exc:
+                # As scancel: one refusal does not keep the other jobs running; each is
+                # one line on stderr naming its job, and the exit says some were refused.
+                if exc.code == "unreachable" or len(a.job_ids) == 1:
+                    raise
+                self.err.write(f"fairq: job {job_id}: {exc.message}\n")
+                refused += 1
+                continue
             if self.as_json:
                 self.emit_json(job)
             else:
                 self.say(f"Cancelled job {job['id']} ({job['name']})")
-        return 0
+        return EXIT_SERVER_SAID_NO if refused else 0
 
     # fairq logs ID [--attempt N] [--replica R] [-f]
     def logs(self, a: argparse.Namespace) -> int:

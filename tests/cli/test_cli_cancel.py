@@ -25,3 +25,23 @@ def test_cancelling_a_teammates_job_shows_the_403_readably(world: World, cli: Cl
         "team admin may let every member of vision cancel the team's jobs: the team's "
         "any_member_may_cancel)\n")
     assert Job.objects.get(pk=job_id).status == "QUEUED"
+
+
+def test_cancelling_several_goes_on_past_a_refusal_and_exits_1(world: World, cli: Cli) -> None:
+    """As scancel: the member's own jobs are cancelled though the one between them is
+    not theirs; the refusal is one line naming that job."""
+    member = world.client(world.member)
+    first = member.post("/api/v1/jobs/", job_body(), format="json").json()["id"]
+    teammates = world.client(world.admin).post("/api/v1/jobs/", job_body(),
+                                               format="json").json()["id"]
+    last = member.post("/api/v1/jobs/", job_body(), format="json").json()["id"]
+    cli.token = token_issue(user=world.member).key
+    out = cli("cancel", str(first), str(teammates), str(last))
+    assert out.code == 1
+    assert out.out.splitlines() == [f"Cancelled job {first} (resnet-sweep-3)",
+                                    f"Cancelled job {last} (resnet-sweep-3)"]
+    assert out.err.startswith(f"fairq: job {teammates}: Only its submitter, a team admin")
+    assert out.err.count("\n") == 1
+    statuses = dict(Job.objects.values_list("pk", "status"))
+    assert (statuses[first], statuses[teammates], statuses[last]) == \
+        ("CANCELLED", "QUEUED", "CANCELLED")
