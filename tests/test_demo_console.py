@@ -86,3 +86,24 @@ def test_the_demo_console_holds_the_banner_and_no_info_lines_or_startup_warnings
     rest = out.split("(this console shows warnings and errors only)", 1)[1]
     assert [line for line in rest.splitlines() if line.strip()] in (
         [], ["worker: Warm shutdown (MainProcess)"]), rest
+
+
+def test_the_demo_log_rotates_rather_than_filling_the_disk(tmp_path: Path) -> None:
+    """The demo's file handler, as its settings configure it, keeps at most 10 MB and two
+    old files: 25 MB written through the `fairq` logger leave three files under 31 MB."""
+    code = (
+        "import logging, logging.config\n"
+        "from django.conf import settings\n"
+        "import django; django.setup()\n"
+        "log = logging.getLogger('fairq.demo.rotation')\n"
+        "line = 'x' * 1000\n"
+        "for _ in range(25_000): log.warning(line)\n"
+    )
+    env = _demo_env(tmp_path)
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, check=True,
+                   capture_output=True, timeout=180)
+    files = sorted(p.name for p in tmp_path.glob("demo.log*"))
+    assert files == ["demo.log", "demo.log.1", "demo.log.2"]
+    sizes = [(tmp_path / f).stat().st_size for f in files]
+    assert max(sizes) <= 10 * 1024 * 1024
+    assert sum(sizes) < 31 * 1024 * 1024

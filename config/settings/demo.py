@@ -42,7 +42,11 @@ FAIRQ_DEMO_LOG = env("FAIRQ_DEMO_LOG", default=str(BASE_DIR / "demo.log"))
 LOGGING = logging_config(FAIRQ_LOG_FORMAT)
 LOGGING["handlers"] = {
     "console": {**LOGGING["handlers"]["console"], "level": "WARNING"},
-    "file": {"class": "logging.FileHandler", "filename": FAIRQ_DEMO_LOG, "delay": True,
+    # Rotated at 10 MB, two old files kept (demo.log.1, demo.log.2): a demo left running
+    # for days must not fill the disk with INFO lines. One process writes it (rundemo
+    # runs the web, worker and beat in one), as rotation needs.
+    "file": {"class": "logging.handlers.RotatingFileHandler", "filename": FAIRQ_DEMO_LOG,
+             "delay": True, "maxBytes": 10 * 1024 * 1024, "backupCount": 2,
              "formatter": FAIRQ_LOG_FORMAT, "filters": ["context"]},
 }
 LOGGING["root"]["handlers"] = ["console", "file"]
