@@ -198,6 +198,24 @@ class FairqCollector:
                 "Unix time at which the last successful scheduler cycle ended.")
             gauge.add_metric([], last)
             yield gauge
+        # What GET /healthz/scheduler calls "behind", for an alert: the longest time
+        # between the ends of successful cycles in the stale window (the time since the
+        # last one included), beside the limit it is held to.
+        health = read.scheduler_health()
+        if health["last_success_age_seconds"] is not None:
+            gap = GaugeMetricFamily(
+                "fairq_cycle_longest_gap_seconds",
+                "Longest time between successful scheduler cycles in the last "
+                "FAIRQ_SCHEDULER_STALE_CYCLES intervals, the time since the last included.")
+            gap.add_metric([], max(health["longest_gap_seconds"] or 0.0,
+                                   health["last_success_age_seconds"]))
+            yield gap
+        limit = GaugeMetricFamily(
+            "fairq_cycle_behind_after_seconds",
+            "FAIRQ_SCHEDULER_BEHIND_CYCLES x FAIRQ_CYCLE_INTERVAL_SECONDS: a longer gap "
+            "between cycles is 'behind' (GET /healthz/scheduler).")
+        limit.add_metric([], health["behind_after_seconds"])
+        yield limit
 
 
 def registry() -> CollectorRegistry:

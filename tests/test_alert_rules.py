@@ -47,7 +47,8 @@ def test_every_alert_uses_a_metric_fairq_exports() -> None:
     doc = yaml.safe_load(RULES.read_text())
     rules = [r for g in doc["groups"] for r in g["rules"]]
     assert {r["alert"] for r in rules} == {
-        "FairqSchedulerStale", "FairqSchedulerNeverCompleted", "FairqCycleFailures",
+        "FairqSchedulerStale", "FairqSchedulerBehind", "FairqSchedulerNeverCompleted",
+        "FairqCycleFailures",
         "FairqJobsIsolated", "FairqKubernetesRefusesJobs", "FairqKubernetesSubmitErrors",
         "FairqIdleGpus", "FairqQueueStuck", "FairqBudgetReached", "FairqClusterUnreachable"}
     for rule in rules:
@@ -79,7 +80,7 @@ def test_the_rules_file_passes_promtool_check() -> None:
     out = subprocess.run([_promtool(), "check", "rules", str(RULES)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 10 rules found" in out.stdout, out.stdout
+    assert "SUCCESS: 11 rules found" in out.stdout, out.stdout
 
 
 # Each case: input series (promtool's expanding notation, 1 m steps), when to evaluate,
@@ -99,6 +100,20 @@ tests:
       - eval_time: 15m
         alertname: FairqSchedulerStale
         exp_alerts: [{stale}]
+  # Cycles 3 s apart, then 20 s apart from minute 10 (the limit 15 s): behind after the
+  # rule's 5 m, quiet again once they keep pace.
+  - interval: 1m
+    input_series:
+      - series: fairq_cycle_longest_gap_seconds
+        values: "3x9 20x10 3x10"
+      - series: fairq_cycle_behind_after_seconds
+        values: "15x30"
+    alert_rule_test:
+      - {{eval_time: 13m, alertname: FairqSchedulerBehind, exp_alerts: []}}
+      - eval_time: 17m
+        alertname: FairqSchedulerBehind
+        exp_alerts: [{behind}]
+      - {{eval_time: 25m, alertname: FairqSchedulerBehind, exp_alerts: []}}
   # No gauge at all for 5 minutes: never completed.
   - interval: 1m
     input_series:
@@ -219,6 +234,7 @@ def test_each_alert_fires_when_it_should_and_not_before(tmp_path: Path) -> None:
     tests = tmp_path / "fairq-alerts-test.yaml"
     tests.write_text(PROMTOOL_TESTS.format(
         rules=json.dumps(str(RULES)), stale=fired("FairqSchedulerStale"),
+        behind=fired("FairqSchedulerBehind", "20"),
         never=fired("FairqSchedulerNeverCompleted"), failures=fired("FairqCycleFailures"),
         isolated=fired("FairqJobsIsolated"),
         refused_403=fired("FairqKubernetesRefusesJobs", code="403"),

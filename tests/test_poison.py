@@ -275,6 +275,12 @@ def test_a_failed_cycle_is_logged_with_its_id_counted_and_makes_the_scheduler_un
                  if line.startswith("fairq_cycle_last_success_timestamp_seconds "))
     assert before <= stamp <= time.time()
     assert "fairq_cycle_failures_total 1.0" in text
+    # What /healthz/scheduler reads as "behind", for FairqSchedulerBehind: one cycle just
+    # ended, so the longest gap is the time since it, far under the 5 x 3 s limit.
+    gap = next(float(line.split()[1]) for line in text.splitlines()
+               if line.startswith("fairq_cycle_longest_gap_seconds "))
+    assert 0 <= gap < 15
+    assert "fairq_cycle_behind_after_seconds 15.0" in text
 
 
 def test_the_scheduler_is_unhealthy_once_its_last_success_is_older_than_the_limit(
