@@ -79,7 +79,7 @@ def webhook_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
     if not settings.FAIRQ_PUBLIC_URL:
         out.append(checks.Warning(
             "FAIRQ_PUBLIC_URL is unset: webhook payloads carry \"url\": null instead of "
-            "the job's page.",
+            "the job's page, and notice e-mails a link without a host (/jobs/12/).",
             hint="Set FAIRQ_PUBLIC_URL to the dashboard's address, e.g. https://fairq.example.com.",
             id="fairq.W011"))
     return out
