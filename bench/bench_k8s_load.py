@@ -21,6 +21,10 @@ Questions and goals (docs/performance.md, "The cycle under load")
        BENCH k8s_load_<label>_failed_replica_logs_missing_after   of the jobs whose
                                                replica 1 fails (its log is the one
                                                the user needs)
+       BENCH k8s_load_<label>_logs_kept_without_pod_lines   kept, of an attempt that
+                                               ran, without the pod's lines (goal 0)
+       BENCH k8s_load_<label>_logs_kept_of_attempts_never_run   an attempt preempted
+                                               before it ran keeps nothing (goal 0)
   Also: BENCH k8s_load_<label>_load_avg_min / _median / _max (1-minute load average
   sampled every 5 s while jobs run), _busy_loops, _wall_s, _jobs_final.
 
@@ -170,20 +174,27 @@ def print_log_figures(tag: str, figures: dict[str, Any]) -> None:
         bench(f"{tag}_cycle_max_s", cycles[-1], "s")
 
 
-def logs_missing(ids: list[int]) -> tuple[int, int, int]:
-    """(replicas whose log is not kept, of which of the failing pairs, kept ones that
-    hold no line of the pod's own)."""
-    from queueing.models import Job, JobLog
+def logs_missing(ids: list[int]) -> tuple[int, int, int, int]:
+    """(replicas of an attempt that ran whose log is not kept, of which of the failing
+    pairs, kept ones that hold no line of the pod's own, kept ones of an attempt that
+    never ran). An attempt ran when fairq recorded it RUNNING (its event); every attempt
+    is judged, not only the last (a preempted attempt's log is kept too)."""
+    from queueing.models import Job, JobEvent, JobLog
     from queueing.services.logs import log_storage
 
-    ran = list(Job.objects.filter(pk__in=ids, started_at__isnull=False)
-               .values_list("pk", "attempt", "replicas"))
+    replicas = dict(Job.objects.filter(pk__in=ids).values_list("pk", "replicas"))
+    ran = set(JobEvent.objects.filter(job_id__in=ids, to_status="RUNNING")
+              .values_list("job_id", "attempt"))
     kept = {(j, a, r): s for j, a, r, s in JobLog.objects.filter(
         job_id__in=ids, final=True).values_list("job_id", "attempt", "replica", "stored")}
-    missing = [(pk, a, r, n) for pk, a, n in ran for r in range(n) if (pk, a, r) not in kept]
+    missing = [(pk, a, r, replicas[pk]) for pk, a in sorted(ran)
+               for r in range(replicas[pk]) if (pk, a, r) not in kept]
     storage = log_storage()
-    hollow = 0
+    hollow = never_ran = 0
     for (job_id, attempt, replica), name in sorted(kept.items()):
+        if (job_id, attempt) not in ran:
+            never_ran += 1
+            continue
         try:
             with storage.open(name, "rb") as fh:
                 data = fh.read()
@@ -194,7 +205,7 @@ def logs_missing(ids: list[int]) -> tuple[int, int, int]:
             if hollow <= 5:  # what a hollow one holds says why
                 note(f"kept log of job {job_id} attempt {attempt} replica {replica} "
                      f"holds no pod line: {data[:300]!r}")
-    return len(missing), sum(1 for *_, n in missing if n > 1), hollow
+    return len(missing), sum(1 for *_, n in missing if n > 1), hollow, never_ran
 
 
 def main() -> int:
@@ -355,6 +366,7 @@ def main() -> int:
     bench(f"{tag}_logs_missing_after", after[0], "replicas")
     bench(f"{tag}_failed_replica_logs_missing_after", after[1], "replicas")
     bench(f"{tag}_logs_kept_without_pod_lines", after[2], "replicas")
+    bench(f"{tag}_logs_kept_of_attempts_never_run", after[3], "replicas")
     note(f"worker log: {work / 'worker.log'}")
     return 0
 

@@ -568,3 +568,24 @@ def test_an_unanswered_read_is_tried_again_then_what_fairq_has_is_kept(
     workload_stop_keeping_logs(backend=get_backend(), name=name,
                                now=t0 + timedelta(seconds=60))
     assert stopped == [name] and _kept(job_id, 1) == live
+
+
+@pytest.mark.parametrize("ran", [False, True], ids=["never_ran", "ran"])
+def test_an_earlier_attempt_preempted_before_it_ran_keeps_no_empty_log(
+        world: World, monkeypatch: pytest.MonkeyPatch, ran: bool) -> None:
+    """A victim's workload is stopped after the commit that requeued its job, so its job
+    is on attempt 2 when attempt 1's log is kept. Attempt 1 preempted while ADMITTED (no
+    pod yet: the cluster answers nothing) has no log to keep, not an empty file; one that
+    ran (its RUNNING event) and wrote nothing keeps its empty log, which says so."""
+    from queueing.models import JobEvent
+
+    job = JobFactory(team=world.vision, submitter=world.member, gpu_type=world.h100,
+                     tier=world.normal, status="QUEUED", attempt=2)
+    if ran:
+        JobEvent.objects.create(job=job, at=timezone.now(), kind="transition",
+                                from_status="ADMITTED", to_status="RUNNING", attempt=1)
+    _backend_gone(monkeypatch)
+    kept = attempt_logs_keep(backend=get_backend(), name=f"fq-{job.pk}-1",
+                             now=timezone.now())
+    assert kept is ran
+    assert JobLog.objects.filter(job_id=job.pk, attempt=1).exists() is ran

@@ -197,6 +197,12 @@ def _read_again(name: str, now: datetime) -> bool:
 _UNREAD: object = object()
 
 
+def _attempt_ran(job_id: int, attempt: int) -> bool:
+    """Whether fairq saw that attempt RUNNING (its transition event)."""
+    return JobEvent.objects.filter(job_id=job_id, attempt=attempt,
+                                   to_status=JobState.RUNNING).exists()
+
+
 def _needs_keeping(job_id: int, attempt: int) -> bool:
     return Job.objects.filter(pk=job_id).exists() and not JobLog.objects.filter(
         job_id=job_id, attempt=attempt, final=True).exists()
@@ -231,10 +237,12 @@ def attempt_logs_keep(*, backend: ClusterBackend, name: str, now: datetime,
                              "it is left running until they are read")
         log.warning("the cluster did not answer for the logs of %s (%s) for %.0f s; keeping "
                     "what fairq has", name, which, settings.FAIRQ_LOG_KEEP_RETRY_SECONDS)
-    never_ran = attempt == job.attempt and job.started_at is None
-    if never_ran and not any((read or {}).values()) and not JobLog.objects.filter(
-            job_id=job_id, attempt=attempt).exists():
-        return False  # cancelled before it ran: no log to keep, not an empty one
+    if not any((read or {}).values()) and not _attempt_ran(job_id, attempt) and \
+            not JobLog.objects.filter(job_id=job_id, attempt=attempt).exists():
+        # Cancelled or preempted before it ran (a preempted victim's workload is stopped
+        # after the commit that requeued it, so its job is on the next attempt by now):
+        # no log to keep, not an empty one.
+        return False
     try:
         _keep(job_id=job_id, attempt=attempt, texts=read, now=now)
     except Exception:  # the storage is down: the stop must go on
