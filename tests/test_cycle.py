@@ -324,3 +324,27 @@ def test_a_stale_transition_loses_the_compare_and_swap(world: World) -> None:
         assert not job_transition(stale, JobState.ADMITTED, now=timezone.now())
     assert status(job_id) == "CANCELLED"
     assert Job.objects.get(pk=job_id).events.filter(to_status="ADMITTED").count() == 0
+
+
+def test_workloads_left_behind_are_charged_once_with_one_usage_query(world: World) -> None:
+    """Workloads no job holds that ran (three cancels whose stop was lost): whether their
+    attempts are charged is one query for all of them, not one per workload per cycle;
+    they were charged at the cancel, so nothing is charged twice."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    t0 = timezone.now()
+    ids = [submit(world, gpus=2, env={"FAIRQ_SIM_SECONDS": "600"}) for _ in range(3)]
+    scheduler_cycle(now=t0)
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    assert [status(i) for i in ids] == ["RUNNING"] * 3
+    for i in ids:  # no on_commit: the stop is lost
+        job_cancel(actor=world.admin, job=Job.objects.get(pk=i), now=t0 + timedelta(seconds=30))
+    charged = UsageRecord.objects.count()
+    with CaptureQueriesContext(connection) as ctx:
+        r = scheduler_cycle(now=t0 + timedelta(seconds=31))
+    assert sorted(r.orphans_stopped) == sorted(f"fq-{i}-1" for i in ids)
+    usage_reads = [q["sql"] for q in ctx.captured_queries
+                   if "queueing_usagerecord" in q["sql"] and q["sql"].startswith("SELECT")]
+    assert len(usage_reads) == 1, usage_reads
+    assert UsageRecord.objects.count() == charged

@@ -73,3 +73,25 @@ def test_a_namespace_that_fails_otherwise_keeps_the_store_unsynced_and_says_why(
         assert "pods:fairq-b" in group.last_error and "500" in group.last_error
     finally:
         group.stop()
+
+
+def test_the_version_changes_with_a_namespace_and_with_each_relist() -> None:
+    """A reader's index built from `items()` holds while `version` does: a namespace
+    added or a store changed (a relist here; a watch event bumps it the same way)
+    gives another version."""
+    namespaces = ["fairq-a"]
+    group = NamespacedInformers("pods", fake_api({}), lambda: namespaces,
+                                resync_seconds=60, watch_seconds=1)
+    try:
+        group.start()
+        assert group.wait_synced(5)
+        first = group.version
+        assert first == group.version  # nothing changed: the same
+        namespaces.append("fairq-b")
+        assert group.wait_synced(5)
+        second = group.version
+        assert second != first
+        group.add("fairq-a").relist()
+        assert group.version != second
+    finally:
+        group.stop(timeout=2)

@@ -75,6 +75,9 @@ class Informer:
         self.errors = 0
         self.relists = 0
         self.last_error = ""
+        # Bumped (under the lock) with every change of the store: a reader may keep an
+        # index built from `items()` for as long as the version it was built at holds.
+        self.version = 0
 
     # --- reading ---------------------------------------------------------------------
 
@@ -160,6 +163,7 @@ class Informer:
         with self._lock:
             old = self._store
             self._store = fresh
+            self.version += 1
         self.relists += 1
         self.refused = False
         self.synced.set()
@@ -206,6 +210,7 @@ class Informer:
                         self._store.pop(key, None)
                     else:
                         self._store[key] = obj
+                    self.version += 1
                 version = _version(obj) or version
                 self._notify(str(kind), prev, None if kind == "DELETED" else obj)
         finally:
@@ -291,6 +296,13 @@ class NamespacedInformers:
         with self._lock:
             informer = self._informers.get(key.split("/", 1)[0])
         return informer.get(key) if informer is not None else None
+
+    @property
+    def version(self) -> tuple[tuple[str, int], ...]:
+        """Changes with any namespace's store (and with a namespace added): see
+        `Informer.version`."""
+        with self._lock:
+            return tuple((ns, i.version) for ns, i in self._informers.items())
 
     @property
     def last_error(self) -> str:

@@ -247,6 +247,7 @@ class KubernetesBackend:
         self.nodes_informer = Informer("nodes", self.core.list_node, **timing,
                                        on_change=self._node_changed)
         self._informers = (self.jobs, self.pods, self.other_pods, self.nodes_informer)
+        self._pod_index_memo: tuple[Any, dict[str, list[Obj]], dict[str, list[Obj]]] | None = None
         # The Job controller's FailedCreate events (why a Job has no pods), watched so
         # the cycle never asks per Job. Not waited for: without it (not synced, or not
         # allowed to list events) a Job without pods only shows as waiting, never fails.
@@ -744,12 +745,10 @@ class KubernetesBackend:
         with orphan propagation): nothing else would ever stop them."""
         from kubernetes.client.exceptions import ApiException
 
-        jobs = {key_of(j) for j in self.jobs.items()}
-        for pod in self.pods.items():
+        for pod in self._pod_index()[1].get(name, ()):
             meta = pod["metadata"]
-            if (meta.get("labels") or {}).get(L_WORKLOAD) != name or not self._ours(meta) \
-                    or meta.get("deletionTimestamp") or _owned_by_job(pod) \
-                    or f"{meta['namespace']}/{name}" in jobs:
+            if not self._ours(meta) or meta.get("deletionTimestamp") or _owned_by_job(pod) \
+                    or self.jobs.get(f"{meta['namespace']}/{name}") is not None:
                 continue
             try:
                 drain(self.core.delete_namespaced_pod(
@@ -804,12 +803,28 @@ class KubernetesBackend:
     # --- statuses -----------------------------------------------------------------------
 
     def _pods_by_workload(self) -> dict[str, list[Obj]]:
-        by: dict[str, list[Obj]] = defaultdict(list)
+        """fairq's pods by "namespace/workload" (read only: shared until the pod cache
+        changes)."""
+        return self._pod_index()[0]
+
+    def _pod_index(self) -> tuple[dict[str, list[Obj]], dict[str, list[Obj]]]:
+        """fairq's pods by "namespace/workload" and by workload name, built once per
+        version of the pod cache: a cycle's statuses, its stops and the log reads of
+        a thousand workloads each looked up their pods by a scan of every pod (a
+        profile at load 25 found it in every stop). Read only."""
+        version = self.pods.version
+        memo = self._pod_index_memo
+        if memo is not None and memo[0] == version:
+            return memo[1], memo[2]
+        by_key: dict[str, list[Obj]] = defaultdict(list)
+        by_name: dict[str, list[Obj]] = defaultdict(list)
         for pod in self.pods.items():
             workload = (pod["metadata"].get("labels") or {}).get(L_WORKLOAD)
             if workload:
-                by[f"{pod['metadata'].get('namespace')}/{workload}"].append(pod)
-        return by
+                by_key[f"{pod['metadata'].get('namespace')}/{workload}"].append(pod)
+                by_name[workload].append(pod)
+        self._pod_index_memo = (version, dict(by_key), dict(by_name))
+        return self._pod_index_memo[1], self._pod_index_memo[2]
 
     def statuses(self, *, now: datetime) -> list[WorkloadStatus]:
         self.wait_synced()
@@ -1103,8 +1118,7 @@ class KubernetesBackend:
         # which is most of a read's time on a loaded API server); the API server when
         # it does not, or does not hold the workload's pods (yet): the workload's own
         # namespace when known, else every namespace this identity may read.
-        pods = [p for p in self.pods.items()
-                if (p["metadata"].get("labels") or {}).get(L_WORKLOAD) == name] \
+        pods = list(self._pod_index()[1].get(name, ())) \
             if self._started and self.pods.ready() else []
         if not pods:
             namespace = self._namespace_of(name)

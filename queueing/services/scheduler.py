@@ -422,13 +422,21 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
     moving = []
     unowned: list[WorkloadStatus] = []
     pools_now = _PoolsNow(backend)
+    # The attempts charged already, of the workloads no job holds that ran: one query,
+    # not one per finished workload per cycle (`_charge_unowned_run`).
+    ran_unowned = {s.job_id for s in todo if s.started_at is not None and (
+        (o := owners.get(s.job_id)) is not None and (
+            o.attempt != s.attempt or o.state not in HOLDING_STATES))}
+    charged = set(UsageRecord.objects.filter(job_id__in=ran_unowned).values_list(
+        "job_id", "attempt")) if ran_unowned else set()
     for status in todo:
         owner = owners.get(status.job_id)
         if owner is None or owner.attempt != status.attempt or \
                 owner.state not in HOLDING_STATES:
             try:
                 if _unowned_workload(backend=backend, status=status,
-                                     owned=owner is not None, now=now, result=result):
+                                     owned=owner is not None, now=now, result=result,
+                                     charged=(status.job_id, status.attempt) in charged):
                     unowned.append(status)
             except NOT_A_JOB_FAULT:
                 raise
@@ -530,7 +538,7 @@ class _Owner:
 
 
 def _unowned_workload(*, backend: ClusterBackend, status: WorkloadStatus, owned: bool,
-                      now: datetime, result: CycleResult) -> bool:
+                      now: datetime, result: CycleResult, charged: bool = False) -> bool:
     """A workload no job holds (cancelled, preempted, finished and recorded, decided
     before its pods came, or deleted). Pods that ran are charged to the job's team unless
     that attempt is charged already. A workload that succeeded is only forgotten (`stop`
@@ -538,8 +546,9 @@ def _unowned_workload(*, backend: ClusterBackend, status: WorkloadStatus, owned:
     keeps them). True when it is to be stopped with its logs kept first
     (`_unowned_stop`): any other end may still have pods that run - a replica whose
     peer failed - and the stop deletes them, the failed replica's with them. Not one
-    the cluster is already removing."""
-    if owned and status.started_at is not None:
+    the cluster is already removing. `charged`: the caller knows that attempt is
+    charged already (no query)."""
+    if owned and status.started_at is not None and not charged:
         try:
             _charge_unowned_run(status=status, now=now)
         except NOT_A_JOB_FAULT:
