@@ -74,7 +74,8 @@ def _accumulators_set(stored: Mapping[int, FairShareAccumulator], raw: Mapping[i
     team, sent as one batch (`executemany`, pipelined by psycopg), on every database.
     (`bulk_update`'s CASE chains took 2.4 s for 1,003 teams on PostgreSQL, this 0.5 s;
     an `unnest` of PostgreSQL's own 35 ms, not worth a second path in an operator's
-    command: docs/architecture.md, "Two databases".)"""
+    command: docs/performance.md, "PostgreSQL's own statements against portable
+    ones".)"""
     if not stored:
         return
     table = connection.ops.quote_name(FairShareAccumulator._meta.db_table)
