@@ -204,7 +204,6 @@ def kubernetes_backend(*, kubeconfig: str, context: str) -> KubernetesBackend:
     return KubernetesBackend(
         api,
         namespace_prefix=settings.FAIRQ_KUBE_NAMESPACE_PREFIX,
-        backoff_limit=settings.FAIRQ_K8S_BACKOFF_LIMIT,
         ttl_after_finished_seconds=settings.FAIRQ_K8S_TTL_AFTER_FINISHED_SECONDS,
         image_pull_timeout_seconds=settings.FAIRQ_K8S_IMAGE_PULL_TIMEOUT_SECONDS,
         pod_create_timeout_seconds=settings.FAIRQ_K8S_POD_CREATE_TIMEOUT_SECONDS,
@@ -220,7 +219,6 @@ def kubernetes_backend(*, kubeconfig: str, context: str) -> KubernetesBackend:
         owner_key=hmac.new(settings.SECRET_KEY.encode(), b"fairq.k8s.job-owner",
                            hashlib.sha256).digest(),
         submit_concurrency=concurrency,
-        orphan_pod_grace_seconds=settings.FAIRQ_K8S_ORPHAN_POD_GRACE_SECONDS,
         spot_node_labels=settings.FAIRQ_SPOT_NODE_LABELS,
         spot_termination_taints=settings.FAIRQ_SPOT_TERMINATION_TAINTS,
         spot_tolerations=settings.FAIRQ_SPOT_TOLERATIONS,

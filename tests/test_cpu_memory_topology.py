@@ -78,7 +78,7 @@ def test_rule_a6_a7_a_pool_may_say_its_cpus_memory_and_domains() -> None:
 @pytest.mark.parametrize("spec", ["4x8xh100:96", "4x8xh100:96c:lots", "4x8xh100@rack=0",
                                   "4x8xh100@rack=2@rack=3", "4x8xh100:0c", "0x8xh100"])
 def test_a_bad_simulated_pool_is_refused_at_start_up(spec: str) -> None:
-    from config.settings.base import _check_sim_nodes
+    from config.settings.clusters import _check_sim_nodes
 
     with pytest.raises(SimulatedClusterError):
         parse_node_spec(spec)

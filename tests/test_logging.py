@@ -19,7 +19,7 @@ import environ
 import pytest
 from django.conf import settings
 
-from config.settings.base import logging_config
+from config.settings.logs import logging_config
 from queueing.logcontext import current, log_context
 from queueing.models import Job
 from queueing.services import scheduler as sched

@@ -3,9 +3,10 @@ on an in-memory broker, against the simulated cluster, with synthetic load."""
 
 from __future__ import annotations
 
-from .base import BASE_DIR, FAIRQ_LOG_FORMAT, _check_sim_nodes, logging_config
+from .clusters import _check_sim_nodes
 from .dev import *  # noqa: F403
-from .dev import env
+from .environment import BASE_DIR, env
+from .logs import FAIRQ_LOG_FORMAT, logging_config
 
 # The demo shows fairq's own 404, 403 and 500 pages (templates/), not Django's debug page
 # (which lists every URL and overflows a phone): DEBUG is off unless DJANGO_DEBUG=1.

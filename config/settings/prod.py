@@ -5,7 +5,8 @@ from __future__ import annotations
 import environ
 
 from .base import *  # noqa: F403
-from .base import env, logging_config
+from .environment import env
+from .logs import logging_config
 
 # Production never falls back to SQLite, a per-process cache or the in-memory broker
 # (tasks would never reach the worker): both URLs are required.

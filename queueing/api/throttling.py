@@ -56,7 +56,7 @@ _scripts: dict[tuple[int, str], Any] = {}
 
 
 def _split_rate(rate: str) -> tuple[int, int]:
-    """'6000/min' -> (6000, 60): the form config/settings/base.py accepts (a count, then
+    """'6000/min' -> (6000, 60): the form config/settings/api.py accepts (a count, then
     a period whose first letter is s, m, h or d)."""
     count, _, per = rate.partition("/")
     return int(count), _UNITS[per[0]]

@@ -1,7 +1,7 @@
 """The policy's settings, with the product's defaults (docs/scheduling.md).
 
 One object for every caller that runs cycles: the scheduler service builds it from the
-Django settings (`FAIRQ_*`, which only override these defaults: config/settings/base.py
+Django settings (`FAIRQ_*`, which only override these defaults: config/settings/policy.py
 reads its defaults from `DEFAULTS`), the trace simulator from a scenario's sections
 (queueing/simulator/scenario.py). Pure: no Django, no clock.
 """
@@ -54,5 +54,5 @@ class PolicySettings:
     reservation: bool = True
 
 
-# The product's defaults, read by config/settings/base.py for every FAIRQ_* it maps.
+# The product's defaults, read by config/settings/policy.py for every FAIRQ_* it maps.
 DEFAULTS = PolicySettings()
