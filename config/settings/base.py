@@ -503,7 +503,7 @@ for _rate in (FAIRQ_API_RATE, FAIRQ_API_ANON_RATE, FAIRQ_API_AUTH_FAILURE_RATE):
                   or _rate.split("/")[1][:1] not in {"s", "m", "h", "d"}):
         raise environ.ImproperlyConfigured(f"API rate {_rate!r} must look like '6000/min'")
 # POST /api/v1/jobs/ with a token and a plain job body skips DRF's machinery, every check
-# kept (queueing/api/jobs.py, issue 20); off: DRF's view answers every submit.
+# kept (queueing/api/jobs.py); off: DRF's view answers every submit.
 FAIRQ_FAST_SUBMIT = env.bool("FAIRQ_FAST_SUBMIT", default=True)
 # The hottest statements (a job's INSERT with its event) prepared once per database
 # connection (queueing/rawsql.py::statement_cursor); off behind a transaction-mode
