@@ -1,4 +1,4 @@
-"""A 10,000-task array on PostgreSQL stored compactly (issue 20; docs/scheduling.md,
+"""A 10,000-task array on PostgreSQL stored compactly (docs/scheduling.md,
 "Arrays"), against every member written as a row at submit, in one process:
 
   * submit: `jobs_submit_array` writing the whole array (window = count: what every

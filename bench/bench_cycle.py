@@ -5,7 +5,7 @@ Questions:
   1. How long does one real `scheduler_cycle` take with 10,000 queued jobs of 50 teams on
      a 1,000-GPU simulated cluster (125 nodes × 8 h100)? Goal: under 1 s.
   2. With 100,000 queued and 10,000 running jobs (100 teams, 10,000 simulated GPUs:
-     1,250 nodes × 8 h100) on PostgreSQL? Goal (issue 20): a full cycle under 1 s.
+     1,250 nodes × 8 h100) on PostgreSQL? Goal: a full cycle under 1 s.
 
 How it works
   * Django with `config.settings.test`, the simulated backend configured via settings;

@@ -1,4 +1,4 @@
-"""The 100k scheduler cycle with the plan of two revisions alternated (issue 20).
+"""The 100k scheduler cycle with the plan of two revisions alternated.
 
 Question: how much faster is this checkout's plan (`plan_admissions`) than the one of an
 earlier revision, in the real cycle of `bench_cycle.py --only 100k` (100,000 queued and

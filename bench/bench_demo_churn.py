@@ -1,4 +1,4 @@
-"""The demo's churn (issue 15, item 4; docs/simulator.md, "The demo").
+"""The demo's churn (docs/simulator.md, "The demo").
 
 Question: under `make demo`'s synthetic load, how many preemptions does the real
 scheduler cycle make for how many admissions, and how often is one job preempted?

@@ -3,7 +3,7 @@
 Questions and goals
   1. How many Jobs per second does the cycle create through the real API server, for
      1,000 admitted jobs? Goal ≥ 100/s and ≥ 0.8× plain concurrent creates measured in
-     the same run (issue 11.8).
+     the same run.
        BENCH k8s_cycle_jobs_created_per_s      the cycle's submit step
                                                (`scheduler.submit_admitted`: launch specs,
                                                manifests, FAIRQ_K8S_SUBMIT_CONCURRENCY

@@ -1,5 +1,5 @@
 """Admission across several clusters and spot pools (docs/scheduling.md, rules K1-K7;
-issue 19's "an admission pass over 5 clusters, 10,000 GPUs, 100,000 queued jobs under
+the several-cluster goal: "an admission pass over 5 clusters, 10,000 GPUs, 100,000 queued jobs under
 1 s").
 
 Times the PURE POLICY, `plan_admissions(snapshot)`, on a snapshot built in memory (no

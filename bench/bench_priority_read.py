@@ -2,7 +2,7 @@
 rule P3) and the standings read (`GET /api/v1/fairshare/`) with a large queue.
 
 Question: does reading many queued jobs between two scheduler cycles plan the queue once
-(docs/scheduling.md, P3), and what does one read cost? (issue 20: 218 ms against
+(docs/scheduling.md, P3), and what does one read cost? (218 ms against
 `sprio`'s 10.5 ms in bench/bench_vs_slurm.py.)
 
 How it works
@@ -185,7 +185,7 @@ def main() -> int:
     def read_all(shared_only: bool) -> list[float]:
         times = []
         for job_id in picks:
-            if shared_only:  # as before issue 20's fix: every read unpickles the shared plan
+            if shared_only:  # as before the shared plan's fix: every read unpickles the shared plan
                 qp._Local.plan = None
             t0 = time.perf_counter()
             r = client.get(f"/api/v1/jobs/{job_id}/")

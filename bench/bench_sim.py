@@ -1,4 +1,4 @@
-"""The trace-replay benchmark (docs/simulator.md; issue 15's goals).
+"""The trace-replay benchmark (docs/simulator.md; the replay goals).
 
 Question: on the openb replay (82 nodes / 429 GPUs, the last 30 days, tasks ≤ 24 h, four
 tenants weighted 1, 1, 2, 4), how does fairq's policy compare with FIFO, greedy backfill
@@ -125,7 +125,7 @@ def main() -> int:
             table.setdefault(key, {})[column] = (value, met, unit)
             texts[key] = text.split(" (")[0]
     columns = [f"ρ {rho:g} s{seed}" for rho, seed in runs]
-    print("\n| goal (issue 15) | " + " | ".join(columns) + " |")
+    print("\n| goal | " + " | ".join(columns) + " |")
     print("|---|" + "---|" * len(columns))
     for key, cells in table.items():
         row = [f"{'PASS' if c[1] else 'FAIL'} {c[0]:.3g}{(' ' + c[2]) if c[2] else ''}"

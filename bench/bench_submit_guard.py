@@ -1,4 +1,4 @@
-"""Two of a submit's statements folded into others (issue 20), each before and after,
+"""Two of a submit's statements folded into others, each before and after,
 alternated in one process on PostgreSQL:
 
   * the write: before, `check_submit` (one SELECT) then the job-and-event INSERT; after,

@@ -1,9 +1,9 @@
-"""The API rate limit's cost per request, before and after issue 20's one-round-trip
+"""The API rate limit's cost per request, before and after the one-round-trip
 bucket, alternated in one process against the same Redis.
 
   * before: django-ratelimit's `get_usage` (cache.add = SET NX, then django-redis' incr =
-    an EVAL carrying its script's text): what queueing/api/throttling.py did until
-    issue 20;
+    an EVAL carrying its script's text): what queueing/api/throttling.py did before
+    this bucket;
   * after: `throttling.hit` (one EVALSHA of an INCR+EXPIRE script).
 
 Redis is $REDIS_URL (else the local one at 127.0.0.1:6379/0); without a Redis it says so

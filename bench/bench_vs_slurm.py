@@ -1,4 +1,4 @@
-"""fairq against Slurm on the same machine, in the same run (issue 20): single submits at
+"""fairq against Slurm on the same machine, in the same run: single submits at
 1, 4 and 8 clients, a 10,000-task array against a bulk submit of 10,000, and the priority
 and fair-share reads (`sprio`, `sshare`) against fairq's.
 
@@ -25,7 +25,7 @@ How it works
     (shared with whatever else uses it); Slurm's slurmctld, slurmdbd, munged and MariaDB
     (Linux /proc, during the bursts only). One unreported warm-up round goes first.
   * `--drf`: a second gunicorn with FAIRQ_FAST_SUBMIT=0 (every submit through DRF's
-    view, as before issue 20's fast path) is a third side in the same rotation:
+    view, as before the fast path) is a third side in the same rotation:
     vs_slurm_fast_over_drf_rate_c<N> is the fast path's gain measured in the same run.
   * Arrays: `sbatch --hold --array=0-9999` against `POST /api/v1/jobs/bulk/` with
     count=10000, alternated, `--array-runs` each; the median.

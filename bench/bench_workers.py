@@ -1,4 +1,4 @@
-"""gunicorn worker settings for the submit path, side by side (issue 20): the same fairq,
+"""gunicorn worker settings for the submit path, side by side: the same fairq,
 database and Redis behind gunicorns of different worker classes, bursts alternated.
 
 Each side is a gunicorn (bench_api.start_gunicorn) on one fresh PostgreSQL database;
@@ -11,7 +11,7 @@ A side's class is gunicorn's (`sync`, `gthread`, ...), `balanced` for the image'
 connections), or any dotted worker class. `--load N` runs N busy loops beside all sides.
 A side may carry environment for its gunicorn after a fourth colon, `VAR=value` pairs
 joined by `+`; its name then ends with the variables' names. The durable commit's share
-of a submit (issue 20, docs/performance.md): `--sides balanced:3:4,balanced:3:4:PGOPTIONS=
+of a submit (docs/performance.md): `--sides balanced:3:4,balanced:3:4:PGOPTIONS=
 -csynchronous_commit=off --clients 1 --load 2` (libpq's PGOPTIONS: that side's
 PostgreSQL sessions answer before the WAL reaches the disk; measurement only).
 

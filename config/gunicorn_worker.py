@@ -4,9 +4,9 @@ gunicorn's worker processes share one listening socket, and whichever is awake f
 accepts a new connection; a kept-alive connection then stays with that worker for its
 life. Clients that keep their connections (pipelines with a session, an ingress
 controller's upstream pool, the benches) so often end up mostly on one worker, which
-serves them on one core under the GIL while the other workers idle: gunicorn issues
-#2817, #3071 and #3433 describe it, and gunicorn leaves it to the kernel. Measured here
-(issue 20, 8 keep-alive clients on 3 workers under load): connections per worker of
+serves them on one core under the GIL while the other workers idle: gunicorn#2817,
+gunicorn#3071 and gunicorn#3433 describe it; gunicorn leaves it to the kernel. Measured here
+(8 keep-alive clients on 3 workers under load): connections per worker of
 [8], [7, 1] and [5, 2, 1] as often as [3, 3, 2].
 
 `BalancedThreadWorker` is gthread with one change: each worker posts how many

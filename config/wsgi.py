@@ -5,7 +5,7 @@ import os
 from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.prod")
-# A plain token submit skips the middleware that has nothing to do for it (issue 20):
+# A plain token submit skips the middleware that has nothing to do for it:
 # queueing/api/lane.py; the rest is Django's application as usual.
 django_application = get_wsgi_application()
 

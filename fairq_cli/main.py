@@ -52,7 +52,7 @@ EXIT_BROKEN_PIPE = 141  # the reader of stdout left (`| head`): 128 + SIGPIPE, a
 # proxy that drops idle connections sooner.
 WATCH_SECONDS = 30
 # `submit -a --wait`: how long to wait before looking again when none of the array's
-# members is a job yet (the server writes them as its scheduler needs them, issue 20).
+# members is a job yet (the server writes them as its scheduler needs them).
 _ARRAY_POLL_SECONDS = 2.0
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # seconds between tries while fairq is unreachable
 
@@ -357,7 +357,7 @@ class App:
             elif not self.as_json:
                 ids = created["ids"]
                 # The server writes the first members as jobs now, the rest as its
-                # scheduler needs them (issue 20): `ids` may be fewer than `count`.
+                # scheduler needs them: `ids` may be fewer than `count`.
                 later = created["count"] - len(ids)
                 which = "" if spec.dense else f" (indices {text.partition('%')[0]})"
                 self.say(f"Submitted array job of {created['count']}{which}: "

@@ -320,7 +320,7 @@ class JobArray(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                    on_delete=models.SET_NULL, related_name="job_arrays")
     created_at = models.DateTimeField()
-    # Stored compactly (issue 20, docs/scheduling.md "Arrays"): members 0..materialized-1
+    # Stored compactly (docs/scheduling.md "Arrays"): members 0..materialized-1
     # are Job rows; the rest exist only here until the cycle needs them
     # (services/arrays.py::arrays_top_up). `spec` is the template's Job columns by
     # attname (every member's but for its name, env index and array index); `events` the

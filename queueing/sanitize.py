@@ -3,7 +3,7 @@ workload statuses, exception messages, old rows) are made safe to store.
 
 PostgreSQL refuses NUL in text and in JSON strings, lone UTF-16 surrogates cannot be
 encoded, and `integer` columns hold 32 bits: any of these in one job's row would fail the
-UPDATE, and before this module, every cycle (issue 12, item 1). `job_transition` passes
+UPDATE, and before this module, every cycle. `job_transition` passes
 every value it saves through `clean_fields`; the reconcile passes every status through
 `clean_status`.
 """

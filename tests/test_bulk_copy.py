@@ -1,4 +1,4 @@
-"""An array job's rows written by COPY from a template encoded once (issue 20) are the
+"""An array job's rows written by COPY from a template encoded once are the
 rows psycopg's own adaptation writes (the fallback path), whatever the env holds."""
 
 from __future__ import annotations

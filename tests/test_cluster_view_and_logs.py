@@ -1,4 +1,4 @@
-"""Web processes read what the worker publishes (issue 11.7): the cluster view (each
+"""Web processes read what the worker publishes: the cluster view (each
 cycle) and archived job logs (bounded, refreshed, kept after the pod is gone), never the
 backend. On the simulated cluster, driven with explicit time."""
 
@@ -102,7 +102,7 @@ def test_the_worker_archives_logs_and_the_web_reads_only_the_copy(
     monkeypatch.setattr(backend, "logs", lambda name, tail=100: "")
     assert job_logs_archive(backend=backend, now=t0 + timedelta(seconds=62)).refreshed == [job_id]
     row = JobLog.objects.get(job=job, attempt=1)
-    # Kept in the log storage once the attempt ended (issue 14.4), no longer in the row.
+    # Kept in the log storage once the attempt ended, no longer in the row.
     assert row.final and row.text == "" and row.stored
     assert log_storage().open(row.stored).read().decode() == first.text
     assert job_logs_archive(backend=backend, now=t0 + timedelta(seconds=99)).refreshed == []

@@ -433,7 +433,7 @@ def test_a_job_without_any_pod_past_the_create_timeout_fails_with_the_controller
 
 
 def test_a_job_without_any_pod_and_no_refusal_only_waits_however_long() -> None:
-    """Issue 11.1: a slow Job controller is not a refusal."""
+    """A slow Job controller is not a refusal."""
     job = k8s_job(creationTimestamp=iso(T0))
     late = workload_status(job, [], now=T0 + timedelta(hours=1), pod_create_timeout_seconds=60)
     assert late is not None and late.phase == Phase.PENDING

@@ -1,5 +1,5 @@
 """The Job manifest carries a job's volumes, secret references, pull secret, working
-directory, labels, annotations and grace period (issue 14), and re-checks them: a spec
+directory, labels, annotations and grace period, and re-checks them: a spec
 that slipped past the API (a hostPath, another namespace, a mount over the service
 account token) never becomes a pod."""
 

@@ -1,4 +1,4 @@
-"""The Job manifest carries a job's resources and /dev/shm (issue 14): requests = limits
+"""The Job manifest carries a job's resources and /dev/shm: requests = limits
 for cpu, memory and ephemeral storage beside the GPUs (Guaranteed QoS), /dev/shm as a
 memory-backed emptyDir of the job's size; nothing of them when the job sets none."""
 

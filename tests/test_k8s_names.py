@@ -1,4 +1,4 @@
-"""Issue 11.4 and 11.6 without a cluster: the owner seal fairq puts on its Jobs and what
+"""Sealed Jobs without a cluster: the owner seal fairq puts on its Jobs and what
 it adopts, and the names Kubernetes would refuse, refused by the models and reported by
 `manage.py check --database default`."""
 

@@ -1,4 +1,4 @@
-"""Logs that outlive the pod (issue 14.4): when an attempt ends (success, failure,
+"""Logs that outlive the pod: when an attempt ends (success, failure,
 preemption, cancel) the worker keeps the tail of each replica's log in the "fairq-logs"
 storage; the API, the job page and `fairq logs` show it by attempt and replica, with how
 the attempt ended. On the simulated cluster, driven with explicit time."""

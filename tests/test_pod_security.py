@@ -1,4 +1,4 @@
-"""Issue 12.4: pods locked down. The pod's security context (capabilities dropped,
+"""Pods locked down. The pod's security context (capabilities dropped,
 RuntimeDefault seccomp, no privilege escalation, runAsNonRoot per team), Pod Security
 Admission labels on fairq's namespaces, reserved env names, names matched in full and
 ASCII-only images, refused at submit (400) and again by the manifest (ManifestError).

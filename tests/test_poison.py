@@ -1,4 +1,4 @@
-"""One bad job or one odd workload status never stops the cycle (issue 12, item 1).
+"""One bad job or one odd workload status never stops the cycle.
 
 Hostile rows are written to the database directly, as rows older than today's validation
 would be; hostile workload statuses come from a small wrapper around the simulated cluster

@@ -1,4 +1,4 @@
-"""The fault-isolation test of issue 12 (item 1, Show): 50 hostile jobs and workload
+"""The fault-isolation test (docs/scheduling.md, "The cycle"): 50 hostile jobs and workload
 statuses of every kind among 1,000 ordinary jobs. Every ordinary job is admitted and
 finishes; every hostile one ends with a reason and an event; no cycle raises.
 

@@ -1,4 +1,4 @@
-"""Rule P3's read path with many readers (issue 20): N reads of N queued jobs between two
+"""Rule P3's read path with many readers: N reads of N queued jobs between two
 scheduler cycles plan the queue at most once, and each process fetches (unpickles) the
 shared plan at most once, reading only its generation afterwards; a cycle that moved a
 job, or another process's newer plan, still reaches every reader at once."""
@@ -94,7 +94,7 @@ def test_rule_p3_another_process_fetches_the_shared_plan_once(world: World) -> N
     with _counting() as counts:
         _positions(world, queued)
     assert counts.plans == 0
-    assert counts.shared_fetches == 1  # not one per read (issue 20: ~30 ms per 10,000 jobs)
+    assert counts.shared_fetches == 1  # not one per read (~30 ms per 10,000 jobs)
 
 
 def test_rule_p3_a_newer_plan_of_another_process_replaces_the_local_copy(world: World) -> None:

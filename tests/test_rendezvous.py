@@ -1,4 +1,4 @@
-"""Issue 14, item 2: replicas that rendezvous. The env names fairq sets (the rendezvous,
+"""Replicas that rendezvous. The env names fairq sets (the rendezvous,
 the job id and attempt) are refused from users at submit (400 on `env`); the simulated
 cluster runs replicas all or nothing (`FAIRQ_SIM_FAIL_REPLICA`: one replica failing fails
 the job, with a reason naming it). The Kubernetes manifests are tested in

@@ -1,4 +1,4 @@
-"""A submit's membership and tier checks (rule T1) ride on its INSERT (issue 20): one
+"""A submit's membership and tier checks (rule T1) ride on its INSERT: one
 statement checks and writes, so a membership or grant revoked after the request's team
 lookup still refuses, and a refused submit writes nothing and says which check refused."""
 
@@ -71,7 +71,7 @@ def test_a_tier_not_granted_refuses_on_tier_and_staff_pass_without_membership(
 
 def test_a_submit_reads_the_teams_budget_policy_with_the_team(world: World) -> None:
     """Rule B3's "has the team a downgrade budget?" rides on the team lookup: a team
-    without one costs the submit no query of its own (issue 20)."""
+    without one costs the submit no query of its own."""
     c = world.client(world.member)
     c.post("/api/v1/jobs/", job_body(), format="json")  # warm the reference memos
     # The DRF path (an Idempotency-Key sends the submit there) reads it with the team.

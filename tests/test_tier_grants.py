@@ -1,4 +1,4 @@
-"""Rule T1 (issue 12.3): a team submits jobs only of the tiers open to every team or
+"""Rule T1: a team submits jobs only of the tiers open to every team or
 granted to it. Checked in the submit service, so the API, the web form, the array job,
 the resubmit and the CLI (which is the API) all refuse, with a 400 on `tier`; staff set
 it in the admin and through the API, audited."""

@@ -1,5 +1,5 @@
 """API tokens (and the teams their users submit to) remembered by each web process,
-revocation still immediate (issue 20).
+revocation still immediate.
 
 `TokenAuthentication` reads the token and its user from the database on every request.
 The submit fast path (queueing/api/jobs.py) keeps what it read per process, keyed by the

@@ -1,4 +1,4 @@
-"""`POST /api/v1/jobs/` without DRF's machinery for the plain case (issue 20).
+"""`POST /api/v1/jobs/` without DRF's machinery for the plain case.
 
 A pipeline's submit (a token, a JSON job of plain fields, no Idempotency-Key) goes here:
 

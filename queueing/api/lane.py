@@ -1,4 +1,4 @@
-"""The submit lane: `POST /api/v1/jobs/` through the middleware that applies to it (issue 20).
+"""The submit lane: `POST /api/v1/jobs/` through the middleware that applies to it.
 
 Django runs every request through all of `settings.MIDDLEWARE` and the URL resolver.
 For a pipeline's submit (a token, a JSON body, no session, no form, no page) most of that

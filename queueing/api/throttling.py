@@ -10,7 +10,7 @@ rewrites it on each request: at the default 6,000/min a busy pipeline token move
 to and from Redis per request. The price of a fixed window is that a client may send up
 to twice its rate across a window's edge.
 
-One Redis round trip per request (issue 20): the bucket is counted by a Lua script
+One Redis round trip per request: the bucket is counted by a Lua script
 (INCR, and EXPIRE when the INCR created it) run with EVALSHA, where django-ratelimit's
 `cache.add` then django-redis' `incr` took two (SET NX, then an EVAL carrying the script's
 text). For an authenticated request only the user's bucket applies and for an anonymous

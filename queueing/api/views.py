@@ -230,7 +230,7 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
         array, ids = jobs_submit_array(actor=request.user, count=count, data=data,
                                        max_running=max_running, indices=indices)
         # Location: the array's own resource (GET /arrays/{id}/). `ids`: the members
-        # written as rows now; the rest get theirs as the cycle needs them (issue 20).
+        # written as rows now; the rest get theirs as the cycle needs them.
         return Response({"array_id": array.pk, "count": array.count, "ids": ids},
                         status=status.HTTP_201_CREATED,
                         headers=location("array-detail", array_id=array.pk))

@@ -807,7 +807,7 @@ def workload_status(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *
                           f"{create_error}")
                 phase, finished_at = Phase.FAILED, now
             else:
-                # Slow is not failed: the controller may be behind (issue 11.1).
+                # Slow is not failed: the controller may be behind.
                 reason = (f"{WAITING}no pod created in {pod_create_timeout_seconds:.0f} s "
                           "(the Job controller is slow or stopped)")
         elif not pods and create_error and not meta.get("deletionTimestamp"):

@@ -2,7 +2,7 @@
 
 Existing tiers: a preemptible tier stays open to every team (as before: no pipeline
 breaks on upgrade). A non-preemptible tier is closed: its jobs preempt other teams'
-(R1) and can never be taken back (R3), which is the harm of issue 12.3; it is granted to
+(R1) and can never be taken back (R3), which is the harm rule T1 prevents; it is granted to
 every team that already has a job of it, so the teams that use it keep using it and the
 others are refused. Staff review the grants in the admin (Tiers). New tiers are closed
 until staff open or grant them. Slugs are matched in full (\\Z, not $).

@@ -1,4 +1,4 @@
-"""JobEvent.kind takes the JobEvent.Kind choices: the values stored already (issue 13), no data
+"""JobEvent.kind takes the JobEvent.Kind choices: the values stored already, no data
 changes; PostgreSQL sees no schema change (choices live in Python only)."""
 
 from django.db import migrations, models

@@ -879,7 +879,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                 cap, job, pools, excluded, g, job.replicas, cpu, mem, job.topology))
         return None if static[2] else static[3]
 
-    # The replay of a long queue's waits (issue 20): once no search is left (rule R4) and
+    # The replay of a long queue's waits: once no search is left (rule R4) and
     # no preemptor is nominated, a job waits exactly as an earlier job of its team and
     # shape did when nothing has changed since - no capacity, hold or ledger move (every
     # counter in `stamp` only grows). Per `_LaneKey`: (stamp, reason code, held,

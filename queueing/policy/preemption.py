@@ -148,7 +148,7 @@ def find_victims(
     if not within_nominal and _FLOOR:
         # Beyond its nominal a job preempts only by rule R1, a preemptible job of a lower
         # tier: when no unprotected job of the type is one, there is no candidate (a long
-        # queue's searches on a cluster its top tier fills, issue 20).
+        # queue's searches on a cluster its top tier fills).
         floor = ws.victim_floor[(gt, now)]
         if floor is None or floor >= job.tier_rank:
             return None

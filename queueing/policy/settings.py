@@ -24,7 +24,7 @@ class PreemptionPolicy:
     `lost_per_wait` GPU-seconds per GPU-second its preemptor has waited (R9; None = no
     such check). The default ratio 0.4 is the largest of those measured that keeps the
     GPU-hours lost to preemption ≤ 1 % of delivered and delivered ≥ 99 % of greedy
-    backfill's on all nine openb replays (docs/simulator.md, "Issue 15: the goals in
+    backfill's on all nine openb replays (docs/simulator.md, "The goals in
     conflict")."""
 
     enabled: bool = True

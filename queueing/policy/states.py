@@ -22,7 +22,7 @@ FINAL_STATES: frozenset[JobState] = frozenset(
 # Rule S1. ADMITTED -> QUEUED is the requeue of an admitted job whose cluster workload
 # vanished before it ran (attempt + 1); ADMITTED -> FAILED is a job the cluster refused
 # (bad image, rejected spec); QUEUED -> FAILED is a job fairq itself could not process
-# (a poison row: docs/scheduling.md, "The cycle"). Everything else is the issue's diagram.
+# (a poison row: docs/scheduling.md, "The cycle"). Everything else is rule S1's diagram.
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.ADMITTED, JobState.CANCELLED, JobState.FAILED}),
     JobState.ADMITTED: frozenset(

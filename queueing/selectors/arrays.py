@@ -29,7 +29,7 @@ def array_get_for_actor(*, actor: Any, array_id: int) -> JobArray:
 def array_summary(array: JobArray) -> dict[str, Any]:
     """The array with its members counted by state (one query): `counts` has every state
     (0 included), the members not yet written as rows among QUEUED (CANCELLED once the
-    rest was cancelled: issue 20), `active` the members holding GPUs (rule A8 counts
+    rest was cancelled: docs/scheduling.md "Arrays"), `active` the members holding GPUs (rule A8 counts
     these), `ended` the final ones, `done` whether all have ended; `materialized` how
     many members are rows, `events` the array's own history."""
     counts = {s.value: 0 for s in JobState}
@@ -58,7 +58,7 @@ def array_summary(array: JobArray) -> dict[str, Any]:
 
 
 def arrays_unwritten() -> list[tuple[str, str, str, int, int]]:
-    """Issue 20: the queued members of arrays not yet written as rows, per (team slug,
+    """The queued members of arrays not yet written as rows, per (team slug,
     GPU type slug, tier slug): (team, gpu type, tier, members, GPUs), for the counts of
     queued jobs and GPUs that read rows (the dashboard, the quota board, /metrics). One
     query over the arrays with such members, two for the slugs when there are any."""

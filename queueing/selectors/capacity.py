@@ -118,7 +118,7 @@ def capacity_by_gpu_type(*, nodes: list[NodeInfo] | None = None,
         else:
             r.held_by_jobs += gpus
             r.by_team[team] = r.by_team.get(team, 0) + gpus
-    for _, gpu, _, _, gpus in arrays_unwritten():  # issue 20: queued, no row yet
+    for _, gpu, _, _, gpus in arrays_unwritten():  # docs/scheduling.md "Arrays": queued, no row yet
         row(gpu).queued_demand += gpus
     for q in Quota.objects.values("gpu_type__slug").annotate(n=Sum("nominal")):
         row(q["gpu_type__slug"]).guaranteed = int(q["n"] or 0)

@@ -1,5 +1,5 @@
 """The cluster view: what web and API processes know of the cluster, without being a
-cluster client (docs/kubernetes.md, "RBAC"; issue 13's "cluster view").
+cluster client (docs/kubernetes.md, "RBAC" and "What the web knows of the cluster").
 
 The worker publishes it at the end of every scheduler cycle
 (`queueing.services.cluster_view.cluster_view_publish`) into the shared cache: the nodes

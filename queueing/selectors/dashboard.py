@@ -81,7 +81,7 @@ def cluster_overview(*, standings: list[Standing]) -> list[TeamOverview]:
             o.queued_jobs += r["n"]
         else:
             o.running_jobs += r["n"]
-    # Issue 20: array members not yet written as rows are queued all the same.
+    # Array members not yet written as rows are queued all the same.
     for team, gpu_type, _, n, asked in arrays_unwritten():
         o = out.get(team)
         if o is not None:

@@ -35,7 +35,7 @@ def team_for_submitter(*, user: Any, slug: str) -> Team | None:
     not the ORM's query compiler (queueing/rawsql.py says why). The team carries
     `has_downgrade_budget` (an annotation, read in the same statement): whether rule B3
     may apply, so `budget_downgrade_tier` needs no query of its own for the many teams
-    without such a budget (issue 20)."""
+    without such a budget."""
     sql = (f"SELECT {rawsql.select_list(Team, 't')}, EXISTS (SELECT 1 FROM "
            f"{rawsql.table(TeamBudget)} b WHERE b.team_id = t.id AND b.policy = %s) "
            f"FROM {rawsql.table(Team)} t WHERE t.slug = %s")

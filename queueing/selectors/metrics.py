@@ -67,7 +67,7 @@ def wait_histograms() -> dict[str, tuple[list[tuple[str, int]], float]]:
 
 def queue_depth() -> list[tuple[str, str, int]]:
     """(team, tier, queued jobs) for every pair with queued jobs, array members not yet
-    written as rows included (issue 20)."""
+    written as rows included."""
     rows = (Job.objects.filter(status=JobState.QUEUED)
             .values_list("team__slug", "tier__slug").annotate(n=Count("id")).order_by())
     depth: dict[tuple[str, str], int] = {(team, tier): n for team, tier, n in rows}

@@ -13,7 +13,7 @@ rows (100,000 queued jobs pickle in 1.7 s as dataclasses, 0.17 s as rows).
 A read fetches only the current plan's generation (a short string) from the shared cache;
 each process keeps the last plan (and snapshot) it unpickled and reuses it while the
 generation is the same. Unpickling the plan itself cost every read ~30 ms per 10,000
-queued jobs (issue 20: 218 ms against `sprio`'s 10 ms); the generation key lives and dies
+queued jobs (218 ms against `sprio`'s 10 ms); the generation key lives and dies
 with the plan (same TTL, dropped together), so the local copy is never older than the
 shared one. After a miss one process plans (it holds the build mark) and the readers of
 the others wait for its plan, so a miss costs the cores one plan, not one per process.

@@ -139,8 +139,8 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
     # Rule R8 must see the workloads the cluster lists: the cycle's own, or for the web
     # (explain, dashboard, preview) the ones the last cycle published.
     nominated, placements = nominations(now=now, live_workloads=live_workloads)
-    # Rule K2's ranks, for a policy that takes them (`Snapshot.cluster_ranks`, h-19's
-    # part of docs/clusters.md); a policy without the field places ignoring them.
+    # Rule K2's ranks, for a policy that takes them (`Snapshot.cluster_ranks`;
+    # docs/clusters.md); a policy without the field places ignoring them.
     ranks: dict[str, Any] = {}
     if jobs.lookups.clusters and "cluster_ranks" in getattr(Snapshot, "__dataclass_fields__",
                                                             {}):
@@ -206,7 +206,7 @@ def closed_clusters(clusters: Mapping[int, ClusterFacts]) -> frozenset[str]:
 def dependency_counts(deps: Iterable[Dependency]) -> dict[tuple[str, int], Counts]:
     """Rules D1-D2: the states of the jobs and arrays `deps` name, counted per state (three
     queries at most; an array of 10,000 members is a few rows). An array's members not
-    yet written as rows (issue 20) count as QUEUED, as CANCELLED once cancelled: "every
+    yet written as rows count as QUEUED, as CANCELLED once cancelled: "every
     member" is not met while one is unwritten."""
     jobs: set[int] = set()
     arrays: set[int] = set()

@@ -1,4 +1,4 @@
-"""Array jobs as a whole: the cycle's top-up of each array's queued window (issue 20,
+"""Array jobs as a whole: the cycle's top-up of each array's queued window (docs/scheduling.md "Arrays",
 docs/scheduling.md "Arrays": members are written as Job rows as they are needed, like
 Slurm's one record per array), and cancelling the members that have not ended
 (`DELETE /api/v1/arrays/{id}/`, `fairq cancel --array ID`), the rest never written.
@@ -39,7 +39,7 @@ ARRAY_WINDOW = 64
 
 
 def array_window(*, gpus_of_type: int, task_gpus: int, max_running: int | None) -> int:
-    """How many of an array's members the cycle keeps queued as rows (issue 20): enough
+    """How many of an array's members the cycle keeps queued as rows: enough
     that one plan could admit as many as fit on every GPU of the array's type (so the
     window never holds the array back: a plan admits at most that many), at least
     ARRAY_WINDOW, and no more than rule A8's limit lets hold GPUs at once."""
@@ -48,7 +48,7 @@ def array_window(*, gpus_of_type: int, task_gpus: int, max_running: int | None) 
 
 
 def arrays_top_up(*, now: datetime) -> dict[int, list[int]]:
-    """Issue 20, the cycle's one call before its snapshot: for every array with members
+    """The cycle's one call before its snapshot: for every array with members
     not yet written, write the next ones (in index order) as QUEUED Job rows with their
     first event, until its queued rows reach `array_window` (the GPUs of its type from
     the cluster view the previous cycle published). Each array in its own transaction,

@@ -781,7 +781,7 @@ def jobs_submit_bulk(
     return jobs_submit_array(actor=actor, data=data, count=count, now=now, window=count)[1]
 
 
-# Issue 20: an array is stored compactly (docs/scheduling.md, "Arrays"): submit writes
+# An array is stored compactly (docs/scheduling.md, "Arrays"): submit writes
 # the JobArray (the template's columns, `count`, `max_running`) and only the first
 # ARRAY_SUBMIT_WINDOW members as Job rows; the scheduler cycle materializes the rest as
 # they are needed (services/arrays.py::arrays_top_up), Slurm's way. Arrays this small or
@@ -889,7 +889,7 @@ def jobs_submit_array(
     in its environment; at most `max_running` members hold GPUs at once (rule A8; None:
     no limit). One transaction: the array (its spec, size, limit and its "submitted N
     tasks" event) and the first `window` members as QUEUED rows with their
-    submit events; the rest are written by the cycle as they are needed (issue 20,
+    submit events; the rest are written by the cycle as they are needed (docs/scheduling.md "Arrays",
     `services.arrays.arrays_top_up`) and count as queued meanwhile. Returns the array
     and the ids of the members written now, in index order.
 
@@ -1015,7 +1015,7 @@ def _copy_rows(table: str, columns: list[str], rows: Any) -> None:
 
 def _array_env_json(env: dict[str, str], count: int) -> tuple[str, str]:
     """Member i's env as JSON is `head + str(i) + tail`: every member's env is the same
-    but for its index, so it is encoded once (issue 20: json.dumps per member was a
+    but for its index, so it is encoded once (json.dumps per member was a
     sixth of a 10,000-job array's time)."""
     encoded = json.dumps({**env, "FAIRQ_ARRAY_INDEX": "", "FAIRQ_ARRAY_SIZE": str(count)})
     # The marker appears once: a value's quotes are escaped inside its string.

@@ -1,5 +1,5 @@
 """Job logs for people, without the web touching the cluster (docs/kubernetes.md, "RBAC"),
-kept after the pod is gone (issue 14.4).
+kept after the pod is gone.
 
 Two copies, one row (`JobLog`) per job, attempt and replica:
 

@@ -231,7 +231,7 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         result.unreachable = sorted(outages.since)
         backend = fleet
         _utilization(backend=fleet.plain(), now=now, result=result)
-        # Issue 20: arrays' members not yet written get rows as the plan may need them.
+        # Arrays' members not yet written get rows as the plan may need them.
         arrays_top_up(now=now)
         t1 = time.perf_counter()
         odd_rows: dict[int, Exception] = {}

@@ -266,7 +266,7 @@ def summarize(result: RunResult, workload: Workload) -> dict[str, object]:
 
 def goals(policies: Mapping[str, Mapping[str, object]], *, high_tier: str = "high",
           large_gpus: str = "8") -> dict[str, float]:
-    """The issue's goal metrics for the fairq run against its baselines (reported, not
+    """The replay goals' metrics (docs/simulator.md) for the fairq run against its baselines (reported, not
     asserted): delivered vs greedy and EASY (%), lost / delivered (%), most preemptions
     of one job, the high tier's p95 wait, the 8-GPU p95 wait vs greedy backfill's, and
     the largest fairness deviation."""
@@ -307,7 +307,7 @@ def _at_most(limit: float) -> Callable[[float], bool]:
 
 def goal_checks(goals_: Mapping[str, float], *, high_tier: str = "high",
                 large_gpus: str = "8") -> list[tuple[str, str, float, bool, str]]:
-    """Issue 15's goals for one run's `goals` (fairq against the baselines of the same
+    """The replay goals of one run's `goals` (fairq against the baselines of the same
     run), each as (key, the goal in words, the measured value, met, unit). A goal whose
     metric is missing (no such tier or baseline in the run) is left out."""
     g = goals_

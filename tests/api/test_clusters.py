@@ -1,4 +1,4 @@
-"""Issue 19 in the API: GET /clusters/ for everyone with capacity per cluster and GPU type
+"""Several clusters in the API: GET /clusters/ for everyone with capacity per cluster and GPU type
 from the published cluster view (spot apart), staff writes audited with field messages,
 and a job's cluster fields at submit (rule K3: a 400 on the field saying why)."""
 

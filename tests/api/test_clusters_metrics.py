@@ -1,4 +1,4 @@
-"""Issue 19 in /metrics (docs/metrics.md, "Clusters"): fairq_cluster_reachable{cluster},
+"""Several clusters in /metrics (docs/metrics.md, "Clusters"): fairq_cluster_reachable{cluster},
 capacity and free GPUs per cluster, GPU type and spot flag, GPUs held per cluster, and
 fairq_spot_reclaimed_total{cluster} (rule K6, counted from the `spot_reclaimed` job
 events like the other counters); the old fairq_gpus_allocated{gpu_type} series

@@ -119,7 +119,7 @@ def test_validation_errors_are_replayed_too_but_5xx_are_not_stored(
 def test_a_job_submit_has_one_idempotency_layer_the_key_on_the_job(
     world: World, monkeypatch: Any
 ) -> None:
-    """`POST /jobs/` keeps its key on the job only (issue 13: one layer): a refused submit
+    """`POST /jobs/` keeps its key on the job only (one layer): a refused submit
     stores nothing, so the corrected retry with the same key is created; a server error
     stores nothing either; the replay of a created job says it is one."""
     c = world.client(world.member)
@@ -294,7 +294,7 @@ def test_bulk_validates_once_for_all(world: World, overrides: dict[str, Any], fi
 
 def test_bulk_of_ten_thousand_queues_every_job_with_its_event(world: World) -> None:
     """The largest array job: all 10,000 queued, the first ARRAY_SUBMIT_WINDOW written as
-    jobs with their events, the rest as the cycle needs them (issue 20; every member
+    jobs with their events, the rest as the cycle needs them (every member
     run to its end: tests/arrays/test_compact_arrays.py). How fast is
     bench/bench_vs_slurm.py's (vs_slurm_array_ratio, goal <= 5), not a timed test here."""
     from queueing.services.jobs import ARRAY_SUBMIT_WINDOW

@@ -1,4 +1,4 @@
-"""Issue 12 (2, 5, 6): a token's secret exists only in the answer that creates it; array
+"""Hardening: a token's secret exists only in the answer that creates it; array
 jobs are bounded in what they write; hostile input answers 4xx in the one error shape,
 never 500; unknown fields in a write body are refused by name."""
 
@@ -261,7 +261,7 @@ def test_a_body_over_the_size_limit_gets_the_json_error_shape(
 # --- unknown fields ---------------------------------------------------------------------------
 
 
-# (`volumes` is a job field since issue 14: its hostPath is refused by name in
+# (`volumes` is a job field (docs/kubernetes.md, "Volumes and secrets"): its hostPath is refused by name in
 # tests/api/test_hostile_specs.py.)
 @pytest.mark.parametrize("field", ["privileged", "hostNetwork", "hostPath", "securityContext"])
 def test_unknown_job_fields_are_refused_by_name(world: World, field: str) -> None:

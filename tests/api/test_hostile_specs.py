@@ -1,5 +1,5 @@
 """Volumes, secrets, pull secrets, working dir, labels, annotations and grace through the
-REST API (issue 14): every hostile spec is a 400 naming the field, nothing stored; a
+REST API: every hostile spec is a 400 naming the field, nothing stored; a
 good one is stored normalised, returned by GET /jobs/{id}/, and carried by resubmit and
 array jobs."""
 

@@ -1,4 +1,4 @@
-"""GET /api/v1/jobs/?label=key=value (issue 14): a job's own labels filter the list,
+"""GET /api/v1/jobs/?label=key=value: a job's own labels filter the list,
 repeated = all of them, on SQLite and PostgreSQL alike; a malformed filter is a 400."""
 
 from __future__ import annotations

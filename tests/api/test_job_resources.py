@@ -1,6 +1,6 @@
 """Per-replica resources and /dev/shm through the REST API: hostile quantities are a 400
 naming the field with nothing stored; the team's defaults fill what a job leaves out; its
-maxima refuse what is above them (issue 14)."""
+maxima refuse what is above them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Swagger (issue 17): every operation of the generated schema has its own summary and
+"""Swagger: every operation of the generated schema has its own summary and
 description (none borrowed from a base class's docstring, as 11 operations showed
 `IdempotentPostMixin`'s), and every response has a description."""
 

@@ -1,4 +1,4 @@
-"""The submit fast path (queueing/api/jobs.py, issue 20) keeps every check of the DRF
+"""The submit fast path (queueing/api/jobs.py) keeps every check of the DRF
 view: its shapes are DRF's own or it hands the body over; a revoked token is refused at
 the next request; the rate limit counts a handed-over request once; the answer is the
 DRF view's."""
@@ -214,7 +214,7 @@ def test_an_address_over_the_failure_limit_still_submits_with_a_good_token(
 
 def test_the_cluster_fields_are_decided_on_the_fast_path_as_in_the_drf_view(
         world: World, monkeypatch: Any) -> None:
-    """Rules K3-K4's fields (issue 19) go through the fast path: set on the job, refused
+    """Rules K3-K4's fields go through the fast path: set on the job, refused
     with the DRF view's field messages, nothing written on a refusal."""
     from queueing.api import jobs as fast
     from tests.api.test_clusters import three_clusters

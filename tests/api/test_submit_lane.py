@@ -1,4 +1,4 @@
-"""The submit lane (queueing/api/lane.py, issue 20): a plain token submit runs through the
+"""The submit lane (queueing/api/lane.py): a plain token submit runs through the
 middleware that applies to it and the fast path; everything it does not decide, and every
 other request, is the whole application's, with the same answer; the INSERT is prepared
 once per connection (queueing/rawsql.py::statement_cursor).

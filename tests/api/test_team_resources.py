@@ -1,4 +1,4 @@
-"""A team's resource defaults and maxima (issue 14, item 5): team admins and staff set
+"""A team's resource defaults and maxima: team admins and staff set
 them through /api/v1/teams/{slug}/resources/, audited; members read them; bad quantities
 and a default above its maximum are a 400 changing nothing."""
 

@@ -1,4 +1,4 @@
-"""A team's workload policy (issue 14): GET/PATCH /api/v1/teams/{slug}/workload-policy/
+"""A team's workload policy: GET/PATCH /api/v1/teams/{slug}/workload-policy/
 (the same view as /resources/) holds the resource defaults and maxima and the PVCs,
 Secrets and pull secrets of the team's namespace its jobs may name. Team admins and staff
 set the allowlists, audited; bad names are a 400 changing nothing; jobs follow them."""

@@ -1,4 +1,4 @@
-"""The rate-limit buckets of API v1 (queueing/api/throttling.py, issue 20): a fixed window
+"""The rate-limit buckets of API v1 (queueing/api/throttling.py): a fixed window
 counted in one Redis round trip when the cache is Redis, through cache.add/incr otherwise."""
 
 from __future__ import annotations

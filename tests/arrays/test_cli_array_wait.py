@@ -1,5 +1,5 @@
 """`fairq submit -a N --wait` against a live server while cycles run, for an array larger
-than the submit's window (issue 20): the CLI waits for the members the scheduler writes
+than the submit's window: the CLI waits for the members the scheduler writes
 later too, and its summary counts every member."""
 
 from __future__ import annotations

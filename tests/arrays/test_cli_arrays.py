@@ -58,7 +58,7 @@ def test_cancel_an_array(cli: Cli, world: World) -> None:
 
 def test_a_large_array_says_its_members_queued_later_and_cancels_them_all(
         cli: Cli, world: World) -> None:
-    """Issue 20: the first ARRAY_SUBMIT_WINDOW members are jobs at submit, the rest later;
+    """The first ARRAY_SUBMIT_WINDOW members are jobs at submit, the rest later;
     a cancel counts all of them."""
     r = cli(*SUBMIT, "-a", "100%4")
     assert r.code == 0, r.err

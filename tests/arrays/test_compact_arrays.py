@@ -1,4 +1,4 @@
-"""Arrays stored compactly (issue 20; docs/scheduling.md, "Arrays"): submit writes the
+"""Arrays stored compactly (docs/scheduling.md, "Arrays"): submit writes the
 array and a window of members as rows, each cycle writes more before its snapshot, and
 everything that counts an array's members (its summary, rules D1-D2, its cancel, rule A8,
 the dashboard's queued counts) counts the members not written yet too."""
@@ -82,7 +82,7 @@ def test_an_array_of_10000_is_accepted_with_only_its_window_as_rows(world: World
 def test_every_task_runs_exactly_once_across_cycles_indices_0_to_n_minus_1(
         world: World, settings: Any) -> None:
     """1,000 one-GPU tasks of 1 s on 16 nodes of 8 A100s (10,000 on 50 nodes with
-    FAIRQ_TEST_ARRAY_TASKS=10000, as issue 20 asks: 8 minutes on a 2-core machine): each
+    FAIRQ_TEST_ARRAY_TASKS=10000, the size docs/performance.md measures: 8 minutes on a 2-core machine): each
     cycle tops the array's queued rows up before its snapshot, so the cluster is kept
     full (the window never holds the array back) while the queued rows never exceed one
     window."""

@@ -1,4 +1,4 @@
-"""Issue 19 in a real browser: the dashboard with three clusters (capacity, free and spot
+"""Several clusters in a real browser: the dashboard with three clusters (capacity, free and spot
 per GPU type, one unreachable), a job page saying where it runs, the submit form's
 cluster fields and the staff cluster page's nodes per cluster. Screenshots go to
 test-artifacts/screenshots/clusters-*.png."""

@@ -1,4 +1,4 @@
-"""The submit form's "Storage, secrets and metadata" section in a real browser (issue 14):
+"""The submit form's "Storage, secrets and metadata" section in a real browser:
 closed until asked for, a hostile volume refused inline while typing (the service's
 rule, on the volumes field), the job queued with its volumes, secrets, labels and
 topology and shown on its page, and nothing wider than a phone."""

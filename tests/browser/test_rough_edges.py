@@ -1,4 +1,4 @@
-"""Issue 17, item 3 in a real browser: the quota board's cluster row and team weights
+"""The web's rough edges in a real browser: the quota board's cluster row and team weights
 saved in place, the filters and the team switcher do not navigate on arrow keys (WCAG
 3.2.2), the usage chart's y axis starts at 0, the staff's cluster view fits a phone."""
 

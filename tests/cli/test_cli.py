@@ -146,7 +146,7 @@ def test_prio_prints_the_breakdown(cli: Cli, world: World) -> None:
     job = JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal)
     detail = cli("--json", "status", str(job.pk)).json
     if not detail.get("priority"):
-        pytest.skip("the job detail has no priority breakdown yet (issue 3)")
+        pytest.skip("the job detail has no priority breakdown yet")
     r = cli("prio", str(job.pk))
     assert r.code == 0, r.err
     header, row = r.out.splitlines()[:2]

@@ -1,5 +1,5 @@
 """`fairq submit` with volumes, scratch, secrets, a pull secret, a working dir, labels,
-annotations and grace (issue 14): flags and the YAML job file (the API's JSON shape;
+annotations and grace: flags and the YAML job file (the API's JSON shape;
 flags add to its lists and override its keys), a bad flag as a usage error (exit 2), a
 refusal as one line (exit 1); `fairq status` shows them; `fairq queue --label`."""
 

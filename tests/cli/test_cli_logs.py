@@ -1,4 +1,4 @@
-"""`fairq logs` by attempt and replica (issue 14.4): the job's own lines on stdout, what
+"""`fairq logs` by attempt and replica: the job's own lines on stdout, what
 fairq says about them (how the attempt ended, an empty log, other attempts) on stderr."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`fairq queue` tells the truth (issue 17.2): each queued job's reason is the API's
+"""`fairq queue` tells the truth: each queued job's reason is the API's
 (rule P3), the queue is in position order (rule P2), `--start` estimates when each may
 start (rule P4), and `fairq prio` shows the tier."""
 
@@ -91,7 +91,7 @@ def test_prio_shows_the_tier(cli: Cli, busy: dict[str, Job]) -> None:
 
 
 def test_logs_say_when_the_log_is_empty(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 17.2: an empty log is said so, also while following one."""
+    """An empty log is said so, also while following one."""
     assert cli("submit", *H100, "-J", "quiet", "-g", "1", "-e", "FAIRQ_SIM_SECONDS=600").code == 0
     scheduler_cycle()
     scheduler_cycle()

@@ -1,4 +1,4 @@
-"""`fairq submit` with resources (issue 14): --cpu, --memory, --ephemeral-storage and
+"""`fairq submit` with resources: --cpu, --memory, --ephemeral-storage and
 --shm-size, the YAML job file's `resources` and `shm_size` (flags win), a refused
 quantity as one line and exit 1, and `fairq status` showing them."""
 

@@ -1,4 +1,4 @@
-"""Issue 19 in the CLI: `fairq submit --cluster/--cluster-selector/--allow-spot`, the
+"""Several clusters in the CLI: `fairq submit --cluster/--cluster-selector/--allow-spot`, the
 CLUSTER column of `fairq queue` (rule K1: where it runs, "-" while queued), `fairq
 status`'s placement lines and `fairq clusters` (capacity, free and spot per GPU type,
 reachable)."""
@@ -47,7 +47,7 @@ def test_queue_shows_the_cluster_each_job_runs_in(cli: Cli, world: World,
                                                   clusters: dict[str, object]) -> None:
     for name in ("here", "there"):
         assert cli("submit", *H100, "-J", name).code == 0
-    # Until the scheduler places jobs in clusters (h-20), set where one runs directly.
+    # Set where a job runs directly, without a cycle placing it (rule K2).
     Job.objects.filter(name="here").update(status="RUNNING", cluster=clusters["onprem"],
                                            placement=["n1"])
     r = cli("queue")

@@ -93,7 +93,7 @@ def test_k1_the_snapshot_qualifies_every_node_and_running_job_with_its_cluster(
     assert running.nodes == tuple(f"{placed.cluster.name}/{n}" for n in placed.placement)
 
 
-# --- K2: the cheapest cluster where it fits (policy: h-19) -----------------------------------
+# --- K2: the cheapest cluster where it fits (rule K2) ----------------------------------------
 
 def test_k2_a_job_goes_to_the_lowest_cost_rank_where_it_fits_then_the_next(
         world: World, make_cluster: MakeCluster) -> None:

@@ -1,4 +1,4 @@
-"""The fault table of issue 11: fairq on a real control plane (tests/envtest) with faults
+"""The fault table (docs/kubernetes.md, "Tests"): fairq on a real control plane (tests/envtest) with faults
 injected, each row counted from the database and the cluster afterwards.
 
     lost            jobs fairq holds (ADMITTED/RUNNING) with neither Job nor pod left
@@ -325,7 +325,7 @@ def node_not_ready(ctx: Ctx) -> tuple[list[int], set[int]]:
     return pks, set()
 
 
-# --- multi-replica workloads (issue 14): all or nothing -------------------------------------
+# --- multi-replica workloads: all or nothing -------------------------------------
 
 def _pairs(ctx: Ctx, n: int, seconds: str) -> list[int]:
     """`n` 2-replica jobs of 1 GPU per replica."""

@@ -1,4 +1,4 @@
-"""Two real control planes at once (issue 19: several clusters): the session's first one
+"""Two real control planes at once (several clusters): the session's first one
 (`k8s_control_plane`, DEFAULT_GPU_NODES) and a second (`k8s_second_control_plane`,
 SECOND_GPU_NODES), each with its own ports, temp dir, etcd, CA and fake kubelet. Each
 answers on its own, holds only its own nodes, runs a GPU pod on its own, and one frozen

@@ -399,7 +399,7 @@ def test_a_hostile_job_body_puts_no_such_field_in_the_created_job(
     r = world.client(world.member).post("/api/v1/jobs/", job_body(gpus=1, **hostile),
                                         format="json")
     assert r.status_code == 400, r.content  # refused by name, not half-applied
-    # (`volumes` is a job field since issue 14: its hostPath is refused by name, and its
+    # (`volumes` is a job field (docs/kubernetes.md, "Volumes"): its hostPath is refused by name, and its
     # missing mount path.)
     assert set(r.json()["error"]["fields"]) == set(hostile) - {"volumes"} | {
         "volumes[0].hostPath", "volumes[0].mount_path"}

@@ -1,4 +1,4 @@
-"""Faults on a real control plane (tests/envtest), issue 11: a slow Job controller, Jobs
+"""Faults on a real control plane (tests/envtest): a slow Job controller, Jobs
 that finish before their condition is written, a 403 on create, Jobs deleted with orphan
 propagation, pods that move or restart, and what the cycle counts as an orphan.
 

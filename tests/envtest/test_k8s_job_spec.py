@@ -1,4 +1,4 @@
-"""Issue 14 on a real control plane (Kubernetes 1.20, tests/envtest): a 2-replica x
+"""Multi-replica job specs on a real control plane (Kubernetes 1.20, tests/envtest): a 2-replica x
 4-GPU job submitted through the REST API with a PVC, a Secret env var, a Secret's files,
 cpu/memory, shm, a pull secret, a working dir, labels, annotations and a grace period
 becomes one Job per replica whose pod template, and whose pods, read back from the API

@@ -1,4 +1,4 @@
-"""Logs that outlive the pod (issue 14.4) on the real control plane: a 2-replica job is
+"""Logs that outlive the pod on the real control plane: a 2-replica job is
 cancelled, fairq deletes its pods, and each replica's log stays readable through the API.
 
 The fake kubelet serves no container logs, so the pod log read is replaced by one that

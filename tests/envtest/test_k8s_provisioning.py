@@ -1,7 +1,7 @@
 """FAIRQ_K8S_PROVISION=separate (the default): the scheduler does not create team
 namespaces. A team nobody provisioned yet has its jobs wait, with the reason, holding no
 GPUs and creating nothing in the cluster; once `sync_cluster` (the provisioner) ran, they
-run (issue 11.7, docs/kubernetes.md "RBAC")."""
+run (docs/kubernetes.md "RBAC")."""
 
 from __future__ import annotations
 

@@ -359,9 +359,9 @@ def test_the_scheduler_may_do_what_it_needs_in_a_provisioned_team_namespace(
              ("delete", "batch", "jobs", "", provisioned),
              ("get", "", "pods", "log", provisioned),
              ("list", "", "events", "", provisioned),
-             # Pods a Job deleted with orphan propagation left behind (issue 11.5).
+             # Pods a Job deleted with orphan propagation left behind.
              ("delete", "", "pods", "", provisioned),
-             # The headless Service of a multi-replica job (issue 14).
+             # The headless Service of a multi-replica job.
              ("create", "", "services", "", provisioned),
              ("delete", "", "services", "", provisioned),
              ("get", "", "services", "", provisioned),

@@ -1,4 +1,4 @@
-"""Issue 14, item 2 on the real control plane (Kubernetes 1.20, tests/envtest): a
+"""Replicas that rendezvous on the real control plane (Kubernetes 1.20, tests/envtest): a
 2-replica job submitted through the REST API becomes one Job per replica and a headless
 Service, read back from the API server; each pod has a stable hostname under the Service
 and the rendezvous env, `MASTER_ADDR` naming replica 0's host; the endpoints controller

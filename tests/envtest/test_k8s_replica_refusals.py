@@ -1,4 +1,4 @@
-"""All or nothing when the cluster refuses one replica of a multi-replica job (issue 14,
+"""All or nothing when the cluster refuses one replica of a multi-replica job (docs/kubernetes.md,
 on the real control plane, Kubernetes 1.20, tests/envtest): a ResourceQuota that lets
 one replica's pod in but not the other's, and one that lets replica 0's Job be created
 but not replica 1's. Either way the workload never sits half-created: the refusal is

@@ -1,4 +1,4 @@
-"""Issue 14 on a real control plane (tests/envtest): a job submitted through the REST
+"""Job resources on a real control plane (tests/envtest): a job submitted through the REST
 API with cpu, memory, ephemeral storage (one of them the team's default) and shm_size
 becomes a Job, and pods, whose container asks requests = limits for each beside its GPUs
 and mounts a memory-backed /dev/shm of that size (read back from the API server)."""

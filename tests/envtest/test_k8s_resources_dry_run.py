@@ -1,4 +1,4 @@
-"""Issue 14 against a real API server (Kubernetes 1.20): a Job with cpu, memory and
+"""Job resources against a real API server (Kubernetes 1.20): a Job with cpu, memory and
 ephemeral-storage requests = limits and a memory-backed /dev/shm is a valid object, kept
 as fairq wrote it (server-side dry run validates every field). No database."""
 

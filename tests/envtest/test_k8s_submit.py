@@ -1,4 +1,4 @@
-"""Issue 11, findings 4, 6 and 8 on a real control plane (tests/envtest): what fairq adopts
+"""Sealed Jobs, adoption and refusals on a real control plane (tests/envtest): what fairq adopts
 when a Job's name is taken, `sync_cluster` when one object is bad, and the cycle's
 creates running concurrently outside any transaction.
 

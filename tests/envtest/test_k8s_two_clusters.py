@@ -1,4 +1,4 @@
-"""Issue 19 on two real control planes at once: `alpha` (the session's first plane: two
+"""Several clusters on two real control planes at once: `alpha` (the session's first plane: two
 h100 nodes and an a100 node, cost rank 0) and `beta` (the second: an h100 and an l40s
 node, cost rank 10), both `Cluster` rows of kind kubernetes under one fair share.
 

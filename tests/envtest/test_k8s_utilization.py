@@ -1,5 +1,5 @@
-"""Idle GPUs end to end on the real control plane with a real Prometheus (issue 16, "Show";
-docs/scheduling.md, "Idle GPUs"): two jobs run as Kubernetes Jobs; a DCGM-format exporter
+"""Idle GPUs end to end on the real control plane with a real Prometheus
+(docs/scheduling.md, "Idle GPUs"): two jobs run as Kubernetes Jobs; a DCGM-format exporter
 of our own serves dcgm-exporter's metrics for their real pods (names from the API
 server), a real Prometheus scrapes it, fairq's one query reads it; the idle one is
 flagged within its window and requeued per its tier's rule (its Job deleted), the busy one

@@ -1,4 +1,4 @@
-"""A web process is no cluster client (issue 11.7, docs/kubernetes.md "RBAC"): with the
+"""A web process is no cluster client (docs/kubernetes.md "RBAC"): with the
 worker running jobs on the real control plane, serving submits, job detail and logs, the
 queue, dashboards and capacity builds no backend and sends no request to the API server.
 
@@ -112,7 +112,7 @@ def test_the_web_process_makes_no_request_to_the_api_server(
 def test_a_web_process_serving_the_dashboard_and_100_submits_opens_no_watch(
     kube: Kube, world: Any, client: Any, request: pytest.FixtureRequest,
 ) -> None:
-    """Issue 13: submit validation (the largest node of a GPU type), the submit preview,
+    """Without a cluster client: submit validation (the largest node of a GPU type), the submit preview,
     the dashboard and the queue read the published cluster view, so 100 submits through
     the API and the web form, with the dashboard served between them, send the API server
     nothing: no watch, no list of pods or nodes."""

@@ -265,7 +265,7 @@ def test_the_pods_fairq_runs_are_locked_down(overlay: str) -> None:
 
 def test_the_web_runs_without_cluster_credentials_and_sync_as_the_provisioner(
         prod: dict[tuple[str, str], dict[str, Any]]) -> None:
-    """Issue 11.7: the internet-facing web has no token to show the API server; only the
+    """The internet-facing web has no token to show the API server; only the
     one-shot sync Job runs as fairq-provisioner; the worker as fairq-scheduler."""
     def spec(kind: str, name: str) -> dict[str, Any]:
         result: dict[str, Any] = prod[(kind, name)]["spec"]["template"]["spec"]

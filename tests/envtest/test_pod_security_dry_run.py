@@ -1,4 +1,4 @@
-"""Issue 12.4 against a real API server (Kubernetes 1.20): the locked-down Job and the
+"""Pod lockdown against a real API server (Kubernetes 1.20): the locked-down Job and the
 Pod Security labelled namespace are valid objects (server-side dry run validates every
 field and keeps it: seccompProfile is a field since 1.19), and the backend relabels a
 team's namespace when the team's run_as_non_root changes. PSA itself is not enforced

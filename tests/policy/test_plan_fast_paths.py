@@ -1,4 +1,4 @@
-"""The plan's shortcuts for a long queue (issue 20) give what their plain references give,
+"""The plan's shortcuts for a long queue give what their plain references give,
 over random snapshots (hypothesis): rule E4's protected candidates read once per GPU type
 (`_protected_among`) against `_protected_until`, which reads every running job; the
 replay of waits once the pass searches no more against the whole pass for every job

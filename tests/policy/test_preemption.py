@@ -193,7 +193,7 @@ def test_rule_r4_less_work_lost_beats_fewer_victims() -> None:
 
 
 def test_rule_r4_the_issues_example_two_low_jobs_not_one_burstable_gang() -> None:
-    """Issue 15: a non-preemptible 2-GPU job needed room; an 8-GPU job of the middle
+    """On the openb replay a non-preemptible 2-GPU job needed room; an 8-GPU job of the middle
     tier that had run 3.4 h (26.9 GPU-h) was taken where two 1-GPU jobs of the lowest
     tier (0.02 GPU-h) would do. By tier first, the two low jobs go."""
     running = (run(1, gpus=8, on=("h100-0",), tier=50, started=3.4 * 3600),

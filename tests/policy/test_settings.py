@@ -1,4 +1,4 @@
-"""One settings object with one set of defaults (issue 15, item 2): the policy's
+"""One settings object with one set of defaults: the policy's
 dataclasses carry the product's defaults, and every reader of them agrees."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ def test_the_defaults_are_the_products() -> None:
     assert DEFAULTS.preemption.max_per_team == 20
     assert DEFAULTS.preemption.window_seconds == 600
     assert DEFAULTS.interval_seconds == DEFAULTS.cycle_seconds == 3.0
-    # Rule R9's ratio: docs/simulator.md, "Issue 15: the goals in conflict".
+    # Rule R9's ratio: docs/simulator.md, "The goals in conflict".
     assert DEFAULTS.preemption.lost_per_wait == 0.4
 
 

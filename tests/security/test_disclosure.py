@@ -1,4 +1,4 @@
-"""Issue 12.8: /metrics behind a bearer token in production, fair-share standings only of
+"""/metrics behind a bearer token in production, fair-share standings only of
 the caller's own teams (docs/api.md, "Who sees which team"), `check --deploy` clean."""
 
 from __future__ import annotations

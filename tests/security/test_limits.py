@@ -1,4 +1,4 @@
-"""Issue 12.7: the client address behind trusted proxies, per-user API buckets and the
+"""The client address behind trusted proxies, per-user API buckets and the
 limit on failed token authentication (docs/api.md, "Rate limits")."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12.7: login throttling with django-axes on the real login views
+"""Login throttling with django-axes on the real login views
 (`/accounts/login/`, `/admin/login/`): locked per username and client address after
 FAIRQ_LOGIN_FAILURE_LIMIT failures, for FAIRQ_LOGIN_COOLOFF_MINUTES; reset on success."""
 

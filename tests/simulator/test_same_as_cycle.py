@@ -1,4 +1,4 @@
-"""One policy for both (issue 15, item 2): a small trace replayed by the simulator and by
+"""One policy for both: a small trace replayed by the simulator and by
 the real scheduler cycle (`scheduler_cycle`, database and all) on the simulated cluster,
 at the same instants, gives the same admissions, on the same nodes, and the same
 preemptions with the same victims.

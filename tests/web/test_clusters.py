@@ -1,4 +1,4 @@
-"""Issue 19 on the web pages: the dashboard's capacity per cluster (GPUs, free, spot,
+"""Several clusters on the web pages: the dashboard's capacity per cluster (GPUs, free, spot,
 reachable or unreachable since), the job page's cluster, pin, selector and spot opt-in,
 the submit form's cluster choice and spot opt-in (rule K3's refusals inline), the staff
 cluster page's nodes grouped by cluster, and the Django admin of clusters and pools."""

@@ -1,4 +1,4 @@
-"""Issue 12.6 on the web pages: hostile form input answers 4xx (or the form with its
+"""Hostile input on the web pages: hostile form input answers 4xx (or the form with its
 errors), never a 500."""
 
 from __future__ import annotations

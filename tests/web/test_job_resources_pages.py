@@ -1,4 +1,4 @@
-"""Resources and /dev/shm on the web (issue 14): the submit form takes them (the API's
+"""Resources and /dev/shm on the web: the submit form takes them (the API's
 rules, inline), the preview shows what each replica gets, the job page shows them,
 resubmit keeps them, and team admins set the team's defaults and maxima on the team page."""
 

@@ -1,5 +1,5 @@
 """Volumes, secrets, pull secret, working dir, labels, annotations, grace and topology on
-the web (issue 14): the submit form turns its text into the API's shapes and
+the web: the submit form turns its text into the API's shapes and
 `job_input_build` judges them (errors on the field they concern, nothing stored), the job
 page shows them, "submit again" keeps them, the job list filters on a label, and team
 admins set the team's allowlists on the team page (audited)."""

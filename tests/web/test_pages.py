@@ -180,7 +180,7 @@ class TestSubmit:
                    gpus_per_replica=8, name="waiting")
         r = login(world.member).post("/jobs/new/check/", form_body(gpus="8"))
         # vision is under its nominal h100 quota, nlp borrows: vision would go first and
-        # reclaim its GPUs (issue 4's preemption), and the preview says so.
+        # reclaim its GPUs (rules R1-R2), and the preview says so.
         html = r.content.decode()
         assert "position 1 of 3 in the queue" in html, html
         assert "preempting 1 job(s)" in html

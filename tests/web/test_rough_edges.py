@@ -1,4 +1,4 @@
-"""Issue 17, item 3: the web's rough edges (styled error pages, standings of inactive
+"""The web's rough edges (styled error pages, standings of inactive
 teams, the demo's history, GPU sizes written one way, durations, env, submit defaults,
 runtimes like `2h`, tier names, token expiry, filters without navigation on change) and
 the staff's cluster view with team weights on the quota board."""
