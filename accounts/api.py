@@ -9,8 +9,6 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.db import transaction
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -23,12 +21,22 @@ from queueing.api.idempotency import IdempotentPostMixin
 from queueing.api.location import location
 from queueing.api.strict import StrictFieldsMixin
 from queueing.errors import NotFound
-from queueing.models import Tier
+from queueing.selectors.reference import all_tiers
 from queueing.services.access import check_staff, check_team_admin, check_team_member
-from queueing.services.tiers import team_granted_tier_slugs, team_tier_grants_set
+from queueing.services.tiers import team_change, team_granted_tier_slugs
 
 from .models import ApiToken, Membership, Role, Team
-from .selectors import memberships_of_team, teams_for_user, tokens_of_user
+from .selectors import (
+    active_user_by_username,
+    all_teams,
+    membership_of_team_by_username,
+    memberships_of_team,
+    roles_of_user,
+    team_slug_taken,
+    teams_with_grants_for_user,
+    token_of_user,
+    tokens_of_user,
+)
 from .services import (
     KEY_SHOWN_ONCE,
     TEAM_ADMIN_FIELDS,
@@ -37,7 +45,6 @@ from .services import (
     team_create,
     team_resources,
     team_resources_set,
-    team_update,
     token_issue,
     token_revoke,
 )
@@ -47,7 +54,7 @@ from .services import (
 
 class TeamSerializer(StrictFieldsMixin, serializers.ModelSerializer[Team]):
     parent = serializers.SlugRelatedField(  # type: ignore[assignment] # Field.parent, not ours
-        slug_field="slug", queryset=Team.objects.all(), required=False, allow_null=True)
+        slug_field="slug", queryset=all_teams(), required=False, allow_null=True)
     role = serializers.SerializerMethodField(help_text="The caller's role in the team, if any.")
     granted_tiers = serializers.SerializerMethodField(
         help_text="Tiers granted to the team besides those open to every team (rule T1).")
@@ -78,19 +85,19 @@ class TeamUpdateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
     name = serializers.CharField(max_length=200, required=False)
     weight = serializers.FloatField(min_value=0.0001, max_value=1e9, required=False)
     parent = serializers.SlugRelatedField(  # type: ignore[assignment] # Field.parent, not ours
-        slug_field="slug", queryset=Team.objects.all(), required=False, allow_null=True)
+        slug_field="slug", queryset=all_teams(), required=False, allow_null=True)
     run_as_non_root = serializers.BooleanField(required=False)
     any_member_may_cancel = serializers.BooleanField(
         required=False, help_text="Every member may cancel any job of the team; off: only "
         "the job's submitter, the team's admins and staff may. Team admins may change it.")
     granted_tiers = serializers.SlugRelatedField(
-        slug_field="slug", queryset=Tier.objects.all(), many=True, required=False,
+        slug_field="slug", queryset=all_tiers(), many=True, required=False,
         help_text="Replaces the team's tier grants (rule T1).")
 
 
 def _roles(request: Request) -> dict[int, str]:
     user: Any = request.user
-    return dict(Membership.objects.filter(user=user).values_list("team_id", "role"))
+    return roles_of_user(user=user)
 
 
 class TeamListView(IdempotentPostMixin, APIView):
@@ -100,8 +107,7 @@ class TeamListView(IdempotentPostMixin, APIView):
     def get(self, request: Request) -> Response:
         """List the teams the caller belongs to (every team for staff), with the
         caller's role in each."""
-        teams = teams_for_user(user=request.user).select_related("parent") \
-            .prefetch_related("tier_grants__tier")
+        teams = teams_with_grants_for_user(user=request.user)
         return Response(TeamSerializer(teams, many=True, context={"roles": _roles(request)}).data)
 
     @extend_schema(request=TeamSerializer, responses={201: TeamSerializer})
@@ -111,7 +117,7 @@ class TeamListView(IdempotentPostMixin, APIView):
         check_staff(actor=request.user)
         s = TeamSerializer(data=request.data)
         s.is_valid(raise_exception=True)
-        if Team.objects.filter(slug=s.validated_data["slug"]).exists():
+        if team_slug_taken(slug=s.validated_data["slug"]):
             raise serializers.ValidationError({"slug": ["A team with this slug exists."]})
         team = team_create(actor=request.user, slug=s.validated_data["slug"],
                            name=s.validated_data["name"],
@@ -146,11 +152,7 @@ class TeamDetailView(IdempotentPostMixin, APIView):
             raise serializers.ValidationError({"parent": ["A team cannot be its own parent."]})
         fields = dict(s.validated_data)
         grants = fields.pop("granted_tiers", None)
-        with transaction.atomic():  # the fields and the grants, both or neither
-            if fields or grants is None:
-                team = team_update(actor=request.user, team=team, **fields)
-            if grants is not None:
-                team_tier_grants_set(actor=request.user, team=team, tiers=grants)
+        team = team_change(actor=request.user, team=team, fields=fields, grants=grants)
         return Response(TeamSerializer(team, context={"roles": _roles(request)}).data)
 
 
@@ -240,7 +242,7 @@ class RoleSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
 
 
 def _user_or_400(username: str) -> Any:
-    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    user = active_user_by_username(username=username)
     if user is None:
         raise serializers.ValidationError({"username": [f"No active user {username!r}."]})
     return user
@@ -279,7 +281,7 @@ class MembershipDetailView(IdempotentPostMixin, APIView):
 
     def _membership(self, request: Request, slug: str, username: str) -> Membership:
         team = check_team_member(actor=request.user, slug=slug)
-        membership = memberships_of_team(team=team).filter(user__username=username).first()
+        membership = membership_of_team_by_username(team=team, username=username)
         if membership is None:
             raise NotFound(f"{username} is not a member of {slug}")
         return membership
@@ -385,7 +387,7 @@ class TokenListView(IdempotentPostMixin, APIView):
 
 class TokenDetailView(IdempotentPostMixin, APIView):
     def _token(self, request: Request, token_id: int) -> ApiToken:
-        token = tokens_of_user(user=request.user).filter(pk=token_id).first()
+        token = token_of_user(user=request.user, token_id=token_id)
         if token is None:
             raise NotFound(f"token {token_id} not found")
         return token

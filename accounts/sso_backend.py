@@ -11,6 +11,7 @@ from typing import Any
 from django.conf import settings
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
+from accounts.selectors import users_by_username
 from accounts.services import sso_teams_from_groups, sso_user_sync
 
 
@@ -34,7 +35,7 @@ class FairqOIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
 
     def filter_users_by_claims(self, claims: dict[str, Any]) -> list[Any]:
         username = _claim(claims, settings.FAIRQ_OIDC_USERNAME_CLAIM)
-        users = self.UserModel.objects.filter(username=username) if username else []
+        users = users_by_username(username=username) if username else []
         return [u for u in users if not u.has_usable_password()]
 
     def _sync(self, claims: dict[str, Any], user: Any) -> Any:

@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from queueing.selectors.arrays import array_get_for_actor, array_summary
+from queueing.selectors.arrays import array_get_for_actor, array_reload, array_summary
 from queueing.services.arrays import array_cancel
 
 
@@ -71,6 +71,6 @@ class ArrayDetailView(APIView):
         when the team's `any_member_may_cancel` is on); 403 otherwise."""
         array = array_get_for_actor(actor=request.user, array_id=array_id)
         cancelled, not_written = array_cancel(actor=request.user, array=array)
-        array.refresh_from_db()  # the rest cancelled: the service wrote its own copy
+        array_reload(array=array)  # the rest cancelled: the service wrote its own copy
         return Response({"cancelled": cancelled, "cancelled_not_written": not_written,
                          "array": ArraySummarySerializer(array_summary(array)).data})

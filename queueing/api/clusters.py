@@ -22,6 +22,7 @@ from queueing.selectors.clusters import (
     cluster_get,
     cluster_summaries,
     node_pool_get,
+    node_pools_of,
 )
 from queueing.selectors.lookups import gpu_types_by_slug
 from queueing.services.access import check_staff
@@ -289,7 +290,7 @@ class NodePoolListView(IdempotentPostMixin, APIView):
         """A cluster's node pools."""
         cluster = cluster_get(name=name)
         return Response(NodePoolSerializer(
-            cluster.pools.select_related("gpu_type").order_by("name"), many=True).data)
+            node_pools_of(cluster=cluster), many=True).data)
 
     @extend_schema(request=NodePoolWriteSerializer, responses={201: NodePoolSerializer})
     def post(self, request: Request, name: str) -> Response:

@@ -17,11 +17,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.models import Team
-from accounts.selectors import teams_for_user
+from accounts.selectors import all_teams, teams_for_user
 from queueing.errors import NotFound
-from queueing.models import BudgetPolicy, GpuPrice, GpuType, TeamBudget
-from queueing.selectors.budgets import budget_statuses
+from queueing.models import BudgetPolicy, GpuPrice
+from queueing.selectors.budgets import budget_statuses, team_budget_by_slug
 from queueing.selectors.costs import (
     PERIODS,
     bucket_as_dict,
@@ -29,7 +28,10 @@ from queueing.selectors.costs import (
     cost_buckets,
     costs_write_csv,
     currency,
+    gpu_price_by_id,
+    gpu_prices_listed,
 )
+from queueing.selectors.reference import all_gpu_types
 from queueing.services.access import check_staff
 from queueing.services.costs import (
     gpu_price_delete,
@@ -47,7 +49,7 @@ MAX_DAYS = {"day": 400, "month": 3700}  # one request's range per period
 
 
 class GpuPriceSerializer(StrictFieldsMixin, serializers.ModelSerializer[GpuPrice]):
-    gpu_type = serializers.SlugRelatedField(slug_field="slug", queryset=GpuType.objects.all())
+    gpu_type = serializers.SlugRelatedField(slug_field="slug", queryset=all_gpu_types())
     price_per_gpu_hour = serializers.DecimalField(max_digits=12, decimal_places=4,
                                                   min_value=Decimal(0))
     effective_from = serializers.DateField(help_text="The first UTC day at this price.")
@@ -72,8 +74,7 @@ class GpuPriceListView(APIView):
     def get(self, request: Request) -> Response:
         """List the GPU prices per type and UTC day they start (rule C1), with the
         currency."""
-        prices = GpuPrice.objects.select_related("gpu_type").order_by(
-            "gpu_type__slug", "effective_from")
+        prices = gpu_prices_listed()
         return Response(GpuPriceSerializer(prices, many=True).data)
 
     @extend_schema(request=GpuPriceSerializer,
@@ -99,7 +100,7 @@ class GpuPriceDetailView(APIView):
         """Delete a GPU price (staff); the days it priced fall back to the type's
         previous price (or unpriced). Audited."""
         check_staff(actor=request.user, doing="delete GPU prices")
-        price = GpuPrice.objects.filter(pk=price_id).first()
+        price = gpu_price_by_id(price_id=price_id)
         if price is None:
             raise NotFound(f"price {price_id} not found")
         gpu_price_delete(actor=request.user, price=price)
@@ -107,7 +108,7 @@ class GpuPriceDetailView(APIView):
 
 
 class BudgetSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
-    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
+    team = serializers.SlugRelatedField(slug_field="slug", queryset=all_teams())
     monthly_amount = serializers.DecimalField(max_digits=14, decimal_places=2,
                                               min_value=Decimal("0.01"))
     policy = serializers.ChoiceField(choices=BudgetPolicy.values, default=BudgetPolicy.NONE)
@@ -161,7 +162,7 @@ class BudgetDetailView(APIView):
         """Delete a team's budget (staff): no more warnings or downgrades for it.
         Audited."""
         check_staff(actor=request.user, doing="delete team budgets")
-        budget = TeamBudget.objects.filter(team__slug=slug).first()
+        budget = team_budget_by_slug(slug=slug)
         if budget is None:
             raise NotFound(f"team {slug} has no budget")
         team_budget_delete(actor=request.user, budget=budget)

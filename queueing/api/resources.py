@@ -12,11 +12,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.models import Team
-from accounts.selectors import teams_for_user
+from accounts.selectors import all_teams, teams_for_user
 from queueing.errors import NotFound
 from queueing.models import GpuType, Quota, Tier
 from queueing.selectors.capacity import capacity_by_gpu_type
+from queueing.selectors.reference import all_gpu_types, all_tiers, quota_of_teams, quotas_of_teams
 from queueing.selectors.usage import BUCKETS, MAX_BUCKETS, usage_buckets
 from queueing.services.access import check_staff
 from queueing.services.quotas import quota_set
@@ -29,8 +29,8 @@ from .strict import StrictFieldsMixin
 
 
 class QuotaSerializer(StrictFieldsMixin, serializers.ModelSerializer[Quota]):
-    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
-    gpu_type = serializers.SlugRelatedField(slug_field="slug", queryset=GpuType.objects.all())
+    team = serializers.SlugRelatedField(slug_field="slug", queryset=all_teams())
+    gpu_type = serializers.SlugRelatedField(slug_field="slug", queryset=all_gpu_types())
     nominal = serializers.IntegerField(min_value=0, max_value=1_000_000)
     borrowing_limit = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False,
                                                allow_null=True)
@@ -63,11 +63,9 @@ class QuotaListView(IdempotentPostMixin, APIView):
     def get(self, request: Request) -> Response:
         """List the quotas of the caller's teams (every team for staff): nominal,
         borrowing and lending limits per GPU type (rule Q1)."""
-        teams = teams_for_user(user=request.user)
         slug = request.query_params.get("team")
-        if slug:
-            teams = teams.filter(slug=slug)
-        quotas = Quota.objects.filter(team__in=teams).select_related("team", "gpu_type")
+        teams = teams_for_user(user=request.user, slug=slug or None)
+        quotas = quotas_of_teams(teams=teams)
         return Response(QuotaSerializer(quotas, many=True).data)
 
     @extend_schema(request=QuotaSerializer, responses={201: QuotaSerializer, 200: QuotaSerializer})
@@ -88,8 +86,7 @@ class QuotaListView(IdempotentPostMixin, APIView):
 
 class QuotaDetailView(IdempotentPostMixin, APIView):
     def _quota(self, request: Request, quota_id: int) -> Quota:
-        quota = (Quota.objects.filter(pk=quota_id, team__in=teams_for_user(user=request.user))
-                 .select_related("team", "gpu_type").first())
+        quota = quota_of_teams(quota_id=quota_id, teams=teams_for_user(user=request.user))
         if quota is None:
             raise NotFound(f"quota {quota_id} not found")
         return quota
@@ -139,7 +136,7 @@ class TierListView(APIView):
 
     @extend_schema(responses=TierSerializer(many=True))
     def get(self, request: Request) -> Response:
-        return Response(TierSerializer(Tier.objects.all(), many=True).data)
+        return Response(TierSerializer(all_tiers(), many=True).data)
 
 
 class GpuTypeListView(APIView):
@@ -147,7 +144,7 @@ class GpuTypeListView(APIView):
     def get(self, request: Request) -> Response:
         """List the GPU types: billing weight (rule F1) and topology levels (rule A7).
         """
-        return Response(GpuTypeSerializer(GpuType.objects.all(), many=True).data)
+        return Response(GpuTypeSerializer(all_gpu_types(), many=True).data)
 
 
 class UsageQuerySerializer(serializers.Serializer[Any]):

@@ -10,11 +10,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from queueing.models import Job
-from queueing.policy.states import JobState
 from queueing.selectors.cluster import cluster_view
 from queueing.selectors.fairshare import jobs_priority_breakdowns
-from queueing.selectors.jobs import jobs_visible_to
+from queueing.selectors.jobs import jobs_with_team_and_tier, queued_job_ids_visible
 from queueing.selectors.start_estimate import queue_start_estimates
 
 from .scope import teams_asked
@@ -56,12 +54,11 @@ class JobStartsView(APIView):
     def get(self, request: Request) -> Response:
         now = timezone.now()
         teams = teams_asked(user=request.user, slug=request.query_params.get("team"))
-        ids = list(jobs_visible_to(actor=request.user).filter(
-            status=JobState.QUEUED, team__in=teams).values_list("id", flat=True))
+        ids = queued_job_ids_visible(actor=request.user, teams=teams)
         starts, error = queue_start_estimates(now=now, job_ids=ids)
         extra: dict[int, dict[str, object]] = {}
         if _priority_asked(request):
-            rows = list(Job.objects.filter(pk__in=ids).select_related("team", "gpu_type", "tier"))
+            rows = jobs_with_team_and_tier(ids=ids)
             breakdowns = jobs_priority_breakdowns(
                 jobs=rows, now=now, cluster_gpus=cluster_view(now=now).total_gpus())
             extra = {j.pk: {"team": j.team.slug, "tier": j.tier.slug,

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import django_filters
-from django.db.models import QuerySet, prefetch_related_objects
+from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.http import http_date
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
@@ -23,6 +23,7 @@ from queueing.models import JOB_STATUS_CHOICES, Job
 from queueing.policy.arrays import ArraySpecError, parse_array_spec
 from queueing.policy.states import JobState
 from queueing.selectors.attempts import jobs_attempts
+from queueing.selectors.events import last_event_id
 from queueing.selectors.fairshare import (
     fairshare_standings_at,
     half_life_hours,
@@ -30,7 +31,15 @@ from queueing.selectors.fairshare import (
     standings_sorted,
     teams_in_standings_for,
 )
-from queueing.selectors.jobs import jobs_visible_to
+from queueing.selectors.jobs import (
+    job_events,
+    job_events_prefetch,
+    job_reload,
+    job_visible_get,
+    job_with_events,
+    jobs_visible_to,
+    no_jobs,
+)
 from queueing.selectors.queue_plan import job_explain, queue_briefs
 from queueing.selectors.user_usage import user_usage
 from queueing.selectors.utilization import utilization_version
@@ -110,7 +119,7 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
 
     def get_queryset(self) -> QuerySet[Job]:
         if getattr(self, "swagger_fake_view", False):  # schema generation: no user
-            return Job.objects.none()
+            return no_jobs()
         return jobs_visible_to(actor=self.request.user)
 
     def get_serializer_class(self) -> type[Any]:
@@ -141,8 +150,7 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
     def get_object(self) -> Job:
         job = check_job_access(actor=self.request.user, job_id=_int_or_404(self.kwargs["pk"]))
         if self.action == "retrieve":
-            job = Job.objects.select_related("team", "gpu_type", "tier", "submitter") \
-                .prefetch_related("events").get(pk=job.pk)
+            job = job_with_events(job_id=job.pk, related=True)
         return job
 
     @extend_schema(responses=JobDetailSerializer, parameters=[OpenApiParameter(
@@ -166,12 +174,12 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
                                           etags=etags, etag_of=_etag)
             if not changed:
                 tag = _etag(job)
-                headers = {"Fairq-Last-Event": str(watch.last_event_id(job.pk))}
+                headers = {"Fairq-Last-Event": str(last_event_id(job.pk))}
                 if tag is not None:
                     headers["ETag"] = tag
                 return Response(status=status.HTTP_304_NOT_MODIFIED, headers=headers)
-            job.refresh_from_db()  # the wait refreshed only what it watches: all of it now
-        last = {"Fairq-Last-Event": str(watch.last_event_id(job.pk))}
+            job_reload(job=job)  # the wait refreshed only what it watches: all of it now
+        last = {"Fairq-Last-Event": str(last_event_id(job.pk))}
         etag = _etag(job)
         if etag is None:
             return Response(_detail_data(_with_events(job)), headers=last)
@@ -204,7 +212,7 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
             return Response(job_submitted_data(job, [event]), status=status.HTTP_201_CREATED,
                             headers=location("job-detail", pk=job.pk))
         # An earlier job with this key: its current state, events read back.
-        job = jobs_visible_to(actor=request.user).get(pk=job.pk)
+        job = job_visible_get(actor=request.user, job_id=job.pk)
         return Response(JobSubmittedSerializer(job).data, status=status.HTTP_200_OK,
                         headers={"Idempotent-Replayed": "true"})
 
@@ -216,7 +224,7 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
         admin of its team and staff may; every member when the team's
         `any_member_may_cancel` is on; 403 otherwise."""
         job = job_cancel(actor=request.user, job=self.get_object())
-        job = Job.objects.prefetch_related("events").get(pk=job.pk)
+        job = job_with_events(job_id=job.pk)
         return Response(_detail_data(job))
 
     @extend_schema(request=BulkJobCreateSerializer, responses={201: BulkJobCreatedSerializer})
@@ -242,7 +250,7 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
         body = shaped(JobDependenciesSerializer, request.data)
         job = job_dependencies_set(actor=request.user, job=self.get_object(),
                                    dependencies=body["dependencies"])
-        job = Job.objects.prefetch_related("events").get(pk=job.pk)
+        job = job_with_events(job_id=job.pk)
         return Response(_detail_data(job))
 
     @extend_schema(responses=JobEventSerializer(many=True))
@@ -250,7 +258,7 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
     def events(self, request: Request, pk: str) -> Response:
         """Everything that happened to the job, oldest first."""
         job = check_job_access(actor=request.user, job_id=_int_or_404(pk))
-        return Response(JobEventSerializer(job.events.all(), many=True).data)
+        return Response(JobEventSerializer(job_events(job), many=True).data)
 
     @extend_schema(
         parameters=[
@@ -370,8 +378,7 @@ def _with_events(job: Job) -> Job:
     """`job` as the access check loaded it (its team, GPU type, tier and submitter with
     it), its events read in one more query: the detail's answer without loading the job
     twice more (`get_object` checks access again, then reads it again)."""
-    prefetch_related_objects([job], "events")
-    return job
+    return job_events_prefetch(job)
 
 
 def _etag(job: Job) -> str | None:

@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from django.db.models import Max
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.renderers import BaseRenderer, JSONRenderer
@@ -27,6 +26,13 @@ from rest_framework.views import APIView
 from queueing.errors import DomainError
 from queueing.models import Job, JobEvent
 from queueing.policy.states import JobState
+from queueing.selectors.events import (
+    job_has_event_after,
+    job_watched_fields_reload,
+    last_event_id,
+    newest_event_id,
+    team_events_after,
+)
 from queueing.validation import ascii_int
 
 from .scope import teams_asked
@@ -77,11 +83,6 @@ def wait_params(request: Request) -> tuple[int | None, int | None]:
     return wait, since
 
 
-def last_event_id(job_id: int) -> int:
-    """The id of the job's newest event (0 without one)."""
-    return JobEvent.objects.filter(job_id=job_id).aggregate(m=Max("id"))["m"] or 0
-
-
 def job_wait(*, job: Job, seconds: int, since_event: int | None, etags: list[str],
              etag_of: Callable[[Job], str | None],
              sleep: Callable[[float], None] = time.sleep) -> tuple[Job, bool]:
@@ -95,15 +96,15 @@ def job_wait(*, job: Job, seconds: int, since_event: int | None, etags: list[str
     deadline = time.monotonic() + seconds
     while True:
         changed = (baseline_updated is not None and job.updated_at != baseline_updated) or (
-            baseline_events is not None and JobEvent.objects.filter(
-                job_id=job.pk, id__gt=baseline_events).exists())
+            baseline_events is not None and job_has_event_after(
+                job_id=job.pk, event_id=baseline_events))
         if not changed and etags:
             tag = etag_of(job)
             changed = tag is None or tag not in etags
         if changed or job.state in FINAL or time.monotonic() >= deadline:
             return job, changed
         sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
-        job.refresh_from_db(fields=["updated_at", "status", "attempt"])
+        job_watched_fields_reload(job=job)
 
 
 class EventStreamRenderer(BaseRenderer):
@@ -137,10 +138,8 @@ def event_stream(*, team_ids: list[int], after: int, seconds: float,
     sent: set[int] = set()
     last = after
     while True:
-        rows = list(JobEvent.objects.filter(
-            job__team_id__in=team_ids, id__gt=max(after, last - STREAM_LOOKBACK_IDS))
-            .exclude(id__in=sent).select_related("job", "job__team").order_by("id")
-            [:STREAM_BATCH])
+        rows = team_events_after(team_ids=team_ids, after=max(after, last - STREAM_LOOKBACK_IDS),
+                                 skip=sent, limit=STREAM_BATCH)
         for e in rows:
             sent.add(e.pk)
             last = max(last, e.pk)
@@ -202,7 +201,7 @@ class JobStreamView(APIView):
         params = {"last_event_id": header} if header is not None else request.query_params
         after = _int_param(params, "last_event_id", low=0, high=None)
         if after is None:
-            after = JobEvent.objects.aggregate(m=Max("id"))["m"] or 0
+            after = newest_event_id()
         response = StreamingHttpResponse(
             event_stream(team_ids=team_ids, after=after, seconds=seconds),
             content_type="text/event-stream; charset=utf-8")

@@ -17,9 +17,11 @@ from accounts.models import Team
 from queueing import validation as v
 from queueing.api.idempotency import IdempotentPostMixin
 from queueing.api.strict import StrictFieldsMixin
-from queueing.models import TeamNotifySecret, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from queueing.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from queueing.selectors.webhooks import (
+    team_notify_secret_row,
     webhook_deliveries,
+    webhook_delivery_with_tries,
     webhook_endpoint_get,
     webhook_endpoints_of_team,
 )
@@ -229,7 +231,7 @@ class WebhookTestView(IdempotentPostMixin, APIView):
         delivery = webhook_endpoint_test(
             actor=request.user, endpoint=webhook_endpoint_get(team=team, endpoint_id=webhook_id)
         )
-        delivery = WebhookDelivery.objects.prefetch_related("attempt_log").get(pk=delivery.pk)
+        delivery = webhook_delivery_with_tries(delivery_id=delivery.pk)
         return Response(WebhookDeliverySerializer(delivery).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -271,7 +273,7 @@ class NotifySecretView(_SecretReplayMixin, APIView):
     def get(self, request: Request, slug: str) -> Response:
         """Whether the team has a notify secret, and when it was made (never the secret)."""
         team = _team_for_admin(request, slug)
-        row = TeamNotifySecret.objects.filter(team=team).first()
+        row = team_notify_secret_row(team=team)
         data = dict(NotifySecretSerializer(
             {"exists": row is not None, "rotated_at": row.rotated_at if row is not None else None}
         ).data)
@@ -284,7 +286,8 @@ class NotifySecretView(_SecretReplayMixin, APIView):
         stops signing at once."""
         team = _team_for_admin(request, slug)
         secret = team_notify_secret_rotate(actor=request.user, team=team)
-        row = TeamNotifySecret.objects.get(team=team)
+        row = team_notify_secret_row(team=team)
+        assert row is not None  # just written by the rotation
         return Response(NotifySecretSerializer(
             {"exists": True, "rotated_at": row.rotated_at, "secret": secret, "message": SECRET_SHOWN_NOW}
         ).data)

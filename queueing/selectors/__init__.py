@@ -2,6 +2,8 @@
 
 - `jobs`      — the tenant choke-point: jobs an actor may see, one job or 404, tier grants.
 - `lookups`   — the submit path's lookups (GPU types, tiers, the submitter's team).
+- `reference` — GPU types, tiers and quotas as the pages and the API list them.
+- `events`    — the job events the watchers read (long poll, event stream).
 - `cluster`   — the cluster view as web processes read it (published by the worker).
 - `capacity`  — capacity per GPU type and the GPUs jobs hold: one implementation each.
 - `fairshare` — the fair-share settings, inputs and standings (now and in the past),

@@ -101,3 +101,8 @@ def job_dependencies(job: Job) -> list[dict[str, Any]]:
     return [{"kind": str(d.kind), "job": d.job, "array": d.array, "label": d.label,
              "verdict": str(dependency_verdict(d.kind, counts.get(d.target)))}
             for d in deps]
+
+
+def array_reload(*, array: JobArray) -> None:
+    """`array` as stored now."""
+    array.refresh_from_db()

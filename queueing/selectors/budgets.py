@@ -93,3 +93,8 @@ def budget_downgrade_tier(*, team: Team, tier: Tier, now: datetime) -> Tier | No
     if lowest is None or lowest.rank >= tier.rank:
         return None
     return lowest
+
+
+def team_budget_by_slug(*, slug: str) -> TeamBudget | None:
+    """The budget of the team with this slug; None without one."""
+    return TeamBudget.objects.filter(team__slug=slug).first()

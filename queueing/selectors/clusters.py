@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db.models import Count, F, Sum
+from django.db.models import Count, F, QuerySet, Sum
 from django.utils import timezone
 
 from queueing.backends.base import NodeInfo
@@ -291,3 +291,8 @@ def cluster_choices() -> list[tuple[str, str]]:
     return [(c.name, c.name + (f" ({', '.join(f'{k}={v}' for k, v in sorted(c.labels.items()))})"
                                if c.labels else ""))
             for c in Cluster.objects.filter(enabled=True)]
+
+
+def node_pools_of(*, cluster: Cluster) -> QuerySet[NodePool]:
+    """The cluster's node pools by name, each with its GPU type."""
+    return cluster.pools.select_related("gpu_type").order_by("name")

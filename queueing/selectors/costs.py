@@ -13,7 +13,7 @@ from decimal import Decimal
 from typing import Any, TextIO
 
 from django.conf import settings
-from django.db.models import OuterRef, Q, Subquery
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 
 from accounts.models import Team
 from queueing.models import AttemptUtilization, GpuPrice, GpuType, Job, NodePool, UsageRecord
@@ -320,3 +320,13 @@ def month_range(day: date) -> tuple[datetime, datetime]:
            else first.replace(month=first.month + 1))
     return (datetime(first.year, first.month, 1, tzinfo=UTC),
             datetime(nxt.year, nxt.month, 1, tzinfo=UTC))
+
+
+def gpu_prices_listed() -> QuerySet[GpuPrice]:
+    """Every GPU price with its type, by type slug and the day it starts."""
+    return GpuPrice.objects.select_related("gpu_type").order_by(
+        "gpu_type__slug", "effective_from")
+
+
+def gpu_price_by_id(*, price_id: int) -> GpuPrice | None:
+    return GpuPrice.objects.filter(pk=price_id).first()

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import QuerySet, TextField
+from django.db.models import QuerySet, TextField, prefetch_related_objects
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
 from queueing import validation as v
 from queueing.errors import NotFound
 from queueing.models import Job
+from queueing.policy.states import JobState
 
 
 def jobs_visible_to(*, actor: Any) -> QuerySet[Job]:
@@ -60,3 +61,66 @@ def jobs_with_labels(qs: QuerySet[Job], pairs: list[tuple[str, str]]) -> QuerySe
         text = Cast(KeyTextTransform(key, "labels"), output_field=TextField())
         qs = qs.alias(**{alias: text}).filter(**{alias: label})
     return qs
+
+
+def no_jobs() -> QuerySet[Job]:
+    """The empty job list (no team, a refused filter, schema generation)."""
+    return Job.objects.none()
+
+
+def team_job_list(*, actor: Any, team: Any, array_id: int | None,
+                  labels: list[tuple[str, str]] | None) -> QuerySet[Job]:
+    """The job list page's jobs: the team's that `actor` may see, of one array if
+    `array_id`, carrying every label of `labels`; none without a team or with `labels`
+    None (a refused label filter)."""
+    if team is None or labels is None:
+        return no_jobs()
+    jobs = jobs_visible_to(actor=actor).filter(team=team)
+    if array_id is not None:
+        jobs = jobs.filter(array_id=array_id)
+    return jobs_with_labels(jobs, labels)
+
+
+def job_visible_get(*, actor: Any, job_id: int) -> Job:
+    """The job `actor` may see, read again (Job.DoesNotExist otherwise)."""
+    return jobs_visible_to(actor=actor).get(pk=job_id)
+
+
+def job_with_events(*, job_id: int, related: bool = False) -> Job:
+    """The job with its events prefetched (one more query); with `related`, its team,
+    GPU type, tier and submitter in the same row."""
+    qs = Job.objects.select_related("team", "gpu_type", "tier", "submitter") if related \
+        else Job.objects
+    return qs.prefetch_related("events").get(pk=job_id)
+
+
+def job_events_prefetch(job: Job) -> Job:
+    """`job` as loaded, its events read in one more query."""
+    prefetch_related_objects([job], "events")
+    return job
+
+
+def job_events(job: Job) -> QuerySet[Any]:
+    """Everything that happened to the job, in the events' order (oldest first)."""
+    return job.events.all()
+
+
+def job_events_with_actor(job: Job) -> list[Any]:
+    """The job's events oldest first (by time, then id), each with its actor."""
+    return list(job.events.select_related("actor").order_by("at", "id"))
+
+
+def job_reload(*, job: Job) -> None:
+    """Every field of `job` as stored now."""
+    job.refresh_from_db()
+
+
+def queued_job_ids_visible(*, actor: Any, teams: Any) -> list[int]:
+    """The ids of `teams`' queued jobs that `actor` may see."""
+    return list(jobs_visible_to(actor=actor).filter(
+        status=JobState.QUEUED, team__in=teams).values_list("id", flat=True))
+
+
+def jobs_with_team_and_tier(*, ids: list[int]) -> list[Job]:
+    """The jobs of `ids`, each with its team, GPU type and tier."""
+    return list(Job.objects.filter(pk__in=ids).select_related("team", "gpu_type", "tier"))

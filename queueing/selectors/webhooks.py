@@ -6,7 +6,7 @@ from django.db.models import Prefetch, QuerySet
 
 from accounts.models import Team
 from queueing.errors import NotFound
-from queueing.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from queueing.models import TeamNotifySecret, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 
 def webhook_endpoints_of_team(*, team: Team) -> QuerySet[WebhookEndpoint]:
@@ -36,3 +36,13 @@ def webhook_deliveries(
         .prefetch_related(Prefetch("attempt_log", queryset=WebhookAttempt.objects.order_by("number")))
         .order_by("-id")[:limit]
     )
+
+
+def webhook_delivery_with_tries(*, delivery_id: int) -> WebhookDelivery:
+    """The delivery with its tries (`attempt_log`)."""
+    return WebhookDelivery.objects.prefetch_related("attempt_log").get(pk=delivery_id)
+
+
+def team_notify_secret_row(*, team: Team) -> TeamNotifySecret | None:
+    """The team's notify secret row (when it was made; never shown), None without one."""
+    return TeamNotifySecret.objects.filter(team=team).first()

@@ -8,7 +8,7 @@ from typing import Any
 from django.db import transaction
 
 from accounts.models import Team
-from accounts.services import audit_record
+from accounts.services import audit_record, team_update
 from queueing.models import Tier, TierGrant
 
 from .access import check_staff
@@ -37,6 +37,19 @@ def team_tier_grants_set(*, actor: Any, team: Team, tiers: Iterable[Tier]) -> li
             audit_record(actor=actor, action="create", instance=grant,
                          changes={"tier": [None, tier.slug], "team": [None, team.slug]})
     return sorted(wanted.values(), key=lambda t: -t.rank)
+
+
+@transaction.atomic
+def team_change(*, actor: Any, team: Team, fields: dict[str, Any],
+                grants: Iterable[Tier] | None) -> Team:
+    """Change a team's fields (`team_update`) and, unless `grants` is None, make its
+    tier grants exactly `grants` (rule T1): both or neither. With neither given, the
+    team is saved as it is (`team_update` with no field)."""
+    if fields or grants is None:
+        team = team_update(actor=actor, team=team, **fields)
+    if grants is not None:
+        team_tier_grants_set(actor=actor, team=team, tiers=grants)
+    return team
 
 
 def team_granted_tier_slugs(team: Team) -> list[str]:

@@ -17,9 +17,10 @@ from accounts.models import Role
 from fairq_cli.durations import DURATION_HELP, format_duration, parse_duration
 from queueing import validation as v
 from queueing.errors import DomainError
-from queueing.models import WEBHOOK_EVENT_TYPES, GpuType, Tier
+from queueing.models import WEBHOOK_EVENT_TYPES
 from queueing.policy.dependencies import parse_slurm_dependencies
 from queueing.selectors.clusters import cluster_choices
+from queueing.selectors.reference import all_gpu_types, gpu_types_by_slug_order, tiers_by_rank
 from queueing.services.access import check_submit
 from queueing.services.cluster_rules import job_input_with_clusters
 from queueing.services.dependencies import job_input_with_dependencies
@@ -222,10 +223,10 @@ class JobSubmitForm(forms.Form):
         self.request = request
         choices: dict[str, list[tuple[str, str]]] = {
             "team": [(t.slug, t.name or t.slug) for t in teams],
-            "gpu_type": [(g.slug, g.slug) for g in GpuType.objects.order_by("slug")],
-            "tier": [(t.slug, t.name or t.slug) for t in Tier.objects.order_by("-rank")],
+            "gpu_type": [(g.slug, g.slug) for g in gpu_types_by_slug_order()],
+            "tier": [(t.slug, t.name or t.slug) for t in tiers_by_rank()],
         }
-        levels = sorted({str(lv["name"]) for g in GpuType.objects.all()
+        levels = sorted({str(lv["name"]) for g in all_gpu_types()
                          for lv in g.topology_levels or () if isinstance(lv, dict)
                          and "name" in lv})
         choices["topology_level"] = [("", "— (anywhere)"), *((lv, lv) for lv in levels)]

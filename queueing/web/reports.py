@@ -15,7 +15,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from accounts.selectors import teams_for_user
+from accounts.selectors import teams_for_user_by_slug
 from queueing.policy.costs import money
 from queueing.selectors.budgets import budget_statuses
 from queueing.selectors.costs import CostBucket, currency
@@ -35,7 +35,7 @@ TOP_TEAMS = 8  # cost lines drawn; the rest are summed as "others"
 @login_required
 def reports_page(request: HttpRequest) -> HttpResponse:
     period = request.GET.get("period") or ""
-    visible = list(teams_for_user(user=request.user).order_by("slug"))
+    visible = list(teams_for_user_by_slug(user=request.user))
     wanted = request.GET.get("team") or ""
     errors = []
     if period and period not in PERIODS:

@@ -14,11 +14,9 @@ from urllib.parse import urlencode
 from django import forms
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -26,12 +24,20 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from accounts.models import ApiToken, AuditEntry, Membership, Team
+from accounts.models import AuditEntry, Team
 from accounts.selectors import (
+    active_user_by_username,
+    first_team_for_user,
     is_team_admin,
+    membership_of_team,
     memberships_of_team,
+    quota_audit_entries,
+    team_by_slug,
     team_get_for_user,
-    teams_for_user,
+    team_reload,
+    team_switcher_teams,
+    teams_for_user_by_slug,
+    token_of_user,
     tokens_of_user,
 )
 from accounts.services import (
@@ -52,7 +58,7 @@ from accounts.services import (
 from fairq_cli.durations import format_duration
 from queueing.errors import DomainError, NotFound
 from queueing.errors import PermissionDenied as Refused
-from queueing.models import GpuType, Job
+from queueing.models import Job
 from queueing.policy.states import JobState
 from queueing.selectors import dashboard as dash
 from queueing.selectors.arrays import job_array, job_dependencies
@@ -61,9 +67,14 @@ from queueing.selectors.capacity import capacity_by_gpu_type, overcommit_warning
 from queueing.selectors.cluster import cluster_view
 from queueing.selectors.clusters import cluster_name, cluster_summaries, clusters_configured
 from queueing.selectors.fairshare import teams_in_standings_for
-from queueing.selectors.jobs import jobs_visible_to, jobs_with_labels, label_filter_parse
+from queueing.selectors.jobs import (
+    job_events_with_actor,
+    label_filter_parse,
+    team_job_list,
+)
 from queueing.selectors.metrics import scheduler_health
 from queueing.selectors.queue_plan import Preview, job_explain, submit_preview, team_queue
+from queueing.selectors.reference import gpu_type_by_slug
 from queueing.selectors.utilization import idle_flags, idle_since, job_utilization
 from queueing.selectors.webhooks import (
     webhook_deliveries,
@@ -129,7 +140,7 @@ def current_team(request: HttpRequest) -> Team | None:
     slug = request.session.get(TEAM_SESSION_KEY)
     team = team_get_for_user(user=request.user, slug=slug) if slug else None
     if team is None:
-        team = teams_for_user(user=request.user).order_by("slug").first()
+        team = first_team_for_user(user=request.user)
     request._fairq_team = team  # type: ignore[attr-defined]
     return team
 
@@ -149,7 +160,7 @@ def nav(request: HttpRequest) -> dict[str, Any]:
     """Context processor: the team switcher."""
     if not request.user.is_authenticated:
         return {}
-    teams = list(teams_for_user(user=request.user).order_by("slug").only("slug", "name"))
+    teams = team_switcher_teams(user=request.user)
     return {"nav_teams": teams, "nav_team": current_team(request)}
 
 
@@ -249,17 +260,18 @@ def job_list(request: HttpRequest) -> HttpResponse:
         before = int(request.GET["before"]) if request.GET.get("before") else None
     except ValueError:
         before = None
-    jobs = jobs_visible_to(actor=request.user).filter(team=team) if team else Job.objects.none()
     array = request.GET.get("array", "")
     array = array if array.isdigit() else ""
-    if array:  # one array job's members (the job page links here)
-        jobs = jobs.filter(array_id=int(array))
     labels = [item for item in request.GET.getlist("label") if item.strip()]
     label_error = ""
+    pairs: list[tuple[str, str]] | None
     try:
-        jobs = jobs_with_labels(jobs, label_filter_parse(labels))
+        pairs = label_filter_parse(labels)
     except ValueError as exc:
-        label_error, jobs = str(exc), Job.objects.none()
+        label_error, pairs = str(exc), None
+    # `array`: one array job's members (the job page links here).
+    jobs = team_job_list(actor=request.user, team=team,
+                         array_id=int(array) if array else None, labels=pairs)
     page, next_before = dash.job_page(jobs=jobs, before=before, status=status)
     ctx = {"team": team, "jobs": page, "next_before": next_before, "status": status,
            "statuses": [s.value for s in JobState], "before": before, "now": timezone.now(),
@@ -272,7 +284,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
 
 
 def _submit_form(request: HttpRequest, data: Any = None) -> JobSubmitForm:
-    teams = list(teams_for_user(user=request.user).order_by("slug"))
+    teams = list(teams_for_user_by_slug(user=request.user))
     team = current_team(request)
     initial: dict[str, Any] = {"team": team.slug if team else None}
     if team is not None:
@@ -379,7 +391,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = _job_or_404(request, job_id)
     _show_team(request, job.team)
     now = timezone.now()
-    events = list(job.events.select_related("actor").order_by("at", "id"))
+    events = job_events_with_actor(job)
     try:
         explain = job_explain(job=job, now=now)
     except Exception as exc:  # the explanation is a convenience: never fail the page
@@ -580,8 +592,7 @@ def team_member_add(request: HttpRequest, slug: str) -> HttpResponse:
     _team_admin_or_403(request, team)
     form = MemberForm(request.POST)
     if form.is_valid():
-        user = get_user_model().objects.filter(username=form.cleaned_data["username"],
-                                               is_active=True).first()
+        user = active_user_by_username(username=form.cleaned_data["username"])
         if user is None:
             form.add_error("username", "No active user with this name.")
         else:
@@ -598,8 +609,7 @@ def team_member_add(request: HttpRequest, slug: str) -> HttpResponse:
 def team_member_change(request: HttpRequest, slug: str, membership_id: int) -> HttpResponse:
     team = _team_or_404(request, slug)
     _team_admin_or_403(request, team)
-    membership = Membership.objects.filter(team=team, pk=membership_id).select_related(
-        "user", "team").first()
+    membership = membership_of_team(team=team, membership_id=membership_id)
     if membership is None:
         raise Http404("no such member")
     # The membership rules (the last team admin stays) live in the services: a refusal
@@ -672,7 +682,7 @@ def token_create(request: HttpRequest, slug: str) -> HttpResponse:
 def token_revoke_view(request: HttpRequest, slug: str, token_id: int) -> HttpResponse:
     team = _team_or_404(request, slug)
     user = _user(request)
-    token = ApiToken.objects.filter(pk=token_id, user=user).first()
+    token = token_of_user(user=user, token_id=token_id)
     if token is None:
         raise Http404("no such token")
     token_revoke(token=token, actor=user)
@@ -748,10 +758,7 @@ def _staff_or_404(request: HttpRequest) -> None:
 def _quota_audit() -> list[AuditEntry]:
     """The board's recent changes: quotas, and team weights (the Team entries that
     changed `weight`)."""
-    return list(AuditEntry.objects.filter(
-        Q(object_type="queueing.Quota")
-        | Q(object_type="accounts.Team", changes__has_key="weight"))
-        .select_related("actor").order_by("-at", "-id")[:30])
+    return quota_audit_entries()
 
 
 CLUSTER_LIST_LIMIT = 100
@@ -798,8 +805,8 @@ def quota_cell(request: HttpRequest, team_slug: str, gpu_slug: str) -> HttpRespo
     """Edit one cell in place: validate, `quota_set` (audited), answer with the cell, the
     capacity warnings and the audit list (out-of-band swaps)."""
     _staff_or_404(request)
-    team = Team.objects.filter(slug=team_slug).first()
-    gpu_type = GpuType.objects.filter(slug=gpu_slug).first()
+    team = team_by_slug(slug=team_slug)
+    gpu_type = gpu_type_by_slug(slug=gpu_slug)
     if team is None or gpu_type is None:
         raise Http404("no such quota")
     form = QuotaForm(request.POST)
@@ -844,7 +851,7 @@ def team_weight(request: HttpRequest, team_slug: str) -> HttpResponse:
     """A team's fair-share weight, edited in place on the quota board (staff; saved by
     `team_update`, audited like the quotas)."""
     _staff_or_404(request)
-    team = Team.objects.filter(slug=team_slug).first()
+    team = team_by_slug(slug=team_slug)
     if team is None:
         raise Http404("no such team")
     form = TeamWeightForm(request.POST)
@@ -854,7 +861,7 @@ def team_weight(request: HttpRequest, team_slug: str) -> HttpResponse:
             team_update(actor=request.user, team=team, weight=form.cleaned_data["weight"])
             saved = True
         except ValidationError as exc:
-            team.refresh_from_db()
+            team_reload(team=team)
             for field, errs in exc.message_dict.items():
                 form.add_error(field if field in form.fields else None, errs)
     if not request.htmx:  # type: ignore[attr-defined]
