@@ -76,6 +76,15 @@ class QuotaLimit:
 NO_QUOTA = QuotaLimit(nominal=0, borrowing_limit=None, lending_limit=None)
 
 
+class FlavorFallback(StrEnum):
+    """What a job accepting several GPU types does when its preferred type has room for
+    it only by borrowing (Kueue's whenCanBorrow): `borrow` there first, or try the next
+    type's nominal quota first (`next_type`)."""
+
+    BORROW = "borrow"
+    NEXT_TYPE = "next_type"
+
+
 @dataclass(frozen=True, slots=True)
 class QueuedJob:
     id: int
@@ -102,10 +111,18 @@ class QueuedJob:
     # caller; None = any); rule K4: whether it may use spot nodes.
     clusters: frozenset[str] | None = None
     spot_ok: bool = False
+    # Every GPU type it accepts, in order of preference (docs/scheduling.md, "Several GPU
+    # types"); () = only `gpu_type`. When given, its first is `gpu_type`.
+    gpu_types: tuple[str, ...] = ()
 
     @property
     def total_gpus(self) -> int:
         return self.gpus_per_replica * self.replicas
+
+    @property
+    def accepted_types(self) -> tuple[str, ...]:
+        """The GPU types it may run on, most preferred first (never empty)."""
+        return self.gpu_types or (self.gpu_type,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +266,14 @@ class Snapshot:
     # clusters are all closed waits saying so; their running jobs are the snapshot's
     # like any other (they hold their quota and fair share).
     closed_clusters: frozenset[str] = frozenset()
+    # Jobs accepting several GPU types (docs/scheduling.md, "Several GPU types"): per
+    # (team, tier rank), whether a preferred type is borrowed in before the next type is
+    # tried; absent = `flavor_fallback_default`. The caller resolves team over tier.
+    flavor_fallback: Mapping[tuple[str, int], FlavorFallback] = field(default_factory=dict)
+    flavor_fallback_default: FlavorFallback = FlavorFallback.BORROW
+
+    def fallback(self, team: str, tier_rank: int) -> FlavorFallback:
+        return self.flavor_fallback.get((team, tier_rank), self.flavor_fallback_default)
 
     def quota(self, team: str, gpu_type: str) -> QuotaLimit:
         return self.quotas.get((team, gpu_type), NO_QUOTA)
