@@ -81,11 +81,17 @@ def stop_workload_task(name: str) -> None:
 
 @shared_task(ignore_result=True, soft_time_limit=40, time_limit=50)
 def job_logs_archive_task() -> int:
-    """The worker's copy of running jobs' logs, for web processes (services/logs.py)."""
+    """The worker's copy of running jobs' logs, for web processes (services/logs.py).
+    A run that stopped at its budget with work left queues the next at once: behind the
+    cycles sent meanwhile, so on a one-process worker a cycle never waits for more than
+    one budget of log reads, and the logs are still kept as fast as the worker can."""
     from django.utils import timezone
 
 
-    return len(job_logs_archive(backend=fleet_open(), now=timezone.now()).refreshed)
+    result = job_logs_archive(backend=fleet_open(), now=timezone.now())
+    if result.left:
+        job_logs_archive_task.apply_async()
+    return len(result.refreshed)
 
 
 @shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)

@@ -589,3 +589,36 @@ def test_an_earlier_attempt_preempted_before_it_ran_keeps_no_empty_log(
                              now=timezone.now())
     assert kept is ran
     assert JobLog.objects.filter(job_id=job.pk, attempt=1).exists() is ran
+
+
+def test_an_archive_run_stopped_at_its_budget_queues_the_next_at_once(
+    world: World, settings: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a one-process worker a run may hold a cycle back by one budget at most; the
+    rest follows at once, behind the cycles queued meanwhile, not at the next beat."""
+    import time
+
+    from queueing import tasks
+
+    settings.FAIRQ_LOG_READ_CONCURRENCY = 1  # chunks of 2 reads
+    settings.FAIRQ_LOG_ARCHIVE_BUDGET_SECONDS = 0.15
+    jobs = [_run(world, seconds="600", gpus=1)[0] for _ in range(6)]
+    backend = get_backend()
+    real = backend.logs
+
+    def slow_logs(name: str, tail: int = 100) -> str:
+        time.sleep(0.1)
+        return real(name, tail=tail)
+
+    monkeypatch.setattr(backend, "logs", slow_logs)
+    queued: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(tasks.job_logs_archive_task, "apply_async",
+                        lambda *a, **kw: queued.append(a))
+    refreshed = tasks.job_logs_archive_task()
+    assert 2 <= refreshed < 6 and len(queued) == 1
+    while len(queued) < 10 and JobLog.objects.filter(job_id__in=jobs).count() < 6:
+        tasks.job_logs_archive_task()
+    assert JobLog.objects.filter(job_id__in=jobs).count() == 6
+    kicks = len(queued)
+    tasks.job_logs_archive_task()  # nothing left: no next run queued
+    assert len(queued) == kicks
