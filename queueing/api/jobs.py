@@ -307,7 +307,8 @@ def jobs_view(drf_view: Callable[..., HttpResponse]) -> Callable[..., HttpRespon
 
     @csrf_exempt  # token requests only; the DRF view keeps its own CSRF rule for sessions
     def jobs_list_or_submit(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if request.method != "POST" or "HTTP_IDEMPOTENCY_KEY" in request.META:
+        if request.method != "POST" or "HTTP_IDEMPOTENCY_KEY" in request.META \
+                or HANDED_OVER_MARK in request.META:
             return drf_view(request, *args, **kwargs)
         try:
             return submit_or_hand_over(request)
@@ -316,6 +317,11 @@ def jobs_view(drf_view: Callable[..., HttpResponse]) -> Callable[..., HttpRespon
 
     return jobs_list_or_submit
 
+
+# In the environ of a request the submit lane (lane.py) tried and handed over: the
+# application's `jobs/` gives it to the DRF view at once, not to the fast path again
+# (which would count it twice against the rate).
+HANDED_OVER_MARK = "fairq.submit_handed_over"
 
 # Refusals: DRF's exception handler answers them (queueing/api/errors.py); nothing has
 # been written when one is raised.
