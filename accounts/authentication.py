@@ -1,4 +1,7 @@
-"""`Authorization: Token fq_<prefix>_<secret>` (or `Bearer fq_<prefix>_<secret>`) for DRF."""
+"""`Authorization: Token fq_<prefix>_<secret>` (or `Bearer fq_<prefix>_<secret>`): the one
+check of an API token (`authenticate_key`), for DRF's TokenAuthentication and the submit
+lane's fast path (queueing/api/jobs.py); the limit on failed authentications per address
+(`count_failure`)."""
 
 from __future__ import annotations
 

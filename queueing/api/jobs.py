@@ -2,18 +2,24 @@
 
 A pipeline's submit (a token, a JSON job of plain fields, no Idempotency-Key) goes here:
 
-1. The body, parsed as SafeJSONParser parses it, and shaped by `lean_shaped`: the same
-   result as `shaped(JobCreateSerializer, body)`, read from the serializer's own field
-   declarations (one pass over the JSON, no DRF field objects run). A field is declared
-   once, in JobCreateSerializer; one whose kind `lean_shaped` does not know (nested
-   serializers, choices, custom validators) still works: a body that sets it goes to DRF.
-2. The token (`Token` or `Bearer`), remembered by the process (queueing/api/auth_cache.py).
+1. The body, read by `parsers.parse_json` as SafeJSONParser reads it, and shaped by
+   `lean_shaped`: the same result as `shaped(JobCreateSerializer, body)`, read from the
+   serializer's own field declarations (one pass over the JSON, no DRF field objects
+   run). A field is declared once, in JobCreateSerializer; one whose kind `lean_shaped`
+   does not know (nested serializers, choices, custom validators) still works: a body
+   that sets it goes to DRF.
+2. The token (`Token` or `Bearer`), found among the tokens the process remembers
+   (queueing/api/auth_cache.py) for its user's rate-limit bucket.
 3. One cache round trip: the user's rate-limit bucket counted and the token generation
-   read (throttling.hit_and_read). The address's failed authentications are not read: a
-   token that authenticates is never refused by that limit (docs/api.md).
-4. The same services as the DRF view: `job_input_build` (every submit rule, quota and
-   membership with the INSERT), `job_submit_with_event`; the answer built from the rows
-   just written (`job_submitted_data`), rendered by DRF's own JSON renderer.
+   read (throttling.hit_and_read). Then the token is checked by
+   `accounts.authentication.authenticate_key`, the check DRF's TokenAuthentication makes,
+   with the remembered tokens of that generation as its lookup. The address's failed
+   authentications are not read: a token that authenticates is never refused by that
+   limit (docs/api.md).
+4. The same job input and service as the DRF view: `job_input.job_input_of` (every
+   submit rule, the cluster fields, the dependencies), `job_submit_with_event`
+   (membership with the INSERT); the answer built from the rows just written
+   (`job_submitted_data`), rendered by DRF's own JSON renderer.
 
 Anything else, and every refusal, is answered by the DRF view (JobViewSet): an unknown or
 ill-shaped field, a refused token, the rate limit, a submit rule. Its answer is the one
