@@ -3,6 +3,7 @@ users by name and the audit entries the pages show."""
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -59,6 +60,16 @@ def api_token_with_user(*, prefix: str) -> ApiToken | None:
     token.user, _ = rawsql.from_row(user_model, row, at)
     return token
 
+
+
+def api_token_for_key(*, prefix: str, digest: str) -> ApiToken | None:
+    """The token with this prefix if its key hashes to `digest` (`ApiToken.hash_key`),
+    its user loaded; None otherwise. The hashes are compared in constant time, so a
+    stored hash cannot be probed byte by byte."""
+    token = api_token_with_user(prefix=prefix)
+    if token is None or not hmac.compare_digest(token.key_hash, digest):
+        return None
+    return token
 
 
 def all_teams() -> QuerySet[Team]:

@@ -71,6 +71,20 @@ def token_revoke(*, token: ApiToken, actor: User | None) -> None:
                      changes={"revoked_at": [None, token.revoked_at.isoformat()]})
 
 
+TOKEN_TOUCH_SECONDS = 60  # last_used_at moves at most this often: a write per request is waste
+
+
+def token_touch(*, token: ApiToken, now: datetime) -> None:
+    """Record that `token` authenticated at `now`: `last_used_at`, written at most once per
+    TOKEN_TOUCH_SECONDS (the object is updated too, so a token a process remembers is not
+    written again within the minute)."""
+    last = token.last_used_at
+    if last is not None and (now - last).total_seconds() <= TOKEN_TOUCH_SECONDS:
+        return
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    token.last_used_at = now
+
+
 @transaction.atomic
 def service_account_create(
     *, team: Team, name: str, actor: User | None = None

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
 from accounts.models import ApiToken, Membership, Team
-from queueing.api.auth_cache import auth_generation_bump
+from queueing.api.auth_cache import generation_bump
 from queueing.composition import backend_class
 from queueing.health import heartbeat_touch
 from queueing.models import JobLog, Quota, TeamBudget, Tier
@@ -32,6 +32,17 @@ def _queue_sync(**kwargs: Any) -> None:
         sync_cluster_task.delay()
 
     transaction.on_commit(send)
+
+
+def _auth_changed(**kwargs: Any) -> None:
+    """A token, user, team, membership or team budget changed: once the transaction
+    commits (at once outside one), every web process reads what it remembers of them
+    again (queueing/api/auth_cache.py). A user's own login (`last_login` alone) does
+    not count."""
+    fields = kwargs.get("update_fields")
+    if fields is not None and set(fields) <= {"last_login"}:
+        return
+    transaction.on_commit(generation_bump)
 
 
 CYCLE_TASK = "queueing.tasks.scheduler_cycle_task"
@@ -59,7 +70,7 @@ def connect() -> None:
     # change of a token, a user, a team, a membership or a team budget makes them read
     # theirs again.
     for identity in (ApiToken, get_user_model(), Team, Membership, TeamBudget):
-        post_save.connect(auth_generation_bump, sender=identity,
+        post_save.connect(_auth_changed, sender=identity,
                           dispatch_uid=f"fairq-auth-gen-{identity.__name__}")
-        post_delete.connect(auth_generation_bump, sender=identity,
+        post_delete.connect(_auth_changed, sender=identity,
                             dispatch_uid=f"fairq-auth-gen-del-{identity.__name__}")

@@ -63,7 +63,7 @@ def _plans() -> tuple[_Plan, _Plan]:
             (str(f.field_name), f,
              () if isinstance(f, serializers.RelatedField) else tuple(f.source_attrs),
              _UNCHANGED.get(type(f)))
-            for f in serializer._readable_fields)
+            for f in serializer.fields.values() if not f.write_only)
 
     job, event = _bound_serializers()
     return plan(job), plan(event)

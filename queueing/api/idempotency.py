@@ -49,7 +49,7 @@ class _Replay(Exception):
 
 def _fingerprint(request: Request) -> str:
     try:
-        body = request._request.body
+        body = request.body  # Django's HttpRequest.body, which DRF's Request proxies
     except RawPostDataException:  # already parsed (form posts): hash what was parsed
         body = repr(sorted(request.data.items()) if hasattr(request.data, "items")
                     else request.data).encode()

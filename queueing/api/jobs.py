@@ -2,18 +2,24 @@
 
 A pipeline's submit (a token, a JSON job of plain fields, no Idempotency-Key) goes here:
 
-1. The body, parsed as SafeJSONParser parses it, and shaped by `lean_shaped`: the same
-   result as `shaped(JobCreateSerializer, body)`, read from the serializer's own field
-   declarations (one pass over the JSON, no DRF field objects run). A field is declared
-   once, in JobCreateSerializer; one whose kind `lean_shaped` does not know (nested
-   serializers, choices, custom validators) still works: a body that sets it goes to DRF.
-2. The token (`Token` or `Bearer`), remembered by the process (queueing/api/auth_cache.py).
+1. The body, read by `parsers.parse_json` as SafeJSONParser reads it, and shaped by
+   `lean_shaped`: the same result as `shaped(JobCreateSerializer, body)`, read from the
+   serializer's own field declarations (one pass over the JSON, no DRF field objects
+   run). A field is declared once, in JobCreateSerializer; one whose kind `lean_shaped`
+   does not know (nested serializers, choices, custom validators) still works: a body
+   that sets it goes to DRF.
+2. The token (`Token` or `Bearer`), found among the tokens the process remembers
+   (queueing/api/auth_cache.py) for its user's rate-limit bucket.
 3. One cache round trip: the user's rate-limit bucket counted and the token generation
-   read (throttling.hit_and_read). The address's failed authentications are not read: a
-   token that authenticates is never refused by that limit (docs/api.md).
-4. The same services as the DRF view: `job_input_build` (every submit rule, quota and
-   membership with the INSERT), `job_submit_with_event`; the answer built from the rows
-   just written (`job_submitted_data`), rendered by DRF's own JSON renderer.
+   read (throttling.hit_and_read). Then the token is checked by
+   `accounts.authentication.authenticate_key`, the check DRF's TokenAuthentication makes,
+   with the remembered tokens of that generation as its lookup. The address's failed
+   authentications are not read: a token that authenticates is never refused by that
+   limit (docs/api.md).
+4. The same job input and service as the DRF view: `job_input.job_input_of` (every
+   submit rule, the cluster fields, the dependencies), `job_submit_with_event`
+   (membership with the INSERT); the answer built from the rows just written
+   (`job_submitted_data`), rendered by DRF's own JSON renderer.
 
 Anything else, and every refusal, is answered by the DRF view (JobViewSet): an unknown or
 ill-shaped field, a refused token, the rate limit, a submit rule. Its answer is the one
@@ -40,22 +46,21 @@ from django.core.validators import (
 )
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import get_script_prefix, reverse
-from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
-from rest_framework import serializers
-from rest_framework.exceptions import APIException
+from rest_framework import HTTP_HEADER_ENCODING, serializers
+from rest_framework.exceptions import APIException, AuthenticationFailed
 from rest_framework.renderers import JSONRenderer
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
+from accounts.authentication import authenticate_key, token_key
 from queueing.errors import DomainError
-from queueing.services.cluster_rules import CLUSTER_SUBMIT_FIELDS, job_input_with_clusters
-from queueing.services.dependencies import job_input_with_dependencies
-from queueing.services.jobs import JobInput, job_input_build, job_submit_with_event
+from queueing.services.jobs import job_submit_with_event
 
 from . import auth_cache, throttling
 from .bulk import job_submitted_data
-from .parsers import check_json_value, loads
-from .serializers import JobCreateSerializer, _shaper
+from .job_input import job_input_of
+from .parsers import parse_json
+from .serializers import JobCreateSerializer, shaper
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _BIG = 10**18  # larger ints go to DRF (its max_string_length rule, the columns' ranges)
@@ -66,10 +71,6 @@ _DRF_HEADERS = {"Vary": "Accept", "Allow": "GET, POST, HEAD, OPTIONS"}
 
 class _ToDrf(Exception):
     """This request is DRF's to answer."""
-
-
-def _refuse(_constant: str) -> Any:
-    raise _ToDrf
 
 
 # --- 1. shapes --------------------------------------------------------------------------
@@ -188,14 +189,14 @@ def _fields_of(serializer_class: type[serializers.Serializer[Any]]
     """Per writable field of the serializer: (its check or None, what leaving it out
     gives, whether null is allowed). A serializer with validation of its own (`validate`,
     `validate_<field>`, class validators) has none: all of it is DRF's."""
-    shaper = _shaper(serializer_class)
-    if shaper.validators or type(shaper).validate is not serializers.Serializer.validate:
+    one = shaper(serializer_class)
+    if one.validators or type(one).validate is not serializers.Serializer.validate:
         return {}
     out: dict[str, tuple[Check | None, _Absent, bool]] = {}
-    for name, field in shaper.fields.items():
+    for name, field in one.fields.items():
         if field.read_only:
             continue
-        own = hasattr(shaper, f"validate_{name}") or field.source != name
+        own = hasattr(one, f"validate_{name}") or field.source != name
         out[name] = (None if own else _check_of(field), _Absent(field), field.allow_null)
     return out
 
@@ -254,7 +255,8 @@ def _job_location(pk: int) -> str:
 
 
 def _body(request: HttpRequest) -> Any:
-    """The JSON body as SafeJSONParser reads it, or _ToDrf (DRF says what is wrong)."""
+    """The JSON body as SafeJSONParser reads it (`parse_json`), or _ToDrf (DRF says what
+    is wrong)."""
     if request.content_type != "application/json" or \
             (request.content_params or {}).get("charset", "utf-8").lower() not in ("utf-8", "utf8"):
         raise _ToDrf
@@ -269,42 +271,40 @@ def _body(request: HttpRequest) -> Any:
     if limit is not None and length > limit:
         raise _ToDrf
     try:
-        data = loads(request.body.decode("utf-8"), parse_constant=_refuse)
-        check_json_value(data)
+        return parse_json(request.body.decode("utf-8"))
     except Exception:  # not JSON, a key twice, too deep, a NUL, a body Django will not read
         raise _ToDrf from None
-    return data
 
 
 def _authenticated(request: HttpRequest) -> tuple[Any, object]:
     """The user of the request's token after the one round trip (step 3), and the
-    generation read then; or _ToDrf."""
-    header = request.META.get("HTTP_AUTHORIZATION", "")
-    keyword, _, key = header.partition(" ")
-    if keyword.lower() not in ("token", "bearer") or not key or " " in key:
+    generation read then; or _ToDrf. The token is checked by `authenticate_key`, as
+    TokenAuthentication checks it, given the process's remembered tokens as its lookup."""
+    try:
+        key = token_key(request.META.get("HTTP_AUTHORIZATION", "").encode(HTTP_HEADER_ENCODING))
+    except AuthenticationFailed:
+        raise _ToDrf from None  # TokenAuthentication refuses it (and counts the failure)
+    seen = auth_cache.token_seen(key) if key is not None else None
+    if key is None or seen is None:
         raise _ToDrf
-    found = auth_cache.token_remembered(key)
-    if found is None:
-        raise _ToDrf  # TokenAuthentication refuses it (and counts the failure)
-    token, remembered = found
     rate = settings.FAIRQ_API_RATE
-    reads = [auth_cache.GENERATION_KEY]
-    bucket = f"{throttling.TokenRateThrottle.group}:user-{token.user_id}"
-    count, left, values = throttling.hit_and_read(
-        bucket, throttling._split_rate(str(rate))[1] if rate else 60, reads)
+    limit, period = throttling.split_rate(str(rate)) if rate else (0, 60)
+    bucket = f"{throttling.TokenRateThrottle.group}:user-{seen[0].user_id}"
+    count, left, (generation,) = throttling.hit_and_read(
+        bucket, period, [auth_cache.GENERATION_KEY])
     if rate:
         # In the environ, so that the request the DRF view gets after a hand-over sees it,
         # in the same request object (jobs_view) or built afresh from it (lane.py).
         request.META[throttling.COUNTED_ATTR] = (bucket, count, left)
-    generation = values[0]
-    current = auth_cache.token_current(key, token, remembered, generation)
-    if current is None or not auth_cache.token_usable(current, timezone.now()):
-        raise _ToDrf
+    try:
+        token = authenticate_key(key, lookup=auth_cache.token_lookup(generation, seen))
+    except AuthenticationFailed:
+        raise _ToDrf from None
     # A token that authenticates is never refused by the failed-authentication limit of
     # its address (accounts/authentication.py, count_failure): not read here.
-    if rate and count > throttling._split_rate(str(rate))[0]:
+    if rate and count > limit:
         raise _ToDrf  # TokenRateThrottle's 429, with this hit
-    return current.user, generation
+    return token.user, generation
 
 
 def jobs_view(drf_view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -313,7 +313,8 @@ def jobs_view(drf_view: Callable[..., HttpResponse]) -> Callable[..., HttpRespon
 
     @csrf_exempt  # token requests only; the DRF view keeps its own CSRF rule for sessions
     def jobs_list_or_submit(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if request.method != "POST" or "HTTP_IDEMPOTENCY_KEY" in request.META:
+        if request.method != "POST" or "HTTP_IDEMPOTENCY_KEY" in request.META \
+                or HANDED_OVER_MARK in request.META:
             return drf_view(request, *args, **kwargs)
         try:
             return submit_or_hand_over(request)
@@ -322,6 +323,11 @@ def jobs_view(drf_view: Callable[..., HttpResponse]) -> Callable[..., HttpRespon
 
     return jobs_list_or_submit
 
+
+# In the environ of a request the submit lane (lane.py) tried and handed over: the
+# application's `jobs/` gives it to the DRF view at once, not to the fast path again
+# (which would count it twice against the rate).
+HANDED_OVER_MARK = "fairq.submit_handed_over"
 
 # Refusals: DRF's exception handler answers them (queueing/api/errors.py); nothing has
 # been written when one is raised.
@@ -337,20 +343,9 @@ def submit_or_hand_over(request: HttpRequest) -> HttpResponse:
     if fields is None:
         raise _ToDrf
     user, generation = _authenticated(request)
-    dependencies = fields.pop("dependencies", None)
-    # Rules K3-K4: the cluster fields are checked and set as the DRF view does
-    # (views._job_input), every refusal in one 400.
-    clusters = {name: fields.pop(name) for name in CLUSTER_SUBMIT_FIELDS if name in fields}
-
-    def build() -> JobInput:
-        return job_input_build(
-            actor=user, **fields,
-            team_lookup=lambda slug: auth_cache.team_remembered(user, slug, generation))
-
-    # (Also without them: rule K1's "no cluster holds it" is checked there.)
-    job_input = job_input_with_dependencies(
-        job_input_with_clusters(build, gpu_type=fields.get("gpu_type"), **clusters),
-        dependencies)
+    job_input = job_input_of(
+        actor=user, fields=fields,
+        team_lookup=lambda slug: auth_cache.team_remembered(user, slug, generation))
     job, event, created = job_submit_with_event(actor=user, data=job_input)
     request.user = user
     if not created or event is None:  # no idempotency key: cannot happen

@@ -13,8 +13,9 @@ chain has nothing to do, and it cost ~0.6-0.8 ms of a ~3 ms submit
   security headers, client address, NUL and size refusals are the same middleware's.
 * Whatever the fast path hands over (a body or token it does not decide, any refusal) is
   served by the whole application from the start, its body rewound, with the rate-limit
-  hit already made carried in the environ (throttling.COUNTED_ATTR), so nothing is
-  counted or written twice.
+  hit already made carried in the environ (throttling.COUNTED_ATTR) and the request
+  marked (jobs.HANDED_OVER_MARK) so that the application's `jobs/` gives it to the DRF
+  view without trying the fast path again: nothing is counted or written twice.
 * Everything else goes to the application untouched.
 
 A middleware added to MIDDLEWARE later is in the lane unless it is listed as skipped; one
@@ -30,10 +31,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 from django.core.handlers.exception import convert_exception_to_response
 from django.core.handlers.wsgi import WSGIHandler
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, RawPostDataException
 from django.utils.module_loading import import_string
 
 from . import jobs
@@ -82,8 +83,19 @@ class LaneHandler(WSGIHandler):
             return jobs.submit_or_hand_over(request)
         except jobs.HANDED_OVER:
             handed = _HandOver(status=299)
-            handed.lane_body = getattr(request, "_body", None)  # read by the fast path
+            handed.lane_body = _body_read(request)
             return handed
+
+
+def _body_read(request: HttpRequest) -> bytes | None:
+    """The request's body, for the application to read again: what the fast path read
+    (Django keeps it), or read now; None when the stream was consumed without being kept
+    (a form a middleware parsed) or is larger than Django reads into memory: then the
+    application gets the stream as it is, and answers as it always does."""
+    try:
+        return request.body
+    except (RawPostDataException, RequestDataTooBig):
+        return None
 
 
 class SubmitLane:
@@ -115,6 +127,7 @@ class SubmitLane:
         response.close()  # request_finished: the application's request starts afresh
         if body is not None:
             environ["wsgi.input"] = io.BytesIO(body)
+        environ[jobs.HANDED_OVER_MARK] = True
         return self.app(environ, start_response)
 
 

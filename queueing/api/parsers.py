@@ -101,22 +101,31 @@ def check_json_value(value: Any) -> None:
             stack.extend((v, depth + 1) for v in item)
 
 
+def parse_json(text: str) -> Any:
+    """The API's reading of a JSON body, for DRF's parser and the submit lane alike:
+    strict numbers (NaN and Infinity refused, as DRF's STRICT_JSON), a key twice refused
+    (ValidationError naming it), no deeper than MAX_DEPTH, no NUL (ParseError)."""
+    try:
+        data = loads(text, strict_constant)
+    except RecursionError:
+        raise ParseError(f"JSON nested deeper than {MAX_DEPTH} levels.") from None
+    except ValueError as exc:
+        raise ParseError(f"JSON parse error - {exc}") from None
+    check_json_value(data)
+    return data
+
+
 class SafeJSONParser(JSONParser):
     def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
-        # DRF's JSONParser.parse, with `loads` (duplicate keys refused).
+        # DRF's JSONParser.parse, through `parse_json`.
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
         try:
             "".encode(encoding)  # a text codec, never bz2_codec and the like (as DRF)
         except (LookupError, UnicodeError):
             raise ParseError(
                 f'Unsupported charset "{encoding}" in request Content-Type header.') from None
-        parse_constant = strict_constant if self.strict else None
         try:
-            data = loads(codecs.getreader(encoding)(stream).read(), parse_constant)
-        except RecursionError:
-            raise ParseError(f"JSON nested deeper than {MAX_DEPTH} levels.") from None
-        except ValueError as exc:
+            text = codecs.getreader(encoding)(stream).read()
+        except ValueError as exc:  # UnicodeDecodeError: DRF's message for it
             raise ParseError(f"JSON parse error - {exc}") from None
-        check_json_value(data)
-        return data
-
+        return parse_json(text)

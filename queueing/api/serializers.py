@@ -212,14 +212,14 @@ class JobDependenciesSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
 
 
 @functools.cache
-def _shaper(serializer_class: type[serializers.Serializer[Any]]) -> serializers.Serializer[Any]:
+def shaper(serializer_class: type[serializers.Serializer[Any]]) -> serializers.Serializer[Any]:
     """One unbound instance per class and process, its fields built once: building them
     (a deep copy of every declared field) was ~10 % of a submit's CPU. `run_validation`
     keeps no state in the instance, and the fields use no context, so one instance serves
     every request and thread."""
-    shaper = serializer_class()
-    shaper.fields  # noqa: B018  # build them now, not racing in two threads
-    return shaper
+    one = serializer_class()
+    one.fields  # noqa: B018  # build them now, not racing in two threads
+    return one
 
 
 def shaped(serializer_class: type[serializers.Serializer[Any]],
@@ -227,7 +227,7 @@ def shaped(serializer_class: type[serializers.Serializer[Any]],
     """`data` validated by `serializer_class`'s fields (DRF's public `run_validation`):
     the fields with their types and defaults, or ValidationError (a 400 naming them)."""
     try:
-        value: Mapping[str, Any] = _shaper(serializer_class).run_validation(data)
+        value: Mapping[str, Any] = shaper(serializer_class).run_validation(data)
     except serializers.ValidationError as exc:
         detail = exc.detail
         if isinstance(detail, list) and len(detail) == 1 and getattr(detail[0], "code", "") == "null":
@@ -245,7 +245,7 @@ def shaped_partly(serializer_class: type[serializers.Serializer[Any]], data: Any
     out: dict[str, Any] = {}
     if not isinstance(data, Mapping):
         return out
-    for name, field in _shaper(serializer_class).fields.items():
+    for name, field in shaper(serializer_class).fields.items():
         if name in refused or field.read_only:
             continue
         try:

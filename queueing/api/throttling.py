@@ -43,8 +43,7 @@ _EXPIRY_FUDGE = 5  # seconds a bucket outlives its window (clock skew between pr
 # KEYS[1]: the bucket; ARGV[1]: its lifetime in seconds; then GET of each further key
 # (false: absent). Returns {the count after this hit, the values}. With further keys it is
 # the submit fast path's one round trip (queueing/api/jobs.py): the user's bucket counted,
-# the address's failed authentications and the token generation (queueing/api/
-# auth_cache.py) read with it.
+# the token generation (queueing/api/auth_cache.py) read with it.
 _HIT_READ_LUA = """
 local n = redis.call('INCR', KEYS[1])
 if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
@@ -55,7 +54,7 @@ return out
 _scripts: dict[tuple[int, str], Any] = {}
 
 
-def _split_rate(rate: str) -> tuple[int, int]:
+def split_rate(rate: str) -> tuple[int, int]:
     """'6000/min' -> (6000, 60): the form config/settings/api.py accepts (a count, then
     a period whose first letter is s, m, h or d)."""
     count, _, per = rate.partition("/")
@@ -85,7 +84,7 @@ def hit_and_read(bucket: str, period: int, reads: list[str]) -> tuple[int, int, 
     end = _window_end(bucket, period, now)
     key = f"fq-rl:{bucket}:{end}"
     lifetime = end - now + _EXPIRY_FUDGE
-    client = _redis_client()
+    client = redis_client()
     if client is not None:
         script = _script(client, _HIT_READ_LUA)
         out = script(keys=[cache.make_key(key), *map(cache.make_key, reads)], args=[lifetime])
@@ -113,7 +112,7 @@ def _hit_cache(key: str, lifetime: int) -> int:
         return 1
 
 
-def _redis_client() -> Any:
+def redis_client() -> Any:
     """The raw redis-py client behind the default cache when it is django-redis, else
     None."""
     inner = getattr(cache, "client", None)
@@ -137,7 +136,7 @@ class _FixedWindowThrottle(BaseThrottle):
         ident = self.ident(request) if rate else None
         if rate is None or ident is None:
             return True
-        limit, period = _split_rate(rate)
+        limit, period = split_rate(rate)
         counted = request.META.get(COUNTED_ATTR)
         if counted is not None and counted[0] == f"{self.group}:{ident}":
             # The submit fast path counted this request already and handed it over.

@@ -44,13 +44,10 @@ from queueing.selectors.queue_plan import job_explain, queue_briefs
 from queueing.selectors.user_usage import user_usage
 from queueing.selectors.utilization import utilization_version
 from queueing.services.access import check_job_access
-from queueing.services.cluster_rules import CLUSTER_SUBMIT_FIELDS, job_input_with_clusters
-from queueing.services.dependencies import job_dependencies_set, job_input_with_dependencies
+from queueing.services.dependencies import job_dependencies_set
 from queueing.services.jobs import (
     MAX_BULK_JOBS,
-    JobInput,
     job_cancel,
-    job_input_build,
     job_spec_field_problems,
     job_submit_with_event,
     jobs_submit_array,
@@ -67,6 +64,7 @@ from .bulk import (
 )
 from .fields import AsciiIntegerFilter, InstantFilter, LabelFilter
 from .idempotency import IdempotentPostMixin, idempotency_key
+from .job_input import job_input_of
 from .location import location
 from .serializers import (
     JobCreateSerializer,
@@ -196,8 +194,7 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
         `Idempotency-Key` already used for the team, 200 with that first job (nothing
         created)."""
         fields = _job_fields(request, JobCreateSerializer)
-        dependencies = fields.pop("dependencies", None)
-        data = job_input_with_dependencies(_job_input(request, fields), dependencies)
+        data = job_input_of(actor=request.user, fields=fields)
         # Idempotency-Key: one layer, the key kept on the job by the service (unique per
         # team for as long as the job; the web form's too); the mixin stands aside
         # (`idempotency_recorded`). A refused submit stores nothing: the retry is checked
@@ -233,8 +230,7 @@ class JobViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
         """Submit an array job: `count` copies of one job (up to 10,000) in one request."""
         fields = _job_fields(request, BulkJobCreateSerializer)
         count, max_running, indices = _array_size(fields)
-        dependencies = fields.pop("dependencies", None)
-        data = job_input_with_dependencies(_job_input(request, fields), dependencies)
+        data = job_input_of(actor=request.user, fields=fields)
         array, ids = jobs_submit_array(actor=request.user, count=count, data=data,
                                        max_running=max_running, indices=indices)
         # Location: the array's own resource (GET /arrays/{id}/). `ids`: the members
@@ -353,14 +349,6 @@ def _array_size(fields: dict[str, Any]) -> tuple[int, int | None, tuple[int, ...
             f"{max_running} here, %{spec.max_running} in array: give one."]})
     return (spec.count, max_running or spec.max_running,
             None if spec.dense else spec.indices)
-
-
-def _job_input(request: Request, fields: dict[str, Any]) -> JobInput:
-    """The shaped fields' JobInput: `job_input_build`'s rules, and rules K3-K4 on the
-    cluster fields (`job_input_with_clusters`), every refusal in one 400."""
-    clusters = {name: fields.pop(name) for name in CLUSTER_SUBMIT_FIELDS if name in fields}
-    return job_input_with_clusters(lambda: job_input_build(actor=request.user, **fields),
-                                   gpu_type=fields.get("gpu_type"), **clusters)
 
 
 _RULED_FIELDS = ("team", "name", "image", "env", "gpu_type", "tier", "resources", "shm_size",

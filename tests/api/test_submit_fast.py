@@ -16,6 +16,7 @@ from accounts.services import token_issue, token_revoke
 from queueing.api.jobs import lean_shaped
 from queueing.api.serializers import JobCreateSerializer, shaped
 from queueing.models import Job
+from queueing.services.cluster_rules import CLUSTER_SUBMIT_FIELDS
 from tests.conftest import World, job_body
 
 pytestmark = pytest.mark.django_db
@@ -221,15 +222,15 @@ def test_the_cluster_fields_are_decided_on_the_fast_path_as_in_the_drf_view(
 
     three_clusters(world)
     decided: list[dict[str, Any]] = []
-    real = fast.job_input_with_clusters
-    monkeypatch.setattr(fast, "job_input_with_clusters",
-                        lambda build, **kw: decided.append(kw) or real(build, **kw))
+    real = fast.job_input_of  # the fast path's own call of the one job-input path
+    monkeypatch.setattr(fast, "job_input_of", lambda **kw: decided.append(
+        {k: kw["fields"].get(k) for k in CLUSTER_SUBMIT_FIELDS}) or real(**kw))
     c = world.client(world.member)
     r = _submit(c, requested_cluster="cloud", cluster_selector={"cost": "cloud"},
                 allow_spot=True, tier="critical")
     assert r.status_code == 201, r.content
-    assert decided == [{"gpu_type": "h100", "requested_cluster": "cloud",
-                        "cluster_selector": {"cost": "cloud"}, "allow_spot": True}]
+    assert decided == [{"requested_cluster": "cloud", "cluster_selector": {"cost": "cloud"},
+                        "allow_spot": True}]
     job = Job.objects.get(pk=r.json()["id"])
     assert job.requested_cluster is not None and job.requested_cluster.name == "cloud"
     assert job.cluster_selector == {"cost": "cloud"} and job.allow_spot

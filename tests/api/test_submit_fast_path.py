@@ -49,10 +49,10 @@ def test_one_shaping_serializer_per_class_keeps_no_request_state(world: World) -
     from rest_framework.exceptions import ValidationError
 
     from queueing.api.bulk import BulkJobCreateSerializer
-    from queueing.api.serializers import JobCreateSerializer, _shaper, shaped
+    from queueing.api.serializers import JobCreateSerializer, shaped, shaper
 
-    assert _shaper(JobCreateSerializer) is _shaper(JobCreateSerializer)  # built once
-    assert _shaper(BulkJobCreateSerializer) is not _shaper(JobCreateSerializer)
+    assert shaper(JobCreateSerializer) is shaper(JobCreateSerializer)  # built once
+    assert shaper(BulkJobCreateSerializer) is not shaper(JobCreateSerializer)
     with pytest.raises(ValidationError) as bad:
         shaped(JobCreateSerializer, job_body(gpus=0, replicas="x"))
     assert set(bad.value.detail) == {"gpus", "replicas"}

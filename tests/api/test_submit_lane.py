@@ -264,3 +264,21 @@ def test_prepare_off_is_djangos_own_cursor(settings: Any) -> None:
     settings.FAIRQ_DB_PREPARE = False
     with statement_cursor() as cur:
         assert isinstance(cur.cursor, psycopg.ClientCursor)  # Django's default
+
+
+def test_a_rule_refusal_handed_over_by_the_lane_counts_once(
+        apps: Any, key: str, settings: Any) -> None:
+    """A body the fast path shapes but a submit rule refuses (an unknown GPU type): the
+    lane counted it, the application answers the 400 without trying the fast path again,
+    so the request is counted once (the next two fit a rate of 3) and decided once."""
+    settings.FAIRQ_API_RATE = "3/min"
+    lane, served = apps
+    r = _call(lane, key, job_body(gpu_type="no-such-gpu"))
+    assert served == ["/api/v1/jobs/"]  # handed over
+    assert r.status_code == 400, r.body
+    assert "gpu_type" in r.json()["error"]["fields"]
+    assert _call(lane, key).status_code == 201
+    assert _call(lane, key).status_code == 201
+    r = _call(lane, key)
+    assert r.status_code == 429, r.body
+    assert Job.objects.count() == 2

@@ -36,7 +36,7 @@ def test_with_redis_a_hit_is_one_round_trip_and_the_bucket_expires(
 ) -> None:
     from redis import Redis
 
-    client = throttling._redis_client()
+    client = throttling.redis_client()
     assert client is not None
     bucket = f"test-{uuid.uuid4().hex}"
     throttling.hit(bucket, 60)  # the first loads the script into Redis (NOSCRIPT once)
