@@ -1,6 +1,6 @@
 """The plan's shortcuts for a long queue give what their plain references give,
 over random snapshots (hypothesis): rule E4's protected candidates read once per GPU type
-(`_protected_among`) against `_protected_until`, which reads every running job; the
+(`protected_among`) against `protected_until`, which reads every running job; the
 replay of waits once the pass searches no more against the whole pass for every job
 (the same plan: admissions, preemptions, order, every wait's reason and message); a
 victim search that stops at the lowest tier of the running jobs against one that reads
@@ -16,14 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queueing.policy import admission, preemption
-from queueing.policy.admission import (
-    Plan,
-    _Protected,
-    _protected_among,
-    _protected_of_type,
-    _protected_until,
-    plan_admissions,
-)
+from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.fairshare import FairShareState
 from queueing.policy.preemption import find_victims
 from queueing.policy.priority import PriorityWeights
@@ -34,6 +27,13 @@ from queueing.policy.snapshot import (
     QuotaLimit,
     RunningJob,
     Snapshot,
+)
+from queueing.policy.stages.heads import Charges, QueueOrder
+from queueing.policy.stages.preempt import (
+    Protected,
+    protected_among,
+    protected_of_type,
+    protected_until,
 )
 from queueing.policy.workspace import Workspace
 
@@ -61,12 +61,12 @@ def _check_protected(s: Snapshot, rnd: random.Random) -> None:
     for r in s.running:  # victims of earlier searches of the pass
         if rnd.random() < 0.2:
             ws.removed.add(r.id)
-    by_type: dict[str, _Protected] = {}
+    by_type: dict[str, Protected] = {}
     for job in s.queued:
         candidates = by_type.get(job.gpu_type)
         if candidates is None:
-            candidates = by_type[job.gpu_type] = _protected_of_type(ws, job.gpu_type, s.now)
-        assert _protected_among(ws, job, candidates) == _protected_until(ws, job, s.now)
+            candidates = by_type[job.gpu_type] = protected_of_type(ws, job.gpu_type, s.now)
+        assert protected_among(ws, job, candidates) == protected_until(ws, job, s.now)
 
 
 @settings(max_examples=200, deadline=None)
@@ -204,8 +204,8 @@ def _order(s: Snapshot, *, fast: bool, charges: list[tuple[int, str, float]]) ->
     """The queue order of `s`'s jobs (ids) when the consumer charges `(after the n-th
     job, team, GPU-hours)` as it goes."""
     assert s.fair_share_state is not None
-    factors = admission._Charges(s.fair_share_state.copy())
-    order = admission._QueueOrder(
+    factors = Charges(s.fair_share_state.copy())
+    order = QueueOrder(
         s.queued, factors=factors, weights=s.priority_weights or PriorityWeights(), now=s.now,
         cluster_gpus=sum(n.capacity for n in s.nodes), first=s.nominated,
         usage_total=sum(s.fair_share_state.usage(t) for t in {j.team for j in s.queued}))
@@ -259,11 +259,11 @@ def test_the_sorted_order_is_the_heaps_whatever_is_charged_when(
 
 
 def _heap_only(s: Snapshot) -> Plan:
-    admission._QueueOrder.fast = False
+    QueueOrder.fast = False
     try:
         return plan_admissions(s)
     finally:
-        admission._QueueOrder.fast = True
+        QueueOrder.fast = True
 
 
 @settings(max_examples=200, deadline=None)
