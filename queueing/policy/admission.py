@@ -19,7 +19,7 @@ from .preemption import Preemption
 from .snapshot import Snapshot, Topology, TopologyMode
 from .stages.admit import Admission
 from .stages.heads import gate
-from .stages.pipeline import attempt, try_of
+from .stages.pipeline import attempt, attempt_types, try_of
 from .stages.state import Pass
 from .stages.waits import Wait, WaitReason, Waits
 from .workspace import Capacity
@@ -109,7 +109,9 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         job_id = job.id
         remember(job_id)
         lkey: _LaneKey | None = None
-        if lane_on and not p.may_search and not job.dependencies and job.array_id is None:
+        several = len(job.gpu_types) > 1
+        if lane_on and not p.may_search and not job.dependencies and job.array_id is None \
+                and not several:
             lkey = (job.team, job.gpu_type, job.gpus_per_replica, job.replicas,
                     job.cpu_millicores, job.memory_bytes, job.topology, job.clusters,
                     job.spot_ok)
@@ -128,6 +130,9 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                     p.array_active, snapshot.array_limits, p.never_met)
         if wait is not None:
             raw[job_id] = wait
+            continue
+        if several:  # rules G1-G5
+            attempt_types(p, job, index)
             continue
         step = attempt(p, try_of(p, job, index, job.gpu_type))
         if step and lkey is not None:

@@ -40,7 +40,8 @@ def admitted_one(p: Pass, job: QueuedJob) -> None:
 
 
 def admit(p: Pass, t: Try) -> None:
-    """Admit the try's placement on its pool."""
+    """Admit the try's placement on its pool, charged as its type (rule G4: quota and the
+    entry penalty of the type it lands on)."""
     job, gt, placement = t.job, t.gt, t.placement
     assert placement is not None
     g = job.gpus_per_replica

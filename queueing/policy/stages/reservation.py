@@ -23,7 +23,8 @@ def reserve(p: Pass, t: Try, pools: tuple[str, ...]) -> None:
     it at its shadow time - in the pool of its `pools` (rule K1: one cluster) where that
     comes first, ties by their order (rule K2)."""
     job, gt = t.job, t.gt
-    if t.cpu or t.mem or job.topology is not None or t.total < p.largest.get(gt, 0):
+    if t.multi or t.cpu or t.mem or job.topology is not None or \
+            t.total < p.largest.get(gt, 0):
         return
     p.decided.add(gt)
     best = None
@@ -49,6 +50,27 @@ class Reservation:
         self.pool = pool  # rule K1: the nodes of one pool; the others are not reserved
         # A job started now ends before `at` when its estimate is at most this.
         self.seconds = (at - now).total_seconds()
+
+
+def reserve_earliest(p: Pass, tries: list[Try]) -> None:
+    """Rules A9, G5: a job accepting several GPU types that waits for capacity on some of
+    them (`tries`, those where rule A9 would reserve for it) reserves on the one type
+    whose shadow time comes first (ties: the preferred type), in the pool of that type
+    where it comes first. Every type it was the first large gang of is decided."""
+    best: tuple[Reservation, str] | None = None
+    for t in tries:
+        job, gt = t.job, t.gt
+        if t.cpu or t.mem or job.topology is not None or t.total < p.largest.get(gt, 0) \
+                or gt in p.decided:
+            continue
+        p.decided.add(gt)
+        for q in t.k2 or t.fitting:
+            r = shadow_reservation(p.ws, job, p.now, p.admitted_ends.get(gt, ()), q, gt)
+            if r is not None and (best is None or r.at < best[0].at):
+                best = (r, gt)
+    if best is not None:
+        p.reserved[best[1]] = best[0]
+        p.waits.reservations[best[1]] = (tries[0].job.id, best[0].at)
 
 
 def shadow_reservation(ws: Workspace, job: QueuedJob, now: datetime,

@@ -137,7 +137,8 @@ class Try:
     (its quota, its pools, where it was placed or why not)."""
 
     __slots__ = ("cpu", "excluded", "fitting", "gt", "index", "job", "k2", "key", "lending",
-                 "may_reserve", "mem", "over", "placement", "pool", "skey", "total", "why_not")
+                 "may_reserve", "mem", "multi", "over", "placement", "pool", "skey", "total",
+                 "why_not")
 
     def __init__(self, job: QueuedJob, index: int, gpu_type: str, cpu: int, mem: int) -> None:
         self.job, self.index, self.gt = job, index, gpu_type
@@ -146,6 +147,9 @@ class Try:
         # Rule A6 only where the nodes of the type report CPU or memory.
         self.cpu, self.mem = cpu, mem
         self.over = self.lending = self.may_reserve = False
+        # Rule G5: one of several GPU types the job accepts (the reservation of rule A9
+        # is made once all were tried, on the type where it comes first).
+        self.multi = False
         self.skey: StaticKey = (gpu_type, job.clusters, job.spot_ok, job.gpus_per_replica,
                                 job.replicas, cpu, mem, job.topology)
         self.excluded: tuple[str, ...] = ()

@@ -62,8 +62,8 @@ class Waits(Mapping[int, Wait]):
     """`Plan.waits`, built lazily: most of a long queue waits, and a wait's message is
     only formatted when someone reads it. Reads give equal `Wait` values every time."""
 
-    __slots__ = ("_raw", "blocks", "elsewhere", "jobs", "now", "pool_info", "protected",
-                 "refused", "reservations", "several")
+    __slots__ = ("_raw", "blocks", "elsewhere", "jobs", "now", "per_type", "pool_info",
+                 "protected", "refused", "reservations", "several")
 
     def __init__(self, jobs: list[QueuedJob] | None = None,
                  now: datetime | None = None) -> None:
@@ -87,6 +87,10 @@ class Waits(Mapping[int, Wait]):
         # `Plan.wait_causes`: job id -> what its preemption search gave (`NOT_WORTH`,
         # `NO_VICTIM`), for the jobs whose search ran (or was skipped as failed before).
         self.refused: dict[int, str] = {}
+        # Rule G5: for a job accepting several GPU types that waits, each type's blocker
+        # in preference order (the job as tried on the type, its wait); `_raw` holds the
+        # first type's.
+        self.per_type: dict[int, list[tuple[QueuedJob, Wait | Raw]]] = {}
 
     def causes(self) -> Iterator[tuple[int, str]]:
         """`Plan.wait_causes`, from the raw waits."""
@@ -103,10 +107,32 @@ class Waits(Mapping[int, Wait]):
 
     def __getitem__(self, job_id: int) -> Wait:
         raw = self._raw[job_id]
+        several = self.per_type.get(job_id) if self.per_type else None
+        if several is not None:
+            return self._several_types(job_id, several)
+        return self._format(job_id, raw, None)
+
+    def _several_types(self, job_id: int,
+                       several: list[tuple[QueuedJob, Wait | Raw]]) -> Wait:
+        """Rule G5: a job accepting several GPU types waits for the reason of its most
+        preferred type, and its message names each type's blocker in order:
+        "h100: quota (team a holds ...); a100: capacity (waiting for ...)"."""
+        waits = [self._format(job_id, raw, view) for view, raw in several]
+        words = "; ".join(f"{view.gpu_type}: {w.reason.value} ({w.message})"
+                          for (view, _), w in zip(several, waits, strict=True))
+        types = ", ".join(view.gpu_type for view, _ in several)
+        until = min((w.until for w in waits if w.until is not None), default=None)
+        return Wait(job_id, waits[0].reason,
+                    f"none of the GPU types it accepts ({types}) has room: {words} (rule G5)",
+                    until)
+
+    def _format(self, job_id: int, raw: Wait | Raw, view: QueuedJob | None) -> Wait:
+        """The `Wait` of a raw wait; `view` the job as tried on one of its GPU types
+        (rule G5), else the job itself."""
         if isinstance(raw, Wait):
             return raw
         code, index, held, ceiling = raw
-        reason, job = REASONS[code], self.jobs[index]
+        reason, job = REASONS[code], view or self.jobs[index]
         gt = job.gpu_type
         level = job.topology.level if job.topology is not None else ""
         if reason is WaitReason.NEVER_FITS:
