@@ -72,6 +72,22 @@ _LANE_TRIAL = 2048
 _LaneKey = tuple[str, str, int, int, int | None, int | None, Topology | None,
                  frozenset[str] | None, bool]
 
+# A queued job of several GPU types (rule G5): team, types, tier (rule G2's setting),
+# shape, allowed clusters and spot_ok; what the replay gives again: (stamp, the first
+# type's reason code, held, ceiling, rule K3's pool or "", and each type's (type, code,
+# held, ceiling)).
+_SeveralKey = tuple[str, tuple[str, ...], int, int, int, int | None, int | None,
+                    Topology | None, frozenset[str] | None, bool]
+_SeveralReplay = tuple[int, int, int, int, str, tuple[tuple[str, int, int, int], ...]]
+
+
+def _replay_several(p: Pass, job_id: int, index: int, again: _SeveralReplay) -> None:
+    """The wait of a job of several types as an equal job's was (rule G5)."""
+    p.raw[job_id] = (again[1], index, again[2], again[3])
+    if again[4]:
+        p.waits.elsewhere[job_id] = again[4]
+    p.waits.per_type[job_id] = (index, [(gt, (c, index, h, ce)) for gt, c, h, ce in again[5]])
+
 
 def plan_admissions(snapshot: Snapshot) -> Plan:
     """One planning pass over the queue (rules Q1, Q2, O1, A1-A9, R1-R9, D1-D2, K1-K4, K7).
@@ -92,7 +108,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     preemptor is nominated, a job waits exactly as an earlier job of its team and shape
     did when nothing has changed since - no capacity, hold or ledger move (every counter
     in `stamp` only grows). Per `_LaneKey`: (stamp, reason code, held, ceiling, rule K3's
-    pool or "") as the stages gave it. A queue of many teams and shapes that keeps
+    pool or "") as the stages gave it; a job of several GPU types (rule G5) per
+    `_SeveralKey`, with each type's blocker. A queue of many teams and shapes that keeps
     changing the state seldom replays: after `_LANE_TRIAL` misses outnumbering the
     replays the pass stops looking.
     """
@@ -101,6 +118,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     seen: list[int] = []
     remember = seen.append
     lane: dict[_LaneKey, tuple[int, int, int, int, str]] = {}
+    several_lane: dict[_SeveralKey, _SeveralReplay] = {}  # rule G5: jobs of several types
     lane_on = _REPLAY and not p.nominated
     stamp = replays = misses = 0
     elsewhere = p.waits.elsewhere
@@ -109,20 +127,30 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         job_id = job.id
         remember(job_id)
         lkey: _LaneKey | None = None
+        skey: _SeveralKey | None = None
         several = len(job.gpu_types) > 1
-        if lane_on and not p.may_search and not job.dependencies and job.array_id is None \
-                and not several:
-            lkey = (job.team, job.gpu_type, job.gpus_per_replica, job.replicas,
-                    job.cpu_millicores, job.memory_bytes, job.topology, job.clusters,
-                    job.spot_ok)
+        if lane_on and not p.may_search and not job.dependencies and job.array_id is None:
             stamp = cap.changes + cap.grown + len(hold_log) + ledger.moves
-            replay = lane.get(lkey)
-            if replay is not None and replay[0] == stamp:
-                raw[job_id] = (replay[1], index, replay[2], replay[3])
-                if replay[4]:
-                    elsewhere[job_id] = replay[4]
-                replays += 1
-                continue
+            if several:
+                skey = (job.team, job.gpu_types, job.tier_rank, job.gpus_per_replica,
+                        job.replicas, job.cpu_millicores, job.memory_bytes, job.topology,
+                        job.clusters, job.spot_ok)
+                again = several_lane.get(skey)
+                if again is not None and again[0] == stamp:
+                    _replay_several(p, job_id, index, again)
+                    replays += 1
+                    continue
+            else:
+                lkey = (job.team, job.gpu_type, job.gpus_per_replica, job.replicas,
+                        job.cpu_millicores, job.memory_bytes, job.topology, job.clusters,
+                        job.spot_ok)
+                replay = lane.get(lkey)
+                if replay is not None and replay[0] == stamp:
+                    raw[job_id] = (replay[1], index, replay[2], replay[3])
+                    if replay[4]:
+                        elsewhere[job_id] = replay[4]
+                    replays += 1
+                    continue
             misses += 1
             if misses >= _LANE_TRIAL and misses > replays:
                 lane_on = False
@@ -132,7 +160,11 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             raw[job_id] = wait
             continue
         if several:  # rules G1-G5
-            attempt_types(p, job, index)
+            step = attempt_types(p, job, index)
+            if step and skey is not None:
+                several_lane[skey] = (stamp, *step, tuple(
+                    (gt, r[0], r[2], r[3]) for gt, r in p.waits.per_type[job_id][1]
+                    if not isinstance(r, Wait)))
             continue
         step = attempt(p, try_of(p, job, index, job.gpu_type))
         if step and lkey is not None:

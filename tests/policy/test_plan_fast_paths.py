@@ -21,6 +21,7 @@ from queueing.policy.fairshare import FairShareState
 from queueing.policy.preemption import find_victims
 from queueing.policy.priority import PriorityWeights
 from queueing.policy.snapshot import (
+    FlavorFallback,
     NodeState,
     PreemptionSettings,
     QueuedJob,
@@ -276,3 +277,26 @@ def test_a_plan_on_the_sorted_order_is_the_plan_on_the_heap(s: Snapshot) -> None
 @given(long_queues())
 def test_a_long_queue_plans_the_same_on_the_sorted_order(s: Snapshot) -> None:
     assert plan_admissions(s) == _heap_only(s)
+
+
+@settings(max_examples=300, deadline=None)
+@given(long_queues(), st.integers(0, 2**32), st.sampled_from((admission._LANE_TRIAL, 1, 3)))
+def test_replayed_waits_of_jobs_of_several_gpu_types(s: Snapshot, seed: int,
+                                                     trial: int) -> None:
+    """Rule G5's replay: jobs accepting two types (either order, either fallback
+    setting of rule G2) wait as the whole pass says, message by message."""
+    rnd = random.Random(seed)
+    s = replace(s, queued=tuple(
+        replace(j, gpu_types=rnd.choice((("h100", "a100"), ("a100", "h100"))))
+        if rnd.random() < 0.5 else j for j in s.queued), flavor_fallback={
+            (t, tier): rnd.choice(tuple(FlavorFallback)) for t in "xy" for tier in (0, 100)})
+    s = replace(s, queued=tuple(replace(j, gpu_type=j.gpu_types[0]) if j.gpu_types else j
+                                for j in s.queued))
+    kept, admission._LANE_TRIAL = admission._LANE_TRIAL, trial
+    try:
+        plan = plan_admissions(s)
+    finally:
+        admission._LANE_TRIAL = kept
+    reference = _without_replay(s)
+    assert plan == reference
+    assert plan.waits.items() == reference.waits.items()

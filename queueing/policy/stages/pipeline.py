@@ -88,13 +88,15 @@ def type_order(p: Pass, job: QueuedJob) -> tuple[str, ...]:
     return types
 
 
-def attempt_types(p: Pass, job: QueuedJob, index: int) -> None:
+def attempt_types(p: Pass, job: QueuedJob, index: int) -> Step:
     """Rules G1-G5 for a job accepting several GPU types: tried on each type in
     `type_order` without preempting, admitted on the first it fits (rule G4: charged as
     that type); else, when no type fits without it, preemption on each type in
     preference order (rule G3: Kueue's whenCanPreempt TryNextFlavor); else it waits with
     each type's blocker (rule G5) and rule A9 reserves on the type where its shadow time
-    comes first."""
+    comes first. Returns `DONE`, or when it waits with every blocker a raw wait (no
+    search, no preemptor: what the replay of waits may give again) its first type's
+    step."""
     tries: dict[str, Try] = {}
     blockers: dict[str, Wait | Raw] = {}
     may_preempt: list[str] = []
@@ -106,26 +108,30 @@ def attempt_types(p: Pass, job: QueuedJob, index: int) -> None:
             if t.placement is not None:
                 admit(p, t)
                 _forget_waits(p, job.id)  # what earlier types said is moot
-                return
+                return DONE
             may_preempt.append(gt)
             final_wait(p, t)  # what it waits for on this type unless it preempts
         blockers[gt] = p.raw[job.id]
     types = job.accepted_types
     if may_preempt and nominated_wait(p, tries[may_preempt[0]]) is not None:
-        return
+        return DONE
     for gt in types:
         if gt not in may_preempt:
             continue
         before = len(p.preemptions)
         if preempt(p, tries[gt]) is not None:
             if len(p.preemptions) > before:
-                return
+                return DONE
             blockers[gt] = p.raw[job.id]  # rule R5 or R9 said no on this type
     if p.reserve_on:
         reserve_earliest(p, [t for t in (tries[gt] for gt in types) if t.fitting
                              and not t.over and not t.lending and t.why_not == _CAPACITY])
-    p.raw[job.id] = blockers[types[0]]
-    p.waits.per_type[job.id] = [(tries[gt].job, blockers[gt]) for gt in types]
+    first = p.raw[job.id] = blockers[types[0]]
+    several = [(gt, blockers[gt]) for gt in types]
+    p.waits.per_type[job.id] = (index, several)
+    if isinstance(first, Wait) or any(isinstance(raw, Wait) for _, raw in several):
+        return DONE
+    return (first[0], first[2], first[3], p.waits.elsewhere.get(job.id, ""))
 
 
 def _forget_waits(p: Pass, job_id: int) -> None:

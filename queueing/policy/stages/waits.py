@@ -5,7 +5,7 @@ wait)."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -87,10 +87,10 @@ class Waits(Mapping[int, Wait]):
         # `Plan.wait_causes`: job id -> what its preemption search gave (`NOT_WORTH`,
         # `NO_VICTIM`), for the jobs whose search ran (or was skipped as failed before).
         self.refused: dict[int, str] = {}
-        # Rule G5: for a job accepting several GPU types that waits, each type's blocker
-        # in preference order (the job as tried on the type, its wait); `_raw` holds the
-        # first type's.
-        self.per_type: dict[int, list[tuple[QueuedJob, Wait | Raw]]] = {}
+        # Rule G5: for a job accepting several GPU types that waits, its index in `jobs`
+        # and each type's blocker in preference order (the type, its wait); `_raw` holds
+        # the first type's.
+        self.per_type: dict[int, tuple[int, list[tuple[str, Wait | Raw]]]] = {}
 
     def causes(self) -> Iterator[tuple[int, str]]:
         """`Plan.wait_causes`, from the raw waits."""
@@ -113,14 +113,16 @@ class Waits(Mapping[int, Wait]):
         return self._format(job_id, raw, None)
 
     def _several_types(self, job_id: int,
-                       several: list[tuple[QueuedJob, Wait | Raw]]) -> Wait:
+                       several: tuple[int, list[tuple[str, Wait | Raw]]]) -> Wait:
         """Rule G5: a job accepting several GPU types waits for the reason of its most
         preferred type, and its message names each type's blocker in order:
         "h100: quota (team a holds ...); a100: capacity (waiting for ...)"."""
-        waits = [self._format(job_id, raw, view) for view, raw in several]
-        words = "; ".join(f"{view.gpu_type}: {w.reason.value} ({w.message})"
-                          for (view, _), w in zip(several, waits, strict=True))
-        types = ", ".join(view.gpu_type for view, _ in several)
+        job = self.jobs[several[0]]
+        waits = [self._format(job_id, raw, job if gt == job.gpu_type
+                              else replace(job, gpu_type=gt)) for gt, raw in several[1]]
+        words = "; ".join(f"{gt}: {w.reason.value} ({w.message})"
+                          for (gt, _), w in zip(several[1], waits, strict=True))
+        types = ", ".join(gt for gt, _ in several[1])
         until = min((w.until for w in waits if w.until is not None), default=None)
         return Wait(job_id, waits[0].reason,
                     f"none of the GPU types it accepts ({types}) has room: {words} (rule G5)",
