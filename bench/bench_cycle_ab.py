@@ -5,9 +5,10 @@ earlier revision, in the real cycle of `bench_cycle.py --only 100k` (100,000 que
 10,000 running one-GPU jobs of 100 teams, 10,000 simulated GPUs)?
 
 How it works
-  * The earlier revision's `queueing/policy/admission.py` and `preemption.py` are read
-    with `git show <base>:...` into a temporary folder and imported beside this
-    checkout's (the rest of the policy is this checkout's: the two must fit it).
+  * The earlier revision's `queueing/policy/admission.py` and `preemption.py` (and its
+    `queueing/policy/stages/`, when it has them) are read with `git show <base>:...`
+    into a temporary folder and imported beside this checkout's (the rest of the policy
+    is this checkout's: the two must fit it).
   * One world is built as `bench_cycle.py` builds it; then cycles run, each after its
     churn, the scheduler's `plan_admissions` switched between the base ("old") and this
     checkout ("new") in the order old, new, new, old, ... so drift in the machine's load
@@ -46,12 +47,27 @@ import bench_cycle as bc  # noqa: E402  (bench/ is sys.path[0])
 from _common import bench, note  # noqa: E402
 
 
+def _show(rev: str, path: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"],
+                          check=True, capture_output=True, text=True).stdout
+
+
 def import_base(rev: str, folder: Path) -> Any:
-    """The base revision's admission module (with its preemption module)."""
+    """The base revision's admission module (with its preemption module, and its
+    admission stages when it has them: `queueing/policy/stages/` as `base_stages`)."""
+    stages = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}", "queueing/policy/stages/"],
+        check=True, capture_output=True, text=True).stdout.split()
+    if stages:
+        (folder / "base_stages").mkdir()
+    for path in stages:
+        text = _show(rev, path).replace("from queueing.policy.preemption import",
+                                        "from base_preemption import")
+        (folder / "base_stages" / Path(path).name).write_text(text)
     for name in ("admission", "preemption"):
-        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:queueing/policy/{name}.py"],
-                              check=True, capture_output=True, text=True).stdout
+        text = _show(rev, f"queueing/policy/{name}.py")
         text = text.replace("from .preemption import", "from base_preemption import")
+        text = text.replace("\nfrom .stages.", "\nfrom base_stages.")
         text = text.replace("\nfrom .", "\nfrom queueing.policy.")
         (folder / f"base_{name}.py").write_text(text)
     sys.path.insert(0, str(folder))

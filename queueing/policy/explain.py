@@ -115,17 +115,28 @@ def explain_queue(
     `waits` is what the admission plan said of a job (code, message), `admitted` the jobs
     it would admit, `until` when a wait ends where the plan knows it (rule E4)."""
     out: dict[int, QueueExplanation] = {}
+    # Rules E1, G5: per GPU type the jobs so far that accept it; per set of accepted
+    # types how many jobs so far have that set (a job accepting several types counts
+    # the jobs ahead accepting any of them: the sets are few).
     same: dict[str, int] = {}
+    sets: dict[tuple[str, ...], int] = {}
     for index, job in enumerate(ordered):
-        ahead_same = same.get(job.gpu_type, 0)
+        types = job.accepted_types
+        if len(types) == 1:
+            ahead_same = same.get(job.gpu_type, 0)
+        else:
+            wanted = frozenset(types)
+            ahead_same = sum(n for s, n in sets.items() if not wanted.isdisjoint(s))
         code, message = waits.get(job.id, (None, None))
         out[job.id] = QueueExplanation(
             position=index + 1, ahead=index, ahead_same_gpu_type=ahead_same,
             queued=len(ordered), reasons=reason_lines(
-                ahead=index, ahead_same_gpu_type=ahead_same, gpu_type=job.gpu_type,
+                ahead=index, ahead_same_gpu_type=ahead_same, gpu_type=" or ".join(types),
                 wait_code=code, wait_message=message, admitted_next=job.id in admitted,
                 wait_until=until.get(job.id) if until else None))
-        same[job.gpu_type] = ahead_same + 1
+        for gt in types:
+            same[gt] = same.get(gt, 0) + 1
+        sets[types] = sets.get(types, 0) + 1
     return out
 
 

@@ -152,36 +152,49 @@ def find_victims(
         floor = ws.victim_floor[(gt, now)]
         if floor is None or floor >= job.tier_rank:
             return None
-    cands: list[_Cand] = []
-    # Per running job of the type: skip it when removed or protected (R3); R1 (strictly
-    # lower tier) or else, within nominal, R2 (another team's job of the same or a lower
-    # tier, borrowing beyond its nominal); keyed by rule R4. The protection and the
-    # start-time part of the key only depend on `now`: computed once per workspace (the
-    # pass searches many times).
-    removed, borrowing, tier = ws.removed, ws.ledger.borrowing, job.tier_rank
-    priority, reclaim = PreemptionRule.PRIORITY, PreemptionRule.RECLAIM
-    running_cluster = ws.running_cluster
-    for r, lost in unprotected:
-        if r.id in removed or running_cluster[r.id] != cluster:  # rule K7: its cluster only
-            continue
-        if not r.preemptible:
-            # Rule Q2: a non-preemptible job only goes to reclaim its team's borrowing,
-            # whatever the tiers; after every preemptible candidate (its tier sorts it).
-            if within_nominal and r.team != team and borrowing(r.team, gt):
-                cands.append(((r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
-        elif r.tier_rank < tier and (r.team == team or borrowing(r.team, gt)):
-            # Rule Q2: another team's job only while that team borrows, so no tier takes
-            # what a team was guaranteed.
-            cands.append(((r.tier_rank, 0.0, lost, r.id), r, priority))
-        elif (within_nominal and r.team != team and r.tier_rank <= tier
-              and borrowing(r.team, gt)):
-            cands.append(((r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
+    cands = _candidates(ws, job, unprotected, cluster, within_nominal, factor)
     if not cands:
         return None
     cands.sort(key=lambda c: c[0])
     rule_of = {r.id: rule for _, r, rule in cands}
     key_of = {r.id: k for k, r, _ in cands}
 
+    taken = _take_enough(ws, job, cands, rule_of, fits, pool, cpu, mem)
+    if taken is None:
+        return None
+    victims = _minimize(ws, taken, key_of, fits)
+    undo_victims = ws.simulate_removal(victims)
+    placement = cap.place(pool, g, reps, cpu=cpu, memory=mem, topology=topo)
+    if placement is None:  # pragma: no cover - fits() said it does
+        undo_victims()
+        return None
+    found = Preemption(
+        job.id, team, gt,
+        tuple(Victim(r.id, r.team, r.tier_rank, r.total_gpus, rule_of[r.id]) for r in victims),
+        placement, cluster,
+    )
+
+    def undo_found() -> None:
+        cap.release(placement, g, cpu=cpu, memory=mem)
+        undo_victims()
+
+    return found, undo_found
+
+
+# Rule R4's sort key of a candidate: (tier rank, team F for reclaim else 0, work lost, id).
+_Key = tuple[int, float, float, int]
+_Cand = tuple[_Key, RunningJob, PreemptionRule]
+
+
+def _take_enough(ws: Workspace, job: QueuedJob, cands: list[_Cand],
+                 rule_of: dict[int, PreemptionRule], fits: Callable[[], bool], pool: str,
+                 cpu: int, mem: int) -> list[RunningJob] | None:
+    """Steps 1b and 2 of `find_victims`: the victims that make the job fit (its own
+    team's lower tiers first while it is over its ceiling, then node-aware greedy, then
+    more in R4 order while the quota pool refuses it), or None. The workspace is as
+    before either way."""
+    gt, team, g, reps, topo = (job.gpu_type, job.team, job.gpus_per_replica, job.replicas,
+                               job.topology)
     taken: list[RunningJob] = []
     undos: list[Callable[[], None]] = []
 
@@ -210,7 +223,6 @@ def find_victims(
     if ws.ledger.over_ceiling(team, gt, job.total_gpus) is not None:
         undo_all()
         return None
-
     # 2. node-aware greedy, one replica at a time, reserving each placed replica; for a
     # required topology (rule A7) per domain instead.
     if topo is not None and topo.mode is TopologyMode.REQUIRED:
@@ -224,15 +236,47 @@ def find_victims(
             if still_allowed(r):
                 take([r])
         ok = fits()
-    if not ok or not taken:
-        undo_all()
-        return None
-
     undo_all()
+    return taken if ok and taken else None
 
-    # 3. minimize: try to spare each victim, the most valuable (last in R4 order) first.
-    # Sparing a victim only raises its team's holdings, so the kept reclaim victims'
-    # teams still borrow (rule R2 stays true).
+
+def _candidates(ws: Workspace, job: QueuedJob, unprotected: list[tuple[RunningJob, float]],
+                cluster: str, within_nominal: bool,
+                factor: Callable[[str], float]) -> list[_Cand]:
+    """Step 1 of `find_victims`: per running job of the type, skip it when removed or
+    protected (R3) or in another cluster (K7); R1 (strictly lower tier) or else, within
+    nominal, R2 (another team's job of the same or a lower tier, borrowing beyond its
+    nominal); keyed by rule R4, unsorted. The protection and the start-time part of the
+    key only depend on `now`: computed once per workspace (the pass searches many
+    times)."""
+    cands: list[_Cand] = []
+    gt, team, tier = job.gpu_type, job.team, job.tier_rank
+    removed, borrowing = ws.removed, ws.ledger.borrowing
+    priority, reclaim = PreemptionRule.PRIORITY, PreemptionRule.RECLAIM
+    running_cluster = ws.running_cluster
+    for r, lost in unprotected:
+        if r.id in removed or running_cluster[r.id] != cluster:  # rule K7: its cluster only
+            continue
+        if not r.preemptible:
+            # Rule Q2: a non-preemptible job only goes to reclaim its team's borrowing,
+            # whatever the tiers; after every preemptible candidate (its tier sorts it).
+            if within_nominal and r.team != team and borrowing(r.team, gt):
+                cands.append(((r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
+        elif r.tier_rank < tier and (r.team == team or borrowing(r.team, gt)):
+            # Rule Q2: another team's job only while that team borrows, so no tier takes
+            # what a team was guaranteed.
+            cands.append(((r.tier_rank, 0.0, lost, r.id), r, priority))
+        elif (within_nominal and r.team != team and r.tier_rank <= tier
+              and borrowing(r.team, gt)):
+            cands.append(((r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
+    return cands
+
+
+def _minimize(ws: Workspace, taken: list[RunningJob], key_of: dict[int, _Key],
+              fits: Callable[[], bool]) -> list[RunningJob]:
+    """Step 3 of `find_victims`: try to spare each victim, the most valuable (last in R4
+    order) first; the ones kept in R4 order. Sparing a victim only raises its team's
+    holdings, so the kept reclaim victims' teams still borrow (rule R2 stays true)."""
     victims = list(taken)
     for r in sorted(taken, key=lambda r: key_of[r.id], reverse=True):
         trial = [v for v in victims if v.id != r.id]
@@ -242,27 +286,7 @@ def find_victims(
         if spare:
             victims = trial
     victims.sort(key=lambda r: key_of[r.id])
-    undo_victims = ws.simulate_removal(victims)
-    placement = cap.place(pool, g, reps, cpu=cpu, memory=mem, topology=topo)
-    if placement is None:  # pragma: no cover - fits() said it does
-        undo_victims()
-        return None
-    found = Preemption(
-        job.id, team, gt,
-        tuple(Victim(r.id, r.team, r.tier_rank, r.total_gpus, rule_of[r.id]) for r in victims),
-        placement, cluster,
-    )
-
-    def undo_found() -> None:
-        cap.release(placement, g, cpu=cpu, memory=mem)
-        undo_victims()
-
-    return found, undo_found
-
-
-# Rule R4's sort key of a candidate: (tier rank, team F for reclaim else 0, work lost, id).
-_Key = tuple[int, float, float, int]
-_Cand = tuple[_Key, RunningJob, PreemptionRule]
+    return victims
 
 
 def _cost(chosen: list[RunningJob], key_of: dict[int, _Key]) -> tuple[object, ...]:

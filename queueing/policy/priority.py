@@ -3,7 +3,7 @@ priority/multifactor, and its breakdown per factor (rule P3).
 
 priority = Σ weight_i × factor_i, every factor in [0, 1]. The fair-share term is the only
 one that depends on the team's standing, so the sum is additive: the queue order (rules
-P2 and O1, `admission._QueueOrder`, the only implementation of the order) keeps
+P2 and O1, `stages/heads.py::QueueOrder`, the only implementation of the order) keeps
 `job_part` per job and adds `weights.fair_share × F` with the team's current factor.
 """
 

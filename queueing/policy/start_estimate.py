@@ -32,6 +32,8 @@ class Waiting:
     gpu_type: str
     gpus: int
     max_runtime_seconds: int | None
+    # Rule G5: every GPU type it accepts, in order of preference; () = only `gpu_type`.
+    gpu_types: tuple[str, ...] = ()
 
 
 def estimate_starts(*, now: datetime, free: Mapping[str, int], running: Sequence[Holding],
@@ -42,7 +44,8 @@ def estimate_starts(*, now: datetime, free: Mapping[str, int], running: Sequence
     and jobs estimated to start earlier at their start plus max runtime) cover it.
     None: never, by this rule: a job ahead of it, or it, needs GPUs that only a job
     without a max runtime would release, or more than the type has. Every job of
-    `queued` has an entry; ties in end times release together."""
+    `queued` has an entry; ties in end times release together. A job accepting several
+    types (`Waiting.gpu_types`, rule G5) starts on the one where it starts first."""
     out: dict[int, datetime | None] = {}
     releases: dict[str, list[tuple[datetime, int]]] = {}
     for h in running:
@@ -55,25 +58,55 @@ def estimate_starts(*, now: datetime, free: Mapping[str, int], running: Sequence
     blocked: set[str] = set()
     for job in queued:
         t = job.gpu_type
-        if t in blocked:
+        if len(job.gpu_types) > 1:
+            # Rule G5: the earliest over its types (ties: the preferred one), then as a
+            # job of that type; never on any: every type it accepts waits behind it.
+            at_of = {gt: _earliest(releases.get(gt, []), available.get(gt, 0),
+                                   clock.get(gt, now), job.gpus)
+                     for gt in job.gpu_types if gt not in blocked}
+            known = [(at, k, gt) for k, (gt, at) in enumerate(at_of.items()) if at is not None]
+            if not known:
+                blocked.update(job.gpu_types)
+                out[job.id] = None
+                continue
+            t = min(known)[2]
+        elif t in blocked:
             out[job.id] = None
             continue
-        heap = releases.setdefault(t, [])
-        at = clock.get(t, now)
-        have = available.get(t, 0)
-        while have < job.gpus and heap:
-            ends, gpus = heapq.heappop(heap)
-            at = max(at, ends)
-            have += gpus
-        if have < job.gpus:
-            # Later jobs of the type cannot start before this one (queue order).
-            blocked.add(t)
-            available[t] = have
-            out[job.id] = None
-            continue
-        available[t] = have - job.gpus
-        clock[t] = at
-        out[job.id] = at
-        if job.max_runtime_seconds is not None:
-            heapq.heappush(heap, (at + timedelta(seconds=job.max_runtime_seconds), job.gpus))
+        out[job.id] = _start(job, t, releases, available, clock, blocked, now)
     return out
+
+
+def _earliest(heap: list[tuple[datetime, int]], have: int, at: datetime,
+              gpus: int) -> datetime | None:
+    """When `gpus` GPUs of a type are free, `have` free now and `heap` to be released,
+    no earlier than `at`; None when never. Reads the heap, does not change it."""
+    for ends, released in sorted(heap):
+        if have >= gpus:
+            break
+        at = max(at, ends)
+        have += released
+    return at if have >= gpus else None
+
+
+def _start(job: Waiting, t: str, releases: dict[str, list[tuple[datetime, int]]],
+           available: dict[str, int], clock: dict[str, datetime], blocked: set[str],
+           now: datetime) -> datetime | None:
+    """Rule P4 for one job on GPU type `t`: its start, taken from the type's GPUs."""
+    heap = releases.setdefault(t, [])
+    at = clock.get(t, now)
+    have = available.get(t, 0)
+    while have < job.gpus and heap:
+        ends, gpus = heapq.heappop(heap)
+        at = max(at, ends)
+        have += gpus
+    if have < job.gpus:
+        # Later jobs of the type cannot start before this one (queue order).
+        blocked.add(t)
+        available[t] = have
+        return None
+    available[t] = have - job.gpus
+    clock[t] = at
+    if job.max_runtime_seconds is not None:
+        heapq.heappush(heap, (at + timedelta(seconds=job.max_runtime_seconds), job.gpus))
+    return at

@@ -24,6 +24,24 @@ def pool_key(gpu_type: str, cluster: str = "", spot: bool = False) -> str:
     return f"{gpu_type}@{cluster}" + ("~spot" if spot else "")
 
 
+def replicas_when_empty(capacity: int, gpus: int, cpu: int = 0, memory: int = 0,
+                        cpu_allocatable: int | None = None,
+                        memory_allocatable: int | None = None) -> int:
+    """Rules A3, A4, A6: how many replicas of `gpus` GPUs (and `cpu` millicores, `memory`
+    bytes) one node of `capacity` GPUs holds when it is empty - the count its empty nodes
+    hold that says whether a gang can ever run (the plan's `Capacity.slots_when_empty`,
+    the submit check's `selectors/cluster.py::gang_room`). An allocatable of None is not
+    known: no constraint. 0 for a replica of no GPUs."""
+    if gpus <= 0:
+        return 0
+    n = capacity // gpus
+    if cpu > 0 and cpu_allocatable is not None:
+        n = min(n, cpu_allocatable // cpu)
+    if memory > 0 and memory_allocatable is not None:
+        n = min(n, memory_allocatable // memory)
+    return n
+
+
 class Capacity:
     """Free GPUs, CPU and memory per node, bucketed by (GPU type, free GPUs) for best fit.
 
@@ -127,13 +145,9 @@ class Capacity:
         return n
 
     def empty_node_slots(self, name: str, gpus: int, cpu: int, memory: int) -> int:
-        n = self.capacity[name] // gpus
-        c, m = self.cpu_allocatable[name], self.memory_allocatable[name]
-        if cpu > 0 and c is not None:
-            n = min(n, c // cpu)
-        if memory > 0 and m is not None:
-            n = min(n, m // memory)
-        return n
+        """`replicas_when_empty` of node `name`."""
+        return replicas_when_empty(self.capacity[name], gpus, cpu, memory,
+                                   self.cpu_allocatable[name], self.memory_allocatable[name])
 
     def slots_now(self, gpu_type: str, gpus: int) -> int:
         """How many replicas of `gpus` GPUs (GPUs alone) the nodes of `gpu_type` (a pool)

@@ -29,6 +29,7 @@ from queueing.backends.base import ClusterBackend, NodeInfo
 from queueing.composition import backend_class, get_backend
 from queueing.memo import ttl_memo
 from queueing.models import Cluster, ClusterBackendKind, NodePool
+from queueing.policy.workspace import replicas_when_empty
 
 VIEW_KEY = "fairq:cluster-view"  # written by services/cluster_view.py, read here
 
@@ -406,7 +407,7 @@ def _gang_room(gpu_type: str, gpus: int, clusters: frozenset[str] | None, spot_o
         if (clusters is not None and cluster not in clusters) or (spot and not spot_ok):
             continue
         largest = max(largest, *sizes)
-        held = sum(size // gpus for size in sizes) if gpus > 0 else 0
+        held = sum(replicas_when_empty(size, gpus) for size in sizes)  # rule A3
         if held > best.replicas:
             best = GangRoom(held, cluster, spot, sum(sizes))
     return replace(best, largest_node=largest)

@@ -1,6 +1,6 @@
 """The plan's shortcuts for a long queue give what their plain references give,
 over random snapshots (hypothesis): rule E4's protected candidates read once per GPU type
-(`_protected_among`) against `_protected_until`, which reads every running job; the
+(`protected_among`) against `protected_until`, which reads every running job; the
 replay of waits once the pass searches no more against the whole pass for every job
 (the same plan: admissions, preemptions, order, every wait's reason and message); a
 victim search that stops at the lowest tier of the running jobs against one that reads
@@ -16,24 +16,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queueing.policy import admission, preemption
-from queueing.policy.admission import (
-    Plan,
-    _Protected,
-    _protected_among,
-    _protected_of_type,
-    _protected_until,
-    plan_admissions,
-)
+from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.fairshare import FairShareState
 from queueing.policy.preemption import find_victims
 from queueing.policy.priority import PriorityWeights
 from queueing.policy.snapshot import (
+    FlavorFallback,
     NodeState,
     PreemptionSettings,
     QueuedJob,
     QuotaLimit,
     RunningJob,
     Snapshot,
+)
+from queueing.policy.stages.heads import Charges, QueueOrder
+from queueing.policy.stages.preempt import (
+    Protected,
+    protected_among,
+    protected_of_type,
+    protected_until,
 )
 from queueing.policy.workspace import Workspace
 
@@ -61,12 +62,12 @@ def _check_protected(s: Snapshot, rnd: random.Random) -> None:
     for r in s.running:  # victims of earlier searches of the pass
         if rnd.random() < 0.2:
             ws.removed.add(r.id)
-    by_type: dict[str, _Protected] = {}
+    by_type: dict[str, Protected] = {}
     for job in s.queued:
         candidates = by_type.get(job.gpu_type)
         if candidates is None:
-            candidates = by_type[job.gpu_type] = _protected_of_type(ws, job.gpu_type, s.now)
-        assert _protected_among(ws, job, candidates) == _protected_until(ws, job, s.now)
+            candidates = by_type[job.gpu_type] = protected_of_type(ws, job.gpu_type, s.now)
+        assert protected_among(ws, job, candidates) == protected_until(ws, job, s.now)
 
 
 @settings(max_examples=200, deadline=None)
@@ -204,8 +205,8 @@ def _order(s: Snapshot, *, fast: bool, charges: list[tuple[int, str, float]]) ->
     """The queue order of `s`'s jobs (ids) when the consumer charges `(after the n-th
     job, team, GPU-hours)` as it goes."""
     assert s.fair_share_state is not None
-    factors = admission._Charges(s.fair_share_state.copy())
-    order = admission._QueueOrder(
+    factors = Charges(s.fair_share_state.copy())
+    order = QueueOrder(
         s.queued, factors=factors, weights=s.priority_weights or PriorityWeights(), now=s.now,
         cluster_gpus=sum(n.capacity for n in s.nodes), first=s.nominated,
         usage_total=sum(s.fair_share_state.usage(t) for t in {j.team for j in s.queued}))
@@ -259,11 +260,11 @@ def test_the_sorted_order_is_the_heaps_whatever_is_charged_when(
 
 
 def _heap_only(s: Snapshot) -> Plan:
-    admission._QueueOrder.fast = False
+    QueueOrder.fast = False
     try:
         return plan_admissions(s)
     finally:
-        admission._QueueOrder.fast = True
+        QueueOrder.fast = True
 
 
 @settings(max_examples=200, deadline=None)
@@ -276,3 +277,26 @@ def test_a_plan_on_the_sorted_order_is_the_plan_on_the_heap(s: Snapshot) -> None
 @given(long_queues())
 def test_a_long_queue_plans_the_same_on_the_sorted_order(s: Snapshot) -> None:
     assert plan_admissions(s) == _heap_only(s)
+
+
+@settings(max_examples=300, deadline=None)
+@given(long_queues(), st.integers(0, 2**32), st.sampled_from((admission._LANE_TRIAL, 1, 3)))
+def test_replayed_waits_of_jobs_of_several_gpu_types(s: Snapshot, seed: int,
+                                                     trial: int) -> None:
+    """Rule G5's replay: jobs accepting two types (either order, either fallback
+    setting of rule G2) wait as the whole pass says, message by message."""
+    rnd = random.Random(seed)
+    s = replace(s, queued=tuple(
+        replace(j, gpu_types=rnd.choice((("h100", "a100"), ("a100", "h100"))))
+        if rnd.random() < 0.5 else j for j in s.queued), flavor_fallback={
+            (t, tier): rnd.choice(tuple(FlavorFallback)) for t in "xy" for tier in (0, 100)})
+    s = replace(s, queued=tuple(replace(j, gpu_type=j.gpu_types[0]) if j.gpu_types else j
+                                for j in s.queued))
+    kept, admission._LANE_TRIAL = admission._LANE_TRIAL, trial
+    try:
+        plan = plan_admissions(s)
+    finally:
+        admission._LANE_TRIAL = kept
+    reference = _without_replay(s)
+    assert plan == reference
+    assert plan.waits.items() == reference.waits.items()

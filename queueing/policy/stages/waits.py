@@ -1,0 +1,320 @@
+"""Waits: why a queued job is not admitted, kept raw and put in words only when read
+(docs/scheduling.md, rules E1-E6 and the reason of every other rule that makes a job
+wait)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from queueing.policy.snapshot import QueuedJob
+
+
+class WaitReason(StrEnum):
+    QUOTA = "quota"
+    CAPACITY = "capacity"
+    NO_FIT = "gang_does_not_fit"
+    LENDING = "lending_limit"
+    PREEMPTING = "preempting"
+    RATE_LIMITED = "preemption_rate_limited"
+    CPU_MEMORY = "cpu_memory"  # rule A6: the GPUs are free, CPU or memory beside them not
+    TOPOLOGY = "topology"  # rule A7: no domain of the level holds the gang now
+    DEPENDENCY = "dependency"  # rule D1: a job or array it depends on has not ended so
+    DEPENDENCY_NEVER = "dependency_never_met"  # rule D2: the cycle fails it
+    ARRAY_LIMIT = "array_limit"  # rule A8: its array's concurrency limit is reached
+    # Rule E2: it would fit on GPUs this pass holds for a preemptor (rule A5).
+    HELD_FOR_PREEMPTOR = "held_for_preemptor"
+    # Rule E6: more GPUs than its team may ever hold (a quota lowered after the submit).
+    NEVER_FITS = "never_fits"
+    RESERVED = "reserved"  # rule A9: it fits, but on GPUs reserved for an earlier job
+    # Rule K3: no cluster it may use can hold it (or has room now, while one it may not
+    # use has).
+    CLUSTER = "cluster"
+
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    job_id: int
+    reason: WaitReason
+    message: str
+    until: datetime | None = None  # rule E4: when the wait ends, when the plan knows it
+
+
+
+# A wait not formatted yet: (reason code, index of the job in `Waits.jobs`, GPUs held,
+# ceiling). Only ints, so the garbage collector stops tracking the tuple at once (a long
+# queue makes ~100,000 of them; tuples holding a job would make every collection slower).
+Raw = tuple[int, int, int, int]
+REASONS: tuple[WaitReason, ...] = tuple(WaitReason)
+CODE = {r: i for i, r in enumerate(REASONS)}
+# `Plan.wait_causes`: a `capacity` wait split by what its preemption search gave.
+CAUSE_NAMES = {r: r.value for r in REASONS}
+NOT_WORTH = "capacity:not_worth_it"  # rule R9 refused the victims found
+PROTECTED_CAUSE = "capacity:protected"  # no victim set; candidates protected (rule R3)
+NO_VICTIM = "capacity:no_victim"  # the search (or an equal one this pass) found none
+NO_SEARCH = "capacity:no_search"  # preemption off, or no search left in the pass (R4)
+
+
+class Waits(Mapping[int, Wait]):
+    """`Plan.waits`, built lazily: most of a long queue waits, and a wait's message is
+    only formatted when someone reads it. Reads give equal `Wait` values every time."""
+
+    __slots__ = ("_raw", "blocks", "elsewhere", "jobs", "now", "per_type", "pool_info",
+                 "protected", "refused", "reservations", "several")
+
+    def __init__(self, jobs: list[QueuedJob] | None = None,
+                 now: datetime | None = None) -> None:
+        self._raw: dict[int, Wait | Raw] = {}
+        self.jobs: list[QueuedJob] = jobs if jobs is not None else []
+        self.now = now
+        # Rule E3: (largest free block, its node, free GPUs of the type, the block's
+        # cluster) as a `capacity` wait saw them; its `Raw` holds the index + 1 here.
+        self.blocks: list[tuple[int, str, int, str]] = []
+        # Rule K3: job id -> the pool it would fit in now but may not use; the pools'
+        # (GPU type, cluster, spot); whether the snapshot has several clusters (rule E3
+        # then names the block's cluster, rule A4 says "in one cluster").
+        self.elsewhere: dict[int, str] = {}
+        self.pool_info: Mapping[str, tuple[str, str, bool]] = {}
+        self.several = False
+        # Rule E4: job id -> (when the first protection of its candidates ends, how many
+        # of them are protected), for a `capacity` wait whose victim search found none.
+        self.protected: dict[int, tuple[datetime, int]] = {}
+        # Rule A9: GPU type -> (the job holding the reservation, its shadow time).
+        self.reservations: dict[str, tuple[int, datetime]] = {}
+        # `Plan.wait_causes`: job id -> what its preemption search gave (`NOT_WORTH`,
+        # `NO_VICTIM`), for the jobs whose search ran (or was skipped as failed before).
+        self.refused: dict[int, str] = {}
+        # Rule G5: for a job accepting several GPU types that waits, its index in `jobs`
+        # and each type's blocker in preference order (the type, its wait); `_raw` holds
+        # the first type's.
+        self.per_type: dict[int, tuple[int, list[tuple[str, Wait | Raw]]]] = {}
+
+    def causes(self) -> Iterator[tuple[int, str]]:
+        """`Plan.wait_causes`, from the raw waits."""
+        refused, protected, names = self.refused, self.protected, CAUSE_NAMES
+        capacity = WaitReason.CAPACITY
+        for job_id, raw in self._raw.items():
+            reason = raw.reason if isinstance(raw, Wait) else REASONS[raw[0]]
+            if reason is not capacity:
+                yield job_id, names[reason]
+            elif job_id in protected:
+                yield job_id, PROTECTED_CAUSE
+            else:
+                yield job_id, refused.get(job_id, NO_SEARCH)
+
+    def __getitem__(self, job_id: int) -> Wait:
+        raw = self._raw[job_id]
+        several = self.per_type.get(job_id) if self.per_type else None
+        if several is not None:
+            return self._several_types(job_id, several)
+        return self._format(job_id, raw, None)
+
+    def _several_types(self, job_id: int,
+                       several: tuple[int, list[tuple[str, Wait | Raw]]]) -> Wait:
+        """Rule G5: a job accepting several GPU types waits for the reason of its most
+        preferred type, and its message names each type's blocker in order:
+        "h100: quota (team a holds ...); a100: capacity (waiting for ...)"."""
+        job = self.jobs[several[0]]
+        waits = [self._format(job_id, raw, job if gt == job.gpu_type
+                              else replace(job, gpu_type=gt)) for gt, raw in several[1]]
+        words = "; ".join(f"{gt}: {w.reason.value} ({w.message})"
+                          for (gt, _), w in zip(several[1], waits, strict=True))
+        types = ", ".join(gt for gt, _ in several[1])
+        until = min((w.until for w in waits if w.until is not None), default=None)
+        return Wait(job_id, waits[0].reason,
+                    f"none of the GPU types it accepts ({types}) has room: {words} (rule G5)",
+                    until)
+
+    def _format(self, job_id: int, raw: Wait | Raw, view: QueuedJob | None) -> Wait:
+        """The `Wait` of a raw wait; `view` the job as tried on one of its GPU types
+        (rule G5), else the job itself."""
+        if isinstance(raw, Wait):
+            return raw
+        code, index, held, ceiling = raw
+        reason, job = REASONS[code], view or self.jobs[index]
+        gt = job.gpu_type
+        level = job.topology.level if job.topology is not None else ""
+        if reason is WaitReason.NEVER_FITS:
+            msg = (f"team {job.team} may hold at most {ceiling} {gt} GPUs (its quota's "
+                   f"nominal + borrowing limit); this job asks {job.total_gpus}: it can never "
+                   "run unless the quota is raised")
+        elif reason is WaitReason.QUOTA:
+            msg = (f"team {job.team} holds {held} {gt} GPUs; {job.total_gpus} more would "
+                   f"pass its limit of {ceiling}")
+        elif reason is WaitReason.NO_FIT and ceiling == IN_ONE_DOMAIN:
+            msg = (f"even empty, one {level} of {gt} nodes holds at most {held} replicas of "
+                   f"{_replica_size(job)}; this gang needs {job.replicas} in one {level} "
+                   f"(topology {level}: required)")
+        elif reason is WaitReason.CLUSTER:
+            msg = self._cluster_words(job, ceiling)
+        elif reason is WaitReason.NO_FIT and held == 0:
+            msg = f"no {gt} node has {_replica_size(job)} for one replica"
+        elif reason is WaitReason.CPU_MEMORY:
+            msg = (f"no {gt} node has {_cpu_memory(job)} free beside "
+                   f"{job.gpus_per_replica} GPUs for each of {job.replicas} replica(s): "
+                   "the GPUs are free, the CPU or memory next to them is not")
+        elif reason is WaitReason.TOPOLOGY:
+            msg = (f"no {level} has room for all {job.replicas} replicas of "
+                   f"{_replica_size(job)} of {gt} (topology {level}: required); waiting "
+                   f"for one {level} to free up")
+        elif reason is WaitReason.NO_FIT and ceiling == 0 and _cpu_memory(job):
+            msg = (f"even empty, the {gt} nodes{self._one_cluster} hold at most {held} "
+                   f"replicas of {_replica_size(job)}; this gang needs {job.replicas}")
+        elif reason is WaitReason.NO_FIT:
+            msg = (f"even empty, the {gt} nodes{self._one_cluster} hold at most {held} "
+                   f"replicas of {job.gpus_per_replica} GPUs; this gang needs {job.replicas}")
+        elif reason is WaitReason.LENDING:
+            msg = (f"the idle {gt} GPUs are other teams' nominal quota beyond their lending "
+                   f"limits; team {job.team} may not borrow them")
+        elif reason is WaitReason.HELD_FOR_PREEMPTOR:
+            msg = (f"the free {gt} GPUs it would fit on are held for job #{held}, which "
+                   f"preempted to run there ({ceiling} GPUs held; rule A5)")
+        elif reason is WaitReason.RESERVED:
+            holder, at = self.reservations[gt]
+            why = ("it has no max_runtime_seconds" if job.max_runtime_seconds is None
+                   else f"its max_runtime_seconds ({job.max_runtime_seconds}) runs past that")
+            msg = (f"reserved for job {holder} until {_when(at)}: the free {gt} GPUs it "
+                   f"fits on are the ones job {holder} needs then, and {why} (rule A9)")
+            return Wait(job_id, reason, msg, at)  # rule E4: the wait ends at a known instant
+        else:
+            msg = f"waiting for {job.replicas} × {job.gpus_per_replica} free {gt} GPUs on nodes"
+            if held > 0:
+                largest_block, node, free, cluster = self.blocks[held - 1]
+                if self.several and node:
+                    node += f" (cluster {cluster})"
+                msg += _block_words(job, largest_block, node, free)
+            held_for = self.reservations.get(gt)
+            if reason is WaitReason.CAPACITY and held_for is not None and held_for[0] == job_id:
+                msg += f"; GPUs are reserved for it from {_when(held_for[1])} (rule A9)"
+        until = None
+        if job_id in self.protected and reason in (WaitReason.CAPACITY, WaitReason.QUOTA):
+            until, n = self.protected[job_id]
+            msg += (f"; {n} running job{'s' if n != 1 else ''} it could preempt "
+                    f"{'are' if n != 1 else 'is'} protected by the minimum runtime of "
+                    f"{'their' if n != 1 else 'its'} tier (rule R3), the first until "
+                    f"{until_words(until, self.now)}")
+        return Wait(job_id, reason, msg, until)
+
+    @property
+    def _one_cluster(self) -> str:
+        """Rules K1, K4 in words when there are several clusters or spot nodes: a gang's
+        nodes are of one cluster and one kind."""
+        spot = any(info[2] for info in self.pool_info.values())
+        if self.several and spot:
+            return " of one cluster and one kind, spot or not (rules K1, K4)"
+        if self.several:
+            return " of one cluster (rule K1)"
+        return " of one kind, spot or not (rule K4)" if spot else ""
+
+    def _cluster_words(self, job: QueuedJob, now_elsewhere: int) -> str:
+        """Rule K3's wait in words: the clusters it may use (and spot nodes when it may
+        not, rule K4); with `now_elsewhere`, where it would fit now."""
+        gt = job.gpu_type
+        if job.clusters is None:
+            where = "any cluster"
+        elif not job.clusters:
+            where = "the clusters its pin or selector allows (none)"
+        else:
+            where = "its cluster" + ("s " if len(job.clusters) != 1 else " ") + ", ".join(
+                c or '""' for c in sorted(job.clusters))
+        has_spot = any(info[0] == gt and info[2] for info in self.pool_info.values())
+        if has_spot and not job.spot_ok:
+            where += (" (not spot nodes: a non-preemptible tier uses them only with "
+                      "allow_spot, rule K4)")
+        gang = f"{job.replicas} × {_replica_size(job)} of {gt}"
+        if not now_elsewhere:
+            return f"no node of {where} can hold {gang}, even empty (rules K1, K3)"
+        other = self.pool_info.get(self.elsewhere.get(job.id, ""))
+        there = ""
+        if other is not None:
+            there = ("on spot nodes of " if other[2] else "in ") + (
+                f"cluster {other[1]}" if other[1] else "the cluster")
+        return (f"waiting for {gang} in {where}; it would fit now {there}, which it "
+                "may not use (rule K3)")
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._raw
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __repr__(self) -> str:
+        return f"Waits({dict(self)!r})"
+
+
+# `Raw`'s last field for a `gang_does_not_fit` of rule A7: no one domain holds the gang.
+IN_ONE_DOMAIN = 1
+
+# `Raw`'s last field for a `cluster` wait (rule K3): it would fit now in another pool.
+ELSEWHERE = 1
+
+
+def closed_words(clusters: frozenset[str]) -> str:
+    """Rule K8's wait in words: every cluster the job may use is disabled."""
+    names = ", ".join(sorted(clusters))
+    if len(clusters) == 1:
+        return (f"its cluster {names} is disabled: it takes no new work (rule K8); this "
+                "job waits until it is enabled again")
+    return (f"its clusters {names} are disabled: they take no new work (rule K8); this "
+            "job waits until one is enabled again")
+
+
+def _block_words(job: QueuedJob, largest: int, node: str, free: int) -> str:
+    """Rule E3: the largest free block of the job's GPU type, in words."""
+    gt, g = job.gpu_type, job.gpus_per_replica
+    if free == 0:
+        return f"; no {gt} GPU is free"
+    if largest < g:
+        return (f"; largest free block: {largest} GPU{'s' if largest != 1 else ''} on {node}; "
+                f"needs {g} on one node ({free} {gt} GPUs free in all)")
+    return (f"; largest free block: {largest} GPUs on {node}; needs {job.replicas} blocks "
+            f"of {g} ({free} {gt} GPUs free in all)")
+
+
+def until_words(until: datetime, now: datetime | None) -> str:
+    """Rule E4: an instant as an ISO 8601 time and the seconds until it."""
+    words = until.isoformat(timespec="seconds")
+    if now is not None:
+        words += f" (in {max(0, round((until - now).total_seconds()))} s)"
+    return words
+
+
+def _when(at: datetime) -> str:
+    return f"{at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _cpus(millicores: int) -> str:
+    return str(millicores // 1000) if millicores % 1000 == 0 else f"{millicores / 1000:g}"
+
+
+def _size(n: int) -> str:
+    """Bytes in the largest binary unit that holds them to a tenth: 2**38 → "256Gi"."""
+    for suffix, unit in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if n >= unit:
+            return f"{n / unit:.1f}".removesuffix(".0") + suffix
+    return f"{n} bytes"
+
+
+def _cpu_memory(job: QueuedJob) -> str:
+    """Rule A6's request of one replica in words: "32 CPUs and 256Gi memory"."""
+    parts = []
+    if job.cpu_millicores:
+        parts.append(f"{_cpus(job.cpu_millicores)} CPUs")
+    if job.memory_bytes:
+        parts.append(f"{_size(job.memory_bytes)} memory")
+    return " and ".join(parts)
+
+
+def _replica_size(job: QueuedJob) -> str:
+    """One replica in words: "8 GPUs" or "8 GPUs, 32 CPUs and 256Gi memory"."""
+    extra = _cpu_memory(job)
+    gpus = f"{job.gpus_per_replica} GPUs"
+    if not extra:
+        return gpus
+    return f"{gpus} and {extra}" if " and " not in extra else f"{gpus}, {extra}"
