@@ -65,6 +65,14 @@ class Team(models.Model):
     # existing teams as they ran (False), so no running pipeline broke (docs/kubernetes.md).
     # db_default too: rows written by code that predates the field (a rolling upgrade,
     # an older migration's historical model) get the same default.
+    # Jobs accepting several GPU types (docs/scheduling.md, "Several GPU types"): whether
+    # a preferred type is borrowed in before the next type is tried; "" = the tier's.
+    flavor_fallback = models.CharField(
+        max_length=16, blank=True, default="", db_default="",
+        choices=[("borrow", "borrow in a preferred type first"),
+                 ("next_type", "try the next type's own quota first")],
+        help_text="Empty: each tier's setting.",
+    )
     run_as_non_root = models.BooleanField(
         default=True, db_default=True,
         help_text="The team's pods run with runAsNonRoot (the image's user must not be root) "
