@@ -45,6 +45,11 @@ def notify_prefixes_validator(value: Any) -> None:
 # A team's allowlists (Team fields), by the name the API gives them.
 TEAM_ALLOWLIST_FIELDS = ("allowed_pvcs", "allowed_secrets", "allowed_pull_secrets")
 
+# Team.flavor_fallback's values besides "" (the tier's): queueing.models'
+# FLAVOR_FALLBACK_CHOICES, the tier's (the policy's FlavorFallback).
+TEAM_FLAVOR_FALLBACK_CHOICES = [("borrow", "borrow in a preferred type first"),
+                                ("next_type", "try the next type's own quota first")]
+
 _MILLI = "Per replica, in millicores (1000 = one CPU); empty: none."
 _BYTES = "Per replica, in bytes (17179869184 = 16Gi); empty: none."
 
@@ -69,8 +74,7 @@ class Team(models.Model):
     # a preferred type is borrowed in before the next type is tried; "" = the tier's.
     flavor_fallback = models.CharField(
         max_length=16, blank=True, default="", db_default="",
-        choices=[("borrow", "borrow in a preferred type first"),
-                 ("next_type", "try the next type's own quota first")],
+        choices=TEAM_FLAVOR_FALLBACK_CHOICES,
         help_text="Empty: each tier's setting.",
     )
     run_as_non_root = models.BooleanField(

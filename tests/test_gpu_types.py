@@ -177,3 +177,22 @@ def test_an_admission_on_a_type_the_job_does_not_accept_is_not_applied(world: Wo
     with transaction.atomic():
         assert apply_plan(plan=plan, now=timezone.now()) == []
     assert Job.objects.get(pk=pk).status == "QUEUED"
+
+
+# --- the fallback settings ----------------------------------------------------------------
+
+def test_a_team_admin_sets_the_teams_fallback_and_tiers_show_theirs(world: World) -> None:
+    url = "/api/v1/teams/vision/"
+    r = world.client(world.admin).patch(url, {"flavor_fallback": "next_type"}, format="json")
+    assert r.status_code == 200, r.json()
+    assert r.json()["flavor_fallback"] == "next_type"
+    world.vision.refresh_from_db()
+    assert world.vision.flavor_fallback == "next_type"
+    r = world.client(world.admin).patch(url, {"flavor_fallback": "sometimes"}, format="json")
+    assert r.status_code == 400 and "flavor_fallback" in r.json()["error"]["fields"]
+    r = world.client(world.member).patch(url, {"flavor_fallback": ""}, format="json")
+    assert r.status_code == 403
+    r = world.client(world.admin).patch(url, {"flavor_fallback": ""}, format="json")
+    assert r.status_code == 200 and r.json()["flavor_fallback"] == ""  # the tiers' again
+    tiers = world.client(world.member).get("/api/v1/tiers/").json()
+    assert {t["flavor_fallback"] for t in tiers} == {"borrow"}
