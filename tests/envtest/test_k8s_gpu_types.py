@@ -70,8 +70,8 @@ def test_a_job_accepting_h100_and_a100_runs_on_h100_with_room_and_on_a100_when_h
     filler = submit(world, gpu_type="h100", gpus=8, replicas=2)  # runs until stopped
     wait(lambda: job(filler).status == "RUNNING", timeout=60, what="the h100 filler RUNNING")
     second = _submit_types(world, ["h100", "a100"], gpus=8)
-    # Waits for the policy branch: before it the plan only tries the first type, and
-    # this job waits for h100.
+    # The planner's part (docs/scheduling.md, "Several GPU types"): a planner that tries
+    # only the first type leaves this job waiting for h100.
     wait(lambda: job(second).status == "RUNNING", timeout=60, what="the second job RUNNING")
     ran = job(second)
     assert ran.gpu_type.slug == "a100"
