@@ -205,7 +205,8 @@ REQUIRED = "This field is required."
 
 def job_spec(job: Job) -> dict[str, Any]:
     """The job's spec as submitted (JOB_SPEC_FIELDS' names; teams, GPU types and tiers by
-    slug): what `job_input_build` takes to submit it again."""
+    slug; `gpu_types` None for a job of one type): what `job_input_build` takes to submit
+    it again."""
     spec: dict[str, Any] = {}
     for name, attr in JOB_SPEC_FIELDS.items():
         value = getattr(job, attr)
@@ -214,7 +215,7 @@ def job_spec(job: Job) -> dict[str, Any]:
         # `gpu_type` is the type an attempt ran on; as submitted it was the first accepted.
         spec["gpu_type"] = spec["gpu_types"][0]
     else:
-        spec.pop("gpu_types", None)
+        spec["gpu_types"] = None  # a job of one type: `gpu_type` alone
     return spec
 
 
