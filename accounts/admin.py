@@ -198,7 +198,7 @@ class TeamAdmin(AuditedAdmin):
     inlines = [MembershipInline]
     fieldsets = [
         (None, {"fields": ["slug", "name", "weight", "parent", "run_as_non_root",
-                           "any_member_may_cancel"]}),
+                           "any_member_may_cancel", "flavor_fallback"]}),
         ("Resources per replica: defaults and maxima (the API and the team page take "
          "quantities such as 16Gi)", {"fields": [
              f"{kind}_{column}" for column in TEAM_RESOURCE_FIELDS.values()

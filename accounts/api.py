@@ -25,7 +25,7 @@ from queueing.selectors.reference import all_tiers
 from queueing.services.access import check_staff, check_team_admin, check_team_member
 from queueing.services.tiers import team_change, team_granted_tier_slugs
 
-from .models import ApiToken, Membership, Role, Team
+from .models import TEAM_FLAVOR_FALLBACK_CHOICES, ApiToken, Membership, Role, Team
 from .selectors import (
     active_user_by_username,
     all_teams,
@@ -66,7 +66,8 @@ class TeamSerializer(StrictFieldsMixin, serializers.ModelSerializer[Team]):
     class Meta:
         model = Team
         fields = ["slug", "name", "weight", "parent", "run_as_non_root",
-                  "any_member_may_cancel", "granted_tiers", "resources", "role", "created_at"]
+                  "any_member_may_cancel", "flavor_fallback", "granted_tiers", "resources",
+                  "role", "created_at"]
         read_only_fields = ["created_at", "role", "granted_tiers", "resources"]
 
     def get_role(self, team: Team) -> str | None:
@@ -93,6 +94,11 @@ class TeamUpdateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
     granted_tiers = serializers.SlugRelatedField(
         slug_field="slug", queryset=all_tiers(), many=True, required=False,
         help_text="Replaces the team's tier grants (rule T1).")
+    flavor_fallback = serializers.ChoiceField(
+        choices=TEAM_FLAVOR_FALLBACK_CHOICES, required=False, allow_blank=True,
+        help_text="Its jobs accepting several GPU types, when a preferred type has room "
+                  "only by borrowing: borrow there first, or try the next type's own quota "
+                  "first (next_type); \"\": each tier's setting. Team admins may change it.")
 
 
 def _roles(request: Request) -> dict[int, str]:
@@ -141,7 +147,8 @@ class TeamDetailView(IdempotentPostMixin, APIView):
     def patch(self, request: Request, slug: str) -> Response:
         """Change a team (staff): name, weight, parent (never itself or a descendant:
         rule F4), `run_as_non_root` and its tier grants (rule T1); and (a team admin of
-        the team too) `any_member_may_cancel`: who may cancel its jobs. Audited."""
+        the team too) `any_member_may_cancel`: who may cancel its jobs, and
+        `flavor_fallback`: how its jobs of several GPU types fall back. Audited."""
         team = check_team_member(actor=request.user, slug=slug)
         s = TeamUpdateSerializer(data=request.data)
         s.is_valid(raise_exception=True)

@@ -45,6 +45,11 @@ def notify_prefixes_validator(value: Any) -> None:
 # A team's allowlists (Team fields), by the name the API gives them.
 TEAM_ALLOWLIST_FIELDS = ("allowed_pvcs", "allowed_secrets", "allowed_pull_secrets")
 
+# Team.flavor_fallback's values besides "" (the tier's): queueing.models'
+# FLAVOR_FALLBACK_CHOICES, the tier's (the policy's FlavorFallback).
+TEAM_FLAVOR_FALLBACK_CHOICES = [("borrow", "borrow in a preferred type first"),
+                                ("next_type", "try the next type's own quota first")]
+
 _MILLI = "Per replica, in millicores (1000 = one CPU); empty: none."
 _BYTES = "Per replica, in bytes (17179869184 = 16Gi); empty: none."
 
@@ -65,6 +70,13 @@ class Team(models.Model):
     # existing teams as they ran (False), so no running pipeline broke (docs/kubernetes.md).
     # db_default too: rows written by code that predates the field (a rolling upgrade,
     # an older migration's historical model) get the same default.
+    # Jobs accepting several GPU types (docs/scheduling.md, "Several GPU types"): whether
+    # a preferred type is borrowed in before the next type is tried; "" = the tier's.
+    flavor_fallback = models.CharField(
+        max_length=16, blank=True, default="", db_default="",
+        choices=TEAM_FLAVOR_FALLBACK_CHOICES,
+        help_text="Empty: each tier's setting.",
+    )
     run_as_non_root = models.BooleanField(
         default=True, db_default=True,
         help_text="The team's pods run with runAsNonRoot (the image's user must not be root) "

@@ -241,16 +241,17 @@ def team_create(
 
 
 # The team fields its team admins may change as well as staff (`team_update`).
-TEAM_ADMIN_FIELDS = frozenset({"any_member_may_cancel"})
+TEAM_ADMIN_FIELDS = frozenset({"any_member_may_cancel", "flavor_fallback"})
 
 _TEAM_HIERARCHY_LOCK = 0x66717465616D73  # "fqteams": serializes team parent changes
 
 
 @transaction.atomic
 def team_update(*, actor: Any, team: Team, **fields: Any) -> Team:
-    """Change `name`, `weight`, `parent`, `run_as_non_root` or `any_member_may_cancel`
-    (who may cancel its jobs: docs/api.md, "Who may cancel") of a team, audited field by
-    field.
+    """Change `name`, `weight`, `parent`, `run_as_non_root`, `any_member_may_cancel`
+    (who may cancel its jobs: docs/api.md, "Who may cancel") or `flavor_fallback` (its
+    jobs of several GPU types: docs/scheduling.md, "Several GPU types") of a team,
+    audited field by field.
 
     Parent changes take turns (a transaction-scoped PostgreSQL advisory lock): two
     concurrent moves, A under B and B under A, each pass Team.clean() against the other's

@@ -31,7 +31,7 @@ ACTIVE = ["QUEUED", "ADMITTED", "RUNNING", "PREEMPTED"]
 # squeue's state codes; ADMITTED is "configuring" (placed, not yet running).
 STATE_CODES = {"QUEUED": "PD", "ADMITTED": "CF", "RUNNING": "R", "PREEMPTED": "PR",
                "SUCCEEDED": "CD", "FAILED": "F", "CANCELLED": "CA"}
-JOB_FIELDS = ["team", "name", "image", "command", "args", "env", "gpu_type", "gpus",
+JOB_FIELDS = ["team", "name", "image", "command", "args", "env", "gpu_type", "gpu_types", "gpus",
               "replicas", "tier", "max_runtime_seconds", "resources", "shm_size", "topology",
               "volumes", "secrets", "image_pull_secret", "working_dir", "labels",
               "annotations", "termination_grace_seconds", "dependencies",
@@ -375,7 +375,7 @@ class App:
             self.emit_json(job)
         elif not self.as_json:
             self.say(f"Submitted job {job['id']} ({job['team']}/{job['name']}, "
-                     f"{job['gpus']}x{job['gpu_type']}"
+                     f"{gpus_text(job)}"
                      f"{'' if job['replicas'] == 1 else ' x' + str(job['replicas'])}, "
                      f"tier {job['tier']})")
         if not a.wait:
@@ -510,7 +510,7 @@ class App:
             else:
                 row += [elapsed(j, now)]
             # Rule K1: the one cluster it runs in ("-" until placed, or with no clusters).
-            rows.append([*row, f"{j['gpus']}x{j['gpu_type']}", j["replicas"],
+            rows.append([*row, gpus_text(j), j["replicas"],
                          j.get("cluster") or "-", where])
         middle = ["POS", "START_TIME"] if a.start else ["TIME"]
         self.say(table(rows, ["JOBID", "TEAM", "NAME", "USER", "TIER", "ST", *middle, "GPUS",
@@ -565,6 +565,10 @@ class App:
             + (f", exit code {job['exit_code']}" if job.get("exit_code") is not None else ""),
             f"  Resources {job['gpus']} x {job['gpu_type']} per replica, {job['replicas']} "
             f"replica(s), {job['total_gpus']} GPUs; tier {job['tier']}",
+            *([f"  GPU types {', '.join(job['gpu_types'])} (most preferred first; "
+               + ("it waits for one of them)" if job["status"] == "QUEUED"
+                  else f"{job['gpu_type']} chosen)")]
+              if len(job.get("gpu_types") or []) > 1 else []),
             f"  Image     {job['image']} {' '.join(job['command'] + job['args'])}".rstrip(),
             f"  Submitted {self.stamp(job['created_at'])}",
             f"  Runtime   {elapsed(job, now)}"
@@ -923,6 +927,9 @@ def job_from_args(a: argparse.Namespace) -> dict[str, Any]:
     for key in ("team", "name", "image", "gpu_type", "gpus", "replicas", "tier"):
         if getattr(a, key) is not None:
             body[key] = getattr(a, key)
+            if key == "gpu_type":
+                body.pop("gpu_types", None)  # the flag replaces the file's types
+    _several_types(body)
     if a.time:
         body["max_runtime_seconds"] = duration_seconds(a.time)
     flags = {key: getattr(a, dest) for dest, key in RESOURCE_FLAGS.items()
@@ -959,10 +966,33 @@ def job_from_args(a: argparse.Namespace) -> dict[str, Any]:
         cmd = cmd[1:]
     if cmd:
         body["command"] = cmd
-    missing = [k for k in ("team", "name", "image", "gpu_type", "gpus") if k not in body]
+    missing = [k for k in ("team", "name", "image", "gpu_type", "gpus") if k not in body
+               and not (k == "gpu_type" and "gpu_types" in body)]
     if missing:
         raise UsageError(f"missing {', '.join(missing)} (give flags or a job file with -f)")
     return body
+
+
+def _several_types(body: dict[str, Any]) -> None:
+    """`-G h100,a100` (or `gpu_type: h100,a100` in a job file): the GPU types the job
+    accepts, most preferred first, sent as `gpu_types`; one type stays `gpu_type`."""
+    given = body.get("gpu_type")
+    if isinstance(given, str) and "," in given:
+        types = [t.strip() for t in given.split(",")]
+        if not all(types):
+            raise UsageError(f"-G wants TYPE or TYPE,TYPE,... (most preferred first), "
+                             f"not {given!r}")
+        del body["gpu_type"]
+        body["gpu_types"] = types
+
+
+def gpus_text(job: dict[str, Any]) -> str:
+    """"2xh100", or while a job of several GPU types waits, "2xh100|a100" (once admitted,
+    `gpu_type` is the type chosen)."""
+    types = job.get("gpu_types") or []
+    if job.get("status") == "QUEUED" and len(types) > 1:
+        return f"{job['gpus']}x{'|'.join(types)}"
+    return f"{job['gpus']}x{job['gpu_type']}"
 
 
 def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
@@ -1069,7 +1099,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-t", "--team")
     s.add_argument("-J", "--name")
     s.add_argument("-i", "--image")
-    s.add_argument("-G", "--gpu-type", dest="gpu_type")
+    s.add_argument("-G", "--gpu-type", dest="gpu_type",
+                   help="the GPU type, or the types it accepts, most preferred first: "
+                        "h100,a100")
     s.add_argument("-g", "--gpus", type=int, help="GPUs per replica")
     s.add_argument("-N", "--replicas", type=int, help="gang size (all start together)")
     s.add_argument("-q", "--tier")

@@ -48,8 +48,8 @@ class TierAdmin(AuditedAdmin):
     list_display = ["slug", "rank", "priority_class_name", "priority_value", "preemptible",
                     "min_runtime_seconds", "max_termination_grace_seconds", "open_to_all_teams",
                     "idle_threshold_percent", "idle_window_minutes", "idle_action",
-                    "idle_grace_minutes"]
-    list_filter = ["open_to_all_teams", "idle_action"]
+                    "idle_grace_minutes", "flavor_fallback"]
+    list_filter = ["open_to_all_teams", "idle_action", "flavor_fallback"]
     inlines = [TierGrantInline]
 
 

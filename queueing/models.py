@@ -14,6 +14,7 @@ from django.db.models import F, Q
 from accounts.models import Team, slug_validator
 
 from .backends.base import workload_name
+from .policy.snapshot import FlavorFallback
 from .policy.states import FINAL_STATES, JobState
 from .validation import topology_levels, webhook_url_problem
 
@@ -174,6 +175,14 @@ class IdleAction(models.TextChoices):
     FAIL = "fail", "stop and fail"
 
 
+# What a job accepting several GPU types does when its preferred type has room only by
+# borrowing (docs/scheduling.md, "Several GPU types"): a tier's setting, a team's override.
+FLAVOR_FALLBACK_CHOICES = [
+    (FlavorFallback.BORROW.value, "borrow in a preferred type first"),
+    (FlavorFallback.NEXT_TYPE.value, "try the next type's own quota first"),
+]
+
+
 class Tier(models.Model):
     slug = models.CharField(max_length=40, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=200)
@@ -215,6 +224,14 @@ class Tier(models.Model):
     idle_grace_minutes = models.PositiveIntegerField(
         default=10, db_default=10,
         help_text="Minutes between the flag and the reclaim (rule U3).",
+    )
+
+    flavor_fallback = models.CharField(
+        max_length=16, choices=FLAVOR_FALLBACK_CHOICES, default=FlavorFallback.BORROW.value,
+        db_default=FlavorFallback.BORROW.value,
+        help_text="A job accepting several GPU types, whose preferred type has room only by "
+                  "borrowing beyond its team's quota: borrow there, or first try the next "
+                  "type within quota (a team may override it).",
     )
 
     max_termination_grace_seconds = models.PositiveIntegerField(
@@ -372,7 +389,13 @@ class Job(models.Model):
     command = models.JSONField(default=list, blank=True)
     args = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
+    # The GPU type of the current (or last) admitted attempt: the one the plan chose among
+    # `gpu_types`, what usage, billing weight, prices, quotas and the pod's node selector
+    # count; before the first admission the first accepted. `gpu_types`: every type the
+    # job accepts, by slug, most preferred first, the same GPUs per replica on each
+    # (docs/api.md, "Several GPU types"); [] = only `gpu_type`.
     gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="jobs")
+    gpu_types = models.JSONField(default=list, db_default=[], blank=True)
     gpus_per_replica = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     replicas = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
     tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="jobs")
@@ -487,6 +510,11 @@ class Job(models.Model):
     @property
     def state(self) -> JobState:
         return JobState(self.status)
+
+    @property
+    def accepted_gpu_types(self) -> list[str]:
+        """Every GPU type it accepts, most preferred first (never empty)."""
+        return [str(t) for t in self.gpu_types] if self.gpu_types else [self.gpu_type.slug]
 
     @property
     def total_gpus(self) -> int:

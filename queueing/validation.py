@@ -31,6 +31,8 @@ MAX_ENV_ITEMS = 128
 MAX_ENV_VALUE_LEN = 32 * 1024
 MAX_SPEC_BYTES = 128 * 1024  # command + args + env serialized
 MAX_REPLICAS = 1024
+# A job accepting several GPU types lists at most this many (each a distinct known type).
+MAX_GPU_TYPES = 16
 MAX_RUNTIME_SECONDS = 30 * 24 * 3600
 # Env names a job may not set (docs/kubernetes.md, "What reaches the pod spec"): the
 # NVIDIA container runtime and its hooks read NVIDIA_* (NVIDIA_VISIBLE_DEVICES=all would

@@ -195,7 +195,8 @@ SPECTACULAR_SETTINGS.update({
     # Two answers have a `state`: each enum keeps a name of its own (an attempt's, as
     # before; a cluster's, rule K8) instead of both being renamed after their component.
     "ENUM_NAME_OVERRIDES": {"StateEnum": "queueing.selectors.accounting.ATTEMPT_STATES",
-                            "ClusterStateEnum": "queueing.selectors.clusters.CLUSTER_STATES"},
+                            "ClusterStateEnum": "queueing.selectors.clusters.CLUSTER_STATES",
+                            "FlavorFallbackEnum": "queueing.models.FLAVOR_FALLBACK_CHOICES"},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "queueing.api.schema.add_errors_and_idempotency",

@@ -115,7 +115,7 @@ class TierSerializer(serializers.ModelSerializer[Tier]):
         fields = ["slug", "name", "rank", "priority_class_name", "priority_value",
                   "preemptible", "min_runtime_seconds", "max_termination_grace_seconds",
                   "open_to_all_teams", "idle_threshold_percent", "idle_window_minutes",
-                  "idle_action", "idle_grace_minutes"]
+                  "idle_action", "idle_grace_minutes", "flavor_fallback"]
         read_only_fields = fields
 
 

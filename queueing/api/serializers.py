@@ -132,7 +132,15 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
                                     trim_whitespace=False),
         required=False, default=dict,
     )
-    gpu_type = serializers.CharField(max_length=40)
+    gpu_type = serializers.CharField(
+        max_length=40, required=False,
+        help_text="The GPU type; with gpu_types, its first (may then be left out).")
+    gpu_types = serializers.ListField(
+        child=serializers.CharField(max_length=40), max_length=v.MAX_GPU_TYPES, required=False,
+        help_text='Every GPU type the job accepts, most preferred first, e.g. ["h100", '
+                  '"a100"]: the plan admits it on one of them (docs/scheduling.md, "Several '
+                  'GPU types"), and gpu_type then says which. Each must hold the job with '
+                  "the same gpus per replica.")
     gpus = serializers.IntegerField(min_value=1, help_text="GPUs per replica.")
     replicas = serializers.IntegerField(min_value=1, max_value=v.MAX_REPLICAS, default=1,
                                         help_text="Gang size: all replicas start together.")
@@ -268,7 +276,14 @@ class JobEventSerializer(serializers.ModelSerializer[JobEvent]):
 
 class JobSerializer(serializers.ModelSerializer[Job]):
     team = serializers.CharField(source="team.slug")
-    gpu_type = serializers.CharField(source="gpu_type.slug")
+    gpu_type = serializers.CharField(
+        source="gpu_type.slug",
+        help_text="The GPU type of its current (or last) admitted attempt, the one the plan "
+                  "chose among gpu_types; until it is first admitted, the first of them.")
+    gpu_types = serializers.ListField(
+        source="accepted_gpu_types", child=serializers.CharField(), read_only=True,
+        help_text="Every GPU type it accepts, most preferred first ([gpu_type] for a job "
+                  "of one type).")
     tier = serializers.CharField(source="tier.slug")
     gpus = serializers.IntegerField(source="gpus_per_replica")
     total_gpus = serializers.IntegerField(read_only=True)
@@ -317,7 +332,8 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     class Meta:
         model = Job
         fields = [
-            "id", "team", "name", "image", "command", "args", "env", "gpu_type", "gpus",
+            "id", "team", "name", "image", "command", "args", "env", "gpu_type", "gpu_types",
+            "gpus",
             "replicas", "total_gpus", "tier", "max_runtime_seconds", "resources", "shm_size",
             "topology", "volumes", "secrets", "image_pull_secret", "working_dir", "labels",
             "annotations", "termination_grace_seconds", "notify_url", "status", "attempt",

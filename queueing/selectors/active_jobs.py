@@ -79,6 +79,9 @@ class JobRow(NamedTuple):
     requested_cluster_id: int | None
     cluster_selector: Any
     allow_spot: bool
+    # Every GPU type it accepts, by slug, most preferred first (JSON, checked on use;
+    # [] = only its GPU type): docs/api.md, "Several GPU types".
+    gpu_types: Any
 
 
 ACTIVE_JOB_COLUMNS: tuple[str, ...] = JobRow._fields
@@ -92,6 +95,7 @@ class TierFacts:
     rank: int
     preemptible: bool
     min_runtime_seconds: int
+    flavor_fallback: str = "borrow"  # jobs of several GPU types (Tier.flavor_fallback)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +109,8 @@ class Lookups:
     billing_weights: Mapping[int, float] = field(default_factory=dict)
     # Every `Cluster` row by id ({}: the one implicit cluster of settings; K1-K5).
     clusters: Mapping[int, ClusterFacts] = field(default_factory=dict)
+    # Team.flavor_fallback by team slug, for the teams that set one ("" = the tier's).
+    team_fallbacks: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -269,13 +275,15 @@ def _lookups() -> Lookups:
         teams=dict(Team.objects.values_list("id", "slug")),
         gpu_types={pk: slug for pk, slug, _ in gpu_types},
         tiers={
-            pk: TierFacts(slug, rank, preemptible, min_runtime)
-            for pk, slug, rank, preemptible, min_runtime in Tier.objects.values_list(
-                "id", "slug", "rank", "preemptible", "min_runtime_seconds"
+            pk: TierFacts(slug, rank, preemptible, min_runtime, fallback)
+            for pk, slug, rank, preemptible, min_runtime, fallback in Tier.objects.values_list(
+                "id", "slug", "rank", "preemptible", "min_runtime_seconds", "flavor_fallback"
             )
         },
         billing_weights={pk: weight for pk, _, weight in gpu_types},
         clusters=clusters_facts(),
+        team_fallbacks=dict(Team.objects.exclude(flavor_fallback="")
+                            .values_list("slug", "flavor_fallback")),
     )
 
 

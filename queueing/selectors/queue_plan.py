@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -40,7 +40,7 @@ from accounts.models import Team
 from queueing.models import GpuType, Job
 from queueing.policy.admission import plan_admissions
 from queueing.policy.explain import PlanEntry, explain_queue, explain_queued
-from queueing.policy.snapshot import QueuedJob, Snapshot
+from queueing.policy.snapshot import FlavorFallback, QueuedJob, Snapshot
 from queueing.policy.states import JobState
 
 from .cluster import cluster_view
@@ -349,27 +349,35 @@ class Preview:
 def submit_preview(*, team: Team, gpu_type: GpuType, gpus_per_replica: int, replicas: int,
                    tier_rank: int, now: datetime, cpu_millicores: int | None = None,
                    memory_bytes: int | None = None,
-                   topology: Mapping[str, str] | None = None) -> Preview:
+                   topology: Mapping[str, str] | None = None,
+                   gpu_types: Sequence[str] = (), flavor_fallback: str = "") -> Preview:
     """Where a job would stand if submitted now: the candidate added in memory to the
     snapshot of the cached plan (the one "why it waits" reads) and planned with the same
     policy as the next cycle; nothing is written. The answer for one shape (team, GPU
     type, size, tier) is cached with the plan, so typing in the other fields of the form
-    plans nothing."""
+    plans nothing. `gpu_types`: every type it would accept, most preferred first (()
+    for one type), with `flavor_fallback` its team's or tier's setting."""
     plan, snapshot = _plan_with_snapshot(now=now)
     if snapshot is None:
         return Preview(None, 0, False, "", error=plan.error[:200])
     topo = topology_of((topology or {}).get("level", ""), (topology or {}).get("mode", ""))
     key = (f"{_PREVIEW_KEY}:{plan.generation}:{team.slug}:{gpu_type.slug}:"
            f"{gpus_per_replica}:{replicas}:{tier_rank}:{cpu_millicores}:{memory_bytes}:"
-           f"{topo.level if topo else ''}:{topo.mode if topo else ''}")
+           f"{topo.level if topo else ''}:{topo.mode if topo else ''}:"
+           f"{','.join(gpu_types)}:{flavor_fallback}")
     cached: Preview | None = cache.get(key)
     if cached is not None:
         return cached
+    several = tuple(gpu_types) if len(gpu_types) > 1 else ()
+    if several and flavor_fallback in {f.value for f in FlavorFallback}:
+        snapshot = replace(snapshot, flavor_fallback={
+            **snapshot.flavor_fallback, (team.slug, tier_rank): FlavorFallback(flavor_fallback)})
     preview = _preview_place(snapshot, QueuedJob(
         id=-1,  # no real job has a negative id
         team=team.slug, gpu_type=gpu_type.slug, gpus_per_replica=gpus_per_replica,
         replicas=replicas, tier_rank=tier_rank, submitted_at=snapshot.now,
-        cpu_millicores=cpu_millicores, memory_bytes=memory_bytes, topology=topo))
+        cpu_millicores=cpu_millicores, memory_bytes=memory_bytes, topology=topo,
+        gpu_types=several))
     cache.set(key, preview, timeout=QUEUE_PLAN_TTL)
     return preview
 

@@ -21,6 +21,7 @@ from queueing.policy.dependencies import Counts, Dependency, parse_dependencies
 from queueing.policy.fairshare import FairShareState
 from queueing.policy.settings import PolicySettings
 from queueing.policy.snapshot import (
+    FlavorFallback,
     NodeState,
     QueuedJob,
     QuotaLimit,
@@ -158,8 +159,45 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         dependency_counts=dependency_counts(d for q in queued for d in q.dependencies),
         array_limits=array_limits({q.array_id for q in queued} - {None}),
         closed_clusters=closed_clusters(jobs.lookups.clusters),
+        flavor_fallback=flavor_fallbacks(queued, jobs.lookups),
+        flavor_fallback_default=FlavorFallback.BORROW,
         **ranks,
     )
+
+
+def flavor_fallbacks(queued: Iterable[QueuedJob], lookups: Lookups
+                     ) -> dict[tuple[str, int], FlavorFallback]:
+    """`Snapshot.flavor_fallback` for the queued jobs accepting several GPU types: per
+    (team, tier rank), the team's setting when it has one, else the tier's."""
+    by_rank = {t.rank: t.flavor_fallback for t in lookups.tiers.values()}
+    out: dict[tuple[str, int], FlavorFallback] = {}
+    for q in queued:
+        key = (q.team, q.tier_rank)
+        if not q.gpu_types or key in out:
+            continue
+        chosen = lookups.team_fallbacks.get(q.team) or by_rank.get(q.tier_rank, "")
+        try:
+            out[key] = FlavorFallback(chosen)
+        except ValueError:
+            out[key] = FlavorFallback.BORROW
+    return out
+
+
+def accepted_types(row: JobRow, lookups: Lookups) -> tuple[str, tuple[str, ...]]:
+    """A queued job's GPU type and `QueuedJob.gpu_types`: its accepted types still known
+    (a type deleted since is left out), most preferred first, the first as its type; ()
+    for one type. A job of one type (or whose list is gone) keeps its row's type. The
+    row's `gpu_type` of a requeued job is the type its last attempt ran on: the plan
+    starts again from the first accepted."""
+    own = lookups.gpu_types[row.gpu_type_id]
+    listed = row.gpu_types if isinstance(row.gpu_types, list) else []
+    if len(listed) < 2:
+        return own, ()
+    known = set(lookups.gpu_types.values())
+    types = tuple(t for t in listed if isinstance(t, str) and t in known)
+    if not types:
+        return own, ()
+    return types[0], (types if len(types) > 1 else ())
 
 
 def qualified_node(cluster: str, node: str) -> str:
@@ -277,8 +315,9 @@ _LOOKUPS = -1  # the memo's key for the lookups its entries were built with (ids
 
 def _queued_job(row: JobRow, lookups: Lookups, jobs: ActiveJobs) -> QueuedJob:
     _check_size(row)
+    gpu_type, gpu_types = accepted_types(row, lookups)
     return QueuedJob(id=row.id, team=lookups.teams[row.team_id],
-                     gpu_type=lookups.gpu_types[row.gpu_type_id],
+                     gpu_type=gpu_type, gpu_types=gpu_types,
                      gpus_per_replica=row.gpus_per_replica, replicas=row.replicas,
                      tier_rank=lookups.tiers[row.tier_id].rank, submitted_at=row.created_at,
                      queued_at=jobs.queued_at.get(row.id),

@@ -89,6 +89,17 @@ def cluster_field_problems(*, gpu_type: str | None, requested_cluster: str | Non
     return problems
 
 
+def _each_type_problems(types: list[str], *, requested_cluster: str | None,
+                        cluster_selector: Mapping[str, Any] | None) -> dict[str, list[str]]:
+    """Rule K3 for a job accepting several GPU types: `cluster_field_problems` of each,
+    on `gpu_types` (a type the allowed clusters have no nodes of can never run it)."""
+    messages = [m for gt in types
+                for ms in cluster_field_problems(gpu_type=gt, requested_cluster=requested_cluster,
+                                                 cluster_selector=cluster_selector).values()
+                for m in ms]
+    return {"gpu_types": messages} if messages else {}
+
+
 def _labels_text(labels: Mapping[str, str]) -> str:
     return ", ".join(f"{k}={val}" for k, val in sorted(labels.items())) or "no labels"
 
@@ -109,7 +120,30 @@ def _refuse_larger_than_fleet(data: JobInput, *, requested_cluster: str | None,
     replica. An array is checked on its template (each member is such a job). Nothing
     is refused while the cluster view does not know (`gang_room` None: not published,
     or a cluster the job may use unread, rule K5)."""
-    gt, gpus, replicas = data.gpu_type.slug, data.gpus_per_replica, data.replicas
+    types = data.gpu_types or [data.gpu_type.slug]
+    refused: list[DomainError] = []
+    for gt in types:
+        try:
+            _refuse_type_larger_than_fleet(
+                data, gt, requested_cluster=requested_cluster,
+                cluster_selector=cluster_selector, allow_spot=allow_spot)
+        except DomainError as exc:
+            refused.append(exc)
+    if not refused:
+        return
+    if len(refused) == len(types):
+        raise refused[0]  # no accepted type can ever hold it: as for one type
+    # Some accepted types could never hold it: the job names them, or lists fewer.
+    raise DomainError(INVALID_FIELDS, fields={"gpu_types": [
+        message for exc in refused for messages in (exc.fields or {}).values()
+        for message in messages]})
+
+
+def _refuse_type_larger_than_fleet(data: JobInput, gt: str, *, requested_cluster: str | None,
+                                   cluster_selector: Mapping[str, Any] | None,
+                                   allow_spot: bool) -> None:
+    """`_refuse_larger_than_fleet` for one GPU type `gt` the job accepts."""
+    gpus, replicas = data.gpus_per_replica, data.replicas
     selector = dict(cluster_selector or {})
     facts = submit_cluster_facts()
     clusters = None
@@ -163,6 +197,11 @@ def job_input_with_clusters(
         if problems and exc.fields:
             raise DomainError(exc.message, fields={**exc.fields, **problems}) from None
         raise
+    if not problems and data.gpu_types:
+        # Several accepted types: the allowed clusters must have nodes of each one (the
+        # first was `gpu_type` unless only `gpu_types` named it).
+        problems = _each_type_problems(data.gpu_types, requested_cluster=requested_cluster,
+                                       cluster_selector=cluster_selector)
     if problems:
         raise DomainError(INVALID_FIELDS, fields=problems)
     _refuse_larger_than_fleet(data, requested_cluster=requested_cluster,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
@@ -122,6 +122,9 @@ class JobInput:
     replicas: int
     tier: Tier
     max_runtime_seconds: int | None
+    # Every GPU type it accepts, by slug, most preferred first (the first is `gpu_type`);
+    # [] = only `gpu_type` (one type given alone or as a list of one is stored so).
+    gpu_types: list[str] = dataclasses.field(default_factory=list)
     # Per replica, as written (validated, the team's defaults filled in): {"cpu": "4",
     # "memory": "16Gi", "ephemeral_storage": "50Gi"}, each optional; and the /dev/shm size.
     resources: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -184,8 +187,9 @@ RESOURCE_COLUMNS: dict[str, str] = TEAM_RESOURCE_FIELDS
 # from it: `job_spec` (resubmit, the form's "submit again"), JobInput.job_values.
 JOB_SPEC_FIELDS: dict[str, str] = {
     "team": "team", "name": "name", "image": "image", "command": "command", "args": "args",
-    "env": "env", "gpu_type": "gpu_type", "gpus": "gpus_per_replica", "replicas": "replicas",
-    "tier": "tier", "max_runtime_seconds": "max_runtime_seconds",
+    "env": "env", "gpu_type": "gpu_type", "gpu_types": "gpu_types",
+    "gpus": "gpus_per_replica", "replicas": "replicas", "tier": "tier",
+    "max_runtime_seconds": "max_runtime_seconds",
     "resources": "resources", "shm_size": "shm_size", "topology": "topology",
     "volumes": "volumes", "secrets": "secrets", "image_pull_secret": "image_pull_secret",
     "working_dir": "working_dir", "labels": "labels", "annotations": "annotations",
@@ -201,17 +205,45 @@ REQUIRED = "This field is required."
 
 def job_spec(job: Job) -> dict[str, Any]:
     """The job's spec as submitted (JOB_SPEC_FIELDS' names; teams, GPU types and tiers by
-    slug): what `job_input_build` takes to submit it again."""
+    slug; `gpu_types` None for a job of one type): what `job_input_build` takes to submit
+    it again."""
     spec: dict[str, Any] = {}
     for name, attr in JOB_SPEC_FIELDS.items():
         value = getattr(job, attr)
         spec[name] = value.slug if name in _SLUG_FIELDS else copy.deepcopy(value)
+    if spec.get("gpu_types"):
+        # `gpu_type` is the type an attempt ran on; as submitted it was the first accepted.
+        spec["gpu_type"] = spec["gpu_types"][0]
+    else:
+        spec["gpu_types"] = None  # a job of one type: `gpu_type` alone
     return spec
+
+
+def gpu_types_problem(gpu_types: Any, *, gpu_type: str | None,
+                      known: Mapping[str, GpuType]) -> str | None:
+    """The refusal of a job's `gpu_types` on its own (None: fine): a non-empty list of
+    distinct known GPU type slugs whose first is `gpu_type` when that is given too."""
+    if not isinstance(gpu_types, list) or not gpu_types:
+        return "Give the GPU types the job accepts, most preferred first (at least one)."
+    if len(gpu_types) > v.MAX_GPU_TYPES:
+        return f"At most {v.MAX_GPU_TYPES} GPU types."
+    names = [str(t) for t in gpu_types]
+    twice = sorted({t for t in names if names.count(t) > 1})
+    if twice:
+        return f"Each GPU type once; given more than once: {', '.join(twice)}."
+    unknown = [t for t in names if t not in known]
+    if unknown:
+        return (f"Unknown GPU type{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(repr(t[:40]) for t in unknown)}; known: {', '.join(sorted(known))}.")
+    if gpu_type is not None and gpu_type != names[0]:
+        return (f"The first accepted type is the job's gpu_type: {gpu_type!r} here, "
+                f"{names[0]!r} first in gpu_types (give one of them, or the same first).")
+    return None
 
 
 def job_input_build(
     *, actor: Any, team: str | None, name: str | None, image: str | None,
-    gpu_type: str | None, gpus: int | None, command: list[str] | None = None,
+    gpu_type: str | None = None, gpus: int | None, command: list[str] | None = None,
     args: list[str] | None = None, env: dict[str, str] | None = None, replicas: int | None = 1,
     tier: str | None = None, max_runtime_seconds: int | None = None,
     resources: dict[str, str] | None = None, shm_size: str | None = None,
@@ -221,6 +253,7 @@ def job_input_build(
     labels: dict[str, Any] | None = None, annotations: dict[str, Any] | None = None,
     termination_grace_seconds: int | None = None, notify_url: str | None = None,
     team_lookup: Callable[[str], Team | None] | None = None,
+    gpu_types: list[str] | None = None,
 ) -> JobInput:
     """The JobInput of a job spec whose fields have their shapes already (the API's
     serializer, the web form): the submit rules that need settings or the database. The
@@ -239,7 +272,11 @@ def job_input_build(
 
     `team_lookup(slug)`: what `team_for_submitter(user=actor, slug=slug)` gives, from a
     caller that remembers it (the API's fast submit, queueing/api/jobs.py); membership
-    is checked again by the INSERT either way (`job_submit_with_event`)."""
+    is checked again by the INSERT either way (`job_submit_with_event`).
+
+    `gpu_types`: every GPU type the job accepts, most preferred first (None: only
+    `gpu_type`); `gpu_type` may then be left out (it is the first). Each type must hold
+    the job as `gpu_type` must: its GPUs per replica, CPU and memory, its topology level."""
     command, args, env = command or [], args or [], env or {}
     resources = {k: val.strip() if isinstance(val, str) else val
                  for k, val in (resources or {}).items()}
@@ -248,9 +285,19 @@ def job_input_build(
     workload_given = {"volumes": volumes, "secrets": secrets,
                       "image_pull_secret": image_pull_secret, "working_dir": working_dir,
                       "labels": labels, "annotations": annotations}
+    accepted: list[str] = []
+    types_problem = None
+    if gpu_types is not None:
+        types_problem = gpu_types_problem(gpu_types, gpu_type=gpu_type,
+                                          known=gpu_types_by_slug())
+        if types_problem is None:
+            accepted = [str(t) for t in gpu_types]
+            gpu_type = accepted[0]
     (team_row, gpu_type_row, tier_row), problems = _spec_fields(
         actor=actor, team=team, name=name, image=image, env=env, gpu_type=gpu_type, tier=tier,
         resources=resources, shm_size=shm_size, team_lookup=team_lookup)
+    if types_problem:
+        problems["gpu_types"] = [types_problem]
     workload, workload_problems = _workload(team_row, env=env, **workload_given)
     for field, refusal in workload_problems.items():
         problems.setdefault(field, refusal)
@@ -264,7 +311,7 @@ def job_input_build(
             problems["notify_url"] = [notify_problem]
     for field, value in (("team", team), ("name", name), ("image", image),
                          ("gpu_type", gpu_type), ("gpus", gpus), ("replicas", replicas)):
-        if value is None:
+        if value is None and not (field == "gpu_type" and gpu_types is not None):
             problems.setdefault(field, [REQUIRED])
     if problems:
         raise DomainError(INVALID_FIELDS, fields=problems)
@@ -278,16 +325,15 @@ def job_input_build(
     lowest = budget_downgrade_tier(team=team_row, tier=tier_row, now=timezone.now())
     if lowest is not None:  # rule B3
         downgraded_from, tier_row = tier_row.slug, lowest
-    largest = largest_node_gpus(gpu_type_row.slug)
-    # None: no cluster view published yet; the scheduler's own check (rule A3) decides.
-    if largest is not None and gpus > largest:
-        raise DomainError(INVALID_FIELDS, fields={"gpus": [
-            f"No {gpu_type_row.slug} node holds {gpus} GPUs (the largest has {largest})."
-            if largest else f"The cluster has no {gpu_type_row.slug} nodes."]})
-    topology = _topology_checked(gpu_type_row, topology)
+    type_rows = ([gpu_types_by_slug()[t] for t in accepted] if len(accepted) > 1
+                 else [gpu_type_row])
+    _refuse_gpus_above_nodes([t.slug for t in type_rows], gpus)
+    for row in type_rows:
+        topology = _topology_checked(row, topology, several=len(type_rows) > 1)
     resources, shm_size = _team_resources(team_row, resources=resources, shm_size=shm_size)
-    resources = _platform_memory(gpu_type_row.slug, resources, gpus_per_replica=gpus)
-    _refuse_larger_than_nodes(gpu_type_row.slug, resources)
+    resources = _platform_memory([t.slug for t in type_rows], resources, gpus_per_replica=gpus)
+    for row in type_rows:
+        _refuse_larger_than_nodes(row.slug, resources)
     _refuse_shm_above_memory(resources, shm_size)
     grace = _tier_grace(tier_row, termination_grace_seconds)
     if v.spec_size(command, args, env) > v.MAX_SPEC_BYTES:
@@ -296,16 +342,34 @@ def job_input_build(
     return JobInput(team=team_row, name=name, image=image, command=command, args=args,
                     env=env, gpu_type=gpu_type_row, gpus_per_replica=gpus, replicas=replicas,
                     tier=tier_row, max_runtime_seconds=max_runtime_seconds,
+                    gpu_types=accepted if len(accepted) > 1 else [],
                     resources=resources, shm_size=shm_size, topology=topology,
                     termination_grace_seconds=grace, downgraded_from=downgraded_from,
                     notify_url=notify_url, **workload)
 
 
-def _topology_checked(gpu_type: GpuType, topology: dict[str, str] | None
-                      ) -> dict[str, str] | None:
+def _refuse_gpus_above_nodes(types: list[str], gpus: int) -> None:
+    """Rule A3 at submit: DomainError when a replica's GPUs fit no node of an accepted
+    type - on `gpus` when that is every type it accepts (or its one type), else on
+    `gpu_types` naming the types that can never hold it. Nothing is refused while no
+    cluster view was published (the scheduler's own check decides)."""
+    refused: list[str] = []
+    for slug in types:
+        largest = largest_node_gpus(slug)
+        if largest is not None and gpus > largest:
+            refused.append(f"No {slug} node holds {gpus} GPUs (the largest has {largest})."
+                           if largest else f"The cluster has no {slug} nodes.")
+    if not refused:
+        return
+    field = "gpus" if len(refused) == len(types) else "gpu_types"
+    raise DomainError(INVALID_FIELDS, fields={field: refused})
+
+
+def _topology_checked(gpu_type: GpuType, topology: dict[str, str] | None, *,
+                      several: bool = False) -> dict[str, str] | None:
     """Rule A7: the request with its mode filled in ("required" unless said), or None;
-    DomainError on `topology.level` when the GPU type has no such level, on
-    `topology.mode` for a mode that is neither."""
+    DomainError on `topology.level` when the GPU type has no such level (each accepted
+    type must have it: `several`), on `topology.mode` for a mode that is neither."""
     if not topology:
         return None
     level, mode = topology.get("level"), topology.get("mode") or "required"
@@ -315,7 +379,8 @@ def _topology_checked(gpu_type: GpuType, topology: dict[str, str] | None
         problems["topology.level"] = [
             f"GPU type {gpu_type.slug} has no topology level {str(level)[:63]!r}; "
             + (f"its levels: {', '.join(map(str, levels))}." if levels
-               else "it has none (an admin sets its topology_levels).")]
+               else "it has none (an admin sets its topology_levels).")
+            + (" Every GPU type the job accepts must have the level." if several else "")]
     if mode not in v.TOPOLOGY_MODES:
         problems["topology.mode"] = [f"Use one of: {', '.join(v.TOPOLOGY_MODES)}."]
     if problems:
@@ -332,16 +397,17 @@ def default_memory_bytes(*, gpus_per_replica: int, largest_node: int | None) -> 
     return memory if largest_node is None else max(1, min(memory, largest_node))
 
 
-def _platform_memory(gpu_type: str, resources: dict[str, str], *, gpus_per_replica: int
-                     ) -> dict[str, str]:
+def _platform_memory(gpu_types: list[str], resources: dict[str, str], *,
+                     gpus_per_replica: int) -> dict[str, str]:
     """`resources` with the platform's memory default when neither the job nor its team
     set memory: every pod gets a memory limit (an unlimited one can take a node's memory
-    from every other pod on it)."""
+    from every other pod on it); with several accepted GPU types, at most what the
+    largest node of each can allocate."""
     if resources.get("memory"):
         return resources
-    largest = largest_node_cpu_memory(gpu_type)
-    memory = default_memory_bytes(gpus_per_replica=gpus_per_replica,
-                                  largest_node=None if largest is None else largest[1])
+    memory = min(default_memory_bytes(gpus_per_replica=gpus_per_replica,
+                                      largest_node=None if largest is None else largest[1])
+                 for largest in (largest_node_cpu_memory(t) for t in gpu_types))
     out = {**resources, "memory": v.format_bytes(memory)}
     return {name: out[name] for name in v.RESOURCE_NAMES if name in out}
 
@@ -633,6 +699,8 @@ def _same_submit_or_refuse(existing: Job, *, actor: Any, data: JobInput) -> Job:
     same = existing.submitter_id == submitter_id
     for name, value in data.job_values().items():
         field = Job._meta.get_field(name)
+        if name == "gpu_type" and existing.gpu_types:
+            continue  # the type it ran on; `gpu_types` (compared) says what it accepts
         if isinstance(field, ForeignKey):  # compare ids: no query for the existing job's rows
             same = same and getattr(existing, field.attname) == getattr(value, "pk", None)
         else:

@@ -97,7 +97,7 @@ from queueing.backends.base import (
 )
 from queueing.composition import get_utilization_source, kick
 from queueing.logcontext import log_context
-from queueing.models import Cluster, Job, JobEvent, UsageRecord
+from queueing.models import Cluster, GpuType, Job, JobEvent, UsageRecord
 from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.snapshot import NodeState
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
@@ -836,10 +836,24 @@ def _admit(plan: Plan, *, now: datetime, result: CycleResult, isolate: bool,
     # Rule C4: the pool of each node, only when a spot admission needs it.
     pool_of = ({n.name: n.pool for n in snapshot_nodes}
                if any(a.spot for a in plan.admissions) else {})
+    type_ids: dict[str, int] | None = None
     for a in plan.admissions:
         job = jobs.get(a.job_id)
         if job is None or job.state != JobState.QUEUED:
             continue
+        # A job accepting several GPU types runs on the one the plan chose: its
+        # `gpu_type` from now on (usage, billing weight, prices, quotas, node selector).
+        chosen: dict[str, Any] = {}
+        if job.gpu_types:
+            if type_ids is None:
+                type_ids = dict(GpuType.objects.values_list("slug", "id"))
+            chosen_id = type_ids.get(a.gpu_type)
+            if a.gpu_type not in job.gpu_types or chosen_id is None:
+                log.error("cycle %s: job %s planned on GPU type %r, which it does not "
+                          "accept (%s); not admitted", result.cycle_id, a.job_id,
+                          a.gpu_type, ", ".join(map(str, job.gpu_types)))
+                continue
+            chosen = {"gpu_type_id": chosen_id}
         cluster, nodes = admission_cluster(a.placement, a.cluster)
         if cluster is None:
             # Rule K1: never a gang across clusters (a plan that would is not applied).
@@ -865,10 +879,14 @@ def _admit(plan: Plan, *, now: datetime, result: CycleResult, isolate: bool,
                      if a.spot else {})
             if pools:
                 data["spot_pools"] = pools
-            if job_transition(job, JobState.ADMITTED, now=now,
-                              reason=f"admitted on {where}{', '.join(sorted(set(nodes)))}",
+            reason = f"admitted on {where}{', '.join(sorted(set(nodes)))}"
+            if chosen:
+                data["gpu_type"] = a.gpu_type
+                reason += (f" as {a.gpu_type} (accepts "
+                           f"{', '.join(map(str, job.gpu_types))})")
+            if job_transition(job, JobState.ADMITTED, now=now, reason=reason,
                               admitted_at=now, placement=nodes, cluster_id=cluster_id,
-                              on_spot=a.spot, spot_pools=pools, data=data):
+                              on_spot=a.spot, spot_pools=pools, data=data, **chosen):
                 admitted.append(job.pk)
     return admitted
 

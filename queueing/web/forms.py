@@ -119,6 +119,7 @@ def spec_initial(spec: dict[str, Any]) -> dict[str, Any]:
             "topology_level": topology.get("level") or "",
             "topology_mode": topology.get("mode") or "required",
             "image_pull_secret": spec.get("image_pull_secret") or "",
+            "gpu_types": ", ".join((spec.get("gpu_types") or [])[1:]),
             "working_dir": spec.get("working_dir") or "",
             "max_runtime_seconds": (format_duration(spec["max_runtime_seconds"])
                                     if spec.get("max_runtime_seconds") else "")}
@@ -153,6 +154,11 @@ class JobSubmitForm(forms.Form):
                           widget=forms.Textarea(attrs={"rows": 3}),
                           help_text="One NAME=value per line.")
     gpu_type = forms.ChoiceField(label="GPU type")
+    # The API's gpu_types after the first (`gpu_type`): docs/api.md, "Several GPU types".
+    gpu_types = forms.CharField(
+        label="Or else", required=False, max_length=500,
+        help_text="Other GPU types it may run on, in order of preference, e.g. a100, l40s; "
+                  "empty: only the type above.")
     gpus = forms.IntegerField(label="GPUs per replica", min_value=1, initial=1)
     replicas = forms.IntegerField(label="Replicas (gang size)", min_value=1, initial=1)
     tier = forms.ChoiceField(label="Tier")
@@ -331,6 +337,15 @@ class JobSubmitForm(forms.Form):
             raise forms.ValidationError("Ensure this value is at least 1 second.")
         return seconds
 
+    def _gpu_types(self, data: dict[str, Any]) -> list[str] | None:
+        """The accepted types: the GPU type, then the others written after it (None:
+        none written, a job of one type)."""
+        others = [t.strip() for t in re.split(r"[,\s]+", data.get("gpu_types") or "")
+                  if t.strip()]
+        if not others or not data.get("gpu_type"):
+            return None
+        return [data["gpu_type"], *others]
+
     def _target(self, path: str) -> tuple[str | None, str]:
         """The form field a refusal's field path lands on, and the part of the path the
         message names (`volumes[1].pvc` → volumes, "volumes[1].pvc: "; `labels.run` →
@@ -377,6 +392,7 @@ class JobSubmitForm(forms.Form):
             "labels": self._metadata("labels"), "annotations": self._metadata("annotations"),
             "termination_grace_seconds": data.get("termination_grace_seconds"),
             "topology": self._topology(),
+            "gpu_types": self._gpu_types(data),
         }
         before |= set(self.errors)
         for name in ("team", "name", "image", "gpu_type", "gpus", "replicas", "tier"):

@@ -56,7 +56,11 @@ def since(when: datetime | None, now: datetime | None = None) -> str:
 @register.filter
 def gpus(job: Any) -> str:
     """A job's GPUs, written one way on every page: replicas × GPUs per replica, type
-    ("2 × 4 h100")."""
+    ("2 × 4 h100"); while a job accepting several GPU types waits, each of them
+    ("2 × 4 h100 or a100"), once admitted the type chosen."""
+    types = job.gpu_types or ()
+    if job.status == "QUEUED" and len(types) > 1:
+        return f"{job.replicas} × {job.gpus_per_replica} {' or '.join(map(str, types))}"
     return f"{job.replicas} × {job.gpus_per_replica} {job.gpu_type.slug}"
 
 

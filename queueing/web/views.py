@@ -326,7 +326,8 @@ def _preview(form: JobSubmitForm) -> Preview | None:
                           gpus_per_replica=inp.gpus_per_replica, replicas=inp.replicas,
                           tier_rank=inp.tier.rank, now=timezone.now(),
                           cpu_millicores=inp.cpu_millicores, memory_bytes=inp.memory_bytes,
-                          topology=inp.topology)
+                          topology=inp.topology, gpu_types=inp.gpu_types,
+                          flavor_fallback=inp.team.flavor_fallback or inp.tier.flavor_fallback)
 
 
 def _form_errors(form: forms.Form, exc: DomainError) -> None:

@@ -1,0 +1,69 @@
+"""The submit form's "Or else" GPU types in a real browser: a type that does not exist
+refused inline while typing (the service's rule, on that field), the job queued
+accepting h100 then a100, its page saying it waits for one of them, and once admitted on
+a100 the type chosen."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from queueing.models import Job
+from tests.conftest import World
+
+from .conftest import DB_LOCK, login
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+def test_member_submits_a_job_of_two_gpu_types_and_its_page_names_the_chosen_one(
+        page: Any, world: World, shoot: Callable[[Any, str], Any]) -> None:
+    from playwright.sync_api import expect
+
+    from queueing.composition import get_backend
+    from queueing.policy.admission import Admission, Plan
+    from queueing.services.scheduler import apply_plan
+
+    login(page, "dave")
+    page.goto("/jobs/new/")
+    page.get_by_label("Name").fill("eval-any")
+    page.get_by_label("Container image").fill("ghcr.io/acme/train:1.4")
+    page.get_by_label("GPU type").select_option("h100")
+    others = page.get_by_label("Or else")
+    others.fill("a100, tpu-v5")
+    page.get_by_label("GPUs per replica").fill("4")
+    page.get_by_label("Container image").click()
+    expect(page.locator("#gpu_types-errors")).to_contain_text("Unknown GPU type 'tpu-v5'")
+    expect(others).to_have_attribute("aria-invalid", "true")
+    shoot(page, "submit-form-gpu-types-refused")
+    others.fill("a100")
+    page.get_by_label("Container image").click()
+    expect(page.locator("#preview")).to_contain_text("If submitted now")
+    expect(page.locator("#gpu_types-errors")).to_be_empty()
+    shoot(page, "submit-form-gpu-types")
+    page.get_by_role("button", name="Submit job").click()
+    page.wait_for_url(re.compile(r"/jobs/\d+/$"))
+    job = Job.objects.get(name="eval-any")
+    assert (job.gpu_type.slug, job.gpu_types) == ("h100", ["h100", "a100"])
+    expect(page.locator("#job-gpu-types")).to_contain_text(
+        "h100, a100 (most preferred first): waits for one of them")
+    shoot(page, "job-detail-gpu-types-queued")
+
+    # Admitted on a100 (the plan's choice, as the planner of several types makes it).
+    node = next(n.name for n in get_backend().nodes() if n.gpu_type == "a100")
+    with DB_LOCK, transaction.atomic():
+        apply_plan(plan=Plan(admissions=(Admission(job_id=job.pk, team="vision",
+                                                   gpu_type="a100", placement=(node,)),),
+                             waits={}), now=timezone.now())
+    page.reload()
+    expect(page.locator("#job-gpu-types")).to_contain_text("runs on a100, chosen when admitted")
+    expect(page.get_by_text("1 × 4 a100 (4 in all)")).to_be_visible()
+    shoot(page, "job-detail-gpu-types-admitted")
+    page.goto(f"/jobs/new/?from={job.pk}")  # edit and resubmit keeps the types
+    expect(page.get_by_label("GPU type")).to_have_value("h100")
+    expect(page.get_by_label("Or else")).to_have_value("a100")
