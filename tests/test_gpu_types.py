@@ -196,3 +196,52 @@ def test_a_team_admin_sets_the_teams_fallback_and_tiers_show_theirs(world: World
     assert r.status_code == 200 and r.json()["flavor_fallback"] == ""  # the tiers' again
     tiers = world.client(world.member).get("/api/v1/tiers/").json()
     assert {t["flavor_fallback"] for t in tiers} == {"borrow"}
+
+
+# --- the live cycle and the estimate, with the planner --------------------------------------
+
+def test_rule_g1_the_cycle_lands_a_job_on_its_second_type_when_the_first_is_full(
+    world: World,
+) -> None:
+    """No hand-made plan: the cycle plans, admits on a100 while h100 is full, and the
+    next job accepting both goes to h100 once it has room."""
+    t0 = timezone.now()
+    full = [post(world, gpus=8).json()["id"] for _ in range(2)]
+    scheduler_cycle(now=t0)
+    assert set(Job.objects.filter(pk__in=full).values_list("gpu_type__slug", flat=True)) == \
+        {"h100"}
+    pk = post(world, gpu_type=None, gpu_types=["h100", "a100"], gpus=8).json()["id"]
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    job = Job.objects.select_related("gpu_type").get(pk=pk)
+    assert (job.status, job.gpu_type.slug) == ("ADMITTED", "a100")
+    for other in full:
+        job_cancel(actor=None, job=Job.objects.get(pk=other), now=t0 + timedelta(seconds=2))
+    scheduler_cycle(now=t0 + timedelta(seconds=3))
+    again = post(world, gpu_type=None, gpu_types=["h100", "a100"], gpus=8).json()["id"]
+    scheduler_cycle(now=t0 + timedelta(seconds=4))
+    job = Job.objects.select_related("gpu_type").get(pk=again)
+    assert (job.status, job.gpu_type.slug) == ("ADMITTED", "h100")
+
+
+def test_rule_g5_a_waiting_job_of_two_types_is_estimated_on_the_first_to_free(
+    world: World,
+) -> None:
+    from queueing.selectors.start_estimate import queue_start_estimates
+
+    t0 = timezone.now()
+    for _ in range(2):
+        post(world, gpus=8, max_runtime_seconds=3600)
+        post(world, gpu_type="a100", gpus=8, max_runtime_seconds=600)
+    scheduler_cycle(now=t0)
+    assert Job.objects.filter(status="ADMITTED").count() == 4
+    h100_only = post(world, gpus=8, max_runtime_seconds=60).json()["id"]
+    both = post(world, gpu_type=None, gpu_types=["h100", "a100"], gpus=8,
+                max_runtime_seconds=60).json()["id"]
+    starts, error = queue_start_estimates(now=t0 + timedelta(seconds=1),
+                                          job_ids=[h100_only, both])
+    assert error == ""
+    h100_at, both_at = starts[h100_only].estimated_start, starts[both].estimated_start
+    assert h100_at is not None and both_at is not None
+    # The h100 jobs end in an hour; the a100 ones in ten minutes: the job of two types
+    # starts when the first a100 frees, long before the h100-only job.
+    assert both_at < t0 + timedelta(seconds=700) < t0 + timedelta(seconds=3500) < h100_at

@@ -57,11 +57,16 @@ def queue_start_estimates(*, now: datetime, job_ids: Collection[int] = ()
     for h in running:
         free[h.gpu_type] = free.get(h.gpu_type, 0) - h.gpus
     free = {t: max(0, n) for t, n in free.items()}
-    rows = {pk: (t, g * r, limit) for pk, t, g, r, limit in Job.objects.filter(
-        pk__in=list(positions), status=JobState.QUEUED).values_list(
-        "id", "gpu_type__slug", "gpus_per_replica", "replicas", "max_runtime_seconds")}
-    queued = [Waiting(id=pk, gpu_type=rows[pk][0], gpus=rows[pk][1],
-                      max_runtime_seconds=rows[pk][2])
+    rows = {pk: (t, g * r, limit, tuple(types or ())) for pk, t, g, r, limit, types in
+            Job.objects.filter(pk__in=list(positions), status=JobState.QUEUED).values_list(
+                "id", "gpu_type__slug", "gpus_per_replica", "replicas",
+                "max_runtime_seconds", "gpu_types")}
+    # Rule G5: a job of several types starts on the first of them to have room; a queued
+    # job's first listed type is the one it is planned from (its `gpu_type` may still
+    # name where an earlier attempt ran).
+    queued = [Waiting(id=pk, gpu_type=rows[pk][3][0] if rows[pk][3] else rows[pk][0],
+                      gpus=rows[pk][1], max_runtime_seconds=rows[pk][2],
+                      gpu_types=rows[pk][3])
               for pk in sorted(rows, key=lambda pk: (positions[pk], pk))]
     starts = estimate_starts(now=now, free=free, running=running, queued=queued)
     out = {}
