@@ -89,10 +89,11 @@ def workload_name(job_id: int, attempt: int) -> str:
 
 def run_fairq(workload: Workload, *, progress: Progress | None = None,
               max_seconds: float | None = None,
-              on_cycle: Callable[[float, Plan], None] | None = None) -> RunResult:
+              on_cycle: Callable[[float, Plan], None] | None = None,
+              on_snapshot: Callable[[Snapshot], None] | None = None) -> RunResult:
     """Replay `workload` through `plan_admissions`, a cycle at each event instant, until
     every job has finished (or the virtual clock passes `max_seconds`). `on_cycle` is
-    called with each cycle's instant and plan."""
+    called with each cycle's instant and plan, `on_snapshot` with what it planned on."""
     t_wall = time.perf_counter()
     sc = workload.scenario
     st = sc.settings
@@ -286,6 +287,8 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             cluster_ranks=ranks,
         )
         # --- decide
+        if on_snapshot is not None:
+            on_snapshot(snapshot)
         plan = plan_admissions(snapshot)
         if on_cycle is not None:
             on_cycle(now_s, plan)
