@@ -54,6 +54,47 @@ from queueing.simulator.trace import load_openb
 POLICIES = ("fairq", "fifo", "greedy", "easy")
 
 
+# The goal table's columns (docs/simulator.md, "The goal table"): goal key -> heading.
+TABLE_GOALS = {
+    "delivered_vs_greedy": "delivered vs greedy (≥ 99 %)",
+    "lost": "lost of delivered (≤ 1 %)",
+    "max_preemptions": "max preemptions / job (≤ 3)",
+    "fairness": "M1 max dev (≤ 5 pts)",
+    "delivered_vs_greedy_spec": "with spec: vs greedy (≥ 100 %)",
+}
+
+
+def goal_table(directory: Path) -> str:
+    """One markdown row per run document (`sim_*.json`) in `directory`: ρ, seed, GPU
+    specs, estimates, the cluster's nodes, each goal's value with ✗ when missed, and
+    the goals met of those that apply."""
+    docs = []
+    for f in sorted(directory.glob("sim_*.json")):
+        doc = json.loads(f.read_text())
+        src = doc["source"]
+        docs.append(((str(src.get("gpu_spec", "off")), float(src["rho"]), int(src["seed"])),
+                     doc))
+    lines = ["| ρ | seed | GPU spec | estimates | nodes | "
+             + " | ".join(TABLE_GOALS.values()) + " | goals met |",
+             "|---|---|---|---|---|" + "---|" * (len(TABLE_GOALS) + 1)]
+    for (spec, rho, seed), doc in sorted(docs, key=lambda d: d[0]):
+        checks = {key: (value, met, unit) for key, _, value, met, unit in goal_checks(
+            doc["goals"])}
+        cells = []
+        for key in TABLE_GOALS:
+            if key not in checks:
+                cells.append("–")
+                continue
+            value, met, unit = checks[key]
+            shown = f"{value:.0f}" if not unit else f"{value:.2f} {unit}"
+            cells.append(shown + ("" if met else " ✗"))
+        applied = [checks[k][1] for k in TABLE_GOALS if k in checks]
+        lines.append(f"| {rho:g} | {seed} | {spec} | {doc['source'].get('estimate', '')} | "
+                     f"{doc['source']['nodes']} | " + " | ".join(cells)
+                     + f" | {sum(applied)} of {len(applied)} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default=os.environ.get("FAIRQ_SIM_TRACE", DEFAULT_TRACE))
@@ -67,10 +108,15 @@ def main() -> int:
     ap.add_argument("--gpu-spec", default="off",
                     help="comma-separated GPU-spec modes: off, trace, gen:SHARE (off)")
     ap.add_argument("--out", help="write each run's JSON document into this directory")
+    ap.add_argument("--table", metavar="DIR", help="print the goal table of the JSON "
+                    "documents --out wrote into DIR (one row per run) and run nothing")
     ap.add_argument("--lost-per-wait", help="rule R9's ratio ('none': no check); default "
                     "the product's")
     ap.add_argument("--no-reservation", action="store_true", help="rule A9 off")
     args = ap.parse_args()
+    if args.table:
+        print(goal_table(Path(args.table)))
+        return 0
     if not (Path(args.trace) / "pods.csv").is_file():
         # Skipped, not failed: `make bench` runs every bench and stops at the first failure.
         note(f"the openb trace is not at {args.trace} (set FAIRQ_SIM_TRACE): skipped")
