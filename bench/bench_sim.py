@@ -1,25 +1,30 @@
 """The trace-replay benchmark (docs/simulator.md; the replay goals).
 
-Question: on the openb replay (82 nodes / 429 GPUs, the last 30 days, tasks ≤ 24 h, four
-tenants weighted 1, 1, 2, 4), how does fairq's policy compare with FIFO, greedy backfill
-and EASY backfill at offered loads ρ 0.9, 1.2 and 1.5, and how fast does the replay run?
+Question: on the openb replay (a seeded draw of 429 GPUs of nodes, the last 30 days,
+tasks ≤ 24 h, four tenants weighted 1, 1, 2, 4, realistic runtime estimates by default),
+how does fairq's policy compare with FIFO, greedy backfill and EASY backfill at offered
+loads ρ 0.9, 1.2 and 1.5, on several clusters, with and without GPU specs, and how fast
+does the replay run?
 
 It reports, it does not assert: each of the goals (delivered ≥ 99 % of greedy
 backfill's and ≥ EASY's, lost ≤ 1 % of delivered, no job preempted more than 3 times,
 high-tier (LS) p95 wait ≤ 1 min, 8-GPU p95 wait ≤ greedy's and EASY's, every team within
-5 points of its weighted max-min share, rule M1) is a BENCH line per ρ and seed with its
-value and one with 1 (met) or 0, and a PASS/FAIL table follows on stdout.
+5 points of its weighted max-min share, rule M1; with GPU specs, delivered ≥ greedy
+backfill's with the same specs) is a BENCH line per ρ, seed and spec with its value and
+one with 1 (met) or 0, and a PASS/FAIL table follows on stdout.
 
 Why the high tier waited (docs/simulator.md, "Why a tier waited"): per wait cause its
 share of the tier's waiting, the p95 of the time in it and the jobs over 1 min mainly for
 it (`sim_fairq_<rho>_high_cause_<cause>_share|_p95|_main_over_1min`), and the tier's wait
 floors (`sim_floor_<rho>_high_nominal|cluster_p95_wait|_over_1min`).
 
-Output: `BENCH sim_<policy>_<rho>[_s<seed>]_<metric> <value> <unit>` lines on stdout, for
+Output: `BENCH sim_<policy>_<rho>[_s<seed>][_gen0.3]_<metric> <value> <unit>` lines on
+stdout (`_s<seed>` for seeds other than 0, the GPU-spec mode when not off), for
 example `BENCH sim_fairq_1.2_delivered_vs_greedy 99.5 pct` and
 `BENCH sim_goal_1.2_s1_lost_met 1 bool`; then the table; progress and notes on stderr.
 
     .venv/bin/python bench/bench_sim.py [--trace DIR] [--rho 0.9,1.2,1.5] [--seeds 0,1,2]
+        [--estimate user|oracle|fixed:24h] [--gpu-spec off,gen:0.3] [--out DIR]
         [--lost-per-wait R|none] [--no-reservation]
 
 No database, no Django: the simulator is pure (queueing/simulator/).
@@ -35,15 +40,59 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import json
 from dataclasses import replace
 
 from _common import bench, note
 
 from queueing.simulator.cli import DEFAULT_TRACE, simulate
+from queueing.simulator.estimates import DEFAULT_ESTIMATE, EstimateModel
+from queueing.simulator.gpu_spec import GpuSpecMode
 from queueing.simulator.metrics import goal_checks
 from queueing.simulator.trace import load_openb
 
 POLICIES = ("fairq", "fifo", "greedy", "easy")
+
+
+# The goal table's columns (docs/simulator.md, "The goal table"): goal key -> heading.
+TABLE_GOALS = {
+    "delivered_vs_greedy": "delivered vs greedy (≥ 99 %)",
+    "lost": "lost of delivered (≤ 1 %)",
+    "max_preemptions": "max preemptions / job (≤ 3)",
+    "fairness": "M1 max dev (≤ 5 pts)",
+    "delivered_vs_greedy_spec": "with spec: vs greedy (≥ 100 %)",
+}
+
+
+def goal_table(directory: Path) -> str:
+    """One markdown row per run document (`sim_*.json`) in `directory`: ρ, seed, GPU
+    specs, estimates, the cluster's nodes, each goal's value with ✗ when missed, and
+    the goals met of those that apply."""
+    docs = []
+    for f in sorted(directory.glob("sim_*.json")):
+        doc = json.loads(f.read_text())
+        src = doc["source"]
+        docs.append(((str(src.get("gpu_spec", "off")), float(src["rho"]), int(src["seed"])),
+                     doc))
+    lines = ["| ρ | seed | GPU spec | estimates | nodes | "
+             + " | ".join(TABLE_GOALS.values()) + " | goals met |",
+             "|---|---|---|---|---|" + "---|" * (len(TABLE_GOALS) + 1)]
+    for (spec, rho, seed), doc in sorted(docs, key=lambda d: d[0]):
+        checks = {key: (value, met, unit) for key, _, value, met, unit in goal_checks(
+            doc["goals"])}
+        cells = []
+        for key in TABLE_GOALS:
+            if key not in checks:
+                cells.append("–")
+                continue
+            value, met, unit = checks[key]
+            shown = f"{value:.0f}" if not unit else f"{value:.2f} {unit}"
+            cells.append(shown + ("" if met else " ✗"))
+        applied = [checks[k][1] for k in TABLE_GOALS if k in checks]
+        lines.append(f"| {rho:g} | {seed} | {spec} | {doc['source'].get('estimate', '')} | "
+                     f"{doc['source']['nodes']} | " + " | ".join(cells)
+                     + f" | {sum(applied)} of {len(applied)} |")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -51,23 +100,37 @@ def main() -> int:
     ap.add_argument("--trace", default=os.environ.get("FAIRQ_SIM_TRACE", DEFAULT_TRACE))
     ap.add_argument("--rho", default="0.9,1.2,1.5")
     ap.add_argument("--seeds", default="0",
-                    help="comma-separated seeds of the node sample (which nodes of each "
-                         "type are drawn; names and so tie-breaks change); metric names "
+                    help="comma-separated seeds: each draws another cluster of 429 GPUs "
+                         "(and the estimates' factors, the generated specs); metric names "
                          "get a _s<seed> suffix for seeds other than 0")
+    ap.add_argument("--estimate", default=DEFAULT_ESTIMATE.describe(),
+                    help="runtime estimates: user[:LO-HI], oracle, fixed:DURATION")
+    ap.add_argument("--gpu-spec", default="off",
+                    help="comma-separated GPU-spec modes: off, trace, gen:SHARE (off)")
+    ap.add_argument("--out", help="write each run's JSON document into this directory")
+    ap.add_argument("--table", metavar="DIR", help="print the goal table of the JSON "
+                    "documents --out wrote into DIR (one row per run) and run nothing")
     ap.add_argument("--lost-per-wait", help="rule R9's ratio ('none': no check); default "
                     "the product's")
     ap.add_argument("--no-reservation", action="store_true", help="rule A9 off")
     args = ap.parse_args()
+    if args.table:
+        print(goal_table(Path(args.table)))
+        return 0
     if not (Path(args.trace) / "pods.csv").is_file():
         # Skipped, not failed: `make bench` runs every bench and stops at the first failure.
         note(f"the openb trace is not at {args.trace} (set FAIRQ_SIM_TRACE): skipped")
         return 0
-    runs = [(float(r), int(sd)) for sd in args.seeds.split(",") for r in args.rho.split(",")]
+    estimate = EstimateModel.parse(args.estimate)
+    specs = [GpuSpecMode.parse(m) for m in args.gpu_spec.split(",")]
+    runs = [(float(r), int(sd), m) for m in specs for sd in args.seeds.split(",")
+            for r in args.rho.split(",")]
     table: dict[str, dict[str, tuple[float, bool, str]]] = {}
     texts: dict[str, str] = {}
-    for rho, seed in runs:
-        tag = f"{rho:g}" + (f"_s{seed}" if seed else "")
-        w = load_openb(args.trace, rho=rho, seed=seed)
+    for rho, seed, spec in runs:
+        slug = "" if spec.kind == "off" else "_" + spec.describe().replace(":", "")
+        tag = f"{rho:g}" + (f"_s{seed}" if seed else "") + slug
+        w = load_openb(args.trace, rho=rho, seed=seed, estimate=estimate, gpu_spec=spec)
         st = w.scenario.settings
         if args.lost_per_wait is not None:
             ratio = None if args.lost_per_wait == "none" else float(args.lost_per_wait)
@@ -78,6 +141,10 @@ def main() -> int:
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         doc = simulate(w, POLICIES, progress_out=sys.stderr, timings=timings)
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / f"sim_{tag}.json").write_text(
+                json.dumps(doc, sort_keys=True, indent=1) + "\n")
         bench(f"sim_all_{tag}_wall", time.perf_counter() - t0, "s")
         for p in POLICIES:
             bench(f"sim_{p}_{tag}_wall", timings[p], "s")
@@ -118,13 +185,14 @@ def main() -> int:
             if isinstance(f, dict):
                 bench(f"sim_floor_{tag}_high_{floor}_p95_wait", f["wait_p95_min"], "min")
                 bench(f"sim_floor_{tag}_high_{floor}_over_1min", f["over_goal"], "count")
-        column = f"ρ {rho:g} s{seed}"
+        column = f"ρ {rho:g} s{seed}" + ("" if spec.kind == "off" else f" {spec.describe()}")
         for key, text, value, met, unit in goal_checks(g):
             bench(f"sim_goal_{tag}_{key}", value, {"%": "pct", "": "count"}.get(unit, unit))
             bench(f"sim_goal_{tag}_{key}_met", 1.0 if met else 0.0, "bool")
             table.setdefault(key, {})[column] = (value, met, unit)
             texts[key] = text.split(" (")[0]
-    columns = [f"ρ {rho:g} s{seed}" for rho, seed in runs]
+    columns = [f"ρ {rho:g} s{seed}" + ("" if spec.kind == "off" else f" {spec.describe()}")
+               for rho, seed, spec in runs]
     print("\n| goal | " + " | ".join(columns) + " |")
     print("|---|" + "---|" * len(columns))
     for key, cells in table.items():

@@ -11,16 +11,19 @@ replica, best fit) and no tiers, fair share or preemption:
              ends, by its estimate, before the shadow time or leaves the reserved GPUs
              free at the shadow time.
 
-Jobs are kept in groups of the same (GPU type, shape, estimate), each in submit order:
-within one pass, free GPUs only shrink, so a group whose first job cannot start has no
-job that can, and a pass costs O(admissions × groups) however long the queue.
+A job is placed only on the GPU types it accepts (`SimJob.accepted_types`), on the first
+of them, in its order, that holds the gang now. The queue is kept in submit order; within
+one pass free GPUs only shrink, so once a job of some (accepted types, shape) cannot start
+no later job of that shape is tried in the pass, and a pass stops when no shape is left.
+In EASY's backfill, likewise, once a job of some shape that would outlast the shadow time
+is refused for the reserved GPUs, later ones of that shape that would too are not tried.
 """
 
 from __future__ import annotations
 
 import heapq
 import time
-from collections import deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,14 +36,19 @@ BASELINES = ("fifo", "greedy", "easy")
 
 _ARRIVAL, _FINISH = 0, 1
 
-GroupKey = tuple[str, int, int, float]
+Shape = tuple[tuple[str, ...], int, int]
 
 
 @dataclass(slots=True)
 class _Run:
     job: SimJob
     placement: tuple[str, ...]
+    gpu_type: str
     start: float
+
+
+def shape_of(j: SimJob) -> Shape:
+    return (j.accepted_types, j.gpus_per_replica, j.replicas)
 
 
 def _fits(free: dict[str, int], nodes: list[str], gpus: int, replicas: int) -> bool:
@@ -62,6 +70,16 @@ def _place(free: dict[str, int], nodes: list[str], gpus: int,
     return tuple(taken)
 
 
+def place_accepted(cap: Capacity, j: SimJob) -> tuple[str, tuple[str, ...]] | None:
+    """(GPU type, placement) on the first accepted type that holds the gang now."""
+    for gt in j.accepted_types:
+        if gt in cap.total:
+            placement = cap.place(gt, j.gpus_per_replica, j.replicas)
+            if placement is not None:
+                return gt, placement
+    return None
+
+
 def run_baseline(policy: str, workload: Workload, *,
                  progress: Callable[[float], None] | None = None) -> RunResult:
     """Replay `workload` under one of `BASELINES` until every job has finished."""
@@ -76,33 +94,22 @@ def run_baseline(policy: str, workload: Workload, *,
     jobs = {j.id: j for j in workload.jobs}
     events: list[tuple[float, int, int]] = [(j.submit, _ARRIVAL, j.id) for j in workload.jobs]
     heapq.heapify(events)
-    groups: dict[GroupKey, deque[SimJob]] = {}
+    # Waiting jobs in submit order (arrivals pop in (submit, id) order; nothing requeues).
+    queue: dict[int, SimJob] = {}
+    shapes: Counter[Shape] = Counter()
     running: dict[int, _Run] = {}
     attempts: dict[int, Attempt] = {}
     cycles = 0
     now = 0.0
 
-    def start(j: SimJob, placement: tuple[str, ...]) -> None:
-        running[j.id] = _Run(j, placement, now)
+    def start(j: SimJob, gt: str, placement: tuple[str, ...]) -> None:
+        del queue[j.id]
+        key = shape_of(j)
+        shapes[key] -= 1
+        if not shapes[key]:
+            del shapes[key]
+        running[j.id] = _Run(j, placement, gt, now)
         heapq.heappush(events, (now + j.runtime, _FINISH, j.id))
-
-    def pop_head(key: GroupKey) -> SimJob:
-        q = groups[key]
-        j = q.popleft()
-        if not q:
-            del groups[key]
-        return j
-
-    def earliest(alive: set[GroupKey], skip: int | None = None) -> GroupKey | None:
-        best: tuple[float, int, GroupKey] | None = None
-        for key in alive:
-            q = groups.get(key)
-            if not q:
-                continue
-            j = q[0] if q[0].id != skip else (q[1] if len(q) > 1 else None)
-            if j is not None and (best is None or (j.submit, j.id) < best[:2]):
-                best = (j.submit, j.id, key)
-        return best[2] if best is not None else None
 
     while events:
         now = events[0][0]
@@ -110,33 +117,36 @@ def run_baseline(policy: str, workload: Workload, *,
             _, kind, job_id = heapq.heappop(events)
             j = jobs[job_id]
             if kind == _ARRIVAL:
-                groups.setdefault((j.gpu_type, j.gpus_per_replica, j.replicas, j.estimate),
-                                  deque()).append(j)
+                queue[j.id] = j
+                shapes[shape_of(j)] += 1
             else:
                 r = running.pop(job_id)
                 cap.release(r.placement, j.gpus_per_replica)
-                attempts[job_id] = Attempt(r.start, now, preempted=False)
-        if not groups:
+                attempts[job_id] = Attempt(r.start, now, preempted=False, gpu_type=r.gpu_type)
+        if not queue:
             continue
         cycles += 1
-        alive = set(groups)
         head: SimJob | None = None
+        dead: set[Shape] = set()
         # In submit order, every job that fits starts; FIFO and EASY stop at the first
         # that does not (EASY then reserves for it and backfills).
-        while (key := earliest(alive)) is not None:
-            j = groups[key][0]
-            placement = cap.place(j.gpu_type, j.gpus_per_replica, j.replicas)
-            if placement is not None:
-                start(pop_head(key), placement)
+        for j in list(queue.values()):
+            key = shape_of(j)
+            if key in dead:
                 continue
-            if policy == "greedy":
-                alive.discard(key)
+            got = place_accepted(cap, j)
+            if got is not None:
+                start(j, *got)
                 continue
-            head = j
-            break
+            if policy != "greedy":
+                head = j
+                break
+            dead.add(key)
+            if len(dead) == len(shapes):
+                break
         if policy == "easy" and head is not None:
-            _easy_backfill(head, now=now, cap=cap, nodes_of=nodes_of, groups=groups,
-                           running=running, start=start, pop_head=pop_head, earliest=earliest)
+            _easy_backfill(head, now=now, cap=cap, nodes_of=nodes_of, queue=queue,
+                           shapes=shapes, running=running, start=start)
         if progress is not None:
             progress(now)
 
@@ -147,43 +157,55 @@ def run_baseline(policy: str, workload: Workload, *,
 
 
 def _easy_backfill(head: SimJob, *, now: float, cap: Capacity, nodes_of: dict[str, list[str]],
-                   groups: dict[GroupKey, deque[SimJob]], running: dict[int, _Run],
-                   start: Callable[[SimJob, tuple[str, ...]], None],
-                   pop_head: Callable[[GroupKey], SimJob],
-                   earliest: Callable[..., GroupKey | None]) -> None:
-    gt, g, reps = head.gpu_type, head.gpus_per_replica, head.replicas
-    nodes = nodes_of.get(gt, [])
+                   queue: dict[int, SimJob], shapes: Counter[Shape], running: dict[int, _Run],
+                   start: Callable[[SimJob, str, tuple[str, ...]], None]) -> None:
+    g, reps = head.gpus_per_replica, head.replicas
+    types = [gt for gt in head.accepted_types if gt in nodes_of]
     shadow_free = {n: cap.free[n] for ns in nodes_of.values() for n in ns}
     shadow: float | None = None
-    # The shadow time: release running jobs by estimated end until the head fits.
+    reserved_on: list[str] = []
+    # The shadow time: release running jobs by estimated end until the head fits on one
+    # of its types (the first, in its order, that holds it then).
     for r in sorted(running.values(), key=lambda r: (r.start + r.job.estimate, r.job.id)):
         for name in r.placement:
             shadow_free[name] += r.job.gpus_per_replica
-        if r.job.gpu_type == gt and _fits(shadow_free, nodes, g, reps):
-            shadow = r.start + r.job.estimate
+        if r.gpu_type not in types:
+            continue
+        for gt in types:
+            if _fits(shadow_free, nodes_of[gt], g, reps):
+                shadow, reserved_on = r.start + r.job.estimate, nodes_of[gt]
+                break
+        if shadow is not None:
             break
     if shadow is None:
         return  # it never fits this cluster (the loader drops such jobs): no reservation
-    _place(shadow_free, nodes, g, reps)  # the reservation's GPUs at the shadow time
-    alive = set(groups)
-    while (key := earliest(alive, skip=head.id)) is not None:
-        q = groups[key]
-        j = q[0] if q[0].id != head.id else q[1]
-        placement = cap.place(j.gpu_type, j.gpus_per_replica, j.replicas)
-        if placement is None:
-            alive.discard(key)
+    _place(shadow_free, reserved_on, g, reps)  # the reservation's GPUs at the shadow time
+    # No longer fit now (the head's shape: it did not fit, and free GPUs only shrink).
+    dead: set[Shape] = {shape_of(head)}
+    refused: set[Shape] = set()  # would outlast the shadow time and was refused
+    for j in list(queue.values()):
+        if j.id == head.id:
             continue
-        if now + j.estimate > shadow:
+        key = shape_of(j)
+        if key in dead:
+            continue
+        long = now + j.estimate > shadow
+        if long and key in refused:
+            continue
+        got = place_accepted(cap, j)
+        if got is None:
+            dead.add(key)
+            if len(dead) == len(shapes):
+                break
+            continue
+        gt, placement = got
+        if long:
             # Still running at the shadow time: only on GPUs the reservation leaves free.
             if any(shadow_free[n] < j.gpus_per_replica * placement.count(n)
                    for n in set(placement)):
                 cap.release(placement, j.gpus_per_replica)
-                alive.discard(key)
+                refused.add(key)
                 continue
             for n in placement:
                 shadow_free[n] -= j.gpus_per_replica
-        if q[0].id == head.id:
-            q.remove(j)
-        else:
-            pop_head(key)
-        start(j, placement)
+        start(j, gt, placement)

@@ -18,6 +18,8 @@ import yaml
 
 from .baselines import BASELINES, run_baseline
 from .engine import run_fairq
+from .estimates import DEFAULT_ESTIMATE, EstimateError, EstimateModel, with_estimates
+from .gpu_spec import GpuSpecError, GpuSpecMode
 from .history import load_usage_history
 from .metrics import HOUR, goals, summarize
 from .model import RunResult, Workload
@@ -95,7 +97,8 @@ def simulate(workload: Workload, policies: Sequence[str], *, progress_out: TextI
         "policies": out,
         "preemption_histogram": hist,
         "wait_floors": non_preemptible_floors(workload),
-        "goals": goals(out, high_tier=_high_tier(workload)),
+        "goals": goals(out, high_tier=_high_tier(workload),
+                       with_gpu_spec=str(workload.source.get("gpu_spec", "off")) != "off"),
     }
     return _rounded(doc)  # type: ignore[no-any-return]
 
@@ -118,9 +121,20 @@ def parser() -> argparse.ArgumentParser:
                     help="the tier of the history's jobs (the scenario's lowest)")
     ap.add_argument("--rho", type=float, default=1.2, help="offered load (trace), default 1.2")
     ap.add_argument("--days", type=float, default=30.0, help="last days of the trace (30)")
-    ap.add_argument("--nodes", type=int, default=82, help="nodes sampled (82)")
-    ap.add_argument("--gpus", type=int, default=429, help="GPUs of the sampled nodes (429)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the node sample (0)")
+    ap.add_argument("--gpus", type=int, default=429,
+                    help="GPUs of the drawn cluster (429); the node count follows the draw")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the cluster draw, the estimates' over-request factors and "
+                    "the generated GPU specs (0)")
+    ap.add_argument("--estimate", default=DEFAULT_ESTIMATE.describe(),
+                    help="runtime estimates (trace): user[:LO-HI] (a user's limit, the "
+                    "runtime times a seeded factor in LO-HI, capped at 24 h), oracle (the "
+                    "runtime rounded up to a bucket), fixed:DURATION (e.g. fixed:24h); "
+                    "default user:2-10")
+    ap.add_argument("--gpu-spec", default="off",
+                    help="GPU types a trace task accepts: off (one type), trace (the "
+                    "trace's gpu_spec column), gen:SHARE (a seeded SHARE of tasks restricted "
+                    "to generated specs); default off")
     ap.add_argument("--limit", type=int, help="only the first N jobs of the trace")
     ap.add_argument("--no-preemption", action="store_true", help="fairq with preemption off")
     ap.add_argument("--no-reservation", action="store_true",
@@ -153,14 +167,22 @@ def load_workload(args: argparse.Namespace) -> Workload:
             raise ScenarioError("--history: give --scenario (the cluster, teams and tiers) "
                                 "and no --trace")
         w = load_usage_history(args.history, parse_scenario(doc), tier=args.history_tier)
+        model = EstimateModel.parse(args.estimate)
+        w = replace(w, jobs=with_estimates(w.jobs, model, seed=args.seed),
+                    source={**w.source, "estimate": model.describe()})
         return _overrides(w, args)
     trace = args.trace or (None if doc and isinstance(doc, dict) and doc.get("jobs") else
                            os.environ.get("FAIRQ_SIM_TRACE", DEFAULT_TRACE))
     if trace:
         settings = parse_settings(doc) if isinstance(doc, dict) else None
-        w = load_openb(trace, rho=args.rho, days=args.days, nodes=args.nodes, gpus=args.gpus,
-                       seed=args.seed, limit=args.limit, settings=settings)
+        w = load_openb(trace, rho=args.rho, days=args.days, gpus=args.gpus,
+                       seed=args.seed, limit=args.limit, settings=settings,
+                       estimate=EstimateModel.parse(args.estimate),
+                       gpu_spec=GpuSpecMode.parse(args.gpu_spec))
     else:
+        if args.estimate != DEFAULT_ESTIMATE.describe() or args.gpu_spec != "off":
+            raise ScenarioError("--estimate and --gpu-spec apply to the trace; a scenario's "
+                                "jobs give max_runtime_seconds and gpu_type themselves")
         w = load_scenario(args.scenario)
     return _overrides(w, args)
 
@@ -205,15 +227,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bad or not policies:
         ap.error(f"--policies: unknown {', '.join(bad) or '(none given)'}; "
                  f"choose from {', '.join(POLICIES)}")
-    if args.rho <= 0 or args.days <= 0 or args.nodes <= 0 or args.gpus <= 0:
-        ap.error("--rho, --days, --nodes and --gpus must be > 0")
+    if args.rho <= 0 or args.days <= 0 or args.gpus <= 0:
+        ap.error("--rho, --days and --gpus must be > 0")
     if args.limit is not None and args.limit <= 0:
         ap.error("--limit must be > 0")
     try:
         workload = load_workload(args)
         if not workload.jobs:
             raise ScenarioError("no jobs: give --trace, or a scenario with a jobs section")
-    except (ScenarioError, TraceError) as exc:
+    except (ScenarioError, TraceError, EstimateError, GpuSpecError) as exc:
         print(f"fairq-sim: {exc}", file=sys.stderr)
         return 2
     doc = simulate(workload, policies, progress_out=None if args.quiet else sys.stderr)

@@ -89,10 +89,11 @@ def workload_name(job_id: int, attempt: int) -> str:
 
 def run_fairq(workload: Workload, *, progress: Progress | None = None,
               max_seconds: float | None = None,
-              on_cycle: Callable[[float, Plan], None] | None = None) -> RunResult:
+              on_cycle: Callable[[float, Plan], None] | None = None,
+              on_snapshot: Callable[[Snapshot], None] | None = None) -> RunResult:
     """Replay `workload` through `plan_admissions`, a cycle at each event instant, until
     every job has finished (or the virtual clock passes `max_seconds`). `on_cycle` is
-    called with each cycle's instant and plan."""
+    called with each cycle's instant and plan, `on_snapshot` with what it planned on."""
     t_wall = time.perf_counter()
     sc = workload.scenario
     st = sc.settings
@@ -159,6 +160,7 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
         tier = tiers[j.tier]
         queued[j.id] = QueuedJob(
             id=j.id, team=j.team, gpu_type=j.gpu_type, gpus_per_replica=j.gpus_per_replica,
+            gpu_types=j.gpu_types,  # every accepted type, first = gpu_type
             replicas=j.replicas, tier_rank=tier.rank, submitted_at=at(j.submit),
             queued_at=None if queued_at is None else at(queued_at),
             max_runtime_seconds=estimate_seconds(j),
@@ -180,13 +182,13 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             requeued = requeue_victim(
                 attempt=attempt_no[job_id], submitted_at=at(j.submit),
                 started_at=r.job.started_at, now=now, gpus=j.gpus,
-                billing_weight=billing.get(j.gpu_type, 1.0), accumulator=acc[j.team],
+                billing_weight=billing.get(r.job.gpu_type, 1.0), accumulator=acc[j.team],
                 half_life_hours=h)
             assert requeued.accumulator is not None  # given one, it gives one back
             acc[j.team] = requeued.accumulator
             attempt_no[job_id] = requeued.attempt
             attempts[job_id].append(Attempt(r.start, now_s, preempted=False, reclaimed=True,
-                                            cluster=r.job.cluster))
+                                            cluster=r.job.cluster, gpu_type=r.job.gpu_type))
             queue_job(j, queued_at=now_s)
         free[name] = 0
         push(now_s + spec_of[name].replacement_seconds, _BACK, node_index[name])
@@ -233,9 +235,9 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                 del running[job_id]
                 release(r.job)
                 j = jobs[job_id]
-                charge(j.team, j.gpus, j.gpu_type, r.start, now_s)
+                charge(j.team, j.gpus, r.job.gpu_type, r.start, now_s)
                 attempts[job_id].append(Attempt(r.start, now_s, preempted=False,
-                                                cluster=r.job.cluster))
+                                                cluster=r.job.cluster, gpu_type=r.job.gpu_type))
                 finished[job_id] = now_s
         if not queued:
             continue
@@ -285,6 +287,8 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             cluster_ranks=ranks,
         )
         # --- decide
+        if on_snapshot is not None:
+            on_snapshot(snapshot)
         plan = plan_admissions(snapshot)
         if on_cycle is not None:
             on_cycle(now_s, plan)
@@ -302,13 +306,14 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                 names.append(workload_name(v.job_id, old))
                 requeued = requeue_victim(
                     attempt=old, submitted_at=at(j.submit), started_at=r.job.started_at,
-                    now=now, gpus=j.gpus, billing_weight=billing.get(j.gpu_type, 1.0),
+                    now=now, gpus=j.gpus, billing_weight=billing.get(r.job.gpu_type, 1.0),
                     accumulator=acc[j.team], half_life_hours=h)
                 assert requeued.accumulator is not None  # given one, it gives one back
                 acc[j.team] = requeued.accumulator
                 attempt_no[v.job_id] = requeued.attempt
                 attempts[v.job_id].append(Attempt(r.start, now_s, preempted=True,
-                                                  cluster=r.job.cluster))
+                                                  cluster=r.job.cluster,
+                                                  gpu_type=r.job.gpu_type))
                 queue_job(j, queued_at=now_s)
                 made.append((now, p.team))
             nominations.append(Nomination(p.preemptor_id, attempt_no[p.preemptor_id], now,
@@ -324,7 +329,8 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             for name in a.placement:
                 free[name] -= j.gpus_per_replica
             running[a.job_id] = _Running(
-                RunningJob(id=j.id, team=j.team, gpu_type=j.gpu_type,
+                # The type the plan chose among the job's accepted ones.
+                RunningJob(id=j.id, team=j.team, gpu_type=a.gpu_type,
                            gpus_per_replica=j.gpus_per_replica, replicas=j.replicas,
                            tier_rank=q.tier_rank, preemptible=tier.preemptible, started_at=now,
                            min_runtime_seconds=tier.min_runtime_seconds, nodes=a.placement,

@@ -265,11 +265,12 @@ def summarize(result: RunResult, workload: Workload) -> dict[str, object]:
 
 
 def goals(policies: Mapping[str, Mapping[str, object]], *, high_tier: str = "high",
-          large_gpus: str = "8") -> dict[str, float]:
+          large_gpus: str = "8", with_gpu_spec: bool = False) -> dict[str, float]:
     """The replay goals' metrics (docs/simulator.md) for the fairq run against its baselines (reported, not
     asserted): delivered vs greedy and EASY (%), lost / delivered (%), most preemptions
     of one job, the high tier's p95 wait, the 8-GPU p95 wait vs greedy backfill's, and
-    the largest fairness deviation."""
+    the largest fairness deviation. `with_gpu_spec`: the run restricts tasks to GPU types
+    (the goal "delivered ≥ greedy backfill's with the same spec" applies)."""
 
     def stat(policy: str, *path: str) -> float:
         node: object = policies[policy]
@@ -297,6 +298,8 @@ def goals(policies: Mapping[str, Mapping[str, object]], *, high_tier: str = "hig
             out[f"gpus{large_gpus}_p95_wait_{base}_min"] = stat(
                 base, "sizes", large_gpus, "wait_p95_min")
     out["fairness_max_deviation_points"] = stat("fairq", "fairness", "max_deviation_points")
+    if with_gpu_spec:
+        out["with_gpu_spec"] = 1.0
     return out
 
 
@@ -332,5 +335,9 @@ def goal_checks(goals_: Mapping[str, float], *, high_tier: str = "high",
                          f"{large}_min", _at_most(limit), "min"))
     rows.append(("fairness", "every team within 5 points of its M1 share",
                  "fairness_max_deviation_points", lambda v: v <= 5.0, "points"))
+    if g.get("with_gpu_spec"):
+        rows.append(("delivered_vs_greedy_spec",
+                     "with gpu_spec: delivered >= greedy backfill's (same spec)",
+                     "delivered_vs_greedy_pct", lambda v: v >= 100.0, "%"))
     return [(key, text, g[metric], test(g[metric]), unit)
             for key, text, metric, test, unit in rows if metric in g]

@@ -82,7 +82,9 @@ class Scenario:
 class SimJob:
     """One job of the workload. `runtime` is how long it runs once started (it loses its
     run when preempted and starts over); `estimate` the runtime a backfilling scheduler
-    is told (max_runtime_seconds), never below `runtime`."""
+    is told (max_runtime_seconds), never below `runtime`. `gpu_types`: every GPU type it
+    accepts, in order of preference (() = only `gpu_type`; when given, its first is
+    `gpu_type`), as `QueuedJob.gpu_types`."""
 
     id: int
     team: str
@@ -95,10 +97,16 @@ class SimJob:
     estimate: float
     cluster: str | None = None  # rule K3: its pin (None = any cluster)
     allow_spot: bool = False  # rule K4: spot nodes for a non-preemptible tier too
+    gpu_types: tuple[str, ...] = ()
 
     @property
     def gpus(self) -> int:
         return self.gpus_per_replica * self.replicas
+
+    @property
+    def accepted_types(self) -> tuple[str, ...]:
+        """The GPU types it may run on, most preferred first (never empty)."""
+        return self.gpu_types or (self.gpu_type,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,13 +121,15 @@ class Workload:
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """One run of a job: `preempted` (rule R6) or `reclaimed` (its spot node was
-    interrupted, rule K6) ends it early and requeues the job; `cluster` where it ran."""
+    interrupted, rule K6) ends it early and requeues the job; `cluster` where it ran,
+    `gpu_type` on which of its accepted GPU types ("" = not recorded; not compared)."""
 
     start: float
     end: float
     preempted: bool
     reclaimed: bool = False
     cluster: str = ""
+    gpu_type: str = field(default="", compare=False)
 
     @property
     def requeued(self) -> bool:

@@ -1,20 +1,22 @@
 """The Alibaba openb 2023 trace as a workload (docs/simulator.md, "The openb trace",
 which gives the reason for every choice below).
 
-- cluster: `nodes` nodes sampled from `nodes.csv` by node type (model, GPUs per node):
-  each type gets its share of the nodes (largest remainder), then single swaps between
-  types bring the total GPUs to `gpus`; which nodes of a type are taken is seeded. The
-  trace's pods name no GPU model, so every node is in one GPU type, `openb`.
+- cluster: a seeded draw of nodes from `nodes.csv` up to `gpus` GPUs (each seed a
+  different cluster of the same GPU total; the node count follows from the draw).
+  With `gpu_spec` off every node is of one GPU type, `openb`; otherwise of its model.
 - jobs: pods with at least one GPU that were scheduled, created in the last `days` days
   of the trace, with 0 < runtime ≤ `max_runtime` (runtime = deletion − scheduled time).
   A pod is one replica; a fractional GPU (gpu_milli < 1000) takes a whole GPU.
-- tenants: team-<crc32(pod name) % 4>, weights 1, 1, 2, 4; nominal quota by weight,
-  borrowing unlimited.
+- GPU types a job accepts (`gpu_spec`): off, the trace's own `gpu_spec` column, or a
+  seeded share of generated specs (`gpu_spec.py`).
+- tenants: team-<crc32(pod name) % 4>, weights 1, 1, 2, 4; nominal quota by weight per
+  GPU type, borrowing unlimited.
 - tiers: QoS LS and Guaranteed → `high` (not preemptible); Burstable → `normal`
   (preemptible after 300 s); BE → `low` (preemptible).
 - arrivals: compressed by one factor so the offered load (GPU-seconds asked / (GPUs ×
   arrival span)) is `rho`; the horizon is the compressed span.
-- estimates (EASY backfill): the true runtime rounded up to the next bucket.
+- estimates (rule A9, R9.1, EASY backfill): the `estimate` model (`estimates.py`;
+  default a user's over-requested limit capped at `max_runtime`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from pathlib import Path
 from queueing.policy.settings import PolicySettings
 from queueing.policy.snapshot import QuotaLimit
 
+from .estimates import DEFAULT_ESTIMATE, EstimateModel, bucket_of
+from .gpu_spec import GpuSpecMode, accepted_types
 from .model import NodeSpec, Scenario, SimJob, TeamSpec, TierSpec, Workload
 
 GPU_TYPE = "openb"
@@ -39,8 +43,6 @@ TIERS = (
     TierSpec("low", rank=10, preemptible=True, min_runtime_seconds=0),
 )
 QOS_TIER = {"LS": "high", "Guaranteed": "high", "Burstable": "normal", "BE": "low"}
-# Runtime estimates given to EASY backfill: the true runtime rounded up to one of these.
-ESTIMATE_BUCKETS = (600, 1800, 3600, 2 * 3600, 4 * 3600, 8 * 3600, 12 * 3600, 24 * 3600)
 
 
 class TraceError(ValueError):
@@ -60,10 +62,8 @@ def tier_of(qos: str) -> str:
 
 
 def estimate_of(runtime: float) -> float:
-    for b in ESTIMATE_BUCKETS:
-        if runtime <= b:
-            return float(b)
-    return float(runtime)
+    """The `oracle` estimate (estimates.bucket_of)."""
+    return bucket_of(runtime)
 
 
 def nominal_by_weight(total: int, weights: Sequence[float]) -> list[int]:
@@ -84,51 +84,29 @@ class _NodeRow:
     gpus: int
 
 
-def sample_nodes(rows: Iterable[_NodeRow], *, nodes: int, gpus: int,
-                 seed: int) -> tuple[NodeSpec, ...]:
-    """`nodes` nodes by node type (model, GPUs), as close to `gpus` GPUs as single swaps
-    between types get; deterministic for a seed."""
-    by_type: dict[tuple[str, int], list[_NodeRow]] = {}
-    for r in rows:
-        if r.gpus > 0:
-            by_type.setdefault((r.model, r.gpus), []).append(r)
-    if not by_type:
+def draw_nodes(rows: Iterable[_NodeRow], *, gpus: int, seed: int,
+               typed: bool = False) -> tuple[NodeSpec, ...]:
+    """A seeded draw of whole nodes (those with a GPU) until they hold `gpus` GPUs: the
+    nodes in a seeded random order, each taken while it does not overshoot the total.
+    Each seed gives another cluster (another mix of node types) of the same GPU total;
+    the node count is what the draw gives. `typed`: each node's GPU type is its model,
+    else the one type `openb`."""
+    pool = sorted((r for r in rows if r.gpus > 0), key=lambda r: r.name)
+    if not pool:
         raise TraceError("nodes.csv has no node with a GPU")
-    types = sorted(by_type)
-    total = sum(len(v) for v in by_type.values())
-    if nodes > total:
-        raise TraceError(f"asked for {nodes} nodes; nodes.csv has {total} with GPUs")
-    exact = {t: nodes * len(by_type[t]) / total for t in types}
-    count = {t: int(exact[t]) for t in types}
-    for t in sorted(types, key=lambda t: (-(exact[t] - count[t]), t))[: nodes - sum(count.values())]:
-        count[t] += 1
-
-    def gpu_total() -> int:
-        return sum(count[t] * t[1] for t in types)
-
-    while gpu_total() != gpus:
-        best: tuple[int, float, tuple[str, int], tuple[str, int]] | None = None
-        for a in types:
-            if count[a] == 0:
-                continue
-            for b in types:
-                if a == b or count[b] >= len(by_type[b]):
-                    continue
-                gap = abs(gpu_total() - a[1] + b[1] - gpus)
-                drift = abs(count[a] - 1 - exact[a]) + abs(count[b] + 1 - exact[b])
-                cand = (gap, drift, a, b)
-                if best is None or cand < best:
-                    best = cand
-        if best is None or best[0] >= abs(gpu_total() - gpus):
-            break
-        count[best[2]] -= 1
-        count[best[3]] += 1
-    rng = random.Random(seed)
-    out = []
-    for t in types:
-        for r in sorted(rng.sample(by_type[t], count[t]), key=lambda r: r.name):
-            out.append(NodeSpec(r.name, GPU_TYPE, r.gpus))
-    return tuple(sorted(out, key=lambda n: n.name))
+    if gpus > sum(r.gpus for r in pool):
+        raise TraceError(f"asked for {gpus} GPUs; nodes.csv has {sum(r.gpus for r in pool)}")
+    rng = random.Random(f"cluster:{seed}")
+    taken: list[_NodeRow] = []
+    total = 0
+    for r in rng.sample(pool, len(pool)):
+        if total + r.gpus <= gpus:
+            taken.append(r)
+            total += r.gpus
+            if total == gpus:
+                break
+    return tuple(NodeSpec(r.name, r.model if typed else GPU_TYPE, r.gpus)
+                 for r in sorted(taken, key=lambda r: r.name))
 
 
 def _int(row: dict[str, str], col: str, where: str) -> int:
@@ -138,13 +116,18 @@ def _int(row: dict[str, str], col: str, where: str) -> int:
         raise TraceError(f"{where}: column {col!r} is {row.get(col)!r}, not an integer") from None
 
 
-def load_openb(path: str | Path, *, rho: float = 1.2, days: float = 30.0, nodes: int = 82,
-               gpus: int = 429, seed: int = 0, max_runtime: float = 24 * 3600.0,
-               limit: int | None = None, settings: PolicySettings | None = None) -> Workload:
-    """The openb trace in `path` (nodes.csv, pods.csv) as a workload at offered load `rho`.
-    `limit` keeps only the first jobs (a small slice, for a quick run)."""
+def load_openb(path: str | Path, *, rho: float = 1.2, days: float = 30.0, gpus: int = 429,
+               seed: int = 0, max_runtime: float = 24 * 3600.0, limit: int | None = None,
+               settings: PolicySettings | None = None,
+               estimate: EstimateModel = DEFAULT_ESTIMATE,
+               gpu_spec: GpuSpecMode | None = None) -> Workload:
+    """The openb trace in `path` (nodes.csv, pods.csv) as a workload at offered load `rho`
+    on the cluster `seed` draws. `limit` keeps only the first jobs (a small slice, for a
+    quick run). `seed` also seeds the estimates' over-request factors and the generated
+    GPU specs."""
     if rho <= 0:
         raise TraceError("rho must be > 0")
+    spec_mode = gpu_spec or GpuSpecMode()
     d = Path(path)
     for f in ("nodes.csv", "pods.csv"):
         if not (d / f).is_file():
@@ -152,15 +135,25 @@ def load_openb(path: str | Path, *, rho: float = 1.2, days: float = 30.0, nodes:
     with open(d / "nodes.csv", newline="") as fh:
         node_rows = [_NodeRow(r["sn"], r["model"], _int(r, "gpu", f"nodes.csv {r.get('sn')}"))
                      for r in csv.DictReader(fh)]
-    cluster = sample_nodes(node_rows, nodes=nodes, gpus=gpus, seed=seed)
-    largest = max(n.gpus for n in cluster)
+    cluster = draw_nodes(node_rows, gpus=gpus, seed=seed, typed=spec_mode.typed)
+    largest: dict[str, int] = {}
+    type_gpus: dict[str, int] = {}
+    for n in cluster:
+        largest[n.gpu_type] = max(largest.get(n.gpu_type, 0), n.gpus)
+        type_gpus[n.gpu_type] = type_gpus.get(n.gpu_type, 0) + n.gpus
+    trace_models: dict[str, int] = {}
+    for r in node_rows:
+        if r.gpus > 0:
+            trace_models[r.model] = trace_models.get(r.model, 0) + r.gpus
+    models = sorted(trace_models.items())
     with open(d / "pods.csv", newline="") as fh:
         pods = list(csv.DictReader(fh))
     if not pods:
         raise TraceError("pods.csv has no rows")
     end = max(_int(p, "deletion_time", f"pods.csv {p.get('name')}") for p in pods)
     since = end - days * 86400
-    picked: list[tuple[int, str, str, int, float]] = []
+    picked: list[tuple[int, str, str, int, float, tuple[str, ...], bool]] = []
+    dropped = 0
     for p in pods:
         where = f"pods.csv {p.get('name')}"
         n_gpu = _int(p, "num_gpu", where)
@@ -168,31 +161,48 @@ def load_openb(path: str | Path, *, rho: float = 1.2, days: float = 30.0, nodes:
         if n_gpu <= 0 or created < since or not p.get("scheduled_time"):
             continue
         runtime = _int(p, "deletion_time", where) - _int(p, "scheduled_time", where)
-        if runtime <= 0 or runtime > max_runtime or n_gpu > largest:
+        if runtime <= 0 or runtime > max_runtime:
             continue
-        picked.append((created, p["name"], tier_of(p["qos"]), n_gpu, float(runtime)))
+        types, restricted = accepted_types(
+            spec_mode, spec=p.get("gpu_spec") or "", name=p["name"], gpus_per_replica=n_gpu,
+            seed=seed, largest=largest, gpus=type_gpus, trace_models=models)
+        if not types:
+            dropped += 1  # no node of the cluster it accepts holds it
+            continue
+        picked.append((created, p["name"], tier_of(p["qos"]), n_gpu, float(runtime), types,
+                       restricted))
     picked.sort(key=lambda x: (x[0], x[1]))
     if limit is not None:
         picked = picked[:limit]
     if not picked:
         raise TraceError("no pod of the trace is left after the filters")
     total_gpus = sum(n.gpus for n in cluster)
-    demand = sum(n_gpu * runtime for _, _, _, n_gpu, runtime in picked)
+    demand = sum(x[3] * x[4] for x in picked)
     span = picked[-1][0] - picked[0][0]
     horizon = demand / (total_gpus * rho)
     scale = horizon / span if span > 0 else 0.0
     first = picked[0][0]
     jobs = tuple(
-        SimJob(id=i + 1, team=team_of(name), tier=tier, gpu_type=GPU_TYPE, gpus_per_replica=n_gpu,
-               replicas=1, submit=(created - first) * scale, runtime=runtime,
-               estimate=estimate_of(runtime))
-        for i, (created, name, tier, n_gpu, runtime) in enumerate(picked))
+        SimJob(id=i + 1, team=team_of(name), tier=tier, gpu_type=types[0],
+               gpus_per_replica=n_gpu, replicas=1, submit=(created - first) * scale,
+               runtime=runtime,
+               estimate=estimate.estimate(runtime, cap=max_runtime, seed=seed, key=name),
+               gpu_types=types if len(types) > 1 else ())
+        for i, (created, name, tier, n_gpu, runtime, types, _) in enumerate(picked))
     teams = tuple(TeamSpec(f"team-{i}", w) for i, w in enumerate(TEAM_WEIGHTS))
-    nominal = nominal_by_weight(total_gpus, TEAM_WEIGHTS)
-    quotas = {(t.name, GPU_TYPE): QuotaLimit(nominal=n) for t, n in zip(teams, nominal, strict=True)}
+    quotas: dict[tuple[str, str], QuotaLimit] = {}
+    for gt in sorted(type_gpus):
+        nominal = nominal_by_weight(type_gpus[gt], TEAM_WEIGHTS)
+        for t, share in zip(teams, nominal, strict=True):
+            quotas[(t.name, gt)] = QuotaLimit(nominal=share)
     scenario = Scenario(nodes=cluster, teams=teams, tiers=TIERS, quotas=quotas,
                         settings=settings or PolicySettings())
     return Workload(scenario=scenario, jobs=jobs, horizon=horizon,
                     source={"kind": "openb", "rho": rho, "days": days, "seed": seed,
                             "nodes": len(cluster), "gpus": total_gpus, "jobs": len(jobs),
-                            "offered_gpu_hours": demand / 3600.0})
+                            "offered_gpu_hours": demand / 3600.0,
+                            "estimate": estimate.describe(),
+                            "gpu_spec": spec_mode.describe(),
+                            "gpu_types": dict(sorted(type_gpus.items())),
+                            "restricted_jobs": sum(1 for x in picked if x[6]),
+                            "dropped_no_node": dropped})

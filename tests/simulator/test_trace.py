@@ -1,20 +1,22 @@
 """The openb trace mapping (queueing/simulator/trace.py; docs/simulator.md, "The openb
-trace"): tenants, tiers, the node sample, filters and the load compression."""
+trace"): tenants, tiers, the cluster draw, filters and the load compression."""
 
 from __future__ import annotations
 
 import zlib
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from queueing.simulator.model import NodeSpec
 from queueing.simulator.trace import (
     TraceError,
     _NodeRow,
+    draw_nodes,
     estimate_of,
     load_openb,
     nominal_by_weight,
-    sample_nodes,
     team_of,
     tier_of,
 )
@@ -45,18 +47,28 @@ def test_nominal_quotas_follow_the_weights_and_sum_to_the_cluster() -> None:
     assert nominal_by_weight(429, [1, 1, 2, 4]) == [54, 54, 107, 214]
 
 
-def test_the_node_sample_keeps_the_mix_and_hits_the_gpu_count() -> None:
-    rows = [_NodeRow(f"big-{i}", "G2", 8) for i in range(50)]
-    rows += [_NodeRow(f"small-{i}", "T4", 2) for i in range(50)]
-    # Half and half: 5 × 8 + 5 × 2 = 50; one swap (+6) reaches 56.
-    nodes = sample_nodes(rows, nodes=10, gpus=56, seed=1)
-    assert len(nodes) == 10 and sum(n.gpus for n in nodes) == 56
-    assert sorted(n.gpus for n in nodes) == [2, 2, 2, 2, 8, 8, 8, 8, 8, 8]
-    assert nodes == sample_nodes(rows, nodes=10, gpus=56, seed=1)
-    assert {n.name for n in nodes} != {n.name for n in sample_nodes(rows, nodes=10, gpus=56,
-                                                                        seed=2)}
-    # A count no swap reaches: the closest one.
-    assert sum(n.gpus for n in sample_nodes(rows, nodes=10, gpus=52, seed=1)) == 50
+def _mix(nodes: tuple[NodeSpec, ...]) -> Counter[tuple[str, int]]:
+    return Counter((n.name.split("-")[0], n.gpus) for n in nodes)
+
+
+def test_each_seed_draws_another_cluster_of_the_same_gpu_total() -> None:
+    rows = [_NodeRow(f"big-{i:02d}", "G2", 8) for i in range(50)]
+    rows += [_NodeRow(f"small-{i:02d}", "T4", 2) for i in range(50)]
+    rows += [_NodeRow(f"cpu-{i:02d}", "", 0) for i in range(5)]  # no GPU: never drawn
+    draws = {seed: draw_nodes(rows, gpus=56, seed=seed) for seed in range(8)}
+    for seed, nodes in draws.items():
+        assert sum(n.gpus for n in nodes) == 56
+        assert nodes == draw_nodes(rows, gpus=56, seed=seed)  # deterministic
+        assert all(n.gpu_type == "openb" and n.gpus > 0 for n in nodes)
+    # Another mix of node types (not only other names) across seeds, so the node count
+    # differs too: 56 GPUs are 7 × 8, or 6 × 8 + 4 × 2, ...
+    assert len({tuple(sorted(_mix(n).items())) for n in draws.values()}) > 1
+    assert len({len(n) for n in draws.values()}) > 1
+    typed = draw_nodes(rows, gpus=56, seed=1, typed=True)
+    assert {n.gpu_type for n in typed} <= {"G2", "T4"}
+    assert [n.name for n in typed] == [n.name for n in draws[1]]
+    with pytest.raises(TraceError, match="asked for 1000 GPUs"):
+        draw_nodes(rows, gpus=1000, seed=0)
 
 
 def _write(d: Path, pods: list[str]) -> Path:
@@ -77,7 +89,7 @@ def test_the_filters_and_the_load_compression(tmp_path: Path) -> None:
         "p-long,1,1,1,1000,,Burstable,Running,3000,100000,3000",  # over 24 h: out
         "p-old,1,1,1,1000,,LS,Running,0,100,0",              # ran 100 s
     ])
-    w = load_openb(d, rho=0.5, days=30, nodes=4, gpus=32)
+    w = load_openb(d, rho=0.5, days=30, gpus=32)
     assert [j.gpus for j in w.jobs] == [1, 1, 2]
     assert [j.tier for j in w.jobs] == ["high", "high", "low"]
     assert [j.runtime for j in w.jobs] == [100, 1000, 2800]
@@ -90,9 +102,16 @@ def test_the_filters_and_the_load_compression(tmp_path: Path) -> None:
         load_openb(tmp_path / "nowhere")
 
 
-def test_the_real_trace_gives_82_nodes_and_429_gpus(trace_dir: Path) -> None:
+def test_the_real_trace_gives_429_gpus_and_a_different_cluster_per_seed(
+        trace_dir: Path) -> None:
+    mixes = set()
+    for seed in (11, 12, 13, 14, 15):
+        w = load_openb(trace_dir, rho=1.2, seed=seed, limit=50)
+        assert w.scenario.total_gpus == 429
+        mixes.add(tuple(sorted(Counter(n.gpus for n in w.scenario.nodes).items())))
+    assert len(mixes) == 5
     w = load_openb(trace_dir, rho=1.2)
-    assert len(w.scenario.nodes) == 82 and w.scenario.total_gpus == 429
+    assert w.scenario.total_gpus == 429
     assert all(0 < j.runtime <= 86400 for j in w.jobs)
     offered = sum(j.gpus * j.runtime for j in w.jobs) / (429 * w.horizon)
     assert offered == pytest.approx(1.2)
