@@ -89,6 +89,49 @@ def test_a_second_cycle_stands_aside_while_one_holds_the_lock(
     assert_admitted_once(ids)
 
 
+def test_a_cycle_asked_for_while_one_runs_is_kicked_when_it_ends(
+    world: Any, monkeypatch: Any
+) -> None:
+    """The second cycle finds the lock held and stands aside; it is not lost: the first,
+    once it has let the lock go, kicks another (a kick sent while a cycle runs - a watch
+    that saw a pod start - waited for the beat before, or was lost again). A cycle that
+    nobody asked for while it ran kicks nothing."""
+    from django.core.cache import cache
+
+    cache.delete("fairq:cycle:again")
+    kicks: list[float] = []
+    monkeypatch.setattr(scheduler, "kick", lambda: kicks.append(1.0))
+    queue_jobs(world, 4)
+    inside, second_done = threading.Event(), threading.Event()
+    real_snapshot = scheduler.build_snapshot
+
+    def held_snapshot(**kwargs: Any) -> Any:
+        if not inside.is_set():
+            inside.set()
+            assert second_done.wait(timeout=30), "the second cycle never returned"
+        return real_snapshot(**kwargs)
+
+    monkeypatch.setattr(scheduler, "build_snapshot", held_snapshot)
+
+    def run() -> list[Any]:
+        first: list[Any] = []
+        holder = threading.Thread(target=lambda: (first.append(scheduler_cycle(
+            now=timezone.now())), connection.close()))
+        holder.start()
+        assert inside.wait(timeout=30)
+        second = scheduler_cycle(now=timezone.now())
+        second_done.set()
+        holder.join(timeout=60)
+        return [first[0], second]
+
+    [first, second] = run_in_threads(run, n=1)[0]
+    assert (first.ran, second.ran) == (True, False)
+    assert kicks == [1.0]
+    # Alone: nobody asked for another while it ran.
+    assert scheduler_cycle(now=timezone.now() + timedelta(seconds=1)).ran
+    assert kicks == [1.0]
+
+
 def test_stale_plans_applied_at_once_admit_each_job_once(world: Any, monkeypatch: Any) -> None:
     """Without the cycle lock, both cycles plan on the same snapshot and race to apply:
     the compare-and-swap on (status, attempt) lets exactly one win each job."""

@@ -81,6 +81,7 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
+from django.core.cache import cache
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
 from django.utils import timezone
 
@@ -216,7 +217,9 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
     name, the backend to use instead of the one built from its row (tests)."""
     with cycle_lock() as got:
         if not got:
+            _again_ask()
             return CycleResult(ran=False, cycle_id=cycle_id or new_cycle_id())
+        _again_take()  # this cycle sees every change that asked for one before it
         result = CycleResult(cycle_id=cycle_id or new_cycle_id())
         now = now or timezone.now()
         budget = Budget()
@@ -275,7 +278,25 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         t5 = time.perf_counter()
         result.timings = {"reconcile": t1 - t0, "snapshot": t2 - t1, "decide": t3 - t2,
                           "apply": t4 - t3, "submit": t5 - t4, "total": t5 - t0}
-        return result
+    if _again_take():
+        kick()  # a cycle was asked for while this one ran: the change that asked is next
+    return result
+
+
+# A cycle asked for while another held the lock (the kick of a watch that saw a pod
+# start, of a submit, the beat's) must not be lost: with two worker processes most kicks
+# land during a cycle and would wait for the beat, then maybe find the lock held again.
+# The refused cycle leaves a mark in the shared cache; the running one, once it has let
+# the lock go, takes the mark and kicks the next, which starts after the change.
+_AGAIN_KEY = "fairq:cycle:again"
+
+
+def _again_ask() -> None:
+    cache.set(_AGAIN_KEY, 1, timeout=600)
+
+
+def _again_take() -> bool:
+    return bool(cache.delete(_AGAIN_KEY))
 
 
 # --- 1. reconcile -------------------------------------------------------------------------
