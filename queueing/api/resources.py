@@ -225,7 +225,9 @@ class CapacitySerializer(serializers.Serializer[Any]):
     allocated = serializers.IntegerField(help_text="GPUs in use as the cluster reports it")
     free = serializers.IntegerField()
     held_by_jobs = serializers.IntegerField(help_text="GPUs of admitted and running jobs")
-    queued_demand = serializers.IntegerField(help_text="GPUs asked for by queued jobs")
+    queued_demand = serializers.IntegerField(
+        help_text="GPUs asked for by queued jobs (a job accepting several types counts "
+                  "under the first it accepts)")
     by_node = CapacityNodeSerializer(many=True, help_text=(
         "Each node of the type, by name, as the cluster reports it: its free GPUs are the "
         "largest block one replica can get there (docs/scheduling.md, rule E3), unless it "

@@ -28,7 +28,7 @@ class CapacityRow:
     allocated: int = 0  # as the cluster reports it
     free: int = 0
     held_by_jobs: int = 0  # GPUs of admitted and running jobs
-    queued_demand: int = 0  # GPUs asked for by queued jobs
+    queued_demand: int = 0  # GPUs asked for by queued jobs (several types: the first)
     guaranteed: int = 0  # sum of nominal quotas
     by_team: dict[str, int] = field(default_factory=dict)  # GPUs held per team
     # Per node of the type, by name: {name, gpu_type, capacity, allocated, free, draining}
