@@ -56,18 +56,16 @@ def assert_admitted_once(ids: list[int]) -> None:
     assert admitted.count() == JobEvent.objects.filter(to_status="ADMITTED").count()
 
 
-def test_a_second_cycle_stands_aside_while_one_holds_the_lock(
-    world: Any, monkeypatch: Any
-) -> None:
-    """The first cycle is held inside the lock until the second has returned: the
-    second must not plan at all (the advisory lock), and nothing is admitted twice."""
-    ids = queue_jobs(world, 24)
+def cycle_beside_a_held_one(monkeypatch: Any) -> tuple[Any, Any]:
+    """Two cycles: the first is held inside the lock (in its snapshot) until the second,
+    started meanwhile, has returned. Their results, first then second."""
     inside, second_done = threading.Event(), threading.Event()
     real_snapshot = scheduler.build_snapshot
 
     def held_snapshot(**kwargs: Any) -> Any:
-        inside.set()
-        assert second_done.wait(timeout=30), "the second cycle never returned"
+        if not inside.is_set():
+            inside.set()
+            assert second_done.wait(timeout=30), "the second cycle never returned"
         return real_snapshot(**kwargs)
 
     monkeypatch.setattr(scheduler, "build_snapshot", held_snapshot)
@@ -83,7 +81,17 @@ def test_a_second_cycle_stands_aside_while_one_holds_the_lock(
         holder.join(timeout=60)
         return [first[0], second]
 
-    [first, second] = run_in_threads(run, n=1)[0]
+    first, second = run_in_threads(run, n=1)[0]
+    return first, second
+
+
+def test_a_second_cycle_stands_aside_while_one_holds_the_lock(
+    world: Any, monkeypatch: Any
+) -> None:
+    """The first cycle is held inside the lock until the second has returned: the
+    second must not plan at all (the advisory lock), and nothing is admitted twice."""
+    ids = queue_jobs(world, 24)
+    first, second = cycle_beside_a_held_one(monkeypatch)
     assert (first.ran, second.ran) == (True, False)
     assert len(first.admitted) == 16 and second.admitted == []  # 2 × 8 a100 in the cluster
     assert_admitted_once(ids)
@@ -102,29 +110,7 @@ def test_a_cycle_asked_for_while_one_runs_is_kicked_when_it_ends(
     kicks: list[float] = []
     monkeypatch.setattr(scheduler, "kick", lambda: kicks.append(1.0))
     queue_jobs(world, 4)
-    inside, second_done = threading.Event(), threading.Event()
-    real_snapshot = scheduler.build_snapshot
-
-    def held_snapshot(**kwargs: Any) -> Any:
-        if not inside.is_set():
-            inside.set()
-            assert second_done.wait(timeout=30), "the second cycle never returned"
-        return real_snapshot(**kwargs)
-
-    monkeypatch.setattr(scheduler, "build_snapshot", held_snapshot)
-
-    def run() -> list[Any]:
-        first: list[Any] = []
-        holder = threading.Thread(target=lambda: (first.append(scheduler_cycle(
-            now=timezone.now())), connection.close()))
-        holder.start()
-        assert inside.wait(timeout=30)
-        second = scheduler_cycle(now=timezone.now())
-        second_done.set()
-        holder.join(timeout=60)
-        return [first[0], second]
-
-    [first, second] = run_in_threads(run, n=1)[0]
+    first, second = cycle_beside_a_held_one(monkeypatch)
     assert (first.ran, second.ran) == (True, False)
     assert kicks == [1.0]
     # Alone: nobody asked for another while it ran.
