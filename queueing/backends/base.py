@@ -125,6 +125,12 @@ class LaunchSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     termination_grace_seconds: int | None = None
+    # Graceful stop: the signal the job's program gets first when it is preempted or
+    # cancelled (then, after the grace, it is killed), and where and with what token
+    # the running attempt reports its checkpoints (empty: not offered).
+    stop_signal: str = "SIGTERM"
+    checkpoint_url: str = ""
+    checkpoint_token: str = ""
 
 
 # The port replica 0 of a multi-replica job listens on for the rendezvous (`MASTER_PORT`,

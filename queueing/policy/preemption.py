@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from .snapshot import QueuedJob, RunningJob, TopologyMode
+from .snapshot import QueuedJob, RunningJob, Snapshot, TopologyMode
 from .workspace import Workspace
 
 
@@ -395,3 +395,13 @@ def _take_in_one_domain(ws: Workspace, cands: list[_Cand],
         return False
     take(best[1])
     return True
+
+
+def owed_claim(snapshot: Snapshot, job: QueuedJob, gpu_type: str) -> bool:
+    """Rule R11: `job` is owed its GPUs of `gpu_type` - its team's GPUs of that type held
+    by its jobs of the job's tier or above, plus the job's, fit in the team's nominal
+    quota (Q1). Lower tiers of its own team do not count: they are what it may preempt."""
+    held = sum(r.total_gpus for r in snapshot.running
+               if r.team == job.team and r.gpu_type == gpu_type
+               and r.tier_rank >= job.tier_rank)
+    return held + job.total_gpus <= snapshot.quota(job.team, gpu_type).nominal

@@ -148,6 +148,12 @@ class RunningJob:
     # Rule A9: its runtime estimate; None = unknown (its GPUs never count as freed).
     max_runtime_seconds: int | None = None
     cluster: str = ""  # rule K1: where it runs ("" = the only cluster)
+    # Rule R4: when the current attempt last reported a checkpoint (None: none yet); the
+    # work a preemption loses is counted from it, not from the attempt's start.
+    checkpointed_at: datetime | None = None
+    # Its pods' termination grace in seconds (rules R8, R11: how long a preemptor waits
+    # for it); None = the backend's default.
+    grace_seconds: int | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -191,6 +197,12 @@ class PreemptionSettings:
     # `used` was made (oldest first); empty = not known (no "until" is said).
     window_seconds: float = _PRE.window_seconds
     made_at: Mapping[str, tuple[datetime, ...]] = field(default_factory=dict)
+    # Per tier rank, how eager the tier is to preempt: its own rule-R9 ratio (a rank
+    # absent: `lost_per_wait`; None: no R9 check for that tier) ...
+    lost_per_wait_by_tier: Mapping[int, float | None] = field(default_factory=dict)
+    # ... and the ranks whose owed claims (rule R11) do NOT preempt at once but wait by
+    # the ordinary rules, R9 included (empty: every tier's owed claims preempt at once).
+    owed_waits_tiers: frozenset[int] = frozenset()
 
     @classmethod
     def of(cls, policy: PreemptionPolicy, *, used: Mapping[str, int],

@@ -79,6 +79,11 @@ def bootstrap(admin: Any, prefix: str, team: str = "team") -> None:
                                         provisioner_account=PROVISIONER_ACCOUNT)
     for doc in provisioner.bootstrap_manifests([(team, True)]):
         _apply(admin, doc)
+    # The API server's RBAC authorizer learns of the new RoleBinding through its own
+    # watch: until it has, the provisioner is refused as if nothing had been applied.
+    namespace = f"{prefix}{team}"
+    assert _eventually(lambda: [] if _allowed(
+        admin, PROV, "patch", "namespaces", namespace=namespace, name=namespace) else ["patch"]) == []
 
 
 def backend_as(cp: Any, account: str, prefix: str, **kwargs: Any) -> Any:
