@@ -315,6 +315,9 @@ def owed_worlds(draw: st.DrawFn) -> tuple[Snapshot, QueuedJob]:
     target = QueuedJob(100, rnd.choice(TEAMS), rnd.choice(types), rnd.choice((1, 2, 4, 8)),
                        rnd.choice((1, 1, 2)), tier,
                        NOW - timedelta(seconds=rnd.choice((0, 5, 600))))
+    if len(types) > 1 and rnd.random() < 0.4:  # rules G1-G5: both types, in either order
+        order = (target.gpu_type, *(gt for gt in types if gt != target.gpu_type))
+        target = replace(target, gpu_types=order)
     behind = tuple(
         QueuedJob(101 + k, rnd.choice(TEAMS), rnd.choice(types), rnd.choice((1, 4, 8)), 1,
                   rnd.choice([t for t in TIERS if t < tier]), NOW - timedelta(hours=5))
@@ -342,20 +345,30 @@ def _fits_without_own_lower_tiers(s: Snapshot, job: QueuedJob) -> bool:
     return ws.fits(job.team, job.gpu_type, job.gpus_per_replica, job.replicas)
 
 
+def _owed_with_victims_enough(s: Snapshot, job: QueuedJob) -> list[str]:
+    """The GPU types the job accepts on which it is owed (rule R11) and victims enough
+    exist: the independent test above, or the victim search run with rule R3 off."""
+    out = []
+    for gt in job.accepted_types:
+        view = replace(job, gpu_type=gt)
+        if owed_claim(s, view, gt) and (_fits_without_own_lower_tiers(s, view) or find_victims(
+                Workspace(s), view, now=s.now, factor=lambda _t: 1.0, protect=False)):
+            out.append(gt)
+    return out
+
+
 @settings(max_examples=600, deadline=None)
 @given(owed_worlds())
 def test_rule_r11_an_owed_job_with_victims_enough_is_admitted_or_preempts_in_the_first_plan(
     world: tuple[Snapshot, QueuedJob],
 ) -> None:
     s, job = world
-    if not owed_claim(s, job, job.gpu_type):
-        return
+    owed_on = _owed_with_victims_enough(s, job)
     plan = plan_admissions(s)
-    decided = job.id in {a.job_id for a in plan.admissions} or preempted_for(plan, job.id)
-    enough = _fits_without_own_lower_tiers(s, job) or find_victims(
-        Workspace(s), job, now=s.now, factor=lambda _t: 1.0, protect=False) is not None
-    if enough:
-        assert decided, plan.waits.get(job.id)
-    if decided and not any(a.job_id == job.id for a in plan.admissions):
-        (p,) = [p for p in plan.preemptions if p.preemptor_id == job.id]
-        assert p.owed  # never refused: R9, R5 and R3 did not judge it
+    admitted = job.id in {a.job_id for a in plan.admissions}
+    if owed_on:
+        assert admitted or preempted_for(plan, job.id), plan.waits.get(job.id)
+    for p in plan.preemptions:
+        if p.preemptor_id == job.id and owed_claim(s, replace(job, gpu_type=p.gpu_type),
+                                                   p.gpu_type):
+            assert p.owed  # never judged by R9, R5 or R3
