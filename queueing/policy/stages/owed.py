@@ -41,16 +41,20 @@ def _tier_held(p: Pass) -> dict[tuple[str, str], dict[int, int]]:
     is asked), plus the pass's admissions and preemptors so far (`owed_log`)."""
     held = p.tier_held
     if held is None:
-        held = p.tier_held = {}
-        removed = p.ws.removed
+        # One flat count first (this reads every running job once), then grouped.
+        flat: dict[tuple[str, str, int], int] = {}
+        get, removed = flat.get, p.ws.removed
         for r in p.snapshot.running:
-            if r.id not in removed:
-                by_tier = held.setdefault((r.team, r.gpu_type), {})
-                by_tier[r.tier_rank] = by_tier.get(r.tier_rank, 0) + r.total_gpus
+            key = (r.team, r.gpu_type, r.tier_rank)
+            flat[key] = get(key, 0) + (0 if r.id in removed
+                                       else r.gpus_per_replica * r.replicas)
         for team, gpu_type, rank, gpus in p.owed_log:
-            by_tier = held.setdefault((team, gpu_type), {})
-            by_tier[rank] = by_tier.get(rank, 0) + gpus
+            key = (team, gpu_type, rank)
+            flat[key] = get(key, 0) + gpus
         p.owed_log.clear()
+        held = p.tier_held = {}
+        for (team, gpu_type, rank), gpus in flat.items():
+            held.setdefault((team, gpu_type), {})[rank] = gpus
     return held
 
 
