@@ -130,6 +130,8 @@ def test_rule_r3_a_non_preemptible_tier_and_a_young_job_are_never_victims(
 ) -> None:
     world.low.min_runtime_seconds = 600
     world.low.save()
+    # A claim beyond nlp's nominal: an owed one is not held back by R3 (rule R11).
+    Quota.objects.filter(team=world.nlp, gpu_type=world.h100).update(nominal=0)
     t0 = timezone.now() + timedelta(seconds=1)
     fill_h100(world, t0)
     hi = submit(world, world.outsider, team="nlp", tier="critical", gpus=8)
@@ -290,6 +292,8 @@ def test_rule_r9_the_cycle_preempts_only_once_the_wait_is_worth_the_loss(world: 
     """The 8-GPU victims started at t0; an 8-GPU high job queued at t0 + 50 s may make
     its victim lose at most 2 × 8 × its wait in GPU-seconds: not at t0 + 60 s (480 to
     lose, 160 allowed), yes at t0 + 200 s (1,600 to lose, 2,400 allowed)."""
+    # A claim beyond nlp's nominal: an owed one is not judged by R9 (rule R11).
+    Quota.objects.filter(team=world.nlp, gpu_type=world.h100).update(nominal=0)
     t0 = timezone.now() + timedelta(seconds=1)
     fill_h100(world, t0)
     hi = submit(world, world.outsider, team="nlp", tier="high", gpus=8)

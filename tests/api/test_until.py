@@ -9,7 +9,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from queueing.models import JobEvent
+from queueing.models import JobEvent, Quota
 from queueing.services.scheduler import scheduler_cycle
 from tests.conftest import World, job_body
 from tests.factories import JobFactory
@@ -26,6 +26,8 @@ def test_rule_e4_a_rate_limited_job_says_until_when_in_the_list_and_the_detail(
     settings.FAIRQ_PREEMPTION_MAX_PER_TEAM = 1
     settings.FAIRQ_PREEMPTION_WINDOW_SECONDS = 600
     settings.FAIRQ_PREEMPTION_LOST_PER_WAIT = -1  # rule R9 aside
+    # vision's claim beyond its nominal: an owed one is not rate-limited (rule R11).
+    Quota.objects.filter(team=world.vision, gpu_type=world.h100).update(nominal=0)
     now = timezone.now()
     # nlp fills both h100 nodes with low-tier jobs.
     for i in range(2):
