@@ -464,7 +464,7 @@ class Job(models.Model):
     labels = models.JSONField(default=dict, db_default={}, blank=True)
     annotations = models.JSONField(default=dict, db_default={}, blank=True)
     termination_grace_seconds = models.PositiveIntegerField(null=True, blank=True)
-    # Graceful stop (docs/jobs.md, "Checkpoints and graceful stop"): the signal its
+    # Graceful stop (docs/api.md, "Checkpoints and graceful stop"): the signal its
     # program gets first when stopped (then, after the grace, SIGKILL), and how often it
     # says it checkpoints (NULL: not declared). `checkpointed_at`: the newest checkpoint
     # the current attempt reported (NULL: none), kept on the row so the cycle's snapshot
@@ -698,7 +698,7 @@ class UsageRecord(models.Model):
     spot = models.BooleanField(default=False, db_default=False)
     price_per_gpu_hour = models.DecimalField(max_digits=12, decimal_places=4, null=True,
                                              blank=True)
-    # A preempted attempt's lost work (docs/jobs.md, "Checkpoints and graceful stop"):
+    # A preempted attempt's lost work (docs/api.md, "Checkpoints and graceful stop"):
     # its GPUs x (the preemption - the later of its start and its newest checkpoint
     # reported by the end of its grace), in GPU-hours; NULL: it was not preempted.
     # Lowered when a checkpoint arrives during the grace (services/checkpoints.py).

@@ -354,7 +354,7 @@ MAX_ALLOWLIST = 200
 MAX_WORKING_DIR_LEN = 256
 MAX_TERMINATION_GRACE_SECONDS = 24 * 3600
 
-# Graceful stop (docs/jobs.md, "Checkpoints and graceful stop"): the signals a job may
+# Graceful stop (docs/api.md, "Checkpoints and graceful stop"): the signals a job may
 # ask to get first when stopped, and the shortest checkpoint interval it may declare.
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
 DEFAULT_STOP_SIGNAL = "SIGTERM"

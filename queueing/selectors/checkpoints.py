@@ -1,4 +1,4 @@
-"""Reads of checkpoints (docs/jobs.md, "Checkpoints and graceful stop"): a job's, newest
+"""Reads of checkpoints (docs/api.md, "Checkpoints and graceful stop"): a job's, newest
 first; the newest of many jobs in one query. The writes are services/checkpoints.py's."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Checkpoints and graceful stop (docs/jobs.md, "Checkpoints and graceful stop").
+"""Checkpoints and graceful stop (docs/api.md, "Checkpoints and graceful stop").
 
     - `checkpoint_token` / `checkpoint_claim` — the per-attempt token a job's pods get as
       FAIRQ_CHECKPOINT_TOKEN: `django.core.signing` with its own salt, binding the job id

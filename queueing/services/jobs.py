@@ -144,7 +144,7 @@ class JobInput:
     termination_grace_seconds: int | None = None
     # docs/webhooks.md: under one of the team's allowed_notify_url_prefixes ("": none).
     notify_url: str = ""
-    # Graceful stop (docs/jobs.md, "Checkpoints and graceful stop"): the first signal
+    # Graceful stop (docs/api.md, "Checkpoints and graceful stop"): the first signal
     # when stopped; how often it says it checkpoints (None: not declared).
     stop_signal: str = v.DEFAULT_STOP_SIGNAL
     checkpoint_interval_seconds: int | None = None

@@ -102,7 +102,7 @@ def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, now: dateti
     if job is None or job.state not in HOLDING_STATES:
         raise _VictimMoved
     workload = job.backend_name
-    # The work it loses (docs/jobs.md, "Checkpoints and graceful stop"): from its newest
+    # The work it loses (docs/api.md, "Checkpoints and graceful stop"): from its newest
     # checkpoint, or its start; a checkpoint reported during the grace lowers it
     # (services/checkpoints.py). Its pods get `grace_seconds` and its stop signal first.
     grace = attempt_grace_seconds(job)

@@ -1,4 +1,4 @@
-"""The work preemptions lost, per team (docs/jobs.md, "Checkpoints and graceful stop"):
+"""The work preemptions lost, per team (docs/api.md, "Checkpoints and graceful stop"):
 `lost_gpu_hours` of GET /api/v1/costs/ and the reports page's roll-up, counted on the
 preemption's day from each victim's newest checkpoint, and lowered when a checkpoint
 arrives during the victim's grace (after the roll-up too)."""

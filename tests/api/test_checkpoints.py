@@ -1,4 +1,4 @@
-"""Checkpoints and graceful stop (docs/jobs.md, "Checkpoints and graceful stop"): the two
+"""Checkpoints and graceful stop (docs/api.md, "Checkpoints and graceful stop"): the two
 job fields at submit, the per-attempt token in the launch spec, the report endpoint
 (201/400/401/403/409), the grace window of rule R6's preempted attempt, the lost
 GPU-hours of a preemption, and the snapshot's RunningJob.checkpointed_at, .grace_seconds
