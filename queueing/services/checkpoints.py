@@ -174,7 +174,7 @@ def checkpoint_report(*, claim: CheckpointClaim | None, job_id: int, step: Any =
         # Only forward: a report delayed behind a newer one does not move it back.
         Job.objects.filter(pk=job.pk, attempt=claim.attempt).filter(
             Q(checkpointed_at__isnull=True) | Q(checkpointed_at__lt=now)
-        ).update(checkpointed_at=now)
+        ).update(checkpointed_at=now, updated_at=now)  # a poller's ETag moves with it
     elif stop is not None and stop.kind == JobEvent.Kind.PREEMPTED:
         _saved_in_grace(job, stop, checkpoint)
     return checkpoint
