@@ -34,6 +34,7 @@ from queueing.services.checkpoints import (
     is_checkpoint_token,
 )
 
+from .strict import StrictFieldsMixin
 from .throttling import AnonymousRateThrottle, TokenRateThrottle, _FixedWindowThrottle
 
 MAX_LISTED = 1000
@@ -103,7 +104,7 @@ class CheckpointSerializer(serializers.ModelSerializer[Checkpoint]):
         read_only_fields = fields
 
 
-class CheckpointReportSerializer(serializers.Serializer[Any]):
+class CheckpointReportSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
     """The body of a report: all optional (schema only; the service checks them)."""
 
     step = serializers.IntegerField(required=False, allow_null=True, min_value=0,

@@ -151,17 +151,17 @@ def attempts_from_events(
             a["started_at"], a["ended_at"] = charge[1], charge[2]
             if a["ended_how"] == "preempted" and charge[3] is not None:
                 a["lost_gpu_hours"] = charge[3]  # the record is what a grace lowers
+        elif a["ended_how"] == "running" and a["started_at"] is not None:
+            ran = max(0.0, (now - a["started_at"]).total_seconds())
+            a["gpu_hours"], a["charged"] = gpus * ran / 3600.0, False
+        else:
+            a["gpu_hours"], a["charged"] = 0.0, a["ended_at"] is not None
         stopped = a.pop("_stopped_at", None)
         if a["ended_how"] == "preempted" and stopped is not None:
             if a["lost_gpu_hours"] is None:
                 a["lost_gpu_hours"] = 0.0 if a["started_at"] is None else None
             a["lost_note"] = lost_note(a["lost_gpu_hours"], stopped=stopped,
                                        checkpoint_at=parse_instant(a["checkpoint_at"]))
-        elif a["ended_how"] == "running" and a["started_at"] is not None:
-            ran = max(0.0, (now - a["started_at"]).total_seconds())
-            a["gpu_hours"], a["charged"] = gpus * ran / 3600.0, False
-        else:
-            a["gpu_hours"], a["charged"] = 0.0, a["ended_at"] is not None
         for k in ("admitted_at", "started_at", "ended_at"):
             a[k] = a[k].isoformat() if a[k] is not None else None
         out.append(a)
