@@ -347,3 +347,35 @@ def test_the_snapshot_takes_each_tiers_r9_ratio_and_owed_claims(world: World) ->
     snap = build_snapshot(backend=get_backend(), now=timezone.now())
     assert (snap.preemption.lost_per_wait_by_tier, snap.preemption.owed_waits_tiers) == (
         {}, frozenset())
+
+
+def test_a_checkpoint_token_opens_no_other_endpoint(world: World) -> None:
+    job = running(world, timezone.now() - timedelta(minutes=5))
+    token = checkpoint_token(job_id=job.pk, attempt=1)
+    for path in ("/api/v1/jobs/", f"/api/v1/jobs/{job.pk}/", "/api/v1/tiers/"):
+        assert bearer(token).get(path).status_code == 401, path
+    assert bearer(token).post(f"/api/v1/jobs/{job.pk}/cancel/").status_code == 401
+    job.refresh_from_db()
+    assert job.status == JobState.RUNNING
+
+
+# --- tiers -------------------------------------------------------------------------------
+
+def test_tiers_show_their_r9_ratio_and_owed_claims_and_refuse_a_negative_ratio(
+        world: World) -> None:
+    from django.core.exceptions import ValidationError
+
+    world.high.preemption_lost_per_wait = 0.25
+    world.high.owed_preempts_at_once = False
+    world.high.save()
+    tiers = {t["slug"]: t for t in world.client(world.member).get("/api/v1/tiers/").json()}
+    assert (tiers["high"]["preemption_lost_per_wait"],
+            tiers["high"]["owed_preempts_at_once"]) == (0.25, False)
+    assert (tiers["low"]["preemption_lost_per_wait"],
+            tiers["low"]["owed_preempts_at_once"]) == (None, True)
+    world.low.preemption_lost_per_wait = -0.5
+    with pytest.raises(ValidationError) as refused:
+        world.low.full_clean()
+    assert "preemption_lost_per_wait" in refused.value.message_dict
+    world.low.preemption_lost_per_wait = -1  # off: no R9 check for the tier
+    world.low.full_clean()
