@@ -11,6 +11,7 @@ from django.conf import settings
 
 from accounts.services import idempotency_purge
 from queueing.logcontext import log_context
+from queueing.services.checkpoints import checkpoints_purge
 from queueing.services.clusters import fleet_open
 from queueing.services.costs import budgets_check
 from queueing.services.demo import demo_submit_synthetic
@@ -143,6 +144,15 @@ def utilization_purge_task() -> int:
     from django.utils import timezone
 
     return utilization_purge(now=timezone.now(), days=settings.FAIRQ_UTIL_RETENTION_DAYS)
+
+
+@shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)
+def checkpoints_purge_task() -> int:
+    """Delete checkpoint rows older than FAIRQ_CHECKPOINT_RETENTION_DAYS, each job's
+    newest kept (beat: hourly)."""
+    from django.utils import timezone
+
+    return checkpoints_purge(now=timezone.now(), days=settings.FAIRQ_CHECKPOINT_RETENTION_DAYS)
 
 
 @shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)

@@ -17,6 +17,11 @@ FAIRQ_API_AUTH_FAILURE_RATE = env("FAIRQ_API_AUTH_FAILURE_RATE", default="20/min
 # Checkpoint reports per job (all its attempts' tokens share it): a job that checkpoints
 # every minute uses 1 of 60; a loop reporting without pause is answered 429.
 FAIRQ_CHECKPOINT_RATE = env("FAIRQ_CHECKPOINT_RATE", default="60/min")
+# Checkpoint rows older than this many days are deleted hourly, each job's newest kept
+# (what a resumed attempt names); 0 keeps them all.
+FAIRQ_CHECKPOINT_RETENTION_DAYS = env.float("FAIRQ_CHECKPOINT_RETENTION_DAYS", default=30.0)
+if FAIRQ_CHECKPOINT_RETENTION_DAYS < 0:
+    raise environ.ImproperlyConfigured("FAIRQ_CHECKPOINT_RETENTION_DAYS must be >= 0")
 for _rate in (FAIRQ_API_RATE, FAIRQ_API_ANON_RATE, FAIRQ_API_AUTH_FAILURE_RATE,
               FAIRQ_CHECKPOINT_RATE):
     if _rate and (_rate.count("/") != 1 or not _rate.split("/")[0].isdigit()
@@ -54,6 +59,11 @@ beat = {
     # Idempotency-Key records live a day (docs/api.md); older ones are deleted hourly.
     "idempotency-purge": {
         "task": "queueing.tasks.idempotency_purge_task",
+        "schedule": timedelta(hours=1),
+        "options": {"expires": 3600},
+    },
+    "checkpoints-purge": {
+        "task": "queueing.tasks.checkpoints_purge_task",
         "schedule": timedelta(hours=1),
         "options": {"expires": 3600},
     },

@@ -28,7 +28,7 @@ from typing import Any
 from django.conf import settings
 from django.core import signing
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from queueing import validation as v
@@ -227,3 +227,19 @@ def resume_note(checkpoint: Checkpoint | None) -> tuple[str, dict[str, Any]]:
             {"id": checkpoint.pk, "attempt": checkpoint.attempt,
              "at": checkpoint.created_at.isoformat(), "step": checkpoint.step,
              "progress": checkpoint.progress, "path": checkpoint.path})
+
+
+def checkpoints_purge(*, now: datetime, days: float, batch: int = 10_000) -> int:
+    """Delete the checkpoint rows created more than `days` ago, each job's newest kept
+    (what a resumed attempt names), in batches (no long locks). Returns how many. Beat
+    runs it hourly (`checkpoints-purge`, FAIRQ_CHECKPOINT_RETENTION_DAYS; 0 keeps them).
+    Lost GPU-hours are kept on the usage records, so no accounting reads old rows."""
+    if days <= 0:
+        return 0
+    newest = Checkpoint.objects.filter(job=OuterRef("job")).order_by("-created_at", "-pk")
+    old = (Checkpoint.objects.filter(created_at__lt=now - timedelta(days=days))
+           .exclude(pk=Subquery(newest.values("pk")[:1])))
+    deleted = 0
+    while ids := list(old.values_list("pk", flat=True)[:batch]):
+        deleted += Checkpoint.objects.filter(pk__in=ids).delete()[0]
+    return deleted

@@ -21,6 +21,7 @@ from queueing.services.checkpoints import (
     checkpoint_claim,
     checkpoint_report,
     checkpoint_token,
+    checkpoints_purge,
     lost_gpu_hours,
 )
 from queueing.services.scheduler import launch_spec, scheduler_cycle
@@ -379,3 +380,22 @@ def test_tiers_show_their_r9_ratio_and_owed_claims_and_refuse_a_negative_ratio(
     assert "preemption_lost_per_wait" in refused.value.message_dict
     world.low.preemption_lost_per_wait = -1  # off: no R9 check for the tier
     world.low.full_clean()
+
+
+# --- retention ---------------------------------------------------------------------------
+
+
+def test_old_checkpoints_are_purged_each_jobs_newest_kept(world: World) -> None:
+    """FAIRQ_CHECKPOINT_RETENTION_DAYS: rows older than the window go, in batches, except
+    each job's newest (a resumed attempt names it); 0 keeps everything."""
+    now = timezone.now()
+    a, b = running(world, now, name="a"), running(world, now, name="b")
+    for days in (40, 35, 1):  # job a: two old rows and a new one
+        Checkpoint.objects.create(job=a, attempt=1, created_at=now - timedelta(days=days))
+    for days in (50, 45):  # job b: only old rows; its newest stays
+        Checkpoint.objects.create(job=b, attempt=1, created_at=now - timedelta(days=days))
+    assert checkpoints_purge(now=now, days=0) == 0
+    assert checkpoints_purge(now=now, days=30, batch=1) == 3
+    left = sorted((c.job_id, (now - c.created_at).days) for c in Checkpoint.objects.all())
+    assert left == sorted([(a.pk, 1), (b.pk, 45)])
+    assert checkpoints_purge(now=now, days=30) == 0
