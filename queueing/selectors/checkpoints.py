@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 
 from queueing.models import Checkpoint, Job
 
@@ -23,16 +22,11 @@ def newest_checkpoint(job: Job) -> Checkpoint | None:
 
 
 def newest_checkpoints(job_ids: Iterable[int]) -> dict[int, Checkpoint]:
-    """Job id -> its newest checkpoint (any attempt), for those that have one: one query
-    (DISTINCT ON on PostgreSQL, over the (job, created_at) index)."""
+    """Job id -> its newest checkpoint (any attempt), for those that have one: one query,
+    each job's newest found by a subquery over the (job, created_at) index."""
     ids = sorted(set(job_ids))
     if not ids:
         return {}
-    qs = Checkpoint.objects.filter(job_id__in=ids)
-    if connection.vendor == "postgresql":
-        rows = qs.order_by("job_id", "-created_at", "-id").distinct("job_id")
-        return {c.job_id: c for c in rows}
-    out: dict[int, Checkpoint] = {}
-    for c in qs.order_by("job_id", "-created_at", "-id"):
-        out.setdefault(c.job_id, c)
-    return out
+    newest = Checkpoint.objects.filter(job=OuterRef("job")).order_by("-created_at", "-id")
+    rows = Checkpoint.objects.filter(job_id__in=ids, pk=Subquery(newest.values("pk")[:1]))
+    return {c.job_id: c for c in rows}
