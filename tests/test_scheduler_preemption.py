@@ -93,12 +93,14 @@ def test_rule_r7_events_on_both_jobs_name_the_rule_and_the_other_job(world: Worl
     ev = JobEvent.objects.get(job_id=victim, kind=JobEvent.Kind.PREEMPTED)
     assert ev.data["rule"] == "R1-priority" and ev.data["preemptor"] == hi
     assert ev.data["preemptor_team"] == "nlp" and ev.attempt == 1
+    # nlp's 8 are within its nominal: the claim was owed (rule R11), and both events say so.
+    assert ev.data["owed"] is True and ev.reason.endswith("nominal GPUs (rule R11)")
     moved = list(JobEvent.objects.filter(job_id=victim, kind=JobEvent.Kind.TRANSITION)
                  .values_list("from_status", "to_status", "attempt"))
     assert moved[-2:] == [("RUNNING", "PREEMPTED", 1), ("PREEMPTED", "QUEUED", 2)]
     pe = JobEvent.objects.get(job_id=hi, kind=JobEvent.Kind.PREEMPTING)
     assert pe.data["victims"] == [victim] and pe.data["rules"] == {str(victim): "R1-priority"}
-    assert pe.reason.startswith("preempted 1 job(s) to fit")
+    assert pe.reason.startswith("preempted 1 job(s) to fit") and pe.data["owed"] is True
 
 
 def test_rule_r2_a_team_within_nominal_reclaims_borrowed_gpus(world: World) -> None:
@@ -303,3 +305,5 @@ def test_rule_r9_the_cycle_preempts_only_once_the_wait_is_worth_the_loss(world: 
     assert "rule R9" in r.plan.waits[hi].message
     r = scheduler_cycle(now=t0 + timedelta(seconds=200))
     assert len(r.preempted) == 1
+    ev = JobEvent.objects.get(job_id=r.preempted[0], kind=JobEvent.Kind.PREEMPTED)
+    assert ev.data["owed"] is False and "R11" not in ev.reason

@@ -72,7 +72,8 @@ def preemptions_apply(*, plan: Plan, now: datetime) -> Applied:
         try:
             with transaction.atomic():
                 names = [
-                    _preempt_one(jobs.get(v.job_id), victim=v, preemptor=preemptor, now=now)
+                    _preempt_one(jobs.get(v.job_id), victim=v, preemptor=preemptor,
+                                 owed=p.owed, now=now)
                     for v in p.victims
                 ]
                 _record_preemptor(preemptor, p, names=names, now=now)
@@ -97,8 +98,10 @@ def preempted_workloads_stop(*, backend: ClusterBackend, names: list[str],
                     name, exc_info=exc)
 
 
-def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, now: datetime) -> str:
-    """Rules R6-R7 for one victim; returns the workload name to stop."""
+def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, owed: bool,
+                 now: datetime) -> str:
+    """Rules R6-R7 for one victim; returns the workload name to stop. `owed`: for a
+    claim within its team's nominal quota (rule R11), which the event says."""
     if job is None or job.state not in HOLDING_STATES:
         raise _VictimMoved
     workload = job.backend_name
@@ -109,7 +112,7 @@ def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, now: dateti
     lost = lost_gpu_hours(gpus=job.total_gpus, started_at=job.started_at, stopped_at=now,
                           checkpoint_at=job.checkpointed_at)
     data: dict[str, Any] = {
-        "rule": str(victim.rule), "preemptor": preemptor.pk,
+        "rule": str(victim.rule), "owed": owed, "preemptor": preemptor.pk,
         "preemptor_team": preemptor.team.slug, "preemptor_tier": preemptor.tier.slug,
         "workload": workload, "grace_seconds": grace, "stop_signal": job.stop_signal,
         "lost_gpu_hours": round(lost, 6),
@@ -117,7 +120,8 @@ def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, now: dateti
         "checkpoint_at": job.checkpointed_at.isoformat() if job.checkpointed_at else None,
     }
     reason = (f"preempted by job #{preemptor.pk} of team {preemptor.team.slug} "
-              f"(tier {preemptor.tier.slug}) under rule {victim.rule}")
+              f"(tier {preemptor.tier.slug}) under rule {victim.rule}"
+              + (", owed its team's nominal GPUs (rule R11)" if owed else ""))
     if not job_transition(job, JobState.PREEMPTED, now=now, reason=reason, data=data):
         raise _VictimMoved
     # Rule R6 (the pure rule the simulator runs too): the next attempt, the submit time
@@ -148,7 +152,7 @@ def _record_preemptor(preemptor: Job, p: Preemption, *, names: list[str],
         reason=_preempting_reason(p.victims),
         attempt=preemptor.attempt,
         data={"victims": [v.job_id for v in p.victims],
-              "rules": {str(v.job_id): str(v.rule) for v in p.victims},
+              "rules": {str(v.job_id): str(v.rule) for v in p.victims}, "owed": p.owed,
               "workloads": names, "placement": list(p.placement)},
     )
 
