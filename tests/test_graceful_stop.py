@@ -267,6 +267,13 @@ def test_rule_r8_a_preemptor_waits_while_its_simulated_victim_saves_and_exits(
     plan = scheduler_cycle(now=t0 + timedelta(seconds=102)).plan
     assert plan is not None and plan.waits[high].reason == WaitReason.PREEMPTING
     assert Job.objects.get(pk=high).status == JobState.QUEUED
+    # Its logs were kept at the stop, before the signal; once it is gone they are kept
+    # again, with what it wrote in its grace.
+    kept = world.client(world.member).get(f"/api/v1/jobs/{victim}/logs/?attempt=1").json()
+    assert kept["source"] == "archived" and not any("received" in x for x in kept["lines"])
     scheduler_cycle(now=t0 + timedelta(seconds=105))
     assert Job.objects.get(pk=high).status in (JobState.ADMITTED, JobState.RUNNING)
-    assert "received SIGTERM (stop signal)" in get_backend().logs(name)
+    kept = world.client(world.member).get(f"/api/v1/jobs/{victim}/logs/?attempt=1").json()
+    assert kept["source"] == "archived", kept
+    assert [line.split(" ", 1)[1] for line in kept["lines"][-2:]] == [
+        "received SIGTERM (stop signal)", "exited after SIGTERM"], kept["lines"]

@@ -40,7 +40,8 @@ until the process exits (its exit code, 128 + the signal's number when killed by
 on deletion the process gets the container's ``FAIRQ_STOP_SIGNAL`` (SIGTERM when
 unset; what fairq's preStop hook sends), then SIGKILL once the pod's
 ``deletionGracePeriodSeconds`` have passed; the pod's terminated status is written,
-then the pod is deleted, as a kubelet does.
+then, ``teardown_seconds`` (1 s) later, the pod is deleted, as a kubelet does once it
+has torn the pod's volumes down.
 """
 
 from __future__ import annotations
@@ -179,8 +180,10 @@ class _PodRun:
     containers: list[_ContainerRun]
     init_containers: list[str]
     done: bool = False
-    # Exec mode, once the pod is being deleted: when its processes are killed.
+    # Exec mode, once the pod is being deleted: when its processes are killed, and
+    # when the pod is deleted once they have ended.
     kill_at: dt.datetime | None = None
+    delete_at: dt.datetime | None = None
 
     @property
     def procs(self) -> list[subprocess.Popen[bytes]]:
@@ -223,6 +226,7 @@ class FakeKubelet:
         self.exec_images: set[str] = set()
         self.exec_claims: dict[str, str] = {}
         self.exec_cwd: str = os.getcwd()
+        self.teardown_seconds = 1.0
         self._log_dir = tempfile.mkdtemp(prefix="fake-kubelet-logs-")
         self._logs: dict[tuple[str, str], str] = {}  # (namespace, pod) -> its output file
 
@@ -545,12 +549,16 @@ class FakeKubelet:
                 self._runs.pop(run.uid, None)
                 continue
             if run.done and run.kill_at is not None:
-                self._delete_pod(v1, run)  # being deleted: gone once its programs are
+                # Being deleted: the pod goes once its programs have, after the time a
+                # kubelet takes to tear its volumes down (its log is readable until then).
+                run.delete_at = now + dt.timedelta(seconds=self.teardown_seconds)
         for run in list(self._runs.values()):
             if run.kill_at is not None and not run.done and now >= run.kill_at:
                 for proc in run.procs:  # the grace is over
                     if proc.poll() is None:
                         proc.kill()
+            if run.delete_at is not None and now >= run.delete_at:
+                self._delete_pod(v1, run)
 
     # ------------------------------------------------------------ exec mode
 
