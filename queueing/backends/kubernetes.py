@@ -473,6 +473,7 @@ class KubernetesBackend:
             created = self._create_job(namespace, body)
         except ApiException as exc:
             status, message = api_error(exc)
+            message = _redacted(message, spec)
             if status == 409:
                 existing = self._read_job(namespace, spec.name)
                 if existing is None:  # deleted since: the next cycle creates it
@@ -498,7 +499,7 @@ class KubernetesBackend:
             raise KubernetesBackendError(
                 f"creating {spec.name} failed ({status}): {message}") from exc
         except ValueError as exc:  # the client's model validation: our body is malformed
-            raise SubmitRejected(f"invalid Job: {exc}") from exc
+            raise SubmitRejected(f"invalid Job: {_redacted(str(exc), spec)}") from exc
         self.tracker.placed(spec.name, namespace)
         self._companions(spec, bodies, created)
 
@@ -550,6 +551,7 @@ class KubernetesBackend:
                 self._create_job(namespace, body)
             except ApiException as exc:
                 status, message = api_error(exc)
+                message = _redacted(message, spec)
                 if status != 409:
                     self._abandon_if_refused(spec.name, owner, len(bodies), status)
                     self._companion_failed(name, "Job", status, message, exc)
@@ -1318,6 +1320,13 @@ class KubernetesBackend:
                 self._kick()
             except Exception:  # a watch thread must go on watching
                 log.exception("scheduler kick failed")
+
+
+def _redacted(text: str, spec: LaunchSpec) -> str:
+    """`text` (an API server's answer, which may quote the body) without the spec's
+    checkpoint token: a credential never reaches a job's events or fairq's logs."""
+    token = spec.checkpoint_token
+    return text.replace(token, "[checkpoint token]") if token else text
 
 
 def _containers_ended(pod: Obj | None) -> bool:
