@@ -24,7 +24,7 @@ import yaml
 from .arrays import MAX_ARRAY_TASKS, ArraySpec, ArraySpecError, parse_array_spec
 from .client import ApiError, Client, Transport
 from .config import ConfigError, load_config
-from .durations import parse_duration
+from .durations import format_duration, parse_duration
 
 FINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 ACTIVE = ["QUEUED", "ADMITTED", "RUNNING", "PREEMPTED"]
@@ -35,7 +35,11 @@ JOB_FIELDS = ["team", "name", "image", "command", "args", "env", "gpu_type", "gp
               "replicas", "tier", "max_runtime_seconds", "resources", "shm_size", "topology",
               "volumes", "secrets", "image_pull_secret", "working_dir", "labels",
               "annotations", "termination_grace_seconds", "dependencies",
-              "requested_cluster", "cluster_selector", "allow_spot"]
+              "requested_cluster", "cluster_selector", "allow_spot",
+              "stop_signal", "checkpoint_interval_seconds"]
+# A job file's durations as people write them -> the body's seconds.
+FILE_DURATIONS = {"time": "max_runtime_seconds", "checkpoint_every": "checkpoint_interval_seconds"}
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
 # Per-replica resources: the flag's dest -> the key of the body's `resources`.
 RESOURCE_FLAGS = {"cpu": "cpu", "memory": "memory", "ephemeral_storage": "ephemeral_storage"}
 
@@ -583,6 +587,7 @@ class App:
         if isinstance(topology, dict):
             lines.append(f"  Topology  one {topology.get('level')} ({topology.get('mode')})")
         lines += _workload_lines(job)
+        lines += _checkpoint_lines(job, self.stamp)
         lines += _cluster_lines(job)
         if job.get("placement"):
             lines.append(f"  Nodes     {_nodes(job['placement'], sep=', ')}")
@@ -858,6 +863,70 @@ def _workload_lines(job: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _checkpoint_lines(job: dict[str, Any], stamp: Callable[[Any], str]) -> list[str]:
+    """`fairq status`'s lines of the graceful stop: the stop signal, the declared
+    checkpoint interval, the newest checkpoint, and what each preemption lost."""
+    lines = []
+    signal = job.get("stop_signal") or "SIGTERM"
+    grace = job.get("termination_grace_seconds")
+    lines.append(f"  Stop      {signal}, then SIGKILL"
+                 + (f" after {grace}s" if grace is not None else " after the grace"))
+    every = job.get("checkpoint_interval_seconds")
+    c = job.get("checkpoint")
+    if every or c:
+        text = f"every {format_duration(int(every))}" if every else "interval not declared"
+        if isinstance(c, dict):
+            said = [f"step {c['step']}" if c.get("step") is not None else "",
+                    f"{c['progress'] * 100:.0f}%" if c.get("progress") is not None else "",
+                    str(c.get("path") or "")]
+            detail = ", ".join(x for x in said if x)
+            text += (f"; newest {stamp(c.get('created_at'))} (attempt {c.get('attempt')}"
+                     + (f": {detail}" if detail else "") + ")")
+        else:
+            text += "; none reported yet"
+        lines.append(f"  Checkpt   {text}")
+    notes = [a for a in job.get("attempts") or [] if a.get("lost_note")]
+    for a in notes:
+        lines.append(f"  Attempt {a['attempt']} {a['lost_note']}")
+    if notes:
+        lines.append(f"  Lost      {float(job.get('lost_gpu_hours') or 0.0):.2f} GPU-h to "
+                     f"{len(notes)} preemption(s)")
+    return lines
+
+
+def checkpoint_report(a: argparse.Namespace, *, transport: Transport | None, out: TextIO,
+                      err: TextIO) -> int:
+    """`fairq checkpoint`, run inside a job: POST the checkpoint to FAIRQ_CHECKPOINT_URL
+    with FAIRQ_CHECKPOINT_TOKEN (what fairq put in the job's pods; no config file)."""
+    url = os.environ.get("FAIRQ_CHECKPOINT_URL", "").strip()
+    token = os.environ.get("FAIRQ_CHECKPOINT_TOKEN", "").strip()
+    missing = [n for n, v in (("FAIRQ_CHECKPOINT_URL", url), ("FAIRQ_CHECKPOINT_TOKEN", token))
+               if not v]
+    if missing:
+        err.write(f"fairq: {' and '.join(missing)} not set: `fairq checkpoint` runs inside "
+                  "a job fairq started, and fairq offers reporting only when its "
+                  "FAIRQ_PUBLIC_URL is set (docs/cli.md, \"fairq checkpoint\")\n")
+        return EXIT_USAGE
+    if a.progress is not None and not 0.0 <= a.progress <= 1.0:
+        err.write(f"fairq: --progress wants a number within 0..1, not {a.progress}\n")
+        return EXIT_USAGE
+    body = {k: v for k, v in (("step", a.step), ("progress", a.progress), ("path", a.path))
+            if v is not None}
+    client = Client(url.split("/api/v1/", 1)[0] or url, token, transport=transport)
+    client.headers["Authorization"] = f"Bearer {token}"
+    try:
+        saved = client.post(url, body)
+    except ApiError as exc:
+        err.write(f"fairq: {exc.message}\n")
+        return EXIT_UNREACHABLE if exc.code == "unreachable" else EXIT_SERVER_SAID_NO
+    if a.json:
+        out.write(json.dumps(saved, indent=2) + "\n")
+    else:
+        out.write(f"checkpoint {saved.get('id')} of job {saved.get('job')} attempt "
+                  f"{saved.get('attempt')} recorded\n")
+    return 0
+
+
 def _cluster_lines(job: dict[str, Any]) -> list[str]:
     """`fairq status`'s cluster lines (rules K1, K3, K4): where it runs, its pin, selector
     and spot opt-in; none for a job of a server without clusters or that set none."""
@@ -913,11 +982,12 @@ def job_from_args(a: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(f"cannot read job file {a.file}: {exc}") from exc
         if not isinstance(loaded, dict):
             raise UsageError(f"job file {a.file} must hold a mapping of job fields")
-        unknown = sorted(set(loaded) - set(JOB_FIELDS) - {"time"})
+        unknown = sorted(set(loaded) - set(JOB_FIELDS) - set(FILE_DURATIONS))
         if unknown:
             raise UsageError(f"unknown fields in {a.file}: {', '.join(unknown)}")
-        if "time" in loaded:
-            loaded["max_runtime_seconds"] = duration_seconds(str(loaded.pop("time")))
+        for name, field in FILE_DURATIONS.items():
+            if name in loaded:
+                loaded[field] = duration_seconds(str(loaded.pop(name)))
         body.update(loaded)
         # YAML reads `cpu: 4` and `cpu: 0.5` as numbers: quantities are strings.
         if isinstance(body.get("resources"), dict):
@@ -1068,6 +1138,15 @@ def _workload_flags(a: argparse.Namespace, body: dict[str, Any]) -> None:
         body["working_dir"] = a.workdir
     if a.grace is not None:
         body["termination_grace_seconds"] = duration_seconds(a.grace)
+    if a.stop_signal is not None:
+        signal = a.stop_signal.upper()
+        signal = signal if signal.startswith("SIG") else f"SIG{signal}"
+        if signal not in STOP_SIGNALS:
+            raise UsageError(f"--stop-signal wants one of {', '.join(STOP_SIGNALS)}, "
+                             f"not {a.stop_signal!r}")
+        body["stop_signal"] = signal
+    if a.checkpoint_every is not None:
+        body["checkpoint_interval_seconds"] = duration_seconds(a.checkpoint_every)
 
 
 # --- argument parsing --------------------------------------------------------------------
@@ -1141,6 +1220,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "repeatable")
     s.add_argument("--grace", metavar="SECONDS",
                    help="termination grace when stopped: 120, 2m (at most the tier's cap)")
+    s.add_argument("--stop-signal", dest="stop_signal", metavar="SIGNAL",
+                   help="the signal the job gets first when preempted or cancelled (then "
+                        "SIGKILL after the grace): SIGTERM (default), SIGINT, SIGUSR1, "
+                        "SIGUSR2, SIGHUP")
+    s.add_argument("--checkpoint-every", dest="checkpoint_every", metavar="DURATION",
+                   help="how often the job checkpoints: 30m, 1h, 600 (at least 60 s); it "
+                        "reports each with `fairq checkpoint`")
     s.add_argument("--cluster", metavar="NAME",
                    help="run only in this cluster (rule K3; `fairq clusters` lists them)")
     s.add_argument("--cluster-selector", dest="cluster_selector", action="append",
@@ -1187,8 +1273,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("clusters", parents=[common],
                    help="clusters with capacity and free GPUs per type (like sinfo)")
 
-    st = sub.add_parser("status", parents=[common], help="one job in detail, with its events")
+    st = sub.add_parser("status", parents=[common], aliases=["show"],
+                        help="one job in detail, with its events (alias: show)")
     st.add_argument("job_id", type=int)
+
+    ck = sub.add_parser(
+        "checkpoint", parents=[common],
+        help="inside a job: report a checkpoint (reads FAIRQ_CHECKPOINT_URL and "
+             "FAIRQ_CHECKPOINT_TOKEN)")
+    ck.add_argument("--step", type=int, help="the training step it saved, e.g. 1200")
+    ck.add_argument("--progress", type=float, help="how far the job is, 0..1 (0.4: 40%%)")
+    ck.add_argument("--path", help="where it wrote it, e.g. /ckpt/step-1200.pt")
 
     c = sub.add_parser("cancel", parents=[common], help="cancel jobs (like scancel)")
     c.add_argument("job_ids", type=int, nargs="*", metavar="ID")
@@ -1272,6 +1367,10 @@ def _main(argv: Sequence[str] | None, *, transport: Transport | None, out: TextI
         a = parser.parse_args(argv)
     except SystemExit as exc:  # argparse printed the reason
         return int(exc.code or 0)
+    if a.cmd == "show":
+        a.cmd = "status"
+    if a.cmd == "checkpoint":
+        return checkpoint_report(a, transport=transport, out=out, err=err)
     try:
         cfg = load_config(url=a.url, token=a.token, profile=a.profile)
         app = App(Client(cfg.url, cfg.token, transport=transport), as_json=a.json, out=out,

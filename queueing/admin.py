@@ -11,6 +11,7 @@ from queueing.services.cluster_admin import cluster_config_problems, labels_prob
 
 from .models import (
     BudgetWarning,
+    Checkpoint,
     Cluster,
     GpuPrice,
     GpuType,
@@ -48,8 +49,10 @@ class TierAdmin(AuditedAdmin):
     list_display = ["slug", "rank", "priority_class_name", "priority_value", "preemptible",
                     "min_runtime_seconds", "max_termination_grace_seconds", "open_to_all_teams",
                     "idle_threshold_percent", "idle_window_minutes", "idle_action",
-                    "idle_grace_minutes", "flavor_fallback"]
-    list_filter = ["open_to_all_teams", "idle_action", "flavor_fallback"]
+                    "idle_grace_minutes", "flavor_fallback", "preemption_lost_per_wait",
+                    "owed_preempts_at_once"]
+    list_filter = ["open_to_all_teams", "idle_action", "flavor_fallback",
+                   "owed_preempts_at_once"]
     inlines = [TierGrantInline]
 
 
@@ -133,6 +136,19 @@ class JobEventInline(admin.TabularInline):  # type: ignore[type-arg]
         return False
 
 
+class CheckpointInline(admin.TabularInline):  # type: ignore[type-arg]
+    """The checkpoints the job's attempts reported (read-only: only a job reports them)."""
+
+    model = Checkpoint
+    extra = 0
+    can_delete = False
+    readonly_fields = ("created_at", "attempt", "step", "progress", "path")
+    fields = readonly_fields
+
+    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Read-only: jobs change state only through the services (cancel via the API)."""
@@ -141,7 +157,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                     "status", "attempt", "created_at"]
     list_filter = ["status", "tier", "gpu_type", "team"]
     search_fields = ["name"]
-    inlines = [JobEventInline]
+    inlines = [JobEventInline, CheckpointInline]
 
     def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
         return [f.name for f in Job._meta.fields]
@@ -152,7 +168,8 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 @admin.register(UsageRecord)
 class UsageRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["team", "gpu_type", "gpus", "start", "end", "gpu_seconds", "source"]
+    list_display = ["team", "gpu_type", "gpus", "start", "end", "gpu_seconds", "source",
+                    "lost_gpu_hours"]
     list_filter = ["team", "gpu_type", "source"]
 
     def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]

@@ -16,7 +16,12 @@ from accounts.models import Team, slug_validator
 from .backends.base import workload_name
 from .policy.snapshot import FlavorFallback
 from .policy.states import FINAL_STATES, JobState
-from .validation import topology_levels, webhook_url_problem
+from .validation import (
+    MIN_CHECKPOINT_INTERVAL_SECONDS,
+    STOP_SIGNALS,
+    topology_levels,
+    webhook_url_problem,
+)
 
 
 def validate_topology_levels(value: object) -> None:
@@ -242,6 +247,20 @@ class Tier(models.Model):
                   "(rule R10), no cap otherwise.",
     )
 
+    # Graceful stop and owed claims (docs/scheduling.md, rules R9 and R11), per tier:
+    # how eager its jobs are to preempt.
+    preemption_lost_per_wait = models.FloatField(
+        null=True, blank=True,
+        help_text="Rule R9 for this tier's jobs: the most GPU-hours a preemption may lose "
+                  "per GPU-hour the preemptor waited; empty: FAIRQ_PREEMPTION_LOST_PER_WAIT; "
+                  "-1: no R9 check for this tier.",
+    )
+    owed_preempts_at_once = models.BooleanField(
+        default=True, db_default=True,
+        help_text="A job of this tier owed its GPUs (rule R11: within its team's quota) "
+                  "preempts at once; off: it waits by the ordinary rules, R9 included.",
+    )
+
     class Meta:
         ordering = ["-rank"]
         constraints = [
@@ -250,10 +269,23 @@ class Tier(models.Model):
                 name="tier_idle_threshold_0_100"),
             models.CheckConstraint(condition=Q(idle_window_minutes__gte=1),
                                    name="tier_idle_window_gte_1"),
+            models.CheckConstraint(
+                condition=Q(preemption_lost_per_wait__isnull=True)
+                | Q(preemption_lost_per_wait=-1) | Q(preemption_lost_per_wait__gte=0),
+                name="tier_lost_per_wait_gte_0_or_off"),
         ]
 
     def __str__(self) -> str:
         return self.slug
+
+    def clean(self) -> None:
+        """Rule R9's per-tier ratio: empty, -1 (off) or at least 0."""
+        super().clean()
+        ratio = self.preemption_lost_per_wait
+        if ratio is not None and ratio != -1 and not ratio >= 0:
+            raise ValidationError({"preemption_lost_per_wait": ValidationError(
+                "At least 0, -1 for no R9 check, or empty for the global setting.",
+                code="lost_per_wait")})
 
 
 class TierGrant(models.Model):
@@ -322,6 +354,7 @@ class Quota(models.Model):
 
 
 JOB_STATUS_CHOICES = [(s.value, s.value.title()) for s in JobState]
+STOP_SIGNAL_CHOICES = [(name, name) for name in STOP_SIGNALS]
 
 
 class JobArray(models.Model):
@@ -431,6 +464,16 @@ class Job(models.Model):
     labels = models.JSONField(default=dict, db_default={}, blank=True)
     annotations = models.JSONField(default=dict, db_default={}, blank=True)
     termination_grace_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # Graceful stop (docs/api.md, "Checkpoints and graceful stop"): the signal its
+    # program gets first when stopped (then, after the grace, SIGKILL), and how often it
+    # says it checkpoints (NULL: not declared). `checkpointed_at`: the newest checkpoint
+    # the current attempt reported (NULL: none), kept on the row so the cycle's snapshot
+    # reads it with the job (RunningJob.checkpointed_at) and a report re-reads one row.
+    stop_signal = models.CharField(max_length=8, choices=STOP_SIGNAL_CHOICES,
+                                   default="SIGTERM", db_default="SIGTERM")
+    checkpoint_interval_seconds = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(MIN_CHECKPOINT_INTERVAL_SECONDS)])
+    checkpointed_at = models.DateTimeField(null=True, blank=True)
     # Rules D1-D3: [{"type": "after_ok" | "after_any" | "after_not_ok", "job": id} or
     # {..., "array": id}], jobs and arrays of the same team, all to be met.
     dependencies = models.JSONField(default=list, db_default=[], blank=True)
@@ -581,6 +624,7 @@ class JobEvent(models.Model):
         DEPENDENCIES = "dependencies"  # rule D3: its dependencies were changed
         CLUSTER_UNREACHABLE = "cluster_unreachable"  # rule K5: its cluster cannot be read
         SPOT_RECLAIMED = "spot_reclaimed"  # rule K6: its spot node was reclaimed (requeued)
+        CHECKPOINT = "checkpoint"  # a checkpoint in a preempted attempt's grace saved its work
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(db_index=True)
@@ -600,6 +644,36 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}: {self.from_status}->{self.to_status} {self.reason}"
+
+
+class Checkpoint(models.Model):
+    """A checkpoint an attempt of a job reported (`POST /api/v1/jobs/<id>/checkpoints/`
+    with its attempt's token): when (`created_at`, the server's clock), and what the job
+    said of it - its step, progress in 0..1 and where it wrote it (all optional). The
+    newest of the current attempt is also `Job.checkpointed_at`."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="checkpoints")
+    attempt = models.PositiveIntegerField()
+    created_at = models.DateTimeField()
+    step = models.BigIntegerField(null=True, blank=True)
+    progress = models.FloatField(null=True, blank=True,
+                                 validators=[MinValueValidator(0.0), MaxValueValidator(1.0)])
+    path = models.CharField(max_length=1024, blank=True, default="")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(progress__isnull=True) | (Q(progress__gte=0) & Q(progress__lte=1)),
+                name="checkpoint_progress_0_1"),
+        ]
+        # "The newest of a job" (and of one attempt of it): an index scan from its end.
+        indexes = [models.Index(fields=["job", "attempt", "created_at"],
+                                name="checkpoint_job_attempt_at_idx"),
+                   models.Index(fields=["job", "created_at"], name="checkpoint_job_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}/{self.attempt} at {self.created_at:%Y-%m-%d %H:%M:%S}"
 
 
 class UsageRecord(models.Model):
@@ -624,6 +698,11 @@ class UsageRecord(models.Model):
     spot = models.BooleanField(default=False, db_default=False)
     price_per_gpu_hour = models.DecimalField(max_digits=12, decimal_places=4, null=True,
                                              blank=True)
+    # A preempted attempt's lost work (docs/api.md, "Checkpoints and graceful stop"):
+    # its GPUs x (the preemption - the later of its start and its newest checkpoint
+    # reported by the end of its grace), in GPU-hours; NULL: it was not preempted.
+    # Lowered when a checkpoint arrives during the grace (services/checkpoints.py).
+    lost_gpu_hours = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["start", "id"]
@@ -819,6 +898,8 @@ class UsageDay(models.Model):
     used_gpu_hours = models.FloatField(default=0.0)
     idle_gpu_hours = models.FloatField(default=0.0)
     preempted_gpu_hours = models.FloatField(default=0.0)
+    # Of the preempted attempts ended that day, the work lost (UsageRecord.lost_gpu_hours).
+    lost_gpu_hours = models.FloatField(default=0.0, db_default=0.0)
 
     class Meta:
         constraints = [

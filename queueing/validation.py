@@ -359,6 +359,32 @@ MAX_SECRETS = 32
 MAX_ALLOWLIST = 200
 MAX_WORKING_DIR_LEN = 256
 MAX_TERMINATION_GRACE_SECONDS = 24 * 3600
+
+# Graceful stop (docs/api.md, "Checkpoints and graceful stop"): the signals a job may
+# ask to get first when stopped, and the shortest checkpoint interval it may declare.
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
+DEFAULT_STOP_SIGNAL = "SIGTERM"
+MIN_CHECKPOINT_INTERVAL_SECONDS = 60
+MAX_CHECKPOINT_INTERVAL_SECONDS = 30 * 24 * 3600
+MAX_CHECKPOINT_PATH_LEN = 1024
+
+
+def stop_signal_problem(value: Any) -> str | None:
+    """Why `value` is not a stop signal a job may ask for (None: it is one)."""
+    if value in STOP_SIGNALS:
+        return None
+    return f"One of {', '.join(STOP_SIGNALS)}."
+
+
+def checkpoint_interval_problem(value: Any) -> str | None:
+    """Why `value` is not a checkpoint interval in seconds (None: it is, or not given)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or \
+            not MIN_CHECKPOINT_INTERVAL_SECONDS <= value <= MAX_CHECKPOINT_INTERVAL_SECONDS:
+        return (f"Seconds, at least {MIN_CHECKPOINT_INTERVAL_SECONDS} (a checkpoint a minute "
+                f"at most) and at most {MAX_CHECKPOINT_INTERVAL_SECONDS}.")
+    return None
 # Where nothing of a job's may be mounted, over or under (docs/kubernetes.md, "Volumes
 # and secrets"): the service-account token's and runtime secrets' directories, devices
 # (/dev/shm is `shm_size`'s), the kernel's pseudo file systems, and the files the

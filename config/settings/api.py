@@ -14,7 +14,11 @@ FAIRQ_API_ANON_RATE = env("FAIRQ_API_ANON_RATE", default="120/min")
 # Failed token authentications per client address; over it every token from that
 # address is refused with 429 until the window ends.
 FAIRQ_API_AUTH_FAILURE_RATE = env("FAIRQ_API_AUTH_FAILURE_RATE", default="20/min")
-for _rate in (FAIRQ_API_RATE, FAIRQ_API_ANON_RATE, FAIRQ_API_AUTH_FAILURE_RATE):
+# Checkpoint reports per job (all its attempts' tokens share it): a job that checkpoints
+# every minute uses 1 of 60; a loop reporting without pause is answered 429.
+FAIRQ_CHECKPOINT_RATE = env("FAIRQ_CHECKPOINT_RATE", default="60/min")
+for _rate in (FAIRQ_API_RATE, FAIRQ_API_ANON_RATE, FAIRQ_API_AUTH_FAILURE_RATE,
+              FAIRQ_CHECKPOINT_RATE):
     if _rate and (_rate.count("/") != 1 or not _rate.split("/")[0].isdigit()
                   or _rate.split("/")[1][:1] not in {"s", "m", "h", "d"}):
         raise environ.ImproperlyConfigured(f"API rate {_rate!r} must look like '6000/min'")

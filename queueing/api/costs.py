@@ -214,6 +214,10 @@ class CostRowSerializer(serializers.Serializer[Any]):
     spot_cost = serializers.DecimalField(
         max_digits=16, decimal_places=2,
         help_text="of cost: those spot GPU-hours, at their pools' prices (rule C4)")
+    lost_gpu_hours = serializers.FloatField(
+        help_text="the work the period's preemptions lost: each victim's GPUs x the time "
+                  "from its newest checkpoint (or start) to the preemption (0: every "
+                  "victim had just checkpointed)")
 
 
 class CsvRenderer(BaseRenderer):

@@ -110,12 +110,23 @@ class QuotaDetailView(IdempotentPostMixin, APIView):
 
 
 class TierSerializer(serializers.ModelSerializer[Tier]):
+    preemption_lost_per_wait = serializers.FloatField(
+        read_only=True, allow_null=True,
+        help_text="Rule R9 for this tier's jobs: the most GPU-hours a preemption may lose per "
+                  "GPU-hour the preemptor waited; null: FAIRQ_PREEMPTION_LOST_PER_WAIT; -1: "
+                  "no R9 check for this tier.")
+    owed_preempts_at_once = serializers.BooleanField(
+        read_only=True,
+        help_text="A job of this tier owed its GPUs (rule R11) preempts at once; false: it "
+                  "waits by the ordinary rules, R9 included.")
+
     class Meta:
         model = Tier
         fields = ["slug", "name", "rank", "priority_class_name", "priority_value",
                   "preemptible", "min_runtime_seconds", "max_termination_grace_seconds",
                   "open_to_all_teams", "idle_threshold_percent", "idle_window_minutes",
-                  "idle_action", "idle_grace_minutes", "flavor_fallback"]
+                  "idle_action", "idle_grace_minutes", "flavor_fallback",
+                  "preemption_lost_per_wait", "owed_preempts_at_once"]
         read_only_fields = fields
 
 

@@ -180,3 +180,16 @@ class StrictFieldsScheme(OpenApiSerializerExtension):  # type: ignore[no-untyped
         if direction == "request":
             schema["additionalProperties"] = False
         return schema
+
+
+class CheckpointTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    """`Authorization: Bearer fqc.<signed>`: one attempt's FAIRQ_CHECKPOINT_TOKEN, taken
+    only by `POST /jobs/{id}/checkpoints/` (docs/api.md, "Checkpoints")."""
+
+    target_class = "queueing.api.checkpoints.CheckpointTokenAuthentication"
+    name = "checkpointToken"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+        return {"type": "http", "scheme": "bearer",
+                "description": "The attempt's FAIRQ_CHECKPOINT_TOKEN (`fqc.…`), set in its "
+                               "pods' environment; a user's API token is refused (403)."}

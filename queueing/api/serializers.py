@@ -17,6 +17,7 @@ from queueing import validation as v
 from queueing.models import Job, JobEvent
 from queueing.policy.dependencies import MAX_DEPENDENCIES, DependencyKind
 from queueing.selectors.attempts import job_attempts
+from queueing.selectors.checkpoints import newest_checkpoint
 from queueing.selectors.clusters import cluster_name
 from queueing.selectors.utilization import idle_since, job_utilization
 
@@ -185,6 +186,17 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
                   "preemption); not given: FAIRQ_K8S_TERMINATION_GRACE_SECONDS. At most "
                   "the tier's max_termination_grace_seconds, or for a preemptible tier "
                   "without one FAIRQ_PREEMPTIBLE_MAX_TERMINATION_GRACE_SECONDS (rule R10).")
+    stop_signal = serializers.CharField(
+        max_length=8, required=False,
+        help_text=f"The signal its program gets first when stopped (preemption, cancel), "
+                  f"then SIGKILL after the grace: one of {', '.join(v.STOP_SIGNALS)}; not "
+                  "given: SIGTERM. In the pods as FAIRQ_STOP_SIGNAL.")
+    checkpoint_interval_seconds = serializers.IntegerField(
+        required=False, allow_null=True, default=None,
+        help_text=f"How often the job checkpoints, in seconds (at least "
+                  f"{v.MIN_CHECKPOINT_INTERVAL_SECONDS}); not given: not declared. It "
+                  "reports each checkpoint to FAIRQ_CHECKPOINT_URL (docs/api.md, "
+                  "\"Checkpoints\").")
     dependencies = serializers.ListField(
         child=DependencySerializer(), max_length=MAX_DEPENDENCIES, required=False,
         help_text="Jobs or arrays of the same team to wait for, all of them (rules D1-D3, "
@@ -321,13 +333,22 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         help_text="Labels its cluster must carry (rule K3); {} for any.")
     allow_spot = serializers.BooleanField(
         read_only=True, help_text="Opted in to spot nodes (rule K4).")
+    stop_signal = serializers.CharField(
+        read_only=True, help_text="The signal its program gets first when stopped.")
+    checkpoint_interval_seconds = serializers.IntegerField(
+        read_only=True, allow_null=True,
+        help_text="How often it said it checkpoints (seconds); null: not declared.")
+    checkpointed_at = serializers.DateTimeField(
+        read_only=True, allow_null=True,
+        help_text="The newest checkpoint its current attempt reported; null: none.")
     attempts = serializers.SerializerMethodField(
         help_text="Its attempts that were admitted, oldest first: attempt, admitted_at, "
                   "started_at, ended_at, ended_how (preempted, reclaimed, spot_reclaimed, "
                   "cluster_unreachable, failed, node_lost, requeued, succeeded, cancelled; "
                   "admitted or running for the current one), "
                   "preempted_by ({job, team, tier} or null), gpu_hours (charged; a running "
-                  "attempt's so far) and charged.")
+                  "attempt's so far) and charged; for a preempted attempt lost_gpu_hours, "
+                  "checkpoint_at and lost_note (null otherwise).")
 
     class Meta:
         model = Job
@@ -341,6 +362,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "finished_at", "placement", "exit_code", "message",
             "dependencies", "array_id", "array_index", "attempts",
             "cluster", "requested_cluster", "cluster_selector", "allow_spot",
+            "stop_signal", "checkpoint_interval_seconds", "checkpointed_at",
         ]
         read_only_fields = fields
 
@@ -359,7 +381,12 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             return given[job.pk]
         if job.attempt == 1 and job.admitted_at is None and job.started_at is None:
             return []  # never admitted (a job just submitted): no query
-        return job_attempts(job, now=timezone.now())
+        # Read once per answer: `attempts` and the detail's `lost_gpu_hours` both use it.
+        read: list[dict[str, Any]] | None = getattr(job, "_attempts_read", None)
+        if read is None:
+            read = job_attempts(job, now=timezone.now())
+            job._attempts_read = read  # type: ignore[attr-defined]
+        return read
 
 
 _REASON_HELP = ("Rule E5: why it waits, the plan's main reason: {code, message, until?} "
@@ -411,8 +438,32 @@ class JobDetailSerializer(JobSerializer):
 
     class Meta(JobSerializer.Meta):
         fields = [*JobSerializer.Meta.fields, "events", "priority", "queue", "idle_since",
-                  "utilization"]
+                  "utilization", "checkpoint", "lost_gpu_hours"]
         read_only_fields = fields
+
+    checkpoint = serializers.SerializerMethodField(
+        help_text="Its newest checkpoint, of any attempt: {id, attempt, created_at, step, "
+                  "progress, path}; null: none reported.")
+    lost_gpu_hours = serializers.SerializerMethodField(
+        help_text="GPU-hours its preemptions lost: per preempted attempt, its GPUs x the "
+                  "time from its newest checkpoint (or start) to the preemption; a "
+                  "checkpoint reported during the grace saves all of it.")
+
+    @extend_schema_field(inline_serializer("NewestCheckpoint", {
+        "id": serializers.IntegerField(), "attempt": serializers.IntegerField(),
+        "created_at": serializers.DateTimeField(),
+        "step": serializers.IntegerField(allow_null=True),
+        "progress": serializers.FloatField(allow_null=True),
+        "path": serializers.CharField()}, allow_null=True))
+    def get_checkpoint(self, job: Job) -> dict[str, Any] | None:
+        c = newest_checkpoint(job)
+        if c is None:
+            return None
+        return {"id": c.pk, "attempt": c.attempt, "created_at": c.created_at.isoformat(),
+                "step": c.step, "progress": c.progress, "path": c.path}
+
+    def get_lost_gpu_hours(self, job: Job) -> float:
+        return round(sum(a.get("lost_gpu_hours") or 0.0 for a in self.get_attempts(job)), 6)
 
     idle_since = serializers.SerializerMethodField(
         help_text="When the running attempt was flagged idle (rule U2); null when it is not.")

@@ -12,6 +12,7 @@ from accounts import api as accounts_api
 from . import (  # noqa: F401 - schema registers the token auth scheme
     accounting,
     arrays,
+    checkpoints,
     clusters,
     costs,
     jobs,
@@ -47,6 +48,8 @@ urlpatterns = [
     path("jobs/stream/", watch.JobStreamView.as_view(), name="job-stream"),
     path("jobs/starts/", starts.JobStartsView.as_view(), name="job-starts"),
     *_fast_submit(),
+    path("jobs/<int:job_id>/checkpoints/", checkpoints.JobCheckpointsView.as_view(),
+         name="job-checkpoints"),
     path("", include(router.urls)),
     path("fairshare/", FairShareView.as_view(), name="fairshare"),
     path("arrays/<int:array_id>/", arrays.ArrayDetailView.as_view(), name="array-detail"),

@@ -82,6 +82,10 @@ class JobRow(NamedTuple):
     # Every GPU type it accepts, by slug, most preferred first (JSON, checked on use;
     # [] = only its GPU type): docs/api.md, "Several GPU types".
     gpu_types: Any
+    # Graceful stop: its pods' own grace (None: the setting) and the newest checkpoint
+    # of the current attempt (RunningJob.grace_seconds, .checkpointed_at).
+    termination_grace_seconds: int | None
+    checkpointed_at: datetime | None
 
 
 ACTIVE_JOB_COLUMNS: tuple[str, ...] = JobRow._fields
@@ -96,6 +100,11 @@ class TierFacts:
     preemptible: bool
     min_runtime_seconds: int
     flavor_fallback: str = "borrow"  # jobs of several GPU types (Tier.flavor_fallback)
+    # Rule R10's cap on its jobs' grace (None: the setting's, for a preemptible tier),
+    # rule R9's own ratio (None: the global one; -1: none) and rule R11's choice.
+    max_termination_grace_seconds: int | None = None
+    preemption_lost_per_wait: float | None = None
+    owed_preempts_at_once: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,9 +284,12 @@ def _lookups() -> Lookups:
         teams=dict(Team.objects.values_list("id", "slug")),
         gpu_types={pk: slug for pk, slug, _ in gpu_types},
         tiers={
-            pk: TierFacts(slug, rank, preemptible, min_runtime, fallback)
-            for pk, slug, rank, preemptible, min_runtime, fallback in Tier.objects.values_list(
-                "id", "slug", "rank", "preemptible", "min_runtime_seconds", "flavor_fallback"
+            pk: TierFacts(slug, rank, preemptible, min_runtime, fallback, grace_cap, ratio, owed)
+            for pk, slug, rank, preemptible, min_runtime, fallback, grace_cap, ratio, owed
+            in Tier.objects.values_list(
+                "id", "slug", "rank", "preemptible", "min_runtime_seconds", "flavor_fallback",
+                "max_termination_grace_seconds", "preemption_lost_per_wait",
+                "owed_preempts_at_once",
             )
         },
         billing_weights={pk: weight for pk, _, weight in gpu_types},

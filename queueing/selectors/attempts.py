@@ -42,10 +42,11 @@ def jobs_attempts(jobs: Sequence[Job], *, now: datetime) -> dict[int, list[dict[
         .values("job_id", "at", "from_status", "to_status", "attempt", "data", "reason")
     ):
         events.setdefault(e["job_id"], []).append(dict(e))
-    charged: dict[tuple[int, int], tuple[float, datetime, datetime]] = {
-        (job_id, attempt): (seconds, start, end)
-        for job_id, attempt, seconds, start, end in UsageRecord.objects.filter(job_id__in=ids).values_list(
-            "job_id", "attempt", "gpu_seconds", "start", "end"
+    charged: dict[tuple[int, int], tuple[float, datetime, datetime, float | None]] = {
+        (job_id, attempt): (seconds, start, end, lost)
+        for job_id, attempt, seconds, start, end, lost in UsageRecord.objects.filter(
+            job_id__in=ids).values_list(
+            "job_id", "attempt", "gpu_seconds", "start", "end", "lost_gpu_hours"
         )
         if attempt is not None
     }
@@ -62,7 +63,10 @@ def job_attempts(job: Job, *, now: datetime) -> list[dict[str, Any]]:
     cluster_unreachable (its cluster could not be read past the grace, rule K5), failed,
     node_lost (its workload vanished), requeued (handed back before it ran), succeeded,
     cancelled; admitted or running for the current one. `preempted_by` is {job, team,
-    tier} for a preempted attempt (rule R7).
+    tier} for a preempted attempt (rule R7), with `lost_gpu_hours` (the work its
+    preemption lost: from its newest checkpoint reported by the end of its grace, or its
+    start), `checkpoint_at` (that checkpoint, or None) and `lost_note` ("preempted,
+    nothing lost: checkpoint 4 s before"); all three None for other attempts.
     `gpu_hours` is what the attempt was charged (GPUs × hours, before the billing weight);
     a running attempt's so far, with `charged` false."""
     return jobs_attempts([job], now=now)[job.pk]
@@ -71,7 +75,7 @@ def job_attempts(job: Job, *, now: datetime) -> list[dict[str, Any]]:
 def attempts_from_events(
     job: Job,
     events: Iterable[dict[str, Any]],
-    charged: dict[tuple[int, int], tuple[float, datetime, datetime]],
+    charged: dict[tuple[int, int], tuple[float, datetime, datetime, float | None]],
     *,
     now: datetime,
 ) -> list[dict[str, Any]]:
@@ -91,6 +95,9 @@ def attempts_from_events(
                 "ended_at": None,
                 "ended_how": None,
                 "preempted_by": None,
+                "lost_gpu_hours": None,
+                "checkpoint_at": None,
+                "lost_note": None,
             }
         return a
 
@@ -124,6 +131,10 @@ def attempts_from_events(
                     "team": data.get("preemptor_team"),
                     "tier": data.get("preemptor_tier"),
                 }
+            if how == "preempted":
+                a["lost_gpu_hours"] = data.get("lost_gpu_hours")
+                a["checkpoint_at"] = data.get("checkpoint_at")
+                a["_stopped_at"] = e["at"]
     out = []
     gpus = job.gpus_per_replica * job.replicas
     for n in sorted(attempts):
@@ -138,11 +149,19 @@ def attempts_from_events(
         if charge is not None:
             a["gpu_hours"], a["charged"] = charge[0] / 3600.0, True
             a["started_at"], a["ended_at"] = charge[1], charge[2]
+            if a["ended_how"] == "preempted" and charge[3] is not None:
+                a["lost_gpu_hours"] = charge[3]  # the record is what a grace lowers
         elif a["ended_how"] == "running" and a["started_at"] is not None:
             ran = max(0.0, (now - a["started_at"]).total_seconds())
             a["gpu_hours"], a["charged"] = gpus * ran / 3600.0, False
         else:
             a["gpu_hours"], a["charged"] = 0.0, a["ended_at"] is not None
+        stopped = a.pop("_stopped_at", None)
+        if a["ended_how"] == "preempted" and stopped is not None:
+            if a["lost_gpu_hours"] is None:
+                a["lost_gpu_hours"] = 0.0 if a["started_at"] is None else None
+            a["lost_note"] = lost_note(a["lost_gpu_hours"], stopped=stopped,
+                                       checkpoint_at=parse_instant(a["checkpoint_at"]))
         for k in ("admitted_at", "started_at", "ended_at"):
             a[k] = a[k].isoformat() if a[k] is not None else None
         out.append(a)
@@ -152,3 +171,42 @@ def attempts_from_events(
 def _end(a: dict[str, Any], at: datetime, how: str) -> dict[str, Any]:
     a["ended_at"], a["ended_how"] = at, how
     return a
+
+
+def parse_instant(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+def _ago(seconds: float) -> str:
+    seconds = abs(seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def lost_note(lost: float | None, *, stopped: datetime,
+              checkpoint_at: datetime | None) -> str:
+    """What a preemption cost, in words: "preempted, nothing lost: checkpoint 4 s
+    before", "... checkpoint 3 s into its grace", "preempted, 1.25 GPU-h lost since the
+    checkpoint 20 min before", "preempted, 2.00 GPU-h lost (no checkpoint)"."""
+    if lost is None:
+        return "preempted (loss not recorded)"
+    if checkpoint_at is not None:
+        gap = (stopped - checkpoint_at).total_seconds()
+        when = (f"checkpoint {_ago(gap)} before" if gap >= 0
+                else f"checkpoint {_ago(gap)} into its grace")
+        if lost <= 0:
+            return f"preempted, nothing lost: {when}"
+        return f"preempted, {lost:.2f} GPU-h lost since the {when}"
+    if lost <= 0:
+        return "preempted, nothing lost: it had not started"
+    return f"preempted, {lost:.2f} GPU-h lost (no checkpoint)"

@@ -33,7 +33,8 @@ PERIODS = ("day", "month")
 # Rule C4's spot columns come last: a reader of the earlier columns by position reads on.
 CSV_COLUMNS = ("period", "team", "department", "gpu_type", "allocated_gpu_hours",
                "used_gpu_hours", "idle_gpu_hours", "preempted_gpu_hours", "unpriced_gpu_hours",
-               "cost", "idle_cost", "currency", "spot_gpu_hours", "spot_cost")
+               "cost", "idle_cost", "currency", "spot_gpu_hours", "spot_cost",
+               "lost_gpu_hours")
 
 
 @dataclass
@@ -44,7 +45,9 @@ class CostBucket:
     (0 without readings); `idle`: rule C3's paid-but-idle GPU-hours; `preempted`: the
     GPU-hours of attempts that ended preempted; `unpriced`: GPU-hours before the type's
     first price (costing nothing, shown so the gap is visible); `spot_gpu_hours` and
-    `spot_cost`: the part of `allocated` and `cost` of attempts on spot nodes (rule C4)."""
+    `spot_cost`: the part of `allocated` and `cost` of attempts on spot nodes (rule C4);
+    `lost_gpu_hours`: the work the period's preemptions lost (from each victim's newest
+    checkpoint, or its start, to the preemption; counted on the preemption's day)."""
 
     period: date
     team: str
@@ -59,6 +62,7 @@ class CostBucket:
     idle_cost: Decimal = Decimal(0)
     spot_gpu_hours: float = 0.0
     spot_cost: Decimal = Decimal(0)
+    lost_gpu_hours: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,7 @@ class Attempt:
     preempted: bool
     spot: bool = False  # rule C4: ran on spot nodes
     price: Decimal | None = None  # rule C4: its own price per GPU-hour (None: rule C1's)
+    lost: float = 0.0  # a preempted attempt's lost work, GPU-hours (at its end)
 
     def prices(self, lists: dict[int, list[PricePoint]]) -> Sequence[PricePoint]:
         """Rule C4: its own price if it has one, else its GPU type's list (rule C1)."""
@@ -157,13 +162,13 @@ def attempts(*, team_ids: list[int] | None, start: datetime | None, end: datetim
                   ended=ended_transition("to_status"))
         .values_list("team_id", "gpu_type_id", "gpus", "start", "end", "u_samples",
                      "u_sm_mean", "u_hist", "job__tier__idle_threshold_percent", "ended",
-                     "spot", "price_per_gpu_hour")
+                     "spot", "price_per_gpu_hour", "lost_gpu_hours")
     )
     for team_id, gpu_type_id, gpus, r_start, r_end, samples, sm_mean, hist, threshold, ended, \
-            spot, price in records.iterator(chunk_size=5000):
+            spot, price, lost in records.iterator(chunk_size=5000):
         yield _attempt(team_id, gpu_type_id, gpus, r_start, r_end, samples, sm_mean, hist,
                        threshold, preempted=ended == JobState.PREEMPTED.value, spot=spot,
-                       price=price)
+                       price=price, lost=lost or 0.0)
     if now is None or (start is not None and now <= start):
         return
     # A running job's attempt is its current one.
@@ -196,14 +201,15 @@ def attempts(*, team_ids: list[int] | None, start: datetime | None, end: datetim
 def _attempt(team_id: int, gpu_type_id: int, gpus: int, start: datetime, end: datetime,
              samples: int | None, sm_mean: float | None, hist: Any, threshold: float | None,
              *, preempted: bool, spot: bool = False,
-             price: Decimal | None = None) -> Attempt:
+             price: Decimal | None = None, lost: float = 0.0) -> Attempt:
     minutes = (end - start).total_seconds() / 60
     idle = 0.0
     if samples and threshold and isinstance(hist, dict) and minutes > 0:
         idle = min(1.0, idle_minutes(hist, threshold_percent=threshold) / minutes)
     return Attempt(team_id, gpu_type_id, gpus, start, end,
                     used_fraction=(sm_mean or 0.0) / 100 if samples else 0.0,
-                    idle_fraction=idle, preempted=preempted, spot=spot, price=price)
+                    idle_fraction=idle, preempted=preempted, spot=spot, price=price,
+                    lost=lost)
 
 
 def cost_buckets(*, teams: Iterable[Team], start: datetime, end: datetime, period: str,
@@ -222,6 +228,7 @@ def cost_buckets(*, teams: Iterable[Team], start: datetime, end: datetime, perio
     acc: dict[tuple[date, int, int], CostBucket] = {}
     for a in attempts(team_ids=team_ids, start=start, end=end, now=now):
         lo, hi = max(a.start, start), min(a.end, end)
+        last: CostBucket | None = None
         for piece in cost_pieces(gpus=a.gpus, start=lo, end=hi, prices=a.prices(prices)):
             key_period = piece.day if period == "day" else month_start(piece.day)
             key = (key_period, a.team_id, a.gpu_type_id)
@@ -235,11 +242,14 @@ def cost_buckets(*, teams: Iterable[Team], start: datetime, end: datetime, perio
             add_hours(b, allocated=hours, used=hours * a.used_fraction,
                       idle=hours * a.idle_fraction, preempted=hours if a.preempted else 0.0,
                       price=piece.price, spot=a.spot)
+            last = b
+        if a.lost and last is not None and a.end <= end:
+            last.lost_gpu_hours += a.lost  # on the preemption's day (its last piece)
     return [acc[k] for k in sorted(acc, key=lambda k: (k[0], slug[k[1]], gpu_slugs.get(k[2], "")))]
 
 
 def add_hours(b: CostBucket, *, allocated: float, used: float, idle: float, preempted: float,
-              price: Decimal | None, spot: bool = False) -> None:
+              price: Decimal | None, spot: bool = False, lost: float = 0.0) -> None:
     """Add GPU-hours of one day at one price to `b`, and their cost (rule C1; none before
     the type's first price: `unpriced`); `spot`: they ran on spot nodes (rule C4), and
     count in the spot GPU-hours and cost too."""
@@ -247,6 +257,7 @@ def add_hours(b: CostBucket, *, allocated: float, used: float, idle: float, pree
     b.used_gpu_hours += used
     b.idle_gpu_hours += idle
     b.preempted_gpu_hours += preempted
+    b.lost_gpu_hours += lost
     if spot:
         b.spot_gpu_hours += allocated
     if price is None:
@@ -277,6 +288,7 @@ def bucket_as_dict(b: CostBucket) -> dict[str, Any]:
         "cost": str(money(b.cost)), "idle_cost": str(money(b.idle_cost)),
         "currency": currency(),
         "spot_gpu_hours": round(b.spot_gpu_hours, 4), "spot_cost": str(money(b.spot_cost)),
+        "lost_gpu_hours": round(b.lost_gpu_hours, 4),
     }
 
 
@@ -298,6 +310,7 @@ def by_department(buckets: Iterable[CostBucket]) -> list[CostBucket]:
         d.idle_cost += b.idle_cost
         d.spot_gpu_hours += b.spot_gpu_hours
         d.spot_cost += b.spot_cost
+        d.lost_gpu_hours += b.lost_gpu_hours
     return [acc[k] for k in sorted(acc)]
 
 

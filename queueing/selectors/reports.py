@@ -72,12 +72,13 @@ def report_buckets(*, teams: Iterable[Team], start: date, end: date, period: str
         .values("p", "team_id", "gpu_type_id", "seg")
         .annotate(first=Min("day"), alloc=Sum("allocated_gpu_hours"),
                   used=Sum("used_gpu_hours"), idle=Sum("idle_gpu_hours"),
-                  pre=Sum("preempted_gpu_hours"))
-        .values_list("first", "team_id", "gpu_type_id", "alloc", "used", "idle", "pre")
+                  pre=Sum("preempted_gpu_hours"), lost=Sum("lost_gpu_hours"))
+        .values_list("first", "team_id", "gpu_type_id", "alloc", "used", "idle", "pre", "lost")
     )
-    for first, team_id, gpu_type_id, alloc, used, idle, pre in rows:
+    for first, team_id, gpu_type_id, alloc, used, idle, pre, lost in rows:
         add_hours(bucket(first, team_id, gpu_type_id), allocated=alloc, used=used, idle=idle,
-                  preempted=pre, price=price_at(prices.get(gpu_type_id, ()), midnight(first)))
+                  preempted=pre, price=price_at(prices.get(gpu_type_id, ()), midnight(first)),
+                  lost=lost or 0.0)
     lo, hi = midnight(start), midnight(end)
     # Rule C4: the roll-up's hours of a record with its own price (a spot attempt's) were
     # priced above at the type's list; priced again at the record's own price instead.
@@ -104,12 +105,16 @@ def report_buckets(*, teams: Iterable[Team], start: date, end: date, period: str
                 if price is not None:
                     b.spot_cost += hours * price
     for a in attempts(team_ids=team_ids, start=lo, end=hi, now=now, records_after=mark):
+        last = None
         for piece in cost_pieces(gpus=a.gpus, start=max(a.start, lo), end=min(a.end, hi),
                                  prices=a.prices(prices)):
             h = piece.gpu_hours
-            add_hours(bucket(piece.day, a.team_id, a.gpu_type_id), allocated=h,
+            last = bucket(piece.day, a.team_id, a.gpu_type_id)
+            add_hours(last, allocated=h,
                       used=h * a.used_fraction, idle=h * a.idle_fraction,
                       preempted=h if a.preempted else 0.0, price=piece.price, spot=a.spot)
+        if a.lost and last is not None and a.end <= hi:
+            last.lost_gpu_hours += a.lost  # on the preemption's day
     keys = sorted(acc, key=lambda k: (k[0], slug[k[1]], gpu_slugs.get(k[2], "")))
     return Report(start=start, end=end, period=period, buckets=[acc[k] for k in keys],
                   rolled_up_to=mark)

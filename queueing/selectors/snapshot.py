@@ -6,6 +6,7 @@ view. Reads only.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -23,6 +24,7 @@ from queueing.policy.settings import PolicySettings
 from queueing.policy.snapshot import (
     FlavorFallback,
     NodeState,
+    PreemptionSettings,
     QueuedJob,
     QuotaLimit,
     RunningJob,
@@ -32,7 +34,7 @@ from queueing.policy.snapshot import (
 )
 from queueing.policy.states import JobState
 
-from .active_jobs import ActiveJobs, JobRow, Lookups
+from .active_jobs import ActiveJobs, JobRow, Lookups, TierFacts
 from .cluster import ClusterFacts, ClusterView
 from .fairshare import (
     entry_penalty_interval_seconds,
@@ -155,7 +157,7 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         interval_seconds=interval,
         nominated=nominated,
         nominated_placement=placements,
-        preemption=preemption_settings(now=now),
+        preemption=tier_preemption(preemption_settings(now=now), jobs.lookups),
         dependency_counts=dependency_counts(d for q in queued for d in q.dependencies),
         array_limits=array_limits({q.array_id for q in queued} - {None}),
         closed_clusters=closed_clusters(jobs.lookups.clusters),
@@ -347,7 +349,36 @@ def _running_job(row: JobRow, lookups: Lookups, jobs: ActiveJobs) -> RunningJob:
         cpu_millicores=row.cpu_millicores,
         memory_bytes=row.memory_bytes, preemptions=jobs.preemptions.get(row.id, 0),
         array_id=row.array_id, max_runtime_seconds=row.max_runtime_seconds, cluster=cluster,
+        checkpointed_at=row.checkpointed_at,
+        grace_seconds=grace_seconds(row.termination_grace_seconds, tier),
     )
+
+
+def grace_seconds(own: int | None, tier: TierFacts) -> int:
+    """The grace its pods get (what the launch spec gives): its own, else
+    FAIRQ_K8S_TERMINATION_GRACE_SECONDS, cut to its tier's cap (rule R10)."""
+    grace = int(settings.FAIRQ_K8S_TERMINATION_GRACE_SECONDS) if own is None else own
+    cap = tier.max_termination_grace_seconds
+    if cap is None and tier.preemptible:
+        cap = int(settings.FAIRQ_PREEMPTIBLE_MAX_TERMINATION_GRACE_SECONDS)
+    return grace if cap is None else min(grace, cap)
+
+
+def tier_preemption(settings_: PreemptionSettings, lookups: Lookups) -> PreemptionSettings:
+    """Rules R9 and R11 per tier, from the Tier rows: `lost_per_wait_by_tier` (a tier's own
+    ratio; -1: None, no R9 check; a tier without one is absent: the global ratio) and
+    `owed_waits_tiers` (the ranks whose owed claims wait)."""
+    ratios: dict[int, float | None] = {}
+    waits: set[int] = set()
+    for t in lookups.tiers.values():
+        if t.preemption_lost_per_wait is not None:
+            ratios[t.rank] = None if t.preemption_lost_per_wait < 0 else t.preemption_lost_per_wait
+        if not t.owed_preempts_at_once:
+            waits.add(t.rank)
+    if not ratios and not waits:
+        return settings_
+    return dataclasses.replace(settings_, lost_per_wait_by_tier=ratios,
+                               owed_waits_tiers=frozenset(waits))
 
 
 def _minus(free: int | None, pending: int) -> int | None:

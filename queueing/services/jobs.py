@@ -60,7 +60,8 @@ def next_attempt(attempt: int) -> dict[str, Any]:
     list, so a field added for where an attempt runs is cleared by every requeue."""
     return {"attempt": attempt, "placement": [], "cluster": None, "on_spot": False,
             "spot_pools": {},
-            "admitted_at": None, "started_at": None, "submitted_to_backend_at": None}
+            "admitted_at": None, "started_at": None, "submitted_to_backend_at": None,
+            "checkpointed_at": None}
 
 
 def job_transition(
@@ -143,6 +144,10 @@ class JobInput:
     termination_grace_seconds: int | None = None
     # docs/webhooks.md: under one of the team's allowed_notify_url_prefixes ("": none).
     notify_url: str = ""
+    # Graceful stop (docs/api.md, "Checkpoints and graceful stop"): the first signal
+    # when stopped; how often it says it checkpoints (None: not declared).
+    stop_signal: str = v.DEFAULT_STOP_SIGNAL
+    checkpoint_interval_seconds: int | None = None
     # Rule B3: the tier asked for when an over-budget team's job dropped to `tier`.
     downgraded_from: str = ""
     # Rules D1-D3, stored form, checked (`services.dependencies.job_input_with_dependencies`).
@@ -194,6 +199,7 @@ JOB_SPEC_FIELDS: dict[str, str] = {
     "volumes": "volumes", "secrets": "secrets", "image_pull_secret": "image_pull_secret",
     "working_dir": "working_dir", "labels": "labels", "annotations": "annotations",
     "termination_grace_seconds": "termination_grace_seconds", "notify_url": "notify_url",
+    "stop_signal": "stop_signal", "checkpoint_interval_seconds": "checkpoint_interval_seconds",
 }
 # The fields `validation.workload_check` judges (their names are JobInput's and Job's).
 WORKLOAD_FIELDS = ("volumes", "secrets", "image_pull_secret", "working_dir", "labels",
@@ -254,6 +260,7 @@ def job_input_build(
     termination_grace_seconds: int | None = None, notify_url: str | None = None,
     team_lookup: Callable[[str], Team | None] | None = None,
     gpu_types: list[str] | None = None,
+    stop_signal: str | None = None, checkpoint_interval_seconds: int | None = None,
 ) -> JobInput:
     """The JobInput of a job spec whose fields have their shapes already (the API's
     serializer, the web form): the submit rules that need settings or the database. The
@@ -276,7 +283,10 @@ def job_input_build(
 
     `gpu_types`: every GPU type the job accepts, most preferred first (None: only
     `gpu_type`); `gpu_type` may then be left out (it is the first). Each type must hold
-    the job as `gpu_type` must: its GPUs per replica, CPU and memory, its topology level."""
+    the job as `gpu_type` must: its GPUs per replica, CPU and memory, its topology level.
+
+    `stop_signal` (None: SIGTERM) one of `validation.STOP_SIGNALS`;
+    `checkpoint_interval_seconds` (None: not declared) at least 60."""
     command, args, env = command or [], args or [], env or {}
     resources = {k: val.strip() if isinstance(val, str) else val
                  for k, val in (resources or {}).items()}
@@ -304,6 +314,13 @@ def job_input_build(
     grace_problem = _grace_problem(termination_grace_seconds)
     if grace_problem:
         problems["termination_grace_seconds"] = [grace_problem]
+    stop_signal = v.DEFAULT_STOP_SIGNAL if stop_signal is None else stop_signal
+    signal_problem = v.stop_signal_problem(stop_signal)
+    if signal_problem:
+        problems["stop_signal"] = [signal_problem]
+    interval_problem = v.checkpoint_interval_problem(checkpoint_interval_seconds)
+    if interval_problem:
+        problems["checkpoint_interval_seconds"] = [interval_problem]
     notify_url = (notify_url or "").strip()
     if notify_url and team_row is not None:
         notify_problem = notify_url_problem(team=team_row, url=notify_url)
@@ -345,7 +362,8 @@ def job_input_build(
                     gpu_types=accepted if len(accepted) > 1 else [],
                     resources=resources, shm_size=shm_size, topology=topology,
                     termination_grace_seconds=grace, downgraded_from=downgraded_from,
-                    notify_url=notify_url, **workload)
+                    notify_url=notify_url, stop_signal=stop_signal,
+                    checkpoint_interval_seconds=checkpoint_interval_seconds, **workload)
 
 
 def _refuse_gpus_above_nodes(types: list[str], gpus: int) -> None:
@@ -472,6 +490,16 @@ def tier_grace_cap(tier: Tier) -> int | None:
     if tier.preemptible:
         return int(settings.FAIRQ_PREEMPTIBLE_MAX_TERMINATION_GRACE_SECONDS)
     return None
+
+
+def attempt_grace_seconds(job: Job) -> int:
+    """The termination grace the job's pods get (what `launch_spec` gives the backend):
+    its own, else FAIRQ_K8S_TERMINATION_GRACE_SECONDS, cut to its tier's cap (rule R10)."""
+    grace = job.termination_grace_seconds
+    if grace is None:
+        grace = int(settings.FAIRQ_K8S_TERMINATION_GRACE_SECONDS)
+    cap = tier_grace_cap(job.tier)
+    return grace if cap is None else min(grace, cap)
 
 
 def _tier_grace(tier: Tier, grace: int | None) -> int:
@@ -795,10 +823,14 @@ def job_cancel(*, actor: Any, job: Job, reason: str = "", now: datetime | None =
         check_job_cancel(actor=actor, job=check_job_access(actor=actor, job_id=job.pk))
     job = Job.objects.select_for_update().get(pk=job.pk)
     held = job.state in HOLDING_STATES
+    # A held attempt's pods get its stop signal, then its grace: it may still report a
+    # checkpoint meanwhile (services/checkpoints.py reads the window from here).
+    data = ({"grace_seconds": attempt_grace_seconds(job), "stop_signal": job.stop_signal}
+            if held else None)
     try:
         job_transition(
             job, JobState.CANCELLED, now=now, actor=actor,
-            reason=reason or f"cancelled by {actor}", finished_at=now,
+            reason=reason or f"cancelled by {actor}", finished_at=now, data=data,
         )
     except IllegalTransition as exc:
         raise InvalidTransition(f"job {job.pk} is {job.status}; it cannot be cancelled") from exc

@@ -25,7 +25,8 @@ from queueing.policy.admission import Plan
 from queueing.policy.preemption import Preemption, Victim
 from queueing.policy.states import HOLDING_STATES, JobState
 
-from .jobs import job_transition, next_attempt
+from .checkpoints import lost_gpu_hours
+from .jobs import attempt_grace_seconds, job_transition, next_attempt
 from .logs import workloads_stop_keeping_logs
 from .usage import usage_record_attempt
 
@@ -101,10 +102,19 @@ def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, now: dateti
     if job is None or job.state not in HOLDING_STATES:
         raise _VictimMoved
     workload = job.backend_name
+    # The work it loses (docs/api.md, "Checkpoints and graceful stop"): from its newest
+    # checkpoint, or its start; a checkpoint reported during the grace lowers it
+    # (services/checkpoints.py). Its pods get `grace_seconds` and its stop signal first.
+    grace = attempt_grace_seconds(job)
+    lost = lost_gpu_hours(gpus=job.total_gpus, started_at=job.started_at, stopped_at=now,
+                          checkpoint_at=job.checkpointed_at)
     data: dict[str, Any] = {
         "rule": str(victim.rule), "preemptor": preemptor.pk,
         "preemptor_team": preemptor.team.slug, "preemptor_tier": preemptor.tier.slug,
-        "workload": workload,
+        "workload": workload, "grace_seconds": grace, "stop_signal": job.stop_signal,
+        "lost_gpu_hours": round(lost, 6),
+        "started_at": job.started_at.isoformat() if job.started_at else None,
+        "checkpoint_at": job.checkpointed_at.isoformat() if job.checkpointed_at else None,
     }
     reason = (f"preempted by job #{preemptor.pk} of team {preemptor.team.slug} "
               f"(tier {preemptor.tier.slug}) under rule {victim.rule}")
@@ -116,7 +126,8 @@ def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, now: dateti
         attempt=job.attempt, submitted_at=job.created_at, started_at=job.started_at, now=now,
         gpus=job.total_gpus, billing_weight=job.gpu_type.billing_weight)
     if requeued.charge is not None:
-        usage_record_attempt(job=job, start=requeued.charge.start, end=requeued.charge.end)
+        usage_record_attempt(job=job, start=requeued.charge.start, end=requeued.charge.end,
+                             lost_gpu_hours=lost)
     JobEvent.objects.create(job=job, at=now, kind=JobEvent.Kind.PREEMPTED, actor_label="scheduler",
                             reason=reason, attempt=job.attempt, data=data)
     if not job_transition(

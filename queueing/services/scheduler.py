@@ -104,11 +104,13 @@ from queueing.policy.snapshot import NodeState
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 from queueing.sanitize import clean_status, clean_text
 from queueing.selectors.active_jobs import ActiveJobs, cycle_active_jobs
+from queueing.selectors.checkpoints import newest_checkpoints
 from queueing.selectors.cluster import largest_node_cpu_memory
 from queueing.selectors.queue_plan import queue_plan_forget
 from queueing.selectors.snapshot import build_snapshot, unprovisioned_teams, unqualified_node
 
 from .arrays import arrays_top_up
+from .checkpoints import checkpoint_token, checkpoint_url, resume_note
 from .cluster_view import cluster_view_publish
 from .clusters import Fleet, clusters_drain, clusters_record, fleet_open
 from .dependencies import dependencies_fail_never_met
@@ -865,6 +867,8 @@ def _admit(plan: Plan, *, now: datetime, result: CycleResult, isolate: bool,
     pool_of = ({n.name: n.pool for n in snapshot_nodes}
                if any(a.spot for a in plan.admissions) else {})
     type_ids: dict[str, int] | None = None
+    # A requeued job's new attempt resumes from its newest checkpoint (one query).
+    resume_from = newest_checkpoints([j.pk for j in jobs.values() if j.attempt > 1])
     for a in plan.admissions:
         job = jobs.get(a.job_id)
         if job is None or job.state != JobState.QUEUED:
@@ -908,10 +912,14 @@ def _admit(plan: Plan, *, now: datetime, result: CycleResult, isolate: bool,
             if pools:
                 data["spot_pools"] = pools
             reason = f"admitted on {where}{', '.join(sorted(set(nodes)))}"
+            resumes, resume_data = resume_note(resume_from.get(job.pk))
+            if resume_data:
+                data["resumes_from"] = resume_data
             if chosen:
                 data["gpu_type"] = a.gpu_type
                 reason += (f" as {a.gpu_type} (accepts "
                            f"{', '.join(map(str, job.gpu_types))})")
+            reason += resumes
             if job_transition(job, JobState.ADMITTED, now=now, reason=reason,
                               admitted_at=now, placement=nodes, cluster_id=cluster_id,
                               on_spot=a.spot, spot_pools=pools, data=data, **chosen):
@@ -1027,6 +1035,11 @@ def launch_spec(job: Job, *,
         image_pull_secret=job.image_pull_secret, working_dir=job.working_dir,
         labels=dict(job.labels or {}), annotations=dict(job.annotations or {}),
         termination_grace_seconds=grace,
+        # Graceful stop: the signal first, then where and with what the attempt reports
+        # its checkpoints ("" when FAIRQ_PUBLIC_URL is unset: not offered, env not set).
+        stop_signal=job.stop_signal or "SIGTERM",
+        checkpoint_url=(url := checkpoint_url(job.pk)),
+        checkpoint_token=checkpoint_token(job_id=job.pk, attempt=job.attempt) if url else "",
     )
 
 

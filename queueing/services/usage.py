@@ -25,7 +25,8 @@ MAX_REPORTED_ERRORS = 50
 
 @transaction.atomic
 def usage_record_attempt(*, job: Job, start: datetime, end: datetime,
-                         attempt: int | None = None) -> UsageRecord | None:
+                         attempt: int | None = None,
+                         lost_gpu_hours: float | None = None) -> UsageRecord | None:
     """Charge one finished attempt interval of `job` to its team: a usage record and the
     team's decayed accumulator, in one transaction. Charging an attempt twice is a no-op
     (one record per job attempt). `attempt` defaults to the job's current one (an earlier
@@ -35,7 +36,8 @@ def usage_record_attempt(*, job: Job, start: datetime, end: datetime,
     nodes, and a spot attempt's price: the GPU-weighted price of the spot pools its GPUs
     ran in (`Job.spot_pools`), frozen here so a later pool price never reprices it; None
     when one of them has none (rule C1 prices it). An earlier attempt's record knows
-    neither (the job has moved on): rule C1."""
+    neither (the job has moved on): rule C1. `lost_gpu_hours`: a preempted attempt's
+    lost work (services/checkpoints.py), None for an attempt that was not preempted."""
     attempt = job.attempt if attempt is None else attempt
     if end < start:
         end = start
@@ -51,6 +53,7 @@ def usage_record_attempt(*, job: Job, start: datetime, end: datetime,
         gpu_seconds=gpus * (end - start).total_seconds(),
         cluster_id=job.cluster_id if current else None, spot=spot,
         price_per_gpu_hour=spot_price(job) if spot else None,
+        lost_gpu_hours=lost_gpu_hours,
     )
     accumulator_add(team_id=job.team_id, rate=gpus * weight, start=start, end=end)
     return record

@@ -122,7 +122,11 @@ def spec_initial(spec: dict[str, Any]) -> dict[str, Any]:
             "gpu_types": ", ".join((spec.get("gpu_types") or [])[1:]),
             "working_dir": spec.get("working_dir") or "",
             "max_runtime_seconds": (format_duration(spec["max_runtime_seconds"])
-                                    if spec.get("max_runtime_seconds") else "")}
+                                    if spec.get("max_runtime_seconds") else ""),
+            "stop_signal": spec.get("stop_signal") or v.DEFAULT_STOP_SIGNAL,
+            "checkpoint_interval_seconds": (
+                format_duration(spec["checkpoint_interval_seconds"])
+                if spec.get("checkpoint_interval_seconds") else "")}
 
 
 def _allowed_help(teams: list[Any], attr: str, what: str) -> str:
@@ -196,6 +200,17 @@ class JobSubmitForm(forms.Form):
         max_value=v.MAX_TERMINATION_GRACE_SECONDS,
         help_text="Time to checkpoint after SIGTERM when stopped; empty: the default "
                   "(each tier caps it).")
+    # Graceful stop (docs/api.md): the first signal, and how often the job says it
+    # checkpoints, written as the max runtime is (`30m`, `1h`, seconds).
+    stop_signal = forms.ChoiceField(
+        label="Stop signal", required=False, initial=v.DEFAULT_STOP_SIGNAL,
+        choices=[(s, s) for s in v.STOP_SIGNALS],
+        help_text="What the program gets first when preempted or cancelled; SIGKILL "
+                  "follows after the grace.")
+    checkpoint_interval_seconds = forms.CharField(
+        label="Checkpoints every", required=False, max_length=32,
+        help_text=f"Empty: not declared; otherwise {DURATION_HELP} (at least 1m). The job "
+                  "reports each one with `fairq checkpoint`.")
     topology_level = forms.ChoiceField(
         label="Keep replicas within one", required=False,
         help_text="A topology level of the GPU type (rule A7); empty: anywhere.")
@@ -337,6 +352,15 @@ class JobSubmitForm(forms.Form):
             raise forms.ValidationError("Ensure this value is at least 1 second.")
         return seconds
 
+    def clean_checkpoint_interval_seconds(self) -> int | None:
+        text = (self.cleaned_data.get("checkpoint_interval_seconds") or "").strip()
+        if not text:
+            return None
+        try:
+            return parse_duration(text)
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc).capitalize() + ".") from None
+
     def _gpu_types(self, data: dict[str, Any]) -> list[str] | None:
         """The accepted types: the GPU type, then the others written after it (None:
         none written, a job of one type)."""
@@ -391,6 +415,8 @@ class JobSubmitForm(forms.Form):
             "working_dir": (data.get("working_dir") or "").strip(),
             "labels": self._metadata("labels"), "annotations": self._metadata("annotations"),
             "termination_grace_seconds": data.get("termination_grace_seconds"),
+            "stop_signal": data.get("stop_signal") or None,
+            "checkpoint_interval_seconds": data.get("checkpoint_interval_seconds"),
             "topology": self._topology(),
             "gpu_types": self._gpu_types(data),
         }

@@ -74,7 +74,7 @@ def _totals(buckets: list[CostBucket]) -> list[dict[str, Any]]:
                                     "allocated": 0.0, "used": 0.0, "idle": 0.0,
                                     "preempted": 0.0, "cost": Decimal(0),
                                     "idle_cost": Decimal(0), "spot": 0.0,
-                                    "spot_cost": Decimal(0)})
+                                    "spot_cost": Decimal(0), "lost": 0.0})
         t["allocated"] += b.allocated_gpu_hours
         t["used"] += b.used_gpu_hours
         t["idle"] += b.idle_gpu_hours
@@ -83,6 +83,7 @@ def _totals(buckets: list[CostBucket]) -> list[dict[str, Any]]:
         t["idle_cost"] += b.idle_cost
         t["spot"] += b.spot_gpu_hours  # rule C4: spot time apart
         t["spot_cost"] += b.spot_cost
+        t["lost"] += b.lost_gpu_hours  # preemptions' lost work (from checkpoints)
     rows = sorted(acc.values(), key=lambda t: (-t["cost"], -t["allocated"], t["team"]))
     for t in rows:
         t["cost"], t["idle_cost"] = money(t["cost"]), money(t["idle_cost"])

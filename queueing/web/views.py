@@ -64,6 +64,7 @@ from queueing.selectors import dashboard as dash
 from queueing.selectors.arrays import job_array, job_dependencies
 from queueing.selectors.attempts import job_attempts
 from queueing.selectors.capacity import capacity_by_gpu_type, overcommit_warnings
+from queueing.selectors.checkpoints import job_checkpoints
 from queueing.selectors.cluster import cluster_view
 from queueing.selectors.clusters import cluster_name, cluster_summaries, clusters_configured
 from queueing.selectors.fairshare import teams_in_standings_for
@@ -398,12 +399,18 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     except Exception as exc:  # the explanation is a convenience: never fail the page
         explain = {"priority": None, "queue": None, "error": str(exc)[:200]}
     log_view, log_error = _job_log(request, job)
+    attempts = job_attempts(job, now=now)
     ctx = {"job": job, "events": events, "explain": explain, "now": now,
+           # Graceful stop: the newest checkpoints (every attempt's) and what the
+           # preemptions lost (docs/api.md, "Checkpoints and graceful stop").
+           "checkpoints": list(job_checkpoints(job, limit=5)),
+           "lost_gpu_hours": sum(a.get("lost_gpu_hours") or 0.0 for a in attempts),
+           "preemptions": sum(1 for a in attempts if a.get("lost_note")),
            "log": log_view, "log_error": log_error,
            "logs": "\n".join(log_view.lines) if log_view else "",
            "runtime": job.runtime_seconds(now), "topology_domain": _topology_domain(job),
            "utilization": _utilization_view(job), "idle_since": idle_since(job),
-           "attempts": job_attempts(job, now=now), "dependencies": job_dependencies(job),
+           "attempts": attempts, "dependencies": job_dependencies(job),
            "array": job_array(job),
            "job_cluster": cluster_name(job.cluster_id),
            "job_pin": cluster_name(job.requested_cluster_id),

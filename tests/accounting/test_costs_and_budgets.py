@@ -54,12 +54,12 @@ def test_rule_c2_a_months_cost_splits_at_the_price_change(priced: World) -> None
          "allocated_gpu_hours": 4.0, "used_gpu_hours": 2.0, "idle_gpu_hours": 1.0,
          "preempted_gpu_hours": 4.0, "unpriced_gpu_hours": 0.0, "cost": "8.00",
          "idle_cost": "2.00", "currency": "EUR",
-         "spot_gpu_hours": 0.0, "spot_cost": "0.00"},
+         "spot_gpu_hours": 0.0, "spot_cost": "0.00", "lost_gpu_hours": 0.0},
         {"period": "2026-03-01", "team": "vision", "department": "research", "gpu_type": "h100",
          "allocated_gpu_hours": 4.0, "used_gpu_hours": 2.0, "idle_gpu_hours": 1.0,
          "preempted_gpu_hours": 4.0, "unpriced_gpu_hours": 0.0, "cost": "12.00",
          "idle_cost": "3.00", "currency": "EUR",
-         "spot_gpu_hours": 0.0, "spot_cost": "0.00"},
+         "spot_gpu_hours": 0.0, "spot_cost": "0.00", "lost_gpu_hours": 0.0},
     ]
     # The old month keeps its price when a newer one is set later (rule C1).
     gpu_price_set(actor=world.staff, gpu_type=world.h100, effective_from=date(2026, 3, 15),

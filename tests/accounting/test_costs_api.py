@@ -106,7 +106,7 @@ def test_the_csv_export_for_finance(spent: World) -> None:
     assert list(rows[0]) == ["period", "team", "department", "gpu_type", "allocated_gpu_hours",
                              "used_gpu_hours", "idle_gpu_hours", "preempted_gpu_hours",
                              "unpriced_gpu_hours", "cost", "idle_cost", "currency",
-                             "spot_gpu_hours", "spot_cost"]
+                             "spot_gpu_hours", "spot_cost", "lost_gpu_hours"]
 
 
 def test_export_costs_writes_the_same_csv(spent: World, tmp_path: Path) -> None:

@@ -262,7 +262,8 @@ def test_rule_c4_the_costs_api_csv_export_and_reports_page_show_spot_apart(
     rows = list(csv.DictReader(io.StringIO(out.read_text())))
     assert [(r["team"], r["spot_gpu_hours"], r["spot_cost"]) for r in rows] == [
         ("nlp", "0.0", "0.00"), ("vision", "18.0", "18.40")]
-    assert list(rows[0])[-2:] == ["spot_gpu_hours", "spot_cost"]  # last: readers by position
+    # After the earlier columns: readers by position read on (lost_gpu_hours came later).
+    assert list(rows[0])[-3:] == ["spot_gpu_hours", "spot_cost", "lost_gpu_hours"]
     c = Client()
     c.force_login(world.admin)
     with mock.patch("queueing.web.reports.timezone.now",

@@ -55,6 +55,7 @@ def test_rule_c4_the_reports_page_shows_spot_gpu_hours_and_cost_apart(
     vision = table.locator("tr", has_text="vision")
     # 14 GPU-hours costing 17.00, of which 10 on spot costing 9.00.
     expect(vision.locator("td")).to_have_text(
-        ["vision", "vision", "14.0", "0.0", "0%", "0.0", "0.0", "17.00", "0.00", "10.0", "9.00"])
-    expect(table.locator("tr", has_text="nlp").locator("td").nth(9)).to_have_text("0.0")
+        ["vision", "vision", "14.0", "0.0", "0%", "0.0", "0.0", "0.00", "17.00", "0.00", "10.0",
+         "9.00"])  # "0.00" after the preempted GPU-hours: the lost GPU-hours
+    expect(table.locator("tr", has_text="nlp").locator("td").nth(10)).to_have_text("0.0")
     shoot(page, "reports-spot")
