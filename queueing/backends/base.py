@@ -9,6 +9,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol
 
+# The signals a job may ask to be stopped with (Job.stop_signal); SIGTERM first, what
+# the kubelet sends anyway. Re-exported for the backends.
+from queueing.validation import STOP_SIGNALS as STOP_SIGNALS
+
 
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
@@ -167,11 +171,6 @@ def workload_env(spec: LaunchSpec, *, replica: int, master_addr: str) -> dict[st
                    WORLD_SIZE=str(spec.replicas), NODE_RANK=str(replica),
                    NPROC_PER_NODE=str(spec.gpus_per_replica))
     return env
-
-
-# The signals a job may ask to be stopped with (Job.stop_signal), first to last the
-# customary ones: SIGTERM is what the kubelet sends anyway.
-STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
 
 
 # The reason of an attempt that waits on the cluster (not failed), as shown on the job.
