@@ -277,3 +277,54 @@ def test_rule_r8_a_preemptor_waits_while_its_simulated_victim_saves_and_exits(
     assert kept["source"] == "archived", kept
     assert [line.split(" ", 1)[1] for line in kept["lines"][-2:]] == [
         "received SIGTERM (stop signal)", "exited after SIGTERM"], kept["lines"]
+
+
+# --- the Kubernetes backend: last words, and the token kept out of refusals -------------------
+
+def _pod(*, ended: bool, replica: str = "0") -> dict[str, Any]:
+    state = {"terminated": {"exitCode": 0}} if ended else {"running": {}}
+    return {"metadata": {"name": f"fq-12-1-{replica}-abcde", "namespace": "fairq-vision",
+                         "deletionTimestamp": "2026-12-01T12:00:00Z",
+                         "labels": {"app.kubernetes.io/managed-by": "fairq",
+                                    "fairq.io/workload": "fq-12-1", "fairq.io/replica": replica}},
+            "status": {"phase": "Running", "containerStatuses": [{"name": "main",
+                                                                  "state": state}]}}
+
+
+def test_a_stopped_pods_last_log_is_read_when_it_ends_and_answered_once_it_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kubernetes import client
+
+    from queueing.backends.kubernetes import KubernetesBackend
+
+    backend = KubernetesBackend(client.ApiClient(client.Configuration()))
+    reads: list[tuple[str, Any]] = []
+
+    def read_log(name: str, namespace: str, **kwargs: Any) -> str:
+        reads.append((name, kwargs.get("tail_lines")))
+        return f"step 40\nreceived SIGUSR1 at step 41\nsaved checkpoint step 41 ({name})"
+
+    monkeypatch.setattr(backend.core, "read_namespaced_pod_log", read_log)
+    backend._pod_changed("MODIFIED", _pod(ended=False), _pod(ended=False))  # still running
+    backend._pod_changed("MODIFIED", _pod(ended=False), _pod(ended=True))   # it ended
+    backend._pod_changed("MODIFIED", _pod(ended=True), _pod(ended=True))    # nothing new
+    assert backend._last_words_pool is not None
+    backend._last_words_pool.shutdown(wait=True)
+    assert reads == [("fq-12-1-0-abcde", KubernetesBackend.LAST_WORDS_LINES)]
+    # The pod is gone: logs() answers with what it wrote last, no pod listed.
+    monkeypatch.setattr(backend, "_namespace_of", lambda name: None)
+    monkeypatch.setattr(backend, "_list_everywhere", lambda *a, **k: [])
+    assert backend.logs("fq-12-1", tail=2).splitlines() == [
+        "received SIGUSR1 at step 41", "saved checkpoint step 41 (fq-12-1-0-abcde)"]
+    assert backend.logs("fq-99-1") == ""
+
+
+def test_the_checkpoint_token_is_cut_out_of_an_api_servers_refusal() -> None:
+    from queueing.backends.kubernetes import _redacted
+
+    offered = spec(checkpoint_url="https://fairq.example/c/", checkpoint_token=TOKEN)
+    quoted = f'Job.batch "fq-12-1" is invalid: env[4].value: Invalid value: "{TOKEN}"'
+    assert TOKEN not in _redacted(quoted, offered)
+    assert "[checkpoint token]" in _redacted(quoted, offered)
+    assert _redacted(quoted, spec()) == quoted
