@@ -12,9 +12,14 @@ with nothing but `requests` and a team API token:
 - It waits with GET /jobs/{id}/ (every few seconds), printing a line when the job's state
   or the kind of its wait changes, with the reason fairq gives ("quota", "no node has 8
   free h100 GPUs", ...); a wait that only sees the queue around it move prints nothing new.
+- A job preempted on the way (a higher tier needed its GPUs) shows as RUNNING, then
+  QUEUED with the preemption's reason, then RUNNING again as the next attempt, which
+  resumes from its newest checkpoint (examples/checkpointing/train.py).
 - When the job ends, it waits (up to --log-wait) for fairq to keep each replica's final log
-  tail, which stays readable after the pods are gone, prints it, and exits 0 if the job
-  SUCCEEDED, 1 otherwise, so the pipeline step fails with the job.
+  tail, which stays readable after the pods are gone, and prints it for every attempt (a
+  preempted attempt's log ends with what it did on its stop signal, the next one's starts
+  with "attempt 2 resuming from step ..."), then the checkpoints the job reported, and
+  exits 0 if the job SUCCEEDED, 1 otherwise, so the pipeline step fails with the job.
 """
 
 from __future__ import annotations
@@ -83,9 +88,15 @@ class Fairq:
                 return job
             time.sleep(interval)
 
-    def logs(self, job_id: int, replica: int) -> dict[str, Any]:
-        return self.call("GET", f"/jobs/{job_id}/logs/", params={"replica": replica,
-                                                                  "tail": 200})
+    def logs(self, job_id: int, replica: int, attempt: int | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"replica": replica, "tail": 200}
+        if attempt is not None:
+            params["attempt"] = attempt
+        return self.call("GET", f"/jobs/{job_id}/logs/", params=params)
+
+    def checkpoints(self, job_id: int) -> list[dict[str, Any]]:
+        """The checkpoints the job's attempts reported (newest first)."""
+        return list(self.call("GET", f"/jobs/{job_id}/checkpoints/"))
 
 
 def main() -> int:
@@ -111,18 +122,24 @@ def main() -> int:
     job = fairq.submit(spec)
     print(f"submitted job {job['id']} ({job['name']}) to team {job['team']}", flush=True)
     job = fairq.wait(job["id"], interval=a.interval)
-    for replica in range(job["replicas"]):
-        # The worker keeps each replica's final tail shortly after the job ends
-        # (`archived`); until then the answer is its last live copy.
-        deadline = time.monotonic() + a.log_wait
-        log = fairq.logs(job["id"], replica)
-        while log["source"] != "archived" and time.monotonic() < deadline:
-            time.sleep(a.interval)
-            log = fairq.logs(job["id"], replica)
-        print(f"--- replica {replica} of attempt {log['attempt']} ({log['source']}) ---")
-        print("\n".join(log["lines"]) if log["lines"] else f"({log['note']})")
-        if log["exit"]:
-            print(f"--- {log['exit']} ---")
+    # Every attempt fairq kept logs of: a preempted one, then the one that resumed.
+    attempts = [x["attempt"] for x in fairq.logs(job["id"], 0).get("attempts") or []]
+    for attempt in attempts or [None]:
+        for replica in range(job["replicas"]):
+            # The worker keeps each replica's final tail shortly after the job ends
+            # (`archived`); until then the answer is its last live copy.
+            deadline = time.monotonic() + a.log_wait
+            log = fairq.logs(job["id"], replica, attempt)
+            while log["source"] != "archived" and time.monotonic() < deadline:
+                time.sleep(a.interval)
+                log = fairq.logs(job["id"], replica, attempt)
+            print(f"--- replica {replica} of attempt {log['attempt']} ({log['source']}) ---")
+            print("\n".join(log["lines"]) if log["lines"] else f"({log['note']})")
+            if log["exit"]:
+                print(f"--- {log['exit']} ---")
+    for c in reversed(fairq.checkpoints(job["id"])):
+        print(f"checkpoint of attempt {c['attempt']}: step {c['step']} at {c['created_at']}"
+              + (f" ({c['path']})" if c["path"] else ""))
     return 0 if job["status"] == "SUCCEEDED" else 1
 
 

@@ -140,7 +140,8 @@ def _build_cluster(config: ClusterConfig) -> ClusterBackend:
     from queueing.backends.simulated import SimulatedCluster
 
     return SimulatedCluster.from_spec(config.sim_nodes,
-                                      default_seconds=settings.FAIRQ_SIM_DEFAULT_SECONDS)
+                                      default_seconds=settings.FAIRQ_SIM_DEFAULT_SECONDS,
+                                      stop_seconds=settings.FAIRQ_SIM_STOP_SECONDS)
 
 
 def get_provisioner(cluster: str = "default") -> KubernetesProvisioner | None:
@@ -158,7 +159,8 @@ def _build(cluster: str) -> ClusterBackend:
     from queueing.backends.simulated import SimulatedCluster
 
     return SimulatedCluster.from_spec(settings.FAIRQ_SIM_NODES,
-                                      default_seconds=settings.FAIRQ_SIM_DEFAULT_SECONDS)
+                                      default_seconds=settings.FAIRQ_SIM_DEFAULT_SECONDS,
+                                      stop_seconds=settings.FAIRQ_SIM_STOP_SECONDS)
 
 
 def scheduler_account_setting(

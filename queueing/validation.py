@@ -56,6 +56,12 @@ ARRAY_JOB_ENV = frozenset({"FAIRQ_ARRAY_INDEX", "FAIRQ_ARRAY_SIZE"})
 # Set by fairq itself on every workload (never by the user): which job and which attempt
 # of it this is, so a job can resume from its checkpoint after a preemption.
 ATTEMPT_ENV = frozenset({"FAIRQ_JOB_ID", "FAIRQ_ATTEMPT"})
+# Set by fairq itself for the graceful stop (never by the user): the signal the program
+# gets first when it is preempted or cancelled, and where and with what token (a
+# credential for this attempt's checkpoints only) it reports its checkpoints.
+STOP_ENV = frozenset({"FAIRQ_STOP_SIGNAL", "FAIRQ_CHECKPOINT_URL", "FAIRQ_CHECKPOINT_TOKEN"})
+# Every FAIRQ_* name fairq sets on a pod itself.
+SET_BY_FAIRQ_ENV = ATTEMPT_ENV | STOP_ENV | ARRAY_JOB_ENV
 # What a refusal of a reserved name says (the API's 400 on `env`).
 RESERVED_ENV_HELP = (
     "NVIDIA_*, KUBERNETES_*, CUDA_VISIBLE_DEVICES, LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, "

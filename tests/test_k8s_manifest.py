@@ -101,7 +101,10 @@ def test_it_builds_a_job_with_priority_limits_selector_toleration_and_labels() -
     assert c["image"] == "ghcr.io/acme/train:1.4"
     assert c["command"] == ["python", "train.py"] and c["args"] == ["--epochs", "3"]
     assert c["env"] == [{"name": "FAIRQ_ATTEMPT", "value": "1"},
-                        {"name": "FAIRQ_JOB_ID", "value": "12"}, {"name": "SEED", "value": "1"}]
+                        {"name": "FAIRQ_JOB_ID", "value": "12"},
+                        {"name": "FAIRQ_STOP_SIGNAL", "value": "SIGTERM"},
+                        {"name": "SEED", "value": "1"}]
+    assert "lifecycle" not in c  # SIGTERM: the kubelet's own, no preStop hook
     assert c["resources"] == {"limits": {"nvidia.com/gpu": "2"},
                               "requests": {"nvidia.com/gpu": "2"}}
     assert c["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False,
@@ -158,6 +161,7 @@ def test_each_replica_gets_the_rendezvous_env_naming_replica_0s_stable_host() ->
     for i, m in enumerate(ms):
         assert env_of(m) == {
             "SEED": "1", "FAIRQ_JOB_ID": "12", "FAIRQ_ATTEMPT": "3",
+            "FAIRQ_STOP_SIGNAL": "SIGTERM",
             "MASTER_ADDR": "fq-12-3-0.fq-12-3", "MASTER_PORT": str(RENDEZVOUS_PORT),
             "WORLD_SIZE": "2", "NODE_RANK": str(i), "NPROC_PER_NODE": "4"}
     assert RENDEZVOUS_PORT == 29500
@@ -166,11 +170,14 @@ def test_each_replica_gets_the_rendezvous_env_naming_replica_0s_stable_host() ->
 
 def test_a_single_replica_job_gets_its_job_id_and_attempt_and_no_rendezvous() -> None:
     [m] = job_manifests(spec(attempt=2), OPTS)
-    assert env_of(m) == {"SEED": "1", "FAIRQ_JOB_ID": "12", "FAIRQ_ATTEMPT": "2"}
+    assert env_of(m) == {"SEED": "1", "FAIRQ_JOB_ID": "12", "FAIRQ_ATTEMPT": "2",
+                         "FAIRQ_STOP_SIGNAL": "SIGTERM"}
 
 
 @pytest.mark.parametrize("name", ["MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK",
-                                  "NPROC_PER_NODE", "FAIRQ_JOB_ID", "FAIRQ_ATTEMPT"])
+                                  "NPROC_PER_NODE", "FAIRQ_JOB_ID", "FAIRQ_ATTEMPT",
+                                  "FAIRQ_STOP_SIGNAL", "FAIRQ_CHECKPOINT_URL",
+                                  "FAIRQ_CHECKPOINT_TOKEN"])
 def test_the_manifest_refuses_a_users_own_rendezvous_or_attempt_env(name: str) -> None:
     with pytest.raises(ManifestError, match="reserved"):
         job_manifests(spec(replicas=2, env={name: "x"}), OPTS)
@@ -218,6 +225,7 @@ def test_env_values_are_literal_never_value_from() -> None:
     [c] = m["spec"]["template"]["spec"]["containers"]
     assert c["env"] == [{"name": "FAIRQ_ATTEMPT", "value": "1"},
                         {"name": "FAIRQ_JOB_ID", "value": "12"},
+                        {"name": "FAIRQ_STOP_SIGNAL", "value": "SIGTERM"},
                         {"name": "TOKEN",
                          "value": '{"valueFrom": {"secretKeyRef": {"name": "x"}}}'}]
 

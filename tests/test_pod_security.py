@@ -31,7 +31,8 @@ PSA = "pod-security.kubernetes.io"
 
 RESERVED = ["NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CUDA_VISIBLE_DEVICES",
             "LD_PRELOAD", "LD_LIBRARY_PATH", "KUBERNETES_SERVICE_HOST", "FAIRQ_TOKEN",
-            "FAIRQ_ARRAY_INDEX", "MASTER_ADDR", "NODE_RANK", "FAIRQ_ATTEMPT"]
+            "FAIRQ_ARRAY_INDEX", "MASTER_ADDR", "NODE_RANK", "FAIRQ_ATTEMPT",
+            "FAIRQ_STOP_SIGNAL", "FAIRQ_CHECKPOINT_TOKEN"]
 NON_ASCII_IMAGES = ["ghcr.io/acme/train:1\u0663",  # ARABIC-INDIC DIGIT THREE: \w matches it
                     "ghcr.io/acme/train:\u00e9t\u00e9", "ghcr.io/acme/train:v\u00b2"]
 
@@ -103,8 +104,8 @@ def test_the_manifest_takes_the_documented_fairq_names_and_the_array_index() -> 
     env = {"FAIRQ_SIM_SECONDS": "5", "FAIRQ_SIM_EXIT_CODE": "0",
            "FAIRQ_ARRAY_INDEX": "3", "FAIRQ_ARRAY_SIZE": "10", "NVIDIA": "x", "LD_PATH": "x"}
     m = job_manifest(spec(env=env, run_as_non_root=True), OPTS)
-    assert {e["name"] for e in container(m)["env"]} == set(env) | {"FAIRQ_JOB_ID",
-                                                                  "FAIRQ_ATTEMPT"}
+    assert {e["name"] for e in container(m)["env"]} == set(env) | {
+        "FAIRQ_JOB_ID", "FAIRQ_ATTEMPT", "FAIRQ_STOP_SIGNAL"}
 
 
 @pytest.mark.django_db

@@ -25,7 +25,8 @@ from .conftest import World, job_body
 T0 = datetime(2026, 1, 1, 12, 0).astimezone()
 
 SET_BY_FAIRQ = ["MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "NPROC_PER_NODE",
-                "FAIRQ_JOB_ID", "FAIRQ_ATTEMPT"]
+                "FAIRQ_JOB_ID", "FAIRQ_ATTEMPT", "FAIRQ_STOP_SIGNAL", "FAIRQ_CHECKPOINT_URL",
+                "FAIRQ_CHECKPOINT_TOKEN"]
 
 
 def launch(**overrides: Any) -> LaunchSpec:

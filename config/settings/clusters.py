@@ -30,6 +30,11 @@ FAIRQ_SIM_NODES = env("FAIRQ_SIM_NODES", default="4x8xh100,4x8xa100,2x7xmig-1g-1
 FAIRQ_SIM_DEFAULT_SECONDS = env.float("FAIRQ_SIM_DEFAULT_SECONDS", default=60.0)
 if FAIRQ_SIM_DEFAULT_SECONDS < 0:
     raise environ.ImproperlyConfigured("FAIRQ_SIM_DEFAULT_SECONDS must be >= 0")
+# How long a stopped simulated job's program takes to save and exit after its stop
+# signal (at most its grace): it keeps its GPUs meanwhile, as a terminating pod does.
+FAIRQ_SIM_STOP_SECONDS = env.float("FAIRQ_SIM_STOP_SECONDS", default=5.0)
+if FAIRQ_SIM_STOP_SECONDS < 0:
+    raise environ.ImproperlyConfigured("FAIRQ_SIM_STOP_SECONDS must be >= 0")
 
 
 def _check_sim_nodes(spec: str) -> None:

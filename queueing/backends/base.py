@@ -9,6 +9,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol
 
+# The signals a job may ask to be stopped with (Job.stop_signal); SIGTERM first, what
+# the kubelet sends anyway. Re-exported for the backends.
+from queueing.validation import STOP_SIGNALS as STOP_SIGNALS
+
 
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
@@ -130,7 +134,9 @@ class LaunchSpec:
     # the running attempt reports its checkpoints (empty: not offered).
     stop_signal: str = "SIGTERM"
     checkpoint_url: str = ""
-    checkpoint_token: str = ""
+    # A credential (it lets the pod report checkpoints for this attempt only): kept out
+    # of the spec's repr, so a log line or an error naming the spec never carries it.
+    checkpoint_token: str = field(default="", repr=False)
 
 
 # The port replica 0 of a multi-replica job listens on for the rendezvous (`MASTER_PORT`,
@@ -147,11 +153,19 @@ def replica_host(workload: str, replica: int) -> str:
 def workload_env(spec: LaunchSpec, *, replica: int, master_addr: str) -> dict[str, str]:
     """The env fairq sets on replica `replica` of `spec` (the names are reserved: a user
     cannot set them): `FAIRQ_JOB_ID` and `FAIRQ_ATTEMPT` always (a job resumes from its
-    checkpoint after a preemption); for replicas > 1 the rendezvous `torchrun` and
+    checkpoint after a preemption); `FAIRQ_STOP_SIGNAL` always (the signal the program
+    gets first when the attempt is preempted or cancelled: docs/kubernetes.md, "Graceful
+    stop"); `FAIRQ_CHECKPOINT_URL` and `FAIRQ_CHECKPOINT_TOKEN` when the spec offers a
+    checkpoint endpoint (both, or neither: the token lets the pod report checkpoints for
+    its own attempt only); for replicas > 1 the rendezvous `torchrun` and
     torch.distributed read — `MASTER_ADDR` (replica 0's stable host, `master_addr`),
     `MASTER_PORT`, `WORLD_SIZE` (replicas), `NODE_RANK` (this replica's index) and
     `NPROC_PER_NODE` (GPUs per replica)."""
-    env = {"FAIRQ_JOB_ID": str(spec.job_id), "FAIRQ_ATTEMPT": str(spec.attempt)}
+    env = {"FAIRQ_JOB_ID": str(spec.job_id), "FAIRQ_ATTEMPT": str(spec.attempt),
+           "FAIRQ_STOP_SIGNAL": spec.stop_signal or "SIGTERM"}
+    if spec.checkpoint_url and spec.checkpoint_token:
+        env.update(FAIRQ_CHECKPOINT_URL=spec.checkpoint_url,
+                   FAIRQ_CHECKPOINT_TOKEN=spec.checkpoint_token)
     if spec.replicas > 1:
         env.update(MASTER_ADDR=master_addr, MASTER_PORT=str(RENDEZVOUS_PORT),
                    WORLD_SIZE=str(spec.replicas), NODE_RANK=str(replica),

@@ -49,6 +49,7 @@ from queueing.validation import (
 
 from .base import (
     RENDEZVOUS_PORT,
+    STOP_SIGNALS,
     WAITING,
     LaunchSpec,
     NodeInfo,
@@ -288,6 +289,11 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions, *, replica: int = 0
                             workload["secrets"])
     if workload["working_dir"]:
         container["workingDir"] = workload["working_dir"]
+    grace = opts.termination_grace_seconds if spec.termination_grace_seconds is None \
+        else _grace(spec.termination_grace_seconds)
+    hook = stop_hook(spec.stop_signal, grace=grace)
+    if hook is not None:
+        container["lifecycle"] = {"preStop": hook}
     volumes = _shm(spec, container) + _volumes(workload, container)
     user_labels = {f"{USER_LABEL_PREFIX}{k}": val for k, val in workload["labels"].items()}
     user_annotations = {f"{USER_LABEL_PREFIX}{k}": val
@@ -301,9 +307,7 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions, *, replica: int = 0
         "tolerations": tolerations(spec, opts),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": opts.termination_grace_seconds
-        if spec.termination_grace_seconds is None
-        else _grace(spec.termination_grace_seconds),
+        "terminationGracePeriodSeconds": grace,
     }
     if volumes:
         pod_spec["volumes"] = volumes
@@ -412,6 +416,54 @@ def _grace(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 24 * 3600:
         raise ManifestError(f"termination grace must be 0..86400 seconds, not {value!r}")
     return value
+
+
+# The graceful stop's preStop hook (docs/kubernetes.md, "Graceful stop"): which processes
+# get the job's stop signal. PID 1 is the program unless it is a shell, an init or a
+# launcher (`sh -c "python train.py"`, tini, torchrun): then its children are, by the
+# same rule, so `sh -c torchrun ...` signals torchrun's workers and never torchrun or a
+# DataLoader worker (a grandchild of a worker; SIGUSR1's default action would kill it).
+# Read from /proc with the shell's builtins only; `kill` is the shell's builtin too.
+WRAPPERS = ("sh", "bash", "dash", "ash", "zsh", "ksh", "busybox", "tini", "dumb-init",
+            "catatonit", "torchrun")
+# torchrun is a Python console script: its process is named after the interpreter, so a
+# python* process is a launcher when its command line (NULs dropped) names one of these.
+LAUNCHERS = ("bin/torchrun", "torch.distributed.run", "torch.distributed.launch")
+_STOP_SCRIPT = """\
+S={signal}; G={grace}; T=
+wrapper() {{ read -r c 2>/dev/null < /proc/$1/comm || return 1
+  case $c in {wrappers}) return 0;; python*) read -r a 2>/dev/null < /proc/$1/cmdline
+    case $a in {launchers}) return 0;; esac;; esac; return 1; }}
+walk() {{ if ! wrapper $1; then T="$T $1"; return; fi; k=
+  for d in /proc/[0-9]*; do read -r l 2>/dev/null < $d/stat || continue
+    set -- $1 ${{l##*") "}}; [ "$3" = "$1" ] && [ "$2" != Z ] && k="$k ${{d#/proc/}}"; done
+  for c in $k; do walk $c; done; }}
+alive() {{ for p in $T; do read -r l 2>/dev/null < /proc/$p/stat || continue
+  set -- ${{l##*") "}}; [ "$1" != Z ] && return 0; done; return 1; }}
+walk 1; [ -n "$T" ] || T=1
+echo "fairq: preStop: SIG$S to$T" 2>/dev/null >> /proc/1/fd/1
+kill -s $S $T; n=0
+while alive && [ $n -lt $G ]; do sleep 1; n=$((n + 1)); done
+"""
+
+
+def stop_hook(signal: str, *, grace: int) -> dict[str, Any] | None:
+    """The container's preStop hook for a job stopped with `signal` (one of
+    `base.STOP_SIGNALS`): None for SIGTERM (what the kubelet sends anyway); else an exec
+    of /bin/sh that sends the signal to the program (`_STOP_SCRIPT`: PID 1, or below the
+    shells and launchers above it) and waits until it has exited, at most `grace`
+    seconds. The kubelet runs the hook, then sends SIGTERM, all within the pod's
+    terminationGracePeriodSeconds (Kubernetes 1.20 has no `lifecycle.stopSignal`, 1.33+
+    alpha). The signal's name is checked against the list before it reaches the script."""
+    if signal not in STOP_SIGNALS:
+        raise ManifestError(f"stop signal must be one of {', '.join(STOP_SIGNALS)}, "
+                            f"not {str(signal)[:20]!r}")
+    if signal == "SIGTERM":
+        return None
+    script = _STOP_SCRIPT.format(signal=signal.removeprefix("SIG"), grace=int(grace),
+                                 wrappers="|".join(WRAPPERS),
+                                 launchers="|".join(f"*{x}*" for x in LAUNCHERS))
+    return {"exec": {"command": ["/bin/sh", "-c", script]}}
 
 
 def _workload(spec: LaunchSpec) -> dict[str, Any]:

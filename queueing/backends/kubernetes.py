@@ -18,7 +18,10 @@
             GPUs of pods being deleted, so freed GPUs show as free only once they are.
             A Job that already finished is not deleted but forgotten, so its pods' logs
             stay readable until `ttlSecondsAfterFinished` removes it.
-- logs    — the pods' logs through the API server (the worker archives them for the web).
+- logs    — the pods' logs through the API server (the worker archives them for the web);
+            a stopped pod's last log is read when its container ends, before the kubelet
+            deletes the pod, and answered for it once it is gone (its "last words": what
+            the program wrote in its grace, docs/kubernetes.md "Graceful stop").
 
 Only the worker uses this class; web processes read what it publishes (queueing/selectors/cluster.py,
 services/logs.py). The watch threads start on first use and kick a scheduler cycle when
@@ -30,14 +33,16 @@ provisioner's (`k8s_provisioner.KubernetesProvisioner`, `self.provisioner`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, cast
@@ -207,6 +212,12 @@ class KubernetesBackend:
         self._probe_ok_at: float | None = None
         self._last_housekeeping = 0.0
         self._started = False
+        # Graceful stop: each stopped pod's last log, read when its container ended (pod
+        # informer thread -> a small pool), answered by `logs()` once the pod is gone;
+        # workload -> pod -> text, the newest LAST_WORDS_KEPT workloads.
+        self._last_words: OrderedDict[str, dict[str, tuple[int, str]]] = OrderedDict()
+        self._last_words_lock = threading.Lock()
+        self._last_words_pool: ThreadPoolExecutor | None = None
         self._resync_seconds = resync_seconds
         self._watch_seconds = watch_seconds
         self._pid = os.getpid()
@@ -304,6 +315,7 @@ class KubernetesBackend:
                 self.api = client.ApiClient(self.api.configuration)
                 self._wire()
                 self._started = False
+                self._last_words_pool = None  # its threads stayed in the parent
 
     def _client(self) -> Any:
         """The ApiClient of this process (a new one after a fork)."""
@@ -333,6 +345,8 @@ class KubernetesBackend:
                     + (f": {informer.last_error}" if informer.last_error else ""))
 
     def close(self) -> None:
+        if self._last_words_pool is not None:
+            self._last_words_pool.shutdown(wait=False, cancel_futures=True)
         for informer in (*self._informers, self.events):
             informer.request_stop()
         for informer in (*self._informers, self.events):
@@ -459,6 +473,7 @@ class KubernetesBackend:
             created = self._create_job(namespace, body)
         except ApiException as exc:
             status, message = api_error(exc)
+            message = _redacted(message, spec)
             if status == 409:
                 existing = self._read_job(namespace, spec.name)
                 if existing is None:  # deleted since: the next cycle creates it
@@ -484,7 +499,7 @@ class KubernetesBackend:
             raise KubernetesBackendError(
                 f"creating {spec.name} failed ({status}): {message}") from exc
         except ValueError as exc:  # the client's model validation: our body is malformed
-            raise SubmitRejected(f"invalid Job: {exc}") from exc
+            raise SubmitRejected(f"invalid Job: {_redacted(str(exc), spec)}") from exc
         self.tracker.placed(spec.name, namespace)
         self._companions(spec, bodies, created)
 
@@ -536,6 +551,7 @@ class KubernetesBackend:
                 self._create_job(namespace, body)
             except ApiException as exc:
                 status, message = api_error(exc)
+                message = _redacted(message, spec)
                 if status != 409:
                     self._abandon_if_refused(spec.name, owner, len(bodies), status)
                     self._companion_failed(name, "Job", status, message, exc)
@@ -1132,14 +1148,29 @@ class KubernetesBackend:
             except ApiException as exc:
                 status, message = api_error(exc)
                 return logs_unanswered_note(f"the pods of {name}", f"({status}) {message}")
-        if not pods:
+        with self._last_words_lock:
+            remembered = dict(self._last_words.get(name, {}))
+        listed = {p["metadata"]["name"] for p in pods}
+        # Pods gone since their container ended: what they wrote last (graceful stop).
+        gone = sorted((replica, pod_name, text) for pod_name, (replica, text)
+                      in remembered.items() if pod_name not in listed)
+        if not pods and not gone:
             return ""
         # Replica order (the `fairq.io/replica` label; pod names do not sort that way:
         # fq-1-1-2x9k4 is replica 0's, fq-1-1-1-b7d2q replica 1's), then name.
         pods.sort(key=lambda p: (_replica_index(p), p["metadata"]["name"]))
+        entries: list[tuple[int, str, Obj | None, str]] = sorted(
+            [(_replica_index(p), p["metadata"]["name"], p, "") for p in pods]
+            + [(replica, pod_name, None, text) for replica, pod_name, text in gone],
+            key=lambda e: (e[0], e[1]))
         chunks: list[str] = []
-        for pod in pods:
-            pod_name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
+        for _replica, pod_name, pod, last in entries:
+            if pod is None:
+                if len(entries) > 1:
+                    chunks.append(f"==> {pod_name} <==")
+                chunks.extend(last.splitlines()[-tail:])
+                continue
+            namespace = pod["metadata"]["namespace"]
             try:
                 text = self.core.read_namespaced_pod_log(
                     pod_name, namespace, container="main", tail_lines=tail,
@@ -1156,10 +1187,44 @@ class KubernetesBackend:
             except Exception as exc:  # a timeout, a connection reset
                 text = logs_unanswered_note(f"pod {pod_name}", str(exc))
             lines = str(text or "").splitlines()
-            if len(pods) > 1:
+            if remembered.get(pod_name) and (not lines or lines[0].startswith("[fairq]")):
+                lines = remembered[pod_name][1].splitlines()  # gone between list and read
+            if len(entries) > 1:
                 chunks.append(f"==> {pod_name} <==")
             chunks.extend(lines[-tail:])
         return "\n".join(chunks)
+
+    # How many workloads' last words are kept, and how much of each pod's log.
+    LAST_WORDS_KEPT = 256
+    LAST_WORDS_LINES = 2000
+
+    def _last_words_due(self, old: Obj | None, new: Obj | None) -> bool:
+        """A fairq pod being deleted whose containers have all just ended: its log is
+        still readable (the kubelet deletes the pod once its volumes are torn down)."""
+        if new is None or not (new.get("metadata") or {}).get("deletionTimestamp") or \
+                not self._ours(new["metadata"]) or \
+                L_WORKLOAD not in (new["metadata"].get("labels") or {}):
+            return False
+        return _containers_ended(new) and not _containers_ended(old)
+
+    def _remember_last_words(self, pod: Obj) -> None:
+        """Read pod `pod`'s log now (a pool thread) and keep it for `logs()`."""
+        meta = pod["metadata"]
+        workload = str(meta["labels"][L_WORKLOAD])
+        try:
+            text = self.core.read_namespaced_pod_log(
+                meta["name"], meta["namespace"], container="main",
+                tail_lines=self.LAST_WORDS_LINES, _request_timeout=(5, 30))
+        except Exception as exc:  # gone already, or not answered: nothing to keep
+            log.info("last log of pod %s/%s not read: %s", meta["namespace"], meta["name"],
+                     getattr(exc, "status", type(exc).__name__))
+            return
+        with self._last_words_lock:
+            pods = self._last_words.setdefault(workload, {})
+            pods[str(meta["name"])] = (_replica_index(pod), str(text or ""))
+            self._last_words.move_to_end(workload)
+            while len(self._last_words) > self.LAST_WORDS_KEPT:
+                self._last_words.popitem(last=False)
 
     # --- watch hooks (informer threads: quick, no DB) ------------------------------------
 
@@ -1207,6 +1272,12 @@ class KubernetesBackend:
         self.tracker.bury(status, at=time.monotonic())
 
     def _pod_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        if kind == "MODIFIED" and new is not None and self._last_words_due(old, new):
+            if self._last_words_pool is None:
+                self._last_words_pool = ThreadPoolExecutor(
+                    max_workers=2, thread_name_prefix="fairq-last-words")
+            with contextlib.suppress(RuntimeError):  # closing: nothing more to keep
+                self._last_words_pool.submit(self._remember_last_words, new)
         if kind in ("ADDED", "DELETED") or _phase(old) != _phase(new):
             self._poke()
 
@@ -1249,6 +1320,19 @@ class KubernetesBackend:
                 self._kick()
             except Exception:  # a watch thread must go on watching
                 log.exception("scheduler kick failed")
+
+
+def _redacted(text: str, spec: LaunchSpec) -> str:
+    """`text` (an API server's answer, which may quote the body) without the spec's
+    checkpoint token: a credential never reaches a job's events or fairq's logs."""
+    token = spec.checkpoint_token
+    return text.replace(token, "[checkpoint token]") if token else text
+
+
+def _containers_ended(pod: Obj | None) -> bool:
+    """Every container of `pod` reports a terminated state (False for none reported)."""
+    statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or ()
+    return bool(statuses) and all("terminated" in (cs.get("state") or {}) for cs in statuses)
 
 
 def _owned_by_workload(obj: Obj, name: str) -> bool:

@@ -22,6 +22,13 @@ The knobs are validated at submit (`queueing.validation.sim_seconds`, `sim_exit_
 a workload whose knobs are invalid anyway (a row older than that validation) fails at
 once with the reason, and nothing in here raises for one workload's values.
 
+A stopped workload (preempted, cancelled, reclaimed as idle) stops gracefully, as a pod
+does (docs/kubernetes.md, "Graceful stop"): each replica's log records the job's stop
+signal, and the workload keeps its GPUs, listed as `stopping`, while its simulated
+program saves and exits (`stop_seconds`, FAIRQ_SIM_STOP_SECONDS), at most its grace
+(`termination_grace_seconds`: past it, it is killed); then it frees them and leaves the
+list. Time moves on through `statuses(now=...)`, which the cycle calls first.
+
 State lives in this process: run it in one worker process (the demo does; docker-compose
 runs the worker with --concurrency=1 when the simulated backend is selected).
 """
@@ -105,6 +112,9 @@ class _Workload:
     gpu_util: tuple[float, ...] = ()  # FAIRQ_SIM_GPU_UTIL, per minute of its run
     released: bool = False
     stopped: bool = False
+    # Graceful stop: when it ends (its program saved and exited, or its grace ran out);
+    # None while it is not stopping.
+    stop_at: datetime | None = None
     reclaimed: str = ""  # rule K6: spot_reclaimed_reason when its node was reclaimed
     # One log per replica, in replica order (`logs` heads each, as the Kubernetes backend
     # heads each pod's).
@@ -185,9 +195,10 @@ class SimulatedCluster:
     provisions: ClassVar[bool] = False
 
     def __init__(self, nodes: Iterable[_Node | tuple[str, str, int]], *,
-                 default_seconds: float = 60.0):
+                 default_seconds: float = 60.0, stop_seconds: float = 0.0):
         """`nodes`: built by `from_spec`, or (name, GPU type, GPUs) without CPU, memory
-        or topology."""
+        or topology. `stop_seconds`: how long a stopped workload's program takes to save
+        and exit after its stop signal (at most its grace); 0 frees its GPUs at once."""
         self._lock = threading.Lock()
         self._nodes = {n.name: n for n in (x if isinstance(x, _Node) else _Node(*x)
                                            for x in nodes)}
@@ -197,11 +208,13 @@ class SimulatedCluster:
         # with the exit line (docs/deployment.md, "Log storage").
         self._stopped_logs: OrderedDict[str, list[list[str]]] = OrderedDict()
         self.default_seconds = min(max(0.0, default_seconds), float(MAX_RUNTIME_SECONDS))
+        self.stop_seconds = min(max(0.0, stop_seconds), float(MAX_RUNTIME_SECONDS))
         # Nodes taken away by `reclaim_node`, until `restore_node` brings them back.
         self._reclaimed_nodes: dict[str, _Node] = {}
 
     @classmethod
-    def from_spec(cls, spec: str, *, default_seconds: float = 60.0) -> SimulatedCluster:
+    def from_spec(cls, spec: str, *, default_seconds: float = 60.0,
+                  stop_seconds: float = 0.0) -> SimulatedCluster:
         nodes = []
         # Node names are unique within the cluster: a second pool of a GPU type (its spot
         # nodes, say) numbers on from the first (sim-a100-000..003, then -004...).
@@ -217,7 +230,7 @@ class SimulatedCluster:
                                    pool.gpus, cpu_millicores=pool.cpu_millicores,
                                    memory_bytes=pool.memory_bytes, topology=topology,
                                    spot=pool.spot, labels=dict(pool.labels)))
-        return cls(nodes, default_seconds=default_seconds)
+        return cls(nodes, default_seconds=default_seconds, stop_seconds=stop_seconds)
 
     def nodes(self) -> list[NodeInfo]:
         with self._lock:
@@ -330,6 +343,15 @@ class SimulatedCluster:
             self._nodes[name] = node
 
     def _advance(self, w: _Workload, now: datetime) -> None:
+        if w.finished_at is None and w.stop_at is not None and now >= w.stop_at:
+            # Its graceful stop is over: saved and exited, or killed at its grace's end.
+            grace = w.spec.termination_grace_seconds
+            killed = grace is not None and grace < self.stop_seconds
+            w.finished_at = w.stop_at
+            for lines in w.log:
+                lines.append(f"{w.stop_at.isoformat()} " + (
+                    f"killed (SIGKILL): its grace of {grace} s ran out" if killed else
+                    f"exited after {w.spec.stop_signal or 'SIGTERM'}"))
         if w.finished_at is None:
             try:
                 end = w.started_at + timedelta(seconds=w.run_seconds)
@@ -351,21 +373,47 @@ class SimulatedCluster:
                 self._nodes[name].take(w.spec, -1)
             w.released = True
 
+    def _forget(self, name: str) -> None:
+        """Drop workload `name` from the list, its logs kept readable."""
+        w = self._workloads.pop(name)
+        self._stopped_logs[name] = w.log
+        while len(self._stopped_logs) > STOPPED_LOGS_KEPT:
+            self._stopped_logs.popitem(last=False)
+
+    def _reap(self, now: datetime) -> None:
+        """Forget the stopped workloads whose graceful stop is over (GPUs freed)."""
+        for name in [n for n, w in self._workloads.items() if w.stop_at is not None]:
+            w = self._workloads[name]
+            self._advance(w, now)
+            if w.finished_at is not None:
+                self._forget(name)
+
     def stop(self, name: str, *, now: datetime) -> None:
+        """End the workload. One still running gets its stop signal (a line in each
+        replica's log) and keeps its GPUs, listed as `stopping`, for `stop_seconds` or
+        its grace, whichever is shorter; one that ended is forgotten at once. A second
+        stop of a stopping workload is a no-op; unknown names are one too."""
         with self._lock:
-            w = self._workloads.pop(name, None)
-            if w is None:
+            w = self._workloads.get(name)
+            if w is None or w.stop_at is not None:
                 return
             self._advance(w, now)
-            self._stopped_logs[name] = w.log
-            while len(self._stopped_logs) > STOPPED_LOGS_KEPT:
-                self._stopped_logs.popitem(last=False)
-            if not w.released:
-                for node in w.nodes:
-                    self._nodes[node].take(w.spec, -1)
+            if w.finished_at is None:
+                grace = w.spec.termination_grace_seconds
+                hold = self.stop_seconds if grace is None else min(self.stop_seconds,
+                                                                   float(grace))
+                for lines in w.log:
+                    lines.append(f"{now.isoformat()} received {w.spec.stop_signal or 'SIGTERM'}"
+                                 f" (stop signal)")
+                w.stop_at = now + timedelta(seconds=hold)
+                self._advance(w, now)
+                if w.finished_at is None:
+                    return  # stopping: listed, holding its GPUs, until `stop_at`
+            self._forget(name)
 
     def statuses(self, *, now: datetime) -> list[WorkloadStatus]:
         with self._lock:
+            self._reap(now)
             out = []
             for w in self._workloads.values():
                 self._advance(w, now)
@@ -383,7 +431,7 @@ class SimulatedCluster:
                     phase=phase, started_at=w.started_at, finished_at=w.finished_at,
                     exit_code=None if w.finished_at is None or w.problem or w.reclaimed
                     else w.exit_code,
-                    reason=reason, nodes=w.nodes,
+                    reason=reason, nodes=w.nodes, stopping=w.stop_at is not None,
                 ))
             return out
 
@@ -393,6 +441,7 @@ class SimulatedCluster:
         per percent, per GPU)."""
         out: list[PodReading] = []
         with self._lock:
+            self._reap(now)
             for w in self._workloads.values():
                 self._advance(w, now)
                 if w.finished_at is not None or not w.gpu_util or now < w.started_at:

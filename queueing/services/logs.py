@@ -23,7 +23,12 @@ Two copies, one row (`JobLog`) per job, attempt and replica:
       tried again (the stop task's retry, the next cycle) until the read is answered
       or FAIRQ_LOG_KEEP_RETRY_SECONDS have passed since the first unanswered read;
     * when the read finds nothing (the pods were gone), or the retries ran out, the last
-      live copy is kept instead (at most one refresh old).
+      live copy is kept instead (at most one refresh old);
+    * a stopped workload's program goes on for its grace (its stop signal, a checkpoint,
+      docs/kubernetes.md "Graceful stop"): once the cluster no longer lists it, its logs
+      are read once more and the kept copy replaced when that read has the job's lines
+      (`stopped_logs_keep_again`, each cycle; the Kubernetes backend remembers a stopped
+      pod's last log when its container ends, before the pod goes).
 
 The web and the API read only these rows and the storage (`job_log_read`).
 
@@ -258,6 +263,84 @@ def workload_stop_keeping_logs(*, backend: ClusterBackend, name: str, now: datet
     transaction open: it reads the cluster."""
     attempt_logs_keep(backend=backend, name=name, now=now)
     backend.stop(name, now=now)
+    _keep_again_later([name], now=now)
+
+
+# Stopped workloads whose logs are read once more when the cluster no longer lists them
+# (`stopped_logs_keep_again`): name -> when it was stopped (epoch seconds), in the shared
+# cache so every worker process sees the same list. Best effort: a lost entry leaves the
+# copy kept at the stop.
+_AGAIN_KEY = "fairq:logs-keep-again"
+_AGAIN_MAX = 1000
+_AGAIN_TTL = timedelta(hours=1)
+_AGAIN_PER_CYCLE = 20
+
+
+def _keep_again_later(names: Sequence[str], *, now: datetime) -> None:
+    again = dict(cache.get(_AGAIN_KEY) or {})
+    for name in names:
+        if parse_workload_name(name) is not None:
+            again.setdefault(name, now.timestamp())
+    if len(again) > _AGAIN_MAX:
+        again = dict(sorted(again.items(), key=lambda kv: kv[1])[-_AGAIN_MAX:])
+    cache.set(_AGAIN_KEY, again, timeout=int(_AGAIN_TTL.total_seconds()) * 2)
+
+
+def _keep_again(*, job_id: int, attempt: int, texts: dict[int, str], now: datetime) -> bool:
+    """Replace the kept copy of each replica of (job, attempt) that `texts` has lines of
+    the job's own for; True when one was replaced."""
+    storage = log_storage()
+    replaced = False
+    for row in JobLog.objects.filter(job_id=job_id, attempt=attempt, final=True):
+        text = texts.get(row.replica)
+        if text is None or _nothing_read(text):
+            continue
+        data = bound_log_text(text, lines=settings.FAIRQ_LOG_ARCHIVE_KEEP_LINES,
+                              max_bytes=settings.FAIRQ_LOG_ARCHIVE_BYTES).encode()
+        name = _archive_name(job_id, attempt, row.replica)
+        if storage.exists(name):
+            storage.delete(name)
+        stored = storage.save(name, ContentFile(data))
+        JobLog.objects.filter(pk=row.pk).update(stored=stored, size=len(data), fetched_at=now)
+        replaced = True
+    return replaced
+
+
+def stopped_logs_keep_again(*, backend: ClusterBackend, listed: set[str],
+                            now: datetime) -> list[str]:
+    """The logs of workloads stopped with their logs kept (`workload_stop_keeping_logs`)
+    that the cluster no longer lists: read once more and kept in place of the copy made
+    at the stop, which was read before the program got its stop signal (what it did in
+    its grace - "received SIGUSR1", "saved checkpoint" - comes after). A read that
+    fails is tried again next cycle, for an hour; a read with no line of the job's own
+    keeps the first copy. At most a few per cycle. Returns the names kept again."""
+    again = dict(cache.get(_AGAIN_KEY) or {})
+    if not again:
+        return []
+    horizon = (now - _AGAIN_TTL).timestamp()
+    done: list[str] = []
+    forget: list[str] = []
+    for name, at in sorted(again.items(), key=lambda kv: kv[1]):
+        if len(forget) >= _AGAIN_PER_CYCLE:
+            break
+        if at < horizon:
+            forget.append(name)
+            continue
+        if name in listed:
+            continue  # still stopping: its program may still write
+        parsed = parse_workload_name(name)
+        texts = _read(backend, name, lines=settings.FAIRQ_LOG_ARCHIVE_KEEP_LINES)
+        if parsed is None or (texts is not None and not _unanswered(texts)):
+            forget.append(name)
+            if parsed is not None and texts and \
+                    _keep_again(job_id=parsed[0], attempt=parsed[1], texts=texts, now=now):
+                done.append(name)
+    if forget:
+        again = dict(cache.get(_AGAIN_KEY) or {})
+        for name in forget:
+            again.pop(name, None)
+        cache.set(_AGAIN_KEY, again, timeout=int(_AGAIN_TTL.total_seconds()) * 2)
+    return done
 
 
 def logs_read_many(*, backend: ClusterBackend, names: Sequence[str],
@@ -296,6 +379,7 @@ def workloads_stop_keeping_logs(*, backend: ClusterBackend, names: Sequence[str]
             backend.stop(name, now=now)
         except Exception as exc:
             failed[name] = exc
+    _keep_again_later([n for n in names if n not in failed], now=now)
     return failed
 
 

@@ -115,7 +115,7 @@ from .cluster_view import cluster_view_publish
 from .clusters import Fleet, clusters_drain, clusters_record, fleet_open
 from .dependencies import dependencies_fail_never_met
 from .jobs import default_memory_bytes, job_transition, next_attempt, tier_grace_cap
-from .logs import LogsUnread, workloads_stop_keeping_logs
+from .logs import LogsUnread, stopped_logs_keep_again, workloads_stop_keeping_logs
 from .metrics import record_submit_error
 from .preemption import Applied, preempted_workloads_stop, preemptions_apply
 from .spot import spot_reclaimed_requeue
@@ -498,6 +498,13 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
                            result=result):
                 _apply_status(job, status, now=now, result=result, pools_now=pools_now)
     _unowned_stop(backend=backend, statuses=unowned, now=now, result=result, budget=budget)
+    # What stopped workloads wrote in their grace, kept once they are gone.
+    try:
+        stopped_logs_keep_again(backend=backend, listed=seen, now=now)
+    except NOT_A_JOB_FAULT:
+        raise
+    except Exception:  # the kept copy stays as it was: never a reason to stop a cycle
+        log.exception("cycle %s: keeping stopped workloads' logs again failed", result.cycle_id)
     # What the next cycle need not handle again; never a job that hit an error (a job
     # that could not even be failed is tried again).
     jobs.reconciled = {name: h for name, h in handled.items()

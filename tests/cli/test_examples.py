@@ -8,6 +8,7 @@ import importlib.util
 import json
 import re
 import sys
+from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -18,7 +19,7 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from queueing.composition import get_backend
-from queueing.models import Job, JobEvent
+from queueing.models import Job, JobEvent, Quota
 from queueing.policy.states import JobState
 from queueing.services.logs import job_logs_archive
 from queueing.services.scheduler import scheduler_cycle
@@ -217,3 +218,62 @@ def test_the_array_pipeline_waits_for_its_dependency_then_cancels_the_rest(
     admitted = JobEvent.objects.filter(job__in=members, kind=JobEvent.Kind.TRANSITION,
                                        to_status=JobState.ADMITTED)
     assert admitted.values("job").distinct().count() == 2
+
+
+@pytest.mark.usefixtures("no_r9")
+def test_the_pipeline_script_shows_a_preempted_job_resumed_as_its_next_attempt(
+        cli: Cli, world: World, allowed: dict[str, list[str]],
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    """The job file on the `low` tier; once it runs, its team's `high` job needs every
+    h100, an owed claim (rule R11: the team's nominal quota is 16): the pipeline prints
+    RUNNING, QUEUED (why it waits), RUNNING again, SUCCEEDED, then both attempts' kept
+    logs - the first ending with its stop signal (the simulated cluster's graceful stop)
+    and the preemption - and exits 0. Time is virtual: each poll is a cycle 10 s later."""
+    Quota.objects.filter(team=world.vision, gpu_type=world.h100).update(nominal=16,
+                                                                        borrowing_limit=0)
+    pipeline = _example_module("pipeline.py")
+    session = _Session()
+    monkeypatch.setattr(pipeline.requests, "Session", lambda: session)
+    clock = [timezone.now()]
+    preemptor: list[int] = []
+
+    def sleep(_s: float) -> None:
+        clock[0] += timedelta(seconds=10)
+        job = Job.objects.filter(name="resnet50-ddp").first()
+        if job is not None and job.status == JobState.RUNNING and not preemptor:
+            r = world.client(world.member).post("/api/v1/jobs/", {
+                "team": "vision", "name": "urgent", "image": "ghcr.io/acme/train:1.4",
+                "command": ["python", "eval.py"], "gpu_type": "h100", "gpus": 8,
+                "replicas": 2, "tier": "high", "env": {"FAIRQ_SIM_SECONDS": "30"}},
+                format="json")
+            assert r.status_code == 201, r.content
+            preemptor.append(r.json()["id"])
+        scheduler_cycle(now=clock[0])
+        job_logs_archive(backend=get_backend(), now=clock[0])
+
+    monkeypatch.setattr(pipeline.time, "sleep", sleep)
+    job_file = tmp_path / "job.yaml"
+    spec = yaml.safe_load(JOB_FILE.read_text())
+    spec["tier"] = "low"
+    spec["env"]["FAIRQ_SIM_SECONDS"] = "60"
+    job_file.write_text(yaml.safe_dump(spec))
+    monkeypatch.setenv("FAIRQ_URL", BASE)
+    monkeypatch.setenv("FAIRQ_TOKEN", cli.token)
+    monkeypatch.setattr(sys, "argv", ["pipeline.py", str(job_file), "--interval", "0",
+                                      "--log-wait", "5"])
+    assert pipeline.main() == 0
+    out = capsys.readouterr().out
+    job = Job.objects.get(name="resnet50-ddp")
+    assert job.attempt == 2 and job.status == JobState.SUCCEEDED
+    states = [s for s in re.findall(rf"job {job.pk}: (\w+)", out) if s != "ADMITTED"]
+    moves = [s for i, s in enumerate(states) if i == 0 or s != states[i - 1]]
+    assert moves == ["QUEUED", "RUNNING", "QUEUED", "RUNNING", "SUCCEEDED"], out
+    assert f"--- PREEMPTED: preempted by job #{preemptor[0]} of team vision (tier high)" \
+        in out
+    for attempt in (1, 2):
+        for replica in (0, 1):
+            assert f"--- replica {replica} of attempt {attempt} (archived) ---" in out
+    first = out[out.index("--- replica 0 of attempt 1"):out.index("--- replica 1 of attempt 1")]
+    assert "received SIGUSR1 (stop signal)" in first and "exited after SIGUSR1" in first
+    assert out.count("--- SUCCEEDED: exit code 0 ---") == 2

@@ -27,13 +27,34 @@ It also keeps every fake node's Ready condition heartbeat fresh.
 Events arrive through a pod watch; a periodic full resync (list) covers
 anything a watch dropped and drives the timers. Only the values of
 ``env[].value`` are read: ``valueFrom`` is ignored.
+
+**Exec mode** (opt-in: ``FAIRQ_SIM_EXEC=1`` in a container's env, or its image named
+in ``FakeKubelet.exec_images``): the container's command and args run for real, as a
+local subprocess, with the container's env values (plus ``PATH`` with this Python's
+directory first, ``PYTHONUNBUFFERED=1`` unless set). Its PVC mounts map to local
+directories (``FakeKubelet.exec_claims``: claim name -> directory): a mount path at the
+start of an argument, of an ``x=<path>`` argument or of an env value is rewritten to
+the claim's directory. Its stdout and stderr go to one file per pod
+(``pod_log(namespace, name)``: what a test serves as the pod's log). The container runs
+until the process exits (its exit code, 128 + the signal's number when killed by one);
+on deletion the process gets the container's ``FAIRQ_STOP_SIGNAL`` (SIGTERM when
+unset; what fairq's preStop hook sends), then SIGKILL once the pod's
+``deletionGracePeriodSeconds`` have passed; the pod's terminated status is written,
+then, ``teardown_seconds`` (1 s) later, the pod is deleted, as a kubelet does once it
+has torn the pod's volumes down.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
+import os
 import queue
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -56,6 +77,8 @@ __all__ = ["SIM_EXIT_CODE_ENV", "SIM_SECONDS_ENV", "FakeKubelet"]
 SIM_SECONDS_ENV = "FAIRQ_SIM_SECONDS"
 SIM_EXIT_CODE_ENV = "FAIRQ_SIM_EXIT_CODE"
 SIM_FAIL_REPLICA_ENV = "FAIRQ_SIM_FAIL_REPLICA"
+SIM_EXEC_ENV = "FAIRQ_SIM_EXEC"
+STOP_SIGNAL_ENV = "FAIRQ_STOP_SIGNAL"
 
 log = logging.getLogger("fairq.envtest.fake_kubelet")
 
@@ -109,6 +132,14 @@ def _sim_exit_code(container: V1Container) -> int:
         return 0
 
 
+def _kill(run: _PodRun) -> None:
+    for proc in run.procs:
+        if proc.poll() is None:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+
+
 @dataclass
 class _ContainerRun:
     """One container's simulated run, as the fake kubelet tracks it."""
@@ -123,8 +154,13 @@ class _ContainerRun:
     last_exit_code: int | None = None
     last_started_at: dt.datetime | None = None
     last_finished_at: dt.datetime | None = None
+    # Exec mode: the container's program, running as a local process.
+    proc: subprocess.Popen[bytes] | None = None
+    stop_signal: str = "SIGTERM"
 
     def due(self, now: dt.datetime) -> bool:
+        if self.proc is not None:
+            return self.finished_at is None and self.proc.poll() is not None
         return (
             self.finished_at is None
             and self.seconds is not None
@@ -144,6 +180,14 @@ class _PodRun:
     containers: list[_ContainerRun]
     init_containers: list[str]
     done: bool = False
+    # Exec mode, once the pod is being deleted: when its processes are killed, and
+    # when the pod is deleted once they have ended.
+    kill_at: dt.datetime | None = None
+    delete_at: dt.datetime | None = None
+
+    @property
+    def procs(self) -> list[subprocess.Popen[bytes]]:
+        return [c.proc for c in self.containers if c.proc is not None]
 
 
 class FakeKubelet:
@@ -177,6 +221,14 @@ class FakeKubelet:
         self._nodes: set[str] = set()
         self._ip_counter = 0
         self.errors: list[str] = []
+        # Exec mode (module docstring): images whose containers run for real, the local
+        # directory of each PVC claim, and where the pods' output goes.
+        self.exec_images: set[str] = set()
+        self.exec_claims: dict[str, str] = {}
+        self.exec_cwd: str = os.getcwd()
+        self.teardown_seconds = 1.0
+        self._log_dir = tempfile.mkdtemp(prefix="fake-kubelet-logs-")
+        self._logs: dict[tuple[str, str], str] = {}  # (namespace, pod) -> its output file
 
     # ------------------------------------------------------------------ API
 
@@ -194,6 +246,17 @@ class FakeKubelet:
         """Stop and join the threads (a watch may take its timeout to notice)."""
         self.request_stop()
         self.join(timeout)
+        for run in list(self._runs.values()):
+            _kill(run)
+
+    def pod_log(self, namespace: str, name: str) -> str | None:
+        """What pod `name`'s exec-mode containers wrote (stdout and stderr), also after the
+        pod is gone; None for a pod that ran no program here."""
+        path = self._logs.get((namespace, name))
+        if path is None:
+            return None
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
 
     def request_stop(self) -> None:
         """Ask the threads to end without waiting; see ``join``."""
@@ -347,7 +410,9 @@ class FakeKubelet:
                 self._note_error(f"heartbeat {node}: {exc!r}")
 
     def _forget(self, uid: str) -> None:
-        self._runs.pop(uid, None)
+        run = self._runs.pop(uid, None)
+        if run is not None:
+            _kill(run)  # a pod deleted at once (grace 0): its processes go with it
 
     def _gc_runs(self, v1: Any) -> None:
         # Pods deleted while the watch was down leave their runs behind.
@@ -356,7 +421,7 @@ class FakeKubelet:
         }
         for uid in list(self._runs):
             if uid not in live:
-                del self._runs[uid]
+                self._forget(uid)
 
     def _next_ip(self) -> str:
         self._ip_counter += 1
@@ -375,6 +440,11 @@ class FakeKubelet:
             if node not in self._nodes:
                 return
         uid = pod.metadata.uid
+        run = self._runs.get(uid)
+        if pod.metadata.deletion_timestamp is not None and run is not None and run.procs \
+                and not run.done:
+            self._stop_programs(run, pod)  # exec mode: deleted once they have exited
+            return
         if pod.metadata.deletion_timestamp is not None:
             from kubernetes import client
 
@@ -431,6 +501,8 @@ class FakeKubelet:
                     seconds=_sim_seconds(c),
                     exit_code=_sim_exit_code(c),
                     restart_count=restarts,
+                    proc=self._exec(pod, c) if self._execs(c) else None,
+                    stop_signal=_env_value(c, STOP_SIGNAL_ENV) or "SIGTERM",
                 )
             )
         return _PodRun(
@@ -454,9 +526,12 @@ class FakeKubelet:
                 if not c.due(now):
                     continue
                 finished = c.started_at + dt.timedelta(seconds=c.seconds or 0)
-                restart = run.restart_policy == "Always" or (
+                if c.proc is not None:  # exec mode: it ended now, with its own code
+                    code = c.proc.returncode
+                    finished, c.exit_code = now, 128 - code if code < 0 else code
+                restart = c.proc is None and (run.restart_policy == "Always" or (
                     run.restart_policy == "OnFailure" and c.exit_code != 0
-                )
+                ))
                 if restart:
                     c.last_exit_code = c.exit_code
                     c.last_started_at = c.started_at
@@ -472,6 +547,85 @@ class FakeKubelet:
             except Exception as exc:
                 self._note_error(f"status {run.namespace}/{run.name}: {exc!r}")
                 self._runs.pop(run.uid, None)
+                continue
+            if run.done and run.kill_at is not None:
+                # Being deleted: the pod goes once its programs have, after the time a
+                # kubelet takes to tear its volumes down (its log is readable until then).
+                run.delete_at = now + dt.timedelta(seconds=self.teardown_seconds)
+        for run in list(self._runs.values()):
+            if run.kill_at is not None and not run.done and now >= run.kill_at:
+                for proc in run.procs:  # the grace is over
+                    if proc.poll() is None:
+                        proc.kill()
+            if run.delete_at is not None and now >= run.delete_at:
+                self._delete_pod(v1, run)
+
+    # ------------------------------------------------------------ exec mode
+
+    def _execs(self, container: V1Container) -> bool:
+        return (_env_value(container, SIM_EXEC_ENV) or "").strip() == "1" or \
+            (container.image or "") in self.exec_images
+
+    def _mounts(self, pod: V1Pod, container: V1Container) -> list[tuple[str, str]]:
+        """(mount path, local directory) of the container's PVC mounts, longest first."""
+        claims = {v.name: v.persistent_volume_claim.claim_name
+                  for v in pod.spec.volumes or () if v.persistent_volume_claim}
+        out = []
+        for m in container.volume_mounts or ():
+            claim = claims.get(m.name)
+            if claim is not None and claim in self.exec_claims:
+                out.append((m.mount_path.rstrip("/"), self.exec_claims[claim]))
+        return sorted(out, key=lambda pair: -len(pair[0]))
+
+    def _exec(self, pod: V1Pod, container: V1Container) -> subprocess.Popen[bytes]:
+        mounts = self._mounts(pod, container)
+
+        def local(value: str) -> str:
+            key, eq, rest = value.partition("=") if value.startswith("-") else ("", "", value)
+            for path, directory in mounts:
+                if rest == path or rest.startswith(path + "/"):
+                    return f"{key}{eq}{directory}{rest[len(path):]}"
+            return value
+
+        argv = [local(a) for a in [*(container.command or ()), *(container.args or ())]]
+        if not argv:
+            raise RuntimeError(f"{pod.metadata.name}: exec mode needs a command")
+        env = {"PATH": os.pathsep.join([os.path.dirname(sys.executable),
+                                        os.environ.get("PATH", "")]),
+               "PYTHONUNBUFFERED": "1", "HOME": os.environ.get("HOME", "/tmp")}
+        env.update({e.name: local(e.value) for e in container.env or ()
+                    if e.value is not None})
+        path = os.path.join(self._log_dir, f"{pod.metadata.namespace}_{pod.metadata.name}.log")
+        self._logs[(pod.metadata.namespace, pod.metadata.name)] = path
+        with open(path, "ab") as out:
+            return subprocess.Popen(argv, env=env, cwd=self.exec_cwd, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def _stop_programs(self, run: _PodRun, pod: V1Pod) -> None:
+        """A pod being deleted: its programs get their stop signal once, and are killed
+        when the deletion's grace is over (`_advance_timers`)."""
+        if run.kill_at is not None:
+            return
+        grace = pod.metadata.deletion_grace_period_seconds
+        run.kill_at = _now() + dt.timedelta(seconds=30 if grace is None else grace)
+        for c in run.containers:
+            if c.proc is not None and c.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    c.proc.send_signal(getattr(signal, c.stop_signal, signal.SIGTERM))
+
+    def _delete_pod(self, v1: Any, run: _PodRun) -> None:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            v1.delete_namespaced_pod(
+                run.name, run.namespace, grace_period_seconds=0,
+                body=client.V1DeleteOptions(
+                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=run.uid)))
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+        self._runs.pop(run.uid, None)
 
     def _write_status(self, v1: Any, run: _PodRun) -> None:
         now = _iso(_now())

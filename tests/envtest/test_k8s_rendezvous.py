@@ -73,6 +73,7 @@ def test_a_two_replica_job_rendezvous_through_a_headless_service_and_cancel_clea
         assert p["spec"]["subdomain"] == name
         assert env_of(p) == {
             "SEED": "7", "FAIRQ_JOB_ID": str(pk), "FAIRQ_ATTEMPT": "1",
+            "FAIRQ_STOP_SIGNAL": "SIGTERM",
             "MASTER_ADDR": f"{name}-0.{name}", "MASTER_PORT": "29500",
             "WORLD_SIZE": "2", "NODE_RANK": rank, "NPROC_PER_NODE": "4"}
         assert p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
