@@ -338,7 +338,7 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
         for job_id in fresh:
             q = queued.get(job_id)
             if q is not None and any(owed_claim(snapshot, q, t)
-                                     for t in (q.gpu_types or (q.gpu_type,))):
+                                     for t in q.accepted_types):
                 owed.add(job_id)
         fresh.clear()
         # --- decide

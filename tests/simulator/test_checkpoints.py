@@ -29,6 +29,7 @@ from queueing.simulator.engine import EPOCH, run_fairq
 from queueing.simulator.metrics import goal_checks, goals, summarize
 from queueing.simulator.model import SimJob
 from queueing.simulator.scenario import parse_scenario
+from tests.simulator.test_clusters_spot import _doc as spot_doc
 
 H = 3600.0
 
@@ -70,7 +71,7 @@ def test_rule_r4_a_checkpointing_victim_saves_on_the_signal_and_resumes_where_it
     assert (first.start, first.end, first.preempted, first.saved) == (0, 4200, True, 4200)
     assert high.attempts[0].start == 4230 and high.attempts[0].end == 4830
     assert (second.start, second.end) == (4830, 4830 + 3 * H - 4200)
-    s = summarize(result, w)
+    s: dict[str, Any] = summarize(result, w)
     assert s["overall"]["lost_gpu_hours"] == 0
     assert s["overall"]["preemptions"] == 1 and s["overall"]["preemptions_no_loss"] == 1
     # Every GPU-second of work is delivered once: 3 h and 10 min of 4 GPUs.
@@ -87,7 +88,7 @@ def test_rule_r4_a_victim_that_cannot_save_in_its_grace_keeps_its_last_checkpoin
     # The last periodic checkpoint was at 3600: 600 s of 4 GPUs lost, 2 h left.
     assert first.saved == 3600
     assert second.end - second.start == 3 * H - 3600
-    s = summarize(result, w)
+    s: dict[str, Any] = summarize(result, w)
     assert s["overall"]["lost_gpu_hours"] == pytest.approx(4 * 600 / H)
     assert s["overall"]["preemptions_no_loss"] == 0
     # Lost per tier and per team: the victim's.
@@ -102,7 +103,7 @@ def test_rule_r6_a_victim_without_checkpoints_starts_over_and_loses_its_attempt(
     result = run_fairq(w)
     first, second = result.records[0].attempts
     assert first.saved is None and second.end - second.start == 3 * H
-    s = summarize(result, w)
+    s: dict[str, Any] = summarize(result, w)
     assert s["overall"]["lost_gpu_hours"] == pytest.approx(4 * 4200 / H)
 
 
@@ -139,7 +140,7 @@ def test_rule_r11_a_job_owed_when_submitted_is_reported_apart_with_its_goal() ->
     # Team a's high job: nothing of a held, 4 + 0 <= its nominal 4: owed. Team b's low job:
     # nominal 0, not owed.
     assert result.owed == frozenset({2})
-    s = summarize(result, w)
+    s: dict[str, Any] = summarize(result, w)
     owed = s["owed"]
     assert owed["goal_min"] == pytest.approx(1.5)  # 1 min + the 30 s grace
     assert owed["overall"]["jobs"] == 1
@@ -198,3 +199,21 @@ def test_the_command_line_takes_checkpoint_and_grace(tmp_path: Path,
     fq = doc["policies"]["fairq"]
     assert fq["overall"]["lost_gpu_hours"] == 0 and fq["overall"]["preemptions_no_loss"] == 1
     assert fq["owed"]["goal_min"] == 2.0
+
+
+def test_rule_k6_an_interrupted_spot_job_keeps_its_last_periodic_checkpoint() -> None:
+    doc = spot_doc(rate=2.0, seed=3)
+    doc["jobs"][1]["checkpoint_interval_seconds"] = 600
+    w = parse_scenario(doc)
+    result = run_fairq(w)
+    spot_job = result.records[1]
+    first = spot_job.attempts[0]
+    assert first.reclaimed
+    # No time to save at an interruption: the last checkpoint every 600 s is kept.
+    kept = 10 + (first.end - 10) // 600 * 600
+    assert first.saved == (kept if kept > 10 else None)
+    s: dict[str, Any] = summarize(result, w)
+    lost = sum(4 * (a.end - a.kept_until) / H for a in spot_job.attempts if a.reclaimed)
+    assert s["overall"]["lost_to_spot_gpu_hours"] == pytest.approx(lost)
+    # The job's work is done once: 2 h of 4 GPUs delivered, however often interrupted.
+    assert sum(a.kept_until - a.start for a in spot_job.attempts) == pytest.approx(7200)
