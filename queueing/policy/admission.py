@@ -67,9 +67,10 @@ class Plan:
 _REPLAY = True
 # How many misses the replay of waits may have before it is judged (`plan_admissions`).
 _LANE_TRIAL = 2048
-# A queued job's team, GPU type, shape (GPUs, replicas, CPU, memory, topology), allowed
-# clusters and spot_ok: all that its wait depends on once the pass searches no more.
-_LaneKey = tuple[str, str, int, int, int | None, int | None, Topology | None,
+# A queued job's team, GPU type, tier, shape (GPUs, replicas, CPU, memory, topology),
+# allowed clusters and spot_ok: all that its wait depends on once the pass searches no
+# more (its tier: whether it is an owed claim, which still searches, rule R11).
+_LaneKey = tuple[str, str, int, int, int, int | None, int | None, Topology | None,
                  frozenset[str] | None, bool]
 
 # A queued job of several GPU types (rule G5): team, types, tier (rule G2's setting),
@@ -141,9 +142,9 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                     replays += 1
                     continue
             else:
-                lkey = (job.team, job.gpu_type, job.gpus_per_replica, job.replicas,
-                        job.cpu_millicores, job.memory_bytes, job.topology, job.clusters,
-                        job.spot_ok)
+                lkey = (job.team, job.gpu_type, job.tier_rank, job.gpus_per_replica,
+                        job.replicas, job.cpu_millicores, job.memory_bytes, job.topology,
+                        job.clusters, job.spot_ok)
                 replay = lane.get(lkey)
                 if replay is not None and replay[0] == stamp:
                     raw[job_id] = (replay[1], index, replay[2], replay[3])

@@ -44,6 +44,8 @@ class Preemption:
     victims: tuple[Victim, ...]
     placement: tuple[str, ...]
     cluster: str = ""  # rule K7: the one cluster of the victims and the placement
+    # Rule R11: made for an owed claim (rules R3's protection, R5 and R9 did not apply).
+    owed: bool = False
 
     @property
     def rules(self) -> tuple[str, ...]:
@@ -71,9 +73,9 @@ def reclaim_only(job: RunningJob, now: datetime, max_preemptions: int | None = N
 
 def work_lost_gpu_hours(job: RunningJob, now: datetime) -> float:
     """Rule R4: the work a preemption of `job` at `now` throws away, in GPU-hours: its
-    GPUs × the time its current attempt has run (0 while admitted, not started). Jobs
-    declare no checkpoints, so the whole attempt is lost."""
-    return job.total_gpus * job.ran_seconds(now) / 3600.0
+    GPUs × the time since its current attempt's last checkpoint, or since its start when
+    it reported none (0 while admitted, not started)."""
+    return job.total_gpus * job.lost_seconds(now) / 3600.0
 
 
 # False: every search reads all its candidates, the reference the tests hold
@@ -81,25 +83,33 @@ def work_lost_gpu_hours(job: RunningJob, now: datetime) -> float:
 _FLOOR = True
 
 
-def _unprotected(ws: Workspace, gpu_type: str,
-                 now: datetime) -> list[tuple[RunningJob, float]]:
+def _unprotected(ws: Workspace, gpu_type: str, now: datetime,
+                 protect: bool = True) -> list[tuple[RunningJob, float]]:
     """The running jobs of `gpu_type` that rule R3 does not protect at `now` (and the
     non-preemptible ones rule Q2 leaves to reclaim), in `ws.running_by_type` order, each
-    with the work its preemption would lose (rule R4). Cached on the workspace: its
+    with the work its preemption would lose (rule R4: since its last checkpoint, else its
+    start). `protect` False: rule R11's owed claim, which R3's minimum runtime and per-job
+    limit do not refuse - every running job of the type. Cached on the workspace: its
     running jobs never change."""
-    key = (gpu_type, now)
+    key = (gpu_type, now, protect)
     pool = ws.victim_pools.get(key)
     if pool is None:
-        # `not _limited(r, now, limit)` and `work_lost_gpu_hours(r, now)` with one
-        # subtraction per job: this runs over every running job of the type.
-        limit = ws.snapshot.preemption.max_preemptions_per_job
+        # `not _limited(r, now, limit)` and `work_lost_gpu_hours(r, now)` with two
+        # subtractions per job: this runs over every running job of the type.
+        limit = ws.snapshot.preemption.max_preemptions_per_job if protect else None
         now_ts = now.timestamp()
         pool = ws.victim_pools[key] = []
         for r in ws.running_by_type.get(gpu_type, ()):
-            ran = 0.0 if r.started_at is None else max(0.0, now_ts - r.started_at.timestamp())
-            if ran < r.min_runtime_seconds or (limit is not None and r.preemptions >= limit):
+            if r.started_at is None:
+                ran = lost = 0.0
+            else:
+                ran = lost = max(0.0, now_ts - r.started_at.timestamp())
+                if r.checkpointed_at is not None and r.checkpointed_at > r.started_at:
+                    lost = max(0.0, now_ts - r.checkpointed_at.timestamp())
+            if protect and (ran < r.min_runtime_seconds
+                            or (limit is not None and r.preemptions >= limit)):
                 continue  # rule R3 (a non-preemptible job stays, for rule Q2's reclaim)
-            pool.append((r, r.gpus_per_replica * r.replicas * ran / 3600.0))
+            pool.append((r, r.gpus_per_replica * r.replicas * lost / 3600.0))
         ws.victim_floor[key] = min((r.tier_rank for r, _ in pool if r.preemptible),
                                    default=None)
     return pool
@@ -107,7 +117,7 @@ def _unprotected(ws: Workspace, gpu_type: str,
 
 def find_victims(
     ws: Workspace, job: QueuedJob, *, now: datetime, factor: Callable[[str], float],
-    pool: str | None = None,
+    pool: str | None = None, protect: bool = True,
 ) -> tuple[Preemption, Callable[[], None]] | None:
     """Rules R1-R4: a minimal set of victims whose removal lets `job` fit, or None.
 
@@ -129,6 +139,8 @@ def find_victims(
     type's pool in the only cluster), and only jobs running in that pool's cluster are
     candidates - the quota stays per GPU type across clusters. The caller tries the
     clusters in rule K2 order.
+    `protect` False (rule R11, an owed claim): rule R3's minimum runtime and per-job
+    limit protect no candidate; which jobs are candidates is still rules R1, R2 and Q2.
     The same workspace always gives the same answer.
     """
     gt, g, reps, team = job.gpu_type, job.gpus_per_replica, job.replicas, job.team
@@ -144,12 +156,12 @@ def find_victims(
         return ws.fits(team, gt, g, reps, cpu=cpu, memory=mem, topology=topo, pool=pool)
 
     within_nominal = ws.ledger.within_nominal(team, gt, job.total_gpus)
-    unprotected = _unprotected(ws, gt, now)
+    unprotected = _unprotected(ws, gt, now, protect)
     if not within_nominal and _FLOOR:
         # Beyond its nominal a job preempts only by rule R1, a preemptible job of a lower
         # tier: when no unprotected job of the type is one, there is no candidate (a long
         # queue's searches on a cluster its top tier fills).
-        floor = ws.victim_floor[(gt, now)]
+        floor = ws.victim_floor[(gt, now, protect)]
         if floor is None or floor >= job.tier_rank:
             return None
     cands = _candidates(ws, job, unprotected, cluster, within_nominal, factor)

@@ -174,6 +174,19 @@ class RunningJob:
             return 0.0
         return max(0.0, (now - self.started_at).total_seconds())
 
+    def lost_seconds(self, now: datetime) -> float:
+        """Rule R4: how much of the current attempt a preemption at `now` throws away, in
+        seconds - the time since its last checkpoint (`checkpointed_at`), or since its
+        start when it reported none (0 while admitted, not started). A checkpoint older
+        than the start (an earlier attempt's) does not count."""
+        start = self.started_at
+        if start is None:
+            return 0.0
+        ckpt = self.checkpointed_at
+        if ckpt is not None and ckpt > start:
+            start = ckpt
+        return max(0.0, (now - start).total_seconds())
+
 
 _PRE = DEFAULTS.preemption
 
@@ -206,14 +219,27 @@ class PreemptionSettings:
 
     @classmethod
     def of(cls, policy: PreemptionPolicy, *, used: Mapping[str, int],
-           made_at: Mapping[str, tuple[datetime, ...]] | None = None) -> PreemptionSettings:
+           made_at: Mapping[str, tuple[datetime, ...]] | None = None,
+           lost_per_wait_by_tier: Mapping[int, float | None] | None = None,
+           owed_waits_tiers: frozenset[int] = frozenset()) -> PreemptionSettings:
         """The settings of one plan: `policy` with the counts of the current window (and
-        when each was made, for rule E4)."""
+        when each was made, for rule E4), and the tiers' own R9 ratios and the tiers
+        whose owed claims wait (rule R11), as the caller read them from the tiers."""
         return cls(enabled=policy.enabled, max_per_team=policy.max_per_team, used=used,
                    max_searches=policy.max_searches,
                    max_preemptions_per_job=policy.max_preemptions_per_job,
                    lost_per_wait=policy.lost_per_wait, window_seconds=policy.window_seconds,
-                   made_at=made_at or {})
+                   made_at=made_at or {},
+                   lost_per_wait_by_tier=lost_per_wait_by_tier or {},
+                   owed_waits_tiers=owed_waits_tiers)
+
+    def lost_per_wait_of(self, tier_rank: int) -> float | None:
+        """Rule R9's ratio for a preemptor of `tier_rank`: its tier's own when it has one
+        (None: no R9 check for the tier), else `lost_per_wait`."""
+        by_tier = self.lost_per_wait_by_tier
+        if not by_tier:
+            return self.lost_per_wait
+        return by_tier.get(tier_rank, self.lost_per_wait)
 
     def left(self, team: str) -> int | None:
         if self.max_per_team is None:

@@ -448,11 +448,12 @@ class Workspace:
                     break
             self.running_cluster[r.id] = cluster
         self.removed: set[int] = set()
-        # The victim search's per-(GPU type, now) list of unprotected running jobs
-        # (`preemption._unprotected`).
-        self.victim_pools: dict[tuple[str, datetime], list[tuple[RunningJob, float]]] = {}
+        # The victim search's per-(GPU type, now, rule R3 applies) list of unprotected
+        # running jobs (`preemption._unprotected`).
+        self.victim_pools: dict[tuple[str, datetime, bool],
+                                list[tuple[RunningJob, float]]] = {}
         # Per entry of `victim_pools`: the lowest tier of its preemptible jobs (None: none).
-        self.victim_floor: dict[tuple[str, datetime], int | None] = {}
+        self.victim_floor: dict[tuple[str, datetime, bool], int | None] = {}
         # The lowest tier among each (team, type)'s preemptible jobs: a job over its own
         # team's ceiling can only make room by preempting those (rules Q1, R1).
         self.lowest_tier: dict[tuple[str, str], int] = {}

@@ -44,13 +44,16 @@ from .clusters_world import NOW
 
 def _with_min_runtimes(s: Snapshot, rnd: random.Random) -> Snapshot:
     """`s` with minimum runtimes on its running jobs, some still protecting them (rule R3),
-    and some not started yet."""
+    some not started yet, some with a checkpoint (rule R4 prices them from it) and some
+    preempted often (rule R3's per-job limit; rule R11's owed claims pass both)."""
     running = tuple(
         RunningJob(r.id, r.team, r.gpu_type, r.gpus_per_replica, r.replicas, r.tier_rank,
                    preemptible=r.preemptible,
                    started_at=None if rnd.random() < 0.1 else r.started_at,
                    min_runtime_seconds=rnd.choice((0, 60, 600, 3600, 86400)), nodes=r.nodes,
-                   cluster=r.cluster)
+                   cluster=r.cluster, preemptions=rnd.choice((0, 0, 1, 3)),
+                   checkpointed_at=rnd.choice((None, s.now - timedelta(seconds=rnd.choice(
+                       (0, 20, 500, 5000))))))
         for r in s.running)
     return Snapshot(now=s.now, nodes=s.nodes, queued=s.queued, running=running,
                     quotas=s.quotas, priority_weights=s.priority_weights,
@@ -189,10 +192,11 @@ def test_a_search_beyond_nominal_with_no_lower_tier_finds_what_reading_all_finds
     assert plan_admissions(s) == _without_floor(s)
     ws, ref = Workspace(s), Workspace(s)
     for job in s.queued:
-        found = find_victims(ws, job, now=s.now, factor=lambda _t: 1.0)
+        protect = rnd.random() < 0.5  # False: an owed claim's search (rule R11)
+        found = find_victims(ws, job, now=s.now, factor=lambda _t: 1.0, protect=protect)
         preemption._FLOOR = False
         try:
-            want = find_victims(ref, job, now=s.now, factor=lambda _t: 1.0)
+            want = find_victims(ref, job, now=s.now, factor=lambda _t: 1.0, protect=protect)
         finally:
             preemption._FLOOR = True
         assert (found and found[0]) == (want and want[0])

@@ -184,12 +184,17 @@ def test_protected_jobs_are_never_victims_and_rules_hold(s: Snapshot) -> None:
     for p in plan.preemptions:
         job = queued[p.preemptor_id]
         per_team[p.team] += len(p.victims)
+        if not p.owed:  # rule R5; an owed claim's preemptions count, it is not refused
+            left = s.preemption.left(p.team)
+            assert left is None or per_team[p.team] <= left
         for v in p.victims:
             r = running[v.job_id]
             limit = s.preemption.max_preemptions_per_job
-            # Rule R3; rule Q2: a non-preemptible job only for a reclaim (R2).
-            assert not is_protected(r, s.now, limit) or (
+            # Rule R3 (not for an owed claim, rule R11); rule Q2: a non-preemptible job
+            # only for a reclaim (R2).
+            assert p.owed or not is_protected(r, s.now, limit) or (
                 v.rule is PreemptionRule.RECLAIM and reclaim_only(r, s.now, limit))
+            assert r.preemptible or v.rule is PreemptionRule.RECLAIM
             assert v.job_id not in seen  # one victim, one preemptor
             seen.add(v.job_id)
             assert r.gpu_type == job.gpu_type
@@ -199,9 +204,6 @@ def test_protected_jobs_are_never_victims_and_rules_hold(s: Snapshot) -> None:
                 assert r.team != job.team
                 assert r.tier_rank <= job.tier_rank or not r.preemptible
                 assert held[(r.team, r.gpu_type)] > s.quota(r.team, r.gpu_type).nominal
-    for team, n in per_team.items():  # rule R5
-        left = s.preemption.left(team)
-        assert left is None or n <= left
 
 
 @settings(max_examples=200, deadline=None)

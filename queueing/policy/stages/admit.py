@@ -12,6 +12,7 @@ from queueing.policy.fairshare import entry_penalty_gpu_hours
 from queueing.policy.snapshot import QueuedJob
 
 from .nodes import capacity_wait
+from .owed import owed_move
 from .reservation import reserve
 from .waits import CODE, WaitReason
 
@@ -55,6 +56,7 @@ def admit(p: Pass, t: Try) -> None:
         p.admitted_ends.setdefault(gt, []).append(
             (p.now + timedelta(seconds=job.max_runtime_seconds), job.id, placement, g))
     p.ledger.add(job.team, gt, t.total)
+    owed_move(p, job.team, gt, job.tier_rank, t.total)  # rule R11
     p.factors.charge(job.team, entry_penalty_gpu_hours(
         t.total, p.snapshot.billing_weight(gt), p.snapshot.interval_seconds))
     info = p.pool_info[t.pool]

@@ -13,6 +13,7 @@ from queueing.policy.snapshot import Topology
 from queueing.policy.workspace import Capacity
 
 from .flavors import k2_order
+from .owed import owed
 from .reservation import place_beside, reserve
 from .waits import CODE, ELSEWHERE, Raw, WaitReason
 
@@ -89,13 +90,13 @@ def _capacity_wait(p: Pass, t: Try) -> tuple[int, int, int, str]:
 def fit_known_unfit(p: Pass, t: Try) -> Step | bool:
     """Every pool was found unfit for this shape and nothing grew since (the memo of
     `fit`, for all its pools at once): the common case of a long queue. False when not
-    known; else sets the try's `why_not` and with no victim search left says the wait
-    (and returns the replay's entry), else True."""
+    known; else sets the try's `why_not` and with no victim search left (and no owed
+    claim, rule R11) says the wait (and returns the replay's entry), else True."""
     seen_unfit = p.all_unfit.get(t.skey)
     if seen_unfit is None or seen_unfit[0] != p.cap.grown:
         return False
     t.why_not = seen_unfit[1]
-    if p.may_search:
+    if p.may_search or owed(p, t) is not None:
         return True
     job = t.job
     p.raw[job.id] = wait = capacity_wait(p, t, t.why_not)
@@ -141,7 +142,7 @@ def fit(p: Pass, t: Try) -> Step | None:
         return ()
     if t.why_not != _CPU_MEMORY:
         p.all_unfit[t.skey] = (cap.grown, t.why_not)
-    if all_known and not p.may_search and not p.nominated:
+    if all_known and not p.may_search and not p.nominated and owed(p, t) is None:
         # The common case of a long queue.
         p.raw[job.id] = capacity_wait(p, t, t.why_not)
         if t.why_not == _CAPACITY and p.reserve_on and t.gt not in p.decided:

@@ -1,13 +1,16 @@
 """Stage 5, preemption targets: a job that fits no pool now may preempt (rules R1-R4,
 Q2; victims in one cluster, rule K7), within its team's rate limit (rule R5) and only
-when worth it (rules R9, R9.1); the GPUs a preemption frees are held for its preemptor
-(rule A5; rule E2 names them), and a failed search says when protected candidates become
-victims (rule E4). The search itself is `policy/preemption.py::find_victims`."""
+when worth it (rules R9, R9.1) - but an owed claim (rule R11) at once, whatever R3's
+protection, R5, R9 and the pass's search budget say; the GPUs a preemption frees are
+held for its preemptor (rule A5; rule E2 names them), and a failed search says when
+protected candidates become victims (rule E4). The search itself is
+`policy/preemption.py::find_victims`."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -17,6 +20,7 @@ from queueing.policy.workspace import Capacity, Workspace
 
 from .admit import admitted_one
 from .flavors import k2_order
+from .owed import owed, owed_move
 from .reservation import reserve, spared_until_shadow
 from .waits import CODE, NO_VICTIM, NOT_WORTH, Wait, WaitReason, until_words
 
@@ -41,39 +45,53 @@ def nominated_wait(p: Pass, t: Try) -> Step | None:
         hold(p.holds, p.holder, p.cap.node_pool.get(planned[0], t.gt), job.id,
              hold_placement(p.cap, t.gt, planned, job.gpus_per_replica), (),
              job.gpus_per_replica)
+    nominal = owed(p, t)
     p.raw[job.id] = Wait(job.id, WaitReason.PREEMPTING,
-                         f"waiting for {terminating} preempted job(s) to release their "
+                         (owed_words(t, nominal) + ": " if nominal is not None else "")
+                         + f"waiting for {terminating} preempted job(s) to release their "
                          f"{t.gt} GPUs")
     return ()
 
 
+def owed_words(t: Try, nominal: int) -> str:
+    """Rule R11 in words: "owed 8 of team vision's 16 nominal h100 GPUs (rule R11)"."""
+    return f"owed {t.total} of team {t.job.team}'s {nominal} nominal {t.gt} GPUs (rule R11)"
+
+
 def preempt(p: Pass, t: Try) -> Step | None:
-    """Rules R1-R5, R9, K7: only when preempting is the only way the try fits. A search
-    that failed for a job of the same team, shape and tier (and cluster pool) fails again:
-    it is skipped. Returns the step when the job is decided (a preemption, or a wait of
-    rule R5 or R9), None when it waits as it would without preemption (`waited`)."""
+    """Rules R1-R5, R9, R11, K7: only when preempting is the only way the try fits. A
+    search that failed for a job of the same team, shape and tier (and cluster pool) fails
+    again: it is skipped. An owed claim (rule R11) searches even with no search left in
+    the pass, its victims unprotected by rule R3, and neither rule R5 nor R9 refuses what
+    it finds. Returns the step when the job is decided (a preemption, or a wait of rule
+    R5 or R9), None when it waits as it would without preemption (`waited`)."""
     job = t.job
     # Rule A9 applies if it ends up waiting for capacity (not quota, not preempting).
     t.may_reserve = (p.reserve_on and not t.over and not t.lending
                      and t.why_not == _CAPACITY and t.gt not in p.decided)
     if t.k2 is None:
         t.k2 = t.fitting if len(t.fitting) == 1 else k2_order(p, t.fitting, job.id)
-    if not p.may_search:
+    nominal = owed(p, t)
+    if not p.may_search and nominal is None:
         return None
     search_key: SearchKey = (job.team, t.gt, job.tier_rank, job.gpus_per_replica,
                              job.replicas, t.cpu, t.mem, job.topology)
-    if _rate_limited_before(p, t, search_key) or _refused_before(p, t, search_key):
+    if nominal is None and (_rate_limited_before(p, t, search_key)
+                            or _refused_before(p, t, search_key)):
         return ()
-    result = _search(p, t, search_key)
-    if result is not None and p.pre.lost_per_wait is not None:
+    result = _search(p, t, search_key, owed=nominal is not None)
+    if result is not None and nominal is None and \
+            p.pre.lost_per_wait_of(job.tier_rank) is not None:
         result = _worth_it(p, t, result, search_key)
         if result is None:
             return ()
     if result is not None:
-        if _rate_limited_after(p, t, result, search_key):
+        if nominal is None and _rate_limited_after(p, t, result, search_key):
             return ()
-        _take(p, t, result[0])
+        _take(p, t, result[0], nominal)
         return ()
+    if nominal is not None:
+        p.waits.owed[(job.id, t.gt)] = nominal
     return None
 
 
@@ -113,7 +131,7 @@ def _refused_before(p: Pass, t: Try, search_key: SearchKey) -> bool:
     less would be refused the same victims: it waits, no search."""
     job = t.job
     refused_lost = p.r9_refused.get((search_key, job.clusters))
-    lost_per_wait = p.pre.lost_per_wait
+    lost_per_wait = p.pre.lost_per_wait_of(job.tier_rank)
     if refused_lost is None or lost_per_wait is None or \
             refused_lost <= lost_per_wait * t.total * _waited(p, job):
         return False
@@ -129,25 +147,30 @@ def _refused_before(p: Pass, t: Try, search_key: SearchKey) -> bool:
     return True
 
 
-def _search(p: Pass, t: Try, search_key: SearchKey) -> _Found | None:
+def _search(p: Pass, t: Try, search_key: SearchKey, *, owed: bool = False) -> _Found | None:
     """Rule K7: the victims in one cluster, the first pool in rule K2 order where a
-    victim set exists (rule R4: within the pass's search budget). A failed search notes
-    rule E4's protected candidates."""
+    victim set exists (rule R4: within the pass's search budget, which an owed claim of
+    rule R11 may pass, its candidates unprotected by rule R3). A failed search notes rule
+    E4's protected candidates."""
     job, result = t.job, None
+    failed = p.owed_search_failed if owed else p.search_failed
     for q in t.k2 or ():
         pool_search = (job.team, q, job.tier_rank, job.gpus_per_replica, job.replicas,
                        t.cpu, t.mem, job.topology)
-        if pool_search in p.search_failed:
+        if pool_search in failed:
             continue
-        if not p.may_search:
+        if not p.may_search and not owed:
             break
         p.searches += 1
         p.may_search = p.searches < p.pre.max_searches
-        result = find_victims(p.ws, job, now=p.now, factor=p.factors.factor, pool=q)
+        result = find_victims(p.ws, job, now=p.now, factor=p.factors.factor, pool=q,
+                              protect=not owed)
         if result is not None:
             t.pool = q
             break
-        p.search_failed.add(pool_search)
+        failed.add(pool_search)
+        if owed:
+            continue  # rule R3 protected none of its candidates
         if (search_key, job.clusters) not in p.protected_for:
             candidates = p.protected_of_type.get(t.gt)
             if candidates is None:
@@ -155,7 +178,7 @@ def _search(p: Pass, t: Try, search_key: SearchKey) -> _Found | None:
             p.protected_for[(search_key, job.clusters)] = protected_among(p.ws, job, candidates)
     if result is None:
         p.waits.refused[job.id] = NO_VICTIM
-        protected = p.protected_for.get((search_key, job.clusters))
+        protected = None if owed else p.protected_for.get((search_key, job.clusters))
         if protected is not None:
             p.waits.protected[job.id] = protected
     return result
@@ -165,7 +188,7 @@ def _worth_it(p: Pass, t: Try, result: _Found, search_key: SearchKey) -> _Found 
     """Rule R9: preempt only when it is worth it - the work the victims lose is at most
     `lost_per_wait` × what the job has waited, in GPU-seconds. Else it waits for a finish
     (and searches again, its wait grown, in a later cycle): None, its wait said."""
-    job, lost_per_wait = t.job, p.pre.lost_per_wait
+    job, lost_per_wait = t.job, p.pre.lost_per_wait_of(t.job.tier_rank)
     assert lost_per_wait is not None
     found, undo = result
     lost = sum(work_lost_gpu_hours(p.ws.running_by_id[v.job_id], p.now)
@@ -223,23 +246,32 @@ def _rate_limited_after(p: Pass, t: Try, result: _Found, search_key: SearchKey) 
     return True
 
 
-def _take(p: Pass, t: Try, found: Preemption) -> None:
+def _take(p: Pass, t: Try, found: Preemption, owed_nominal: int | None = None) -> None:
     """The victims stay removed and the job's placement stays reserved for the rest of
     this pass; what the victims free beyond it is held back too: they still run until
-    stopped, so no job of this pass may be placed there (rule A5)."""
+    stopped, so no job of this pass may be placed there (rule A5). An owed claim (rule
+    R11, `owed_nominal` its team's nominal) says so, and how long its victims may take
+    to leave (their termination grace, rule R8)."""
     job = t.job
     freed = hold_freed(p.ws, found, job.gpus_per_replica, t.cpu, t.mem)
     p.hold_log.append(job.id)
     hold(p.holds, p.holder, t.pool, job.id, freed, found.placement, job.gpus_per_replica)
     p.ledger.add(job.team, t.gt, t.total)
+    owed_move(p, job.team, t.gt, job.tier_rank, t.total)
+    for v in found.victims:
+        owed_move(p, v.team, t.gt, v.tier_rank, -v.gpus)
     p.preempted_by_team[job.team] += len(found.victims)
-    p.preemptions.append(found)
+    p.preemptions.append(found if owed_nominal is None else replace(found, owed=True))
     admitted_one(p, job)
-    p.raw[job.id] = Wait(
-        job.id, WaitReason.PREEMPTING,
-        f"preempting {len(found.victims)} job(s) "
-        f"({', '.join('#' + str(v.job_id) for v in found.victims)}; "
-        f"rule {', '.join(found.rules)}); admitted once their GPUs are free")
+    words = (f"preempting {len(found.victims)} job(s) "
+             f"({', '.join('#' + str(v.job_id) for v in found.victims)}; "
+             f"rule {', '.join(found.rules)}); admitted once their GPUs are free")
+    if owed_nominal is not None:
+        graces = [p.ws.running_by_id[v.job_id].grace_seconds for v in found.victims]
+        words = (f"{owed_words(t, owed_nominal)}: {words}, within their termination grace"
+                 + (f" ({max(g for g in graces if g is not None)} s)"
+                    if all(g is not None for g in graces) else ""))
+    p.raw[job.id] = Wait(job.id, WaitReason.PREEMPTING, words)
 
 
 def hold(holds: dict[str, dict[str, int]], holder: dict[str, int], gpu_type: str,

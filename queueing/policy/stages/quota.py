@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .flavors import unheld_anywhere
+from .owed import owed
 from .waits import CODE, WaitReason
 
 if TYPE_CHECKING:
@@ -20,14 +21,16 @@ def quota_fit(p: Pass, t: Try) -> Step | None:
     that could not make room by preempting its own team's lower tiers (rule R1) waits:
     for the quota, or - rule E6 - saying it can never fit (a ceiling below the job), or
     that no pool it may use could hold it even empty (a cluster disabled or gone since
-    its submit), not "raise the quota", which cannot help. None: go on."""
+    its submit), not "raise the quota", which cannot help. None: go on. An owed claim
+    (rule R11) may make room even when the pass has no search left."""
     job = t.job
     ceiling = p.ceilings.get(t.key)
     if ceiling is None:
         return None
     held = p.held[t.key]
     t.over = held + t.total > ceiling
-    if not t.over or (p.may_search and p.ws.lowest_tier.get(t.key, job.tier_rank) < job.tier_rank):
+    if not t.over or ((p.may_search or owed(p, t) is not None)
+                      and p.ws.lowest_tier.get(t.key, job.tier_rank) < job.tier_rank):
         return None
     unheld = unheld_anywhere(p, t)
     if unheld is not None:

@@ -61,6 +61,14 @@ class Pass:
         self.never_met: dict[int, str] = {}
         self.pre = pre = s.preemption
         self.may_search = pre.enabled and pre.max_searches > 0
+        # Rule R11: owed claims preempt even when no search is left (`stages/owed.py`);
+        # none can be owed when no team has a nominal quota.
+        self.owed_on = pre.enabled and any(q.nominal > 0 for q in s.quotas.values())
+        # Per (team, GPU type), GPUs held per tier rank (the running jobs but the victims
+        # taken, plus what this pass admitted or preempted for): built on first use,
+        # `owed_log` keeping the pass's additions until then.
+        self.tier_held: dict[tuple[str, str], dict[int, int]] | None = None
+        self.owed_log: list[tuple[str, str, int, int]] = []
         self.searches = 0
         self.nominated = s.nominated
         self.held, self.ceilings = ledger.held, ledger.ceiling
@@ -121,6 +129,8 @@ class Pass:
         """The memos of the victim search (rules R4, R5, R9, E4)."""
         self.preempted_by_team: defaultdict[str, int] = defaultdict(int)
         self.search_failed: set[SearchKey] = set()
+        # Rule R11: failed searches of owed claims (rule R3 protecting no candidate).
+        self.owed_search_failed: set[SearchKey] = set()
         # Rule R5: searches refused by the rate limit, with the victims they needed.
         self.rate_refused: dict[SearchKey, int] = {}
         # Rule R9: per search key, the least work (GPU-seconds) refused victims lose.
@@ -137,8 +147,8 @@ class Try:
     (its quota, its pools, where it was placed or why not)."""
 
     __slots__ = ("cpu", "excluded", "fitting", "gt", "index", "job", "k2", "key", "lending",
-                 "may_reserve", "mem", "multi", "over", "placement", "pool", "skey", "total",
-                 "why_not")
+                 "may_reserve", "mem", "multi", "over", "owed", "placement", "pool", "skey",
+                 "total", "why_not")
 
     def __init__(self, job: QueuedJob, index: int, gpu_type: str, cpu: int, mem: int) -> None:
         self.job, self.index, self.gt = job, index, gpu_type
@@ -158,3 +168,6 @@ class Try:
         self.pool = ""
         self.why_not = _CAPACITY
         self.k2: tuple[str, ...] | None = None
+        # Rule R11 (`owed.owed`): the team's nominal of the type when the try is an owed
+        # claim that preempts at once, 0 when it is not, -1 until asked.
+        self.owed = -1

@@ -62,8 +62,8 @@ class Waits(Mapping[int, Wait]):
     """`Plan.waits`, built lazily: most of a long queue waits, and a wait's message is
     only formatted when someone reads it. Reads give equal `Wait` values every time."""
 
-    __slots__ = ("_raw", "blocks", "elsewhere", "jobs", "now", "per_type", "pool_info",
-                 "protected", "refused", "reservations", "several")
+    __slots__ = ("_raw", "blocks", "elsewhere", "jobs", "now", "owed", "per_type",
+                 "pool_info", "protected", "refused", "reservations", "several")
 
     def __init__(self, jobs: list[QueuedJob] | None = None,
                  now: datetime | None = None) -> None:
@@ -91,6 +91,9 @@ class Waits(Mapping[int, Wait]):
         # and each type's blocker in preference order (the type, its wait); `_raw` holds
         # the first type's.
         self.per_type: dict[int, tuple[int, list[tuple[str, Wait | Raw]]]] = {}
+        # Rule R11: (job id, GPU type) -> its team's nominal of the type, for an owed
+        # claim whose search found no victim set: its wait says it is owed.
+        self.owed: dict[tuple[int, str], int] = {}
 
     def causes(self) -> Iterator[tuple[int, str]]:
         """`Plan.wait_causes`, from the raw waits."""
@@ -189,6 +192,10 @@ class Waits(Mapping[int, Wait]):
             held_for = self.reservations.get(gt)
             if reason is WaitReason.CAPACITY and held_for is not None and held_for[0] == job_id:
                 msg += f"; GPUs are reserved for it from {_when(held_for[1])} (rule A9)"
+        if self.owed and (job_id, gt) in self.owed:
+            msg += (f"; it is owed {job.total_gpus} of team {job.team}'s "
+                    f"{self.owed[(job_id, gt)]} nominal {gt} GPUs (rule R11), but the jobs "
+                    "it may preempt (rules R1, R2) cannot make room for it")
         until = None
         if job_id in self.protected and reason in (WaitReason.CAPACITY, WaitReason.QUOTA):
             until, n = self.protected[job_id]
