@@ -123,6 +123,10 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
     node_specs = sc.nodes
     # Rules K1-K7: the clusters' ranks; spot nodes now down (rule K6).
     ranks = {c.name: c.cost_rank for c in sc.clusters}
+    # Rules R9, R11 per tier, as the service reads them from the tiers.
+    by_tier = {t.rank: (None if t.lost_per_wait == -1 else t.lost_per_wait)
+               for t in sc.tiers if t.lost_per_wait is not None}
+    owed_waits = frozenset(t.rank for t in sc.tiers if not t.owed_preempts_at_once)
     down: set[str] = set()
     interruptions = 0
     clocks = {n.name: interruption_clock(sc.seed, n.name, n.interruptions_per_hour)
@@ -330,7 +334,8 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             nominated=nominated,
             nominated_placement=nominated_placements(nominations, nominated),
             preemption=PreemptionSettings.of(
-                pre, used=preemptions_in_window(made, now=now, window_seconds=pre.window_seconds)),
+                pre, used=preemptions_in_window(made, now=now, window_seconds=pre.window_seconds),
+                lost_per_wait_by_tier=by_tier, owed_waits_tiers=owed_waits),
             reservation=st.reservation,
             cluster_ranks=ranks,
         )

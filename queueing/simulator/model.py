@@ -56,6 +56,10 @@ class TierSpec:
     # A victim's termination grace (rule R10): how long it keeps its GPUs after the
     # preemption; None = the preemption settings' `termination_grace_seconds`.
     grace_seconds: float | None = None
+    # Rule R9's ratio for its preemptors (None = the settings' `lost_per_wait`; -1 = no
+    # R9 check), and whether its owed claims preempt at once (rule R11).
+    lost_per_wait: float | None = None
+    owed_preempts_at_once: bool = True
 
 
 @dataclass(frozen=True, slots=True)

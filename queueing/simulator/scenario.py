@@ -168,7 +168,10 @@ def parse_scenario(doc: Any) -> Workload:
                               _bool(t, "preemptible", w, True),
                               int(_num(t, "min_runtime_seconds", w, default=0, integer=True)),
                               None if t.get("grace_seconds") is None else
-                              _num(t, "grace_seconds", w)))
+                              _num(t, "grace_seconds", w),
+                              None if t.get("lost_per_wait") is None else
+                              _num(t, "lost_per_wait", w, minimum=-1),
+                              _bool(t, "owed_preempts_at_once", w, True)))
     if not tiers:
         raise ScenarioError("tiers: at least one tier is needed")
     if len({t.name for t in tiers}) != len(tiers) or len({t.rank for t in tiers}) != len(tiers):

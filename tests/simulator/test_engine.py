@@ -83,9 +83,16 @@ def test_rule_r5_the_rate_limit_holds_preemptions_until_the_window_moves() -> No
                            "lost_per_wait": None},
                quotas=[{"team": "a", "gpu_type": "gpu", "nominal": 4},
                        {"team": "b", "gpu_type": "gpu", "nominal": 0}])
+    # Team a's jobs are owed (rule R11): R5 does not hold them back ...
     result = run_fairq(parse_scenario(doc))
     preempted_at = sorted(a.end for r in result.records for a in r.attempts if a.preempted)
-    # One preemption per 1000 s window for team a.
+    assert preempted_at == [100, 100, 100, 100]
+    assert result.owed == frozenset({5, 6, 7, 8})
+    # ... unless their tier's owed claims wait by the ordinary rules (R11's opt-out): one
+    # preemption per 1000 s window for team a.
+    doc["tiers"][0]["owed_preempts_at_once"] = False
+    result = run_fairq(parse_scenario(doc))
+    preempted_at = sorted(a.end for r in result.records for a in r.attempts if a.preempted)
     assert preempted_at == [100, 1100, 2100, 3100]
 
 

@@ -36,7 +36,10 @@ def _doc(**over: Any) -> dict[str, Any]:
         "cluster": {"node_pools": [{"name": "n", "gpu_type": "gpu", "nodes": 1,
                                     "gpus_per_node": 4}]},
         "teams": [{"name": "a", "weight": 1}, {"name": "b", "weight": 1}],
-        "tiers": [{"name": "high", "rank": 30, "preemptible": False},
+        # The high tier's owed claims wait by the ordinary rules (R11's opt-out), so R3,
+        # R5 and R9 show as causes; an owed claim is tested in test_checkpoints.py.
+        "tiers": [{"name": "high", "rank": 30, "preemptible": False,
+                   "owed_preempts_at_once": False},
                   {"name": "low", "rank": 10, "preemptible": True, "grace_seconds": 0}],
         "quotas": [{"team": "a", "gpu_type": "gpu", "nominal": 4},
                    {"team": "b", "gpu_type": "gpu", "nominal": 0}],
