@@ -21,7 +21,7 @@ from .stages.admit import Admission
 from .stages.heads import gate
 from .stages.pipeline import attempt, attempt_types, try_of
 from .stages.state import Pass
-from .stages.waits import Wait, WaitReason, Waits
+from .stages.waits import NO_VICTIM, Wait, WaitReason, Waits
 from .workspace import Capacity
 
 __all__ = [
@@ -118,7 +118,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     cap, ledger, hold_log, jobs, raw = p.cap, p.ledger, p.hold_log, p.jobs, p.raw
     seen: list[int] = []
     remember = seen.append
-    lane: dict[_LaneKey, tuple[int, int, int, int, str]] = {}
+    # (stamp, reason code, held, ceiling, rule K3's pool or "", rule R11's nominal or 0)
+    lane: dict[_LaneKey, tuple[int, int, int, int, str, int]] = {}
     several_lane: dict[_SeveralKey, _SeveralReplay] = {}  # rule G5: jobs of several types
     lane_on = _REPLAY and not p.nominated
     stamp = replays = misses = 0
@@ -150,6 +151,9 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
                     raw[job_id] = (replay[1], index, replay[2], replay[3])
                     if replay[4]:
                         elsewhere[job_id] = replay[4]
+                    if replay[5]:  # rule R11: owed, its search found nothing
+                        p.waits.owed[(job_id, job.gpu_type)] = replay[5]
+                        p.waits.refused[job_id] = NO_VICTIM
                     replays += 1
                     continue
             misses += 1
@@ -169,7 +173,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             continue
         step = attempt(p, try_of(p, job, index, job.gpu_type))
         if step and lkey is not None:
-            lane[lkey] = (stamp, *step)
+            lane[lkey] = (stamp, *step, p.waits.owed.get((job_id, job.gpu_type), 0))
     teams = sorted(p.queued_teams | set(snapshot.fair_share))
     standings = {t: p.factors.factor(t) for t in teams}
     return Plan(admissions=tuple(p.admissions), waits=p.waits,

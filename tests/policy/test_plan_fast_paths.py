@@ -4,7 +4,8 @@ over random snapshots (hypothesis): rule E4's protected candidates read once per
 replay of waits once the pass searches no more against the whole pass for every job
 (the same plan: admissions, preemptions, order, every wait's reason and message); a
 victim search that stops at the lowest tier of the running jobs against one that reads
-them all; rule O1's order sorted while no team is charged against the heap."""
+them all; rule O1's order sorted while no team is charged against the heap; owed claims (rule
+R11) replayed and their hopeless searches skipped against the whole pass."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from queueing.policy.snapshot import (
     RunningJob,
     Snapshot,
 )
+from queueing.policy.stages import owed
 from queueing.policy.stages.heads import Charges, QueueOrder
 from queueing.policy.stages.preempt import (
     Protected,
@@ -304,3 +306,66 @@ def test_replayed_waits_of_jobs_of_several_gpu_types(s: Snapshot, seed: int,
     reference = _without_replay(s)
     assert plan == reference
     assert plan.waits.items() == reference.waits.items()
+
+
+@st.composite
+def owed_long_queues(draw: st.DrawFn) -> Snapshot:
+    """A long queue of few shapes on a busy cluster with preemption on and few searches:
+    many of its jobs are owed claims (rule R11), which search whatever the budget, some
+    finding victims (their team's lower tiers, other teams' borrowed GPUs), most not."""
+    rnd = random.Random(draw(st.integers(0, 2**32)))
+    nodes = [NodeState(f"{gt}-{i}", gt, 8, 8) for gt in ("h100", "a100")
+             for i in range(rnd.randrange(1, 4))]
+    free = {n.name: n.capacity for n in nodes}
+    running: list[RunningJob] = []
+    for k in range(rnd.randrange(0, 12)):
+        n = rnd.choice(nodes)
+        g = rnd.choice((1, 2, 4, 8))
+        if free[n.name] < g:
+            continue
+        free[n.name] -= g
+        running.append(RunningJob(
+            k + 1, rnd.choice("xyz"), n.gpu_type, g, 1, rnd.choice((0, 100, 200)),
+            preemptible=rnd.random() < 0.8, nodes=(n.name,),
+            started_at=NOW - timedelta(seconds=rnd.choice((60, 3600))),
+            checkpointed_at=rnd.choice((None, NOW - timedelta(seconds=30))),
+            min_runtime_seconds=rnd.choice((0, 600)), preemptions=rnd.choice((0, 3))))
+    queued = tuple(
+        QueuedJob(id=100 + k, team=rnd.choice("xy"), gpu_type=rnd.choice(("h100", "a100")),
+                  gpus_per_replica=rnd.choice((1, 4, 8)), replicas=1,
+                  tier_rank=rnd.choice((0, 100, 200)),
+                  submitted_at=NOW - timedelta(seconds=rnd.randrange(10_000)),
+                  max_runtime_seconds=rnd.choice((None, 600)))
+        for k in range(rnd.randrange(5, 60)))
+    quotas = {(t, gt): QuotaLimit(nominal=rnd.choice((0, 4, 8, 16)),
+                                  borrowing_limit=rnd.choice((None, 8)))
+              for t in "xyz" for gt in ("h100", "a100")}
+    return Snapshot(now=NOW, nodes=tuple(replace(n, free=free[n.name]) for n in nodes),
+                    queued=queued, running=tuple(running), quotas=quotas,
+                    priority_weights=PriorityWeights(), reservation=rnd.random() < 0.5,
+                    preemption=PreemptionSettings(
+                        max_searches=rnd.choice((1, 2, 3)), max_per_team=rnd.choice((None, 1)),
+                        owed_waits_tiers=rnd.choice((frozenset(), frozenset({0})))))
+
+
+def _without_owed_bound(s: Snapshot) -> Plan:
+    owed._BOUND = False
+    try:
+        return plan_admissions(s)
+    finally:
+        owed._BOUND = True
+
+
+@settings(max_examples=300, deadline=None)
+@given(owed_long_queues())
+def test_owed_claims_replay_and_skip_hopeless_searches_as_the_whole_pass_decides(
+    s: Snapshot,
+) -> None:
+    """The replay of waits gives an owed claim whose search found nothing (rule R11) the
+    wait the whole pass gives, its words and cause included; an owed search skipped as
+    unable to succeed (`owed.may_find`) decides what running it would."""
+    plan = plan_admissions(s)
+    for reference in (_without_replay(s), _without_owed_bound(s)):
+        assert plan == reference
+        assert plan.waits.items() == reference.waits.items()
+        assert list(plan.wait_causes()) == list(reference.wait_causes())

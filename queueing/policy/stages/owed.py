@@ -41,16 +41,20 @@ def _tier_held(p: Pass) -> dict[tuple[str, str], dict[int, int]]:
     is asked), plus the pass's admissions and preemptors so far (`owed_log`)."""
     held = p.tier_held
     if held is None:
-        held = p.tier_held = {}
-        removed = p.ws.removed
+        # One flat count first (this reads every running job once), then grouped.
+        flat: dict[tuple[str, str, int], int] = {}
+        get, removed = flat.get, p.ws.removed
         for r in p.snapshot.running:
-            if r.id not in removed:
-                by_tier = held.setdefault((r.team, r.gpu_type), {})
-                by_tier[r.tier_rank] = by_tier.get(r.tier_rank, 0) + r.total_gpus
+            key = (r.team, r.gpu_type, r.tier_rank)
+            flat[key] = get(key, 0) + (0 if r.id in removed
+                                       else r.gpus_per_replica * r.replicas)
         for team, gpu_type, rank, gpus in p.owed_log:
-            by_tier = held.setdefault((team, gpu_type), {})
-            by_tier[rank] = by_tier.get(rank, 0) + gpus
+            key = (team, gpu_type, rank)
+            flat[key] = get(key, 0) + gpus
         p.owed_log.clear()
+        held = p.tier_held = {}
+        for (team, gpu_type, rank), gpus in flat.items():
+            held.setdefault((team, gpu_type), {})[rank] = gpus
     return held
 
 
@@ -66,3 +70,43 @@ def owed_move(p: Pass, team: str, gpu_type: str, tier_rank: int, gpus: int) -> N
         return
     by_tier = held.setdefault((team, gpu_type), {})
     by_tier[tier_rank] = by_tier.get(tier_rank, 0) + gpus
+
+
+# False: every owed claim's search runs, the reference the tests hold `may_find` to.
+_BOUND = True
+
+
+def may_find(p: Pass, t: Try) -> bool:
+    """Could an owed claim's victim search (rule R11) succeed at all? Its candidates are
+    its team's lower-tier jobs (rule R1) and jobs of teams that borrow beyond their
+    nominal (rules R1, R2, Q2): False when there are none, or when they and every free
+    GPU of the type together are fewer than the job's GPUs - then `find_victims` finds
+    nothing, and the search is skipped (a pass may hold many owed claims, of many teams
+    and shapes, on a full cluster nobody borrows in: each search reads every running job
+    of the type)."""
+    if not _BOUND:
+        return True
+    job, gt = t.job, t.gt
+    by_tier = _tier_held(p).get(t.key)
+    own_lower = sum(g for r, g in by_tier.items() if r < job.tier_rank) if by_tier else 0
+    borrowed = _borrowed(p, gt)
+    borrowed_total = borrowed[1] - borrowed[2].get(job.team, 0)
+    if own_lower <= 0 and borrowed_total <= 0:
+        return False
+    cap = p.cap
+    free = sum(cap.pool_free[q] for q in cap.pools_of_type.get(gt, ()))
+    return own_lower + borrowed_total + free >= t.total
+
+
+def _borrowed(p: Pass, gpu_type: str) -> tuple[int, int, dict[str, int]]:
+    """(stamp, GPUs held by teams borrowing beyond their nominal, those teams' GPUs) of
+    `gpu_type`, from the running jobs but the victims taken; kept until the pass takes
+    victims again (`len(p.preemptions)`: what running jobs hold changes only then)."""
+    stamp = len(p.preemptions)
+    seen = p.borrowed.get(gpu_type)
+    if seen is None or seen[0] != stamp:
+        quota = p.snapshot.quota
+        teams = {team: held for (team, gt), held in p.ledger.running_held.items()
+                 if gt == gpu_type and held > quota(team, gt).nominal}
+        seen = p.borrowed[gpu_type] = (stamp, sum(teams.values()), teams)
+    return seen

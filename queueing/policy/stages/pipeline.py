@@ -44,6 +44,11 @@ def attempt(p: Pass, t: Try) -> Step:
     if step is not None:
         return step
     final_wait(p, t)
+    raw = p.raw[t.job.id]
+    if t.owed > 0 and not isinstance(raw, Wait):
+        # Rule R11: an owed claim whose search found nothing waits as an equal job will
+        # (its failed search is remembered): the replay of waits may give it again.
+        return (raw[0], raw[2], raw[3], p.waits.elsewhere.get(t.job.id, ""))
     return DONE
 
 
@@ -129,7 +134,8 @@ def attempt_types(p: Pass, job: QueuedJob, index: int) -> Step:
     first = p.raw[job.id] = blockers[types[0]]
     several = [(gt, blockers[gt]) for gt in types]
     p.waits.per_type[job.id] = (index, several)
-    if isinstance(first, Wait) or any(isinstance(raw, Wait) for _, raw in several):
+    if isinstance(first, Wait) or any(isinstance(raw, Wait) for _, raw in several) or \
+            any(tries[gt].owed > 0 for gt in types):  # rule R11's words are not replayed
         return DONE
     return (first[0], first[2], first[3], p.waits.elsewhere.get(job.id, ""))
 

@@ -20,7 +20,7 @@ from queueing.policy.workspace import Capacity, Workspace
 
 from .admit import admitted_one
 from .flavors import k2_order
-from .owed import owed, owed_move
+from .owed import may_find, owed, owed_move
 from .reservation import reserve, spared_until_shadow
 from .waits import CODE, NO_VICTIM, NOT_WORTH, Wait, WaitReason, until_words
 
@@ -154,6 +154,7 @@ def _search(p: Pass, t: Try, search_key: SearchKey, *, owed: bool = False) -> _F
     E4's protected candidates."""
     job, result = t.job, None
     failed = p.owed_search_failed if owed else p.search_failed
+    hopeless: bool | None = None  # an owed search that cannot succeed: counted, not run
     for q in t.k2 or ():
         pool_search = (job.team, q, job.tier_rank, job.gpus_per_replica, job.replicas,
                        t.cpu, t.mem, job.topology)
@@ -161,10 +162,13 @@ def _search(p: Pass, t: Try, search_key: SearchKey, *, owed: bool = False) -> _F
             continue
         if not p.may_search and not owed:
             break
+        if hopeless is None:
+            hopeless = owed and not may_find(p, t)
         p.searches += 1
         p.may_search = p.searches < p.pre.max_searches
-        result = find_victims(p.ws, job, now=p.now, factor=p.factors.factor, pool=q,
-                              protect=not owed)
+        if not hopeless:
+            result = find_victims(p.ws, job, now=p.now, factor=p.factors.factor, pool=q,
+                                  protect=not owed)
         if result is not None:
             t.pool = q
             break

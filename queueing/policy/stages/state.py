@@ -69,6 +69,8 @@ class Pass:
         # `owed_log` keeping the pass's additions until then.
         self.tier_held: dict[tuple[str, str], dict[int, int]] | None = None
         self.owed_log: list[tuple[str, str, int, int]] = []
+        # Per GPU type, the GPUs of teams borrowing beyond their nominal (`owed.may_find`).
+        self.borrowed: dict[str, tuple[int, int, dict[str, int]]] = {}
         self.searches = 0
         self.nominated = s.nominated
         self.held, self.ceilings = ledger.held, ledger.ceiling
