@@ -96,6 +96,14 @@ def _owed_cells(doc: dict[str, object], goal: tuple[float, bool, str] | None) ->
             rest or "–", f"{g.get('preemptions_no_loss', 0):.0f} of {g['preemptions']:.0f}"]
 
 
+def _share(doc: dict[str, object]) -> float:
+    """The share of a run's jobs that checkpoint (0 without the setting)."""
+    src = doc["source"]
+    assert isinstance(src, dict)
+    n = src.get("checkpointing_jobs", 0)
+    return float(n) / float(src["jobs"]) if isinstance(n, int) and src.get("jobs") else 0.0
+
+
 def goal_table(directory: Path) -> str:
     """One markdown row per run document (`sim_*.json`) in `directory`: ρ, seed, GPU
     specs, estimates, the cluster's nodes, each goal's value with ✗ when missed, and
@@ -114,7 +122,8 @@ def goal_table(directory: Path) -> str:
              + (" | " + " | ".join(owed_heads) if with_owed else "") + " | goals met |",
              "|---|---|---|---|---|---|" + "---|" * (len(TABLE_GOALS) + 1
                                                      + (len(owed_heads) if with_owed else 0))]
-    for (spec, rho, seed), doc in sorted(docs, key=lambda d: d[0]):
+    # Runs of several checkpoint settings: grouped by setting, most jobs checkpointing last.
+    for (spec, rho, seed), doc in sorted(docs, key=lambda d: (round(_share(d[1]), 1), d[0])):
         checks = {key: (value, met, unit) for key, _, value, met, unit in goal_checks(
             doc["goals"])}
         cells = []
