@@ -17,6 +17,14 @@ from typing import Any, TextIO
 import yaml
 
 from .baselines import BASELINES, run_baseline
+from .checkpoints import (
+    DEFAULT_CHECKPOINT,
+    CheckpointError,
+    CheckpointModel,
+    parse_grace,
+    with_checkpoints,
+    with_grace,
+)
 from .engine import run_fairq
 from .estimates import DEFAULT_ESTIMATE, EstimateError, EstimateModel, with_estimates
 from .gpu_spec import GpuSpecError, GpuSpecMode
@@ -135,6 +143,15 @@ def parser() -> argparse.ArgumentParser:
                     help="GPU types a trace task accepts: off (one type), trace (the "
                     "trace's gpu_spec column), gen:SHARE (a seeded SHARE of tasks restricted "
                     "to generated specs); default off")
+    ap.add_argument("--checkpoint", metavar="SHARE:MIN_RUNTIME:INTERVAL[:SAVE]",
+                    help="which jobs checkpoint (trace, history): a seeded SHARE of the jobs "
+                    "running over MIN_RUNTIME, every INTERVAL; SAVE: how long the save on "
+                    "the stop signal takes (0); 'off': none; default "
+                    f"{DEFAULT_CHECKPOINT.describe()} (over 1 h, every 30 min)")
+    ap.add_argument("--grace", metavar="SECONDS|TIER=SECONDS,...",
+                    help="how long a victim keeps its GPUs after its preemption (rule R10), "
+                    "every tier or per tier; default the preemption settings' "
+                    "termination_grace_seconds (30)")
     ap.add_argument("--limit", type=int, help="only the first N jobs of the trace")
     ap.add_argument("--no-preemption", action="store_true", help="fairq with preemption off")
     ap.add_argument("--no-reservation", action="store_true",
@@ -170,7 +187,7 @@ def load_workload(args: argparse.Namespace) -> Workload:
         model = EstimateModel.parse(args.estimate)
         w = replace(w, jobs=with_estimates(w.jobs, model, seed=args.seed),
                     source={**w.source, "estimate": model.describe()})
-        return _overrides(w, args)
+        return _overrides(with_checkpoint_model(w, args.checkpoint, seed=args.seed), args)
     trace = args.trace or (None if doc and isinstance(doc, dict) and doc.get("jobs") else
                            os.environ.get("FAIRQ_SIM_TRACE", DEFAULT_TRACE))
     if trace:
@@ -179,17 +196,30 @@ def load_workload(args: argparse.Namespace) -> Workload:
                        seed=args.seed, limit=args.limit, settings=settings,
                        estimate=EstimateModel.parse(args.estimate),
                        gpu_spec=GpuSpecMode.parse(args.gpu_spec))
+        w = with_checkpoint_model(w, args.checkpoint, seed=args.seed)
     else:
         if args.estimate != DEFAULT_ESTIMATE.describe() or args.gpu_spec != "off":
             raise ScenarioError("--estimate and --gpu-spec apply to the trace; a scenario's "
                                 "jobs give max_runtime_seconds and gpu_type themselves")
         w = load_scenario(args.scenario)
+        if args.checkpoint is not None:
+            w = with_checkpoint_model(w, args.checkpoint, seed=args.seed)
     return _overrides(w, args)
+
+
+def with_checkpoint_model(w: Workload, text: str | None, *, seed: int) -> Workload:
+    """The workload's jobs with the checkpoint intervals `text` (a `--checkpoint` value;
+    None: the default) draws, noted in its `source`."""
+    model = DEFAULT_CHECKPOINT if text is None else CheckpointModel.parse(text)
+    jobs = with_checkpoints(w.jobs, model, seed=seed)
+    return replace(w, jobs=jobs, scenario=replace(w.scenario, save_seconds=model.save_seconds),
+                   source={**w.source, "checkpoint": model.describe(),
+                           "checkpointing_jobs": sum(1 for j in jobs if j.checkpoint_interval)})
 
 
 def _overrides(w: Workload, args: argparse.Namespace) -> Workload:
     """The command line's settings over the workload's: --no-preemption,
-    --no-reservation, --lost-per-wait (each noted in the JSON's `source`)."""
+    --no-reservation, --lost-per-wait, --grace (each noted in the JSON's `source`)."""
     st, source = w.scenario.settings, dict(w.source)
     if args.no_preemption:
         st = replace(st, preemption=replace(st.preemption, enabled=False))
@@ -207,6 +237,11 @@ def _overrides(w: Workload, args: argparse.Namespace) -> Workload:
             raise ScenarioError("--lost-per-wait: a number >= 0 or 'none'")
         st = replace(st, preemption=replace(st.preemption, lost_per_wait=ratio))
         source["lost_per_wait"] = ratio
+    tiers = w.scenario.tiers
+    if args.grace is not None:
+        grace = parse_grace(args.grace, [t.name for t in tiers])
+        tiers = with_grace(tiers, grace)
+        source["grace"] = grace
     nodes = w.scenario.nodes
     rate = args.spot_interruptions_per_hour
     if rate is not None:
@@ -216,7 +251,8 @@ def _overrides(w: Workload, args: argparse.Namespace) -> Workload:
             raise ScenarioError("--spot-interruptions-per-hour: the scenario has no spot pool")
         nodes = tuple(replace(n, interruptions_per_hour=rate) if n.spot else n for n in nodes)
         source["spot_interruptions_per_hour"] = rate
-    return replace(w, scenario=replace(w.scenario, settings=st, nodes=nodes), source=source)
+    return replace(w, scenario=replace(w.scenario, settings=st, nodes=nodes, tiers=tiers),
+                   source=source)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -235,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workload = load_workload(args)
         if not workload.jobs:
             raise ScenarioError("no jobs: give --trace, or a scenario with a jobs section")
-    except (ScenarioError, TraceError, EstimateError, GpuSpecError) as exc:
+    except (ScenarioError, TraceError, EstimateError, GpuSpecError, CheckpointError) as exc:
         print(f"fairq-sim: {exc}", file=sys.stderr)
         return 2
     doc = simulate(workload, policies, progress_out=None if args.quiet else sys.stderr)

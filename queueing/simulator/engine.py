@@ -9,7 +9,12 @@ and, with spot pools, a spot node's interruption (a seeded Poisson process per n
 jobs requeue, rule K6) and its replacement coming back.
 At each instant, after every event of that instant is applied, one cycle runs: snapshot →
 `plan_admissions` → apply, like the scheduler service, except that an admitted job starts
-at once (the simulated cluster) and a victim's GPUs are free at once. The bookkeeping
+at once (the simulated cluster). A victim keeps its GPUs for its tier's grace (rule R10;
+0 = free at once, as the simulated cluster frees them) and keeps the work up to its last
+checkpoint, or all of it when it checkpoints and saves on the stop signal within its grace
+(docs/simulator.md, "Checkpoints, grace and owed claims"); a running job's last checkpoint
+is its `checkpointed_at` in the snapshot (rule R4). Each job is judged owed or not (rule
+R11, `owed_claim`) on the snapshot of the first cycle after its arrival. The bookkeeping
 rules come from `queueing.policy.cycle`, the decisions from `queueing.policy.admission`.
 tests/simulator/test_same_as_cycle.py holds the decisions to the real cycle's.
 """
@@ -21,7 +26,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from queueing.policy.admission import Plan, plan_admissions
@@ -41,6 +46,7 @@ from queueing.policy.fairshare import (
     TeamUsageInput,
     compute_standings,
 )
+from queueing.policy.preemption import owed_claim
 from queueing.policy.snapshot import (
     NodeState,
     PreemptionSettings,
@@ -57,7 +63,7 @@ EPOCH = datetime(2023, 1, 1, tzinfo=UTC)
 
 Progress = Callable[[float], None]
 
-_ARRIVAL, _FINISH, _TIMER, _RECLAIM, _BACK = 0, 1, 2, 3, 4
+_ARRIVAL, _FINISH, _RELEASE, _TIMER, _RECLAIM, _BACK = 0, 1, 2, 3, 4, 5
 
 
 def at(seconds: float) -> datetime:
@@ -68,6 +74,15 @@ def at(seconds: float) -> datetime:
 class _Running:
     job: RunningJob
     start: float
+    interval: float | None = None  # its checkpoint interval (None: it never checkpoints)
+    checkpoints: int = 0  # taken in this attempt: the last at start + checkpoints × interval
+
+    def last_checkpoint(self, now: float) -> float | None:
+        """When this attempt last checkpointed by `now` (None: not yet, or never)."""
+        if not self.interval:
+            return None
+        k = int((now - self.start) // self.interval)
+        return self.start + k * self.interval if k > 0 else None
 
 
 def interruption_clock(seed: int, node: str, per_hour: float) -> random.Random:
@@ -108,6 +123,10 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
     node_specs = sc.nodes
     # Rules K1-K7: the clusters' ranks; spot nodes now down (rule K6).
     ranks = {c.name: c.cost_rank for c in sc.clusters}
+    # Rules R9, R11 per tier, as the service reads them from the tiers.
+    by_tier = {t.rank: (None if t.lost_per_wait == -1 else t.lost_per_wait)
+               for t in sc.tiers if t.lost_per_wait is not None}
+    owed_waits = frozenset(t.rank for t in sc.tiers if not t.owed_preempts_at_once)
     down: set[str] = set()
     interruptions = 0
     clocks = {n.name: interruption_clock(sc.seed, n.name, n.interruptions_per_hour)
@@ -141,6 +160,14 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
 
     queued: dict[int, QueuedJob] = {}
     running: dict[int, _Running] = {}
+    # Work left per job (its runtime less what its saved checkpoints hold).
+    left: dict[int, float] = {j.id: j.runtime for j in workload.jobs}
+    grace = {t.name: sc.grace(t.name) for t in sc.tiers}
+    # Victims' workloads still stopping (in their grace): name -> (nodes, GPUs per replica).
+    terminating: dict[str, tuple[list[str], int]] = {}
+    # Rule R11: jobs not yet judged owed or not (arrived since the last cycle), and the owed.
+    fresh: list[int] = []
+    owed: set[int] = set()
     attempt_no: dict[int, int] = {j.id: 0 for j in workload.jobs}
     attempts: dict[int, list[Attempt]] = {j.id: [] for j in workload.jobs}
     finished: dict[int, float] = {}
@@ -166,6 +193,13 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             max_runtime_seconds=estimate_seconds(j),
             clusters=None if j.cluster is None else frozenset((j.cluster,)),  # rule K3
             spot_ok=tier.preemptible or j.allow_spot)  # rule K4
+        if queued_at is None:
+            fresh.append(j.id)
+
+    def keep_work(r: _Running, saved: float | None) -> None:
+        """The attempt's work up to `saved` is kept: that much less is left to run."""
+        if saved is not None and saved > r.start:
+            left[r.job.id] = max(0.0, left[r.job.id] - (saved - r.start))
 
     def reclaim(name: str) -> None:
         """Rule K6: spot node `name` is interrupted: down until its replacement is back;
@@ -175,9 +209,15 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
         interruptions += 1
         down.add(name)
         now = at(now_s)
+        for entry in terminating.values():
+            # A victim stopping there: those GPUs go with the node (the replacement is new).
+            entry[0][:] = [n for n in entry[0] if n != name]
         for job_id in sorted(i for i, r in running.items() if name in r.job.nodes):
             r = running.pop(job_id)
             release(r.job)
+            # No time to save: the work up to its last periodic checkpoint is kept.
+            saved = r.last_checkpoint(now_s)
+            keep_work(r, saved)
             j = jobs[job_id]
             requeued = requeue_victim(
                 attempt=attempt_no[job_id], submitted_at=at(j.submit),
@@ -188,7 +228,8 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             acc[j.team] = requeued.accumulator
             attempt_no[job_id] = requeued.attempt
             attempts[job_id].append(Attempt(r.start, now_s, preempted=False, reclaimed=True,
-                                            cluster=r.job.cluster, gpu_type=r.job.gpu_type))
+                                            cluster=r.job.cluster, gpu_type=r.job.gpu_type,
+                                            saved=saved))
             queue_job(j, queued_at=now_s)
         free[name] = 0
         push(now_s + spec_of[name].replacement_seconds, _BACK, node_index[name])
@@ -228,6 +269,11 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                     next_interruption(name, now_s)
             elif kind == _ARRIVAL:
                 queue_job(jobs[job_id])
+            elif kind == _RELEASE:
+                stopped = terminating.pop(workload_name(job_id, attempt), None)
+                if stopped is not None:
+                    for name in stopped[0]:
+                        free[name] += stopped[1]
             elif kind == _FINISH:
                 r = running.get(job_id)
                 if r is None or attempt_no[job_id] != attempt:
@@ -244,6 +290,12 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
         now = at(now_s)
         cycles += 1
         # --- snapshot (the selectors' part of the service, on the simulator's state)
+        for r in running.values():
+            if r.interval:  # rule R4: the attempt's last checkpoint, as the job reported it
+                k = int((now_s - r.start) // r.interval)
+                if k != r.checkpoints:
+                    r.checkpoints = k
+                    r.job = replace(r.job, checkpointed_at=at(r.start + k * r.interval))
         holding = [Holding(r.job.team, r.job.total_gpus, billing.get(r.job.gpu_type, 1.0),
                            r.job.started_at) for r in running.values()]
         open_intervals, penalty = standings_running_and_penalty(
@@ -264,7 +316,7 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             nominations, now=now,
             queued_attempts={n.job_id: attempt_no[n.job_id] for n in nominations
                              if n.job_id in queued},
-            live_workloads=(), grace_seconds=pre.termination_grace_seconds,
+            live_workloads=terminating.keys(), grace_seconds=pre.termination_grace_seconds,
             nomination_seconds=pre.nomination_seconds)
         snapshot = Snapshot(
             now=now,
@@ -282,10 +334,18 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             nominated=nominated,
             nominated_placement=nominated_placements(nominations, nominated),
             preemption=PreemptionSettings.of(
-                pre, used=preemptions_in_window(made, now=now, window_seconds=pre.window_seconds)),
+                pre, used=preemptions_in_window(made, now=now, window_seconds=pre.window_seconds),
+                lost_per_wait_by_tier=by_tier, owed_waits_tiers=owed_waits),
             reservation=st.reservation,
             cluster_ranks=ranks,
         )
+        # Rule R11: owed when submitted, judged on the first snapshot that has the job.
+        for job_id in fresh:
+            q = queued.get(job_id)
+            if q is not None and any(owed_claim(snapshot, q, t)
+                                     for t in q.accepted_types):
+                owed.add(job_id)
+        fresh.clear()
         # --- decide
         if on_snapshot is not None:
             on_snapshot(snapshot)
@@ -300,10 +360,20 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             names = []
             for v in p.victims:
                 r = running.pop(v.job_id)
-                release(r.job)
                 j = jobs[v.job_id]
                 old = attempt_no[v.job_id]
                 names.append(workload_name(v.job_id, old))
+                g = grace[j.tier]
+                if g > 0:  # rule R10: it keeps its GPUs while it stops
+                    terminating[names[-1]] = (list(r.job.nodes), r.job.gpus_per_replica)
+                    push(now_s + g, _RELEASE, v.job_id, old)
+                else:
+                    release(r.job)
+                # A checkpointing job saves on the stop signal when its grace allows the
+                # save; else its last periodic checkpoint is what it keeps.
+                saved = now_s if r.interval and sc.save_seconds <= g else \
+                    r.last_checkpoint(now_s)
+                keep_work(r, saved)
                 requeued = requeue_victim(
                     attempt=old, submitted_at=at(j.submit), started_at=r.job.started_at,
                     now=now, gpus=j.gpus, billing_weight=billing.get(r.job.gpu_type, 1.0),
@@ -313,7 +383,8 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                 attempt_no[v.job_id] = requeued.attempt
                 attempts[v.job_id].append(Attempt(r.start, now_s, preempted=True,
                                                   cluster=r.job.cluster,
-                                                  gpu_type=r.job.gpu_type))
+                                                  gpu_type=r.job.gpu_type, saved=saved,
+                                                  released=now_s + g))
                 queue_job(j, queued_at=now_s)
                 made.append((now, p.team))
             nominations.append(Nomination(p.preemptor_id, attempt_no[p.preemptor_id], now,
@@ -335,9 +406,10 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                            tier_rank=q.tier_rank, preemptible=tier.preemptible, started_at=now,
                            min_runtime_seconds=tier.min_runtime_seconds, nodes=a.placement,
                            preemptions=sum(1 for x in attempts[j.id] if x.preempted),
-                           max_runtime_seconds=estimate_seconds(j), cluster=a.cluster),
-                now_s)
-            push(now_s + j.runtime, _FINISH, j.id, attempt_no[j.id])
+                           max_runtime_seconds=estimate_seconds(j), cluster=a.cluster,
+                           grace_seconds=math.ceil(grace[j.tier])),
+                now_s, j.checkpoint_interval)
+            push(now_s + left[j.id], _FINISH, j.id, attempt_no[j.id])
             if tier.preemptible and tier.min_runtime_seconds > 0:
                 timer(now_s + tier.min_runtime_seconds)
         if pre.max_per_team is not None and made:
@@ -354,4 +426,6 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
     records = tuple(JobRecord(j, tuple(attempts[j.id]), finished.get(j.id))
                     for j in workload.jobs)
     return RunResult("fairq", records, cycles, now_s, time.perf_counter() - t_wall,
-                     interruptions=interruptions)
+                     interruptions=interruptions, owed=frozenset(owed),
+                     grace_seconds=max((grace[t.name] for t in sc.tiers if t.preemptible),
+                                       default=0.0))

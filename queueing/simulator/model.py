@@ -46,12 +46,20 @@ class TeamSpec:
 @dataclass(frozen=True, slots=True)
 class TierSpec:
     """A tier: higher `rank` first; `preemptible` False never a victim (rule R3), nor one
-    that has run less than `min_runtime_seconds`."""
+    that has run less than `min_runtime_seconds`; its victims hold their GPUs for
+    `grace_seconds` after a preemption."""
 
     name: str
     rank: int
     preemptible: bool = True
     min_runtime_seconds: int = 0
+    # A victim's termination grace (rule R10): how long it keeps its GPUs after the
+    # preemption; None = the preemption settings' `termination_grace_seconds`.
+    grace_seconds: float | None = None
+    # Rule R9's ratio for its preemptors (None = the settings' `lost_per_wait`; -1 = no
+    # R9 check), and whether its owed claims preempt at once (rule R11).
+    lost_per_wait: float | None = None
+    owed_preempts_at_once: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +74,9 @@ class Scenario:
     # interruptions.
     clusters: tuple[ClusterSpec, ...] = ()
     seed: int = 0
+    # How long a checkpointing job's save on the stop signal takes: it saves when its
+    # grace is at least this (docs/simulator.md, "Checkpoints, grace and owed claims").
+    save_seconds: float = 0.0
 
     @property
     def total_gpus(self) -> int:
@@ -77,14 +88,21 @@ class Scenario:
                 return t
         raise KeyError(name)
 
+    def grace(self, tier: str) -> float:
+        """Seconds a victim of `tier` keeps its GPUs after its preemption."""
+        g = self.tier(tier).grace_seconds
+        return self.settings.preemption.termination_grace_seconds if g is None else g
+
 
 @dataclass(frozen=True, slots=True)
 class SimJob:
-    """One job of the workload. `runtime` is how long it runs once started (it loses its
-    run when preempted and starts over); `estimate` the runtime a backfilling scheduler
-    is told (max_runtime_seconds), never below `runtime`. `gpu_types`: every GPU type it
-    accepts, in order of preference (() = only `gpu_type`; when given, its first is
-    `gpu_type`), as `QueuedJob.gpu_types`."""
+    """One job of the workload. `runtime` is how long it runs once started (preempted, it
+    resumes from its last saved checkpoint, or starts over without one); `estimate` the
+    runtime a backfilling scheduler is told (max_runtime_seconds), never below `runtime`.
+    `gpu_types`: every GPU type it accepts, in order of preference (() = only
+    `gpu_type`; when given, its first is `gpu_type`), as `QueuedJob.gpu_types`.
+    `checkpoint_interval`: it checkpoints every so many seconds of an attempt (what its
+    user declares; None = never)."""
 
     id: int
     team: str
@@ -98,6 +116,7 @@ class SimJob:
     cluster: str | None = None  # rule K3: its pin (None = any cluster)
     allow_spot: bool = False  # rule K4: spot nodes for a non-preemptible tier too
     gpu_types: tuple[str, ...] = ()
+    checkpoint_interval: float | None = None
 
     @property
     def gpus(self) -> int:
@@ -122,7 +141,10 @@ class Workload:
 class Attempt:
     """One run of a job: `preempted` (rule R6) or `reclaimed` (its spot node was
     interrupted, rule K6) ends it early and requeues the job; `cluster` where it ran,
-    `gpu_type` on which of its accepted GPU types ("" = not recorded; not compared)."""
+    `gpu_type` on which of its accepted GPU types ("" = not recorded; not compared).
+    A requeued attempt's work up to `saved` is kept (its last checkpoint, or the save on
+    the stop signal; None = nothing: lost from `start`), and it held its GPUs until
+    `released` (the end of its grace; None = at `end`). Neither is compared."""
 
     start: float
     end: float
@@ -130,10 +152,24 @@ class Attempt:
     reclaimed: bool = False
     cluster: str = ""
     gpu_type: str = field(default="", compare=False)
+    saved: float | None = field(default=None, compare=False)
+    released: float | None = field(default=None, compare=False)
 
     @property
     def requeued(self) -> bool:
         return self.preempted or self.reclaimed
+
+    @property
+    def kept_until(self) -> float:
+        """Up to when the attempt's work counts: its end, or for a requeued attempt its
+        last save (its start when none)."""
+        if not self.requeued:
+            return self.end
+        return self.start if self.saved is None else max(self.start, min(self.saved, self.end))
+
+    @property
+    def held_until(self) -> float:
+        return self.end if self.released is None else max(self.end, self.released)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,3 +195,8 @@ class RunResult:
     seconds: float
     # Rule K6: spot node interruptions during the run (fairq's loop only).
     interruptions: int = 0
+    # Rule R11: the jobs owed their GPUs when submitted (`owed_claim` on the snapshot of
+    # their first cycle; fairq's loop only) ...
+    owed: frozenset[int] = frozenset()
+    # ... and the victim grace the owed goal allows ("owed p95 <= 1 min + grace").
+    grace_seconds: float = 0.0

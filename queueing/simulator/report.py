@@ -51,11 +51,33 @@ def text_report(doc: Mapping[str, Any]) -> str:
                          f"{100 * f['delivered_share']:11.1f} {100 * f['fair_share']:7.1f} "
                          f"{f['deviation_points']:7.1f}")
     lines += clusters_text(doc)
+    lines += owed_lines(doc)
     lines += wait_cause_lines(doc)
     if doc.get("goals"):
         lines += ["", "goals (fairq):"]
         lines += [f"  {k} {v:.2f}" for k, v in doc["goals"].items()]
     return "\n".join(lines) + "\n"
+
+
+def owed_lines(doc: Mapping[str, Any]) -> list[str]:
+    """Rule R11 (fairq): the jobs owed their GPUs when submitted, per tier, their wait to
+    the first start against the goal; preemptions that lost nothing; GPU-hours held by
+    victims in their grace."""
+    fq = doc["policies"].get("fairq", {})
+    owed = fq.get("owed")
+    if not owed:
+        return []
+    o = fq["overall"]
+    lines = ["", f"owed jobs (fairq, rule R11): wait to the first start, goal p95 <= "
+                 f"{owed['goal_min']:g} min (1 min + grace)",
+             f"{'tier':8} {'jobs':>6} {'p50 min':>8} {'p95 min':>8} {'p99 min':>8} "
+             f"{'> goal':>6} {'all waits p95':>13}"]
+    for name, t in [("(all)", owed["overall"]), *owed["tiers"].items()]:
+        lines.append(f"{name:8} {t['jobs']:6d} {t['wait_p50_min']:8.1f} {t['wait_p95_min']:8.1f} "
+                     f"{t['wait_p99_min']:8.1f} {t['over_goal']:6d} {t['total_wait_p95_min']:13.1f}")
+    lines.append(f"preemptions with no work lost: {o['preemptions_no_loss']} of {o['preemptions']}; "
+                 f"GPU-hours held by victims in their grace: {o['grace_gpu_hours']:.1f}")
+    return lines
 
 
 def wait_cause_lines(doc: Mapping[str, Any]) -> list[str]:

@@ -166,7 +166,12 @@ def parse_scenario(doc: Any) -> Workload:
         t = _map(t, w)
         tiers.append(TierSpec(_str(t, "name", w), int(_num(t, "rank", w, minimum=None, integer=True)),
                               _bool(t, "preemptible", w, True),
-                              int(_num(t, "min_runtime_seconds", w, default=0, integer=True))))
+                              int(_num(t, "min_runtime_seconds", w, default=0, integer=True)),
+                              None if t.get("grace_seconds") is None else
+                              _num(t, "grace_seconds", w),
+                              None if t.get("lost_per_wait") is None else
+                              _num(t, "lost_per_wait", w, minimum=-1),
+                              _bool(t, "owed_preempts_at_once", w, True)))
     if not tiers:
         raise ScenarioError("tiers: at least one tier is needed")
     if len({t.name for t in tiers}) != len(tiers) or len({t.rank for t in tiers}) != len(tiers):
@@ -226,6 +231,8 @@ def parse_scenario(doc: Any) -> Workload:
         estimate = _num(j, "max_runtime_seconds", w, default=runtime, strict=True)
         if estimate < runtime:
             raise ScenarioError(f"{w}.max_runtime_seconds: below runtime_seconds")
+        interval = None if j.get("checkpoint_interval_seconds") is None else _num(
+            j, "checkpoint_interval_seconds", w, strict=True)
         count = int(_num(j, "count", w, default=1, strict=True, integer=True))
         every = _num(j, "every_seconds", w, default=0.0)
         submit = _num(j, "submit_seconds", w, default=0.0)
@@ -242,7 +249,8 @@ def parse_scenario(doc: Any) -> Workload:
         for k in range(count):
             jobs.append(SimJob(id=0, team=team, tier=tier, gpu_type=gt, gpus_per_replica=g,
                                replicas=reps, submit=submit + k * every, runtime=runtime,
-                               estimate=estimate, cluster=pin, allow_spot=allow_spot))
+                               estimate=estimate, cluster=pin, allow_spot=allow_spot,
+                               checkpoint_interval=interval))
     jobs.sort(key=lambda j: j.submit)  # stable: the file's order among equal submits
     numbered = tuple(replace(j, id=i + 1) for i, j in enumerate(jobs))
     last = max((j.submit for j in numbered), default=0.0)

@@ -58,9 +58,12 @@ def test_rule_k4_a_non_preemptible_job_waits_rather_than_use_spot() -> None:
     doc = _doc()
     doc["jobs"][1]["tier"] = "high"
     result = run_fairq(parse_scenario(doc))
-    _, high = result.records
-    # On-prem is busy until 7200; the spot node is free all along but not for it.
-    assert high.attempts == (Attempt(7200, 14400, preempted=False, cluster="onprem"),)
+    low, high = result.records
+    # On-prem is busy; the spot node is free all along but not for it. Owed its GPUs
+    # (rule R11: its team's nominal is every GPU), it preempts the low job on-prem at
+    # its arrival and starts when the victim's 30 s grace is over.
+    assert high.attempts == (Attempt(40, 7240, preempted=False, cluster="onprem"),)
+    assert low.attempts[0] == Attempt(0, 10, preempted=True, cluster="onprem")
 
 
 def test_allow_spot_lets_a_non_preemptible_job_use_spot() -> None:

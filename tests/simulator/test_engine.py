@@ -37,18 +37,22 @@ def test_rule_r6_a_victim_loses_its_run_and_the_lost_gpu_hours_are_exact() -> No
     w = parse_scenario(_doc())
     result = run_fairq(w)
     low, high = result.records
-    # R1: the high job preempts the low one at 1800; R8: it is admitted by the next
-    # cycle (the periodic one, 3 s later); R6: the victim requeues and runs again in full.
-    assert low.attempts == (Attempt(0, 1800, preempted=True), Attempt(2403, 6003, preempted=False))
-    assert high.attempts == (Attempt(1803, 2403, preempted=False),)
+    # R1: the high job preempts the low one at 1800; R8, R10: it is admitted once the
+    # victim's 30 s grace is over (the default termination grace), at 1830; R6: the
+    # victim, which does not checkpoint, requeues and runs again in full.
+    assert low.attempts == (Attempt(0, 1800, preempted=True), Attempt(2430, 6030, preempted=False))
+    assert low.attempts[0].released == 1830 and low.attempts[0].saved is None
+    assert high.attempts == (Attempt(1830, 2430, preempted=False),)
     s = summarize(result, w)
     overall = s["overall"]
     assert overall["lost_gpu_hours"] == pytest.approx(4 * 1800 / 3600)  # 2.0 exactly
     assert overall["delivered_gpu_hours"] == pytest.approx(4 * 600 / 3600 + 4 * 3600 / 3600)
+    assert overall["grace_gpu_hours"] == pytest.approx(4 * 30 / 3600)
     assert overall["preemptions"] == 1 and overall["max_preemptions_per_job"] == 1
-    assert s["tiers"]["high"]["wait_p95_min"] == pytest.approx(3 / 60)
-    # The victim waited from its preemption to its restart: 603 s.
-    assert s["tiers"]["low"]["wait_p95_min"] == pytest.approx(603 / 60)
+    assert overall["preemptions_no_loss"] == 0
+    assert s["tiers"]["high"]["wait_p95_min"] == pytest.approx(30 / 60)
+    # The victim waited from its preemption to its restart: 630 s.
+    assert s["tiers"]["low"]["wait_p95_min"] == pytest.approx(630 / 60)
 
 
 def test_rule_r3_a_job_within_its_minimum_runtime_is_preempted_only_once_it_ends() -> None:
@@ -56,9 +60,10 @@ def test_rule_r3_a_job_within_its_minimum_runtime_is_preempted_only_once_it_ends
     doc["tiers"][1]["min_runtime_seconds"] = 2400
     result = run_fairq(parse_scenario(doc))
     low, high = result.records
-    # Protected until 2400 (the loop wakes up then, as the service's periodic cycle would).
+    # Protected until 2400 (the loop wakes up then, as the service's periodic cycle would);
+    # the victim's 30 s grace follows.
     assert low.attempts[0] == Attempt(0, 2400, preempted=True)
-    assert high.attempts == (Attempt(2403, 3003, preempted=False),)
+    assert high.attempts == (Attempt(2430, 3030, preempted=False),)
 
 
 def test_without_preemption_the_high_job_waits_for_the_low_one() -> None:
@@ -78,9 +83,16 @@ def test_rule_r5_the_rate_limit_holds_preemptions_until_the_window_moves() -> No
                            "lost_per_wait": None},
                quotas=[{"team": "a", "gpu_type": "gpu", "nominal": 4},
                        {"team": "b", "gpu_type": "gpu", "nominal": 0}])
+    # Team a's jobs are owed (rule R11): R5 does not hold them back ...
     result = run_fairq(parse_scenario(doc))
     preempted_at = sorted(a.end for r in result.records for a in r.attempts if a.preempted)
-    # One preemption per 1000 s window for team a.
+    assert preempted_at == [100, 100, 100, 100]
+    assert result.owed == frozenset({5, 6, 7, 8})
+    # ... unless their tier's owed claims wait by the ordinary rules (R11's opt-out): one
+    # preemption per 1000 s window for team a.
+    doc["tiers"][0]["owed_preempts_at_once"] = False
+    result = run_fairq(parse_scenario(doc))
+    preempted_at = sorted(a.end for r in result.records for a in r.attempts if a.preempted)
     assert preempted_at == [100, 1100, 2100, 3100]
 
 

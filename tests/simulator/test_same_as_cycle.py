@@ -43,8 +43,10 @@ pytestmark = pytest.mark.django_db
 NODES = (NodeSpec("node-000", "h100", 8), NodeSpec("node-001", "h100", 8),
          NodeSpec("node-002", "h100", 4))
 TEAMS = (TeamSpec("ada", 1.0), TeamSpec("bob", 2.0), TeamSpec("cyd", 1.0))
-TIERS = (TierSpec("x-high", 930, preemptible=False), TierSpec("x-normal", 920, True, 120),
-         TierSpec("x-low", 910, True, 0))
+# Grace 0: the simulated cluster the real cycle runs on frees a victim's GPUs at once.
+TIERS = (TierSpec("x-high", 930, preemptible=False, grace_seconds=0),
+         TierSpec("x-normal", 920, True, 120, grace_seconds=0),
+         TierSpec("x-low", 910, True, 0, grace_seconds=0))
 
 
 def _settings() -> PolicySettings:

@@ -30,13 +30,17 @@ from queueing.simulator.waits import (
 
 def _doc(**over: Any) -> dict[str, Any]:
     """One node of 4 GPUs; team b's low job (nominal 0: all borrowed) runs from 0 to 3600,
-    team a's high job (nominal 4) arrives at 1800."""
+    team a's high job (nominal 4) arrives at 1800. A victim's grace is 0 (its GPUs free at
+    once, as on the simulated cluster): the causes of the grace are tested apart."""
     doc: dict[str, Any] = {
         "cluster": {"node_pools": [{"name": "n", "gpu_type": "gpu", "nodes": 1,
                                     "gpus_per_node": 4}]},
         "teams": [{"name": "a", "weight": 1}, {"name": "b", "weight": 1}],
-        "tiers": [{"name": "high", "rank": 30, "preemptible": False},
-                  {"name": "low", "rank": 10, "preemptible": True}],
+        # The high tier's owed claims wait by the ordinary rules (R11's opt-out), so R3,
+        # R5 and R9 show as causes; an owed claim is tested in test_checkpoints.py.
+        "tiers": [{"name": "high", "rank": 30, "preemptible": False,
+                   "owed_preempts_at_once": False},
+                  {"name": "low", "rank": 10, "preemptible": True, "grace_seconds": 0}],
         "quotas": [{"team": "a", "gpu_type": "gpu", "nominal": 4},
                    {"team": "b", "gpu_type": "gpu", "nominal": 0}],
         "horizon_seconds": 10000,
