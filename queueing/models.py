@@ -32,6 +32,12 @@ def validate_topology_levels(value: object) -> None:
         raise ValidationError(str(exc)) from exc
 
 
+GPU_SHARING_CHOICES = [("exclusive", "exclusive (whole GPUs)"),
+                       ("mig", "MIG (isolated instances)"),
+                       ("time-sliced", "time-sliced (no memory isolation)"),
+                       ("mps", "MPS (no memory isolation)")]
+
+
 class GpuType(models.Model):
     slug = models.CharField(max_length=40, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=200)
@@ -55,11 +61,44 @@ class GpuType(models.Model):
                   "one domain of a level (the nodes with the same value of its label).",
     )
 
+    # Shared GPUs (docs/scheduling.md, "Shared GPUs"): how one physical GPU of the type
+    # is shared. `exclusive`: a pod gets whole GPUs (slices_per_gpu = 1). `mig`: the
+    # type is one MIG profile (resource_name e.g. nvidia.com/mig-1g.10gb), each device an
+    # isolated instance, `slices_per_gpu` instances of it per GPU. `time-sliced` / `mps`:
+    # the NVIDIA device plugin's replicas of one GPU (`slices_per_gpu` per GPU) with NO
+    # memory isolation; a job asks whole GPUs or a fraction (`Job.gpu_slices`).
+    sharing = models.CharField(max_length=12, choices=GPU_SHARING_CHOICES,
+                               default="exclusive", db_default="exclusive")
+    slices_per_gpu = models.PositiveSmallIntegerField(
+        default=1, db_default=1, validators=[MinValueValidator(1), MaxValueValidator(64)],
+        help_text="exclusive: 1; mig: instances of this profile per GPU; time-sliced and "
+                  "mps: the device plugin's replicas per GPU.")
+
     class Meta:
         ordering = ["slug"]
         constraints = [
-            models.CheckConstraint(condition=Q(billing_weight__gte=0), name="gpu_billing_weight_gte_0")
+            models.CheckConstraint(condition=Q(billing_weight__gte=0), name="gpu_billing_weight_gte_0"),
+            models.CheckConstraint(condition=~Q(sharing="exclusive") | Q(slices_per_gpu=1),
+                                   name="gpu_exclusive_one_slice"),
         ]
+
+    @property
+    def packs_slices(self) -> bool:
+        """Time-sliced and MPS types: fractions of one GPU are packed per GPU."""
+        return self.sharing in ("time-sliced", "mps")
+
+    @property
+    def units_per_device(self) -> int:
+        """What one whole device counts in the policy's units of this type: a GPU of a
+        time-sliced or MPS type is `slices_per_gpu` slices; an exclusive GPU or a MIG
+        instance is 1."""
+        return self.slices_per_gpu if self.packs_slices else 1
+
+    @property
+    def gpus_per_unit(self) -> float:
+        """GPU-hours one unit-hour counts (quotas shown, fair share, costs): 1 /
+        `slices_per_gpu` (a MIG instance of a 7-way profile: 1/7 GPU)."""
+        return 1.0 / self.slices_per_gpu
 
     def __str__(self) -> str:
         return self.slug
@@ -431,6 +470,13 @@ class Job(models.Model):
     gpu_types = models.JSONField(default=list, db_default=[], blank=True)
     gpus_per_replica = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     replicas = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    # Shared GPUs: 0 = each replica asks `gpus_per_replica` whole devices; k >= 1 = each
+    # replica asks k slices of ONE GPU of a time-sliced or MPS type (k < its
+    # slices_per_gpu; gpus_per_replica is then 1): the fraction k / slices_per_gpu.
+    # `gpu_slots`: per replica, the index of the GPU on its node (placement) its slices
+    # were packed on by the plan; [] = not a fraction or not admitted.
+    gpu_slices = models.PositiveSmallIntegerField(default=0, db_default=0)
+    gpu_slots = models.JSONField(default=list, db_default=[], blank=True)
     tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="jobs")
     max_runtime_seconds = models.PositiveIntegerField(null=True, blank=True)
     # Per replica, requests = limits (docs/api.md, "Resources"): the quantities as the
@@ -562,6 +608,21 @@ class Job(models.Model):
     @property
     def total_gpus(self) -> int:
         return self.gpus_per_replica * self.replicas
+
+    @property
+    def units_per_replica(self) -> int:
+        """Per replica, the policy's units of its GPU type: its slices when a fraction,
+        else its devices x the type's `units_per_device`."""
+        if self.gpu_slices:
+            return self.gpu_slices
+        return self.gpus_per_replica * self.gpu_type.units_per_device
+
+    @property
+    def gpu_share(self) -> float:
+        """GPU-equivalents it holds while running (quotas shown, fair share, costs):
+        units x replicas / the type's slices_per_gpu; a whole-GPU job's total_gpus."""
+        t = self.gpu_type
+        return self.units_per_replica * self.replicas / t.slices_per_gpu
 
     @property
     def is_final(self) -> bool:

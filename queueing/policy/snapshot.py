@@ -37,6 +37,13 @@ class NodeState:
     # Rule C4: its `NodePool`'s name ("" = none); the plan does not read it, the cycle
     # records the pools a spot admission's nodes are in (`Job.spot_pools`).
     pool: str = ""
+    # Shared GPUs (docs/scheduling.md, "Shared GPUs"): a node of a time-sliced or MPS
+    # type counts `capacity` and `free` in slices, `slices_per_gpu` per GPU, and
+    # `gpu_free` gives the free slices of each of its GPUs (index = the GPU's; len =
+    # capacity // slices_per_gpu). slices_per_gpu = 1 and gpu_free = () everywhere else
+    # (an exclusive GPU or a MIG instance is one unit; no per-GPU packing).
+    slices_per_gpu: int = 1
+    gpu_free: tuple[int, ...] = ()
 
 
 class TopologyMode(StrEnum):
@@ -114,6 +121,10 @@ class QueuedJob:
     # Every GPU type it accepts, in order of preference (docs/scheduling.md, "Several GPU
     # types"); () = only `gpu_type`. When given, its first is `gpu_type`.
     gpu_types: tuple[str, ...] = ()
+    # Shared GPUs: `gpus_per_replica` is in the units of its type - slices on a
+    # time-sliced or MPS type (a fraction: fewer than the type's slices_per_gpu, on one
+    # GPU; whole GPUs: a multiple of it, whole free GPUs), devices elsewhere. A job on a
+    # slice-packed type accepts only that type.
 
     @property
     def total_gpus(self) -> int:
@@ -154,6 +165,9 @@ class RunningJob:
     # Its pods' termination grace in seconds (rules R8, R11: how long a preemptor waits
     # for it); None = the backend's default.
     grace_seconds: int | None = None
+    # Shared GPUs: a fraction's GPU index on its node, per replica (as `nodes`), so its
+    # slices go back to that GPU when it is removed; () = whole devices.
+    gpu_slots: tuple[int, ...] = ()
 
     @property
     def total_gpus(self) -> int:
@@ -324,5 +338,14 @@ class Snapshot:
             return self.nodes
         return tuple(n for n in self.nodes if n.cluster not in closed)
 
+    # Shared GPUs: per GPU type, how many of its units make one GPU (its
+    # slices_per_gpu; a type absent: 1). Quotas, running and queued jobs and nodes are
+    # in units; what is said or charged in GPUs divides by this.
+    units_per_gpu: Mapping[str, int] = field(default_factory=dict)
+
     def billing_weight(self, gpu_type: str) -> float:
         return self.billing_weights.get(gpu_type, 1.0)
+
+    def gpus_of(self, gpu_type: str, units: float) -> float:
+        """`units` of `gpu_type` in GPU-equivalents (shared GPUs)."""
+        return units / self.units_per_gpu.get(gpu_type, 1)
