@@ -82,6 +82,9 @@ class GpuType(models.Model):
                                    name="gpu_exclusive_one_slice"),
         ]
 
+    def __str__(self) -> str:
+        return self.slug
+
     @property
     def packs_slices(self) -> bool:
         """Time-sliced and MPS types: fractions of one GPU are packed per GPU."""
@@ -99,9 +102,6 @@ class GpuType(models.Model):
         """GPU-hours one unit-hour counts (quotas shown, fair share, costs): 1 /
         `slices_per_gpu` (a MIG instance of a 7-way profile: 1/7 GPU)."""
         return 1.0 / self.slices_per_gpu
-
-    def __str__(self) -> str:
-        return self.slug
 
 
 class ClusterBackendKind(models.TextChoices):
