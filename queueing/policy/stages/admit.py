@@ -32,6 +32,9 @@ class Admission:
     placement: tuple[str, ...]
     cluster: str = ""  # rule K1: the one cluster of its nodes ("" = the only cluster)
     spot: bool = False  # rules K1, K4, C4: its nodes are spot nodes (all or none)
+    # Shared GPUs: a fraction's GPU index on each replica's node (as `placement`) - the
+    # GPU its slices were packed on; () = whole devices.
+    gpu_slots: tuple[int, ...] = ()
 
 
 def admitted_one(p: Pass, job: QueuedJob) -> None:
