@@ -117,6 +117,26 @@ def _example_module(name: str) -> ModuleType:
     return module
 
 
+def _pipeline_argv(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cli: Cli, *,
+                   sim_seconds: str, tier: str | None = None,
+                   extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Write examples/job.yaml with `FAIRQ_SIM_SECONDS` (and `tier`) changed into
+    `tmp_path`, point the example scripts at the test server with the user's token, and
+    set pipeline.py's argv; the spec written is returned."""
+    job_file = tmp_path / "job.yaml"
+    spec = yaml.safe_load(JOB_FILE.read_text())
+    spec["env"]["FAIRQ_SIM_SECONDS"] = sim_seconds
+    if tier is not None:
+        spec["tier"] = tier
+    job_file.write_text(yaml.safe_dump(spec))
+    monkeypatch.setenv("FAIRQ_URL", BASE)
+    monkeypatch.setenv("FAIRQ_TOKEN", cli.token)
+    monkeypatch.setattr(sys, "argv", ["pipeline.py", str(job_file), *extra,
+                                      "--interval", "0", "--log-wait", "5"])
+    return spec
+
+
+
 
 def test_the_pipeline_script_submits_waits_and_prints_each_replicas_log(
         cli: Cli, allowed: dict[str, list[str]], monkeypatch: pytest.MonkeyPatch,
@@ -125,14 +145,8 @@ def test_the_pipeline_script_submits_waits_and_prints_each_replicas_log(
     session = _Session()
     monkeypatch.setattr(pipeline.requests, "Session", lambda: session)
     monkeypatch.setattr(pipeline.time, "sleep", lambda _s: _cycle_and_log_archive())
-    job_file = tmp_path / "job.yaml"
-    spec = yaml.safe_load(JOB_FILE.read_text())
-    spec["env"]["FAIRQ_SIM_SECONDS"] = "0"
-    job_file.write_text(yaml.safe_dump(spec))
-    monkeypatch.setenv("FAIRQ_URL", BASE)
-    monkeypatch.setenv("FAIRQ_TOKEN", cli.token)
-    monkeypatch.setattr(sys, "argv", ["pipeline.py", str(job_file), "--label", "trial=8",
-                                      "--interval", "0", "--log-wait", "5"])
+    spec = _pipeline_argv(monkeypatch, tmp_path, cli, sim_seconds="0",
+                          extra=("--label", "trial=8"))
     assert pipeline.main() == 0
     out = capsys.readouterr().out
     job = Job.objects.get()
@@ -170,14 +184,7 @@ def test_the_pipeline_script_prints_a_state_once_while_only_the_queue_around_it_
             _cycle_and_log_archive()
 
     monkeypatch.setattr(pipeline.time, "sleep", sleep)
-    job_file = tmp_path / "job.yaml"
-    spec = yaml.safe_load(JOB_FILE.read_text())
-    spec["env"]["FAIRQ_SIM_SECONDS"] = "0"
-    job_file.write_text(yaml.safe_dump(spec))
-    monkeypatch.setenv("FAIRQ_URL", BASE)
-    monkeypatch.setenv("FAIRQ_TOKEN", cli.token)
-    monkeypatch.setattr(sys, "argv", ["pipeline.py", str(job_file), "--interval", "0",
-                                      "--log-wait", "5"])
+    _pipeline_argv(monkeypatch, tmp_path, cli, sim_seconds="0")
     assert pipeline.main() == 0
     out = capsys.readouterr().out
     job = Job.objects.get(name="resnet50-ddp")
@@ -253,15 +260,7 @@ def test_the_pipeline_script_shows_a_preempted_job_resumed_as_its_next_attempt(
         job_logs_archive(backend=get_backend(), now=clock[0])
 
     monkeypatch.setattr(pipeline.time, "sleep", sleep)
-    job_file = tmp_path / "job.yaml"
-    spec = yaml.safe_load(JOB_FILE.read_text())
-    spec["tier"] = "low"
-    spec["env"]["FAIRQ_SIM_SECONDS"] = "60"
-    job_file.write_text(yaml.safe_dump(spec))
-    monkeypatch.setenv("FAIRQ_URL", BASE)
-    monkeypatch.setenv("FAIRQ_TOKEN", cli.token)
-    monkeypatch.setattr(sys, "argv", ["pipeline.py", str(job_file), "--interval", "0",
-                                      "--log-wait", "5"])
+    _pipeline_argv(monkeypatch, tmp_path, cli, sim_seconds="60", tier="low")
     assert pipeline.main() == 0
     out = capsys.readouterr().out
     job = Job.objects.get(name="resnet50-ddp")
