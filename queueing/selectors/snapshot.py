@@ -33,6 +33,7 @@ from queueing.policy.snapshot import (
     TopologyMode,
 )
 from queueing.policy.states import JobState
+from queueing.policy.workspace import replica_slots
 
 from .active_jobs import ActiveJobs, JobRow, Lookups, TierFacts
 from .cluster import ClusterFacts, ClusterView
@@ -115,6 +116,8 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
                 pending_alloc[node] += r.gpus_per_replica
                 pending_cpu[node] += r.cpu_millicores or 0
                 pending_memory[node] += r.memory_bytes or 0
+    lookups = jobs.lookups
+    held_gpus = gpus_held(running, lookups) if lookups.units else {}
     nodes = tuple(
         NodeState(name, n.gpu_type, n.capacity,
                   max(0, n.capacity - n.allocated - pending_alloc[name]),
@@ -122,7 +125,10 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
                   memory_free=_minus(n.memory_free, pending_memory[name]),
                   topology=n.topology, cpu_allocatable=n.cpu_millicores,
                   memory_allocatable=n.memory_bytes, cluster=n.cluster, spot=n.spot,
-                  pool=n.pool)
+                  pool=n.pool,
+                  **(packed_node(name, n.capacity, lookups.units[n.gpu_type][1],
+                                 held_gpus.get(name, ()))
+                     if lookups.packs_slices(n.gpu_type) else {}))
         for n in backend.nodes()
         for name in (qualified_node(n.cluster, n.name),)
     )
@@ -132,8 +138,9 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         log.warning("snapshot: left out %d job rows the policy cannot take: %s", len(odd),
                     ", ".join(str(pk) for pk in sorted(odd)[:20]))
     quotas = {
-        (q["team__slug"], q["gpu_type__slug"]): QuotaLimit(
-            q["nominal"], q["borrowing_limit"], q["lending_limit"])
+        (q["team__slug"], q["gpu_type__slug"]): quota_in_units(
+            q["nominal"], q["borrowing_limit"], q["lending_limit"],
+            lookups.units_per_device(q["gpu_type__slug"]))
         for q in Quota.objects.values("team__slug", "gpu_type__slug", "nominal",
                                       "borrowing_limit", "lending_limit")
     }
@@ -163,8 +170,70 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         closed_clusters=closed_clusters(jobs.lookups.clusters),
         flavor_fallback=flavor_fallbacks(queued, jobs.lookups),
         flavor_fallback_default=FlavorFallback.BORROW,
+        units_per_gpu={t: s for t, (_, s) in lookups.units.items()},
         **ranks,
     )
+
+
+def quota_in_units(nominal: int, borrowing: int | None, lending: int | None,
+                   per_device: int) -> QuotaLimit:
+    """Rule H4: a quota row (in devices: GPUs, MIG instances) in the policy's units."""
+    if per_device == 1:
+        return QuotaLimit(nominal, borrowing, lending)
+    return QuotaLimit(nominal * per_device,
+                      None if borrowing is None else borrowing * per_device,
+                      None if lending is None else lending * per_device)
+
+
+def gpus_held(running: Iterable[RunningJob], lookups: Lookups
+              ) -> dict[str, list[tuple[int, tuple[int, ...]]]]:
+    """Rule H1: per node of a slice-packed type, what each running (or admitted) job's
+    replica there holds: (its slices, the GPU indexes its `gpu_slots` name for that
+    replica - () when not known)."""
+    out: dict[str, list[tuple[int, tuple[int, ...]]]] = defaultdict(list)
+    for r in running:
+        if not lookups.packs_slices(r.gpu_type):
+            continue
+        for name, slots in zip(r.nodes, replica_slots(r.gpu_slots, len(r.nodes)),
+                               strict=True):
+            out[name].append((r.gpus_per_replica, slots))
+    return out
+
+
+def packed_node(name: str, capacity: int, slices_per_gpu: int,
+                held: Iterable[tuple[int, tuple[int, ...]]]) -> dict[str, Any]:
+    """Rule H1: a slice-packed node's `slices_per_gpu` and `gpu_free` - each GPU's
+    slices less what the jobs on it hold: a fraction its slices on its GPU, whole GPUs
+    all of theirs. A replica whose GPUs are not known (a job admitted before its slots
+    were recorded, or whose pods moved) is put where `Capacity` would: on the shared GPU
+    with the fewest free slices that holds it, else the lowest free GPUs. The node's
+    own free count still bounds it (`policy/workspace.py::per_gpu_free`)."""
+    s = slices_per_gpu
+    free = [s] * (capacity // s)
+    unknown: list[int] = []
+    for units, slots in held:
+        if not slots:
+            unknown.append(units)
+            continue
+        each = units if len(slots) == 1 and units < s else s
+        for i in slots:
+            if 0 <= i < len(free):
+                free[i] = max(0, free[i] - each)
+    for units in sorted(unknown, reverse=True):
+        if units < s:
+            fit = [(f, i) for i, f in enumerate(free) if units <= f]
+            if fit:
+                i = min(fit, key=lambda x: (x[0] == s, x[0], x[1]))[1]
+                free[i] -= units
+                continue
+        left = units
+        for i in range(len(free)):
+            if left <= 0:
+                break
+            d = min(free[i], left)
+            free[i] -= d
+            left -= d
+    return {"slices_per_gpu": s, "gpu_free": tuple(free)}
 
 
 def flavor_fallbacks(queued: Iterable[QueuedJob], lookups: Lookups
@@ -318,9 +387,12 @@ _LOOKUPS = -1  # the memo's key for the lookups its entries were built with (ids
 def _queued_job(row: JobRow, lookups: Lookups, jobs: ActiveJobs) -> QueuedJob:
     _check_size(row)
     gpu_type, gpu_types = accepted_types(row, lookups)
+    if lookups.units and lookups.packs_slices(gpu_type):
+        gpu_types = ()  # rule H7: a slice-packed type is its only type
     return QueuedJob(id=row.id, team=lookups.teams[row.team_id],
                      gpu_type=gpu_type, gpu_types=gpu_types,
-                     gpus_per_replica=row.gpus_per_replica, replicas=row.replicas,
+                     gpus_per_replica=units_per_replica(row, gpu_type, lookups),
+                     replicas=row.replicas,
                      tier_rank=lookups.tiers[row.tier_id].rank, submitted_at=row.created_at,
                      queued_at=jobs.queued_at.get(row.id),
                      cpu_millicores=row.cpu_millicores, memory_bytes=row.memory_bytes,
@@ -340,9 +412,10 @@ def _running_job(row: JobRow, lookups: Lookups, jobs: ActiveJobs) -> RunningJob:
     # Its cluster's name qualifies its nodes as the snapshot's nodes are (K1).
     facts = lookups.clusters.get(row.cluster_id) if row.cluster_id is not None else None
     cluster = facts.name if facts is not None else ""
+    gpu_type = lookups.gpu_types[row.gpu_type_id]
     return RunningJob(
-        id=row.id, team=lookups.teams[row.team_id], gpu_type=lookups.gpu_types[row.gpu_type_id],
-        gpus_per_replica=row.gpus_per_replica, replicas=row.replicas,
+        id=row.id, team=lookups.teams[row.team_id], gpu_type=gpu_type,
+        gpus_per_replica=units_per_replica(row, gpu_type, lookups), replicas=row.replicas,
         tier_rank=tier.rank, preemptible=tier.preemptible,
         started_at=row.started_at, min_runtime_seconds=tier.min_runtime_seconds,
         nodes=tuple(qualified_node(cluster, n) for n in placement),
@@ -351,7 +424,32 @@ def _running_job(row: JobRow, lookups: Lookups, jobs: ActiveJobs) -> RunningJob:
         array_id=row.array_id, max_runtime_seconds=row.max_runtime_seconds, cluster=cluster,
         checkpointed_at=row.checkpointed_at,
         grace_seconds=grace_seconds(row.termination_grace_seconds, tier),
+        gpu_slots=gpu_slots_of(row, gpu_type, lookups),
     )
+
+
+def units_per_replica(row: JobRow, gpu_type: str, lookups: Lookups) -> int:
+    """Rule H1: a job row's replica in the policy's units of `gpu_type`: its slices when
+    it asks a fraction of a slice-packed type, else its devices × the type's units per
+    device (`Job.units_per_replica`)."""
+    if not lookups.units:
+        return row.gpus_per_replica
+    if row.gpu_slices and lookups.packs_slices(gpu_type):
+        return int(row.gpu_slices)
+    return row.gpus_per_replica * lookups.units_per_device(gpu_type)
+
+
+def gpu_slots_of(row: JobRow, gpu_type: str, lookups: Lookups) -> tuple[int, ...]:
+    """Rule H1: the GPU indexes a running job of a slice-packed type holds, as recorded;
+    () when none are, or not a list of indexes (then the snapshot places it as
+    `packed_node` says)."""
+    slots = row.gpu_slots
+    if not slots or not lookups.units or not lookups.packs_slices(gpu_type):
+        return ()
+    if not isinstance(slots, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in slots):
+        return ()
+    return tuple(slots)
 
 
 def grace_seconds(own: int | None, tier: TierFacts) -> int:
