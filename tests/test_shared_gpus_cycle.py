@@ -128,3 +128,37 @@ def test_rule_h1_quota_counts_slices_and_a_requeue_clears_the_slots(
     # Four quarters per GPU: best fit fills GPU 0 before opening GPU 1.
     assert sorted(slots(j)[0] for j in r.admitted) == [0] * 4 + [1] * 4
     assert next_attempt(2)["gpu_slots"] == []
+
+
+def test_rule_h1_a_job_without_recorded_gpus_is_put_where_the_plan_would() -> None:
+    from queueing.policy.snapshot import RunningJob
+    from queueing.selectors.snapshot import packed_gpus
+
+    def r(job_id: int, units: int, slots: tuple[int, ...] = ()) -> RunningJob:
+        return RunningJob(job_id, "a", "ts-a10", units, 1, 0, nodes=("n",), gpu_slots=slots)
+
+    running = (r(1, 2, (0,)), r(2, 1), r(3, 4), RunningJob(4, "a", "h100", 8, 1, 0,
+                                                           nodes=("h",)))
+    out, free = packed_gpus(running, {"n": (12, 4)})
+    # Job 1 holds 2 slices of GPU 0; then, largest first, the whole GPU on the lowest
+    # wholly free GPU (1), the quarter on the shared GPU with the fewest free (0).
+    assert free == {"n": (1, 0, 4)}
+    assert [j.gpu_slots for j in out] == [(0,), (0,), (1,), ()]
+    assert out[3] is running[3]
+
+
+def test_rule_h5_the_submit_preview_plans_a_fraction_in_slices(
+        world: World, shared: Any) -> None:
+    from queueing.selectors.queue_plan import submit_preview
+    for i in range(3):
+        job(world, shared, slices=3, age=90 - i)
+    now = timezone.now()
+    scheduler_cycle(now=now)
+    queue_plan_forget()
+    half = submit_preview(team=world.vision, gpu_type=shared, gpus_per_replica=1, replicas=1,
+                          tier_rank=world.normal.rank, now=now, gpu_slices=2)
+    assert not half.admitted_next
+    assert "no ts-a10 GPU has 2 free slices; the most on one GPU is 1" in half.reason
+    quarter = submit_preview(team=world.vision, gpu_type=shared, gpus_per_replica=1,
+                             replicas=1, tier_rank=world.normal.rank, now=now, gpu_slices=1)
+    assert quarter.admitted_next

@@ -117,7 +117,13 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
                 pending_cpu[node] += r.cpu_millicores or 0
                 pending_memory[node] += r.memory_bytes or 0
     lookups = jobs.lookups
-    held_gpus = gpus_held(running, lookups) if lookups.units else {}
+    infos = backend.nodes()
+    gpu_free: dict[str, tuple[int, ...]] = {}
+    if lookups.units:
+        packed = {qualified_node(n.cluster, n.name): (n.capacity, lookups.units[n.gpu_type][1])
+                  for n in infos if lookups.packs_slices(n.gpu_type)}
+        if packed:
+            running, gpu_free = packed_gpus(running, packed)
     nodes = tuple(
         NodeState(name, n.gpu_type, n.capacity,
                   max(0, n.capacity - n.allocated - pending_alloc[name]),
@@ -126,10 +132,9 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
                   topology=n.topology, cpu_allocatable=n.cpu_millicores,
                   memory_allocatable=n.memory_bytes, cluster=n.cluster, spot=n.spot,
                   pool=n.pool,
-                  **(packed_node(name, n.capacity, lookups.units[n.gpu_type][1],
-                                 held_gpus.get(name, ()))
-                     if lookups.packs_slices(n.gpu_type) else {}))
-        for n in backend.nodes()
+                  slices_per_gpu=lookups.units[n.gpu_type][1] if name in gpu_free else 1,
+                  gpu_free=gpu_free.get(name, ()))
+        for n in infos
         for name in (qualified_node(n.cluster, n.name),)
     )
     queued = (tuple(q for q in queued_all if q.team not in unprovisioned) if unprovisioned
@@ -185,55 +190,63 @@ def quota_in_units(nominal: int, borrowing: int | None, lending: int | None,
                       None if lending is None else lending * per_device)
 
 
-def gpus_held(running: Iterable[RunningJob], lookups: Lookups
-              ) -> dict[str, list[tuple[int, tuple[int, ...]]]]:
-    """Rule H1: per node of a slice-packed type, what each running (or admitted) job's
-    replica there holds: (its slices, the GPU indexes its `gpu_slots` name for that
-    replica - () when not known)."""
-    out: dict[str, list[tuple[int, tuple[int, ...]]]] = defaultdict(list)
-    for r in running:
-        if not lookups.packs_slices(r.gpu_type):
+def packed_gpus(running: tuple[RunningJob, ...], nodes: Mapping[str, tuple[int, int]]
+                ) -> tuple[tuple[RunningJob, ...], dict[str, tuple[int, ...]]]:
+    """Rule H1: each slice-packed node's free slices per GPU (`nodes`: name -> (capacity
+    in slices, slices per GPU)), less what the running (and admitted) jobs hold there: a
+    fraction its slices on the GPU its `gpu_slots` name, whole GPUs all of theirs. A
+    job whose GPUs are not recorded (admitted before they were, or its pods moved) is
+    put where the plan would put it - a fraction on the shared GPU with the fewest free
+    slices that holds it, whole GPUs on the lowest wholly free ones - and the running
+    jobs are returned with those GPUs, so a preemption frees them where they are taken
+    to be (rule H6). The node's own free count still bounds its GPUs
+    (`policy/workspace.py::per_gpu_free`)."""
+    free = {name: [s] * (cap // s) for name, (cap, s) in nodes.items()}
+    unknown: list[tuple[int, int, int, str]] = []  # (-units, job index, replica, node)
+    per_job: dict[int, list[tuple[int, ...]]] = {}
+    for index, r in enumerate(running):
+        if not any(n in free for n in r.nodes):
             continue
-        for name, slots in zip(r.nodes, replica_slots(r.gpu_slots, len(r.nodes)),
-                               strict=True):
-            out[name].append((r.gpus_per_replica, slots))
-    return out
-
-
-def packed_node(name: str, capacity: int, slices_per_gpu: int,
-                held: Iterable[tuple[int, tuple[int, ...]]]) -> dict[str, Any]:
-    """Rule H1: a slice-packed node's `slices_per_gpu` and `gpu_free` - each GPU's
-    slices less what the jobs on it hold: a fraction its slices on its GPU, whole GPUs
-    all of theirs. A replica whose GPUs are not known (a job admitted before its slots
-    were recorded, or whose pods moved) is put where `Capacity` would: on the shared GPU
-    with the fewest free slices that holds it, else the lowest free GPUs. The node's
-    own free count still bounds it (`policy/workspace.py::per_gpu_free`)."""
-    s = slices_per_gpu
-    free = [s] * (capacity // s)
-    unknown: list[int] = []
-    for units, slots in held:
-        if not slots:
-            unknown.append(units)
-            continue
-        each = units if len(slots) == 1 and units < s else s
-        for i in slots:
-            if 0 <= i < len(free):
-                free[i] = max(0, free[i] - each)
-    for units in sorted(unknown, reverse=True):
-        if units < s:
-            fit = [(f, i) for i, f in enumerate(free) if units <= f]
-            if fit:
-                i = min(fit, key=lambda x: (x[0] == s, x[0], x[1]))[1]
-                free[i] -= units
+        per = per_job[index] = replica_slots(r.gpu_slots, len(r.nodes))
+        for k, name in enumerate(r.nodes):
+            if name not in free:
                 continue
-        left = units
-        for i in range(len(free)):
-            if left <= 0:
-                break
-            d = min(free[i], left)
-            free[i] -= d
-            left -= d
-    return {"slices_per_gpu": s, "gpu_free": tuple(free)}
+            s = nodes[name][1]
+            if not per[k]:
+                unknown.append((-r.gpus_per_replica, index, k, name))
+                continue
+            each = r.gpus_per_replica if r.gpus_per_replica < s else s
+            for i in per[k]:
+                if 0 <= i < len(free[name]):
+                    free[name][i] = max(0, free[name][i] - each)
+    out = list(running)
+    for neg, index, k, name in sorted(unknown):
+        per_job[index][k] = _take_gpus(free[name], nodes[name][1], -neg)
+    for index, per in per_job.items():
+        r = running[index]
+        slots = tuple(i for replica in per for i in replica)
+        if slots != r.gpu_slots and all(per) and len({len(x) for x in per}) == 1:
+            out[index] = dataclasses.replace(r, gpu_slots=slots)
+    return tuple(out), {name: tuple(f) for name, f in free.items()}
+
+
+def _take_gpus(free: list[int], s: int, units: int) -> tuple[int, ...]:
+    """Rule H3's choice for a replica of `units` slices whose GPUs are not recorded,
+    taken off `free`: its GPU indexes (() when nothing holds it: the node's free count
+    says the rest)."""
+    if units < s:
+        fit = [(f == s, f, i) for i, f in enumerate(free) if units <= f]
+        if not fit:
+            return ()
+        i = min(fit)[2]
+        free[i] -= units
+        return (i,)
+    whole = [i for i, f in enumerate(free) if f >= s][:-(-units // s)]
+    if len(whole) < -(-units // s):
+        return ()
+    for i in whole:
+        free[i] = 0
+    return tuple(whole)
 
 
 def flavor_fallbacks(queued: Iterable[QueuedJob], lookups: Lookups
