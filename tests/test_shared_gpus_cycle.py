@@ -14,6 +14,8 @@ from django.utils import timezone
 from queueing.composition import get_backend, reset_backends
 from queueing.models import Job, JobEvent, Quota
 from queueing.policy.admission import WaitReason
+from queueing.selectors.cluster import cluster_view
+from queueing.selectors.fairshare import job_priority_breakdown
 from queueing.selectors.queue_plan import queue_plan_forget, queue_standing
 from queueing.services.jobs import next_attempt
 from queueing.services.scheduler import scheduler_cycle
@@ -115,6 +117,11 @@ def test_rule_h5_why_pending_says_the_most_free_slices_on_one_gpu(
         # them its own jobs of its tier.
         "it is owed 0.5 of team vision's 4 nominal ts-a10 GPUs (rule R11), but the jobs it "
         "may preempt (rules R1, R2) cannot make room for it")
+    # Rule P1's size (H4): 0.5 GPU of a cluster of 3 GPUs (12 slices), as the plan has it.
+    assert cluster_view(now=now).total_gpus() == 3.0
+    breakdown = job_priority_breakdown(job=Job.objects.get(pk=half), now=now,
+                                       cluster_gpus=cluster_view(now=now).total_gpus())
+    assert breakdown.size == pytest.approx(0.5 / 3)
 
 
 def test_rule_h1_quota_counts_slices_and_a_requeue_clears_the_slots(

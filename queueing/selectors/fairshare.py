@@ -338,7 +338,7 @@ def queued_job_of(job: Job) -> QueuedJob:
 
 
 def jobs_priority_breakdowns(*, jobs: Iterable[Job], now: datetime,
-                             cluster_gpus: int) -> dict[int, PriorityBreakdown]:
+                             cluster_gpus: float) -> dict[int, PriorityBreakdown]:
     """Rule P1 for many jobs (`sprio` with no job: every pending one), the standings and
     weights read once. Each job's team, GPU type and tier loaded."""
     state = FairShareState.from_standings(fairshare_standings(now=now))
@@ -350,7 +350,8 @@ def jobs_priority_breakdowns(*, jobs: Iterable[Job], now: datetime,
             for job in jobs}
 
 
-def job_priority_breakdown(*, job: Job, now: datetime, cluster_gpus: int) -> PriorityBreakdown:
+def job_priority_breakdown(*, job: Job, now: datetime,
+                           cluster_gpus: float) -> PriorityBreakdown:
     """Rule P1 for one job, per factor (like `sprio`): the live standings and weights, on
     a cluster of `cluster_gpus` GPUs."""
     state = FairShareState.from_standings(fairshare_standings(now=now))
