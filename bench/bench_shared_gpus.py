@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from queueing.policy.admission import plan_admissions  # noqa: E402
-from queueing.policy.snapshot import (  # noqa: E402
+from queueing.policy.admission import plan_admissions
+from queueing.policy.snapshot import (
     NodeState,
     PreemptionSettings,
     QueuedJob,
