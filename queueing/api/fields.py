@@ -15,7 +15,7 @@ from rest_framework.fields import empty
 
 from queueing.instants import InstantError, as_utc, parse_instant
 from queueing.selectors.jobs import jobs_with_labels, label_filter_parse
-from queueing.validation import ascii_int
+from queueing.validation import ascii_int, parse_gpus
 
 
 class InstantFormField(forms.Field):
@@ -112,3 +112,24 @@ class AsciiIntegerFilter(django_filters.NumberFilter):  # type: ignore[misc]
     """A filter on a whole number (`AsciiIntegerFormField`)."""
 
     field_class = AsciiIntegerFormField
+
+
+@extend_schema_field({"oneOf": [
+    {"type": "integer", "minimum": 1},
+    {"type": "number", "exclusiveMinimum": 0},
+    {"type": "string", "pattern": r"^\s*([0-9]{1,6}\s*/\s*[0-9]{1,3}|[0-9]{0,6}(\.[0-9]{1,9})?)\s*$"}],
+    "description": "GPUs per replica: whole GPUs (2), or a fraction of one GPU of a "
+                   "time-sliced or MPS type (0.25, \"1/4\"), a multiple of 1/slices_per_gpu."})
+class GpusField(serializers.Field):  # type: ignore[type-arg]
+    """A job's `gpus` per replica: a whole number (2, "4") or a fraction of one GPU of a
+    time-sliced or MPS type (0.25, "0.5", "1/4"): an int or a Fraction
+    (`validation.parse_gpus`); the GPU type then decides (`validation.gpus_on_type`)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        try:
+            return parse_gpus(data)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+    def to_representation(self, value: Any) -> Any:
+        return value
