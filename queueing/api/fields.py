@@ -133,3 +133,17 @@ class GpusField(serializers.Field):  # type: ignore[type-arg]
 
     def to_representation(self, value: Any) -> Any:
         return value
+
+
+@extend_schema_field({"type": "number"})
+class GpuAmountField(serializers.Field):  # type: ignore[type-arg]
+    """GPUs as a number: a whole number as an int (8), a share of shared GPUs as a
+    decimal (2.25: nine quarter GPUs)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("read_only", True)
+        super().__init__(**kwargs)
+
+    def to_representation(self, value: Any) -> Any:
+        rounded = round(float(value), 6)
+        return int(rounded) if rounded == int(rounded) else rounded

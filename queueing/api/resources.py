@@ -21,7 +21,7 @@ from queueing.selectors.usage import BUCKETS, MAX_BUCKETS, usage_buckets
 from queueing.services.access import check_staff
 from queueing.services.quotas import quota_set
 
-from .fields import InstantField
+from .fields import GpuAmountField, InstantField
 from .idempotency import IdempotentPostMixin
 from .location import location
 from .scope import teams_asked
@@ -221,9 +221,9 @@ class UsageView(APIView):
 class CapacityNodeSerializer(serializers.Serializer[Any]):
     name = serializers.CharField()
     gpu_type = serializers.CharField()
-    capacity = serializers.IntegerField()
-    allocated = serializers.IntegerField(help_text="GPUs in use as the cluster reports it")
-    free = serializers.IntegerField()
+    capacity = GpuAmountField()
+    allocated = GpuAmountField(help_text="GPUs in use as the cluster reports it")
+    free = GpuAmountField()
     draining = serializers.BooleanField(help_text=(
         "A node of a disabled cluster still draining (rule K8): its jobs run on, but its "
         "free GPUs take no new work."))
@@ -232,11 +232,22 @@ class CapacityNodeSerializer(serializers.Serializer[Any]):
 class CapacitySerializer(serializers.Serializer[Any]):
     gpu_type = serializers.CharField()
     nodes = serializers.IntegerField()
-    capacity = serializers.IntegerField()
-    allocated = serializers.IntegerField(help_text="GPUs in use as the cluster reports it")
-    free = serializers.IntegerField()
-    held_by_jobs = serializers.IntegerField(help_text="GPUs of admitted and running jobs")
-    queued_demand = serializers.IntegerField(
+    sharing = serializers.CharField(help_text=(
+        "How one GPU is shared: exclusive, mig, time-sliced or mps (time-sliced and mps: "
+        "no memory isolation between the jobs on a GPU)."))
+    slices_per_gpu = serializers.IntegerField()
+    capacity = GpuAmountField(help_text="GPUs (a MIG type: instances)")
+    capacity_slices = serializers.IntegerField(help_text=(
+        "A time-sliced or MPS type: its nodes' slices (GPUs x slices_per_gpu); else 0."))
+    allocated_slices = serializers.IntegerField(help_text=(
+        "A time-sliced or MPS type: the slices in use as the cluster reports them."))
+    allocated = GpuAmountField(help_text="GPUs in use as the cluster reports it (a "
+                                         "time-sliced or MPS type: its slices in use / "
+                                         "slices_per_gpu, e.g. 2.25)")
+    free = GpuAmountField()
+    held_by_jobs = GpuAmountField(help_text="GPUs of admitted and running jobs (a fraction "
+                                            "counts its share: 0.25)")
+    queued_demand = GpuAmountField(
         help_text="GPUs asked for by queued jobs (a job accepting several types counts "
                   "under the first it accepts)")
     by_node = CapacityNodeSerializer(many=True, help_text=(

@@ -33,6 +33,7 @@ from queueing.policy.fairshare import (
 from queueing.policy.priority import PriorityBreakdown, PriorityWeights, job_priority
 from queueing.policy.snapshot import QueuedJob
 from queueing.policy.states import JobState
+from queueing.selectors.gpu_share import GPU_SHARE
 
 from .active_jobs import ActiveJobs
 
@@ -188,12 +189,12 @@ def fairshare_standings_at(*, at: datetime, now: datetime) -> dict[str, Standing
         return fairshare_standings(now=at)
     raw = raw_decayed_usage(at=at)
     running: dict[int, list[tuple[float, datetime]]] = {}
-    for team_id, gpus, replicas, weight, started_at in Job.objects.filter(
+    for team_id, share, weight, started_at in Job.objects.filter(
         status=JobState.RUNNING, started_at__lt=at
-    ).values_list("team_id", "gpus_per_replica", "replicas", "gpu_type__billing_weight",
-                  "started_at"):
+    ).annotate(share=GPU_SHARE).values_list("team_id", "share", "gpu_type__billing_weight",
+                                            "started_at"):
         if started_at is not None:
-            running.setdefault(team_id, []).append((gpus * replicas * weight, started_at))
+            running.setdefault(team_id, []).append((share * weight, started_at))
     # Rule F2 at a past instant: a job submitted by then and not finished by then.
     waiting = set(
         Job.objects.filter(created_at__lte=at)
