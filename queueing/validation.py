@@ -852,3 +852,27 @@ def gpus_on_type(amount: int | Fraction, *, slug: str, sharing: str, slices_per_
         return (f"{shown} is not a multiple of 1/{slices_per_gpu} GPU of {slug} "
                 f"({slices_per_gpu} slices per GPU): use {steps}.")
     return 1, int(slices)
+
+
+SHARING_MODES = ("exclusive", "mig", "time-sliced", "mps")
+MAX_SLICES_PER_GPU = 64
+
+
+def gpu_sharing_problems(sharing: Any, slices_per_gpu: Any) -> dict[str, str]:
+    """A GPU type's sharing and slices per GPU on their own (docs/api.md, "Fractions of a
+    GPU"): exclusive has 1 slice (a whole GPU); mig (the profile's instances per GPU),
+    time-sliced and mps (the device plugin's replicas per GPU) at least 2 and at most
+    64. {} when fine; else the refusal per field."""
+    if sharing not in SHARING_MODES:
+        return {"sharing": f"One of: {', '.join(SHARING_MODES)}."}
+    if isinstance(slices_per_gpu, bool) or not isinstance(slices_per_gpu, int):
+        return {"slices_per_gpu": "A whole number."}
+    if sharing == "exclusive" and slices_per_gpu != 1:
+        return {"slices_per_gpu": "An exclusive type has 1 slice per GPU (whole GPUs); "
+                                  "choose time-sliced, mps or mig to share a GPU."}
+    if sharing != "exclusive" and not 2 <= slices_per_gpu <= MAX_SLICES_PER_GPU:
+        what = ("instances of this MIG profile per GPU (7 for 1g.10gb on an A100 80GB)"
+                if sharing == "mig" else "the device plugin's replicas per GPU (e.g. 4)")
+        return {"slices_per_gpu": f"A {sharing} type has 2 to {MAX_SLICES_PER_GPU} "
+                                  f"slices per GPU: {what}."}
+    return {}

@@ -114,10 +114,9 @@ class AsciiIntegerFilter(django_filters.NumberFilter):  # type: ignore[misc]
     field_class = AsciiIntegerFormField
 
 
-@extend_schema_field({"oneOf": [
-    {"type": "integer", "minimum": 1},
-    {"type": "number", "exclusiveMinimum": 0},
-    {"type": "string", "pattern": r"^\s*([0-9]{1,6}\s*/\s*[0-9]{1,3}|[0-9]{0,6}(\.[0-9]{1,9})?)\s*$"}],
+@extend_schema_field({"anyOf": [
+    {"type": "number", "minimum": 0, "exclusiveMinimum": True},
+    {"type": "string", "pattern": "^[0-9]{1,6}(/[1-9][0-9]{0,2}|[.][0-9]{1,9})?$"}],
     "description": "GPUs per replica: whole GPUs (2), or a fraction of one GPU of a "
                    "time-sliced or MPS type (0.25, \"1/4\"), a multiple of 1/slices_per_gpu."})
 class GpusField(serializers.Field):  # type: ignore[type-arg]

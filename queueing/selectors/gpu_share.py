@@ -63,3 +63,14 @@ def gpu_share_of(*, gpus_per_replica: int, replicas: int, gpu_slices: int,
     if sharing == "mig":
         return gpus_per_replica * replicas / s
     return float(gpus_per_replica * replicas)
+
+
+def gpu_type_jobs_not_final(gpu_type_id: int) -> int:
+    """How many jobs of the GPU type are queued, admitted or running (its sharing and
+    slices per GPU cannot change under them: a fraction's slices, and its nodes' units,
+    are relative to them)."""
+    from queueing.models import Job
+    from queueing.policy.states import FINAL_STATES
+
+    return Job.objects.filter(gpu_type_id=gpu_type_id).exclude(
+        status__in=sorted(str(s) for s in FINAL_STATES)).count()
