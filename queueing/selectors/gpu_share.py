@@ -54,17 +54,6 @@ def whole(value: float) -> int | float:
     return int(rounded) if rounded == int(rounded) else rounded
 
 
-def gpu_share_of(*, gpus_per_replica: int, replicas: int, gpu_slices: int,
-                 sharing: str, slices_per_gpu: int) -> float:
-    """`Job.gpu_share` from the columns (a row read with values_list)."""
-    s = max(1, slices_per_gpu)
-    if gpu_slices:
-        return gpu_slices * replicas / s
-    if sharing == "mig":
-        return gpus_per_replica * replicas / s
-    return float(gpus_per_replica * replicas)
-
-
 def gpu_type_jobs_not_final(gpu_type_id: int) -> int:
     """How many jobs of the GPU type are queued, admitted or running (its sharing and
     slices per GPU cannot change under them: a fraction's slices, and its nodes' units,

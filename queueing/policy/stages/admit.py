@@ -32,8 +32,8 @@ class Admission:
     placement: tuple[str, ...]
     cluster: str = ""  # rule K1: the one cluster of its nodes ("" = the only cluster)
     spot: bool = False  # rules K1, K4, C4: its nodes are spot nodes (all or none)
-    # Shared GPUs: a fraction's GPU index on each replica's node (as `placement`) - the
-    # GPU its slices were packed on; () = whole devices.
+    # Shared GPUs (rule H1): the GPU indexes on its nodes, replica after replica (one per
+    # fraction, each whole GPU's on a packed type); () = another type.
     gpu_slots: tuple[int, ...] = ()
 
 
@@ -60,10 +60,13 @@ def admit(p: Pass, t: Try) -> None:
             (p.now + timedelta(seconds=job.max_runtime_seconds), job.id, placement, g))
     p.ledger.add(job.team, gt, t.total)
     owed_move(p, job.team, gt, job.tier_rank, t.total)  # rule R11
-    p.factors.charge(job.team, entry_penalty_gpu_hours(
-        t.total, p.snapshot.billing_weight(gt), p.snapshot.interval_seconds))
+    s = p.snapshot
+    p.factors.charge(job.team, entry_penalty_gpu_hours(  # rule H4: in GPU-equivalents
+        s.gpus_of(gt, t.total) if s.units_per_gpu else t.total, s.billing_weight(gt),
+        s.interval_seconds))
     info = p.pool_info[t.pool]
-    p.admissions.append(Admission(job.id, job.team, gt, placement, info[1], info[2]))
+    p.admissions.append(Admission(job.id, job.team, gt, placement, info[1], info[2],
+                                  t.slots))
     admitted_one(p, job)
 
 

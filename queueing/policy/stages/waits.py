@@ -62,7 +62,7 @@ class Waits(Mapping[int, Wait]):
     """`Plan.waits`, built lazily: most of a long queue waits, and a wait's message is
     only formatted when someone reads it. Reads give equal `Wait` values every time."""
 
-    __slots__ = ("_raw", "blocks", "elsewhere", "jobs", "now", "owed", "per_type",
+    __slots__ = ("_raw", "blocks", "elsewhere", "jobs", "now", "owed", "packed", "per_type",
                  "pool_info", "protected", "refused", "reservations", "several")
 
     def __init__(self, jobs: list[QueuedJob] | None = None,
@@ -79,6 +79,8 @@ class Waits(Mapping[int, Wait]):
         self.elsewhere: dict[int, str] = {}
         self.pool_info: Mapping[str, tuple[str, str, bool]] = {}
         self.several = False
+        # Rule H5: the slice-packed GPU types (and pools) -> their slices per GPU.
+        self.packed: Mapping[str, int] = {}
         # Rule E4: job id -> (when the first protection of its candidates ends, how many
         # of them are protected), for a `capacity` wait whose victim search found none.
         self.protected: dict[int, tuple[datetime, int]] = {}
@@ -139,13 +141,18 @@ class Waits(Mapping[int, Wait]):
         code, index, held, ceiling = raw
         reason, job = REASONS[code], view or self.jobs[index]
         gt = job.gpu_type
+        per_gpu = self.packed.get(gt, 1) if self.packed else 1
+
+        def gpus(units: int) -> str:
+            """Units of a slice-packed type in GPUs (rule H4: 6 slices of 4 = 1.5)."""
+            return str(units) if per_gpu == 1 else f"{units / per_gpu:g}"
         level = job.topology.level if job.topology is not None else ""
         if reason is WaitReason.NEVER_FITS:
-            msg = (f"team {job.team} may hold at most {ceiling} {gt} GPUs (its quota's "
-                   f"nominal + borrowing limit); this job asks {job.total_gpus}: it can never "
+            msg = (f"team {job.team} may hold at most {gpus(ceiling)} {gt} GPUs (its quota's "
+                   f"nominal + borrowing limit); this job asks {gpus(job.total_gpus)}: it can never "
                    "run unless the quota is raised")
         elif reason is WaitReason.QUOTA:
-            msg = (f"team {job.team} holds {held} {gt} GPUs; {job.total_gpus} more would "
+            msg = (f"team {job.team} holds {gpus(held)} {gt} GPUs; {gpus(job.total_gpus)} more would "
                    f"pass its limit of {ceiling}")
         elif reason is WaitReason.NO_FIT and ceiling == IN_ONE_DOMAIN:
             msg = (f"even empty, one {level} of {gt} nodes holds at most {held} replicas of "
@@ -167,8 +174,10 @@ class Waits(Mapping[int, Wait]):
             msg = (f"even empty, the {gt} nodes{self._one_cluster} hold at most {held} "
                    f"replicas of {_replica_size(job)}; this gang needs {job.replicas}")
         elif reason is WaitReason.NO_FIT:
+            size = (share_words(job.gpus_per_replica, self.packed[gt])  # rule H5
+                    if self.packed and gt in self.packed else f"{job.gpus_per_replica} GPUs")
             msg = (f"even empty, the {gt} nodes{self._one_cluster} hold at most {held} "
-                   f"replicas of {job.gpus_per_replica} GPUs; this gang needs {job.replicas}")
+                   f"replicas of {size}; this gang needs {job.replicas}")
         elif reason is WaitReason.LENDING:
             msg = (f"the idle {gt} GPUs are other teams' nominal quota beyond their lending "
                    f"limits; team {job.team} may not borrow them")
@@ -182,6 +191,9 @@ class Waits(Mapping[int, Wait]):
             msg = (f"reserved for job {holder} until {_when(at)}: the free {gt} GPUs it "
                    f"fits on are the ones job {holder} needs then, and {why} (rule A9)")
             return Wait(job_id, reason, msg, at)  # rule E4: the wait ends at a known instant
+        elif self.packed and gt in self.packed:
+            msg = _packed_words(job, self.packed[gt],
+                                self.blocks[held - 1] if held > 0 else None, self.several)
         else:
             msg = f"waiting for {job.replicas} × {job.gpus_per_replica} free {gt} GPUs on nodes"
             if held > 0:
@@ -193,8 +205,8 @@ class Waits(Mapping[int, Wait]):
             if reason is WaitReason.CAPACITY and held_for is not None and held_for[0] == job_id:
                 msg += f"; GPUs are reserved for it from {_when(held_for[1])} (rule A9)"
         if self.owed and (job_id, gt) in self.owed:
-            msg += (f"; it is owed {job.total_gpus} of team {job.team}'s "
-                    f"{self.owed[(job_id, gt)]} nominal {gt} GPUs (rule R11), but the jobs "
+            msg += (f"; it is owed {gpus(job.total_gpus)} of team {job.team}'s "
+                    f"{gpus(self.owed[(job_id, gt)])} nominal {gt} GPUs (rule R11), but the jobs "
                     "it may preempt (rules R1, R2) cannot make room for it")
         until = None
         if job_id in self.protected and reason in (WaitReason.CAPACITY, WaitReason.QUOTA):
@@ -282,6 +294,56 @@ def _block_words(job: QueuedJob, largest: int, node: str, free: int) -> str:
                 f"needs {g} on one node ({free} {gt} GPUs free in all)")
     return (f"; largest free block: {largest} GPUs on {node}; needs {job.replicas} blocks "
             f"of {g} ({free} {gt} GPUs free in all)")
+
+
+def share_words(units: int, slices_per_gpu: int) -> str:
+    """Rule H1 in words: a replica of `units` slices of a packed type - "2 slices of 4
+    (0.5 GPU)", or whole GPUs: "2 GPUs"."""
+    if units < slices_per_gpu:
+        return (f"{units} slice{'s' if units != 1 else ''} of {slices_per_gpu} "
+                f"({units / slices_per_gpu:g} GPU)")
+    n = -(-units // slices_per_gpu)
+    return f"{n} whole GPU{'s' if n != 1 else ''}"
+
+
+def need_words(job: QueuedJob, gt: str, packed: Mapping[str, int]) -> str:
+    """What a job waits for on `gt`: "waiting for 2 × 8 free h100 GPUs on nodes", on a
+    slice-packed type in its slices (rule H5)."""
+    if packed and gt in packed:
+        return _packed_words(job if job.gpu_type == gt else replace(job, gpu_type=gt),
+                             packed[gt], None, False)
+    return f"waiting for {job.replicas} × {job.gpus_per_replica} free {gt} GPUs on nodes"
+
+
+def _packed_words(job: QueuedJob, s: int, block: tuple[int, str, int, str] | None,
+                  several: bool) -> str:
+    """Rule H5: a capacity wait on a slice-packed type in words: "waiting for 1 × 2
+    slices of 4 (0.5 GPU) of one ts-a10 GPU; no ts-a10 GPU has 2 free slices; the most
+    on one GPU is 1 (on node-a; 3 slices free in all)"."""
+    gt, g, reps = job.gpu_type, job.gpus_per_replica, job.replicas
+    what = share_words(g, s)
+    msg = (f"waiting for {reps} × {what} of one {gt} GPU" if g < s
+           else f"waiting for {reps} × {what} of {gt}, wholly free (no GPU shared by "
+                "fractions)")
+    if block is None:
+        return msg
+    largest, node, free, cluster = block
+    if several and node:
+        node += f" (cluster {cluster})"
+    if free == 0:
+        return msg + f"; no {gt} slice is free"
+    in_all = f"{free} slice{'s' if free != 1 else ''} free in all"
+    if g < s:
+        if largest < g:
+            return (msg + f"; no {gt} GPU has {g} free slice{'s' if g != 1 else ''}; the most "
+                    f"on one GPU is {largest} (on {node}; {in_all})")
+        return (msg + f"; the most free slices on one {gt} GPU: {largest} on {node}; needs "
+                f"{reps} GPUs with {g} ({in_all})")
+    n, whole = largest // s, -(-g // s)
+    return (msg + f"; the most wholly free {gt} GPUs on one node: {n}"
+            + (f" on {node}" if node else "") + f"; needs {whole} on one node"
+            + (f" for each of {reps} replicas" if reps > 1 else "")
+            + f" ({in_all})")
 
 
 def until_words(until: datetime, now: datetime | None) -> str:
