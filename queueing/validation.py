@@ -775,8 +775,10 @@ def notify_url_allowed(url: str, prefixes: Any) -> bool:
 # --- Shared GPUs: a job's `gpus` (docs/api.md, "Fractions of a GPU") ---------------------
 
 MAX_GPUS_TEXT_LEN = 16
-_GPUS_RE = re.compile(r"^\s*(?:(?P<num>[0-9]{1,6})\s*/\s*(?P<den>[0-9]{1,3})|"
+_GPUS_RE = re.compile(r"^\s*\+?(?:(?P<num>[0-9]{1,6})\s*/\s*(?P<den>[0-9]{1,3})|"
                       r"(?P<dec>[0-9]{0,6}(?:\.[0-9]{1,9})?))\s*\Z", re.ASCII)
+GPUS_SHAPE = ("A number of GPUs (2) or a fraction of one (0.5 or 1/4), written with the "
+              "digits 0-9 only.")
 
 
 def parse_gpus(value: Any) -> int | Fraction:
@@ -786,7 +788,7 @@ def parse_gpus(value: Any) -> int | Fraction:
     A float that is k/n for a small n up to float rounding (1/3 as 0.3333333333333333)
     is that fraction. ValueError with the refusal otherwise."""
     if isinstance(value, bool):
-        raise ValueError("A number of GPUs (2) or a fraction of one (0.5 or 1/4).")
+        raise ValueError(GPUS_SHAPE)
     if isinstance(value, int):
         amount: Fraction = Fraction(value)
     elif isinstance(value, float):
@@ -804,7 +806,7 @@ def parse_gpus(value: Any) -> int | Fraction:
         else:
             amount = Fraction(match["dec"])
     else:
-        raise ValueError("A number of GPUs (2) or a fraction of one (0.5 or 1/4).")
+        raise ValueError(GPUS_SHAPE)
     if amount <= 0:
         raise ValueError("Ask at least one GPU, or a fraction of one above 0 (0.25, 1/4).")
     if amount > 10**6:
