@@ -567,8 +567,14 @@ class App:
             f"Job {job['id']}: {job['name']}  ({job['team']}, submitted by {job.get('submitter')})",
             f"  State     {job['status']} (attempt {job['attempt']})"
             + (f", exit code {job['exit_code']}" if job.get("exit_code") is not None else ""),
-            f"  Resources {job['gpus']} x {job['gpu_type']} per replica, {job['replicas']} "
-            f"replica(s), {job['total_gpus']} GPUs; tier {job['tier']}",
+            (f"  Resources {fraction_text(job)} of {job['gpu_type']} per replica, "
+             f"{job['replicas']} replica(s), {job['total_gpus']:g} GPUs; tier {job['tier']}"
+             if job.get("gpu_slices") else
+             f"  Resources {job['gpus']} x {job['gpu_type']} per replica, {job['replicas']} "
+             f"replica(s), {job['total_gpus']} GPUs; tier {job['tier']}"),
+            *(["  Sharing   no memory isolation: the jobs sharing its GPU can use (and "
+               "exhaust) all of its memory"] if job.get("gpu_sharing") in ("time-sliced", "mps")
+              else []),
             *([f"  GPU types {', '.join(job['gpu_types'])} (most preferred first; "
                + ("it waits for one of them)" if job["status"] == "QUEUED"
                   else f"{job['gpu_type']} chosen)")]
@@ -1056,9 +1062,35 @@ def _several_types(body: dict[str, Any]) -> None:
         body["gpu_types"] = types
 
 
+def gpus_arg(text: str) -> int | float | str:
+    """`--gpus`: a whole number (2), a decimal fraction (0.25) or k/n (1/4, sent as it is:
+    the server says whether the GPU type takes it)."""
+    value = text.strip()
+    if re.fullmatch(r"[0-9]{1,6}", value):
+        return int(value)
+    if re.fullmatch(r"[0-9]{0,6}\.[0-9]{1,9}", value):
+        return float(value)
+    if re.fullmatch(r"[0-9]{1,6}/[1-9][0-9]{0,2}", value):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: want whole GPUs (2) or a fraction of one GPU (0.5, 0.25, 1/4)")
+
+
+def fraction_text(job: dict[str, Any]) -> str:
+    """A fraction of a shared GPU as people read it: "0.5 GPU (2 of 4 slices,
+    time-sliced)"; "" for whole GPUs."""
+    slices = job.get("gpu_slices") or 0
+    if not slices:
+        return ""
+    return (f"{job['gpus']:g} GPU ({slices} of {job.get('slices_per_gpu')} slices, "
+            f"{job.get('gpu_sharing')})")
+
+
 def gpus_text(job: dict[str, Any]) -> str:
     """"2xh100", or while a job of several GPU types waits, "2xh100|a100" (once admitted,
-    `gpu_type` is the type chosen)."""
+    `gpu_type` is the type chosen); a fraction "0.5xts-a10"."""
+    if job.get("gpu_slices"):
+        return f"{job['gpus']:g}x{job['gpu_type']}"
     types = job.get("gpu_types") or []
     if job.get("status") == "QUEUED" and len(types) > 1:
         return f"{job['gpus']}x{'|'.join(types)}"
@@ -1181,7 +1213,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-G", "--gpu-type", dest="gpu_type",
                    help="the GPU type, or the types it accepts, most preferred first: "
                         "h100,a100")
-    s.add_argument("-g", "--gpus", type=int, help="GPUs per replica")
+    s.add_argument("-g", "--gpus", type=gpus_arg,
+                   help="GPUs per replica: 2, or on a time-sliced or MPS GPU type a fraction "
+                        "of one GPU, a multiple of 1/slices per GPU: 0.5, 0.25, 1/4 (NO "
+                        "memory isolation between the jobs sharing the GPU)")
     s.add_argument("-N", "--replicas", type=int, help="gang size (all start together)")
     s.add_argument("-q", "--tier")
     s.add_argument("--time", help="max runtime: 90, 30m, 2h, 1h30m, 1d or h:mm:ss")

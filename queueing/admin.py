@@ -7,7 +7,9 @@ from django.contrib import admin
 
 from accounts.admin import AuditedAdmin
 from queueing.selectors.clusters import cluster_state_words
+from queueing.selectors.gpu_share import gpu_type_jobs_not_final
 from queueing.services.cluster_admin import cluster_config_problems, labels_problem
+from queueing.validation import gpu_sharing_problems
 
 from .models import (
     BudgetWarning,
@@ -29,9 +31,46 @@ from .models import (
 )
 
 
+class GpuTypeAdminForm(forms.ModelForm):  # type: ignore[type-arg]
+    """Shared GPUs: exclusive has 1 slice per GPU, mig / time-sliced / mps 2 to 64
+    (`validation.gpu_sharing_problems`); neither changes while jobs of the type are
+    queued, admitted or running (their slices and their nodes' units are counted in
+    them): docs/api.md, "Fractions of a GPU"."""
+
+    class Meta:
+        model = GpuType
+        fields = ["slug", "name", "resource_name", "node_labels", "billing_weight",
+                  "topology_levels", "sharing", "slices_per_gpu"]
+        help_texts = {
+            "sharing": "time-sliced and mps: NO memory isolation between the jobs sharing a "
+                       "GPU (one job's out-of-memory or crash can take the others down). "
+                       "mig: each device an isolated instance of one profile.",
+        }
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        sharing, slices = data.get("sharing"), data.get("slices_per_gpu")
+        if sharing is None or slices is None:
+            return data
+        for field, message in gpu_sharing_problems(sharing, slices).items():
+            self.add_error(field, message)
+        old = self.instance
+        if old.pk and (old.sharing, old.slices_per_gpu) != (sharing, slices):
+            busy = gpu_type_jobs_not_final(old.pk)
+            if busy:
+                self.add_error("sharing", (
+                    f"{busy} job{'s' if busy != 1 else ''} of {old.slug} "
+                    f"{'are' if busy != 1 else 'is'} queued, admitted or running: sharing "
+                    "and slices per GPU change only when none is (their slices are counted "
+                    "in them). Drain the type first, or add a new type."))
+        return data
+
+
 @admin.register(GpuType)
 class GpuTypeAdmin(AuditedAdmin):
-    list_display = ["slug", "name", "resource_name", "billing_weight", "topology_levels"]
+    form = GpuTypeAdminForm
+    list_display = ["slug", "name", "resource_name", "sharing", "slices_per_gpu",
+                    "billing_weight", "topology_levels"]
 
 
 class TierGrantInline(admin.TabularInline):  # type: ignore[type-arg]

@@ -71,6 +71,14 @@ def provide_database_reads(reads: DatabaseReads) -> None:
     _reads = reads
 
 
+def _sim_units_per_gpu() -> dict[str, int]:
+    """Shared GPUs: per GPU type, the units one simulated GPU counts (its
+    `units_per_device`: slices per GPU of a time-sliced or MPS type, else 1)."""
+    if _reads is None:
+        return {}
+    return {ref.slug: ref.units_per_device for ref in _reads.gpu_types()}
+
+
 # --- the backends ----------------------------------------------------------------------------
 
 def backend_class() -> type[ClusterBackend]:
@@ -141,7 +149,8 @@ def _build_cluster(config: ClusterConfig) -> ClusterBackend:
 
     return SimulatedCluster.from_spec(config.sim_nodes,
                                       default_seconds=settings.FAIRQ_SIM_DEFAULT_SECONDS,
-                                      stop_seconds=settings.FAIRQ_SIM_STOP_SECONDS)
+                                      stop_seconds=settings.FAIRQ_SIM_STOP_SECONDS,
+                                      units_per_gpu=_sim_units_per_gpu)
 
 
 def get_provisioner(cluster: str = "default") -> KubernetesProvisioner | None:
@@ -160,7 +169,8 @@ def _build(cluster: str) -> ClusterBackend:
 
     return SimulatedCluster.from_spec(settings.FAIRQ_SIM_NODES,
                                       default_seconds=settings.FAIRQ_SIM_DEFAULT_SECONDS,
-                                      stop_seconds=settings.FAIRQ_SIM_STOP_SECONDS)
+                                      stop_seconds=settings.FAIRQ_SIM_STOP_SECONDS,
+                                      units_per_gpu=_sim_units_per_gpu)
 
 
 def scheduler_account_setting(
@@ -226,6 +236,8 @@ def kubernetes_backend(*, kubeconfig: str, context: str) -> KubernetesBackend:
         spot_tolerations=settings.FAIRQ_SPOT_TOLERATIONS,
         teams=_reads.teams,
         other_pod_namespaces=settings.FAIRQ_K8S_OTHER_POD_NAMESPACES,
+        mps_pipe_directory=settings.FAIRQ_K8S_MPS_PIPE_DIRECTORY,
+        mps_log_directory=settings.FAIRQ_K8S_MPS_LOG_DIRECTORY,
     )
 
 

@@ -64,8 +64,8 @@ class FairqCollector:
         gpus = GaugeMetricFamily("fairq_gpus_allocated",
                                  "GPUs held by admitted and running jobs per GPU type.",
                                  labels=["gpu_type"])
-        for gpu_type, n in sorted(gpus_held_by_type().items()):
-            gpus.add_metric([gpu_type], n)
+        for gpu_type, held in sorted(gpus_held_by_type().items()):
+            gpus.add_metric([gpu_type], held)
         yield gpus
 
         yield from self._clusters()

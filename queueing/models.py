@@ -748,7 +748,9 @@ class UsageRecord(models.Model):
         Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="usage_records"
     )
     attempt = models.PositiveIntegerField(null=True, blank=True)
-    gpus = models.PositiveIntegerField()
+    # GPU-equivalents the attempt held (`Job.gpu_share`): a fraction of a shared GPU its
+    # share (0.25), so its GPU-hours are exact (docs/scheduling.md, "Shared GPUs").
+    gpus = models.FloatField(validators=[MinValueValidator(0.0)])
     billing_weight = models.FloatField(default=1.0)  # of the GPU type when recorded
     start = models.DateTimeField()
     end = models.DateTimeField()
@@ -775,11 +777,12 @@ class UsageRecord(models.Model):
                 name="one_usage_record_per_attempt",
             ),
             models.CheckConstraint(condition=Q(end__gte=models.F("start")), name="usage_end_gte_start"),
+            models.CheckConstraint(condition=Q(gpus__gte=0), name="usage_gpus_gte_0"),
         ]
         indexes = [models.Index(fields=["team", "start"], name="usage_team_start_idx")]
 
     def __str__(self) -> str:
-        return f"{self.team_id}/{self.gpu_type_id}: {self.gpus} GPUs {self.start:%Y-%m-%d %H:%M}+"
+        return f"{self.team_id}/{self.gpu_type_id}: {self.gpus:g} GPUs {self.start:%Y-%m-%d %H:%M}+"
 
 
 class FairShareAccumulator(models.Model):

@@ -770,3 +770,111 @@ def notify_prefixes_problem(prefixes: Any) -> str | None:
 def notify_url_allowed(url: str, prefixes: Any) -> bool:
     """`url` starts with one of `prefixes` (a checked allowlist)."""
     return any(isinstance(p, str) and url.startswith(p) for p in prefixes or ())
+
+
+# --- Shared GPUs: a job's `gpus` (docs/api.md, "Fractions of a GPU") ---------------------
+
+MAX_GPUS_TEXT_LEN = 16
+_GPUS_RE = re.compile(r"^\s*\+?(?:(?P<num>[0-9]{1,6})\s*/\s*(?P<den>[0-9]{1,3})|"
+                      r"(?P<dec>[0-9]{0,6}(?:\.[0-9]{1,9})?))\s*\Z", re.ASCII)
+GPUS_SHAPE = ("A number of GPUs (2) or a fraction of one (0.5 or 1/4), written with the "
+              "digits 0-9 only.")
+
+
+def parse_gpus(value: Any) -> int | Fraction:
+    """A job's `gpus` per replica as given: a whole number of GPUs (1, 2, "4"), or a
+    fraction of one GPU (0.25, "0.5", "1/4"): an int for a whole number, else a Fraction
+    in (0, 1) or above 1 (the GPU type decides whether it is allowed: `gpus_on_type`).
+    A float that is k/n for a small n up to float rounding (1/3 as 0.3333333333333333)
+    is that fraction. ValueError with the refusal otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(GPUS_SHAPE)
+    if isinstance(value, int):
+        amount: Fraction = Fraction(value)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("A finite number of GPUs.")
+        exact = Fraction(repr(value))
+        near = exact.limit_denominator(64)
+        amount = near if abs(near - exact) < Fraction(1, 10**9) else exact
+    elif isinstance(value, str) and len(value) <= MAX_GPUS_TEXT_LEN and (
+            match := _GPUS_RE.match(value)) and (match["num"] or match["dec"]):
+        if match["num"] is not None:
+            if int(match["den"]) == 0:
+                raise ValueError("A fraction's denominator is at least 1 (1/4).")
+            amount = Fraction(int(match["num"]), int(match["den"]))
+        else:
+            amount = Fraction(match["dec"])
+    else:
+        raise ValueError(GPUS_SHAPE)
+    if amount <= 0:
+        raise ValueError("Ask at least one GPU, or a fraction of one above 0 (0.25, 1/4).")
+    if amount > 10**6:
+        raise ValueError("At most 1000000 GPUs per replica.")
+    return int(amount) if amount.denominator == 1 else amount
+
+
+def gpus_text(amount: int | Fraction | float) -> str:
+    """`amount` GPUs as written back: 2, 0.25, 0.5; a fraction without a short decimal
+    as k/n (1/3)."""
+    value = Fraction(amount).limit_denominator(10**6) if isinstance(amount, float) \
+        else Fraction(amount)
+    if value.denominator == 1:
+        return str(value.numerator)
+    for digits in range(1, 7):
+        scaled = value * 10**digits
+        if scaled.denominator == 1:
+            return f"{float(value):.{digits}f}"
+    return f"{value.numerator}/{value.denominator}"
+
+
+def gpus_on_type(amount: int | Fraction, *, slug: str, sharing: str, slices_per_gpu: int,
+                 several_types: bool = False) -> tuple[int, int] | str:
+    """Shared GPUs: a job's `gpus` per replica on its GPU type as (gpus_per_replica,
+    gpu_slices), or the refusal. A whole number: whole devices, slices 0. A fraction: k
+    slices of one GPU of a time-sliced or MPS type (k = amount x slices_per_gpu, a whole
+    number below slices_per_gpu), gpus_per_replica 1; refused on any other type, above
+    one GPU, off the type's 1/S steps, or with several GPU types accepted."""
+    if isinstance(amount, int):
+        return amount, 0
+    shown = gpus_text(amount)
+    if sharing not in ("time-sliced", "mps"):
+        return (f"{shown} GPU is a fraction: fractions need a time-sliced or MPS GPU type "
+                f"({slug} is {sharing}); ask whole GPUs on {slug}.")
+    if several_types:
+        return (f"{shown} GPU is a fraction: a fraction accepts one GPU type (the "
+                "type's slices are packed per GPU); give only gpu_type.")
+    if amount > 1:
+        return (f"{shown} GPU: a fraction is less than one GPU; ask whole GPUs (1, 2, ...) "
+                "or a fraction below 1.")
+    slices = amount * slices_per_gpu
+    if slices.denominator != 1:
+        steps = ", ".join(gpus_text(Fraction(k, slices_per_gpu))
+                          for k in range(1, slices_per_gpu))
+        return (f"{shown} is not a multiple of 1/{slices_per_gpu} GPU of {slug} "
+                f"({slices_per_gpu} slices per GPU): use {steps}.")
+    return 1, int(slices)
+
+
+SHARING_MODES = ("exclusive", "mig", "time-sliced", "mps")
+MAX_SLICES_PER_GPU = 64
+
+
+def gpu_sharing_problems(sharing: Any, slices_per_gpu: Any) -> dict[str, str]:
+    """A GPU type's sharing and slices per GPU on their own (docs/api.md, "Fractions of a
+    GPU"): exclusive has 1 slice (a whole GPU); mig (the profile's instances per GPU),
+    time-sliced and mps (the device plugin's replicas per GPU) at least 2 and at most
+    64. {} when fine; else the refusal per field."""
+    if sharing not in SHARING_MODES:
+        return {"sharing": f"One of: {', '.join(SHARING_MODES)}."}
+    if isinstance(slices_per_gpu, bool) or not isinstance(slices_per_gpu, int):
+        return {"slices_per_gpu": "A whole number."}
+    if sharing == "exclusive" and slices_per_gpu != 1:
+        return {"slices_per_gpu": "An exclusive type has 1 slice per GPU (whole GPUs); "
+                                  "choose time-sliced, mps or mig to share a GPU."}
+    if sharing != "exclusive" and not 2 <= slices_per_gpu <= MAX_SLICES_PER_GPU:
+        what = ("instances of this MIG profile per GPU (7 for 1g.10gb on an A100 80GB)"
+                if sharing == "mig" else "the device plugin's replicas per GPU (e.g. 4)")
+        return {"slices_per_gpu": f"A {sharing} type has 2 to {MAX_SLICES_PER_GPU} "
+                                  f"slices per GPU: {what}."}
+    return {}

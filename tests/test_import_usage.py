@@ -67,7 +67,7 @@ def test_it_reports_every_bad_row_with_its_line_and_imports_nothing(
     msg = str(exc.value)
     assert "nothing imported: 9 error(s)" in msg
     for line, text in [(3, "unknown team 'nobody'"), (4, "unknown gpu_type 'tpu'"),
-                       (5, "gpus must be a whole number >= 1, not 0"), (6, "'two'"),
+                       (5, "gpus must be a number above 0 (2, 0.25), not '0'"), (6, "'two'"),
                        (7, "has no UTC offset"), (8, "is not an ISO 8601 instant"),
                        (9, "end is before start"), (10, "is in the future"),
                        (11, "expected 5 columns, got 3")]:

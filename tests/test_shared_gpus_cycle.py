@@ -33,16 +33,13 @@ GPUS = 3  # on its one node
 def shared(world: World, settings: Any) -> Any:
     """One node of 3 GPUs of a time-sliced type (4 slices per GPU), vision's quota 4
     GPUs of it (more than the node: waits are for capacity). The simulated backend
-    reports a node in the type's units (slices) once it multiplies FAIRQ_SIM_NODES' GPUs
-    by the type's units per device; until then the node is given in slices here."""
+    reports a node in the type's units: FAIRQ_SIM_NODES' GPUs x the type's units per
+    device (slices)."""
     ts = GpuTypeFactory(slug="ts-a10", sharing="time-sliced", slices_per_gpu=S,
                         resource_name="nvidia.com/gpu.shared", billing_weight=1.0)
     QuotaFactory(team=world.vision, gpu_type=ts, nominal=GPUS + 1, borrowing_limit=0)
     settings.FAIRQ_SIM_NODES = f"1x{GPUS}xts-a10"
     reset_backends()
-    if get_backend().nodes()[0].capacity == GPUS:  # the backend counts GPUs, not slices
-        settings.FAIRQ_SIM_NODES = f"1x{GPUS * S}xts-a10"
-        reset_backends()
     assert get_backend().nodes()[0].capacity == GPUS * S
     queue_plan_forget()
     return ts

@@ -16,7 +16,7 @@ DEBUG = env.bool("DJANGO_DEBUG", default=False)
 
 # The h100 nodes in racks of two (rule A7: a job may keep its replicas in one rack; the
 # demo's h100 GpuType names the level, queueing/services/demo.py).
-FAIRQ_SIM_NODES = env("FAIRQ_SIM_NODES", default="4x8xh100@rack=2,4x8xa100,2x7xmig-1g-10gb")
+FAIRQ_SIM_NODES = env("FAIRQ_SIM_NODES", default="4x8xh100@rack=2,4x8xa100,2x7xmig-1g-10gb,2x4xt4-shared")
 _check_sim_nodes(FAIRQ_SIM_NODES)
 
 # A host in the URL: without one kombu warns "No hostname was supplied" at each connect.

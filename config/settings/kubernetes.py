@@ -153,3 +153,16 @@ def _check_spot_matches() -> None:
 
 
 _check_spot_matches()
+
+# Shared GPUs, an MPS GPU type's pods (docs/kubernetes.md, "Shared GPUs"): "" (default)
+# = the NVIDIA device plugin's own MPS control daemon, whose Allocate sets
+# CUDA_MPS_PIPE_DIRECTORY and mounts it; a path = an MPS daemon run on the nodes outside
+# the plugin: the pods get CUDA_MPS_PIPE_DIRECTORY (CUDA_MPS_LOG_DIRECTORY) and a hostPath
+# mount of it (their namespace must then allow hostPath: the `privileged` Pod Security
+# level). Absolute paths.
+FAIRQ_K8S_MPS_PIPE_DIRECTORY = env("FAIRQ_K8S_MPS_PIPE_DIRECTORY", default="")
+FAIRQ_K8S_MPS_LOG_DIRECTORY = env("FAIRQ_K8S_MPS_LOG_DIRECTORY", default="")
+for _name in ("FAIRQ_K8S_MPS_PIPE_DIRECTORY", "FAIRQ_K8S_MPS_LOG_DIRECTORY"):
+    _path = globals()[_name]
+    if _path and (not re.fullmatch(r"/[A-Za-z0-9._/-]*", _path) or ".." in _path.split("/")):
+        raise environ.ImproperlyConfigured(f"{_name} must be an absolute path")

@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 
 from queueing.selectors.accounting import ATTEMPT_STATES, AccountingFilter, accounting_page
 
-from .fields import InstantField
+from .fields import GpuAmountField, InstantField
 from .scope import teams_asked
 
 PAGE_SIZE = 50
@@ -69,7 +69,8 @@ class AccountingRowSerializer(serializers.Serializer[Any]):
     team = serializers.CharField()
     gpu_type = serializers.CharField()
     tier = serializers.CharField()
-    gpus = serializers.IntegerField()
+    gpus = GpuAmountField(help_text="GPUs the attempt held (a fraction of a shared GPU: "
+                                    "its share, 0.25)")
     start = serializers.DateTimeField()
     end = serializers.DateTimeField(allow_null=True, help_text="null while running")
     elapsed_seconds = serializers.IntegerField()

@@ -15,7 +15,7 @@ from rest_framework.fields import empty
 
 from queueing.instants import InstantError, as_utc, parse_instant
 from queueing.selectors.jobs import jobs_with_labels, label_filter_parse
-from queueing.validation import ascii_int
+from queueing.validation import ascii_int, parse_gpus
 
 
 class InstantFormField(forms.Field):
@@ -112,3 +112,37 @@ class AsciiIntegerFilter(django_filters.NumberFilter):  # type: ignore[misc]
     """A filter on a whole number (`AsciiIntegerFormField`)."""
 
     field_class = AsciiIntegerFormField
+
+
+@extend_schema_field({"anyOf": [
+    {"type": "number", "minimum": 0, "exclusiveMinimum": True},
+    {"type": "string", "pattern": "^[0-9]{1,6}(/[1-9][0-9]{0,2}|[.][0-9]{1,9})?$"}],
+    "description": "GPUs per replica: whole GPUs (2), or a fraction of one GPU of a "
+                   "time-sliced or MPS type (0.25, \"1/4\"), a multiple of 1/slices_per_gpu."})
+class GpusField(serializers.Field):  # type: ignore[type-arg]
+    """A job's `gpus` per replica: a whole number (2, "4") or a fraction of one GPU of a
+    time-sliced or MPS type (0.25, "0.5", "1/4"): an int or a Fraction
+    (`validation.parse_gpus`); the GPU type then decides (`validation.gpus_on_type`)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        try:
+            return parse_gpus(data)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+@extend_schema_field({"type": "number"})
+class GpuAmountField(serializers.Field):  # type: ignore[type-arg]
+    """GPUs as a number: a whole number as an int (8), a share of shared GPUs as a
+    decimal (2.25: nine quarter GPUs)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("read_only", True)
+        super().__init__(**kwargs)
+
+    def to_representation(self, value: Any) -> Any:
+        rounded = round(float(value), 6)
+        return int(rounded) if rounded == int(rounded) else rounded

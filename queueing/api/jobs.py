@@ -55,9 +55,11 @@ from rest_framework.validators import ProhibitSurrogateCharactersValidator
 from accounts.authentication import authenticate_key, token_key
 from queueing.errors import DomainError
 from queueing.services.jobs import job_submit_with_event
+from queueing.validation import parse_gpus
 
 from . import auth_cache, throttling
 from .bulk import job_submitted_data
+from .fields import GpusField
 from .job_input import job_input_of
 from .parsers import parse_json
 from .serializers import JobCreateSerializer, shaper
@@ -112,6 +114,13 @@ def _integer(field: serializers.IntegerField) -> Check:
     return check
 
 
+def _gpus(value: Any) -> Any:
+    try:
+        return parse_gpus(value)
+    except ValueError:
+        raise _ToDrf from None
+
+
 def _boolean(_field: serializers.BooleanField) -> Check:
     def check(value: Any) -> Any:
         if value is not True and value is not False:
@@ -156,6 +165,8 @@ def _check_of(field: serializers.Field[Any, Any, Any, Any]) -> Check | None:
     if any(not isinstance(v, _OWN_VALIDATORS) for v in field.validators):
         return None
     kind = type(field)
+    if kind is GpusField:
+        return _gpus
     if kind is serializers.CharField:
         return _char(field)  # type: ignore[arg-type]
     if kind is serializers.IntegerField:

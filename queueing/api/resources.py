@@ -14,14 +14,20 @@ from rest_framework.views import APIView
 
 from accounts.selectors import all_teams, teams_for_user
 from queueing.errors import NotFound
-from queueing.models import GpuType, Quota, Tier
+from queueing.models import GPU_SHARING_CHOICES, GpuType, Quota, Tier
 from queueing.selectors.capacity import capacity_by_gpu_type
-from queueing.selectors.reference import all_gpu_types, all_tiers, quota_of_teams, quotas_of_teams
+from queueing.selectors.reference import (
+    all_gpu_types,
+    all_tiers,
+    gpu_type_by_slug,
+    quota_of_teams,
+    quotas_of_teams,
+)
 from queueing.selectors.usage import BUCKETS, MAX_BUCKETS, usage_buckets
 from queueing.services.access import check_staff
-from queueing.services.quotas import quota_set
+from queueing.services.quotas import gpu_type_sharing_set, quota_set
 
-from .fields import InstantField
+from .fields import GpuAmountField, InstantField
 from .idempotency import IdempotentPostMixin
 from .location import location
 from .scope import teams_asked
@@ -138,7 +144,19 @@ class GpuTypeSerializer(serializers.ModelSerializer[GpuType]):
 
     class Meta:
         model = GpuType
-        fields = ["slug", "name", "resource_name", "billing_weight", "topology_levels"]
+        fields = ["slug", "name", "resource_name", "billing_weight", "topology_levels",
+                  "sharing", "slices_per_gpu"]
+        extra_kwargs = {
+            "sharing": {"help_text": (
+                "How one GPU is shared: exclusive (whole GPUs), mig (each device an "
+                "isolated instance of one MIG profile), time-sliced or mps (the device "
+                "plugin's replicas of a GPU: NO memory isolation between the jobs sharing "
+                "it). A job on a time-sliced or mps type may ask a fraction of one GPU "
+                "(gpus 0.25).")},
+            "slices_per_gpu": {"help_text": (
+                "exclusive: 1; mig: instances of the profile per GPU; time-sliced and mps: "
+                "replicas per GPU (a fraction is a multiple of 1/slices_per_gpu).")},
+        }
         read_only_fields = fields
 
 
@@ -153,9 +171,45 @@ class TierListView(APIView):
 class GpuTypeListView(APIView):
     @extend_schema(responses=GpuTypeSerializer(many=True))
     def get(self, request: Request) -> Response:
-        """List the GPU types: billing weight (rule F1) and topology levels (rule A7).
-        """
+        """List the GPU types: billing weight (rule F1), topology levels (rule A7), and
+        how one GPU is shared (sharing, slices_per_gpu; time-sliced and mps: no memory
+        isolation)."""
         return Response(GpuTypeSerializer(all_gpu_types(), many=True).data)
+
+
+class GpuTypeSharingSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
+    sharing = serializers.ChoiceField(
+        choices=[c for c, _ in GPU_SHARING_CHOICES], required=False,
+        help_text="exclusive, mig, time-sliced or mps (time-sliced and mps: NO memory "
+                  "isolation between the jobs sharing a GPU).")
+    slices_per_gpu = serializers.IntegerField(
+        required=False, min_value=1, max_value=64,
+        help_text="exclusive: 1; mig, time-sliced, mps: 2-64.")
+
+
+class GpuTypeDetailView(APIView):
+    @extend_schema(responses=GpuTypeSerializer)
+    def get(self, request: Request, slug: str) -> Response:
+        """Read one GPU type."""
+        return Response(GpuTypeSerializer(self._gpu_type(slug)).data)
+
+    @extend_schema(request=GpuTypeSharingSerializer, responses=GpuTypeSerializer)
+    def patch(self, request: Request, slug: str) -> Response:
+        """Change how one GPU of the type is shared (staff): `sharing` and
+        `slices_per_gpu`, checked together (exclusive: 1; mig, time-sliced, mps: 2-64),
+        refused while jobs of the type are queued, admitted or running. Audited."""
+        gpu_type = self._gpu_type(slug)
+        check_staff(actor=request.user, doing="change GPU types")
+        s = GpuTypeSharingSerializer(data=request.data)
+        s.is_valid(raise_exception=True)
+        row = gpu_type_sharing_set(actor=request.user, gpu_type=gpu_type, **s.validated_data)
+        return Response(GpuTypeSerializer(row).data)
+
+    def _gpu_type(self, slug: str) -> GpuType:
+        row = gpu_type_by_slug(slug=slug)
+        if row is None:
+            raise NotFound(f"GPU type {slug[:40]!r} not found")
+        return row
 
 
 class UsageQuerySerializer(serializers.Serializer[Any]):
@@ -221,9 +275,9 @@ class UsageView(APIView):
 class CapacityNodeSerializer(serializers.Serializer[Any]):
     name = serializers.CharField()
     gpu_type = serializers.CharField()
-    capacity = serializers.IntegerField()
-    allocated = serializers.IntegerField(help_text="GPUs in use as the cluster reports it")
-    free = serializers.IntegerField()
+    capacity = GpuAmountField()
+    allocated = GpuAmountField(help_text="GPUs in use as the cluster reports it")
+    free = GpuAmountField()
     draining = serializers.BooleanField(help_text=(
         "A node of a disabled cluster still draining (rule K8): its jobs run on, but its "
         "free GPUs take no new work."))
@@ -232,11 +286,22 @@ class CapacityNodeSerializer(serializers.Serializer[Any]):
 class CapacitySerializer(serializers.Serializer[Any]):
     gpu_type = serializers.CharField()
     nodes = serializers.IntegerField()
-    capacity = serializers.IntegerField()
-    allocated = serializers.IntegerField(help_text="GPUs in use as the cluster reports it")
-    free = serializers.IntegerField()
-    held_by_jobs = serializers.IntegerField(help_text="GPUs of admitted and running jobs")
-    queued_demand = serializers.IntegerField(
+    sharing = serializers.CharField(help_text=(
+        "How one GPU is shared: exclusive, mig, time-sliced or mps (time-sliced and mps: "
+        "no memory isolation between the jobs on a GPU)."))
+    slices_per_gpu = serializers.IntegerField()
+    capacity = GpuAmountField(help_text="GPUs (a MIG type: instances)")
+    capacity_slices = serializers.IntegerField(help_text=(
+        "A time-sliced or MPS type: its nodes' slices (GPUs x slices_per_gpu); else 0."))
+    allocated_slices = serializers.IntegerField(help_text=(
+        "A time-sliced or MPS type: the slices in use as the cluster reports them."))
+    allocated = GpuAmountField(help_text="GPUs in use as the cluster reports it (a "
+                                         "time-sliced or MPS type: its slices in use / "
+                                         "slices_per_gpu, e.g. 2.25)")
+    free = GpuAmountField()
+    held_by_jobs = GpuAmountField(help_text="GPUs of admitted and running jobs (a fraction "
+                                            "counts its share: 0.25)")
+    queued_demand = GpuAmountField(
         help_text="GPUs asked for by queued jobs (a job accepting several types counts "
                   "under the first it accepts)")
     by_node = CapacityNodeSerializer(many=True, help_text=(

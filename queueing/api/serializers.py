@@ -21,6 +21,7 @@ from queueing.selectors.checkpoints import newest_checkpoint
 from queueing.selectors.clusters import cluster_name
 from queueing.selectors.utilization import idle_since, job_utilization
 
+from .fields import GpusField
 from .strict import StrictFieldsMixin
 
 
@@ -142,7 +143,11 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer[Any]):
                   '"a100"]: the plan admits it on one of them (docs/scheduling.md, "Several '
                   'GPU types"), and gpu_type then says which. Each must hold the job with '
                   "the same gpus per replica.")
-    gpus = serializers.IntegerField(min_value=1, help_text="GPUs per replica.")
+    gpus = GpusField(
+        help_text="GPUs per replica: whole GPUs (2), or on a time-sliced or MPS GPU type "
+                  "(no memory isolation between the jobs sharing a GPU) a fraction of one "
+                  'GPU, a multiple of 1/slices_per_gpu: 0.25, 0.5 or "1/4" (docs/api.md, '
+                  '"Fractions of a GPU").')
     replicas = serializers.IntegerField(min_value=1, max_value=v.MAX_REPLICAS, default=1,
                                         help_text="Gang size: all replicas start together.")
     tier = serializers.CharField(max_length=40, required=False)
@@ -297,8 +302,28 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         help_text="Every GPU type it accepts, most preferred first ([gpu_type] for a job "
                   "of one type).")
     tier = serializers.CharField(source="tier.slug")
-    gpus = serializers.IntegerField(source="gpus_per_replica")
-    total_gpus = serializers.IntegerField(read_only=True)
+    gpus = serializers.SerializerMethodField(
+        help_text="GPUs per replica: a whole number, or the fraction of one GPU of a "
+                  "time-sliced or MPS type (0.25: gpu_slices of its slices_per_gpu).")
+    total_gpus = serializers.SerializerMethodField(
+        help_text="GPUs of all replicas (a fraction's share of one GPU times replicas).")
+    gpu_slices = serializers.IntegerField(
+        read_only=True,
+        help_text="Shared GPUs: slices of one GPU per replica (a fraction); 0: whole GPUs.")
+    gpu_share = serializers.FloatField(
+        read_only=True,
+        help_text="GPU-equivalents it holds while running: what quotas, fair share and "
+                  "costs count (0.25 for a quarter GPU; a MIG instance 1/slices_per_gpu).")
+    gpu_sharing = serializers.CharField(
+        source="gpu_type.sharing", read_only=True,
+        help_text="How its GPU type shares a GPU: exclusive, mig, time-sliced or mps "
+                  "(time-sliced and mps: no memory isolation between the jobs on a GPU).")
+    slices_per_gpu = serializers.IntegerField(source="gpu_type.slices_per_gpu",
+                                              read_only=True)
+    gpu_slots = serializers.ListField(
+        child=serializers.IntegerField(), read_only=True,
+        help_text="A fraction's GPU index on its node, per replica, as the plan packed it "
+                  "([] for whole GPUs or before admission).")
     submitter = serializers.CharField(source="submitter.username", default=None)
     resources = serializers.DictField(
         child=serializers.CharField(), read_only=True,
@@ -354,7 +379,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         model = Job
         fields = [
             "id", "team", "name", "image", "command", "args", "env", "gpu_type", "gpu_types",
-            "gpus",
+            "gpus", "gpu_slices", "gpu_share", "gpu_sharing", "slices_per_gpu", "gpu_slots",
             "replicas", "total_gpus", "tier", "max_runtime_seconds", "resources", "shm_size",
             "topology", "volumes", "secrets", "image_pull_secret", "working_dir", "labels",
             "annotations", "termination_grace_seconds", "notify_url", "status", "attempt",
@@ -365,6 +390,18 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "stop_signal", "checkpoint_interval_seconds", "checkpointed_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.FloatField())
+    def get_gpus(self, job: Job) -> int | float:
+        if job.gpu_slices:
+            return job.gpu_slices / job.gpu_type.slices_per_gpu
+        return job.gpus_per_replica
+
+    @extend_schema_field(serializers.FloatField())
+    def get_total_gpus(self, job: Job) -> int | float:
+        if job.gpu_slices:
+            return job.gpu_slices * job.replicas / job.gpu_type.slices_per_gpu
+        return job.total_gpus
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_cluster(self, job: Job) -> str | None:

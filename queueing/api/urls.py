@@ -85,6 +85,8 @@ urlpatterns = [
     path("quotas/<int:quota_id>/", resources.QuotaDetailView.as_view(), name="quota-detail"),
     path("tiers/", resources.TierListView.as_view(), name="tier-list"),
     path("gpu-types/", resources.GpuTypeListView.as_view(), name="gputype-list"),
+    path("gpu-types/<slug:slug>/", resources.GpuTypeDetailView.as_view(),
+         name="gputype-detail"),
     path("usage/", resources.UsageView.as_view(), name="usage"),
     path("accounting/", accounting.AccountingView.as_view(), name="accounting"),
     path("costs/", costs.CostView.as_view(), name="costs"),

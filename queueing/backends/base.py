@@ -137,6 +137,22 @@ class LaunchSpec:
     # A credential (it lets the pod report checkpoints for this attempt only): kept out
     # of the spec's repr, so a log line or an error naming the spec never carries it.
     checkpoint_token: str = field(default="", repr=False)
+    # Shared GPUs (docs/kubernetes.md, "Shared GPUs"): per replica, how much of
+    # `resource_name` it takes in the type's units (a time-sliced or MPS type's slices:
+    # k for a fraction, g x slices_per_gpu for g whole GPUs; devices elsewhere); 0 =
+    # `gpus_per_replica`. `gpu_slots`: a fraction's planned GPU index per replica (its
+    # node's GPU the plan packed its slices on); `sharing` and `slices_per_gpu` are the
+    # GPU type's.
+    units_per_replica: int = 0
+    gpu_slots: Sequence[int] = ()
+    sharing: str = "exclusive"
+    slices_per_gpu: int = 1
+    gpu_slices: int = 0
+
+    @property
+    def units(self) -> int:
+        """Per replica, the units of `resource_name` it takes (`units_per_replica`)."""
+        return self.units_per_replica or self.gpus_per_replica
 
 
 # The port replica 0 of a multi-replica job listens on for the rendezvous (`MASTER_PORT`,

@@ -76,6 +76,12 @@ A_GPUS_PER_REPLICA = "fairq.io/gpus-per-replica"
 A_REPLICAS = "fairq.io/replicas"
 A_SPEC_DIGEST = "fairq.io/spec-digest"
 A_OWNER = "fairq.io/owner"
+# Shared GPUs: a fraction's planned GPU index on its node (per replica; the replica's
+# own for a rendezvous Job), and its slices of how many (docs/kubernetes.md, "Shared
+# GPUs"). fairq's accounting and placement, not a device assignment: which physical GPU
+# the device plugin's replicas come from is the plugin's choice.
+A_GPU_SLOTS = "fairq.io/gpu-slots"
+A_GPU_SLICES = "fairq.io/gpu-slices"
 CONTAINER = "main"
 GPU_TAINT_KEY = "nvidia.com/gpu"
 QUOTA_NAME = "fairq-gpus"
@@ -111,6 +117,12 @@ class ManifestOptions:
     # Rule K4 (FAIRQ_SPOT_TOLERATIONS, parsed): the taints that mark spot capacity, which
     # the pods of an attempt placed on spot (`LaunchSpec.spot`) tolerate.
     spot_tolerations: tuple[NodeMatch, ...] = ()
+    # Shared GPUs, an MPS type's pods (FAIRQ_K8S_MPS_PIPE_DIRECTORY,
+    # FAIRQ_K8S_MPS_LOG_DIRECTORY): "" = not set, the NVIDIA device plugin's Allocate
+    # sets the pipe directory and mounts it (its own MPS control daemon); a path = an
+    # MPS daemon run outside the plugin: the env and a hostPath mount of that path.
+    mps_pipe_directory: str = ""
+    mps_log_directory: str = ""
 
 
 def tolerations(spec: LaunchSpec, opts: ManifestOptions) -> list[dict[str, str]]:
@@ -249,7 +261,7 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions, *, replica: int = 0
     `fairq.io/replica`. Explicit hostnames rather than an Indexed Job: the same Jobs work
     on every server from 1.20 on (Indexed Jobs are 1.22+).
     """
-    if spec.gpus_per_replica < 1 or spec.replicas < 1:
+    if spec.gpus_per_replica < 1 or spec.replicas < 1 or spec.units < 1:
         raise ManifestError("a job needs at least one replica and one GPU per replica")
     rendezvous = spec.replicas > 1
     if not 0 <= replica < spec.replicas:
@@ -266,10 +278,13 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions, *, replica: int = 0
         L_ATTEMPT: str(spec.attempt),
         L_TEAM: spec.team,
         L_TIER: spec.tier,
-        A_GPUS_PER_REPLICA: str(spec.gpus_per_replica),
+        # In the units of the GPU type's resource (what a node's allocatable counts:
+        # slices of a time-sliced or MPS type), as `unbound_demand` reads it.
+        A_GPUS_PER_REPLICA: str(spec.units),
         A_REPLICAS: str(spec.replicas),
         A_PLACEMENT: ",".join(spec.placement),
     }
+    annotations.update(gpu_share_annotations(spec, replica=replica))
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.image,
@@ -284,8 +299,9 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions, *, replica: int = 0
     if args:
         container["args"] = args
     workload = _workload(spec)
-    container["env"] = _env(spec.env, workload_env(spec, replica=replica,
-                                                    master_addr=master_addr(spec.name)),
+    container["env"] = _env(spec.env, {**workload_env(spec, replica=replica,
+                                                      master_addr=master_addr(spec.name)),
+                                       **mps_env(spec, opts)},
                             workload["secrets"])
     if workload["working_dir"]:
         container["workingDir"] = workload["working_dir"]
@@ -294,7 +310,8 @@ def job_manifest(spec: LaunchSpec, opts: ManifestOptions, *, replica: int = 0
     hook = stop_hook(spec.stop_signal, grace=grace)
     if hook is not None:
         container["lifecycle"] = {"preStop": hook}
-    volumes = _shm(spec, container) + _volumes(workload, container)
+    volumes = _shm(spec, container) + _volumes(workload, container) + _mps(spec, opts,
+                                                                             container)
     user_labels = {f"{USER_LABEL_PREFIX}{k}": val for k, val in workload["labels"].items()}
     user_annotations = {f"{USER_LABEL_PREFIX}{k}": val
                         for k, val in workload["annotations"].items()}
@@ -380,11 +397,72 @@ def _positive(value: Any, what: str) -> int | None:
     return value
 
 
+def gpu_share_annotations(spec: LaunchSpec, *, replica: int = 0) -> dict[str, str]:
+    """Shared GPUs: a fraction's `fairq.io/gpu-slices` ("2/4": its slices of the type's
+    slices per GPU) and `fairq.io/gpu-slots` (the planned GPU index on its node: the
+    replica's own for a rendezvous Job, every replica's comma-separated otherwise);
+    nothing for whole GPUs."""
+    if not spec.gpu_slices:
+        return {}
+    slots = [str(s) for s in spec.gpu_slots]
+    if spec.replicas > 1 and len(slots) == spec.replicas:
+        slots = [slots[replica]]
+    out = {A_GPU_SLICES: f"{spec.gpu_slices}/{spec.slices_per_gpu}"}
+    if slots:
+        out[A_GPU_SLOTS] = ",".join(slots)
+    return out
+
+
+def mps_env(spec: LaunchSpec, opts: ManifestOptions) -> dict[str, str]:
+    """An MPS type's pod env (NVIDIA's MPS documentation, "Environment Variables"):
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = the share of the GPU's SMs it asked (100 x
+    slices / slices per GPU; 100 for whole GPUs), and CUDA_MPS_PIPE_DIRECTORY /
+    CUDA_MPS_LOG_DIRECTORY when set in `opts` (else the device plugin sets the pipe
+    directory). Nothing for other types. fairq's values win over a job's own."""
+    if spec.sharing != "mps":
+        return {}
+    percent = 100 * spec.units // max(1, spec.slices_per_gpu) if spec.gpu_slices else 100
+    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, min(100, percent)))}
+    if opts.mps_pipe_directory:
+        env["CUDA_MPS_PIPE_DIRECTORY"] = opts.mps_pipe_directory
+    if opts.mps_log_directory:
+        env["CUDA_MPS_LOG_DIRECTORY"] = opts.mps_log_directory
+    return env
+
+
+MPS_PIPE_VOLUME = "mps-pipe"
+MPS_LOG_VOLUME = "mps-log"
+
+
+def _mps(spec: LaunchSpec, opts: ManifestOptions, container: dict[str, Any]
+         ) -> list[dict[str, Any]]:
+    """An MPS type's hostPath volumes, only when FAIRQ_K8S_MPS_PIPE_DIRECTORY (and
+    FAIRQ_K8S_MPS_LOG_DIRECTORY) are set: the MPS daemon's directory on the node at the
+    same path in the container, as the MPS documentation has clients and daemon share
+    it. (The `restricted` and `baseline` Pod Security levels refuse hostPath volumes:
+    docs/kubernetes.md, "Shared GPUs".)"""
+    if spec.sharing != "mps":
+        return []
+    out = []
+    for name, path in ((MPS_PIPE_VOLUME, opts.mps_pipe_directory),
+                       (MPS_LOG_VOLUME, opts.mps_log_directory)):
+        if not path:
+            continue
+        if not path.startswith("/") or ".." in path.split("/"):
+            raise ManifestError(f"MPS directory {path!r} is not an absolute path")
+        container.setdefault("volumeMounts", []).append({"name": name, "mountPath": path})
+        out.append({"name": name, "hostPath": {"path": path, "type": "Directory"}})
+    return out
+
+
 def container_resources(spec: LaunchSpec) -> dict[str, dict[str, str]]:
     """The container's `resources`: limits = requests for the GPUs and for each of cpu,
     memory and ephemeral-storage the spec sets, so a pod with cpu and memory set is of
-    the Guaranteed QoS class (never evicted before BestEffort and Burstable pods)."""
-    amounts = {spec.resource_name: str(spec.gpus_per_replica)}
+    the Guaranteed QoS class (never evicted before BestEffort and Burstable pods). The
+    GPU type's resource in its units (shared GPUs): a fraction's slices, g whole GPUs
+    of a time-sliced or MPS type g x its slices per GPU (the device plugin's replicas),
+    a MIG type's instances of its profile resource."""
+    amounts = {spec.resource_name: str(spec.units)}
     for key, value, fmt in (
             ("cpu", spec.cpu_millicores, format_cpu),
             ("memory", spec.memory_bytes, format_bytes),
@@ -980,6 +1058,11 @@ class GpuTypeRef:
     # Rule A7: (level name, node label) narrow to wide; a node's domain of a level is
     # its value of the label.
     topology_levels: tuple[tuple[str, str], ...] = ()
+    # Shared GPUs: what one GPU of the type counts in `resource_name` (slices per GPU of
+    # a time-sliced or MPS type; 1 for an exclusive GPU or a MIG instance). The
+    # Kubernetes backend reads the allocatable as it is (already slices); the simulated
+    # one multiplies its GPUs by it.
+    units_per_device: int = 1
 
 
 def _quantity(value: Any) -> int:

@@ -156,6 +156,8 @@ class KubernetesBackend:
         spot_tolerations: Sequence[str] = SPOT_TOLERATIONS,
         teams: Callable[[], Iterable[str]] | None = None,
         other_pod_namespaces: Sequence[str] = (),
+        mps_pipe_directory: str = "",
+        mps_log_directory: str = "",
     ) -> None:
         if provision not in ("scheduler", "separate"):
             raise ValueError(f"provision must be 'scheduler' or 'separate', not {provision!r}")
@@ -186,6 +188,7 @@ class KubernetesBackend:
         self.spot_termination = parse_node_matches(spot_termination_taints,
                                                    what="spot_termination_taints")
         self.spot_tolerations = parse_node_matches(spot_tolerations, what="spot_tolerations")
+        self.mps_pipe_directory, self.mps_log_directory = mps_pipe_directory, mps_log_directory
         problem = spot_tolerations_problem(self.spot_tolerations, self.spot_termination)
         if problem:
             raise ValueError(problem)
@@ -419,6 +422,8 @@ class KubernetesBackend:
             indexed=self.indexed_jobs_served(),
             termination_grace_seconds=self.termination_grace_seconds,
             spot_tolerations=self.spot_tolerations,
+            mps_pipe_directory=self.mps_pipe_directory,
+            mps_log_directory=self.mps_log_directory,
         )
 
     def manifest(self, spec: LaunchSpec) -> dict[str, Any]:

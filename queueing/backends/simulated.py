@@ -38,7 +38,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import ClassVar
@@ -87,14 +87,14 @@ class _Node:
 
     def holds(self, spec: LaunchSpec, n: int = 1) -> bool:
         """Room for `n` more replicas of `spec`: GPUs, CPU and memory (rule A6)."""
-        return (self.capacity - self.allocated >= n * spec.gpus_per_replica
+        return (self.capacity - self.allocated >= n * spec.units
                 and (self.cpu_millicores is None or self.cpu_millicores - self.cpu_allocated
                      >= n * (spec.cpu_millicores or 0))
                 and (self.memory_bytes is None or self.memory_bytes - self.memory_allocated
                      >= n * (spec.memory_bytes or 0)))
 
     def take(self, spec: LaunchSpec, sign: int = 1) -> None:
-        self.allocated += sign * spec.gpus_per_replica
+        self.allocated += sign * spec.units
         self.cpu_allocated += sign * (spec.cpu_millicores or 0)
         self.memory_allocated += sign * (spec.memory_bytes or 0)
 
@@ -195,13 +195,21 @@ class SimulatedCluster:
     provisions: ClassVar[bool] = False
 
     def __init__(self, nodes: Iterable[_Node | tuple[str, str, int]], *,
-                 default_seconds: float = 60.0, stop_seconds: float = 0.0):
+                 default_seconds: float = 60.0, stop_seconds: float = 0.0,
+                 units_per_gpu: Callable[[], Mapping[str, int]] | None = None):
         """`nodes`: built by `from_spec`, or (name, GPU type, GPUs) without CPU, memory
         or topology. `stop_seconds`: how long a stopped workload's program takes to save
-        and exit after its stop signal (at most its grace); 0 frees its GPUs at once."""
+        and exit after its stop signal (at most its grace); 0 frees its GPUs at once.
+        `units_per_gpu()`: per GPU type, the units one GPU counts (shared GPUs: a
+        time-sliced or MPS type's slices per GPU; absent: 1), read whenever the nodes
+        are: a node reports and takes its GPUs x that (docs/kubernetes.md, "Shared
+        GPUs"), as a device plugin's replicas do."""
         self._lock = threading.Lock()
         self._nodes = {n.name: n for n in (x if isinstance(x, _Node) else _Node(*x)
                                            for x in nodes)}
+        # What FAIRQ_SIM_NODES says, in GPUs, per node (capacity is in units).
+        self._gpus = {n.name: n.capacity for n in self._nodes.values()}
+        self._units_per_gpu = units_per_gpu
         self._workloads: dict[str, _Workload] = {}
         # The logs of stopped workloads, newest last: readable after the stop, as a
         # Kubernetes Job's pods stay until its TTL, so the logs task can keep the tail
@@ -212,9 +220,19 @@ class SimulatedCluster:
         # Nodes taken away by `reclaim_node`, until `restore_node` brings them back.
         self._reclaimed_nodes: dict[str, _Node] = {}
 
+    def _units_read(self) -> None:
+        """Each node's capacity in its type's units now (its GPUs x `units_per_gpu`)."""
+        if self._units_per_gpu is None:
+            return
+        units = self._units_per_gpu()
+        for n in (*self._nodes.values(), *self._reclaimed_nodes.values()):
+            n.capacity = self._gpus.get(n.name, n.capacity) * max(1, units.get(n.gpu_type, 1))
+
     @classmethod
     def from_spec(cls, spec: str, *, default_seconds: float = 60.0,
-                  stop_seconds: float = 0.0) -> SimulatedCluster:
+                  stop_seconds: float = 0.0,
+                  units_per_gpu: Callable[[], Mapping[str, int]] | None = None
+                  ) -> SimulatedCluster:
         nodes = []
         # Node names are unique within the cluster: a second pool of a GPU type (its spot
         # nodes, say) numbers on from the first (sim-a100-000..003, then -004...).
@@ -230,10 +248,12 @@ class SimulatedCluster:
                                    pool.gpus, cpu_millicores=pool.cpu_millicores,
                                    memory_bytes=pool.memory_bytes, topology=topology,
                                    spot=pool.spot, labels=dict(pool.labels)))
-        return cls(nodes, default_seconds=default_seconds, stop_seconds=stop_seconds)
+        return cls(nodes, default_seconds=default_seconds, stop_seconds=stop_seconds,
+                   units_per_gpu=units_per_gpu)
 
     def nodes(self) -> list[NodeInfo]:
         with self._lock:
+            self._units_read()
             return [NodeInfo(n.name, n.gpu_type, n.capacity, n.allocated,
                              cpu_millicores=n.cpu_millicores, cpu_allocated=n.cpu_allocated,
                              memory_bytes=n.memory_bytes, memory_allocated=n.memory_allocated,
@@ -271,6 +291,7 @@ class SimulatedCluster:
         with self._lock:
             if spec.name in self._workloads:
                 return  # idempotent: the name is the identity
+            self._units_read()
             placement = self._place(spec)
             if placement is None:
                 raise SimulatedClusterError(

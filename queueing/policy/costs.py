@@ -73,7 +73,7 @@ def spot_pools_price(parts: Mapping[str, int],
     return (total / gpus).quantize(PRICE_PLACES)
 
 
-def cost_pieces(*, gpus: int, start: datetime, end: datetime,
+def cost_pieces(*, gpus: float, start: datetime, end: datetime,
                 prices: Sequence[PricePoint]) -> Iterator[Piece]:
     """Rule C2: the interval [start, end) of `gpus` GPUs cut at UTC midnights and at
     price changes; each piece priced by the price in effect at its start (rule C1), so

@@ -139,7 +139,7 @@ class Requeued:
 
 def requeue_victim(
     *, attempt: int, submitted_at: datetime, started_at: datetime | None, now: datetime,
-    gpus: int, billing_weight: float, accumulator: Accumulator | None = None,
+    gpus: float, billing_weight: float, accumulator: Accumulator | None = None,
     half_life_hours: float = 168.0,
 ) -> Requeued:
     """Rule R6: a victim goes back to the queue as attempt + 1 with its submit time (its

@@ -52,7 +52,7 @@ class AccountingRow:
     team: str
     gpu_type: str
     tier: str
-    gpus: int
+    gpus: int | float  # a fraction of a shared GPU counts its share (0.25)
     start: datetime
     end: datetime | None  # None while running
     elapsed_seconds: int
@@ -158,7 +158,7 @@ def accounting_rows(f: AccountingFilter, *, now: datetime) -> list[AccountingRow
 def _running_row(job: Job, now: datetime) -> AccountingRow:
     assert job.started_at is not None  # running_attempts keeps started jobs only
     seconds = max(0.0, (now - job.started_at).total_seconds())
-    gpus = job.total_gpus
+    gpus = job.gpu_share
     return AccountingRow(
         job_id=job.pk, attempt=job.attempt, name=job.name,
         user=job.submitter.username if job.submitter else None, team=job.team.slug,

@@ -136,7 +136,7 @@ def attempts_from_events(
                 a["checkpoint_at"] = data.get("checkpoint_at")
                 a["_stopped_at"] = e["at"]
     out = []
-    gpus = job.gpus_per_replica * job.replicas
+    gpus = job.gpu_share  # shared GPUs: a fraction's share of one GPU
     for n in sorted(attempts):
         a = attempts[n]
         charge = charged.get((job.pk, n))

@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from django.db.models import F, Sum
+from django.db.models import Sum
 
 from accounts.models import Team
 from queueing.backends.base import NodeInfo
@@ -16,21 +16,29 @@ from queueing.policy.states import HOLDING_STATES, JobState
 
 from .arrays import arrays_unwritten
 from .cluster import cluster_nodes
+from .gpu_share import DEVICE_SHARE, whole
 
 
 @dataclass
 class CapacityRow:
-    """One GPU type as the cluster and fairq each see it."""
+    """One GPU type as the cluster and fairq each see it, in its devices (GPUs; a MIG
+    type's instances). Shared GPUs: a time-sliced or MPS type's nodes report slices, so
+    its GPUs are slices / `slices_per_gpu`, and a fraction holds its share of one GPU
+    (0.25); `capacity_slices` and `allocated_slices` say the slices."""
 
     gpu_type: str
     nodes: int = 0
-    capacity: int = 0
-    allocated: int = 0  # as the cluster reports it
-    free: int = 0
-    held_by_jobs: int = 0  # GPUs of admitted and running jobs
-    queued_demand: int = 0  # GPUs asked for by queued jobs (several types: the first)
+    capacity: int | float = 0
+    allocated: int | float = 0  # as the cluster reports it
+    free: int | float = 0
+    held_by_jobs: int | float = 0  # GPUs of admitted and running jobs
+    queued_demand: int | float = 0  # GPUs asked for by queued jobs (several types: the first)
     guaranteed: int = 0  # sum of nominal quotas
-    by_team: dict[str, int] = field(default_factory=dict)  # GPUs held per team
+    by_team: dict[str, int | float] = field(default_factory=dict)  # GPUs held per team
+    sharing: str = "exclusive"
+    slices_per_gpu: int = 1
+    capacity_slices: int = 0  # a time-sliced or MPS type's: its nodes' slices
+    allocated_slices: int = 0
     # Per node of the type, by name: {name, gpu_type, capacity, allocated, free, draining}
     # (rule E3's "largest free block" is the largest `free` of a node not draining).
     by_node: list[dict[str, object]] = field(default_factory=list)
@@ -39,11 +47,15 @@ class CapacityRow:
     draining_capacity: int = 0
 
     @property
+    def packs_slices(self) -> bool:
+        return self.sharing in ("time-sliced", "mps")
+
+    @property
     def percent(self) -> int:
         return round(100 * self.allocated / self.capacity) if self.capacity else 0
 
     @property
-    def open_capacity(self) -> int:
+    def open_capacity(self) -> int | float:
         """The GPUs new work may use (rule K8): those of no draining cluster."""
         return self.capacity - self.draining_capacity
 
@@ -53,35 +65,36 @@ class CapacityRow:
 
 
 def _gpus_by(statuses: Collection[str], *, team: Team | None = None,
-             gpu_type: GpuType | None = None) -> dict[tuple[str, str, str], int]:
-    """GPUs (replicas × GPUs per replica) of the jobs in `statuses`, per (status, team
-    slug, GPU type slug): one grouped query."""
+             gpu_type: GpuType | None = None) -> dict[tuple[str, str, str], int | float]:
+    """GPUs (replicas × GPUs per replica; a fraction's share of one GPU, shared GPUs)
+    of the jobs in `statuses`, per (status, team slug, GPU type slug): one grouped
+    query."""
     qs = Job.objects.filter(status__in=sorted(statuses))
     if team is not None:
         qs = qs.filter(team=team)
     if gpu_type is not None:
         qs = qs.filter(gpu_type=gpu_type)
     rows = (qs.values("status", "team__slug", "gpu_type__slug").order_by()
-            .annotate(gpus=Sum(F("gpus_per_replica") * F("replicas"))))
-    return {(r["status"], r["team__slug"], r["gpu_type__slug"]): int(r["gpus"] or 0)
+            .annotate(gpus=Sum(DEVICE_SHARE)))
+    return {(r["status"], r["team__slug"], r["gpu_type__slug"]): whole(r["gpus"] or 0)
             for r in rows}
 
 
 def gpus_held(*, team: Team | None = None,
-              gpu_type: GpuType | None = None) -> dict[tuple[str, str], int]:
+              gpu_type: GpuType | None = None) -> dict[tuple[str, str], int | float]:
     """GPUs held by admitted and running jobs per (team slug, GPU type slug), optionally
     of one team or GPU type."""
-    out: dict[tuple[str, str], int] = defaultdict(int)
+    out: dict[tuple[str, str], int | float] = defaultdict(int)
     for (_, t, g), gpus in _gpus_by(HOLDING_STATES, team=team, gpu_type=gpu_type).items():
-        out[(t, g)] += gpus
+        out[(t, g)] = whole(out[(t, g)] + gpus)
     return dict(out)
 
 
-def gpus_held_by_type() -> dict[str, int]:
+def gpus_held_by_type() -> dict[str, int | float]:
     """GPUs held by admitted and running jobs, per GPU type."""
-    out: dict[str, int] = defaultdict(int)
+    out: dict[str, int | float] = defaultdict(int)
     for (_, g), gpus in gpus_held().items():
-        out[g] += gpus
+        out[g] = whole(out[g] + gpus)
     return dict(out)
 
 
@@ -95,29 +108,38 @@ def capacity_by_gpu_type(*, nodes: list[NodeInfo] | None = None,
     error = ""
     if nodes is None:
         nodes, closed, error = cluster_nodes()
-    rows = {slug: CapacityRow(slug) for slug in GpuType.objects.values_list("slug", flat=True)}
+    rows = {slug: CapacityRow(slug, sharing=sharing, slices_per_gpu=per)
+            for slug, sharing, per in GpuType.objects.values_list("slug", "sharing",
+                                                                  "slices_per_gpu")}
 
     def row(gpu_type: str) -> CapacityRow:
         return rows.setdefault(gpu_type, CapacityRow(gpu_type))
 
     for n in nodes:
         r = row(n.gpu_type)
+        # Shared GPUs: a time-sliced or MPS node reports slices; shown as GPUs.
+        per = r.slices_per_gpu if r.packs_slices else 1
         r.nodes += 1
-        r.capacity += n.capacity
-        r.allocated += n.allocated
-        r.free += n.free
+        r.capacity = whole(r.capacity + n.capacity / per)
+        r.allocated = whole(r.allocated + n.allocated / per)
+        r.free = whole(r.free + n.free / per)
+        if r.packs_slices:
+            r.capacity_slices += n.capacity
+            r.allocated_slices += n.allocated
         draining = bool(closed) and n.cluster in closed
         if draining:
-            r.draining_capacity += n.capacity
-        r.by_node.append({"name": n.name, "gpu_type": n.gpu_type, "capacity": n.capacity,
-                          "allocated": n.allocated, "free": n.free, "draining": draining})
+            r.draining_capacity += n.capacity // per
+        r.by_node.append({"name": n.name, "gpu_type": n.gpu_type,
+                          "capacity": whole(n.capacity / per),
+                          "allocated": whole(n.allocated / per), "free": whole(n.free / per),
+                          "draining": draining})
     for (status, team, gpu), gpus in _gpus_by({*HOLDING_STATES, JobState.QUEUED}).items():
         r = row(gpu)
         if status == JobState.QUEUED:
-            r.queued_demand += gpus
+            r.queued_demand = whole(r.queued_demand + gpus)
         else:
-            r.held_by_jobs += gpus
-            r.by_team[team] = r.by_team.get(team, 0) + gpus
+            r.held_by_jobs = whole(r.held_by_jobs + gpus)
+            r.by_team[team] = whole(r.by_team.get(team, 0) + gpus)
     for _, gpu, _, _, gpus in arrays_unwritten():  # docs/scheduling.md "Arrays": queued, no row yet
         row(gpu).queued_demand += gpus
     for q in Quota.objects.values("gpu_type__slug").annotate(n=Sum("nominal")):

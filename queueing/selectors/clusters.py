@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db.models import Count, F, QuerySet, Sum
+from django.db.models import Count, QuerySet, Sum
 from django.utils import timezone
 
 from queueing.backends.base import NodeInfo
@@ -28,6 +28,8 @@ from queueing.models import Cluster, ClusterBackendKind, Job, NodePool
 from queueing.policy.states import HOLDING_STATES
 
 from .cluster import cluster_view
+from .gpu_share import DEVICE_SHARE, whole
+from .lookups import gpu_types_by_slug
 
 
 @dataclass
@@ -38,14 +40,16 @@ class GpuTypeCapacity:
 
     gpu_type: str
     nodes: int = 0
-    capacity: int = 0
-    free: int = 0
-    spot_capacity: int = 0
-    spot_free: int = 0
-    held_by_jobs: int = 0
+    # GPUs (a MIG type: instances); a time-sliced or MPS type's nodes report slices,
+    # counted here as GPUs (slices / slices per GPU: shared GPUs).
+    capacity: int | float = 0
+    free: int | float = 0
+    spot_capacity: int | float = 0
+    spot_free: int | float = 0
+    held_by_jobs: int | float = 0
 
     @property
-    def used(self) -> int:
+    def used(self) -> int | float:
         return self.capacity - self.free
 
     @property
@@ -91,16 +95,16 @@ class ClusterSummary:
         return self.state == DRAINING
 
     @property
-    def capacity(self) -> int:
-        return sum(g.capacity for g in self.gpu_types)
+    def capacity(self) -> int | float:
+        return whole(sum(g.capacity for g in self.gpu_types))
 
     @property
-    def free(self) -> int:
-        return sum(g.free for g in self.gpu_types)
+    def free(self) -> int | float:
+        return whole(sum(g.free for g in self.gpu_types))
 
     @property
-    def spot_capacity(self) -> int:
-        return sum(g.spot_capacity for g in self.gpu_types)
+    def spot_capacity(self) -> int | float:
+        return whole(sum(g.spot_capacity for g in self.gpu_types))
 
 
 # Rule K8: a cluster's states as the API, the pages and the admin name them.
@@ -160,6 +164,7 @@ def cluster_summaries(*, nodes: Iterable[NodeInfo] | None = None) -> tuple[list[
         owner = by_id[pool.cluster_id]
         owner.pools.append(pool)
         _gpu_type(owner, pool.gpu_type.slug)  # a pool's type is listed, nodes or not
+    per_gpu = {slug: t.units_per_device for slug, t in gpu_types_by_slug().items()}
     for node in nodes:
         summary = by_name.get(node.cluster)
         if summary is None:
@@ -168,21 +173,23 @@ def cluster_summaries(*, nodes: Iterable[NodeInfo] | None = None) -> tuple[list[
                 unreachable_since=None, last_seen_at=None, implicit=True))
         summary.nodes.append(node)
         row = _gpu_type(summary, node.gpu_type)
+        per = per_gpu.get(node.gpu_type, 1)
         row.nodes += 1
-        row.capacity += node.capacity
-        row.free += node.free
+        row.capacity = whole(row.capacity + node.capacity / per)
+        row.free = whole(row.free + node.free / per)
         if node.spot:
-            row.spot_capacity += node.capacity
-            row.spot_free += node.free
+            row.spot_capacity = whole(row.spot_capacity + node.capacity / per)
+            row.spot_free = whole(row.spot_free + node.free / per)
     # The jobs holding GPUs, per cluster (None: the implicit one) and GPU type.
     held = (Job.objects.filter(status__in=sorted(HOLDING_STATES))
             .values_list("cluster_id", "gpu_type__slug").order_by()
-            .annotate(jobs=Count("id"), gpus=Sum(F("gpus_per_replica") * F("replicas"))))
+            .annotate(jobs=Count("id"), gpus=Sum(DEVICE_SHARE)))
     for cluster_id, gpu_type, jobs, gpus in held:
         summary = by_id.get(cluster_id) if cluster_id is not None else by_name.get("")
         if summary is not None:
             summary.running_jobs += int(jobs)
-            _gpu_type(summary, gpu_type).held_by_jobs += int(gpus or 0)
+            row = _gpu_type(summary, gpu_type)
+            row.held_by_jobs = whole(row.held_by_jobs + (gpus or 0))
     out = sorted(by_name.values(), key=lambda s: (s.implicit, s.cost_rank, s.name))
     for s in out:
         s.gpu_types.sort(key=lambda g: g.gpu_type)

@@ -28,6 +28,7 @@ from queueing.policy.costs import (
 )
 from queueing.policy.states import JobState
 from queueing.selectors.accounting import ended_transition
+from queueing.selectors.gpu_share import GPU_SHARE
 
 PERIODS = ("day", "month")
 # Rule C4's spot columns come last: a reader of the earlier columns by position reads on.
@@ -69,7 +70,7 @@ class CostBucket:
 class Attempt:
     team_id: int
     gpu_type_id: int
-    gpus: int
+    gpus: float  # GPU-equivalents: a fraction of a shared GPU its share
     start: datetime
     end: datetime
     used_fraction: float  # sm_mean / 100, 0 without readings
@@ -181,24 +182,25 @@ def attempts(*, team_ids: list[int] | None, start: datetime | None, end: datetim
         jobs.annotate(u_samples=Subquery(util.values("samples")[:1]),
                   u_sm_mean=Subquery(util.values("sm_mean")[:1]),
                   u_hist=Subquery(util.values("sm_hist")[:1]))
-        .values_list("team_id", "gpu_type_id", "gpus_per_replica", "replicas", "started_at",
+        .annotate(share=GPU_SHARE)
+        .values_list("team_id", "gpu_type_id", "share", "started_at",
                      "u_samples", "u_sm_mean", "u_hist", "tier__idle_threshold_percent",
                      "on_spot", "cluster_id", "spot_pools")
     )
     # Rule C4: a running spot attempt at its pools' prices now (what charging it would
     # freeze).
-    pools = spot_pools_of(r[10] for r in running if r[9])
-    for team_id, gpu_type_id, per, replicas, started, samples, sm_mean, hist, threshold, \
+    pools = spot_pools_of(r[9] for r in running if r[8])
+    for team_id, gpu_type_id, share, started, samples, sm_mean, hist, threshold, \
             on_spot, cluster_id, spot_pools in running:
         if started is None:  # excluded by the filter; for the type checker
             continue
         price = spot_attempt_price(spot_pools=spot_pools, cluster_id=cluster_id,
                                    gpu_type_id=gpu_type_id, pools=pools) if on_spot else None
-        yield _attempt(team_id, gpu_type_id, per * replicas, started, now, samples, sm_mean,
+        yield _attempt(team_id, gpu_type_id, share, started, now, samples, sm_mean,
                        hist, threshold, preempted=False, spot=on_spot, price=price)
 
 
-def _attempt(team_id: int, gpu_type_id: int, gpus: int, start: datetime, end: datetime,
+def _attempt(team_id: int, gpu_type_id: int, gpus: float, start: datetime, end: datetime,
              samples: int | None, sm_mean: float | None, hist: Any, threshold: float | None,
              *, preempted: bool, spot: bool = False,
              price: Decimal | None = None, lost: float = 0.0) -> Attempt:

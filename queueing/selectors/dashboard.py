@@ -18,7 +18,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db.models import Count, F, QuerySet, Sum
+from django.db.models import Count, QuerySet, Sum
 
 from accounts.models import Team
 from queueing.models import FairShareSnapshot, GpuType, Job, JobEvent, Quota
@@ -28,6 +28,7 @@ from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 from .arrays import arrays_unwritten
 from .capacity import CapacityRow, capacity_by_gpu_type, gpus_held, overcommit_warnings
 from .fairshare import fairshare_standings
+from .gpu_share import DEVICE_SHARE, whole
 
 DONE_STATES = [*sorted(FINAL_STATES), JobState.PREEMPTED]
 
@@ -56,8 +57,8 @@ class TeamOverview:
     queued_jobs: int = 0
     running_jobs: int = 0
     # GPUs per GPU type: asked for by queued jobs, held by admitted and running ones.
-    queued_gpus: dict[str, int] = field(default_factory=dict)
-    held_gpus: dict[str, int] = field(default_factory=dict)
+    queued_gpus: dict[str, int | float] = field(default_factory=dict)
+    held_gpus: dict[str, int | float] = field(default_factory=dict)
 
 
 def cluster_overview(*, standings: list[Standing]) -> list[TeamOverview]:
@@ -69,14 +70,14 @@ def cluster_overview(*, standings: list[Standing]) -> list[TeamOverview]:
            for t in Team.objects.order_by("slug")}
     rows = (Job.objects.filter(status__in=[JobState.QUEUED, *sorted(HOLDING_STATES)])
             .values("team__slug", "status", "gpu_type__slug")
-            .annotate(n=Count("id"), gpus=Sum(F("gpus_per_replica") * F("replicas"))))
+            .annotate(n=Count("id"), gpus=Sum(DEVICE_SHARE)))
     for r in rows:
         o = out.get(r["team__slug"])
         if o is None:
             continue
         queued = r["status"] == JobState.QUEUED
         gpus = o.queued_gpus if queued else o.held_gpus
-        gpus[r["gpu_type__slug"]] = gpus.get(r["gpu_type__slug"], 0) + int(r["gpus"] or 0)
+        gpus[r["gpu_type__slug"]] = whole(gpus.get(r["gpu_type__slug"], 0) + (r["gpus"] or 0))
         if queued:
             o.queued_jobs += r["n"]
         else:
@@ -214,7 +215,7 @@ class QuotaCell:
     team: Team
     gpu_type: GpuType
     quota: Quota | None
-    allocated: int
+    allocated: int | float  # GPUs held (a fraction counts its share: shared GPUs)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from django.utils import timezone
 from accounts.models import Team
 from queueing.models import Job, UsageRecord
 from queueing.policy.states import HOLDING_STATES
+from queueing.selectors.gpu_share import GPU_SHARE, whole
 
 IMPORT_COLUMNS = ("team", "gpu_type", "gpus", "start", "end")  # the usage CSV's header
 BUCKETS: dict[str, timedelta] = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
@@ -53,12 +54,13 @@ def usage_buckets(
         .values_list("team__slug", "gpu_type__slug", "gpus", "billing_weight", "start", "end")
         .iterator(chunk_size=2000)
     )
-    running: list[tuple[str, str, int, float, datetime, datetime]] = [
-        (team, gpu_type, gpus_per_replica * replicas, weight, started or now, now)
-        for team, gpu_type, gpus_per_replica, replicas, weight, started in
+    running: list[tuple[str, str, float, float, datetime, datetime]] = [
+        (team, gpu_type, share, weight, started or now, now)
+        for team, gpu_type, share, weight, started in
         Job.objects.filter(team_id__in=team_ids, status__in=sorted(HOLDING_STATES),
                            started_at__isnull=False, started_at__lt=min(end, now))
-        .values_list("team__slug", "gpu_type__slug", "gpus_per_replica", "replicas",
+        .annotate(share=GPU_SHARE)
+        .values_list("team__slug", "gpu_type__slug", "share",
                      "gpu_type__billing_weight", "started_at")
     ]
     acc: dict[tuple[str, str, datetime], list[float]] = defaultdict(lambda: [0.0, 0.0])
@@ -90,7 +92,7 @@ def usage_export_csv(*, out: TextIO, source: str | None = None) -> int:
     for team, gpu_type, gpus, start, end in qs.values_list(
         "team__slug", "gpu_type__slug", "gpus", "start", "end"
     ).iterator(chunk_size=10_000):
-        writer.writerow([team, gpu_type, gpus, _iso(start), _iso(end)])
+        writer.writerow([team, gpu_type, whole(gpus), _iso(start), _iso(end)])
         n += 1
     return n
 

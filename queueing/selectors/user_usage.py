@@ -20,6 +20,7 @@ from queueing.models import Job, UsageRecord
 from queueing.policy.fairshare import decayed_interval_usage
 from queueing.policy.states import JobState
 from queueing.selectors.fairshare import half_life_hours
+from queueing.selectors.gpu_share import GPU_SHARE
 
 
 @dataclass(frozen=True)
@@ -67,15 +68,15 @@ def user_usage(*, teams: Iterable[str], at: datetime) -> dict[str, list[UserUsag
             usage[(slug, username)] += decayed_interval_usage(
                 rate=gpus * weight, start=start, end=min(end, at), as_of=at, half_life_hours=h)
     running: dict[tuple[str, str | None], int] = defaultdict(int)
-    for slug, username, per, replicas, weight, started in Job.objects.filter(
+    for slug, username, share, weight, started in Job.objects.filter(
         team__slug__in=slugs, status=JobState.RUNNING.value, started_at__isnull=False,
         started_at__lt=at,
-    ).values_list("team__slug", "submitter__username", "gpus_per_replica", "replicas",
-                  "gpu_type__billing_weight", "started_at"):
+    ).annotate(share=GPU_SHARE).values_list("team__slug", "submitter__username", "share",
+                                            "gpu_type__billing_weight", "started_at"):
         if started is None:  # excluded by the filter; for the type checker
             continue
         usage[(slug, username)] += decayed_interval_usage(
-            rate=per * replicas * weight, start=started, end=at, as_of=at, half_life_hours=h)
+            rate=share * weight, start=started, end=at, as_of=at, half_life_hours=h)
         running[(slug, username)] += 1
     totals: dict[str, float] = defaultdict(float)
     for (slug, _), v in usage.items():

@@ -88,7 +88,7 @@ def checkpoint_url(job_id: int) -> str:
     return f"{base}/api/v1/jobs/{job_id}/checkpoints/"
 
 
-def lost_gpu_hours(*, gpus: int, started_at: datetime | None, stopped_at: datetime,
+def lost_gpu_hours(*, gpus: float, started_at: datetime | None, stopped_at: datetime,
                    checkpoint_at: datetime | None) -> float:
     """The work a preemption at `stopped_at` loses, in GPU-hours: `gpus` x the time from
     the later of the start and the checkpoint to the preemption. A checkpoint at or after

@@ -144,6 +144,10 @@ def _refuse_type_larger_than_fleet(data: JobInput, gt: str, *, requested_cluster
                                    allow_spot: bool) -> None:
     """`_refuse_larger_than_fleet` for one GPU type `gt` the job accepts."""
     gpus, replicas = data.gpus_per_replica, data.replicas
+    # Nodes are counted in the type's units (shared GPUs: slices of a time-sliced or MPS
+    # type; such a type is accepted alone, so it is `data.gpu_type`).
+    units = data.gpu_slices or gpus * (data.gpu_type.units_per_device
+                                       if data.gpu_type.slug == gt else 1)
     selector = dict(cluster_selector or {})
     facts = submit_cluster_facts()
     clusters = None
@@ -152,7 +156,7 @@ def _refuse_type_larger_than_fleet(data: JobInput, gt: str, *, requested_cluster
         clusters = expected = frozenset(f.name for f in allowed_clusters(
             facts, requested_cluster=requested_cluster, cluster_selector=selector))
     spot_ok = data.tier.preemptible or allow_spot
-    room = gang_room(gt, gpus, clusters=clusters, spot_ok=spot_ok, expected=expected)
+    room = gang_room(gt, units, clusters=clusters, spot_ok=spot_ok, expected=expected)
     if room is None or replicas <= room.replicas:
         return
     where = ("" if clusters is None else
@@ -171,7 +175,7 @@ def _refuse_type_larger_than_fleet(data: JobInput, gt: str, *, requested_cluster
                  f"(rule A3: {room.gpus} GPUs that take new work)")
     kind = ""
     if not spot_ok:
-        anywhere = gang_room(gt, gpus, clusters=clusters, spot_ok=True, expected=expected)
+        anywhere = gang_room(gt, units, clusters=clusters, spot_ok=True, expected=expected)
         if anywhere is not None and anywhere.replicas > room.replicas:
             kind = (" (not counting spot nodes: a non-preemptible tier uses them only with "
                     "allow_spot, rule K4)")

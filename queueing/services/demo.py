@@ -49,7 +49,13 @@ GPU_TYPES: list[tuple[str, str, str, dict[str, str], float, list[dict[str, str]]
      {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}, 1.0, []),
     ("mig-1g-10gb", "A100 MIG 1g.10gb slice", "nvidia.com/mig-1g.10gb",
      {"nvidia.com/mig.config": "all-1g.10gb"}, 0.15, []),
+    ("t4-shared", "NVIDIA T4, time-sliced 4 ways", "nvidia.com/gpu.shared",
+     {"nvidia.com/gpu.product": "Tesla-T4-SHARED"}, 0.25, []),
 ]
+# Shared GPUs (docs/api.md, "Fractions of a GPU"): the demo's time-sliced pool, 4 slices
+# per T4 (the device plugin's replicas, renamed nvidia.com/gpu.shared); every other type
+# is exclusive.
+GPU_SHARING = {"t4-shared": ("time-sliced", 4)}
 TIERS = [
     # slug, name, rank, priority class, value, preemptible, min runtime, open to all teams
     ("critical", "Critical (never preempted)", 300, "fairq-critical", 100000, False, 0, False),
@@ -70,9 +76,10 @@ TEAM_ALLOWLISTS = {"vision": {"allowed_pvcs": ["imagenet", "vision-checkpoints"]
 TIER_GRANTS = {"critical": ["nlp"]}
 TEAMS: list[tuple[str, str, float, dict[str, tuple[int, int | None]], list[tuple[str, Role]]]] = [
     # slug, name, weight, quotas {gpu: (nominal, borrowing limit)}, people
-    ("vision", "Computer Vision", 3.0, {"h100": (12, 8), "a100": (8, 8)},
+    ("vision", "Computer Vision", 3.0, {"h100": (12, 8), "a100": (8, 8), "t4-shared": (2, 2)},
      [("alice", Role.TEAM_ADMIN), ("dave", Role.MEMBER)]),
-    ("nlp", "Language Models", 2.0, {"h100": (12, 12), "a100": (12, 8)},
+    ("nlp", "Language Models", 2.0, {"h100": (12, 12), "a100": (12, 8),
+                                     "t4-shared": (2, None)},
      [("bob", Role.TEAM_ADMIN)]),
     ("speech", "Speech", 1.0, {"h100": (4, 4), "a100": (8, None), "mig-1g-10gb": (7, 7)},
      [("carol", Role.TEAM_ADMIN), ("dave", Role.MEMBER)]),
@@ -86,7 +93,7 @@ TEAMS: list[tuple[str, str, float, dict[str, tuple[int, int | None]], list[tuple
 # pools (rule K4: GPU type, price per GPU-hour).
 CLUSTERS: list[tuple[str, int, dict[str, str], str, list[tuple[str, str]]]] = [
     ("onprem", 0, {"site": "onprem", "region": "eu-west"},
-     "4x8xh100@rack=2,2x8xa100,2x7xmig-1g-10gb", []),
+     "4x8xh100@rack=2,2x8xa100,2x7xmig-1g-10gb,2x4xt4-shared", []),
     ("cloud-spot", 5, {"site": "cloud", "region": "eu-west", "capacity": "spot"},
      "4x8xa100:spot", [("a100", "0.9000")]),
     ("cloud", 10, {"site": "cloud", "region": "us-east", "capacity": "on-demand"},
@@ -124,9 +131,11 @@ def demo_seed() -> list[DemoLogin]:
     Running it twice changes nothing the second time."""
     user_model = get_user_model()
     for slug, name, resource, labels, weight, levels in GPU_TYPES:
+        sharing, slices = GPU_SHARING.get(slug, ("exclusive", 1))
         GpuType.objects.update_or_create(slug=slug, defaults={
             "name": name, "resource_name": resource, "node_labels": labels,
-            "billing_weight": weight, "topology_levels": levels})
+            "billing_weight": weight, "topology_levels": levels,
+            "sharing": sharing, "slices_per_gpu": slices})
     for slug, name, rank, pc, value, preemptible, min_rt, open_to_all in TIERS:
         Tier.objects.update_or_create(slug=slug, defaults={
             "name": name, "rank": rank, "priority_class_name": pc, "priority_value": value,
@@ -178,7 +187,7 @@ HISTORY_GPU_MEMORY = {"h100": 80 << 30, "a100": 40 << 30, "mig-1g-10gb": 10 << 3
 # Rule C1's list prices per GPU-hour (FAIRQ_CURRENCY, EUR by default), from the first day
 # of the month the history starts in; set only for a type that has no price yet.
 DEMO_GPU_PRICES = {"h100": Decimal("3.20"), "a100": Decimal("1.60"),
-                   "mig-1g-10gb": Decimal("0.25")}
+                   "mig-1g-10gb": Decimal("0.25"), "t4-shared": Decimal("0.40")}
 # Rule B1's monthly budgets (set only for a team that has none): vision's a fixed amount,
 # nlp's what makes its cost this month 85% of it (rule B2's 80% warning shows).
 DEMO_BUDGETS: dict[str, tuple[Decimal | float, str]] = {
@@ -373,6 +382,8 @@ def demo_submit_synthetic(*, rng: random.Random, per_team_queue: int = 4) -> int
         for _ in range(max(0, per_team_queue - waiting)):
             gpu = rng.choice(quotas) if quotas else "a100"
             size = 7 if gpu.startswith("mig") else 8
+            # A time-sliced type: mostly fractions of one GPU (a notebook, a small eval).
+            slices = rng.choice([1, 1, 2, 2, 3, 0]) if gpu_types[gpu].packs_slices else 0
             tier = rng.choices(["low", "normal", "high"], weights=[2, 6, 1])[0]
             env = {"FAIRQ_SIM_SECONDS": str(rng.randint(15, 90))}
             # The GPUs' SM activity the simulated cluster reports (rules U1-U5): mostly
@@ -390,9 +401,10 @@ def demo_submit_synthetic(*, rng: random.Random, per_team_queue: int = 4) -> int
                 team=team, name=f"{team.slug}-{rng.choice(['train', 'eval', 'sweep', 'ft'])}"
                 f"-{rng.randrange(10_000):04d}",
                 image="ghcr.io/acme/train:1.4", command=["python", "train.py"], args=[],
-                env=env, gpu_type=gpu_types[gpu], gpus_per_replica=rng.choice([1, 2, 4, size]),
-                replicas=rng.choices([1, 2], weights=[5, 1])[0], tier=tiers[tier],
-                max_runtime_seconds=3600,
+                env=env, gpu_type=gpu_types[gpu],
+                gpus_per_replica=1 if gpu_types[gpu].packs_slices else rng.choice([1, 2, 4, size]),
+                replicas=1 if slices else rng.choices([1, 2], weights=[5, 1])[0],
+                tier=tiers[tier], max_runtime_seconds=3600, gpu_slices=slices,
             ))
             submitted += 1
     return submitted

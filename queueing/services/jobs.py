@@ -10,6 +10,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 from uuid import UUID
 
@@ -123,6 +124,9 @@ class JobInput:
     replicas: int
     tier: Tier
     max_runtime_seconds: int | None
+    # Shared GPUs: k slices of one GPU of a time-sliced or MPS type per replica (a
+    # fraction, gpus_per_replica 1); 0 = whole devices (`validation.gpus_on_type`).
+    gpu_slices: int = 0
     # Every GPU type it accepts, by slug, most preferred first (the first is `gpu_type`);
     # [] = only `gpu_type` (one type given alone or as a list of one is stored so).
     gpu_types: list[str] = dataclasses.field(default_factory=list)
@@ -217,6 +221,9 @@ def job_spec(job: Job) -> dict[str, Any]:
     for name, attr in JOB_SPEC_FIELDS.items():
         value = getattr(job, attr)
         spec[name] = value.slug if name in _SLUG_FIELDS else copy.deepcopy(value)
+    if job.gpu_slices:
+        # A fraction of one GPU (shared GPUs): as `gpus` takes it back, e.g. "0.25".
+        spec["gpus"] = v.gpus_text(Fraction(job.gpu_slices, job.gpu_type.slices_per_gpu))
     if spec.get("gpu_types"):
         # `gpu_type` is the type an attempt ran on; as submitted it was the first accepted.
         spec["gpu_type"] = spec["gpu_types"][0]
@@ -249,7 +256,7 @@ def gpu_types_problem(gpu_types: Any, *, gpu_type: str | None,
 
 def job_input_build(
     *, actor: Any, team: str | None, name: str | None, image: str | None,
-    gpu_type: str | None = None, gpus: int | None, command: list[str] | None = None,
+    gpu_type: str | None = None, gpus: int | Fraction | None, command: list[str] | None = None,
     args: list[str] | None = None, env: dict[str, str] | None = None, replicas: int | None = 1,
     tier: str | None = None, max_runtime_seconds: int | None = None,
     resources: dict[str, str] | None = None, shm_size: str | None = None,
@@ -286,7 +293,12 @@ def job_input_build(
     the job as `gpu_type` must: its GPUs per replica, CPU and memory, its topology level.
 
     `stop_signal` (None: SIGTERM) one of `validation.STOP_SIGNALS`;
-    `checkpoint_interval_seconds` (None: not declared) at least 60."""
+    `checkpoint_interval_seconds` (None: not declared) at least 60.
+
+    `gpus`: whole GPUs (an int), or a fraction of one GPU (a Fraction, as
+    `validation.parse_gpus` reads it) on a time-sliced or MPS type only, a multiple of
+    1/slices_per_gpu: stored as `gpu_slices` (`validation.gpus_on_type`; refused on
+    `gpus`)."""
     command, args, env = command or [], args or [], env or {}
     resources = {k: val.strip() if isinstance(val, str) else val
                  for k, val in (resources or {}).items()}
@@ -326,6 +338,22 @@ def job_input_build(
         notify_problem = notify_url_problem(team=team_row, url=notify_url)
         if notify_problem:
             problems["notify_url"] = [notify_problem]
+    gpu_slices = 0
+    if gpus is not None and gpu_type_row is not None:
+        several = len(accepted) > 1
+        on_type = v.gpus_on_type(gpus, slug=gpu_type_row.slug, sharing=gpu_type_row.sharing,
+                                 slices_per_gpu=gpu_type_row.slices_per_gpu,
+                                 several_types=several)
+        if isinstance(on_type, str):
+            problems.setdefault("gpus", [on_type])
+        else:
+            gpus, gpu_slices = on_type
+        shared = [t for t in accepted if gpu_types_by_slug()[t].packs_slices] if several else []
+        if shared:
+            problems.setdefault("gpu_types", [
+                f"{', '.join(shared)} {'is' if len(shared) == 1 else 'are'} time-sliced or "
+                "MPS: a job on such a type accepts only that type (its GPUs are counted "
+                "in slices); give it alone as gpu_type."])
     for field, value in (("team", team), ("name", name), ("image", image),
                          ("gpu_type", gpu_type), ("gpus", gpus), ("replicas", replicas)):
         if value is None and not (field == "gpu_type" and gpu_types is not None):
@@ -334,6 +362,7 @@ def job_input_build(
         raise DomainError(INVALID_FIELDS, fields=problems)
     assert team_row is not None and gpu_type_row is not None and name is not None
     assert image is not None and gpus is not None and replicas is not None
+    assert isinstance(gpus, int)
     if tier_row is None:
         tier_row = tiers_by_slug().get(settings.FAIRQ_DEFAULT_TIER)
         if tier_row is None:
@@ -344,7 +373,7 @@ def job_input_build(
         downgraded_from, tier_row = tier_row.slug, lowest
     type_rows = ([gpu_types_by_slug()[t] for t in accepted] if len(accepted) > 1
                  else [gpu_type_row])
-    _refuse_gpus_above_nodes([t.slug for t in type_rows], gpus)
+    _refuse_gpus_above_nodes([t.slug for t in type_rows], gpus, slices=gpu_slices)
     for row in type_rows:
         topology = _topology_checked(row, topology, several=len(type_rows) > 1)
     resources, shm_size = _team_resources(team_row, resources=resources, shm_size=shm_size)
@@ -358,6 +387,7 @@ def job_input_build(
             f"command, args and env together exceed {v.MAX_SPEC_BYTES // 1024} KiB."]})
     return JobInput(team=team_row, name=name, image=image, command=command, args=args,
                     env=env, gpu_type=gpu_type_row, gpus_per_replica=gpus, replicas=replicas,
+                    gpu_slices=gpu_slices,
                     tier=tier_row, max_runtime_seconds=max_runtime_seconds,
                     gpu_types=accepted if len(accepted) > 1 else [],
                     resources=resources, shm_size=shm_size, topology=topology,
@@ -366,16 +396,22 @@ def job_input_build(
                     checkpoint_interval_seconds=checkpoint_interval_seconds, **workload)
 
 
-def _refuse_gpus_above_nodes(types: list[str], gpus: int) -> None:
+def _refuse_gpus_above_nodes(types: list[str], gpus: int, *, slices: int = 0) -> None:
     """Rule A3 at submit: DomainError when a replica's GPUs fit no node of an accepted
     type - on `gpus` when that is every type it accepts (or its one type), else on
     `gpu_types` naming the types that can never hold it. Nothing is refused while no
-    cluster view was published (the scheduler's own check decides)."""
+    cluster view was published (the scheduler's own check decides). Nodes report their
+    capacity in the type's units (shared GPUs: slices of a time-sliced or MPS type), so
+    a replica's units (`slices` for a fraction) are compared and GPUs are said."""
     refused: list[str] = []
+    known = gpu_types_by_slug()
     for slug in types:
+        per_gpu = known[slug].units_per_device if slug in known else 1
         largest = largest_node_gpus(slug)
-        if largest is not None and gpus > largest:
-            refused.append(f"No {slug} node holds {gpus} GPUs (the largest has {largest})."
+        units = slices or gpus * per_gpu
+        if largest is not None and units > largest:
+            refused.append(f"No {slug} node holds {gpus} GPUs (the largest has "
+                           f"{v.gpus_text(Fraction(largest, per_gpu))})."
                            if largest else f"The cluster has no {slug} nodes.")
     if not refused:
         return

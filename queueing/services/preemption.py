@@ -109,7 +109,7 @@ def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, owed: bool,
     # checkpoint, or its start; a checkpoint reported during the grace lowers it
     # (services/checkpoints.py). Its pods get `grace_seconds` and its stop signal first.
     grace = attempt_grace_seconds(job)
-    lost = lost_gpu_hours(gpus=job.total_gpus, started_at=job.started_at, stopped_at=now,
+    lost = lost_gpu_hours(gpus=job.gpu_share, started_at=job.started_at, stopped_at=now,
                           checkpoint_at=job.checkpointed_at)
     data: dict[str, Any] = {
         "rule": str(victim.rule), "owed": owed, "preemptor": preemptor.pk,
@@ -128,7 +128,7 @@ def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, owed: bool,
     # kept (`created_at` is not touched), the GPU time charged to the attempt that used it.
     requeued = cycle.requeue_victim(
         attempt=job.attempt, submitted_at=job.created_at, started_at=job.started_at, now=now,
-        gpus=job.total_gpus, billing_weight=job.gpu_type.billing_weight)
+        gpus=job.gpu_share, billing_weight=job.gpu_type.billing_weight)
     if requeued.charge is not None:
         usage_record_attempt(job=job, start=requeued.charge.start, end=requeued.charge.end,
                              lost_gpu_hours=lost)

@@ -52,7 +52,8 @@ def gpu_type_refs() -> list[GpuTypeRef]:
                        topology_levels=tuple(
                            (str(lv["name"]), str(lv["node_label"]))
                            for lv in (g.topology_levels or ())
-                           if isinstance(lv, dict) and {"name", "node_label"} <= set(lv)))
+                           if isinstance(lv, dict) and {"name", "node_label"} <= set(lv)),
+                       units_per_device=g.units_per_device)
             for g in GpuType.objects.all()]
 
 
@@ -64,7 +65,9 @@ def team_slugs() -> list[str]:
 def team_gpu_limits(team: str) -> dict[str, int]:
     """Rule A1 as a ResourceQuota: per extended resource, the sum over the GPU types using
     it of `nominal + borrowing limit`; no entry (no limit) when any of those types is
-    unlimited for the team (an empty borrowing limit, or no quota at all)."""
+    unlimited for the team (an empty borrowing limit, or no quota at all). Quotas are in
+    devices; a time-sliced or MPS type's resource counts slices, so its quota counts
+    `units_per_device` per GPU (shared GPUs)."""
     quotas = {q.gpu_type_id: q for q in Quota.objects.filter(team__slug=team)}
     limits: dict[str, int] = defaultdict(int)
     unlimited: set[str] = set()
@@ -73,7 +76,7 @@ def team_gpu_limits(team: str) -> dict[str, int]:
         if q is None or q.borrowing_limit is None:
             unlimited.add(g.resource_name)
         else:
-            limits[g.resource_name] += q.nominal + q.borrowing_limit
+            limits[g.resource_name] += (q.nominal + q.borrowing_limit) * g.units_per_device
     return {r: n for r, n in limits.items() if r not in unlimited}
 
 

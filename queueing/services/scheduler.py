@@ -1065,6 +1065,11 @@ def launch_spec(job: Job, *,
         stop_signal=job.stop_signal or "SIGTERM",
         checkpoint_url=(url := checkpoint_url(job.pk)),
         checkpoint_token=checkpoint_token(job_id=job.pk, attempt=job.attempt) if url else "",
+        # Shared GPUs: its units of the type's resource per replica, and where a
+        # fraction's slices were packed (docs/kubernetes.md, "Shared GPUs").
+        units_per_replica=job.units_per_replica, gpu_slots=tuple(job.gpu_slots or ()),
+        sharing=job.gpu_type.sharing, slices_per_gpu=job.gpu_type.slices_per_gpu,
+        gpu_slices=job.gpu_slices,
     )
 
 

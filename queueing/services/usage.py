@@ -5,6 +5,7 @@ reads (standings, buckets, the CSV export) are in queueing/selectors/."""
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -43,7 +44,7 @@ def usage_record_attempt(*, job: Job, start: datetime, end: datetime,
         end = start
     if UsageRecord.objects.filter(job=job, attempt=attempt).exists():
         return None
-    gpus = job.total_gpus
+    gpus = job.gpu_share  # shared GPUs: a 0.25 job is 0.25 GPU-h per hour
     weight = job.gpu_type.billing_weight
     current = attempt == job.attempt
     spot = current and job.on_spot
@@ -99,7 +100,7 @@ class ImportedRow:
     line: int
     team: str
     gpu_type: str
-    gpus: int
+    gpus: float  # GPU-equivalents: a fraction of a shared GPU its share
     start: datetime
     end: datetime
 
@@ -152,13 +153,15 @@ def parse_usage_csv(stream: TextIO, *, now: datetime) -> tuple[list[ImportedRow]
             problems.append(f"unknown team {team!r}")
         if gpu_type not in gpu_types:
             problems.append(f"unknown gpu_type {gpu_type!r}")
-        gpus = 0
+        gpus: float = 0
+        text = cells[col["gpus"]].strip()
         try:
-            gpus = int(cells[col["gpus"]].strip())
-            if gpus < 1:
-                problems.append(f"gpus must be a whole number >= 1, not {gpus}")
+            # Shared GPUs: a fraction's share (0.25) as the export writes it.
+            gpus = float(text) if "." in text else int(text)
+            if not math.isfinite(gpus) or gpus <= 0:
+                problems.append(f"gpus must be a number above 0 (2, 0.25), not {text!r}")
         except ValueError:
-            problems.append(f"gpus must be a whole number >= 1, not {cells[col['gpus']]!r}")
+            problems.append(f"gpus must be a number above 0 (2, 0.25), not {text!r}")
         instants: dict[str, datetime] = {}
         for name in ("start", "end"):
             try:

@@ -144,6 +144,17 @@ def _textarea(rows: int, placeholder: str = "", *, wrap: bool = True) -> forms.T
     return forms.Textarea(attrs=attrs)
 
 
+def gpu_type_choice_label(gpu_type: Any) -> str:
+    """A GPU type in the form's list: its slug, and how one GPU is shared when it is
+    ("ts-a10: time-sliced, 4 slices per GPU, no memory isolation")."""
+    if gpu_type.sharing in ("time-sliced", "mps"):
+        return (f"{gpu_type.slug}: {gpu_type.sharing}, {gpu_type.slices_per_gpu} slices per "
+                "GPU, no memory isolation")
+    if gpu_type.sharing == "mig":
+        return f"{gpu_type.slug}: MIG, {gpu_type.slices_per_gpu} isolated instances per GPU"
+    return str(gpu_type.slug)
+
+
 class JobSubmitForm(forms.Form):
     """A job as the submit page posts it; cleaned by `job_input_build`."""
 
@@ -163,7 +174,13 @@ class JobSubmitForm(forms.Form):
         label="Or else", required=False, max_length=500,
         help_text="Other GPU types it may run on, in order of preference, e.g. a100, l40s; "
                   "empty: only the type above.")
-    gpus = forms.IntegerField(label="GPUs per replica", min_value=1, initial=1)
+    # Whole GPUs, or a fraction of one GPU of a time-sliced or MPS type (shared GPUs:
+    # `validation.parse_gpus`; the type decides in `job_input_build`).
+    gpus = forms.CharField(
+        label="GPUs per replica", initial="1", max_length=v.MAX_GPUS_TEXT_LEN,
+        help_text="Whole GPUs (2), or on a time-sliced or MPS GPU type a fraction of one "
+                  "GPU: 0.5, 0.25 or 1/4. Time-sliced and MPS GPUs have NO memory isolation: "
+                  "the jobs sharing a GPU share its memory, and one can exhaust it for all.")
     replicas = forms.IntegerField(label="Replicas (gang size)", min_value=1, initial=1)
     tier = forms.ChoiceField(label="Tier")
     # The API's max_runtime_seconds, written as people write it (`2h`, `90m`, `1h30m`,
@@ -239,12 +256,19 @@ class JobSubmitForm(forms.Form):
         help_text="Wait for jobs of the team, Slurm's way: afterok:12:13,afterany:14 "
                   "(a7: all of array 7); empty: none.")
 
+    def clean_gpus(self) -> Any:
+        text = str(self.cleaned_data.get("gpus") or "").strip()
+        try:
+            return v.parse_gpus(text)
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
     def __init__(self, *args: Any, request: HttpRequest, teams: list[Any], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.request = request
         choices: dict[str, list[tuple[str, str]]] = {
             "team": [(t.slug, t.name or t.slug) for t in teams],
-            "gpu_type": [(g.slug, g.slug) for g in gpu_types_by_slug_order()],
+            "gpu_type": [(g.slug, gpu_type_choice_label(g)) for g in gpu_types_by_slug_order()],
             "tier": [(t.slug, t.name or t.slug) for t in tiers_by_rank()],
         }
         levels = sorted({str(lv["name"]) for g in all_gpu_types()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
+from fractions import Fraction
 from typing import Any
 
 from django import template
 from django.utils import timezone
 
+from queueing import validation as v
 from queueing.selectors.clusters import cluster_name, node_short_name
 
 register = template.Library()
@@ -58,10 +60,32 @@ def gpus(job: Any) -> str:
     """A job's GPUs, written one way on every page: replicas × GPUs per replica, type
     ("2 × 4 h100"); while a job accepting several GPU types waits, each of them
     ("2 × 4 h100 or a100"), once admitted the type chosen."""
+    if job.gpu_slices:
+        return f"{job.replicas} × {fraction(job)} {job.gpu_type.slug}"
     types = job.gpu_types or ()
     if job.status == "QUEUED" and len(types) > 1:
         return f"{job.replicas} × {job.gpus_per_replica} {' or '.join(map(str, types))}"
     return f"{job.replicas} × {job.gpus_per_replica} {job.gpu_type.slug}"
+
+
+@register.filter
+def fraction(job: Any) -> str:
+    """A fraction of a shared GPU as people read it: "0.5 GPU (2 of 4 slices,
+    time-sliced)"; "" for whole GPUs."""
+    if not job.gpu_slices:
+        return ""
+    per = job.gpu_type.slices_per_gpu
+    return (f"{v.gpus_text(Fraction(job.gpu_slices, per))} GPU ({job.gpu_slices} of {per} "
+            f"slices, {job.gpu_type.sharing})")
+
+
+@register.filter
+def gpu_amount(value: Any) -> str:
+    """GPUs as a number: 8, 0.25, 2.75 (shared GPUs)."""
+    try:
+        return v.gpus_text(float(value))
+    except (TypeError, ValueError):
+        return str(value)
 
 
 @register.filter

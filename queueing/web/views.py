@@ -328,7 +328,8 @@ def _preview(form: JobSubmitForm) -> Preview | None:
                           tier_rank=inp.tier.rank, now=timezone.now(),
                           cpu_millicores=inp.cpu_millicores, memory_bytes=inp.memory_bytes,
                           topology=inp.topology, gpu_types=inp.gpu_types,
-                          flavor_fallback=inp.team.flavor_fallback or inp.tier.flavor_fallback)
+                          flavor_fallback=inp.team.flavor_fallback or inp.tier.flavor_fallback,
+                          gpu_slices=inp.gpu_slices)
 
 
 def _form_errors(form: forms.Form, exc: DomainError) -> None:

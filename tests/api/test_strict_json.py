@@ -22,6 +22,8 @@ DUPLICATE_KEY = "Duplicate key in the JSON body."
 
 INTEGER = "A valid integer is required. Write numbers with the digits 0-9 only " \
           "(no '_', no other scripts' digits)."
+GPUS_SHAPE = ("A number of GPUs (2) or a fraction of one (0.5 or 1/4), written with the "
+              "digits 0-9 only.")
 NUMBER = "A valid number is required. Write numbers with the digits 0-9 only " \
          "(no '_', no other scripts' digits)."
 
@@ -46,7 +48,8 @@ def test_a_number_in_other_than_ascii_digits_is_refused_naming_the_field(
         world: World, field: str, value: str, drf: bool) -> None:
     r = _post(world.client(world.member), json.dumps(job_body(**{field: value})), drf=drf)
     assert r.status_code == 400, r.content
-    assert r.json()["error"]["fields"][field] == [INTEGER]
+    # `gpus` also takes a fraction of a shared GPU (docs/api.md, "Fractions of a GPU").
+    assert r.json()["error"]["fields"][field] == [GPUS_SHAPE if field == "gpus" else INTEGER]
     assert Job.objects.count() == 0
 
 

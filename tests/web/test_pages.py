@@ -143,7 +143,7 @@ class TestSubmit:
         ("env", "FAIRQ_X=1", "reserved"),
         ("env", "no-equals-sign", "NAME=value"),
         ("team", "nlp", "Select a valid choice"),
-        ("gpus", "0", "greater than or equal to 1"),
+        ("gpus", "0", "Ask at least one GPU, or a fraction of one above 0"),
     ])
     def test_invalid_fields_are_reported_inline(self, world: World, field: str, value: str,
                                                 message: str) -> None:
