@@ -131,6 +131,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         lkey: _LaneKey | None = None
         skey: _SeveralKey | None = None
         several = len(job.gpu_types) > 1
+        if several and cap.packed and any(gt in cap.packed for gt in job.gpu_types):
+            several = False  # rule H7: its units are its own type's; no other type
         if lane_on and not p.may_search and not job.dependencies and job.array_id is None:
             stamp = cap.changes + cap.grown + len(hold_log) + ledger.moves
             if several:

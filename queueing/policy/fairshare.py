@@ -77,7 +77,8 @@ class Accumulator:
         )
 
 
-def entry_penalty_gpu_hours(gpus: int, billing_weight: float, interval_seconds: float) -> float:
+def entry_penalty_gpu_hours(gpus: float, billing_weight: float,
+                            interval_seconds: float) -> float:
     """Rule F6: the weighted GPU-hours one admission charges at once, as if the job had
     run for one recompute interval: GPUs × billing weight × interval (in hours).
 

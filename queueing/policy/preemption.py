@@ -16,7 +16,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from .snapshot import QueuedJob, RunningJob, Snapshot, TopologyMode
-from .workspace import Workspace
+from .workspace import Capacity, Workspace, replica_slots
 
 
 class PreemptionRule(StrEnum):
@@ -71,11 +71,12 @@ def reclaim_only(job: RunningJob, now: datetime, max_preemptions: int | None = N
     return not job.preemptible and not _limited(job, now, max_preemptions)
 
 
-def work_lost_gpu_hours(job: RunningJob, now: datetime) -> float:
+def work_lost_gpu_hours(job: RunningJob, now: datetime, units_per_gpu: int = 1) -> float:
     """Rule R4: the work a preemption of `job` at `now` throws away, in GPU-hours: its
     GPUs × the time since its current attempt's last checkpoint, or since its start when
-    it reported none (0 while admitted, not started)."""
-    return job.total_gpus * job.lost_seconds(now) / 3600.0
+    it reported none (0 while admitted, not started). Rule H4: its units / the type's
+    `units_per_gpu` (a 0.25 fraction loses a quarter of a GPU's hour per hour)."""
+    return job.total_gpus / units_per_gpu * job.lost_seconds(now) / 3600.0
 
 
 # False: every search reads all its candidates, the reference the tests hold
@@ -98,6 +99,7 @@ def _unprotected(ws: Workspace, gpu_type: str, now: datetime,
         # subtractions per job: this runs over every running job of the type.
         limit = ws.snapshot.preemption.max_preemptions_per_job if protect else None
         now_ts = now.timestamp()
+        per_unit = 1.0 / ws.snapshot.units_per_gpu.get(gpu_type, 1)  # rule H4
         pool = ws.victim_pools[key] = []
         for r in ws.running_by_type.get(gpu_type, ()):
             if r.started_at is None:
@@ -109,7 +111,7 @@ def _unprotected(ws: Workspace, gpu_type: str, now: datetime,
             if protect and (ran < r.min_runtime_seconds
                             or (limit is not None and r.preemptions >= limit)):
                 continue  # rule R3 (a non-preemptible job stays, for rule Q2's reclaim)
-            pool.append((r, r.gpus_per_replica * r.replicas * lost / 3600.0))
+            pool.append((r, r.gpus_per_replica * r.replicas * per_unit * lost / 3600.0))
         ws.victim_floor[key] = min((r.tier_rank for r, _ in pool if r.preemptible),
                                    default=None)
     return pool
@@ -180,6 +182,7 @@ def find_victims(
     if placement is None:  # pragma: no cover - fits() said it does
         undo_victims()
         return None
+    slots = cap.last_slots
     found = Preemption(
         job.id, team, gt,
         tuple(Victim(r.id, r.team, r.tier_rank, r.total_gpus, rule_of[r.id]) for r in victims),
@@ -187,7 +190,7 @@ def find_victims(
     )
 
     def undo_found() -> None:
-        cap.release(placement, g, cpu=cpu, memory=mem)
+        cap.release(placement, g, cpu=cpu, memory=mem, slots=slots)
         undo_victims()
 
     return found, undo_found
@@ -326,16 +329,23 @@ def _take_per_replica(ws: Workspace, cands: list[_Cand],
         for name in dict.fromkeys(r.nodes):
             if cap.node_pool.get(name) == pool:
                 on_node[name].append(r)
-    reserved: list[str] = []
+    reserved: list[tuple[str, tuple[int, ...]]] = []
     ok = True
+    packed = bool(cap.packed) and pool in cap.packed
     for _ in range(reps):
         placed = cap.place(pool, g, 1, cpu=cpu, memory=mem)
         if placed is not None:
-            reserved.extend(placed)
+            reserved.append((placed[0], cap.last_slots))
             continue
         best: tuple[tuple[object, ...], str, list[RunningJob]] | None = None
         for name, jobs in on_node.items():
             if cap.empty_node_slots(name, g, cpu, mem) < 1:
+                continue
+            if packed:
+                for way in _packed_choices(cap, name, jobs, still_allowed, g, cpu, mem):
+                    cost = (*_cost(way, key_of), name)
+                    if best is None or cost < best[0]:
+                        best = (cost, name, way)
                 continue
             cpu_free, mem_free = cap.cpu_free[name], cap.memory_free[name]
             need = g - cap.free[name]
@@ -364,10 +374,66 @@ def _take_per_replica(ws: Workspace, cands: list[_Cand],
         if placed is None:  # cannot happen: the chosen node now holds a replica
             ok = False
             break
-        reserved.extend(placed)
-    for name in reserved:
-        cap.release((name,), g, cpu=cpu, memory=mem)
+        reserved.append((placed[0], cap.last_slots))
+    for name, slots in reserved:
+        cap.release((name,), g, cpu=cpu, memory=mem, slots=slots)
     return ok
+
+
+def _room(free: list[int], s: int, whole: int, target: int | None, g: int) -> bool:
+    """Rule H2 on one packed node's free slices per GPU: `whole` wholly free GPUs, or
+    `g` free slices on GPU `target`."""
+    if whole:
+        return sum(1 for f in free if f >= s) >= whole
+    return target is not None and free[target] >= g
+
+
+def _packed_choices(cap: Capacity, name: str, jobs: list[RunningJob],
+                    still_allowed: Callable[[RunningJob], bool], g: int, cpu: int,
+                    mem: int) -> list[list[RunningJob]]:
+    """Rule H6 in step 2 of `find_victims`, on a packed node: a victim frees slices only
+    on the GPU(s) its `gpu_slots` name, so a fraction of `g` slices needs victims on one
+    GPU - per GPU, the candidates on it in rule R4 order until it has `g` free (and the
+    node CPU and memory, rule A6); whole GPUs need wholly free GPUs - the candidates of
+    the node in that order until enough are. Each way that works, its victims."""
+    s, gf = cap.spg[name], cap.gpu_free[name]
+    whole = 0 if g < s else -(-g // s)
+    on: list[tuple[RunningJob, list[tuple[int, int]]]] = []  # (job, (GPU, slices) given)
+    for r in jobs:
+        if not still_allowed(r):
+            continue
+        per = replica_slots(r.gpu_slots, len(r.nodes))
+        given: list[tuple[int, int]] = []
+        for k, n in enumerate(r.nodes):
+            if n != name or not per[k]:
+                continue
+            each = r.gpus_per_replica if len(per[k]) == 1 else s
+            given.extend((i, min(each, s)) for i in per[k])
+        if given:
+            on.append((r, given))
+    targets: list[int | None] = [None] if whole else list(range(len(gf)))
+    cpu_free, mem_free = cap.cpu_free[name], cap.memory_free[name]
+    out: list[list[RunningJob]] = []
+    for target in targets:
+        free = list(gf)
+        need = [cpu - cpu_free if cpu and cpu_free is not None else 0,
+                mem - mem_free if mem and mem_free is not None else 0]
+        picked: list[RunningJob] = []
+        for r, given in on:
+            if _room(free, s, whole, target, g) and need[0] <= 0 and need[1] <= 0:
+                break
+            if target is not None and all(i != target for i, _ in given):
+                continue
+            picked.append(r)
+            for i, add in given:
+                if 0 <= i < len(free):
+                    free[i] = min(s, free[i] + add)
+            times = r.nodes.count(name)
+            need[0] -= (r.cpu_millicores or 0) * times
+            need[1] -= (r.memory_bytes or 0) * times
+        if picked and _room(free, s, whole, target, g) and need[0] <= 0 and need[1] <= 0:
+            out.append(picked)
+    return out
 
 
 def _take_in_one_domain(ws: Workspace, cands: list[_Cand],

@@ -72,7 +72,8 @@ def age_factor(*, submitted_at: datetime, now: datetime, max_age_seconds: float)
     return age if age < 1.0 else 1.0
 
 
-def size_factor(*, total_gpus: int, cluster_gpus: int, favor_small: bool = False) -> float:
+def size_factor(*, total_gpus: float, cluster_gpus: float,
+                favor_small: bool = False) -> float:
     """Rule P1, size: the job's share of the cluster's GPUs (capped at 1), or one minus
     it when small jobs are favoured; 0 for an empty cluster."""
     if cluster_gpus <= 0:
@@ -87,7 +88,8 @@ def job_priority(
     now: datetime,
     fair_share_factor: float,
     weights: PriorityWeights,
-    cluster_gpus: int,
+    cluster_gpus: float,
+    units_per_gpu: int = 1,
 ) -> PriorityBreakdown:
     """Rule P1 for one queued job: each factor in [0, 1] (the fair-share factor F of the
     job's team is clamped into it)."""
@@ -95,7 +97,7 @@ def job_priority(
         fair_share=min(1.0, max(0.0, fair_share_factor)),
         age=age_factor(submitted_at=job.submitted_at, now=now,
                        max_age_seconds=weights.max_age_seconds),
-        size=size_factor(total_gpus=job.total_gpus, cluster_gpus=cluster_gpus,
+        size=size_factor(total_gpus=job.total_gpus / units_per_gpu, cluster_gpus=cluster_gpus,
                          favor_small=weights.favor_small),
         weights=weights,
     )

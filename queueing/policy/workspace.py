@@ -26,20 +26,66 @@ def pool_key(gpu_type: str, cluster: str = "", spot: bool = False) -> str:
 
 def replicas_when_empty(capacity: int, gpus: int, cpu: int = 0, memory: int = 0,
                         cpu_allocatable: int | None = None,
-                        memory_allocatable: int | None = None) -> int:
+                        memory_allocatable: int | None = None,
+                        slices_per_gpu: int = 1) -> int:
     """Rules A3, A4, A6: how many replicas of `gpus` GPUs (and `cpu` millicores, `memory`
     bytes) one node of `capacity` GPUs holds when it is empty - the count its empty nodes
     hold that says whether a gang can ever run (the plan's `Capacity.slots_when_empty`,
     the submit check's `selectors/cluster.py::gang_room`). An allocatable of None is not
-    known: no constraint. 0 for a replica of no GPUs."""
+    known: no constraint. 0 for a replica of no GPUs. Rule H2: on a node of
+    `slices_per_gpu` > 1 (`capacity` in slices) a fraction of `gpus` slices fits
+    S // gpus times on each GPU, whole GPUs (a multiple of S) take wholly free GPUs."""
     if gpus <= 0:
         return 0
-    n = capacity // gpus
+    if slices_per_gpu > 1:
+        n = packed_count([slices_per_gpu] * (capacity // slices_per_gpu), slices_per_gpu, gpus)
+    else:
+        n = capacity // gpus
     if cpu > 0 and cpu_allocatable is not None:
         n = min(n, cpu_allocatable // cpu)
     if memory > 0 and memory_allocatable is not None:
         n = min(n, memory_allocatable // memory)
     return n
+
+
+def packed_count(gpu_free: list[int], slices_per_gpu: int, units: int) -> int:
+    """Rule H2: how many replicas of `units` slices the GPUs of one node hold, each GPU
+    having `gpu_free` free slices: a fraction (fewer than a GPU's slices) on one GPU
+    with that many free; whole GPUs only on wholly free GPUs (a GPU shared by fractions
+    holds none)."""
+    if units < slices_per_gpu:
+        return sum(f // units for f in gpu_free)
+    whole = -(-units // slices_per_gpu)
+    return sum(1 for f in gpu_free if f >= slices_per_gpu) // whole
+
+
+def per_gpu_free(capacity: int, free: int, slices_per_gpu: int,
+                 gpu_free: tuple[int, ...] = ()) -> list[int]:
+    """Rule H1: a slice-packed node's free slices per GPU (index = the GPU's), summing to
+    at most `free`. `gpu_free` as the snapshot gives it (each cut to [0, S]); a node
+    that reports fewer free slices than that lost the rest to work fairq does not know
+    of, taken from its highest GPUs; none given: the free slices on as few GPUs as
+    possible, the highest ones (the lower GPUs taken first)."""
+    s = slices_per_gpu
+    n = capacity // s
+    free = max(0, min(free, n * s))
+    if len(gpu_free) == n:
+        out = [max(0, min(s, f)) for f in gpu_free]
+    else:
+        whole, rest = divmod(free, s)
+        out = [0] * n
+        for i in range(n - whole, n):
+            out[i] = s
+        if rest and n - whole - 1 >= 0:
+            out[n - whole - 1] = rest
+    extra = sum(out) - free
+    for i in range(n - 1, -1, -1):
+        if extra <= 0:
+            break
+        take = min(extra, out[i])
+        out[i] -= take
+        extra -= take
+    return out
 
 
 class Capacity:
@@ -59,6 +105,11 @@ class Capacity:
     of one cluster without spot nodes is bucketed exactly as before. `total` and
     `largest_node` stay per GPU type (the quota pool of rule K7 is per type across
     clusters); `pool_total` and `pool_largest` are per pool.
+
+    Shared GPUs (rules H1-H3): a node with `slices_per_gpu` S > 1 (a time-sliced or MPS
+    type) counts its capacity and free in slices and keeps its free slices per GPU
+    (`gpu_free`); its pool and type are *packed* and take `_place_packed`'s per-GPU
+    best fit. A world without such nodes never reaches that code: `packed` is empty.
     """
 
     def __init__(self, nodes: Iterable[NodeState]) -> None:
@@ -92,10 +143,24 @@ class Capacity:
         # Bumped on every change of a node's free GPUs (rule E3 memoizes on it).
         self.changes = 0
         self._buckets: dict[str, list[list[str]]] = {}
+        # Rules H1-H3: per packed node its slices per GPU and free slices per GPU; the
+        # packed pools and GPU types (-> slices per GPU); the GPU indexes of the latest
+        # `place` on a packed pool, per replica (`Admission.gpu_slots`), else ().
+        self.spg: dict[str, int] = {}
+        self.gpu_free: dict[str, list[int]] = {}
+        self.packed: dict[str, int] = {}
+        self.last_slots: tuple[int, ...] = ()
         self._empty_slots: dict[tuple[str, int, int, int], int] = {}
         self._domain_empty_slots: dict[tuple[str, str, int, int, int], int] = {}
         for n in sorted(nodes, key=lambda n: n.name):
             free = max(0, min(n.free, n.capacity))
+            if n.slices_per_gpu > 1:
+                gf = self.gpu_free[n.name] = per_gpu_free(n.capacity, free, n.slices_per_gpu,
+                                                          n.gpu_free)
+                free = sum(gf)
+                self.spg[n.name] = n.slices_per_gpu
+                self.packed[n.gpu_type] = self.packed[pool_key(n.gpu_type, n.cluster,
+                                                               n.spot)] = n.slices_per_gpu
             self.free[n.name] = free
             self.capacity[n.name] = n.capacity
             self.node_type[n.name] = n.gpu_type
@@ -132,8 +197,12 @@ class Capacity:
         return (cpu <= 0 and memory <= 0) or gpu_type not in self.constrained
 
     def slots(self, name: str, gpus: int, cpu: int = 0, memory: int = 0) -> int:
-        """Rule A6: how many replicas of (gpus, cpu, memory) node `name` holds now."""
-        n = self.free[name] // gpus
+        """Rule A6: how many replicas of (gpus, cpu, memory) node `name` holds now (rule
+        H2 on a packed node: per GPU)."""
+        if self.packed and name in self.spg:
+            n = packed_count(self.gpu_free[name], self.spg[name], gpus)
+        else:
+            n = self.free[name] // gpus
         if cpu > 0:
             c = self.cpu_free[name]
             if c is not None:
@@ -147,7 +216,8 @@ class Capacity:
     def empty_node_slots(self, name: str, gpus: int, cpu: int, memory: int) -> int:
         """`replicas_when_empty` of node `name`."""
         return replicas_when_empty(self.capacity[name], gpus, cpu, memory,
-                                   self.cpu_allocatable[name], self.memory_allocatable[name])
+                                   self.cpu_allocatable[name], self.memory_allocatable[name],
+                                   self.spg.get(name, 1) if self.packed else 1)
 
     def slots_now(self, gpu_type: str, gpus: int) -> int:
         """How many replicas of `gpus` GPUs (GPUs alone) the nodes of `gpu_type` (a pool)
@@ -155,6 +225,8 @@ class Capacity:
         buckets = self._buckets.get(gpu_type)
         if not buckets or gpus <= 0:
             return 0
+        if self.packed and gpu_type in self.packed:
+            return sum(self.slots(n, gpus) for n in self.nodes_of[gpu_type])
         return sum(len(names) * (f // gpus) for f, names in enumerate(buckets) if f >= gpus)
 
     def slots_when_empty(self, gpu_type: str, gpus: int, cpu: int = 0, memory: int = 0) -> int:
@@ -200,7 +272,8 @@ class Capacity:
             return True
         if topology is not None:
             return self._domains_for(gpu_type, gpus, replicas, cpu, memory, topology) is not None
-        simple = self._simple(gpu_type, cpu, memory)
+        simple = self._simple(gpu_type, cpu, memory) and not (self.packed
+                                                             and gpu_type in self.packed)
         room = 0
         for f in range(gpus, len(buckets)):
             if buckets[f]:
@@ -278,18 +351,143 @@ class Capacity:
         return sum(self.pool_free[p] for p in self.pools_of_type[gpu_type]
                    if self.pool_info[p][1] == cluster)
 
-    def largest_free_block(self, gpu_type: str) -> tuple[int, str, int]:
+    def largest_free_block(self, gpu_type: str, units: int = 0) -> tuple[int, str, int]:
         """Rule E3: the most free GPUs on one node of the type, that node (the first by
         name among equals) and the type's free GPUs in all; (0, "", 0) when none is free.
-        O(largest node): the buckets by free GPUs."""
+        O(largest node): the buckets by free GPUs. Rule H5 on a packed pool, for a
+        replica of `units` slices: a fraction's block is the most free slices on one GPU,
+        whole GPUs' the most wholly free GPUs on one node (in slices)."""
         buckets = self._buckets.get(gpu_type)
         if not buckets:
             return 0, "", 0
         total = self.pool_free[gpu_type]
+        if self.packed and units and gpu_type in self.packed:
+            return (*self._packed_block(gpu_type, units), total)
         for f in range(len(buckets) - 1, 0, -1):
             if buckets[f]:
                 return f, buckets[f][0], total
         return 0, "", 0
+
+    def _packed_block(self, pool: str, units: int) -> tuple[int, str]:
+        """Rule H5's block of a packed pool (see `largest_free_block`)."""
+        s = self.packed[pool]
+        best, where = 0, ""
+        for name in self.nodes_of[pool]:
+            gf = self.gpu_free[name]
+            b = max(gf, default=0) if units < s else s * sum(1 for f in gf if f >= s)
+            if b > best:
+                best, where = b, name
+        return best, where
+
+    def take_free(self, name: str, n: int) -> int:
+        """Take up to `n` free GPUs (slices on a packed node: the GPUs with the most
+        free first, then the highest index - what a removed victim left wholly free)
+        off node `name` for the rest of the pass (rule A5's holds); returns how many."""
+        take = min(n, self.free[name])
+        if take <= 0:
+            return 0
+        if self.packed and name in self.spg:
+            gf = self.gpu_free[name]
+            left = take
+            for i in sorted(range(len(gf)), key=lambda i: (-gf[i], -i)):
+                d = min(left, gf[i])
+                gf[i] -= d
+                left -= d
+                if not left:
+                    break
+        self.set_free(name, self.free[name] - take)
+        return take
+
+    def give_free(self, name: str, n: int, slots: Iterable[int] = ()) -> int:
+        """Give back `n` GPUs (slices on a packed node: `slots` the GPU of each part of
+        it as `place` said, else the GPUs with the least free that have room first) to
+        node `name`, never beyond its capacity; returns how many."""
+        give = min(n, self.capacity[name] - self.free[name])
+        if give <= 0:
+            return 0
+        if self.packed and name in self.spg:
+            self._give_slices(name, give, slots)
+        self.set_free(name, self.free[name] + give)
+        return give
+
+    def _give_slices(self, name: str, n: int, slots: Iterable[int]) -> None:
+        """`give_free`'s slices: each GPU of `slots` (one per fraction, or one per whole
+        GPU) first, up to a full GPU, the rest to the fullest GPUs with room."""
+        s, gf = self.spg[name], self.gpu_free[name]
+        slots = list(slots)
+        left = n
+        if slots:
+            each = max(1, -(-n // len(slots))) if n < s * len(slots) else s
+            for i in slots:
+                if 0 <= i < len(gf) and left > 0:
+                    d = min(each, s - gf[i], left)
+                    gf[i] += d
+                    left -= d
+        for i in sorted(range(len(gf)), key=lambda i: (gf[i] == s, -gf[i], i)):
+            if left <= 0:
+                break
+            d = min(s - gf[i], left)
+            gf[i] += d
+            left -= d
+
+    def _place_packed(self, pool: str, units: int, replicas: int, cpu: int, memory: int,
+                      allowed: set[str] | None) -> tuple[str, ...]:
+        """Rules H2, H3: one node and GPU(s) per replica on a packed pool (the caller
+        made sure the gang fits). A fraction goes to the GPU already shared (some slices
+        taken) with the fewest free slices that hold it, of any node (best fit; ties by
+        node name, GPU index); only when none has room is a wholly free GPU opened, on
+        the node with the fewest free slices that has one (a node already shared first),
+        its lowest such GPU. Whole GPUs take the lowest wholly free GPUs of the node with
+        the fewest wholly free GPUs that holds them (then the fewest free slices, then
+        the name). Sets `last_slots`: the GPU index of each fraction, or each replica's
+        whole GPUs' indexes in turn."""
+        s = self.packed[pool]
+        whole = 0 if units < s else -(-units // s)
+        taken: list[str] = []
+        slots: list[int] = []
+        for _ in range(replicas):
+            best: tuple[tuple[int, int, str, int], str] | None = None
+            for name in self.nodes_of[pool]:
+                if self.free[name] < units or (allowed is not None and name not in allowed):
+                    continue
+                if (cpu or memory) and self.slots(name, units, cpu, memory) <= 0:
+                    continue
+                gf = self.gpu_free[name]
+                if whole:
+                    n_free = sum(1 for f in gf if f >= s)
+                    if n_free < whole:
+                        continue
+                    key = (0, n_free, name, 0)
+                else:
+                    fit = [(f, i) for i, f in enumerate(gf) if units <= f]
+                    if not fit:
+                        continue
+                    shared = [(f, i) for f, i in fit if f < s]
+                    if shared:
+                        f, i = min(shared)
+                        key = (0, f, name, i)
+                    else:
+                        key = (1, self.free[name], name, min(i for _, i in fit))
+                if best is None or key < best[0]:
+                    best = (key, name)
+            assert best is not None  # `fits` said the gang fits
+            name = best[1]
+            gf = self.gpu_free[name]
+            if whole:
+                chosen = [i for i, f in enumerate(gf) if f >= s][:whole]
+                for i in chosen:
+                    gf[i] = 0
+                slots.extend(chosen)
+            else:
+                i = best[0][3]
+                gf[i] -= units
+                slots.append(i)
+            self.set_free(name, self.free[name] - units)
+            if cpu or memory:
+                self.add_cpu_memory(name, -cpu, -memory)
+            taken.append(name)
+        self.last_slots = tuple(slots)
+        return tuple(taken)
 
     def add_cpu_memory(self, name: str, cpu: int, memory: int) -> None:
         """Give (positive) or take (negative) CPU and memory on a node that reports them
@@ -319,6 +517,9 @@ class Capacity:
         allowed = None
         if topology is not None:
             allowed = self._domains_for(gpu_type, gpus, replicas, cpu, memory, topology)
+        if self.packed and gpu_type in self.packed:
+            return self._place_packed(gpu_type, gpus, replicas, cpu, memory, allowed)
+        self.last_slots = ()
         buckets = self._buckets[gpu_type]
         simple = allowed is None and self._simple(gpu_type, cpu, memory)
         taken: list[str] = []
@@ -342,13 +543,32 @@ class Capacity:
         return tuple(taken)
 
     def release(self, placement: Iterable[str], gpus: int, *, cpu: int = 0,
-                memory: int = 0) -> None:
+                memory: int = 0, slots: tuple[int, ...] = ()) -> None:
         """Give back `gpus` (and `cpu`, `memory`) on each node of `placement` (the inverse
-        of `place`)."""
+        of `place`); on a packed node to the GPUs `slots` says (`last_slots` of that
+        `place`, rule H6)."""
+        if self.packed:
+            placement = tuple(placement)
+            per = replica_slots(slots, len(placement))
+            for k, name in enumerate(placement):
+                if name in self.free:
+                    self.give_free(name, gpus, per[k] if name in self.spg else ())
+                    self.add_cpu_memory(name, cpu, memory)
+            return
         for name in placement:
             if name in self.free:
                 self.set_free(name, min(self.capacity[name], self.free[name] + gpus))
                 self.add_cpu_memory(name, cpu, memory)
+
+
+def replica_slots(slots: tuple[int, ...], replicas: int) -> list[tuple[int, ...]]:
+    """Rule H1's encoding of `gpu_slots` split per replica: the GPU indexes of each
+    replica in turn (one for a fraction, its whole GPUs' for whole GPUs); () each when
+    not known."""
+    if not slots or replicas <= 0 or len(slots) % replicas:
+        return [()] * max(replicas, 0)
+    each = len(slots) // replicas
+    return [slots[k * each:(k + 1) * each] for k in range(replicas)]
 
 
 class Ledger:
@@ -468,13 +688,18 @@ class Workspace:
         given: list[tuple[str, int, int, int]] = []
         cap = self.capacity
         cpu, memory = job.cpu_millicores or 0, job.memory_bytes or 0
-        for name in job.nodes:
+        per = replica_slots(job.gpu_slots, len(job.nodes)) if cap.packed else None
+        for k, name in enumerate(job.nodes):
             if name not in cap.free:
                 continue
-            new = min(cap.capacity[name], cap.free[name] + job.gpus_per_replica)
-            delta = new - cap.free[name]
-            if delta:
-                cap.set_free(name, new)
+            if per is not None and name in cap.spg:
+                # Rule H6: its slices go back to the GPU(s) it held.
+                delta = cap.give_free(name, job.gpus_per_replica, per[k])
+            else:
+                new = min(cap.capacity[name], cap.free[name] + job.gpus_per_replica)
+                delta = new - cap.free[name]
+                if delta:
+                    cap.set_free(name, new)
             c = cpu if cap.cpu_free[name] is not None else 0
             m = memory if cap.memory_free[name] is not None else 0
             cap.add_cpu_memory(name, c, m)
@@ -485,22 +710,30 @@ class Workspace:
     def simulate_removal(self, jobs: Iterable[RunningJob]) -> Callable[[], None]:
         """Remove running `jobs` from the working copy; the returned function undoes it."""
         done: list[tuple[RunningJob, list[tuple[str, int, int, int]]]] = []
+        cap = self.capacity
+        # Rule H6: the free slices per GPU of the packed nodes before, for the undo.
+        before: list[tuple[str, list[int]]] = []
         for job in jobs:
             if job.id in self.removed:
                 continue
             self.removed.add(job.id)
             self.ledger.remove(job.team, job.gpu_type, job.total_gpus)
             self.ledger.running_held[(job.team, job.gpu_type)] -= job.total_gpus
+            if cap.packed:
+                before.extend((n, list(cap.gpu_free[n])) for n in dict.fromkeys(job.nodes)
+                              if n in cap.spg)
             done.append((job, self._free_nodes_of(job)))
 
         def undo() -> None:
             for job, given in reversed(done):
                 for name, delta, cpu, memory in given:
-                    self.capacity.set_free(name, self.capacity.free[name] - delta)
-                    self.capacity.add_cpu_memory(name, -cpu, -memory)
+                    cap.set_free(name, cap.free[name] - delta)
+                    cap.add_cpu_memory(name, -cpu, -memory)
                 self.ledger.add(job.team, job.gpu_type, job.total_gpus)
                 self.ledger.running_held[(job.team, job.gpu_type)] += job.total_gpus
                 self.removed.discard(job.id)
+            for name, gf in reversed(before):
+                cap.gpu_free[name] = gf
 
         return undo
 

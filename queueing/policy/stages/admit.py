@@ -60,10 +60,13 @@ def admit(p: Pass, t: Try) -> None:
             (p.now + timedelta(seconds=job.max_runtime_seconds), job.id, placement, g))
     p.ledger.add(job.team, gt, t.total)
     owed_move(p, job.team, gt, job.tier_rank, t.total)  # rule R11
-    p.factors.charge(job.team, entry_penalty_gpu_hours(
-        t.total, p.snapshot.billing_weight(gt), p.snapshot.interval_seconds))
+    s = p.snapshot
+    p.factors.charge(job.team, entry_penalty_gpu_hours(  # rule H4: in GPU-equivalents
+        s.gpus_of(gt, t.total) if s.units_per_gpu else t.total, s.billing_weight(gt),
+        s.interval_seconds))
     info = p.pool_info[t.pool]
-    p.admissions.append(Admission(job.id, job.team, gt, placement, info[1], info[2]))
+    p.admissions.append(Admission(job.id, job.team, gt, placement, info[1], info[2],
+                                  t.slots))
     admitted_one(p, job)
 
 

@@ -101,8 +101,9 @@ class QueueOrder:
     fast = True
 
     def __init__(self, jobs: Iterable[QueuedJob], *, factors: Charges, weights: PriorityWeights,
-                 now: datetime, cluster_gpus: int, first: Iterable[int] = (),
-                 usage_total: float = 0.0) -> None:
+                 now: datetime, cluster_gpus: float, first: Iterable[int] = (),
+                 usage_total: float = 0.0, units_per_gpu: Mapping[str, int] | None = None,
+                 ) -> None:
         self._factors = factors
         self._w = w = weights.fair_share
         self._base = usage_total
@@ -125,7 +126,8 @@ class QueueOrder:
         # Rule P1 without the fair-share term: `job_priority(...).job_part` (its factor
         # functions without the breakdown, the size factor cached per GPU count).
         w_age, w_size, max_age = weights.age, weights.size, weights.max_age_seconds
-        sizes: dict[int, float] = {}
+        sizes: dict[float, float] = {}
+        upg = units_per_gpu or None  # rule H4: a job's size in GPU-equivalents
         for index, job in enumerate(self.jobs):
             if firsts and job.id in firsts:
                 first_idx.append(index)
@@ -140,7 +142,9 @@ class QueueOrder:
                     age = 1.0
             else:
                 age = 0.0
-            total = job.gpus_per_replica * job.replicas
+            total: float = job.gpus_per_replica * job.replicas
+            if upg is not None and job.gpu_type in upg:
+                total /= upg[job.gpu_type]
             size = sizes.get(total)
             if size is None:
                 size = sizes[total] = size_factor(total_gpus=total, cluster_gpus=cluster_gpus,

@@ -75,10 +75,14 @@ def _capacity_wait(p: Pass, t: Try) -> tuple[int, int, int, str]:
         if now_fits[1]:
             return (_CLUSTER, 0, ELSEWHERE, q)
     pools = t.fitting
+    if cap.packed and t.gt in cap.packed:
+        pools = (*pools, f"#{g}")  # rule H5: a packed pool's block depends on the shape
     seen = p.block_seen.get(pools)
     if seen is None or seen[0] != cap.changes:
         blocks = p.waits.blocks
-        if len(pools) == 1:
+        if cap.packed and t.gt in cap.packed:
+            blocks.append(largest_block_of(cap, t.fitting, g))
+        elif len(pools) == 1:
             largest_block, node, free = cap.largest_free_block(pools[0])
             blocks.append((largest_block, node, free, p.pool_info[pools[0]][1]))
         else:
@@ -173,6 +177,7 @@ def _place(p: Pass, t: Try, q: str, shape: tuple[str, int, int, int, int, Topolo
     else:
         t.placement = cap.place(q, g, reps, cpu=cpu, memory=mem, topology=topo)
     if t.placement is not None:
+        t.slots = cap.last_slots  # rule H3
         return -1
     if code < 0:
         code = why_unplaced(cap, q, g, reps, cpu, mem, topo)
@@ -182,13 +187,15 @@ def _place(p: Pass, t: Try, q: str, shape: tuple[str, int, int, int, int, Topolo
     return code
 
 
-def largest_block_of(cap: Capacity, pools: tuple[str, ...]) -> tuple[int, str, int, str]:
+def largest_block_of(cap: Capacity, pools: tuple[str, ...],
+                     units: int = 0) -> tuple[int, str, int, str]:
     """Rule E3 over several pools: the largest free block of any (the first pool in key
-    order among equals), its node, the free GPUs of all of them, the block's cluster."""
+    order among equals), its node, the free GPUs of all of them, the block's cluster;
+    rule H5's block for a replica of `units` slices on packed pools."""
     best = (0, "", 0, "")
     total = 0
     for p in pools:
-        largest, node, free = cap.largest_free_block(p)
+        largest, node, free = cap.largest_free_block(p, units)
         total += free
         if largest > best[0]:
             best = (largest, node, 0, cap.pool_info[p][1])

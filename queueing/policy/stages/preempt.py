@@ -22,7 +22,7 @@ from .admit import admitted_one
 from .flavors import k2_order
 from .owed import may_find, owed, owed_move
 from .reservation import reserve, spared_until_shadow
-from .waits import CODE, NO_VICTIM, NOT_WORTH, Wait, WaitReason, until_words
+from .waits import CODE, NO_VICTIM, NOT_WORTH, Wait, WaitReason, need_words, until_words
 
 if TYPE_CHECKING:
     from .state import Pass, SearchKey, Step, Try
@@ -140,7 +140,7 @@ def _refused_before(p: Pass, t: Try, search_key: SearchKey) -> bool:
     p.waits.refused[job.id] = NOT_WORTH
     p.raw[job.id] = Wait(
         job.id, WaitReason.CAPACITY,
-        f"waiting for {job.replicas} × {job.gpus_per_replica} free {t.gt} GPUs on nodes; "
+        f"{need_words(job, t.gt, p.cap.packed)}; "
         f"preempting now would lose about {refused_lost / 3600.0:.2f} GPU-hours of other "
         "jobs' work (the victims found for an equal job of its team in this pass), more "
         "than its wait so far is worth (rule R9)")
@@ -195,10 +195,12 @@ def _worth_it(p: Pass, t: Try, result: _Found, search_key: SearchKey) -> _Found 
     job, lost_per_wait = t.job, p.pre.lost_per_wait_of(t.job.tier_rank)
     assert lost_per_wait is not None
     found, undo = result
-    lost = sum(work_lost_gpu_hours(p.ws.running_by_id[v.job_id], p.now)
+    upg = p.snapshot.units_per_gpu.get(t.gt, 1)  # rule H4: in GPU-equivalents
+    lost = sum(work_lost_gpu_hours(p.ws.running_by_id[v.job_id], p.now, upg)
                for v in found.victims) * 3600.0
     waited = _waited(p, job)
-    allowed = lost_per_wait * t.total * waited
+    gpus = t.total / upg
+    allowed = lost_per_wait * gpus * waited
     if lost > allowed and t.may_reserve and not t.cpu and not t.mem \
             and job.topology is None and t.total >= p.largest.get(t.gt, 0):
         # Rule R9.1: the large gang rule A9 reserves for also counts the wait this
@@ -211,7 +213,7 @@ def _worth_it(p: Pass, t: Try, result: _Found, search_key: SearchKey) -> _Found 
         assert again is not None  # the same workspace as the search above
         result = again
         found, undo = again
-        allowed = lost_per_wait * t.total * (waited + min(spared, waited))
+        allowed = lost_per_wait * gpus * (waited + min(spared, waited))
     if lost <= allowed:
         return result
     undo()
@@ -222,7 +224,7 @@ def _worth_it(p: Pass, t: Try, result: _Found, search_key: SearchKey) -> _Found 
         reserve(p, t, t.k2 or ())
     p.raw[job.id] = Wait(
         job.id, WaitReason.CAPACITY,
-        f"waiting for {job.replicas} × {job.gpus_per_replica} free {t.gt} GPUs on nodes; "
+        f"{need_words(job, t.gt, p.cap.packed)}; "
         f"preempting now would lose {lost / 3600.0:.2f} GPU-hours of other jobs' work, more "
         "than its wait so far is worth (rule R9)")
     return None
@@ -302,9 +304,8 @@ def hold_placement(cap: Capacity, gpu_type: str, placement: Iterable[str],
             want[name] += gpus
     held: dict[str, int] = {}
     for name, n in sorted(want.items()):
-        take = min(n, cap.free[name])
+        take = cap.take_free(name, n)  # rule H6: slices of a packed node's GPUs
         if take > 0:
-            cap.set_free(name, cap.free[name] - take)
             held[name] = take
     return held
 
@@ -380,8 +381,7 @@ def hold_freed(ws: Workspace, found: Preemption, gpus_per_replica: int, cpu: int
         if name not in cap.free:
             continue
         if hold > 0:
-            held[name] = min(hold, cap.free[name])
-            cap.set_free(name, max(0, cap.free[name] - hold))
+            held[name] = cap.take_free(name, hold)
         c, m = cap.cpu_free[name], cap.memory_free[name]
         cap.add_cpu_memory(name, -min(max(0, hold_cpu), c or 0),
                            -min(max(0, hold_memory), m or 0))

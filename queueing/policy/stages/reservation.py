@@ -24,7 +24,7 @@ def reserve(p: Pass, t: Try, pools: tuple[str, ...]) -> None:
     comes first, ties by their order (rule K2)."""
     job, gt = t.job, t.gt
     if t.multi or t.cpu or t.mem or job.topology is not None or \
-            t.total < p.largest.get(gt, 0):
+            t.total < p.largest.get(gt, 0) or gt in p.cap.packed:  # rule H7
         return
     p.decided.add(gt)
     best = None
@@ -61,7 +61,7 @@ def reserve_earliest(p: Pass, tries: list[Try]) -> None:
     for t in tries:
         job, gt = t.job, t.gt
         if t.cpu or t.mem or job.topology is not None or t.total < p.largest.get(gt, 0) \
-                or gt in p.decided:
+                or gt in p.decided or gt in p.cap.packed:  # rule H7
             continue
         p.decided.add(gt)
         for q in t.k2 or t.fitting:

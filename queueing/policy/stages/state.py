@@ -34,6 +34,14 @@ DONE: Step = ()
 _CAPACITY = CODE[WaitReason.CAPACITY]
 
 
+def cluster_gpus(s: Snapshot) -> float:
+    """Rule P1's cluster size: the open nodes' GPUs (rule K8), in GPU-equivalents (rule
+    H4: a packed node's slices / S, a MIG node's instances / S)."""
+    if not s.units_per_gpu:
+        return sum(n.capacity for n in s.open_nodes())
+    return sum(s.gpus_of(n.gpu_type, n.capacity) for n in s.open_nodes())
+
+
 class Pass:
     """The state of one `plan_admissions` pass."""
 
@@ -49,12 +57,14 @@ class Pass:
         usage_total = 0.0 if state is None else sum(state.usage(t) for t in self.queued_teams)
         self.order = QueueOrder(s.queued, factors=self.factors,
                                 weights=s.priority_weights or PriorityWeights(), now=now,
-                                cluster_gpus=sum(n.capacity for n in s.open_nodes()),  # K8
+                                cluster_gpus=cluster_gpus(s),  # K8, H4
+                                units_per_gpu=s.units_per_gpu,
                                 first=s.nominated, usage_total=usage_total)
         self.jobs: list[QueuedJob] = self.order.jobs
         self.waits = Waits(self.jobs, now)
         self.waits.pool_info = cap.pool_info
         self.waits.several = len(cap.clusters) > 1
+        self.waits.packed = cap.packed
         self.raw = self.waits._raw
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
@@ -150,7 +160,7 @@ class Try:
 
     __slots__ = ("cpu", "excluded", "fitting", "gt", "index", "job", "k2", "key", "lending",
                  "may_reserve", "mem", "multi", "over", "owed", "placement", "pool", "skey",
-                 "total", "why_not")
+                 "slots", "total", "why_not")
 
     def __init__(self, job: QueuedJob, index: int, gpu_type: str, cpu: int, mem: int) -> None:
         self.job, self.index, self.gt = job, index, gpu_type
@@ -167,6 +177,7 @@ class Try:
         self.excluded: tuple[str, ...] = ()
         self.fitting: tuple[str, ...] = ()
         self.placement: tuple[str, ...] | None = None
+        self.slots: tuple[int, ...] = ()  # rule H3: the GPU of each fraction placed
         self.pool = ""
         self.why_not = _CAPACITY
         self.k2: tuple[str, ...] | None = None

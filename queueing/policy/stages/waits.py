@@ -62,7 +62,7 @@ class Waits(Mapping[int, Wait]):
     """`Plan.waits`, built lazily: most of a long queue waits, and a wait's message is
     only formatted when someone reads it. Reads give equal `Wait` values every time."""
 
-    __slots__ = ("_raw", "blocks", "elsewhere", "jobs", "now", "owed", "per_type",
+    __slots__ = ("_raw", "blocks", "elsewhere", "jobs", "now", "owed", "packed", "per_type",
                  "pool_info", "protected", "refused", "reservations", "several")
 
     def __init__(self, jobs: list[QueuedJob] | None = None,
@@ -79,6 +79,8 @@ class Waits(Mapping[int, Wait]):
         self.elsewhere: dict[int, str] = {}
         self.pool_info: Mapping[str, tuple[str, str, bool]] = {}
         self.several = False
+        # Rule H5: the slice-packed GPU types (and pools) -> their slices per GPU.
+        self.packed: Mapping[str, int] = {}
         # Rule E4: job id -> (when the first protection of its candidates ends, how many
         # of them are protected), for a `capacity` wait whose victim search found none.
         self.protected: dict[int, tuple[datetime, int]] = {}
@@ -167,8 +169,10 @@ class Waits(Mapping[int, Wait]):
             msg = (f"even empty, the {gt} nodes{self._one_cluster} hold at most {held} "
                    f"replicas of {_replica_size(job)}; this gang needs {job.replicas}")
         elif reason is WaitReason.NO_FIT:
+            size = (share_words(job.gpus_per_replica, self.packed[gt])  # rule H5
+                    if self.packed and gt in self.packed else f"{job.gpus_per_replica} GPUs")
             msg = (f"even empty, the {gt} nodes{self._one_cluster} hold at most {held} "
-                   f"replicas of {job.gpus_per_replica} GPUs; this gang needs {job.replicas}")
+                   f"replicas of {size}; this gang needs {job.replicas}")
         elif reason is WaitReason.LENDING:
             msg = (f"the idle {gt} GPUs are other teams' nominal quota beyond their lending "
                    f"limits; team {job.team} may not borrow them")
@@ -182,6 +186,9 @@ class Waits(Mapping[int, Wait]):
             msg = (f"reserved for job {holder} until {_when(at)}: the free {gt} GPUs it "
                    f"fits on are the ones job {holder} needs then, and {why} (rule A9)")
             return Wait(job_id, reason, msg, at)  # rule E4: the wait ends at a known instant
+        elif self.packed and gt in self.packed:
+            msg = _packed_words(job, self.packed[gt],
+                                self.blocks[held - 1] if held > 0 else None, self.several)
         else:
             msg = f"waiting for {job.replicas} × {job.gpus_per_replica} free {gt} GPUs on nodes"
             if held > 0:
@@ -282,6 +289,55 @@ def _block_words(job: QueuedJob, largest: int, node: str, free: int) -> str:
                 f"needs {g} on one node ({free} {gt} GPUs free in all)")
     return (f"; largest free block: {largest} GPUs on {node}; needs {job.replicas} blocks "
             f"of {g} ({free} {gt} GPUs free in all)")
+
+
+def share_words(units: int, slices_per_gpu: int) -> str:
+    """Rule H1 in words: a replica of `units` slices of a packed type - "2 slices of 4
+    (0.5 GPU)", or whole GPUs: "2 GPUs"."""
+    if units < slices_per_gpu:
+        return (f"{units} slice{'s' if units != 1 else ''} of {slices_per_gpu} "
+                f"({units / slices_per_gpu:g} GPU)")
+    n = -(-units // slices_per_gpu)
+    return f"{n} whole GPU{'s' if n != 1 else ''}"
+
+
+def need_words(job: QueuedJob, gt: str, packed: Mapping[str, int]) -> str:
+    """What a job waits for on `gt`: "waiting for 2 × 8 free h100 GPUs on nodes", on a
+    slice-packed type in its slices (rule H5)."""
+    if packed and gt in packed:
+        return _packed_words(job if job.gpu_type == gt else replace(job, gpu_type=gt),
+                             packed[gt], None, False)
+    return f"waiting for {job.replicas} × {job.gpus_per_replica} free {gt} GPUs on nodes"
+
+
+def _packed_words(job: QueuedJob, s: int, block: tuple[int, str, int, str] | None,
+                  several: bool) -> str:
+    """Rule H5: a capacity wait on a slice-packed type in words: "waiting for 1 × 2
+    slices of 4 (0.5 GPU) of one ts-a10 GPU; no ts-a10 GPU has 2 free slices; the most
+    on one GPU is 1 (on node-a; 3 slices free in all)"."""
+    gt, g, reps = job.gpu_type, job.gpus_per_replica, job.replicas
+    what = share_words(g, s)
+    msg = (f"waiting for {reps} × {what} of one {gt} GPU" if g < s
+           else f"waiting for {reps} × {what} of {gt}, wholly free (no GPU shared by "
+                "fractions)")
+    if block is None:
+        return msg
+    largest, node, free, cluster = block
+    if several and node:
+        node += f" (cluster {cluster})"
+    if free == 0:
+        return msg + f"; no {gt} slice is free"
+    if g < s:
+        if largest < g:
+            return (msg + f"; no {gt} GPU has {g} free slice{'s' if g != 1 else ''}; the most "
+                    f"on one GPU is {largest} (on {node}; {free} slices free in all)")
+        return (msg + f"; the most free slices on one {gt} GPU: {largest} on {node}; needs "
+                f"{reps} GPUs with {g} ({free} slices free in all)")
+    n, whole = largest // s, -(-g // s)
+    return (msg + f"; the most wholly free {gt} GPUs on one node: {n}"
+            + (f" on {node}" if node else "") + f"; needs {whole} on one node"
+            + (f" for each of {reps} replicas" if reps > 1 else "")
+            + f" ({free} slices free in all)")
 
 
 def until_words(until: datetime, now: datetime | None) -> str:
