@@ -84,28 +84,38 @@ UNITS = {"delivered": "GPU-h", "useful": "GPU-h", "fraction_waste": "GPU-h", "lo
          "preemptions": "count", "fairness_max_dev": "points"}
 
 
-def summary_table(docs: list[tuple[float, int, str, dict[str, object]]]) -> str:
+Doc = tuple[float, int, str, dict[str, object]]
+
+
+def _s(doc: dict[str, object]) -> int:
+    src = doc["source"]
+    assert isinstance(src, dict)
+    return int(src["share"]["slices_per_gpu"])
+
+
+def summary_table(docs: list[Doc]) -> str:
     """Mean over seeds per (ρ, mode, policy): useful and delivered GPU-hours, the
     fractions' waste, waits per tier (p50 / p95, min), M1's largest deviation."""
-    groups: dict[tuple[float, str, str], list[dict[str, float]]] = defaultdict(list)
-    seeds: dict[float, set[int]] = defaultdict(set)
+    groups: dict[tuple[int, float, str, str], list[dict[str, float]]] = defaultdict(list)
+    seeds: dict[tuple[int, float], set[int]] = defaultdict(set)
     for rho, seed, mode, doc in docs:
-        seeds[rho].add(seed)
+        seeds[(_s(doc), rho)].add(seed)
         pols = doc["policies"]
         assert isinstance(pols, dict)
         for p, pol in pols.items():
-            groups[(rho, mode, p)].append(metrics(pol))
-    head = ("| ρ | seeds | mode | policy | useful GPU-h | delivered GPU-h | wasted by fractions "
-            "GPU-h | p50 / p95 wait all (min) | high p50 / p95 | low p50 / p95 | "
+            groups[(_s(doc), rho, mode, p)].append(metrics(pol))
+    head = ("| S | ρ | seeds | mode | policy | useful GPU-h | delivered GPU-h | wasted by "
+            "fractions GPU-h | p50 / p95 wait all (min) | high p50 / p95 | low p50 / p95 | "
             "M1 max dev (pts) |")
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 12]
     order = {p: i for i, p in enumerate(POLICIES)}
-    for (rho, mode, p), rows in sorted(groups.items(), key=lambda kv: (
-            kv[0][0], order.get(kv[0][2], 9), MODES.index(kv[0][1]))):
+    for (s, rho, mode, p), rows in sorted(groups.items(), key=lambda kv: (
+            kv[0][0], kv[0][1], order.get(kv[0][3], 9), MODES.index(kv[0][2]))):
         def m(k: str, rows: list[dict[str, float]] = rows) -> float:
             return sum(r.get(k, 0.0) for r in rows) / len(rows)
         lines.append(
-            f"| {rho:g} | {','.join(str(s) for s in sorted(seeds[rho]))} | {mode} | {p} | "
+            f"| {s} | {rho:g} | {','.join(str(x) for x in sorted(seeds[(s, rho)]))} | "
+            f"{mode} | {p} | "
             f"{m('useful'):.0f} | {m('delivered'):.0f} | {m('fraction_waste'):.0f} | "
             f"{m('wait_p50'):.1f} / {m('wait_p95'):.0f} | "
             f"{m('high_wait_p50'):.1f} / {m('high_wait_p95'):.0f} | "
@@ -114,26 +124,26 @@ def summary_table(docs: list[tuple[float, int, str, dict[str, object]]]) -> str:
     return "\n".join(lines)
 
 
-def run_table(docs: list[tuple[float, int, str, dict[str, object]]]) -> str:
+def run_table(docs: list[Doc]) -> str:
     """One row per run and policy: fairq and the baselines, frac against whole."""
-    by: dict[tuple[float, int, str], dict[str, dict[str, float]]] = defaultdict(dict)
+    by: dict[tuple[int, float, int, str], dict[str, dict[str, float]]] = defaultdict(dict)
     for rho, seed, mode, doc in docs:
         pols = doc["policies"]
         assert isinstance(pols, dict)
         for p, pol in pols.items():
-            by[(rho, seed, p)][mode] = metrics(pol)
-    lines = ["| ρ | seed | policy | useful frac / whole (GPU-h) | gain | wasted frac / whole "
-             "| p95 wait frac / whole (min) | high p95 frac / whole | M1 dev frac / whole |",
-             "|" + "---|" * 9]
+            by[(_s(doc), rho, seed, p)][mode] = metrics(pol)
+    lines = ["| S | ρ | seed | policy | useful frac / whole (GPU-h) | gain | wasted frac / "
+             "whole | p95 wait frac / whole (min) | high p95 frac / whole | M1 dev frac / "
+             "whole |", "|" + "---|" * 10]
     order = {p: i for i, p in enumerate(POLICIES)}
-    for (rho, seed, p), m in sorted(by.items(), key=lambda kv: (
-            kv[0][0], kv[0][1], order.get(kv[0][2], 9))):
+    for (s, rho, seed, p), m in sorted(by.items(), key=lambda kv: (
+            kv[0][0], kv[0][1], kv[0][2], order.get(kv[0][3], 9))):
         f, w = m.get("frac"), m.get("whole")
         if f is None or w is None:
             continue
         gain = 100.0 * (f["useful"] / w["useful"] - 1) if w["useful"] else 0.0
         lines.append(
-            f"| {rho:g} | {seed} | {p} | {f['useful']:.0f} / {w['useful']:.0f} | "
+            f"| {s} | {rho:g} | {seed} | {p} | {f['useful']:.0f} / {w['useful']:.0f} | "
             f"{gain:+.1f} % | {f['fraction_waste']:.0f} / {w['fraction_waste']:.0f} | "
             f"{f['wait_p95']:.0f} / {w['wait_p95']:.0f} | "
             f"{f.get('high_wait_p95', 0):.0f} / {w.get('high_wait_p95', 0):.0f} | "
@@ -141,7 +151,7 @@ def run_table(docs: list[tuple[float, int, str, dict[str, object]]]) -> str:
     return "\n".join(lines)
 
 
-def read_docs(directory: Path) -> list[tuple[float, int, str, dict[str, object]]]:
+def read_docs(directory: Path) -> list[Doc]:
     out = []
     for f in sorted(directory.glob("share_*.json")):
         doc = json.loads(f.read_text())
@@ -181,7 +191,7 @@ def main() -> int:
     modes = tuple(m for m in args.modes.split(",") if m)
     if any(p not in POLICIES for p in policies) or any(m not in MODES for m in modes):
         ap.error(f"--policies of {', '.join(POLICIES)}; --modes of {', '.join(MODES)}")
-    docs: list[tuple[float, int, str, dict[str, object]]] = []
+    docs: list[Doc] = []
     for s in (int(x) for x in args.slices.split(",")):
         for seed in (int(x) for x in args.seeds.split(",")):
             for rho in (float(x) for x in args.rho.split(",")):

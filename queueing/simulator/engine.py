@@ -450,17 +450,19 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             tier = tiers[j.tier]
             per = j.units_per_replica
             slots: list[int] = []
+            # Rule H1: the plan's gpu_slots name the GPU of each replica's fraction, or
+            # each of its whole GPUs, replica after replica.
+            step = 1 if j.gpu_slices else j.gpus_per_replica
             for i, name in enumerate(a.placement):
                 free[name] -= per
                 if book.shared(name):
-                    # The GPU the plan packed the fraction on (its gpu_slots), else the
-                    # one the book would pick; whole GPUs: GPUs with every slice free.
-                    x = book.take(name, slices=j.gpu_slices, whole=0 if j.gpu_slices else
-                                  j.gpus_per_replica,
-                                  gpu=a.gpu_slots[i] if j.gpu_slices and a.gpu_slots else None)
+                    said = tuple(a.gpu_slots[i * step:(i + 1) * step]) if a.gpu_slots else ()
+                    x = book.take(name, slices=j.gpu_slices,
+                                  whole=0 if j.gpu_slices else j.gpus_per_replica,
+                                  gpu=said[0] if said and j.gpu_slices else None,
+                                  gpus=() if j.gpu_slices else said)
                     held.setdefault(j.id, []).append(x)
-                    if j.gpu_slices:
-                        slots.append(x[1][0])
+                    slots.extend(x[1])
             running[a.job_id] = _Running(
                 # The type the plan chose among the job's accepted ones.
                 RunningJob(id=j.id, team=j.team, gpu_type=a.gpu_type,

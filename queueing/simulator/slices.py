@@ -60,19 +60,21 @@ class SliceBook:
         self.free[node] = [s if free else 0] * len(self.free[node])
 
     def take(self, node: str, *, slices: int, whole: int = 0,
-             gpu: int | None = None) -> Hold:
-        """Take one replica's share of `node`: `whole` > 0 whole GPUs (the lowest-indexed
-        GPUs with all slices free), else `slices` slices of ONE GPU (`gpu` when the plan
-        said which, else `best_gpu`). Raises `SliceError` when the GPUs do not hold it."""
+             gpu: int | None = None, gpus: tuple[int, ...] = ()) -> Hold:
+        """Take one replica's share of `node`: `whole` > 0 whole GPUs (`gpus` when the
+        plan said which, else the lowest-indexed GPUs with all slices free), else
+        `slices` slices of ONE GPU (`gpu` when the plan said which, else `best_gpu`).
+        Raises `SliceError` when the GPUs do not hold it."""
         free = self.free[node]
         s = self.per_gpu[node]
         if whole:
-            idx = tuple(i for i, f in enumerate(free) if f == s)[:whole]
-            if len(idx) < whole:
-                raise SliceError(f"{node}: {whole} whole GPUs asked, {len(idx)} free")
+            idx = gpus or tuple(i for i, f in enumerate(free) if f == s)[:whole]
+            if len(idx) < whole or any(not 0 <= i < len(free) or free[i] != s for i in idx):
+                raise SliceError(f"{node}: {whole} whole GPUs asked ({list(idx)}); free "
+                                 f"slices per GPU: {free}")
             for i in idx:
                 free[i] = 0
-            return node, idx, s
+            return node, tuple(idx), s
         g = self.best_gpu(node, slices) if gpu is None else gpu
         if g is None or not 0 <= g < len(free) or free[g] < slices:
             raise SliceError(f"{node}: no GPU {'' if g is None else g} with {slices} free "
@@ -125,10 +127,11 @@ def pack_fraction(book: SliceBook, nodes: Sequence[str], slices: int) -> tuple[s
 
 def pick_whole(book: SliceBook, nodes: Sequence[str], gpus: int) -> str | None:
     """The node a baseline puts a replica of `gpus` whole GPUs on, among `nodes`: the one
-    with the fewest whole free GPUs that has enough (best fit, rule A3), ties by name."""
-    best: tuple[int, str] | None = None
+    with the fewest whole free GPUs that has enough (best fit, rule A3), then the fewest
+    free slices, then by name (as the policy's rule H3)."""
+    best: tuple[int, int, str] | None = None
     for n in nodes:
         w = book.whole_free(n)
-        if w >= gpus and (best is None or (w, n) < best):
-            best = (w, n)
-    return None if best is None else best[1]
+        if w >= gpus and (best is None or (w, book.units_free(n), n) < best):
+            best = (w, book.units_free(n), n)
+    return None if best is None else best[2]

@@ -22,7 +22,8 @@ which gives the reason for every choice below).
   exclusive `openb`; a task asking a fraction (num_gpu 1, gpu_milli < 1000) asks
   ceil(gpu_milli x S / 1000) slices of one GPU there (a whole GPU when that is S);
   whole 1-GPU tasks go there too with the seeded odds that give both pools the same
-  load; multi-GPU tasks stay exclusive. The offered load counts GPU-equivalents.
+  load; multi-GPU tasks stay exclusive. The offered load counts what the tasks asked
+  (gpu_milli / 1000 for a fraction), the same for every S and for `whole_gpus`.
   `ShareMode.fractions` samples the fractional tasks down to a share of the jobs.
 """
 
@@ -258,8 +259,9 @@ def load_openb(path: str | Path, *, rho: float = 1.2, days: float = 30.0, gpus: 
         raise TraceError("no pod of the trace is left after the filters")
     total_gpus = sum(n.gpus for n in cluster)
     shared = _shared_asks(picked, share, cluster, seed) if share is not None else {}
-    # GPU-equivalents asked: a fraction counts k / S (docs/simulator.md, "Fractional GPUs").
-    demand = sum(shared[x[1]][2] * x[4] if x[1] in shared else x[3] * x[4] for x in picked)
+    # GPU-equivalents the tasks asked: a fraction its gpu_milli / 1000, not rounded, so
+    # neither S nor whole GPUs change the arrivals (docs/simulator.md, "Fractional GPUs").
+    demand = sum(_asked(x) * x[4] for x in picked)
     span = picked[-1][0] - picked[0][0]
     horizon = demand / (total_gpus * rho)
     scale = horizon / span if span > 0 else 0.0
@@ -303,7 +305,9 @@ def load_openb(path: str | Path, *, rho: float = 1.2, days: float = 30.0, gpus: 
             "whole_to_shared_odds": _whole_odds(picked, share, cluster, seed),
             "whole_1gpu_on_shared": sum(1 for j in jobs if j.gpu_type == SHARED_TYPE
                                         and j.asked is None),
-            # The same jobs' load when each fraction takes a whole GPU (`whole_gpus`).
+            # The load in what the jobs hold: slices (k / S) and, each fraction taking a
+            # whole GPU (`whole_gpus`), whole GPUs.
+            "rho_slices": sum(j.share * j.runtime for j in jobs) / (total_gpus * horizon),
             "rho_whole_gpus": sum(j.gpus * j.runtime for j in jobs) / (total_gpus * horizon),
         }
     return Workload(scenario=scenario, jobs=jobs, horizon=horizon,
@@ -320,21 +324,25 @@ def load_openb(path: str | Path, *, rho: float = 1.2, days: float = 30.0, gpus: 
 _Picked = tuple[int, str, str, int, float, tuple[str, ...], bool, int]
 
 
+def _asked(x: _Picked) -> float:
+    """GPU-equivalents a picked task asked: gpu_milli / 1000 for a fraction, else GPUs."""
+    return x[7] / 1000 if x[3] == 1 and x[7] < 1000 else float(x[3])
+
+
 def _whole_odds(picked: Sequence[_Picked], share: ShareMode, cluster: Sequence[NodeSpec],
                 seed: int) -> float:
     """The odds a whole 1-GPU task runs on the time-sliced pool: what makes the pool's
-    share of the GPU-equivalents asked its share of the cluster's GPUs, the fractional
-    tasks (all of them there) counted first; 0 when they alone exceed it."""
+    share of the GPU-equivalents asked (gpu_milli / 1000 for a fraction: the same for
+    every S) its share of the cluster's GPUs, the fractional tasks (all of them there)
+    counted first; 0 when they alone exceed it."""
     gpus = sum(n.gpus for n in cluster)
     pool = sum(n.gpus for n in cluster if n.gpu_type == SHARED_TYPE)
     frac = whole1 = total = 0.0
     for x in picked:
         n_gpu, runtime, milli = x[3], x[4], x[7]
         if n_gpu == 1 and milli < 1000:
-            k = slices_for(milli, share.slices)
-            g = k / share.slices
-            frac += g * runtime
-            total += g * runtime
+            frac += milli / 1000 * runtime
+            total += milli / 1000 * runtime
         else:
             total += n_gpu * runtime
             if n_gpu == 1:
@@ -345,20 +353,19 @@ def _whole_odds(picked: Sequence[_Picked], share: ShareMode, cluster: Sequence[N
 
 
 def _shared_asks(picked: Sequence[_Picked], share: ShareMode, cluster: Sequence[NodeSpec],
-                 seed: int) -> dict[str, tuple[str, int, float]]:
+                 seed: int) -> dict[str, tuple[str, int]]:
     """The tasks on the time-sliced pool, name -> (type, slices per replica (0: whole
-    GPUs), GPU-equivalents): every fractional task, its gpu_milli rounded up to the slice
-    grid, and the whole 1-GPU tasks drawn with `_whole_odds` (seeded per pod name)."""
+    GPUs)): every fractional task, its gpu_milli rounded up to the slice grid, and the
+    whole 1-GPU tasks drawn with `_whole_odds` (seeded per pod name)."""
     odds = _whole_odds(picked, share, cluster, seed)
-    out: dict[str, tuple[str, int, float]] = {}
+    out: dict[str, tuple[str, int]] = {}
     for x in picked:
         name, n_gpu, milli = x[1], x[3], x[7]
         if n_gpu == 1 and milli < 1000:
             k = slices_for(milli, share.slices)
-            out[name] = (SHARED_TYPE, 0 if k >= share.slices else k,
-                         min(k, share.slices) / share.slices)
+            out[name] = (SHARED_TYPE, 0 if k >= share.slices else k)
         elif n_gpu == 1 and _unit(f"pool:{seed}:{name}") < odds:
-            out[name] = (SHARED_TYPE, 0, 1.0)
+            out[name] = (SHARED_TYPE, 0)
     return out
 
 

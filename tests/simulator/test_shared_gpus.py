@@ -70,13 +70,14 @@ def test_the_trace_mode_asks_slices_on_the_time_sliced_pool(tmp_path: Path) -> N
     # Quotas stay in GPUs per type (the loop multiplies the time-sliced one by S).
     assert sum(q.nominal for (_, gt), q in w.scenario.quotas.items()
                if gt == SHARED_TYPE) == 4
-    # The offered load counts GPU-equivalents: a fraction k / S.
-    asked = sum(j.share * j.runtime for j in w.jobs)
+    # The offered load counts what the tasks asked: a fraction's gpu_milli / 1000.
+    asked = sum(j.useful * j.runtime for j in w.jobs)
+    assert asked == pytest.approx(3600 * (0.47 + 0.81 + 0.05 + 1 + 8 + 0.25))
     assert w.horizon == pytest.approx(asked / (20 * 1.0))
     share = w.source["share"]
     assert isinstance(share, dict)
     assert share["fraction_jobs"] == 4 and share["sliced_jobs"] == 3
-    assert share["rho_whole_gpus"] > 1.0
+    assert 1.0 < share["rho_slices"] < share["rho_whole_gpus"]
 
 
 def test_whole_gpus_gives_each_fraction_a_whole_gpu_of_the_same_jobs(tmp_path: Path) -> None:
@@ -158,8 +159,14 @@ def test_fractions_on_different_gpus_leave_no_whole_gpu() -> None:
     jobs = [_frac(1, 3), _frac(2, 3, runtime=200.0),
             SimJob(3, "a", "low", TS, 1, 1, 1.0, 50.0, 50.0, slices_per_gpu=4)]
     w = _workload(jobs, gpus=2)
-    for result in (run_baseline("greedy", w), run_baseline("fifo", w)):
+    seen: list[Snapshot] = []
+    for result in (run_fairq(w, on_snapshot=seen.append), run_baseline("greedy", w),
+                   run_baseline("fifo", w)):
         assert _starts(result) == {1: 0.0, 2: 0.0, 3: 100.0}
+    # fairq's plan put them on GPUs 0 and 1 (rule H3: no shared GPU holds 3 of 4).
+    waiting = next(s for s in seen if s.now > seen[0].now)
+    assert waiting.nodes[0].gpu_free == (1, 1)
+    assert sorted(j.gpu_slots for j in waiting.running) == [(0,), (1,)]
 
 
 def test_the_book_packs_on_shared_gpus_first_and_gives_slices_back() -> None:
