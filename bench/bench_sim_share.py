@@ -21,7 +21,7 @@ With `--out DIR` each run's JSON (`share_<tag>_<mode>.json`); `--table DIR` prin
 tables of those documents and runs nothing.
 
     .venv/bin/python bench/bench_sim_share.py [--trace DIR] [--rho 0.9,1.2,1.5]
-        [--seeds 0,1,2] [--slices 8] [--fractions 0.3|trace] [--modes frac,whole]
+        [--seeds 0] [--slices 8] [--fractions 0.3|trace] [--modes frac,whole]
         [--policies fairq,fifo,greedy,easy] [--out DIR] [--table DIR]
 
 No database, no Django: the simulator is pure (queueing/simulator/).
@@ -165,7 +165,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default=os.environ.get("FAIRQ_SIM_TRACE", DEFAULT_TRACE))
     ap.add_argument("--rho", default="0.9,1.2,1.5")
-    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--seeds", default="0", help="comma-separated cluster draws (0); the "
+                    "figures of docs/simulator.md ran 0,1,2")
     ap.add_argument("--slices", default="8", help="comma-separated S values (8)")
     ap.add_argument("--fractions", default="0.3",
                     help="the share of jobs asking a fraction, sampled down ('trace': the "

@@ -100,7 +100,10 @@ def simulate(workload: Workload, policies: Sequence[str], *, progress_out: TextI
     doc = {
         "source": dict(workload.source),
         "cluster": {"nodes": len(sc.nodes), "gpus": sc.total_gpus,
-                    "gpus_per_node": dict(sorted(Counter(str(n.gpus) for n in sc.nodes).items()))},
+                    "gpus_per_node": dict(sorted(Counter(str(n.gpus) for n in sc.nodes).items())),
+                    # Only with time-sliced types: a run without keeps its JSON as it was.
+                    **({"slices_per_gpu": dict(sorted(sc.slices.items()))} if sc.slices
+                       else {})},
         "horizon_hours": workload.horizon / HOUR,
         "policies": out,
         "preemption_histogram": hist,

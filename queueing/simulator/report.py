@@ -68,9 +68,10 @@ def shared_lines(doc: Mapping[str, Any]) -> list[str]:
     names = [p for p in _ordered(pol) if "useful_gpu_hours" in pol[p]["overall"]]
     if not names:
         return []
-    share = doc["source"].get("share", {})
-    lines = ["", f"shared GPUs: {share.get('mode', '')}"
-                 + (", each fraction on a whole GPU" if doc["source"].get("whole_gpus") else ""),
+    types = ", ".join(f"{t} {s} slices per GPU"
+                      for t, s in doc["cluster"].get("slices_per_gpu", {}).items())
+    lines = ["", f"shared GPUs ({types or 'none'}; no memory isolation)"
+                 + (": each fraction on a whole GPU" if doc["source"].get("whole_gpus") else ""),
              f"{'policy':8} {'deliv GPU-h':>11} {'useful GPU-h':>12} {'fraction jobs':>13} "
              f"{'wasted by fractions GPU-h':>25}"]
     for p in names:
