@@ -473,8 +473,10 @@ class Job(models.Model):
     # Shared GPUs: 0 = each replica asks `gpus_per_replica` whole devices; k >= 1 = each
     # replica asks k slices of ONE GPU of a time-sliced or MPS type (k < its
     # slices_per_gpu; gpus_per_replica is then 1): the fraction k / slices_per_gpu.
-    # `gpu_slots`: per replica, the index of the GPU on its node (placement) its slices
-    # were packed on by the plan; [] = not a fraction or not admitted.
+    # `gpu_slots` (rule H1): the GPU indexes on its nodes (placement) the plan packed it
+    # on, replica after replica - one per replica for a fraction, each of its GPUs for
+    # whole GPUs of a time-sliced or MPS type ([0, 1, 2, 3]: 2 replicas of 2 GPUs);
+    # [] = another type, not admitted, or its pods run elsewhere than planned.
     gpu_slices = models.PositiveSmallIntegerField(default=0, db_default=0)
     gpu_slots = models.JSONField(default=list, db_default=[], blank=True)
     tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="jobs")

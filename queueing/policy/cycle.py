@@ -28,7 +28,7 @@ class Holding(NamedTuple):
     cycle, and a frozen dataclass costs several times as much to make."""
 
     team: str
-    gpus: int
+    gpus: float  # GPU-equivalents (rule H4: a quarter of a GPU is 0.25)
     billing_weight: float
     started_at: datetime | None
 

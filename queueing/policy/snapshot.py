@@ -165,8 +165,9 @@ class RunningJob:
     # Its pods' termination grace in seconds (rules R8, R11: how long a preemptor waits
     # for it); None = the backend's default.
     grace_seconds: int | None = None
-    # Shared GPUs: a fraction's GPU index on its node, per replica (as `nodes`), so its
-    # slices go back to that GPU when it is removed; () = whole devices.
+    # Shared GPUs (rule H1): its GPU indexes on its nodes, replica after replica (as
+    # `nodes`; one per fraction, each whole GPU's on a packed type), so its slices go
+    # back to those GPUs when it is removed (rule H6); () = another type.
     gpu_slots: tuple[int, ...] = ()
 
     @property

@@ -86,6 +86,10 @@ class JobRow(NamedTuple):
     # of the current attempt (RunningJob.grace_seconds, .checkpointed_at).
     termination_grace_seconds: int | None
     checkpointed_at: datetime | None
+    # Shared GPUs (docs/scheduling.md, rule H1): the slices of one GPU each replica asks
+    # (0 = whole devices) and the GPU indexes its attempt holds (JSON, checked on use).
+    gpu_slices: int
+    gpu_slots: Any
 
 
 ACTIVE_JOB_COLUMNS: tuple[str, ...] = JobRow._fields
@@ -120,6 +124,16 @@ class Lookups:
     clusters: Mapping[int, ClusterFacts] = field(default_factory=dict)
     # Team.flavor_fallback by team slug, for the teams that set one ("" = the tier's).
     team_fallbacks: Mapping[str, str] = field(default_factory=dict)
+    # Rule H1, per GPU type slug: (units per device, slices per GPU) - (S, S) for a
+    # time-sliced or MPS type, (1, S) for MIG, (1, 1) exclusive; absent = (1, 1).
+    units: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+    def units_per_device(self, gpu_type: str) -> int:
+        return self.units.get(gpu_type, (1, 1))[0]
+
+    def packs_slices(self, gpu_type: str) -> bool:
+        """Rule H1: a time-sliced or MPS type (its units are slices of a GPU)."""
+        return self.units.get(gpu_type, (1, 1))[0] > 1
 
 
 @dataclass
@@ -280,8 +294,12 @@ def _rows(qs: Any) -> list[JobRow]:
 
 def _lookups() -> Lookups:
     gpu_types = list(GpuType.objects.values_list("id", "slug", "billing_weight"))
+    units = {slug: (spg if sharing in PACKED_SHARING else 1, spg)
+             for slug, sharing, spg in GpuType.objects.values_list(
+                 "slug", "sharing", "slices_per_gpu") if spg > 1}
     return Lookups(
         teams=dict(Team.objects.values_list("id", "slug")),
+        units=units,
         gpu_types={pk: slug for pk, slug, _ in gpu_types},
         tiers={
             pk: TierFacts(slug, rank, preemptible, min_runtime, fallback, grace_cap, ratio, owed)
@@ -298,6 +316,9 @@ def _lookups() -> Lookups:
                             .values_list("slug", "flavor_fallback")),
     )
 
+
+# Rule H1: the sharings whose units are slices of one GPU (`GpuType.packs_slices`).
+PACKED_SHARING = ("time-sliced", "mps")
 
 _lock = threading.Lock()
 _cycle_jobs = ActiveJobs()

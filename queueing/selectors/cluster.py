@@ -28,7 +28,7 @@ from django.utils import timezone
 from queueing.backends.base import ClusterBackend, NodeInfo
 from queueing.composition import backend_class, get_backend
 from queueing.memo import ttl_memo
-from queueing.models import Cluster, ClusterBackendKind, NodePool
+from queueing.models import Cluster, ClusterBackendKind, GpuType, NodePool
 from queueing.policy.workspace import replicas_when_empty
 
 VIEW_KEY = "fairq:cluster-view"  # written by services/cluster_view.py, read here
@@ -172,10 +172,15 @@ class ClusterView:
     def unprovisioned_teams(self, teams: Iterable[str]) -> set[str]:
         return set(teams) & self.unprovisioned
 
-    def total_gpus(self) -> int:
+    def total_gpus(self) -> float:
         """GPUs on the nodes new work may use (the cluster size rule P1's size factor
-        divides by, as the plan counts it: rule K8)."""
-        return sum(n.capacity for n in self.open_nodes())
+        divides by, as the plan counts it: rule K8), in GPU-equivalents: a node of a
+        type with several slices or MIG instances per GPU counts its units / S (rule
+        H4)."""
+        per_gpu = dict(GpuType.objects.filter(slices_per_gpu__gt=1)
+                       .values_list("slug", "slices_per_gpu"))
+        return sum(n.capacity / per_gpu.get(n.gpu_type, 1) if per_gpu else n.capacity
+                   for n in self.open_nodes())
 
     def largest_node_gpus(self) -> dict[str, int]:
         """Per GPU type, the GPUs of its largest node new work may use (rule K8)."""

@@ -34,7 +34,7 @@ from queueing.policy.priority import PriorityBreakdown, PriorityWeights, job_pri
 from queueing.policy.snapshot import QueuedJob
 from queueing.policy.states import JobState
 
-from .active_jobs import ActiveJobs
+from .active_jobs import PACKED_SHARING, ActiveJobs, JobRow, Lookups
 
 # Rule F2: a team with work in these states is active even before it has any usage.
 _ACTIVE_STATES = (JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING)
@@ -134,17 +134,23 @@ def fairshare_inputs(*, now: datetime, jobs: ActiveJobs | None = None
                                                    status__in=list(_ACTIVE_STATES))),
             ).values_list("pk", "slug", "weight", "parent_id", "has_work")
         )
-        rows = list(Job.objects.filter(status__in=[JobState.RUNNING, JobState.ADMITTED])
-                    .values_list("team_id", "status", "gpus_per_replica", "replicas",
-                                 "gpu_type__billing_weight", "started_at"))
+        rows = [(team_id, status, gpu_equivalents(gpus, 1, slices, sharing, spg), replicas,
+                 weight, started_at)
+                for team_id, status, gpus, replicas, weight, started_at, slices, sharing, spg
+                in Job.objects.filter(status__in=[JobState.RUNNING, JobState.ADMITTED])
+                .values_list("team_id", "status", "gpus_per_replica", "replicas",
+                             "gpu_type__billing_weight", "started_at", "gpu_slices",
+                             "gpu_type__sharing", "gpu_type__slices_per_gpu")]
     else:
         working = {r.team_id for r in jobs.queued.values()} | {
             r.team_id for r in jobs.holding.values()}
         teams = [(pk, slug, weight, parent, pk in working) for pk, slug, weight, parent in
                  Team.objects.values_list("pk", "slug", "weight", "parent_id")]
-        weights = jobs.lookups.billing_weights
-        rows = [(r.team_id, r.status, r.gpus_per_replica, r.replicas,
-                 weights.get(r.gpu_type_id, 1.0), r.started_at)
+        lookups = jobs.lookups
+        weights = lookups.billing_weights
+        rows = [(r.team_id, r.status, _replica_gpus(r, lookups) if lookups.units
+                 else r.gpus_per_replica, r.replicas, weights.get(r.gpu_type_id, 1.0),
+                 r.started_at)
                 for r in sorted(jobs.holding.values())]  # by id: the same sums each time
     slug_of = {pk: slug for pk, slug, *_ in teams}
     # An admitted job has not started yet, whatever its row says (rule F6 until it runs).
@@ -162,6 +168,30 @@ def fairshare_inputs(*, now: datetime, jobs: ActiveJobs | None = None
         banked=banked, running={pk: running.get(slug, ()) for pk, slug in slug_of.items()},
         active={pk for pk, slug in slug_of.items() if slug in active})
     return inputs, penalty
+
+
+def gpu_equivalents(gpus_per_replica: int, replicas: int, gpu_slices: int, sharing: str,
+                    slices_per_gpu: int) -> float:
+    """Rule H4: what a job holds in GPU-equivalents (`Job.gpu_share` from its columns): a
+    fraction's slices / S, MIG instances / S, whole GPUs as they are."""
+    if sharing in PACKED_SHARING:
+        if gpu_slices:
+            return gpu_slices * replicas / slices_per_gpu
+        return float(gpus_per_replica * replicas)
+    if sharing == "mig" and slices_per_gpu > 1:
+        return gpus_per_replica * replicas / slices_per_gpu
+    return float(gpus_per_replica * replicas)
+
+
+def _replica_gpus(r: JobRow, lookups: Lookups) -> float:
+    """Rule H4: one replica of an active job row in GPU-equivalents."""
+    gpu_type = lookups.gpu_types.get(r.gpu_type_id, "")
+    per_device, spg = lookups.units.get(gpu_type, (1, 1))
+    if spg <= 1:
+        return float(r.gpus_per_replica)
+    if per_device > 1:  # time-sliced or MPS
+        return r.gpu_slices / spg if r.gpu_slices else float(r.gpus_per_replica)
+    return r.gpus_per_replica / spg  # MIG
 
 
 # --- standings ----------------------------------------------------------------------------
@@ -188,12 +218,13 @@ def fairshare_standings_at(*, at: datetime, now: datetime) -> dict[str, Standing
         return fairshare_standings(now=at)
     raw = raw_decayed_usage(at=at)
     running: dict[int, list[tuple[float, datetime]]] = {}
-    for team_id, gpus, replicas, weight, started_at in Job.objects.filter(
+    for team_id, gpus, replicas, weight, started_at, slices, sharing, spg in Job.objects.filter(
         status=JobState.RUNNING, started_at__lt=at
     ).values_list("team_id", "gpus_per_replica", "replicas", "gpu_type__billing_weight",
-                  "started_at"):
+                  "started_at", "gpu_slices", "gpu_type__sharing", "gpu_type__slices_per_gpu"):
         if started_at is not None:
-            running.setdefault(team_id, []).append((gpus * replicas * weight, started_at))
+            running.setdefault(team_id, []).append(
+                (gpu_equivalents(gpus, replicas, slices, sharing, spg) * weight, started_at))
     # Rule F2 at a past instant: a job submitted by then and not finished by then.
     waiting = set(
         Job.objects.filter(created_at__lte=at)
@@ -299,28 +330,32 @@ def fairshare_history(*, team: str, since: datetime | None = None,
 # --- a job's priority ---------------------------------------------------------------------
 
 def queued_job_of(job: Job) -> QueuedJob:
-    """The policy's view of one job row (its team, GPU type and tier loaded)."""
+    """The policy's view of one job row (its team, GPU type and tier loaded): its replica
+    in the type's units (rule H1)."""
     return QueuedJob(id=job.pk, team=job.team.slug, gpu_type=job.gpu_type.slug,
-                     gpus_per_replica=job.gpus_per_replica, replicas=job.replicas,
+                     gpus_per_replica=job.units_per_replica, replicas=job.replicas,
                      tier_rank=job.tier.rank, submitted_at=job.created_at)
 
 
 def jobs_priority_breakdowns(*, jobs: Iterable[Job], now: datetime,
-                             cluster_gpus: int) -> dict[int, PriorityBreakdown]:
+                             cluster_gpus: float) -> dict[int, PriorityBreakdown]:
     """Rule P1 for many jobs (`sprio` with no job: every pending one), the standings and
     weights read once. Each job's team, GPU type and tier loaded."""
     state = FairShareState.from_standings(fairshare_standings(now=now))
     weights = priority_weights()
     return {job.pk: job_priority(queued_job_of(job), now=now,
                                  fair_share_factor=state.factor(job.team.slug),
-                                 weights=weights, cluster_gpus=cluster_gpus)
+                                 weights=weights, cluster_gpus=cluster_gpus,
+                                 units_per_gpu=job.gpu_type.slices_per_gpu)  # rule H4
             for job in jobs}
 
 
-def job_priority_breakdown(*, job: Job, now: datetime, cluster_gpus: int) -> PriorityBreakdown:
+def job_priority_breakdown(*, job: Job, now: datetime,
+                           cluster_gpus: float) -> PriorityBreakdown:
     """Rule P1 for one job, per factor (like `sprio`): the live standings and weights, on
     a cluster of `cluster_gpus` GPUs."""
     state = FairShareState.from_standings(fairshare_standings(now=now))
     return job_priority(queued_job_of(job), now=now,
                         fair_share_factor=state.factor(job.team.slug),
-                        weights=priority_weights(), cluster_gpus=cluster_gpus)
+                        weights=priority_weights(), cluster_gpus=cluster_gpus,
+                        units_per_gpu=job.gpu_type.slices_per_gpu)  # rule H4

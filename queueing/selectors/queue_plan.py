@@ -350,13 +350,16 @@ def submit_preview(*, team: Team, gpu_type: GpuType, gpus_per_replica: int, repl
                    tier_rank: int, now: datetime, cpu_millicores: int | None = None,
                    memory_bytes: int | None = None,
                    topology: Mapping[str, str] | None = None,
-                   gpu_types: Sequence[str] = (), flavor_fallback: str = "") -> Preview:
+                   gpu_types: Sequence[str] = (), flavor_fallback: str = "",
+                   gpu_slices: int = 0) -> Preview:
     """Where a job would stand if submitted now: the candidate added in memory to the
     snapshot of the cached plan (the one "why it waits" reads) and planned with the same
     policy as the next cycle; nothing is written. The answer for one shape (team, GPU
     type, size, tier) is cached with the plan, so typing in the other fields of the form
     plans nothing. `gpu_types`: every type it would accept, most preferred first (()
-    for one type), with `flavor_fallback` its team's or tier's setting."""
+    for one type), with `flavor_fallback` its team's or tier's setting. `gpu_slices`: a
+    fraction of one GPU of a time-sliced or MPS type (rule H1: planned in its slices; a
+    whole-GPU job of such a type in GPUs x its slices per GPU)."""
     plan, snapshot = _plan_with_snapshot(now=now)
     if snapshot is None:
         return Preview(None, 0, False, "", error=plan.error[:200])
@@ -364,17 +367,22 @@ def submit_preview(*, team: Team, gpu_type: GpuType, gpus_per_replica: int, repl
     key = (f"{_PREVIEW_KEY}:{plan.generation}:{team.slug}:{gpu_type.slug}:"
            f"{gpus_per_replica}:{replicas}:{tier_rank}:{cpu_millicores}:{memory_bytes}:"
            f"{topo.level if topo else ''}:{topo.mode if topo else ''}:"
-           f"{','.join(gpu_types)}:{flavor_fallback}")
+           f"{','.join(gpu_types)}:{flavor_fallback}:{gpu_slices}")
     cached: Preview | None = cache.get(key)
     if cached is not None:
         return cached
     several = tuple(gpu_types) if len(gpu_types) > 1 else ()
+    units = gpus_per_replica * gpu_type.units_per_device  # rule H1
+    if gpu_type.packs_slices:
+        several = ()  # rule H7: its only type
+        if gpu_slices:
+            units = gpu_slices
     if several and flavor_fallback in {f.value for f in FlavorFallback}:
         snapshot = replace(snapshot, flavor_fallback={
             **snapshot.flavor_fallback, (team.slug, tier_rank): FlavorFallback(flavor_fallback)})
     preview = _preview_place(snapshot, QueuedJob(
         id=-1,  # no real job has a negative id
-        team=team.slug, gpu_type=gpu_type.slug, gpus_per_replica=gpus_per_replica,
+        team=team.slug, gpu_type=gpu_type.slug, gpus_per_replica=units,
         replicas=replicas, tier_rank=tier_rank, submitted_at=snapshot.now,
         cpu_millicores=cpu_millicores, memory_bytes=memory_bytes, topology=topo,
         gpu_types=several))

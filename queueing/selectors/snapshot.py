@@ -33,6 +33,7 @@ from queueing.policy.snapshot import (
     TopologyMode,
 )
 from queueing.policy.states import JobState
+from queueing.policy.workspace import replica_slots
 
 from .active_jobs import ActiveJobs, JobRow, Lookups, TierFacts
 from .cluster import ClusterFacts, ClusterView
@@ -115,6 +116,14 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
                 pending_alloc[node] += r.gpus_per_replica
                 pending_cpu[node] += r.cpu_millicores or 0
                 pending_memory[node] += r.memory_bytes or 0
+    lookups = jobs.lookups
+    infos = backend.nodes()
+    gpu_free: dict[str, tuple[int, ...]] = {}
+    if lookups.units:
+        packed = {qualified_node(n.cluster, n.name): (n.capacity, lookups.units[n.gpu_type][1])
+                  for n in infos if lookups.packs_slices(n.gpu_type)}
+        if packed:
+            running, gpu_free = packed_gpus(running, packed)
     nodes = tuple(
         NodeState(name, n.gpu_type, n.capacity,
                   max(0, n.capacity - n.allocated - pending_alloc[name]),
@@ -122,8 +131,10 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
                   memory_free=_minus(n.memory_free, pending_memory[name]),
                   topology=n.topology, cpu_allocatable=n.cpu_millicores,
                   memory_allocatable=n.memory_bytes, cluster=n.cluster, spot=n.spot,
-                  pool=n.pool)
-        for n in backend.nodes()
+                  pool=n.pool,
+                  slices_per_gpu=lookups.units[n.gpu_type][1] if name in gpu_free else 1,
+                  gpu_free=gpu_free.get(name, ()))
+        for n in infos
         for name in (qualified_node(n.cluster, n.name),)
     )
     queued = (tuple(q for q in queued_all if q.team not in unprovisioned) if unprovisioned
@@ -132,8 +143,9 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         log.warning("snapshot: left out %d job rows the policy cannot take: %s", len(odd),
                     ", ".join(str(pk) for pk in sorted(odd)[:20]))
     quotas = {
-        (q["team__slug"], q["gpu_type__slug"]): QuotaLimit(
-            q["nominal"], q["borrowing_limit"], q["lending_limit"])
+        (q["team__slug"], q["gpu_type__slug"]): quota_in_units(
+            q["nominal"], q["borrowing_limit"], q["lending_limit"],
+            lookups.units_per_device(q["gpu_type__slug"]))
         for q in Quota.objects.values("team__slug", "gpu_type__slug", "nominal",
                                       "borrowing_limit", "lending_limit")
     }
@@ -163,8 +175,78 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         closed_clusters=closed_clusters(jobs.lookups.clusters),
         flavor_fallback=flavor_fallbacks(queued, jobs.lookups),
         flavor_fallback_default=FlavorFallback.BORROW,
+        units_per_gpu={t: s for t, (_, s) in lookups.units.items()},
         **ranks,
     )
+
+
+def quota_in_units(nominal: int, borrowing: int | None, lending: int | None,
+                   per_device: int) -> QuotaLimit:
+    """Rule H4: a quota row (in devices: GPUs, MIG instances) in the policy's units."""
+    if per_device == 1:
+        return QuotaLimit(nominal, borrowing, lending)
+    return QuotaLimit(nominal * per_device,
+                      None if borrowing is None else borrowing * per_device,
+                      None if lending is None else lending * per_device)
+
+
+def packed_gpus(running: tuple[RunningJob, ...], nodes: Mapping[str, tuple[int, int]]
+                ) -> tuple[tuple[RunningJob, ...], dict[str, tuple[int, ...]]]:
+    """Rule H1: each slice-packed node's free slices per GPU (`nodes`: name -> (capacity
+    in slices, slices per GPU)), less what the running (and admitted) jobs hold there: a
+    fraction its slices on the GPU its `gpu_slots` name, whole GPUs all of theirs. A
+    job whose GPUs are not recorded (admitted before they were, or its pods moved) is
+    put where the plan would put it - a fraction on the shared GPU with the fewest free
+    slices that holds it, whole GPUs on the lowest wholly free ones - and the running
+    jobs are returned with those GPUs, so a preemption frees them where they are taken
+    to be (rule H6). The node's own free count still bounds its GPUs
+    (`policy/workspace.py::per_gpu_free`)."""
+    free = {name: [s] * (cap // s) for name, (cap, s) in nodes.items()}
+    unknown: list[tuple[int, int, int, str]] = []  # (-units, job index, replica, node)
+    per_job: dict[int, list[tuple[int, ...]]] = {}
+    for index, r in enumerate(running):
+        if not any(n in free for n in r.nodes):
+            continue
+        per = per_job[index] = replica_slots(r.gpu_slots, len(r.nodes))
+        for k, name in enumerate(r.nodes):
+            if name not in free:
+                continue
+            s = nodes[name][1]
+            if not per[k]:
+                unknown.append((-r.gpus_per_replica, index, k, name))
+                continue
+            each = r.gpus_per_replica if r.gpus_per_replica < s else s
+            for i in per[k]:
+                if 0 <= i < len(free[name]):
+                    free[name][i] = max(0, free[name][i] - each)
+    out = list(running)
+    for neg, index, k, name in sorted(unknown):
+        per_job[index][k] = _take_gpus(free[name], nodes[name][1], -neg)
+    for index, per in per_job.items():
+        r = running[index]
+        slots = tuple(i for replica in per for i in replica)
+        if slots != r.gpu_slots and all(per) and len({len(x) for x in per}) == 1:
+            out[index] = dataclasses.replace(r, gpu_slots=slots)
+    return tuple(out), {name: tuple(f) for name, f in free.items()}
+
+
+def _take_gpus(free: list[int], s: int, units: int) -> tuple[int, ...]:
+    """Rule H3's choice for a replica of `units` slices whose GPUs are not recorded,
+    taken off `free`: its GPU indexes (() when nothing holds it: the node's free count
+    says the rest)."""
+    if units < s:
+        fit = [(f == s, f, i) for i, f in enumerate(free) if units <= f]
+        if not fit:
+            return ()
+        i = min(fit)[2]
+        free[i] -= units
+        return (i,)
+    whole = [i for i, f in enumerate(free) if f >= s][:-(-units // s)]
+    if len(whole) < -(-units // s):
+        return ()
+    for i in whole:
+        free[i] = 0
+    return tuple(whole)
 
 
 def flavor_fallbacks(queued: Iterable[QueuedJob], lookups: Lookups
@@ -318,9 +400,12 @@ _LOOKUPS = -1  # the memo's key for the lookups its entries were built with (ids
 def _queued_job(row: JobRow, lookups: Lookups, jobs: ActiveJobs) -> QueuedJob:
     _check_size(row)
     gpu_type, gpu_types = accepted_types(row, lookups)
+    if lookups.units and lookups.packs_slices(gpu_type):
+        gpu_types = ()  # rule H7: a slice-packed type is its only type
     return QueuedJob(id=row.id, team=lookups.teams[row.team_id],
                      gpu_type=gpu_type, gpu_types=gpu_types,
-                     gpus_per_replica=row.gpus_per_replica, replicas=row.replicas,
+                     gpus_per_replica=units_per_replica(row, gpu_type, lookups),
+                     replicas=row.replicas,
                      tier_rank=lookups.tiers[row.tier_id].rank, submitted_at=row.created_at,
                      queued_at=jobs.queued_at.get(row.id),
                      cpu_millicores=row.cpu_millicores, memory_bytes=row.memory_bytes,
@@ -340,9 +425,10 @@ def _running_job(row: JobRow, lookups: Lookups, jobs: ActiveJobs) -> RunningJob:
     # Its cluster's name qualifies its nodes as the snapshot's nodes are (K1).
     facts = lookups.clusters.get(row.cluster_id) if row.cluster_id is not None else None
     cluster = facts.name if facts is not None else ""
+    gpu_type = lookups.gpu_types[row.gpu_type_id]
     return RunningJob(
-        id=row.id, team=lookups.teams[row.team_id], gpu_type=lookups.gpu_types[row.gpu_type_id],
-        gpus_per_replica=row.gpus_per_replica, replicas=row.replicas,
+        id=row.id, team=lookups.teams[row.team_id], gpu_type=gpu_type,
+        gpus_per_replica=units_per_replica(row, gpu_type, lookups), replicas=row.replicas,
         tier_rank=tier.rank, preemptible=tier.preemptible,
         started_at=row.started_at, min_runtime_seconds=tier.min_runtime_seconds,
         nodes=tuple(qualified_node(cluster, n) for n in placement),
@@ -351,7 +437,32 @@ def _running_job(row: JobRow, lookups: Lookups, jobs: ActiveJobs) -> RunningJob:
         array_id=row.array_id, max_runtime_seconds=row.max_runtime_seconds, cluster=cluster,
         checkpointed_at=row.checkpointed_at,
         grace_seconds=grace_seconds(row.termination_grace_seconds, tier),
+        gpu_slots=gpu_slots_of(row, gpu_type, lookups),
     )
+
+
+def units_per_replica(row: JobRow, gpu_type: str, lookups: Lookups) -> int:
+    """Rule H1: a job row's replica in the policy's units of `gpu_type`: its slices when
+    it asks a fraction of a slice-packed type, else its devices × the type's units per
+    device (`Job.units_per_replica`)."""
+    if not lookups.units:
+        return row.gpus_per_replica
+    if row.gpu_slices and lookups.packs_slices(gpu_type):
+        return int(row.gpu_slices)
+    return row.gpus_per_replica * lookups.units_per_device(gpu_type)
+
+
+def gpu_slots_of(row: JobRow, gpu_type: str, lookups: Lookups) -> tuple[int, ...]:
+    """Rule H1: the GPU indexes a running job of a slice-packed type holds, as recorded;
+    () when none are, or not a list of indexes (then the snapshot places it as
+    `packed_node` says)."""
+    slots = row.gpu_slots
+    if not slots or not lookups.units or not lookups.packs_slices(gpu_type):
+        return ()
+    if not isinstance(slots, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in slots):
+        return ()
+    return tuple(slots)
 
 
 def grace_seconds(own: int | None, tier: TierFacts) -> int:

@@ -58,8 +58,8 @@ def next_attempt(attempt: int) -> dict[str, Any]:
     no nodes, no cluster, not on spot, not admitted, started or created on a cluster.
     `job_transition(job, JobState.QUEUED, ..., **next_attempt(job.attempt + 1))`: one
     list, so a field added for where an attempt runs is cleared by every requeue."""
-    return {"attempt": attempt, "placement": [], "cluster": None, "on_spot": False,
-            "spot_pools": {},
+    return {"attempt": attempt, "placement": [], "gpu_slots": [], "cluster": None,
+            "on_spot": False, "spot_pools": {},
             "admitted_at": None, "started_at": None, "submitted_to_backend_at": None,
             "checkpointed_at": None}
 

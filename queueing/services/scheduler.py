@@ -724,8 +724,9 @@ def _running_changes(*, job_id: int, owner: _Owner, status: WorkloadStatus,
             "pk", "on_spot", "cluster_id", "gpus_per_replica", "placement", "spot_pools").first()
         repooled = _repool(job, placement, pools_now) if job is not None else {}
         with transaction.atomic():
+            # Rule H1: on other nodes its GPUs are not the ones recorded.
             if Job.objects.filter(pk=job_id, attempt=owner.attempt, status=JobState.RUNNING
-                                  ).update(placement=placement, **repooled):
+                                  ).update(placement=placement, gpu_slots=[], **repooled):
                 JobEvent.objects.create(
                     job_id=job_id, at=now, kind=JobEvent.Kind.MOVED, actor_label="scheduler",
                     attempt=owner.attempt,
@@ -760,11 +761,14 @@ def _apply_status(job: Job, status: WorkloadStatus, *, now: datetime,
             placement = _placement(job.placement, status)
             # Rule C4: a spot attempt bound elsewhere than planned is charged where it runs.
             repooled = _repool(job, placement, pools_now)
+            # Rule H1: pods bound elsewhere than planned hold GPUs fairq does not know.
+            moved: dict[str, Any] = ({"gpu_slots": []} if job.gpu_slots
+                                     and placement != list(job.placement or []) else {})
             if job_transition(job, JobState.RUNNING, now=now,
                               reason="running on "
                                      + (", ".join(sorted(set(status.nodes))) or "the cluster"),
                               started_at=started, placement=placement, message="",
-                              data=repooled or None, **repooled):
+                              data=repooled or None, **repooled, **moved):
                 result.started.append(job.pk)
         if status.phase in (Phase.SUCCEEDED, Phase.FAILED) and job.state == JobState.RUNNING:
             target = JobState.SUCCEEDED if status.phase == Phase.SUCCEEDED else JobState.FAILED
@@ -867,6 +871,9 @@ def _admit(plan: Plan, *, now: datetime, result: CycleResult, isolate: bool,
     pool_of = ({n.name: n.pool for n in snapshot_nodes}
                if any(a.spot for a in plan.admissions) else {})
     type_ids: dict[str, int] | None = None
+    # Rule H1: the slices per GPU of the slice-packed nodes (an admission's event says
+    # the GPU of each fraction).
+    spg_of = {n.name: n.slices_per_gpu for n in snapshot_nodes if n.slices_per_gpu > 1}
     # A requeued job's new attempt resumes from its newest checkpoint (one query).
     resume_from = newest_checkpoints([j.pk for j in jobs.values() if j.attempt > 1])
     for a in plan.admissions:
@@ -905,6 +912,9 @@ def _admit(plan: Plan, *, now: datetime, result: CycleResult, isolate: bool,
               else contextlib.nullcontext()), \
                 (transaction.atomic() if isolate else contextlib.nullcontext()):
             data: dict[str, object] = {"placement": nodes}
+            slots = {"gpu_slots": list(a.gpu_slots)} if a.gpu_slots else {}
+            if slots:  # rule H1: the GPU(s) of each replica on a slice-packed type
+                data.update(slots)
             if cluster:
                 data["cluster"] = cluster
             pools = (spot_pools(a.placement, pool_of, gpus_per_replica=job.gpus_per_replica)
@@ -912,6 +922,9 @@ def _admit(plan: Plan, *, now: datetime, result: CycleResult, isolate: bool,
             if pools:
                 data["spot_pools"] = pools
             reason = f"admitted on {where}{', '.join(sorted(set(nodes)))}"
+            if slots:
+                reason += gpu_slots_words(a.gpu_slots, job.gpu_slices,
+                                          spg_of.get(a.placement[0], 1))
             resumes, resume_data = resume_note(resume_from.get(job.pk))
             if resume_data:
                 data["resumes_from"] = resume_data
@@ -922,9 +935,21 @@ def _admit(plan: Plan, *, now: datetime, result: CycleResult, isolate: bool,
             reason += resumes
             if job_transition(job, JobState.ADMITTED, now=now, reason=reason,
                               admitted_at=now, placement=nodes, cluster_id=cluster_id,
-                              on_spot=a.spot, spot_pools=pools, data=data, **chosen):
+                              on_spot=a.spot, spot_pools=pools, data=data,
+                              gpu_slots=list(a.gpu_slots), **chosen):
                 admitted.append(job.pk)
     return admitted
+
+
+def gpu_slots_words(slots: Sequence[int], gpu_slices: int, slices_per_gpu: int) -> str:
+    """Rule H1 in an admission's event: "; GPU 1 (2 slices of 4)" for a fraction, the
+    GPU indexes for whole GPUs."""
+    gpus = ", ".join(str(i) for i in dict.fromkeys(slots))
+    plural = "s" if len(set(slots)) != 1 else ""
+    if gpu_slices:
+        return (f"; GPU{plural} {gpus} ({gpu_slices} slice{'s' if gpu_slices != 1 else ''} "
+                f"of {slices_per_gpu} each)")
+    return f"; GPU{plural} {gpus}"
 
 
 def spot_pools(placement: Iterable[str], pool_of: Mapping[str, str], *,

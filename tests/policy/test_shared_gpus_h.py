@@ -389,3 +389,29 @@ def test_rule_h2_h3_property_no_gpu_overcommitted_fractions_pack(
              else sum(1 for f in fs if f == S) // (job.gpus_per_replica // S))
             for fs in free.values())
         assert room < job.replicas
+
+
+@settings(max_examples=200, deadline=None)
+@given(worlds(), st.data())
+def test_rule_h6_property_removal_and_placement_undo_exactly(
+        world: tuple[tuple[NodeState, ...], tuple[QueuedJob, ...], tuple[RunningJob, ...]],
+        data: st.DataObject) -> None:
+    nodes, queued, running = world
+    ws = Workspace(snap(nodes, queued, running))
+    cap = ws.capacity
+    before = ({n: list(f) for n, f in cap.gpu_free.items()}, dict(cap.free))
+    victims = data.draw(st.lists(st.sampled_from(running), unique_by=lambda r: r.id)
+                        if running else st.just([]))
+    undo = ws.simulate_removal(victims)
+    for name, gf in cap.gpu_free.items():
+        assert all(0 <= f <= S for f in gf) and sum(gf) == cap.free[name]
+    for r in victims:  # H6: each victim's GPU got its slices back
+        (i,) = r.gpu_slots
+        assert cap.gpu_free[r.nodes[0]][i] >= min(S, r.gpus_per_replica)
+    job = queued[0]
+    placed = cap.place(TS, job.gpus_per_replica, job.replicas)
+    if placed is not None:
+        slots = cap.last_slots
+        cap.release(placed, job.gpus_per_replica, slots=slots)
+    undo()
+    assert ({n: list(f) for n, f in cap.gpu_free.items()}, dict(cap.free)) == before

@@ -32,8 +32,8 @@ class Admission:
     placement: tuple[str, ...]
     cluster: str = ""  # rule K1: the one cluster of its nodes ("" = the only cluster)
     spot: bool = False  # rules K1, K4, C4: its nodes are spot nodes (all or none)
-    # Shared GPUs: a fraction's GPU index on each replica's node (as `placement`) - the
-    # GPU its slices were packed on; () = whole devices.
+    # Shared GPUs (rule H1): the GPU indexes on its nodes, replica after replica (one per
+    # fraction, each whole GPU's on a packed type); () = another type.
     gpu_slots: tuple[int, ...] = ()
 
 

@@ -47,14 +47,19 @@ def nominated_wait(p: Pass, t: Try) -> Step | None:
              job.gpus_per_replica)
     nominal = owed(p, t)
     p.raw[job.id] = Wait(job.id, WaitReason.PREEMPTING,
-                         (owed_words(t, nominal) + ": " if nominal is not None else "")
+                         (owed_words(p, t, nominal) + ": " if nominal is not None else "")
                          + f"waiting for {terminating} preempted job(s) to release their "
                          f"{t.gt} GPUs")
     return ()
 
 
-def owed_words(t: Try, nominal: int) -> str:
-    """Rule R11 in words: "owed 8 of team vision's 16 nominal h100 GPUs (rule R11)"."""
+def owed_words(p: Pass, t: Try, nominal: int) -> str:
+    """Rule R11 in words: "owed 8 of team vision's 16 nominal h100 GPUs (rule R11)"; a
+    slice-packed type's slices in GPUs (rule H4)."""
+    per_gpu = p.cap.packed.get(t.gt, 1) if p.cap.packed else 1
+    if per_gpu > 1:
+        return (f"owed {t.total / per_gpu:g} of team {t.job.team}'s {nominal / per_gpu:g} "
+                f"nominal {t.gt} GPUs (rule R11)")
     return f"owed {t.total} of team {t.job.team}'s {nominal} nominal {t.gt} GPUs (rule R11)"
 
 
@@ -274,7 +279,7 @@ def _take(p: Pass, t: Try, found: Preemption, owed_nominal: int | None = None) -
              f"rule {', '.join(found.rules)}); admitted once their GPUs are free")
     if owed_nominal is not None:
         graces = [p.ws.running_by_id[v.job_id].grace_seconds for v in found.victims]
-        words = (f"{owed_words(t, owed_nominal)}: {words}, within their termination grace"
+        words = (f"{owed_words(p, t, owed_nominal)}: {words}, within their termination grace"
                  + (f" ({max(g for g in graces if g is not None)} s)"
                     if all(g is not None for g in graces) else ""))
     p.raw[job.id] = Wait(job.id, WaitReason.PREEMPTING, words)

@@ -141,13 +141,18 @@ class Waits(Mapping[int, Wait]):
         code, index, held, ceiling = raw
         reason, job = REASONS[code], view or self.jobs[index]
         gt = job.gpu_type
+        per_gpu = self.packed.get(gt, 1) if self.packed else 1
+
+        def gpus(units: int) -> str:
+            """Units of a slice-packed type in GPUs (rule H4: 6 slices of 4 = 1.5)."""
+            return str(units) if per_gpu == 1 else f"{units / per_gpu:g}"
         level = job.topology.level if job.topology is not None else ""
         if reason is WaitReason.NEVER_FITS:
-            msg = (f"team {job.team} may hold at most {ceiling} {gt} GPUs (its quota's "
-                   f"nominal + borrowing limit); this job asks {job.total_gpus}: it can never "
+            msg = (f"team {job.team} may hold at most {gpus(ceiling)} {gt} GPUs (its quota's "
+                   f"nominal + borrowing limit); this job asks {gpus(job.total_gpus)}: it can never "
                    "run unless the quota is raised")
         elif reason is WaitReason.QUOTA:
-            msg = (f"team {job.team} holds {held} {gt} GPUs; {job.total_gpus} more would "
+            msg = (f"team {job.team} holds {gpus(held)} {gt} GPUs; {gpus(job.total_gpus)} more would "
                    f"pass its limit of {ceiling}")
         elif reason is WaitReason.NO_FIT and ceiling == IN_ONE_DOMAIN:
             msg = (f"even empty, one {level} of {gt} nodes holds at most {held} replicas of "
@@ -200,8 +205,8 @@ class Waits(Mapping[int, Wait]):
             if reason is WaitReason.CAPACITY and held_for is not None and held_for[0] == job_id:
                 msg += f"; GPUs are reserved for it from {_when(held_for[1])} (rule A9)"
         if self.owed and (job_id, gt) in self.owed:
-            msg += (f"; it is owed {job.total_gpus} of team {job.team}'s "
-                    f"{self.owed[(job_id, gt)]} nominal {gt} GPUs (rule R11), but the jobs "
+            msg += (f"; it is owed {gpus(job.total_gpus)} of team {job.team}'s "
+                    f"{gpus(self.owed[(job_id, gt)])} nominal {gt} GPUs (rule R11), but the jobs "
                     "it may preempt (rules R1, R2) cannot make room for it")
         until = None
         if job_id in self.protected and reason in (WaitReason.CAPACITY, WaitReason.QUOTA):
@@ -327,17 +332,18 @@ def _packed_words(job: QueuedJob, s: int, block: tuple[int, str, int, str] | Non
         node += f" (cluster {cluster})"
     if free == 0:
         return msg + f"; no {gt} slice is free"
+    in_all = f"{free} slice{'s' if free != 1 else ''} free in all"
     if g < s:
         if largest < g:
             return (msg + f"; no {gt} GPU has {g} free slice{'s' if g != 1 else ''}; the most "
-                    f"on one GPU is {largest} (on {node}; {free} slices free in all)")
+                    f"on one GPU is {largest} (on {node}; {in_all})")
         return (msg + f"; the most free slices on one {gt} GPU: {largest} on {node}; needs "
-                f"{reps} GPUs with {g} ({free} slices free in all)")
+                f"{reps} GPUs with {g} ({in_all})")
     n, whole = largest // s, -(-g // s)
     return (msg + f"; the most wholly free {gt} GPUs on one node: {n}"
             + (f" on {node}" if node else "") + f"; needs {whole} on one node"
             + (f" for each of {reps} replicas" if reps > 1 else "")
-            + f" ({free} slices free in all)")
+            + f" ({in_all})")
 
 
 def until_words(until: datetime, now: datetime | None) -> str:
