@@ -32,9 +32,9 @@ GPUS = 3  # on its one node
 @pytest.fixture
 def shared(world: World, settings: Any) -> Any:
     """One node of 3 GPUs of a time-sliced type (4 slices per GPU), vision's quota 4
-    GPUs of it (more than the node: waits are for capacity). The simulated backend reports a node in the type's units (slices) once
-    it multiplies FAIRQ_SIM_NODES' GPUs by the type's units per device; until then the
-    node is given in slices here."""
+    GPUs of it (more than the node: waits are for capacity). The simulated backend
+    reports a node in the type's units (slices) once it multiplies FAIRQ_SIM_NODES' GPUs
+    by the type's units per device; until then the node is given in slices here."""
     ts = GpuTypeFactory(slug="ts-a10", sharing="time-sliced", slices_per_gpu=S,
                         resource_name="nvidia.com/gpu.shared", billing_weight=1.0)
     QuotaFactory(team=world.vision, gpu_type=ts, nominal=GPUS + 1, borrowing_limit=0)

@@ -150,6 +150,10 @@ class Capacity:
         self.gpu_free: dict[str, list[int]] = {}
         self.packed: dict[str, int] = {}
         self.last_slots: tuple[int, ...] = ()
+        # Rule H3's index per packed pool: per free-slice count f (1..S-1), the (node, GPU)
+        # pairs of the shared GPUs with f free, sorted: the best fit of a fraction is
+        # the first pair of the first f that holds it.
+        self._shared: dict[str, list[list[tuple[str, int]]]] = {}
         self._empty_slots: dict[tuple[str, int, int, int], int] = {}
         self._domain_empty_slots: dict[tuple[str, str, int, int, int], int] = {}
         for n in sorted(nodes, key=lambda n: n.name):
@@ -159,8 +163,12 @@ class Capacity:
                                                           n.gpu_free)
                 free = sum(gf)
                 self.spg[n.name] = n.slices_per_gpu
-                self.packed[n.gpu_type] = self.packed[pool_key(n.gpu_type, n.cluster,
-                                                               n.spot)] = n.slices_per_gpu
+                p = pool_key(n.gpu_type, n.cluster, n.spot)
+                self.packed[n.gpu_type] = self.packed[p] = n.slices_per_gpu
+                index = self._shared.setdefault(p, [[] for _ in range(n.slices_per_gpu)])
+                for i, f in enumerate(gf):
+                    if 0 < f < n.slices_per_gpu:
+                        index[f].append((n.name, i))  # names arrive sorted
             self.free[n.name] = free
             self.capacity[n.name] = n.capacity
             self.node_type[n.name] = n.gpu_type
@@ -379,6 +387,26 @@ class Capacity:
                 best, where = b, name
         return best, where
 
+    def _sync(self, name: str, before: list[int]) -> None:
+        """Bring rule H3's index up to date after node `name`'s free slices per GPU
+        changed from `before`."""
+        index, s, gf = self._shared[self.node_pool[name]], self.spg[name], self.gpu_free[name]
+        for i, (old, new) in enumerate(zip(before, gf, strict=True)):
+            if old == new:
+                continue
+            if 0 < old < s:
+                lst = index[old]
+                del lst[bisect.bisect_left(lst, (name, i))]
+            if 0 < new < s:
+                bisect.insort(index[new], (name, i))
+
+    def set_gpu_free(self, name: str, gpu_free: list[int]) -> None:
+        """Rule H6's undo: node `name`'s free slices per GPU as they were (`gpu_free`, the
+        totals set apart with `set_free`)."""
+        before = self.gpu_free[name]
+        self.gpu_free[name] = gpu_free
+        self._sync(name, before)
+
     def take_free(self, name: str, n: int) -> int:
         """Take up to `n` free GPUs (slices on a packed node: the GPUs with the most
         free first, then the highest index - what a removed victim left wholly free)
@@ -388,6 +416,7 @@ class Capacity:
             return 0
         if self.packed and name in self.spg:
             gf = self.gpu_free[name]
+            before = list(gf)
             left = take
             for i in sorted(range(len(gf)), key=lambda i: (-gf[i], -i)):
                 d = min(left, gf[i])
@@ -395,6 +424,7 @@ class Capacity:
                 left -= d
                 if not left:
                     break
+            self._sync(name, before)
         self.set_free(name, self.free[name] - take)
         return take
 
@@ -414,6 +444,7 @@ class Capacity:
         """`give_free`'s slices: each GPU of `slots` (one per fraction, or one per whole
         GPU) first, up to a full GPU, the rest to the fullest GPUs with room."""
         s, gf = self.spg[name], self.gpu_free[name]
+        before = list(gf)
         slots = list(slots)
         left = n
         if slots:
@@ -429,6 +460,7 @@ class Capacity:
             d = min(s - gf[i], left)
             gf[i] += d
             left -= d
+        self._sync(name, before)
 
     def _place_packed(self, pool: str, units: int, replicas: int, cpu: int, memory: int,
                       allowed: set[str] | None) -> tuple[str, ...]:
@@ -446,48 +478,61 @@ class Capacity:
         taken: list[str] = []
         slots: list[int] = []
         for _ in range(replicas):
-            best: tuple[tuple[int, int, str, int], str] | None = None
-            for name in self.nodes_of[pool]:
-                if self.free[name] < units or (allowed is not None and name not in allowed):
-                    continue
-                if (cpu or memory) and self.slots(name, units, cpu, memory) <= 0:
-                    continue
-                gf = self.gpu_free[name]
-                if whole:
-                    n_free = sum(1 for f in gf if f >= s)
-                    if n_free < whole:
-                        continue
-                    key = (0, n_free, name, 0)
-                else:
-                    fit = [(f, i) for i, f in enumerate(gf) if units <= f]
-                    if not fit:
-                        continue
-                    shared = [(f, i) for f, i in fit if f < s]
-                    if shared:
-                        f, i = min(shared)
-                        key = (0, f, name, i)
-                    else:
-                        key = (1, self.free[name], name, min(i for _, i in fit))
-                if best is None or key < best[0]:
-                    best = (key, name)
-            assert best is not None  # `fits` said the gang fits
-            name = best[1]
+            found = (self._whole_gpus(pool, s, whole, units, cpu, memory, allowed) if whole
+                     else self._fraction_gpu(pool, s, units, cpu, memory, allowed))
+            assert found is not None  # `fits` said the gang fits
+            name, chosen = found
             gf = self.gpu_free[name]
-            if whole:
-                chosen = [i for i, f in enumerate(gf) if f >= s][:whole]
-                for i in chosen:
-                    gf[i] = 0
-                slots.extend(chosen)
-            else:
-                i = best[0][3]
-                gf[i] -= units
-                slots.append(i)
+            before = list(gf)
+            for i in chosen:
+                gf[i] = 0 if whole else gf[i] - units
+            self._sync(name, before)
+            slots.extend(chosen)
             self.set_free(name, self.free[name] - units)
             if cpu or memory:
                 self.add_cpu_memory(name, -cpu, -memory)
             taken.append(name)
         self.last_slots = tuple(slots)
         return tuple(taken)
+
+    def _usable(self, name: str, units: int, cpu: int, memory: int,
+                allowed: set[str] | None) -> bool:
+        return (allowed is None or name in allowed) and (
+            not (cpu or memory) or self.slots(name, units, cpu, memory) > 0)
+
+    def _fraction_gpu(self, pool: str, s: int, units: int, cpu: int, memory: int,
+                      allowed: set[str] | None) -> tuple[str, list[int]] | None:
+        """Rule H3 for one fraction: the first shared GPU of the index that holds it,
+        else the lowest wholly free GPU of the node with the fewest free slices."""
+        index = self._shared[pool]
+        for f in range(units, s):
+            for name, i in index[f]:
+                if self._usable(name, units, cpu, memory, allowed):
+                    return name, [i]
+        buckets = self._buckets[pool]
+        for f in range(s, len(buckets)):
+            for name in buckets[f]:
+                gf = self.gpu_free[name]
+                if s in gf and self._usable(name, units, cpu, memory, allowed):
+                    return name, [gf.index(s)]
+        return None
+
+    def _whole_gpus(self, pool: str, s: int, whole: int, units: int, cpu: int, memory: int,
+                    allowed: set[str] | None) -> tuple[str, list[int]] | None:
+        """Rule H3 for one replica of whole GPUs: the node with the fewest wholly free
+        GPUs that holds it (then the fewest free slices, then the name), its lowest."""
+        best: tuple[int, int, str] | None = None
+        for name in self.nodes_of[pool]:
+            if self.free[name] < units:
+                continue
+            n_free = self.gpu_free[name].count(s)
+            if n_free >= whole and (best is None or (n_free, self.free[name], name) < best) \
+                    and self._usable(name, units, cpu, memory, allowed):
+                best = (n_free, self.free[name], name)
+        if best is None:
+            return None
+        gf = self.gpu_free[best[2]]
+        return best[2], [i for i, f in enumerate(gf) if f >= s][:whole]
 
     def add_cpu_memory(self, name: str, cpu: int, memory: int) -> None:
         """Give (positive) or take (negative) CPU and memory on a node that reports them
@@ -733,7 +778,7 @@ class Workspace:
                 self.ledger.running_held[(job.team, job.gpu_type)] += job.total_gpus
                 self.removed.discard(job.id)
             for name, gf in reversed(before):
-                cap.gpu_free[name] = gf
+                cap.set_gpu_free(name, gf)
 
         return undo
 

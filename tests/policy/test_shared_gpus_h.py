@@ -372,6 +372,12 @@ def test_rule_h2_h3_property_no_gpu_overcommitted_fractions_pack(
                 if fresh:
                     # H3: no already-shared GPU of any node had room for it.
                     assert not any(units <= f < S for fs in free.values() for f in fs)
+                else:
+                    # H3: the shared GPU with the fewest free slices that hold it, ties
+                    # by node name and GPU index.
+                    assert (free[name][i], name, i) == min(
+                        (f, n, j) for n, fs in free.items() for j, f in enumerate(fs)
+                        if units <= f < S)
                 free[name][i] -= units
             else:
                 for i in gpus:
@@ -415,3 +421,5 @@ def test_rule_h6_property_removal_and_placement_undo_exactly(
         cap.release(placed, job.gpus_per_replica, slots=slots)
     undo()
     assert ({n: list(f) for n, f in cap.gpu_free.items()}, dict(cap.free)) == before
+    # Rule H3's index of shared GPUs is the one a fresh workspace builds.
+    assert cap._shared == Capacity(nodes)._shared
