@@ -20,7 +20,7 @@ whole) and `..._<policy>_waste_saved GPU-h`; then a summary table (mean over see
 With `--out DIR` each run's JSON (`share_<tag>_<mode>.json`); `--table DIR` prints the
 tables of those documents and runs nothing.
 
-    .venv/bin/python bench/bench_sim_share.py [--trace DIR] [--rho 0.9,1.2,1.5]
+    .venv/bin/python bench/bench_sim_share.py [--trace DIR] [--rho 1.2]
         [--seeds 0] [--slices 8] [--fractions 0.3|trace] [--modes frac,whole]
         [--policies fairq,fifo,greedy,easy] [--out DIR] [--table DIR]
 
@@ -164,7 +164,9 @@ def read_docs(directory: Path) -> list[Doc]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default=os.environ.get("FAIRQ_SIM_TRACE", DEFAULT_TRACE))
-    ap.add_argument("--rho", default="0.9,1.2,1.5")
+    ap.add_argument("--rho", default="1.2", help="comma-separated offered loads (1.2: "
+                    "`make bench` runs every bench); the figures of docs/simulator.md ran "
+                    "0.9,1.2,1.5")
     ap.add_argument("--seeds", default="0", help="comma-separated cluster draws (0); the "
                     "figures of docs/simulator.md ran 0,1,2")
     ap.add_argument("--slices", default="8", help="comma-separated S values (8)")
