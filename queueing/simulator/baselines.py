@@ -17,6 +17,13 @@ one pass free GPUs only shrink, so once a job of some (accepted types, shape) ca
 no later job of that shape is tried in the pass, and a pass stops when no shape is left.
 In EASY's backfill, likewise, once a job of some shape that would outlast the shadow time
 is refused for the reserved GPUs, later ones of that shape that would too are not tried.
+
+On a time-sliced type (docs/simulator.md, "Fractional GPUs") a node counts in slices (S
+per GPU) and a fraction goes on ONE GPU, packed onto GPUs already shared first
+(`slices.pack_fraction`); a whole GPU is a GPU with every slice free
+(`slices.pick_whole`). EASY's shadow time and its check of the reserved GPUs count a
+time-sliced node's free slices, not each GPU's (an approximation: the head's fraction may
+find its slices spread over GPUs at the shadow time).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from queueing.policy.snapshot import NodeState
 from queueing.policy.workspace import Capacity
 
 from .model import Attempt, JobRecord, RunResult, SimJob, Workload
+from .slices import Hold, SliceBook, pack_fraction, pick_whole
 
 BASELINES = ("fifo", "greedy", "easy")
 
@@ -45,10 +53,11 @@ class _Run:
     placement: tuple[str, ...]
     gpu_type: str
     start: float
+    holds: tuple[Hold, ...] = ()  # on time-sliced nodes: the GPUs and slices it holds
 
 
 def shape_of(j: SimJob) -> Shape:
-    return (j.accepted_types, j.gpus_per_replica, j.replicas)
+    return (j.accepted_types, j.units_per_replica, j.replicas)
 
 
 def _fits(free: dict[str, int], nodes: list[str], gpus: int, replicas: int) -> bool:
@@ -70,13 +79,47 @@ def _place(free: dict[str, int], nodes: list[str], gpus: int,
     return tuple(taken)
 
 
-def place_accepted(cap: Capacity, j: SimJob) -> tuple[str, tuple[str, ...]] | None:
-    """(GPU type, placement) on the first accepted type that holds the gang now."""
+Placed = tuple[str, tuple[str, ...], tuple[Hold, ...]]
+
+
+def place_sliced(cap: Capacity, book: SliceBook, gt: str, nodes: list[str],
+                 j: SimJob) -> Placed | None:
+    """A job on a time-sliced type: each replica's fraction packed on one GPU, or its
+    whole GPUs on GPUs with every slice free; None, changing nothing, if it does not fit."""
+    holds: list[Hold] = []
+    for _ in range(j.replicas):
+        if j.gpu_slices:
+            got = pack_fraction(book, nodes, j.gpu_slices)
+            hold = None if got is None else book.take(got[0], slices=j.gpu_slices, gpu=got[1])
+        else:
+            name = pick_whole(book, nodes, j.gpus_per_replica)
+            hold = None if name is None else book.take(name, slices=0,
+                                                       whole=j.gpus_per_replica)
+        if hold is None:
+            for x in holds:
+                book.give(x)
+            return None
+        holds.append(hold)
+    for name in {x[0] for x in holds}:
+        cap.set_free(name, book.units_free(name))
+    return gt, tuple(x[0] for x in holds), tuple(holds)
+
+
+def place_accepted(cap: Capacity, j: SimJob, book: SliceBook | None = None,
+                   nodes_of: dict[str, list[str]] | None = None) -> Placed | None:
+    """(GPU type, placement, holds) on the first accepted type that holds the gang now
+    (`book` and `nodes_of` for time-sliced types)."""
     for gt in j.accepted_types:
+        if book is not None and nodes_of is not None and gt in nodes_of \
+                and book.shared(nodes_of[gt][0]):
+            got = place_sliced(cap, book, gt, nodes_of[gt], j)
+            if got is not None:
+                return got
+            continue
         if gt in cap.total:
-            placement = cap.place(gt, j.gpus_per_replica, j.replicas)
+            placement = cap.place(gt, j.units_per_replica, j.replicas)
             if placement is not None:
-                return gt, placement
+                return gt, placement, ()
     return None
 
 
@@ -87,7 +130,10 @@ def run_baseline(policy: str, workload: Workload, *,
         raise ValueError(f"unknown baseline {policy!r}; one of {', '.join(BASELINES)}")
     t_wall = time.perf_counter()
     sc = workload.scenario
-    cap = Capacity(NodeState(n.name, n.gpu_type, n.gpus, n.gpus) for n in sc.nodes)
+    units = {n.name: n.gpus * sc.slices_per_gpu(n.gpu_type) for n in sc.nodes}
+    cap = Capacity(NodeState(n.name, n.gpu_type, units[n.name], units[n.name])
+                   for n in sc.nodes)
+    book = SliceBook(sc.nodes, sc.slices)
     nodes_of: dict[str, list[str]] = {}
     for n in sorted(sc.nodes, key=lambda n: n.name):
         nodes_of.setdefault(n.gpu_type, []).append(n.name)
@@ -102,13 +148,13 @@ def run_baseline(policy: str, workload: Workload, *,
     cycles = 0
     now = 0.0
 
-    def start(j: SimJob, gt: str, placement: tuple[str, ...]) -> None:
+    def start(j: SimJob, gt: str, placement: tuple[str, ...], holds: tuple[Hold, ...]) -> None:
         del queue[j.id]
         key = shape_of(j)
         shapes[key] -= 1
         if not shapes[key]:
             del shapes[key]
-        running[j.id] = _Run(j, placement, gt, now)
+        running[j.id] = _Run(j, placement, gt, now, holds)
         heapq.heappush(events, (now + j.runtime, _FINISH, j.id))
 
     while events:
@@ -121,7 +167,7 @@ def run_baseline(policy: str, workload: Workload, *,
                 shapes[shape_of(j)] += 1
             else:
                 r = running.pop(job_id)
-                cap.release(r.placement, j.gpus_per_replica)
+                release(cap, book, r)
                 attempts[job_id] = Attempt(r.start, now, preempted=False, gpu_type=r.gpu_type)
         if not queue:
             continue
@@ -134,7 +180,7 @@ def run_baseline(policy: str, workload: Workload, *,
             key = shape_of(j)
             if key in dead:
                 continue
-            got = place_accepted(cap, j)
+            got = place_accepted(cap, j, book, nodes_of)
             if got is not None:
                 start(j, *got)
                 continue
@@ -145,7 +191,7 @@ def run_baseline(policy: str, workload: Workload, *,
             if len(dead) == len(shapes):
                 break
         if policy == "easy" and head is not None:
-            _easy_backfill(head, now=now, cap=cap, nodes_of=nodes_of, queue=queue,
+            _easy_backfill(head, now=now, cap=cap, book=book, nodes_of=nodes_of, queue=queue,
                            shapes=shapes, running=running, start=start)
         if progress is not None:
             progress(now)
@@ -156,10 +202,23 @@ def run_baseline(policy: str, workload: Workload, *,
     return RunResult(policy, records, cycles, now, time.perf_counter() - t_wall)
 
 
-def _easy_backfill(head: SimJob, *, now: float, cap: Capacity, nodes_of: dict[str, list[str]],
+def release(cap: Capacity, book: SliceBook, r: _Run) -> None:
+    """An ended job's GPUs (or slices, back on the GPUs they came from) are free again."""
+    if not r.holds:
+        cap.release(r.placement, r.job.units_per_replica)
+        return
+    for x in r.holds:
+        book.give(x)
+    for name in {x[0] for x in r.holds}:
+        cap.set_free(name, book.units_free(name))
+
+
+def _easy_backfill(head: SimJob, *, now: float, cap: Capacity, book: SliceBook,
+                   nodes_of: dict[str, list[str]],
                    queue: dict[int, SimJob], shapes: Counter[Shape], running: dict[int, _Run],
-                   start: Callable[[SimJob, str, tuple[str, ...]], None]) -> None:
-    g, reps = head.gpus_per_replica, head.replicas
+                   start: Callable[[SimJob, str, tuple[str, ...], tuple[Hold, ...]], None]
+                   ) -> None:
+    g, reps = head.units_per_replica, head.replicas
     types = [gt for gt in head.accepted_types if gt in nodes_of]
     shadow_free = {n: cap.free[n] for ns in nodes_of.values() for n in ns}
     shadow: float | None = None
@@ -168,7 +227,7 @@ def _easy_backfill(head: SimJob, *, now: float, cap: Capacity, nodes_of: dict[st
     # of its types (the first, in its order, that holds it then).
     for r in sorted(running.values(), key=lambda r: (r.start + r.job.estimate, r.job.id)):
         for name in r.placement:
-            shadow_free[name] += r.job.gpus_per_replica
+            shadow_free[name] += r.job.units_per_replica
         if r.gpu_type not in types:
             continue
         for gt in types:
@@ -192,20 +251,20 @@ def _easy_backfill(head: SimJob, *, now: float, cap: Capacity, nodes_of: dict[st
         long = now + j.estimate > shadow
         if long and key in refused:
             continue
-        got = place_accepted(cap, j)
+        got = place_accepted(cap, j, book, nodes_of)
         if got is None:
             dead.add(key)
             if len(dead) == len(shapes):
                 break
             continue
-        gt, placement = got
+        gt, placement, holds = got
         if long:
             # Still running at the shadow time: only on GPUs the reservation leaves free.
-            if any(shadow_free[n] < j.gpus_per_replica * placement.count(n)
+            if any(shadow_free[n] < j.units_per_replica * placement.count(n)
                    for n in set(placement)):
-                cap.release(placement, j.gpus_per_replica)
+                release(cap, book, _Run(j, placement, gt, now, holds))
                 refused.add(key)
                 continue
             for n in placement:
-                shadow_free[n] -= j.gpus_per_replica
-        start(j, gt, placement)
+                shadow_free[n] -= j.units_per_replica
+        start(j, gt, placement, holds)

@@ -33,7 +33,7 @@ from .metrics import HOUR, goals, summarize
 from .model import RunResult, Workload
 from .report import clusters_png, png_report, text_report
 from .scenario import ScenarioError, load_scenario, parse_scenario, parse_settings
-from .trace import TraceError, load_openb
+from .trace import SHARED_MODELS, ShareMode, TraceError, load_openb, whole_gpus
 from .waits import WaitCauses, breakdown, non_preemptible_floors
 
 POLICIES = ("fairq", *BASELINES)
@@ -100,7 +100,10 @@ def simulate(workload: Workload, policies: Sequence[str], *, progress_out: TextI
     doc = {
         "source": dict(workload.source),
         "cluster": {"nodes": len(sc.nodes), "gpus": sc.total_gpus,
-                    "gpus_per_node": dict(sorted(Counter(str(n.gpus) for n in sc.nodes).items()))},
+                    "gpus_per_node": dict(sorted(Counter(str(n.gpus) for n in sc.nodes).items())),
+                    # Only with time-sliced types: a run without keeps its JSON as it was.
+                    **({"slices_per_gpu": dict(sorted(sc.slices.items()))} if sc.slices
+                       else {})},
         "horizon_hours": workload.horizon / HOUR,
         "policies": out,
         "preemption_histogram": hist,
@@ -152,6 +155,20 @@ def parser() -> argparse.ArgumentParser:
                     help="how long a victim keeps its GPUs after its preemption (rule R10), "
                     "every tier or per tier; default the preemption settings' "
                     "termination_grace_seconds (30)")
+    ap.add_argument("--share", metavar="S", type=int,
+                    help="shared GPUs (trace): the --share-models nodes are one time-sliced "
+                    "pool of S slices per GPU (no memory isolation between the tasks of one "
+                    "GPU) and a task asking a fraction asks its gpu_milli rounded up to "
+                    "slices there; default off (a fraction takes a whole GPU)")
+    ap.add_argument("--share-models", default=",".join(SHARED_MODELS),
+                    help="with --share: the GPU models time-sliced "
+                    f"({','.join(SHARED_MODELS)})")
+    ap.add_argument("--fractions", metavar="SHARE|trace", default="trace",
+                    help="with --share: the share of the jobs that ask a fraction, sampled "
+                    "down from the trace's 42 %% (seeded); default trace")
+    ap.add_argument("--whole-gpus", action="store_true",
+                    help="with --share: the same jobs, each fraction taking a whole GPU "
+                    "(whole-GPU-only scheduling, to compare)")
     ap.add_argument("--limit", type=int, help="only the first N jobs of the trace")
     ap.add_argument("--no-preemption", action="store_true", help="fairq with preemption off")
     ap.add_argument("--no-reservation", action="store_true",
@@ -195,16 +212,38 @@ def load_workload(args: argparse.Namespace) -> Workload:
         w = load_openb(trace, rho=args.rho, days=args.days, gpus=args.gpus,
                        seed=args.seed, limit=args.limit, settings=settings,
                        estimate=EstimateModel.parse(args.estimate),
-                       gpu_spec=GpuSpecMode.parse(args.gpu_spec))
+                       gpu_spec=GpuSpecMode.parse(args.gpu_spec), share=share_mode(args))
+        if args.whole_gpus:
+            w = whole_gpus(w)
         w = with_checkpoint_model(w, args.checkpoint, seed=args.seed)
     else:
-        if args.estimate != DEFAULT_ESTIMATE.describe() or args.gpu_spec != "off":
-            raise ScenarioError("--estimate and --gpu-spec apply to the trace; a scenario's "
-                                "jobs give max_runtime_seconds and gpu_type themselves")
+        if args.estimate != DEFAULT_ESTIMATE.describe() or args.gpu_spec != "off" \
+                or args.share is not None:
+            raise ScenarioError("--estimate, --gpu-spec and --share apply to the trace; a "
+                                "scenario's jobs give max_runtime_seconds, gpu_type and "
+                                "gpu_slices themselves")
         w = load_scenario(args.scenario)
+        if args.whole_gpus:
+            w = whole_gpus(w)
         if args.checkpoint is not None:
             w = with_checkpoint_model(w, args.checkpoint, seed=args.seed)
     return _overrides(w, args)
+
+
+def share_mode(args: argparse.Namespace) -> ShareMode | None:
+    """--share, --share-models and --fractions as a `ShareMode` (None: --share not
+    given; --fractions or --whole-gpus without it are refused)."""
+    if args.share is None:
+        if args.fractions != "trace" or args.share_models != ",".join(SHARED_MODELS):
+            raise TraceError("--fractions and --share-models need --share S")
+        return None
+    text = args.fractions.strip().lower()
+    try:
+        fractions = None if text == "trace" else float(text)
+    except ValueError:
+        raise TraceError("--fractions: a share in (0, 1) or 'trace'") from None
+    models = tuple(m.strip() for m in args.share_models.split(",") if m.strip())
+    return ShareMode(args.share, models, fractions)
 
 
 def with_checkpoint_model(w: Workload, text: str | None, *, seed: int) -> Workload:

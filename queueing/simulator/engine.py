@@ -25,7 +25,7 @@ import heapq
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
@@ -51,11 +51,13 @@ from queueing.policy.snapshot import (
     NodeState,
     PreemptionSettings,
     QueuedJob,
+    QuotaLimit,
     RunningJob,
     Snapshot,
 )
 
 from .model import Attempt, JobRecord, RunResult, SimJob, Workload
+from .slices import Hold, SliceBook
 
 # The simulation's instant 0. Any fixed aware instant works: the policy only looks at
 # differences (ages, decay).
@@ -102,6 +104,30 @@ def workload_name(job_id: int, attempt: int) -> str:
     return f"fq-{job_id}-{attempt}"
 
 
+def in_units(quotas: Mapping[tuple[str, str], QuotaLimit],
+             slices: Mapping[str, int]) -> dict[tuple[str, str], QuotaLimit]:
+    """Quotas in the policy's units: a time-sliced type's nominal, borrowing and lending
+    limits (GPUs) x its slices per GPU, as the service builds its snapshot."""
+    def times(v: int | None, s: int) -> int | None:
+        return None if v is None else v * s
+
+    out = {}
+    for (team, gt), q in quotas.items():
+        s = slices.get(gt, 1)
+        out[(team, gt)] = q if s == 1 else QuotaLimit(
+            q.nominal * s, times(q.borrowing_limit, s), times(q.lending_limit, s))
+    return out
+
+
+def charged(job: SimJob, billing_weight: float) -> tuple[int, float]:
+    """(GPUs, weight) the fair-share rules charge a running job at (rule F1, GPUs x
+    weight per hour): a fraction's GPU-equivalents k / S folded into the weight, since
+    the pure rules take whole GPUs; a whole-GPU job exactly as before."""
+    if job.gpu_slices:
+        return 1, billing_weight * job.share
+    return job.gpus, billing_weight
+
+
 def run_fairq(workload: Workload, *, progress: Progress | None = None,
               max_seconds: float | None = None,
               on_cycle: Callable[[float, Plan], None] | None = None,
@@ -119,7 +145,14 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
     h = st.half_life_hours
     teams = {t.name: t for t in sc.teams}
     acc = {t: Accumulator(0.0, EPOCH) for t in teams}
-    free = {n.name: n.gpus for n in sc.nodes}
+    # Free units per node: GPUs, or slices on a time-sliced type (S per GPU); `book`
+    # keeps which GPU of such a node has which slices free (docs/simulator.md,
+    # "Fractional GPUs"), `held` what each job running there holds.
+    units = {n.name: n.gpus * sc.slices_per_gpu(n.gpu_type) for n in sc.nodes}
+    free = dict(units)
+    book = SliceBook(sc.nodes, sc.slices)
+    quotas = in_units(sc.quotas, sc.slices)
+    held: dict[int, list[Hold]] = {}
     node_specs = sc.nodes
     # Rules K1-K7: the clusters' ranks; spot nodes now down (rule K6).
     ranks = {c.name: c.cost_rank for c in sc.clusters}
@@ -163,8 +196,9 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
     # Work left per job (its runtime less what its saved checkpoints hold).
     left: dict[int, float] = {j.id: j.runtime for j in workload.jobs}
     grace = {t.name: sc.grace(t.name) for t in sc.tiers}
-    # Victims' workloads still stopping (in their grace): name -> (nodes, GPUs per replica).
-    terminating: dict[str, tuple[list[str], int]] = {}
+    # Victims' workloads still stopping (in their grace): name -> (nodes, units per
+    # replica, what they hold on time-sliced nodes).
+    terminating: dict[str, tuple[list[str], int, list[Hold]]] = {}
     # Rule R11: jobs not yet judged owed or not (arrived since the last cycle), and the owed.
     fresh: list[int] = []
     owed: set[int] = set()
@@ -186,7 +220,7 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
     def queue_job(j: SimJob, queued_at: float | None = None) -> None:
         tier = tiers[j.tier]
         queued[j.id] = QueuedJob(
-            id=j.id, team=j.team, gpu_type=j.gpu_type, gpus_per_replica=j.gpus_per_replica,
+            id=j.id, team=j.team, gpu_type=j.gpu_type, gpus_per_replica=j.units_per_replica,
             gpu_types=j.gpu_types,  # every accepted type, first = gpu_type
             replicas=j.replicas, tier_rank=tier.rank, submitted_at=at(j.submit),
             queued_at=None if queued_at is None else at(queued_at),
@@ -212,6 +246,7 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
         for entry in terminating.values():
             # A victim stopping there: those GPUs go with the node (the replacement is new).
             entry[0][:] = [n for n in entry[0] if n != name]
+            entry[2][:] = [x for x in entry[2] if x[0] != name]
         for job_id in sorted(i for i, r in running.items() if name in r.job.nodes):
             r = running.pop(job_id)
             release(r.job)
@@ -219,10 +254,11 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             saved = r.last_checkpoint(now_s)
             keep_work(r, saved)
             j = jobs[job_id]
+            gpus, weight = charged(j, billing.get(r.job.gpu_type, 1.0))
             requeued = requeue_victim(
                 attempt=attempt_no[job_id], submitted_at=at(j.submit),
-                started_at=r.job.started_at, now=now, gpus=j.gpus,
-                billing_weight=billing.get(r.job.gpu_type, 1.0), accumulator=acc[j.team],
+                started_at=r.job.started_at, now=now, gpus=gpus,
+                billing_weight=weight, accumulator=acc[j.team],
                 half_life_hours=h)
             assert requeued.accumulator is not None  # given one, it gives one back
             acc[j.team] = requeued.accumulator
@@ -232,17 +268,25 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                                             saved=saved))
             queue_job(j, queued_at=now_s)
         free[name] = 0
+        if book.shared(name):
+            book.set_all(name, free=False)
         push(now_s + spec_of[name].replacement_seconds, _BACK, node_index[name])
 
-    def charge(team: str, gpus: int, gpu_type: str, start: float, end: float) -> None:
+    def charge(j: SimJob, gpu_type: str, start: float, end: float) -> None:
         if end > start:
-            acc[team] = acc[team].add_interval(
-                rate=gpus * billing.get(gpu_type, 1.0), start=at(start), end=at(end),
-                half_life_hours=h)
+            gpus, weight = charged(j, billing.get(gpu_type, 1.0))
+            acc[j.team] = acc[j.team].add_interval(
+                rate=gpus * weight, start=at(start), end=at(end), half_life_hours=h)
+
+    def give_back(nodes: list[str] | tuple[str, ...], per_replica: int,
+                  holds: list[Hold]) -> None:
+        for name in nodes:
+            free[name] += per_replica
+        for x in holds:
+            book.give(x)
 
     def release(r: RunningJob) -> None:
-        for name in r.nodes:
-            free[name] += r.gpus_per_replica
+        give_back(r.nodes, r.gpus_per_replica, held.pop(r.id, []))
 
     while events:
         if clocks and not work_events and (len(finished) == len(jobs)
@@ -264,7 +308,9 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             elif kind == _BACK:
                 name = node_specs[job_id].name
                 down.discard(name)
-                free[name] = spec_of[name].gpus  # a fresh node: nothing runs on it
+                free[name] = units[name]  # a fresh node: nothing runs on it
+                if book.shared(name):
+                    book.set_all(name, free=True)
                 if len(finished) < len(jobs):
                     next_interruption(name, now_s)
             elif kind == _ARRIVAL:
@@ -272,8 +318,7 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             elif kind == _RELEASE:
                 stopped = terminating.pop(workload_name(job_id, attempt), None)
                 if stopped is not None:
-                    for name in stopped[0]:
-                        free[name] += stopped[1]
+                    give_back(*stopped)
             elif kind == _FINISH:
                 r = running.get(job_id)
                 if r is None or attempt_no[job_id] != attempt:
@@ -281,7 +326,7 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                 del running[job_id]
                 release(r.job)
                 j = jobs[job_id]
-                charge(j.team, j.gpus, r.job.gpu_type, r.start, now_s)
+                charge(j, r.job.gpu_type, r.start, now_s)
                 attempts[job_id].append(Attempt(r.start, now_s, preempted=False,
                                                 cluster=r.job.cluster, gpu_type=r.job.gpu_type))
                 finished[job_id] = now_s
@@ -296,7 +341,8 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                 if k != r.checkpoints:
                     r.checkpoints = k
                     r.job = replace(r.job, checkpointed_at=at(r.start + k * r.interval))
-        holding = [Holding(r.job.team, r.job.total_gpus, billing.get(r.job.gpu_type, 1.0),
+        holding = [Holding(r.job.team,
+                           *charged(jobs[r.job.id], billing.get(r.job.gpu_type, 1.0)),
                            r.job.started_at) for r in running.values()]
         open_intervals, penalty = standings_running_and_penalty(
             holding, now=now, interval_seconds=st.interval_seconds)
@@ -320,12 +366,14 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             nomination_seconds=pre.nomination_seconds)
         snapshot = Snapshot(
             now=now,
-            nodes=tuple(NodeState(n.name, n.gpu_type, n.gpus, free[n.name], cluster=n.cluster,
-                                  spot=n.spot)
+            nodes=tuple(NodeState(n.name, n.gpu_type, units[n.name], free[n.name],
+                                  cluster=n.cluster, spot=n.spot,
+                                  slices_per_gpu=book.per_gpu.get(n.name, 1),
+                                  gpu_free=book.gpu_free(n.name) if book.shared(n.name) else ())
                         for n in node_specs if not down or n.name not in down),
             queued=tuple(queued.values()),
             running=tuple(r.job for r in running.values()),
-            quotas=sc.quotas,
+            quotas=quotas,
             fair_share={t: s.factor for t, s in standings.items()},
             fair_share_state=FairShareState.from_standings(standings),
             priority_weights=st.priority,
@@ -338,6 +386,7 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                 lost_per_wait_by_tier=by_tier, owed_waits_tiers=owed_waits),
             reservation=st.reservation,
             cluster_ranks=ranks,
+            units_per_gpu=dict(sc.slices),
         )
         # Rule R11: owed when submitted, judged on the first snapshot that has the job.
         for job_id in fresh:
@@ -365,7 +414,8 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                 names.append(workload_name(v.job_id, old))
                 g = grace[j.tier]
                 if g > 0:  # rule R10: it keeps its GPUs while it stops
-                    terminating[names[-1]] = (list(r.job.nodes), r.job.gpus_per_replica)
+                    terminating[names[-1]] = (list(r.job.nodes), r.job.gpus_per_replica,
+                                              held.pop(r.job.id, []))
                     push(now_s + g, _RELEASE, v.job_id, old)
                 else:
                     release(r.job)
@@ -374,9 +424,10 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                 saved = now_s if r.interval and sc.save_seconds <= g else \
                     r.last_checkpoint(now_s)
                 keep_work(r, saved)
+                gpus, weight = charged(j, billing.get(r.job.gpu_type, 1.0))
                 requeued = requeue_victim(
                     attempt=old, submitted_at=at(j.submit), started_at=r.job.started_at,
-                    now=now, gpus=j.gpus, billing_weight=billing.get(r.job.gpu_type, 1.0),
+                    now=now, gpus=gpus, billing_weight=weight,
                     accumulator=acc[j.team], half_life_hours=h)
                 assert requeued.accumulator is not None  # given one, it gives one back
                 acc[j.team] = requeued.accumulator
@@ -397,13 +448,27 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             q = queued.pop(a.job_id)
             j = jobs[a.job_id]
             tier = tiers[j.tier]
-            for name in a.placement:
-                free[name] -= j.gpus_per_replica
+            per = j.units_per_replica
+            slots: list[int] = []
+            # Rule H1: the plan's gpu_slots name the GPU of each replica's fraction, or
+            # each of its whole GPUs, replica after replica.
+            step = 1 if j.gpu_slices else j.gpus_per_replica
+            for i, name in enumerate(a.placement):
+                free[name] -= per
+                if book.shared(name):
+                    said = tuple(a.gpu_slots[i * step:(i + 1) * step]) if a.gpu_slots else ()
+                    x = book.take(name, slices=j.gpu_slices,
+                                  whole=0 if j.gpu_slices else j.gpus_per_replica,
+                                  gpu=said[0] if said and j.gpu_slices else None,
+                                  gpus=() if j.gpu_slices else said)
+                    held.setdefault(j.id, []).append(x)
+                    slots.extend(x[1])
             running[a.job_id] = _Running(
                 # The type the plan chose among the job's accepted ones.
                 RunningJob(id=j.id, team=j.team, gpu_type=a.gpu_type,
-                           gpus_per_replica=j.gpus_per_replica, replicas=j.replicas,
+                           gpus_per_replica=per, replicas=j.replicas,
                            tier_rank=q.tier_rank, preemptible=tier.preemptible, started_at=now,
+                           gpu_slots=tuple(slots),
                            min_runtime_seconds=tier.min_runtime_seconds, nodes=a.placement,
                            preemptions=sum(1 for x in attempts[j.id] if x.preempted),
                            max_runtime_seconds=estimate_seconds(j), cluster=a.cluster,

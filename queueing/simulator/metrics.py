@@ -12,6 +12,11 @@ fairq and each baseline.
 - owed (rule R11): the jobs owed their GPUs when submitted; their wait to their first
   start, per tier.
 - utilization: GPUs held (by any attempt) / the cluster's GPUs, per `UTIL_BIN` seconds.
+- shared GPUs (docs/simulator.md, "Fractional GPUs"): every GPU figure counts a job's
+  GPU-equivalents (`SimJob.share`: k / S for a fraction of k slices of S); useful
+  GPU-hours count what the tasks asked (`SimJob.useful`), and the jobs that asked less
+  than a whole GPU waste held − asked while they run (a whole GPU, or the slice grid's
+  rounding).
 - fairness (rule M1): per hour of the window and team, demand = GPU-hours of its jobs
   submitted and not finished; fair = weighted max-min allocation of the hour's GPU-hours
   over the demands; delivered = GPU-hours its attempts held. Over the hours in which the
@@ -106,23 +111,31 @@ def first_wait_seconds(rec: JobRecord, end: float) -> float:
 
 
 def _group_stats(recs: Iterable[JobRecord], *, horizon: float, end: float,
-                 clusters: bool = False) -> dict[str, float]:
+                 clusters: bool = False, any_fraction: bool = False) -> dict[str, float]:
     recs = list(recs)
     waits = [wait_seconds(r, end) / 60.0 for r in recs]
-    delivered = lost = spot = grace = 0.0
+    delivered = lost = spot = grace = useful = wasted = 0.0
     no_loss = 0
     for r in recs:
+        g = r.job.share
         for a in r.attempts:
-            kept = r.job.gpus * overlap(a.start, a.kept_until, 0.0, horizon) / HOUR
-            thrown = r.job.gpus * overlap(a.kept_until, a.end, 0.0, horizon) / HOUR
+            kept_h = overlap(a.start, a.kept_until, 0.0, horizon) / HOUR
+            kept = g * kept_h
+            thrown = g * overlap(a.kept_until, a.end, 0.0, horizon) / HOUR
             delivered += kept
+            useful += r.job.useful * kept_h
+            if r.job.asked is not None:
+                wasted += (g - r.job.useful) * overlap(a.start, a.end, 0.0, horizon) / HOUR
             if a.preempted:
                 lost += thrown
-                grace += r.job.gpus * overlap(a.end, a.held_until, 0.0, horizon) / HOUR
+                grace += g * overlap(a.end, a.held_until, 0.0, horizon) / HOUR
                 no_loss += a.kept_until >= a.end
             elif a.reclaimed:
                 spot += thrown
     pre = [r.preemptions for r in recs]
+    fractions = sum(1 for r in recs if r.job.asked is not None)
+    shared = {"useful_gpu_hours": useful, "fraction_jobs": fractions,
+              "fraction_waste_gpu_hours": wasted}
     extra = {"lost_to_spot_gpu_hours": spot,
              "spot_reclaims": sum(1 for r in recs for a in r.attempts if a.reclaimed)}
     return {
@@ -139,6 +152,8 @@ def _group_stats(recs: Iterable[JobRecord], *, horizon: float, end: float,
         "max_preemptions_per_job": max(pre, default=0),
         # Only for a scenario with clusters: a run without keeps its JSON as it was.
         **(extra if clusters else {}),
+        # Only for a workload with jobs that asked a fraction of a GPU, likewise.
+        **(shared if any_fraction else {}),
     }
 
 
@@ -155,7 +170,7 @@ def fairness(result: RunResult, workload: Workload) -> dict[str, object]:
     waiting = {t: [False] * n for t in teams}
     end = result.end
     for r in result.records:
-        t, gpus = r.job.team, r.job.gpus
+        t, gpus = r.job.team, r.job.share
         done = r.finished if r.finished is not None else end
         _spread(demand[t], HOUR, r.job.submit, min(done, horizon), gpus / HOUR)
         for a in r.attempts:
@@ -207,7 +222,7 @@ def utilization(result: RunResult, workload: Workload) -> list[float]:
     bins = [0.0] * n
     for r in result.records:
         for a in r.attempts:
-            _spread(bins, UTIL_BIN, a.start, a.held_until, r.job.gpus)
+            _spread(bins, UTIL_BIN, a.start, a.held_until, r.job.share)
     cap = workload.scenario.total_gpus * UTIL_BIN
     return [b / cap for b in bins]
 
@@ -234,13 +249,13 @@ def clusters_summary(result: RunResult, workload: Workload) -> dict[str, object]
             row = out.get(a.cluster)
             if row is None:
                 continue
-            row["held_gpu_hours"] += r.job.gpus * (a.held_until - a.start) / HOUR
+            row["held_gpu_hours"] += r.job.share * (a.held_until - a.start) / HOUR
             row["jobs_started"] += 1
-            row["delivered_gpu_hours"] += r.job.gpus * overlap(
+            row["delivered_gpu_hours"] += r.job.share * overlap(
                 a.start, a.kept_until, 0.0, horizon) / HOUR
             if a.requeued:
                 key = "lost_to_preemption_gpu_hours" if a.preempted else "lost_to_spot_gpu_hours"
-                row[key] += r.job.gpus * overlap(a.kept_until, a.end, 0.0, horizon) / HOUR
+                row[key] += r.job.share * overlap(a.kept_until, a.end, 0.0, horizon) / HOUR
     for c in out.values():
         c["utilization_mean"] = c["held_gpu_hours"] / (c["gpus"] * end / HOUR) \
             if c["gpus"] and end > 0 else 0.0
@@ -281,21 +296,24 @@ def summarize(result: RunResult, workload: Workload) -> dict[str, object]:
     horizon, end = workload.horizon, result.end
     several = bool(workload.scenario.clusters)
     recs = result.records
+    fractions = any(r.job.asked is not None for r in recs)
     by: dict[str, dict[str, list[JobRecord]]] = {"tiers": {}, "teams": {}, "sizes": {}}
     for r in recs:
         by["tiers"].setdefault(r.job.tier, []).append(r)
         by["teams"].setdefault(r.job.team, []).append(r)
-        by["sizes"].setdefault(str(r.job.gpus), []).append(r)
+        by["sizes"].setdefault(r.job.size, []).append(r)
     unfinished = sum(1 for r in recs if r.finished is None)
     rank = {t.name: t.rank for t in workload.scenario.tiers}
     order: dict[str, Callable[[str], Any]] = {
-        "tiers": lambda x: (-rank.get(x, 0), x), "teams": lambda x: x, "sizes": int}
+        "tiers": lambda x: (-rank.get(x, 0), x), "teams": lambda x: x, "sizes": float}
     return {
         "cycles": result.cycles,
         "end_hours": end / HOUR,
         "unfinished_jobs": unfinished,
-        "overall": _group_stats(recs, horizon=horizon, end=end, clusters=several),
-        **{k: {name: _group_stats(v[name], horizon=horizon, end=end, clusters=several)
+        "overall": _group_stats(recs, horizon=horizon, end=end, clusters=several,
+                                any_fraction=fractions),
+        **{k: {name: _group_stats(v[name], horizon=horizon, end=end, clusters=several,
+                                  any_fraction=fractions)
                for name in sorted(v, key=order[k])} for k, v in by.items()},
         "fairness": fairness(result, workload),
         "utilization": {"bin_seconds": UTIL_BIN, "series": utilization(result, workload)},

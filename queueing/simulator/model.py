@@ -77,10 +77,18 @@ class Scenario:
     # How long a checkpointing job's save on the stop signal takes: it saves when its
     # grace is at least this (docs/simulator.md, "Checkpoints, grace and owed claims").
     save_seconds: float = 0.0
+    # Shared GPUs (docs/simulator.md, "Fractional GPUs"): the time-sliced GPU types and
+    # their slices per GPU S (a type absent: exclusive, whole GPUs). Nodes and quotas
+    # stay in GPUs; the policy sees a time-sliced type in slices (S per GPU).
+    slices: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def total_gpus(self) -> int:
         return sum(n.gpus for n in self.nodes)
+
+    def slices_per_gpu(self, gpu_type: str) -> int:
+        """S of a time-sliced type; 1 for an exclusive one (its unit is the GPU)."""
+        return self.slices.get(gpu_type, 1)
 
     def tier(self, name: str) -> TierSpec:
         for t in self.tiers:
@@ -102,7 +110,14 @@ class SimJob:
     `gpu_types`: every GPU type it accepts, in order of preference (() = only
     `gpu_type`; when given, its first is `gpu_type`), as `QueuedJob.gpu_types`.
     `checkpoint_interval`: it checkpoints every so many seconds of an attempt (what its
-    user declares; None = never)."""
+    user declares; None = never).
+
+    Shared GPUs (docs/simulator.md, "Fractional GPUs"): on a time-sliced type of
+    `slices_per_gpu` S, `gpu_slices` k >= 1 asks k slices of ONE GPU per replica (a
+    fraction k / S, k < S; `gpus_per_replica` is then 1); 0 asks `gpus_per_replica`
+    whole GPUs (S slices each). `asked`: per replica, the fraction of a GPU the task
+    itself asked (the trace's gpu_milli / 1000) when it asked less than a whole GPU,
+    kept when the job is made to take whole GPUs; None = it asked what it holds."""
 
     id: int
     team: str
@@ -117,10 +132,41 @@ class SimJob:
     allow_spot: bool = False  # rule K4: spot nodes for a non-preemptible tier too
     gpu_types: tuple[str, ...] = ()
     checkpoint_interval: float | None = None
+    gpu_slices: int = 0
+    slices_per_gpu: int = 1
+    asked: float | None = None
 
     @property
     def gpus(self) -> int:
+        """Devices it holds (a fraction: the one GPU its slices are on, per replica)."""
         return self.gpus_per_replica * self.replicas
+
+    @property
+    def units_per_replica(self) -> int:
+        """Per replica, in its type's units as the policy counts them: its slices when a
+        fraction, else its GPUs x S (S = 1 on an exclusive type)."""
+        return self.gpu_slices or self.gpus_per_replica * self.slices_per_gpu
+
+    @property
+    def share(self) -> float:
+        """GPU-equivalents it holds while running (fair share, charging, delivered
+        GPU-hours): k / S per replica for a fraction, else its GPUs."""
+        if self.gpu_slices:
+            return self.gpu_slices * self.replicas / self.slices_per_gpu
+        return float(self.gpus)
+
+    @property
+    def useful(self) -> float:
+        """GPU-equivalents of what it asked (`asked` x replicas when it asked a fraction,
+        else `share`): held minus useful is what rounding or a whole GPU wastes."""
+        if self.asked is None:
+            return self.share
+        return self.asked * self.replicas
+
+    @property
+    def size(self) -> str:
+        """Its size as the reports group it: the GPU-equivalents, "0.25" for a quarter."""
+        return f"{self.share:g}"
 
     @property
     def accepted_types(self) -> tuple[str, ...]:

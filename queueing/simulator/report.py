@@ -51,12 +51,34 @@ def text_report(doc: Mapping[str, Any]) -> str:
                          f"{100 * f['delivered_share']:11.1f} {100 * f['fair_share']:7.1f} "
                          f"{f['deviation_points']:7.1f}")
     lines += clusters_text(doc)
+    lines += shared_lines(doc)
     lines += owed_lines(doc)
     lines += wait_cause_lines(doc)
     if doc.get("goals"):
         lines += ["", "goals (fairq):"]
         lines += [f"  {k} {v:.2f}" for k, v in doc["goals"].items()]
     return "\n".join(lines) + "\n"
+
+
+def shared_lines(doc: Mapping[str, Any]) -> list[str]:
+    """Shared GPUs (docs/simulator.md, "Fractional GPUs"): per policy the GPU-hours the
+    tasks asked (useful) against those delivered, and what the jobs that asked a
+    fraction held beyond it (a whole GPU, or the slice grid's rounding)."""
+    pol = doc["policies"]
+    names = [p for p in _ordered(pol) if "useful_gpu_hours" in pol[p]["overall"]]
+    if not names:
+        return []
+    types = ", ".join(f"{t} {s} slices per GPU"
+                      for t, s in doc["cluster"].get("slices_per_gpu", {}).items())
+    lines = ["", f"shared GPUs ({types or 'none'}; no memory isolation)"
+                 + (": each fraction on a whole GPU" if doc["source"].get("whole_gpus") else ""),
+             f"{'policy':8} {'deliv GPU-h':>11} {'useful GPU-h':>12} {'fraction jobs':>13} "
+             f"{'wasted by fractions GPU-h':>25}"]
+    for p in names:
+        o = pol[p]["overall"]
+        lines.append(f"{p:8} {o['delivered_gpu_hours']:11.1f} {o['useful_gpu_hours']:12.1f} "
+                     f"{o['fraction_jobs']:13d} {o['fraction_waste_gpu_hours']:25.1f}")
+    return lines
 
 
 def owed_lines(doc: Mapping[str, Any]) -> list[str]:

@@ -202,9 +202,11 @@ def parse_scenario(doc: Any) -> Workload:
                                   strict=True):
                 quotas[(t.name, gt)] = QuotaLimit(nominal)
     settings = parse_settings(doc)
+    slices = _slices(doc, gpu_types)
     scenario = Scenario(nodes=tuple(nodes), teams=tuple(teams), tiers=tuple(tiers),
                         quotas=quotas, settings=settings, clusters=clusters,
-                        seed=int(_num(doc, "seed", "scenario", default=0, integer=True)))
+                        seed=int(_num(doc, "seed", "scenario", default=0, integer=True)),
+                        slices=slices)
     jobs: list[SimJob] = []
     tier_names = {t.name for t in tiers}
     largest = {gt: max(n.gpus for n in nodes if n.gpu_type == gt) for gt in gpu_types}
@@ -227,6 +229,19 @@ def parse_scenario(doc: Any) -> Workload:
         g = int(_num(j, "gpus_per_replica", w, default=1, strict=True, integer=True))
         if g > largest[gt]:
             raise ScenarioError(f"{w}.gpus_per_replica: no {gt} node has {g} GPUs")
+        k = int(_num(j, "gpu_slices", w, default=0, integer=True))
+        if k:
+            # Shared GPUs: k slices of ONE GPU of a time-sliced or MPS type, k < S.
+            if gt not in slices:
+                raise ScenarioError(f"{w}.gpu_slices: {gt} is not time-sliced or MPS "
+                                    "(gpu_types.<type>.sharing)")
+            if k >= slices[gt]:
+                raise ScenarioError(f"{w}.gpu_slices: a fraction is fewer than the "
+                                    f"{slices[gt]} slices of one {gt} GPU; ask whole GPUs "
+                                    "with gpus_per_replica")
+            if g != 1:
+                raise ScenarioError(f"{w}.gpus_per_replica: a fraction (gpu_slices) is on "
+                                    "one GPU: 1")
         runtime = _num(j, "runtime_seconds", w, strict=True)
         estimate = _num(j, "max_runtime_seconds", w, default=runtime, strict=True)
         if estimate < runtime:
@@ -246,11 +261,13 @@ def parse_scenario(doc: Any) -> Workload:
         if max(room.values(), default=0) < reps:
             raise ScenarioError(f"{w}.replicas: {reps} replicas of {g} GPUs never fit the "
                                 f"{gt} nodes" + (" of one cluster it may use" if clusters else ""))
-        for k in range(count):
+        for c in range(count):
+            s_per = slices.get(gt, 1)
             jobs.append(SimJob(id=0, team=team, tier=tier, gpu_type=gt, gpus_per_replica=g,
-                               replicas=reps, submit=submit + k * every, runtime=runtime,
+                               replicas=reps, submit=submit + c * every, runtime=runtime,
                                estimate=estimate, cluster=pin, allow_spot=allow_spot,
-                               checkpoint_interval=interval))
+                               checkpoint_interval=interval, gpu_slices=k,
+                               slices_per_gpu=s_per, asked=k / s_per if k else None))
     jobs.sort(key=lambda j: j.submit)  # stable: the file's order among equal submits
     numbered = tuple(replace(j, id=i + 1) for i, j in enumerate(jobs))
     last = max((j.submit for j in numbered), default=0.0)
@@ -260,6 +277,33 @@ def parse_scenario(doc: Any) -> Workload:
         horizon = max((j.submit + j.runtime for j in numbered), default=1.0)
     return Workload(scenario=scenario, jobs=numbered, horizon=horizon,
                     source={"kind": "scenario", "jobs": len(numbered)})
+
+
+SHARING = ("exclusive", "mig", "time-sliced", "mps")
+
+
+def _slices(doc: Mapping[str, Any], gpu_types: list[str]) -> dict[str, int]:
+    """`gpu_types.<type>.sharing` and `slices_per_gpu` (docs/simulator.md, "Fractional
+    GPUs"): the time-sliced and MPS types with their slices per GPU (S >= 2). An
+    exclusive type has 1; a MIG type is a profile whose instances are whole devices to
+    the simulator, so it stays out."""
+    out: dict[str, int] = {}
+    for k, v in _map(doc.get("gpu_types"), "gpu_types").items():
+        w = f"gpu_types.{k}"
+        v = _map(v, w)
+        sharing = v.get("sharing", "exclusive")
+        if sharing not in SHARING:
+            raise ScenarioError(f"{w}.sharing: one of {', '.join(SHARING)}")
+        s = int(_num(v, "slices_per_gpu", w, default=1, strict=True, integer=True))
+        if sharing == "exclusive" and s != 1:
+            raise ScenarioError(f"{w}.slices_per_gpu: an exclusive type has 1")
+        if sharing in ("time-sliced", "mps"):
+            if not 2 <= s <= 64:
+                raise ScenarioError(f"{w}.slices_per_gpu: 2-64 for {sharing}")
+            if str(k) not in gpu_types:
+                raise ScenarioError(f"{w}: no node pool of {k!r}")
+            out[str(k)] = s
+    return out
 
 
 _SLUG = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")

@@ -127,6 +127,11 @@ def breakdown(result: RunResult, causes: WaitCauses, workload: Workload,
     return out
 
 
+def _units(j: SimJob) -> int:
+    """A job's size in its type's units (slices on a time-sliced type, as the pools)."""
+    return j.units_per_replica * j.replicas
+
+
 def _pool_waits(jobs: Iterable[SimJob], room: Mapping[tuple[str, str], int],
                 pool: Mapping[SimJob, tuple[str, str]]) -> dict[int, float]:
     """Each job's wait under greedy backfill on pools of GPUs that are counted, not
@@ -153,7 +158,7 @@ def _pool_waits(jobs: Iterable[SimJob], room: Mapping[tuple[str, str], int],
             j = arrivals[i]
             i += 1
             key = pool[j]
-            if j.gpus > room.get(key, 0):
+            if _units(j) > room.get(key, 0):
                 out[j.id] = float("inf")
                 continue
             heapq.heappush(waiting[key], (j.submit, j.id, j))
@@ -164,10 +169,10 @@ def _pool_waits(jobs: Iterable[SimJob], room: Mapping[tuple[str, str], int],
             while q:
                 item = heapq.heappop(q)
                 j = item[2]
-                if j.gpus <= free[key]:
-                    free[key] -= j.gpus
+                if _units(j) <= free[key]:
+                    free[key] -= _units(j)
                     out[j.id] = now - j.submit
-                    heapq.heappush(ends, (now + j.runtime, j.id, key, j.gpus))
+                    heapq.heappush(ends, (now + j.runtime, j.id, key, _units(j)))
                 else:
                     kept.append(item)
                 if free[key] == 0:
@@ -204,11 +209,12 @@ def non_preemptible_floors(workload: Workload, *, goal_minutes: float = 1.0
     jobs = [j for j in workload.jobs if j.tier in tiers]
     if not jobs:
         return {}
-    nominal_room = {key: q.nominal for key, q in sc.quotas.items()}
+    # In the types' units (a time-sliced type in slices, S per GPU).
+    nominal_room = {key: q.nominal * sc.slices_per_gpu(key[1]) for key, q in sc.quotas.items()}
     nominal = _pool_waits(jobs, nominal_room, {j: (j.team, j.gpu_type) for j in jobs})
     by_type: dict[tuple[str, str], int] = defaultdict(int)
     for n in sc.nodes:
-        by_type[("", n.gpu_type)] += n.gpus
+        by_type[("", n.gpu_type)] += n.gpus * sc.slices_per_gpu(n.gpu_type)
     cluster = _pool_waits(jobs, by_type, {j: ("", j.gpu_type) for j in jobs})
     return {
         "tiers": sorted(tiers),
