@@ -67,6 +67,9 @@ RESPONSE_OWN = frozenset({"content-length", "content-encoding", "set-cookie"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CHUNK = 64 * 1024
 CONNECT_TIMEOUT = 5.0  # s: a server that does not take a connection by then answers 502
+# s: a kernel's WebSocket handshake waits upstream until the kernel answers (jupyter_server
+# "nudges" it first), many seconds for a kernel still starting.
+WEBSOCKET_OPEN_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,7 +468,7 @@ async def notebook_websocket(scope: Scope, receive: Receive, send: Send) -> None
     try:
         server = await connect(url, additional_headers=headers,
                                subprotocols=scope.get("subprotocols") or None,
-                               max_size=None, open_timeout=CONNECT_TIMEOUT,
+                               max_size=None, open_timeout=WEBSOCKET_OPEN_TIMEOUT,
                                ping_interval=None, user_agent_header=None)
     except (OSError, InvalidHandshake, InvalidStatus, TimeoutError) as exc:
         log.warning("notebook proxy: websocket to %s refused: %s", upstream.base_url,
