@@ -43,7 +43,7 @@ def test_it_gives_the_running_server_with_its_token(world: Any) -> None:
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("status,host", [(JobState.QUEUED, ""), (JobState.ADMITTED, ""),
+@pytest.mark.parametrize(("status", "host"), [(JobState.QUEUED, ""), (JobState.ADMITTED, ""),
                                          (JobState.RUNNING, ""),
                                          (JobState.CANCELLED, "10.0.3.7")])
 def test_it_gives_none_without_an_address_or_a_run(world: Any, status: str, host: str) -> None:
