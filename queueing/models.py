@@ -686,6 +686,7 @@ class JobEvent(models.Model):
         CLUSTER_UNREACHABLE = "cluster_unreachable"  # rule K5: its cluster cannot be read
         SPOT_RECLAIMED = "spot_reclaimed"  # rule K6: its spot node was reclaimed (requeued)
         CHECKPOINT = "checkpoint"  # a checkpoint in a preempted attempt's grace saved its work
+        SESSION = "session"  # a notebook session was started (docs/sessions.md)
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(db_index=True)
@@ -1129,6 +1130,7 @@ class NotebookSession(models.Model):
     # Where the server listens: the pod's address as its backend reports it ("" = none
     # yet), the port fixed at start; the path it serves under (its base_url).
     host = models.CharField(max_length=255, blank=True, default="")
+    host_attempt = models.PositiveIntegerField(default=0)  # the attempt `host` is of
     port = models.PositiveIntegerField(default=8888)
     url_path = models.CharField(max_length=200)
     root_dir = models.CharField(max_length=256, blank=True, default="")

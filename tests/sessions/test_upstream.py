@@ -24,7 +24,7 @@ def _session(world: Any, *, owner: Any, status: str = JobState.RUNNING, host: st
     job = JobFactory(team=world.vision, submitter=owner, gpu_type=world.a100,
                      tier=world.normal, status=status, attempt=attempt)
     NotebookSession.objects.create(job=job, owner=owner, idle_limit_minutes=60, host=host,
-                                   port=8888, url_path=f"/sessions/{job.pk}/lab/",
+                                   host_attempt=attempt, port=8888, url_path=f"/sessions/{job.pk}/lab/",
                                    created_at=timezone.now())
     return job
 
@@ -56,6 +56,14 @@ def test_it_gives_none_for_a_job_that_is_no_session(world: Any) -> None:
     job = JobFactory(team=world.vision, submitter=world.member, status=JobState.RUNNING)
     assert notebook_upstream(job) is None
     assert not can_open_session(world.member, job)
+
+
+@pytest.mark.django_db
+def test_it_gives_none_for_an_address_of_an_earlier_attempt(world: Any) -> None:
+    job = _session(world, owner=world.member, attempt=2)
+    NotebookSession.objects.filter(job_id=job.pk).update(host_attempt=1)
+    job.refresh_from_db()
+    assert notebook_upstream(job) is None
 
 
 @pytest.mark.django_db
