@@ -62,7 +62,7 @@ def test_rule_n1_idle_since(server: ServerReading, gpu: GpuReading,
     (60, None, Verdict.CULL),  # never warned (a check missed): still stopped at the limit
     (500, None, Verdict.CULL),
 ])
-def test_rules_n2_n3_warn_then_cull(idle_minutes: float, warned_at: datetime | None,
+def test_rule_n2_warn_then_n3_cull(idle_minutes: float, warned_at: datetime | None,
                                     expected: Verdict) -> None:
     assert session_verdict(idle_from=m(0), now=m(idle_minutes), idle_limit_minutes=60,
                            warn_lead_minutes=10, warned_at=warned_at) == expected
@@ -84,3 +84,9 @@ def test_rule_n2_no_lead_no_warning() -> None:
                            warn_lead_minutes=0, warned_at=None) == Verdict.BUSY
     assert session_verdict(idle_from=m(0), now=m(60), idle_limit_minutes=60,
                            warn_lead_minutes=0, warned_at=None) == Verdict.CULL
+
+
+def test_rule_n3_cull_at_the_limit_only() -> None:
+    kw = {"idle_limit_minutes": 5, "warn_lead_minutes": 2}
+    assert session_verdict(idle_from=m(0), now=m(4.99), warned_at=m(3), **kw) == Verdict.WARNED
+    assert session_verdict(idle_from=m(0), now=m(5), warned_at=m(3), **kw) == Verdict.CULL
