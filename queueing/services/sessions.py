@@ -34,7 +34,7 @@ from django.utils.crypto import salted_hmac
 
 from accounts.selectors import teams_for_user
 from queueing.backends.base import WorkloadStatus
-from queueing.backends.notebook_local import lab_command
+from queueing.backends.notebook_local import jupyterlab_installed, lab_command
 from queueing.composition import stop_workload_soon
 from queueing.errors import DomainError, NotFound
 from queueing.memo import on_forget
@@ -598,3 +598,19 @@ def session_notices_send(*, warned: Iterable[int] = (), culled: Iterable[int] = 
     except Exception:
         log.warning("sessions: e-mailing %d notice(s) failed", len(messages), exc_info=True)
         return 0
+
+
+def servers_unavailable_reason() -> str:
+    """Why no session of this platform can have a notebook server, "" when they can:
+    the simulated cluster (the demo) runs a local `jupyter lab` only with
+    FAIRQ_SIM_NOTEBOOKS on and JupyterLab installed (docs/sessions.md, "In the demo")."""
+    if settings.FAIRQ_CLUSTER_BACKEND != "simulated":
+        return ""
+    if not settings.FAIRQ_SIM_NOTEBOOKS:
+        return ("This demo runs no notebook servers (FAIRQ_SIM_NOTEBOOKS is off): a session "
+                "queues, runs and is charged, but has no JupyterLab to open.")
+    if not jupyterlab_installed():
+        return ("This demo has no notebook server: JupyterLab is not installed here "
+                "(pip install jupyterlab), so a session queues, runs and is charged, but "
+                "has no JupyterLab to open.")
+    return ""
