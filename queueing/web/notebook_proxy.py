@@ -43,12 +43,13 @@ from django.contrib.auth.models import AnonymousUser
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.shortcuts import render
-from django.utils.module_loading import import_string
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 
 from accounts.authentication import authenticate_key, token_key
+from queueing.policy.states import JobState
 from queueing.selectors.notebook_access import session_job_get
+from queueing.services import sessions as notebook_sessions
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,9 @@ REQUEST_OWN = frozenset({"host", "authorization", "cookie", "content-length", "a
 RESPONSE_OWN = frozenset({"content-length", "content-encoding", "set-cookie"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CHUNK = 64 * 1024
+# A session in one of these states will have a server soon: its page reloads itself.
+STARTING = frozenset({JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTED})
+STARTING_REFRESH = 5  # s
 CONNECT_TIMEOUT = 5.0  # s: a server that does not take a connection by then answers 502
 # s: a kernel's WebSocket handshake waits upstream until the kernel answers (jupyter_server
 # "nudges" it first), many seconds for a kernel still starting.
@@ -84,9 +88,9 @@ class Access:
 
 
 def _sessions() -> Any:
-    # The sessions service (queueing/services/sessions.py): `can_open_session`,
-    # `notebook_upstream`. Imported when first used, so this module loads without it.
-    return import_string("queueing.services.sessions")
+    """The sessions service: `can_open_session`, `notebook_upstream` (one seam, which the
+    proxy's tests replace with a stand-in session)."""
+    return notebook_sessions
 
 
 def session_access(*, user: Any, job_id: int) -> Access:
@@ -205,23 +209,32 @@ def scrub_text(value: str, token: str) -> str:
 
 
 async def _page(request: HttpRequest, status: int, *, title: str, message: str,
-                job: Any = None) -> HttpResponse:
+                job: Any = None, refresh: int = 0) -> HttpResponse:
+    """fairq's readable page in place of the notebook; `refresh` s: it reloads itself
+    (a session still starting), also said as Retry-After."""
     # Rendered in a thread: the base template's context processors read the database.
-    response = await sync_to_async(render)(request, "web/session_unavailable.html",
-                      {"title": title, "message": message, "job": job}, status=status)
-    if status == 503:
-        response["Retry-After"] = "10"
+    response = await sync_to_async(render)(
+        request, "web/session_unavailable.html",
+        {"title": title, "message": message, "job": job, "refresh": refresh}, status=status)
+    if refresh:
+        response["Retry-After"] = str(refresh)
+    # A session starting or ended is no server error: not in Django's error log (the
+    # unreachable server is logged above, as a warning).
+    response._has_been_logged = True  # type: ignore[attr-defined]
     return response
+
+
+def _starting(job: Any) -> bool:
+    return getattr(job, "status", "") in STARTING
 
 
 def _not_running_message(job: Any) -> str:
     status = getattr(job, "status", "")
-    if status in ("PENDING", "HELD", "ADMITTED", "STARTING"):
+    if status == JobState.RUNNING:
+        return "This notebook session is starting: its server has no address yet."
+    if status in STARTING:
         return (f"This notebook session is {status.lower()}: its JupyterLab server is not "
-                "up yet. This page can be reloaded in a few seconds.")
-    if status == "RUNNING":
-        return ("This notebook session is starting: its server has no address yet. "
-                "This page can be reloaded in a few seconds.")
+                "up yet.")
     return (f"This notebook session is not running (it is {status.lower() or 'gone'}). "
             "Its files stay on its volume; start a new session to open them.")
 
@@ -270,7 +283,8 @@ async def notebook_http(request: HttpRequest, job_id: str, rest: str | None = No
                              "exist). A session opens for its owner only.")
     if access.outcome == "not-running":
         return await _page(request, 503, title="Session not running",
-                     message=_not_running_message(access.job), job=access.job)
+                           message=_not_running_message(access.job), job=access.job,
+                           refresh=STARTING_REFRESH if _starting(access.job) else 0)
     if rest is None:  # `/sessions/42/lab`: the server serves under the prefix with its slash
         return HttpResponse(status=302, headers={"Location": f"/sessions/{job_id}/lab/"})
     if clean_rest(rest) is None:
@@ -282,7 +296,13 @@ async def notebook_http(request: HttpRequest, job_id: str, rest: str | None = No
                             or request.GET.get("_xsrf"))):
         return HttpResponse("'_xsrf' argument missing or not matching the _xsrf cookie.\n",
                             status=403, content_type="text/plain")
-    return await _forward(request, access.upstream, rest)
+    reply = await _forward(request, access.upstream, rest)
+    if reply is None:  # the pod has an address, its server does not answer yet
+        return await _page(request, 502, title="Session starting",
+                           message="The notebook server of this session does not answer "
+                                   "yet: it is starting (or has stopped).",
+                           job=access.job, refresh=STARTING_REFRESH)
+    return reply
 
 
 def _raw_path(request: HttpRequest) -> str:
@@ -300,7 +320,8 @@ async def _body(request: HttpRequest) -> AsyncIterator[bytes]:
         yield chunk
 
 
-async def _forward(request: HttpRequest, upstream: Any, rest: str) -> HttpResponseBase:
+async def _forward(request: HttpRequest, upstream: Any, rest: str) -> HttpResponseBase | None:
+    """The server's answer, streamed; None when it cannot be reached."""
     target = _raw_path(request)
     if not target.startswith(upstream.prefix):
         return HttpResponse("The path leaves the session's prefix.\n", status=400,
@@ -319,8 +340,7 @@ async def _forward(request: HttpRequest, upstream: Any, rest: str) -> HttpRespon
         await client.aclose()
         log.warning("notebook proxy: %s unreachable: %s", upstream.base_url,
                     type(exc).__name__)
-        return HttpResponse("The notebook server does not answer (it may be starting).\n",
-                            status=502, content_type="text/plain")
+        return None
     return _streamed(reply, client, upstream)
 
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from django.test import Client
 
-from tests.notebooks.conftest import Lab
+from tests.notebooks.conftest import Lab, StandInUpstream
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -85,12 +85,33 @@ def test_another_users_session_is_403_and_so_is_a_job_that_does_not_exist(
 
 
 def test_a_session_that_is_not_running_shows_a_readable_page(lab: Lab, world: Any) -> None:
+    from queueing.models import Job
+
     del lab.sessions.upstreams[lab.job.pk]
+    Job.objects.filter(pk=lab.job.pk).update(status="QUEUED")
     with browser(lab, world.member) as b:
         reply = b.get(f"{lab.prefix}lab")
-    assert reply.status_code == 503 and reply.headers["retry-after"] == "10"
-    assert "Session not running" in reply.text
-    assert f"Job #{lab.job.pk}" in reply.text
+        assert reply.status_code == 503 and reply.headers["retry-after"] == "5"
+        assert "Session not running" in reply.text and "is queued" in reply.text
+        assert '<meta http-equiv="refresh" content="5">' in reply.text  # it reloads itself
+        assert f"Session #{lab.job.pk}" in reply.text
+        Job.objects.filter(pk=lab.job.pk).update(status="CANCELLED")
+        ended = b.get(f"{lab.prefix}lab")
+        assert ended.status_code == 503 and "retry-after" not in ended.headers
+        assert "is cancelled" in ended.text and "http-equiv" not in ended.text
+        # An address, but no server answering there (yet): starting, reloads itself.
+        Job.objects.filter(pk=lab.job.pk).update(status="RUNNING")
+        lab.sessions.upstreams[lab.job.pk] = StandInUpstream(
+            f"http://127.0.0.1:{_closed_port()}", lab.token, lab.prefix)
+        starting = b.get(f"{lab.prefix}lab")
+        assert starting.status_code == 502 and "Session starting" in starting.text
+        assert starting.headers["retry-after"] == "5"
+
+
+def _closed_port() -> int:
+    from tests.notebooks.servers import free_port
+
+    return free_port()  # bound and released: nothing listens there
 
 
 def test_a_path_escaping_the_prefix_is_refused(lab: Lab, world: Any) -> None:
