@@ -25,6 +25,7 @@ ways with httpx); WebSockets (kernels, terminals) are an ASGI app of their own
 from __future__ import annotations
 
 import binascii
+import contextlib
 import hmac
 import logging
 import posixpath
@@ -517,7 +518,8 @@ async def notebook_websocket(scope: Scope, receive: Receive, send: Send) -> None
                     await send({"type": "websocket.send", "text": frame})
         except ConnectionClosed:
             pass
-        await send({"type": "websocket.close", "code": server.close_code or 1000})
+        with contextlib.suppress(OSError, RuntimeError):  # the client may be gone already
+            await send({"type": "websocket.close", "code": server.close_code or 1000})
 
     tasks = [asyncio.ensure_future(client_to_server()), asyncio.ensure_future(server_to_client())]
     try:

@@ -91,12 +91,14 @@ class Command(BaseCommand):
 
 
 def _web_server(host: str, port: int) -> Any:
-    """uvicorn serving config/asgi.py: Django over ASGI, and the notebook proxy's
-    WebSockets. Its logging is LOGGING's (no dictConfig of its own): request lines to
-    the demo log, warnings to the console. Signals stay the worker's (main thread)."""
+    """uvicorn serving settings.ASGI_APPLICATION (config/asgi.py: Django over ASGI, and
+    the notebook proxy's WebSockets), found the way Django finds WSGI_APPLICATION. Its
+    logging is LOGGING's (no dictConfig of its own): request lines to the demo log,
+    warnings to the console. Signals stay the worker's (main thread)."""
     import uvicorn
+    from django.utils.module_loading import import_string
 
-    from config.asgi import application
+    application = import_string(settings.ASGI_APPLICATION)
 
     return uvicorn.Server(uvicorn.Config(
         application, host=host, port=port, log_config=None, lifespan="on",
