@@ -24,12 +24,15 @@ ways with httpx); WebSockets (kernels, terminals) are an ASGI app of their own
 
 from __future__ import annotations
 
+import asyncio
 import binascii
 import contextlib
 import hmac
+import http.cookiejar
 import logging
 import posixpath
 import re
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from http.cookies import CookieError, SimpleCookie
@@ -332,21 +335,48 @@ async def _forward(request: HttpRequest, upstream: Any, rest: str) -> HttpRespon
     has_body = request.method not in ("GET", "HEAD") and (
         request.headers.get("Content-Length", "0") not in ("", "0")
         or "chunked" in request.headers.get("Transfer-Encoding", ""))
-    client = httpx.AsyncClient(timeout=httpx.Timeout(CONNECT_TIMEOUT, read=None, write=60.0))
+    client = _client()
     try:
         sent = client.build_request(request.method or "GET", upstream.base_url + target,
                                     headers=headers, content=_body(request) if has_body else None)
         reply = await client.send(sent, stream=True)
     except httpx.HTTPError as exc:
-        await client.aclose()
         log.warning("notebook proxy: %s unreachable: %s", upstream.base_url,
                     type(exc).__name__)
         return None
-    return _streamed(reply, client, upstream)
+    return _streamed(reply, upstream)
 
 
-def _streamed(reply: httpx.Response, client: httpx.AsyncClient, upstream: Any
-              ) -> StreamingHttpResponse:
+class _KeepNoCookies(http.cookiejar.DefaultCookiePolicy):
+    """The shared client's cookie jar keeps nothing: a server's Set-Cookie is the
+    browser's, and a jar shared by every user's requests would hand one user's cookies
+    to the next (the Cookie header of each request is the client's own, filtered)."""
+
+    def set_ok(self, cookie: http.cookiejar.Cookie, request: Any) -> bool:
+        return False
+
+
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = \
+    weakref.WeakKeyDictionary()
+
+
+def _client() -> httpx.AsyncClient:
+    """The running event loop's client, its connections to the servers kept alive. One
+    per loop: uvicorn has one; Django under WSGI runs each async view in a loop of its
+    own. Plain HTTP with no proxy from the environment: no TLS context to build (that
+    alone took 4-200 ms a request, measured, with a client per request)."""
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
+    if client is None:
+        client = _clients[loop] = httpx.AsyncClient(
+            timeout=httpx.Timeout(CONNECT_TIMEOUT, read=None, write=60.0),
+            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
+            verify=False, trust_env=False, follow_redirects=False,
+            cookies=http.cookiejar.CookieJar(policy=_KeepNoCookies()))
+    return client
+
+
+def _streamed(reply: httpx.Response, upstream: Any) -> StreamingHttpResponse:
     token = upstream.token
     scrubber = TokenScrubber(token)
 
@@ -359,7 +389,6 @@ def _streamed(reply: httpx.Response, client: httpx.AsyncClient, upstream: Any
                 yield out
         finally:
             await reply.aclose()
-            await client.aclose()
 
     response = StreamingHttpResponse(body(), status=reply.status_code)
     del response["Content-Type"]  # Django's default; the server's, if any, is copied below
@@ -458,8 +487,6 @@ async def _refuse(send: Send) -> None:
 async def notebook_websocket(scope: Scope, receive: Receive, send: Send) -> None:
     """An ASGI app for `/sessions/<job id>/lab/...` WebSockets: the same user, access and
     path checks as `notebook_http`, then frames both ways until either side closes."""
-    import asyncio
-
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 

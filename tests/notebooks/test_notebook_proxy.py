@@ -212,3 +212,17 @@ def test_a_kernel_runs_code_through_the_websocket_proxy_for_its_owner_only(
     assert refused({}) == 403
     assert refused({"Cookie": owner_cookie, "Origin": "https://evil.example"}) == 403
     assert host  # same-origin is what the browser sends: accepted above
+
+
+def test_the_cookies_of_one_browser_never_go_up_with_anothers_requests(
+        lab: Lab, world: Any) -> None:
+    """The proxy's upstream client is shared (its connections kept alive) but keeps no
+    cookie: each browser's requests carry its own cookies only."""
+    with browser(lab, world.member) as first:
+        first.get(f"{lab.prefix}lab")
+        assert "_xsrf" in first.cookies
+    with browser(lab, world.member) as second:  # a new browser: no cookie of the server
+        page = second.get(f"{lab.prefix}lab")
+        # The server saw no _xsrf cookie in this request, so it set one.
+        assert "_xsrf=" in page.headers.get("set-cookie", ""), page.headers
+        assert second.cookies["_xsrf"] != first.cookies["_xsrf"]
