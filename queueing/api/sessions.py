@@ -20,6 +20,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from queueing.errors import DomainError
 from queueing.selectors.sessions import session_row, session_rows, sessions_visible_to
 from queueing.services.sessions import session_get_for_actor, session_start, session_stop
 
@@ -124,7 +125,10 @@ class SessionListView(APIView):
         responses=SessionSerializer(many=True))
     def get(self, request: Request) -> Response:
         """Your sessions, newest first (at most 200)."""
-        mine = str(request.query_params.get("all", "")).lower() not in ("1", "true", "yes")
+        every = request.query_params.get("all", "false")
+        if every not in ("true", "false"):
+            raise DomainError("all is true or false.", fields={"all": ["true or false."]})
+        mine = every == "false"
         jobs = list(sessions_visible_to(actor=request.user, mine=mine)[:MAX_LISTED])
         return Response(SessionSerializer(session_rows(jobs, now=timezone.now()),
                                           many=True).data)

@@ -17,7 +17,6 @@ import contextlib
 import importlib.util
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -81,8 +80,9 @@ class LocalNotebooks:
                 argv.append("--allow-root")
             proc = subprocess.Popen(  # fixed argv, no shell
                 argv,
+                # In the demo's process group: Ctrl-C on `make demo` ends the servers too.
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=str(root))
+                cwd=str(root))
             log.close()
             self._procs[spec.name] = (proc, port)
             return port
@@ -96,19 +96,20 @@ class LocalNotebooks:
         return entry[1]
 
     def stop(self, name: str) -> None:
-        """End `name`'s server (its process group); unknown names are a no-op."""
+        """End `name`'s server; unknown names are a no-op."""
         with self._lock:
             entry = self._procs.pop(name, None)
         if entry is None:
             return
         proc = entry[0]
+        # SIGTERM: the server shuts its kernels down and exits.
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+            proc.terminate()
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+                proc.kill()
             proc.wait(timeout=5)
 
     def stop_all(self) -> None:

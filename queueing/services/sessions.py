@@ -218,7 +218,7 @@ def _check_user_limits(*, actor: Any, share: float) -> None:
 
 
 @transaction.atomic
-def session_start(*, actor: Any, team: str | None, name: str | None = None,
+def session_start(*, actor: Any, team: str | None = None, name: str | None = None,
                   image: str | None = None, gpu_type: str | None = None,
                   gpus: int | None = None, gpu_fraction: Any = None, pvc: str | None = None,
                   volumes: list[Any] | None = None, secrets: list[Any] | None = None,
