@@ -19,7 +19,7 @@ urlpatterns = [
     path("readyz", web.readyz, name="readyz"),
     path("healthz/scheduler", web.healthz_scheduler, name="healthz-scheduler"),
     path("metrics", metrics_view, name="metrics"),
-    # A notebook session's JupyterLab, proxied (docs/sessions.md, "Opening a session");
+    # A notebook session's JupyterLab, proxied (docs/sessions.md, "Opening one");
     # its WebSockets are config/asgi.py's.
     re_path(r"^sessions/(?P<job_id>[0-9]{1,18})/lab(?P<rest>/.*)?$", notebook_http,
             name="session-lab"),

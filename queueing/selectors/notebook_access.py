@@ -1,4 +1,4 @@
-"""The read behind the notebook proxy (docs/sessions.md, "Opening a session")."""
+"""The read behind the notebook proxy (docs/sessions.md, "Opening one")."""
 
 from __future__ import annotations
 

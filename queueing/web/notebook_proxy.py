@@ -1,5 +1,5 @@
 """The notebook proxy: `/sessions/<job id>/lab/...` on fairq's own host to the session's
-JupyterLab server (docs/sessions.md, "Opening a session").
+JupyterLab server (docs/sessions.md, "Opening one").
 
 The user is fairq's: the Django session cookie of the web login, or an API token
 (`Authorization: Token|Bearer <key>`, for programs). Only whoever `can_open_session`

@@ -1,6 +1,6 @@
 """A notebook session end to end on the real control plane (Kubernetes 1.20,
 tests/envtest), opened through fairq's proxy in headless Chromium (docs/sessions.md,
-"Opening a session"; rules N1-N4 of docs/scheduling.md).
+"Opening one"; rules N1-N4 of docs/scheduling.md).
 
 `dave` starts a session through the API with his team's PVC as its root and an idle
 limit of one minute. Fairq queues it in the `interactive` tier, the scheduler places

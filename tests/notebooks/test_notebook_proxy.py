@@ -1,5 +1,5 @@
-"""The notebook proxy (queueing/web/notebook_proxy.py, docs/sessions.md "Opening a
-session") in front of a real JupyterLab server, through fairq's real ASGI server
+"""The notebook proxy (queueing/web/notebook_proxy.py, docs/sessions.md "Opening
+one") in front of a real JupyterLab server, through fairq's real ASGI server
 (uvicorn): who may open a session, the paths it takes, XSRF, the WebSocket of a kernel,
 and that the server's token never reaches the client."""
 
