@@ -30,7 +30,6 @@ import contextlib
 import hmac
 import http.cookiejar
 import logging
-import posixpath
 import re
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
@@ -111,16 +110,16 @@ def session_access(*, user: Any, job_id: int) -> Access:
 
 def clean_rest(rest: str) -> str | None:
     """The path below a session's prefix if it stays below it: None for one with a `.` or
-    `..` segment (also percent-encoded), a backslash or a NUL, which a server or a proxy
-    in front of it could resolve to a path outside the prefix."""
-    for text in (rest, unquote(rest)):
+    `..` segment (also percent-encoded, once or more), a backslash or a NUL, which a
+    server or a proxy in front of it could resolve to a path outside the prefix."""
+    text, seen = rest, set()
+    while text not in seen:  # each decoding of it, until decoding changes nothing
+        seen.add(text)
         if "\\" in text or "\x00" in text:
             return None
         if any(seg in (".", "..") for seg in text.split("/")):
             return None
-    normal = posixpath.normpath("/" + rest.lstrip("/"))
-    if not normal.startswith("/"):
-        return None
+        text = unquote(text)
     return rest
 
 

@@ -70,8 +70,7 @@ def test_a_session_runs_jupyterlab_in_its_pod_opens_through_fairq_and_is_culled_
     from kubernetes.client.exceptions import ApiException
 
     from queueing.models import JobEvent, NotebookSession
-    from queueing.services.provisioning import sync_cluster
-    from queueing.services.sessions import notebook_token, session_tier
+    from queueing.services.sessions import notebook_token
     from queueing.tasks import sessions_check_task
 
     settings.FAIRQ_NOTEBOOK_IMAGE = IMAGE
@@ -79,8 +78,6 @@ def test_a_session_runs_jupyterlab_in_its_pod_opens_through_fairq_and_is_culled_
     settings.FAIRQ_SESSION_WARN_MINUTES = 0
     world.vision.allowed_pvcs = [CLAIM]
     world.vision.save()
-    session_tier()  # its PriorityClass, as the operator's sync makes it
-    sync_cluster(kube.backend.provisioner)
     home = tmp_path / "pvc"
     home.mkdir()
     # This machine's tests run as root, a pod's server does not: jupyter_server reads

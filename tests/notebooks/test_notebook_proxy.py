@@ -119,7 +119,7 @@ def test_a_path_escaping_the_prefix_is_refused(lab: Lab, world: Any) -> None:
     host = lab.url.removeprefix("http://")
     escapes = [f"{lab.prefix}../../1/lab/api/status", f"{lab.prefix}..%2F..%2Fapi/status",
                f"{lab.prefix}%2e%2e/%2e%2e/api/status", f"{lab.prefix}api/..\\..\\status",
-               f"{lab.prefix}./api/status"]
+               f"{lab.prefix}./api/status", f"{lab.prefix}%252e%252e/%252e%252e/api/status"]
     for path in escapes:  # sent as written (http.client does not resolve dot segments)
         conn = http.client.HTTPConnection(host, timeout=30)
         conn.request("GET", path, headers={"Cookie": cookie})
