@@ -9,12 +9,18 @@ may be served by gunicorn (config/wsgi.py) as before, or by this app too.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.prod")
+# WhiteNoise's static files are file iterators; Django under ASGI reads them in its thread
+# pool and warns once per process that it does so. Small files, served that way by
+# design: not a warning for the console (`make demo`) or the web pod's log.
+warnings.filterwarnings("ignore", message="StreamingHttpResponse must consume synchronous "
+                        "iterators", category=Warning)
 django_application = get_asgi_application()  # sets Django up before the imports below
 
 from queueing.web.notebook_proxy import notebook_websocket  # noqa: E402

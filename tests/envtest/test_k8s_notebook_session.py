@@ -134,7 +134,7 @@ def test_a_session_runs_jupyterlab_in_its_pod_opens_through_fairq_and_is_culled_
             assert time.monotonic() - idle_from < 150, "the idle session was not culled"
             time.sleep(5)
             result = sessions_check_task.delay().get()
-        print(f"culled {time.monotonic() - idle_from:.0f} s after the last use "
+        print(f"culled {time.monotonic() - idle_from:.0f} s after the browser closed "
               f"(idle limit 60 s): {result}")
         stopped = job(sid)
         assert stopped.status == "CANCELLED"
