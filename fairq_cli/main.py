@@ -25,6 +25,9 @@ from .arrays import MAX_ARRAY_TASKS, ArraySpec, ArraySpecError, parse_array_spec
 from .client import ApiError, Client, Transport
 from .config import ConfigError, load_config
 from .durations import format_duration, parse_duration
+from .sessions import SessionUsage
+from .sessions import add_parser as add_session_parser
+from .sessions import run as run_session
 
 FINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 ACTIVE = ["QUEUED", "ADMITTED", "RUNNING", "PREEMPTED"]
@@ -1354,6 +1357,8 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("-G", "--gpu-type", dest="gpu_type")
     ac.add_argument("--limit", type=int, default=200)
 
+    add_session_parser(sub, common)
+
     pr = sub.add_parser("prio", parents=[common], help="priority breakdown (like sprio)")
     pr.add_argument("job_ids", type=int, nargs="*", metavar="ID",
                     help="jobs to break down (none: every pending job you can see)")
@@ -1410,8 +1415,10 @@ def _main(argv: Sequence[str] | None, *, transport: Transport | None, out: TextI
         cfg = load_config(url=a.url, token=a.token, profile=a.profile)
         app = App(Client(cfg.url, cfg.token, transport=transport), as_json=a.json, out=out,
                   err=err, sleep=sleep, zone=UTC if a.utc or cfg.utc else None)
+        if a.cmd == "session":
+            return run_session(app, a)
         return int(getattr(app, a.cmd)(a))
-    except (ConfigError, UsageError) as exc:
+    except (ConfigError, UsageError, SessionUsage) as exc:
         err.write(f"fairq: {exc}\n")
         return EXIT_USAGE
     except Unreachable as exc:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from queueing.backends.k8s_manifest import GpuTypeRef
     from queueing.backends.k8s_provisioner import KubernetesProvisioner
     from queueing.backends.kubernetes import KubernetesBackend
+    from queueing.backends.notebook_local import LocalNotebooks
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -150,7 +151,8 @@ def _build_cluster(config: ClusterConfig) -> ClusterBackend:
     return SimulatedCluster.from_spec(config.sim_nodes,
                                       default_seconds=settings.FAIRQ_SIM_DEFAULT_SECONDS,
                                       stop_seconds=settings.FAIRQ_SIM_STOP_SECONDS,
-                                      units_per_gpu=_sim_units_per_gpu)
+                                      units_per_gpu=_sim_units_per_gpu,
+                                      notebooks=_local_notebooks())
 
 
 def get_provisioner(cluster: str = "default") -> KubernetesProvisioner | None:
@@ -170,7 +172,18 @@ def _build(cluster: str) -> ClusterBackend:
     return SimulatedCluster.from_spec(settings.FAIRQ_SIM_NODES,
                                       default_seconds=settings.FAIRQ_SIM_DEFAULT_SECONDS,
                                       stop_seconds=settings.FAIRQ_SIM_STOP_SECONDS,
-                                      units_per_gpu=_sim_units_per_gpu)
+                                      units_per_gpu=_sim_units_per_gpu,
+                                      notebooks=_local_notebooks())
+
+
+def _local_notebooks() -> LocalNotebooks | None:
+    """Real local servers for the simulated cluster's sessions (the demo): with
+    FAIRQ_SIM_NOTEBOOKS on and JupyterLab installed; else None (docs/sessions.md)."""
+    from queueing.backends.notebook_local import LocalNotebooks, jupyterlab_installed
+
+    if not settings.FAIRQ_SIM_NOTEBOOKS or not jupyterlab_installed():
+        return None
+    return LocalNotebooks(settings.FAIRQ_SIM_NOTEBOOK_DIR)
 
 
 def scheduler_account_setting(
@@ -267,6 +280,10 @@ def get_utilization_source(cluster: str = "default", *,
 def reset_backends() -> None:
     """Forget the backend instances (tests, settings changes)."""
     with _lock:
+        for backend in _instances.values():
+            notebooks = getattr(backend, "notebooks", None)  # a simulated cluster's servers
+            if notebooks is not None:
+                notebooks.stop_all()
         _instances.clear()
         _built_from.clear()
         _sources.clear()

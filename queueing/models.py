@@ -688,6 +688,7 @@ class JobEvent(models.Model):
         CLUSTER_UNREACHABLE = "cluster_unreachable"  # rule K5: its cluster cannot be read
         SPOT_RECLAIMED = "spot_reclaimed"  # rule K6: its spot node was reclaimed (requeued)
         CHECKPOINT = "checkpoint"  # a checkpoint in a preempted attempt's grace saved its work
+        SESSION = "session"  # a notebook session was started (docs/sessions.md)
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(db_index=True)
@@ -1114,3 +1115,53 @@ class WebhookAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.delivery_id} #{self.number}: {self.status_code or self.error[:40]}"
+
+
+class NotebookSession(models.Model):
+    """An interactive notebook session (docs/sessions.md): a Job of the `interactive`
+    tier running a JupyterLab server, plus what fairq knows of the server. It shares its
+    job's id (the primary key), so `/sessions/<job id>/lab/` names both. The server's
+    token is never stored: `services.sessions.notebook_token` derives it from the job id.
+    Time limit: the job's `max_runtime_seconds`."""
+
+    job = models.OneToOneField(Job, primary_key=True, on_delete=models.CASCADE,
+                               related_name="notebook")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL,
+                              related_name="notebook_sessions")
+    # Rules N1-N4: idle this long (no kernel activity and GPUs under the tier's
+    # threshold) -> stopped; warned `warn_lead_minutes` before.
+    idle_limit_minutes = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    warn_lead_minutes = models.PositiveIntegerField(default=10)
+    # Where the server listens: the pod's address as its backend reports it ("" = none
+    # yet), the port fixed at start; the path it serves under (its base_url).
+    host = models.CharField(max_length=255, blank=True, default="")
+    host_attempt = models.PositiveIntegerField(default=0)  # the attempt `host` is of
+    port = models.PositiveIntegerField(default=8888)
+    url_path = models.CharField(max_length=200)
+    root_dir = models.CharField(max_length=256, blank=True, default="")
+    created_at = models.DateTimeField()
+    # What the last check read (rule N1): the server's last activity and when the
+    # session became idle by both measures (None: busy, or not read yet).
+    last_checked_at = models.DateTimeField(null=True, blank=True)
+    last_activity_at = models.DateTimeField(null=True, blank=True)
+    gpu_idle_since = models.DateTimeField(null=True, blank=True)
+    idle_since = models.DateTimeField(null=True, blank=True)
+    check_error = models.CharField(max_length=300, blank=True, default="")
+    warned_at = models.DateTimeField(null=True, blank=True)
+    culled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-job_id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(idle_limit_minutes__gte=1),
+                                   name="session_idle_limit_gte_1"),
+        ]
+
+    def __str__(self) -> str:
+        return f"session {self.job_id}"
+
+    def idle_minutes(self, now: datetime) -> float:
+        """Minutes the session has been idle by rule N1 (0 while busy)."""
+        if self.idle_since is None:
+            return 0.0
+        return max(0.0, (now - self.idle_since).total_seconds() / 60)

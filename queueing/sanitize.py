@@ -127,6 +127,10 @@ def _aware(value: Any) -> datetime | None:
     return value
 
 
+# An IPv4 or IPv6 address or a DNS name: nothing that could change the URL built on it.
+_ADDRESS = re.compile(r"[0-9A-Za-z.:-]*", re.ASCII)
+
+
 def clean_status(status: Any) -> WorkloadStatus | None:
     """A workload status fairq can act on, or None when it names no job at all.
 
@@ -164,9 +168,17 @@ def clean_status(status: Any) -> WorkloadStatus | None:
         restarts = getattr(status, "restarts", 0)
         restarts = (clamp_int(restarts, 0, INT32[1]) or 0) if isinstance(restarts, int) \
             and not isinstance(restarts, bool) else 0
+        # A session server's address (docs/sessions.md): an IP or host name, a port.
+        address = getattr(status, "address", "")
+        address = clean_text(address, max_length=253) if isinstance(address, str) else ""
+        if not _ADDRESS.fullmatch(address):
+            address = ""
+        port = getattr(status, "port", None)
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            port = None
         return WorkloadStatus(name=name, job_id=job_id, attempt=attempt, phase=phase,
                               started_at=started, finished_at=finished, exit_code=exit_code,
                               reason=reason, nodes=nodes, stopping=stopping,
-                              restarts=restarts)
+                              restarts=restarts, address=address, port=port)
     except Exception:
         return None

@@ -21,6 +21,7 @@ from queueing.services.metrics import record_cycle, record_cycle_failure
 from queueing.services.provisioning import cluster_provisioners, sync_cluster, sync_quotas
 from queueing.services.reports import usage_days_roll_up
 from queueing.services.scheduler import new_cycle_id, scheduler_cycle
+from queueing.services.sessions import sessions_check
 from queueing.services.utilization import utilization_purge
 from queueing.services.webhooks import (
     webhook_attempt,
@@ -144,6 +145,20 @@ def utilization_purge_task() -> int:
     from django.utils import timezone
 
     return utilization_purge(now=timezone.now(), days=settings.FAIRQ_UTIL_RETENTION_DAYS)
+
+
+@shared_task(ignore_result=True, soft_time_limit=50, time_limit=60)
+def sessions_check_task() -> dict[str, int]:
+    """Rules N1-N4 on every running notebook session (beat: every minute): warn, stop
+    the idle ones (docs/sessions.md)."""
+    from django.utils import timezone
+
+    result = sessions_check(now=timezone.now())
+    if result.warned or result.culled:
+        log.info("sessions: %d checked, %d warned, %d culled", result.checked,
+                 len(result.warned), len(result.culled))
+    return {"checked": result.checked, "unreadable": result.unreadable,
+            "warned": len(result.warned), "culled": len(result.culled)}
 
 
 @shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import api, clusters, logs, policy, scheduler, webhooks
+from . import api, clusters, logs, policy, scheduler, sessions, webhooks
 from .api import *  # noqa: F403
 from .auth import *  # noqa: F403
 from .auth import FAIRQ_OIDC_ENABLED
@@ -20,6 +20,7 @@ from .logs import *  # noqa: F403
 from .logs import FAIRQ_LOG_STORAGE_BACKEND, FAIRQ_LOG_STORAGE_OPTIONS
 from .policy import *  # noqa: F403
 from .scheduler import *  # noqa: F403
+from .sessions import *  # noqa: F403
 from .webhooks import *  # noqa: F403
 
 SECRET_KEY = env("DJANGO_SECRET_KEY", default="fairq-insecure-dev-key-change-me")
@@ -158,7 +159,7 @@ CELERY_BEAT_SCHEDULER = env(
 # Every periodic task, from the areas that own them.
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     **scheduler.beat, **policy.beat, **clusters.beat, **logs.beat, **webhooks.beat,
-    **api.beat,
+    **api.beat, **sessions.beat,
 }
 
 # Kept job logs (config/settings/logs.py; docs/deployment.md, "Log storage").

@@ -17,6 +17,8 @@ FAIRQ_CLUSTER_BACKEND = "simulated"
 FAIRQ_SIM_NODES = "2x8xh100,2x8xa100,1x7xmig-1g-10gb"
 # A stopped simulated job frees its GPUs at once (the graceful stop's tests set a time).
 FAIRQ_SIM_STOP_SECONDS = 0.0
+# No local `jupyter lab` per simulated session: the tests that want one start it.
+FAIRQ_SIM_NOTEBOOKS = False
 # Redis when REDIS_URL is set (CI), with a per-process key prefix so parallel runs and
 # other users of the server never see each other's keys; local memory otherwise.
 if REDIS_URL:  # noqa: F405

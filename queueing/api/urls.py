@@ -18,6 +18,7 @@ from . import (  # noqa: F401 - schema registers the token auth scheme
     jobs,
     resources,
     schema,
+    sessions,
     starts,
     watch,
     webhooks,
@@ -52,6 +53,9 @@ urlpatterns = [
          name="job-checkpoints"),
     path("", include(router.urls)),
     path("fairshare/", FairShareView.as_view(), name="fairshare"),
+    path("sessions/", sessions.SessionListView.as_view(), name="session-list"),
+    path("sessions/<int:session_id>/", sessions.SessionDetailView.as_view(),
+         name="session-detail"),
     path("arrays/<int:array_id>/", arrays.ArrayDetailView.as_view(), name="array-detail"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view: its script is a file (docs/?script), as the CSP requires.

@@ -153,6 +153,11 @@ class LaunchSpec:
     def units(self) -> int:
         """Per replica, the units of `resource_name` it takes (`units_per_replica`)."""
         return self.units_per_replica or self.gpus_per_replica
+    # A notebook session (docs/sessions.md): the path its JupyterLab server serves under
+    # ("" = not a session) and the token it accepts, as JUPYTER_TOKEN (a credential:
+    # out of the repr, like the checkpoint token).
+    notebook_prefix: str = ""
+    notebook_token: str = field(default="", repr=False)
 
 
 # The port replica 0 of a multi-replica job listens on for the rendezvous (`MASTER_PORT`,
@@ -182,6 +187,10 @@ def workload_env(spec: LaunchSpec, *, replica: int, master_addr: str) -> dict[st
     if spec.checkpoint_url and spec.checkpoint_token:
         env.update(FAIRQ_CHECKPOINT_URL=spec.checkpoint_url,
                    FAIRQ_CHECKPOINT_TOKEN=spec.checkpoint_token)
+    if spec.notebook_prefix and spec.notebook_token:
+        # jupyter_server reads its token from JUPYTER_TOKEN (IdentityProvider.token's
+        # default): never on the command line, which `ps` and the job's spec show.
+        env["JUPYTER_TOKEN"] = spec.notebook_token
     if spec.replicas > 1:
         env.update(MASTER_ADDR=master_addr, MASTER_PORT=str(RENDEZVOUS_PORT),
                    WORLD_SIZE=str(spec.replicas), NODE_RANK=str(replica),
@@ -257,6 +266,11 @@ class WorkloadStatus:
     stopping: bool = False
     # Containers restarted or pods replaced (failed) so far in this attempt.
     restarts: int = 0
+    # Where replica 0 can be reached (a notebook session's server, docs/sessions.md):
+    # its pod's IP ("" = none yet), and the port when the backend chose it (None: the
+    # one the spec asked for).
+    address: str = ""
+    port: int | None = None
 
 
 # Rule K6 (docs/scheduling.md, "Clusters and spot capacity"): the reason a backend gives

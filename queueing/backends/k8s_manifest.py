@@ -852,6 +852,24 @@ def replica_nodes(pods: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
     return tuple(newest[r][1] for r in sorted(newest))
 
 
+def replica0_address(pods: Sequence[Mapping[str, Any]]) -> str:
+    """The IP of replica 0's newest running pod (`status.podIP`), "" when it has none:
+    where a notebook session's server is reached (docs/sessions.md)."""
+    best = ("", "")
+    for pod in pods:
+        meta = _meta(pod)
+        if str((meta.get("labels") or {}).get(L_REPLICA, "0")) != "0":
+            continue
+        status = _status(pod)
+        ip = str(status.get("podIP") or "")
+        if not ip or status.get("phase") != "Running" or meta.get("deletionTimestamp"):
+            continue
+        created = str(meta.get("creationTimestamp") or "")
+        if created >= best[0]:
+            best = (created, ip)
+    return best[1]
+
+
 def workload_status(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *,
                     now: datetime, image_pull_timeout_seconds: float = 300.0,
                     image_error_since: Mapping[str, datetime] | None = None,
@@ -953,7 +971,8 @@ def workload_status(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *
     return WorkloadStatus(name=name, job_id=job_id, attempt=attempt, phase=phase,
                           started_at=started_at, finished_at=finished_at,
                           exit_code=exit_code, reason=reason[:500], nodes=nodes,
-                          stopping=bool(meta.get("deletionTimestamp")), restarts=restarts)
+                          stopping=bool(meta.get("deletionTimestamp")), restarts=restarts,
+                          address=replica0_address(pods) if phase == Phase.RUNNING else "")
 
 
 def failed_replica(pods: Sequence[Mapping[str, Any]]

@@ -62,6 +62,7 @@ from .base import (
     replica_host,
     spot_reclaimed_reason,
 )
+from .notebook_local import LocalNotebooks
 
 # How many stopped workloads' logs stay readable (the newest ones).
 STOPPED_LOGS_KEPT = 10_000
@@ -119,6 +120,8 @@ class _Workload:
     # One log per replica, in replica order (`logs` heads each, as the Kubernetes backend
     # heads each pod's).
     log: list[list[str]] = field(default_factory=list)
+    # A notebook session's local server (`LocalNotebooks`): its port, None without one.
+    notebook_port: int | None = None
 
 
 # Per GPU when a pool does not say (docs/kubernetes.md, "The simulated cluster"): an
@@ -196,14 +199,17 @@ class SimulatedCluster:
 
     def __init__(self, nodes: Iterable[_Node | tuple[str, str, int]], *,
                  default_seconds: float = 60.0, stop_seconds: float = 0.0,
-                 units_per_gpu: Callable[[], Mapping[str, int]] | None = None):
+                 units_per_gpu: Callable[[], Mapping[str, int]] | None = None,
+                 notebooks: LocalNotebooks | None = None):
         """`nodes`: built by `from_spec`, or (name, GPU type, GPUs) without CPU, memory
         or topology. `stop_seconds`: how long a stopped workload's program takes to save
         and exit after its stop signal (at most its grace); 0 frees its GPUs at once.
         `units_per_gpu()`: per GPU type, the units one GPU counts (shared GPUs: a
         time-sliced or MPS type's slices per GPU; absent: 1), read whenever the nodes
         are: a node reports and takes its GPUs x that (docs/kubernetes.md, "Shared
-        GPUs"), as a device plugin's replicas do."""
+        GPUs"), as a device plugin's replicas do. `notebooks`: real local servers for
+        notebook sessions (None: a session runs no server, and reports no address)."""
+        self.notebooks = notebooks
         self._lock = threading.Lock()
         self._nodes = {n.name: n for n in (x if isinstance(x, _Node) else _Node(*x)
                                            for x in nodes)}
@@ -231,8 +237,8 @@ class SimulatedCluster:
     @classmethod
     def from_spec(cls, spec: str, *, default_seconds: float = 60.0,
                   stop_seconds: float = 0.0,
-                  units_per_gpu: Callable[[], Mapping[str, int]] | None = None
-                  ) -> SimulatedCluster:
+                  units_per_gpu: Callable[[], Mapping[str, int]] | None = None,
+                  notebooks: LocalNotebooks | None = None) -> SimulatedCluster:
         nodes = []
         # Node names are unique within the cluster: a second pool of a GPU type (its spot
         # nodes, say) numbers on from the first (sim-a100-000..003, then -004...).
@@ -249,7 +255,7 @@ class SimulatedCluster:
                                    memory_bytes=pool.memory_bytes, topology=topology,
                                    spot=pool.spot, labels=dict(pool.labels)))
         return cls(nodes, default_seconds=default_seconds, stop_seconds=stop_seconds,
-                   units_per_gpu=units_per_gpu)
+                   units_per_gpu=units_per_gpu, notebooks=notebooks)
 
     def nodes(self) -> list[NodeInfo]:
         with self._lock:
@@ -301,6 +307,9 @@ class SimulatedCluster:
             for name in placement:
                 self._nodes[name].take(spec)
             seconds, exit_code, problem = self.default_seconds, 0, ""
+            if spec.notebook_prefix:
+                # A session runs until it is stopped (its time limit: the cycle's).
+                seconds = float(MAX_RUNTIME_SECONDS)
             failed_replica: int | None = None
             gpu_util: tuple[float, ...] = ()
             try:
@@ -325,6 +334,11 @@ class SimulatedCluster:
                       + (f" replica {i} of {spec.replicas}" if spec.replicas > 1 else "")
                       + f" on {node}"] for i, node in enumerate(placement)],
             )
+            if spec.notebook_prefix and self.notebooks is not None and not problem:
+                w = self._workloads[spec.name]
+                w.notebook_port = self.notebooks.start(spec)
+                w.log[0].append(f"{now.isoformat()} jupyter lab on 127.0.0.1:{w.notebook_port}"
+                                f"{spec.notebook_prefix}")
 
     def reclaim_node(self, name: str, *, now: datetime) -> list[str]:
         """Rule K6 on the simulated cluster: spot node `name` is reclaimed at `now` — it
@@ -393,10 +407,17 @@ class SimulatedCluster:
             for name in w.nodes:
                 self._nodes[name].take(w.spec, -1)
             w.released = True
+        if w.finished_at is not None and w.notebook_port is not None:
+            w.notebook_port = None
+            if self.notebooks is not None:
+                self.notebooks.stop(w.spec.name)
 
     def _forget(self, name: str) -> None:
-        """Drop workload `name` from the list, its logs kept readable."""
+        """Drop workload `name` from the list, its logs kept readable (a notebook
+        session's server ends with it)."""
         w = self._workloads.pop(name)
+        if w.notebook_port is not None and self.notebooks is not None:
+            self.notebooks.stop(name)
         self._stopped_logs[name] = w.log
         while len(self._stopped_logs) > STOPPED_LOGS_KEPT:
             self._stopped_logs.popitem(last=False)
@@ -453,6 +474,8 @@ class SimulatedCluster:
                     exit_code=None if w.finished_at is None or w.problem or w.reclaimed
                     else w.exit_code,
                     reason=reason, nodes=w.nodes, stopping=w.stop_at is not None,
+                    address="127.0.0.1" if phase == Phase.RUNNING and w.notebook_port else "",
+                    port=w.notebook_port if phase == Phase.RUNNING else None,
                 ))
             return out
 

@@ -35,6 +35,7 @@ from queueing.selectors.costs import cost_buckets, month_range
 from .costs import gpu_price_set, team_budget_set
 from .fairshare import fairshare_snapshot_take
 from .jobs import JobInput, job_submit
+from .sessions import session_start
 from .usage import accumulator_add
 
 DEMO_PASSWORD = "fairq-demo"
@@ -69,7 +70,8 @@ TIER_IDLE = {"critical": (5.0, 30, "flag", 10), "high": (5.0, 10, "flag", 10),
              "normal": (5.0, 10, "flag", 10), "low": (5.0, 10, "requeue", 5)}
 # The names of its namespace a team's jobs may use (docs/api.md, "Volumes, secrets and
 # metadata"): what examples/torchrun-job.yaml names, so it validates against the demo.
-TEAM_ALLOWLISTS = {"vision": {"allowed_pvcs": ["imagenet", "vision-checkpoints"],
+TEAM_ALLOWLISTS = {"vision": {"allowed_pvcs": ["imagenet", "vision-checkpoints",
+                                               "vision-notebooks"],
                               "allowed_secrets": ["hf-token", "wandb"],
                               "allowed_pull_secrets": ["regcred"]}}
 # Rule T1: the closed tiers and the teams they are granted to.
@@ -408,3 +410,26 @@ def demo_submit_synthetic(*, rng: random.Random, per_team_queue: int = 4) -> int
             ))
             submitted += 1
     return submitted
+
+
+# The demo's notebook session (docs/sessions.md, "In the demo"): dave's, in vision, its
+# files on the PVC vision-notebooks (a directory of FAIRQ_SIM_NOTEBOOK_DIR).
+DEMO_SESSION = {"user": "dave", "team": "vision", "name": "dave-notebook",
+                "pvc": "vision-notebooks"}
+
+
+def demo_session_seed(*, now: datetime) -> int | None:
+    """Start one notebook session for the demo's dave unless he has one that has not
+    ended: the id of the session started, None when there was one. It queues like any
+    session; the demo's worker runs it (with JupyterLab installed, a real local server
+    dave opens from "My sessions")."""
+    from queueing.models import NotebookSession
+    from queueing.policy.states import FINAL_STATES
+
+    user = get_user_model().objects.get(username=DEMO_SESSION["user"])
+    if NotebookSession.objects.filter(owner=user).exclude(
+            job__status__in=[s.value for s in FINAL_STATES]).exists():
+        return None
+    job = session_start(actor=user, team=DEMO_SESSION["team"], name=DEMO_SESSION["name"],
+                        pvc=DEMO_SESSION["pvc"], now=now)
+    return job.pk

@@ -26,6 +26,8 @@ from queueing.backends.k8s_provisioner import (
 from queueing.composition import get_backend, get_provisioner
 from queueing.models import Cluster, ClusterBackendKind, GpuType, Quota, Tier
 
+from .sessions import session_tier
+
 
 def cluster_provisioners() -> list[tuple[str, KubernetesProvisioner]]:
     """Every Kubernetes cluster's provisioner, by name (docs/clusters.md): the enabled
@@ -89,6 +91,10 @@ def preemption_policy(tier: Tier) -> str:
 
 
 def priority_class_specs() -> list[PriorityClassSpec]:
+    """One per tier, the sessions' tier included: created here when absent
+    (`sessions.session_tier`), so the sync that provisions a cluster makes its
+    PriorityClass before the first session's pod needs it (docs/sessions.md)."""
+    session_tier()
     return [PriorityClassSpec(name=t.priority_class_name, value=t.priority_value,
                               preemption_policy=preemption_policy(t), tier=t.slug)
             for t in Tier.objects.order_by("rank")]

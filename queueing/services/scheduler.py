@@ -118,6 +118,7 @@ from .jobs import default_memory_bytes, job_transition, next_attempt, tier_grace
 from .logs import LogsUnread, stopped_logs_keep_again, workloads_stop_keeping_logs
 from .metrics import record_submit_error
 from .preemption import Applied, preempted_workloads_stop, preemptions_apply
+from .sessions import session_addresses_record, session_launch_fields
 from .spot import spot_reclaimed_requeue
 from .usage import usage_record_attempt
 from .utilization import utilization_cycle_step
@@ -420,6 +421,8 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
     # job now (charged, not a failure); what is left is reconciled below.
     statuses = spot_reclaimed_requeue(backend=backend, statuses=statuses, now=now,
                                       result=result)
+    # Sessions' servers: the addresses their backends report (docs/sessions.md).
+    session_addresses_record(statuses)
     holding = jobs.holding
     before = jobs.reconciled if jobs.kept else {}
     handled: dict[str, tuple[WorkloadStatus, object]] = {}
@@ -1070,6 +1073,8 @@ def launch_spec(job: Job, *,
         units_per_replica=job.units_per_replica, gpu_slots=tuple(job.gpu_slots or ()),
         sharing=job.gpu_type.sharing, slices_per_gpu=job.gpu_type.slices_per_gpu,
         gpu_slices=job.gpu_slices,
+        # A notebook session: its server's path and this attempt's token.
+        **session_launch_fields(job),
     )
 
 

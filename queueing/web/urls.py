@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from . import reports, views
+from . import reports, sessions, views
 
 app_name = "web"
 
@@ -17,6 +17,9 @@ urlpatterns = [
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
     path("jobs/<int:job_id>/cancel/", views.job_cancel_view, name="job-cancel"),
     path("jobs/<int:job_id>/resubmit/", views.job_resubmit, name="job-resubmit"),
+    path("sessions/new/", sessions.session_new, name="session-new"),
+    path("sessions/<int:job_id>/", sessions.session_page, name="session"),
+    path("sessions/<int:job_id>/stop/", sessions.session_stop_view, name="session-stop"),
     path("teams/<slug:slug>/", views.team_page, name="team"),
     path("teams/<slug:slug>/resources/", views.team_resources_update, name="team-resources"),
     path("teams/<slug:slug>/workload-policy/", views.team_workload_policy_update,

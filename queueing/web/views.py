@@ -111,6 +111,7 @@ from .forms import (
     WebhookEndpointForm,
     spec_initial,
 )
+from .sessions import my_sessions
 
 TEAM_SESSION_KEY = "fairq_team"
 NEW_TOKEN_SESSION_KEY = "fairq_new_token"
@@ -235,6 +236,7 @@ def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
             job.idle_since = flags.get(job.pk)  # the badge (rule U2)
         ctx["recent"] = dash.team_recent_done(team=team)
         ctx["preempted"] = dash.team_recent_preemptions(team=team, now=now)
+    ctx["sessions"] = my_sessions(request)  # docs/dashboard.md, "Notebook sessions"
     return ctx
 
 

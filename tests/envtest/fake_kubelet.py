@@ -34,7 +34,8 @@ local subprocess, with the container's env values (plus ``PATH`` with this Pytho
 directory first, ``PYTHONUNBUFFERED=1`` unless set). Its PVC mounts map to local
 directories (``FakeKubelet.exec_claims``: claim name -> directory): a mount path at the
 start of an argument, of an ``x=<path>`` argument or of an env value is rewritten to
-the claim's directory. Its stdout and stderr go to one file per pod
+the claim's directory; its pod reports ``FakeKubelet.exec_pod_ip`` as its podIP when that
+is set (127.0.0.1: where its programs listen). Its stdout and stderr go to one file per pod
 (``pod_log(namespace, name)``: what a test serves as the pod's log). The container runs
 until the process exits (its exit code, 128 + the signal's number when killed by one);
 on deletion the process gets the container's ``FAIRQ_STOP_SIGNAL`` (SIGTERM when
@@ -226,6 +227,10 @@ class FakeKubelet:
         self.exec_images: set[str] = set()
         self.exec_claims: dict[str, str] = {}
         self.exec_cwd: str = os.getcwd()
+        # The podIP an exec-mode pod reports: its programs listen on this machine, so a
+        # server in the pod (a notebook session's) is reached at 127.0.0.1. None: a fake
+        # address, like any other pod's.
+        self.exec_pod_ip: str | None = None
         self.teardown_seconds = 1.0
         self._log_dir = tempfile.mkdtemp(prefix="fake-kubelet-logs-")
         self._logs: dict[tuple[str, str], str] = {}  # (namespace, pod) -> its output file
@@ -512,7 +517,9 @@ class FakeKubelet:
             node=pod.spec.node_name,
             restart_policy=pod.spec.restart_policy or "Always",
             started_at=started,
-            pod_ip=(status.pod_ip if running and status.pod_ip else self._next_ip()),
+            pod_ip=(status.pod_ip if running and status.pod_ip
+                    else self.exec_pod_ip if self.exec_pod_ip and any(c.proc for c in containers)
+                    else self._next_ip()),
             containers=containers,
             init_containers=[c.name for c in pod.spec.init_containers or ()],
         )

@@ -1,17 +1,19 @@
-"""One process for `make demo`: the web app in a thread, a Celery worker with embedded
-beat on the in-memory broker in the main thread, the simulated cluster."""
+"""One process for `make demo`: the web app in a thread (uvicorn serving config/asgi.py,
+so a notebook session opens with its WebSockets, as the web pods' `/sessions/` does), a
+Celery worker with embedded beat on the in-memory broker in the main thread, the
+simulated cluster."""
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 import warnings
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
-from django.core.servers.basehttp import WSGIServer, get_internal_wsgi_application, run
 
 from accounts.models import ApiToken
 from accounts.services import token_issue
@@ -34,12 +36,10 @@ class Command(BaseCommand):
         ApiToken.objects.filter(user=alice, name="demo").delete()
         key = token_issue(user=alice, name="demo").key
 
-        web = threading.Thread(
-            target=run, name="web", daemon=True,
-            kwargs={"addr": host, "port": port, "wsgi_handler": get_internal_wsgi_application(),
-                    "threading": True, "server_cls": WSGIServer},
-        )
-        web.start()
+        web = _web_server(host, port)
+        threading.Thread(target=web.run, name="web", daemon=True).start()
+        while not web.started:  # the banner below once the port is bound
+            time.sleep(0.05)
         url = f"http://{host}:{port}/"
         people = sorted({u for *_, ppl in TEAMS for u, _ in ppl})
         self.stdout.write(self.style.SUCCESS(f"\nfairq demo is up: {url}\n"))
@@ -88,6 +88,21 @@ class Command(BaseCommand):
             "--quiet", "worker", "--pool=solo", "--loglevel=INFO", "--without-gossip",
             "--without-mingle", "--without-heartbeat", "-Q", app.conf.task_default_queue,
         ])
+
+
+def _web_server(host: str, port: int) -> Any:
+    """uvicorn serving settings.ASGI_APPLICATION (config/asgi.py: Django over ASGI, and
+    the notebook proxy's WebSockets), found the way Django finds WSGI_APPLICATION. Its
+    logging is LOGGING's (no dictConfig of its own): request lines to the demo log,
+    warnings to the console. Signals stay the worker's (main thread)."""
+    import uvicorn
+    from django.utils.module_loading import import_string
+
+    application = import_string(settings.ASGI_APPLICATION)
+
+    return uvicorn.Server(uvicorn.Config(
+        application, host=host, port=port, log_config=None, lifespan="on",
+        ws="websockets-sansio", ws_max_size=64 * 1024 * 1024, server_header=False))
 
 
 def _keep_django_logging(**_: Any) -> None:
