@@ -169,3 +169,21 @@ def test_the_launch_spec_carries_path_and_token_whatever_the_tier(world: World) 
         "gpus": 1, "command": ["jupyter", "lab"]}, format="json").json()["id"]
     spec = launch_spec(Job.objects.select_related("tier", "team", "gpu_type").get(pk=plain))
     assert (spec.notebook_prefix, spec.notebook_token) == ("", "")
+
+
+def test_a_simulated_session_ends_at_its_time_limit(world: World) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from queueing.services.scheduler import scheduler_cycle
+
+    sid = start(world, team="vision", gpu_type="a100", max_runtime_seconds=120).json()["id"]
+    t0 = timezone.now()
+    scheduler_cycle(now=t0)
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    assert Job.objects.get(pk=sid).status == JobState.RUNNING
+    scheduler_cycle(now=t0 + timedelta(seconds=100))
+    assert Job.objects.get(pk=sid).status == JobState.RUNNING  # not the default 60 s
+    scheduler_cycle(now=t0 + timedelta(seconds=125))
+    assert Job.objects.get(pk=sid).status == JobState.SUCCEEDED
