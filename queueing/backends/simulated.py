@@ -308,8 +308,10 @@ class SimulatedCluster:
                 self._nodes[name].take(spec)
             seconds, exit_code, problem = self.default_seconds, 0, ""
             if spec.notebook_prefix:
-                # A session runs until it is stopped (its time limit: the cycle's).
-                seconds = float(MAX_RUNTIME_SECONDS)
+                # A session's server runs until it is stopped, at most its time limit
+                # (on Kubernetes the Job's activeDeadlineSeconds ends it).
+                seconds = float(min(spec.max_runtime_seconds or MAX_RUNTIME_SECONDS,
+                                    MAX_RUNTIME_SECONDS))
             failed_replica: int | None = None
             gpu_util: tuple[float, ...] = ()
             try:

@@ -380,8 +380,9 @@ def session_addresses_record(statuses: Iterable[WorkloadStatus]) -> int:
 
 def session_launch_fields(job: Job) -> dict[str, str]:
     """The LaunchSpec fields of a session's attempt (its path and token), {} for any
-    other job. Jobs of other tiers cost no query."""
-    if job.tier.slug != settings.FAIRQ_SESSION_TIER:
+    other job. Not by tier: rule B3 may have queued a session in its team's lowest
+    tier. A job whose command is not `jupyter lab …` (every session's) costs no query."""
+    if list(job.command or [])[:2] != ["jupyter", "lab"]:
         return {}
     path = NotebookSession.objects.filter(job_id=job.pk).values_list(
         "url_path", flat=True).first()

@@ -86,11 +86,20 @@ def kernel_activity(up: Upstream, kernel: str | None = None) -> tuple[str, datet
         kernel = api(up, "POST", "api/kernels", json={"name": "python3"}).json()["id"]
     else:
         api(up, "POST", f"api/kernels/{kernel}/restart")
-    time.sleep(1.0)  # its status messages arrive
-    kernels = api(up, "GET", "api/kernels", params={"no_track_activity": "1"}).json()
-    last = max(datetime.fromisoformat(k["last_activity"].replace("Z", "+00:00"))
-               for k in kernels)
-    return kernel, last
+    # Its start (or restart) is over once its last activity holds still for two seconds
+    # (no client is connected: its state says `starting`): a loaded machine is slow.
+    deadline, seen, still = time.monotonic() + 60, None, 0
+    while True:
+        kernels = api(up, "GET", "api/kernels", params={"no_track_activity": "1"}).json()
+        now = max(k["last_activity"] for k in kernels)
+        still = still + 1 if now == seen else 0
+        if still >= 2:
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the kernel did not settle: {kernels}")
+        seen = now
+        time.sleep(1.0)
+    return kernel, datetime.fromisoformat(now.replace("Z", "+00:00"))
 
 
 def session(job: Job) -> NotebookSession:

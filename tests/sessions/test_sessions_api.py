@@ -153,3 +153,37 @@ def test_a_member_may_not_stop_anothers_session(world: World) -> None:
     sid = start(world, world.admin, team="vision", gpu_type="a100").json()["id"]
     r = world.client(world.member).delete(f"/api/v1/sessions/{sid}/")
     assert r.status_code == 403
+
+
+def test_the_launch_spec_carries_path_and_token_whatever_the_tier(world: World) -> None:
+    """Rule B3 may queue a session in its team's lowest tier: it still gets its token."""
+    from queueing.services.scheduler import launch_spec
+
+    sid = start(world, team="vision", gpu_type="a100").json()["id"]
+    Job.objects.filter(pk=sid).update(tier=world.low)
+    spec = launch_spec(Job.objects.select_related("tier", "team", "gpu_type").get(pk=sid))
+    assert spec.notebook_prefix == f"/sessions/{sid}/lab/"
+    assert spec.notebook_token == notebook_token(job_id=sid, attempt=1)
+    plain = world.client(world.member).post("/api/v1/jobs/", {
+        "team": "vision", "name": "x", "image": "ghcr.io/acme/train:1.4", "gpu_type": "a100",
+        "gpus": 1, "command": ["jupyter", "lab"]}, format="json").json()["id"]
+    spec = launch_spec(Job.objects.select_related("tier", "team", "gpu_type").get(pk=plain))
+    assert (spec.notebook_prefix, spec.notebook_token) == ("", "")
+
+
+def test_a_simulated_session_ends_at_its_time_limit(world: World) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from queueing.services.scheduler import scheduler_cycle
+
+    sid = start(world, team="vision", gpu_type="a100", max_runtime_seconds=120).json()["id"]
+    t0 = timezone.now()
+    scheduler_cycle(now=t0)
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    assert Job.objects.get(pk=sid).status == JobState.RUNNING
+    scheduler_cycle(now=t0 + timedelta(seconds=100))
+    assert Job.objects.get(pk=sid).status == JobState.RUNNING  # not the default 60 s
+    scheduler_cycle(now=t0 + timedelta(seconds=125))
+    assert Job.objects.get(pk=sid).status == JobState.SUCCEEDED

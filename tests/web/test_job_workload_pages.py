@@ -239,7 +239,7 @@ def test_a_team_admin_sets_the_allowlists_on_the_team_page_audited(world: World)
         allowed_pull_secrets="regcred"))
     assert r.status_code == 302
     team = Team.objects.get(slug="vision")
-    assert team.allowed_pvcs == ["imagenet", "vision-checkpoints", "vision-notebooks"]
+    assert team.allowed_pvcs == ["imagenet", "vision-checkpoints"]
     assert (team.allowed_secrets, team.allowed_pull_secrets) == (["hf-token"], ["regcred"])
     entry = AuditEntry.objects.filter(object_type="accounts.Team", action="update").latest("id")
     assert "allowed_pvcs" in entry.changes and entry.actor == world.admin
