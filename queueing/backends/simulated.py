@@ -216,6 +216,7 @@ class SimulatedCluster:
         # What FAIRQ_SIM_NODES says, in GPUs, per node (capacity is in units).
         self._gpus = {n.name: n.capacity for n in self._nodes.values()}
         self._units_per_gpu = units_per_gpu
+        self._units_known = False  # read once before a first submit, then by nodes()
         self._workloads: dict[str, _Workload] = {}
         # The logs of stopped workloads, newest last: readable after the stop, as a
         # Kubernetes Job's pods stay until its TTL, so the logs task can keep the tail
@@ -231,6 +232,7 @@ class SimulatedCluster:
         if self._units_per_gpu is None:
             return
         units = self._units_per_gpu()
+        self._units_known = True
         for n in (*self._nodes.values(), *self._reclaimed_nodes.values()):
             n.capacity = self._gpus.get(n.name, n.capacity) * max(1, units.get(n.gpu_type, 1))
 
@@ -297,7 +299,8 @@ class SimulatedCluster:
         with self._lock:
             if spec.name in self._workloads:
                 return  # idempotent: the name is the identity
-            self._units_read()
+            if not self._units_known:
+                self._units_read()  # else as the last `nodes()` (each cycle) read them
             placement = self._place(spec)
             if placement is None:
                 raise SimulatedClusterError(

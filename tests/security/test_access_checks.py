@@ -152,10 +152,12 @@ def test_a_job_spec_builds_the_input_of_the_same_job(world: World) -> None:
     # The spec's fields and the quantities normalised from it (resources, shm_size); the
     # topology request as its two columns; the dependencies, which are not part of the
     # spec (`job_input_with_dependencies` sets them; a resubmit does not copy them); the
-    # cluster fields (rules K3-K4), set by `job_input_with_clusters`.
+    # cluster fields (rules K3-K4), set by `job_input_with_clusters`; a fraction's slices,
+    # read from `gpus` on its GPU type (docs/api.md, "Fractions of a GPU").
     assert set(data.job_values()) == (set(JOB_SPEC_FIELDS.values()) - {"topology"}) | set(
         RESOURCE_COLUMNS.values()) | {"topology_level", "topology_mode", "dependencies",
-                                      "requested_cluster", "cluster_selector", "allow_spot"}
+                                      "requested_cluster", "cluster_selector", "allow_spot",
+                                      "gpu_slices"}
 
 
 @pytest.mark.django_db(transaction=True)
