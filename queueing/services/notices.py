@@ -59,11 +59,17 @@ def idle_notices_send(*, flagged: Iterable[int] = (), requeued: Iterable[int] = 
                     f"{tier.idle_grace_minutes} minute(s) after it was flagged, so it was "
                     f"{done} (rule U3, tier {tier.slug}).\n\n{_job_url(job.pk)}\n")
         messages.append((subject, body, None, [address]))
+    return mails_send(messages, what="utilization: e-mailing %d idle notice(s) failed")
+
+
+def mails_send(messages: list[tuple[str, str, None, list[str]]], *, what: str) -> int:
+    """Send the notices (subject, body, from = the default, recipients) in one connection;
+    how many went. A mail server that fails loses these notices only: it is logged with
+    `what` (a format of the count) and never fails the task that asked."""
     if not messages:
         return 0
     try:
         return int(send_mass_mail(messages, fail_silently=False))
     except Exception:
-        log.warning("utilization: e-mailing %d idle notice(s) failed", len(messages),
-                    exc_info=True)
+        log.warning(what, len(messages), exc_info=True)
         return 0

@@ -27,7 +27,6 @@ from typing import Any
 import httpx
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.mail import send_mass_mail
 from django.db import transaction
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
@@ -61,6 +60,7 @@ from queueing.selectors.queue_plan import queue_plan_forget
 
 from .access import check_job_access
 from .jobs import INVALID_FIELDS, job_cancel, job_input_build, job_submit, job_transition
+from .notices import mails_send
 from .usage import usage_record_attempt
 
 log = logging.getLogger(__name__)
@@ -592,13 +592,7 @@ def session_notices_send(*, warned: Iterable[int] = (), culled: Iterable[int] = 
                     f"files on its PVC are kept; start a new session to go on.\n\n"
                     f"{_session_url(s.job_id)}\n")
         messages.append((subject, body, None, [address]))
-    if not messages:
-        return 0
-    try:
-        return int(send_mass_mail(messages, fail_silently=False))
-    except Exception:
-        log.warning("sessions: e-mailing %d notice(s) failed", len(messages), exc_info=True)
-        return 0
+    return mails_send(messages, what="sessions: e-mailing %d notice(s) failed")
 
 
 def servers_unavailable_reason() -> str:
