@@ -146,8 +146,8 @@ def _refuse_type_larger_than_fleet(data: JobInput, gt: str, *, requested_cluster
     gpus, replicas = data.gpus_per_replica, data.replicas
     # Nodes are counted in the type's units (shared GPUs: slices of a time-sliced or MPS
     # type; such a type is accepted alone, so it is `data.gpu_type`).
-    units = data.gpu_slices or gpus * (data.gpu_type.units_per_device
-                                       if data.gpu_type.slug == gt else 1)
+    per_gpu = data.gpu_type.units_per_device if data.gpu_type.slug == gt else 1
+    units = data.gpu_slices or gpus * per_gpu
     selector = dict(cluster_selector or {})
     facts = submit_cluster_facts()
     clusters = None
@@ -159,6 +159,9 @@ def _refuse_type_larger_than_fleet(data: JobInput, gt: str, *, requested_cluster
     room = gang_room(gt, units, clusters=clusters, spot_ok=spot_ok, expected=expected)
     if room is None or replicas <= room.replicas:
         return
+    # What is said counts GPUs: a packed type's nodes report slices.
+    room = dataclasses.replace(room, gpus=room.gpus // per_gpu,
+                               largest_node=room.largest_node // per_gpu)
     where = ("" if clusters is None else
              f" of {_clusters_text(sorted(clusters))}" if clusters else " of no cluster")
     if room.replicas == 0:

@@ -133,3 +133,15 @@ def test_the_submit_lane_and_drf_shape_a_fraction_alike(world: World, shared: An
     assert fast.status_code == slow.status_code == 201
     a, b = Job.objects.get(pk=fast.json()["id"]), Job.objects.get(pk=slow.json()["id"])
     assert (a.gpu_slices, a.gpus_per_replica) == (b.gpu_slices, b.gpus_per_replica) == (1, 1)
+
+
+def test_a_gang_no_time_sliced_pool_holds_is_refused_counting_gpus_not_slices(
+        world: World, shared: Any) -> None:
+    """Rule A3 at submit on a packed type: its 2 nodes of 2 GPUs (8 slices each) hold
+    one replica of 2 whole GPUs each; the refusal counts GPUs, as the job asks them."""
+    r = _post(world, gpu_type="ts-a10", gpus=2, replicas=3)
+    assert r.status_code == 400
+    assert r.json()["error"]["fields"]["replicas"] == [
+        "At most 2 replicas of 2 ts-a10 GPUs fit on the ts-a10 nodes even when empty (rule "
+        "A3: 4 GPUs that take new work); this job asks 3 (6 GPUs). The largest possible is 2 "
+        "replicas (4 GPUs)."]
