@@ -24,6 +24,7 @@ from queueing.errors import DomainError
 from queueing.selectors.sessions import session_row, session_rows, sessions_visible_to
 from queueing.services.sessions import session_get_for_actor, session_start, session_stop
 
+from .fields import GpuAmountField
 from .strict import StrictFieldsMixin
 
 MAX_LISTED = 200
@@ -82,7 +83,8 @@ class SessionSerializer(serializers.Serializer[Any]):
     message = serializers.CharField()
     image = serializers.CharField()
     gpu_type = serializers.CharField()
-    gpus = serializers.IntegerField()
+    gpus = GpuAmountField(help_text="Whole GPUs, or the fraction of one GPU (0.25), as a "
+                                    "job's gpus.")
     gpu_slices = serializers.IntegerField(help_text="0: whole GPUs; k: k slices of one GPU.")
     slices_per_gpu = serializers.IntegerField()
     gpu_share = serializers.FloatField(help_text="GPU-equivalents it holds (0.25 for 1/4).")

@@ -65,6 +65,7 @@ def test_it_starts_on_a_fraction_by_default_when_a_type_shares_slices(world: Wor
     body = r.json()
     assert body["gpu_type"] == "t4-shared" and body["gpu_slices"] == 1
     assert body["gpu"] == "1/4 t4-shared" and body["gpu_share"] == 0.25
+    assert body["gpus"] == 0.25  # as a job's `gpus` says a fraction
     assert body["memory_isolated"] is False
     r = start(world, team="vision", gpu_type="t4-shared", gpu_fraction="1/2")
     assert r.status_code == 201 and r.json()["gpu_slices"] == 2
