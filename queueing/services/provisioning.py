@@ -93,8 +93,9 @@ def preemption_policy(tier: Tier) -> str:
 def priority_class_specs() -> list[PriorityClassSpec]:
     """One per tier, the sessions' tier included: created here when absent
     (`sessions.session_tier`), so the sync that provisions a cluster makes its
-    PriorityClass before the first session's pod needs it (docs/sessions.md)."""
-    session_tier()
+    PriorityClass before the first session's pod needs it (docs/sessions.md); made
+    without queueing another sync, as this one makes its class."""
+    session_tier(in_sync=True)
     return [PriorityClassSpec(name=t.priority_class_name, value=t.priority_value,
                               preemption_policy=preemption_policy(t), tier=t.slug)
             for t in Tier.objects.order_by("rank")]

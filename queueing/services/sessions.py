@@ -142,12 +142,14 @@ START_FIELDS = ("team", "name", "image", "gpu_type", "gpus", "gpu_fraction", "pv
 MAX_IDLE_MINUTES = 7 * 24 * 60
 
 
-def session_tier() -> Tier:
+def session_tier(*, in_sync: bool = False) -> Tier:
     """The tier sessions run in (FAIRQ_SESSION_TIER), created at the first start when
     absent: not preemptible (a kernel's state does not survive a preemption), open to
     every team, ranked FAIRQ_SESSION_TIER_RANK (the next free rank above it when that is
     taken), rule U3 off (`flag`: rules N1-N4 stop idle sessions instead). Staff may
-    change any of it in the admin afterwards."""
+    change any of it in the admin afterwards. A tier saved queues a cluster sync (its
+    PriorityClass); `in_sync`: the caller IS that sync (`priority_class_specs`), so the
+    tier is created without the signal - a second sync would find nothing to do."""
     slug = settings.FAIRQ_SESSION_TIER
     tier = Tier.objects.filter(slug=slug).first()
     if tier is not None:
@@ -156,12 +158,15 @@ def session_tier() -> Tier:
     rank = int(settings.FAIRQ_SESSION_TIER_RANK)
     while rank in taken:
         rank += 1
+    fields = {"name": "Interactive notebooks", "rank": rank,
+              "priority_class_name": f"fairq-{slug}", "priority_value": rank * 1000,
+              "preemptible": False, "open_to_all_teams": True,
+              "idle_action": IdleAction.FLAG}
+    if in_sync:
+        Tier.objects.bulk_create([Tier(slug=slug, **fields)], ignore_conflicts=True)
+        return Tier.objects.get(slug=slug)
     with transaction.atomic():
-        tier, _ = Tier.objects.get_or_create(slug=slug, defaults={
-            "name": "Interactive notebooks", "rank": rank,
-            "priority_class_name": f"fairq-{slug}", "priority_value": rank * 1000,
-            "preemptible": False, "open_to_all_teams": True,
-            "idle_action": IdleAction.FLAG})
+        tier, _ = Tier.objects.get_or_create(slug=slug, defaults=fields)
     return tier
 
 
