@@ -40,6 +40,18 @@ def _missing_reason() -> str | None:
     return None
 
 
+def browser_or_skip(missing: str | None = None) -> None:
+    """Skip the test when Chromium or playwright is missing - or `missing` names what
+    else it needs and does not have - and fail it instead under FAIRQ_REQUIRE_BROWSER=1
+    (CI), so a skip never hides a gap."""
+    reason = _missing_reason() or missing
+    if reason is None:
+        return
+    if os.environ.get("FAIRQ_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"FAIRQ_REQUIRE_BROWSER=1 but {reason}")
+    pytest.skip(reason)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     reason = _missing_reason()
     if reason is None:
@@ -71,11 +83,7 @@ def _serialize_live_server() -> Iterator[None]:
 def chromium() -> Iterator[Any]:
     """One headless Chromium per test module; closed (and its event loop gone) before the
     tests of other modules run."""
-    reason = _missing_reason()
-    if reason is not None:
-        if os.environ.get("FAIRQ_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"FAIRQ_REQUIRE_BROWSER=1 but {reason}")
-        pytest.skip(reason)
+    browser_or_skip()
     # Playwright's sync API runs an event loop in this thread; Django's ORM calls from the
     # test (factories, cycles) are still synchronous.
     previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")

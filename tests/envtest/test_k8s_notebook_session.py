@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, _missing_reason
+from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, browser_or_skip
 from tests.envtest.test_k8s_backend import Kube, job, kube, wait
 from tests.notebooks.servers import asgi_server, free_port, jupyter_available
 from tests.notebooks.test_notebook_browser import run_in_notebook
@@ -62,11 +62,8 @@ def test_a_session_runs_jupyterlab_in_its_pod_opens_through_fairq_and_is_culled_
     kube: Kube, world: Any, k8s_control_plane: Any, settings: Any, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    reason = _missing_reason()
-    if reason is not None or not jupyter_available():
-        if os.environ.get("FAIRQ_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"FAIRQ_REQUIRE_BROWSER=1 but {reason or 'no jupyterlab'}")
-        pytest.skip(reason or "jupyterlab is not installed (pip install -e '.[dev]')")
+    browser_or_skip(None if jupyter_available() else
+                    "jupyterlab is not installed (pip install -e '.[dev]')")
     from kubernetes.client.exceptions import ApiException
 
     from queueing.models import JobEvent, NotebookSession

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, _missing_reason
+from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, browser_or_skip
 from tests.notebooks.conftest import Lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -23,11 +23,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def chromium_page(lab: Lab) -> Iterator[Any]:
-    reason = _missing_reason()
-    if reason is not None:
-        if os.environ.get("FAIRQ_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"FAIRQ_REQUIRE_BROWSER=1 but {reason}")
-        pytest.skip(reason)
+    browser_or_skip()
     previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # the ORM from playwright's thread
     from playwright.sync_api import sync_playwright
