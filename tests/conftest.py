@@ -127,6 +127,18 @@ def job_body(**overrides: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
+def ts(world: World, settings: Any) -> Any:
+    """A time-sliced GPU type `ts-a10` (4 slices per GPU, docs/api.md "Fractions of a
+    GPU") on 2 simulated nodes of 2 GPUs beside the usual h100 and a100 ones; vision's
+    quota 2 of its GPUs, borrowing unlimited."""
+    settings.FAIRQ_SIM_NODES = "2x8xh100,2x8xa100,2x2xts-a10"
+    gpu_type = GpuTypeFactory(slug="ts-a10", sharing="time-sliced", slices_per_gpu=4,
+                              resource_name="nvidia.com/gpu.shared")
+    QuotaFactory(team=world.vision, gpu_type=gpu_type, nominal=2, borrowing_limit=None)
+    return gpu_type
+
+
+@pytest.fixture
 def on_postgres() -> bool:
     return connection.vendor == "postgresql"
 

@@ -10,21 +10,10 @@ from typing import Any
 import pytest
 
 from queueing.models import Job
-from tests.conftest import World
-from tests.factories import GpuTypeFactory, QuotaFactory
 
 from .conftest import Cli
 
 SUBMIT = ["submit", "-t", "vision", "-J", "notebook", "-i", "ghcr.io/acme/train:1.4"]
-
-
-@pytest.fixture
-def ts(world: World, settings: Any) -> Any:
-    settings.FAIRQ_SIM_NODES = "2x8xh100,2x2xts-a10"
-    gpu_type = GpuTypeFactory(slug="ts-a10", sharing="time-sliced", slices_per_gpu=4,
-                              resource_name="nvidia.com/gpu.shared")
-    QuotaFactory(team=world.vision, gpu_type=gpu_type, nominal=2, borrowing_limit=None)
-    return gpu_type
 
 
 def test_submit_a_half_gpu_and_read_it_back(cli: Cli, ts: Any) -> None:

@@ -7,22 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from django.test import Client
 
 from queueing.models import Job
 from queueing.policy.states import JobState
 from tests.conftest import World
-from tests.factories import GpuTypeFactory, JobFactory, QuotaFactory
-
-
-@pytest.fixture
-def ts(world: World, settings: Any) -> Any:
-    settings.FAIRQ_SIM_NODES = "2x8xh100,2x8xa100,2x2xts-a10"
-    gpu_type = GpuTypeFactory(slug="ts-a10", sharing="time-sliced", slices_per_gpu=4,
-                              resource_name="nvidia.com/gpu.shared")
-    QuotaFactory(team=world.vision, gpu_type=gpu_type, nominal=2, borrowing_limit=None)
-    return gpu_type
+from tests.factories import JobFactory
 
 
 def _client(user: Any) -> Client:
