@@ -1165,3 +1165,46 @@ class NotebookSession(models.Model):
         if self.idle_since is None:
             return 0.0
         return max(0.0, (now - self.idle_since).total_seconds() / 60)
+
+
+class Reservation(models.Model):
+    """GPUs booked ahead (docs/reservations.md; rules in docs/scheduling.md, "Booked
+    GPUs"): `gpus` units of `gpu_type` for `team` from `starts_at` to `ends_at`, once
+    or repeated by `recurrence` (an RFC 5545 RRULE, e.g. "FREQ=WEEKLY;COUNT=12"; ""
+    = once) at the same wall-clock time in `timezone`. The admission pass sees its
+    occurrences as `policy.bookings.Booking`s."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="reservations")
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="reservations")
+    gpus = models.PositiveIntegerField(
+        validators=[MinValueValidator(1)],
+        help_text="Units of the GPU type booked (slices on a time-sliced type).")
+    name = models.CharField(max_length=200, blank=True, default="")
+    starts_at = models.DateTimeField(help_text="The first window's start.")
+    ends_at = models.DateTimeField(help_text="The first window's end.")
+    recurrence = models.CharField(
+        max_length=300, blank=True, default="",
+        help_text='An RFC 5545 RRULE, e.g. "FREQ=WEEKLY;COUNT=12"; empty = once.')
+    timezone = models.CharField(
+        max_length=64, default="UTC",
+        help_text="The IANA time zone a recurring window keeps its wall-clock time in.")
+    # Unused booked GPUs may run other teams' preemptible jobs, taken back at once when
+    # the team's jobs need them.
+    lend_unused = models.BooleanField(default=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["starts_at", "id"]
+        indexes = [models.Index(fields=["gpu_type", "cancelled_at"], name="reservation_type_live")]
+        constraints = [
+            models.CheckConstraint(condition=Q(gpus__gte=1), name="reservation_gpus_gte_1"),
+            models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")),
+                                   name="reservation_ends_after_start",
+                                   violation_error_message="A window must end after it starts."),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team.slug}: {self.gpus} {self.gpu_type.slug} from {self.starts_at:%Y-%m-%d %H:%M}"

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from .bookings import Booking
 from .dependencies import Counts, Dependency
 from .fairshare import FairShareState
 from .priority import PriorityWeights
@@ -343,6 +344,13 @@ class Snapshot:
     # slices_per_gpu; a type absent: 1). Quotas, running and queued jobs and nodes are
     # in units; what is said or charged in GPUs divides by this.
     units_per_gpu: Mapping[str, int] = field(default_factory=dict)
+    # Quotas in a tree (docs/scheduling.md, "Quotas in a tree"): each team's parent
+    # (its department), None or absent = top level. The same forest as rule F4's; a
+    # department is a team, and its quota rows in `quotas` are its subtree's nominal.
+    team_parent: Mapping[str, str | None] = field(default_factory=dict)
+    # Booked GPUs (docs/scheduling.md, "Booked GPUs"): the occurrences of reservations
+    # that end after `now` and start before now + the booking horizon, by start.
+    bookings: tuple[Booking, ...] = ()
 
     def billing_weight(self, gpu_type: str) -> float:
         return self.billing_weights.get(gpu_type, 1.0)

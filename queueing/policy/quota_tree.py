@@ -1,0 +1,162 @@
+"""Quotas in a tree (docs/scheduling.md, "Quotas in a tree").
+
+Departments are teams with children (rule F4's forest). Each node has, per GPU type, a
+nominal, a borrowing limit and a lending limit (`QuotaLimit`). A department's nominal
+is its whole subtree's guarantee; its children's nominals are carved out of it, and
+what is left is the department's *pool*, shared by its subtree. A department with no
+quota row of a type has the sum of its children's nominals and no pool.
+
+The arithmetic is Kueue's hierarchical cohorts', with a department's own quota its
+pool, and the root (the fleet) holding the capacity no top-level node is given:
+
+- `guaranteed(n)`: what of the node's subtree quota it never lends:
+  `max(0, subtree_quota(n) - lending_limit)`, 0 with no lending limit.
+- `subtree_quota(n) = own(n) + sum over children c of (subtree_quota(c) - guaranteed(c))`:
+  what the node can hand out to its subtree beyond its children's kept parts.
+- `usage(n) = own jobs + sum over children of max(0, usage(c) - guaranteed(c))`: what
+  the node takes from its own pool, its children's lent parts, or above.
+- `available(n) = max(0, guaranteed(n) - usage(n)) + min(available(parent), room)`,
+  `room = subtree_quota(n) - guaranteed(n) - max(0, usage(n) - guaranteed(n)) +
+  borrowing_limit` (no limit: unbounded); at the root
+  `available = subtree_quota(root) - usage(root)`.
+
+For a forest with no departments (every team top level) this is exactly rule Q1: the
+ceiling `nominal + borrowing limit` and the GPUs other teams guard.
+
+Per GPU type the tree is computed once (`O(nodes)`), and each add, remove or
+`available` walks one path to the root (`O(depth)`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+
+from .snapshot import NO_QUOTA, QuotaLimit
+
+ROOT = ""  # the fleet: the root of every GPU type's tree
+
+
+class QuotaTree:
+    """The quota tree of one snapshot, every GPU type, with usage kept as jobs move."""
+
+    def __init__(self, parent: Mapping[str, str | None],
+                 quotas: Mapping[tuple[str, str], QuotaLimit],
+                 capacity: Mapping[str, int]) -> None:
+        from .fairshare import forest_parents
+
+        teams = set(parent) | {t for t, _g in quotas}
+        raw = {t: parent.get(t) for t in teams}
+        # Rule F4's forest: an unknown parent or a cycle makes a node top level.
+        safe = forest_parents({**raw, **{p: raw.get(p) for p in raw.values() if p}})
+        self.parent: dict[str, str] = {t: (safe.get(t) or ROOT) for t in teams}
+        for t in list(safe):
+            self.parent.setdefault(t, safe[t] or ROOT)
+        self.children: dict[str, list[str]] = defaultdict(list)
+        for t, p in sorted(self.parent.items()):
+            self.children[p].append(t)
+        self.quotas = quotas
+        self.capacity = dict(capacity)
+        self.types = set(capacity) | {g for _t, g in quotas}
+        # Per (node, type): subtree quota, guaranteed, own pool; and usage as jobs move.
+        self.sq: dict[tuple[str, str], int] = {}
+        self.g: dict[tuple[str, str], int] = {}
+        self.own: dict[tuple[str, str], int] = defaultdict(int)
+        self.usage: dict[tuple[str, str], int] = defaultdict(int)
+        for gpu_type in self.types:
+            self._compute(ROOT, gpu_type)
+
+    # -- the static part ----------------------------------------------------------
+    def quota(self, node: str, gpu_type: str) -> QuotaLimit:
+        return self.quotas.get((node, gpu_type), NO_QUOTA)
+
+    def nominal(self, node: str, gpu_type: str) -> int:
+        """A node's nominal: its row's, or for a department without one the sum of its
+        children's."""
+        if node == ROOT:
+            return self.capacity.get(gpu_type, 0)
+        if (node, gpu_type) in self.quotas:
+            return self.quotas[(node, gpu_type)].nominal
+        return sum(self.nominal(c, gpu_type) for c in self.children.get(node, ()))
+
+    def _compute(self, node: str, gpu_type: str) -> None:
+        kids = self.children.get(node, ())
+        for c in kids:
+            self._compute(c, gpu_type)
+        carved = sum(self.nominal(c, gpu_type) for c in kids)
+        if node == ROOT:
+            own = self.capacity.get(gpu_type, 0) - carved
+        elif (node, gpu_type) in self.quotas:
+            own = self.quotas[(node, gpu_type)].nominal - carved
+        else:
+            own = 0
+        self.own[(node, gpu_type)] = own
+        sq = own + sum(self.sq[(c, gpu_type)] - self.g[(c, gpu_type)] for c in kids)
+        self.sq[(node, gpu_type)] = sq
+        lending = None if node == ROOT else self.quota(node, gpu_type).lending_limit
+        self.g[(node, gpu_type)] = 0 if lending is None else max(0, sq - lending)
+
+    # -- the tree's shape ------------------------------------------------------
+    def path(self, node: str) -> list[str]:
+        """`node` and its ancestors up to its top-level one (not the root)."""
+        out = []
+        while node != ROOT:
+            out.append(node)
+            node = self.parent.get(node, ROOT)
+        return out
+
+    def lca(self, a: str, b: str) -> str:
+        """The nearest node both are under (ROOT when none)."""
+        above = set(self.path(a))
+        for n in self.path(b):
+            if n in above:
+                return n
+        return ROOT
+
+    # -- usage as jobs move ------------------------------------------------------
+    def add(self, team: str, gpu_type: str, units: int) -> None:
+        """`units` more (fewer when negative) held by `team`'s own jobs."""
+        node, delta = team, units
+        if node not in self.parent:
+            self.parent[node] = ROOT
+            self.children[ROOT].append(node)
+        while delta:
+            k = (node, gpu_type)
+            g = self.g.get(k, 0)
+            before = max(0, self.usage[k] - g)
+            self.usage[k] += delta
+            if node == ROOT:
+                return
+            delta = max(0, self.usage[k] - g) - before
+            node = self.parent.get(node, ROOT)
+
+    def borrowing(self, node: str, gpu_type: str) -> bool:
+        """Does the node take more than its subtree quota (from above)?"""
+        k = (node, gpu_type)
+        return self.usage[k] > self.sq.get(k, 0)
+
+    def available(self, node: str, gpu_type: str) -> int | None:
+        """How many more units the node's own jobs may take (None = unbounded)."""
+        k = (node, gpu_type)
+        sq, g, u = self.sq.get(k, 0), self.g.get(k, 0), self.usage[k]
+        if node == ROOT:
+            return sq - u
+        up = self.available(self.parent.get(node, ROOT), gpu_type)
+        limit = self.quota(node, gpu_type).borrowing_limit
+        if limit is not None:
+            room = sq - g - max(0, u - g) + limit
+            up = room if up is None else min(up, room)
+        return max(0, g - u) + (up if up is not None else 0)
+
+    def fits(self, team: str, gpu_type: str, units: int) -> bool:
+        """Rules Q1 and Q3: may `team` take `units` more of `gpu_type`?"""
+        room = self.available(team, gpu_type)
+        return room is None or units <= room
+
+    def held(self, node: str, gpu_type: str, own_held: Mapping[str, int]) -> int:
+        """Everything the node's subtree holds, from each team's own holdings."""
+        return own_held.get(node, 0) + sum(self.held(c, gpu_type, own_held)
+                                           for c in self.children.get(node, ()))
+
+    def nodes(self) -> Iterable[str]:
+        return self.parent.keys()
