@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
+from .quota_tree import QuotaTree
 from .snapshot import QueuedJob, RunningJob, Snapshot, TopologyMode
-from .workspace import Capacity, Workspace, replica_slots
+from .workspace import Capacity, Workspace, has_departments, replica_slots
 
 
 class PreemptionRule(StrEnum):
@@ -196,8 +197,11 @@ def find_victims(
     return found, undo_found
 
 
-# Rule R4's sort key of a candidate: (tier rank, team F for reclaim else 0, work lost, id).
-_Key = tuple[int, float, float, int]
+# Rule R4's sort key of a candidate: (rule Q6's nearness, tier rank, team F for reclaim
+# else 0, work lost, id). Nearness is minus the depth of the nearest node the claimant's
+# team and the victim's are under: 0 for every candidate in a flat forest and for the
+# claimant's own team, so the tree only orders other teams' jobs nearest first.
+_Key = tuple[int, int, float, float, int]
 _Cand = tuple[_Key, RunningJob, PreemptionRule]
 
 
@@ -224,10 +228,11 @@ def _take_enough(ws: Workspace, job: QueuedJob, cands: list[_Cand],
     def still_allowed(r: RunningJob) -> bool:
         if r.id in ws.removed:
             return False
-        # Rules R2 and Q2 are re-checked as victims go: another team stops being a
-        # source of victims once it no longer borrows.
+        # Rules R2, Q2 and Q6 are re-checked as victims go: another team stops being
+        # a source of victims once it (or, in a tree, its path below the claimant's
+        # nearest common node) no longer borrows.
         return (r.team == team and rule_of[r.id] is PreemptionRule.PRIORITY) or \
-            ws.ledger.borrowing(r.team, gt)
+            ws.ledger.reclaimable(team, r.team, gt)
 
     # 1b. Its own team's ceiling (Q1): only the team's own lower-tier jobs make room.
     for _, r, _ in cands:
@@ -266,24 +271,36 @@ def _candidates(ws: Workspace, job: QueuedJob, unprotected: list[tuple[RunningJo
     times)."""
     cands: list[_Cand] = []
     gt, team, tier = job.gpu_type, job.team, job.tier_rank
-    removed, borrowing = ws.removed, ws.ledger.borrowing
+    ledger = ws.ledger
+    removed = ws.removed
     priority, reclaim = PreemptionRule.PRIORITY, PreemptionRule.RECLAIM
     running_cluster = ws.running_cluster
+    # Rule Q6: per victim team, whether it may be reclaimed from and how near it is.
+    seen: dict[str, tuple[bool, int]] = {}
+
+    def borrowing(other: str) -> tuple[bool, int]:
+        got = seen.get(other)
+        if got is None:
+            got = seen[other] = (ledger.reclaimable(team, other, gt),
+                                 ledger.nearness(team, other))
+        return got
+
     for r, lost in unprotected:
         if r.id in removed or running_cluster[r.id] != cluster:  # rule K7: its cluster only
             continue
         if not r.preemptible:
             # Rule Q2: a non-preemptible job only goes to reclaim its team's borrowing,
             # whatever the tiers; after every preemptible candidate (its tier sorts it).
-            if within_nominal and r.team != team and borrowing(r.team, gt):
-                cands.append(((r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
-        elif r.tier_rank < tier and (r.team == team or borrowing(r.team, gt)):
+            if within_nominal and r.team != team and (b := borrowing(r.team))[0]:
+                cands.append(((b[1], r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
+        elif r.tier_rank < tier and (r.team == team or borrowing(r.team)[0]):
             # Rule Q2: another team's job only while that team borrows, so no tier takes
             # what a team was guaranteed.
-            cands.append(((r.tier_rank, 0.0, lost, r.id), r, priority))
+            near = 0 if r.team == team else borrowing(r.team)[1]
+            cands.append(((near, r.tier_rank, 0.0, lost, r.id), r, priority))
         elif (within_nominal and r.team != team and r.tier_rank <= tier
-              and borrowing(r.team, gt)):
-            cands.append(((r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
+              and (b := borrowing(r.team))[0]):
+            cands.append(((b[1], r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
     return cands
 
 
@@ -310,7 +327,7 @@ def _cost(chosen: list[RunningJob], key_of: dict[int, _Key]) -> tuple[object, ..
     then their sort keys. Never the count alone: two 1-GPU jobs of a low tier that ran
     minutes are cheaper than one 8-GPU job of a higher tier that ran hours."""
     keys = [key_of[r.id] for r in chosen]
-    return (max(r.tier_rank for r in chosen), sum(k[2] for k in keys), len(chosen),
+    return (max(r.tier_rank for r in chosen), sum(k[3] for k in keys), len(chosen),
             tuple(keys))
 
 
@@ -478,8 +495,23 @@ def _take_in_one_domain(ws: Workspace, cands: list[_Cand],
 def owed_claim(snapshot: Snapshot, job: QueuedJob, gpu_type: str) -> bool:
     """Rule R11: `job` is owed its GPUs of `gpu_type` - its team's GPUs of that type held
     by its jobs of the job's tier or above, plus the job's, fit in the team's nominal
-    quota (Q1). Lower tiers of its own team do not count: they are what it may preempt."""
+    quota (Q1). Lower tiers of its own team do not count: they are what it may preempt.
+    Rule Q7: in a tree, counted the same way per department, every department above
+    the team stays within its nominal too."""
     held = sum(r.total_gpus for r in snapshot.running
                if r.team == job.team and r.gpu_type == gpu_type
                and r.tier_rank >= job.tier_rank)
-    return held + job.total_gpus <= snapshot.quota(job.team, gpu_type).nominal
+    if held + job.total_gpus > snapshot.quota(job.team, gpu_type).nominal:
+        return False
+    if not has_departments(snapshot.team_parent):
+        return True
+    # Rule Q7: every department above the team stays within its nominal too.
+    tree = QuotaTree(snapshot.team_parent, snapshot.quotas, {})
+    path = tree.path(job.team)[1:]
+    above: dict[str, int] = dict.fromkeys(path, 0)
+    for r in snapshot.running:
+        if r.gpu_type == gpu_type and r.tier_rank >= job.tier_rank:
+            for node in tree.path(r.team):
+                if node in above:
+                    above[node] += r.total_gpus
+    return all(above[n] + job.total_gpus <= tree.nominal(n, gpu_type) for n in path)

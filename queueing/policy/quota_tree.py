@@ -65,6 +65,12 @@ class QuotaTree:
         self.usage: dict[tuple[str, str], int] = defaultdict(int)
         for gpu_type in self.types:
             self._compute(ROOT, gpu_type)
+        # Rule Q4: per GPU type, the guarantee no node uses yet (`max(0, g - usage)` summed
+        # over the nodes), kept as usage moves: 0 = nobody guards anything.
+        self.unused_guaranteed: dict[str, int] = defaultdict(int)
+        for (node, gpu_type), g in self.g.items():
+            if node != ROOT:
+                self.unused_guaranteed[gpu_type] += g
 
     # -- the static part ----------------------------------------------------------
     def quota(self, node: str, gpu_type: str) -> QuotaLimit:
@@ -123,11 +129,14 @@ class QuotaTree:
         while delta:
             k = (node, gpu_type)
             g = self.g.get(k, 0)
-            before = max(0, self.usage[k] - g)
-            self.usage[k] += delta
+            u = self.usage[k]
+            before = max(0, u - g)
+            self.usage[k] = u + delta
             if node == ROOT:
                 return
-            delta = max(0, self.usage[k] - g) - before
+            if g:
+                self.unused_guaranteed[gpu_type] += max(0, g - u - delta) - max(0, g - u)
+            delta = max(0, u + delta - g) - before
             node = self.parent.get(node, ROOT)
 
     def borrowing(self, node: str, gpu_type: str) -> bool:
@@ -149,9 +158,42 @@ class QuotaTree:
         return max(0, g - u) + (up if up is not None else 0)
 
     def fits(self, team: str, gpu_type: str, units: int) -> bool:
-        """Rules Q1 and Q3: may `team` take `units` more of `gpu_type`?"""
+        """Rules Q1 and Q4: may `team` take `units` more of `gpu_type`?"""
         room = self.available(team, gpu_type)
         return room is None or units <= room
+
+    def within_limits(self, node: str, gpu_type: str) -> tuple[int | None, str]:
+        """Rule Q4 without the fleet's cap: how many more units the node's own jobs may
+        take under the borrowing limits of its path (None = unbounded), and the node
+        whose limit binds ("" when none does). The root's capacity is left out: that
+        GPUs exist is rule A2's business, and GPUs guarded above the top level are
+        rule A1's lending wait. Ties name the nearest node."""
+        if node == ROOT:
+            return None, ""
+        k = (node, gpu_type)
+        sq, g, u = self.sq.get(k, 0), self.g.get(k, 0), self.usage[k]
+        up, who = self.within_limits(self.parent.get(node, ROOT), gpu_type)
+        limit = self.quota(node, gpu_type).borrowing_limit
+        if limit is not None:
+            room = sq - g - max(0, u - g) + limit
+            if up is None or room <= up:
+                up, who = room, node
+        return (None if up is None else max(0, g - u) + up), who
+
+    def depth(self, node: str) -> int:
+        """The root's is 0, a top-level node's 1."""
+        return len(self.path(node))
+
+    def guarders(self, gpu_type: str, besides: str) -> list[tuple[str, int]]:
+        """Rule Q4's words: the nodes off `besides`' path that keep unused guarantee of
+        `gpu_type` (their subtree quota beyond their lending limit), most first."""
+        mine = set(self.path(besides))
+        out = [(n, self.g.get((n, gpu_type), 0) - self.usage[(n, gpu_type)])
+               for n in self.parent if n not in mine]
+        return sorted(((n, k) for n, k in out if k > 0), key=lambda x: (-x[1], x[0]))
+
+    def is_department(self, node: str) -> bool:
+        return bool(self.children.get(node))
 
     def held(self, node: str, gpu_type: str, own_held: Mapping[str, int]) -> int:
         """Everything the node's subtree holds, from each team's own holdings."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from queueing.policy.quota_tree import QuotaTree
+
     from .state import Pass, Try
 
 
@@ -32,7 +34,38 @@ def _owed_nominal(p: Pass, t: Try) -> int:
     by_tier = _tier_held(p).get(t.key)
     rank = job.tier_rank
     held = sum(g for r, g in by_tier.items() if r >= rank) if by_tier else 0
-    return quota.nominal if held + t.total <= quota.nominal else 0
+    if held + t.total > quota.nominal:
+        return 0
+    return quota.nominal if _ancestors_within(p, t) else 0
+
+
+def _ancestors_within(p: Pass, t: Try) -> bool:
+    """Rule Q7: with the try, every department above its team stays within its nominal,
+    counting per department what rule R11 counts for a team (its subtree's GPUs held by
+    tiers at or above the job's, the pass's admissions and victims included)."""
+    tree = p.ledger.tree
+    if tree is None:
+        return True
+    path = tree.path(t.job.team)
+    if len(path) < 2:
+        return True
+    rank, gt = t.job.tier_rank, t.gt
+    by_team = {team: sum(g for r, g in by_tier.items() if r >= rank)
+               for (team, g_t), by_tier in _tier_held(p).items() if g_t == gt}
+    for node in path[1:]:
+        held = sum(by_team.get(team, 0) for team in _subtree(tree, node))
+        if held + t.total > tree.nominal(node, gt):
+            return False
+    return True
+
+
+def _subtree(tree: QuotaTree, node: str) -> list[str]:
+    out, todo = [], [node]
+    while todo:
+        n = todo.pop()
+        out.append(n)
+        todo.extend(tree.children.get(n, ()))
+    return out
 
 
 def _tier_held(p: Pass) -> dict[tuple[str, str], dict[int, int]]:
@@ -105,8 +138,13 @@ def _borrowed(p: Pass, gpu_type: str) -> tuple[int, int, dict[str, int]]:
     stamp = len(p.preemptions)
     seen = p.borrowed.get(gpu_type)
     if seen is None or seen[0] != stamp:
-        quota = p.snapshot.quota
-        teams = {team: held for (team, gt), held in p.ledger.running_held.items()
-                 if gt == gpu_type and held > quota(team, gt).nominal}
+        quota, tree = p.snapshot.quota, p.ledger.running_tree
+        if tree is None:
+            teams = {team: held for (team, gt), held in p.ledger.running_held.items()
+                     if gt == gpu_type and held > quota(team, gt).nominal}
+        else:  # rule Q6: a team is a source while some node on its path borrows
+            teams = {team: held for (team, gt), held in p.ledger.running_held.items()
+                     if gt == gpu_type and held > 0
+                     and any(tree.borrowing(n, gt) for n in tree.path(team))}
         seen = p.borrowed[gpu_type] = (stamp, sum(teams.values()), teams)
     return seen

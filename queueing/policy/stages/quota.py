@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from .flavors import unheld_anywhere
 from .owed import owed
-from .waits import CODE, WaitReason
+from .waits import CODE, Wait, WaitReason
 
 if TYPE_CHECKING:
     from .state import Pass, Step, Try
@@ -24,6 +24,8 @@ def quota_fit(p: Pass, t: Try) -> Step | None:
     its submit), not "raise the quota", which cannot help. None: go on. An owed claim
     (rule R11) may make room even when the pass has no search left."""
     job = t.job
+    if p.ledger.tree is not None:
+        return _tree_fit(p, t)
     ceiling = p.ceilings.get(t.key)
     if ceiling is None:
         return None
@@ -44,5 +46,63 @@ def quota_fit(p: Pass, t: Try) -> Step | None:
 def borrowing_blocked(p: Pass, t: Try) -> bool:
     """Rule A1: would the try eat into GPUs other teams guard (their unused nominal
     beyond their lending limits)? Only asked within the ceiling."""
-    return not t.over and p.ledger.guarded_total.get(t.gt, 0) > 0 and \
-        p.ledger.lending_blocks(t.job.team, t.gt, t.total)
+    ledger = p.ledger
+    return not t.over and (ledger.tree is not None or ledger.guarded_total.get(t.gt, 0) > 0) \
+        and ledger.lending_blocks(t.job.team, t.gt, t.total)
+
+
+def _tree_fit(p: Pass, t: Try) -> Step | None:
+    """Rule Q4, `quota_fit` in a tree: over a borrowing limit of the team's path, the
+    job waits naming the binding level (as over its ceiling in rule Q1) unless its own
+    team's lower tiers could make room (rule R1). Its wait is put in words now (it names
+    a node): the replay of waits does not give it again."""
+    job = t.job
+    t.over = p.ledger.tree_limit(job.team, t.gt, t.total) is not None
+    if not t.over or ((p.may_search or owed(p, t) is not None)
+                      and p.ws.lowest_tier.get(t.key, job.tier_rank) < job.tier_rank):
+        return None
+    unheld = unheld_anywhere(p, t)
+    if unheld is not None:
+        p.raw[job.id] = (unheld[0], t.index, unheld[1], unheld[2])
+        return (*unheld, "")
+    tree_wait(p, t)
+    return ()  # DONE: decided, nothing for the replay
+
+
+def tree_wait(p: Pass, t: Try) -> None:
+    """Rule Q4's words for a try over a borrowing limit of its path: which level binds,
+    its nominal + borrowing limit and what its subtree holds (rule E6: `never_fits`
+    when the job alone passes it)."""
+    job, gt = t.job, t.gt
+    tree = p.ledger.tree
+    binding = p.ledger.tree_limit(job.team, gt, t.total)
+    assert tree is not None and binding is not None
+    node, cap, held = binding
+    q = tree.quota(node, gt)
+    nominal = tree.nominal(node, gt)
+    who = (f"team {node}" if node == job.team
+           else f"department {node} (above team {job.team})")
+    limit = f"nominal {nominal} + borrowing limit {q.borrowing_limit or 0}"
+    if t.total > cap:
+        p.raw[job.id] = Wait(job.id, WaitReason.NEVER_FITS, (
+            f"{who} may hold at most {cap} {gt} GPUs ({limit}); this job asks "
+            f"{t.total}: it can never run unless the quota is raised (rules Q4, E6)"))
+        return
+    p.raw[job.id] = Wait(job.id, WaitReason.QUOTA, (
+        f"{who} may hold at most {cap} {gt} GPUs ({limit}) and holds {held}; "
+        f"{t.total} more would pass it (rule Q4)"))
+
+
+def tree_lending_wait(p: Pass, t: Try) -> None:
+    """Rule Q4's words for a try the fleet's cap refuses while other nodes guard GPUs:
+    how many are left and who guards them (their subtree quota beyond their lending
+    limit)."""
+    job, gt = t.job, t.gt
+    tree = p.ledger.tree
+    assert tree is not None
+    left = max(0, p.ledger.capacity_total.get(gt, 0) - p.ledger.used[gt])
+    names = [f"{'department' if tree.is_department(n) else 'team'} {n} ({k})"
+             for n, k in tree.guarders(gt, job.team)[:3]]
+    p.raw[job.id] = Wait(job.id, WaitReason.LENDING, (
+        f"the {left} {gt} GPUs left are guarded by {', '.join(names) or 'other teams'} "
+        f"(their lending limits); team {job.team} may not borrow them (rule Q4)"))
