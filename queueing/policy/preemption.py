@@ -158,7 +158,7 @@ def find_victims(
     def fits() -> bool:
         return ws.fits(team, gt, g, reps, cpu=cpu, memory=mem, topology=topo, pool=pool)
 
-    within_nominal = ws.ledger.within_nominal(team, gt, job.total_gpus)
+    within_nominal = ws.ledger.within_own_nominal(team, gt, job.total_gpus)
     unprotected = _unprotected(ws, gt, now, protect)
     if not within_nominal and _FLOOR:
         # Beyond its nominal a job preempts only by rule R1, a preemptible job of a lower
@@ -234,11 +234,13 @@ def _take_enough(ws: Workspace, job: QueuedJob, cands: list[_Cand],
         return (r.team == team and rule_of[r.id] is PreemptionRule.PRIORITY) or \
             ws.ledger.reclaimable(team, r.team, gt)
 
-    # 1b. Its own team's ceiling (Q1): only the team's own lower-tier jobs make room.
+    # 1b. Its own team's ceiling (Q1): only the team's own lower-tier jobs make room;
+    # in a tree (rule Q4) over a department's borrowing limit, any candidate under it.
     for _, r, _ in cands:
         if ws.ledger.over_ceiling(team, gt, job.total_gpus) is None:
             break
-        if r.team == team and still_allowed(r):
+        if (r.team == team or ws.ledger.under_limit(team, r.team, gt, job.total_gpus)) \
+                and still_allowed(r):
             take([r])
     if ws.ledger.over_ceiling(team, gt, job.total_gpus) is not None:
         undo_all()
@@ -275,15 +277,20 @@ def _candidates(ws: Workspace, job: QueuedJob, unprotected: list[tuple[RunningJo
     removed = ws.removed
     priority, reclaim = PreemptionRule.PRIORITY, PreemptionRule.RECLAIM
     running_cluster = ws.running_cluster
-    # Rule Q6: per victim team, whether it may be reclaimed from and how near it is.
+    # Rule Q6: per victim team, whether it borrows below the nearest common node, how
+    # near it is, and whether the claimant's path below that node is within guarantee.
     seen: dict[str, tuple[bool, int]] = {}
+    reach = ledger.reclaim_reach(team, gt, job.total_gpus) if within_nominal else None
 
     def borrowing(other: str) -> tuple[bool, int]:
         got = seen.get(other)
         if got is None:
             got = seen[other] = (ledger.reclaimable(team, other, gt),
-                                 ledger.nearness(team, other))
+                                 ledger.nearness(team, other, gt))
         return got
+
+    def claim(other: str) -> bool:
+        return reach is None or ledger.lca(team, other) in reach
 
     for r, lost in unprotected:
         if r.id in removed or running_cluster[r.id] != cluster:  # rule K7: its cluster only
@@ -291,7 +298,8 @@ def _candidates(ws: Workspace, job: QueuedJob, unprotected: list[tuple[RunningJo
         if not r.preemptible:
             # Rule Q2: a non-preemptible job only goes to reclaim its team's borrowing,
             # whatever the tiers; after every preemptible candidate (its tier sorts it).
-            if within_nominal and r.team != team and (b := borrowing(r.team))[0]:
+            if within_nominal and r.team != team and (b := borrowing(r.team))[0] \
+                    and claim(r.team):
                 cands.append(((b[1], r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
         elif r.tier_rank < tier and (r.team == team or borrowing(r.team)[0]):
             # Rule Q2: another team's job only while that team borrows, so no tier takes
@@ -299,7 +307,7 @@ def _candidates(ws: Workspace, job: QueuedJob, unprotected: list[tuple[RunningJo
             near = 0 if r.team == team else borrowing(r.team)[1]
             cands.append(((near, r.tier_rank, 0.0, lost, r.id), r, priority))
         elif (within_nominal and r.team != team and r.tier_rank <= tier
-              and (b := borrowing(r.team))[0]):
+              and (b := borrowing(r.team))[0] and claim(r.team)):
             cands.append(((b[1], r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
     return cands
 
@@ -325,10 +333,11 @@ def _cost(chosen: list[RunningJob], key_of: dict[int, _Key]) -> tuple[object, ..
     """Rule R4's price of a set of victims: the highest tier among them (lower is
     cheaper), then the work they lose in total (GPU-hours), then how many they are,
     then their sort keys. Never the count alone: two 1-GPU jobs of a low tier that ran
-    minutes are cheaper than one 8-GPU job of a higher tier that ran hours."""
+    minutes are cheaper than one 8-GPU job of a higher tier that ran hours. Rule Q6
+    first: the farthest victim's nearness (0 for all in a flat forest)."""
     keys = [key_of[r.id] for r in chosen]
-    return (max(r.tier_rank for r in chosen), sum(k[3] for k in keys), len(chosen),
-            tuple(keys))
+    return (max(k[0] for k in keys), max(r.tier_rank for r in chosen),
+            sum(k[3] for k in keys), len(chosen), tuple(keys))
 
 
 def _take_per_replica(ws: Workspace, cands: list[_Cand],
@@ -507,11 +516,9 @@ def owed_claim(snapshot: Snapshot, job: QueuedJob, gpu_type: str) -> bool:
         return True
     # Rule Q7: every department above the team stays within its nominal too.
     tree = QuotaTree(snapshot.team_parent, snapshot.quotas, {})
-    path = tree.path(job.team)[1:]
-    above: dict[str, int] = dict.fromkeys(path, 0)
+    above: dict[str, int] = defaultdict(int)
     for r in snapshot.running:
         if r.gpu_type == gpu_type and r.tier_rank >= job.tier_rank:
-            for node in tree.path(r.team):
-                if node in above:
-                    above[node] += r.total_gpus
-    return all(above[n] + job.total_gpus <= tree.nominal(n, gpu_type) for n in path)
+            above[r.team] += r.total_gpus
+    return tree.within_guarantee(job.team, gpu_type, job.total_gpus,
+                                 lambda n: above[n]) >= len(tree.path(job.team))

@@ -30,7 +30,7 @@ Per GPU type the tree is computed once (`O(nodes)`), and each add, remove or
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from .snapshot import NO_QUOTA, QuotaLimit
 
@@ -56,6 +56,7 @@ class QuotaTree:
         for t, p in sorted(self.parent.items()):
             self.children[p].append(t)
         self.quotas = quotas
+        self._nominal: dict[tuple[str, str], int] = {}
         self.capacity = dict(capacity)
         self.types = set(capacity) | {g for _t, g in quotas}
         # Per (node, type): subtree quota, guaranteed, own pool; and usage as jobs move.
@@ -83,7 +84,38 @@ class QuotaTree:
             return self.capacity.get(gpu_type, 0)
         if (node, gpu_type) in self.quotas:
             return self.quotas[(node, gpu_type)].nominal
-        return sum(self.nominal(c, gpu_type) for c in self.children.get(node, ()))
+        key = (node, gpu_type)
+        got = self._nominal.get(key)
+        if got is None:
+            got = self._nominal[key] = sum(self.nominal(c, gpu_type)
+                                           for c in self.children.get(node, ()))
+        return got
+
+    def within_guarantee(self, team: str, gpu_type: str, units: int,
+                         held: Callable[[str], int]) -> int:
+        """Rules Q6, Q7: how many nodes of `team`'s path, from the team up, stay within
+        their nominal with `units` more for the team (all of them: `len(path(team))`).
+        `held(n)`: what node n's own jobs hold. A department counts its own jobs, the
+        path's child as computed below it, and each other child's subtree only up to
+        that child's nominal: a child's borrowing is not the department's guarantee in
+        use (rule Q5), so a sibling borrowing a team's lent share does not put the team
+        beyond its department's guarantee."""
+        path = self.path(team)
+        below, value = "", 0
+        for i, node in enumerate(path):
+            value += held(node) + (units if i == 0 else 0) + sum(
+                self._capped(c, gpu_type, held) for c in self.children.get(node, ())
+                if c != below)
+            if value > self.nominal(node, gpu_type):
+                return i
+            below = node
+        return len(path)
+
+    def _capped(self, node: str, gpu_type: str, held: Callable[[str], int]) -> int:
+        """What `node`'s subtree holds within its guarantee (rule Q7's count)."""
+        inner = held(node) + sum(self._capped(c, gpu_type, held)
+                                 for c in self.children.get(node, ()))
+        return min(inner, self.nominal(node, gpu_type))
 
     def _compute(self, node: str, gpu_type: str) -> None:
         kids = self.children.get(node, ())

@@ -739,6 +739,15 @@ class Ledger:
         cap = self.tree.nominal(node, gpu_type) + (q.borrowing_limit or 0)
         return node, cap, self.subtree_held[(node, gpu_type)]
 
+    def under_limit(self, team: str, other: str, gpu_type: str, gpus: int) -> bool:
+        """Rule Q4: is `other` under the department whose borrowing limit `gpus` more
+        for `team` would pass (not the team's own: its own jobs make room there)?"""
+        if self.tree is None:
+            return False
+        binding = self.tree_limit(team, gpu_type, gpus)
+        return binding is not None and binding[0] != team and \
+            binding[0] in self.tree.path(other)
+
     def lending_blocks(self, team: str, gpu_type: str, gpus: int) -> bool:
         """Rule Q1: would `gpus` more for `team` eat into GPUs other teams guard?
 
@@ -754,15 +763,34 @@ class Ledger:
         return self.used[gpu_type] + gpus + others > self.capacity_total.get(gpu_type, 0)
 
     def within_nominal(self, team: str, gpu_type: str, gpus: int) -> bool:
-        """Rules R2, Q6: the team, and in a tree every department above it, stays within
-        its nominal with `gpus` more."""
-        if self.held[(team, gpu_type)] + gpus > self._snapshot.quota(team, gpu_type).nominal:
+        """Rules R2, Q6: the team, and in a tree every department above it (rule Q7's
+        count: `QuotaTree.within_guarantee`), stays within its nominal with `gpus`
+        more."""
+        if not self.within_own_nominal(team, gpu_type, gpus):
             return False
         tree = self.tree
         if tree is None:
             return True
-        return all(self.subtree_held[(n, gpu_type)] + gpus <= tree.nominal(n, gpu_type)
-                   for n in tree.path(team)[1:])
+        return self.reclaim_reach(team, gpu_type, gpus) is None
+
+    def within_own_nominal(self, team: str, gpu_type: str, gpus: int) -> bool:
+        """Rule R2: the team itself stays within its nominal with `gpus` more."""
+        return self.held[(team, gpu_type)] + gpus <= self._snapshot.quota(team, gpu_type).nominal
+
+    def reclaim_reach(self, team: str, gpu_type: str, gpus: int) -> frozenset[str] | None:
+        """Rule Q6's claimant side: the common departments below which the team's path
+        stays within its guarantee with `gpus` more - a reclaim from a team whose
+        nearest common node with it is one of them is allowed. None: all of them (flat,
+        or the whole path within)."""
+        tree = self.tree
+        if tree is None:
+            return None
+        path = tree.path(team)
+        held = self.held
+        reach = tree.within_guarantee(team, gpu_type, gpus, lambda n: held.get((n, gpu_type), 0))
+        if reach >= len(path):
+            return None
+        return frozenset(path[:reach + 1])
 
     def borrowing(self, team: str, gpu_type: str) -> bool:
         """Rule R2: do the team's running jobs (minus victims taken) exceed its nominal?"""
@@ -783,13 +811,21 @@ class Ledger:
                 return True
         return False
 
-    def nearness(self, claimant: str, team: str) -> int:
-        """Rule Q6's order: minus the depth of the nearest node `claimant` and `team` are
-        under (siblings before cousins before other departments); 0 flat or own team."""
-        tree = self.tree
+    def lca(self, a: str, b: str) -> str:
+        """The nearest node both teams are under ("" = the fleet, and flat)."""
+        return "" if self.tree is None else self.tree.lca(a, b)
+
+    def nearness(self, claimant: str, team: str, gpu_type: str) -> int:
+        """Rule Q6's order: nearest first - minus twice the depth of the nearest node
+        `claimant` and `team` are under (siblings before cousins before other
+        departments), and at one depth a team that borrows itself before one that is
+        only under a borrowing department; 0 flat (every candidate of another team
+        borrows there) and for the claimant's own team."""
+        tree = self.running_tree
         if tree is None or claimant == team:
             return 0
-        return -tree.depth(tree.lca(claimant, team))
+        itself = 0 if tree.borrowing(team, gpu_type) else 1
+        return -2 * tree.depth(tree.lca(claimant, team)) + itself
 
 
 class Workspace:

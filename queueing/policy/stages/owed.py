@@ -10,8 +10,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from queueing.policy.quota_tree import QuotaTree
-
     from .state import Pass, Try
 
 
@@ -41,31 +39,18 @@ def _owed_nominal(p: Pass, t: Try) -> int:
 
 def _ancestors_within(p: Pass, t: Try) -> bool:
     """Rule Q7: with the try, every department above its team stays within its nominal,
-    counting per department what rule R11 counts for a team (its subtree's GPUs held by
-    tiers at or above the job's, the pass's admissions and victims included)."""
+    counting per department what rule R11 counts for a team (GPUs held by tiers at or
+    above the job's, the pass's admissions and victims included), each other child's
+    subtree up to that child's nominal (`QuotaTree.within_guarantee`)."""
     tree = p.ledger.tree
     if tree is None:
-        return True
-    path = tree.path(t.job.team)
-    if len(path) < 2:
         return True
     rank, gt = t.job.tier_rank, t.gt
     by_team = {team: sum(g for r, g in by_tier.items() if r >= rank)
                for (team, g_t), by_tier in _tier_held(p).items() if g_t == gt}
-    for node in path[1:]:
-        held = sum(by_team.get(team, 0) for team in _subtree(tree, node))
-        if held + t.total > tree.nominal(node, gt):
-            return False
-    return True
-
-
-def _subtree(tree: QuotaTree, node: str) -> list[str]:
-    out, todo = [], [node]
-    while todo:
-        n = todo.pop()
-        out.append(n)
-        todo.extend(tree.children.get(n, ()))
-    return out
+    path = tree.path(t.job.team)
+    return tree.within_guarantee(t.job.team, gt, t.total,
+                                 lambda n: by_team.get(n, 0)) >= len(path)
 
 
 def _tier_held(p: Pass) -> dict[tuple[str, str], dict[int, int]]:

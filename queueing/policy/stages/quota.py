@@ -54,12 +54,15 @@ def borrowing_blocked(p: Pass, t: Try) -> bool:
 def _tree_fit(p: Pass, t: Try) -> Step | None:
     """Rule Q4, `quota_fit` in a tree: over a borrowing limit of the team's path, the
     job waits naming the binding level (as over its ceiling in rule Q1) unless its own
-    team's lower tiers could make room (rule R1). Its wait is put in words now (it names
+    team's lower tiers could make room (rule R1) or, over a department's limit, a
+    search may find victims under that department (rules R1, Q6). Its wait is put in words now (it names
     a node): the replay of waits does not give it again."""
     job = t.job
-    t.over = p.ledger.tree_limit(job.team, t.gt, t.total) is not None
-    if not t.over or ((p.may_search or owed(p, t) is not None)
-                      and p.ws.lowest_tier.get(t.key, job.tier_rank) < job.tier_rank):
+    binding = p.ledger.tree_limit(job.team, t.gt, t.total)
+    t.over = binding is not None
+    if binding is None or ((p.may_search or owed(p, t) is not None) and (
+            binding[0] != job.team
+            or p.ws.lowest_tier.get(t.key, job.tier_rank) < job.tier_rank)):
         return None
     unheld = unheld_anywhere(p, t)
     if unheld is not None:
@@ -101,8 +104,13 @@ def tree_lending_wait(p: Pass, t: Try) -> None:
     tree = p.ledger.tree
     assert tree is not None
     left = max(0, p.ledger.capacity_total.get(gt, 0) - p.ledger.used[gt])
+    guarders = tree.guarders(gt, job.team)
     names = [f"{'department' if tree.is_department(n) else 'team'} {n} ({k})"
-             for n, k in tree.guarders(gt, job.team)[:3]]
+             for n, k in guarders[:3]]
+    if len(guarders) > 3:
+        names.append(f"{len(guarders) - 3} more")
+    guarded = min(left, sum(k for _n, k in guarders))
     p.raw[job.id] = Wait(job.id, WaitReason.LENDING, (
-        f"the {left} {gt} GPUs left are guarded by {', '.join(names) or 'other teams'} "
-        f"(their lending limits); team {job.team} may not borrow them (rule Q4)"))
+        f"{guarded} of the {left} {gt} GPUs left are guarded by "
+        f"{', '.join(names) or 'other teams'} (their lending limits); team {job.team} "
+        "may not borrow them (rule Q4)"))
