@@ -212,6 +212,13 @@ class QuotaTree:
                 up, who = room, node
         return (None if up is None else max(0, g - u) + up), who
 
+    def guarded_off_path(self, team: str, gpu_type: str) -> int:
+        """Rule Q4: the unused guarantee kept by nodes off `team`'s path (what the
+        team's own path keeps it may use)."""
+        mine = sum(max(0, self.g.get((n, gpu_type), 0) - self.usage[(n, gpu_type)])
+                   for n in self.path(team))
+        return self.unused_guaranteed[gpu_type] - mine
+
     def depth(self, node: str) -> int:
         """The root's is 0, a top-level node's 1."""
         return len(self.path(node))

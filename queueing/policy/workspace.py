@@ -752,11 +752,13 @@ class Ledger:
         """Rule Q1: would `gpus` more for `team` eat into GPUs other teams guard?
 
         Only the pool check: whether the GPUs exist on nodes is rule A2's business.
-        Rule Q4 in a tree: the fleet's cap refuses it while some node guards GPUs.
+        Rule Q4 in a tree: the quota tree refuses it while some node off the team's path
+        guards GPUs (else it is the fleet's cap alone: rule A2's capacity wait).
         """
         tree = self.tree
         if tree is not None:
-            return tree.unused_guaranteed[gpu_type] > 0 and not tree.fits(team, gpu_type, gpus)
+            return tree.guarded_off_path(team, gpu_type) > 0 and \
+                not tree.fits(team, gpu_type, gpus)
         others = self.guarded_total[gpu_type] - self.guarded(team, gpu_type)
         if others <= 0:
             return False

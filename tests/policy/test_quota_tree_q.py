@@ -6,16 +6,26 @@ the mutation of rule Q6 it catches)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
 
 import pytest
+from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import strategies as st
 
+from queueing.policy import workspace
 from queueing.policy.admission import WaitReason, plan_admissions
 from queueing.policy.preemption import owed_claim
 from queueing.policy.quota_tree import QuotaTree
-from queueing.policy.snapshot import QuotaLimit
-from queueing.policy.workspace import Workspace
+from queueing.policy.snapshot import (
+    PreemptionSettings,
+    QueuedJob,
+    QuotaLimit,
+    RunningJob,
+    Snapshot,
+)
+from queueing.policy.workspace import Ledger, Workspace
 
-from .tree_world import GT, place, queued, two_cycles, victim_teams, world
+from .tree_world import GT, NOW, place, queued, two_cycles, victim_teams, world
 
 Q = QuotaLimit
 
@@ -251,3 +261,215 @@ def test_rule_q7_the_pass_counts_what_it_already_claimed() -> None:
     s = replace(s, preemption=replace(s.preemption, max_searches=0))
     plan = plan_admissions(s)
     assert [p.preemptor_id for p in plan.preemptions] == [10]
+
+
+# --- Volcano's reported failures of hierarchical reclaim, as scenarios --------------------
+# volcano#4817, #4679, #3990, #4808: "reclaim does not work in hierarchical mode". Each
+# runs two cycles: the claimant's victims are taken in the first, it runs in the second.
+
+def test_rule_q6_volcano_reclaim_across_two_levels() -> None:
+    """lab > group > alpha (alpha guaranteed 8 through two departments) while beta, in
+    another department, borrows the whole fleet: alpha takes back its 8."""
+    parent = {"alpha": "group", "group": "lab", "lab": None, "beta": "other",
+              "other": None}
+    quotas = {"lab": Q(8), "group": Q(8), "alpha": Q(8), "other": Q(8), "beta": Q(8)}
+    running = place([(1, "beta", 8), (2, "beta", 8)], 2)
+    first, _s2, second = two_cycles(world(parent, quotas, running,
+                                          [queued(10, "alpha", 8)], 2))
+    assert victim_teams(first) == ["beta"]
+    assert [a.job_id for a in second.admissions] == [10]
+
+
+def test_rule_q6_volcano_a_sibling_borrowing_from_an_idle_department() -> None:
+    """x and y share department d1 (8 each); d2 (team z, 16) is idle, so y borrows it.
+    When z's work arrives, z takes back its 16 from y - never from x, within its share."""
+    parent = {"x": "d1", "y": "d1", "d1": None, "z": "d2", "d2": None}
+    quotas = {"d1": Q(16), "x": Q(8), "y": Q(8), "d2": Q(16), "z": Q(16)}
+    running = place([(1, "x", 8), (2, "y", 8), (3, "y", 8), (4, "y", 8)], 4)
+    first, _s2, second = two_cycles(world(parent, quotas, running,
+                                          [queued(10, "z", 16)], 4))
+    assert victim_teams(first) == ["y", "y"]
+    assert [a.job_id for a in second.admissions] == [10]
+
+
+def test_rule_q6_volcano_a_deep_tree_with_lending_limits_at_several_levels() -> None:
+    """org > div > dept > team (4 levels) with lending limits at div and team; a team of
+    another division borrows what the deep team does not use; the deep team claims its
+    nominal back and runs, and the lending limits keep what they guard."""
+    parent = {"deep": "dept", "dept": "div", "div": "org", "org": None,
+              "near": "dept", "far": "div2", "div2": "org"}
+    quotas = {"org": Q(32), "div": Q(16, None, 8), "dept": Q(16), "deep": Q(8, None, 4),
+              "near": Q(8), "div2": Q(16), "far": Q(16)}
+    tree = QuotaTree(parent, {(t, GT): q for t, q in quotas.items()}, {GT: 32})
+    # deep keeps 4 of its 8; div keeps its subtree quota (12: deep lends only 4) beyond
+    # its lending limit of 8.
+    assert tree.g[("deep", GT)] == 4 and tree.g[("div", GT)] == 4
+    # near runs its 8; far borrows 4 beyond its 16; the 4 left are deep's kept part.
+    running = place([(1, "near", 8), (2, "far", 8), (3, "far", 8), (4, "far", 4)], 4)
+    s = world(parent, quotas, running, [queued(9, "far", 4)], 4)
+    wait = plan_admissions(s).waits[9]
+    assert wait.reason is WaitReason.LENDING
+    assert "guarded by team deep (4)" in wait.message
+    first, _s2, second = two_cycles(world(parent, quotas, running,
+                                          [queued(10, "deep", 8)], 4))
+    assert victim_teams(first) == ["far"]
+    assert [a.job_id for a in second.admissions] == [10]
+
+
+# --- the reclaim property over random trees -------------------------------------------------
+
+@st.composite
+def trees(draw: st.DrawFn) -> Snapshot:
+    """A random tree (depth up to 4; borrowing and lending limits at random levels;
+    some teams without a row) carved inside a full fleet of 2-6 nodes; running jobs of
+    its teams filling every GPU; 1-4 queued jobs. Every tier the same: the claims are
+    reclaims (rules Q6, Q7), not priority."""
+    nodes = draw(st.integers(2, 6), label="nodes")
+    fleet = nodes * 8
+    parent: dict[str, str | None] = {}
+    quotas: dict[str, QuotaLimit] = {}
+    teams: list[str] = []
+
+    def grow(name: str, above: str | None, depth: int, budget: int) -> None:
+        parent[name] = above
+        kids = draw(st.integers(0, 3)) if depth < 4 else 0
+        nominal = draw(st.integers(0, budget))
+        if kids or draw(st.booleans()):
+            borrowing = draw(st.one_of(st.none(), st.integers(0, 8)))
+            lending = draw(st.one_of(st.none(), st.integers(0, nominal)))
+            quotas[name] = QuotaLimit(nominal, borrowing, lending)
+        else:
+            nominal = 0  # no row: guaranteed nothing
+        if not kids:
+            teams.append(name)
+            return
+        carve(name, depth + 1, nominal, kids)
+
+    def carve(above: str | None, depth: int, budget: int, kids: int) -> None:
+        """The children's nominals out of `budget`; often the last takes all that is
+        left (no pool)."""
+        left = budget
+        for k in range(kids):
+            last = k == kids - 1 and draw(st.booleans())
+            share = left if last else draw(st.integers(0, left))
+            left -= share
+            grow(f"{above or 'd'}.{k}", above, depth, share)
+
+    carve(None, 1, fleet, draw(st.integers(1, 3)))
+    jobs: list[tuple[int, str, int]] = []
+    used = 0
+    while used < fleet:
+        gpus = min(fleet - used, draw(st.integers(1, 4)))
+        jobs.append((len(jobs) + 1, draw(st.sampled_from(teams)), gpus))
+        used += gpus
+    guaranteed = [t for t in teams if t in quotas] or teams
+    queue = [queued(100 + i, draw(st.sampled_from(guaranteed)), draw(st.integers(1, 4)))
+             for i in range(draw(st.integers(1, 4)))]
+    return world(parent, quotas, place(jobs, nodes), queue, nodes)
+
+
+def owed_in_order(s: Snapshot, order: tuple[int, ...]) -> list[QueuedJob]:
+    """The queued jobs owed their GPUs (rule Q7) in the pass's order, each counting the
+    ones owed before it as held."""
+    by_id = {j.id: j for j in s.queued}
+    owed: list[QueuedJob] = []
+    for job_id in order:
+        job = by_id[job_id]
+        held = tuple(RunningJob(j.id, j.team, GT, 1, j.replicas, j.tier_rank) for j in owed)
+        if owed_claim(replace(s, running=s.running + held), job, GT):
+            owed.append(job)
+    return owed
+
+
+def stranded(s: Snapshot) -> list[int]:
+    """The owed jobs not admitted after one cycle plus the victims' grace: plan,
+    remove the victims the plan preempted, plan again."""
+    first, _s2, second = two_cycles(s)
+    admitted = {a.job_id for a in (*first.admissions, *second.admissions)}
+    return [j.id for j in owed_in_order(s, first.order) if j.id not in admitted]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trees())
+def test_rule_q6_no_team_within_its_guarantee_waits_beyond_a_cycle_for_a_borrower(
+    s: Snapshot,
+) -> None:
+    """In a full fleet, every GPU another team holds beyond some guarantee is a
+    borrower's; a job owed its GPUs (its team and every department above within their
+    nominal, rule Q7) is admitted within one cycle plus its victims' grace."""
+    assert stranded(s) == []
+
+
+def _top_level_only(self: Ledger, claimant: str, team: str, gpu_type: str) -> bool:
+    """A deliberate mutation of rule Q6: only top-level borrowing counts."""
+    tree = self.running_tree
+    if tree is None:
+        return self.borrowing(team, gpu_type)
+    top = tree.path(team)[-1]
+    return top != tree.path(claimant)[-1] and tree.borrowing(top, gpu_type)
+
+
+def test_rule_q6_the_property_catches_top_level_only_reclaim(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The property above fails when rule Q6 counts only top-level borrowing: the
+    sibling scenario strands vision, and hypothesis finds a random tree that strands a
+    claim too."""
+    monkeypatch.setattr(Ledger, "reclaimable", _top_level_only)
+    running = place([(1, "speech", 4), (2, "intern", 4), (3, "prod", 8)], 2)
+    assert stranded(world(SHARE, SHARE_Q, running, [queued(10, "vision", 4)], 2)) == [10]
+    found = find(trees(), lambda s: bool(stranded(s)),
+                 settings=settings(max_examples=1000, deadline=None, database=None,
+                                   derandomize=True, phases=[Phase.generate]))
+    assert stranded(found)
+
+
+# --- the flat fast path is the tree's plan ---------------------------------------------------
+
+@st.composite
+def flat_worlds(draw: st.DrawFn) -> Snapshot:
+    """Random flat worlds (no department): quotas with random limits, running jobs of
+    three tiers, queued gangs, preemption with the product's rules R3, R5 and R9."""
+    nodes = draw(st.integers(1, 4))
+    fleet = nodes * 8
+    teams = ["a", "b", "c", "d"]
+    quotas = {t: QuotaLimit(n, draw(st.one_of(st.none(), st.integers(0, 8))),
+                            draw(st.one_of(st.none(), st.integers(0, n))))
+              for t in teams if draw(st.booleans())
+              for n in (draw(st.integers(0, fleet // 2)),)}
+    jobs: list[tuple[int, str, int]] = []
+    used = 0
+    for _ in range(draw(st.integers(0, 8))):
+        gpus = draw(st.integers(1, 6))
+        if used + gpus > fleet:
+            break
+        jobs.append((len(jobs) + 1, draw(st.sampled_from(teams)), gpus))
+        used += gpus
+    running = tuple(replace(r, tier_rank=draw(st.sampled_from([0, 100, 200])),
+                            started_at=NOW - timedelta(minutes=draw(st.integers(1, 120))))
+                    for r in place(jobs, nodes))
+    queue = [queued(100 + i, draw(st.sampled_from(teams)), draw(st.integers(1, 10)),
+                    tier=draw(st.sampled_from([0, 100, 200])))
+             for i in range(draw(st.integers(1, 6)))]
+    pre = PreemptionSettings(max_searches=draw(st.integers(0, 3)))
+    return world(dict.fromkeys(teams), quotas, running, queue, nodes, preemption=pre)
+
+
+def _plan_words(s: Snapshot) -> tuple[object, ...]:
+    plan = plan_admissions(s)
+    return (plan.admissions, plan.preemptions, plan.order,
+            sorted((j, w.reason) for j, w in plan.waits.items()))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(flat_worlds())
+def test_rule_q4_a_flat_forest_plans_the_same_through_the_tree(s: Snapshot) -> None:
+    """Rule Q1's flat ledger (the fast path) and the quota tree give the same plan -
+    admissions, preemptions and their victims, order and wait reasons - on flat worlds."""
+    flat = _plan_words(s)
+    workspace.TREE_ALWAYS = True
+    try:
+        tree = _plan_words(s)
+    finally:
+        workspace.TREE_ALWAYS = False
+    assert tree == flat
