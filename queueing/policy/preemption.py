@@ -23,6 +23,7 @@ from .workspace import Capacity, Workspace, has_departments, replica_slots
 class PreemptionRule(StrEnum):
     PRIORITY = "R1-priority"
     RECLAIM = "R2-reclaim"
+    TREE_RECLAIM = "Q6-reclaim"  # rule R2 in a forest with departments
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +276,8 @@ def _candidates(ws: Workspace, job: QueuedJob, unprotected: list[tuple[RunningJo
     gt, team, tier = job.gpu_type, job.team, job.tier_rank
     ledger = ws.ledger
     removed = ws.removed
-    priority, reclaim = PreemptionRule.PRIORITY, PreemptionRule.RECLAIM
+    priority = PreemptionRule.PRIORITY
+    reclaim = PreemptionRule.TREE_RECLAIM if ledger.departments else PreemptionRule.RECLAIM
     running_cluster = ws.running_cluster
     # Rule Q6: per victim team, whether it borrows below the nearest common node, how
     # near it is, and whether the claimant's path below that node is within guarantee.

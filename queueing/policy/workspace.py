@@ -670,7 +670,9 @@ class Ledger:
         self.running_tree: QuotaTree | None = None
         # Rule Q7: per (node, type) what its whole subtree holds (a team's own: `held`).
         self.subtree_held: dict[tuple[str, str], int] = defaultdict(int)
-        if TREE_ALWAYS or has_departments(snapshot.team_parent):
+        # Rule Q6: a forest with departments names its reclaims `Q6-reclaim`.
+        self.departments = has_departments(snapshot.team_parent)
+        if TREE_ALWAYS or self.departments:
             self._grow_tree(snapshot)
 
     def _grow_tree(self, snapshot: Snapshot) -> None:

@@ -200,7 +200,7 @@ def test_rule_q6_victims_nearest_first() -> None:
     one of them)."""
     parent = {**SHARE, "guest": None}
     running = place([(1, "speech", 4), (2, "intern", 4), (3, "guest", 4), (4, "guest", 4)], 2)
-    recent = running[2].started_at.replace(minute=50)  # 10 minutes ago, not an hour
+    recent = NOW - timedelta(minutes=10)  # not an hour ago
     running = running[:2] + tuple(replace(r, started_at=recent) for r in running[2:])
     first = plan_admissions(world(parent, SHARE_Q, running, [queued(10, "vision", 4)], 2))
     assert victim_teams(first) == ["intern"]
