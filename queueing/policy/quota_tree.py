@@ -57,6 +57,7 @@ class QuotaTree:
             self.children[p].append(t)
         self.quotas = quotas
         self._nominal: dict[tuple[str, str], int] = {}
+        self._paths: dict[str, list[str]] = {}
         self.capacity = dict(capacity)
         self.types = set(capacity) | {g for _t, g in quotas}
         # Per (node, type): subtree quota, guaranteed, own pool; and usage as jobs move.
@@ -136,12 +137,16 @@ class QuotaTree:
 
     # -- the tree's shape ------------------------------------------------------
     def path(self, node: str) -> list[str]:
-        """`node` and its ancestors up to its top-level one (not the root)."""
-        out = []
-        while node != ROOT:
-            out.append(node)
-            node = self.parent.get(node, ROOT)
-        return out
+        """`node` and its ancestors up to its top-level one (not the root). Kept: a
+        node's parent never changes (`add` only hangs unknown teams under the root)."""
+        got = self._paths.get(node)
+        if got is None:
+            got, n = [], node
+            while n != ROOT:
+                got.append(n)
+                n = self.parent.get(n, ROOT)
+            self._paths[node] = got
+        return got
 
     def lca(self, a: str, b: str) -> str:
         """The nearest node both are under (ROOT when none)."""

@@ -670,6 +670,8 @@ class Ledger:
         self.running_tree: QuotaTree | None = None
         # Rule Q7: per (node, type) what its whole subtree holds (a team's own: `held`).
         self.subtree_held: dict[tuple[str, str], int] = defaultdict(int)
+        # Rule Q4: per (team, type) `QuotaTree.within_limits` at `moves`.
+        self._limits: dict[tuple[str, str], tuple[int, int | None, str]] = {}
         # Rule Q6: a forest with departments names its reclaims `Q6-reclaim`.
         self.departments = has_departments(snapshot.team_parent)
         if TREE_ALWAYS or self.departments:
@@ -734,7 +736,11 @@ class Ledger:
         """Rule Q4: when `gpus` more for `team` would pass a borrowing limit on its path,
         (the binding node, its nominal + borrowing limit, what its subtree holds)."""
         assert self.tree is not None
-        room, node = self.tree.within_limits(team, gpu_type)
+        seen = self._limits.get((team, gpu_type))
+        if seen is None or seen[0] != self.moves:
+            seen = self._limits[(team, gpu_type)] = (
+                self.moves, *self.tree.within_limits(team, gpu_type))
+        _stamp, room, node = seen
         if room is None or gpus <= room:
             return None
         q = self.tree.quota(node, gpu_type)

@@ -45,12 +45,20 @@ def _ancestors_within(p: Pass, t: Try) -> bool:
     tree = p.ledger.tree
     if tree is None:
         return True
-    rank, gt = t.job.tier_rank, t.gt
-    by_team = {team: sum(g for r, g in by_tier.items() if r >= rank)
-               for (team, g_t), by_tier in _tier_held(p).items() if g_t == gt}
-    path = tree.path(t.job.team)
-    return tree.within_guarantee(t.job.team, gt, t.total,
-                                 lambda n: by_team.get(n, 0)) >= len(path)
+    held_by_tier = _tier_held(p)
+    rank, gt, team = t.job.tier_rank, t.gt, t.job.team
+    key = (team, gt, rank, t.total)
+    seen = p.q7_seen.get(key)
+    if seen is not None and seen[0] == p.owed_moves:
+        return seen[1]
+
+    def held(node: str) -> int:
+        by_tier = held_by_tier.get((node, gt))
+        return sum(g for r, g in by_tier.items() if r >= rank) if by_tier else 0
+
+    ok = tree.within_guarantee(team, gt, t.total, held) >= len(tree.path(team))
+    p.q7_seen[key] = (p.owed_moves, ok)
+    return ok
 
 
 def _tier_held(p: Pass) -> dict[tuple[str, str], dict[int, int]]:
@@ -81,6 +89,7 @@ def owed_move(p: Pass, team: str, gpu_type: str, tier_rank: int, gpus: int) -> N
     Before the count is built a victim needs no entry: it is in `ws.removed` by then."""
     if not p.owed_on:
         return
+    p.owed_moves += 1
     held = p.tier_held
     if held is None:
         if gpus > 0:

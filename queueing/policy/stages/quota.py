@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from .flavors import unheld_anywhere
 from .owed import owed
-from .waits import CODE, Wait, WaitReason
+from .waits import CODE, Raw, Wait, WaitReason
 
 if TYPE_CHECKING:
     from .state import Pass, Step, Try
@@ -55,8 +55,7 @@ def _tree_fit(p: Pass, t: Try) -> Step | None:
     """Rule Q4, `quota_fit` in a tree: over a borrowing limit of the team's path, the
     job waits naming the binding level (as over its ceiling in rule Q1) unless its own
     team's lower tiers could make room (rule R1) or, over a department's limit, a
-    search may find victims under that department (rules R1, Q6). Its wait is put in words now (it names
-    a node): the replay of waits does not give it again."""
+    search may find victims under that department (rules R1, Q6)."""
     job = t.job
     binding = p.ledger.tree_limit(job.team, t.gt, t.total)
     t.over = binding is not None
@@ -68,32 +67,28 @@ def _tree_fit(p: Pass, t: Try) -> Step | None:
     if unheld is not None:
         p.raw[job.id] = (unheld[0], t.index, unheld[1], unheld[2])
         return (*unheld, "")
-    tree_wait(p, t)
-    return ()  # DONE: decided, nothing for the replay
+    raw = tree_wait(p, t)
+    return (raw[0], raw[2], raw[3], "")
 
 
-def tree_wait(p: Pass, t: Try) -> None:
-    """Rule Q4's words for a try over a borrowing limit of its path: which level binds,
-    its nominal + borrowing limit and what its subtree holds (rule E6: `never_fits`
-    when the job alone passes it)."""
+def tree_wait(p: Pass, t: Try) -> Raw:
+    """Rule Q4's wait for a try over a borrowing limit of its path: `quota` (rule E6:
+    `never_fits` when the job alone passes it), held = what the binding node's subtree
+    holds, ceiling = -(k + 1) for entry k of `Waits.tree_limits` (the words name it)."""
     job, gt = t.job, t.gt
     tree = p.ledger.tree
     binding = p.ledger.tree_limit(job.team, gt, t.total)
     assert tree is not None and binding is not None
     node, cap, held = binding
-    q = tree.quota(node, gt)
-    nominal = tree.nominal(node, gt)
-    who = (f"team {node}" if node == job.team
-           else f"department {node} (above team {job.team})")
-    limit = f"nominal {nominal} + borrowing limit {q.borrowing_limit or 0}"
-    if t.total > cap:
-        p.raw[job.id] = Wait(job.id, WaitReason.NEVER_FITS, (
-            f"{who} may hold at most {cap} {gt} GPUs ({limit}); this job asks "
-            f"{t.total}: it can never run unless the quota is raised (rules Q4, E6)"))
-        return
-    p.raw[job.id] = Wait(job.id, WaitReason.QUOTA, (
-        f"{who} may hold at most {cap} {gt} GPUs ({limit}) and holds {held}; "
-        f"{t.total} more would pass it (rule Q4)"))
+    limits = p.waits.tree_limits
+    entry = (node, gt, tree.nominal(node, gt), tree.quota(node, gt).borrowing_limit or 0)
+    k = p.tree_limit_index.get(entry)
+    if k is None:
+        k = p.tree_limit_index[entry] = len(limits)
+        limits.append(entry)
+    code = _NEVER_FITS if t.total > cap else _QUOTA
+    raw = p.raw[job.id] = (code, t.index, held, -(k + 1))
+    return raw
 
 
 def tree_lending_wait(p: Pass, t: Try) -> None:
