@@ -10,7 +10,8 @@ searches per pass.
   BENCH calibration_1M_loop        a plain 1M-iteration loop: the machine's speed now
   BENCH quota_tree_flat_p50 / _max seconds per pass, no department (5 passes)
   BENCH quota_tree_tree_p50 / _max seconds per pass, the 3-level tree (5 passes)
-  BENCH quota_tree_ratio           tree p50 / flat p50
+  BENCH quota_tree_*_cpu_p50       the same in CPU seconds of this process
+  BENCH quota_tree_ratio           tree p50 / flat p50 (wall)
   BENCH quota_tree_tree_peak_alloc tracemalloc peak of one tree pass (MB)
 
 Run: `.venv/bin/python bench/bench_quota_tree.py` from the repo root (about a minute).
@@ -121,13 +122,27 @@ def flat(s: Snapshot) -> Snapshot:
                    quotas={k: q for k, q in s.quotas.items() if k[0] in teams})
 
 
-def passes(s: Snapshot, n: int = 5) -> tuple[list[float], Plan]:
-    times, plan = [], plan_admissions(s)  # one warm-up
+def passes(snapshots: dict[str, Snapshot], n: int = 5) -> dict[str, list[float]]:
+    """`n` timed passes of each snapshot, interleaved (a loaded machine slows both
+    alike), after one warm-up each."""
+    for s in snapshots.values():
+        plan_admissions(s)
+    times: dict[str, list[float]] = {name: [] for name in snapshots}
     for _ in range(n):
-        t = time.perf_counter()
-        plan = plan_admissions(s)
-        times.append(time.perf_counter() - t)
-    return times, plan
+        for name, s in snapshots.items():
+            t, c = time.perf_counter(), time.process_time()
+            plan_admissions(s)
+            times[name].append(time.perf_counter() - t)
+            times[f"{name}_cpu"] = [*times.get(f"{name}_cpu", []), time.process_time() - c]
+    return times
+
+
+def words(plan: Plan) -> str:
+    reasons: dict[str, int] = {}
+    for w in plan.waits.values():
+        reasons[w.reason.value] = reasons.get(w.reason.value, 0) + 1
+    return (f"{len(plan.admissions)} admitted, {len(plan.preemptions)} preempting, "
+            f"waits {dict(sorted(reasons.items()))}")
 
 
 def calibration() -> float:
@@ -150,18 +165,14 @@ def main() -> None:
          f"running, {len(s_tree.queued)} queued, {len(s_flat.team_parent)} teams, "
          f"{len(s_tree.team_parent)} nodes in the tree")
     for name, s in (("flat", s_flat), ("tree", s_tree)):
-        times, plan = passes(s)
-        reasons: dict[str, int] = {}
-        for w in plan.waits.values():
-            reasons[w.reason.value] = reasons.get(w.reason.value, 0) + 1
-        note(f"{name}: {len(plan.admissions)} admitted, {len(plan.preemptions)} preempting, "
-             f"waits {dict(sorted(reasons.items()))}")
-        bench(f"quota_tree_{name}_p50", statistics.median(times), "s")
-        bench(f"quota_tree_{name}_max", max(times), "s")
-        if name == "flat":
-            flat_p50 = statistics.median(times)
-        else:
-            bench("quota_tree_ratio", statistics.median(times) / flat_p50, "x")
+        note(f"{name}: {words(plan_admissions(s))}")
+    times = passes({"flat": s_flat, "tree": s_tree})
+    for name in ("flat", "tree"):
+        bench(f"quota_tree_{name}_p50", statistics.median(times[name]), "s")
+        bench(f"quota_tree_{name}_max", max(times[name]), "s")
+        bench(f"quota_tree_{name}_cpu_p50", statistics.median(times[f"{name}_cpu"]), "s")
+    bench("quota_tree_ratio", statistics.median(times["tree"]) / statistics.median(times["flat"]),
+          "x")
     tracemalloc.start()
     plan_admissions(s_tree)
     bench("quota_tree_tree_peak_alloc", tracemalloc.get_traced_memory()[1] / 2**20, "MB")

@@ -672,6 +672,9 @@ class Ledger:
         self.subtree_held: dict[tuple[str, str], int] = defaultdict(int)
         # Rule Q4: per (team, type) `QuotaTree.within_limits` at `moves`.
         self._limits: dict[tuple[str, str], tuple[int, int | None, str]] = {}
+        # Rule Q4: per (team, type) at `moves`, `QuotaTree.available` while some node
+        # off the team's path guards GPUs, else None (no lending wait).
+        self._room: dict[tuple[str, str], tuple[int, int | None]] = {}
         # Rule Q6: a forest with departments names its reclaims `Q6-reclaim`.
         self.departments = has_departments(snapshot.team_parent)
         if TREE_ALWAYS or self.departments:
@@ -765,8 +768,13 @@ class Ledger:
         """
         tree = self.tree
         if tree is not None:
-            return tree.guarded_off_path(team, gpu_type) > 0 and \
-                not tree.fits(team, gpu_type, gpus)
+            seen = self._room.get((team, gpu_type))
+            if seen is None or seen[0] != self.moves:
+                guarded = tree.guarded_off_path(team, gpu_type)
+                seen = self._room[(team, gpu_type)] = (
+                    self.moves, None if guarded <= 0 else tree.available(team, gpu_type))
+            room = seen[1]
+            return room is not None and gpus > room
         others = self.guarded_total[gpu_type] - self.guarded(team, gpu_type)
         if others <= 0:
             return False
