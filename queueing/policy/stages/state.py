@@ -79,6 +79,12 @@ class Pass:
         # `owed_log` keeping the pass's additions until then.
         self.tier_held: dict[tuple[str, str], dict[int, int]] | None = None
         self.owed_log: list[tuple[str, str, int, int]] = []
+        # Rule Q7 (`owed._ancestors_within`): per (team, GPU type, tier rank, GPUs) the
+        # answer at `owed_moves`, the count of changes to `tier_held`.
+        self.owed_moves = 0
+        self.q7_seen: dict[tuple[str, str, int, int], tuple[int, bool]] = {}
+        # Rule Q4: each entry of `waits.tree_limits` -> its index.
+        self.tree_limit_index: dict[tuple[str, str, int, int], int] = {}
         # Per GPU type, the GPUs of teams borrowing beyond their nominal (`owed.may_find`).
         self.borrowed: dict[str, tuple[int, int, dict[str, int]]] = {}
         self.searches = 0

@@ -63,7 +63,8 @@ class Waits(Mapping[int, Wait]):
     only formatted when someone reads it. Reads give equal `Wait` values every time."""
 
     __slots__ = ("_raw", "blocks", "elsewhere", "jobs", "now", "owed", "packed", "per_type",
-                 "pool_info", "protected", "refused", "reservations", "several")
+                 "pool_info", "protected", "refused", "reservations", "several",
+                 "tree_limits")
 
     def __init__(self, jobs: list[QueuedJob] | None = None,
                  now: datetime | None = None) -> None:
@@ -96,6 +97,11 @@ class Waits(Mapping[int, Wait]):
         # Rule R11: (job id, GPU type) -> its team's nominal of the type, for an owed
         # claim whose search found no victim set: its wait says it is owed.
         self.owed: dict[tuple[int, str], int] = {}
+        # Rule Q4: the departments and teams whose borrowing limit made a job wait, with
+        # (GPU type, nominal, borrowing limit); a `quota` or `never_fits` raw wait with
+        # a negative ceiling -(k + 1) names entry k (its held: what the node's subtree
+        # holds), so the replay of waits gives it again as it gives a team's.
+        self.tree_limits: list[tuple[str, str, int, int]] = []
 
     def causes(self) -> Iterator[tuple[int, str]]:
         """`Plan.wait_causes`, from the raw waits."""
@@ -147,7 +153,9 @@ class Waits(Mapping[int, Wait]):
             """Units of a slice-packed type in GPUs (rule H4: 6 slices of 4 = 1.5)."""
             return str(units) if per_gpu == 1 else f"{units / per_gpu:g}"
         level = job.topology.level if job.topology is not None else ""
-        if reason is WaitReason.NEVER_FITS:
+        if ceiling < 0 and reason in (WaitReason.QUOTA, WaitReason.NEVER_FITS):
+            msg = self._tree_words(job, reason, held, -ceiling - 1)
+        elif reason is WaitReason.NEVER_FITS:
             msg = (f"team {job.team} may hold at most {gpus(ceiling)} {gt} GPUs (its quota's "
                    f"nominal + borrowing limit); this job asks {gpus(job.total_gpus)}: it can never "
                    "run unless the quota is raised")
@@ -216,6 +224,19 @@ class Waits(Mapping[int, Wait]):
                     f"{'their' if n != 1 else 'its'} tier (rule R3), the first until "
                     f"{until_words(until, self.now)}")
         return Wait(job_id, reason, msg, until)
+
+    def _tree_words(self, job: QueuedJob, reason: WaitReason, held: int, k: int) -> str:
+        """Rule Q4: the binding level of the job's path, its nominal + borrowing limit,
+        what its subtree holds (rule E6 when the job alone passes it)."""
+        node, gt, nominal, limit = self.tree_limits[k]
+        who = (f"team {node}" if node == job.team
+               else f"department {node} (above team {job.team})")
+        words = f"{who} may hold at most {nominal + limit} {gt} GPUs (nominal {nominal} + " \
+            f"borrowing limit {limit})"
+        if reason is WaitReason.NEVER_FITS:
+            return (f"{words}; this job asks {job.total_gpus}: it can never run unless the "
+                    "quota is raised (rules Q4, E6)")
+        return f"{words} and holds {held}; {job.total_gpus} more would pass it (rule Q4)"
 
     @property
     def _one_cluster(self) -> str:
