@@ -242,10 +242,10 @@ def simulate(world: list[tuple[int, int]], jobs: list[tuple[str, int, int | None
     now = NOW
     while now < NOW + timedelta(seconds=until):
         stopping = [s for s in stopping if s[0] > now]
-        for rid, (r, end) in list(running.items()):
+        for rid, (_r, end) in list(running.items()):
             if end is not None and end <= now:
                 del running[rid]
-        used = {n: 0 for n in names}
+        used = dict.fromkeys(names, 0)
         for r, _ in running.values():
             used[r.nodes[0]] += r.total_gpus
         for _, n, g in stopping:
