@@ -3,6 +3,7 @@ without Django: tables per rule, and a property over small simulated worlds."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -42,7 +43,8 @@ def est(job: QueuedJob, seconds: int | None) -> QueuedJob:
 
 def placed(plan: Any, job_id: int) -> tuple[str, ...]:
     (a,) = [a for a in plan.admissions if a.job_id == job_id]
-    return a.placement
+    placement: tuple[str, ...] = a.placement
+    return placement
 
 
 # --- W1: held ahead, backfilled around -------------------------------------------------
@@ -216,7 +218,7 @@ def test_rule_w4_the_team_takes_lent_gpus_back_at_once() -> None:
 CYCLE, GRACE = 300, 60
 
 
-def simulate(world: list[tuple[int, int]], jobs: list[tuple[str, int, int | None]],
+def simulate(world: list[tuple[int, int]], jobs: Sequence[tuple[str, int, int | None]],
              start_min: int, gpus: int, until: int) -> list[str]:
     """Plan every CYCLE seconds from NOW on `world` (per node: GPUs) with `jobs` (team,
     GPUs, estimate) queued and one booking of `gpus` for team vision `start_min` minutes

@@ -20,8 +20,8 @@ from .test_admission import NOW, nodes, run, snap
 H = timedelta(hours=1)
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
+def utc(year: int, month: int, day: int, hour: int = 0) -> datetime:
+    return datetime(year, month, day, hour, tzinfo=UTC)
 
 
 def test_rule_w5_a_weekly_booking_keeps_its_wall_clock_time_across_daylight_saving() -> None:
