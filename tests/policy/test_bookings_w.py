@@ -169,7 +169,21 @@ def test_rule_w3_other_teams_see_the_booked_gpus_as_not_free() -> None:
     jobs = (q(1, team="b", gpus=8), q(2, team="b", gpus=8))
     plan = plan_admissions(snap(nodes=TWO, queued=jobs, bookings=(book(start=-60),)))
     assert admitted(plan) == [2]
-    assert plan.waits[1].reason is WaitReason.CAPACITY
+    wait = plan.waits[1]
+    assert wait.reason is WaitReason.CAPACITY
+    assert wait.message.endswith("; 8 h100 GPUs are booked for team vision until "
+                                 "2026-01-05 15:59:00 UTC, not free to it (rule W3)")
+
+
+def test_rule_w3_a_team_with_two_bookings_of_a_type_uses_both() -> None:
+    jobs = (q(1, team="vision", gpus=8), q(2, team="vision", gpus=8),
+            q(3, team="vision", gpus=8))
+    quotas = {("vision", "h100"): QuotaLimit(0, 0)}
+    plan = plan_admissions(snap(nodes=nodes(("h100", 8), ("h100", 8), ("h100", 8)),
+                                queued=jobs, quotas=quotas,
+                                bookings=(book(start=-60), book(start=-30, booking_id=2))))
+    assert admitted(plan) == [3, 2]
+    assert plan.waits[1].reason is WaitReason.NEVER_FITS  # beyond both, its quota of 0
 
 
 def test_rule_w3_the_teams_jobs_in_the_booking_leave_its_quota_free() -> None:

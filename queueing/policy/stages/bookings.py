@@ -90,7 +90,8 @@ class BookingPass:
     """What the pass knows of the snapshot's bookings."""
 
     ahead: dict[str, list[Ahead]] = field(default_factory=dict)
-    held: dict[tuple[str, str], Held] = field(default_factory=dict)  # (team, GPU type)
+    # (team, GPU type) -> its active bookings, by start.
+    held: dict[tuple[str, str], list[Held]] = field(default_factory=dict)
     held_types: set[str] = field(default_factory=set)
     blocked: dict[int, str] = field(default_factory=dict)  # job id -> rule W1's words
 
@@ -110,8 +111,10 @@ def plan_bookings(p: Pass) -> BookingPass:
     claimed: set[int] = set()
     for b in active:
         h = _hold(p, b, claimed)
-        book.held[(b.team, b.gpu_type)] = h
+        book.held.setdefault((b.team, b.gpu_type), []).append(h)
         book.held_types.add(b.gpu_type)
+        if h.spare:
+            p.waits.booked.setdefault(b.gpu_type, []).append((b.team, b.gpus, b.end))
     return book
 
 
@@ -379,9 +382,24 @@ def into_booking(p: Pass, t: Try) -> bool | Wait | None:
     it waits for its booking's GPUs still being freed (a `Wait`), else None - the job
     goes on as any other (its quota, the GPUs free outside the booking)."""
     assert p.book is not None
-    h = p.book.held.get(t.key)
-    if h is None or h.left < t.total:
+    waiting: Held | None = None
+    for h in p.book.held.get(t.key, ()):
+        if h.left < t.total:
+            continue
+        got = _into(p, t, h)
+        if got is not None:
+            return got
+        if h.waiting or h.lent:
+            waiting = h
+    if waiting is None:
         return None
+    return Wait(t.job.id, WaitReason.PREEMPTING,
+                f"{booking_words(waiting.booking)}: waiting for the other teams' jobs on "
+                f"them to release {waiting.waiting} GPUs (rule W2)")
+
+
+def _into(p: Pass, t: Try, h: Held) -> bool | Wait | None:
+    """`into_booking` on one booking: True placed, a `Wait` of rule W4, else None."""
     job, cap = t.job, p.cap
     g, reps = job.gpus_per_replica, job.replicas
     _spare_given(cap, h)
@@ -397,14 +415,7 @@ def into_booking(p: Pass, t: Try) -> bool | Wait | None:
         h.used += t.total
         _trim(cap, h)
         return True
-    taken = take_back(p, t, h, pools)
-    if taken is not None:
-        return taken
-    if h.waiting or h.lent:
-        return Wait(job.id, WaitReason.PREEMPTING,
-                    f"{booking_words(h.booking)}: waiting for the other teams' jobs on "
-                    f"them to release {h.waiting} GPUs (rule W2)")
-    return None
+    return take_back(p, t, h, pools)
 
 
 def _trim(cap: Capacity, h: Held) -> None:
@@ -478,7 +489,7 @@ def lends_to(p: Pass, t: Try) -> bool:
             t.job.tier_rank not in p.snapshot.lend_tiers:
         return False
     return any(gt == t.gt and team != t.job.team and h.booking.lend and h.spare
-               for (team, gt), h in book.held.items())
+               for (team, gt), hs in book.held.items() for h in hs)
 
 
 def lend(p: Pass, t: Try, place: Callable[[Pass, Try], Step | None]) -> Step | None:
@@ -486,7 +497,7 @@ def lend(p: Pass, t: Try, place: Callable[[Pass, Try], Step | None]) -> Step | N
     the type that lend given to the capacity, taken out again after (what the placement
     took of them is lent)."""
     assert p.book is not None
-    held = [h for (team, gt), h in p.book.held.items()
+    held = [h for (team, gt), hs in p.book.held.items() for h in hs
             if gt == t.gt and team != t.job.team and h.booking.lend and h.spare]
     for h in held:
         _spare_given(p.cap, h)
