@@ -330,3 +330,27 @@ def test_rule_w1_the_property_fails_when_w1_is_mutated(
     monkeypatch.setattr("queueing.policy.stages.nodes.crossing", lambda p, t: [])
     breaches = simulate(world, jobs, 40, 8, until=40 * 60 + 3 * CYCLE)
     assert any("cross it" in b for b in breaches)
+
+
+@settings(max_examples=40, deadline=None)
+@given(world=WORLDS, jobs=JOBS, start_min=st.sampled_from([15, 40, 90]),
+       team_share=st.sampled_from([1, 2]))
+def test_rule_w1_the_memo_of_held_back_shapes_plans_as_the_reference(
+        world: list[tuple[int, int]], jobs: list[tuple[str, int, int | None]],
+        start_min: int, team_share: int) -> None:
+    names = [f"h100-{i}" for i in range(len(world))]
+    world_nodes = tuple(NodeState(n, "h100", c, c - min(h, c))
+                        for n, (c, h) in zip(names, world, strict=True))
+    queued = tuple(QueuedJob(i + 1, team, "h100", g, 1, 100, NOW - timedelta(seconds=i),
+                             max_runtime_seconds=e) for i, (team, g, e) in enumerate(jobs))
+    gpus = max(1, sum(c for c, _ in world) // team_share)
+    s = snap(nodes=world_nodes, queued=queued,
+             bookings=(book(gpus=gpus, start=start_min * 60),))
+    fast = plan_admissions(s)
+    stage._HELD_BACK = False
+    try:
+        reference = plan_admissions(s)
+    finally:
+        stage._HELD_BACK = True
+    assert fast.admissions == reference.admissions
+    assert dict(fast.waits) == dict(reference.waits)
