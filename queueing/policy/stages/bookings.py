@@ -332,17 +332,22 @@ def _place_within(cap: Capacity, q: str, g: int, reps: int, cpu: int, mem: int,
     """Best fit (rule A3) of `reps` replicas of `g` GPUs in pool `q` with at most
     `avail(node)` GPUs per node; with CPU, memory or a topology the usual placement,
     kept only if it stays within `avail`. None, changing nothing, when it cannot."""
-    names = cap.nodes_of.get(q, ())
-    free = cap.free
     if topo is None and (q not in cap.constrained or not (cpu or mem)) and q not in cap.packed:
-        used: dict[str, int] = defaultdict(int)
-        if sum(min(free[n], avail(n)) // g for n in names) < reps:
+        # Only nodes with a replica's GPUs free matter, fewest free first: the walk stops
+        # once the gang is held (a long queue's crossing jobs are mostly small, or held
+        # back where few nodes have that many free).
+        slots = 0
+        for f, n in cap.nodes_by_free(q, g):
+            slots += min(f, avail(n)) // g
+            if slots >= reps:
+                break
+        else:
             return None
+        used: dict[str, int] = defaultdict(int)
         taken: list[str] = []
         for _ in range(reps):
-            name = min((n for n in names if free[n] >= g and avail(n) - used[n] >= g),
-                       key=lambda n: (free[n], n))
-            cap.set_free(name, free[name] - g)
+            name = next(n for f, n in cap.nodes_by_free(q, g) if avail(n) - used[n] >= g)
+            cap.set_free(name, cap.free[name] - g)
             used[name] += g
             taken.append(name)
         return tuple(taken)
