@@ -94,6 +94,18 @@ def test_rule_w1_gpus_freed_by_the_start_count_for_the_booking() -> None:
     assert admitted(plan) == [1] and placed(plan, 1) == ("h100-1",)
 
 
+def test_rule_w1_a_team_job_running_at_the_start_counts_in_one_booking_only() -> None:
+    # Vision's 8 running on h100-0 fill its first booking at the start; its second
+    # needs a whole other node: of two crossing 8-GPU jobs one waits.
+    world = nodes(("h100", 8, 0), ("h100", 8), ("h100", 8))
+    running = (run(50, team="vision", gpus=8, on=("h100-0",)),)
+    jobs = (est(q(1, gpus=8), None), est(q(2, gpus=8), None))
+    plan = plan_admissions(snap(nodes=world, queued=jobs, running=running,
+                                bookings=(book(gpus=8), book(gpus=8, booking_id=2))))
+    assert admitted(plan) == [2]
+    assert plan.waits[1].reason is WaitReason.RESERVED
+
+
 def test_rule_w1_the_booking_teams_own_jobs_may_cross_into_it() -> None:
     jobs = (est(q(1, team="vision", gpus=8), None), est(q(2, team="vision", gpus=8), None))
     plan = plan_admissions(snap(nodes=TWO, queued=jobs, bookings=(book(gpus=8),)))

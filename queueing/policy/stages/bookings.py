@@ -152,9 +152,14 @@ def _ahead(p: Pass, gt: str, at: datetime) -> Ahead:
                            if b.gpu_type == gt and b.active(at)), key=lambda b: (b.start, b.id)))
     own: dict[str, dict[str, int]] = {}
     short = 0
+    team_left: dict[str, int] = defaultdict(int)  # each team job counted in one booking
+    for r in still:
+        team_left[r.team] += r.total_gpus
     for b in active:
         need = b.gpus
-        need -= min(need, sum(r.total_gpus for r in still if r.team == b.team))
+        counted = min(need, team_left[b.team])
+        team_left[b.team] -= counted
+        need -= counted
         mine = own.setdefault(b.team, defaultdict(int))
         for n in sorted(base, key=lambda n: (-base[n], cap.free[n], n)):
             if need <= 0:
