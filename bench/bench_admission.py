@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from _common import bench, note  # noqa: E402  (bench/ is sys.path[0])
 
-from queueing.policy.admission import plan_admissions  # noqa: E402
+from queueing.policy.admission import Plan, plan_admissions  # noqa: E402
 from queueing.policy.bookings import Booking  # noqa: E402
 from queueing.policy.fairshare import FairShareState  # noqa: E402
 from queueing.policy.preemption import find_victims  # noqa: E402
@@ -173,19 +173,25 @@ def snapshot_10k_running() -> Snapshot:
                     preemption=PreemptionSettings(lost_per_wait=None))
 
 
+def timed_passes(snap: Snapshot, n: int = 7) -> tuple[list[float], Plan]:
+    """`n` passes of `plan_admissions` on `snap`: the seconds of each, and the plan."""
+    times = []
+    plan = None
+    for _ in range(n):
+        t = time.perf_counter()
+        plan = plan_admissions(snap)
+        times.append(time.perf_counter() - t)
+    assert plan is not None
+    return times, plan
+
+
 def bench_100k() -> None:
     t = time.perf_counter()
     snap = snapshot_100k()
     note(f"built the 100k snapshot in {time.perf_counter() - t:.2f} s: "
          f"{len(snap.queued)} queued, {len(snap.running)} running, {len(snap.nodes)} nodes, "
          f"{sum(n.capacity for n in snap.nodes)} GPUs ({sum(n.free for n in snap.nodes)} free)")
-    times = []
-    plan = None
-    for _ in range(7):
-        t = time.perf_counter()
-        plan = plan_admissions(snap)
-        times.append(time.perf_counter() - t)
-    assert plan is not None
+    times, plan = timed_passes(snap)
     note(f"pure policy pass: {len(plan.admissions)} admitted, {len(plan.preemptions)} "
          f"preemptions ({sum(len(p.victims) for p in plan.preemptions)} victims), "
          f"{len(plan.waits)} waiting")
@@ -217,13 +223,7 @@ def snapshot_100k_booked() -> Snapshot:
 def bench_100k_booked() -> None:
     """Question 1 with booked GPUs, beside the same pass without (`cycle_100k_p50`)."""
     snap = snapshot_100k_booked()
-    times = []
-    plan = None
-    for _ in range(7):
-        t = time.perf_counter()
-        plan = plan_admissions(snap)
-        times.append(time.perf_counter() - t)
-    assert plan is not None
+    times, plan = timed_passes(snap)
     held = sum(1 for w in plan.waits.values() if "rule W1" in w.message)
     note(f"with 3 bookings: {len(plan.admissions)} admitted, {len(plan.preemptions)} "
          f"preemptions, {held} held back by rule W1")

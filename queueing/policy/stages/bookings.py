@@ -34,6 +34,7 @@ from queueing.policy.snapshot import RunningJob, Topology
 from queueing.policy.workspace import Capacity
 
 from .flavors import pools_for
+from .reservation import place_within
 from .waits import CODE, Wait, WaitReason
 
 if TYPE_CHECKING:
@@ -356,16 +357,7 @@ def _place_within(cap: Capacity, q: str, g: int, reps: int, cpu: int, mem: int,
             used[name] += g
             taken.append(name)
         return tuple(taken)
-    placement = cap.place(q, g, reps, cpu=cpu, memory=mem, topology=topo)
-    if placement is None:
-        return None
-    need: dict[str, int] = defaultdict(int)
-    for n in placement:
-        need[n] += g
-    if any(avail(n) < k for n, k in need.items()):
-        cap.release(placement, g, cpu=cpu, memory=mem, slots=cap.last_slots)
-        return None
-    return placement
+    return place_within(cap, q, g, reps, cpu, mem, topo, avail)
 
 
 def blocked_wait(p: Pass, t: Try) -> Wait | None:
