@@ -198,6 +198,21 @@ def test_rule_w3_a_team_with_two_bookings_of_a_type_uses_both() -> None:
     assert plan.waits[1].reason is WaitReason.NEVER_FITS  # beyond both, its quota of 0
 
 
+def test_rule_w3_a_team_job_its_booking_cannot_hold_says_so() -> None:
+    # Its own 2-GPU jobs split the booking of 16 over two nodes: 12 free, not 8 on one.
+    running = (run(50, team="vision", gpus=2, on=("h100-0",)),
+               run(51, team="vision", gpus=2, on=("h100-1",)))
+    world = nodes(("h100", 8, 6), ("h100", 8, 6))
+    plan = plan_admissions(snap(nodes=world, running=running,
+                                queued=(q(1, team="vision", gpus=8),),
+                                bookings=(book(gpus=16, start=-60),)))
+    assert admitted(plan) == []
+    wait = plan.waits[1]
+    assert wait.reason is WaitReason.CAPACITY
+    assert wait.message.endswith("the free GPUs of team vision's booking of 16 h100 until "
+                                 "2026-01-05 15:59:00 UTC do not hold it either (rule W3)")
+
+
 def test_rule_w3_the_teams_jobs_in_the_booking_leave_its_quota_free() -> None:
     # 8 running in the booking; its ceiling of 4 still admits 4 more outside it.
     world = nodes(("h100", 8, 0), ("h100", 8))

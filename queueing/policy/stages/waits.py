@@ -280,12 +280,19 @@ ELSEWHERE = 1
 
 
 def _booked_words(booked: list[tuple[str, int, datetime]], team: str, gt: str) -> str:
-    """Rule W3 in a capacity wait: the bookings of other teams that keep GPUs free."""
+    """Rule W3 in a capacity wait: the bookings of other teams that keep GPUs free, and
+    the job's own team's, whose free GPUs did not hold it (what is left of the booking
+    is smaller than the job, or not on the nodes it needs)."""
+    words = ""
     others = [(t, n, end) for t, n, end in booked if t != team]
-    if not others:
-        return ""
-    return "; " + "; ".join(f"{n} {gt} GPUs are booked for team {t} until {_when(end)}"
-                            for t, n, end in others) + ", not free to it (rule W3)"
+    if others:
+        words = "; " + "; ".join(f"{n} {gt} GPUs are booked for team {t} until {_when(end)}"
+                                 for t, n, end in others) + ", not free to it (rule W3)"
+    for t, n, end in booked:
+        if t == team:
+            words += (f"; the free GPUs of team {t}'s booking of {n} {gt} until "
+                      f"{_when(end)} do not hold it either (rule W3)")
+    return words
 
 
 def closed_words(clusters: frozenset[str]) -> str:
