@@ -260,16 +260,21 @@ CYCLE, GRACE = 300, 60
 
 
 def simulate(world: list[tuple[int, int]], jobs: Sequence[tuple[str, int, int | None]],
-             start_min: int, gpus: int, until: int) -> list[str]:
+             start_min: int, gpus: int, until: int, lend: bool = False) -> list[str]:
     """Plan every CYCLE seconds from NOW on `world` (per node: GPUs) with `jobs` (team,
     GPUs, estimate) queued and one booking of `gpus` for team vision `start_min` minutes
-    on; jobs end by their estimates, victims hold their GPUs GRACE seconds. Returns the
-    breaches of rules W1-W2 seen."""
+    on; jobs end by their estimates, victims hold their GPUs GRACE seconds. With `lend`
+    the booking lends, and team b's jobs are of tier 0, a lending tier (rule W4): they
+    may be on the booked GPUs. Returns the breaches of rules W1-W2 seen."""
     names = [f"h100-{i}" for i in range(len(world))]
     cap = dict(zip(names, (c for c, _ in world), strict=True))
     start = NOW + timedelta(minutes=start_min)
-    b = Booking(1, "vision", "h100", gpus, start, start + timedelta(hours=3), lend=False)
-    queued = {i + 1: QueuedJob(i + 1, team, "h100", g, 1, 100,
+    b = Booking(1, "vision", "h100", gpus, start, start + timedelta(hours=3), lend=lend)
+    lent = 0 if lend else -1  # the lending tier's rank; -1: no job has it
+
+    def tier(team: str) -> int:
+        return 0 if lend and team == "b" else 100
+    queued = {i + 1: QueuedJob(i + 1, team, "h100", g, 1, tier(team),
                                NOW - timedelta(seconds=i), max_runtime_seconds=e)
               for i, (team, g, e) in enumerate(jobs)}
     # Work that ran before the booking existed: the first node's `held` GPUs, no estimate.
@@ -294,7 +299,8 @@ def simulate(world: list[tuple[int, int]], jobs: Sequence[tuple[str, int, int | 
         for _, n, g in stopping:
             used[n] += g
         if start + timedelta(seconds=CYCLE + GRACE) <= now < b.end:
-            others = sum(r.total_gpus for r, _ in running.values() if r.team != "vision")
+            others = sum(r.total_gpus for r, _ in running.values()
+                         if r.team != "vision" and r.tier_rank != lent)
             others += sum(g for _, _, g in stopping)
             if sum(cap.values()) - others < gpus:
                 breaches.append(f"{now}: other teams hold {others} of the booked GPUs")
@@ -306,7 +312,7 @@ def simulate(world: list[tuple[int, int]], jobs: Sequence[tuple[str, int, int | 
         snapshot = snap_at(
             now, nodes=tuple(NodeState(n, "h100", cap[n], cap[n] - used[n]) for n in names),
             queued=tuple(queued.values()), running=tuple(r for r, _ in running.values()),
-            bookings=(b,) if b.end > now else ())
+            bookings=(b,) if b.end > now else (), lend_tiers=frozenset({0}))
         plan = plan_admissions(snapshot)
         for p in plan.preemptions:
             for v in p.victims:
@@ -316,7 +322,8 @@ def simulate(world: list[tuple[int, int]], jobs: Sequence[tuple[str, int, int | 
             j = queued.pop(a.job_id)
             end = None if j.max_runtime_seconds is None else \
                 now + timedelta(seconds=j.max_runtime_seconds)
-            r = RunningJob(j.id, j.team, "h100", j.gpus_per_replica, 1, 100, started_at=now,
+            r = RunningJob(j.id, j.team, "h100", j.gpus_per_replica, 1, j.tier_rank,
+                           started_at=now,
                            nodes=a.placement, max_runtime_seconds=j.max_runtime_seconds)
             running[j.id] = (r, end)
             if j.team != "vision" and now < start and (end is None or end > start):
@@ -345,6 +352,18 @@ def test_rule_w1_w2_property_booked_gpus_hold_only_the_team_after_one_cycle_and_
     gpus = max(1, sum(c for c, _ in world) // share)
     world = [(c, min(h, c)) for c, h in world]
     assert simulate(world, jobs, start_min, gpus, until=start_min * 60 + 3 * CYCLE) == []
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(world=WORLDS, jobs=JOBS, start_min=st.sampled_from([15, 40, 90]),
+       share=st.sampled_from([1, 2]))
+def test_rule_w4_property_lent_gpus_are_the_only_other_teams_on_the_booking(
+        world: list[tuple[int, int]], jobs: list[tuple[str, int, int | None]],
+        start_min: int, share: int) -> None:
+    gpus = max(1, sum(c for c, _ in world) // share)
+    world = [(c, min(h, c)) for c, h in world]
+    assert simulate(world, jobs, start_min, gpus, until=start_min * 60 + 3 * CYCLE,
+                    lend=True) == []
 
 
 def test_rule_w1_the_property_fails_when_w1_is_mutated(
