@@ -147,9 +147,10 @@ QUOTA_AUDIT_LIMIT = 30
 
 
 def quota_audit_entries() -> list[AuditEntry]:
-    """The quota board's recent changes, newest first: quotas, and team weights (the
-    Team entries that changed `weight`)."""
+    """The quota board's recent changes, newest first: quotas, and team weights and
+    parents (the Team entries that changed `weight` or `parent`)."""
     return list(AuditEntry.objects.filter(
         Q(object_type="queueing.Quota")
-        | Q(object_type="accounts.Team", changes__has_key="weight"))
+        | Q(object_type="accounts.Team", changes__has_key="weight")
+        | Q(object_type="accounts.Team", changes__has_key="parent"))
         .select_related("actor").order_by("-at", "-id")[:QUOTA_AUDIT_LIMIT])

@@ -12,6 +12,8 @@ from django.db.models import Sum
 from accounts.models import Team
 from queueing.backends.base import NodeInfo
 from queueing.models import GpuType, Job, Quota
+from queueing.policy.quota_tree import ROOT, QuotaTree
+from queueing.policy.snapshot import QuotaLimit
 from queueing.policy.states import HOLDING_STATES, JobState
 
 from .arrays import arrays_unwritten
@@ -142,11 +144,23 @@ def capacity_by_gpu_type(*, nodes: list[NodeInfo] | None = None,
             r.by_team[team] = whole(r.by_team.get(team, 0) + gpus)
     for _, gpu, _, _, gpus in arrays_unwritten():  # docs/scheduling.md "Arrays": queued, no row yet
         row(gpu).queued_demand += gpus
-    for q in Quota.objects.values("gpu_type__slug").annotate(n=Sum("nominal")):
-        row(q["gpu_type__slug"]).guaranteed = int(q["n"] or 0)
+    for gpu_type, nominal in guaranteed_by_type().items():
+        row(gpu_type).guaranteed = nominal
     for r in rows.values():
         r.by_node.sort(key=lambda n: str(n["name"]))
     return sorted(rows.values(), key=lambda r: r.gpu_type), error
+
+
+def guaranteed_by_type() -> dict[str, int]:
+    """The nominals the fleet has given per GPU type: its top-level teams' and
+    departments' (a department's own row, or its teams' sum; docs/scheduling.md, "Quotas
+    in a tree: what admins write and see"), so a team's quota is not counted again in
+    its department's."""
+    parents = dict(Team.objects.values_list("slug", "parent__slug"))
+    rows = {(t, g): QuotaLimit(n, None, None) for t, g, n in
+            Quota.objects.values_list("team__slug", "gpu_type__slug", "nominal")}
+    tree = QuotaTree(parents, rows, {})  # no capacity: the root's own part is -(given)
+    return {g: -tree.own[(ROOT, g)] for g in sorted(tree.types)}
 
 
 def overcommit_warnings(rows: list[CapacityRow]) -> list[str]:

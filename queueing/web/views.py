@@ -105,6 +105,7 @@ from .forms import (
     QuotaForm,
     RoleForm,
     TeamResourcesForm,
+    TeamParentForm,
     TeamWeightForm,
     TeamWorkloadPolicyForm,
     TokenForm,
@@ -881,3 +882,40 @@ def team_weight(request: HttpRequest, team_slug: str) -> HttpResponse:
     return render(request, "web/_quota_weight_response.html",
                   {"team": team, "weight_form": form, "weight_saved": saved,
                    "audit": _quota_audit()})
+
+
+@require_POST
+@login_required
+def team_parent(request: HttpRequest, team_slug: str) -> HttpResponse:
+    """A team's parent, chosen on the quota board (staff; `team_update`, audited): a
+    move redraws the whole board (its tree changed), a refusal (rule F4 or Q8) comes
+    back in the team's parent menu."""
+    _staff_or_404(request)
+    team = team_by_slug(slug=team_slug)
+    if team is None:
+        raise Http404("no such team")
+    form = TeamParentForm(request.POST)
+    saved = False
+    if form.is_valid():
+        slug = form.cleaned_data["parent"]
+        parent = team_by_slug(slug=slug) if slug else None
+        if slug and parent is None:
+            form.add_error("parent", f"No team {slug!r}.")
+        else:
+            try:
+                team_update(actor=request.user, team=team, parent=parent)
+                saved = True
+            except ValidationError as exc:
+                team_reload(team=team)
+                for field, errs in exc.message_dict.items():
+                    form.add_error(field if field in form.fields else None, errs)
+    if not request.htmx:  # type: ignore[attr-defined]
+        return _quota_board_answer(request, form, saved=saved,
+                                   message=f"Parent of {team.slug} saved.")
+    if saved:
+        response = HttpResponse(status=204)
+        response["HX-Refresh"] = "true"  # the board's order and subtotals changed
+        return response
+    board = dash.quota_board(now=timezone.now())
+    row = next(r for r in board.tree if r.team.slug == team.slug)
+    return render(request, "web/_quota_parent.html", {"row": row, "parent_form": form})
