@@ -210,3 +210,42 @@ def _nominals(rows: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], Quot
     """Rule Q8 compares nominals only, in the rows' own devices (the same factor on both
     sides of each comparison)."""
     return {k: QuotaLimit(n, None, None) for k, n in rows.items()}
+
+
+# --- a team's standing at each level (the dashboard) ---------------------------------
+
+
+@dataclass
+class Level:
+    """One node on a team's path to the fleet, in the type's devices."""
+
+    team: str
+    held: int | float
+    nominal: int | float
+    borrowing: int | float
+    lent: int | float
+    lender: str  # who it borrows from: its parent's slug, or "the fleet"
+
+
+@dataclass
+class TypeStanding:
+    gpu_type: str
+    levels: list[Level]  # the team first, then each department above it
+    fleet_held: int | float
+    fleet_capacity: int | float
+
+
+def team_standing(*, team: str) -> list[TypeStanding]:
+    """Per GPU type where `team` or a department above it has a quota row or holds
+    some: the team's and each department's held against nominal, borrowing (and from
+    whom) and lent, then the fleet's use against its capacity."""
+    out = []
+    for tree in quota_forest().trees:
+        path = tree.path(team)
+        if not any(n.has_row or n.held for n in path):
+            continue
+        levels = [Level(n.team, n.held, n.nominal, n.borrowing, n.lent,
+                        path[i + 1].team if i + 1 < len(path) else "the fleet")
+                  for i, n in enumerate(path)]
+        out.append(TypeStanding(tree.gpu_type, levels, tree.held, tree.capacity))
+    return out

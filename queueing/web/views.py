@@ -75,6 +75,7 @@ from queueing.selectors.jobs import (
 )
 from queueing.selectors.metrics import scheduler_health
 from queueing.selectors.queue_plan import Preview, job_explain, submit_preview, team_queue
+from queueing.selectors.quota_tree import team_standing
 from queueing.selectors.reference import gpu_type_by_slug
 from queueing.selectors.utilization import idle_flags, idle_since, job_utilization
 from queueing.selectors.webhooks import (
@@ -104,8 +105,8 @@ from .forms import (
     MemberForm,
     QuotaForm,
     RoleForm,
-    TeamResourcesForm,
     TeamParentForm,
+    TeamResourcesForm,
     TeamWeightForm,
     TeamWorkloadPolicyForm,
     TokenForm,
@@ -237,6 +238,8 @@ def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
             job.idle_since = flags.get(job.pk)  # the badge (rule U2)
         ctx["recent"] = dash.team_recent_done(team=team)
         ctx["preempted"] = dash.team_recent_preemptions(team=team, now=now)
+        # Its standing at each level of the quota tree (docs/dashboard.md).
+        ctx["tree_standing"] = team_standing(team=team.slug)
     ctx["sessions"] = my_sessions(request)  # docs/dashboard.md, "Notebook sessions"
     return ctx
 
