@@ -94,7 +94,9 @@ class NodeFigures:
     guaranteed: int
     borrowing: int  # what it takes from above: usage beyond its subtree quota
     lent: int  # rule Q9: what of its nominal others hold
-    available: int | None  # what more its own jobs may take now (None: unbounded)
+    available: int | None  # what more its own jobs may take now (None: unbounded; never
+    # below 0, though the fleet's capacity may be below what is held, e.g. while nodes
+    # drain)
 
 
 def tree_figures(tree: QuotaTree, gpu_type: str,
@@ -106,11 +108,12 @@ def tree_figures(tree: QuotaTree, gpu_type: str,
     for node in tree.nodes():
         k = (node, gpu_type)
         q = tree.quota(node, gpu_type)
+        available = tree.available(node, gpu_type)
         out[node] = NodeFigures(
             team=node, parent=tree.parent.get(node, ROOT), has_row=k in tree.quotas,
             nominal=tree.nominal(node, gpu_type), borrowing_limit=q.borrowing_limit,
             lending_limit=q.lending_limit, held=tree.held(node, gpu_type, own_held),
             subtree_quota=tree.sq.get(k, 0), guaranteed=tree.g.get(k, 0),
             borrowing=max(0, tree.usage[k] - tree.sq.get(k, 0)), lent=lent.get(node, 0),
-            available=tree.available(node, gpu_type))
+            available=None if available is None else max(0, available))
     return out

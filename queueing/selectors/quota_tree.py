@@ -58,7 +58,7 @@ class TypeTree:
     capacity: int | float  # open capacity (draining clusters' nodes left out)
     held: int | float  # by every team's admitted and running jobs
     unassigned: int | float  # capacity no top-level node is given (may be < 0)
-    available: int | float  # what the fleet has left: capacity - usage at the root
+    available: int | float  # what the fleet has left: capacity - usage at the root, >= 0
     roots: list[TreeNode] = field(default_factory=list)
     by_team: dict[str, TreeNode] = field(default_factory=dict)
 
@@ -144,7 +144,7 @@ def quota_forest(*, gpu_type: str | None = None) -> QuotaForest:
         top = TypeTree(slug, sharing, spg, whole(capacity.get(slug, 0) / per),
                        whole(sum(held[slug].values()) / per),
                        whole(tree.own.get((ROOT, slug), 0) / per),
-                       whole((tree.available(ROOT, slug) or 0) / per), roots, nodes_of)
+                       whole(max(0, tree.available(ROOT, slug) or 0) / per), roots, nodes_of)
         for node in top.walk():
             node.children.sort(key=lambda c: c.team)
             for c in node.children:
