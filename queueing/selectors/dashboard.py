@@ -254,7 +254,8 @@ class QuotaBoard:
 def _tree_order(teams: list[Team]) -> list[tuple[Team, int]]:
     """`teams` depth first (rule F4's forest; a team whose parent is unknown or on a
     cycle is top level), each with its depth."""
-    safe = forest_parents({t.slug: (t.parent.slug if t.parent_id else None) for t in teams})
+    safe = forest_parents({t.slug: (t.parent.slug if t.parent is not None else None)
+                           for t in teams})
     kids: dict[str | None, list[Team]] = {}
     for t in sorted(teams, key=lambda t: t.slug):
         kids.setdefault(safe.get(t.slug), []).append(t)
@@ -294,7 +295,7 @@ def quota_board(*, now: datetime) -> QuotaBoard:
     by_team = {s.team: s for s in fairshare_standings(now=now).values()}
     nodes = {(t.gpu_type, n.team): n for t in quota_forest().trees for n in t.walk()}
     order = _tree_order(teams)
-    departments = {t.parent.slug for t in teams if t.parent_id}
+    departments = {t.parent.slug for t in teams if t.parent is not None}
     slugs = [t.slug for t, _ in order]
     rows, tree = [], []
     for team, depth in order:
@@ -305,7 +306,7 @@ def quota_board(*, now: datetime) -> QuotaBoard:
         below = _below(team.slug, order)
         tree.append(BoardRow(team, cells, by_team.get(team.slug), depth,
                              team.slug in departments,
-                             team.parent.slug if team.parent_id else None,
+                             team.parent.slug if team.parent is not None else None,
                              [s for s in slugs if s not in below]))
     by_type = {c.gpu_type: c for c in cap}
     columns = [by_type.get(g.slug, CapacityRow(g.slug)) for g in gpu_types]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from accounts.models import Team
 from queueing.models import GpuType, Quota
@@ -90,19 +91,21 @@ class QuotaForest:
     error: str = ""  # the cluster view missing or stale (capacity then 0)
 
 
-def _rows() -> tuple[dict[str, tuple[str, str | None]], list[dict[str, object]]]:
-    teams = {slug: (name, parent) for slug, name, parent
-             in Team.objects.values_list("slug", "name", "parent__slug")}
-    quotas = list(Quota.objects.values("team__slug", "gpu_type__slug", "nominal",
-                                       "borrowing_limit", "lending_limit"))
+def _rows() -> tuple[dict[str, tuple[str, str | None]], list[dict[str, Any]]]:
+    """Every team (slug -> name, parent slug) and every quota row, as stored."""
+    teams: dict[str, tuple[str, str | None]] = {
+        slug: (name, parent) for slug, name, parent
+        in Team.objects.values_list("slug", "name", "parent__slug")}
+    quotas = [dict(q) for q in Quota.objects.values(
+        "team__slug", "gpu_type__slug", "nominal", "borrowing_limit", "lending_limit")]
     return teams, quotas
 
 
-def _in_units(quotas: list[dict[str, object]], per_device: Mapping[str, int]
+def _in_units(quotas: list[dict[str, Any]], per_device: Mapping[str, int]
               ) -> dict[tuple[str, str], QuotaLimit]:
-    return {(str(q["team__slug"]), str(q["gpu_type__slug"])): quota_in_units(
-        int(q["nominal"]), q["borrowing_limit"], q["lending_limit"],  # type: ignore[arg-type]
-        per_device.get(str(q["gpu_type__slug"]), 1)) for q in quotas}
+    return {(q["team__slug"], q["gpu_type__slug"]): quota_in_units(
+        q["nominal"], q["borrowing_limit"], q["lending_limit"],
+        per_device.get(q["gpu_type__slug"], 1)) for q in quotas}
 
 
 def quota_forest(*, gpu_type: str | None = None) -> QuotaForest:
@@ -187,8 +190,8 @@ def carve_problems(*, quota: tuple[str, str, int] | None = None,
     change that leaves an existing excess as it was, or lowers it, passes."""
     teams, quotas = _rows()
     parents = {t: p for t, (_, p) in teams.items()}
-    before = {(str(q["team__slug"]), str(q["gpu_type__slug"])): int(q["nominal"])  # type: ignore[call-overload]
-              for q in quotas}
+    before: dict[tuple[str, str], int] = {(q["team__slug"], q["gpu_type__slug"]): q["nominal"]
+                                          for q in quotas}
     after = dict(before)
     new_parents = dict(parents)
     if quota is not None:
