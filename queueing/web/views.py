@@ -860,6 +860,20 @@ def _quota_board_answer(request: HttpRequest, form: Any, *, saved: bool,
                   status=400)
 
 
+def _team_update_or_errors(request: HttpRequest, team: Team, form: forms.Form,
+                           **fields: Any) -> bool:
+    """`team_update` from a quota board form: True when saved; else the team as stored
+    again and the service's messages on the form's fields."""
+    try:
+        team_update(actor=request.user, team=team, **fields)
+        return True
+    except ValidationError as exc:
+        team_reload(team=team)
+        for field, errs in exc.message_dict.items():
+            form.add_error(field if field in form.fields else None, errs)
+        return False
+
+
 @require_POST
 @login_required
 def team_weight(request: HttpRequest, team_slug: str) -> HttpResponse:
@@ -870,15 +884,8 @@ def team_weight(request: HttpRequest, team_slug: str) -> HttpResponse:
     if team is None:
         raise Http404("no such team")
     form = TeamWeightForm(request.POST)
-    saved = False
-    if form.is_valid():
-        try:
-            team_update(actor=request.user, team=team, weight=form.cleaned_data["weight"])
-            saved = True
-        except ValidationError as exc:
-            team_reload(team=team)
-            for field, errs in exc.message_dict.items():
-                form.add_error(field if field in form.fields else None, errs)
+    saved = form.is_valid() and _team_update_or_errors(request, team, form,
+                                                       weight=form.cleaned_data["weight"])
     if not request.htmx:  # type: ignore[attr-defined]
         return _quota_board_answer(request, form, saved=saved,
                                    message=f"Weight of {team.slug} saved.")
@@ -905,13 +912,7 @@ def team_parent(request: HttpRequest, team_slug: str) -> HttpResponse:
         if slug and parent is None:
             form.add_error("parent", f"No team {slug!r}.")
         else:
-            try:
-                team_update(actor=request.user, team=team, parent=parent)
-                saved = True
-            except ValidationError as exc:
-                team_reload(team=team)
-                for field, errs in exc.message_dict.items():
-                    form.add_error(field if field in form.fields else None, errs)
+            saved = _team_update_or_errors(request, team, form, parent=parent)
     if not request.htmx:  # type: ignore[attr-defined]
         return _quota_board_answer(request, form, saved=saved,
                                    message=f"Parent of {team.slug} saved.")
