@@ -11,7 +11,7 @@ from django.db.models import Sum
 
 from accounts.models import Team
 from queueing.backends.base import NodeInfo
-from queueing.models import GpuType, Job, Quota
+from queueing.models import GpuType, Job
 from queueing.policy.quota_tree import ROOT, QuotaTree
 from queueing.policy.snapshot import QuotaLimit
 from queueing.policy.states import HOLDING_STATES, JobState
@@ -156,9 +156,14 @@ def guaranteed_by_type() -> dict[str, int]:
     departments' (a department's own row, or its teams' sum; docs/scheduling.md, "Quotas
     in a tree: what admins write and see"), so a team's quota is not counted again in
     its department's."""
-    parents = dict(Team.objects.values_list("slug", "parent__slug"))
-    rows = {(t, g): QuotaLimit(n, None, None) for t, g, n in
-            Quota.objects.values_list("team__slug", "gpu_type__slug", "nominal")}
+    parents: dict[str, str | None] = {}
+    rows = {}
+    # One query: each team with each of its quota rows (none: one line of NULLs).
+    for team, parent, gpu_type, nominal in Team.objects.values_list(
+            "slug", "parent__slug", "quotas__gpu_type__slug", "quotas__nominal"):
+        parents[team] = parent
+        if gpu_type is not None:
+            rows[(team, gpu_type)] = QuotaLimit(nominal, None, None)
     tree = QuotaTree(parents, rows, {})  # no capacity: the root's own part is -(given)
     return {g: -tree.own[(ROOT, g)] for g in sorted(tree.types)}
 
