@@ -320,6 +320,22 @@ def quota_cell(*, team: Team, gpu_type: GpuType) -> QuotaCell:
     return QuotaCell(team, gpu_type, quota, allocated, tree.by_team.get(team.slug))
 
 
+def quota_cells_above(*, team: Team, gpu_type: GpuType) -> list[QuotaCell]:
+    """The cells of the departments above `team` of `gpu_type`, nearest first: their
+    teams' nominals and subtree's figures move with the team's quota."""
+    [tree] = quota_forest(gpu_type=gpu_type.slug).trees
+    above = [n.team for n in tree.path(team.slug)[1:]]
+    if not above:
+        return []
+    teams = {t.slug: t for t in Team.objects.filter(slug__in=above)}
+    quotas = {q.team_id: q for q in Quota.objects.filter(team__slug__in=above,
+                                                          gpu_type=gpu_type)}
+    held = gpus_held(gpu_type=gpu_type)
+    return [QuotaCell(teams[s], gpu_type, quotas.get(teams[s].pk),
+                      held.get((s, gpu_type.slug), 0), tree.by_team.get(s))
+            for s in above if s in teams]
+
+
 def team_quotas(*, team: Team) -> list[QuotaCell]:
     alloc = gpus_held(team=team)
     quotas = {q.gpu_type_id: q for q in Quota.objects.filter(team=team)}

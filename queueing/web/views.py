@@ -839,7 +839,10 @@ def quota_cell(request: HttpRequest, team_slug: str, gpu_slug: str) -> HttpRespo
     cap, _ = capacity_by_gpu_type()
     # The board's cluster row too (GPUs guaranteed per type): out-of-band swaps.
     ctx = {"cell": cell, "form": form, "saved": saved, "warnings": overcommit_warnings(cap),
-           "audit": _quota_audit(), "oob": True, "capacity": cap}
+           "audit": _quota_audit(), "oob": True, "capacity": cap,
+           # The departments above it: their subtotals moved (out-of-band too).
+           "cells_above": dash.quota_cells_above(team=team, gpu_type=gpu_type) if saved
+           else []}
     if not request.htmx:  # type: ignore[attr-defined]
         return _quota_board_answer(request, form, saved=saved,
                                    message=f"Quota {team.slug}/{gpu_type.slug} saved.")
