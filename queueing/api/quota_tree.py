@@ -42,6 +42,13 @@ class QuotaTreeNodeSerializer(serializers.Serializer[Any]):
     available = GpuAmountField(allow_null=True, help_text="How many more its own jobs "
                                "may take now, borrowing included (null: unbounded).")
 
+    def get_fields(self) -> dict[str, serializers.Field]:  # type: ignore[type-arg]
+        fields = super().get_fields()
+        # Nested as deep as the tree: built when read, so the class can name itself.
+        fields["children"] = QuotaTreeNodeSerializer(
+            many=True, read_only=True, help_text="The teams under it, by slug.")
+        return fields
+
     def to_representation(self, instance: Any) -> Any:
         # null limits stay null (GpuAmountField would turn them into numbers).
         data = super().to_representation(instance)
@@ -51,8 +58,6 @@ class QuotaTreeNodeSerializer(serializers.Serializer[Any]):
         return data
 
 
-QuotaTreeNodeSerializer._declared_fields["children"] = QuotaTreeNodeSerializer(
-    many=True, read_only=True, help_text="The teams under it, by slug.")
 
 
 class QuotaTreeSerializer(serializers.Serializer[Any]):
