@@ -148,3 +148,18 @@ def test_the_schema_documents_the_tree(world: World) -> None:
     assert {"lent", "borrowing", "subtree_quota", "guaranteed", "held", "available",
             "children"} <= set(node["properties"])
     assert node["properties"]["children"]["items"]["$ref"].endswith("/QuotaTreeNode")
+
+
+def test_the_fleet_counts_a_team_inside_its_department_once(world: World,
+                                                            settings: Any) -> None:
+    """The board's "guaranteed" and its overcommit warning: the top-level nominals (a
+    department's own row, or its teams' sum), never a team again beside its department."""
+    from queueing.selectors.capacity import capacity_by_gpu_type, overcommit_warnings
+
+    three_level_tree(world, settings)
+    rows, _ = capacity_by_gpu_type()
+    by_type = {r.gpu_type: r.guaranteed for r in rows}
+    assert (by_type["h100"], by_type["a100"]) == (64 + 40, 8 + 8 + 8)
+    assert overcommit_warnings(rows) == [
+        "Guaranteed a100 quotas (24 GPUs) exceed the cluster's 16 a100 GPUs: not every team "
+        "can get its nominal quota at once."]
