@@ -245,7 +245,7 @@ def team_create(
 # The team fields its team admins may change as well as staff (`team_update`).
 TEAM_ADMIN_FIELDS = frozenset({"any_member_may_cancel", "flavor_fallback"})
 
-_TEAM_HIERARCHY_LOCK = 0x66717465616D73  # "fqteams": serializes team parent changes
+_TEAM_HIERARCHY_LOCK = 0x66717465616D73  # "fqteams": serializes parent and quota changes
 
 
 def hierarchy_lock() -> None:
@@ -269,6 +269,9 @@ def team_update(*, actor: Any, team: Team, **fields: Any) -> Team:
     concurrent moves, A under B and B under A, each pass Team.clean() against the other's
     uncommitted state; without the turn PostgreSQL aborts one of them as a deadlock (a
     500), with it the second sees the first and is refused like any cycle (a 400).
+    A new parent must also hold the team's nominals (rule Q8: each department above it
+    with a quota row of a type holds its teams' nominals of that type): ValidationError
+    on `parent` otherwise, nothing written.
 
     `actor` must be staff, or a team admin of the team when only `TEAM_ADMIN_FIELDS`
     change (PermissionDenied otherwise)."""
