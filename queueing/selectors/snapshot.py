@@ -44,6 +44,7 @@ from .fairshare import (
     priority_weights,
 )
 from .preemption import nominations, preemption_policy, preemption_settings
+from .reservations import snapshot_bookings
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,9 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         flavor_fallback=flavor_fallbacks(queued, jobs.lookups),
         flavor_fallback_default=FlavorFallback.BORROW,
         units_per_gpu={t: s for t, (_, s) in lookups.units.items()},
+        # Booked GPUs (docs/reservations.md): the live reservations' windows within
+        # FAIRQ_BOOKING_HORIZON_HOURS, in the type's units.
+        bookings=snapshot_bookings(now=now),
         **ranks,
     )
 
