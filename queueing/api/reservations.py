@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -49,6 +49,9 @@ from .fields import InstantField
 from .strict import StrictFieldsMixin
 
 NEXT_WINDOWS = 10
+# A duration past a year is no window (FAIRQ_BOOKING_MAX_HOURS bounds it further).
+MAX_DURATION_SECONDS = 366 * 86400
+DURATION_RANGE = "A duration is more than 0 s and at most a year."
 
 
 class WindowSerializer(serializers.Serializer[Any]):
@@ -96,6 +99,8 @@ def reservation_data(r: Reservation, *, now: datetime) -> dict[str, Any]:
     }
 
 
+@extend_schema_field({"oneOf": [{"type": "integer", "minimum": 1},
+                               {"type": "string", "example": "2h"}]})
 class DurationField(serializers.Field[timedelta, Any, Any, Any]):
     """A duration: seconds (7200) or text (2h, 90m, 1h30m)."""
 
@@ -103,8 +108,8 @@ class DurationField(serializers.Field[timedelta, Any, Any, Any]):
         if isinstance(data, bool):
             raise serializers.ValidationError(f"Use {DURATION_HELP}.")
         if isinstance(data, int | float):
-            if data <= 0:
-                raise serializers.ValidationError("A duration is more than 0 s.")
+            if not 0 < data <= MAX_DURATION_SECONDS:
+                raise serializers.ValidationError(DURATION_RANGE)
             return timedelta(seconds=float(data))
         if not isinstance(data, str):
             raise serializers.ValidationError(f"Use {DURATION_HELP}.")
@@ -112,8 +117,8 @@ class DurationField(serializers.Field[timedelta, Any, Any, Any]):
             seconds = parse_duration(data)
         except ValueError as exc:
             raise serializers.ValidationError(str(exc)) from None
-        if seconds <= 0:
-            raise serializers.ValidationError("A duration is more than 0 s.")
+        if not 0 < seconds <= MAX_DURATION_SECONDS:
+            raise serializers.ValidationError(DURATION_RANGE)
         return timedelta(seconds=seconds)
 
     def to_representation(self, value: timedelta) -> Any:
