@@ -199,3 +199,27 @@ def only_team_of(actor: Any) -> Team | None:
     """`actor`'s team when they are in exactly one (a booking may leave it out)."""
     teams = list(Team.objects.filter(memberships__user=actor)[:2])
     return teams[0] if len(teams) == 1 else None
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineRow:
+    """One GPU type's booked windows over the next days, placed on a bar of
+    `days`: each window with its left edge and width in percent."""
+
+    gpu_type: str
+    windows: list[tuple[BookedWindow, float, float]]
+
+
+def booked_timeline(*, now: datetime, days: float = 7.0, team: Any = None) -> list[TimelineRow]:
+    """The capacity view's booked windows: per GPU type (by slug) the live windows of
+    the next `days`, each placed on a bar of that span (percent)."""
+    span = timedelta(days=days).total_seconds()
+    rows = []
+    for slug, ws in sorted(upcoming_windows(now=now, team=team, days=days).items()):
+        placed = []
+        for w in ws:
+            left = max(0.0, (w.start - now).total_seconds()) / span * 100
+            right = min(span, (w.end - now).total_seconds()) / span * 100
+            placed.append((w, round(left, 2), round(max(0.6, right - left), 2)))
+        rows.append(TimelineRow(slug, placed))
+    return rows

@@ -227,7 +227,8 @@ def _book_locked(*, actor: Any, ask: BookingAsk, now: datetime) -> Reservation:
             f"preempts hold them. "
             + (f"The earliest window that fits starts {_fmt(fits)}." if fits else
                "No window of that length fits within the booking horizon."),
-            fields={"starts_at": [f"conflict {_fmt(clash[0])}/{_fmt(clash[1])}"],
+            fields={"starts_at": [f"Its window {_fmt(clash[0])} to {_fmt(clash[1])} "
+                                  "cannot be guaranteed."],
                     "earliest": [_fmt(fits)] if fits else []})
     row = _unsaved(ask)
     row.created_by = actor if actor is not None and actor.is_authenticated else None
