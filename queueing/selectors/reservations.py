@@ -77,6 +77,7 @@ class Hold:
     end: datetime | None
     units: int
     what: str
+    booking: bool = True  # another booking's window; False: a job's GPUs
 
 
 def booking_holds(gpu_type: GpuType, *, now: datetime, until: datetime,
@@ -103,7 +104,7 @@ def booking_holds(gpu_type: GpuType, *, now: datetime, until: datetime,
         if end is not None and end <= now:
             end = now + timedelta(minutes=1)  # over its limit: going, not gone yet
         holds.append(Hold(min(start, now), end, job.units_per_replica * job.replicas,
-                          f"job {job.pk} of {job.team.slug} (not preemptible)"))
+                          f"job {job.pk} of {job.team.slug} (not preemptible)", booking=False))
     return holds
 
 

@@ -170,10 +170,15 @@ def validate_ask(ask: BookingAsk, *, now: datetime, fleet: int) -> dict[str, lis
 
 def _conflict(ask: BookingAsk, holds: list[Hold], *, fleet: int, now: datetime,
               ) -> tuple[datetime, datetime] | None:
-    """The first window of `ask` within the horizon that cannot be guaranteed."""
-    spans = [(h.start, h.end, h.units) for h in holds]
-    for s, e in windows(_unsaved(ask), after=now, before=now + horizon()):
-        if earliest_window(fleet, spans, ask.units, e - s, s, s) is None:
+    """The first window of `ask` that cannot be guaranteed: within the horizon beside
+    every hold, beyond it beside the other bookings (running work has ended or is
+    preempted by then as far as anyone can say now)."""
+    near = [(h.start, h.end, h.units) for h in holds]
+    far = [(h.start, h.end, h.units) for h in holds if h.booking]
+    edge = now + horizon()
+    for s, e in windows(_unsaved(ask), after=now, before=ask.starts_at + MAX_RECURRENCE,
+                        limit=MAX_WINDOWS):
+        if earliest_window(fleet, near if s < edge else far, ask.units, e - s, s, s) is None:
             return s, e
     return None
 
@@ -186,7 +191,7 @@ def _unsaved(ask: BookingAsk) -> Reservation:
 
 
 def _holds_for(ask: BookingAsk, *, now: datetime) -> list[Hold]:
-    until = max(now, ask.starts_at) + horizon() + ask.duration
+    until = max(now, ask.starts_at) + MAX_RECURRENCE + ask.duration
     return booking_holds(ask.gpu_type, now=now, until=until, team_id=ask.team.pk)
 
 
@@ -219,8 +224,11 @@ def _book_locked(*, actor: Any, ask: BookingAsk, now: datetime) -> Reservation:
     holds = _holds_for(ask, now=now)
     clash = _conflict(ask, holds, fleet=fleet, now=now)
     if clash is not None:
-        fits = earliest_window(fleet, [(h.start, h.end, h.units) for h in holds], ask.units,
-                               ask.duration, max(now, ask.starts_at), now + horizon())
+        # When that window could begin instead (beyond the horizon: beside bookings).
+        beyond = clash[0] >= now + horizon()
+        fits = earliest_window(fleet, [(h.start, h.end, h.units) for h in holds
+                                       if h.booking or not beyond], ask.units,
+                               ask.duration, max(now, clash[0]), clash[0] + horizon())
         raise Conflict(
             f"{ask.gpus} {ask.gpu_type.slug} GPUs cannot be guaranteed from "
             f"{_fmt(clash[0])} to {_fmt(clash[1])}: other bookings or work no booking "

@@ -183,3 +183,18 @@ def test_list_filters(world: World) -> None:
     assert [r["id"] for r in c.get("/api/v1/reservations/?active=true").json()] == [a["id"]]
     assert [r["id"] for r in c.get("/api/v1/reservations/?active=false").json()] == [b["id"]]
     assert c.get("/api/v1/reservations/?active=maybe").status_code == 400
+
+
+def test_a_weekly_booking_clashes_with_one_beyond_the_horizon(world: World,
+                                                              settings: Any) -> None:
+    settings.FAIRQ_BOOKING_HORIZON_HOURS = 48
+    # nlp holds 12 h100 in five weeks, far beyond the 48 h horizon.
+    week5 = _at(24) + timedelta(weeks=4)
+    assert _book(world, user=world.staff, team="nlp", gpus=12,
+                 starts_at=_iso(week5)).status_code == 201
+    r = _book(world, gpus=8, recurrence="FREQ=WEEKLY;COUNT=6")
+    assert r.status_code == 409, r.content
+    assert f"from {week5:%Y-%m-%dT%H:%M:%S}Z" in r.json()["error"]["message"]
+    assert r.json()["error"]["fields"]["earliest"] == [
+        f"{week5 + timedelta(hours=2):%Y-%m-%dT%H:%M:%S}Z"]
+    assert _book(world, gpus=8, recurrence="FREQ=WEEKLY;COUNT=4").status_code == 201
