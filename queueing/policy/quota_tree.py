@@ -149,7 +149,7 @@ class QuotaTree:
         return max(0, g - u) + (up if up is not None else 0)
 
     def fits(self, team: str, gpu_type: str, units: int) -> bool:
-        """Rules Q1 and Q3: may `team` take `units` more of `gpu_type`?"""
+        """Rule Q1 in the tree: may `team` take `units` more of `gpu_type`?"""
         room = self.available(team, gpu_type)
         return room is None or units <= room
 
