@@ -1,7 +1,7 @@
 """Reads of booked GPUs (docs/reservations.md): the live reservations' windows as the
-policy's `Booking`s (the cycle's `Snapshot.bookings`), what a new booking cannot take
-(`booking_holds`: other bookings and running work no booking preempts), and a type's
-fleet in its units. Reads only."""
+policy's `Booking`s (the cycle's `Snapshot.bookings`), a type's other bookings past the
+horizon (`other_bookings`; within it rule W5's `policy.bookings.booking_holds` says what
+a new booking cannot take), the lists and the capacity view's timeline. Reads only."""
 
 from __future__ import annotations
 
@@ -16,11 +16,8 @@ from django.db.models import Q, QuerySet
 from accounts.models import Team
 from accounts.selectors import teams_for_user
 from queueing.errors import NotFound
-from queueing.models import GpuType, Job, Reservation
+from queueing.models import GpuType, Reservation
 from queueing.policy.bookings import Booking, occurrences
-from queueing.policy.states import HOLDING_STATES
-
-from .cluster import cluster_view
 
 
 def horizon() -> timedelta:
@@ -62,50 +59,14 @@ def snapshot_bookings(*, now: datetime) -> tuple[Booking, ...]:
     return bookings_of(rows, after=now, before=now + horizon())
 
 
-def fleet_units(gpu_type: GpuType) -> int:
-    """The type's capacity in its units: every node of it new work may use in the
-    published cluster view (rule K8)."""
-    return sum(n.capacity for n in cluster_view().open_nodes() if n.gpu_type == gpu_type.slug)
-
-
-@dataclass(frozen=True, slots=True)
-class Hold:
-    """What a new booking cannot take: `units` of its type from `start` to `end` (None:
-    open ended), and what it is, for a person."""
-
-    start: datetime
-    end: datetime | None
-    units: int
-    what: str
-    booking: bool = True  # another booking's window; False: a job's GPUs
-
-
-def booking_holds(gpu_type: GpuType, *, now: datetime, until: datetime,
-                  team_id: int | None = None,
-                  exclude_reservation: int | None = None) -> list[Hold]:
-    """Within [now, until]: the other live bookings' windows of the type, and the jobs
-    holding its GPUs that no booking preempts (a non-preemptible tier's), ending at
-    their start + max_runtime_seconds (open ended without one). The booking team's own
-    jobs (`team_id`) are none: they run in its window."""
-    others = live_reservations().filter(gpu_type=gpu_type)
-    if exclude_reservation is not None:
-        others = others.exclude(pk=exclude_reservation)
-    holds = [Hold(b.start, b.end, b.gpus, f"reservation {b.id} of {b.team}")
-             for b in bookings_of(others, after=now, before=until)]
-    jobs = (Job.objects.filter(gpu_type=gpu_type, status__in=HOLDING_STATES,
-                               tier__preemptible=False)
-            .select_related("gpu_type", "team"))
-    if team_id is not None:
-        jobs = jobs.exclude(team_id=team_id)
-    for job in jobs:
-        start = job.started_at or now
-        end = (start + timedelta(seconds=job.max_runtime_seconds)
-               if job.max_runtime_seconds else None)
-        if end is not None and end <= now:
-            end = now + timedelta(minutes=1)  # over its limit: going, not gone yet
-        holds.append(Hold(min(start, now), end, job.units_per_replica * job.replicas,
-                          f"job {job.pk} of {job.team.slug} (not preemptible)", booking=False))
-    return holds
+def other_bookings(gpu_type: GpuType, *, after: datetime, before: datetime,
+                   exclude: int | None = None) -> tuple[Booking, ...]:
+    """The live bookings' windows of the type within [after, before] (`exclude`: a
+    reservation left out)."""
+    rows = live_reservations().filter(gpu_type=gpu_type)
+    if exclude is not None:
+        rows = rows.exclude(pk=exclude)
+    return bookings_of(rows, after=after, before=before)
 
 
 def reservation_get_for_actor(*, actor: Any, reservation_id: int) -> Reservation:

@@ -180,8 +180,9 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         units_per_gpu={t: s for t, (_, s) in lookups.units.items()},
         team_parent=team_parents(),
         # Booked GPUs (docs/reservations.md): the live reservations' windows within
-        # FAIRQ_BOOKING_HORIZON_HOURS, in the type's units.
+        # FAIRQ_BOOKING_HORIZON_HOURS, in the type's units, and rule W4's lending tiers.
         bookings=snapshot_bookings(now=now),
+        lend_tiers=frozenset(t.rank for t in lookups.tiers.values() if t.preemptible),
         **ranks,
     )
 

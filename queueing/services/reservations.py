@@ -1,15 +1,15 @@
 """Booked GPUs (docs/reservations.md): booking, cancelling, the earliest window that can
 be guaranteed, and charging the unused booked time.
 
-A booking is `Reservation` row: `gpus` whole devices of a GPU type (GPUs; a MIG type's
-instances) for a window, once or repeated by an RFC 5545 RRULE at the same wall-clock
-time in an IANA zone. The row keeps them in the type's units (`units_per_device` per
-device: a time-sliced GPU of 4 slices is 4), as the policy counts them. Every window
-within FAIRQ_BOOKING_HORIZON_HOURS must be guaranteed when it is booked: at every instant
-of it the other bookings of the type, the running work no booking preempts (a
-non-preemptible tier's jobs of other teams) and it fit in the type's fleet
-(`policy.bookings.earliest_window`). The admission pass does the rest (rules in
-docs/scheduling.md, "Booked GPUs").
+A booking is a `Reservation` row: `gpus` whole devices of a GPU type (GPUs; a MIG
+type's instances) for a window, once or repeated by an RFC 5545 RRULE at the same
+wall-clock time in an IANA zone. The row keeps them in the type's units
+(`units_per_device` per device: a time-sliced GPU of 4 slices is 4), as the policy
+counts them. Every window within FAIRQ_BOOKING_HORIZON_HOURS must be guaranteed when it
+is booked by rule W5 (`policy.bookings.booking_holds` and `earliest_window` on the
+snapshot the admission pass sees: the other bookings of the type and the running work
+no booking preempts); its windows past the horizon must fit beside the other bookings.
+The admission pass does the rest (rules W1-W4 in docs/scheduling.md, "Booked GPUs").
 
 Who may book: staff, or a team admin of the team, who may book at most the team's
 nominal + borrowing limit of the type (no quota row: nothing; no borrowing limit: the
@@ -37,15 +37,12 @@ from accounts.selectors import is_team_admin
 from accounts.services import audit_record
 from queueing.errors import Conflict, DomainError, PermissionDenied
 from queueing.models import GpuType, Job, Quota, Reservation, UsageRecord
-from queueing.policy.bookings import earliest_window
+from queueing.policy.bookings import booking_holds, earliest_window
+from queueing.policy.snapshot import Snapshot
 from queueing.policy.states import HOLDING_STATES
-from queueing.selectors.reservations import (
-    Hold,
-    booking_holds,
-    fleet_units,
-    horizon,
-    windows,
-)
+from queueing.selectors.cluster import cluster_view
+from queueing.selectors.reservations import horizon, other_bookings, windows
+from queueing.selectors.snapshot import build_snapshot
 
 from .usage import accumulator_add
 
@@ -168,17 +165,43 @@ def validate_ask(ask: BookingAsk, *, now: datetime, fleet: int) -> dict[str, lis
     return errors
 
 
-def _conflict(ask: BookingAsk, holds: list[Hold], *, fleet: int, now: datetime,
-              ) -> tuple[datetime, datetime] | None:
-    """The first window of `ask` that cannot be guaranteed: within the horizon beside
-    every hold, beyond it beside the other bookings (running work has ended or is
-    preempted by then as far as anyone can say now)."""
-    near = [(h.start, h.end, h.units) for h in holds]
-    far = [(h.start, h.end, h.units) for h in holds if h.booking]
+@dataclass(frozen=True, slots=True)
+class Holds:
+    """What a new booking of one type cannot take: rule W5's `capacity` and `near` holds
+    (`policy.bookings.booking_holds` on the snapshot the admission pass sees: the other
+    bookings within the horizon and the running work no booking preempts), and `far`,
+    the other bookings' windows past the horizon (running work is not known there)."""
+
+    capacity: int
+    near: list[Span]
+    far: list[Span]
+    edge: datetime  # now + the horizon
+
+    def at(self, start: datetime) -> list[Span]:
+        return self.near if start < self.edge else self.far
+
+
+Span = tuple[datetime, datetime | None, int]
+
+
+def holds_of(gpu_type: GpuType, *, now: datetime, until: datetime,
+             snapshot: Snapshot | None = None) -> Holds:
+    """`Holds` of the type from `now` to `until` (`snapshot`: one built already)."""
+    snap = snapshot or build_snapshot(backend=cluster_view(), now=now)
+    capacity, near = booking_holds(snap, gpu_type.slug)  # rule W5
     edge = now + horizon()
+    far: list[Span] = [(b.start, b.end, b.gpus)
+                       for b in other_bookings(gpu_type, after=edge, before=until)]
+    return Holds(capacity, list(near), far, edge)
+
+
+def _conflict(ask: BookingAsk, holds: Holds, *, now: datetime,
+              ) -> tuple[datetime, datetime] | None:
+    """The first window of `ask` that cannot be guaranteed (rule W5's test per window):
+    within the horizon beside every hold, beyond it beside the other bookings."""
     for s, e in windows(_unsaved(ask), after=now, before=ask.starts_at + MAX_RECURRENCE,
                         limit=MAX_WINDOWS):
-        if earliest_window(fleet, near if s < edge else far, ask.units, e - s, s, s) is None:
+        if earliest_window(holds.capacity, holds.at(s), ask.units, e - s, s, s) is None:
             return s, e
     return None
 
@@ -188,11 +211,6 @@ def _unsaved(ask: BookingAsk) -> Reservation:
                        starts_at=ask.starts_at, ends_at=ask.ends_at,
                        recurrence=ask.recurrence, timezone=ask.timezone or "UTC",
                        lend_unused=ask.lend_unused, name=ask.name)
-
-
-def _holds_for(ask: BookingAsk, *, now: datetime) -> list[Hold]:
-    until = max(now, ask.starts_at) + MAX_RECURRENCE + ask.duration
-    return booking_holds(ask.gpu_type, now=now, until=until, team_id=ask.team.pk)
 
 
 def reservation_book(*, actor: Any, ask: BookingAsk, now: datetime | None = None,
@@ -208,8 +226,11 @@ def reservation_book(*, actor: Any, ask: BookingAsk, now: datetime | None = None
         return _book_locked(actor=actor, ask=ask, now=now)
 
 
-def _book_locked(*, actor: Any, ask: BookingAsk, now: datetime) -> Reservation:
-    fleet = fleet_units(ask.gpu_type)
+def _book_locked(*, actor: Any, ask: BookingAsk, now: datetime,
+                 snapshot: Snapshot | None = None) -> Reservation:
+    holds = holds_of(ask.gpu_type, now=now, snapshot=snapshot,
+                     until=max(now, ask.starts_at) + MAX_RECURRENCE + ask.duration)
+    fleet = holds.capacity
     errors = validate_ask(ask, now=now, fleet=fleet)
     if errors:
         raise DomainError("The booking has invalid fields.", fields=errors)
@@ -221,14 +242,11 @@ def _book_locked(*, actor: Any, ask: BookingAsk, now: datetime) -> Reservation:
                 fields={"gpus": [f"{ask.team.slug} may book at most "
                                  f"{cap // ask.gpu_type.units_per_device} {ask.gpu_type.slug}"
                                  f" GPUs (its nominal + borrowing limit); ask staff for more."]})
-    holds = _holds_for(ask, now=now)
-    clash = _conflict(ask, holds, fleet=fleet, now=now)
+    clash = _conflict(ask, holds, now=now)
     if clash is not None:
         # When that window could begin instead (beyond the horizon: beside bookings).
-        beyond = clash[0] >= now + horizon()
-        fits = earliest_window(fleet, [(h.start, h.end, h.units) for h in holds
-                                       if h.booking or not beyond], ask.units,
-                               ask.duration, max(now, clash[0]), clash[0] + horizon())
+        fits = earliest_window(fleet, holds.at(clash[0]), ask.units, ask.duration,
+                               max(now, clash[0]), clash[0] + horizon())
         raise Conflict(
             f"{ask.gpus} {ask.gpu_type.slug} GPUs cannot be guaranteed from "
             f"{_fmt(clash[0])} to {_fmt(clash[1])}: other bookings or work no booking "
@@ -281,19 +299,17 @@ class Earliest:
     reservation: Reservation | None = None
 
 
-def earliest_for(*, team: Team, gpu_type: GpuType, gpus: int, duration: timedelta,
-                 not_before: datetime, now: datetime) -> Earliest:
-    """The earliest window of `duration` from `not_before` in which `gpus` devices of
-    the type can be guaranteed to `team`, within the booking horizon."""
-    fleet = fleet_units(gpu_type)
+def earliest_for(*, gpu_type: GpuType, gpus: int, duration: timedelta,
+                 not_before: datetime, now: datetime, snapshot: Snapshot) -> Earliest:
+    """Rule W5: the earliest window of `duration` from `not_before` in which `gpus`
+    devices of the type can be guaranteed, within the booking horizon."""
+    holds = holds_of(gpu_type, now=now, until=now, snapshot=snapshot)
     units = gpus * gpu_type.units_per_device
-    if units > fleet:
+    if units > holds.capacity:
         return Earliest(gpu_type, None, None,
-                        f"the fleet has {fleet // gpu_type.units_per_device} GPUs")
-    latest = now + horizon()
-    holds = booking_holds(gpu_type, now=now, until=latest + duration, team_id=team.pk)
-    start = earliest_window(fleet, [(h.start, h.end, h.units) for h in holds], units,
-                            duration, max(now, not_before), latest)
+                        f"the fleet has {holds.capacity // gpu_type.units_per_device} GPUs")
+    start = earliest_window(holds.capacity, holds.near, units, duration,
+                            max(now, not_before), now + horizon())
     if start is None:
         return Earliest(gpu_type, None, None, "no window fits within the booking horizon "
                         f"(FAIRQ_BOOKING_HORIZON_HOURS={settings.FAIRQ_BOOKING_HORIZON_HOURS:g})")
@@ -320,14 +336,16 @@ def reservation_earliest(*, actor: Any, team: Team, gpu_types: Sequence[GpuType]
         raise DomainError("The request has invalid fields.", fields=errors)
     start = max(now, not_before or now)
     if not book:
-        return [earliest_for(team=team, gpu_type=t, gpus=gpus, duration=duration,
-                             not_before=start, now=now) for t in gpu_types]
+        snap = build_snapshot(backend=cluster_view(), now=now)
+        return [earliest_for(gpu_type=t, gpus=gpus, duration=duration, not_before=start,
+                             now=now, snapshot=snap) for t in gpu_types]
     check_may_book(actor=actor, team=team)
     with transaction.atomic():
         list(GpuType.objects.select_for_update().filter(pk__in=[t.pk for t in gpu_types])
              .order_by("pk"))
-        found = [earliest_for(team=team, gpu_type=t, gpus=gpus, duration=duration,
-                              not_before=start, now=now) for t in gpu_types]
+        snap = build_snapshot(backend=cluster_view(), now=now)
+        found = [earliest_for(gpu_type=t, gpus=gpus, duration=duration, not_before=start,
+                              now=now, snapshot=snap) for t in gpu_types]
         best = min((e for e in found if e.start is not None),
                    key=lambda e: e.start or now, default=None)
         if best is None or best.start is None:
@@ -336,7 +354,8 @@ def reservation_earliest(*, actor: Any, team: Team, gpu_types: Sequence[GpuType]
                                                              for e in found]})
         row = _book_locked(actor=actor, ask=BookingAsk(
             team=team, gpu_type=best.gpu_type, gpus=gpus, starts_at=best.start,
-            ends_at=best.start + duration, lend_unused=lend_unused, name=name), now=now)
+            ends_at=best.start + duration, lend_unused=lend_unused, name=name), now=now,
+            snapshot=snap)
     return [Earliest(e.gpu_type, e.start, e.end, e.why,
                      row if e.gpu_type.pk == best.gpu_type.pk else None) for e in found]
 
