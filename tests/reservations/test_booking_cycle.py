@@ -161,3 +161,34 @@ def test_rule_w2_a_weekly_booking_through_the_cycle_w1_to_w4(world: World, setti
     assert nodes_of(again) < booked_nodes
     assert fresh(lent).status == JobState.QUEUED  # requeued: 2 x 8 no longer fit
 
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known: a lent job taken back by rule W4 that stops before its grace is over is "
+    "lent the same GPUs again ahead of the booking team's waiting job (rule W2 still "
+    "counts the victim's GPUs as stopping until its grace ends), cycle after cycle"))
+def test_rule_w4_a_job_taken_back_is_not_lent_again_ahead_of_the_team(
+        world: World, settings: Any) -> None:
+    settings.FAIRQ_SIM_NODES = "2x8xh100,2x8xa100"
+    settings.FAIRQ_SIM_STOP_SECONDS = STOP_SECONDS
+    reset_backends()
+    t0 = timezone.now() + timedelta(seconds=1)
+    T = (t0 + timedelta(minutes=10)).replace(microsecond=0)
+    r = world.client(world.admin).post("/api/v1/reservations/", {
+        "team": "vision", "gpu_type": "h100", "gpus": 16, "starts_at": T.isoformat(),
+        "duration": "1h"}, format="json")
+    assert r.status_code == 201, r.json()
+    scheduler_cycle(now=T)
+    lent = submit(world, world.outsider, team="nlp", name="lent", gpus=8, tier="low",
+                  max_runtime_seconds=1800, env={"FAIRQ_SIM_SECONDS": "1700"},
+                  termination_grace_seconds=STOP_SECONDS + 10)  # stops before its grace
+    scheduler_cycle(now=T + timedelta(seconds=10))
+    scheduler_cycle(now=T + timedelta(seconds=11))
+    assert fresh(lent).status == JobState.RUNNING
+    team = submit(world, world.admin, team="vision", name="gang", gpus=8, replicas=2,
+                  max_runtime_seconds=1200, env={"FAIRQ_SIM_SECONDS": "600"})
+    taken = T + timedelta(seconds=20)
+    assert scheduler_cycle(now=taken).preempted == [lent.pk]
+    for k in range(1, 61, 5):  # a minute of 5 s cycles: the grace and more
+        scheduler_cycle(now=taken + timedelta(seconds=k))
+    assert fresh(team).status == JobState.RUNNING
