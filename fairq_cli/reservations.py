@@ -1,5 +1,5 @@
 """`fairq reservations [book|cancel]`: booked GPUs through `/api/v1/reservations/`
-(docs/cli.md, "Booked GPUs"; docs/reservations.md).
+(docs/cli.md, "Commands"; docs/reservations.md, "By CLI").
 
     fairq reservations                                  # your teams' bookings
     fairq reservations book -t h100 -g 8 --start 2026-12-10T14:00 --duration 2h --weekly

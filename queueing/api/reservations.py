@@ -1,4 +1,4 @@
-"""Booked GPUs (docs/reservations.md; docs/api.md, "Reservations"):
+"""Booked GPUs (docs/reservations.md, "By API"; docs/api.md, "Endpoints"):
 
 - `GET /api/v1/reservations/` your teams' bookings (`?team=`, `?gpu_type=`, `?active=`),
 - `POST /api/v1/reservations/` books GPUs for a window, once or recurring (201; 400

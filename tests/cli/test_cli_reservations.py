@@ -1,5 +1,6 @@
-"""`fairq reservations [list|book|cancel]` against the real API in-process (docs/cli.md,
-"Booked GPUs"): what a person reads, and refusals on one readable line."""
+"""`fairq reservations [list|book|cancel]` against the real API in-process
+(docs/reservations.md, "By CLI"): what a person reads, and refusals on one readable
+line."""
 
 from __future__ import annotations
 
