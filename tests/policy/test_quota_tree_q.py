@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 from queueing.policy import workspace
-from queueing.policy.admission import WaitReason, plan_admissions
+from queueing.policy.admission import Plan, WaitReason, plan_admissions
 from queueing.policy.preemption import owed_claim
 from queueing.policy.quota_tree import QuotaTree
 from queueing.policy.snapshot import (
@@ -368,16 +368,19 @@ def trees(draw: st.DrawFn) -> Snapshot:
     return world(parent, quotas, place(jobs, nodes), queue, nodes)
 
 
-def owed_in_order(s: Snapshot, order: tuple[int, ...]) -> list[QueuedJob]:
-    """The queued jobs owed their GPUs (rule Q7) in the pass's order, each counting the
-    ones owed before it as held."""
+def owed_in_order(s: Snapshot, plan: Plan) -> list[QueuedJob]:
+    """The queued jobs owed their GPUs (rule Q7) in the pass's order, each counting as
+    held, as rule R11 does, the jobs before it that the pass admitted or preempted for."""
     by_id = {j.id: j for j in s.queued}
+    served = {a.job_id for a in plan.admissions} | {p.preemptor_id for p in plan.preemptions}
     owed: list[QueuedJob] = []
-    for job_id in order:
+    before: list[RunningJob] = []
+    for job_id in plan.order:
         job = by_id[job_id]
-        held = tuple(RunningJob(j.id, j.team, GT, 1, j.replicas, j.tier_rank) for j in owed)
-        if owed_claim(replace(s, running=s.running + held), job, GT):
+        if owed_claim(replace(s, running=s.running + tuple(before)), job, GT):
             owed.append(job)
+        if job_id in served:
+            before.append(RunningJob(job.id, job.team, GT, 1, job.replicas, job.tier_rank))
     return owed
 
 
@@ -386,7 +389,7 @@ def stranded(s: Snapshot) -> list[int]:
     remove the victims the plan preempted, plan again."""
     first, _s2, second = two_cycles(s)
     admitted = {a.job_id for a in (*first.admissions, *second.admissions)}
-    return [j.id for j in owed_in_order(s, first.order) if j.id not in admitted]
+    return [j.id for j in owed_in_order(s, first) if j.id not in admitted]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
