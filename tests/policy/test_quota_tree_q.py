@@ -210,6 +210,21 @@ def test_rule_q6_victims_nearest_first() -> None:
     assert victim_teams(first) == ["guest"]
 
 
+def test_rule_q6_is_rechecked_as_each_victim_is_taken() -> None:
+    """b (department d1, both 8) holds 12, c (top level, no quota) 4, on a full fleet
+    of 16; t (department top, both 8) claims 8. b's jobs lost the least work, but once
+    4 of them went b and d1 are within their nominal: the other 4 victims are c's."""
+    parent = {"t": "top", "top": None, "b": "d1", "d1": None, "c": None}
+    quotas = {"top": Q(8), "t": Q(8), "d1": Q(8), "b": Q(8)}
+    jobs = [(i, "b", 1) for i in range(1, 13)] + [(i, "c", 1) for i in range(13, 17)]
+    running = place(jobs, 2)
+    recent = NOW - timedelta(minutes=10)
+    running = tuple(replace(r, started_at=recent) if r.team == "b" else r for r in running)
+    first, _s2, second = two_cycles(world(parent, quotas, running, [queued(10, "t", 8)], 2))
+    assert victim_teams(first) == ["b"] * 4 + ["c"] * 4
+    assert [a.job_id for a in second.admissions] == [10]
+
+
 def test_rule_q6_the_claimants_department_beyond_its_guarantee_reclaims_nothing_far() -> None:
     """research's own jobs (a department is a team too) hold 8 of its 8; vision, within
     its own 4, may not reclaim from another department's borrower: its path below the
