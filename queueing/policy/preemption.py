@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
+from .bookings import Booking
 from .quota_tree import QuotaTree
 from .snapshot import QueuedJob, RunningJob, Snapshot, TopologyMode
 from .workspace import Capacity, Workspace, has_departments, replica_slots
@@ -24,6 +25,7 @@ class PreemptionRule(StrEnum):
     PRIORITY = "R1-priority"
     RECLAIM = "R2-reclaim"
     TREE_RECLAIM = "Q6-reclaim"  # rule R2 in a forest with departments
+    BOOKED = "W2-booked"  # rules W2, W4: its GPUs are booked (docs/scheduling.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,9 @@ class Preemption:
     cluster: str = ""  # rule K7: the one cluster of the victims and the placement
     # Rule R11: made for an owed claim (rules R3's protection, R5 and R9 did not apply).
     owed: bool = False
+    # Rules W2, W4: made for this booking (stages/bookings.py); `preemptor_id` 0 when no
+    # job preempts (rule W2 empties the booked GPUs at the booking's start).
+    booking: Booking | None = None
 
     @property
     def rules(self) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 
 from .quota_tree import QuotaTree
@@ -587,6 +587,14 @@ class Capacity:
                 taken.append(name)
                 break
         return tuple(taken)
+
+    def nodes_by_free(self, pool: str, at_least: int) -> Iterator[tuple[int, str]]:
+        """(free GPUs, node) of the pool's nodes with at least `at_least` free, fewest
+        free first, ties by name (rule A3's order; rule W1 walks it): from the buckets."""
+        buckets = self._buckets.get(pool, ())
+        for f in range(max(at_least, 1), len(buckets)):
+            for name in buckets[f]:
+                yield f, name
 
     def release(self, placement: Iterable[str], gpus: int, *, cpu: int = 0,
                 memory: int = 0, slots: tuple[int, ...] = ()) -> None:

@@ -14,6 +14,7 @@ from queueing.policy.snapshot import QueuedJob, Snapshot, Topology
 from queueing.policy.workspace import Workspace
 
 from .admit import Admission
+from .bookings import plan_bookings
 from .heads import Charges, QueueOrder, StaticFactors
 from .preempt import Protected
 from .reservation import Reservation
@@ -100,6 +101,8 @@ class Pass:
                     self.array_active[r.array_id] += 1
         self._memos()
         self._preemption_memos()
+        # Rules W1-W4: the snapshot's bookings; None (nothing to look at) without any.
+        self.book = plan_bookings(self) if s.bookings else None
 
     def _memos(self) -> None:
         """The memos of flavor assignment and node fit (rules K1-K4, A2-A7, A9, E2, E3)."""

@@ -62,8 +62,8 @@ class Waits(Mapping[int, Wait]):
     """`Plan.waits`, built lazily: most of a long queue waits, and a wait's message is
     only formatted when someone reads it. Reads give equal `Wait` values every time."""
 
-    __slots__ = ("_raw", "blocks", "elsewhere", "jobs", "now", "owed", "packed", "per_type",
-                 "pool_info", "protected", "refused", "reservations", "several",
+    __slots__ = ("_raw", "blocks", "booked", "elsewhere", "jobs", "now", "owed", "packed",
+                 "per_type", "pool_info", "protected", "refused", "reservations", "several",
                  "tree_limits")
 
     def __init__(self, jobs: list[QueuedJob] | None = None,
@@ -102,6 +102,9 @@ class Waits(Mapping[int, Wait]):
         # a negative ceiling -(k + 1) names entry k (its held: what the node's subtree
         # holds), so the replay of waits gives it again as it gives a team's.
         self.tree_limits: list[tuple[str, str, int, int]] = []
+        # Rule W3: GPU type -> (team, GPUs, end) of each active booking that held free
+        # GPUs out of the pass: a capacity wait of another team says so.
+        self.booked: dict[str, list[tuple[str, int, datetime]]] = {}
 
     def causes(self) -> Iterator[tuple[int, str]]:
         """`Plan.wait_causes`, from the raw waits."""
@@ -212,6 +215,8 @@ class Waits(Mapping[int, Wait]):
             held_for = self.reservations.get(gt)
             if reason is WaitReason.CAPACITY and held_for is not None and held_for[0] == job_id:
                 msg += f"; GPUs are reserved for it from {_when(held_for[1])} (rule A9)"
+            if self.booked and gt in self.booked:
+                msg += _booked_words(self.booked[gt], job.team, gt)
         if self.owed and (job_id, gt) in self.owed:
             msg += (f"; it is owed {gpus(job.total_gpus)} of team {job.team}'s "
                     f"{gpus(self.owed[(job_id, gt)])} nominal {gt} GPUs (rule R11), but the jobs "
@@ -293,6 +298,22 @@ IN_ONE_DOMAIN = 1
 
 # `Raw`'s last field for a `cluster` wait (rule K3): it would fit now in another pool.
 ELSEWHERE = 1
+
+
+def _booked_words(booked: list[tuple[str, int, datetime]], team: str, gt: str) -> str:
+    """Rule W3 in a capacity wait: the bookings of other teams that keep GPUs free, and
+    the job's own team's, whose free GPUs did not hold it (what is left of the booking
+    is smaller than the job, or not on the nodes it needs)."""
+    words = ""
+    others = [(t, n, end) for t, n, end in booked if t != team]
+    if others:
+        words = "; " + "; ".join(f"{n} {gt} GPUs are booked for team {t} until {_when(end)}"
+                                 for t, n, end in others) + ", not free to it (rule W3)"
+    for t, n, end in booked:
+        if t == team:
+            words += (f"; the free GPUs of team {t}'s booking of {n} {gt} until "
+                      f"{_when(end)} do not hold it either (rule W3)")
+    return words
 
 
 def closed_words(clusters: frozenset[str]) -> str:
