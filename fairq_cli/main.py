@@ -348,6 +348,27 @@ class App:
     def say(self, text: str) -> None:
         self.out.write(text + "\n")
 
+    def each(self, ids: Sequence[Any], noun: str, call: Callable[[Any], Any],
+             done: Callable[[Any], str]) -> int:
+        """`call(id)` for each of `ids` and say `done(answer)`, as scancel does: one
+        refusal does not stop the others; each is one line on stderr naming it, and the
+        exit says some were refused. One ID alone, or the server unreachable, raises."""
+        refused = 0
+        for ident in ids:
+            try:
+                answer = call(ident)
+            except ApiError as exc:
+                if exc.code == "unreachable" or len(ids) == 1:
+                    raise
+                self.err.write(f"fairq: {noun} {ident}: {exc.message}\n")
+                refused += 1
+                continue
+            if self.as_json:
+                self.emit_json(answer)
+            else:
+                self.say(done(answer))
+        return EXIT_SERVER_SAID_NO if refused else 0
+
     # fairq submit
     def submit(self, a: argparse.Namespace) -> int:
         body = job_from_args(a)
@@ -669,23 +690,9 @@ class App:
                 rest = done.get("cancelled_not_written") or 0
                 self.say(f"Cancelled {len(done['cancelled']) + rest} job(s) of array {a.array}"
                          f"{f' ({rest} not started as jobs yet)' if rest else ''}")
-        refused = 0
-        for job_id in a.job_ids:
-            try:
-                job = self.client.post(f"/jobs/{job_id}/cancel/")
-            except ApiError as exc:
-                # As scancel: one refusal does not keep the other jobs running; each is
-                # one line on stderr naming its job, and the exit says some were refused.
-                if exc.code == "unreachable" or len(a.job_ids) == 1:
-                    raise
-                self.err.write(f"fairq: job {job_id}: {exc.message}\n")
-                refused += 1
-                continue
-            if self.as_json:
-                self.emit_json(job)
-            else:
-                self.say(f"Cancelled job {job['id']} ({job['name']})")
-        return EXIT_SERVER_SAID_NO if refused else 0
+        return self.each(a.job_ids, "job",
+                         lambda job_id: self.client.post(f"/jobs/{job_id}/cancel/"),
+                         lambda job: f"Cancelled job {job['id']} ({job['name']})")
 
     # fairq logs ID [--attempt N] [--replica R] [-f]
     def logs(self, a: argparse.Namespace) -> int:

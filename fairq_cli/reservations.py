@@ -111,8 +111,7 @@ def _repeat(r: dict[str, Any]) -> str:
 def run(app: Any, a: argparse.Namespace) -> int:
     """One `fairq reservations` action; 0, or the CLI's exit codes (1: the server said
     no)."""
-    from .client import ApiError
-    from .main import EXIT_SERVER_SAID_NO, table
+    from .main import table
 
     cmd = a.reservation_cmd or "list"
     if cmd == "list":
@@ -147,19 +146,7 @@ def run(app: Any, a: argparse.Namespace) -> int:
                 f"from {app.stamp(first['start'])} to {app.stamp(first['end'])}, "
                 f"{_repeat(r)}; unused GPUs {'lent' if r['lend_unused'] else 'not lent'}.")
         return 0
-    refused = 0
-    for rid in a.ids:
-        try:
-            r = app.client.post(f"/reservations/{rid}/cancel/")
-        except ApiError as exc:
-            if exc.code == "unreachable" or len(a.ids) == 1:
-                raise
-            app.err.write(f"fairq: reservation {rid}: {exc.message}\n")
-            refused += 1
-            continue
-        if app.as_json:
-            app.emit_json(r)
-        else:
-            app.say(f"Cancelled reservation {r['id']} ({r['team']}: {r['gpus']} "
-                    f"{r['gpu_type']}).")
-    return EXIT_SERVER_SAID_NO if refused else 0
+    return int(app.each(a.ids, "reservation",
+                    lambda rid: app.client.post(f"/reservations/{rid}/cancel/"),
+                    lambda r: f"Cancelled reservation {r['id']} ({r['team']}: {r['gpus']} "
+                              f"{r['gpu_type']})."))

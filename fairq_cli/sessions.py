@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .client import ApiError
 from .durations import DURATION_HELP, format_duration, parse_duration
 
 
@@ -116,18 +115,7 @@ def run(app: Any, a: argparse.Namespace) -> int:
             if not s["ready"]:
                 app.err.write("fairq: its server is starting; the page answers in a moment\n")
         return 0
-    refused = 0
-    for sid in a.session_ids:
-        try:
-            s = app.client.request("DELETE", f"/sessions/{sid}/")
-        except ApiError as exc:
-            if exc.code == "unreachable" or len(a.session_ids) == 1:
-                raise
-            app.err.write(f"fairq: session {sid}: {exc.message}\n")
-            refused += 1
-            continue
-        if app.as_json:
-            app.emit_json(s)
-        else:
-            app.say(f"Stopped session {s['id']} ({s['name']}); its PVC and files are kept")
-    return EXIT_SERVER_SAID_NO if refused else 0
+    return int(app.each(a.session_ids, "session",
+                    lambda sid: app.client.request("DELETE", f"/sessions/{sid}/"),
+                    lambda s: f"Stopped session {s['id']} ({s['name']}); its PVC and files "
+                              "are kept"))
