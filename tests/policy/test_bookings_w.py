@@ -263,6 +263,44 @@ def test_rule_w4_the_team_takes_lent_gpus_back_at_once() -> None:
     assert wait.reason is WaitReason.PREEMPTING and "rule W4" in wait.message
 
 
+@pytest.mark.parametrize("nominated", [True, False])
+def test_rule_w4_a_job_taken_back_is_not_lent_again_ahead_of_the_team(nominated: bool) -> None:
+    # The cycle after rule W4 took h100-0 back from job 2 for vision's 2 x 8 gang: job 2
+    # is requeued, its GPUs still stopping; h100-1 is the booking's, free. It is the
+    # gang's (rule A5's nomination and E2's planned placement, or by count when the gang
+    # waits unnominated for rule W2's victims), not lent to job 2 again.
+    world = nodes(("h100", 8, 0), ("h100", 8))
+    gang = q(1, team="vision", gpus=8, replicas=2)
+    lent = q(2, team="b", gpus=8, tier=0, age=600)
+    kw: dict[str, Any] = {}
+    if nominated:
+        kw = {"nominated": {1: 1}, "nominated_placement": {1: ("h100-0", "h100-1")}}
+    plan = plan_admissions(snap(nodes=world, queued=(gang, lent), lend_tiers=frozenset({0}),
+                                bookings=(book(gpus=16, start=-60, lend=True),), **kw))
+    assert admitted(plan) == [] and plan.preemptions == ()
+    assert plan.waits[1].reason is WaitReason.PREEMPTING and "rule W2" in plan.waits[1].message
+    assert plan.waits[2].reason is WaitReason.CAPACITY
+    # Once the stopped job's GPUs are free the gang is placed on both nodes.
+    freed = plan_admissions(snap(nodes=TWO, queued=(gang, lent), lend_tiers=frozenset({0}),
+                                 bookings=(book(gpus=16, start=-60, lend=True),), **kw))
+    assert admitted(freed) == [1] and sorted(placed(freed, 1)) == ["h100-0", "h100-1"]
+
+
+def test_rule_w4_a_job_waiting_for_part_of_the_booking_leaves_the_rest_lent() -> None:
+    # A booking of 16: 8 still stopping on h100-0, 4 + 4 free on h100-1 and h100-2 (team
+    # b's other jobs hold the rest). Vision's 8-GPU job waits for the 8 being freed; the
+    # 4 + 4 are not its: one half is lent to job 2.
+    world = nodes(("h100", 8, 0), ("h100", 8, 4), ("h100", 8, 4))
+    running = (run(50, team="b", gpus=4, on=("h100-1",), tier=300, preemptible=False),
+               run(51, team="b", gpus=4, on=("h100-2",), tier=300, preemptible=False))
+    plan = plan_admissions(snap(nodes=world, running=running,
+                                queued=(q(1, team="vision", gpus=8), q(2, team="b", gpus=4, tier=0)),
+                                lend_tiers=frozenset({0}),
+                                bookings=(book(gpus=16, start=-60, lend=True),)))
+    assert admitted(plan) == [2] and placed(plan, 2) in (("h100-1",), ("h100-2",))
+    assert plan.waits[1].reason is WaitReason.PREEMPTING
+
+
 # --- the property: plan -> time passes -> plan ----------------------------------------
 
 CYCLE, GRACE = 300, 60

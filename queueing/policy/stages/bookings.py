@@ -422,9 +422,38 @@ def into_booking(p: Pass, t: Try) -> bool | Wait | None:
             waiting = h
     if waiting is None:
         return None
+    freeing = waiting.waiting
+    _keep(p, t, waiting)
     return Wait(t.job.id, WaitReason.PREEMPTING,
                 f"{booking_words(waiting.booking)}: waiting for the other teams' jobs on "
-                f"them to release {waiting.waiting} GPUs (rule W2)")
+                f"them to release {freeing} GPUs (rule W2)")
+
+
+def _keep(p: Pass, t: Try, h: Held) -> None:
+    """Rules W2, W4 with A5: the team's job waiting for the booking's GPUs still being
+    freed claims them, and of its free GPUs what it needs besides, for the rest of the
+    pass: kept out of the spare, so they are lent to no other team's job ahead of it (a
+    job taken back that stops before its grace is over would be lent them again).
+    The nodes of the placement its preemption planned first (rule E2), then those with
+    the most free booked GPUs. Counted in the booking (`used`): the team's later jobs
+    do not wait for the same GPUs."""
+    job = t.job
+    freeing = min(h.waiting, t.total)
+    h.waiting -= freeing
+    h.used += t.total
+    need = t.total - freeing
+    planned = p.snapshot.nominated_placement.get(job.id, ()) if p.nominated else ()
+    first: dict[str, int] = defaultdict(int)
+    for n in planned:
+        first[n] += job.gpus_per_replica
+    for n in sorted(h.spare, key=lambda n: (-first[n], -h.spare[n], n)):
+        if need <= 0:
+            break
+        k = min(need, h.spare[n])
+        h.spare[n] -= k
+        need -= k
+        if not h.spare[n]:
+            del h.spare[n]
 
 
 def _into(p: Pass, t: Try, h: Held) -> bool | Wait | None:
