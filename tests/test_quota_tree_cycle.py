@@ -107,3 +107,21 @@ def test_rule_q4_the_wait_names_the_departments_limit(world: World) -> None:
     assert reasons[0]["message"].startswith(
         "department research (above team vision) may hold at most 10 h100 GPUs "
         "(nominal 8 + borrowing limit 2) and holds")
+
+
+def test_rule_q4_gpus_another_department_guards_are_named(world: World) -> None:
+    """audio lends none of its 8 (lending limit 0): vision's gang of 3 × 4 waits, and its
+    why-pending says who keeps the GPUs; a job of 8 runs beside them."""
+    departments(world)
+    Quota.objects.filter(team__slug="audio").update(lending_limit=0)
+    big = submit(world, world.member, name="big", gpus=4, replicas=3)
+    r = scheduler_cycle(now=timezone.now() + timedelta(seconds=1))
+    assert r.admitted == []
+    reasons = world.client(world.member).get(f"/api/v1/jobs/{big}/").json()["queue"]["reasons"]
+    assert reasons[0]["code"] == "lending_limit"
+    assert reasons[0]["message"] == (
+        "8 of the 16 h100 GPUs left are guarded by department audio (8) (their lending "
+        "limits); team vision may not borrow them (rule Q4)")
+    fits = submit(world, world.member, name="fits", gpus=8)
+    r = scheduler_cycle(now=timezone.now() + timedelta(seconds=2))
+    assert r.admitted == [fits]

@@ -290,18 +290,16 @@ def _candidates(ws: Workspace, job: QueuedJob, unprotected: list[tuple[RunningJo
     running_cluster = ws.running_cluster
     # Rule Q6: per victim team, whether it borrows below the nearest common node, how
     # near it is, and whether the claimant's path below that node is within guarantee.
-    seen: dict[str, tuple[bool, int]] = {}
+    seen: dict[str, tuple[bool, int, bool]] = {}
     reach = ledger.reclaim_reach(team, gt, job.total_gpus) if within_nominal else None
 
-    def borrowing(other: str) -> tuple[bool, int]:
+    def borrowing(other: str) -> tuple[bool, int, bool]:
         got = seen.get(other)
         if got is None:
             got = seen[other] = (ledger.reclaimable(team, other, gt),
-                                 ledger.nearness(team, other, gt))
+                                 ledger.nearness(team, other, gt),
+                                 reach is None or ledger.lca(team, other) in reach)
         return got
-
-    def claim(other: str) -> bool:
-        return reach is None or ledger.lca(team, other) in reach
 
     for r, lost in unprotected:
         if r.id in removed or running_cluster[r.id] != cluster:  # rule K7: its cluster only
@@ -309,8 +307,7 @@ def _candidates(ws: Workspace, job: QueuedJob, unprotected: list[tuple[RunningJo
         if not r.preemptible:
             # Rule Q2: a non-preemptible job only goes to reclaim its team's borrowing,
             # whatever the tiers; after every preemptible candidate (its tier sorts it).
-            if within_nominal and r.team != team and (b := borrowing(r.team))[0] \
-                    and claim(r.team):
+            if within_nominal and r.team != team and (b := borrowing(r.team))[0] and b[2]:
                 cands.append(((b[1], r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
         elif r.tier_rank < tier and (r.team == team or borrowing(r.team)[0]):
             # Rule Q2: another team's job only while that team borrows, so no tier takes
@@ -318,7 +315,7 @@ def _candidates(ws: Workspace, job: QueuedJob, unprotected: list[tuple[RunningJo
             near = 0 if r.team == team else borrowing(r.team)[1]
             cands.append(((near, r.tier_rank, 0.0, lost, r.id), r, priority))
         elif (within_nominal and r.team != team and r.tier_rank <= tier
-              and (b := borrowing(r.team))[0] and claim(r.team)):
+              and (b := borrowing(r.team))[0] and b[2]):
             cands.append(((b[1], r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
     return cands
 

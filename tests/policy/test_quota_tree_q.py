@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 from queueing.policy import workspace
-from queueing.policy.admission import WaitReason, plan_admissions
+from queueing.policy.admission import Plan, WaitReason, plan_admissions
 from queueing.policy.preemption import owed_claim
 from queueing.policy.quota_tree import QuotaTree
 from queueing.policy.snapshot import (
@@ -210,6 +210,21 @@ def test_rule_q6_victims_nearest_first() -> None:
     assert victim_teams(first) == ["guest"]
 
 
+def test_rule_q6_is_rechecked_as_each_victim_is_taken() -> None:
+    """b (department d1, both 8) holds 12, c (top level, no quota) 4, on a full fleet
+    of 16; t (department top, both 8) claims 8. b's jobs lost the least work, but once
+    4 of them went b and d1 are within their nominal: the other 4 victims are c's."""
+    parent = {"t": "top", "top": None, "b": "d1", "d1": None, "c": None}
+    quotas = {"top": Q(8), "t": Q(8), "d1": Q(8), "b": Q(8)}
+    jobs = [(i, "b", 1) for i in range(1, 13)] + [(i, "c", 1) for i in range(13, 17)]
+    running = place(jobs, 2)
+    recent = NOW - timedelta(minutes=10)
+    running = tuple(replace(r, started_at=recent) if r.team == "b" else r for r in running)
+    first, _s2, second = two_cycles(world(parent, quotas, running, [queued(10, "t", 8)], 2))
+    assert victim_teams(first) == ["b"] * 4 + ["c"] * 4
+    assert [a.job_id for a in second.admissions] == [10]
+
+
 def test_rule_q6_the_claimants_department_beyond_its_guarantee_reclaims_nothing_far() -> None:
     """research's own jobs (a department is a team too) hold 8 of its 8; vision, within
     its own 4, may not reclaim from another department's borrower: its path below the
@@ -264,9 +279,9 @@ def test_rule_q7_the_pass_counts_what_it_already_claimed() -> None:
 
 
 # --- Volcano's reported failures of hierarchical reclaim, as scenarios --------------------
-# Volcano issues volcano#4817, volcano#4679, volcano#3990 and volcano#4808 report "reclaim
-# does not work in hierarchical mode". Each scenario runs two cycles: the claimant's
-# victims are taken in the first, it runs in the second.
+# volcano#4817, volcano#4679, volcano#3990, volcano#4808: "reclaim does not work in
+# hierarchical mode". Each runs two cycles: the claimant's victims are taken in the
+# first, it runs in the second.
 
 def test_rule_q6_volcano_reclaim_across_two_levels() -> None:
     """lab > group > alpha (alpha guaranteed 8 through two departments) while beta, in
@@ -369,16 +384,19 @@ def trees(draw: st.DrawFn) -> Snapshot:
     return world(parent, quotas, place(jobs, nodes), queue, nodes)
 
 
-def owed_in_order(s: Snapshot, order: tuple[int, ...]) -> list[QueuedJob]:
-    """The queued jobs owed their GPUs (rule Q7) in the pass's order, each counting the
-    ones owed before it as held."""
+def owed_in_order(s: Snapshot, plan: Plan) -> list[QueuedJob]:
+    """The queued jobs owed their GPUs (rule Q7) in the pass's order, each counting as
+    held, as rule R11 does, the jobs before it that the pass admitted or preempted for."""
     by_id = {j.id: j for j in s.queued}
+    served = {a.job_id for a in plan.admissions} | {p.preemptor_id for p in plan.preemptions}
     owed: list[QueuedJob] = []
-    for job_id in order:
+    before: list[RunningJob] = []
+    for job_id in plan.order:
         job = by_id[job_id]
-        held = tuple(RunningJob(j.id, j.team, GT, 1, j.replicas, j.tier_rank) for j in owed)
-        if owed_claim(replace(s, running=s.running + held), job, GT):
+        if owed_claim(replace(s, running=s.running + tuple(before)), job, GT):
             owed.append(job)
+        if job_id in served:
+            before.append(RunningJob(job.id, job.team, GT, 1, job.replicas, job.tier_rank))
     return owed
 
 
@@ -387,7 +405,7 @@ def stranded(s: Snapshot) -> list[int]:
     remove the victims the plan preempted, plan again."""
     first, _s2, second = two_cycles(s)
     admitted = {a.job_id for a in (*first.admissions, *second.admissions)}
-    return [j.id for j in owed_in_order(s, first.order) if j.id not in admitted]
+    return [j.id for j in owed_in_order(s, first) if j.id not in admitted]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -48,8 +48,10 @@ def _ancestors_within(p: Pass, t: Try) -> bool:
     held_by_tier = _tier_held(p)
     rank, gt, team = t.job.tier_rank, t.gt, t.job.team
     key = (team, gt, rank, t.total)
+    # Only a move under the team's top-level node changes the answer.
+    stamp = p.owed_moves_under.get(tree.path(team)[-1], 0)
     seen = p.q7_seen.get(key)
-    if seen is not None and seen[0] == p.owed_moves:
+    if seen is not None and seen[0] == stamp:
         return seen[1]
 
     def held(node: str) -> int:
@@ -57,7 +59,7 @@ def _ancestors_within(p: Pass, t: Try) -> bool:
         return sum(g for r, g in by_tier.items() if r >= rank) if by_tier else 0
 
     ok = tree.within_guarantee(team, gt, t.total, held) >= len(tree.path(team))
-    p.q7_seen[key] = (p.owed_moves, ok)
+    p.q7_seen[key] = (stamp, ok)
     return ok
 
 
@@ -89,7 +91,10 @@ def owed_move(p: Pass, team: str, gpu_type: str, tier_rank: int, gpus: int) -> N
     Before the count is built a victim needs no entry: it is in `ws.removed` by then."""
     if not p.owed_on:
         return
-    p.owed_moves += 1
+    tree = p.ledger.tree
+    if tree is not None:
+        top = tree.path(team)[-1]
+        p.owed_moves_under[top] = p.owed_moves_under.get(top, 0) + 1
     held = p.tier_held
     if held is None:
         if gpus > 0:

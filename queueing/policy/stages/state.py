@@ -81,8 +81,9 @@ class Pass:
         self.tier_held: dict[tuple[str, str], dict[int, int]] | None = None
         self.owed_log: list[tuple[str, str, int, int]] = []
         # Rule Q7 (`owed._ancestors_within`): per (team, GPU type, tier rank, GPUs) the
-        # answer at `owed_moves`, the count of changes to `tier_held`.
-        self.owed_moves = 0
+        # answer at `owed_moves_under` of the team's top-level node, the count of
+        # changes to `tier_held` under it.
+        self.owed_moves_under: dict[str, int] = {}
         self.q7_seen: dict[tuple[str, str, int, int], tuple[int, bool]] = {}
         # Rule Q4: each entry of `waits.tree_limits` -> its index.
         self.tree_limit_index: dict[tuple[str, str, int, int], int] = {}
