@@ -10,7 +10,7 @@ exactly as before.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -126,7 +126,7 @@ def _unprotected(ws: Workspace, gpu_type: str, now: datetime,
 
 def find_victims(
     ws: Workspace, job: QueuedJob, *, now: datetime, factor: Callable[[str], float],
-    pool: str | None = None, protect: bool = True,
+    pool: str | None = None, protect: bool = True, spared: Collection[int] = (),
 ) -> tuple[Preemption, Callable[[], None]] | None:
     """Rules R1-R4: a minimal set of victims whose removal lets `job` fit, or None.
 
@@ -150,6 +150,8 @@ def find_victims(
     clusters in rule K2 order.
     `protect` False (rule R11, an owed claim): rule R3's minimum runtime and per-job
     limit protect no candidate; which jobs are candidates is still rules R1, R2 and Q2.
+    `spared`: running jobs that are no candidates for this job (rule W4: jobs lent a
+    booking's GPUs it could not use once they are freed).
     The same workspace always gives the same answer.
     """
     gt, g, reps, team = job.gpu_type, job.gpus_per_replica, job.replicas, job.team
@@ -174,6 +176,8 @@ def find_victims(
         if floor is None or floor >= job.tier_rank:
             return None
     cands = _candidates(ws, job, unprotected, cluster, within_nominal, factor)
+    if spared:
+        cands = [c for c in cands if c[1].id not in spared]
     if not cands:
         return None
     cands.sort(key=lambda c: c[0])

@@ -263,6 +263,105 @@ def test_rule_w4_the_team_takes_lent_gpus_back_at_once() -> None:
     assert wait.reason is WaitReason.PREEMPTING and "rule W4" in wait.message
 
 
+@pytest.mark.parametrize("nominated", [True, False])
+def test_rule_w4_a_job_taken_back_is_not_lent_again_ahead_of_the_team(nominated: bool) -> None:
+    # The cycle after rule W4 took h100-0 back from job 2 for vision's 2 x 8 gang: job 2
+    # is requeued, its GPUs still stopping; h100-1 is the booking's, free. It is the
+    # gang's (rule A5's nomination and E2's planned placement, or by count when the gang
+    # waits unnominated for rule W2's victims), not lent to job 2 again.
+    world = nodes(("h100", 8, 0), ("h100", 8))
+    gang = q(1, team="vision", gpus=8, replicas=2)
+    lent = q(2, team="b", gpus=8, tier=0, age=600)
+    kw: dict[str, Any] = {}
+    if nominated:
+        kw = {"nominated": {1: 1}, "nominated_placement": {1: ("h100-0", "h100-1")}}
+    plan = plan_admissions(snap(nodes=world, queued=(gang, lent), lend_tiers=frozenset({0}),
+                                bookings=(book(gpus=16, start=-60, lend=True),), **kw))
+    assert admitted(plan) == [] and plan.preemptions == ()
+    assert plan.waits[1].reason is WaitReason.PREEMPTING and "rule W2" in plan.waits[1].message
+    assert plan.waits[2].reason is WaitReason.CAPACITY
+    # Once the stopped job's GPUs are free the gang is placed on both nodes.
+    freed = plan_admissions(snap(nodes=TWO, queued=(gang, lent), lend_tiers=frozenset({0}),
+                                 bookings=(book(gpus=16, start=-60, lend=True),), **kw))
+    assert admitted(freed) == [1] and sorted(placed(freed, 1)) == ["h100-0", "h100-1"]
+
+
+def test_rule_w4_a_job_waiting_for_part_of_the_booking_leaves_the_rest_lent() -> None:
+    # A booking of 16: 8 still stopping on h100-0, 4 + 4 free on h100-1 and h100-2 (team
+    # b's other jobs hold the rest). Vision's 8-GPU job waits for the 8 being freed; the
+    # 4 + 4 are not its: one half is lent to job 2.
+    world = nodes(("h100", 8, 0), ("h100", 8, 4), ("h100", 8, 4))
+    running = (run(50, team="b", gpus=4, on=("h100-1",), tier=300, preemptible=False),
+               run(51, team="b", gpus=4, on=("h100-2",), tier=300, preemptible=False))
+    plan = plan_admissions(snap(nodes=world, running=running,
+                                queued=(q(1, team="vision", gpus=8), q(2, team="b", gpus=4, tier=0)),
+                                lend_tiers=frozenset({0}),
+                                bookings=(book(gpus=16, start=-60, lend=True),)))
+    assert admitted(plan) == [2] and placed(plan, 2) in (("h100-1",), ("h100-2",))
+    assert plan.waits[1].reason is WaitReason.PREEMPTING
+
+
+# --- W1, W3, W4 on preemption: a preemption frees only GPUs its job may use -----------
+
+PREEMPT = PreemptionSettings(lost_per_wait=None)  # rule R9 out of the way
+
+
+@pytest.mark.parametrize(("seconds", "preempts"), [(None, False), (3 * H, False), (H, True)])
+def test_rule_w1_a_job_does_not_preempt_for_a_placement_w1_refuses(
+        seconds: int | None, preempts: bool) -> None:
+    # Team b's tier-0 job ends (its estimate) before vision's booking of the only node
+    # at 2 h: the node is the booking's then. Job 1 would preempt it by rule R1, then be
+    # held by rule W1 (it would still run at the start): the preemption would free GPUs
+    # it can never use. A job ending before the start preempts as before.
+    world = nodes(("h100", 8, 0))
+    running = (replace(run(50, team="b", gpus=8, on=("h100-0",), tier=0),
+                       max_runtime_seconds=H + 1800),)
+    plan = plan_admissions(snap(nodes=world, running=running, preemption=PREEMPT,
+                                queued=(est(q(1, team="b", gpus=8), seconds),),
+                                bookings=(book(gpus=8),)))
+    assert [v.job_id for p in plan.preemptions for v in p.victims] == ([50] if preempts else [])
+    if not preempts:
+        assert plan.waits[1].reason is not WaitReason.PREEMPTING
+
+
+def test_rule_w1_a_victim_still_running_at_the_start_frees_only_what_the_booking_lacks(
+        ) -> None:
+    # Two nodes; vision books 8 at 2 h. Job 50 (no estimate) holds h100-0, job 51 ends
+    # before the start on h100-1: then h100-1 is the booking's, and h100-0 free only
+    # because job 50 would be preempted there at the start (rule W2)... unless job 1
+    # takes its place: with no estimate it may not preempt job 50 either (the booking
+    # lacks those GPUs then); a job of vision, whose booking it is, may.
+    world = nodes(("h100", 8, 0), ("h100", 8, 0))
+    running = (run(50, team="b", gpus=8, on=("h100-0",), tier=0),
+               replace(run(51, team="c", gpus=8, on=("h100-1",), tier=300, preemptible=False),
+                       max_runtime_seconds=H + 1800))
+    for team, preempts in (("b", False), ("vision", True)):
+        plan = plan_admissions(snap(nodes=world, running=running, preemption=PREEMPT,
+                                    queued=(est(q(1, team=team, gpus=8), None),),
+                                    quotas={("b", "h100"): QuotaLimit(0, None),
+                                            ("c", "h100"): QuotaLimit(8, 0),
+                                            ("vision", "h100"): QuotaLimit(8, 0)},
+                                    bookings=(book(gpus=16),)))
+        assert [v.job_id for p in plan.preemptions for v in p.victims] == \
+            ([50] if preempts else []), team
+
+
+@pytest.mark.parametrize(("lend_tiers", "preempts"),
+                         [(frozenset({0}), False), (frozenset({0, 100}), True)])
+def test_rule_w4_a_lent_job_is_preempted_only_for_a_job_that_may_use_its_gpus(
+        lend_tiers: frozenset[int], preempts: bool) -> None:
+    # Job 50 (team b, tier 0) is lent vision's booked node. Team b's tier-100 job would
+    # preempt it by rule R1; the GPUs it frees are the booking's (rule W3): only a job
+    # of a lending tier may be lent them, so only then does it preempt.
+    world = nodes(("h100", 8, 0))
+    running = (run(50, team="b", gpus=8, on=("h100-0",), tier=0),)
+    plan = plan_admissions(snap(nodes=world, running=running, preemption=PREEMPT,
+                                queued=(est(q(1, team="b", gpus=8), H),),
+                                lend_tiers=lend_tiers,
+                                bookings=(book(gpus=8, start=-60, lend=True),)))
+    assert [v.job_id for p in plan.preemptions for v in p.victims] == ([50] if preempts else [])
+
+
 # --- the property: plan -> time passes -> plan ----------------------------------------
 
 CYCLE, GRACE = 300, 60

@@ -422,9 +422,38 @@ def into_booking(p: Pass, t: Try) -> bool | Wait | None:
             waiting = h
     if waiting is None:
         return None
+    freeing = waiting.waiting
+    _keep(p, t, waiting)
     return Wait(t.job.id, WaitReason.PREEMPTING,
                 f"{booking_words(waiting.booking)}: waiting for the other teams' jobs on "
-                f"them to release {waiting.waiting} GPUs (rule W2)")
+                f"them to release {freeing} GPUs (rule W2)")
+
+
+def _keep(p: Pass, t: Try, h: Held) -> None:
+    """Rules W2, W4 with A5: the team's job waiting for the booking's GPUs still being
+    freed claims them, and of its free GPUs what it needs besides, for the rest of the
+    pass: kept out of the spare, so they are lent to no other team's job ahead of it (a
+    job taken back that stops before its grace is over would be lent them again).
+    The nodes of the placement its preemption planned first (rule E2), then those with
+    the most free booked GPUs. Counted in the booking (`used`): the team's later jobs
+    do not wait for the same GPUs."""
+    job = t.job
+    freeing = min(h.waiting, t.total)
+    h.waiting -= freeing
+    h.used += t.total
+    need = t.total - freeing
+    planned = p.snapshot.nominated_placement.get(job.id, ()) if p.nominated else ()
+    first: dict[str, int] = defaultdict(int)
+    for n in planned:
+        first[n] += job.gpus_per_replica
+    for n in sorted(h.spare, key=lambda n: (-first[n], -h.spare[n], n)):
+        if need <= 0:
+            break
+        k = min(need, h.spare[n])
+        h.spare[n] -= k
+        need -= k
+        if not h.spare[n]:
+            del h.spare[n]
 
 
 def _into(p: Pass, t: Try, h: Held) -> bool | Wait | None:
@@ -534,3 +563,76 @@ def lend(p: Pass, t: Try, place: Callable[[Pass, Try], Step | None]) -> Step | N
     for h in held:
         _spare_taken(p.cap, h, (), t.job.gpus_per_replica, own=False)
     return step
+
+
+# --- rules W1, W3, W4: what a preemption may free -------------------------------------
+
+def spared_from(p: Pass, t: Try) -> frozenset[int]:
+    """Rules W3, W4: the lent jobs the try may not preempt by rules R1-R4 - their GPUs
+    are a booking's once freed, which the try could not use: it is not of a lending tier
+    of another team (the booking's team takes them back by `take_back`)."""
+    book = p.book
+    if book is None or t.gt not in book.held_types:
+        return frozenset()
+    job = t.job
+    lent_to = job.tier_rank in p.snapshot.lend_tiers
+    return frozenset(r.id for (team, gt), hs in book.held.items() if gt == t.gt
+                     for h in hs if not (lent_to and team != job.team and h.booking.lend)
+                     for r in h.lent)
+
+
+def ahead_of_victims(p: Pass, t: Try, found: Preemption, take: bool = False) -> bool:
+    """Rule W1 on a preemption's placement: a job that would still run at a booking
+    start takes no more of a node than every start it crosses leaves free then - rule
+    W1's room, its team's own booked GPUs, and the GPUs of its victims that would still
+    run then (their estimates: freed by the preemption, not counted in the room) beyond
+    what the bookings lack then (`Ahead.short`: those are the bookings'). False
+    when the placement passes it (the caller puts the victims back: a preemption for a
+    placement rule W1 refuses frees GPUs the job could never use); else True, and with
+    `take` (the preemption made) what it takes out of the rooms."""
+    limits = crossing(p, t)
+    if not limits:
+        return True
+    job, now = t.job, p.now
+    g = job.gpus_per_replica
+    victims = [p.ws.running_by_id[v.job_id] for v in found.victims]
+    use: dict[str, int] = defaultdict(int)
+    for n in found.placement:
+        use[n] += g
+    plans: list[tuple[Ahead, str, int, int]] = []
+    shorts: list[tuple[Ahead, int]] = []
+    for a in limits:
+        freed: dict[str, int] = defaultdict(int)
+        for r in victims:
+            end = r.estimated_end(now)
+            if end is None or end > a.at:
+                for n in r.nodes:
+                    if n in a.room:
+                        freed[n] += r.gpus_per_replica
+        # What the bookings lack then (rule W2 would free it at the start) comes first
+        # out of the victims' GPUs: another team's job taking their place would be
+        # preempted then (a booking team's would run in its booking: W2, W3).
+        ours = any(b.team == job.team for b in a.bookings)
+        short = 0 if ours else min(a.short, sum(freed.values()))
+        shorts.append((a, short))
+        for n in sorted(freed, key=lambda n: (use.get(n, 0), -freed[n], n)):
+            k = min(short, freed[n])
+            freed[n] -= k
+            short -= k
+        own = a.own.get(job.team, {})
+        for n, k in use.items():
+            if n not in a.room:
+                continue  # not a booked node (rule K4's spot nodes)
+            mine = min(own.get(n, 0), k)
+            rest = max(0, k - mine - freed[n])
+            if rest > a.room[n]:
+                return False
+            plans.append((a, n, mine, rest))
+    if take:
+        for a, n, mine, rest in plans:
+            if mine:
+                a.own[job.team][n] -= mine
+            a.room[n] -= rest
+        for a, short in shorts:
+            a.short -= short
+    return True

@@ -19,6 +19,7 @@ from queueing.policy.snapshot import QueuedJob, RunningJob
 from queueing.policy.workspace import Capacity, Workspace
 
 from .admit import admitted_one
+from .bookings import ahead_of_victims, spared_from
 from .flavors import k2_order
 from .owed import may_find, owed, owed_move
 from .reservation import reserve, spared_until_shadow
@@ -93,6 +94,8 @@ def preempt(p: Pass, t: Try) -> Step | None:
     if result is not None:
         if nominal is None and _rate_limited_after(p, t, result, search_key):
             return ()
+        if p.book is not None:
+            ahead_of_victims(p, t, result[0], take=True)  # rule W1: its room at the starts
         _take(p, t, result[0], nominal)
         return ()
     if nominal is not None:
@@ -173,7 +176,11 @@ def _search(p: Pass, t: Try, search_key: SearchKey, *, owed: bool = False) -> _F
         p.may_search = p.searches < p.pre.max_searches
         if not hopeless:
             result = find_victims(p.ws, job, now=p.now, factor=p.factors.factor, pool=q,
-                                  protect=not owed)
+                                  protect=not owed, spared=spared_from(p, t))
+            if result is not None and p.book is not None and \
+                    not ahead_of_victims(p, t, result[0]):
+                result[1]()  # rule W1 would refuse the placement: no preemption for it
+                result = None
         if result is not None:
             t.pool = q
             break
@@ -214,7 +221,8 @@ def _worth_it(p: Pass, t: Try, result: _Found, search_key: SearchKey) -> _Found 
         undo()
         spared = spared_until_shadow(p.ws, job, p.now, p.admitted_ends.get(t.gt, ()),
                                      t.k2 or (), t.gt)
-        again = find_victims(p.ws, job, now=p.now, factor=p.factors.factor, pool=t.pool)
+        again = find_victims(p.ws, job, now=p.now, factor=p.factors.factor, pool=t.pool,
+                             spared=spared_from(p, t))
         assert again is not None  # the same workspace as the search above
         result = again
         found, undo = again
