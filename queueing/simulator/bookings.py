@@ -15,8 +15,8 @@ The measures count GPUs of the booking's type, not which GPUs: at an instant, th
 other teams' jobs that may not be there (those that started before the window, and,
 unless the booking lends, every other job; a lent job is a preemptible tier's that
 started in the window) are on booked GPUs when they hold more than the type's capacity
-less the booked GPUs. The team's own use counts up to the booked GPUs; what is free
-counts as booked-and-empty first. Each occurrence is measured as if it were the only
+less the booked GPUs (and the team's jobs beyond its booking). The team's own use
+counts up to the booked GPUs; what is free counts as booked-and-empty first. Each occurrence is measured as if it were the only
 booking of its type at the time.
 """
 
@@ -153,7 +153,8 @@ def occurrence_report(result: RunResult, workload: Workload,
     (GPU-hours other teams' jobs held on its GPUs though they may not: crossing jobs,
     and every other job when it does not lend), `crossed_jobs` (other teams' attempts
     running at its start) and `crossed_gpu_hours` (what they held in it), the booked
-    GPU-hours `used_gpu_hours` (by the team), `lent_gpu_hours` and `empty_gpu_hours`,
+    GPU-hours `used_gpu_hours` (by the team), `lent_gpu_hours` and `empty_gpu_hours`
+    (with `unclear_gpu_hours`, they add up to `booked_gpu_hours`),
     and `team_owed_wait_max_seconds`: the longest a job of the team waited in the window
     while the team held fewer of the type than booked, with the job fitting beside."""
     sc = workload.scenario
@@ -195,10 +196,12 @@ def occurrence_report(result: RunResult, workload: Workload,
 
 def _integrate(pieces: list[tuple[float, float, float, str]], start: float, end: float,
                booked: int, capacity: int) -> dict[str, object]:
+    """Walk the window: the GPUs outside the booking (capacity - booked) hold the team's
+    jobs beyond its booking first, then the jobs that may not be on booked GPUs (crossed
+    in, or not lent), then the lent ones; what does not fit there is on booked GPUs."""
     edges = sorted({start, end, *(p[0] for p in pieces), *(p[1] for p in pieces)})
     used = lent = empty = unclear = crossed_h = 0.0
     delay: float | None = None
-    room = capacity - booked  # what other teams may hold outside the booking
     for lo, hi in itertools.pairwise(edges):
         if lo < start or hi > end or hi <= lo:
             continue
@@ -207,17 +210,17 @@ def _integrate(pieces: list[tuple[float, float, float, str]], start: float, end:
             if s <= lo and e >= hi:
                 held[kind] += g
         dt = (hi - lo) / HOUR
-        over = max(0.0, held["X"] + held["N"] - room)
-        if over <= 1e-9 and delay is None:
-            delay = lo - start
-        unclear += over * dt
-        crossed_h += held["X"] * dt
         mine = min(float(booked), held["T"])
-        free = max(0.0, capacity - sum(held.values()))
-        e_ = min(booked - mine, free)
+        room = max(0.0, capacity - booked - (held["T"] - mine))
+        bad = max(0.0, held["X"] + held["N"] - room)
+        on_loan = max(0.0, held["L"] - max(0.0, room - held["X"] - held["N"]))
+        if bad <= 1e-9 and delay is None:
+            delay = lo - start
+        unclear += bad * dt
+        crossed_h += held["X"] * dt
         used += mine * dt
-        empty += e_ * dt
-        lent += (booked - mine - e_) * dt
+        lent += on_loan * dt
+        empty += max(0.0, booked - mine - bad - on_loan) * dt
     return {"delay_seconds": end - start if delay is None else delay,
             "cleared": delay is not None, "unclear_gpu_hours": unclear,
             "crossed_gpu_hours": crossed_h, "used_gpu_hours": used, "lent_gpu_hours": lent,
