@@ -16,8 +16,8 @@ other teams' jobs that may not be there (those that started before the window, a
 unless the booking lends, every other job; a lent job is a preemptible tier's that
 started in the window) are on booked GPUs when they hold more than the type's capacity
 less the booked GPUs (and the team's jobs beyond its booking). The team's own use
-counts up to the booked GPUs; what is free counts as booked-and-empty first. Each occurrence is measured as if it were the only
-booking of its type at the time.
+counts up to the booked GPUs; what is free counts as booked-and-empty first. Each
+occurrence is measured as if it were the only booking of its type at the time.
 """
 
 from __future__ import annotations
