@@ -191,7 +191,8 @@ def test_rule_w1_w2_the_booked_gpus_are_the_teams_within_a_cycle_and_grace() -> 
     assert row["lent_gpu_hours"] == 0  # not lent
 
 
-def test_the_booking_report_in_the_json_and_the_text(tmp_path: Path) -> None:
+def test_the_booking_report_in_the_json_and_the_text(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     import yaml
 
     path = tmp_path / "s.yaml"
@@ -208,6 +209,13 @@ def test_the_booking_report_in_the_json_and_the_text(tmp_path: Path) -> None:
     assert [o["start_hours"] for o in doc["policies"]["fairq"]["bookings"]["occurrences"]] \
         == [1.0, 3.0]
     assert main(["--scenario", str(path), "--booking", "z:gpu:2@+3h/30m", "--quiet"]) == 2
+    assert "--booking: no team 'z'" in capsys.readouterr().err
+    assert main(["--scenario", str(path), "--policies", "fairq"]) == 0
+    text = capsys.readouterr().out
+    head = "bookings (fairq): per occurrence, GPU-hours of the booked GPUs"
+    assert head in text
+    row = text.split(head)[1].splitlines()[2].split()
+    assert row[:4] == ["1", "a", "4", "1.0"]
 
 
 WEEK = ["--gpus", "32", "--rho", "0.95", "--policies", "fairq", "--departments", "2",

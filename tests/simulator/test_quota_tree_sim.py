@@ -163,3 +163,12 @@ def test_departments_from_the_command_line(tmp_path: Path) -> None:
         with_departments(teams, 5)
     scenario = SCENARIOS / "volcano_reclaim_two_levels.yaml"
     assert main(["--scenario", str(scenario), "--departments", "2", "--quiet"]) == 2
+
+
+def test_the_owed_wait_in_the_text_report(capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = SCENARIOS / "volcano_reclaim_two_levels.yaml"
+    assert main(["--scenario", str(scenario), "--policies", "fairq"]) == 0
+    text = capsys.readouterr().out
+    lines = text.split("owed wait (fairq, quotas in a tree)")[1].splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2:5]}
+    assert rows["a1"][0] == "4" and rows["b1"][0] == "0"
