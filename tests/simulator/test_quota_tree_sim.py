@@ -97,13 +97,16 @@ def test_rule_f4_fair_share_in_the_replay_follows_the_same_parents() -> None:
 
 def test_the_owed_wait_counts_only_while_team_and_department_are_within_nominal() -> None:
     """Hand-made: b holds all 8 GPUs (nominal 4) for an hour; a (nominal 4, in dept of
-    nominal 4) asks 2 at 600 s. The owed wait is the time a's jobs waited: on the live
-    policy they reclaim from b, and the figure equals their measured wait; each job is
-    owed (a holds 0 + 1, dept 0 + 1, both <= 4)."""
-    w = parse_scenario(_doc())
+    nominal 4, nothing guarded) asks 2 at 600 s. The owed wait is the time a's jobs
+    waited: on the live policy they reclaim from b, and the figure equals their measured
+    wait; each job is owed (a holds 0 + 1, dept 0 + 1, both <= 4)."""
+    w = parse_scenario(_doc(quotas=[{"team": "dept", "gpu_type": "gpu", "nominal": 4},
+                                    {"team": "a", "gpu_type": "gpu", "nominal": 4},
+                                    {"team": "b", "gpu_type": "gpu", "nominal": 4}]))
     result = run_fairq(w)
     a_jobs = [r for r in result.records if r.job.team == "a"]
     waited = max(r.attempts[0].start - r.job.submit for r in a_jobs)
+    assert waited > 0
     got = owed_waits(result, w)
     assert got["a"]["owed_jobs"] == 2
     assert got["a"]["owed_wait_max_seconds"] == pytest.approx(waited)
@@ -114,7 +117,9 @@ def test_the_owed_wait_stops_when_an_ancestor_is_above_its_nominal() -> None:
     """The same run measured with dept's nominal 1 (a's 4 would not be carved, so the
     check is on the measure alone): a's second job would take dept to 2 > 1 while the
     first runs, so at most one of a's jobs is owed at a time."""
-    w = parse_scenario(_doc())
+    w = parse_scenario(_doc(quotas=[{"team": "dept", "gpu_type": "gpu", "nominal": 4},
+                                    {"team": "a", "gpu_type": "gpu", "nominal": 4},
+                                    {"team": "b", "gpu_type": "gpu", "nominal": 4}]))
     result = run_fairq(w)
     small = type(w)(scenario=type(w.scenario)(
         nodes=w.scenario.nodes, teams=w.scenario.teams, tiers=w.scenario.tiers,
