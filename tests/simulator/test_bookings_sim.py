@@ -191,6 +191,37 @@ def test_rule_w1_w2_the_booked_gpus_are_the_teams_within_a_cycle_and_grace() -> 
     assert row["lent_gpu_hours"] == 0  # not lent
 
 
+@pytest.mark.parametrize("lend", [True, False])
+def test_rule_w4_unused_booked_gpus_are_lent_and_taken_back(lend: bool) -> None:
+    """a books 4 of the 8 GPUs from 1 h to 2 h and asks for them only at 1.5 h; b's eight
+    3 h jobs come at 1 h. Lent: b runs all eight, four on the booked GPUs, until a's jobs
+    take them back within one cycle plus grace (about 2 GPU-hours lent). Not lent: b runs
+    four, the booked GPUs stay empty until a comes."""
+    doc = _doc()
+    doc["bookings"][0]["lend"] = lend
+    doc["jobs"][0].update(submit_seconds=H, runtime_seconds=3 * H)
+    doc["jobs"][1]["submit_seconds"] = 1.5 * H
+    w = parse_scenario(doc)
+    result = run_fairq(w)
+    s: dict[str, Any] = summarize(result, w)
+    (row,) = s["bookings"]["occurrences"]
+    st = w.scenario.settings
+    bound = st.cycle_seconds + st.preemption.termination_grace_seconds
+    assert row["team_owed_wait_max_seconds"] <= bound
+    assert row["unclear_gpu_hours"] == 0
+    b_at_start = sum(1 for r in result.records if r.job.team == "b"
+                     and r.attempts and r.attempts[0].start == H)
+    if lend:
+        assert b_at_start == 8
+        assert row["lent_gpu_hours"] == pytest.approx(4 * 0.5, abs=4 * bound / H)
+        assert row["empty_gpu_hours"] == pytest.approx(0, abs=4 * bound / H)
+    else:
+        assert b_at_start == 4
+        assert row["lent_gpu_hours"] == 0
+        assert row["empty_gpu_hours"] == pytest.approx(4 * 0.5, abs=1e-9)
+    assert row["used_gpu_hours"] == pytest.approx(4 * 0.5, abs=4 * bound / H)
+
+
 def test_the_booking_report_in_the_json_and_the_text(tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     import yaml
