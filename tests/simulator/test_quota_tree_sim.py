@@ -136,6 +136,10 @@ VOLCANO = ("volcano_reclaim_two_levels", "volcano_sibling_idle_department",
 CLAIMANTS = {"volcano_reclaim_two_levels": ("a1", "a2"),
              "volcano_sibling_idle_department": ("a1", "a2"),
              "volcano_deep_lending_limits": ("ta2",)}
+# The teams that ask within their own nominal and must start within the bound, owed by
+# rule Q7 or not: b2 asks back what its sibling b1 borrowed while dept-b, holding dept-a's
+# lent GPUs too, is above its nominal (so b2 is not owed by Q7, only reclaimed for, Q6).
+SERVED = {**CLAIMANTS, "volcano_sibling_idle_department": ("a1", "a2", "b2")}
 
 
 @pytest.mark.parametrize("name", VOLCANO)
@@ -151,6 +155,10 @@ def test_rule_q6_volcano_hierarchical_reclaim_gives_the_owed_team_its_gpus(name:
     for team in CLAIMANTS[name]:
         assert owed[team]["owed_jobs"] > 0, team
         assert owed[team]["owed_wait_max_seconds"] <= bound, (team, owed[team])
+    for team in SERVED[name]:
+        waits = [r.attempts[0].start - r.job.submit for r in result.records
+                 if r.job.team == team]
+        assert waits and max(waits) <= bound, (team, max(waits))
     assert all(r.finished is not None for r in result.records)
 
 
