@@ -10,7 +10,7 @@ Every value is checked; a bad one raises `ScenarioError` naming its field
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -184,11 +184,7 @@ def parse_scenario(doc: Any) -> Workload:
         for i, q in enumerate(_list(doc.get("quotas"), "quotas")):
             w = f"quotas[{i}]"
             q = _map(q, w)
-            team, gt = _str(q, "team", w), _str(q, "gpu_type", w)
-            if team not in names:
-                raise ScenarioError(f"{w}.team: no team {team!r}")
-            if gt not in gpu_types:
-                raise ScenarioError(f"{w}.gpu_type: no node pool of {gt!r}")
+            team, gt = _team_and_type(q, w, names, gpu_types)
             nominal = int(_num(q, "nominal", w, integer=True))
             lending = _opt_int(q, "lending_limit", w)
             if lending is not None and lending > nominal:
@@ -282,6 +278,17 @@ def parse_scenario(doc: Any) -> Workload:
                     source={"kind": "scenario", "jobs": len(numbered)})
 
 
+def _team_and_type(m: Mapping[str, Any], w: str, names: set[str],
+                   gpu_types: Iterable[str]) -> tuple[str, str]:
+    """An entry's `team` and `gpu_type`, each one the scenario has."""
+    team, gt = _str(m, "team", w), _str(m, "gpu_type", w)
+    if team not in names:
+        raise ScenarioError(f"{w}.team: no team {team!r}")
+    if gt not in gpu_types:
+        raise ScenarioError(f"{w}.gpu_type: no node pool of {gt!r}")
+    return team, gt
+
+
 def _check_carved(teams: list[TeamSpec], quotas: Mapping[tuple[str, str], QuotaLimit]) -> None:
     """Rule Q3: a department's nominal is its subtree's; its children's nominals are
     carved out of it, so they may not add up to more (a department without a row of a
@@ -316,11 +323,7 @@ def _bookings(doc: Mapping[str, Any], names: set[str],
     for i, b in enumerate(_list(doc.get("bookings"), "bookings")):
         w = f"bookings[{i}]"
         b = _map(b, w)
-        team, gt = _str(b, "team", w), _str(b, "gpu_type", w)
-        if team not in names:
-            raise ScenarioError(f"{w}.team: no team {team!r}")
-        if gt not in capacity:
-            raise ScenarioError(f"{w}.gpu_type: no node pool of {gt!r}")
+        team, gt = _team_and_type(b, w, names, capacity)
         gpus = int(_num(b, "gpus", w, strict=True, integer=True))
         if gpus > capacity[gt]:
             raise ScenarioError(f"{w}.gpus: the cluster has {capacity[gt]} {gt}")
