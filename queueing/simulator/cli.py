@@ -32,7 +32,7 @@ from .gpu_spec import GpuSpecError, GpuSpecMode
 from .history import load_usage_history
 from .metrics import HOUR, goals, summarize
 from .model import RunResult, TeamSpec, Workload
-from .report import clusters_png, png_report, text_report
+from .report import clusters_png, png_report, text_report, tree_bookings_png
 from .scenario import ScenarioError, load_scenario, parse_scenario, parse_settings
 from .trace import SHARED_MODELS, ShareMode, TraceError, load_openb, whole_gpus
 from .waits import WaitCauses, breakdown, non_preemptible_floors
@@ -369,6 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         png_report(doc, args.report)
         if any("clusters" in p for p in doc["policies"].values()):
             clusters_png(doc, args.report.removesuffix(".png") + "-clusters.png")
+        fq = doc["policies"].get("fairq", {})
+        if "tree" in fq or "bookings" in fq:
+            tree_bookings_png(doc, args.report.removesuffix(".png") + "-tree.png")
     if not args.quiet and args.json != "-":
         sys.stdout.write(text_report(doc))
     return 0

@@ -313,3 +313,46 @@ def clusters_png(doc: Mapping[str, Any], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
+
+
+def tree_bookings_png(doc: Mapping[str, Any], path: str) -> None:
+    """Two plots for a fairq run with departments or bookings: each booking occurrence's
+    GPU-hours used by its team, lent, empty and held by jobs that may not be there
+    (stacked), with its start delay; and each team's longest owed wait against rule
+    R11's goal (1 min + grace)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fq = doc["policies"]["fairq"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
+    occ = fq.get("bookings", {}).get("occurrences", [])
+    x = list(range(len(occ)))
+    bottom = [0.0] * len(occ)
+    for key, label, color in (("used_gpu_hours", "used by the team", "tab:blue"),
+                              ("lent_gpu_hours", "lent", "tab:green"),
+                              ("empty_gpu_hours", "empty", "tab:gray"),
+                              ("unclear_gpu_hours", "held by jobs that may not", "tab:red")):
+        vals = [o[key] for o in occ]
+        left.bar(x, vals, bottom=bottom, label=label, color=color)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    left.set_xticks(x, [f"{o['team']} {o['start_hours']:.0f} h\ndelay {o['delay_seconds']:.0f} s"
+                        for o in occ])
+    left.set(title="fairq: booked GPU-hours per occurrence", ylabel="GPU-hours")
+    if occ:
+        left.legend()
+    owed = fq.get("tree", {}).get("owed_waits", {})
+    teams = list(owed)
+    right.bar(range(len(teams)), [owed[t]["owed_wait_max_seconds"] for t in teams])
+    if teams:
+        goal = float(fq.get("owed", {}).get("goal_min", 1.0)) * 60.0
+        right.axhline(goal, color="grey", linestyle=":",
+                      label=f"{goal:.0f} s: rule R11's goal, 1 min + grace")
+        right.legend()
+    right.set_xticks(list(range(len(teams))), teams)
+    right.set(title="fairq: longest owed wait per team (quotas in a tree)", ylabel="seconds")
+    fig.suptitle(f"fairq-sim: {doc['source']}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)

@@ -247,6 +247,10 @@ def test_the_booking_report_in_the_json_and_the_text(tmp_path: Path,
     assert head in text
     row = text.split(head)[1].splitlines()[2].split()
     assert row[:4] == ["1", "a", "4", "1.0"]
+    png = tmp_path / "r.png"
+    assert main(["--scenario", str(path), "--policies", "fairq", "--report", str(png),
+                 "--quiet"]) == 0
+    assert (tmp_path / "r-tree.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 WEEK = ["--gpus", "32", "--rho", "0.95", "--policies", "fairq", "--departments", "2",
