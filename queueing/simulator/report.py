@@ -352,7 +352,7 @@ def tree_bookings_png(doc: Mapping[str, Any], path: str) -> None:
         right.legend()
     right.set_xticks(list(range(len(teams))), teams)
     right.set(title="fairq: longest owed wait per team (quotas in a tree)", ylabel="seconds")
-    fig.suptitle(f"fairq-sim: {doc['source']}", fontsize=8)
+    fig.suptitle(_short(f"fairq-sim: {doc['source']}", 170), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
