@@ -11,6 +11,7 @@ from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
 from queueing.errors import Conflict, DomainError
+from queueing.selectors.quota_tree import carve_problems
 
 from .models import (
     TEAM_ALLOWLIST_FIELDS,
@@ -24,6 +25,7 @@ from .models import (
 )
 from .services import (
     audit_record,
+    hierarchy_lock,
     membership_check_keeps_admin,
     membership_remove,
     membership_set,
@@ -191,8 +193,29 @@ class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
     autocomplete_fields = ["user"]
 
 
+class TeamAdminForm(forms.ModelForm):  # type: ignore[type-arg]
+    """Rule Q8 on a parent change: under its new parent the team's nominals fit in each
+    department's own quota row above it (as `team_update` checks it)."""
+
+    class Meta:
+        model = Team
+        fields = ["slug", "name", "parent"]  # the admin passes its fieldsets' fields
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        old = self.instance
+        parent = data.get("parent")
+        if not old.pk or "parent" not in data or old.parent_id == (parent.pk if parent else None):
+            return data
+        hierarchy_lock()  # the admin saves in the same transaction
+        for message in carve_problems(parent=(old.slug, parent.slug if parent else None)):
+            self.add_error("parent", message)
+        return data
+
+
 @admin.register(Team)
 class TeamAdmin(AuditedAdmin):
+    form = TeamAdminForm
     list_display = ["slug", "name", "weight", "parent", "run_as_non_root", "any_member_may_cancel"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]

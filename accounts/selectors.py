@@ -147,9 +147,17 @@ QUOTA_AUDIT_LIMIT = 30
 
 
 def quota_audit_entries() -> list[AuditEntry]:
-    """The quota board's recent changes, newest first: quotas, and team weights (the
-    Team entries that changed `weight`)."""
-    return list(AuditEntry.objects.filter(
+    """The quota board's recent changes, newest first: quotas, and team weights and
+    parents (the Team entries that changed `weight` or `parent`)."""
+    entries = list(AuditEntry.objects.filter(
         Q(object_type="queueing.Quota")
-        | Q(object_type="accounts.Team", changes__has_key="weight"))
+        | Q(object_type="accounts.Team", changes__has_key="weight")
+        | Q(object_type="accounts.Team", changes__has_key="parent"))
         .select_related("actor").order_by("-at", "-id")[:QUOTA_AUDIT_LIMIT])
+    # A parent is recorded by its id; the board names it (not saved back).
+    ids = {i for e in entries for i in (e.changes.get("parent") or []) if isinstance(i, int)}
+    slugs = dict(Team.objects.filter(pk__in=ids).values_list("pk", "slug")) if ids else {}
+    for e in entries:
+        if e.changes.get("parent"):
+            e.changes = {**e.changes, "parent": [slugs.get(i, i) for i in e.changes["parent"]]}
+    return entries

@@ -11,11 +11,13 @@ from typing import Any, TypeVar
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
 
 from queueing import validation as v
 from queueing.errors import Conflict, DomainError
+from queueing.selectors.quota_tree import carve_problems
 from queueing.services.access import check_staff, check_team_admin
 
 from .client_ip import current_client_ip
@@ -243,7 +245,17 @@ def team_create(
 # The team fields its team admins may change as well as staff (`team_update`).
 TEAM_ADMIN_FIELDS = frozenset({"any_member_may_cancel", "flavor_fallback"})
 
-_TEAM_HIERARCHY_LOCK = 0x66717465616D73  # "fqteams": serializes team parent changes
+_TEAM_HIERARCHY_LOCK = 0x66717465616D73  # "fqteams": serializes parent and quota changes
+
+
+def hierarchy_lock() -> None:
+    """Take turns with every other change of the team tree's shape or its quotas (a
+    transaction-scoped PostgreSQL advisory lock; nothing on SQLite, which writes one at
+    a time): a parent change (rule F4) and a quota change (rule Q8) each check the tree
+    as the other left it, never two at once against the same old state."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", [_TEAM_HIERARCHY_LOCK])
 
 
 @transaction.atomic
@@ -257,6 +269,9 @@ def team_update(*, actor: Any, team: Team, **fields: Any) -> Team:
     concurrent moves, A under B and B under A, each pass Team.clean() against the other's
     uncommitted state; without the turn PostgreSQL aborts one of them as a deadlock (a
     500), with it the second sees the first and is refused like any cycle (a 400).
+    A new parent must also hold the team's nominals (rule Q8: each department above it
+    with a quota row of a type holds its teams' nominals of that type): ValidationError
+    on `parent` otherwise, nothing written.
 
     `actor` must be staff, or a team admin of the team when only `TEAM_ADMIN_FIELDS`
     change (PermissionDenied otherwise)."""
@@ -265,15 +280,20 @@ def team_update(*, actor: Any, team: Team, **fields: Any) -> Team:
             check_team_admin(actor=actor, team=team)
         else:
             check_staff(actor=actor)
-    if "parent" in fields and connection.vendor == "postgresql":
-        with connection.cursor() as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", [_TEAM_HIERARCHY_LOCK])
+    if "parent" in fields:
+        hierarchy_lock()
     before = Team.objects.select_for_update().get(pk=team.pk)
     for name, value in fields.items():
         if name not in {"name", "weight", "parent", "run_as_non_root", *TEAM_ADMIN_FIELDS}:
             raise ValueError(f"team field {name!r} cannot be changed")
         setattr(team, name, value)
     team.full_clean()
+    if "parent" in fields and team.parent_id != before.parent_id:
+        # Rule Q8: under its new parent, the team's nominals must fit in each
+        # department's own quota row above it.
+        problems = carve_problems(parent=(team.slug, team.parent.slug if team.parent else None))
+        if problems:
+            raise ValidationError({"parent": problems})
     team.save()
     audit_record(actor=actor, action="update", instance=team, changes=model_changes(before, team))
     return team

@@ -26,7 +26,12 @@ Questions and goals
                                          (FAIRQ_SIM_NODES = 5 × 250x8), SQLite file in
                                          /tmp or $DATABASE_URL; per step and total.
 
-Run: `.venv/bin/python bench/bench_admission.py` from the repo root (about a minute).
+  3. Question 1 with booked GPUs (rules W1-W4): three bookings, one on, two ahead.
+       BENCH cycle_100k_booked_p50 / _max seconds per pass (7 passes), beside
+                                         cycle_100k_p50 without bookings
+
+Run: `.venv/bin/python bench/bench_admission.py` from the repo root (about a minute);
+`... bench_admission.py booked` runs only the passes with and without bookings.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from _common import bench, note  # noqa: E402  (bench/ is sys.path[0])
 
-from queueing.policy.admission import plan_admissions  # noqa: E402
+from queueing.policy.admission import Plan, plan_admissions  # noqa: E402
+from queueing.policy.bookings import Booking  # noqa: E402
 from queueing.policy.fairshare import FairShareState  # noqa: E402
 from queueing.policy.preemption import find_victims  # noqa: E402
 from queueing.policy.priority import PriorityWeights  # noqa: E402
@@ -167,19 +173,25 @@ def snapshot_10k_running() -> Snapshot:
                     preemption=PreemptionSettings(lost_per_wait=None))
 
 
+def timed_passes(snap: Snapshot, n: int = 7) -> tuple[list[float], Plan]:
+    """`n` passes of `plan_admissions` on `snap`: the seconds of each, and the plan."""
+    times = []
+    plan = None
+    for _ in range(n):
+        t = time.perf_counter()
+        plan = plan_admissions(snap)
+        times.append(time.perf_counter() - t)
+    assert plan is not None
+    return times, plan
+
+
 def bench_100k() -> None:
     t = time.perf_counter()
     snap = snapshot_100k()
     note(f"built the 100k snapshot in {time.perf_counter() - t:.2f} s: "
          f"{len(snap.queued)} queued, {len(snap.running)} running, {len(snap.nodes)} nodes, "
          f"{sum(n.capacity for n in snap.nodes)} GPUs ({sum(n.free for n in snap.nodes)} free)")
-    times = []
-    plan = None
-    for _ in range(7):
-        t = time.perf_counter()
-        plan = plan_admissions(snap)
-        times.append(time.perf_counter() - t)
-    assert plan is not None
+    times, plan = timed_passes(snap)
     note(f"pure policy pass: {len(plan.admissions)} admitted, {len(plan.preemptions)} "
          f"preemptions ({sum(len(p.victims) for p in plan.preemptions)} victims), "
          f"{len(plan.waits)} waiting")
@@ -192,6 +204,31 @@ def bench_100k() -> None:
     bench("cycle_100k_max", max(times), "s")
     bench("cycle_100k_peak_alloc", peak / 2**20, "MB")
     bench("cycle_100k_peak_rss", rss_mb(), "MB")
+
+
+def snapshot_100k_booked() -> Snapshot:
+    """`snapshot_100k` with booked GPUs (rules W1-W4): a booking on now of 64 t0 GPUs
+    (team-1, lending), one of 128 t1 GPUs from 2 h on (team-2), and a weekly one of 32
+    t2 GPUs from 30 min on (team-3). The queued jobs have no estimate: every t1 and t2
+    job would cross its start (rule W1 places each of them)."""
+    snap = snapshot_100k()
+    on = Booking(1, "team-1", "t0", 64, NOW - timedelta(minutes=10), NOW + timedelta(hours=4))
+    ahead = Booking(2, "team-2", "t1", 128, NOW + timedelta(hours=2), NOW + timedelta(hours=6),
+                    lend=False)
+    soon = Booking(3, "team-3", "t2", 32, NOW + timedelta(minutes=30),
+                   NOW + timedelta(hours=1))
+    return replace(snap, bookings=(on, ahead, soon), lend_tiers=frozenset({0}))
+
+
+def bench_100k_booked() -> None:
+    """Question 1 with booked GPUs, beside the same pass without (`cycle_100k_p50`)."""
+    snap = snapshot_100k_booked()
+    times, plan = timed_passes(snap)
+    held = sum(1 for w in plan.waits.values() if "rule W1" in w.message)
+    note(f"with 3 bookings: {len(plan.admissions)} admitted, {len(plan.preemptions)} "
+         f"preemptions, {held} held back by rule W1")
+    bench("cycle_100k_booked_p50", statistics.median(times), "s")
+    bench("cycle_100k_booked_max", max(times), "s")
 
 
 def bench_100k_a6a7() -> None:
@@ -321,6 +358,10 @@ def calibrate() -> None:
 
 def main() -> None:
     calibrate()
+    if sys.argv[1:] == ["booked"]:  # the pass with and without booked GPUs only
+        bench_100k()
+        bench_100k_booked()
+        return
     bench_100k()
     bench_100k_a6a7()
     bench_search_pure()

@@ -559,6 +559,42 @@ class App:
                               "SPOT", "JOBS", "LABELS"]))
         return 0
 
+    # fairq quota-tree
+    def quota_tree(self, a: argparse.Namespace) -> int:
+        """The quota tree per GPU type (GET /quota-tree/): departments with their teams
+        indented, each node's nominal ("(32)": no row of its own, its teams' sum), held,
+        borrowing, lent, available and limits; a line per type for the fleet."""
+        trees = self.client.get("/quota-tree/", gpu_type=a.gpu_type)
+        if self.as_json:
+            self.emit_json(trees)
+            return 0
+        blocks = []
+        for t in trees:
+            head = (f"{t['gpu_type']}: {t['held']} of {t['capacity']} in use, "
+                    f"{t['available']} available, {t['unassigned']} unassigned")
+            rows: list[list[Any]] = []
+
+            def walk(nodes: list[dict[str, Any]], depth: int, rows: list[list[Any]] = rows
+                     ) -> None:
+                for n in nodes:
+                    nominal = n["nominal"] if n["has_quota_row"] else f"({n['nominal']})"
+                    limits = [f"borrow<={n['borrowing_limit']}"
+                              if n["borrowing_limit"] is not None else "",
+                              f"lend<={n['lending_limit']}"
+                              if n["lending_limit"] is not None else ""]
+                    rows.append(["  " * depth + n["team"], nominal, n["held"],
+                                 n["borrowing"], n["lent"],
+                                 "-" if n["available"] is None else n["available"],
+                                 " ".join(x for x in limits if x) or "-"])
+                    walk(n["children"], depth + 1)
+
+            walk(t["teams"], 0)
+            blocks.append(head + ("\n" + table(rows, ["TEAM", "NOMINAL", "HELD", "BORROWING",
+                                                      "LENT", "AVAILABLE", "LIMITS"])
+                                  if rows else "\n(no quotas)"))
+        self.say("\n\n".join(blocks) if blocks else "No GPU types.")
+        return 0
+
     # fairq status ID
     def status(self, a: argparse.Namespace) -> int:
         job = self.client.get(f"/jobs/{a.job_id}/")
@@ -1311,6 +1347,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("clusters", parents=[common],
                    help="clusters with capacity and free GPUs per type (like sinfo)")
 
+    qt = sub.add_parser("quota-tree", parents=[common],
+                        help="quotas as a tree: departments, their teams, held, borrowing, "
+                             "lent and available per GPU type")
+    qt.add_argument("-G", "--gpu-type", dest="gpu_type", help="only this GPU type")
+
     st = sub.add_parser("status", parents=[common], aliases=["show"],
                         help="one job in detail, with its events (alias: show)")
     st.add_argument("job_id", type=int)
@@ -1409,6 +1450,7 @@ def _main(argv: Sequence[str] | None, *, transport: Transport | None, out: TextI
         return int(exc.code or 0)
     if a.cmd == "show":
         a.cmd = "status"
+    a.cmd = a.cmd.replace("-", "_")  # quota-tree: App.quota_tree
     if a.cmd == "checkpoint":
         return checkpoint_report(a, transport=transport, out=out, err=err)
     try:

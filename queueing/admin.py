@@ -6,8 +6,10 @@ from django import forms
 from django.contrib import admin
 
 from accounts.admin import AuditedAdmin
+from accounts.services import hierarchy_lock
 from queueing.selectors.clusters import cluster_state_words
 from queueing.selectors.gpu_share import gpu_type_jobs_not_final
+from queueing.selectors.quota_tree import carve_problems
 from queueing.services.cluster_admin import cluster_config_problems, labels_problem
 from queueing.validation import gpu_sharing_problems
 
@@ -158,8 +160,32 @@ class ClusterAdmin(AuditedAdmin):
         return cluster_state_words(obj)
 
 
+class QuotaAdminForm(forms.ModelForm):  # type: ignore[type-arg]
+    """Rule Q8: a department's teams' nominals fit in its own row; checked here as the
+    services check it (`quota_set`), in turn with every other quota and parent change."""
+
+    class Meta:
+        model = Quota
+        fields = ["team", "gpu_type", "nominal", "borrowing_limit", "lending_limit"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        team, gpu_type, nominal = data.get("team"), data.get("gpu_type"), data.get("nominal")
+        if team is None or gpu_type is None or nominal is None:
+            return data
+        old = self.instance
+        if old.pk and (old.team_id, old.gpu_type_id, old.nominal) == (team.pk, gpu_type.pk,
+                                                                      nominal):
+            return data
+        hierarchy_lock()  # the admin saves in the same transaction
+        for message in carve_problems(quota=(team.slug, gpu_type.slug, nominal)):
+            self.add_error("nominal", message)
+        return data
+
+
 @admin.register(Quota)
 class QuotaAdmin(AuditedAdmin):
+    form = QuotaAdminForm
     list_display = ["team", "gpu_type", "nominal", "borrowing_limit", "lending_limit"]
     list_filter = ["gpu_type", "team"]
 

@@ -11,9 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 from dateutil.rrule import rrulestr
+
+if TYPE_CHECKING:
+    from .snapshot import Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,3 +107,34 @@ def _peak(spans: list[tuple[datetime, datetime | None, int]], lo: datetime,
         held += u
         peak = max(peak, held)
     return peak
+
+
+Hold = tuple[datetime, datetime | None, int]
+
+
+def booking_holds(snapshot: Snapshot, gpu_type: str,
+                  exclude: int | None = None) -> tuple[int, list[Hold]]:
+    """Rule W5: what a new booking of `gpu_type` cannot take, from a snapshot: the type's
+    capacity (its open nodes' units, rule K8) and the holds - every other booking's
+    window (`exclude`: a booking's id left out, the one being moved) and every running
+    job of a non-preemptible tier, until its estimate ends (rule A9's estimated end; no
+    estimate: open ended). Preemptible running jobs hold nothing: rule W2 preempts them
+    at the booking's start."""
+    capacity = sum(n.capacity for n in snapshot.open_nodes() if n.gpu_type == gpu_type)
+    holds: list[Hold] = [(b.start, b.end, b.gpus) for b in snapshot.bookings
+                         if b.gpu_type == gpu_type and b.id != exclude]
+    now = snapshot.now
+    holds.extend((now, r.estimated_end(now), r.total_gpus) for r in snapshot.running
+                 if r.gpu_type == gpu_type and not r.preemptible)
+    return capacity, holds
+
+
+def earliest_booking(snapshot: Snapshot, gpu_type: str, gpus: int, duration: timedelta,
+                     latest: datetime, not_before: datetime | None = None,
+                     exclude: int | None = None) -> datetime | None:
+    """Rule W5 in one call: the earliest start, from `not_before` (default: the
+    snapshot's now) to `latest`, at which `gpus` of `gpu_type` can be booked for
+    `duration` beside `booking_holds`; None when none can."""
+    capacity, holds = booking_holds(snapshot, gpu_type, exclude)
+    return earliest_window(capacity, holds, gpus, duration, not_before or snapshot.now,
+                           latest)

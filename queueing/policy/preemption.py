@@ -15,13 +15,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
+from .bookings import Booking
+from .quota_tree import QuotaTree
 from .snapshot import QueuedJob, RunningJob, Snapshot, TopologyMode
-from .workspace import Capacity, Workspace, replica_slots
+from .workspace import Capacity, Workspace, has_departments, replica_slots
 
 
 class PreemptionRule(StrEnum):
     PRIORITY = "R1-priority"
     RECLAIM = "R2-reclaim"
+    TREE_RECLAIM = "Q6-reclaim"  # rule R2 in a forest with departments
+    BOOKED = "W2-booked"  # rules W2, W4: its GPUs are booked (docs/scheduling.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,9 @@ class Preemption:
     cluster: str = ""  # rule K7: the one cluster of the victims and the placement
     # Rule R11: made for an owed claim (rules R3's protection, R5 and R9 did not apply).
     owed: bool = False
+    # Rules W2, W4: made for this booking (stages/bookings.py); `preemptor_id` 0 when no
+    # job preempts (rule W2 empties the booked GPUs at the booking's start).
+    booking: Booking | None = None
 
     @property
     def rules(self) -> tuple[str, ...]:
@@ -157,7 +164,7 @@ def find_victims(
     def fits() -> bool:
         return ws.fits(team, gt, g, reps, cpu=cpu, memory=mem, topology=topo, pool=pool)
 
-    within_nominal = ws.ledger.within_nominal(team, gt, job.total_gpus)
+    within_nominal = ws.ledger.within_own_nominal(team, gt, job.total_gpus)
     unprotected = _unprotected(ws, gt, now, protect)
     if not within_nominal and _FLOOR:
         # Beyond its nominal a job preempts only by rule R1, a preemptible job of a lower
@@ -196,8 +203,11 @@ def find_victims(
     return found, undo_found
 
 
-# Rule R4's sort key of a candidate: (tier rank, team F for reclaim else 0, work lost, id).
-_Key = tuple[int, float, float, int]
+# Rule R4's sort key of a candidate: (rule Q6's nearness, tier rank, team F for reclaim
+# else 0, work lost, id). Nearness is minus the depth of the nearest node the claimant's
+# team and the victim's are under: 0 for every candidate in a flat forest and for the
+# claimant's own team, so the tree only orders other teams' jobs nearest first.
+_Key = tuple[int, int, float, float, int]
 _Cand = tuple[_Key, RunningJob, PreemptionRule]
 
 
@@ -224,16 +234,19 @@ def _take_enough(ws: Workspace, job: QueuedJob, cands: list[_Cand],
     def still_allowed(r: RunningJob) -> bool:
         if r.id in ws.removed:
             return False
-        # Rules R2 and Q2 are re-checked as victims go: another team stops being a
-        # source of victims once it no longer borrows.
+        # Rules R2, Q2 and Q6 are re-checked as victims go: another team stops being
+        # a source of victims once it (or, in a tree, its path below the claimant's
+        # nearest common node) no longer borrows.
         return (r.team == team and rule_of[r.id] is PreemptionRule.PRIORITY) or \
-            ws.ledger.borrowing(r.team, gt)
+            ws.ledger.reclaimable(team, r.team, gt)
 
-    # 1b. Its own team's ceiling (Q1): only the team's own lower-tier jobs make room.
+    # 1b. Its own team's ceiling (Q1): only the team's own lower-tier jobs make room;
+    # in a tree (rule Q4) over a department's borrowing limit, any candidate under it.
     for _, r, _ in cands:
         if ws.ledger.over_ceiling(team, gt, job.total_gpus) is None:
             break
-        if r.team == team and still_allowed(r):
+        if (r.team == team or ws.ledger.under_limit(team, r.team, gt, job.total_gpus)) \
+                and still_allowed(r):
             take([r])
     if ws.ledger.over_ceiling(team, gt, job.total_gpus) is not None:
         undo_all()
@@ -266,24 +279,43 @@ def _candidates(ws: Workspace, job: QueuedJob, unprotected: list[tuple[RunningJo
     times)."""
     cands: list[_Cand] = []
     gt, team, tier = job.gpu_type, job.team, job.tier_rank
-    removed, borrowing = ws.removed, ws.ledger.borrowing
-    priority, reclaim = PreemptionRule.PRIORITY, PreemptionRule.RECLAIM
+    ledger = ws.ledger
+    removed = ws.removed
+    priority = PreemptionRule.PRIORITY
+    reclaim = PreemptionRule.TREE_RECLAIM if ledger.departments else PreemptionRule.RECLAIM
     running_cluster = ws.running_cluster
+    # Rule Q6: per victim team, whether it borrows below the nearest common node, how
+    # near it is, and whether the claimant's path below that node is within guarantee.
+    seen: dict[str, tuple[bool, int]] = {}
+    reach = ledger.reclaim_reach(team, gt, job.total_gpus) if within_nominal else None
+
+    def borrowing(other: str) -> tuple[bool, int]:
+        got = seen.get(other)
+        if got is None:
+            got = seen[other] = (ledger.reclaimable(team, other, gt),
+                                 ledger.nearness(team, other, gt))
+        return got
+
+    def claim(other: str) -> bool:
+        return reach is None or ledger.lca(team, other) in reach
+
     for r, lost in unprotected:
         if r.id in removed or running_cluster[r.id] != cluster:  # rule K7: its cluster only
             continue
         if not r.preemptible:
             # Rule Q2: a non-preemptible job only goes to reclaim its team's borrowing,
             # whatever the tiers; after every preemptible candidate (its tier sorts it).
-            if within_nominal and r.team != team and borrowing(r.team, gt):
-                cands.append(((r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
-        elif r.tier_rank < tier and (r.team == team or borrowing(r.team, gt)):
+            if within_nominal and r.team != team and (b := borrowing(r.team))[0] \
+                    and claim(r.team):
+                cands.append(((b[1], r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
+        elif r.tier_rank < tier and (r.team == team or borrowing(r.team)[0]):
             # Rule Q2: another team's job only while that team borrows, so no tier takes
             # what a team was guaranteed.
-            cands.append(((r.tier_rank, 0.0, lost, r.id), r, priority))
+            near = 0 if r.team == team else borrowing(r.team)[1]
+            cands.append(((near, r.tier_rank, 0.0, lost, r.id), r, priority))
         elif (within_nominal and r.team != team and r.tier_rank <= tier
-              and borrowing(r.team, gt)):
-            cands.append(((r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
+              and (b := borrowing(r.team))[0] and claim(r.team)):
+            cands.append(((b[1], r.tier_rank, factor(r.team), lost, r.id), r, reclaim))
     return cands
 
 
@@ -308,10 +340,11 @@ def _cost(chosen: list[RunningJob], key_of: dict[int, _Key]) -> tuple[object, ..
     """Rule R4's price of a set of victims: the highest tier among them (lower is
     cheaper), then the work they lose in total (GPU-hours), then how many they are,
     then their sort keys. Never the count alone: two 1-GPU jobs of a low tier that ran
-    minutes are cheaper than one 8-GPU job of a higher tier that ran hours."""
+    minutes are cheaper than one 8-GPU job of a higher tier that ran hours. Rule Q6
+    first: the farthest victim's nearness (0 for all in a flat forest)."""
     keys = [key_of[r.id] for r in chosen]
-    return (max(r.tier_rank for r in chosen), sum(k[2] for k in keys), len(chosen),
-            tuple(keys))
+    return (max(k[0] for k in keys), max(r.tier_rank for r in chosen),
+            sum(k[3] for k in keys), len(chosen), tuple(keys))
 
 
 def _take_per_replica(ws: Workspace, cands: list[_Cand],
@@ -478,8 +511,21 @@ def _take_in_one_domain(ws: Workspace, cands: list[_Cand],
 def owed_claim(snapshot: Snapshot, job: QueuedJob, gpu_type: str) -> bool:
     """Rule R11: `job` is owed its GPUs of `gpu_type` - its team's GPUs of that type held
     by its jobs of the job's tier or above, plus the job's, fit in the team's nominal
-    quota (Q1). Lower tiers of its own team do not count: they are what it may preempt."""
+    quota (Q1). Lower tiers of its own team do not count: they are what it may preempt.
+    Rule Q7: in a tree, counted the same way per department, every department above
+    the team stays within its nominal too."""
     held = sum(r.total_gpus for r in snapshot.running
                if r.team == job.team and r.gpu_type == gpu_type
                and r.tier_rank >= job.tier_rank)
-    return held + job.total_gpus <= snapshot.quota(job.team, gpu_type).nominal
+    if held + job.total_gpus > snapshot.quota(job.team, gpu_type).nominal:
+        return False
+    if not has_departments(snapshot.team_parent):
+        return True
+    # Rule Q7: every department above the team stays within its nominal too.
+    tree = QuotaTree(snapshot.team_parent, snapshot.quotas, {})
+    above: dict[str, int] = defaultdict(int)
+    for r in snapshot.running:
+        if r.gpu_type == gpu_type and r.tier_rank >= job.tier_rank:
+            above[r.team] += r.total_gpus
+    return tree.within_guarantee(job.team, gpu_type, job.total_gpus,
+                                 lambda n: above[n]) >= len(tree.path(job.team))

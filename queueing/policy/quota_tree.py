@@ -30,7 +30,7 @@ Per GPU type the tree is computed once (`O(nodes)`), and each add, remove or
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from .snapshot import NO_QUOTA, QuotaLimit
 
@@ -56,6 +56,8 @@ class QuotaTree:
         for t, p in sorted(self.parent.items()):
             self.children[p].append(t)
         self.quotas = quotas
+        self._nominal: dict[tuple[str, str], int] = {}
+        self._paths: dict[str, list[str]] = {}
         self.capacity = dict(capacity)
         self.types = set(capacity) | {g for _t, g in quotas}
         # Per (node, type): subtree quota, guaranteed, own pool; and usage as jobs move.
@@ -65,6 +67,12 @@ class QuotaTree:
         self.usage: dict[tuple[str, str], int] = defaultdict(int)
         for gpu_type in self.types:
             self._compute(ROOT, gpu_type)
+        # Rule Q4: per GPU type, the guarantee no node uses yet (`max(0, g - usage)` summed
+        # over the nodes), kept as usage moves: 0 = nobody guards anything.
+        self.unused_guaranteed: dict[str, int] = defaultdict(int)
+        for (node, gpu_type), g in self.g.items():
+            if node != ROOT:
+                self.unused_guaranteed[gpu_type] += g
 
     # -- the static part ----------------------------------------------------------
     def quota(self, node: str, gpu_type: str) -> QuotaLimit:
@@ -77,7 +85,38 @@ class QuotaTree:
             return self.capacity.get(gpu_type, 0)
         if (node, gpu_type) in self.quotas:
             return self.quotas[(node, gpu_type)].nominal
-        return sum(self.nominal(c, gpu_type) for c in self.children.get(node, ()))
+        key = (node, gpu_type)
+        got = self._nominal.get(key)
+        if got is None:
+            got = self._nominal[key] = sum(self.nominal(c, gpu_type)
+                                           for c in self.children.get(node, ()))
+        return got
+
+    def within_guarantee(self, team: str, gpu_type: str, units: int,
+                         held: Callable[[str], int]) -> int:
+        """Rules Q6, Q7: how many nodes of `team`'s path, from the team up, stay within
+        their nominal with `units` more for the team (all of them: `len(path(team))`).
+        `held(n)`: what node n's own jobs hold. A department counts its own jobs, the
+        path's child as computed below it, and each other child's subtree only up to
+        that child's nominal: a child's borrowing is not the department's guarantee in
+        use (rule Q5), so a sibling borrowing a team's lent share does not put the team
+        beyond its department's guarantee."""
+        path = self.path(team)
+        below, value = "", 0
+        for i, node in enumerate(path):
+            value += held(node) + (units if i == 0 else 0) + sum(
+                self._capped(c, gpu_type, held) for c in self.children.get(node, ())
+                if c != below)
+            if value > self.nominal(node, gpu_type):
+                return i
+            below = node
+        return len(path)
+
+    def _capped(self, node: str, gpu_type: str, held: Callable[[str], int]) -> int:
+        """What `node`'s subtree holds within its guarantee (rule Q7's count)."""
+        inner = held(node) + sum(self._capped(c, gpu_type, held)
+                                 for c in self.children.get(node, ()))
+        return min(inner, self.nominal(node, gpu_type))
 
     def _compute(self, node: str, gpu_type: str) -> None:
         kids = self.children.get(node, ())
@@ -98,12 +137,16 @@ class QuotaTree:
 
     # -- the tree's shape ------------------------------------------------------
     def path(self, node: str) -> list[str]:
-        """`node` and its ancestors up to its top-level one (not the root)."""
-        out = []
-        while node != ROOT:
-            out.append(node)
-            node = self.parent.get(node, ROOT)
-        return out
+        """`node` and its ancestors up to its top-level one (not the root). Kept: a
+        node's parent never changes (`add` only hangs unknown teams under the root)."""
+        got = self._paths.get(node)
+        if got is None:
+            got, n = [], node
+            while n != ROOT:
+                got.append(n)
+                n = self.parent.get(n, ROOT)
+            self._paths[node] = got
+        return got
 
     def lca(self, a: str, b: str) -> str:
         """The nearest node both are under (ROOT when none)."""
@@ -123,11 +166,14 @@ class QuotaTree:
         while delta:
             k = (node, gpu_type)
             g = self.g.get(k, 0)
-            before = max(0, self.usage[k] - g)
-            self.usage[k] += delta
+            u = self.usage[k]
+            before = max(0, u - g)
+            self.usage[k] = u + delta
             if node == ROOT:
                 return
-            delta = max(0, self.usage[k] - g) - before
+            if g:
+                self.unused_guaranteed[gpu_type] += max(0, g - u - delta) - max(0, g - u)
+            delta = max(0, u + delta - g) - before
             node = self.parent.get(node, ROOT)
 
     def borrowing(self, node: str, gpu_type: str) -> bool:
@@ -149,9 +195,49 @@ class QuotaTree:
         return max(0, g - u) + (up if up is not None else 0)
 
     def fits(self, team: str, gpu_type: str, units: int) -> bool:
-        """Rules Q1 and Q3: may `team` take `units` more of `gpu_type`?"""
+        """Rules Q1 and Q4: may `team` take `units` more of `gpu_type`?"""
         room = self.available(team, gpu_type)
         return room is None or units <= room
+
+    def within_limits(self, node: str, gpu_type: str) -> tuple[int | None, str]:
+        """Rule Q4 without the fleet's cap: how many more units the node's own jobs may
+        take under the borrowing limits of its path (None = unbounded), and the node
+        whose limit binds ("" when none does). The root's capacity is left out: that
+        GPUs exist is rule A2's business, and GPUs guarded above the top level are
+        rule A1's lending wait. Ties name the nearest node."""
+        if node == ROOT:
+            return None, ""
+        k = (node, gpu_type)
+        sq, g, u = self.sq.get(k, 0), self.g.get(k, 0), self.usage[k]
+        up, who = self.within_limits(self.parent.get(node, ROOT), gpu_type)
+        limit = self.quota(node, gpu_type).borrowing_limit
+        if limit is not None:
+            room = sq - g - max(0, u - g) + limit
+            if up is None or room <= up:
+                up, who = room, node
+        return (None if up is None else max(0, g - u) + up), who
+
+    def guarded_off_path(self, team: str, gpu_type: str) -> int:
+        """Rule Q4: the unused guarantee kept by nodes off `team`'s path (what the
+        team's own path keeps it may use)."""
+        mine = sum(max(0, self.g.get((n, gpu_type), 0) - self.usage[(n, gpu_type)])
+                   for n in self.path(team))
+        return self.unused_guaranteed[gpu_type] - mine
+
+    def depth(self, node: str) -> int:
+        """The root's is 0, a top-level node's 1."""
+        return len(self.path(node))
+
+    def guarders(self, gpu_type: str, besides: str) -> list[tuple[str, int]]:
+        """Rule Q4's words: the nodes off `besides`' path that keep unused guarantee of
+        `gpu_type` (their subtree quota beyond their lending limit), most first."""
+        mine = set(self.path(besides))
+        out = [(n, self.g.get((n, gpu_type), 0) - self.usage[(n, gpu_type)])
+               for n in self.parent if n not in mine]
+        return sorted(((n, k) for n, k in out if k > 0), key=lambda x: (-x[1], x[0]))
+
+    def is_department(self, node: str) -> bool:
+        return bool(self.children.get(node))
 
     def held(self, node: str, gpu_type: str, own_held: Mapping[str, int]) -> int:
         """Everything the node's subtree holds, from each team's own holdings."""

@@ -351,6 +351,9 @@ class Snapshot:
     # Booked GPUs (docs/scheduling.md, "Booked GPUs"): the occurrences of reservations
     # that end after `now` and start before now + the booking horizon, by start.
     bookings: tuple[Booking, ...] = ()
+    # Rule W4: the tier ranks whose jobs may run on another team's unused booked GPUs
+    # (the preemptible tiers; the caller reads them from the tiers). Empty: none.
+    lend_tiers: frozenset[int] = frozenset()
 
     def billing_weight(self, gpu_type: str) -> float:
         return self.billing_weights.get(gpu_type, 1.0)

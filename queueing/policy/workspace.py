@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 
+from .quota_tree import QuotaTree
 from .snapshot import NodeState, RunningJob, Snapshot, Topology, TopologyMode
 
 
@@ -587,6 +588,14 @@ class Capacity:
                 break
         return tuple(taken)
 
+    def nodes_by_free(self, pool: str, at_least: int) -> Iterator[tuple[int, str]]:
+        """(free GPUs, node) of the pool's nodes with at least `at_least` free, fewest
+        free first, ties by name (rule A3's order; rule W1 walks it): from the buckets."""
+        buckets = self._buckets.get(pool, ())
+        for f in range(max(at_least, 1), len(buckets)):
+            for name in buckets[f]:
+                yield f, name
+
     def release(self, placement: Iterable[str], gpus: int, *, cpu: int = 0,
                 memory: int = 0, slots: tuple[int, ...] = ()) -> None:
         """Give back `gpus` (and `cpu`, `memory`) on each node of `placement` (the inverse
@@ -616,11 +625,33 @@ def replica_slots(slots: tuple[int, ...], replicas: int) -> list[tuple[int, ...]
     return [slots[k * each:(k + 1) * each] for k in range(replicas)]
 
 
+# False: a forest without departments keeps the flat ledger of rule Q1 (the fast path);
+# True: every ledger is the quota tree's (rules Q3-Q7), what the tests hold the fast
+# path to (tests/policy/test_quota_tree_q.py).
+TREE_ALWAYS = False
+
+
+def has_departments(team_parent: Mapping[str, str | None]) -> bool:
+    """Rule Q3: is some team another team's child (after rule F4's forest is made safe)?"""
+    from .fairshare import forest_parents
+
+    if not any(team_parent.values()):
+        return False
+    raw = dict(team_parent)
+    for parent in list(raw.values()):
+        if parent:
+            raw.setdefault(parent, None)
+    return any(forest_parents(raw).values())
+
+
 class Ledger:
-    """GPUs held per (team, GPU type) and the pool rules of Q1.
+    """GPUs held per (team, GPU type) and the pool rules of Q1, or of the quota tree
+    (rules Q3-Q7) when some team has a department.
 
     A team's unused nominal beyond its lending limit is *guarded*: only the team itself
     may use it. `guarded_total[type]` is kept as a running sum so the check is O(1).
+    In a tree, `tree` keeps every holding (the pass's admissions too) and `running_tree`
+    what running jobs alone hold (rule Q6 reads it as rule R2 reads `running_held`).
     """
 
     def __init__(self, snapshot: Snapshot, capacity: Capacity) -> None:
@@ -643,6 +674,31 @@ class Ledger:
             self.used[r.gpu_type] += r.total_gpus
         for (team, gpu_type), _q in snapshot.quotas.items():
             self.guarded_total[gpu_type] += self.guarded(team, gpu_type)
+        self.tree: QuotaTree | None = None
+        self.running_tree: QuotaTree | None = None
+        # Rule Q7: per (node, type) what its whole subtree holds (a team's own: `held`).
+        self.subtree_held: dict[tuple[str, str], int] = defaultdict(int)
+        # Rule Q4: per (team, type) `QuotaTree.within_limits` at `moves`.
+        self._limits: dict[tuple[str, str], tuple[int, int | None, str]] = {}
+        # Rule Q4: per (team, type) at `moves`, `QuotaTree.available` while some node
+        # off the team's path guards GPUs, else None (no lending wait).
+        self._room: dict[tuple[str, str], tuple[int, int | None]] = {}
+        # Rule Q6: a forest with departments names its reclaims `Q6-reclaim`.
+        self.departments = has_departments(snapshot.team_parent)
+        if TREE_ALWAYS or self.departments:
+            self._grow_tree(snapshot)
+
+    def _grow_tree(self, snapshot: Snapshot) -> None:
+        """Rules Q3-Q7: the quota tree of the snapshot, with what running jobs hold."""
+        tree = self.tree = QuotaTree(snapshot.team_parent, snapshot.quotas,
+                                     self.capacity_total)
+        running = self.running_tree = QuotaTree(snapshot.team_parent, snapshot.quotas,
+                                                self.capacity_total)
+        for (team, gpu_type), gpus in self.held.items():
+            tree.add(team, gpu_type, gpus)
+            running.add(team, gpu_type, gpus)
+            for node in tree.path(team):
+                self.subtree_held[(node, gpu_type)] += gpus
 
     def guarded(self, team: str, gpu_type: str) -> int:
         """Rule Q1: unused nominal of `team` that others may not borrow."""
@@ -657,6 +713,11 @@ class Ledger:
         self.held[(team, gpu_type)] += gpus
         self.used[gpu_type] += gpus
         self.guarded_total[gpu_type] += self.guarded(team, gpu_type) - before
+        tree = self.tree
+        if tree is not None:
+            tree.add(team, gpu_type, gpus)
+            for node in tree.path(team):
+                self.subtree_held[(node, gpu_type)] += gpus
 
     def add(self, team: str, gpu_type: str, gpus: int) -> None:
         self._move(team, gpu_type, gpus)
@@ -664,30 +725,133 @@ class Ledger:
     def remove(self, team: str, gpu_type: str, gpus: int) -> None:
         self._move(team, gpu_type, -gpus)
 
+    def move_running(self, team: str, gpu_type: str, gpus: int) -> None:
+        """A running job taken as a victim (`gpus` < 0) or put back (> 0): what rules R2
+        and Q6 read."""
+        self.running_held[(team, gpu_type)] += gpus
+        if self.running_tree is not None:
+            self.running_tree.add(team, gpu_type, gpus)
+
     def over_ceiling(self, team: str, gpu_type: str, gpus: int) -> int | None:
         """Rule Q1: the team's ceiling (nominal + borrowing limit) when `gpus` more would
-        pass it, else None."""
+        pass it, else None. Rule Q4 in a tree: the binding level's (`tree_limit`)."""
+        if self.tree is not None:
+            binding = self.tree_limit(team, gpu_type, gpus)
+            return None if binding is None else binding[1]
         ceiling = self.ceiling.get((team, gpu_type))
         if ceiling is not None and self.held[(team, gpu_type)] + gpus > ceiling:
             return ceiling
         return None
 
+    def tree_limit(self, team: str, gpu_type: str, gpus: int) -> tuple[str, int, int] | None:
+        """Rule Q4: when `gpus` more for `team` would pass a borrowing limit on its path,
+        (the binding node, its nominal + borrowing limit, what its subtree holds)."""
+        assert self.tree is not None
+        seen = self._limits.get((team, gpu_type))
+        if seen is None or seen[0] != self.moves:
+            seen = self._limits[(team, gpu_type)] = (
+                self.moves, *self.tree.within_limits(team, gpu_type))
+        _stamp, room, node = seen
+        if room is None or gpus <= room:
+            return None
+        q = self.tree.quota(node, gpu_type)
+        cap = self.tree.nominal(node, gpu_type) + (q.borrowing_limit or 0)
+        return node, cap, self.subtree_held[(node, gpu_type)]
+
+    def under_limit(self, team: str, other: str, gpu_type: str, gpus: int) -> bool:
+        """Rule Q4: is `other` under the department whose borrowing limit `gpus` more
+        for `team` would pass (not the team's own: its own jobs make room there)?"""
+        if self.tree is None:
+            return False
+        binding = self.tree_limit(team, gpu_type, gpus)
+        return binding is not None and binding[0] != team and \
+            binding[0] in self.tree.path(other)
+
     def lending_blocks(self, team: str, gpu_type: str, gpus: int) -> bool:
         """Rule Q1: would `gpus` more for `team` eat into GPUs other teams guard?
 
         Only the pool check: whether the GPUs exist on nodes is rule A2's business.
+        Rule Q4 in a tree: the quota tree refuses it while some node off the team's path
+        guards GPUs (else it is the fleet's cap alone: rule A2's capacity wait).
         """
+        tree = self.tree
+        if tree is not None:
+            seen = self._room.get((team, gpu_type))
+            if seen is None or seen[0] != self.moves:
+                guarded = tree.guarded_off_path(team, gpu_type)
+                seen = self._room[(team, gpu_type)] = (
+                    self.moves, None if guarded <= 0 else tree.available(team, gpu_type))
+            room = seen[1]
+            return room is not None and gpus > room
         others = self.guarded_total[gpu_type] - self.guarded(team, gpu_type)
         if others <= 0:
             return False
         return self.used[gpu_type] + gpus + others > self.capacity_total.get(gpu_type, 0)
 
     def within_nominal(self, team: str, gpu_type: str, gpus: int) -> bool:
+        """Rules R2, Q6: the team, and in a tree every department above it (rule Q7's
+        count: `QuotaTree.within_guarantee`), stays within its nominal with `gpus`
+        more."""
+        if not self.within_own_nominal(team, gpu_type, gpus):
+            return False
+        tree = self.tree
+        if tree is None:
+            return True
+        return self.reclaim_reach(team, gpu_type, gpus) is None
+
+    def within_own_nominal(self, team: str, gpu_type: str, gpus: int) -> bool:
+        """Rule R2: the team itself stays within its nominal with `gpus` more."""
         return self.held[(team, gpu_type)] + gpus <= self._snapshot.quota(team, gpu_type).nominal
+
+    def reclaim_reach(self, team: str, gpu_type: str, gpus: int) -> frozenset[str] | None:
+        """Rule Q6's claimant side: the common departments below which the team's path
+        stays within its guarantee with `gpus` more - a reclaim from a team whose
+        nearest common node with it is one of them is allowed. None: all of them (flat,
+        or the whole path within)."""
+        tree = self.tree
+        if tree is None:
+            return None
+        path = tree.path(team)
+        held = self.held
+        reach = tree.within_guarantee(team, gpu_type, gpus, lambda n: held.get((n, gpu_type), 0))
+        if reach >= len(path):
+            return None
+        return frozenset(path[:reach + 1])
 
     def borrowing(self, team: str, gpu_type: str) -> bool:
         """Rule R2: do the team's running jobs (minus victims taken) exceed its nominal?"""
         return self.running_held[(team, gpu_type)] > self._snapshot.quota(team, gpu_type).nominal
+
+    def reclaimable(self, claimant: str, team: str, gpu_type: str) -> bool:
+        """Rules R2, Q6: may a claimant of `claimant` reclaim from `team`'s running jobs?
+        Flat: `team` borrows. In a tree: some node on `team`'s path below the nearest
+        node both are under borrows (its running usage passes its subtree quota)."""
+        tree = self.running_tree
+        if tree is None:
+            return self.borrowing(team, gpu_type)
+        top = tree.lca(claimant, team)
+        for node in tree.path(team):
+            if node == top:
+                return False
+            if tree.borrowing(node, gpu_type):
+                return True
+        return False
+
+    def lca(self, a: str, b: str) -> str:
+        """The nearest node both teams are under ("" = the fleet, and flat)."""
+        return "" if self.tree is None else self.tree.lca(a, b)
+
+    def nearness(self, claimant: str, team: str, gpu_type: str) -> int:
+        """Rule Q6's order: nearest first - minus twice the depth of the nearest node
+        `claimant` and `team` are under (siblings before cousins before other
+        departments), and at one depth a team that borrows itself before one that is
+        only under a borrowing department; 0 flat (every candidate of another team
+        borrows there) and for the claimant's own team."""
+        tree = self.running_tree
+        if tree is None or claimant == team:
+            return 0
+        itself = 0 if tree.borrowing(team, gpu_type) else 1
+        return -2 * tree.depth(tree.lca(claimant, team)) + itself
 
 
 class Workspace:
@@ -763,7 +927,7 @@ class Workspace:
                 continue
             self.removed.add(job.id)
             self.ledger.remove(job.team, job.gpu_type, job.total_gpus)
-            self.ledger.running_held[(job.team, job.gpu_type)] -= job.total_gpus
+            self.ledger.move_running(job.team, job.gpu_type, -job.total_gpus)
             if cap.packed:
                 before.extend((n, list(cap.gpu_free[n])) for n in dict.fromkeys(job.nodes)
                               if n in cap.spg)
@@ -775,7 +939,7 @@ class Workspace:
                     cap.set_free(name, cap.free[name] - delta)
                     cap.add_cpu_memory(name, -cpu, -memory)
                 self.ledger.add(job.team, job.gpu_type, job.total_gpus)
-                self.ledger.running_held[(job.team, job.gpu_type)] += job.total_gpus
+                self.ledger.move_running(job.team, job.gpu_type, job.total_gpus)
                 self.removed.discard(job.id)
             for name, gf in reversed(before):
                 cap.set_gpu_free(name, gf)

@@ -11,7 +11,9 @@ from django.db.models import Sum
 
 from accounts.models import Team
 from queueing.backends.base import NodeInfo
-from queueing.models import GpuType, Job, Quota
+from queueing.models import GpuType, Job
+from queueing.policy.quota_tree import ROOT, QuotaTree
+from queueing.policy.snapshot import QuotaLimit
 from queueing.policy.states import HOLDING_STATES, JobState
 
 from .arrays import arrays_unwritten
@@ -142,11 +144,28 @@ def capacity_by_gpu_type(*, nodes: list[NodeInfo] | None = None,
             r.by_team[team] = whole(r.by_team.get(team, 0) + gpus)
     for _, gpu, _, _, gpus in arrays_unwritten():  # docs/scheduling.md "Arrays": queued, no row yet
         row(gpu).queued_demand += gpus
-    for q in Quota.objects.values("gpu_type__slug").annotate(n=Sum("nominal")):
-        row(q["gpu_type__slug"]).guaranteed = int(q["n"] or 0)
+    for gpu_type, nominal in guaranteed_by_type().items():
+        row(gpu_type).guaranteed = nominal
     for r in rows.values():
         r.by_node.sort(key=lambda n: str(n["name"]))
     return sorted(rows.values(), key=lambda r: r.gpu_type), error
+
+
+def guaranteed_by_type() -> dict[str, int]:
+    """The nominals the fleet has given per GPU type: its top-level teams' and
+    departments' (a department's own row, or its teams' sum; docs/scheduling.md, "Quotas
+    in a tree: what admins write and see"), so a team's quota is not counted again in
+    its department's."""
+    parents: dict[str, str | None] = {}
+    rows = {}
+    # One query: each team with each of its quota rows (none: one line of NULLs).
+    for team, parent, gpu_type, nominal in Team.objects.values_list(
+            "slug", "parent__slug", "quotas__gpu_type__slug", "quotas__nominal"):
+        parents[team] = parent
+        if gpu_type is not None:
+            rows[(team, gpu_type)] = QuotaLimit(nominal, None, None)
+    tree = QuotaTree(parents, rows, {})  # no capacity: the root's own part is -(given)
+    return {g: -tree.own[(ROOT, g)] for g in sorted(tree.types)}
 
 
 def overcommit_warnings(rows: list[CapacityRow]) -> list[str]:

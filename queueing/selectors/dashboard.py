@@ -22,13 +22,14 @@ from django.db.models import Count, QuerySet, Sum
 
 from accounts.models import Team
 from queueing.models import FairShareSnapshot, GpuType, Job, JobEvent, Quota
-from queueing.policy.fairshare import Standing
+from queueing.policy.fairshare import Standing, forest_parents
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 
 from .arrays import arrays_unwritten
 from .capacity import CapacityRow, capacity_by_gpu_type, gpus_held, overcommit_warnings
 from .fairshare import fairshare_standings
 from .gpu_share import DEVICE_SHARE, whole
+from .quota_tree import TreeNode, quota_forest
 
 DONE_STATES = [*sorted(FINAL_STATES), JobState.PREEMPTED]
 
@@ -216,6 +217,28 @@ class QuotaCell:
     gpu_type: GpuType
     quota: Quota | None
     allocated: int | float  # GPUs held (a fraction counts its share: shared GPUs)
+    # The node's figures in the type's quota tree (docs/scheduling.md, "Quotas in a
+    # tree: what admins write and see"); None where the board did not compute them.
+    node: TreeNode | None = None
+
+    @property
+    def carved(self) -> int | float:
+        """A department's teams' nominals (rule Q8: at most its own row's)."""
+        return whole(sum(c.nominal for c in self.node.children)) if self.node else 0
+
+
+@dataclass
+class BoardRow:
+    """One team of the board, in tree order: depth first, each department before its
+    teams, siblings by slug."""
+
+    team: Team
+    cells: list[QuotaCell]
+    standing: Standing | None
+    depth: int
+    is_department: bool
+    parent: str | None
+    parent_choices: list[str]  # every team but itself and those below it (rule F4)
 
 
 @dataclass
@@ -225,30 +248,92 @@ class QuotaBoard:
     capacity: list[CapacityRow]  # one per GPU type, in the order of `gpu_types`
     warnings: list[str]
     error: str = ""
+    tree: list[BoardRow] = field(default_factory=list)  # `rows` in tree order
+
+
+def _tree_order(teams: list[Team]) -> list[tuple[Team, int]]:
+    """`teams` depth first (rule F4's forest; a team whose parent is unknown or on a
+    cycle is top level), each with its depth."""
+    safe = forest_parents({t.slug: (t.parent.slug if t.parent is not None else None)
+                           for t in teams})
+    kids: dict[str | None, list[Team]] = {}
+    for t in sorted(teams, key=lambda t: t.slug):
+        kids.setdefault(safe.get(t.slug), []).append(t)
+    out: list[tuple[Team, int]] = []
+    stack = [(t, 0) for t in reversed(kids.get(None, []))]
+    while stack:
+        team, depth = stack.pop()
+        out.append((team, depth))
+        stack.extend((c, depth + 1) for c in reversed(kids.get(team.slug, [])))
+    return out
+
+
+def _below(slug: str, order: list[tuple[Team, int]]) -> set[str]:
+    """`slug` and every team under it (they follow it, deeper, in tree order)."""
+    out: set[str] = set()
+    start = None
+    for team, depth in order:
+        if start is not None:
+            if depth <= start:
+                break
+            out.add(team.slug)
+        elif team.slug == slug:
+            start = depth
+            out.add(slug)
+    return out
 
 
 def quota_board(*, now: datetime) -> QuotaBoard:
-    """Teams × GPU types: each quota beside the team's allocation and decayed usage."""
+    """Teams × GPU types in tree order: each quota beside the team's allocation, its
+    node's figures in the quota tree (a department's teams' nominals, its subtree's
+    held, borrowing and lent) and decayed usage."""
     gpu_types = list(GpuType.objects.order_by("slug"))
-    teams = list(Team.objects.order_by("slug"))
+    teams = list(Team.objects.select_related("parent").order_by("slug"))
     quotas = {(q.team_id, q.gpu_type_id): q for q in Quota.objects.all()}
     cap, error = capacity_by_gpu_type()
     alloc = {(team, c.gpu_type): gpus for c in cap for team, gpus in c.by_team.items()}
     by_team = {s.team: s for s in fairshare_standings(now=now).values()}
-    rows = []
-    for team in teams:
-        cells = [QuotaCell(team, g, quotas.get((team.pk, g.pk)), alloc.get((team.slug, g.slug), 0))
+    nodes = {(t.gpu_type, n.team): n for t in quota_forest().trees for n in t.walk()}
+    order = _tree_order(teams)
+    departments = {t.parent.slug for t in teams if t.parent is not None}
+    slugs = [t.slug for t, _ in order]
+    rows, tree = [], []
+    for team, depth in order:
+        cells = [QuotaCell(team, g, quotas.get((team.pk, g.pk)),
+                           alloc.get((team.slug, g.slug), 0), nodes.get((g.slug, team.slug)))
                  for g in gpu_types]
         rows.append((team, cells, by_team.get(team.slug)))
+        below = _below(team.slug, order)
+        tree.append(BoardRow(team, cells, by_team.get(team.slug), depth,
+                             team.slug in departments,
+                             team.parent.slug if team.parent is not None else None,
+                             [s for s in slugs if s not in below]))
     by_type = {c.gpu_type: c for c in cap}
     columns = [by_type.get(g.slug, CapacityRow(g.slug)) for g in gpu_types]
-    return QuotaBoard(gpu_types, rows, columns, overcommit_warnings(cap), error)
+    return QuotaBoard(gpu_types, rows, columns, overcommit_warnings(cap), error, tree)
 
 
 def quota_cell(*, team: Team, gpu_type: GpuType) -> QuotaCell:
     quota = Quota.objects.filter(team=team, gpu_type=gpu_type).first()
     allocated = gpus_held(team=team, gpu_type=gpu_type).get((team.slug, gpu_type.slug), 0)
-    return QuotaCell(team, gpu_type, quota, allocated)
+    [tree] = quota_forest(gpu_type=gpu_type.slug).trees
+    return QuotaCell(team, gpu_type, quota, allocated, tree.by_team.get(team.slug))
+
+
+def quota_cells_above(*, team: Team, gpu_type: GpuType) -> list[QuotaCell]:
+    """The cells of the departments above `team` of `gpu_type`, nearest first: their
+    teams' nominals and subtree's figures move with the team's quota."""
+    [tree] = quota_forest(gpu_type=gpu_type.slug).trees
+    above = [n.team for n in tree.path(team.slug)[1:]]
+    if not above:
+        return []
+    teams = {t.slug: t for t in Team.objects.filter(slug__in=above)}
+    quotas = {q.team_id: q for q in Quota.objects.filter(team__slug__in=above,
+                                                          gpu_type=gpu_type)}
+    held = gpus_held(gpu_type=gpu_type)
+    return [QuotaCell(teams[s], gpu_type, quotas.get(teams[s].pk),
+                      held.get((s, gpu_type.slug), 0), tree.by_team.get(s))
+            for s in above if s in teams]
 
 
 def team_quotas(*, team: Team) -> list[QuotaCell]:

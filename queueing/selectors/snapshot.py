@@ -16,6 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, F
 
+from accounts.models import Team
 from queueing.backends.base import ClusterBackend
 from queueing.models import GpuType, Job, JobArray, Quota
 from queueing.policy.dependencies import Counts, Dependency, parse_dependencies
@@ -176,8 +177,15 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         flavor_fallback=flavor_fallbacks(queued, jobs.lookups),
         flavor_fallback_default=FlavorFallback.BORROW,
         units_per_gpu={t: s for t, (_, s) in lookups.units.items()},
+        team_parent=team_parents(),
         **ranks,
     )
+
+
+def team_parents() -> dict[str, str | None]:
+    """Every team's parent (its department) by slug, None at the top level: the forest
+    of rule F4 that the quota tree reads too (rules Q3-Q7). One query."""
+    return dict(Team.objects.values_list("slug", "parent__slug"))
 
 
 def quota_in_units(nominal: int, borrowing: int | None, lending: int | None,

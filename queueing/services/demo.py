@@ -89,6 +89,16 @@ TEAMS: list[tuple[str, str, float, dict[str, tuple[int, int | None]], list[tuple
      [("erin", Role.TEAM_ADMIN)]),
 ]
 
+# Quotas in a tree (docs/scheduling.md, "Quotas in a tree: what admins write and see"):
+# a department over two of the teams, its h100 quota their 12 + 12 and a pool of 8 they
+# share, borrowing at most 16 more from the fleet. Its weight is its teams' (rule F4: a
+# department's share is split among its teams by their weights), so the standings keep
+# the flat demo's shares.
+DEPARTMENTS: list[tuple[str, str, float, dict[str, tuple[int, int | None]], list[str]]] = [
+    # slug, name, weight, quotas {gpu: (nominal, borrowing limit)}, its teams
+    ("research", "Research", 5.0, {"h100": (32, 16)}, ["vision", "nlp"]),
+]
+
 
 # The demo's three simulated clusters (docs/clusters.md): name, cost rank (rule K2: the
 # lowest first), labels (rule K3's selectors), nodes (FAIRQ_SIM_NODES' grammar), spot
@@ -168,11 +178,25 @@ def demo_seed() -> list[DemoLogin]:
             logins.setdefault(username, []).append(f"{slug} ({role})")
         if not ServiceAccount.objects.filter(team=team, name="pipeline").exists():
             service_account_create(team=team, name="pipeline")
+    _demo_departments()
     for tier_slug, team_slugs in TIER_GRANTS.items():
         for team_slug in team_slugs:
             TierGrant.objects.get_or_create(tier=Tier.objects.get(slug=tier_slug),
                                             team=Team.objects.get(slug=team_slug))
     return [DemoLogin(u, DEMO_PASSWORD, ", ".join(t)) for u, t in logins.items()]
+
+
+def _demo_departments() -> None:
+    """`DEPARTMENTS`: each a team with its teams under it and its own quota rows, which
+    hold its teams' nominals (rule Q8)."""
+    for slug, name, weight, quotas, teams in DEPARTMENTS:
+        dept, _ = Team.objects.update_or_create(slug=slug, defaults={"name": name,
+                                                                     "weight": weight})
+        Team.objects.filter(slug__in=teams).update(parent=dept)
+        for gpu, (nominal, borrow) in quotas.items():
+            Quota.objects.update_or_create(
+                team=dept, gpu_type=GpuType.objects.get(slug=gpu),
+                defaults={"nominal": nominal, "borrowing_limit": borrow})
 
 
 # The demo's past (demo_history_seed): GPUs a team typically held at once per GPU type,

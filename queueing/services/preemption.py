@@ -22,6 +22,7 @@ from queueing.backends.base import ClusterBackend
 from queueing.models import FairShareAccumulator, Job, JobEvent
 from queueing.policy import cycle
 from queueing.policy.admission import Plan
+from queueing.policy.bookings import Booking
 from queueing.policy.preemption import Preemption, Victim
 from queueing.policy.states import HOLDING_STATES, JobState
 
@@ -67,16 +68,19 @@ def preemptions_apply(*, plan: Plan, now: datetime) -> Applied:
          .order_by("team_id").values_list("pk", flat=True))
     for p in plan.preemptions:
         preemptor = jobs.get(p.preemptor_id)
-        if preemptor is None or preemptor.state != JobState.QUEUED:
+        # Rule W2: a booking empties its GPUs at its start with no preemptor job.
+        by_booking = p.booking is not None and p.preemptor_id == 0
+        if not by_booking and (preemptor is None or preemptor.state != JobState.QUEUED):
             continue
         try:
             with transaction.atomic():
                 names = [
                     _preempt_one(jobs.get(v.job_id), victim=v, preemptor=preemptor,
-                                 owed=p.owed, now=now)
+                                 owed=p.owed, now=now, booking=p.booking)
                     for v in p.victims
                 ]
-                _record_preemptor(preemptor, p, names=names, now=now)
+                if preemptor is not None:
+                    _record_preemptor(preemptor, p, names=names, now=now)
         except _VictimMoved:
             continue
         out.preempted.extend(v.job_id for v in p.victims)
@@ -98,10 +102,12 @@ def preempted_workloads_stop(*, backend: ClusterBackend, names: list[str],
                     name, exc_info=exc)
 
 
-def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, owed: bool,
-                 now: datetime) -> str:
+def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job | None, owed: bool,
+                 now: datetime, booking: Booking | None = None) -> str:
     """Rules R6-R7 for one victim; returns the workload name to stop. `owed`: for a
-    claim within its team's nominal quota (rule R11), which the event says."""
+    claim within its team's nominal quota (rule R11), which the event says. `booking`:
+    made for a booking (rules W2, W4; no `preemptor` when the booking's start empties
+    its GPUs), which the event says."""
     if job is None or job.state not in HOLDING_STATES:
         raise _VictimMoved
     workload = job.backend_name
@@ -112,16 +118,18 @@ def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, owed: bool,
     lost = lost_gpu_hours(gpus=job.gpu_share, started_at=job.started_at, stopped_at=now,
                           checkpoint_at=job.checkpointed_at)
     data: dict[str, Any] = {
-        "rule": str(victim.rule), "owed": owed, "preemptor": preemptor.pk,
-        "preemptor_team": preemptor.team.slug, "preemptor_tier": preemptor.tier.slug,
+        "rule": str(victim.rule), "owed": owed,
         "workload": workload, "grace_seconds": grace, "stop_signal": job.stop_signal,
         "lost_gpu_hours": round(lost, 6),
         "started_at": job.started_at.isoformat() if job.started_at else None,
         "checkpoint_at": job.checkpointed_at.isoformat() if job.checkpointed_at else None,
     }
-    reason = (f"preempted by job #{preemptor.pk} of team {preemptor.team.slug} "
-              f"(tier {preemptor.tier.slug}) under rule {victim.rule}"
-              + (", owed its team's nominal GPUs (rule R11)" if owed else ""))
+    if preemptor is not None:  # rule W2's has none: the attempt shows no "preempted by"
+        data.update(preemptor=preemptor.pk, preemptor_team=preemptor.team.slug,
+                    preemptor_tier=preemptor.tier.slug)
+    if booking is not None:  # rules W2, W4
+        data.update(booking=booking.id, booking_team=booking.team)
+    reason = _victim_reason(victim, preemptor, owed, booking)
     if not job_transition(job, JobState.PREEMPTED, now=now, reason=reason, data=data):
         raise _VictimMoved
     # Rule R6 (the pure rule the simulator runs too): the next attempt, the submit time
@@ -141,6 +149,21 @@ def _preempt_one(job: Job | None, *, victim: Victim, preemptor: Job, owed: bool,
     ):
         raise _VictimMoved
     return workload
+
+
+def _victim_reason(victim: Victim, preemptor: Job | None, owed: bool,
+                   booking: Booking | None) -> str:
+    """A victim's event reason: who preempted it, by which rule."""
+    if booking is not None and preemptor is None:  # rule W2
+        return (f"preempted: its {booking.gpu_type} GPUs are booked for team {booking.team} "
+                f"from {booking.start:%Y-%m-%d %H:%M} to {booking.end:%Y-%m-%d %H:%M} UTC "
+                f"(booking #{booking.id}, rule W2)")
+    assert preemptor is not None
+    return (f"preempted by job #{preemptor.pk} of team {preemptor.team.slug} "
+            f"(tier {preemptor.tier.slug}) under rule {victim.rule}"
+            + (", owed its team's nominal GPUs (rule R11)" if owed else "")
+            + (f", taking back GPUs booked for it (booking #{booking.id}, rule W4)"
+               if booking is not None else ""))
 
 
 def _record_preemptor(preemptor: Job, p: Preemption, *, names: list[str],

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from accounts.models import Team
-from accounts.services import audited_upsert
+from accounts.services import audited_upsert, hierarchy_lock
 from queueing import validation as v
 from queueing.errors import DomainError
 from queueing.models import GpuType, Quota
 from queueing.selectors.gpu_share import gpu_type_jobs_not_final
+from queueing.selectors.quota_tree import carve_problems
 
 from .access import check_staff
 
@@ -26,7 +28,11 @@ def quota_set(
 ) -> tuple[Quota, bool]:
     """Create or update the quota of `team` for `gpu_type`, audited field by field.
     Returns (quota, created). Fields not given keep their value. Staff only
-    (`actor=None`: fairq itself)."""
+    (`actor=None`: fairq itself).
+
+    Rule Q8: a nominal that makes a department's children's nominals pass the
+    department's own (this team's row, or a row above it) is refused: ValidationError on
+    `nominal`, nothing written. Rule Q1's lending limit: `Quota.clean()`."""
     if actor is not None:
         check_staff(actor=actor, doing="change quotas")
     values: dict[str, Any] = {}
@@ -36,6 +42,13 @@ def quota_set(
         values["borrowing_limit"] = borrowing_limit
     if lending_limit is not _UNSET:
         values["lending_limit"] = lending_limit
+    hierarchy_lock()  # rule Q8 checks the tree as the last change left it
+    row = Quota.objects.filter(team=team, gpu_type=gpu_type).first()
+    new_nominal = values.get("nominal", row.nominal if row is not None else 0)
+    if row is None or row.nominal != new_nominal:
+        problems = carve_problems(quota=(team.slug, gpu_type.slug, new_nominal))
+        if problems:
+            raise ValidationError({"nominal": problems})
     return audited_upsert(actor=actor, model=Quota,
                           lookup={"team": team, "gpu_type": gpu_type}, values=values)
 

@@ -145,6 +145,7 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
     billing = st.billing_weights
     h = st.half_life_hours
     teams = {t.name: t for t in sc.teams}
+    team_parent = {t.name: t.parent for t in sc.teams}
     acc = {t: Accumulator(0.0, EPOCH) for t in teams}
     # Free units per node: GPUs, or slices on a time-sliced type (S per GPU); `book`
     # keeps which GPU of such a node has which slices free (docs/simulator.md,
@@ -388,6 +389,7 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             queued=tuple(queued.values()),
             running=tuple(r.job for r in running.values()),
             quotas=quotas,
+            team_parent=team_parent,  # rules F4, Q3-Q7: as the service's snapshot
             fair_share={t: s.factor for t, s in standings.items()},
             fair_share_state=FairShareState.from_standings(standings),
             priority_weights=st.priority,

@@ -587,6 +587,14 @@ class TeamWeightForm(forms.Form):
     weight = forms.FloatField(label="Weight", min_value=0.0001, max_value=1_000_000)
 
 
+class TeamParentForm(forms.Form):
+    """A team's parent on the quota board: a team slug, or empty for top level. Its rules
+    (never itself or a team below it: rule F4; its nominals fit in every department's
+    own row above it: rule Q8) are `team_update`'s; the view shows them on the field."""
+
+    parent = forms.SlugField(label="Parent", required=False, max_length=40)
+
+
 class QuotaForm(forms.Form):
     """One cell of the quota board. Empty borrowing = unlimited, empty lending = all.
 

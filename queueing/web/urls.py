@@ -39,5 +39,6 @@ urlpatterns = [
     path("quotas/", views.quota_board, name="quotas"),
     path("cluster/", views.cluster_page, name="cluster"),
     path("weights/<slug:team_slug>/", views.team_weight, name="team-weight"),
+    path("parents/<slug:team_slug>/", views.team_parent, name="team-parent"),
     path("quotas/<slug:team_slug>/<slug:gpu_slug>/", views.quota_cell, name="quota-cell"),
 ]

@@ -75,6 +75,7 @@ from queueing.selectors.jobs import (
 )
 from queueing.selectors.metrics import scheduler_health
 from queueing.selectors.queue_plan import Preview, job_explain, submit_preview, team_queue
+from queueing.selectors.quota_tree import team_standing
 from queueing.selectors.reference import gpu_type_by_slug
 from queueing.selectors.utilization import idle_flags, idle_since, job_utilization
 from queueing.selectors.webhooks import (
@@ -104,6 +105,7 @@ from .forms import (
     MemberForm,
     QuotaForm,
     RoleForm,
+    TeamParentForm,
     TeamResourcesForm,
     TeamWeightForm,
     TeamWorkloadPolicyForm,
@@ -236,6 +238,8 @@ def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
             job.idle_since = flags.get(job.pk)  # the badge (rule U2)
         ctx["recent"] = dash.team_recent_done(team=team)
         ctx["preempted"] = dash.team_recent_preemptions(team=team, now=now)
+        # Its standing at each level of the quota tree (docs/dashboard.md).
+        ctx["tree_standing"] = team_standing(team=team.slug)
     ctx["sessions"] = my_sessions(request)  # docs/dashboard.md, "Notebook sessions"
     return ctx
 
@@ -835,7 +839,10 @@ def quota_cell(request: HttpRequest, team_slug: str, gpu_slug: str) -> HttpRespo
     cap, _ = capacity_by_gpu_type()
     # The board's cluster row too (GPUs guaranteed per type): out-of-band swaps.
     ctx = {"cell": cell, "form": form, "saved": saved, "warnings": overcommit_warnings(cap),
-           "audit": _quota_audit(), "oob": True, "capacity": cap}
+           "audit": _quota_audit(), "oob": True, "capacity": cap,
+           # The departments above it: their subtotals moved (out-of-band too).
+           "cells_above": dash.quota_cells_above(team=team, gpu_type=gpu_type) if saved
+           else []}
     if not request.htmx:  # type: ignore[attr-defined]
         return _quota_board_answer(request, form, saved=saved,
                                    message=f"Quota {team.slug}/{gpu_type.slug} saved.")
@@ -856,6 +863,20 @@ def _quota_board_answer(request: HttpRequest, form: Any, *, saved: bool,
                   status=400)
 
 
+def _team_update_or_errors(request: HttpRequest, team: Team, form: forms.Form,
+                           **fields: Any) -> bool:
+    """`team_update` from a quota board form: True when saved; else the team as stored
+    again and the service's messages on the form's fields."""
+    try:
+        team_update(actor=request.user, team=team, **fields)
+        return True
+    except ValidationError as exc:
+        team_reload(team=team)
+        for field, errs in exc.message_dict.items():
+            form.add_error(field if field in form.fields else None, errs)
+        return False
+
+
 @require_POST
 @login_required
 def team_weight(request: HttpRequest, team_slug: str) -> HttpResponse:
@@ -866,18 +887,42 @@ def team_weight(request: HttpRequest, team_slug: str) -> HttpResponse:
     if team is None:
         raise Http404("no such team")
     form = TeamWeightForm(request.POST)
-    saved = False
-    if form.is_valid():
-        try:
-            team_update(actor=request.user, team=team, weight=form.cleaned_data["weight"])
-            saved = True
-        except ValidationError as exc:
-            team_reload(team=team)
-            for field, errs in exc.message_dict.items():
-                form.add_error(field if field in form.fields else None, errs)
+    saved = form.is_valid() and _team_update_or_errors(request, team, form,
+                                                       weight=form.cleaned_data["weight"])
     if not request.htmx:  # type: ignore[attr-defined]
         return _quota_board_answer(request, form, saved=saved,
                                    message=f"Weight of {team.slug} saved.")
     return render(request, "web/_quota_weight_response.html",
                   {"team": team, "weight_form": form, "weight_saved": saved,
                    "audit": _quota_audit()})
+
+
+@require_POST
+@login_required
+def team_parent(request: HttpRequest, team_slug: str) -> HttpResponse:
+    """A team's parent, chosen on the quota board (staff; `team_update`, audited): a
+    move redraws the whole board (its tree changed), a refusal (rule F4 or Q8) comes
+    back in the team's parent menu."""
+    _staff_or_404(request)
+    team = team_by_slug(slug=team_slug)
+    if team is None:
+        raise Http404("no such team")
+    form = TeamParentForm(request.POST)
+    saved = False
+    if form.is_valid():
+        slug = form.cleaned_data["parent"]
+        parent = team_by_slug(slug=slug) if slug else None
+        if slug and parent is None:
+            form.add_error("parent", f"No team {slug!r}.")
+        else:
+            saved = _team_update_or_errors(request, team, form, parent=parent)
+    if not request.htmx:  # type: ignore[attr-defined]
+        return _quota_board_answer(request, form, saved=saved,
+                                   message=f"Parent of {team.slug} saved.")
+    if saved:
+        response = HttpResponse(status=204)
+        response["HX-Refresh"] = "true"  # the board's order and subtotals changed
+        return response
+    board = dash.quota_board(now=timezone.now())
+    row = next(r for r in board.tree if r.team.slug == team.slug)
+    return render(request, "web/_quota_parent.html", {"row": row, "parent_form": form})

@@ -315,7 +315,7 @@ class TestDemoHistory:
         from django.utils import timezone
 
         from queueing.models import FairShareSnapshot, UsageRecord
-        from queueing.services.demo import demo_history_seed, demo_seed
+        from queueing.services.demo import DEPARTMENTS, demo_history_seed, demo_seed
 
         demo_seed()
         now = timezone.now()
@@ -336,7 +336,12 @@ class TestDemoHistory:
         assert all(v[-1] and v[-1] > 0 for v in history["series"].values())
         shares = _shares(html)
         assert all(active for active, _ in shares.values())
-        assert sum(p for _, p in shares.values()) == pytest.approx(100.0, abs=0.2)
+        # The teams add up to 100%; a department's share is its teams' together (rule F4).
+        departments = {slug: teams for slug, *_, teams in DEPARTMENTS}
+        assert sum(p for t, (_, p) in shares.items() if t not in departments) == \
+            pytest.approx(100.0, abs=0.2)
+        for dept, teams in departments.items():
+            assert shares[dept][1] == pytest.approx(sum(shares[t][1] for t in teams), abs=0.2)
 
 
 class TestClusterView:

@@ -13,6 +13,7 @@ from queueing.policy.snapshot import QueuedJob
 
 from .nodes import capacity_wait
 from .owed import owed_move
+from .quota import tree_lending_wait, tree_wait
 from .reservation import reserve
 from .waits import CODE, WaitReason
 
@@ -76,12 +77,17 @@ def final_wait(p: Pass, t: Try) -> None:
     `lending_limit`), else the capacity wait of its pools (rules E2, E3, K3); a capacity
     or lending wait may reserve (rule A9)."""
     job = t.job
+    if t.over and p.ledger.tree is not None:
+        tree_wait(p, t)  # rule Q4
+        return
     if t.over:
         ceiling = p.ceilings.get(t.key) or 0
         p.raw[job.id] = (_QUOTA if t.total <= ceiling else _NEVER_FITS, t.index,
                          p.held[t.key], ceiling)
         return
-    if t.lending:
+    if t.lending and p.ledger.tree is not None:
+        tree_lending_wait(p, t)  # rule Q4
+    elif t.lending:
         p.raw[job.id] = (_LENDING, t.index, 0, 0)
     else:
         p.raw[job.id] = capacity_wait(p, t, t.why_not)

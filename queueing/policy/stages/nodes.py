@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from queueing.policy.snapshot import Topology
 from queueing.policy.workspace import Capacity
 
+from .bookings import blocked_wait, crossing, place_ahead
 from .flavors import k2_order
 from .owed import owed
 from .reservation import place_beside, reserve
@@ -141,8 +142,8 @@ def fit(p: Pass, t: Try) -> Step | None:
             saw_reserved = True
         if first:  # the reason said is the first cluster's in rule K2 order
             t.why_not, first = code, False
-    if saw_reserved:  # rule A9: it fits, but only on GPUs reserved for another
-        p.raw[job.id] = (_RESERVED, t.index, 0, 0)
+    if saw_reserved:  # rule A9 (or W1): it fits, but only on GPUs reserved for another
+        p.raw[job.id] = blocked_wait(p, t) or (_RESERVED, t.index, 0, 0)
         return ()
     if t.why_not != _CPU_MEMORY:
         p.all_unfit[t.skey] = (cap.grown, t.why_not)
@@ -163,6 +164,15 @@ def _place(p: Pass, t: Try, q: str, shape: tuple[str, int, int, int, int, Topolo
     g, reps, cpu, mem, topo = job.gpus_per_replica, job.replicas, t.cpu, t.mem, job.topology
     code = -1
     res = p.reserved.get(t.gt) if p.reserved else None
+    if p.book is not None and p.book.ahead and (limits := crossing(p, t)):
+        # Rule W1 (with rule A9's room when the job crosses its shadow time too).
+        a9 = res.room if res is not None and res.pool == q and not (
+            job.max_runtime_seconds is not None
+            and job.max_runtime_seconds <= res.seconds) else None
+        code = place_ahead(p, t, q, limits, a9)
+        if code not in (-1, _RESERVED):
+            p.unfit[shape] = (cap.grown, code)
+        return code
     if res is not None and res.pool == q and not (
             job.max_runtime_seconds is not None and job.max_runtime_seconds <= res.seconds):
         # Rule A9: a job that may still run at the shadow time only starts on GPUs the

@@ -32,7 +32,33 @@ def _owed_nominal(p: Pass, t: Try) -> int:
     by_tier = _tier_held(p).get(t.key)
     rank = job.tier_rank
     held = sum(g for r, g in by_tier.items() if r >= rank) if by_tier else 0
-    return quota.nominal if held + t.total <= quota.nominal else 0
+    if held + t.total > quota.nominal:
+        return 0
+    return quota.nominal if _ancestors_within(p, t) else 0
+
+
+def _ancestors_within(p: Pass, t: Try) -> bool:
+    """Rule Q7: with the try, every department above its team stays within its nominal,
+    counting per department what rule R11 counts for a team (GPUs held by tiers at or
+    above the job's, the pass's admissions and victims included), each other child's
+    subtree up to that child's nominal (`QuotaTree.within_guarantee`)."""
+    tree = p.ledger.tree
+    if tree is None:
+        return True
+    held_by_tier = _tier_held(p)
+    rank, gt, team = t.job.tier_rank, t.gt, t.job.team
+    key = (team, gt, rank, t.total)
+    seen = p.q7_seen.get(key)
+    if seen is not None and seen[0] == p.owed_moves:
+        return seen[1]
+
+    def held(node: str) -> int:
+        by_tier = held_by_tier.get((node, gt))
+        return sum(g for r, g in by_tier.items() if r >= rank) if by_tier else 0
+
+    ok = tree.within_guarantee(team, gt, t.total, held) >= len(tree.path(team))
+    p.q7_seen[key] = (p.owed_moves, ok)
+    return ok
 
 
 def _tier_held(p: Pass) -> dict[tuple[str, str], dict[int, int]]:
@@ -63,6 +89,7 @@ def owed_move(p: Pass, team: str, gpu_type: str, tier_rank: int, gpus: int) -> N
     Before the count is built a victim needs no entry: it is in `ws.removed` by then."""
     if not p.owed_on:
         return
+    p.owed_moves += 1
     held = p.tier_held
     if held is None:
         if gpus > 0:
@@ -105,8 +132,13 @@ def _borrowed(p: Pass, gpu_type: str) -> tuple[int, int, dict[str, int]]:
     stamp = len(p.preemptions)
     seen = p.borrowed.get(gpu_type)
     if seen is None or seen[0] != stamp:
-        quota = p.snapshot.quota
-        teams = {team: held for (team, gt), held in p.ledger.running_held.items()
-                 if gt == gpu_type and held > quota(team, gt).nominal}
+        quota, tree = p.snapshot.quota, p.ledger.running_tree
+        if tree is None:
+            teams = {team: held for (team, gt), held in p.ledger.running_held.items()
+                     if gt == gpu_type and held > quota(team, gt).nominal}
+        else:  # rule Q6: a team is a source while some node on its path borrows
+            teams = {team: held for (team, gt), held in p.ledger.running_held.items()
+                     if gt == gpu_type and held > 0
+                     and any(tree.borrowing(n, gt) for n in tree.path(team))}
         seen = p.borrowed[gpu_type] = (stamp, sum(teams.values()), teams)
     return seen

@@ -9,6 +9,7 @@ from dataclasses import replace
 from queueing.policy.snapshot import FlavorFallback, QueuedJob
 
 from .admit import admit, final_wait
+from .bookings import into_booking, lend, lends_to
 from .flavors import assign
 from .nodes import fit, fit_known_unfit
 from .preempt import nominated_wait, preempt
@@ -32,6 +33,15 @@ def attempt(p: Pass, t: Try) -> Step:
     """Rules Q1, A1-A9, K1-K4, R1-R9: the try admitted, preempting, or waiting (its wait
     in `p.raw`). Returns what the replay of waits may give again to an equal job, or
     `DONE`."""
+    if p.book is not None and t.gt in p.book.held_types:
+        booked = into_booking(p, t)  # rules W3, W4
+        if booked is True:
+            admit(p, t)
+            p.ledger.remove(t.job.team, t.gt, t.total)  # rule W3: not in its quota
+            return DONE
+        if isinstance(booked, Wait):
+            p.raw[t.job.id] = booked
+            return DONE
     step = _fit_without_preempting(p, t)
     if step is not None:
         return step
@@ -62,9 +72,10 @@ def _fit_without_preempting(p: Pass, t: Try) -> Step | None:
         return step
     t.lending = borrowing_blocked(p, t)
     if not t.lending and not t.over:
-        known = fit_known_unfit(p, t) if not p.nominated else False
+        lent = p.book is not None and lends_to(p, t)  # rule W4
+        known = fit_known_unfit(p, t) if not (p.nominated or lent) else False
         if known is False:
-            step = fit(p, t)
+            step = lend(p, t, fit) if lent else fit(p, t)
             if step is not None:
                 return step
         elif known is not True:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from .flavors import unheld_anywhere
 from .owed import owed
-from .waits import CODE, WaitReason
+from .waits import CODE, Raw, Wait, WaitReason
 
 if TYPE_CHECKING:
     from .state import Pass, Step, Try
@@ -24,6 +24,8 @@ def quota_fit(p: Pass, t: Try) -> Step | None:
     its submit), not "raise the quota", which cannot help. None: go on. An owed claim
     (rule R11) may make room even when the pass has no search left."""
     job = t.job
+    if p.ledger.tree is not None:
+        return _tree_fit(p, t)
     ceiling = p.ceilings.get(t.key)
     if ceiling is None:
         return None
@@ -44,5 +46,66 @@ def quota_fit(p: Pass, t: Try) -> Step | None:
 def borrowing_blocked(p: Pass, t: Try) -> bool:
     """Rule A1: would the try eat into GPUs other teams guard (their unused nominal
     beyond their lending limits)? Only asked within the ceiling."""
-    return not t.over and p.ledger.guarded_total.get(t.gt, 0) > 0 and \
-        p.ledger.lending_blocks(t.job.team, t.gt, t.total)
+    ledger = p.ledger
+    return not t.over and (ledger.tree is not None or ledger.guarded_total.get(t.gt, 0) > 0) \
+        and ledger.lending_blocks(t.job.team, t.gt, t.total)
+
+
+def _tree_fit(p: Pass, t: Try) -> Step | None:
+    """Rule Q4, `quota_fit` in a tree: over a borrowing limit of the team's path, the
+    job waits naming the binding level (as over its ceiling in rule Q1) unless its own
+    team's lower tiers could make room (rule R1) or, over a department's limit, a
+    search may find victims under that department (rules R1, Q6)."""
+    job = t.job
+    binding = p.ledger.tree_limit(job.team, t.gt, t.total)
+    t.over = binding is not None
+    if binding is None or ((p.may_search or owed(p, t) is not None) and (
+            binding[0] != job.team
+            or p.ws.lowest_tier.get(t.key, job.tier_rank) < job.tier_rank)):
+        return None
+    unheld = unheld_anywhere(p, t)
+    if unheld is not None:
+        p.raw[job.id] = (unheld[0], t.index, unheld[1], unheld[2])
+        return (*unheld, "")
+    raw = tree_wait(p, t)
+    return (raw[0], raw[2], raw[3], "")
+
+
+def tree_wait(p: Pass, t: Try) -> Raw:
+    """Rule Q4's wait for a try over a borrowing limit of its path: `quota` (rule E6:
+    `never_fits` when the job alone passes it), held = what the binding node's subtree
+    holds, ceiling = -(k + 1) for entry k of `Waits.tree_limits` (the words name it)."""
+    job, gt = t.job, t.gt
+    tree = p.ledger.tree
+    binding = p.ledger.tree_limit(job.team, gt, t.total)
+    assert tree is not None and binding is not None
+    node, cap, held = binding
+    limits = p.waits.tree_limits
+    entry = (node, gt, tree.nominal(node, gt), tree.quota(node, gt).borrowing_limit or 0)
+    k = p.tree_limit_index.get(entry)
+    if k is None:
+        k = p.tree_limit_index[entry] = len(limits)
+        limits.append(entry)
+    code = _NEVER_FITS if t.total > cap else _QUOTA
+    raw = p.raw[job.id] = (code, t.index, held, -(k + 1))
+    return raw
+
+
+def tree_lending_wait(p: Pass, t: Try) -> None:
+    """Rule Q4's words for a try the fleet's cap refuses while other nodes guard GPUs:
+    how many are left and who guards them (their subtree quota beyond their lending
+    limit)."""
+    job, gt = t.job, t.gt
+    tree = p.ledger.tree
+    assert tree is not None
+    left = max(0, p.ledger.capacity_total.get(gt, 0) - p.ledger.used[gt])
+    guarders = tree.guarders(gt, job.team)
+    names = [f"{'department' if tree.is_department(n) else 'team'} {n} ({k})"
+             for n, k in guarders[:3]]
+    if len(guarders) > 3:
+        names.append(f"{len(guarders) - 3} more")
+    guarded = min(left, sum(k for _n, k in guarders))
+    p.raw[job.id] = Wait(job.id, WaitReason.LENDING, (
+        f"{guarded} of the {left} {gt} GPUs left are guarded by "
+        f"{', '.join(names) or 'other teams'} (their lending limits); team {job.team} "
+        "may not borrow them (rule Q4)"))

@@ -6,7 +6,7 @@ time too."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -147,16 +147,29 @@ def place_beside(cap: Capacity, res: Reservation, gpu_type: str, gpus: int, repl
             room[name] -= gpus
             taken.append(name)
         return tuple(taken)
-    placement = cap.place(gpu_type, gpus, replicas, cpu=cpu, memory=memory, topology=topology)
+    placement = place_within(cap, gpu_type, gpus, replicas, cpu, memory, topology,
+                             lambda n: room.get(n, 0))
+    if placement is None:
+        return None
+    for n in placement:
+        room[n] -= gpus
+    return placement
+
+
+def place_within(cap: Capacity, pool: str, gpus: int, replicas: int, cpu: int, memory: int,
+                 topology: Topology | None, room: Callable[[str], int],
+                 ) -> tuple[str, ...] | None:
+    """Rules A9, W1 with CPU, memory or a topology (rules A6, A7): the usual placement,
+    kept only if it takes at most `room(node)` GPUs on each node; None, changing
+    nothing, when it cannot."""
+    placement = cap.place(pool, gpus, replicas, cpu=cpu, memory=memory, topology=topology)
     if placement is None:
         return None
     need: dict[str, int] = defaultdict(int)
     for n in placement:
         need[n] += gpus
-    if any(room.get(n, 0) < k for n, k in need.items()):
-        cap.release(placement, gpus, cpu=cpu, memory=memory)
+    if any(room(n) < k for n, k in need.items()):
+        cap.release(placement, gpus, cpu=cpu, memory=memory, slots=cap.last_slots)
         return None
-    for n, k in need.items():
-        room[n] -= k
     return placement
 

@@ -14,6 +14,7 @@ from queueing.policy.snapshot import QueuedJob, Snapshot, Topology
 from queueing.policy.workspace import Workspace
 
 from .admit import Admission
+from .bookings import plan_bookings
 from .heads import Charges, QueueOrder, StaticFactors
 from .preempt import Protected
 from .reservation import Reservation
@@ -79,6 +80,12 @@ class Pass:
         # `owed_log` keeping the pass's additions until then.
         self.tier_held: dict[tuple[str, str], dict[int, int]] | None = None
         self.owed_log: list[tuple[str, str, int, int]] = []
+        # Rule Q7 (`owed._ancestors_within`): per (team, GPU type, tier rank, GPUs) the
+        # answer at `owed_moves`, the count of changes to `tier_held`.
+        self.owed_moves = 0
+        self.q7_seen: dict[tuple[str, str, int, int], tuple[int, bool]] = {}
+        # Rule Q4: each entry of `waits.tree_limits` -> its index.
+        self.tree_limit_index: dict[tuple[str, str, int, int], int] = {}
         # Per GPU type, the GPUs of teams borrowing beyond their nominal (`owed.may_find`).
         self.borrowed: dict[str, tuple[int, int, dict[str, int]]] = {}
         self.searches = 0
@@ -94,6 +101,8 @@ class Pass:
                     self.array_active[r.array_id] += 1
         self._memos()
         self._preemption_memos()
+        # Rules W1-W4: the snapshot's bookings; None (nothing to look at) without any.
+        self.book = plan_bookings(self) if s.bookings else None
 
     def _memos(self) -> None:
         """The memos of flavor assignment and node fit (rules K1-K4, A2-A7, A9, E2, E3)."""

@@ -62,8 +62,9 @@ class Waits(Mapping[int, Wait]):
     """`Plan.waits`, built lazily: most of a long queue waits, and a wait's message is
     only formatted when someone reads it. Reads give equal `Wait` values every time."""
 
-    __slots__ = ("_raw", "blocks", "elsewhere", "jobs", "now", "owed", "packed", "per_type",
-                 "pool_info", "protected", "refused", "reservations", "several")
+    __slots__ = ("_raw", "blocks", "booked", "elsewhere", "jobs", "now", "owed", "packed",
+                 "per_type", "pool_info", "protected", "refused", "reservations", "several",
+                 "tree_limits")
 
     def __init__(self, jobs: list[QueuedJob] | None = None,
                  now: datetime | None = None) -> None:
@@ -96,6 +97,14 @@ class Waits(Mapping[int, Wait]):
         # Rule R11: (job id, GPU type) -> its team's nominal of the type, for an owed
         # claim whose search found no victim set: its wait says it is owed.
         self.owed: dict[tuple[int, str], int] = {}
+        # Rule Q4: the departments and teams whose borrowing limit made a job wait, with
+        # (GPU type, nominal, borrowing limit); a `quota` or `never_fits` raw wait with
+        # a negative ceiling -(k + 1) names entry k (its held: what the node's subtree
+        # holds), so the replay of waits gives it again as it gives a team's.
+        self.tree_limits: list[tuple[str, str, int, int]] = []
+        # Rule W3: GPU type -> (team, GPUs, end) of each active booking that held free
+        # GPUs out of the pass: a capacity wait of another team says so.
+        self.booked: dict[str, list[tuple[str, int, datetime]]] = {}
 
     def causes(self) -> Iterator[tuple[int, str]]:
         """`Plan.wait_causes`, from the raw waits."""
@@ -147,7 +156,9 @@ class Waits(Mapping[int, Wait]):
             """Units of a slice-packed type in GPUs (rule H4: 6 slices of 4 = 1.5)."""
             return str(units) if per_gpu == 1 else f"{units / per_gpu:g}"
         level = job.topology.level if job.topology is not None else ""
-        if reason is WaitReason.NEVER_FITS:
+        if ceiling < 0 and reason in (WaitReason.QUOTA, WaitReason.NEVER_FITS):
+            msg = self._tree_words(job, reason, held, -ceiling - 1)
+        elif reason is WaitReason.NEVER_FITS:
             msg = (f"team {job.team} may hold at most {gpus(ceiling)} {gt} GPUs (its quota's "
                    f"nominal + borrowing limit); this job asks {gpus(job.total_gpus)}: it can never "
                    "run unless the quota is raised")
@@ -204,6 +215,8 @@ class Waits(Mapping[int, Wait]):
             held_for = self.reservations.get(gt)
             if reason is WaitReason.CAPACITY and held_for is not None and held_for[0] == job_id:
                 msg += f"; GPUs are reserved for it from {_when(held_for[1])} (rule A9)"
+            if self.booked and gt in self.booked:
+                msg += _booked_words(self.booked[gt], job.team, gt)
         if self.owed and (job_id, gt) in self.owed:
             msg += (f"; it is owed {gpus(job.total_gpus)} of team {job.team}'s "
                     f"{gpus(self.owed[(job_id, gt)])} nominal {gt} GPUs (rule R11), but the jobs "
@@ -216,6 +229,19 @@ class Waits(Mapping[int, Wait]):
                     f"{'their' if n != 1 else 'its'} tier (rule R3), the first until "
                     f"{until_words(until, self.now)}")
         return Wait(job_id, reason, msg, until)
+
+    def _tree_words(self, job: QueuedJob, reason: WaitReason, held: int, k: int) -> str:
+        """Rule Q4: the binding level of the job's path, its nominal + borrowing limit,
+        what its subtree holds (rule E6 when the job alone passes it)."""
+        node, gt, nominal, limit = self.tree_limits[k]
+        who = (f"team {node}" if node == job.team
+               else f"department {node} (above team {job.team})")
+        words = f"{who} may hold at most {nominal + limit} {gt} GPUs (nominal {nominal} + " \
+            f"borrowing limit {limit})"
+        if reason is WaitReason.NEVER_FITS:
+            return (f"{words}; this job asks {job.total_gpus}: it can never run unless the "
+                    "quota is raised (rules Q4, E6)")
+        return f"{words} and holds {held}; {job.total_gpus} more would pass it (rule Q4)"
 
     @property
     def _one_cluster(self) -> str:
@@ -272,6 +298,22 @@ IN_ONE_DOMAIN = 1
 
 # `Raw`'s last field for a `cluster` wait (rule K3): it would fit now in another pool.
 ELSEWHERE = 1
+
+
+def _booked_words(booked: list[tuple[str, int, datetime]], team: str, gt: str) -> str:
+    """Rule W3 in a capacity wait: the bookings of other teams that keep GPUs free, and
+    the job's own team's, whose free GPUs did not hold it (what is left of the booking
+    is smaller than the job, or not on the nodes it needs)."""
+    words = ""
+    others = [(t, n, end) for t, n, end in booked if t != team]
+    if others:
+        words = "; " + "; ".join(f"{n} {gt} GPUs are booked for team {t} until {_when(end)}"
+                                 for t, n, end in others) + ", not free to it (rule W3)"
+    for t, n, end in booked:
+        if t == team:
+            words += (f"; the free GPUs of team {t}'s booking of {n} {gt} until "
+                      f"{_when(end)} do not hold it either (rule W3)")
+    return words
 
 
 def closed_words(clusters: frozenset[str]) -> str:
