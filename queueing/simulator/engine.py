@@ -184,13 +184,12 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
 
     for j in workload.jobs:
         push(j.submit, _ARRIVAL, j.id)
-    # Quotas in a tree and rule F4: one forest (the teams' parents); {} when flat.
-    team_parent = {t.name: t.parent for t in sc.teams} \
-        if any(t.parent for t in sc.teams) else {}
     # Booked GPUs: every occurrence starting in the measuring window. A cycle runs at
     # each start and end (rules W2-W4 act then), and at every event instant while one is
     # active, even with nothing queued (rule W2 empties the booked GPUs).
     booked = expand(sc.bookings, workload.horizon)
+    # Rule W4: the preemptible tiers' jobs may run on a booking's unused GPUs.
+    lend_tiers = frozenset(t.rank for t in sc.tiers if t.preemptible)
     booked_s = [seconds(b) for b in booked]
     for s_, e_ in booked_s:
         push(s_, _TIMER)
@@ -403,8 +402,8 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             reservation=st.reservation,
             cluster_ranks=ranks,
             units_per_gpu=dict(sc.slices),
-            team_parent=team_parent,
             bookings=showing,
+            lend_tiers=lend_tiers,
         )
         # Rule R11: owed when submitted, judged on the first snapshot that has the job.
         for job_id in fresh:

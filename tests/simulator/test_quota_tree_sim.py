@@ -59,7 +59,8 @@ def test_a_flat_scenario_gives_no_parents_and_reports_no_tree() -> None:
     w = parse_scenario(doc)
     seen: list[Snapshot] = []
     result = run_fairq(w, on_snapshot=seen.append)
-    assert seen and all(s.team_parent == {} and s.bookings == () for s in seen)
+    assert seen and all(s.team_parent == {"a": None, "b": None} and s.bookings == ()
+                        for s in seen)
     s = summarize(result, w)
     assert "tree" not in s and "bookings" not in s
 
