@@ -115,12 +115,14 @@ Hold = tuple[datetime, datetime | None, int]
 def booking_holds(snapshot: Snapshot, gpu_type: str,
                   exclude: int | None = None) -> tuple[int, list[Hold]]:
     """Rule W5: what a new booking of `gpu_type` cannot take, from a snapshot: the type's
-    capacity (its open nodes' units, rule K8) and the holds - every other booking's
+    capacity (the units of its open nodes, rule K8, but spot ones: no booking is held on
+    them, rule K4) and the holds - every other booking's
     window (`exclude`: a booking's id left out, the one being moved) and every running
     job of a non-preemptible tier, until its estimate ends (rule A9's estimated end; no
     estimate: open ended). Preemptible running jobs hold nothing: rule W2 preempts them
     at the booking's start."""
-    capacity = sum(n.capacity for n in snapshot.open_nodes() if n.gpu_type == gpu_type)
+    capacity = sum(n.capacity for n in snapshot.open_nodes()
+                   if n.gpu_type == gpu_type and not n.spot)
     holds: list[Hold] = [(b.start, b.end, b.gpus) for b in snapshot.bookings
                          if b.gpu_type == gpu_type and b.id != exclude]
     now = snapshot.now

@@ -84,6 +84,15 @@ def test_rule_w1_the_booking_is_a_placement_not_a_count() -> None:
     assert placed(plain, 1) == ("h100-0",)
 
 
+def test_rule_w1_a_booking_is_not_held_on_spot_nodes() -> None:
+    # The regular node is the booking's at its start; the spot node is not held.
+    world = (NodeState("h100-0", "h100", 8, 8), NodeState("s-0", "h100", 8, 8, spot=True))
+    jobs = (replace(est(q(1, gpus=8), None), spot_ok=True), est(q(2, gpus=8), None))
+    plan = plan_admissions(snap(nodes=world, queued=jobs, bookings=(book(gpus=8),)))
+    assert admitted(plan) == [1] and placed(plan, 1) == ("s-0",)
+    assert plan.waits[2].reason is WaitReason.RESERVED
+
+
 def test_rule_w1_gpus_freed_by_the_start_count_for_the_booking() -> None:
     # h100-0 is full until a job ending in 1 h; the booking at 2 h can have it, so a
     # crossing job may take h100-1 now.

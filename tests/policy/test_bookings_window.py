@@ -14,6 +14,7 @@ from queueing.policy.bookings import (
     earliest_window,
     occurrences,
 )
+from queueing.policy.snapshot import NodeState
 
 from .test_admission import NOW, nodes, run, snap
 
@@ -66,7 +67,8 @@ def test_rule_w5_open_ended_holds_never_end() -> None:
 
 
 def test_rule_w5_holds_are_other_bookings_and_non_preemptible_running_jobs() -> None:
-    world = nodes(("h100", 8), ("h100", 8), ("a100", 8))
+    world = (*nodes(("h100", 8), ("h100", 8), ("a100", 8)),
+             NodeState("s-0", "h100", 8, 8, spot=True))  # no booking on a spot node
     other = Booking(7, "b", "h100", 8, NOW + 2 * H, NOW + 4 * H)
     moved = Booking(8, "c", "h100", 4, NOW, NOW + H)
     ending = replace(run(50, gpus=4, preemptible=False), max_runtime_seconds=7200)

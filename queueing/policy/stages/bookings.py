@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .state import Pass, Step, Try
 
 _RESERVED = CODE[WaitReason.RESERVED]
+_ANY = 1 << 30  # no bound: the room of a node no booking is held on
 
 
 def when_words(at: datetime) -> str:
@@ -122,6 +123,13 @@ def plan_bookings(p: Pass) -> BookingPass:
     return book
 
 
+def booked_nodes(cap: Capacity, gpu_type: str) -> set[str]:
+    """The nodes a booking of `gpu_type` is held on: the type's open nodes (rule K8) but
+    spot ones (rule K4: they may be taken back at any time)."""
+    return {n for q in cap.pools_of_type.get(gpu_type, ()) if not cap.pool_info[q][2]
+            for n in cap.nodes_of[q]}
+
+
 def _per_node(jobs: list[RunningJob], names: set[str]) -> dict[str, int]:
     out: dict[str, int] = defaultdict(int)
     for r in jobs:
@@ -138,7 +146,7 @@ def _ahead(p: Pass, gt: str, at: datetime) -> Ahead:
     nodes with the most room then (whole nodes stay whole for the team's gangs), among
     equals those with the fewest GPUs free now (the free ones are left to backfill)."""
     cap, now = p.cap, p.now
-    names = {n for q in cap.pools_of_type.get(gt, ()) for n in cap.nodes_of[q]}
+    names = booked_nodes(cap, gt)
     base = {n: cap.free[n] for n in names}
     still: list[RunningJob] = []
     for r in p.ws.running_by_type.get(gt, ()):
@@ -180,7 +188,7 @@ def _hold(p: Pass, b: Booking, claimed: set[int]) -> Held:
     quotas share loses the booked GPUs), its free GPUs taken out of the capacity, and the
     other teams' jobs preempted for it when it is short."""
     cap, ws, gt = p.cap, p.ws, b.gpu_type
-    names = {n for q in cap.pools_of_type.get(gt, ()) for n in cap.nodes_of[q]}
+    names = booked_nodes(cap, gt)
     h = Held(b)
     running = [r for r in ws.running_by_type.get(gt, ()) if r.id not in claimed]
     mine = [r for r in running if r.team == b.team]
@@ -302,8 +310,8 @@ def place_ahead(p: Pass, t: Try, q: str, limits: list[Ahead],
     rooms = [a.room for a in limits] + ([a9] if a9 is not None else [])
     owns = own + ([{}] if a9 is not None else [])
 
-    def avail(n: str) -> int:
-        return min(r.get(n, 0) + o.get(n, 0) for r, o in zip(rooms, owns, strict=True))
+    def avail(n: str) -> int:  # a node no room names (a spot node) is not booked
+        return min(r.get(n, _ANY) + o.get(n, 0) for r, o in zip(rooms, owns, strict=True))
 
     placement = _place_within(cap, q, g, reps, cpu, mem, topo, avail)
     if placement is None:
@@ -317,7 +325,8 @@ def place_ahead(p: Pass, t: Try, q: str, limits: list[Ahead],
             k = min(o.get(n, 0), g)
             if k:
                 o[n] -= k
-            r[n] = r.get(n, 0) - (g - k)
+            if n in r:
+                r[n] -= g - k
     t.placement = placement
     t.slots = ()
     return -1
