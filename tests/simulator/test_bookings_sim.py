@@ -277,5 +277,5 @@ def test_rule_w2_a_weekly_booking_on_a_week_of_the_openb_trace(trace_dir: Path,
         assert parts == pytest.approx(o["booked_gpu_hours"], abs=1e-5)
     assert b["booked_gpu_hours"] == pytest.approx(3 * 8 * 2)
     # Lent: other teams' preemptible jobs ran on what team-1 left unused (rule W4), and
-    # team-1 used most of it (8.3 and 39.7 GPU-hours on 2026-12-07).
+    # team-1 used most of it (8.1 and 39.9 GPU-hours on 2026-12-07).
     assert b["lent_gpu_hours"] > 0 and b["used_gpu_hours"] > b["booked_gpu_hours"] / 2
