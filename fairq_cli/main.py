@@ -25,6 +25,9 @@ from .arrays import MAX_ARRAY_TASKS, ArraySpec, ArraySpecError, parse_array_spec
 from .client import ApiError, Client, Transport
 from .config import ConfigError, load_config
 from .durations import format_duration, parse_duration
+from .reservations import ReservationUsage
+from .reservations import add_parser as add_reservation_parser
+from .reservations import run as run_reservations
 from .sessions import SessionUsage
 from .sessions import add_parser as add_session_parser
 from .sessions import run as run_session
@@ -1399,6 +1402,7 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("--limit", type=int, default=200)
 
     add_session_parser(sub, common)
+    add_reservation_parser(sub, common)
 
     pr = sub.add_parser("prio", parents=[common], help="priority breakdown (like sprio)")
     pr.add_argument("job_ids", type=int, nargs="*", metavar="ID",
@@ -1459,8 +1463,10 @@ def _main(argv: Sequence[str] | None, *, transport: Transport | None, out: TextI
                   err=err, sleep=sleep, zone=UTC if a.utc or cfg.utc else None)
         if a.cmd == "session":
             return run_session(app, a)
+        if a.cmd in ("reservations", "reservation"):
+            return run_reservations(app, a)
         return int(getattr(app, a.cmd)(a))
-    except (ConfigError, UsageError, SessionUsage) as exc:
+    except (ConfigError, UsageError, SessionUsage, ReservationUsage) as exc:
         err.write(f"fairq: {exc}\n")
         return EXIT_USAGE
     except Unreachable as exc:

@@ -20,6 +20,7 @@ from queueing.services.logs import job_logs_archive, job_logs_prune, workload_st
 from queueing.services.metrics import record_cycle, record_cycle_failure
 from queueing.services.provisioning import cluster_provisioners, sync_cluster, sync_quotas
 from queueing.services.reports import usage_days_roll_up
+from queueing.services.reservations import reservations_charge_unused
 from queueing.services.scheduler import new_cycle_id, scheduler_cycle
 from queueing.services.sessions import sessions_check
 from queueing.services.utilization import utilization_purge
@@ -168,6 +169,13 @@ def checkpoints_purge_task() -> int:
     from django.utils import timezone
 
     return checkpoints_purge(now=timezone.now(), days=settings.FAIRQ_CHECKPOINT_RETENTION_DAYS)
+
+
+@shared_task(ignore_result=True, soft_time_limit=200, time_limit=230)
+def reservations_charge_task() -> int:
+    """docs/reservations.md, "Charging": the booked windows that ended, their unused
+    GPU-hours charged once when FAIRQ_BOOKING_CHARGE_UNUSED is on (beat: every 5 min)."""
+    return reservations_charge_unused()
 
 
 @shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import api, clusters, logs, policy, scheduler, sessions, webhooks
+from . import api, bookings, clusters, logs, policy, scheduler, sessions, webhooks
 from .api import *  # noqa: F403
 from .auth import *  # noqa: F403
 from .auth import FAIRQ_OIDC_ENABLED
+from .bookings import *  # noqa: F403
 from .clusters import *  # noqa: F403
 from .environment import BASE_DIR, env
 from .kubernetes import *  # noqa: F403
@@ -159,7 +160,7 @@ CELERY_BEAT_SCHEDULER = env(
 # Every periodic task, from the areas that own them.
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     **scheduler.beat, **policy.beat, **clusters.beat, **logs.beat, **webhooks.beat,
-    **api.beat, **sessions.beat,
+    **api.beat, **sessions.beat, **bookings.beat,
 }
 
 # Kept job logs (config/settings/logs.py; docs/deployment.md, "Log storage").

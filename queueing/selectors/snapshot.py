@@ -45,6 +45,7 @@ from .fairshare import (
     priority_weights,
 )
 from .preemption import nominations, preemption_policy, preemption_settings
+from .reservations import snapshot_bookings
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,10 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         flavor_fallback_default=FlavorFallback.BORROW,
         units_per_gpu={t: s for t, (_, s) in lookups.units.items()},
         team_parent=team_parents(),
+        # Booked GPUs (docs/reservations.md): the live reservations' windows within
+        # FAIRQ_BOOKING_HORIZON_HOURS, in the type's units, and rule W4's lending tiers.
+        bookings=snapshot_bookings(now=now),
+        lend_tiers=frozenset(t.rank for t in lookups.tiers.values() if t.preemptible),
         **ranks,
     )
 

@@ -457,3 +457,35 @@ def demo_session_seed(*, now: datetime) -> int | None:
     job = session_start(actor=user, team=DEMO_SESSION["team"], name=DEMO_SESSION["name"],
                         pvc=DEMO_SESSION["pvc"], now=now)
     return job.pk
+
+
+DEMO_BOOKING = {"user": "alice", "team": "vision", "gpu_type": "h100", "name": "weekly eval",
+                "recurrence": "FREQ=WEEKLY;COUNT=12"}
+DEMO_BOOKING_GPUS, DEMO_BOOKING_HOURS = 8, 2
+
+
+def demo_reservation_seed(*, now: datetime) -> int | None:
+    """Book the demo's weekly window (docs/reservations.md) for alice's vision unless a
+    live one of that name exists: 8 h100 from the next whole hour + 1 h, 2 h, weekly,
+    lent when unused. The id booked; None when there was one or it could not be
+    guaranteed (the demo goes on without it)."""
+    from queueing.errors import DomainError
+    from queueing.models import Reservation
+
+    from .reservations import BookingAsk, reservation_book
+
+    spec = DEMO_BOOKING
+    if Reservation.objects.filter(name=spec["name"], cancelled_at__isnull=True).exists():
+        return None
+    start = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=2)
+    try:
+        row = reservation_book(
+            actor=get_user_model().objects.get(username=spec["user"]), now=now,
+            ask=BookingAsk(team=Team.objects.get(slug=spec["team"]),
+                           gpu_type=GpuType.objects.get(slug=spec["gpu_type"]),
+                           gpus=DEMO_BOOKING_GPUS, starts_at=start,
+                           ends_at=start + timedelta(hours=DEMO_BOOKING_HOURS),
+                           recurrence=spec["recurrence"], name=spec["name"]))
+    except DomainError:
+        return None
+    return row.pk

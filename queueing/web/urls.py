@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from . import reports, sessions, views
+from . import reports, reservations, sessions, views
 
 app_name = "web"
 
@@ -36,6 +36,9 @@ urlpatterns = [
     path("teams/<slug:slug>/webhooks/<int:endpoint_id>/", views.webhook_change_view,
          name="webhook-change"),
     path("reports/", reports.reports_page, name="reports"),
+    path("reservations/", reservations.reservations_page, name="reservations"),
+    path("reservations/<int:reservation_id>/cancel/", reservations.reservation_cancel_view,
+         name="reservation-cancel"),
     path("quotas/", views.quota_board, name="quotas"),
     path("cluster/", views.cluster_page, name="cluster"),
     path("weights/<slug:team_slug>/", views.team_weight, name="team-weight"),

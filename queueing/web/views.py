@@ -77,6 +77,11 @@ from queueing.selectors.metrics import scheduler_health
 from queueing.selectors.queue_plan import Preview, job_explain, submit_preview, team_queue
 from queueing.selectors.quota_tree import team_standing
 from queueing.selectors.reference import gpu_type_by_slug
+from queueing.selectors.reservations import (
+    booked_timeline,
+    next_windows,
+    reservations_visible_to,
+)
 from queueing.selectors.utilization import idle_flags, idle_since, job_utilization
 from queueing.selectors.webhooks import (
     webhook_deliveries,
@@ -224,6 +229,13 @@ def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
     ctx["standings"] = standings
     ctx["history"] = history
     ctx["capacity"] = capacity
+    # Booked GPUs of the next week (docs/reservations.md); other teams named only as far
+    # as the standings are.
+    ctx["timeline"], ctx["days"] = booked_timeline(now=now), 7
+    if visible is not None:
+        ctx["timeline"] = [dataclasses.replace(row, windows=[
+            (w if w.team in visible else dataclasses.replace(w, team="another team", name=""),
+             left, width) for w, left, width in row.windows]) for row in ctx["timeline"]]
     # Rules K1-K8: capacity per cluster, when clusters are configured (the implicit one
     # alone is the capacity card above).
     ctx["clusters"] = [c for c in cluster_summaries()[0] if not c.implicit] \
@@ -530,7 +542,13 @@ def _team_context(request: HttpRequest, team: Team, **extra: Any) -> dict[str, A
         "policy_form": TeamWorkloadPolicyForm(initial=team_workload_policy(team)),
         "token_idempotency_key": secrets.token_urlsafe(16),
         "role_choices": RoleForm.base_fields["role"].choices,  # type: ignore[attr-defined]
+        # Its booked GPUs (docs/reservations.md), active ones.
+        "bookings": reservations_visible_to(actor=request.user, team=team.slug, active=True,
+                                            now=now),
     }
+    for r in ctx["bookings"]:
+        r.next = next_windows(r, now=now, count=1)
+        r.devices = r.gpus // r.gpu_type.units_per_device
     if ctx["can_manage"]:  # docs/webhooks.md: team admins and staff see the log
         ctx["webhooks"] = list(webhook_endpoints_of_team(team=team))
         ctx["webhook_form"] = WebhookEndpointForm()
@@ -796,6 +814,7 @@ def cluster_page(request: HttpRequest) -> HttpResponse:
     ctx = {"now": now, "overview": dash.cluster_overview(standings=standings), "queue": queue,
            "queue_total": queue_total, "running": running,
            "running_limit": CLUSTER_LIST_LIMIT, "capacity": capacity,
+           "timeline": booked_timeline(now=now), "days": 7,
            # Its nodes grouped by cluster (rule K1), the implicit one's too.
            "clusters": cluster_summaries()[0], "with_nodes": True,
            "cluster_error": cluster_error,

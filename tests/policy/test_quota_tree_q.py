@@ -264,8 +264,9 @@ def test_rule_q7_the_pass_counts_what_it_already_claimed() -> None:
 
 
 # --- Volcano's reported failures of hierarchical reclaim, as scenarios --------------------
-# volcano#4817, #4679, #3990, #4808: "reclaim does not work in hierarchical mode". Each
-# runs two cycles: the claimant's victims are taken in the first, it runs in the second.
+# Volcano issues volcano#4817, volcano#4679, volcano#3990 and volcano#4808 report "reclaim
+# does not work in hierarchical mode". Each scenario runs two cycles: the claimant's
+# victims are taken in the first, it runs in the second.
 
 def test_rule_q6_volcano_reclaim_across_two_levels() -> None:
     """lab > group > alpha (alpha guaranteed 8 through two departments) while beta, in
