@@ -17,6 +17,7 @@ from typing import Any, TextIO
 import yaml
 
 from .baselines import BASELINES, run_baseline
+from .bookings import BookingError, parse_booking
 from .checkpoints import (
     DEFAULT_CHECKPOINT,
     CheckpointError,
@@ -30,8 +31,8 @@ from .estimates import DEFAULT_ESTIMATE, EstimateError, EstimateModel, with_esti
 from .gpu_spec import GpuSpecError, GpuSpecMode
 from .history import load_usage_history
 from .metrics import HOUR, goals, summarize
-from .model import RunResult, Workload
-from .report import clusters_png, png_report, text_report
+from .model import RunResult, TeamSpec, Workload
+from .report import clusters_png, png_report, text_report, tree_bookings_png
 from .scenario import ScenarioError, load_scenario, parse_scenario, parse_settings
 from .trace import SHARED_MODELS, ShareMode, TraceError, load_openb, whole_gpus
 from .waits import WaitCauses, breakdown, non_preemptible_floors
@@ -178,6 +179,15 @@ def parser() -> argparse.ArgumentParser:
                     "scenario's or the product's")
     ap.add_argument("--spot-interruptions-per-hour", metavar="RATE", type=float,
                     help="every spot node's interruption rate (rule K6), over the scenario's")
+    ap.add_argument("--departments", metavar="N", type=int,
+                    help="quotas in a tree (trace): team-i goes under department dept-<i %% N>, "
+                    "whose weight and nominal are its teams' sums (rules F4, Q3); default none")
+    ap.add_argument("--booking", metavar="TEAM:TYPE:GPUS@START/DURATION[/RULE][/nolend]",
+                    action="append", default=[],
+                    help="book GPUs for a team (repeatable; rules W1-W5): START +OFFSET, "
+                    "HH:MM or DayHH:MM from the run's instant 0 (a Sunday, UTC); RULE an "
+                    "RRULE (FREQ=WEEKLY;BYDAY=TU,TH), daily, weekly or once; nolend: its "
+                    "unused GPUs stay empty. E.g. team-3:openb:8@Tue14:00/2h/weekly")
     ap.add_argument("--policies", default=",".join(POLICIES),
                     help=f"comma-separated, of {', '.join(POLICIES)} (all)")
     ap.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
@@ -281,6 +291,24 @@ def _overrides(w: Workload, args: argparse.Namespace) -> Workload:
         grace = parse_grace(args.grace, [t.name for t in tiers])
         tiers = with_grace(tiers, grace)
         source["grace"] = grace
+    teams, bookings = w.scenario.teams, w.scenario.bookings
+    if args.departments is not None:
+        if source.get("kind") != "openb":
+            raise ScenarioError("--departments: applies to the trace; a scenario gives its "
+                                "teams' parents")
+        teams = with_departments(teams, args.departments)
+        source["departments"] = args.departments
+    if args.booking:
+        capacity: dict[str, int] = {}
+        for n in w.scenario.nodes:
+            capacity[n.gpu_type] = capacity.get(n.gpu_type, 0) + n.gpus
+        try:
+            extra = tuple(parse_booking(b, [t.name for t in teams], capacity)
+                          for b in args.booking)
+        except BookingError as exc:
+            raise ScenarioError(str(exc)) from None
+        bookings = bookings + extra
+        source["bookings"] = list(args.booking)
     nodes = w.scenario.nodes
     rate = args.spot_interruptions_per_hour
     if rate is not None:
@@ -290,8 +318,24 @@ def _overrides(w: Workload, args: argparse.Namespace) -> Workload:
             raise ScenarioError("--spot-interruptions-per-hour: the scenario has no spot pool")
         nodes = tuple(replace(n, interruptions_per_hour=rate) if n.spot else n for n in nodes)
         source["spot_interruptions_per_hour"] = rate
-    return replace(w, scenario=replace(w.scenario, settings=st, nodes=nodes, tiers=tiers),
+    return replace(w, scenario=replace(w.scenario, settings=st, nodes=nodes, tiers=tiers,
+                                       teams=teams, bookings=bookings),
                    source=source)
+
+
+def with_departments(teams: Sequence[TeamSpec], n: int) -> tuple[TeamSpec, ...]:
+    """`--departments N`: the i-th top-level team goes under department dept-<i % N>
+    (weight: the sum of its teams'; no quota row, so its nominal is its teams' sum, rule
+    Q3)."""
+    if n <= 0:
+        raise ScenarioError("--departments: a number of departments > 0")
+    top = [t for t in teams if t.parent is None]
+    if n > len(top):
+        raise ScenarioError(f"--departments: at most {len(top)} (one per team)")
+    depts = [TeamSpec(f"dept-{k}", sum(t.weight for i, t in enumerate(top) if i % n == k))
+             for k in range(n)]
+    under = {t.name: f"dept-{i % n}" for i, t in enumerate(top)}
+    return (*depts, *(replace(t, parent=under.get(t.name, t.parent)) for t in teams))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -325,6 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         png_report(doc, args.report)
         if any("clusters" in p for p in doc["policies"].values()):
             clusters_png(doc, args.report.removesuffix(".png") + "-clusters.png")
+        fq = doc["policies"].get("fairq", {})
+        if "tree" in fq or "bookings" in fq:
+            tree_bookings_png(doc, args.report.removesuffix(".png") + "-tree.png")
     if not args.quiet and args.json != "-":
         sys.stdout.write(text_report(doc))
     return 0

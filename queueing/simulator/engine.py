@@ -56,6 +56,7 @@ from queueing.policy.snapshot import (
     Snapshot,
 )
 
+from .bookings import LOOKAHEAD_SECONDS, expand, seconds
 from .model import Attempt, JobRecord, RunResult, SimJob, Workload
 from .slices import Hold, SliceBook
 
@@ -183,6 +184,16 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
 
     for j in workload.jobs:
         push(j.submit, _ARRIVAL, j.id)
+    # Booked GPUs: every occurrence starting in the measuring window. A cycle runs at
+    # each start and end (rules W2-W4 act then), and at every event instant while one is
+    # active, even with nothing queued (rule W2 empties the booked GPUs).
+    booked = expand(sc.bookings, workload.horizon)
+    # Rule W4: the preemptible tiers' jobs may run on a booking's unused GPUs.
+    lend_tiers = frozenset(t.rank for t in sc.tiers if t.preemptible)
+    booked_s = [seconds(b) for b in booked]
+    for s_, e_ in booked_s:
+        push(s_, _TIMER)
+        push(e_, _TIMER)
     node_index = {n.name: i for i, n in enumerate(sc.nodes)}
 
     def next_interruption(name: str, after: float) -> None:
@@ -331,9 +342,11 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
                 attempts[job_id].append(Attempt(r.start, now_s, preempted=False,
                                                 cluster=r.job.cluster, gpu_type=r.job.gpu_type))
                 finished[job_id] = now_s
-        if not queued:
-            continue
         now = at(now_s)
+        showing = tuple(b for b, (s_, e_) in zip(booked, booked_s, strict=True)
+                        if e_ > now_s and s_ < now_s + LOOKAHEAD_SECONDS) if booked else ()
+        if not queued and not any(s_ <= now_s < e_ for s_, e_ in booked_s):
+            continue
         cycles += 1
         # --- snapshot (the selectors' part of the service, on the simulator's state)
         for r in running.values():
@@ -389,6 +402,8 @@ def run_fairq(workload: Workload, *, progress: Progress | None = None,
             reservation=st.reservation,
             cluster_ranks=ranks,
             units_per_gpu=dict(sc.slices),
+            bookings=showing,
+            lend_tiers=lend_tiers,
         )
         # Rule R11: owed when submitted, judged on the first snapshot that has the job.
         for job_id in fresh:

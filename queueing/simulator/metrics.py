@@ -319,7 +319,39 @@ def summarize(result: RunResult, workload: Workload) -> dict[str, object]:
         "utilization": {"bin_seconds": UTIL_BIN, "series": utilization(result, workload)},
         **(clusters_summary(result, workload) if several else {}),
         **({"owed": owed_summary(result, workload)} if result.policy == "fairq" else {}),
+        **tree_and_bookings(result, workload),
     }
+
+
+def tree_and_bookings(result: RunResult, workload: Workload) -> dict[str, object]:
+    """Quotas in a tree and booked GPUs in figures (docs/simulator.md, "Quotas in a tree
+    and bookings"): with departments, per team the owed wait (`tree.owed_waits`); with
+    bookings, per occurrence its delay, crossing jobs and GPU-hours used, lent and empty
+    (`bookings.occurrence_report`). Nothing for a flat scenario without bookings, whose
+    JSON stays as it was."""
+    from .bookings import expand, occurrence_report
+    from .tree import owed_waits
+
+    sc = workload.scenario
+    out: dict[str, object] = {}
+    if any(t.parent for t in sc.teams):
+        out["tree"] = {"owed_waits": owed_waits(result, workload)}
+    if sc.bookings:
+        rows = occurrence_report(result, workload, expand(sc.bookings, workload.horizon))
+        out["bookings"] = {"occurrences": rows, **booking_totals(rows)}
+    return out
+
+
+def booking_totals(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The occurrences' sums (GPU-hours) and their largest delay and crossing count."""
+    keys = ("booked_gpu_hours", "used_gpu_hours", "lent_gpu_hours", "empty_gpu_hours",
+            "unclear_gpu_hours", "crossed_gpu_hours")
+    out = {k: float(sum(r[k] for r in rows)) for k in keys}
+    out["delay_max_seconds"] = max((float(r["delay_seconds"]) for r in rows), default=0.0)
+    out["crossed_jobs"] = float(sum(r["crossed_jobs"] for r in rows))
+    out["team_owed_wait_max_seconds"] = max(
+        (float(r["team_owed_wait_max_seconds"]) for r in rows), default=0.0)
+    return out
 
 
 def goals(policies: Mapping[str, Mapping[str, object]], *, high_tier: str = "high",

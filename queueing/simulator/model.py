@@ -63,6 +63,23 @@ class TierSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class BookingSpec:
+    """A booking of the scenario (docs/simulator.md, "Quotas in a tree and bookings"):
+    `gpus` of `gpu_type` for `team` from `start` seconds for `duration` seconds, repeated
+    by the RFC 5545 rule `recurrence` ("" = once) in the wall-clock time of `timezone`;
+    `lend`: its unused GPUs may run other teams' preemptible jobs (rule W4)."""
+
+    team: str
+    gpu_type: str
+    gpus: int
+    start: float
+    duration: float
+    recurrence: str = ""
+    timezone: str = "UTC"
+    lend: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     nodes: tuple[NodeSpec, ...]
     teams: tuple[TeamSpec, ...]
@@ -81,6 +98,9 @@ class Scenario:
     # their slices per GPU S (a type absent: exclusive, whole GPUs). Nodes and quotas
     # stay in GPUs; the policy sees a time-sliced type in slices (S per GPU).
     slices: Mapping[str, int] = field(default_factory=dict)
+    # Booked GPUs (docs/scheduling.md, "Booked GPUs"): the reservations, each expanded
+    # into its occurrences within the measuring window by the engine.
+    bookings: tuple[BookingSpec, ...] = ()
 
     @property
     def total_gpus(self) -> int:

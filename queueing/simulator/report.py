@@ -53,6 +53,7 @@ def text_report(doc: Mapping[str, Any]) -> str:
     lines += clusters_text(doc)
     lines += shared_lines(doc)
     lines += owed_lines(doc)
+    lines += tree_and_booking_lines(doc)
     lines += wait_cause_lines(doc)
     if doc.get("goals"):
         lines += ["", "goals (fairq):"]
@@ -99,6 +100,36 @@ def owed_lines(doc: Mapping[str, Any]) -> list[str]:
                      f"{t['wait_p99_min']:8.1f} {t['over_goal']:6d} {t['total_wait_p95_min']:13.1f}")
     lines.append(f"preemptions with no work lost: {o['preemptions_no_loss']} of {o['preemptions']}; "
                  f"GPU-hours held by victims in their grace: {o['grace_gpu_hours']:.1f}")
+    return lines
+
+
+def tree_and_booking_lines(doc: Mapping[str, Any]) -> list[str]:
+    """Quotas in a tree and booked GPUs (fairq; docs/simulator.md, "Quotas in a tree and
+    bookings"): per team its owed wait; per booking occurrence its delay, the jobs that
+    crossed into it and its GPU-hours used, lent, empty and held by jobs that may not be
+    there."""
+    fq = doc["policies"].get("fairq", {})
+    lines: list[str] = []
+    tree = fq.get("tree")
+    if tree:
+        lines += ["", "owed wait (fairq, quotas in a tree): queued while the team and every "
+                      "department above it are within their nominal",
+                  f"{'team':10} {'owed jobs':>9} {'owed h':>8} {'longest s':>9}"]
+        for team, t in tree["owed_waits"].items():
+            lines.append(f"{team:10} {t['owed_jobs']:9d} {t['owed_wait_hours']:8.2f} "
+                         f"{t['owed_wait_max_seconds']:9.0f}")
+    booked = fq.get("bookings")
+    if booked:
+        lines += ["", "bookings (fairq): per occurrence, GPU-hours of the booked GPUs",
+                  f"{'id':>3} {'team':10} {'GPUs':>4} {'start h':>7} {'delay s':>7} "
+                  f"{'crossed':>7} {'used':>7} {'lent':>7} {'empty':>7} {'unclear':>7} "
+                  f"{'team wait s':>11}"]
+        for o in booked["occurrences"]:
+            lines.append(
+                f"{o['id']:3d} {o['team']:10} {o['gpus']:4d} {o['start_hours']:7.1f} "
+                f"{o['delay_seconds']:7.0f} {o['crossed_jobs']:7d} {o['used_gpu_hours']:7.2f} "
+                f"{o['lent_gpu_hours']:7.2f} {o['empty_gpu_hours']:7.2f} "
+                f"{o['unclear_gpu_hours']:7.2f} {o['team_owed_wait_max_seconds']:11.0f}")
     return lines
 
 
@@ -279,6 +310,49 @@ def clusters_png(doc: Mapping[str, Any], path: str) -> None:
     fig.suptitle(f"{spot['interruptions']} spot interruptions; "
                  f"{spot['lost_gpu_hours']:.1f} GPU-hours lost to spot, "
                  f"{spot['lost_to_preemption_gpu_hours']:.1f} to preemption", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def tree_bookings_png(doc: Mapping[str, Any], path: str) -> None:
+    """Two plots for a fairq run with departments or bookings: each booking occurrence's
+    GPU-hours used by its team, lent, empty and held by jobs that may not be there
+    (stacked), with its start delay; and each team's longest owed wait against rule
+    R11's goal (1 min + grace)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fq = doc["policies"]["fairq"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
+    occ = fq.get("bookings", {}).get("occurrences", [])
+    x = list(range(len(occ)))
+    bottom = [0.0] * len(occ)
+    for key, label, color in (("used_gpu_hours", "used by the team", "tab:blue"),
+                              ("lent_gpu_hours", "lent", "tab:green"),
+                              ("empty_gpu_hours", "empty", "tab:gray"),
+                              ("unclear_gpu_hours", "held by jobs that may not", "tab:red")):
+        vals = [o[key] for o in occ]
+        left.bar(x, vals, bottom=bottom, label=label, color=color)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    left.set_xticks(x, [f"{o['team']} {o['start_hours']:.0f} h\ndelay {o['delay_seconds']:.0f} s"
+                        for o in occ])
+    left.set(title="fairq: booked GPU-hours per occurrence", ylabel="GPU-hours")
+    if occ:
+        left.legend()
+    owed = fq.get("tree", {}).get("owed_waits", {})
+    teams = list(owed)
+    right.bar(range(len(teams)), [owed[t]["owed_wait_max_seconds"] for t in teams])
+    if teams:
+        goal = float(fq.get("owed", {}).get("goal_min", 1.0)) * 60.0
+        right.axhline(goal, color="grey", linestyle=":",
+                      label=f"{goal:.0f} s: rule R11's goal, 1 min + grace")
+        right.legend()
+    right.set_xticks(list(range(len(teams))), teams)
+    right.set(title="fairq: longest owed wait per team (quotas in a tree)", ylabel="seconds")
+    fig.suptitle(_short(f"fairq-sim: {doc['source']}", 170), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)

@@ -10,7 +10,7 @@ Every value is checked; a bad one raises `ScenarioError` naming its field
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,9 @@ from queueing.policy.priority import PriorityWeights
 from queueing.policy.settings import DEFAULTS, PolicySettings, PreemptionPolicy
 from queueing.policy.snapshot import QuotaLimit
 
+from .bookings import BookingError, booking_spec
 from .model import (
+    BookingSpec,
     ClusterSpec,
     NodeSpec,
     Scenario,
@@ -140,7 +142,7 @@ def parse_scenario(doc: Any) -> Workload:
     doc = _map(doc, "scenario")
     known = {"cluster", "clusters", "gpu_types", "teams", "quotas", "tiers", "fair_share",
              "priority", "preemption", "jobs", "horizon_seconds", "cycle_seconds", "reservation",
-             "seed"}
+             "seed", "bookings"}
     for key in doc:
         if key not in known:
             raise ScenarioError(f"{key}: unknown section; known: {', '.join(sorted(known))}")
@@ -182,16 +184,13 @@ def parse_scenario(doc: Any) -> Workload:
         for i, q in enumerate(_list(doc.get("quotas"), "quotas")):
             w = f"quotas[{i}]"
             q = _map(q, w)
-            team, gt = _str(q, "team", w), _str(q, "gpu_type", w)
-            if team not in names:
-                raise ScenarioError(f"{w}.team: no team {team!r}")
-            if gt not in gpu_types:
-                raise ScenarioError(f"{w}.gpu_type: no node pool of {gt!r}")
+            team, gt = _team_and_type(q, w, names, gpu_types)
             nominal = int(_num(q, "nominal", w, integer=True))
             lending = _opt_int(q, "lending_limit", w)
             if lending is not None and lending > nominal:
                 raise ScenarioError(f"{w}.lending_limit: cannot lend more than the nominal {nominal}")
             quotas[(team, gt)] = QuotaLimit(nominal, _opt_int(q, "borrowing_limit", w), lending)
+        _check_carved(teams, quotas)
     else:
         # Nominal by weight among the leaf teams (a parent holds no jobs), no borrowing limit.
         parents = {t.parent for t in teams}
@@ -206,7 +205,7 @@ def parse_scenario(doc: Any) -> Workload:
     scenario = Scenario(nodes=tuple(nodes), teams=tuple(teams), tiers=tuple(tiers),
                         quotas=quotas, settings=settings, clusters=clusters,
                         seed=int(_num(doc, "seed", "scenario", default=0, integer=True)),
-                        slices=slices)
+                        slices=slices, bookings=_bookings(doc, names, nodes))
     jobs: list[SimJob] = []
     tier_names = {t.name for t in tiers}
     largest = {gt: max(n.gpus for n in nodes if n.gpu_type == gt) for gt in gpu_types}
@@ -277,6 +276,67 @@ def parse_scenario(doc: Any) -> Workload:
         horizon = max((j.submit + j.runtime for j in numbered), default=1.0)
     return Workload(scenario=scenario, jobs=numbered, horizon=horizon,
                     source={"kind": "scenario", "jobs": len(numbered)})
+
+
+def _team_and_type(m: Mapping[str, Any], w: str, names: set[str],
+                   gpu_types: Iterable[str]) -> tuple[str, str]:
+    """An entry's `team` and `gpu_type`, each one the scenario has."""
+    team, gt = _str(m, "team", w), _str(m, "gpu_type", w)
+    if team not in names:
+        raise ScenarioError(f"{w}.team: no team {team!r}")
+    if gt not in gpu_types:
+        raise ScenarioError(f"{w}.gpu_type: no node pool of {gt!r}")
+    return team, gt
+
+
+def _check_carved(teams: list[TeamSpec], quotas: Mapping[tuple[str, str], QuotaLimit]) -> None:
+    """Rule Q3: a department's nominal is its subtree's; its children's nominals are
+    carved out of it, so they may not add up to more (a department without a row of a
+    type has the sum of its children's)."""
+    order = [t.name for t in teams]
+    for (dept, gt), q in sorted(quotas.items(), key=lambda x: (order.index(x[0][0]), x[0][1])):
+        kids = [t.name for t in teams if t.parent == dept]
+        carved = sum(_nominal(k, gt, teams, quotas) for k in kids)
+        if kids and carved > q.nominal:
+            raise ScenarioError(
+                f"quotas[{list(quotas).index((dept, gt))}].nominal: the nominals of "
+                f"{dept}'s children ({', '.join(kids)}) add up to {carved} {gt}, more than "
+                f"its {q.nominal} (rule Q3: they are carved out of it)")
+
+
+def _nominal(team: str, gt: str, teams: list[TeamSpec],
+             quotas: Mapping[tuple[str, str], QuotaLimit]) -> int:
+    if (team, gt) in quotas:
+        return quotas[(team, gt)].nominal
+    return sum(_nominal(t.name, gt, teams, quotas) for t in teams if t.parent == team)
+
+
+def _bookings(doc: Mapping[str, Any], names: set[str],
+              nodes: list[NodeSpec]) -> tuple[BookingSpec, ...]:
+    """`bookings:` (docs/simulator.md, "Quotas in a tree and bookings"): each with team,
+    gpu_type, gpus, start_seconds (from the run's instant 0), duration_seconds,
+    recurrence (an RFC 5545 RRULE, "" = once), timezone (IANA, UTC) and lend (true)."""
+    out = []
+    capacity: dict[str, int] = {}
+    for n in nodes:
+        capacity[n.gpu_type] = capacity.get(n.gpu_type, 0) + n.gpus
+    for i, b in enumerate(_list(doc.get("bookings"), "bookings")):
+        w = f"bookings[{i}]"
+        b = _map(b, w)
+        team, gt = _team_and_type(b, w, names, capacity)
+        gpus = int(_num(b, "gpus", w, strict=True, integer=True))
+        if gpus > capacity[gt]:
+            raise ScenarioError(f"{w}.gpus: the cluster has {capacity[gt]} {gt}")
+        rule = str(b.get("recurrence") or "")
+        tz = str(b.get("timezone") or "UTC")
+        try:
+            spec = booking_spec(team, gt, gpus, _num(b, "start_seconds", w),
+                                _num(b, "duration_seconds", w, strict=True), rule, tz,
+                                _bool(b, "lend", w, True))
+        except BookingError as exc:
+            raise ScenarioError(f"{w}.{exc}") from None
+        out.append(spec)
+    return tuple(out)
 
 
 SHARING = ("exclusive", "mig", "time-sliced", "mps")
