@@ -412,6 +412,27 @@ def test_rule_w1_a_victim_counted_in_a_booking_at_its_start_frees_nothing_for_ot
         assert plan.waits[1].reason is not WaitReason.PREEMPTING
 
 
+@pytest.mark.parametrize(("nominal", "victims"), [(4, []), (0, [51])])
+def test_rule_w3_the_teams_jobs_in_its_booking_do_not_make_it_borrow(
+        nominal: int, victims: list[int]) -> None:
+    # Vision's job 50 runs in its booking (h100-0), job 51 (4 GPUs) beside it on h100-1.
+    # Outside its booking vision holds 4, its nominal: it does not borrow, so team b's
+    # job may not reclaim job 51 (rule R2), nor preempt it as another team's lower tier
+    # (rule R1 takes only from a borrowing team). With a nominal of 0 it borrows. (On
+    # the trace, vision's jobs counted as borrowing by the booked GPUs while within its
+    # nominal beside them: its low tier reclaimed other teams' high jobs, which took the
+    # GPUs back by rule R1, in turn, through the window.)
+    world = nodes(("h100", 8, 0), ("h100", 8, 4))
+    running = (run(50, team="vision", gpus=8, on=("h100-0",)),
+               run(51, team="vision", gpus=4, on=("h100-1",)))
+    plan = plan_admissions(snap(nodes=world, running=running, preemption=PREEMPT,
+                                queued=(q(1, team="b", gpus=8),),
+                                quotas={("b", "h100"): QuotaLimit(8, 0),
+                                        ("vision", "h100"): QuotaLimit(nominal, None)},
+                                bookings=(book(gpus=8, start=-60),)))
+    assert [v.job_id for p in plan.preemptions for v in p.victims] == victims
+
+
 # --- the property: plan -> time passes -> plan ----------------------------------------
 
 CYCLE, GRACE = 300, 60

@@ -192,7 +192,8 @@ def _ahead(p: Pass, gt: str, at: datetime) -> Ahead:
 def _hold(p: Pass, b: Booking, claimed: set[int]) -> Held:
     """Rules W2, W3 for the active booking `b`: its GPUs, its team's jobs counted in it
     (outside the team's quota: the ledger no longer holds them, and the type's pool that
-    quotas share loses the booked GPUs), its free GPUs taken out of the capacity, and the
+    quotas share loses the booked GPUs; rule R2's running count too), its free GPUs taken
+    out of the capacity, and the
     other teams' jobs preempted for it when it is short."""
     cap, ws, gt = p.cap, p.ws, b.gpu_type
     names = booked_nodes(cap, gt)
@@ -240,6 +241,8 @@ def _hold(p: Pass, b: Booking, claimed: set[int]) -> Held:
         h.waiting += k - took
     if h.used:
         p.ledger.remove(b.team, gt, h.used)
+        # Nor does rule R2 count them: the team borrows only by its jobs outside it.
+        p.ledger.move_running(b.team, gt, -h.used)
     p.ledger.capacity_total[gt] = p.ledger.capacity_total.get(gt, 0) - b.gpus
     return h
 
