@@ -362,6 +362,77 @@ def test_rule_w4_a_lent_job_is_preempted_only_for_a_job_that_may_use_its_gpus(
     assert [v.job_id for p in plan.preemptions for v in p.victims] == ([50] if preempts else [])
 
 
+@pytest.mark.parametrize("lend_tiers", [frozenset(), frozenset({0})])
+def test_rule_w3_another_teams_job_does_not_preempt_the_teams_jobs_in_its_booking(
+        lend_tiers: frozenset[int]) -> None:
+    # Vision's job 50 runs in its booking of h100-0, job 51 beyond its nominal of 0 on
+    # h100-1. Team b's job reclaims vision's borrowing (rule R2): job 51, though job 50
+    # would lose less work - job 50's GPUs are the booking's once freed, which job 1
+    # could only be lent (rule W4) for vision to take back at once (on the trace, the
+    # same two jobs preempting each other every cycle of the window).
+    world = nodes(("h100", 8, 0), ("h100", 8, 0))
+    running = (run(50, team="vision", gpus=8, on=("h100-0",), started=600),
+               run(51, team="vision", gpus=8, on=("h100-1",), started=3600))
+    plan = plan_admissions(snap(nodes=world, running=running, preemption=PREEMPT,
+                                queued=(q(1, team="b", gpus=8, tier=0),),
+                                quotas={("b", "h100"): QuotaLimit(8, 0),
+                                        ("vision", "h100"): QuotaLimit(0, None)},
+                                lend_tiers=lend_tiers,
+                                bookings=(book(gpus=8, start=-60, lend=True),)))
+    assert [(v.job_id, v.rule) for p in plan.preemptions for v in p.victims] == \
+        [(51, PreemptionRule.RECLAIM)]
+
+
+@pytest.mark.parametrize(("vision_jobs", "preempts"), [(1, False), (2, True)])
+def test_rule_w1_a_victim_counted_in_a_booking_at_its_start_frees_nothing_for_others(
+        vision_jobs: int, preempts: bool) -> None:
+    # Vision books 8 at 2 h; its job 50 (no estimate) will run in it then. Team b's job 1
+    # (no estimate either) would reclaim job 50 by rule R2 and take its node: but once
+    # job 50 is gone the booking lacks its 8 GPUs at the start, so rule W1 holds that
+    # node for it and job 1 is never placed there - job 50 is admitted again as the
+    # team's own and reclaimed again (on the trace, one job preempted 77 times in the
+    # two hours before a start). With a second vision job to fill the booking, job 50's
+    # GPUs are free at the start and job 1 may preempt it.
+    world = nodes(("h100", 8, 0), ("h100", 8, 0))
+    running = [run(50, team="vision", gpus=8, on=("h100-0",), started=600)]
+    if vision_jobs == 2:
+        running.append(run(52, team="vision", gpus=8, on=("h100-1",), started=3600))
+    else:
+        running.append(run(51, team="c", gpus=8, on=("h100-1",), tier=300,
+                           preemptible=False))
+    plan = plan_admissions(snap(nodes=world, running=tuple(running), preemption=PREEMPT,
+                                queued=(est(q(1, team="b", gpus=8, tier=0), None),),
+                                quotas={("b", "h100"): QuotaLimit(8, 0),
+                                        ("c", "h100"): QuotaLimit(8, 0),
+                                        ("vision", "h100"): QuotaLimit(0, None)},
+                                bookings=(book(gpus=8),)))
+    assert [v.job_id for p in plan.preemptions for v in p.victims] == \
+        ([50] if preempts else [])
+    if not preempts:
+        assert plan.waits[1].reason is not WaitReason.PREEMPTING
+
+
+@pytest.mark.parametrize(("nominal", "victims"), [(4, []), (0, [51])])
+def test_rule_w3_the_teams_jobs_in_its_booking_do_not_make_it_borrow(
+        nominal: int, victims: list[int]) -> None:
+    # Vision's job 50 runs in its booking (h100-0), job 51 (4 GPUs) beside it on h100-1.
+    # Outside its booking vision holds 4, its nominal: it does not borrow, so team b's
+    # job may not reclaim job 51 (rule R2), nor preempt it as another team's lower tier
+    # (rule R1 takes only from a borrowing team). With a nominal of 0 it borrows. (On
+    # the trace, vision's jobs counted as borrowing by the booked GPUs while within its
+    # nominal beside them: its low tier reclaimed other teams' high jobs, which took the
+    # GPUs back by rule R1, in turn, through the window.)
+    world = nodes(("h100", 8, 0), ("h100", 8, 4))
+    running = (run(50, team="vision", gpus=8, on=("h100-0",)),
+               run(51, team="vision", gpus=4, on=("h100-1",)))
+    plan = plan_admissions(snap(nodes=world, running=running, preemption=PREEMPT,
+                                queued=(q(1, team="b", gpus=8),),
+                                quotas={("b", "h100"): QuotaLimit(8, 0),
+                                        ("vision", "h100"): QuotaLimit(nominal, None)},
+                                bookings=(book(gpus=8, start=-60),)))
+    assert [v.job_id for p in plan.preemptions for v in p.victims] == victims
+
+
 # --- the property: plan -> time passes -> plan ----------------------------------------
 
 CYCLE, GRACE = 300, 60

@@ -59,13 +59,17 @@ def booking_words(b: Booking) -> str:
 class Ahead:
     """Rule W1 at one future booking start `at` of a GPU type: per node, the GPUs a job
     still running then may take (`room`), and per booking team the booked GPUs its own
-    jobs may take besides (`own`). `bookings`: those active at `at`."""
+    jobs may take besides (`own`). `bookings`: those active at `at`. `beyond`: per
+    booking team, the GPUs of its jobs still running then that its bookings do not
+    count (preempting them frees GPUs for others; preempting the counted ones frees
+    GPUs the bookings then lack)."""
 
     at: datetime
     room: dict[str, int]
     own: dict[str, dict[str, int]]
     bookings: tuple[Booking, ...]
     short: int = 0  # GPUs the bookings lack at `at` even so (rule W2 frees them then)
+    beyond: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -73,7 +77,8 @@ class Held:
     """Rules W2-W4 for one active booking: its GPUs per node (`region`), the free ones
     taken out of the pass's capacity (`spare`), the GPUs its team's jobs take of it
     (`used`), GPUs not free yet (victims still stopping: `waiting`), the other teams'
-    jobs on it that are lent GPUs (`lent`, rule W4)."""
+    jobs on it that are lent GPUs (`lent`, rule W4), the ids of its team's running jobs
+    counted in it (`mine`: no other team's job preempts them, `spared_from`)."""
 
     booking: Booking
     region: dict[str, int] = field(default_factory=dict)
@@ -81,6 +86,7 @@ class Held:
     used: int = 0
     waiting: int = 0
     lent: list[RunningJob] = field(default_factory=list)
+    mine: list[int] = field(default_factory=list)
 
     @property
     def left(self) -> int:
@@ -179,13 +185,15 @@ def _ahead(p: Pass, gt: str, at: datetime) -> Ahead:
                 mine[n] += k
                 need -= k
         short += need
-    return Ahead(at, base, {t: dict(m) for t, m in own.items()}, active, short)
+    beyond = {b.team: team_left[b.team] for b in active}
+    return Ahead(at, base, {t: dict(m) for t, m in own.items()}, active, short, beyond)
 
 
 def _hold(p: Pass, b: Booking, claimed: set[int]) -> Held:
     """Rules W2, W3 for the active booking `b`: its GPUs, its team's jobs counted in it
     (outside the team's quota: the ledger no longer holds them, and the type's pool that
-    quotas share loses the booked GPUs), its free GPUs taken out of the capacity, and the
+    quotas share loses the booked GPUs; rule R2's running count too), its free GPUs taken
+    out of the capacity, and the
     other teams' jobs preempted for it when it is short."""
     cap, ws, gt = p.cap, p.ws, b.gpu_type
     names = booked_nodes(cap, gt)
@@ -197,6 +205,7 @@ def _hold(p: Pass, b: Booking, claimed: set[int]) -> Held:
         if r.total_gpus > need:
             continue
         claimed.add(r.id)
+        h.mine.append(r.id)
         need -= r.total_gpus
         h.used += r.total_gpus
         for n in r.nodes:
@@ -232,6 +241,8 @@ def _hold(p: Pass, b: Booking, claimed: set[int]) -> Held:
         h.waiting += k - took
     if h.used:
         p.ledger.remove(b.team, gt, h.used)
+        # Nor does rule R2 count them: the team borrows only by its jobs outside it.
+        p.ledger.move_running(b.team, gt, -h.used)
     p.ledger.capacity_total[gt] = p.ledger.capacity_total.get(gt, 0) - b.gpus
     return h
 
@@ -568,17 +579,26 @@ def lend(p: Pass, t: Try, place: Callable[[Pass, Try], Step | None]) -> Step | N
 # --- rules W1, W3, W4: what a preemption may free -------------------------------------
 
 def spared_from(p: Pass, t: Try) -> frozenset[int]:
-    """Rules W3, W4: the lent jobs the try may not preempt by rules R1-R4 - their GPUs
-    are a booking's once freed, which the try could not use: it is not of a lending tier
-    of another team (the booking's team takes them back by `take_back`)."""
+    """Rules W3, W4: the running jobs the try may not preempt by rules R1-R4 - their
+    GPUs are a booking's once freed, which the try could not use, or only as lent GPUs
+    the booking's team takes back at once:
+    - the lent jobs, unless the try is of a lending tier of another team (the booking's
+      team takes them back by `take_back`);
+    - another team's booking's own jobs (`Held.mine`): counted in the booking, not in
+      their team's quota, so rule R2 reclaims nothing by them, and their GPUs would only
+      be lent to the try, then taken back for the job it preempted (on the trace, two
+      jobs preempting each other every cycle of the booking: docs/simulator.md)."""
     book = p.book
     if book is None or t.gt not in book.held_types:
         return frozenset()
     job = t.job
     lent_to = job.tier_rank in p.snapshot.lend_tiers
-    return frozenset(r.id for (team, gt), hs in book.held.items() if gt == t.gt
-                     for h in hs if not (lent_to and team != job.team and h.booking.lend)
-                     for r in h.lent)
+    out = {r.id for (team, gt), hs in book.held.items() if gt == t.gt
+           for h in hs if not (lent_to and team != job.team and h.booking.lend)
+           for r in h.lent}
+    out.update(i for (team, gt), hs in book.held.items() if gt == t.gt and team != job.team
+               for h in hs for i in h.mine)
+    return frozenset(out)
 
 
 def ahead_of_victims(p: Pass, t: Try, found: Preemption, take: bool = False) -> bool:
@@ -600,7 +620,7 @@ def ahead_of_victims(p: Pass, t: Try, found: Preemption, take: bool = False) -> 
     for n in found.placement:
         use[n] += g
     plans: list[tuple[Ahead, str, int, int]] = []
-    shorts: list[tuple[Ahead, int]] = []
+    shorts: list[tuple[Ahead, int, dict[str, int]]] = []
     for a in limits:
         freed: dict[str, int] = defaultdict(int)
         for r in victims:
@@ -611,10 +631,15 @@ def ahead_of_victims(p: Pass, t: Try, found: Preemption, take: bool = False) -> 
                         freed[n] += r.gpus_per_replica
         # What the bookings lack then (rule W2 would free it at the start) comes first
         # out of the victims' GPUs: another team's job taking their place would be
-        # preempted then (a booking team's would run in its booking: W2, W3).
+        # preempted then (a booking team's would run in its booking: W2, W3). So does
+        # what a victim counted in a booking then leaves it lacking: the booking team's
+        # jobs beyond what `beyond` spares (else its own job is placed there again and
+        # preempted again, the preemptor never placed).
         ours = any(b.team == job.team for b in a.bookings)
-        short = 0 if ours else min(a.short, sum(freed.values()))
-        shorts.append((a, short))
+        gone = {} if ours else _booked_victims(a, victims, now)
+        lacks = sum(max(0, k - a.beyond.get(team, 0)) for team, k in gone.items())
+        short = 0 if ours else min(a.short + lacks, sum(freed.values()))
+        shorts.append((a, min(short, a.short), gone))
         for n in sorted(freed, key=lambda n: (use.get(n, 0), -freed[n], n)):
             k = min(short, freed[n])
             freed[n] -= k
@@ -633,6 +658,21 @@ def ahead_of_victims(p: Pass, t: Try, found: Preemption, take: bool = False) -> 
             if mine:
                 a.own[job.team][n] -= mine
             a.room[n] -= rest
-        for a, short in shorts:
+        for a, short, gone in shorts:
             a.short -= short
+            for team, k in gone.items():
+                a.beyond[team] = max(0, a.beyond.get(team, 0) - k)
     return True
+
+
+def _booked_victims(a: Ahead, victims: list[RunningJob], now: datetime) -> dict[str, int]:
+    """Rule W1: per team booking at `a.at`, the GPUs of its victims still running then
+    (what of them `a.beyond` does not spare, the team's bookings lack at the start once
+    they are preempted)."""
+    teams = {b.team for b in a.bookings}
+    gone: dict[str, int] = defaultdict(int)
+    for r in victims:
+        end = r.estimated_end(now)
+        if r.team in teams and (end is None or end > a.at):
+            gone[r.team] += r.total_gpus
+    return dict(gone)
