@@ -26,11 +26,11 @@ Each size runs in a process of its own (ru_maxrss is a high-water mark):
   BENCH calibration_1M_loop      a plain 1M-iteration loop: the machine's speed now
   BENCH fleet_<n>_build          seconds to build the snapshot in memory (not timed by
                                  the goals: build_snapshot from PostgreSQL is not here)
-  BENCH fleet_<n>_rss_snapshot   process RSS (MB) once the snapshot is built
+  BENCH fleet_<n>_rss_snapshot   process RSS (MB) once the snapshot is built (/proc)
   BENCH fleet_<n>_plan_p50/_p99  seconds per pass (wall; p99 of few passes = the max;
                                  3 passes at 100k, 2 at 250k, 1 at 500k and 1M)
   BENCH fleet_<n>_plan_cpu_p50   the same in CPU seconds of this process
-  BENCH fleet_<n>_peak_rss       process peak RSS (MB), snapshot and timed passes
+  BENCH fleet_<n>_peak_rss       process peak RSS (MB, getrusage), snapshot and passes
   BENCH fleet_<n>_peak_alloc     tracemalloc peak of one more pass (MB): what it adds
 `--profile` runs the traced pass of the largest size under cProfile too (top 15 by
 cumulative and by own time, on stderr); `--plot FILE.png` draws time and memory against queued size
@@ -49,6 +49,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import random
 import statistics
@@ -161,6 +162,12 @@ def snapshot(queued: int, seed: int = 42, *, preempt: bool = False) -> Snapshot:
         units_per_gpu={SLICED: SLICES}, team_parent=parent)
 
 
+def rss_now() -> float:
+    """The process's resident set now (MB). Not ru_maxrss: a high-water mark, and one a
+    child started by fork and exec inherits from its parent."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def p99(times: list[float]) -> float:
     """The 99th percentile (nearest rank); with fewer than 100 passes, the slowest."""
     ordered = sorted(times)
@@ -186,7 +193,7 @@ def one_size(n: int, repeats: int, with_profile: bool) -> dict[str, float]:
     snap = snapshot(n)
     built = time.perf_counter() - t
     k = n // 1000
-    out = {"queued": n, "build": built, "rss_snapshot": rss_mb()}
+    out = {"queued": n, "build": built, "rss_snapshot": rss_now()}
     note(f"{n} queued: built in {built:.1f} s; {len(snap.running)} running, "
          f"{len(snap.nodes)} nodes, {len(snap.team_parent)} teams in the tree, "
          f"{len(snap.quotas)} quota rows")
@@ -264,14 +271,20 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="cProfile the largest size")
     ap.add_argument("--plot", help="PNG of time and memory against queued size")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child: one size
+    ap.add_argument("--preempt", type=int, help=argparse.SUPPRESS)  # a child: R1-R11 on
     ap.add_argument("--repeats", type=int, default=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         print(json.dumps(one_size(args.one, args.repeats, args.profile)), flush=True)
         return
+    if args.preempt:
+        preempt_pass(args.preempt)
+        return
     calibrate()
-    preempt_pass(100)
     rows = []
+    # Each in a process of its own, so the parent stays small: ru_maxrss, the peaks
+    # below, starts from the parent's high-water mark in a forked child.
+    subprocess.run([sys.executable, __file__, "--preempt", "100"], check=True)
     for n in args.sizes:
         cmd = [sys.executable, __file__, "--one", str(n),
                "--repeats", str({100_000: 3, 250_000: 2}.get(n, 1))]
