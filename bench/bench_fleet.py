@@ -10,7 +10,7 @@ The world, the same at every size but the queue:
     l40s (whole GPUs, 85 % busy) and 1,250 nodes of a10, time-sliced 8 ways (rule H1:
     80,000 slices).
   * 150,000 running jobs. 40,000 GPUs cannot hold 150,000 jobs of whole GPUs, so the
-    whole types hold what fits (about 13,000 jobs of 1-4 GPUs) and the rest are
+    whole types hold what fits (13,676 jobs of 1-4 GPUs) and the rest are
     fractions (1-2 slices) on the time-sliced type, which they fill to the brim.
   * 1,000 teams in a 3-level tree (10 divisions x 10 departments x 10 teams), quota rows
     at every level and type, borrowing and lending limits (bench_quota_tree.tree).
