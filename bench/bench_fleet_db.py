@@ -8,7 +8,8 @@ jobs. Approximation: the time-sliced type is not configured here, so its 136,324
 running fractions are left out and its queued jobs ask whole `l40s` GPUs instead.
   BENCH fleet_db_<n>_insert       seconds to write the queued rows (bulk_create)
   BENCH fleet_db_<n>_build_p50    seconds per build_snapshot (3 builds)
-  BENCH fleet_db_<n>_rss          process peak RSS (MB) after the builds
+  BENCH fleet_db_<n>_rss          process peak RSS (MB) after the builds (an upper bound:
+                                 the process also held the rows it wrote)
 Database: $DATABASE_URL (PostgreSQL), its job tables emptied first.
 Run: `.venv/bin/python bench/bench_fleet_db.py --sizes 100000 250000`.
 """
