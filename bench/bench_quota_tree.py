@@ -50,30 +50,38 @@ NODES_PER_TYPE, GPUS_PER_NODE = 250, 8
 DIVISIONS, DEPARTMENTS, TEAMS = 4, 5, 5  # per level: 4 × 5 × 5 = 100 teams
 
 
-def tree() -> tuple[dict[str, str | None], dict[tuple[str, str], QuotaLimit], list[str]]:
-    """The parents, the quota rows of every level and the 100 teams. Per type: each
-    division 500 of the 2,000 GPUs (borrowing limit 100), each department 90 (lending
-    limit 60 at every other one), each team 16 (borrowing limit 8; lending limit 8 at
-    every third)."""
+def tree(divisions: int = DIVISIONS, departments: int = DEPARTMENTS, teams_per: int = TEAMS,
+         capacity: dict[str, int] | None = None,
+         ) -> tuple[dict[str, str | None], dict[tuple[str, str], QuotaLimit], list[str]]:
+    """The parents, the quota rows of every level and the leaf teams. Per type of
+    `capacity` (default: this bench's 2,000 GPUs of each of TYPES): each division its
+    share of the type (borrowing limit a fifth of it), each department 90 % of its
+    division's share split evenly (lending limit two thirds of it at every other one),
+    each team 8/9 of its department's (borrowing limit half of it; lending limit half
+    of it at every third). The default: 500/100, 90/60, 16/8/8."""
+    cap = capacity or dict.fromkeys(TYPES, NODES_PER_TYPE * GPUS_PER_NODE)
     parent: dict[str, str | None] = {}
     quotas: dict[tuple[str, str], QuotaLimit] = {}
     teams: list[str] = []
-    for d in range(DIVISIONS):
+    for d in range(divisions):
         div = f"div-{d}"
         parent[div] = None
-        for t in TYPES:
-            quotas[(div, t)] = QuotaLimit(500, 100, None)
-        for e in range(DEPARTMENTS):
+        for t, c in cap.items():
+            quotas[(div, t)] = QuotaLimit(c // divisions, c // divisions // 5, None)
+        for e in range(departments):
             dept = f"{div}.dept-{e}"
             parent[dept] = div
-            for t in TYPES:
-                quotas[(dept, t)] = QuotaLimit(90, None, 60 if e % 2 else None)
-            for k in range(TEAMS):
+            for t, c in cap.items():
+                n = c // divisions * 9 // 10 // departments
+                quotas[(dept, t)] = QuotaLimit(n, None, n * 2 // 3 if e % 2 else None)
+            for k in range(teams_per):
                 team = f"{dept}.team-{k}"
                 parent[team] = dept
                 teams.append(team)
-                for t in TYPES:
-                    quotas[(team, t)] = QuotaLimit(16, 8, 8 if k % 3 == 0 else None)
+                for t, c in cap.items():
+                    n = max(1, c // divisions * 9 // 10 // departments * 8 // 9 // teams_per)
+                    quotas[(team, t)] = QuotaLimit(n, max(1, n // 2),
+                                                   max(1, n // 2) if k % 3 == 0 else None)
     return parent, quotas, teams
 
 
