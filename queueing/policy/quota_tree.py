@@ -65,6 +65,9 @@ class QuotaTree:
         self.g: dict[tuple[str, str], int] = {}
         self.own: dict[tuple[str, str], int] = defaultdict(int)
         self.usage: dict[tuple[str, str], int] = defaultdict(int)
+        # How many times usage moved, and `guarders`' ranking per GPU type as of a move.
+        self.moves = 0
+        self._ranked: dict[str, tuple[int, list[tuple[str, int]]]] = {}
         for gpu_type in self.types:
             self._compute(ROOT, gpu_type)
         # Rule Q4: per GPU type, the guarantee no node uses yet (`max(0, g - usage)` summed
@@ -160,6 +163,7 @@ class QuotaTree:
     def add(self, team: str, gpu_type: str, units: int) -> None:
         """`units` more (fewer when negative) held by `team`'s own jobs."""
         node, delta = team, units
+        self.moves += 1
         if node not in self.parent:
             self.parent[node] = ROOT
             self.children[ROOT].append(node)
@@ -230,7 +234,20 @@ class QuotaTree:
 
     def guarders(self, gpu_type: str, besides: str) -> list[tuple[str, int]]:
         """Rule Q4's words: the nodes off `besides`' path that keep unused guarantee of
-        `gpu_type` (their subtree quota beyond their lending limit), most first."""
+        `gpu_type` (their subtree quota beyond their lending limit), most first.
+
+        The ranking of every node is kept until usage moves (`add`): a long queue
+        waiting on lending limits asks it once per job, and the walk and sort of every
+        node each time were most of a pass with 1,000 teams (docs/performance.md, "A
+        fleet of 5,000 nodes"). `guarders_reference` is the plain path."""
+        kept = self._ranked.get(gpu_type)
+        if kept is None or kept[0] != self.moves:
+            kept = self._ranked[gpu_type] = (self.moves, self.guarders_reference(gpu_type, ROOT))
+        mine = set(self.path(besides))
+        return [(n, k) for n, k in kept[1] if n not in mine]
+
+    def guarders_reference(self, gpu_type: str, besides: str) -> list[tuple[str, int]]:
+        """`guarders` without the kept ranking: every node walked and sorted."""
         mine = set(self.path(besides))
         out = [(n, self.g.get((n, gpu_type), 0) - self.usage[(n, gpu_type)])
                for n in self.parent if n not in mine]

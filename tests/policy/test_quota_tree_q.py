@@ -85,6 +85,31 @@ def test_rule_q4_the_wait_names_the_binding_department() -> None:
         "(nominal 64 + borrowing limit 8) and holds 70; 4 more would pass it (rule Q4)")
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000))
+def test_rule_q4_the_kept_ranking_of_guarders_is_the_plain_one(seed: int) -> None:
+    """`QuotaTree.guarders` keeps its ranking until usage moves: over random trees and
+    moves it names exactly what `guarders_reference` walks and sorts anew."""
+    import random
+
+    rng = random.Random(seed)
+    teams = [f"n{i}" for i in range(rng.randint(2, 25))]
+    parent = {t: (rng.choice(teams[:i]) if i and rng.random() < 0.7 else None)
+              for i, t in enumerate(teams)}
+    quotas = {}
+    for t in teams:
+        if rng.random() < 0.7:
+            n = rng.randint(0, 16)
+            quotas[(t, GT)] = QuotaLimit(n, rng.choice([None, rng.randint(0, 8)]),
+                                         rng.choice([None, rng.randint(0, n)]))
+    tree = QuotaTree(parent, quotas, {GT: 200})
+    for _ in range(30):
+        besides = rng.choice(teams)
+        assert tree.guarders(GT, besides) == tree.guarders_reference(GT, besides)
+        if rng.random() < 0.6:
+            tree.add(rng.choice(teams), GT, rng.randint(-2, 6))
+
+
 def test_rule_q4_within_every_limit_it_is_admitted() -> None:
     running = place([(1, "vision", 40), (2, "speech", 30)], 16)
     s = world(RESEARCH, research_quotas(), running, [queued(10, "vision", 2)], 16)
