@@ -10,14 +10,14 @@ running fractions are left out and its queued jobs ask whole `l40s` GPUs instead
   BENCH fleet_db_<n>_build_p50    seconds per build_snapshot (3 builds)
   BENCH fleet_db_<n>_rss          process peak RSS (MB) after the builds (an upper bound:
                                  the process also held the rows it wrote)
-Database: $DATABASE_URL (PostgreSQL), its job tables emptied first.
+Database: $DATABASE_URL (PostgreSQL for the figures), its job tables emptied first; without
+it a fresh SQLite file in /tmp.
 Run: `.venv/bin/python bench/bench_fleet_db.py --sizes 100000 250000`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -26,20 +26,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from _common import bench, note  # noqa: E402  (bench/ is sys.path[0])
+from _common import bench, note, setup_django_sqlite  # noqa: E402  (bench/ is sys.path[0])
 from bench_admission import NOW, rss_mb  # noqa: E402
 from bench_fleet import CAPACITY, NODES_PER_TYPE, SLICED, WHOLE, snapshot  # noqa: E402
 
 
 def setup() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
-    import django
-
-    django.setup()
+    # $DATABASE_URL, or a fresh SQLite file in /tmp: never the demo's database.
+    setup_django_sqlite("bench_fleet_db")
     from django.conf import settings
-    from django.core.management import call_command
 
-    call_command("migrate", verbosity=0, interactive=False)
     settings.FAIRQ_SIM_NODES = ",".join(f"{NODES_PER_TYPE}x8x{t}" for t in WHOLE)
     settings.FAIRQ_SIM_DEFAULT_SECONDS = 10 * 86400
 
