@@ -38,6 +38,12 @@ class Booking:
         return self.start <= at < self.end
 
 
+# A recurring booking's windows all start within this of its first (a longer rule is
+# refused when written: queueing/services/reservations.py), so one whose first window
+# started longer ago than this plus a window has no window left.
+MAX_RECURRENCE = timedelta(days=366)
+
+
 def occurrences(first_start: datetime, duration: timedelta, rule: str, tz: str,
                 after: datetime, before: datetime, limit: int = 1000,
                 ) -> Iterator[tuple[datetime, datetime]]:

@@ -17,7 +17,7 @@ from accounts.models import Team
 from accounts.selectors import teams_for_user
 from queueing.errors import NotFound
 from queueing.models import GpuType, Reservation
-from queueing.policy.bookings import Booking, occurrences
+from queueing.policy.bookings import MAX_RECURRENCE, Booking, occurrences
 
 
 def horizon() -> timedelta:
@@ -29,6 +29,19 @@ def live_reservations() -> QuerySet[Reservation]:
     """Reservations not cancelled, with their team and type."""
     return (Reservation.objects.filter(cancelled_at__isnull=True)
             .select_related("team", "gpu_type"))
+
+
+# A window's local wall-clock time may move by a daylight-saving shift against UTC.
+_ZONE_SLACK = timedelta(hours=2)
+
+
+def with_windows_after(rows: QuerySet[Reservation], now: datetime) -> QuerySet[Reservation]:
+    """`rows` that may still have a window ending after `now`: a single booking ending
+    after it, or a recurring one whose first window ended less than `MAX_RECURRENCE` ago
+    (its last starts within that of its first). So a past recurring booking is not
+    walked window by window every cycle, however many accumulate."""
+    return rows.filter(Q(recurrence="", ends_at__gt=now)
+                       | ~Q(recurrence="") & Q(ends_at__gt=now - MAX_RECURRENCE - _ZONE_SLACK))
 
 
 def windows(r: Reservation, *, after: datetime, before: datetime,
@@ -52,8 +65,7 @@ def snapshot_bookings(*, now: datetime) -> tuple[Booking, ...]:
     FAIRQ_BOOKING_HORIZON_HOURS]. One query that finds nothing when none is live; a
     reservation whose last window ended (once, or its rule's COUNT/UNTIL reached) only
     costs its rule's walk."""
-    rows = list(live_reservations().filter(
-        Q(recurrence="") & Q(ends_at__gt=now) | ~Q(recurrence="")))
+    rows = list(with_windows_after(live_reservations(), now))
     if not rows:
         return ()
     return bookings_of(rows, after=now, before=now + horizon())
@@ -63,7 +75,7 @@ def other_bookings(gpu_type: GpuType, *, after: datetime, before: datetime,
                    exclude: int | None = None) -> tuple[Booking, ...]:
     """The live bookings' windows of the type within [after, before] (`exclude`: a
     reservation left out)."""
-    rows = live_reservations().filter(gpu_type=gpu_type)
+    rows = with_windows_after(live_reservations().filter(gpu_type=gpu_type), after)
     if exclude is not None:
         rows = rows.exclude(pk=exclude)
     return bookings_of(rows, after=after, before=before)

@@ -37,7 +37,7 @@ from accounts.selectors import is_team_admin
 from accounts.services import audit_record
 from queueing.errors import Conflict, DomainError, PermissionDenied
 from queueing.models import GpuType, Job, Quota, Reservation, UsageRecord
-from queueing.policy.bookings import booking_holds, earliest_window
+from queueing.policy.bookings import MAX_RECURRENCE, booking_holds, earliest_window
 from queueing.policy.snapshot import Snapshot
 from queueing.policy.states import HOLDING_STATES
 from queueing.selectors.cluster import cluster_view
@@ -47,8 +47,7 @@ from queueing.selectors.snapshot import build_snapshot
 from .usage import accumulator_add
 
 # A recurring booking without COUNT or UNTIL is refused, and so is one whose windows go
-# on past a year after its first.
-MAX_RECURRENCE = timedelta(days=366)
+# on past a year after its first (`MAX_RECURRENCE`).
 MAX_WINDOWS = 1000
 BOOK_REFUSED = "Only a team admin of this team (or staff) may book or cancel its GPUs."
 CHARGE_SOURCE = "booking:{id}"

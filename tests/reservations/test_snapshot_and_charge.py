@@ -97,3 +97,24 @@ def test_a_window_not_ended_or_cancelled_before_is_not_charged(world: World,
     _reserve(world, starts_at=_hour(-3), ends_at=_hour(-1),
              cancelled_at=timezone.now() - timedelta(hours=4))  # cancelled before it began
     assert reservations_charge_unused(now=timezone.now()) == 0
+
+
+def test_a_recurring_booking_past_its_year_is_not_read(world: World) -> None:
+    """A recurring booking's windows all start within MAX_RECURRENCE of its first, so one
+    whose first window ended longer ago than that is not read, nor walked window by
+    window, by the cycle or by a conflict check; one still within its year is."""
+    from queueing.policy.bookings import MAX_RECURRENCE
+    from queueing.selectors.reservations import live_reservations, with_windows_after
+
+    now = timezone.now()
+    old_start = now - MAX_RECURRENCE - timedelta(days=30)
+    old = _reserve(world, starts_at=old_start, ends_at=old_start + timedelta(hours=2),
+                   recurrence="FREQ=WEEKLY;COUNT=52")
+    recent_start = now - timedelta(days=300)  # its 52nd window is still ahead
+    recent = _reserve(world, starts_at=recent_start,
+                      ends_at=recent_start + timedelta(hours=2),
+                      recurrence="FREQ=WEEKLY;COUNT=52")
+    kept = set(with_windows_after(live_reservations(), now).values_list("pk", flat=True))
+    assert kept == {recent.pk}
+    assert old.pk not in {b.id for b in snapshot_bookings(now=now)}
+    assert {b.id for b in snapshot_bookings(now=now)} == {recent.pk}
