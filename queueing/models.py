@@ -584,7 +584,10 @@ class Job(models.Model):
         ]
         indexes = [
             models.Index(fields=["status", "tier", "created_at"], name="job_queue_idx"),
-            models.Index(fields=["team", "status"], name="job_team_status_idx"),
+            # The pages' reads of a team's jobs, newest first, all or by status
+            # (migration 0034; docs/performance.md, "pages with 1,000,000 jobs").
+            models.Index(fields=["team", "id"], name="job_team_id_idx"),
+            models.Index(fields=["team", "status", "id"], name="job_team_status_id_idx"),
         ]
 
     def __str__(self) -> str:
@@ -705,6 +708,10 @@ class JobEvent(models.Model):
 
     class Meta:
         ordering = ["at", "id"]
+        # The dashboard's recent preemptions of a team (migration 0034): the few
+        # "preempted" events of the last day, not every event of it.
+        indexes = [models.Index(fields=["at"], name="jobevent_preempted_at_idx",
+                                condition=Q(kind="preempted"))]
 
     def __str__(self) -> str:
         return f"{self.job_id}: {self.from_status}->{self.to_status} {self.reason}"
@@ -780,7 +787,11 @@ class UsageRecord(models.Model):
             models.CheckConstraint(condition=Q(end__gte=models.F("start")), name="usage_end_gte_start"),
             models.CheckConstraint(condition=Q(gpus__gte=0), name="usage_gpus_gte_0"),
         ]
-        indexes = [models.Index(fields=["team", "start"], name="usage_team_start_idx")]
+        indexes = [models.Index(fields=["team", "start"], name="usage_team_start_idx"),
+                   # The reports' records priced apart (rule C4: spot, or a price of
+                   # their own), a few among every record (migration 0034).
+                   models.Index(fields=["start"], name="usage_priced_start_idx",
+                                condition=Q(spot=True) | Q(price_per_gpu_hour__isnull=False))]
 
     def __str__(self) -> str:
         return f"{self.team_id}/{self.gpu_type_id}: {self.gpus:g} GPUs {self.start:%Y-%m-%d %H:%M}+"

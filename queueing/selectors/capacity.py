@@ -101,12 +101,18 @@ def gpus_held_by_type() -> dict[str, int | float]:
 
 
 def capacity_by_gpu_type(*, nodes: list[NodeInfo] | None = None,
-                         closed: frozenset[str] = frozenset()) -> tuple[list[CapacityRow], str]:
+                         closed: frozenset[str] = frozenset(),
+                         held_only: bool = False) -> tuple[list[CapacityRow], str]:
     """Every GPU type (known to fairq or on a node), sorted: its nodes, capacity and
     allocation as the cluster reports them (a draining cluster's nodes too, their part
     in `draining_capacity`: rule K8), the GPUs jobs hold (per team) and ask for, and the
     guaranteed (nominal) quota. `nodes` default to the published cluster view, `closed`
-    to its closed clusters; the sentence says when that is missing or stale."""
+    to its closed clusters; the sentence says when that is missing or stale.
+
+    `held_only`: without what the queue asks for and the guaranteed quotas
+    (`queued_demand` and `guaranteed` stay 0): the dashboard's card shows neither, and
+    summing the queue is a read of every queued job (100,000 rows: 0.6 s at 1,000,000
+    jobs, docs/performance.md)."""
     error = ""
     if nodes is None:
         nodes, closed, error = cluster_nodes()
@@ -135,17 +141,19 @@ def capacity_by_gpu_type(*, nodes: list[NodeInfo] | None = None,
                           "capacity": whole(n.capacity / per),
                           "allocated": whole(n.allocated / per), "free": whole(n.free / per),
                           "draining": draining})
-    for (status, team, gpu), gpus in _gpus_by({*HOLDING_STATES, JobState.QUEUED}).items():
+    statuses = set(HOLDING_STATES) if held_only else {*HOLDING_STATES, JobState.QUEUED}
+    for (status, team, gpu), gpus in _gpus_by(statuses).items():
         r = row(gpu)
         if status == JobState.QUEUED:
             r.queued_demand = whole(r.queued_demand + gpus)
         else:
             r.held_by_jobs = whole(r.held_by_jobs + gpus)
             r.by_team[team] = whole(r.by_team.get(team, 0) + gpus)
-    for _, gpu, _, _, gpus in arrays_unwritten():  # docs/scheduling.md "Arrays": queued, no row yet
-        row(gpu).queued_demand += gpus
-    for gpu_type, nominal in guaranteed_by_type().items():
-        row(gpu_type).guaranteed = nominal
+    if not held_only:
+        for _, gpu, _, _, gpus in arrays_unwritten():  # docs/scheduling.md "Arrays": queued, no row yet
+            row(gpu).queued_demand += gpus
+        for gpu_type, nominal in guaranteed_by_type().items():
+            row(gpu_type).guaranteed = nominal
     for r in rows.values():
         r.by_node.sort(key=lambda n: str(n["name"]))
     return sorted(rows.values(), key=lambda r: r.gpu_type), error

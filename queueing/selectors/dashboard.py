@@ -11,7 +11,9 @@ indexes.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -29,7 +31,7 @@ from .arrays import arrays_unwritten
 from .capacity import CapacityRow, capacity_by_gpu_type, gpus_held, overcommit_warnings
 from .fairshare import fairshare_standings
 from .gpu_share import DEVICE_SHARE, whole
-from .quota_tree import TreeNode, quota_forest
+from .quota_tree import TreeNode, quota_forest, team_standing
 
 DONE_STATES = [*sorted(FINAL_STATES), JobState.PREEMPTED]
 
@@ -130,9 +132,70 @@ def job_page(*, jobs: QuerySet[Job], before: int | None, status: str | None,
 
 # --- standings ----------------------------------------------------------------------------
 
-def standings(*, now: datetime) -> list[Standing]:
-    """Every team's standing, highest factor first."""
-    return sorted(fairshare_standings(now=now).values(), key=lambda s: (-s.factor, s.team))
+def standings(*, now: datetime, cached: bool = False) -> list[Standing]:
+    """Every team's standing, highest factor first. `cached`: as computed by a page
+    request of the last PAGE_CACHE_SECONDS (the dashboard and its live fragment)."""
+    by_team = standings_by_team(now=now) if cached else fairshare_standings(now=now)
+    return sorted(by_team.values(), key=lambda s: (-s.factor, s.team))
+
+
+def standings_by_team(*, now: datetime) -> dict[str, Standing]:
+    """`fairshare_standings` as computed by a page request of the last
+    PAGE_CACHE_SECONDS (the dashboard, its live fragment, a job's priority)."""
+    by_team: dict[str, Standing] = page_cached(_STANDINGS_KEY,
+                                               lambda: fairshare_standings(now=now))
+    return by_team
+
+
+# --- what every dashboard request reads of the whole fleet, kept a few seconds ---------------
+#
+# The standings (rules F1-F6) and the quota forest are O(teams + jobs holding GPUs): with
+# 1,000 teams and 5,000 running jobs 0.45 s and 0.7 s of CPU per request (docs/
+# performance.md, "pages with 1,000,000 jobs"), the same for every user. Like the queue
+# plan they are a read model: computed by one request, shared by every process for
+# PAGE_CACHE_SECONDS (the dashboard polls every 3 s), dropped with the plan when a cycle
+# changed something (`queue_plan_forget`).
+
+PAGE_CACHE_SECONDS = 5.0
+_STANDINGS_KEY = "fairq:web:standings"
+_FOREST_KEY = "fairq:web:quota-forest"
+_CAPACITY_KEY = "fairq:web:capacity-held"
+PAGE_CACHE_KEYS = tuple(k + sfx for k in (_STANDINGS_KEY, _FOREST_KEY, _CAPACITY_KEY)
+                        for sfx in ("", ":generation"))
+# This process's copy of each kept value, by key: (generation, value). Unpickling the
+# forest of 1,000 teams costs ~50 ms: a request fetches the short generation and reuses
+# its copy while it is current (as queue_plan.py does with the plan).
+_local: dict[str, tuple[str, Any]] = {}
+
+
+def page_cached(key: str, compute: Any) -> Any:
+    """`compute()`, or what it gave for `key` in the last PAGE_CACHE_SECONDS."""
+    generation = cache.get(key + ":generation")
+    mine = _local.get(key)
+    if generation is not None and mine is not None and mine[0] == generation:
+        return mine[1]
+    if generation is not None:
+        shared = cache.get(key)
+        if shared is not None and shared[0] == generation:
+            _local[key] = shared
+            return shared[1]
+    value = compute()
+    kept = (uuid.uuid4().hex, value)
+    cache.set_many({key: kept, key + ":generation": kept[0]}, timeout=PAGE_CACHE_SECONDS)
+    _local[key] = kept
+    return value
+
+
+def capacity_held_cached() -> tuple[list[CapacityRow], str]:
+    """`capacity_by_gpu_type(held_only=True)` of the last PAGE_CACHE_SECONDS (the
+    dashboard's card), each row a copy the caller may change."""
+    rows, error = page_cached(_CAPACITY_KEY, lambda: capacity_by_gpu_type(held_only=True))
+    return [dataclasses.replace(r) for r in rows], error
+
+
+def team_standing_cached(*, team: str) -> list[Any]:
+    """`quota_tree.team_standing` on the quota forest of the last PAGE_CACHE_SECONDS."""
+    return team_standing(team=team, forest=page_cached(_FOREST_KEY, quota_forest))
 
 
 _HISTORY_KEY = "fairq:web:usage-history"
@@ -167,14 +230,17 @@ def _snapshot_series(*, now: datetime, days: float, max_points: int
 
 def usage_history(*, now: datetime, days: float = 7.0,
                   current: list[Standing] | None = None,
-                  max_points: int = 168) -> dict[str, Any]:
+                  max_points: int = 168, only: set[str] | None = None) -> dict[str, Any]:
     """Decayed GPU-hours per team over time, for the chart: the standings snapshots of the
     last `days` (thinned to at most `max_points`) plus the current standings as the last
     point. {"t": [unix seconds], "series": {team: [gpu-hours or None]}, "start": the
-    left end of the x axis, "snapshots": how many snapshots are drawn}."""
+    left end of the x axis, "snapshots": how many snapshots are drawn}. `only`: the
+    series of these teams alone (a member's own: not 1,000 series copied to be dropped)."""
     snap_times, snap_series = _snapshot_series(now=now, days=days, max_points=max_points)
     current = current if current is not None else standings(now=now)
     teams = sorted(set(snap_series) | {s.team for s in current})
+    if only is not None:
+        teams = [t for t in teams if t in only]
     times = list(snap_times)
     blank: list[float | None] = [None] * len(times)
     series = {t: list(snap_series.get(t, blank)) for t in teams}

@@ -350,11 +350,14 @@ def jobs_priority_breakdowns(*, jobs: Iterable[Job], now: datetime,
             for job in jobs}
 
 
-def job_priority_breakdown(*, job: Job, now: datetime,
-                           cluster_gpus: float) -> PriorityBreakdown:
-    """Rule P1 for one job, per factor (like `sprio`): the live standings and weights, on
-    a cluster of `cluster_gpus` GPUs."""
-    state = FairShareState.from_standings(fairshare_standings(now=now))
+def job_priority_breakdown(*, job: Job, now: datetime, cluster_gpus: float,
+                           standings: Mapping[str, Standing] | None = None
+                           ) -> PriorityBreakdown:
+    """Rule P1 for one job, per factor (like `sprio`): the live standings (or
+    `standings`, the web pages' kept ones) and weights, on a cluster of `cluster_gpus`
+    GPUs."""
+    state = FairShareState.from_standings(
+        dict(standings) if standings is not None else fairshare_standings(now=now))
     return job_priority(queued_job_of(job), now=now,
                         fair_share_factor=state.factor(job.team.slug),
                         weights=priority_weights(), cluster_gpus=cluster_gpus,

@@ -44,7 +44,7 @@ from queueing.policy.snapshot import FlavorFallback, QueuedJob, Snapshot
 from queueing.policy.states import JobState
 
 from .cluster import cluster_view
-from .dashboard import LIST_DEFER
+from .dashboard import LIST_DEFER, PAGE_CACHE_KEYS
 from .fairshare import job_priority_breakdown
 from .snapshot import build_snapshot, topology_of
 
@@ -89,6 +89,35 @@ class QueuePlan:
         reason = e.reason()
         return {"position": e.position, "jobs_ahead": e.ahead_same_gpu_type,
                 "reason": reason.as_dict() if reason is not None else None}
+
+    def team_order(self, team: str | None) -> list[int]:
+        """The ids of `team`'s jobs in the plan (every team's: None) in queue order
+        (rule P2's positions). Built for every team at once on the first ask and kept
+        with this plan (per process: not pickled), so a page costs O(its team's jobs),
+        not a walk and a sort of the whole queue; `team_order_reference` is the plain
+        walk it is held to."""
+        by_team: dict[str | None, list[int]] | None = self.__dict__.get("_by_team")
+        if by_team is None:
+            ordered = sorted(self.entries.items(), key=lambda kv: (kv[1].position, kv[0]))
+            by_team = {None: [job_id for job_id, _ in ordered]}
+            for job_id, e in ordered:
+                by_team.setdefault(e.team, []).append(job_id)
+            object.__setattr__(self, "_by_team", by_team)  # frozen: kept beside the fields
+        return by_team.get(team, [])
+
+    def team_order_reference(self, team: str | None) -> list[int]:
+        """`team_order` the plain way: every entry walked and sorted (the reference path)."""
+        return [job_id for _, job_id in sorted(
+            (e.position, job_id) for job_id, e in self.entries.items()
+            if team is None or e.team == team)]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The fields only: the team index is rebuilt by whoever reads the plan."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
 
     def standing(self, job_id: int) -> dict[str, Any] | None:
         """The `queue` part of a job's detail: rule E5's `brief` (position, jobs_ahead,
@@ -294,10 +323,11 @@ def queue_briefs(*, job_ids: Collection[int], now: datetime) -> dict[int, dict[s
 
 
 def queue_plan_forget() -> None:
-    """Drop the cached plan: after a scheduler cycle changed something, or a submit or
-    cancel from the web (whose next page should show it)."""
+    """Drop the cached plan, and the standings and quota forest the dashboard keeps
+    (`dashboard.PAGE_CACHE_KEYS`): after a scheduler cycle changed something, or a
+    submit or cancel from the web (whose next page should show it)."""
     # The generation key goes first: a process holding this plan locally stops using it.
-    cache.delete_many([_GEN_KEY, _PLAN_KEY, _SNAPSHOT_KEY])
+    cache.delete_many([_GEN_KEY, _PLAN_KEY, _SNAPSHOT_KEY, *PAGE_CACHE_KEYS])
 
 
 # --- readers of the plan ---------------------------------------------------------------------
@@ -320,9 +350,7 @@ def team_queue(*, team: Team | None, now: datetime, limit: int = 50
     if team is not None:
         qs = qs.filter(team=team)
     total = qs.count()
-    ours = sorted((e.position, job_id) for job_id, e in plan.entries.items()
-                  if team is None or e.team == team.slug)
-    ids = [job_id for _, job_id in ours[:limit]]
+    ids = plan.team_order(team.slug if team is not None else None)[:limit]
     found = qs.select_related("gpu_type", "tier", "team").defer(*LIST_DEFER).in_bulk(ids)
     jobs = [found[i] for i in ids if i in found]
     if len(jobs) < limit:
@@ -409,7 +437,8 @@ def _preview_place(snapshot: Snapshot, probe: QueuedJob) -> Preview:
                    "; ".join(r.message for r in exp.reasons))
 
 
-def job_explain(*, job: Job, now: datetime, with_queue: bool = True) -> dict[str, Any]:
+def job_explain(*, job: Job, now: datetime, with_queue: bool = True,
+                standings: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Rules P1-P3 for one job: its priority per factor (like `sprio`) and, while it is
     queued and `with_queue`, its place in the queue and why it waits (quota, capacity,
     gang that fits no node, jobs ahead of it).
@@ -417,12 +446,14 @@ def job_explain(*, job: Job, now: datetime, with_queue: bool = True) -> dict[str
     Reads only. The queue part comes from the plan of the whole queue that every reader
     shares (`queue_standing`: cached, at most one cycle old), not from planning again per
     job. A cluster that cannot be reached gives the reason `cluster_unreachable` rather
-    than failing the request.
+    than failing the request. `standings`: the fair-share standings to price it with
+    (the web page's kept ones, `dashboard.standings_by_team`); the live ones otherwise.
     """
     # The published view: no call to the cluster (an unpublished one counts 0 GPUs, and
     # the queue part below says why).
     breakdown = job_priority_breakdown(job=job, now=now,
-                                       cluster_gpus=cluster_view(now=now).total_gpus())
+                                       cluster_gpus=cluster_view(now=now).total_gpus(),
+                                       standings=standings)
     out: dict[str, Any] = {"priority": breakdown.as_dict(), "queue": None}
     if with_queue and job.state == JobState.QUEUED:
         out["queue"] = queue_standing(job_id=job.pk, now=now)

@@ -238,12 +238,13 @@ class TypeStanding:
     fleet_capacity: int | float
 
 
-def team_standing(*, team: str) -> list[TypeStanding]:
+def team_standing(*, team: str, forest: QuotaForest | None = None) -> list[TypeStanding]:
     """Per GPU type where `team` or a department above it has a quota row or holds
     some: the team's and each department's held against nominal, borrowing (and from
-    whom) and lent, then the fleet's use against its capacity."""
+    whom) and lent, then the fleet's use against its capacity (of `forest`, default
+    the forest as it is now)."""
     out = []
-    for tree in quota_forest().trees:
+    for tree in (forest or quota_forest()).trees:
         path = tree.path(team)
         if not any(n.has_row or n.held for n in path):
             continue

@@ -5,12 +5,14 @@ now. The same numbers as `cost_buckets` over whole days (rules C1-C4)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 
-from django.db.models import Case, F, IntegerField, Min, Sum, Value, When
+from django.core.cache import cache
+from django.db.models import Case, F, IntegerField, Min, OuterRef, Subquery, Sum, Value, When
 from django.db.models.functions import TruncMonth
 
 from accounts.models import Team
@@ -18,6 +20,8 @@ from queueing.models import GpuType, Job, UsageDay, UsageRecord, UsageRollup
 from queueing.policy.costs import cost_pieces, month_start, own_price, price_at
 from queueing.policy.states import JobState
 from queueing.selectors.costs import CostBucket, add_hours, attempts, price_lists
+
+ROLLED_UP_CACHE_SECONDS = 600.0  # keyed by the roll-up's state: only to bound the memory
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,8 @@ def report_buckets(*, teams: Iterable[Team], start: date, end: date, period: str
                    .values_list("pk", "parent__slug"))
     gpu_slugs = dict(GpuType.objects.values_list("pk", "slug"))
     prices = price_lists()
-    mark = UsageRollup.objects.filter(pk=1).values_list("last_record_id", flat=True).first() or 0
+    mark, rolled_at = UsageRollup.objects.filter(pk=1).values_list(
+        "last_record_id", "updated_at").first() or (0, None)
     acc: dict[tuple[date, int, int], CostBucket] = {}
 
     def bucket(day: date, team_id: int, gpu_type_id: int) -> CostBucket:
@@ -75,7 +80,17 @@ def report_buckets(*, teams: Iterable[Team], start: date, end: date, period: str
                   pre=Sum("preempted_gpu_hours"), lost=Sum("lost_gpu_hours"))
         .values_list("first", "team_id", "gpu_type_id", "alloc", "used", "idle", "pre", "lost")
     )
-    for first, team_id, gpu_type_id, alloc, used, idle, pre, lost in rows:
+    # The roll-up's sums change only when the roll-up moves its mark or a checkpoint
+    # corrects a rolled-up day's lost work (both stamp `updated_at`): kept under a key of
+    # both and of everything else the query reads (prices, teams, range, period).
+    key = "fairq:reports:days:" + hashlib.sha256(repr(
+        (mark, rolled_at, period, start, end, team_ids, sorted(prices.items()))
+    ).encode()).hexdigest()
+    summed = cache.get(key)
+    if summed is None:
+        summed = list(rows)
+        cache.set(key, summed, timeout=ROLLED_UP_CACHE_SECONDS)
+    for first, team_id, gpu_type_id, alloc, used, idle, pre, lost in summed:
         add_hours(bucket(first, team_id, gpu_type_id), allocated=alloc, used=used, idle=idle,
                   preempted=pre, price=price_at(prices.get(gpu_type_id, ()), midnight(first)),
                   lost=lost or 0.0)
@@ -124,8 +139,13 @@ def first_usage_day(*, teams: Iterable[Team], now: datetime) -> date | None:
     """The first UTC day with GPU time of `teams`: their first usage record's, or the
     start of an attempt running now when earlier; None without any (two indexed reads)."""
     team_ids = [t.pk for t in teams]
+    # Each team's first record on its (team, start) index, then the least of them: a
+    # few index probes per team, not a scan of every record (staff: every team).
+    first_record = UsageRecord.objects.filter(team_id=OuterRef("pk")).order_by("start")
     firsts = [
-        UsageRecord.objects.filter(team_id__in=team_ids).aggregate(first=Min("start"))["first"],
+        Team.objects.filter(pk__in=team_ids).annotate(
+            first=Subquery(first_record.values("start")[:1])).aggregate(
+            least=Min("first"))["least"],
         Job.objects.filter(team_id__in=team_ids, status=JobState.RUNNING.value,
                            started_at__lte=now).aggregate(first=Min("started_at"))["first"],
     ]

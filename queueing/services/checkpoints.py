@@ -197,7 +197,10 @@ def _saved_in_grace(job: Job, stop: JobEvent, checkpoint: Checkpoint) -> None:
     if record is not None and record.lost_gpu_hours:
         was = float(record.lost_gpu_hours)
         UsageRecord.objects.filter(pk=record.pk).update(lost_gpu_hours=0.0)
-        rolled = UsageRollup.objects.filter(pk=1, last_record_id__gte=record.pk).exists()
+        # A rolled-up day corrected: `updated_at` stamped, so that the reports page's
+        # kept sums of the roll-up (selectors/reports.py) are read again.
+        rolled = UsageRollup.objects.filter(pk=1, last_record_id__gte=record.pk).update(
+            updated_at=timezone.now())
         if rolled:
             UsageDay.objects.filter(day=record.end.date(), team_id=record.team_id,
                                     gpu_type_id=record.gpu_type_id).update(

@@ -75,7 +75,6 @@ from queueing.selectors.jobs import (
 )
 from queueing.selectors.metrics import scheduler_health
 from queueing.selectors.queue_plan import Preview, job_explain, submit_preview, team_queue
-from queueing.selectors.quota_tree import team_standing
 from queueing.selectors.reference import gpu_type_by_slug
 from queueing.selectors.reservations import (
     booked_timeline,
@@ -215,11 +214,13 @@ def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
     now = timezone.now()
     team = current_team(request)
     ctx: dict[str, Any] = {"now": now, "team": team}
-    standings = dash.standings(now=now)
-    history = dash.usage_history(now=now, current=standings)
-    capacity, ctx["cluster_error"] = capacity_by_gpu_type()
+    standings = dash.standings(now=now, cached=True)
     # Other teams' standings, usage and GPUs held only as far as docs/api.md says.
     visible = teams_in_standings_for(actor=request.user)
+    history = dash.usage_history(now=now, current=standings, only=visible)
+    # The card shows the cluster's allocation and the GPUs each team holds: not the
+    # queue's demand (a sum over every queued job) nor the guarantees.
+    capacity, ctx["cluster_error"] = dash.capacity_held_cached()
     if visible is not None:
         standings = [s for s in standings if s.team in visible]
         history = {**history, "series": {t: v for t, v in history["series"].items()
@@ -251,7 +252,7 @@ def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
         ctx["recent"] = dash.team_recent_done(team=team)
         ctx["preempted"] = dash.team_recent_preemptions(team=team, now=now)
         # Its standing at each level of the quota tree (docs/dashboard.md).
-        ctx["tree_standing"] = team_standing(team=team.slug)
+        ctx["tree_standing"] = dash.team_standing_cached(team=team.slug)
     ctx["sessions"] = my_sessions(request)  # docs/dashboard.md, "Notebook sessions"
     return ctx
 
@@ -414,7 +415,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     now = timezone.now()
     events = job_events_with_actor(job)
     try:
-        explain = job_explain(job=job, now=now)
+        explain = job_explain(job=job, now=now, standings=dash.standings_by_team(now=now))
     except Exception as exc:  # the explanation is a convenience: never fail the page
         explain = {"priority": None, "queue": None, "error": str(exc)[:200]}
     log_view, log_error = _job_log(request, job)
