@@ -67,25 +67,28 @@ def _tree_fit(p: Pass, t: Try) -> Step | None:
     if unheld is not None:
         p.raw[job.id] = (unheld[0], t.index, unheld[1], unheld[2])
         return (*unheld, "")
-    raw = tree_wait(p, t)
+    raw = tree_wait(p, t, binding)
     return (raw[0], raw[2], raw[3], "")
 
 
-def tree_wait(p: Pass, t: Try) -> Raw:
-    """Rule Q4's wait for a try over a borrowing limit of its path: `quota` (rule E6:
-    `never_fits` when the job alone passes it), held = what the binding node's subtree
-    holds, ceiling = -(k + 1) for entry k of `Waits.tree_limits` (the words name it)."""
+def tree_wait(p: Pass, t: Try, binding: tuple[str, int, int] | None = None) -> Raw:
+    """Rule Q4's wait for a try over a borrowing limit of its path (`binding`, the
+    ledger's `tree_limit` of it, when known): `quota` (rule E6: `never_fits` when the job
+    alone passes it), held = what the binding node's subtree holds, ceiling = -(k + 1)
+    for entry k of `Waits.tree_limits` (the words name it)."""
     job, gt = t.job, t.gt
-    tree = p.ledger.tree
-    binding = p.ledger.tree_limit(job.team, gt, t.total)
-    assert tree is not None and binding is not None
+    if binding is None:
+        binding = p.ledger.tree_limit(job.team, gt, t.total)
+    assert binding is not None
     node, cap, held = binding
-    limits = p.waits.tree_limits
-    entry = (node, gt, tree.nominal(node, gt), tree.quota(node, gt).borrowing_limit or 0)
-    k = p.tree_limit_index.get(entry)
-    if k is None:
-        k = p.tree_limit_index[entry] = len(limits)
-        limits.append(entry)
+    k = p.tree_limit_index.get((node, gt))
+    if k is None:  # a node's entry is static: its nominal and borrowing limit
+        tree = p.ledger.tree
+        assert tree is not None
+        limits = p.waits.tree_limits
+        k = p.tree_limit_index[(node, gt)] = len(limits)
+        limits.append((node, gt, tree.nominal(node, gt),
+                       tree.quota(node, gt).borrowing_limit or 0))
     code = _NEVER_FITS if t.total > cap else _QUOTA
     raw = p.raw[job.id] = (code, t.index, held, -(k + 1))
     return raw
@@ -99,12 +102,12 @@ def tree_lending_wait(p: Pass, t: Try) -> None:
     tree = p.ledger.tree
     assert tree is not None
     left = max(0, p.ledger.capacity_total.get(gt, 0) - p.ledger.used[gt])
-    guarders = tree.guarders(gt, job.team)
+    top, count, total = tree.guard_summary(gt, job.team)  # `guarders`, summed
     names = [f"{'department' if tree.is_department(n) else 'team'} {n} ({k})"
-             for n, k in guarders[:3]]
-    if len(guarders) > 3:
-        names.append(f"{len(guarders) - 3} more")
-    guarded = min(left, sum(k for _n, k in guarders))
+             for n, k in top]
+    if count > 3:
+        names.append(f"{count - 3} more")
+    guarded = min(left, total)
     p.raw[job.id] = Wait(job.id, WaitReason.LENDING, (
         f"{guarded} of the {left} {gt} GPUs left are guarded by "
         f"{', '.join(names) or 'other teams'} (their lending limits); team {job.team} "

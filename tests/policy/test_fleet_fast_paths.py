@@ -1,0 +1,181 @@
+"""The pass's shortcuts for a fleet (docs/performance.md, "A fleet of 5,000 nodes: the
+pass") give what their plain references give, over random small fleets (hypothesis):
+teams in a tree of departments with borrowing and lending limits at every level
+(rules Q3-Q7), whole and time-sliced GPU types (rules H1-H5), one or two clusters with
+spot pools (rules K1-K4), a long queue of few shapes, preemption off or on. Each
+shortcut is switched off in turn and the plans compared whole: admissions,
+preemptions, order, every wait's reason and message."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from queueing.policy import workspace
+from queueing.policy.admission import Plan, plan_admissions
+from queueing.policy.fairshare import FairShareState
+from queueing.policy.priority import PriorityWeights
+from queueing.policy.quota_tree import QuotaTree
+from queueing.policy.snapshot import (
+    NodeState,
+    PreemptionSettings,
+    QueuedJob,
+    QuotaLimit,
+    RunningJob,
+    Snapshot,
+)
+from queueing.policy.stages import nodes
+
+from .clusters_world import NOW
+
+WHOLE = ("h100", "a100")
+SLICED, SLICES = "a10", 4
+
+
+def _tree(rnd: random.Random) -> tuple[dict[str, str | None], list[str]]:
+    """Divisions, departments and teams (or teams alone at the top, now and then)."""
+    parent: dict[str, str | None] = {}
+    teams: list[str] = []
+    for d in range(rnd.randint(1, 3)):
+        div = f"d{d}"
+        parent[div] = None
+        for e in range(rnd.randint(1, 2)):
+            dept = f"{div}.e{e}"
+            parent[dept] = div
+            for k in range(rnd.randint(1, 3)):
+                team = f"{dept}.t{k}"
+                parent[team] = dept
+                teams.append(team)
+    if rnd.random() < 0.3:
+        parent["solo"] = None
+        teams.append("solo")
+    return parent, teams
+
+
+def _quota(rnd: random.Random) -> QuotaLimit:
+    nominal = rnd.choice((0, 2, 4, 8, 16, 32))
+    return QuotaLimit(nominal, rnd.choice((None, None, 0, 2, 4, 8, 16)),
+                      rnd.choice((None, None, 0, nominal // 2)))
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> Snapshot:
+    """A small fleet in the bench's image: a quota tree, whole and time-sliced types,
+    GPUs partly taken, a queue of many jobs of few shapes over three tiers."""
+    rnd = random.Random(draw(st.integers(0, 2**32)))
+    parent, teams = _tree(rnd)
+    clusters = ("a", "b")[: rnd.choice((1, 1, 2))]
+    node_list: list[NodeState] = []
+    running: list[RunningJob] = []
+    for cluster in clusters:
+        for gt in (*WHOLE, SLICED):
+            for i in range(rnd.randint(1, 3)):
+                spot = cluster == "a" and i == 2
+                name = f"{cluster}/{gt}-{i}"
+                if gt == SLICED:
+                    gf = [rnd.randint(0, SLICES) for _ in range(4)]
+                    node_list.append(NodeState(name, gt, 4 * SLICES, sum(gf), cluster=cluster,
+                                               spot=spot, slices_per_gpu=SLICES,
+                                               gpu_free=tuple(gf)))
+                    used = 4 * SLICES - sum(gf)
+                else:
+                    free = rnd.randint(0, 8)
+                    node_list.append(NodeState(name, gt, 8, free, cluster=cluster, spot=spot))
+                    used = 8 - free
+                if used:
+                    running.append(RunningJob(
+                        id=len(running) + 1, team=rnd.choice(teams), gpu_type=gt,
+                        gpus_per_replica=used, replicas=1, tier_rank=rnd.choice((0, 100)),
+                        started_at=NOW - timedelta(hours=rnd.uniform(0.1, 5)),
+                        nodes=(name,), cluster=cluster))
+    quotas = {(n, gt): _quota(rnd) for n in parent for gt in (*WHOLE, SLICED)
+              if rnd.random() < 0.9}
+    queued = []
+    shapes = [(rnd.choice((*WHOLE, SLICED)), rnd.choice((1, 1, 2, 4, 8)), rnd.choice((1, 1, 2)))
+              for _ in range(rnd.randint(2, 8))]
+    for k in range(rnd.randint(5, 120)):
+        gt, g, reps = rnd.choice(shapes)
+        queued.append(QueuedJob(
+            id=1000 + k, team=rnd.choice(teams), gpu_type=gt, gpus_per_replica=g,
+            replicas=reps, tier_rank=rnd.choice((0, 100, 100, 200)),
+            submitted_at=NOW - timedelta(seconds=rnd.randrange(100_000)),
+            clusters=rnd.choice((None, None, frozenset("a"), frozenset("b"))),
+            spot_ok=rnd.random() < 0.5, max_runtime_seconds=rnd.choice((None, 600))))
+    state = FairShareState({t: rnd.expovariate(0.1) for t in teams},
+                           {t: 1 / len(teams) for t in teams})
+    searches = rnd.choice((0, 0, 0, 2))
+    return Snapshot(
+        now=NOW, nodes=tuple(node_list), queued=tuple(queued), running=tuple(running),
+        quotas=quotas, fair_share_state=state, priority_weights=PriorityWeights(),
+        interval_seconds=rnd.choice((3.0, 600.0)), units_per_gpu={SLICED: SLICES},
+        team_parent=parent, reservation=rnd.random() < 0.5,
+        cluster_ranks={c: rnd.randrange(2) for c in clusters},
+        preemption=PreemptionSettings(enabled=searches > 0, max_searches=max(1, searches)))
+
+
+@contextmanager
+def _off(module: object, name: str) -> Iterator[None]:
+    kept = getattr(module, name)
+    setattr(module, name, False)
+    try:
+        yield
+    finally:
+        setattr(module, name, kept)
+
+
+def _plain(s: Snapshot, module: object, name: str) -> Plan:
+    with _off(module, name):
+        return plan_admissions(s)
+
+
+def _same(s: Snapshot, plain: Callable[[Snapshot], Plan]) -> None:
+    fast, ref = plan_admissions(s), plain(s)
+    assert fast == ref
+    assert dict(fast.wait_causes()) == dict(ref.wait_causes())
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets())
+def test_rule_q4s_limits_kept_per_top_level_node_are_the_plain_ones(s: Snapshot) -> None:
+    """`Ledger.tree_limit` kept until something moves under the team's top-level node
+    (`LIMITS_PER_TOP`) against kept until anything moves."""
+    _same(s, lambda s: _plain(s, workspace, "LIMITS_PER_TOP"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets())
+def test_capacity_waits_kept_per_gpu_type_are_the_plain_ones(s: Snapshot) -> None:
+    """Rules E2, E3, K3's memos kept until a node of the type changes (`PER_TYPE`)
+    against kept until any node changes."""
+    _same(s, lambda s: _plain(s, nodes, "PER_TYPE"))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**32))
+def test_rule_q4s_guard_summary_is_the_plain_ranking_summed(seed: int) -> None:
+    """`QuotaTree.guard_summary` (the lending wait's words) over random trees and moves:
+    the first three, the count and the sum of what `guarders_reference` walks and
+    sorts anew for the team."""
+    rnd = random.Random(seed)
+    teams = [f"n{i}" for i in range(rnd.randint(2, 30))]
+    parent = {t: (rnd.choice(teams[:i]) if i and rnd.random() < 0.7 else None)
+              for i, t in enumerate(teams)}
+    quotas = {}
+    for t in teams:
+        if rnd.random() < 0.8:
+            n = rnd.randint(0, 16)
+            quotas[(t, "h100")] = QuotaLimit(n, rnd.choice([None, rnd.randint(0, 8)]),
+                                             rnd.choice([None, rnd.randint(0, n)]))
+    tree = QuotaTree(parent, quotas, {"h100": 300})
+    for _ in range(40):
+        besides = rnd.choice((*teams, "newcomer"))
+        plain = tree.guarders_reference("h100", besides)
+        assert tree.guard_summary("h100", besides) == (
+            plain[:3], len(plain), sum(k for _n, k in plain))
+        if rnd.random() < 0.6:
+            tree.add(rnd.choice((*teams, "newcomer")), "h100", rnd.randint(-2, 6))
