@@ -667,8 +667,10 @@ class Ledger:
         self.held: dict[tuple[str, str], int] = defaultdict(int)
         self.used: dict[str, int] = defaultdict(int)
         self.guarded_total: dict[str, int] = defaultdict(int)
-        # How many times `held` changed: a plan's memo is valid while this stays.
+        # How many times `held` changed: a plan's memo is valid while this stays; and
+        # per GPU type (what a wait on that type alone reads).
         self.moves = 0
+        self.type_moves: dict[str, int] = defaultdict(int)
         # Rule Q1: nominal + borrowing limit per (team, type); absent = no ceiling.
         self.ceiling: dict[tuple[str, str], int | None] = {
             k: q.ceiling for k, q in snapshot.quotas.items()}
@@ -722,6 +724,7 @@ class Ledger:
 
     def _move(self, team: str, gpu_type: str, gpus: int) -> None:
         self.moves += 1
+        self.type_moves[gpu_type] += 1
         before = self.guarded(team, gpu_type)
         self.held[(team, gpu_type)] += gpus
         self.used[gpu_type] += gpus

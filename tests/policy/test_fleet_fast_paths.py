@@ -16,7 +16,7 @@ from datetime import timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queueing.policy import workspace
+from queueing.policy import admission, workspace
 from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.fairshare import FairShareState
 from queueing.policy.priority import PriorityWeights
@@ -31,6 +31,7 @@ from queueing.policy.snapshot import (
 )
 from queueing.policy.stages import nodes
 
+from . import test_plan_fast_paths, test_plan_properties
 from .clusters_world import NOW
 
 WHOLE = ("h100", "a100")
@@ -133,10 +134,13 @@ def _plain(s: Snapshot, module: object, name: str) -> Plan:
         return plan_admissions(s)
 
 
-def _same(s: Snapshot, plain: Callable[[Snapshot], Plan]) -> None:
-    fast, ref = plan_admissions(s), plain(s)
+def _same_plan(fast: Plan, ref: Plan) -> None:
     assert fast == ref
     assert dict(fast.wait_causes()) == dict(ref.wait_causes())
+
+
+def _same(s: Snapshot, plain: Callable[[Snapshot], Plan]) -> None:
+    _same_plan(plan_admissions(s), plain(s))
 
 
 @settings(max_examples=200, deadline=None)
@@ -179,3 +183,33 @@ def test_rule_q4s_guard_summary_is_the_plain_ranking_summed(seed: int) -> None:
             plain[:3], len(plain), sum(k for _n, k in plain))
         if rnd.random() < 0.6:
             tree.add(rnd.choice((*teams, "newcomer")), "h100", rnd.randint(-2, 6))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(fleets(), test_plan_fast_paths.long_queues()), st.sampled_from((1, 2, 5)),
+       st.sampled_from((1, 3)))
+def test_a_replay_judged_off_and_on_again_gives_the_whole_pass(
+        s: Snapshot, quiet: int, trial: int) -> None:
+    """The replay of waits stopped after `_LANE_TRIAL` misses and on again after
+    `_LANE_QUIET` jobs found the state unchanged, against every job through the whole
+    pass."""
+    kept = admission._LANE_TRIAL, admission._LANE_QUIET
+    admission._LANE_TRIAL, admission._LANE_QUIET = trial, quiet
+    try:
+        plan = plan_admissions(s)
+    finally:
+        admission._LANE_TRIAL, admission._LANE_QUIET = kept
+    _same_plan(plan, _plain(s, admission, "_REPLAY"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(fleets(), test_plan_fast_paths.long_queues(),
+                 test_plan_properties.snapshots()))
+def test_waits_replayed_per_gpu_type_and_across_tiers_are_the_whole_pass(
+        s: Snapshot) -> None:
+    """The replay of waits at each GPU type's stamp, across tiers (`_PER_TYPE`),
+    against every job through the whole pass, and against the replay at every
+    change's stamp per tier."""
+    plan = plan_admissions(s)
+    _same_plan(plan, _plain(s, admission, "_REPLAY"))
+    _same_plan(plan, _plain(s, admission, "_PER_TYPE"))
