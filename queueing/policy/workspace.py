@@ -633,8 +633,8 @@ def replica_slots(slots: tuple[int, ...], replicas: int) -> list[tuple[int, ...]
 # path to (tests/policy/test_quota_tree_q.py).
 TREE_ALWAYS = False
 # True: `Ledger.tree_limit` keeps its answer per (team, type) until something moves under
-# the team's top-level node; False: until anything moves (the reference, held to it by
-# tests/policy/test_fleet_fast_paths.py).
+# the team's top-level node, `lending_blocks` until the type moves; False: until
+# anything moves (the reference, held to it by tests/policy/test_fleet_fast_paths.py).
 LIMITS_PER_TOP = True
 
 
@@ -695,8 +695,8 @@ class Ledger:
                            tuple[list[int], int, int | None, str, int]] = {}
         self._cells: dict[tuple[str, str], list[int]] = {}
         self._cell_of: dict[tuple[str, str], list[int]] = {}
-        # Rule Q4: per (team, type) at `moves`, `QuotaTree.available` while some node
-        # off the team's path guards GPUs, else None (no lending wait).
+        # Rule Q4: per (team, type) at the type's moves, `QuotaTree.available` while
+        # some node off the team's path guards GPUs, else None (no lending wait).
         self._room: dict[tuple[str, str], tuple[int, int | None]] = {}
         # Rule Q6: a forest with departments names its reclaims `Q6-reclaim`.
         self.departments = has_departments(snapshot.team_parent)
@@ -807,11 +807,13 @@ class Ledger:
         """
         tree = self.tree
         if tree is not None:
+            # The tree's usage of the type moves only with moves of that type.
+            stamp = self.type_moves[gpu_type] if LIMITS_PER_TOP else self.moves
             seen = self._room.get((team, gpu_type))
-            if seen is None or seen[0] != self.moves:
+            if seen is None or seen[0] != stamp:
                 guarded = tree.guarded_off_path(team, gpu_type)
                 seen = self._room[(team, gpu_type)] = (
-                    self.moves, None if guarded <= 0 else tree.available(team, gpu_type))
+                    stamp, None if guarded <= 0 else tree.available(team, gpu_type))
             room = seen[1]
             return room is not None and gpus > room
         others = self.guarded_total[gpu_type] - self.guarded(team, gpu_type)

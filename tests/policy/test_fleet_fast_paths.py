@@ -29,7 +29,7 @@ from queueing.policy.snapshot import (
     RunningJob,
     Snapshot,
 )
-from queueing.policy.stages import nodes
+from queueing.policy.stages import nodes, quota
 
 from . import test_plan_fast_paths, test_plan_properties
 from .clusters_world import NOW
@@ -213,3 +213,11 @@ def test_waits_replayed_per_gpu_type_and_across_tiers_are_the_whole_pass(
     plan = plan_admissions(s)
     _same_plan(plan, _plain(s, admission, "_REPLAY"))
     _same_plan(plan, _plain(s, admission, "_PER_TYPE"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets())
+def test_rule_q4s_lending_words_kept_per_type_are_said_anew(s: Snapshot) -> None:
+    """The lending wait's words kept per (team, type) until the type moves
+    (`WORDS_KEPT`) against said anew for every wait."""
+    _same(s, lambda s: _plain(s, quota, "WORDS_KEPT"))

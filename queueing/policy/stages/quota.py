@@ -14,6 +14,10 @@ if TYPE_CHECKING:
     from .state import Pass, Step, Try
 
 _QUOTA, _NEVER_FITS = CODE[WaitReason.QUOTA], CODE[WaitReason.NEVER_FITS]
+# True: rule Q4's lending words kept per (team, GPU type) until the type moves
+# (`tree_lending_wait`); False: said anew for every wait (the reference, held to it by
+# tests/policy/test_fleet_fast_paths.py).
+WORDS_KEPT = True
 
 
 def quota_fit(p: Pass, t: Try) -> Step | None:
@@ -97,7 +101,17 @@ def tree_wait(p: Pass, t: Try, binding: tuple[str, int, int] | None = None) -> R
 def tree_lending_wait(p: Pass, t: Try) -> None:
     """Rule Q4's words for a try the fleet's cap refuses while other nodes guard GPUs:
     how many are left and who guards them (their subtree quota beyond their lending
-    limit)."""
+    limit). They read the type's usage alone: kept per (team, type) until the type moves
+    (`WORDS_KEPT`)."""
+    job, gt = t.job, t.gt
+    stamp = p.ledger.type_moves[gt]
+    kept = p.lending_words.get(t.key) if WORDS_KEPT else None
+    if kept is None or kept[0] != stamp:
+        kept = p.lending_words[t.key] = (stamp, _lending_words(p, t))
+    p.raw[job.id] = Wait(job.id, WaitReason.LENDING, kept[1])
+
+
+def _lending_words(p: Pass, t: Try) -> str:
     job, gt = t.job, t.gt
     tree = p.ledger.tree
     assert tree is not None
@@ -108,7 +122,6 @@ def tree_lending_wait(p: Pass, t: Try) -> None:
     if count > 3:
         names.append(f"{count - 3} more")
     guarded = min(left, total)
-    p.raw[job.id] = Wait(job.id, WaitReason.LENDING, (
-        f"{guarded} of the {left} {gt} GPUs left are guarded by "
-        f"{', '.join(names) or 'other teams'} (their lending limits); team {job.team} "
-        "may not borrow them (rule Q4)"))
+    return (f"{guarded} of the {left} {gt} GPUs left are guarded by "
+            f"{', '.join(names) or 'other teams'} (their lending limits); team {job.team} "
+            "may not borrow them (rule Q4)")
