@@ -29,7 +29,8 @@ from queueing.policy.snapshot import (
     RunningJob,
     Snapshot,
 )
-from queueing.policy.stages import nodes, quota
+from queueing.policy.stages import heads, nodes, quota
+from queueing.policy.stages.heads import Charges, QueueOrder
 
 from . import test_plan_fast_paths, test_plan_properties
 from .clusters_world import NOW
@@ -221,3 +222,57 @@ def test_rule_q4s_lending_words_kept_per_type_are_said_anew(s: Snapshot) -> None
     """The lending wait's words kept per (team, type) until the type moves
     (`WORDS_KEPT`) against said anew for every wait."""
     _same(s, lambda s: _plain(s, quota, "WORDS_KEPT"))
+
+
+@settings(max_examples=500, deadline=None)
+@given(test_plan_fast_paths.queues_and_charges(), st.sampled_from((1, 2, 5)),
+       st.sampled_from((1, 4, 1000)))
+def test_the_rest_of_a_tier_sorted_when_quiet_is_the_heaps_order(
+        case: tuple[Snapshot, list[tuple[int, str, float]]], quiet: int, share: int) -> None:
+    """Rule O1: the heap's tier sorted again once `RESORT_QUIET` jobs passed with no
+    charge (and on the heap again at the next charge), against the heap alone."""
+    s, charges = case
+    # As the pass charges (rule F6): the team of the job just yielded, now and then.
+    own = [(n, "", hours) for n, _team, hours in charges]
+    for case_charges in (charges, own):
+        kept = heads.RESORT_QUIET, heads.RESORT_SHARE
+        heads.RESORT_QUIET, heads.RESORT_SHARE = quiet, share
+        try:
+            fast = _order(s, fast=True, charges=case_charges)
+        finally:
+            heads.RESORT_QUIET, heads.RESORT_SHARE = kept
+        assert fast == _order(s, fast=False, charges=case_charges)
+
+
+def _order(s: Snapshot, *, fast: bool, charges: list[tuple[int, str, float]]) -> list[int]:
+    """`test_plan_fast_paths._order`, a charge of team "" charging the team of the job
+    just yielded."""
+    assert s.fair_share_state is not None
+    factors = Charges(s.fair_share_state.copy())
+    order = QueueOrder(
+        s.queued, factors=factors, weights=s.priority_weights or PriorityWeights(), now=s.now,
+        cluster_gpus=sum(n.capacity for n in s.nodes), first=s.nominated,
+        usage_total=sum(s.fair_share_state.usage(t) for t in {j.team for j in s.queued}))
+    order.fast = fast
+    by_position: dict[int, list[tuple[str, float]]] = {}
+    for n, team, hours in charges:
+        by_position.setdefault(n, []).append((team, hours))
+    out = []
+    for index in order:
+        job = order.jobs[index]
+        out.append(job.id)
+        for team, hours in by_position.get(len(out), ()):
+            factors.charge(team or job.team, hours)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(fleets(), test_plan_fast_paths.long_queues()))
+def test_a_plan_on_the_tiers_sorted_when_quiet_is_the_plan_on_the_heap(s: Snapshot) -> None:
+    kept = heads.RESORT_QUIET
+    heads.RESORT_QUIET = 1
+    try:
+        fast = plan_admissions(s)
+    finally:
+        heads.RESORT_QUIET = kept
+    _same_plan(fast, _plain(s, QueueOrder, "fast"))

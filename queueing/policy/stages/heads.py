@@ -72,6 +72,12 @@ class Charges:
 # Rule O1: every team's key is recomputed once the usage charged since the last refresh
 # exceeds this fraction of the total, so a key is never staler than that.
 REFRESH_FRACTION = 0.01
+# Rule O1 on the heap: once this many jobs in a row were yielded with no team charged,
+# and at least 1/RESORT_SHARE of what is left, the rest of the tier is sorted by its
+# keys then (`QueueOrder._rest_sorted`) and yielded from the sort until the next charge
+# (a fleet's queue admits early, then mostly waits: docs/performance.md).
+RESORT_QUIET = 2048
+RESORT_SHARE = 16
 
 
 # One job of a team's run in `QueueOrder`: (−job part, submitted, id, index in `jobs`).
@@ -205,6 +211,26 @@ class QueueOrder:
         (rounding) send the tier to the heap at once (so does any tie of keys with
         parts unequal, to be safe)."""
         charges = self._factors
+        ordered = self._sorted(keys, indices)
+        if ordered is None:
+            yield from self._tier_heap_from_start(self._runs(indices))
+            return
+        seq = ordered
+        # What the heap fills at a tier's start: the factor of each of its teams.
+        for team in offset:
+            charges.cached(team)
+        count, charged = charges.count, charges.charged
+        for pos, index in enumerate(seq):
+            yield index
+            if charges.count != count:
+                yield from self._heap_after(indices, seq, offset, pos, charged)
+                return
+
+    def _sorted(self, keys: list[float], indices: list[int]) -> list[int] | None:
+        """`indices` (jobs) in the order of their keys (`keys`' first terms, then
+        submitted, then id): sorted by the first term alone when no two are equal. None
+        when two equal first terms have unequal job parts (rounding: the heap, which
+        sees one head per team, might order them otherwise)."""
         order = sorted(range(len(keys)), key=keys.__getitem__)
         firsts = [keys[i] for i in order]
         seq = [indices[i] for i in order]
@@ -221,19 +247,10 @@ class QueueOrder:
                     end += 1
                 block = seq[start:end + 1]
                 if len({neg[i] for i in block}) > 1:
-                    yield from self._tier_heap_from_start(self._runs(indices))
-                    return
+                    return None
                 block.sort(key=lambda i: (js[i].submitted_at, js[i].id))
                 seq[start:end + 1] = block
-        # What the heap fills at a tier's start: the factor of each of its teams.
-        for team in offset:
-            charges.cached(team)
-        count, charged = charges.count, charges.charged
-        for pos, index in enumerate(seq):
-            yield index
-            if charges.count != count:
-                yield from self._heap_after(indices, seq, offset, pos, charged)
-                return
+        return seq
 
     def _heap_after(self, indices: list[int], seq: list[int], offset: dict[str, float],
                     pos: int, seen_charged: float) -> Iterator[int]:
@@ -264,6 +281,9 @@ class QueueOrder:
         charges, w = self._factors, self._w
         cached, cache = charges.cached, charges._cache
         heapreplace, heappop = heapq.heapreplace, heapq.heappop
+        # Jobs yielded since the last charge, and how many are left (`_rest_sorted`).
+        quiet, count = 0, charges.count
+        left = sum(len(by_team[t]) - i for t, i in head.items())
         while heap:
             if charges.charged != seen_charged:
                 since = charges.charged - seen_charged
@@ -274,11 +294,33 @@ class QueueOrder:
                     heap = [self._key(t, by_team[t], i) for t, i in head.items()
                             if i < len(by_team[t])]
                     heapq.heapify(heap)
+            if charges.count != count:
+                quiet, count = 0, charges.count
+            elif quiet >= RESORT_QUIET and quiet * RESORT_SHARE >= left and self.fast:
+                sort = self._rest_sorted(by_team, head, heap)
+                quiet = 0
+                if sort is None:  # keys the sort cannot order as the heap: stay
+                    quiet = -left
+                else:
+                    rest, offsets = sort
+                    done = 0
+                    for index in rest:
+                        yield index
+                        done += 1
+                        if charges.count != count:
+                            break
+                    else:
+                        return
+                    heap = self._heap_at(by_team, head, rest, done, offsets)
+                    left -= done
+                    continue
             top = heap[0]
             team, i = top[3], top[4]
             items = by_team[team]
             i += 1
             head[team] = i
+            quiet += 1
+            left -= 1
             yield items[i - 1][3]
             # The consumer has charged the team by now (rule F6): key its next job
             # with the new factor; one sift instead of a pop and a push.
@@ -290,6 +332,55 @@ class QueueOrder:
                 heapreplace(heap, (neg_part - w * f, submitted, job_id, team, i))
             else:
                 heappop(heap)
+
+    def _rest_sorted(self, by_team: dict[str, list[_Keyed]], head: dict[str, int],
+                     heap: list[tuple[float, datetime, int, str, int]],
+                     ) -> tuple[list[int], dict[str, float]] | None:
+        """The rest of a tier in `_tier_heap`'s order while no team is charged: every
+        team's jobs from its `head` on, keyed with the factor its head's key in the `heap`
+        holds, sorted (`_sorted`); and each team's `w` × factor. None when some team's
+        factor is not that of its key (then the heap stays) or the keys tie with job
+        parts unequal."""
+        cache, w = self._factors._cache, self._w
+        at = {entry[3]: entry[0] for entry in heap}
+        keys: list[float] = []
+        seq: list[int] = []
+        offsets: dict[str, float] = {}
+        for team, i in head.items():
+            items = by_team[team]
+            if i >= len(items):
+                continue
+            f = cache.get(team)
+            if f is None:
+                return None
+            c = offsets[team] = w * f
+            if items[i][0] - c != at.get(team):
+                return None
+            keys.extend([item[0] - c for item in itertools.islice(items, i, None)])
+            seq.extend([item[3] for item in itertools.islice(items, i, None)])
+        ordered = self._sorted(keys, seq)
+        return None if ordered is None else (ordered, offsets)
+
+    def _heap_at(self, by_team: dict[str, list[_Keyed]], head: dict[str, int],
+                 rest: list[int], done: int, offsets: dict[str, float],
+                 ) -> list[tuple[float, datetime, int, str, int]]:
+        """The heap `_tier_heap` would hold after the first `done` jobs of `rest`, a
+        team just charged: each team's head moved past what `rest` gave, keyed as the
+        sort keyed it (`offsets`) but the last job's team's, keyed anew with its factor
+        now (what `_tier_heap` does after each job)."""
+        js = self.jobs
+        for index in itertools.islice(rest, done):
+            head[js[index].team] += 1
+        last = js[rest[done - 1]].team
+        heap = []
+        for t, i in head.items():
+            items = by_team[t]
+            if i < len(items):
+                neg_part, submitted, job_id, _ = items[i]
+                heap.append(self._key(t, items, i) if t == last else
+                            (neg_part - offsets[t], submitted, job_id, t, i))
+        heapq.heapify(heap)
+        return heap
 
     def _key(self, team: str, items: list[_Keyed],
              i: int) -> tuple[float, datetime, int, str, int]:
