@@ -90,8 +90,8 @@ class _Replay:
     """The replay of waits (`plan_admissions`): per `_LaneKey` (apart for jobs of
     several GPU types) what the stages gave an equal job, at `stamp`."""
 
-    __slots__ = ("able", "elsewhere", "lane", "misses", "on", "p", "per_type", "quiet",
-                 "quiet_stamp", "replays", "several_lane", "stamp", "tiers")
+    __slots__ = ("able", "elsewhere", "key", "lane", "misses", "on", "p", "per_type",
+                 "quiet", "quiet_stamp", "replays", "several_lane", "stamp", "tiers")
 
     def __init__(self, p: Pass) -> None:
         self.p = p
@@ -107,66 +107,71 @@ class _Replay:
         self.stamp = self.replays = self.misses = self.quiet = 0
         self.quiet_stamp = -1
         self.elsewhere = p.waits.elsewhere
+        self.key: _LaneKey | None = None  # the job's, when its wait may be replayed
 
-    def key(self, job: QueuedJob, several: bool) -> _LaneKey | None:
-        """The job's key when its wait may be replayed now (the stamp taken), else None.
-        Judged off after `_LANE_TRIAL` misses outnumbering the replays; on again once
+    def replayed(self, job: QueuedJob, index: int, several: bool) -> bool:
+        """Give the job an equal job's wait when the state is as it was then; else
+        False with `key` the job's (None when its wait may not be replayed now). Judged
+        off after `_LANE_TRIAL` misses outnumbering the replays; on again once
         `_LANE_QUIET` jobs in a row found the state unchanged."""
         p = self.p
+        self.key = None
         if not self.able or p.may_search or job.dependencies or job.array_id is not None:
-            return None
+            return False
         cap, ledger = p.cap, p.ledger
-        stamp = self.stamp = cap.changes + cap.grown + len(p.hold_log) + ledger.moves
-        if not self.on:
-            self.quiet = self.quiet + 1 if stamp == self.quiet_stamp else 0
-            self.quiet_stamp = stamp
-            if self.quiet < _LANE_QUIET:
-                return None
-            self.on, self.misses, self.replays = True, 0, 0
+        if not self.on or several or not self.per_type:
+            stamp = self.stamp = cap.changes + cap.grown + len(p.hold_log) + ledger.moves
+            if not self.on:
+                self.quiet = self.quiet + 1 if stamp == self.quiet_stamp else 0
+                self.quiet_stamp = stamp
+                if self.quiet < _LANE_QUIET:
+                    return False
+                self.on, self.misses, self.replays = True, 0, 0
         if several:
-            return (job.team, job.gpu_types, job.tier_rank, job.gpus_per_replica,
-                    job.replicas, job.cpu_millicores, job.memory_bytes, job.topology,
-                    job.clusters, job.spot_ok)
+            key = self.key = (job.team, job.gpu_types, job.tier_rank, job.gpus_per_replica,
+                              job.replicas, job.cpu_millicores, job.memory_bytes,
+                              job.topology, job.clusters, job.spot_ok)
+            more = self.several_lane.get(key)
+            if more is not None and more[0] == self.stamp:
+                _replay_several(p, job.id, index, more)
+                self.replays += 1
+                return True
+            return self._missed()
         gt = job.gpu_type
         if self.per_type:
             self.stamp = cap.type_changes[gt] + cap.grown + len(p.hold_log) + \
                 ledger.type_moves[gt]
-        return (job.team, gt, job.tier_rank if self.tiers else 0, job.gpus_per_replica,
-                job.replicas, job.cpu_millicores, job.memory_bytes, job.topology,
-                job.clusters, job.spot_ok)
+        lkey = self.key = (job.team, gt, job.tier_rank if self.tiers else 0,
+                           job.gpus_per_replica, job.replicas, job.cpu_millicores,
+                           job.memory_bytes, job.topology, job.clusters, job.spot_ok)
+        replay = self.lane.get(lkey)
+        if replay is None or replay[0] != self.stamp:
+            return self._missed()
+        job_id = job.id
+        p.raw[job_id] = (replay[1], index, replay[2], replay[3])
+        if replay[4]:
+            self.elsewhere[job_id] = replay[4]
+        if replay[5]:  # rule R11: owed, its search found nothing
+            p.waits.owed[(job_id, gt)] = replay[5]
+            p.waits.refused[job_id] = NO_VICTIM
+        self.replays += 1
+        return True
 
-    def again(self, job: QueuedJob, index: int, key: _LaneKey, several: bool) -> bool:
-        """Give the job an equal job's wait when the state is as it was then."""
-        p, job_id = self.p, job.id
-        if several:
-            more = self.several_lane.get(key)
-            if more is not None and more[0] == self.stamp:
-                _replay_several(p, job_id, index, more)
-                self.replays += 1
-                return True
-        else:
-            replay = self.lane.get(key)
-            if replay is not None and replay[0] == self.stamp:
-                p.raw[job_id] = (replay[1], index, replay[2], replay[3])
-                if replay[4]:
-                    self.elsewhere[job_id] = replay[4]
-                if replay[5]:  # rule R11: owed, its search found nothing
-                    p.waits.owed[(job_id, job.gpu_type)] = replay[5]
-                    p.waits.refused[job_id] = NO_VICTIM
-                self.replays += 1
-                return True
+    def _missed(self) -> bool:
         self.misses += 1
         if self.misses >= _LANE_TRIAL and self.misses > self.replays:
             self.on = False
         return False
 
-    def keep(self, key: _LaneKey, step: Step, owed: int) -> None:
-        self.lane[key] = (self.stamp, *step, owed)
+    def keep(self, step: Step, owed: int) -> None:
+        if self.key is not None:
+            self.lane[self.key] = (self.stamp, *step, owed)
 
-    def keep_several(self, key: _LaneKey, step: Step, job_id: int) -> None:
-        self.several_lane[key] = (self.stamp, *step, tuple(
-            (gt, r[0], r[2], r[3]) for gt, r in self.p.waits.per_type[job_id][1]
-            if not isinstance(r, Wait)))
+    def keep_several(self, step: Step, job_id: int) -> None:
+        if self.key is not None:
+            self.several_lane[self.key] = (self.stamp, *step, tuple(
+                (gt, r[0], r[2], r[3]) for gt, r in self.p.waits.per_type[job_id][1]
+                if not isinstance(r, Wait)))
 
 
 def _replay_several(p: Pass, job_id: int, index: int, again: _SeveralReplay) -> None:
@@ -215,8 +220,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
         several = len(job.gpu_types) > 1
         if several and cap.packed and any(gt in cap.packed for gt in job.gpu_types):
             several = False  # rule H7: its units are its own type's; no other type
-        key = replay.key(job, several)
-        if key is not None and replay.again(job, index, key, several):
+        if replay.replayed(job, index, several):
             continue
         wait = gate(job, snapshot.dependency_counts, snapshot.closed_clusters,
                     p.array_active, snapshot.array_limits, p.never_met)
@@ -225,12 +229,12 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             continue
         if several:  # rules G1-G5
             step = attempt_types(p, job, index)
-            if step and key is not None:
-                replay.keep_several(key, step, job_id)
+            if step:
+                replay.keep_several(step, job_id)
             continue
         step = attempt(p, try_of(p, job, index, job.gpu_type))
-        if step and key is not None:
-            replay.keep(key, step, p.waits.owed.get((job_id, job.gpu_type), 0))
+        if step:
+            replay.keep(step, p.waits.owed.get((job_id, job.gpu_type), 0))
     teams = sorted(p.queued_teams | set(snapshot.fair_share))
     standings = {t: p.factors.factor(t) for t in teams}
     return Plan(admissions=tuple(p.admissions), waits=p.waits,

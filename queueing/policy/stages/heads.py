@@ -177,10 +177,26 @@ class QueueOrder:
         yield from self.first
         charges = self._factors
         for keys, indices, offset in self._tiers:
-            if self.fast and self._finite and charges.count == self._count:
-                yield from self._tier_sorted(keys, indices, offset)
+            keyed: tuple[list[float], dict[str, float]] | None = (keys, offset)
+            if self.fast and self._finite and charges.count != self._count:
+                keyed = self._keyed_now(indices, offset)  # a tier after some charge
+            if self.fast and self._finite and keyed is not None:
+                yield from self._tier_sorted(keyed[0], indices, keyed[1])
             else:
                 yield from self._tier_heap_from_start(self._runs(indices))
+
+    def _keyed_now(self, indices: list[int], offset: dict[str, float],
+                   ) -> tuple[list[float], dict[str, float]] | None:
+        """A tier's keys' first terms with each team's factor as the heap would key it
+        at the tier's start (`Charges.cached`: a team charged in an earlier tier with its
+        new factor, the others as they were last read), and those offsets; None when one
+        is not a number."""
+        cached, w = self._factors.cached, self._w
+        now = {team: w * cached(team) for team in offset}
+        if not all(math.isfinite(c) for c in now.values()):
+            return None
+        js, neg = self.jobs, self._neg
+        return [neg[i] - now[js[i].team] for i in indices], now
 
     def _runs(self, indices: list[int]) -> dict[str, list[_Keyed]]:
         """A tier's jobs per team, each list (−job part, submitted, id, index) sorted."""
@@ -196,6 +212,19 @@ class QueueOrder:
             items.sort()
         return runs
 
+    def _runs_from(self, seq: list[int]) -> dict[str, list[_Keyed]]:
+        """`_runs` of a tier from its order `seq` (`_sorted`'s): a team's jobs come in
+        its run's order there already."""
+        runs: dict[str, list[_Keyed]] = {}
+        js, neg = self.jobs, self._neg
+        for index in seq:
+            job = js[index]
+            items = runs.get(job.team)
+            if items is None:
+                items = runs[job.team] = []
+            items.append((neg[index], job.submitted_at, job.id, index))
+        return runs
+
     def _tier_heap_from_start(self, by_team: dict[str, list[_Keyed]]) -> Iterator[int]:
         head = dict.fromkeys(by_team, 0)
         heap = [self._key(team, by_team[team], 0) for team in by_team]
@@ -205,7 +234,7 @@ class QueueOrder:
     def _tier_sorted(self, keys: list[float], indices: list[int],
                      offset: dict[str, float]) -> Iterator[int]:
         """A tier (`indices`, their `keys`' first terms) in `_tier_heap`'s order while no
-        team is charged: the keys of the pass's start, sorted - by the first term alone
+        team is charged: the keys of the tier's start, sorted - by the first term alone
         when no two are equal (then nothing else is ever compared). Exact when each
         team's run stays sorted once keyed: two equal keys whose job parts were not
         (rounding) send the tier to the heap at once (so does any tie of keys with
@@ -223,7 +252,7 @@ class QueueOrder:
         for pos, index in enumerate(seq):
             yield index
             if charges.count != count:
-                yield from self._heap_after(indices, seq, offset, pos, charged)
+                yield from self._heap_after(seq, offset, pos, charged)
                 return
 
     def _sorted(self, keys: list[float], indices: list[int]) -> list[int] | None:
@@ -252,13 +281,13 @@ class QueueOrder:
                 seq[start:end + 1] = block
         return seq
 
-    def _heap_after(self, indices: list[int], seq: list[int], offset: dict[str, float],
+    def _heap_after(self, seq: list[int], offset: dict[str, float],
                     pos: int, seen_charged: float) -> Iterator[int]:
-        """The rest of a sorted tier (`indices` in the order `seq`) after its job at `pos`
+        """The rest of a sorted tier (its jobs in the order `seq`) after its job at `pos`
         was charged: the heap as it would be then (every team's head keyed with the
-        factor of the pass's start, the charged team's next with its new factor) and on
+        factor of the tier's start, the charged team's next with its new factor) and on
         with it, its refresh counting the charges from `seen_charged`, the tier's start."""
-        by_team = self._runs(indices)
+        by_team = self._runs_from(seq)
         js = self.jobs
         head = dict.fromkeys(by_team, 0)
         for done in itertools.islice(seq, pos + 1):
