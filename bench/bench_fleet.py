@@ -175,7 +175,7 @@ def fast_paths(on: bool) -> None:
     from queueing.policy import admission, workspace
     from queueing.policy.stages import heads, nodes, quota
 
-    workspace.LIMITS_PER_TOP = nodes.PER_TYPE = quota.WORDS_KEPT = on
+    workspace.LIMITS_PER_TOP = nodes.PER_TYPE = quota.WORDS_KEPT = heads.LATER_SORTED = on
     admission._PER_TYPE = on
     admission._LANE_QUIET = 256 if on else 1 << 62
     heads.RESORT_QUIET = 2048 if on else 1 << 62

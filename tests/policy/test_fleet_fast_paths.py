@@ -276,3 +276,17 @@ def test_a_plan_on_the_tiers_sorted_when_quiet_is_the_plan_on_the_heap(s: Snapsh
     finally:
         heads.RESORT_QUIET = kept
     _same_plan(fast, _plain(s, QueueOrder, "fast"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(test_plan_fast_paths.queues_and_charges())
+def test_a_tier_after_a_charge_sorted_is_the_heaps_order(
+        case: tuple[Snapshot, list[tuple[int, str, float]]]) -> None:
+    """Rule O1: a tier reached after some charge, sorted with each team's factor as the
+    heap keys it then (`LATER_SORTED`), against that tier on the heap from its start."""
+    s, charges = case
+    own = [(n, "", hours) for n, _team, hours in charges]
+    for case_charges in (charges, own):
+        fast = _order(s, fast=True, charges=case_charges)
+        with _off(heads, "LATER_SORTED"):
+            assert fast == _order(s, fast=True, charges=case_charges)

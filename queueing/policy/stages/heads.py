@@ -78,6 +78,9 @@ REFRESH_FRACTION = 0.01
 # (a fleet's queue admits early, then mostly waits: docs/performance.md).
 RESORT_QUIET = 2048
 RESORT_SHARE = 16
+# True: a tier reached after some charge starts sorted too (`QueueOrder._keyed_now`);
+# False: on the heap from its start (held to it by tests/policy/test_fleet_fast_paths.py).
+LATER_SORTED = True
 
 
 # One job of a team's run in `QueueOrder`: (−job part, submitted, id, index in `jobs`).
@@ -179,7 +182,8 @@ class QueueOrder:
         for keys, indices, offset in self._tiers:
             keyed: tuple[list[float], dict[str, float]] | None = (keys, offset)
             if self.fast and self._finite and charges.count != self._count:
-                keyed = self._keyed_now(indices, offset)  # a tier after some charge
+                # A tier after some charge (`LATER_SORTED`; else the heap from its start).
+                keyed = self._keyed_now(indices, offset) if LATER_SORTED else None
             if self.fast and self._finite and keyed is not None:
                 yield from self._tier_sorted(keyed[0], indices, keyed[1])
             else:
