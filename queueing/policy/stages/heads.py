@@ -103,7 +103,10 @@ class QueueOrder:
     the heap merges the teams' runs by those fixed keys: one sort of the tier gives that
     order (`_tier_sorted`) with no heap operation per job - a long queue's common pass,
     where little or nothing fits. At the first charge the heap takes over where the sort
-    was. The runs and the heap are only built for a tier that needs them.
+    was. The runs and the heap are only built for a tier that needs them. A tier reached
+    after some charge starts sorted the same way, keyed as the heap would key it then
+    (`LATER_SORTED`), and a tier on the heap is sorted again once enough jobs passed with
+    no charge (`RESORT_QUIET`): a fleet's charges come early in the pass.
     """
 
     # False: every tier through the heap, the reference the tests hold the sort to.
