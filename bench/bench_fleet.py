@@ -36,6 +36,13 @@ Each size runs in a process of its own (ru_maxrss is a high-water mark):
 cumulative and by own time, on stderr); `--plot FILE.png` draws time and memory against queued size
 from the figures of the run.
 
+`--alternate` ("A fleet of 5,000 nodes: the pass"): per size, in one process on one
+snapshot, the pass with every fleet shortcut off (`fast_paths(False)`: the reference
+paths the tests hold them to) and on, in turn, `--repeats` times each:
+  BENCH fleet_<n>_ref_p50 / _fast_p50          wall seconds per pass, shortcuts off / on
+  BENCH fleet_<n>_ref_cpu_p50 / _fast_cpu_p50  the same in CPU seconds of this process
+  BENCH fleet_<n>_load                         the 1-minute load average after the passes
+
 The machine is shared (2 cores, other work on them): read the figures beside
 calibration_1M_loop and the load average printed with it.
 
@@ -162,6 +169,40 @@ def snapshot(queued: int, seed: int = 42, *, preempt: bool = False) -> Snapshot:
         units_per_gpu={SLICED: SLICES}, team_parent=parent)
 
 
+def fast_paths(on: bool) -> None:
+    """Every shortcut of the fleet's pass on or off (off: the reference paths the
+    tests in tests/policy/test_fleet_fast_paths.py hold them to)."""
+    from queueing.policy import admission, workspace
+    from queueing.policy.stages import heads, nodes, quota
+
+    workspace.LIMITS_PER_TOP = nodes.PER_TYPE = quota.WORDS_KEPT = heads.LATER_SORTED = on
+    admission._PER_TYPE = on
+    admission._LANE_QUIET = 256 if on else 1 << 62
+    heads.RESORT_QUIET = 2048 if on else 1 << 62
+
+
+def alternate(n: int, repeats: int) -> None:
+    """The pass with the shortcuts off and on, in turn, on one snapshot of `n` queued."""
+    snap = snapshot(n)
+    k = n // 1000
+    times: dict[str, list[tuple[float, float]]] = {"ref": [], "fast": []}
+    plans = {}
+    for _ in range(repeats):
+        for name, on in (("ref", False), ("fast", True)):
+            fast_paths(on)
+            t, c = time.perf_counter(), time.process_time()
+            plans[name] = plan_admissions(snap)
+            times[name].append((time.perf_counter() - t, time.process_time() - c))
+    fast_paths(True)
+    assert plans["ref"] == plans["fast"], "the shortcuts changed the plan"
+    note(f"{n} queued: {words(plans['fast'])}; passes off/on "
+         f"{', '.join(f'{a[0]:.2f}/{b[0]:.2f}' for a, b in zip(*times.values(), strict=True))} s")
+    for name, got in times.items():
+        bench(f"fleet_{k}k_{name}_p50", statistics.median(w for w, _c in got), "s")
+        bench(f"fleet_{k}k_{name}_cpu_p50", statistics.median(c for _w, c in got), "s")
+    bench(f"fleet_{k}k_load", os.getloadavg()[0], "")
+
+
 def rss_now() -> float:
     """The process's resident set now (MB). Not ru_maxrss: a high-water mark, and one a
     child started by fork and exec inherits from its parent."""
@@ -272,8 +313,23 @@ def main() -> None:
     ap.add_argument("--plot", help="PNG of time and memory against queued size")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child: one size
     ap.add_argument("--preempt", type=int, help=argparse.SUPPRESS)  # a child: R1-R11 on
+    ap.add_argument("--alternate-one", type=int, help=argparse.SUPPRESS)  # a child
     ap.add_argument("--repeats", type=int, default=5, help=argparse.SUPPRESS)
+    ap.add_argument("--alternate", action="store_true",
+                    help="each size: the pass with the shortcuts off and on, in turn")
     args = ap.parse_args()
+    if args.alternate:
+        calibrate()
+        for n in args.sizes:
+            out = subprocess.run(
+                [sys.executable, __file__, "--alternate-one", str(n), "--repeats",
+                 str(min(args.repeats, {100_000: 3, 250_000: 2}.get(n, 1)))],
+                check=True, stdout=subprocess.PIPE, text=True).stdout
+            print(out, end="", flush=True)
+        return
+    if args.alternate_one:
+        alternate(args.alternate_one, args.repeats)
+        return
     if args.one:
         print(json.dumps(one_size(args.one, args.repeats, args.profile)), flush=True)
         return

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from .preemption import Preemption
-from .snapshot import Snapshot, Topology, TopologyMode
+from .snapshot import QueuedJob, Snapshot, Topology, TopologyMode
 from .stages.admit import Admission
 from .stages.heads import gate
 from .stages.pipeline import attempt, attempt_types, try_of
-from .stages.state import Pass
+from .stages.state import Pass, Step
 from .stages.waits import NO_VICTIM, Wait, WaitReason, Waits
 from .workspace import Capacity
 
@@ -67,19 +67,111 @@ class Plan:
 _REPLAY = True
 # How many misses the replay of waits may have before it is judged (`plan_admissions`).
 _LANE_TRIAL = 2048
-# A queued job's team, GPU type, tier, shape (GPUs, replicas, CPU, memory, topology),
-# allowed clusters and spot_ok: all that its wait depends on once the pass searches no
-# more (its tier: whether it is an owed claim, which still searches, rule R11).
-_LaneKey = tuple[str, str, int, int, int, int | None, int | None, Topology | None,
-                 frozenset[str] | None, bool]
+# A replay judged not worth it tries again once this many jobs in a row saw the state
+# unchanged: a long queue's admissions come early, its tail mostly waits.
+_LANE_QUIET = 256
+# True: `_Replay.per_type`; False: every job at the stamp of every change and per tier
+# (the reference, held to it by tests/policy/test_fleet_fast_paths.py).
+_PER_TYPE = True
+# A queued job's team, GPU type (rule G5: the types of a job of several, in order),
+# tier, shape (GPUs, replicas, CPU, memory, topology), allowed clusters and spot_ok:
+# all that its wait depends on once the pass searches no more (its tier: whether it is
+# an owed claim, which still searches, rule R11; of several types, rule G2's setting).
+_LaneKey = tuple[str, str | tuple[str, ...], int, int, int, int | None, int | None,
+                 Topology | None, frozenset[str] | None, bool]
 
-# A queued job of several GPU types (rule G5): team, types, tier (rule G2's setting),
-# shape, allowed clusters and spot_ok; what the replay gives again: (stamp, the first
-# type's reason code, held, ceiling, rule K3's pool or "", and each type's (type, code,
-# held, ceiling)).
-_SeveralKey = tuple[str, tuple[str, ...], int, int, int, int | None, int | None,
-                    Topology | None, frozenset[str] | None, bool]
+# What the replay gives again to a job of several GPU types: (stamp, the first type's
+# reason code, held, ceiling, rule K3's pool or "", and each type's (type, code, held,
+# ceiling)).
 _SeveralReplay = tuple[int, int, int, int, str, tuple[tuple[str, int, int, int], ...]]
+
+
+class _Replay:
+    """The replay of waits (`plan_admissions`): per `_LaneKey` (apart for jobs of
+    several GPU types) what the stages gave an equal job, at `stamp`."""
+
+    __slots__ = ("able", "elsewhere", "key", "lane", "misses", "on", "p", "per_type",
+                 "quiet", "quiet_stamp", "replays", "several_lane", "stamp", "tiers")
+
+    def __init__(self, p: Pass) -> None:
+        self.p = p
+        # (stamp, reason code, held, ceiling, rule K3's pool or "", rule R11's nominal or 0)
+        self.lane: dict[_LaneKey, tuple[int, int, int, int, str, int]] = {}
+        self.several_lane: dict[_LaneKey, _SeveralReplay] = {}  # rule G5
+        self.able = self.on = _REPLAY and not p.nominated
+        # `_PER_TYPE`: a job of one GPU type replays at its type's stamp (its quota,
+        # lending and capacity waits read that type alone) and, when no rule reads tiers
+        # here (rule R11's owed claims, rules W1-W4's bookings), whatever its tier.
+        self.per_type = _PER_TYPE and p.book is None
+        self.tiers = not self.per_type or p.owed_on
+        self.stamp = self.replays = self.misses = self.quiet = 0
+        self.quiet_stamp = -1
+        self.elsewhere = p.waits.elsewhere
+        self.key: _LaneKey | None = None  # the job's, when its wait may be replayed
+
+    def replayed(self, job: QueuedJob, index: int, several: bool) -> bool:
+        """Give the job an equal job's wait when the state is as it was then; else
+        False with `key` the job's (None when its wait may not be replayed now). Judged
+        off after `_LANE_TRIAL` misses outnumbering the replays; on again once
+        `_LANE_QUIET` jobs in a row found the state unchanged."""
+        p = self.p
+        self.key = None
+        if not self.able or p.may_search or job.dependencies or job.array_id is not None:
+            return False
+        cap, ledger = p.cap, p.ledger
+        if not self.on or several or not self.per_type:
+            stamp = self.stamp = cap.changes + cap.grown + len(p.hold_log) + ledger.moves
+            if not self.on:
+                self.quiet = self.quiet + 1 if stamp == self.quiet_stamp else 0
+                self.quiet_stamp = stamp
+                if self.quiet < _LANE_QUIET:
+                    return False
+                self.on, self.misses, self.replays = True, 0, 0
+        if several:
+            key = self.key = (job.team, job.gpu_types, job.tier_rank, job.gpus_per_replica,
+                              job.replicas, job.cpu_millicores, job.memory_bytes,
+                              job.topology, job.clusters, job.spot_ok)
+            more = self.several_lane.get(key)
+            if more is not None and more[0] == self.stamp:
+                _replay_several(p, job.id, index, more)
+                self.replays += 1
+                return True
+            return self._missed()
+        gt = job.gpu_type
+        if self.per_type:
+            self.stamp = cap.type_changes[gt] + cap.grown + len(p.hold_log) + \
+                ledger.type_moves[gt]
+        lkey = self.key = (job.team, gt, job.tier_rank if self.tiers else 0,
+                           job.gpus_per_replica, job.replicas, job.cpu_millicores,
+                           job.memory_bytes, job.topology, job.clusters, job.spot_ok)
+        replay = self.lane.get(lkey)
+        if replay is None or replay[0] != self.stamp:
+            return self._missed()
+        job_id = job.id
+        p.raw[job_id] = (replay[1], index, replay[2], replay[3])
+        if replay[4]:
+            self.elsewhere[job_id] = replay[4]
+        if replay[5]:  # rule R11: owed, its search found nothing
+            p.waits.owed[(job_id, gt)] = replay[5]
+            p.waits.refused[job_id] = NO_VICTIM
+        self.replays += 1
+        return True
+
+    def _missed(self) -> bool:
+        self.misses += 1
+        if self.misses >= _LANE_TRIAL and self.misses > self.replays:
+            self.on = False
+        return False
+
+    def keep(self, step: Step, owed: int) -> None:
+        if self.key is not None:
+            self.lane[self.key] = (self.stamp, *step, owed)
+
+    def keep_several(self, step: Step, job_id: int) -> None:
+        if self.key is not None:
+            self.several_lane[self.key] = (self.stamp, *step, tuple(
+                (gt, r[0], r[2], r[3]) for gt, r in self.p.waits.per_type[job_id][1]
+                if not isinstance(r, Wait)))
 
 
 def _replay_several(p: Pass, job_id: int, index: int, again: _SeveralReplay) -> None:
@@ -105,62 +197,31 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     cluster it lands in (K7). The same snapshot always gives the same plan; the snapshot
     is not changed.
 
-    The replay of a long queue's waits: once no search is left (rule R4) and no
-    preemptor is nominated, a job waits exactly as an earlier job of its team and shape
-    did when nothing has changed since - no capacity, hold or ledger move (every counter
-    in `stamp` only grows). Per `_LaneKey`: (stamp, reason code, held, ceiling, rule K3's
-    pool or "") as the stages gave it; a job of several GPU types (rule G5) per
-    `_SeveralKey`, with each type's blocker. A queue of many teams and shapes that keeps
-    changing the state seldom replays: after `_LANE_TRIAL` misses outnumbering the
-    replays the pass stops looking.
+    The replay of a long queue's waits (`_Replay`): once no search is left (rule R4)
+    and no preemptor is nominated, a job waits exactly as an earlier job of its team and
+    shape did when nothing has changed since - no capacity, hold or ledger move (every
+    counter in the stamp only grows). Per `_LaneKey`: (stamp, reason code, held,
+    ceiling, rule K3's pool or "") as the stages gave it; a job of several GPU types
+    (rule G5) with each type's blocker. A queue of many teams and
+    shapes that keeps changing the state seldom replays: after `_LANE_TRIAL` misses
+    outnumbering the replays the pass stops looking, until `_LANE_QUIET` jobs in a row
+    found the state unchanged (a fleet's queue admits early, then waits:
+    docs/performance.md).
     """
     p = Pass(snapshot)
-    cap, ledger, hold_log, jobs, raw = p.cap, p.ledger, p.hold_log, p.jobs, p.raw
+    cap, jobs, raw = p.cap, p.jobs, p.raw
     seen: list[int] = []
     remember = seen.append
-    # (stamp, reason code, held, ceiling, rule K3's pool or "", rule R11's nominal or 0)
-    lane: dict[_LaneKey, tuple[int, int, int, int, str, int]] = {}
-    several_lane: dict[_SeveralKey, _SeveralReplay] = {}  # rule G5: jobs of several types
-    lane_on = _REPLAY and not p.nominated
-    stamp = replays = misses = 0
-    elsewhere = p.waits.elsewhere
+    replay = _Replay(p)
     for index in p.order:
         job = jobs[index]
         job_id = job.id
         remember(job_id)
-        lkey: _LaneKey | None = None
-        skey: _SeveralKey | None = None
         several = len(job.gpu_types) > 1
         if several and cap.packed and any(gt in cap.packed for gt in job.gpu_types):
             several = False  # rule H7: its units are its own type's; no other type
-        if lane_on and not p.may_search and not job.dependencies and job.array_id is None:
-            stamp = cap.changes + cap.grown + len(hold_log) + ledger.moves
-            if several:
-                skey = (job.team, job.gpu_types, job.tier_rank, job.gpus_per_replica,
-                        job.replicas, job.cpu_millicores, job.memory_bytes, job.topology,
-                        job.clusters, job.spot_ok)
-                again = several_lane.get(skey)
-                if again is not None and again[0] == stamp:
-                    _replay_several(p, job_id, index, again)
-                    replays += 1
-                    continue
-            else:
-                lkey = (job.team, job.gpu_type, job.tier_rank, job.gpus_per_replica,
-                        job.replicas, job.cpu_millicores, job.memory_bytes, job.topology,
-                        job.clusters, job.spot_ok)
-                replay = lane.get(lkey)
-                if replay is not None and replay[0] == stamp:
-                    raw[job_id] = (replay[1], index, replay[2], replay[3])
-                    if replay[4]:
-                        elsewhere[job_id] = replay[4]
-                    if replay[5]:  # rule R11: owed, its search found nothing
-                        p.waits.owed[(job_id, job.gpu_type)] = replay[5]
-                        p.waits.refused[job_id] = NO_VICTIM
-                    replays += 1
-                    continue
-            misses += 1
-            if misses >= _LANE_TRIAL and misses > replays:
-                lane_on = False
+        if replay.replayed(job, index, several):
+            continue
         wait = gate(job, snapshot.dependency_counts, snapshot.closed_clusters,
                     p.array_active, snapshot.array_limits, p.never_met)
         if wait is not None:
@@ -168,14 +229,12 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             continue
         if several:  # rules G1-G5
             step = attempt_types(p, job, index)
-            if step and skey is not None:
-                several_lane[skey] = (stamp, *step, tuple(
-                    (gt, r[0], r[2], r[3]) for gt, r in p.waits.per_type[job_id][1]
-                    if not isinstance(r, Wait)))
+            if step:
+                replay.keep_several(step, job_id)
             continue
         step = attempt(p, try_of(p, job, index, job.gpu_type))
-        if step and lkey is not None:
-            lane[lkey] = (stamp, *step, p.waits.owed.get((job_id, job.gpu_type), 0))
+        if step:
+            replay.keep(step, p.waits.owed.get((job_id, job.gpu_type), 0))
     teams = sorted(p.queued_teams | set(snapshot.fair_share))
     standings = {t: p.factors.factor(t) for t in teams}
     return Plan(admissions=tuple(p.admissions), waits=p.waits,

@@ -67,7 +67,10 @@ class QuotaTree:
         self.usage: dict[tuple[str, str], int] = defaultdict(int)
         # How many times usage moved, and `guarders`' ranking per GPU type as of a move.
         self.moves = 0
-        self._ranked: dict[str, tuple[int, list[tuple[str, int]]]] = {}
+        self._ranked: dict[str, tuple[int, list[tuple[str, int]], dict[str, int], int]] = {}
+        # Per GPU type the nodes with a guarantee (`g` > 0), in `parent`'s order: only
+        # they may guard (`guarders_reference`).
+        self._may_guard: dict[str, list[str]] = {}
         for gpu_type in self.types:
             self._compute(ROOT, gpu_type)
         # Rule Q4: per GPU type, the guarantee no node uses yet (`max(0, g - usage)` summed
@@ -240,17 +243,51 @@ class QuotaTree:
         waiting on lending limits asks it once per job, and the walk and sort of every
         node each time were most of a pass with 1,000 teams (docs/performance.md, "A
         fleet of 5,000 nodes"). `guarders_reference` is the plain path."""
+        ranking = self._ranking(gpu_type)[0]
+        mine = set(self.path(besides))
+        return [(n, k) for n, k in ranking if n not in mine]
+
+    def guard_summary(self, gpu_type: str, besides: str,
+                      first: int = 3) -> tuple[list[tuple[str, int]], int, int]:
+        """Rule Q4's words from `guarders(gpu_type, besides)` without building it: its
+        `first` entries, how many it has and the GPUs they keep in all. O(first + the
+        path): the path's own nodes are taken out of the kept count and sum."""
+        ranking, keeps, total = self._ranking(gpu_type)
+        mine = self.path(besides)
+        count = len(ranking)
+        for n in mine:
+            k = keeps.get(n)
+            if k is not None:
+                count -= 1
+                total -= k
+        top: list[tuple[str, int]] = []
+        for n, k in ranking:
+            if len(top) == first:
+                break
+            if n not in mine:
+                top.append((n, k))
+        return top, count, total
+
+    def _ranking(self, gpu_type: str) -> tuple[list[tuple[str, int]], dict[str, int], int]:
+        """Every guarder of the type, ranked (`guarders_reference` besides the root),
+        with each one's GPUs and their sum: kept until usage moves."""
         kept = self._ranked.get(gpu_type)
         if kept is None or kept[0] != self.moves:
-            kept = self._ranked[gpu_type] = (self.moves, self.guarders_reference(gpu_type, ROOT))
-        mine = set(self.path(besides))
-        return [(n, k) for n, k in kept[1] if n not in mine]
+            ranking = self.guarders_reference(gpu_type, ROOT)
+            kept = self._ranked[gpu_type] = (self.moves, ranking, dict(ranking),
+                                             sum(k for _n, k in ranking))
+        return kept[1], kept[2], kept[3]
 
     def guarders_reference(self, gpu_type: str, besides: str) -> list[tuple[str, int]]:
-        """`guarders` without the kept ranking: every node walked and sorted."""
+        """`guarders` without the kept ranking: every node that may guard (a
+        guarantee above 0: `g` is static) walked and sorted."""
         mine = set(self.path(besides))
-        out = [(n, self.g.get((n, gpu_type), 0) - self.usage[(n, gpu_type)])
-               for n in self.parent if n not in mine]
+        may = self._may_guard.get(gpu_type)
+        if may is None:
+            may = self._may_guard[gpu_type] = [
+                n for n in self.parent if self.g.get((n, gpu_type), 0) > 0]
+        out = [(n, self.g[(n, gpu_type)] - self.usage[(n, gpu_type)])
+               for n in may if n not in mine]
         return sorted(((n, k) for n, k in out if k > 0), key=lambda x: (-x[1], x[0]))
 
     def is_department(self, node: str) -> bool:

@@ -141,8 +141,10 @@ class Capacity:
         # Bumped whenever a node gains free GPUs, CPU or memory: a gang that did not fit
         # before cannot fit now unless this changed.
         self.grown = 0
-        # Bumped on every change of a node's free GPUs (rule E3 memoizes on it).
+        # Bumped on every change of a node's free GPUs (rule E3 memoizes on it), in all
+        # and per GPU type (a capacity wait reads the nodes of its type alone).
         self.changes = 0
+        self.type_changes: dict[str, int] = defaultdict(int)
         self._buckets: dict[str, list[list[str]]] = {}
         # Rules H1-H3: per packed node its slices per GPU and free slices per GPU; the
         # packed pools and GPU types (-> slices per GPU); the GPU indexes of the latest
@@ -347,6 +349,7 @@ class Capacity:
         if free > old:
             self.grown += 1
         self.changes += 1
+        self.type_changes[self.node_type[name]] += 1
         lst = buckets[old]
         lst.pop(bisect.bisect_left(lst, name))
         bisect.insort(buckets[free], name)
@@ -629,6 +632,10 @@ def replica_slots(slots: tuple[int, ...], replicas: int) -> list[tuple[int, ...]
 # True: every ledger is the quota tree's (rules Q3-Q7), what the tests hold the fast
 # path to (tests/policy/test_quota_tree_q.py).
 TREE_ALWAYS = False
+# True: `Ledger.tree_limit` keeps its answer per (team, type) until something moves under
+# the team's top-level node, `lending_blocks` until the type moves; False: until
+# anything moves (the reference, held to it by tests/policy/test_fleet_fast_paths.py).
+LIMITS_PER_TOP = True
 
 
 def has_departments(team_parent: Mapping[str, str | None]) -> bool:
@@ -660,8 +667,10 @@ class Ledger:
         self.held: dict[tuple[str, str], int] = defaultdict(int)
         self.used: dict[str, int] = defaultdict(int)
         self.guarded_total: dict[str, int] = defaultdict(int)
-        # How many times `held` changed: a plan's memo is valid while this stays.
+        # How many times `held` changed: a plan's memo is valid while this stays; and
+        # per GPU type (what a wait on that type alone reads).
         self.moves = 0
+        self.type_moves: dict[str, int] = defaultdict(int)
         # Rule Q1: nominal + borrowing limit per (team, type); absent = no ceiling.
         self.ceiling: dict[tuple[str, str], int | None] = {
             k: q.ceiling for k, q in snapshot.quotas.items()}
@@ -678,10 +687,16 @@ class Ledger:
         self.running_tree: QuotaTree | None = None
         # Rule Q7: per (node, type) what its whole subtree holds (a team's own: `held`).
         self.subtree_held: dict[tuple[str, str], int] = defaultdict(int)
-        # Rule Q4: per (team, type) `QuotaTree.within_limits` at `moves`.
-        self._limits: dict[tuple[str, str], tuple[int, int | None, str]] = {}
-        # Rule Q4: per (team, type) at `moves`, `QuotaTree.available` while some node
-        # off the team's path guards GPUs, else None (no lending wait).
+        # Rule Q4: per (team, type) `QuotaTree.within_limits` and the binding node's
+        # nominal + borrowing limit, as of a count of moves: the moves under the team's
+        # top-level node (`LIMITS_PER_TOP`; no other move changes what its path holds),
+        # kept in a one-item list shared by the teams under that node (`_cell`).
+        self._limits: dict[tuple[str, str],
+                           tuple[list[int], int, int | None, str, int]] = {}
+        self._cells: dict[tuple[str, str], list[int]] = {}
+        self._cell_of: dict[tuple[str, str], list[int]] = {}
+        # Rule Q4: per (team, type) at the type's moves, `QuotaTree.available` while
+        # some node off the team's path guards GPUs, else None (no lending wait).
         self._room: dict[tuple[str, str], tuple[int, int | None]] = {}
         # Rule Q6: a forest with departments names its reclaims `Q6-reclaim`.
         self.departments = has_departments(snapshot.team_parent)
@@ -709,6 +724,7 @@ class Ledger:
 
     def _move(self, team: str, gpu_type: str, gpus: int) -> None:
         self.moves += 1
+        self.type_moves[gpu_type] += 1
         before = self.guarded(team, gpu_type)
         self.held[(team, gpu_type)] += gpus
         self.used[gpu_type] += gpus
@@ -716,8 +732,20 @@ class Ledger:
         tree = self.tree
         if tree is not None:
             tree.add(team, gpu_type, gpus)
+            self._cell(team, gpu_type)[0] += 1
             for node in tree.path(team):
                 self.subtree_held[(node, gpu_type)] += gpus
+
+    def _cell(self, team: str, gpu_type: str) -> list[int]:
+        """The count of moves of `gpu_type` under `team`'s top-level node, which
+        `tree_limit`'s memo is kept at; with `LIMITS_PER_TOP` off one count of every
+        move (the reference the tests hold it to)."""
+        cell = self._cell_of.get((team, gpu_type))
+        if cell is None:
+            assert self.tree is not None
+            top = (self.tree.path(team)[-1], gpu_type) if LIMITS_PER_TOP else ("", "")
+            cell = self._cell_of[(team, gpu_type)] = self._cells.setdefault(top, [0])
+        return cell
 
     def add(self, team: str, gpu_type: str, gpus: int) -> None:
         self._move(team, gpu_type, gpus)
@@ -746,17 +774,20 @@ class Ledger:
     def tree_limit(self, team: str, gpu_type: str, gpus: int) -> tuple[str, int, int] | None:
         """Rule Q4: when `gpus` more for `team` would pass a borrowing limit on its path,
         (the binding node, its nominal + borrowing limit, what its subtree holds)."""
-        assert self.tree is not None
         seen = self._limits.get((team, gpu_type))
-        if seen is None or seen[0] != self.moves:
-            seen = self._limits[(team, gpu_type)] = (
-                self.moves, *self.tree.within_limits(team, gpu_type))
-        _stamp, room, node = seen
+        if seen is None or seen[0][0] != seen[1]:
+            tree = self.tree
+            assert tree is not None
+            cell = self._cell(team, gpu_type)
+            room, node = tree.within_limits(team, gpu_type)
+            cap = 0 if room is None else tree.nominal(node, gpu_type) + (
+                tree.quota(node, gpu_type).borrowing_limit or 0)
+            seen = self._limits[(team, gpu_type)] = (cell, cell[0], room, node, cap)
+        room = seen[2]
         if room is None or gpus <= room:
             return None
-        q = self.tree.quota(node, gpu_type)
-        cap = self.tree.nominal(node, gpu_type) + (q.borrowing_limit or 0)
-        return node, cap, self.subtree_held[(node, gpu_type)]
+        node = seen[3]
+        return node, seen[4], self.subtree_held[(node, gpu_type)]
 
     def under_limit(self, team: str, other: str, gpu_type: str, gpus: int) -> bool:
         """Rule Q4: is `other` under the department whose borrowing limit `gpus` more
@@ -776,11 +807,13 @@ class Ledger:
         """
         tree = self.tree
         if tree is not None:
+            # The tree's usage of the type moves only with moves of that type.
+            stamp = self.type_moves[gpu_type] if LIMITS_PER_TOP else self.moves
             seen = self._room.get((team, gpu_type))
-            if seen is None or seen[0] != self.moves:
+            if seen is None or seen[0] != stamp:
                 guarded = tree.guarded_off_path(team, gpu_type)
                 seen = self._room[(team, gpu_type)] = (
-                    self.moves, None if guarded <= 0 else tree.available(team, gpu_type))
+                    stamp, None if guarded <= 0 else tree.available(team, gpu_type))
             room = seen[1]
             return room is not None and gpus > room
         others = self.guarded_total[gpu_type] - self.guarded(team, gpu_type)

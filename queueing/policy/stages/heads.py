@@ -72,6 +72,15 @@ class Charges:
 # Rule O1: every team's key is recomputed once the usage charged since the last refresh
 # exceeds this fraction of the total, so a key is never staler than that.
 REFRESH_FRACTION = 0.01
+# Rule O1 on the heap: once this many jobs in a row were yielded with no team charged,
+# and at least 1/RESORT_SHARE of what is left, the rest of the tier is sorted by its
+# keys then (`QueueOrder._rest_sorted`) and yielded from the sort until the next charge
+# (a fleet's queue admits early, then mostly waits: docs/performance.md).
+RESORT_QUIET = 2048
+RESORT_SHARE = 16
+# True: a tier reached after some charge starts sorted too (`QueueOrder._keyed_now`);
+# False: on the heap from its start (held to it by tests/policy/test_fleet_fast_paths.py).
+LATER_SORTED = True
 
 
 # One job of a team's run in `QueueOrder`: (−job part, submitted, id, index in `jobs`).
@@ -94,7 +103,10 @@ class QueueOrder:
     the heap merges the teams' runs by those fixed keys: one sort of the tier gives that
     order (`_tier_sorted`) with no heap operation per job - a long queue's common pass,
     where little or nothing fits. At the first charge the heap takes over where the sort
-    was. The runs and the heap are only built for a tier that needs them.
+    was. The runs and the heap are only built for a tier that needs them. A tier reached
+    after some charge starts sorted the same way, keyed as the heap would key it then
+    (`LATER_SORTED`), and a tier on the heap is sorted again once enough jobs passed with
+    no charge (`RESORT_QUIET`): a fleet's charges come early in the pass.
     """
 
     # False: every tier through the heap, the reference the tests hold the sort to.
@@ -171,10 +183,27 @@ class QueueOrder:
         yield from self.first
         charges = self._factors
         for keys, indices, offset in self._tiers:
-            if self.fast and self._finite and charges.count == self._count:
-                yield from self._tier_sorted(keys, indices, offset)
+            keyed: tuple[list[float], dict[str, float]] | None = (keys, offset)
+            if self.fast and self._finite and charges.count != self._count:
+                # A tier after some charge (`LATER_SORTED`; else the heap from its start).
+                keyed = self._keyed_now(indices, offset) if LATER_SORTED else None
+            if self.fast and self._finite and keyed is not None:
+                yield from self._tier_sorted(keyed[0], indices, keyed[1])
             else:
                 yield from self._tier_heap_from_start(self._runs(indices))
+
+    def _keyed_now(self, indices: list[int], offset: dict[str, float],
+                   ) -> tuple[list[float], dict[str, float]] | None:
+        """A tier's keys' first terms with each team's factor as the heap would key it
+        at the tier's start (`Charges.cached`: a team charged in an earlier tier with its
+        new factor, the others as they were last read), and those offsets; None when one
+        is not a number."""
+        cached, w = self._factors.cached, self._w
+        now = {team: w * cached(team) for team in offset}
+        if not all(math.isfinite(c) for c in now.values()):
+            return None
+        js, neg = self.jobs, self._neg
+        return [neg[i] - now[js[i].team] for i in indices], now
 
     def _runs(self, indices: list[int]) -> dict[str, list[_Keyed]]:
         """A tier's jobs per team, each list (−job part, submitted, id, index) sorted."""
@@ -190,6 +219,19 @@ class QueueOrder:
             items.sort()
         return runs
 
+    def _runs_from(self, seq: list[int]) -> dict[str, list[_Keyed]]:
+        """`_runs` of a tier from its order `seq` (`_sorted`'s): a team's jobs come in
+        its run's order there already."""
+        runs: dict[str, list[_Keyed]] = {}
+        js, neg = self.jobs, self._neg
+        for index in seq:
+            job = js[index]
+            items = runs.get(job.team)
+            if items is None:
+                items = runs[job.team] = []
+            items.append((neg[index], job.submitted_at, job.id, index))
+        return runs
+
     def _tier_heap_from_start(self, by_team: dict[str, list[_Keyed]]) -> Iterator[int]:
         head = dict.fromkeys(by_team, 0)
         heap = [self._key(team, by_team[team], 0) for team in by_team]
@@ -199,12 +241,32 @@ class QueueOrder:
     def _tier_sorted(self, keys: list[float], indices: list[int],
                      offset: dict[str, float]) -> Iterator[int]:
         """A tier (`indices`, their `keys`' first terms) in `_tier_heap`'s order while no
-        team is charged: the keys of the pass's start, sorted - by the first term alone
+        team is charged: the keys of the tier's start, sorted - by the first term alone
         when no two are equal (then nothing else is ever compared). Exact when each
         team's run stays sorted once keyed: two equal keys whose job parts were not
         (rounding) send the tier to the heap at once (so does any tie of keys with
         parts unequal, to be safe)."""
         charges = self._factors
+        ordered = self._sorted(keys, indices)
+        if ordered is None:
+            yield from self._tier_heap_from_start(self._runs(indices))
+            return
+        seq = ordered
+        # What the heap fills at a tier's start: the factor of each of its teams.
+        for team in offset:
+            charges.cached(team)
+        count, charged = charges.count, charges.charged
+        for pos, index in enumerate(seq):
+            yield index
+            if charges.count != count:
+                yield from self._heap_after(seq, offset, pos, charged)
+                return
+
+    def _sorted(self, keys: list[float], indices: list[int]) -> list[int] | None:
+        """`indices` (jobs) in the order of their keys (`keys`' first terms, then
+        submitted, then id): sorted by the first term alone when no two are equal. None
+        when two equal first terms have unequal job parts (rounding: the heap, which
+        sees one head per team, might order them otherwise)."""
         order = sorted(range(len(keys)), key=keys.__getitem__)
         firsts = [keys[i] for i in order]
         seq = [indices[i] for i in order]
@@ -221,27 +283,18 @@ class QueueOrder:
                     end += 1
                 block = seq[start:end + 1]
                 if len({neg[i] for i in block}) > 1:
-                    yield from self._tier_heap_from_start(self._runs(indices))
-                    return
+                    return None
                 block.sort(key=lambda i: (js[i].submitted_at, js[i].id))
                 seq[start:end + 1] = block
-        # What the heap fills at a tier's start: the factor of each of its teams.
-        for team in offset:
-            charges.cached(team)
-        count, charged = charges.count, charges.charged
-        for pos, index in enumerate(seq):
-            yield index
-            if charges.count != count:
-                yield from self._heap_after(indices, seq, offset, pos, charged)
-                return
+        return seq
 
-    def _heap_after(self, indices: list[int], seq: list[int], offset: dict[str, float],
+    def _heap_after(self, seq: list[int], offset: dict[str, float],
                     pos: int, seen_charged: float) -> Iterator[int]:
-        """The rest of a sorted tier (`indices` in the order `seq`) after its job at `pos`
+        """The rest of a sorted tier (its jobs in the order `seq`) after its job at `pos`
         was charged: the heap as it would be then (every team's head keyed with the
-        factor of the pass's start, the charged team's next with its new factor) and on
+        factor of the tier's start, the charged team's next with its new factor) and on
         with it, its refresh counting the charges from `seen_charged`, the tier's start."""
-        by_team = self._runs(indices)
+        by_team = self._runs_from(seq)
         js = self.jobs
         head = dict.fromkeys(by_team, 0)
         for done in itertools.islice(seq, pos + 1):
@@ -264,6 +317,9 @@ class QueueOrder:
         charges, w = self._factors, self._w
         cached, cache = charges.cached, charges._cache
         heapreplace, heappop = heapq.heapreplace, heapq.heappop
+        # Jobs yielded since the last charge, and how many are left (`_rest_sorted`).
+        quiet, count = 0, charges.count
+        left = sum(len(by_team[t]) - i for t, i in head.items())
         while heap:
             if charges.charged != seen_charged:
                 since = charges.charged - seen_charged
@@ -274,11 +330,33 @@ class QueueOrder:
                     heap = [self._key(t, by_team[t], i) for t, i in head.items()
                             if i < len(by_team[t])]
                     heapq.heapify(heap)
+            if charges.count != count:
+                quiet, count = 0, charges.count
+            elif quiet >= RESORT_QUIET and quiet * RESORT_SHARE >= left and self.fast:
+                sort = self._rest_sorted(by_team, head, heap)
+                quiet = 0
+                if sort is None:  # keys the sort cannot order as the heap: stay
+                    quiet = -left
+                else:
+                    rest, offsets = sort
+                    done = 0
+                    for index in rest:
+                        yield index
+                        done += 1
+                        if charges.count != count:
+                            break
+                    else:
+                        return
+                    heap = self._heap_at(by_team, head, rest, done, offsets)
+                    left -= done
+                    continue
             top = heap[0]
             team, i = top[3], top[4]
             items = by_team[team]
             i += 1
             head[team] = i
+            quiet += 1
+            left -= 1
             yield items[i - 1][3]
             # The consumer has charged the team by now (rule F6): key its next job
             # with the new factor; one sift instead of a pop and a push.
@@ -290,6 +368,55 @@ class QueueOrder:
                 heapreplace(heap, (neg_part - w * f, submitted, job_id, team, i))
             else:
                 heappop(heap)
+
+    def _rest_sorted(self, by_team: dict[str, list[_Keyed]], head: dict[str, int],
+                     heap: list[tuple[float, datetime, int, str, int]],
+                     ) -> tuple[list[int], dict[str, float]] | None:
+        """The rest of a tier in `_tier_heap`'s order while no team is charged: every
+        team's jobs from its `head` on, keyed with the factor its head's key in the `heap`
+        holds, sorted (`_sorted`); and each team's `w` × factor. None when some team's
+        factor is not that of its key (then the heap stays) or the keys tie with job
+        parts unequal."""
+        cache, w = self._factors._cache, self._w
+        at = {entry[3]: entry[0] for entry in heap}
+        keys: list[float] = []
+        seq: list[int] = []
+        offsets: dict[str, float] = {}
+        for team, i in head.items():
+            items = by_team[team]
+            if i >= len(items):
+                continue
+            f = cache.get(team)
+            if f is None:
+                return None
+            c = offsets[team] = w * f
+            if items[i][0] - c != at.get(team):
+                return None
+            keys.extend([item[0] - c for item in itertools.islice(items, i, None)])
+            seq.extend([item[3] for item in itertools.islice(items, i, None)])
+        ordered = self._sorted(keys, seq)
+        return None if ordered is None else (ordered, offsets)
+
+    def _heap_at(self, by_team: dict[str, list[_Keyed]], head: dict[str, int],
+                 rest: list[int], done: int, offsets: dict[str, float],
+                 ) -> list[tuple[float, datetime, int, str, int]]:
+        """The heap `_tier_heap` would hold after the first `done` jobs of `rest`, a
+        team just charged: each team's head moved past what `rest` gave, keyed as the
+        sort keyed it (`offsets`) but the last job's team's, keyed anew with its factor
+        now (what `_tier_heap` does after each job)."""
+        js = self.jobs
+        for index in itertools.islice(rest, done):
+            head[js[index].team] += 1
+        last = js[rest[done - 1]].team
+        heap = []
+        for t, i in head.items():
+            items = by_team[t]
+            if i < len(items):
+                neg_part, submitted, job_id, _ = items[i]
+                heap.append(self._key(t, items, i) if t == last else
+                            (neg_part - offsets[t], submitted, job_id, t, i))
+        heapq.heapify(heap)
+        return heap
 
     def _key(self, team: str, items: list[_Keyed],
              i: int) -> tuple[float, datetime, int, str, int]:

@@ -27,6 +27,11 @@ _TOPOLOGY = CODE[WaitReason.TOPOLOGY]
 _RESERVED = CODE[WaitReason.RESERVED]
 _HELD = CODE[WaitReason.HELD_FOR_PREEMPTOR]
 _CLUSTER = CODE[WaitReason.CLUSTER]
+# True: a capacity wait's memos (`capacity_wait`, rules E2, E3, K3) are kept until a node
+# of the try's GPU type changes (`Capacity.type_changes`: they read only those nodes);
+# False: until any node changes (the reference, held to it by
+# tests/policy/test_fleet_fast_paths.py).
+PER_TYPE = True
 
 
 def capacity_wait(p: Pass, t: Try, code: int) -> Raw:
@@ -39,20 +44,21 @@ def capacity_wait(p: Pass, t: Try, code: int) -> Raw:
     # The answer only changes with the capacity or the holds: a long queue asks it for
     # most of its jobs, of a few shapes.
     cap, job_id = p.cap, t.job.id
+    changes = cap.type_changes[t.gt] if PER_TYPE else cap.changes
     memo = p.wait_seen.get(t.skey)
-    if memo is not None and memo[0] == cap.changes and memo[1] == len(p.hold_log):
+    if memo is not None and memo[0] == changes and memo[1] == len(p.hold_log):
         c, h, ce, where = memo[2]
     else:
-        c, h, ce, where = _capacity_wait(p, t)
-        p.wait_seen[t.skey] = (cap.changes, len(p.hold_log), (c, h, ce, where))
+        c, h, ce, where = _capacity_wait(p, t, changes)
+        p.wait_seen[t.skey] = (changes, len(p.hold_log), (c, h, ce, where))
     if where:
         p.waits.elsewhere[job_id] = where
     return (c, t.index, h, ce)
 
 
-def _capacity_wait(p: Pass, t: Try) -> tuple[int, int, int, str]:
+def _capacity_wait(p: Pass, t: Try, changes: int) -> tuple[int, int, int, str]:
     """`capacity_wait`'s answer as (code, held, ceiling, the pool it would fit in now but
-    may not use or "")."""
+    may not use or ""); `changes` the count its memos are kept at (`PER_TYPE`)."""
     cap, job = p.cap, t.job
     g, reps, cpu, mem = job.gpus_per_replica, job.replicas, t.cpu, t.mem
     for q in t.fitting:
@@ -61,17 +67,17 @@ def _capacity_wait(p: Pass, t: Try) -> tuple[int, int, int, str]:
             # Memoized per shape until the capacity or the holds change.
             shape = (q, g, reps)
             known = p.fits_held.get(shape)
-            if known is None or known[0] != cap.changes:
+            if known is None or known[0] != changes:
                 fits = fits_with(cap, q, g, reps, held_here)
-                known = p.fits_held[shape] = (cap.changes,
+                known = p.fits_held[shape] = (changes,
                                               sum(held_here.values()) if fits else 0)
             if known[1]:
                 return (_HELD, p.holder[q], known[1], "")
     for q in t.excluded:
         shape6 = (q, g, reps, cpu, mem, job.topology)
         now_fits = p.fits_elsewhere.get(shape6)
-        if now_fits is None or now_fits[0] != cap.changes:
-            now_fits = p.fits_elsewhere[shape6] = (cap.changes, cap.fits(
+        if now_fits is None or now_fits[0] != changes:
+            now_fits = p.fits_elsewhere[shape6] = (changes, cap.fits(
                 q, g, reps, cpu=cpu, memory=mem, topology=job.topology))
         if now_fits[1]:
             return (_CLUSTER, 0, ELSEWHERE, q)
@@ -79,7 +85,7 @@ def _capacity_wait(p: Pass, t: Try) -> tuple[int, int, int, str]:
     if cap.packed and t.gt in cap.packed:
         pools = (*pools, f"#{g}")  # rule H5: a packed pool's block depends on the shape
     seen = p.block_seen.get(pools)
-    if seen is None or seen[0] != cap.changes:
+    if seen is None or seen[0] != changes:
         blocks = p.waits.blocks
         if cap.packed and t.gt in cap.packed:
             blocks.append(largest_block_of(cap, t.fitting, g))
@@ -88,7 +94,7 @@ def _capacity_wait(p: Pass, t: Try) -> tuple[int, int, int, str]:
             blocks.append((largest_block, node, free, p.pool_info[pools[0]][1]))
         else:
             blocks.append(largest_block_of(cap, pools))
-        seen = p.block_seen[pools] = (cap.changes, len(blocks))
+        seen = p.block_seen[pools] = (changes, len(blocks))
     return (_CAPACITY, seen[1], 0, "")
 
 

@@ -14,6 +14,10 @@ if TYPE_CHECKING:
     from .state import Pass, Step, Try
 
 _QUOTA, _NEVER_FITS = CODE[WaitReason.QUOTA], CODE[WaitReason.NEVER_FITS]
+# True: rule Q4's lending words kept per (team, GPU type) until the type moves
+# (`tree_lending_wait`); False: said anew for every wait (the reference, held to it by
+# tests/policy/test_fleet_fast_paths.py).
+WORDS_KEPT = True
 
 
 def quota_fit(p: Pass, t: Try) -> Step | None:
@@ -67,25 +71,28 @@ def _tree_fit(p: Pass, t: Try) -> Step | None:
     if unheld is not None:
         p.raw[job.id] = (unheld[0], t.index, unheld[1], unheld[2])
         return (*unheld, "")
-    raw = tree_wait(p, t)
+    raw = tree_wait(p, t, binding)
     return (raw[0], raw[2], raw[3], "")
 
 
-def tree_wait(p: Pass, t: Try) -> Raw:
-    """Rule Q4's wait for a try over a borrowing limit of its path: `quota` (rule E6:
-    `never_fits` when the job alone passes it), held = what the binding node's subtree
-    holds, ceiling = -(k + 1) for entry k of `Waits.tree_limits` (the words name it)."""
+def tree_wait(p: Pass, t: Try, binding: tuple[str, int, int] | None = None) -> Raw:
+    """Rule Q4's wait for a try over a borrowing limit of its path (`binding`, the
+    ledger's `tree_limit` of it, when known): `quota` (rule E6: `never_fits` when the job
+    alone passes it), held = what the binding node's subtree holds, ceiling = -(k + 1)
+    for entry k of `Waits.tree_limits` (the words name it)."""
     job, gt = t.job, t.gt
-    tree = p.ledger.tree
-    binding = p.ledger.tree_limit(job.team, gt, t.total)
-    assert tree is not None and binding is not None
+    if binding is None:
+        binding = p.ledger.tree_limit(job.team, gt, t.total)
+    assert binding is not None
     node, cap, held = binding
-    limits = p.waits.tree_limits
-    entry = (node, gt, tree.nominal(node, gt), tree.quota(node, gt).borrowing_limit or 0)
-    k = p.tree_limit_index.get(entry)
-    if k is None:
-        k = p.tree_limit_index[entry] = len(limits)
-        limits.append(entry)
+    k = p.tree_limit_index.get((node, gt))
+    if k is None:  # a node's entry is static: its nominal and borrowing limit
+        tree = p.ledger.tree
+        assert tree is not None
+        limits = p.waits.tree_limits
+        k = p.tree_limit_index[(node, gt)] = len(limits)
+        limits.append((node, gt, tree.nominal(node, gt),
+                       tree.quota(node, gt).borrowing_limit or 0))
     code = _NEVER_FITS if t.total > cap else _QUOTA
     raw = p.raw[job.id] = (code, t.index, held, -(k + 1))
     return raw
@@ -94,18 +101,27 @@ def tree_wait(p: Pass, t: Try) -> Raw:
 def tree_lending_wait(p: Pass, t: Try) -> None:
     """Rule Q4's words for a try the fleet's cap refuses while other nodes guard GPUs:
     how many are left and who guards them (their subtree quota beyond their lending
-    limit)."""
+    limit). They read the type's usage alone: kept per (team, type) until the type moves
+    (`WORDS_KEPT`)."""
+    job, gt = t.job, t.gt
+    stamp = p.ledger.type_moves[gt]
+    kept = p.lending_words.get(t.key) if WORDS_KEPT else None
+    if kept is None or kept[0] != stamp:
+        kept = p.lending_words[t.key] = (stamp, _lending_words(p, t))
+    p.raw[job.id] = Wait(job.id, WaitReason.LENDING, kept[1])
+
+
+def _lending_words(p: Pass, t: Try) -> str:
     job, gt = t.job, t.gt
     tree = p.ledger.tree
     assert tree is not None
     left = max(0, p.ledger.capacity_total.get(gt, 0) - p.ledger.used[gt])
-    guarders = tree.guarders(gt, job.team)
+    top, count, total = tree.guard_summary(gt, job.team)  # `guarders`, summed
     names = [f"{'department' if tree.is_department(n) else 'team'} {n} ({k})"
-             for n, k in guarders[:3]]
-    if len(guarders) > 3:
-        names.append(f"{len(guarders) - 3} more")
-    guarded = min(left, sum(k for _n, k in guarders))
-    p.raw[job.id] = Wait(job.id, WaitReason.LENDING, (
-        f"{guarded} of the {left} {gt} GPUs left are guarded by "
-        f"{', '.join(names) or 'other teams'} (their lending limits); team {job.team} "
-        "may not borrow them (rule Q4)"))
+             for n, k in top]
+    if count > 3:
+        names.append(f"{count - 3} more")
+    guarded = min(left, total)
+    return (f"{guarded} of the {left} {gt} GPUs left are guarded by "
+            f"{', '.join(names) or 'other teams'} (their lending limits); team {job.team} "
+            "may not borrow them (rule Q4)")

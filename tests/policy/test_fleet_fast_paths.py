@@ -1,0 +1,292 @@
+"""The pass's shortcuts for a fleet (docs/performance.md, "A fleet of 5,000 nodes: the
+pass") give what their plain references give, over random small fleets (hypothesis):
+teams in a tree of departments with borrowing and lending limits at every level
+(rules Q3-Q7), whole and time-sliced GPU types (rules H1-H5), one or two clusters with
+spot pools (rules K1-K4), a long queue of few shapes, preemption off or on. Each
+shortcut is switched off in turn and the plans compared whole: admissions,
+preemptions, order, every wait's reason and message."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from queueing.policy import admission, workspace
+from queueing.policy.admission import Plan, plan_admissions
+from queueing.policy.fairshare import FairShareState
+from queueing.policy.priority import PriorityWeights
+from queueing.policy.quota_tree import QuotaTree
+from queueing.policy.snapshot import (
+    NodeState,
+    PreemptionSettings,
+    QueuedJob,
+    QuotaLimit,
+    RunningJob,
+    Snapshot,
+)
+from queueing.policy.stages import heads, nodes, quota
+from queueing.policy.stages.heads import Charges, QueueOrder
+
+from . import test_plan_fast_paths, test_plan_properties
+from .clusters_world import NOW
+
+WHOLE = ("h100", "a100")
+SLICED, SLICES = "a10", 4
+
+
+def _tree(rnd: random.Random) -> tuple[dict[str, str | None], list[str]]:
+    """Divisions, departments and teams (or teams alone at the top, now and then)."""
+    parent: dict[str, str | None] = {}
+    teams: list[str] = []
+    for d in range(rnd.randint(1, 3)):
+        div = f"d{d}"
+        parent[div] = None
+        for e in range(rnd.randint(1, 2)):
+            dept = f"{div}.e{e}"
+            parent[dept] = div
+            for k in range(rnd.randint(1, 3)):
+                team = f"{dept}.t{k}"
+                parent[team] = dept
+                teams.append(team)
+    if rnd.random() < 0.3:
+        parent["solo"] = None
+        teams.append("solo")
+    return parent, teams
+
+
+def _quota(rnd: random.Random) -> QuotaLimit:
+    nominal = rnd.choice((0, 2, 4, 8, 16, 32))
+    return QuotaLimit(nominal, rnd.choice((None, None, 0, 2, 4, 8, 16)),
+                      rnd.choice((None, None, 0, nominal // 2)))
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> Snapshot:
+    """A small fleet in the bench's image: a quota tree, whole and time-sliced types,
+    GPUs partly taken, a queue of many jobs of few shapes over three tiers."""
+    rnd = random.Random(draw(st.integers(0, 2**32)))
+    parent, teams = _tree(rnd)
+    clusters = ("a", "b")[: rnd.choice((1, 1, 2))]
+    node_list: list[NodeState] = []
+    running: list[RunningJob] = []
+    for cluster in clusters:
+        for gt in (*WHOLE, SLICED):
+            for i in range(rnd.randint(1, 3)):
+                spot = cluster == "a" and i == 2
+                name = f"{cluster}/{gt}-{i}"
+                if gt == SLICED:
+                    gf = [rnd.randint(0, SLICES) for _ in range(4)]
+                    node_list.append(NodeState(name, gt, 4 * SLICES, sum(gf), cluster=cluster,
+                                               spot=spot, slices_per_gpu=SLICES,
+                                               gpu_free=tuple(gf)))
+                    used = 4 * SLICES - sum(gf)
+                else:
+                    free = rnd.randint(0, 8)
+                    node_list.append(NodeState(name, gt, 8, free, cluster=cluster, spot=spot))
+                    used = 8 - free
+                if used:
+                    running.append(RunningJob(
+                        id=len(running) + 1, team=rnd.choice(teams), gpu_type=gt,
+                        gpus_per_replica=used, replicas=1, tier_rank=rnd.choice((0, 100)),
+                        started_at=NOW - timedelta(hours=rnd.uniform(0.1, 5)),
+                        nodes=(name,), cluster=cluster))
+    quotas = {(n, gt): _quota(rnd) for n in parent for gt in (*WHOLE, SLICED)
+              if rnd.random() < 0.9}
+    queued = []
+    shapes = [(rnd.choice((*WHOLE, SLICED)), rnd.choice((1, 1, 2, 4, 8)), rnd.choice((1, 1, 2)))
+              for _ in range(rnd.randint(2, 8))]
+    for k in range(rnd.randint(5, 120)):
+        gt, g, reps = rnd.choice(shapes)
+        queued.append(QueuedJob(
+            id=1000 + k, team=rnd.choice(teams), gpu_type=gt, gpus_per_replica=g,
+            replicas=reps, tier_rank=rnd.choice((0, 100, 100, 200)),
+            submitted_at=NOW - timedelta(seconds=rnd.randrange(100_000)),
+            clusters=rnd.choice((None, None, frozenset("a"), frozenset("b"))),
+            spot_ok=rnd.random() < 0.5, max_runtime_seconds=rnd.choice((None, 600))))
+    state = FairShareState({t: rnd.expovariate(0.1) for t in teams},
+                           {t: 1 / len(teams) for t in teams})
+    searches = rnd.choice((0, 0, 0, 2))
+    return Snapshot(
+        now=NOW, nodes=tuple(node_list), queued=tuple(queued), running=tuple(running),
+        quotas=quotas, fair_share_state=state, priority_weights=PriorityWeights(),
+        interval_seconds=rnd.choice((3.0, 600.0)), units_per_gpu={SLICED: SLICES},
+        team_parent=parent, reservation=rnd.random() < 0.5,
+        cluster_ranks={c: rnd.randrange(2) for c in clusters},
+        preemption=PreemptionSettings(enabled=searches > 0, max_searches=max(1, searches)))
+
+
+@contextmanager
+def _off(module: object, name: str) -> Iterator[None]:
+    kept = getattr(module, name)
+    setattr(module, name, False)
+    try:
+        yield
+    finally:
+        setattr(module, name, kept)
+
+
+def _plain(s: Snapshot, module: object, name: str) -> Plan:
+    with _off(module, name):
+        return plan_admissions(s)
+
+
+def _same_plan(fast: Plan, ref: Plan) -> None:
+    assert fast == ref
+    assert dict(fast.wait_causes()) == dict(ref.wait_causes())
+
+
+def _same(s: Snapshot, plain: Callable[[Snapshot], Plan]) -> None:
+    _same_plan(plan_admissions(s), plain(s))
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets())
+def test_rule_q4s_limits_kept_per_top_level_node_are_the_plain_ones(s: Snapshot) -> None:
+    """`Ledger.tree_limit` kept until something moves under the team's top-level node
+    (`LIMITS_PER_TOP`) against kept until anything moves."""
+    _same(s, lambda s: _plain(s, workspace, "LIMITS_PER_TOP"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets())
+def test_capacity_waits_kept_per_gpu_type_are_the_plain_ones(s: Snapshot) -> None:
+    """Rules E2, E3, K3's memos kept until a node of the type changes (`PER_TYPE`)
+    against kept until any node changes."""
+    _same(s, lambda s: _plain(s, nodes, "PER_TYPE"))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**32))
+def test_rule_q4s_guard_summary_is_the_plain_ranking_summed(seed: int) -> None:
+    """`QuotaTree.guard_summary` (the lending wait's words) over random trees and moves:
+    the first three, the count and the sum of what `guarders_reference` walks and
+    sorts anew for the team."""
+    rnd = random.Random(seed)
+    teams = [f"n{i}" for i in range(rnd.randint(2, 30))]
+    parent = {t: (rnd.choice(teams[:i]) if i and rnd.random() < 0.7 else None)
+              for i, t in enumerate(teams)}
+    quotas = {}
+    for t in teams:
+        if rnd.random() < 0.8:
+            n = rnd.randint(0, 16)
+            quotas[(t, "h100")] = QuotaLimit(n, rnd.choice([None, rnd.randint(0, 8)]),
+                                             rnd.choice([None, rnd.randint(0, n)]))
+    tree = QuotaTree(parent, quotas, {"h100": 300})
+    for _ in range(40):
+        besides = rnd.choice((*teams, "newcomer"))
+        plain = tree.guarders_reference("h100", besides)
+        assert tree.guard_summary("h100", besides) == (
+            plain[:3], len(plain), sum(k for _n, k in plain))
+        if rnd.random() < 0.6:
+            tree.add(rnd.choice((*teams, "newcomer")), "h100", rnd.randint(-2, 6))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(fleets(), test_plan_fast_paths.long_queues()), st.sampled_from((1, 2, 5)),
+       st.sampled_from((1, 3)))
+def test_a_replay_judged_off_and_on_again_gives_the_whole_pass(
+        s: Snapshot, quiet: int, trial: int) -> None:
+    """The replay of waits stopped after `_LANE_TRIAL` misses and on again after
+    `_LANE_QUIET` jobs found the state unchanged, against every job through the whole
+    pass."""
+    kept = admission._LANE_TRIAL, admission._LANE_QUIET
+    admission._LANE_TRIAL, admission._LANE_QUIET = trial, quiet
+    try:
+        plan = plan_admissions(s)
+    finally:
+        admission._LANE_TRIAL, admission._LANE_QUIET = kept
+    _same_plan(plan, _plain(s, admission, "_REPLAY"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(fleets(), test_plan_fast_paths.long_queues(),
+                 test_plan_properties.snapshots()))
+def test_waits_replayed_per_gpu_type_and_across_tiers_are_the_whole_pass(
+        s: Snapshot) -> None:
+    """The replay of waits at each GPU type's stamp, across tiers (`_PER_TYPE`),
+    against every job through the whole pass, and against the replay at every
+    change's stamp per tier."""
+    plan = plan_admissions(s)
+    _same_plan(plan, _plain(s, admission, "_REPLAY"))
+    _same_plan(plan, _plain(s, admission, "_PER_TYPE"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets())
+def test_rule_q4s_lending_words_kept_per_type_are_said_anew(s: Snapshot) -> None:
+    """The lending wait's words kept per (team, type) until the type moves
+    (`WORDS_KEPT`) against said anew for every wait."""
+    _same(s, lambda s: _plain(s, quota, "WORDS_KEPT"))
+
+
+@settings(max_examples=500, deadline=None)
+@given(test_plan_fast_paths.queues_and_charges(), st.sampled_from((1, 2, 5)),
+       st.sampled_from((1, 4, 1000)))
+def test_the_rest_of_a_tier_sorted_when_quiet_is_the_heaps_order(
+        case: tuple[Snapshot, list[tuple[int, str, float]]], quiet: int, share: int) -> None:
+    """Rule O1: the heap's tier sorted again once `RESORT_QUIET` jobs passed with no
+    charge (and on the heap again at the next charge), against the heap alone."""
+    s, charges = case
+    # As the pass charges (rule F6): the team of the job just yielded, now and then.
+    own = [(n, "", hours) for n, _team, hours in charges]
+    for case_charges in (charges, own):
+        kept = heads.RESORT_QUIET, heads.RESORT_SHARE
+        heads.RESORT_QUIET, heads.RESORT_SHARE = quiet, share
+        try:
+            fast = _order(s, fast=True, charges=case_charges)
+        finally:
+            heads.RESORT_QUIET, heads.RESORT_SHARE = kept
+        assert fast == _order(s, fast=False, charges=case_charges)
+
+
+def _order(s: Snapshot, *, fast: bool, charges: list[tuple[int, str, float]]) -> list[int]:
+    """`test_plan_fast_paths._order`, a charge of team "" charging the team of the job
+    just yielded."""
+    assert s.fair_share_state is not None
+    factors = Charges(s.fair_share_state.copy())
+    order = QueueOrder(
+        s.queued, factors=factors, weights=s.priority_weights or PriorityWeights(), now=s.now,
+        cluster_gpus=sum(n.capacity for n in s.nodes), first=s.nominated,
+        usage_total=sum(s.fair_share_state.usage(t) for t in {j.team for j in s.queued}))
+    order.fast = fast
+    by_position: dict[int, list[tuple[str, float]]] = {}
+    for n, team, hours in charges:
+        by_position.setdefault(n, []).append((team, hours))
+    out = []
+    for index in order:
+        job = order.jobs[index]
+        out.append(job.id)
+        for team, hours in by_position.get(len(out), ()):
+            factors.charge(team or job.team, hours)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(fleets(), test_plan_fast_paths.long_queues()))
+def test_a_plan_on_the_tiers_sorted_when_quiet_is_the_plan_on_the_heap(s: Snapshot) -> None:
+    kept = heads.RESORT_QUIET
+    heads.RESORT_QUIET = 1
+    try:
+        fast = plan_admissions(s)
+    finally:
+        heads.RESORT_QUIET = kept
+    _same_plan(fast, _plain(s, QueueOrder, "fast"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(test_plan_fast_paths.queues_and_charges())
+def test_a_tier_after_a_charge_sorted_is_the_heaps_order(
+        case: tuple[Snapshot, list[tuple[int, str, float]]]) -> None:
+    """Rule O1: a tier reached after some charge, sorted with each team's factor as the
+    heap keys it then (`LATER_SORTED`), against that tier on the heap from its start."""
+    s, charges = case
+    own = [(n, "", hours) for n, _team, hours in charges]
+    for case_charges in (charges, own):
+        fast = _order(s, fast=True, charges=case_charges)
+        with _off(heads, "LATER_SORTED"):
+            assert fast == _order(s, fast=True, charges=case_charges)
