@@ -98,6 +98,9 @@ from .k8s_manifest import (
     sealed_by_fairq,
     service_manifest,
     sign_job,
+    slim_job,
+    slim_node,
+    slim_pod,
     unbound_demand,
     workload_finished,
     workload_replicas,
@@ -246,10 +249,12 @@ class KubernetesBackend:
 
         self.jobs = watch("jobs", self.batch.list_job_for_all_namespaces,
                           self.batch.list_namespaced_job, self.team_namespaces,
-                          label_selector=SELECTOR, on_change=self._job_changed)
+                          label_selector=SELECTOR, on_change=self._job_changed,
+                          transform=slim_job)
         self.pods = watch("pods", self.core.list_pod_for_all_namespaces,
                           self.core.list_namespaced_pod, self.team_namespaces,
-                          label_selector=SELECTOR, on_change=self._pod_changed)
+                          label_selector=SELECTOR, on_change=self._pod_changed,
+                          transform=slim_pod)
         # Everyone else's GPUs: non-terminal pods bound to a node, not fairq's (in the
         # team namespaces and `other_pod_namespaces`, unless cluster-wide).
         self.other_pods = watch(
@@ -257,9 +262,10 @@ class KubernetesBackend:
             self.core.list_namespaced_pod,
             lambda: (*self.team_namespaces(), *self.other_pod_namespaces),
             label_selector=f"{MANAGED_BY}!=fairq",
-            field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")
+            field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+            transform=slim_pod)
         self.nodes_informer = Informer("nodes", self.core.list_node, **timing,
-                                       on_change=self._node_changed)
+                                       on_change=self._node_changed, transform=slim_node)
         self._informers = (self.jobs, self.pods, self.other_pods, self.nodes_informer)
         self._pod_index_memo: tuple[Any, dict[str, list[Obj]], dict[str, list[Obj]]] | None = None
         # The Job controller's FailedCreate events (why a Job has no pods), watched so
