@@ -171,3 +171,48 @@ def test_the_informer_lists_in_pages_and_transforms_what_it_lists_and_watches() 
     assert inf.get("ns/a")["metadata"]["resourceVersion"] == "8"
     assert all("managedFields" not in o["metadata"] for o in [*inf.items(), *seen])
     assert inf.errors == 0
+
+
+def test_the_kept_seal_answer_is_the_hmac_of_the_exact_inputs() -> None:
+    """`sealed_by_fairq` keeps its answer per (namespace, name, digest, seal, key): held
+    to the HMAC computed afresh, for a seal that verifies and for each input changed
+    after it was first asked (a forged seal, another name, namespace, digest or key)."""
+    import hmac
+    import random
+
+    from queueing.backends.k8s_manifest import (
+        A_OWNER,
+        A_SPEC_DIGEST,
+        owner_seal,
+        sealed_by_fairq,
+    )
+
+    def fresh(job: dict[str, Any], key: bytes) -> bool:
+        meta = job["metadata"]
+        ann = meta.get("annotations") or {}
+        digest = str(ann.get(A_SPEC_DIGEST) or "")
+        return bool(digest) and hmac.compare_digest(
+            str(ann.get(A_OWNER) or ""), owner_seal(str(meta.get("namespace")),
+                                                   str(meta.get("name")), digest, key))
+
+    rng = random.Random(5)
+    for i in range(200):
+        key = rng.choice([b"k1", b"k2"])
+        digest = f"{rng.getrandbits(64):016x}"
+        meta = {"name": f"fq-{i}-1", "namespace": rng.choice(["fairq-a", "fairq-b"]),
+                "annotations": {A_SPEC_DIGEST: digest,
+                                A_OWNER: owner_seal("fairq-a", f"fq-{i}-1", digest, b"k1")}}
+        job = {"metadata": meta}
+        for change in range(6):
+            assert sealed_by_fairq(job, key) == fresh(job, key)
+            assert sealed_by_fairq(job, key) == fresh(job, key)  # asked again: kept
+            if change == 0:
+                meta["annotations"][A_OWNER] = "f" * 64  # forged
+            elif change == 1:
+                meta["name"] = f"fq-{i}-2"
+            elif change == 2:
+                meta["namespace"] = "fairq-c"
+            elif change == 3:
+                meta["annotations"][A_SPEC_DIGEST] = ""
+            else:
+                key = b"k3"
