@@ -216,3 +216,28 @@ def test_the_kept_seal_answer_is_the_hmac_of_the_exact_inputs() -> None:
                 meta["annotations"][A_SPEC_DIGEST] = ""
             else:
                 key = b"k3"
+
+
+def test_a_kept_quantity_is_the_quantity_parsed_afresh() -> None:
+    """`capacity` reads each pod's CPU and memory through values kept per text: held to
+    `parse_cpu` / `parse_bytes` over quantities of every form, invalid ones included,
+    asked twice."""
+    import random
+
+    from queueing.backends.k8s_manifest import _bytes_or_none, _cpu_or_none
+    from queueing.validation import parse_bytes, parse_cpu
+
+    def fresh(parse: Any, text: str) -> int | None:
+        try:
+            return int(parse(text))
+        except ValueError:
+            return None
+
+    rng = random.Random(11)
+    texts = ["8", "0.5", "250m", "1500m", "64Gi", "512Mi", "1e3", "1.5G", "100Ki", "",
+             "-1", "x", "12Pi", "7", "0", "1Ti"]
+    texts += [f"{rng.randint(0, 5000)}{rng.choice(['', 'm', 'Mi', 'Gi', 'k', 'M'])}"
+              for _ in range(200)]
+    for text in texts * 2:
+        assert _cpu_or_none(text) == fresh(parse_cpu, text), text
+        assert _bytes_or_none(text) == fresh(parse_bytes, text), text
