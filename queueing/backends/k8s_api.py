@@ -66,7 +66,7 @@ class RawPoster:
     """POSTs pre-serialised JSON bodies through an ApiClient's own connection pool and
     credentials, without the generated client's per-call work: its argument validation
     (pydantic), the body walked into models and back (`sanitize_for_serialization`), the
-    kubeconfig's auth hook and proxy look-up on every call. That work was about 1.5 ms of
+    kubeconfig's auth hook and proxy look-up on every call. That work was about 1 ms of
     CPU per Job created on this machine, as much as the rest of a create, and under
     load the cycle's creates queue behind it for the GIL (docs/performance.md, "A fleet
     of 5,000 nodes: the Kubernetes path"). The answer is the same as the generated
