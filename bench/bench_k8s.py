@@ -15,9 +15,17 @@ Questions and goals
        BENCH k8s_cycle_jobs_created_per_s_sequential, k8s_plain_sequential_creates_per_s
                                                the same one at a time (300 jobs): the
                                                cycle before concurrency, and its floor
-     Best of three alternating rounds each. kube-controller-manager and kube-scheduler
-     are paused (SIGSTOP) meanwhile, so no round runs against the controllers' work on
-     the Jobs of the rounds before: this measures the create path.
+       BENCH k8s_cycle_generated_jobs_created_per_s  the cycle's submit step as before:
+                                               each Job through the generated client
+                                               method, its answer parsed
+                                               (`KubernetesBackend.raw_creates = False`)
+       BENCH k8s_cycle_generated_vs_plain_ratio
+     Best of three alternating rounds each (plain, cycle, cycle as before), the CPU
+     seconds each took in this process printed beside. By default the controllers run
+     (kube-controller-manager makes a pod per Job, kube-scheduler tries them) and the
+     machine is loaded: one busy loop per core in a session of its own
+     (`_common.start_load`), the load average printed. `--paused`: as before,
+     kube-controller-manager and kube-scheduler paused (SIGSTOP) and no busy loops.
   2. How long from a pod's phase change to the job's status in fairq? Goal p95 < 2 s.
      A worker loop runs `scheduler_cycle()` every FAIRQ_CYCLE_INTERVAL_SECONDS (3 s) and
      when the backend's watch kicks it (composition.KickThrottle: one a second, the
@@ -38,7 +46,8 @@ Questions and goals
 
 Needs the envtest binaries (tests/envtest/build.sh); without them it prints why and
 `BENCH k8s_skipped 1 flag`, and exits 0. Database: $DATABASE_URL, or a fresh SQLite file
-in /tmp. Run: `.venv/bin/python bench/bench_k8s.py` (about two minutes).
+in /tmp. Run: `.venv/bin/python bench/bench_k8s.py [--paused] [--only creates|lag|logs]`
+(about three minutes).
 """
 
 from __future__ import annotations
@@ -57,7 +66,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from _common import bench, note, setup_django_sqlite  # noqa: E402  (bench/ is sys.path[0])
+from _common import bench, note, setup_django_sqlite, start_load  # noqa: E402  (bench/ is sys.path[0])
 
 from tests.envtest.cluster import ControlPlane, default_bin_dir, missing_binaries  # noqa: E402
 
@@ -120,7 +129,7 @@ def plain_creates(api: Any, namespace: str, bodies: list[dict[str, Any]],
     return time.perf_counter() - t0
 
 
-def bench_creates(cp: ControlPlane) -> None:
+def bench_creates(cp: ControlPlane, *, paused: bool) -> None:
     from django.conf import settings
 
     from queueing.backends.k8s_api import api_client_from_config
@@ -137,22 +146,38 @@ def bench_creates(cp: ControlPlane) -> None:
     plain_api = api_client_from_config(kubeconfig=kubeconfig, pool_size=concurrency + 8)
     note(f"{CREATE_JOBS} admitted jobs per round, FAIRQ_K8S_SUBMIT_CONCURRENCY={concurrency}")
 
-    def cycle_round(slug: str, workers: int) -> float:
-        """Seconds for the cycle's submit step (scheduler.submit_admitted) to create and
-        mark the team's admitted jobs."""
+    def cycle_round(slug: str, workers: int, *, raw: bool = True) -> tuple[float, float]:
+        """Seconds (wall, this process's CPU) for the cycle's submit step
+        (scheduler.submit_admitted) to create and mark the team's admitted jobs."""
         backend.provisioner.ensure_namespace(slug)  # a team's first job pays this once, not measured
         backend.submit_concurrency = workers
+        backend.raw_creates = raw
         result = CycleResult()
-        t0 = time.perf_counter()
-        submit_admitted(backend=backend, now=datetime.now(UTC), result=result)
-        elapsed = time.perf_counter() - t0
+        first: list[float] = []
+        submit = backend.submit
+
+        def timed_submit(spec: Any, *, now: datetime) -> None:
+            if not first:
+                first.append(time.perf_counter())
+            submit(spec, now=now)
+
+        backend.submit = timed_submit  # type: ignore[method-assign]
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            submit_admitted(backend=backend, now=datetime.now(UTC), result=result)
+        finally:
+            del backend.submit
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if first:
+            note(f"{slug}: the first create began {first[0] - t0:.2f} s in (the jobs read, "
+                 "their launch specs built)")
         left = Job.objects.filter(team__slug=slug, submitted_to_backend_at__isnull=True).count()
         if result.submit_errors or left:
             note(f"{slug}: {len(result.submit_errors)} errors, {left} not marked submitted: "
                  f"{list(result.submit_errors.values())[:3]}")
-        return elapsed
+        return elapsed, cpu
 
-    def plain_round(slug: str, workers: int, n: int) -> float:
+    def plain_round(slug: str, workers: int, n: int) -> tuple[float, float]:
         """The same Jobs as the cycle's first round (fairq's manifests), renamed into
         another namespace."""
         namespace = backend.provisioner.ensure_namespace(slug)
@@ -162,45 +187,65 @@ def bench_creates(cp: ControlPlane) -> None:
             body = backend.manifest(launch_spec(j))
             body["metadata"]["namespace"] = namespace
             bodies.append(body)
-        return plain_creates(plain_api, namespace, bodies, workers)
+        c0 = time.process_time()
+        return plain_creates(plain_api, namespace, bodies, workers), time.process_time() - c0
 
-    # The Job controller and kube-scheduler are paused while Jobs are created: otherwise
-    # each round runs against their work on the Jobs of the rounds before (a pod per
-    # Job, scheduling attempts), a load that differs from round to round.
-    paused = [cp.pids()[c] for c in ("kube-controller-manager", "kube-scheduler")]
-    for pid in paused:
+    # --paused: the Job controller and kube-scheduler paused while Jobs are created (each
+    # round then runs against none of their work on the Jobs of the rounds before: the
+    # create path alone), and no load. Else both run, and busy loops load the machine.
+    paused_pids = [cp.pids()[c] for c in ("kube-controller-manager", "kube-scheduler")] \
+        if paused else []
+    for pid in paused_pids:
         os.kill(pid, signal.SIGSTOP)
+    load = [] if paused else start_load(os.cpu_count() or 2)
     try:
         _create_rounds(cycle_round, plain_round, concurrency)
     finally:
-        for pid in paused:
+        for proc in load:
+            proc.kill()
+            proc.wait()
+        for pid in paused_pids:
             os.kill(pid, signal.SIGCONT)
     plain_api.close()
     backend.close()
 
 
 def _create_rounds(cycle_round: Any, plain_round: Any, concurrency: int) -> None:
-    # Alternate the two, ROUNDS times, so load from elsewhere on the machine (and the
-    # controllers working through the Jobs already made) hits both alike; the best
+    # Alternate the three, ROUNDS times, so load from elsewhere on the machine (and the
+    # controllers working through the Jobs already made) hits them alike; the best
     # round of each counts, every round is printed.
     admitted_jobs(CREATE_JOBS, team_slug="cyc0", offset=0)
-    cycle, plain = [], []
+    cycle: list[float] = []
+    plain: list[float] = []
+    generated: list[float] = []
     for r in range(ROUNDS):
-        plain.append(CREATE_JOBS / plain_round(f"plain{r}", concurrency, CREATE_JOBS))
+        wall, cpu = plain_round(f"plain{r}", concurrency, CREATE_JOBS)
+        plain.append(CREATE_JOBS / wall)
+        note(f"round {r}: plain {plain[-1]:.0f} jobs/s ({cpu:.2f} s CPU); "
+             f"load average {os.getloadavg()[0]:.1f}")
         if r:
             admitted_jobs(CREATE_JOBS, team_slug=f"cyc{r}", offset=r * CREATE_JOBS)
-        cycle.append(CREATE_JOBS / cycle_round(f"cyc{r}", concurrency))
-        note(f"round {r}: cycle {cycle[-1]:.0f} jobs/s, plain {plain[-1]:.0f} jobs/s")
+        wall, cpu = cycle_round(f"cyc{r}", concurrency)
+        cycle.append(CREATE_JOBS / wall)
+        note(f"round {r}: cycle {cycle[-1]:.0f} jobs/s ({cpu:.2f} s CPU)")
+        admitted_jobs(CREATE_JOBS, team_slug=f"gen{r}", offset=(r + 20) * CREATE_JOBS)
+        wall, cpu = cycle_round(f"gen{r}", concurrency, raw=False)
+        generated.append(CREATE_JOBS / wall)
+        note(f"round {r}: cycle as before (generated client) {generated[-1]:.0f} jobs/s "
+             f"({cpu:.2f} s CPU)")
     bench("k8s_cycle_jobs_created_per_s", max(cycle), "jobs/s")
     bench("k8s_plain_concurrent_creates_per_s", max(plain), "jobs/s")
     bench("k8s_cycle_vs_plain_ratio", max(cycle) / max(plain), "x")
+    bench("k8s_cycle_generated_jobs_created_per_s", max(generated), "jobs/s")
+    bench("k8s_cycle_generated_vs_plain_ratio", max(generated) / max(plain), "x")
+    note(f"load average {os.getloadavg()[0]:.1f} after the rounds")
     # For reference, one after the other: the cycle as it was before concurrency, and
     # plain single-threaded creates.
     admitted_jobs(SEQ_JOBS, team_slug="cycseq", offset=10 * CREATE_JOBS)
     bench("k8s_cycle_jobs_created_per_s_sequential",
-          SEQ_JOBS / cycle_round("cycseq", 1), "jobs/s")
+          SEQ_JOBS / cycle_round("cycseq", 1)[0], "jobs/s")
     bench("k8s_plain_sequential_creates_per_s",
-          SEQ_JOBS / plain_round("plainseq", 1, SEQ_JOBS), "jobs/s")
+          SEQ_JOBS / plain_round("plainseq", 1, SEQ_JOBS)[0], "jobs/s")
 
 
 def bench_lag(cp: ControlPlane) -> None:
@@ -361,13 +406,23 @@ def bench_log_reads() -> None:
 
 
 def main() -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--paused", action="store_true",
+                        help="pause the controllers and load nothing while Jobs are created")
+    parser.add_argument("--only", choices=("creates", "lag", "logs"), default="")
+    args = parser.parse_args()
     setup_django()
-    bench_log_reads()
+    if args.only in ("", "logs"):
+        bench_log_reads()
     missing = missing_binaries()
     if missing:
         note(f"envtest binaries missing in {default_bin_dir()}: {', '.join(missing)}; "
              "run tests/envtest/build.sh to build them")
         print("BENCH k8s_skipped 1 flag")
+        return 0
+    if args.only == "logs":
         return 0
     cp = ControlPlane()
     try:
@@ -377,8 +432,10 @@ def main() -> int:
             cp.add_gpu_node(f"gpu-h100-{i}", "h100", GPUS_PER_NODE)
         cp.start_fake_kubelet()
         # Lag first: the creates leave 600 Jobs for the namespace controller to delete.
-        bench_lag(cp)
-        bench_creates(cp)
+        if args.only in ("", "lag"):
+            bench_lag(cp)
+        if args.only in ("", "creates"):
+            bench_creates(cp, paused=args.paused)
     finally:
         cp.stop()
     return 0

@@ -21,10 +21,12 @@ reference never reaches a pod.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -712,8 +714,16 @@ def sealed_by_fairq(job: Mapping[str, Any], key: bytes) -> bool:
     meta = job.get("metadata") or {}
     ann = meta.get("annotations") or {}
     digest = str(ann.get(A_SPEC_DIGEST) or "")
-    expected = owner_seal(str(meta.get("namespace")), str(meta.get("name")), digest, key)
-    return bool(digest) and hmac.compare_digest(str(ann.get(A_OWNER) or ""), expected)
+    return bool(digest) and _seal_verifies(str(meta.get("namespace")), str(meta.get("name")),
+                                           digest, str(ann.get(A_OWNER) or ""), key)
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _seal_verifies(namespace: str, name: str, digest: str, seal: str, key: bytes) -> bool:
+    """`seal` is the owner seal of (namespace, name, digest) under `key`. Kept per exact
+    inputs: each cycle asks it of every Job in the cache (an HMAC each: a fifth of
+    `statuses()` at 150,000 Jobs), and a Job's seal never changes."""
+    return hmac.compare_digest(seal, owner_seal(namespace, name, digest, key))
 
 
 def adoption_verdict(existing: Mapping[str, Any], wanted: Mapping[str, Any], *,
@@ -1065,6 +1075,101 @@ def failure_reason(condition: Mapping[str, Any],
     return f"{why}: {msg}".strip().rstrip(":"), None
 
 
+# --- what the watch cache keeps (k8s_cache.Informer's transform) -------------------------
+
+# The metadata the readers above and the backend use: identity, labels and annotations
+# (fairq's identity, the seal, placement), owners (whose pods), times and deletion. Not
+# kept: managedFields (most of an object's bytes on a 1.18+ API server), generateName,
+# selfLink.
+_META_KEPT = ("name", "namespace", "uid", "resourceVersion", "generation", "labels",
+              "annotations", "ownerReferences", "finalizers", "creationTimestamp",
+              "deletionTimestamp", "deletionGracePeriodSeconds")
+# A pod's status without its conditions, host and QoS class (nothing reads them).
+_POD_STATUS_KEPT = ("phase", "reason", "message", "startTime", "podIP",
+                    "containerStatuses")
+_NODE_STATUS_KEPT = ("conditions", "allocatable", "capacity")
+# Of a container's status: its state (running, terminated: exit code, reason, times) and
+# restarts; not its image, image digest, readiness or last state.
+_CONTAINER_STATUS_KEPT = ("name", "state", "restartCount")
+
+
+def _compact(obj: Any) -> Any:
+    """`obj` with every key and every short string shared (`sys.intern`): the label keys
+    and values, phases, images and quantities of 150,000 pods are a few hundred strings
+    (a fifth of a slim pod's memory)."""
+    if isinstance(obj, dict):
+        return {sys.intern(k): _compact(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_compact(v) for v in obj]
+    if isinstance(obj, str) and len(obj) <= 64:
+        return sys.intern(obj)
+    return obj
+
+
+def _slim_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: meta[k] for k in _META_KEPT if k in meta}
+
+
+def _slim_containers(containers: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: c[k] for k in ("name", "resources") if k in c} for c in containers]
+
+
+def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What fairq reads of a pod (its status, workload and capacity readers above, the
+    backend's logs, orphan and spot handling): metadata but managedFields, the node, the
+    containers' names and resources, the status but its conditions. A running pod's
+    command, env, stop hook, volumes, affinity and tolerations are about four fifths of
+    its bytes, and 150,000 of them are the worker's memory (docs/performance.md, "A
+    fleet of 5,000 nodes: the Kubernetes path"). Held to the full object by
+    tests/test_k8s_slim_cache.py."""
+    out: dict[str, Any] = {"metadata": _slim_meta(pod.get("metadata") or {})}
+    spec = pod.get("spec")
+    if spec is not None:
+        slim: dict[str, Any] = {}
+        if "nodeName" in spec:
+            slim["nodeName"] = spec["nodeName"]
+        for key in ("containers", "initContainers"):
+            if key in spec:
+                slim[key] = _slim_containers(spec[key] or ())
+        out["spec"] = slim
+    status = pod.get("status")
+    if status is not None:
+        slim = {k: status[k] for k in _POD_STATUS_KEPT if k in status}
+        if "containerStatuses" in slim:
+            slim["containerStatuses"] = [
+                {k: cs[k] for k in _CONTAINER_STATUS_KEPT if k in cs}
+                for cs in slim["containerStatuses"] or ()]
+        out["status"] = slim
+    return _compact(out)  # type: ignore[no-any-return]
+
+
+def slim_job(job: Mapping[str, Any]) -> dict[str, Any]:
+    """What fairq reads of a Job: metadata but managedFields, the spec but its pod
+    template and selector (completions, backoffLimit, parallelism, deadline), the whole
+    status (conditions, counts, times). Held to the full object by
+    tests/test_k8s_slim_cache.py."""
+    out: dict[str, Any] = {"metadata": _slim_meta(job.get("metadata") or {})}
+    spec = job.get("spec")
+    if spec is not None:
+        out["spec"] = {k: v for k, v in spec.items() if k not in ("template", "selector")}
+    if "status" in job:
+        out["status"] = job["status"]
+    return _compact(out)  # type: ignore[no-any-return]
+
+
+def slim_node(node: Mapping[str, Any]) -> dict[str, Any]:
+    """What fairq reads of a node: metadata but managedFields (its labels: GPU type,
+    topology, spot), the spec (taints, unschedulable), its conditions, allocatable and
+    capacity; not its image list, volumes or system info."""
+    out: dict[str, Any] = {"metadata": _slim_meta(node.get("metadata") or {})}
+    if "spec" in node:
+        out["spec"] = node["spec"]
+    status = node.get("status")
+    if status is not None:
+        out["status"] = {k: status[k] for k in _NODE_STATUS_KEPT if k in status}
+    return _compact(out)  # type: ignore[no-any-return]
+
+
 # --- capacity ---------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -1136,15 +1241,28 @@ def pod_gpu_requests(pod: Mapping[str, Any], resource: str) -> int:
 
 
 def _cpu_or_none(value: Any) -> int | None:
+    return _parsed_cpu(str(value))
+
+
+def _bytes_or_none(value: Any) -> int | None:
+    return _parsed_bytes(str(value))
+
+
+# A quantity's value, kept per text: `nodes()` reads every pod's requests each cycle
+# (two thirds of it at 10,000 pods was parsing "8" and "64Gi" with fractions again), and
+# a fleet's pods ask a few hundred distinct quantities.
+@functools.lru_cache(maxsize=4096)
+def _parsed_cpu(text: str) -> int | None:
     try:
-        return parse_cpu(str(value))
+        return parse_cpu(text)
     except ValueError:
         return None
 
 
-def _bytes_or_none(value: Any) -> int | None:
+@functools.lru_cache(maxsize=4096)
+def _parsed_bytes(text: str) -> int | None:
     try:
-        return parse_bytes(str(value))
+        return parse_bytes(text)
     except ValueError:
         return None
 

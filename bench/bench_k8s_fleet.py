@@ -1,0 +1,250 @@
+"""The Kubernetes backend's watch cache at fleet size: 150,000 fairq pods, as many Jobs,
+5,000 GPU nodes (docs/performance.md, "A fleet of 5,000 nodes: the Kubernetes path").
+
+Question: what does the worker's in-process cache cost per pod, in memory and in work
+per watch event, and what do the cycle's reads of it cost, with the objects kept whole
+(`full`, as before) and slim (`slim`: k8s_manifest.slim_pod / slim_job / slim_node, what
+fairq reads)? Goal: the worker's RSS <= 2 GB with the cycle's own memory beside it.
+
+The objects are what the API server sends (tests/k8s_world.py: fairq's own signed Job
+manifests, pods as the Job controller, kube-scheduler and a kubelet leave them, with
+managedFields), ~900 distinct templates numbered into unique names; creating 150,000
+real pods in envtest on this machine would take hours. They reach the informers the way
+the API server's answers do: a paged list (500 a page, the JSON text parsed) for the
+relist, a watch stream of MODIFIED events for the event cost, through the backend's
+own hooks (`_pod_changed`: the kick, the graceful stop's trigger).
+
+  BENCH k8s_fleet_<mode>_cache_mb              RSS growth after listing the pods,
+                                               Jobs and nodes into the caches
+  BENCH k8s_fleet_<mode>_bytes_per_pod         the same per pod (Jobs and nodes included)
+  BENCH k8s_fleet_<mode>_peak_mb               the process's peak RSS by then
+  BENCH k8s_fleet_<mode>_relist_s              listing every pod, Job and node, the
+                                               fake pages' own making left out
+  BENCH k8s_fleet_<mode>_event_us              per watch event (parse, transform,
+                                               store, hook), 20,000 pod MODIFIED events
+  BENCH k8s_fleet_<mode>_statuses_s / _nodes_s  the cycle's two reads, once each
+  BENCH calibration_1M_loop                    the machine's speed now, load average beside
+
+Times are the process's CPU time (`time.process_time`), not wall time: the machine is
+shared. Each mode runs in a process of its own (RSS is per process), alternated: full,
+slim, full, slim; the lower of each mode's two counts. Run:
+`.venv/bin/python bench/bench_k8s_fleet.py [--pods 150000] [--modes slim]` (`full` at
+150k holds ~10 GB: compare the two at 30k, and run slim alone at 150k).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from _common import bench, note  # noqa: E402  (bench/ is sys.path[0])
+
+PAGE = 500
+EVENTS = 20_000
+NODES = 5_000
+MARK = "@@N@@"
+SEAL = "@@SEAL@@"
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def templates() -> tuple[list[str], list[str], list[str]]:
+    """Pod, Job and node JSON texts with MARK where an instance's number goes (in every
+    name, uid and workload label, so each instance is an object of its own)."""
+    from queueing.backends.k8s_manifest import A_OWNER, A_SPEC_DIGEST
+    from tests.k8s_world import node_object, world
+
+    w = world(7, workloads=600, nodes=8, others=0)
+    pods, jobs = [], []
+    for obj in w.jobs:
+        name = obj["metadata"]["labels"]["fairq.io/workload"]
+        meta = obj["metadata"]
+        ann = meta["annotations"]
+        # Each instance's owner seal is made for its own name (`fake_list`).
+        ann[A_OWNER] = f"{SEAL}{meta['namespace']}/{meta['name']}/{ann[A_SPEC_DIGEST]}{SEAL}"
+        jobs.append(json.dumps(obj).replace(name, f"{name}x{MARK}")
+                    .replace('"uid": "', f'"uid": "{MARK}-'))
+    for obj in w.pods:
+        name = obj["metadata"]["labels"]["fairq.io/workload"]
+        pods.append(json.dumps(obj).replace(name, f"{name}x{MARK}")
+                    .replace('"uid": "', f'"uid": "{MARK}-'))
+    import random
+
+    rng = random.Random(7)
+    node = node_object(f"gpu-{MARK}", "h100", 8, rng)
+    node["spec"].update(unschedulable=False, taints=node["spec"]["taints"][:1])  # usable
+    nodes = [json.dumps(node)]
+    return pods, jobs, nodes
+
+
+class _Resp:
+    def __init__(self, data: bytes = b"", lines: Iterator[bytes] | None = None) -> None:
+        self.data = data
+        self._lines = lines
+
+    def stream(self, amt: Any = None, decode_content: bool = False) -> Iterator[bytes]:
+        yield from self._lines or ()
+
+    def release_conn(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def instance(text: str, i: int) -> str:
+    """Template `text` as object number `i` (a Job's owner seal made for its name)."""
+    text = text.replace(MARK, str(i))
+    if SEAL not in text:
+        return text
+    from queueing.backends.k8s_manifest import owner_seal
+    from tests.k8s_world import KEY
+
+    head, sealed, tail = text.split(SEAL)
+    namespace, name, digest = sealed.split("/")
+    return head + owner_seal(namespace, name, digest, KEY) + tail
+
+
+def fake_list(texts: list[str], count: int, spent: list[float]) -> Any:
+    """A list function answering `count` objects in pages (continue = the next
+    offset); the time making the pages' text is added to `spent`."""
+
+    def list_func(**kw: Any) -> _Resp:
+        t0 = time.process_time()
+        start = int(kw.get("_continue") or 0)
+        end = min(count, start + (kw.get("limit") or count))
+        items = ",".join(instance(texts[i % len(texts)], i) for i in range(start, end))
+        more = f',"continue":"{end}"' if end < count else ""
+        data = f'{{"metadata":{{"resourceVersion":"1"{more}}},"items":[{items}]}}'.encode()
+        spent[0] += time.process_time() - t0
+        return _Resp(data)
+
+    return list_func
+
+
+def child(mode: str, pods: int) -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
+    os.environ.setdefault("DATABASE_URL", "sqlite:////tmp/fairq_bench_k8s_fleet.sqlite3")
+    import django
+
+    django.setup()
+    from kubernetes import client
+
+    from queueing.backends.kubernetes import KubernetesBackend
+    from tests.k8s_world import GPU_TYPES, KEY, T0
+
+    pod_t, job_t, node_t = templates()
+    backend = KubernetesBackend(client.ApiClient(client.Configuration()), owner_key=KEY,
+                                gpu_types=GPU_TYPES)
+    kicks = [0]
+    backend._kick = lambda: kicks.__setitem__(0, kicks[0] + 1)
+    backend._remember_last_words = lambda pod: None  # no API server behind
+    backend._delete_orphan_pods = lambda name: None
+    backend._delete_quietly = lambda name, namespace: None
+    jobs = max(1, pods * len(job_t) // len(pod_t))  # as many Jobs per pod as the world has
+    spent = [0.0]
+    informers = ((backend.pods, pod_t, pods), (backend.jobs, job_t, jobs),
+                 (backend.nodes_informer, node_t, NODES))
+    for informer, texts, count in informers:
+        informer._list = fake_list(texts, count, spent)
+        if mode == "full":
+            informer.transform = None
+    for informer in (backend.other_pods, backend.events):
+        informer._list = fake_list(['{"metadata":{"name":"x@@N@@","namespace":"o"}}'], 0, spent)
+    gc.collect()
+    before = rss_mb()
+    t0 = time.process_time()
+    for informer, _, _ in informers:
+        informer.relist()
+    backend.other_pods.relist()
+    backend.events.relist()
+    relist = time.process_time() - t0 - spent[0]
+    gc.collect()
+    grown = rss_mb() - before
+    bench(f"k8s_fleet_{mode}_cache_mb", grown, "MB")
+    bench(f"k8s_fleet_{mode}_bytes_per_pod", grown * 2**20 / pods, "B")
+    bench(f"k8s_fleet_{mode}_peak_mb", peak_mb(), "MB")
+    bench(f"k8s_fleet_{mode}_relist_s", relist, "s")
+    note(f"{mode}: {pods} pods, {jobs} Jobs, {NODES} nodes listed; {kicks[0]} kicks")
+
+    # Watch events: MODIFIED, each a pod of the store with a new resourceVersion.
+    lines = [(instance(pod_t[i % len(pod_t)], i)
+              .replace('"resourceVersion": "', '"resourceVersion": "9')) for i in range(EVENTS)]
+    body = [f'{{"type":"MODIFIED","object":{text}}}\n'.encode() for text in lines]
+    informer = backend.pods
+    informer._list = lambda **kw: _Resp(lines=iter(body))
+    t0 = time.process_time()
+    informer._watch("1")
+    per_event = (time.process_time() - t0) / EVENTS
+    bench(f"k8s_fleet_{mode}_event_us", per_event * 1e6, "us")
+    backend._started = True
+    for i in (backend.pods, backend.jobs, backend.nodes_informer, backend.other_pods,
+              backend.events):
+        i.synced.set()
+    backend._probe_ok_at = time.monotonic() + 3600
+    t0 = time.process_time()
+    statuses = backend.statuses(now=T0)
+    bench(f"k8s_fleet_{mode}_statuses_s", time.process_time() - t0, "s")
+    t0 = time.process_time()
+    nodes = backend.nodes()
+    bench(f"k8s_fleet_{mode}_nodes_s", time.process_time() - t0, "s")
+    note(f"{mode}: {len(statuses)} statuses, {len(nodes)} nodes; peak RSS {peak_mb():.0f} MB")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pods", type=int, default=150_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--modes", default="full,slim")
+    parser.add_argument("--child", choices=("full", "slim"))
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.pods)
+        return 0
+    from bench_admission import calibrate
+
+    calibrate()
+    results: dict[str, dict[str, list[float]]] = {"full": {}, "slim": {}}
+    for r in range(args.rounds):
+        for mode in args.modes.split(","):
+            out = subprocess.run([sys.executable, __file__, "--child", mode, "--pods",
+                                  str(args.pods)], capture_output=True, text=True,
+                                 check=False)
+            sys.stderr.write(out.stderr)
+            if out.returncode:
+                note(f"round {r} {mode} failed ({out.returncode})")
+                continue
+            for line in out.stdout.splitlines():
+                _, name, value, unit = line.split()
+                results[mode].setdefault(f"{name} {unit}", []).append(float(value))
+            note(f"round {r} {mode}: " + ", ".join(
+                f"{k.split()[0].removeprefix(f'k8s_fleet_{mode}_')}={v[-1]:.4g}"
+                for k, v in results[mode].items()))
+    for mode in ("full", "slim"):
+        for key, values in results[mode].items():
+            name, unit = key.split()
+            bench(name, min(values), unit)
+    calibrate()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
