@@ -7,7 +7,6 @@ PostgreSQL only (the batched statement is PostgreSQL's)."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -31,12 +30,12 @@ NODES = [f"sim-h100-{i:03d}" for i in range(4)] + [f"sim-a100-{i:03d}" for i in 
 
 
 @pytest.fixture
-def sent(monkeypatch: Any) -> Iterator[list[int]]:
+def sent(monkeypatch: Any) -> list[int]:
     """The event ids handed to the webhooks (after commit), by either path."""
     ids: list[int] = []
     monkeypatch.setattr(jobs_service, "webhooks_event_written", ids.append)
     monkeypatch.setattr(jobs_service, "webhooks_events_written", ids.extend)
-    yield ids
+    return ids
 
 
 def random_world(world: Any, rnd: random.Random) -> tuple[Plan, list[NodeState]]:
