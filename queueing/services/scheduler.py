@@ -23,8 +23,8 @@
                     waits and preemptions.
     4. apply      — in one transaction: QUEUED → ADMITTED with a compare-and-swap per
                     job (on PostgreSQL all of them in one statement with their events,
-                    `jobs.jobs_admit_batch`); each preemption's victims → PREEMPTED → QUEUED (R6) with
-                    events on both jobs (R7).
+                    `jobs.jobs_admit_batch`); each preemption's victims → PREEMPTED →
+                    QUEUED (R6) with events on both jobs (R7).
     5. submit     — after commit, stop the victims' workloads, then hand the admitted
                     jobs to the cluster backend (concurrently, no transaction open;
                     idempotent by name `fq-<id>-<attempt>`) and mark them submitted.
