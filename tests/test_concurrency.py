@@ -212,7 +212,8 @@ def test_cycle_and_array_cancel_lock_jobs_in_id_order_never_deadlock(
     ids = [JobFactory(team=world.vision, gpu_type=world.a100, tier=world.normal,
                       gpus_per_replica=1, array=array, array_index=i,
                       name=f"sweep-{i}").pk for i in range(4)]
-    real_plan, real_transition = scheduler.plan_admissions, scheduler.job_transition
+    real_plan = scheduler.plan_admissions
+    real_transition, real_batch = scheduler.job_transition, scheduler.jobs_admit_batch
 
     def plan_highest_id_first(snapshot: Any) -> Any:
         import dataclasses
@@ -222,15 +223,20 @@ def test_cycle_and_array_cancel_lock_jobs_in_id_order_never_deadlock(
 
     first_admitted, go = threading.Event(), threading.Event()
 
-    def held_transition(job: Any, *args: Any, **kwargs: Any) -> Any:
-        done = real_transition(job, *args, **kwargs)
-        if not first_admitted.is_set():
-            first_admitted.set()
-            assert go.wait(timeout=30), "never released"
-        return done
+    def held(write: Callable[..., Any]) -> Callable[..., Any]:
+        # After the first write of an admission (one job's, or the batch's): its row
+        # locks are held until the cycle's transaction ends.
+        def run(*args: Any, **kwargs: Any) -> Any:
+            done = write(*args, **kwargs)
+            if not first_admitted.is_set():
+                first_admitted.set()
+                assert go.wait(timeout=30), "never released"
+            return done
+        return run
 
     monkeypatch.setattr(scheduler, "plan_admissions", plan_highest_id_first)
-    monkeypatch.setattr(scheduler, "job_transition", held_transition)
+    monkeypatch.setattr(scheduler, "job_transition", held(real_transition))
+    monkeypatch.setattr(scheduler, "jobs_admit_batch", held(real_batch))
     errors: dict[str, BaseException] = {}
     results: dict[str, Any] = {}
 

@@ -109,6 +109,93 @@ def job_transition(
     return True
 
 
+# `jobs_admit_batch`'s statement: the rows' compare-and-swap (status QUEUED and the
+# attempt read, per row, as `job_transition`'s) and the winners' events, one round trip.
+# `gpu_type_id` NULL keeps the row's (a job of one GPU type).
+_ADMIT_SQL = """
+WITH u AS (
+    SELECT * FROM unnest(%(id)s::bigint[], %(attempt)s::bigint[], %(placement)s::text[],
+                         %(cluster_id)s::bigint[], %(on_spot)s::boolean[],
+                         %(spot_pools)s::text[], %(gpu_slots)s::text[],
+                         %(gpu_type_id)s::bigint[], %(reason)s::text[], %(data)s::text[],
+                         %(ord)s::integer[])
+        AS u(id, attempt, placement, cluster_id, on_spot, spot_pools, gpu_slots,
+             gpu_type_id, reason, data, ord)
+), won AS (
+    UPDATE queueing_job j
+    SET status = %(to)s, updated_at = %(now)s, admitted_at = %(admitted_at)s,
+        placement = u.placement::jsonb, cluster_id = u.cluster_id, on_spot = u.on_spot,
+        spot_pools = u.spot_pools::jsonb, gpu_slots = u.gpu_slots::jsonb,
+        gpu_type_id = COALESCE(u.gpu_type_id, j.gpu_type_id)
+    FROM u
+    WHERE j.id = u.id AND j.status = %(from)s AND j.attempt = u.attempt
+    RETURNING j.id
+)
+INSERT INTO queueing_jobevent (job_id, at, kind, from_status, to_status, actor_id,
+                               actor_label, reason, attempt, data)
+SELECT u.id, %(now)s, %(kind)s, %(from)s, %(to)s, NULL, %(actor)s, u.reason, u.attempt,
+       u.data::jsonb
+FROM u JOIN won ON won.id = u.id
+ORDER BY u.ord
+RETURNING job_id, id
+"""
+# What an admission writes on the row besides its status (`jobs_admit_batch`).
+ADMIT_FIELDS = frozenset({"admitted_at", "placement", "cluster_id", "on_spot", "spot_pools",
+                          "gpu_slots", "gpu_type_id"})
+
+
+def jobs_admit_batch(
+    changes: Sequence[tuple[Job, str, dict[str, Any] | None, dict[str, Any]]], *,
+    now: datetime,
+) -> set[int]:
+    """QUEUED → ADMITTED for many jobs at once (PostgreSQL; the scheduler's step 4):
+    per (job, reason, data, fields) what `job_transition(job, ADMITTED, now=now,
+    reason=reason, data=data, **fields)` writes - the same row values, cleaned the same
+    way, the same event by the scheduler, its webhook message after commit - in one
+    statement, the compare-and-swap (rule S1) per row: a row whose status or attempt is
+    no longer the one read (cancelled or requeued meanwhile) is not written and gets no
+    event. `fields`: `admitted_at` (the same for all), `placement`, `cluster_id`,
+    `on_spot`, `spot_pools`, `gpu_slots`, and `gpu_type_id` or not. Returns the ids
+    admitted. Must run inside `transaction.atomic`; a job listed twice is written once."""
+    if not changes:
+        return set()
+    cols: dict[str, list[Any]] = {k: [] for k in (
+        "id", "attempt", "placement", "cluster_id", "on_spot", "spot_pools", "gpu_slots",
+        "gpu_type_id", "reason", "data", "ord")}
+    admitted_at: set[Any] = set()
+    seen: set[int] = set()
+    for i, (job, reason, data, fields) in enumerate(changes):
+        if job.pk in seen:
+            continue
+        seen.add(job.pk)
+        check_transition(job.state, JobState.ADMITTED)
+        if not set(fields) <= ADMIT_FIELDS:
+            raise ValueError(f"jobs_admit_batch writes {sorted(ADMIT_FIELDS)}, not "
+                             f"{sorted(set(fields) - ADMIT_FIELDS)}")
+        f = clean_fields(Job, fields)
+        admitted_at.add(f["admitted_at"])
+        cols["id"].append(job.pk)
+        cols["attempt"].append(job.attempt)
+        for name in ("placement", "spot_pools", "gpu_slots"):
+            cols[name].append(json.dumps(f[name]))
+        cols["cluster_id"].append(f["cluster_id"])
+        cols["on_spot"].append(bool(f["on_spot"]))
+        cols["gpu_type_id"].append(f.get("gpu_type_id"))
+        cols["reason"].append(clean_text(reason, max_length=_EVENT_REASON_MAX))
+        cols["data"].append(json.dumps(clean_json(data) if data else {}))
+        cols["ord"].append(i)
+    if len(admitted_at) != 1:
+        raise ValueError("jobs_admit_batch: one admitted_at for all the jobs")
+    with connection.cursor() as cur:
+        cur.execute(_ADMIT_SQL, {**cols, "now": now, "admitted_at": admitted_at.pop(),
+                                 "from": JobState.QUEUED.value, "to": JobState.ADMITTED.value,
+                                 "kind": JobEvent.Kind.TRANSITION.value,
+                                 "actor": "scheduler"})
+        rows = cur.fetchall()
+    webhooks_events_written([event_id for _, event_id in rows])  # sent after commit
+    return {job_id for job_id, _ in rows}
+
+
 @dataclass(frozen=True)
 class JobInput:
     """A job as submitted, its references resolved: the fields it sets on `Job`."""

@@ -22,8 +22,9 @@
     3. decide     — `queueing.policy.admission.plan_admissions` (pure): admissions,
                     waits and preemptions.
     4. apply      — in one transaction: QUEUED → ADMITTED with a compare-and-swap per
-                    job; each preemption's victims → PREEMPTED → QUEUED (R6) with
-                    events on both jobs (R7).
+                    job (on PostgreSQL all of them in one statement with their events,
+                    `jobs.jobs_admit_batch`); each preemption's victims → PREEMPTED →
+                    QUEUED (R6) with events on both jobs (R7).
     5. submit     — after commit, stop the victims' workloads, then hand the admitted
                     jobs to the cluster backend (concurrently, no transaction open;
                     idempotent by name `fq-<id>-<attempt>`) and mark them submitted.
@@ -85,6 +86,7 @@ from django.core.cache import cache
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
 from django.utils import timezone
 
+from accounts.models import Team
 from queueing.backends.base import (
     WAITING,
     ClusterBackend,
@@ -98,7 +100,7 @@ from queueing.backends.base import (
 )
 from queueing.composition import get_utilization_source, kick
 from queueing.logcontext import log_context
-from queueing.models import Cluster, GpuType, Job, JobEvent, UsageRecord
+from queueing.models import Cluster, GpuType, Job, JobEvent, Tier, UsageRecord
 from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.snapshot import NodeState
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
@@ -114,7 +116,13 @@ from .checkpoints import checkpoint_token, checkpoint_url, resume_note
 from .cluster_view import cluster_view_publish
 from .clusters import Fleet, clusters_drain, clusters_record, fleet_open
 from .dependencies import dependencies_fail_never_met
-from .jobs import default_memory_bytes, job_transition, next_attempt, tier_grace_cap
+from .jobs import (
+    default_memory_bytes,
+    job_transition,
+    jobs_admit_batch,
+    next_attempt,
+    tier_grace_cap,
+)
 from .logs import LogsUnread, stopped_logs_keep_again, workloads_stop_keeping_logs
 from .metrics import record_submit_error
 from .preemption import Applied, preempted_workloads_stop, preemptions_apply
@@ -836,6 +844,11 @@ def jobs_lock_in_id_order(ids: Iterable[int]) -> None:
              .values_list("pk", flat=True))
 
 
+# False: every admission written by `job_transition` (a compare-and-swap and an event
+# per job), the reference the tests hold the batched write (`jobs.jobs_admit_batch`) to.
+_BATCHED = True
+
+
 def apply_plan(*, plan: Plan, now: datetime, result: CycleResult | None = None,
                nodes: Sequence[NodeState] = ()) -> list[int]:
     """QUEUED → ADMITTED for each admission, compare-and-swap per job, one transaction.
@@ -843,10 +856,13 @@ def apply_plan(*, plan: Plan, now: datetime, result: CycleResult | None = None,
     admission records the pools of its nodes (rule C4: `Job.spot_pools`), read from
     `nodes` (the snapshot's; a node not there counts as in no pool).
 
-    All admissions go in one savepoint; if one raises, that savepoint is rolled back and
-    they are applied again one savepoint each (`_isolated`), so the job that raised is
-    failed and every other one is still admitted. The common case pays no savepoint per
-    job. First every job the plan writes is row-locked in id order
+    On PostgreSQL every admission is written by one statement (`jobs_admit_batch`): the
+    compare-and-swap of all the rows (status QUEUED and the attempt read, per row) and
+    the winners' events; elsewhere, and with `_BATCHED` off, one `job_transition` per
+    job. All admissions go in one savepoint; if one raises, that savepoint is rolled
+    back and they are applied again one savepoint each (`_isolated`), so the job that
+    raised is failed and every other one is still admitted. The common case pays no
+    savepoint per job. First every job the plan writes is row-locked in id order
     (`jobs_lock_in_id_order`), in the caller's transaction."""
     result = result if result is not None else CycleResult()
     # Held until the caller's transaction ends (the cycle's: preemptions and rule D2 too).
@@ -855,7 +871,8 @@ def apply_plan(*, plan: Plan, now: datetime, result: CycleResult | None = None,
         return []
     try:
         with transaction.atomic():
-            return _admit(plan, now=now, result=result, isolate=False, snapshot_nodes=nodes)
+            return _admit(plan, now=now, result=result, isolate=False, snapshot_nodes=nodes,
+                          batched=_BATCHED and connection.vendor == "postgresql")
     except NOT_A_JOB_FAULT:
         raise
     except Exception as exc:
@@ -865,83 +882,135 @@ def apply_plan(*, plan: Plan, now: datetime, result: CycleResult | None = None,
         return _admit(plan, now=now, result=result, isolate=True, snapshot_nodes=nodes)
 
 
+@dataclass(slots=True)
+class _Admission:
+    """What admitting one job writes: its row's new values (`fields`, as
+    `job_transition` takes them) and its event's reason and data."""
+
+    job: Job
+    reason: str
+    data: dict[str, object]
+    fields: dict[str, Any]
+
+
+# The columns `_admission` reads of an admitted job (the batched path reads only these).
+_ADMIT_COLUMNS = ("id", "status", "attempt", "gpu_types", "gpus_per_replica", "gpu_slices")
+
+
 def _admit(plan: Plan, *, now: datetime, result: CycleResult, isolate: bool,
-           snapshot_nodes: Sequence[NodeState]) -> list[int]:
+           snapshot_nodes: Sequence[NodeState], batched: bool = False) -> list[int]:
     admitted: list[int] = []
-    jobs = Job.objects.in_bulk([a.job_id for a in plan.admissions])
-    cluster_ids: dict[str, int] | None = None
-    # Rule C4: the pool of each node, only when a spot admission needs it.
-    pool_of = ({n.name: n.pool for n in snapshot_nodes}
-               if any(a.spot for a in plan.admissions) else {})
-    type_ids: dict[str, int] | None = None
-    # Rule H1: the slices per GPU of the slice-packed nodes (an admission's event says
-    # the GPU of each fraction).
-    spg_of = {n.name: n.slices_per_gpu for n in snapshot_nodes if n.slices_per_gpu > 1}
+    ids = [a.job_id for a in plan.admissions]
+    jobs = (Job.objects.only(*_ADMIT_COLUMNS).in_bulk(ids) if batched
+            else Job.objects.in_bulk(ids))
+    ctx = _AdmitContext(snapshot_nodes, any_spot=any(a.spot for a in plan.admissions))
     # A requeued job's new attempt resumes from its newest checkpoint (one query).
     resume_from = newest_checkpoints([j.pk for j in jobs.values() if j.attempt > 1])
+    todo: list[_Admission] = []
+    seen: set[int] = set()
     for a in plan.admissions:
         job = jobs.get(a.job_id)
         if job is None or job.state != JobState.QUEUED:
             continue
-        # A job accepting several GPU types runs on the one the plan chose: its
-        # `gpu_type` from now on (usage, billing weight, prices, quotas, node selector).
-        chosen: dict[str, Any] = {}
-        if job.gpu_types:
-            if type_ids is None:
-                type_ids = dict(GpuType.objects.values_list("slug", "id"))
-            chosen_id = type_ids.get(a.gpu_type)
-            if a.gpu_type not in job.gpu_types or chosen_id is None:
-                log.error("cycle %s: job %s planned on GPU type %r, which it does not "
-                          "accept (%s); not admitted", result.cycle_id, a.job_id,
-                          a.gpu_type, ", ".join(map(str, job.gpu_types)))
-                continue
-            chosen = {"gpu_type_id": chosen_id}
-        cluster, nodes = admission_cluster(a.placement, a.cluster)
-        if cluster is None:
-            # Rule K1: never a gang across clusters (a plan that would is not applied).
-            log.error("cycle %s: job %s planned across clusters (%s); not admitted",
-                      result.cycle_id, a.job_id, ", ".join(a.placement))
-            continue
-        cluster_id: int | None = None
-        if cluster:
-            if cluster_ids is None:
-                cluster_ids = dict(Cluster.objects.values_list("name", "id"))
-            cluster_id = cluster_ids.get(cluster)
-            if cluster_id is None:
-                continue  # a cluster deleted since the snapshot: the next plan places it
-        where = f"{cluster}: " if cluster else ""
         with (_isolated(a.job_id, step="admitting it", now=now, result=result, team=a.team)
               if isolate
               else contextlib.nullcontext()), \
                 (transaction.atomic() if isolate else contextlib.nullcontext()):
-            data: dict[str, object] = {"placement": nodes}
-            slots = {"gpu_slots": list(a.gpu_slots)} if a.gpu_slots else {}
-            if slots:  # rule H1: the GPU(s) of each replica on a slice-packed type
-                data.update(slots)
-            if cluster:
-                data["cluster"] = cluster
-            pools = (spot_pools(a.placement, pool_of, gpus_per_replica=job.gpus_per_replica)
-                     if a.spot else {})
-            if pools:
-                data["spot_pools"] = pools
-            reason = f"admitted on {where}{', '.join(sorted(set(nodes)))}"
-            if slots:
-                reason += gpu_slots_words(a.gpu_slots, job.gpu_slices,
-                                          spg_of.get(a.placement[0], 1))
-            resumes, resume_data = resume_note(resume_from.get(job.pk))
-            if resume_data:
-                data["resumes_from"] = resume_data
-            if chosen:
-                data["gpu_type"] = a.gpu_type
-                reason += (f" as {a.gpu_type} (accepts "
-                           f"{', '.join(map(str, job.gpu_types))})")
-            reason += resumes
-            if job_transition(job, JobState.ADMITTED, now=now, reason=reason,
-                              admitted_at=now, placement=nodes, cluster_id=cluster_id,
-                              on_spot=a.spot, spot_pools=pools, data=data,
-                              gpu_slots=list(a.gpu_slots), **chosen):
-                admitted.append(job.pk)
+            one = _admission(a, job, ctx=ctx, result=result,
+                             resume=resume_from.get(job.pk), now=now)
+            if one is None:
+                continue
+            if not batched:
+                if job_transition(job, JobState.ADMITTED, now=now, reason=one.reason,
+                                  data=one.data, **one.fields):
+                    admitted.append(job.pk)
+            elif job.pk not in seen:  # (one plan admits a job once; a second is moot)
+                seen.add(job.pk)
+                todo.append(one)
+    if batched:
+        won = jobs_admit_batch([(one.job, one.reason, one.data, one.fields) for one in todo],
+                               now=now)
+        admitted = [one.job.pk for one in todo if one.job.pk in won]
     return admitted
+
+
+class _AdmitContext:
+    """What `_admission` looks up across a plan's admissions, each read once if needed."""
+
+    def __init__(self, snapshot_nodes: Sequence[NodeState], *, any_spot: bool) -> None:
+        # Rule C4: the pool of each node, only when a spot admission needs it.
+        self.pool_of = {n.name: n.pool for n in snapshot_nodes} if any_spot else {}
+        # Rule H1: the slices per GPU of the slice-packed nodes (an admission's event says
+        # the GPU of each fraction).
+        self.spg_of = {n.name: n.slices_per_gpu for n in snapshot_nodes
+                       if n.slices_per_gpu > 1}
+        self._cluster_ids: dict[str, int] | None = None
+        self._type_ids: dict[str, int] | None = None
+
+    def type_id(self, slug: str) -> int | None:
+        if self._type_ids is None:
+            self._type_ids = dict(GpuType.objects.values_list("slug", "id"))
+        return self._type_ids.get(slug)
+
+    def cluster_id(self, name: str) -> int | None:
+        if self._cluster_ids is None:
+            self._cluster_ids = dict(Cluster.objects.values_list("name", "id"))
+        return self._cluster_ids.get(name)
+
+
+def _admission(a: Any, job: Job, *, ctx: _AdmitContext, result: CycleResult,
+               resume: Any, now: datetime) -> _Admission | None:
+    """What admitting `job` by admission `a` writes, or None (logged) when the plan's
+    admission cannot be applied (a type it does not accept, a gang across clusters, a
+    cluster deleted since the snapshot)."""
+    # A job accepting several GPU types runs on the one the plan chose: its
+    # `gpu_type` from now on (usage, billing weight, prices, quotas, node selector).
+    chosen: dict[str, Any] = {}
+    if job.gpu_types:
+        chosen_id = ctx.type_id(a.gpu_type)
+        if a.gpu_type not in job.gpu_types or chosen_id is None:
+            log.error("cycle %s: job %s planned on GPU type %r, which it does not "
+                      "accept (%s); not admitted", result.cycle_id, a.job_id,
+                      a.gpu_type, ", ".join(map(str, job.gpu_types)))
+            return None
+        chosen = {"gpu_type_id": chosen_id}
+    cluster, nodes = admission_cluster(a.placement, a.cluster)
+    if cluster is None:
+        # Rule K1: never a gang across clusters (a plan that would is not applied).
+        log.error("cycle %s: job %s planned across clusters (%s); not admitted",
+                  result.cycle_id, a.job_id, ", ".join(a.placement))
+        return None
+    cluster_id: int | None = None
+    if cluster:
+        cluster_id = ctx.cluster_id(cluster)
+        if cluster_id is None:
+            return None  # a cluster deleted since the snapshot: the next plan places it
+    where = f"{cluster}: " if cluster else ""
+    data: dict[str, object] = {"placement": nodes}
+    slots = {"gpu_slots": list(a.gpu_slots)} if a.gpu_slots else {}
+    if slots:  # rule H1: the GPU(s) of each replica on a slice-packed type
+        data.update(slots)
+    if cluster:
+        data["cluster"] = cluster
+    pools = (spot_pools(a.placement, ctx.pool_of, gpus_per_replica=job.gpus_per_replica)
+             if a.spot else {})
+    if pools:
+        data["spot_pools"] = pools
+    reason = f"admitted on {where}{', '.join(sorted(set(nodes)))}"
+    if slots:
+        reason += gpu_slots_words(a.gpu_slots, job.gpu_slices,
+                                  ctx.spg_of.get(a.placement[0], 1))
+    resumes, resume_data = resume_note(resume)
+    if resume_data:
+        data["resumes_from"] = resume_data
+    if chosen:
+        data["gpu_type"] = a.gpu_type
+        reason += (f" as {a.gpu_type} (accepts "
+                   f"{', '.join(map(str, job.gpu_types))})")
+    reason += resumes
+    return _Admission(job=job, reason=reason, data=data, fields=dict(
+        admitted_at=now, placement=nodes, cluster_id=cluster_id, on_spot=a.spot,
+        spot_pools=pools, gpu_slots=list(a.gpu_slots), **chosen))
 
 
 def gpu_slots_words(slots: Sequence[int], gpu_slices: int, slices_per_gpu: int) -> str:
@@ -1092,41 +1161,62 @@ def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResu
     killed in between leaves them unmarked: the next cycle submits them again, and the
     backend adopts its own workloads. A job whose launch spec cannot be built, or whose
     bookkeeping raises, fails alone (`_isolated`)."""
-    pending = list(Job.objects.filter(
-        status=JobState.ADMITTED, submitted_to_backend_at__isnull=True
-    ).select_related("team", "tier", "gpu_type").order_by("admitted_at", "id"))
-    jobs: list[Job] = []
-    specs: list[LaunchSpec] = []
-    targets: list[ClusterBackend] = []
+    # The ids first (an index scan); the rows and launch specs a chunk at a time, so a
+    # budget spent early costs no spec of a job left for the next cycle.
+    pending = Job.objects.filter(status=JobState.ADMITTED, submitted_to_backend_at__isnull=True)
+    ids = list(pending.order_by("admitted_at", "id").values_list("pk", flat=True))
     # Rule A7's pins: per target cluster, its nodes' topology (read once, when needed).
     node_topology: dict[int, dict[str, Mapping[str, str]]] = {}
-    for job in pending:
-        # Several clusters: each job is created on its own (`Job.cluster`); one whose
-        # cluster is unreachable waits for rule K5, which requeues it.
-        target = backend.backend_of(job.cluster_id) if isinstance(backend, Fleet) and \
-            backend.several else backend
-        if target is None:
-            continue
-        with _isolated(job.pk, step="building its workload", now=now, result=result,
-                       team=job.team.slug):
-            topology = None
-            if job.topology_level and job.topology_mode == "required":
-                if id(target) not in node_topology:
-                    node_topology[id(target)] = {n.name: n.topology for n in target.nodes()}
-                topology = node_topology[id(target)]
-            specs.append(launch_spec(job, node_topology=topology))
-            jobs.append(job)
-            targets.append(target)
-    if not jobs:
-        return
+    related = _Related()
     chunk = max(1, int(settings.FAIRQ_CYCLE_SUBMIT_CHUNK))
-    for start in range(0, len(jobs), chunk):
+    for start in range(0, len(ids), chunk):
         if start and budget is not None and budget.spent():
-            result.deferred["submit"] = len(jobs) - start
+            result.deferred["submit"] = len(ids) - start
             return
-        _submit_chunk(backend=backend, jobs=jobs[start:start + chunk],
-                      specs=specs[start:start + chunk], targets=targets[start:start + chunk],
-                      now=now, result=result)
+        jobs: list[Job] = []
+        specs: list[LaunchSpec] = []
+        targets: list[ClusterBackend] = []
+        rows = list(pending.filter(pk__in=ids[start:start + chunk]).order_by("admitted_at", "id"))
+        related.attach(rows)
+        for job in rows:
+            # Several clusters: each job is created on its own (`Job.cluster`); one whose
+            # cluster is unreachable waits for rule K5, which requeues it.
+            target = backend.backend_of(job.cluster_id) if isinstance(backend, Fleet) and \
+                backend.several else backend
+            if target is None:
+                continue
+            with _isolated(job.pk, step="building its workload", now=now, result=result,
+                           team=job.team.slug):
+                topology = None
+                if job.topology_level and job.topology_mode == "required":
+                    if id(target) not in node_topology:
+                        node_topology[id(target)] = {n.name: n.topology
+                                                     for n in target.nodes()}
+                    topology = node_topology[id(target)]
+                specs.append(launch_spec(job, node_topology=topology))
+                jobs.append(job)
+                targets.append(target)
+        if jobs:
+            _submit_chunk(backend=backend, jobs=jobs, specs=specs, targets=targets, now=now,
+                          result=result)
+
+
+class _Related:
+    """The teams, tiers and GPU types of the jobs step 5 submits: a few rows, each read
+    once per cycle and shared by its jobs (a join per job built three more model
+    instances per job, a fifth of the step's own time)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, dict[int, Any]] = {"team": {}, "tier": {}, "gpu_type": {}}
+
+    def attach(self, jobs: Sequence[Job]) -> None:
+        for name, model in (("team", Team), ("tier", Tier), ("gpu_type", GpuType)):
+            known = self._rows[name]
+            missing = {getattr(j, f"{name}_id") for j in jobs} - known.keys()
+            if missing:
+                known.update(model.objects.in_bulk(missing))
+            for job in jobs:
+                setattr(job, name, known[getattr(job, f"{name}_id")])
 
 
 def _submit_chunk(*, backend: ClusterBackend, jobs: list[Job], specs: list[LaunchSpec],

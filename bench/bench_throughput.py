@@ -1,0 +1,417 @@
+"""Sustained admissions with 50,000 pending (docs/performance.md, "A fleet of 5,000 nodes:
+admissions per second").
+
+The world: a simulated cluster (FAIRQ_SIM_NODES, default 5,000 nodes x 8 h100) whose
+jobs run FAIRQ_SIM_DEFAULT_SECONDS (default 20 s: its 40,000 GPUs turn over 2,000
+one-GPU jobs a second, so the cluster is not what limits the rate); 50,000 queued
+one-GPU jobs of `--teams` teams (a quota each, borrowing up to the whole cluster), three
+tiers, bulk inserted; all but `--free` GPUs running jobs whose workloads started evenly
+over the last run time (so they end evenly: the cluster's steady state from the first
+cycle). The bench's clock is the wall clock minus the time the world took to write.
+
+Full mode: the real `scheduler_cycle` back to back while a submitter process keeps ~50,000
+jobs pending (`jobs_submit_bulk` through the service, as pipelines submit, topping up
+every 0.2 s). The admit step has two paths (`queueing.services.scheduler._BATCHED`):
+after a warm-up, windows of `--window` seconds of each alternate in one run:
+  BENCH thru_<path>_<k>_admitted_per_s   jobs admitted per second over window k
+  BENCH thru_<path>_<k>_started_per_s    jobs seen running per second (submitted ones)
+  BENCH thru_<path>_<k>_cycle_p50        seconds per cycle, and per step (`_<step>_p50`)
+  BENCH thru_<path>_<k>_pending_min      fewest jobs pending at a cycle of the window
+then one cycle of each path under CaptureQueriesContext: per admitted job, the queries
+of the apply and of the submit step (`thru_<path>_apply_queries_per_job`,
+`_submit_queries_per_job`) and their milliseconds per job.
+
+`--steps N...`: steps 4 and 5 alone, the two paths alternated: the first cycle's plan
+cut to N admissions, applied and rolled back `--repeats` times per path
+(`thru_apply_<n>_<path>_ms_per_job`, `_jobs_per_s`: the best run), then the largest N
+admitted and submitted (`thru_submit_<n>_ms_per_job`, and the simulated cluster's own
+create apart: `_sim_create_ms_per_job`).
+
+The calibration loop and the load average are printed first and last. Database:
+$DATABASE_URL (PostgreSQL; its job tables are emptied). Run:
+  DATABASE_URL=postgres://postgres@127.0.0.1:5432/<db> \\
+      .venv/bin/python bench/bench_throughput.py --steps 100 1000 5000 --free 6000
+  ... bench/bench_throughput.py --warmup 30 --window 30 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from _common import bench, note  # noqa: E402  (bench/ is sys.path[0])
+from bench_admission import calibrate, rss_mb  # noqa: E402
+
+PENDING = 50_000
+SENT = [0, 0]  # webhook messages, events in them
+# Every pod has a memory limit (as the service gives a job at submit): a row without one
+# would have its launch spec read the cluster view, which before the first cycle
+# publishes it reads the simulated cluster at the wall clock's time.
+MEMORY = 64 * 2**30
+STEPS = ("reconcile", "snapshot", "decide", "apply", "submit")
+
+
+def setup(*, nodes: str, seconds: float, migrate: bool) -> None:
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        sys.exit("bench_throughput needs DATABASE_URL=postgres://... (PostgreSQL)")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
+    import django
+
+    django.setup()
+    from django.conf import settings
+
+    if migrate:
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0, interactive=False)
+    settings.FAIRQ_SIM_NODES = nodes
+    settings.FAIRQ_SIM_DEFAULT_SECONDS = seconds
+    # The webhooks' one message per committed transaction is counted, not sent: the
+    # test settings would run its task here, in the cycle's process (no team of the
+    # bench has an endpoint; production sends it to the worker's queue).
+    from queueing.services import webhooks
+
+    def dispatch(event_ids: list[int]) -> None:
+        SENT[0] += 1
+        SENT[1] += len(event_ids)
+
+    webhooks.webhooks_dispatch_soon = dispatch
+
+
+def superuser() -> object:
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.filter(username="bench").first()
+    return user or get_user_model().objects.create_superuser("bench", "bench@example.com", "x")
+
+
+def world(*, teams: int, gpus: int, running: int, seconds: float) -> datetime:
+    """PENDING queued one-GPU jobs and `running` running ones whose workloads started
+    evenly over the `seconds` before the time returned (so they end evenly over the
+    `seconds` after it: the cluster is in its steady state from the first cycle, which
+    runs at that time, not filled by one huge first admission)."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from accounts.models import Team
+    from queueing.composition import get_backend
+    from queueing.models import GpuType, Job, Quota, Tier
+    from queueing.services.scheduler import launch_spec
+
+    with connection.cursor() as cur:
+        cur.execute("TRUNCATE queueing_jobevent, queueing_usagerecord, queueing_joblog, "
+                    "queueing_job CASCADE")
+    Quota.objects.all().delete()
+    superuser()
+    h100 = GpuType.objects.get_or_create(slug="h100", defaults={"name": "H100"})[0]
+    tiers = [Tier.objects.update_or_create(slug=s, defaults={
+        "name": s, "rank": r, "priority_class_name": f"fq-{s}", "priority_value": r,
+        "open_to_all_teams": True})[0] for s, r in (("low", 0), ("normal", 100), ("high", 200))]
+    rows = [Team.objects.get_or_create(slug=f"team-{k}", defaults={
+        "name": f"Team {k}", "weight": 1.0})[0] for k in range(teams)]
+    Quota.objects.bulk_create([Quota(team=t, gpu_type=h100, nominal=gpus // teams,
+                                     borrowing_limit=gpus) for t in rows])
+    rnd = random.Random(1)
+    now = timezone.now()
+    t = time.perf_counter()
+    backend = get_backend()
+    slots = [n.name for n in backend.nodes() for _ in range(n.capacity)]
+    starts = [now - timedelta(seconds=seconds * (i + 0.5) / running) for i in range(running)]
+    held = Job.objects.bulk_create([
+        Job(team=rows[i % teams], name=f"r{i}", image="x", gpu_type=h100,
+            gpus_per_replica=1, replicas=1, tier=tiers[2], status="RUNNING",
+            memory_bytes=MEMORY,
+            created_at=at - timedelta(minutes=5), updated_at=at, admitted_at=at,
+            started_at=at, submitted_to_backend_at=at, placement=[slots[i]])
+        for i, at in enumerate(starts)], batch_size=5000)
+    at_of = {j.pk: j.started_at for j in held}
+    # Set-up only: each planned node is known to have room, so the simulated cluster's
+    # search of all its nodes per submit (its `_place`) is skipped here.
+    backend._place = lambda spec: tuple(spec.placement)  # type: ignore[attr-defined]
+    try:
+        for job in Job.objects.filter(status="RUNNING").select_related(
+                "team", "tier", "gpu_type").iterator(chunk_size=5000):
+            backend.submit(launch_spec(job), now=at_of[job.pk])
+    finally:
+        del backend._place
+    Job.objects.bulk_create([
+        Job(team=rnd.choice(rows), name=f"q{i}", image="x", gpu_type=h100,
+            gpus_per_replica=1, replicas=1, tier=rnd.choice(tiers), status="QUEUED",
+            memory_bytes=MEMORY,
+            created_at=now - timedelta(seconds=rnd.uniform(0, 3600)), updated_at=now)
+        for i in range(PENDING)], batch_size=5000)
+    with connection.cursor() as cur:
+        cur.execute("VACUUM ANALYZE queueing_job")
+    note(f"world: {PENDING} queued and {running} running one-GPU jobs of {teams} teams "
+         f"written in {time.perf_counter() - t:.1f} s")
+    return now
+
+
+# The bench's clock: the wall clock minus the time the world took to write (`world`'s
+# time is the first cycle's), for the cycles and the submitter alike.
+OFFSET = timedelta(0)
+
+
+def clock() -> datetime:
+    from django.utils import timezone
+
+    return timezone.now() - OFFSET
+
+
+def pending() -> int:
+    from queueing.models import Job
+
+    return Job.objects.filter(status="QUEUED").count()
+
+
+def submitter(*, teams: int, stop_file: Path) -> None:
+    """Keep ~PENDING jobs queued: bulk submits through the service, until `stop_file`
+    exists; prints how many it submitted and how long its submits took."""
+    from queueing.services.jobs import job_input_build, jobs_submit_bulk
+
+    user = superuser()
+    rnd = random.Random(os.getpid())
+    total, took, k = 0, [], 0
+    while not stop_file.exists():
+        missing = PENDING - pending()
+        if missing < 200:
+            time.sleep(0.2)
+            continue
+        k += 1
+        count = min(missing, 2000)
+        data = job_input_build(actor=user, team=f"team-{rnd.randrange(teams)}",
+                               name=f"s{k}", image="x", gpu_type="h100", gpus=1,
+                               tier=rnd.choice(("low", "normal", "high")))
+        t = time.perf_counter()
+        jobs_submit_bulk(actor=user, data=data, count=count, now=clock())
+        took.append(time.perf_counter() - t)
+        total += count
+    print(f"submitted {total} jobs in {len(took)} bulk submits; p50 "
+          f"{statistics.median(took) * 1000 if took else 0:.0f} ms, max "
+          f"{max(took, default=0) * 1000:.0f} ms", flush=True)
+
+
+def set_path(batched: bool) -> None:
+    from queueing.services import scheduler
+
+    scheduler._BATCHED = batched
+
+
+def run_window(label: str, seconds: float) -> None:
+    from queueing.services.scheduler import scheduler_cycle
+
+    admitted = started = cycles = 0
+    timings: dict[str, list[float]] = {s: [] for s in (*STEPS, "total")}
+    low = PENDING * 10
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        r = scheduler_cycle(now=clock())
+        cycles += 1
+        admitted += len(r.admitted)
+        started += len(r.started)
+        for s in timings:
+            timings[s].append(r.timings.get(s, 0.0))
+        if r.plan is not None:
+            low = min(low, len(r.plan.waits) + len(r.plan.admissions))
+    took = time.perf_counter() - t0
+    bench(f"thru_{label}_admitted_per_s", admitted / took, "jobs/s")
+    bench(f"thru_{label}_started_per_s", started / took, "jobs/s")
+    bench(f"thru_{label}_cycle_p50", statistics.median(timings["total"]), "s")
+    for s in STEPS:
+        bench(f"thru_{label}_{s}_p50", statistics.median(timings[s]), "s")
+    bench(f"thru_{label}_pending_min", low, "jobs")
+    note(f"{label}: {cycles} cycles in {took:.1f} s, {admitted} admitted, {started} started; "
+         f"load average {os.getloadavg()[0]:.1f}")
+
+
+def one_cycle_costs(label: str) -> None:
+    """One cycle under CaptureQueriesContext: queries, events and time per admitted job
+    in the apply and the submit step."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from queueing.models import JobEvent
+    from queueing.services import scheduler
+
+    marks: dict[str, tuple[int, int]] = {}
+    real_apply, real_submit = scheduler.apply_plan, scheduler.submit_admitted
+
+    def counted(name: str, fn: object) -> object:
+        def wrapper(**kwargs: object) -> object:
+            before = len(ctx.captured_queries)
+            try:
+                return fn(**kwargs)  # type: ignore[operator]
+            finally:
+                marks[name] = (before, len(ctx.captured_queries))
+        return wrapper
+
+    scheduler.apply_plan = counted("apply", real_apply)  # type: ignore[assignment]
+    scheduler.submit_admitted = counted("submit", real_submit)  # type: ignore[assignment]
+    events_before = JobEvent.objects.count()
+    try:
+        with CaptureQueriesContext(connection) as ctx:
+            r = scheduler.scheduler_cycle(now=clock())
+    finally:
+        scheduler.apply_plan, scheduler.submit_admitted = real_apply, real_submit
+    n = max(1, len(r.admitted))
+    events = JobEvent.objects.count() - events_before
+    apply_q = marks["apply"][1] - marks["apply"][0]
+    submit_q = marks["submit"][1] - marks["submit"][0]
+    note(f"{label}: one cycle admitted {len(r.admitted)}, started {len(r.started)}, "
+         f"finished {len(r.finished)}; {len(ctx.captured_queries)} queries in all, "
+         f"apply {apply_q}, submit {submit_q}; {events} events written")
+    bench(f"thru_{label}_cycle_admitted", len(r.admitted), "jobs")
+    bench(f"thru_{label}_apply_queries_per_job", apply_q / n, "queries")
+    bench(f"thru_{label}_submit_queries_per_job", submit_q / n, "queries")
+    bench(f"thru_{label}_apply_ms_per_job", r.timings["apply"] * 1000 / n, "ms")
+    bench(f"thru_{label}_submit_ms_per_job", r.timings["submit"] * 1000 / n, "ms")
+    bench(f"thru_{label}_cycle_events", events, "events")
+
+
+def steps_ab(sizes: list[int], repeats: int) -> None:
+    """Steps 4 and 5 alone, per admitted job, both paths alternated: the plan of the
+    world's first cycle (what fits in the free GPUs) cut to `n` admissions, applied and
+    rolled back `repeats` times per path; then those `n` admitted (batched) and
+    submitted to the simulated cluster (`submit_admitted`, no budget), with the
+    simulated cluster's own `submit` timed apart."""
+    from django.db import transaction
+
+    from queueing.composition import get_backend
+    from queueing.models import Job
+    from queueing.policy.admission import Plan, plan_admissions
+    from queueing.selectors.snapshot import build_snapshot
+    from queueing.services import scheduler
+
+    backend = get_backend()
+    now = clock()
+    snap = build_snapshot(backend=backend, now=now)
+    full = plan_admissions(snap)
+    note(f"plan of the first cycle: {len(full.admissions)} admissions")
+    for n in sizes:
+        plan = Plan(admissions=full.admissions[:n], waits={})
+        took: dict[str, list[float]] = {"reference": [], "batched": []}
+        for _ in range(repeats):
+            for path in ("reference", "batched"):
+                set_path(path == "batched")
+                with transaction.atomic():
+                    t = time.perf_counter()
+                    got = scheduler.apply_plan(plan=plan, now=now, nodes=snap.nodes)
+                    took[path].append(time.perf_counter() - t)
+                    assert len(got) == n, (len(got), n)
+                    transaction.set_rollback(True)
+        for path, times in took.items():
+            best = min(times)
+            bench(f"thru_apply_{n}_{path}_ms_per_job", best * 1000 / n, "ms")
+            bench(f"thru_apply_{n}_{path}_jobs_per_s", n / best, "jobs/s")
+        note(f"apply {n}: " + "; ".join(f"{p} " + ", ".join(f"{x:.2f}" for x in v) + " s"
+                                        for p, v in took.items()))
+    n = max(sizes)
+    set_path(True)
+    with transaction.atomic():
+        scheduler.apply_plan(plan=Plan(admissions=full.admissions[:n], waits={}), now=now,
+                             nodes=snap.nodes)
+    real_submit, spent = backend.submit, [0.0]
+
+    def timed(spec: object, *, now: object) -> None:
+        t = time.perf_counter()
+        try:
+            real_submit(spec, now=now)  # type: ignore[arg-type]
+        finally:
+            spent[0] += time.perf_counter() - t
+
+    backend.submit = timed  # type: ignore[method-assign]
+    try:
+        t = time.perf_counter()
+        scheduler.submit_admitted(backend=backend, now=now, result=scheduler.CycleResult())
+        took_submit = time.perf_counter() - t
+    finally:
+        del backend.submit
+    left = Job.objects.filter(status="ADMITTED", submitted_to_backend_at__isnull=True).count()
+    bench(f"thru_submit_{n}_ms_per_job", took_submit * 1000 / n, "ms")
+    bench(f"thru_submit_{n}_sim_create_ms_per_job", spent[0] * 1000 / n, "ms")
+    bench(f"thru_submit_{n}_jobs_per_s", n / took_submit, "jobs/s")
+    note(f"submit {n}: {took_submit:.2f} s, of which the simulated cluster's create "
+         f"{spent[0]:.2f} s; {left} left unsubmitted")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", default="5000x8xh100")
+    ap.add_argument("--seconds", type=float, default=20.0,
+                    help="each job's run time on the simulated cluster (wall seconds)")
+    ap.add_argument("--teams", type=int, default=200)
+    ap.add_argument("--free", type=int, default=2000,
+                    help="GPUs free at the start (the rest run jobs ending evenly)")
+    ap.add_argument("--warmup", type=float, default=30.0)
+    ap.add_argument("--window", type=float, default=30.0)
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="pairs of windows (reference, batched) after the warm-up")
+    ap.add_argument("--paths", default="reference,batched")
+    ap.add_argument("--steps", type=int, nargs="*", default=None,
+                    help="only steps 4 and 5, per job, for these numbers of admissions")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--submitter", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--stop-file", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--offset", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    setup(nodes=args.nodes, seconds=args.seconds, migrate=not args.submitter)
+    global OFFSET
+    OFFSET = timedelta(seconds=args.offset)
+    if args.submitter:
+        submitter(teams=args.teams, stop_file=Path(args.stop_file))
+        return
+    calibrate()
+    from queueing.backends.simulated import parse_node_spec
+    from queueing.composition import reset_backends
+
+    reset_backends()
+    gpus = sum(p.count * p.gpus for p in parse_node_spec(args.nodes))
+    start = world(teams=args.teams, gpus=gpus, running=max(0, gpus - args.free),
+                  seconds=args.seconds)
+    from django.utils import timezone
+
+    OFFSET = timezone.now() - start
+    if args.steps:
+        steps_ab(args.steps, args.repeats)
+        calibrate()
+        return
+    note(f"cluster {args.nodes} ({gpus} GPUs), jobs run {args.seconds:.0f} s; "
+         f"{PENDING} pending kept by a submitter process")
+    stop = Path(f"/tmp/bench_throughput_stop_{os.getpid()}")
+    stop.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--submitter", "--stop-file", str(stop),
+         "--teams", str(args.teams), "--nodes", args.nodes,
+         "--offset", str(OFFSET.total_seconds())], stdout=subprocess.PIPE, text=True)
+    try:
+        paths = args.paths.split(",")
+        set_path(True)
+        run_window("warmup", args.warmup)
+        for k in range(args.rounds):
+            for path in paths:
+                set_path(path == "batched")
+                run_window(f"{path}_{k}", args.window)
+        for path in paths:
+            set_path(path == "batched")
+            one_cycle_costs(path)
+    finally:
+        stop.touch()
+        out, _ = proc.communicate(timeout=120)
+        stop.unlink(missing_ok=True)
+        note(f"submitter: {out.strip()}")
+        set_path(True)
+    bench("thru_rss", rss_mb(), "MB")
+    calibrate()
+
+
+if __name__ == "__main__":
+    main()
