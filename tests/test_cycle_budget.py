@@ -168,3 +168,34 @@ def test_victims_past_the_budget_are_left_to_the_next_cycles_reconcile(
     for _ in range(3):
         scheduler_cycle(now=t0 + timedelta(seconds=30))
     assert Job.objects.get(pk=high).status in ("ADMITTED", "RUNNING")
+
+
+@pytest.mark.parametrize("edge", [False, True])
+def test_step_5_keeps_its_floor_after_a_plan_that_spent_the_budget(
+    world: World, settings: Any, slow_creates: list[str], monkeypatch: pytest.MonkeyPatch,
+    edge: bool,
+) -> None:
+    """A plan that alone outlasts the budget (a long queue on a big fleet) leaves step 5
+    `SUBMIT_FLOOR` of the budget for its creates, not one chunk; past `SUBMIT_EDGE` from
+    the cycle's start no chunk starts, floor or not."""
+    settings.FAIRQ_CYCLE_BUDGET_SECONDS = 2.0
+    settings.FAIRQ_CYCLE_SUBMIT_CHUNK = 2
+    if edge:
+        monkeypatch.setattr(scheduler, "SUBMIT_EDGE", 2.0)
+    real_plan = scheduler.plan_admissions
+
+    def slow_plan(snapshot: Any) -> Any:
+        time.sleep(2.1)  # the whole budget
+        return real_plan(snapshot)
+
+    monkeypatch.setattr(scheduler, "plan_admissions", slow_plan)
+    jobs = [submit(world, gpus=1, env={"FAIRQ_SIM_SECONDS": "600"}) for _ in range(12)]
+    r = scheduler_cycle(now=timezone.now())
+    assert sorted(r.admitted) == sorted(jobs)
+    # One chunk always starts; the floor (0.5 s of creates of 0.1 s each) lets more go.
+    if edge:
+        assert len(slow_creates) == 2, slow_creates
+    else:
+        assert 4 <= len(slow_creates) < 12, slow_creates
+        assert r.timings["total"] < 2.1 + 2.0 * scheduler.SUBMIT_FLOOR + 2 * CREATE_SECONDS + 1.0
+    assert r.deferred == {"submit": 12 - len(slow_creates)}

@@ -52,7 +52,8 @@ A cycle bounds its own work (`Budget`, FAIRQ_CYCLE_BUDGET_SECONDS, well inside t
 task's time limits, so no limit cuts it half-way): step 1 handles the workloads whose
 status moved until its share of the budget is spent, and stops at most
 FAIRQ_CYCLE_STOP_BATCH workloads no job holds (their logs kept first); step 5 stops the
-preemption victims and submits admitted jobs in chunks while the budget lasts (victims
+preemption victims and submits admitted jobs in chunks while the budget lasts, and for
+at least `SUBMIT_FLOOR` of it from the step's start however long steps 1-4 took (victims
 left running are stopped by the next cycle's step 1: their attempt is no longer their
 job's). What is left is left as it is, for the next cycle, which is kicked at once
 (`CycleResult.deferred`). Steps 2-4 always run whole: the plan is decided on the whole
@@ -151,6 +152,13 @@ def new_cycle_id() -> str:
 # The share of FAIRQ_CYCLE_BUDGET_SECONDS by which step 1 stops taking new workloads
 # (steps 2-4 run whole after it; step 5 has the rest).
 RECONCILE_SHARE = 0.4
+# Step 5's own share of the budget, counted from its start: admitted jobs hold their GPUs
+# until their workloads exist, so a cycle whose plan alone used the budget (a long queue
+# on a big fleet) still creates workloads for this long instead of one chunk.
+SUBMIT_FLOOR = 0.25
+# No chunk of step 5 starts this long after the cycle's start, floor or not: the largest
+# budget the setting allows, inside the cycle task's soft time limit (50 s).
+SUBMIT_EDGE = 45.0
 
 
 class Budget:
@@ -165,6 +173,15 @@ class Budget:
     def spent(self, share: float = 1.0) -> bool:
         """True once `share` of the budget is gone."""
         return time.perf_counter() - self.started >= self.seconds * share
+
+    def submit_spent(self, step_started: float) -> bool:
+        """Step 5's test before a new chunk: the budget is spent and so is the step's
+        floor (`SUBMIT_FLOOR` of the budget from `step_started`, a perf_counter time),
+        or the cycle is `SUBMIT_EDGE` old."""
+        now = time.perf_counter()
+        if now - self.started >= SUBMIT_EDGE:
+            return True
+        return self.spent() and now - step_started >= self.seconds * SUBMIT_FLOOR
 
 
 @dataclass
@@ -1151,8 +1168,9 @@ def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResu
                     budget: Budget | None = None) -> None:
     """Submit every admitted job not yet marked submitted (this cycle's and any a killed
     worker left behind: the backend's create is idempotent by name), the longest
-    admitted first, in chunks of FAIRQ_CYCLE_SUBMIT_CHUNK: once `budget` is spent no
-    new chunk starts, and the rest are the next cycle's (`result.deferred["submit"]`).
+    admitted first, in chunks of FAIRQ_CYCLE_SUBMIT_CHUNK: once `budget` is spent, and
+    the step has had its floor (`Budget.submit_spent`), no new chunk starts, and the rest
+    are the next cycle's (`result.deferred["submit"]`).
 
     The creates run on up to `backend.submit_concurrency` threads (most of a create is
     waiting on the API server); no transaction is open meanwhile. Then, in this thread,
@@ -1169,8 +1187,9 @@ def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResu
     node_topology: dict[int, dict[str, Mapping[str, str]]] = {}
     related = _Related()
     chunk = max(1, int(settings.FAIRQ_CYCLE_SUBMIT_CHUNK))
+    step_started = time.perf_counter()
     for start in range(0, len(ids), chunk):
-        if start and budget is not None and budget.spent():
+        if start and budget is not None and budget.submit_spent(step_started):
             result.deferred["submit"] = len(ids) - start
             return
         jobs: list[Job] = []
