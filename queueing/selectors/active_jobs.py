@@ -170,6 +170,12 @@ class ActiveJobs:
         self.reconciled: dict[str, tuple[Any, Any]] = {}
         # ... and the raw statuses it cleaned last, with what cleaning gave.
         self.cleaned: dict[str, tuple[Any, Any]] = {}
+        # The snapshot's slices per GPU of the slice-packed nodes, kept between cycles
+        # (selectors/snapshot.py, `KeptPackedGpus`); None until the first snapshot.
+        self.packed: Any = None
+        # ... and the standings' running intervals per team (selectors/fairshare.py,
+        # `KeptHolding`).
+        self.standings: Any = None
 
     def __len__(self) -> int:
         return len(self.queued) + len(self.holding)
@@ -316,6 +322,11 @@ def _lookups() -> Lookups:
                             .values_list("slug", "flavor_fallback")),
     )
 
+
+# The cycle's paths before the fleet's kept state (bench/bench_fleet_cycle.py --legacy):
+# each kept thing is held to what it replaces by a test, and this flag lets a bench run
+# both in one process.
+LEGACY = False
 
 # Rule H1: the sharings whose units are slices of one GPU (`GpuType.packs_slices`).
 PACKED_SHARING = ("time-sliced", "mps")
