@@ -37,7 +37,7 @@ from queueing.policy.states import JobState
 from queueing.policy.workspace import replica_slots
 
 from . import active_jobs
-from .active_jobs import ActiveJobs, JobRow, Lookups, TierFacts
+from .active_jobs import ActiveJobs, JobRow, Lookups, TierFacts, gc_paused
 from .cluster import ClusterFacts, ClusterView
 from .fairshare import (
     entry_penalty_interval_seconds,
@@ -476,9 +476,16 @@ def policy_jobs(jobs: ActiveJobs, odd: dict[int, Exception]
     if memo.get(_LOOKUPS) != jobs.lookups:
         memo.clear()
         memo[_LOOKUPS] = jobs.lookups
-    lookups = jobs.lookups
     queued: list[QueuedJob] = []
     running: list[RunningJob] = []
+    with gc_paused():
+        return _policy_jobs(jobs, odd, memo, queued, running)
+
+
+def _policy_jobs(jobs: ActiveJobs, odd: dict[int, Exception], memo: dict[int, Any],
+                 queued: list[QueuedJob], running: list[RunningJob]
+                 ) -> tuple[tuple[QueuedJob, ...], tuple[RunningJob, ...]]:
+    lookups = jobs.lookups
     for rows, build, out in ((jobs.queued, _queued_job, queued),
                              (jobs.holding, _running_job, running)):
         for pk, row in rows.items():
