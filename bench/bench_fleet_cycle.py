@@ -13,8 +13,10 @@ with the running rows' workloads, runs one first cycle (an empty `ActiveJobs`: a
 read) and one more (what the first admitted gets submitted), then `--cycles` steady
 cycles with churn before each: 5 submits, a cancel, and about 30 running jobs whose
 workload ends (their FAIRQ_SIM_SECONDS run out as the cycles' clock moves 10 s a
-cycle). A second process submits jobs through `services.jobs.job_submit` all along
-(4 a second); each submit counts as "during a cycle" when it overlaps one.
+cycle; in the first runs none ended within the steady cycles: a fault of this bench
+not found yet, docs/performance.md). A second process submits jobs through
+`services.jobs.job_submit` all along (4 a second); each submit counts as "during a
+cycle" when it overlaps one.
   BENCH fleet_cycle_<n>_write          seconds to write the rows (COPY)
   BENCH fleet_cycle_<n>_first          seconds of the first cycle (a full read)
   BENCH fleet_cycle_<n>_<step>_p50/_p99  per steady cycle: total, reconcile, snapshot,
