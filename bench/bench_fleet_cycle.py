@@ -12,9 +12,8 @@ The worker is a process of its own (`--worker N`): it fills its simulated cluste
 with the running rows' workloads, runs one first cycle (an empty `ActiveJobs`: a full
 read) and one more (what the first admitted gets submitted), then `--cycles` steady
 cycles with churn before each: 5 submits, a cancel, and about 30 running jobs whose
-workload ends (their FAIRQ_SIM_SECONDS run out as the cycles' clock moves 10 s a
-cycle; in the first runs none ended within the steady cycles: a fault of this bench
-not found yet, docs/performance.md). A second process submits jobs through
+workload ends (their FAIRQ_SIM_SECONDS run out; the cycles run on the real clock).
+A second process submits jobs through
 `services.jobs.job_submit` all along (4 a second); each submit counts as "during a
 cycle" when it overlaps one.
   BENCH fleet_cycle_<n>_write          seconds to write the rows (COPY)
@@ -59,8 +58,11 @@ from bench_admission import NOW, calibrate, rss_mb  # noqa: E402
 from bench_fleet import NODES_PER_TYPE, SLICED, SLICES, WHOLE, snapshot  # noqa: E402
 
 TYPES = (*WHOLE, SLICED)
-CYCLE_SECONDS = 10  # the cycles' clock moves this much a cycle
-ENDING = 30  # running jobs whose workload ends per cycle
+# The cycles run on the real clock (a cycle's `now` is when it starts: the cluster view
+# a submit reads before the first publish asks the simulated cluster at the real time,
+# so a clock of its own would jump). From ENDS_AFTER seconds after the cluster is filled,
+# one running job in ENDS_EVERY ends, ENDS_PER_STEP of them every ENDS_STEP seconds.
+ENDS_AFTER, ENDS_EVERY, ENDS_STEP, ENDS_PER_STEP = 90, 200, 3, 3
 
 
 def setup(migrate: bool = True) -> None:
@@ -231,9 +233,9 @@ def world(n: int, start: object) -> None:
     note(f"{n} queued: {len(snap.running)} running, {len(teams)} teams")
 
 
-def fill_cluster(start: object) -> None:
-    """The worker's simulated cluster runs the running rows' workloads; ENDING of them
-    end per cycle as the clock moves (their FAIRQ_SIM_SECONDS)."""
+def fill_cluster(filled: object) -> None:
+    """The worker's simulated cluster runs the running rows' workloads; some of them end
+    from ENDS_AFTER seconds after `filled` on (their FAIRQ_SIM_SECONDS)."""
     from queueing.backends.base import LaunchSpec, workload_name
     from queueing.composition import get_backend
     from queueing.models import GpuType, Job
@@ -246,8 +248,9 @@ def fill_cluster(start: object) -> None:
     for k, (pk, type_id, gpus, slices, placement, slots, started) in enumerate(rows):
         g = types[type_id]
         env = {}
-        if k % 50 == 0:  # ends at the cycle k // 50 % 100
-            ends = start + timedelta(seconds=CYCLE_SECONDS * (3 + (k // 50) % 100) + 5)
+        if k % ENDS_EVERY == 0:
+            ends = filled + timedelta(seconds=ENDS_AFTER + ENDS_STEP * (
+                k // ENDS_EVERY // ENDS_PER_STEP))
             env["FAIRQ_SIM_SECONDS"] = str(int((ends - started).total_seconds()))
         backend.submit(LaunchSpec(
             name=workload_name(pk, 1), job_id=pk, attempt=1, team="t", tier="t",
@@ -313,9 +316,9 @@ def submitter(seconds: float, rate: float) -> None:
 
 def worker(n: int, cycles: int, profile: bool, legacy: bool, start_iso: str,
            detail: bool, alternate: bool, gc_off: bool) -> None:
-    from datetime import datetime
-
     setup(migrate=False)
+    from django.utils import timezone
+
     from queueing.backends import simulated
     from queueing.selectors import active_jobs
     from queueing.services import scheduler
@@ -329,15 +332,14 @@ def worker(n: int, cycles: int, profile: bool, legacy: bool, start_iso: str,
     from queueing.services.scheduler import scheduler_cycle
 
     size = k = f"{n // 1000}k"
-    start = datetime.fromisoformat(start_iso)
     t = time.perf_counter()
-    fill_cluster(start)
+    fill_cluster(timezone.now())
     note(f"{k}: cluster filled in {time.perf_counter() - t:.1f} s")
     user = bench_user()
     probe = subprocess.Popen([sys.executable, __file__, "--submitter", "36000"],
                              stdout=subprocess.PIPE, text=True)
     rnd = random.Random(7)
-    now = start
+    now = timezone.now()
     if detail:
         time_parts()
     t = time.perf_counter()
@@ -347,7 +349,7 @@ def worker(n: int, cycles: int, profile: bool, legacy: bool, start_iso: str,
     note("  parts: " + ", ".join(f"{key} {v:.2f}" for key, v in
                                  sorted(PARTS.items(), key=lambda kv: -kv[1]) if v >= 0.01))
     PARTS.clear()
-    now += timedelta(seconds=CYCLE_SECONDS)
+    now = timezone.now()
     second = scheduler_cycle(now=now)
     note(f"{k}: second cycle {second.timings} started {len(second.started)}")
     note("  parts: " + ", ".join(f"{key} {v:.2f}" for key, v in
@@ -357,7 +359,7 @@ def worker(n: int, cycles: int, profile: bool, legacy: bool, start_iso: str,
     spans: list[tuple[float, float]] = []
     k = size
     for i in range(cycles):
-        now += timedelta(seconds=CYCLE_SECONDS)
+        now = timezone.now()
         churn(rnd, user, now)
         time.sleep(2.0)  # idle time for the submit probe
         if alternate:  # the paths before and after, in turn, on the same rows
@@ -396,7 +398,7 @@ def worker(n: int, cycles: int, profile: bool, legacy: bool, start_iso: str,
         bench(f"fleet_cycle_{k}_submit_p99_busy", p99(busy), "ms")
     note(f"{k}: submits {len(idle)} outside cycles, {len(busy)} during")
     if profile:
-        now += timedelta(seconds=CYCLE_SECONDS)
+        now = timezone.now()
         churn(rnd, user, now)
         prof = cProfile.Profile()
         prof.enable()
