@@ -64,6 +64,10 @@ from .base import (
 )
 from .notebook_local import LocalNotebooks
 
+# `statuses` gives a workload's last status object again while it says the same
+# (False: the plain path, `statuses_reference`'s; bench/bench_fleet_cycle.py --legacy).
+KEEP_STATUSES = True
+
 # How many stopped workloads' logs stay readable (the newest ones).
 STOPPED_LOGS_KEPT = 10_000
 
@@ -122,6 +126,10 @@ class _Workload:
     log: list[list[str]] = field(default_factory=list)
     # A notebook session's local server (`LocalNotebooks`): its port, None without one.
     notebook_port: int | None = None
+    # `statuses` keeps the last status it built, with what it was built from: the same
+    # object again while nothing it says changed (150,000 workloads a cycle at fleet
+    # size; reconcile compares them by identity first).
+    kept: tuple[object, WorkloadStatus] | None = None
 
 
 # Per GPU when a pool does not say (docs/kubernetes.md, "The simulated cluster"): an
@@ -272,15 +280,20 @@ class SimulatedCluster:
     def _place(self, spec: LaunchSpec) -> tuple[str, ...] | None:
         """The planned placement when it still fits, else best fit by free GPUs (rules
         A3, A6: GPUs, CPU and memory), within the pinned topology domain if any (rule
-        A7); all or none."""
+        A7); all or none. The planned placement is checked on its own nodes first (no
+        walk over the cluster's: 5,000 nodes a submit at fleet size)."""
+        planned = list(spec.placement)
+        if len(planned) == spec.replicas and planned:
+            own = [self._nodes.get(p) for p in planned]
+            if all(n is not None and n.gpu_type == spec.gpu_type and (
+                    not spec.topology_level
+                    or n.topology.get(spec.topology_level) == spec.topology_domain)
+                   for n in own) and all(
+                    self._nodes[p].holds(spec, planned.count(p)) for p in set(planned)):
+                return tuple(planned)
         nodes = [n for n in self._nodes.values() if n.gpu_type == spec.gpu_type and (
             not spec.topology_level
             or n.topology.get(spec.topology_level) == spec.topology_domain)]
-        by_name = {n.name: n for n in nodes}
-        planned = list(spec.placement)
-        if len(planned) == spec.replicas and all(p in by_name for p in planned) and all(
-                by_name[p].holds(spec, planned.count(p)) for p in set(planned)):
-            return tuple(planned)
         taken: list[_Node] = []
         try:
             for _ in range(spec.replicas):
@@ -459,30 +472,55 @@ class SimulatedCluster:
             self._forget(name)
 
     def statuses(self, *, now: datetime) -> list[WorkloadStatus]:
+        """Every listed workload's status at `now` (time moves on first). A workload
+        whose status says what it said last time gives the same object
+        (`_status_of`; `statuses_reference` builds each anew, held to it by a test)."""
         with self._lock:
             self._reap(now)
             out = []
             for w in self._workloads.values():
                 self._advance(w, now)
-                if w.finished_at is None:
-                    phase = Phase.RUNNING
-                else:
-                    phase = Phase.SUCCEEDED if w.exit_code == 0 and not w.problem \
-                        else Phase.FAILED
-                reason = "" if phase != Phase.FAILED else w.reclaimed or (
-                    f"not run: {w.problem}" if w.problem else
-                    f"replica {w.failed_replica} failed: exit code {w.exit_code}"
-                    if w.failed_replica is not None else f"exit code {w.exit_code}")
-                out.append(WorkloadStatus(
-                    name=w.spec.name, job_id=w.spec.job_id, attempt=w.spec.attempt,
-                    phase=phase, started_at=w.started_at, finished_at=w.finished_at,
-                    exit_code=None if w.finished_at is None or w.problem or w.reclaimed
-                    else w.exit_code,
-                    reason=reason, nodes=w.nodes, stopping=w.stop_at is not None,
-                    address="127.0.0.1" if phase == Phase.RUNNING and w.notebook_port else "",
-                    port=w.notebook_port if phase == Phase.RUNNING else None,
-                ))
+                key = (w.finished_at, w.exit_code, w.problem, w.reclaimed,
+                       w.stop_at is not None, w.notebook_port, w.failed_replica)
+                kept = w.kept
+                if kept is not None and kept[0] == key and KEEP_STATUSES:
+                    out.append(kept[1])
+                    continue
+                status = self._status_of(w)
+                w.kept = (key, status)
+                out.append(status)
             return out
+
+    def statuses_reference(self, *, now: datetime) -> list[WorkloadStatus]:
+        """`statuses` building every status anew (the plain path)."""
+        with self._lock:
+            self._reap(now)
+            out = []
+            for w in self._workloads.values():
+                self._advance(w, now)
+                out.append(self._status_of(w))
+            return out
+
+    @staticmethod
+    def _status_of(w: _Workload) -> WorkloadStatus:
+        if w.finished_at is None:
+            phase = Phase.RUNNING
+        else:
+            phase = Phase.SUCCEEDED if w.exit_code == 0 and not w.problem \
+                else Phase.FAILED
+        reason = "" if phase != Phase.FAILED else w.reclaimed or (
+            f"not run: {w.problem}" if w.problem else
+            f"replica {w.failed_replica} failed: exit code {w.exit_code}"
+            if w.failed_replica is not None else f"exit code {w.exit_code}")
+        return WorkloadStatus(
+            name=w.spec.name, job_id=w.spec.job_id, attempt=w.spec.attempt,
+            phase=phase, started_at=w.started_at, finished_at=w.finished_at,
+            exit_code=None if w.finished_at is None or w.problem or w.reclaimed
+            else w.exit_code,
+            reason=reason, nodes=w.nodes, stopping=w.stop_at is not None,
+            address="127.0.0.1" if phase == Phase.RUNNING and w.notebook_port else "",
+            port=w.notebook_port if phase == Phase.RUNNING else None,
+        )
 
     def readings(self, *, now: datetime) -> list[PodReading]:
         """Per replica of each running workload with `FAIRQ_SIM_GPU_UTIL`: its SM activity

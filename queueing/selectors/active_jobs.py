@@ -26,9 +26,11 @@ tier's rank are read every refresh (a few rows), so an edited tier counts at onc
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -170,6 +172,12 @@ class ActiveJobs:
         self.reconciled: dict[str, tuple[Any, Any]] = {}
         # ... and the raw statuses it cleaned last, with what cleaning gave.
         self.cleaned: dict[str, tuple[Any, Any]] = {}
+        # The snapshot's slices per GPU of the slice-packed nodes, kept between cycles
+        # (selectors/snapshot.py, `KeptPackedGpus`); None until the first snapshot.
+        self.packed: Any = None
+        # ... and the standings' running intervals per team (selectors/fairshare.py,
+        # `KeptHolding`).
+        self.standings: Any = None
 
     def __len__(self) -> int:
         return len(self.queued) + len(self.holding)
@@ -289,7 +297,24 @@ def _changed_since(xid: int) -> Any:
 
 def _rows(qs: Any) -> list[JobRow]:
     make = JobRow._make
-    return [make(r) for r in qs.order_by().values_list(*ACTIVE_JOB_COLUMNS).iterator(chunk_size=10_000)]
+    with gc_paused():
+        return [make(r) for r in
+                qs.order_by().values_list(*ACTIVE_JOB_COLUMNS).iterator(chunk_size=10_000)]
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The collector off while many objects that make no reference cycles are made (a
+    full read of 1,000,000 rows, the policy's jobs built from them): each of its passes
+    would walk everything kept so far, for nothing to collect (docs/performance.md, "A
+    fleet of 5,000 nodes: the cycle on PostgreSQL")."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _lookups() -> Lookups:
@@ -316,6 +341,11 @@ def _lookups() -> Lookups:
                             .values_list("slug", "flavor_fallback")),
     )
 
+
+# The cycle's paths before the fleet's kept state (bench/bench_fleet_cycle.py --legacy):
+# each kept thing is held to what it replaces by a test, and this flag lets a bench run
+# both in one process.
+LEGACY = False
 
 # Rule H1: the sharings whose units are slices of one GPU (`GpuType.packs_slices`).
 PACKED_SHARING = ("time-sliced", "mps")

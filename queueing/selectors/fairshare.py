@@ -34,6 +34,7 @@ from queueing.policy.priority import PriorityBreakdown, PriorityWeights, job_pri
 from queueing.policy.snapshot import QueuedJob
 from queueing.policy.states import JobState
 
+from . import active_jobs
 from .active_jobs import PACKED_SHARING, ActiveJobs, JobRow, Lookups
 
 # Rule F2: a team with work in these states is active even before it has any usage.
@@ -146,21 +147,17 @@ def fairshare_inputs(*, now: datetime, jobs: ActiveJobs | None = None
             r.team_id for r in jobs.holding.values()}
         teams = [(pk, slug, weight, parent, pk in working) for pk, slug, weight, parent in
                  Team.objects.values_list("pk", "slug", "weight", "parent_id")]
-        lookups = jobs.lookups
-        weights = lookups.billing_weights
-        rows = [(r.team_id, r.status, _replica_gpus(r, lookups) if lookups.units
-                 else r.gpus_per_replica, r.replicas, weights.get(r.gpu_type_id, 1.0),
-                 r.started_at)
-                for r in sorted(jobs.holding.values())]  # by id: the same sums each time
     slug_of = {pk: slug for pk, slug, *_ in teams}
-    # An admitted job has not started yet, whatever its row says (rule F6 until it runs).
-    holding = [
-        Holding(slug_of[team_id], gpus * replicas, weight,
-                started_at if status == JobState.RUNNING else None)
-        for team_id, status, gpus, replicas, weight, started_at in rows if team_id in slug_of
-    ]
-    running, penalty = standings_running_and_penalty(
-        holding, now=now, interval_seconds=entry_penalty_interval_seconds())
+    interval = entry_penalty_interval_seconds()
+    if jobs is None:
+        running, penalty = _running_and_penalty(rows, slug_of, now=now, interval=interval)
+    elif active_jobs.LEGACY:
+        running, penalty = holding_running_and_penalty(jobs, slug_of, now=now,
+                                                       interval=interval)
+    else:  # the same, kept between cycles (held to the above by a test)
+        if jobs.standings is None:
+            jobs.standings = KeptHolding()
+        running, penalty = jobs.standings(jobs, slug_of, now=now, interval=interval)
     active = active_teams(usage={slug_of[pk]: v for pk, v in banked.items() if pk in slug_of},
                           with_work={slug for _, slug, *_, has_work in teams if has_work})
     inputs = team_usage_inputs(
@@ -168,6 +165,117 @@ def fairshare_inputs(*, now: datetime, jobs: ActiveJobs | None = None
         banked=banked, running={pk: running.get(slug, ()) for pk, slug in slug_of.items()},
         active={pk for pk, slug in slug_of.items() if slug in active})
     return inputs, penalty
+
+
+def _running_and_penalty(rows: Iterable[tuple[int, str, float, int, float, datetime | None]],
+                         slug_of: Mapping[int, str], *, now: datetime, interval: float
+                         ) -> tuple[dict[str, list[tuple[float, datetime]]], dict[str, float]]:
+    """Rules F1, F6 (`standings_running_and_penalty`) over rows (team id, status, GPUs a
+    replica, replicas, billing weight, started at) in job id order: the same sums each
+    time. An admitted job has not started yet, whatever its row says (rule F6 until it
+    runs); a team not in `slug_of` is left out."""
+    holding = [
+        Holding(slug_of[team_id], gpus * replicas, weight,
+                started_at if status == JobState.RUNNING else None)
+        for team_id, status, gpus, replicas, weight, started_at in rows if team_id in slug_of
+    ]
+    return standings_running_and_penalty(holding, now=now, interval_seconds=interval)
+
+
+def _holding_row(r: JobRow, lookups: Lookups
+                 ) -> tuple[int, str, float, int, float, datetime | None]:
+    return (r.team_id, r.status, _replica_gpus(r, lookups) if lookups.units
+            else r.gpus_per_replica, r.replicas, lookups.billing_weights.get(r.gpu_type_id, 1.0),
+            r.started_at)
+
+
+def holding_running_and_penalty(jobs: ActiveJobs, slug_of: Mapping[int, str], *,
+                                now: datetime, interval: float
+                                ) -> tuple[dict[str, list[tuple[float, datetime]]],
+                                           dict[str, float]]:
+    """`_running_and_penalty` of the jobs holding GPUs (the plain path, every row every
+    cycle)."""
+    lookups = jobs.lookups
+    return _running_and_penalty((_holding_row(r, lookups) for r in sorted(jobs.holding.values())),
+                                slug_of, now=now, interval=interval)
+
+
+class KeptHolding:
+    """`holding_running_and_penalty` kept between cycles (`ActiveJobs.standings`): each
+    team's running intervals and entry penalty, made again only for the teams one of
+    whose jobs changed (a row is the same object until it changes: one identity check a
+    job), and for a team with an attempt that starts after `now` (rare: it counts once
+    `now` reaches it). Per team the rows go in job id order, as in the plain path, so
+    the sums are the same to the bit. Held to it by tests/test_cycle_fleet.py."""
+
+    def __init__(self) -> None:
+        self.key: tuple[Any, ...] = ()
+        self.now: datetime | None = None
+        self.rows: dict[int, tuple[JobRow, tuple[Any, ...]]] = {}
+        self.members: dict[int, dict[int, tuple[Any, ...]]] = {}
+        # team id -> (its running intervals, its penalty or None, its latest start when
+        # after the `now` they were made for, else None)
+        self.made: dict[int, tuple[list[tuple[float, datetime]], float | None,
+                                   datetime | None]] = {}
+
+    def __call__(self, jobs: ActiveJobs, slug_of: Mapping[int, str], *, now: datetime,
+                 interval: float) -> tuple[dict[str, list[tuple[float, datetime]]],
+                                           dict[str, float]]:
+        lookups = jobs.lookups
+        key = (lookups, dict(slug_of), interval)
+        if key != self.key:
+            self.key, self.rows, self.members, self.made = key, {}, {}, {}
+        old, members, dirty = self.rows, self.members, set()
+        rows: dict[int, tuple[JobRow, tuple[Any, ...]]] = {}
+        for pk, row in jobs.holding.items():
+            entry = old.pop(pk, None)
+            if entry is not None and entry[0] is row:
+                rows[pk] = entry
+                continue
+            if entry is not None:
+                dirty.add(entry[1][0])
+                members[entry[1][0]].pop(pk, None)
+            item = _holding_row(row, lookups)
+            rows[pk] = (row, item)
+            members.setdefault(item[0], {})[pk] = item
+            dirty.add(item[0])
+        for pk, (_, item) in old.items():  # no longer holding GPUs
+            dirty.add(item[0])
+            members[item[0]].pop(pk, None)
+        self.rows = rows
+        made = self.made
+        # A team with an attempt starting after the `now` it was made for is made again
+        # (the attempt counts once `now` reaches it); every team when time went back.
+        went_back = self.now is not None and now < self.now
+        self.now = now
+        dirty.update(team_id for team_id, (_, _, latest) in made.items()
+                     if went_back or latest is not None)
+        for team_id in dirty:
+            of_team = members.get(team_id)
+            if not of_team:
+                members.pop(team_id, None)
+                made.pop(team_id, None)
+                continue
+            ordered = [of_team[pk] for pk in sorted(of_team)]
+            running, penalty = _running_and_penalty(ordered, slug_of, now=now,
+                                                    interval=interval)
+            slug = slug_of.get(team_id)
+            starts = [i[5] for i in ordered if i[1] == JobState.RUNNING and i[5] is not None]
+            latest = max(starts) if starts else None
+            made[team_id] = (running.get(slug, []) if slug else [], penalty.get(slug)
+                             if slug else None, latest if latest is not None and latest > now
+                             else None)
+        out_running: dict[str, list[tuple[float, datetime]]] = {}
+        out_penalty: dict[str, float] = {}
+        for team_id, (running_, penalty_, _) in made.items():
+            slug = slug_of.get(team_id)
+            if slug is None:
+                continue
+            if running_:
+                out_running[slug] = running_
+            if penalty_ is not None:
+                out_penalty[slug] = penalty_
+        return out_running, out_penalty
 
 
 def gpu_equivalents(gpus_per_replica: int, replicas: int, gpu_slices: int, sharing: str,

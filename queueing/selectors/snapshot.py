@@ -36,7 +36,8 @@ from queueing.policy.snapshot import (
 from queueing.policy.states import JobState
 from queueing.policy.workspace import replica_slots
 
-from .active_jobs import ActiveJobs, JobRow, Lookups, TierFacts
+from . import active_jobs
+from .active_jobs import ActiveJobs, JobRow, Lookups, TierFacts, gc_paused
 from .cluster import ClusterFacts, ClusterView
 from .fairshare import (
     entry_penalty_interval_seconds,
@@ -125,7 +126,12 @@ def build_snapshot(*, backend: ClusterBackend | ClusterView, now: datetime,
         packed = {qualified_node(n.cluster, n.name): (n.capacity, lookups.units[n.gpu_type][1])
                   for n in infos if lookups.packs_slices(n.gpu_type)}
         if packed:
-            running, gpu_free = packed_gpus(running, packed)
+            if active_jobs.LEGACY:
+                running, gpu_free = packed_gpus(running, packed)
+            else:  # the same, kept between cycles (held to `packed_gpus` by a test)
+                if jobs.packed is None:
+                    jobs.packed = KeptPackedGpus()
+                running, gpu_free = jobs.packed(running, packed)
     nodes = tuple(
         NodeState(name, n.gpu_type, n.capacity,
                   max(0, n.capacity - n.allocated - pending_alloc[name]),
@@ -241,6 +247,90 @@ def packed_gpus(running: tuple[RunningJob, ...], nodes: Mapping[str, tuple[int, 
         if slots != r.gpu_slots and all(per) and len({len(x) for x in per}) == 1:
             out[index] = dataclasses.replace(r, gpu_slots=slots)
     return tuple(out), {name: tuple(f) for name, f in free.items()}
+
+
+class KeptPackedGpus:
+    """`packed_gpus` kept between cycles (`ActiveJobs.packed`): the slices each running
+    job whose GPUs are recorded takes on each GPU, summed per GPU, and brought up to
+    date from the jobs that changed - a job's `RunningJob` is the same object until its
+    row changes (`policy_jobs`' memo), so one identity check a job is the whole cost of
+    an unchanged one. A sum per GPU, not the running difference: `packed_gpus`' free
+    slices `max(0, max(0, s - a) - b)` are `max(0, s - (a + b))`. The jobs whose GPUs
+    are not recorded are placed anew every call, as `packed_gpus` places them. Held to
+    `packed_gpus` by tests/test_cycle_fleet.py."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, tuple[int, int]] = {}
+        self.used: dict[str, list[int]] = {}
+        # job id -> (its RunningJob, the (node, GPU, slices) it takes, its replicas whose
+        # GPUs are not recorded as (-units, replica, node))
+        self.took: dict[int, tuple[RunningJob, tuple[tuple[str, int, int], ...],
+                                   tuple[tuple[int, int, str], ...]]] = {}
+
+    def __call__(self, running: tuple[RunningJob, ...], nodes: Mapping[str, tuple[int, int]]
+                 ) -> tuple[tuple[RunningJob, ...], dict[str, tuple[int, ...]]]:
+        if nodes != self.nodes:
+            self.nodes = dict(nodes)
+            self.used = {name: [0] * (cap // s) for name, (cap, s) in nodes.items()}
+            self.took = {}
+        used, old = self.used, self.took
+        took: dict[int, Any] = {}
+        unknown: list[tuple[int, int, int, str]] = []  # (-units, job index, replica, node)
+        for index, r in enumerate(running):
+            entry = old.pop(r.id, None)
+            if entry is None or entry[0] is not r:
+                if entry is not None:
+                    self._take(entry[1], -1)
+                entry = self._parts(r)
+                self._take(entry[1], 1)
+            took[r.id] = entry
+            for neg, k, name in entry[2]:
+                unknown.append((neg, index, k, name))
+        for entry in old.values():  # no longer running
+            self._take(entry[1], -1)
+        self.took = took
+        free = {name: [s - u if u < s else 0 for u in used[name]]
+                for name, (_, s) in self.nodes.items()}
+        if not unknown:
+            return running, {name: tuple(f) for name, f in free.items()}
+        per_job: dict[int, list[tuple[int, ...]]] = {}
+        for neg, index, k, name in sorted(unknown):
+            r = running[index]
+            per = per_job.get(index)
+            if per is None:
+                per = per_job[index] = replica_slots(r.gpu_slots, len(r.nodes))
+            per[k] = _take_gpus(free[name], nodes[name][1], -neg)
+        out = list(running)
+        for index, per in per_job.items():
+            r = running[index]
+            slots = tuple(i for replica in per for i in replica)
+            if slots != r.gpu_slots and all(per) and len({len(x) for x in per}) == 1:
+                out[index] = dataclasses.replace(r, gpu_slots=slots)
+        return tuple(out), {name: tuple(f) for name, f in free.items()}
+
+    def _parts(self, r: RunningJob) -> tuple[RunningJob, tuple[tuple[str, int, int], ...],
+                                              tuple[tuple[int, int, str], ...]]:
+        used = self.used
+        if not any(n in used for n in r.nodes):
+            return r, (), ()
+        per = replica_slots(r.gpu_slots, len(r.nodes))
+        parts: list[tuple[str, int, int]] = []
+        unknown: list[tuple[int, int, str]] = []
+        for k, name in enumerate(r.nodes):
+            if name not in used:
+                continue
+            s = self.nodes[name][1]
+            if not per[k]:
+                unknown.append((-r.gpus_per_replica, k, name))
+                continue
+            each = r.gpus_per_replica if r.gpus_per_replica < s else s
+            parts.extend((name, i, each) for i in per[k] if 0 <= i < len(used[name]))
+        return r, tuple(parts), tuple(unknown)
+
+    def _take(self, parts: tuple[tuple[str, int, int], ...], sign: int) -> None:
+        used = self.used
+        for name, i, each in parts:
+            used[name][i] += sign * each
 
 
 def _take_gpus(free: list[int], s: int, units: int) -> tuple[int, ...]:
@@ -386,9 +476,16 @@ def policy_jobs(jobs: ActiveJobs, odd: dict[int, Exception]
     if memo.get(_LOOKUPS) != jobs.lookups:
         memo.clear()
         memo[_LOOKUPS] = jobs.lookups
-    lookups = jobs.lookups
     queued: list[QueuedJob] = []
     running: list[RunningJob] = []
+    with gc_paused():
+        return _policy_jobs(jobs, odd, memo, queued, running)
+
+
+def _policy_jobs(jobs: ActiveJobs, odd: dict[int, Exception], memo: dict[int, Any],
+                 queued: list[QueuedJob], running: list[RunningJob]
+                 ) -> tuple[tuple[QueuedJob, ...], tuple[RunningJob, ...]]:
+    lookups = jobs.lookups
     for rows, build, out in ((jobs.queued, _queued_job, queued),
                              (jobs.holding, _running_job, running)):
         for pk, row in rows.items():

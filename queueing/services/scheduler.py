@@ -70,6 +70,7 @@ every log line about it carries.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import threading
 import time
@@ -303,12 +304,48 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
                              unprovisioned=unprovisioned,
                              clusters=fleet.reachability(now=now, since=outages.since),
                              closed=snapshot.closed_clusters)
+        gc_after_cycle(len(jobs))
         t5 = time.perf_counter()
         result.timings = {"reconcile": t1 - t0, "snapshot": t2 - t1, "decide": t3 - t2,
                           "apply": t4 - t3, "submit": t5 - t4, "total": t5 - t0}
     if _again_take():
         kick()  # a cycle was asked for while this one ran: the change that asked is next
     return result
+
+
+# --- the collector ------------------------------------------------------------------------
+
+# At fleet size (docs/performance.md, "A fleet of 5,000 nodes: the cycle on PostgreSQL")
+# what a worker keeps between cycles - the active jobs' rows and the policy's jobs built
+# from them, the simulated cluster's workloads, reconcile's memory - is millions of
+# objects, and each of the collector's full passes walks them all: seconds a cycle.
+# After a cycle with at least GC_FREEZE_MIN_ACTIVE active jobs, the young generations are
+# collected and what survived is frozen (`gc.freeze`: left out of later passes; freed as
+# usual once nothing refers to it). Cyclic garbage frozen that way is found by a full
+# pass every GC_THAW_EVERY such cycles (`gc.unfreeze`, `gc.collect`).
+# (GC_FREEZE False: the collector as before, for bench/bench_fleet_cycle.py --gc-off.)
+GC_FREEZE = True
+GC_FREEZE_MIN_ACTIVE = 20_000
+GC_THAW_EVERY = 200
+_gc_frozen_cycles = 0
+
+
+def gc_after_cycle(active: int) -> None:
+    """What a cycle leaves for the collector (above); nothing below the size."""
+    global _gc_frozen_cycles
+    if active < GC_FREEZE_MIN_ACTIVE or not GC_FREEZE:
+        if _gc_frozen_cycles:
+            gc.unfreeze()
+            _gc_frozen_cycles = 0
+        return
+    _gc_frozen_cycles += 1
+    if _gc_frozen_cycles > GC_THAW_EVERY:
+        gc.unfreeze()
+        gc.collect()
+        _gc_frozen_cycles = 1
+    else:
+        gc.collect(1)
+    gc.freeze()
 
 
 # A cycle asked for while another held the lock (the kick of a watch that saw a pod
@@ -395,7 +432,7 @@ def _clean_statuses(raw: list[WorkloadStatus], result: CycleResult,
     for status in raw:
         if memo is not None and type(status) is WorkloadStatus and isinstance(status.name, str):
             last = memo.get(status.name)
-            if last is not None and _same(last[0], status):
+            if last is not None and (last[0] is status or _same(last[0], status)):
                 statuses.append(last[1])
                 seen[status.name] = last
                 continue
@@ -415,7 +452,10 @@ def _clean_statuses(raw: list[WorkloadStatus], result: CycleResult,
 
 
 def _same(a: object, b: object) -> bool:
-    """`a == b`, False when comparing raises (a status a backend filled with odd values)."""
+    """`a == b`, False when comparing raises (a status a backend filled with odd values).
+    The same object is equal at once (a backend that keeps its statuses gives them again)."""
+    if a is b:
+        return True
     try:
         return bool(a == b)
     except Exception:
@@ -457,7 +497,8 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
     for status in statuses:
         row = holding.get(status.job_id)
         last = before.get(status.name)
-        if row is not None and last is not None and last[1] == row and last[0] == status:
+        if row is not None and last is not None and (last[1] is row or last[1] == row) \
+                and (last[0] is status or last[0] == status):
             handled[status.name] = last
             continue
         if row is not None:
