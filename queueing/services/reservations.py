@@ -40,6 +40,7 @@ from queueing.models import GpuType, Job, Quota, Reservation, UsageRecord
 from queueing.policy.bookings import MAX_RECURRENCE, booking_holds, earliest_window
 from queueing.policy.snapshot import Snapshot
 from queueing.policy.states import HOLDING_STATES
+from queueing.selectors.active_jobs import holding_jobs
 from queueing.selectors.cluster import cluster_view
 from queueing.selectors.reservations import horizon, other_bookings, windows
 from queueing.selectors.snapshot import build_snapshot
@@ -183,10 +184,16 @@ class Holds:
 Span = tuple[datetime, datetime | None, int]
 
 
+def _holds_snapshot(now: datetime) -> Snapshot:
+    """What rule W5 reads (nodes, bookings, the jobs holding GPUs), without the queue:
+    a booking's check does not read a million queued rows."""
+    return build_snapshot(backend=cluster_view(), now=now, jobs=holding_jobs())
+
+
 def holds_of(gpu_type: GpuType, *, now: datetime, until: datetime,
              snapshot: Snapshot | None = None) -> Holds:
     """`Holds` of the type from `now` to `until` (`snapshot`: one built already)."""
-    snap = snapshot or build_snapshot(backend=cluster_view(), now=now)
+    snap = snapshot or _holds_snapshot(now)
     capacity, near = booking_holds(snap, gpu_type.slug)  # rule W5
     edge = now + horizon()
     far: list[Span] = [(b.start, b.end, b.gpus)
@@ -335,14 +342,14 @@ def reservation_earliest(*, actor: Any, team: Team, gpu_types: Sequence[GpuType]
         raise DomainError("The request has invalid fields.", fields=errors)
     start = max(now, not_before or now)
     if not book:
-        snap = build_snapshot(backend=cluster_view(), now=now)
+        snap = _holds_snapshot(now)
         return [earliest_for(gpu_type=t, gpus=gpus, duration=duration, not_before=start,
                              now=now, snapshot=snap) for t in gpu_types]
     check_may_book(actor=actor, team=team)
     with transaction.atomic():
         list(GpuType.objects.select_for_update().filter(pk__in=[t.pk for t in gpu_types])
              .order_by("pk"))
-        snap = build_snapshot(backend=cluster_view(), now=now)
+        snap = _holds_snapshot(now)
         found = [earliest_for(gpu_type=t, gpus=gpus, duration=duration, not_before=start,
                               now=now, snapshot=snap) for t in gpu_types]
         best = min((e for e in found if e.start is not None),

@@ -118,3 +118,30 @@ def test_a_recurring_booking_past_its_year_is_not_read(world: World) -> None:
     assert kept == {recent.pk}
     assert old.pk not in {b.id for b in snapshot_bookings(now=now)}
     assert {b.id for b in snapshot_bookings(now=now)} == {recent.pk}
+
+
+def test_rule_w5_holds_read_without_the_queue_equal_the_full_snapshots(world: World) -> None:
+    """A booking's check (rule W5) builds its snapshot from the jobs holding GPUs alone: the
+    same holds as the cycle's full snapshot, and no queued row read."""
+    from queueing.policy.bookings import booking_holds
+    from queueing.services.reservations import _holds_snapshot
+
+    now = timezone.now()
+    JobFactory(team=world.nlp, gpu_type=world.h100, gpus_per_replica=4, tier=world.critical,
+               status=JobState.RUNNING, started_at=now, max_runtime_seconds=3600)
+    JobFactory(team=world.vision, gpu_type=world.h100, gpus_per_replica=2, tier=world.normal,
+               status=JobState.RUNNING, started_at=now)
+    for _ in range(3):
+        JobFactory(team=world.vision, gpu_type=world.h100, gpus_per_replica=8)
+    _reserve(world)
+    full = build_snapshot(backend=get_backend(), now=now)
+    assert len(full.queued) == 3
+    with CaptureQueriesContext(connection) as q:
+        lean = _holds_snapshot(now)
+    assert lean.queued == ()
+    # (The nominations' query joins the jobs of `preempting` events of the last minutes.)
+    assert not any("'QUEUED'" in x["sql"] and 'FROM "queueing_job" ' in x["sql"]
+                   for x in q.captured_queries)
+    for gt in ("h100", "a100"):
+        assert booking_holds(lean, gt) == booking_holds(full, gt)
+    assert booking_holds(lean, "h100")[1]  # the critical job and the booking hold
