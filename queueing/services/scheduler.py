@@ -554,18 +554,17 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
     moved = Job.objects.select_related("gpu_type").in_bulk({s.job_id for s in moving})
     # The longest-waiting change first: what a budget left is handled first next cycle.
     moving.sort(key=_oldest_change)
-    for i, status in enumerate(moving):
-        if i and budget is not None and budget.spent(RECONCILE_SHARE):  # one at least
+    chunk = STATUS_CHUNK if connection.vendor == "postgresql" else 1
+    done = 0
+    while done < len(moving):
+        done += _apply_statuses(moving[done:done + chunk], moved, first=done == 0,
+                                budget=budget, now=now, result=result, pools_now=pools_now)
+        if done < len(moving) and budget is not None and budget.spent(RECONCILE_SHARE):
             # The rest next cycle: not in `handled`, so it is looked at again.
-            for later in moving[i:]:
+            for later in moving[done:]:
                 handled.pop(later.name, None)
-            result.deferred["reconcile"] = len(moving) - i
+            result.deferred["reconcile"] = len(moving) - done
             break
-        job = moved.get(status.job_id)
-        if job is not None and job.attempt == status.attempt:
-            with _isolated(job.pk, step="recording its workload status", now=now,
-                           result=result):
-                _apply_status(job, status, now=now, result=result, pools_now=pools_now)
     _unowned_stop(backend=backend, statuses=unowned, now=now, result=result, budget=budget)
     # What stopped workloads wrote in their grace, kept once they are gone.
     try:
@@ -619,6 +618,38 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
             ):
                 usage_record_attempt(job=job, start=job.started_at or now, end=now)
                 result.finished.append(job.pk)
+
+
+# Workload status changes written per transaction in step 1 (`_apply_statuses`).
+STATUS_CHUNK = 100
+
+
+def _apply_statuses(statuses: Sequence[WorkloadStatus], moved: Mapping[int, Job], *,
+                    first: bool, budget: Budget | None, now: datetime, result: CycleResult,
+                    pools_now: _PoolsNow) -> int:
+    """Each job's change (`_apply_status`) in a savepoint of its own, the chunk in one
+    transaction: a job is still moved whole or not at all (an error rolls back its
+    savepoint and fails it alone, `_isolated`), and one commit is paid, not one per
+    job. The chunk's rows are locked first, in id order, as every writer of several jobs
+    locks them (`jobs_lock_in_id_order`), so a bulk cancel cannot deadlock with it; then
+    the changes go in `statuses`' order (the longest waiting first) until the budget's
+    step-1 share is spent (one at least when `first`). Returns how many of `statuses`
+    were looked at. An error that is not one job's fault rolls back the chunk: its jobs
+    are handled next cycle."""
+    looked = 0
+    with transaction.atomic():
+        jobs_lock_in_id_order(s.job_id for s in statuses if s.job_id in moved)
+        for status in statuses:
+            if (looked or not first) and budget is not None and \
+                    budget.spent(RECONCILE_SHARE):
+                break
+            looked += 1
+            job = moved.get(status.job_id)
+            if job is not None and job.attempt == status.attempt:
+                with _isolated(job.pk, step="recording its workload status", now=now,
+                               result=result):
+                    _apply_status(job, status, now=now, result=result, pools_now=pools_now)
+    return looked
 
 
 def _oldest_change(status: WorkloadStatus) -> tuple[float, str]:

@@ -1,0 +1,102 @@
+"""Step 1 of the cycle with many workloads changing at once (docs/performance.md, "A
+fleet of 5,000 nodes: admissions per second"): how long reconcile takes to record N jobs
+starting, then the same N ending (each a status change, an event, and at the end a usage
+record and the fair-share charge), with each change its own transaction
+(`scheduler.STATUS_CHUNK = 1`, as before) and with the changes of a chunk in one
+transaction of savepoints (`STATUS_CHUNK = 100`). The two are alternated in one run.
+
+  BENCH reconcile_<n>_start_<chunk>_ms_per_job   ADMITTED -> RUNNING, best of rounds
+  BENCH reconcile_<n>_end_<chunk>_ms_per_job     RUNNING -> SUCCEEDED, best of rounds
+  BENCH reconcile_<n>_<step>_speedup             chunk 1 over chunk 100
+
+Database: $DATABASE_URL (PostgreSQL for the figures; its job tables are emptied), else a
+fresh SQLite file in /tmp (where the chunk is always 1). Run:
+  .venv/bin/python bench/bench_reconcile.py --jobs 1000 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from _common import bench, note, setup_django_sqlite  # noqa: E402
+from bench_admission import calibrate  # noqa: E402
+
+
+def one_round(n: int, chunk: int) -> tuple[float, float]:
+    """N admitted jobs submitted to a fresh simulated cluster; seconds of the reconcile
+    that starts them and of the one that ends them."""
+    from django.utils import timezone
+
+    from accounts.models import Team
+    from queueing.backends.simulated import SimulatedCluster
+    from queueing.models import GpuType, Job, JobEvent, Tier, UsageRecord
+    from queueing.services import scheduler
+
+    scheduler.STATUS_CHUNK = chunk
+    JobEvent.objects.all().delete()
+    UsageRecord.objects.all().delete()
+    Job.objects.all().delete()
+    h100 = GpuType.objects.get_or_create(slug="h100", defaults={"name": "H100"})[0]
+    tier = Tier.objects.update_or_create(slug="normal", defaults={
+        "name": "normal", "rank": 100, "priority_class_name": "fq-normal",
+        "priority_value": 100, "open_to_all_teams": True})[0]
+    teams = [Team.objects.get_or_create(slug=f"team-{k}", defaults={"name": f"team-{k}"})[0]
+             for k in range(20)]
+    nodes = (n + 7) // 8
+    cluster = SimulatedCluster.from_spec(f"{nodes}x8xh100")
+    t0 = timezone.now()
+    jobs = Job.objects.bulk_create([
+        Job(team=teams[i % len(teams)], name=f"j{i}", image="x", gpu_type=h100,
+            gpus_per_replica=1, replicas=1, tier=tier, status="ADMITTED", created_at=t0,
+            updated_at=t0, admitted_at=t0, submitted_to_backend_at=t0,
+            placement=[f"sim-{i // 8}"], env={"FAIRQ_SIM_SECONDS": "60"})
+        for i in range(n)], batch_size=5000)
+    for job in Job.objects.filter(pk__in=[j.pk for j in jobs]).select_related(
+            "team", "tier", "gpu_type"):
+        cluster.submit(scheduler.launch_spec(job), now=t0)
+    took = []
+    for at in (t0 + timedelta(seconds=5), t0 + timedelta(seconds=120)):
+        result = scheduler.CycleResult()
+        t = time.perf_counter()
+        scheduler.reconcile(backend=cluster, now=at, result=result)
+        took.append(time.perf_counter() - t)
+    assert Job.objects.filter(status="SUCCEEDED").count() == n, "not every job ended"
+    return took[0], took[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    setup_django_sqlite("bench_reconcile")
+    from django.conf import settings
+
+    settings.FAIRQ_CYCLE_BUDGET_SECONDS = 45.0  # no deferral: every change is handled
+    calibrate()
+    note(f"load average {os.getloadavg()[0]:.1f}")
+    best: dict[tuple[str, int], float] = {}
+    for _ in range(args.rounds):
+        for chunk in (1, 100):
+            start, end = one_round(args.jobs, chunk)
+            for step, took in (("start", start), ("end", end)):
+                key = (step, chunk)
+                best[key] = min(best.get(key, took), took)
+            note(f"chunk {chunk}: start {start:.2f} s, end {end:.2f} s")
+    n = args.jobs
+    for (step, chunk), took in sorted(best.items()):
+        bench(f"reconcile_{n}_{step}_{chunk}_ms_per_job", took / n * 1000, "ms")
+    for step in ("start", "end"):
+        bench(f"reconcile_{n}_{step}_speedup", best[(step, 1)] / best[(step, 100)], "x")
+    note(f"load average {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
