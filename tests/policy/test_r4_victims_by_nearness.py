@@ -1,0 +1,201 @@
+"""Rule R4's victim search read one level of rule Q6's nearness at a time
+(`preemption._Levels`, `_take_per_replica_by_level`) finds what the reference finds
+(`preemption._INDEX = False`: every candidate of the type built, sorted and weighed), over
+random worlds: a quota tree (or a flat forest), whole-GPU nodes (some reporting CPU) and
+a time-sliced type (rules H1-H6), running jobs of every tier, owed claims (rule R11: no
+rule R3 protection) and spared jobs (rule W4). Both the searches one after another on a
+workspace (each keeping its victims, as the pass does) and whole plans are compared."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from queueing.policy import preemption
+from queueing.policy.admission import Plan, plan_admissions
+from queueing.policy.fairshare import FairShareState
+from queueing.policy.preemption import find_victims
+from queueing.policy.priority import PriorityWeights
+from queueing.policy.snapshot import (
+    NodeState,
+    PreemptionSettings,
+    QueuedJob,
+    QuotaLimit,
+    RunningJob,
+    Snapshot,
+)
+from queueing.policy.workspace import Workspace
+
+NOW = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
+WHOLE, SLICED, S = "h100", "a10", 4
+
+
+def _tree(rnd: random.Random) -> tuple[dict[str, str | None], list[str], list[str]]:
+    """(parents, teams with jobs, every node): a 1-3 level tree, or a flat forest."""
+    if rnd.random() < 0.2:
+        teams = [f"t{k}" for k in range(rnd.randrange(2, 6))]
+        return dict.fromkeys(teams), teams, teams
+    parent: dict[str, str | None] = {}
+    teams: list[str] = []
+    for d in range(rnd.randrange(1, 4)):
+        div = f"d{d}"
+        parent[div] = None
+        for e in range(rnd.randrange(1, 4)):
+            dept = f"{div}.e{e}"
+            parent[dept] = div
+            for k in range(rnd.randrange(1, 4)):
+                team = f"{dept}.t{k}"
+                parent[team] = dept
+                teams.append(team)
+            if rnd.random() < 0.2:
+                teams.append(dept)  # a department's own jobs
+    return parent, teams, list(parent)
+
+
+def _quotas(rnd: random.Random, nodes: list[str]) -> dict[tuple[str, str], QuotaLimit]:
+    quotas = {}
+    for n in nodes:
+        for gt, unit in ((WHOLE, 1), (SLICED, S)):
+            if rnd.random() < 0.85:
+                quotas[(n, gt)] = QuotaLimit(
+                    rnd.choice((0, 2, 4, 8, 16)) * unit,
+                    rnd.choice((None, None, 0, 4 * unit, 8 * unit)),
+                    rnd.choice((None, None, 2 * unit)))
+    return quotas
+
+
+def _running(rnd: random.Random, teams: list[str], whole: list[NodeState],
+             sliced: list[NodeState], cpu: bool) -> tuple[list[RunningJob], dict, dict]:
+    free = {n.name: n.capacity for n in whole}
+    cpu_free = {n.name: 64_000 for n in whole}
+    gpu_free = {n.name: [S] * (n.capacity // S) for n in sliced}
+    out: list[RunningJob] = []
+
+    def common(k: int) -> dict:
+        started = NOW - timedelta(seconds=rnd.choice((30, 600, 3600, 20_000)))
+        return dict(
+            tier_rank=rnd.choice((0, 0, 100, 100, 200)), preemptible=rnd.random() < 0.85,
+            started_at=None if rnd.random() < 0.05 else started,
+            min_runtime_seconds=rnd.choice((0, 0, 300, 7200)),
+            preemptions=rnd.choice((0, 0, 1, 3)),
+            checkpointed_at=rnd.choice((None, NOW - timedelta(seconds=rnd.choice((5, 900))))))
+
+    for k in range(rnd.randrange(5, 60)):
+        jid = len(out) + 1
+        if rnd.random() < 0.5 and whole:
+            g, reps = rnd.choice((1, 1, 2, 4, 8)), rnd.choice((1, 1, 1, 2))
+            c = rnd.choice((0, 4000, 16_000)) if cpu else 0
+            on = []
+            for _ in range(reps):
+                fit = [n for n in free if free[n] >= g and cpu_free[n] >= c]
+                if not fit:
+                    break
+                n = rnd.choice(fit)
+                free[n] -= g
+                cpu_free[n] -= c
+                on.append(n)
+            if len(on) != reps:
+                for n in on:
+                    free[n] += g
+                    cpu_free[n] += c
+                continue
+            out.append(RunningJob(jid, rnd.choice(teams), WHOLE, g, reps, nodes=tuple(on),
+                                  cpu_millicores=c or None, **common(k)))
+        elif sliced:
+            n = rnd.choice(sliced).name
+            gf = gpu_free[n]
+            units = rnd.choice((1, 1, 2, 3, S))
+            fit = [i for i, f in enumerate(gf) if (f == S if units == S else f >= units)]
+            if not fit:
+                continue
+            i = rnd.choice(fit)
+            gf[i] -= units
+            out.append(RunningJob(jid, rnd.choice(teams), SLICED, units, 1, nodes=(n,),
+                                  gpu_slots=(i,), **common(k)))
+    return out, {**free, **{n: sum(g) for n, g in gpu_free.items()}}, \
+        {**cpu_free, **gpu_free}
+
+
+def world(rnd: random.Random) -> Snapshot:
+    parent, teams, tree_nodes = _tree(rnd)
+    cpu = rnd.random() < 0.3
+    whole = [NodeState(f"w{i}", WHOLE, 8, 8) for i in range(rnd.randrange(1, 5))]
+    sliced = [NodeState(f"s{i}", SLICED, 4 * S, 4 * S, slices_per_gpu=S)
+              for i in range(rnd.randrange(0, 4))]
+    running, free, more = _running(rnd, teams, whole, sliced, cpu)
+    nodes = tuple(
+        [replace(n, free=free[n.name], cpu_free=more[n.name] if cpu else None,
+                 cpu_allocatable=64_000 if cpu else None) for n in whole]
+        + [replace(n, free=free[n.name], gpu_free=tuple(more[n.name])) for n in sliced])
+    queued = []
+    for k in range(rnd.randrange(1, 25)):
+        if sliced and rnd.random() < 0.5:
+            gt, g, reps = SLICED, rnd.choice((1, 2, 3, S, S)), 1
+        else:
+            gt, g, reps = WHOLE, rnd.choice((1, 2, 4, 8)), rnd.choice((1, 1, 2))
+        queued.append(QueuedJob(
+            id=1000 + k, team=rnd.choice(teams), gpu_type=gt, gpus_per_replica=g,
+            replicas=reps, tier_rank=rnd.choice((0, 100, 200, 200)),
+            submitted_at=NOW - timedelta(seconds=rnd.randrange(1, 50_000)),
+            cpu_millicores=rnd.choice((None, 2000, 32_000)) if cpu and gt == WHOLE else None))
+    usage = {t: rnd.uniform(0, 100) for t in teams}
+    return Snapshot(
+        now=NOW, nodes=nodes, queued=tuple(queued), running=tuple(running),
+        quotas=_quotas(rnd, tree_nodes), team_parent=parent,
+        fair_share_state=FairShareState(usage, {t: 1 / len(teams) for t in teams}),
+        priority_weights=PriorityWeights(), units_per_gpu={SLICED: S},
+        preemption=PreemptionSettings(
+            enabled=True, lost_per_wait=rnd.choice((None, 0.4)),
+            max_per_team=rnd.choice((None, 3)), max_searches=rnd.choice((1, 4, 32)),
+            max_preemptions_per_job=rnd.choice((None, 3))))
+
+
+def _reference(s: Snapshot) -> Plan:
+    preemption._INDEX = False
+    try:
+        return plan_admissions(s)
+    finally:
+        preemption._INDEX = True
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_rule_r4_the_search_by_nearness_finds_the_victims_reading_all_finds(
+    rnd: random.Random,
+) -> None:
+    s = world(rnd)
+    factors = {t: rnd.choice((0.5, 1.0, 2.0)) for t in s.team_parent}
+    ws, ref = Workspace(s), Workspace(s)
+    for job in s.queued:
+        protect = rnd.random() < 0.5  # False: an owed claim (rule R11)
+        spared = frozenset(r.id for r in s.running if rnd.random() < 0.1)
+        kwargs = dict(now=s.now, factor=lambda t: factors.get(t, 1.0), protect=protect,
+                      spared=spared)
+        found = find_victims(ws, job, **kwargs)
+        preemption._INDEX = False
+        try:
+            want = find_victims(ref, job, **kwargs)
+        finally:
+            preemption._INDEX = True
+        assert (found and found[0]) == (want and want[0])
+        assert ws.removed == ref.removed
+        assert ws.capacity.gpu_free == ref.capacity.gpu_free
+        assert ws.capacity.free == ref.capacity.free
+        if found is not None and want is not None and rnd.random() < 0.3:
+            found[1]()  # some searches undone, the others' victims kept
+            want[1]()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_rule_r4_plans_with_the_search_by_nearness_are_the_reference_plans(
+    rnd: random.Random,
+) -> None:
+    s = world(rnd)
+    plan, want = plan_admissions(s), _reference(s)
+    assert plan == want
+    assert plan.waits.items() == want.waits.items()
