@@ -10,7 +10,7 @@ exactly as before.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -243,8 +243,6 @@ def _take_enough(ws: Workspace, job: QueuedJob, cands: list[_Cand] | _Levels,
     sources: dict[str, bool] = {}
 
     def take(victims: list[RunningJob]) -> None:
-        if levels is not None:
-            levels.freeze(victims)
         sources.clear()
         taken.extend(victims)
         undos.append(ws.simulate_removal(victims))
@@ -368,11 +366,13 @@ class _Levels:
     finds its victims among the nearest teams never reads the rest of the type's
     running jobs (136,000 fractions in docs/performance.md's fleet).
 
-    Which teams are sources (`Ledger.reclaimable`) and how near they are is what the
-    ledger said when the search began: the victims the search takes move it, so the
-    borrowing of the nodes on their paths is kept as it was before the first of them
-    (`freeze`). `items` is a prefix of `_candidates`' sorted list, `ends` where each
-    level made so far ends in it."""
+    Which teams are sources (`Ledger.reclaimable`) and how near they are is read when
+    their group is: the victims the search has taken by then move the ledger, but only
+    on their own paths, under a nearer node than the group's - and a team of the group
+    is a source by the nodes of its path below the group's node, which those paths
+    never meet. So each group reads what `_candidates` read when the search began.
+    `items` is a prefix of `_candidates`' sorted list, `ends` where each level made so
+    far ends in it."""
 
     def __init__(self, ws: Workspace, job: QueuedJob,
                  by_team: dict[str, list[tuple[RunningJob, float]]], cluster: str,
@@ -390,7 +390,6 @@ class _Levels:
         self.ends: list[int] = []
         self.rule_of: dict[int, PreemptionRule] = {}
         self.key_of: dict[int, _Key] = {}
-        self._frozen: dict[str, bool] = {}
         # The groups still to read: (the nearest node the claimant and its teams are
         # under, its depth, the subtree already read), nearest first; then the levels
         # of the group being read, as (nearness, [(team, reclaim allowed by Q6's reach)]).
@@ -409,21 +408,11 @@ class _Levels:
         self._fleet_from: int | None = None  # where the fleet's group starts in `items`
 
     def _flag(self, node: str) -> bool:
-        """Does `node` (a team when flat) borrow, as when the search began?"""
-        got = self._frozen.get(node)
-        if got is not None:
-            return got
+        """Does `node` (a team when flat: one group, read at once) borrow?"""
         gt = self.job.gpu_type
         if self.tree is None:
             return self.ws.ledger.borrowing(node, gt)
         return self.tree.borrowing(node, gt)
-
-    def freeze(self, victims: Iterable[RunningJob]) -> None:
-        """Keep the borrowing of the nodes on `victims`' paths before they are removed."""
-        for r in victims:
-            for node in (self.tree.path(r.team) if self.tree is not None else (r.team,)):
-                if node not in self._frozen:
-                    self._frozen[node] = self._flag(node)
 
     def _teams_under(self, top: str, below: str | None) -> list[str]:
         """The teams with candidates in `top`'s subtree (all of them at the fleet, "")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -69,22 +70,23 @@ def _quotas(rnd: random.Random, nodes: list[str]) -> dict[tuple[str, str], Quota
 
 
 def _running(rnd: random.Random, teams: list[str], whole: list[NodeState],
-             sliced: list[NodeState], cpu: bool) -> tuple[list[RunningJob], dict, dict]:
+             sliced: list[NodeState], cpu: bool) -> tuple[list[RunningJob], dict[str, int], dict[str, Any]]:
     free = {n.name: n.capacity for n in whole}
     cpu_free = {n.name: 64_000 for n in whole}
     gpu_free = {n.name: [S] * (n.capacity // S) for n in sliced}
     out: list[RunningJob] = []
 
-    def common(k: int) -> dict:
+    def common() -> dict[str, Any]:
         started = NOW - timedelta(seconds=rnd.choice((30, 600, 3600, 20_000)))
-        return dict(
-            tier_rank=rnd.choice((0, 0, 100, 100, 200)), preemptible=rnd.random() < 0.85,
-            started_at=None if rnd.random() < 0.05 else started,
-            min_runtime_seconds=rnd.choice((0, 0, 300, 7200)),
-            preemptions=rnd.choice((0, 0, 1, 3)),
-            checkpointed_at=rnd.choice((None, NOW - timedelta(seconds=rnd.choice((5, 900))))))
+        return {
+            "tier_rank": rnd.choice((0, 0, 100, 100, 200)),
+            "preemptible": rnd.random() < 0.85,
+            "started_at": None if rnd.random() < 0.05 else started,
+            "min_runtime_seconds": rnd.choice((0, 0, 300, 7200)),
+            "preemptions": rnd.choice((0, 0, 1, 3)),
+            "checkpointed_at": rnd.choice((None, NOW - timedelta(seconds=rnd.choice((5, 900)))))}
 
-    for k in range(rnd.randrange(5, 60)):
+    for _ in range(rnd.randrange(5, 60)):
         jid = len(out) + 1
         if rnd.random() < 0.5 and whole:
             g, reps = rnd.choice((1, 1, 2, 4, 8)), rnd.choice((1, 1, 1, 2))
@@ -104,7 +106,7 @@ def _running(rnd: random.Random, teams: list[str], whole: list[NodeState],
                     cpu_free[n] += c
                 continue
             out.append(RunningJob(jid, rnd.choice(teams), WHOLE, g, reps, nodes=tuple(on),
-                                  cpu_millicores=c or None, **common(k)))
+                                  cpu_millicores=c or None, **common()))
         elif sliced:
             n = rnd.choice(sliced).name
             gf = gpu_free[n]
@@ -115,7 +117,7 @@ def _running(rnd: random.Random, teams: list[str], whole: list[NodeState],
             i = rnd.choice(fit)
             gf[i] -= units
             out.append(RunningJob(jid, rnd.choice(teams), SLICED, units, 1, nodes=(n,),
-                                  gpu_slots=(i,), **common(k)))
+                                  gpu_slots=(i,), **common()))
     return out, {**free, **{n: sum(g) for n, g in gpu_free.items()}}, \
         {**cpu_free, **gpu_free}
 
@@ -173,12 +175,14 @@ def test_rule_r4_the_search_by_nearness_finds_the_victims_reading_all_finds(
     for job in s.queued:
         protect = rnd.random() < 0.5  # False: an owed claim (rule R11)
         spared = frozenset(r.id for r in s.running if rnd.random() < 0.1)
-        kwargs = dict(now=s.now, factor=lambda t: factors.get(t, 1.0), protect=protect,
-                      spared=spared)
-        found = find_victims(ws, job, **kwargs)
+        def factor(t: str) -> float:
+            return factors.get(t, 1.0)
+
+        found = find_victims(ws, job, now=s.now, factor=factor, protect=protect, spared=spared)
         preemption._INDEX = False
         try:
-            want = find_victims(ref, job, **kwargs)
+            want = find_victims(ref, job, now=s.now, factor=factor, protect=protect,
+                                spared=spared)
         finally:
             preemption._INDEX = True
         assert (found and found[0]) == (want and want[0])
@@ -199,3 +203,38 @@ def test_rule_r4_plans_with_the_search_by_nearness_are_the_reference_plans(
     plan, want = plan_admissions(s), _reference(s)
     assert plan == want
     assert plan.waits.items() == want.waits.items()
+
+
+def test_rule_q6_a_node_needing_a_farther_victim_loses_to_one_a_nearer_level_frees() -> None:
+    """Node w0 makes room with its claimant's sibling's job and a job of another
+    division; node w1 with a cousin's job alone. Rule R4's price starts with the farthest
+    victim's nearness (rule Q6): w1's cousin (-2) beats w0's other division (0), although
+    w0 is the first node the nearest level reaches."""
+    parent: dict[str, str | None] = {
+        "d0": None, "d0.e0": "d0", "d0.e0.me": "d0.e0", "d0.e0.sib": "d0.e0",
+        "d0.e1": "d0", "d0.e1.cousin": "d0.e1", "d1": None, "d1.e0": "d1",
+        "d1.e0.other": "d1.e0", "x": None}
+    quotas = {(t, WHOLE): QuotaLimit(8 if t == "d0.e0.me" else 0) for t in parent
+              if t.count(".") == 2}
+    hour = NOW - timedelta(hours=1)
+
+    def run(jid: int, team: str, g: int, node: str, tier: int = 100) -> RunningJob:
+        return RunningJob(jid, team, WHOLE, g, 1, tier, started_at=hour, nodes=(node,))
+
+    running = (run(1, "d0.e0.sib", 1, "w0"), run(2, "d1.e0.other", 1, "w0"),
+               run(3, "x", 6, "w0", tier=200), run(4, "d0.e1.cousin", 2, "w1"),
+               run(5, "x", 6, "w1", tier=200))
+    s = Snapshot(now=NOW, nodes=(NodeState("w0", WHOLE, 8, 0), NodeState("w1", WHOLE, 8, 0)),
+                 queued=(QueuedJob(9, "d0.e0.me", WHOLE, 2, 1, 100, NOW),), running=running,
+                 quotas=quotas, team_parent=parent, priority_weights=PriorityWeights(),
+                 preemption=PreemptionSettings(enabled=True, lost_per_wait=None))
+    for indexed in (True, False):
+        preemption._INDEX = indexed
+        try:
+            found = find_victims(Workspace(s), s.queued[0], now=NOW, factor=lambda _t: 1.0,
+                                 protect=False)
+        finally:
+            preemption._INDEX = True
+        assert found is not None
+        assert [v.job_id for v in found[0].victims] == [4]
+        assert found[0].placement == ("w1",)
