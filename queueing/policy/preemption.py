@@ -266,7 +266,14 @@ def _take_enough(ws: Workspace, job: QueuedJob, cands: list[_Cand] | _Levels,
 
     # 1b. Its own team's ceiling (Q1): only the team's own lower-tier jobs make room;
     # in a tree (rule Q4) over a department's borrowing limit, any candidate under it.
-    for _, r, _ in (levels.under_path() if levels is not None else cands):
+    def binding() -> int:
+        """Rule Q4's binding node's depth (`under_limit`); past any when it is the team."""
+        limit = ws.ledger.tree_limit(team, gt, job.total_gpus) if ws.ledger.tree else None
+        if limit is None or limit[0] == team or ws.ledger.tree is None:
+            return 1 << 30
+        return ws.ledger.tree.depth(limit[0])
+
+    for _, r, _ in (levels.under_path(binding) if levels is not None else cands):
         if ws.ledger.over_ceiling(team, gt, job.total_gpus) is None:
             break
         if (r.team == team or ws.ledger.under_limit(team, r.team, gt, job.total_gpus)) \
@@ -456,9 +463,10 @@ class _Levels:
         else:
             self._pending = [(-2 * depth + 1, far), (-2 * depth, near)]
 
-    def more(self) -> bool:
-        """Make the next level that has candidates; False when none is left."""
-        while self._pending or self._groups:
+    def more(self, within: bool = False) -> bool:
+        """Make the next level that has candidates; False when none is left (`within`:
+        in the group being read)."""
+        while self._pending or (self._groups and not within):
             if not self._pending:
                 self._next_group()
                 continue
@@ -510,19 +518,28 @@ class _Levels:
             yield self.items[i]
             i += 1
 
-    def under_path(self) -> Iterator[_Cand]:
+    def under_path(self, binding: Callable[[], int]) -> Iterator[_Cand]:
         """The candidates step 1b of `_take_enough` may take, in order: those of the
-        teams under the claimant's path (rule Q4's binding node is on it:
-        `Ledger.under_limit`), then its own team's (its lower tiers, rule Q1); the
-        fleet's other teams are never under it."""
+        teams under rule Q4's binding node (`Ledger.under_limit`; `binding()`: its
+        depth now, more than any when it is the claimant's own team), then the
+        claimant's own team's (its lower tiers, rule Q1). The binding node is on the
+        claimant's path, so the fleet's other teams are never under it, nor a group's
+        teams while it is below the group's node: no candidate of such a group is taken,
+        the ledger does not move, and neither are the farther groups'."""
         i = 0
         while self._fleet_from is None or i < self._fleet_from:
             if i < len(self.items):
                 yield self.items[i]
                 i += 1
-            elif (not self._pending and self._groups and self._groups[-1][0] == "") \
-                    or not self.more():
-                break  # the fleet's group is next, or no group is left
+                continue
+            if self._pending and self.more(within=True):
+                continue  # the next level of the group being read
+            if not self._groups:
+                break
+            top, depth, _ = self._groups[-1]
+            if top == "" or binding() > depth:
+                break  # the fleet's group is next, or a group none of it is taken from
+            self._next_group()
         own = self._level(0, [(self.job.team, False)])
         own.sort(key=lambda c: c[0])
         for c in own:
