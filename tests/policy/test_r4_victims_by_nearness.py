@@ -238,3 +238,34 @@ def test_rule_q6_a_node_needing_a_farther_victim_loses_to_one_a_nearer_level_fre
         assert found is not None
         assert [v.job_id for v in found[0].victims] == [4]
         assert found[0].placement == ("w1",)
+
+
+def test_rule_q4_a_claim_over_its_divisions_limit_takes_a_cousins_job_first() -> None:
+    """Step 1b (rules Q1, Q4): division d0 may hold 6 GPUs, its teams hold 5 (a
+    sibling's 1-GPU job, a cousin's 4-GPU job) and team me claims 4 more: the search
+    takes under the binding division in rule R4's order, the sibling's then the
+    cousin's (a farther group), and spares the sibling; the other division's job does
+    not help."""
+    parent: dict[str, str | None] = {
+        "d0": None, "d0.e0": "d0", "d0.e0.me": "d0.e0", "d0.e0.sib": "d0.e0", "d0.e1": "d0",
+        "d0.e1.cousin": "d0.e1", "d1": None, "d1.e0": "d1", "d1.e0.other": "d1.e0"}
+    quotas = {("d0", WHOLE): QuotaLimit(6, 0), ("d0.e0.me", WHOLE): QuotaLimit(4),
+              ("d0.e0.sib", WHOLE): QuotaLimit(0), ("d0.e1.cousin", WHOLE): QuotaLimit(0),
+              ("d1.e0.other", WHOLE): QuotaLimit(0)}
+    hour = NOW - timedelta(hours=1)
+    running = (RunningJob(1, "d0.e1.cousin", WHOLE, 4, 1, 0, started_at=hour, nodes=("w0",)),
+               RunningJob(2, "d1.e0.other", WHOLE, 8, 1, 0, started_at=hour, nodes=("w1",)),
+               RunningJob(3, "d0.e0.sib", WHOLE, 1, 1, 0, started_at=hour, nodes=("w0",)))
+    s = Snapshot(now=NOW, nodes=(NodeState("w0", WHOLE, 8, 3), NodeState("w1", WHOLE, 8, 0)),
+                 queued=(QueuedJob(9, "d0.e0.me", WHOLE, 4, 1, 100, NOW),), running=running,
+                 quotas=quotas, team_parent=parent, priority_weights=PriorityWeights(),
+                 preemption=PreemptionSettings(enabled=True, lost_per_wait=None))
+    for indexed in (True, False):
+        preemption._INDEX = indexed
+        try:
+            found = find_victims(Workspace(s), s.queued[0], now=NOW, factor=lambda _t: 1.0,
+                                 protect=False)
+        finally:
+            preemption._INDEX = True
+        assert found is not None
+        assert [v.job_id for v in found[0].victims] == [1]
