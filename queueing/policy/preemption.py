@@ -107,24 +107,37 @@ def _unprotected(ws: Workspace, gpu_type: str, now: datetime,
     pool = ws.victim_pools.get(key)
     if pool is None:
         # `not _limited(r, now, limit)` and `work_lost_gpu_hours(r, now)` with two
-        # subtractions per job: this runs over every running job of the type.
-        limit = ws.snapshot.preemption.max_preemptions_per_job if protect else None
+        # subtractions per job: this runs over every running job of the type, once for
+        # both lists (a pass with owed claims and others asks both).
+        limit = ws.snapshot.preemption.max_preemptions_per_job
         now_ts = now.timestamp()
         per_unit = 1.0 / ws.snapshot.units_per_gpu.get(gpu_type, 1)  # rule H4
-        pool = ws.victim_pools[key] = []
+        every: list[tuple[RunningJob, float]] = []
+        kept: list[tuple[RunningJob, float]] = []
         for r in ws.running_by_type.get(gpu_type, ()):
-            if r.started_at is None:
+            started = r.started_at
+            if started is None:
                 ran = lost = 0.0
             else:
-                ran = lost = max(0.0, now_ts - r.started_at.timestamp())
-                if r.checkpointed_at is not None and r.checkpointed_at > r.started_at:
-                    lost = max(0.0, now_ts - r.checkpointed_at.timestamp())
-            if protect and (ran < r.min_runtime_seconds
-                            or (limit is not None and r.preemptions >= limit)):
-                continue  # rule R3 (a non-preemptible job stays, for rule Q2's reclaim)
-            pool.append((r, r.gpus_per_replica * r.replicas * per_unit * lost / 3600.0))
-        ws.victim_floor[key] = min((r.tier_rank for r, _ in pool if r.preemptible),
-                                   default=None)
+                ran = lost = now_ts - started.timestamp()
+                if ran < 0.0:
+                    ran = lost = 0.0
+                checkpoint = r.checkpointed_at
+                if checkpoint is not None and checkpoint > started:
+                    lost = now_ts - checkpoint.timestamp()
+                    if lost < 0.0:
+                        lost = 0.0
+            item = (r, r.gpus_per_replica * r.replicas * per_unit * lost / 3600.0)
+            every.append(item)
+            if not (ran < r.min_runtime_seconds
+                    or (limit is not None and r.preemptions >= limit)):
+                kept.append(item)  # else rule R3 (a non-preemptible job stays: rule Q2)
+        for protects, jobs in ((True, kept), (False, every)):
+            k = (gpu_type, now, protects)
+            ws.victim_pools[k] = jobs
+            ws.victim_floor[k] = min((r.tier_rank for r, _ in jobs if r.preemptible),
+                                     default=None)
+        pool = ws.victim_pools[key]
     return pool
 
 
