@@ -15,6 +15,7 @@ two plans are equal (admissions, preemptions, every wait):
   BENCH calibration_1M_loop                 a plain 1M-iteration loop: the machine now
   BENCH fleet_preempt_<n>_plan_reference    seconds of the pass, reference search (p50)
   BENCH fleet_preempt_<n>_plan              seconds of the pass, indexed search (p50)
+  BENCH fleet_preempt_<n>_plan[_reference]_cpu   the same in CPU seconds of the process
   BENCH fleet_preempt_<n>_preemptions       preemptions planned
   BENCH fleet_preempt_<n>_owed_served       of them made for owed claims (rule R11)
   BENCH fleet_preempt_<n>_owed_waiting      owed claims left waiting (their search found
@@ -51,12 +52,13 @@ from queueing.policy.snapshot import Snapshot  # noqa: E402
 SIZES = (100, 1_000, 10_000, 100_000)
 
 
-def timed(snap: Snapshot, indexed: bool) -> tuple[float, Plan]:
+def timed(snap: Snapshot, indexed: bool) -> tuple[float, float, Plan]:
+    """(wall seconds, CPU seconds of this process, the plan) of one pass."""
     kept, preemption._INDEX = preemption._INDEX, indexed
     try:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         plan = plan_admissions(snap)
-        return time.perf_counter() - t, plan
+        return time.perf_counter() - t, time.process_time() - c, plan
     finally:
         preemption._INDEX = kept
 
@@ -88,13 +90,17 @@ def one_size(n: int, repeats: int, reference: bool) -> None:
          f"load average {os.getloadavg()[0]:.1f}")
     fast: list[float] = []
     slow: list[float] = []
+    fast_cpu: list[float] = []
+    slow_cpu: list[float] = []
     plan = None
     for _ in range(repeats):
         if reference:
-            took, ref = timed(snap, indexed=False)
+            took, cpu, ref = timed(snap, indexed=False)
             slow.append(took)
-        took, plan = timed(snap, indexed=True)
+            slow_cpu.append(cpu)
+        took, cpu, plan = timed(snap, indexed=True)
         fast.append(took)
+        fast_cpu.append(cpu)
         if reference:
             assert plan == ref, "the indexed search's plan differs from the reference's"
             assert plan.waits.items() == ref.waits.items()
@@ -106,7 +112,9 @@ def one_size(n: int, repeats: int, reference: bool) -> None:
     k = f"fleet_preempt_{n}"
     if reference:
         bench(f"{k}_plan_reference", statistics.median(slow), "s")
+        bench(f"{k}_plan_reference_cpu", statistics.median(slow_cpu), "s")
     bench(f"{k}_plan", statistics.median(fast), "s")
+    bench(f"{k}_plan_cpu", statistics.median(fast_cpu), "s")
     owed_waiting = sum(1 for w in plan.waits.values()
                        if "(rule R11), but" in w.message)
     bench(f"{k}_preemptions", len(plan.preemptions), "preemptions")

@@ -584,6 +584,8 @@ def _take_per_replica_by_level(ws: Workspace, levels: _Levels,
     on_node: dict[str, list[RunningJob]] = {}
     marks: dict[str, list[tuple[int, int]]] = {}  # (level, its candidates up to it)
     touched: list[list[str]] = []
+    packed = bool(cap.packed) and pool in cap.packed
+    given: dict[tuple[int, str], list[tuple[int, int]]] = {}  # rule H6, per (job, node)
 
     def absorb() -> None:
         level = len(touched)
@@ -594,6 +596,8 @@ def _take_per_replica_by_level(ws: Workspace, levels: _Levels,
                 if node_pool.get(name) == pool:
                     on_node.setdefault(name, []).append(r)
                     names[name] = None
+                    if packed:
+                        given[(r.id, name)] = _given(cap, r, name)
         for name in names:
             marks.setdefault(name, []).append((level, len(on_node[name])))
         touched.append(list(names))
@@ -604,7 +608,7 @@ def _take_per_replica_by_level(ws: Workspace, levels: _Levels,
 
     reserved: list[tuple[str, tuple[int, ...]]] = []
     ok = True
-    packed = bool(cap.packed) and pool in cap.packed
+    fraction = packed and g < min((cap.spg[n] for n in cap.nodes_of[pool]), default=0)
     for _ in range(reps):
         placed = cap.place(pool, g, 1, cpu=cpu, memory=mem)
         if placed is not None:
@@ -620,8 +624,11 @@ def _take_per_replica_by_level(ws: Workspace, levels: _Levels,
             for name in touched[level]:
                 if cap.empty_node_slots(name, g, cpu, mem) < 1:
                     continue
-                for way in _node_ways(cap, name, upto(name, level), still_allowed, g, cpu,
-                                      mem, packed):
+                jobs = upto(name, level)
+                ways = (_fraction_ways(cap, name, jobs, given, still_allowed, g, cpu, mem)
+                        if fraction else
+                        _node_ways(cap, name, jobs, still_allowed, g, cpu, mem, packed))
+                for way in ways:
                     cost = (*_cost(way, key_of), name)
                     if best is None or cost < best[0]:
                         best = (cost, name, way)
@@ -739,6 +746,58 @@ def _node_ways(cap: Capacity, name: str, jobs: list[RunningJob],
     if need > 0 or need_cpu > 0 or need_mem > 0:
         return []
     return [chosen]
+
+
+def _given(cap: Capacity, r: RunningJob, name: str) -> list[tuple[int, int]]:
+    """Rule H6: (GPU, slices) `r` gives back on packed node `name` when removed."""
+    s = cap.spg[name]
+    per = replica_slots(r.gpu_slots, len(r.nodes))
+    out: list[tuple[int, int]] = []
+    for k, n in enumerate(r.nodes):
+        if n != name or not per[k]:
+            continue
+        each = r.gpus_per_replica if len(per[k]) == 1 else s
+        out.extend((i, min(each, s)) for i in per[k])
+    return out
+
+
+def _fraction_ways(cap: Capacity, name: str, jobs: list[RunningJob],
+                   given: dict[tuple[int, str], list[tuple[int, int]]],
+                   still_allowed: Callable[[RunningJob], bool], g: int, cpu: int,
+                   mem: int) -> list[list[RunningJob]]:
+    """`_packed_choices` for a fraction (`g` below a GPU's slices), reading each GPU's
+    own candidates instead of every candidate of the node per GPU; `given`: `_given`
+    of each (job, node)."""
+    s, gf = cap.spg[name], cap.gpu_free[name]
+    per_gpu: dict[int, list[tuple[RunningJob, list[tuple[int, int]]]]] = {}
+    for r in jobs:
+        got = given[(r.id, name)]
+        if got and still_allowed(r):
+            for i in dict.fromkeys(i for i, _ in got):
+                per_gpu.setdefault(i, []).append((r, got))
+    cpu_free, mem_free = cap.cpu_free[name], cap.memory_free[name]
+    out: list[list[RunningJob]] = []
+    for target in range(len(gf)):
+        on = per_gpu.get(target)
+        if not on:
+            continue
+        free = gf[target]
+        need_cpu = cpu - cpu_free if cpu and cpu_free is not None else 0
+        need_mem = mem - mem_free if mem and mem_free is not None else 0
+        picked: list[RunningJob] = []
+        for r, got in on:
+            if free >= g and need_cpu <= 0 and need_mem <= 0:
+                break
+            picked.append(r)
+            for i, add in got:
+                if i == target:
+                    free = min(s, free + add)
+            times = r.nodes.count(name)
+            need_cpu -= (r.cpu_millicores or 0) * times
+            need_mem -= (r.memory_bytes or 0) * times
+        if picked and free >= g and need_cpu <= 0 and need_mem <= 0:
+            out.append(picked)
+    return out
 
 
 def _room(free: list[int], s: int, whole: int, target: int | None, g: int) -> bool:

@@ -110,14 +110,15 @@ def _running(rnd: random.Random, teams: list[str], whole: list[NodeState],
         elif sliced:
             n = rnd.choice(sliced).name
             gf = gpu_free[n]
-            units = rnd.choice((1, 1, 2, 3, S))
-            fit = [i for i, f in enumerate(gf) if (f == S if units == S else f >= units)]
-            if not fit:
+            units = rnd.choice((1, 1, 2, 3, S, 2 * S))
+            fit = [i for i, f in enumerate(gf) if (f == S if units >= S else f >= units)]
+            if len(fit) < max(1, units // S):
                 continue
-            i = rnd.choice(fit)
-            gf[i] -= units
+            slots = tuple(sorted(rnd.sample(fit, max(1, units // S))))
+            for i in slots:
+                gf[i] -= min(units, S)
             out.append(RunningJob(jid, rnd.choice(teams), SLICED, units, 1, nodes=(n,),
-                                  gpu_slots=(i,), **common()))
+                                  gpu_slots=slots, **common()))
     return out, {**free, **{n: sum(g) for n, g in gpu_free.items()}}, \
         {**cpu_free, **gpu_free}
 
@@ -269,3 +270,40 @@ def test_rule_q4_a_claim_over_its_divisions_limit_takes_a_cousins_job_first() ->
             preemption._INDEX = True
         assert found is not None
         assert [v.job_id for v in found[0].victims] == [1]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_rule_h6_a_fractions_ways_per_gpu_are_the_ways_reading_the_node(
+    rnd: random.Random,
+) -> None:
+    """`_fraction_ways` (each GPU's own candidates) gives `_packed_choices`' ways for a
+    fraction on one packed node, victims of several GPUs and CPU included."""
+    gpus = rnd.randrange(1, 5)
+    gf = [S] * gpus
+    jobs: list[RunningJob] = []
+    for k in range(rnd.randrange(0, 12)):
+        units = rnd.choice((1, 2, 3, S, 2 * S))
+        fit = [i for i, f in enumerate(gf) if (f == S if units >= S else f >= units)]
+        if len(fit) < max(1, units // S):
+            continue
+        slots = tuple(sorted(rnd.sample(fit, max(1, units // S))))
+        for i in slots:
+            gf[i] -= min(units, S)
+        jobs.append(RunningJob(k + 1, "t", SLICED, units, 1, 0, nodes=("s0",), gpu_slots=slots,
+                               cpu_millicores=rnd.choice((None, 1000))))
+    rnd.shuffle(jobs)
+    cpu = rnd.choice((0, 0, 1500))
+    node = NodeState("s0", SLICED, gpus * S, sum(gf), slices_per_gpu=S, gpu_free=tuple(gf),
+                     cpu_free=rnd.choice((None, 0, 1000)) if cpu else None)
+    cap = Workspace(Snapshot(now=NOW, nodes=(node,), queued=(), running=tuple(jobs),
+                             quotas={})).capacity
+    barred = {r.id for r in jobs if rnd.random() < 0.2}
+
+    def allowed(r: RunningJob) -> bool:
+        return r.id not in barred
+
+    given = {(r.id, "s0"): preemption._given(cap, r, "s0") for r in jobs}
+    for g in range(1, S):
+        assert preemption._fraction_ways(cap, "s0", jobs, given, allowed, g, cpu, 0) == \
+            preemption._packed_choices(cap, "s0", jobs, allowed, g, cpu, 0)
