@@ -10,7 +10,7 @@ exactly as before.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -89,6 +89,10 @@ def work_lost_gpu_hours(job: RunningJob, now: datetime, units_per_gpu: int = 1) 
 # False: every search reads all its candidates, the reference the tests hold
 # `find_victims`'s shortcut on the lowest tier (`Workspace.victim_floor`) to.
 _FLOOR = True
+# False: every search builds and sorts all its candidates (`_candidates`) and weighs
+# every node they run on, the reference the tests hold the search by rule Q6's
+# nearness, one level at a time (`_Levels`, `_take_per_replica_by_level`), to.
+_INDEX = True
 
 
 def _unprotected(ws: Workspace, gpu_type: str, now: datetime,
@@ -103,24 +107,37 @@ def _unprotected(ws: Workspace, gpu_type: str, now: datetime,
     pool = ws.victim_pools.get(key)
     if pool is None:
         # `not _limited(r, now, limit)` and `work_lost_gpu_hours(r, now)` with two
-        # subtractions per job: this runs over every running job of the type.
-        limit = ws.snapshot.preemption.max_preemptions_per_job if protect else None
+        # subtractions per job: this runs over every running job of the type, once for
+        # both lists (a pass with owed claims and others asks both).
+        limit = ws.snapshot.preemption.max_preemptions_per_job
         now_ts = now.timestamp()
         per_unit = 1.0 / ws.snapshot.units_per_gpu.get(gpu_type, 1)  # rule H4
-        pool = ws.victim_pools[key] = []
+        every: list[tuple[RunningJob, float]] = []
+        kept: list[tuple[RunningJob, float]] = []
         for r in ws.running_by_type.get(gpu_type, ()):
-            if r.started_at is None:
+            started = r.started_at
+            if started is None:
                 ran = lost = 0.0
             else:
-                ran = lost = max(0.0, now_ts - r.started_at.timestamp())
-                if r.checkpointed_at is not None and r.checkpointed_at > r.started_at:
-                    lost = max(0.0, now_ts - r.checkpointed_at.timestamp())
-            if protect and (ran < r.min_runtime_seconds
-                            or (limit is not None and r.preemptions >= limit)):
-                continue  # rule R3 (a non-preemptible job stays, for rule Q2's reclaim)
-            pool.append((r, r.gpus_per_replica * r.replicas * per_unit * lost / 3600.0))
-        ws.victim_floor[key] = min((r.tier_rank for r, _ in pool if r.preemptible),
-                                   default=None)
+                ran = lost = now_ts - started.timestamp()
+                if ran < 0.0:
+                    ran = lost = 0.0
+                checkpoint = r.checkpointed_at
+                if checkpoint is not None and checkpoint > started:
+                    lost = now_ts - checkpoint.timestamp()
+                    if lost < 0.0:
+                        lost = 0.0
+            item = (r, r.gpus_per_replica * r.replicas * per_unit * lost / 3600.0)
+            every.append(item)
+            if not (ran < r.min_runtime_seconds
+                    or (limit is not None and r.preemptions >= limit)):
+                kept.append(item)  # else rule R3 (a non-preemptible job stays: rule Q2)
+        for protects, jobs in ((True, kept), (False, every)):
+            k = (gpu_type, now, protects)
+            ws.victim_pools[k] = jobs
+            ws.victim_floor[k] = min((r.tier_rank for r, _ in jobs if r.preemptible),
+                                     default=None)
+        pool = ws.victim_pools[key]
     return pool
 
 
@@ -175,14 +192,22 @@ def find_victims(
         floor = ws.victim_floor[(gt, now, protect)]
         if floor is None or floor >= job.tier_rank:
             return None
-    cands = _candidates(ws, job, unprotected, cluster, within_nominal, factor)
-    if spared:
-        cands = [c for c in cands if c[1].id not in spared]
-    if not cands:
-        return None
-    cands.sort(key=lambda c: c[0])
-    rule_of = {r.id: rule for _, r, rule in cands}
-    key_of = {r.id: k for k, r, _ in cands}
+    cands: list[_Cand] | _Levels
+    if _INDEX:
+        cands = _Levels(ws, job, _by_team(ws, gt, now, protect), cluster, within_nominal,
+                        factor, spared)
+        if not cands.more():
+            return None
+        rule_of, key_of = cands.rule_of, cands.key_of
+    else:
+        cands = _candidates(ws, job, unprotected, cluster, within_nominal, factor)
+        if spared:
+            cands = [c for c in cands if c[1].id not in spared]
+        if not cands:
+            return None
+        cands.sort(key=lambda c: c[0])
+        rule_of = {r.id: rule for _, r, rule in cands}
+        key_of = {r.id: k for k, r, _ in cands}
 
     taken = _take_enough(ws, job, cands, rule_of, fits, pool, cpu, mem)
     if taken is None:
@@ -215,7 +240,7 @@ _Key = tuple[int, int, float, float, int]
 _Cand = tuple[_Key, RunningJob, PreemptionRule]
 
 
-def _take_enough(ws: Workspace, job: QueuedJob, cands: list[_Cand],
+def _take_enough(ws: Workspace, job: QueuedJob, cands: list[_Cand] | _Levels,
                  rule_of: dict[int, PreemptionRule], fits: Callable[[], bool], pool: str,
                  cpu: int, mem: int) -> list[RunningJob] | None:
     """Steps 1b and 2 of `find_victims`: the victims that make the job fit (its own
@@ -226,8 +251,12 @@ def _take_enough(ws: Workspace, job: QueuedJob, cands: list[_Cand],
                                job.topology)
     taken: list[RunningJob] = []
     undos: list[Callable[[], None]] = []
+    levels = cands if isinstance(cands, _Levels) else None
+    # `ledger.reclaimable` per victim team; only a removal changes it.
+    sources: dict[str, bool] = {}
 
     def take(victims: list[RunningJob]) -> None:
+        sources.clear()
         taken.extend(victims)
         undos.append(ws.simulate_removal(victims))
 
@@ -241,12 +270,23 @@ def _take_enough(ws: Workspace, job: QueuedJob, cands: list[_Cand],
         # Rules R2, Q2 and Q6 are re-checked as victims go: another team stops being
         # a source of victims once it (or, in a tree, its path below the claimant's
         # nearest common node) no longer borrows.
-        return (r.team == team and rule_of[r.id] is PreemptionRule.PRIORITY) or \
-            ws.ledger.reclaimable(team, r.team, gt)
+        if r.team == team and rule_of[r.id] is PreemptionRule.PRIORITY:
+            return True
+        got = sources.get(r.team)
+        if got is None:
+            got = sources[r.team] = ws.ledger.reclaimable(team, r.team, gt)
+        return got
 
     # 1b. Its own team's ceiling (Q1): only the team's own lower-tier jobs make room;
     # in a tree (rule Q4) over a department's borrowing limit, any candidate under it.
-    for _, r, _ in cands:
+    def binding() -> int:
+        """Rule Q4's binding node's depth (`under_limit`); past any when it is the team."""
+        limit = ws.ledger.tree_limit(team, gt, job.total_gpus) if ws.ledger.tree else None
+        if limit is None or limit[0] == team or ws.ledger.tree is None:
+            return 1 << 30
+        return ws.ledger.tree.depth(limit[0])
+
+    for _, r, _ in (levels.under_path(binding) if levels is not None else cands):
         if ws.ledger.over_ceiling(team, gt, job.total_gpus) is None:
             break
         if (r.team == team or ws.ledger.under_limit(team, r.team, gt, job.total_gpus)) \
@@ -258,7 +298,11 @@ def _take_enough(ws: Workspace, job: QueuedJob, cands: list[_Cand],
     # 2. node-aware greedy, one replica at a time, reserving each placed replica; for a
     # required topology (rule A7) per domain instead.
     if topo is not None and topo.mode is TopologyMode.REQUIRED:
-        ok = _take_in_one_domain(ws, cands, take, still_allowed, fits, pool, topo.level)
+        ok = _take_in_one_domain(ws, cands.all() if levels is not None else cands, take,
+                                 still_allowed, fits, pool, topo.level)
+    elif levels is not None:
+        ok = _take_per_replica_by_level(ws, levels, take, still_allowed, pool, g, reps,
+                                        cpu, mem)
     else:
         ok = _take_per_replica(ws, cands, take, still_allowed, pool, g, reps, cpu, mem)
     if ok:
@@ -320,6 +364,289 @@ def _candidates(ws: Workspace, job: QueuedJob, unprotected: list[tuple[RunningJo
     return cands
 
 
+def _by_team(ws: Workspace, gpu_type: str, now: datetime,
+             protect: bool) -> dict[str, list[tuple[RunningJob, float]]]:
+    """`_unprotected(ws, gpu_type, now, protect)` per team, each in its order; kept on
+    the workspace as that list is."""
+    key = (gpu_type, now, protect)
+    got = ws.victim_teams.get(key)
+    if got is None:
+        got = ws.victim_teams[key] = {}
+        for item in _unprotected(ws, gpu_type, now, protect):
+            got.setdefault(item[0].team, []).append(item)
+    return got
+
+
+class _Levels:
+    """`_candidates`, sorted and without `spared`, made one level of rule Q6's nearness
+    (the first part of rule R4's key) at a time, nearest first: the teams under the
+    claimant, then those under its department, and so on up to the fleet, each group
+    borrowing teams first (`Ledger.nearness`); the claimant's own team with the fleet's
+    borrowing teams (nearness 0). A level reads only its own teams' jobs: a search that
+    finds its victims among the nearest teams never reads the rest of the type's
+    running jobs (136,000 fractions in docs/performance.md's fleet).
+
+    Which teams are sources (`Ledger.reclaimable`) and how near they are is read when
+    their group is: the victims the search has taken by then move the ledger, but only
+    on their own paths, under a nearer node than the group's - and a team of the group
+    is a source by the nodes of its path below the group's node, which those paths
+    never meet. So each group reads what `_candidates` read when the search began.
+    `items` is a prefix of `_candidates`' sorted list, `ends` where each level made so
+    far ends in it."""
+
+    def __init__(self, ws: Workspace, job: QueuedJob,
+                 by_team: dict[str, list[tuple[RunningJob, float]]], cluster: str,
+                 within_nominal: bool, factor: Callable[[str], float],
+                 spared: Collection[int]) -> None:
+        ledger = ws.ledger
+        self.ws, self.job, self.by_team, self.cluster = ws, job, by_team, cluster
+        self.within, self.factor, self.spared = within_nominal, factor, spared
+        self.tree = ledger.running_tree
+        self.reach = (ledger.reclaim_reach(job.team, job.gpu_type, job.total_gpus)
+                      if within_nominal else None)
+        self.reclaim = (PreemptionRule.TREE_RECLAIM if ledger.departments
+                        else PreemptionRule.RECLAIM)
+        self.items: list[_Cand] = []
+        self.ends: list[int] = []
+        self.rule_of: dict[int, PreemptionRule] = {}
+        self.key_of: dict[int, _Key] = {}
+        # The groups still to read: (the nearest node the claimant and its teams are
+        # under, its depth, the subtree already read), nearest first; then the levels
+        # of the group being read, as (nearness, [(team, reclaim allowed by Q6's reach)]).
+        self._groups: list[tuple[str, int, str | None]] = []
+        if self.tree is None:
+            self._groups.append(("", 0, None))
+        else:
+            path = self.tree.path(job.team)
+            below: str | None = None
+            for k, node in enumerate(path):
+                self._groups.append((node, len(path) - k, below))
+                below = node
+            self._groups.append(("", 0, below))
+        self._groups.reverse()
+        self._pending: list[tuple[int, list[tuple[str, bool]]]] = []
+        self._fleet_from: int | None = None  # where the fleet's group starts in `items`
+
+    def _flag(self, node: str) -> bool:
+        """Does `node` (a team when flat: one group, read at once) borrow?"""
+        gt = self.job.gpu_type
+        if self.tree is None:
+            return self.ws.ledger.borrowing(node, gt)
+        return self.tree.borrowing(node, gt)
+
+    def _teams_under(self, top: str, below: str | None) -> list[str]:
+        """The teams with candidates in `top`'s subtree (all of them at the fleet, "")
+        but `below`'s, `top` included."""
+        assert self.tree is not None
+        children, out, stack = self.tree.children, [], [top]
+        while stack:
+            node = stack.pop()
+            if node != below:
+                if node in self.by_team and node != "":
+                    out.append(node)
+                stack.extend(children.get(node, ()))
+        return out
+
+    def _next_group(self) -> None:
+        """Split the next group's teams into its two levels (borrowing teams first)."""
+        top, depth, below = self._groups.pop()
+        team = self.job.team
+        if top == "":
+            self._fleet_from = len(self.items)
+        if self.tree is None:
+            teams = [t for t in self.by_team if t != team]
+        else:
+            teams = [t for t in self._teams_under(top, below) if t != team]
+        reach_ok = self.reach is None or top in self.reach
+        near: list[tuple[str, bool]] = []
+        far: list[tuple[str, bool]] = []
+        for t in teams:
+            if self.tree is None:
+                if self._flag(t):
+                    near.append((t, reach_ok))
+                continue
+            path = self.tree.path(t)
+            if not any(self._flag(n) for n in path[:len(path) - depth]):
+                continue  # not reclaimable (`Ledger.reclaimable`): no candidate
+            (near if self._flag(t) else far).append((t, reach_ok))
+        if top == "":
+            near.append((team, False))  # its own lower tiers (rule R1), nearness 0
+        if self.tree is None:
+            self._pending = [(0, near)]
+        else:
+            self._pending = [(-2 * depth + 1, far), (-2 * depth, near)]
+
+    def more(self, within: bool = False) -> bool:
+        """Make the next level that has candidates; False when none is left (`within`:
+        in the group being read)."""
+        while self._pending or (self._groups and not within):
+            if not self._pending:
+                self._next_group()
+                continue
+            nearness, teams = self._pending.pop()
+            made = self._level(nearness, teams)
+            if made:
+                made.sort(key=lambda c: c[0])
+                for k, r, rule in made:
+                    self.rule_of[r.id] = rule
+                    self.key_of[r.id] = k
+                self.items.extend(made)
+                self.ends.append(len(self.items))
+                return True
+        return False
+
+    def _level(self, nearness: int, teams: list[tuple[str, bool]]) -> list[_Cand]:
+        """`_candidates`' rules on the jobs of `teams`, all at `nearness` but the
+        claimant's own (0 too)."""
+        job, ws, factor = self.job, self.ws, self.factor
+        own, tier, within = job.team, job.tier_rank, self.within
+        removed, where, cluster, spared = ws.removed, ws.running_cluster, self.cluster, \
+            self.spared
+        priority, reclaim = PreemptionRule.PRIORITY, self.reclaim
+        out: list[_Cand] = []
+        for t, reach_ok in teams:
+            if t == own:
+                for r, lost in self.by_team.get(t, ()):
+                    if r.preemptible and r.tier_rank < tier and r.id not in removed \
+                            and where[r.id] == cluster and r.id not in spared:
+                        out.append(((0, r.tier_rank, 0.0, lost, r.id), r, priority))
+                continue
+            may_reclaim = within and reach_ok
+            f = factor(t) if may_reclaim else 0.0
+            for r, lost in self.by_team[t]:
+                if r.id in removed or where[r.id] != cluster or r.id in spared:
+                    continue
+                if not r.preemptible:
+                    if may_reclaim:
+                        out.append(((nearness, r.tier_rank, f, lost, r.id), r, reclaim))
+                elif r.tier_rank < tier:
+                    out.append(((nearness, r.tier_rank, 0.0, lost, r.id), r, priority))
+                elif may_reclaim and r.tier_rank <= tier:
+                    out.append(((nearness, r.tier_rank, f, lost, r.id), r, reclaim))
+        return out
+
+    def __iter__(self) -> Iterator[_Cand]:
+        i = 0
+        while i < len(self.items) or self.more():
+            yield self.items[i]
+            i += 1
+
+    def under_path(self, binding: Callable[[], int]) -> Iterator[_Cand]:
+        """The candidates step 1b of `_take_enough` may take, in order: those of the
+        teams under rule Q4's binding node (`Ledger.under_limit`; `binding()`: its
+        depth now, more than any when it is the claimant's own team), then the
+        claimant's own team's (its lower tiers, rule Q1). The binding node is on the
+        claimant's path, so the fleet's other teams are never under it, nor a group's
+        teams while it is below the group's node: no candidate of such a group is taken,
+        the ledger does not move, and neither are the farther groups'."""
+        i = 0
+        while self._fleet_from is None or i < self._fleet_from:
+            if i < len(self.items):
+                yield self.items[i]
+                i += 1
+                continue
+            if self._pending and self.more(within=True):
+                continue  # the next level of the group being read
+            if not self._groups:
+                break
+            top, depth, _ = self._groups[-1]
+            if top == "" or binding() > depth:
+                break  # the fleet's group is next, or a group none of it is taken from
+            self._next_group()
+        own = self._level(0, [(self.job.team, False)])
+        own.sort(key=lambda c: c[0])
+        for c in own:
+            self.rule_of[c[1].id] = c[2]
+            self.key_of[c[1].id] = c[0]
+            yield c
+
+    def all(self) -> list[_Cand]:
+        while self.more():
+            pass
+        return self.items
+
+
+def _take_per_replica_by_level(ws: Workspace, levels: _Levels,
+                               take: Callable[[list[RunningJob]], None],
+                               still_allowed: Callable[[RunningJob], bool], pool: str,
+                               g: int, reps: int, cpu: int, mem: int) -> bool:
+    """`_take_per_replica` reading the candidates one level of nearness at a time. A
+    node's victims are a prefix of its candidates in rule R4 order, whose first part is
+    the nearness: a node that makes room with the candidates of the levels read so far
+    (the last level's nodes: the others did not before it) has the same victims as with
+    all, and every node that needs a farther one costs more (rule R4's price starts
+    with the farthest victim's nearness). So the first level at which some node makes
+    room gives the same choice as reading every level; a search for one replica of a
+    fraction usually ends among the claimant's department's teams."""
+    cap = ws.capacity
+    key_of = levels.key_of
+    node_pool = cap.node_pool
+    on_node: dict[str, list[RunningJob]] = {}
+    marks: dict[str, list[tuple[int, int]]] = {}  # (level, its candidates up to it)
+    touched: list[list[str]] = []
+    packed = bool(cap.packed) and pool in cap.packed
+    given: dict[tuple[int, str], list[tuple[int, int]]] = {}  # rule H6, per (job, node)
+
+    def absorb() -> None:
+        level = len(touched)
+        start = levels.ends[level - 1] if level else 0
+        names: dict[str, None] = {}
+        for _, r, _ in levels.items[start:levels.ends[level]]:
+            for name in dict.fromkeys(r.nodes):
+                if node_pool.get(name) == pool:
+                    on_node.setdefault(name, []).append(r)
+                    names[name] = None
+                    if packed:
+                        given[(r.id, name)] = _given(cap, r, name)
+        for name in names:
+            marks.setdefault(name, []).append((level, len(on_node[name])))
+        touched.append(list(names))
+
+    def upto(name: str, level: int) -> list[RunningJob]:
+        n = next(k for lv, k in reversed(marks[name]) if lv <= level)
+        return on_node[name][:n]
+
+    reserved: list[tuple[str, tuple[int, ...]]] = []
+    ok = True
+    fraction = packed and g < min((cap.spg[n] for n in cap.nodes_of[pool]), default=0)
+    for _ in range(reps):
+        placed = cap.place(pool, g, 1, cpu=cpu, memory=mem)
+        if placed is not None:
+            reserved.append((placed[0], cap.last_slots))
+            continue
+        best: tuple[tuple[object, ...], str, list[RunningJob]] | None = None
+        level = 0
+        while best is None:
+            if level == len(touched):
+                if level == len(levels.ends) and not levels.more():
+                    break
+                absorb()
+            for name in touched[level]:
+                if cap.empty_node_slots(name, g, cpu, mem) < 1:
+                    continue
+                jobs = upto(name, level)
+                ways = (_fraction_ways(cap, name, jobs, given, still_allowed, g, cpu, mem)
+                        if fraction else
+                        _node_ways(cap, name, jobs, still_allowed, g, cpu, mem, packed))
+                for way in ways:
+                    cost = (*_cost(way, key_of), name)
+                    if best is None or cost < best[0]:
+                        best = (cost, name, way)
+            level += 1
+        if best is None:
+            ok = False
+            break
+        take(best[2])
+        placed = cap.place(pool, g, 1, cpu=cpu, memory=mem)
+        if placed is None:  # cannot happen: the chosen node now holds a replica
+            ok = False
+            break
+        reserved.append((placed[0], cap.last_slots))
+    for name, slots in reserved:
+        cap.release((name,), g, cpu=cpu, memory=mem, slots=slots)
+    return ok
+
+
 def _minimize(ws: Workspace, taken: list[RunningJob], key_of: dict[int, _Key],
               fits: Callable[[], bool]) -> list[RunningJob]:
     """Step 3 of `find_victims`: try to spare each victim, the most valuable (last in R4
@@ -375,31 +702,10 @@ def _take_per_replica(ws: Workspace, cands: list[_Cand],
         for name, jobs in on_node.items():
             if cap.empty_node_slots(name, g, cpu, mem) < 1:
                 continue
-            if packed:
-                for way in _packed_choices(cap, name, jobs, still_allowed, g, cpu, mem):
-                    cost = (*_cost(way, key_of), name)
-                    if best is None or cost < best[0]:
-                        best = (cost, name, way)
-                continue
-            cpu_free, mem_free = cap.cpu_free[name], cap.memory_free[name]
-            need = g - cap.free[name]
-            need_cpu = cpu - cpu_free if cpu and cpu_free is not None else 0
-            need_mem = mem - mem_free if mem and mem_free is not None else 0
-            chosen: list[RunningJob] = []
-            for r in jobs:
-                if need <= 0 and need_cpu <= 0 and need_mem <= 0:
-                    break
-                if still_allowed(r):
-                    chosen.append(r)
-                    times = r.nodes.count(name)
-                    need -= r.gpus_per_replica * times
-                    need_cpu -= (r.cpu_millicores or 0) * times
-                    need_mem -= (r.memory_bytes or 0) * times
-            if need > 0 or need_cpu > 0 or need_mem > 0:
-                continue
-            cost = (*_cost(chosen, key_of), name)
-            if best is None or cost < best[0]:
-                best = (cost, name, chosen)
+            for way in _node_ways(cap, name, jobs, still_allowed, g, cpu, mem, packed):
+                cost = (*_cost(way, key_of), name)
+                if best is None or cost < best[0]:
+                    best = (cost, name, way)
         if best is None:
             ok = False
             break
@@ -412,6 +718,86 @@ def _take_per_replica(ws: Workspace, cands: list[_Cand],
     for name, slots in reserved:
         cap.release((name,), g, cpu=cpu, memory=mem, slots=slots)
     return ok
+
+
+def _node_ways(cap: Capacity, name: str, jobs: list[RunningJob],
+               still_allowed: Callable[[RunningJob], bool], g: int, cpu: int, mem: int,
+               packed: bool) -> list[list[RunningJob]]:
+    """Step 2 of `find_victims` on one node: the victims among `jobs` (its candidates in
+    rule R4 order) that make room for one replica there - rule H6's ways on a packed
+    node, else the candidates in order until its GPUs, CPU and memory (rule A6) are
+    enough; [] when they are not."""
+    if packed:
+        return _packed_choices(cap, name, jobs, still_allowed, g, cpu, mem)
+    cpu_free, mem_free = cap.cpu_free[name], cap.memory_free[name]
+    need = g - cap.free[name]
+    need_cpu = cpu - cpu_free if cpu and cpu_free is not None else 0
+    need_mem = mem - mem_free if mem and mem_free is not None else 0
+    chosen: list[RunningJob] = []
+    for r in jobs:
+        if need <= 0 and need_cpu <= 0 and need_mem <= 0:
+            break
+        if still_allowed(r):
+            chosen.append(r)
+            times = r.nodes.count(name)
+            need -= r.gpus_per_replica * times
+            need_cpu -= (r.cpu_millicores or 0) * times
+            need_mem -= (r.memory_bytes or 0) * times
+    if need > 0 or need_cpu > 0 or need_mem > 0:
+        return []
+    return [chosen]
+
+
+def _given(cap: Capacity, r: RunningJob, name: str) -> list[tuple[int, int]]:
+    """Rule H6: (GPU, slices) `r` gives back on packed node `name` when removed."""
+    s = cap.spg[name]
+    per = replica_slots(r.gpu_slots, len(r.nodes))
+    out: list[tuple[int, int]] = []
+    for k, n in enumerate(r.nodes):
+        if n != name or not per[k]:
+            continue
+        each = r.gpus_per_replica if len(per[k]) == 1 else s
+        out.extend((i, min(each, s)) for i in per[k])
+    return out
+
+
+def _fraction_ways(cap: Capacity, name: str, jobs: list[RunningJob],
+                   given: dict[tuple[int, str], list[tuple[int, int]]],
+                   still_allowed: Callable[[RunningJob], bool], g: int, cpu: int,
+                   mem: int) -> list[list[RunningJob]]:
+    """`_packed_choices` for a fraction (`g` below a GPU's slices), reading each GPU's
+    own candidates instead of every candidate of the node per GPU; `given`: `_given`
+    of each (job, node)."""
+    s, gf = cap.spg[name], cap.gpu_free[name]
+    per_gpu: dict[int, list[tuple[RunningJob, list[tuple[int, int]]]]] = {}
+    for r in jobs:
+        got = given[(r.id, name)]
+        if got and still_allowed(r):
+            for i in dict.fromkeys(i for i, _ in got):
+                per_gpu.setdefault(i, []).append((r, got))
+    cpu_free, mem_free = cap.cpu_free[name], cap.memory_free[name]
+    out: list[list[RunningJob]] = []
+    for target in range(len(gf)):
+        on = per_gpu.get(target)
+        if not on:
+            continue
+        free = gf[target]
+        need_cpu = cpu - cpu_free if cpu and cpu_free is not None else 0
+        need_mem = mem - mem_free if mem and mem_free is not None else 0
+        picked: list[RunningJob] = []
+        for r, got in on:
+            if free >= g and need_cpu <= 0 and need_mem <= 0:
+                break
+            picked.append(r)
+            for i, add in got:
+                if i == target:
+                    free = min(s, free + add)
+            times = r.nodes.count(name)
+            need_cpu -= (r.cpu_millicores or 0) * times
+            need_mem -= (r.memory_bytes or 0) * times
+        if picked and free >= g and need_cpu <= 0 and need_mem <= 0:
+            out.append(picked)
+    return out
 
 
 def _room(free: list[int], s: int, whole: int, target: int | None, g: int) -> bool:

@@ -916,6 +916,10 @@ class Workspace:
                                 list[tuple[RunningJob, float]]] = {}
         # Per entry of `victim_pools`: the lowest tier of its preemptible jobs (None: none).
         self.victim_floor: dict[tuple[str, datetime, bool], int | None] = {}
+        # Per entry of `victim_pools`: its jobs per team, in its order (`_Levels` reads
+        # only the teams a search may take from).
+        self.victim_teams: dict[tuple[str, datetime, bool],
+                                dict[str, list[tuple[RunningJob, float]]]] = {}
         # The lowest tier among each (team, type)'s preemptible jobs: a job over its own
         # team's ceiling can only make room by preempting those (rules Q1, R1).
         self.lowest_tier: dict[tuple[str, str], int] = {}

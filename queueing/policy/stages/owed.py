@@ -142,8 +142,18 @@ def _borrowed(p: Pass, gpu_type: str) -> tuple[int, int, dict[str, int]]:
             teams = {team: held for (team, gt), held in p.ledger.running_held.items()
                      if gt == gpu_type and held > quota(team, gt).nominal}
         else:  # rule Q6: a team is a source while some node on its path borrows
+            flags: dict[str, bool] = {}  # per node: its departments are on many paths
+
+            def source(team: str) -> bool:
+                for n in tree.path(team):
+                    got = flags.get(n)
+                    if got is None:
+                        got = flags[n] = tree.borrowing(n, gpu_type)
+                    if got:
+                        return True
+                return False
+
             teams = {team: held for (team, gt), held in p.ledger.running_held.items()
-                     if gt == gpu_type and held > 0
-                     and any(tree.borrowing(n, gt) for n in tree.path(team))}
+                     if gt == gpu_type and held > 0 and source(team)}
         seen = p.borrowed[gpu_type] = (stamp, sum(teams.values()), teams)
     return seen
