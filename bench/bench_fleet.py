@@ -283,7 +283,8 @@ def plot(rows: list[dict[str, float]], path: str) -> None:
 
     x = [r["queued"] / 1000 for r in rows]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for key, label in (("plan_p50", "pass p50"), ("plan_p99", "pass p99 (slowest)")):
+    for key, label in (("plan_p50", "pass p50 (wall)"), ("plan_p99", "pass p99 (slowest, wall)"),
+                       ("plan_cpu_p50", "pass p50 (CPU of the process)")):
         ax1.plot(x, [r[key] for r in rows], "o-", label=label)
     ax1.plot(x, [rows[0]["plan_p50"] * v / x[0] for v in x], ":", c="grey",
              label="linear from 100k")
