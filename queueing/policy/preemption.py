@@ -298,13 +298,14 @@ def _take_enough(ws: Workspace, job: QueuedJob, cands: list[_Cand] | _Levels,
     # 2. node-aware greedy, one replica at a time, reserving each placed replica; for a
     # required topology (rule A7) per domain instead.
     if topo is not None and topo.mode is TopologyMode.REQUIRED:
-        ok = _take_in_one_domain(ws, cands.all() if levels is not None else cands, take,
-                                 still_allowed, fits, pool, topo.level)
+        ok = _take_in_one_domain(ws, _flat(cands), take, still_allowed, fits, pool,
+                                 topo.level)
     elif levels is not None:
         ok = _take_per_replica_by_level(ws, levels, take, still_allowed, pool, g, reps,
                                         cpu, mem)
     else:
-        ok = _take_per_replica(ws, cands, take, still_allowed, pool, g, reps, cpu, mem)
+        ok = _take_per_replica(ws, _flat(cands), take, still_allowed, pool, g, reps, cpu,
+                               mem)
     if ok:
         for _, r, _ in cands:
             if fits():
@@ -375,6 +376,11 @@ def _by_team(ws: Workspace, gpu_type: str, now: datetime,
         for item in _unprotected(ws, gpu_type, now, protect):
             got.setdefault(item[0].team, []).append(item)
     return got
+
+
+def _flat(cands: list[_Cand] | _Levels) -> list[_Cand]:
+    """Every candidate, in rule R4's order, of either form."""
+    return cands.all() if isinstance(cands, _Levels) else cands
 
 
 class _Levels:
