@@ -27,7 +27,9 @@ path to the Job, not the pods' life).
 
 Database: $DATABASE_URL (PostgreSQL: dropped and created), else SQLite in /tmp (one
 writer: expect worse). Redis: $REDIS_URL. Run:
-`.venv/bin/python bench/bench_k8s_submit_lag.py [--rate 200] [--seconds 30]` (~3 min).
+`.venv/bin/python bench/bench_k8s_submit_lag.py [--rate 200] [--seconds 30]` (~3 min);
+`--before` runs the cycle's steps 1, 4 and 5 as before the fleet work (one transaction
+per admission and per status change, no floor for step 5), to alternate with.
 """
 
 from __future__ import annotations
@@ -148,6 +150,9 @@ def main() -> int:
     parser.add_argument("--drain", type=float, default=30.0)
     parser.add_argument("--child", default="")
     parser.add_argument("--args", default="")
+    parser.add_argument("--before", action="store_true",
+                        help="the cycle's steps as before the fleet work: one transaction "
+                             "per admission and per status change, no submit floor")
     args = parser.parse_args()
     if args.child == "submitter":
         submitter(*json.loads(args.args))
@@ -176,6 +181,11 @@ def main() -> int:
     from tests.envtest.cluster import ControlPlane, default_bin_dir, missing_binaries
 
     calibrate()
+    if args.before:
+        from queueing.services import scheduler
+
+        scheduler._BATCHED, scheduler.STATUS_CHUNK, scheduler.SUBMIT_FLOOR = False, 1, 0.0
+        print("# before: per-job admissions and status changes, no submit floor", flush=True)
     call_command("migrate", verbosity=0, interactive=False)
     missing = missing_binaries()
     if missing:
