@@ -468,8 +468,8 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
     owners of the workloads come from them, not from a query per cycle. `budget`: the
     cycle's; once RECONCILE_SHARE of it is spent, the workloads whose status moved and
     are not handled yet are left for the next cycle (each job's change is its own
-    transaction: a job is moved whole or not at all), and at most FAIRQ_CYCLE_STOP_BATCH
-    workloads no job holds are stopped (`_unowned_stop`).
+    savepoint, `_apply_statuses`: a job is moved whole or not at all), and at most
+    FAIRQ_CYCLE_STOP_BATCH workloads no job holds are stopped (`_unowned_stop`).
 
     A workload whose status is the one handled in an earlier cycle, with its job's row
     as it was then (the same values in every column of `JobRow`), is not handled
