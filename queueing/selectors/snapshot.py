@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -238,15 +238,22 @@ def packed_gpus(running: tuple[RunningJob, ...], nodes: Mapping[str, tuple[int, 
             for i in per[k]:
                 if 0 <= i < len(free[name]):
                     free[name][i] = max(0, free[name][i] - each)
-    out = list(running)
     for neg, index, k, name in sorted(unknown):
         per_job[index][k] = _take_gpus(free[name], nodes[name][1], -neg)
+    return _with_slots(running, per_job), {name: tuple(f) for name, f in free.items()}
+
+
+def _with_slots(running: Sequence[RunningJob],
+                per_job: Mapping[int, list[tuple[int, ...]]]) -> tuple[RunningJob, ...]:
+    """`running` with the slots found per replica (`per_job`, by index) written where every
+    replica got as many as the others."""
+    out = list(running)
     for index, per in per_job.items():
         r = running[index]
         slots = tuple(i for replica in per for i in replica)
         if slots != r.gpu_slots and all(per) and len({len(x) for x in per}) == 1:
             out[index] = dataclasses.replace(r, gpu_slots=slots)
-    return tuple(out), {name: tuple(f) for name, f in free.items()}
+    return tuple(out)
 
 
 class KeptPackedGpus:
@@ -300,13 +307,7 @@ class KeptPackedGpus:
             if per is None:
                 per = per_job[index] = replica_slots(r.gpu_slots, len(r.nodes))
             per[k] = _take_gpus(free[name], nodes[name][1], -neg)
-        out = list(running)
-        for index, per in per_job.items():
-            r = running[index]
-            slots = tuple(i for replica in per for i in replica)
-            if slots != r.gpu_slots and all(per) and len({len(x) for x in per}) == 1:
-                out[index] = dataclasses.replace(r, gpu_slots=slots)
-        return tuple(out), {name: tuple(f) for name, f in free.items()}
+        return _with_slots(running, per_job), {name: tuple(f) for name, f in free.items()}
 
     def _parts(self, r: RunningJob) -> tuple[RunningJob, tuple[tuple[str, int, int], ...],
                                               tuple[tuple[int, int, str], ...]]:
