@@ -114,6 +114,28 @@ def world(db: None) -> World:
                  admin, member, outsider, staff)
 
 
+def poison_admission(monkeypatch: pytest.MonkeyPatch, bad: int, exc: Exception) -> None:
+    """Admitting job `bad` raises `exc`, on both of step 4's paths: the one-job path's
+    `job_transition`, and the batched path's statement (`jobs_admit_batch`), which then
+    falls back to the one-job path."""
+    from queueing.services import scheduler as sched
+
+    real_transition, real_batch = sched.job_transition, sched.jobs_admit_batch
+
+    def transition(job: Any, target: Any, **kw: Any) -> bool:
+        if job.pk == bad and target == "ADMITTED":
+            raise exc
+        return real_transition(job, target, **kw)
+
+    def batch(rows: Any, **kw: Any) -> Any:
+        if any(row[0].pk == bad for row in rows):
+            raise exc
+        return real_batch(rows, **kw)
+
+    monkeypatch.setattr(sched, "job_transition", transition)
+    monkeypatch.setattr(sched, "jobs_admit_batch", batch)
+
+
 def job_body(**overrides: Any) -> dict[str, Any]:
     """A valid job as pipelines post it."""
     body: dict[str, Any] = {

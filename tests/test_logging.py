@@ -22,9 +22,8 @@ from django.conf import settings
 from config.settings.logs import logging_config
 from queueing.logcontext import current, log_context
 from queueing.models import Job
-from queueing.services import scheduler as sched
 
-from .conftest import World, job_body
+from .conftest import World, job_body, poison_admission
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,14 +74,7 @@ def test_every_line_of_a_cycle_has_its_id_and_a_failing_jobs_line_the_job_and_te
     r = world.client(world.member).post("/api/v1/jobs/", job_body(), format="json")
     assert r.status_code == 201, r.json()
     bad = int(r.json()["id"])
-    real = sched.job_transition
-
-    def transition(job: Job, target: Any, **kw: Any) -> bool:
-        if job.pk == bad and target == "ADMITTED":
-            raise KeyError("odd")
-        return real(job, target, **kw)
-
-    monkeypatch.setattr(sched, "job_transition", transition)
+    poison_admission(monkeypatch, bad, KeyError("odd"))
     monkeypatch.setattr(tasks, "new_cycle_id", lambda: "c0ffee")
     tasks.scheduler_cycle_task.apply()
     lines = [r for r in records(json_lines) if r["logger"].startswith("queueing.")]

@@ -23,7 +23,7 @@ from queueing.models import Job, JobEvent
 from queueing.services import scheduler as sched
 from queueing.services.scheduler import scheduler_cycle
 
-from .conftest import World, job_body
+from .conftest import World, job_body, poison_admission
 
 pytestmark = pytest.mark.django_db
 
@@ -163,32 +163,12 @@ def test_an_exception_while_reconciling_one_job_fails_only_that_job(
     assert "ZeroDivisionError" in last_reason(bad)
 
 
-def _poison_admission(monkeypatch: pytest.MonkeyPatch, bad: int, exc: Exception) -> None:
-    """Admitting job `bad` raises `exc`, on both of step 4's paths: the one-job path's
-    `job_transition`, and the batched path's statement (`jobs_admit_batch`), which then
-    falls back to the one-job path."""
-    real_transition, real_batch = sched.job_transition, sched.jobs_admit_batch
-
-    def transition(job: Job, target: Any, **kw: Any) -> bool:
-        if job.pk == bad and target == "ADMITTED":
-            raise exc
-        return real_transition(job, target, **kw)
-
-    def batch(rows: Any, **kw: Any) -> Any:
-        if any(row[0].pk == bad for row in rows):
-            raise exc
-        return real_batch(rows, **kw)
-
-    monkeypatch.setattr(sched, "job_transition", transition)
-    monkeypatch.setattr(sched, "jobs_admit_batch", batch)
-
-
 def test_an_exception_while_admitting_one_job_fails_only_that_job(
         world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     t0 = timezone.now()
     bad = submit(world, env={"FAIRQ_SIM_SECONDS": "10"})
     good = submit(world, world.outsider, team="nlp", env={"FAIRQ_SIM_SECONDS": "10"})
-    _poison_admission(monkeypatch, bad, KeyError("odd"))
+    poison_admission(monkeypatch, bad, KeyError("odd"))
     cluster = SimulatedCluster.from_spec("2x8xh100")
     result = scheduler_cycle(now=t0, backend=cluster)
     assert result.admitted == [good] and bad in result.job_errors
@@ -349,7 +329,7 @@ def test_isolated_jobs_are_counted(world: World, monkeypatch: pytest.MonkeyPatch
     from queueing.tasks import scheduler_cycle_task
 
     bad = submit(world)
-    _poison_admission(monkeypatch, bad, ValueError("odd"))
+    poison_admission(monkeypatch, bad, ValueError("odd"))
     scheduler_cycle_task()
     text = scrape()
     assert "fairq_cycle_job_errors_total 1.0" in text
