@@ -30,10 +30,11 @@ from queueing.policy.snapshot import (
     Snapshot,
 )
 from queueing.policy.stages import heads, nodes, quota
-from queueing.policy.stages.heads import Charges, QueueOrder
+from queueing.policy.stages.heads import QueueOrder
 
 from . import test_plan_fast_paths, test_plan_properties
 from .clusters_world import NOW
+from .test_plan_fast_paths import queue_order_ids
 
 WHOLE = ("h100", "a100")
 SLICED, SLICES = "a10", 4
@@ -238,32 +239,12 @@ def test_the_rest_of_a_tier_sorted_when_quiet_is_the_heaps_order(
         kept = heads.RESORT_QUIET, heads.RESORT_SHARE
         heads.RESORT_QUIET, heads.RESORT_SHARE = quiet, share
         try:
-            fast = _order(s, fast=True, charges=case_charges)
+            fast = queue_order_ids(s, fast=True, charges=case_charges)
         finally:
             heads.RESORT_QUIET, heads.RESORT_SHARE = kept
-        assert fast == _order(s, fast=False, charges=case_charges)
+        assert fast == queue_order_ids(s, fast=False, charges=case_charges)
 
 
-def _order(s: Snapshot, *, fast: bool, charges: list[tuple[int, str, float]]) -> list[int]:
-    """`test_plan_fast_paths._order`, a charge of team "" charging the team of the job
-    just yielded."""
-    assert s.fair_share_state is not None
-    factors = Charges(s.fair_share_state.copy())
-    order = QueueOrder(
-        s.queued, factors=factors, weights=s.priority_weights or PriorityWeights(), now=s.now,
-        cluster_gpus=sum(n.capacity for n in s.nodes), first=s.nominated,
-        usage_total=sum(s.fair_share_state.usage(t) for t in {j.team for j in s.queued}))
-    order.fast = fast
-    by_position: dict[int, list[tuple[str, float]]] = {}
-    for n, team, hours in charges:
-        by_position.setdefault(n, []).append((team, hours))
-    out = []
-    for index in order:
-        job = order.jobs[index]
-        out.append(job.id)
-        for team, hours in by_position.get(len(out), ()):
-            factors.charge(team or job.team, hours)
-    return out
 
 
 @settings(max_examples=200, deadline=None)
@@ -287,6 +268,6 @@ def test_a_tier_after_a_charge_sorted_is_the_heaps_order(
     s, charges = case
     own = [(n, "", hours) for n, _team, hours in charges]
     for case_charges in (charges, own):
-        fast = _order(s, fast=True, charges=case_charges)
+        fast = queue_order_ids(s, fast=True, charges=case_charges)
         with _off(heads, "LATER_SORTED"):
-            assert fast == _order(s, fast=True, charges=case_charges)
+            assert fast == queue_order_ids(s, fast=True, charges=case_charges)

@@ -207,9 +207,10 @@ def test_a_search_beyond_nominal_with_no_lower_tier_finds_what_reading_all_finds
                 result[1]()
 
 
-def _order(s: Snapshot, *, fast: bool, charges: list[tuple[int, str, float]]) -> list[int]:
+def queue_order_ids(s: Snapshot, *, fast: bool,
+                    charges: list[tuple[int, str, float]]) -> list[int]:
     """The queue order of `s`'s jobs (ids) when the consumer charges `(after the n-th
-    job, team, GPU-hours)` as it goes."""
+    job, team, GPU-hours)` as it goes; team "" is the team of the job just yielded."""
     assert s.fair_share_state is not None
     factors = Charges(s.fair_share_state.copy())
     order = QueueOrder(
@@ -222,9 +223,10 @@ def _order(s: Snapshot, *, fast: bool, charges: list[tuple[int, str, float]]) ->
         by_position.setdefault(n, []).append((team, hours))
     out = []
     for index in order:
-        out.append(order.jobs[index].id)
+        job = order.jobs[index]
+        out.append(job.id)
         for team, hours in by_position.get(len(out), ()):
-            factors.charge(team, hours)
+            factors.charge(team or job.team, hours)
     return out
 
 
@@ -262,7 +264,8 @@ def test_the_sorted_order_is_the_heaps_whatever_is_charged_when(
     case: tuple[Snapshot, list[tuple[int, str, float]]],
 ) -> None:
     s, charges = case
-    assert _order(s, fast=True, charges=charges) == _order(s, fast=False, charges=charges)
+    assert queue_order_ids(s, fast=True, charges=charges) == \
+        queue_order_ids(s, fast=False, charges=charges)
 
 
 def _heap_only(s: Snapshot) -> Plan:

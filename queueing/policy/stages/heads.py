@@ -207,14 +207,7 @@ class QueueOrder:
 
     def _runs(self, indices: list[int]) -> dict[str, list[_Keyed]]:
         """A tier's jobs per team, each list (−job part, submitted, id, index) sorted."""
-        runs: dict[str, list[_Keyed]] = {}
-        js, neg = self.jobs, self._neg
-        for index in indices:
-            job = js[index]
-            items = runs.get(job.team)
-            if items is None:
-                items = runs[job.team] = []
-            items.append((neg[index], job.submitted_at, job.id, index))
+        runs = self._runs_from(indices)
         for items in runs.values():
             items.sort()
         return runs
