@@ -11,7 +11,11 @@ which read `"１０"` (full-width digits, or any script's) as 10 and `"1_000"` a
 client means that, and no other reader of the same JSON would agree. A string for a
 number field (at any depth of lists and dicts of numbers) must be ASCII: an optional sign,
 digits 0-9, an optional fraction and exponent, surrounding whitespace; otherwise a 400
-on that field. A JSON number is never affected (JSON's own grammar is ASCII)."""
+on that field. A JSON number is never affected (JSON's own grammar is ASCII).
+
+Python's `float(True)` is 1.0 and `int(False)` is 0, so DRF's number fields take a JSON
+`true` or `false` as a number: `{"weight": true}` made a team of weight 1. A boolean for a
+number field is a 400 on that field."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from rest_framework import serializers
 
 UNKNOWN_FIELD = "Unknown field."
 NUMBER_TEXT = "Write numbers with the digits 0-9 only (no '_', no other scripts' digits)."
+NOT_BOOLEAN = "A number is required, not true or false."
 _NUMBER_FIELDS = (serializers.IntegerField, serializers.FloatField, serializers.DecimalField)
 # [0-9], not \d: \d is any script's digit in Python's re.
 _ASCII_NUMBER = re.compile(
@@ -30,10 +35,12 @@ _ASCII_NUMBER = re.compile(
 
 
 def number_text_errors(field: Any, value: Any) -> Any:
-    """The errors of `value` for `field` when a number is written as a string other than
-    ASCII digits (DRF's error shapes: a list of messages, or by index or key for a
+    """The errors of `value` for `field` when a number is a boolean or is written as a
+    string other than ASCII digits (DRF's error shapes: a list of messages, or by index or key for a
     ListField or DictField of numbers); None when there are none."""
     if isinstance(field, _NUMBER_FIELDS):
+        if isinstance(value, bool):
+            return [NOT_BOOLEAN]
         if isinstance(value, str) and not _ASCII_NUMBER.match(value):
             return [f"{field.error_messages['invalid']} {NUMBER_TEXT}"]
         return None

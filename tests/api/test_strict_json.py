@@ -163,3 +163,23 @@ def test_a_job_id_in_full_width_digits_is_not_that_job(world: World) -> None:
     client = world.client(world.admin)
     assert client.get(f"/api/v1/jobs/{job.pk}/").status_code == 200
     assert client.get(f"/api/v1/jobs/{wide}/").status_code == 404
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_a_boolean_for_a_float_field_is_refused_naming_it(world: World, value: bool) -> None:
+    # Python's float(True) is 1.0: without the check a team got weight 1 from `true`.
+    r = world.client(world.staff).patch("/api/v1/teams/vision/", {"weight": value},
+                                        format="json")
+    assert r.status_code == 400, r.content
+    assert r.json()["error"]["fields"] == {"weight": ["A number is required, not true or false."]}
+    assert Team.objects.get(slug="vision").weight == 3.0
+
+
+@pytest.mark.parametrize("drf", [False, True], ids=["fast", "drf"])
+@pytest.mark.parametrize("field", ["gpus", "max_runtime_seconds", "replicas"])
+def test_a_boolean_for_a_job_number_is_refused_naming_it(
+        world: World, field: str, drf: bool) -> None:
+    r = _post(world.client(world.member), json.dumps(job_body(**{field: True})), drf=drf)
+    assert r.status_code == 400, r.content
+    assert field in r.json()["error"]["fields"], r.json()
+    assert Job.objects.count() == 0
