@@ -189,3 +189,18 @@ def test_rule_a9_a_gang_smaller_than_a_whole_node_does_not_reserve() -> None:
         est(q(4, gpus=4), None), est(q(3, gpus=8), None), est(q(2, gpus=2), None))))
     assert plan.reservations == {"h100": (3, T)} and admitted(plan) == [2]
     assert placed(plan, 2) == ("h100-1",)
+
+
+def test_rule_a9_a_job_of_several_types_is_not_given_an_equal_jobs_reserved_wait() -> None:
+    # Rule G5's replay of waits gave job 2 the wait of job 3 (same team, types and shape)
+    # although rule A9 reads each job's own estimate: job 3 runs past the shadow time,
+    # job 2 ends before it and starts on the reserved GPUs.
+    both = ("h100", "a100")
+    plan = plan_admissions(snap(
+        nodes=(*HALF, *nodes(("a100", 8, 0))), running=HOLDERS, queued=(
+            GANG, est(q(4, gpus=4), None),
+            replace(est(q(3, gpus=2), None), gpu_types=both),
+            replace(est(q(2, gpus=2), 5 * MIN), gpu_types=both))))
+    assert admitted(plan) == [4, 2] and placed(plan, 2) == ("h100-0",)
+    assert plan.waits[3].reason is WaitReason.RESERVED
+    assert "it has no max_runtime_seconds" in plan.waits[3].message

@@ -19,6 +19,7 @@ from .state import DONE, Pass, Step, Try
 from .waits import CODE, Raw, Wait, WaitReason
 
 _CAPACITY = CODE[WaitReason.CAPACITY]
+_RESERVED = CODE[WaitReason.RESERVED]
 
 
 def try_of(p: Pass, job: QueuedJob, index: int, gpu_type: str) -> Try:
@@ -111,8 +112,8 @@ def attempt_types(p: Pass, job: QueuedJob, index: int) -> Step:
     preference order (rule G3: Kueue's whenCanPreempt TryNextFlavor); else it waits with
     each type's blocker (rule G5) and rule A9 reserves on the type where its shadow time
     comes first. Returns `DONE`, or when it waits with every blocker a raw wait (no
-    search, no preemptor: what the replay of waits may give again) its first type's
-    step."""
+    search, no preemptor, no reservation in the way: what the replay of waits may give
+    again) its first type's step."""
     tries: dict[str, Try] = {}
     blockers: dict[str, Wait | Raw] = {}
     may_preempt: list[str] = []
@@ -147,6 +148,10 @@ def attempt_types(p: Pass, job: QueuedJob, index: int) -> Step:
     p.waits.per_type[job.id] = (index, several)
     if isinstance(first, Wait) or any(isinstance(raw, Wait) for _, raw in several) or \
             any(tries[gt].owed > 0 for gt in types):  # rule R11's words are not replayed
+        return DONE
+    if any(raw[0] == _RESERVED for _, raw in several):
+        # Rule A9 reads the job's max_runtime_seconds, which an equal job need not share:
+        # not replayed, as `fit` does not give it for a job of one type.
         return DONE
     return (first[0], first[2], first[3], p.waits.elsewhere.get(job.id, ""))
 
