@@ -30,10 +30,12 @@
                     idempotent by name `fq-<id>-<attempt>`) and mark them submitted.
                     A preemptor is admitted by a later cycle, once its victims' GPUs
                     are free (R8).
-    6. notify     — when anything moved, drop the shared plan of the queue that answers
-                    "why does my job wait" (queueing/selectors/queue_plan.py), and
-                    publish the cluster view web processes read instead of the cluster
-                    (nodes, live workloads, unprovisioned teams: queueing/selectors/cluster.py).
+    6. notify     — right after step 4, publish this cycle's plan of the queue (its
+                    admitted jobs left out) that answers "why does my job wait" for
+                    every reader (queueing/selectors/queue_plan.py); when anything
+                    moved, drop the pages' kept reads; and publish the cluster view
+                    web processes read instead of the cluster (nodes, live workloads,
+                    unprovisioned teams: queueing/selectors/cluster.py).
 
 Several clusters (docs/clusters.md): the cycle reads every enabled `Cluster` (and every
 disabled one still draining, rule K8) as one `Fleet` (services/clusters.py): one
@@ -110,7 +112,7 @@ from queueing.sanitize import clean_status, clean_text
 from queueing.selectors.active_jobs import ActiveJobs, cycle_active_jobs
 from queueing.selectors.checkpoints import newest_checkpoints
 from queueing.selectors.cluster import largest_node_cpu_memory
-from queueing.selectors.queue_plan import queue_plan_forget
+from queueing.selectors.queue_plan import queue_plan_forget, queue_plan_publish
 from queueing.selectors.snapshot import build_snapshot, unprovisioned_teams, unqualified_node
 
 from .arrays import arrays_top_up
@@ -285,6 +287,10 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
             # Rule D2: a job whose dependencies can never be met fails at once.
             result.finished.extend(dependencies_fail_never_met(never_met=plan.never_met, now=now))
         result.preempted = applied.preempted
+        # Step 6's first part, as soon as the plan is applied: the plan the pages read
+        # (rule P3), its admitted jobs shown as such; no web request plans the queue again.
+        queue_plan_publish(snapshot=snapshot, plan=plan, admitted=result.admitted,
+                           unprovisioned=unprovisioned)
         t4 = time.perf_counter()
         # After commit: the victims' GPUs come back (at once on the simulated cluster,
         # when the pods are gone on Kubernetes); their preemptors wait for that (R8).
