@@ -112,6 +112,7 @@ from queueing.sanitize import clean_status, clean_text
 from queueing.selectors.active_jobs import ActiveJobs, cycle_active_jobs
 from queueing.selectors.checkpoints import newest_checkpoints
 from queueing.selectors.cluster import largest_node_cpu_memory
+from queueing.selectors.dashboard import page_reads_publish
 from queueing.selectors.queue_plan import queue_plan_forget, queue_plan_publish
 from queueing.selectors.snapshot import build_snapshot, unprovisioned_teams, unqualified_node
 
@@ -302,14 +303,18 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
                      budget.seconds, ", ".join(f"{k} {v}" for k, v in
                                                sorted(result.deferred.items())))
             kick()  # at once: the rest is the next cycle's first work
-        if (result.admitted or result.started or result.finished or result.requeued
-                or result.preempted or result.job_errors):
+        moved = bool(result.admitted or result.started or result.finished or result.requeued
+                     or result.preempted or result.job_errors)
+        if moved:
             queue_plan_forget()  # readers of "why it waits" get the queue as it is now
         # What web processes know of the cluster (they are no cluster clients).
         cluster_view_publish(backend=backend, now=now, workloads=result.workloads,
                              unprovisioned=unprovisioned,
                              clusters=fleet.reachability(now=now, since=outages.since),
                              closed=snapshot.closed_clusters)
+        # The fleet-wide reads every dashboard request shares (read from the view just
+        # published), computed here, not in a request.
+        page_reads_publish(now=now, moved=moved)
         gc_after_cycle(len(jobs))
         t5 = time.perf_counter()
         result.timings = {"reconcile": t1 - t0, "snapshot": t2 - t1, "decide": t3 - t2,
