@@ -174,3 +174,19 @@ def test_the_old_path_reads_no_published_plan(world: World,
     scheduler_cycle(now=timezone.now())
     assert isinstance(qp.queue_plan(now=timezone.now()), qp.QueuePlan)
     assert qp.queue_standing(job_id=ids[-1], now=timezone.now()) is not None
+
+
+def test_a_plan_that_cannot_be_published_never_stops_the_cycle(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The published plan is a read model: a publish that fails is logged, the cycle's
+    admissions are still submitted, and a short queue's pages plan it themselves."""
+    from queueing.models import Job
+
+    monkeypatch.setattr(scheduler, "queue_plan_publish",
+                        mock.Mock(side_effect=RuntimeError("the cache is down")))
+    _submit(world, random.Random(5), 4)
+    result = scheduler_cycle(now=timezone.now())
+    assert result.admitted
+    assert not Job.objects.filter(pk__in=result.admitted,
+                                  submitted_to_backend_at__isnull=True).exists()
+    assert isinstance(qp.queue_plan(now=timezone.now()), qp.QueuePlan)

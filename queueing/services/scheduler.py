@@ -78,7 +78,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -290,8 +290,9 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         result.preempted = applied.preempted
         # Step 6's first part, as soon as the plan is applied: the plan the pages read
         # (rule P3), its admitted jobs shown as such; no web request plans the queue again.
-        queue_plan_publish(snapshot=snapshot, plan=plan, admitted=result.admitted,
-                           unprovisioned=unprovisioned)
+        _published("queue plan's answers", lambda: queue_plan_publish(
+            snapshot=snapshot, plan=plan, admitted=result.admitted, unprovisioned=unprovisioned),
+            result=result)
         t4 = time.perf_counter()
         # After commit: the victims' GPUs come back (at once on the simulated cluster,
         # when the pods are gone on Kubernetes); their preemptors wait for that (R8).
@@ -314,7 +315,8 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
                              closed=snapshot.closed_clusters)
         # The fleet-wide reads every dashboard request shares (read from the view just
         # published), computed here, not in a request.
-        page_reads_publish(now=now, moved=moved)
+        _published("pages' kept reads", lambda: page_reads_publish(now=now, moved=moved),
+                   result=result)
         gc_after_cycle(len(jobs))
         t5 = time.perf_counter()
         result.timings = {"reconcile": t1 - t0, "snapshot": t2 - t1, "decide": t3 - t2,
@@ -322,6 +324,16 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
     if _again_take():
         kick()  # a cycle was asked for while this one ran: the change that asked is next
     return result
+
+
+def _published(what: str, publish: Callable[[], object], *, result: CycleResult) -> None:
+    """A read model the cycle publishes for the pages: one that fails is logged and left
+    to the next cycle (the pages fall back, docs/scheduling.md rule P3), never the
+    cycle's failure (its decisions are committed; step 5 still runs)."""
+    try:
+        publish()
+    except Exception:
+        log.exception("cycle %s: the %s were not published", result.cycle_id, what)
 
 
 # --- the collector ------------------------------------------------------------------------
