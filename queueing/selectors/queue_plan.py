@@ -191,22 +191,22 @@ class PublishedPlan(_Answers):
     generation: str
     queued: int
     made_at: float
-    ids: array  # type: ignore[type-arg]
-    ahead_same: array  # type: ignore[type-arg]
-    team_ix: array  # type: ignore[type-arg]
-    type_ix: array  # type: ignore[type-arg]
-    code_ix: array  # type: ignore[type-arg]
-    message_ix: array  # type: ignore[type-arg]
-    until_ix: array  # type: ignore[type-arg]
+    ids: array[int]
+    ahead_same: array[int]
+    team_ix: array[int]
+    type_ix: array[int]
+    code_ix: array[int]
+    message_ix: array[int]
+    until_ix: array[int]
     teams: tuple[str, ...]
     types: tuple[str, ...]
     codes: tuple[str, ...]
     messages: tuple[str, ...]
     untils: tuple[datetime, ...]
-    by_id: array  # type: ignore[type-arg]
-    by_id_row: array  # type: ignore[type-arg]
-    team_rows: array  # type: ignore[type-arg]
-    team_start: array  # type: ignore[type-arg]
+    by_id: array[int]
+    by_id_row: array[int]
+    team_rows: array[int]
+    team_start: array[int]
     error: str = ""
     planning: bool = False
 
