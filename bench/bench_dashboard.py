@@ -39,6 +39,12 @@ How it works
     page indexes of migration 0034 (DROP INDEX / CREATE INDEX between rounds, ANALYZE
     after), on the same database in the same process: `<page>_p50_noidx`, `_p95_noidx`
     beside `_p50`, `_p95` (every round's requests pooled per side).
+  * `--rounds N --published-ab`: alternately `before` (requests plan the queue and
+    refresh the dashboard's kept reads, the plan kept cached for the whole run) and the
+    scheduler cycle publishing both (an emulated cycle, untimed, every `--cycle-seconds`):
+    `<page>_p95_before` beside `<page>_p95`; `plan_publish` and `page_reads_publish_p50`
+    are the cycle's added work, `plan_published_fetch_p50` a reader's once per cycle
+    (`PublishedAB`).
 
 Output: lines `BENCH <name> <value> <unit>`. Run: `.venv/bin/python bench/bench_dashboard.py`
 (`make bench`; about a minute at 100,000 jobs). The 1M world:
@@ -382,7 +388,10 @@ def indexes_set(defs: list[tuple[str, str]], *, on: bool) -> None:
 
 # --- timing -----------------------------------------------------------------------------------
 
-def time_page(client: Any, url: str, n: int, **headers: str) -> tuple[list[float], int]:
+def time_page(client: Any, url: str, n: int, between: Any = None,
+              **headers: str) -> tuple[list[float], int]:
+    """`n` timed requests after 5 warm-ups; `between()` (untimed) before each: what a
+    scheduler cycle does meanwhile (`--published-ab`)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -391,12 +400,93 @@ def time_page(client: Any, url: str, n: int, **headers: str) -> tuple[list[float
         assert r.status_code == 200, (url, r.status_code)
     times = []
     for _ in range(n):
+        if between is not None:
+            between()
         t = time.perf_counter()
         client.get(url, **headers)
         times.append((time.perf_counter() - t) * 1000)
     with CaptureQueriesContext(connection) as ctx:
         client.get(url, **headers)
     return times, len(ctx.captured_queries)
+
+
+class PublishedAB:
+    """`--published-ab`: the pages with the queue plan and the dashboard's kept reads
+    made by requests (`before`: `queue_plan.PUBLISHED` and `dashboard.PAGE_READS_PUBLISHED`
+    off; the request's plan stays cached for the whole run, as this bench always kept it:
+    its cost after each cycle that moved a job, `queue_plan_cold_p50`, is printed apart)
+    against both published by the cycle (`after`: an emulated cycle, untimed, publishes
+    the plan under a new generation and the kept reads every `--cycle-seconds`, so the
+    timed requests pay what a reader pays after each cycle: a fetch of the plan and of
+    the kept reads). The plan is the pass's own on the world's snapshot."""
+
+    def __init__(self, tag: str) -> None:
+        from django.core.cache import cache
+        from django.utils import timezone
+
+        from queueing.selectors import dashboard as dash
+        from queueing.selectors import queue_plan as qp
+        from queueing.selectors.cluster import cluster_view
+        from queueing.selectors.snapshot import build_snapshot
+
+        self.tag, self.cache, self.qp, self.dash = tag, cache, qp, dash
+        qp.PUBLISHED_TTL = dash.PAGE_PUBLISHED_SECONDS = 24 * 3600.0
+        now = timezone.now()
+        view = cluster_view(now=now)
+        snapshot = build_snapshot(backend=view, now=now, live_workloads=set(view.workloads))
+        t = time.perf_counter()
+        plan = qp.plan_admissions(snapshot)
+        bench(f"queue_plan_cold_p50{tag}", (time.perf_counter() - t) * 1000, "ms")
+        t = time.perf_counter()
+        self.published = qp.queue_plan_publish(snapshot=snapshot, plan=plan, admitted=(),
+                                               unprovisioned=view.unprovisioned)
+        bench(f"plan_publish{tag}", (time.perf_counter() - t) * 1000, "ms")
+        import pickle
+        bench(f"plan_published_bytes{tag}", len(pickle.dumps(self.published)), "bytes")
+        entries = qp.plan_entries(snapshot, plan)
+        self.plan_w = qp.QueuePlan(entries, len(entries), generation="before")
+        self.fetch: list[float] = []
+        self.reads: list[float] = []
+        self.last = 0.0
+
+    def side(self, *, published: bool, cycle_seconds: float) -> Any:
+        qp, dash, cache = self.qp, self.dash, self.cache
+        qp.PUBLISHED = dash.PAGE_READS_PUBLISHED = published
+        cache.delete_many(list(dash.PAGE_CACHE_KEYS))
+        dash._local.clear()
+        qp._Local.plan = qp._Local.published = None
+        if not published:
+            cache.set_many({qp._PLAN_KEY: self.plan_w, qp._GEN_KEY: self.plan_w.generation},
+                           timeout=24 * 3600)
+            return None
+        cache.delete_many([qp._PLAN_KEY, qp._GEN_KEY])
+        self.last = 0.0
+
+        def cycle() -> None:
+            from dataclasses import replace
+            from uuid import uuid4
+
+            from django.utils import timezone
+            if time.perf_counter() - self.last < cycle_seconds:
+                return
+            self.last = time.perf_counter()
+            new = replace(self.published, generation=uuid4().hex)
+            cache.set_many({qp._PUB_KEY: new, qp._PUB_GEN_KEY: new.generation},
+                           timeout=24 * 3600)
+            t = time.perf_counter()
+            dash.page_reads_publish(now=timezone.now(), moved=True)
+            self.reads.append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            qp._published(new.generation)  # what one reader pays once per cycle
+            self.fetch.append((time.perf_counter() - t) * 1000)
+            qp._Local.published = None  # ... and the timed request of this process too
+        return cycle
+
+    def report(self) -> None:
+        if self.fetch:
+            bench(f"plan_published_fetch_p50{self.tag}", statistics.median(self.fetch), "ms")
+            bench(f"page_reads_publish_p50{self.tag}", statistics.median(self.reads), "ms")
+        self.qp.PUBLISHED = self.dash.PAGE_READS_PUBLISHED = True
 
 
 def p95(times: list[float]) -> float:
@@ -428,6 +518,11 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the PostgreSQL database")
     parser.add_argument("--reuse", action="store_true", help="time a kept database again")
     parser.add_argument("--tag", default="", help="suffix of every BENCH name")
+    parser.add_argument("--published-ab", action="store_true",
+                        help="alternate rounds: `before` (requests plan the queue and refresh "
+                             "the kept reads) and the cycle publishing both (`after`)")
+    parser.add_argument("--cycle-seconds", type=float, default=3.0,
+                        help="--published-ab: how often the emulated cycle publishes")
     args = parser.parse_args()
 
     vendor = setup_django(reuse=args.reuse)
@@ -449,8 +544,12 @@ def main() -> int:
     bench(f"pages_jobs_total{tag}", Job.objects.count(), "jobs")
     bench(f"pages_jobs_queued{tag}", Job.objects.filter(status="QUEUED").count(), "jobs")
     qp.QUEUE_PLAN_TTL = 24 * 3600.0  # the plan stays cached while the pages are timed
-    plan = qp.queue_plan(now=timezone.now(), fresh=True)
-    if not args.skip_plan:
+    if args.published_ab:
+        ab = PublishedAB(tag)
+        plan: Any = ab.plan_w
+    else:
+        plan = qp.queue_plan(now=timezone.now(), fresh=True)
+    if not args.skip_plan and not args.published_ab:
         cold = []
         for _ in range(2):
             t = time.perf_counter()
@@ -487,6 +586,8 @@ def main() -> int:
         pages = [p for p in pages if p[0] in wanted]
     defs = page_indexes() if vendor == "postgresql" else []
     sides = ["noidx", ""] if args.ab and defs else [""]
+    if args.published_ab:
+        sides, defs = ["before", ""], []
     if args.ab and not defs:
         note("no page indexes found (migration 0034): timing one side only")
     pooled: dict[tuple[str, str], list[float]] = {}
@@ -494,15 +595,20 @@ def main() -> int:
     note(f"calibration loop {calibration():.3f} s, load average {os.getloadavg()[0]:.1f}")
     for rnd in range(args.rounds):
         for side in sides:
-            if len(sides) > 1:
+            between = None
+            if args.published_ab:
+                between = ab.side(published=side == "", cycle_seconds=args.cycle_seconds)
+            elif len(sides) > 1:
                 indexes_set(defs, on=side == "")
             for name, client, url, headers in pages:
-                times, nq = time_page(client, url, args.requests, **headers)
+                times, nq = time_page(client, url, args.requests, between, **headers)
                 pooled.setdefault((name, side), []).extend(times)
                 queries[(name, side)] = nq
             note(f"round {rnd + 1} {side or 'indexed'}: load average {os.getloadavg()[0]:.1f}")
-    if len(sides) > 1:
+    if len(sides) > 1 and not args.published_ab:
         indexes_set(defs, on=True)
+    if args.published_ab:
+        ab.report()
     worst = 0.0
     for name, *_ in pages:
         for side in sides:
@@ -510,6 +616,8 @@ def main() -> int:
             sfx = f"_{side}" if side else ""
             bench(f"{name}_p50{sfx}{tag}", statistics.median(times), "ms")
             bench(f"{name}_p95{sfx}{tag}", p95(times), "ms")
+            if args.published_ab:  # the refreshes a request paid show in the tail
+                bench(f"{name}_max{sfx}{tag}", max(times), "ms")
             bench(f"{name}_queries{sfx}{tag}", queries[(name, side)], "count")
             if not side:
                 worst = max(worst, p95(times))

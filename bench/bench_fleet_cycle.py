@@ -121,7 +121,7 @@ def time_parts() -> None:
                                     "clusters_record", "clusters_drain", "_utilization",
                                     "arrays_top_up", "cluster_view_publish",
                                     "submit_admitted", "cycle_active_jobs",
-                                    "unprovisioned_teams", "queue_plan_forget",
+                                    "unprovisioned_teams", "queue_plan_forget", "queue_plan_publish",
                                     "_unowned_stop", "apply_plan")),
                        (snapshot, ("policy_jobs", "packed_gpus", "fairshare_standings",
                                    "nominations", "snapshot_bookings", "dependency_counts",

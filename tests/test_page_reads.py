@@ -8,6 +8,7 @@ import pickle
 import random
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
+from unittest import mock
 
 from django.core.cache import cache
 from django.utils import timezone
@@ -99,6 +100,30 @@ def test_a_cycle_that_moves_jobs_drops_what_the_dashboard_keeps(world: Any) -> N
     assert dash.team_standing_cached(team="vision") == team_standing(team="vision")
     queue_plan_forget()
     assert all(cache.get(k) is None for k in dash.PAGE_CACHE_KEYS)
+
+
+def test_the_cycle_publishes_what_the_dashboard_keeps(world: Any) -> None:
+    """After a cycle the kept reads are there, computed by the cycle (a request computes
+    none of them) and the same as computed afresh at the cycle's instant."""
+    _busy(world)  # the cycle admits and publishes
+    at = cache.get(dash._PUBLISHED_AT_KEY)
+    assert at is not None
+    dash._local.clear()  # another process: read from the shared cache
+    with mock.patch.object(dash, "fairshare_standings", side_effect=AssertionError("computed")), \
+            mock.patch.object(dash, "quota_forest", side_effect=AssertionError("computed")), \
+            mock.patch.object(dash, "capacity_by_gpu_type", side_effect=AssertionError("computed")):
+        kept_standings = dash.standings_by_team(now=timezone.now())
+        kept_trees = {t: dash.team_standing_cached(team=t) for t in ("vision", "nlp", "speech")}
+        kept_card, _ = dash.capacity_held_cached()
+    assert kept_standings == fairshare_standings(now=at)
+    assert kept_trees == {t: team_standing(team=t) for t in ("vision", "nlp", "speech")}
+    assert kept_card == capacity_by_gpu_type(held_only=True)[0]
+    assert any(r.held_by_jobs for r in kept_card)
+    # A cycle that moves nothing within PAGE_CACHE_SECONDS computes them again only when
+    # one is missing.
+    assert not dash.page_reads_publish(now=at, moved=False)
+    cache.delete(dash.PAGE_CACHE_KEYS[1])
+    assert dash.page_reads_publish(now=at, moved=False)
 
 
 # --- the reports page: the roll-up's sums kept by its state ----------------------------------

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 from unittest import mock
 
+import pytest
 from django.core.cache import cache
 from django.utils import timezone
 
@@ -19,6 +20,13 @@ from queueing.selectors import queue_plan as qp
 from queueing.services.scheduler import scheduler_cycle
 
 from .conftest import World, job_body
+
+
+@pytest.fixture(autouse=True)
+def _a_request_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan a request makes (on a short queue with no cycle's plan published, or the
+    path before cycles published theirs): the cycle's is left unread."""
+    monkeypatch.setattr(qp, "PUBLISHED", False)
 
 
 def _submit(world: World, **overrides: Any) -> int:

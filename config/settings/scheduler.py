@@ -27,6 +27,13 @@ if not 0 < FAIRQ_CYCLE_BUDGET_SECONDS <= 45:
 # its work into pieces small enough to look at the clock between them.
 FAIRQ_CYCLE_STOP_BATCH = 64
 FAIRQ_CYCLE_SUBMIT_CHUNK = 64
+# The pages read "why is my job waiting" (rule P3) from the plan each cycle publishes; with
+# none published (no cycle yet, the cache flushed) or for a job queued since, a request
+# plans the queue itself only when at most this many jobs are queued, else answers
+# "planning" until the next cycle (docs/scheduling.md, rule P3).
+FAIRQ_QUEUE_PLAN_WEB_MAX = env.int("FAIRQ_QUEUE_PLAN_WEB_MAX", default=2000)
+if FAIRQ_QUEUE_PLAN_WEB_MAX < 0:
+    raise environ.ImproperlyConfigured("FAIRQ_QUEUE_PLAN_WEB_MAX must be >= 0")
 # The scheduler is unhealthy (GET /healthz/scheduler answers 503) when its last successful
 # cycle is older than this many cycle intervals (60 s at the default 3 s).
 FAIRQ_SCHEDULER_STALE_CYCLES = env.float("FAIRQ_SCHEDULER_STALE_CYCLES", default=20.0)

@@ -2,43 +2,53 @@
 API's job detail, the CLI's `fairq prio`, the dashboard's queue and job pages, and the
 submit form's preview of a job not submitted yet.
 
-One admission plan of the whole queue (the scheduler's own snapshot and policy) answers
-all of them, cached for `QUEUE_PLAN_TTL` seconds in the shared cache: planning costs
-O(queue) and pollers ask about many jobs. A scheduler cycle that changed something drops
-the cached plan, and a job missing from it (queued since) gets one fresh plan, so an
-answer is at most one cycle old. The preview also needs the snapshot the plan was made
-from: once a preview asks, it is kept beside the plan until the plan changes, in plain
-rows (100,000 queued jobs pickle in 1.7 s as dataclasses, 0.17 s as rows).
+One admission plan of the whole queue answers all of them: the one each scheduler cycle
+made from its snapshot (step 3) and publishes right after applying it (step 4), its
+admitted jobs left out (`queue_plan_publish`, in columns: `PublishedPlan`). No web
+request plans a long queue: with no plan published (no cycle yet, the cache flushed)
+a request plans the queue itself only when at most FAIRQ_QUEUE_PLAN_WEB_MAX jobs are
+queued, and answers "planning" otherwise; a job queued after the cycle's plan gets one
+fresh plan on such a short queue, and "planning" (the next cycle places it) on a long
+one. The request's own plan (`_plan_compute`, the path before cycles published theirs,
+kept as `PUBLISHED = False`) is cached for `QUEUE_PLAN_TTL` seconds and dropped by
+`queue_plan_forget`. The preview needs the snapshot a plan was made from: once a
+preview asks, it is planned here and kept beside its plan until the plan changes, in
+plain rows (100,000 queued jobs pickle in 1.7 s as dataclasses, 0.17 s as rows).
 
 A read fetches only the current plan's generation (a short string) from the shared cache;
 each process keeps the last plan (and snapshot) it unpickled and reuses it while the
 generation is the same. Unpickling the plan itself cost every read ~30 ms per 10,000
 queued jobs (218 ms against `sprio`'s 10 ms); the generation key lives and dies
 with the plan (same TTL, dropped together), so the local copy is never older than the
-shared one. After a miss one process plans (it holds the build mark) and the readers of
-the others wait for its plan, so a miss costs the cores one plan, not one per process.
+shared one; the published plan is read the same way. After a miss one process plans (it
+holds the build mark) and the readers of the others wait for its plan, so a miss costs
+the cores one plan, not one per process.
 
 A read model: the plan is made from the cycle's own snapshot (`selectors.snapshot`) and
 the published cluster view, and nothing here writes fairq's state. `queue_plan_forget`
 drops the cached plan and its snapshot; it lives here, beside the cache keys it deletes,
-so the cycle and the front ends that call it never name them.
+so the cycle and the front ends that call it never name them; the cycle's published plan
+is not dropped by it, only replaced by the next cycle's.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from array import array
+from bisect import bisect_left
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.core.cache import cache
 from django.db.models import QuerySet
 
 from accounts.models import Team
 from queueing.models import GpuType, Job
-from queueing.policy.admission import plan_admissions
+from queueing.policy.admission import Plan, plan_admissions
 from queueing.policy.explain import PlanEntry, explain_queue, explain_queued
 from queueing.policy.snapshot import FlavorFallback, QueuedJob, Snapshot
 from queueing.policy.states import JobState
@@ -60,22 +70,27 @@ _SNAPSHOT_KEY = "fairq:queue-plan:snapshot"
 _PREVIEW_KEY = "fairq:queue-plan:preview"
 
 
-@dataclass(frozen=True)
-class QueuePlan:
-    """Rule P3 for the whole queue, from one admission plan. `entries`: job id ->
-    `PlanEntry` (named tuples: see there)."""
+class _Answers:
+    """Rules P3 and E5 read from one plan of the queue, whatever keeps it: `entry` gives a
+    job's `PlanEntry` (None when the plan does not know it)."""
 
-    entries: dict[int, PlanEntry]
     queued: int
-    error: str = ""
-    generation: str = ""  # names one computed plan (and its snapshot) in the cache
+    error: str
+    generation: str
+    planning: bool
+
+    def entry(self, job_id: int) -> PlanEntry | None:
+        raise NotImplementedError
+
+    def __contains__(self, job_id: object) -> bool:
+        return isinstance(job_id, int) and self.entry(job_id) is not None
 
     def position(self, job_id: int) -> int | None:
-        e = self.entries.get(job_id)
+        e = self.entry(job_id)
         return None if e is None else e.position
 
     def reasons(self, job_id: int) -> list[dict[str, Any]]:
-        e = self.entries.get(job_id)
+        e = self.entry(job_id)
         if e is None:
             return []
         return [r.as_dict() for r in e.reasons()]
@@ -83,19 +98,48 @@ class QueuePlan:
     def brief(self, job_id: int) -> dict[str, Any] | None:
         """Rule E5: what a list shows of a queued job: `position`, `jobs_ahead` (of its GPU
         type, rule E1) and `reason` ({code, message, until?}); None when not in the plan."""
-        e = self.entries.get(job_id)
+        e = self.entry(job_id)
         if e is None:
             return None
         reason = e.reason()
         return {"position": e.position, "jobs_ahead": e.ahead_same_gpu_type,
                 "reason": reason.as_dict() if reason is not None else None}
 
-    def team_order(self, team: str | None) -> list[int]:
+    def standing(self, job_id: int) -> dict[str, Any] | None:
+        """The `queue` part of a job's detail: rule E5's `brief` (position, jobs_ahead,
+        reason) and every reason, the jobs ahead of any type and the queue's length."""
+        e = self.entry(job_id)
+        brief = self.brief(job_id)
+        if brief is None or e is None:
+            return None
+        return {**brief, "ahead": e.ahead, "ahead_same_gpu_type": e.ahead_same_gpu_type,
+                "queued": self.queued, "reasons": self.reasons(job_id)}
+
+
+@dataclass(frozen=True)
+class QueuePlan(_Answers):
+    """Rule P3 for the whole queue, from one admission plan. `entries`: job id ->
+    `PlanEntry` (named tuples: see there). `planning`: no plan is there to read (the
+    scheduler has published none and the queue is too long for a request to plan it)."""
+
+    entries: dict[int, PlanEntry]
+    queued: int
+    error: str = ""
+    generation: str = ""  # names one computed plan (and its snapshot) in the cache
+    planning: bool = False
+
+    def entry(self, job_id: int) -> PlanEntry | None:
+        return self.entries.get(job_id)
+
+    def positions(self) -> dict[int, int]:
+        return {job_id: e.position for job_id, e in self.entries.items()}
+
+    def team_order(self, team: str | None, limit: int | None = None) -> list[int]:
         """The ids of `team`'s jobs in the plan (every team's: None) in queue order
-        (rule P2's positions). Built for every team at once on the first ask and kept
-        with this plan (per process: not pickled), so a page costs O(its team's jobs),
-        not a walk and a sort of the whole queue; `team_order_reference` is the plain
-        walk it is held to."""
+        (rule P2's positions), the first `limit`. Built for every team at once on the
+        first ask and kept with this plan (per process: not pickled), so a page costs
+        O(its team's jobs), not a walk and a sort of the whole queue;
+        `team_order_reference` is the plain walk it is held to."""
         by_team: dict[str | None, list[int]] | None = self.__dict__.get("_by_team")
         if by_team is None:
             ordered = sorted(self.entries.items(), key=lambda kv: (kv[1].position, kv[0]))
@@ -103,7 +147,7 @@ class QueuePlan:
             for job_id, e in ordered:
                 by_team.setdefault(e.team, []).append(job_id)
             object.__setattr__(self, "_by_team", by_team)  # frozen: kept beside the fields
-        return by_team.get(team, [])
+        return by_team.get(team, [])[:limit]
 
     def team_order_reference(self, team: str | None) -> list[int]:
         """`team_order` the plain way: every entry walked and sorted (the reference path)."""
@@ -119,15 +163,225 @@ class QueuePlan:
         for name, value in state.items():
             object.__setattr__(self, name, value)
 
-    def standing(self, job_id: int) -> dict[str, Any] | None:
-        """The `queue` part of a job's detail: rule E5's `brief` (position, jobs_ahead,
-        reason) and every reason, the jobs ahead of any type and the queue's length."""
-        brief = self.brief(job_id)
-        e = self.entries.get(job_id)
-        if brief is None or e is None:
-            return None
-        return {**brief, "ahead": e.ahead, "ahead_same_gpu_type": e.ahead_same_gpu_type,
-                "queued": self.queued, "reasons": self.reasons(job_id)}
+
+# --- the plan the scheduler cycle publishes ---------------------------------------------------
+#
+# The cycle plans the whole queue from its snapshot (step 3); after applying it (step 4)
+# it publishes that plan for the pages (`queue_plan_publish`), so no web request plans a
+# long queue again. Compact: one column per field (arrays of machine integers; strings and
+# instants as indexes into small tables of the distinct ones), which pickle and unpickle
+# as a few byte strings whatever the queue's length, not one object per job; a reader
+# finds a job by binary search on the sorted ids and a team's jobs from a per-team index
+# of positions, and builds `PlanEntry`s only for the jobs it shows.
+
+PUBLISHED = True  # False: the path before (the cycle drops the plan; a request plans it)
+PUBLISHED_TTL = 300.0  # seconds a published plan answers when no cycle replaces it
+_PUB_KEY = "fairq:queue-plan:published"
+_PUB_GEN_KEY = "fairq:queue-plan:published:generation"
+
+
+@dataclass(frozen=True)
+class PublishedPlan(_Answers):
+    """Rule P3 for the whole queue as the last cycle planned it, in columns (above).
+    Row i is position i + 1: `ids`, `ahead_same` (rule E1), and indexes into `teams`,
+    `types`, `codes`, `messages`, `untils` (-1: none). `by_id`/`by_id_row`: the ids
+    sorted and their rows; `team_rows[team_start[k]:team_start[k + 1]]` the rows of
+    `teams[k]`, in queue order."""
+
+    generation: str
+    queued: int
+    made_at: float
+    ids: array[int]
+    ahead_same: array[int]
+    team_ix: array[int]
+    type_ix: array[int]
+    code_ix: array[int]
+    message_ix: array[int]
+    until_ix: array[int]
+    teams: tuple[str, ...]
+    types: tuple[str, ...]
+    codes: tuple[str, ...]
+    messages: tuple[str, ...]
+    untils: tuple[datetime, ...]
+    by_id: array[int]
+    by_id_row: array[int]
+    team_rows: array[int]
+    team_start: array[int]
+    error: str = ""
+    planning: bool = False
+
+    def _row(self, job_id: int) -> int | None:
+        i = bisect_left(self.by_id, job_id)
+        if i < len(self.by_id) and self.by_id[i] == job_id:
+            return int(self.by_id_row[i])
+        return None
+
+    def _entry_at(self, row: int) -> PlanEntry:
+        u = self.until_ix[row]
+        return PlanEntry(row + 1, self.ahead_same[row], self.teams[self.team_ix[row]],
+                         self.types[self.type_ix[row]], self.codes[self.code_ix[row]],
+                         self.messages[self.message_ix[row]], self.untils[u] if u >= 0 else None)
+
+    def entry(self, job_id: int) -> PlanEntry | None:
+        row = self._row(job_id)
+        return None if row is None else self._entry_at(row)
+
+    def positions(self) -> dict[int, int]:
+        return {job_id: row + 1 for row, job_id in enumerate(self.ids)}
+
+    def team_order(self, team: str | None, limit: int | None = None) -> list[int]:
+        """`QueuePlan.team_order` read from the per-team index: O(the ids returned)."""
+        if team is None:
+            return list(self.ids[:limit])
+        try:
+            k = self.teams.index(team)
+        except ValueError:
+            return []
+        start, end = self.team_start[k], self.team_start[k + 1]
+        if limit is not None:
+            end = min(end, start + limit)
+        return [self.ids[r] for r in self.team_rows[start:end]]
+
+
+class _Interned:
+    """Distinct values in first-seen order and each one's index."""
+
+    def __init__(self) -> None:
+        self.values: list[Any] = []
+        self.index: dict[Any, int] = {}
+
+    def __call__(self, value: Any) -> int:
+        i = self.index.get(value)
+        if i is None:
+            i = self.index[value] = len(self.values)
+            self.values.append(value)
+        return i
+
+
+def published_plan_of(snapshot: Snapshot, plan: Plan, *, leave_out: Collection[int] = (),
+                      unprovisioned: Iterable[tuple[int, str, str]] = ()) -> PublishedPlan:
+    """The compact plan of `snapshot`'s queue as `plan` decided it: the order the pass used
+    (rules P2, F6), the waits it gave (rule E4's instants), "next_cycle" for what it
+    admits, less `leave_out` (the jobs the cycle admitted: no longer queued) and with
+    positions counted among the jobs left; then the jobs of teams whose namespace is not
+    provisioned (`unprovisioned`: id, team, GPU type, oldest first). The same answers as
+    `_plan_compute`'s on that snapshot, column by column."""
+    left_out = set(leave_out)
+    by_id = {q.id: q for q in snapshot.queued}
+    order = [by_id[i] for i in plan.order if i in by_id]
+    seen = {q.id for q in order}
+    order += [q for q in snapshot.queued if q.id not in seen]
+    admitted = {a.job_id for a in plan.admissions}
+    waits = plan.waits
+    teams, types, codes, messages, untils = (_Interned() for _ in range(5))
+    codes("")
+    messages("")
+    ids, ahead_same = array("q"), array("i")
+    team_ix, type_ix, code_ix, message_ix, until_ix = (array("i") for _ in range(5))
+    same: dict[str, int] = {}
+    sets: dict[tuple[str, ...], int] = {}
+    for job in order:
+        if job.id in left_out:
+            continue
+        kinds = job.accepted_types
+        if len(kinds) == 1:
+            ahead_same.append(same.get(job.gpu_type, 0))
+        else:  # rules E1, G5 (as `explain_queue`)
+            wanted = frozenset(kinds)
+            ahead_same.append(sum(n for s, n in sets.items() if not wanted.isdisjoint(s)))
+        for gt in kinds:
+            same[gt] = same.get(gt, 0) + 1
+        sets[kinds] = sets.get(kinds, 0) + 1
+        ids.append(job.id)
+        team_ix.append(teams(job.team))
+        type_ix.append(types(job.gpu_type))
+        w = waits.get(job.id)
+        if job.id in admitted:
+            code_ix.append(codes("next_cycle"))
+            message_ix.append(0)
+        elif w is not None:
+            code_ix.append(codes(str(w.reason)))
+            message_ix.append(messages(w.message or str(w.reason)))
+        else:
+            code_ix.append(0)
+            message_ix.append(0)
+        until_ix.append(untils(w.until) if w is not None and w.until is not None else -1)
+    for job_id, team, gpu_type in unprovisioned:
+        ids.append(job_id)
+        ahead_same.append(0)
+        team_ix.append(teams(team))
+        type_ix.append(types(gpu_type))
+        code_ix.append(codes("namespace_not_provisioned"))
+        message_ix.append(messages(_unprovisioned_message(team)))
+        until_ix.append(-1)
+    sorted_rows = sorted(range(len(ids)), key=ids.__getitem__)
+    by_team: list[list[int]] = [[] for _ in teams.values]
+    for row, k in enumerate(team_ix):
+        by_team[k].append(row)
+    team_rows, team_start = array("i"), array("q", [0])
+    for rows in by_team:
+        team_rows.extend(rows)
+        team_start.append(len(team_rows))
+    return PublishedPlan(
+        generation=uuid.uuid4().hex, queued=len(ids), made_at=time.time(), ids=ids,
+        ahead_same=ahead_same, team_ix=team_ix, type_ix=type_ix, code_ix=code_ix,
+        message_ix=message_ix, until_ix=until_ix, teams=tuple(teams.values),
+        types=tuple(types.values), codes=tuple(codes.values),
+        messages=tuple(messages.values), untils=tuple(untils.values),
+        by_id=array("q", [ids[r] for r in sorted_rows]), by_id_row=array("i", sorted_rows),
+        team_rows=team_rows, team_start=team_start)
+
+
+def queue_plan_publish(*, snapshot: Snapshot, plan: Plan, admitted: Collection[int],
+                       unprovisioned: Collection[str]) -> PublishedPlan | None:
+    """The cycle's step 6: its plan (`published_plan_of`, `admitted` left out) for every
+    reader of rule P3, replacing the last one; a plan a request made is dropped (older).
+    Nothing with `PUBLISHED` off."""
+    if not PUBLISHED:
+        return None
+    published = published_plan_of(snapshot, plan, leave_out=admitted,
+                                   unprovisioned=_unprovisioned_waiting(unprovisioned))
+    cache.set_many({_PUB_KEY: published, _PUB_GEN_KEY: published.generation},
+                   timeout=PUBLISHED_TTL)
+    cache.delete_many([_GEN_KEY, _PLAN_KEY, _SNAPSHOT_KEY])
+    _Local.published = published
+    return published
+
+
+def _published(generation: str | None) -> PublishedPlan | None:
+    """The plan the last cycle published, named `generation` (this process's copy while
+    current); None when there is none or `PUBLISHED` is off."""
+    if not PUBLISHED or generation is None:
+        return None
+    local = _Local.published
+    if local is not None and local.generation == generation:
+        return local
+    shared: PublishedPlan | None = cache.get(_PUB_KEY)
+    if shared is None or shared.generation != generation:
+        return None
+    _Local.published = shared
+    return shared
+
+
+def _unprovisioned_waiting(teams: Collection[str]) -> list[tuple[int, str, str]]:
+    """(id, team, GPU type) of the queued jobs of `teams`, oldest first."""
+    if not teams:
+        return []
+    waiting = Job.objects.filter(status=JobState.QUEUED,
+                                 team__slug__in=sorted(teams)).order_by("created_at", "id")
+    return list(waiting.values_list("id", "team__slug", "gpu_type__slug"))
+
+
+def _unprovisioned_message(team: str) -> str:
+    return (f"the Kubernetes namespace of team {team} is not provisioned "
+            "for fairq yet (an admin runs `manage.py sync_cluster`)")
+
+
+def _queue_small() -> bool:
+    """Whether a request may plan the queue itself: at most FAIRQ_QUEUE_PLAN_WEB_MAX
+    queued jobs."""
+    limit: int = settings.FAIRQ_QUEUE_PLAN_WEB_MAX
+    return Job.objects.filter(status=JobState.QUEUED)[:limit + 1].count() <= limit
 
 
 class _Local:
@@ -135,6 +389,7 @@ class _Local:
 
     plan: QueuePlan | None = None
     snapshot: tuple[str, Snapshot] | None = None
+    published: PublishedPlan | None = None
 
 
 def _plan_of(generation: str | None) -> QueuePlan | None:
@@ -152,14 +407,26 @@ def _plan_of(generation: str | None) -> QueuePlan | None:
     return shared
 
 
-def queue_plan(*, now: datetime, fresh: bool = False) -> QueuePlan:
-    """The plan of the queue as it is (from the cache unless `fresh`). A cluster that does
-    not answer gives an empty plan with `error` set, never a failed request."""
+AnyPlan = QueuePlan | PublishedPlan
+
+
+def queue_plan(*, now: datetime, fresh: bool = False) -> AnyPlan:
+    """The plan of the queue as it is: the one the last cycle published, or one a request
+    made since (a job queued after the cycle's plan, on a short queue); with neither, one
+    planned here when the queue is short (FAIRQ_QUEUE_PLAN_WEB_MAX), else an empty plan
+    saying `planning`. `fresh`: planned here, now. A cluster that does not answer gives
+    an empty plan with `error` set, never a failed request."""
     if fresh:
         return _plan_compute(now=now)[0]
-    cached = _plan_of(cache.get(_GEN_KEY))
+    generations = cache.get_many([_GEN_KEY, _PUB_GEN_KEY])
+    cached = _plan_of(generations.get(_GEN_KEY))
     if cached is not None:
         return cached
+    published = _published(generations.get(_PUB_GEN_KEY))
+    if published is not None:
+        return published
+    if PUBLISHED and not _queue_small():
+        return QueuePlan({}, 0, planning=True)
     # A miss (a cycle moved a job, or the plan expired): one process plans, the readers of
     # the others wait for its plan instead of each planning the same queue on the same cores.
     mark = uuid.uuid4().hex
@@ -172,6 +439,29 @@ def queue_plan(*, now: datetime, fresh: bool = False) -> QueuePlan:
     finally:
         if cache.get(_BUILD_KEY) == mark:
             cache.delete(_BUILD_KEY)
+
+
+def queue_plan_for(*, job_ids: Collection[int], now: datetime) -> AnyPlan:
+    """`queue_plan`, planned again here once when one of `job_ids` is missing from it
+    (queued since) and a request may plan the queue (`_queue_small`); on a long queue
+    such a job waits for the next cycle's plan (`not_planned`)."""
+    plan = queue_plan(now=now)
+    if (not plan.error and any(i not in plan for i in job_ids)
+            and (not PUBLISHED or _queue_small())):
+        plan = queue_plan(now=now, fresh=True)
+    return plan
+
+
+def not_planned(plan: AnyPlan) -> dict[str, str] | None:
+    """Rule E5's reason for a queued job `plan` does not know, when a cycle's plan will
+    place it (`planning`); None when the plan was made here (nothing to wait for)."""
+    if PUBLISHED and plan.planning:
+        return {"code": "planning", "message": "the scheduler has not published its plan of "
+                "the queue yet: the next cycle places this job"}
+    if isinstance(plan, PublishedPlan):
+        return {"code": "planning", "message": "queued after the scheduler's last plan: the "
+                "next cycle places this job"}
+    return None
 
 
 def _plan_of_another_process() -> QueuePlan | None:
@@ -218,11 +508,35 @@ def _plan_compute(*, now: datetime,
         snapshot = build_snapshot(backend=view, now=now, live_workloads=set(view.workloads))
     except Exception as exc:  # a broken view must not break a page or a poll
         return QueuePlan({}, 0, error=str(exc)[:200]), None
-    plan = plan_admissions(snapshot)
+    entries = plan_entries(snapshot, plan_admissions(snapshot))
+    order_len = len(entries)
+    # Jobs of teams whose namespace is not provisioned stay out of the plan: after the rest.
+    if view.unprovisioned:
+        for n, (pk, team, gpu_type) in enumerate(
+                _unprovisioned_waiting(view.unprovisioned), start=order_len + 1):
+            entries[pk] = PlanEntry(n, 0, team, gpu_type, "namespace_not_provisioned",
+                                    _unprovisioned_message(team))
+    result = QueuePlan(entries, len(entries), generation=uuid.uuid4().hex)
+    values: dict[str, Any] = {_PLAN_KEY: result, _GEN_KEY: result.generation}
+    if keep_snapshot:
+        values[_SNAPSHOT_KEY] = (result.generation, _snapshot_pack(snapshot))
+        _Local.snapshot = (result.generation, snapshot)
+    cache.set_many(values, timeout=QUEUE_PLAN_TTL)
+    _Local.plan = result
+    return result, snapshot
+
+
+def plan_entries(snapshot: Snapshot, plan: Plan, *,
+                 leave_out: Collection[int] = ()) -> dict[int, PlanEntry]:
+    """Rule P3 for every queued job of `snapshot` as `plan` decided (`explain_queue` on the
+    order the pass used, rules P2, F6), less `leave_out`: what a request's plan holds, and
+    the reference `published_plan_of` is held to."""
     by_id = {q.id: q for q in snapshot.queued}
     order = [by_id[i] for i in plan.order if i in by_id]  # the order the pass used (P2, F6)
     seen = {q.id for q in order}
     order += [q for q in snapshot.queued if q.id not in seen]
+    if leave_out:
+        order = [q for q in order if q.id not in leave_out]
     admitted = {a.job_id for a in plan.admissions}
     waits: dict[int, tuple[str, str]] = {}
     until: dict[int, datetime] = {}
@@ -237,23 +551,7 @@ def _plan_compute(*, now: datetime,
         code, message = ("next_cycle", "") if q.id in admitted else waits.get(q.id, ("", ""))
         entries[q.id] = PlanEntry(x.position, x.ahead_same_gpu_type, q.team, q.gpu_type, code,
                                   message, until.get(q.id))
-    # Jobs of teams whose namespace is not provisioned stay out of the plan: after the rest.
-    if view.unprovisioned:
-        waiting = Job.objects.filter(status=JobState.QUEUED,
-                                     team__slug__in=view.unprovisioned).order_by("created_at", "id")
-        for n, (pk, team, gpu_type) in enumerate(
-                waiting.values_list("id", "team__slug", "gpu_type__slug"), start=len(order) + 1):
-            entries[pk] = PlanEntry(n, 0, team, gpu_type, "namespace_not_provisioned",
-                                    f"the Kubernetes namespace of team {team} is not provisioned "
-                                    "for fairq yet (an admin runs `manage.py sync_cluster`)")
-    result = QueuePlan(entries, len(entries), generation=uuid.uuid4().hex)
-    values: dict[str, Any] = {_PLAN_KEY: result, _GEN_KEY: result.generation}
-    if keep_snapshot:
-        values[_SNAPSHOT_KEY] = (result.generation, _snapshot_pack(snapshot))
-        _Local.snapshot = (result.generation, snapshot)
-    cache.set_many(values, timeout=QUEUE_PLAN_TTL)
-    _Local.plan = result
-    return result, snapshot
+    return entries
 
 
 def _snapshot_pack(snapshot: Snapshot) -> dict[str, Any]:
@@ -288,19 +586,21 @@ def queue_standing(*, job_id: int, now: datetime) -> dict[str, Any]:
     """Rule P3 for one queued job: its `QueuePlan.standing`, from the cached plan, or a
     fresh one when the job is newer than the cached plan; `cluster_unreachable` when the
     cluster does not answer."""
-    plan = queue_plan(now=now)
-    if job_id not in plan.entries and not plan.error:
-        plan = queue_plan(now=now, fresh=True)
+    plan = queue_plan_for(job_ids=(job_id,), now=now)
     if plan.error:
         unreachable = _unreachable(plan)
         return {"position": None, "jobs_ahead": None, "reason": unreachable, "ahead": None,
                 "ahead_same_gpu_type": None, "queued": None, "reasons": [unreachable]}
-    return plan.standing(job_id) or {
-        "position": None, "jobs_ahead": None, "reason": None, "ahead": None,
-        "ahead_same_gpu_type": None, "queued": plan.queued, "reasons": []}
+    standing = plan.standing(job_id)
+    if standing is not None:
+        return standing
+    later = not_planned(plan)
+    return {"position": None, "jobs_ahead": None, "reason": later, "ahead": None,
+            "ahead_same_gpu_type": None, "queued": plan.queued if not plan.planning else None,
+            "reasons": [later] if later else []}
 
 
-def _unreachable(plan: QueuePlan) -> dict[str, str]:
+def _unreachable(plan: AnyPlan) -> dict[str, str]:
     return {"code": "cluster_unreachable", "message": f"the cluster did not answer: {plan.error}"}
 
 
@@ -311,14 +611,12 @@ def queue_briefs(*, job_ids: Collection[int], now: datetime) -> dict[int, dict[s
     later) gets nulls, and an unreachable cluster gives every job that reason."""
     if not job_ids:
         return {}
-    plan = queue_plan(now=now)
-    if not plan.error and any(i not in plan.entries for i in job_ids):
-        plan = queue_plan(now=now, fresh=True)
+    plan = queue_plan_for(job_ids=job_ids, now=now)
     if plan.error:
         unreachable = _unreachable(plan)
         return {i: {"position": None, "jobs_ahead": None, "reason": unreachable}
                 for i in job_ids}
-    empty = {"position": None, "jobs_ahead": None, "reason": None}
+    empty = {"position": None, "jobs_ahead": None, "reason": not_planned(plan)}
     return {i: plan.brief(i) or dict(empty) for i in job_ids}
 
 
@@ -350,7 +648,7 @@ def team_queue(*, team: Team | None, now: datetime, limit: int = 50
     if team is not None:
         qs = qs.filter(team=team)
     total = qs.count()
-    ids = plan.team_order(team.slug if team is not None else None)[:limit]
+    ids = plan.team_order(team.slug if team is not None else None, limit)
     found = qs.select_related("gpu_type", "tier", "team").defer(*LIST_DEFER).in_bulk(ids)
     jobs = [found[i] for i in ids if i in found]
     if len(jobs) < limit:

@@ -13,7 +13,7 @@ from queueing.policy.states import JobState
 
 from .active_jobs import PACKED_SHARING
 from .cluster import cluster_view
-from .queue_plan import queue_plan
+from .queue_plan import queue_plan_for
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,10 @@ def queue_start_estimates(*, now: datetime, job_ids: Collection[int] = ()
     plan's (the cluster did not answer): then there are none.
     Four reads whatever the queue's length: the plan (cached), the queued jobs, the
     running jobs, and the cluster view (cached). GPUs held outside fairq are not seen."""
-    plan = queue_plan(now=now)
-    if not plan.error and any(i not in plan.entries for i in job_ids):
-        plan = queue_plan(now=now, fresh=True)  # queued since the cached plan (as P3 does)
+    plan = queue_plan_for(job_ids=job_ids, now=now)  # queued since the plan: as P3 does
     if plan.error:
         return {}, plan.error
-    positions = {job_id: e.position for job_id, e in plan.entries.items()}
+    positions = plan.positions()
     view = cluster_view(now=now)
     holding = Job.objects.filter(status__in=[JobState.ADMITTED, JobState.RUNNING])
     if view.closed:  # rule K8: a draining cluster's GPUs, held or freed, no queued job gets

@@ -30,10 +30,12 @@
                     idempotent by name `fq-<id>-<attempt>`) and mark them submitted.
                     A preemptor is admitted by a later cycle, once its victims' GPUs
                     are free (R8).
-    6. notify     — when anything moved, drop the shared plan of the queue that answers
-                    "why does my job wait" (queueing/selectors/queue_plan.py), and
-                    publish the cluster view web processes read instead of the cluster
-                    (nodes, live workloads, unprovisioned teams: queueing/selectors/cluster.py).
+    6. notify     — right after step 4, publish this cycle's plan of the queue (its
+                    admitted jobs left out) that answers "why does my job wait" for
+                    every reader (queueing/selectors/queue_plan.py); when anything
+                    moved, drop the pages' kept reads; and publish the cluster view
+                    web processes read instead of the cluster (nodes, live workloads,
+                    unprovisioned teams: queueing/selectors/cluster.py).
 
 Several clusters (docs/clusters.md): the cycle reads every enabled `Cluster` (and every
 disabled one still draining, rule K8) as one `Fleet` (services/clusters.py): one
@@ -76,7 +78,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -110,7 +112,8 @@ from queueing.sanitize import clean_status, clean_text
 from queueing.selectors.active_jobs import ActiveJobs, cycle_active_jobs
 from queueing.selectors.checkpoints import newest_checkpoints
 from queueing.selectors.cluster import largest_node_cpu_memory
-from queueing.selectors.queue_plan import queue_plan_forget
+from queueing.selectors.dashboard import page_reads_publish
+from queueing.selectors.queue_plan import queue_plan_forget, queue_plan_publish
 from queueing.selectors.snapshot import build_snapshot, unprovisioned_teams, unqualified_node
 
 from .arrays import arrays_top_up
@@ -285,6 +288,11 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
             # Rule D2: a job whose dependencies can never be met fails at once.
             result.finished.extend(dependencies_fail_never_met(never_met=plan.never_met, now=now))
         result.preempted = applied.preempted
+        # Step 6's first part, as soon as the plan is applied: the plan the pages read
+        # (rule P3), its admitted jobs shown as such; no web request plans the queue again.
+        _published("queue plan's answers", lambda: queue_plan_publish(
+            snapshot=snapshot, plan=plan, admitted=result.admitted, unprovisioned=unprovisioned),
+            result=result)
         t4 = time.perf_counter()
         # After commit: the victims' GPUs come back (at once on the simulated cluster,
         # when the pods are gone on Kubernetes); their preemptors wait for that (R8).
@@ -296,14 +304,19 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
                      budget.seconds, ", ".join(f"{k} {v}" for k, v in
                                                sorted(result.deferred.items())))
             kick()  # at once: the rest is the next cycle's first work
-        if (result.admitted or result.started or result.finished or result.requeued
-                or result.preempted or result.job_errors):
+        moved = bool(result.admitted or result.started or result.finished or result.requeued
+                     or result.preempted or result.job_errors)
+        if moved:
             queue_plan_forget()  # readers of "why it waits" get the queue as it is now
         # What web processes know of the cluster (they are no cluster clients).
         cluster_view_publish(backend=backend, now=now, workloads=result.workloads,
                              unprovisioned=unprovisioned,
                              clusters=fleet.reachability(now=now, since=outages.since),
                              closed=snapshot.closed_clusters)
+        # The fleet-wide reads every dashboard request shares (read from the view just
+        # published), computed here, not in a request.
+        _published("pages' kept reads", lambda: page_reads_publish(now=now, moved=moved),
+                   result=result)
         gc_after_cycle(len(jobs))
         t5 = time.perf_counter()
         result.timings = {"reconcile": t1 - t0, "snapshot": t2 - t1, "decide": t3 - t2,
@@ -311,6 +324,16 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
     if _again_take():
         kick()  # a cycle was asked for while this one ran: the change that asked is next
     return result
+
+
+def _published(what: str, publish: Callable[[], object], *, result: CycleResult) -> None:
+    """A read model the cycle publishes for the pages: one that fails is logged and left
+    to the next cycle (the pages fall back, docs/scheduling.md rule P3), never the
+    cycle's failure (its decisions are committed; step 5 still runs)."""
+    try:
+        publish()
+    except Exception:
+        log.exception("cycle %s: the %s were not published", result.cycle_id, what)
 
 
 # --- the collector ------------------------------------------------------------------------
