@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from django.core.cache import cache
 from django.core.management import call_command
-from django.db import models
+from django.db import models, transaction
 
 from accounts.models import Team
 from queueing.models import (
@@ -30,6 +30,7 @@ from queueing.models import (
     UsagePruned,
     UsageRecord,
     UtilizationSample,
+    WebhookDelivery,
 )
 from queueing.selectors.fairshare import fairshare_standings, fairshare_standings_at, raw_decayed_usage
 from queueing.selectors.reports import first_usage_day, report_buckets
@@ -42,7 +43,7 @@ from tests.conftest import World
 
 NOW = datetime(2026, 11, 20, 12, 30, tzinfo=UTC)
 TABLES: tuple[type[models.Model], ...] = (Job, JobEvent, AttemptUtilization, UtilizationSample,
-                                          Checkpoint, JobLog, UsageRecord)
+                                          Checkpoint, JobLog, UsageRecord, WebhookDelivery)
 
 
 def _history(world: World, rng: random.Random, n: int = 40) -> dict[str, Any]:
@@ -81,6 +82,11 @@ def _history(world: World, rng: random.Random, n: int = 40) -> dict[str, Any]:
             JobLog.objects.create(job=j, attempt=a, text="", fetched_at=rec.end, final=True)
             t = rec.end + timedelta(minutes=rng.uniform(1, 60))
         Job.objects.filter(pk=j.pk).update(finished_at=t, started_at=rec.start)
+        if rng.random() < 0.3:  # a webhook delivery of its last event (kept, unlinked)
+            WebhookDelivery.objects.create(
+                team=j.team, job=j, event=JobEvent.objects.filter(job=j).last(),
+                url="https://hooks.example.com/x", message_id=f"msg_{j.pk}",
+                event_type="job.succeeded", payload={"id": j.pk}, created_at=t)
     for _ in range(5):  # imported: no job
         start = NOW - timedelta(days=rng.uniform(1, 200))
         UsageRecord.objects.create(team=rng.choice(teams), gpu_type=world.a100, gpus=8,
@@ -195,6 +201,42 @@ def test_both_paths_archive_the_same_rows(world: World, seed: int, on_postgres: 
                 read[fast] = [{k: history._value(fields[k], v)
                                for k, v in json.loads(line).items()} for line in f]
         assert read[True] == read[False] == list(rows.values()), m
+
+
+class _Undo(Exception):
+    pass
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_both_paths_delete_the_same_jobs(world: World, seed: int, on_postgres: bool,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL's statements per related table and Django's collector leave the same
+    rows behind (events, samples, ... gone; usage records and deliveries unlinked)."""
+    if not on_postgres:
+        pytest.skip("the fast path is PostgreSQL's")
+    rng = random.Random(seed)
+    _history(world, rng)
+    ids = rng.sample(list(Job.objects.filter(status__in=["SUCCEEDED", "FAILED", "CANCELLED"])
+                          .values_list("pk", flat=True)), 15)
+    left: dict[bool, Any] = {}
+    counts: dict[bool, dict[str, int]] = {}
+
+    def delete_then_undo(fast: bool) -> None:
+        with transaction.atomic():
+            counts[fast] = history._delete_jobs(ids)
+            left[fast] = {m: _rows(m) for m in TABLES}
+            raise _Undo
+
+    for fast in (True, False):
+        monkeypatch.setattr(history, "_FAST", fast)
+        with pytest.raises(_Undo):
+            delete_then_undo(fast)
+    assert left[True] == left[False]
+    assert {k: v for k, v in counts[True].items() if v} == \
+        {k: v for k, v in counts[False].items() if v}
+    assert not any(pk in left[True][Job] for pk in ids)
+    assert any(r["job_id"] is None for r in left[True][WebhookDelivery].values())
 
 
 @pytest.mark.django_db
