@@ -19,6 +19,7 @@ from .models import (
     Cluster,
     GpuPrice,
     GpuType,
+    HistoryPrune,
     Job,
     JobEvent,
     NodePool,
@@ -239,6 +240,19 @@ class UsageRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
         return [f.name for f in UsageRecord._meta.fields]
+
+
+@admin.register(HistoryPrune)
+class HistoryPruneAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Each run of `history_prune` (docs/deployment.md, "History retention"): read only."""
+
+    list_display = ["started_at", "finished_at", "actor_label", "error"]
+
+    def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return [f.name for f in HistoryPrune._meta.fields]
+
+    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+        return False
 
 
 @admin.register(GpuPrice)

@@ -876,7 +876,7 @@ class AttemptUtilization(models.Model):
 class UtilizationSample(models.Model):
     """One minute of one attempt's GPU readings (SM activity in percent, the mean over its
     GPUs; frame buffer bytes, the sum): the job page's chart. Kept
-    FAIRQ_UTIL_RETENTION_DAYS (`utilization_purge`)."""
+    FAIRQ_UTIL_RETENTION_DAYS, then archived and deleted (`history_prune`)."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="utilization_samples")
     attempt = models.PositiveIntegerField()
@@ -1000,6 +1000,45 @@ class UsageRollup(models.Model):
     def __str__(self) -> str:
         return f"usage days up to record {self.last_record_id}"
 
+
+
+class UsagePruned(models.Model):
+    """A team's usage records archived and deleted by `history_prune` (docs/deployment.md,
+    "History retention"), as rule F1 needs them: their decayed weighted GPU-hours `value`
+    as of `as_of` (every one of them ended by then), so the recompute from the raw
+    records (`raw_decayed_usage`) adds this instead of the records and stays exact. Also
+    how many, their GPU-seconds and the first one's start (the reports' first day)."""
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="usage_pruned")
+    value = models.FloatField(default=0.0)
+    as_of = models.DateTimeField()
+    records = models.BigIntegerField(default=0)
+    gpu_seconds = models.FloatField(default=0.0)
+    first_start = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return (f"{self.team_id}: {self.records} records pruned, {self.value:.3f} GPU-h "
+                f"as of {self.as_of:%Y-%m-%d}")
+
+
+class HistoryPrune(models.Model):
+    """One run of `history_prune` (docs/deployment.md, "History retention"): the
+    retentions it applied, and per table the rows archived and deleted and the archive
+    files written; `error` when it stopped early (a re-run finishes it)."""
+
+    started_at = models.DateTimeField(db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    actor_label = models.CharField(max_length=100, default="", blank=True)  # "beat", ...
+    retention = models.JSONField(default=dict, blank=True)  # setting -> days
+    tables = models.JSONField(default=dict, blank=True)  # table -> {rows, deleted, files}
+    error = models.CharField(max_length=500, default="", blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+
+    def __str__(self) -> str:
+        rows = sum(int(t.get("deleted", 0)) for t in self.tables.values())
+        return f"history prune at {self.started_at:%Y-%m-%d %H:%M}: {rows} rows deleted"
 
 # --- webhooks (docs/webhooks.md) -----------------------------------------------------
 

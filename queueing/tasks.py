@@ -16,6 +16,7 @@ from queueing.services.clusters import fleet_open
 from queueing.services.costs import budgets_check
 from queueing.services.demo import demo_submit_synthetic
 from queueing.services.fairshare import fairshare_snapshot_take
+from queueing.services.history import history_prune
 from queueing.services.logs import job_logs_archive, job_logs_prune, workload_stop_keeping_logs
 from queueing.services.metrics import record_cycle, record_cycle_failure
 from queueing.services.provisioning import cluster_provisioners, sync_cluster, sync_quotas
@@ -23,7 +24,6 @@ from queueing.services.reports import usage_days_roll_up
 from queueing.services.reservations import reservations_charge_unused
 from queueing.services.scheduler import new_cycle_id, scheduler_cycle
 from queueing.services.sessions import sessions_check
-from queueing.services.utilization import utilization_purge
 from queueing.services.webhooks import (
     webhook_attempt,
     webhook_deliveries_create,
@@ -139,13 +139,14 @@ def usage_days_roll_up_task() -> int:
     return usage_days_roll_up(now=timezone.now())
 
 
-@shared_task(ignore_result=True, soft_time_limit=240, time_limit=300)
-def utilization_purge_task() -> int:
-    """Delete per-minute utilization samples older than FAIRQ_UTIL_RETENTION_DAYS (beat:
-    hourly; rule U5: the per-attempt summaries stay)."""
+@shared_task(ignore_result=True, soft_time_limit=3300, time_limit=3500)
+def history_prune_task() -> int:
+    """Archive, then delete, finished jobs, usage records and utilization samples older
+    than their retention (services/history.py; beat: hourly). Returns the rows deleted."""
     from django.utils import timezone
 
-    return utilization_purge(now=timezone.now(), days=settings.FAIRQ_UTIL_RETENTION_DAYS)
+    result = history_prune(now=timezone.now(), actor_label="beat")
+    return sum(t.deleted for t in result.tables.values())
 
 
 @shared_task(ignore_result=True, soft_time_limit=50, time_limit=60)

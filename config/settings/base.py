@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import api, bookings, clusters, logs, policy, scheduler, sessions, webhooks
+from . import api, bookings, clusters, history, logs, policy, scheduler, sessions, webhooks
 from .api import *  # noqa: F403
 from .auth import *  # noqa: F403
 from .auth import FAIRQ_OIDC_ENABLED
 from .bookings import *  # noqa: F403
 from .clusters import *  # noqa: F403
 from .environment import BASE_DIR, env
+from .history import *  # noqa: F403
+from .history import FAIRQ_HISTORY_STORAGE_BACKEND, FAIRQ_HISTORY_STORAGE_OPTIONS
 from .kubernetes import *  # noqa: F403
 from .logs import *  # noqa: F403
 from .logs import FAIRQ_LOG_STORAGE_BACKEND, FAIRQ_LOG_STORAGE_OPTIONS
@@ -160,12 +162,16 @@ CELERY_BEAT_SCHEDULER = env(
 # Every periodic task, from the areas that own them.
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     **scheduler.beat, **policy.beat, **clusters.beat, **logs.beat, **webhooks.beat,
-    **api.beat, **sessions.beat, **bookings.beat,
+    **api.beat, **sessions.beat, **bookings.beat, **history.beat,
 }
 
 # Kept job logs (config/settings/logs.py; docs/deployment.md, "Log storage").
 STORAGES["fairq-logs"] = {"BACKEND": FAIRQ_LOG_STORAGE_BACKEND,
                           "OPTIONS": FAIRQ_LOG_STORAGE_OPTIONS}
+# The archive of pruned history (config/settings/history.py; docs/deployment.md,
+# "History retention").
+STORAGES["fairq-history"] = {"BACKEND": FAIRQ_HISTORY_STORAGE_BACKEND,
+                             "OPTIONS": FAIRQ_HISTORY_STORAGE_OPTIONS}
 
 # --- Login throttling and single sign-on (config/settings/auth.py) -------------------------
 INSTALLED_APPS.append("axes")

@@ -3,8 +3,6 @@ and GPU utilization from Prometheus (docs/clusters.md, docs/simulator.md)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import environ
 
 from .environment import env
@@ -56,7 +54,7 @@ FAIRQ_DEMO_LOAD = False
 # GPU utilization and idle GPUs (docs/scheduling.md, "Idle GPUs", rules U1-U5): read once a
 # cycle from Prometheus (dcgm-exporter's metrics) at FAIRQ_PROMETHEUS_URL; unset: from the
 # simulated cluster when that is the backend, else off. Per-minute samples are kept
-# FAIRQ_UTIL_RETENTION_DAYS (the per-attempt summaries for good).
+# FAIRQ_UTIL_RETENTION_DAYS, then archived (the per-attempt summaries go with their job).
 FAIRQ_PROMETHEUS_URL = env("FAIRQ_PROMETHEUS_URL", default="")
 FAIRQ_PROMETHEUS_TIMEOUT_SECONDS = env.float("FAIRQ_PROMETHEUS_TIMEOUT_SECONDS", default=5.0)
 FAIRQ_UTIL_RETENTION_DAYS = env.float("FAIRQ_UTIL_RETENTION_DAYS", default=30.0)
@@ -71,10 +69,6 @@ if not 0 < FAIRQ_PROMETHEUS_TIMEOUT_SECONDS <= 60 or FAIRQ_UTIL_RETENTION_DAYS <
     raise environ.ImproperlyConfigured(
         "FAIRQ_PROMETHEUS_TIMEOUT_SECONDS must be in (0, 60] and FAIRQ_UTIL_RETENTION_DAYS > 0")
 
-beat = {
-    "utilization-purge": {
-        "task": "queueing.tasks.utilization_purge_task",
-        "schedule": timedelta(hours=1),
-        "options": {"expires": 3600},
-    },
-}
+# The samples older than FAIRQ_UTIL_RETENTION_DAYS are archived and deleted by the
+# hourly `history-prune` task (config/settings/history.py).
+beat: dict[str, dict[str, object]] = {}

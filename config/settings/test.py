@@ -35,6 +35,9 @@ STORAGES = {
     # Kept job logs (services/logs.py) go to a directory of this test run.
     "fairq-logs": {"BACKEND": "django.core.files.storage.FileSystemStorage",
                    "OPTIONS": {"location": _tempfile.mkdtemp(prefix="fairq-logs-test-")}},
+    # The archive of pruned history (services/history.py), likewise.
+    "fairq-history": {"BACKEND": "django.core.files.storage.FileSystemStorage",
+                      "OPTIONS": {"location": _tempfile.mkdtemp(prefix="fairq-history-test-")}},
 }
 # The webhook tests' receiver listens on 127.0.0.1 (tests/webhooks/).
 FAIRQ_WEBHOOK_ALLOW_PRIVATE = True

@@ -19,7 +19,13 @@ from django.db.models import Exists, OuterRef, Q
 from django.db.models.expressions import RawSQL
 
 from accounts.models import Team
-from queueing.models import FairShareAccumulator, FairShareSnapshot, Job, UsageRecord
+from queueing.models import (
+    FairShareAccumulator,
+    FairShareSnapshot,
+    Job,
+    UsagePruned,
+    UsageRecord,
+)
 from queueing.policy.cycle import Holding, active_teams, standings_running_and_penalty
 from queueing.policy.fairshare import (
     Accumulator,
@@ -347,39 +353,56 @@ def fairshare_standings_at(*, at: datetime, now: datetime) -> dict[str, Standing
 
 def raw_decayed_usage(*, at: datetime, team_ids: Iterable[int] | None = None) -> dict[int, float]:
     """Rule F1 from the raw usage records, each cut at `at` and decayed to `at`: weighted
-    GPU-hours per team id. One aggregate query on PostgreSQL; a streamed scan elsewhere."""
+    GPU-hours per team id. One aggregate query on PostgreSQL; a streamed scan elsewhere.
+
+    The records pruned by `history_prune` count through their team's `UsagePruned` (their
+    contribution as of the last prune, decayed to `at`), read in the same statement as
+    the records (one snapshot: a prune deleting records meanwhile is seen whole or not at
+    all). Exact for `at` at or after the last prune's records' end; before it the pruned
+    records are left out (they are in the archive: docs/deployment.md)."""
     h = half_life_hours()
     ids = list(team_ids) if team_ids is not None else None
     if connection.vendor == "postgresql":
         # 2^x underflows to an error in PostgreSQL below about 2^-1074: clamp the
         # exponent (2^-1000 is already 0 for any sum of GPU-hours).
-        sql = """
-            SELECT team_id, SUM(gpus * billing_weight * %(k)s
-                * power(2.0::float8, GREATEST(-1000.0,
-                    -date_part('epoch', %(at)s::timestamptz - LEAST("end", %(at)s::timestamptz))
-                    / %(hs)s))
-                * (1.0 - power(2.0::float8, GREATEST(-1000.0,
-                    -date_part('epoch', LEAST("end", %(at)s::timestamptz) - start) / %(hs)s))))
-            FROM queueing_usagerecord
-            WHERE start < %(at)s::timestamptz AND "end" > start
+        only = " AND team_id = ANY(%(ids)s)" if ids is not None else ""
+        sql = f"""
+            SELECT team_id, SUM(v) FROM (
+                SELECT team_id, gpus * billing_weight * %(k)s
+                    * power(2.0::float8, GREATEST(-1000.0,
+                        -date_part('epoch', %(at)s::timestamptz - LEAST("end", %(at)s::timestamptz))
+                        / %(hs)s))
+                    * (1.0 - power(2.0::float8, GREATEST(-1000.0,
+                        -date_part('epoch', LEAST("end", %(at)s::timestamptz) - start) / %(hs)s)))
+                    AS v
+                FROM queueing_usagerecord
+                WHERE start < %(at)s::timestamptz AND "end" > start{only}
+                UNION ALL
+                SELECT team_id, value * power(2.0::float8, GREATEST(-1000.0,
+                    -date_part('epoch', %(at)s::timestamptz - as_of) / %(hs)s))
+                FROM queueing_usagepruned
+                WHERE as_of <= %(at)s::timestamptz{only}
+            ) u GROUP BY team_id
         """
         params: dict[str, Any] = {"k": h / math.log(2), "at": at, "hs": h * 3600.0}
         if ids is not None:
-            sql += " AND team_id = ANY(%(ids)s)"
             params["ids"] = ids
-        sql += " GROUP BY team_id"
         with connection.cursor() as cur:
             cur.execute(sql, params)
             return {int(team_id): float(v or 0.0) for team_id, v in cur.fetchall()}
     out: dict[int, float] = {}
     qs = UsageRecord.objects.filter(start__lt=at)
+    pruned = UsagePruned.objects.filter(as_of__lte=at)
     if ids is not None:
         qs = qs.filter(team_id__in=ids)
+        pruned = pruned.filter(team_id__in=ids)
     for team_id, gpus, weight, start, end in qs.values_list(
         "team_id", "gpus", "billing_weight", "start", "end"
     ).iterator(chunk_size=10_000):
         out[team_id] = out.get(team_id, 0.0) + decayed_interval_usage(
             rate=gpus * weight, start=start, end=min(end, at), as_of=at, half_life_hours=h)
+    for team_id, value, as_of in pruned.values_list("team_id", "value", "as_of"):
+        out[team_id] = out.get(team_id, 0.0) + Accumulator(value, as_of).at(at, h)
     return out
 
 

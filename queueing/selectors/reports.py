@@ -16,7 +16,7 @@ from django.db.models import Case, F, IntegerField, Min, OuterRef, Subquery, Sum
 from django.db.models.functions import TruncMonth
 
 from accounts.models import Team
-from queueing.models import GpuType, Job, UsageDay, UsageRecord, UsageRollup
+from queueing.models import GpuType, Job, UsageDay, UsagePruned, UsageRecord, UsageRollup
 from queueing.policy.costs import cost_pieces, month_start, own_price, price_at
 from queueing.policy.states import JobState
 from queueing.selectors.costs import CostBucket, add_hours, attempts, price_lists
@@ -136,8 +136,9 @@ def report_buckets(*, teams: Iterable[Team], start: date, end: date, period: str
 
 
 def first_usage_day(*, teams: Iterable[Team], now: datetime) -> date | None:
-    """The first UTC day with GPU time of `teams`: their first usage record's, or the
-    start of an attempt running now when earlier; None without any (two indexed reads)."""
+    """The first UTC day with GPU time of `teams`: their first usage record's (pruned
+    ones included), or the start of an attempt running now when earlier; None without
+    any (three indexed reads)."""
     team_ids = [t.pk for t in teams]
     # Each team's first record on its (team, start) index, then the least of them: a
     # few index probes per team, not a scan of every record (staff: every team).
@@ -149,6 +150,9 @@ def first_usage_day(*, teams: Iterable[Team], now: datetime) -> date | None:
         Job.objects.filter(team_id__in=team_ids, status=JobState.RUNNING.value,
                            started_at__lte=now).aggregate(first=Min("started_at"))["first"],
     ]
+    # Records pruned by `history_prune` (their first start kept per team) count too.
+    firsts.append(UsagePruned.objects.filter(team_id__in=team_ids).aggregate(
+        first=Min("first_start"))["first"])
     known = [f for f in firsts if f is not None]
     return min(known).astimezone(UTC).date() if known else None
 
