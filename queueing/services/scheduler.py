@@ -122,6 +122,7 @@ from .jobs import (
     default_memory_bytes,
     job_transition,
     jobs_admit_batch,
+    jobs_transition_batch,
     next_attempt,
     tier_grace_cap,
 )
@@ -130,7 +131,7 @@ from .metrics import record_submit_error
 from .preemption import Applied, preempted_workloads_stop, preemptions_apply
 from .sessions import session_addresses_record, session_launch_fields
 from .spot import spot_reclaimed_requeue
-from .usage import usage_record_attempt
+from .usage import usage_record_attempt, usage_record_attempts
 from .utilization import utilization_cycle_step
 
 log = logging.getLogger(__name__)
@@ -623,6 +624,11 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
 # Workload status changes written per transaction in step 1 (`_apply_statuses`).
 STATUS_CHUNK = 100
 
+# False: every status change of step 1 written by `_apply_status` (a compare-and-swap,
+# an event, a usage record and the accumulator's charge per job), the reference the
+# tests hold the batched write (`_apply_common`) to. SQLite always takes it.
+_BATCHED_STATUSES = True
+
 
 def _apply_statuses(statuses: Sequence[WorkloadStatus], moved: Mapping[int, Job], *,
                     first: bool, budget: Budget | None, now: datetime, result: CycleResult,
@@ -635,8 +641,16 @@ def _apply_statuses(statuses: Sequence[WorkloadStatus], moved: Mapping[int, Job]
     the changes go in `statuses`' order (the longest waiting first) until the budget's
     step-1 share is spent (one at least when `first`). Returns how many of `statuses`
     were looked at. An error that is not one job's fault rolls back the chunk: its jobs
-    are handled next cycle."""
+    are handled next cycle.
+
+    On PostgreSQL (`_BATCHED_STATUSES`) the common changes of the chunk - a job starting
+    on the nodes it was admitted to, a running job ending (`_common_change`) - are not
+    written one by one but together at the end (`_apply_common`): one statement for the
+    starts, one for the ends, one insert of the ends' usage records, one update of the
+    teams' accumulators. Every other change keeps `_apply_status`."""
     looked = 0
+    batched = _BATCHED_STATUSES and connection.vendor == "postgresql"
+    common: list[tuple[Job, WorkloadStatus]] = []
     with transaction.atomic():
         jobs_lock_in_id_order(s.job_id for s in statuses if s.job_id in moved)
         for status in statuses:
@@ -646,10 +660,87 @@ def _apply_statuses(statuses: Sequence[WorkloadStatus], moved: Mapping[int, Job]
             looked += 1
             job = moved.get(status.job_id)
             if job is not None and job.attempt == status.attempt:
+                if batched and _common_change(job, status) is not None:
+                    common.append((job, status))
+                    continue
                 with _isolated(job.pk, step="recording its workload status", now=now,
                                result=result):
                     _apply_status(job, status, now=now, result=result, pools_now=pools_now)
+        if common:
+            _apply_common(common, now=now, result=result, pools_now=pools_now)
     return looked
+
+
+def _common_change(job: Job, status: WorkloadStatus) -> JobState | None:
+    """The state `_apply_status` moves `job` to with `status` when that change is a
+    common one `_apply_common` writes the same: an admitted job's pods running
+    (RUNNING), a running job's workload ended (SUCCEEDED or FAILED). None for the rest:
+    a job on spot nodes (rule C4's pools), one that started and ended between two
+    cycles, one that failed before it ran, any other state."""
+    if job.on_spot or job.attempt != status.attempt:
+        return None
+    if job.state == JobState.ADMITTED and status.phase == Phase.RUNNING:
+        return JobState.RUNNING
+    if job.state == JobState.RUNNING and status.phase in (Phase.SUCCEEDED, Phase.FAILED):
+        return JobState.SUCCEEDED if status.phase == Phase.SUCCEEDED else JobState.FAILED
+    return None
+
+
+def _apply_common(changes: Sequence[tuple[Job, WorkloadStatus]], *, now: datetime,
+                  result: CycleResult, pools_now: _PoolsNow) -> None:
+    """What `_apply_status` writes for each of `changes` (all `_common_change`s), in a
+    few statements for all of them (PostgreSQL): the starts' transitions with their
+    events (`jobs_transition_batch`), the ends' likewise, the ends' usage records and
+    their teams' accumulators (`usage_record_attempts`, rule F1), the webhook messages
+    and the kick after commit. The compare-and-swap is per row (rule S1): a job moved
+    meanwhile is neither moved nor charged. Should any of it fail, its savepoint is
+    rolled back and every change goes through `_apply_status` one job at a time (an
+    error then fails that job alone)."""
+    starts: list[tuple[Job, JobState, str, dict[str, Any]]] = []
+    ends: list[tuple[Job, JobState, str, dict[str, Any]]] = []
+    for job, status in changes:
+        target = _common_change(job, status)
+        if target == JobState.RUNNING:
+            placement = _placement(job.placement, status)
+            starts.append((job, target, "running on " + (
+                ", ".join(sorted(set(status.nodes))) or "the cluster"), {
+                "started_at": status.started_at or now, "placement": placement,
+                "message": "",
+                # Rule H1: pods bound elsewhere than planned hold GPUs fairq does not know.
+                "gpu_slots": [] if job.gpu_slots and placement != list(job.placement or [])
+                else None}))
+        elif target is not None:
+            ends.append((job, target, status.reason or (
+                "completed" if target == JobState.SUCCEEDED else "failed"), {
+                "finished_at": status.finished_at or now, "exit_code": status.exit_code,
+                "message": status.reason[:500]}))
+    try:
+        with transaction.atomic():
+            started = jobs_transition_batch(starts, now=now)
+            ended = jobs_transition_batch(ends, now=now)
+            usage_record_attempts([(job, job.started_at or f["finished_at"], f["finished_at"])
+                                   for job, _, _, f in ends if job.pk in ended])
+    except NOT_A_JOB_FAULT:
+        raise
+    except Exception as exc:
+        log.warning("cycle %s: writing %d status changes together failed (%s); writing "
+                    "them one job at a time", result.cycle_id, len(changes),
+                    type(exc).__name__)
+        for job, status in changes:
+            with _isolated(job.pk, step="recording its workload status", now=now,
+                           result=result):
+                _apply_status(job, status, now=now, result=result, pools_now=pools_now)
+        return
+    for job, target, _, fields in (*starts, *ends):
+        if job.pk in (started if target == JobState.RUNNING else ended):
+            job.status = target
+            for name, value in fields.items():
+                if value is not None or name != "gpu_slots":
+                    setattr(job, name, value)
+    result.started.extend(job.pk for job, *_ in starts if job.pk in started)
+    result.finished.extend(job.pk for job, *_ in ends if job.pk in ended)
+    if ended:
+        transaction.on_commit(kick)
 
 
 def _oldest_change(status: WorkloadStatus) -> tuple[float, str]:
