@@ -552,13 +552,13 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
                                  pools_now=pools_now)
             continue  # nothing to record: no transaction for the common case
         moving.append(status)
-    moved = Job.objects.select_related("gpu_type").in_bulk({s.job_id for s in moving})
     # The longest-waiting change first: what a budget left is handled first next cycle.
+    # (Each chunk reads its own rows, locked: `_apply_statuses`.)
     moving.sort(key=_oldest_change)
     chunk = STATUS_CHUNK if connection.vendor == "postgresql" else 1
     done = 0
     while done < len(moving):
-        done += _apply_statuses(moving[done:done + chunk], moved, first=done == 0,
+        done += _apply_statuses(moving[done:done + chunk], None, first=done == 0,
                                 budget=budget, now=now, result=result, pools_now=pools_now)
         if done < len(moving) and budget is not None and budget.spent(RECONCILE_SHARE):
             # The rest next cycle: not in `handled`, so it is looked at again.
@@ -630,15 +630,23 @@ STATUS_CHUNK = 100
 _BATCHED_STATUSES = True
 
 
-def _apply_statuses(statuses: Sequence[WorkloadStatus], moved: Mapping[int, Job], *,
+# The columns of a job step 1 moves (`_apply_statuses`): what `_apply_status`,
+# `_apply_common` and the usage record read (any other is read when first used).
+_MOVE_COLUMNS = ("id", "status", "attempt", "placement", "gpu_slots", "on_spot", "cluster_id",
+                 "spot_pools", "started_at", "team", "gpu_type", "gpus_per_replica",
+                 "replicas", "gpu_slices")
+
+
+def _apply_statuses(statuses: Sequence[WorkloadStatus], moved: Mapping[int, Job] | None, *,
                     first: bool, budget: Budget | None, now: datetime, result: CycleResult,
                     pools_now: _PoolsNow) -> int:
     """Each job's change (`_apply_status`) in a savepoint of its own, the chunk in one
     transaction: a job is still moved whole or not at all (an error rolls back its
     savepoint and fails it alone, `_isolated`), and one commit is paid, not one per
     job. The chunk's rows are locked first, in id order, as every writer of several jobs
-    locks them (`jobs_lock_in_id_order`), so a bulk cancel cannot deadlock with it; then
-    the changes go in `statuses`' order (the longest waiting first) until the budget's
+    locks them (`jobs_lock_in_id_order`), so a bulk cancel cannot deadlock with it, and
+    read by the same query (`moved` None; else the rows the caller read); then the
+    changes go in `statuses`' order (the longest waiting first) until the budget's
     step-1 share is spent (one at least when `first`). Returns how many of `statuses`
     were looked at. An error that is not one job's fault rolls back the chunk: its jobs
     are handled next cycle.
@@ -647,25 +655,36 @@ def _apply_statuses(statuses: Sequence[WorkloadStatus], moved: Mapping[int, Job]
     on the nodes it was admitted to, a running job ending (`_common_change`) - are not
     written one by one but together at the end (`_apply_common`): one statement for the
     starts, one for the ends, one insert of the ends' usage records, one update of the
-    teams' accumulators. Every other change keeps `_apply_status`."""
+    teams' accumulators. They cost nothing until then, so the budget is checked only
+    before the changes written one at a time (`_apply_status`)."""
     looked = 0
     batched = _BATCHED_STATUSES and connection.vendor == "postgresql"
     common: list[tuple[Job, WorkloadStatus]] = []
     with transaction.atomic():
-        jobs_lock_in_id_order(s.job_id for s in statuses if s.job_id in moved)
+        if moved is None:
+            moved = {job.pk: job for job in Job.objects.select_for_update(of=("self",))
+                     .select_related("gpu_type").only(*_MOVE_COLUMNS)
+                     .filter(pk__in={s.job_id for s in statuses}).order_by("pk")}
+        else:
+            jobs_lock_in_id_order(s.job_id for s in statuses if s.job_id in moved)
         for status in statuses:
-            if (looked or not first) and budget is not None and \
+            job = moved.get(status.job_id)
+            if job is not None and job.attempt != status.attempt:
+                job = None
+            common_change = job is not None and batched and \
+                _common_change(job, status) is not None
+            if not common_change and (looked or not first) and budget is not None and \
                     budget.spent(RECONCILE_SHARE):
                 break
             looked += 1
-            job = moved.get(status.job_id)
-            if job is not None and job.attempt == status.attempt:
-                if batched and _common_change(job, status) is not None:
-                    common.append((job, status))
-                    continue
-                with _isolated(job.pk, step="recording its workload status", now=now,
-                               result=result):
-                    _apply_status(job, status, now=now, result=result, pools_now=pools_now)
+            if job is None:
+                continue
+            if common_change:
+                common.append((job, status))
+                continue
+            with _isolated(job.pk, step="recording its workload status", now=now,
+                           result=result):
+                _apply_status(job, status, now=now, result=result, pools_now=pools_now)
         if common:
             _apply_common(common, now=now, result=result, pools_now=pools_now)
     return looked
