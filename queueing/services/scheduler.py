@@ -154,6 +154,11 @@ def new_cycle_id() -> str:
 # The share of FAIRQ_CYCLE_BUDGET_SECONDS by which step 1 stops taking new workloads
 # (steps 2-4 run whole after it; step 5 has the rest).
 RECONCILE_SHARE = 0.4
+# Step 1's own share for its status changes, counted from the start of the first chunk:
+# a finished job holds its GPUs in the plan until step 1 records it, so a cycle whose
+# listing and cleaning of workloads alone used step 1's share (a big fleet, a loaded
+# machine) still records changes for this long instead of one chunk.
+RECONCILE_FLOOR = 0.15
 # Step 5's own share of the budget, counted from its start: admitted jobs hold their GPUs
 # until their workloads exist, so a cycle whose plan alone used the budget (a long queue
 # on a big fleet) still creates workloads for this long instead of one chunk.
@@ -175,6 +180,17 @@ class Budget:
     def spent(self, share: float = 1.0) -> bool:
         """True once `share` of the budget is gone."""
         return time.perf_counter() - self.started >= self.seconds * share
+
+    def reconcile_spent(self, chunks_started: float | None) -> bool:
+        """Step 1's test before a new status change: `RECONCILE_SHARE` of the budget is
+        spent and so is the step's floor (`RECONCILE_FLOOR` of the budget from
+        `chunks_started`, a perf_counter time; None: no floor), or the cycle is
+        `SUBMIT_EDGE` old."""
+        now = time.perf_counter()
+        if now - self.started >= SUBMIT_EDGE:
+            return True
+        return self.spent(RECONCILE_SHARE) and (
+            chunks_started is None or now - chunks_started >= self.seconds * RECONCILE_FLOOR)
 
     def submit_spent(self, step_started: float) -> bool:
         """Step 5's test before a new chunk: the budget is spent and so is the step's
@@ -467,8 +483,9 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
               jobs: ActiveJobs | None = None, budget: Budget | None = None) -> None:
     """Step 1. `jobs`: the active jobs, refreshed by the caller (else read here): the
     owners of the workloads come from them, not from a query per cycle. `budget`: the
-    cycle's; once RECONCILE_SHARE of it is spent, the workloads whose status moved and
-    are not handled yet are left for the next cycle (each job's change is its own
+    cycle's; once RECONCILE_SHARE of it is spent (and RECONCILE_FLOOR of it since the
+    first chunk, `Budget.reconcile_spent`), the workloads whose status moved and are not
+    handled yet are left for the next cycle (each job's change is its own
     savepoint, `_apply_statuses`: a job is moved whole or not at all), and at most
     FAIRQ_CYCLE_STOP_BATCH workloads no job holds are stopped (`_unowned_stop`).
 
@@ -555,12 +572,16 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
     # The longest-waiting change first: what a budget left is handled first next cycle.
     # (Each chunk reads its own rows, locked: `_apply_statuses`.)
     moving.sort(key=_oldest_change)
-    chunk = STATUS_CHUNK if connection.vendor == "postgresql" else 1
+    chunk = 1 if connection.vendor != "postgresql" else \
+        STATUS_BATCH_CHUNK if _BATCHED_STATUSES else STATUS_CHUNK
     done = 0
+    chunks_started = time.perf_counter()
     while done < len(moving):
         done += _apply_statuses(moving[done:done + chunk], None, first=done == 0,
-                                budget=budget, now=now, result=result, pools_now=pools_now)
-        if done < len(moving) and budget is not None and budget.spent(RECONCILE_SHARE):
+                                budget=budget, now=now, result=result, pools_now=pools_now,
+                                floor_from=chunks_started)
+        if done < len(moving) and budget is not None and \
+                budget.reconcile_spent(chunks_started):
             # The rest next cycle: not in `handled`, so it is looked at again.
             for later in moving[done:]:
                 handled.pop(later.name, None)
@@ -621,8 +642,10 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
                 result.finished.append(job.pk)
 
 
-# Workload status changes written per transaction in step 1 (`_apply_statuses`).
+# Workload status changes written per transaction in step 1 (`_apply_statuses`): one
+# job at a time, and with a chunk's common changes written together (`_apply_common`).
 STATUS_CHUNK = 100
+STATUS_BATCH_CHUNK = 1000
 
 # False: every status change of step 1 written by `_apply_status` (a compare-and-swap,
 # an event, a usage record and the accumulator's charge per job), the reference the
@@ -639,7 +662,7 @@ _MOVE_COLUMNS = ("id", "status", "attempt", "placement", "gpu_slots", "on_spot",
 
 def _apply_statuses(statuses: Sequence[WorkloadStatus], moved: Mapping[int, Job] | None, *,
                     first: bool, budget: Budget | None, now: datetime, result: CycleResult,
-                    pools_now: _PoolsNow) -> int:
+                    pools_now: _PoolsNow, floor_from: float | None = None) -> int:
     """Each job's change (`_apply_status`) in a savepoint of its own, the chunk in one
     transaction: a job is still moved whole or not at all (an error rolls back its
     savepoint and fails it alone, `_isolated`), and one commit is paid, not one per
@@ -647,7 +670,8 @@ def _apply_statuses(statuses: Sequence[WorkloadStatus], moved: Mapping[int, Job]
     locks them (`jobs_lock_in_id_order`), so a bulk cancel cannot deadlock with it, and
     read by the same query (`moved` None; else the rows the caller read); then the
     changes go in `statuses`' order (the longest waiting first) until the budget's
-    step-1 share is spent (one at least when `first`). Returns how many of `statuses`
+    step-1 share is spent, and the step's floor from `floor_from` with it
+    (`Budget.reconcile_spent`; one change at least when `first`). Returns how many of `statuses`
     were looked at. An error that is not one job's fault rolls back the chunk: its jobs
     are handled next cycle.
 
@@ -674,7 +698,7 @@ def _apply_statuses(statuses: Sequence[WorkloadStatus], moved: Mapping[int, Job]
             common_change = job is not None and batched and \
                 _common_change(job, status) is not None
             if not common_change and (looked or not first) and budget is not None and \
-                    budget.spent(RECONCILE_SHARE):
+                    budget.reconcile_spent(floor_from):
                 break
             looked += 1
             if job is None:
