@@ -11,10 +11,16 @@ cycle). The bench's clock is the wall clock minus the time the world took to wri
 
 Full mode: the real `scheduler_cycle` back to back while a submitter process keeps ~50,000
 jobs pending (`jobs_submit_bulk` through the service, as pipelines submit, topping up
-every 0.2 s). The admit step has two paths (`queueing.services.scheduler._BATCHED`):
-after a warm-up, windows of `--window` seconds of each alternate in one run:
+every 0.2 s). Steps 4 and 1 each have two paths (`queueing.services.scheduler._BATCHED`,
+`_BATCHED_STATUSES`); `--paths` names the pairs alternated: `reference` (both one job
+at a time), `admit` (step 4 batched, step 1 one job at a time), `batched` (both
+batched). After a warm-up (batched), windows of `--window` seconds of each alternate in
+one run:
   BENCH thru_<path>_<k>_admitted_per_s   jobs admitted per second over window k
   BENCH thru_<path>_<k>_started_per_s    jobs seen running per second (submitted ones)
+  BENCH thru_<path>_<k>_finished_per_s   jobs step 1 recorded as ended, per second
+  BENCH thru_<path>_<k>_reconcile_left   status changes step 1 left to the next cycle
+                                         (its budget spent), at the window's last cycle
   BENCH thru_<path>_<k>_cycle_p50        seconds per cycle, and per step (`_<step>_p50`)
   BENCH thru_<path>_<k>_pending_min      fewest jobs pending at a cycle of the window
 then one cycle of each path under CaptureQueriesContext: per admitted job, the queries
@@ -31,7 +37,7 @@ The calibration loop and the load average are printed first and last. Database:
 $DATABASE_URL (PostgreSQL; its job tables are emptied). Run:
   DATABASE_URL=postgres://postgres@127.0.0.1:5432/<db> \\
       .venv/bin/python bench/bench_throughput.py --steps 100 1000 5000 --free 6000
-  ... bench/bench_throughput.py --warmup 30 --window 30 --rounds 2
+  ... bench/bench_throughput.py --warmup 30 --window 30 --rounds 2 [--paths reference,batched]
 """
 
 from __future__ import annotations
@@ -200,16 +206,20 @@ def submitter(*, teams: int, stop_file: Path) -> None:
           f"{max(took, default=0) * 1000:.0f} ms", flush=True)
 
 
-def set_path(batched: bool) -> None:
+# `--paths`: (step 4 batched, step 1 batched).
+PATHS = {"reference": (False, False), "admit": (True, False), "batched": (True, True)}
+
+
+def set_path(path: str) -> None:
     from queueing.services import scheduler
 
-    scheduler._BATCHED = batched
+    scheduler._BATCHED, scheduler._BATCHED_STATUSES = PATHS[path]
 
 
 def run_window(label: str, seconds: float) -> None:
     from queueing.services.scheduler import scheduler_cycle
 
-    admitted = started = cycles = 0
+    admitted = started = finished = cycles = left = 0
     timings: dict[str, list[float]] = {s: [] for s in (*STEPS, "total")}
     low = PENDING * 10
     t0 = time.perf_counter()
@@ -218,6 +228,8 @@ def run_window(label: str, seconds: float) -> None:
         cycles += 1
         admitted += len(r.admitted)
         started += len(r.started)
+        finished += len(r.finished)
+        left = r.deferred.get("reconcile", 0)
         for s in timings:
             timings[s].append(r.timings.get(s, 0.0))
         if r.plan is not None:
@@ -225,11 +237,14 @@ def run_window(label: str, seconds: float) -> None:
     took = time.perf_counter() - t0
     bench(f"thru_{label}_admitted_per_s", admitted / took, "jobs/s")
     bench(f"thru_{label}_started_per_s", started / took, "jobs/s")
+    bench(f"thru_{label}_finished_per_s", finished / took, "jobs/s")
+    bench(f"thru_{label}_reconcile_left", left, "changes")
     bench(f"thru_{label}_cycle_p50", statistics.median(timings["total"]), "s")
     for s in STEPS:
         bench(f"thru_{label}_{s}_p50", statistics.median(timings[s]), "s")
     bench(f"thru_{label}_pending_min", low, "jobs")
-    note(f"{label}: {cycles} cycles in {took:.1f} s, {admitted} admitted, {started} started; "
+    note(f"{label}: {cycles} cycles in {took:.1f} s, {admitted} admitted, {started} started, "
+         f"{finished} finished; "
          f"load average {os.getloadavg()[0]:.1f}")
 
 
@@ -301,7 +316,7 @@ def steps_ab(sizes: list[int], repeats: int) -> None:
         took: dict[str, list[float]] = {"reference": [], "batched": []}
         for _ in range(repeats):
             for path in ("reference", "batched"):
-                set_path(path == "batched")
+                set_path(path)
                 with transaction.atomic():
                     t = time.perf_counter()
                     got = scheduler.apply_plan(plan=plan, now=now, nodes=snap.nodes)
@@ -315,7 +330,7 @@ def steps_ab(sizes: list[int], repeats: int) -> None:
         note(f"apply {n}: " + "; ".join(f"{p} " + ", ".join(f"{x:.2f}" for x in v) + " s"
                                         for p, v in took.items()))
     n = max(sizes)
-    set_path(True)
+    set_path("batched")
     with transaction.atomic():
         scheduler.apply_plan(plan=Plan(admissions=full.admissions[:n], waits={}), now=now,
                              nodes=snap.nodes)
@@ -354,8 +369,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=30.0)
     ap.add_argument("--window", type=float, default=30.0)
     ap.add_argument("--rounds", type=int, default=2,
-                    help="pairs of windows (reference, batched) after the warm-up")
-    ap.add_argument("--paths", default="reference,batched")
+                    help="rounds of windows (one per path of --paths) after the warm-up")
+    ap.add_argument("--paths", default="admit,batched")
     ap.add_argument("--steps", type=int, nargs="*", default=None,
                     help="only steps 4 and 5, per job, for these numbers of admissions")
     ap.add_argument("--repeats", type=int, default=3)
@@ -394,21 +409,21 @@ def main() -> None:
          "--offset", str(OFFSET.total_seconds())], stdout=subprocess.PIPE, text=True)
     try:
         paths = args.paths.split(",")
-        set_path(True)
+        set_path("batched")
         run_window("warmup", args.warmup)
         for k in range(args.rounds):
             for path in paths:
-                set_path(path == "batched")
+                set_path(path)
                 run_window(f"{path}_{k}", args.window)
         for path in paths:
-            set_path(path == "batched")
+            set_path(path)
             one_cycle_costs(path)
     finally:
         stop.touch()
         out, _ = proc.communicate(timeout=120)
         stop.unlink(missing_ok=True)
         note(f"submitter: {out.strip()}")
-        set_path(True)
+        set_path("batched")
     bench("thru_rss", rss_mb(), "MB")
     calibrate()
 

@@ -4,7 +4,7 @@ GPU types and tiers matching the test settings' simulated cluster
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,6 +134,29 @@ def poison_admission(monkeypatch: pytest.MonkeyPatch, bad: int, exc: Exception) 
 
     monkeypatch.setattr(sched, "job_transition", transition)
     monkeypatch.setattr(sched, "jobs_admit_batch", batch)
+
+
+def poison_charge(monkeypatch: pytest.MonkeyPatch, bad: Collection[int],
+                  exc: Exception) -> None:
+    """Charging a job of `bad` when it ends raises `exc`, on both of step 1's paths: the
+    one-job path's `usage_record_attempt`, and the batched path's insert
+    (`usage_record_attempts`), which then falls back to the one-job path."""
+    from queueing.services import scheduler as sched
+
+    real_charge, real_batch = sched.usage_record_attempt, sched.usage_record_attempts
+
+    def charge(*, job: Any, start: Any, end: Any, **kw: Any) -> Any:
+        if job.pk in bad:
+            raise exc
+        return real_charge(job=job, start=start, end=end, **kw)
+
+    def batch(charges: Any) -> Any:
+        if any(job.pk in bad for job, _, _ in charges):
+            raise exc
+        return real_batch(charges)
+
+    monkeypatch.setattr(sched, "usage_record_attempt", charge)
+    monkeypatch.setattr(sched, "usage_record_attempts", batch)
 
 
 def job_body(**overrides: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from celery.exceptions import SoftTimeLimitExceeded
+from django.db import connection
 from django.utils import timezone
 
 from queueing.backends.simulated import SimulatedCluster
@@ -77,22 +78,36 @@ def test_a_cycle_with_more_submits_than_its_budget_ends_within_it_and_the_next_d
     assert slow_creates == [f"fq-{pk}-1" for pk in sorted(jobs)]
 
 
+@pytest.mark.parametrize("batched", [False, True])
 def test_a_cycle_whose_status_changes_overrun_its_budget_leaves_the_rest_for_the_next(
-    world: World, settings: Any, monkeypatch: pytest.MonkeyPatch,
+    world: World, settings: Any, monkeypatch: pytest.MonkeyPatch, batched: bool,
 ) -> None:
+    """One job at a time (`_apply_status`), and on PostgreSQL in batches of the common
+    changes (`_apply_common`, here a chunk of one job each) alike."""
+    if batched and connection.vendor != "postgresql":
+        pytest.skip("the batched status changes are PostgreSQL's")
+    monkeypatch.setattr(scheduler, "_BATCHED_STATUSES", batched)
     t0 = timezone.now() - timedelta(minutes=5)
     jobs = [submit(world, gpus=1, env={"FAIRQ_SIM_SECONDS": "60"}) for _ in range(10)]
     scheduler_cycle(now=t0)
     scheduler_cycle(now=t0 + timedelta(seconds=1))
     assert Job.objects.filter(pk__in=jobs, status="RUNNING").count() == 10
 
-    real = scheduler._apply_status
+    real, real_batch = scheduler._apply_status, scheduler.jobs_transition_batch
 
     def slow_apply(*args: Any, **kwargs: Any) -> None:
         time.sleep(0.1)  # one job's status write on a loaded database
         real(*args, **kwargs)
 
+    def slow_batch(changes: Any, **kwargs: Any) -> Any:
+        if changes:
+            time.sleep(0.1)  # one chunk's write on a loaded database
+        return real_batch(changes, **kwargs)
+
     monkeypatch.setattr(scheduler, "_apply_status", slow_apply)
+    monkeypatch.setattr(scheduler, "jobs_transition_batch", slow_batch)
+    if batched:  # (a chunk's common changes are written together, whatever the budget)
+        monkeypatch.setattr(scheduler, "STATUS_BATCH_CHUNK", 1)
     settings.FAIRQ_CYCLE_BUDGET_SECONDS = 1.0  # step 1 takes no new job past 0.4 s
     r = scheduler_cycle(now=t0 + timedelta(seconds=61))  # all ten finished
     assert r.timings["reconcile"] < 0.4 + 0.1 + 0.3, r.timings
@@ -110,6 +125,43 @@ def test_a_cycle_whose_status_changes_overrun_its_budget_leaves_the_rest_for_the
         scheduler_cycle(now=t0 + timedelta(seconds=60 + i))
     assert Job.objects.filter(pk__in=jobs, status="SUCCEEDED").count() == 10
     assert JobEvent.objects.filter(job_id__in=jobs, to_status="SUCCEEDED").count() == 10
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("floor", [0.0, 5.0])
+def test_step_1_keeps_its_floor_after_listing_the_workloads_spent_its_share(
+    world: World, settings: Any, monkeypatch: pytest.MonkeyPatch, batched: bool,
+    floor: float,
+) -> None:
+    """Listing and cleaning the workloads alone spent step 1's share of the budget (a
+    big fleet on a loaded machine): its status changes are still written for
+    `RECONCILE_FLOOR` of the budget from the first chunk's start, not one chunk. With no
+    floor, one chunk (here one job) and the rest left for the next cycle."""
+    if batched and connection.vendor != "postgresql":
+        pytest.skip("the batched status changes are PostgreSQL's")
+    monkeypatch.setattr(scheduler, "_BATCHED_STATUSES", batched)
+    t0 = timezone.now() - timedelta(minutes=5)
+    jobs = [submit(world, gpus=1, env={"FAIRQ_SIM_SECONDS": "60"}) for _ in range(10)]
+    scheduler_cycle(now=t0)
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    assert Job.objects.filter(pk__in=jobs, status="RUNNING").count() == 10
+
+    real = scheduler._clean_statuses
+
+    def slow_clean(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.5)  # the workloads of a big fleet, listed and cleaned
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "_clean_statuses", slow_clean)
+    monkeypatch.setattr(scheduler, "STATUS_CHUNK", 1)
+    monkeypatch.setattr(scheduler, "STATUS_BATCH_CHUNK", 1)
+    monkeypatch.setattr(scheduler, "RECONCILE_FLOOR", floor)
+    settings.FAIRQ_CYCLE_BUDGET_SECONDS = 1.0  # step 1's share, 0.4 s, spent by the listing
+    r = scheduler_cycle(now=t0 + timedelta(seconds=61))  # all ten finished
+    if floor:  # 5 s from the first chunk: every change
+        assert len(r.finished) == 10 and "reconcile" not in r.deferred, r.deferred
+    else:
+        assert len(r.finished) == 1 and r.deferred["reconcile"] == 9, r.deferred
 
 
 def test_a_cycle_interrupted_while_applying_its_plan_has_applied_none_of_it(

@@ -23,7 +23,7 @@ from queueing.models import Job, JobEvent
 from queueing.services import scheduler as sched
 from queueing.services.scheduler import scheduler_cycle
 
-from .conftest import World, job_body, poison_admission
+from .conftest import World, job_body, poison_admission, poison_charge
 
 pytestmark = pytest.mark.django_db
 
@@ -147,14 +147,7 @@ def test_an_exception_while_reconciling_one_job_fails_only_that_job(
     t0 = timezone.now()
     bad = submit(world, env={"FAIRQ_SIM_SECONDS": "10"})
     good = submit(world, world.outsider, team="nlp", env={"FAIRQ_SIM_SECONDS": "10"})
-    real = sched.usage_record_attempt
-
-    def charge(*, job: Job, start: datetime, end: datetime) -> Any:
-        if job.pk == bad:
-            raise ZeroDivisionError("a bug met an odd row")
-        return real(job=job, start=start, end=end)
-
-    monkeypatch.setattr(sched, "usage_record_attempt", charge)
+    poison_charge(monkeypatch, {bad}, ZeroDivisionError("a bug met an odd row"))
     cluster = SimulatedCluster.from_spec("2x8xh100")
     run(cluster, t0, 0, 1, 11)
     assert Job.objects.get(pk=good).status == "SUCCEEDED"

@@ -25,11 +25,10 @@ from queueing.backends.base import Phase, WorkloadStatus
 from queueing.backends.simulated import SimulatedCluster
 from queueing.models import Job, JobEvent, Quota
 from queueing.policy.states import FINAL_STATES, JobState
-from queueing.services import scheduler as sched
 from queueing.services.jobs import JobInput, jobs_submit_bulk
 from queueing.services.scheduler import scheduler_cycle
 
-from .conftest import World
+from .conftest import World, poison_charge
 from .test_poison import HostileCluster
 
 pytestmark = pytest.mark.django_db
@@ -148,14 +147,7 @@ def test_fifty_hostile_jobs_among_a_thousand_never_stop_the_others(
         Exploding(),
         None,
     ]
-    real = sched.usage_record_attempt
-
-    def charge(*, job: Job, start: datetime, end: datetime, **kwargs: Any) -> Any:
-        if job.pk in raising:
-            raise ZeroDivisionError("a bug met an odd row")
-        return real(job=job, start=start, end=end, **kwargs)
-
-    monkeypatch.setattr(sched, "usage_record_attempt", charge)
+    poison_charge(monkeypatch, raising, ZeroDivisionError("a bug met an odd row"))
 
     now = t0
     for _ in range(40):

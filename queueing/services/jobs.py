@@ -196,6 +196,97 @@ def jobs_admit_batch(
     return {job_id for job_id, _ in rows}
 
 
+# `jobs_transition_batch`'s columns besides the status: each column's array type and
+# what the row gets from it (`gpu_slots` NULL keeps the row's).
+_BATCH_COLUMNS: dict[str, tuple[str, str]] = {
+    "started_at": ("timestamptz", "u.started_at"),
+    "placement": ("text", "u.placement::jsonb"),
+    "gpu_slots": ("text", "COALESCE(u.gpu_slots::jsonb, j.gpu_slots)"),
+    "finished_at": ("timestamptz", "u.finished_at"),
+    "exit_code": ("integer", "u.exit_code"),
+    "message": ("text", "u.message"),
+}
+_BATCH_JSON = frozenset({"placement", "gpu_slots"})
+
+
+def _transition_batch_sql(columns: Sequence[str]) -> str:
+    """The statement of `jobs_transition_batch` writing `columns`: the rows'
+    compare-and-swap (the status and the attempt read, per row, as `job_transition`'s)
+    and the winners' events, one round trip."""
+    arrays = "".join(f", %({c})s::{_BATCH_COLUMNS[c][0]}[]" for c in columns)
+    names = "".join(f", {c}" for c in columns)
+    sets = "".join(f", {c} = {_BATCH_COLUMNS[c][1]}" for c in columns)
+    return f"""
+WITH u AS (
+    SELECT * FROM unnest(%(id)s::bigint[], %(attempt)s::bigint[], %(from)s::text[],
+                         %(to)s::text[], %(reason)s::text[], %(ord)s::integer[]{arrays})
+        AS u(id, attempt, from_status, to_status, reason, ord{names})
+), won AS (
+    UPDATE queueing_job j
+    SET status = u.to_status, updated_at = %(now)s{sets}
+    FROM u
+    WHERE j.id = u.id AND j.status = u.from_status AND j.attempt = u.attempt
+    RETURNING j.id
+)
+INSERT INTO queueing_jobevent (job_id, at, kind, from_status, to_status, actor_id,
+                               actor_label, reason, attempt, data)
+SELECT u.id, %(now)s, %(kind)s, u.from_status, u.to_status, NULL, %(actor)s, u.reason,
+       u.attempt, '{{}}'::jsonb
+FROM u JOIN won ON won.id = u.id
+ORDER BY u.ord
+RETURNING job_id, id
+"""
+
+
+def jobs_transition_batch(
+    changes: Sequence[tuple[Job, JobState, str, dict[str, Any]]], *, now: datetime,
+) -> set[int]:
+    """Many jobs' transitions at once (PostgreSQL; the scheduler's step 1): per (job,
+    target, reason, fields) what `job_transition(job, target, now=now, reason=reason,
+    **fields)` writes - the same row values, cleaned the same way, the same event by
+    the scheduler (no data), its webhook message after commit - in one statement, the
+    compare-and-swap (rule S1) per row: a row whose status or attempt is no longer the
+    one read (cancelled, preempted or requeued meanwhile) is not written and gets no
+    event. Every change writes the same `fields`, among `started_at`, `placement`,
+    `gpu_slots` (None: the row's kept), `finished_at`, `exit_code` and `message`.
+    Returns the ids moved; the `Job` objects are left as they were read (the caller
+    sets what it needs once the transaction holds). Must run inside
+    `transaction.atomic`; a job listed twice is written once."""
+    if not changes:
+        return set()
+    columns = sorted(changes[0][3])
+    if not set(columns) <= set(_BATCH_COLUMNS):
+        raise ValueError(f"jobs_transition_batch writes {sorted(_BATCH_COLUMNS)}, not "
+                         f"{sorted(set(columns) - set(_BATCH_COLUMNS))}")
+    cols: dict[str, list[Any]] = {k: [] for k in (
+        "id", "attempt", "from", "to", "reason", "ord", *columns)}
+    seen: set[int] = set()
+    for i, (job, target, reason, fields) in enumerate(changes):
+        if job.pk in seen:
+            continue
+        seen.add(job.pk)
+        check_transition(job.state, target)
+        if sorted(fields) != columns:
+            raise ValueError("jobs_transition_batch: the same fields for every job")
+        f = clean_fields(Job, fields)
+        cols["id"].append(job.pk)
+        cols["attempt"].append(job.attempt)
+        cols["from"].append(job.state.value)
+        cols["to"].append(JobState(target).value)
+        cols["reason"].append(clean_text(reason, max_length=_EVENT_REASON_MAX))
+        cols["ord"].append(i)
+        for name in columns:
+            value = f[name]
+            cols[name].append(json.dumps(value) if name in _BATCH_JSON and value is not None
+                              else value)
+    with connection.cursor() as cur:
+        cur.execute(_transition_batch_sql(columns), {
+            **cols, "now": now, "kind": JobEvent.Kind.TRANSITION.value, "actor": "scheduler"})
+        rows = cur.fetchall()
+    webhooks_events_written([event_id for _, event_id in rows])  # sent after commit
+    return {job_id for job_id, _ in rows}
+
+
 @dataclass(frozen=True)
 class JobInput:
     """A job as submitted, its references resolved: the fields it sets on `Job`."""

@@ -125,6 +125,7 @@ from .jobs import (
     default_memory_bytes,
     job_transition,
     jobs_admit_batch,
+    jobs_transition_batch,
     next_attempt,
     tier_grace_cap,
 )
@@ -133,7 +134,7 @@ from .metrics import record_submit_error
 from .preemption import Applied, preempted_workloads_stop, preemptions_apply
 from .sessions import session_addresses_record, session_launch_fields
 from .spot import spot_reclaimed_requeue
-from .usage import usage_record_attempt
+from .usage import usage_record_attempt, usage_record_attempts
 from .utilization import utilization_cycle_step
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,11 @@ def new_cycle_id() -> str:
 # The share of FAIRQ_CYCLE_BUDGET_SECONDS by which step 1 stops taking new workloads
 # (steps 2-4 run whole after it; step 5 has the rest).
 RECONCILE_SHARE = 0.4
+# Step 1's own share for its status changes, counted from the start of the first chunk:
+# a finished job holds its GPUs in the plan until step 1 records it, so a cycle whose
+# listing and cleaning of workloads alone used step 1's share (a big fleet, a loaded
+# machine) still records changes for this long instead of one chunk.
+RECONCILE_FLOOR = 0.15
 # Step 5's own share of the budget, counted from its start: admitted jobs hold their GPUs
 # until their workloads exist, so a cycle whose plan alone used the budget (a long queue
 # on a big fleet) still creates workloads for this long instead of one chunk.
@@ -177,6 +183,17 @@ class Budget:
     def spent(self, share: float = 1.0) -> bool:
         """True once `share` of the budget is gone."""
         return time.perf_counter() - self.started >= self.seconds * share
+
+    def reconcile_spent(self, chunks_started: float | None) -> bool:
+        """Step 1's test before a new status change: `RECONCILE_SHARE` of the budget is
+        spent and so is the step's floor (`RECONCILE_FLOOR` of the budget from
+        `chunks_started`, a perf_counter time; None: no floor), or the cycle is
+        `SUBMIT_EDGE` old."""
+        now = time.perf_counter()
+        if now - self.started >= SUBMIT_EDGE:
+            return True
+        return self.spent(RECONCILE_SHARE) and (
+            chunks_started is None or now - chunks_started >= self.seconds * RECONCILE_FLOOR)
 
     def submit_spent(self, step_started: float) -> bool:
         """Step 5's test before a new chunk: the budget is spent and so is the step's
@@ -489,8 +506,9 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
               jobs: ActiveJobs | None = None, budget: Budget | None = None) -> None:
     """Step 1. `jobs`: the active jobs, refreshed by the caller (else read here): the
     owners of the workloads come from them, not from a query per cycle. `budget`: the
-    cycle's; once RECONCILE_SHARE of it is spent, the workloads whose status moved and
-    are not handled yet are left for the next cycle (each job's change is its own
+    cycle's; once RECONCILE_SHARE of it is spent (and RECONCILE_FLOOR of it since the
+    first chunk, `Budget.reconcile_spent`), the workloads whose status moved and are not
+    handled yet are left for the next cycle (each job's change is its own
     savepoint, `_apply_statuses`: a job is moved whole or not at all), and at most
     FAIRQ_CYCLE_STOP_BATCH workloads no job holds are stopped (`_unowned_stop`).
 
@@ -574,15 +592,19 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
                                  pools_now=pools_now)
             continue  # nothing to record: no transaction for the common case
         moving.append(status)
-    moved = Job.objects.select_related("gpu_type").in_bulk({s.job_id for s in moving})
     # The longest-waiting change first: what a budget left is handled first next cycle.
+    # (Each chunk reads its own rows, locked: `_apply_statuses`.)
     moving.sort(key=_oldest_change)
-    chunk = STATUS_CHUNK if connection.vendor == "postgresql" else 1
+    chunk = 1 if connection.vendor != "postgresql" else \
+        STATUS_BATCH_CHUNK if _BATCHED_STATUSES else STATUS_CHUNK
     done = 0
+    chunks_started = time.perf_counter()
     while done < len(moving):
-        done += _apply_statuses(moving[done:done + chunk], moved, first=done == 0,
-                                budget=budget, now=now, result=result, pools_now=pools_now)
-        if done < len(moving) and budget is not None and budget.spent(RECONCILE_SHARE):
+        done += _apply_statuses(moving[done:done + chunk], None, first=done == 0,
+                                budget=budget, now=now, result=result, pools_now=pools_now,
+                                floor_from=chunks_started)
+        if done < len(moving) and budget is not None and \
+                budget.reconcile_spent(chunks_started):
             # The rest next cycle: not in `handled`, so it is looked at again.
             for later in moving[done:]:
                 handled.pop(later.name, None)
@@ -643,36 +665,148 @@ def reconcile(*, backend: ClusterBackend, now: datetime, result: CycleResult,
                 result.finished.append(job.pk)
 
 
-# Workload status changes written per transaction in step 1 (`_apply_statuses`).
+# Workload status changes written per transaction in step 1 (`_apply_statuses`): one
+# job at a time, and with a chunk's common changes written together (`_apply_common`).
 STATUS_CHUNK = 100
+STATUS_BATCH_CHUNK = 1000
+
+# False: every status change of step 1 written by `_apply_status` (a compare-and-swap,
+# an event, a usage record and the accumulator's charge per job), the reference the
+# tests hold the batched write (`_apply_common`) to. SQLite always takes it.
+_BATCHED_STATUSES = True
 
 
-def _apply_statuses(statuses: Sequence[WorkloadStatus], moved: Mapping[int, Job], *,
+# The columns of a job step 1 moves (`_apply_statuses`): what `_apply_status`,
+# `_apply_common` and the usage record read (any other is read when first used).
+_MOVE_COLUMNS = ("id", "status", "attempt", "placement", "gpu_slots", "on_spot", "cluster_id",
+                 "spot_pools", "started_at", "team", "gpu_type", "gpus_per_replica",
+                 "replicas", "gpu_slices")
+
+
+def _apply_statuses(statuses: Sequence[WorkloadStatus], moved: Mapping[int, Job] | None, *,
                     first: bool, budget: Budget | None, now: datetime, result: CycleResult,
-                    pools_now: _PoolsNow) -> int:
+                    pools_now: _PoolsNow, floor_from: float | None = None) -> int:
     """Each job's change (`_apply_status`) in a savepoint of its own, the chunk in one
     transaction: a job is still moved whole or not at all (an error rolls back its
     savepoint and fails it alone, `_isolated`), and one commit is paid, not one per
     job. The chunk's rows are locked first, in id order, as every writer of several jobs
-    locks them (`jobs_lock_in_id_order`), so a bulk cancel cannot deadlock with it; then
-    the changes go in `statuses`' order (the longest waiting first) until the budget's
-    step-1 share is spent (one at least when `first`). Returns how many of `statuses`
+    locks them (`jobs_lock_in_id_order`), so a bulk cancel cannot deadlock with it, and
+    read by the same query (`moved` None; else the rows the caller read); then the
+    changes go in `statuses`' order (the longest waiting first) until the budget's
+    step-1 share is spent, and the step's floor from `floor_from` with it
+    (`Budget.reconcile_spent`; one change at least when `first`). Returns how many of `statuses`
     were looked at. An error that is not one job's fault rolls back the chunk: its jobs
-    are handled next cycle."""
+    are handled next cycle.
+
+    On PostgreSQL (`_BATCHED_STATUSES`) the common changes of the chunk - a job starting
+    on the nodes it was admitted to, a running job ending (`_common_change`) - are not
+    written one by one but together at the end (`_apply_common`): one statement for the
+    starts, one for the ends, one insert of the ends' usage records, one update of the
+    teams' accumulators. They cost nothing until then, so the budget is checked only
+    before the changes written one at a time (`_apply_status`)."""
     looked = 0
+    batched = _BATCHED_STATUSES and connection.vendor == "postgresql"
+    common: list[tuple[Job, WorkloadStatus]] = []
     with transaction.atomic():
-        jobs_lock_in_id_order(s.job_id for s in statuses if s.job_id in moved)
+        if moved is None:
+            moved = {job.pk: job for job in Job.objects.select_for_update(of=("self",))
+                     .select_related("gpu_type").only(*_MOVE_COLUMNS)
+                     .filter(pk__in={s.job_id for s in statuses}).order_by("pk")}
+        else:
+            jobs_lock_in_id_order(s.job_id for s in statuses if s.job_id in moved)
         for status in statuses:
-            if (looked or not first) and budget is not None and \
-                    budget.spent(RECONCILE_SHARE):
+            job = moved.get(status.job_id)
+            if job is not None and job.attempt != status.attempt:
+                job = None
+            common_change = job is not None and batched and \
+                _common_change(job, status) is not None
+            if not common_change and (looked or not first) and budget is not None and \
+                    budget.reconcile_spent(floor_from):
                 break
             looked += 1
-            job = moved.get(status.job_id)
-            if job is not None and job.attempt == status.attempt:
-                with _isolated(job.pk, step="recording its workload status", now=now,
-                               result=result):
-                    _apply_status(job, status, now=now, result=result, pools_now=pools_now)
+            if job is None:
+                continue
+            if common_change:
+                common.append((job, status))
+                continue
+            with _isolated(job.pk, step="recording its workload status", now=now,
+                           result=result):
+                _apply_status(job, status, now=now, result=result, pools_now=pools_now)
+        if common:
+            _apply_common(common, now=now, result=result, pools_now=pools_now)
     return looked
+
+
+def _common_change(job: Job, status: WorkloadStatus) -> JobState | None:
+    """The state `_apply_status` moves `job` to with `status` when that change is a
+    common one `_apply_common` writes the same: an admitted job's pods running
+    (RUNNING), a running job's workload ended (SUCCEEDED or FAILED). None for the rest:
+    a job on spot nodes (rule C4's pools), one that started and ended between two
+    cycles, one that failed before it ran, any other state."""
+    if job.on_spot or job.attempt != status.attempt:
+        return None
+    if job.state == JobState.ADMITTED and status.phase == Phase.RUNNING:
+        return JobState.RUNNING
+    if job.state == JobState.RUNNING and status.phase in (Phase.SUCCEEDED, Phase.FAILED):
+        return JobState.SUCCEEDED if status.phase == Phase.SUCCEEDED else JobState.FAILED
+    return None
+
+
+def _apply_common(changes: Sequence[tuple[Job, WorkloadStatus]], *, now: datetime,
+                  result: CycleResult, pools_now: _PoolsNow) -> None:
+    """What `_apply_status` writes for each of `changes` (all `_common_change`s), in a
+    few statements for all of them (PostgreSQL): the starts' transitions with their
+    events (`jobs_transition_batch`), the ends' likewise, the ends' usage records and
+    their teams' accumulators (`usage_record_attempts`, rule F1), the webhook messages
+    and the kick after commit. The compare-and-swap is per row (rule S1): a job moved
+    meanwhile is neither moved nor charged. Should any of it fail, its savepoint is
+    rolled back and every change goes through `_apply_status` one job at a time (an
+    error then fails that job alone)."""
+    starts: list[tuple[Job, JobState, str, dict[str, Any]]] = []
+    ends: list[tuple[Job, JobState, str, dict[str, Any]]] = []
+    for job, status in changes:
+        target = _common_change(job, status)
+        if target == JobState.RUNNING:
+            placement = _placement(job.placement, status)
+            starts.append((job, target, "running on " + (
+                ", ".join(sorted(set(status.nodes))) or "the cluster"), {
+                "started_at": status.started_at or now, "placement": placement,
+                "message": "",
+                # Rule H1: pods bound elsewhere than planned hold GPUs fairq does not know.
+                "gpu_slots": [] if job.gpu_slots and placement != list(job.placement or [])
+                else None}))
+        elif target is not None:
+            ends.append((job, target, status.reason or (
+                "completed" if target == JobState.SUCCEEDED else "failed"), {
+                "finished_at": status.finished_at or now, "exit_code": status.exit_code,
+                "message": status.reason[:500]}))
+    try:
+        with transaction.atomic():
+            started = jobs_transition_batch(starts, now=now)
+            ended = jobs_transition_batch(ends, now=now)
+            usage_record_attempts([(job, job.started_at or f["finished_at"], f["finished_at"])
+                                   for job, _, _, f in ends if job.pk in ended])
+    except NOT_A_JOB_FAULT:
+        raise
+    except Exception as exc:
+        log.warning("cycle %s: writing %d status changes together failed (%s); writing "
+                    "them one job at a time", result.cycle_id, len(changes),
+                    type(exc).__name__)
+        for job, status in changes:
+            with _isolated(job.pk, step="recording its workload status", now=now,
+                           result=result):
+                _apply_status(job, status, now=now, result=result, pools_now=pools_now)
+        return
+    for job, target, _, fields in (*starts, *ends):
+        if job.pk in (started if target == JobState.RUNNING else ended):
+            job.status = target
+            for name, value in fields.items():
+                if value is not None or name != "gpu_slots":
+                    setattr(job, name, value)
+    result.started.extend(job.pk for job, *_ in starts if job.pk in started)
+    result.finished.extend(job.pk for job, *_ in ends if job.pk in ended)
+    if ended:
+        transaction.on_commit(kick)
 
 
 def _oldest_change(status: WorkloadStatus) -> tuple[float, str]:

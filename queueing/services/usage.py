@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import TextIO
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from accounts.models import Team
 from queueing.instants import parse_iso
@@ -80,6 +81,93 @@ def accumulator_add(*, team_id: int, rate: float, start: datetime, end: datetime
     )
     acc.value, acc.as_of = moved.value, moved.as_of
     acc.save(update_fields=["value", "as_of"])
+
+
+# `usage_record_attempts`' insert: rows already there (one per job attempt) are skipped,
+# as `usage_record_attempt` skips them.
+_RECORDS_SQL = """
+INSERT INTO queueing_usagerecord (team_id, gpu_type_id, job_id, attempt, gpus,
+                                  billing_weight, start, "end", gpu_seconds, source,
+                                  cluster_id, spot, price_per_gpu_hour)
+SELECT * FROM unnest(%(team_id)s::bigint[], %(gpu_type_id)s::bigint[], %(job_id)s::bigint[],
+                     %(attempt)s::integer[], %(gpus)s::float8[], %(weight)s::float8[],
+                     %(start)s::timestamptz[], %(end)s::timestamptz[],
+                     %(gpu_seconds)s::float8[], %(source)s::text[], %(cluster_id)s::bigint[],
+                     %(spot)s::boolean[], %(price)s::numeric[])
+ON CONFLICT (job_id, attempt) WHERE job_id IS NOT NULL DO NOTHING
+RETURNING job_id
+"""
+
+
+def usage_record_attempts(charges: Sequence[tuple[Job, datetime, datetime]]) -> list[int]:
+    """`usage_record_attempt(job=job, start=start, end=end)` for many jobs' current
+    attempts at once (PostgreSQL; the scheduler's step 1): the same usage records in one
+    insert, an attempt charged already skipped, then every team's accumulator charged
+    once for all of its records (`accumulators_add`). Returns the ids of the jobs
+    charged now, in the order given. Must run inside `transaction.atomic`."""
+    cols: dict[str, list[object]] = {k: [] for k in (
+        "team_id", "gpu_type_id", "job_id", "attempt", "gpus", "weight", "start", "end",
+        "gpu_seconds", "source", "cluster_id", "spot", "price")}
+    intervals: dict[int, tuple[int, float, datetime, datetime]] = {}
+    for job, start, end in charges:
+        if job.pk in intervals:
+            continue
+        end = max(start, end)
+        gpus = job.gpu_share
+        weight = job.gpu_type.billing_weight
+        for name, value in (("team_id", job.team_id), ("gpu_type_id", job.gpu_type_id),
+                            ("job_id", job.pk), ("attempt", job.attempt), ("gpus", gpus),
+                            ("weight", weight), ("start", start), ("end", end),
+                            ("gpu_seconds", gpus * (end - start).total_seconds()),
+                            ("source", "scheduler"), ("cluster_id", job.cluster_id),
+                            ("spot", job.on_spot),
+                            ("price", spot_price(job) if job.on_spot else None)):
+            cols[name].append(value)
+        intervals[job.pk] = (job.team_id, gpus * weight, start, end)
+    if not intervals:
+        return []
+    with connection.cursor() as cur:
+        cur.execute(_RECORDS_SQL, cols)
+        charged = {job_id for (job_id,) in cur.fetchall()}
+    done = [pk for pk in intervals if pk in charged]
+    accumulators_add([intervals[pk] for pk in done])
+    return done
+
+
+def accumulators_add(intervals: Sequence[tuple[int, float, datetime, datetime]]) -> None:
+    """`accumulator_add(team_id=, rate=, start=, end=)` for each (team_id, rate, start,
+    end), each team's sum written once (rule F1): the teams' rows locked in team order
+    (one created as `accumulator_add` creates it when missing), each team's intervals
+    added in the order given, one UPDATE for every team."""
+    if not intervals:
+        return
+    h = half_life_hours()
+    first_end: dict[int, datetime] = {}
+    for team_id, _, _, end in intervals:
+        first_end.setdefault(team_id, end)
+    locked = FairShareAccumulator.objects.select_for_update().filter(
+        team_id__in=first_end).order_by("team_id")
+    acc = {t: Accumulator(v, at) for t, v, at in locked.values_list("team_id", "value", "as_of")}
+    missing = sorted(set(first_end) - set(acc))
+    if missing:  # created as `accumulator_add` creates them (one insert), then locked
+        with connection.cursor() as cur:
+            cur.execute(
+                "INSERT INTO queueing_fairshareaccumulator (team_id, value, as_of) "
+                "SELECT * FROM unnest(%s::bigint[], %s::float8[], %s::timestamptz[]) "
+                "ON CONFLICT (team_id) DO NOTHING",
+                [missing, [0.0] * len(missing), [first_end[t] for t in missing]])
+        acc.update({t: Accumulator(v, at) for t, v, at in locked.filter(
+            team_id__in=missing).values_list("team_id", "value", "as_of")})
+    for team_id, rate, start, end in intervals:
+        acc[team_id] = acc[team_id].add_interval(rate=rate, start=start, end=end,
+                                                 half_life_hours=h)
+    teams = sorted(acc)
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE queueing_fairshareaccumulator a SET value = u.value, as_of = u.as_of "
+            "FROM unnest(%s::bigint[], %s::float8[], %s::timestamptz[]) AS u(team_id, value, "
+            "as_of) WHERE a.team_id = u.team_id",
+            [teams, [acc[t].value for t in teams], [acc[t].as_of for t in teams]])
 
 
 # --- import ----------------------------------------------------------------------------
