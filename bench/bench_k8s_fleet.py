@@ -42,7 +42,7 @@ import resource
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +131,8 @@ def fake_list(texts: list[str], count: int, spent: list[float]) -> Any:
         t0 = time.process_time()
         start = int(kw.get("_continue") or 0)
         end = min(count, start + (kw.get("limit") or count))
-        items = ",".join(instance(texts[i % len(texts)], i) for i in range(start, end))
+        items = ",".join(instance(texts[i % len(texts)], i // len(texts))
+                         for i in range(start, end))
         more = f',"continue":"{end}"' if end < count else ""
         data = f'{{"metadata":{{"resourceVersion":"1"{more}}},"items":[{items}]}}'.encode()
         spent[0] += time.process_time() - t0
@@ -140,7 +141,64 @@ def fake_list(texts: list[str], count: int, spent: list[float]) -> Any:
     return list_func
 
 
-def child(mode: str, pods: int) -> None:
+def modify(backend: Any, pod_t: list[str], which: Iterable[int], version: str) -> None:
+    """Watch events: MODIFIED for pods number `which` of the store, each with a new
+    resourceVersion (prefixed `version`), through the pod informer and its hook."""
+    lines = [(instance(pod_t[i % len(pod_t)], i // len(pod_t))
+              .replace('"resourceVersion": "', f'"resourceVersion": "{version}'))
+             for i in which]
+    body = [f'{{"type":"MODIFIED","object":{text}}}\n'.encode() for text in lines]
+    backend.pods._list = lambda **kw: _Resp(lines=iter(body))
+    backend.pods._watch("1")
+
+
+def cycles(backend: Any, pod_t: list[str], pods: int, shares: list[float],
+           rounds: int) -> None:
+    """The cycle's reads with a share of the pods modified between two cycles, the kept
+    statuses (`keep_statuses`) alternated with the plain rebuild in this process: per
+    round and share, the plain path's cycle, then the kept path's first cycle (every
+    status built) and its next one. CPU per cycle; the pods' events not counted."""
+    from datetime import timedelta
+
+    from tests.k8s_world import T0
+
+    now, version, start = T0, 10, 0
+    best: dict[str, float] = {}
+
+    def timed(what: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.process_time()
+        out = call(*args, **kwargs)
+        spent = time.process_time() - t0
+        best[what] = min(best.get(what, spent), spent)
+        note(f"{what} {spent:.3f} s")
+        return out
+
+    for r in range(rounds):
+        for share in shares:
+            changed = max(1, int(pods * share))
+            label = f"{share * 100:g}pct"
+            for path in ("plain", "kept"):
+                backend.keep_statuses = path == "kept"
+                if path == "kept":
+                    now += timedelta(seconds=3)
+                    timed("kept_first", backend.statuses, now=now)
+                version += 1
+                modify(backend, pod_t, ((start + k) % pods for k in range(changed)),
+                       str(version))
+                start = (start + changed) % pods
+                now += timedelta(seconds=3)
+                answer = timed(f"{path}_{label}", backend.statuses, now=now)
+                timed(f"{path}_nodes_{label}", backend.nodes)
+            backend.keep_statuses = False
+            same = sorted(answer, key=lambda s: s.name) == \
+                sorted(backend.statuses(now=now), key=lambda s: s.name)
+            note(f"round {r}, {label}: kept statuses equal to a plain rebuild: {same}; "
+                 f"load {os.getloadavg()[0]:.1f}")
+    for what, value in best.items():
+        bench(f"k8s_fleet_cycle_{what}_s", value, "s")
+
+
+def child(mode: str, pods: int, shares: list[float] | None = None, rounds: int = 0) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
     os.environ.setdefault("DATABASE_URL", "sqlite:////tmp/fairq_bench_k8s_fleet.sqlite3")
     import django
@@ -186,14 +244,10 @@ def child(mode: str, pods: int) -> None:
     note(f"{mode}: {pods} pods, {jobs} Jobs, {NODES} nodes listed; {kicks[0]} kicks")
 
     # Watch events: MODIFIED, each a pod of the store with a new resourceVersion.
-    lines = [(instance(pod_t[i % len(pod_t)], i)
-              .replace('"resourceVersion": "', '"resourceVersion": "9')) for i in range(EVENTS)]
-    body = [f'{{"type":"MODIFIED","object":{text}}}\n'.encode() for text in lines]
-    informer = backend.pods
-    informer._list = lambda **kw: _Resp(lines=iter(body))
+    events = min(EVENTS, pods)
     t0 = time.process_time()
-    informer._watch("1")
-    per_event = (time.process_time() - t0) / EVENTS
+    modify(backend, pod_t, range(events), "9")
+    per_event = (time.process_time() - t0) / events
     bench(f"k8s_fleet_{mode}_event_us", per_event * 1e6, "us")
     backend._started = True
     for i in (backend.pods, backend.jobs, backend.nodes_informer, backend.other_pods,
@@ -207,6 +261,8 @@ def child(mode: str, pods: int) -> None:
     nodes = backend.nodes()
     bench(f"k8s_fleet_{mode}_nodes_s", time.process_time() - t0, "s")
     note(f"{mode}: {len(statuses)} statuses, {len(nodes)} nodes; peak RSS {peak_mb():.0f} MB")
+    if shares:
+        cycles(backend, pod_t, pods, shares, rounds)
 
 
 def main() -> int:
@@ -215,9 +271,22 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--modes", default="full,slim")
     parser.add_argument("--child", choices=("full", "slim"))
+    parser.add_argument("--cycles", default="",
+                        help="shares of the pods modified between two cycles (e.g. "
+                             "0.01,0.1): the kept statuses against the plain rebuild, "
+                             "slim, in one process")
     args = parser.parse_args()
     if args.child:
         child(args.child, args.pods)
+        return 0
+    if args.cycles:
+        from bench_admission import calibrate
+
+        calibrate()
+        note(f"load {os.getloadavg()}")
+        child("slim", args.pods, [float(x) for x in args.cycles.split(",")], args.rounds)
+        note(f"load {os.getloadavg()}")
+        calibrate()
         return 0
     from bench_admission import calibrate
 
