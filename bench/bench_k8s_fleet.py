@@ -25,6 +25,21 @@ own hooks (`_pod_changed`: the kick, the graceful stop's trigger).
   BENCH k8s_fleet_<mode>_statuses_s / _nodes_s  the cycle's two reads, once each
   BENCH calibration_1M_loop                    the machine's speed now, load average beside
 
+With `--cycles 0.01,0.1` (one process, slim): the cycle's reads with that share of the
+pods modified (watch events, through the hooks) between two cycles, the statuses kept
+between cycles (`KubernetesBackend.keep_statuses`) alternated with the plain rebuild of
+every status, `--rounds` times; the lowest of each (`--settled`: only the workloads a
+cycle leaves as they are, see `settle`):
+
+  BENCH k8s_fleet_cycle_plain_<share>_s        statuses(), every status rebuilt
+  BENCH k8s_fleet_cycle_kept_first_s           statuses(), kept, its first cycle
+  BENCH k8s_fleet_cycle_kept_<share>_s         statuses(), kept, the next cycle
+  BENCH k8s_fleet_cycle_<path>_nodes_<share>_s nodes() after it
+
+An instance number is a template's round (`i // len(templates)`), so a pod and its Job
+(and a replica's Jobs) share it: every pod belongs to its workload's Jobs as in the
+template world.
+
 Times are the process's CPU time (`time.process_time`), not wall time: the machine is
 shared. Each mode runs in a process of its own (RSS is per process), alternated: full,
 slim, full, slim; the lower of each mode's two counts. Run:
@@ -66,13 +81,38 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def templates() -> tuple[list[str], list[str], list[str]]:
+def settle(w: Any) -> None:
+    """Only the workloads of `w` a cycle leaves as they are (`--settled`): every
+    replica's Job there (none deleted outside fairq) and no pod stuck pulling its image,
+    the states a cycle acts on at once (it requeues or fails the job) and that the
+    backend reports anew each cycle (their end stamped with the cycle's time)."""
+    from queueing.backends.k8s_manifest import IMAGE_ERRORS, workload_replicas
+
+    def workload(obj: Any) -> str:
+        return str(obj["metadata"]["labels"]["fairq.io/workload"])
+
+    keep = set()
+    for name in {workload(j) for j in w.jobs}:
+        jobs = [j for j in w.jobs if workload(j) == name]
+        first = [j for j in jobs if j["metadata"]["name"] == name]
+        stuck = any(((cs.get("state") or {}).get("waiting") or {}).get("reason") in IMAGE_ERRORS
+                    for p in w.pods if workload(p) == name
+                    for cs in p["status"].get("containerStatuses") or ())
+        if first and len(jobs) >= workload_replicas(first[0]) and not stuck:
+            keep.add(name)
+    w.jobs = [j for j in w.jobs if workload(j) in keep]
+    w.pods = [p for p in w.pods if workload(p) in keep]
+
+
+def templates(settled: bool = False) -> tuple[list[str], list[str], list[str]]:
     """Pod, Job and node JSON texts with MARK where an instance's number goes (in every
     name, uid and workload label, so each instance is an object of its own)."""
     from queueing.backends.k8s_manifest import A_OWNER, A_SPEC_DIGEST
     from tests.k8s_world import node_object, world
 
     w = world(7, workloads=600, nodes=8, others=0)
+    if settled:
+        settle(w)
     pods, jobs = [], []
     for obj in w.jobs:
         name = obj["metadata"]["labels"]["fairq.io/workload"]
@@ -188,6 +228,12 @@ def cycles(backend: Any, pod_t: list[str], pods: int, shares: list[float],
                 start = (start + changed) % pods
                 now += timedelta(seconds=3)
                 answer = timed(f"{path}_{label}", backend.statuses, now=now)
+                if path == "kept":
+                    entries = list(backend._kept.values())
+                    note(f"{len(answer)} statuses: {sum(e.stable for e in entries)} kept, "
+                         f"{sum(not e.stable for e in entries)} built again each cycle "
+                         f"(time changes them), {len(answer) - len(entries)} others "
+                         "(orphan pods, replica 0's Job gone, a replica's Job missing)")
                 timed(f"{path}_nodes_{label}", backend.nodes)
             backend.keep_statuses = False
             same = sorted(answer, key=lambda s: s.name) == \
@@ -198,7 +244,8 @@ def cycles(backend: Any, pod_t: list[str], pods: int, shares: list[float],
         bench(f"k8s_fleet_cycle_{what}_s", value, "s")
 
 
-def child(mode: str, pods: int, shares: list[float] | None = None, rounds: int = 0) -> None:
+def child(mode: str, pods: int, shares: list[float] | None = None, rounds: int = 0,
+          settled: bool = False) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
     os.environ.setdefault("DATABASE_URL", "sqlite:////tmp/fairq_bench_k8s_fleet.sqlite3")
     import django
@@ -209,7 +256,7 @@ def child(mode: str, pods: int, shares: list[float] | None = None, rounds: int =
     from queueing.backends.kubernetes import KubernetesBackend
     from tests.k8s_world import GPU_TYPES, KEY, T0
 
-    pod_t, job_t, node_t = templates()
+    pod_t, job_t, node_t = templates(settled)
     backend = KubernetesBackend(client.ApiClient(client.Configuration()), owner_key=KEY,
                                 gpu_types=GPU_TYPES)
     kicks = [0]
@@ -254,6 +301,7 @@ def child(mode: str, pods: int, shares: list[float] | None = None, rounds: int =
               backend.events):
         i.synced.set()
     backend._probe_ok_at = time.monotonic() + 3600
+    backend.keep_statuses = False  # the plain rebuild, as this line always measured
     t0 = time.process_time()
     statuses = backend.statuses(now=T0)
     bench(f"k8s_fleet_{mode}_statuses_s", time.process_time() - t0, "s")
@@ -275,6 +323,9 @@ def main() -> int:
                         help="shares of the pods modified between two cycles (e.g. "
                              "0.01,0.1): the kept statuses against the plain rebuild, "
                              "slim, in one process")
+    parser.add_argument("--settled", action="store_true",
+                        help="with --cycles: only workloads a cycle leaves as they are "
+                             "(`settle`)")
     args = parser.parse_args()
     if args.child:
         child(args.child, args.pods)
@@ -284,7 +335,8 @@ def main() -> int:
 
         calibrate()
         note(f"load {os.getloadavg()}")
-        child("slim", args.pods, [float(x) for x in args.cycles.split(",")], args.rounds)
+        child("slim", args.pods, [float(x) for x in args.cycles.split(",")], args.rounds,
+              settled=args.settled)
         note(f"load {os.getloadavg()}")
         calibrate()
         return 0
