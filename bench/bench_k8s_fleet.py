@@ -25,6 +25,21 @@ own hooks (`_pod_changed`: the kick, the graceful stop's trigger).
   BENCH k8s_fleet_<mode>_statuses_s / _nodes_s  the cycle's two reads, once each
   BENCH calibration_1M_loop                    the machine's speed now, load average beside
 
+With `--cycles 0.01,0.1` (one process, slim): the cycle's reads with that share of the
+pods modified (watch events, through the hooks) between two cycles, the statuses kept
+between cycles (`KubernetesBackend.keep_statuses`) alternated with the plain rebuild of
+every status, `--rounds` times; the lowest of each (`--settled`: only the workloads a
+cycle leaves as they are, see `settle`):
+
+  BENCH k8s_fleet_cycle_plain_<share>_s        statuses(), every status rebuilt
+  BENCH k8s_fleet_cycle_kept_first_s           statuses(), kept, its first cycle
+  BENCH k8s_fleet_cycle_kept_<share>_s         statuses(), kept, the next cycle
+  BENCH k8s_fleet_cycle_<path>_nodes_<share>_s nodes() after it
+
+An instance number is a template's round (`i // len(templates)`), so a pod and its Job
+(and a replica's Jobs) share it: every pod belongs to its workload's Jobs as in the
+template world.
+
 Times are the process's CPU time (`time.process_time`), not wall time: the machine is
 shared. Each mode runs in a process of its own (RSS is per process), alternated: full,
 slim, full, slim; the lower of each mode's two counts. Run:
@@ -42,7 +57,7 @@ import resource
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +81,38 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def templates() -> tuple[list[str], list[str], list[str]]:
+def settle(w: Any) -> None:
+    """Only the workloads of `w` a cycle leaves as they are (`--settled`): every
+    replica's Job there (none deleted outside fairq) and no pod stuck pulling its image,
+    the states a cycle acts on at once (it requeues or fails the job) and that the
+    backend reports anew each cycle (their end stamped with the cycle's time)."""
+    from queueing.backends.k8s_manifest import IMAGE_ERRORS, workload_replicas
+
+    def workload(obj: Any) -> str:
+        return str(obj["metadata"]["labels"]["fairq.io/workload"])
+
+    keep = set()
+    for name in {workload(j) for j in w.jobs}:
+        jobs = [j for j in w.jobs if workload(j) == name]
+        first = [j for j in jobs if j["metadata"]["name"] == name]
+        stuck = any(((cs.get("state") or {}).get("waiting") or {}).get("reason") in IMAGE_ERRORS
+                    for p in w.pods if workload(p) == name
+                    for cs in p["status"].get("containerStatuses") or ())
+        if first and len(jobs) >= workload_replicas(first[0]) and not stuck:
+            keep.add(name)
+    w.jobs = [j for j in w.jobs if workload(j) in keep]
+    w.pods = [p for p in w.pods if workload(p) in keep]
+
+
+def templates(settled: bool = False) -> tuple[list[str], list[str], list[str]]:
     """Pod, Job and node JSON texts with MARK where an instance's number goes (in every
     name, uid and workload label, so each instance is an object of its own)."""
     from queueing.backends.k8s_manifest import A_OWNER, A_SPEC_DIGEST
     from tests.k8s_world import node_object, world
 
     w = world(7, workloads=600, nodes=8, others=0)
+    if settled:
+        settle(w)
     pods, jobs = [], []
     for obj in w.jobs:
         name = obj["metadata"]["labels"]["fairq.io/workload"]
@@ -131,7 +171,8 @@ def fake_list(texts: list[str], count: int, spent: list[float]) -> Any:
         t0 = time.process_time()
         start = int(kw.get("_continue") or 0)
         end = min(count, start + (kw.get("limit") or count))
-        items = ",".join(instance(texts[i % len(texts)], i) for i in range(start, end))
+        items = ",".join(instance(texts[i % len(texts)], i // len(texts))
+                         for i in range(start, end))
         more = f',"continue":"{end}"' if end < count else ""
         data = f'{{"metadata":{{"resourceVersion":"1"{more}}},"items":[{items}]}}'.encode()
         spent[0] += time.process_time() - t0
@@ -140,7 +181,71 @@ def fake_list(texts: list[str], count: int, spent: list[float]) -> Any:
     return list_func
 
 
-def child(mode: str, pods: int) -> None:
+def modify(backend: Any, pod_t: list[str], which: Iterable[int], version: str) -> None:
+    """Watch events: MODIFIED for pods number `which` of the store, each with a new
+    resourceVersion (prefixed `version`), through the pod informer and its hook."""
+    lines = [(instance(pod_t[i % len(pod_t)], i // len(pod_t))
+              .replace('"resourceVersion": "', f'"resourceVersion": "{version}'))
+             for i in which]
+    body = [f'{{"type":"MODIFIED","object":{text}}}\n'.encode() for text in lines]
+    backend.pods._list = lambda **kw: _Resp(lines=iter(body))
+    backend.pods._watch("1")
+
+
+def cycles(backend: Any, pod_t: list[str], pods: int, shares: list[float],
+           rounds: int) -> None:
+    """The cycle's reads with a share of the pods modified between two cycles, the kept
+    statuses (`keep_statuses`) alternated with the plain rebuild in this process: per
+    round and share, the plain path's cycle, then the kept path's first cycle (every
+    status built) and its next one. CPU per cycle; the pods' events not counted."""
+    from datetime import timedelta
+
+    from tests.k8s_world import T0
+
+    now, version, start = T0, 10, 0
+    best: dict[str, float] = {}
+
+    def timed(what: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.process_time()
+        out = call(*args, **kwargs)
+        spent = time.process_time() - t0
+        best[what] = min(best.get(what, spent), spent)
+        note(f"{what} {spent:.3f} s")
+        return out
+
+    for r in range(rounds):
+        for share in shares:
+            changed = max(1, int(pods * share))
+            label = f"{share * 100:g}pct"
+            for path in ("plain", "kept"):
+                backend.keep_statuses = path == "kept"
+                if path == "kept":
+                    now += timedelta(seconds=3)
+                    timed("kept_first", backend.statuses, now=now)
+                version += 1
+                modify(backend, pod_t, ((start + k) % pods for k in range(changed)),
+                       str(version))
+                start = (start + changed) % pods
+                now += timedelta(seconds=3)
+                answer = timed(f"{path}_{label}", backend.statuses, now=now)
+                if path == "kept":
+                    entries = list(backend._kept.values())
+                    note(f"{len(answer)} statuses: {sum(e.stable for e in entries)} kept, "
+                         f"{sum(not e.stable for e in entries)} built again each cycle "
+                         f"(time changes them), {len(answer) - len(entries)} others "
+                         "(orphan pods, replica 0's Job gone, a replica's Job missing)")
+                timed(f"{path}_nodes_{label}", backend.nodes)
+            backend.keep_statuses = False
+            same = sorted(answer, key=lambda s: s.name) == \
+                sorted(backend.statuses(now=now), key=lambda s: s.name)
+            note(f"round {r}, {label}: kept statuses equal to a plain rebuild: {same}; "
+                 f"load {os.getloadavg()[0]:.1f}")
+    for what, value in best.items():
+        bench(f"k8s_fleet_cycle_{what}_s", value, "s")
+
+
+def child(mode: str, pods: int, shares: list[float] | None = None, rounds: int = 0,
+          settled: bool = False) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
     os.environ.setdefault("DATABASE_URL", "sqlite:////tmp/fairq_bench_k8s_fleet.sqlite3")
     import django
@@ -151,7 +256,7 @@ def child(mode: str, pods: int) -> None:
     from queueing.backends.kubernetes import KubernetesBackend
     from tests.k8s_world import GPU_TYPES, KEY, T0
 
-    pod_t, job_t, node_t = templates()
+    pod_t, job_t, node_t = templates(settled)
     backend = KubernetesBackend(client.ApiClient(client.Configuration()), owner_key=KEY,
                                 gpu_types=GPU_TYPES)
     kicks = [0]
@@ -186,20 +291,17 @@ def child(mode: str, pods: int) -> None:
     note(f"{mode}: {pods} pods, {jobs} Jobs, {NODES} nodes listed; {kicks[0]} kicks")
 
     # Watch events: MODIFIED, each a pod of the store with a new resourceVersion.
-    lines = [(instance(pod_t[i % len(pod_t)], i)
-              .replace('"resourceVersion": "', '"resourceVersion": "9')) for i in range(EVENTS)]
-    body = [f'{{"type":"MODIFIED","object":{text}}}\n'.encode() for text in lines]
-    informer = backend.pods
-    informer._list = lambda **kw: _Resp(lines=iter(body))
+    events = min(EVENTS, pods)
     t0 = time.process_time()
-    informer._watch("1")
-    per_event = (time.process_time() - t0) / EVENTS
+    modify(backend, pod_t, range(events), "9")
+    per_event = (time.process_time() - t0) / events
     bench(f"k8s_fleet_{mode}_event_us", per_event * 1e6, "us")
     backend._started = True
     for i in (backend.pods, backend.jobs, backend.nodes_informer, backend.other_pods,
               backend.events):
         i.synced.set()
     backend._probe_ok_at = time.monotonic() + 3600
+    backend.keep_statuses = False  # the plain rebuild, as this line always measured
     t0 = time.process_time()
     statuses = backend.statuses(now=T0)
     bench(f"k8s_fleet_{mode}_statuses_s", time.process_time() - t0, "s")
@@ -207,6 +309,8 @@ def child(mode: str, pods: int) -> None:
     nodes = backend.nodes()
     bench(f"k8s_fleet_{mode}_nodes_s", time.process_time() - t0, "s")
     note(f"{mode}: {len(statuses)} statuses, {len(nodes)} nodes; peak RSS {peak_mb():.0f} MB")
+    if shares:
+        cycles(backend, pod_t, pods, shares, rounds)
 
 
 def main() -> int:
@@ -215,9 +319,26 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--modes", default="full,slim")
     parser.add_argument("--child", choices=("full", "slim"))
+    parser.add_argument("--cycles", default="",
+                        help="shares of the pods modified between two cycles (e.g. "
+                             "0.01,0.1): the kept statuses against the plain rebuild, "
+                             "slim, in one process")
+    parser.add_argument("--settled", action="store_true",
+                        help="with --cycles: only workloads a cycle leaves as they are "
+                             "(`settle`)")
     args = parser.parse_args()
     if args.child:
         child(args.child, args.pods)
+        return 0
+    if args.cycles:
+        from bench_admission import calibrate
+
+        calibrate()
+        note(f"load {os.getloadavg()}")
+        child("slim", args.pods, [float(x) for x in args.cycles.split(",")], args.rounds,
+              settled=args.settled)
+        note(f"load {os.getloadavg()}")
+        calibrate()
         return 0
     from bench_admission import calibrate
 

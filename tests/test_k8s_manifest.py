@@ -734,6 +734,7 @@ def test_a_job_deleted_before_fairq_saw_its_end_is_still_reported() -> None:
     p["metadata"]["labels"] = {"fairq.io/workload": "fq-12-1"}
     p["metadata"]["namespace"] = "fairq-vision"
     backend.pods._store["fairq-vision/p"] = p
+    backend._pod_changed("ADDED", None, p)  # as its informer does
     backend._job_changed("DELETED", done, None)  # the TTL controller was quicker
     [s] = backend.statuses(now=T0)
     assert (s.name, s.phase, s.finished_at) == ("fq-12-1", Phase.SUCCEEDED,

@@ -40,6 +40,7 @@ def backend_with(w: Any, *, slim: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
         for obj in objects:
             stored = transform(json.loads(json.dumps(obj))) if slim else obj
             informer._store[key_of(obj)] = stored
+            informer._notify("ADDED", None, stored)  # the hook, as a list runs it
         informer.synced.set()
     backend.events.synced.set()
     backend._started = True

@@ -98,6 +98,11 @@ class Informer:
         with self._lock:
             return self._store.get(key)
 
+    def relist_counts(self) -> dict[str, int]:
+        """How many lists replaced the store so far ("": the one store): a reader that
+        keeps what it derived from objects starts over where this moved."""
+        return {"": self.relists}
+
     # --- lifecycle -------------------------------------------------------------------
 
     def start(self) -> Informer:
@@ -164,11 +169,20 @@ class Informer:
 
     def relist(self) -> str:
         fresh, version = self._list_all()
+        # An object the server sends again at the same resourceVersion is the one held
+        # (the same content): kept, so what readers derived from it (the pods a workload
+        # is indexed with) does not hold a second copy. Read without the lock: only this
+        # thread writes the store.
+        old = self._store
+        for k, obj in fresh.items():
+            prev = old.get(k)
+            if prev is not None and _version(obj) and _version(prev) == _version(obj):
+                fresh[k] = prev
         with self._lock:
             old = self._store
             self._store = fresh
             self.version += 1
-        self.relists += 1
+            self.relists += 1
         self.refused = False
         self.synced.set()
         if self.on_change is not None:
@@ -336,6 +350,11 @@ class NamespacedInformers:
         with self._lock:
             informer = self._informers.get(key.split("/", 1)[0])
         return informer.get(key) if informer is not None else None
+
+    def relist_counts(self) -> dict[str, int]:
+        """Per namespace, how many lists replaced its store (see `Informer.relist_counts`)."""
+        with self._lock:
+            return {ns: i.relists for ns, i in self._informers.items()}
 
     @property
     def version(self) -> tuple[tuple[str, int], ...]:

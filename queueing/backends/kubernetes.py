@@ -41,7 +41,7 @@ import re
 import threading
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -120,6 +120,93 @@ log = logging.getLogger(__name__)
 # 400/422 fail the job, 403 is a refusal retried until FAIRQ_K8S_SUBMIT_REFUSED_SECONDS).
 _REFUSED = frozenset({400, 403, 422})
 
+# How far ahead a status just built is built again to tell whether time alone can
+# change it (`KubernetesBackend._keep`): past every deadline a status reads.
+_AHEAD = timedelta(days=36500)
+
+
+class _PodGroups:
+    """fairq's pods grouped by workload ("ns/workload" and the workload's name), kept by
+    the pod watch's hook (`KubernetesBackend._touched`) instead of regrouped from every
+    pod when the cache changed. A group is a dict pod key -> pod in key order (the
+    order of a list, and of the plain index), replaced, never changed, once published.
+    Guarded by the backend's `_changed_lock`."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[str, dict[str, Obj]] = {}
+        self.by_name: dict[str, dict[str, Obj]] = {}
+        self.version = 0
+
+    def changed(self, old: Obj | None, new: Obj | None) -> None:
+        for obj, add in ((old, False), (new, True)):
+            if obj is None:
+                continue
+            meta = obj["metadata"]
+            workload = (meta.get("labels") or {}).get(L_WORKLOAD)
+            if not workload:
+                continue
+            pod = key_of(obj)
+            for groups, key in ((self.by_key, f"{meta.get('namespace')}/{workload}"),
+                                (self.by_name, workload)):
+                group = dict(groups.get(key, ()))
+                if add:
+                    new_pod = pod not in group
+                    group[pod] = obj
+                    if new_pod and len(group) > 1:
+                        group = dict(sorted(group.items()))
+                else:
+                    group.pop(pod, None)
+                if group:
+                    groups[key] = group
+                else:
+                    groups.pop(key, None)
+        self.version += 1
+
+
+class _Grouped(Mapping[str, list[Obj]]):
+    """A read-only view of `_PodGroups` groups as lists of pods, made per look-up."""
+
+    def __init__(self, groups: dict[str, dict[str, Obj]]) -> None:
+        self._groups = groups
+
+    def __getitem__(self, key: str) -> list[Obj]:
+        return list(self._groups[key].values())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._groups)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._groups
+
+
+class _KeptStatus:
+    """A workload's status kept between cycles, with the inputs it was built from that
+    no watch event of its own marks: its Job (the object: a relist or an event replaces
+    it), its replicas' Jobs, the create errors read, and the cycle's `now` (a later one
+    only). Its pods' changes drop it (`KubernetesBackend._touched`). Not `stable`: time
+    alone changes the status (`KubernetesBackend._keep`), only its pods are kept."""
+
+    __slots__ = ("erred", "errors", "job", "now", "pods", "replicas", "stable", "status")
+
+    def __init__(self, job: Obj, replicas: dict[int, Obj], errors: tuple[tuple[str, str], ...],
+                 now: datetime, pods: list[Obj], status: WorkloadStatus, *,
+                 stable: bool) -> None:
+        self.job, self.replicas, self.errors = job, replicas, errors
+        self.erred = any(message for _, message in errors)
+        self.now, self.pods, self.status, self.stable = now, pods, status, stable
+
+    def holds(self, job: Obj, replicas: Mapping[int, Obj], create_errors: Mapping[str, str],
+              now: datetime) -> bool:
+        if job is not self.job or now < self.now or len(replicas) != len(self.replicas):
+            return False
+        if self.replicas and any(replicas.get(i) is not r for i, r in self.replicas.items()):
+            return False
+        return not (create_errors or self.erred) or all(
+            create_errors.get(k, "") == v for k, v in self.errors)
+
 
 class KubernetesBackend:
     """The protocol's methods (base.ClusterBackend) on a Kubernetes cluster, and what
@@ -134,6 +221,11 @@ class KubernetesBackend:
     # Jobs are POSTed pre-serialised (`RawPoster`); False: through the generated client
     # method, parsing every answer, as before (kept for bench/bench_k8s.py's comparison).
     raw_creates: bool = True
+    # Each workload's status kept between cycles and rebuilt only when one of its inputs
+    # moved (`_KeptStatus`; docs/performance.md, "The cycle's statuses kept between
+    # cycles"); False: every status rebuilt from the watch cache each cycle, the
+    # reference (tests/test_k8s_kept_statuses.py holds the two equal).
+    keep_statuses: bool = True
 
     def __init__(
         self,
@@ -274,6 +366,19 @@ class KubernetesBackend:
                                        on_change=self._node_changed, transform=slim_node)
         self._informers = (self.jobs, self.pods, self.other_pods, self.nodes_informer)
         self._pod_index_memo: tuple[Any, dict[str, list[Obj]], dict[str, list[Obj]]] | None = None
+        # The kept statuses ("ns/workload" -> `_KeptStatus`), the workloads a watch
+        # event touched since the cycle last read them (under `_changed_lock`: the watch
+        # threads add, the cycle takes), and what the kept ones were built under (the
+        # timeouts, each informer's relist count).
+        self._kept: dict[str, _KeptStatus] = {}
+        self._groups = _PodGroups()
+        self._replica_memo: dict[int, tuple[Obj, tuple[str, str, int] | None]] = {}
+        self._groups_memo: tuple[int, Mapping[str, list[Obj]], Mapping[str, list[Obj]]] | \
+            None = None
+        self._changed: set[str] = set()
+        self._changed_lock = threading.Lock()
+        self._kept_under: tuple[Any, ...] = ()
+        self._relists_seen: dict[tuple[str, str], int] = {}
         # The Job controller's FailedCreate events (why a Job has no pods), watched so
         # the cycle never asks per Job. Not waited for: without it (not synced, or not
         # allowed to list events) a Job without pods only shows as waiting, never fails.
@@ -850,16 +955,20 @@ class KubernetesBackend:
 
     # --- statuses -----------------------------------------------------------------------
 
-    def _pods_by_workload(self) -> dict[str, list[Obj]]:
+    def _pods_by_workload(self) -> Mapping[str, list[Obj]]:
         """fairq's pods by "namespace/workload" (read only: shared until the pod cache
         changes)."""
         return self._pod_index()[0]
 
-    def _pod_index(self) -> tuple[dict[str, list[Obj]], dict[str, list[Obj]]]:
-        """fairq's pods by "namespace/workload" and by workload name, built once per
-        version of the pod cache: a cycle's statuses, its stops and the log reads of
-        a thousand workloads each looked up their pods by a scan of every pod (a
-        profile at load 25 found it in every stop). Read only."""
+    def _pod_index(self) -> tuple[Mapping[str, list[Obj]], Mapping[str, list[Obj]]]:
+        """fairq's pods by "namespace/workload" and by workload name. With
+        `keep_statuses`, as the pod hook keeps them (`_PodGroups`: a cycle regrouped
+        150,000 pods); else built once per version of the pod cache: a cycle's statuses,
+        its stops and the log reads of a thousand workloads each looked up their pods by
+        a scan of every pod (a profile at load 25 found it in every stop). Read only."""
+        if self.keep_statuses:
+            with self._changed_lock:
+                return self._grouped()
         version = self.pods.version
         memo = self._pod_index_memo
         if memo is not None and memo[0] == version:
@@ -871,13 +980,28 @@ class KubernetesBackend:
             if workload:
                 by_key[f"{pod['metadata'].get('namespace')}/{workload}"].append(pod)
                 by_name[workload].append(pod)
+        # Each group in key order, whatever order the store holds them in (a relist's
+        # order, then the watch's): what reads the first of a kind reads the same one.
+        for group in (*by_key.values(), *by_name.values()):
+            if len(group) > 1:
+                group.sort(key=key_of)
         self._pod_index_memo = (version, dict(by_key), dict(by_name))
         return self._pod_index_memo[1], self._pod_index_memo[2]
+
+    def _grouped(self) -> tuple[Mapping[str, list[Obj]], Mapping[str, list[Obj]]]:
+        """The hook's groups now (under `_changed_lock`), copied once per change."""
+        memo = self._groups_memo
+        if memo is None or memo[0] != self._groups.version:
+            memo = self._groups_memo = (self._groups.version,
+                                        _Grouped(dict(self._groups.by_key)),
+                                        _Grouped(dict(self._groups.by_name)))
+        return memo[1], memo[2]
 
     def statuses(self, *, now: datetime) -> list[WorkloadStatus]:
         self.wait_synced()
         self.check_reachable()
-        pods = self._pods_by_workload()
+        kept, pods = self._kept_statuses()
+        fresh: dict[str, _KeptStatus] = {}
         out: list[WorkloadStatus] = []
         housekeeping: list[tuple[str, str]] = []
         hidden = self.tracker.hidden()
@@ -890,19 +1014,33 @@ class KubernetesBackend:
         for job in self.jobs.items():
             meta = job["metadata"]
             name = meta["name"]
-            if not self._ours(meta):
-                continue  # another fairq's (a staging instance on the same cluster)
-            key = f"{meta['namespace']}/{name}"
-            job_keys.add(key)  # its pods are a Job's, not orphans, whoever made it
-            if not sealed_by_fairq(job, self.owner_key):
-                continue  # not fairq's (finding 11.4): not reported, charged or stopped
-            if is_replica_job(job):
-                continue  # a replica of a workload: reported with the workload's Job
-            job_pods = pods.get(key, [])
+            key = f"{meta.get('namespace')}/{name}"
+            entry = kept.get(key) if kept is not None else None
+            if entry is not None and entry.job is job:
+                job_keys.add(key)  # ours, sealed and a workload's Job: seen when kept
+            elif kept is not None and (known := self._replica_memo.get(id(job))) and \
+                    known[0] is job and known[1] is not None:
+                job_keys.add(key)  # a replica's Job of ours (`_replica_jobs`, just now)
+                continue
+            else:
+                entry = None
+                if not self._ours(meta):
+                    continue  # another fairq's (a staging instance on the same cluster)
+                job_keys.add(key)  # its pods are a Job's, not orphans, whoever made it
+                if not sealed_by_fairq(job, self.owner_key):
+                    continue  # not fairq's (finding 11.4): not reported, charged or stopped
+                if is_replica_job(job):
+                    continue  # a replica of a workload: reported with the workload's Job
             replicas = replica_jobs.get(key, {}) if L_REPLICA in (meta.get("labels") or {}) \
                 else {}
-            if replicas or workload_replicas(job) > 1:
-                job_pods = _current_pods(job_pods, [job, *replicas.values()])
+            if entry is not None and entry.holds(job, replicas, create_errors, now):
+                job_pods = entry.pods
+                fresh[key] = entry
+            else:
+                entry = None
+                job_pods = pods.get(key, [])
+                if replicas or workload_replicas(job) > 1:
+                    job_pods = _current_pods(job_pods, [job, *replicas.values()])
             if name in hidden:
                 if any(not pod_is_terminal(p) for p in job_pods) and \
                         workload_finished(job, job_pods) is None:
@@ -913,19 +1051,24 @@ class KubernetesBackend:
                     if self._expired(hidden[name], now) and not meta.get("deletionTimestamp"):
                         housekeeping.append((name, meta["namespace"]))
                     continue
-            status = workload_status(job, job_pods, now=now,
-                                     image_pull_timeout_seconds=self.image_pull_timeout_seconds,
-                                     pod_create_timeout_seconds=self.pod_create_timeout_seconds,
-                                     create_error=create_errors.get(key, "")
-                                     if not job_pods else "")
-            if status is None:
-                continue
-            if L_REPLICA in (meta.get("labels") or {}) and workload_replicas(job) > 1:
-                status = self._all_replicas(status, job, job_pods, replicas, create_errors,
-                                            now=now)
+            if entry is not None and entry.stable:
+                status = entry.status
+            else:
+                built = self._workload_status(job, job_pods, replicas, create_errors, now=now)
+                if built is None:
+                    continue
+                status = built
+                if kept is not None and entry is None:
+                    entry = self._keep(key, job, job_pods, replicas, create_errors, status,
+                                       now=now)
+                    if entry is not None:
+                        fresh[key] = entry
             if reclaimed_nodes or reclaimed:
                 status = self._spot_reclaimed(status, job_pods, reclaimed_nodes)
-            out.append(self.tracker.seen(status))  # stopping when asked; the watch lags
+            out.append(status)
+        out = self.tracker.seen_all(out)  # stopping when asked; the watch lags
+        if kept is not None:
+            self._kept = fresh
         listed = {s.name for s in out}
         out.extend(self._replicas_left(replica_jobs, pods, listed, now=now))
         listed = {s.name for s in out}
@@ -940,6 +1083,75 @@ class KubernetesBackend:
                 # off (1.20 without the TTLAfterFinished gate), so clean up ourselves.
                 self._delete_quietly(name, namespace)
         return out
+
+    def _workload_status(self, job: Obj, job_pods: Sequence[Obj],
+                         replicas: Mapping[int, Obj], create_errors: Mapping[str, str], *,
+                         now: datetime) -> WorkloadStatus | None:
+        """The status of the workload of `job` (its workload Job) from the watch cache,
+        before what the tracker adds (rule K6, `stopping`)."""
+        meta = job["metadata"]
+        status = workload_status(job, job_pods, now=now,
+                                 image_pull_timeout_seconds=self.image_pull_timeout_seconds,
+                                 pod_create_timeout_seconds=self.pod_create_timeout_seconds,
+                                 create_error=create_errors.get(
+                                     f"{meta['namespace']}/{meta['name']}", "")
+                                 if not job_pods else "")
+        if status is not None and L_REPLICA in (meta.get("labels") or {}) and \
+                workload_replicas(job) > 1:
+            status = self._all_replicas(status, job, job_pods, replicas, create_errors,
+                                        now=now)
+        return status
+
+    def _keep(self, key: str, job: Obj, job_pods: list[Obj], replicas: Mapping[int, Obj],
+              create_errors: Mapping[str, str], status: WorkloadStatus, *,
+              now: datetime) -> _KeptStatus | None:
+        """`status`, just built, kept for the next cycles while its inputs hold: `stable`
+        if nothing else can change it, the same when built as at a time far ahead (an age
+        past a deadline - an image pull, a pod never created - or an end stamped `now`
+        would differ); else its inputs only (it is built again each cycle, its pods not
+        looked up again). None, rebuilt every cycle: a replica's Job missing (the
+        tracker's memory of it is read then)."""
+        if L_REPLICA in (job["metadata"].get("labels") or {}) and \
+                len(replicas) < workload_replicas(job) - 1:
+            return None
+        stable = self._workload_status(job, job_pods, replicas, create_errors,
+                                       now=now + _AHEAD) == status
+        namespace = job["metadata"]["namespace"]
+        read = (key, *(f"{namespace}/{r['metadata']['name']}" for r in replicas.values()))
+        return _KeptStatus(job, dict(replicas), tuple((k, create_errors.get(k, "")) for k in read),
+                           now, job_pods, status, stable=stable)
+
+    def _kept_statuses(self) -> tuple[dict[str, _KeptStatus] | None, Mapping[str, list[Obj]]]:
+        """The statuses kept from the last cycle that still hold as far as the watches
+        said (None: `keep_statuses` is off), and fairq's pods by workload as of the same
+        events: those of workloads a watch event touched since are dropped, all of a
+        namespace whose Jobs or pods were listed again (a resync, a 410), all when a
+        timeout, the owner key or the namespace prefix they were built with changed."""
+        with self._changed_lock:
+            changed, self._changed = self._changed, set()
+            grouped = self._grouped()[0]
+        if not self.keep_statuses:
+            self._kept = {}
+            return None, self._pods_by_workload()
+        kept = self._kept
+        under = (self.image_pull_timeout_seconds, self.pod_create_timeout_seconds,
+                 self.owner_key, self.namespace_prefix)
+        if under != self._kept_under:
+            kept, self._kept_under, self._replica_memo = {}, under, {}
+        relists = {(informer.name, namespace): count
+                   for informer in (self.jobs, self.pods)
+                   for namespace, count in informer.relist_counts().items()}
+        for (kind, namespace), count in relists.items():
+            if self._relists_seen.get((kind, namespace)) == count:
+                continue
+            if not namespace:
+                kept = {}
+            else:
+                kept = {k: e for k, e in kept.items() if not k.startswith(f"{namespace}/")}
+        self._relists_seen = relists
+        for key in changed:
+            kept.pop(key, None)
+        return kept, grouped
 
     def _spot_reclaimed(self, status: WorkloadStatus, pods: Sequence[Obj],
                         reclaimed_nodes: Mapping[str, tuple[str, datetime]]
@@ -998,18 +1210,37 @@ class KubernetesBackend:
         """The replica Jobs (i > 0) of this fairq's multi-replica workloads, by workload
         ("ns/name") and index, from the watch cache; each noted as seen by the tracker."""
         out: dict[str, dict[int, Obj]] = defaultdict(dict)
+        seen: list[tuple[str, int]] = []
+        # With `keep_statuses`, each Job's verdict is kept while the Job object is the
+        # same (id -> (Job, verdict); the Job held, so its id is not reused).
+        memo = self._replica_memo if self.keep_statuses else None
+        fresh: dict[int, tuple[Obj, tuple[str, str, int] | None]] = {}
         for job in self.jobs.items():
-            meta = job["metadata"]
-            if not is_replica_job(job) or not self._fairqs(job):
-                continue
-            labels = meta.get("labels") or {}
-            index = str(labels.get(L_REPLICA, ""))
-            if not index.isdigit():
-                continue
-            workload = str(labels[L_WORKLOAD])
-            out[f"{meta['namespace']}/{workload}"][int(index)] = job
-            self.tracker.replica_seen(workload, int(index))
+            known = memo.get(id(job)) if memo is not None else None
+            verdict = known[1] if known is not None and known[0] is job else \
+                self._replica_verdict(job)
+            if memo is not None:
+                fresh[id(job)] = (job, verdict)
+            if verdict is not None:
+                key, workload, index = verdict
+                out[key][index] = job
+                seen.append((workload, index))
+        self.tracker.replicas_seen(seen)
+        self._replica_memo = fresh
         return out
+
+    def _replica_verdict(self, job: Obj) -> tuple[str, str, int] | None:
+        """("ns/workload", workload, index) when `job` is a replica Job (i > 0) of this
+        fairq's, else None."""
+        meta = job["metadata"]
+        if not is_replica_job(job) or not self._fairqs(job):
+            return None
+        labels = meta.get("labels") or {}
+        index = str(labels.get(L_REPLICA, ""))
+        if not index.isdigit():
+            return None
+        workload = str(labels[L_WORKLOAD])
+        return f"{meta['namespace']}/{workload}", workload, int(index)
 
     def _all_replicas(self, status: WorkloadStatus, job: Obj, pods: Sequence[Obj],
                       replicas: Mapping[int, Obj], create_errors: Mapping[str, str], *,
@@ -1083,10 +1314,13 @@ class KubernetesBackend:
         calls `stop`, which deletes them); pods that never ran are deleted here."""
         out: list[WorkloadStatus] = []
         grace = timedelta(seconds=self.orphan_pod_grace_seconds)
-        for key, group in pods.items():
-            namespace, name = key.split("/", 1)
-            if key in job_keys or not namespace.startswith(self.namespace_prefix):
+        for key in pods:
+            if key in job_keys:
                 continue
+            namespace, name = key.split("/", 1)
+            if not namespace.startswith(self.namespace_prefix):
+                continue
+            group = pods[key]
             # Only pods no Job owns: orphan propagation removes the owner reference; a pod
             # that still has one belongs to a Job the cache may merely lag behind on (or
             # one being garbage collected).
@@ -1261,6 +1495,7 @@ class KubernetesBackend:
     # --- watch hooks (informer threads: quick, no DB) ------------------------------------
 
     def _job_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        self._touched(old, new, job=True)
         if not self._fairqs(new or old or {}):
             return
         if is_replica_job(new or old or {}):
@@ -1304,6 +1539,7 @@ class KubernetesBackend:
         self.tracker.bury(status, at=time.monotonic())
 
     def _pod_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        self._touched(old, new, pod=True)
         if kind == "MODIFIED" and new is not None and self._last_words_due(old, new):
             if self._last_words_pool is None:
                 self._last_words_pool = ThreadPoolExecutor(
@@ -1312,6 +1548,29 @@ class KubernetesBackend:
                 self._last_words_pool.submit(self._remember_last_words, new)
         if kind in ("ADDED", "DELETED") or _phase(old) != _phase(new):
             self._poke()
+
+    def _touched(self, old: Obj | None, new: Obj | None, *, job: bool = False,
+                 pod: bool = False) -> None:
+        """A watch event changed `old` into `new` (a Job, `job`, or a fairq pod, `pod`:
+        regrouped too): the kept status of its workload ("ns/<fairq.io/workload>", before
+        and after; a Job's own name too) is rebuilt by the next cycle. Marked before the
+        kick, so the cycle it starts sees the mark; with the regrouping, under one lock,
+        so a cycle's pods and marks are of the same events."""
+        keys = set()
+        for obj in (old, new):
+            if obj is None:
+                continue
+            meta = obj.get("metadata") or {}
+            namespace = meta.get("namespace")
+            workload = (meta.get("labels") or {}).get(L_WORKLOAD)
+            if workload:
+                keys.add(f"{namespace}/{workload}")
+            if job or not workload:
+                keys.add(f"{namespace}/{meta.get('name')}")
+        with self._changed_lock:
+            self._changed.update(keys)
+            if pod:
+                self._groups.changed(old, new)
 
     def _node_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         # Capacity is read from the cache each cycle; a node that appears, leaves or
