@@ -93,6 +93,9 @@ _FLOOR = True
 # every node they run on, the reference the tests hold the search by rule Q6's
 # nearness, one level at a time (`_Levels`, `_take_per_replica_by_level`), to.
 _INDEX = True
+# False: step 2 weighs every node of a packed pool the levels reach for a replica of
+# whole GPUs, the reference the tests hold the bound per node (`_packed_bounds`) to.
+_BOUND = True
 
 
 def _unprotected(ws: Workspace, gpu_type: str, now: datetime,
@@ -593,17 +596,22 @@ def _take_per_replica_by_level(ws: Workspace, levels: _Levels,
     packed = bool(cap.packed) and pool in cap.packed
     given: dict[tuple[int, str], list[tuple[int, int]]] = {}  # rule H6, per (job, node)
 
+    kept = ws.victim_given if _BOUND else {}
+
     def absorb() -> None:
         level = len(touched)
         start = levels.ends[level - 1] if level else 0
         names: dict[str, None] = {}
         for _, r, _ in levels.items[start:levels.ends[level]]:
-            for name in dict.fromkeys(r.nodes):
-                if node_pool.get(name) == pool:
+            for name in (r.nodes if len(r.nodes) == 1 else dict.fromkeys(r.nodes)):
+                if node_pool.get(name) == pool and (bounds is None or name in bounds):
                     on_node.setdefault(name, []).append(r)
                     names[name] = None
                     if packed:
-                        given[(r.id, name)] = _given(cap, r, name)
+                        got = kept.get((r.id, name))
+                        if got is None:
+                            got = kept[(r.id, name)] = _given(cap, r, name)
+                        given[(r.id, name)] = got
         for name in names:
             marks.setdefault(name, []).append((level, len(on_node[name])))
         touched.append(list(names))
@@ -615,11 +623,19 @@ def _take_per_replica_by_level(ws: Workspace, levels: _Levels,
     reserved: list[tuple[str, tuple[int, ...]]] = []
     ok = True
     fraction = packed and g < min((cap.spg[n] for n in cap.nodes_of[pool]), default=0)
+    bounds: dict[str, float] | None = None
+    if packed and not fraction and _BOUND:
+        # Victims only lower what a node's candidates could free: the bounds hold for
+        # every replica.
+        bounds = _packed_bounds(ws, levels, pool, g)
     for _ in range(reps):
         placed = cap.place(pool, g, 1, cpu=cpu, memory=mem)
         if placed is not None:
             reserved.append((placed[0], cap.last_slots))
             continue
+        if bounds is not None and not bounds:
+            ok = False  # no level's candidates empty the GPUs a replica needs anywhere
+            break
         best: tuple[tuple[object, ...], str, list[RunningJob]] | None = None
         level = 0
         while best is None:
@@ -627,7 +643,10 @@ def _take_per_replica_by_level(ws: Workspace, levels: _Levels,
                 if level == len(levels.ends) and not levels.more():
                     break
                 absorb()
+            near = levels.items[levels.ends[level] - 1][0][0]  # this level's nearness
             for name in touched[level]:
+                if bounds is not None and bounds.get(name, _NEVER) > near:
+                    continue  # its candidates so far cannot empty the GPUs it needs
                 if cap.empty_node_slots(name, g, cpu, mem) < 1:
                     continue
                 jobs = upto(name, level)
@@ -651,6 +670,124 @@ def _take_per_replica_by_level(ws: Workspace, levels: _Levels,
     for name, slots in reserved:
         cap.release((name,), g, cpu=cpu, memory=mem, slots=slots)
     return ok
+
+
+_NEVER = float("inf")
+
+
+def _packed_bounds(ws: Workspace, levels: _Levels, pool: str, g: int) -> dict[str, float]:
+    """Per node of packed `pool` whose GPUs the search's candidates could empty for a
+    replica of `g` slices (rule H6), the least nearness (rule Q6, the first part of rule
+    R4's key) of a level by which they could: on each GPU its free slices plus what
+    the candidates on it of that nearness or nearer give; `whole` GPUs' worth of them
+    (a fraction: one GPU with `g`). A node absent never makes room; one whose bound is
+    farther than a level cannot make room with that level's candidates, so step 2 need
+    not weigh it there (`_packed_choices` would find no way). The candidates are
+    `_candidates`' rules on every running job of the type, read per GPU from the
+    workspace's index (`Workspace.victim_gpus`), a superset of those `still_allowed`
+    lets a way take: the bound is never farther than the first level that makes room.
+    A whole-GPU claim on the time-sliced type needs a GPU all of whose fractions it may
+    take: it reads the fleet's level (90,000 fractions in docs/performance.md), and
+    weighs only the nodes holding such a GPU."""
+    job, ws_ledger, cap = levels.job, ws.ledger, ws.capacity
+    gt, own, tier = job.gpu_type, job.team, job.tier_rank
+    removed, where, cluster, spared = ws.removed, ws.running_cluster, levels.cluster, \
+        levels.spared
+    reach = levels.reach
+    # Per team with jobs of the type: None when no job of it may be a candidate, else
+    # (its nearness, whether it may be reclaimed from), as `_candidates` reads them.
+    team_of: dict[str, tuple[int, bool] | None] = {}
+    for t in levels.by_team:
+        if t == own:
+            team_of[t] = (0, False)
+        elif ws_ledger.reclaimable(own, t, gt):
+            team_of[t] = (ws_ledger.nearness(own, t, gt),
+                          levels.within and (reach is None or ws_ledger.lca(own, t) in reach))
+        else:
+            team_of[t] = None
+    index = ws.victim_gpus.get(gt)
+    if index is None:
+        index = ws.victim_gpus[gt] = _gpu_index(ws, gt)
+    out: dict[str, float] = {}
+    for name in cap.nodes_of[pool]:
+        s, gf = cap.spg[name], cap.gpu_free[name]
+        whole = 0 if g < s else -(-g // s)
+        need = g if whole == 0 else s
+        per_gpu = index.get(name, [])
+        clear: list[float] = []
+        for i, base in enumerate(gf):
+            if base >= need:
+                clear.append(-_NEVER)
+                continue
+            on, most = per_gpu[i] if i < len(per_gpu) else ([], 0)
+            # `most`: what every job on the GPU gives; past the first job it may not
+            # take, a whole-GPU claim usually cannot reach `need` - stop reading there.
+            most += base
+            found: list[tuple[int, int]] = []
+            total = base
+            for r, add in on:
+                if r.id in removed:
+                    continue  # what it held is in `gf` already
+                info = team_of.get(r.team)
+                if info is None or where[r.id] != cluster or r.id in spared:
+                    most -= add
+                    if most < need:
+                        break
+                    continue
+                near, may_reclaim = info
+                if r.team == own:
+                    ok = r.preemptible and r.tier_rank < tier
+                elif not r.preemptible:
+                    ok = may_reclaim
+                else:
+                    ok = r.tier_rank < tier or (may_reclaim and r.tier_rank <= tier)
+                if ok:
+                    found.append((near, add))
+                    total += add
+                else:
+                    most -= add
+                    if most < need:
+                        break
+            if total < need:
+                continue
+            found.sort()
+            got = base
+            for near, add in found:
+                got += add
+                if got >= need:
+                    clear.append(near)
+                    break
+        if len(clear) >= max(1, whole):
+            clear.sort()
+            out[name] = clear[max(1, whole) - 1]
+    return out
+
+
+_OnGpu = tuple[list[tuple[RunningJob, int]], int]
+
+
+def _gpu_index(ws: Workspace, gpu_type: str) -> dict[str, list[_OnGpu]]:
+    """Per packed node of `gpu_type`, per GPU, the running jobs on it with the slices
+    each gives back there (rule H6, `_given`), and their sum: the same for the whole
+    pass (a victim's slices are then in the node's free slices, and it is skipped)."""
+    cap = ws.capacity
+    out: dict[str, list[list[tuple[RunningJob, int]]]] = {}
+    for r in ws.running_by_type.get(gpu_type, ()):
+        for name in dict.fromkeys(r.nodes):
+            if name not in cap.spg:
+                continue
+            per = out.get(name)
+            if per is None:
+                per = out[name] = [[] for _ in cap.gpu_free[name]]
+            if len(r.nodes) == 1 and len(r.gpu_slots) == 1:  # a fraction or one GPU
+                got = [(r.gpu_slots[0], min(r.gpus_per_replica, cap.spg[name]))]
+            else:
+                got = _given(cap, r, name)
+            for i, add in got:
+                if 0 <= i < len(per):
+                    per[i].append((r, add))
+    return {name: [(on, sum(add for _, add in on)) for on in per]
+            for name, per in out.items()}
 
 
 def _minimize(ws: Workspace, taken: list[RunningJob], key_of: dict[int, _Key],

@@ -920,6 +920,13 @@ class Workspace:
         # only the teams a search may take from).
         self.victim_teams: dict[tuple[str, datetime, bool],
                                 dict[str, list[tuple[RunningJob, float]]]] = {}
+        # Rule H6 in the victim search: per packed node of a type, per GPU, its running
+        # jobs with the slices each gives back there and their sum
+        # (`preemption._gpu_index`), and what each job gives back per node
+        # (`preemption._given`).
+        self.victim_gpus: dict[
+            str, dict[str, list[tuple[list[tuple[RunningJob, int]], int]]]] = {}
+        self.victim_given: dict[tuple[int, str], list[tuple[int, int]]] = {}
         # The lowest tier among each (team, type)'s preemptible jobs: a job over its own
         # team's ceiling can only make room by preempting those (rules Q1, R1).
         self.lowest_tier: dict[tuple[str, str], int] = {}

@@ -86,7 +86,7 @@ def _running(rnd: random.Random, teams: list[str], whole: list[NodeState],
             "preemptions": rnd.choice((0, 0, 1, 3)),
             "checkpointed_at": rnd.choice((None, NOW - timedelta(seconds=rnd.choice((5, 900)))))}
 
-    for _ in range(rnd.randrange(5, 60)):
+    for _ in range(rnd.randrange(5, 60 if whole else 90)):
         jid = len(out) + 1
         if rnd.random() < 0.5 and whole:
             g, reps = rnd.choice((1, 1, 2, 4, 8)), rnd.choice((1, 1, 1, 2))
@@ -123,12 +123,15 @@ def _running(rnd: random.Random, teams: list[str], whole: list[NodeState],
         {**cpu_free, **gpu_free}
 
 
-def world(rnd: random.Random) -> Snapshot:
+def world(rnd: random.Random, sliced_only: bool = False) -> Snapshot:
+    """`sliced_only`: the time-sliced type full of fractions and claims of it, whole
+    GPUs most (the fleet's claims that need a GPU all of whose jobs they may take)."""
     parent, teams, tree_nodes = _tree(rnd)
-    cpu = rnd.random() < 0.3
-    whole = [NodeState(f"w{i}", WHOLE, 8, 8) for i in range(rnd.randrange(1, 5))]
+    cpu = rnd.random() < 0.3 and not sliced_only
+    whole = [] if sliced_only else [NodeState(f"w{i}", WHOLE, 8, 8)
+                                    for i in range(rnd.randrange(1, 5))]
     sliced = [NodeState(f"s{i}", SLICED, 4 * S, 4 * S, slices_per_gpu=S)
-              for i in range(rnd.randrange(0, 4))]
+              for i in range(rnd.randrange(1 if sliced_only else 0, 4))]
     running, free, more = _running(rnd, teams, whole, sliced, cpu)
     nodes = tuple(
         [replace(n, free=free[n.name], cpu_free=more[n.name] if cpu else None,
@@ -136,7 +139,9 @@ def world(rnd: random.Random) -> Snapshot:
         + [replace(n, free=free[n.name], gpu_free=tuple(more[n.name])) for n in sliced])
     queued = []
     for k in range(rnd.randrange(1, 25)):
-        if sliced and rnd.random() < 0.5:
+        if sliced_only:
+            gt, g, reps = SLICED, rnd.choice((1, 3, S, S, S, 2 * S)), rnd.choice((1, 1, 2))
+        elif sliced and rnd.random() < 0.5:
             gt, g, reps = SLICED, rnd.choice((1, 2, 3, S, S)), 1
         else:
             gt, g, reps = WHOLE, rnd.choice((1, 2, 4, 8)), rnd.choice((1, 1, 2))
@@ -307,3 +312,83 @@ def test_rule_h6_a_fractions_ways_per_gpu_are_the_ways_reading_the_node(
     for g in range(1, S):
         assert preemption._fraction_ways(cap, "s0", jobs, given, allowed, g, cpu, 0) == \
             preemption._packed_choices(cap, "s0", jobs, allowed, g, cpu, 0)
+
+
+def _searches(s: Snapshot, rnd: random.Random, *, index: bool, bound: bool
+              ) -> list[tuple[object, set[int]]]:
+    """Every queued job's search in turn on one workspace (some undone), with the
+    `_INDEX` and `_BOUND` switches given; what each found and the victims removed."""
+    preemption._INDEX, preemption._BOUND = index, bound
+    try:
+        ws, out = Workspace(s), []
+        for job in s.queued:
+            protect = rnd.random() < 0.5  # False: an owed claim (rule R11)
+            spared = frozenset(r.id for r in s.running if rnd.random() < 0.1)
+            found = find_victims(ws, job, now=s.now, factor=lambda t: 1.0 + len(t) % 3,
+                                 protect=protect, spared=spared)
+            out.append((found and found[0], set(ws.removed)))
+            if found is not None and rnd.random() < 0.3:
+                found[1]()
+        return out
+    finally:
+        preemption._INDEX, preemption._BOUND = True, True
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32))
+def test_rule_h6_whole_gpu_claims_weigh_only_nodes_their_candidates_can_empty(
+    seed: int,
+) -> None:
+    """Step 2 on the time-sliced type (`preemption._BOUND`, `_packed_bounds`): a claim
+    of whole GPUs (and fractions, and gangs) weighing only the nodes whose GPUs its
+    candidates could empty by a level finds what weighing every node the levels reach
+    finds, and what the reference search finds; owed and spared searches."""
+    s = world(random.Random(seed), sliced_only=True)
+    want = _searches(s, random.Random(seed), index=False, bound=False)
+    assert _searches(s, random.Random(seed), index=True, bound=False) == want
+    assert _searches(s, random.Random(seed), index=True, bound=True) == want
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_rule_h6_plans_with_the_bound_on_packed_nodes_are_the_plans_without(
+    rnd: random.Random,
+) -> None:
+    s = world(rnd, sliced_only=True)
+    plan = plan_admissions(s)
+    preemption._BOUND = False
+    try:
+        want = plan_admissions(s)
+    finally:
+        preemption._BOUND = True
+    assert plan == want
+    assert plan.waits.items() == want.waits.items()
+    assert plan == _reference(s)
+
+
+def test_rule_h6_a_gpu_holding_a_job_it_may_not_take_bounds_no_node() -> None:
+    """One GPU of a 4-slice node holds a fraction of the claimant's own top tier (no
+    candidate, rule R1), the other one only lower-tier fractions of its team: only the
+    second can be emptied, by the claimant's own level (nearness 0); no GPU can for a
+    claimant of a tier those jobs are not below."""
+    hour = NOW - timedelta(hours=1)
+
+    def frac(jid: int, gpu: int, tier: int) -> RunningJob:
+        return RunningJob(jid, "me", SLICED, 2, 1, tier, started_at=hour, nodes=("s0",),
+                          gpu_slots=(gpu,))
+
+    running = (frac(1, 0, 100), frac(2, 0, 0), frac(3, 1, 0), frac(4, 1, 0))
+    s = Snapshot(now=NOW, nodes=(NodeState("s0", SLICED, 2 * S, 0, slices_per_gpu=S,
+                                           gpu_free=(0, 0)),),
+                 queued=(QueuedJob(9, "me", SLICED, S, 1, 100, NOW),
+                         QueuedJob(10, "me", SLICED, S, 1, 0, NOW)),
+                 running=running, quotas={("me", SLICED): QuotaLimit(8 * S)},
+                 team_parent={"me": None}, units_per_gpu={SLICED: S},
+                 preemption=PreemptionSettings(enabled=True, lost_per_wait=None))
+    ws = Workspace(s)
+    for job, want in ((s.queued[0], {"s0": 0}), (s.queued[1], {})):
+        levels = preemption._Levels(ws, job, preemption._by_team(ws, SLICED, NOW, False),
+                                    "", True, lambda _t: 1.0, ())
+        assert preemption._packed_bounds(ws, levels, SLICED, S) == want
+    found = find_victims(ws, s.queued[0], now=NOW, factor=lambda _t: 1.0, protect=False)
+    assert found is not None and [v.job_id for v in found[0].victims] == [3, 4]
