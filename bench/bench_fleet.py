@@ -38,9 +38,11 @@ from the figures of the run.
 
 `--alternate` ("A fleet of 5,000 nodes: the pass"): per size, in one process on one
 snapshot, the pass with every fleet shortcut off (`fast_paths(False)`: the reference
-paths the tests hold them to) and on, in turn, `--repeats` times each:
-  BENCH fleet_<n>_ref_p50 / _fast_p50          wall seconds per pass, shortcuts off / on
-  BENCH fleet_<n>_ref_cpu_p50 / _fast_cpu_p50  the same in CPU seconds of this process
+paths the tests hold them to), on but those of "Classes of equal jobs" (the lending
+waits replayed, a class's wait given at once), and all on, in turn,
+`--repeats` times each, the plans asserted equal:
+  BENCH fleet_<n>_ref_p50 / _prev_p50 / _fast_p50  wall seconds per pass
+  BENCH fleet_<n>_ref_cpu_p50 / ...                the same in CPU seconds of this process
   BENCH fleet_<n>_load                         the 1-minute load average after the passes
 
 The machine is shared (2 cores, other work on them): read the figures beside
@@ -169,34 +171,44 @@ def snapshot(queued: int, seed: int = 42, *, preempt: bool = False) -> Snapshot:
         units_per_gpu={SLICED: SLICES}, team_parent=parent)
 
 
-def fast_paths(on: bool) -> None:
+def fast_paths(on: bool, classes: bool | None = None) -> None:
     """Every shortcut of the fleet's pass on or off (off: the reference paths the
-    tests in tests/policy/test_fleet_fast_paths.py hold them to)."""
+    tests in tests/policy/test_fleet_fast_paths.py hold them to); `classes` apart when
+    given: the lending waits replayed and a class's wait given at once ("Classes of equal
+    jobs"; its settled rest, `admission._SETTLE`, is off by default and stays so here)."""
     from queueing.policy import admission, workspace
-    from queueing.policy.stages import heads, nodes, quota
+    from queueing.policy.stages import heads, nodes, pipeline, quota
 
     workspace.LIMITS_PER_TOP = nodes.PER_TYPE = quota.WORDS_KEPT = heads.LATER_SORTED = on
     admission._PER_TYPE = on
     admission._LANE_QUIET = 256 if on else 1 << 62
     heads.RESORT_QUIET = 2048 if on else 1 << 62
+    admission._PER_CLASS = pipeline.LENDING_REPLAYED = on if classes is None else classes
+
+
+# `--alternate`'s passes: every shortcut off, all on but those of "Classes of equal
+# jobs" (the pass before them), all on.
+MODES = {"ref": (False, None), "prev": (True, False), "fast": (True, None)}
 
 
 def alternate(n: int, repeats: int) -> None:
-    """The pass with the shortcuts off and on, in turn, on one snapshot of `n` queued."""
+    """The pass in each of `MODES`, in turn, on one snapshot of `n` queued."""
     snap = snapshot(n)
     k = n // 1000
-    times: dict[str, list[tuple[float, float]]] = {"ref": [], "fast": []}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in MODES}
     plans = {}
     for _ in range(repeats):
-        for name, on in (("ref", False), ("fast", True)):
-            fast_paths(on)
+        for name, (on, classes) in MODES.items():
+            fast_paths(on, classes)
             t, c = time.perf_counter(), time.process_time()
             plans[name] = plan_admissions(snap)
             times[name].append((time.perf_counter() - t, time.process_time() - c))
     fast_paths(True)
     assert plans["ref"] == plans["fast"], "the shortcuts changed the plan"
-    note(f"{n} queued: {words(plans['fast'])}; passes off/on "
-         f"{', '.join(f'{a[0]:.2f}/{b[0]:.2f}' for a, b in zip(*times.values(), strict=True))} s")
+    assert plans["prev"] == plans["fast"], "the classes changed the plan"
+    note(f"{n} queued: {words(plans['fast'])}; passes " + "; ".join(
+        f"{name} " + ", ".join(f"{w:.2f}" for w, _c in got) for name, got in times.items())
+        + " s")
     for name, got in times.items():
         bench(f"fleet_{k}k_{name}_p50", statistics.median(w for w, _c in got), "s")
         bench(f"fleet_{k}k_{name}_cpu_p50", statistics.median(c for _w, c in got), "s")

@@ -11,9 +11,13 @@ A1-A9, R1-R9, Q2, D1-D2, and K1-K4, K7, K8 across clusters and spot nodes).
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import attrgetter
+from typing import Any
 
 from .preemption import Preemption
 from .snapshot import QueuedJob, Snapshot, Topology, TopologyMode
@@ -80,23 +84,126 @@ _PER_TYPE = True
 _LaneKey = tuple[str, str | tuple[str, ...], int, int, int, int | None, int | None,
                  Topology | None, frozenset[str] | None, bool]
 
+# True: the rest of a settled pass given its classes' waits in one step (`_Classes`);
+# False: every job visited one by one, the reference the tests hold it to. Off: in the
+# fleet's queue admissions go on to the pass's last percent, so the looks cost more than
+# the settled rest saves (docs/performance.md, "Classes of equal jobs"); on for a queue
+# whose admissions all come early.
+_SETTLE = False
+# The settled rest is looked for each time this many jobs in a row were replayed (the
+# class found not settled at the last look is looked at first).
+_SETTLE_QUIET = 1024
+
+# True: a class's wait, once replayed, is given again to its next jobs without asking
+# the replay (`_Replay.now`) until some stamp moves; False: the replay asked for each job
+# (held to it by tests/policy/test_fleet_fast_paths.py).
+_PER_CLASS = True
+
+# A queued job's class: every field `_LaneKey` reads (its tier only where the replay
+# reads tiers), and those that keep a job out of the replay (dependencies, array,
+# several GPU types). Jobs of one class wait alike once the pass searches no more.
+_CLASS_FIELDS = ("team", "gpu_type", "gpus_per_replica", "replicas", "cpu_millicores",
+                 "memory_bytes", "topology", "clusters", "spot_ok", "dependencies",
+                 "array_id", "gpu_types")
+_class_of = attrgetter(*_CLASS_FIELDS)
+_class_and_tier_of = attrgetter(*_CLASS_FIELDS, "tier_rank")
+_id_of = attrgetter("id")
+
 # What the replay gives again to a job of several GPU types: (stamp, the first type's
 # reason code, held, ceiling, rule K3's pool or "", and each type's (type, code, held,
 # ceiling)).
 _SeveralReplay = tuple[int, int, int, int, str, tuple[tuple[str, int, int, int], ...]]
 
 
-class _Replay:
-    """The replay of waits (`plan_admissions`): per `_LaneKey` (apart for jobs of
-    several GPU types) what the stages gave an equal job, at `stamp`."""
+class _Classes:
+    """The queue in classes of equal jobs (`_class_of`), found once for the whole queue
+    (each job's class is the index of its class's first job), and, with `_SETTLE`, how
+    many of each class the pass has not visited yet (`left`). The replay keys its lane
+    by class. The rest of the pass is *settled* once every job left is of a class whose
+    wait the replay holds at its GPU type's stamp now: each job left would be given that
+    wait and change nothing (no admission, hold or ledger move: every stamp stays), so
+    no team is charged (rule F6), rule O1's order of the rest is the order's iterator run
+    to its end, and each class's members get its wait in one step (`settle`)."""
 
-    __slots__ = ("able", "elsewhere", "key", "lane", "misses", "on", "p", "per_type",
-                 "quiet", "quiet_stamp", "replays", "several_lane", "stamp", "tiers")
+    __slots__ = ("blocker", "keys", "left", "of", "quiet")
+
+    def __init__(self, jobs: list[QueuedJob], tiers: bool, settle: bool) -> None:
+        per_job = list(map(_class_and_tier_of if tiers else _class_of, jobs))
+        first: dict[tuple[Any, ...], int] = {}
+        self.of: list[int] = list(map(first.setdefault, per_job, itertools.count()))
+        self.keys = {c: key for key, c in first.items()}
+        self.left: Counter[int] = Counter(self.of) if settle else Counter()
+        self.quiet = 0  # jobs replayed in a row
+        self.blocker: int | None = None  # the class not settled at the last look
+
+    def settled(self, replay: _Replay) -> dict[int, tuple[int, int, int, str]] | None:
+        """Per class with jobs left, (reason code, held, ceiling, rule K3's pool or "")
+        of its wait when the pass is settled (every such class has one held at its type's
+        stamp now, an owed claim's none: rule R11 writes more), else None. The class that
+        was not settled at the last look is looked at first."""
+        blocker = self.blocker
+        if blocker is not None and self.left[blocker] and self._held(replay, blocker) is None:
+            return None
+        out: dict[int, tuple[int, int, int, str]] = {}
+        for c, n in self.left.items():
+            if n:
+                held = self._held(replay, c)
+                if held is None:
+                    self.blocker = c
+                    return None
+                out[c] = held
+        return out
+
+    def _held(self, replay: _Replay, c: int) -> tuple[int, int, int, str] | None:
+        """Class `c`'s wait as the replay holds it at its type's stamp now, or None."""
+        key = self.keys[c]
+        if key[9] or key[10] is not None or len(key[11]) > 1:  # (replayed apart)
+            return None
+        entry = replay.lane.get(c)
+        if entry is None or entry[5]:
+            return None
+        p = replay.p
+        cap, ledger = p.cap, p.ledger
+        if replay.per_type:
+            gt = key[1]
+            stamp = cap.type_changes[gt] + cap.grown + len(p.hold_log) + ledger.type_moves[gt]
+        else:
+            stamp = cap.changes + cap.grown + len(p.hold_log) + ledger.moves
+        return entry[1:5] if entry[0] == stamp else None
+
+    def settle(self, p: Pass, rest: list[int], waits: dict[int, tuple[int, int, int, str]],
+               seen: list[int]) -> None:
+        """The rest of the pass (`rest`: the jobs left, indices in rule O1's order), each
+        given its class's wait `waits` as the replay would give it."""
+        of = list(map(self.of.__getitem__, rest))
+        ids = list(map(_id_of, map(p.jobs.__getitem__, rest)))
+        seen.extend(ids)
+        code = {c: w[0] for c, w in waits.items()}
+        held = {c: w[1] for c, w in waits.items()}
+        ceiling = {c: w[2] for c, w in waits.items()}
+        p.raw.update(zip(ids, zip(map(code.__getitem__, of), rest, map(held.__getitem__, of),
+                                  map(ceiling.__getitem__, of), strict=True), strict=True))
+        pools = {c: w[3] for c, w in waits.items() if w[3]}
+        if pools:  # rule K3: where it would fit now
+            elsewhere = p.waits.elsewhere
+            for job_id, c in zip(ids, of, strict=True):
+                if c in pools:
+                    elsewhere[job_id] = pools[c]
+
+
+class _Replay:
+    """The replay of waits (`plan_admissions`): per class of equal jobs (`_Classes`;
+    per `_LaneKey` for jobs of several GPU types) what the stages gave an equal job, at
+    `stamp`."""
+
+    __slots__ = ("able", "class_of", "classes", "elsewhere", "key", "lane", "misses", "now",
+                 "on", "p", "per_type", "quiet", "quiet_stamp", "replays", "several_key",
+                 "several_lane", "stamp", "tiers", "total")
 
     def __init__(self, p: Pass) -> None:
         self.p = p
         # (stamp, reason code, held, ceiling, rule K3's pool or "", rule R11's nominal or 0)
-        self.lane: dict[_LaneKey, tuple[int, int, int, int, str, int]] = {}
+        self.lane: dict[int, tuple[int, int, int, int, str, int]] = {}
         self.several_lane: dict[_LaneKey, _SeveralReplay] = {}  # rule G5
         self.able = self.on = _REPLAY and not p.nominated
         # `_PER_TYPE`: a job of one GPU type replays at its type's stamp (its quota,
@@ -104,18 +211,27 @@ class _Replay:
         # here (rule R11's owed claims, rules W1-W4's bookings), whatever its tier.
         self.per_type = _PER_TYPE and p.book is None
         self.tiers = not self.per_type or p.owed_on
+        self.classes = _Classes(p.jobs, self.tiers, _SETTLE) if self.able else None
+        self.class_of = self.classes.of if self.classes is not None else []
         self.stamp = self.replays = self.misses = self.quiet = 0
         self.quiet_stamp = -1
         self.elsewhere = p.waits.elsewhere
-        self.key: _LaneKey | None = None  # the job's, when its wait may be replayed
+        # The job's class, or its `_LaneKey` when of several types, when its wait may be
+        # replayed (else None).
+        self.key: int | None = None
+        self.several_key: _LaneKey | None = None
+        # `_PER_CLASS`: per class, the lane's entry replayed since the stamps last moved
+        # (their sum `total`): its next jobs are given it at once.
+        self.now: dict[int, tuple[int, int, int, int, str, int]] = {}
+        self.total = -1
 
     def replayed(self, job: QueuedJob, index: int, several: bool) -> bool:
         """Give the job an equal job's wait when the state is as it was then; else
-        False with `key` the job's (None when its wait may not be replayed now). Judged
-        off after `_LANE_TRIAL` misses outnumbering the replays; on again once
+        False with `key` the job's class (None when its wait may not be replayed now).
+        Judged off after `_LANE_TRIAL` misses outnumbering the replays; on again once
         `_LANE_QUIET` jobs in a row found the state unchanged."""
         p = self.p
-        self.key = None
+        self.key = self.several_key = None
         if not self.able or p.may_search or job.dependencies or job.array_id is not None:
             return False
         cap, ledger = p.cap, p.ledger
@@ -128,9 +244,9 @@ class _Replay:
                     return False
                 self.on, self.misses, self.replays = True, 0, 0
         if several:
-            key = self.key = (job.team, job.gpu_types, job.tier_rank, job.gpus_per_replica,
-                              job.replicas, job.cpu_millicores, job.memory_bytes,
-                              job.topology, job.clusters, job.spot_ok)
+            key = self.several_key = (
+                job.team, job.gpu_types, job.tier_rank, job.gpus_per_replica, job.replicas,
+                job.cpu_millicores, job.memory_bytes, job.topology, job.clusters, job.spot_ok)
             more = self.several_lane.get(key)
             if more is not None and more[0] == self.stamp:
                 _replay_several(p, job.id, index, more)
@@ -141,21 +257,38 @@ class _Replay:
         if self.per_type:
             self.stamp = cap.type_changes[gt] + cap.grown + len(p.hold_log) + \
                 ledger.type_moves[gt]
-        lkey = self.key = (job.team, gt, job.tier_rank if self.tiers else 0,
-                           job.gpus_per_replica, job.replicas, job.cpu_millicores,
-                           job.memory_bytes, job.topology, job.clusters, job.spot_ok)
-        replay = self.lane.get(lkey)
+        c = self.key = self.class_of[index]
+        replay = self.lane.get(c)
         if replay is None or replay[0] != self.stamp:
             return self._missed()
         job_id = job.id
         p.raw[job_id] = (replay[1], index, replay[2], replay[3])
+        if replay[4] or replay[5]:
+            self.more(job_id, gt, replay)
+        self.replays += 1
+        if _PER_CLASS:
+            self.now[c] = replay
+        return True
+
+    def more(self, job_id: int, gt: str, replay: tuple[int, int, int, int, str, int]) -> None:
+        """What a replayed wait says beyond its raw wait: rule K3's pool where it would
+        fit now, rule R11's owed claim whose search found nothing."""
         if replay[4]:
             self.elsewhere[job_id] = replay[4]
         if replay[5]:  # rule R11: owed, its search found nothing
-            p.waits.owed[(job_id, gt)] = replay[5]
-            p.waits.refused[job_id] = NO_VICTIM
-        self.replays += 1
-        return True
+            self.p.waits.owed[(job_id, gt)] = replay[5]
+            self.p.waits.refused[job_id] = NO_VICTIM
+
+    def moved(self) -> None:
+        """After a job through the stages: forget `now` when some stamp moved (every
+        counter in the stamps only grows, so their sum moved)."""
+        p = self.p
+        cap = p.cap
+        total = cap.changes + cap.grown + len(p.hold_log) + p.ledger.moves
+        if total != self.total:
+            self.total = total
+            if self.now:
+                self.now.clear()
 
     def _missed(self) -> bool:
         self.misses += 1
@@ -168,8 +301,8 @@ class _Replay:
             self.lane[self.key] = (self.stamp, *step, owed)
 
     def keep_several(self, step: Step, job_id: int) -> None:
-        if self.key is not None:
-            self.several_lane[self.key] = (self.stamp, *step, tuple(
+        if self.several_key is not None:
+            self.several_lane[self.several_key] = (self.stamp, *step, tuple(
                 (gt, r[0], r[2], r[3]) for gt, r in self.p.waits.per_type[job_id][1]
                 if not isinstance(r, Wait)))
 
@@ -180,6 +313,25 @@ def _replay_several(p: Pass, job_id: int, index: int, again: _SeveralReplay) -> 
     if again[4]:
         p.waits.elsewhere[job_id] = again[4]
     p.waits.per_type[job_id] = (index, [(gt, (c, index, h, ce)) for gt, c, h, ce in again[5]])
+
+
+def _through_stages(p: Pass, replay: _Replay, job: QueuedJob, index: int,
+                    several: bool) -> None:
+    """One job through the gates and the stages (its wait kept for the replay)."""
+    snapshot, job_id = p.snapshot, job.id
+    wait = gate(job, snapshot.dependency_counts, snapshot.closed_clusters,
+                p.array_active, snapshot.array_limits, p.never_met)
+    if wait is not None:
+        p.raw[job_id] = wait
+        return
+    if several:  # rules G1-G5
+        step = attempt_types(p, job, index)
+        if step:
+            replay.keep_several(step, job_id)
+        return
+    step = attempt(p, try_of(p, job, index, job.gpu_type))
+    if step:
+        replay.keep(step, p.waits.owed.get((job_id, job.gpu_type), 0))
 
 
 def plan_admissions(snapshot: Snapshot) -> Plan:
@@ -206,35 +358,58 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     shapes that keeps changing the state seldom replays: after `_LANE_TRIAL` misses
     outnumbering the replays the pass stops looking, until `_LANE_QUIET` jobs in a row
     found the state unchanged (a fleet's queue admits early, then waits:
-    docs/performance.md).
+    docs/performance.md). The replay is kept per class of equal jobs (`_Classes`): a
+    class's wait once replayed is given to its next jobs at once until a stamp moves
+    (`_PER_CLASS`), and once every job left is of a class whose wait is held at its
+    type's stamp now, the rest of the pass is settled: no admission is left, so no charge
+    (rule F6) reorders rule O1, and each job left is given its class's wait in one step
+    (`_SETTLE`).
     """
     p = Pass(snapshot)
     cap, jobs, raw = p.cap, p.jobs, p.raw
     seen: list[int] = []
     remember = seen.append
     replay = _Replay(p)
-    for index in p.order:
-        job = jobs[index]
-        job_id = job.id
+    classes = replay.classes
+    settling = classes if _SETTLE else None
+    # Per job (its index): its class, its id; read in rule O1's order without touching
+    # the job when its class's wait is given at once (`_Replay.now`).
+    of = classes.of if classes is not None else [0] * len(jobs)
+    ids = list(map(_id_of, jobs))
+    now, more = replay.now, replay.more
+    order = iter(p.order)
+    for index in order:
+        job_id = ids[index]
         remember(job_id)
-        several = len(job.gpu_types) > 1
-        if several and cap.packed and any(gt in cap.packed for gt in job.gpu_types):
-            several = False  # rule H7: its units are its own type's; no other type
-        if replay.replayed(job, index, several):
-            continue
-        wait = gate(job, snapshot.dependency_counts, snapshot.closed_clusters,
-                    p.array_active, snapshot.array_limits, p.never_met)
-        if wait is not None:
-            raw[job_id] = wait
-            continue
-        if several:  # rules G1-G5
-            step = attempt_types(p, job, index)
-            if step:
-                replay.keep_several(step, job_id)
-            continue
-        step = attempt(p, try_of(p, job, index, job.gpu_type))
-        if step:
-            replay.keep(step, p.waits.owed.get((job_id, job.gpu_type), 0))
+        c = of[index]
+        if settling is not None:
+            settling.left[c] -= 1
+        held = now.get(c)
+        if held is not None:  # rules as the replay gives them: `_Replay.replayed`
+            raw[job_id] = (held[1], index, held[2], held[3])
+            if held[4] or held[5]:
+                job = jobs[index]
+                more(job_id, job.gpu_type, held)
+            replay.replays += 1
+        else:
+            job = jobs[index]
+            several = len(job.gpu_types) > 1
+            if several and cap.packed and any(gt in cap.packed for gt in job.gpu_types):
+                several = False  # rule H7: its units are its own type's; no other type
+            if not replay.replayed(job, index, several):
+                if settling is not None:
+                    settling.quiet = 0
+                _through_stages(p, replay, job, index, several)
+                replay.moved()
+                continue
+        if settling is not None:
+            settling.quiet += 1
+            if settling.quiet >= _SETTLE_QUIET:
+                settled = settling.settled(replay)
+                if settled is not None:
+                    settling.settle(p, list(order), settled, seen)
+                    break
+                settling.quiet = 0
     teams = sorted(p.queued_teams | set(snapshot.fair_share))
     standings = {t: p.factors.factor(t) for t in teams}
     return Plan(admissions=tuple(p.admissions), waits=p.waits,

@@ -18,8 +18,11 @@ from .reservation import reserve_earliest
 from .state import DONE, Pass, Step, Try
 from .waits import CODE, Raw, Wait, WaitReason
 
-_CAPACITY = CODE[WaitReason.CAPACITY]
+_CAPACITY, _LENDING = CODE[WaitReason.CAPACITY], CODE[WaitReason.LENDING]
 _RESERVED = CODE[WaitReason.RESERVED]
+# True: a lending wait (rules A1, Q4) is given again by the replay of waits; False: each
+# through the stages (held to the whole pass by tests/policy/test_fleet_fast_paths.py).
+LENDING_REPLAYED = True
 
 
 def try_of(p: Pass, job: QueuedJob, index: int, gpu_type: str) -> Try:
@@ -56,9 +59,11 @@ def attempt(p: Pass, t: Try) -> Step:
         return step
     final_wait(p, t)
     raw = p.raw[t.job.id]
-    if t.owed > 0 and not isinstance(raw, Wait):
+    if not isinstance(raw, Wait) and (t.owed > 0 or (raw[0] == _LENDING and LENDING_REPLAYED)):
         # Rule R11: an owed claim whose search found nothing waits as an equal job will
-        # (its failed search is remembered): the replay of waits may give it again.
+        # (its failed search is remembered); rules A1, Q4: so does a job refused GPUs
+        # other teams guard (the ledger of its type as it was). The replay of waits may
+        # give it again.
         return (raw[0], raw[2], raw[3], p.waits.elsewhere.get(t.job.id, ""))
     return DONE
 

@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING
 
 from .flavors import unheld_anywhere
 from .owed import owed
-from .waits import CODE, Raw, Wait, WaitReason
+from .waits import CODE, Raw, WaitReason
 
 if TYPE_CHECKING:
     from .state import Pass, Step, Try
 
 _QUOTA, _NEVER_FITS = CODE[WaitReason.QUOTA], CODE[WaitReason.NEVER_FITS]
+_LENDING = CODE[WaitReason.LENDING]
 # True: rule Q4's lending words kept per (team, GPU type) until the type moves
 # (`tree_lending_wait`); False: said anew for every wait (the reference, held to it by
 # tests/policy/test_fleet_fast_paths.py).
@@ -102,13 +103,16 @@ def tree_lending_wait(p: Pass, t: Try) -> None:
     """Rule Q4's words for a try the fleet's cap refuses while other nodes guard GPUs:
     how many are left and who guards them (their subtree quota beyond their lending
     limit). They read the type's usage alone: kept per (team, type) until the type moves
-    (`WORDS_KEPT`)."""
+    (`WORDS_KEPT`), as entry k of `Waits.lending` that the raw wait names (its ceiling
+    -(k + 1)), so the replay of waits may give it again."""
     job, gt = t.job, t.gt
     stamp = p.ledger.type_moves[gt]
     kept = p.lending_words.get(t.key) if WORDS_KEPT else None
     if kept is None or kept[0] != stamp:
-        kept = p.lending_words[t.key] = (stamp, _lending_words(p, t))
-    p.raw[job.id] = Wait(job.id, WaitReason.LENDING, kept[1])
+        lending = p.waits.lending
+        kept = p.lending_words[t.key] = (stamp, len(lending))
+        lending.append(_lending_words(p, t))
+    p.raw[job.id] = (_LENDING, t.index, 0, -(kept[1] + 1))
 
 
 def _lending_words(p: Pass, t: Try) -> str:

@@ -86,9 +86,10 @@ class Pass:
         self.owed_moves_under: dict[str, int] = {}
         self.q7_seen: dict[tuple[str, str, int, int], tuple[int, bool]] = {}
         # Rule Q4: the (node, GPU type) of each entry of `waits.tree_limits` -> its index;
-        # per (team, GPU type) the lending wait's words at the type's ledger moves.
+        # per (team, GPU type) the lending wait's words (their entry in `waits.lending`) at
+        # the type's ledger moves.
         self.tree_limit_index: dict[tuple[str, str], int] = {}
-        self.lending_words: dict[tuple[str, str], tuple[int, str]] = {}
+        self.lending_words: dict[tuple[str, str], tuple[int, int]] = {}
         # Per GPU type, the GPUs of teams borrowing beyond their nominal (`owed.may_find`).
         self.borrowed: dict[str, tuple[int, int, dict[str, int]]] = {}
         self.searches = 0

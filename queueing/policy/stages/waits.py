@@ -62,7 +62,8 @@ class Waits(Mapping[int, Wait]):
     """`Plan.waits`, built lazily: most of a long queue waits, and a wait's message is
     only formatted when someone reads it. Reads give equal `Wait` values every time."""
 
-    __slots__ = ("_raw", "blocks", "booked", "elsewhere", "jobs", "now", "owed", "packed",
+    __slots__ = ("_raw", "blocks", "booked", "elsewhere", "jobs", "lending", "now", "owed",
+                 "packed",
                  "per_type", "pool_info", "protected", "refused", "reservations", "several",
                  "tree_limits")
 
@@ -102,6 +103,10 @@ class Waits(Mapping[int, Wait]):
         # a negative ceiling -(k + 1) names entry k (its held: what the node's subtree
         # holds), so the replay of waits gives it again as it gives a team's.
         self.tree_limits: list[tuple[str, str, int, int]] = []
+        # Rule Q4: the words of lending waits in a tree (who guards the GPUs left); a
+        # `lending_limit` raw wait with a negative ceiling -(k + 1) says entry k, so the
+        # replay of waits gives it again as it gives a quota wait.
+        self.lending: list[str] = []
         # Rule W3: GPU type -> (team, GPUs, end) of each active booking that held free
         # GPUs out of the pass: a capacity wait of another team says so.
         self.booked: dict[str, list[tuple[str, int, datetime]]] = {}
@@ -189,6 +194,8 @@ class Waits(Mapping[int, Wait]):
                     if self.packed and gt in self.packed else f"{job.gpus_per_replica} GPUs")
             msg = (f"even empty, the {gt} nodes{self._one_cluster} hold at most {held} "
                    f"replicas of {size}; this gang needs {job.replicas}")
+        elif reason is WaitReason.LENDING and ceiling < 0:
+            return Wait(job_id, reason, self.lending[-ceiling - 1])
         elif reason is WaitReason.LENDING:
             msg = (f"the idle {gt} GPUs are other teams' nominal quota beyond their lending "
                    f"limits; team {job.team} may not borrow them")
