@@ -154,7 +154,7 @@ def attempt_types(p: Pass, job: QueuedJob, index: int) -> Step:
     if isinstance(first, Wait) or any(isinstance(raw, Wait) for _, raw in several) or \
             any(tries[gt].owed > 0 for gt in types):  # rule R11's words are not replayed
         return DONE
-    if any(raw[0] == _RESERVED for _, raw in several):
+    if any(not isinstance(raw, Wait) and raw[0] == _RESERVED for _, raw in several):
         # Rule A9 reads the job's max_runtime_seconds, which an equal job need not share:
         # not replayed, as `fit` does not give it for a job of one type.
         return DONE
