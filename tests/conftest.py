@@ -16,6 +16,7 @@ from accounts.models import Role
 from accounts.services import token_issue
 from queueing.composition import reset_backends
 from queueing.memo import forget_all
+from queueing.services import jobs as jobs_service
 
 from .factories import (
     GpuTypeFactory,
@@ -194,3 +195,13 @@ def no_r9(settings: Any) -> None:
     wall clock's time and run cycles at chosen instants: with R9 on they would decide on
     how long the submits took on a loaded machine. R9's own tests set it."""
     settings.FAIRQ_PREEMPTION_LOST_PER_WAIT = -1.0
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The event ids handed to the webhooks (after commit), by the per-job and the
+    batched writes alike (`jobs.webhooks_event_written`, `webhooks_events_written`)."""
+    ids: list[int] = []
+    monkeypatch.setattr(jobs_service, "webhooks_event_written", ids.append)
+    monkeypatch.setattr(jobs_service, "webhooks_events_written", ids.extend)
+    return ids

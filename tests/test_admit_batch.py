@@ -18,7 +18,6 @@ from queueing.models import Checkpoint, Cluster, Job, JobEvent
 from queueing.policy.admission import Plan
 from queueing.policy.snapshot import NodeState
 from queueing.policy.stages.admit import Admission
-from queueing.services import jobs as jobs_service
 from queueing.services import scheduler
 from queueing.services.scheduler import CycleResult, apply_plan
 
@@ -27,15 +26,6 @@ from .factories import JobFactory
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
 NODES = [f"sim-h100-{i:03d}" for i in range(4)] + [f"sim-a100-{i:03d}" for i in range(4)]
-
-
-@pytest.fixture
-def sent(monkeypatch: Any) -> list[int]:
-    """The event ids handed to the webhooks (after commit), by either path."""
-    ids: list[int] = []
-    monkeypatch.setattr(jobs_service, "webhooks_event_written", ids.append)
-    monkeypatch.setattr(jobs_service, "webhooks_events_written", ids.extend)
-    return ids
 
 
 def random_world(world: Any, rnd: random.Random) -> tuple[Plan, list[NodeState]]:

@@ -20,7 +20,6 @@ from django.utils import timezone
 
 from queueing.backends.base import Phase, WorkloadStatus
 from queueing.models import FairShareAccumulator, GpuType, Job, JobEvent, UsageRecord
-from queueing.services import jobs as jobs_service
 from queueing.services import scheduler
 from queueing.services.scheduler import CycleResult
 
@@ -37,15 +36,6 @@ KINDS = ("start", "start-moved", "start-slots-kept", "start-nul", "start-no-node
 class _NoNodes:
     def nodes(self) -> list[Any]:
         return []
-
-
-@pytest.fixture
-def sent(monkeypatch: Any) -> list[int]:
-    """The event ids handed to the webhooks (after commit), by either path."""
-    ids: list[int] = []
-    monkeypatch.setattr(jobs_service, "webhooks_event_written", ids.append)
-    monkeypatch.setattr(jobs_service, "webhooks_events_written", ids.extend)
-    return ids
 
 
 def _job(world: Any, rnd: random.Random, kind: str, t0: datetime, i: int) -> Job:

@@ -351,15 +351,25 @@ def queue_plan_publish(*, snapshot: Snapshot, plan: Plan, admitted: Collection[i
 def _published(generation: str | None) -> PublishedPlan | None:
     """The plan the last cycle published, named `generation` (this process's copy while
     current); None when there is none or `PUBLISHED` is off."""
-    if not PUBLISHED or generation is None:
+    if not PUBLISHED:
         return None
-    local = _Local.published
-    if local is not None and local.generation == generation:
-        return local
-    shared: PublishedPlan | None = cache.get(_PUB_KEY)
+    found: PublishedPlan | None = _kept(generation, "published", _PUB_KEY)
+    return found
+
+
+def _kept(generation: str | None, local: str, key: str) -> Any:
+    """The plan cached under `key` named `generation`: this process's copy (`_Local`'s
+    attribute `local`) when it has it, else the shared one, then kept locally; None when
+    there is none or the shared one is another."""
+    if not generation:
+        return None
+    mine = getattr(_Local, local)
+    if mine is not None and mine.generation == generation:
+        return mine
+    shared = cache.get(key)
     if shared is None or shared.generation != generation:
         return None
-    _Local.published = shared
+    setattr(_Local, local, shared)
     return shared
 
 
@@ -393,18 +403,9 @@ class _Local:
 
 
 def _plan_of(generation: str | None) -> QueuePlan | None:
-    """The cached plan named `generation`: this process's copy when it has it, else the
-    shared one (kept locally); None when there is none or the shared one is another."""
-    if not generation:
-        return None
-    local = _Local.plan
-    if local is not None and local.generation == generation:
-        return local
-    shared: QueuePlan | None = cache.get(_PLAN_KEY)
-    if shared is None or shared.generation != generation:
-        return None
-    _Local.plan = shared
-    return shared
+    """The cached plan named `generation` (`_kept`)."""
+    found: QueuePlan | None = _kept(generation, "plan", _PLAN_KEY)
+    return found
 
 
 AnyPlan = QueuePlan | PublishedPlan
