@@ -1,0 +1,110 @@
+"""Owed claims in `bench/bench_throughput.py`'s world, as a pure pass (docs/performance.md,
+"A fleet of 5,000 nodes: admissions per second", "Why a cycle decided for minutes").
+
+The world of the throughput bench after a cycle recorded a large batch of ends: 5,000
+nodes x 8 h100 (whole GPUs, one type, one cluster), 200 teams in a flat forest each with
+a quota of 200 GPUs borrowing up to the whole cluster, `--running` one-GPU jobs of the
+three tiers held unevenly by the teams (a team's share drawn as a random weight
+squared, so about a quarter of the teams borrow), the rest of the GPUs free, and 50,000
+queued one-GPU jobs of random teams and tiers. Once the free GPUs are admitted, every
+queued job of a team below its nominal quota is an owed claim (rule R11) whose GPUs are
+held by borrowers: it searches for victims whatever the search budget (a product
+decision: a team within its quota gets its GPUs within a cycle plus grace).
+
+  BENCH owed_reclaim_<running>k_off_cpu       the pass with preemption off, CPU seconds
+  BENCH owed_reclaim_<running>k_on_cpu        with preemption on
+  BENCH owed_reclaim_<running>k_preemptions   preemptions the pass planned
+  BENCH owed_reclaim_<running>k_ms_per_preemption CPU per planned preemption (preemption on)
+  BENCH calibration_1M_loop                   the machine's speed now (load beside)
+
+Run: `.venv/bin/python bench/bench_owed_reclaim.py [--running 25000] [--seed 1] [--profile]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import random
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from _common import bench, note  # noqa: E402  (bench/ is sys.path[0])
+from bench_admission import calibrate  # noqa: E402
+
+from queueing.policy.admission import plan_admissions  # noqa: E402
+from queueing.policy.snapshot import (  # noqa: E402
+    NodeState,
+    PreemptionSettings,
+    QueuedJob,
+    QuotaLimit,
+    RunningJob,
+    Snapshot,
+)
+
+NODES, GPUS, TEAMS, NOMINAL, QUEUED = 5000, 8, 200, 200, 50_000
+TIERS = (0, 100, 200)
+
+
+def world(running: int, seed: int, *, preempt: bool) -> Snapshot:
+    rnd = random.Random(seed)
+    now = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+    teams = [f"team-{k}" for k in range(TEAMS)]
+    weights = [rnd.random() ** 2 for _ in teams]
+    names = [f"sim-h100-{i:04d}" for i in range(NODES)]
+    free = dict.fromkeys(names, GPUS)
+    held: list[RunningJob] = []
+    for j in range(running):
+        node = names[j // GPUS]
+        free[node] -= 1
+        held.append(RunningJob(1_000_000 + j, rnd.choices(teams, weights)[0], "h100", 1, 1,
+                               rnd.choice(TIERS),
+                               started_at=now - timedelta(seconds=rnd.uniform(0, 20)),
+                               nodes=(node,)))
+    queued = tuple(QueuedJob(i, rnd.choice(teams), "h100", 1, 1, rnd.choice(TIERS),
+                             now - timedelta(seconds=rnd.uniform(0, 3600)))
+                   for i in range(QUEUED))
+    return Snapshot(now=now, nodes=tuple(NodeState(n, "h100", GPUS, free[n]) for n in names),
+                    queued=queued, running=tuple(held),
+                    quotas={(t, "h100"): QuotaLimit(NOMINAL, NODES * GPUS) for t in teams},
+                    preemption=PreemptionSettings(enabled=preempt))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--running", type=int, default=25_000)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    calibrate()
+    k = f"{args.running // 1000}k"
+    for preempt in (False, True):
+        s = world(args.running, args.seed, preempt=preempt)
+        prof = cProfile.Profile() if args.profile and preempt else None
+        t = time.process_time()
+        if prof is not None:
+            prof.enable()
+        plan = plan_admissions(s)
+        if prof is not None:
+            prof.disable()
+        cpu = time.process_time() - t
+        mode = "on" if preempt else "off"
+        bench(f"owed_reclaim_{k}_{mode}_cpu", cpu, "s")
+        note(f"preemption {mode}: {len(plan.admissions)} admitted, "
+             f"{len(plan.preemptions)} preemptions")
+        if preempt:
+            bench(f"owed_reclaim_{k}_preemptions", len(plan.preemptions), "preemptions")
+            if plan.preemptions:
+                bench(f"owed_reclaim_{k}_ms_per_preemption", 1000 * cpu / len(plan.preemptions),
+                      "ms")
+        if prof is not None:
+            pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(20)
+    calibrate()
+
+
+if __name__ == "__main__":
+    main()
