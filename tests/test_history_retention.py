@@ -176,6 +176,7 @@ def retention(settings: Any) -> Any:
     settings.FAIRQ_JOB_RETENTION_DAYS = 90
     settings.FAIRQ_USAGE_RETENTION_DAYS = 100
     settings.FAIRQ_UTIL_RETENTION_DAYS = 30
+    settings.FAIRQ_UTIL_ARCHIVE = True
     return settings
 
 
@@ -367,3 +368,30 @@ def test_the_command_prints_what_a_dry_run_would_do(world: World, retention: Any
     assert "queueing_job: would archive and delete" in text
     assert {m: _rows(m) for m in TABLES} == before
     assert not HistoryPrune.objects.exists()
+
+
+@pytest.mark.django_db
+def test_samples_are_deleted_unarchived_by_default(world: World, settings: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """FAIRQ_UTIL_ARCHIVE off (the default): old samples go as the purge always took them,
+    with no storage at all (a worker whose root filesystem is read-only has none)."""
+    settings.FAIRQ_JOB_RETENTION_DAYS = 0
+    settings.FAIRQ_USAGE_RETENTION_DAYS = 0
+    settings.FAIRQ_UTIL_RETENTION_DAYS = 30
+    assert settings.FAIRQ_UTIL_ARCHIVE is False
+    _history(world, random.Random(4))
+    cut = history.cutoff(NOW, 30)
+    old = UtilizationSample.objects.filter(minute__lt=cut).count()
+    kept = UtilizationSample.objects.filter(minute__gte=cut).count()
+    assert old and kept
+
+    def no_storage(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("read-only file system")
+
+    monkeypatch.setattr(history, "archive_write", no_storage)
+    result = history.history_prune(now=NOW)
+    assert result.table(UtilizationSample).deleted == old
+    assert result.table(UtilizationSample).archived == 0
+    assert not UtilizationSample.objects.filter(minute__lt=cut).exists()
+    assert UtilizationSample.objects.count() == kept
+    assert not HistoryPrune.objects.get().error

@@ -54,10 +54,16 @@ FAIRQ_DEMO_LOAD = False
 # GPU utilization and idle GPUs (docs/scheduling.md, "Idle GPUs", rules U1-U5): read once a
 # cycle from Prometheus (dcgm-exporter's metrics) at FAIRQ_PROMETHEUS_URL; unset: from the
 # simulated cluster when that is the backend, else off. Per-minute samples are kept
-# FAIRQ_UTIL_RETENTION_DAYS, then archived (the per-attempt summaries go with their job).
+# FAIRQ_UTIL_RETENTION_DAYS, then deleted, archived first only with FAIRQ_UTIL_ARCHIVE
+# (the per-attempt summaries go with their job).
 FAIRQ_PROMETHEUS_URL = env("FAIRQ_PROMETHEUS_URL", default="")
 FAIRQ_PROMETHEUS_TIMEOUT_SECONDS = env.float("FAIRQ_PROMETHEUS_TIMEOUT_SECONDS", default=5.0)
 FAIRQ_UTIL_RETENTION_DAYS = env.float("FAIRQ_UTIL_RETENTION_DAYS", default=30.0)
+# Off (the default): old samples are deleted as they always were - they need no
+# storage, and archiving them costs about 25 times the delete (docs/performance.md,
+# "history retention"). On: written to the history archive first, as finished jobs
+# and usage records are (FAIRQ_HISTORY_STORAGE_*, which must then be writable).
+FAIRQ_UTIL_ARCHIVE = env.bool("FAIRQ_UTIL_ARCHIVE", default=False)
 if FAIRQ_PROMETHEUS_URL:
     from queueing.backends.prometheus import parse_prometheus_url
 
@@ -69,6 +75,7 @@ if not 0 < FAIRQ_PROMETHEUS_TIMEOUT_SECONDS <= 60 or FAIRQ_UTIL_RETENTION_DAYS <
     raise environ.ImproperlyConfigured(
         "FAIRQ_PROMETHEUS_TIMEOUT_SECONDS must be in (0, 60] and FAIRQ_UTIL_RETENTION_DAYS > 0")
 
-# The samples older than FAIRQ_UTIL_RETENTION_DAYS are archived and deleted by the
+# The samples older than FAIRQ_UTIL_RETENTION_DAYS are deleted (archived first with
+# FAIRQ_UTIL_ARCHIVE) by the
 # hourly `history-prune` task (config/settings/history.py).
 beat: dict[str, dict[str, object]] = {}

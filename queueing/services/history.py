@@ -1,6 +1,7 @@
 """History retention (docs/deployment.md, "History retention"): finished jobs (with
 everything that is theirs), usage records and per-minute utilization samples older than
-their retention are written to an archive, then deleted.
+their retention are written to an archive, then deleted (samples are archived only with
+FAIRQ_UTIL_ARCHIVE; by default they are deleted as they always were).
 
 The archive is gzipped JSON lines, one object a row (its columns by their database
 names; instants in ISO 8601, UTC), one file per table
@@ -496,7 +497,8 @@ def _prune(result: PruneResult, *, now: datetime, dry_run: bool, max_rows: int) 
         before = cutoff(now, days["FAIRQ_UTIL_RETENTION_DAYS"])
         _prune_table(result, UtilizationSample, _by_day(samples_prunable(before=before),
                                                         "minute", max_rows),
-                     _delete_plain(UtilizationSample), dry_run=dry_run)
+                     _delete_plain(UtilizationSample), dry_run=dry_run,
+                     archive=bool(settings.FAIRQ_UTIL_ARCHIVE))
     if days["FAIRQ_USAGE_RETENTION_DAYS"] > 0:
         before = cutoff(now, days["FAIRQ_USAGE_RETENTION_DAYS"])
         _prune_table(result, UsageRecord, _by_day(usage_prunable(before=before), "end",
@@ -512,14 +514,16 @@ def _prune(result: PruneResult, *, now: datetime, dry_run: bool, max_rows: int) 
 
 
 def _prune_table(result: PruneResult, model: type[models.Model], by_day: dict[date, list[int]],
-                 delete: Callable[[Sequence[int]], int], *, dry_run: bool) -> None:
+                 delete: Callable[[Sequence[int]], int], *, dry_run: bool,
+                 archive: bool = True) -> None:
+    """Each day's rows of `model` archived (`archive`: else only deleted), then deleted."""
     res = result.table(model)
     every: list[int] = []
     for day, ids in by_day.items():  # every day's file saved before any row is deleted
         res.rows += len(ids)
         res.days.append(day.isoformat())
         every += ids
-        if dry_run:
+        if dry_run or not archive:
             continue
         name, n = archive_write(model, day, _rows(model, ids))
         res.archived += n
