@@ -10,7 +10,7 @@ write), on the real database.
 from __future__ import annotations
 
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -84,14 +84,7 @@ def test_a_cycle_whose_status_changes_overrun_its_budget_leaves_the_rest_for_the
 ) -> None:
     """One job at a time (`_apply_status`), and on PostgreSQL in batches of the common
     changes (`_apply_common`, here a chunk of one job each) alike."""
-    if batched and connection.vendor != "postgresql":
-        pytest.skip("the batched status changes are PostgreSQL's")
-    monkeypatch.setattr(scheduler, "_BATCHED_STATUSES", batched)
-    t0 = timezone.now() - timedelta(minutes=5)
-    jobs = [submit(world, gpus=1, env={"FAIRQ_SIM_SECONDS": "60"}) for _ in range(10)]
-    scheduler_cycle(now=t0)
-    scheduler_cycle(now=t0 + timedelta(seconds=1))
-    assert Job.objects.filter(pk__in=jobs, status="RUNNING").count() == 10
+    t0, jobs = _ten_running(world, monkeypatch, batched=batched)
 
     real, real_batch = scheduler._apply_status, scheduler.jobs_transition_batch
 
@@ -137,14 +130,7 @@ def test_step_1_keeps_its_floor_after_listing_the_workloads_spent_its_share(
     big fleet on a loaded machine): its status changes are still written for
     `RECONCILE_FLOOR` of the budget from the first chunk's start, not one chunk. With no
     floor, one chunk (here one job) and the rest left for the next cycle."""
-    if batched and connection.vendor != "postgresql":
-        pytest.skip("the batched status changes are PostgreSQL's")
-    monkeypatch.setattr(scheduler, "_BATCHED_STATUSES", batched)
-    t0 = timezone.now() - timedelta(minutes=5)
-    jobs = [submit(world, gpus=1, env={"FAIRQ_SIM_SECONDS": "60"}) for _ in range(10)]
-    scheduler_cycle(now=t0)
-    scheduler_cycle(now=t0 + timedelta(seconds=1))
-    assert Job.objects.filter(pk__in=jobs, status="RUNNING").count() == 10
+    t0, _ = _ten_running(world, monkeypatch, batched=batched)
 
     real = scheduler._clean_statuses
 
@@ -251,3 +237,18 @@ def test_step_5_keeps_its_floor_after_a_plan_that_spent_the_budget(
         assert 4 <= len(slow_creates) < 12, slow_creates
         assert r.timings["total"] < 2.1 + 2.0 * scheduler.SUBMIT_FLOOR + 2 * CREATE_SECONDS + 1.0
     assert r.deferred == {"submit": 12 - len(slow_creates)}
+
+
+def _ten_running(world: World, monkeypatch: pytest.MonkeyPatch, *,
+                 batched: bool) -> tuple[datetime, list[int]]:
+    """Ten one-GPU jobs running for a minute, started five minutes ago (the cycle's `t0`),
+    step 1's changes written one job at a time or (PostgreSQL only) in batches."""
+    if batched and connection.vendor != "postgresql":
+        pytest.skip("the batched status changes are PostgreSQL's")
+    monkeypatch.setattr(scheduler, "_BATCHED_STATUSES", batched)
+    t0 = timezone.now() - timedelta(minutes=5)
+    jobs = [submit(world, gpus=1, env={"FAIRQ_SIM_SECONDS": "60"}) for _ in range(10)]
+    scheduler_cycle(now=t0)
+    scheduler_cycle(now=t0 + timedelta(seconds=1))
+    assert Job.objects.filter(pk__in=jobs, status="RUNNING").count() == 10
+    return t0, jobs
