@@ -175,7 +175,7 @@ def fast_paths(on: bool, classes: bool | None = None) -> None:
     """Every shortcut of the fleet's pass on or off (off: the reference paths the
     tests in tests/policy/test_fleet_fast_paths.py hold them to); `classes` apart when
     given: the lending waits replayed and a class's wait given at once ("Classes of equal
-    jobs"; its settled rest, `admission._SETTLE`, is off by default and stays so here)."""
+    jobs")."""
     from queueing.policy import admission, workspace
     from queueing.policy.stages import heads, nodes, pipeline, quota
 

@@ -12,7 +12,6 @@ A1-A9, R1-R9, Q2, D1-D2, and K1-K4, K7, K8 across clusters and spot nodes).
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -84,16 +83,6 @@ _PER_TYPE = True
 _LaneKey = tuple[str, str | tuple[str, ...], int, int, int, int | None, int | None,
                  Topology | None, frozenset[str] | None, bool]
 
-# True: the rest of a settled pass given its classes' waits in one step (`_Classes`);
-# False: every job visited one by one, the reference the tests hold it to. Off: in the
-# fleet's queue admissions go on to the pass's last percent, so the looks cost more than
-# the settled rest saves (docs/performance.md, "Classes of equal jobs"); on for a queue
-# whose admissions all come early.
-_SETTLE = False
-# The settled rest is looked for each time this many jobs in a row were replayed (the
-# class found not settled at the last look is looked at first).
-_SETTLE_QUIET = 1024
-
 # True: a class's wait, once replayed, is given again to its next jobs without asking
 # the replay (`_Replay.now`) until some stamp moves; False: the replay asked for each job
 # (held to it by tests/policy/test_fleet_fast_paths.py).
@@ -115,88 +104,20 @@ _id_of = attrgetter("id")
 _SeveralReplay = tuple[int, int, int, int, str, tuple[tuple[str, int, int, int], ...]]
 
 
-class _Classes:
-    """The queue in classes of equal jobs (`_class_of`), found once for the whole queue
-    (each job's class is the index of its class's first job), and, with `_SETTLE`, how
-    many of each class the pass has not visited yet (`left`). The replay keys its lane
-    by class. The rest of the pass is *settled* once every job left is of a class whose
-    wait the replay holds at its GPU type's stamp now: each job left would be given that
-    wait and change nothing (no admission, hold or ledger move: every stamp stays), so
-    no team is charged (rule F6), rule O1's order of the rest is the order's iterator run
-    to its end, and each class's members get its wait in one step (`settle`)."""
-
-    __slots__ = ("blocker", "keys", "left", "of", "quiet")
-
-    def __init__(self, jobs: list[QueuedJob], tiers: bool, settle: bool) -> None:
-        per_job = list(map(_class_and_tier_of if tiers else _class_of, jobs))
-        first: dict[tuple[Any, ...], int] = {}
-        self.of: list[int] = list(map(first.setdefault, per_job, itertools.count()))
-        self.keys = {c: key for key, c in first.items()}
-        self.left: Counter[int] = Counter(self.of) if settle else Counter()
-        self.quiet = 0  # jobs replayed in a row
-        self.blocker: int | None = None  # the class not settled at the last look
-
-    def settled(self, replay: _Replay) -> dict[int, tuple[int, int, int, str]] | None:
-        """Per class with jobs left, (reason code, held, ceiling, rule K3's pool or "")
-        of its wait when the pass is settled (every such class has one held at its type's
-        stamp now, an owed claim's none: rule R11 writes more), else None. The class that
-        was not settled at the last look is looked at first."""
-        blocker = self.blocker
-        if blocker is not None and self.left[blocker] and self._held(replay, blocker) is None:
-            return None
-        out: dict[int, tuple[int, int, int, str]] = {}
-        for c, n in self.left.items():
-            if n:
-                held = self._held(replay, c)
-                if held is None:
-                    self.blocker = c
-                    return None
-                out[c] = held
-        return out
-
-    def _held(self, replay: _Replay, c: int) -> tuple[int, int, int, str] | None:
-        """Class `c`'s wait as the replay holds it at its type's stamp now, or None."""
-        key = self.keys[c]
-        if key[9] or key[10] is not None or len(key[11]) > 1:  # (replayed apart)
-            return None
-        entry = replay.lane.get(c)
-        if entry is None or entry[5]:
-            return None
-        p = replay.p
-        cap, ledger = p.cap, p.ledger
-        if replay.per_type:
-            gt = key[1]
-            stamp = cap.type_changes[gt] + cap.grown + len(p.hold_log) + ledger.type_moves[gt]
-        else:
-            stamp = cap.changes + cap.grown + len(p.hold_log) + ledger.moves
-        return entry[1:5] if entry[0] == stamp else None
-
-    def settle(self, p: Pass, rest: list[int], waits: dict[int, tuple[int, int, int, str]],
-               seen: list[int]) -> None:
-        """The rest of the pass (`rest`: the jobs left, indices in rule O1's order), each
-        given its class's wait `waits` as the replay would give it."""
-        of = list(map(self.of.__getitem__, rest))
-        ids = list(map(_id_of, map(p.jobs.__getitem__, rest)))
-        seen.extend(ids)
-        code = {c: w[0] for c, w in waits.items()}
-        held = {c: w[1] for c, w in waits.items()}
-        ceiling = {c: w[2] for c, w in waits.items()}
-        p.raw.update(zip(ids, zip(map(code.__getitem__, of), rest, map(held.__getitem__, of),
-                                  map(ceiling.__getitem__, of), strict=True), strict=True))
-        pools = {c: w[3] for c, w in waits.items() if w[3]}
-        if pools:  # rule K3: where it would fit now
-            elsewhere = p.waits.elsewhere
-            for job_id, c in zip(ids, of, strict=True):
-                if c in pools:
-                    elsewhere[job_id] = pools[c]
-
+def _classes(jobs: list[QueuedJob], tiers: bool) -> list[int]:
+    """The queue in classes of equal jobs (`_class_of`, with the tier when `tiers`),
+    found once for the whole queue: per job, its class, the index of its class's first
+    job. The replay keys its lane by class."""
+    per_job = list(map(_class_and_tier_of if tiers else _class_of, jobs))
+    first: dict[tuple[Any, ...], int] = {}
+    return list(map(first.setdefault, per_job, itertools.count()))
 
 class _Replay:
-    """The replay of waits (`plan_admissions`): per class of equal jobs (`_Classes`;
+    """The replay of waits (`plan_admissions`): per class of equal jobs (`_classes`;
     per `_LaneKey` for jobs of several GPU types) what the stages gave an equal job, at
     `stamp`."""
 
-    __slots__ = ("able", "class_of", "classes", "elsewhere", "key", "lane", "misses", "now",
+    __slots__ = ("able", "class_of", "elsewhere", "key", "lane", "misses", "now",
                  "on", "p", "per_type", "quiet", "quiet_stamp", "replays", "several_key",
                  "several_lane", "stamp", "tiers", "total")
 
@@ -211,8 +132,7 @@ class _Replay:
         # here (rule R11's owed claims, rules W1-W4's bookings), whatever its tier.
         self.per_type = _PER_TYPE and p.book is None
         self.tiers = not self.per_type or p.owed_on
-        self.classes = _Classes(p.jobs, self.tiers, _SETTLE) if self.able else None
-        self.class_of = self.classes.of if self.classes is not None else []
+        self.class_of = _classes(p.jobs, self.tiers) if self.able else []
         self.stamp = self.replays = self.misses = self.quiet = 0
         self.quiet_stamp = -1
         self.elsewhere = p.waits.elsewhere
@@ -358,32 +278,24 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     shapes that keeps changing the state seldom replays: after `_LANE_TRIAL` misses
     outnumbering the replays the pass stops looking, until `_LANE_QUIET` jobs in a row
     found the state unchanged (a fleet's queue admits early, then waits:
-    docs/performance.md). The replay is kept per class of equal jobs (`_Classes`): a
+    docs/performance.md). The replay is kept per class of equal jobs (`_classes`): a
     class's wait once replayed is given to its next jobs at once until a stamp moves
-    (`_PER_CLASS`), and once every job left is of a class whose wait is held at its
-    type's stamp now, the rest of the pass is settled: no admission is left, so no charge
-    (rule F6) reorders rule O1, and each job left is given its class's wait in one step
-    (`_SETTLE`).
+    (`_PER_CLASS`).
     """
     p = Pass(snapshot)
     cap, jobs, raw = p.cap, p.jobs, p.raw
     seen: list[int] = []
     remember = seen.append
     replay = _Replay(p)
-    classes = replay.classes
-    settling = classes if _SETTLE else None
     # Per job (its index): its class, its id; read in rule O1's order without touching
     # the job when its class's wait is given at once (`_Replay.now`).
-    of = classes.of if classes is not None else [0] * len(jobs)
+    of = replay.class_of or [0] * len(jobs)
     ids = list(map(_id_of, jobs))
     now, more = replay.now, replay.more
-    order = iter(p.order)
-    for index in order:
+    for index in p.order:
         job_id = ids[index]
         remember(job_id)
         c = of[index]
-        if settling is not None:
-            settling.left[c] -= 1
         held = now.get(c)
         if held is not None:  # rules as the replay gives them: `_Replay.replayed`
             raw[job_id] = (held[1], index, held[2], held[3])
@@ -397,19 +309,8 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             if several and cap.packed and any(gt in cap.packed for gt in job.gpu_types):
                 several = False  # rule H7: its units are its own type's; no other type
             if not replay.replayed(job, index, several):
-                if settling is not None:
-                    settling.quiet = 0
                 _through_stages(p, replay, job, index, several)
                 replay.moved()
-                continue
-        if settling is not None:
-            settling.quiet += 1
-            if settling.quiet >= _SETTLE_QUIET:
-                settled = settling.settled(replay)
-                if settled is not None:
-                    settling.settle(p, list(order), settled, seen)
-                    break
-                settling.quiet = 0
     teams = sorted(p.queued_teams | set(snapshot.fair_share))
     standings = {t: p.factors.factor(t) for t in teams}
     return Plan(admissions=tuple(p.admissions), waits=p.waits,

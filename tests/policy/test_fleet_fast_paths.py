@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -304,25 +303,6 @@ def big_classes(draw: st.DrawFn) -> Snapshot:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(big_classes(), fleets(), test_plan_fast_paths.long_queues()),
-       st.sampled_from((1, 2, 16)))
-def test_a_settled_pass_gives_each_class_its_wait_as_the_pass_would(
-        s: Snapshot, quiet: int) -> None:
-    """Once every job left is of a class whose wait the replay holds at its type's
-    stamp, the rest in one step (`_SETTLE` on, off by default; looked for after
-    `_SETTLE_QUIET` replays in a row), against every job of the rest visited, and
-    against the whole pass."""
-    kept = admission._SETTLE_QUIET, admission._SETTLE
-    admission._SETTLE_QUIET, admission._SETTLE = quiet, True
-    try:
-        plan = plan_admissions(s)
-    finally:
-        admission._SETTLE_QUIET, admission._SETTLE = kept
-    _same_plan(plan, _plain(s, admission, "_SETTLE"))
-    _same_plan(plan, _plain(s, admission, "_REPLAY"))
-
-
-@settings(max_examples=300, deadline=None)
 @given(st.one_of(big_classes(), fleets()))
 def test_lending_waits_replayed_are_the_whole_pass(s: Snapshot) -> None:
     """Rules A1, Q4: a lending wait given again by the replay of waits (its words an
@@ -342,49 +322,3 @@ def test_a_classs_wait_given_at_once_is_the_replay_asked_per_job(s: Snapshot) ->
     plan = plan_admissions(s)
     _same_plan(plan, _plain(s, admission, "_PER_CLASS"))
     _same_plan(plan, _plain(s, admission, "_REPLAY"))
-
-
-def test_a_long_queue_of_few_classes_is_settled_before_its_end(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The settled rest is reached, and only once every class left holds its wait at the
-    stamp of now: team a's 8-GPU gangs wait for capacity (rule E3's words name the GPUs
-    free in all; the second is the replay's), team b's first job takes a GPU, its second
-    waits for its quota, team c's jobs wait for theirs and replay - team a's wait of
-    before is stale then (one GPU fewer free), and the rest of team a's gangs are given
-    their wait only once one of them was through the stages again. Tiers set the order
-    (rule O1)."""
-    nodes_ = tuple(NodeState(f"n{i}", "h100", 8, 4) for i in range(2))
-
-    def job(i: int, team: str, gpus: int, tier: int) -> QueuedJob:
-        return QueuedJob(id=i, team=team, gpu_type="h100", gpus_per_replica=gpus, replicas=1,
-                         tier_rank=tier, submitted_at=NOW - timedelta(seconds=1000 - i))
-    queued = (job(1, "a", 8, 300), job(2, "a", 8, 300), job(3, "b", 1, 250),
-              job(4, "b", 1, 240), job(5, "c", 2, 230), job(6, "c", 2, 230),
-              job(7, "c", 2, 230),
-              *(job(10 + i, "a", 8, 100) for i in range(100)))
-    s = Snapshot(now=NOW, nodes=nodes_, queued=queued, running=(),
-                 quotas={("a", "h100"): QuotaLimit(8, 0), ("b", "h100"): QuotaLimit(1, 0),
-                         ("c", "h100"): QuotaLimit(0, 0)},
-                 fair_share_state=FairShareState({"a": 1.0, "b": 2.0, "c": 3.0},
-                                                 dict.fromkeys("abc", 1 / 3)),
-                 priority_weights=PriorityWeights(), interval_seconds=3.0,
-                 preemption=PreemptionSettings(enabled=False))
-    rests: list[int] = []
-    settle = admission._Classes.settle
-
-    def counted(self: admission._Classes, p: object, rest: list[int], *args: object) -> None:
-        rests.append(len(rest))
-        settle(self, p, rest, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(admission._Classes, "settle", counted)
-    monkeypatch.setattr(admission, "_SETTLE_QUIET", 1)
-    monkeypatch.setattr(admission, "_SETTLE", True)
-    plan = plan_admissions(s)
-    assert plan.order == tuple(j.id for j in queued)
-    assert [a.job_id for a in plan.admissions] == [3]
-    assert "(8 h100 GPUs free in all)" in plan.waits[2].message  # what the replay holds
-    # Looked for at jobs 6 and 7 (team a's wait stale: not settled), then at job 11, once
-    # job 10 was through the stages again.
-    assert rests == [98]
-    assert "(7 h100 GPUs free in all)" in plan.waits[109].message
-    _same_plan(plan, _plain(s, admission, "_SETTLE"))
