@@ -134,3 +134,48 @@ def test_staffs_per_team_table_is_paged_and_sorted_over_every_team(world: World)
                           ({"sort": "bogus"}, "Unknown sort &#x27;bogus&#x27;")):
         status, body = _staff_page(world, period="day", **params)
         assert status == 400 and words in body, params
+
+
+def test_the_dashboards_usage_series_kept_per_process_follow_the_shared_ones(
+        world: World) -> None:
+    """`usage_history` reads every team's snapshot series from the cache once per
+    generation and process: over random snapshots its answer is the one computed
+    afresh, and a new generation (another process's, after the cache dropped them) is
+    read again, not the process's older copy."""
+    from django.utils import timezone
+
+    from queueing.models import FairShareSnapshot
+    from queueing.selectors import dashboard as dash
+
+    rng = random.Random(7)
+    now = timezone.now()
+    n = iter(range(1, 10_000))  # microseconds apart: one snapshot per instant
+    teams = [f"t{i}" for i in range(8)]
+
+    def fresh(only: set[str]) -> dict[str, Any]:
+        dash._local.clear()
+        cache.clear()
+        return dash.usage_history(now=now, current=[], only=only)
+
+    for _ in range(5):
+        for _ in range(rng.randint(1, 6)):
+            FairShareSnapshot.objects.create(
+                at=now - timedelta(minutes=rng.randint(1, 60 * 24 * 6), microseconds=next(n)),
+                half_life_hours=24,
+                standings={t: [rng.uniform(0, 50), 0.1, 0.2, 0.5]
+                           for t in rng.sample(teams, rng.randint(1, 8))})
+        only = set(rng.sample(teams, rng.randint(1, 3)))
+        expected = fresh(only)
+        for _ in range(2):  # the process's copy, then the shared one in another process
+            assert dash.usage_history(now=now, current=[], only=only) == expected
+            dash._local.pop(next(k for k in dash._local if "usage-history" in k))
+        assert dash.usage_history(now=now, current=[], only=only) == expected
+        # A snapshot later, another process computed the series anew (the cache dropped
+        # the old ones): this process must not answer with its own older copy.
+        FairShareSnapshot.objects.create(at=now - timedelta(seconds=10, microseconds=next(n)),
+                                         half_life_hours=24, standings={t: [99.0, 0, 0, 0]
+                                                                        for t in teams})
+        kept = dict(dash._local)
+        newer = fresh(only)
+        dash._local.update(kept)
+        assert dash.usage_history(now=now, current=[], only=only) == newer != expected

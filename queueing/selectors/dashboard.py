@@ -16,7 +16,7 @@ import shlex
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.core.cache import cache
@@ -239,9 +239,18 @@ def _snapshot_series(*, now: datetime, days: float, max_points: int
     """The snapshots of the last `days`, thinned to `max_points`, as columns; cached for
     HISTORY_TTL seconds (they change once per snapshot interval)."""
     key = f"{_HISTORY_KEY}:{days}:{max_points}"
-    cached: tuple[list[int], dict[str, list[float | None]]] | None = cache.get(key)
-    if cached is not None:
-        return cached
+    # Every team's series (1,000 teams × 168 points at the fleet's size) costs a request
+    # more to unpickle than it uses of them (a member reads one): each process keeps its
+    # copy while the shared generation is current, as `page_cached` does.
+    generation = cache.get(key + ":generation")
+    mine = _local.get(key)
+    if generation is not None and mine is not None and mine[0] == generation:
+        kept: tuple[list[int], dict[str, list[float | None]]] = mine[1]
+        return kept
+    shared = cache.get(key) if generation is not None else None
+    if shared is not None and shared[0] == generation:
+        _local[key] = shared
+        return cast(tuple[list[int], dict[str, list[float | None]]], shared[1])
     qs = FairShareSnapshot.objects.filter(at__gte=now - timedelta(days=days), at__lt=now)
     ids = list(qs.order_by("at").values_list("id", flat=True))
     step = max(1, -(-len(ids) // max_points))
@@ -256,7 +265,7 @@ def _snapshot_series(*, now: datetime, days: float, max_points: int
         for t in teams:
             v = data.get(t)
             series[t].append(float(v[0]) if v else None)
-    cache.set(key, (times, series), timeout=HISTORY_TTL)
+    _keep(key, (times, series), HISTORY_TTL)
     return times, series
 
 
