@@ -23,7 +23,14 @@ from django.core.cache import cache
 from django.db.models import Count, QuerySet, Sum
 
 from accounts.models import Team
-from queueing.models import FairShareSnapshot, GpuType, Job, JobEvent, Quota
+from queueing.models import (
+    FairShareSnapshot,
+    GpuType,
+    Job,
+    JobEvent,
+    NotebookSession,
+    Quota,
+)
 from queueing.policy.fairshare import Standing, forest_parents
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 
@@ -292,6 +299,13 @@ def usage_history(*, now: datetime, days: float = 7.0,
     # The x axis starts at the first snapshot, or an hour back when there is none yet.
     start = min(times[0], int(now.timestamp()) - 3600)
     return {"t": times, "series": series, "start": start, "snapshots": len(snap_times)}
+
+
+def owns_sessions(*, user_id: int | None) -> bool:
+    """Whether the user started any notebook session (one query on the sessions'
+    owner): most users own none, and the dashboard's list of them is a join of eight
+    tables, costlier to plan than to run."""
+    return NotebookSession.objects.filter(owner_id=user_id).exists()
 
 
 def team_submit_defaults(*, team: Team, user: Any, web_job_id: int | None = None

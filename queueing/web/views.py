@@ -58,7 +58,7 @@ from accounts.services import (
 from fairq_cli.durations import format_duration
 from queueing.errors import DomainError, NotFound
 from queueing.errors import PermissionDenied as Refused
-from queueing.models import Job, NotebookSession
+from queueing.models import Job
 from queueing.policy.states import JobState
 from queueing.selectors import dashboard as dash
 from queueing.selectors.arrays import job_array, job_dependencies
@@ -253,11 +253,9 @@ def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
         ctx["preempted"] = dash.team_recent_preemptions(team=team, now=now)
         # Its standing at each level of the quota tree (docs/dashboard.md).
         ctx["tree_standing"] = dash.team_standing_cached(team=team.slug)
-    # docs/dashboard.md, "Notebook sessions": the join of a session's job, notebook,
-    # team, membership, owner, submitter, type and tier costs more to plan than to run;
-    # most users own none, which one query on the sessions' owner says.
-    ctx["sessions"] = my_sessions(request) if NotebookSession.objects.filter(
-        owner_id=request.user.pk).exists() else []
+    # docs/dashboard.md, "Notebook sessions" (`owns_sessions`: most users own none).
+    ctx["sessions"] = my_sessions(request) if dash.owns_sessions(
+        user_id=request.user.pk) else []
     return ctx
 
 
