@@ -34,7 +34,9 @@ How it works
     for the whole run (QUEUE_PLAN_TTL raised), as its cost is the cycle's, not the
     page's; `queue_plan_cold_p50` is one plan of the whole queue, what a request pays
     when it finds none (printed apart; `--skip-plan` leaves it out).
-  * Queries per page are counted on one extra request with CaptureQueriesContext.
+  * Queries per page are counted on one extra request with CaptureQueriesContext; the
+    web process's CPU time of each request (`time.process_time`, PostgreSQL's own not
+    included) gives `<page>_cpu_p50` / `_cpu_p95` beside the wall times.
   * `--rounds N --ab`: the pages are timed N times, alternately without and with the
     page indexes of migration 0034 (DROP INDEX / CREATE INDEX between rounds, ANALYZE
     after), on the same database in the same process: `<page>_p50_noidx`, `_p95_noidx`
@@ -388,6 +390,9 @@ def indexes_set(defs: list[tuple[str, str]], *, on: bool) -> None:
 
 # --- timing -----------------------------------------------------------------------------------
 
+CPU_TIMES: list[float] = []  # the web process's CPU of each timed request, ms (time_page)
+
+
 def time_page(client: Any, url: str, n: int, between: Any = None,
               **headers: str) -> tuple[list[float], int]:
     """`n` timed requests after 5 warm-ups; `between()` (untimed) before each: what a
@@ -402,9 +407,10 @@ def time_page(client: Any, url: str, n: int, between: Any = None,
     for _ in range(n):
         if between is not None:
             between()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         client.get(url, **headers)
         times.append((time.perf_counter() - t) * 1000)
+        CPU_TIMES.append((time.process_time() - c) * 1000)
     with CaptureQueriesContext(connection) as ctx:
         client.get(url, **headers)
     return times, len(ctx.captured_queries)
@@ -592,6 +598,7 @@ def main() -> int:
         note("no page indexes found (migration 0034): timing one side only")
     pooled: dict[tuple[str, str], list[float]] = {}
     queries: dict[tuple[str, str], int] = {}
+    cpu: dict[tuple[str, str], list[float]] = {}
     note(f"calibration loop {calibration():.3f} s, load average {os.getloadavg()[0]:.1f}")
     for rnd in range(args.rounds):
         for side in sides:
@@ -601,8 +608,10 @@ def main() -> int:
             elif len(sides) > 1:
                 indexes_set(defs, on=side == "")
             for name, client, url, headers in pages:
+                CPU_TIMES.clear()
                 times, nq = time_page(client, url, args.requests, between, **headers)
                 pooled.setdefault((name, side), []).extend(times)
+                cpu.setdefault((name, side), []).extend(CPU_TIMES)
                 queries[(name, side)] = nq
             note(f"round {rnd + 1} {side or 'indexed'}: load average {os.getloadavg()[0]:.1f}")
     if len(sides) > 1 and not args.published_ab:
@@ -616,6 +625,8 @@ def main() -> int:
             sfx = f"_{side}" if side else ""
             bench(f"{name}_p50{sfx}{tag}", statistics.median(times), "ms")
             bench(f"{name}_p95{sfx}{tag}", p95(times), "ms")
+            bench(f"{name}_cpu_p50{sfx}{tag}", statistics.median(cpu[(name, side)]), "ms")
+            bench(f"{name}_cpu_p95{sfx}{tag}", p95(cpu[(name, side)]), "ms")
             if args.published_ab:  # the refreshes a request paid show in the tail
                 bench(f"{name}_max{sfx}{tag}", max(times), "ms")
             bench(f"{name}_queries{sfx}{tag}", queries[(name, side)], "count")

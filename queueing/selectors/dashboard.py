@@ -16,14 +16,21 @@ import shlex
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.core.cache import cache
 from django.db.models import Count, QuerySet, Sum
 
 from accounts.models import Team
-from queueing.models import FairShareSnapshot, GpuType, Job, JobEvent, Quota
+from queueing.models import (
+    FairShareSnapshot,
+    GpuType,
+    Job,
+    JobEvent,
+    NotebookSession,
+    Quota,
+)
 from queueing.policy.fairshare import Standing, forest_parents
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 
@@ -239,9 +246,18 @@ def _snapshot_series(*, now: datetime, days: float, max_points: int
     """The snapshots of the last `days`, thinned to `max_points`, as columns; cached for
     HISTORY_TTL seconds (they change once per snapshot interval)."""
     key = f"{_HISTORY_KEY}:{days}:{max_points}"
-    cached: tuple[list[int], dict[str, list[float | None]]] | None = cache.get(key)
-    if cached is not None:
-        return cached
+    # Every team's series (1,000 teams × 168 points at the fleet's size) costs a request
+    # more to unpickle than it uses of them (a member reads one): each process keeps its
+    # copy while the shared generation is current, as `page_cached` does.
+    generation = cache.get(key + ":generation")
+    mine = _local.get(key)
+    if generation is not None and mine is not None and mine[0] == generation:
+        kept: tuple[list[int], dict[str, list[float | None]]] = mine[1]
+        return kept
+    shared = cache.get(key) if generation is not None else None
+    if shared is not None and shared[0] == generation:
+        _local[key] = shared
+        return cast(tuple[list[int], dict[str, list[float | None]]], shared[1])
     qs = FairShareSnapshot.objects.filter(at__gte=now - timedelta(days=days), at__lt=now)
     ids = list(qs.order_by("at").values_list("id", flat=True))
     step = max(1, -(-len(ids) // max_points))
@@ -256,7 +272,7 @@ def _snapshot_series(*, now: datetime, days: float, max_points: int
         for t in teams:
             v = data.get(t)
             series[t].append(float(v[0]) if v else None)
-    cache.set(key, (times, series), timeout=HISTORY_TTL)
+    _keep(key, (times, series), HISTORY_TTL)
     return times, series
 
 
@@ -283,6 +299,13 @@ def usage_history(*, now: datetime, days: float = 7.0,
     # The x axis starts at the first snapshot, or an hour back when there is none yet.
     start = min(times[0], int(now.timestamp()) - 3600)
     return {"t": times, "series": series, "start": start, "snapshots": len(snap_times)}
+
+
+def owns_sessions(*, user_id: int | None) -> bool:
+    """Whether the user started any notebook session (one query on the sessions'
+    owner): most users own none, and the dashboard's list of them is a join of eight
+    tables, costlier to plan than to run."""
+    return NotebookSession.objects.filter(owner_id=user_id).exists()
 
 
 def team_submit_defaults(*, team: Team, user: Any, web_job_id: int | None = None

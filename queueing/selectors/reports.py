@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.core.cache import cache
 from django.db.models import Case, F, IntegerField, Min, OuterRef, Subquery, Sum, Value, When
@@ -37,31 +38,70 @@ def report_buckets(*, teams: Iterable[Team], start: date, end: date, period: str
                    now: datetime) -> Report:
     """Per (period, team, GPU type) over the UTC days [start, end). Four queries plus
     the live part's two; O(periods × teams × types × prices) rows in Python."""
-    teams = list(teams)
-    team_ids = [t.pk for t in teams]
-    slug = {t.pk: t.slug for t in teams}
-    parents = dict(Team.objects.filter(pk__in=team_ids, parent__isnull=False)
-                   .values_list("pk", "parent__slug"))
-    gpu_slugs = dict(GpuType.objects.values_list("pk", "slug"))
-    prices = price_lists()
-    mark, rolled_at = UsageRollup.objects.filter(pk=1).values_list(
-        "last_record_id", "updated_at").first() or (0, None)
+    inp = _Inputs(teams, period)
     acc: dict[tuple[date, int, int], CostBucket] = {}
+    bucket = inp.bucket_in(acc)
+    _rolled_up(inp, bucket, start=start, end=end, period=period)
+    _live(inp, bucket, start=start, end=end, now=now)
+    return Report(start=start, end=end, period=period, buckets=inp.ordered(acc),
+                  rolled_up_to=inp.mark)
 
-    def bucket(day: date, team_id: int, gpu_type_id: int) -> CostBucket:
-        key_period = day if period == "day" else month_start(day)
-        key = (key_period, team_id, gpu_type_id)
-        b = acc.get(key)
-        if b is None:
-            b = acc[key] = CostBucket(
-                period=key_period, team=slug[team_id],
-                department=parents.get(team_id) or slug[team_id],
-                gpu_type=gpu_slugs.get(gpu_type_id, str(gpu_type_id)))
-        return b
 
-    def midnight(d: date) -> datetime:
-        return datetime.combine(d, time(0), tzinfo=UTC)
+class _Inputs:
+    """What both parts of a report read once: the teams, their departments, the GPU
+    types, the price lists and the roll-up's state."""
 
+    def __init__(self, teams: Iterable[Team], period: str) -> None:
+        teams = list(teams)
+        self.period = period
+        self.team_ids = [t.pk for t in teams]
+        self.slug = {t.pk: t.slug for t in teams}
+        self.parents = dict(Team.objects.filter(pk__in=self.team_ids, parent__isnull=False)
+                            .values_list("pk", "parent__slug"))
+        self.gpu_slugs = dict(GpuType.objects.values_list("pk", "slug"))
+        self.prices = price_lists()
+        self.mark, self.rolled_at = UsageRollup.objects.filter(pk=1).values_list(
+            "last_record_id", "updated_at").first() or (0, None)
+
+    def key(self, start: date, end: date) -> str:
+        """Everything the rolled-up part reads: the roll-up's mark and `updated_at` (a
+        checkpoint correcting a rolled-up day stamps it), the prices, the teams, the
+        range and the period."""
+        return "fairq:reports:days:" + hashlib.sha256(repr(
+            (self.mark, self.rolled_at, self.period, start, end, self.team_ids,
+             sorted(self.prices.items()))
+        ).encode()).hexdigest()
+
+    def bucket_in(self, acc: dict[tuple[date, int, int], CostBucket]) -> Any:
+        period, slug, parents, gpu_slugs = self.period, self.slug, self.parents, self.gpu_slugs
+
+        def bucket(day: date, team_id: int, gpu_type_id: int) -> CostBucket:
+            key_period = day if period == "day" else month_start(day)
+            key = (key_period, team_id, gpu_type_id)
+            b = acc.get(key)
+            if b is None:
+                b = acc[key] = CostBucket(
+                    period=key_period, team=slug[team_id],
+                    department=parents.get(team_id) or slug[team_id],
+                    gpu_type=gpu_slugs.get(gpu_type_id, str(gpu_type_id)))
+            return b
+        return bucket
+
+    def ordered(self, acc: dict[tuple[date, int, int], CostBucket]) -> list[CostBucket]:
+        slug, gpu_slugs = self.slug, self.gpu_slugs
+        keys = sorted(acc, key=lambda k: (k[0], slug[k[1]], gpu_slugs.get(k[2], "")))
+        return [acc[k] for k in keys]
+
+
+def _midnight(d: date) -> datetime:
+    return datetime.combine(d, time(0), tzinfo=UTC)
+
+
+def _rolled_up(inp: _Inputs, bucket: Any, *, start: date, end: date, period: str) -> None:
+    """The roll-up's days of [start, end) into `bucket`'s buckets, records with a price of
+    their own priced again (rule C4): all of it fixed while the roll-up's mark and
+    `updated_at` are."""
+    prices = inp.prices
     # The roll-up summed in the database per period, team, GPU type and price segment
     # (the days between two of the type's price changes: one price, rule C1): a few
     # thousand rows for a year of 100 teams, whatever the number of days.
@@ -72,7 +112,7 @@ def report_buckets(*, teams: Iterable[Team], start: date, end: date, period: str
                            reverse=True)
     ], default=Value(-1), output_field=IntegerField()) if prices else Value(-1)
     rows = (
-        UsageDay.objects.filter(team_id__in=team_ids, day__gte=start, day__lt=end)
+        UsageDay.objects.filter(team_id__in=inp.team_ids, day__gte=start, day__lt=end)
         .annotate(p=F("day") if period == "day" else TruncMonth("day"), seg=segment)
         .values("p", "team_id", "gpu_type_id", "seg")
         .annotate(first=Min("day"), alloc=Sum("allocated_gpu_hours"),
@@ -83,29 +123,27 @@ def report_buckets(*, teams: Iterable[Team], start: date, end: date, period: str
     # The roll-up's sums change only when the roll-up moves its mark or a checkpoint
     # corrects a rolled-up day's lost work (both stamp `updated_at`): kept under a key of
     # both and of everything else the query reads (prices, teams, range, period).
-    key = "fairq:reports:days:" + hashlib.sha256(repr(
-        (mark, rolled_at, period, start, end, team_ids, sorted(prices.items()))
-    ).encode()).hexdigest()
+    key = inp.key(start, end)
     summed = cache.get(key)
     if summed is None:
         summed = list(rows)
         cache.set(key, summed, timeout=ROLLED_UP_CACHE_SECONDS)
     for first, team_id, gpu_type_id, alloc, used, idle, pre, lost in summed:
         add_hours(bucket(first, team_id, gpu_type_id), allocated=alloc, used=used, idle=idle,
-                  preempted=pre, price=price_at(prices.get(gpu_type_id, ()), midnight(first)),
+                  preempted=pre, price=price_at(prices.get(gpu_type_id, ()), _midnight(first)),
                   lost=lost or 0.0)
-    lo, hi = midnight(start), midnight(end)
+    lo, hi = _midnight(start), _midnight(end)
     # Rule C4: the roll-up's hours of a record with its own price (a spot attempt's) were
     # priced above at the type's list; priced again at the record's own price instead.
     # The roll-up does not tell spot hours apart: those records (a few) are read again.
-    for a in attempts(team_ids=team_ids, start=lo, end=hi, now=None, records_up_to=mark,
-                      spot_or_own_price_only=True):
+    for a in attempts(team_ids=inp.team_ids, start=lo, end=hi, now=None,
+                      records_up_to=inp.mark, spot_or_own_price_only=True):
         for piece in cost_pieces(gpus=a.gpus, start=max(a.start, lo), end=min(a.end, hi),
                                  prices=own_price(a.price) if a.price is not None else ()):
             b = bucket(piece.day, a.team_id, a.gpu_type_id)
             hours = Decimal(repr(piece.gpu_hours))
             idle = Decimal(repr(piece.gpu_hours * a.idle_fraction))
-            listed = price_at(prices.get(a.gpu_type_id, ()), midnight(piece.day))
+            listed = price_at(prices.get(a.gpu_type_id, ()), _midnight(piece.day))
             price = a.price if a.price is not None else listed
             if a.price is not None:
                 if listed is None:
@@ -119,10 +157,17 @@ def report_buckets(*, teams: Iterable[Team], start: date, end: date, period: str
                 b.spot_gpu_hours += piece.gpu_hours
                 if price is not None:
                     b.spot_cost += hours * price
-    for a in attempts(team_ids=team_ids, start=lo, end=hi, now=now, records_after=mark):
+
+
+def _live(inp: _Inputs, bucket: Any, *, start: date, end: date, now: datetime) -> None:
+    """What the roll-up does not hold yet into `bucket`'s buckets: the usage records
+    after its mark and the attempts running at `now`."""
+    lo, hi = _midnight(start), _midnight(end)
+    for a in attempts(team_ids=inp.team_ids, start=lo, end=hi, now=now,
+                      records_after=inp.mark):
         last = None
         for piece in cost_pieces(gpus=a.gpus, start=max(a.start, lo), end=min(a.end, hi),
-                                 prices=a.prices(prices)):
+                                 prices=a.prices(inp.prices)):
             h = piece.gpu_hours
             last = bucket(piece.day, a.team_id, a.gpu_type_id)
             add_hours(last, allocated=h,
@@ -130,9 +175,137 @@ def report_buckets(*, teams: Iterable[Team], start: date, end: date, period: str
                       preempted=h if a.preempted else 0.0, price=piece.price, spot=a.spot)
         if a.lost and last is not None and a.end <= hi:
             last.lost_gpu_hours += a.lost  # on the preemption's day
-    keys = sorted(acc, key=lambda k: (k[0], slug[k[1]], gpu_slugs.get(k[2], "")))
-    return Report(start=start, end=end, period=period, buckets=[acc[k] for k in keys],
-                  rolled_up_to=mark)
+
+
+# --- the page's figures: per team over the range, and the chart's columns --------------------
+#
+# Staff's page at 1,000 teams holds ~21,000 buckets (teams × months × types), nearly all
+# of them rolled up: summing them into the per-team table and the chart on every request
+# cost ~1-2 s (docs/performance.md, "The dashboard's and staff's reports' own work"). The
+# rolled-up part's figures are summed once per roll-up state and kept in the process
+# (`_KEPT`, under `_Inputs.key`); a request adds only the live part's buckets to a copy.
+
+
+KINDS = ("allocated", "used", "idle", "preempted")
+_KEPT: dict[str, ReportSummary] = {}
+_KEPT_MAX = 4  # roll-up states × ranges kept per process (~10 MB each at 1,000 teams)
+
+
+@dataclass
+class ReportSummary:
+    """Per team over [start, end) (`totals`: GPU-hours and cost by kind, its
+    department) and the chart's columns: GPU-hours by kind per period (every team
+    summed), cost per team per period, and each team's cost over the range."""
+
+    start: date
+    end: date
+    period: str
+    periods: list[date]
+    totals: dict[str, dict[str, Any]]
+    hours: dict[str, list[float]]
+    cost: dict[str, list[float]]
+    spend: dict[str, Decimal]
+    rolled_up_to: int = 0
+
+    def add(self, b: CostBucket) -> None:
+        """One bucket's figures (the report's buckets, in order, make the summary)."""
+        t = self.totals.get(b.team)
+        if t is None:
+            t = self.totals[b.team] = {
+                "team": b.team, "department": b.department, "allocated": 0.0, "used": 0.0,
+                "idle": 0.0, "preempted": 0.0, "cost": Decimal(0), "idle_cost": Decimal(0),
+                "spot": 0.0, "spot_cost": Decimal(0), "lost": 0.0}
+        t["allocated"] += b.allocated_gpu_hours
+        t["used"] += b.used_gpu_hours
+        t["idle"] += b.idle_gpu_hours
+        t["preempted"] += b.preempted_gpu_hours
+        t["cost"] += b.cost
+        t["idle_cost"] += b.idle_cost
+        t["spot"] += b.spot_gpu_hours  # rule C4: spot time apart
+        t["spot_cost"] += b.spot_cost
+        t["lost"] += b.lost_gpu_hours  # preemptions' lost work (from checkpoints)
+        i = self._index.get(b.period)
+        if i is None:
+            return
+        self.hours["allocated"][i] += b.allocated_gpu_hours
+        self.hours["used"][i] += b.used_gpu_hours
+        self.hours["idle"][i] += b.idle_gpu_hours
+        self.hours["preempted"][i] += b.preempted_gpu_hours
+        cost = self.cost.get(b.team)
+        if cost is None:
+            cost = self.cost[b.team] = [0.0] * len(self.periods)
+        cost[i] += float(b.cost)
+        self.spend[b.team] = self.spend.get(b.team, Decimal(0)) + b.cost
+
+    @property
+    def _index(self) -> dict[date, int]:
+        index: dict[date, int] | None = self.__dict__.get("_index_")
+        if index is None:
+            index = self.__dict__["_index_"] = {p: i for i, p in enumerate(self.periods)}
+        return index
+
+    def copy(self) -> ReportSummary:
+        return ReportSummary(
+            start=self.start, end=self.end, period=self.period, periods=self.periods,
+            totals={k: dict(v) for k, v in self.totals.items()},
+            hours={k: list(v) for k, v in self.hours.items()},
+            cost={k: list(v) for k, v in self.cost.items()}, spend=dict(self.spend),
+            rolled_up_to=self.rolled_up_to)
+
+
+def report_periods(start: date, end: date, period: str) -> list[date]:
+    """The periods of [start, end): its days, or the months from start's."""
+    out = []
+    d = start if period == "day" else start.replace(day=1)
+    while d < end:
+        out.append(d)
+        if period == "day":
+            d = d.fromordinal(d.toordinal() + 1)
+        else:
+            d = d.replace(year=d.year + 1, month=1) if d.month == 12 else d.replace(month=d.month + 1)
+    return out
+
+
+def _empty_summary(start: date, end: date, period: str, mark: int) -> ReportSummary:
+    periods = report_periods(start, end, period)
+    return ReportSummary(start=start, end=end, period=period, periods=periods, totals={},
+                         hours={k: [0.0] * len(periods) for k in KINDS}, cost={}, spend={},
+                         rolled_up_to=mark)
+
+
+def report_summary_plain(*, teams: Iterable[Team], start: date, end: date, period: str,
+                         now: datetime) -> ReportSummary:
+    """The reference: every bucket of `report_buckets`, in its order, summed."""
+    report = report_buckets(teams=teams, start=start, end=end, period=period, now=now)
+    out = _empty_summary(start, end, period, report.rolled_up_to)
+    for b in report.buckets:
+        out.add(b)
+    return out
+
+
+def report_summary(*, teams: Iterable[Team], start: date, end: date, period: str,
+                   now: datetime) -> ReportSummary:
+    """`report_summary_plain`'s figures (to the float rounding of adding a bucket's
+    live hours after its rolled-up ones): the rolled-up part summed once per roll-up
+    state and kept in the process, a copy plus the live part's buckets per request."""
+    inp = _Inputs(teams, period)
+    key = inp.key(start, end)
+    kept = _KEPT.get(key)
+    if kept is None:
+        acc: dict[tuple[date, int, int], CostBucket] = {}
+        _rolled_up(inp, inp.bucket_in(acc), start=start, end=end, period=period)
+        kept = _empty_summary(start, end, period, inp.mark)
+        for b in inp.ordered(acc):
+            kept.add(b)
+        while len(_KEPT) >= _KEPT_MAX:
+            _KEPT.pop(next(iter(_KEPT)))
+        _KEPT[key] = kept
+    out = kept.copy()
+    live: dict[tuple[date, int, int], CostBucket] = {}
+    _live(inp, inp.bucket_in(live), start=start, end=end, now=now)
+    for b in inp.ordered(live):
+        out.add(b)
+    return out
 
 
 def first_usage_day(*, teams: Iterable[Team], now: datetime) -> date | None:

@@ -253,7 +253,9 @@ def _dashboard_context(request: HttpRequest) -> dict[str, Any]:
         ctx["preempted"] = dash.team_recent_preemptions(team=team, now=now)
         # Its standing at each level of the quota tree (docs/dashboard.md).
         ctx["tree_standing"] = dash.team_standing_cached(team=team.slug)
-    ctx["sessions"] = my_sessions(request)  # docs/dashboard.md, "Notebook sessions"
+    # docs/dashboard.md, "Notebook sessions" (`owns_sessions`: most users own none).
+    ctx["sessions"] = my_sessions(request) if dash.owns_sessions(
+        user_id=request.user.pk) else []
     return ctx
 
 

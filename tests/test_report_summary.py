@@ -1,0 +1,181 @@
+"""The reports page's figures (selectors/reports.py, `report_summary`: the rolled-up part
+summed once per roll-up state and kept, the live part added per request) held to the
+plain sum of every bucket (`report_summary_plain`) over random histories; and staff's
+paged, sorted per-team table (docs/dashboard.md, "Reports")."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.core.cache import cache
+from django.test import Client
+
+from queueing.models import UsageRecord
+from queueing.selectors import reports as rep
+from queueing.services.costs import gpu_price_set
+from queueing.services.reports import usage_days_roll_up
+from tests.conftest import World
+from tests.factories import TeamFactory
+
+from .accounting.history import finished_attempt, job, utilization
+
+NOW = datetime(2026, 11, 26, 15, tzinfo=UTC)
+ENDED = ["SUCCEEDED", "FAILED", "PREEMPTED", "CANCELLED"]
+
+
+def _history(world: World, rng: random.Random) -> list[Any]:
+    """Random attempts of three teams and three GPU types from August to now (some
+    crossing midnights and months, some with utilization, lost work, a spot price),
+    prices that change, and jobs running now."""
+    teams = [world.vision, world.nlp, world.speech]
+    types = [world.h100, world.a100, world.mig]
+    for g in rng.sample(types, rng.randint(0, 3)):
+        for _ in range(rng.randint(1, 2)):
+            gpu_price_set(actor=world.staff, gpu_type=g,
+                          effective_from=date(2026, rng.randint(7, 11), rng.randint(1, 28)),
+                          price_per_gpu_hour=Decimal(rng.choice(["0.5", "1.25", "2", "3.1"])))
+    for _ in range(rng.randint(3, 14)):
+        j = job(team=rng.choice(teams), gpu_type=rng.choice(types), tier=world.normal,
+                gpus_per_replica=rng.choice([1, 2, 4]))
+        start = datetime(2026, 8, 1, tzinfo=UTC) + timedelta(
+            minutes=rng.randint(0, 60 * 24 * 110))
+        hours = rng.choice([0.5, 3, 7.25, 30, 50])
+        ended = rng.choice(ENDED)
+        record = finished_attempt(job=j, attempt=1, start=start, hours=hours, ended=ended,
+                                  sm_mean=rng.choice([None, 12.5, 80.0]))
+        if ended == "PREEMPTED" and rng.random() < 0.5:
+            record.lost_gpu_hours = round(rng.uniform(0, hours), 3)
+        if rng.random() < 0.25:
+            record.spot = True
+            record.price_per_gpu_hour = Decimal(rng.choice(["0.4", "0.75"]))
+        record.save()
+    for _ in range(rng.randint(0, 3)):
+        started = NOW - timedelta(minutes=rng.randint(5, 60 * 24 * 40))
+        j = job(team=rng.choice(teams), gpu_type=rng.choice(types), tier=world.normal,
+                status="RUNNING", started_at=started)
+        if rng.random() < 0.5:
+            utilization(job=j, attempt=1, start=started, minutes=60, sm_mean=40.0)
+    return teams
+
+
+def _same(fast: rep.ReportSummary, plain: rep.ReportSummary) -> None:
+    """Equal figures: amounts (decimals) exactly, GPU-hours to the float rounding of
+    adding a bucket's live hours after its rolled-up ones."""
+    assert fast.periods == plain.periods and fast.rolled_up_to == plain.rolled_up_to
+    assert fast.totals.keys() == plain.totals.keys()
+    for team, t in plain.totals.items():
+        for k, v in t.items():
+            if isinstance(v, float):
+                assert fast.totals[team][k] == pytest.approx(v, rel=1e-9, abs=1e-9), (team, k)
+            else:
+                assert fast.totals[team][k] == v, (team, k)
+    assert fast.spend == plain.spend
+    assert fast.cost.keys() == plain.cost.keys()
+    for team, col in plain.cost.items():
+        assert fast.cost[team] == pytest.approx(col, rel=1e-9, abs=1e-9)
+    for kind, col in plain.hours.items():
+        assert fast.hours[kind] == pytest.approx(col, rel=1e-9, abs=1e-9)
+
+
+def test_the_kept_report_figures_are_the_plain_sum_of_every_bucket(world: World) -> None:
+    """Over random histories, partly rolled up and rolled up further between two reads,
+    by day and by month: each answer of `report_summary` (kept or not, read twice) is
+    `report_summary_plain`'s."""
+    rng = random.Random(2026)
+    for _ in range(6):
+        UsageRecord.objects.all().delete()
+        cache.clear()
+        rep._KEPT.clear()
+        teams = _history(world, rng)
+        for batch in (rng.randint(1, 6), 10_000):
+            usage_days_roll_up(now=NOW, batch=batch)
+            for period, start, end in (("month", date(2026, 8, 1), date(2026, 11, 27)),
+                                       ("day", date(2026, 10, 28), date(2026, 11, 27))):
+                chosen = rng.sample(teams, rng.randint(1, 3))
+                plain = rep.report_summary_plain(teams=chosen, start=start, end=end,
+                                                 period=period, now=NOW)
+                for _ in range(2):  # the second read finds the rolled-up part kept
+                    _same(rep.report_summary(teams=chosen, start=start, end=end,
+                                             period=period, now=NOW), plain)
+
+
+def _staff_page(world: World, **params: str) -> tuple[int, str]:
+    c = Client()
+    c.force_login(world.staff)
+    r = c.get("/reports/", params)
+    return r.status_code, r.content.decode()
+
+
+def test_staffs_per_team_table_is_paged_and_sorted_over_every_team(world: World) -> None:
+    """Staff with 60 teams: 50 rows a page, the total line over all 60 on each page,
+    sorted by the column asked; bad input is a 400 that says what is wrong."""
+    now = datetime.now(UTC)
+    for i in range(57):
+        t = TeamFactory(slug=f"t{i:02d}")
+        finished_attempt(job=job(team=t, gpu_type=world.a100, tier=world.normal), attempt=1,
+                         start=now - timedelta(days=3), hours=1 + i, ended="SUCCEEDED")
+    status, first = _staff_page(world, period="day")
+    assert status == 200
+    assert "1-50 of 57" in first and "All 57 teams" in first
+    assert "<td>t56</td>" in first and "<td>t06</td>" not in first  # most GPU-hours first
+    status, second = _staff_page(world, period="day", page="2")
+    assert status == 200 and "51-57 of 57" in second and "All 57 teams" in second
+    assert "<td>t06</td>" in second and "<td>t00</td>" in second
+    status, by_team = _staff_page(world, period="day", sort="team")
+    assert status == 200
+    assert by_team.index("<td>t00</td>") < by_team.index("<td>t01</td>")
+    assert "<td>t56</td>" not in by_team
+    for params, words in (({"page": "x"}, "Page &#x27;x&#x27;: a whole number from 1."),
+                          ({"page": "9"}, "Page 9: there are 2."),
+                          ({"sort": "bogus"}, "Unknown sort &#x27;bogus&#x27;")):
+        status, body = _staff_page(world, period="day", **params)
+        assert status == 400 and words in body, params
+
+
+def test_the_dashboards_usage_series_kept_per_process_follow_the_shared_ones(
+        world: World) -> None:
+    """`usage_history` reads every team's snapshot series from the cache once per
+    generation and process: over random snapshots its answer is the one computed
+    afresh, and a new generation (another process's, after the cache dropped them) is
+    read again, not the process's older copy."""
+    from django.utils import timezone
+
+    from queueing.models import FairShareSnapshot
+    from queueing.selectors import dashboard as dash
+
+    rng = random.Random(7)
+    now = timezone.now()
+    n = iter(range(1, 10_000))  # microseconds apart: one snapshot per instant
+    teams = [f"t{i}" for i in range(8)]
+
+    def fresh(only: set[str]) -> dict[str, Any]:
+        dash._local.clear()
+        cache.clear()
+        return dash.usage_history(now=now, current=[], only=only)
+
+    for _ in range(5):
+        for _ in range(rng.randint(1, 6)):
+            FairShareSnapshot.objects.create(
+                at=now - timedelta(minutes=rng.randint(1, 60 * 24 * 6), microseconds=next(n)),
+                half_life_hours=24,
+                standings={t: [rng.uniform(0, 50), 0.1, 0.2, 0.5]
+                           for t in rng.sample(teams, rng.randint(1, 8))})
+        only = set(rng.sample(teams, rng.randint(1, 3)))
+        expected = fresh(only)
+        for _ in range(2):  # the process's copy, then the shared one in another process
+            assert dash.usage_history(now=now, current=[], only=only) == expected
+            dash._local.pop(next(k for k in dash._local if "usage-history" in k))
+        assert dash.usage_history(now=now, current=[], only=only) == expected
+        # A snapshot later, another process computed the series anew (the cache dropped
+        # the old ones): this process must not answer with its own older copy.
+        FairShareSnapshot.objects.create(at=now - timedelta(seconds=10, microseconds=next(n)),
+                                         half_life_hours=24, standings={t: [99.0, 0, 0, 0]
+                                                                        for t in teams})
+        kept = dict(dash._local)
+        newer = fresh(only)
+        dash._local.update(kept)
+        assert dash.usage_history(now=now, current=[], only=only) == newer != expected
