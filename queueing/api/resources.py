@@ -300,10 +300,14 @@ class CapacitySerializer(serializers.Serializer[Any]):
                                          "slices_per_gpu, e.g. 2.25)")
     free = GpuAmountField()
     held_by_jobs = GpuAmountField(help_text="GPUs of admitted and running jobs (a fraction "
-                                            "counts its share: 0.25)")
+                                            "counts its share: 0.25), each under the type "
+                                            "it was admitted on")
     queued_demand = GpuAmountField(
-        help_text="GPUs asked for by queued jobs (a job accepting several types counts "
-                  "under the first it accepts)")
+        help_text="GPUs asked for by queued jobs that accept this type only")
+    queued_any_of = GpuAmountField(help_text=(
+        "GPUs asked for by queued jobs that accept this type or others (`gpu_types`): "
+        "such a job counts under each type it accepts, so the sum over types counts it "
+        "once per type; it runs on one of them"))
     by_node = CapacityNodeSerializer(many=True, help_text=(
         "Each node of the type, by name, as the cluster reports it: its free GPUs are the "
         "largest block one replica can get there (docs/scheduling.md, rule E3), unless it "

@@ -27,6 +27,7 @@ tier's rank are read every refresh (a few rows), so an edited tier counts at onc
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -46,6 +47,8 @@ from queueing.policy.states import HOLDING_STATES, JobState
 from .cluster import ClusterFacts, clusters_facts
 
 log = logging.getLogger(__name__)
+
+_VERSIONS = itertools.count(1)  # `ActiveJobs.version`
 
 
 class JobRow(NamedTuple):
@@ -167,6 +170,14 @@ class ActiveJobs:
         # on PostgreSQL (reconcile skips unchanged workloads only then).
         self.kept = False
         self.last = Refresh(full=True, changed=set())
+        # A new number (process-wide, never reused) at every refresh that found a row
+        # new, changed or gone (or read them all): the same `version` means no active
+        # job's row changed between (the published plan's "queue changed" mark,
+        # selectors/queue_plan.py). A row read again as it was kept (the feed reads every
+        # row stamped at or above the oldest transaction then running, anyone's) is no
+        # change.
+        self.version = next(_VERSIONS)
+        self.moved = False
         # Reconcile's memory (services/scheduler.py): per workload name, the status it
         # last handled and the row its job had then.
         self.reconciled: dict[str, tuple[Any, Any]] = {}
@@ -202,6 +213,7 @@ class ActiveJobs:
                 changed=set(self.queued) | set(self.holding),
                 reason="not kept: SQLite or inside a transaction",
             )
+            self.version = next(_VERSIONS)
             return self.last
         with transaction.atomic():
             with connection.cursor() as cur:
@@ -236,6 +248,9 @@ class ActiveJobs:
                         reason=f"count {len(self)} != {active}",
                     )
         self.since, self.kept = int(xmin), True
+        if self.last.full or self.moved:
+            self.version = next(_VERSIONS)
+        self.moved = False
         return self.last
 
     def _replace(self, rows: Iterable[JobRow]) -> None:
@@ -246,12 +261,16 @@ class ActiveJobs:
     def _apply(self, rows: Iterable[JobRow]) -> set[int]:
         """Put each row where its state says (or drop it), and read its extras."""
         changed: set[int] = set()
+        moved = False  # a row read differs from the one kept (new, changed or gone)
         requeued: list[int] = []
         preempted: list[int] = []
         queued, holding = self.queued, self.holding
         for row in rows:
             pk = row.id
             changed.add(pk)
+            if not moved:
+                old = queued.get(pk) or holding.get(pk)
+                moved = old != row if old is not None else row.status in ACTIVE_STATES
             queued.pop(pk, None)
             holding.pop(pk, None)
             self.queued_at.pop(pk, None)
@@ -285,6 +304,7 @@ class ActiveJobs:
                 .annotate(n=Count("id"))
                 .values_list("job_id", "n")
             )
+        self.moved = self.moved or moved
         return changed
 
 

@@ -7,16 +7,15 @@ from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from django.db.models import Sum
+from django.db.models import F, Sum
 
 from accounts.models import Team
 from queueing.backends.base import NodeInfo
-from queueing.models import GpuType, Job
+from queueing.models import GpuType, Job, JobArray
 from queueing.policy.quota_tree import ROOT, QuotaTree
 from queueing.policy.snapshot import QuotaLimit
 from queueing.policy.states import HOLDING_STATES, JobState
 
-from .arrays import arrays_unwritten
 from .cluster import cluster_nodes
 from .gpu_share import DEVICE_SHARE, whole
 
@@ -34,7 +33,12 @@ class CapacityRow:
     allocated: int | float = 0  # as the cluster reports it
     free: int | float = 0
     held_by_jobs: int | float = 0  # GPUs of admitted and running jobs
-    queued_demand: int | float = 0  # GPUs asked for by queued jobs (several types: the first)
+    # GPUs asked for by queued jobs that accept this type only.
+    queued_demand: int | float = 0
+    # GPUs asked for by queued jobs that accept this type or others ("any of": such a job
+    # counts under each type it accepts, so summing this over types counts it again per
+    # type; it runs on one of them, docs/api.md "Several GPU types").
+    queued_any_of: int | float = 0
     guaranteed: int = 0  # sum of nominal quotas
     by_team: dict[str, int | float] = field(default_factory=dict)  # GPUs held per team
     sharing: str = "exclusive"
@@ -80,6 +84,31 @@ def _gpus_by(statuses: Collection[str], *, team: Team | None = None,
             .annotate(gpus=Sum(DEVICE_SHARE)))
     return {(r["status"], r["team__slug"], r["gpu_type__slug"]): whole(r["gpus"] or 0)
             for r in rows}
+
+
+def _queued_by_types() -> dict[tuple[str, ...], int | float]:
+    """GPUs asked for by queued jobs (rows, and the members of arrays not yet written as
+    rows: docs/scheduling.md "Arrays"), per tuple of the GPU types they accept (one type:
+    a tuple of one). One grouped query over the queued rows, one over the arrays."""
+    out: dict[tuple[str, ...], int | float] = defaultdict(int)
+    rows = (Job.objects.filter(status=JobState.QUEUED)
+            .values("gpu_type__slug", "gpu_types").order_by()
+            .annotate(gpus=Sum(DEVICE_SHARE)))
+    for r in rows:
+        types = tuple(dict.fromkeys(str(t) for t in r["gpu_types"] or [])) or (
+            r["gpu_type__slug"],)
+        out[types] = whole(out[types] + whole(r["gpus"] or 0))
+    arrays = list(JobArray.objects.filter(rest_cancelled_at__isnull=True,
+                                          materialized__lt=F("count"))
+                  .values_list("count", "materialized", "spec"))
+    if arrays:
+        slugs = dict(GpuType.objects.values_list("pk", "slug"))
+        for count, materialized, spec in arrays:
+            gpus = int(spec.get("gpus_per_replica") or 1) * int(spec.get("replicas") or 1)
+            types = tuple(dict.fromkeys(str(t) for t in spec.get("gpu_types") or [])) or (
+                slugs.get(spec.get("gpu_type_id"), "?"),)
+            out[types] = whole(out[types] + (count - materialized) * gpus)
+    return dict(out)
 
 
 def gpus_held(*, team: Team | None = None,
@@ -141,17 +170,23 @@ def capacity_by_gpu_type(*, nodes: list[NodeInfo] | None = None,
                           "capacity": whole(n.capacity / per),
                           "allocated": whole(n.allocated / per), "free": whole(n.free / per),
                           "draining": draining})
-    statuses = set(HOLDING_STATES) if held_only else {*HOLDING_STATES, JobState.QUEUED}
-    for (status, team, gpu), gpus in _gpus_by(statuses).items():
+    # An admitted or running job counts under the type it holds (`Job.gpu_type`: the
+    # type its attempt was admitted on, whichever of its accepted types that is).
+    for (_, team, gpu), gpus in _gpus_by(HOLDING_STATES).items():
         r = row(gpu)
-        if status == JobState.QUEUED:
-            r.queued_demand = whole(r.queued_demand + gpus)
-        else:
-            r.held_by_jobs = whole(r.held_by_jobs + gpus)
-            r.by_team[team] = whole(r.by_team.get(team, 0) + gpus)
+        r.held_by_jobs = whole(r.held_by_jobs + gpus)
+        r.by_team[team] = whole(r.by_team.get(team, 0) + gpus)
     if not held_only:
-        for _, gpu, _, _, gpus in arrays_unwritten():  # docs/scheduling.md "Arrays": queued, no row yet
-            row(gpu).queued_demand += gpus
+        # A queued job of one type counts under it; one of several types under each of
+        # them, apart ("any of"): it has no type until the plan admits it.
+        for types, gpus in _queued_by_types().items():
+            if len(types) == 1:
+                r = row(types[0])
+                r.queued_demand = whole(r.queued_demand + gpus)
+            else:
+                for gpu in types:
+                    r = row(gpu)
+                    r.queued_any_of = whole(r.queued_any_of + gpus)
         for gpu_type, nominal in guaranteed_by_type().items():
             row(gpu_type).guaranteed = nominal
     for r in rows.values():

@@ -33,6 +33,8 @@ is not dropped by it, only replaced by the next cycle's.
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 import time
 import uuid
 from array import array
@@ -332,19 +334,76 @@ def published_plan_of(snapshot: Snapshot, plan: Plan, *, leave_out: Collection[i
         team_rows=team_rows, team_start=team_start)
 
 
+# A quiet cycle (nothing the plan depends on changed since the last plan published)
+# publishes nothing: the plan standing is the one it would publish. Its waits are
+# instants and fair-share usage decays, so a plan is published again once older than
+# PUBLISH_MAX_AGE seconds whatever the mark says. (PUBLISH_SKIP False: every cycle
+# publishes, the path before.)
+PUBLISH_SKIP = True
+PUBLISH_MAX_AGE = 30.0
+# The snapshot's fields the mark leaves out: the jobs (the active jobs' `version` stands
+# for their rows), the clock and what only time moves (PUBLISH_MAX_AGE bounds those).
+_MARK_LEAVES_OUT = frozenset({"now", "queued", "running", "fair_share", "fair_share_state"})
+
+
+@dataclass
+class _Mark:
+    """The mark of the plan this process published last, and its generation and age."""
+
+    mark: str
+    generation: str
+    made_at: float
+
+
+_LAST_MARK: list[_Mark] = []  # at most one
+
+
+def plan_inputs_mark(snapshot: Snapshot, *, jobs_version: int, extra: Any = ()) -> str | None:
+    """What the queue's plan depends on, as a short digest: the active jobs' rows (their
+    `ActiveJobs.version`, new whenever a row was read: a submit, cancel, edit or any
+    move), every field of `snapshot` but the jobs and what only time moves (the nodes,
+    quotas, tiers' and teams' settings, GPU types, clusters, bookings, dependencies,
+    arrays' limits...), the teams' tree and weights (rules F2, F4) but not their decayed
+    usage, and `extra` (the lookups, the unprovisioned teams). The same mark means the
+    same plan but for what time moves. None when it cannot be made (the cycle
+    publishes)."""
+    parts = [jobs_version, extra] + [(f.name, getattr(snapshot, f.name))
+                                     for f in fields(snapshot)
+                                     if f.name not in _MARK_LEAVES_OUT]
+    state = snapshot.fair_share_state
+    if state is not None:  # the teams' tree and shares (weights); not the decaying usage
+        parts.append([getattr(state, name, None) for name in ("_share", "_level", "_ancestors")])
+    try:
+        raw = pickle.dumps(parts, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # something unpicklable: no mark, so the plan is published
+        return None
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
 def queue_plan_publish(*, snapshot: Snapshot, plan: Plan, admitted: Collection[int],
-                       unprovisioned: Collection[str]) -> PublishedPlan | None:
+                       unprovisioned: Collection[str],
+                       mark: str | None = None) -> PublishedPlan | None:
     """The cycle's step 6: its plan (`published_plan_of`, `admitted` left out) for every
     reader of rule P3, replacing the last one; a plan a request made is dropped (older).
-    Nothing with `PUBLISHED` off."""
+    Nothing with `PUBLISHED` off. `mark` (`plan_inputs_mark`; None: always publish):
+    the same as the last plan's, that plan still in the cache and younger than
+    PUBLISH_MAX_AGE, nothing is published (a quiet cycle) and that plan is returned."""
     if not PUBLISHED:
         return None
+    if PUBLISH_SKIP and mark is not None and _LAST_MARK:
+        last = _LAST_MARK[0]
+        if (last.mark == mark and time.time() - last.made_at < PUBLISH_MAX_AGE
+                and cache.get(_PUB_GEN_KEY) == last.generation):
+            standing = _published(last.generation)
+            if standing is not None:
+                return standing
     published = published_plan_of(snapshot, plan, leave_out=admitted,
                                    unprovisioned=_unprovisioned_waiting(unprovisioned))
     cache.set_many({_PUB_KEY: published, _PUB_GEN_KEY: published.generation},
                    timeout=PUBLISHED_TTL)
     cache.delete_many([_GEN_KEY, _PLAN_KEY, _SNAPSHOT_KEY])
     _Local.published = published
+    _LAST_MARK[:] = [_Mark(mark, published.generation, published.made_at)] if mark else []
     return published
 
 

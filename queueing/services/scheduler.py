@@ -113,7 +113,11 @@ from queueing.selectors.active_jobs import ActiveJobs, cycle_active_jobs
 from queueing.selectors.checkpoints import newest_checkpoints
 from queueing.selectors.cluster import largest_node_cpu_memory
 from queueing.selectors.dashboard import page_reads_publish
-from queueing.selectors.queue_plan import queue_plan_forget, queue_plan_publish
+from queueing.selectors.queue_plan import (
+    plan_inputs_mark,
+    queue_plan_forget,
+    queue_plan_publish,
+)
 from queueing.selectors.snapshot import build_snapshot, unprovisioned_teams, unqualified_node
 
 from .arrays import arrays_top_up
@@ -307,9 +311,14 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         result.preempted = applied.preempted
         # Step 6's first part, as soon as the plan is applied: the plan the pages read
         # (rule P3), its admitted jobs shown as such; no web request plans the queue again.
+        # A quiet cycle (nothing moved, no input of the plan changed) publishes nothing.
+        quiet = not (plan.admissions or plan.preemptions or plan.never_met or result.admitted
+                     or result.preempted or result.finished or result.requeued or odd_rows)
+        mark = None if not quiet else plan_inputs_mark(
+            snapshot, jobs_version=jobs.version, extra=(jobs.lookups, sorted(unprovisioned)))
         _published("queue plan's answers", lambda: queue_plan_publish(
-            snapshot=snapshot, plan=plan, admitted=result.admitted, unprovisioned=unprovisioned),
-            result=result)
+            snapshot=snapshot, plan=plan, admitted=result.admitted, unprovisioned=unprovisioned,
+            mark=mark), result=result)
         t4 = time.perf_counter()
         # After commit: the victims' GPUs come back (at once on the simulated cluster,
         # when the pods are gone on Kubernetes); their preemptors wait for that (R8).

@@ -67,3 +67,37 @@ def test_member_submits_a_job_of_two_gpu_types_and_its_page_names_the_chosen_one
     page.goto(f"/jobs/new/?from={job.pk}")  # edit and resubmit keeps the types
     expect(page.get_by_label("GPU type")).to_have_value("h100")
     expect(page.get_by_label("Or else")).to_have_value("a100")
+
+
+def test_cluster_page_counts_a_job_of_two_types_as_any_of_then_where_it_runs(
+        page: Any, world: World, shoot: Callable[[Any, str], Any]) -> None:
+    """The capacity table of /cluster/: queued, a job accepting h100 or a100 shows under
+    both types as "any of"; admitted on a100, it is held there and under h100 no more."""
+    from playwright.sync_api import expect
+
+    from queueing.composition import get_backend
+    from queueing.policy.admission import Admission, Plan
+    from queueing.services.scheduler import apply_plan
+
+    with DB_LOCK:
+        r = world.client(world.member).post("/api/v1/jobs/", {
+            "name": "eval-any", "team": "vision", "image": "ghcr.io/acme/train:1.4",
+            "gpu_types": ["h100", "a100"], "gpus": 4}, format="json")
+        assert r.status_code == 201, r.json()
+    job = Job.objects.get(name="eval-any")
+    login(page, "root")
+    page.goto("/cluster/")
+    table = page.locator("section[aria-labelledby=ccap-h] table").first
+    expect(table).to_contain_text("Queued, any of several types")
+    for gpu in ("h100", "a100"):
+        expect(table.locator("tr", has_text=gpu).first).to_contain_text("4 any of")
+    shoot(page, "cluster-capacity-any-of-queued")
+    node = next(n.name for n in get_backend().nodes() if n.gpu_type == "a100")
+    with DB_LOCK, transaction.atomic():
+        apply_plan(plan=Plan(admissions=(Admission(job_id=job.pk, team="vision",
+                                                   gpu_type="a100", placement=(node,)),),
+                             waits={}), now=timezone.now())
+    page.reload()
+    table = page.locator("section[aria-labelledby=ccap-h] table").first
+    expect(table.locator("tbody")).not_to_contain_text("any of")
+    shoot(page, "cluster-capacity-any-of-admitted")
