@@ -62,10 +62,9 @@ class Waits(Mapping[int, Wait]):
     """`Plan.waits`, built lazily: most of a long queue waits, and a wait's message is
     only formatted when someone reads it. Reads give equal `Wait` values every time."""
 
-    __slots__ = ("_raw", "blocks", "booked", "elsewhere", "jobs", "lending", "now", "owed",
-                 "packed",
-                 "per_type", "pool_info", "protected", "refused", "reservations", "several",
-                 "tree_limits")
+    __slots__ = ("_raw", "blocks", "booked", "bulk", "bulk_held", "elsewhere", "jobs",
+                 "lending", "now", "owed", "packed", "per_type", "pool_info", "protected",
+                 "refused", "reservations", "segments", "several", "tree_limits")
 
     def __init__(self, jobs: list[QueuedJob] | None = None,
                  now: datetime | None = None) -> None:
@@ -110,9 +109,45 @@ class Waits(Mapping[int, Wait]):
         # Rule W3: GPU type -> (team, GPUs, end) of each active booking that held free
         # GPUs out of the pass: a capacity wait of another team says so.
         self.booked: dict[str, list[tuple[str, int, datetime]]] = {}
+        # Waits given per class and not made per job yet (`admission._EXPANDED_ON_READ`):
+        # the job's index in `jobs`, its class's replayed entry (stamp, reason code, held,
+        # ceiling, ...); `segments`: per run of them in the order they were given, the
+        # key of `_raw` added last before it (None: none) and its start in `bulk`.
+        # `expand` makes their raw waits, in that order, before any read.
+        self.bulk: list[int] = []
+        self.bulk_held: list[tuple[int, int, int, int, str, int]] = []
+        self.segments: list[tuple[int | None, int]] = []
+
+    def expand(self) -> None:
+        """The waits kept in bulk made raw waits of `_raw` (the same dict), in the order
+        the pass gave them: each run after the key added last before it."""
+        if not self.bulk:
+            return
+        raw, bulk, held_of, jobs = self._raw, self.bulk, self.bulk_held, self.jobs
+        segments = self.segments
+        ends = [start for _, start in segments[1:]] + [len(bulk)]
+        after: dict[int | None, list[tuple[int, int]]] = {}
+        for (key, start), end in zip(segments, ends, strict=True):
+            after.setdefault(key, []).append((start, end))
+
+        def run(start: int, end: int) -> Iterator[tuple[int, Raw]]:
+            for index, h in zip(bulk[start:end], held_of[start:end], strict=True):
+                yield jobs[index].id, (h[1], index, h[2], h[3])
+        items: list[tuple[int, Wait | Raw]] = []
+        for start, end in after.pop(None, ()):
+            items.extend(run(start, end))
+        for job_id, w in raw.items():
+            items.append((job_id, w))
+            for start, end in after.pop(job_id, ()):
+                items.extend(run(start, end))
+        assert not after, "a run of bulk waits after a wait no longer there"
+        raw.clear()
+        raw.update(items)
+        self.bulk, self.bulk_held, self.segments = [], [], []
 
     def causes(self) -> Iterator[tuple[int, str]]:
         """`Plan.wait_causes`, from the raw waits."""
+        self.expand()
         refused, protected, names = self.refused, self.protected, CAUSE_NAMES
         capacity = WaitReason.CAPACITY
         for job_id, raw in self._raw.items():
@@ -125,6 +160,8 @@ class Waits(Mapping[int, Wait]):
                 yield job_id, refused.get(job_id, NO_SEARCH)
 
     def __getitem__(self, job_id: int) -> Wait:
+        if self.bulk:
+            self.expand()
         raw = self._raw[job_id]
         several = self.per_type.get(job_id) if self.per_type else None
         if several is not None:
@@ -288,13 +325,16 @@ class Waits(Mapping[int, Wait]):
                 "may not use (rule K3)")
 
     def __contains__(self, job_id: object) -> bool:
+        if self.bulk:
+            self.expand()
         return job_id in self._raw
 
     def __iter__(self) -> Iterator[int]:
+        self.expand()
         return iter(self._raw)
 
     def __len__(self) -> int:
-        return len(self._raw)
+        return len(self._raw) + len(self.bulk)
 
     def __repr__(self) -> str:
         return f"Waits({dict(self)!r})"
