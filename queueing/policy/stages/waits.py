@@ -119,30 +119,32 @@ class Waits(Mapping[int, Wait]):
         self.segments: list[tuple[int | None, int]] = []
 
     def expand(self) -> None:
-        """The waits kept in bulk made raw waits of `_raw` (the same dict), in the order
-        the pass gave them: each run after the key added last before it."""
+        """The waits kept in bulk made raw waits of `_raw`, in the order the pass gave
+        them: each run after the key added last before it. Only after the pass (which
+        adds `bulk` at its end): `_raw` is a new dict."""
         if not self.bulk:
             return
         raw, bulk, held_of, jobs = self._raw, self.bulk, self.bulk_held, self.jobs
         segments = self.segments
-        ends = [start for _, start in segments[1:]] + [len(bulk)]
-        after: dict[int | None, list[tuple[int, int]]] = {}
+        keys, values = list(raw), list(raw.values())
+        anchors = {key for key, _ in segments}
+        at = {k: i + 1 for i, k in enumerate(keys) if k in anchors}
+        ends = [start for _, start in segments[1:]]
+        ends.append(len(bulk))
+        new: dict[int, Wait | Raw] = {}
+        done = 0
         for (key, start), end in zip(segments, ends, strict=True):
-            after.setdefault(key, []).append((start, end))
-
-        def run(start: int, end: int) -> Iterator[tuple[int, Raw]]:
-            for index, h in zip(bulk[start:end], held_of[start:end], strict=True):
-                yield jobs[index].id, (h[1], index, h[2], h[3])
-        items: list[tuple[int, Wait | Raw]] = []
-        for start, end in after.pop(None, ()):
-            items.extend(run(start, end))
-        for job_id, w in raw.items():
-            items.append((job_id, w))
-            for start, end in after.pop(job_id, ()):
-                items.extend(run(start, end))
-        assert not after, "a run of bulk waits after a wait no longer there"
-        raw.clear()
-        raw.update(items)
+            cut = 0 if key is None else at[key]
+            if cut > done:
+                new.update(zip(keys[done:cut], values[done:cut], strict=True))
+                done = cut
+            run = bulk[start:end]
+            new.update(zip([jobs[i].id for i in run],
+                           [(h[1], i, h[2], h[3]) for i, h in zip(run, held_of[start:end],
+                                                                   strict=True)],
+                           strict=True))
+        new.update(zip(keys[done:], values[done:], strict=True))
+        self._raw = new
         self.bulk, self.bulk_held, self.segments = [], [], []
 
     def causes(self) -> Iterator[tuple[int, str]]:
