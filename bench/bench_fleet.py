@@ -37,12 +37,19 @@ cumulative and by own time, on stderr); `--plot FILE.png` draws time and memory 
 from the figures of the run.
 
 `--alternate` ("A fleet of 5,000 nodes: the pass"): per size, in one process on one
-snapshot, the pass with every fleet shortcut off (`fast_paths(False)`: the reference
-paths the tests hold them to), on but those of "Classes of equal jobs" (the lending
-waits replayed, a class's wait given at once), and all on, in turn,
-`--repeats` times each, the plans asserted equal:
+snapshot, the pass with every fleet shortcut off (`ref`: `fast_paths(False)`, the
+reference paths the tests hold them to), on but the plan expanded only where read
+(`prev`), and all on (`fast`), in turn (`--modes` to choose; `--rounds` rounds), the
+plans asserted equal:
   BENCH fleet_<n>_ref_p50 / _prev_p50 / _fast_p50  wall seconds per pass
   BENCH fleet_<n>_ref_cpu_p50 / ...                the same in CPU seconds of this process
+  BENCH fleet_<n>_ref_rss_grown / ...              MB the process's RSS grew by over the
+                                                   pass (the mode's last plan freed first)
+  BENCH fleet_<n>_fast_expand_cpu_p50 / ...        CPU seconds, after each pass, to expand
+                                                   its plan (`Waits.expand`, the order's
+                                                   ids: what the cycle's publish reads)
+  BENCH fleet_<n>_fast_pass_and_expand_cpu_p50     the two together
+  BENCH fleet_<n>_peak_rss                         the process's peak RSS (MB)
   BENCH fleet_<n>_load                         the 1-minute load average after the passes
 
 The machine is shared (2 cores, other work on them): read the figures beside
@@ -56,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import json
 import os
@@ -75,7 +83,7 @@ from _common import bench, note  # noqa: E402  (bench/ is sys.path[0])
 from bench_admission import NOW, calibrate, rss_mb  # noqa: E402
 from bench_quota_tree import tree, words  # noqa: E402
 
-from queueing.policy.admission import plan_admissions  # noqa: E402
+from queueing.policy.admission import Plan, plan_admissions  # noqa: E402
 from queueing.policy.fairshare import FairShareState  # noqa: E402
 from queueing.policy.priority import PriorityWeights  # noqa: E402
 from queueing.policy.snapshot import (  # noqa: E402
@@ -171,11 +179,12 @@ def snapshot(queued: int, seed: int = 42, *, preempt: bool = False) -> Snapshot:
         units_per_gpu={SLICED: SLICES}, team_parent=parent)
 
 
-def fast_paths(on: bool, classes: bool | None = None) -> None:
+def fast_paths(on: bool, classes: bool | None = None, expanded: bool | None = None) -> None:
     """Every shortcut of the fleet's pass on or off (off: the reference paths the
     tests in tests/policy/test_fleet_fast_paths.py hold them to); `classes` apart when
     given: the lending waits replayed and a class's wait given at once ("Classes of equal
-    jobs")."""
+    jobs"); `expanded` apart when given: the plan expanded only where read ("The plan
+    expanded only where read")."""
     from queueing.policy import admission, workspace
     from queueing.policy.stages import heads, nodes, pipeline, quota
 
@@ -184,34 +193,53 @@ def fast_paths(on: bool, classes: bool | None = None) -> None:
     admission._LANE_QUIET = 256 if on else 1 << 62
     heads.RESORT_QUIET = 2048 if on else 1 << 62
     admission._PER_CLASS = pipeline.LENDING_REPLAYED = on if classes is None else classes
+    admission._EXPANDED_ON_READ = on if expanded is None else expanded
 
 
-# `--alternate`'s passes: every shortcut off, all on but those of "Classes of equal
-# jobs" (the pass before them), all on.
-MODES = {"ref": (False, None), "prev": (True, False), "fast": (True, None)}
+# `--alternate`'s passes: every shortcut off; all on but the plan expanded only where
+# read (the pass before it); all on.
+MODES = {"ref": (False, None, None), "prev": (True, None, False), "fast": (True, None, None)}
 
 
-def alternate(n: int, repeats: int) -> None:
-    """The pass in each of `MODES`, in turn, on one snapshot of `n` queued."""
+def alternate(n: int, repeats: int, modes: list[str]) -> None:
+    """The pass in each of `modes` (of `MODES`), in turn, on one snapshot of `n`
+    queued; per mode also what the process's RSS grew by over its pass (MB, its
+    plan of the round before freed first) and the CPU to expand its plan after it."""
     snap = snapshot(n)
     k = n // 1000
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in MODES}
-    plans = {}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in modes}
+    grown: dict[str, list[float]] = {name: [] for name in modes}
+    read: dict[str, list[float]] = {name: [] for name in modes}
+    plans: dict[str, Plan] = {}
     for _ in range(repeats):
-        for name, (on, classes) in MODES.items():
-            fast_paths(on, classes)
+        for name in modes:
+            fast_paths(*MODES[name])
+            plans.pop(name, None)
+            gc.collect()
+            r = rss_now()
             t, c = time.perf_counter(), time.process_time()
             plans[name] = plan_admissions(snap)
             times[name].append((time.perf_counter() - t, time.process_time() - c))
+            grown[name].append(rss_now() - r)
+            # What the cycle's publish reads first (step 6): every wait, the order.
+            c = time.process_time()
+            plans[name].waits.expand()  # type: ignore[attr-defined]
+            tuple(plans[name].order)
+            read[name].append(time.process_time() - c)
     fast_paths(True)
-    assert plans["ref"] == plans["fast"], "the shortcuts changed the plan"
-    assert plans["prev"] == plans["fast"], "the classes changed the plan"
-    note(f"{n} queued: {words(plans['fast'])}; passes " + "; ".join(
-        f"{name} " + ", ".join(f"{w:.2f}" for w, _c in got) for name, got in times.items())
-        + " s")
+    for name in modes:
+        assert plans[name] == plans[modes[-1]], f"{name} changed the plan"
+    note(f"{n} queued: {words(plans[modes[-1]])}; passes " + "; ".join(
+        f"{name} " + ", ".join(f"{w:.2f}/{c:.2f}" for w, c in got)
+        for name, got in times.items()) + " s (wall/CPU)")
     for name, got in times.items():
         bench(f"fleet_{k}k_{name}_p50", statistics.median(w for w, _c in got), "s")
         bench(f"fleet_{k}k_{name}_cpu_p50", statistics.median(c for _w, c in got), "s")
+        bench(f"fleet_{k}k_{name}_rss_grown", statistics.median(grown[name]), "MB")
+        bench(f"fleet_{k}k_{name}_expand_cpu_p50", statistics.median(read[name]), "s")
+        bench(f"fleet_{k}k_{name}_pass_and_expand_cpu_p50", statistics.median(
+            c + e for (_w, c), e in zip(got, read[name], strict=True)), "s")
+    bench(f"fleet_{k}k_peak_rss", rss_mb(), "MB")
     bench(f"fleet_{k}k_load", os.getloadavg()[0], "")
 
 
@@ -330,18 +358,24 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help=argparse.SUPPRESS)
     ap.add_argument("--alternate", action="store_true",
                     help="each size: the pass with the shortcuts off and on, in turn")
+    ap.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES),
+                    help="--alternate's passes (default: all; the last is the reference "
+                         "the others' plans are asserted equal to)")
+    ap.add_argument("--rounds", type=int, help="--alternate's rounds per size "
+                    "(default: 3 at 100k, 2 at 250k, 1 above)")
     args = ap.parse_args()
     if args.alternate:
         calibrate()
         for n in args.sizes:
+            rounds = args.rounds or min(args.repeats, {100_000: 3, 250_000: 2}.get(n, 1))
             out = subprocess.run(
                 [sys.executable, __file__, "--alternate-one", str(n), "--repeats",
-                 str(min(args.repeats, {100_000: 3, 250_000: 2}.get(n, 1)))],
+                 str(rounds), "--modes", *args.modes],
                 check=True, stdout=subprocess.PIPE, text=True).stdout
             print(out, end="", flush=True)
         return
     if args.alternate_one:
-        alternate(args.alternate_one, args.repeats)
+        alternate(args.alternate_one, args.repeats, args.modes)
         return
     if args.one:
         print(json.dumps(one_size(args.one, args.repeats, args.profile)), flush=True)

@@ -12,7 +12,7 @@ A1-A9, R1-R9, Q2, D1-D2, and K1-K4, K7, K8 across clusters and spot nodes).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter
@@ -28,7 +28,7 @@ from .stages.waits import NO_VICTIM, Wait, WaitReason, Waits
 from .workspace import Capacity
 
 __all__ = [
-    "Admission", "Capacity", "Plan", "Preemption", "Topology", "TopologyMode", "Wait",
+    "Admission", "Capacity", "Order", "Plan", "Preemption", "Topology", "TopologyMode", "Wait",
     "WaitReason", "plan_admissions",
 ]
 
@@ -39,8 +39,9 @@ class Plan:
     waits: Mapping[int, Wait]
     # Rules R1-R8: victims to preempt now; each preemptor is admitted in a later cycle.
     preemptions: tuple[Preemption, ...] = ()
-    # Every queued job id in the order the pass considered it (rule O1): queue position.
-    order: tuple[int, ...] = ()
+    # Every queued job id in the order the pass considered it (rule O1): queue position
+    # (a tuple, or an `Order` that reads the ids when asked and compares as their tuple).
+    order: Sequence[int] = ()
     # Rule F6: the standings after every admission's entry penalty.
     fair_share_after: Mapping[str, float] = field(default_factory=dict)
     # Rule D2: queued jobs whose dependencies can never be met -> why; the cycle fails them.
@@ -64,6 +65,56 @@ class Plan:
                 yield job_id, w.reason.value
 
 
+
+class Order(Sequence[int]):
+    """`Plan.order` kept as the pass met it: indices into its jobs, the ids read
+    (`ids`, per index) only when the order is read - most cycles never read it
+    (docs/performance.md, "The plan expanded only where read"). Equal to the tuple of
+    its ids, and to an `Order` of the same ids."""
+
+    __slots__ = ("_ids", "_indices", "_tuple")
+
+    def __init__(self, indices: list[int], ids: list[int]) -> None:
+        self._indices: list[int] | None = indices
+        self._ids: list[int] | None = ids
+        self._tuple: tuple[int, ...] | None = None
+
+    def ids(self) -> tuple[int, ...]:
+        """The job ids in rule O1's order."""
+        if self._tuple is None:
+            assert self._indices is not None and self._ids is not None
+            self._tuple = tuple(map(self._ids.__getitem__, self._indices))
+            self._indices = self._ids = None
+        return self._tuple
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.ids()[i]
+
+    def __len__(self) -> int:
+        return len(self._indices) if self._indices is not None else len(self.ids())
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.ids())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Order):
+            return self.ids() == other.ids()
+        if isinstance(other, tuple):
+            return self.ids() == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.ids())
+
+    def __repr__(self) -> str:
+        return repr(self.ids())
+
+
+# True: `plan_admissions` does not read a job whose class's wait is given at once
+# (`_Replay.now`): `Plan.order` an `Order`, the job's wait kept in bulk (`Waits.bulk`)
+# until read; False: its id and wait made per job (the reference, held to it by
+# tests/policy/test_fleet_fast_paths.py).
+_EXPANDED_ON_READ = True
 
 # False: every job through the whole pass, the reference the tests hold the replay of
 # waits (`plan_admissions`'s `lane`) to.
@@ -284,14 +335,16 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     """
     p = Pass(snapshot)
     cap, jobs, raw = p.cap, p.jobs, p.raw
-    seen: list[int] = []
-    remember = seen.append
     replay = _Replay(p)
     # Per job (its index): its class, its id; read in rule O1's order without touching
     # the job when its class's wait is given at once (`_Replay.now`).
     of = replay.class_of or [0] * len(jobs)
     ids = list(map(_id_of, jobs))
     now, more = replay.now, replay.more
+    if _EXPANDED_ON_READ:
+        return _plan(p, replay, of, ids)
+    seen: list[int] = []
+    remember = seen.append
     for index in p.order:
         job_id = ids[index]
         remember(job_id)
@@ -311,9 +364,64 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             if not replay.replayed(job, index, several):
                 _through_stages(p, replay, job, index, several)
                 replay.moved()
-    teams = sorted(p.queued_teams | set(snapshot.fair_share))
+    return _plan_of(p, tuple(seen))
+
+
+def _plan(p: Pass, replay: _Replay, of: list[int], ids: list[int]) -> Plan:
+    """`plan_admissions`' loop with the plan expanded only where read
+    (`_EXPANDED_ON_READ`): a job whose class's wait is given at once (`_Replay.now`) is
+    not read at all - neither its id nor a wait of its own is made; its index and its
+    class's entry go to `Waits.bulk`, and `Plan.order` keeps indices (`Order`). The
+    same answers as the loop above once read."""
+    cap, jobs, raw = p.cap, p.jobs, p.raw
+    seen: list[int] = []
+    remember = seen.append
+    now, more = replay.now, replay.more
+    waits = p.waits
+    bulk: list[int] = []
+    bulk_held: list[tuple[int, int, int, int, str, int]] = []
+    to_bulk, held_to_bulk = bulk.append, bulk_held.append
+    segments = waits.segments
+    # True once `raw` may have had a wait added since the last bulk entry: the next one
+    # starts a segment after `raw`'s last key (`Waits.expand` keeps the order of adding).
+    fresh = True
+    replays = 0
+    for index in p.order:
+        remember(index)
+        held = now.get(of[index])
+        if held is not None:  # rules as the replay gives them: `_Replay.replayed`
+            replays += 1
+            if held[4] or held[5]:
+                job = jobs[index]
+                raw[job.id] = (held[1], index, held[2], held[3])
+                more(job.id, job.gpu_type, held)
+                fresh = True
+                continue
+            if fresh:
+                segments.append((next(reversed(raw), None), len(bulk)))
+                fresh = False
+            to_bulk(index)
+            held_to_bulk(held)
+        else:
+            replay.replays += replays
+            replays = 0
+            fresh = True
+            job = jobs[index]
+            several = len(job.gpu_types) > 1
+            if several and cap.packed and any(gt in cap.packed for gt in job.gpu_types):
+                several = False  # rule H7: its units are its own type's; no other type
+            if not replay.replayed(job, index, several):
+                _through_stages(p, replay, job, index, several)
+                replay.moved()
+    replay.replays += replays
+    waits.bulk, waits.bulk_held = bulk, bulk_held
+    return _plan_of(p, Order(seen, ids))
+
+
+def _plan_of(p: Pass, order: Sequence[int]) -> Plan:
+    teams = sorted(p.queued_teams | set(p.snapshot.fair_share))
     standings = {t: p.factors.factor(t) for t in teams}
     return Plan(admissions=tuple(p.admissions), waits=p.waits,
-                preemptions=tuple(p.preemptions), order=tuple(seen),
+                preemptions=tuple(p.preemptions), order=order,
                 fair_share_after=standings, never_met=p.never_met,
                 reservations=dict(p.waits.reservations))

@@ -322,3 +322,29 @@ def test_a_classs_wait_given_at_once_is_the_replay_asked_per_job(s: Snapshot) ->
     plan = plan_admissions(s)
     _same_plan(plan, _plain(s, admission, "_PER_CLASS"))
     _same_plan(plan, _plain(s, admission, "_REPLAY"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(big_classes(), fleets(), test_plan_fast_paths.long_queues(),
+                 test_plan_properties.snapshots()), st.integers(0, 2**32))
+def test_the_plan_expanded_only_where_read_is_the_plan_made_per_job(
+        s: Snapshot, seed: int) -> None:
+    """The waits given per class kept in bulk and `Plan.order` kept as indices
+    (`_EXPANDED_ON_READ`) against each job's id and wait made in the pass, read every
+    way a consumer reads a plan, each on a plan fresh from the pass (its first read
+    expands it): how many waits, whether a job waits, one job's wait, the wait causes
+    and every wait in order, the order; and against every job through the whole pass."""
+    ref = _plain(s, admission, "_EXPANDED_ON_READ")
+    ids = list(ref.order)
+    probe = random.Random(seed).choice(ids) if ids else 0
+    assert len(plan_admissions(s).waits) == len(ref.waits)
+    assert (probe in plan_admissions(s).waits) == (probe in ref.waits)
+    assert plan_admissions(s).waits.get(probe) == ref.waits.get(probe)
+    assert list(plan_admissions(s).wait_causes()) == list(ref.wait_causes())
+    plan = plan_admissions(s)
+    assert len(plan.order) == len(ref.order)
+    assert plan.order == ref.order and tuple(plan.order) == tuple(ref.order)
+    assert plan.order[:2] == ref.order[:2]
+    assert list(plan.waits.items()) == list(ref.waits.items())
+    _same_plan(plan, ref)
+    _same_plan(plan, _plain(s, admission, "_REPLAY"))

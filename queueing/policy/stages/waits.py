@@ -62,10 +62,9 @@ class Waits(Mapping[int, Wait]):
     """`Plan.waits`, built lazily: most of a long queue waits, and a wait's message is
     only formatted when someone reads it. Reads give equal `Wait` values every time."""
 
-    __slots__ = ("_raw", "blocks", "booked", "elsewhere", "jobs", "lending", "now", "owed",
-                 "packed",
-                 "per_type", "pool_info", "protected", "refused", "reservations", "several",
-                 "tree_limits")
+    __slots__ = ("_raw", "blocks", "booked", "bulk", "bulk_held", "elsewhere", "jobs",
+                 "lending", "now", "owed", "packed", "per_type", "pool_info", "protected",
+                 "refused", "reservations", "segments", "several", "tree_limits")
 
     def __init__(self, jobs: list[QueuedJob] | None = None,
                  now: datetime | None = None) -> None:
@@ -110,9 +109,47 @@ class Waits(Mapping[int, Wait]):
         # Rule W3: GPU type -> (team, GPUs, end) of each active booking that held free
         # GPUs out of the pass: a capacity wait of another team says so.
         self.booked: dict[str, list[tuple[str, int, datetime]]] = {}
+        # Waits given per class and not made per job yet (`admission._EXPANDED_ON_READ`):
+        # the job's index in `jobs`, its class's replayed entry (stamp, reason code, held,
+        # ceiling, ...); `segments`: per run of them in the order they were given, the
+        # key of `_raw` added last before it (None: none) and its start in `bulk`.
+        # `expand` makes their raw waits, in that order, before any read.
+        self.bulk: list[int] = []
+        self.bulk_held: list[tuple[int, int, int, int, str, int]] = []
+        self.segments: list[tuple[int | None, int]] = []
+
+    def expand(self) -> None:
+        """The waits kept in bulk made raw waits of `_raw`, in the order the pass gave
+        them: each run after the key added last before it. Only after the pass (which
+        adds `bulk` at its end): `_raw` is a new dict."""
+        if not self.bulk:
+            return
+        raw, bulk, held_of, jobs = self._raw, self.bulk, self.bulk_held, self.jobs
+        segments = self.segments
+        keys, values = list(raw), list(raw.values())
+        anchors = {key for key, _ in segments}
+        at = {k: i + 1 for i, k in enumerate(keys) if k in anchors}
+        ends = [start for _, start in segments[1:]]
+        ends.append(len(bulk))
+        new: dict[int, Wait | Raw] = {}
+        done = 0
+        for (key, start), end in zip(segments, ends, strict=True):
+            cut = 0 if key is None else at[key]
+            if cut > done:
+                new.update(zip(keys[done:cut], values[done:cut], strict=True))
+                done = cut
+            run = bulk[start:end]
+            new.update(zip([jobs[i].id for i in run],
+                           [(h[1], i, h[2], h[3]) for i, h in zip(run, held_of[start:end],
+                                                                   strict=True)],
+                           strict=True))
+        new.update(zip(keys[done:], values[done:], strict=True))
+        self._raw = new
+        self.bulk, self.bulk_held, self.segments = [], [], []
 
     def causes(self) -> Iterator[tuple[int, str]]:
         """`Plan.wait_causes`, from the raw waits."""
+        self.expand()
         refused, protected, names = self.refused, self.protected, CAUSE_NAMES
         capacity = WaitReason.CAPACITY
         for job_id, raw in self._raw.items():
@@ -125,6 +162,8 @@ class Waits(Mapping[int, Wait]):
                 yield job_id, refused.get(job_id, NO_SEARCH)
 
     def __getitem__(self, job_id: int) -> Wait:
+        if self.bulk:
+            self.expand()
         raw = self._raw[job_id]
         several = self.per_type.get(job_id) if self.per_type else None
         if several is not None:
@@ -288,13 +327,16 @@ class Waits(Mapping[int, Wait]):
                 "may not use (rule K3)")
 
     def __contains__(self, job_id: object) -> bool:
+        if self.bulk:
+            self.expand()
         return job_id in self._raw
 
     def __iter__(self) -> Iterator[int]:
+        self.expand()
         return iter(self._raw)
 
     def __len__(self) -> int:
-        return len(self._raw)
+        return len(self._raw) + len(self.bulk)
 
     def __repr__(self) -> str:
         return f"Waits({dict(self)!r})"
