@@ -92,6 +92,14 @@ def setup(migrate: bool = True) -> None:
 
 
 PARTS: dict[str, float] = {}
+# With --detail: per part, how far it raised the worker's peak RSS (MB) and the RSS at
+# its end (MB), the first cycle's (where the peak is reached).
+PEAKS: dict[str, float] = {}
+
+
+def rss_now_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def time_parts() -> None:
@@ -110,10 +118,13 @@ def time_parts() -> None:
         @functools.wraps(real)
         def timed(*a: object, **kw: object) -> object:
             t = time.perf_counter()
+            peak = rss_mb()
             try:
                 return real(*a, **kw)
             finally:
                 PARTS[label] = PARTS.get(label, 0.0) + time.perf_counter() - t
+                PEAKS[label] = PEAKS.get(label, 0.0) + rss_mb() - peak
+                PEAKS[f"{label}@end"] = rss_now_mb()
         setattr(mod, name, timed)
 
     for mod, names in ((scheduler, ("_clean_statuses", "spot_reclaimed_requeue",
@@ -122,7 +133,8 @@ def time_parts() -> None:
                                     "arrays_top_up", "cluster_view_publish",
                                     "submit_admitted", "cycle_active_jobs",
                                     "unprovisioned_teams", "queue_plan_forget", "queue_plan_publish",
-                                    "_unowned_stop", "apply_plan")),
+                                    "_unowned_stop", "apply_plan", "reconcile",
+                                    "build_snapshot", "plan_admissions")),
                        (snapshot, ("policy_jobs", "packed_gpus", "fairshare_standings",
                                    "nominations", "snapshot_bookings", "dependency_counts",
                                    "array_limits", "team_parents", "flavor_fallbacks",
@@ -315,7 +327,7 @@ def submitter(seconds: float, rate: float) -> None:
 
 
 def worker(n: int, cycles: int, profile: bool, legacy: bool, start_iso: str,
-           detail: bool, alternate: bool, gc_off: bool) -> None:
+           detail: bool, alternate: bool, gc_off: bool, plain_rows: bool = False) -> None:
     setup(migrate=False)
     from django.utils import timezone
 
@@ -328,13 +340,14 @@ def worker(n: int, cycles: int, profile: bool, legacy: bool, start_iso: str,
         simulated.KEEP_STATUSES = not old
 
     paths(legacy)
+    active_jobs.COMPACT_ROWS = not plain_rows
     scheduler.GC_FREEZE = not (gc_off or (legacy and not alternate))
     from queueing.services.scheduler import scheduler_cycle
 
     size = k = f"{n // 1000}k"
     t = time.perf_counter()
     fill_cluster(timezone.now())
-    note(f"{k}: cluster filled in {time.perf_counter() - t:.1f} s")
+    note(f"{k}: cluster filled in {time.perf_counter() - t:.1f} s, RSS {rss_now_mb():.0f} MB")
     user = bench_user()
     probe = subprocess.Popen([sys.executable, __file__, "--submitter", "36000"],
                              stdout=subprocess.PIPE, text=True)
@@ -346,6 +359,15 @@ def worker(n: int, cycles: int, profile: bool, legacy: bool, start_iso: str,
     first = scheduler_cycle(now=now)
     bench(f"fleet_cycle_{size}_first", time.perf_counter() - t, "s")
     note(f"{k}: first cycle {first.timings} admitted {len(first.admitted)}")
+    bench(f"fleet_cycle_{size}_first_peak_rss", rss_mb(), "MB")
+    bench(f"fleet_cycle_{size}_after_first_rss", rss_now_mb(), "MB")
+    if detail:
+        note("  peak raised by (MB): " + ", ".join(
+            f"{key} {v:.0f}" for key, v in sorted(PEAKS.items(), key=lambda kv: -kv[1])
+            if "@" not in key and v >= 1))
+        note("  RSS at the end (MB): " + ", ".join(
+            f"{key[:-4]} {v:.0f}" for key, v in PEAKS.items() if "@" in key))
+    PEAKS.clear()
     note("  parts: " + ", ".join(f"{key} {v:.2f}" for key, v in
                                  sorted(PARTS.items(), key=lambda kv: -kv[1]) if v >= 0.01))
     PARTS.clear()
@@ -385,6 +407,7 @@ def worker(n: int, cycles: int, profile: bool, legacy: bool, start_iso: str,
             bench(f"fleet_cycle_{k}_{key}_p99", p99(by_step[key]), "s")
     k = size
     bench(f"fleet_cycle_{k}_peak_rss", rss_mb(), "MB")
+    bench(f"fleet_cycle_{k}_end_rss", rss_now_mb(), "MB")
     probe.terminate()
     out, _ = probe.communicate()
     idle, busy = [], []
@@ -409,6 +432,30 @@ def worker(n: int, cycles: int, profile: bool, legacy: bool, start_iso: str,
         print(s.getvalue(), file=sys.stderr, flush=True)
 
 
+def reader(plain: bool) -> None:
+    """One full read of the active jobs (`ActiveJobs.refresh` with nothing kept) and the
+    policy's jobs built from them, in a process of its own: its peak and end RSS and its
+    CPU time (`--read-memory`)."""
+    setup(migrate=False)
+    from queueing.selectors import active_jobs
+    from queueing.selectors.snapshot import policy_jobs
+
+    active_jobs.COMPACT_ROWS = not plain
+    tag = "plain" if plain else "compact"
+    base, cpu, t = rss_now_mb(), time.process_time(), time.perf_counter()
+    jobs = active_jobs.ActiveJobs()
+    jobs.refresh()
+    read_cpu, read_wall = time.process_time() - cpu, time.perf_counter() - t
+    queued, running = policy_jobs(jobs, {})
+    bench(f"fleet_read_{tag}_rows", len(jobs), "rows")
+    bench(f"fleet_read_{tag}_read_cpu", read_cpu, "s")
+    bench(f"fleet_read_{tag}_read_wall", read_wall, "s")
+    bench(f"fleet_read_{tag}_cpu", time.process_time() - cpu, "s")
+    bench(f"fleet_read_{tag}_kept_rss", rss_now_mb() - base, "MB")
+    bench(f"fleet_read_{tag}_peak_rss", rss_mb(), "MB")
+    assert len(queued) + len(running) == len(jobs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="*", default=[100_000, 250_000, 1_000_000])
@@ -418,6 +465,15 @@ def main() -> None:
     ap.add_argument("--detail", action="store_true", help="each cycle's parts (stderr)")
     ap.add_argument("--gc-off", action="store_true", help="no gc.freeze after cycles")
     ap.add_argument("--alternate", action="store_true")
+    ap.add_argument("--plain-rows", action="store_true",
+                    help="the rows read as the driver gives them (active_jobs.COMPACT_ROWS "
+                    "off): the read before the memory work")
+    ap.add_argument("--read-memory", type=int, metavar="K",
+                    help="on the rows already written, K full reads with the rows plain "
+                    "and K compact, alternated, each in a process of its own; no cycle")
+    ap.add_argument("--reader", choices=("plain", "compact"), help=argparse.SUPPRESS)
+    ap.add_argument("--reuse", action="store_true",
+                    help="the rows already written (one size): no write")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--start", help=argparse.SUPPRESS)
     ap.add_argument("--submitter", type=float, help=argparse.SUPPRESS)
@@ -428,9 +484,20 @@ def main() -> None:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the worker stops it
         submitter(args.submitter, 4.0)
         return
+    if args.reader:
+        reader(args.reader == "plain")
+        return
+    if args.read_memory:
+        calibrate()
+        for i in range(2 * args.read_memory):
+            note(f"load average {os.getloadavg()}")
+            subprocess.run([sys.executable, __file__, "--reader",
+                            ("plain", "compact")[i % 2]], check=True)
+        note(f"load average {os.getloadavg()}")
+        return
     if args.worker:
         worker(args.worker, args.cycles, args.profile, args.legacy, args.start, args.detail,
-               args.alternate, args.gc_off)
+               args.alternate, args.gc_off, args.plain_rows)
         return
     calibrate()
     note(f"load average {os.getloadavg()}")
@@ -440,11 +507,12 @@ def main() -> None:
 
     for n in args.sizes:
         start = timezone.now().replace(microsecond=0)
-        world(n, start)
+        if not args.reuse:
+            world(n, start)
         connections.close_all()
         cmd = [sys.executable, __file__, "--worker", str(n), "--cycles", str(args.cycles),
                "--start", start.isoformat()]
-        for flag in ("profile", "detail", "legacy", "alternate", "gc_off"):
+        for flag in ("profile", "detail", "legacy", "alternate", "gc_off", "plain_rows"):
             cmd += [f"--{flag.replace('_', '-')}"] if getattr(args, flag) else []
         note(f"load average {os.getloadavg()}")
         subprocess.run(cmd, check=True)
