@@ -288,7 +288,8 @@ def test_the_active_jobs_read_compact_is_the_plain_read(world: World,
                                                         monkeypatch: pytest.MonkeyPatch
                                                         ) -> None:
     """A read of job rows through the database: the same rows with the sharing on and
-    off."""
+    off; a full read's ids changed are every active job kept (the set its `_apply`
+    made)."""
     from queueing.models import Job
 
     for i in range(6):
@@ -302,3 +303,7 @@ def test_the_active_jobs_read_compact_is_the_plain_read(world: World,
     got = active_jobs._rows(qs)
     assert len(got) == 6
     assert sorted(got) == sorted(plain)
+    jobs = ActiveJobs()
+    assert jobs.refresh().full
+    assert jobs.last.changed == set(jobs.queued) | set(jobs.holding)
+    assert len(jobs.last.changed) == 6

@@ -195,11 +195,11 @@ class ActiveJobs:
         refresh the snapshot's follows within the same cycle)."""
         if connection.vendor != "postgresql" or connection.in_atomic_block:
             self.since, self.kept = None, False
-            self._replace(_rows(Job.objects.filter(status__in=ACTIVE_STATES)))
+            read = self._replace(_rows(Job.objects.filter(status__in=ACTIVE_STATES)))
             self.lookups = _lookups()  # after the rows: a team of a new job is in it
             self.last = Refresh(
                 full=True,
-                changed=set(self.queued) | set(self.holding),
+                changed=read,
                 reason="not kept: SQLite or inside a transaction",
             )
             return self.last
@@ -215,10 +215,8 @@ class ActiveJobs:
                 xmin, active = cur.fetchone()
             self.lookups = _lookups()
             if self.since is None:
-                self._replace(_rows(Job.objects.filter(status__in=ACTIVE_STATES)))
-                self.last = Refresh(
-                    full=True, changed=set(self.queued) | set(self.holding), reason="first read"
-                )
+                read = self._replace(_rows(Job.objects.filter(status__in=ACTIVE_STATES)))
+                self.last = Refresh(full=True, changed=read, reason="first read")
             else:
                 changed = self._apply(_rows(Job.objects.filter(_changed_since(self.since))))
                 self.last = Refresh(full=False, changed=changed)
@@ -229,19 +227,21 @@ class ActiveJobs:
                         len(self),
                         active,
                     )
-                    self._replace(_rows(Job.objects.filter(status__in=ACTIVE_STATES)))
+                    read = self._replace(_rows(Job.objects.filter(status__in=ACTIVE_STATES)))
                     self.last = Refresh(
                         full=True,
-                        changed=set(self.queued) | set(self.holding),
+                        changed=read,
                         reason=f"count {len(self)} != {active}",
                     )
         self.since, self.kept = int(xmin), True
         return self.last
 
-    def _replace(self, rows: Iterable[JobRow]) -> None:
+    def _replace(self, rows: Iterable[JobRow]) -> set[int]:
+        """Keep `rows` alone; the ids kept (every row is an active job's: the set
+        `_apply` makes anyway, not two more of a million ids each)."""
         self.queued, self.holding = {}, {}
         self.queued_at, self.preemptions, self.memo = {}, {}, {}
-        self._apply(rows)
+        return self._apply(rows)
 
     def _apply(self, rows: Iterable[JobRow]) -> set[int]:
         """Put each row where its state says (or drop it), and read its extras."""
