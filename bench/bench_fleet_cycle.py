@@ -310,19 +310,36 @@ def bench_user() -> object:
 def submitter(seconds: float, rate: float) -> None:
     """Submit `rate` jobs a second for `seconds`; print [start, end] of each, a line each."""
     setup(migrate=False)
+    from django.db import connection
     from django.utils import timezone
 
     from queueing.services.jobs import job_input_build, job_submit
 
     user = bench_user()
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        server = f"/proc/{cur.fetchone()[0]}/schedstat"
+
+    def sched() -> list[float]:
+        """Seconds on a CPU and waiting for one (the run queue), of this process and of
+        its PostgreSQL backend (/proc/<pid>/schedstat; 0 where it cannot be read)."""
+        out = []
+        for path in ("/proc/self/schedstat", server):
+            try:
+                with open(path) as f:
+                    out += [int(x) / 1e9 for x in f.read().split()[:2]]
+            except OSError:
+                out += [0.0, 0.0]
+        return out
+
     stop = time.time() + seconds
     while time.time() < stop:
-        t0 = time.time()
+        t0, s0 = time.time(), sched()
         data = job_input_build(actor=user, team=user.bench_team, name="probe", image="x",  # type: ignore[attr-defined]
                                gpu_type="h100", gpus=1, tier="t100")
         job_submit(actor=user, data=data, now=timezone.now())  # type: ignore[arg-type]
-        t1 = time.time()
-        print(json.dumps([t0, t1]), flush=True)
+        t1, s1 = time.time(), sched()
+        print(json.dumps([t0, t1, *(b - a for a, b in zip(s0, s1, strict=True))]), flush=True)
         time.sleep(max(0.0, 1 / rate - (t1 - t0)))
 
 
@@ -410,15 +427,28 @@ def worker(n: int, cycles: int, profile: bool, legacy: bool, start_iso: str,
     bench(f"fleet_cycle_{k}_end_rss", rss_now_mb(), "MB")
     probe.terminate()
     out, _ = probe.communicate()
-    idle, busy = [], []
+    idle: list[list[float]] = []
+    busy: list[list[float]] = []
     for line in out.splitlines():
-        a, b = json.loads(line)
+        a, b, *cpu = json.loads(line)
         if a >= steady:  # from the steady cycles on
-            (busy if any(a < e and b > s for s, e in spans) else idle).append((b - a) * 1000)
-    if idle:
-        bench(f"fleet_cycle_{k}_submit_p99_idle", p99(idle), "ms")
-    if busy:
-        bench(f"fleet_cycle_{k}_submit_p99_busy", p99(busy), "ms")
+            (busy if any(a < e and b > s for s, e in spans) else idle).append([b - a, *cpu])
+    for tag, xs in (("idle", idle), ("busy", busy)):
+        if not xs:
+            continue
+        bench(f"fleet_cycle_{k}_submit_p99_{tag}", p99([x[0] * 1000 for x in xs]), "ms")
+        # Where a submit's wall time went (means, ms): on a CPU (the probe process and its
+        # PostgreSQL backend), waiting for a CPU (their run queue), and the rest (both
+        # blocked: the commit's WAL flush, a lock, the network).
+        on_cpu = [x[1] + x[3] for x in xs]
+        runq = [x[2] + x[4] for x in xs]
+        rest = [x[0] - c - r for x, c, r in zip(xs, on_cpu, runq, strict=True)]
+        for part, v in (("wall", [x[0] for x in xs]), ("on_cpu", on_cpu),
+                        ("cpu_wait", runq), ("rest", rest)):
+            bench(f"fleet_cycle_{k}_submit_{tag}_{part}_mean", statistics.mean(v) * 1000, "ms")
+        slow = sorted(xs, key=lambda x: -x[0])[:max(1, len(xs) // 20)]  # the slowest 5 %
+        bench(f"fleet_cycle_{k}_submit_{tag}_slowest5pct_cpu_wait_share",
+              sum(x[2] + x[4] for x in slow) / sum(x[0] for x in slow), "")
     note(f"{k}: submits {len(idle)} outside cycles, {len(busy)} during")
     if profile:
         now = timezone.now()
