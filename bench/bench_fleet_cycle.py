@@ -23,6 +23,16 @@ cycle" when it overlaps one.
   BENCH fleet_cycle_<n>_peak_rss       the worker's peak RSS (MB, getrusage)
   BENCH fleet_cycle_<n>_submit_p99_idle / _busy  submit latency p99 (ms) outside and
                                        during cycles
+  BENCH fleet_cycle_<n>_submit_<idle|busy>_<part>_mean  a submit's wall time, on a CPU,
+                                       waiting for one, the rest (ms; /proc schedstat of
+                                       the probe and its PostgreSQL backend)
+  BENCH fleet_cycle_<n>_first_peak_rss / _after_first_rss / _end_rss  RSS (MB)
+`--detail` also says how far each part of the first cycle raised the peak RSS.
+`--reuse` runs on the rows already written (one size); `--plain-rows` reads them as the
+driver gives them (`active_jobs.COMPACT_ROWS` off). `--read-memory K`: no cycle, K plain
+and K compact full reads alternated, each in a process of its own
+(BENCH fleet_read_<plain|compact>_<kept_rss|peak_rss|read_cpu|cpu|...>; docs/performance.md,
+"Memory at 1,000,000 queued, and submits during cycles").
 `--profile` runs one more steady cycle under cProfile (top 25 by cumulative time,
 stderr). `--legacy` runs the worker's cycles on the paths before this bench's work
 (`queueing.selectors.active_jobs.LEGACY`, `queueing.backends.simulated.KEEP_STATUSES`):
