@@ -23,6 +23,16 @@ cycle" when it overlaps one.
   BENCH fleet_cycle_<n>_peak_rss       the worker's peak RSS (MB, getrusage)
   BENCH fleet_cycle_<n>_submit_p99_idle / _busy  submit latency p99 (ms) outside and
                                        during cycles
+  BENCH fleet_cycle_<n>_submit_<idle|busy>_<part>_mean  a submit's wall time, on a CPU,
+                                       waiting for one, the rest (ms; /proc schedstat of
+                                       the probe and its PostgreSQL backend)
+  BENCH fleet_cycle_<n>_first_peak_rss / _after_first_rss / _end_rss  RSS (MB)
+`--detail` also says how far each part of the first cycle raised the peak RSS.
+`--reuse` runs on the rows already written (one size); `--plain-rows` reads them as the
+driver gives them (`active_jobs.COMPACT_ROWS` off). `--read-memory K`: no cycle, K plain
+and K compact full reads alternated, each in a process of its own
+(BENCH fleet_read_<plain|compact>_<kept_rss|peak_rss|read_cpu|cpu|...>; docs/performance.md,
+"Memory at 1,000,000 queued, and submits during cycles").
 `--profile` runs one more steady cycle under cProfile (top 25 by cumulative time,
 stderr). `--legacy` runs the worker's cycles on the paths before this bench's work
 (`queueing.selectors.active_jobs.LEGACY`, `queueing.backends.simulated.KEEP_STATUSES`):
@@ -92,6 +102,14 @@ def setup(migrate: bool = True) -> None:
 
 
 PARTS: dict[str, float] = {}
+# With --detail: per part, how far it raised the worker's peak RSS (MB) and the RSS at
+# its end (MB), the first cycle's (where the peak is reached).
+PEAKS: dict[str, float] = {}
+
+
+def rss_now_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def time_parts() -> None:
@@ -110,10 +128,13 @@ def time_parts() -> None:
         @functools.wraps(real)
         def timed(*a: object, **kw: object) -> object:
             t = time.perf_counter()
+            peak = rss_mb()
             try:
                 return real(*a, **kw)
             finally:
                 PARTS[label] = PARTS.get(label, 0.0) + time.perf_counter() - t
+                PEAKS[label] = PEAKS.get(label, 0.0) + rss_mb() - peak
+                PEAKS[f"{label}@end"] = rss_now_mb()
         setattr(mod, name, timed)
 
     for mod, names in ((scheduler, ("_clean_statuses", "spot_reclaimed_requeue",
@@ -122,7 +143,8 @@ def time_parts() -> None:
                                     "arrays_top_up", "cluster_view_publish",
                                     "submit_admitted", "cycle_active_jobs",
                                     "unprovisioned_teams", "queue_plan_forget", "queue_plan_publish",
-                                    "_unowned_stop", "apply_plan")),
+                                    "_unowned_stop", "apply_plan", "reconcile",
+                                    "build_snapshot", "plan_admissions")),
                        (snapshot, ("policy_jobs", "packed_gpus", "fairshare_standings",
                                    "nominations", "snapshot_bookings", "dependency_counts",
                                    "array_limits", "team_parents", "flavor_fallbacks",
@@ -298,24 +320,41 @@ def bench_user() -> object:
 def submitter(seconds: float, rate: float) -> None:
     """Submit `rate` jobs a second for `seconds`; print [start, end] of each, a line each."""
     setup(migrate=False)
+    from django.db import connection
     from django.utils import timezone
 
     from queueing.services.jobs import job_input_build, job_submit
 
     user = bench_user()
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        server = f"/proc/{cur.fetchone()[0]}/schedstat"
+
+    def sched() -> list[float]:
+        """Seconds on a CPU and waiting for one (the run queue), of this process and of
+        its PostgreSQL backend (/proc/<pid>/schedstat; 0 where it cannot be read)."""
+        out = []
+        for path in ("/proc/self/schedstat", server):
+            try:
+                with open(path) as f:
+                    out += [int(x) / 1e9 for x in f.read().split()[:2]]
+            except OSError:
+                out += [0.0, 0.0]
+        return out
+
     stop = time.time() + seconds
     while time.time() < stop:
-        t0 = time.time()
+        t0, s0 = time.time(), sched()
         data = job_input_build(actor=user, team=user.bench_team, name="probe", image="x",  # type: ignore[attr-defined]
                                gpu_type="h100", gpus=1, tier="t100")
         job_submit(actor=user, data=data, now=timezone.now())  # type: ignore[arg-type]
-        t1 = time.time()
-        print(json.dumps([t0, t1]), flush=True)
+        t1, s1 = time.time(), sched()
+        print(json.dumps([t0, t1, *(b - a for a, b in zip(s0, s1, strict=True))]), flush=True)
         time.sleep(max(0.0, 1 / rate - (t1 - t0)))
 
 
 def worker(n: int, cycles: int, profile: bool, legacy: bool, start_iso: str,
-           detail: bool, alternate: bool, gc_off: bool) -> None:
+           detail: bool, alternate: bool, gc_off: bool, plain_rows: bool = False) -> None:
     setup(migrate=False)
     from django.utils import timezone
 
@@ -328,13 +367,14 @@ def worker(n: int, cycles: int, profile: bool, legacy: bool, start_iso: str,
         simulated.KEEP_STATUSES = not old
 
     paths(legacy)
+    active_jobs.COMPACT_ROWS = not plain_rows
     scheduler.GC_FREEZE = not (gc_off or (legacy and not alternate))
     from queueing.services.scheduler import scheduler_cycle
 
     size = k = f"{n // 1000}k"
     t = time.perf_counter()
     fill_cluster(timezone.now())
-    note(f"{k}: cluster filled in {time.perf_counter() - t:.1f} s")
+    note(f"{k}: cluster filled in {time.perf_counter() - t:.1f} s, RSS {rss_now_mb():.0f} MB")
     user = bench_user()
     probe = subprocess.Popen([sys.executable, __file__, "--submitter", "36000"],
                              stdout=subprocess.PIPE, text=True)
@@ -346,6 +386,15 @@ def worker(n: int, cycles: int, profile: bool, legacy: bool, start_iso: str,
     first = scheduler_cycle(now=now)
     bench(f"fleet_cycle_{size}_first", time.perf_counter() - t, "s")
     note(f"{k}: first cycle {first.timings} admitted {len(first.admitted)}")
+    bench(f"fleet_cycle_{size}_first_peak_rss", rss_mb(), "MB")
+    bench(f"fleet_cycle_{size}_after_first_rss", rss_now_mb(), "MB")
+    if detail:
+        note("  peak raised by (MB): " + ", ".join(
+            f"{key} {v:.0f}" for key, v in sorted(PEAKS.items(), key=lambda kv: -kv[1])
+            if "@" not in key and v >= 1))
+        note("  RSS at the end (MB): " + ", ".join(
+            f"{key[:-4]} {v:.0f}" for key, v in PEAKS.items() if "@" in key))
+    PEAKS.clear()
     note("  parts: " + ", ".join(f"{key} {v:.2f}" for key, v in
                                  sorted(PARTS.items(), key=lambda kv: -kv[1]) if v >= 0.01))
     PARTS.clear()
@@ -385,17 +434,31 @@ def worker(n: int, cycles: int, profile: bool, legacy: bool, start_iso: str,
             bench(f"fleet_cycle_{k}_{key}_p99", p99(by_step[key]), "s")
     k = size
     bench(f"fleet_cycle_{k}_peak_rss", rss_mb(), "MB")
+    bench(f"fleet_cycle_{k}_end_rss", rss_now_mb(), "MB")
     probe.terminate()
     out, _ = probe.communicate()
-    idle, busy = [], []
+    idle: list[list[float]] = []
+    busy: list[list[float]] = []
     for line in out.splitlines():
-        a, b = json.loads(line)
+        a, b, *cpu = json.loads(line)
         if a >= steady:  # from the steady cycles on
-            (busy if any(a < e and b > s for s, e in spans) else idle).append((b - a) * 1000)
-    if idle:
-        bench(f"fleet_cycle_{k}_submit_p99_idle", p99(idle), "ms")
-    if busy:
-        bench(f"fleet_cycle_{k}_submit_p99_busy", p99(busy), "ms")
+            (busy if any(a < e and b > s for s, e in spans) else idle).append([b - a, *cpu])
+    for tag, xs in (("idle", idle), ("busy", busy)):
+        if not xs:
+            continue
+        bench(f"fleet_cycle_{k}_submit_p99_{tag}", p99([x[0] * 1000 for x in xs]), "ms")
+        # Where a submit's wall time went (means, ms): on a CPU (the probe process and its
+        # PostgreSQL backend), waiting for a CPU (their run queue), and the rest (both
+        # blocked: the commit's WAL flush, a lock, the network).
+        on_cpu = [x[1] + x[3] for x in xs]
+        runq = [x[2] + x[4] for x in xs]
+        rest = [x[0] - c - r for x, c, r in zip(xs, on_cpu, runq, strict=True)]
+        for part, v in (("wall", [x[0] for x in xs]), ("on_cpu", on_cpu),
+                        ("cpu_wait", runq), ("rest", rest)):
+            bench(f"fleet_cycle_{k}_submit_{tag}_{part}_mean", statistics.mean(v) * 1000, "ms")
+        slow = sorted(xs, key=lambda x: -x[0])[:max(1, len(xs) // 20)]  # the slowest 5 %
+        bench(f"fleet_cycle_{k}_submit_{tag}_slowest5pct_cpu_wait_share",
+              sum(x[2] + x[4] for x in slow) / sum(x[0] for x in slow), "")
     note(f"{k}: submits {len(idle)} outside cycles, {len(busy)} during")
     if profile:
         now = timezone.now()
@@ -409,6 +472,30 @@ def worker(n: int, cycles: int, profile: bool, legacy: bool, start_iso: str,
         print(s.getvalue(), file=sys.stderr, flush=True)
 
 
+def reader(plain: bool) -> None:
+    """One full read of the active jobs (`ActiveJobs.refresh` with nothing kept) and the
+    policy's jobs built from them, in a process of its own: its peak and end RSS and its
+    CPU time (`--read-memory`)."""
+    setup(migrate=False)
+    from queueing.selectors import active_jobs
+    from queueing.selectors.snapshot import policy_jobs
+
+    active_jobs.COMPACT_ROWS = not plain
+    tag = "plain" if plain else "compact"
+    base, cpu, t = rss_now_mb(), time.process_time(), time.perf_counter()
+    jobs = active_jobs.ActiveJobs()
+    jobs.refresh()
+    read_cpu, read_wall = time.process_time() - cpu, time.perf_counter() - t
+    queued, running = policy_jobs(jobs, {})
+    bench(f"fleet_read_{tag}_rows", len(jobs), "rows")
+    bench(f"fleet_read_{tag}_read_cpu", read_cpu, "s")
+    bench(f"fleet_read_{tag}_read_wall", read_wall, "s")
+    bench(f"fleet_read_{tag}_cpu", time.process_time() - cpu, "s")
+    bench(f"fleet_read_{tag}_kept_rss", rss_now_mb() - base, "MB")
+    bench(f"fleet_read_{tag}_peak_rss", rss_mb(), "MB")
+    assert len(queued) + len(running) == len(jobs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="*", default=[100_000, 250_000, 1_000_000])
@@ -418,6 +505,15 @@ def main() -> None:
     ap.add_argument("--detail", action="store_true", help="each cycle's parts (stderr)")
     ap.add_argument("--gc-off", action="store_true", help="no gc.freeze after cycles")
     ap.add_argument("--alternate", action="store_true")
+    ap.add_argument("--plain-rows", action="store_true",
+                    help="the rows read as the driver gives them (active_jobs.COMPACT_ROWS "
+                    "off): the read before the memory work")
+    ap.add_argument("--read-memory", type=int, metavar="K",
+                    help="on the rows already written, K full reads with the rows plain "
+                    "and K compact, alternated, each in a process of its own; no cycle")
+    ap.add_argument("--reader", choices=("plain", "compact"), help=argparse.SUPPRESS)
+    ap.add_argument("--reuse", action="store_true",
+                    help="the rows already written (one size): no write")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--start", help=argparse.SUPPRESS)
     ap.add_argument("--submitter", type=float, help=argparse.SUPPRESS)
@@ -428,9 +524,20 @@ def main() -> None:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the worker stops it
         submitter(args.submitter, 4.0)
         return
+    if args.reader:
+        reader(args.reader == "plain")
+        return
+    if args.read_memory:
+        calibrate()
+        for i in range(2 * args.read_memory):
+            note(f"load average {os.getloadavg()}")
+            subprocess.run([sys.executable, __file__, "--reader",
+                            ("plain", "compact")[i % 2]], check=True)
+        note(f"load average {os.getloadavg()}")
+        return
     if args.worker:
         worker(args.worker, args.cycles, args.profile, args.legacy, args.start, args.detail,
-               args.alternate, args.gc_off)
+               args.alternate, args.gc_off, args.plain_rows)
         return
     calibrate()
     note(f"load average {os.getloadavg()}")
@@ -440,11 +547,12 @@ def main() -> None:
 
     for n in args.sizes:
         start = timezone.now().replace(microsecond=0)
-        world(n, start)
+        if not args.reuse:
+            world(n, start)
         connections.close_all()
         cmd = [sys.executable, __file__, "--worker", str(n), "--cycles", str(args.cycles),
                "--start", start.isoformat()]
-        for flag in ("profile", "detail", "legacy", "alternate", "gc_off"):
+        for flag in ("profile", "detail", "legacy", "alternate", "gc_off", "plain_rows"):
             cmd += [f"--{flag.replace('_', '-')}"] if getattr(args, flag) else []
         note(f"load average {os.getloadavg()}")
         subprocess.run(cmd, check=True)

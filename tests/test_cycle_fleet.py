@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import random
 from dataclasses import replace
@@ -24,10 +25,14 @@ from queueing.backends import simulated
 from queueing.backends.base import LaunchSpec, workload_name
 from queueing.backends.simulated import SimulatedCluster
 from queueing.policy.snapshot import RunningJob
+from queueing.selectors import active_jobs
 from queueing.selectors.active_jobs import ActiveJobs, JobRow, Lookups
 from queueing.selectors.fairshare import KeptHolding, holding_running_and_penalty
 from queueing.selectors.snapshot import KeptPackedGpus, packed_gpus
 from queueing.services import scheduler
+
+from .conftest import World
+from .factories import JobFactory
 
 NOW = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
 
@@ -221,3 +226,84 @@ def test_rule_f1_f6_kept_running_intervals_are_the_plain_ones() -> None:
             now += timedelta(seconds=rnd.choice((-20, 5, 10, 30)))
             if rnd.random() < 0.1:
                 jobs.lookups = replace(lookups, billing_weights={1: 3.0, 2: 0.5})
+
+
+# --- the rows read with their repeated values shared ----------------------------------------
+
+def _raw_row(rnd: random.Random, pk: int) -> tuple[object, ...]:
+    """A row as the driver gives it: new objects for every value (equal values too)."""
+    def fresh_json() -> object:
+        return rnd.choice(([], {}, None, ["n0"], {"zone": "a"}, [{"job": 3, "on": "ok"}],
+                           [0, 2], [], {}))
+
+    created = NOW - timedelta(seconds=rnd.randint(0, 10**6))
+    updated = (created + timedelta(0) if rnd.random() < 0.7
+               else created + timedelta(seconds=rnd.randint(1, 99)))
+    values: dict[str, object] = {
+        "id": pk, "status": "".join(rnd.choice(("QUEUED", "RUNNING", "ADMITTED"))),
+        "attempt": rnd.choice((1, 1, 2, 300)), "team_id": rnd.choice((1, 700, 1100)) + 0,
+        "gpu_type_id": rnd.randint(1, 4), "tier_id": rnd.choice((3, 999)),
+        "gpus_per_replica": rnd.choice((1, 8, 16)), "replicas": rnd.choice((1, 2)),
+        "created_at": created, "cpu_millicores": rnd.choice((None, 4000, 500_000)),
+        "memory_bytes": rnd.choice((None, 2**30, 2**40)),
+        "topology_level": rnd.choice(("", "rack", "zone")),
+        "topology_mode": rnd.choice(("", "required", "preferred")),
+        "placement": fresh_json(), "submitted_to_backend_at": rnd.choice((None, created)),
+        "started_at": rnd.choice((None, updated)), "updated_at": updated,
+        "message": rnd.choice(("", "waiting for quota", "x" * 300)),
+        "dependencies": fresh_json(), "array_id": rnd.choice((None, 5, 10**6)),
+        "max_runtime_seconds": rnd.choice((None, 3600, 86400 * 30)),
+        "cluster_id": rnd.choice((None, 1, 2)), "requested_cluster_id": rnd.choice((None, 2)),
+        "cluster_selector": fresh_json(), "allow_spot": rnd.choice((True, False)),
+        "gpu_types": fresh_json(), "termination_grace_seconds": rnd.choice((None, 30, 600)),
+        "checkpointed_at": rnd.choice((None, updated)), "gpu_slices": rnd.choice((0, 1, 3)),
+        "gpu_slots": fresh_json(),
+    }
+    return tuple(copy.deepcopy(values[f]) for f in JobRow._fields)
+
+
+def test_compact_rows_are_the_plain_rows_over_random_reads() -> None:
+    """Every row read with its repeated values shared is the plain row (`JobRow._make`)
+    value by value, of the same types; a shared JSON value is only ever an empty one, so
+    no row sees another's list or dict."""
+    for seed in range(40):
+        rnd = random.Random(seed)
+        raw = [_raw_row(rnd, pk) for pk in range(1, rnd.randint(2, 300))]
+        plain = [JobRow._make(r) for r in raw]
+        got = list(active_jobs.compact_rows(copy.deepcopy(raw)))
+        assert got == plain, seed
+        assert [type(v) for r in got for v in r] == [type(v) for r in plain for v in r]
+        seen: dict[int, tuple[int, str]] = {}
+        for r in got:
+            for name in ("placement", "dependencies", "cluster_selector", "gpu_types",
+                         "gpu_slots"):
+                v = getattr(r, name)
+                if isinstance(v, list | dict):
+                    owner = seen.setdefault(id(v), (r.id, name))
+                    assert not v or owner == (r.id, name), (seed, r.id, name)
+
+
+@pytest.mark.django_db
+def test_the_active_jobs_read_compact_is_the_plain_read(world: World,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """A read of job rows through the database: the same rows with the sharing on and
+    off; a full read's ids changed are every active job kept (the set its `_apply`
+    made)."""
+    from queueing.models import Job
+
+    for i in range(6):
+        JobFactory(team=world.vision, gpu_type=world.h100, tier=world.normal,
+                   status="QUEUED" if i % 2 else "RUNNING",
+                   placement=[] if i % 2 else [f"n{i}"])
+    qs = Job.objects.filter(status__in=active_jobs.ACTIVE_STATES)
+    monkeypatch.setattr(active_jobs, "COMPACT_ROWS", False)
+    plain = active_jobs._rows(qs)
+    monkeypatch.setattr(active_jobs, "COMPACT_ROWS", True)
+    got = active_jobs._rows(qs)
+    assert len(got) == 6
+    assert sorted(got) == sorted(plain)
+    jobs = ActiveJobs()
+    assert jobs.refresh().full
+    assert jobs.last.changed == set(jobs.queued) | set(jobs.holding)
+    assert len(jobs.last.changed) == 6

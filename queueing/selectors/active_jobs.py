@@ -30,7 +30,7 @@ import gc
 import itertools
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -206,11 +206,11 @@ class ActiveJobs:
         refresh the snapshot's follows within the same cycle)."""
         if connection.vendor != "postgresql" or connection.in_atomic_block:
             self.since, self.kept = None, False
-            self._replace(_rows(Job.objects.filter(status__in=ACTIVE_STATES)))
+            read = self._replace(_rows(Job.objects.filter(status__in=ACTIVE_STATES)))
             self.lookups = _lookups()  # after the rows: a team of a new job is in it
             self.last = Refresh(
                 full=True,
-                changed=set(self.queued) | set(self.holding),
+                changed=read,
                 reason="not kept: SQLite or inside a transaction",
             )
             self.version = next(_VERSIONS)
@@ -227,10 +227,8 @@ class ActiveJobs:
                 xmin, active = cur.fetchone()
             self.lookups = _lookups()
             if self.since is None:
-                self._replace(_rows(Job.objects.filter(status__in=ACTIVE_STATES)))
-                self.last = Refresh(
-                    full=True, changed=set(self.queued) | set(self.holding), reason="first read"
-                )
+                read = self._replace(_rows(Job.objects.filter(status__in=ACTIVE_STATES)))
+                self.last = Refresh(full=True, changed=read, reason="first read")
             else:
                 changed = self._apply(_rows(Job.objects.filter(_changed_since(self.since))))
                 self.last = Refresh(full=False, changed=changed)
@@ -241,10 +239,10 @@ class ActiveJobs:
                         len(self),
                         active,
                     )
-                    self._replace(_rows(Job.objects.filter(status__in=ACTIVE_STATES)))
+                    read = self._replace(_rows(Job.objects.filter(status__in=ACTIVE_STATES)))
                     self.last = Refresh(
                         full=True,
-                        changed=set(self.queued) | set(self.holding),
+                        changed=read,
                         reason=f"count {len(self)} != {active}",
                     )
         self.since, self.kept = int(xmin), True
@@ -253,10 +251,12 @@ class ActiveJobs:
         self.moved = False
         return self.last
 
-    def _replace(self, rows: Iterable[JobRow]) -> None:
+    def _replace(self, rows: Iterable[JobRow]) -> set[int]:
+        """Keep `rows` alone; the ids kept (every row is an active job's: the set
+        `_apply` makes anyway, not two more of a million ids each)."""
         self.queued, self.holding = {}, {}
         self.queued_at, self.preemptions, self.memo = {}, {}, {}
-        self._apply(rows)
+        return self._apply(rows)
 
     def _apply(self, rows: Iterable[JobRow]) -> set[int]:
         """Put each row where its state says (or drop it), and read its extras."""
@@ -327,10 +327,52 @@ def _changed_since(xid: int) -> Any:
 
 
 def _rows(qs: Any) -> list[JobRow]:
-    make = JobRow._make
+    values = qs.order_by().values_list(*ACTIVE_JOB_COLUMNS).iterator(chunk_size=10_000)
     with gc_paused():
-        return [make(r) for r in
-                qs.order_by().values_list(*ACTIVE_JOB_COLUMNS).iterator(chunk_size=10_000)]
+        if LEGACY or not COMPACT_ROWS:
+            make = JobRow._make
+            return [make(r) for r in values]
+        return list(compact_rows(values))
+
+
+# The columns whose values repeat across rows (a state, ids of a team, GPU type, tier or
+# cluster, a topology word, a message) and the JSON columns, most of them empty.
+_SHARED = tuple(JobRow._fields.index(c) for c in (
+    "status", "team_id", "gpu_type_id", "tier_id", "topology_level", "topology_mode",
+    "message", "cluster_id", "requested_cluster_id", "termination_grace_seconds",
+    "max_runtime_seconds", "cpu_millicores", "memory_bytes"))
+_JSON = tuple(JobRow._fields.index(c) for c in (
+    "placement", "dependencies", "cluster_selector", "gpu_types", "gpu_slots"))
+_CREATED, _UPDATED = JobRow._fields.index("created_at"), JobRow._fields.index("updated_at")
+
+
+def compact_rows(values: Iterable[Sequence[Any]]) -> Iterator[JobRow]:
+    """The rows as `JobRow`s, equal to the plain ones (`JobRow._make`), each value that
+    repeats made once per read: one object per distinct value of the columns above, one
+    empty list and one empty dict for every empty JSON value, `updated_at` the
+    `created_at` object when they are equal. At 1,000,000 queued a row is then its tuple
+    and its id, dates and the few values of its own (docs/performance.md, "Memory at
+    1,000,000 queued, and submits during cycles"). The rows are read-only: no caller
+    changes a value of a kept row, so shared values are safe."""
+    make = JobRow._make
+    shared: list[dict[Any, Any]] = [{} for _ in _SHARED]
+    pairs = tuple(zip(_SHARED, (d.setdefault for d in shared), strict=True))
+    empty: dict[type, Any] = {list: [], dict: {}}
+    json_columns = _JSON
+    created, updated = _CREATED, _UPDATED
+    for r in values:
+        v = list(r)
+        for i, keep in pairs:
+            x = v[i]
+            if x is not None:
+                v[i] = keep(x, x)
+        for i in json_columns:
+            x = v[i]
+            if not x and x is not None:
+                v[i] = empty.get(type(x), x)
+        if v[updated] == v[created]:
+            v[updated] = v[created]
+        yield make(v)
 
 
 @contextmanager
@@ -377,6 +419,9 @@ def _lookups() -> Lookups:
 # each kept thing is held to what it replaces by a test, and this flag lets a bench run
 # both in one process.
 LEGACY = False
+# The rows read with their repeated values shared (`compact_rows`); False: each row as
+# the database driver gives it (bench/bench_fleet_cycle.py --alternate's "before").
+COMPACT_ROWS = True
 
 # Rule H1: the sharings whose units are slices of one GPU (`GpuType.packs_slices`).
 PACKED_SHARING = ("time-sliced", "mps")
