@@ -16,7 +16,7 @@ A pipeline's submit (a token, a JSON job of plain fields, no Idempotency-Key) go
    with the remembered tokens of that generation as its lookup. The address's failed
    authentications are not read: a token that authenticates is never refused by that
    limit (docs/api.md).
-4. The same job input and service as the DRF view: `job_input.job_input_of` (every
+4. The same job input and service as the DRF view: `services.job_input.job_input_of` (every
    submit rule, the cluster fields, the dependencies), `job_submit_with_event`
    (membership with the INSERT); the answer built from the rows just written
    (`job_submitted_data`), rendered by DRF's own JSON renderer.
@@ -54,13 +54,13 @@ from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from accounts.authentication import authenticate_key, token_key
 from queueing.errors import DomainError
+from queueing.services.job_input import job_input_of
 from queueing.services.jobs import job_submit_with_event
 from queueing.validation import parse_gpus
 
 from . import auth_cache, throttling
 from .bulk import job_submitted_data
 from .fields import GpusField
-from .job_input import job_input_of
 from .parsers import parse_json
 from .serializers import JobCreateSerializer, shaper
 

@@ -45,6 +45,7 @@ from queueing.selectors.user_usage import user_usage
 from queueing.selectors.utilization import utilization_version
 from queueing.services.access import check_job_access
 from queueing.services.dependencies import job_dependencies_set
+from queueing.services.job_input import job_input_of
 from queueing.services.jobs import (
     MAX_BULK_JOBS,
     job_cancel,
@@ -64,7 +65,6 @@ from .bulk import (
 )
 from .fields import AsciiIntegerFilter, InstantFilter, LabelFilter
 from .idempotency import IdempotentPostMixin, idempotency_key
-from .job_input import job_input_of
 from .location import location
 from .serializers import (
     JobCreateSerializer,

@@ -1,5 +1,6 @@
-"""Forms of the web pages. Job validation is `job_input_build`'s (the rules the API
-applies too), not repeated here: the form only turns text fields into the spec's shapes."""
+"""Forms of the web pages. Job validation is `services.job_input.job_input_of`'s (the
+API's path too: `job_input_build`, the cluster fields, the dependencies), not repeated
+here: the form only turns text fields into the spec's shapes."""
 
 from __future__ import annotations
 
@@ -22,9 +23,8 @@ from queueing.policy.dependencies import parse_slurm_dependencies
 from queueing.selectors.clusters import cluster_choices
 from queueing.selectors.reference import all_gpu_types, gpu_types_by_slug_order, tiers_by_rank
 from queueing.services.access import check_submit
-from queueing.services.cluster_rules import job_input_with_clusters
-from queueing.services.dependencies import job_input_with_dependencies
-from queueing.services.jobs import JobInput, job_input_build
+from queueing.services.job_input import job_input_of
+from queueing.services.jobs import JobInput
 
 # The most text a volumes or secrets box takes, and how deep its YAML may nest: 16
 # volumes of the API's shape fit many times over; a deeper or longer text is no spec.
@@ -155,8 +155,17 @@ def gpu_type_choice_label(gpu_type: Any) -> str:
     return str(gpu_type.slug)
 
 
+class _ClusterChoiceField(forms.ChoiceField):
+    """The enabled clusters to choose from, any name taken: rule K3 judges it with the
+    API's words (`services.job_input.job_input_of`), so a cluster unknown or disabled
+    since the page was drawn is refused as the API refuses it."""
+
+    def valid_value(self, value: Any) -> bool:
+        return True
+
+
 class JobSubmitForm(forms.Form):
-    """A job as the submit page posts it; cleaned by `job_input_build`."""
+    """A job as the submit page posts it; cleaned by `job_input_of`."""
 
     team = forms.ChoiceField(label="Team")
     name = forms.CharField(label="Name", max_length=63,
@@ -238,7 +247,7 @@ class JobSubmitForm(forms.Form):
 
     # Rules K3, K4: the API's requested_cluster, cluster_selector and allow_spot
     # (queueing/services/cluster_rules.py checks them); shown when clusters are configured.
-    requested_cluster = forms.ChoiceField(
+    requested_cluster = _ClusterChoiceField(
         label="Cluster", required=False,
         help_text="Empty: wherever it fits first (rule K2: the lowest cost rank, then the "
                   "least loaded).")
@@ -416,7 +425,7 @@ class JobSubmitForm(forms.Form):
         return None, ("" if path == "non_field_errors" else f"{path}: ")
 
     def clean(self) -> dict[str, Any]:
-        """Run `job_input_build` on what parsed, even when other fields did not, so every
+        """Run `job_input_of` on what parsed, even when other fields did not, so every
         field's error shows at once. A field the form itself refused (missing, or text that
         does not parse) shows the form's error only; a field the service refuses shows
         every refusal under it (`volumes[0].name`, `volumes[2].pvc`, ...)."""
@@ -447,14 +456,20 @@ class JobSubmitForm(forms.Form):
         before |= set(self.errors)
         for name in ("team", "name", "image", "gpu_type", "gpus", "replicas", "tier"):
             spec[name] = data[name] if data.get(name) not in (None, "") else None
-        try:
-            job_input = job_input_with_clusters(
-                lambda: job_input_build(actor=self.request.user, **spec),
-                gpu_type=spec["gpu_type"],
-                requested_cluster=data.get("requested_cluster") or None,
-                cluster_selector=self._metadata("cluster_selector"),
-                allow_spot=bool(data.get("allow_spot")))
+        # Rules K3-K4: the API's cluster fields, judged with the others by `job_input_of`.
+        spec["requested_cluster"] = data.get("requested_cluster") or None
+        spec["cluster_selector"] = self._metadata("cluster_selector")
+        spec["allow_spot"] = bool(data.get("allow_spot"))
+        try:  # rules D1-D3: Slurm's syntax here, the jobs and arrays of the team below
+            spec["dependencies"] = parse_slurm_dependencies(data.get("dependencies") or "")
+        except ValueError as exc:
+            self.add_error("dependencies", str(exc))
+        before |= set(self.errors)
+        try:  # the API's one path from the fields to a JobInput (services.job_input)
+            job_input = job_input_of(actor=self.request.user, fields=spec)
         except DomainError as exc:
+            if not exc.fields:
+                self.add_error(None, exc.message)
             for field, messages in exc.fields.items():
                 target, named = self._target(field)
                 if target is not None and target in before:
@@ -462,14 +477,6 @@ class JobSubmitForm(forms.Form):
                 for message in messages:
                     self.add_error(target, named + message)
             return data
-        try:  # rules D1-D3: Slurm's syntax, then jobs and arrays of the team
-            job_input = job_input_with_dependencies(
-                job_input, parse_slurm_dependencies(data.get("dependencies") or ""))
-        except ValueError as exc:
-            self.add_error("dependencies", str(exc))
-        except DomainError as exc:
-            for message in exc.fields.get("dependencies", [exc.message]):
-                self.add_error("dependencies", message)
         if self.errors:
             return data
         try:  # rule T1 as the service applies it, so the live check shows it too

@@ -94,8 +94,8 @@ from queueing.services.access import (
     check_team_member,
     may_cancel,
 )
-from queueing.services.cluster_rules import job_input_with_clusters
-from queueing.services.jobs import job_cancel, job_input_build, job_spec, job_submit
+from queueing.services.job_input import job_input_of
+from queueing.services.jobs import job_cancel, job_spec, job_submit
 from queueing.services.logs import LogView, job_log_read
 from queueing.services.quotas import quota_set
 from queueing.services.webhooks import (
@@ -511,8 +511,7 @@ def job_resubmit(request: HttpRequest, job_id: int) -> HttpResponse:
     job = _job_or_404(request, job_id)
     try:
         spec = job_spec(job)
-        data = job_input_with_clusters(lambda: job_input_build(actor=request.user, **spec),
-                                       gpu_type=spec["gpu_type"], **_job_cluster_fields(job))
+        data = job_input_of(actor=request.user, fields={**spec, **_job_cluster_fields(job)})
     except DomainError as exc:
         problems = "; ".join(f"{field}: {' '.join(msgs)}" for field, msgs in exc.fields.items())
         messages.error(request, f"This job cannot be resubmitted as it is: {problems}")
