@@ -616,31 +616,34 @@ class _Levels:
 _Run = tuple[list[tuple[float, int, RunningJob]], list[int]]
 
 
-def _runs(ws: Workspace, gpu_type: str, now: datetime, protect: bool,
-          cluster: str) -> dict[str, list[tuple[bool, int, _Run]]]:
-    """`_unprotected(ws, gpu_type, now, protect)` of `cluster` (rule K7) per team,
-    per (preemptible, tier), each in rule R4's order within it (least work lost, then id),
-    with the index of its first job not removed; kept on the workspace for the pass
-    (`Workspace.victim_runs`; a restored job moves that index back,
-    `Workspace.simulate_removal`)."""
-    key = (gpu_type, now, protect, cluster)
-    runs = ws.victim_runs.get(key)
-    if runs is None:
-        where = ws.running_cluster
-        grouped: dict[tuple[str, bool, int], list[tuple[float, int, RunningJob]]] = {}
-        for r, lost in _unprotected(ws, gpu_type, now, protect):
+def _team_runs(ws: Workspace, key: tuple[str, datetime, bool, str],
+               by_team: dict[str, list[tuple[RunningJob, float]]], team: str,
+               ) -> list[tuple[bool, int, _Run]]:
+    """`team`'s jobs of `_by_team` in cluster `key[3]` (rule K7) per (preemptible,
+    tier), each in rule R4's order within it (least work lost, then id), with the index
+    of its first job not removed; made when a search first reads the team and kept on
+    the workspace for the pass (`Workspace.victim_runs`; a restored job moves that
+    index back, `Workspace.simulate_removal`). The work each loses goes to
+    `Workspace.victim_lost`."""
+    runs = ws.victim_runs.setdefault(key, {})
+    got = runs.get(team)
+    if got is None:
+        where, cluster = ws.running_cluster, key[3]
+        lost_of = ws.victim_lost.setdefault(key, {})
+        grouped: dict[tuple[bool, int], list[tuple[float, int, RunningJob]]] = {}
+        for r, lost in by_team.get(team, ()):
             if where[r.id] == cluster:
-                grouped.setdefault((r.team, r.preemptible, r.tier_rank), []).append(
-                    (lost, r.id, r))
-        runs = ws.victim_runs[key] = {}
+                lost_of[r.id] = lost
+                grouped.setdefault((r.preemptible, r.tier_rank), []).append((lost, r.id, r))
+        got = runs[team] = []
         marks = ws.victim_marks
-        for (team, pre, rank), items in grouped.items():
+        for (pre, rank), items in grouped.items():
             items.sort(key=lambda x: (x[0], x[1]))
             first = [0]
-            runs.setdefault(team, []).append((pre, rank, (items, first)))
+            got.append((pre, rank, (items, first)))
             for i, (_, _, r) in enumerate(items):
                 marks.setdefault(r.id, []).append((first, i))
-    return runs
+    return got
 
 
 def _nodes_of(ws: Workspace, gpu_type: str) -> dict[str, list[RunningJob]]:
@@ -667,19 +670,17 @@ def _one_gpu(ws: Workspace, levels: _Levels, pool: str, now: datetime,
     can hold the replica emptied, the node of least name among such. Level by level
     of rule Q6 (`_Levels`): a node with a candidate of a nearer level made room there.
     The candidates are read in that order from the type's running jobs kept per (team,
-    preemptible, tier) sorted for the pass (`_runs`), merged over the level's teams:
+    preemptible, tier) sorted for the pass (`_team_runs`), merged over the level's teams:
     the search reads the few cheapest instead of every candidate of the fleet. The same
     victim as `_take_per_replica_by_level` and `_minimize` find."""
     job, cap = levels.job, ws.capacity
     own, tier, within = job.team, job.tier_rank, levels.within
-    runs = _runs(ws, job.gpu_type, now, protect, levels.cluster)
+    key_runs = (job.gpu_type, now, protect, levels.cluster)
     on_node = _nodes_of(ws, job.gpu_type)
     removed, spared, where = ws.removed, levels.spared, ws.running_cluster
     cluster, node_pool = levels.cluster, cap.node_pool
-    lost_of = ws.victim_lost.get((job.gpu_type, now, protect))
-    if lost_of is None:
-        lost_of = ws.victim_lost[(job.gpu_type, now, protect)] = {
-            r.id: lost for r, lost in _unprotected(ws, job.gpu_type, now, protect)}
+    by_team = levels.by_team
+    lost_of = ws.victim_lost.setdefault(key_runs, {})
     priority, reclaim = PreemptionRule.PRIORITY, levels.reclaim
     for nearness, teams in levels.team_levels():
         # Per team of the level: (may it be reclaimed from, its F for the key).
@@ -687,16 +688,17 @@ def _one_gpu(ws: Workspace, levels: _Levels, pool: str, now: datetime,
         heads: list[tuple[int, float, float, int, int, int]] = []
         sources: list[tuple[_Run, PreemptionRule, float]] = []
         for t, reach_ok in teams:
+            runs = _team_runs(ws, key_runs, by_team, t)
             if t == own:
                 info[t] = (False, 0.0)
-                picks = [(run, rank, priority, 0.0) for pre, rank, run in runs.get(t, ())
+                picks = [(run, rank, priority, 0.0) for pre, rank, run in runs
                          if pre and rank < tier]
             else:
                 may_reclaim = within and reach_ok
                 f = levels.factor(t) if may_reclaim else 0.0
                 info[t] = (may_reclaim, f)
                 picks = []
-                for pre, rank, run in runs.get(t, ()):
+                for pre, rank, run in runs:
                     if not pre:
                         if may_reclaim:
                             picks.append((run, rank, reclaim, f))

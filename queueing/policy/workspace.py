@@ -927,16 +927,17 @@ class Workspace:
         self.victim_gpus: dict[
             str, dict[str, list[tuple[list[tuple[RunningJob, int]], int]]]] = {}
         self.victim_given: dict[tuple[int, str], list[tuple[int, int]]] = {}
-        # A one-GPU claim's search (`preemption._one_gpu`): per (GPU type, now, rule R3
-        # applies, cluster), per team, per (preemptible, tier), the unprotected running jobs
+        # A one-GPU claim's search (`preemption._team_runs`): per (GPU type, now, rule
+        # R3 applies, cluster), per team read, per (preemptible, tier), the unprotected running jobs
         # in rule R4's order with the first one not removed (`[index]`); per running job
         # those first-ones it is in with its index, so a restored job moves them back.
         self.victim_runs: dict[tuple[str, datetime, bool, str],
                                dict[str, list[tuple[bool, int, tuple[
                                    list[tuple[float, int, RunningJob]], list[int]]]]]] = {}
         self.victim_marks: dict[int, list[tuple[list[int], int]]] = {}
-        # Per entry of `victim_pools`: the work each of its jobs would lose (rule R4).
-        self.victim_lost: dict[tuple[str, datetime, bool], dict[int, float]] = {}
+        # Per entry of `victim_runs`: the work each job of its teams made would lose
+        # (rule R4).
+        self.victim_lost: dict[tuple[str, datetime, bool, str], dict[int, float]] = {}
         # Per node of a GPU type the victim search read, its running jobs.
         self.victim_nodes: dict[str, dict[str, list[RunningJob]]] = {}
         # The lowest tier among each (team, type)'s preemptible jobs: a job over its own

@@ -411,6 +411,7 @@ def _one_searches(s: Snapshot, rnd: random.Random, *, one: bool, index: bool = T
     preemption._ONE, preemption._INDEX = one, index
     try:
         ws, out = Workspace(s), []
+        kept: list[Any] = []  # the undos of the searches kept, last on top
         for job in s.queued:
             protect = rnd.random() < 0.5  # False: an owed claim (rule R11)
             spared = frozenset(r.id for r in s.running if rnd.random() < 0.1) \
@@ -418,8 +419,13 @@ def _one_searches(s: Snapshot, rnd: random.Random, *, one: bool, index: bool = T
             found = find_victims(ws, job, now=s.now, factor=lambda t: 1.0 + len(t) % 3,
                                  protect=protect, spared=spared)
             out.append((found and found[0], set(ws.removed)))
-            if found is not None and rnd.random() < 0.3:
-                found[1]()  # a restored victim is read again by the next searches
+            if found is not None:
+                kept.append(found[1])
+            if kept and rnd.random() < 0.3:
+                # Some of the last searches undone, newest first: their victims, which
+                # later searches read past, are read again by the next ones.
+                for _ in range(rnd.randint(1, len(kept))):
+                    kept.pop()()
         return out
     finally:
         preemption._ONE, preemption._INDEX = True, True
