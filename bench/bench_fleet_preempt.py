@@ -26,6 +26,9 @@ checking that the plans are equal (admissions, preemptions, every wait):
                                             nothing: "it is owed ... but")
   BENCH fleet_preempt_<n>_searches          victim searches run in the pass
   BENCH fleet_preempt_<n>_load              the 1-minute load average after the passes
+`--switch one`: "before" is the indexed search with `preemption._ONE = False` instead
+(every one-GPU claim builds and weighs its levels; docs/performance.md, "Owed claims'
+searches kept across a pass").
 The reference is run only up to `--reference-max` queued (default 1,000), "before" and
 the searches count up to `--before-max` (default 3,000): beyond, one such pass takes
 minutes.
@@ -58,16 +61,17 @@ from queueing.policy.snapshot import Snapshot  # noqa: E402
 SIZES = (100, 1_000, 10_000, 100_000)
 
 
-def timed(snap: Snapshot, indexed: bool, bound: bool = True) -> tuple[float, float, Plan]:
+def timed(snap: Snapshot, indexed: bool, bound: bool = True,
+          one: bool = True) -> tuple[float, float, Plan]:
     """(wall seconds, CPU seconds of this process, the plan) of one pass."""
-    kept = preemption._INDEX, preemption._BOUND
-    preemption._INDEX, preemption._BOUND = indexed, bound
+    kept = preemption._INDEX, preemption._BOUND, preemption._ONE
+    preemption._INDEX, preemption._BOUND, preemption._ONE = indexed, bound, one
     try:
         t, c = time.perf_counter(), time.process_time()
         plan = plan_admissions(snap)
         return time.perf_counter() - t, time.process_time() - c, plan
     finally:
-        preemption._INDEX, preemption._BOUND = kept
+        preemption._INDEX, preemption._BOUND, preemption._ONE = kept
 
 
 def searches(snap: Snapshot) -> int:
@@ -90,7 +94,8 @@ def searches(snap: Snapshot) -> int:
     return count
 
 
-def one_size(n: int, repeats: int, reference: bool, before: bool) -> None:
+def one_size(n: int, repeats: int, reference: bool, before: bool,
+             switch: str = "bound") -> None:
     t = time.perf_counter()
     snap = snapshot(n, preempt=True)
     note(f"{n} queued: built in {time.perf_counter() - t:.1f} s; "
@@ -108,7 +113,8 @@ def one_size(n: int, repeats: int, reference: bool, before: bool) -> None:
             slow.append(took)
             slow_cpu.append(cpu)
         if before:
-            took, cpu, was = timed(snap, indexed=True, bound=False)
+            took, cpu, was = timed(snap, indexed=True, bound=switch != "bound",
+                                   one=switch != "one")
             old.append(took)
             old_cpu.append(cpu)
         took, cpu, plan = timed(snap, indexed=True)
@@ -118,7 +124,7 @@ def one_size(n: int, repeats: int, reference: bool, before: bool) -> None:
             assert plan == ref, "the indexed search's plan differs from the reference's"
             assert plan.waits.items() == ref.waits.items()
         if before:
-            assert plan == was, "the bound on packed nodes changed the plan"
+            assert plan == was, f"the switch {switch} changed the plan"
             assert plan.waits.items() == was.waits.items()
     assert plan is not None
     note(f"{n} queued, preemption on: {words(plan)}; passes: indexed "
@@ -152,17 +158,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--reference-max", type=int, default=1_000)
     ap.add_argument("--before-max", type=int, default=3_000)
+    ap.add_argument("--switch", choices=("bound", "one"), default="bound")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child: one size
     args = ap.parse_args()
     if args.one:
         one_size(args.one, args.repeats, args.one <= args.reference_max,
-                 args.one <= args.before_max)
+                 args.one <= args.before_max, args.switch)
         return
     calibrate()
     for n in args.sizes:  # each in a process of its own
         subprocess.run([sys.executable, __file__, "--one", str(n), "--repeats",
                         str(args.repeats), "--reference-max", str(args.reference_max),
-                        "--before-max", str(args.before_max)],
+                        "--before-max", str(args.before_max), "--switch", args.switch],
                        check=True)
     calibrate()
 

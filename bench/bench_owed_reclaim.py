@@ -13,11 +13,18 @@ decision: a team within its quota gets its GPUs within a cycle plus grace).
 
   BENCH owed_reclaim_<running>k_off_cpu       the pass with preemption off, CPU seconds
   BENCH owed_reclaim_<running>k_on_cpu        with preemption on
+  BENCH owed_reclaim_<running>k_before_cpu    with preemption on, every one-GPU claim's
+                                              search building and weighing its levels
+                                              (`preemption._ONE = False`, `--before`)
   BENCH owed_reclaim_<running>k_preemptions   preemptions the pass planned
   BENCH owed_reclaim_<running>k_ms_per_preemption CPU per planned preemption (preemption on)
   BENCH calibration_1M_loop                   the machine's speed now (load beside)
 
-Run: `.venv/bin/python bench/bench_owed_reclaim.py [--running 25000] [--seed 1] [--profile]`
+`--before` runs the pass with `preemption._ONE = False` between the two, in the same
+process, and asserts its plan equals the one with preemption on.
+
+Run: `.venv/bin/python bench/bench_owed_reclaim.py [--running 25000] [--seed 1] [--profile]
+[--before]`
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from _common import bench, note  # noqa: E402  (bench/ is sys.path[0])
 from bench_admission import calibrate  # noqa: E402
 
+from queueing.policy import preemption  # noqa: E402
 from queueing.policy.admission import plan_admissions  # noqa: E402
 from queueing.policy.snapshot import (  # noqa: E402
     NodeState,
@@ -79,21 +87,29 @@ def main() -> None:
     ap.add_argument("--running", type=int, default=25_000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--before", action="store_true")
     args = ap.parse_args()
     calibrate()
     k = f"{args.running // 1000}k"
-    for preempt in (False, True):
+    plans = {}
+    for mode in ("off", "before", "on") if args.before else ("off", "on"):
+        preempt = mode != "off"
         s = world(args.running, args.seed, preempt=preempt)
         prof = cProfile.Profile() if args.profile and preempt else None
-        t = time.process_time()
+        preemption._ONE = mode != "before"
+        t, wall = time.process_time(), time.perf_counter()
         if prof is not None:
             prof.enable()
-        plan = plan_admissions(s)
+        plan = plans[mode] = plan_admissions(s)
         if prof is not None:
             prof.disable()
-        cpu = time.process_time() - t
-        mode = "on" if preempt else "off"
+        cpu, wall = time.process_time() - t, time.perf_counter() - wall
+        preemption._ONE = True
         bench(f"owed_reclaim_{k}_{mode}_cpu", cpu, "s")
+        bench(f"owed_reclaim_{k}_{mode}_wall", wall, "s")
+        note(f"load average {Path('/proc/loadavg').read_text().split()[0]}")
+        if mode == "before":
+            continue
         note(f"preemption {mode}: {len(plan.admissions)} admitted, "
              f"{len(plan.preemptions)} preemptions")
         if preempt:
@@ -103,6 +119,9 @@ def main() -> None:
                       "ms")
         if prof is not None:
             pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(20)
+    if args.before:
+        assert plans["before"] == plans["on"], "the plans differ"
+        note("plans equal with and without `preemption._ONE`")
     calibrate()
 
 

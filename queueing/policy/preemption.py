@@ -9,6 +9,7 @@ exactly as before.
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
@@ -96,6 +97,9 @@ _INDEX = True
 # False: step 2 weighs every node of a packed pool the levels reach for a replica of
 # whole GPUs, the reference the tests hold the bound per node (`_packed_bounds`) to.
 _BOUND = True
+# False: a claim of one whole GPU builds and weighs its levels like any other, the
+# reference the tests hold its search in rule R4's price order (`_one_gpu`) to.
+_ONE = True
 
 
 def _unprotected(ws: Workspace, gpu_type: str, now: datetime,
@@ -195,6 +199,22 @@ def find_victims(
         floor = ws.victim_floor[(gt, now, protect)]
         if floor is None or floor >= job.tier_rank:
             return None
+    if (_ONE and _INDEX and g == 1 and reps == 1 and not cpu and not mem and topo is None
+            and not (cap.packed and pool in cap.packed)
+            and ws.ledger.over_ceiling(team, gt, job.total_gpus) is None
+            and not cap.fits(pool, 1, 1)):
+        one = _one_gpu(ws, _Levels(ws, job, _by_team(ws, gt, now, protect), cluster,
+                                   within_nominal, factor, spared), pool, now, protect)
+        if one is None:
+            return None
+        victim, rule, key = one
+        undo_one = ws.simulate_removal([victim])
+        ok = fits()
+        undo_one()
+        if ok:
+            return _found(ws, job, pool, cluster, cpu, mem, {victim.id: rule},
+                          _minimize(ws, [victim], {victim.id: key}, fits))
+        # else the quota pool refuses it still (rule Q1): the search takes more below
     cands: list[_Cand] | _Levels
     if _INDEX:
         cands = _Levels(ws, job, _by_team(ws, gt, now, protect), cluster, within_nominal,
@@ -215,7 +235,16 @@ def find_victims(
     taken = _take_enough(ws, job, cands, rule_of, fits, pool, cpu, mem)
     if taken is None:
         return None
-    victims = _minimize(ws, taken, key_of, fits)
+    return _found(ws, job, pool, cluster, cpu, mem, rule_of, _minimize(ws, taken, key_of, fits))
+
+
+def _found(ws: Workspace, job: QueuedJob, pool: str, cluster: str, cpu: int, mem: int,
+           rule_of: dict[int, PreemptionRule], victims: list[RunningJob],
+           ) -> tuple[Preemption, Callable[[], None]] | None:
+    """`find_victims`' end: `victims` removed and the job placed, with the undo."""
+    cap = ws.capacity
+    gt, g, reps, team, topo = (job.gpu_type, job.gpus_per_replica, job.replicas, job.team,
+                               job.topology)
     undo_victims = ws.simulate_removal(victims)
     placement = cap.place(pool, g, reps, cpu=cpu, memory=mem, topology=topo)
     if placement is None:  # pragma: no cover - fits() said it does
@@ -569,10 +598,180 @@ class _Levels:
             self.key_of[c[1].id] = c[0]
             yield c
 
+    def team_levels(self) -> Iterator[tuple[int, list[tuple[str, bool]]]]:
+        """The levels `more` would make, each as (nearness, [(team, reclaim allowed by
+        rule Q6's reach)]), without reading their jobs; nearest first."""
+        while self._pending or self._groups:
+            if not self._pending:
+                self._next_group()
+                continue
+            yield self._pending.pop()
+
     def all(self) -> list[_Cand]:
         while self.more():
             pass
         return self.items
+
+
+_Run = tuple[list[tuple[float, int, RunningJob]], list[int]]
+
+
+def _team_runs(ws: Workspace, key: tuple[str, datetime, bool, str],
+               by_team: dict[str, list[tuple[RunningJob, float]]], team: str,
+               ) -> list[tuple[bool, int, _Run]]:
+    """`team`'s jobs of `_by_team` in cluster `key[3]` (rule K7) per (preemptible,
+    tier), each in rule R4's order within it (least work lost, then id), with the index
+    of its first job not removed; made when a search first reads the team and kept on
+    the workspace for the pass (`Workspace.victim_runs`; a restored job moves that
+    index back, `Workspace.simulate_removal`). The work each loses goes to
+    `Workspace.victim_lost`."""
+    runs = ws.victim_runs.setdefault(key, {})
+    got = runs.get(team)
+    if got is None:
+        where, cluster = ws.running_cluster, key[3]
+        lost_of = ws.victim_lost.setdefault(key, {})
+        grouped: dict[tuple[bool, int], list[tuple[float, int, RunningJob]]] = {}
+        for r, lost in by_team.get(team, ()):
+            if where[r.id] == cluster:
+                lost_of[r.id] = lost
+                grouped.setdefault((r.preemptible, r.tier_rank), []).append((lost, r.id, r))
+        got = runs[team] = []
+        marks = ws.victim_marks
+        for (pre, rank), items in grouped.items():
+            items.sort(key=lambda x: (x[0], x[1]))
+            first = [0]
+            got.append((pre, rank, (items, first)))
+            for i, (_, _, r) in enumerate(items):
+                marks.setdefault(r.id, []).append((first, i))
+    return got
+
+
+def _nodes_of(ws: Workspace, gpu_type: str) -> dict[str, list[RunningJob]]:
+    """Per node, the running jobs of `gpu_type` on it (`Workspace.victim_nodes`)."""
+    got = ws.victim_nodes.get(gpu_type)
+    if got is None:
+        got = ws.victim_nodes[gpu_type] = {}
+        for r in ws.running_by_type.get(gpu_type, ()):
+            for name in dict.fromkeys(r.nodes):
+                got.setdefault(name, []).append(r)
+    return got
+
+
+def _one_gpu(ws: Workspace, levels: _Levels, pool: str, now: datetime,
+             protect: bool) -> tuple[RunningJob, PreemptionRule, _Key] | None:
+    """Steps 2 and 3 of `find_victims` for a claim of one replica of one whole GPU
+    (no CPU, memory or topology asked, not over its ceiling, no free GPU in `pool`):
+    its victim, that victim's rule and key, or None when no node can make room.
+
+    On a node with no free GPU, any one candidate makes room, so each node's way is its
+    first candidate in rule R4's order and its price (`_cost`) that candidate's: the
+    search keeps the first candidate, in the order of the price (nearness, tier, work
+    lost, then the key), that is the first candidate by key of a node of `pool` that
+    can hold the replica emptied, the node of least name among such. Level by level
+    of rule Q6 (`_Levels`): a node with a candidate of a nearer level made room there.
+    The candidates are read in that order from the type's running jobs kept per (team,
+    preemptible, tier) sorted for the pass (`_team_runs`), merged over the level's teams:
+    the search reads the few cheapest instead of every candidate of the fleet. The same
+    victim as `_take_per_replica_by_level` and `_minimize` find."""
+    job, cap = levels.job, ws.capacity
+    own, tier, within = job.team, job.tier_rank, levels.within
+    key_runs = (job.gpu_type, now, protect, levels.cluster)
+    on_node = _nodes_of(ws, job.gpu_type)
+    removed, spared, where = ws.removed, levels.spared, ws.running_cluster
+    cluster, node_pool = levels.cluster, cap.node_pool
+    by_team = levels.by_team
+    lost_of = ws.victim_lost.setdefault(key_runs, {})
+    priority, reclaim = PreemptionRule.PRIORITY, levels.reclaim
+    for nearness, teams in levels.team_levels():
+        # Per team of the level: (may it be reclaimed from, its F for the key).
+        info: dict[str, tuple[bool, float]] = {}
+        heads: list[tuple[int, float, float, int, int, int]] = []
+        sources: list[tuple[_Run, PreemptionRule, float]] = []
+        for t, reach_ok in teams:
+            runs = _team_runs(ws, key_runs, by_team, t)
+            if t == own:
+                info[t] = (False, 0.0)
+                picks = [(run, rank, priority, 0.0) for pre, rank, run in runs
+                         if pre and rank < tier]
+            else:
+                may_reclaim = within and reach_ok
+                f = levels.factor(t) if may_reclaim else 0.0
+                info[t] = (may_reclaim, f)
+                picks = []
+                for pre, rank, run in runs:
+                    if not pre:
+                        if may_reclaim:
+                            picks.append((run, rank, reclaim, f))
+                    elif rank < tier:
+                        picks.append((run, rank, priority, 0.0))
+                    elif may_reclaim and rank == tier:
+                        picks.append((run, rank, reclaim, f))
+            for run, rank, rule, f in picks:
+                sources.append((run, rule, f))
+                i = _first_in(run, removed, spared)
+                if i < len(run[0]):
+                    lost, rid, _ = run[0][i]
+                    heads.append((rank, lost, f, rid, len(sources) - 1, i))
+        heapq.heapify(heads)
+
+        while heads:
+            rank, lost, f, rid, k, at = heapq.heappop(heads)
+            run, rule, _ = sources[k]
+            r = ws.running_by_id[rid]
+            near = 0 if r.team == own else nearness
+            key: _Key = (near, rank, f, lost, rid)
+            for name in sorted(dict.fromkeys(r.nodes)):
+                if node_pool.get(name) != pool or cap.empty_node_slots(name, 1, 0, 0) < 1:
+                    continue
+                if all(o is r or o.id in removed or o.id in spared or where[o.id] != cluster
+                       or (ko := _level_key(o, nearness, info, own, tier, lost_of)) is None
+                       or ko > key for o in on_node.get(name, ())):
+                    return r, rule, key
+            i = _first_in(run, removed, spared, at + 1)
+            if i < len(run[0]):
+                lost, rid, _ = run[0][i]
+                heapq.heappush(heads, (rank, lost, f, rid, k, i))
+    return None
+
+
+def _level_key(r: RunningJob, nearness: int, info: dict[str, tuple[bool, float]],
+               own: str, tier: int, lost_of: dict[int, float]) -> _Key | None:
+    """`_Levels._level`'s key of `r` (not removed, spared or of another cluster) as a
+    candidate of the level of `nearness` whose teams `info` holds (whether each may be
+    reclaimed from, its F), for a claim of team `own` and tier `tier`; None when it is
+    none."""
+    got = info.get(r.team)
+    lost = lost_of.get(r.id)
+    if got is None or lost is None:
+        return None
+    if r.team == own:
+        return (0, r.tier_rank, 0.0, lost, r.id) if r.preemptible and r.tier_rank < tier \
+            else None
+    may_reclaim, f = got
+    if not r.preemptible:
+        return (nearness, r.tier_rank, f, lost, r.id) if may_reclaim else None
+    if r.tier_rank < tier:
+        return (nearness, r.tier_rank, 0.0, lost, r.id)
+    if may_reclaim and r.tier_rank == tier:
+        return (nearness, r.tier_rank, f, lost, r.id)
+    return None
+
+
+def _first_in(run: _Run, removed: Collection[int], spared: Collection[int],
+              start: int | None = None) -> int:
+    """The index of `run`'s first job from `start` (from its first not removed when
+    None) neither removed nor spared; moves that first-not-removed index on."""
+    items, first = run
+    i = first[0]
+    if start is None:
+        while i < len(items) and items[i][1] in removed:
+            i += 1
+        first[0] = i
+    else:
+        i = max(i, start)
+    while i < len(items) and (items[i][1] in removed or items[i][1] in spared):
+        i += 1
+    return i
 
 
 def _take_per_replica_by_level(ws: Workspace, levels: _Levels,

@@ -927,6 +927,19 @@ class Workspace:
         self.victim_gpus: dict[
             str, dict[str, list[tuple[list[tuple[RunningJob, int]], int]]]] = {}
         self.victim_given: dict[tuple[int, str], list[tuple[int, int]]] = {}
+        # A one-GPU claim's search (`preemption._team_runs`): per (GPU type, now, rule
+        # R3 applies, cluster), per team read, per (preemptible, tier), the unprotected running jobs
+        # in rule R4's order with the first one not removed (`[index]`); per running job
+        # those first-ones it is in with its index, so a restored job moves them back.
+        self.victim_runs: dict[tuple[str, datetime, bool, str],
+                               dict[str, list[tuple[bool, int, tuple[
+                                   list[tuple[float, int, RunningJob]], list[int]]]]]] = {}
+        self.victim_marks: dict[int, list[tuple[list[int], int]]] = {}
+        # Per entry of `victim_runs`: the work each job of its teams made would lose
+        # (rule R4).
+        self.victim_lost: dict[tuple[str, datetime, bool, str], dict[int, float]] = {}
+        # Per node of a GPU type the victim search read, its running jobs.
+        self.victim_nodes: dict[str, dict[str, list[RunningJob]]] = {}
         # The lowest tier among each (team, type)'s preemptible jobs: a job over its own
         # team's ceiling can only make room by preempting those (rules Q1, R1).
         self.lowest_tier: dict[tuple[str, str], int] = {}
@@ -977,6 +990,8 @@ class Workspace:
                               if n in cap.spg)
             done.append((job, self._free_nodes_of(job)))
 
+        marks = self.victim_marks
+
         def undo() -> None:
             for job, given in reversed(done):
                 for name, delta, cpu, memory in given:
@@ -985,6 +1000,9 @@ class Workspace:
                 self.ledger.add(job.team, job.gpu_type, job.total_gpus)
                 self.ledger.move_running(job.team, job.gpu_type, job.total_gpus)
                 self.removed.discard(job.id)
+                for first, at in marks.get(job.id, ()):
+                    if at < first[0]:
+                        first[0] = at  # `preemption._one_gpu` reads from it again
             for name, gf in reversed(before):
                 cap.set_gpu_free(name, gf)
 

@@ -392,3 +392,69 @@ def test_rule_h6_a_gpu_holding_a_job_it_may_not_take_bounds_no_node() -> None:
         assert preemption._packed_bounds(ws, levels, SLICED, S) == want
     found = find_victims(ws, s.queued[0], now=NOW, factor=lambda _t: 1.0, protect=False)
     assert found is not None and [v.job_id for v in found[0].victims] == [3, 4]
+
+
+def _one_gpu_world(rnd: random.Random) -> Snapshot:
+    """`world` with most claims of one whole GPU (`preemption._one_gpu`), some of them
+    of a team's full node pool (no free GPU)."""
+    s = world(rnd)
+    queued = tuple(
+        replace(q, gpu_type=WHOLE, gpus_per_replica=1, replicas=1, cpu_millicores=None)
+        if rnd.random() < 0.8 else q for q in s.queued)
+    return replace(s, queued=queued)
+
+
+def _one_searches(s: Snapshot, rnd: random.Random, *, one: bool, index: bool = True
+                  ) -> list[tuple[object, set[int]]]:
+    """Every queued job's search in turn on one workspace (some undone), with the
+    `_ONE` and `_INDEX` switches given; what each found and the victims removed."""
+    preemption._ONE, preemption._INDEX = one, index
+    try:
+        ws, out = Workspace(s), []
+        kept: list[Any] = []  # the undos of the searches kept, last on top
+        for job in s.queued:
+            protect = rnd.random() < 0.5  # False: an owed claim (rule R11)
+            spared = frozenset(r.id for r in s.running if rnd.random() < 0.1) \
+                if rnd.random() < 0.3 else frozenset()
+            found = find_victims(ws, job, now=s.now, factor=lambda t: 1.0 + len(t) % 3,
+                                 protect=protect, spared=spared)
+            out.append((found and found[0], set(ws.removed)))
+            if found is not None:
+                kept.append(found[1])
+            if kept and rnd.random() < 0.3:
+                # Some of the last searches undone, newest first: their victims, which
+                # later searches read past, are read again by the next ones.
+                for _ in range(rnd.randint(1, len(kept))):
+                    kept.pop()()
+        return out
+    finally:
+        preemption._ONE, preemption._INDEX = True, True
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 2**32))
+def test_rule_r4_a_one_gpu_claims_victim_is_the_one_the_levels_weigh_to(seed: int) -> None:
+    """Steps 2 and 3 for a claim of one whole GPU (`preemption._one_gpu`: the candidates
+    read in rule R4's price order from runs kept for the pass) find what building and
+    weighing the levels finds, and what the reference finds: flat and tree forests,
+    every tier, owed and spared searches, some undone."""
+    s = _one_gpu_world(random.Random(seed))
+    want = _one_searches(s, random.Random(seed), one=False)
+    assert _one_searches(s, random.Random(seed), one=True) == want
+    assert _one_searches(s, random.Random(seed), one=False, index=False) == want
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_rule_r4_plans_with_the_one_gpu_search_are_the_plans_without(
+    rnd: random.Random,
+) -> None:
+    s = _one_gpu_world(rnd)
+    plan = plan_admissions(s)
+    preemption._ONE = False
+    try:
+        want = plan_admissions(s)
+    finally:
+        preemption._ONE = True
+    assert plan == want
+    assert plan.waits.items() == want.waits.items()
