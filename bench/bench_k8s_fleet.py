@@ -26,19 +26,22 @@ own hooks (`_pod_changed`: the kick, the graceful stop's trigger).
   BENCH calibration_1M_loop                    the machine's speed now, load average beside
 
 With `--cycles 0.01,0.1` (one process, slim): the cycle's reads with that share of the
-pods modified (watch events, through the hooks) between two cycles, the statuses kept
-between cycles (`KubernetesBackend.keep_statuses`) alternated with the plain rebuild of
-every status, `--rounds` times; the lowest of each (`--settled`: only the workloads a
-cycle leaves as they are, see `settle`):
+pods modified (watch events, through the hooks) between two cycles, the statuses and
+nodes kept between cycles (`KubernetesBackend.keep_statuses`, `keep_nodes`) alternated
+with the plain rebuild of every status and node, `--rounds` times; the lowest of each
+(`--settled`: only the workloads a cycle leaves as they are, see `settle`):
 
   BENCH k8s_fleet_cycle_plain_<share>_s        statuses(), every status rebuilt
   BENCH k8s_fleet_cycle_kept_first_s           statuses(), kept, its first cycle
   BENCH k8s_fleet_cycle_kept_<share>_s         statuses(), kept, the next cycle
-  BENCH k8s_fleet_cycle_<path>_nodes_<share>_s nodes() after it
+  BENCH k8s_fleet_cycle_kept_nodes_first_s     nodes(), kept, its first cycle
+  BENCH k8s_fleet_cycle_<path>_nodes_<share>_s nodes() after it (plain: every node
+                                               rebuilt; kept: the nodes whose pods moved)
 
 An instance number is a template's round (`i // len(templates)`), so a pod and its Job
 (and a replica's Jobs) share it: every pod belongs to its workload's Jobs as in the
-template world.
+template world. A bound pod is on node number (its own number modulo 5,000), about 30
+a node (before, every pod was on one of the template world's 8 nodes).
 
 Times are the process's CPU time (`time.process_time`), not wall time: the machine is
 shared. Each mode runs in a process of its own (RSS is per process), alternated: full,
@@ -53,6 +56,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -122,8 +126,10 @@ def templates(settled: bool = False) -> tuple[list[str], list[str], list[str]]:
         ann[A_OWNER] = f"{SEAL}{meta['namespace']}/{meta['name']}/{ann[A_SPEC_DIGEST]}{SEAL}"
         jobs.append(json.dumps(obj).replace(name, f"{name}x{MARK}")
                     .replace('"uid": "', f'"uid": "{MARK}-'))
-    for obj in w.pods:
+    for j, obj in enumerate(w.pods):
         name = obj["metadata"]["labels"]["fairq.io/workload"]
+        if obj["spec"].get("nodeName"):  # spread over the fleet's nodes (`instance`)
+            obj["spec"]["nodeName"] = f"gpu-@@P{j}:{len(w.pods)}@@"
         pods.append(json.dumps(obj).replace(name, f"{name}x{MARK}")
                     .replace('"uid": "', f'"uid": "{MARK}-'))
     import random
@@ -151,8 +157,13 @@ class _Resp:
 
 
 def instance(text: str, i: int) -> str:
-    """Template `text` as object number `i` (a Job's owner seal made for its name)."""
+    """Template `text` as object number `i` (a Job's owner seal made for its name; a
+    bound pod on node number its own number modulo the nodes: ~30 pods a node at
+    150,000)."""
     text = text.replace(MARK, str(i))
+    if "@@P" in text:
+        text = re.sub(r"@@P(\d+):(\d+)@@",
+                      lambda m: str((i * int(m[2]) + int(m[1])) % NODES), text)
     if SEAL not in text:
         return text
     from queueing.backends.k8s_manifest import owner_seal
@@ -218,10 +229,11 @@ def cycles(backend: Any, pod_t: list[str], pods: int, shares: list[float],
             changed = max(1, int(pods * share))
             label = f"{share * 100:g}pct"
             for path in ("plain", "kept"):
-                backend.keep_statuses = path == "kept"
+                backend.keep_statuses = backend.keep_nodes = path == "kept"
                 if path == "kept":
                     now += timedelta(seconds=3)
                     timed("kept_first", backend.statuses, now=now)
+                    timed("kept_nodes_first", backend.nodes)
                 version += 1
                 modify(backend, pod_t, ((start + k) % pods for k in range(changed)),
                        str(version))
@@ -234,12 +246,16 @@ def cycles(backend: Any, pod_t: list[str], pods: int, shares: list[float],
                          f"{sum(not e.stable for e in entries)} built again each cycle "
                          f"(time changes them), {len(answer) - len(entries)} others "
                          "(orphan pods, replica 0's Job gone, a replica's Job missing)")
-                timed(f"{path}_nodes_{label}", backend.nodes)
-            backend.keep_statuses = False
+                builds = backend.node_builds
+                nodes = timed(f"{path}_nodes_{label}", backend.nodes)
+                if path == "kept":
+                    note(f"{backend.node_builds - builds} of {len(nodes)} nodes built again")
+            backend.keep_statuses = backend.keep_nodes = False
             same = sorted(answer, key=lambda s: s.name) == \
                 sorted(backend.statuses(now=now), key=lambda s: s.name)
+            same_nodes = nodes == backend.nodes()
             note(f"round {r}, {label}: kept statuses equal to a plain rebuild: {same}; "
-                 f"load {os.getloadavg()[0]:.1f}")
+                 f"kept nodes: {same_nodes}; load {os.getloadavg()[0]:.1f}")
     for what, value in best.items():
         bench(f"k8s_fleet_cycle_{what}_s", value, "s")
 
@@ -301,7 +317,8 @@ def child(mode: str, pods: int, shares: list[float] | None = None, rounds: int =
               backend.events):
         i.synced.set()
     backend._probe_ok_at = time.monotonic() + 3600
-    backend.keep_statuses = False  # the plain rebuild, as this line always measured
+    # The plain rebuilds, as these lines always measured.
+    backend.keep_statuses = backend.keep_nodes = False
     t0 = time.process_time()
     statuses = backend.statuses(now=T0)
     bench(f"k8s_fleet_{mode}_statuses_s", time.process_time() - t0, "s")

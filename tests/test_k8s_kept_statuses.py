@@ -46,18 +46,18 @@ class Cluster:
     def __init__(self, w: Any, backends: list[Any]) -> None:
         self.objects = {"jobs": {key_of(o): o for o in w.jobs},
                         "pods": {key_of(o): o for o in w.pods},
-                        "nodes": {key_of(o): o for o in w.nodes}}
+                        "nodes": {key_of(o): o for o in w.nodes},
+                        "other_pods": {key_of(o): o for o in w.other_pods}}
         self.backends = backends
         self.version = 10**7
         self.events: list[dict[str, Any]] = []
         for backend in backends:
-            for kind in ("jobs", "pods", "nodes"):
+            for kind in ("jobs", "pods", "nodes", "other_pods"):
                 self.relist(backend, kind)
-            backend.other_pods._store = {key_of(o): o for o in w.other_pods}
 
     def informer(self, backend: Any, kind: str) -> Any:
         return {"jobs": backend.jobs, "pods": backend.pods,
-                "nodes": backend.nodes_informer}[kind]
+                "nodes": backend.nodes_informer, "other_pods": backend.other_pods}[kind]
 
     def relist(self, backend: Any, kind: str) -> None:
         informer = self.informer(backend, kind)
@@ -93,6 +93,8 @@ class Cluster:
 
 
 def backend(monkeypatch: pytest.MonkeyPatch, *, keep: bool) -> Any:
+    """A backend with no API server behind it: kept statuses and nodes (`keep`), or both
+    rebuilt every cycle, the reference."""
     from kubernetes import client
 
     from queueing.backends.kubernetes import KubernetesBackend
@@ -100,6 +102,7 @@ def backend(monkeypatch: pytest.MonkeyPatch, *, keep: bool) -> Any:
     b = KubernetesBackend(client.ApiClient(client.Configuration()), owner_key=KEY,
                           gpu_types=GPU_TYPES)
     b.keep_statuses = keep
+    b.keep_nodes = keep
     b.builds = 0
     plain_build = b._workload_status
 

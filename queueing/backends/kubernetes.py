@@ -208,6 +208,35 @@ class _KeptStatus:
             create_errors.get(k, "") == v for k, v in self.errors)
 
 
+class _KeptNodes:
+    """`nodes()` between cycles: each node's answer with the inputs it was built from
+    (the node object, when its pods last changed, fairq's unbound demand on it), each
+    workload's unbound demand ("ns/name" -> node -> GPUs) and their sum per node, and
+    what they were all built under (the GPU types, the spot matches)."""
+
+    __slots__ = ("demand", "entries", "total", "under")
+
+    def __init__(self, under: tuple[Any, ...]) -> None:
+        self.under = under
+        self.entries: dict[str, tuple[Obj, int, int, NodeInfo | None]] = {}
+        self.demand: dict[str, dict[str, int]] = {}
+        self.total: dict[str, int] = {}
+
+    def set_demand(self, key: str, demand: dict[str, int]) -> None:
+        old = self.demand.pop(key, {})
+        if demand:
+            self.demand[key] = demand
+        if old == demand:
+            return
+        for sign, each in ((-1, old), (1, demand)):
+            for node, n in each.items():
+                left = self.total.get(node, 0) + sign * n
+                if left:
+                    self.total[node] = left
+                else:
+                    self.total.pop(node, None)
+
+
 class KubernetesBackend:
     """The protocol's methods (base.ClusterBackend) on a Kubernetes cluster, and what
     they need: the watches, the tracker, the provisioner (for submit's "is the
@@ -226,6 +255,15 @@ class KubernetesBackend:
     # cycles"); False: every status rebuilt from the watch cache each cycle, the
     # reference (tests/test_k8s_kept_statuses.py holds the two equal).
     keep_statuses: bool = True
+    # `nodes()` kept between cycles (`_KeptNodes`): a node's NodeInfo is built again only
+    # when its object, the pods bound to it or fairq's unbound demand on it moved (the
+    # watch hooks keep the pods by node and mark the workloads whose demand may have
+    # moved); False: every node rebuilt from the watch cache each cycle, the reference
+    # (tests/test_k8s_kept_nodes.py holds the two equal; docs/performance.md, "Nodes
+    # kept between cycles, and Job creation again").
+    keep_nodes: bool = True
+    # How many NodeInfos the kept path built (tests and the bench read it).
+    node_builds: int = 0
 
     def __init__(
         self,
@@ -361,7 +399,7 @@ class KubernetesBackend:
             lambda: (*self.team_namespaces(), *self.other_pod_namespaces),
             label_selector=f"{MANAGED_BY}!=fairq",
             field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
-            transform=slim_pod)
+            on_change=self._other_pod_changed, transform=slim_pod)
         self.nodes_informer = Informer("nodes", self.core.list_node, **timing,
                                        on_change=self._node_changed, transform=slim_node)
         self._informers = (self.jobs, self.pods, self.other_pods, self.nodes_informer)
@@ -379,6 +417,16 @@ class KubernetesBackend:
         self._changed_lock = threading.Lock()
         self._kept_under: tuple[Any, ...] = ()
         self._relists_seen: dict[tuple[str, str], int] = {}
+        # What `nodes()` keeps (under `_changed_lock`, kept by the pod hooks): the
+        # non-terminal pods bound to each node (node -> {(informer, pod key): pod}), when
+        # each node's pods last changed (a count no change repeats), and the workloads
+        # ("ns/name") whose unbound demand an event may have moved since the last kept
+        # cycle.
+        self._on_node: dict[str, dict[tuple[str, str], Obj]] = {}
+        self._node_touched: dict[str, int] = {}
+        self._touches = 0
+        self._demand_marks: set[str] = set()
+        self._nodes_kept: _KeptNodes | None = None
         # The Job controller's FailedCreate events (why a Job has no pods), watched so
         # the cycle never asks per Job. Not waited for: without it (not synced, or not
         # allowed to list events) a Job without pods only shows as waiting, never fails.
@@ -1363,6 +1411,13 @@ class KubernetesBackend:
 
     def nodes(self) -> list[NodeInfo]:
         self.wait_synced()
+        if not self.keep_nodes:
+            self._nodes_kept = None
+            return self._nodes_rebuilt()
+        return self._nodes_kept_path()
+
+    def _nodes_rebuilt(self) -> list[NodeInfo]:
+        """Every node's NodeInfo from the watch cache (the reference of `_nodes_kept_path`)."""
         fairq_pods = self.pods.items()
         unbound: dict[str, int] = defaultdict(int)
         by = self._pods_by_workload()
@@ -1382,6 +1437,76 @@ class KubernetesBackend:
                                   fairq_pods + self.other_pods.items(), self.gpu_types(),
                                   unbound=unbound, spot_labels=self.spot_labels,
                                   spot_tolerations=self.spot_tolerations)]
+
+    def _nodes_kept_path(self) -> list[NodeInfo]:
+        """`nodes()` from what the last cycle built: the unbound demand of the workloads
+        a watch event marked is read again (all of it on the first cycle, or when the
+        GPU types or spot matches changed), and a node is built again only when its
+        object (a relist keeps an unchanged one), its pods' dict (replaced by the pod
+        hooks on every change) or the demand on it moved. The same answer as
+        `_nodes_rebuilt` as of the events the hooks have seen."""
+        gpu_types = tuple(self.gpu_types())
+        under = (gpu_types, self.spot_labels, self.spot_tolerations, self.spot_termination)
+        state = self._nodes_kept
+        first = state is None or state.under != under
+        with self._changed_lock:
+            marks, self._demand_marks = self._demand_marks, set()
+            touched = dict(self._node_touched)
+            if first:
+                grouped = self._grouped()[0]
+            else:
+                groups = self._groups.by_key
+                marked = {k: list(groups[k].values()) if k in groups else [] for k in marks}
+        if first:
+            state = _KeptNodes(under)
+            for job in self.jobs.items():
+                key = key_of(job)
+                if not is_replica_job(job):
+                    state.set_demand(key, unbound_demand(job, grouped.get(key, [])))
+        else:
+            assert state is not None
+            for key, pods in marked.items():
+                held = self.jobs.get(key)
+                state.set_demand(key, {} if held is None or is_replica_job(held)
+                                 else unbound_demand(held, pods))
+        kept, total = state.entries, state.total
+        fresh: dict[str, tuple[Obj, int, int, NodeInfo | None]] = {}
+        stale: list[tuple[str, Obj, int]] = []
+        for node in self.nodes_informer.items():
+            name = key_of(node)
+            demand = total.get(name, 0)
+            entry = kept.get(name)
+            if entry is None or entry[0] is not node or entry[1] != touched.get(name, 0) or \
+                    entry[2] != demand:
+                stale.append((name, node, demand))
+            else:
+                fresh[name] = entry
+        if stale:
+            with self._changed_lock:
+                bound = [(self._node_touched.get(name, 0),
+                          list((self._on_node.get(name) or {}).values()))
+                         for name, _, _ in stale]
+            for (name, node, demand), (touch, pods) in zip(stale, bound, strict=True):
+                fresh[name] = (node, touch, demand,
+                               self._node_info(node, pods, demand, gpu_types))
+        state.entries = fresh
+        self._nodes_kept = state
+        return [entry[3] for _, entry in sorted(fresh.items()) if entry[3] is not None]
+
+    def _node_info(self, node: Obj, pods: list[Obj], demand: int,
+                   gpu_types: Sequence[GpuTypeRef]) -> NodeInfo | None:
+        """One node's NodeInfo as `_nodes_rebuilt` makes it (None: not offered), from the
+        pods bound to it and fairq's unbound demand on it."""
+        self.node_builds += 1
+        if self._reclaiming(node):
+            return None  # rule K6
+        infos = capacity([node], pods, gpu_types,
+                         unbound={key_of(node): demand} if demand else None,
+                         spot_labels=self.spot_labels, spot_tolerations=self.spot_tolerations)
+        if not infos:
+            return None
+        return replace(infos[0], spot=True) if node_is_spot(node, self.spot_labels) \
+            else infos[0]
 
     def _reclaiming(self, node: Obj) -> bool:
         """A spot node with a termination taint or label (rule K6)."""
@@ -1552,8 +1677,9 @@ class KubernetesBackend:
     def _touched(self, old: Obj | None, new: Obj | None, *, job: bool = False,
                  pod: bool = False) -> None:
         """A watch event changed `old` into `new` (a Job, `job`, or a fairq pod, `pod`:
-        regrouped too): the kept status of its workload ("ns/<fairq.io/workload>", before
-        and after; a Job's own name too) is rebuilt by the next cycle. Marked before the
+        regrouped, and kept by node for `nodes()`, too): the kept status and the unbound
+        demand of its workload ("ns/<fairq.io/workload>", before and after; a Job's own
+        name too) are read again by the next cycle. Marked before the
         kick, so the cycle it starts sees the mark; with the regrouping, under one lock,
         so a cycle's pods and marks are of the same events."""
         keys = set()
@@ -1569,8 +1695,40 @@ class KubernetesBackend:
                 keys.add(f"{namespace}/{meta.get('name')}")
         with self._changed_lock:
             self._changed.update(keys)
+            self._demand_marks.update(keys)
             if pod:
                 self._groups.changed(old, new)
+                self._bound("fairq", old, new)
+
+    def _other_pod_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        """Another workload's pod (its GPUs, CPU and memory count on its node)."""
+        with self._changed_lock:
+            self._bound("other", old, new)
+
+    def _bound(self, tag: str, old: Obj | None, new: Obj | None) -> None:
+        """Keep `_on_node` (under `_changed_lock`): `old` off its node, `new` on its own
+        if bound and not terminal (what `capacity` counts); `tag` names the informer.
+        Each node whose pods changed is stamped with a new count (`_node_touched`)."""
+        for obj, add in ((old, False), (new, True)):
+            if obj is None:
+                continue
+            node = (obj.get("spec") or {}).get("nodeName")
+            if not node or (add and pod_is_terminal(obj)):
+                continue
+            key = (tag, key_of(obj))
+            group = self._on_node.get(node)
+            if add:
+                if group is None:
+                    group = self._on_node[node] = {}
+                group[key] = obj
+            elif group is not None and key in group:
+                del group[key]
+                if not group:
+                    del self._on_node[node]
+            else:
+                continue
+            self._touches += 1
+            self._node_touched[node] = self._touches
 
     def _node_changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         # Capacity is read from the cache each cycle; a node that appears, leaves or
