@@ -15,6 +15,14 @@ round times, alternately in one process:
   BENCH plan_publish_quiet_<n>_before_p50 / _cpu_p50   seconds (wall / CPU of the process)
   BENCH plan_publish_quiet_<n>_after_p50 / _cpu_p50
   BENCH plan_publish_mark_<n>_p50                     seconds of the mark alone
+And the step itself, the plan read per job or per class (docs/performance.md, "The
+published plan read per class"): `queue_plan_publish(mark=None)` with
+`queue_plan._PER_CLASS_READ` off (a `Wait` per job, the order's ids made) and on,
+alternately, the plan put back as the pass left it (waits in bulk, order as indices)
+before each:
+  BENCH plan_publish_read_<n>_per_job_p50 / _cpu_p50   seconds (wall / CPU)
+  BENCH plan_publish_read_<n>_per_class_p50 / _cpu_p50
+`--read-only` times only that.
 The machine is shared: read the figures beside calibration_1M_loop and the load average.
 Run: `REDIS_URL=redis://127.0.0.1:6379/N .venv/bin/python bench/bench_plan_publish.py`.
 """
@@ -22,11 +30,13 @@ Run: `REDIS_URL=redis://127.0.0.1:6379/N .venv/bin/python bench/bench_plan_publi
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -37,6 +47,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--queued", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--read-only", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
     import django
@@ -58,6 +69,9 @@ def main() -> None:
     plan = plan_admissions(snapshot)
     note(f"world: {len(snapshot.queued)} queued, {len(snapshot.running)} running, "
          f"{len(snapshot.nodes)} nodes; plan made")
+    read_per_class(qp, snapshot, plan, n, args.rounds)
+    if args.read_only:
+        return
     sides: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
     marks: list[float] = []
     qp.queue_plan_publish(snapshot=snapshot, plan=plan, admitted=(), unprovisioned=(),
@@ -88,6 +102,43 @@ def main() -> None:
         bench(f"plan_publish_quiet_{n}_{side}_cpu_p50",
               statistics.median(r[1] for r in rows), "s")
     bench(f"plan_publish_mark_{n}_p50", statistics.median(marks), "s")
+
+
+def read_per_class(qp: Any, snapshot: Any, plan: Any, n: int, rounds: int) -> None:
+    """Step 6 with the plan read per job, then per class, alternately; the plan's lazy
+    state (waits in bulk, order as indices) put back before each, as a cycle has it."""
+    waits, order = plan.waits, plan.order
+    kept_waits = (waits._raw, waits.bulk, waits.bulk_held, waits.segments)
+    kept_order = (getattr(order, "_indices", None), getattr(order, "_ids", None),
+                  getattr(order, "_tuple", None))
+    note(f"waits in bulk: {len(waits.bulk)}, raw: {len(waits._raw)}")
+
+    def as_the_pass_left_it() -> None:
+        waits._raw, waits.bulk, waits.bulk_held, waits.segments = kept_waits
+        if hasattr(order, "_tuple"):
+            order._indices, order._ids, order._tuple = kept_order
+
+    sides: dict[str, list[tuple[float, float]]] = {"per_job": [], "per_class": []}
+    columns: dict[str, Any] = {}
+    for _ in range(rounds):
+        for side in ("per_job", "per_class"):
+            as_the_pass_left_it()
+            qp._PER_CLASS_READ = side == "per_class"
+            gc.collect()
+            w, c = time.perf_counter(), time.process_time()
+            published = qp.queue_plan_publish(snapshot=snapshot, plan=plan, admitted=(),
+                                              unprovisioned=())
+            sides[side].append((time.perf_counter() - w, time.process_time() - c))
+            columns[side] = (published.ids, published.code_ix, published.message_ix,
+                             published.messages, published.until_ix)
+        assert columns["per_job"] == columns["per_class"]
+        with open("/proc/loadavg") as f:
+            note(f"load {f.read().strip()}")
+    qp._PER_CLASS_READ = True
+    for side, rows in sides.items():
+        bench(f"plan_publish_read_{n}_{side}_p50", statistics.median(r[0] for r in rows), "s")
+        bench(f"plan_publish_read_{n}_{side}_cpu_p50",
+              statistics.median(r[1] for r in rows), "s")
 
 
 if __name__ == "__main__":

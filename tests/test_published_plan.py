@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pickle
 import random
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 from unittest import mock
 
@@ -17,6 +17,7 @@ from django.utils import timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from queueing.policy import admission
 from queueing.policy.admission import plan_admissions
 from queueing.policy.explain import PlanEntry
 from queueing.policy.snapshot import Snapshot
@@ -25,6 +26,7 @@ from queueing.services import scheduler
 from queueing.services.scheduler import scheduler_cycle
 
 from .conftest import World, job_body
+from .policy import test_fleet_fast_paths, test_plan_fast_paths
 from .policy.test_plan_properties import TEAMS, snapshots
 
 
@@ -72,6 +74,51 @@ def test_rule_p3_the_published_plan_answers_as_the_plan_entries(s: Snapshot, see
         for team in (None, *TEAMS, "nobody"):
             assert got.team_order(team) == reference.team_order_reference(team)
             assert got.team_order(team, 2) == reference.team_order_reference(team)[:2]
+
+
+def _columns(p: qp.PublishedPlan) -> dict[str, Any]:
+    return {f.name: getattr(p, f.name) for f in fields(p) if f.name not in ("generation",
+                                                                            "made_at")}
+
+
+@given(st.one_of(test_fleet_fast_paths.big_classes(), test_fleet_fast_paths.fleets(),
+                 test_plan_fast_paths.long_queues(), snapshots()),
+       st.integers(0, 2**32), st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_rule_p3_the_plan_read_per_class_is_the_plan_read_per_job(
+        s: Snapshot, seed: int, lazy: bool) -> None:
+    """The published plan read per class (`_PER_CLASS_READ`: the waits put in words once
+    per distinct raw entry and wording, the bulk and the order not expanded) against a
+    `Wait` read per job, column by column, with the plan expanded only where read
+    (`admission._EXPANDED_ON_READ`) on and off; some jobs of several GPU types (rule
+    G5), some with other runtimes (rule A9's words), jobs admitted left out, jobs
+    unprovisioned, and a snapshot that lost some planned jobs and gained one the plan
+    never saw."""
+    rnd = random.Random(seed)
+    s = _several_types(s, rnd) if rnd.random() < 0.3 else s
+    s = replace(s, queued=tuple(replace(q, max_runtime_seconds=rnd.choice((None, 600, 60)))
+                                if rnd.random() < 0.2 else q for q in s.queued))
+    types = sorted({n.gpu_type for n in s.nodes}) or ["h100"]
+    unprovisioned = [(90_000 + i, rnd.choice(TEAMS), rnd.choice(types))
+                     for i in range(rnd.randint(0, 2))]
+    drift = rnd.random() < 0.3
+    with mock.patch.object(admission, "_EXPANDED_ON_READ", lazy):
+        plans = [plan_admissions(s) for _ in range(2)]
+    admitted = sorted(a.job_id for a in plans[0].admissions)
+    leave_out = set(rnd.sample(admitted, rnd.randint(0, len(admitted))))
+    read = s
+    if drift and s.queued:
+        kept = [q for q in s.queued if rnd.random() < 0.9]
+        read = replace(s, queued=(*kept, replace(s.queued[0], id=80_000)))
+    got = []
+    for per_class, plan in zip((True, False), plans, strict=True):
+        bulk = len(plan.waits.bulk)
+        with mock.patch.object(qp, "_PER_CLASS_READ", per_class):
+            got.append(_columns(qp.published_plan_of(read, plan, leave_out=leave_out,
+                                                      unprovisioned=unprovisioned)))
+        if per_class and not drift:  # nothing expanded by the read per class
+            assert len(plan.waits.bulk) == bulk
+    assert got[0] == got[1]
 
 
 def _submit(world: World, rnd: random.Random, n: int) -> list[int]:

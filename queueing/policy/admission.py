@@ -87,6 +87,14 @@ class Order(Sequence[int]):
             self._indices = self._ids = None
         return self._tuple
 
+    def read(self) -> tuple[Sequence[int], Sequence[int]]:
+        """(the indices in rule O1's order, the job id per index), without making the
+        tuple of ids (`Waits.words` reads the waits by them)."""
+        if self._tuple is not None:
+            return range(len(self._tuple)), self._tuple
+        assert self._indices is not None and self._ids is not None
+        return self._indices, self._ids
+
     def __getitem__(self, i: Any) -> Any:
         return self.ids()[i]
 

@@ -39,7 +39,7 @@ import time
 import uuid
 from array import array
 from bisect import bisect_left
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -50,9 +50,10 @@ from django.db.models import QuerySet
 
 from accounts.models import Team
 from queueing.models import GpuType, Job
-from queueing.policy.admission import Plan, plan_admissions
+from queueing.policy.admission import Order, Plan, plan_admissions
 from queueing.policy.explain import PlanEntry, explain_queue, explain_queued
 from queueing.policy.snapshot import FlavorFallback, QueuedJob, Snapshot
+from queueing.policy.stages.waits import WaitReason, Waits
 from queueing.policy.states import JobState
 
 from .cluster import cluster_view
@@ -260,6 +261,63 @@ class _Interned:
         return i
 
 
+# True: `published_plan_of` reads the plan's waits per class (`_in_order_per_class`);
+# False: a `Wait` per job (`_in_order`, the reference, held to it by
+# tests/test_published_plan.py).
+_PER_CLASS_READ = True
+_Words = tuple[WaitReason, str, datetime | None]
+
+
+def _in_order(snapshot: Snapshot, plan: Plan) -> Iterator[tuple[QueuedJob, _Words | None]]:
+    """`snapshot`'s queued jobs in the order the pass used (rules P2, F6), then those it
+    did not order, each with its wait (reason, message, until; None: none), one `Wait`
+    read per job."""
+    by_id = {q.id: q for q in snapshot.queued}
+    order = [by_id[i] for i in plan.order if i in by_id]
+    seen = {q.id for q in order}
+    order += [q for q in snapshot.queued if q.id not in seen]
+    waits = plan.waits
+    for job in order:
+        w = waits.get(job.id)
+        yield job, None if w is None else (w.reason, w.message, w.until)
+
+
+def _in_order_per_class(snapshot: Snapshot, plan: Plan
+                        ) -> Iterator[tuple[QueuedJob, _Words | None]]:
+    """`_in_order` without a `Wait` per job or the order's tuple of ids: the order read
+    as the pass kept it (`Order.read`) and the waits put in words once per class
+    (`Waits.words`, whose bulk is not expanded)."""
+    by_id = {q.id: q for q in snapshot.queued}
+    order = plan.order
+    if isinstance(order, Order):
+        indices, ids = order.read()
+    else:
+        indices, ids = range(len(order)), order
+    waits = plan.waits
+    get = by_id.get
+    found = 0
+    if isinstance(waits, Waits):
+        for index, w in zip(indices, waits.words(indices, ids), strict=True):
+            job = get(ids[index])
+            if job is not None:
+                found += 1
+                yield job, w
+    else:
+        for index in indices:
+            job = get(ids[index])
+            if job is not None:
+                found += 1
+                x = waits.get(job.id)
+                yield job, None if x is None else (x.reason, x.message, x.until)
+    if found == len(by_id):
+        return
+    seen = {ids[index] for index in indices}
+    for job in snapshot.queued:
+        if job.id not in seen:
+            x = waits.get(job.id)
+            yield job, None if x is None else (x.reason, x.message, x.until)
+
+
 def published_plan_of(snapshot: Snapshot, plan: Plan, *, leave_out: Collection[int] = (),
                       unprovisioned: Iterable[tuple[int, str, str]] = ()) -> PublishedPlan:
     """The compact plan of `snapshot`'s queue as `plan` decided it: the order the pass used
@@ -269,12 +327,7 @@ def published_plan_of(snapshot: Snapshot, plan: Plan, *, leave_out: Collection[i
     provisioned (`unprovisioned`: id, team, GPU type, oldest first). The same answers as
     `_plan_compute`'s on that snapshot, column by column."""
     left_out = set(leave_out)
-    by_id = {q.id: q for q in snapshot.queued}
-    order = [by_id[i] for i in plan.order if i in by_id]
-    seen = {q.id for q in order}
-    order += [q for q in snapshot.queued if q.id not in seen]
     admitted = {a.job_id for a in plan.admissions}
-    waits = plan.waits
     teams, types, codes, messages, untils = (_Interned() for _ in range(5))
     codes("")
     messages("")
@@ -282,7 +335,7 @@ def published_plan_of(snapshot: Snapshot, plan: Plan, *, leave_out: Collection[i
     team_ix, type_ix, code_ix, message_ix, until_ix = (array("i") for _ in range(5))
     same: dict[str, int] = {}
     sets: dict[tuple[str, ...], int] = {}
-    for job in order:
+    for job, w in (_in_order_per_class if _PER_CLASS_READ else _in_order)(snapshot, plan):
         if job.id in left_out:
             continue
         kinds = job.accepted_types
@@ -297,17 +350,16 @@ def published_plan_of(snapshot: Snapshot, plan: Plan, *, leave_out: Collection[i
         ids.append(job.id)
         team_ix.append(teams(job.team))
         type_ix.append(types(job.gpu_type))
-        w = waits.get(job.id)
         if job.id in admitted:
             code_ix.append(codes("next_cycle"))
             message_ix.append(0)
         elif w is not None:
-            code_ix.append(codes(str(w.reason)))
-            message_ix.append(messages(w.message or str(w.reason)))
+            code_ix.append(codes(str(w[0])))
+            message_ix.append(messages(w[1] or str(w[0])))
         else:
             code_ix.append(0)
             message_ix.append(0)
-        until_ix.append(untils(w.until) if w is not None and w.until is not None else -1)
+        until_ix.append(untils(w[2]) if w is not None and w[2] is not None else -1)
     for job_id, team, gpu_type in unprovisioned:
         ids.append(job_id)
         ahead_same.append(0)

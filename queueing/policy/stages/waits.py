@@ -4,10 +4,12 @@ wait)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
+from operator import attrgetter
+from typing import Any
 
 from queueing.policy.snapshot import QueuedJob
 
@@ -146,6 +148,47 @@ class Waits(Mapping[int, Wait]):
         new.update(zip(keys[done:], values[done:], strict=True))
         self._raw = new
         self.bulk, self.bulk_held, self.segments = [], [], []
+
+    def words(self, order: Iterable[int], ids: Sequence[int]
+              ) -> Iterator[tuple[WaitReason, str, datetime | None] | None]:
+        """Per index of `order` (indices into `jobs` as the pass met them: `Order.read`),
+        the wait of the job `ids[index]` as (reason, message, until), None when it has
+        none: what `self.get(ids[index])` gives, without expanding the bulk or making a
+        `Wait` per job. A wait that reads nothing of its job but its wording fields (no
+        rule E4 protection, K3 pool, R11 claim or A9 reservation of its own, one GPU
+        type) is put in words once per distinct raw entry and wording."""
+        raw_of, bulk, held_of, jobs = self._raw, self.bulk, self.bulk_held, self.jobs
+        per_type = self.per_type
+        own = {*self.protected, *self.elsewhere, *(j for j, _ in self.owed),
+               *(h for h, _ in self.reservations.values())}
+        said: dict[tuple[Any, ...], tuple[WaitReason, str, datetime | None]] = {}
+        b, nb = 0, len(bulk)
+        for index in order:
+            job_id = ids[index]
+            raw: Wait | Raw | None
+            if b < nb and bulk[b] == index:
+                h = held_of[b]
+                raw = (h[1], index, h[2], h[3])
+                b += 1
+            else:
+                raw = raw_of.get(job_id)
+            if raw is None:
+                yield None
+            elif per_type and job_id in per_type:
+                w = self._several_types(job_id, per_type[job_id])
+                yield w.reason, w.message, w.until
+            elif isinstance(raw, Wait):
+                yield raw.reason, raw.message, raw.until
+            elif job_id in own:
+                w = self._format(job_id, raw, None)
+                yield w.reason, w.message, w.until
+            else:
+                key = (raw[0], raw[2], raw[3], _wording(jobs[raw[1]]))
+                found = said.get(key)
+                if found is None:
+                    w = self._format(job_id, raw, None)
+                    found = said[key] = (w.reason, w.message, w.until)
+                yield found
 
     def causes(self) -> Iterator[tuple[int, str]]:
         """`Plan.wait_causes`, from the raw waits."""
@@ -341,6 +384,12 @@ class Waits(Mapping[int, Wait]):
     def __repr__(self) -> str:
         return f"Waits({dict(self)!r})"
 
+
+# What `Waits._format` reads of a job beside its id: jobs equal in these and in their raw
+# entry (reason, held, ceiling) wait in the same words (`Waits.words`).
+_wording = attrgetter("team", "gpu_type", "gpus_per_replica", "replicas", "topology",
+                      "cpu_millicores", "memory_bytes", "clusters", "spot_ok",
+                      "max_runtime_seconds")
 
 # `Raw`'s last field for a `gang_does_not_fit` of rule A7: no one domain holds the gang.
 IN_ONE_DOMAIN = 1
