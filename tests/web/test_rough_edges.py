@@ -407,7 +407,8 @@ class TestClusterView:
             )
         c = login(world.staff)
         c.get("/cluster/")  # the plan and the caches warm
-        # 26: one of them reads the booked windows of the capacity card (one query
-        # whatever the jobs; docs/reservations.md).
-        with django_assert_max_num_queries(26):
+        # 27: one of them reads the booked windows of the capacity card (one query
+        # whatever the jobs; docs/reservations.md), one the queued GPUs per set of
+        # accepted types (docs/api.md, "Several GPU types").
+        with django_assert_max_num_queries(27):
             assert c.get("/cluster/").status_code == 200
