@@ -149,6 +149,44 @@ def test_the_kept_live_days_are_the_plain_live_part_as_now_moves(world: World) -
     assert rep._PIECES  # the kept path was taken
 
 
+def test_the_first_usage_day_kept_under_the_mark_is_the_plain_minimum(world: World) -> None:
+    """`first_usage_day` (the records up to the roll-up's mark read once per mark) is the
+    plain minimum over every record as records arrive after the mark (some starting
+    earlier than every rolled-up one) and the mark moves."""
+    from django.db.models import Min
+
+    rng = random.Random(3)
+    teams = [world.vision, world.nlp, world.speech]
+    rep._FIRSTS.clear()
+    for _ in range(8):
+        for _ in range(rng.randint(1, 3)):
+            finished_attempt(job=job(team=rng.choice(teams), gpu_type=world.h100,
+                                     tier=world.normal), attempt=1, hours=1,
+                             start=NOW - timedelta(days=rng.randint(2, 300)),
+                             ended="SUCCEEDED")
+        if rng.random() < 0.5:
+            usage_days_roll_up(now=NOW, batch=rng.randint(1, 4))
+        for chosen in ([world.vision], [world.nlp, world.speech], teams, []):
+            least = UsageRecord.objects.filter(team__in=chosen).aggregate(m=Min("start"))["m"]
+            for _ in range(2):  # the second read finds the part up to the mark kept
+                assert rep.first_usage_day(teams=chosen, now=NOW) == (
+                    least.astimezone(UTC).date() if least else None)
+
+
+def test_the_team_select_marks_the_team_asked(world: World) -> None:
+    """Staff's team <select> (its options built once per team list): every team, the
+    one asked selected, none selected without one."""
+    for i in range(3):
+        TeamFactory(slug=f"t{i}")
+    status, body = _staff_page(world, period="day", team="t1")
+    assert status == 200
+    assert '<option value="t1" selected>t1</option>' in body
+    assert '<option value="t0">t0</option>' in body
+    status, plain = _staff_page(world, period="day")
+    assert '<option value="t1">t1</option>' in plain
+    assert body.count(" selected>") == plain.count(" selected>") + 1  # only the team's
+
+
 def _staff_page(world: World, **params: str) -> tuple[int, str]:
     c = Client()
     c.force_login(world.staff)

@@ -413,18 +413,36 @@ def report_summary(*, teams: Iterable[Team], start: date, end: date, period: str
     return out
 
 
+_FIRSTS: dict[tuple[Any, ...], datetime | None] = {}
+_FIRSTS_MAX = 64
+
+
 def first_usage_day(*, teams: Iterable[Team], now: datetime) -> date | None:
     """The first UTC day with GPU time of `teams`: their first usage record's (pruned
     ones included), or the start of an attempt running now when earlier; None without
-    any (three indexed reads)."""
+    any. The records up to the roll-up's mark are read once per mark and process; those
+    after it, the running attempts and the pruned ones' starts per request."""
     team_ids = [t.pk for t in teams]
-    # Each team's first record on its (team, start) index, then the least of them: a
-    # few index probes per team, not a scan of every record (staff: every team).
-    first_record = UsageRecord.objects.filter(team_id=OuterRef("pk")).order_by("start")
-    firsts = [
-        Team.objects.filter(pk__in=team_ids).annotate(
+    mark, rolled_at = UsageRollup.objects.filter(pk=1).values_list(
+        "last_record_id", "updated_at").first() or (0, None)
+    key = (mark, rolled_at, tuple(team_ids))
+    if key in _FIRSTS:
+        up_to_mark = _FIRSTS[key]
+    else:
+        # Each team's first record on its (team, start) index, then the least of them: a
+        # few index probes per team, not a scan of every record (staff: every team).
+        first_record = UsageRecord.objects.filter(
+            team_id=OuterRef("pk"), pk__lte=mark).order_by("start")
+        up_to_mark = Team.objects.filter(pk__in=team_ids).annotate(
             first=Subquery(first_record.values("start")[:1])).aggregate(
-            least=Min("first"))["least"],
+            least=Min("first"))["least"]
+        while len(_FIRSTS) >= _FIRSTS_MAX:
+            _FIRSTS.pop(next(iter(_FIRSTS)))
+        _FIRSTS[key] = up_to_mark
+    firsts = [
+        up_to_mark,
+        UsageRecord.objects.filter(pk__gt=mark, team_id__in=team_ids).aggregate(
+            first=Min("start"))["first"],
         Job.objects.filter(team_id__in=team_ids, status=JobState.RUNNING.value,
                            started_at__lte=now).aggregate(first=Min("started_at"))["first"],
     ]
