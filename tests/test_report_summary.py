@@ -103,6 +103,90 @@ def test_the_kept_report_figures_are_the_plain_sum_of_every_bucket(world: World)
                                              period=period, now=NOW), plain)
 
 
+def test_the_kept_live_days_are_the_plain_live_part_as_now_moves(world: World) -> None:
+    """Over random running attempts (crossing UTC midnights, some with idle minutes,
+    some on spot at their own price) and price changes between reads, read at a `now`
+    that moves by minutes and across midnights: `report_summary` (the live part's
+    finished days kept per process, `_live_kept`) is `report_summary_plain`'s answer."""
+    from queueing.models import AttemptUtilization
+
+    rng = random.Random(11)
+    world.normal.idle_threshold_percent = 10
+    world.normal.save()
+    teams = [world.vision, world.nlp, world.speech]
+    types = [world.h100, world.a100, world.mig]
+    for _ in range(4):
+        UsageRecord.objects.all().delete()
+        cache.clear()
+        rep._KEPT.clear()
+        rep._PIECES.clear()
+        _history(world, rng)
+        usage_days_roll_up(now=NOW, batch=rng.randint(1, 10_000))
+        for _ in range(rng.randint(2, 6)):
+            started = NOW - timedelta(minutes=rng.randint(5, 60 * 24 * 9))
+            j = job(team=rng.choice(teams), gpu_type=rng.choice(types), tier=world.normal,
+                    status="RUNNING", started_at=started, gpus_per_replica=rng.choice([1, 2]))
+            if rng.random() < 0.7:
+                AttemptUtilization.objects.create(
+                    job=j, attempt=1, first_at=started, last_at=started, samples=60,
+                    sm_sum=40.0 * 60, sm_mean=rng.choice([5.0, 40.0]),
+                    sm_p95=50.0, sm_hist={"3": rng.randint(1, 50), "40": 10})
+        now = NOW
+        for _ in range(5):
+            now += timedelta(minutes=rng.choice([1, 7, 60 * 9, 60 * 24 + 3]))
+            if rng.random() < 0.3:
+                gpu_price_set(actor=world.staff, gpu_type=rng.choice(types),
+                              effective_from=(now - timedelta(days=rng.randint(0, 5))).date(),
+                              price_per_gpu_hour=Decimal(rng.choice(["0.7", "1.9", "2.35"])))
+            end = now.date() + timedelta(days=1)
+            for period, start in (("month", date(2026, 8, 1)), ("day", end - timedelta(30))):
+                chosen = rng.sample(teams, rng.randint(1, 3))
+                plain = rep.report_summary_plain(teams=chosen, start=start, end=end,
+                                                 period=period, now=now)
+                for _ in range(2):  # the second read finds the finished days kept
+                    _same(rep.report_summary(teams=chosen, start=start, end=end,
+                                             period=period, now=now), plain)
+    assert rep._PIECES  # the kept path was taken
+
+
+def test_the_first_usage_day_kept_under_the_mark_is_the_plain_minimum(world: World) -> None:
+    """`first_usage_day` (the records up to the roll-up's mark read once per mark) is the
+    plain minimum over every record as records arrive after the mark (some starting
+    earlier than every rolled-up one) and the mark moves."""
+    from django.db.models import Min
+
+    rng = random.Random(3)
+    teams = [world.vision, world.nlp, world.speech]
+    rep._FIRSTS.clear()
+    for _ in range(8):
+        for _ in range(rng.randint(1, 3)):
+            finished_attempt(job=job(team=rng.choice(teams), gpu_type=world.h100,
+                                     tier=world.normal), attempt=1, hours=1,
+                             start=NOW - timedelta(days=rng.randint(2, 300)),
+                             ended="SUCCEEDED")
+        if rng.random() < 0.5:
+            usage_days_roll_up(now=NOW, batch=rng.randint(1, 4))
+        for chosen in ([world.vision], [world.nlp, world.speech], teams, []):
+            least = UsageRecord.objects.filter(team__in=chosen).aggregate(m=Min("start"))["m"]
+            for _ in range(2):  # the second read finds the part up to the mark kept
+                assert rep.first_usage_day(teams=chosen, now=NOW) == (
+                    least.astimezone(UTC).date() if least else None)
+
+
+def test_the_team_select_marks_the_team_asked(world: World) -> None:
+    """Staff's team <select> (its options built once per team list): every team, the
+    one asked selected, none selected without one."""
+    for i in range(3):
+        TeamFactory(slug=f"t{i}")
+    status, body = _staff_page(world, period="day", team="t1")
+    assert status == 200
+    assert '<option value="t1" selected>t1</option>' in body
+    assert '<option value="t0">t0</option>' in body
+    status, plain = _staff_page(world, period="day")
+    assert '<option value="t1">t1</option>' in plain
+    assert body.count(" selected>") == plain.count(" selected>") + 1  # only the team's
+
+
 def _staff_page(world: World, **params: str) -> tuple[int, str]:
     c = Client()
     c.force_login(world.staff)

@@ -161,7 +161,7 @@ def _rolled_up(inp: _Inputs, bucket: Any, *, start: date, end: date, period: str
 
 def _live(inp: _Inputs, bucket: Any, *, start: date, end: date, now: datetime) -> None:
     """What the roll-up does not hold yet into `bucket`'s buckets: the usage records
-    after its mark and the attempts running at `now`."""
+    after its mark and the attempts running at `now`. The reference of `_live_kept`."""
     lo, hi = _midnight(start), _midnight(end)
     for a in attempts(team_ids=inp.team_ids, start=lo, end=hi, now=now,
                       records_after=inp.mark):
@@ -173,6 +173,111 @@ def _live(inp: _Inputs, bucket: Any, *, start: date, end: date, now: datetime) -
             add_hours(last, allocated=h,
                       used=h * a.used_fraction, idle=h * a.idle_fraction,
                       preempted=h if a.preempted else 0.0, price=piece.price, spot=a.spot)
+        if a.lost and last is not None and a.end <= hi:
+            last.lost_gpu_hours += a.lost  # on the preemption's day
+
+
+# The live part's finished days, kept per process. An attempt's pieces (rule C2: cut at
+# UTC midnights and price changes) before today's midnight are fixed while its start,
+# GPUs, team, type and prices are: only the last, open day moves with `now`. Each
+# attempt's pieces up to today's midnight are kept under a key of all of those, grouped
+# by (day's bucket, GPU-hours, price): full days of one price are one group. What moves
+# with `now` or the utilization (the used and idle fractions, rule C3) is applied per
+# request: the used and idle hours as a group's hours × the fraction (to the float
+# rounding of summing them piece by piece), the idle cost exactly as each piece's
+# (`add_hours`: the idle hours' decimal × the price) times the group's pieces.
+_PIECES: dict[tuple[Any, ...], tuple[list[tuple[Any, ...]], date | None]] = {}
+_PIECES_MAX = 60_000  # attempts × ranges kept per process; emptied when full
+_PRICE_IDS: dict[tuple[Any, ...], int] = {}
+
+
+def _price_id(prices: tuple[Any, ...]) -> int:
+    """A small number per price list (a key's part cheaper to hash than the list)."""
+    n = _PRICE_IDS.get(prices)
+    if n is None:
+        if len(_PRICE_IDS) > 10_000:
+            _PRICE_IDS.clear()
+            _PIECES.clear()
+        n = _PRICE_IDS[prices] = len(_PRICE_IDS) + 1
+    return n
+
+
+def _fixed_pieces(a: Any, prices: Any, price_id: int, lo: datetime, hi: datetime,
+                  period: str) -> tuple[list[tuple[Any, ...]], date | None]:
+    """`a`'s pieces in [lo, hi), grouped: [(day, team, type, GPU-hours, price, pieces,
+    GPU-hours summed, cost summed)], and the last piece's day; kept under their key."""
+    key = (a.team_id, a.gpu_type_id, a.gpus, lo, hi, price_id, period)
+    kept = _PIECES.get(key)
+    if kept is not None:
+        return kept
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    day = None
+    for piece in cost_pieces(gpus=a.gpus, start=lo, end=hi, prices=prices):
+        day, h, price = piece.day, piece.gpu_hours, piece.price
+        g = groups.get((day if period == "day" else month_start(day), h, price))
+        if g is None:
+            groups[(day if period == "day" else month_start(day), h, price)] = [
+                day, h, price, 1, h, Decimal(0) if price is None else
+                Decimal(repr(h)) * price]
+        else:
+            g[3] += 1
+            g[4] += h
+            if price is not None:
+                g[5] += Decimal(repr(h)) * price
+    out = ([tuple(g) for g in groups.values()], day)
+    if len(_PIECES) >= _PIECES_MAX:
+        _PIECES.clear()
+    _PIECES[key] = out
+    return out
+
+
+def _live_kept(inp: _Inputs, bucket: Any, *, start: date, end: date, now: datetime) -> None:
+    """`_live`'s figures (GPU-hours to the float rounding of summing a group's pieces at
+    once; amounts exactly): each attempt's days before today's midnight kept
+    (`_fixed_pieces`), only its open day cut and priced per request."""
+    lo, hi = _midnight(start), _midnight(end)
+    today = datetime.combine(now.astimezone(UTC).date(), time(0), tzinfo=UTC)
+    ids: dict[int, int] = {}
+    for a in attempts(team_ids=inp.team_ids, start=lo, end=hi, now=now,
+                      records_after=inp.mark):
+        prices = a.prices(inp.prices)
+        if a.price is not None:
+            price_id = _price_id(("own", a.price))
+        else:
+            price_id = ids.get(a.gpu_type_id) or ids.setdefault(
+                a.gpu_type_id, _price_id(tuple(prices)))
+        s, e = max(a.start, lo), min(a.end, hi)
+        last = None
+        uf, f, preempted, spot = a.used_fraction, a.idle_fraction, a.preempted, a.spot
+        # Rule C2 cuts at every UTC midnight: the pieces of [s, e) are those of [s, m)
+        # and of [m, e), m today's midnight.
+        m = min(max(today, s), e) if s < e else e
+        if s < m:
+            groups, last_day = _fixed_pieces(a, prices, price_id, s, m, inp.period)
+            for day, h, price, n, hours, cost in groups:
+                b = bucket(day, a.team_id, a.gpu_type_id)
+                b.allocated_gpu_hours += hours
+                b.used_gpu_hours += hours * uf
+                b.idle_gpu_hours += hours * f
+                if preempted:
+                    b.preempted_gpu_hours += hours
+                if spot:
+                    b.spot_gpu_hours += hours
+                if price is None:
+                    b.unpriced_gpu_hours += hours
+                    continue
+                b.cost += cost
+                if f:
+                    b.idle_cost += n * (Decimal(repr(h * f)) * price)
+                if spot:
+                    b.spot_cost += cost
+            if last_day is not None:
+                last = bucket(last_day, a.team_id, a.gpu_type_id)
+        for piece in cost_pieces(gpus=a.gpus, start=m, end=e, prices=prices):
+            h = piece.gpu_hours
+            last = bucket(piece.day, a.team_id, a.gpu_type_id)
+            add_hours(last, allocated=h, used=h * uf, idle=h * f,
+                      preempted=h if preempted else 0.0, price=piece.price, spot=spot)
         if a.lost and last is not None and a.end <= hi:
             last.lost_gpu_hours += a.lost  # on the preemption's day
 
@@ -302,24 +407,42 @@ def report_summary(*, teams: Iterable[Team], start: date, end: date, period: str
         _KEPT[key] = kept
     out = kept.copy()
     live: dict[tuple[date, int, int], CostBucket] = {}
-    _live(inp, inp.bucket_in(live), start=start, end=end, now=now)
+    _live_kept(inp, inp.bucket_in(live), start=start, end=end, now=now)
     for b in inp.ordered(live):
         out.add(b)
     return out
 
 
+_FIRSTS: dict[tuple[Any, ...], datetime | None] = {}
+_FIRSTS_MAX = 64
+
+
 def first_usage_day(*, teams: Iterable[Team], now: datetime) -> date | None:
     """The first UTC day with GPU time of `teams`: their first usage record's (pruned
     ones included), or the start of an attempt running now when earlier; None without
-    any (three indexed reads)."""
+    any. The records up to the roll-up's mark are read once per mark and process; those
+    after it, the running attempts and the pruned ones' starts per request."""
     team_ids = [t.pk for t in teams]
-    # Each team's first record on its (team, start) index, then the least of them: a
-    # few index probes per team, not a scan of every record (staff: every team).
-    first_record = UsageRecord.objects.filter(team_id=OuterRef("pk")).order_by("start")
-    firsts = [
-        Team.objects.filter(pk__in=team_ids).annotate(
+    mark, rolled_at = UsageRollup.objects.filter(pk=1).values_list(
+        "last_record_id", "updated_at").first() or (0, None)
+    key = (mark, rolled_at, tuple(team_ids))
+    if key in _FIRSTS:
+        up_to_mark = _FIRSTS[key]
+    else:
+        # Each team's first record on its (team, start) index, then the least of them: a
+        # few index probes per team, not a scan of every record (staff: every team).
+        first_record = UsageRecord.objects.filter(
+            team_id=OuterRef("pk"), pk__lte=mark).order_by("start")
+        up_to_mark = Team.objects.filter(pk__in=team_ids).annotate(
             first=Subquery(first_record.values("start")[:1])).aggregate(
-            least=Min("first"))["least"],
+            least=Min("first"))["least"]
+        while len(_FIRSTS) >= _FIRSTS_MAX:
+            _FIRSTS.pop(next(iter(_FIRSTS)))
+        _FIRSTS[key] = up_to_mark
+    firsts = [
+        up_to_mark,
+        UsageRecord.objects.filter(pk__gt=mark, team_id__in=team_ids).aggregate(
+            first=Min("start"))["first"],
         Job.objects.filter(team_id__in=team_ids, status=JobState.RUNNING.value,
                            started_at__lte=now).aggregate(first=Min("started_at"))["first"],
     ]
