@@ -366,9 +366,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
             replay.replays += 1
         else:
             job = jobs[index]
-            several = len(job.gpu_types) > 1
-            if several and cap.packed and any(gt in cap.packed for gt in job.gpu_types):
-                several = False  # rule H7: its units are its own type's; no other type
+            several = _several(cap, job)
             if not replay.replayed(job, index, several):
                 _through_stages(p, replay, job, index, several)
                 replay.moved()
@@ -415,15 +413,21 @@ def _plan(p: Pass, replay: _Replay, of: list[int], ids: list[int]) -> Plan:
             replays = 0
             fresh = True
             job = jobs[index]
-            several = len(job.gpu_types) > 1
-            if several and cap.packed and any(gt in cap.packed for gt in job.gpu_types):
-                several = False  # rule H7: its units are its own type's; no other type
+            several = _several(cap, job)
             if not replay.replayed(job, index, several):
                 _through_stages(p, replay, job, index, several)
                 replay.moved()
     replay.replays += replays
     waits.bulk, waits.bulk_held = bulk, bulk_held
     return _plan_of(p, Order(seen, ids))
+
+
+def _several(cap: Capacity, job: QueuedJob) -> bool:
+    """Whether `job` is tried on each of its GPU types (rule G5): not when one of them
+    packs slices (rule H7: its units are its own type's; no other type)."""
+    if len(job.gpu_types) <= 1:
+        return False
+    return not (cap.packed and any(gt in cap.packed for gt in job.gpu_types))
 
 
 def _plan_of(p: Pass, order: Sequence[int]) -> Plan:
