@@ -21,13 +21,22 @@ from .conftest import DB_LOCK, login
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
-def test_member_submits_a_job_of_two_gpu_types_and_its_page_names_the_chosen_one(
-        page: Any, world: World, shoot: Callable[[Any, str], Any]) -> None:
-    from playwright.sync_api import expect
-
+def _admit_on_a100(job: Job) -> None:
+    """Admit `job` on an a100 node, as the planner of several types may choose."""
     from queueing.composition import get_backend
     from queueing.policy.admission import Admission, Plan
     from queueing.services.scheduler import apply_plan
+
+    node = next(n.name for n in get_backend().nodes() if n.gpu_type == "a100")
+    with DB_LOCK, transaction.atomic():
+        apply_plan(plan=Plan(admissions=(Admission(job_id=job.pk, team="vision",
+                                                   gpu_type="a100", placement=(node,)),),
+                             waits={}), now=timezone.now())
+
+
+def test_member_submits_a_job_of_two_gpu_types_and_its_page_names_the_chosen_one(
+        page: Any, world: World, shoot: Callable[[Any, str], Any]) -> None:
+    from playwright.sync_api import expect
 
     login(page, "dave")
     page.goto("/jobs/new/")
@@ -55,11 +64,7 @@ def test_member_submits_a_job_of_two_gpu_types_and_its_page_names_the_chosen_one
     shoot(page, "job-detail-gpu-types-queued")
 
     # Admitted on a100 (the plan's choice, as the planner of several types makes it).
-    node = next(n.name for n in get_backend().nodes() if n.gpu_type == "a100")
-    with DB_LOCK, transaction.atomic():
-        apply_plan(plan=Plan(admissions=(Admission(job_id=job.pk, team="vision",
-                                                   gpu_type="a100", placement=(node,)),),
-                             waits={}), now=timezone.now())
+    _admit_on_a100(job)
     page.reload()
     expect(page.locator("#job-gpu-types")).to_contain_text("runs on a100, chosen when admitted")
     expect(page.get_by_text("1 × 4 a100 (4 in all)")).to_be_visible()
@@ -75,10 +80,6 @@ def test_cluster_page_counts_a_job_of_two_types_as_any_of_then_where_it_runs(
     both types as "any of"; admitted on a100, it is held there and under h100 no more."""
     from playwright.sync_api import expect
 
-    from queueing.composition import get_backend
-    from queueing.policy.admission import Admission, Plan
-    from queueing.services.scheduler import apply_plan
-
     with DB_LOCK:
         r = world.client(world.member).post("/api/v1/jobs/", {
             "name": "eval-any", "team": "vision", "image": "ghcr.io/acme/train:1.4",
@@ -92,11 +93,7 @@ def test_cluster_page_counts_a_job_of_two_types_as_any_of_then_where_it_runs(
     for gpu in ("h100", "a100"):
         expect(table.locator("tr", has_text=gpu).first).to_contain_text("4 any of")
     shoot(page, "cluster-capacity-any-of-queued")
-    node = next(n.name for n in get_backend().nodes() if n.gpu_type == "a100")
-    with DB_LOCK, transaction.atomic():
-        apply_plan(plan=Plan(admissions=(Admission(job_id=job.pk, team="vision",
-                                                   gpu_type="a100", placement=(node,)),),
-                             waits={}), now=timezone.now())
+    _admit_on_a100(job)
     page.reload()
     table = page.locator("section[aria-labelledby=ccap-h] table").first
     expect(table.locator("tbody")).not_to_contain_text("any of")
