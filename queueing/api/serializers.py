@@ -254,7 +254,7 @@ def shaped(serializer_class: type[serializers.Serializer[Any]],
     try:
         value: Mapping[str, Any] = shaper(serializer_class).run_validation(data)
     except serializers.ValidationError as exc:
-        detail = exc.detail
+        detail: Any = exc.detail
         if isinstance(detail, list) and len(detail) == 1 and getattr(detail[0], "code", "") == "null":
             # A body of JSON null: what `is_valid()` says of it (Serializer.errors).
             detail = {api_settings.NON_FIELD_ERRORS_KEY: [

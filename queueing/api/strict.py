@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from rest_framework import serializers
 
@@ -78,7 +78,7 @@ class StrictFieldsMixin:
         except serializers.ValidationError as exc:
             if not refused or not isinstance(exc.detail, dict):
                 raise
-            detail: dict[str, Any] = dict(exc.detail)
+            detail: dict[str, Any] = dict(cast("Mapping[str, Any]", exc.detail))
             detail.update(refused)
             raise serializers.ValidationError(detail) from None
         if refused:

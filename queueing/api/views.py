@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import django_filters
 from django.db.models import QuerySet
@@ -311,7 +311,7 @@ def _job_fields(request: Request, serializer_class: type[JobCreateSerializer]) -
     except ValidationError as exc:
         if not isinstance(exc.detail, dict):
             raise
-        detail: dict[str, Any] = dict(exc.detail)
+        detail: dict[str, Any] = dict(cast("dict[str, Any]", exc.detail))
         passed = shaped_partly(serializer_class, request.data, refused=detail)
         rules = job_spec_field_problems(
             actor=request.user, **{name: passed.get(name) for name in _RULED_FIELDS})
