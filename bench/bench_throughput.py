@@ -29,9 +29,12 @@ of the apply and of the submit step (`thru_<path>_apply_queries_per_job`,
 
 `--steps N...`: steps 4 and 5 alone, the two paths alternated: the first cycle's plan
 cut to N admissions, applied and rolled back `--repeats` times per path
-(`thru_apply_<n>_<path>_ms_per_job`, `_jobs_per_s`: the best run), then the largest N
-admitted and submitted (`thru_submit_<n>_ms_per_job`, and the simulated cluster's own
-create apart: `_sim_create_ms_per_job`).
+(`thru_apply_<n>_<path>_ms_per_job`, `_jobs_per_s`: the best run), then step 5's two
+paths (`scheduler._BATCHED_SUBMIT`) alternated, `--repeats` times per N, each run on N
+jobs of its own newly admitted (`thru_submit_<n>_<plain|batched>_ms_per_job`, its CPU
+`_cpu_ms_per_job`, and the simulated cluster's own create apart:
+`_sim_create_ms_per_job`): the plan must hold repeats x 2 x sum(N) admissions (`--free`).
+`--submit-only` skips step 4's; PROFILE=1 prints each run's profile.
 
 The calibration loop and the load average are printed first and last. Database:
 $DATABASE_URL (PostgreSQL; its job tables are emptied). Run:
@@ -58,12 +61,14 @@ from _common import bench, note  # noqa: E402  (bench/ is sys.path[0])
 from bench_admission import calibrate, rss_mb  # noqa: E402
 
 PENDING = 50_000
+PROFILE = bool(os.environ.get("PROFILE"))
 SENT = [0, 0]  # webhook messages, events in them
 # Every pod has a memory limit (as the service gives a job at submit): a row without one
 # would have its launch spec read the cluster view, which before the first cycle
 # publishes it reads the simulated cluster at the wall clock's time.
 MEMORY = 64 * 2**30
-STEPS = ("reconcile", "snapshot", "decide", "apply", "submit")
+STEPS = ("reconcile", "snapshot", "decide", "apply", "submit", "submit_stop",
+         "submit_create", "submit_publish")
 
 
 def setup(*, nodes: str, seconds: float, migrate: bool) -> None:
@@ -219,7 +224,7 @@ def set_path(path: str) -> None:
 def run_window(label: str, seconds: float) -> None:
     from queueing.services.scheduler import scheduler_cycle
 
-    admitted = started = finished = cycles = left = 0
+    admitted = started = finished = cycles = left = submitted = 0
     timings: dict[str, list[float]] = {s: [] for s in (*STEPS, "total")}
     low = PENDING * 10
     t0 = time.perf_counter()
@@ -228,6 +233,7 @@ def run_window(label: str, seconds: float) -> None:
         cycles += 1
         admitted += len(r.admitted)
         started += len(r.started)
+        submitted += len(r.submitted)
         finished += len(r.finished)
         left = r.deferred.get("reconcile", 0)
         for s in timings:
@@ -238,6 +244,7 @@ def run_window(label: str, seconds: float) -> None:
     bench(f"thru_{label}_admitted_per_s", admitted / took, "jobs/s")
     bench(f"thru_{label}_started_per_s", started / took, "jobs/s")
     bench(f"thru_{label}_finished_per_s", finished / took, "jobs/s")
+    bench(f"thru_{label}_submitted_per_s", submitted / took, "jobs/s")
     bench(f"thru_{label}_reconcile_left", left, "changes")
     bench(f"thru_{label}_cycle_p50", statistics.median(timings["total"]), "s")
     for s in STEPS:
@@ -289,19 +296,25 @@ def one_cycle_costs(label: str) -> None:
     bench(f"thru_{label}_submit_queries_per_job", submit_q / n, "queries")
     bench(f"thru_{label}_apply_ms_per_job", r.timings["apply"] * 1000 / n, "ms")
     bench(f"thru_{label}_submit_ms_per_job", r.timings["submit"] * 1000 / n, "ms")
+    # Step 5's creates per job it submitted (the line above divides the whole step, the
+    # victims' stops and the publishing after it included, by the jobs admitted).
+    bench(f"thru_{label}_cycle_submitted", len(r.submitted), "jobs")
+    bench(f"thru_{label}_create_ms_per_submitted",
+          r.timings["submit_create"] * 1000 / max(1, len(r.submitted)), "ms")
+    for part in ("submit_stop", "submit_create", "submit_publish"):
+        bench(f"thru_{label}_{part}", r.timings[part], "s")
+    bench(f"thru_{label}_cycle_preempted", len(r.preempted), "jobs")
     bench(f"thru_{label}_cycle_events", events, "events")
 
 
-def steps_ab(sizes: list[int], repeats: int) -> None:
+def steps_ab(sizes: list[int], repeats: int, *, apply: bool = True) -> None:
     """Steps 4 and 5 alone, per admitted job, both paths alternated: the plan of the
     world's first cycle (what fits in the free GPUs) cut to `n` admissions, applied and
-    rolled back `repeats` times per path; then those `n` admitted (batched) and
-    submitted to the simulated cluster (`submit_admitted`, no budget), with the
-    simulated cluster's own `submit` timed apart."""
+    rolled back `repeats` times per path (not with `apply` False); then step 5's two
+    paths alternated (`submit_ab`)."""
     from django.db import transaction
 
     from queueing.composition import get_backend
-    from queueing.models import Job
     from queueing.policy.admission import Plan, plan_admissions
     from queueing.selectors.snapshot import build_snapshot
     from queueing.services import scheduler
@@ -311,7 +324,7 @@ def steps_ab(sizes: list[int], repeats: int) -> None:
     snap = build_snapshot(backend=backend, now=now)
     full = plan_admissions(snap)
     note(f"plan of the first cycle: {len(full.admissions)} admissions")
-    for n in sizes:
+    for n in sizes if apply else ():
         plan = Plan(admissions=full.admissions[:n], waits={})
         took: dict[str, list[float]] = {"reference": [], "batched": []}
         for _ in range(repeats):
@@ -329,33 +342,82 @@ def steps_ab(sizes: list[int], repeats: int) -> None:
             bench(f"thru_apply_{n}_{path}_jobs_per_s", n / best, "jobs/s")
         note(f"apply {n}: " + "; ".join(f"{p} " + ", ".join(f"{x:.2f}" for x in v) + " s"
                                         for p, v in took.items()))
-    n = max(sizes)
-    set_path("batched")
-    with transaction.atomic():
-        scheduler.apply_plan(plan=Plan(admissions=full.admissions[:n], waits={}), now=now,
-                             nodes=snap.nodes)
-    real_submit, spent = backend.submit, [0.0]
+    submit_ab(backend, full, snap.nodes, sizes, repeats, start=0)
+
+
+def submit_ab(backend: object, full: object, nodes: object, sizes: list[int], repeats: int,
+              *, start: int) -> None:
+    """Step 5 alone, its two paths alternated (`scheduler._BATCHED_SUBMIT`): per size and
+    repeat, the next `n` admissions of the first cycle's plan admitted (batched,
+    committed) and submitted to the simulated cluster (`submit_admitted`, no budget);
+    wall and CPU (this process's) per job, the simulated cluster's own create apart.
+    Each run submits jobs of its own, so the plan needs repeats x 2 x sum(sizes)
+    admissions (`--free`)."""
+    import cProfile
+    import pstats
+
+    from django.db import transaction
+
+    from queueing.models import Job
+    from queueing.policy.admission import Plan
+    from queueing.services import scheduler
+
+    real_submit, spent = backend.submit, [0.0]  # type: ignore[attr-defined]
 
     def timed(spec: object, *, now: object) -> None:
         t = time.perf_counter()
         try:
-            real_submit(spec, now=now)  # type: ignore[arg-type]
+            real_submit(spec, now=now)
         finally:
             spent[0] += time.perf_counter() - t
 
-    backend.submit = timed  # type: ignore[method-assign]
-    try:
-        t = time.perf_counter()
-        scheduler.submit_admitted(backend=backend, now=now, result=scheduler.CycleResult())
-        took_submit = time.perf_counter() - t
-    finally:
-        del backend.submit
-    left = Job.objects.filter(status="ADMITTED", submitted_to_backend_at__isnull=True).count()
-    bench(f"thru_submit_{n}_ms_per_job", took_submit * 1000 / n, "ms")
-    bench(f"thru_submit_{n}_sim_create_ms_per_job", spent[0] * 1000 / n, "ms")
-    bench(f"thru_submit_{n}_jobs_per_s", n / took_submit, "jobs/s")
-    note(f"submit {n}: {took_submit:.2f} s, of which the simulated cluster's create "
-         f"{spent[0]:.2f} s; {left} left unsubmitted")
+    admissions = full.admissions  # type: ignore[attr-defined]
+    paths = {"plain": False, "batched": True}
+    got: dict[tuple[int, str], list[tuple[float, float, float]]] = {}
+    now = clock()
+    for r in range(repeats):
+        for n in sizes:
+            order = list(paths) if r % 2 == 0 else list(reversed(paths))
+            for path in order:
+                if start + n > len(admissions):
+                    sys.exit(f"the plan has {len(admissions)} admissions: raise --free")
+                set_path("batched")
+                with transaction.atomic():
+                    scheduler.apply_plan(plan=Plan(admissions=admissions[start:start + n],
+                                                   waits={}), now=now, nodes=nodes)
+                start += n
+                scheduler._BATCHED_SUBMIT = paths[path]
+                spent[0] = 0.0
+                backend.submit = timed  # type: ignore[attr-defined]
+                prof = cProfile.Profile() if PROFILE else None
+                try:
+                    w, c = time.perf_counter(), time.process_time()
+                    if prof:
+                        prof.enable()
+                    result = scheduler.CycleResult()
+                    scheduler.submit_admitted(backend=backend, now=now, result=result)
+                    if prof:
+                        prof.disable()
+                    w, c = time.perf_counter() - w, time.process_time() - c
+                finally:
+                    del backend.submit  # type: ignore[attr-defined]
+                    scheduler._BATCHED_SUBMIT = True
+                left = Job.objects.filter(status="ADMITTED",
+                                          submitted_to_backend_at__isnull=True).count()
+                assert len(result.submitted) == n and not left, (len(result.submitted), left)
+                got.setdefault((n, path), []).append((w, c, spent[0]))
+                note(f"submit {n} {path}: {w:.2f} s wall, {c:.2f} s CPU, of which the "
+                     f"simulated cluster's create {spent[0]:.2f} s; load average "
+                     f"{os.getloadavg()[0]:.1f}")
+                if prof:
+                    pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+    for (n, path), runs in got.items():
+        w, c, sim = min(runs)
+        bench(f"thru_submit_{n}_{path}_ms_per_job", w * 1000 / n, "ms")
+        bench(f"thru_submit_{n}_{path}_cpu_ms_per_job", min(x[1] for x in runs) * 1000 / n,
+              "ms")
+        bench(f"thru_submit_{n}_{path}_sim_create_ms_per_job", sim * 1000 / n, "ms")
+        bench(f"thru_submit_{n}_{path}_jobs_per_s", n / w, "jobs/s")
 
 
 def main() -> None:
@@ -374,6 +436,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, nargs="*", default=None,
                     help="only steps 4 and 5, per job, for these numbers of admissions")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--submit-only", action="store_true",
+                    help="with --steps: step 5 alone (its two paths), not step 4")
     ap.add_argument("--submitter", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--stop-file", default="", help=argparse.SUPPRESS)
     ap.add_argument("--offset", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -396,7 +460,7 @@ def main() -> None:
 
     OFFSET = timezone.now() - start
     if args.steps:
-        steps_ab(args.steps, args.repeats)
+        steps_ab(args.steps, args.repeats, apply=not args.submit_only)
         calibrate()
         return
     note(f"cluster {args.nodes} ({gpus} GPUs), jobs run {args.seconds:.0f} s; "

@@ -88,6 +88,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.core.cache import cache
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from accounts.models import Team
@@ -222,6 +223,9 @@ class CycleResult:
     # Workload names the cluster listed in step 1 (rule R8 reads it).
     workloads: set[str] = field(default_factory=set)
     submit_errors: dict[int, str] = field(default_factory=dict)
+    # Jobs step 5 created a workload for (or found one of) and marked submitted (the
+    # mark's compare-and-swap skips one that moved on meanwhile).
+    submitted: list[int] = field(default_factory=list)
     # Jobs an unexpected exception was isolated for (job id -> exception type); each was
     # failed with a reason, or skipped when even that failed.
     job_errors: dict[int, str] = field(default_factory=dict)
@@ -324,7 +328,9 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         # when the pods are gone on Kubernetes); their preemptors wait for that (R8).
         _victims_stop(backend=backend, names=applied.workloads, now=now, result=result,
                       budget=budget)
+        t4a = time.perf_counter()
         submit_admitted(backend=backend, now=now, result=result, budget=budget)
+        t4b = time.perf_counter()
         if result.deferred:
             log.info("cycle %s: left for the next cycle (budget %.0f s): %s", result.cycle_id,
                      budget.seconds, ", ".join(f"{k} {v}" for k, v in
@@ -346,7 +352,11 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
         gc_after_cycle(len(jobs))
         t5 = time.perf_counter()
         result.timings = {"reconcile": t1 - t0, "snapshot": t2 - t1, "decide": t3 - t2,
-                          "apply": t4 - t3, "submit": t5 - t4, "total": t5 - t0}
+                          "apply": t4 - t3, "submit": t5 - t4, "total": t5 - t0,
+                          # Step 5's parts: the victims' stops, the creates, and what
+                          # the cycle publishes after them.
+                          "submit_stop": t4a - t4, "submit_create": t4b - t4a,
+                          "submit_publish": t5 - t4b}
     if _again_take():
         kick()  # a cycle was asked for while this one ran: the change that asked is next
     return result
@@ -1402,6 +1412,18 @@ def launch_spec(job: Job, *,
     )
 
 
+# Step 5 reads its rows and writes their marks per group of chunks, a group growing from
+# one chunk to the whole chunks `SUBMIT_GROUP_MAX` rows hold (False: per chunk, the plain
+# path). The creates still go a chunk at a time with the budget checked before each, as
+# on the plain path.
+_BATCHED_SUBMIT = True
+SUBMIT_GROUP_MAX = 1024
+# Columns no launch spec reads: left unread by the batched path (a failed create's
+# bookkeeping that wants one reads it then).
+_SUBMIT_UNREAD = ("gpu_types", "resources", "dependencies", "cluster_selector", "spot_pools",
+                  "notify_url", "idempotency_key")
+
+
 def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResult,
                     budget: Budget | None = None) -> None:
     """Submit every admitted job not yet marked submitted (this cycle's and any a killed
@@ -1413,28 +1435,82 @@ def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResu
     The creates run on up to `backend.submit_concurrency` threads (most of a create is
     waiting on the API server); no transaction is open meanwhile. Then, in this thread,
     each job's outcome is handled by one call (`_submit_outcome`), and the jobs whose
-    workload now exists are marked submitted in one UPDATE per attempt number. A worker
-    killed in between leaves them unmarked: the next cycle submits them again, and the
-    backend adopts its own workloads. A job whose launch spec cannot be built, or whose
-    bookkeeping raises, fails alone (`_isolated`)."""
-    # The ids first (an index scan); the rows and launch specs a chunk at a time, so a
-    # budget spent early costs no spec of a job left for the next cycle.
+    workload now exists are marked submitted in one UPDATE per attempt number: per chunk
+    (`_BATCHED_SUBMIT` off), or per group of chunks read in one query (`_submit_groups`).
+    A worker killed in between leaves them unmarked: the next cycle submits them again,
+    and the backend adopts its own workloads. A job whose launch spec cannot be built,
+    or whose bookkeeping raises, fails alone (`_isolated`)."""
+    # The ids first (an index scan); the rows and launch specs a chunk (or a group) at a
+    # time, so a budget spent early costs no spec of a job left for the next cycle.
     pending = Job.objects.filter(status=JobState.ADMITTED, submitted_to_backend_at__isnull=True)
     ids = list(pending.order_by("admitted_at", "id").values_list("pk", flat=True))
-    # Rule A7's pins: per target cluster, its nodes' topology (read once, when needed).
-    node_topology: dict[int, dict[str, Mapping[str, str]]] = {}
-    related = _Related()
+    step = _SubmitStep(backend=backend, now=now, result=result)
     chunk = max(1, int(settings.FAIRQ_CYCLE_SUBMIT_CHUNK))
     step_started = time.perf_counter()
+    if _BATCHED_SUBMIT:
+        _submit_groups(step, pending=pending, ids=ids, chunk=chunk, budget=budget,
+                       step_started=step_started)
+        return
     for start in range(0, len(ids), chunk):
         if start and budget is not None and budget.submit_spent(step_started):
             result.deferred["submit"] = len(ids) - start
             return
+        rows = list(pending.filter(pk__in=ids[start:start + chunk]).order_by("admitted_at", "id"))
+        step.related.attach(rows)
+        _submit_marks(step.create(rows), now=now, result=result)
+
+
+def _submit_groups(step: _SubmitStep, *, pending: QuerySet[Job], ids: list[int], chunk: int,
+                   budget: Budget | None, step_started: float) -> None:
+    """`submit_admitted`'s batched path: the rows of a group of chunks in one read (a
+    group grows from one chunk to the whole chunks `SUBMIT_GROUP_MAX` rows hold, so a
+    budget spent after the first chunk reads little more than it), each chunk's creates
+    and outcomes as on the plain path, the budget checked before each chunk, then the
+    group's marks in one UPDATE per attempt number (those of the chunks done when the
+    budget stops it). An exception that ends the cycle leaves the group's earlier chunks unmarked, as a
+    killed worker does: the next cycle submits them again and the backend adopts them."""
+    start, size = 0, chunk
+    while start < len(ids):
+        rows = list(pending.filter(pk__in=ids[start:start + size]).defer(*_SUBMIT_UNREAD)
+                    .order_by("admitted_at", "id"))
+        step.related.attach(rows)
+        # The rows as the plain path takes them: by the ids' chunks (a row gone from
+        # the read, moved on since, takes no place of another's).
+        where = {pk: k // chunk for k, pk in enumerate(ids[start:start + size])}
+        parts: list[list[Job]] = [[] for _ in range(-(-min(size, len(ids) - start) // chunk))]
+        for job in rows:
+            parts[where[job.pk]].append(job)
+        submitted: list[Job] = []
+        for k, part in enumerate(parts):
+            at = start + k * chunk
+            if at and budget is not None and budget.submit_spent(step_started):
+                _submit_marks(submitted, now=step.now, result=step.result)
+                step.result.deferred["submit"] = len(ids) - at
+                return
+            submitted += step.create(part)
+        _submit_marks(submitted, now=step.now, result=step.result)
+        start += size
+        # Whole chunks only: the chunks, and the budget's tests before them, are the
+        # plain path's.
+        size = min(size * 2, max(1, SUBMIT_GROUP_MAX // chunk) * chunk)
+
+
+class _SubmitStep:
+    """What step 5 keeps across its chunks: the related rows (`_Related`) and rule A7's
+    node topology per target cluster (read once, when needed)."""
+
+    def __init__(self, *, backend: ClusterBackend, now: datetime, result: CycleResult) -> None:
+        self.backend, self.now, self.result = backend, now, result
+        self.related = _Related()
+        self.node_topology: dict[int, dict[str, Mapping[str, str]]] = {}
+
+    def create(self, rows: Sequence[Job]) -> list[Job]:
+        """One chunk: each job's launch spec and create, each outcome handled; the jobs
+        whose workload now exists, to be marked submitted."""
+        backend, now, result = self.backend, self.now, self.result
         jobs: list[Job] = []
         specs: list[LaunchSpec] = []
         targets: list[ClusterBackend] = []
-        rows = list(pending.filter(pk__in=ids[start:start + chunk]).order_by("admitted_at", "id"))
-        related.attach(rows)
         for job in rows:
             # Several clusters: each job is created on its own (`Job.cluster`); one whose
             # cluster is unreachable waits for rule K5, which requeues it.
@@ -1446,16 +1522,23 @@ def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResu
                            team=job.team.slug):
                 topology = None
                 if job.topology_level and job.topology_mode == "required":
-                    if id(target) not in node_topology:
-                        node_topology[id(target)] = {n.name: n.topology
-                                                     for n in target.nodes()}
-                    topology = node_topology[id(target)]
+                    if id(target) not in self.node_topology:
+                        self.node_topology[id(target)] = {n.name: n.topology
+                                                          for n in target.nodes()}
+                    topology = self.node_topology[id(target)]
                 specs.append(launch_spec(job, node_topology=topology))
                 jobs.append(job)
                 targets.append(target)
-        if jobs:
-            _submit_chunk(backend=backend, jobs=jobs, specs=specs, targets=targets, now=now,
-                          result=result)
+        if not jobs:
+            return []
+        errors = _create_workloads(backend=backend, specs=specs, now=now, targets=targets)
+        submitted: list[Job] = []
+        for job, error in zip(jobs, errors, strict=True):
+            with _isolated(job.pk, step="recording its submit", now=now, result=result,
+                           team=job.team.slug):
+                if _submit_outcome(job=job, error=error, now=now, result=result):
+                    submitted.append(job)
+        return submitted
 
 
 class _Related:
@@ -1476,16 +1559,10 @@ class _Related:
                 setattr(job, name, known[getattr(job, f"{name}_id")])
 
 
-def _submit_chunk(*, backend: ClusterBackend, jobs: list[Job], specs: list[LaunchSpec],
-                  targets: list[ClusterBackend], now: datetime, result: CycleResult) -> None:
-    """`submit_admitted` for one chunk: the creates, each outcome, the marks."""
-    errors = _create_workloads(backend=backend, specs=specs, now=now, targets=targets)
-    submitted: list[Job] = []
-    for job, error in zip(jobs, errors, strict=True):
-        with _isolated(job.pk, step="recording its submit", now=now, result=result,
-                       team=job.team.slug):
-            if _submit_outcome(job=job, error=error, now=now, result=result):
-                submitted.append(job)
+def _submit_marks(submitted: Sequence[Job], *, now: datetime, result: CycleResult) -> None:
+    """Mark `submitted` (their workloads exist) submitted: one UPDATE per attempt number,
+    rule S1's compare-and-swap on status and attempt; a batch one row spoils is marked
+    one job at a time, each isolated."""
     by_attempt: dict[int, list[Job]] = defaultdict(list)
     for job in submitted:
         by_attempt[job.attempt].append(job)
@@ -1494,6 +1571,7 @@ def _submit_chunk(*, backend: ClusterBackend, jobs: list[Job], specs: list[Launc
             with transaction.atomic():
                 Job.objects.filter(pk__in=[j.pk for j in group], status=JobState.ADMITTED,
                                    attempt=attempt).update(submitted_to_backend_at=now)
+            result.submitted.extend(j.pk for j in group)
         except NOT_A_JOB_FAULT:
             raise
         except Exception:  # one row spoils the batch: mark them one by one, isolated
@@ -1502,6 +1580,7 @@ def _submit_chunk(*, backend: ClusterBackend, jobs: list[Job], specs: list[Launc
                         transaction.atomic():
                     Job.objects.filter(pk=job.pk, status=JobState.ADMITTED,
                                        attempt=attempt).update(submitted_to_backend_at=now)
+                    result.submitted.append(job.pk)
 
 
 def _create_workloads(*, backend: ClusterBackend, specs: list[LaunchSpec],
