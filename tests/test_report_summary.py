@@ -367,3 +367,28 @@ def test_the_lean_running_read_is_the_running_part_of_attempts(world: World) -> 
         assert lean == plain and len(plain) > 5
         assert any(a.spot and a.price is not None for a in lean)
         assert any(a.idle_fraction for a in lean)
+
+
+def test_price_numbers_are_not_given_again_when_the_kept_ones_are_emptied(
+        world: World) -> None:
+    """The price lists' numbers (`_price_id`) are emptied when there are too many; one
+    emptied while a request runs must not give a number the request already holds to
+    another list (two GPU types' open days at different prices alike)."""
+    for g, price in ((world.h100, "3"), (world.a100, "1")):
+        gpu_price_set(actor=world.staff, gpu_type=g, effective_from=date(2026, 1, 1),
+                      price_per_gpu_hour=Decimal(price))
+    for g in (world.h100, world.a100):
+        job(team=world.vision, gpu_type=g, tier=world.normal, status="RUNNING",
+            started_at=NOW - timedelta(days=2), gpus_per_replica=1)
+    cache.clear()
+    rep._KEPT.clear()
+    rep._PIECES.clear()
+    rep._PRICE_IDS.clear()
+    rep._price_id(tuple(rep.price_lists()[world.h100.pk]))
+    for i in range(10_000):  # full: the next new list empties them
+        rep._price_id(("another list", i))
+    start, end = date(2026, 11, 1), date(2026, 11, 27)
+    plain = rep.report_summary_plain(teams=[world.vision], start=start, end=end,
+                                     period="day", now=NOW)
+    _same(rep.report_summary(teams=[world.vision], start=start, end=end, period="day",
+                             now=NOW), plain)

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
-from itertools import chain
+from itertools import chain, count
 from typing import Any
 
 from django.core.cache import cache
@@ -229,6 +229,9 @@ def _live(inp: _Inputs, bucket: Any, *, start: date, end: date, now: datetime) -
 _PIECES: dict[tuple[Any, ...], tuple[list[tuple[Any, ...]], date | None]] = {}
 _PIECES_MAX = 60_000  # attempts × ranges kept per process; emptied when full
 _PRICE_IDS: dict[tuple[Any, ...], int] = {}
+# Never reused, also after `_PRICE_IDS` is emptied: a request holds the numbers it took
+# (per GPU type, in the open days' keys) while a later attempt may empty it.
+_PRICE_NUMBERS = count(1)
 
 
 def _price_id(prices: tuple[Any, ...]) -> int:
@@ -238,7 +241,7 @@ def _price_id(prices: tuple[Any, ...]) -> int:
         if len(_PRICE_IDS) > 10_000:
             _PRICE_IDS.clear()
             _PIECES.clear()
-        n = _PRICE_IDS[prices] = len(_PRICE_IDS) + 1
+        n = _PRICE_IDS[prices] = next(_PRICE_NUMBERS)
     return n
 
 
@@ -287,7 +290,8 @@ def _running(team_ids: list[int] | None, *, end: datetime, now: datetime
                       share=GPU_SHARE,
                       pools=Case(When(on_spot=True, then=F("spot_pools")),
                                  default=Value(None), output_field=JSONField()))
-        .order_by().values_list("team_id", "gpu_type_id", "share", "started_at", "u_samples",
+        .order_by()
+        .values_list("team_id", "gpu_type_id", "share", "started_at", "u_samples",
                      "u_sm_mean", "u_hist", "tier__idle_threshold_percent", "on_spot",
                      "cluster_id", "pools"))
     pools = spot_pools_of(r[9] for r in running if r[8])
