@@ -103,7 +103,9 @@ def first_team_for_user(*, user: Any) -> Team | None:
 
 
 def team_switcher_teams(*, user: Any) -> list[Team]:
-    """The teams of the switcher: slug and name only."""
+    """The user's teams by slug, their slugs and names only: the switcher's and the
+    reports page's (staff: every team, whose other fields cost more to load than either
+    page uses)."""
     return list(teams_for_user_by_slug(user=user).only("slug", "name"))
 
 

@@ -47,6 +47,10 @@ How it works
     `<page>_p95_before` beside `<page>_p95`; `plan_publish` and `page_reads_publish_p50`
     are the cycle's added work, `plan_published_fetch_p50` a reader's once per cycle
     (`PublishedAB`).
+  * `--rounds N --dash-ab`: alternately `before` (`dashboard.SERIES_KEPT_PER_PROCESS` and
+    `SESSIONS_OF_OWNERS_ONLY` off: every request unpickles every team's usage series and
+    reads the sessions' join) and both on: `<page>_p50_before`, `_cpu_p50_before` beside
+    `<page>_p50`, `_cpu_p50`.
 
 Output: lines `BENCH <name> <value> <unit>`. Run: `.venv/bin/python bench/bench_dashboard.py`
 (`make bench`; about a minute at 100,000 jobs). The 1M world:
@@ -527,6 +531,10 @@ def main() -> int:
     parser.add_argument("--published-ab", action="store_true",
                         help="alternate rounds: `before` (requests plan the queue and refresh "
                              "the kept reads) and the cycle publishing both (`after`)")
+    parser.add_argument("--dash-ab", action="store_true",
+                        help="alternate rounds: `before` (every request unpickles the shared "
+                             "usage series and reads the sessions' join) and the kept series "
+                             "and owners-only sessions (`after`)")
     parser.add_argument("--cycle-seconds", type=float, default=3.0,
                         help="--published-ab: how often the emulated cycle publishes")
     args = parser.parse_args()
@@ -592,7 +600,7 @@ def main() -> int:
         pages = [p for p in pages if p[0] in wanted]
     defs = page_indexes() if vendor == "postgresql" else []
     sides = ["noidx", ""] if args.ab and defs else [""]
-    if args.published_ab:
+    if args.published_ab or args.dash_ab:
         sides, defs = ["before", ""], []
     if args.ab and not defs:
         note("no page indexes found (migration 0034): timing one side only")
@@ -605,6 +613,10 @@ def main() -> int:
             between = None
             if args.published_ab:
                 between = ab.side(published=side == "", cycle_seconds=args.cycle_seconds)
+            elif args.dash_ab:
+                from queueing.selectors import dashboard as dash
+
+                dash.SERIES_KEPT_PER_PROCESS = dash.SESSIONS_OF_OWNERS_ONLY = side == ""
             elif len(sides) > 1:
                 indexes_set(defs, on=side == "")
             for name, client, url, headers in pages:

@@ -14,6 +14,7 @@ import pytest
 from django.core.cache import cache
 from django.test import Client
 
+from accounts.models import Team
 from queueing.models import UsageRecord
 from queueing.selectors import reports as rep
 from queueing.services.costs import gpu_price_set
@@ -101,6 +102,7 @@ def test_the_kept_report_figures_are_the_plain_sum_of_every_bucket(world: World)
                 for _ in range(2):  # the second read finds the rolled-up part kept
                     _same(rep.report_summary(teams=chosen, start=start, end=end,
                                              period=period, now=NOW), plain)
+                _same_for_every_team(start=start, end=end, period=period, now=NOW)
 
 
 def test_the_kept_live_days_are_the_plain_live_part_as_now_moves(world: World) -> None:
@@ -146,7 +148,41 @@ def test_the_kept_live_days_are_the_plain_live_part_as_now_moves(world: World) -
                 for _ in range(2):  # the second read finds the finished days kept
                     _same(rep.report_summary(teams=chosen, start=start, end=end,
                                              period=period, now=now), plain)
+                _same_for_every_team(start=start, end=end, period=period, now=now)
     assert rep._PIECES  # the kept path was taken
+
+
+def _same_for_every_team(*, start: date, end: date, period: str, now: datetime) -> None:
+    """Staff's every team, read with no list of ids (`every_team`), is the plain sum of
+    every team's buckets read by their ids; and so is the first usage day."""
+    every = list(Team.objects.order_by("slug"))
+    plain = rep.report_summary_plain(teams=every, start=start, end=end, period=period,
+                                     now=now)
+    for _ in range(2):
+        _same(rep.report_summary(teams=every, start=start, end=end, period=period, now=now,
+                                 every_team=True), plain)
+    assert rep.first_usage_day(teams=every, now=now, every_team=True) == \
+        rep.first_usage_day(teams=every, now=now)
+
+
+def test_every_team_read_without_ids_leaves_out_a_team_made_since(world: World) -> None:
+    """A team made (and charged, and running a job) after staff's list of every team was
+    read is not in the figures read with no list of ids: they are the listed teams'."""
+    rng = random.Random(5)
+    _history(world, rng)
+    usage_days_roll_up(now=NOW, batch=3)
+    every = list(Team.objects.order_by("slug"))
+    late = TeamFactory(slug="late")
+    finished_attempt(job=job(team=late, gpu_type=world.a100, tier=world.normal), attempt=1,
+                     start=NOW - timedelta(days=3), hours=5, ended="SUCCEEDED")
+    job(team=late, gpu_type=world.h100, tier=world.normal, status="RUNNING",
+        started_at=NOW - timedelta(hours=30))
+    for period, start in (("month", date(2026, 8, 1)), ("day", date(2026, 10, 28))):
+        fast = rep.report_summary(teams=every, start=start, end=date(2026, 11, 27),
+                                  period=period, now=NOW, every_team=True)
+        assert "late" not in fast.totals
+        _same(fast, rep.report_summary_plain(teams=every, start=start, end=date(2026, 11, 27),
+                                             period=period, now=NOW))
 
 
 def test_the_first_usage_day_kept_under_the_mark_is_the_plain_minimum(world: World) -> None:
@@ -263,3 +299,96 @@ def test_the_dashboards_usage_series_kept_per_process_follow_the_shared_ones(
         newer = fresh(only)
         dash._local.update(kept)
         assert dash.usage_history(now=now, current=[], only=only) == newer != expected
+
+
+def test_staffs_budgets_are_the_pages_teams(world: World) -> None:
+    """With several pages, this month's budgets are those of the page's teams; with one
+    page (a team asked), of every team shown."""
+    from queueing.models import TeamBudget
+
+    now = datetime.now(UTC)
+    for i in range(57):
+        t = TeamFactory(slug=f"t{i:02d}")
+        finished_attempt(job=job(team=t, gpu_type=world.a100, tier=world.normal), attempt=1,
+                         start=now - timedelta(days=3), hours=1 + i, ended="SUCCEEDED")
+        if i in (56, 6):  # t56 on the first page, t06 on the second
+            TeamBudget.objects.create(team=t, monthly_amount=Decimal("1000"))
+    row = '<tr><td>{}</td><td class="num">'
+    _, first = _staff_page(world, period="day")
+    assert "Budgets this month" in first
+    assert row.format("t56") in first and row.format("t06") not in first
+    _, second = _staff_page(world, period="day", page="2")
+    assert row.format("t06") in second and row.format("t56") not in second
+    _, one = _staff_page(world, period="day", team="t06")
+    assert row.format("t06") in one
+
+
+def test_the_lean_running_read_is_the_running_part_of_attempts(world: World) -> None:
+    """`_running` (spot pools read only for spot jobs, in no order) gives the attempts
+    `attempts` gives for the jobs running now: the same figures, spot prices included
+    (rule C4: a job's pools' GPU-weighted price, or its cluster's first spot pool of its
+    type without pools recorded), idle fractions (rule C3) and GPU shares."""
+    from queueing.models import AttemptUtilization, Cluster, NodePool
+    from queueing.selectors.costs import attempts
+
+    rng = random.Random(17)
+    world.normal.idle_threshold_percent = 10
+    world.normal.save()
+    cloud = Cluster.objects.create(name="cloud", backend="simulated",
+                                   sim_nodes="1x8xa100:spot+zone=a,1x8xa100:spot+zone=b")
+    for name, price in (("spot-a", "0.90"), ("spot-b", "1.30")):
+        NodePool.objects.create(cluster=cloud, name=name, gpu_type=world.a100, spot=True,
+                                price_per_gpu_hour=Decimal(price))
+    teams = [world.vision, world.nlp, world.speech]
+    for _ in range(40):
+        started = NOW - timedelta(minutes=rng.randint(1, 60 * 24 * 5))
+        spot = rng.random() < 0.4
+        j = job(team=rng.choice(teams), gpu_type=world.a100 if spot else rng.choice(
+                    [world.h100, world.a100, world.mig]), tier=world.normal, status="RUNNING",
+                started_at=started, gpus_per_replica=rng.choice([1, 2, 4]))
+        if spot:
+            j.on_spot, j.cluster = True, cloud
+            j.spot_pools = rng.choice([{}, {"spot-a": 2}, {"spot-a": 1, "spot-b": 3}])
+            j.save()
+        if rng.random() < 0.7:
+            AttemptUtilization.objects.create(
+                job=j, attempt=1, first_at=started, last_at=started, samples=60,
+                sm_sum=40.0 * 60, sm_mean=rng.choice([5.0, 40.0]), sm_p95=50.0,
+                sm_hist=rng.choice([{"3": rng.randint(1, 50), "40": 10}, {}, {"9": 7}]))
+    end = datetime(2026, 11, 27, tzinfo=UTC)
+
+    def key(a: Any) -> tuple[Any, ...]:
+        return (a.team_id, a.start, a.gpus, a.gpu_type_id, a.idle_fraction, a.price)
+
+    for team_ids in (None, [world.vision.pk, world.speech.pk]):
+        plain = sorted(attempts(team_ids=team_ids, start=None, end=end, now=NOW,
+                                records_after=10**9), key=key)
+        lean = sorted(rep._running(team_ids, end=end, now=NOW), key=key)
+        assert lean == plain and len(plain) > 5
+        assert any(a.spot and a.price is not None for a in lean)
+        assert any(a.idle_fraction for a in lean)
+
+
+def test_price_numbers_are_not_given_again_when_the_kept_ones_are_emptied(
+        world: World) -> None:
+    """The price lists' numbers (`_price_id`) are emptied when there are too many; one
+    emptied while a request runs must not give a number the request already holds to
+    another list (two GPU types' open days at different prices alike)."""
+    for g, price in ((world.h100, "3"), (world.a100, "1")):
+        gpu_price_set(actor=world.staff, gpu_type=g, effective_from=date(2026, 1, 1),
+                      price_per_gpu_hour=Decimal(price))
+    for g in (world.h100, world.a100):
+        job(team=world.vision, gpu_type=g, tier=world.normal, status="RUNNING",
+            started_at=NOW - timedelta(days=2), gpus_per_replica=1)
+    cache.clear()
+    rep._KEPT.clear()
+    rep._PIECES.clear()
+    rep._PRICE_IDS.clear()
+    rep._price_id(tuple(rep.price_lists()[world.h100.pk]))
+    for i in range(10_000):  # full: the next new list empties them
+        rep._price_id(("another list", i))
+    start, end = date(2026, 11, 1), date(2026, 11, 27)
+    plain = rep.report_summary_plain(teams=[world.vision], start=start, end=end,
+                                     period="day", now=NOW)
+    _same(rep.report_summary(teams=[world.vision], start=start, end=end, period="day",
+                             now=NOW), plain)

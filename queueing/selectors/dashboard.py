@@ -239,6 +239,11 @@ def team_standing_cached(*, team: str) -> list[Any]:
 
 _HISTORY_KEY = "fairq:web:usage-history"
 HISTORY_TTL = 60.0  # seconds; snapshots are taken every FAIRQ_FAIRSHARE_SNAPSHOT_SECONDS
+# Off: every request unpickles the shared series and every user's dashboard reads the
+# sessions' join, as before either was kept apart (bench/bench_dashboard.py --dash-ab
+# times both sides in one process).
+SERIES_KEPT_PER_PROCESS = True
+SESSIONS_OF_OWNERS_ONLY = True
 
 
 def _snapshot_series(*, now: datetime, days: float, max_points: int
@@ -250,13 +255,14 @@ def _snapshot_series(*, now: datetime, days: float, max_points: int
     # more to unpickle than it uses of them (a member reads one): each process keeps its
     # copy while the shared generation is current, as `page_cached` does.
     generation = cache.get(key + ":generation")
-    mine = _local.get(key)
+    mine = _local.get(key) if SERIES_KEPT_PER_PROCESS else None
     if generation is not None and mine is not None and mine[0] == generation:
         kept: tuple[list[int], dict[str, list[float | None]]] = mine[1]
         return kept
     shared = cache.get(key) if generation is not None else None
     if shared is not None and shared[0] == generation:
-        _local[key] = shared
+        if SERIES_KEPT_PER_PROCESS:
+            _local[key] = shared
         return cast(tuple[list[int], dict[str, list[float | None]]], shared[1])
     qs = FairShareSnapshot.objects.filter(at__gte=now - timedelta(days=days), at__lt=now)
     ids = list(qs.order_by("at").values_list("id", flat=True))
@@ -305,6 +311,8 @@ def owns_sessions(*, user_id: int | None) -> bool:
     """Whether the user started any notebook session (one query on the sessions'
     owner): most users own none, and the dashboard's list of them is a join of eight
     tables, costlier to plan than to run."""
+    if not SESSIONS_OF_OWNERS_ONLY:
+        return True
     return NotebookSession.objects.filter(owner_id=user_id).exists()
 
 

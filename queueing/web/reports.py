@@ -14,11 +14,9 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
-from django.utils.html import escape
-from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET
 
-from accounts.selectors import teams_for_user_by_slug
+from accounts.selectors import team_switcher_teams
 from queueing.policy.costs import money
 from queueing.selectors.budgets import budget_statuses
 from queueing.selectors.costs import currency
@@ -29,6 +27,7 @@ from queueing.selectors.reports import (
     first_usage_day,
     report_summary,
 )
+from queueing.web.options import team_options
 
 # A range starts at the first day with GPU time when that is later (default_range).
 PERIODS = {"month": "By month, the last 12 months", "day": "By day, the last 30 days"}
@@ -58,7 +57,7 @@ COLUMNS = [
 @login_required
 def reports_page(request: HttpRequest) -> HttpResponse:
     period = request.GET.get("period") or ""
-    visible = list(teams_for_user_by_slug(user=request.user))
+    visible = team_switcher_teams(user=request.user)
     wanted = request.GET.get("team") or ""
     errors = []
     if period and period not in PERIODS:
@@ -79,54 +78,45 @@ def reports_page(request: HttpRequest) -> HttpResponse:
         if not teams:  # not a team of the user, or none: the same words
             errors.append(f"No team {wanted!r} among yours.")
             teams, wanted = visible, ""
+    # Staff's every team: the selectors read them with no list of 1,000 ids.
+    every = bool(request.user.is_staff) and teams is visible
     now = timezone.now()
     today = now.astimezone(UTC).date()
-    first = first_usage_day(teams=teams, now=now)
+    first = first_usage_day(teams=teams, now=now, every_team=every)
     period = period or default_period(first=first, today=today)
     start, end = default_range(period=period, today=today, first=first)
-    summary = report_summary(teams=teams, start=start, end=end, period=period, now=now)
+    summary = report_summary(teams=teams, start=start, end=end, period=period, now=now,
+                             every_team=every)
     totals = _totals(summary.totals.values())
     pages = max(1, -(-len(totals) // TEAMS_PER_PAGE))
     if page > pages:
         errors.append(f"Page {page}: there are {pages}.")
         page = pages
+    rows = _sorted(totals, sort)[(page - 1) * TEAMS_PER_PAGE:page * TEAMS_PER_PAGE]
+    # This month's budgets: of the page's teams when the table has pages (rule B1 prices
+    # every attempt of the month of each team asked), else of every team shown.
+    if pages > 1:
+        on_page = {r["team"] for r in rows}
+        budget_teams = [t for t in teams if t.slug in on_page]
+    else:
+        budget_teams = teams
     ctx: dict[str, Any] = {
         "period": period, "periods": PERIODS, "teams": visible, "team": wanted,
-        "team_options": _team_options([t.slug for t in visible], wanted),
+        "team_options": team_options([t.slug for t in visible], wanted),
         "errors": errors, "currency": currency(), "start": start, "end": end,
         "from_first": start != default_range(period=period, today=today)[0],
-        "totals": _sorted(totals, sort)[(page - 1) * TEAMS_PER_PAGE:page * TEAMS_PER_PAGE],
+        "totals": rows,
         "all_teams": _all_teams(totals) if len(totals) > 1 else None,
         "teams_shown": len(totals), "sort": sort, "sorts": SORTS, "page": page,
         "pages": pages, "first_row": (page - 1) * TEAMS_PER_PAGE + 1,
         "last_row": min(page * TEAMS_PER_PAGE, len(totals)), "columns": COLUMNS,
         "query": urlencode([("period", period), *([("team", wanted)] if wanted else [])]),
         "chart": _chart(summary),
-        "budgets": budget_statuses(now=now, teams=teams),
+        "budgets": budget_statuses(now=now, teams=budget_teams),
         "csv_from": datetime.combine(start, time(0), tzinfo=UTC).isoformat(),
         "csv_to": datetime.combine(end, time(0), tzinfo=UTC).isoformat(),
     }
     return render(request, "web/reports.html", ctx, status=400 if errors else 200)
-
-
-# The team <select>'s options (staff: every team, 1,000 at 1,000 teams), built once per
-# team list and process, the chosen one marked per request.
-_OPTIONS: dict[tuple[str, ...], str] = {}
-_OPTIONS_MAX = 16
-
-
-def _team_options(slugs: list[str], chosen: str) -> SafeString:
-    key = tuple(slugs)
-    html = _OPTIONS.get(key)
-    if html is None:
-        html = "".join(f'<option value="{escape(s)}">{escape(s)}</option>' for s in slugs)
-        while len(_OPTIONS) >= _OPTIONS_MAX:
-            _OPTIONS.pop(next(iter(_OPTIONS)))
-        _OPTIONS[key] = html
-    if chosen:
-        html = html.replace(f'<option value="{escape(chosen)}">',
-                            f'<option value="{escape(chosen)}" selected>', 1)
-    return mark_safe(html)  # every slug escaped above
 
 
 def _totals(sums: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -117,6 +117,7 @@ from .forms import (
     WebhookEndpointForm,
     spec_initial,
 )
+from .options import team_options
 from .sessions import my_sessions
 
 TEAM_SESSION_KEY = "fairq_team"
@@ -169,7 +170,10 @@ def nav(request: HttpRequest) -> dict[str, Any]:
     if not request.user.is_authenticated:
         return {}
     teams = team_switcher_teams(user=request.user)
-    return {"nav_teams": teams, "nav_team": current_team(request)}
+    team = current_team(request)
+    return {"nav_teams": teams, "nav_team": team,
+            "nav_team_options": team_options([t.slug for t in teams],
+                                             team.slug if team is not None else "")}
 
 
 @require_POST
