@@ -16,15 +16,22 @@ decision: a team within its quota gets its GPUs within a cycle plus grace).
   BENCH owed_reclaim_<running>k_before_cpu    with preemption on, every one-GPU claim's
                                               search building and weighing its levels
                                               (`preemption._ONE = False`, `--before`)
+  BENCH owed_reclaim_<running>k_unkept_cpu    with preemption on, every one-GPU claim's
+                                              level set up per search and rule R11's
+                                              borrowed GPUs summed again per preemption
+                                              (`preemption._KEPT = owed._KEPT = False`,
+                                              `--unkept`)
   BENCH owed_reclaim_<running>k_preemptions   preemptions the pass planned
   BENCH owed_reclaim_<running>k_ms_per_preemption CPU per planned preemption (preemption on)
   BENCH calibration_1M_loop                   the machine's speed now (load beside)
 
 `--before` runs the pass with `preemption._ONE = False` between the two, in the same
-process, and asserts its plan equals the one with preemption on.
+process, and asserts its plan equals the one with preemption on. `--unkept` runs
+"unkept" and "on" alternated `--repeats` times after "off" (each line once per run), and
+asserts their plans equal.
 
 Run: `.venv/bin/python bench/bench_owed_reclaim.py [--running 25000] [--seed 1] [--profile]
-[--before]`
+[--before] [--unkept [--repeats 2]]`
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from queueing.policy.snapshot import (  # noqa: E402
     RunningJob,
     Snapshot,
 )
+from queueing.policy.stages import owed  # noqa: E402
 
 NODES, GPUS, TEAMS, NOMINAL, QUEUED = 5000, 8, 200, 200, 50_000
 TIERS = (0, 100, 200)
@@ -88,15 +96,21 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--before", action="store_true")
+    ap.add_argument("--unkept", action="store_true")
+    ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
     calibrate()
     k = f"{args.running // 1000}k"
     plans = {}
-    for mode in ("off", "before", "on") if args.before else ("off", "on"):
+    modes = ["off", "before", "on"] if args.before else ["off", "on"]
+    if args.unkept:
+        modes = ["off"] + ["unkept", "on"] * args.repeats
+    for mode in modes:
         preempt = mode != "off"
         s = world(args.running, args.seed, preempt=preempt)
         prof = cProfile.Profile() if args.profile and preempt else None
         preemption._ONE = mode != "before"
+        preemption._KEPT = owed._KEPT = mode != "unkept"
         t, wall = time.process_time(), time.perf_counter()
         if prof is not None:
             prof.enable()
@@ -104,11 +118,17 @@ def main() -> None:
         if prof is not None:
             prof.disable()
         cpu, wall = time.process_time() - t, time.perf_counter() - wall
-        preemption._ONE = True
+        preemption._ONE = preemption._KEPT = owed._KEPT = True
         bench(f"owed_reclaim_{k}_{mode}_cpu", cpu, "s")
         bench(f"owed_reclaim_{k}_{mode}_wall", wall, "s")
         note(f"load average {Path('/proc/loadavg').read_text().split()[0]}")
-        if mode == "before":
+        if mode == "unkept" and "on" in plans:
+            assert plan == plans["on"], "the plans differ"
+        if mode == "on" and "unkept" in plans:
+            assert plan == plans["unkept"], "the plans differ"
+        if mode in ("before", "unkept"):
+            if prof is not None:
+                pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(20)
             continue
         note(f"preemption {mode}: {len(plan.admissions)} admitted, "
              f"{len(plan.preemptions)} preemptions")
@@ -122,6 +142,8 @@ def main() -> None:
     if args.before:
         assert plans["before"] == plans["on"], "the plans differ"
         note("plans equal with and without `preemption._ONE`")
+    if args.unkept:
+        note("plans equal with and without `preemption._KEPT`, `owed._KEPT`")
     calibrate()
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import cast
 
 from .bookings import Booking
 from .quota_tree import QuotaTree
@@ -100,6 +101,13 @@ _BOUND = True
 # False: a claim of one whole GPU builds and weighs its levels like any other, the
 # reference the tests hold its search in rule R4's price order (`_one_gpu`) to.
 _ONE = True
+# False: such a claim in a flat forest sets up its level per search (each team's flag of
+# rule R2 and the first job of each of its runs), the reference the tests hold the
+# heads kept across the pass (`_Kept`, `_one_gpu_kept`) to.
+_KEPT = True
+# How many entries no longer current a kept heap holds beyond twice its current ones
+# before it is made again (`_Kept.sync`); the tests set 0 to make it often.
+_STALE = 32
 
 
 def _unprotected(ws: Workspace, gpu_type: str, now: datetime,
@@ -673,6 +681,8 @@ def _one_gpu(ws: Workspace, levels: _Levels, pool: str, now: datetime,
     preemptible, tier) sorted for the pass (`_team_runs`), merged over the level's teams:
     the search reads the few cheapest instead of every candidate of the fleet. The same
     victim as `_take_per_replica_by_level` and `_minimize` find."""
+    if _KEPT and levels.tree is None:
+        return _one_gpu_kept(ws, levels, pool, now, protect)
     job, cap = levels.job, ws.capacity
     own, tier, within = job.team, job.tier_rank, levels.within
     key_runs = (job.gpu_type, now, protect, levels.cluster)
@@ -734,7 +744,244 @@ def _one_gpu(ws: Workspace, levels: _Levels, pool: str, now: datetime,
     return None
 
 
-def _level_key(r: RunningJob, nearness: int, info: dict[str, tuple[bool, float]],
+# A kept head: (work lost, id, run number, the run's version when pushed, index in the run).
+_Head = tuple[float, int, int, int, int]
+
+
+class _Kept:
+    """`_one_gpu`'s level in a flat forest, kept across a pass per (GPU type, now, rule R3
+    applies, cluster): every team's runs (`_team_runs`, each numbered) and, per
+    (preemptible, tier), a heap of the first job not removed of each run of a team that
+    borrows (rules R2, Q2: the only other teams a claim reads), by (work lost, id).
+
+    A team's runs are made when it first borrows or claims (`team`), as `_one_gpu`
+    makes them when it first reads the team. A run's entry is current while its version
+    is the run's (`vers`); a run whose first job or whose team's flag changed gets a new
+    version and, while its team borrows, a new entry. What changes them is a victim taken
+    or restored, or a booking's jobs moved (rule W4): each appends its team to
+    `Ledger.running_moves`, and `sync` reads only the teams appended since it last did.
+    So a search costs the categories it reads and the candidates it pops, not the
+    level's teams."""
+
+    def __init__(self, ws: Workspace, key_runs: tuple[str, datetime, bool, str],
+                 by_team: dict[str, list[tuple[RunningJob, float]]]) -> None:
+        self.ws, self.gpu_type, self.key_runs, self.by_team = ws, key_runs[0], key_runs, \
+            by_team
+        self.runs: list[_Run] = []
+        self.team_of: list[str] = []
+        self.cat_of: list[int] = []  # per run, its category's number
+        self.vers: list[int] = []
+        self.heads: list[int] = []  # per run, the index of its kept head; -1: none kept
+        self.of_team: dict[str, list[int]] = {}
+        self.cats: list[tuple[bool, int]] = []  # (preemptible, tier rank)
+        self.cat_no: dict[tuple[bool, int], int] = {}
+        self.heaps: list[list[_Head]] = []
+        self.live: list[int] = []  # per category, its runs with a kept head
+        self.flags: dict[str, bool] = {}
+        self.cursor = len(ws.ledger.running_moves)
+        for team in by_team:
+            self._refresh(team)
+
+    def team(self, team: str) -> list[int]:
+        """`team`'s run numbers, its runs made and numbered the first time."""
+        nos = self.of_team.get(team)
+        if nos is None:
+            nos = self.of_team[team] = []
+            for pre, rank, run in _team_runs(self.ws, self.key_runs, self.by_team, team):
+                c = self.cat_no.get((pre, rank))
+                if c is None:
+                    c = self.cat_no[(pre, rank)] = len(self.cats)
+                    self.cats.append((pre, rank))
+                    self.heaps.append([])
+                    self.live.append(0)
+                nos.append(len(self.runs))
+                self.runs.append(run)
+                self.team_of.append(team)
+                self.cat_of.append(c)
+                self.vers.append(0)
+                self.heads.append(-1)
+        return nos
+
+    def _refresh(self, team: str) -> None:
+        """Read `team`'s flag (rule R2) and each of its runs' first job not removed again;
+        a run whose head changed gets a new version and entry."""
+        ws = self.ws
+        flag = self.flags[team] = ws.ledger.borrowing(team, self.gpu_type)
+        if not flag and team not in self.of_team:
+            return  # no run of it is read while it does not borrow
+        removed = ws.removed
+        for no in self.team(team):
+            items, first = self.runs[no]
+            i = first[0]
+            while i < len(items) and items[i][1] in removed:
+                i += 1
+            first[0] = i
+            head = i if flag and i < len(items) else -1
+            if head == self.heads[no]:
+                continue
+            c = self.cat_of[no]
+            self.live[c] += (head >= 0) - (self.heads[no] >= 0)
+            self.heads[no] = head
+            self.vers[no] += 1
+            if head >= 0:
+                lost, rid, _ = items[head]
+                heapq.heappush(self.heaps[c], (lost, rid, no, self.vers[no], head))
+
+    def sync(self) -> None:
+        """Bring the heads up to the workspace: only the teams moved since last time."""
+        moves = self.ws.ledger.running_moves
+        if self.cursor == len(moves):
+            return
+        gt, by_team = self.gpu_type, self.by_team
+        touched = {t for t, g in moves[self.cursor:] if g == gt and t in by_team}
+        self.cursor = len(moves)
+        for team in touched:
+            self._refresh(team)
+        vers = self.vers
+        for c, heap in enumerate(self.heaps):
+            if len(heap) > 2 * self.live[c] + _STALE:  # mostly entries no longer current
+                heap[:] = [h for h in heap if h[3] == vers[h[2]]]
+                heapq.heapify(heap)
+            while heap and heap[0][3] != vers[heap[0][2]]:
+                heapq.heappop(heap)
+
+
+# An entry of `_one_gpu_kept`'s heap: (tier, work lost, 0 still to open / 1 a candidate,
+# F, id, 0 a kept heap's node / 1 a run's job, the category or run number, the index).
+_Todo = tuple[int, float, int, float, int, int, int, int]
+
+
+def _one_gpu_kept(ws: Workspace, levels: _Levels, pool: str, now: datetime,
+                  protect: bool) -> tuple[RunningJob, PreemptionRule, _Key] | None:
+    """`_one_gpu` in a flat forest (one level, nearness 0: rule Q6 orders nothing) from
+    the heads kept across the pass (`_Kept`): the same victim, rule and key.
+
+    The candidates are read in rule R4's price order (tier, work lost, F, id) by one heap
+    `todo` over the kept heaps of the categories the claim may take (rule R1: preemptible
+    of a lower tier; within its nominal, rule R2: of its tier, and non-preemptible ones of
+    any) and the claimant's own lower-tier runs (`_todo_start`). An entry is a node of a
+    kept heap or a run's job still to open (opening it pushes its heap children or its
+    run's next job, `_todo_open`), or a candidate. A node's children and a run's next
+    jobs are never less by (work lost, id), and an entry still to open sorts before any
+    candidate of its tier and work lost: so a candidate is popped only when nothing
+    unread comes before it, F included (the kept heaps know no claim's F: a tie of work
+    lost between teams is ordered here). Each candidate popped is checked as `_one_gpu`
+    checks it (`_first_on_a_node`)."""
+    job = levels.job
+    own, tier, within = job.team, job.tier_rank, levels.within
+    key_runs = (job.gpu_type, now, protect, levels.cluster)
+    got = ws.victim_kept.get(key_runs)
+    if got is None:
+        got = ws.victim_kept[key_runs] = _Kept(ws, key_runs, levels.by_team)
+    kept = cast(_Kept, got)
+    kept.sync()
+    removed, spared = ws.removed, levels.spared
+    lost_of = ws.victim_lost.setdefault(key_runs, {})
+    flags, factor = kept.flags, levels.factor
+    fs: dict[str, float] = {}
+
+    def f_of(team: str) -> float:
+        f = fs.get(team)
+        if f is None:
+            f = fs[team] = factor(team)
+        return f
+
+    info: dict[str, tuple[bool, float] | None] = {own: (False, 0.0)}
+
+    def key_of(o: RunningJob) -> _Key | None:
+        t = o.team
+        if t not in info:
+            info[t] = (within, f_of(t) if within else 0.0) if flags.get(t) else None
+        return _level_key(o, 0, info, own, tier, lost_of)
+
+    todo = _todo_start(kept, own, tier, within, removed, spared)
+    while todo:
+        item = heapq.heappop(todo)
+        if not item[2]:
+            _todo_open(kept, todo, item, own, tier, removed, spared, f_of)
+            continue
+        rank, lost, _, f, rid, _, no, _ = item
+        r = ws.running_by_id[rid]
+        rule = (PreemptionRule.PRIORITY if kept.team_of[no] == own
+                or (r.preemptible and rank < tier) else levels.reclaim)
+        key: _Key = (0, rank, f, lost, rid)
+        if _first_on_a_node(ws, r, key, pool, levels.cluster, spared, key_of):
+            return r, rule, key
+    return None
+
+
+def _todo_start(kept: _Kept, own: str, tier: int, within: bool, removed: Collection[int],
+                spared: Collection[int]) -> list[_Todo]:
+    """`_one_gpu_kept`'s heap to begin with: the root of each kept heap whose category
+    a claim of team `own` and tier `tier` may take from other teams, and the first job
+    of each of its own lower-tier runs, all still to open."""
+    todo: list[_Todo] = []
+    for c, (pre, rank) in enumerate(kept.cats):
+        heap = kept.heaps[c]
+        if heap and ((pre and rank < tier) or (within and (not pre or rank == tier))):
+            todo.append((rank, heap[0][0], 0, 0.0, heap[0][1], 0, c, 0))
+    for no in kept.team(own):
+        pre, rank = kept.cats[kept.cat_of[no]]
+        if pre and rank < tier:
+            run = kept.runs[no]
+            i = _first_in(run, removed, spared)
+            if i < len(run[0]):
+                todo.append((rank, run[0][i][0], 0, 0.0, run[0][i][1], 1, no, i))
+    heapq.heapify(todo)
+    return todo
+
+
+def _todo_open(kept: _Kept, todo: list[_Todo], item: _Todo, own: str, tier: int,
+               removed: Collection[int], spared: Collection[int],
+               f_of: Callable[[str], float]) -> None:
+    """Open an entry of `_one_gpu_kept`'s heap: a kept heap's node pushes its children
+    and, when current and of another team, its run's first job neither removed nor
+    spared; a run's job pushes itself as a candidate (with its F in rule R4's key: a
+    reclaim's, else 0) and the run's next such job to open."""
+    rank, _, _, _, _, kind, no, at = item
+    if kind == 0:
+        heap = kept.heaps[no]
+        for child in (2 * at + 1, 2 * at + 2):
+            if child < len(heap):
+                h = heap[child]
+                heapq.heappush(todo, (rank, h[0], 0, 0.0, h[1], 0, no, child))
+        h = heap[at]
+        no = h[2]
+        if h[3] != kept.vers[no] or kept.team_of[no] == own:
+            return  # no longer current; or the claimant's own (`_todo_start` reads it)
+        at = _first_in(kept.runs[no], removed, spared, h[4])
+    items = kept.runs[no][0]
+    if at >= len(items):
+        return
+    lost, rid, _ = items[at]
+    team = kept.team_of[no]
+    pre, rank = kept.cats[kept.cat_of[no]]
+    f = f_of(team) if team != own and (not pre or rank == tier) else 0.0
+    heapq.heappush(todo, (rank, lost, 1, f, rid, 1, no, at))
+    j = _first_in(kept.runs[no], removed, spared, at + 1)
+    if j < len(items):
+        heapq.heappush(todo, (rank, items[j][0], 0, 0.0, items[j][1], 1, no, j))
+
+
+def _first_on_a_node(ws: Workspace, r: RunningJob, key: _Key, pool: str, cluster: str,
+                     spared: Collection[int],
+                     key_of: Callable[[RunningJob], _Key | None]) -> bool:
+    """Is candidate `r` (its key `key`) the first candidate by key of a node of `pool`
+    that can hold a replica of one GPU emptied (`_one_gpu`'s test)? `key_of`: another
+    job's key as a candidate of the claim, None when it is none."""
+    cap, removed, where = ws.capacity, ws.removed, ws.running_cluster
+    on_node = _nodes_of(ws, r.gpu_type)
+    for name in sorted(dict.fromkeys(r.nodes)):
+        if cap.node_pool.get(name) != pool or cap.empty_node_slots(name, 1, 0, 0) < 1:
+            continue
+        if all(o is r or o.id in removed or o.id in spared or where[o.id] != cluster
+               or (ko := key_of(o)) is None or ko > key for o in on_node.get(name, ())):
+            return True
+    return False
+
+
+def _level_key(r: RunningJob, nearness: int,
+               info: Mapping[str, tuple[bool, float] | None],
                own: str, tier: int, lost_of: dict[int, float]) -> _Key | None:
     """`_Levels._level`'s key of `r` (not removed, spared or of another cluster) as a
     candidate of the level of `nearness` whose teams `info` holds (whether each may be

@@ -677,6 +677,10 @@ class Ledger:
         # What running jobs alone hold (rule R2 looks only at these: a team is not made
         # reclaimable by what this very pass admits for it).
         self.running_held: dict[tuple[str, str], int] = defaultdict(int)
+        # Every (team, type) whose `running_held` moved, in order: what the victim
+        # search keeps across a pass reads only the teams moved since it last looked
+        # (`preemption._Kept`, `owed._borrowed`).
+        self.running_moves: list[tuple[str, str]] = []
         for r in snapshot.running:
             self.held[(r.team, r.gpu_type)] += r.total_gpus
             self.running_held[(r.team, r.gpu_type)] += r.total_gpus
@@ -757,6 +761,7 @@ class Ledger:
         """A running job taken as a victim (`gpus` < 0) or put back (> 0): what rules R2
         and Q6 read."""
         self.running_held[(team, gpu_type)] += gpus
+        self.running_moves.append((team, gpu_type))
         if self.running_tree is not None:
             self.running_tree.add(team, gpu_type, gpus)
 
@@ -938,6 +943,9 @@ class Workspace:
         # Per entry of `victim_runs`: the work each job of its teams made would lose
         # (rule R4).
         self.victim_lost: dict[tuple[str, datetime, bool, str], dict[int, float]] = {}
+        # Per entry of `victim_runs` in a flat forest, the first job of each borrowing
+        # team's runs kept across the pass (`preemption._Kept`).
+        self.victim_kept: dict[tuple[str, datetime, bool, str], object] = {}
         # Per node of a GPU type the victim search read, its running jobs.
         self.victim_nodes: dict[str, dict[str, list[RunningJob]]] = {}
         # The lowest tier among each (team, type)'s preemptible jobs: a job over its own

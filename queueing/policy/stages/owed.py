@@ -130,10 +130,17 @@ def may_find(p: Pass, t: Try) -> bool:
     return own_lower + borrowed_total + free >= t.total
 
 
+# False: `_borrowed` is summed again over every team after each preemption, the
+# reference the tests hold the count kept per team (`_borrowed_kept`) to.
+_KEPT = True
+
+
 def _borrowed(p: Pass, gpu_type: str) -> tuple[int, int, dict[str, int]]:
     """(stamp, GPUs held by teams borrowing beyond their nominal, those teams' GPUs) of
     `gpu_type`, from the running jobs but the victims taken; kept until the pass takes
     victims again (`len(p.preemptions)`: what running jobs hold changes only then)."""
+    if _KEPT and p.ledger.running_tree is None:
+        return _borrowed_kept(p, gpu_type)
     stamp = len(p.preemptions)
     seen = p.borrowed.get(gpu_type)
     if seen is None or seen[0] != stamp:
@@ -156,4 +163,29 @@ def _borrowed(p: Pass, gpu_type: str) -> tuple[int, int, dict[str, int]]:
             teams = {team: held for (team, gt), held in p.ledger.running_held.items()
                      if gt == gpu_type and held > 0 and source(team)}
         seen = p.borrowed[gpu_type] = (stamp, sum(teams.values()), teams)
+    return seen
+
+
+def _borrowed_kept(p: Pass, gpu_type: str) -> tuple[int, int, dict[str, int]]:
+    """`_borrowed` in a flat forest (rule R2: a team is a source while it borrows itself),
+    kept for the pass and read again only for the teams whose running jobs moved since
+    the last call (`Ledger.running_moves`; its length is the stamp): a preemption moves
+    one or two teams, the sum over every team is made once."""
+    ledger, quota = p.ledger, p.snapshot.quota
+    moves = ledger.running_moves
+    seen = p.borrowed.get(gpu_type)
+    if seen is None:
+        teams = {team: held for (team, gt), held in ledger.running_held.items()
+                 if gt == gpu_type and held > quota(team, gt).nominal}
+        seen = p.borrowed[gpu_type] = (len(moves), sum(teams.values()), teams)
+    elif seen[0] != len(moves):
+        at, total, teams = seen
+        held_of = ledger.running_held
+        for team in {t for t, gt in moves[at:] if gt == gpu_type}:
+            total -= teams.pop(team, 0)
+            held = held_of[(team, gpu_type)]
+            if held > quota(team, gpu_type).nominal:
+                teams[team] = held
+                total += held
+        seen = p.borrowed[gpu_type] = (len(moves), total, teams)
     return seen
