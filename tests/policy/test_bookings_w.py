@@ -545,6 +545,17 @@ def test_rule_w4_property_lent_gpus_are_the_only_other_teams_on_the_booking(
                     lend=True) == []
 
 
+def test_rule_w4_a_take_back_leaves_the_bookings_free_gpus_held() -> None:
+    """A take-back's placement takes the lent job's GPUs first: the booking's free GPU
+    beside them stays its own. Found by the property above: vision books all 8 GPUs of a
+    node where its jobs hold 3, a lent job 4 and one is free; at the start vision's
+    2-GPU job takes back the lent job, and team a's 1-GPU job must not get the free one
+    (it did: the placement was counted against the free GPU, which went back to all)."""
+    world, jobs = [(8, 4)], [("a", 1, None), ("vision", 2, None), ("vision", 1, None),
+                             ("vision", 2, None)]
+    assert simulate(world, jobs, 15, 8, until=15 * 60 + 3 * CYCLE, lend=True) == []
+
+
 def test_rule_w1_the_property_fails_when_w1_is_mutated(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The property is not vacuous: with rule W1 off (no job is held back from a booking

@@ -528,17 +528,23 @@ def _taken_back(p: Pass, t: Try, h: Held, victims: list[RunningJob], q: str,
     """Rule W4's preemption made: the victims' GPUs beyond the placement held for it."""
     job, cap = t.job, p.cap
     g = job.gpus_per_replica
-    _spare_taken(cap, h, placement, g, own=True)
+    # The placement takes the victims' GPUs first: only what it takes beyond them on a
+    # node comes out of the booking's free GPUs, which stay held from other teams (W3).
     on = _per_node(victims, set(cap.free))
+    beyond: dict[str, int] = defaultdict(int)
     for n in placement:
-        on[n] = on.get(n, 0) - g
+        k = min(g, max(0, on.get(n, 0)))
+        on[n] = on.get(n, 0) - k
+        beyond[n] += g - k
+    _spare_taken(cap, h, tuple(n for n, k in beyond.items() for _ in range(k)), 1, own=True)
     for n, k in sorted(on.items()):
         if k > 0:
             cap.take_free(n, k)
     for r in victims:
         h.lent.remove(r)
     h.used += t.total
-    h.waiting += sum(r.total_gpus for r in victims)
+    # Still being freed for the booking: the victims' GPUs the placement does not take.
+    h.waiting += sum(k for k in on.values() if k > 0)
     found = tuple(Victim(r.id, r.team, r.tier_rank, r.total_gpus, PreemptionRule.BOOKED)
                   for r in victims)
     p.preemptions.append(Preemption(job.id, job.team, t.gt, found, placement,
