@@ -534,11 +534,10 @@ def _published_in_classes(snapshot: Snapshot, plan: Plan, left_out: set[int],
             in_key = keys[by_key]
             starts = np.flatnonzero(np.concatenate(
                 [[True], (in_key[1:] != in_key[:-1]).any(axis=1)]))
-            word = np.array([said_once(tuple(key), int(raw_ids[at[shared[k]]]),
-                                       tuples[shared[k]])
-                             for key, k in zip(in_key[starts].tolist(),
-                                               by_key[starts].tolist(), strict=True)],
-                            dtype=np.int64)
+            firsts = at[shared[by_key[starts]]].tolist()  # a raw wait of each key
+            word = np.array([said_once(tuple(key), job_id, raw_values[k]) for key, job_id, k
+                             in zip(in_key[starts].tolist(), raw_ids[firsts].tolist(),
+                                    firsts, strict=True)], dtype=np.int64)
             word_of[index[by_key]] = np.repeat(word, np.diff(np.append(starts, len(by_key))))
     others += [(int(raw_ids[k]), raw_values[k]) for k in np.flatnonzero(~is_raw).tolist()]
     index_of = dict(zip(job_ids[known_indices(j for j, _ in others)].tolist(),
@@ -551,24 +550,21 @@ def _published_in_classes(snapshot: Snapshot, plan: Plan, left_out: set[int],
     if bulk:
         at = np.array(bulk, dtype=np.int64)
         wording_at = wording_of[cls_np[at]]
-        # Runs of one replayed entry (the same object) and one wording: one key each.
-        new_run = np.ones(len(bulk), dtype=bool)
-        if len(bulk) > 1:
-            new_run[1:] = ~np.fromiter(map(operator.is_, bulk_held[1:], bulk_held[:-1]),
-                                       dtype=bool, count=len(bulk) - 1)
-            new_run[1:] |= wording_at[1:] != wording_at[:-1]
-        starts = np.flatnonzero(new_run)
+        # One key per replayed entry (the same object) and wording.
+        _, entry = np.unique(np.fromiter(map(id, bulk_held), dtype=np.int64,
+                                         count=len(bulk_held)), return_inverse=True)
+        _, firsts, inverse = np.unique(entry.reshape(-1) * (n + 1) + wording_at,
+                                       return_index=True, return_inverse=True)
         per_job = np.isin(at, known_indices(own))
-        word = np.empty(len(starts), dtype=np.int64)
-        for k, b in enumerate(starts.tolist()):
+        word = np.empty(len(firsts), dtype=np.int64)
+        for k, b in enumerate(firsts.tolist()):
             h, index = bulk_held[b], bulk[b]
-            raw = (h[1], index, h[2], h[3])
             if h[1] == _RESERVED:  # rule A9 reads the job's runtime: per job below
                 word[k] = -2
                 continue
             word[k] = said_once((h[1], h[2], h[3], int(wording_at[b])),
-                                int(job_ids[index]), raw)
-        words = np.repeat(word, np.diff(np.append(starts, len(bulk))))
+                                int(job_ids[index]), (h[1], index, h[2], h[3]))
+        words = word[inverse.reshape(-1)]
         per_job |= words == -2
         word_of[at] = words
         for b in np.flatnonzero(per_job).tolist():
