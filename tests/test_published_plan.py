@@ -87,13 +87,15 @@ def _columns(p: qp.PublishedPlan) -> dict[str, Any]:
 @settings(max_examples=200, deadline=None)
 def test_rule_p3_the_plan_read_per_class_is_the_plan_read_per_job(
         s: Snapshot, seed: int, lazy: bool) -> None:
-    """The published plan read per class (`_PER_CLASS_READ`: the waits put in words once
-    per distinct raw entry and wording, the bulk and the order not expanded) against a
-    `Wait` read per job, column by column, with the plan expanded only where read
-    (`admission._EXPANDED_ON_READ`) on and off; some jobs of several GPU types (rule
-    G5), some with other runtimes (rule A9's words), jobs admitted left out, jobs
+    """The published plan built per class over arrays (`_IN_CLASSES`: each class's
+    team, type and accepted types read once, each distinct wait put in words once, rule
+    E1 by running counts) and read per class (`_PER_CLASS_READ`: the waits put in words
+    once per distinct raw entry and wording, the bulk and the order not expanded)
+    against a `Wait` read per job, column by column, with the plan expanded only where
+    read (`admission._EXPANDED_ON_READ`) on and off; some jobs of several GPU types
+    (rule G5), some with other runtimes (rule A9's words), jobs admitted left out, jobs
     unprovisioned, and a snapshot that lost some planned jobs and gained one the plan
-    never saw."""
+    never saw (there the columns are built per job)."""
     rnd = random.Random(seed)
     s = _several_types(s, rnd) if rnd.random() < 0.3 else s
     s = replace(s, queued=tuple(replace(q, max_runtime_seconds=rnd.choice((None, 600, 60)))
@@ -103,7 +105,7 @@ def test_rule_p3_the_plan_read_per_class_is_the_plan_read_per_job(
                      for i in range(rnd.randint(0, 2))]
     drift = rnd.random() < 0.3
     with mock.patch.object(admission, "_EXPANDED_ON_READ", lazy):
-        plans = [plan_admissions(s) for _ in range(2)]
+        plans = [plan_admissions(s) for _ in range(3)]
     admitted = sorted(a.job_id for a in plans[0].admissions)
     leave_out = set(rnd.sample(admitted, rnd.randint(0, len(admitted))))
     read = s
@@ -111,14 +113,45 @@ def test_rule_p3_the_plan_read_per_class_is_the_plan_read_per_job(
         kept = [q for q in s.queued if rnd.random() < 0.9]
         read = replace(s, queued=(*kept, replace(s.queued[0], id=80_000)))
     got = []
-    for per_class, plan in zip((True, False), plans, strict=True):
+    real, built = qp._published_in_classes, []
+
+    def in_classes_(*args: Any) -> Any:
+        built.append(real(*args))
+        return built[-1]
+
+    for (in_classes, per_class), plan in zip(((True, True), (False, True), (False, False)),
+                                             plans, strict=True):
         bulk = len(plan.waits.bulk)
-        with mock.patch.object(qp, "_PER_CLASS_READ", per_class):
+        with mock.patch.object(qp, "_PER_CLASS_READ", per_class), \
+                mock.patch.object(qp, "_IN_CLASSES", in_classes), \
+                mock.patch.object(qp, "_published_in_classes", in_classes_):
             got.append(_columns(qp.published_plan_of(read, plan, leave_out=leave_out,
                                                       unprovisioned=unprovisioned)))
         if per_class and not drift:  # nothing expanded by the read per class
             assert len(plan.waits.bulk) == bulk
-    assert got[0] == got[1]
+    if not (drift and s.queued) and plans[0].waits.classes:  # the arrays were built
+        assert len(built) == 1 and built[0] is not None
+    assert got[0] == got[2]
+    assert got[1] == got[2]
+
+
+def test_rule_a9_reserved_waits_of_one_class_keep_each_jobs_runtime() -> None:
+    """Rule A9's words read a job's `max_runtime_seconds`, which a class of equal jobs
+    does not fix: jobs of one class with other runtimes, each waiting on the reservation,
+    keep their own words in the columns built per class."""
+    from .policy.test_reservation import GANG, HALF, HOLDERS, est, q, snap
+
+    s = snap(nodes=HALF, running=HOLDERS, queued=(
+        GANG, est(q(9000, gpus=4), None),
+        *(est(q(i, gpus=2), (None, 7200, 5400)[i % 3]) for i in range(10, 40))))
+    plans = [plan_admissions(s) for _ in range(2)]
+    assert len(set(plans[0].waits.classes[2:])) == 1  # the 2-GPU jobs: one class
+    got = []
+    for in_classes, plan in zip((True, False), plans, strict=True):
+        with mock.patch.object(qp, "_IN_CLASSES", in_classes):
+            got.append(qp.published_plan_of(s, plan))
+    assert _columns(got[0]) == _columns(got[1])
+    assert len({m for m in got[0].messages if "max_runtime_seconds" in m}) == 3
 
 
 def _submit(world: World, rnd: random.Random, n: int) -> list[int]:

@@ -347,6 +347,7 @@ def plan_admissions(snapshot: Snapshot) -> Plan:
     # Per job (its index): its class, its id; read in rule O1's order without touching
     # the job when its class's wait is given at once (`_Replay.now`).
     of = replay.class_of or [0] * len(jobs)
+    p.waits.classes = replay.class_of  # the published plan puts waits in words per class
     ids = list(map(_id_of, jobs))
     now, more = replay.now, replay.more
     if _EXPANDED_ON_READ:

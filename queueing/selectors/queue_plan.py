@@ -34,6 +34,7 @@ is not dropped by it, only replaced by the next cycle's.
 from __future__ import annotations
 
 import hashlib
+import operator
 import pickle
 import time
 import uuid
@@ -42,8 +43,11 @@ from bisect import bisect_left
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass, replace
 from datetime import datetime
-from typing import Any
+from itertools import chain, repeat
+from operator import attrgetter
+from typing import Any, cast
 
+import numpy as np
 from django.conf import settings
 from django.core.cache import cache
 from django.db.models import QuerySet
@@ -53,7 +57,7 @@ from queueing.models import GpuType, Job
 from queueing.policy.admission import Order, Plan, plan_admissions
 from queueing.policy.explain import PlanEntry, explain_queue, explain_queued
 from queueing.policy.snapshot import FlavorFallback, QueuedJob, Snapshot
-from queueing.policy.stages.waits import WaitReason, Waits
+from queueing.policy.stages.waits import REASONS, Wait, WaitReason, Waits, wording
 from queueing.policy.states import JobState
 
 from .cluster import cluster_view
@@ -265,6 +269,7 @@ class _Interned:
 # False: a `Wait` per job (`_in_order`, the reference, held to it by
 # tests/test_published_plan.py).
 _PER_CLASS_READ = True
+_id_of = attrgetter("id")
 _Words = tuple[WaitReason, str, datetime | None]
 
 
@@ -328,6 +333,10 @@ def published_plan_of(snapshot: Snapshot, plan: Plan, *, leave_out: Collection[i
     `_plan_compute`'s on that snapshot, column by column."""
     left_out = set(leave_out)
     admitted = {a.job_id for a in plan.admissions}
+    if _IN_CLASSES:
+        fast = _published_in_classes(snapshot, plan, left_out, admitted, list(unprovisioned))
+        if fast is not None:
+            return fast
     teams, types, codes, messages, untils = (_Interned() for _ in range(5))
     codes("")
     messages("")
@@ -384,6 +393,255 @@ def published_plan_of(snapshot: Snapshot, plan: Plan, *, leave_out: Collection[i
         messages=tuple(messages.values), untils=tuple(untils.values),
         by_id=array("q", [ids[r] for r in sorted_rows]), by_id_row=array("i", sorted_rows),
         team_rows=team_rows, team_start=team_start)
+
+
+# True: `published_plan_of` builds the columns per class of equal jobs and per distinct
+# wait, over arrays (`_published_in_classes`), when the plan's jobs are the snapshot's
+# and the pass found their classes; False: the loop per job above (the reference, held
+# to it by tests/test_published_plan.py).
+_IN_CLASSES = True
+_RESERVED = REASONS.index(WaitReason.RESERVED)
+
+
+def _np_array(values: Any, typecode: str) -> array[int]:
+    """A numpy vector as the `array` of `typecode` the published plan keeps."""
+    return array(typecode, np.ascontiguousarray(values, dtype=_NP_TYPE[typecode]).tobytes())
+
+
+_NP_TYPE = {"i": np.int32, "q": np.int64}
+
+
+def _first_seen(keys: Any, size: int) -> tuple[Any, Any]:
+    """(the distinct values of `keys`, integers in [0, size), in the order they first
+    occur; per position the index of its value in that order). No sort of `keys`."""
+    first = np.full(size, len(keys), dtype=np.int64)
+    np.minimum.at(first, keys, np.arange(len(keys), dtype=np.int64))
+    present = np.flatnonzero(first < len(keys))
+    distinct = present[np.argsort(first[present], kind="stable")]
+    rank = np.empty(size, dtype=np.int64)
+    rank[distinct] = np.arange(len(distinct), dtype=np.int64)
+    return distinct, rank[keys]
+
+
+def _published_in_classes(snapshot: Snapshot, plan: Plan, left_out: set[int],
+                          admitted: set[int], unprovisioned: list[tuple[int, str, str]]
+                          ) -> PublishedPlan | None:
+    """`published_plan_of`'s columns built per class of equal jobs (`Waits.classes`)
+    and per distinct wait, not per job: a job's team, GPU type and accepted types read
+    once per class; a wait kept in bulk (`Waits.bulk`) put in words once per replayed
+    entry and class, any other once per raw entry and class (rule A9's reserved waits,
+    which read the job's runtime, and the jobs of `Waits.own_words` per job); rule E1's
+    jobs ahead by running counts per set of accepted types; the interned tables in the
+    order the rows first name them. None when it does not apply (the plan's jobs are not
+    the snapshot's, or their classes were not found): the caller reads per job."""
+    waits, order = plan.waits, plan.order
+    if not isinstance(waits, Waits):
+        return None
+    jobs, classes = waits.jobs, waits.classes
+    queued = snapshot.queued
+    n = len(jobs)
+    if (len(classes) != n or len(queued) != n
+            or not all(map(operator.is_, jobs, queued))):
+        return None
+    read, ids_of = order.read() if isinstance(order, Order) else (None, order)
+    lazy = read is not None and not isinstance(read, range)  # ids_of: the id per job index
+    job_ids = np.fromiter(ids_of if lazy else map(_id_of, jobs), dtype=np.int64, count=n)
+    by_job_id = (np.arange(n) if n < 2 or bool((job_ids[1:] > job_ids[:-1]).all())
+                 else np.argsort(job_ids, kind="stable"))
+    sorted_job_ids = job_ids[by_job_id]
+
+    def indices_of(ids_: Any) -> Any:
+        """The jobs' indices of `ids_` (each one of the plan's jobs)."""
+        return by_job_id[np.searchsorted(sorted_job_ids, ids_)]
+
+    def known_indices(ids_: Iterable[int]) -> Any:
+        """The jobs' indices of the ids of `ids_` that are the plan's jobs', in turn."""
+        got = np.fromiter(ids_, dtype=np.int64)
+        return indices_of(got[np.isin(got, job_ids)])
+
+    # The plan's job indices in rule O1's order, as the pass kept them or from its ids.
+    ordered = (np.fromiter(read, dtype=np.int64, count=len(read)) if read is not None and lazy
+               else known_indices(ids_of))
+    in_order = np.zeros(n, dtype=bool)
+    in_order[ordered] = True
+    rows = np.concatenate([ordered, np.flatnonzero(~in_order)])  # then the rest, in queue order
+    if left_out:
+        rows = rows[~np.isin(job_ids[rows], np.fromiter(left_out, dtype=np.int64))]
+
+    # Per class (indexed by its value, a job index): its wording (what a wait's words
+    # read of the job but its runtime), team, GPU type and accepted types, each as an
+    # index into a table of distinct ones.
+    cls_np = np.asarray(classes, dtype=np.int64)
+    heads = np.zeros(n, dtype=bool)
+    heads[cls_np] = True
+    wording_of, team_key, type_key, kind_of = (np.zeros(n, dtype=np.int64) for _ in range(4))
+    wordings: dict[tuple[Any, ...], int] = {}
+    team_names: list[str] = []
+    type_names: list[str] = []
+    team_index: dict[str, int] = {}
+    type_index: dict[str, int] = {}
+    kinds_of: list[tuple[str, ...]] = []
+    kinds_index: dict[tuple[str, ...], int] = {}
+    for c in np.flatnonzero(heads).tolist():
+        job = jobs[c]
+        wording_of[c] = wordings.setdefault(wording(job), len(wordings))
+        team_key[c] = team_index.setdefault(job.team, len(team_names))
+        if team_key[c] == len(team_names):
+            team_names.append(job.team)
+        type_key[c] = type_index.setdefault(job.gpu_type, len(type_names))
+        if type_key[c] == len(type_names):
+            type_names.append(job.gpu_type)
+        kinds = job.accepted_types
+        kind_of[c] = kinds_index.setdefault(kinds, len(kinds_of))
+        if kind_of[c] == len(kinds_of):
+            kinds_of.append(kinds)
+
+    # Each job's wait as an index into `said` (-1: none).
+    said: list[_Words] = []
+    word_of = np.full(n, -1, dtype=np.int64)
+    # (reason code, held, ceiling, wording) -> its index in `said`: raw and bulk alike.
+    shared_said: dict[tuple[int, int, int, int], int] = {}
+
+    def said_once(key: tuple[int, int, int, int], job_id: int,
+                  raw: tuple[int, int, int, int]) -> int:
+        w = shared_said.get(key)
+        if w is None:
+            w = shared_said[key] = len(said)
+            said.append(waits.words_of(job_id, raw))
+        return w
+
+    own = waits.own_words()
+    raw_ids = np.fromiter(waits._raw, dtype=np.int64, count=len(waits._raw))
+    raw_values = list(waits._raw.values())
+    is_raw = np.fromiter(map(isinstance, raw_values, repeat(tuple)), dtype=bool,
+                         count=len(raw_values))
+    others: list[tuple[int, Wait | tuple[int, int, int, int]]] = []  # words per job
+    if is_raw.any():
+        at = np.flatnonzero(is_raw)
+        # (reason code, job index, held, ceiling) per raw wait
+        tuples = cast(list[tuple[int, int, int, int]], [raw_values[k] for k in at.tolist()])
+        raws = np.fromiter(chain.from_iterable(tuples),
+                           dtype=np.int64, count=4 * len(at)).reshape(-1, 4)
+        alone = (raws[:, 0] == _RESERVED) | np.isin(raw_ids[at], np.fromiter(own, np.int64))
+        for k in np.flatnonzero(alone).tolist():
+            others.append((int(raw_ids[at[k]]), raw_values[at[k]]))
+        shared = np.flatnonzero(~alone)
+        if len(shared):
+            index = raws[shared, 1]
+            keys = np.stack([raws[shared, 0], raws[shared, 2], raws[shared, 3],
+                             wording_of[cls_np[index]]], axis=1)
+            by_key = np.lexsort(keys.T[::-1])
+            in_key = keys[by_key]
+            starts = np.flatnonzero(np.concatenate(
+                [[True], (in_key[1:] != in_key[:-1]).any(axis=1)]))
+            firsts = at[shared[by_key[starts]]].tolist()  # a raw wait of each key
+            word = np.array([said_once(tuple(key), job_id, raw_values[k]) for key, job_id, k
+                             in zip(in_key[starts].tolist(), raw_ids[firsts].tolist(),
+                                    firsts, strict=True)], dtype=np.int64)
+            word_of[index[by_key]] = np.repeat(word, np.diff(np.append(starts, len(by_key))))
+    others += [(int(raw_ids[k]), raw_values[k]) for k in np.flatnonzero(~is_raw).tolist()]
+    index_of = dict(zip(job_ids[known_indices(j for j, _ in others)].tolist(),
+                        known_indices(j for j, _ in others).tolist(), strict=True))
+    for job_id, raw in others:
+        if job_id in index_of:
+            word_of[index_of[job_id]] = len(said)
+            said.append(waits.words_of(job_id, raw))
+    bulk, bulk_held = waits.bulk, waits.bulk_held
+    if bulk:
+        at = np.array(bulk, dtype=np.int64)
+        wording_at = wording_of[cls_np[at]]
+        # One key per replayed entry (the same object) and wording.
+        _, entry = np.unique(np.fromiter(map(id, bulk_held), dtype=np.int64,
+                                         count=len(bulk_held)), return_inverse=True)
+        _, firsts, inverse = np.unique(entry.reshape(-1) * (n + 1) + wording_at,
+                                       return_index=True, return_inverse=True)
+        per_job = np.isin(at, known_indices(own))
+        word = np.empty(len(firsts), dtype=np.int64)
+        for k, b in enumerate(firsts.tolist()):
+            h, index = bulk_held[b], bulk[b]
+            if h[1] == _RESERVED:  # rule A9 reads the job's runtime: per job below
+                word[k] = -2
+                continue
+            word[k] = said_once((h[1], h[2], h[3], int(wording_at[b])),
+                                int(job_ids[index]), (h[1], index, h[2], h[3]))
+        words = word[inverse.reshape(-1)]
+        per_job |= words == -2
+        word_of[at] = words
+        for b in np.flatnonzero(per_job).tolist():
+            h, index = bulk_held[b], bulk[b]
+            word_of[index] = len(said)
+            said.append(waits.words_of(int(job_ids[index]), (h[1], index, h[2], h[3])))
+
+    # The rows' waits, codes, messages and instants, interned in the order rows name them.
+    teams, types, codes, messages, untils = (_Interned() for _ in range(5))
+    codes("")
+    messages("")
+    row_ids = job_ids[rows]
+    is_admitted = (np.isin(row_ids, np.fromiter(admitted, dtype=np.int64))
+                   if admitted else np.zeros(len(rows), dtype=bool))
+    said_keys, said_rank = _first_seen((word_of[rows] + 1) * 2 + is_admitted,
+                                       2 * len(said) + 2)
+    code_of, message_of, until_of = (np.empty(len(said_keys), dtype=np.int64)
+                                     for _ in range(3))
+    for k, x in enumerate(said_keys.tolist()):
+        w = said[x // 2 - 1] if x >= 2 else None
+        if x % 2:
+            code_of[k], message_of[k] = codes("next_cycle"), 0
+        elif w is not None:
+            code_of[k], message_of[k] = codes(str(w[0])), messages(w[1] or str(w[0]))
+        else:
+            code_of[k] = message_of[k] = 0
+        until_of[k] = untils(w[2]) if w is not None and w[2] is not None else -1
+
+    # Team, GPU type and rule E1's jobs ahead, per class.
+    row_classes = cls_np[rows]
+    row_kind = kind_of[row_classes]
+    team_keys, team_rank = _first_seen(team_key[row_classes], len(team_names))
+    type_keys, type_rank = _first_seen(type_key[row_classes], len(type_names))
+    team_of = np.array([teams(team_names[k]) for k in team_keys.tolist()], dtype=np.int64)
+    type_of = np.array([types(type_names[k]) for k in type_keys.tolist()], dtype=np.int64)
+    ahead_same = np.zeros(len(rows), dtype=np.int64)
+    before: list[Any] = []  # per set of accepted types: its rows before each row
+    for s_ in range(len(kinds_of)):
+        mine = row_kind == s_
+        before.append(np.cumsum(mine) - mine)
+    for w_, wanted in enumerate(kinds_of):
+        mine = row_kind == w_
+        for s_, kinds in enumerate(kinds_of):
+            if not set(wanted).isdisjoint(kinds):
+                ahead_same[mine] += before[s_][mine]
+
+    ids = row_ids
+    team_ix = team_of[team_rank] if len(team_of) else team_rank
+    type_ix = type_of[type_rank] if len(type_of) else type_rank
+    code_ix, message_ix = code_of[said_rank], message_of[said_rank]
+    until_ix = until_of[said_rank]
+    if unprovisioned:
+        extra = len(unprovisioned)
+        ids = np.concatenate([ids, np.fromiter((j for j, _, _ in unprovisioned),
+                                               dtype=np.int64, count=extra)])
+        ahead_same = np.concatenate([ahead_same, np.zeros(extra, dtype=np.int64)])
+        team_ix = np.concatenate([team_ix, [teams(t) for _, t, _ in unprovisioned]])
+        type_ix = np.concatenate([type_ix, [types(g) for _, _, g in unprovisioned]])
+        code_ix = np.concatenate([code_ix, [codes("namespace_not_provisioned")] * extra])
+        message_ix = np.concatenate([message_ix, [messages(_unprovisioned_message(t))
+                                                  for _, t, _ in unprovisioned]])
+        until_ix = np.concatenate([until_ix, np.full(extra, -1, dtype=np.int64)])
+    sorted_rows = np.argsort(ids)  # the ids are distinct
+    team_rows = np.argsort(team_ix.astype(np.uint16) if len(teams.values) < 1 << 16
+                           else team_ix, kind="stable")  # 16 bits: a radix sort
+    team_start = np.concatenate([[0], np.cumsum(np.bincount(team_ix.astype(np.int64),
+                                                            minlength=len(teams.values)))])
+    return PublishedPlan(
+        generation=uuid.uuid4().hex, queued=len(ids), made_at=time.time(),
+        ids=_np_array(ids, "q"), ahead_same=_np_array(ahead_same, "i"),
+        team_ix=_np_array(team_ix, "i"), type_ix=_np_array(type_ix, "i"),
+        code_ix=_np_array(code_ix, "i"), message_ix=_np_array(message_ix, "i"),
+        until_ix=_np_array(until_ix, "i"), teams=tuple(teams.values),
+        types=tuple(types.values), codes=tuple(codes.values),
+        messages=tuple(messages.values), untils=tuple(untils.values),
+        by_id=_np_array(ids[sorted_rows], "q"), by_id_row=_np_array(sorted_rows, "i"),
+        team_rows=_np_array(team_rows, "i"), team_start=_np_array(team_start, "q"))
 
 
 # A quiet cycle (nothing the plan depends on changed since the last plan published)

@@ -64,7 +64,7 @@ class Waits(Mapping[int, Wait]):
     """`Plan.waits`, built lazily: most of a long queue waits, and a wait's message is
     only formatted when someone reads it. Reads give equal `Wait` values every time."""
 
-    __slots__ = ("_raw", "blocks", "booked", "bulk", "bulk_held", "elsewhere", "jobs",
+    __slots__ = ("_raw", "blocks", "booked", "bulk", "bulk_held", "classes", "elsewhere", "jobs",
                  "lending", "now", "owed", "packed", "per_type", "pool_info", "protected",
                  "refused", "reservations", "segments", "several", "tree_limits")
 
@@ -119,6 +119,10 @@ class Waits(Mapping[int, Wait]):
         self.bulk: list[int] = []
         self.bulk_held: list[tuple[int, int, int, int, str, int]] = []
         self.segments: list[tuple[int | None, int]] = []
+        # Per index of `jobs`, its class of equal jobs (the index of the class's first
+        # job: `admission._classes`) when the pass found them, else []: jobs of one class
+        # are equal in every field their words read but `max_runtime_seconds`.
+        self.classes: list[int] = []
 
     def expand(self) -> None:
         """The waits kept in bulk made raw waits of `_raw`, in the order the pass gave
@@ -189,6 +193,22 @@ class Waits(Mapping[int, Wait]):
                     w = self._format(job_id, raw, None)
                     found = said[key] = (w.reason, w.message, w.until)
                 yield found
+
+    def own_words(self) -> set[int]:
+        """The jobs whose wait reads the job itself, beyond its wording fields: a rule E4
+        protection, a K3 pool, an R11 claim, an A9 reservation held for it, or rule G5's
+        several types. `words` puts their waits in words per job."""
+        return {*self.protected, *self.elsewhere, *(j for j, _ in self.owed),
+                *(h for h, _ in self.reservations.values()), *self.per_type}
+
+    def words_of(self, job_id: int, raw: Wait | Raw
+                 ) -> tuple[WaitReason, str, datetime | None]:
+        """The wait `raw` of the job `job_id` as (reason, message, until), made for that
+        job alone: what `words` gives it."""
+        several = self.per_type.get(job_id) if self.per_type else None
+        w = (self._several_types(job_id, several) if several is not None
+             else self._format(job_id, raw, None))
+        return w.reason, w.message, w.until
 
     def causes(self) -> Iterator[tuple[int, str]]:
         """`Plan.wait_causes`, from the raw waits."""
@@ -390,6 +410,7 @@ class Waits(Mapping[int, Wait]):
 _wording = attrgetter("team", "gpu_type", "gpus_per_replica", "replicas", "topology",
                       "cpu_millicores", "memory_bytes", "clusters", "spot_ok",
                       "max_runtime_seconds")
+wording = _wording  # the same, for the published plan's columns built per class
 
 # `Raw`'s last field for a `gang_does_not_fit` of rule A7: no one domain holds the gang.
 IN_ONE_DOMAIN = 1
