@@ -8,8 +8,8 @@ and those time changes. Held to the plain rebuild of every status each cycle
 through the informers' own code (tests/test_k8s_kept_statuses.py's: Jobs and pods added,
 modified, deleted, relists carrying changes the watch missed, stops asked, Jobs hidden
 and unhidden, FailedCreate events, spot nodes reclaimed and back, time passing across
-every deadline) answer the same statuses at every cycle, and the one visiting by marks
-visits fewer Jobs."""
+every deadline) answer the same statuses and delete the same finished Jobs at every
+cycle, and the one visiting by marks visits fewer Jobs."""
 
 from __future__ import annotations
 
@@ -44,15 +44,25 @@ def test_statuses_visiting_marked_jobs_are_the_statuses_rebuilt_each_cycle(
     every.keep_visits = False
     plain = backend(monkeypatch, keep=False)
     backends = [marked, every, plain]
+    cleaned: dict[int, list[tuple[str, str]]] = {id(b): [] for b in backends}
+    for b in backends:
+        # The finished Jobs past their TTL it deletes itself: each cycle, not each minute.
+        monkeypatch.setattr(b, "_delete_quietly",
+                            lambda name, namespace, b=b: cleaned[id(b)].append((name, namespace)))
     cluster = Cluster(world(seed, workloads=30), backends)
     next_id = [1000]
     now = T0
     for cycle in range(60):
         for _ in range(rng.choice([0, 0, 1, 1, 2, 5])):
             step(rng, cluster, backends, now, next_id)
+        for b in backends:
+            b._last_housekeeping = float("-inf")
+            cleaned[id(b)].clear()
         want = answered(plain, now)
         assert answered(marked, now) == want, f"cycle {cycle}"
         assert answered(every, now) == want, f"cycle {cycle}"
+        assert sorted(cleaned[id(marked)]) == sorted(cleaned[id(plain)]), f"cycle {cycle}"
+        assert sorted(cleaned[id(every)]) == sorted(cleaned[id(plain)]), f"cycle {cycle}"
         now += timedelta(seconds=rng.choice([0, 0, 1, 5, 30, 90, 200]))
         clock[0] = now
     assert marked._visits is not None
