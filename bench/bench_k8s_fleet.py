@@ -28,13 +28,15 @@ own hooks (`_pod_changed`: the kick, the graceful stop's trigger).
 With `--cycles 0.01,0.1` (one process, slim): the cycle's reads with that share of the
 pods modified (watch events, through the hooks) between two cycles, the statuses and
 nodes kept between cycles (`KubernetesBackend.keep_statuses`, `keep_nodes`) alternated
-with the plain rebuild of every status and node, `--rounds` times; the lowest of each
-(`--settled`: only the workloads a cycle leaves as they are, see `settle`):
+with the plain rebuild of every status and node, `--rounds` times: `every` visits each
+Job of the cache (`keep_visits = False`), `kept` only the Jobs marked since the last
+cycle (`keep_visits`); the lowest of each (`--settled`: only the workloads a cycle
+leaves as they are, see `settle`):
 
   BENCH k8s_fleet_cycle_plain_<share>_s        statuses(), every status rebuilt
-  BENCH k8s_fleet_cycle_kept_first_s           statuses(), kept, its first cycle
-  BENCH k8s_fleet_cycle_kept_<share>_s         statuses(), kept, the next cycle
-  BENCH k8s_fleet_cycle_kept_nodes_first_s     nodes(), kept, its first cycle
+  BENCH k8s_fleet_cycle_<path>_first_s         statuses(), kept, its first cycle
+  BENCH k8s_fleet_cycle_<path>_<share>_s       statuses(), kept, the next cycle
+  BENCH k8s_fleet_cycle_<path>_nodes_first_s   nodes(), kept, its first cycle
   BENCH k8s_fleet_cycle_<path>_nodes_<share>_s nodes() after it (plain: every node
                                                rebuilt; kept: the nodes whose pods moved)
 
@@ -228,18 +230,21 @@ def cycles(backend: Any, pod_t: list[str], pods: int, shares: list[float],
         for share in shares:
             changed = max(1, int(pods * share))
             label = f"{share * 100:g}pct"
-            for path in ("plain", "kept"):
-                backend.keep_statuses = backend.keep_nodes = path == "kept"
-                if path == "kept":
+            for path in ("plain", "every", "kept"):
+                backend.keep_statuses = backend.keep_nodes = path != "plain"
+                backend.keep_visits = path == "kept"
+                if path != "plain":
                     now += timedelta(seconds=3)
-                    timed("kept_first", backend.statuses, now=now)
-                    timed("kept_nodes_first", backend.nodes)
+                    timed(f"{path}_first", backend.statuses, now=now)
+                    timed(f"{path}_nodes_first", backend.nodes)
                 version += 1
                 modify(backend, pod_t, ((start + k) % pods for k in range(changed)),
                        str(version))
                 start = (start + changed) % pods
                 now += timedelta(seconds=3)
+                visits = backend.job_visits
                 answer = timed(f"{path}_{label}", backend.statuses, now=now)
+                note(f"{path}: {backend.job_visits - visits} Jobs visited")
                 if path == "kept":
                     entries = list(backend._kept.values())
                     note(f"{len(answer)} statuses: {sum(e.stable for e in entries)} kept, "

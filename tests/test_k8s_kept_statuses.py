@@ -234,11 +234,12 @@ def step(rng: random.Random, cluster: Cluster, backends: list[Any], now: datetim
     elif roll < 0.92 and jobs:
         name = jobs[rng.choice(sorted(jobs))]["metadata"]["name"]
         how = rng.choice(["stop", "hide", "unhide"])
+        finished = now - timedelta(seconds=rng.choice([10, 7200]))
         for b in backends:
             if how == "stop":
                 b.tracker.stop_asked(name)
             elif how == "hide":
-                b.tracker.hide(name, now - timedelta(seconds=rng.choice([10, 7200])))
+                b.tracker.hide(name, finished)  # the same in every backend
             else:
                 b.tracker.unhide(name)
     else:

@@ -208,6 +208,66 @@ class _KeptStatus:
             create_errors.get(k, "") == v for k, v in self.errors)
 
 
+class _Visits:
+    """What `statuses()` made of each Job of the cache at its last visit, so a cycle
+    visits again only the Jobs something may have changed (`KubernetesBackend.keep_visits`):
+    per Job key ("ns/name") the Job, whether its pods are a Job's (not orphans), the
+    status it gave before rule K6 and the tracker's pass (None: none) and its pods; the
+    keys visited every cycle
+    (`often`: a status time changes, a hidden Job's, one not kept); the Jobs' keys by
+    name (what `hidden` names); the replica Jobs' verdicts and the replicas by workload
+    (`_replica_jobs`); the create errors, the hidden names and the time of that cycle."""
+
+    __slots__ = ("by_key", "by_name", "errors", "hidden", "job_keys", "now", "often",
+                 "replicas", "verdicts")
+
+    def __init__(self, now: datetime, errors: dict[str, str], hidden: set[str]) -> None:
+        self.by_key: dict[str, tuple[Obj, bool, WorkloadStatus | None, Sequence[Obj]]] = {}
+        self.by_name: dict[str, set[str]] = defaultdict(set)
+        self.often: set[str] = set()
+        self.job_keys: set[str] = set()
+        self.verdicts: dict[str, tuple[str, str, int]] = {}
+        self.replicas: dict[str, dict[int, Obj]] = {}
+        self.now, self.errors, self.hidden = now, errors, hidden
+
+    def record(self, key: str, job: Obj, job_key: bool, status: WorkloadStatus | None,
+               pods: Sequence[Obj], settled: bool) -> None:
+        self.by_key[key] = (job, job_key, status, pods)
+        self.by_name[job["metadata"]["name"]].add(key)
+        if job_key:
+            self.job_keys.add(key)
+        if not settled:
+            self.often.add(key)
+
+    def forget(self, key: str) -> Obj | None:
+        """Drop what `key`'s last visit made; its Job then."""
+        old = self.by_key.pop(key, None)
+        self.often.discard(key)
+        self.job_keys.discard(key)
+        if old is None:
+            return None
+        name = old[0]["metadata"]["name"]
+        keys = self.by_name.get(name)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self.by_name[name]
+        return old[0]
+
+    def set_verdict(self, key: str, job: Obj | None, verdict: tuple[str, str, int] | None
+                    ) -> None:
+        """Replica Job `key` now `job` with `verdict` (None: not a replica of ours)."""
+        old = self.verdicts.pop(key, None)
+        if old is not None:
+            group = self.replicas.get(old[0], {})
+            group.pop(old[2], None)
+            if not group:
+                self.replicas.pop(old[0], None)
+        if verdict is not None and job is not None:
+            self.verdicts[key] = verdict
+            self.replicas.setdefault(verdict[0], {})[verdict[2]] = job
+
+
 class _KeptNodes:
     """`nodes()` between cycles: each node's answer with the inputs it was built from
     (the node object, when its pods last changed, fairq's unbound demand on it), each
@@ -255,6 +315,12 @@ class KubernetesBackend:
     # cycles"); False: every status rebuilt from the watch cache each cycle, the
     # reference (tests/test_k8s_kept_statuses.py holds the two equal).
     keep_statuses: bool = True
+    # With `keep_statuses`, `statuses()` visits again only the Jobs a watch event marked
+    # since the last cycle, those of a namespace listed again, those whose create errors
+    # or hidden state moved and those time changes (`_Visits`), not every Job of the
+    # cache; False: every Job visited each cycle (docs/performance.md, "Statuses read
+    # only for what changed"). Either answers what the plain rebuild answers.
+    keep_visits: bool = True
     # `nodes()` kept between cycles (`_KeptNodes`): a node's NodeInfo is built again only
     # when its object, the pods bound to it or fairq's unbound demand on it moved (the
     # watch hooks keep the pods by node and mark the workloads whose demand may have
@@ -264,6 +330,8 @@ class KubernetesBackend:
     keep_nodes: bool = True
     # How many NodeInfos the kept path built (tests and the bench read it).
     node_builds: int = 0
+    # How many Jobs `statuses()` visited (tests and the bench read it).
+    job_visits: int = 0
 
     def __init__(
         self,
@@ -409,6 +477,7 @@ class KubernetesBackend:
         # threads add, the cycle takes), and what the kept ones were built under (the
         # timeouts, each informer's relist count).
         self._kept: dict[str, _KeptStatus] = {}
+        self._visits: _Visits | None = None
         self._groups = _PodGroups()
         self._replica_memo: dict[int, tuple[Obj, tuple[str, str, int] | None]] = {}
         self._groups_memo: tuple[int, Mapping[str, list[Obj]], Mapping[str, list[Obj]]] | \
@@ -1048,72 +1117,57 @@ class KubernetesBackend:
     def statuses(self, *, now: datetime) -> list[WorkloadStatus]:
         self.wait_synced()
         self.check_reachable()
-        kept, pods = self._kept_statuses()
-        fresh: dict[str, _KeptStatus] = {}
-        out: list[WorkloadStatus] = []
+        kept, pods, marks = self._kept_statuses()
         housekeeping: list[tuple[str, str]] = []
         hidden = self.tracker.hidden()
         create_errors = self._create_errors()
-        replica_jobs = self._replica_jobs()
         # Rule K6, read once (the common case, nothing reclaimed, costs two dict copies).
         reclaimed_nodes = self.tracker.reclaimed_nodes()
         reclaimed = self.tracker.reclaimed_workloads()
-        job_keys: set[str] = set()
-        for job in self.jobs.items():
-            meta = job["metadata"]
-            name = meta["name"]
-            key = f"{meta.get('namespace')}/{name}"
-            entry = kept.get(key) if kept is not None else None
-            if entry is not None and entry.job is job:
-                job_keys.add(key)  # ours, sealed and a workload's Job: seen when kept
-            elif kept is not None and (known := self._replica_memo.get(id(job))) and \
-                    known[0] is job and known[1] is not None:
-                job_keys.add(key)  # a replica's Job of ours (`_replica_jobs`, just now)
-                continue
+        reclaiming = bool(reclaimed_nodes or reclaimed)
+        visits = self._visits if kept is not None and self.keep_visits else None
+        if visits is not None and (marks is None or now < visits.now):
+            visits = None  # what every Job gave is not known to hold: visit them all
+        if visits is None:
+            fresh: dict[str, _KeptStatus] = {}
+            replica_jobs = self._replica_jobs()
+            job_keys: set[str] = set()
+            out: list[WorkloadStatus] = []
+            record = _Visits(now, create_errors, set(hidden)) \
+                if kept is not None and self.keep_visits else None
+            for job in self.jobs.items():
+                meta = job["metadata"]
+                key = f"{meta.get('namespace')}/{meta['name']}"
+                entry = kept.get(key) if kept is not None else None
+                job_key, status, job_pods, entry, settled = self._visit(
+                    job, key, entry, kept is not None, pods, hidden, create_errors,
+                    replica_jobs, housekeeping, now=now)
+                if entry is not None:
+                    fresh[key] = entry
+                if job_key:
+                    job_keys.add(key)
+                if record is not None:
+                    record.record(key, job, job_key, status, job_pods, settled)
+                if status is not None:
+                    if reclaiming:
+                        status = self._spot_reclaimed(status, job_pods, reclaimed_nodes)
+                    out.append(status)
+            if record is not None:
+                record.verdicts = {f"{j['metadata']['namespace']}/{j['metadata']['name']}": v
+                                   for j, v in self._replica_memo.values() if v is not None}
+                record.replicas = {k: dict(v) for k, v in replica_jobs.items()}
+            self._visits = record
+        else:
+            fresh = kept if kept is not None else {}
+            replica_jobs = self._visit_marked(
+                visits, fresh, marks or set(), pods, hidden, create_errors, housekeeping,
+                now=now)
+            job_keys = visits.job_keys
+            if reclaiming:
+                out = [self._spot_reclaimed(s, p, reclaimed_nodes)
+                       for _, _, s, p in visits.by_key.values() if s is not None]
             else:
-                entry = None
-                if not self._ours(meta):
-                    continue  # another fairq's (a staging instance on the same cluster)
-                job_keys.add(key)  # its pods are a Job's, not orphans, whoever made it
-                if not sealed_by_fairq(job, self.owner_key):
-                    continue  # not fairq's (finding 11.4): not reported, charged or stopped
-                if is_replica_job(job):
-                    continue  # a replica of a workload: reported with the workload's Job
-            replicas = replica_jobs.get(key, {}) if L_REPLICA in (meta.get("labels") or {}) \
-                else {}
-            if entry is not None and entry.holds(job, replicas, create_errors, now):
-                job_pods = entry.pods
-                fresh[key] = entry
-            else:
-                entry = None
-                job_pods = pods.get(key, [])
-                if replicas or workload_replicas(job) > 1:
-                    job_pods = _current_pods(job_pods, [job, *replicas.values()])
-            if name in hidden:
-                if any(not pod_is_terminal(p) for p in job_pods) and \
-                        workload_finished(job, job_pods) is None:
-                    # Forgotten when its pods had ended, but the Job controller started
-                    # another: report it again, so the cycle stops it.
-                    self.tracker.unhide(name)
-                else:
-                    if self._expired(hidden[name], now) and not meta.get("deletionTimestamp"):
-                        housekeeping.append((name, meta["namespace"]))
-                    continue
-            if entry is not None and entry.stable:
-                status = entry.status
-            else:
-                built = self._workload_status(job, job_pods, replicas, create_errors, now=now)
-                if built is None:
-                    continue
-                status = built
-                if kept is not None and entry is None:
-                    entry = self._keep(key, job, job_pods, replicas, create_errors, status,
-                                       now=now)
-                    if entry is not None:
-                        fresh[key] = entry
-            if reclaimed_nodes or reclaimed:
-                status = self._spot_reclaimed(status, job_pods, reclaimed_nodes)
-            out.append(status)
+                out = [s for _, _, s, _ in visits.by_key.values() if s is not None]
         out = self.tracker.seen_all(out)  # stopping when asked; the watch lags
         if kept is not None:
             self._kept = fresh
@@ -1131,6 +1185,123 @@ class KubernetesBackend:
                 # off (1.20 without the TTLAfterFinished gate), so clean up ourselves.
                 self._delete_quietly(name, namespace)
         return out
+
+    def _visit_marked(self, visits: _Visits, kept: dict[str, _KeptStatus], marks: set[str],
+                      pods: Mapping[str, list[Obj]], hidden: Mapping[str, datetime],
+                      create_errors: dict[str, str],
+                      housekeeping: list[tuple[str, str]], *, now: datetime
+                      ) -> dict[str, dict[int, Obj]]:
+        """`statuses()` visiting only the Jobs whose answer may have moved since the last
+        visit (`visits`, updated): those marked (a watch event on the Job or its
+        workload, a namespace listed again), those whose create error moved (and their
+        workload's), those hidden now or then, and those time changes (`often`). The
+        others give what they gave. Returns the replica Jobs by workload."""
+        dirty = set(marks)
+        dirty |= visits.often
+        names = set(hidden)
+        for name in names ^ visits.hidden:
+            dirty |= visits.by_name.get(name, set())
+        if create_errors != visits.errors:
+            for key in create_errors.keys() | visits.errors.keys():
+                if create_errors.get(key) == visits.errors.get(key):
+                    continue
+                dirty.add(key)
+                for job in (self.jobs.get(key), (visits.by_key.get(key) or (None,))[0]):
+                    workload = ((job or {}).get("metadata", {}).get("labels") or {}) \
+                        .get(L_WORKLOAD)
+                    if workload:
+                        dirty.add(f"{key.split('/', 1)[0]}/{workload}")
+        jobs = {key: self.jobs.get(key) for key in dirty}
+        # The replica Jobs first: a workload's visit reads its replicas'.
+        memo = self._replica_memo
+        for key, job in jobs.items():
+            old = visits.by_key.get(key)
+            if old is not None and old[0] is job:
+                continue
+            if old is not None:
+                memo.pop(id(old[0]), None)
+            verdict = None
+            if job is not None:
+                verdict = self._replica_verdict(job)
+                memo[id(job)] = (job, verdict)
+            visits.set_verdict(key, job, verdict)
+        # Every cycle, as `_replica_jobs`: the tracker forgets a workload's replicas
+        # when its Job is deleted, and learns them again from those left.
+        self.tracker.replicas_seen([(v[1], v[2]) for v in visits.verdicts.values()])
+        replica_jobs = visits.replicas
+        for key, job in jobs.items():
+            visits.forget(key)
+            entry = kept.pop(key, None)
+            if job is None:
+                continue
+            job_key, status, job_pods, entry, settled = self._visit(
+                job, key, entry, True, pods, hidden, create_errors, replica_jobs,
+                housekeeping, now=now)
+            if entry is not None:
+                kept[key] = entry
+            visits.record(key, job, job_key, status, job_pods, settled)
+        visits.now, visits.errors, visits.hidden = now, create_errors, names
+        return replica_jobs
+
+    def _visit(self, job: Obj, key: str, entry: _KeptStatus | None, keeping: bool,
+               pods: Mapping[str, list[Obj]], hidden: Mapping[str, datetime],
+               create_errors: Mapping[str, str], replica_jobs: Mapping[str, Mapping[int, Obj]],
+               housekeeping: list[tuple[str, str]], *, now: datetime
+               ) -> tuple[bool, WorkloadStatus | None, Sequence[Obj], _KeptStatus | None, bool]:
+        """One Job of the cache in `statuses()`, `entry` what was kept of its workload's
+        status (`keeping`: statuses are kept): whether its pods are a Job's (not
+        orphans), its workload's status before rule K6 and the tracker's pass (None:
+        none to report), its pods, the entry to keep, and whether nothing but a watch event of its own
+        can change those (`settled`; else it is visited every cycle)."""
+        self.job_visits += 1
+        meta = job["metadata"]
+        name = meta["name"]
+        if entry is not None and entry.job is job:
+            pass  # ours, sealed and a workload's Job: seen when kept
+        elif keeping and (known := self._replica_memo.get(id(job))) and \
+                known[0] is job and known[1] is not None:
+            return True, None, (), None, True  # a replica's Job of ours (`_replica_jobs`)
+        else:
+            entry = None
+            if not self._ours(meta):
+                return False, None, (), None, True  # another fairq's (a staging instance)
+            # Its pods are a Job's, not orphans, whoever made it.
+            if not sealed_by_fairq(job, self.owner_key):
+                return True, None, (), None, True  # not fairq's (finding 11.4): not reported
+            if is_replica_job(job):
+                return True, None, (), None, True  # reported with the workload's Job
+        replicas = replica_jobs.get(key, {}) if L_REPLICA in (meta.get("labels") or {}) \
+            else {}
+        kept_entry: _KeptStatus | None = None
+        if entry is not None and entry.holds(job, replicas, create_errors, now):
+            job_pods = entry.pods
+            kept_entry = entry
+        else:
+            entry = None
+            job_pods = pods.get(key, [])
+            if replicas or workload_replicas(job) > 1:
+                job_pods = _current_pods(job_pods, [job, *replicas.values()])
+        if name in hidden:
+            if any(not pod_is_terminal(p) for p in job_pods) and \
+                    workload_finished(job, job_pods) is None:
+                # Forgotten when its pods had ended, but the Job controller started
+                # another: report it again, so the cycle stops it.
+                self.tracker.unhide(name)
+            else:
+                if self._expired(hidden[name], now) and not meta.get("deletionTimestamp"):
+                    housekeeping.append((name, meta["namespace"]))
+                return True, None, job_pods, kept_entry, False
+        if entry is not None and entry.stable:
+            status = entry.status
+        else:
+            built = self._workload_status(job, job_pods, replicas, create_errors, now=now)
+            if built is None:
+                return True, None, job_pods, kept_entry, False
+            status = built
+            if keeping and entry is None:
+                kept_entry = self._keep(key, job, job_pods, replicas, create_errors, status,
+                                        now=now)
+        return True, status, job_pods, kept_entry, kept_entry is not None and kept_entry.stable
 
     def _workload_status(self, job: Obj, job_pods: Sequence[Obj],
                          replicas: Mapping[int, Obj], create_errors: Mapping[str, str], *,
@@ -1169,23 +1340,27 @@ class KubernetesBackend:
         return _KeptStatus(job, dict(replicas), tuple((k, create_errors.get(k, "")) for k in read),
                            now, job_pods, status, stable=stable)
 
-    def _kept_statuses(self) -> tuple[dict[str, _KeptStatus] | None, Mapping[str, list[Obj]]]:
+    def _kept_statuses(self) -> tuple[dict[str, _KeptStatus] | None,
+                                      Mapping[str, list[Obj]], set[str] | None]:
         """The statuses kept from the last cycle that still hold as far as the watches
-        said (None: `keep_statuses` is off), and fairq's pods by workload as of the same
-        events: those of workloads a watch event touched since are dropped, all of a
+        said (None: `keep_statuses` is off), fairq's pods by workload as of the same
+        events, and the Jobs' keys to visit again (`_Visits`; None: every Job): those
+        of workloads a watch event touched since are dropped and marked, all of a
         namespace whose Jobs or pods were listed again (a resync, a 410), all when a
         timeout, the owner key or the namespace prefix they were built with changed."""
         with self._changed_lock:
             changed, self._changed = self._changed, set()
             grouped = self._grouped()[0]
         if not self.keep_statuses:
-            self._kept = {}
-            return None, self._pods_by_workload()
+            self._kept, self._visits = {}, None
+            return None, self._pods_by_workload(), None
         kept = self._kept
+        marks: set[str] | None = changed
         under = (self.image_pull_timeout_seconds, self.pod_create_timeout_seconds,
                  self.owner_key, self.namespace_prefix)
         if under != self._kept_under:
             kept, self._kept_under, self._replica_memo = {}, under, {}
+            marks = None
         relists = {(informer.name, namespace): count
                    for informer in (self.jobs, self.pods)
                    for namespace, count in informer.relist_counts().items()}
@@ -1193,13 +1368,19 @@ class KubernetesBackend:
             if self._relists_seen.get((kind, namespace)) == count:
                 continue
             if not namespace:
-                kept = {}
-            else:
-                kept = {k: e for k, e in kept.items() if not k.startswith(f"{namespace}/")}
+                kept, marks = {}, None
+                continue
+            prefix = f"{namespace}/"
+            kept = {k: e for k, e in kept.items() if not k.startswith(prefix)}
+            if marks is not None:
+                marks.update(k for k in (self._visits.by_key if self._visits else ())
+                             if k.startswith(prefix))
+                marks.update(key_of(job) for job in self.jobs.items()
+                             if job["metadata"].get("namespace") == namespace)
         self._relists_seen = relists
         for key in changed:
             kept.pop(key, None)
-        return kept, grouped
+        return kept, grouped, marks
 
     def _spot_reclaimed(self, status: WorkloadStatus, pods: Sequence[Obj],
                         reclaimed_nodes: Mapping[str, tuple[str, datetime]]
