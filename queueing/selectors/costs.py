@@ -167,9 +167,9 @@ def attempts(*, team_ids: list[int] | None, start: datetime | None, end: datetim
     )
     for team_id, gpu_type_id, gpus, r_start, r_end, samples, sm_mean, hist, threshold, ended, \
             spot, price, lost in records.iterator(chunk_size=5000):
-        yield _attempt(team_id, gpu_type_id, gpus, r_start, r_end, samples, sm_mean, hist,
-                       threshold, preempted=ended == JobState.PREEMPTED.value, spot=spot,
-                       price=price, lost=lost or 0.0)
+        yield attempt_of(team_id, gpu_type_id, gpus, r_start, r_end, samples, sm_mean, hist,
+                         threshold, preempted=ended == JobState.PREEMPTED.value, spot=spot,
+                         price=price, lost=lost or 0.0)
     if now is None or (start is not None and now <= start):
         return
     # A running job's attempt is its current one.
@@ -196,14 +196,16 @@ def attempts(*, team_ids: list[int] | None, start: datetime | None, end: datetim
             continue
         price = spot_attempt_price(spot_pools=spot_pools, cluster_id=cluster_id,
                                    gpu_type_id=gpu_type_id, pools=pools) if on_spot else None
-        yield _attempt(team_id, gpu_type_id, share, started, now, samples, sm_mean,
-                       hist, threshold, preempted=False, spot=on_spot, price=price)
+        yield attempt_of(team_id, gpu_type_id, share, started, now, samples, sm_mean,
+                         hist, threshold, preempted=False, spot=on_spot, price=price)
 
 
-def _attempt(team_id: int, gpu_type_id: int, gpus: float, start: datetime, end: datetime,
-             samples: int | None, sm_mean: float | None, hist: Any, threshold: float | None,
-             *, preempted: bool, spot: bool = False,
-             price: Decimal | None = None, lost: float = 0.0) -> Attempt:
+def attempt_of(team_id: int, gpu_type_id: int, gpus: float, start: datetime, end: datetime,
+               samples: int | None, sm_mean: float | None, hist: Any, threshold: float | None,
+               *, preempted: bool, spot: bool = False,
+               price: Decimal | None = None, lost: float = 0.0) -> Attempt:
+    """An attempt's figures from its row: used by its mean SM activity, idle by its
+    minutes below the tier's threshold (rule C3)."""
     minutes = (end - start).total_seconds() / 60
     idle = 0.0
     if samples and threshold and isinstance(hist, dict) and minutes > 0:

@@ -38,12 +38,13 @@ from queueing.models import (
     UsageRecord,
     UsageRollup,
 )
-from queueing.policy.costs import cost_pieces, idle_minutes, month_start, own_price, price_at
+from queueing.policy.costs import cost_pieces, month_start, own_price, price_at
 from queueing.policy.states import JobState
 from queueing.selectors.costs import (
     Attempt,
     CostBucket,
     add_hours,
+    attempt_of,
     attempts,
     price_lists,
     spot_attempt_price,
@@ -299,13 +300,8 @@ def _running(team_ids: list[int] | None, *, end: datetime, now: datetime
             on_spot, cluster_id, spot_pools in running:
         price = spot_attempt_price(spot_pools=spot_pools, cluster_id=cluster_id,
                                    gpu_type_id=gpu_type_id, pools=pools) if on_spot else None
-        minutes = (now - started).total_seconds() / 60
-        f = 0.0
-        if samples and threshold and isinstance(hist, dict) and minutes > 0:
-            f = min(1.0, idle_minutes(hist, threshold_percent=threshold) / minutes)
-        yield Attempt(team_id, gpu_type_id, share, started, now,
-                      used_fraction=(sm_mean or 0.0) / 100 if samples else 0.0,
-                      idle_fraction=f, preempted=False, spot=on_spot, price=price)
+        yield attempt_of(team_id, gpu_type_id, share, started, now, samples, sm_mean, hist,
+                         threshold, preempted=False, spot=on_spot, price=price)
 
 
 def _live_kept(inp: _Inputs, bucket: Any, *, start: date, end: date, now: datetime) -> None:
