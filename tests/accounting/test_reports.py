@@ -112,8 +112,10 @@ def test_the_page_shows_a_members_teams_only(world: World) -> None:
                         .split("</script>")[0])
     assert list(series["cost"]) == ["nlp"]
     assert "<td>vision</td>" not in html and "<td>nlp</td>" in html
+    assert "One line: the team's cost." in html  # the cost chart's caption, one team
     status, html = _page(world, world.staff)
     assert "<td>vision</td>" in html and "<td>nlp</td>" in html
+    assert "The 2 lines: the most expensive teams." in html
     status, html = _page(world, world.outsider, team="vision")
     assert status == 400 and "No team" in html
     status, _ = _page(world, world.member, period="week")
