@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from functools import partial
 from typing import cast
 
 from .bookings import Booking
@@ -683,12 +684,10 @@ def _one_gpu(ws: Workspace, levels: _Levels, pool: str, now: datetime,
     victim as `_take_per_replica_by_level` and `_minimize` find."""
     if _KEPT and levels.tree is None:
         return _one_gpu_kept(ws, levels, pool, now, protect)
-    job, cap = levels.job, ws.capacity
+    job = levels.job
     own, tier, within = job.team, job.tier_rank, levels.within
     key_runs = (job.gpu_type, now, protect, levels.cluster)
-    on_node = _nodes_of(ws, job.gpu_type)
-    removed, spared, where = ws.removed, levels.spared, ws.running_cluster
-    cluster, node_pool = levels.cluster, cap.node_pool
+    removed, spared, cluster = ws.removed, levels.spared, levels.cluster
     by_team = levels.by_team
     lost_of = ws.victim_lost.setdefault(key_runs, {})
     priority, reclaim = PreemptionRule.PRIORITY, levels.reclaim
@@ -723,20 +722,16 @@ def _one_gpu(ws: Workspace, levels: _Levels, pool: str, now: datetime,
                     lost, rid, _ = run[0][i]
                     heads.append((rank, lost, f, rid, len(sources) - 1, i))
         heapq.heapify(heads)
-
+        key_of = partial(_level_key, nearness=nearness, info=info, own=own, tier=tier,
+                         lost_of=lost_of)
         while heads:
             rank, lost, f, rid, k, at = heapq.heappop(heads)
             run, rule, _ = sources[k]
             r = ws.running_by_id[rid]
             near = 0 if r.team == own else nearness
             key: _Key = (near, rank, f, lost, rid)
-            for name in sorted(dict.fromkeys(r.nodes)):
-                if node_pool.get(name) != pool or cap.empty_node_slots(name, 1, 0, 0) < 1:
-                    continue
-                if all(o is r or o.id in removed or o.id in spared or where[o.id] != cluster
-                       or (ko := _level_key(o, nearness, info, own, tier, lost_of)) is None
-                       or ko > key for o in on_node.get(name, ())):
-                    return r, rule, key
+            if _first_on_a_node(ws, r, key, pool, cluster, spared, key_of):
+                return r, rule, key
             i = _first_in(run, removed, spared, at + 1)
             if i < len(run[0]):
                 lost, rid, _ = run[0][i]
