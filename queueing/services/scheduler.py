@@ -223,8 +223,9 @@ class CycleResult:
     # Workload names the cluster listed in step 1 (rule R8 reads it).
     workloads: set[str] = field(default_factory=set)
     submit_errors: dict[int, str] = field(default_factory=dict)
-    # Jobs step 5 created a workload for (or found one of) and marked submitted (the
-    # mark's compare-and-swap skips one that moved on meanwhile).
+    # Jobs step 5 created a workload for (or found one of) and marked submitted: the ids
+    # each mark's UPDATE named (its compare-and-swap leaves a job that moved on
+    # meanwhile unmarked, still named here). The bench and tests read it.
     submitted: list[int] = field(default_factory=list)
     # Jobs an unexpected exception was isolated for (job id -> exception type); each was
     # failed with a reason, or skipped when even that failed.
