@@ -255,16 +255,11 @@ def step(rng: random.Random, cluster: Cluster, backends: list[Any], now: datetim
         cluster.send("nodes", "MODIFIED", node)
 
 
-def answered(b: Any, now: datetime) -> list[Any]:
-    return sorted(b.statuses(now=now), key=lambda s: (s.name, s.job_id))
-
-
-@pytest.mark.parametrize("seed", range(10))
-def test_the_kept_statuses_are_the_statuses_rebuilt_each_cycle(
-        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def run_clock(monkeypatch: pytest.MonkeyPatch) -> list[datetime]:
+    """The backend's wall clock made the run's (the hooks stamp a Job deleted outside
+    fairq with it): a one-item list whose item the run moves, T0 to begin with."""
     import queueing.backends.kubernetes as kubernetes
 
-    rng = random.Random(seed)
     clock = [T0]
 
     class Clock(datetime):
@@ -272,8 +267,19 @@ def test_the_kept_statuses_are_the_statuses_rebuilt_each_cycle(
         def now(cls, tz: Any = None) -> Any:
             return clock[0]
 
-    # The hooks stamp a Job deleted outside fairq with the wall clock: the run's clock.
     monkeypatch.setattr(kubernetes, "datetime", Clock)
+    return clock
+
+
+def answered(b: Any, now: datetime) -> list[Any]:
+    return sorted(b.statuses(now=now), key=lambda s: (s.name, s.job_id))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_kept_statuses_are_the_statuses_rebuilt_each_cycle(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(seed)
+    clock = run_clock(monkeypatch)
     kept, plain = backend(monkeypatch, keep=True), backend(monkeypatch, keep=False)
     cluster = Cluster(world(seed, workloads=30), [kept, plain])
     next_id = [1000]

@@ -15,30 +15,19 @@ from __future__ import annotations
 
 import copy
 import random
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import timedelta
 
 import pytest
 
 from .k8s_world import T0, world
-from .test_k8s_kept_statuses import Cluster, answered, backend, step
+from .test_k8s_kept_statuses import Cluster, answered, backend, run_clock, step
 
 
 @pytest.mark.parametrize("seed", range(10))
 def test_statuses_visiting_marked_jobs_are_the_statuses_rebuilt_each_cycle(
         seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    import queueing.backends.kubernetes as kubernetes
-
     rng = random.Random(seed)
-    clock = [T0]
-
-    class Clock(datetime):
-        @classmethod
-        def now(cls, tz: Any = None) -> Any:
-            return clock[0]
-
-    # The hooks stamp a Job deleted outside fairq with the wall clock: the run's clock.
-    monkeypatch.setattr(kubernetes, "datetime", Clock)
+    clock = run_clock(monkeypatch)
     marked = backend(monkeypatch, keep=True)
     every = backend(monkeypatch, keep=True)
     every.keep_visits = False
