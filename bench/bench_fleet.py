@@ -39,9 +39,9 @@ from the figures of the run.
 `--alternate` ("A fleet of 5,000 nodes: the pass"): per size, in one process on one
 snapshot, the pass with every fleet shortcut off (`ref`: `fast_paths(False)`, the
 reference paths the tests hold them to), on but the plan expanded only where read
-(`prev`), and all on (`fast`), in turn (`--modes` to choose; `--rounds` rounds), the
-plans asserted equal:
-  BENCH fleet_<n>_ref_p50 / _prev_p50 / _fast_p50  wall seconds per pass
+(`unexpanded`), on but rule Q4's waits replayed per path (`prev`), and all on (`fast`),
+in turn (`--modes` to choose; `--rounds` rounds), the plans asserted equal:
+  BENCH fleet_<n>_ref_p50 / _prev_p50 / ...       wall seconds per pass
   BENCH fleet_<n>_ref_cpu_p50 / ...                the same in CPU seconds of this process
   BENCH fleet_<n>_ref_rss_grown / ...              MB the process's RSS grew by over the
                                                    pass (the mode's last plan freed first)
@@ -179,12 +179,14 @@ def snapshot(queued: int, seed: int = 42, *, preempt: bool = False) -> Snapshot:
         units_per_gpu={SLICED: SLICES}, team_parent=parent)
 
 
-def fast_paths(on: bool, classes: bool | None = None, expanded: bool | None = None) -> None:
+def fast_paths(on: bool, classes: bool | None = None, expanded: bool | None = None,
+               path: bool | None = None) -> None:
     """Every shortcut of the fleet's pass on or off (off: the reference paths the
     tests in tests/policy/test_fleet_fast_paths.py hold them to); `classes` apart when
     given: the lending waits replayed and a class's wait given at once ("Classes of equal
     jobs"); `expanded` apart when given: the plan expanded only where read ("The plan
-    expanded only where read")."""
+    expanded only where read"); `path` apart when given: rule Q4's waits replayed while
+    the team's path binds as it did ("The pass's per-job visits")."""
     from queueing.policy import admission, workspace
     from queueing.policy.stages import heads, nodes, pipeline, quota
 
@@ -194,11 +196,14 @@ def fast_paths(on: bool, classes: bool | None = None, expanded: bool | None = No
     heads.RESORT_QUIET = 2048 if on else 1 << 62
     admission._PER_CLASS = pipeline.LENDING_REPLAYED = on if classes is None else classes
     admission._EXPANDED_ON_READ = on if expanded is None else expanded
+    admission._PATH_KEPT = on if path is None else path
 
 
 # `--alternate`'s passes: every shortcut off; all on but the plan expanded only where
-# read (the pass before it); all on.
-MODES = {"ref": (False, None, None), "prev": (True, None, False), "fast": (True, None, None)}
+# read; all on but rule Q4's waits replayed per path (the pass before it); all on.
+MODES: dict[str, tuple[bool, bool | None, bool | None, bool | None]] = {
+    "ref": (False, None, None, None), "unexpanded": (True, None, False, None),
+    "prev": (True, None, None, False), "fast": (True, None, None, None)}
 
 
 def alternate(n: int, repeats: int, modes: list[str]) -> None:

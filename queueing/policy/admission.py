@@ -24,7 +24,7 @@ from .stages.admit import Admission
 from .stages.heads import gate
 from .stages.pipeline import attempt, attempt_types, try_of
 from .stages.state import Pass, Step
-from .stages.waits import NO_VICTIM, Wait, WaitReason, Waits
+from .stages.waits import CODE, NO_VICTIM, Wait, WaitReason, Waits
 from .workspace import Capacity
 
 __all__ = [
@@ -147,6 +147,13 @@ _LaneKey = tuple[str, str | tuple[str, ...], int, int, int, int | None, int | No
 # (held to it by tests/policy/test_fleet_fast_paths.py).
 _PER_CLASS = True
 
+# True: a class whose wait rule Q4 gave in stage 3 (its path over a borrowing limit) is
+# replayed while nothing moved under its team's top-level node (`_Replay.path_kept`),
+# whatever else of its GPU type moved; False: only at its type's stamp (held to it by
+# tests/policy/test_fleet_fast_paths.py).
+_PATH_KEPT = True
+_QUOTA, _NEVER_FITS = CODE[WaitReason.QUOTA], CODE[WaitReason.NEVER_FITS]
+
 # A queued job's class: every field `_LaneKey` reads (its tier only where the replay
 # reads tiers), and those that keep a job out of the replay (dependencies, array,
 # several GPU types). Jobs of one class wait alike once the pass searches no more.
@@ -167,9 +174,10 @@ def _classes(jobs: list[QueuedJob], tiers: bool) -> list[int]:
     """The queue in classes of equal jobs (`_class_of`, with the tier when `tiers`),
     found once for the whole queue: per job, its class, the index of its class's first
     job. The replay keys its lane by class."""
-    per_job = list(map(_class_and_tier_of if tiers else _class_of, jobs))
     first: dict[tuple[Any, ...], int] = {}
-    return list(map(first.setdefault, per_job, itertools.count()))
+    # Each job's key dropped once looked up (a list of a million keys is ~150 MB).
+    return list(map(first.setdefault, map(_class_and_tier_of if tiers else _class_of, jobs),
+                    itertools.count()))
 
 class _Replay:
     """The replay of waits (`plan_admissions`): per class of equal jobs (`_classes`;
@@ -177,8 +185,8 @@ class _Replay:
     `stamp`."""
 
     __slots__ = ("able", "class_of", "elsewhere", "key", "lane", "misses", "now",
-                 "on", "p", "per_type", "quiet", "quiet_stamp", "replays", "several_key",
-                 "several_lane", "stamp", "tiers", "total")
+                 "on", "p", "path_kept", "per_path", "per_type", "quiet", "quiet_stamp",
+                 "replays", "several_key", "several_lane", "stamp", "tiers", "total")
 
     def __init__(self, p: Pass) -> None:
         self.p = p
@@ -203,6 +211,15 @@ class _Replay:
         # (their sum `total`): its next jobs are given it at once.
         self.now: dict[int, tuple[int, int, int, int, str, int]] = {}
         self.total = -1
+        # `_PATH_KEPT`: per class whose lane holds rule Q4's wait of stage 3, the count of
+        # moves of its type under its team's top-level node (`Ledger.path_moves`), that
+        # count when last checked and the binding level then (`Ledger.tree_limit`: node,
+        # limit, what its subtree holds). Stage 3 reads nothing else that moves: only
+        # bookings (rules W3, W4) come before it and only owed claims (rule R11) or a
+        # search (rule R4) let a job past it; neither is replayed here.
+        self.per_path = _PATH_KEPT and self.per_type and not p.owed_on and \
+            p.ledger.tree is not None
+        self.path_kept: dict[int, tuple[list[int], int, tuple[str, int, int]]] = {}
 
     def replayed(self, job: QueuedJob, index: int, several: bool) -> bool:
         """Give the job an equal job's wait when the state is as it was then; else
@@ -239,7 +256,11 @@ class _Replay:
         c = self.key = self.class_of[index]
         replay = self.lane.get(c)
         if replay is None or replay[0] != self.stamp:
-            return self._missed()
+            kept = self.path_kept.get(c) if replay is not None and self.per_path else None
+            if replay is None or kept is None or not self._path_holds(c, kept, job):
+                return self._missed()
+            # Rule Q4: the path binds as it did; the wait holds at the type's stamp now.
+            replay = self.lane[c] = (self.stamp, *replay[1:])
         job_id = job.id
         p.raw[job_id] = (replay[1], index, replay[2], replay[3])
         if replay[4] or replay[5]:
@@ -247,6 +268,20 @@ class _Replay:
         self.replays += 1
         if _PER_CLASS:
             self.now[c] = replay
+        return True
+
+    def _path_holds(self, c: int, kept: tuple[list[int], int, tuple[str, int, int]],
+                    job: QueuedJob) -> bool:
+        """Rule Q4 (`_PATH_KEPT`): whether the class's wait of stage 3 holds now - nothing
+        moved under its team's top-level node, or its path binds as it did (the same
+        node, limit and holdings: `tree_wait` words it the same)."""
+        moves, count, binding = kept
+        if moves[0] == count:
+            return True
+        if self.p.ledger.tree_limit(job.team, job.gpu_type, job.gpus_per_replica *
+                                    job.replicas) != binding:
+            return False
+        self.path_kept[c] = (moves, moves[0], binding)
         return True
 
     def more(self, job_id: int, gt: str, replay: tuple[int, int, int, int, str, int]) -> None:
@@ -275,9 +310,22 @@ class _Replay:
             self.on = False
         return False
 
-    def keep(self, step: Step, owed: int) -> None:
-        if self.key is not None:
-            self.lane[self.key] = (self.stamp, *step, owed)
+    def keep(self, step: Step, owed: int, job: QueuedJob) -> None:
+        key = self.key
+        if key is not None:
+            self.lane[key] = (self.stamp, *step, owed)
+            if not self.per_path:
+                return
+            # Rule Q4's wait of stage 3 (a tree entry: its ceiling negative) or another.
+            if step and step[0] in (_QUOTA, _NEVER_FITS) and step[2] < 0:
+                ledger = self.p.ledger
+                binding = ledger.tree_limit(job.team, job.gpu_type,
+                                            job.gpus_per_replica * job.replicas)
+                assert binding is not None
+                moves = ledger.path_moves(job.team, job.gpu_type)
+                self.path_kept[key] = (moves, moves[0], binding)
+            elif self.path_kept:
+                self.path_kept.pop(key, None)
 
     def keep_several(self, step: Step, job_id: int) -> None:
         if self.several_key is not None:
@@ -310,7 +358,7 @@ def _through_stages(p: Pass, replay: _Replay, job: QueuedJob, index: int,
         return
     step = attempt(p, try_of(p, job, index, job.gpu_type))
     if step:
-        replay.keep(step, p.waits.owed.get((job_id, job.gpu_type), 0))
+        replay.keep(step, p.waits.owed.get((job_id, job.gpu_type), 0), job)
 
 
 def plan_admissions(snapshot: Snapshot) -> Plan:

@@ -751,6 +751,12 @@ class Ledger:
             cell = self._cell_of[(team, gpu_type)] = self._cells.setdefault(top, [0])
         return cell
 
+    def path_moves(self, team: str, gpu_type: str) -> list[int]:
+        """Rule Q4: a one-item list counting the moves of `gpu_type` that may change what
+        `team`'s path holds (`_cell`); it grows in place. While it stays, so does
+        `tree_limit` for the team and type."""
+        return self._cell(team, gpu_type)
+
     def add(self, team: str, gpu_type: str, gpus: int) -> None:
         self._move(team, gpu_type, gpus)
 

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queueing.policy import admission, workspace
-from queueing.policy.admission import Plan, plan_admissions
+from queueing.policy.admission import Plan, WaitReason, plan_admissions
 from queueing.policy.fairshare import FairShareState
 from queueing.policy.priority import PriorityWeights
 from queueing.policy.quota_tree import QuotaTree
@@ -348,3 +348,80 @@ def test_the_plan_expanded_only_where_read_is_the_plan_made_per_job(
     assert list(plan.waits.items()) == list(ref.waits.items())
     _same_plan(plan, ref)
     _same_plan(plan, _plain(s, admission, "_REPLAY"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(big_classes(), fleets(), test_plan_fast_paths.long_queues(),
+                 test_plan_properties.snapshots()))
+def test_rule_q4s_waits_replayed_per_path_are_the_whole_pass(s: Snapshot) -> None:
+    """Rule Q4's waits of stage 3 replayed while the team's path binds as it did
+    (`_PATH_KEPT`) against the replay at the GPU type's stamp alone, and against every
+    job through the whole pass."""
+    plan = plan_admissions(s)
+    _same_plan(plan, _plain(s, admission, "_PATH_KEPT"))
+    _same_plan(plan, _plain(s, admission, "_REPLAY"))
+
+
+def _two_teams(one_division: bool, capacity: bool = False) -> Snapshot:
+    """Team d0.e.t under department d0.e, at its borrowing limit of h100 (each job it
+    asks waits for rule Q4, naming d0.e), and team d1.e.t with room, under another
+    division or (`one_division`) under d0 too; their jobs interleaved in rule O1's order
+    (fixed factors: no charge moves a team down), preemption off. Each admission of
+    d1.e.t moves the type; in one division the path's count too, not d0.e's holdings.
+    With `capacity`, d0.e has no borrowing limit and d0.e.t's jobs are gangs of two
+    nodes: they wait for capacity, and the free blocks their words name shrink with each
+    admission of d1.e.t."""
+    parent: dict[str, str | None] = {
+        "d0": None, "d0.e": "d0", "d0.e.t": "d0.e", "d1": None,
+        "d1.e": "d0" if one_division else "d1", "d1.e.t": "d1.e"}
+    quotas = {("d0.e", "h100"): QuotaLimit(4, None if capacity else 0),
+              ("d0.e.t", "h100"): QuotaLimit(4),
+              ("d1.e", "h100"): QuotaLimit(16), ("d1.e.t", "h100"): QuotaLimit(16)}
+    running = (RunningJob(id=1, team="d0.e.t", gpu_type="h100", gpus_per_replica=4,
+                          replicas=1, tier_rank=0, started_at=NOW - timedelta(hours=1),
+                          nodes=("n0",)),)
+    queued = tuple(QueuedJob(
+        id=100 + k, team=("d0.e.t", "d1.e.t")[k % 2], gpu_type="h100",
+        gpus_per_replica=8 if capacity and k % 2 == 0 else 1,
+        replicas=2 if capacity and k % 2 == 0 else 1, tier_rank=0,
+        submitted_at=NOW - timedelta(seconds=1000 - k)) for k in range(40))
+    return Snapshot(
+        now=NOW, nodes=(NodeState("n0", "h100", 8, 4), NodeState("n1", "h100", 8, 8)),
+        queued=queued, running=running, quotas=quotas, team_parent=parent,
+        fair_share={"d0.e.t": 1.0, "d1.e.t": 1.0}, priority_weights=PriorityWeights(),
+        preemption=PreemptionSettings(enabled=False))
+
+
+def test_rule_q4s_waits_are_replayed_per_path_where_the_type_moved() -> None:
+    """The path kept (`_PATH_KEPT`) runs where it may: d0.e.t's class replays its quota
+    wait while the GPU type moves - nothing moved under its division, or (one division)
+    its binding level holds what it held; the plans stay the reference's."""
+    calls: list[tuple[bool, bool]] = []
+    kept = admission._Replay._path_holds
+
+    def spy(self: admission._Replay, c: int, path: tuple[list[int], int, object],
+            job: QueuedJob) -> bool:
+        moved = path[0][0] != path[1]
+        calls.append((moved, kept(self, c, path, job)))  # type: ignore[arg-type]
+        return calls[-1][1]
+
+    for one_division in (False, True):
+        s = _two_teams(one_division)
+        calls.clear()
+        admission._Replay._path_holds = spy  # type: ignore[method-assign, assignment]
+        try:
+            plan = plan_admissions(s)
+        finally:
+            admission._Replay._path_holds = kept  # type: ignore[method-assign]
+        _same_plan(plan, _plain(s, admission, "_PATH_KEPT"))
+        _same_plan(plan, _plain(s, admission, "_REPLAY"))
+        assert len(plan.admissions) == 12
+        assert calls and all(held for _, held in calls), "not replayed per path"
+        assert all(moved == one_division for moved, _ in calls)
+        assert plan.waits[102].reason is WaitReason.QUOTA
+    for one_division in (False, True):  # capacity waits: not kept per path
+        s = _two_teams(one_division, capacity=True)
+        plan = plan_admissions(s)
+        _same_plan(plan, _plain(s, admission, "_PATH_KEPT"))
+        assert plan.waits[102].reason is WaitReason.CAPACITY
+        assert plan.waits[102] != plan.waits[138]
