@@ -51,6 +51,8 @@ How it works
     `SESSIONS_OF_OWNERS_ONLY` off: every request unpickles every team's usage series and
     reads the sessions' join) and both on: `<page>_p50_before`, `_cpu_p50_before` beside
     `<page>_p50`, `_cpu_p50`.
+  * `--rounds N --running-ab`: alternately `before` (`reports.RUNNING_JOINED` off: the
+    running attempts' utilization read by three correlated subqueries) and one join.
 
 Output: lines `BENCH <name> <value> <unit>`. Run: `.venv/bin/python bench/bench_dashboard.py`
 (`make bench`; about a minute at 100,000 jobs). The 1M world:
@@ -535,6 +537,9 @@ def main() -> int:
                         help="alternate rounds: `before` (every request unpickles the shared "
                              "usage series and reads the sessions' join) and the kept series "
                              "and owners-only sessions (`after`)")
+    parser.add_argument("--running-ab", action="store_true",
+                        help="alternate rounds: `before` (the running attempts' utilization "
+                             "read by three subqueries) and one join (`after`)")
     parser.add_argument("--cycle-seconds", type=float, default=3.0,
                         help="--published-ab: how often the emulated cycle publishes")
     args = parser.parse_args()
@@ -600,7 +605,7 @@ def main() -> int:
         pages = [p for p in pages if p[0] in wanted]
     defs = page_indexes() if vendor == "postgresql" else []
     sides = ["noidx", ""] if args.ab and defs else [""]
-    if args.published_ab or args.dash_ab:
+    if args.published_ab or args.dash_ab or args.running_ab:
         sides, defs = ["before", ""], []
     if args.ab and not defs:
         note("no page indexes found (migration 0034): timing one side only")
@@ -617,6 +622,10 @@ def main() -> int:
                 from queueing.selectors import dashboard as dash
 
                 dash.SERIES_KEPT_PER_PROCESS = dash.SESSIONS_OF_OWNERS_ONLY = side == ""
+            elif args.running_ab:
+                from queueing.selectors import reports as rep
+
+                rep.RUNNING_JOINED = side == ""
             elif len(sides) > 1:
                 indexes_set(defs, on=side == "")
             for name, client, url, headers in pages:
