@@ -51,6 +51,9 @@ How it works
     `SESSIONS_OF_OWNERS_ONLY` off: every request unpickles every team's usage series and
     reads the sessions' join) and both on: `<page>_p50_before`, `_cpu_p50_before` beside
     `<page>_p50`, `_cpu_p50`.
+  * `--collector`: the collector set up as config/wsgi.py sets up a web process's
+    (`collector_setup`, right after the application is loaded); runs with and without
+    it alternate as separate processes.
   * `--rounds N --running-ab`: alternately `before` (`reports.RUNNING_JOINED` off: the
     running attempts' utilization read by three correlated subqueries) and one join.
 
@@ -540,6 +543,10 @@ def main() -> int:
     parser.add_argument("--running-ab", action="store_true",
                         help="alternate rounds: `before` (the running attempts' utilization "
                              "read by three subqueries) and one join (`after`)")
+    parser.add_argument("--collector", action="store_true",
+                        help="set up the collector as a web process does once the "
+                             "application is loaded (queueing/web/collector.py); without "
+                             "it, Python's defaults (the before side: alternate runs)")
     parser.add_argument("--cycle-seconds", type=float, default=3.0,
                         help="--published-ab: how often the emulated cycle publishes")
     args = parser.parse_args()
@@ -554,6 +561,11 @@ def main() -> int:
 
     from queueing.models import Job
     from queueing.selectors import queue_plan as qp
+    from queueing.web import views  # noqa: F401  (the application loaded, as in config/wsgi.py)
+    from queueing.web.collector import collector_setup
+
+    if args.collector:
+        collector_setup()
 
     tag = args.tag
     now = timezone.now()
