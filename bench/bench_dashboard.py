@@ -51,6 +51,11 @@ How it works
     `SESSIONS_OF_OWNERS_ONLY` off: every request unpickles every team's usage series and
     reads the sessions' join) and both on: `<page>_p50_before`, `_cpu_p50_before` beside
     `<page>_p50`, `_cpu_p50`.
+  * `--collector`: the collector set up as config/wsgi.py sets up a web process's
+    (`collector_setup`, right after the application is loaded); runs with and without
+    it alternate as separate processes.
+  * `--rounds N --running-ab`: alternately `before` (`reports.RUNNING_JOINED` off: the
+    running attempts' utilization read by three correlated subqueries) and one join.
 
 Output: lines `BENCH <name> <value> <unit>`. Run: `.venv/bin/python bench/bench_dashboard.py`
 (`make bench`; about a minute at 100,000 jobs). The 1M world:
@@ -535,6 +540,13 @@ def main() -> int:
                         help="alternate rounds: `before` (every request unpickles the shared "
                              "usage series and reads the sessions' join) and the kept series "
                              "and owners-only sessions (`after`)")
+    parser.add_argument("--running-ab", action="store_true",
+                        help="alternate rounds: `before` (the running attempts' utilization "
+                             "read by three subqueries) and one join (`after`)")
+    parser.add_argument("--collector", action="store_true",
+                        help="set up the collector as a web process does once the "
+                             "application is loaded (queueing/web/collector.py); without "
+                             "it, Python's defaults (the before side: alternate runs)")
     parser.add_argument("--cycle-seconds", type=float, default=3.0,
                         help="--published-ab: how often the emulated cycle publishes")
     args = parser.parse_args()
@@ -549,6 +561,11 @@ def main() -> int:
 
     from queueing.models import Job
     from queueing.selectors import queue_plan as qp
+    from queueing.web import views  # noqa: F401  (the application loaded, as in config/wsgi.py)
+    from queueing.web.collector import collector_setup
+
+    if args.collector:
+        collector_setup()
 
     tag = args.tag
     now = timezone.now()
@@ -600,7 +617,7 @@ def main() -> int:
         pages = [p for p in pages if p[0] in wanted]
     defs = page_indexes() if vendor == "postgresql" else []
     sides = ["noidx", ""] if args.ab and defs else [""]
-    if args.published_ab or args.dash_ab:
+    if args.published_ab or args.dash_ab or args.running_ab:
         sides, defs = ["before", ""], []
     if args.ab and not defs:
         note("no page indexes found (migration 0034): timing one side only")
@@ -617,6 +634,10 @@ def main() -> int:
                 from queueing.selectors import dashboard as dash
 
                 dash.SERIES_KEPT_PER_PROCESS = dash.SESSIONS_OF_OWNERS_ONLY = side == ""
+            elif args.running_ab:
+                from queueing.selectors import reports as rep
+
+                rep.RUNNING_JOINED = side == ""
             elif len(sides) > 1:
                 indexes_set(defs, on=side == "")
             for name, client, url, headers in pages:

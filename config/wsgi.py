@@ -12,3 +12,7 @@ django_application = get_wsgi_application()
 from queueing.api.lane import submit_lane  # noqa: E402  (needs the apps loaded)
 
 application = submit_lane(django_application)
+
+from queueing.web.collector import collector_setup  # noqa: E402
+
+collector_setup()  # queueing/web/collector.py: with the application loaded

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 from django.core.cache import cache
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from accounts.models import Team
 from queueing.models import UsageRecord
@@ -323,11 +325,14 @@ def test_staffs_budgets_are_the_pages_teams(world: World) -> None:
     assert row.format("t06") in one
 
 
-def test_the_lean_running_read_is_the_running_part_of_attempts(world: World) -> None:
-    """`_running` (spot pools read only for spot jobs, in no order) gives the attempts
-    `attempts` gives for the jobs running now: the same figures, spot prices included
-    (rule C4: a job's pools' GPU-weighted price, or its cluster's first spot pool of its
-    type without pools recorded), idle fractions (rule C3) and GPU shares."""
+def test_the_lean_running_read_is_the_running_part_of_attempts(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_running` (spot pools read only for spot jobs, in no order, the utilization row
+    joined or read by subqueries) gives the attempts `attempts` gives for the jobs
+    running now: the same figures, spot prices included (rule C4: a job's pools'
+    GPU-weighted price, or its cluster's first spot pool of its type without pools
+    recorded), used and idle fractions of the running attempt's row (rule C3) and GPU
+    shares."""
     from queueing.models import AttemptUtilization, Cluster, NodePool
     from queueing.selectors.costs import attempts
 
@@ -360,13 +365,31 @@ def test_the_lean_running_read_is_the_running_part_of_attempts(world: World) -> 
     def key(a: Any) -> tuple[Any, ...]:
         return (a.team_id, a.start, a.gpus, a.gpu_type_id, a.idle_fraction, a.price)
 
-    for team_ids in (None, [world.vision.pk, world.speech.pk]):
-        plain = sorted(attempts(team_ids=team_ids, start=None, end=end, now=NOW,
-                                records_after=10**9), key=key)
-        lean = sorted(rep._running(team_ids, end=end, now=NOW), key=key)
-        assert lean == plain and len(plain) > 5
-        assert any(a.spot and a.price is not None for a in lean)
-        assert any(a.idle_fraction for a in lean)
+    # A job's utilization rows of other attempts (a requeued job's earlier ones) are not
+    # its running attempt's: the join matches the attempt, as the subqueries do.
+    requeued = job(team=world.nlp, gpu_type=world.h100, tier=world.normal, status="RUNNING",
+                   started_at=NOW - timedelta(hours=5), gpus_per_replica=2, attempt=2)
+    for attempt, mean in ((1, 90.0), (2, 12.5)):
+        AttemptUtilization.objects.create(
+            job=requeued, attempt=attempt, first_at=requeued.started_at,
+            last_at=requeued.started_at, samples=60, sm_sum=mean * 60, sm_mean=mean,
+            sm_p95=mean, sm_hist={"3": 30 * attempt, "40": 10})
+    for joined in (True, False):  # RUNNING_JOINED: one join, or the subqueries before it
+        monkeypatch.setattr(rep, "RUNNING_JOINED", joined)
+        for team_ids in (None, [world.vision.pk, world.speech.pk], [world.nlp.pk]):
+            plain = sorted(attempts(team_ids=team_ids, start=None, end=end, now=NOW,
+                                    records_after=10**9), key=key)
+            with CaptureQueriesContext(connection) as ctx:
+                lean = sorted(rep._running(team_ids, end=end, now=NOW), key=key)
+            assert lean == plain and len(plain) > 5
+            assert any(a.spot and a.price is not None for a in lean)
+            assert any(a.idle_fraction for a in lean)
+            assert any(a.used_fraction for a in lean)
+            [read] = [q["sql"] for q in ctx.captured_queries
+                      if "queueing_attemptutilization" in q["sql"]]
+            # The path asked for ran: one join, or three subqueries.
+            assert read.count('LEFT OUTER JOIN "queueing_attemptutilization"') == joined
+            assert read.count('FROM "queueing_attemptutilization"') == (0 if joined else 3)
 
 
 def test_price_numbers_are_not_given_again_when_the_kept_ones_are_emptied(

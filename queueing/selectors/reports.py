@@ -17,10 +17,12 @@ from django.core.cache import cache
 from django.db.models import (
     Case,
     F,
+    FilteredRelation,
     IntegerField,
     JSONField,
     Min,
     OuterRef,
+    Q,
     Subquery,
     Sum,
     Value,
@@ -275,26 +277,42 @@ def _fixed_pieces(a: Any, prices: Any, price_id: int, lo: datetime, hi: datetime
     return out
 
 
+# The running attempts' utilization rows (one per job and attempt) read by one join, not
+# three correlated subqueries: at 5,000 running jobs the subqueries' estimated cost
+# crossed PostgreSQL's JIT threshold, and compiling the query took ~80 ms of its ~157 ms
+# (docs/performance.md, "The dashboard's p95 and staff's reports again"). Off: the
+# subqueries, as before (bench/bench_dashboard.py --running-ab times both sides).
+RUNNING_JOINED = True
+
+
 def _running(team_ids: list[int] | None, *, end: datetime, now: datetime
              ) -> Iterator[Attempt]:
     """`attempts`' attempts running at `now` (started before `end`), the same ones with
     the same figures, read lean: in no order, their spot pools only when they run on spot
-    (rule C4; 5,000 JSON values less to decode at the fleet's size)."""
-    util = AttemptUtilization.objects.filter(job_id=OuterRef("pk"), attempt=OuterRef("attempt"))
+    (rule C4; 5,000 JSON values less to decode at the fleet's size), their utilization
+    row joined (`RUNNING_JOINED`)."""
     jobs = _of_teams(Job.objects.filter(status=JobState.RUNNING.value,
                                         started_at__isnull=False,
                                         started_at__lt=min(end, now)), team_ids)
+    if RUNNING_JOINED:
+        # At most one row per job: (job, attempt) is unique (`one_utilization_per_attempt`).
+        jobs = jobs.annotate(u=FilteredRelation(
+            "utilization", condition=Q(utilization__attempt=F("attempt"))))
+        utilization: tuple[str, ...] = ("u__samples", "u__sm_mean", "u__sm_hist")
+    else:
+        util = AttemptUtilization.objects.filter(job_id=OuterRef("pk"),
+                                                 attempt=OuterRef("attempt"))
+        jobs = jobs.annotate(u_samples=Subquery(util.values("samples")[:1]),
+                             u_sm_mean=Subquery(util.values("sm_mean")[:1]),
+                             u_hist=Subquery(util.values("sm_hist")[:1]))
+        utilization = ("u_samples", "u_sm_mean", "u_hist")
     running = list(
-        jobs.annotate(u_samples=Subquery(util.values("samples")[:1]),
-                      u_sm_mean=Subquery(util.values("sm_mean")[:1]),
-                      u_hist=Subquery(util.values("sm_hist")[:1]),
-                      share=GPU_SHARE,
+        jobs.annotate(share=GPU_SHARE,
                       pools=Case(When(on_spot=True, then=F("spot_pools")),
                                  default=Value(None), output_field=JSONField()))
         .order_by()
-        .values_list("team_id", "gpu_type_id", "share", "started_at", "u_samples",
-                     "u_sm_mean", "u_hist", "tier__idle_threshold_percent", "on_spot",
-                     "cluster_id", "pools"))
+        .values_list("team_id", "gpu_type_id", "share", "started_at", *utilization,
+                     "tier__idle_threshold_percent", "on_spot", "cluster_id", "pools"))
     pools = spot_pools_of(r[9] for r in running if r[8])
     for team_id, gpu_type_id, share, started, samples, sm_mean, hist, threshold, \
             on_spot, cluster_id, spot_pools in running:
