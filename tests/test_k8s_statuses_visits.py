@@ -19,7 +19,7 @@ from datetime import timedelta
 
 import pytest
 
-from .k8s_world import T0, workload, world
+from .k8s_world import T0, iso, workload, world
 from .test_k8s_kept_statuses import Cluster, answered, backend, run_clock, step
 
 
@@ -132,4 +132,42 @@ def test_a_start_seen_by_a_kept_cycle_is_remembered_for_a_job_deleted_outside_fa
     assert after == answered(plain, T0)
     tomb = next(s for s in after if s.name == name)
     assert (tomb.phase, tomb.started_at) == ("FAILED", started)
+    assert marked.full_passes == 1
+
+
+def test_replicas_seen_before_a_workload_job_deleted_are_known_when_it_comes_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tracker forgets a workload's replicas when its Job is deleted and learns them
+    again from the replicas' Jobs left (given again for the workloads marked, not every
+    replica each cycle): a replica's Job deleted after the workload's Job came back is
+    one deleted outside fairq, as the plain rebuild says."""
+    run_clock(monkeypatch)
+    marked = backend(monkeypatch, keep=True)
+    plain = backend(monkeypatch, keep=False)
+    cluster = Cluster(world(3, workloads=20), [marked, plain])
+    assert answered(marked, T0) == answered(plain, T0)
+    rng = random.Random(5)
+    for job_id in range(6000, 6400):
+        jobs, _ = workload(rng, job_id, [f"gpu-{i}" for i in range(8)])
+        if len(jobs) > 1:
+            break
+    else:
+        raise AssertionError("no multi-replica workload drawn")
+    for job in jobs:  # just created, no pod yet
+        job["metadata"].pop("deletionTimestamp", None)
+        job["metadata"]["creationTimestamp"] = iso(T0)
+        job["status"] = {}
+    name = jobs[0]["metadata"]["name"]
+    for job in jobs:
+        cluster.send("jobs", "ADDED", job)
+    assert answered(marked, T0) == answered(plain, T0)
+    cluster.send("jobs", "DELETED", jobs[0])
+    assert answered(marked, T0) == answered(plain, T0)
+    cluster.send("jobs", "ADDED", jobs[0])
+    assert answered(marked, T0) == answered(plain, T0)
+    cluster.send("jobs", "DELETED", jobs[1])
+    after = answered(marked, T0)
+    assert after == answered(plain, T0)
+    status = next(s for s in after if s.name == name)
+    assert "deleted outside fairq" in status.reason, status
     assert marked.full_passes == 1
