@@ -30,8 +30,10 @@ pods modified (watch events, through the hooks) between two cycles, the statuses
 nodes kept between cycles (`KubernetesBackend.keep_statuses`, `keep_nodes`) alternated
 with the plain rebuild of every status and node, `--rounds` times: `every` visits each
 Job of the cache (`keep_visits = False`), `kept` only the Jobs marked since the last
-cycle (`keep_visits`); the lowest of each (`--settled`: only the workloads a cycle
-leaves as they are, see `settle`):
+cycle (`keep_visits`) with the rest of the call passing over every status
+(`passes`: `keep_passes = False`) or looking at what moved (`kept`); `--paths` picks
+some of plain, every, passes, kept; the lowest of each (`--settled`: only the workloads
+a cycle leaves as they are, see `settle`):
 
   BENCH k8s_fleet_cycle_plain_<share>_s        statuses(), every status rebuilt
   BENCH k8s_fleet_cycle_<path>_first_s         statuses(), kept, its first cycle
@@ -206,7 +208,8 @@ def modify(backend: Any, pod_t: list[str], which: Iterable[int], version: str) -
 
 
 def cycles(backend: Any, pod_t: list[str], pods: int, shares: list[float],
-           rounds: int) -> None:
+           rounds: int, paths: tuple[str, ...] = ("plain", "every", "passes", "kept")
+           ) -> None:
     """The cycle's reads with a share of the pods modified between two cycles, the kept
     statuses (`keep_statuses`) alternated with the plain rebuild in this process: per
     round and share, the plain path's cycle, then the kept path's first cycle (every
@@ -230,9 +233,10 @@ def cycles(backend: Any, pod_t: list[str], pods: int, shares: list[float],
         for share in shares:
             changed = max(1, int(pods * share))
             label = f"{share * 100:g}pct"
-            for path in ("plain", "every", "kept"):
+            for path in paths:
                 backend.keep_statuses = backend.keep_nodes = path != "plain"
-                backend.keep_visits = path == "kept"
+                backend.keep_visits = path in ("passes", "kept")
+                backend.keep_passes = path == "kept"
                 if path != "plain":
                     now += timedelta(seconds=3)
                     timed(f"{path}_first", backend.statuses, now=now)
@@ -245,7 +249,7 @@ def cycles(backend: Any, pod_t: list[str], pods: int, shares: list[float],
                 visits = backend.job_visits
                 answer = timed(f"{path}_{label}", backend.statuses, now=now)
                 note(f"{path}: {backend.job_visits - visits} Jobs visited")
-                if path == "kept":
+                if path != "plain" and path != "every":
                     entries = list(backend._kept.values())
                     note(f"{len(answer)} statuses: {sum(e.stable for e in entries)} kept, "
                          f"{sum(not e.stable for e in entries)} built again each cycle "
@@ -253,7 +257,7 @@ def cycles(backend: Any, pod_t: list[str], pods: int, shares: list[float],
                          "(orphan pods, replica 0's Job gone, a replica's Job missing)")
                 builds = backend.node_builds
                 nodes = timed(f"{path}_nodes_{label}", backend.nodes)
-                if path == "kept":
+                if path != "plain":
                     note(f"{backend.node_builds - builds} of {len(nodes)} nodes built again")
             backend.keep_statuses = backend.keep_nodes = False
             same = sorted(answer, key=lambda s: s.name) == \
@@ -265,8 +269,46 @@ def cycles(backend: Any, pod_t: list[str], pods: int, shares: list[float],
         bench(f"k8s_fleet_cycle_{what}_s", value, "s")
 
 
+def profiled(backend: Any, pod_t: list[str], pods: int, shares: list[float],
+             rounds: int) -> None:
+    """`--profile`: the kept path's `statuses()` (marked Jobs visited) under cProfile,
+    `rounds` times per share of the pods modified before it; the functions that took
+    the most of its own time, on stderr."""
+    import cProfile
+    import io
+    import pstats
+    from datetime import timedelta
+
+    from tests.k8s_world import T0
+
+    now, version, start = T0, 10, 0
+    backend.keep_statuses = backend.keep_nodes = backend.keep_visits = True
+    now += timedelta(seconds=3)
+    backend.statuses(now=now)
+    for r in range(rounds):
+        for share in shares:
+            changed = max(1, int(pods * share))
+            version += 1
+            modify(backend, pod_t, ((start + k) % pods for k in range(changed)),
+                   str(version))
+            start = (start + changed) % pods
+            now += timedelta(seconds=3)
+            profile = cProfile.Profile(time.process_time)
+            t0 = time.process_time()
+            profile.enable()
+            backend.statuses(now=now)
+            profile.disable()
+            spent = time.process_time() - t0
+            bench(f"k8s_fleet_profiled_{share * 100:g}pct_s", spent, "s")
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(25)
+            note(f"round {r}, {share * 100:g}% modified: {spent:.3f} s of CPU profiled; "
+                 f"load {os.getloadavg()[0]:.1f}\n{text.getvalue()}")
+
+
 def child(mode: str, pods: int, shares: list[float] | None = None, rounds: int = 0,
-          settled: bool = False) -> None:
+          settled: bool = False, profile: bool = False,
+          paths: tuple[str, ...] = ("plain", "every", "passes", "kept")) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
     os.environ.setdefault("DATABASE_URL", "sqlite:////tmp/fairq_bench_k8s_fleet.sqlite3")
     import django
@@ -331,8 +373,10 @@ def child(mode: str, pods: int, shares: list[float] | None = None, rounds: int =
     nodes = backend.nodes()
     bench(f"k8s_fleet_{mode}_nodes_s", time.process_time() - t0, "s")
     note(f"{mode}: {len(statuses)} statuses, {len(nodes)} nodes; peak RSS {peak_mb():.0f} MB")
-    if shares:
-        cycles(backend, pod_t, pods, shares, rounds)
+    if shares and profile:
+        profiled(backend, pod_t, pods, shares, rounds)
+    elif shares:
+        cycles(backend, pod_t, pods, shares, rounds, paths)
 
 
 def main() -> int:
@@ -348,6 +392,11 @@ def main() -> int:
     parser.add_argument("--settled", action="store_true",
                         help="with --cycles: only workloads a cycle leaves as they are "
                              "(`settle`)")
+    parser.add_argument("--paths", default="plain,every,passes,kept",
+                        help="with --cycles: the paths compared, in this order")
+    parser.add_argument("--profile", action="store_true",
+                        help="with --cycles: the kept path's statuses() under cProfile "
+                             "instead of the comparison")
     args = parser.parse_args()
     if args.child:
         child(args.child, args.pods)
@@ -358,7 +407,8 @@ def main() -> int:
         calibrate()
         note(f"load {os.getloadavg()}")
         child("slim", args.pods, [float(x) for x in args.cycles.split(",")], args.rounds,
-              settled=args.settled)
+              settled=args.settled, profile=args.profile,
+              paths=tuple(args.paths.split(",")))
         note(f"load {os.getloadavg()}")
         calibrate()
         return 0

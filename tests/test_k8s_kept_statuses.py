@@ -92,15 +92,16 @@ class Cluster:
         self.objects[kind][key_of(obj)] = obj
 
 
-def backend(monkeypatch: pytest.MonkeyPatch, *, keep: bool) -> Any:
+def backend(monkeypatch: pytest.MonkeyPatch, *, keep: bool, **options: Any) -> Any:
     """A backend with no API server behind it: kept statuses and nodes (`keep`), or both
-    rebuilt every cycle, the reference."""
+    rebuilt every cycle, the reference; `options` go to the backend (`teams`: one watch
+    per namespace)."""
     from kubernetes import client
 
     from queueing.backends.kubernetes import KubernetesBackend
 
     b = KubernetesBackend(client.ApiClient(client.Configuration()), owner_key=KEY,
-                          gpu_types=GPU_TYPES)
+                          gpu_types=GPU_TYPES, **options)
     b.keep_statuses = keep
     b.keep_nodes = keep
     b.builds = 0
@@ -115,7 +116,8 @@ def backend(monkeypatch: pytest.MonkeyPatch, *, keep: bool) -> Any:
     monkeypatch.setattr(b, "_delete_quietly", lambda name, namespace: None)
     monkeypatch.setattr(b, "_remember_last_words", lambda pod: None)
     for informer in (b.jobs, b.pods, b.other_pods, b.nodes_informer, b.events):
-        informer.synced.set()
+        if hasattr(informer, "synced"):  # a namespace's own is synced by its first list
+            informer.synced.set()
     b._started = True
     b._probe_ok_at = time.monotonic() + 3600  # rule K5's probe: answered
     return b
@@ -165,11 +167,12 @@ def changed_job(rng: random.Random, job: dict[str, Any], now: datetime) -> dict[
     return job
 
 
-def new_workload(rng: random.Random, job_id: int, now: datetime
+def new_workload(rng: random.Random, job_id: int, now: datetime, *,
+                 namespace: str = "fairq-vision"
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """A workload just created: Jobs a few seconds to minutes old, pods that may be
     missing yet or stuck pulling their image, so the deadlines pass during the run."""
-    jobs, pods = workload(rng, job_id, [f"gpu-{i}" for i in range(8)])
+    jobs, pods = workload(rng, job_id, [f"gpu-{i}" for i in range(8)], namespace=namespace)
     created = now - timedelta(seconds=rng.randint(0, 200))
     for job in jobs:
         job["metadata"]["creationTimestamp"] = iso(created)

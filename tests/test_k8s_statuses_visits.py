@@ -19,7 +19,7 @@ from datetime import timedelta
 
 import pytest
 
-from .k8s_world import T0, world
+from .k8s_world import T0, iso, workload, world
 from .test_k8s_kept_statuses import Cluster, answered, backend, run_clock, step
 
 
@@ -57,6 +57,10 @@ def test_statuses_visiting_marked_jobs_are_the_statuses_rebuilt_each_cycle(
     assert marked._visits is not None
     # Visiting by marks visited far fewer Jobs than visiting all of them each cycle.
     assert marked.job_visits < every.job_visits * 0.6, (marked.job_visits, every.job_visits)
+    # And the rest of each cycle looked at what moved, not at every status, but in the
+    # cycles that visited every Job (the first, a relist of every namespace).
+    assert marked.full_passes < every.full_passes * 0.25, (marked.full_passes,
+                                                             every.full_passes)
 
 
 def test_a_cycle_visits_the_marked_jobs_and_those_time_changes(
@@ -70,8 +74,10 @@ def test_a_cycle_visits_the_marked_jobs_and_those_time_changes(
     assert b._visits is not None
     jobs = len(b.jobs.items())
     b.job_visits = 0
+    passes = b.full_passes
     assert answered(b, T0) == first
     often = b.job_visits
+    assert b.full_passes == passes
     assert often == len(b._visits.often) < jobs // 2
     settled = sorted(set(b._visits.by_key) - b._visits.often)
     workload = next(k for k in settled
@@ -86,3 +92,82 @@ def test_a_cycle_visits_the_marked_jobs_and_those_time_changes(
     b.job_visits = 0
     assert answered(b, T0) == first
     assert b.job_visits == often + 1
+    assert b.full_passes == passes
+
+
+def test_a_start_seen_by_a_kept_cycle_is_remembered_for_a_job_deleted_outside_fairq(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tracker learns a workload's start from the statuses a cycle recorded anew (not
+    from every status each cycle): a Job that ran, lost its pods, then was deleted
+    outside fairq is reported FAILED from that start, as by the plain rebuild."""
+    run_clock(monkeypatch)
+    marked = backend(monkeypatch, keep=True)
+    plain = backend(monkeypatch, keep=False)
+    cluster = Cluster(world(3, workloads=20), [marked, plain])
+    assert answered(marked, T0) == answered(plain, T0)
+    rng = random.Random(11)
+    for job_id in range(5000, 5400):
+        jobs, pods = workload(rng, job_id, [f"gpu-{i}" for i in range(8)])
+        job = jobs[0]
+        if len(jobs) == 1 and pods and not job["metadata"].get("deletionTimestamp") and \
+                not (job.get("status") or {}).get("conditions") and \
+                all(p["status"].get("phase") == "Running" for p in pods):
+            break
+    else:
+        raise AssertionError("no running single-replica workload drawn")
+    name = job["metadata"]["name"]
+    cluster.send("jobs", "ADDED", job)
+    assert answered(marked, T0) == answered(plain, T0)
+    for pod in pods:
+        cluster.send("pods", "ADDED", pod)
+    running = answered(marked, T0)
+    assert running == answered(plain, T0)
+    started = next(s.started_at for s in running if s.name == name)
+    assert started is not None
+    for pod in pods:
+        cluster.send("pods", "DELETED", pod)
+    assert answered(marked, T0) == answered(plain, T0)
+    cluster.send("jobs", "DELETED", job)
+    after = answered(marked, T0)
+    assert after == answered(plain, T0)
+    tomb = next(s for s in after if s.name == name)
+    assert (tomb.phase, tomb.started_at) == ("FAILED", started)
+    assert marked.full_passes == 1
+
+
+def test_replicas_seen_before_a_workload_job_deleted_are_known_when_it_comes_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tracker forgets a workload's replicas when its Job is deleted and learns them
+    again from the replicas' Jobs left (given again for the workloads marked, not every
+    replica each cycle): a replica's Job deleted after the workload's Job came back is
+    one deleted outside fairq, as the plain rebuild says."""
+    run_clock(monkeypatch)
+    marked = backend(monkeypatch, keep=True)
+    plain = backend(monkeypatch, keep=False)
+    cluster = Cluster(world(3, workloads=20), [marked, plain])
+    assert answered(marked, T0) == answered(plain, T0)
+    rng = random.Random(5)
+    for job_id in range(6000, 6400):
+        jobs, _ = workload(rng, job_id, [f"gpu-{i}" for i in range(8)])
+        if len(jobs) > 1:
+            break
+    else:
+        raise AssertionError("no multi-replica workload drawn")
+    for job in jobs:  # just created, no pod yet
+        job["metadata"].pop("deletionTimestamp", None)
+        job["metadata"]["creationTimestamp"] = iso(T0)
+        job["status"] = {}
+    name = jobs[0]["metadata"]["name"]
+    for job in jobs:
+        cluster.send("jobs", "ADDED", job)
+    assert answered(marked, T0) == answered(plain, T0)
+    cluster.send("jobs", "DELETED", jobs[0])
+    assert answered(marked, T0) == answered(plain, T0)
+    cluster.send("jobs", "ADDED", jobs[0])
+    assert answered(marked, T0) == answered(plain, T0)
+    cluster.send("jobs", "DELETED", jobs[1])
+    after = answered(marked, T0)
+    assert after == answered(plain, T0)
+    status = next(s for s in after if s.name == name)
+    assert "deleted outside fairq" in status.reason, status
+    assert marked.full_passes == 1

@@ -23,6 +23,7 @@ is tested without a cluster (tests/test_k8s_tracker.py).
 from __future__ import annotations
 
 import threading
+from collections.abc import Container, Iterable
 from dataclasses import replace
 from datetime import datetime
 
@@ -114,6 +115,21 @@ class WorkloadTracker:
                 out.append(status)
         return out
 
+    def started(self, statuses: Iterable[WorkloadStatus]) -> None:
+        """The start of each of `statuses` remembered (`seen`'s memory alone), under the
+        lock once: what `seen_all` learns from a status, given only the statuses that
+        are new or changed since (a start, once known, stays: `setdefault`)."""
+        with self._lock:
+            ran = self._ran
+            for status in statuses:
+                if status.started_at is not None:
+                    ran.setdefault(status.name, status.started_at)
+
+    def stopping(self) -> set[str]:
+        """The names fairq asked to delete that the watch has not seen go (a copy)."""
+        with self._lock:
+            return set(self._stopping)
+
     def deleted(self, name: str) -> tuple[bool, datetime | None]:
         """The Job `name` is gone: everything about it forgotten. Returns whether fairq
         expected it (it stopped or forgot it) and when it was seen starting."""
@@ -134,7 +150,7 @@ class WorkloadTracker:
             self._tombstones[status.name] = (at + self._tombstone_seconds,
                                              replace(status, stopping=False))
 
-    def tombstones(self, *, at: float, listed: set[str]) -> list[WorkloadStatus]:
+    def tombstones(self, *, at: float, listed: Container[str]) -> list[WorkloadStatus]:
         """The tombstones still due at `at` (monotonic) whose name is not in `listed`;
         expired ones are dropped."""
         out: list[WorkloadStatus] = []

@@ -41,7 +41,7 @@ import re
 import threading
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -216,10 +216,17 @@ class _Visits:
     keys visited every cycle
     (`often`: a status time changes, a hidden Job's, one not kept); the Jobs' keys by
     name (what `hidden` names); the replica Jobs' verdicts and the replicas by workload
-    (`_replica_jobs`); the create errors, the hidden names and the time of that cycle."""
+    (`_replica_jobs`); the create errors, the hidden names and the time of that cycle.
 
-    __slots__ = ("by_key", "by_name", "errors", "hidden", "job_keys", "now", "often",
-                 "replicas", "verdicts")
+    And what lets a cycle's passes skip what did not move (`KubernetesBackend.keep_passes`):
+    the statuses by key (`statuses`) and how many carry each name (`names`: the names
+    listed), the statuses recorded since the tracker last learned their starts
+    (`learned`), the workloads with replicas' Jobs but no Job of their own in the cache
+    (`alone`: `_replicas_left`'s), and the pod groups with no Job's key at the last cycle
+    (`orphans`: `_orphan_pods`')."""
+
+    __slots__ = ("alone", "by_key", "by_name", "errors", "hidden", "job_keys", "learned",
+                 "names", "now", "often", "orphans", "replicas", "statuses", "verdicts")
 
     def __init__(self, now: datetime, errors: dict[str, str], hidden: set[str]) -> None:
         self.by_key: dict[str, tuple[Obj, bool, WorkloadStatus | None, Sequence[Obj]]] = {}
@@ -228,22 +235,41 @@ class _Visits:
         self.job_keys: set[str] = set()
         self.verdicts: dict[str, tuple[str, str, int]] = {}
         self.replicas: dict[str, dict[int, Obj]] = {}
+        self.statuses: dict[str, WorkloadStatus] = {}
+        self.names: dict[str, int] = {}
+        self.learned: list[WorkloadStatus] = []
+        self.alone: set[str] = set()
+        self.orphans: set[str] = set()
         self.now, self.errors, self.hidden = now, errors, hidden
 
     def record(self, key: str, job: Obj, job_key: bool, status: WorkloadStatus | None,
                pods: Sequence[Obj], settled: bool) -> None:
         self.by_key[key] = (job, job_key, status, pods)
         self.by_name[job["metadata"]["name"]].add(key)
+        self.alone.discard(key)
         if job_key:
             self.job_keys.add(key)
         if not settled:
             self.often.add(key)
+        if status is not None:
+            self.statuses[key] = status
+            self.names[status.name] = self.names.get(status.name, 0) + 1
+            self.learned.append(status)
 
     def forget(self, key: str) -> Obj | None:
         """Drop what `key`'s last visit made; its Job then."""
         old = self.by_key.pop(key, None)
         self.often.discard(key)
         self.job_keys.discard(key)
+        if key in self.replicas:
+            self.alone.add(key)
+        status = self.statuses.pop(key, None)
+        if status is not None:
+            left = self.names[status.name] - 1
+            if left:
+                self.names[status.name] = left
+            else:
+                del self.names[status.name]
         if old is None:
             return None
         name = old[0]["metadata"]["name"]
@@ -263,9 +289,26 @@ class _Visits:
             group.pop(old[2], None)
             if not group:
                 self.replicas.pop(old[0], None)
+                self.alone.discard(old[0])
         if verdict is not None and job is not None:
             self.verdicts[key] = verdict
             self.replicas.setdefault(verdict[0], {})[verdict[2]] = job
+            if verdict[0] not in self.by_key:
+                self.alone.add(verdict[0])
+
+
+class _Listed(Container[str]):
+    """The names `statuses()` lists so far: those of the kept visits' statuses (counted
+    per name, `_Visits.names`) and those added after them."""
+
+    __slots__ = ("counted", "more")
+
+    def __init__(self, counted: Mapping[str, int]) -> None:
+        self.counted = counted
+        self.more: set[str] = set()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.counted or name in self.more
 
 
 class _KeptNodes:
@@ -321,6 +364,14 @@ class KubernetesBackend:
     # cache; False: every Job visited each cycle (docs/performance.md, "Statuses read
     # only for what changed"). Either answers what the plain rebuild answers.
     keep_visits: bool = True
+    # With `keep_visits`, the rest of `statuses()` - the tracker's pass (starts learned,
+    # `stopping`), the names listed, the replicas given to the tracker, the workloads
+    # whose replica 0's Job is gone, the orphan pods - looks at what moved since the last
+    # cycle (`_statuses_kept_passes`), not at every status; False: each passes over every
+    # status as before (docs/performance.md, "Statuses: the passes over every status").
+    keep_passes: bool = True
+    # How many times `statuses()` passed over every status (tests and the bench read it).
+    full_passes: int = 0
     # `nodes()` kept between cycles (`_KeptNodes`): a node's NodeInfo is built again only
     # when its object, the pods bound to it or fairq's unbound demand on it moved (the
     # watch hooks keep the pods by node and mark the workloads whose demand may have
@@ -1129,6 +1180,7 @@ class KubernetesBackend:
         if visits is not None and (marks is None or now < visits.now):
             visits = None  # what every Job gave is not known to hold: visit them all
         if visits is None:
+            self.full_passes += 1
             fresh: dict[str, _KeptStatus] = {}
             replica_jobs = self._replica_jobs()
             job_keys: set[str] = set()
@@ -1156,18 +1208,31 @@ class KubernetesBackend:
                 record.verdicts = {f"{j['metadata']['namespace']}/{j['metadata']['name']}": v
                                    for j, v in self._replica_memo.values() if v is not None}
                 record.replicas = {k: dict(v) for k, v in replica_jobs.items()}
+                record.alone = {k for k in replica_jobs if k not in record.by_key}
+                record.orphans = {k for k in pods if k not in job_keys}
+                record.learned = []  # `seen_all` below learns every start
             self._visits = record
         else:
             fresh = kept if kept is not None else {}
+            dirty: set[str] = set()
             replica_jobs = self._visit_marked(
                 visits, fresh, marks or set(), pods, hidden, create_errors, housekeeping,
-                now=now)
+                now=now, dirty=dirty)
             job_keys = visits.job_keys
+            if self.keep_passes:
+                if kept is not None:
+                    self._kept = fresh
+                return self._statuses_kept_passes(
+                    visits, dirty, pods, reclaimed_nodes if reclaiming else None,
+                    housekeeping, now=now)
+            self.full_passes += 1
             if reclaiming:
                 out = [self._spot_reclaimed(s, p, reclaimed_nodes)
                        for _, _, s, p in visits.by_key.values() if s is not None]
             else:
                 out = [s for _, _, s, _ in visits.by_key.values() if s is not None]
+            visits.learned = []
+            visits.orphans = {k for k in pods if k not in job_keys}
         out = self.tracker.seen_all(out)  # stopping when asked; the watch lags
         if kept is not None:
             self._kept = fresh
@@ -1178,25 +1243,90 @@ class KubernetesBackend:
         out.extend(tombs)
         listed.update(t.name for t in tombs)
         out.extend(self._orphan_pods(pods, job_keys, listed, now=now))
+        self._housekeep(housekeeping)
+        return out
+
+    def _statuses_kept_passes(self, visits: _Visits, dirty: set[str],
+                              pods: Mapping[str, list[Obj]],
+                              reclaimed_nodes: Mapping[str, tuple[str, datetime]] | None,
+                              housekeeping: list[tuple[str, str]], *, now: datetime
+                              ) -> list[WorkloadStatus]:
+        """The end of `statuses()` after `_visit_marked` (`keep_passes`), each step over
+        what may have moved instead of every status: the tracker learns the starts of
+        the statuses recorded since it last did and marks `stopping` the statuses of the
+        names it is stopping (`WorkloadTracker.seen_all`'s two halves); the names listed
+        are counted as visits record them (`_Listed`); the workloads whose replica 0's
+        Job is gone are looked for among those with replicas' Jobs and no Job of their
+        own (`_Visits.alone`), the orphan pods among the groups without a Job at the last
+        cycle and those whose keys moved (`_Visits.orphans`, `dirty`); rule K6, while a
+        spot node is reclaimed (`reclaimed_nodes`), is asked of the workloads with a pod
+        on one (`_on_node`) or reclaimed before."""
+        tracker = self.tracker
+        tracker.started(visits.learned)
+        visits.learned = []
+        statuses = final = visits.statuses
+        if reclaimed_nodes is not None:
+            # Rule K6 changes only the statuses of the workloads with a pod (not
+            # finished) bound to a reclaimed node now - the pods the hooks keep by node -
+            # or reclaimed before; the others it leaves as they are.
+            with self._changed_lock:
+                hit = {f"{meta.get('namespace')}/{(meta.get('labels') or {}).get(L_WORKLOAD)}"
+                       for node in reclaimed_nodes
+                       for (tag, _), pod in self._on_node.get(node, {}).items()
+                       if tag == "fairq" and (meta := pod["metadata"])}
+            for name in tracker.reclaimed_workloads():
+                hit |= visits.by_name.get(name, set())
+            final = dict(statuses)
+            for key in hit:
+                status = statuses.get(key)
+                if status is not None:
+                    final[key] = self._spot_reclaimed(status, visits.by_key[key][3],
+                                                      reclaimed_nodes)
+        stopped: dict[str, WorkloadStatus] = {}
+        for name in tracker.stopping():  # stopping when asked; the watch lags
+            for key in visits.by_name.get(name, ()):
+                status = final.get(key)
+                if status is not None and not status.stopping:
+                    stopped[key] = replace(status, stopping=True)
+        if stopped:
+            final = {**final, **stopped}
+        out = list(final.values())
+        listed = _Listed(visits.names)
+        alone = {k: visits.replicas[k] for k in visits.alone}
+        left = self._replicas_left(alone, pods, listed, now=now)
+        listed.more.update(s.name for s in left)
+        out.extend(left)
+        tombs = tracker.tombstones(at=time.monotonic(), listed=listed)
+        listed.more.update(t.name for t in tombs)
+        out.extend(tombs)
+        job_keys = visits.job_keys
+        visits.orphans = {k for k in visits.orphans | dirty
+                          if k in pods and k not in job_keys}
+        out.extend(self._orphan_pods(pods, job_keys, listed, now=now, keys=visits.orphans))
+        self._housekeep(housekeeping)
+        return out
+
+    def _housekeep(self, housekeeping: list[tuple[str, str]]) -> None:
         if housekeeping and time.monotonic() - self._last_housekeeping > 60:
             self._last_housekeeping = time.monotonic()
             for name, namespace in housekeeping:
                 # Finished, forgotten by fairq and past its TTL: the TTL controller is
                 # off (1.20 without the TTLAfterFinished gate), so clean up ourselves.
                 self._delete_quietly(name, namespace)
-        return out
 
     def _visit_marked(self, visits: _Visits, kept: dict[str, _KeptStatus], marks: set[str],
                       pods: Mapping[str, list[Obj]], hidden: Mapping[str, datetime],
                       create_errors: dict[str, str],
-                      housekeeping: list[tuple[str, str]], *, now: datetime
-                      ) -> dict[str, dict[int, Obj]]:
+                      housekeeping: list[tuple[str, str]], *, now: datetime,
+                      dirty: set[str] | None = None) -> dict[str, dict[int, Obj]]:
         """`statuses()` visiting only the Jobs whose answer may have moved since the last
         visit (`visits`, updated): those marked (a watch event on the Job or its
         workload, a namespace listed again), those whose create error moved (and their
         workload's), those hidden now or then, and those time changes (`often`). The
-        others give what they gave. Returns the replica Jobs by workload."""
-        dirty = set(marks)
+        others give what they gave. Returns the replica Jobs by workload; the keys
+        visited are added to `dirty`."""
+        dirty = set() if dirty is None else dirty
+        dirty |= marks
         dirty |= visits.often
         names = set(hidden)
         for name in names ^ visits.hidden:
@@ -1214,6 +1344,7 @@ class KubernetesBackend:
         jobs = {key: self.jobs.get(key) for key in dirty}
         # The replica Jobs first: a workload's visit reads its replicas'.
         memo = self._replica_memo
+        given: list[tuple[str, int]] = []
         for key, job in jobs.items():
             old = visits.by_key.get(key)
             if old is not None and old[0] is job:
@@ -1224,10 +1355,22 @@ class KubernetesBackend:
             if job is not None:
                 verdict = self._replica_verdict(job)
                 memo[id(job)] = (job, verdict)
+                if verdict is not None:
+                    given.append((verdict[1], verdict[2]))
             visits.set_verdict(key, job, verdict)
-        # Every cycle, as `_replica_jobs`: the tracker forgets a workload's replicas
-        # when its Job is deleted, and learns them again from those left.
-        self.tracker.replicas_seen([(v[1], v[2]) for v in visits.verdicts.values()])
+        if self.keep_passes:
+            # The tracker forgets a workload's replicas when its Job is deleted (a watch
+            # event, which marks the workload's key): given again from those left, as
+            # the new ones; the others it still holds.
+            for key in dirty:
+                group = visits.replicas.get(key)
+                if group:
+                    workload = key.split("/", 1)[1]
+                    given.extend((workload, index) for index in group)
+            self.tracker.replicas_seen(given)
+        else:
+            # Every cycle, as `_replica_jobs`.
+            self.tracker.replicas_seen([(v[1], v[2]) for v in visits.verdicts.values()])
         replica_jobs = visits.replicas
         for key, job in jobs.items():
             visits.forget(key)
@@ -1405,7 +1548,7 @@ class KubernetesBackend:
                        finished_at=at, exit_code=None, nodes=status.nodes or (node,))
 
     def _replicas_left(self, replica_jobs: Mapping[str, Mapping[int, Obj]],
-                       pods: Mapping[str, list[Obj]], listed: set[str], *,
+                       pods: Mapping[str, list[Obj]], listed: Container[str], *,
                        now: datetime) -> list[WorkloadStatus]:
         """Multi-replica workloads whose replica 0's Job is gone while other replicas'
         Jobs are not (a stop deletes them all, and each stays listed, with a
@@ -1536,14 +1679,16 @@ class KubernetesBackend:
         return {k: m for k, (_, m) in latest.items()}
 
     def _orphan_pods(self, pods: Mapping[str, list[Obj]], job_keys: set[str],
-                     listed: set[str], *, now: datetime) -> list[WorkloadStatus]:
+                     listed: Container[str], *, now: datetime,
+                     keys: Iterable[str] | None = None) -> list[WorkloadStatus]:
         """fairq pods whose Job is gone (deleted with orphan propagation, or while fairq
         was down), once older than the grace (a pod can reach the cache before its Job):
         pods that ran are reported (`orphan_pods_status`; the cycle charges them and
-        calls `stop`, which deletes them); pods that never ran are deleted here."""
+        calls `stop`, which deletes them); pods that never ran are deleted here. `keys`:
+        the groups to look at (None: every one)."""
         out: list[WorkloadStatus] = []
         grace = timedelta(seconds=self.orphan_pod_grace_seconds)
-        for key in pods:
+        for key in pods if keys is None else sorted(keys):
             if key in job_keys:
                 continue
             namespace, name = key.split("/", 1)
