@@ -28,7 +28,7 @@ from .factories import (
     UserFactory,
 )
 
-# The flush after each test that commits: DELETE of the tables holding rows, on
+# The flush after each test that commits: DELETE of every model table, on
 # PostgreSQL, where Django's TRUNCATE of every table costs seconds (tests/quick_flush.py).
 quick_flush.install()
 
