@@ -59,9 +59,15 @@ def test_a_cycle_with_more_submits_than_its_budget_ends_within_it_and_the_next_d
     # Every decision applied (12 admissions, one transaction) ...
     assert sorted(r.admitted) == sorted(jobs)
     assert Job.objects.filter(pk__in=jobs, status="ADMITTED").count() == 12
-    # ... but only the creates that fit: no chunk starts past the budget, so the cycle
-    # ends at most one chunk (2 creates) after it.
-    assert r.timings["total"] < 0.5 + 2 * CREATE_SECONDS + 0.5, r.timings
+    # ... but only the creates that fit: step 5 goes on past the budget towards the 12
+    # the cycle admitted, for at most `SUBMIT_SCALED_MAX` of the budget from its start
+    # (1.2 s of creates do not fit in 0.75 s), so the cycle ends at most one chunk (2
+    # creates) after that bound.
+    step = r.timings["total"] - r.timings["submit_create"] - r.timings["submit_publish"]
+    assert r.timings["submit_create"] < 0.5 * scheduler.SUBMIT_SCALED_MAX \
+        + 2 * CREATE_SECONDS + 0.3, r.timings
+    assert r.timings["total"] < step + 0.5 * scheduler.SUBMIT_SCALED_MAX \
+        + 2 * CREATE_SECONDS + 0.5, r.timings
     assert 0 < len(slow_creates) < 12
     assert r.deferred == {"submit": 12 - len(slow_creates)}
     assert Job.objects.filter(pk__in=jobs, submitted_to_backend_at__isnull=True).count() \
@@ -72,6 +78,8 @@ def test_a_cycle_with_more_submits_than_its_budget_ends_within_it_and_the_next_d
         if not Job.objects.filter(pk__in=jobs, submitted_to_backend_at__isnull=True).exists():
             break
         r = scheduler_cycle(now=t0 + timedelta(seconds=i))
+        # A cycle that admitted nothing has the plain budget: no chunk past it.
+        assert not r.admitted
         assert r.timings["total"] < 0.5 + 2 * CREATE_SECONDS + 0.5, r.timings
     assert not Job.objects.filter(pk__in=jobs, submitted_to_backend_at__isnull=True).exists()
     assert sorted(slow_creates) == sorted(f"fq-{pk}-1" for pk in jobs)
@@ -208,16 +216,19 @@ def test_victims_past_the_budget_are_left_to_the_next_cycles_reconcile(
     assert Job.objects.get(pk=high).status in ("ADMITTED", "RUNNING")
 
 
-@pytest.mark.parametrize("edge", [False, True])
+@pytest.mark.parametrize(("edge", "scaled"), [(False, True), (True, True), (False, False)])
 def test_step_5_keeps_its_floor_after_a_plan_that_spent_the_budget(
     world: World, settings: Any, slow_creates: list[str], monkeypatch: pytest.MonkeyPatch,
-    edge: bool,
+    edge: bool, scaled: bool,
 ) -> None:
     """A plan that alone outlasts the budget (a long queue on a big fleet) leaves step 5
-    `SUBMIT_FLOOR` of the budget for its creates, not one chunk; past `SUBMIT_EDGE` from
-    the cycle's start no chunk starts, floor or not."""
+    `SUBMIT_FLOOR` of the budget for its creates, not one chunk, and then as long as it
+    takes to start the jobs the cycle admitted, up to `SUBMIT_SCALED_MAX` of the budget
+    (`_SUBMIT_SCALED` off: the floor alone); past `SUBMIT_EDGE` from the cycle's start
+    no chunk starts, floor or not."""
     settings.FAIRQ_CYCLE_BUDGET_SECONDS = 2.0
     settings.FAIRQ_CYCLE_SUBMIT_CHUNK = 2
+    monkeypatch.setattr(scheduler, "_SUBMIT_SCALED", scaled)
     if edge:
         monkeypatch.setattr(scheduler, "SUBMIT_EDGE", 2.0)
     real_plan = scheduler.plan_admissions
@@ -230,13 +241,17 @@ def test_step_5_keeps_its_floor_after_a_plan_that_spent_the_budget(
     jobs = [submit(world, gpus=1, env={"FAIRQ_SIM_SECONDS": "600"}) for _ in range(12)]
     r = scheduler_cycle(now=timezone.now())
     assert sorted(r.admitted) == sorted(jobs)
-    # One chunk always starts; the floor (0.5 s of creates of 0.1 s each) lets more go.
+    # One chunk always starts; the floor (0.5 s of creates of 0.1 s each) lets more go,
+    # and the share scaled to the 12 admitted (1.2 s of creates, within 3 s) all of them.
     if edge:
         assert len(slow_creates) == 2, slow_creates
+    elif scaled:
+        assert len(slow_creates) == 12, slow_creates
+        assert r.timings["submit_create"] < 2.0 * scheduler.SUBMIT_SCALED_MAX, r.timings
     else:
         assert 4 <= len(slow_creates) < 12, slow_creates
         assert r.timings["total"] < 2.1 + 2.0 * scheduler.SUBMIT_FLOOR + 2 * CREATE_SECONDS + 1.0
-    assert r.deferred == {"submit": 12 - len(slow_creates)}
+    assert r.deferred == ({"submit": 12 - len(slow_creates)} if len(slow_creates) < 12 else {})
 
 
 def _ten_running(world: World, monkeypatch: pytest.MonkeyPatch, *,
