@@ -137,7 +137,7 @@ def test_step_1_keeps_its_floor_after_listing_the_workloads_spent_its_share(
 ) -> None:
     """Listing and cleaning the workloads alone spent step 1's share of the budget (a
     big fleet on a loaded machine): its status changes are still written for its floor
-    (`RECONCILE_FLOOR_WIDE` of the budget, `RECONCILE_FLOOR` with `_RECONCILE_WIDE` off)
+    (`RECONCILE_FLOOR` of the budget, `RECONCILE_FLOOR_WIDE` with `_RECONCILE_WIDE`)
     from the first chunk's start, not one chunk. With no floor, one chunk (here one job)
     and the rest left for the next cycle."""
     t0, _ = _ten_running(world, monkeypatch, batched=batched)
@@ -166,8 +166,9 @@ def test_step_1_writes_changes_for_its_wide_floor_when_cycles_turn_a_fleet_over(
     world: World, settings: Any, monkeypatch: pytest.MonkeyPatch, wide: bool,
 ) -> None:
     """Past its share, step 1 writes status changes for `RECONCILE_FLOOR_WIDE` (half) of
-    the budget from its first chunk, where `RECONCILE_FLOOR` (15 %) gave it a chunk or
-    two; the rest is left for the next cycle either way."""
+    the budget from its first chunk with `_RECONCILE_WIDE` (off by default), where
+    `RECONCILE_FLOOR` (15 %) gives it a chunk or two; the rest is left for the next
+    cycle either way."""
     t0, _ = _ten_running(world, monkeypatch, batched=False)
     real_clean, real_apply = scheduler._clean_statuses, scheduler._apply_status
 

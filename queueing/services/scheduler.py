@@ -172,10 +172,12 @@ RECONCILE_FLOOR = 0.15
 # That floor when cycles run back to back at a fleet's turnover: a cycle of T seconds
 # sees about as many starts and ends as the jobs it admitted, each 0.2-0.4 ms batched
 # (docs/performance.md, "Step 1 in batches"), more than RECONCILE_FLOOR of the budget
-# holds, and an end not recorded holds its GPUs in the next plan. (`_RECONCILE_WIDE`
-# False: RECONCILE_FLOOR, the floor before.)
+# holds, and an end not recorded holds its GPUs in the next plan. Off: not shown to
+# help yet, and the one sustained window with it on had a cycle decide for minutes
+# after a large batch of ends (docs/performance.md, "Sustained admissions with step 5
+# scaled to what was admitted"). (`_RECONCILE_WIDE` False: RECONCILE_FLOOR.)
 RECONCILE_FLOOR_WIDE = 0.5
-_RECONCILE_WIDE = True
+_RECONCILE_WIDE = False
 # Step 5's own share of the budget, counted from its start: admitted jobs hold their GPUs
 # until their workloads exist, so a cycle whose plan alone used the budget (a long queue
 # on a big fleet) still creates workloads for this long instead of one chunk.
