@@ -15,8 +15,8 @@ every 0.2 s). Steps 4 and 1 each have two paths (`queueing.services.scheduler._B
 `_BATCHED_STATUSES`); `--paths` names the pairs alternated: `reference` (both one job
 at a time), `admit` (step 4 batched, step 1 one job at a time), `floor` (both batched,
 steps 1 and 5 within their fixed floors: `_RECONCILE_WIDE`, `_SUBMIT_SCALED` off),
-`batched` (both batched, step 1's floor wide, step 5's scaled to the admitted jobs
-waiting). After a warm-up (batched), windows of
+`scaled` (both batched, step 5's floor scaled to the admitted jobs waiting: the
+default), `batched` (that and step 1's floor wide). After a warm-up (batched), windows of
 `--window` seconds of each alternate in one run:
   BENCH thru_<path>_<k>_admitted_per_s   jobs admitted per second over window k
   BENCH thru_<path>_<k>_started_per_s    jobs seen running per second (submitted ones)
@@ -220,7 +220,8 @@ def submitter(*, teams: int, stop_file: Path) -> None:
 # `--paths`: (step 4 batched, step 1 batched, step 5's floor scaled to the admitted jobs
 # waiting, step 1's floor wide).
 PATHS = {"reference": (False, False, False, False), "admit": (True, False, False, False),
-         "floor": (True, True, False, False), "batched": (True, True, True, True)}
+         "floor": (True, True, False, False), "scaled": (True, True, True, False),
+         "batched": (True, True, True, True)}
 
 
 def set_path(path: str) -> None:
