@@ -13,14 +13,19 @@ Full mode: the real `scheduler_cycle` back to back while a submitter process kee
 jobs pending (`jobs_submit_bulk` through the service, as pipelines submit, topping up
 every 0.2 s). Steps 4 and 1 each have two paths (`queueing.services.scheduler._BATCHED`,
 `_BATCHED_STATUSES`); `--paths` names the pairs alternated: `reference` (both one job
-at a time), `admit` (step 4 batched, step 1 one job at a time), `batched` (both
-batched). After a warm-up (batched), windows of `--window` seconds of each alternate in
-one run:
+at a time), `admit` (step 4 batched, step 1 one job at a time), `floor` (both batched,
+steps 1 and 5 within their fixed floors: `_RECONCILE_WIDE`, `_SUBMIT_SCALED` off),
+`scaled` (both batched, step 5's floor scaled to the admitted jobs waiting: the
+default), `batched` (that and step 1's floor wide). After a warm-up (batched), windows of
+`--window` seconds of each alternate in one run:
   BENCH thru_<path>_<k>_admitted_per_s   jobs admitted per second over window k
   BENCH thru_<path>_<k>_started_per_s    jobs seen running per second (submitted ones)
   BENCH thru_<path>_<k>_finished_per_s   jobs step 1 recorded as ended, per second
   BENCH thru_<path>_<k>_reconcile_left   status changes step 1 left to the next cycle
                                          (its budget spent), at the window's last cycle
+  BENCH thru_<path>_<k>_submit_left      admitted jobs step 5 left to the next cycle, same
+  BENCH thru_<path>_<k>_cpu              the cycles' process's CPU seconds over the window
+                                         (and `_cpu_ms_per_admitted`)
   BENCH thru_<path>_<k>_cycle_p50        seconds per cycle, and per step (`_<step>_p50`)
   BENCH thru_<path>_<k>_pending_min      fewest jobs pending at a cycle of the window
 then one cycle of each path under CaptureQueriesContext: per admitted job, the queries
@@ -34,7 +39,8 @@ paths (`scheduler._BATCHED_SUBMIT`) alternated, `--repeats` times per N, each ru
 jobs of its own newly admitted (`thru_submit_<n>_<plain|batched>_ms_per_job`, its CPU
 `_cpu_ms_per_job`, and the simulated cluster's own create apart:
 `_sim_create_ms_per_job`): the plan must hold repeats x 2 x sum(N) admissions (`--free`).
-`--submit-only` skips step 4's; PROFILE=1 prints each run's profile.
+`--submit-only` skips step 4's; PROFILE=1 prints each run's profile (in full mode, the
+profile of each window's cycles after the warm-up).
 
 The calibration loop and the load average are printed first and last. Database:
 $DATABASE_URL (PostgreSQL; its job tables are emptied). Run:
@@ -211,41 +217,63 @@ def submitter(*, teams: int, stop_file: Path) -> None:
           f"{max(took, default=0) * 1000:.0f} ms", flush=True)
 
 
-# `--paths`: (step 4 batched, step 1 batched).
-PATHS = {"reference": (False, False), "admit": (True, False), "batched": (True, True)}
+# `--paths`: (step 4 batched, step 1 batched, step 5's floor scaled to the admitted jobs
+# waiting, step 1's floor wide).
+PATHS = {"reference": (False, False, False, False), "admit": (True, False, False, False),
+         "floor": (True, True, False, False), "scaled": (True, True, True, False),
+         "batched": (True, True, True, True)}
 
 
 def set_path(path: str) -> None:
     from queueing.services import scheduler
 
-    scheduler._BATCHED, scheduler._BATCHED_STATUSES = PATHS[path]
+    (scheduler._BATCHED, scheduler._BATCHED_STATUSES, scheduler._SUBMIT_SCALED,
+     scheduler._RECONCILE_WIDE) = PATHS[path]
 
 
 def run_window(label: str, seconds: float) -> None:
     from queueing.services.scheduler import scheduler_cycle
 
-    admitted = started = finished = cycles = left = submitted = 0
+    admitted = started = finished = cycles = left = submitted = submit_left = 0
     timings: dict[str, list[float]] = {s: [] for s in (*STEPS, "total")}
     low = PENDING * 10
-    t0 = time.perf_counter()
+    prof = None
+    if PROFILE and label != "warmup":
+        import cProfile
+
+        prof = cProfile.Profile()
+    t0, c0 = time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
+        if prof is not None:
+            prof.enable()
         r = scheduler_cycle(now=clock())
+        if prof is not None:
+            prof.disable()
         cycles += 1
         admitted += len(r.admitted)
         started += len(r.started)
         submitted += len(r.submitted)
         finished += len(r.finished)
         left = r.deferred.get("reconcile", 0)
+        submit_left = r.deferred.get("submit", 0)
         for s in timings:
             timings[s].append(r.timings.get(s, 0.0))
         if r.plan is not None:
             low = min(low, len(r.plan.waits) + len(r.plan.admissions))
-    took = time.perf_counter() - t0
+    took, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if prof is not None:
+        import pstats
+
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(60)
     bench(f"thru_{label}_admitted_per_s", admitted / took, "jobs/s")
     bench(f"thru_{label}_started_per_s", started / took, "jobs/s")
     bench(f"thru_{label}_finished_per_s", finished / took, "jobs/s")
     bench(f"thru_{label}_submitted_per_s", submitted / took, "jobs/s")
     bench(f"thru_{label}_reconcile_left", left, "changes")
+    bench(f"thru_{label}_submit_left", submit_left, "jobs")
+    # The cycles' process's CPU over the window (PostgreSQL's and the submitter's apart).
+    bench(f"thru_{label}_cpu", cpu, "s")
+    bench(f"thru_{label}_cpu_ms_per_admitted", cpu * 1000 / max(1, admitted), "ms")
     bench(f"thru_{label}_cycle_p50", statistics.median(timings["total"]), "s")
     for s in STEPS:
         bench(f"thru_{label}_{s}_p50", statistics.median(timings[s]), "s")

@@ -59,9 +59,15 @@ def test_a_cycle_with_more_submits_than_its_budget_ends_within_it_and_the_next_d
     # Every decision applied (12 admissions, one transaction) ...
     assert sorted(r.admitted) == sorted(jobs)
     assert Job.objects.filter(pk__in=jobs, status="ADMITTED").count() == 12
-    # ... but only the creates that fit: no chunk starts past the budget, so the cycle
-    # ends at most one chunk (2 creates) after it.
-    assert r.timings["total"] < 0.5 + 2 * CREATE_SECONDS + 0.5, r.timings
+    # ... but only the creates that fit: step 5 goes on past the budget towards the 12
+    # admitted, for at most `SUBMIT_SCALED_MAX` of the budget from its start (1.2 s of
+    # creates do not fit in 0.75 s), so the cycle ends at most one chunk (2 creates)
+    # after that bound.
+    step = r.timings["total"] - r.timings["submit_create"] - r.timings["submit_publish"]
+    assert r.timings["submit_create"] < 0.5 * scheduler.SUBMIT_SCALED_MAX \
+        + 2 * CREATE_SECONDS + 0.3, r.timings
+    assert r.timings["total"] < step + 0.5 * scheduler.SUBMIT_SCALED_MAX \
+        + 2 * CREATE_SECONDS + 0.5, r.timings
     assert 0 < len(slow_creates) < 12
     assert r.deferred == {"submit": 12 - len(slow_creates)}
     assert Job.objects.filter(pk__in=jobs, submitted_to_backend_at__isnull=True).count() \
@@ -72,7 +78,10 @@ def test_a_cycle_with_more_submits_than_its_budget_ends_within_it_and_the_next_d
         if not Job.objects.filter(pk__in=jobs, submitted_to_backend_at__isnull=True).exists():
             break
         r = scheduler_cycle(now=t0 + timedelta(seconds=i))
-        assert r.timings["total"] < 0.5 + 2 * CREATE_SECONDS + 0.5, r.timings
+        # The jobs an earlier cycle admitted count as this one's: the same bound.
+        assert not r.admitted
+        assert r.timings["submit_create"] < 0.5 * scheduler.SUBMIT_SCALED_MAX \
+            + 2 * CREATE_SECONDS + 0.3, r.timings
     assert not Job.objects.filter(pk__in=jobs, submitted_to_backend_at__isnull=True).exists()
     assert sorted(slow_creates) == sorted(f"fq-{pk}-1" for pk in jobs)
     assert slow_creates == [f"fq-{pk}-1" for pk in sorted(jobs)]
@@ -127,9 +136,10 @@ def test_step_1_keeps_its_floor_after_listing_the_workloads_spent_its_share(
     floor: float,
 ) -> None:
     """Listing and cleaning the workloads alone spent step 1's share of the budget (a
-    big fleet on a loaded machine): its status changes are still written for
-    `RECONCILE_FLOOR` of the budget from the first chunk's start, not one chunk. With no
-    floor, one chunk (here one job) and the rest left for the next cycle."""
+    big fleet on a loaded machine): its status changes are still written for its floor
+    (`RECONCILE_FLOOR` of the budget, `RECONCILE_FLOOR_WIDE` with `_RECONCILE_WIDE`)
+    from the first chunk's start, not one chunk. With no floor, one chunk (here one job)
+    and the rest left for the next cycle."""
     t0, _ = _ten_running(world, monkeypatch, batched=batched)
 
     real = scheduler._clean_statuses
@@ -142,12 +152,46 @@ def test_step_1_keeps_its_floor_after_listing_the_workloads_spent_its_share(
     monkeypatch.setattr(scheduler, "STATUS_CHUNK", 1)
     monkeypatch.setattr(scheduler, "STATUS_BATCH_CHUNK", 1)
     monkeypatch.setattr(scheduler, "RECONCILE_FLOOR", floor)
+    monkeypatch.setattr(scheduler, "RECONCILE_FLOOR_WIDE", floor)
     settings.FAIRQ_CYCLE_BUDGET_SECONDS = 1.0  # step 1's share, 0.4 s, spent by the listing
     r = scheduler_cycle(now=t0 + timedelta(seconds=61))  # all ten finished
     if floor:  # 5 s from the first chunk: every change
         assert len(r.finished) == 10 and "reconcile" not in r.deferred, r.deferred
     else:
         assert len(r.finished) == 1 and r.deferred["reconcile"] == 9, r.deferred
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_step_1_writes_changes_for_its_wide_floor_when_cycles_turn_a_fleet_over(
+    world: World, settings: Any, monkeypatch: pytest.MonkeyPatch, wide: bool,
+) -> None:
+    """Past its share, step 1 writes status changes for `RECONCILE_FLOOR_WIDE` (half) of
+    the budget from its first chunk with `_RECONCILE_WIDE` (off by default), where
+    `RECONCILE_FLOOR` (15 %) gives it a chunk or two; the rest is left for the next
+    cycle either way."""
+    t0, _ = _ten_running(world, monkeypatch, batched=False)
+    real_clean, real_apply = scheduler._clean_statuses, scheduler._apply_status
+
+    def slow_clean(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(1.0)  # the workloads of a big fleet, listed and cleaned
+        return real_clean(*args, **kwargs)
+
+    def slow_apply(*args: Any, **kwargs: Any) -> None:
+        time.sleep(0.15)  # one job's status write on a loaded database
+        real_apply(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "_clean_statuses", slow_clean)
+    monkeypatch.setattr(scheduler, "_apply_status", slow_apply)
+    monkeypatch.setattr(scheduler, "STATUS_CHUNK", 1)
+    monkeypatch.setattr(scheduler, "_RECONCILE_WIDE", wide)
+    settings.FAIRQ_CYCLE_BUDGET_SECONDS = 2.0  # step 1's share, 0.8 s, spent by the listing
+    r = scheduler_cycle(now=t0 + timedelta(seconds=61))  # all ten finished
+    done = len(r.finished)
+    assert r.deferred == {"reconcile": 10 - done}, r.deferred
+    if wide:  # 1 s of changes of 0.15 s each
+        assert 4 <= done <= 8, done
+    else:  # 0.3 s
+        assert 1 <= done <= 3, done
 
 
 def test_a_cycle_interrupted_while_applying_its_plan_has_applied_none_of_it(
@@ -208,16 +252,19 @@ def test_victims_past_the_budget_are_left_to_the_next_cycles_reconcile(
     assert Job.objects.get(pk=high).status in ("ADMITTED", "RUNNING")
 
 
-@pytest.mark.parametrize("edge", [False, True])
+@pytest.mark.parametrize(("edge", "scaled"), [(False, True), (True, True), (False, False)])
 def test_step_5_keeps_its_floor_after_a_plan_that_spent_the_budget(
     world: World, settings: Any, slow_creates: list[str], monkeypatch: pytest.MonkeyPatch,
-    edge: bool,
+    edge: bool, scaled: bool,
 ) -> None:
     """A plan that alone outlasts the budget (a long queue on a big fleet) leaves step 5
-    `SUBMIT_FLOOR` of the budget for its creates, not one chunk; past `SUBMIT_EDGE` from
-    the cycle's start no chunk starts, floor or not."""
+    `SUBMIT_FLOOR` of the budget for its creates, not one chunk, and then as long as it
+    takes to start the jobs the cycle admitted, up to `SUBMIT_SCALED_MAX` of the budget
+    (`_SUBMIT_SCALED` off: the floor alone); past `SUBMIT_EDGE` from the cycle's start
+    no chunk starts, floor or not."""
     settings.FAIRQ_CYCLE_BUDGET_SECONDS = 2.0
     settings.FAIRQ_CYCLE_SUBMIT_CHUNK = 2
+    monkeypatch.setattr(scheduler, "_SUBMIT_SCALED", scaled)
     if edge:
         monkeypatch.setattr(scheduler, "SUBMIT_EDGE", 2.0)
     real_plan = scheduler.plan_admissions
@@ -230,13 +277,45 @@ def test_step_5_keeps_its_floor_after_a_plan_that_spent_the_budget(
     jobs = [submit(world, gpus=1, env={"FAIRQ_SIM_SECONDS": "600"}) for _ in range(12)]
     r = scheduler_cycle(now=timezone.now())
     assert sorted(r.admitted) == sorted(jobs)
-    # One chunk always starts; the floor (0.5 s of creates of 0.1 s each) lets more go.
+    # One chunk always starts; the floor (0.5 s of creates of 0.1 s each) lets more go,
+    # and the share scaled to the 12 admitted (1.2 s of creates, within 3 s) all of them.
     if edge:
         assert len(slow_creates) == 2, slow_creates
+    elif scaled:
+        assert len(slow_creates) == 12, slow_creates
+        assert r.timings["submit_create"] < 2.0 * scheduler.SUBMIT_SCALED_MAX, r.timings
     else:
         assert 4 <= len(slow_creates) < 12, slow_creates
         assert r.timings["total"] < 2.1 + 2.0 * scheduler.SUBMIT_FLOOR + 2 * CREATE_SECONDS + 1.0
-    assert r.deferred == {"submit": 12 - len(slow_creates)}
+    assert r.deferred == ({"submit": 12 - len(slow_creates)} if len(slow_creates) < 12 else {})
+
+
+def test_step_5_past_its_floor_takes_the_jobs_earlier_cycles_left_admitted(
+    world: World, settings: Any, slow_creates: list[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Jobs a cycle admitted and left unstarted (here, its floor alone) are taken by the
+    next cycle's step 5 past the budget and its floor, though that cycle admitted none:
+    a pile left behind shrinks instead of holding its GPUs cycle after cycle."""
+    settings.FAIRQ_CYCLE_BUDGET_SECONDS = 2.0
+    settings.FAIRQ_CYCLE_SUBMIT_CHUNK = 2
+    real_plan = scheduler.plan_admissions
+
+    def slow_plan(snapshot: Any) -> Any:
+        time.sleep(2.1)  # the whole budget
+        return real_plan(snapshot)
+
+    monkeypatch.setattr(scheduler, "plan_admissions", slow_plan)
+    jobs = [submit(world, gpus=1, env={"FAIRQ_SIM_SECONDS": "600"}) for _ in range(14)]
+    monkeypatch.setattr(scheduler, "_SUBMIT_SCALED", False)
+    r = scheduler_cycle(now=timezone.now())
+    assert sorted(r.admitted) == sorted(jobs)
+    first = len(slow_creates)
+    assert 4 <= first <= 10, slow_creates  # the floor: 0.5 s of creates of 0.1 s
+    monkeypatch.setattr(scheduler, "_SUBMIT_SCALED", True)
+    r = scheduler_cycle(now=timezone.now())
+    assert not r.admitted
+    assert len(slow_creates) == 14 and "submit" not in r.deferred, (first, r.deferred)
+    assert slow_creates == [f"fq-{pk}-1" for pk in sorted(jobs)]
 
 
 def _ten_running(world: World, monkeypatch: pytest.MonkeyPatch, *,
