@@ -76,9 +76,13 @@ class Cluster:
             self.objects[kind][key_of(obj)] = obj
         line = (json.dumps({"type": event, "object": obj}) + "\n").encode()
         for backend in self.backends:
-            informer = self.informer(backend, kind)
+            informer = self.watcher(backend, kind, obj)
             informer._list = lambda **kw: _Resp(lines=[line])
             informer._watch("1")
+
+    def watcher(self, backend: Any, kind: str, obj: dict[str, Any]) -> Any:
+        """The informer whose watch delivers a change of `obj`."""
+        return self.informer(backend, kind)
 
     def missed(self, kind: str, obj: dict[str, Any], *, delete: bool = False) -> None:
         """A change the watch did not deliver (a 410, a broken stream): the next relist

@@ -80,21 +80,9 @@ class NamespacedCluster(Cluster):
         informer._list = lambda **kw: _Resp(json.dumps(body).encode())
         informer.relist()
 
-    def send(self, kind: str, event: str, obj: dict[str, Any]) -> None:
-        self.version += 1
-        obj = copy.deepcopy(obj)
-        obj["metadata"]["resourceVersion"] = str(self.version)
-        if event == "DELETED":
-            self.objects[kind].pop(key_of(obj), None)
-        else:
-            self.objects[kind][key_of(obj)] = obj
-        line = (json.dumps({"type": event, "object": obj}) + "\n").encode()
-        for each in self.backends:
-            group = self.group(each, kind)
-            informer = group.add(obj["metadata"]["namespace"]) if hasattr(group, "add") \
-                else group
-            informer._list = lambda **kw: _Resp(lines=[line])
-            informer._watch("1")
+    def watcher(self, backend: Any, kind: str, obj: dict[str, Any]) -> Any:
+        group = self.group(backend, kind)
+        return group.add(obj["metadata"]["namespace"]) if hasattr(group, "add") else group
 
 
 def step(rng: random.Random, cluster: NamespacedCluster, backends: list[Any], now: Any,
