@@ -185,7 +185,7 @@ def main() -> int:
         from queueing.services import scheduler
 
         scheduler._BATCHED, scheduler.STATUS_CHUNK, scheduler.SUBMIT_FLOOR = False, 1, 0.0
-        scheduler._BATCHED_STATUSES = False
+        scheduler._BATCHED_STATUSES, scheduler._SUBMIT_SCALED = False, False
         print("# before: per-job admissions and status changes, no submit floor", flush=True)
     call_command("migrate", verbosity=0, interactive=False)
     missing = missing_binaries()

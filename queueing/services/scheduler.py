@@ -54,10 +54,10 @@ A cycle bounds its own work (`Budget`, FAIRQ_CYCLE_BUDGET_SECONDS, well inside t
 task's time limits, so no limit cuts it half-way): step 1 handles the workloads whose
 status moved until its share of the budget is spent, and stops at most
 FAIRQ_CYCLE_STOP_BATCH workloads no job holds (their logs kept first); step 5 stops the
-preemption victims and submits admitted jobs in chunks while the budget lasts, and for
-at least `SUBMIT_FLOOR` of it from the step's start however long steps 1-4 took, and on
+preemption victims and submits admitted jobs in chunks while the budget lasts, and on
 until it has taken every admitted job waiting for its workload, for at most
-`SUBMIT_SCALED_MAX` of the budget from its start (victims
+`SUBMIT_SCALED_MAX` of the budget from the step's start however long steps 1-4 took
+(victims
 left running are stopped by the next cycle's step 1: their attempt is no longer their
 job's). What is left is left as it is, for the next cycle, which is kicked at once
 (`CycleResult.deferred`). Steps 2-4 always run whole: the plan is decided on the whole
@@ -180,16 +180,17 @@ RECONCILE_FLOOR_WIDE = 0.5
 _RECONCILE_WIDE = False
 # Step 5's own share of the budget, counted from its start: admitted jobs hold their GPUs
 # until their workloads exist, so a cycle whose plan alone used the budget (a long queue
-# on a big fleet) still creates workloads for this long instead of one chunk.
+# on a big fleet) still creates workloads for this long instead of one chunk (with
+# `_SUBMIT_SCALED` off; on, the floor is `SUBMIT_SCALED_MAX`).
 SUBMIT_FLOOR = 0.25
-# Step 5's floor grows with what is admitted: past the budget and `SUBMIT_FLOOR`, chunks
-# go on starting until every admitted job waiting for its workload has been taken (this
-# cycle's and those earlier cycles left, the longest admitted first), for at most
-# `SUBMIT_SCALED_MAX` of the budget from the step's start - an admitted job holds its
-# GPUs and starts no end of its own until its workload exists, so a cycle that admits
-# more than its floor can start leaves them to pile up, and a pile left by a cycle that
-# hit the bound would never shrink if only each cycle's own admissions counted.
-# (`_SUBMIT_SCALED` False: the floor alone, the contract before.)
+# Step 5's floor while admitted jobs wait: past the budget, chunks go on starting until
+# every admitted job waiting for its workload has been taken (this cycle's and those
+# earlier cycles left, the longest admitted first), for at most `SUBMIT_SCALED_MAX` of
+# the budget from the step's start - an admitted job holds its GPUs and starts no end
+# of its own until its workload exists, so a cycle that admits more than a quarter
+# budget's worth of creates leaves them to pile up. The test comes only before a chunk
+# that exists, so the step ends as soon as it has taken them all.
+# (`_SUBMIT_SCALED` False: `SUBMIT_FLOOR` alone, the contract before.)
 SUBMIT_SCALED_MAX = 1.5
 _SUBMIT_SCALED = True
 # No chunk of step 5 starts this long after the cycle's start, floor or not: the largest
@@ -223,23 +224,16 @@ class Budget:
         return self.spent(RECONCILE_SHARE) and (
             chunks_started is None or now - chunks_started >= self.seconds * floor)
 
-    def submit_spent(self, step_started: float, *, taken: int = 0, admitted: int = 0) -> bool:
-        """Step 5's test before a new chunk: the budget is spent and so is the step's
-        floor (`SUBMIT_FLOOR` of the budget from `step_started`, a perf_counter time),
-        and either the step has taken `admitted` jobs (`taken`: those of the chunks
-        started so far; `admitted`: how many admitted jobs were waiting for their
-        workloads as it began) or `SUBMIT_SCALED_MAX` of the budget has gone since
-        `step_started`; or the cycle is `SUBMIT_EDGE` old."""
+    def submit_spent(self, step_started: float) -> bool:
+        """Step 5's test before a new chunk (so while admitted jobs wait for their
+        workloads): the budget is spent and so is the step's floor, `SUBMIT_SCALED_MAX`
+        of the budget from `step_started`, a perf_counter time (`SUBMIT_FLOOR` with
+        `_SUBMIT_SCALED` off); or the cycle is `SUBMIT_EDGE` old."""
         now = time.perf_counter()
         if now - self.started >= SUBMIT_EDGE:
             return True
-        if not self.spent():
-            return False
-        took = now - step_started
-        if took < self.seconds * SUBMIT_FLOOR:
-            return False
-        return not (_SUBMIT_SCALED and taken < admitted
-                    and took < self.seconds * SUBMIT_SCALED_MAX)
+        floor = SUBMIT_SCALED_MAX if _SUBMIT_SCALED else SUBMIT_FLOOR
+        return self.spent() and now - step_started >= self.seconds * floor
 
 
 @dataclass
@@ -1461,10 +1455,9 @@ def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResu
                     budget: Budget | None = None) -> None:
     """Submit every admitted job not yet marked submitted (this cycle's and any a killed
     worker left behind: the backend's create is idempotent by name), the longest
-    admitted first, in chunks of FAIRQ_CYCLE_SUBMIT_CHUNK: once `budget` is spent, and
-    the step has had its floor and taken every admitted job waiting as it began, or had
-    `SUBMIT_SCALED_MAX` of the budget (`Budget.submit_spent`), no new chunk starts, and the rest
-    are the next cycle's (`result.deferred["submit"]`).
+    admitted first, in chunks of FAIRQ_CYCLE_SUBMIT_CHUNK: once `budget` is spent and
+    the step has had its floor, `SUBMIT_SCALED_MAX` of the budget (`Budget.submit_spent`),
+    no new chunk starts, and the rest are the next cycle's (`result.deferred["submit"]`).
 
     The creates run on up to `backend.submit_concurrency` threads (most of a create is
     waiting on the API server); no transaction is open meanwhile. Then, in this thread,
@@ -1486,8 +1479,7 @@ def submit_admitted(*, backend: ClusterBackend, now: datetime, result: CycleResu
                        step_started=step_started)
         return
     for start in range(0, len(ids), chunk):
-        if start and budget is not None and budget.submit_spent(
-                step_started, taken=start, admitted=len(ids)):
+        if start and budget is not None and budget.submit_spent(step_started):
             result.deferred["submit"] = len(ids) - start
             return
         rows = list(pending.filter(pk__in=ids[start:start + chunk]).order_by("admitted_at", "id"))
@@ -1518,8 +1510,7 @@ def _submit_groups(step: _SubmitStep, *, pending: QuerySet[Job], ids: list[int],
         submitted: list[Job] = []
         for k, part in enumerate(parts):
             at = start + k * chunk
-            if at and budget is not None and budget.submit_spent(
-                    step_started, taken=at, admitted=len(ids)):
+            if at and budget is not None and budget.submit_spent(step_started):
                 _submit_marks(submitted, now=step.now, result=step.result)
                 step.result.deferred["submit"] = len(ids) - at
                 return
