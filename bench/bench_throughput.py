@@ -39,7 +39,9 @@ paths (`scheduler._BATCHED_SUBMIT`) alternated, `--repeats` times per N, each ru
 jobs of its own newly admitted (`thru_submit_<n>_<plain|batched>_ms_per_job`, its CPU
 `_cpu_ms_per_job`, and the simulated cluster's own create apart:
 `_sim_create_ms_per_job`): the plan must hold repeats x 2 x sum(N) admissions (`--free`).
-`--submit-only` skips step 4's; PROFILE=1 prints each run's profile (in full mode, the
+`--submit-only` skips step 4's; `--publish ROUNDS`: what a cycle publishes after step 5
+with the standings kept or read afresh (`scheduler._STANDINGS_KEPT`), alternated
+(`publish_ab`); PROFILE=1 prints each run's profile (in full mode, the
 profile of each window's cycles after the warm-up).
 
 The calibration loop and the load average are printed first and last. Database:
@@ -448,6 +450,99 @@ def submit_ab(backend: object, full: object, nodes: object, sizes: list[int], re
         bench(f"thru_submit_{n}_{path}_jobs_per_s", n / w, "jobs/s")
 
 
+def publish_ab(rounds: int) -> None:
+    """What a cycle publishes after step 5 (`page_reads_publish`), the standings kept
+    (`scheduler._STANDINGS_KEPT`) against read afresh, one real cycle of each per round,
+    in alternating order, after one warm-up cycle of each (the world drains: no
+    submitter). The kept path reads the rows steps 4 and 5 wrote (the active jobs'
+    refresh), which the next cycle's first refresh then does not read: that refresh is
+    counted with the cycle before it. Per path the p50 of the rounds:
+      thru_publish_<kept|fresh>_cpu_p50         CPU seconds of the publish (this thread)
+      thru_publish_<kept|fresh>_wall_p50        its wall seconds
+      thru_publish_<kept|fresh>_standings_cpu_p50  ... of the standings in it (the
+                                                refresh apart)
+      thru_publish_<kept|fresh>_refresh_cpu_p50 CPU seconds of the refresh in it (kept)
+      thru_publish_<kept|fresh>_next_cpu_p50    CPU seconds of the next cycle's first
+                                                refresh (the rows left to it)
+      thru_publish_<kept|fresh>_sum_cpu_p50     the publish and that refresh together"""
+    from queueing.selectors import dashboard
+    from queueing.services import scheduler
+
+    real, real_jobs = scheduler.page_reads_publish, scheduler.cycle_active_jobs
+    real_standings = (scheduler.fairshare_standings, dashboard.fairshare_standings)
+    took: list[tuple[float, float]] = []
+    refreshes: list[float] = []
+    standings: list[float] = []
+
+    def standings_timed(**kw: object) -> object:
+        c = time.thread_time()
+        try:
+            return real_standings[0](**kw)  # type: ignore[arg-type]
+        finally:
+            standings.append(time.thread_time() - c)
+
+    def timed(**kw: object) -> bool:
+        c, w = time.thread_time(), time.perf_counter()
+        try:
+            return real(**kw)  # type: ignore[arg-type]
+        finally:
+            took.append((time.thread_time() - c, time.perf_counter() - w))
+
+    def jobs_timed(**kw: object) -> object:
+        c = time.thread_time()
+        try:
+            return real_jobs(**kw)  # type: ignore[arg-type]
+        finally:
+            refreshes.append(time.thread_time() - c)
+
+    scheduler.page_reads_publish = timed  # type: ignore[assignment]
+    scheduler.cycle_active_jobs = jobs_timed  # type: ignore[assignment]
+    scheduler.fairshare_standings = standings_timed  # type: ignore[assignment]
+    dashboard.fairshare_standings = standings_timed  # type: ignore[assignment]
+    keys = ("cpu", "wall", "standings_cpu", "refresh_cpu", "next_cpu", "sum_cpu", "admitted")
+    out: dict[str, dict[str, list[float]]] = {p: {k: [] for k in keys}
+                                              for p in ("kept", "fresh")}
+    last: tuple[str, dict[str, float], int] | None = None
+    try:
+        for k in range(-1, rounds + 1):
+            order = ["kept", "fresh"] if k % 2 == 0 else ["fresh", "kept"]
+            for path in order:
+                scheduler._STANDINGS_KEPT = path == "kept"
+                took.clear()
+                refreshes.clear()
+                standings.clear()
+                r = scheduler.scheduler_cycle(now=clock())
+                if last is not None:  # this cycle's first refresh: the one before's rows
+                    prev, done, prev_k = last
+                    done["next_cpu"] = refreshes[0]
+                    done["sum_cpu"] = done["cpu"] + refreshes[0]
+                    note(f"  next refresh {refreshes[0]:.3f} s CPU")
+                    if prev_k >= 0:  # not a warm-up cycle's
+                        for key in keys:
+                            out[prev][key].append(done[key])
+                if k == rounds:
+                    break
+                cur = {"cpu": took[0][0], "wall": took[0][1], "admitted": len(r.admitted),
+                       "standings_cpu": sum(standings),
+                       "refresh_cpu": refreshes[2] if len(refreshes) > 2 else 0.0}
+                last = (path, cur, k)
+                note(f"round {k} {path}: admitted {len(r.admitted)}, publish "
+                     f"{cur['cpu']:.3f} s CPU (standings {cur['standings_cpu']:.3f}, "
+                     f"refresh {cur['refresh_cpu']:.3f}), "
+                     f"{cur['wall']:.3f} s wall; cycle {r.timings['total']:.2f} s wall; "
+                     f"load {os.getloadavg()[0]:.1f}")
+    finally:
+        scheduler.page_reads_publish = real  # type: ignore[assignment]
+        scheduler.cycle_active_jobs = real_jobs  # type: ignore[assignment]
+        scheduler.fairshare_standings, dashboard.fairshare_standings = real_standings
+        scheduler._STANDINGS_KEPT = True
+    for path, got in out.items():
+        for key in keys[:-1]:
+            bench(f"thru_publish_{path}_{key}_p50", statistics.median(got[key]), "s")
+        bench(f"thru_publish_{path}_admitted_p50", statistics.median(got["admitted"]), "jobs")
+        bench(f"thru_publish_{path}_cycles", len(got["cpu"]), "cycles")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", default="5000x8xh100")
@@ -466,6 +561,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--submit-only", action="store_true",
                     help="with --steps: step 5 alone (its two paths), not step 4")
+    ap.add_argument("--publish", type=int, default=0, metavar="ROUNDS",
+                    help="only what a cycle publishes after step 5, standings kept or "
+                         "read afresh, alternated over ROUNDS rounds of one cycle each")
     ap.add_argument("--submitter", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--stop-file", default="", help=argparse.SUPPRESS)
     ap.add_argument("--offset", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -487,6 +585,10 @@ def main() -> None:
     from django.utils import timezone
 
     OFFSET = timezone.now() - start
+    if args.publish:
+        publish_ab(args.publish)
+        calibrate()
+        return
     if args.steps:
         steps_ab(args.steps, args.repeats, apply=not args.submit_only)
         calibrate()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -191,18 +192,22 @@ def _keep(key: str, value: Any, timeout: float) -> None:
     _local[key] = kept
 
 
-def page_reads_publish(*, now: datetime, moved: bool) -> bool:
+def page_reads_publish(*, now: datetime, moved: bool,
+                       standings: Callable[[], dict[str, Standing]] | None = None) -> bool:
     """The scheduler cycle's part of the kept reads (above): the standings, the quota
     forest and the capacity card computed afresh and kept PAGE_PUBLISHED_SECONDS, when
     the cycle `moved` a job or the kept ones are older than PAGE_CACHE_SECONDS (or
-    missing). Whether it computed them."""
+    missing). Whether it computed them. `standings`: what gives the standings at `now`
+    instead of `fairshare_standings(now=now)`, called only when they are published (the
+    cycle's, from its kept inputs: services/scheduler.py)."""
     if not PAGE_READS_PUBLISHED:
         return False
     at: datetime | None = cache.get(_PUBLISHED_AT_KEY)
     if not moved and at is not None and (now - at).total_seconds() < PAGE_CACHE_SECONDS \
             and all(cache.get(k) is not None for k in PAGE_CACHE_KEYS[1::2]):
         return False
-    _keep(_STANDINGS_KEY, fairshare_standings(now=now), PAGE_PUBLISHED_SECONDS)
+    _keep(_STANDINGS_KEY, fairshare_standings(now=now) if standings is None else standings(),
+          PAGE_PUBLISHED_SECONDS)
     _keep(_FOREST_KEY, quota_forest(), PAGE_PUBLISHED_SECONDS)
     _keep(_CAPACITY_KEY, capacity_by_gpu_type(held_only=True), PAGE_PUBLISHED_SECONDS)
     cache.set(_PUBLISHED_AT_KEY, now, timeout=PAGE_PUBLISHED_SECONDS)

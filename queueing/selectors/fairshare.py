@@ -144,8 +144,10 @@ def fairshare_inputs(*, now: datetime, jobs: ActiveJobs | None = None
         rows = [(team_id, status, gpu_equivalents(gpus, 1, slices, sharing, spg), replicas,
                  weight, started_at)
                 for team_id, status, gpus, replicas, weight, started_at, slices, sharing, spg
+                # In job id order, as the kept path sums them (`Job`'s own order is
+                # newest first): the same sums to the bit.
                 in Job.objects.filter(status__in=[JobState.RUNNING, JobState.ADMITTED])
-                .values_list("team_id", "status", "gpus_per_replica", "replicas",
+                .order_by("id").values_list("team_id", "status", "gpus_per_replica", "replicas",
                              "gpu_type__billing_weight", "started_at", "gpu_slices",
                              "gpu_type__sharing", "gpu_type__slices_per_gpu")]
     else:

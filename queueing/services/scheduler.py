@@ -35,7 +35,9 @@
                     every reader (queueing/selectors/queue_plan.py); when anything
                     moved, drop the pages' kept reads; and publish the cluster view
                     web processes read instead of the cluster (nodes, live workloads,
-                    unprovisioned teams: queueing/selectors/cluster.py).
+                    unprovisioned teams: queueing/selectors/cluster.py). After step 5,
+                    the pages' kept reads computed again when anything moved (the
+                    standings from the kept active jobs, `_STANDINGS_KEPT`).
 
 Several clusters (docs/clusters.md): the cycle reads every enabled `Cluster` (and every
 disabled one still draining, rule K8) as one `Fleet` (services/clusters.py): one
@@ -109,6 +111,7 @@ from queueing.composition import get_utilization_source, kick
 from queueing.logcontext import log_context
 from queueing.models import Cluster, GpuType, Job, JobEvent, Tier, UsageRecord
 from queueing.policy.admission import Plan, plan_admissions
+from queueing.policy.fairshare import Standing
 from queueing.policy.snapshot import NodeState
 from queueing.policy.states import FINAL_STATES, HOLDING_STATES, JobState
 from queueing.sanitize import clean_status, clean_text
@@ -116,6 +119,7 @@ from queueing.selectors.active_jobs import ActiveJobs, cycle_active_jobs
 from queueing.selectors.checkpoints import newest_checkpoints
 from queueing.selectors.cluster import largest_node_cpu_memory
 from queueing.selectors.dashboard import page_reads_publish
+from queueing.selectors.fairshare import fairshare_standings
 from queueing.selectors.queue_plan import (
     plan_inputs_mark,
     queue_plan_forget,
@@ -374,8 +378,9 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
                              closed=snapshot.closed_clusters)
         # The fleet-wide reads every dashboard request shares (read from the view just
         # published), computed here, not in a request.
-        _published("pages' kept reads", lambda: page_reads_publish(now=now, moved=moved),
-                   result=result)
+        _published("pages' kept reads", lambda: page_reads_publish(
+            now=now, moved=moved, standings=_standings_after_steps(now) if _STANDINGS_KEPT
+            else None), result=result)
         gc_after_cycle(len(jobs))
         t5 = time.perf_counter()
         result.timings = {"reconcile": t1 - t0, "snapshot": t2 - t1, "decide": t3 - t2,
@@ -387,6 +392,29 @@ def scheduler_cycle(*, now: datetime | None = None, backend: ClusterBackend | No
     if _again_take():
         kick()  # a cycle was asked for while this one ran: the change that asked is next
     return result
+
+
+# The standings the pages keep (rules F1-F6) are the snapshot's as of `now` plus what
+# steps 4 and 5 changed of their inputs: rule F6's entry penalty of every job admitted
+# (no longer queued, not yet running), the victims' attempts no longer running and their
+# usage charged (rules R6, F1), jobs failed or requeued. So they are not the snapshot's
+# standings; they are computed again on the kept active jobs brought up to date (the
+# rows those steps wrote, read once; the running intervals and penalties made again only
+# for the teams whose jobs changed, `KeptHolding`), with the accumulators and teams read
+# again (O(teams)): what `fairshare_standings(now=now)` reads from every row holding GPUs,
+# to the bit (tests/test_standings_once.py). The rows this reads are not read again by
+# the next cycle's refresh. (`_STANDINGS_KEPT` False: read afresh, the path before.)
+_STANDINGS_KEPT = True
+
+
+def _standings_after_steps(now: datetime) -> Callable[[], dict[str, Standing]]:
+    """What gives the standings at `now` once steps 4 and 5 are written (above)."""
+    def standings() -> dict[str, Standing]:
+        # Uncounted: an active row deleted outside fairq stays until the next cycle's
+        # snapshot, whose refresh counts (a count of a million queued rows is not paid
+        # twice a cycle).
+        return fairshare_standings(now=now, jobs=cycle_active_jobs(count=False))
+    return standings
 
 
 def _published(what: str, publish: Callable[[], object], *, result: CycleResult) -> None:
