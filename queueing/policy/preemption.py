@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from functools import partial
-from typing import cast
+from typing import Literal, cast
 
 from .bookings import Booking
 from .quota_tree import QuotaTree
@@ -106,6 +106,9 @@ _ONE = True
 # rule R2 and the first job of each of its runs), the reference the tests hold the
 # heads kept across the pass (`_Kept`, `_one_gpu_kept`) to.
 _KEPT = True
+# False: a claim of one whole GPU that asks CPU or memory (rule A6) builds and weighs its
+# levels like any other, the reference the tests hold `_one_gpu` for such claims to.
+_ONE_A6 = True
 # How many entries no longer current a kept heap holds beyond twice its current ones
 # before it is made again (`_Kept.sync`); the tests set 0 to make it often.
 _STALE = 32
@@ -208,22 +211,25 @@ def find_victims(
         floor = ws.victim_floor[(gt, now, protect)]
         if floor is None or floor >= job.tier_rank:
             return None
-    if (_ONE and _INDEX and g == 1 and reps == 1 and not cpu and not mem and topo is None
-            and not (cap.packed and pool in cap.packed)
+    if (_ONE and _INDEX and g == 1 and reps == 1 and (_ONE_A6 or (not cpu and not mem))
+            and topo is None and not (cap.packed and pool in cap.packed)
             and ws.ledger.over_ceiling(team, gt, job.total_gpus) is None
             and not cap.fits(pool, 1, 1)):
         one = _one_gpu(ws, _Levels(ws, job, _by_team(ws, gt, now, protect), cluster,
-                                   within_nominal, factor, spared), pool, now, protect)
+                                   within_nominal, factor, spared), pool, now, protect,
+                       cpu, mem)
         if one is None:
             return None
-        victim, rule, key = one
-        undo_one = ws.simulate_removal([victim])
-        ok = fits()
-        undo_one()
-        if ok:
-            return _found(ws, job, pool, cluster, cpu, mem, {victim.id: rule},
-                          _minimize(ws, [victim], {victim.id: key}, fits))
-        # else the quota pool refuses it still (rule Q1): the search takes more below
+        if one is not False:
+            victim, rule, key = one
+            undo_one = ws.simulate_removal([victim])
+            ok = fits()
+            undo_one()
+            if ok:
+                return _found(ws, job, pool, cluster, cpu, mem, {victim.id: rule},
+                              _minimize(ws, [victim], {victim.id: key}, fits))
+        # else the quota pool refuses it still (rule Q1), or some node's way may need
+        # more than one victim (rule A6): the search below decides
     cands: list[_Cand] | _Levels
     if _INDEX:
         cands = _Levels(ws, job, _by_team(ws, gt, now, protect), cluster, within_nominal,
@@ -666,14 +672,28 @@ def _nodes_of(ws: Workspace, gpu_type: str) -> dict[str, list[RunningJob]]:
     return got
 
 
-def _one_gpu(ws: Workspace, levels: _Levels, pool: str, now: datetime,
-             protect: bool) -> tuple[RunningJob, PreemptionRule, _Key] | None:
-    """Steps 2 and 3 of `find_victims` for a claim of one replica of one whole GPU
-    (no CPU, memory or topology asked, not over its ceiling, no free GPU in `pool`):
-    its victim, that victim's rule and key, or None when no node can make room.
+# `_one_gpu`'s answer: its victim, the victim's rule and key; None: no node can make
+# room; False: a node's way may need more than one victim (rule A6), the general search
+# decides.
+_One = tuple[RunningJob, PreemptionRule, _Key] | None | Literal[False]
 
-    On a node with no free GPU, any one candidate makes room, so each node's way is its
-    first candidate in rule R4's order and its price (`_cost`) that candidate's: the
+
+def _one_gpu(ws: Workspace, levels: _Levels, pool: str, now: datetime,
+             protect: bool, cpu: int = 0, mem: int = 0) -> _One:
+    """Steps 2 and 3 of `find_victims` for a claim of one replica of one whole GPU
+    (no topology asked, not over its ceiling, no free GPU in `pool`): its victim, that
+    victim's rule and key, None when no node can make room, or False when the way of
+    some node may need more than one victim (rule A6: `cpu`, `mem` short there).
+
+    On a node with no free GPU, any one candidate makes room for the GPU, so each
+    node's way is its first candidate in rule R4's order and its price (`_cost`) that
+    candidate's - as long as that candidate's CPU and memory (rule A6) are enough. A
+    way of two or more victims beats a lone candidate's only if its first victim (its
+    node's first by key) comes before that candidate in the price order below (its
+    farthest nearness, highest tier and total work lost are no less than its first
+    victim's, and with total work lost equal it has more victims): so the search gives
+    up (False) at the first candidate that is its node's first but does not make room
+    there alone, and until then is the one for a claim asking no CPU or memory. The
     search keeps the first candidate, in the order of the price (nearness, tier, work
     lost, then the key), that is the first candidate by key of a node of `pool` that
     can hold the replica emptied, the node of least name among such. Level by level
@@ -683,7 +703,7 @@ def _one_gpu(ws: Workspace, levels: _Levels, pool: str, now: datetime,
     the search reads the few cheapest instead of every candidate of the fleet. The same
     victim as `_take_per_replica_by_level` and `_minimize` find."""
     if _KEPT and levels.tree is None:
-        return _one_gpu_kept(ws, levels, pool, now, protect)
+        return _one_gpu_kept(ws, levels, pool, now, protect, cpu, mem)
     job = levels.job
     own, tier, within = job.team, job.tier_rank, levels.within
     key_runs = (job.gpu_type, now, protect, levels.cluster)
@@ -730,7 +750,10 @@ def _one_gpu(ws: Workspace, levels: _Levels, pool: str, now: datetime,
             r = ws.running_by_id[rid]
             near = 0 if r.team == own else nearness
             key: _Key = (near, rank, f, lost, rid)
-            if _first_on_a_node(ws, r, key, pool, cluster, spared, key_of):
+            first = _first_on_a_node(ws, r, key, pool, cluster, spared, key_of, cpu, mem)
+            if first is None:
+                return False
+            if first:
                 return r, rule, key
             i = _first_in(run, removed, spared, at + 1)
             if i < len(run[0]):
@@ -847,7 +870,7 @@ _Todo = tuple[int, float, int, float, int, int, int, int]
 
 
 def _one_gpu_kept(ws: Workspace, levels: _Levels, pool: str, now: datetime,
-                  protect: bool) -> tuple[RunningJob, PreemptionRule, _Key] | None:
+                  protect: bool, cpu: int = 0, mem: int = 0) -> _One:
     """`_one_gpu` in a flat forest (one level, nearness 0: rule Q6 orders nothing) from
     the heads kept across the pass (`_Kept`): the same victim, rule and key.
 
@@ -900,7 +923,10 @@ def _one_gpu_kept(ws: Workspace, levels: _Levels, pool: str, now: datetime,
         rule = (PreemptionRule.PRIORITY if kept.team_of[no] == own
                 or (r.preemptible and rank < tier) else levels.reclaim)
         key: _Key = (0, rank, f, lost, rid)
-        if _first_on_a_node(ws, r, key, pool, levels.cluster, spared, key_of):
+        first = _first_on_a_node(ws, r, key, pool, levels.cluster, spared, key_of, cpu, mem)
+        if first is None:
+            return False
+        if first:
             return r, rule, key
     return None
 
@@ -960,19 +986,35 @@ def _todo_open(kept: _Kept, todo: list[_Todo], item: _Todo, own: str, tier: int,
 
 def _first_on_a_node(ws: Workspace, r: RunningJob, key: _Key, pool: str, cluster: str,
                      spared: Collection[int],
-                     key_of: Callable[[RunningJob], _Key | None]) -> bool:
+                     key_of: Callable[[RunningJob], _Key | None], cpu: int = 0,
+                     mem: int = 0) -> bool | None:
     """Is candidate `r` (its key `key`) the first candidate by key of a node of `pool`
-    that can hold a replica of one GPU emptied (`_one_gpu`'s test)? `key_of`: another
-    job's key as a candidate of the claim, None when it is none."""
+    that can hold a replica of one GPU (and `cpu`, `mem`: rule A6) emptied, and makes
+    room there alone (`_one_gpu`'s test)? None when it is such a node's first only where
+    its CPU or memory is not enough alone. `key_of`: another job's key as a candidate of
+    the claim, None when it is none."""
     cap, removed, where = ws.capacity, ws.removed, ws.running_cluster
     on_node = _nodes_of(ws, r.gpu_type)
+    short = False
     for name in sorted(dict.fromkeys(r.nodes)):
-        if cap.node_pool.get(name) != pool or cap.empty_node_slots(name, 1, 0, 0) < 1:
+        if cap.node_pool.get(name) != pool or cap.empty_node_slots(name, 1, cpu, mem) < 1:
             continue
         if all(o is r or o.id in removed or o.id in spared or where[o.id] != cluster
                or (ko := key_of(o)) is None or ko > key for o in on_node.get(name, ())):
+            if (cpu or mem) and not _alone(cap, r, name, cpu, mem):
+                short = True
+                continue
             return True
-    return False
+    return None if short else False
+
+
+def _alone(cap: Capacity, r: RunningJob, name: str, cpu: int, mem: int) -> bool:
+    """Rule A6: does removing `r` alone leave node `name` the CPU and memory of one
+    replica (`_node_ways`' need, where `r` gives back what it holds there)?"""
+    times = r.nodes.count(name)
+    c, m = cap.cpu_free[name], cap.memory_free[name]
+    return ((not cpu or c is None or c + (r.cpu_millicores or 0) * times >= cpu)
+            and (not mem or m is None or m + (r.memory_bytes or 0) * times >= mem))
 
 
 def _level_key(r: RunningJob, nearness: int,
