@@ -84,6 +84,11 @@ def test_a_replica_job_a_quota_refuses_tears_the_workload_down_and_waits_like_re
         kube.backend.submit(launch(direct), now=datetime.now(UTC))
     assert submit_error_code(refused.value) == 403
     assert kube.jobs("vision", direct) == []
+    # The quota's use is brought down by its controller, after the delete: until then a
+    # create of replica 0 below would be refused too, by the deleted Job's count.
+    wait(lambda: (kube.core.read_namespaced_resource_quota("one-job", kube.ns("vision"))
+                  .status.used or {}).get("count/jobs.batch") == "0",
+         cycle=False, what="the quota's count of the deleted Job released")
 
     # Through the cycle: handled as a refused replica 0.
     settings.FAIRQ_K8S_SUBMIT_REFUSED_SECONDS = 6
