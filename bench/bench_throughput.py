@@ -14,9 +14,10 @@ jobs pending (`jobs_submit_bulk` through the service, as pipelines submit, toppi
 every 0.2 s). Steps 4 and 1 each have two paths (`queueing.services.scheduler._BATCHED`,
 `_BATCHED_STATUSES`); `--paths` names the pairs alternated: `reference` (both one job
 at a time), `admit` (step 4 batched, step 1 one job at a time), `floor` (both batched,
-steps 1 and 5 within their fixed floors: `_RECONCILE_WIDE`, `_SUBMIT_SCALED` off),
-`scaled` (both batched, step 5's floor scaled to the admitted jobs waiting: the
-default), `batched` (that and step 1's floor wide). After a warm-up (batched), windows of
+step 5 within its fixed floor: `_SUBMIT_SCALED` off), `scaled` and `batched` (both
+batched, step 5's floor scaled to the admitted jobs waiting: the default; `batched`
+also took step 1's wider floor in the runs of "Sustained admissions with step 5 scaled
+to what was admitted", since dropped). After a warm-up (batched), windows of
 `--window` seconds of each alternate in one run:
   BENCH thru_<path>_<k>_admitted_per_s   jobs admitted per second over window k
   BENCH thru_<path>_<k>_started_per_s    jobs seen running per second (submitted ones)
@@ -221,16 +222,15 @@ def submitter(*, teams: int, stop_file: Path) -> None:
 
 # `--paths`: (step 4 batched, step 1 batched, step 5's floor scaled to the admitted jobs
 # waiting, step 1's floor wide).
-PATHS = {"reference": (False, False, False, False), "admit": (True, False, False, False),
-         "floor": (True, True, False, False), "scaled": (True, True, True, False),
-         "batched": (True, True, True, True)}
+PATHS = {"reference": (False, False, False), "admit": (True, False, False),
+         "floor": (True, True, False), "scaled": (True, True, True),
+         "batched": (True, True, True)}
 
 
 def set_path(path: str) -> None:
     from queueing.services import scheduler
 
-    (scheduler._BATCHED, scheduler._BATCHED_STATUSES, scheduler._SUBMIT_SCALED,
-     scheduler._RECONCILE_WIDE) = PATHS[path]
+    scheduler._BATCHED, scheduler._BATCHED_STATUSES, scheduler._SUBMIT_SCALED = PATHS[path]
 
 
 def run_window(label: str, seconds: float) -> None:

@@ -136,10 +136,9 @@ def test_step_1_keeps_its_floor_after_listing_the_workloads_spent_its_share(
     floor: float,
 ) -> None:
     """Listing and cleaning the workloads alone spent step 1's share of the budget (a
-    big fleet on a loaded machine): its status changes are still written for its floor
-    (`RECONCILE_FLOOR` of the budget, `RECONCILE_FLOOR_WIDE` with `_RECONCILE_WIDE`)
-    from the first chunk's start, not one chunk. With no floor, one chunk (here one job)
-    and the rest left for the next cycle."""
+    big fleet on a loaded machine): its status changes are still written for
+    `RECONCILE_FLOOR` of the budget from the first chunk's start, not one chunk. With no
+    floor, one chunk (here one job) and the rest left for the next cycle."""
     t0, _ = _ten_running(world, monkeypatch, batched=batched)
 
     real = scheduler._clean_statuses
@@ -152,46 +151,12 @@ def test_step_1_keeps_its_floor_after_listing_the_workloads_spent_its_share(
     monkeypatch.setattr(scheduler, "STATUS_CHUNK", 1)
     monkeypatch.setattr(scheduler, "STATUS_BATCH_CHUNK", 1)
     monkeypatch.setattr(scheduler, "RECONCILE_FLOOR", floor)
-    monkeypatch.setattr(scheduler, "RECONCILE_FLOOR_WIDE", floor)
     settings.FAIRQ_CYCLE_BUDGET_SECONDS = 1.0  # step 1's share, 0.4 s, spent by the listing
     r = scheduler_cycle(now=t0 + timedelta(seconds=61))  # all ten finished
     if floor:  # 5 s from the first chunk: every change
         assert len(r.finished) == 10 and "reconcile" not in r.deferred, r.deferred
     else:
         assert len(r.finished) == 1 and r.deferred["reconcile"] == 9, r.deferred
-
-
-@pytest.mark.parametrize("wide", [False, True])
-def test_step_1_writes_changes_for_its_wide_floor_when_cycles_turn_a_fleet_over(
-    world: World, settings: Any, monkeypatch: pytest.MonkeyPatch, wide: bool,
-) -> None:
-    """Past its share, step 1 writes status changes for `RECONCILE_FLOOR_WIDE` (half) of
-    the budget from its first chunk with `_RECONCILE_WIDE` (off by default), where
-    `RECONCILE_FLOOR` (15 %) gives it a chunk or two; the rest is left for the next
-    cycle either way."""
-    t0, _ = _ten_running(world, monkeypatch, batched=False)
-    real_clean, real_apply = scheduler._clean_statuses, scheduler._apply_status
-
-    def slow_clean(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(1.0)  # the workloads of a big fleet, listed and cleaned
-        return real_clean(*args, **kwargs)
-
-    def slow_apply(*args: Any, **kwargs: Any) -> None:
-        time.sleep(0.15)  # one job's status write on a loaded database
-        real_apply(*args, **kwargs)
-
-    monkeypatch.setattr(scheduler, "_clean_statuses", slow_clean)
-    monkeypatch.setattr(scheduler, "_apply_status", slow_apply)
-    monkeypatch.setattr(scheduler, "STATUS_CHUNK", 1)
-    monkeypatch.setattr(scheduler, "_RECONCILE_WIDE", wide)
-    settings.FAIRQ_CYCLE_BUDGET_SECONDS = 2.0  # step 1's share, 0.8 s, spent by the listing
-    r = scheduler_cycle(now=t0 + timedelta(seconds=61))  # all ten finished
-    done = len(r.finished)
-    assert r.deferred == {"reconcile": 10 - done}, r.deferred
-    if wide:  # 1 s of changes of 0.15 s each
-        assert 4 <= done <= 8, done
-    else:  # 0.3 s
-        assert 1 <= done <= 3, done
 
 
 def test_a_cycle_interrupted_while_applying_its_plan_has_applied_none_of_it(

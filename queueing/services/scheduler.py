@@ -173,15 +173,6 @@ RECONCILE_SHARE = 0.4
 # listing and cleaning of workloads alone used step 1's share (a big fleet, a loaded
 # machine) still records changes for this long instead of one chunk.
 RECONCILE_FLOOR = 0.15
-# That floor when cycles run back to back at a fleet's turnover: a cycle of T seconds
-# sees about as many starts and ends as the jobs it admitted, each 0.2-0.4 ms batched
-# (docs/performance.md, "Step 1 in batches"), more than RECONCILE_FLOOR of the budget
-# holds, and an end not recorded holds its GPUs in the next plan. Off: not shown to
-# help yet, and the one sustained window with it on had a cycle decide for minutes
-# after a large batch of ends (docs/performance.md, "Sustained admissions with step 5
-# scaled to what was admitted"). (`_RECONCILE_WIDE` False: RECONCILE_FLOOR.)
-RECONCILE_FLOOR_WIDE = 0.5
-_RECONCILE_WIDE = False
 # Step 5's own share of the budget, counted from its start: admitted jobs hold their GPUs
 # until their workloads exist, so a cycle whose plan alone used the budget (a long queue
 # on a big fleet) still creates workloads for this long instead of one chunk (with
@@ -219,14 +210,12 @@ class Budget:
         """Step 1's test before a new status change: `RECONCILE_SHARE` of the budget is
         spent and so is the step's floor (`RECONCILE_FLOOR` of the budget from
         `chunks_started`, a perf_counter time; None: no floor), or the cycle is
-        `SUBMIT_EDGE` old. (`RECONCILE_FLOOR_WIDE` instead of `RECONCILE_FLOOR` with
-        `_RECONCILE_WIDE`.)"""
+        `SUBMIT_EDGE` old."""
         now = time.perf_counter()
         if now - self.started >= SUBMIT_EDGE:
             return True
-        floor = RECONCILE_FLOOR_WIDE if _RECONCILE_WIDE else RECONCILE_FLOOR
         return self.spent(RECONCILE_SHARE) and (
-            chunks_started is None or now - chunks_started >= self.seconds * floor)
+            chunks_started is None or now - chunks_started >= self.seconds * RECONCILE_FLOOR)
 
     def submit_spent(self, step_started: float) -> bool:
         """Step 5's test before a new chunk (so while admitted jobs wait for their
